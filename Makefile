@@ -1,0 +1,47 @@
+# kvpilot -- every target installs what it needs; nothing is assumed on the machine
+# beyond Python 3.11+, Go and apt (the project's machine kind).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+STAMP  := $(VENV)/.installed
+
+.PHONY: help install lint test unit contract e2e demo bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -U pip setuptools wheel
+	$(PIP) install -e '.[dev,vllm]'
+	touch $@
+
+install: $(STAMP) ## create .venv with kvpilot, the dev tools and the pinned vLLM
+
+lint: install ## ruff and import-linter (the tuner stays sans-I/O)
+	$(VENV)/bin/ruff check kvpilot tests bench e2e
+	$(VENV)/bin/lint-imports
+
+-include e2e/e2e.mk
+
+unit: install ## unit, property and contract tests (no cluster)
+	$(PY) -m pytest tests
+
+test: install lint ## everything CI runs: unit, property, contract and e2e tests
+	$(PY) -m pytest
+
+demo: install ## plan a few catalogue models on a few GPUs
+	@for m in meta-llama/Llama-3.1-8B-Instruct Qwen/Qwen2.5-7B-Instruct; do \
+	  for g in L4 A100-80GB H100-SXM; do $(VENV)/bin/kvpilot plan --model $$m --gpu $$g; done; done
+
+bench: install ## print the benchmark figures
+	$(PY) bench/memory_accuracy.py
+	$(PY) bench/plan_speed.py
+
+clean: ## remove the virtual environment and caches
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .import_linter_cache
