@@ -7,6 +7,8 @@ Hierarchy::
     ├── UnknownModel             -- a model id that is not in the built-in catalogue
     ├── InvalidModelConfig       -- a config.json the memory model cannot account for
     │                               (names the missing or unsupported field)
+    ├── InvalidEngineArgs        -- vLLM arguments the pinned release would reject
+    │                               (a flag that does not exist, a bad value)
     └── InfeasiblePlan           -- nothing within the user's bounds fits; says what would
 
 Each carries a message written for the person who has to act on it: what is
@@ -47,6 +49,16 @@ class InvalidModelConfig(TunerError):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class InvalidEngineArgs(TunerError):
+    """vLLM engine arguments the pinned vLLM release would refuse (names the flag and what to use)."""
+
+    reason = "InvalidEngineArgs"
+
+    def __init__(self, message: str, flag: str | None = None) -> None:
+        super().__init__(message)
+        self.flag = flag
 
 
 class InfeasiblePlan(TunerError):

@@ -1,0 +1,282 @@
+"""vLLM engine arguments: render the tuned settings as flags, parse them back, vet the rest.
+
+Sits above :mod:`kvpilot.tuner.types`; the planner renders a plan's ``args`` with
+:func:`build_vllm_args`, the operator splits a user's own arguments with
+:func:`parse_vllm_args` (tuned flags become pinned settings, the rest passes
+through) and refuses what the pinned vLLM would refuse with
+:func:`validate_extra_args`. Strings in, strings out: nothing here runs vLLM.
+
+Spellings follow vLLM 0.33's ``FlexibleArgumentParser`` (``vllm/engine/arg_utils.py``):
+``--flag value`` and ``--flag=value``, underscores or dashes in the flag name,
+``-tp`` for ``--tensor-parallel-size``, and human-readable integers (``32K`` =
+32768, ``32k`` = 32000) for ``--max-model-len`` and ``--max-num-batched-tokens``.
+The contract tests (``tests/contract/``) check all of it against the installed
+vLLM parser.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+from kvpilot.tuner import errors
+from kvpilot.tuner.types import EngineSettings
+
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "octave_k3v4",
+    "octave_k3v3",
+    "octave_k3v3_compact",
+    "ultraquant_4bit",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "nvfp4_4over6",
+)
+"""``--kv-cache-dtype`` values vLLM 0.33.0 accepts (its ``CacheDType`` literal, in order)."""
+
+FLAGS: Mapping[str, str] = {
+    "max_model_len": "--max-model-len",
+    "max_num_seqs": "--max-num-seqs",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+}
+"""Each tuned :class:`~kvpilot.tuner.types.EngineSettings` field and its flag, in rendering order."""
+
+FLAG_ALIASES: Mapping[str, str] = {
+    "-tp": "--tensor-parallel-size",
+    "--device-memory-utilization": "--gpu-memory-utilization",
+}
+"""Other spellings vLLM 0.33 accepts for the tuned flags."""
+
+AUTO_MAX_MODEL_LEN = -1
+"""``--max-model-len -1`` / ``auto``: vLLM fits the length to the KV cache (0.14+)."""
+
+UNSUPPORTED_FLAGS: Mapping[str, str] = {
+    "--batch-size": "vLLM has no batch-size flag; concurrency is --max-num-seqs (kvpilot tunes it)",
+    "--max-batch-size": "that is TGI's flag; vLLM's is --max-num-seqs (kvpilot tunes it)",
+    "--max-batch-total-tokens": "that is TGI's flag; vLLM's is --max-num-batched-tokens",
+    "--max-total-tokens": "that is TGI's flag; vLLM's is --max-model-len",
+    "--mem-fraction-static": "that is SGLang's flag; vLLM's is --gpu-memory-utilization",
+    "--context-length": "that is SGLang's flag; vLLM's is --max-model-len",
+    "--gpu-memory-fraction": "that is TensorRT-LLM's flag; vLLM's is --gpu-memory-utilization",
+    "--max-seq-len": "vLLM's flag is --max-model-len",
+    "--kv-cache-size": "vLLM has no such flag; the KV cache is sized by --gpu-memory-utilization",
+    "--cache-ttl": "vLLM has no cache TTL; prefix-cache blocks are evicted LRU when memory is needed",
+    "--swap-space": "removed in vLLM 0.18; the V1 engine preempts by recomputation",
+    "--calculate-kv-scales": "removed in vLLM 0.28",
+    "--max-seq-len-to-capture": "not in vLLM 0.33; use --max-cudagraph-capture-size",
+    "--kv-cache-memory-bytes": "it overrides --gpu-memory-utilization, which is how kvpilot sizes the "
+    "KV cache; pin --gpu-memory-utilization instead",
+    "--num-gpu-blocks-override": "it overrides the KV-cache size kvpilot plans; pin "
+    "--gpu-memory-utilization instead",
+}
+"""Flags refused in user arguments, with what to do instead (vLLM reference §4)."""
+
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_human_int(text: str) -> int:
+    """An integer as vLLM's ``human_readable_int`` reads it: ``25.6k`` = 25600, ``32K`` = 32768."""
+    value = text.strip()
+    match = _HUMAN_INT.fullmatch(value)
+    if match:
+        number, suffix = match.groups()
+        if suffix in _DECIMAL:
+            return int(float(number) * _DECIMAL[suffix])
+        if "." in number:
+            raise ValueError(f"decimals are not allowed with binary suffixes: {text!r}")
+        return int(number) * _BINARY[suffix]
+    return int(value)
+
+
+def _parse_max_model_len(text: str) -> int:
+    if text.strip().lower() == "auto":
+        return AUTO_MAX_MODEL_LEN
+    return parse_human_int(text)
+
+
+def _parse_kv_cache_dtype(text: str) -> str:
+    if text not in KV_CACHE_DTYPES:
+        raise ValueError(f"valid values are: {', '.join(KV_CACHE_DTYPES)}")
+    return text
+
+
+_PARSERS: Mapping[str, Callable[[str], object]] = {
+    "max_model_len": _parse_max_model_len,
+    "max_num_seqs": int,
+    "gpu_memory_utilization": float,
+    "kv_cache_dtype": _parse_kv_cache_dtype,
+    "tensor_parallel_size": int,
+    "max_num_batched_tokens": parse_human_int,
+}
+
+_FIELD_BY_FLAG = {flag: name for name, flag in FLAGS.items()}
+
+
+def _canonical(token: str) -> tuple[str, str | None]:
+    """``(flag, inline value)`` of one token: dashes for underscores, ``=value`` split off."""
+    name, sep, value = token.partition("=")
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    name = FLAG_ALIASES.get(name, name)
+    return name, (value if sep else None)
+
+
+def _is_flag(token: str) -> bool:
+    return token.startswith("-") and not _is_number(token)
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _iter_flags(args: Sequence[str]) -> Iterator[tuple[int, str, str | None]]:
+    for index, token in enumerate(args):
+        if _is_flag(token):
+            flag, inline = _canonical(token)
+            yield index, flag, inline
+
+
+def check_settings(settings: EngineSettings) -> None:
+    """Raise :class:`~kvpilot.tuner.errors.InvalidEngineArgs` for values vLLM 0.33 would reject."""
+    s = settings
+    problems: list[tuple[str, str]] = []
+    if s.max_model_len is not None and s.max_model_len < 1 and s.max_model_len != AUTO_MAX_MODEL_LEN:
+        problems.append(("--max-model-len", f"must be positive or -1 (auto), got {s.max_model_len}"))
+    for name in ("max_num_seqs", "tensor_parallel_size", "max_num_batched_tokens"):
+        value = getattr(s, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            problems.append((FLAGS[name], f"must be a positive integer, got {value!r}"))
+    util = s.gpu_memory_utilization
+    if util is not None and not 0 < util <= 1:
+        problems.append(("--gpu-memory-utilization", f"must be in (0, 1], got {util!r}"))
+    if s.kv_cache_dtype is not None and s.kv_cache_dtype not in KV_CACHE_DTYPES:
+        valid = ", ".join(KV_CACHE_DTYPES)
+        problems.append(("--kv-cache-dtype", f"{s.kv_cache_dtype!r} is not one of: {valid}"))
+    seqs, tokens = s.max_num_seqs, s.max_num_batched_tokens
+    if not problems and seqs is not None and tokens is not None and tokens < seqs:
+        problems.append(
+            ("--max-num-batched-tokens", f"({tokens}) must be greater than or equal to --max-num-seqs ({seqs})")
+        )
+    if problems:
+        flag, text = problems[0]
+        raise errors.InvalidEngineArgs("; ".join(f"{f} {t}" for f, t in problems), flag=flag)
+
+
+def _render_value(value: object) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def build_vllm_args(settings: EngineSettings, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The ``vllm serve`` flags for ``settings`` (set fields only), followed by ``extra``.
+
+    ``extra`` must not repeat a tuned flag (split it off with :func:`parse_vllm_args`
+    first and pin it) and must pass :func:`validate_extra_args`.
+    """
+    check_settings(settings)
+    validate_extra_args(extra)
+    for _, flag, _ in _iter_flags(extra):
+        if flag in _FIELD_BY_FLAG:
+            raise errors.InvalidEngineArgs(
+                f"{flag} is a tuned setting; pass it as a pinned value, not as an extra argument", flag=flag
+            )
+    rendered: list[str] = []
+    for name, flag in FLAGS.items():
+        value = getattr(settings, name)
+        if value is not None:
+            rendered += [flag, _render_value(value)]
+    return (*rendered, *extra)
+
+
+def parse_vllm_args(args: Sequence[str]) -> tuple[EngineSettings, tuple[str, ...]]:
+    """Split ``args`` into the tuned settings they set and everything else, untouched.
+
+    Later occurrences win, as with argparse. A tuned flag without a value, or with
+    a value vLLM would reject, raises :class:`~kvpilot.tuner.errors.InvalidEngineArgs`.
+    """
+    values: dict[str, object] = {}
+    rest: list[str] = []
+    index = 0
+    while index < len(args):
+        token = args[index]
+        flag, inline = _canonical(token) if _is_flag(token) else (token, None)
+        field = _FIELD_BY_FLAG.get(flag)
+        if field is None:
+            rest.append(token)
+            index += 1
+            continue
+        if inline is None:
+            if index + 1 >= len(args) or _is_flag(args[index + 1]):
+                raise errors.InvalidEngineArgs(f"{flag} expects a value", flag=flag)
+            inline = args[index + 1]
+            index += 2
+        else:
+            index += 1
+        try:
+            values[field] = _PARSERS[field](inline)
+        except ValueError as exc:
+            raise errors.InvalidEngineArgs(f"{flag} {inline!r}: {exc}", flag=flag) from None
+    settings = EngineSettings(**values)  # type: ignore[arg-type]
+    check_settings(settings)
+    return settings, tuple(rest)
+
+
+def validate_extra_args(args: Sequence[str]) -> None:
+    """Refuse arguments vLLM 0.33 would refuse or that defeat kvpilot's sizing.
+
+    Catches flags that do not exist in vLLM (``--batch-size``, ``--cache-ttl``,
+    other servers' spellings), flags removed before 0.33 (``--swap-space``),
+    flags that override the planned KV-cache size, abbreviations of tuned flags
+    (vLLM accepts unique prefixes, so ``--max-model`` would silently fight the
+    plan), a repeated ``serve`` sub-command and invalid ``--kv-cache-dtype`` values.
+    """
+    if args and args[0] == "serve":
+        raise errors.InvalidEngineArgs(
+            "do not repeat 'serve': the vLLM image's entrypoint is already 'vllm serve', and vLLM would "
+            "fail with 'unrecognized arguments: serve'",
+            flag="serve",
+        )
+    for index, flag, inline in _iter_flags(args):
+        reason = UNSUPPORTED_FLAGS.get(flag)
+        if reason is None and flag.startswith("--kv-cache-memory"):
+            reason = UNSUPPORTED_FLAGS["--kv-cache-memory-bytes"]
+        if reason is not None:
+            raise errors.InvalidEngineArgs(f"vLLM argument {flag} is not accepted: {reason}.", flag=flag)
+        if flag not in _FIELD_BY_FLAG and len(flag) > 2:
+            for tuned in _FIELD_BY_FLAG:
+                if tuned.startswith(flag):
+                    raise errors.InvalidEngineArgs(
+                        f"vLLM argument {flag} abbreviates {tuned}; spell it out as {tuned}", flag=flag
+                    )
+        if flag == "--kv-cache-dtype":
+            value = inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
+            if value not in KV_CACHE_DTYPES:
+                raise errors.InvalidEngineArgs(
+                    f"--kv-cache-dtype {value!r} is not a vLLM 0.33 KV-cache dtype; valid values are: "
+                    f"{', '.join(KV_CACHE_DTYPES)}",
+                    flag=flag,
+                )
