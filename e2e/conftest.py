@@ -1,0 +1,84 @@
+"""pytest fixtures for the e2e suite (a real local control plane, see e2e/cluster.py).
+
+* ``cluster`` (session): a started :class:`e2e.cluster.LocalCluster`; ``KUBECONFIG``
+  and ``PATH`` (kubectl, helm first) are set in ``os.environ`` for the session.
+  With ``KVPILOT_E2E_KUBECONFIG`` set, an already running cluster is reused
+  instead (started with ``python -m e2e.cluster up``; its directory is the
+  kubeconfig's parent).
+* ``namespace`` (function): a fresh namespace, deleted after the test.
+* ``kubectl`` / ``helm`` (session): paths of the binaries.
+
+A missing binary, a failed build or a cluster that does not come up is an
+ERROR, never a skip. Every test under e2e/ is marked ``e2e``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster import LocalCluster
+
+E2E_DIR = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e: needs the real local control plane built under e2e/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    reuse = os.environ.get("KVPILOT_E2E_KUBECONFIG")
+    saved = {k: os.environ.get(k) for k in ("KUBECONFIG", "PATH", "KVPILOT_BIN_DIR")}
+    if reuse:
+        c = LocalCluster.attach(Path(reuse).resolve().parent)
+        own = False
+    else:
+        keep = os.environ.get("KVPILOT_E2E_DIR")  # keep logs somewhere known (CI post-mortems)
+        c = LocalCluster(keep or tmp_path_factory.mktemp("cluster"), build=True)
+        c.start()
+        own = True
+    os.environ.update(c.env())
+    try:
+        yield c
+    finally:
+        if own:
+            c.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster: LocalCluster) -> Path:
+    return cluster.kubectl_bin
+
+
+@pytest.fixture(scope="session")
+def helm(cluster: LocalCluster) -> Path:
+    return cluster.helm_bin
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    base = request.node.name.lower().replace("_", "-")
+    name = f"e2e-{''.join(ch for ch in base if ch.isalnum() or ch == '-')[:40].strip('-')}-{uuid.uuid4().hex[:5]}"
+    cluster.kubectl("create", "namespace", name)
+    # the serviceaccount controller (kube-controller-manager) creates it; pods need it to be admitted
+    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)

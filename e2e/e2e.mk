@@ -1,0 +1,38 @@
+# e2e/e2e.mk -- included by the top-level Makefile (`-include e2e/e2e.mk`).
+# A real local control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl built from the Kubernetes Go modules; KWOK; helm).
+# Binaries are cached outside the repo in $(KVPILOT_CACHE)/bin/<key>/; see e2e/README.md.
+
+KVPILOT_CACHE ?= $(HOME)/.cache/kvpilot
+export KVPILOT_CACHE
+PY ?= .venv/bin/python
+E2E_APT_PKGS := openssl prometheus time ca-certificates
+E2E_SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: e2e-tools e2e-apt e2e-bin e2e-clean-cache e2e-up e2e-down e2e
+
+e2e-apt: ## apt packages the e2e harness needs (openssl, prometheus, GNU time); quick when present
+	@if dpkg-query -W -f='$${Status}\n' $(E2E_APT_PKGS) 2>/dev/null | grep -vq '^install ok installed$$' \
+	   || [ "$$(dpkg-query -W -f='$${Status}\n' $(E2E_APT_PKGS) 2>/dev/null | wc -l)" -ne $(words $(E2E_APT_PKGS)) ]; then \
+	  echo "e2e-apt: installing $(E2E_APT_PKGS)"; \
+	  $(E2E_SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(E2E_SUDO) apt-get install -y -qq --no-install-recommends $(E2E_APT_PKGS) >/dev/null; \
+	fi
+	@command -v go >/dev/null || { echo "e2e-apt: Go >= 1.26 is required (not found on PATH)" >&2; exit 1; }
+
+e2e-bin: ## build (cold: ~tens of minutes) or restore (instant) the control-plane binaries
+	@bash e2e/build.sh >/dev/null
+
+e2e-tools: e2e-apt e2e-bin ## everything the e2e suite needs: apt packages + cached binaries
+
+e2e-clean-cache: ## delete the cached e2e binaries (the Go build cache is left alone)
+	rm -rf "$(KVPILOT_CACHE)/bin"
+
+e2e-up: e2e-tools ## start a cluster in /tmp/kvpilot-e2e-cluster and print `export KUBECONFIG=...`
+	@$(PY) -m e2e.cluster up
+
+e2e-down: ## stop the cluster started by e2e-up (by PID; logs are kept)
+	@$(PY) -m e2e.cluster down
+
+e2e: install e2e-tools ## the e2e suite alone
+	$(PY) -m pytest e2e -m e2e
