@@ -32,7 +32,7 @@ lint: install ## ruff and import-linter (the tuner stays sans-I/O)
 unit: install ## unit, property and contract tests (no cluster)
 	$(PY) -m pytest tests
 
-test: install lint ## everything CI runs: unit, property, contract and e2e tests
+test: install lint e2e-tools ## everything CI runs: unit, property, contract and e2e tests
 	$(PY) -m pytest
 
 demo: install ## plan a few catalogue models on a few GPUs
