@@ -40,8 +40,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import yaml
 
@@ -80,7 +81,9 @@ def versions() -> dict[str, str]:
 def cache_key() -> str:
     """Same key as build.sh: sha256(go.mod, go.sum, main.go, versions.env, go version)."""
     try:
-        gover = subprocess.run(["go", "env", "GOVERSION"], check=True, capture_output=True, text=True).stdout.strip()
+        gover = subprocess.run(
+            ["go", "env", "GOVERSION"], check=True, capture_output=True, text=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError) as e:
         raise ClusterError(f"cannot run `go env GOVERSION` to compute the binary cache key: {e}") from e
     h = hashlib.sha256()
@@ -107,7 +110,9 @@ def bin_dir(build: bool = False) -> Path:
         d = Path(proc.stdout.strip().splitlines()[-1])
     else:
         d = cache_root() / "bin" / cache_key()
-    missing = [n for n in ("k8s", *COMPONENTS, "kubectl", "helm", "kwok-default-stages.yaml") if not (d / n).exists()]
+    missing = [
+        n for n in ("k8s", *COMPONENTS, "kubectl", "helm", "kwok-default-stages.yaml") if not (d / n).exists()
+    ]
     if missing:
         raise ClusterError(
             f"e2e binaries missing in {d}: {', '.join(missing)}. Run `make e2e-tools` (or `e2e/build.sh`)."
@@ -165,8 +170,22 @@ def make_pki(pki: Path) -> None:
     cert (O=system:masters) and the service-account signing key pair, all with openssl."""
     pki.mkdir(parents=True, exist_ok=True)
     days = "3650"
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", days, "-subj", "/CN=kvpilot-e2e-ca",
-             "-keyout", "ca.key", "-out", "ca.crt", cwd=pki)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        days,
+        "-subj",
+        "/CN=kvpilot-e2e-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        cwd=pki,
+    )
     (pki / "apiserver.ext").write_text(
         "basicConstraints=CA:FALSE\n"
         "keyUsage=critical,digitalSignature,keyEncipherment\n"
@@ -181,10 +200,37 @@ def make_pki(pki: Path) -> None:
         ("apiserver", "/CN=kube-apiserver", "apiserver.ext"),
         ("admin", "/O=system:masters/CN=kubernetes-admin", "client.ext"),
     ):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subj, "-keyout", f"{name}.key",
-                 "-out", f"{name}.csr", cwd=pki)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-days", days, "-extfile", ext, "-out", f"{name}.crt", cwd=pki)
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            subj,
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            cwd=pki,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            days,
+            "-extfile",
+            ext,
+            "-out",
+            f"{name}.crt",
+            cwd=pki,
+        )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
     for p in pki.iterdir():
@@ -197,9 +243,15 @@ def write_kubeconfig(path: Path, server: str, pki: Path, name: str = "kvpilot-e2
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority-data": b64("ca.crt")}}],
-        "users": [{"name": "admin", "user": {
-            "client-certificate-data": b64("admin.crt"), "client-key-data": b64("admin.key")}}],
+        "clusters": [
+            {"name": name, "cluster": {"server": server, "certificate-authority-data": b64("ca.crt")}}
+        ],
+        "users": [
+            {
+                "name": "admin",
+                "user": {"client-certificate-data": b64("admin.crt"), "client-key-data": b64("admin.key")},
+            }
+        ],
         "contexts": [{"name": name, "context": {"cluster": name, "user": "admin", "namespace": "default"}}],
         "current-context": name,
         "preferences": {},
@@ -269,16 +321,18 @@ class LocalCluster:
         }
 
     # -- lifecycle
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, timeout: float = 180.0) -> "LocalCluster":
+    def start(self, timeout: float = 180.0) -> LocalCluster:
         t0 = time.monotonic()
         if self.pids_file.exists() and any(_pid_alive(p) for p in self._read_pids().values()):
-            raise ClusterError(f"a cluster seems to be running in {self.dir}; stop it first (`down --dir {self.dir}`)")
+            raise ClusterError(
+                f"a cluster seems to be running in {self.dir}; stop it first (`down --dir {self.dir}`)"
+            )
         _ = self.bin  # fail early when binaries are missing
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
@@ -294,84 +348,136 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
-        (self.dir / "cluster.json").write_text(json.dumps({
-            "kubeconfig": str(self.kubeconfig), "server": self.server, "bin": str(self.bin),
-            "ports": self.ports, "pids": self.pids, "started_in_s": round(self.started_in, 1),
-        }, indent=2))
+        (self.dir / "cluster.json").write_text(
+            json.dumps(
+                {
+                    "kubeconfig": str(self.kubeconfig),
+                    "server": self.server,
+                    "bin": str(self.bin),
+                    "ports": self.ports,
+                    "pids": self.pids,
+                    "started_in_s": round(self.started_in, 1),
+                },
+                indent=2,
+            )
+        )
         return self
 
     def _start_all(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         p, pki, kc = self.ports, self.pki, str(self.kubeconfig)
-        self._spawn("etcd", [
-            "--data-dir", str(self.dir / "etcd"),
-            "--client-url", f"http://127.0.0.1:{p['etcd']}",
-            "--peer-url", f"http://127.0.0.1:{p['etcd_peer']}",
-        ])
-        self._spawn("kube-apiserver", [
-            f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={p['apiserver']}",
-            f"--cert-dir={pki}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=Node,RBAC",
-            "--allow-privileged=true",
-            "--endpoint-reconciler-type=none",
-            "--enable-priority-and-fairness=false",
-            "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
-            "--storage-media-type=application/vnd.kubernetes.protobuf",
-            "--watch-cache=true",
-            "--v=1",
-        ])
+        self._spawn(
+            "etcd",
+            [
+                "--data-dir",
+                str(self.dir / "etcd"),
+                "--client-url",
+                f"http://127.0.0.1:{p['etcd']}",
+                "--peer-url",
+                f"http://127.0.0.1:{p['etcd_peer']}",
+            ],
+        )
+        self._spawn(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={p['apiserver']}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                "--enable-priority-and-fairness=false",
+                "--max-requests-inflight=0",
+                "--max-mutating-requests-inflight=0",
+                "--storage-media-type=application/vnd.kubernetes.protobuf",
+                "--watch-cache=true",
+                "--v=1",
+            ],
+        )
         self._wait_http("kube-apiserver", f"{self.server}/readyz", deadline)
-        self._spawn("kube-controller-manager", [
-            f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={p['kcm']}",
-            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-            f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
-            "--use-service-account-credentials=true",
-            "--controllers=*",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--kube-api-qps=500", "--kube-api-burst=1000",
-            "--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
-            "--v=1",
-        ])
-        self._spawn("kube-scheduler", [
-            f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={p['scheduler']}",
-            "--kube-api-qps=500", "--kube-api-burst=1000",
-            "--v=1",
-        ])
-        self._spawn("kwok", [
-            f"--kubeconfig={kc}",
-            "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={_nodes.KWOK_ANNOTATION}={_nodes.KWOK_ANNOTATION_VALUE}",
-            f"--cidr={POD_CIDR}", "--node-ip=10.0.0.1",
-            "--node-lease-duration-seconds=40",
-            f"--config={self.bin / 'kwok-default-stages.yaml'}",
-            f"--server-address=127.0.0.1:{p['kwok']}",
-        ])
+        self._spawn(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={p['kcm']}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--use-service-account-credentials=true",
+                "--controllers=*",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
+                "--concurrent-deployment-syncs=10",
+                "--concurrent-replicaset-syncs=10",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={p['scheduler']}",
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kwok",
+            [
+                f"--kubeconfig={kc}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={_nodes.KWOK_ANNOTATION}={_nodes.KWOK_ANNOTATION_VALUE}",
+                f"--cidr={POD_CIDR}",
+                "--node-ip=10.0.0.1",
+                "--node-lease-duration-seconds=40",
+                f"--config={self.bin / 'kwok-default-stages.yaml'}",
+                f"--server-address=127.0.0.1:{p['kwok']}",
+            ],
+        )
         self._wait_http("kube-controller-manager", f"https://127.0.0.1:{p['kcm']}/healthz", deadline)
         self._wait_http("kube-scheduler", f"https://127.0.0.1:{p['scheduler']}/healthz", deadline)
         self.add_nodes(_nodes.node_manifests(self.pools))
-        self._wait(lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default",
-                                        check=False).returncode == 0,
-                   deadline, "serviceaccount default/default (serviceaccount controller)")
+        self._wait(
+            lambda: (
+                self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0
+            ),
+            deadline,
+            "serviceaccount default/default (serviceaccount controller)",
+        )
 
     def _spawn(self, name: str, args: Sequence[str]) -> None:
         exe = self.bin / name
-        log = open(self.logs / f"{name}.log", "ab")
-        log.write(f"\n===== {time.strftime('%F %T')} {exe} {' '.join(args)}\n".encode())
-        log.flush()
-        proc = subprocess.Popen(
-            [str(exe), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=self.dir, start_new_session=True,
-        )
-        log.close()
+        with open(self.logs / f"{name}.log", "ab") as log:
+            log.write(f"\n===== {time.strftime('%F %T')} {exe} {' '.join(args)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                [str(exe), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.dir,
+                start_new_session=True,
+            )
         self._procs[name] = proc
         self.pids[name] = proc.pid
         self.pids_file.write_text(json.dumps(self.pids, indent=2))
@@ -381,7 +487,9 @@ class LocalCluster:
             rc = proc.poll()
             if rc is not None:
                 tail = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise ClusterError(f"{name} exited with code {rc}; log tail ({self.logs / (name + '.log')}):\n{tail}")
+                raise ClusterError(
+                    f"{name} exited with code {rc}; log tail ({self.logs / (name + '.log')}):\n{tail}"
+                )
 
     def _wait(self, cond: Any, deadline: float, what: str) -> None:
         last_exc: Exception | None = None
@@ -393,7 +501,9 @@ class LocalCluster:
             except Exception as e:  # retried until the deadline
                 last_exc = e
             if time.monotonic() > deadline:
-                raise ClusterError(f"timed out waiting for {what} (logs in {self.logs}); last error: {last_exc}")
+                raise ClusterError(
+                    f"timed out waiting for {what} (logs in {self.logs}); last error: {last_exc}"
+                )
             time.sleep(0.5)
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -451,7 +561,7 @@ class LocalCluster:
             return {}
 
     @classmethod
-    def attach(cls, dir: str | os.PathLike[str]) -> "LocalCluster":
+    def attach(cls, dir: str | os.PathLike[str]) -> LocalCluster:
         """A handle on a cluster started earlier (e.g. by the CLI) in ``dir``."""
         c = cls(dir)
         info = json.loads((c.dir / "cluster.json").read_text())
@@ -461,11 +571,15 @@ class LocalCluster:
         return c
 
     # -- convenience
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [str(self.kubectl_bin), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input, capture_output=True, text=True, timeout=timeout,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         if check and proc.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
@@ -474,8 +588,9 @@ class LocalCluster:
     def apply(self, objs: list[dict[str, Any]] | dict[str, Any]) -> None:
         """``kubectl apply`` a list of manifests (server-side apply, field manager kvpilot-e2e)."""
         docs = objs if isinstance(objs, list) else [objs]
-        self.kubectl("apply", "--server-side", "--field-manager=kvpilot-e2e", "-f", "-",
-                     input=yaml.safe_dump_all(docs))
+        self.kubectl(
+            "apply", "--server-side", "--field-manager=kvpilot-e2e", "-f", "-", input=yaml.safe_dump_all(docs)
+        )
 
     def add_nodes(self, manifests: list[dict[str, Any]]) -> None:
         """Register Nodes *with* their status, as a kubelet does (create keeps Node.status),
@@ -483,13 +598,23 @@ class LocalCluster:
         self.kubectl("create", "-f", "-", input=yaml.safe_dump_all(manifests))
         names = [m["metadata"]["name"] for m in manifests]
         self._wait(lambda: self._nodes_ready(names), time.monotonic() + 120, "all KWOK nodes Ready")
-        items = {n["metadata"]["name"]: n for n in json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
+        items = {
+            n["metadata"]["name"]: n
+            for n in json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+        }
         for m in manifests:
             want = m["status"]["allocatable"]
             have = items[m["metadata"]["name"]]["status"].get("allocatable", {})
             if any(have.get(k) != v for k, v in want.items()):
-                self.kubectl("patch", "node", m["metadata"]["name"], "--subresource=status", "--type=merge",
-                             "-p", json.dumps({"status": {"capacity": m["status"]["capacity"], "allocatable": want}}))
+                self.kubectl(
+                    "patch",
+                    "node",
+                    m["metadata"]["name"],
+                    "--subresource=status",
+                    "--type=merge",
+                    "-p",
+                    json.dumps({"status": {"capacity": m["status"]["capacity"], "allocatable": want}}),
+                )
 
 
 def _looks_like_ours(pid: int, name: str) -> bool:
@@ -530,8 +655,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.command == "up":
         c = LocalCluster(a.dir, build=True)
         c.start(timeout=a.timeout)
-        print(f"# cluster up in {c.started_in:.1f}s; logs in {c.logs}; stop with: python -m e2e.cluster down --dir {c.dir}",
-              file=sys.stderr)
+        print(
+            f"# cluster up in {c.started_in:.1f}s; logs in {c.logs}; "
+            f"stop with: python -m e2e.cluster down --dir {c.dir}",
+            file=sys.stderr,
+        )
         for k, v in c.env().items():
             print(f"export {k}={v}")
         return 0

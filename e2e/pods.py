@@ -36,21 +36,27 @@ from pathlib import Path
 from typing import Any
 
 #: A start-up CUDA OOM as vLLM V1 prints it (torch >= 2.1 message format, in-container wording).
-CUDA_OOM_MESSAGE = """\
-ERROR [core.py:708] EngineCore failed to start.
-Traceback (most recent call last):
-  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 699, in run_engine_core
-    engine_core = EngineCoreProc(*args, **kwargs)
-  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 2391, in _dummy_sampler_run
-    raise e
-torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total capacity of 79.11 GiB \
-of which 140.75 MiB is free. Including non-PyTorch memory, this process has 78.96 GiB memory in use. Of the \
-allocated memory 68.83 GiB is allocated by PyTorch, with 660.00 MiB allocated in private pools (e.g., CUDA Graphs), \
-and 331.08 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting \
-PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management \
-(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)
-RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': 1}
-"""
+CUDA_OOM_MESSAGE = "\n".join(
+    [
+        "ERROR [core.py:708] EngineCore failed to start.",
+        "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 699, in run_engine_core',  # noqa: E501
+        "    engine_core = EngineCoreProc(*args, **kwargs)",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 2391, '
+        "in _dummy_sampler_run",
+        "    raise e",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total capacity of "  # noqa: E501
+        "79.11 GiB of which 140.75 MiB is free. Including non-PyTorch memory, this process has 78.96 GiB memory in "  # noqa: E501
+        "use. Of the allocated memory 68.83 GiB is allocated by PyTorch, with 660.00 MiB allocated in private pools "  # noqa: E501
+        "(e.g., CUDA Graphs), and 331.08 MiB is reserved by PyTorch but unallocated. If reserved but unallocated "  # noqa: E501
+        "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  "  # noqa: E501
+        "See documentation for Memory Management "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+        "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {'EngineCore_DP0': 1}",
+        "",
+    ]
+)
 
 
 class PodSimulationError(RuntimeError):
@@ -58,12 +64,17 @@ class PodSimulationError(RuntimeError):
 
 
 def _now(offset_s: float = 0.0) -> str:
-    t = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=offset_s)
+    t = _dt.datetime.now(_dt.UTC) + _dt.timedelta(seconds=offset_s)
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _kubectl(kubectl: str | Path | None, kubeconfig: str | Path | None, *args: str,
-             input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _kubectl(
+    kubectl: str | Path | None,
+    kubeconfig: str | Path | None,
+    *args: str,
+    input: str | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
     if kubectl is None:
         from e2e.cluster import kubectl_path
 
@@ -77,7 +88,9 @@ def _kubectl(kubectl: str | Path | None, kubeconfig: str | Path | None, *args: s
     return proc
 
 
-def get_pod(kubeconfig: str | Path | None, namespace: str, pod: str, *, kubectl: str | Path | None = None) -> dict[str, Any]:
+def get_pod(
+    kubeconfig: str | Path | None, namespace: str, pod: str, *, kubectl: str | Path | None = None
+) -> dict[str, Any]:
     return json.loads(_kubectl(kubectl, kubeconfig, "get", "pod", pod, "-n", namespace, "-o", "json").stdout)
 
 
@@ -93,8 +106,15 @@ def _started(p: dict[str, Any]) -> bool:
     return st.get("phase") == "Running" and bool(st.get("containerStatuses"))
 
 
-def wait_pod_running(kubeconfig: str | Path | None, namespace: str, pod: str, *, timeout: float = 60,
-                     ready: bool = True, kubectl: str | Path | None = None) -> dict[str, Any]:
+def wait_pod_running(
+    kubeconfig: str | Path | None,
+    namespace: str,
+    pod: str,
+    *,
+    timeout: float = 60,
+    ready: bool = True,
+    kubectl: str | Path | None = None,
+) -> dict[str, Any]:
     """Wait until KWOK has made the pod Running (and Ready, with ``ready=True``); return it."""
     cond = _is_ready if ready else _started
     deadline = time.monotonic() + timeout
@@ -148,8 +168,18 @@ def simulate_container_crash(
     old = {s["name"]: s for s in p.get("status", {}).get("containerStatuses", [])}
     statuses = []
     for c in p["spec"]["containers"]:
-        s = dict(old.get(c["name"], {"name": c["name"], "image": c.get("image", ""), "ready": True,
-                                     "restartCount": 0, "state": {"running": {"startedAt": _now()}}}))
+        s = dict(
+            old.get(
+                c["name"],
+                {
+                    "name": c["name"],
+                    "image": c.get("image", ""),
+                    "ready": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": _now()}},
+                },
+            )
+        )
         if c["name"] == target:
             terminated = {
                 "exitCode": exit_code,
@@ -160,14 +190,21 @@ def simulate_container_crash(
                 "containerID": _container_id(uid, c["name"], restart_count - 1),
             }
             backoff = min(10 * 2 ** max(restart_count - 1, 0), 300)
-            s.update(ready=False, started=False, restartCount=restart_count,
-                     image=c.get("image", ""), imageID=s.get("imageID", ""))
+            s.update(
+                ready=False,
+                started=False,
+                restartCount=restart_count,
+                image=c.get("image", ""),
+                imageID=s.get("imageID", ""),
+            )
             if crash_loop:
-                s["state"] = {"waiting": {
-                    "reason": "CrashLoopBackOff",
-                    "message": f"back-off {backoff}s restarting failed container={c['name']} "
-                               f"pod={pod}_{namespace}({uid})",
-                }}
+                s["state"] = {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": f"back-off {backoff}s restarting failed container={c['name']} "
+                        f"pod={pod}_{namespace}({uid})",
+                    }
+                }
                 s["lastState"] = {"terminated": terminated}
                 s.pop("containerID", None)
             else:
@@ -179,13 +216,28 @@ def simulate_container_crash(
     for cond in p["status"].get("conditions", []):
         cond = dict(cond)
         if cond["type"] in ("Ready", "ContainersReady"):
-            cond.update(status="False", reason="ContainersNotReady", lastTransitionTime=_now(),
-                        message=f"containers with unready status: [{' '.join(not_ready)}]")
+            cond.update(
+                status="False",
+                reason="ContainersNotReady",
+                lastTransitionTime=_now(),
+                message=f"containers with unready status: [{' '.join(not_ready)}]",
+            )
         conditions.append(cond)
     patch = {"status": {"phase": "Running", "conditions": conditions, "containerStatuses": statuses}}
     # merge patch: lists are replaced wholesale, exactly what kubelet's status manager sends in effect
-    _kubectl(kubectl, kubeconfig, "patch", "pod", pod, "-n", namespace, "--subresource=status",
-             "--type=merge", "-p", json.dumps(patch))
+    _kubectl(
+        kubectl,
+        kubeconfig,
+        "patch",
+        "pod",
+        pod,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+    )
     return get_pod(kubeconfig, namespace, pod, kubectl=kubectl)
 
 

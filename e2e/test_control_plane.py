@@ -52,12 +52,14 @@ def gpu_deployment(name: str, product: str, gpus: int, replicas: int) -> dict[st
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "nodeSelector": {"nvidia.com/gpu.product": product},
-                    "containers": [{
-                        "name": "vllm",
-                        "image": "vllm/vllm-openai:v0.11.0",
-                        "args": ["--model", "Qwen/Qwen2.5-7B-Instruct"],
-                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                    }],
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai:v0.11.0",
+                            "args": ["--model", "Qwen/Qwen2.5-7B-Instruct"],
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                        }
+                    ],
                 },
             },
         },
@@ -88,15 +90,29 @@ def test_crd_cel_rule_rejects_bad_object(cluster: LocalCluster, namespace: str) 
     cluster.kubectl("wait", "--for=condition=Established", "crd/gpuquotas.e2e.kvpilot.dev", "--timeout=60s")
 
     def quota(name: str, lo: int, hi: int, product: str = "NVIDIA-L4") -> str:
-        return yaml.safe_dump({
-            "apiVersion": "e2e.kvpilot.dev/v1", "kind": "GPUQuota", "metadata": {"name": name},
-            "spec": {"product": product, "minGPUs": lo, "maxGPUs": hi},
-        })
+        return yaml.safe_dump(
+            {
+                "apiVersion": "e2e.kvpilot.dev/v1",
+                "kind": "GPUQuota",
+                "metadata": {"name": name},
+                "spec": {"product": product, "minGPUs": lo, "maxGPUs": hi},
+            }
+        )
 
     # the resource is discoverable, and a good object is accepted
-    wait_for(lambda: cluster.kubectl("apply", "-n", namespace, "-f", "-", input=quota("good", 1, 4),
-                                     check=False).returncode == 0, 30, "GPUQuota discovery")
-    assert cluster.kubectl("get", "gq", "good", "-n", namespace, "-o", "jsonpath={.spec.maxGPUs}").stdout == "4"
+    wait_for(
+        lambda: (
+            cluster.kubectl(
+                "apply", "-n", namespace, "-f", "-", input=quota("good", 1, 4), check=False
+            ).returncode
+            == 0
+        ),
+        30,
+        "GPUQuota discovery",
+    )
+    assert (
+        cluster.kubectl("get", "gq", "good", "-n", namespace, "-o", "jsonpath={.spec.maxGPUs}").stdout == "4"
+    )
 
     # CEL rule on spec: the API server's own message
     bad = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=quota("bad", 5, 2), check=False)
@@ -107,8 +123,9 @@ def test_crd_cel_rule_rejects_bad_object(cluster: LocalCluster, namespace: str) 
     big = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=quota("big", 1, 100), check=False)
     assert big.returncode != 0 and "should be less than or equal to 64" in big.stderr
     # CEL transition rule (self == oldSelf) on update
-    imm = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=quota("good", 1, 4, "NVIDIA-H100-80GB-HBM3"),
-                          check=False)
+    imm = cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=quota("good", 1, 4, "NVIDIA-H100-80GB-HBM3"), check=False
+    )
     assert imm.returncode != 0 and "product is immutable" in imm.stderr
     nothing = cluster.kubectl("get", "gq", "bad", "-n", namespace, check=False)
     assert nothing.returncode != 0 and "NotFound" in nothing.stderr
@@ -119,7 +136,9 @@ def test_deployment_schedules_onto_matching_gpu_pool(cluster: LocalCluster, name
     apply(cluster, namespace, gpu_deployment("llm-h100", h100, gpus=8, replicas=2))
 
     # deployment controller -> ReplicaSet -> replicaset controller -> Pods
-    rs = wait_for(lambda: get_json(cluster, "rs", "-n", namespace, "-l", "app=llm-h100")["items"], 60, "ReplicaSet")
+    rs = wait_for(
+        lambda: get_json(cluster, "rs", "-n", namespace, "-l", "app=llm-h100")["items"], 60, "ReplicaSet"
+    )
     assert rs[0]["metadata"]["ownerReferences"][0]["kind"] == "Deployment"
 
     def running() -> list[dict[str, Any]]:
@@ -136,8 +155,13 @@ def test_deployment_schedules_onto_matching_gpu_pool(cluster: LocalCluster, name
         assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
     for p in pods:
         assert p["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
-    wait_for(lambda: get_json(cluster, "deploy", "llm-h100", "-n", namespace)["status"].get("availableReplicas") == 2,
-             60, "Deployment available")
+    wait_for(
+        lambda: (
+            get_json(cluster, "deploy", "llm-h100", "-n", namespace)["status"].get("availableReplicas") == 2
+        ),
+        60,
+        "Deployment available",
+    )
 
     # No L4 node has 8 GPUs: Pending, with the scheduler's own reason.
     apply(cluster, namespace, gpu_deployment("llm-l4-too-big", nodes.L4.product, gpus=8, replicas=1))
@@ -145,7 +169,11 @@ def test_deployment_schedules_onto_matching_gpu_pool(cluster: LocalCluster, name
     def unschedulable() -> dict[str, Any] | None:
         for p in get_json(cluster, "pods", "-n", namespace, "-l", "app=llm-l4-too-big")["items"]:
             for c in p["status"].get("conditions", []):
-                if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable":
+                if (
+                    c["type"] == "PodScheduled"
+                    and c["status"] == "False"
+                    and c.get("reason") == "Unschedulable"
+                ):
                     return p
         return None
 
@@ -154,39 +182,67 @@ def test_deployment_schedules_onto_matching_gpu_pool(cluster: LocalCluster, name
     assert not pending["spec"].get("nodeName")
     cond = next(c for c in pending["status"]["conditions"] if c["type"] == "PodScheduled")
     assert "Insufficient nvidia.com/gpu" in cond["message"]
-    events = wait_for(lambda: [e for e in get_json(cluster, "events", "-n", namespace)["items"]
-                               if e["reason"] == "FailedScheduling"
-                               and e["involvedObject"]["name"] == pending["metadata"]["name"]], 30, "event")
+    events = wait_for(
+        lambda: [
+            e
+            for e in get_json(cluster, "events", "-n", namespace)["items"]
+            if e["reason"] == "FailedScheduling"
+            and e["involvedObject"]["name"] == pending["metadata"]["name"]
+        ],
+        30,
+        "event",
+    )
     assert "Insufficient nvidia.com/gpu" in events[0]["message"]
 
     # A product no node has: Pending because of the node selector.
     apply(cluster, namespace, gpu_deployment("llm-b200", "NVIDIA-B200", gpus=1, replicas=1))
-    pods_b200 = wait_for(lambda: [p for p in get_json(cluster, "pods", "-n", namespace, "-l", "app=llm-b200")["items"]
-                                  if any(c.get("reason") == "Unschedulable" for c in p["status"].get("conditions", []))],
-                         60, "llm-b200 Unschedulable")
+    pods_b200 = wait_for(
+        lambda: [
+            p
+            for p in get_json(cluster, "pods", "-n", namespace, "-l", "app=llm-b200")["items"]
+            if any(c.get("reason") == "Unschedulable" for c in p["status"].get("conditions", []))
+        ],
+        60,
+        "llm-b200 Unschedulable",
+    )
     assert "didn't match Pod's node affinity/selector" in pods_b200[0]["status"]["conditions"][0]["message"]
 
     # garbage collector: deleting the Deployment removes its ReplicaSet and Pods
     cluster.kubectl("delete", "deploy", "llm-h100", "-n", namespace, "--wait=true", "--timeout=60s")
-    wait_for(lambda: not get_json(cluster, "rs", "-n", namespace, "-l", "app=llm-h100")["items"]
-             and not get_json(cluster, "pods", "-n", namespace, "-l", "app=llm-h100")["items"], 60, "cascade delete")
+    wait_for(
+        lambda: (
+            not get_json(cluster, "rs", "-n", namespace, "-l", "app=llm-h100")["items"]
+            and not get_json(cluster, "pods", "-n", namespace, "-l", "app=llm-h100")["items"]
+        ),
+        60,
+        "cascade delete",
+    )
 
 
 def test_kubectl_apply_and_get(cluster: LocalCluster, namespace: str, tmp_path: Path) -> None:
     f = tmp_path / "cm.yaml"
-    f.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "engine-args"},
-        "data": {"gpu-memory-utilization": "0.92", "max-model-len": "8192"},
-    }))
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "engine-args"},
+                "data": {"gpu-memory-utilization": "0.92", "max-model-len": "8192"},
+            }
+        )
+    )
     out = cluster.kubectl("apply", "-n", namespace, "-f", str(f))
     assert "configmap/engine-args created" in out.stdout
     out = cluster.kubectl("apply", "-n", namespace, "-f", str(f))
     assert "configmap/engine-args unchanged" in out.stdout
-    got = cluster.kubectl("get", "configmap", "engine-args", "-n", namespace,
-                          "-o", "jsonpath={.data.max-model-len}").stdout
+    got = cluster.kubectl(
+        "get", "configmap", "engine-args", "-n", namespace, "-o", "jsonpath={.data.max-model-len}"
+    ).stdout
     assert got == "8192"
 
-    table = cluster.kubectl("get", "nodes", "-l", f"nvidia.com/gpu.product={nodes.L4.product}", "--no-headers").stdout
+    table = cluster.kubectl(
+        "get", "nodes", "-l", f"nvidia.com/gpu.product={nodes.L4.product}", "--no-headers"
+    ).stdout
     rows = [r.split() for r in table.splitlines()]
     assert len(rows) == 8 and all(r[1] == "Ready" for r in rows)
     gpus = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
@@ -198,15 +254,28 @@ def test_kubectl_apply_and_get(cluster: LocalCluster, namespace: str, tmp_path: 
     assert by_product == nodes.total_gpus()
 
     # RBAC is enforced: the namespace's default service account may not list pods
-    can = cluster.kubectl("auth", "can-i", "list", "pods", "-n", namespace,
-                          f"--as=system:serviceaccount:{namespace}:default", check=False)
+    can = cluster.kubectl(
+        "auth",
+        "can-i",
+        "list",
+        "pods",
+        "-n",
+        namespace,
+        f"--as=system:serviceaccount:{namespace}:default",
+        check=False,
+    )
     assert can.stdout.strip() == "no"
 
 
 def test_helm_install_and_uninstall(cluster: LocalCluster, namespace: str) -> None:
     def helm(*args: str) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([str(cluster.helm_bin), *args, "-n", namespace], capture_output=True, text=True,
-                              env={**__import__("os").environ, **cluster.env()}, timeout=180)
+        proc = subprocess.run(
+            [str(cluster.helm_bin), *args, "-n", namespace],
+            capture_output=True,
+            text=True,
+            env={**__import__("os").environ, **cluster.env()},
+            timeout=180,
+        )
         assert proc.returncode == 0, proc.stderr
         return proc
 
@@ -218,8 +287,10 @@ def test_helm_install_and_uninstall(cluster: LocalCluster, namespace: str) -> No
     dep = get_json(cluster, "deploy", "tiny", "-n", namespace)
     assert dep["status"]["readyReplicas"] == 2
     pods = get_json(cluster, "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=tiny")["items"]
-    assert {get_json(cluster, "node", p["spec"]["nodeName"])["metadata"]["labels"]["nvidia.com/gpu.product"]
-            for p in pods} == {nodes.L4.product}
+    assert {
+        get_json(cluster, "node", p["spec"]["nodeName"])["metadata"]["labels"]["nvidia.com/gpu.product"]
+        for p in pods
+    } == {nodes.L4.product}
 
     helm("uninstall", "tiny", "--wait", "--timeout", "90s")
     assert json.loads(helm("list", "-o", "json").stdout) == []
@@ -228,13 +299,23 @@ def test_helm_install_and_uninstall(cluster: LocalCluster, namespace: str) -> No
 
 
 @pytest.mark.parametrize("crash_loop", [True, False], ids=["crashloop", "terminated"])
-def test_simulated_vllm_crash_shows_in_pod_status(cluster: LocalCluster, namespace: str, crash_loop: bool) -> None:
+def test_simulated_vllm_crash_shows_in_pod_status(
+    cluster: LocalCluster, namespace: str, crash_loop: bool
+) -> None:
     apply(cluster, namespace, gpu_deployment("llm", nodes.L4.product, gpus=1, replicas=1))
     pod = wait_for(lambda: get_json(cluster, "pods", "-n", namespace, "-l", "app=llm")["items"], 60, "pod")[0]
     name = pod["metadata"]["name"]
 
-    p = simulate_container_crash(cluster.kubeconfig, namespace, name, exit_code=1, message=CUDA_OOM_MESSAGE,
-                                 restart_count=3, crash_loop=crash_loop, kubectl=cluster.kubectl_bin)
+    p = simulate_container_crash(
+        cluster.kubeconfig,
+        namespace,
+        name,
+        exit_code=1,
+        message=CUDA_OOM_MESSAGE,
+        restart_count=3,
+        crash_loop=crash_loop,
+        kubectl=cluster.kubectl_bin,
+    )
     time.sleep(2)  # KWOK must not overwrite it
     p = get_json(cluster, "pod", name, "-n", namespace)
     st = container_status(p, "vllm")
@@ -252,12 +333,26 @@ def test_simulated_vllm_crash_shows_in_pod_status(cluster: LocalCluster, namespa
     row = cluster.kubectl("get", "pod", name, "-n", namespace, "--no-headers").stdout.split()
     assert row[2] == ("CrashLoopBackOff" if crash_loop else "Error") and row[3].startswith("3")
     # and the deployment controller sees the replica as unavailable
-    wait_for(lambda: get_json(cluster, "deploy", "llm", "-n", namespace)["status"].get("unavailableReplicas") == 1,
-             60, "Deployment unavailableReplicas=1")
+    wait_for(
+        lambda: get_json(cluster, "deploy", "llm", "-n", namespace)["status"].get("unavailableReplicas") == 1,
+        60,
+        "Deployment unavailableReplicas=1",
+    )
 
     # a cgroup OOM kill reads differently
-    p = simulate_container_crash(cluster.kubeconfig, namespace, name, exit_code=137, message="",
-                                 restart_count=4, kubectl=cluster.kubectl_bin) if crash_loop else p
+    p = (
+        simulate_container_crash(
+            cluster.kubeconfig,
+            namespace,
+            name,
+            exit_code=137,
+            message="",
+            restart_count=4,
+            kubectl=cluster.kubectl_bin,
+        )
+        if crash_loop
+        else p
+    )
     if crash_loop:
         term = container_status(p, "vllm")["lastState"]["terminated"]
         assert (term["exitCode"], term["reason"]) == (137, "OOMKilled")
