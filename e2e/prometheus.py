@@ -1,12 +1,31 @@
-"""A throw-away Prometheus server (Debian's ``prometheus`` package) for e2e tests and the demo.
+"""The real Prometheus server (Debian's ``prometheus`` package) for the e2e suite and the demo.
+
+Owned by the closed-loop e2e harness (with ``e2e/fleet/``). Not the Debian
+service: our own process, on a free 127.0.0.1 port, with its own TSDB in a
+temporary directory, ``--web.enable-lifecycle``, a short scrape interval, and
+one ``file_sd_configs`` job (``vllm``) whose targets file the vLLM fleet
+simulator (``e2e.fleet``) writes. The fleet writes the Kubernetes service
+discovery meta labels (``__meta_kubernetes_namespace``,
+``__meta_kubernetes_pod_name``, ...) into that file; the relabelling below turns
+them into ``namespace`` and ``pod`` target labels as a kube-prometheus
+PodMonitor does, so the operator selects series with
+``{namespace="<ns>", pod=~"<name>-[^-]+-[^-]+"}`` (docs/api-contract.md).
+
+Python API::
 
     from e2e.prometheus import PrometheusServer
-    with PrometheusServer(workdir, scrape_targets={"vllm": ["127.0.0.1:8000"]}) as prom:
-        prom.url                    # http://127.0.0.1:<port>
-        prom.query("up")            # instant query -> result list
+    with PrometheusServer() as prom:          # or PrometheusServer(workdir); start() ... stop()
+        prom.url                              # http://127.0.0.1:<port>
+        prom.targets_file                     # the fleet writes this file_sd JSON
+        prom.query("vllm:num_requests_running")
 
-Started by PID, stopped by PID; logs in ``<workdir>/prometheus.log``.
-``make e2e-tools`` installs the package (apt).
+Extra static jobs: ``PrometheusServer(workdir, scrape_targets={"job": ["127.0.0.1:8000"]})``.
+
+``stop()`` sends SIGTERM to the recorded PID only (SIGKILL after a grace
+period); the log (``<dir>/prometheus.log``) and TSDB are kept, and ``start()``
+after ``stop()`` restarts on the same port with the same TSDB (the
+"Prometheus down" scenario). A missing binary raises :class:`PrometheusError`:
+never a skip.
 """
 
 from __future__ import annotations
@@ -16,43 +35,124 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from e2e.cluster import ClusterError, free_port
+DEFAULT_BIN = "/usr/bin/prometheus"
+JOB = "vllm"
+
+#: kube-prometheus style relabelling from the Kubernetes SD meta labels the fleet writes.
+RELABEL_CONFIGS: list[dict[str, Any]] = [
+    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+    {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+    {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
+    {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"], "target_label": "service"},
+    {"source_labels": ["__meta_kubernetes_namespace", "__meta_kubernetes_pod_name"], "separator": "/",
+     "target_label": "instance"},
+]
+
+
+class PrometheusError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prometheus_binary(binary: str | os.PathLike[str] | None = None) -> Path:
+    """Debian's binary (``KVPILOT_PROMETHEUS_BIN`` overrides); raises, never skips, when missing."""
+    exe = Path(binary or os.environ.get("KVPILOT_PROMETHEUS_BIN") or DEFAULT_BIN)
+    if not exe.is_file() or not os.access(exe, os.X_OK):
+        raise PrometheusError(
+            f"{exe} not found: install Debian's prometheus package "
+            "(`apt-get install -y prometheus`; `make e2e-tools` does it) or set KVPILOT_PROMETHEUS_BIN"
+        )
+    return exe
+
+
+def build_config(targets_file: Path, *, scrape_interval: str = "1s",
+                 scrape_targets: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """The config: one file_sd job for the fleet (relabelled to namespace/pod) plus optional static jobs."""
+    jobs: list[dict[str, Any]] = [{
+        "job_name": JOB,
+        "metrics_path": "/metrics",
+        "scheme": "http",
+        "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}],
+        "relabel_configs": RELABEL_CONFIGS,
+    }]
+    jobs += [{"job_name": job, "static_configs": [{"targets": t}]} for job, t in (scrape_targets or {}).items()]
+    return {
+        "global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval,
+                   "evaluation_interval": scrape_interval},
+        "scrape_configs": jobs,
+    }
+
+
+def write_targets_file(path: Path, groups: list[dict[str, Any]]) -> None:
+    """Atomically replace a file_sd targets file (Prometheus watches it with inotify)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(groups, indent=1, sort_keys=True))
+    os.replace(tmp, path)
 
 
 class PrometheusServer:
+    """One Prometheus process on 127.0.0.1.
+
+    :param workdir: working directory (config, targets file, TSDB, log). Default: a fresh temp dir.
+    :param scrape_interval: global scrape (and evaluation) interval, e.g. ``"1s"``.
+    :param scrape_targets: extra static jobs, ``{job: ["127.0.0.1:port", ...]}``.
+    :param config: a complete config instead of the generated one.
+    :param port: listen port on 127.0.0.1 (default: a free one, kept across restarts).
+    :param lookback_delta: ``--query.lookback-delta`` (instant queries see samples this old at most).
+    """
+
     def __init__(
         self,
-        workdir: str | os.PathLike[str],
+        workdir: str | os.PathLike[str] | None = None,
         *,
-        scrape_targets: dict[str, list[str]] | None = None,
         scrape_interval: str = "1s",
+        scrape_targets: dict[str, list[str]] | None = None,
         config: dict[str, Any] | None = None,
-        binary: str | None = None,
+        binary: str | os.PathLike[str] | None = None,
+        port: int | None = None,
+        lookback_delta: str = "1m",
     ) -> None:
-        self.dir = Path(workdir)
-        self.port = 0
-        self.binary = binary or shutil.which("prometheus") or "/usr/bin/prometheus"
-        self.config = config or {
-            "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-            "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": targets}]}
-                for job, targets in (scrape_targets or {}).items()
-            ],
-        }
+        self.dir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="kvpilot-prom-"))
+        self.binary = binary
+        self.scrape_interval = scrape_interval
+        self.lookback_delta = lookback_delta
+        self.port = port or free_port()
+        self.config_file = self.dir / "prometheus.yml"
+        self.targets_file = self.dir / "targets.json"
+        self.tsdb = self.dir / "tsdb"
+        self.log_file = self.dir / "prometheus.log"
+        self.config = config or build_config(self.targets_file, scrape_interval=scrape_interval,
+                                             scrape_targets=scrape_targets)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started_in: float | None = None
 
+    # ------------------------------------------------------------------ lifecycle
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
 
     def __enter__(self) -> PrometheusServer:
         return self.start()
@@ -60,66 +160,159 @@ class PrometheusServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, timeout: float = 30) -> PrometheusServer:
-        if not Path(self.binary).exists():
-            raise ClusterError(f"prometheus not found at {self.binary}; run `make e2e-tools`")
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout: float = 60.0) -> PrometheusServer:
+        if self.running():
+            return self
+        exe = prometheus_binary(self.binary)
+        t0 = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
-        cfg = self.dir / "prometheus.yml"
-        cfg.write_text(yaml.safe_dump(self.config, sort_keys=False))
-        self.port = free_port()
-        with open(self.dir / "prometheus.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    self.binary,
-                    f"--config.file={cfg}",
-                    f"--storage.tsdb.path={self.dir / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--web.enable-lifecycle",
-                    "--storage.tsdb.retention.time=1d",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.dir,
-                start_new_session=True,
-            )
+        self.tsdb.mkdir(exist_ok=True)
+        if not self.targets_file.exists():
+            write_targets_file(self.targets_file, [])
+        self.config_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        args = [
+            str(exe),
+            f"--config.file={self.config_file}",
+            f"--storage.tsdb.path={self.tsdb}",
+            "--storage.tsdb.retention.time=1d",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--web.enable-lifecycle",
+            f"--query.lookback-delta={self.lookback_delta}",
+        ]
+        with open(self.log_file, "ab") as log:
+            log.write(f"\n===== {time.strftime('%F %T')} {' '.join(args)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         cwd=self.dir, start_new_session=True)
         (self.dir / "prometheus.pid").write_text(str(self.proc.pid))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = (self.dir / "prometheus.log").read_text(errors="replace")[-2000:]
-                raise ClusterError(f"prometheus exited with {self.proc.returncode}:\n{tail}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
-                if r.status == 200:
-                    return self
-            time.sleep(0.3)
-        self.stop()
-        raise ClusterError(f"prometheus not ready after {timeout}s (log: {self.dir / 'prometheus.log'})")
-
-    def reload(self, config: dict[str, Any]) -> None:
-        self.config = config
-        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-        req = urllib.request.Request(self.url + "/-/reload", method="POST")
-        with urllib.request.urlopen(req, timeout=10):
-            pass
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        q = urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(f"{self.url}/api/v1/query?{q}", timeout=10) as r:
-            body = json.load(r)
-        if body.get("status") != "success":
-            raise ClusterError(f"prometheus query {promql!r} failed: {body}")
-        return body["data"]["result"]
-
-    def stop(self, timeout: float = 10) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, signal.SIGTERM)
         try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in = time.monotonic() - t0
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise PrometheusError(f"prometheus exited with code {self.proc.returncode}; "
+                                      f"log tail ({self.log_file}):\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError as e:  # URLError is an OSError
+                last = e
+            time.sleep(0.2)
+        raise PrometheusError(f"prometheus not ready at {self.url} after {timeout}s ({last}); "
+                              f"log tail:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the recorded PID (SIGKILL after ``timeout``); the log and TSDB are kept."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
-        self.proc = None
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / "prometheus.pid").unlink()
+
+    def cleanup(self) -> None:
+        """Remove the TSDB (the log and config stay)."""
+        shutil.rmtree(self.tsdb, ignore_errors=True)
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")[-n:]
+        except FileNotFoundError:
+            return ""
+
+    # ------------------------------------------------------------------ configuration
+    def write_targets(self, groups: list[dict[str, Any]]) -> None:
+        write_targets_file(self.targets_file, groups)
+
+    def reload(self, config: dict[str, Any] | None = None) -> None:
+        """Rewrite the config (when given) and POST /-/reload."""
+        if config is not None:
+            self.config = config
+            self.config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        req = urllib.request.Request(self.url + "/-/reload", method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            if r.status != 200:
+                raise PrometheusError(f"reload failed: HTTP {r.status}")
+
+    # ------------------------------------------------------------------ HTTP API
+    def api(self, path: str, **params: Any) -> Any:
+        q = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        url = f"{self.url}/api/v1/{path}" + (f"?{q}" if q else "")
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                body = json.load(r)
+        except urllib.error.HTTPError as e:
+            raise PrometheusError(f"GET {url}: HTTP {e.code}: {e.read()[:500]!r}") from e
+        if body.get("status") != "success":
+            raise PrometheusError(f"GET {url}: {body}")
+        return body["data"]
+
+    def query(self, promql: str, time: float | None = None) -> list[dict[str, Any]]:
+        """Instant query: ``[{"metric": {...}, "value": [t, "v"]}, ...]`` (a scalar becomes one row)."""
+        data = self.api("query", query=promql, time=time)
+        if data["resultType"] == "scalar":
+            return [{"metric": {}, "value": data["result"]}]
+        return list(data["result"])
+
+    def query_value(self, promql: str) -> float | None:
+        """The single value of an instant query; None when empty, an error when several series match."""
+        res = self.query(promql)
+        if not res:
+            return None
+        if len(res) > 1:
+            raise PrometheusError(f"{promql!r} returned {len(res)} series: {[r['metric'] for r in res]}")
+        return float(res[0]["value"][1])
+
+    def targets(self) -> list[dict[str, Any]]:
+        return list(self.api("targets", state="active")["activeTargets"])
+
+    def wait_for(self, promql: str, predicate: Callable[[list[dict[str, Any]]], bool], *, timeout: float = 30.0,
+                 interval: float = 0.5, what: str | None = None) -> list[dict[str, Any]]:
+        """Poll an instant query until ``predicate(result)``; raise with the last result otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            res = self.query(promql)
+            if predicate(res):
+                return res
+            if time.monotonic() > deadline:
+                raise PrometheusError(f"timed out after {timeout}s waiting for {what or promql!r}; last: {res}")
+            time.sleep(interval)
+
+
+def main() -> int:  # manual use: python -m e2e.prometheus
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m e2e.prometheus", description="run a local Prometheus until Ctrl-C")
+    ap.add_argument("--dir")
+    ap.add_argument("--scrape-interval", default="1s")
+    a = ap.parse_args()
+    with PrometheusServer(a.dir, scrape_interval=a.scrape_interval) as p:
+        print(f"prometheus {p.url} (pid {p.pid}); targets file {p.targets_file}; log {p.log_file}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while p.running():
+                time.sleep(1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
