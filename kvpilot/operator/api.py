@@ -1,0 +1,353 @@
+"""Pydantic models of the InferenceService API (kvpilot.io/v1alpha1).
+
+They mirror ``crds/inferenceservices.kvpilot.io.yaml``, the single source of truth;
+``tests/operator/test_api_drift.py`` compares the two property by property. The
+models parse a spec at the operator's edge (and in ``kvpilot render``, where no API
+server has defaulted or validated anything) and convert it to and from the tuner's
+value objects. Wire names are camelCase (aliases); Python names are snake_case.
+
+Nothing here does I/O. Cross-field checks the API server enforces with CEL are
+repeated in :meth:`InferenceServiceSpec.semantic_errors` so that ``render`` and the
+unit tests see the same verdicts without an API server.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from kvpilot.tuner import types
+
+GROUP = "kvpilot.io"
+VERSION = "v1alpha1"
+PLURAL = "inferenceservices"
+KIND = "InferenceService"
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
+VLLM_VERSION = "0.33.0"
+
+KvCacheDtype = Literal[
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+    "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+    "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3", "octave_k3v3_compact",
+    "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
+    "nvfp4", "nvfp4_4over6",
+]  # fmt: skip
+Mode = Literal["Off", "Recommend", "Auto"]
+Source = Literal["Catalogue", "ConfigMap", "Hub"]
+
+
+class _Wire(BaseModel):
+    """camelCase on the wire, snake_case in Python, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", protected_namespaces=()
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The object as it appears in Kubernetes (camelCase, unset fields left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# --------------------------------------------------------------------------- settings
+
+
+class Settings(_Wire):
+    """The engine settings object (api-contract.md): one field per tuned vLLM flag."""
+
+    max_model_len: int | None = Field(None, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    kv_cache_dtype: KvCacheDtype | None = None
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+
+    def to_engine(self) -> types.EngineSettings:
+        return types.EngineSettings(**self.model_dump(exclude_none=True))
+
+    @classmethod
+    def from_engine(cls, settings: types.EngineSettings) -> Settings:
+        return cls(**settings.as_dict())
+
+
+# --------------------------------------------------------------------------- spec
+
+
+class ConfigMapRef(_Wire):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field("config.json", min_length=1, max_length=253)
+
+
+class SecretRef(_Wire):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field("token", min_length=1, max_length=253)
+
+
+class ModelRef(_Wire):
+    id: str = Field(
+        min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$"
+    )
+    revision: str | None = Field(None, max_length=128, pattern=r"^[A-Za-z0-9._/-]+$")
+    source: Source = "Catalogue"
+    config_map_ref: ConfigMapRef | None = None
+    hub_token_secret_ref: SecretRef | None = None
+    checkpoint_bytes: int | None = Field(None, ge=1)
+
+
+class GpuRequest(_Wire):
+    count: int = Field(1, ge=1, le=64)
+    product: str | None = Field(None, max_length=128)
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64)
+
+
+class Serving(_Wire):
+    min_context_length: int | None = Field(None, ge=1)
+    max_context_length: int | None = Field(None, ge=1)
+    concurrency: int | None = Field(None, ge=1)
+
+
+class EnvVar(_Wire):
+    name: str = Field(min_length=1, max_length=256)
+    value: str | None = Field(None, max_length=32768)
+    value_from: dict[str, Any] | None = None
+
+
+class Resources(_Wire):
+    limits: dict[str, int | str] | None = None
+    requests: dict[str, int | str] | None = None
+
+
+class Toleration(_Wire):
+    key: str | None = Field(None, max_length=317)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Engine(_Wire):
+    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512)
+    extra_args: list[str] = Field(default_factory=list, max_length=128)
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    resources: Resources | None = None
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    pinned: Settings = Field(default_factory=Settings)
+
+
+class IntRange(_Wire):
+    min: int | None = Field(None, ge=1)
+    max: int | None = Field(None, ge=1)
+
+
+class FractionRange(_Wire):
+    min: float | None = Field(None, gt=0, le=1)
+    max: float | None = Field(None, gt=0, le=1)
+
+
+class Bounds(_Wire):
+    max_num_seqs: IntRange | None = None
+    gpu_memory_utilization: FractionRange | None = None
+    max_model_len: IntRange | None = None
+
+
+class Tuning(_Wire):
+    mode: Mode = "Auto"
+    allow_fp8_kv_cache: bool = False
+    allow_weight_quantization: bool = False
+    cooldown_seconds: int = Field(600, ge=0)
+    max_changes_per_hour: int = Field(4, ge=0)
+    rollout_deadline_seconds: int = Field(900, ge=30)
+    bounds: Bounds = Field(default_factory=Bounds)
+
+
+class InferenceServiceSpec(_Wire):
+    model: ModelRef
+    gpu: GpuRequest = Field(default_factory=GpuRequest)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    replicas: int = Field(1, ge=0, le=1000)
+    serving: Serving = Field(default_factory=Serving)
+    engine: Engine = Field(default_factory=Engine)
+    tuning: Tuning = Field(default_factory=Tuning)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The tensor-parallel size: pinned, else gpu.tensorParallelSize, else gpu.count."""
+        return self.engine.pinned.tensor_parallel_size or self.gpu.tensor_parallel_size or self.gpu.count
+
+    def semantic_errors(self) -> list[str]:
+        """The CRD's CEL rules, evaluated here: an empty list when the spec is consistent."""
+        return _cel_equivalents(self)
+
+    def to_bounds(self) -> types.ServingBounds:
+        """The tuner's view of what the user asks for."""
+        gmu = self.tuning.bounds.gpu_memory_utilization or FractionRange()
+        defaults = types.ServingBounds()
+        return types.ServingBounds(
+            min_context=self.serving.min_context_length,
+            max_context=self.serving.max_context_length,
+            concurrency=self.serving.concurrency,
+            allow_fp8_kv=self.tuning.allow_fp8_kv_cache,
+            allow_weight_quantization=self.tuning.allow_weight_quantization,
+            min_gpu_memory_utilization=gmu.min if gmu.min is not None else defaults.min_gpu_memory_utilization,
+            max_gpu_memory_utilization=gmu.max if gmu.max is not None else defaults.max_gpu_memory_utilization,
+        )
+
+    def to_pinned(self) -> types.EngineSettings:
+        """Pinned settings, with the tensor-parallel size always fixed (the GPUs are the user's choice)."""
+        return self.engine.pinned.to_engine().replace(tensor_parallel_size=self.tensor_parallel_size)
+
+
+def _in_range(value: float | None, rng: IntRange | FractionRange | None) -> bool:
+    if value is None or rng is None:
+        return True
+    return (rng.min is None or value >= rng.min) and (rng.max is None or value <= rng.max)
+
+
+def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
+    errors: list[str] = []
+    m, g, p, b = spec.model, spec.gpu, spec.engine.pinned, spec.tuning.bounds
+    if m.source == "ConfigMap" and m.config_map_ref is None:
+        errors.append("spec.model: configMapRef is required when source is ConfigMap")
+    if m.config_map_ref is not None and m.source != "ConfigMap":
+        errors.append("spec.model: configMapRef is only used when source is ConfigMap")
+    if m.hub_token_secret_ref is not None and m.source != "Hub":
+        errors.append("spec.model: hubTokenSecretRef is only used when source is Hub")
+    if g.tensor_parallel_size and g.count % g.tensor_parallel_size:
+        errors.append("spec.gpu: gpu.tensorParallelSize must divide gpu.count")
+    if p.tensor_parallel_size and g.count % p.tensor_parallel_size:
+        errors.append("spec: engine.pinned.tensorParallelSize must divide gpu.count")
+    if p.tensor_parallel_size and g.tensor_parallel_size and p.tensor_parallel_size != g.tensor_parallel_size:
+        errors.append("spec: engine.pinned.tensorParallelSize and gpu.tensorParallelSize disagree; set one of them")
+    s = spec.serving
+    if s.min_context_length and s.max_context_length and s.min_context_length > s.max_context_length:
+        errors.append("spec.serving: serving.minContextLength must not exceed serving.maxContextLength")
+    if p.max_model_len and s.min_context_length and p.max_model_len < s.min_context_length:
+        errors.append("spec: engine.pinned.maxModelLen is below serving.minContextLength")
+    if p.max_model_len and s.max_context_length and p.max_model_len > s.max_context_length:
+        errors.append("spec: engine.pinned.maxModelLen is above serving.maxContextLength")
+    for name, rng in (("maxNumSeqs", b.max_num_seqs), ("gpuMemoryUtilization", b.gpu_memory_utilization),
+                      ("maxModelLen", b.max_model_len)):  # fmt: skip
+        if rng is not None and rng.min is not None and rng.max is not None and rng.min > rng.max:
+            errors.append(f"spec.tuning.bounds.{name}: bounds.{name}.min must not exceed max")
+    for name, value, rng in (("maxModelLen", p.max_model_len, b.max_model_len),
+                             ("maxNumSeqs", p.max_num_seqs, b.max_num_seqs),
+                             ("gpuMemoryUtilization", p.gpu_memory_utilization, b.gpu_memory_utilization)):  # fmt: skip
+        if not _in_range(value, rng):
+            errors.append(f"spec: engine.pinned.{name} is outside tuning.bounds.{name}")
+    if p.kv_cache_dtype and p.kv_cache_dtype.startswith("fp8") and not spec.tuning.allow_fp8_kv_cache:
+        errors.append("spec: engine.pinned.kvCacheDtype is fp8; set tuning.allowFp8KvCache to true to confirm")
+    if any(e.name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN") and e.value is not None for e in spec.engine.env):
+        errors.append(
+            "spec.engine.env: do not inline a Hugging Face token; use model.hubTokenSecretRef or "
+            "valueFrom.secretKeyRef"
+        )
+    res = spec.engine.resources
+    if res is not None and any("nvidia.com/gpu" in (d or {}) for d in (res.limits, res.requests)):
+        errors.append("spec.engine.resources: set GPUs with gpu.count, not engine.resources")
+    return errors
+
+
+# --------------------------------------------------------------------------- status
+
+
+class Condition(_Wire):
+    type: str = Field(max_length=64)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(max_length=128)
+    message: str | None = None
+    observed_generation: int | None = None
+    last_transition_time: str | None = None
+
+
+class GpuStatus(_Wire):
+    product: str | None = None
+    catalogue_name: str | None = None
+    count: int | None = None
+    memory_gi_b: float | None = Field(None, alias="memoryGiB")
+
+
+class Recommendation(_Wire):
+    settings: Settings | None = None
+    reason: str | None = None
+    trigger: str | None = None
+    time: str | None = None
+
+
+class Budget(_Wire):
+    gpu_total_gi_b: float | None = Field(None, alias="gpuTotalGiB")
+    requested_gi_b: float | None = Field(None, alias="requestedGiB")
+    weights_gi_b: float | None = Field(None, alias="weightsGiB")
+    activation_gi_b: float | None = Field(None, alias="activationGiB")
+    non_torch_gi_b: float | None = Field(None, alias="nonTorchGiB")
+    cuda_graph_gi_b: float | None = Field(None, alias="cudaGraphGiB")
+    kv_cache_gi_b: float | None = Field(None, alias="kvCacheGiB")
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+
+    @classmethod
+    def from_budget(cls, b: types.MemoryBudget) -> Budget:
+        r = lambda x: round(x, 3)  # noqa: E731
+        return cls(
+            gpu_total_gi_b=r(b.gpu_total_gib), requested_gi_b=r(b.requested_gib), weights_gi_b=r(b.weights_gib),
+            activation_gi_b=r(b.activation_gib), non_torch_gi_b=r(b.non_torch_gib),
+            cuda_graph_gi_b=r(b.cuda_graph_gib), kv_cache_gi_b=r(b.available_kv_cache_gib),
+            kv_cache_tokens=b.kv_cache_tokens, max_concurrency=r(b.max_concurrency),
+        )  # fmt: skip
+
+
+class Calibration(_Wire):
+    observed_kv_cache_tokens: int | None = None
+
+
+class Rollout(_Wire):
+    settings: Settings | None = None
+    started_at: str | None = None
+    deadline: str | None = None
+
+
+class HistoryEntry(_Wire):
+    time: str | None = None
+    action: Literal["Planned", "Retuned", "RolledBack", "Held", "Infeasible"] | None = None
+    trigger: str | None = None
+    reason: str | None = None
+    from_: Settings | None = Field(None, alias="from")
+    to: Settings | None = None
+
+
+class InferenceServiceStatus(_Wire):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    gpu: GpuStatus | None = None
+    applied: Settings | None = None
+    last_good_settings: Settings | None = None
+    failed_settings: list[Settings] = Field(default_factory=list, max_length=32)
+    recommendation: Recommendation | None = None
+    budget: Budget | None = None
+    warnings: list[str] = Field(default_factory=list, max_length=32)
+    calibration: Calibration | None = None
+    rollout: Rollout | None = None
+    history: list[HistoryEntry] = Field(default_factory=list, max_length=20)
+    last_change_time: str | None = None
+
+
+class InferenceService(_Wire):
+    """A whole object, as ``kubectl apply -f`` or the API server hands it over."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", protected_namespaces=()
+    )
+
+    api_version: str = f"{GROUP}/{VERSION}"
+    kind: str = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: InferenceServiceSpec
+    status: InferenceServiceStatus | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace") or "default")

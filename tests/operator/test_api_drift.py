@@ -1,0 +1,154 @@
+"""The CRD (the source of truth) and the pydantic models in kvpilot.operator.api must not drift.
+
+Both are flattened to ``{path: facts}`` (path like ``spec.engine.pinned.maxModelLen`` or
+``status.history[].from.maxNumSeqs``; facts: JSON type, enum, default, required) and compared.
+Every CRD property must also carry a description for ``kubectl explain``.
+"""
+
+from __future__ import annotations
+
+import types as pytypes
+import typing
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from kvpilot.operator import api
+
+CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "inferenceservices.kvpilot.io.yaml"
+
+
+def crd_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    (version,) = crd["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def _crd_type(node: dict[str, Any]) -> str:
+    if node.get("x-kubernetes-int-or-string"):
+        return "int-or-string"
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        return "any"
+    return node["type"]
+
+
+def flatten_crd(node: dict[str, Any], path: str, out: dict[str, dict[str, Any]]) -> None:
+    out[path] = {"type": _crd_type(node), "enum": node.get("enum"), "default": node.get("default")}
+    if "properties" in node:
+        required = set(node.get("required", []))
+        for name, child in node["properties"].items():
+            flatten_crd(child, f"{path}.{name}", out)
+            out[f"{path}.{name}"]["required"] = name in required
+    elif node.get("type") == "array":
+        flatten_crd(node["items"], f"{path}[]", out)
+        out[f"{path}[]"]["required"] = False
+    elif isinstance(node.get("additionalProperties"), dict):
+        flatten_crd(node["additionalProperties"], f"{path}{{}}", out)
+        out[f"{path}{{}}"]["required"] = False
+
+
+def _strip_optional(tp: Any) -> Any:
+    if get_origin(tp) in (typing.Union, pytypes.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else typing.Union[tuple(args)]  # noqa: UP007
+    return tp
+
+
+def flatten_model(tp: Any, path: str, out: dict[str, dict[str, Any]], default: Any = None) -> None:
+    tp = _strip_optional(tp)
+    origin = get_origin(tp)
+    enum = None
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        kind = "object"
+    elif origin is list:
+        kind = "array"
+    elif origin is dict:
+        kind = "any" if get_args(tp)[1] is Any else "object"
+    elif origin is Literal:
+        kind, enum = "string", list(get_args(tp))
+    elif origin in (typing.Union, pytypes.UnionType):
+        kind = "int-or-string"
+    else:
+        kind = {int: "integer", float: "number", str: "string", bool: "boolean"}[tp]
+    out[path] = {"type": kind, "enum": enum, "default": default}
+    if kind == "object" and origin is None:
+        for name, field in tp.model_fields.items():
+            alias = field.alias or name
+            d = field.default if field.default is not None and not callable(field.default) else None
+            d = None if repr(d) == "PydanticUndefined" else d
+            flatten_model(field.annotation, f"{path}.{alias}", out, d)
+            out[f"{path}.{alias}"]["required"] = field.is_required()
+    elif kind == "array":
+        flatten_model(get_args(tp)[0], f"{path}[]", out)
+        out[f"{path}[]"]["required"] = False
+    elif kind == "object":
+        flatten_model(get_args(tp)[1], f"{path}{{}}", out)
+        out[f"{path}{{}}"]["required"] = False
+
+
+def crd_paths() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    schema = crd_schema()
+    for top in ("spec", "status"):
+        flatten_crd(schema["properties"][top], top, out)
+    return out
+
+
+def model_paths() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    flatten_model(api.InferenceServiceSpec, "spec", out)
+    flatten_model(api.InferenceServiceStatus, "status", out)
+    return out
+
+
+def test_same_property_paths() -> None:
+    crd, models = set(crd_paths()), set(model_paths())
+    assert crd - models == set(), "in the CRD, missing from kvpilot/operator/api.py"
+    assert models - crd == set(), "in kvpilot/operator/api.py, missing from the CRD"
+
+
+@pytest.mark.parametrize("fact", ["type", "enum", "required"])
+def test_same_facts(fact: str) -> None:
+    crd, models = crd_paths(), model_paths()
+    diffs = {p: (crd[p].get(fact), models[p].get(fact)) for p in crd if p in models
+             if crd[p].get(fact) != models[p].get(fact) and p not in ("spec", "status")}  # fmt: skip
+    assert diffs == {}, f"{fact} differs (crd, model)"
+
+
+def test_same_scalar_defaults() -> None:
+    crd, models = crd_paths(), model_paths()
+    diffs = {p: (crd[p]["default"], models[p]["default"]) for p in crd if p in models
+             if crd[p]["default"] not in (None, {}) and crd[p]["default"] != models[p]["default"]}  # fmt: skip
+    assert diffs == {}
+
+
+def _walk(node: dict[str, Any], path: str):
+    yield path, node
+    for name, child in node.get("properties", {}).items():
+        yield from _walk(child, f"{path}.{name}")
+    if node.get("type") == "array":
+        yield from _walk(node["items"], f"{path}[]")
+
+
+def test_every_property_is_described() -> None:
+    schema = crd_schema()
+    missing = [p for top in ("spec", "status") for p, n in _walk(schema["properties"][top], top)
+               if not n.get("description")]  # fmt: skip
+    assert missing == []
+
+
+def test_printer_columns_cover_the_issue() -> None:
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    cols = {c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert {"Model", "GPU", "Max-Model-Len", "Max-Num-Seqs", "GPU-Mem-Util", "KV-Dtype", "Ready", "Age"} <= cols
+    status = crd["spec"]["versions"][0]["subresources"]
+    assert status == {"status": {}}
+
+
+def test_no_unknown_fields_preserved_at_the_roots() -> None:
+    schema = crd_schema()
+    for top in ("spec", "status"):
+        assert "x-kubernetes-preserve-unknown-fields" not in schema["properties"][top]
