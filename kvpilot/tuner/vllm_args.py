@@ -177,9 +177,8 @@ def check_settings(settings: EngineSettings) -> None:
         problems.append(("--kv-cache-dtype", f"{s.kv_cache_dtype!r} is not one of: {valid}"))
     seqs, tokens = s.max_num_seqs, s.max_num_batched_tokens
     if not problems and seqs is not None and tokens is not None and tokens < seqs:
-        problems.append(
-            ("--max-num-batched-tokens", f"({tokens}) must be greater than or equal to --max-num-seqs ({seqs})")
-        )
+        text = f"({tokens}) must be greater than or equal to --max-num-seqs ({seqs})"
+        problems.append(("--max-num-batched-tokens", text))
     if problems:
         flag, text = problems[0]
         raise errors.InvalidEngineArgs("; ".join(f"{f} {t}" for f, t in problems), flag=flag)
