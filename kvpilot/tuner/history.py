@@ -1,0 +1,98 @@
+"""The tuning history: what kvpilot decided, when and why (``status.history`` in the cluster).
+
+A bounded, append-only record, newest last. The policy reads it to enforce cooldown and
+the changes-per-hour limit, to escalate repeated OOM remedies and to avoid raising a
+setting straight back to where pressure forced it down. The operator converts it to and
+from ``status.history`` entries (``time`` as RFC 3339 there, epoch seconds here).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from kvpilot.tuner.types import EngineSettings
+
+HISTORY_LIMIT = 20
+"""Entries kept in ``status.history`` (the API contract's bound)."""
+
+
+class HistoryAction(enum.StrEnum):
+    """``status.history[].action``."""
+
+    PLANNED = "Planned"
+    RETUNED = "Retuned"
+    ROLLED_BACK = "RolledBack"
+    HELD = "Held"
+    INFEASIBLE = "Infeasible"
+
+
+CHANGES = frozenset({HistoryAction.PLANNED, HistoryAction.RETUNED, HistoryAction.ROLLED_BACK})
+"""Actions that changed the Deployment's settings."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One decision. ``from_settings``/``to_settings`` are equal for holds."""
+
+    time: float
+    action: HistoryAction
+    trigger: str
+    reason: str
+    from_settings: EngineSettings
+    to_settings: EngineSettings
+
+    @property
+    def is_change(self) -> bool:
+        return self.action in CHANGES and self.from_settings != self.to_settings
+
+
+def compute_last_change_time(history: tuple[HistoryEntry, ...]) -> float | None:
+    """When the settings last changed (Planned entries count: the first rollout is a change)."""
+    times = [e.time for e in history if e.action in CHANGES]
+    return max(times) if times else None
+
+
+def compute_changes_since(history: tuple[HistoryEntry, ...], since: float) -> int:
+    """Retunes and rollbacks strictly after ``since`` (the initial plan is not counted)."""
+    return sum(1 for e in history if e.is_change and e.action != HistoryAction.PLANNED and e.time > since)
+
+
+def compute_recent_streak(history: tuple[HistoryEntry, ...], trigger: str, since: float) -> int:
+    """How many of the latest changes after ``since`` in a row were made for ``trigger``."""
+    streak = 0
+    for entry in reversed(history):
+        if entry.time <= since:
+            break
+        if not entry.is_change:
+            continue
+        if entry.trigger != trigger:
+            break
+        streak += 1
+    return streak
+
+
+def compute_pressure_ceiling(history: tuple[HistoryEntry, ...], trigger: str, since: float) -> int | None:
+    """The lowest ``max_num_seqs`` that a ``trigger`` change lowered *from* after ``since``.
+
+    Raising back to it would re-enter the state that caused the pressure, so the idle
+    rule stays below it for a while (anti-flapping).
+    """
+    ceilings = [
+        e.from_settings.max_num_seqs
+        for e in history
+        if e.time > since
+        and e.is_change
+        and e.trigger == trigger
+        and e.from_settings.max_num_seqs is not None
+        and e.to_settings.max_num_seqs is not None
+        and e.to_settings.max_num_seqs < e.from_settings.max_num_seqs
+    ]
+    return min(ceilings) if ceilings else None
+
+
+def build_history(
+    history: tuple[HistoryEntry, ...], entry: HistoryEntry, limit: int = HISTORY_LIMIT
+) -> tuple[HistoryEntry, ...]:
+    """``history`` with ``entry`` appended, oldest entries dropped beyond ``limit``."""
+    return (*history, entry)[-limit:]

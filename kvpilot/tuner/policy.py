@@ -1,0 +1,447 @@
+"""The closed-loop policy: hold, retune, roll back or give up, and why. Pure and deterministic.
+
+:func:`compute_decision` is VPA's recommender + updater for vLLM engine arguments, as a
+chain of small steps; the first step with something to say decides:
+
+1. **rollout** -- a retune is rolling out: Ready = it succeeded (the settings are
+   *good*); a crash of the new pods or the deadline passed = roll back to the last good
+   settings and mark the new ones failed; otherwise wait.
+2. **crash** -- a container running the current settings stopped: classify
+   (:mod:`kvpilot.tuner.restarts`) and ask :mod:`kvpilot.tuner.remedies` for candidates.
+   Crash remedies skip the metrics cooldown; host OOM and unknown crashes hold.
+3. **metrics gate** -- missing, stale or too few samples since the last change: hold
+   (``MetricsAvailable=False`` on the resource).
+4. **pressure** -- sustained KV usage >= high band with preemptions: fp8 KV or fewer sequences.
+5. **idle** -- sustained KV usage <= low band with a queue at the sequence limit: more sequences.
+6. otherwise hold (inside the hysteresis band).
+
+Every candidate then passes the same filters, in order: clamp to the bounds -> round and
+make consistent -> drop "no change" -> drop settings that failed before -> drop settings
+predicted not to start -> stability gates (minimum interval, cooldown, changes per hour).
+
+Time is the ``now`` argument (epoch seconds); nothing here reads a clock, the cluster or
+Prometheus. The same inputs always give the same decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+from kvpilot.tuner import history as history_mod
+from kvpilot.tuner import observations as obs
+from kvpilot.tuner import remedies
+from kvpilot.tuner.history import HistoryEntry
+from kvpilot.tuner.observations import (
+    CRASH_KINDS_FIXABLE_BY_ARGS,
+    ObservationWindow,
+    RestartEvent,
+    RestartKind,
+)
+from kvpilot.tuner.policy_config import PolicyConfig, TuningBounds
+from kvpilot.tuner.remedies import Proposal, Situation
+from kvpilot.tuner.types import EngineSettings, MemoryBudget
+
+__all__ = [
+    "Action",
+    "Decision",
+    "MetricsStatus",
+    "PolicyConfig",
+    "RolloutState",
+    "Trigger",
+    "TuningBounds",
+    "compute_decision",
+    "compute_metrics_status",
+]
+
+
+class Action(enum.StrEnum):
+    HOLD = "hold"
+    RETUNE = "retune"
+    ROLLBACK = "rollback"
+    INFEASIBLE = "infeasible"
+
+
+class Trigger(enum.StrEnum):
+    """``Decision.trigger`` values that are not a :class:`RestartKind` (those are triggers too)."""
+
+    ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+    ROLLOUT_SUCCEEDED = "RolloutSucceeded"
+    ROLLOUT_FAILED = "RolloutFailed"
+    METRICS_UNAVAILABLE = "MetricsUnavailable"
+    INSUFFICIENT_DATA = "InsufficientData"
+    KV_PRESSURE = remedies.KV_PRESSURE
+    IDLE_CAPACITY = remedies.IDLE_CAPACITY
+    STEADY = "Steady"
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutState:
+    """``status.rollout``: a retune on its way to the pods."""
+
+    settings: EngineSettings
+    started_at: float
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do now. ``settings`` = what should run next (the current ones on hold)."""
+
+    action: Action
+    settings: EngineSettings
+    trigger: str
+    reason: str
+    failed: EngineSettings | None = None
+    """Settings to add to ``status.failedSettings`` (never to be used again)."""
+    good: EngineSettings | None = None
+    """Settings proven healthy: the new ``status.lastGoodSettings``."""
+
+    @property
+    def changes(self) -> bool:
+        return self.action in (Action.RETUNE, Action.ROLLBACK)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsStatus:
+    """For the ``MetricsAvailable`` condition."""
+
+    available: bool
+    reason: str
+    message: str
+
+
+def compute_metrics_status(window: ObservationWindow, policy: PolicyConfig, now: float) -> MetricsStatus:
+    """Whether the window is usable at ``now``: present, with KV usage, and fresh."""
+    if window.unavailable_reason is not None:
+        return MetricsStatus(False, "MetricsUnavailable", window.unavailable_reason)
+    last = window.last_sample_time
+    if last is None:
+        return MetricsStatus(False, "MetricsUnavailable", "no KV-cache usage series for the service's pods")
+    age = now - last
+    if age > policy.staleness_seconds:
+        return MetricsStatus(
+            False, "MetricsStale", f"newest sample is {age:.0f}s old (limit {policy.staleness_seconds:.0f}s)"
+        )
+    return MetricsStatus(True, "MetricsFresh", f"{len(window.samples)} samples from {window.pods} pod(s)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    situation: Situation
+    full_window: ObservationWindow
+    restarts: tuple[RestartEvent, ...]
+    """Restarts of the current settings only (after the last change)."""
+    failed: tuple[EngineSettings, ...]
+    rollout: RolloutState | None
+    last_good: EngineSettings | None
+    ready: bool
+    last_change: float | None
+
+
+def compute_decision(
+    current: EngineSettings,
+    budget: MemoryBudget,
+    window: ObservationWindow,
+    restarts: tuple[RestartEvent, ...],
+    bounds: TuningBounds,
+    policy: PolicyConfig,
+    history: tuple[HistoryEntry, ...],
+    failed: tuple[EngineSettings, ...],
+    now: float,
+    *,
+    rollout: RolloutState | None = None,
+    last_good: EngineSettings | None = None,
+    ready: bool = False,
+    observed_kv_tokens: int | None = None,
+) -> Decision:
+    """Decide what to do with ``current`` at ``now``.
+
+    ``restarts`` are terminations of containers that ran ``current`` (the operator filters
+    by the pod's args); ``ready`` says every desired replica runs ``current`` and is Ready;
+    ``observed_kv_tokens`` is vLLM's capacity report for ``current`` kept from earlier.
+    """
+    inputs = _build_inputs(
+        current,
+        budget,
+        window,
+        restarts,
+        bounds,
+        policy,
+        history,
+        failed,
+        now,
+        rollout,
+        last_good,
+        ready,
+        observed_kv_tokens,
+    )
+    for step in (_rollout_step, _crash_step, _metrics_step, _pressure_step, _idle_step):
+        decision = step(inputs)
+        if decision is not None:
+            return _with_good(inputs, decision)
+    return _with_good(inputs, _steady(inputs))
+
+
+def _build_inputs(
+    current: EngineSettings,
+    budget: MemoryBudget,
+    window: ObservationWindow,
+    restarts: tuple[RestartEvent, ...],
+    bounds: TuningBounds,
+    policy: PolicyConfig,
+    history: tuple[HistoryEntry, ...],
+    failed: tuple[EngineSettings, ...],
+    now: float,
+    rollout: RolloutState | None,
+    last_good: EngineSettings | None,
+    ready: bool,
+    observed_kv_tokens: int | None,
+) -> _Inputs:
+    last_change = history_mod.compute_last_change_time(history)
+    since = max(last_change or float("-inf"), rollout.started_at if rollout else float("-inf"))
+    effective = remedies.compute_effective(current, budget, policy)
+    fresh = window.since(since) if last_change is not None or rollout else window
+    situation = Situation(
+        current=current,
+        effective=effective,
+        budget=budget,
+        window=fresh,
+        bounds=bounds,
+        policy=policy,
+        history=history,
+        now=now,
+        capacity_tokens=remedies.compute_capacity_tokens(effective, budget, window, observed_kv_tokens),
+    )
+    relevant = tuple(r for r in restarts if r.time >= since and r.time <= now)
+    return _Inputs(situation, window, relevant, failed, rollout, last_good, ready, last_change)
+
+
+# --- 1. rollout --------------------------------------------------------------------------------
+
+
+def _rollout_step(inp: _Inputs) -> Decision | None:
+    rollout, s = inp.rollout, inp.situation
+    if rollout is None:
+        return None
+    crashes = inp.restarts
+    timed_out = s.now >= rollout.deadline and not inp.ready
+    if not crashes and not timed_out:
+        if inp.ready:
+            return Decision(
+                Action.HOLD,
+                s.current,
+                Trigger.ROLLOUT_SUCCEEDED,
+                f"new settings are Ready: {remedies.describe_change(EngineSettings(), s.current)}",
+                good=s.current,
+            )
+        left = rollout.deadline - s.now
+        return Decision(
+            Action.HOLD,
+            s.current,
+            Trigger.ROLLOUT_IN_PROGRESS,
+            f"waiting for the rollout ({left:.0f}s to deadline)",
+        )
+    why = (
+        _crash_words(crashes) if crashes else f"not Ready within {rollout.deadline - rollout.started_at:.0f}s"
+    )
+    target = inp.last_good
+    if target is not None and target != s.current and not _known_bad(target, inp.failed, s):
+        return Decision(
+            Action.ROLLBACK,
+            target,
+            Trigger.ROLLOUT_FAILED,
+            f"new settings failed ({why}); rolling back: {remedies.describe_change(s.current, target)}",
+            failed=s.current,
+        )
+    if crashes and any(c.cause.kind in CRASH_KINDS_FIXABLE_BY_ARGS for c in crashes):
+        return None  # nothing safe to go back to: let the crash step cure the new settings
+    return Decision(
+        Action.HOLD,
+        s.current,
+        Trigger.ROLLOUT_FAILED,
+        f"new settings failed ({why}) and there are no known-good settings to return to",
+        failed=s.current,
+    )
+
+
+def _crash_words(crashes: tuple[RestartEvent, ...]) -> str:
+    latest = max(crashes, key=lambda c: (c.time, c.pod))
+    return f"{latest.cause.kind} on {latest.pod or 'a pod'}: {latest.cause.detail}"
+
+
+# --- 2. crash ------------------------------------------------------------------------------------
+
+_CRASH_PRIORITY = (
+    RestartKind.KV_CACHE_TOO_SMALL,
+    RestartKind.NO_CACHE_BLOCKS,
+    RestartKind.INSUFFICIENT_FREE_MEMORY,
+    RestartKind.CUDA_OOM,
+    RestartKind.HOST_OOM_KILLED,
+    RestartKind.OTHER,
+)
+
+
+def _crash_step(inp: _Inputs) -> Decision | None:
+    if not inp.restarts:
+        return None
+    s = inp.situation
+    event = _worst_restart(inp.restarts)
+    kind = event.cause.kind
+    if kind == RestartKind.KV_CACHE_TOO_SMALL and event.cause.estimated_max_model_len:
+        s = dataclasses.replace(s, capacity_tokens=event.cause.estimated_max_model_len)
+    proposal = remedies.propose_for_restart(s, event)
+    if proposal is None:
+        advice = (
+            "host memory, not GPU memory: raise the container's memory limit"
+            if kind == RestartKind.HOST_OOM_KILLED
+            else "not something engine arguments can fix"
+        )
+        return Decision(
+            Action.HOLD, s.current, kind, f"{kind} on {event.pod or 'a pod'} ({event.cause.detail}); {advice}"
+        )
+    return _choose(dataclasses.replace(inp, situation=s), proposal)
+
+
+def _worst_restart(restarts: tuple[RestartEvent, ...]) -> RestartEvent:
+    """The most actionable restart; ties go to the most restarts, then the latest, then the pod name."""
+    return min(
+        restarts,
+        key=lambda r: (_CRASH_PRIORITY.index(r.cause.kind), -r.restart_count, -r.time, r.pod),
+    )
+
+
+# --- 3.-6. metrics ---------------------------------------------------------------------------------
+
+
+def _metrics_step(inp: _Inputs) -> Decision | None:
+    s = inp.situation
+    status = compute_metrics_status(inp.full_window, s.policy, s.now)
+    if not status.available:
+        return Decision(Action.HOLD, s.current, Trigger.METRICS_UNAVAILABLE, status.message)
+    count = sum(1 for x in s.window.samples if x.kv_usage is not None)
+    if count < s.policy.min_samples:
+        return Decision(
+            Action.HOLD,
+            s.current,
+            Trigger.INSUFFICIENT_DATA,
+            f"{count} samples since the last change; {s.policy.min_samples} needed",
+        )
+    return None
+
+
+def _pressure_step(inp: _Inputs) -> Decision | None:
+    proposal = remedies.propose_for_pressure(inp.situation)
+    return _choose(inp, proposal) if proposal is not None else None
+
+
+def _idle_step(inp: _Inputs) -> Decision | None:
+    proposal = remedies.propose_for_idle(inp.situation)
+    return _choose(inp, proposal) if proposal is not None else None
+
+
+def _steady(inp: _Inputs) -> Decision:
+    s = inp.situation
+    mean = obs.compute_mean(s.window.samples, obs.kv_usage) or 0.0
+    return Decision(
+        Action.HOLD,
+        s.current,
+        Trigger.STEADY,
+        f"mean KV usage {mean:.2f}, band [{s.policy.kv_usage_low:.2f}, {s.policy.kv_usage_high:.2f}]: "
+        "no sustained pressure with preemptions, no queue at the sequence limit",
+    )
+
+
+# --- candidate filters and gates ---------------------------------------------------------------------
+
+
+def _choose(inp: _Inputs, proposal: Proposal) -> Decision:
+    s = inp.situation
+    failed = s.current if proposal.crash else None
+    for candidate in proposal.candidates:
+        settings = _normalize(s.bounds.clamp(candidate), s)
+        if _effective(settings, s) == s.effective:
+            continue
+        if _known_bad(settings, inp.failed, s):
+            continue
+        if not _would_start(settings, s):
+            continue
+        return _gate(inp, proposal, settings, failed)
+    action = Action.INFEASIBLE if proposal.infeasible_when_exhausted else Action.HOLD
+    return Decision(
+        action, s.current, proposal.trigger, f"{proposal.evidence}; {proposal.exhausted}", failed=failed
+    )
+
+
+def _normalize(settings: EngineSettings, s: Situation) -> EngineSettings:
+    """Round, keep vLLM's cross-field rules, and leave unset what the candidate did not change."""
+    gmu = settings.gpu_memory_utilization
+    if gmu is not None:
+        settings = settings.replace(gpu_memory_utilization=round(gmu, 2))
+    seqs, batched = settings.max_num_seqs, settings.max_num_batched_tokens
+    if seqs is not None and batched is not None and batched < seqs:
+        settings = settings.replace(max_num_batched_tokens=seqs)  # vLLM: batched tokens >= max_num_seqs
+    unset = {
+        f.name: None
+        for f in dataclasses.fields(EngineSettings)
+        if getattr(s.current, f.name) is None and getattr(settings, f.name) == getattr(s.effective, f.name)
+    }
+    return settings.replace(**unset)
+
+
+def _effective(settings: EngineSettings, s: Situation) -> EngineSettings:
+    return remedies.compute_effective(settings, s.budget, s.policy)
+
+
+def _known_bad(settings: EngineSettings, failed: tuple[EngineSettings, ...], s: Situation) -> bool:
+    mine = _effective(settings, s)
+    return any(_effective(f, s) == mine for f in failed)
+
+
+def _would_start(settings: EngineSettings, s: Situation) -> bool:
+    length = settings.max_model_len or s.effective.max_model_len
+    if length is None:
+        return True
+    tokens = remedies.predict_kv_tokens(s, _effective(settings, s))
+    return tokens is None or tokens >= length
+
+
+def _gate(
+    inp: _Inputs, proposal: Proposal, settings: EngineSettings, failed: EngineSettings | None
+) -> Decision:
+    s, p = inp.situation, inp.situation.policy
+    change = remedies.describe_change(s.current, settings)
+    blocked = None
+    if inp.last_change is not None:
+        since = s.now - inp.last_change
+        if since < p.min_change_interval_seconds:
+            blocked = (
+                f"only {since:.0f}s since the last change (minimum {p.min_change_interval_seconds:.0f}s)"
+            )
+        elif not proposal.crash and since < p.cooldown_seconds:
+            blocked = f"cooldown for {p.cooldown_seconds - since:.0f}s more"
+    if blocked is None:
+        recent = history_mod.compute_changes_since(s.history, s.now - 3600.0)
+        if recent >= p.max_changes_per_hour:
+            blocked = f"{recent} changes in the last hour (limit {p.max_changes_per_hour})"
+    if blocked is not None:
+        return Decision(
+            Action.HOLD,
+            s.current,
+            proposal.trigger,
+            f"{proposal.evidence}; would retune ({change}) but {blocked}",
+            failed=failed,
+        )
+    return Decision(
+        Action.RETUNE, settings, proposal.trigger, f"{proposal.evidence}: {change}", failed=failed
+    )
+
+
+def _with_good(inp: _Inputs, decision: Decision) -> Decision:
+    """Healthy, Ready and crash-free since the last change: the current settings are good."""
+    if decision.good is not None or decision.failed is not None or inp.restarts or not inp.ready:
+        return decision
+    if inp.rollout is not None or inp.last_good == inp.situation.current:
+        return decision
+    return dataclasses.replace(decision, good=inp.situation.current)
