@@ -1,0 +1,297 @@
+"""The start-up memory budget of one vLLM engine, per GPU rank, as vLLM computes it.
+
+Sits above :mod:`kvpilot.tuner.weights` and :mod:`kvpilot.tuner.kv_cache`; the
+planner and ``kvpilot estimate`` call :func:`compute_budget`. Pure arithmetic.
+
+vLLM (V1, ``gpu_worker.py::determine_available_memory``)::
+
+    requested = ceil(total x gpu_memory_utilization)
+    available_kv = requested - weights - peak_activation - non_torch [- cuda_graphs (0.20+)]
+    num_blocks = available_kv // bytes_per_block        (minimum over ranks)
+
+Each term here is a physical model with a few constants fitted on real start-up
+logs (``bench/memory_accuracy.py``, ``docs/memory-model.md``):
+
+* peak activation of the profile run: the larger of the forward pass over
+  ``max_num_batched_tokens`` tokens (MLP / MoE intermediates, hidden-size
+  temporaries) and the sampler warm-up (``max_num_seqs`` rows x vocabulary of
+  fp32 logits and their copies), plus what stays allocated meanwhile (the hidden
+  states, the fused-MoE workspace, the multimodal encoder cache);
+* non-torch memory: cuBLAS / attention workspaces, and the all-reduce buffers
+  with tensor parallelism (NCCL itself sits outside the budget since 0.11);
+* CUDA graphs: a per-graph, per-layer cost times the number of capture sizes.
+
+Never raises for "does not fit": the budget says ``starts=False`` and carries the
+error text vLLM would print.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvpilot.tuner import kv_cache, vllm_defaults, weights
+from kvpilot.tuner.model_spec import DTYPE_BYTES, ModelSpec
+from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
+from kvpilot.tuner.vllm_defaults import Version
+
+
+@dataclass(frozen=True, slots=True)
+class Coefficients:
+    """Fitted constants of one vLLM release range (see docs/memory-model.md)."""
+
+    sampler_bytes_per_logit: float
+    """Bytes per (row x vocab) element the sampler warm-up holds at its peak, beyond the logits themselves."""
+    forward_hidden_copies: float
+    """Hidden-size temporaries per token alive at the forward peak (residual, norms, q/k/v, attention out)."""
+    non_torch_single: float
+    """GiB of non-torch memory of a single-GPU engine (cuBLAS and attention workspaces)."""
+    non_torch_pp: float
+    """GiB of non-torch memory of a pipeline-parallel stage without tensor parallelism."""
+    non_torch_tp: float
+    """GiB of non-torch memory added by tensor parallelism (custom all-reduce buffers and friends)."""
+    non_torch_tp_per_rank: float
+    """GiB added per TP rank on top of ``non_torch_tp``."""
+    nccl_in_budget: float = 0.0
+    """GiB of NCCL buffers counted inside the budget (before 0.11 the snapshot preceded NCCL init)."""
+
+
+_COEFFS: tuple[tuple[Version, Coefficients], ...] = (
+    ((0, 0), Coefficients(12.8, 7.1, 0.10, 0.07, 0.3, 0.05, nccl_in_budget=1.2)),
+    ((0, 11), Coefficients(36.4, 7.1, 0.13, 0.07, 0.35, 0.05)),
+    ((0, 19), Coefficients(12.8, 7.1, 0.25, 0.07, 1.90, 0.06)),
+)
+"""(first release, coefficients), newest last. 0.33 uses the 0.19+ row (the newest measured)."""
+
+CUDA_CONTEXT_GIB = 0.5
+"""CUDA context + cuBLAS handles created before vLLM's memory snapshot (outside the budget since 0.11)."""
+GRAPH_BASE_GIB = 0.45
+GRAPH_PER_LAYER_GIB = 0.0145
+"""CUDA-graph pool: a base plus a per-layer cost at 51 capture sizes (scaled by the real count)."""
+GRAPH_MOE_FACTOR = 1.6
+"""MoE layers launch several times the kernels of a dense layer; their graphs cost more."""
+POST_CAPTURE_MARGIN_GIB = 1.0
+"""Allocator fragmentation observed after graph capture when graphs sit outside the budget."""
+MM_ENCODER_COPIES = 2.0
+"""Multimodal models: encoder output cache + merged embeddings, per batched token x hidden."""
+
+
+def coefficients(version: Version) -> Coefficients:
+    chosen = _COEFFS[0][1]
+    for first, coeffs in _COEFFS:
+        if version >= first:
+            chosen = coeffs
+    return chosen
+
+
+def cuda_graph_capture_sizes(max_num_seqs: int, gpu: GpuSpec) -> int:
+    """How many batch sizes vLLM captures: [1,2,4] + 8..248 step 8 + 256..max step 16."""
+    limit = 1024 if gpu.compute_capability >= (10, 0) and gpu.compute_capability < (11, 0) else 512
+    largest = min(2 * max_num_seqs, limit)
+    sizes = [s for s in (1, 2, 4) if s <= largest]
+    sizes += [s for s in range(8, 256, 8) if s <= largest]
+    sizes += list(range(256, largest + 1, 16))
+    return len(sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    tp: int
+    pp: int
+    util: float
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_dtype: str
+    dtype: str
+
+
+def resolve_settings(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    settings: EngineSettings,
+    version: Version,
+    pipeline_parallel_size: int = 1,
+    dtype: str | None = None,
+) -> _Resolved:
+    """Fill the settings the user left unset with vLLM's defaults for this release and GPU."""
+    max_len = settings.max_model_len or model.default_max_model_len(version)
+    batch = vllm_defaults.resolve_batch_limits(
+        version, gpu, max_len, settings.max_num_batched_tokens, settings.max_num_seqs
+    )
+    util = settings.gpu_memory_utilization
+    if util is None:
+        util = vllm_defaults.default_gpu_memory_utilization(version)
+    return _Resolved(
+        tp=settings.tensor_parallel_size or 1,
+        pp=pipeline_parallel_size,
+        util=util,
+        max_model_len=max_len,
+        max_num_seqs=batch.max_num_seqs,
+        max_num_batched_tokens=batch.max_num_batched_tokens,
+        kv_cache_dtype=settings.kv_cache_dtype or "auto",
+        dtype=dtype or model.dtype,
+    )
+
+
+def compute_activation_bytes(
+    model: ModelSpec,
+    *,
+    tp: int,
+    pp: int,
+    pp_rank: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    dtype: str,
+    version: Version,
+) -> int:
+    """Torch peak memory increase of the profile run on one rank."""
+    c = coefficients(version)
+    b = DTYPE_BYTES[dtype]
+    tokens = max_num_batched_tokens
+    h = model.hidden_size
+    moe = model.moe
+    if moe is not None:
+        expert = moe.moe_intermediate_size / tp
+        width = moe.experts_per_token * (3 * expert + h) + 3 * moe.shared_intermediate_size / tp
+        width += 3 * moe.parallel_dense_intermediate_size / tp
+    else:
+        width = (3 if model.mlp_gated else 2) * model.intermediate_size / tp
+    forward = tokens * b * (c.forward_hidden_copies * h + width)
+    last, first = pp_rank == pp - 1, pp_rank == 0
+    carry = tokens * h * b * (1 if first else 3)  # hidden states (+ received hidden and residual)
+    sampler = 0.0
+    if last:
+        rows = min(max_num_seqs, tokens)
+        sampler = rows * model.vocab_size * (c.sampler_bytes_per_logit + b)
+    workspace = 0.0
+    if moe is not None and not (model.quantization and model.quantization.method == "mxfp4"):
+        workspace = tokens * moe.experts_per_token * (h + 2 * moe.moe_intermediate_size / tp) * b
+    peak = max(forward, sampler + carry + workspace)
+    if model.is_multimodal and first:
+        peak += MM_ENCODER_COPIES * tokens * h * b
+    return int(peak)
+
+
+def compute_non_torch_bytes(gpu: GpuSpec, tp: int, pp: int, version: Version) -> int:
+    """Non-torch memory counted inside the budget (workspaces; all-reduce buffers with TP)."""
+    c = coefficients(version)
+    if tp == 1 and pp == 1:
+        gib = c.non_torch_single
+    elif tp == 1:
+        gib = c.non_torch_pp
+    else:
+        gib = c.non_torch_pp + c.non_torch_tp + c.non_torch_tp_per_rank * tp + c.nccl_in_budget
+    return int(gib * GIB)
+
+
+def compute_cuda_graph_bytes(model: ModelSpec, gpu: GpuSpec, *, tp: int, pp: int, max_num_seqs: int) -> int:
+    """Memory of the captured CUDA graphs on one rank."""
+    layers = model.num_layers_per_rank(pp)
+    moe_share = (model.moe.num_moe_layers / model.num_layers) if model.moe else 0.0
+    weighted_layers = layers * (1 + (GRAPH_MOE_FACTOR - 1) * moe_share)
+    sizes = cuda_graph_capture_sizes(max_num_seqs, gpu)
+    return int((GRAPH_BASE_GIB + GRAPH_PER_LAYER_GIB * weighted_layers * sizes / 51) * GIB)
+
+
+def compute_budget(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    settings: EngineSettings,
+    *,
+    pipeline_parallel_size: int = 1,
+    vllm_version: str = vllm_defaults.PINNED_VLLM_VERSION,
+    weights_total_bytes: int | None = None,
+    enforce_eager: bool = False,
+    block_size: int | None = None,
+    dtype: str | None = None,
+) -> MemoryBudget:
+    """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse."""
+    version = vllm_defaults.parse_version(vllm_version)
+    r = resolve_settings(model, gpu, settings, version, pipeline_parallel_size, dtype)
+    requested = math.ceil(gpu.total_bytes * r.util)
+    graphs = 0 if enforce_eager else compute_cuda_graph_bytes(
+        model, gpu, tp=r.tp, pp=r.pp, max_num_seqs=r.max_num_seqs
+    )
+    subtract_graphs = vllm_defaults.subtracts_cuda_graphs(version)
+    in_flight = vllm_defaults.in_flight_batches(version, r.pp) * r.max_num_batched_tokens
+    non_torch = compute_non_torch_bytes(gpu, r.tp, r.pp, version)
+
+    stages = []
+    for rank in range(r.pp):
+        w = weights.compute_weight_bytes(
+            model,
+            tensor_parallel_size=r.tp,
+            pipeline_parallel_size=r.pp,
+            pp_rank=rank,
+            dtype=r.dtype,
+            weights_total_bytes=weights_total_bytes,
+        )
+        act = compute_activation_bytes(
+            model,
+            tp=r.tp,
+            pp=r.pp,
+            pp_rank=rank,
+            max_num_batched_tokens=r.max_num_batched_tokens,
+            max_num_seqs=r.max_num_seqs,
+            dtype=r.dtype,
+            version=version,
+        )
+        available = requested - w - act - non_torch - (graphs if subtract_graphs else 0)
+        layout = kv_cache.compute_kv_layout(
+            model,
+            tensor_parallel_size=r.tp,
+            pipeline_parallel_size=r.pp,
+            pp_rank=rank,
+            kv_cache_dtype=r.kv_cache_dtype,
+            dtype=r.dtype,
+            block_size=block_size,
+            vllm_version=version,
+        )
+        stages.append((w, act, available, layout))
+
+    first_w, first_act, first_avail, first_layout = stages[0]
+    blocks = min(kv_cache.compute_num_blocks(avail, layout) for _, _, avail, layout in stages)
+    worst = min(stages, key=lambda s: s[2] / max(1, s[3].bytes_per_block))
+    capacity = kv_cache.compute_capacity(
+        worst[3], worst[2], r.max_model_len, in_flight, version, num_blocks=blocks
+    )
+    error = None
+    if any(avail <= 0 for _, _, avail, _ in stages):
+        error = vllm_defaults.no_memory_error(version)
+    elif not capacity.fits:
+        error = vllm_defaults.max_len_error(
+            version, r.max_model_len, capacity.needed_bytes / GIB, worst[2] / GIB, capacity.longest_fitting_len
+        )
+    elif not subtract_graphs and graphs:
+        headroom = gpu.total_bytes - requested - CUDA_CONTEXT_GIB * GIB
+        if graphs + POST_CAPTURE_MARGIN_GIB * GIB > headroom:
+            error = (
+                "torch.OutOfMemoryError: CUDA out of memory during CUDA graph capture / sampler warm-up: "
+                f"vLLM {'.'.join(map(str, version))} does not count CUDA-graph memory "
+                f"(~{graphs / GIB:.2f} GiB) inside gpu_memory_utilization={r.util}, and only "
+                f"{max(0.0, headroom / GIB):.2f} GiB is left outside it."
+            )
+    if error is None and requested > gpu.total_bytes - CUDA_CONTEXT_GIB * GIB and version >= (0, 9):
+        free = gpu.total_bytes - CUDA_CONTEXT_GIB * GIB
+        device = "cuda:0 " if version >= (0, 20) else ""
+        error = (
+            f"Free memory on device {device}({free / GIB:.2f}/{gpu.total_bytes / GIB:.2f} GiB) on startup is "
+            f"less than desired GPU memory utilization ({r.util}, {requested / GIB:.2f} GiB). Decrease GPU "
+            "memory utilization or reduce GPU memory used by other processes."
+        )
+    return MemoryBudget(
+        gpu_total_gib=gpu.total_bytes / GIB,
+        requested_gib=requested / GIB,
+        weights_gib=first_w / GIB,
+        activation_gib=first_act / GIB,
+        non_torch_gib=non_torch / GIB,
+        cuda_graph_gib=graphs / GIB,
+        available_kv_cache_gib=first_avail / GIB,
+        kv_bytes_per_token=first_layout.bytes_per_token,
+        num_gpu_blocks=max(0, blocks),
+        kv_cache_tokens=max(0, capacity.tokens),
+        max_concurrency=max(0.0, capacity.max_concurrency),
+        starts=error is None,
+        error=error,
+    )

@@ -1,0 +1,549 @@
+"""What the memory model needs to know about a model, read from its ``config.json``.
+
+Sits just above :mod:`kvpilot.tuner.types` and :mod:`kvpilot.tuner.errors`; the
+weight, KV-cache and memory modules take a :class:`ModelSpec`, never a raw config.
+Pure: a mapping in, a frozen dataclass out (the caller reads the file).
+
+It reads the fields vLLM 0.33 reads (``vllm/config/model.py``,
+``vllm/transformers_utils/model_arch_config_convertor.py``, the model files under
+``vllm/model_executor/models/``): the text decoder's geometry, the kind of every
+decoder layer (full attention, sliding window, chunked-local, MLA, linear-attention
+state), the MoE layout, the quantization config and the default ``max_model_len``.
+Multimodal configs nest the decoder in ``text_config``; the vision tower is only
+counted for its weights. A config it cannot account for raises
+:class:`~kvpilot.tuner.errors.InvalidModelConfig` naming the field: it never guesses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.tuner import errors
+
+FULL = "full"
+SLIDING = "sliding_window"
+CHUNKED = "chunked_local"
+MLA = "mla"
+LINEAR = "linear_attention"
+"""Layer kinds. ``LINEAR`` covers Mamba / GatedDeltaNet layers: a fixed state per request."""
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "float8": 1}
+
+_MAX_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+"""vLLM's ``derive_max_model_len_and_key`` keys, in its order."""
+
+_ROPE_NOT_SCALED_033 = frozenset(
+    {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
+)
+_ROPE_NOT_SCALED_029 = frozenset({"su", "longrope", "llama3"})
+
+_TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text"})
+"""Model types whose transformers config class defaults ``tie_word_embeddings`` to True."""
+
+_NON_GATED_MLP = frozenset(
+    {"phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "falcon", "gpt_neox", "bloom", "mpt", "gptj"}
+)
+"""Model types whose MLP is up/down only (two matrices, no gate)."""
+
+_TEXT_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
+    # transformers' Gemma3TextConfig defaults (Gemma 3 configs often omit them).
+    "gemma3_text": {
+        "vocab_size": 262_208,
+        "max_position_embeddings": 131_072,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "head_dim": 256,
+        "num_key_value_heads": 4,
+        "hidden_activation": "gelu_pytorch_tanh",
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """One text-decoder layer as the KV cache sees it."""
+
+    kind: str
+    """``FULL``, ``SLIDING``, ``CHUNKED``, ``MLA`` or ``LINEAR``."""
+    num_kv_heads: int = 0
+    """Total KV heads (MLA: 1 latent; LINEAR: 0)."""
+    head_dim: int = 0
+    """Key head size (MLA: kv_lora_rank + qk_rope_head_dim)."""
+    head_dim_v: int = 0
+    """Value head size (MLA: 0, no separate V)."""
+    window: int | None = None
+    """Sliding window or attention chunk, in tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    num_experts: int
+    experts_per_token: int
+    moe_intermediate_size: int
+    num_moe_layers: int
+    shared_intermediate_size: int = 0
+    """Summed intermediate size of the shared experts of one MoE layer (0: none)."""
+    parallel_dense_intermediate_size: int = 0
+    """A dense MLP that runs beside the experts in every MoE layer (Gemma 4)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MlaSpec:
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LinearStateSpec:
+    """A GatedDeltaNet / Mamba-2 layer: conv state + recurrent state per request."""
+
+    conv_dim: int
+    conv_kernel: int
+    num_heads: int
+    head_k_dim: int
+    head_v_dim: int
+
+    def state_elements(self, tp: int) -> int:
+        """Elements of one request's state on one TP rank (conv + recurrent)."""
+        conv = (self.conv_dim // tp) * (self.conv_kernel - 1)
+        ssm = max(1, self.num_heads // tp) * self.head_k_dim * self.head_v_dim
+        return conv + ssm
+
+
+@dataclass(frozen=True, slots=True)
+class QuantSpec:
+    """A parsed ``quantization_config``."""
+
+    method: str
+    """vLLM's name: ``fp8``, ``compressed-tensors``, ``awq``, ``gptq``, ``mxfp4``, ``bitsandbytes``..."""
+    weight_bits: int
+    group_size: int | None = None
+    experts_only: bool = False
+    """MXFP4: only the MoE experts are quantized (``modules_to_not_convert``)."""
+    quantize_lm_head: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """The text decoder of one model, as vLLM 0.33 sizes it."""
+
+    architecture: str
+    model_type: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    """Total KV heads of the full-attention layers (GQA-aware; MLA = 1 latent)."""
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    """Dense MLP intermediate size (for MoE models: of the dense layers, if any)."""
+    vocab_size: int
+    max_model_len: int
+    """vLLM 0.33's default ``max_model_len`` (rope-scaling rules applied)."""
+    dtype: str
+    tie_word_embeddings: bool
+    layers: tuple[LayerSpec, ...]
+    moe: MoeSpec | None = None
+    mla: MlaSpec | None = None
+    linear_state: LinearStateSpec | None = None
+    quantization: QuantSpec | None = None
+    mlp_gated: bool = True
+    attention_bias: bool = False
+    rotary_dim: int = 0
+    rope_cache_positions: int = 0
+    """Rows of the rotary cos/sin cache vLLM allocates (weights memory)."""
+    vision_params: int = 0
+    """Parameters of the vision tower and projector (0 for text-only models)."""
+    max_len_key: str | None = None
+    max_len_base: int = 0
+    """The config's own maximum before rope scaling."""
+    rope_type: str | None = None
+    rope_factor: float | None = None
+    rope_original_max: int | None = None
+
+    @property
+    def is_multimodal(self) -> bool:
+        return self.vision_params > 0
+
+    def kv_heads_per_rank(self, tp: int) -> int:
+        """vLLM's ``get_num_kv_heads``: ``max(1, total // tp)``; MLA's latent is replicated."""
+        if self.mla is not None:
+            return 1
+        return max(1, self.num_kv_heads // tp)
+
+    def num_layers_per_rank(self, pp: int, rank: int = 0) -> int:
+        """Layers on pipeline stage ``rank`` (vLLM's ``get_pp_indices``, even split)."""
+        return len(self.layer_range(pp, rank))
+
+    def layer_range(self, pp: int, rank: int) -> range:
+        """vLLM's ``get_pp_indices``: even split, the remainder goes to the last stages."""
+        base, rem = divmod(self.num_layers, pp)
+        sizes = [base + (1 if i >= pp - rem else 0) for i in range(pp)]
+        start = sum(sizes[:rank])
+        return range(start, start + sizes[rank])
+
+    def default_max_model_len(self, vllm_version: tuple[int, ...] = (0, 33)) -> int:
+        """The default ``max_model_len`` of a given vLLM release (YaRN multiplied up to 0.29)."""
+        if vllm_version >= (0, 30) or self.rope_type != "yarn" or not self.rope_factor:
+            return self.max_model_len
+        if self.rope_original_max:
+            return int(self.rope_original_max * self.rope_factor)
+        return int(self.max_len_base * self.rope_factor)
+
+
+def _need(cfg: Mapping[str, Any], *names: str, where: str = "") -> Any:
+    for name in names:
+        value = cfg.get(name)
+        if value is not None:
+            return value
+    field = names[0]
+    raise errors.InvalidModelConfig(
+        f"config.json{where} has no {field!r}: the memory model cannot size this model without it"
+        + (f" (also looked for {', '.join(repr(n) for n in names[1:])})" if len(names) > 1 else ""),
+        field=field,
+    )
+
+
+def _text_config(hf_config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """The decoder's config: ``text_config`` (or ``language_config``) merged over defaults."""
+    for key in ("text_config", "language_config", "llm_config"):
+        nested = hf_config.get(key)
+        if isinstance(nested, Mapping):
+            text = dict(nested)
+            for inherited in ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings"):
+                if inherited not in text and inherited in hf_config:
+                    text[inherited] = hf_config[inherited]
+            if "model_type" not in text and hf_config.get("model_type") == "gemma3":
+                text["model_type"] = "gemma3_text"
+            break
+    else:
+        text, key = dict(hf_config), ""
+    defaults = _TEXT_DEFAULTS.get(str(text.get("model_type", "")), {})
+    for name, value in defaults.items():
+        text.setdefault(name, value)
+    return text, (f".{key}" if key else "")
+
+
+def _dtype(text: Mapping[str, Any], hf_config: Mapping[str, Any]) -> str:
+    raw = text.get("torch_dtype") or text.get("dtype") or hf_config.get("torch_dtype") or hf_config.get("dtype")
+    if raw is None:
+        return "bfloat16"  # vLLM: a config without a dtype is float32, served as bf16 ("auto")
+    name = str(raw).replace("torch.", "")
+    if name == "float32":
+        return "bfloat16"  # vLLM's "auto" downcasts float32 checkpoints to 16 bits
+    if name not in DTYPE_BYTES:
+        raise errors.InvalidModelConfig(f"config.json has an unsupported torch_dtype {raw!r}", field="torch_dtype")
+    return name
+
+
+def _rope(text: Mapping[str, Any]) -> tuple[str | None, float | None, int | None]:
+    rope = text.get("rope_scaling") or {}
+    if not rope:
+        params = text.get("rope_parameters")
+        if isinstance(params, Mapping) and "rope_type" in params:
+            rope = params
+    if not isinstance(rope, Mapping):
+        return None, None, None
+    rope_type = rope.get("rope_type") or rope.get("type")
+    factor = rope.get("factor")
+    original = rope.get("original_max_position_embeddings") or text.get("original_max_position_embeddings")
+    return (str(rope_type) if rope_type else None), (float(factor) if factor else None), original
+
+
+def _max_model_len(text: Mapping[str, Any], model_type: str) -> tuple[int, str | None, int, tuple]:
+    derived: float = math.inf
+    key = None
+    for name in _MAX_LEN_KEYS:
+        value = text.get(name)
+        if value is not None and value < derived:
+            derived, key = value, name
+    if text.get("model_max_length"):
+        derived, key = text["model_max_length"], "model_max_length"
+    if derived == math.inf:
+        derived, key = 2048, None  # vLLM's documented fallback (it logs a warning)
+    base = int(derived)
+    rope_type, factor, original = _rope(text)
+    if rope_type and factor and "gemma3" not in model_type and rope_type not in _ROPE_NOT_SCALED_033:
+        derived = derived * factor
+    if rope_type == "longrope" and original:
+        derived = original
+    return int(derived), key, base, (rope_type, factor, original)
+
+
+def _layer_types(text: Mapping[str, Any], model_type: str, num_layers: int) -> list[str]:
+    """Per-layer attention kind names, as the model file decides them."""
+    declared = text.get("layer_types")
+    if isinstance(declared, list) and declared:
+        if len(declared) < num_layers:
+            raise errors.InvalidModelConfig(
+                f"config.json's layer_types lists {len(declared)} layers, num_hidden_layers says {num_layers}",
+                field="layer_types",
+            )
+        return [str(t) for t in declared[:num_layers]]
+    window = text.get("sliding_window")
+    if model_type == "gemma2":
+        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    if model_type in ("gemma3_text", "gemma3"):
+        pattern = int(text.get("sliding_window_pattern") or 6)
+        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    if model_type == "gpt_oss":
+        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    if model_type == "llama4_text" and text.get("attention_chunk_size"):
+        no_rope = text.get("no_rope_layers") or [
+            int((i + 1) % int(text.get("no_rope_layer_interval", 4)) != 0) for i in range(num_layers)
+        ]
+        return ["chunked_attention" if no_rope[i] else "full_attention" for i in range(num_layers)]
+    if model_type == "qwen3_next":
+        interval = int(_need(text, "full_attention_interval"))
+        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
+    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        if text.get("use_sliding_window") and window:
+            raise errors.InvalidModelConfig(
+                "config.json sets use_sliding_window with max_window_layers; this layout is not modelled",
+                field="use_sliding_window",
+            )
+        return ["full_attention"] * num_layers
+    if window and model_type in ("mistral", "mixtral", "starcoder2", "phi3"):
+        return ["sliding_attention"] * num_layers
+    return ["full_attention"] * num_layers
+
+
+def _moe(text: Mapping[str, Any], model_type: str, num_layers: int, hidden_intermediate: int) -> MoeSpec | None:
+    num_experts = text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts")
+    if not num_experts or model_type == "gemma4_text" and not text.get("enable_moe_block"):
+        return None
+    top_k = (
+        text.get("num_experts_per_tok")
+        or text.get("experts_per_token")
+        or text.get("top_k_experts")
+        or text.get("moe_topk")
+    )
+    if not top_k:
+        raise errors.InvalidModelConfig(
+            "config.json declares experts but no 'num_experts_per_tok'", field="num_experts_per_tok"
+        )
+    moe_inter = int(text.get("moe_intermediate_size") or _need(text, "intermediate_size"))
+    moe_layers = num_layers
+    if text.get("first_k_dense_replace") is not None:
+        moe_layers = num_layers - int(text["first_k_dense_replace"])
+    elif text.get("decoder_sparse_step") or text.get("mlp_only_layers"):
+        step = int(text.get("decoder_sparse_step") or 1)
+        dense = set(text.get("mlp_only_layers") or [])
+        moe_layers = sum(1 for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+    elif text.get("interleave_moe_layer_step"):
+        step = int(text["interleave_moe_layer_step"])
+        moe_layers = sum(1 for i in range(num_layers) if (i + 1) % step == 0)
+    shared = 0
+    if text.get("n_shared_experts"):
+        shared = int(text["n_shared_experts"]) * moe_inter
+    elif text.get("shared_expert_intermediate_size"):
+        shared = int(text["shared_expert_intermediate_size"])
+    elif model_type == "llama4_text":
+        shared = moe_inter
+    parallel_dense = hidden_intermediate if model_type == "gemma4_text" else 0
+    return MoeSpec(int(num_experts), int(top_k), moe_inter, moe_layers, shared, parallel_dense)
+
+
+def _quant(text: Mapping[str, Any]) -> QuantSpec | None:
+    qc = text.get("quantization_config")
+    if not isinstance(qc, Mapping):
+        return None
+    return build_quant_spec(qc)
+
+
+def build_quant_spec(qc: Mapping[str, Any]) -> QuantSpec:
+    """Parse a ``quantization_config`` into the bits the weights are stored with."""
+    method = str(qc.get("quant_method") or qc.get("quantization") or "").lower()
+    if not method:
+        raise errors.InvalidModelConfig("quantization_config has no 'quant_method'", field="quant_method")
+    if method in ("fp8", "fbgemm_fp8", "modelopt", "ptpc_fp8", "fp8_per_tensor", "fp8_per_block"):
+        return QuantSpec("fp8", 8)
+    if method in ("mxfp4", "gpt_oss_mxfp4"):
+        return QuantSpec("mxfp4", 4, 32, experts_only=True)
+    if method in ("awq", "awq_marlin", "auto_awq", "gptq", "gptq_marlin", "auto_gptq", "moe_wna16"):
+        bits = int(qc.get("bits") or qc.get("w_bit") or qc.get("weight_bits") or 4)
+        group = qc.get("group_size") or qc.get("q_group_size") or 128
+        return QuantSpec(method.replace("_marlin", "").replace("auto_", ""), bits, int(group))
+    if method == "bitsandbytes":
+        bits = 8 if qc.get("load_in_8bit") else 4
+        return QuantSpec("bitsandbytes", bits, 64)
+    if method == "compressed-tensors":
+        bits, group = 8, None
+        groups = qc.get("config_groups") or {}
+        for scheme in groups.values() if isinstance(groups, Mapping) else ():
+            weights = (scheme or {}).get("weights") or {}
+            if weights.get("num_bits"):
+                bits = int(weights["num_bits"])
+                group = weights.get("group_size")
+                break
+        if "bits" in qc:
+            bits = int(qc["bits"])
+        ignore = [str(x) for x in qc.get("ignore") or []]
+        return QuantSpec("compressed-tensors", bits, group, quantize_lm_head="lm_head" not in ignore and bool(groups))
+    if method in ("modelopt_fp4", "nvfp4", "nvfp4_per_token"):
+        return QuantSpec("nvfp4", 4, 16)
+    if method in ("experts_int8",):
+        return QuantSpec("experts_int8", 8, None, experts_only=True)
+    raise errors.InvalidModelConfig(
+        f"quantization_config.quant_method {method!r} is not modelled", field="quantization_config.quant_method"
+    )
+
+
+def _vision_params(hf_config: Mapping[str, Any], text_hidden: int) -> int:
+    vc = hf_config.get("vision_config")
+    if not isinstance(vc, Mapping):
+        return 0
+    h = int(_need(vc, "hidden_size", "embed_dim", "width", where=".vision_config"))
+    layers = int(_need(vc, "num_hidden_layers", "depth", "num_layers", where=".vision_config"))
+    inter = int(vc.get("intermediate_size") or 4 * h)
+    gated = str(vc.get("hidden_act", "")) in ("silu", "swiglu")
+    per_layer = 4 * h * h + (3 if gated else 2) * h * inter
+    patch = int(vc.get("patch_size") or 14)
+    channels = int(vc.get("num_channels") or 3)
+    out_dim = int(vc.get("vision_output_dim") or vc.get("projector_input_dim") or h)
+    projector = out_dim * text_hidden + text_hidden * text_hidden
+    return layers * per_layer + channels * patch * patch * h + projector
+
+
+def _linear_state(text: Mapping[str, Any]) -> LinearStateSpec:
+    k_heads = int(_need(text, "linear_num_key_heads"))
+    v_heads = int(_need(text, "linear_num_value_heads"))
+    k_dim = int(_need(text, "linear_key_head_dim"))
+    v_dim = int(_need(text, "linear_value_head_dim"))
+    kernel = int(_need(text, "linear_conv_kernel_dim"))
+    return LinearStateSpec(2 * k_heads * k_dim + v_heads * v_dim, kernel, v_heads, k_dim, v_dim)
+
+
+def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
+    """Read a Hugging Face ``config.json`` (as a mapping) into a :class:`ModelSpec`."""
+    if not isinstance(hf_config, Mapping):
+        raise errors.InvalidModelConfig("config.json is not a JSON object", field=None)
+    text, where = _text_config(hf_config)
+    archs = hf_config.get("architectures") or text.get("architectures") or []
+    architecture = str(archs[0]) if archs else str(hf_config.get("model_type") or "")
+    model_type = str(text.get("model_type") or hf_config.get("model_type") or "")
+    if not architecture and not model_type:
+        raise errors.InvalidModelConfig("config.json names neither 'architectures' nor 'model_type'", "architectures")
+    if model_type in ("mamba", "mamba2", "falcon_mamba", "jamba", "nemotron_h", "bamba", "granitemoehybrid"):
+        raise errors.InvalidModelConfig(
+            f"model_type {model_type!r}: Mamba-state layers of this family are not modelled yet "
+            "(supported hybrid: qwen3_next)",
+            field="model_type",
+        )
+
+    num_layers = int(_need(text, "num_hidden_layers", "n_layer", "num_layers", "n_layers", where=where))
+    hidden = int(_need(text, "hidden_size", "n_embd", "d_model", where=where))
+    heads = int(_need(text, "num_attention_heads", "n_head", "num_heads", where=where))
+    kv_heads = int(text.get("num_key_value_heads") or text.get("num_kv_heads") or text.get("n_head_kv") or heads)
+    if text.get("multi_query") and not text.get("num_key_value_heads"):
+        kv_heads = 1
+    head_dim = int(text.get("head_dim") or hidden // heads)
+    vocab = int(_need(text, "vocab_size", "padded_vocab_size", where=where))
+    inter = int(_need(text, "intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim", where=where))
+    if model_type == "llama4_text" and text.get("intermediate_size_mlp"):
+        dense_inter = int(text["intermediate_size_mlp"])
+    else:
+        dense_inter = inter
+
+    max_len, key, base, (rope_type, factor, original) = _max_model_len(text, model_type)
+    window = text.get("sliding_window")
+    mla = None
+    if text.get("kv_lora_rank"):
+        mla = MlaSpec(
+            kv_lora_rank=int(text["kv_lora_rank"]),
+            qk_rope_head_dim=int(_need(text, "qk_rope_head_dim", where=where)),
+            qk_nope_head_dim=int(_need(text, "qk_nope_head_dim", where=where)),
+            v_head_dim=int(_need(text, "v_head_dim", where=where)),
+            q_lora_rank=int(text["q_lora_rank"]) if text.get("q_lora_rank") else None,
+        )
+    linear_state = None
+    layers: list[LayerSpec] = []
+    if mla is not None:
+        latent = mla.kv_lora_rank + mla.qk_rope_head_dim
+        layers = [LayerSpec(MLA, 1, latent, 0)] * num_layers
+        kv_heads, head_dim_kv = 1, latent
+    else:
+        head_dim_kv = head_dim
+        kinds = _layer_types(text, model_type, num_layers)
+        if "linear_attention" in kinds:
+            linear_state = _linear_state(text)
+        global_kv = int(text.get("num_global_key_value_heads") or kv_heads)
+        global_hd = int(text.get("global_head_dim") or head_dim)
+        for name in kinds:
+            if name in ("sliding_attention", "sliding_window", "local_attention", "sliding"):
+                if not window:
+                    raise errors.InvalidModelConfig(
+                        "config.json has sliding-attention layers but no 'sliding_window'", field="sliding_window"
+                    )
+                layers.append(LayerSpec(SLIDING, kv_heads, head_dim, head_dim, int(window)))
+            elif name == "chunked_attention":
+                chunk = int(_need(text, "attention_chunk_size", where=where))
+                layers.append(LayerSpec(CHUNKED, kv_heads, head_dim, head_dim, chunk))
+            elif name in ("linear_attention", "mamba"):
+                layers.append(LayerSpec(LINEAR))
+            elif name in ("full_attention", "attention", "global"):
+                layers.append(LayerSpec(FULL, global_kv, global_hd, global_hd))
+            else:
+                raise errors.InvalidModelConfig(f"config.json's layer_types has an unknown kind {name!r}", "layer_types")
+        if model_type == "gemma4_text" and text.get("num_kv_shared_layers"):
+            raise errors.InvalidModelConfig(
+                "Gemma 4 KV-sharing layers (num_kv_shared_layers > 0) are not modelled", field="num_kv_shared_layers"
+            )
+    tie = text.get("tie_word_embeddings")
+    if tie is None:
+        tie = hf_config.get("tie_word_embeddings")
+    if tie is None:
+        tie = model_type in _TIED_BY_DEFAULT or hf_config.get("model_type") in _TIED_BY_DEFAULT
+    gated = model_type not in _NON_GATED_MLP
+    partial = float(text.get("partial_rotary_factor") or 1.0)
+    rope_rows = base
+    if rope_type == "yarn" and factor and original:
+        rope_rows = int(original * factor)
+    elif rope_type in ("llama3",):
+        rope_rows = base
+    rotary_dim = int((mla.qk_rope_head_dim if mla else head_dim) * partial)
+    return ModelSpec(
+        architecture=architecture,
+        model_type=model_type,
+        num_layers=num_layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim_kv if mla is None else head_dim_kv,
+        hidden_size=hidden,
+        intermediate_size=dense_inter,
+        vocab_size=vocab,
+        max_model_len=max_len,
+        dtype=_dtype(text, hf_config),
+        tie_word_embeddings=bool(tie),
+        layers=tuple(layers),
+        moe=_moe(text, model_type, num_layers, inter),
+        mla=mla,
+        linear_state=linear_state,
+        quantization=_quant(text),
+        mlp_gated=gated,
+        attention_bias=bool(text.get("attention_bias") or model_type in ("qwen2", "qwen2_moe")),
+        rotary_dim=rotary_dim,
+        rope_cache_positions=rope_rows,
+        vision_params=_vision_params(hf_config, hidden),
+        max_len_key=key,
+        max_len_base=base,
+        rope_type=rope_type,
+        rope_factor=factor,
+        rope_original_max=original,
+    )

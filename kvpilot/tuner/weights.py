@@ -1,0 +1,188 @@
+"""Weight bytes per GPU rank: what vLLM logs as "Model loading took X GiB".
+
+Sits above :mod:`kvpilot.tuner.model_spec`; :mod:`kvpilot.tuner.memory` calls it.
+Pure arithmetic on a :class:`~kvpilot.tuner.model_spec.ModelSpec`.
+
+The count follows vLLM's layer classes: column/row-parallel linears are split by
+tensor parallelism, KV projections are replicated once TP exceeds the KV heads,
+the vocabulary is padded to a multiple of 64 and split (``VocabParallelEmbedding``),
+norms and MoE routers are replicated, pipeline stages hold their own layers plus
+the embedding (first stage) or the LM head (last stage). Quantized linears take
+the bytes of their packed format including scales (FP8 1 B; INT8 1 B; 4-bit
+AWQ/GPTQ 0.5 B + group scales/zeros; MXFP4 4.25 bits, experts only). The rotary
+cos/sin cache vLLM builds at load counts too (it is why Llama-3.1-8B loads as
+14.99 GiB from a 14.96 GiB checkpoint).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpilot.tuner.model_spec import DTYPE_BYTES, LINEAR, ModelSpec, QuantSpec
+
+VOCAB_PADDING = 64
+"""vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``."""
+
+
+def _quant_bytes_per_weight(quant: QuantSpec) -> float:
+    """Bytes per weight element of a quantized linear, scales and zero points included."""
+    if quant.method == "mxfp4":
+        return 0.5 + 1 / 32  # e2m1 + one e8m0 scale per 32
+    if quant.method == "nvfp4":
+        return 0.5 + 1 / 16
+    if quant.method == "bitsandbytes":
+        return 1.0 if quant.weight_bits == 8 else 0.5 + 1 / 64
+    if quant.weight_bits >= 8:
+        return 1.0
+    group = quant.group_size or 128
+    per = quant.weight_bits / 8
+    if quant.method in ("awq", "gptq"):
+        return per + (2 + quant.weight_bits / 8) / group  # fp16 scale + packed zero per group
+    return per + 2 / group
+
+
+@dataclass(frozen=True, slots=True)
+class WeightBreakdown:
+    """Bytes on one rank, split so the checkpoint-size path can rescale the parameters only."""
+
+    params: int
+    """Model parameters (after quantization) on this rank."""
+    buffers: int
+    """Load-time buffers that are not parameters (the rotary cos/sin cache)."""
+
+    @property
+    def total(self) -> int:
+        return self.params + self.buffers
+
+
+def _pad(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> tuple[int, int, int]:
+    """(attention-and-dense linears, expert linears, replicated) params of one layer on one rank."""
+    h = model.hidden_size
+    layer = model.layers[idx] if idx < len(model.layers) else None
+    attn = 0
+    if model.mla is not None:
+        m = model.mla
+        heads = model.num_attention_heads // tp
+        q_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            replicated_a = h * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
+            attn += m.q_lora_rank * heads * q_head
+        else:
+            replicated_a = h * (m.kv_lora_rank + m.qk_rope_head_dim)
+            attn += h * heads * q_head
+        attn += m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+        attn += heads * m.v_head_dim * h
+        attn += replicated_a  # fused_qkv_a_proj is a replicated (but quantized) linear
+        replicated = m.kv_lora_rank + (m.q_lora_rank or 0)  # the latent norms
+    elif layer is not None and layer.kind == LINEAR and model.linear_state is not None:
+        s = model.linear_state
+        key_dim = (s.conv_dim - s.num_heads * s.head_v_dim) // 2
+        value_dim = s.num_heads * s.head_v_dim
+        attn = (h * (2 * key_dim + 2 * value_dim) + h * 2 * s.num_heads + value_dim * h + s.conv_dim * s.conv_kernel) // tp
+        replicated = 0
+    else:
+        kv = layer.num_kv_heads if layer is not None else model.num_kv_heads
+        hd = layer.head_dim if layer is not None and layer.head_dim else model.head_dim
+        q = (model.num_attention_heads // tp) * hd
+        kvr = max(1, kv // tp) * hd
+        attn = h * (q + 2 * kvr) + q * h
+        if model.attention_bias:
+            attn += q + 2 * kvr
+        replicated = 0
+    mlp_mats = 3 if model.mlp_gated else 2
+    experts = 0
+    moe = model.moe
+    dense_first = model.num_layers - moe.num_moe_layers if moe else model.num_layers
+    is_moe_layer = moe is not None and idx >= dense_first
+    if is_moe_layer:
+        inter = moe.moe_intermediate_size // tp
+        if loaded and model.quantization is not None and model.quantization.method == "mxfp4":
+            # vLLM's MXFP4 MoE kernels (Marlin / triton matmul_ogs) pad the hidden size to 256 and
+            # the per-rank intermediate size to 128 (mxfp4_round_up_hidden_size_and_intermediate_size).
+            experts = moe.num_experts * 3 * _pad(h, 256) * _pad(inter, 128)
+        else:
+            experts = moe.num_experts * 3 * h * inter
+        attn += 3 * h * moe.shared_intermediate_size // tp
+        attn += 3 * h * moe.parallel_dense_intermediate_size // tp
+        replicated += h * moe.num_experts  # router
+    else:
+        attn += mlp_mats * h * model.intermediate_size // tp
+    replicated += 2 * h  # the two norms
+    return attn, experts, replicated
+
+
+def compute_weight_breakdown(
+    model: ModelSpec,
+    *,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    pp_rank: int = 0,
+    dtype: str | None = None,
+    loaded: bool = True,
+) -> WeightBreakdown:
+    """Weight bytes vLLM loads on one (TP, PP) rank (``loaded=False``: as stored, before kernel padding)."""
+    tp, pp = tensor_parallel_size, pipeline_parallel_size
+    dbytes = DTYPE_BYTES[dtype or model.dtype]
+    quant = model.quantization
+    qbytes = _quant_bytes_per_weight(quant) if quant else float(dbytes)
+    dense_bytes = float(dbytes) if quant is None or quant.experts_only else qbytes
+    expert_bytes = qbytes if quant is not None else float(dbytes)
+    total = 0.0
+    for idx in model.layer_range(pp, pp_rank):
+        attn, experts, replicated = _layer_linear_params(model, tp, idx, loaded)
+        total += attn * dense_bytes + experts * expert_bytes + replicated * dbytes
+    vocab_rank = _pad(model.vocab_size, VOCAB_PADDING) // tp
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    if first:
+        total += vocab_rank * model.hidden_size * dbytes
+        total += model.vision_params // tp * dbytes
+    if last:
+        if not model.tie_word_embeddings or pp > 1:
+            head_bytes = qbytes if quant is not None and quant.quantize_lm_head else dbytes
+            total += vocab_rank * model.hidden_size * head_bytes
+        total += model.hidden_size * dbytes  # final norm
+    rope = model.rope_cache_positions * model.rotary_dim * dbytes if model.rotary_dim else 0
+    return WeightBreakdown(params=int(total), buffers=int(rope))
+
+
+def compute_weight_bytes(
+    model: ModelSpec,
+    *,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    pp_rank: int = 0,
+    dtype: str | None = None,
+    weights_total_bytes: int | None = None,
+) -> int:
+    """Bytes of weights on one rank; from the checkpoint size when it is known.
+
+    With ``weights_total_bytes`` (the checkpoint's size on disk, all shards), the
+    parameter count is only used to split it: this rank gets the same share of
+    the checkpoint as of the counted parameters.
+    """
+    rank = compute_weight_breakdown(
+        model,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        pp_rank=pp_rank,
+        dtype=dtype,
+    )
+    if weights_total_bytes is None:
+        return rank.total
+    ckpt_whole = compute_weight_breakdown(model, loaded=False)
+    ckpt_rank = compute_weight_breakdown(
+        model,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        pp_rank=pp_rank,
+        loaded=False,
+    )
+    if ckpt_whole.params <= 0 or ckpt_rank.params <= 0:
+        return rank.total
+    share = ckpt_rank.params / ckpt_whole.params
+    cast = rank.params / ckpt_rank.params  # bf16 served as float32, kernel padding at load
+    return int(weights_total_bytes * share * cast) + rank.buffers
