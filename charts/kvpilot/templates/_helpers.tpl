@@ -1,0 +1,190 @@
+{{/* Names ------------------------------------------------------------------------------------------- */}}
+
+{{- define "kvpilot.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* <release>-kvpilot, or the release name when it already contains the chart name. */}}
+{{- define "kvpilot.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kvpilot.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kvpilot.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kvpilot.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kvpilot.peeringName" -}}
+{{- default (include "kvpilot.fullname" .) .Values.peering.name }}
+{{- end }}
+
+{{- define "kvpilot.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Labels ------------------------------------------------------------------------------------------ */}}
+
+{{- define "kvpilot.labels" -}}
+helm.sh/chart: {{ include "kvpilot.chart" . }}
+{{ include "kvpilot.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kvpilot
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "kvpilot.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kvpilot.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Watch scope ------------------------------------------------------------------------------------- */}}
+
+{{/* "true" when the operator serves only .Values.watchNamespaces (Roles), "" when cluster-wide. */}}
+{{- define "kvpilot.namespaced" -}}
+{{- if .Values.watchNamespaces }}true{{ end }}
+{{- end }}
+
+{{/* Arguments of the `kopf` command (the container's command is kopf, or a shell that execs it). */}}
+{{- define "kvpilot.kopfArgs" -}}
+- run
+- --module=kvpilot.operator.main
+{{- if include "kvpilot.namespaced" . }}
+{{- range .Values.watchNamespaces }}
+- --namespace={{ . }}
+{{- end }}
+{{- else }}
+- --all-namespaces
+{{- end }}
+- --liveness=http://0.0.0.0:{{ .Values.operator.livenessPort }}/healthz
+{{- if .Values.peering.enabled }}
+- --peering={{ include "kvpilot.peeringName" . }}
+{{- else }}
+- --standalone
+{{- end }}
+- --log-format={{ .Values.operator.logFormat }}
+{{- if .Values.operator.debug }}
+- --debug
+{{- end }}
+{{- range .Values.operator.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* RBAC rules, one block per purpose. Rendered into ClusterRoles (cluster-wide mode) or into Roles in every
+     watched namespace (namespace-scoped mode); see templates/operator-rbac.yaml. Explicit verbs only. */}}
+
+{{/* kopf itself: events about handler progress, and the peering object the replicas coordinate through. */}}
+{{- define "kvpilot.rules.framework" -}}
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- if .Values.peering.enabled }}
+{{- if include "kvpilot.namespaced" . }}
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  resourceNames: [{{ include "kvpilot.peeringName" . | quote }}]
+  verbs: [get, patch]
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [list, watch]
+{{- else }}
+- apiGroups: [kopf.dev]
+  resources: [clusterkopfpeerings]
+  resourceNames: [{{ include "kvpilot.peeringName" . | quote }}]
+  verbs: [get, patch]
+- apiGroups: [kopf.dev]
+  resources: [clusterkopfpeerings]
+  verbs: [list, watch]
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* kopf's cluster-wide discovery: CRDs (to start serving InferenceServices once the CRD appears) and, in
+     namespace-scoped mode, namespaces (to notice the watched ones appear). Read-only. */}}
+{{- define "kvpilot.rules.discovery" -}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- if include "kvpilot.namespaced" . }}
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+{{- end }}
+{{- end }}
+
+{{/* The custom resource: watch it, keep kopf's annotations and finalizer, write its status. No create/delete:
+     users own InferenceServices. */}}
+{{- define "kvpilot.rules.inferenceservices" -}}
+- apiGroups: [kvpilot.io]
+  resources: [inferenceservices]
+  verbs: [get, list, watch, patch, update]
+- apiGroups: [kvpilot.io]
+  resources: [inferenceservices/status]
+  verbs: [get, patch, update]
+- apiGroups: [kvpilot.io]
+  resources: [inferenceservices/finalizers]
+  verbs: [update]
+{{- end }}
+
+{{/* What the operator owns: the vLLM Deployment and Service per InferenceService; pods are only read (crash
+     loops and restarts drive rollbacks). */}}
+{{- define "kvpilot.rules.workloads" -}}
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch, update, delete]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, create, patch, update, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+{{- end }}
+
+{{/* Model configuration the user points at: a ConfigMap holding config.json (`source: ConfigMap`) and the
+     Hugging Face token Secret (`source: Hub`). get only: nothing is listed, watched or written. */}}
+{{- define "kvpilot.rules.modelConfig" -}}
+- apiGroups: [""]
+  resources: [configmaps]
+  {{- with .Values.rbac.configMaps.resourceNames }}
+  resourceNames: {{ toJson . }}
+  {{- end }}
+  verbs: [get]
+{{- if .Values.rbac.secrets.enabled }}
+- apiGroups: [""]
+  resources: [secrets]
+  {{- with .Values.rbac.secrets.resourceNames }}
+  resourceNames: {{ toJson . }}
+  {{- end }}
+  verbs: [get]
+{{- end }}
+{{- end }}
+
+{{/* GPU discovery: GPU Feature Discovery labels and nvidia.com/gpu capacity on nodes. Read-only. */}}
+{{- define "kvpilot.rules.gpuDiscovery" -}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, watch]
+{{- end }}
