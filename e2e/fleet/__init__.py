@@ -1,0 +1,31 @@
+"""A vLLM fleet simulator for kvpilot's e2e suite and demo (test tooling, not product code).
+
+* :mod:`e2e.fleet.truth` -- each scenario's ground truth (GPU memory, KV bytes, fault thresholds),
+  the workload, and vLLM's start-up/OOM texts. Never imports kvpilot's tuner.
+* :mod:`e2e.fleet.engine` -- a queueing model of one vLLM V1 engine in simulated time.
+* :mod:`e2e.fleet.exposition` -- vLLM 0.33's ``/metrics`` (names, types, labels, buckets), with a
+  switch for the pre-rename names.
+* :mod:`e2e.fleet.fleet` -- :class:`Fleet`: plays the container of every kvpilot-managed pod on the
+  KWOK cluster (start-up, serving, crash loop), serves ``/metrics`` per pod on 127.0.0.1 and writes
+  Prometheus' ``file_sd`` targets.
+
+Run it in-process (``with Fleet(kubeconfig, prom.targets_file) as fleet: ...``) or as a process:
+``python -m e2e.fleet --kubeconfig K --targets F [--scenarios scenarios.json]``.
+"""
+
+from e2e.fleet.engine import SimEngine
+from e2e.fleet.exposition import VllmMetrics
+from e2e.fleet.fleet import Fleet, FleetEvent, storm_workload
+from e2e.fleet.truth import EngineArgs, GroundTruth, Scenario, Workload
+
+__all__ = [
+    "EngineArgs",
+    "Fleet",
+    "FleetEvent",
+    "GroundTruth",
+    "Scenario",
+    "SimEngine",
+    "VllmMetrics",
+    "Workload",
+    "storm_workload",
+]

@@ -1,0 +1,637 @@
+"""The vLLM fleet simulator: one simulated vLLM container per kvpilot-managed pod on the KWOK cluster.
+
+For every pod labelled ``app.kubernetes.io/managed-by=kvpilot`` that KWOK has
+made Running, the fleet plays the container kubelet would run:
+
+1. **start-up** (``GroundTruth.startup_s``): the pod is reported started but
+   not Ready (vLLM binds its port only after loading, so probes and scrapes
+   are refused). Then the engine either fails -- the KV cache does not hold one
+   ``max_model_len`` request, or nothing is left for it -- and the container
+   terminates with exit code 1 and vLLM's exact ``ValueError`` text, or it
+   starts serving.
+2. **serving**: ``/metrics`` in vLLM 0.33's exposition on its own
+   ``127.0.0.1`` port, fed by :class:`e2e.fleet.engine.SimEngine` (the
+   scenario's workload against the pod's *current* args). The pod is Ready.
+   When the ground truth says these args hit CUDA OOM while serving, the
+   container dies after ``oom_after_s`` with the torch OOM text.
+3. **crash loop**: a crash is reported as kubelet does
+   (:func:`e2e.pods.simulate_container_crash`: ``lastState.terminated`` exit 1
+   with the message, ``CrashLoopBackOff``, ``restartCount`` + 1); after the
+   back-off (doubling) the container starts again from step 1 with fresh
+   counters, as a new process.
+
+The Prometheus ``file_sd`` targets file lists every pod the fleet plays, with
+the Kubernetes SD meta labels that :mod:`e2e.prometheus` relabels into
+``namespace``/``pod``.
+
+Which scenario (ground truth, workload, metric naming) a pod gets:
+``set_scenario(namespace, instance, scenario)`` (``instance`` is the
+``app.kubernetes.io/instance`` label, i.e. the InferenceService name; ``"*"``
+for a whole namespace), else the fleet's default. Workload and fault changes
+apply at once; memory figures apply at the next container start, as on a real
+GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import hashlib
+import http.server
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from e2e.fleet.engine import SimEngine
+from e2e.fleet.exposition import VllmMetrics
+from e2e.fleet.truth import EngineArgs, Scenario, Workload
+
+log = logging.getLogger("e2e.fleet")
+
+MANAGED_SELECTOR = "app.kubernetes.io/managed-by=kvpilot"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+
+STARTING, SERVING, CRASHED, STOPPED = "Starting", "Serving", "CrashLoopBackOff", "Stopped"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _now_rfc3339(offset_s: float = 0.0) -> str:
+    t = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset_s)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def storm_workload(w: Workload) -> Workload:
+    """A preemption storm: 4x the arrivals, 4x longer outputs."""
+    return dataclasses.replace(w, arrival_rate=w.arrival_rate * 4, output_tokens=w.output_tokens * 4)
+
+
+# ---------------------------------------------------------------------------- HTTP
+
+
+class _MetricsServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int, render: Callable[[], bytes]) -> None:
+        self.render = render
+        super().__init__(("127.0.0.1", port), _Handler)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _MetricsServer
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            body = self.server.render()
+            ctype = "text/plain; version=0.0.4; charset=utf-8"
+        elif path in ("/health", "/ping"):
+            body, ctype = b"", "application/json"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------- one pod
+
+
+@dataclasses.dataclass
+class FleetEvent:
+    time: float
+    namespace: str
+    pod: str
+    kind: str  # Started, Serving, StartupFailed, CudaOOM, Restarted, Injected, Gone
+    detail: str = ""
+
+
+class PodEngine:
+    """The simulated vLLM container of one pod."""
+
+    def __init__(self, pod: dict[str, Any], args: EngineArgs, scenario: Scenario, port: int) -> None:
+        md, spec = pod["metadata"], pod["spec"]
+        self.namespace: str = md["namespace"]
+        self.name: str = md["name"]
+        self.uid: str = md.get("uid", "")
+        self.labels: dict[str, str] = dict(md.get("labels") or {})
+        self.instance = self.labels.get(INSTANCE_LABEL, "")
+        self.node: str = spec.get("nodeName") or ""
+        container = spec["containers"][0]
+        self.container: str = container["name"]
+        self.image: str = container.get("image", "")
+        self.args = args
+        self.scenario = scenario
+        self.port = port
+        self.state = STARTING
+        self.since = time.monotonic()
+        self.restart_count = 0
+        self.restart_at = 0.0
+        self.sim: SimEngine | None = None
+        self.metrics: VllmMetrics | None = None
+        self.server: _MetricsServer | None = None
+        self.pending_fault: str | None = None
+        self.crashes: list[tuple[float, str, str]] = []
+        self.last_message = ""
+        self.started_count = 0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    def render(self) -> bytes:
+        m = self.metrics
+        return m.render() if m is not None else b""
+
+    def snapshot(self) -> dict[str, Any]:
+        sim = self.sim
+        return {
+            "namespace": self.namespace,
+            "pod": self.name,
+            "instance": self.instance,
+            "state": self.state,
+            "port": self.port,
+            "restart_count": self.restart_count,
+            "args": dataclasses.asdict(self.args),
+            "scenario": self.scenario.name,
+            "kv_usage": sim.kv_usage if sim else None,
+            "running": sim.num_running if sim else None,
+            "waiting": sim.num_waiting if sim else None,
+            "preemptions": sim.total_preemptions if sim else None,
+            "finished": sim.total_finished if sim else None,
+            "num_gpu_blocks": sim.num_blocks if sim else None,
+            "crashes": [k for _, k, _ in self.crashes],
+        }
+
+
+# ---------------------------------------------------------------------------- the fleet
+
+
+class Fleet:
+    """Simulated vLLM containers for the kvpilot-managed pods of a cluster.
+
+    :param kubeconfig: the cluster's kubeconfig (the ``kubernetes`` client and ``kubectl`` use it).
+    :param targets_file: Prometheus ``file_sd`` JSON to write (``PrometheusServer.targets_file``).
+    :param default_scenario: what pods of services without their own scenario get.
+    :param namespaces: only these namespaces (default: all).
+    :param tick: wall seconds between simulation steps.
+    :param kubectl: kubectl binary for :mod:`e2e.pods` (default: the cluster's).
+    """
+
+    def __init__(
+        self,
+        kubeconfig: str | os.PathLike[str],
+        targets_file: str | os.PathLike[str],
+        *,
+        default_scenario: Scenario | None = None,
+        namespaces: Iterable[str] | None = None,
+        label_selector: str = MANAGED_SELECTOR,
+        tick: float = 0.25,
+        poll: float = 0.5,
+        kubectl: str | os.PathLike[str] | None = None,
+    ) -> None:
+        from kubernetes import client, config
+
+        self.kubeconfig = str(kubeconfig)
+        self.targets_file = Path(targets_file)
+        self.default_scenario = default_scenario or Scenario()
+        self.namespaces = set(namespaces) if namespaces else None
+        self.label_selector = label_selector
+        self.tick = tick
+        self.poll = poll
+        self.kubectl = str(kubectl) if kubectl else None
+        self._api_client = config.new_client_from_config(config_file=self.kubeconfig)
+        self.core = client.CoreV1Api(self._api_client)
+        self._lock = threading.RLock()
+        self._engines: dict[tuple[str, str], PodEngine] = {}
+        self._gone: set[str] = set()  # pod uids already finished with
+        self._scenarios: dict[tuple[str, str], Scenario] = {}
+        self._overrides: dict[tuple[str, str], Workload] = {}
+        self._patches: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.events: list[FleetEvent] = []
+        self.errors: list[str] = []
+        self._targets_dirty = True
+        self._listeners: list[Callable[[FleetEvent], None]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Fleet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Fleet:
+        self._write_targets()
+        for name, fn in (
+            ("fleet-watch", self._watch_loop),
+            ("fleet-sim", self._sim_loop),
+            ("fleet-patch", self._patch_loop),
+        ):
+            t = threading.Thread(target=fn, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._patches.put(None)
+        for t in self._threads:
+            t.join(10)
+        self._threads.clear()
+        with self._lock:
+            engines = list(self._engines.values())
+            self._engines.clear()
+        for e in engines:
+            self._close_server(e, wait=True)
+        with contextlib.suppress(Exception):
+            self._api_client.close()
+
+    # ------------------------------------------------------------------ configuration
+    def set_scenario(self, namespace: str, instance: str, scenario: Scenario) -> None:
+        """Use ``scenario`` for the pods of InferenceService ``instance`` (``"*"``: whole namespace)."""
+        with self._lock:
+            self._scenarios[(namespace, instance)] = scenario
+            for e in self._engines.values():
+                if e.namespace == namespace and instance in ("*", e.instance):
+                    e.scenario = scenario
+                    if e.sim is not None:
+                        e.sim.workload = self._workload_for(e)
+
+    def scenario_for(self, namespace: str, instance: str) -> Scenario:
+        with self._lock:
+            return (
+                self._scenarios.get((namespace, instance))
+                or self._scenarios.get((namespace, "*"))
+                or self.default_scenario
+            )
+
+    def inject(
+        self, namespace: str, instance: str | None = None, *, pod: str | None = None, fault: str = "cuda_oom"
+    ) -> list[str]:
+        """Inject a fault into the serving pods of a service (or one pod); returns the pods hit.
+
+        ``cuda_oom``: the container dies now with CUDA OOM (once). ``preemption_storm``: the service's
+        traffic becomes a storm (:func:`storm_workload`) until :meth:`clear_faults`.
+        """
+        if fault not in ("cuda_oom", "preemption_storm"):
+            raise ValueError(f"unknown fault {fault!r}")
+        hit: list[str] = []
+        with self._lock:
+            if fault == "preemption_storm":
+                inst = instance or next((e.instance for e in self._engines.values() if e.name == pod), "")
+                base = self.scenario_for(namespace, inst).workload
+                self._overrides[(namespace, inst)] = storm_workload(base)
+            for e in self._engines.values():
+                if (
+                    e.namespace != namespace
+                    or (instance and e.instance != instance)
+                    or (pod and e.name != pod)
+                ):
+                    continue
+                if fault == "cuda_oom":
+                    if e.state == SERVING:
+                        e.pending_fault = "cuda_oom"
+                        hit.append(e.name)
+                else:
+                    if e.sim is not None:
+                        e.sim.workload = self._workload_for(e)
+                    hit.append(e.name)
+                self._event(e, "Injected", fault)
+        return hit
+
+    def clear_faults(self, namespace: str, instance: str) -> None:
+        with self._lock:
+            self._overrides.pop((namespace, instance), None)
+            for e in self._engines.values():
+                if e.namespace == namespace and e.instance == instance and e.sim is not None:
+                    e.sim.workload = self._workload_for(e)
+
+    def _workload_for(self, e: PodEngine) -> Workload:
+        return self._overrides.get((e.namespace, e.instance)) or e.scenario.workload
+
+    def on_event(self, fn: Callable[[FleetEvent], None]) -> None:
+        self._listeners.append(fn)
+
+    # ------------------------------------------------------------------ inspection
+    def pods(self, namespace: str | None = None, instance: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                e.snapshot()
+                for e in self._engines.values()
+                if (namespace is None or e.namespace == namespace)
+                and (instance is None or e.instance == instance)
+            ]
+
+    def engine(self, namespace: str, pod: str) -> PodEngine | None:
+        with self._lock:
+            return self._engines.get((namespace, pod))
+
+    def events_for(self, namespace: str, kind: str | None = None) -> list[FleetEvent]:
+        with self._lock:
+            return [
+                ev for ev in self.events if ev.namespace == namespace and (kind is None or ev.kind == kind)
+            ]
+
+    def wait_for(self, cond: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            v = cond()
+            if v:
+                return v
+            if self.errors:
+                raise RuntimeError(f"fleet errors while waiting for {what}: {self.errors[-3:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout}s waiting for {what}; pods: {self.pods()}")
+            time.sleep(0.2)
+
+    # ------------------------------------------------------------------ pods from the API server
+    def _list_pods(self) -> list[dict[str, Any]]:
+        if self.namespaces is None:
+            resp = self.core.list_pod_for_all_namespaces(
+                label_selector=self.label_selector, _preload_content=False, _request_timeout=10
+            )
+            return list(json.loads(resp.data)["items"])
+        items: list[dict[str, Any]] = []
+        for ns in sorted(self.namespaces):
+            resp = self.core.list_namespaced_pod(
+                ns, label_selector=self.label_selector, _preload_content=False, _request_timeout=10
+            )
+            items += json.loads(resp.data)["items"]
+        return items
+
+    def _watch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sync(self._list_pods())
+            except Exception as e:  # the API server may be restarting; retry
+                log.debug("listing pods failed: %s", e)
+            self._stop.wait(self.poll)
+
+    def _sync(self, items: list[dict[str, Any]]) -> None:
+        seen: set[tuple[str, str]] = set()
+        for pod in items:
+            md = pod["metadata"]
+            key = (md["namespace"], md["name"])
+            running = (
+                pod.get("status", {}).get("phase") == "Running"
+                and not md.get("deletionTimestamp")
+                and pod["spec"].get("nodeName")
+            )
+            if not running:
+                continue
+            seen.add(key)
+            with self._lock:
+                if key in self._engines or md.get("uid") in self._gone:
+                    continue
+                c = pod["spec"]["containers"][0]
+                args = EngineArgs.parse([*(c.get("command") or []), *(c.get("args") or [])])
+                scenario = self.scenario_for(
+                    md["namespace"], (md.get("labels") or {}).get(INSTANCE_LABEL, "")
+                )
+                e = PodEngine(pod, args, scenario, _free_port())
+                self._engines[key] = e
+                self._targets_dirty = True
+                self._event(e, "Started", args.summary())
+            self._patch_async(e, ready=False)
+        with self._lock:
+            for key in [k for k in self._engines if k not in seen]:
+                e = self._engines.pop(key)
+                e.state = STOPPED
+                self._gone.add(e.uid)
+                self._targets_dirty = True
+                self._event(e, "Gone", "pod deleted")
+                threading.Thread(target=self._close_server, args=(e, True), daemon=True).start()
+
+    # ------------------------------------------------------------------ simulation
+    def _sim_loop(self) -> None:
+        last = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            dt_wall, last = now - last, now
+            try:
+                with self._lock:
+                    engines = list(self._engines.values())
+                for e in engines:
+                    self._step(e, now, dt_wall)
+                if self._targets_dirty:
+                    self._write_targets()
+            except Exception as exc:  # a bug in the simulator: record it, tests fail on it
+                log.exception("fleet simulation step failed")
+                self.errors.append(repr(exc))
+            self._stop.wait(self.tick)
+
+    def _step(self, e: PodEngine, now: float, dt_wall: float) -> None:
+        truth = e.scenario.truth
+        if e.state == STARTING and now - e.since >= truth.startup_s:
+            error = truth.startup_error(e.args)
+            if error is not None:
+                self._crash(e, "StartupFailed", truth.startup_failure_message(e.args, error), now)
+            else:
+                self._serve(e, now)
+        elif e.state == SERVING:
+            assert e.sim is not None and e.metrics is not None
+            wl = self._workload_for(e)
+            e.sim.workload = wl
+            e.sim.advance(dt_wall * wl.time_scale)
+            e.metrics.record(
+                running=e.sim.num_running,
+                waiting=e.sim.num_waiting,
+                kv_usage=e.sim.kv_usage,
+                deltas=e.sim.drain(),
+            )
+            if e.pending_fault == "cuda_oom":
+                e.pending_fault = None
+                self._crash(e, "CudaOOM", truth.cuda_oom_message(e.args), now)
+            elif truth.runtime_oom(e.args) and now - e.since >= truth.oom_after_s:
+                self._crash(e, "CudaOOM", truth.cuda_oom_message(e.args), now)
+        elif e.state == CRASHED and now >= e.restart_at:
+            e.state, e.since = STARTING, now
+            self._event(e, "Restarted", f"restartCount={e.restart_count}")
+            self._patch_async(e, ready=False)
+
+    def _serve(self, e: PodEngine, now: float) -> None:
+        e.started_count += 1
+        e.sim = SimEngine(
+            e.scenario.truth,
+            self._workload_for(e),
+            e.args,
+            seed=e.scenario.seed * 1000 + e.started_count + zlib.crc32(e.name.encode()) % 997,
+        )
+        e.metrics = VllmMetrics(e.scenario.truth, e.args, naming=e.scenario.naming)
+        try:
+            e.server = _MetricsServer(e.port, e.render)
+        except OSError:  # the port was taken meanwhile: move
+            e.port = _free_port()
+            e.server = _MetricsServer(e.port, e.render)
+            self._targets_dirty = True
+        threading.Thread(
+            target=e.server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"metrics-{e.name}",
+            daemon=True,
+        ).start()
+        e.state, e.since = SERVING, now
+        self._event(
+            e,
+            "Serving",
+            f"port {e.port}, {e.sim.num_blocks} KV blocks ({e.scenario.truth.kv_tokens(e.args)} tokens)",
+        )
+        self._patch_async(e, ready=True)
+
+    def _crash(self, e: PodEngine, kind: str, message: str, now: float) -> None:
+        self._close_server(e, wait=False)
+        e.sim = None
+        e.metrics = None
+        e.restart_count += 1
+        e.crashes.append((time.time(), kind, message))
+        e.last_message = message
+        backoff = e.scenario.truth.backoff_s * 2 ** min(e.restart_count - 1, 3)
+        e.state, e.since, e.restart_at = CRASHED, now, now + backoff
+        self._event(e, kind, message.strip().splitlines()[-2 if kind == "StartupFailed" else -1][:200])
+        count, ns, name = e.restart_count, e.namespace, e.name
+
+        def patch() -> None:
+            from e2e import pods
+
+            pods.simulate_container_crash(
+                self.kubeconfig,
+                ns,
+                name,
+                exit_code=1,
+                message=message,
+                restart_count=count,
+                container=e.container,
+                kubectl=self.kubectl,
+                timeout=15,
+            )
+
+        self._patches.put(patch)
+
+    def _close_server(self, e: PodEngine, wait: bool) -> None:
+        srv, e.server = e.server, None
+        if srv is None:
+            return
+
+        def close() -> None:
+            srv.shutdown()
+            srv.server_close()
+
+        if wait:
+            close()
+        else:
+            threading.Thread(target=close, daemon=True).start()
+
+    # ------------------------------------------------------------------ pod status, as kubelet
+    def _patch_async(self, e: PodEngine, *, ready: bool) -> None:
+        ns, name, container, image, uid = e.namespace, e.name, e.container, e.image, e.uid
+        restarts = e.restart_count
+
+        def patch() -> None:
+            resp = self.core.read_namespaced_pod(name, ns, _preload_content=False, _request_timeout=10)
+            pod = json.loads(resp.data)
+            if pod["metadata"].get("uid") != uid or pod["metadata"].get("deletionTimestamp"):
+                return
+            st = pod.get("status", {})
+            old = next((s for s in st.get("containerStatuses") or [] if s["name"] == container), {})
+            cid = "containerd://" + hashlib.sha256(f"{uid}/{container}/{restarts}".encode()).hexdigest()
+            cs = {
+                "name": container,
+                "image": image,
+                "imageID": old.get("imageID", ""),
+                "containerID": cid,
+                "ready": ready,
+                "started": ready,
+                "restartCount": restarts,
+                "state": {"running": {"startedAt": _now_rfc3339()}},
+            }
+            if old.get("lastState"):
+                cs["lastState"] = old["lastState"]
+            conds = []
+            for c in st.get("conditions") or []:
+                c = dict(c)
+                if c["type"] in ("Ready", "ContainersReady"):
+                    want = "True" if ready else "False"
+                    if c.get("status") != want:
+                        c.update(status=want, lastTransitionTime=_now_rfc3339())
+                    if ready:
+                        c.pop("reason", None)
+                        c.pop("message", None)
+                    else:
+                        c.update(
+                            reason="ContainersNotReady",
+                            message=f"containers with unready status: [{container}]",
+                        )
+                conds.append(c)
+            body = {"status": {"phase": "Running", "conditions": conds, "containerStatuses": [cs]}}
+            self.core.patch_namespaced_pod_status(
+                name, ns, body, _content_type="application/merge-patch+json", _request_timeout=10
+            )
+
+        self._patches.put(patch)
+
+    def _patch_loop(self) -> None:
+        while True:
+            fn = self._patches.get()
+            if fn is None or self._stop.is_set():
+                return
+            try:
+                fn()
+            except Exception as exc:
+                msg = str(exc)
+                if "NotFound" in msg or "not found" in msg or "404" in msg:
+                    continue  # the pod went away meanwhile
+                log.warning("pod status patch failed: %s", msg[:300])
+
+    # ------------------------------------------------------------------ targets file
+    def _write_targets(self) -> None:
+        from e2e.prometheus import write_targets_file
+
+        with self._lock:
+            self._targets_dirty = False
+            groups = [
+                {
+                    "targets": [f"127.0.0.1:{e.port}"],
+                    "labels": {
+                        "__meta_kubernetes_namespace": e.namespace,
+                        "__meta_kubernetes_pod_name": e.name,
+                        "__meta_kubernetes_pod_container_name": e.container,
+                        "__meta_kubernetes_pod_node_name": e.node,
+                        "__meta_kubernetes_pod_label_app_kubernetes_io_instance": e.instance,
+                        "__meta_kubernetes_pod_uid": e.uid,
+                    },
+                }
+                for e in sorted(self._engines.values(), key=lambda x: x.key)
+            ]
+        self.targets_file.parent.mkdir(parents=True, exist_ok=True)
+        write_targets_file(self.targets_file, groups)
+
+    # ------------------------------------------------------------------ events
+    def _event(self, e: PodEngine, kind: str, detail: str = "") -> None:
+        ev = FleetEvent(time.time(), e.namespace, e.name, kind, detail)
+        self.events.append(ev)
+        log.info("%s/%s %s %s", e.namespace, e.name, kind, detail)
+        for fn in self._listeners:
+            with contextlib.suppress(Exception):
+                fn(ev)

@@ -1,0 +1,338 @@
+"""Each scenario's ground truth: what the simulated GPU, model and traffic really do.
+
+Deliberately independent of kvpilot's tuner (nothing here imports ``kvpilot``):
+a scenario states its own physics -- GPU memory, the memory that is not KV cache,
+KV bytes per token, the utilisation above which the engine hits CUDA OOM while
+serving -- and the fleet derives everything else (KV blocks, start-up failure,
+the texts vLLM prints) from it, the way vLLM 0.33 would. The planner and the
+closed loop are then judged against facts they did not produce.
+
+``EngineArgs.parse`` reads the vLLM flags of a pod's container (``--flag value``
+and ``--flag=value``); defaults are vLLM 0.33's (``gpu_memory_utilization``
+0.92, ``block_size`` 16, ``kv_cache_dtype`` auto) or the scenario's
+(``max_model_len`` = the model's derived length, ``max_num_seqs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+#: ``--kv-cache-dtype`` values that halve the KV bytes per token (fp8 variants).
+FP8_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"})
+
+_VLLM = "/usr/local/lib/python3.12/dist-packages/vllm"
+CONSERVING_MEMORY_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
+
+
+def _flag_name(token: str) -> str:
+    return "--" + token[2:].replace("_", "-")
+
+
+def _human_int(text: str) -> int:
+    """vLLM's human-readable integers: ``32K`` = 32768, ``32k`` = 32000, ``1M`` = 1048576."""
+    t = text.strip()
+    for suffix, mult in (
+        ("K", 1024),
+        ("M", 1024**2),
+        ("G", 1024**3),
+        ("k", 1000),
+        ("m", 1000**2),
+        ("g", 1000**3),
+    ):
+        if t.endswith(suffix):
+            return int(float(t[:-1]) * mult)
+    return int(t)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineArgs:
+    """The engine arguments of one pod, as vLLM would resolve them (``None``: flag absent)."""
+
+    model: str = ""
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_dtype: str = "auto"
+    max_num_batched_tokens: int | None = None
+    tensor_parallel_size: int = 1
+    block_size: int | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The ``model_name`` label: ``--served-model-name`` (first) or ``--model``."""
+        return self.served_model_name or self.model
+
+    @classmethod
+    def parse(cls, argv: Sequence[str]) -> EngineArgs:
+        """Parse a container's ``command + args`` (``vllm serve MODEL`` positional model accepted)."""
+        values: dict[str, str] = {}
+        positional: list[str] = []
+        tokens = list(argv)
+        i = 0
+        while i < len(tokens):
+            tok = tokens[i]
+            if tok.startswith("--"):
+                if "=" in tok:
+                    name, val = tok.split("=", 1)
+                    values[_flag_name(name)] = val
+                elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                    values[_flag_name(tok)] = tokens[i + 1]
+                    i += 1
+                else:
+                    values[_flag_name(tok)] = "true"
+            elif tok == "-tp" and i + 1 < len(tokens):
+                values["--tensor-parallel-size"] = tokens[i + 1]
+                i += 1
+            else:
+                positional.append(tok)
+            i += 1
+        model = values.get("--model", "")
+        if not model:
+            # `vllm serve MODEL ...`: the first positional after "serve"
+            rest = positional[positional.index("serve") + 1 :] if "serve" in positional else positional
+            model = next((p for p in rest if "/" in p or not p.startswith("-")), "") if rest else ""
+        util = values.get("--gpu-memory-utilization", values.get("--device-memory-utilization"))
+        mml = values.get("--max-model-len")
+        return cls(
+            model=model,
+            served_model_name=(values.get("--served-model-name") or "").split(",")[0].split()[0]
+            if values.get("--served-model-name")
+            else None,
+            max_model_len=None if mml in (None, "-1", "auto") else _human_int(mml),
+            max_num_seqs=int(values["--max-num-seqs"]) if "--max-num-seqs" in values else None,
+            gpu_memory_utilization=float(util) if util is not None else None,
+            kv_cache_dtype=values.get("--kv-cache-dtype", "auto"),
+            max_num_batched_tokens=_human_int(values["--max-num-batched-tokens"])
+            if "--max-num-batched-tokens" in values
+            else None,
+            tensor_parallel_size=int(values.get("--tensor-parallel-size", "1")),
+            block_size=int(values["--block-size"]) if "--block-size" in values else None,
+        )
+
+    def summary(self) -> str:
+        return (
+            f"max_model_len={self.max_model_len} max_num_seqs={self.max_num_seqs} "
+            f"gpu_memory_utilization={self.gpu_memory_utilization} kv_cache_dtype={self.kv_cache_dtype}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class GroundTruth:
+    """The physics of one scenario (per GPU rank).
+
+    KV-cache bytes = ``gpu_memory_utilization * gpu_memory_gib - non_kv_gib`` (GiB), as vLLM's
+    budget does: requested memory minus weights, activation peak, non-torch memory and CUDA
+    graphs, all lumped into ``non_kv_gib``. fp8 KV halves the bytes per token.
+    """
+
+    gpu_memory_gib: float = 79.11
+    """What torch reports as the GPU's total memory (an H100 80GB: 79.11 GiB)."""
+    non_kv_gib: float = 20.0
+    """Everything that is not KV cache inside the requested budget."""
+    kv_bytes_per_token: int = 131072
+    """bf16 KV bytes per token over all layers (Llama-3.1-8B: 2 x 32 layers x 8 heads x 128 x 2 B)."""
+    block_size: int = 16
+    model_max_len: int = 131072
+    """The model's derived max_model_len (used when --max-model-len is absent)."""
+    default_max_num_seqs: int = 1024
+    default_gpu_memory_utilization: float = 0.92
+    fp8_kv_supported: bool = True
+    runtime_oom_above_utilization: float | None = None
+    """CUDA OOM while serving when ``gpu_memory_utilization`` is strictly above this (fragmentation,
+    sampler or NCCL buffers outside vLLM's budget)."""
+    runtime_oom_above_max_num_seqs: int | None = None
+    """CUDA OOM while serving when ``max_num_seqs`` is strictly above this (activations of a full batch)."""
+    oom_after_s: float = 3.0
+    """Wall seconds of serving before such a runtime OOM strikes."""
+    startup_s: float = 1.0
+    """Wall seconds of model loading/profiling before the engine listens (or fails)."""
+    backoff_s: float = 4.0
+    """Wall seconds of CrashLoopBackOff before the first restart (kubelet: 10 s, doubling)."""
+
+    # ------------------------------------------------------------------ derived
+    def utilization(self, args: EngineArgs) -> float:
+        return (
+            args.gpu_memory_utilization
+            if args.gpu_memory_utilization is not None
+            else self.default_gpu_memory_utilization
+        )
+
+    def max_model_len(self, args: EngineArgs) -> int:
+        return args.max_model_len if args.max_model_len is not None else self.model_max_len
+
+    def max_num_seqs(self, args: EngineArgs) -> int:
+        return args.max_num_seqs if args.max_num_seqs is not None else self.default_max_num_seqs
+
+    def block(self, args: EngineArgs) -> int:
+        return args.block_size or self.block_size
+
+    def bytes_per_token(self, args: EngineArgs) -> int:
+        if args.kv_cache_dtype in FP8_KV_DTYPES and self.fp8_kv_supported:
+            return self.kv_bytes_per_token // 2
+        return self.kv_bytes_per_token
+
+    def kv_cache_bytes(self, args: EngineArgs) -> int:
+        """Memory left for the KV cache (may be <= 0)."""
+        return int((self.utilization(args) * self.gpu_memory_gib - self.non_kv_gib) * GiB)
+
+    def num_gpu_blocks(self, args: EngineArgs) -> int:
+        page = self.bytes_per_token(args) * self.block(args)
+        return max(0, self.kv_cache_bytes(args) // page)
+
+    def kv_tokens(self, args: EngineArgs) -> int:
+        return self.num_gpu_blocks(args) * self.block(args)
+
+    def max_concurrency(self, args: EngineArgs) -> float:
+        """vLLM's "Maximum concurrency for N tokens per request": KV tokens / max_model_len."""
+        return self.kv_tokens(args) / max(1, self.max_model_len(args))
+
+    # ------------------------------------------------------------------ faults
+    def startup_error(self, args: EngineArgs) -> str | None:
+        """The ValueError vLLM 0.33 raises at start-up for these args, or None when it starts.
+
+        Exact texts of ``vllm/v1/core/kv_cache_planning.py::_check_enough_kv_cache_memory``
+        (vllm_reference.md section 1.6, 0.25+ wording).
+        """
+        if args.kv_cache_dtype in FP8_KV_DTYPES and not self.fp8_kv_supported:
+            return (
+                f"ValueError: Unknown or unsupported kv cache dtype {args.kv_cache_dtype!r} "
+                "for this GPU/attention backend"
+            )
+        available = self.kv_cache_bytes(args)
+        if available <= 0:
+            return (
+                "ValueError: No available memory for the cache blocks. "
+                "Try increasing `gpu_memory_utilization` when initializing the engine "
+                "(this flag also controls CPU memory reservation on the CPU backend, despite its name). "
+                f"See {CONSERVING_MEMORY_URL} for more details."
+            )
+        bs = self.block(args)
+        page = self.bytes_per_token(args) * bs
+        mml = self.max_model_len(args)
+        needed = math.ceil(mml / bs) * page
+        if needed <= available:
+            return None
+        estimated = min(mml, (available // page) * bs)
+        estimated_msg = (
+            f"Based on the available memory, the estimated maximum model length is {estimated}. "
+            if estimated > 0
+            else ""
+        )
+        return (
+            f"ValueError: To serve at least one request with the model's max seq len ({mml}), "
+            f"({round(needed / GiB, 2)} GiB KV cache is needed, which is larger than the available KV cache "
+            f"memory ({round(available / GiB, 2)} GiB). {estimated_msg}"
+            "Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) "
+            "or decreasing `max_model_len` when initializing the engine. "
+            f"See {CONSERVING_MEMORY_URL} for more details."
+        )
+
+    def runtime_oom(self, args: EngineArgs) -> bool:
+        """Whether these args hit CUDA OOM while serving."""
+        u = self.runtime_oom_above_utilization
+        s = self.runtime_oom_above_max_num_seqs
+        return (u is not None and self.utilization(args) > u + 1e-9) or (
+            s is not None and self.max_num_seqs(args) > s
+        )
+
+    def cuda_oom_message(self, args: EngineArgs, *, startup: bool = False) -> str:
+        """A CUDA OOM as the container's termination message (torch >= 2.1 wording, in-container)."""
+        total = self.gpu_memory_gib
+        used = min(total - 0.14, self.utilization(args) * total + 0.35)
+        header = (
+            ["ERROR [core.py:1586] EngineCore encountered a fatal error."]
+            if not startup
+            else ["ERROR [core.py:1584] EngineCore failed to start."]
+        )
+        lines = header + [
+            "Traceback (most recent call last):",
+            f'  File "{_VLLM}/v1/engine/core.py", line 1084, in run_busy_loop',
+            f'  File "{_VLLM}/v1/sample/sampler.py", line 160, in forward',
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. "
+            f"GPU 0 has a total capacity of {total:.2f} GiB "
+            f"of which {(total - used) * 1024:.2f} MiB is free. "
+            f"Including non-PyTorch memory, this process has {used:.2f} GiB memory in use. "
+            f"Of the allocated memory {used - 1.1:.2f} GiB is allocated by PyTorch, "
+            "with 660.00 MiB allocated in private pools (e.g., CUDA Graphs), "
+            "and 331.08 MiB is reserved by PyTorch but unallocated. "
+            "If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  "
+            "See documentation for Memory Management "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+        ]
+        if startup:
+            lines.append(
+                "RuntimeError: Engine core initialization failed. See root cause above. "
+                "Failed core proc(s): {'EngineCore_DP0': 1}"
+            )
+        return "\n".join(lines) + "\n"
+
+    def startup_failure_message(self, args: EngineArgs, error: str) -> str:
+        """The container's termination message after a start-up ValueError (the log tail)."""
+        return "\n".join(
+            [
+                "ERROR [core.py:1584] EngineCore failed to start.",
+                "Traceback (most recent call last):",
+                f'  File "{_VLLM}/v1/engine/core.py", line 1573, in run_engine_core',
+                f'  File "{_VLLM}/v1/core/kv_cache_planning.py", line 78, in _check_enough_kv_cache_memory',
+                error,
+                "RuntimeError: Engine core initialization failed. See root cause above. "
+                "Failed core proc(s): {'EngineCore_DP0': 1}",
+                "",
+            ]
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Traffic one pod receives, in simulated time (requests arrive as a Poisson process)."""
+
+    arrival_rate: float = 2.0
+    """Requests per simulated second, per pod."""
+    prompt_tokens: int = 512
+    output_tokens: int = 256
+    spread: float = 0.25
+    """Lengths are uniform in ``mean * (1 +- spread)``."""
+    decode_step_s: float = 0.02
+    """Engine step time with one running sequence (each step decodes one token per sequence)."""
+    decode_step_per_seq_s: float = 0.0001
+    """Extra step time per running sequence."""
+    prefill_tokens_per_s: float = 20000.0
+    time_scale: float = 1.0
+    """Simulated seconds per wall second."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """What the fleet simulates for one InferenceService: physics, traffic and exposition."""
+
+    truth: GroundTruth = dataclasses.field(default_factory=GroundTruth)
+    workload: Workload = dataclasses.field(default_factory=Workload)
+    naming: str = "current"
+    """``current``: vLLM 0.33 names; ``legacy``: pre-rename (0.8.x V1: ``vllm:gpu_cache_usage_perc`` only);
+    ``both``: 0.9.2-0.10 (both gauges)."""
+    seed: int = 0
+    name: str = "default"
+
+    def replace(self, **changes: Any) -> Scenario:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Scenario:
+        return cls(
+            truth=GroundTruth(**d.get("truth", {})),
+            workload=Workload(**d.get("workload", {})),
+            naming=d.get("naming", "current"),
+            seed=int(d.get("seed", 0)),
+            name=d.get("name", "default"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
