@@ -189,8 +189,12 @@ class InferenceServiceSpec(_Wire):
             concurrency=self.serving.concurrency,
             allow_fp8_kv=self.tuning.allow_fp8_kv_cache,
             allow_weight_quantization=self.tuning.allow_weight_quantization,
-            min_gpu_memory_utilization=gmu.min if gmu.min is not None else defaults.min_gpu_memory_utilization,
-            max_gpu_memory_utilization=gmu.max if gmu.max is not None else defaults.max_gpu_memory_utilization,
+            min_gpu_memory_utilization=gmu.min
+            if gmu.min is not None
+            else defaults.min_gpu_memory_utilization,
+            max_gpu_memory_utilization=gmu.max
+            if gmu.max is not None
+            else defaults.max_gpu_memory_utilization,
         )
 
     def to_pinned(self) -> types.EngineSettings:
@@ -218,7 +222,9 @@ def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
     if p.tensor_parallel_size and g.count % p.tensor_parallel_size:
         errors.append("spec: engine.pinned.tensorParallelSize must divide gpu.count")
     if p.tensor_parallel_size and g.tensor_parallel_size and p.tensor_parallel_size != g.tensor_parallel_size:
-        errors.append("spec: engine.pinned.tensorParallelSize and gpu.tensorParallelSize disagree; set one of them")
+        errors.append(
+            "spec: engine.pinned.tensorParallelSize and gpu.tensorParallelSize disagree; set one of them"
+        )
     s = spec.serving
     if s.min_context_length and s.max_context_length and s.min_context_length > s.max_context_length:
         errors.append("spec.serving: serving.minContextLength must not exceed serving.maxContextLength")
@@ -232,11 +238,14 @@ def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
             errors.append(f"spec.tuning.bounds.{name}: bounds.{name}.min must not exceed max")
     for name, value, rng in (("maxModelLen", p.max_model_len, b.max_model_len),
                              ("maxNumSeqs", p.max_num_seqs, b.max_num_seqs),
-                             ("gpuMemoryUtilization", p.gpu_memory_utilization, b.gpu_memory_utilization)):  # fmt: skip
+                             ("gpuMemoryUtilization", p.gpu_memory_utilization,
+                              b.gpu_memory_utilization)):  # fmt: skip
         if not _in_range(value, rng):
             errors.append(f"spec: engine.pinned.{name} is outside tuning.bounds.{name}")
     if p.kv_cache_dtype and p.kv_cache_dtype.startswith("fp8") and not spec.tuning.allow_fp8_kv_cache:
-        errors.append("spec: engine.pinned.kvCacheDtype is fp8; set tuning.allowFp8KvCache to true to confirm")
+        errors.append(
+            "spec: engine.pinned.kvCacheDtype is fp8; set tuning.allowFp8KvCache to true to confirm"
+        )
     if any(e.name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN") and e.value is not None for e in spec.engine.env):
         errors.append(
             "spec.engine.env: do not inline a Hugging Face token; use model.hubTokenSecretRef or "
@@ -289,7 +298,8 @@ class Budget(_Wire):
     def from_budget(cls, b: types.MemoryBudget) -> Budget:
         r = lambda x: round(x, 3)  # noqa: E731
         return cls(
-            gpu_total_gi_b=r(b.gpu_total_gib), requested_gi_b=r(b.requested_gib), weights_gi_b=r(b.weights_gib),
+            gpu_total_gi_b=r(b.gpu_total_gib), requested_gi_b=r(b.requested_gib),
+            weights_gi_b=r(b.weights_gib),
             activation_gi_b=r(b.activation_gib), non_torch_gi_b=r(b.non_torch_gib),
             cuda_graph_gi_b=r(b.cuda_graph_gib), kv_cache_gi_b=r(b.available_kv_cache_gib),
             kv_cache_tokens=b.kv_cache_tokens, max_concurrency=r(b.max_concurrency),

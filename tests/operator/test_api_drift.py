@@ -121,7 +121,8 @@ def test_same_facts(fact: str) -> None:
 def test_same_scalar_defaults() -> None:
     crd, models = crd_paths(), model_paths()
     diffs = {p: (crd[p]["default"], models[p]["default"]) for p in crd if p in models
-             if crd[p]["default"] not in (None, {}) and crd[p]["default"] != models[p]["default"]}  # fmt: skip
+             if crd[p]["default"] not in (None, {})
+             and crd[p]["default"] != models[p]["default"]}  # fmt: skip
     assert diffs == {}
 
 
@@ -143,7 +144,16 @@ def test_every_property_is_described() -> None:
 def test_printer_columns_cover_the_issue() -> None:
     crd = yaml.safe_load(CRD_PATH.read_text())
     cols = {c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
-    assert {"Model", "GPU", "Max-Model-Len", "Max-Num-Seqs", "GPU-Mem-Util", "KV-Dtype", "Ready", "Age"} <= cols
+    assert {
+        "Model",
+        "GPU",
+        "Max-Model-Len",
+        "Max-Num-Seqs",
+        "GPU-Mem-Util",
+        "KV-Dtype",
+        "Ready",
+        "Age",
+    } <= cols
     status = crd["spec"]["versions"][0]["subresources"]
     assert status == {"status": {}}
 

@@ -1,0 +1,86 @@
+"""Status conditions, the Kubernetes way: a list keyed by ``type``.
+
+Pure helpers over plain dicts (the wire form in ``status.conditions``). A condition's
+``lastTransitionTime`` changes only when its ``status`` does, so re-reconciling an
+unchanged object leaves the times alone. Types and reasons are CamelCase
+(api-conventions.md, "Typical status properties").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+READY = "Ready"
+CONFIG_RESOLVED = "ConfigResolved"
+PLANNED = "Planned"
+INFEASIBLE = "Infeasible"
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+
+_ORDER = (READY, CONFIG_RESOLVED, PLANNED, INFEASIBLE)
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    *,
+    generation: int | None,
+    now: str,
+) -> list[dict[str, Any]]:
+    """A copy of ``conditions`` with ``type_`` set; the transition time moves only on a status change."""
+    if status not in (TRUE, FALSE, UNKNOWN):
+        raise ValueError(f"condition status must be True, False or Unknown, got {status!r}")
+    if not reason or not reason[0].isupper() or not reason.isalnum():
+        raise ValueError(f"condition reason must be CamelCase, got {reason!r}")
+    result = [dict(c) for c in conditions]
+    old = next((c for c in result if c.get("type") == type_), None)
+    new = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": old["lastTransitionTime"]
+        if old and old.get("status") == status and old.get("lastTransitionTime")
+        else now,
+    }
+    if generation is None:
+        del new["observedGeneration"]
+    if old is None:
+        result.append(new)
+    else:
+        result[result.index(old)] = new
+    return sorted(result, key=_sort_key)
+
+
+def set_conditions(
+    conditions: Sequence[Mapping[str, Any]],
+    updates: Sequence[tuple[str, str, str, str]],
+    *,
+    generation: int | None,
+    now: str,
+) -> list[dict[str, Any]]:
+    """Apply several ``(type, status, reason, message)`` updates in order."""
+    result = [dict(c) for c in conditions]
+    for type_, status, reason, message in updates:
+        result = set_condition(result, type_, status, reason, message, generation=generation, now=now)
+    return result
+
+
+def find_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
+    """The condition of ``type_``, or ``None``."""
+    return next((c for c in conditions or () if c.get("type") == type_), None)
+
+
+def is_true(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> bool:
+    cond = find_condition(conditions, type_)
+    return cond is not None and cond.get("status") == TRUE
+
+
+def _sort_key(condition: Mapping[str, Any]) -> tuple[int, str]:
+    type_ = str(condition.get("type", ""))
+    return (_ORDER.index(type_) if type_ in _ORDER else len(_ORDER), type_)

@@ -1,0 +1,144 @@
+"""Failures at the edge: the operator's own errors, and every error mapped to an outcome.
+
+Tree::
+
+    OperatorError                    -- raised by kvpilot.operator; carries reason + retry policy
+    ├── InvalidSpec                  -- a spec the CRD's CEL rules would refuse, or contradictory parts
+    ├── ConfigNotFound               -- the ConfigMap / Secret / key named by the spec is missing (retried)
+    ├── HubUnreachable               -- the Hugging Face Hub did not answer (retried with back-off)
+    ├── HubAccessDenied              -- the Hub refused the token (retried slowly: fix the Secret)
+    ├── NoMatchingNodes              -- no node matches nodeSelector, so no GPU to plan for (retried)
+    ├── AmbiguousGpu                 -- nodes matching nodeSelector carry several GPU products
+    └── ApplyFailed                  -- the API server refused or failed a write (retried)
+
+plus the tuner's domain errors (:mod:`kvpilot.tuner.errors`). :func:`classify` turns
+any exception into a :class:`Failure`: which condition it falsifies, its CamelCase
+reason, a message saying what to change, and whether retrying can help.
+:func:`to_kopf` turns that into ``kopf.TemporaryError`` (with exponential back-off)
+or ``kopf.PermanentError`` (the next spec change retries). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import kopf
+
+from kvpilot.operator import conditions
+from kvpilot.tuner import errors as tuner_errors
+
+BACKOFF_BASE_S = 15.0
+BACKOFF_CAP_S = 600.0
+
+
+class OperatorError(Exception):
+    reason = "OperatorError"
+    condition = conditions.READY
+    retry = False
+    delay_s = BACKOFF_BASE_S
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidSpec(OperatorError):
+    reason = "InvalidSpec"
+
+
+class ConfigNotFound(OperatorError):
+    reason = "ConfigNotFound"
+    condition = conditions.CONFIG_RESOLVED
+    retry = True
+    delay_s = 30.0
+
+
+class HubUnreachable(OperatorError):
+    reason = "HubUnreachable"
+    condition = conditions.CONFIG_RESOLVED
+    retry = True
+
+
+class HubAccessDenied(OperatorError):
+    reason = "HubAccessDenied"
+    condition = conditions.CONFIG_RESOLVED
+    retry = True
+    delay_s = 120.0
+
+
+class NoMatchingNodes(OperatorError):
+    reason = "NoMatchingNodes"
+    condition = conditions.CONFIG_RESOLVED
+    retry = True
+    delay_s = 30.0
+
+
+class AmbiguousGpu(OperatorError):
+    reason = "AmbiguousGpu"
+    condition = conditions.CONFIG_RESOLVED
+
+
+class ApplyFailed(OperatorError):
+    reason = "ApplyFailed"
+    retry = True
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What a failed reconciliation reports and whether it is retried."""
+
+    reason: str
+    message: str
+    condition: str
+    """The domain condition set to False (Ready is always set to False as well)."""
+    retry: bool
+    delay_s: float = BACKOFF_BASE_S
+    infeasible: bool = False
+
+
+_TUNER_CONDITIONS: dict[type[tuner_errors.TunerError], str] = {
+    tuner_errors.UnknownModel: conditions.CONFIG_RESOLVED,
+    tuner_errors.InvalidModelConfig: conditions.CONFIG_RESOLVED,
+    tuner_errors.UnknownGpu: conditions.CONFIG_RESOLVED,
+    tuner_errors.InvalidEngineArgs: conditions.PLANNED,
+    tuner_errors.InfeasiblePlan: conditions.PLANNED,
+}
+
+
+def classify(exc: BaseException) -> Failure:
+    """The :class:`Failure` for any exception; unknown ones are retried as ``InternalError``."""
+    if isinstance(exc, OperatorError):
+        return Failure(exc.reason, exc.message, exc.condition, exc.retry, exc.delay_s)
+    if isinstance(exc, tuner_errors.TunerError):
+        message = exc.message
+        suggestions = getattr(exc, "suggestions", ())
+        if suggestions:
+            message = f"{message} Options: {'; '.join(suggestions)}."
+        field = getattr(exc, "field", None) or getattr(exc, "flag", None)
+        if isinstance(exc, tuner_errors.InvalidModelConfig) and field and field not in message:
+            message = f"{message} (field {field})"
+        condition = next((c for t, c in _TUNER_CONDITIONS.items() if isinstance(exc, t)), conditions.PLANNED)
+        return Failure(
+            exc.reason, message, condition, retry=False,
+            infeasible=isinstance(exc, tuner_errors.InfeasiblePlan),
+        )  # fmt: skip
+    return Failure(
+        "InternalError",
+        f"kvpilot failed unexpectedly ({type(exc).__name__}: {exc}); it will retry. "
+        "If this persists, report it with the operator's log.",
+        conditions.READY,
+        retry=True,
+    )
+
+
+def compute_delay(failure: Failure, retry: int) -> float:
+    """Exponential back-off from the failure's base delay, capped at :data:`BACKOFF_CAP_S`."""
+    return min(failure.delay_s * (2 ** max(0, min(retry, 16))), BACKOFF_CAP_S)
+
+
+def to_kopf(failure: Failure, retry: int = 0) -> kopf.TemporaryError | kopf.PermanentError:
+    """The kopf error that makes kopf retry (with back-off) or wait for the next spec change."""
+    text = f"{failure.reason}: {failure.message}"
+    if failure.retry:
+        return kopf.TemporaryError(text, delay=compute_delay(failure, retry))
+    return kopf.PermanentError(text)

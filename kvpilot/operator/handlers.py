@@ -1,0 +1,147 @@
+"""The reconciliation behind kopf's create / update(spec) / resume handlers: thin.
+
+Kubernetes objects in, tuner types through, patches out::
+
+    spec --parse--> api.InferenceServiceSpec --resolve (thread)--> model + GPU
+         --render.build_desired--> plan, mode decision, Service + Deployment
+         --apply (thread, server-side apply)--> cluster
+    status <- status.build_success_status / build_failure_status  (patch.status, explicit)
+    events <- one per decision: ConfigResolved, Planned, Recommended, or the failure's reason
+
+Every failure becomes ``Ready=False`` with a reason and a message that says what to
+change, a Warning event, and ``kopf.TemporaryError`` (back-off) where a retry can help
+or ``kopf.PermanentError`` (wait for the next spec change) where it cannot. Nothing is
+applied until the whole desired state has been built, so a failure never leaves a
+half-applied Deployment. Collaborators come in a :class:`Deps`, so tests run every
+path without a cluster.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from kvpilot.operator import api, errors, events, metrics, planning, render, resolve, workloads
+from kvpilot.operator import status as statuses
+from kvpilot.operator.kube import Kube
+
+CREATED, SPEC_CHANGED, RESUMED = "Created", "SpecChanged", "Resumed"
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Deps:
+    """What a reconciliation talks to. ``kube=None`` only in unit tests that never get that far."""
+
+    kube: Kube | None
+    emit: events.Emitter = events.kopf_emitter
+    now: Callable[[], str] = utc_now
+    hub: resolve.HubDownload = resolve.download_hub_config
+    plan_fn: planning.PlanFn | None = None
+    record_metrics: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_deps: Deps | None = None
+
+
+def default_deps() -> Deps:
+    """The process-wide dependencies (the real cluster), created on first use."""
+    global _deps
+    if _deps is None:
+        from kvpilot.operator.kube import get_kube
+
+        _deps = Deps(kube=get_kube())
+    return _deps
+
+
+def _record(deps: Deps, fn: Callable[[str], None], value: str) -> None:
+    if deps.record_metrics:
+        fn(value)
+
+
+async def reconcile(
+    *, body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
+    patch: kopf.Patch, retry: int, logger: Any, trigger: str, deps: Deps,
+) -> None:  # fmt: skip
+    """Bring the Deployment and Service in line with ``spec``; write status; emit events."""
+    now, generation = deps.now(), meta.get("generation")
+    namespace = meta.get("namespace") or "default"
+    old = dict(status or {})
+    first_visit = old.get("observedGeneration") != generation
+    try:
+        parsed = render.parse_spec(spec)
+        inputs = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
+        keep = None
+        if trigger == RESUMED and not first_visit and old.get("applied"):
+            keep = api.Settings.model_validate(old["applied"])
+        desired = render.build_desired(meta, parsed, inputs, deploy_override=keep, plan_fn=deps.plan_fn)
+        if deps.kube is None:
+            raise errors.ApplyFailed("no Kubernetes client configured")
+        await workloads.apply_workloads(desired.manifests, deps.kube)
+    except Exception as exc:
+        failure = errors.classify(exc)
+        if failure.reason == "InternalError":
+            logger.exception("reconciliation failed unexpectedly")
+        patch.status.update(
+            statuses.build_failure_status(
+                old, generation=generation, now=now, failure=failure, trigger=trigger
+            )
+        )
+        deps.emit(body, events.WARNING, failure.reason, failure.message)
+        _record(deps, metrics.record_error, failure.reason)
+        _record(deps, metrics.record_reconcile, "temporary_error" if failure.retry else "permanent_error")
+        if failure.infeasible:
+            _record(deps, metrics.record_decision, "Infeasible")
+        raise errors.to_kopf(failure, retry) from None
+
+    new = statuses.build_success_status(
+        old, generation=generation, now=now, inputs=inputs, decision=desired.decision, trigger=trigger
+    )
+    patch.status.update(new)
+    _record(deps, metrics.record_reconcile, "success")
+    changed = "lastChangeTime" in new
+    if changed:
+        _record(deps, metrics.record_decision, "Planned")
+    if first_visit or changed:
+        _emit_success(deps, body, inputs, desired)
+    logger.info(f"reconciled ({trigger}): {statuses.describe_settings(desired.decision.deploy)}")
+
+
+def _emit_success(
+    deps: Deps, body: Mapping[str, Any], inputs: resolve.Inputs, desired: render.Desired
+) -> None:
+    d, gpu = desired.decision, inputs.gpu
+    deps.emit(
+        body,
+        events.NORMAL,
+        "ConfigResolved",
+        f"model config from {inputs.model.origin}; GPU {gpu.gpu.name} x{d.plan.gpu_count} from {gpu.origin}",
+    )
+    b = d.plan.budget
+    deps.emit(body, events.NORMAL, "Planned",
+              f"{statuses.describe_settings(d.plan.settings)}: weights {b.weights_gib:.2f} GiB, KV cache "
+              f"{b.available_kv_cache_gib:.2f} GiB ({b.kv_cache_tokens} tokens) per GPU")  # fmt: skip
+    if d.mode == "Recommend":
+        deps.emit(
+            body,
+            events.NORMAL,
+            "Recommended",
+            "mode Recommend: the plan is in status.recommendation; the Deployment keeps the user's settings",
+        )
+    elif d.mode == "Off":
+        deps.emit(
+            body,
+            events.NORMAL,
+            "Reported",
+            "mode Off: plan reported only; the Deployment keeps the user's settings",
+        )
+    for warning in (*gpu.warnings, *d.plan.warnings):
+        deps.emit(body, events.WARNING, "PlanWarning", warning)

@@ -1,0 +1,130 @@
+"""From a spec and its resolved inputs to the settings the Deployment gets: the tuning modes.
+
+* The user's fixed values are ``spec.engine.pinned`` plus any tuned flag written in
+  ``spec.engine.extraArgs`` (split off by :func:`kvpilot.tuner.vllm_args.parse_vllm_args`;
+  a conflict between the two is an :class:`~kvpilot.operator.errors.InvalidSpec`).
+  The tensor-parallel size is always fixed by the user's GPU request.
+* The planner (:func:`kvpilot.tuner.planner.compute_plan`) runs in every mode; its
+  results are cached by their inputs, so many identical services cost one plan.
+* ``Auto`` deploys the plan; ``Recommend`` deploys the user's own settings and
+  publishes the plan as ``status.recommendation``; ``Off`` deploys the user's own
+  settings and only reports the plan (budget and the ``Planned`` condition).
+* An infeasible plan raises :class:`~kvpilot.tuner.errors.InfeasiblePlan` in every
+  mode: nothing is deployed that the memory model says cannot start.
+
+Pure apart from the cache; no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.operator import api, errors
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import vllm_args
+from kvpilot.tuner.types import EngineSettings, GpuSpec, Plan, ServingBounds
+
+PlanFn = Callable[..., Plan]
+
+
+@dataclass(frozen=True, slots=True)
+class UserArgs:
+    pinned: EngineSettings
+    """Pinned settings (spec.engine.pinned, tuned flags from extraArgs, the tensor-parallel size)."""
+    extra: tuple[str, ...]
+    """extraArgs without tuned flags, validated against vLLM 0.33."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    plan: Plan
+    deploy: EngineSettings
+    """Settings rendered onto the Deployment."""
+    recommendation: EngineSettings | None
+    """What status.recommendation says (None in mode Off)."""
+    mode: str
+
+
+def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
+    """Split and check the user's own engine arguments (InvalidEngineArgs / InvalidSpec on error)."""
+    vllm_args.validate_extra_args(spec.engine.extra_args)
+    from_extra, rest = vllm_args.parse_vllm_args(spec.engine.extra_args)
+    pinned = spec.engine.pinned.to_engine()
+    merged = pinned.as_dict()
+    for name, value in from_extra.as_dict().items():
+        if name in merged and merged[name] != value:
+            flag = vllm_args.FLAGS[name]
+            raise errors.InvalidSpec(
+                f"{flag} {value} in spec.engine.extraArgs contradicts spec.engine.pinned ({merged[name]}); "
+                "keep it in pinned only"
+            )
+        merged[name] = value
+    tp = spec.tensor_parallel_size
+    if merged.get("tensor_parallel_size", tp) != tp:
+        raise errors.InvalidSpec(
+            f"--tensor-parallel-size {merged['tensor_parallel_size']} in spec.engine.extraArgs contradicts "
+            f"spec.gpu (tensor-parallel size {tp}); set spec.gpu.tensorParallelSize instead"
+        )
+    merged["tensor_parallel_size"] = tp
+    settings = EngineSettings(**merged)  # type: ignore[arg-type]
+    vllm_args.check_settings(settings)
+    return UserArgs(settings, rest)
+
+
+def _default_plan_fn() -> PlanFn:
+    from kvpilot.tuner import planner
+
+    return planner.compute_plan  # type: ignore[no-any-return]
+
+
+@functools.lru_cache(maxsize=2048)
+def _cached_plan(
+    plan_fn: PlanFn, model: Any, gpu: GpuSpec, gpu_count: int, bounds: ServingBounds,
+    pinned: EngineSettings, vllm_version: str, weights_total_bytes: int | None,
+) -> Plan | tuner_errors.TunerError:  # fmt: skip
+    try:
+        return plan_fn(
+            model, gpu, gpu_count, bounds, pinned=pinned, vllm_version=vllm_version,
+            weights_total_bytes=weights_total_bytes,
+        )  # fmt: skip
+    except tuner_errors.TunerError as exc:  # cache verdicts too: an infeasible spec stays infeasible
+        return exc
+
+
+def compute_plan(
+    spec: api.InferenceServiceSpec, model: Any, gpu: GpuSpec, user: UserArgs,
+    *, weights_total_bytes: int | None = None, plan_fn: PlanFn | None = None,
+) -> Plan:  # fmt: skip
+    """The planner's answer for this spec (cached); raises InfeasiblePlan when nothing fits."""
+    result = _cached_plan(
+        plan_fn or _default_plan_fn(), model, gpu, spec.gpu.count, spec.to_bounds(), user.pinned,
+        api.VLLM_VERSION, weights_total_bytes,
+    )  # fmt: skip
+    if isinstance(result, tuner_errors.TunerError):
+        raise copy.copy(result)
+    if not result.feasible:
+        reasons = list(result.reasons) or ["the model does not fit the GPUs within the spec's bounds"]
+        raise tuner_errors.InfeasiblePlan(
+            f"{spec.model.id} on {spec.gpu.count}x {gpu.name}: {reasons[0]}",
+            suggestions=tuple(reasons[1:]),
+        )
+    return result
+
+
+def compute_decision(spec: api.InferenceServiceSpec, plan: Plan, user: UserArgs) -> Decision:
+    """What each tuning mode deploys and recommends."""
+    planned = plan.settings.replace(tensor_parallel_size=user.pinned.tensor_parallel_size)
+    mode = spec.tuning.mode
+    if mode == "Auto":
+        return Decision(plan, planned, planned, mode)
+    if mode == "Recommend":
+        return Decision(plan, user.pinned, planned, mode)
+    return Decision(plan, user.pinned, None, mode)
+
+
+def clear_cache() -> None:
+    _cached_plan.cache_clear()

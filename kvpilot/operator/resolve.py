@@ -1,0 +1,337 @@
+"""Resolve what the planner needs: the model's config and the GPU it will run on.
+
+* Model config (``spec.model.source``): the built-in catalogue
+  (:func:`kvpilot.tuner.models.lookup_model_config`), a ConfigMap's ``config.json``,
+  or the Hugging Face Hub (optionally with a token from a Secret; the token is never
+  logged, cached on disk by us, or written to status).
+* GPU: ``spec.gpu.product`` through the catalogue (:func:`kvpilot.tuner.gpus.lookup_gpu`),
+  else discovered from the GPU Feature Discovery labels of the nodes matching
+  ``spec.nodeSelector`` (:func:`kvpilot.tuner.gpus.build_gpu_from_labels`).
+
+The sync ``read_*`` functions do the I/O through a :class:`~kvpilot.operator.kube.Kube`;
+:func:`fetch_inputs` runs them in a worker thread. Caches keep 1000 objects of a
+few models from costing 1000 Hub downloads, spec builds or node listings:
+Hub configs by (id, revision), ModelSpecs by config content, node labels for
+:data:`NODE_CACHE_TTL_S` per selector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpilot.operator import api, errors
+from kvpilot.operator.kube import Kube, build_label_selector
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import gpus, model_spec, models
+from kvpilot.tuner.types import GpuSpec
+
+NODE_CACHE_TTL_S = 30.0
+HUB_TIMEOUT_S = 10.0
+
+HubDownload = Callable[[str, str | None, str | None], dict[str, Any]]
+"""``(model id, revision, token) -> config.json``; raises operator or tuner errors."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    spec: model_spec.ModelSpec
+    config_key: str
+    """Digest of the config.json content (cache key)."""
+    origin: str
+    """Where the config came from, for people: ``catalogue``, ``ConfigMap ns/name``, ``Hugging Face Hub``."""
+    checkpoint_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedGpu:
+    gpu: GpuSpec
+    products: tuple[str, ...]
+    """``nvidia.com/gpu.product`` values the pods may land on (empty: no GPU product selector)."""
+    origin: str
+    warnings: tuple[str, ...] = ()
+
+
+class _Lru:
+    """A small thread-safe LRU map (the handlers run concurrently)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.data, self.lock = size, OrderedDict[Any, Any](), threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self.lock:
+            if key in self.data:
+                self.data.move_to_end(key)
+                return self.data[key]
+            return None
+
+    def put(self, key: Any, value: Any) -> None:
+        with self.lock:
+            self.data[key] = value
+            self.data.move_to_end(key)
+            while len(self.data) > self.size:
+                self.data.popitem(last=False)
+
+
+_HUB_CONFIGS = _Lru(256)
+_MODEL_SPECS = _Lru(256)
+
+
+@dataclass
+class NodeCache:
+    """Node labels per selector, for ``ttl_s`` seconds (``clock`` is injectable for tests)."""
+
+    ttl_s: float = NODE_CACHE_TTL_S
+    clock: Callable[[], float] = time.monotonic
+    _entries: dict[str, tuple[float, list[dict[str, str]]]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def list(self, kube: Kube, selector: str) -> list[dict[str, str]]:
+        now = self.clock()
+        with self._lock:
+            hit = self._entries.get(selector)
+            if hit is not None and now - hit[0] < self.ttl_s:
+                return hit[1]
+        labels = kube.list_node_labels(selector)
+        with self._lock:
+            self._entries[selector] = (now, labels)
+        return labels
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+NODES = NodeCache()
+
+
+# --------------------------------------------------------------------------- model
+
+
+def compute_config_key(config: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def build_model(config: Mapping[str, Any], origin: str, checkpoint_bytes: int | None = None) -> ResolvedModel:
+    """The tuner's ModelSpec for ``config`` (cached by content); InvalidModelConfig if unaccountable."""
+    key = compute_config_key(config)
+    spec = _MODEL_SPECS.get(key)
+    if spec is None:
+        spec = model_spec.build_model_spec(config)
+        _MODEL_SPECS.put(key, spec)
+    return ResolvedModel(spec, key, origin, checkpoint_bytes)
+
+
+def _parse_config_json(text: str, where: str) -> dict[str, Any]:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise tuner_errors.InvalidModelConfig(f"{where} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise tuner_errors.InvalidModelConfig(f"{where} must hold a JSON object (a config.json)")
+    return config
+
+
+def read_config_map_config(ref: api.ConfigMapRef, namespace: str, kube: Kube) -> dict[str, Any]:
+    data = kube.read_config_map_data(namespace, ref.name)
+    if data is None:
+        raise errors.ConfigNotFound(
+            f"ConfigMap {namespace}/{ref.name} (spec.model.configMapRef) does not exist; create it with the "
+            f"model's config.json under key {ref.key!r}: kubectl create configmap {ref.name} "
+            f"--from-file={ref.key}=config.json"
+        )
+    if ref.key not in data:
+        keys = ", ".join(sorted(data)) or "none"
+        raise errors.ConfigNotFound(
+            f"ConfigMap {namespace}/{ref.name} has no key {ref.key!r} (keys: {keys}); put config.json there "
+            "or set spec.model.configMapRef.key"
+        )
+    return _parse_config_json(data[ref.key], f"ConfigMap {namespace}/{ref.name} key {ref.key!r}")
+
+
+def read_hub_token(ref: api.SecretRef | None, namespace: str, kube: Kube) -> str | None:
+    if ref is None:
+        return None
+    data = kube.read_secret_data(namespace, ref.name)
+    if data is None or ref.key not in data:
+        raise errors.ConfigNotFound(
+            f"Secret {namespace}/{ref.name} with key {ref.key!r} (spec.model.hubTokenSecretRef) "
+            "does not exist; "
+            f"create it: kubectl create secret generic {ref.name} --from-literal={ref.key}=<hf token>"
+        )
+    return data[ref.key].strip()
+
+
+def download_hub_config(model_id: str, revision: str | None, token: str | None) -> dict[str, Any]:
+    """config.json from the Hugging Face Hub (``huggingface_hub``), errors mapped to retry or not."""
+    from huggingface_hub import errors as hf
+    from huggingface_hub import hf_hub_download
+
+    where = f"{model_id}@{revision or 'main'}"
+    try:
+        path = hf_hub_download(
+            model_id, "config.json", revision=revision, token=token or False, etag_timeout=HUB_TIMEOUT_S
+        )
+    except hf.GatedRepoError:
+        raise errors.HubAccessDenied(
+            f"{model_id} is gated on the Hugging Face Hub; accept its licence there and put a "
+            "token with access "
+            "in the Secret named by spec.model.hubTokenSecretRef"
+        ) from None
+    except hf.RepositoryNotFoundError:
+        raise tuner_errors.UnknownModel(
+            f"Model {model_id!r} was not found on the Hugging Face Hub (or is private: then set "
+            "spec.model.hubTokenSecretRef). Check spec.model.id."
+        ) from None
+    except hf.RevisionNotFoundError:
+        raise tuner_errors.UnknownModel(
+            f"Revision {revision!r} of {model_id} does not exist on the Hugging Face Hub; "
+            "fix spec.model.revision"
+        ) from None
+    except hf.EntryNotFoundError:
+        raise tuner_errors.InvalidModelConfig(
+            f"{where} has no config.json on the Hub; give the config through a ConfigMap (source: ConfigMap)"
+        ) from None
+    except hf.HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status in (401, 403):
+            raise errors.HubAccessDenied(
+                f"the Hugging Face Hub refused access to {where} (HTTP {status}); check the token Secret"
+            ) from None
+        raise errors.HubUnreachable(
+            f"the Hugging Face Hub failed for {where} (HTTP {status}); retrying"
+        ) from None
+    except (OSError, hf.LocalEntryNotFoundError, ValueError) as exc:
+        # connection refused / DNS / timeouts (httpx errors are OSError-like or wrapped in LocalEntryNotFound)
+        raise errors.HubUnreachable(
+            f"the Hugging Face Hub cannot be reached for {where} ({type(exc).__name__}); "
+            "retrying with back-off. "
+            "Without Hub access use source: ConfigMap or Catalogue"
+        ) from None
+    except Exception as exc:  # httpx.TransportError and friends, without importing httpx here
+        if "httpx" in type(exc).__module__ or "Timeout" in type(exc).__name__:
+            raise errors.HubUnreachable(
+                f"the Hugging Face Hub cannot be reached for {where} ({type(exc).__name__}); "
+                "retrying with back-off"
+            ) from None
+        raise
+    with open(path, encoding="utf-8") as fh:
+        return _parse_config_json(fh.read(), f"config.json of {where}")
+
+
+def read_model(
+    model: api.ModelRef, namespace: str, kube: Kube | None, hub: HubDownload = download_hub_config
+) -> ResolvedModel:
+    """The resolved model of ``spec.model`` (sync; I/O through ``kube`` and ``hub``)."""
+    if model.source == "Catalogue":
+        config = models.lookup_model_config(model.id)
+        checkpoint = model.checkpoint_bytes or models.lookup_checkpoint_bytes(model.id)
+        return build_model(config, "the built-in catalogue", checkpoint)
+    if kube is None:
+        raise errors.InvalidSpec(f"source {model.source} needs a cluster; without one use source: Catalogue")
+    if model.source == "ConfigMap":
+        assert model.config_map_ref is not None  # CEL / semantic_errors guarantee it
+        config = read_config_map_config(model.config_map_ref, namespace, kube)
+        origin = f"ConfigMap {namespace}/{model.config_map_ref.name}"
+        return build_model(config, origin, model.checkpoint_bytes)
+    cache_key = (model.id, model.revision)
+    config = _HUB_CONFIGS.get(cache_key)
+    if config is None:
+        token = read_hub_token(model.hub_token_secret_ref, namespace, kube)
+        config = hub(model.id, model.revision, token)
+        _HUB_CONFIGS.put(cache_key, config)
+    return build_model(config, "the Hugging Face Hub", model.checkpoint_bytes)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _same_gpu(a: GpuSpec, b: GpuSpec) -> bool:
+    return a.name == b.name
+
+
+def read_gpu(spec: api.InferenceServiceSpec, kube: Kube | None, nodes: NodeCache = NODES) -> ResolvedGpu:
+    """The GPU to plan for (sync; lists nodes only when spec.gpu.product is absent)."""
+    selected = spec.node_selector.get(gpus.PRODUCT_LABEL)
+    if spec.gpu.product:
+        gpu = gpus.lookup_gpu(spec.gpu.product)
+        if selected and not _same_gpu(gpus.lookup_gpu(selected), gpu):
+            raise errors.InvalidSpec(
+                f"spec.gpu.product {spec.gpu.product!r} and nodeSelector {gpus.PRODUCT_LABEL}={selected!r} "
+                "name different GPUs; drop one of them"
+            )
+        if selected:
+            products: tuple[str, ...] = (selected,)
+        elif spec.gpu.product in gpu.gfd_products:
+            products = (spec.gpu.product,)
+        else:
+            products = gpu.gfd_products
+        return ResolvedGpu(gpu, products, "spec.gpu.product")
+    if kube is None:
+        if selected:
+            return ResolvedGpu(gpus.build_gpu_from_labels({gpus.PRODUCT_LABEL: selected}), (selected,),
+                               f"nodeSelector {gpus.PRODUCT_LABEL}")  # fmt: skip
+        raise errors.InvalidSpec(
+            "without a cluster the GPU cannot be discovered from node labels; set spec.gpu.product"
+        )
+    selector = build_label_selector(spec.node_selector, exists=(gpus.PRODUCT_LABEL,))
+    labels = nodes.list(kube, selector)
+    if not labels:
+        raise errors.NoMatchingNodes(
+            f"no node matches nodeSelector {dict(spec.node_selector) or '{}'} and carries a "
+            f"{gpus.PRODUCT_LABEL} label (GPU Feature Discovery), so kvpilot cannot tell which GPU to plan "
+            "for; fix spec.nodeSelector, "
+            "set spec.gpu.product, or add GPU nodes. Retrying."
+        )
+    by_product: dict[str, list[dict[str, str]]] = {}
+    for node in labels:
+        by_product.setdefault(node[gpus.PRODUCT_LABEL], []).append(node)
+    if len(by_product) > 1:
+        seen = ", ".join(f"{p} ({len(n)} nodes)" for p, n in sorted(by_product.items()))
+        raise errors.AmbiguousGpu(
+            f"nodes matching nodeSelector carry several GPU products: {seen}; set spec.gpu.product or narrow "
+            f"spec.nodeSelector (e.g. {gpus.PRODUCT_LABEL}: <one of them>)"
+        )
+    ((product, group),) = by_product.items()
+    gpu = gpus.build_gpu_from_labels(group[0])
+    warnings: tuple[str, ...] = ()
+    most = max((gpus.gpu_count_from_labels(n) or 0) for n in group)
+    if most and most < spec.gpu.count:
+        warnings = (
+            f"no {product} node has {spec.gpu.count} GPUs (at most {most}); the pods will not schedule",
+        )
+    return ResolvedGpu(gpu, (product,), f"GFD labels of {len(group)} matching node(s)", warnings)
+
+
+# --------------------------------------------------------------------------- async entry point
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    model: ResolvedModel
+    gpu: ResolvedGpu
+
+
+async def fetch_inputs(
+    spec: api.InferenceServiceSpec, namespace: str, kube: Kube | None, hub: HubDownload = download_hub_config
+) -> Inputs:
+    """Resolve model and GPU in a worker thread (the kubernetes client and the Hub are blocking)."""
+
+    def _both() -> Inputs:
+        return Inputs(read_model(spec.model, namespace, kube, hub), read_gpu(spec, kube))
+
+    return await asyncio.to_thread(_both)
+
+
+def clear_caches() -> None:
+    """Forget cached Hub configs, ModelSpecs and node labels (tests)."""
+    _HUB_CONFIGS.data.clear()
+    _MODEL_SPECS.data.clear()
+    NODES.clear()

@@ -1,0 +1,211 @@
+"""The vLLM Deployment and Service of an InferenceService: pure builders and their apply.
+
+:func:`build_deployment` and :func:`build_service` return plain manifests (dicts) for
+server-side apply; :func:`apply_workloads` writes them. The closed loop reuses
+:func:`build_deployment` with other settings, so the operator and the closed loop
+always apply the whole object under the same field manager.
+
+Pod choices (docs/operator.md explains each):
+
+* ``vllm serve <model> --revision .. --host 0.0.0.0 --port 8000`` + the tuned flags + extra args;
+  ``command`` is set explicitly, so images whose entrypoint is the old API server also work.
+* ``nvidia.com/gpu`` limits = requests = gpu.count; ``/dev/shm`` a memory-backed emptyDir
+  (NCCL with tensor parallelism needs more than the runtime's 64 MiB).
+* Probes on ``/health``: a start-up probe of 10 s x 180 (30 min: download, load, compile,
+  CUDA graphs), then readiness and liveness.
+* ``terminationMessagePolicy: FallbackToLogsOnError``: a crash's last log lines (a CUDA
+  out-of-memory error) land in the pod status, where the closed loop reads them.
+* Prometheus scrape annotations for ``:8000/metrics``.
+* Pods pinned to the planned GPU with ``nvidia.com/gpu.product`` (nodeSelector when one
+  product, node affinity when the catalogue entry has several GFD names).
+* Security: no privilege escalation, all capabilities dropped, RuntimeDefault seccomp. The
+  vLLM image runs as root and caches under /root, so runAsNonRoot is not set.
+* Rolling updates with ``maxUnavailable: 0``: a retune that cannot start leaves the old pod serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvpilot.operator import api
+from kvpilot.operator.kube import Kube
+from kvpilot.tuner import gpus, vllm_args
+from kvpilot.tuner.types import EngineSettings
+
+PORT = 8000
+HF_TOKEN_ENV = "HF_TOKEN"
+STARTUP_PERIOD_S = 10
+STARTUP_FAILURES = 180
+SHM_SIZE_LIMIT = "16Gi"
+
+
+def build_labels(name: str) -> dict[str, str]:
+    """Labels of the Deployment, its pods and the Service (api-contract.md)."""
+    return {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "kvpilot",
+        f"{api.GROUP}/inferenceservice": name,
+    }
+
+
+def build_selector(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": name}
+
+
+def build_owner_reference(metadata: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The controller owner reference (garbage collection deletes the children); none without a uid."""
+    if not metadata.get("uid"):
+        return []
+    return [{
+        "apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, "name": metadata["name"],
+        "uid": metadata["uid"], "controller": True, "blockOwnerDeletion": True,
+    }]  # fmt: skip
+
+
+def build_engine_args(
+    spec: api.InferenceServiceSpec, settings: EngineSettings, extra: Sequence[str]
+) -> list[str]:
+    """``vllm serve`` arguments: model, revision, port, tuned flags, pipeline parallelism, extra args."""
+    args = [spec.model.id]
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    args += ["--host", "0.0.0.0", "--port", str(PORT)]
+    tp = settings.tensor_parallel_size or 1
+    pp_extra: list[str] = []
+    if spec.gpu.count > tp and not any(a.startswith(("--pipeline-parallel-size", "-pp")) for a in extra):
+        pp_extra = ["--pipeline-parallel-size", str(spec.gpu.count // tp)]
+    return [*args, *vllm_args.build_vllm_args(settings, [*pp_extra, *extra])]
+
+
+def _node_placement(products: Sequence[str], node_selector: Mapping[str, str]) -> dict[str, Any]:
+    selector = dict(node_selector)
+    placement: dict[str, Any] = {}
+    if len(products) == 1:
+        selector[gpus.PRODUCT_LABEL] = products[0]
+    elif products and gpus.PRODUCT_LABEL not in selector:
+        placement["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": gpus.PRODUCT_LABEL, "operator": "In", "values": sorted(products)}]}]}}}  # fmt: skip
+    if selector:
+        placement["nodeSelector"] = selector
+    return placement
+
+
+def _env(spec: api.InferenceServiceSpec) -> list[dict[str, Any]]:
+    env = [e.wire() for e in spec.engine.env]
+    ref = spec.model.hub_token_secret_ref
+    if ref is not None and not any(e["name"] == HF_TOKEN_ENV for e in env):
+        env.append({"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env
+
+
+def _resources(spec: api.InferenceServiceSpec) -> dict[str, Any]:
+    res = spec.engine.resources or api.Resources()
+    gpu = {"nvidia.com/gpu": spec.gpu.count}
+    return {"limits": {**(res.limits or {}), **gpu}, "requests": {**(res.requests or {}), **gpu}}
+
+
+def _probe(failures: int, period: int) -> dict[str, Any]:
+    return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": 5}  # fmt: skip
+
+
+def build_deployment(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, settings: EngineSettings,
+    extra: Sequence[str], products: Sequence[str],
+) -> dict[str, Any]:  # fmt: skip
+    """The Deployment running vLLM with ``settings`` on nodes of one of ``products``."""
+    name, namespace = metadata["name"], metadata.get("namespace") or "default"
+    labels = build_labels(name)
+    args = build_engine_args(spec, settings, extra)
+    container = {
+        "name": "vllm",
+        "image": spec.engine.image,
+        "command": ["vllm", "serve"],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "env": _env(spec),
+        "resources": _resources(spec),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "startupProbe": _probe(STARTUP_FAILURES, STARTUP_PERIOD_S),
+        "readinessProbe": _probe(3, 10),
+        "livenessProbe": _probe(6, 15),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if not container["env"]:
+        del container["env"]
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}}],
+        "terminationGracePeriodSeconds": 60,
+        **_node_placement(products, spec.node_selector),
+    }
+    tolerations = [t.wire() for t in spec.engine.tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": build_owner_reference(metadata),
+        },  # fmt: skip
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": build_selector(name)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "progressDeadlineSeconds": 1800,
+            "revisionHistoryLimit": 5,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def build_service(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The ClusterIP Service in front of the vLLM pods (port 8000, named http)."""
+    name, namespace = metadata["name"], metadata.get("namespace") or "default"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": build_labels(name),
+            "ownerReferences": build_owner_reference(metadata),
+        },  # fmt: skip
+        "spec": {
+            "type": "ClusterIP",
+            "selector": build_selector(name),
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+async def apply_workloads(manifests: Sequence[Mapping[str, Any]], kube: Kube) -> None:
+    """Server-side apply each manifest in order (the Service first, then the Deployment)."""
+
+    def _apply_all() -> None:
+        for manifest in manifests:
+            kube.apply(manifest)
+
+    await asyncio.to_thread(_apply_all)

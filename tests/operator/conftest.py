@@ -1,0 +1,15 @@
+"""Fixtures of the operator's unit tests (the fakes live in operator_fakes.py)."""
+
+from __future__ import annotations
+
+import pytest
+from operator_fakes import Harness
+
+from kvpilot.operator import planning, resolve
+
+
+@pytest.fixture
+def harness() -> Harness:
+    resolve.clear_caches()
+    planning.clear_cache()
+    return Harness()

@@ -1,0 +1,145 @@
+"""Fakes for the operator's unit tests: a Kubernetes API, a planner, a kopf-like harness."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from kvpilot.operator import handlers
+from kvpilot.operator.events import RecordingEmitter
+from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
+
+L4_LABELS = {
+    "nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.memory": "23034", "nvidia.com/gpu.count": "1",
+    "nvidia.com/gpu.compute.major": "8", "nvidia.com/gpu.compute.minor": "9", "pool": "l4",
+}  # fmt: skip
+H100_LABELS = {
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559",
+    "nvidia.com/gpu.count": "8", "nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0",
+    "pool": "h100",
+}  # fmt: skip
+
+
+class FakeKube:
+    """In-memory :class:`kvpilot.operator.kube.Kube`."""
+
+    def __init__(self) -> None:
+        self.config_maps: dict[tuple[str, str], dict[str, str]] = {}
+        self.secrets: dict[tuple[str, str], dict[str, str]] = {}
+        self.nodes: list[dict[str, str]] = [dict(L4_LABELS), dict(H100_LABELS)]
+        self.applied: list[dict[str, Any]] = []
+        self.node_lists = 0
+        self.fail_apply: Exception | None = None
+
+    def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        return self.config_maps.get((namespace, name))
+
+    def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        return self.secrets.get((namespace, name))
+
+    def list_node_labels(self, label_selector: str) -> list[dict[str, str]]:
+        self.node_lists += 1
+        wanted = [
+            term.split("=", 1) if "=" in term else (term, None) for term in label_selector.split(",") if term
+        ]
+        return [n for n in self.nodes if all(k in n and (v is None or n[k] == v) for k, v in wanted)]
+
+    def apply(self, manifest: Mapping[str, Any]) -> None:
+        if self.fail_apply is not None:
+            raise self.fail_apply
+        self.applied.append(copy.deepcopy(dict(manifest)))
+
+    def last(self, kind: str) -> dict[str, Any]:
+        return [m for m in self.applied if m["kind"] == kind][-1]
+
+
+def fake_plan(
+    model: Any, gpu: GpuSpec, gpu_count: int, bounds: ServingBounds, *, pinned: EngineSettings,
+    vllm_version: str, weights_total_bytes: int | None,
+) -> Plan:  # fmt: skip
+    """A planner stand-in: feasible when gpu memory x count >= 40 GiB or the model is small."""
+    length = pinned.max_model_len or bounds.max_context or 8192
+    fits = gpu.total_bytes * gpu_count >= 40 * (1 << 30) or (bounds.min_context or 0) < 4096
+    settings = EngineSettings(
+        max_model_len=length,
+        max_num_seqs=pinned.max_num_seqs or 64,
+        gpu_memory_utilization=pinned.gpu_memory_utilization or bounds.max_gpu_memory_utilization,
+        kv_cache_dtype=pinned.kv_cache_dtype or ("fp8" if bounds.allow_fp8_kv else "auto"),
+        tensor_parallel_size=pinned.tensor_parallel_size or gpu_count,
+    )
+    budget = MemoryBudget(
+        gpu_total_gib=gpu.total_gib, requested_gib=gpu.total_gib * 0.9, weights_gib=15.0, activation_gib=1.2,
+        non_torch_gib=0.3, cuda_graph_gib=0.5, available_kv_cache_gib=3.5, kv_bytes_per_token=131072,
+        num_gpu_blocks=1792, kv_cache_tokens=28672, max_concurrency=3.5, starts=fits,
+    )  # fmt: skip
+    return Plan(
+        settings=settings, budget=budget, feasible=fits, concurrency_at_max_len=3.5, gpu=gpu.name,
+        gpu_count=gpu_count, vllm_version=vllm_version,
+        reasons=() if fits else ("weights need 140 GiB but 4x L4 give 88 GiB", "use 4x H100-SXM"),
+        warnings=("fake planner",),
+    )  # fmt: skip
+
+
+def isvc(name: str = "llm", namespace: str = "ns1", generation: int = 1, **spec: Any) -> dict[str, Any]:
+    body_spec = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "gpu": {"count": 1, "product": "L4"}}
+    body_spec.update(spec)
+    return {
+        "apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "generation": generation},
+        "spec": body_spec, "status": {},
+    }  # fmt: skip
+
+
+class Harness:
+    """Runs :func:`handlers.reconcile` like kopf would, with fakes, and keeps the results."""
+
+    def __init__(self) -> None:
+        self.kube = FakeKube()
+        self.emitter = RecordingEmitter()
+        self.hub_calls: list[tuple[str, str | None, str | None]] = []
+        self.hub_result: Any = {}
+        self.clock = iter(f"2026-11-30T10:{m:02d}:00Z" for m in range(60))
+        self.deps = handlers.Deps(
+            kube=self.kube, emit=self.emitter, now=lambda: next(self.clock), hub=self._hub, plan_fn=fake_plan,
+            record_metrics=False,
+        )  # fmt: skip
+        self.patch = kopf.Patch()
+
+    def _hub(self, model_id: str, revision: str | None, token: str | None) -> dict[str, Any]:
+        self.hub_calls.append((model_id, revision, token))
+        if isinstance(self.hub_result, Exception):
+            raise self.hub_result
+        return self.hub_result
+
+    async def run(self, body: dict[str, Any], trigger: str = handlers.CREATED, retry: int = 0) -> kopf.Patch:
+        self.patch = kopf.Patch()
+        try:
+            await handlers.reconcile(
+                body=body, spec=body["spec"], meta=body["metadata"], status=body.get("status") or {},
+                patch=self.patch, retry=retry, logger=logging.getLogger("test"), trigger=trigger,
+                deps=self.deps,
+            )  # fmt: skip
+        finally:
+            # what kopf does with the patch: merge it into the object
+            body["status"] = _merge(body.get("status") or {}, dict(self.patch.get("status", {})))
+        return self.patch
+
+
+def _merge(old: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(old)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def condition(body: Mapping[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in body["status"]["conditions"] if c["type"] == type_)
