@@ -1,0 +1,122 @@
+"""The chart's RBAC: explicit verbs only, split by purpose, exactly the permissions docs/install.md lists."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, by_kind
+
+Render = Callable[..., list[dict[str, Any]]]
+VARIANTS = [None, *CI_VALUES]
+VARIANT_IDS = ["defaults", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)]
+SA = f"{RELEASE}-kvpilot"
+
+# (where, apiGroup, resource, resourceNames) -> verbs. `where` is "cluster" for a ClusterRole bound by a
+# ClusterRoleBinding, or the namespace of a Role bound by a RoleBinding.
+Grant = tuple[str, str, str, tuple[str, ...]]
+
+CLUSTER_WIDE: dict[Grant, set[str]] = {
+    ("cluster", "apiextensions.k8s.io", "customresourcedefinitions", ()): {"list", "watch"},
+    ("cluster", "", "nodes", ()): {"get", "list", "watch"},
+    ("cluster", "", "events", ()): {"create", "patch"},
+    ("cluster", "kopf.dev", "clusterkopfpeerings", (f"{RELEASE}-kvpilot",)): {"get", "patch"},
+    ("cluster", "kopf.dev", "clusterkopfpeerings", ()): {"list", "watch"},
+    ("cluster", "kvpilot.io", "inferenceservices", ()): {"get", "list", "watch", "patch", "update"},
+    ("cluster", "kvpilot.io", "inferenceservices/status", ()): {"get", "patch", "update"},
+    ("cluster", "kvpilot.io", "inferenceservices/finalizers", ()): {"update"},
+    ("cluster", "apps", "deployments", ()): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("cluster", "", "services", ()): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("cluster", "", "pods", ()): {"get", "list", "watch"},
+    ("cluster", "", "configmaps", ()): {"get"},
+    ("cluster", "", "secrets", ()): {"get"},
+}
+
+
+def _namespaced_expectation(namespaces: list[str], secret_names: tuple[str, ...]) -> dict[Grant, set[str]]:
+    grants: dict[Grant, set[str]] = {
+        ("cluster", "apiextensions.k8s.io", "customresourcedefinitions", ()): {"list", "watch"},
+        ("cluster", "", "namespaces", ()): {"list", "watch"},
+        ("cluster", "", "nodes", ()): {"get", "list", "watch"},
+    }
+    for ns in namespaces:
+        for (_, group, resource, names), verbs in CLUSTER_WIDE.items():
+            if resource in ("customresourcedefinitions", "nodes", "clusterkopfpeerings"):
+                continue
+            grants[(ns, group, resource, secret_names if resource == "secrets" else names)] = verbs
+        grants[(ns, "kopf.dev", "kopfpeerings", (f"{RELEASE}-kvpilot",))] = {"get", "patch"}
+        grants[(ns, "kopf.dev", "kopfpeerings", ())] = {"list", "watch"}
+    return grants
+
+
+def _roles(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return by_kind(objs, "ClusterRole") + by_kind(objs, "Role")
+
+
+def operator_grants(objs: list[dict[str, Any]]) -> dict[Grant, set[str]]:
+    """What the operator's ServiceAccount may do, from the rendered roles and bindings."""
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in _roles(objs)}
+    grants: dict[Grant, set[str]] = {}
+    for b in by_kind(objs, "ClusterRoleBinding") + by_kind(objs, "RoleBinding"):
+        if {"kind": "ServiceAccount", "name": SA, "namespace": NAMESPACE} not in b["subjects"]:
+            continue
+        where = "cluster" if b["kind"] == "ClusterRoleBinding" else b["metadata"]["namespace"]
+        ref = b["roleRef"]
+        role_ns = None if ref["kind"] == "ClusterRole" else b["metadata"]["namespace"]
+        role = roles[(ref["kind"], role_ns, ref["name"])]
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    key = (where, group, resource, tuple(rule.get("resourceNames", ())))
+                    grants.setdefault(key, set()).update(rule["verbs"])
+    return grants
+
+
+@pytest.mark.parametrize("values_file", VARIANTS, ids=VARIANT_IDS)
+def test_no_wildcards_anywhere(rendered: Render, values_file: Path | None) -> None:
+    for role in _roles(rendered(values_file)):
+        for rule in role["rules"]:
+            for field in ("verbs", "resources", "apiGroups", "resourceNames"):
+                assert "*" not in rule.get(field, []), f"{role['metadata']['name']}: '*' in {field}"
+            assert not any("*" in r for r in rule["resources"]), role["metadata"]["name"]
+            assert "nonResourceURLs" not in rule
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+
+def test_cluster_wide_grants_are_exactly_the_documented_ones(rendered: Render) -> None:
+    assert operator_grants(rendered()) == CLUSTER_WIDE
+
+
+def test_namespaced_grants_stay_in_the_watched_namespaces(rendered: Render) -> None:
+    objs = rendered(CHART / "ci" / "namespaced-values.yaml")
+    assert operator_grants(objs) == _namespaced_expectation(["team-a", "team-b"], ("hf-token",))
+    # nothing namespaced is granted through a ClusterRole binding
+    cluster = {res for (where, _, res, _) in operator_grants(objs) if where == "cluster"}
+    assert cluster == {"customresourcedefinitions", "namespaces", "nodes"}
+
+
+def test_secrets_can_be_switched_off(rendered: Render) -> None:
+    grants = operator_grants(rendered(CHART / "ci" / "standalone-values.yaml"))
+    assert not [g for g in grants if g[2] == "secrets"]
+    assert not [g for g in grants if "kopfpeerings" in g[2]]
+
+
+def test_roles_are_split_by_purpose(rendered: Render) -> None:
+    prefix = f"{RELEASE}-kvpilot-"
+    names = {r["metadata"]["name"].removeprefix(prefix) for r in by_kind(rendered(), "ClusterRole")}
+    operator = {"discovery", "gpu-discovery", "framework", "inferenceservices", "workloads", "model-config"}
+    assert names == operator | {"view", "edit"}
+
+
+def test_user_roles_aggregate_into_builtin_roles(rendered: Render) -> None:
+    roles = {r["metadata"]["name"]: r for r in by_kind(rendered(), "ClusterRole")}
+    view, edit = roles[f"{RELEASE}-kvpilot-view"], roles[f"{RELEASE}-kvpilot-edit"]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-view" not in edit["metadata"]["labels"]
+    assert set(view["rules"][0]["verbs"]) == {"get", "list", "watch"}
+    # user roles are never bound to the operator
+    bound = {b["roleRef"]["name"] for b in by_kind(rendered(), "ClusterRoleBinding")}
+    assert not {view["metadata"]["name"], edit["metadata"]["name"]} & bound
