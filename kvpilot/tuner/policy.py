@@ -360,7 +360,7 @@ def _choose(inp: _Inputs, proposal: Proposal) -> Decision:
     s = inp.situation
     failed = s.current if proposal.crash else None
     for candidate in proposal.candidates:
-        settings = _normalize(s.bounds.clamp(candidate), s)
+        settings = s.bounds.clamp(_normalize(s.bounds.clamp(candidate), s))
         if _effective(settings, s) == s.effective:
             continue
         if _known_bad(settings, inp.failed, s):

@@ -245,6 +245,8 @@ def _for_kv_too_small(s: Situation, event: RestartEvent) -> Proposal:
     p, eff, cause = s.policy, s.effective, event.cause
     length = cause.max_model_len or eff.max_model_len
     fits = cause.estimated_max_model_len or s.capacity_tokens
+    if fits and length and fits >= length:
+        fits = None  # the plan said it fits and vLLM disagreed: the plan is no guide here
     candidates: list[EngineSettings] = []
     if fits:
         candidates.append(eff.replace(max_model_len=fit_context(fits, p)))

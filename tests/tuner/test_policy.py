@@ -1,0 +1,541 @@
+"""Table tests of the closed-loop policy, one group per step of the chain."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from policy_fixtures import BUDGET, CURRENT, NOW, entry, restart, window
+
+from kvpilot.tuner import history as history_mod
+from kvpilot.tuner import remedies
+from kvpilot.tuner.history import HistoryAction, HistoryEntry
+from kvpilot.tuner.observations import ObservationWindow, RestartKind
+from kvpilot.tuner.policy import (
+    Action,
+    Decision,
+    PolicyConfig,
+    RolloutState,
+    Trigger,
+    TuningBounds,
+    compute_decision,
+    compute_metrics_status,
+)
+from kvpilot.tuner.remedies import Situation
+from kvpilot.tuner.types import EngineSettings
+
+POLICY = PolicyConfig()
+BOUNDS = TuningBounds(min_max_model_len=4096)
+DOWN = ObservationWindow.unavailable("Prometheus unreachable", NOW)
+
+
+def decide(
+    current: EngineSettings = CURRENT,
+    win: ObservationWindow | None = None,
+    restarts: tuple = (),
+    bounds: TuningBounds = BOUNDS,
+    policy: PolicyConfig = POLICY,
+    history: tuple[HistoryEntry, ...] = (),
+    failed: tuple[EngineSettings, ...] = (),
+    **kw: object,
+) -> Decision:
+    return compute_decision(
+        current,
+        BUDGET,
+        win if win is not None else window(),
+        restarts,
+        bounds,
+        policy,
+        history,
+        failed,
+        NOW,
+        **kw,
+    )
+
+
+# --- single moves --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gmu", "step"),
+    [(0.92, 0.02), (0.90, 0.02), (0.85, 0.03), (0.80, 0.04), (0.70, 0.05), (0.50, 0.05)],
+)
+def test_oom_step_is_vpa_bump_on_headroom(gmu: float, step: float) -> None:
+    assert remedies.compute_oom_step(gmu, POLICY) == pytest.approx(step)
+
+
+@pytest.mark.parametrize(("steps", "gmu"), [(1, 0.90), (2, 0.88), (3, 0.85)])
+def test_lower_gmu_compounds(steps: int, gmu: float) -> None:
+    assert remedies.lower_gmu(CURRENT, steps, POLICY).gpu_memory_utilization == gmu
+
+
+@pytest.mark.parametrize(
+    ("tokens", "length"), [(86240, 84480), (41984, 40960), (3000, 2816), (1024, 992), (100, 96)]
+)
+def test_fit_context_leaves_margin_and_rounds(tokens: float, length: int) -> None:
+    assert remedies.fit_context(tokens, POLICY) == length
+
+
+@pytest.mark.parametrize(
+    ("total", "seqs", "batched"),
+    [(79.19, 1024, 8192), (139.8, 1024, 8192), (44.4, 256, 2048), (21.9, 256, 2048)],
+)
+def test_effective_fills_vllm_033_defaults(total: float, seqs: int, batched: int) -> None:
+    budget = dataclasses.replace(BUDGET, gpu_total_gib=total)
+    eff = remedies.compute_effective(EngineSettings(max_model_len=8192), budget, POLICY)
+    assert (eff.gpu_memory_utilization, eff.max_num_seqs, eff.max_num_batched_tokens, eff.kv_cache_dtype) == (
+        0.92,
+        seqs,
+        batched,
+        "auto",
+    )
+
+
+def test_describe_change_uses_api_names() -> None:
+    new = CURRENT.replace(gpu_memory_utilization=0.9, max_num_batched_tokens=4096)
+    assert remedies.describe_change(CURRENT, new) == (
+        "gpuMemoryUtilization 0.92 -> 0.9, maxNumBatchedTokens default -> 4096"
+    )
+
+
+# --- calibration --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("capacity", "gmu", "dtype", "observed", "expected"),
+    [
+        (400_000, 0.92, "auto", None, 400_000),  # vLLM's report for these settings wins
+        (400_000, 0.85, "auto", None, BUDGET.kv_cache_tokens),  # report is for other settings
+        (400_000, 0.92, "fp8", None, BUDGET.kv_cache_tokens),
+        (None, None, None, 410_000, 410_000),  # kept from an earlier window
+        (None, None, None, None, BUDGET.kv_cache_tokens),  # the plan
+    ],
+)
+def test_capacity_prefers_vllms_report(
+    capacity: int | None, gmu: float | None, dtype: str | None, observed: int | None, expected: int
+) -> None:
+    win = dataclasses.replace(
+        window(capacity=capacity), reported_gpu_memory_utilization=gmu, reported_kv_cache_dtype=dtype
+    )
+    eff = remedies.compute_effective(CURRENT, BUDGET, POLICY)
+    assert remedies.compute_capacity_tokens(eff, BUDGET, win, observed) == expected
+
+
+def _situation(capacity: int | None) -> Situation:
+    eff = remedies.compute_effective(CURRENT, BUDGET, POLICY)
+    return Situation(CURRENT, eff, BUDGET, window(), BOUNDS, POLICY, (), NOW, capacity)
+
+
+@pytest.mark.parametrize(
+    ("change", "capacity", "expected"),
+    [
+        ({}, 446128, 446128),
+        ({"gpu_memory_utilization": 0.90}, 446128, 446128 - 0.02 * 79.19 * (1 << 30) / 131072),
+        ({"kv_cache_dtype": "fp8"}, 446128, 2 * 446128),
+        ({"max_num_seqs": 64}, 300000, 300000),
+        ({"gpu_memory_utilization": 0.90}, None, None),
+    ],
+)
+def test_predict_kv_tokens(change: dict, capacity: int | None, expected: float | None) -> None:
+    got = remedies.predict_kv_tokens(_situation(capacity), CURRENT.replace(**change))
+    assert got == (pytest.approx(expected, rel=1e-3) if expected is not None else None)
+
+
+def test_predicted_tokens_scale_with_calibration() -> None:
+    """If vLLM reports 10 % fewer tokens than planned, a utilisation step costs 10 % fewer tokens too."""
+    lost_planned = 446128 - remedies.predict_kv_tokens(
+        _situation(446128), CURRENT.replace(gpu_memory_utilization=0.9)
+    )
+    lost_observed = 401515 - remedies.predict_kv_tokens(
+        _situation(401515), CURRENT.replace(gpu_memory_utilization=0.9)
+    )
+    assert lost_observed == pytest.approx(0.9 * lost_planned, rel=1e-3)
+
+
+# --- metrics gate -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("win", "available", "reason"),
+    [
+        (DOWN, False, "MetricsUnavailable"),
+        (ObservationWindow(NOW - 300, NOW), False, "MetricsUnavailable"),
+        (window(end=NOW - 121), False, "MetricsStale"),
+        (window(end=NOW - 119), True, "MetricsFresh"),
+        (window(), True, "MetricsFresh"),
+    ],
+)
+def test_metrics_status(win: ObservationWindow, available: bool, reason: str) -> None:
+    status = compute_metrics_status(win, POLICY, NOW)
+    assert (status.available, status.reason) == (available, reason)
+
+
+@pytest.mark.parametrize(
+    "win", [DOWN, window(end=NOW - 600, kv=0.99, preempt=5.0), ObservationWindow(NOW, NOW)]
+)
+def test_missing_or_stale_metrics_hold(win: ObservationWindow) -> None:
+    d = decide(win=win)
+    assert (d.action, d.trigger, d.settings) == (Action.HOLD, Trigger.METRICS_UNAVAILABLE, CURRENT)
+
+
+def test_too_few_samples_since_the_last_change_hold() -> None:
+    d = decide(win=window(kv=0.99, preempt=1.0), history=(entry(ago=100, trigger="CudaOOM"),))
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.INSUFFICIENT_DATA)
+    assert "4 samples" in d.reason  # 30 s apart: samples at -90..0 are after the change
+
+
+# --- rollout ---------------------------------------------------------------------------------------------
+
+GOOD = CURRENT.replace(max_num_seqs=320)
+ROLLOUT = RolloutState(CURRENT, started_at=NOW - 300, deadline=NOW + 600)
+
+
+def test_rollout_ready_is_good() -> None:
+    d = decide(rollout=ROLLOUT, last_good=GOOD, ready=True)
+    assert (d.action, d.trigger, d.good) == (Action.HOLD, Trigger.ROLLOUT_SUCCEEDED, CURRENT)
+
+
+def test_rollout_waits_until_ready_or_deadline() -> None:
+    d = decide(win=window(kv=0.99, preempt=2.0), rollout=ROLLOUT, last_good=GOOD, ready=False)
+    assert (d.action, d.trigger, d.good) == (Action.HOLD, Trigger.ROLLOUT_IN_PROGRESS, None)
+
+
+@pytest.mark.parametrize(
+    ("restarts", "deadline"),
+    [
+        ((restart(RestartKind.CUDA_OOM, ago=60),), NOW + 600),
+        ((restart(RestartKind.OTHER, ago=60),), NOW + 600),
+        ((), NOW - 1),
+    ],
+)
+def test_failed_rollout_rolls_back_and_marks_failed(restarts: tuple, deadline: float) -> None:
+    rollout = dataclasses.replace(ROLLOUT, deadline=deadline)
+    d = decide(restarts=restarts, rollout=rollout, last_good=GOOD)
+    assert (d.action, d.settings, d.failed, d.trigger) == (
+        Action.ROLLBACK,
+        GOOD,
+        CURRENT,
+        Trigger.ROLLOUT_FAILED,
+    )
+
+
+def test_restart_before_the_rollout_is_not_its_failure() -> None:
+    d = decide(
+        restarts=(restart(RestartKind.CUDA_OOM, ago=400),), rollout=ROLLOUT, last_good=GOOD, ready=True
+    )
+    assert d.trigger == Trigger.ROLLOUT_SUCCEEDED
+
+
+def test_rollback_skips_failed_last_good_and_cures_instead() -> None:
+    d = decide(
+        restarts=(restart(RestartKind.CUDA_OOM, ago=60),), rollout=ROLLOUT, last_good=GOOD, failed=(GOOD,)
+    )
+    assert (d.action, d.trigger, d.settings.gpu_memory_utilization) == (Action.RETUNE, "CudaOOM", 0.90)
+
+
+def test_failed_rollout_without_anything_to_return_to_holds() -> None:
+    d = decide(rollout=dataclasses.replace(ROLLOUT, deadline=NOW - 1), last_good=None)
+    assert (d.action, d.trigger, d.failed) == (Action.HOLD, Trigger.ROLLOUT_FAILED, CURRENT)
+
+
+def test_rollback_ignores_the_rate_limit() -> None:
+    history = tuple(entry(ago=100 + 60 * i) for i in range(6))
+    d = decide(
+        restarts=(restart(RestartKind.CUDA_OOM, ago=30),), rollout=ROLLOUT, last_good=GOOD, history=history
+    )
+    assert d.action == Action.ROLLBACK
+
+
+# --- crash remedies -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("event", "history", "expected"),
+    [
+        # first OOM: the headroom grows by 20 % (at least 0.02)
+        (restart(RestartKind.CUDA_OOM), (), {"gpu_memory_utilization": 0.90}),
+        # the same settings OOMed twice: also halve the batch
+        (
+            restart(RestartKind.CUDA_OOM, count=2),
+            (),
+            {"gpu_memory_utilization": 0.90, "max_num_batched_tokens": 4096},
+        ),
+        # OOM again right after an OOM remedy: escalate
+        (
+            restart(RestartKind.CUDA_OOM),
+            (entry(ago=900, trigger="CudaOOM"),),
+            {"gpu_memory_utilization": 0.90, "max_num_batched_tokens": 4096},
+        ),
+        (restart(RestartKind.CUDA_OOM, ago=5, pod="b"), (), {"gpu_memory_utilization": 0.90}),
+    ],
+)
+def test_cuda_oom(event: object, history: tuple, expected: dict) -> None:
+    d = decide(win=DOWN, restarts=(event,), history=history)
+    assert (d.action, d.trigger, d.failed) == (Action.RETUNE, "CudaOOM", CURRENT)
+    assert d.settings == CURRENT.replace(**expected)
+
+
+def test_cuda_oom_at_the_utilisation_floor_cuts_the_batch() -> None:
+    current = CURRENT.replace(gpu_memory_utilization=0.5)
+    d = decide(current=current, win=DOWN, restarts=(restart(RestartKind.CUDA_OOM),))
+    assert d.settings == current.replace(max_num_batched_tokens=4096)
+
+
+def test_cuda_oom_never_repeats_failed_settings() -> None:
+    failed = (CURRENT.replace(gpu_memory_utilization=0.90), CURRENT.replace(gpu_memory_utilization=0.88))
+    d = decide(win=DOWN, restarts=(restart(RestartKind.CUDA_OOM),), failed=failed)
+    assert d.settings.gpu_memory_utilization == 0.85
+
+
+def test_cuda_oom_does_not_lower_utilisation_below_what_the_context_needs() -> None:
+    """KV holds just over one max-model-len request: less utilisation would not start, so cut the batch."""
+    current = CURRENT.replace(max_model_len=440_000)
+    d = decide(current=current, win=DOWN, restarts=(restart(RestartKind.CUDA_OOM),))
+    assert d.settings == current.replace(max_num_batched_tokens=4096)
+
+
+def test_cuda_oom_exhausted_is_infeasible() -> None:
+    current = CURRENT.replace(gpu_memory_utilization=0.5, max_num_seqs=1, max_num_batched_tokens=2048)
+    d = decide(current=current, win=DOWN, restarts=(restart(RestartKind.CUDA_OOM),))
+    assert (d.action, d.failed) == (Action.INFEASIBLE, current)
+
+
+LONG = CURRENT.replace(max_model_len=131072)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "estimate", "expected_action", "expected"),
+    [
+        (BOUNDS, 86240, Action.RETUNE, {"max_model_len": 84480}),
+        (BOUNDS, None, Action.RETUNE, {"max_model_len": 64000}),  # no estimate, plan was wrong: halve
+        (
+            TuningBounds(min_max_model_len=100_000, allow_fp8_kv=True),
+            86240,
+            Action.RETUNE,
+            {"kv_cache_dtype": "fp8"},
+        ),
+        (
+            TuningBounds(min_max_model_len=100_000, allow_fp8_kv=True),
+            60000,
+            Action.RETUNE,
+            {"kv_cache_dtype": "fp8", "max_model_len": 117504},
+        ),
+        (TuningBounds(min_max_model_len=100_000), 86240, Action.INFEASIBLE, {}),
+        (TuningBounds(min_max_model_len=100_000, allow_fp8_kv=True), 40000, Action.INFEASIBLE, {}),
+    ],
+)
+def test_kv_cache_too_small(
+    bounds: TuningBounds, estimate: int | None, expected_action: Action, expected: dict
+) -> None:
+    event = restart(RestartKind.KV_CACHE_TOO_SMALL, max_model_len=131072, estimated_max_model_len=estimate)
+    d = decide(current=LONG, win=DOWN, restarts=(event,), bounds=bounds)
+    assert (d.action, d.trigger, d.failed) == (expected_action, "KvCacheTooSmall", LONG)
+    assert d.settings == LONG.replace(**expected)
+
+
+def test_kv_cache_too_small_infeasible_says_what_would_fit() -> None:
+    event = restart(RestartKind.KV_CACHE_TOO_SMALL, max_model_len=131072, estimated_max_model_len=86240)
+    d = decide(current=LONG, win=DOWN, restarts=(event,), bounds=TuningBounds(min_max_model_len=100_000))
+    assert "max-model-len <= 84480" in d.reason
+    assert "allowFp8KvCache" in d.reason
+    assert "minimum context 100000" in d.reason
+
+
+def test_no_cache_blocks_raises_utilisation_within_bounds() -> None:
+    current = CURRENT.replace(gpu_memory_utilization=0.85)
+    d = decide(current=current, win=DOWN, restarts=(restart(RestartKind.NO_CACHE_BLOCKS),))
+    assert d.settings == current.replace(gpu_memory_utilization=0.90)
+    d = decide(win=DOWN, restarts=(restart(RestartKind.NO_CACHE_BLOCKS),))  # 0.92 + 0.05 capped at 0.95
+    assert d.settings == CURRENT.replace(gpu_memory_utilization=0.95)
+
+
+def test_insufficient_free_memory_goes_under_the_free_share() -> None:
+    event = restart(RestartKind.INSUFFICIENT_FREE_MEMORY, free_gib=60.0, total_gib=79.19)
+    d = decide(win=DOWN, restarts=(event,))
+    assert d.settings.gpu_memory_utilization == 0.74
+
+
+@pytest.mark.parametrize("kind", [RestartKind.HOST_OOM_KILLED, RestartKind.OTHER])
+def test_crashes_args_cannot_fix_hold(kind: RestartKind) -> None:
+    d = decide(win=window(kv=0.99, preempt=2.0), restarts=(restart(kind),))
+    assert (d.action, d.trigger, d.failed) == (Action.HOLD, kind, None)
+
+
+def test_start_up_failure_outranks_runtime_oom() -> None:
+    events = (
+        restart(RestartKind.CUDA_OOM, ago=5, pod="a"),
+        restart(
+            RestartKind.KV_CACHE_TOO_SMALL,
+            ago=50,
+            pod="b",
+            max_model_len=131072,
+            estimated_max_model_len=86240,
+        ),
+    )
+    assert decide(current=LONG, win=DOWN, restarts=events).trigger == "KvCacheTooSmall"
+
+
+def test_crash_before_the_last_change_is_old_news() -> None:
+    d = decide(restarts=(restart(RestartKind.CUDA_OOM, ago=700),), history=(entry(ago=650),))
+    assert d.trigger == Trigger.STEADY
+
+
+# --- metrics rules ----------------------------------------------------------------------------------------------
+
+
+def test_preemption_storm_cuts_sequences_towards_capacity() -> None:
+    d = decide(win=window(kv=0.97, preempt=0.5, running=256, prompt=3000, output=1000))
+    # fit = 446128 * 0.8 / 4000 = 89, but one step cuts at most 25 %: 256 -> 192
+    assert (d.action, d.trigger, d.settings) == (
+        Action.RETUNE,
+        Trigger.KV_PRESSURE,
+        CURRENT.replace(max_num_seqs=192),
+    )
+
+
+def test_preemption_storm_cut_starts_from_what_actually_runs() -> None:
+    d = decide(win=window(kv=0.97, preempt=0.5, running=100, prompt=3000, output=1000))
+    assert d.settings.max_num_seqs == 89
+
+
+def test_preemption_storm_without_lengths_takes_one_step() -> None:
+    d = decide(win=window(kv=0.97, preempt=0.5, running=256, prompt=None, output=None))
+    assert d.settings.max_num_seqs == 192
+
+
+def test_preemption_storm_prefers_fp8_when_allowed() -> None:
+    d = decide(win=window(kv=0.97, preempt=0.5, running=256), bounds=TuningBounds(allow_fp8_kv=True))
+    assert d.settings == CURRENT.replace(kv_cache_dtype="fp8")
+
+
+@pytest.mark.parametrize(
+    "win",
+    [
+        window(kv=0.97, preempt=0.0),  # full but not preempting: vLLM is using what it has
+        window(kv=0.80, preempt=1.0),  # preempting below the band: noise, not sustained pressure
+        window(kv=0.70, waiting=10, running=256),  # inside the band with a queue
+        window(kv=0.30, waiting=0.2, running=256),  # idle, no queue
+        window(kv=0.30, waiting=10, running=100),  # queue, but not at the sequence limit
+    ],
+)
+def test_inside_the_bands_holds(win: ObservationWindow) -> None:
+    d = decide(win=win)
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.STEADY)
+
+
+def test_pressure_at_the_lower_bound_holds() -> None:
+    bounds = TuningBounds(min_max_num_seqs=256)
+    d = decide(win=window(kv=0.97, preempt=0.5, running=256), bounds=bounds)
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.KV_PRESSURE)
+    assert "lower bound" in d.reason
+
+
+def test_idle_capacity_with_a_queue_raises_sequences() -> None:
+    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200))
+    assert (d.action, d.trigger, d.settings) == (
+        Action.RETUNE,
+        Trigger.IDLE_CAPACITY,
+        CURRENT.replace(max_num_seqs=320),
+    )
+
+
+def test_idle_raise_is_capped_by_kv_capacity() -> None:
+    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=1000, output=300))
+    assert d.settings.max_num_seqs == 274  # 446128 * 0.8 / 1300
+
+
+def test_idle_raise_is_capped_by_the_bound() -> None:
+    d = decide(
+        win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200),
+        bounds=TuningBounds(max_max_num_seqs=300),
+    )
+    assert d.settings.max_num_seqs == 300
+
+
+def test_idle_raise_stays_under_where_pressure_forced_a_cut() -> None:
+    cut = entry(ago=1800, before=CURRENT.replace(max_num_seqs=300), after=CURRENT)
+    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200), history=(cut,))
+    assert d.settings.max_num_seqs == 299
+    old_cut = entry(ago=4000, before=CURRENT.replace(max_num_seqs=300), after=CURRENT)
+    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200), history=(old_cut,))
+    assert d.settings.max_num_seqs == 320
+
+
+def test_idle_raise_keeps_batched_tokens_at_least_sequences() -> None:
+    current = CURRENT.replace(max_num_batched_tokens=256)
+    d = decide(current=current, win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200))
+    assert (d.settings.max_num_seqs, d.settings.max_num_batched_tokens) == (320, 320)
+
+
+def test_unset_fields_stay_unset() -> None:
+    current = EngineSettings(max_model_len=32768)
+    d = decide(current=current, win=window(kv=0.97, preempt=0.5, running=2000, prompt=None, output=None))
+    assert d.settings == EngineSettings(max_model_len=32768, max_num_seqs=768)  # 1024 (vLLM default) - 25 %
+
+
+# --- stability gates -----------------------------------------------------------------------------------------------
+
+STORM = window(kv=0.97, preempt=0.5, running=256)
+
+
+def test_cooldown_blocks_metric_changes() -> None:
+    d = decide(win=STORM, history=(entry(ago=500),))
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.KV_PRESSURE)
+    assert "cooldown for 100s" in d.reason
+    assert decide(win=STORM, history=(entry(ago=601),)).action == Action.RETUNE
+
+
+def test_crash_remedies_skip_the_cooldown_but_not_the_minimum_interval() -> None:
+    oom = (restart(RestartKind.CUDA_OOM, ago=10),)
+    assert decide(win=DOWN, restarts=oom, history=(entry(ago=120),)).action == Action.RETUNE
+    d = decide(win=DOWN, restarts=oom, history=(entry(ago=30),))
+    assert (d.action, d.failed) == (Action.HOLD, CURRENT)
+    assert "minimum 60s" in d.reason
+
+
+def test_changes_per_hour_limit() -> None:
+    history = tuple(
+        entry(ago=3500 - 700 * i) for i in range(4)
+    )  # 4 changes in the last hour, last 1400 s ago
+    d = decide(win=STORM, history=history)
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.KV_PRESSURE)
+    assert "4 changes in the last hour" in d.reason
+    assert decide(win=STORM, history=history[1:]).action == Action.RETUNE
+
+
+def test_holds_on_unchanged_evidence_are_idempotent() -> None:
+    assert decide(win=STORM) == decide(win=STORM)
+
+
+# --- good settings --------------------------------------------------------------------------------------------------
+
+
+def test_ready_and_crash_free_marks_current_good() -> None:
+    assert decide(ready=True).good == CURRENT
+    assert decide(ready=True, last_good=CURRENT).good is None
+    assert decide(ready=False).good is None
+    assert decide(ready=True, restarts=(restart(RestartKind.OTHER),)).good is None
+
+
+# --- history helpers -------------------------------------------------------------------------------------------------
+
+
+def test_history_is_bounded_newest_last() -> None:
+    history: tuple[HistoryEntry, ...] = ()
+    for i in range(25):
+        history = history_mod.build_history(history, entry(ago=1000 - i))
+    assert len(history) == history_mod.HISTORY_LIMIT
+    assert history[-1].time == NOW - 976
+
+
+def test_history_queries() -> None:
+    history = (
+        entry(ago=5000, action=HistoryAction.PLANNED),
+        entry(ago=3000, trigger="CudaOOM"),
+        entry(ago=2000, trigger="CudaOOM"),
+        entry(ago=1000, action=HistoryAction.HELD, after=CURRENT),
+    )
+    assert history_mod.compute_last_change_time(history) == NOW - 2000
+    assert history_mod.compute_changes_since(history, NOW - 3600) == 2
+    assert history_mod.compute_recent_streak(history, "CudaOOM", NOW - 3600) == 2
+    assert history_mod.compute_recent_streak(history, "KvPressure", NOW - 3600) == 0

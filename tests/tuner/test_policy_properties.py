@@ -1,0 +1,255 @@
+"""Hypothesis properties of the closed-loop policy over arbitrary inputs.
+
+- a retune stays within the bounds and changes something;
+- a retune or rollback never returns to settings that failed;
+- the same inputs give the same decision;
+- missing or stale metrics hold (when no crash or rollout speaks);
+- metrics-driven changes respect the cooldown, every change the minimum interval and the hourly limit;
+- a simulated run under constant load never flaps.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from policy_fixtures import BUDGET, NOW
+
+from kvpilot.tuner import history as history_mod
+from kvpilot.tuner import remedies
+from kvpilot.tuner.history import HistoryAction, HistoryEntry
+from kvpilot.tuner.observations import (
+    LengthSummary,
+    MetricsSample,
+    ObservationWindow,
+    RestartCause,
+    RestartEvent,
+    RestartKind,
+)
+from kvpilot.tuner.policy import Action, PolicyConfig, RolloutState, Trigger, TuningBounds, compute_decision
+from kvpilot.tuner.types import EngineSettings
+
+POLICY = PolicyConfig()
+
+gmus = st.integers(50, 95).map(lambda x: x / 100)
+seqs = st.integers(1, 2048)
+lengths = st.sampled_from([2048, 4096, 8192, 32768, 131072, 440000])
+
+settings_st = st.builds(
+    EngineSettings,
+    max_model_len=st.one_of(st.none(), lengths),
+    max_num_seqs=st.one_of(st.none(), seqs),
+    gpu_memory_utilization=st.one_of(st.none(), gmus),
+    kv_cache_dtype=st.sampled_from([None, "auto", "fp8"]),
+    max_num_batched_tokens=st.one_of(st.none(), st.integers(256, 16384)),
+)
+
+
+@st.composite
+def bounds_st(draw: st.DrawFn) -> TuningBounds:
+    lo_g, hi_g = sorted(draw(st.lists(gmus, min_size=2, max_size=2)))
+    lo_s = draw(st.integers(1, 512))
+    hi_s = draw(st.one_of(st.none(), st.integers(lo_s, 4096)))
+    lo_l = draw(st.one_of(st.none(), st.sampled_from([1024, 4096, 16384, 100000])))
+    hi_l = draw(st.one_of(st.none(), st.sampled_from([131072, 200000])))
+    return TuningBounds(lo_s, hi_s, lo_g, hi_g, lo_l, hi_l, draw(st.booleans()))
+
+
+@st.composite
+def window_st(draw: st.DrawFn) -> ObservationWindow:
+    if draw(st.integers(0, 5)) == 0:
+        return ObservationWindow.unavailable("Prometheus unreachable", NOW)
+    end = NOW - draw(st.sampled_from([0.0, 15.0, 60.0, 119.0, 121.0, 900.0]))
+    n = draw(st.integers(0, 12))
+    sample = st.builds(
+        MetricsSample,
+        time=st.just(0.0),
+        kv_usage=st.one_of(st.none(), st.floats(0, 1)),
+        preemption_rate=st.one_of(st.none(), st.floats(0, 5)),
+        running=st.one_of(st.none(), st.floats(0, 2048)),
+        waiting=st.one_of(st.none(), st.floats(0, 100)),
+    )
+    raw = draw(st.lists(sample, min_size=n, max_size=n))
+    samples = tuple(
+        MetricsSample(end - (n - 1 - i) * 30.0, s.kv_usage, s.preemption_rate, s.running, s.waiting)
+        for i, s in enumerate(raw)
+    )
+    summary = st.one_of(st.none(), st.builds(LengthSummary, st.floats(1, 20000)))
+    return ObservationWindow(
+        start=end - 300,
+        end=end,
+        samples=samples,
+        prompt_tokens=draw(summary),
+        generation_tokens=draw(summary),
+        kv_capacity_tokens=draw(st.one_of(st.none(), st.integers(1000, 2_000_000))),
+        pods=1,
+    )
+
+
+causes = st.one_of(
+    st.builds(RestartCause, st.sampled_from(list(RestartKind))),
+    st.builds(
+        RestartCause,
+        st.just(RestartKind.KV_CACHE_TOO_SMALL),
+        max_model_len=st.one_of(st.none(), lengths),
+        estimated_max_model_len=st.one_of(st.none(), st.integers(1, 500000)),
+    ),
+    st.builds(
+        RestartCause,
+        st.just(RestartKind.INSUFFICIENT_FREE_MEMORY),
+        free_gib=st.floats(1, 79),
+        total_gib=st.just(79.19),
+    ),
+)
+restarts_st = st.lists(
+    st.builds(
+        RestartEvent,
+        time=st.floats(NOW - 4000, NOW),
+        cause=causes,
+        pod=st.sampled_from(["a", "b"]),
+        restart_count=st.integers(1, 5),
+    ),
+    max_size=2,
+).map(tuple)
+
+
+@st.composite
+def history_st(draw: st.DrawFn) -> tuple[HistoryEntry, ...]:
+    ages = sorted(draw(st.lists(st.floats(1, 8000), max_size=6)), reverse=True)
+    entries = []
+    for age in ages:
+        action = draw(st.sampled_from(list(HistoryAction)))
+        before, after = draw(settings_st), draw(settings_st)
+        trigger = draw(st.sampled_from(["KvPressure", "IdleCapacity", "CudaOOM", "Planned", "RolloutFailed"]))
+        entries.append(HistoryEntry(NOW - age, action, trigger, "r", before, after))
+    return tuple(entries)
+
+
+@st.composite
+def inputs_st(draw: st.DrawFn) -> dict:
+    current = draw(settings_st)
+    failed = draw(st.lists(settings_st, max_size=3))
+    # often fail exactly what the remedies would pick, to exercise the skip
+    if draw(st.booleans()):
+        eff = remedies.compute_effective(current, BUDGET, POLICY)
+        failed += [remedies.lower_gmu(eff, 1, POLICY), remedies.cut_seqs(eff, POLICY)]
+    rollout = None
+    if draw(st.integers(0, 3)) == 0:
+        start = NOW - draw(st.floats(0, 2000))
+        rollout = RolloutState(current, start, start + 900)
+    return {
+        "current": current,
+        "budget": BUDGET,
+        "window": draw(window_st()),
+        "restarts": draw(restarts_st),
+        "bounds": draw(bounds_st()),
+        "policy": POLICY,
+        "history": draw(history_st()),
+        "failed": tuple(failed),
+        "now": NOW,
+        "rollout": rollout,
+        "last_good": draw(st.one_of(st.none(), settings_st)),
+        "ready": draw(st.booleans()),
+        "observed_kv_tokens": draw(st.one_of(st.none(), st.integers(1000, 2_000_000))),
+    }
+
+
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _eff(s: EngineSettings) -> EngineSettings:
+    return remedies.compute_effective(s, BUDGET, POLICY)
+
+
+@FAST
+@given(inputs_st())
+def test_retune_stays_within_bounds_and_changes_something(inputs: dict) -> None:
+    d = compute_decision(**inputs)
+    if d.action == Action.RETUNE:
+        assert inputs["bounds"].contains(d.settings), d
+        assert _eff(d.settings) != _eff(inputs["current"])
+    if not d.changes:
+        assert d.settings == inputs["current"]
+
+
+@FAST
+@given(inputs_st())
+def test_never_returns_to_failed_settings(inputs: dict) -> None:
+    d = compute_decision(**inputs)
+    if d.changes:
+        assert _eff(d.settings) not in {_eff(f) for f in inputs["failed"]}, d
+
+
+@FAST
+@given(inputs_st())
+def test_same_inputs_same_decision(inputs: dict) -> None:
+    assert compute_decision(**inputs) == compute_decision(**dict(inputs))
+
+
+@FAST
+@given(inputs_st())
+def test_missing_or_stale_metrics_hold(inputs: dict) -> None:
+    inputs = {**inputs, "restarts": (), "rollout": None}
+    window: ObservationWindow = inputs["window"]
+    last = window.last_sample_time
+    if window.available and last is not None and NOW - last <= POLICY.staleness_seconds:
+        return
+    d = compute_decision(**inputs)
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.METRICS_UNAVAILABLE)
+
+
+@FAST
+@given(inputs_st())
+def test_stability_gates(inputs: dict) -> None:
+    d = compute_decision(**inputs)
+    if d.action != Action.RETUNE:
+        return
+    last = history_mod.compute_last_change_time(inputs["history"])
+    if last is not None:
+        assert NOW - last >= POLICY.min_change_interval_seconds
+        if d.trigger in (Trigger.KV_PRESSURE, Trigger.IDLE_CAPACITY):
+            assert NOW - last >= POLICY.cooldown_seconds
+    assert history_mod.compute_changes_since(inputs["history"], NOW - 3600) < POLICY.max_changes_per_hour
+
+
+# --- a run over time ---------------------------------------------------------------------------
+
+
+def _simulate(
+    kv_at_seqs: float, preempt: float, waiting: float, ticks: int = 720
+) -> list[tuple[float, EngineSettings]]:
+    """Six hours of 30 s ticks under a load whose KV usage grows with max_num_seqs; Auto mode."""
+    current = EngineSettings(max_model_len=32768, max_num_seqs=256, gpu_memory_utilization=0.92)
+    history: tuple[HistoryEntry, ...] = ()
+    changes = []
+    for tick in range(ticks):
+        now = NOW + tick * 30.0
+        s = current.max_num_seqs or 256
+        kv = min(1.0, kv_at_seqs * s / 256)
+        samples = tuple(
+            MetricsSample(now - 270 + 30 * i, kv, preempt if kv >= 0.9 else 0.0, float(s), waiting)
+            for i in range(10)
+        )
+        window = ObservationWindow(now - 300, now, samples, LengthSummary(800), LengthSummary(200), pods=1)
+        d = compute_decision(
+            current, BUDGET, window, (), TuningBounds(), POLICY, history, (), now, ready=True
+        )
+        if d.changes:
+            entry = HistoryEntry(now, HistoryAction.RETUNED, d.trigger, d.reason, current, d.settings)
+            history = history_mod.build_history(history, entry)
+            changes.append((now, d.settings))
+            current = d.settings
+    return changes
+
+
+def test_constant_storm_converges_without_flapping() -> None:
+    changes = _simulate(kv_at_seqs=1.0, preempt=1.0, waiting=0.0)
+    seq = [s.max_num_seqs for _, s in changes]
+    assert seq == sorted(seq, reverse=True)  # only ever down
+    assert all(b - a >= POLICY.cooldown_seconds for (a, _), (b, _) in zip(changes, changes[1:], strict=False))
+
+
+def test_idle_queue_grows_then_stops_below_pressure() -> None:
+    changes = _simulate(kv_at_seqs=0.3, preempt=1.0, waiting=20.0)
+    seq = [s.max_num_seqs for _, s in changes]
+    assert seq and seq == sorted(seq)  # only ever up ...
+    assert 0.3 * seq[-1] / 256 < 0.9  # ... and never into the pressure band
