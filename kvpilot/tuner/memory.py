@@ -57,21 +57,26 @@ class Coefficients:
 
 
 _COEFFS: tuple[tuple[Version, Coefficients], ...] = (
-    ((0, 0), Coefficients(12.8, 7.1, 0.10, 0.07, 0.3, 0.05, nccl_in_budget=1.2)),
+    # 0.8.x V1: non-torch is "GPU used minus torch", so it includes the CUDA context.
+    ((0, 0), Coefficients(36.4, 7.1, 0.60, 0.50, 0.0, 0.0)),
+    ((0, 9), Coefficients(12.8, 7.1, 0.10, 0.07, 0.0, 0.0)),
     ((0, 11), Coefficients(36.4, 7.1, 0.13, 0.07, 0.35, 0.05)),
     ((0, 19), Coefficients(12.8, 7.1, 0.25, 0.07, 1.90, 0.06)),
 )
-"""(first release, coefficients), newest last. 0.33 uses the 0.19+ row (the newest measured)."""
+"""(first release, coefficients), oldest first; a release uses the last row at or below it.
+0.33 uses the 0.19+ row (the newest release with measured start-ups)."""
 
 CUDA_CONTEXT_GIB = 0.5
 """CUDA context + cuBLAS handles created before vLLM's memory snapshot (outside the budget since 0.11)."""
 GRAPH_BASE_GIB = 0.45
 GRAPH_PER_LAYER_GIB = 0.0145
 """CUDA-graph pool: a base plus a per-layer cost at 51 capture sizes (scaled by the real count)."""
-GRAPH_MOE_FACTOR = 1.6
-"""MoE layers launch several times the kernels of a dense layer; their graphs cost more."""
-POST_CAPTURE_MARGIN_GIB = 1.0
-"""Allocator fragmentation observed after graph capture when graphs sit outside the budget."""
+GRAPH_MOE_FACTOR = 1.25
+"""A fused-MoE layer's graph nodes cost about a quarter more than a dense MLP's."""
+GRAPH_MXFP4_MOE_FACTOR = 3.5
+"""MXFP4 MoE layers (gpt-oss: triton matmul_ogs / Marlin kernels) cost several times a dense layer."""
+POST_CAPTURE_MARGIN_GIB = 1.05
+"""Allocator slack needed after graph capture, besides one fp32 logits buffer (see _post_capture_error)."""
 MM_ENCODER_COPIES = 2.0
 """Multimodal models: encoder output cache + merged embeddings, per batched token x hidden."""
 
@@ -189,7 +194,9 @@ def compute_cuda_graph_bytes(model: ModelSpec, gpu: GpuSpec, *, tp: int, pp: int
     """Memory of the captured CUDA graphs on one rank."""
     layers = model.num_layers_per_rank(pp)
     moe_share = (model.moe.num_moe_layers / model.num_layers) if model.moe else 0.0
-    weighted_layers = layers * (1 + (GRAPH_MOE_FACTOR - 1) * moe_share)
+    mxfp4 = model.quantization is not None and model.quantization.method == "mxfp4"
+    factor = GRAPH_MXFP4_MOE_FACTOR if mxfp4 else GRAPH_MOE_FACTOR
+    weighted_layers = layers * (1 + (factor - 1) * moe_share)
     sizes = cuda_graph_capture_sizes(max_num_seqs, gpu)
     return int((GRAPH_BASE_GIB + GRAPH_PER_LAYER_GIB * weighted_layers * sizes / 51) * GIB)
 
@@ -264,8 +271,11 @@ def compute_budget(
             version, r.max_model_len, capacity.needed_bytes / GIB, worst[2] / GIB, capacity.longest_fitting_len
         )
     elif not subtract_graphs and graphs:
+        # Graphs are captured after the KV cache is allocated, outside the budget; the sampler
+        # warm-up that follows needs a fresh fp32 logits buffer (max_num_seqs x vocab) on top.
         headroom = gpu.total_bytes - requested - CUDA_CONTEXT_GIB * GIB
-        if graphs + POST_CAPTURE_MARGIN_GIB * GIB > headroom:
+        logits = min(r.max_num_seqs, r.max_num_batched_tokens) * model.vocab_size * 4
+        if graphs + logits + POST_CAPTURE_MARGIN_GIB * GIB > headroom:
             error = (
                 "torch.OutOfMemoryError: CUDA out of memory during CUDA graph capture / sampler warm-up: "
                 f"vLLM {'.'.join(map(str, version))} does not count CUDA-graph memory "

@@ -58,6 +58,8 @@ def default_batch_limits(version: Version, gpu: GpuSpec) -> BatchDefaults:
         return BatchDefaults(16384, 1024)
     if device >= 70 * GIB and (not is_a100 or version < (0, 9)):
         return BatchDefaults(8192, 1024)
+    if version < (0, 9):
+        return BatchDefaults(2048, 1024)  # 0.8.x: 1024 sequences on every GPU class
     return BatchDefaults(2048, 256)
 
 

@@ -22,6 +22,8 @@ from kvpilot.tuner.model_spec import DTYPE_BYTES, LINEAR, ModelSpec, QuantSpec
 
 VOCAB_PADDING = 64
 """vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``."""
+TP_LOAD_EXTRA_BYTES = 64 << 20
+"""Seen on every tensor-parallel start: ranks load 0.01-0.08 GiB more than their parameter share."""
 
 
 def _quant_bytes_per_weight(quant: QuantSpec) -> float:
@@ -146,7 +148,8 @@ def compute_weight_breakdown(
             total += vocab_rank * model.hidden_size * head_bytes
         total += model.hidden_size * dbytes  # final norm
     rope = model.rope_cache_positions * model.rotary_dim * dbytes if model.rotary_dim else 0
-    return WeightBreakdown(params=int(total), buffers=int(rope))
+    extra = TP_LOAD_EXTRA_BYTES if tp > 1 else 0
+    return WeightBreakdown(params=int(total), buffers=int(rope) + extra)
 
 
 def compute_weight_bytes(

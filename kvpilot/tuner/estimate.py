@@ -1,0 +1,178 @@
+"""The pure core of ``kvpilot estimate --cases FILE``: one memory budget per case.
+
+Sits above :mod:`kvpilot.tuner.memory`; the CLI reads the file and prints the
+result, ``bench/memory_accuracy.py`` compares it with real vLLM logs. A case is a
+mapping in the schema of ``shared/data/vllm_memory_cases.json`` (``hf_config``
+inline, ``gpu`` name and/or ``gpu_total_gib``, parallel sizes, ``dtype``,
+``quantization`` / ``weight_bits``, ``kv_cache_dtype``, ``gpu_memory_utilization``,
+``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``,
+``enforce_eager``, ``vllm_version``, optional ``weights_total_bytes``).
+
+A case that cannot be estimated (no config, an architecture the model cannot
+account for, an unknown GPU, a bad value) gets ``error`` set; the batch goes on.
+The GPU lookup is injected so this module does not depend on the catalogue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kvpilot.tuner import errors, memory, model_spec
+from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
+
+GpuLookup = Callable[[str], GpuSpec]
+
+OUTPUT_KEYS = (
+    "id",
+    "weights_gib",
+    "activation_gib",
+    "non_torch_gib",
+    "cuda_graph_gib",
+    "available_kv_cache_gib",
+    "kv_cache_tokens",
+    "max_concurrency",
+    "starts",
+    "error",
+)
+
+_DTYPES = {
+    "float32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+}
+
+
+class CaseError(ValueError):
+    """A case that cannot be estimated; the message goes into the case's ``error``."""
+
+
+def _gpu(case: Mapping[str, Any], gpu_lookup: GpuLookup | None) -> GpuSpec:
+    name = case.get("gpu")
+    total_gib = case.get("gpu_total_gib")
+    found: GpuSpec | None = None
+    lookup_error = None
+    if name and gpu_lookup is not None:
+        try:
+            found = gpu_lookup(str(name))
+        except errors.TunerError as exc:
+            lookup_error = exc.message
+    if total_gib is not None:
+        total_gib = float(total_gib)
+        if total_gib <= 0:
+            raise CaseError(f"gpu_total_gib must be positive, got {total_gib}")
+        total = round(total_gib * GIB)
+        if found is not None:
+            nvml = found.nvml_total_bytes
+            if nvml is not None and abs(nvml - total) > 8 * GIB:
+                nvml = None  # a different SKU than the catalogue's: trust the logged total
+            return dataclasses.replace(found, total_bytes=total, nvml_total_bytes=nvml)
+        return GpuSpec(
+            name=str(name or f"{total_gib:g}GiB"),
+            total_bytes=total,
+            compute_capability=(9, 0) if total_gib > 70 else (8, 0),
+            fp8_kv=total_gib > 70,
+        )
+    if found is not None:
+        return found
+    if lookup_error:
+        raise CaseError(lookup_error)
+    raise CaseError("the case names no GPU ('gpu') and no 'gpu_total_gib'")
+
+
+def _int(case: Mapping[str, Any], key: str) -> int | None:
+    value = case.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value <= 0:
+        raise CaseError(f"{key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _model(case: Mapping[str, Any]) -> model_spec.ModelSpec:
+    config = case.get("hf_config")
+    if not isinstance(config, Mapping):
+        raise CaseError("the case has no hf_config (the model's config.json)")
+    spec = model_spec.build_model_spec(config)
+    method = case.get("quantization")
+    if spec.quantization is None and method:
+        qc: dict[str, Any] = {"quant_method": method}
+        if case.get("weight_bits"):
+            qc["bits"] = int(case["weight_bits"])
+        spec = dataclasses.replace(spec, quantization=model_spec.build_quant_spec(qc))
+    return spec
+
+
+def compute_case_budget(case: Mapping[str, Any], gpu_lookup: GpuLookup | None = None) -> MemoryBudget:
+    """The budget of one case; raises :class:`CaseError` or a :class:`~kvpilot.tuner.errors.TunerError`."""
+    model = _model(case)
+    gpu = _gpu(case, gpu_lookup)
+    util = case.get("gpu_memory_utilization")
+    if util is not None and not (isinstance(util, (int, float)) and 0 < float(util) <= 1):
+        raise CaseError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
+    dtype = case.get("dtype")
+    if dtype is not None and str(dtype) != "auto":
+        if str(dtype) not in _DTYPES:
+            raise CaseError(f"dtype {dtype!r} is not modelled")
+        dtype = _DTYPES[str(dtype)]
+    else:
+        dtype = None
+    settings = EngineSettings(
+        max_model_len=_int(case, "max_model_len"),
+        max_num_seqs=_int(case, "max_num_seqs"),
+        gpu_memory_utilization=float(util) if util is not None else None,
+        kv_cache_dtype=case.get("kv_cache_dtype") or None,
+        tensor_parallel_size=_int(case, "tensor_parallel_size"),
+        max_num_batched_tokens=_int(case, "max_num_batched_tokens"),
+    )
+    return memory.compute_budget(
+        model,
+        gpu,
+        settings,
+        pipeline_parallel_size=_int(case, "pipeline_parallel_size") or 1,
+        vllm_version=str(case.get("vllm_version") or memory.vllm_defaults.PINNED_VLLM_VERSION),
+        weights_total_bytes=_int(case, "weights_total_bytes"),
+        enforce_eager=bool(case.get("enforce_eager")),
+        block_size=_int(case, "block_size"),
+        dtype=dtype,
+    )
+
+
+def _row(case_id: Any, budget: MemoryBudget | None, error: str | None) -> dict[str, Any]:
+    if budget is None:
+        row: dict[str, Any] = dict.fromkeys(OUTPUT_KEYS)
+        row.update(id=case_id, starts=False, error=error)
+        return row
+    return {
+        "id": case_id,
+        "weights_gib": round(budget.weights_gib, 4),
+        "activation_gib": round(budget.activation_gib, 4),
+        "non_torch_gib": round(budget.non_torch_gib, 4),
+        "cuda_graph_gib": round(budget.cuda_graph_gib, 4),
+        "available_kv_cache_gib": round(budget.available_kv_cache_gib, 4),
+        "kv_cache_tokens": budget.kv_cache_tokens,
+        "max_concurrency": round(budget.max_concurrency, 2),
+        "starts": budget.starts,
+        "error": budget.error,
+    }
+
+
+def compute_estimates(cases: Sequence[Any], gpu_lookup: GpuLookup | None = None) -> list[dict[str, Any]]:
+    """One output row per case, in order; a failing case carries its ``error``."""
+    rows = []
+    for index, case in enumerate(cases):
+        if not isinstance(case, Mapping):
+            rows.append(_row(None, None, f"case #{index} is not a JSON object"))
+            continue
+        case_id = case.get("id", index)
+        try:
+            budget = compute_case_budget(case, gpu_lookup)
+        except (CaseError, errors.TunerError, ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
+            message = exc.message if isinstance(exc, errors.TunerError) else str(exc)
+            rows.append(_row(case_id, None, f"{type(exc).__name__}: {message}"))
+            continue
+        rows.append(_row(case_id, budget, None))
+    return rows

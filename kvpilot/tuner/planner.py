@@ -1,0 +1,258 @@
+"""The static planner: engine settings for a model on a GPU type, within the user's bounds.
+
+Sits on top of the memory model (:mod:`kvpilot.tuner.memory`); the CLI's ``plan``
+and the operator's first deployment call :func:`compute_plan`. Pure and
+deterministic: the same inputs give the same plan.
+
+A chain of small steps, each a pure function:
+
+1. tensor parallelism: the GPU count (it must divide the attention heads);
+2. ``gpu_memory_utilization``: the largest fraction that leaves the head-room
+   start-up profiling does not see (:func:`compute_safe_utilization`);
+3. ``kv_cache_dtype``: ``auto``, or ``fp8`` when allowed, supported and useful;
+4. ``max_model_len``: the wanted context, shortened to what fits (never below
+   ``min_context``);
+5. ``max_num_seqs``: the expected concurrency, or what the cache holds at a
+   typical fill, within vLLM's own default;
+6. check the budget; when nothing fits, say why and what would (more GPUs, fp8 KV,
+   a shorter context, quantized weights).
+
+Pinned settings are never changed; they are only checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+from kvpilot.tuner import errors, memory, vllm_args, vllm_defaults
+from kvpilot.tuner.model_spec import ModelSpec, QuantSpec
+from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
+
+TYPICAL_FILL = 0.25
+"""Without an expected concurrency, size ``max_num_seqs`` for requests using a quarter of ``max_model_len``."""
+FRAGMENTATION_MARGIN_GIB = 1.0
+"""Allocator slack after start-up that profiling does not see (case-036: 1.7 GiB reserved, 0.55 GiB free)."""
+NCCL_OUTSIDE_GIB = 0.5
+"""NCCL communicators and buffers, allocated before vLLM's memory snapshot when TP > 1."""
+GRAPH_ESTIMATE_ERROR = 0.3
+"""vLLM's CUDA-graph estimate was 0.54 GiB (30 %) short of the real pool for gpt-oss-20b."""
+CONTEXT_STEP = 1024
+"""A shortened ``max_model_len`` is rounded down to a multiple of this."""
+
+
+def compute_safe_utilization(
+    model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, bounds: ServingBounds, vllm_version: str
+) -> float:
+    """``gpu_memory_utilization`` leaving what vLLM's profiling misses outside the budget.
+
+    Outside the ``requested`` share vLLM must still find: the CUDA context (and NCCL
+    with TP), one fresh fp32 logits buffer for the sampler warm-up after graph capture,
+    allocator fragmentation, the CUDA graphs' estimation error (the whole graph pool for
+    releases that do not subtract it), rounded down to a hundredth.
+    """
+    version = vllm_defaults.parse_version(vllm_version)
+    r = memory.resolve_settings(model, gpu, settings, version)
+    graphs = memory.compute_cuda_graph_bytes(model, gpu, tp=r.tp, pp=1, max_num_seqs=r.max_num_seqs)
+    graph_share = GRAPH_ESTIMATE_ERROR if vllm_defaults.subtracts_cuda_graphs(version) else 1.0
+    logits = min(r.max_num_seqs, r.max_num_batched_tokens) * model.vocab_size * 4
+    headroom = (
+        memory.CUDA_CONTEXT_GIB * GIB
+        + (NCCL_OUTSIDE_GIB * GIB if r.tp > 1 else 0)
+        + logits
+        + FRAGMENTATION_MARGIN_GIB * GIB
+        + graphs * graph_share
+    )
+    util = math.floor((1 - headroom / gpu.total_bytes) * 100) / 100
+    return min(bounds.max_gpu_memory_utilization, max(bounds.min_gpu_memory_utilization, util))
+
+
+def compute_tensor_parallel(model: ModelSpec, gpu_count: int) -> int:
+    """The largest TP size <= ``gpu_count`` that divides the attention heads."""
+    for tp in range(max(1, gpu_count), 0, -1):
+        if model.num_attention_heads % tp == 0:
+            return tp
+    return 1
+
+
+def _budget(model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, version: str, weights: int | None) -> MemoryBudget:
+    return memory.compute_budget(model, gpu, settings, vllm_version=version, weights_total_bytes=weights)
+
+
+def _bisect_longest(ok: Callable[[int], bool], upper: int) -> int:
+    """The largest length in [1, upper] with ``ok`` (assumed monotone), rounded down to a step; 0 if none."""
+    if upper <= 0:
+        return 0
+    if ok(upper):
+        return upper
+    lo, hi = 0, upper
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo // CONTEXT_STEP * CONTEXT_STEP if lo >= CONTEXT_STEP else lo
+
+
+def _longest_fitting(model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, version: str,
+                     weights: int | None, upper: int) -> int:
+    """The longest ``max_model_len`` <= ``upper`` with which the engine starts (0 if none)."""
+    return _bisect_longest(
+        lambda length: _budget(model, gpu, settings.replace(max_model_len=length), version, weights).starts, upper
+    )
+
+
+def _round_seqs(n: float) -> int:
+    n = max(1, int(n))
+    return n if n < 16 else n // 8 * 8
+
+
+def _choose_max_num_seqs(
+    model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, bounds: ServingBounds, version: str, weights: int | None
+) -> int:
+    ver = vllm_defaults.parse_version(version)
+    cap = vllm_defaults.default_batch_limits(ver, gpu).max_num_seqs
+    if bounds.concurrency:
+        return max(1, bounds.concurrency)
+    budget = _budget(model, gpu, settings.replace(max_num_seqs=cap), version, weights)
+    length = settings.max_model_len or model.max_model_len
+    typical = budget.kv_cache_tokens / max(1.0, TYPICAL_FILL * length)
+    return min(cap, _round_seqs(typical))
+
+
+def _with_batched_tokens(settings: EngineSettings, gpu: GpuSpec, version: str, pinned: EngineSettings) -> EngineSettings:
+    """vLLM refuses ``max_num_batched_tokens < max_num_seqs``: raise it when the default would be short."""
+    if pinned.max_num_batched_tokens is not None or settings.max_num_seqs is None:
+        return settings
+    default = vllm_defaults.default_batch_limits(vllm_defaults.parse_version(version), gpu).max_num_batched_tokens
+    if settings.max_num_seqs > default:
+        return settings.replace(max_num_batched_tokens=settings.max_num_seqs)
+    return settings
+
+
+def _suggestions(model: ModelSpec, gpu: GpuSpec, gpu_count: int, bounds: ServingBounds,
+                 settings: EngineSettings, pinned: EngineSettings, version: str, weights: int | None,
+                 fits: Callable[[MemoryBudget], bool]) -> list[str]:
+    """What would fit instead: more GPUs, fp8 KV, a shorter context, quantized weights."""
+    out: list[str] = []
+    if pinned.tensor_parallel_size is None:
+        for count in (2, 4, 8, 16, 32, 64):
+            if count <= gpu_count or model.num_attention_heads % count:
+                continue
+            if fits(_budget(model, gpu, settings.replace(tensor_parallel_size=count), version, weights)):
+                out.append(f"{count} {gpu.name} GPUs (tensor parallel {count}) fit these settings.")
+                break
+    if (settings.kv_cache_dtype or "auto") == "auto" and pinned.kv_cache_dtype is None and gpu.fp8_kv:
+        if fits(_budget(model, gpu, settings.replace(kv_cache_dtype="fp8"), version, weights)):
+            note = "" if bounds.allow_fp8_kv else " (set allowFp8KvCache / allow_fp8_kv)"
+            out.append(f"An fp8 KV cache (--kv-cache-dtype fp8) fits{note}.")
+    length = settings.max_model_len or model.max_model_len
+    longest = _longest_fitting(model, gpu, settings, version, weights, length)
+    if 0 < longest < length:
+        out.append(f"A shorter context fits: max_model_len {longest} is the longest that starts.")
+    if model.quantization is None:
+        quant = QuantSpec("fp8", 8) if gpu.compute_capability >= (8, 9) else QuantSpec("awq", 4, 128)
+        smaller = dataclasses.replace(model, quantization=quant)
+        if fits(_budget(smaller, gpu, settings, version, None)):
+            kind = "FP8" if quant.method == "fp8" else "4-bit AWQ/GPTQ"
+            out.append(f"A {kind}-quantized checkpoint of this model fits (kvpilot never changes the checkpoint).")
+    if not out:
+        out.append("Nothing close fits: use a larger GPU or more GPUs.")
+    return out
+
+
+def compute_plan(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    gpu_count: int,
+    bounds: ServingBounds,
+    *,
+    pinned: EngineSettings = EngineSettings(),
+    vllm_version: str = vllm_defaults.PINNED_VLLM_VERSION,
+    weights_total_bytes: int | None = None,
+) -> Plan:
+    """Plan vLLM's engine settings for ``model`` on ``gpu_count`` x ``gpu`` within ``bounds``."""
+    warnings: list[str] = []
+    weights = weights_total_bytes
+    tp = pinned.tensor_parallel_size or compute_tensor_parallel(model, gpu_count)
+    if pinned.tensor_parallel_size is None and tp != gpu_count:
+        warnings.append(
+            f"tensor_parallel_size {tp}: {gpu_count} does not divide the {model.num_attention_heads} attention heads."
+        )
+    settings = pinned.replace(tensor_parallel_size=tp)
+
+    model_max = model.max_model_len
+    wanted = pinned.max_model_len or min(bounds.max_context or model_max, model_max)
+    if bounds.max_context and bounds.max_context > model_max and pinned.max_model_len is None:
+        warnings.append(f"max_context {bounds.max_context} exceeds the model's maximum {model_max}; using {model_max}.")
+    settings = settings.replace(max_model_len=wanted)
+
+    if pinned.kv_cache_dtype is None:
+        settings = settings.replace(kv_cache_dtype="auto")
+    if pinned.gpu_memory_utilization is None:
+        seq_guess = settings.replace(max_num_seqs=pinned.max_num_seqs or bounds.concurrency)
+        settings = settings.replace(
+            gpu_memory_utilization=compute_safe_utilization(model, gpu, seq_guess, bounds, vllm_version)
+        )
+
+    def meets(budget: MemoryBudget) -> bool:
+        if not budget.starts:
+            return False
+        return not bounds.concurrency or budget.max_concurrency + 1e-9 >= bounds.concurrency
+
+    def settle(s: EngineSettings) -> tuple[EngineSettings, MemoryBudget]:
+        if pinned.max_num_seqs is None:
+            s = s.replace(max_num_seqs=_choose_max_num_seqs(model, gpu, s, bounds, vllm_version, weights))
+        s = _with_batched_tokens(s, gpu, vllm_version, pinned)
+        return s, _budget(model, gpu, s, vllm_version, weights)
+
+    settings, budget = settle(settings)
+    fp8_ok = bounds.allow_fp8_kv and gpu.fp8_kv and pinned.kv_cache_dtype is None
+    if fp8_ok and (bounds.concurrency is None or not meets(budget)):
+        candidate, cand_budget = settle(settings.replace(kv_cache_dtype="fp8", max_num_seqs=pinned.max_num_seqs))
+        if meets(cand_budget) or not meets(budget):
+            settings, budget = candidate, cand_budget
+
+    if not meets(budget) and pinned.max_model_len is None:
+        floor = bounds.min_context or 1
+        lo = _bisect_longest(
+            lambda length: meets(_budget(model, gpu, settings.replace(max_model_len=length), vllm_version, weights)),
+            wanted,
+        )
+        if lo >= floor:
+            shorter, short_budget = settle(settings.replace(max_model_len=lo, max_num_seqs=pinned.max_num_seqs))
+            if meets(short_budget):
+                warnings.append(f"max_model_len shortened from {wanted} to {lo} to fit the KV cache.")
+                settings, budget = shorter, short_budget
+
+    feasible = meets(budget) and (not bounds.min_context or (settings.max_model_len or 0) >= bounds.min_context)
+    reasons: tuple[str, ...] = ()
+    if not feasible:
+        why = budget.error or (
+            f"the KV cache holds {budget.max_concurrency:.2f} sequences of {settings.max_model_len} tokens, "
+            f"fewer than the expected concurrency {bounds.concurrency}."
+        )
+        reasons = (why, *_suggestions(model, gpu, tp, bounds, settings, pinned, vllm_version, weights, meets))
+    if budget.max_concurrency < 1 and budget.starts:
+        warnings.append("The KV cache holds less than one max_model_len sequence.")
+    return Plan(
+        settings=settings,
+        budget=budget,
+        feasible=feasible,
+        concurrency_at_max_len=budget.max_concurrency,
+        gpu=gpu.name,
+        gpu_count=gpu_count,
+        vllm_version=vllm_version,
+        warnings=tuple(warnings),
+        reasons=reasons,
+        args=_render(settings),
+    )
+
+
+def _render(settings: EngineSettings) -> tuple[str, ...]:
+    try:
+        return vllm_args.build_vllm_args(settings)
+    except errors.TunerError:  # a pinned value the renderer refuses: the caller validates pins
+        return ()
