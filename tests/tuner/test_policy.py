@@ -380,7 +380,7 @@ def test_crash_before_the_last_change_is_old_news() -> None:
     assert d.trigger == Trigger.STEADY
 
 
-# --- metrics rules ----------------------------------------------------------------------------------------------
+# --- metrics rules --------------------------------------------------------------------------------
 
 
 def test_preemption_storm_cuts_sequences_towards_capacity() -> None:
@@ -473,7 +473,7 @@ def test_unset_fields_stay_unset() -> None:
     assert d.settings == EngineSettings(max_model_len=32768, max_num_seqs=768)  # 1024 (vLLM default) - 25 %
 
 
-# --- stability gates -----------------------------------------------------------------------------------------------
+# --- stability gates ------------------------------------------------------------------------------
 
 STORM = window(kv=0.97, preempt=0.5, running=256)
 
@@ -507,7 +507,7 @@ def test_holds_on_unchanged_evidence_are_idempotent() -> None:
     assert decide(win=STORM) == decide(win=STORM)
 
 
-# --- good settings --------------------------------------------------------------------------------------------------
+# --- good settings --------------------------------------------------------------------------------
 
 
 def test_ready_and_crash_free_marks_current_good() -> None:
@@ -517,7 +517,7 @@ def test_ready_and_crash_free_marks_current_good() -> None:
     assert decide(ready=True, restarts=(restart(RestartKind.OTHER),)).good is None
 
 
-# --- history helpers -------------------------------------------------------------------------------------------------
+# --- history helpers ------------------------------------------------------------------------------
 
 
 def test_history_is_bounded_newest_last() -> None:

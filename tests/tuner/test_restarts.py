@@ -9,23 +9,28 @@ from kvpilot.tuner.restarts import classify_termination
 
 V1_KV_033 = (
     "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
-    "needed, which is larger than the available KV cache memory (10.53 GiB). Based on the available memory, the "
-    "estimated maximum model length is 86240. Try increasing `gpu_memory_utilization` (which also controls CPU "
+    "needed, which is larger than the available KV cache memory (10.53 GiB). Based on the "
+    "available memory, the "
+    "estimated maximum model length is 86240. Try increasing `gpu_memory_utilization` (which "
+    "also controls CPU "
     "memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. See "
     "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
 )
 V1_KV_010 = (
     "ValueError: To serve at least one request with the models's max seq len (32768), (4.00 GiB KV cache is "
-    "needed, which is larger than the available KV cache memory (2.50 GiB). Based on the available memory, the "
+    "needed, which is larger than the available KV cache memory (2.50 GiB). Based on the "
+    "available memory, the "
     "estimated maximum model length is 20480. Try increasing `gpu_memory_utilization` or decreasing "
     "`max_model_len` when initializing the engine."
 )
 V1_KV_085 = (  # 0.8.5 drops the estimate (string-concatenation bug)
-    "To serve at least one request with the models's max seq len (32768), (4.00 GiB KV cache is needed, which "
+    "To serve at least one request with the models's max seq len (32768), (4.00 GiB KV cache "
+    "is needed, which "
     "is larger than the available KV cache memory (2.50 GiB).Try increasing `gpu_memory_utilization`"
 )
 V0_KV = (
-    "ValueError: The model's max seq len (4096) is larger than the maximum number of tokens that can be stored "
+    "ValueError: The model's max seq len (4096) is larger than the maximum number of tokens "
+    "that can be stored "
     "in KV cache (3664). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
     "initializing the engine."
 )
@@ -36,15 +41,18 @@ NO_BLOCKS_033 = (
 )
 FREE_020 = (
     "ValueError: Free memory on device cuda:0 (30.12/79.19 GiB) on startup is less than desired GPU memory "
-    "utilization (0.92, 72.85 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+    "utilization (0.92, 72.85 GiB). Decrease GPU memory utilization or reduce GPU memory used "
+    "by other processes."
 )
 FREE_09 = (
     "ValueError: Free memory on device (30.12/79.19 GiB) on startup is less than desired GPU memory "
-    "utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+    "utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used "
+    "by other processes."
 )
 TORCH_OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total capacity of "
-    "79.11 GiB of which 140.75 MiB is free. Process 3270336 has 78.96 GiB memory in use. Of the allocated memory "
+    "79.11 GiB of which 140.75 MiB is free. Process 3270336 has 78.96 GiB memory in use. Of "
+    "the allocated memory "
     "68.83 GiB is allocated by PyTorch, with 660.00 MiB allocated in private pools (e.g., CUDA Graphs), and "
     "331.08 MiB is reserved by PyTorch but unallocated."
 )
