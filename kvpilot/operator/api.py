@@ -170,11 +170,6 @@ class InferenceServiceSpec(_Wire):
     engine: Engine = Field(default_factory=Engine)
     tuning: Tuning = Field(default_factory=Tuning)
 
-    @property
-    def tensor_parallel_size(self) -> int:
-        """The tensor-parallel size: pinned, else gpu.tensorParallelSize, else gpu.count."""
-        return self.engine.pinned.tensor_parallel_size or self.gpu.tensor_parallel_size or self.gpu.count
-
     def semantic_errors(self) -> list[str]:
         """The CRD's CEL rules, evaluated here: an empty list when the spec is consistent."""
         return _cel_equivalents(self)
@@ -197,9 +192,6 @@ class InferenceServiceSpec(_Wire):
             else defaults.max_gpu_memory_utilization,
         )
 
-    def to_pinned(self) -> types.EngineSettings:
-        """Pinned settings, with the tensor-parallel size always fixed (the GPUs are the user's choice)."""
-        return self.engine.pinned.to_engine().replace(tensor_parallel_size=self.tensor_parallel_size)
 
 
 def _in_range(value: float | None, rng: IntRange | FractionRange | None) -> bool:

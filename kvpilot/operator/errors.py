@@ -113,7 +113,7 @@ def classify(exc: BaseException) -> Failure:
         message = exc.message
         suggestions = getattr(exc, "suggestions", ())
         if suggestions:
-            message = f"{message} Options: {'; '.join(suggestions)}."
+            message = f"{message.rstrip('.')}. Options: {' '.join(s.rstrip('.') + '.' for s in suggestions)}"
         field = getattr(exc, "field", None) or getattr(exc, "flag", None)
         if isinstance(exc, tuner_errors.InvalidModelConfig) and field and field not in message:
             message = f"{message} (field {field})"

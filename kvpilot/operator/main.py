@@ -19,7 +19,7 @@ import kopf
 
 from kvpilot.operator import api, handlers, metrics
 
-RESOURCE = (api.GROUP, api.VERSION, api.PLURAL)
+RESOURCE = {"group": api.GROUP, "version": api.VERSION, "plural": api.PLURAL}
 
 
 @kopf.on.startup()
@@ -36,17 +36,17 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     handlers.default_deps()
 
 
-@kopf.on.create(*RESOURCE)
+@kopf.on.create(**RESOURCE)
 async def created(**kwargs: Any) -> None:
     await handlers.reconcile(trigger=handlers.CREATED, deps=handlers.default_deps(), **_pick(kwargs))
 
 
-@kopf.on.update(*RESOURCE, field="spec")
+@kopf.on.update(**RESOURCE, field="spec")
 async def spec_changed(**kwargs: Any) -> None:
     await handlers.reconcile(trigger=handlers.SPEC_CHANGED, deps=handlers.default_deps(), **_pick(kwargs))
 
 
-@kopf.on.resume(*RESOURCE)
+@kopf.on.resume(**RESOURCE)
 async def resumed(**kwargs: Any) -> None:
     await handlers.reconcile(trigger=handlers.RESUMED, deps=handlers.default_deps(), **_pick(kwargs))
 

@@ -34,7 +34,10 @@ PlanFn = Callable[..., Plan]
 @dataclass(frozen=True, slots=True)
 class UserArgs:
     pinned: EngineSettings
-    """Pinned settings (spec.engine.pinned, tuned flags from extraArgs, the tensor-parallel size)."""
+    """Pinned settings: spec.engine.pinned, tuned flags from extraArgs, gpu.tensorParallelSize.
+
+    Without an explicit tensor-parallel size the planner picks one (gpu.count, or a divisor of the
+    attention heads); the remaining GPUs become pipeline-parallel stages."""
     extra: tuple[str, ...]
     """extraArgs without tuned flags, validated against vLLM 0.33."""
 
@@ -63,13 +66,22 @@ def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
                 "keep it in pinned only"
             )
         merged[name] = value
-    tp = spec.tensor_parallel_size
-    if merged.get("tensor_parallel_size", tp) != tp:
+    tp = spec.engine.pinned.tensor_parallel_size or spec.gpu.tensor_parallel_size
+    if tp is not None and merged.get("tensor_parallel_size", tp) != tp:
         raise errors.InvalidSpec(
             f"--tensor-parallel-size {merged['tensor_parallel_size']} in spec.engine.extraArgs contradicts "
             f"spec.gpu (tensor-parallel size {tp}); set spec.gpu.tensorParallelSize instead"
         )
-    merged["tensor_parallel_size"] = tp
+    if tp is not None:
+        merged["tensor_parallel_size"] = tp
+    elif merged.get("tensor_parallel_size", 1) > spec.gpu.count or spec.gpu.count % merged.get(
+        "tensor_parallel_size", 1
+    ):
+        raise errors.InvalidSpec(
+            f"--tensor-parallel-size {merged['tensor_parallel_size']} in spec.engine.extraArgs does not "
+            "divide "
+            f"spec.gpu.count {spec.gpu.count}; set spec.gpu.tensorParallelSize instead"
+        )
     settings = EngineSettings(**merged)  # type: ignore[arg-type]
     vllm_args.check_settings(settings)
     return UserArgs(settings, rest)
@@ -117,13 +129,14 @@ def compute_plan(
 
 def compute_decision(spec: api.InferenceServiceSpec, plan: Plan, user: UserArgs) -> Decision:
     """What each tuning mode deploys and recommends."""
-    planned = plan.settings.replace(tensor_parallel_size=user.pinned.tensor_parallel_size)
+    planned = plan.settings
+    own = user.pinned.replace(tensor_parallel_size=planned.tensor_parallel_size)  # structure, not tuning
     mode = spec.tuning.mode
     if mode == "Auto":
         return Decision(plan, planned, planned, mode)
     if mode == "Recommend":
-        return Decision(plan, user.pinned, planned, mode)
-    return Decision(plan, user.pinned, None, mode)
+        return Decision(plan, own, planned, mode)
+    return Decision(plan, own, None, mode)
 
 
 def clear_cache() -> None:

@@ -67,7 +67,7 @@ def build_desired(
     )  # fmt: skip
     decision = planning.compute_decision(spec, plan, user)
     if deploy_override is not None and decision.mode == "Auto":
-        keep = deploy_override.to_engine().replace(tensor_parallel_size=user.pinned.tensor_parallel_size)
+        keep = deploy_override.to_engine().replace(tensor_parallel_size=plan.settings.tensor_parallel_size)
         decision = replace(decision, deploy=keep)
     manifests = [
         workloads.build_service(metadata),
@@ -77,9 +77,13 @@ def build_desired(
 
 
 def build_manifests(
-    isvc: Mapping[str, Any], *, plan_fn: planning.PlanFn | None = None
+    isvc: Mapping[str, Any], *, gpu_product: str | None = None, plan_fn: planning.PlanFn | None = None
 ) -> list[dict[str, Any]]:
-    """The Service and Deployment the operator would apply for ``isvc`` (a parsed YAML manifest)."""
+    """The Service and Deployment the operator would apply for ``isvc`` (a parsed YAML manifest).
+
+    ``gpu_product`` stands in for GPU discovery (a catalogue name or GFD product), for specs that
+    leave the GPU to the cluster's node labels; ``spec.gpu.product`` wins when both are given.
+    """
     if isvc.get("kind") not in (None, api.KIND):
         raise RenderError("InvalidSpec", f"kind is {isvc.get('kind')!r}, expected {api.KIND}")
     metadata = dict(isvc.get("metadata") or {})
@@ -87,6 +91,8 @@ def build_manifests(
     metadata.setdefault("namespace", "default")
     try:
         spec = parse_spec(isvc.get("spec") or {})
+        if gpu_product and not spec.gpu.product:
+            spec = spec.model_copy(update={"gpu": spec.gpu.model_copy(update={"product": gpu_product})})
         inputs = resolve.Inputs(
             resolve.read_model(spec.model, metadata["namespace"], None), resolve.read_gpu(spec, None)
         )

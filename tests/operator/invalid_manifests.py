@@ -1,0 +1,103 @@
+"""A table of invalid InferenceServices and how each must be answered.
+
+Used by the unit tests (tests/operator/test_invalid_manifests.py: the pydantic models +
+CEL equivalents refuse the ``schema`` and ``cel`` cases; the handler answers the
+``operator`` cases with Ready=False) and by the e2e suite (e2e/test_operator.py:
+``kubectl apply`` is refused by the API server for ``schema`` and ``cel`` cases, and the
+running operator answers the others with Ready=False + a Warning event).
+
+``expect``:
+  * ``schema``   -- the structural schema (types, enums, patterns, minimums, unknown fields)
+  * ``cel``      -- an ``x-kubernetes-validations`` rule; ``match`` is a substring of its message
+  * ``operator`` -- accepted by the API server; ``match`` is the Ready condition's reason
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+BASE: dict[str, Any] = {
+    "apiVersion": "kvpilot.io/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "invalid"},
+    "spec": {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "gpu": {"count": 1, "product": "L4"}},
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    expect: str
+    match: str
+    patch: dict[str, Any]
+    """Merged into BASE["spec"] (a ``None`` value deletes the key)."""
+
+    def manifest(self) -> dict[str, Any]:
+        body = copy.deepcopy(BASE)
+        body["metadata"]["name"] = f"invalid-{self.name}"
+        _merge(body["spec"], self.patch)
+        return body
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+CASES: tuple[Case, ...] = (
+    # --- structural schema ---------------------------------------------------------------------------
+    Case("no-model", "schema", "spec.model", {"model": None}),
+    Case("bad-model-id", "schema", "spec.model.id", {"model": {"id": "not a model id!"}}),
+    Case("zero-gpus", "schema", "spec.gpu.count", {"gpu": {"count": 0}}),
+    Case("unknown-mode", "schema", "spec.tuning.mode", {"tuning": {"mode": "Turbo"}}),
+    Case("utilisation-above-one", "schema", "gpuMemoryUtilization",
+         {"engine": {"pinned": {"gpuMemoryUtilization": 1.5}}}),
+    Case("bad-kv-dtype", "schema", "kvCacheDtype", {"engine": {"pinned": {"kvCacheDtype": "int3"}}}),
+    Case("negative-replicas", "schema", "spec.replicas", {"replicas": -1}),
+    Case("unknown-field", "schema", "batchSize", {"engine": {"batchSize": 32}}),
+    Case("bad-toleration-effect", "schema", "effect",
+         {"engine": {"tolerations": [{"key": "gpu", "operator": "Exists", "effect": "Sometimes"}]}}),
+    # --- CEL rules --------------------------------------------------------------------------------------
+    Case("min-context-above-max", "cel", "minContextLength must not exceed",
+         {"serving": {"minContextLength": 32768, "maxContextLength": 8192}}),
+    Case("configmap-without-ref", "cel", "configMapRef is required",
+         {"model": {"source": "ConfigMap"}}),
+    Case("configmapref-with-catalogue", "cel", "configMapRef is only used",
+         {"model": {"configMapRef": {"name": "cfg"}}}),
+    Case("hub-token-without-hub", "cel", "hubTokenSecretRef is only used",
+         {"model": {"hubTokenSecretRef": {"name": "hf"}}}),
+    Case("tp-does-not-divide", "cel", "tensorParallelSize must divide",
+         {"gpu": {"count": 4, "tensorParallelSize": 3}}),
+    Case("pinned-outside-bounds", "cel", "maxNumSeqs is outside",
+         {"engine": {"pinned": {"maxNumSeqs": 512}}, "tuning": {"bounds": {"maxNumSeqs": {"max": 256}}}}),
+    Case("bounds-min-above-max", "cel", "min must not exceed max",
+         {"tuning": {"bounds": {"gpuMemoryUtilization": {"min": 0.9, "max": 0.8}}}}),
+    Case("inline-hf-token", "cel", "do not inline a Hugging Face token",
+         {"engine": {"env": [{"name": "HF_TOKEN", "value": "hf_abc"}]}}),
+    Case("gpus-in-resources", "cel", "set GPUs with gpu.count",
+         {"engine": {"resources": {"limits": {"nvidia.com/gpu": 2}}}}),
+    Case("pinned-fp8-not-allowed", "cel", "allowFp8KvCache", {"engine": {"pinned": {"kvCacheDtype": "fp8"}}}),
+    Case("pinned-len-below-min-context", "cel", "below serving.minContextLength",
+         {"engine": {"pinned": {"maxModelLen": 4096}}, "serving": {"minContextLength": 8192}}),
+    # --- semantic: accepted by the API server, refused by the operator ---------------------------------
+    Case("unknown-model", "operator", "UnknownModel", {"model": {"id": "acme/NoSuchModel-7B"}}),
+    Case("unknown-gpu", "operator", "UnknownGpu", {"gpu": {"product": "GTX-480"}}),
+    Case("bogus-extra-arg", "operator", "InvalidEngineArgs",
+         {"engine": {"extraArgs": ["--batch-size", "32"]}}),
+    Case("bogus-kv-dtype-arg", "operator", "InvalidEngineArgs",
+         {"engine": {"extraArgs": ["--kv-cache-dtype", "int3"]}}),
+    Case("extra-arg-contradicts-pinned", "operator", "InvalidSpec",
+         {"engine": {"extraArgs": ["--max-num-seqs", "4"], "pinned": {"maxNumSeqs": 8}}}),
+    Case("gpu-product-vs-node-selector", "operator", "InvalidSpec",
+         {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}),
+    Case("does-not-fit", "operator", "Infeasible",
+         {"model": {"id": "meta-llama/Llama-3.1-70B-Instruct"}, "gpu": {"count": 1, "product": "L4"},
+          "serving": {"minContextLength": 8192}}),
+)  # fmt: skip

@@ -1,0 +1,44 @@
+"""Registrations and start-up settings of the kopf operator."""
+
+from __future__ import annotations
+
+import kopf
+
+from kvpilot.operator import handlers, main
+
+
+def test_startup_settings(monkeypatch) -> None:
+    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    settings = kopf.OperatorSettings()
+    main.configure(settings=settings)
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert settings.persistence.progress_storage.prefix == "kvpilot.io"
+    assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+    assert settings.persistence.diffbase_storage.prefix == "kvpilot.io"
+    assert settings.persistence.finalizer == "kvpilot.io/finalizer"
+
+
+def test_handlers_registered_for_our_resource() -> None:
+    registry = kopf.get_default_registry()
+    changing = registry._changing.get_all_handlers()
+    ours = [h for h in changing if h.fn in (main.created, main.spec_changed, main.resumed)]
+    assert len(ours) == 3
+    for h in ours:
+        assert h.selector.group == "kvpilot.io" and h.selector.plural == "inferenceservices"
+    update = next(h for h in ours if h.fn is main.spec_changed)
+    assert update.field == ("spec",)
+    assert not [h for h in changing if h.fn.__module__ == main.__name__ and h.reason == "delete"]
+
+
+async def test_handler_forwards_kwargs(monkeypatch) -> None:
+    seen = {}
+
+    async def fake(**kwargs):
+        seen.update(kwargs)
+
+    monkeypatch.setattr(handlers, "reconcile", fake)
+    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    await main.spec_changed(body={}, spec={}, meta={}, status={}, patch=kopf.Patch(), retry=2, logger=None,
+                            diff=(), old=None, new=None)  # fmt: skip
+    assert seen["trigger"] == "SpecChanged" and seen["retry"] == 2 and "diff" not in seen

@@ -1,0 +1,97 @@
+"""``kvpilot render``'s engine and the examples, with the real planner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvpilot.operator import render
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load(next(p for p in EXAMPLES if p.name == name).read_text())
+
+
+def args_of(manifests: list[dict]) -> list[str]:
+    return manifests[1]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def test_examples_exist() -> None:
+    assert len(EXAMPLES) >= 4
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_is_a_valid_inference_service(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    assert doc["apiVersion"] == "kvpilot.io/v1alpha1" and doc["kind"] == "InferenceService"
+    render.parse_spec(doc["spec"])
+
+
+def test_8b_on_one_l4() -> None:
+    service, deployment = render.build_manifests(load("llama-3.1-8b-on-l4.yaml"))
+    assert (service["kind"], deployment["kind"]) == ("Service", "Deployment")
+    args = args_of([service, deployment])
+    assert 8192 <= int(flag(args, "--max-model-len")) <= 32768
+    assert flag(args, "--kv-cache-dtype") == "auto"
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-L4"
+    assert deployment["metadata"]["ownerReferences"] == []  # no uid offline
+
+
+def test_70b_fp8_on_four_h100() -> None:
+    args = args_of(render.build_manifests(load("llama-3.1-70b-fp8-on-4xh100.yaml")))
+    assert flag(args, "--tensor-parallel-size") == "4"
+    assert int(flag(args, "--max-model-len")) >= 32768
+    assert "--enable-prefix-caching" in args
+
+
+def test_long_context_only_with_fp8_kv() -> None:
+    doc = load("long-context-fp8-kv-on-l4.yaml")
+    args = args_of(render.build_manifests(doc))
+    assert flag(args, "--kv-cache-dtype") == "fp8"
+    assert int(flag(args, "--max-model-len")) >= doc["spec"]["serving"]["minContextLength"]
+    doc["spec"]["tuning"]["allowFp8KvCache"] = False
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(doc)
+    assert info.value.reason == "Infeasible"
+    assert "fp8" in info.value.message
+
+
+def test_the_one_that_does_not_fit_says_so() -> None:
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(load("llama-3.1-70b-does-not-fit-4xl4.yaml"))
+    assert info.value.reason == "Infeasible"
+    assert "Options:" in info.value.message and "GPUs" in info.value.message
+
+
+def test_render_needs_a_gpu_offline_but_takes_one() -> None:
+    doc = load("llama-3.1-8b-on-l4.yaml")
+    del doc["spec"]["gpu"]["product"]
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(doc)
+    assert info.value.reason == "InvalidSpec" and "spec.gpu.product" in info.value.message
+    manifests = render.build_manifests(doc, gpu_product="L4")
+    assert manifests[1]["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-L4"
+
+
+def test_modes_offline() -> None:
+    doc = load("llama-3.1-8b-on-l4.yaml")
+    doc["spec"]["tuning"]["mode"] = "Off"
+    args = args_of(render.build_manifests(doc))
+    assert flag(args, "--max-model-len") is None and flag(args, "--tensor-parallel-size") == "1"
+
+
+def test_render_refuses_other_kinds_and_bad_specs() -> None:
+    with pytest.raises(render.RenderError):
+        render.build_manifests({"kind": "Deployment"})
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests({"kind": "InferenceService", "spec": {"model": {"id": "x", "source": "Hub"}}})
+    assert info.value.reason == "InvalidSpec"

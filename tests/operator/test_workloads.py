@@ -1,0 +1,96 @@
+"""The Deployment and Service builders: what every vLLM pod gets."""
+
+from __future__ import annotations
+
+from kvpilot.operator import api, workloads
+from kvpilot.tuner.types import EngineSettings
+
+TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+META = {"name": "llm", "namespace": "ns1", "uid": "u-1"}
+SETTINGS = EngineSettings(max_model_len=8192, max_num_seqs=32, gpu_memory_utilization=0.9,
+                          kv_cache_dtype="auto", tensor_parallel_size=2)  # fmt: skip
+
+
+def spec(**kw: object) -> api.InferenceServiceSpec:
+    base: dict[str, object] = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct", "revision": "main"},
+                               "gpu": {"count": 2, "product": "L4"}}  # fmt: skip
+    base.update(kw)
+    return api.InferenceServiceSpec.model_validate(base)
+
+
+def deployment(**kw: object) -> dict:
+    return workloads.build_deployment(META, spec(**kw), SETTINGS, ["--enable-prefix-caching"], ["NVIDIA-L4"])
+
+
+def test_container_command_and_args() -> None:
+    c = deployment()["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "vllm/vllm-openai:v0.33.0"
+    assert c["command"] == ["vllm", "serve"]
+    assert c["args"] == [
+        "meta-llama/Llama-3.1-8B-Instruct", "--revision", "main", "--host", "0.0.0.0", "--port", "8000",
+        "--max-model-len", "8192", "--max-num-seqs", "32", "--gpu-memory-utilization", "0.9",
+        "--kv-cache-dtype", "auto", "--tensor-parallel-size", "2", "--enable-prefix-caching",
+    ]  # fmt: skip
+
+
+def test_pipeline_parallel_fills_the_remaining_gpus() -> None:
+    s = spec(gpu={"count": 4, "product": "L4", "tensorParallelSize": 2})
+    d = workloads.build_deployment(META, s, SETTINGS, [], ["NVIDIA-L4"])
+    args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+
+
+def test_pod_essentials() -> None:
+    d = deployment(engine={"image": "my/vllm:1", "resources": {"requests": {"cpu": "4"}},
+                           "tolerations": [TOLERATION]},
+                   nodeSelector={"pool": "l4"})  # fmt: skip
+    pod = d["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["image"] == "my/vllm:1"
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 2}, "requests": {"cpu": "4", "nvidia.com/gpu": 2}}
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert c["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 20 * 60
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert pod["volumes"][0]["emptyDir"]["medium"] == "Memory"
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["nodeSelector"] == {"pool": "l4", "nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert pod["tolerations"] == [TOLERATION]
+    annotations = d["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "8000",
+                           "prometheus.io/path": "/metrics"}  # fmt: skip
+    assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_labels_selector_and_owner() -> None:
+    d, s = deployment(), workloads.build_service(META)
+    labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "llm",
+              "app.kubernetes.io/managed-by": "kvpilot", "kvpilot.io/inferenceservice": "llm"}  # fmt: skip
+    for obj in (d, s):
+        assert obj["metadata"]["labels"] == labels
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert owner == {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "name": "llm",
+                         "uid": "u-1", "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    assert d["spec"]["template"]["metadata"]["labels"] == labels
+    selector = d["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items() and s["spec"]["selector"] == selector
+    assert s["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+
+
+def test_no_owner_reference_without_uid() -> None:
+    assert workloads.build_service({"name": "x"})["metadata"]["ownerReferences"] == []
+
+
+def test_user_env_is_kept_and_token_comes_from_secret() -> None:
+    s = spec(model={"id": "acme/m", "source": "Hub", "hubTokenSecretRef": {"name": "hf"}},
+             engine={"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]})  # fmt: skip
+    pod = workloads.build_deployment(META, s, SETTINGS, [], [])["spec"]["template"]["spec"]
+    token = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert pod["containers"][0]["env"] == [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}, token]
+
+
+def test_no_gpu_product_no_selector() -> None:
+    pod = workloads.build_deployment(META, spec(), SETTINGS, [], [])["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod and "affinity" not in pod
