@@ -279,6 +279,14 @@ class Fleet:
                     if e.sim is not None:
                         e.sim.workload = self._workload_for(e)
 
+    def add_namespace(self, namespace: str, scenario: Scenario | None = None) -> None:
+        """Also play the pods of ``namespace`` (when constructed with ``namespaces``), with ``scenario``."""
+        with self._lock:
+            if self.namespaces is not None:
+                self.namespaces.add(namespace)
+            if scenario is not None:
+                self._scenarios[(namespace, "*")] = scenario
+
     def scenario_for(self, namespace: str, instance: str) -> Scenario:
         with self._lock:
             return (
@@ -374,7 +382,9 @@ class Fleet:
             )
             return list(json.loads(resp.data)["items"])
         items: list[dict[str, Any]] = []
-        for ns in sorted(self.namespaces):
+        with self._lock:
+            namespaces = sorted(self.namespaces)
+        for ns in namespaces:
             resp = self.core.list_namespaced_pod(
                 ns, label_selector=self.label_selector, _preload_content=False, _request_timeout=10
             )
