@@ -1,0 +1,213 @@
+"""The whole closed-loop stack for e2e tests and the demo: cluster, CRD, Prometheus, fleet, operator.
+
+:class:`Stack` owns what it starts and stops it in reverse order (each by PID). Helpers read
+InferenceServices, their Deployments and events through ``kubectl`` (the real API server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from e2e.fleet.fleet import Fleet
+from e2e.fleet.kopf_process import OperatorProcess
+from e2e.fleet.testing import wait_until
+from e2e.fleet.truth import EngineArgs, Scenario
+from e2e.prometheus import PrometheusServer
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "inferenceservices.kvpilot.io.yaml"
+ISVC = "inferenceservices.kvpilot.io"
+
+#: Environment the operator reads for the closed loop (see docs/closed-loop.md): the Prometheus URL and
+#: timings short enough for an e2e run. Unknown names are ignored by the operator.
+PROMETHEUS_URL_ENV = "KVPILOT_PROMETHEUS_URL"
+
+
+def closed_loop_env(
+    prometheus_url: str, *, interval_s: float = 2.0, window_s: float = 20.0
+) -> dict[str, str]:
+    """The operator's environment for a fast closed loop against ``prometheus_url``."""
+    return {
+        PROMETHEUS_URL_ENV: prometheus_url,
+        "KVPILOT_CLOSED_LOOP_INTERVAL_SECONDS": str(interval_s),
+        "KVPILOT_METRICS_WINDOW_SECONDS": str(window_s),
+        "KVPILOT_METRICS_STEP_SECONDS": "1",
+        "KVPILOT_METRICS_STALENESS_SECONDS": "10",
+        "KVPILOT_MIN_SAMPLES": "5",
+        "KVPILOT_MIN_CHANGE_INTERVAL_SECONDS": "5",
+    }
+
+
+def install_crd(kubectl: Callable[..., Any]) -> None:
+    if not CRD.exists():
+        raise FileNotFoundError(f"{CRD} is missing: the operator's CRD has not landed")
+    kubectl("apply", "--server-side", "--field-manager=kvpilot-e2e", "--force-conflicts", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", f"crd/{ISVC}", "--timeout=60s")
+
+
+def get_isvc(kubectl: Callable[..., Any], ns: str, name: str) -> dict[str, Any]:
+    return dict(json.loads(kubectl("get", ISVC, name, "-n", ns, "-o", "json").stdout))
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status", {}).get("conditions") or []) if c.get("type") == type_), {})
+
+
+def deployment_args(kubectl: Callable[..., Any], ns: str, name: str) -> EngineArgs:
+    d = json.loads(kubectl("get", "deployment", name, "-n", ns, "-o", "json").stdout)
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    return EngineArgs.parse([*(c.get("command") or []), *(c.get("args") or [])])
+
+
+def isvc_events(kubectl: Callable[..., Any], ns: str, name: str | None = None) -> list[dict[str, Any]]:
+    sel = "involvedObject.kind=InferenceService" + (f",involvedObject.name={name}" if name else "")
+    items = json.loads(kubectl("get", "events", "-n", ns, "--field-selector", sel, "-o", "json").stdout)[
+        "items"
+    ]
+    return sorted(
+        items, key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "", e["metadata"]["name"])
+    )
+
+
+def settings_of(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "-"
+    short = {
+        "maxModelLen": "len",
+        "maxNumSeqs": "seqs",
+        "gpuMemoryUtilization": "gmu",
+        "kvCacheDtype": "kv",
+        "tensorParallelSize": "tp",
+        "maxNumBatchedTokens": "batched",
+    }
+    return " ".join(f"{short.get(k, k)}={v}" for k, v in d.items() if k in short)
+
+
+class EventTail:
+    """Follows the InferenceService events of some namespaces and calls ``sink`` once per new event."""
+
+    def __init__(
+        self,
+        kubectl: Callable[..., Any],
+        namespaces: list[str],
+        sink: Callable[[dict[str, Any]], None],
+        interval: float = 1.0,
+    ) -> None:
+        self.kubectl, self.namespaces, self.sink, self.interval = kubectl, namespaces, sink, interval
+        self._seen: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, name="event-tail", daemon=True)
+
+    def start(self) -> EventTail:
+        self._t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(10)
+        with contextlib.suppress(Exception):
+            self.poll()
+
+    def poll(self) -> None:
+        for ns in list(self.namespaces):
+            for ev in isvc_events(self.kubectl, ns):
+                key, count = ev["metadata"]["uid"], int(ev.get("count") or 1)
+                if self._seen.get(key, 0) < count:
+                    self._seen[key] = count
+                    self.sink(ev)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(Exception):
+                self.poll()
+
+
+class Stack:
+    """Prometheus + fleet + operator on a running cluster (``LocalCluster``), started and stopped together."""
+
+    def __init__(
+        self,
+        cluster: Any,
+        dir: str | os.PathLike[str],
+        *,
+        namespaces: list[str] | None = None,
+        default_scenario: Scenario | None = None,
+        operator_env: dict[str, str] | None = None,
+        scrape_interval: str = "1s",
+    ) -> None:
+        self.cluster = cluster
+        self.dir = Path(dir)
+        self.prom = PrometheusServer(self.dir / "prometheus", scrape_interval=scrape_interval)
+        self._namespaces = namespaces
+        self._default_scenario = default_scenario
+        self._operator_env = operator_env
+        self.fleet: Fleet | None = None
+        self.operator: OperatorProcess | None = None
+
+    def kubectl(self, *args: str, **kw: Any) -> Any:
+        return self.cluster.kubectl(*args, **kw)
+
+    def start(self, *, operator: bool = True) -> Stack:
+        t0 = time.monotonic()
+        try:
+            install_crd(self.kubectl)
+            self.prom.start()
+            self.fleet = Fleet(
+                self.cluster.kubeconfig,
+                self.prom.targets_file,
+                namespaces=self._namespaces,
+                default_scenario=self._default_scenario,
+                kubectl=self.cluster.kubectl_bin,
+            ).start()
+            env = self._operator_env if self._operator_env is not None else closed_loop_env(self.prom.url)
+            self.operator = OperatorProcess(self.cluster.kubeconfig, self.dir / "operator", env=env)
+            if operator:
+                self.operator.start()
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        if self.operator is not None:
+            self.operator.stop()
+        if self.fleet is not None:
+            self.fleet.stop()
+        self.prom.stop()
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ InferenceServices
+    def isvc(self, ns: str, name: str) -> dict[str, Any]:
+        return get_isvc(self.kubectl, ns, name)
+
+    def wait_isvc(
+        self, ns: str, name: str, cond: Callable[[dict[str, Any]], Any], *, timeout: float, what: str
+    ) -> dict[str, Any]:
+        last: dict[str, Any] = {}
+
+        def check() -> Any:
+            nonlocal last
+            last = self.isvc(ns, name)
+            return cond(last)
+
+        try:
+            wait_until(check, timeout=timeout, what=what)
+        except AssertionError as e:
+            raise AssertionError(
+                f"{e}\nstatus: {json.dumps(last.get('status'), indent=1)[:4000]}\n"
+                f"operator log tail:\n{self.operator.log_tail() if self.operator else ''}"
+            ) from None
+        return last
