@@ -81,7 +81,9 @@ def find_hadolint() -> Path:
 def test_hadolint_is_clean() -> None:
     proc = subprocess.run(
         [str(find_hadolint()), "--config", str(ROOT / ".hadolint.yaml"), str(DOCKERFILE)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -148,8 +150,14 @@ def image_root(stages: list[Stage], tmp_path_factory: pytest.TempPathFactory) ->
             command = re.sub(r"(?<=\s)/(wheels|opt)\b", lambda m: f"{root}/{m.group(1)}", " " + arg)
             command = re.sub(r"(?<![\w/.-])python(?= )", shlex.quote(sys.executable), command)
             env.pop("VIRTUAL_ENV", None)
-            proc = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=workdir, env=env,
-                                  capture_output=True, text=True, timeout=600)
+            proc = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", command],
+                cwd=workdir,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             output = f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             assert proc.returncode == 0, f"RUN {arg}\n-> {command}\n{output}"
     return root
@@ -172,8 +180,14 @@ def test_image_venv_runs_the_operator_entrypoint(stages: list[Stage], image_root
     proc = subprocess.run([*argv, "--help"], env=clean_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "Usage: kopf run" in proc.stdout, proc.stderr
     # the module the entrypoint loads imports in the clean venv (handlers register, nothing connects)
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", "import kvpilot.operator.main"],
-                          env=clean_env, cwd=image_root, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import kvpilot.operator.main"],
+        env=clean_env,
+        cwd=image_root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # the chart's container command (`kopf ...`) resolves to the same venv
     assert (venv / "bin" / "kopf").exists() and (venv / "bin" / "kvpilot").exists()

@@ -45,9 +45,16 @@ def find_helm() -> Path:
 
 def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [str(helm), *args], capture_output=True, text=True, timeout=120,
-        env={**os.environ, "HELM_CACHE_HOME": "/tmp/kvpilot-helm/cache",
-             "HELM_CONFIG_HOME": "/tmp/kvpilot-helm/config", "HELM_DATA_HOME": "/tmp/kvpilot-helm/data"},
+        [str(helm), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "HELM_CACHE_HOME": "/tmp/kvpilot-helm/cache",
+            "HELM_CONFIG_HOME": "/tmp/kvpilot-helm/config",
+            "HELM_DATA_HOME": "/tmp/kvpilot-helm/data",
+        },
     )
     if check and proc.returncode != 0:
         pytest.fail(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -64,7 +71,13 @@ def values_args(values_file: Path | None = None, sets: Sequence[str] = ()) -> li
 def render(helm: Path, values_file: Path | None = None, sets: Sequence[str] = ()) -> list[dict[str, Any]]:
     """``helm template`` the chart (templates and crds/) and return its objects."""
     out = run_helm(
-        helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds",
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--include-crds",
         *values_args(values_file, sets),
     ).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]

@@ -30,8 +30,13 @@ def test_every_object_carries_the_standard_labels(
         if obj["kind"] == "CustomResourceDefinition" and obj["metadata"]["name"].endswith("kopf.dev"):
             continue  # kopf's shared peering CRDs (crds/): not ours to label
         labels = obj["metadata"].get("labels", {})
-        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
-                    "app.kubernetes.io/version", "helm.sh/chart"):
+        for key in (
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/managed-by",
+            "app.kubernetes.io/version",
+            "helm.sh/chart",
+        ):
             assert key in labels, f"{obj['kind']}/{obj['metadata']['name']} lacks label {key}"
 
 
@@ -46,8 +51,15 @@ def test_template_file_names_follow_component_kind() -> None:
 def test_default_install_objects(rendered: Callable[..., list[dict[str, Any]]]) -> None:
     objs = rendered()
     kinds = sorted({o["kind"] for o in objs})
-    assert kinds == ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                     "Deployment", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ClusterKopfPeering",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
     assert not by_kind(objs, "ServiceMonitor") and not by_kind(objs, "PodMonitor")  # CRDs may not exist
     crds = {o["metadata"]["name"] for o in by_kind(objs, "CustomResourceDefinition")}
     assert crds == {"inferenceservices.kvpilot.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
@@ -106,8 +118,17 @@ def test_standalone_mode(rendered: Callable[..., list[dict[str, Any]]]) -> None:
 
 
 def test_standalone_refuses_two_replicas(helm: Path) -> None:
-    proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", "peering.enabled=false",
-                    "--set", "replicaCount=2", check=False)
+    proc = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set",
+        "peering.enabled=false",
+        "--set",
+        "replicaCount=2",
+        check=False,
+    )
     assert proc.returncode != 0
     assert "needs peering.enabled=true" in proc.stderr
 
@@ -121,8 +142,10 @@ def test_monitoring_objects(rendered: Callable[..., list[dict[str, Any]]]) -> No
     assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"] == "metrics"
     pm = one(objs, "PodMonitor")
     # the labels every vLLM pod kvpilot owns carries (docs/api-contract.md, "Objects owned")
-    assert pm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "vllm",
-                                                     "app.kubernetes.io/managed-by": "kvpilot"}
+    assert pm["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/managed-by": "kvpilot",
+    }
     assert pm["spec"]["namespaceSelector"] == {"any": True}
     c = _container(objs)
     assert c["image"].startswith("ghcr.io/kvpilot/kvpilot@sha256:")

@@ -25,8 +25,11 @@ def test_chart_copy_is_byte_identical_to_the_source() -> None:
 
 def test_rendered_crd_spec_equals_the_source(rendered: Render) -> None:
     source = yaml.safe_load(SOURCE.read_text())
-    (crd,) = [o for o in by_kind(rendered(), "CustomResourceDefinition")
-              if o["metadata"]["name"] == "inferenceservices.kvpilot.io"]
+    (crd,) = [
+        o
+        for o in by_kind(rendered(), "CustomResourceDefinition")
+        if o["metadata"]["name"] == "inferenceservices.kvpilot.io"
+    ]
     assert crd["spec"] == source["spec"]
     assert crd["metadata"]["name"] == source["metadata"]["name"]
     assert source["metadata"].get("labels", {}).items() <= crd["metadata"]["labels"].items()

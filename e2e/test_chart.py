@@ -1,0 +1,453 @@
+"""The Helm chart on the real local control plane: install, upgrade, namespace-scoped mode, uninstall, and the
+chart's RBAC proven both ways.
+
+* The install / upgrade / namespaced / uninstall steps are the ``<!-- e2e: NAME -->`` command blocks of
+  docs/install.md, run verbatim with bash from the repository root: the documentation is what is tested.
+* "Allowed": the operator runs on the host with the chart's exact container command and environment, but
+  authenticated only by a TokenRequest token of the chart's ServiceAccount (``kubectl create token``); it must
+  reconcile an example InferenceService into its Deployment and Service without a single 403.
+* "Denied": ``kubectl auth can-i`` with that token, for what the operator does not need.
+
+The module starts its own cluster: Helm must own the InferenceService CRD from the first install, and other
+e2e modules may already have applied it with kubectl to the shared one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.cluster import LocalCluster, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "install.md"
+EXAMPLE = ROOT / "examples" / "llama-3.1-8b-on-l4.yaml"
+NS = "kvpilot-system"
+SA = "kvpilot"
+SA_USER = f"system:serviceaccount:{NS}:{SA}"
+OPERATOR_ROLES = ("discovery", "gpu-discovery", "framework", "inferenceservices", "workloads", "model-config")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def doc_blocks() -> dict[str, str]:
+    """The ``<!-- e2e: NAME -->`` fenced bash blocks of docs/install.md, by name."""
+    found = re.findall(r"<!-- e2e: ([\w-]+) -->\n```bash\n(.*?)```", DOCS.read_text(), flags=re.S)
+    return dict(found)
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+class Chart:
+    """The module's cluster plus the doc commands, kubectl as admin and as the operator's ServiceAccount."""
+
+    def __init__(self, cluster: LocalCluster, home: Path) -> None:
+        self.cluster = cluster
+        self.home = home
+        self.env = {
+            **os.environ,
+            **cluster.env(),
+            "HELM_CACHE_HOME": str(home / "helm-cache"),
+            "HELM_CONFIG_HOME": str(home / "helm-config"),
+            "HELM_DATA_HOME": str(home / "helm-data"),
+        }
+        self.blocks = doc_blocks()
+
+    def run_doc(self, name: str) -> None:
+        proc = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", self.blocks[name]],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, f"docs/install.md block {name!r} failed:\n{proc.stdout}\n{proc.stderr}"
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl(*args, check=check, input=input)
+
+    def get(self, *args: str) -> Any:
+        proc = self.kubectl("get", *args, "-o", "json", check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    def sa_kubeconfig(self) -> Path:
+        """A kubeconfig holding nothing but a fresh TokenRequest token of the chart's ServiceAccount."""
+        token = self.kubectl("--namespace", NS, "create", "token", SA, "--duration=1h").stdout.strip()
+        admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": admin["clusters"],
+            "users": [{"name": SA, "user": {"token": token}}],
+            "contexts": [{"name": SA, "context": {"cluster": admin["clusters"][0]["name"], "user": SA}}],
+            "current-context": SA,
+        }
+        path = self.home / "sa-kubeconfig"
+        path.write_text(yaml.safe_dump(cfg))
+        path.chmod(0o600)
+        return path
+
+    def can_i(self, kubeconfig: Path, *args: str) -> bool:
+        proc = subprocess.run(
+            [str(self.cluster.kubectl_bin), f"--kubeconfig={kubeconfig}", "auth", "can-i", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.stdout.strip() in ("yes", "no"), proc.stdout + proc.stderr
+        return proc.stdout.strip() == "yes"
+
+
+class HostOperator:
+    """The chart's container (command, args, env) run as a host process with a ServiceAccount kubeconfig."""
+
+    def __init__(self, chart: Chart, kubeconfig: Path, identity: str) -> None:
+        deploy = chart.get("deployment", "kvpilot", "--namespace", NS)
+        (container,) = deploy["spec"]["template"]["spec"]["containers"]
+        self.liveness_port, self.metrics_port = free_port(), free_port()
+        argv = [
+            re.sub(
+                r"^--liveness=http://0\.0\.0\.0:\d+/", f"--liveness=http://127.0.0.1:{self.liveness_port}/", a
+            )
+            for a in container["command"] + container["args"]
+        ]
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+            "HOME": str(chart.home),
+            "KUBECONFIG": str(kubeconfig),
+        }
+        for e in container["env"]:
+            if "value" in e:
+                env[e["name"]] = e["value"]
+            elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+                env[e["name"]] = identity
+        env["KVPILOT_METRICS_PORT"] = str(self.metrics_port)
+        self.identity = identity
+        self.log_path = chart.home / f"operator-{identity}.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=chart.home,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: the shell exec'd kopf, nothing else
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as rsp:
+            return rsp.read().decode()
+
+
+def assert_no_forbidden(op: HostOperator) -> None:
+    denied = [ln for ln in op.log.splitlines() if re.search(r"\b403\b|[Ff]orbidden", ln)]
+    assert denied == [], "the operator hit RBAC denials:\n" + "\n".join(denied[:20])
+
+
+def reconcile_example(chart: Chart, op: HostOperator, namespace: str) -> dict[str, Any]:
+    """Apply the example InferenceService in ``namespace`` (as admin); return the operator's Deployment."""
+    if chart.get("namespace", namespace) is None:
+        chart.kubectl("create", "namespace", namespace)
+    chart.kubectl("--namespace", namespace, "apply", "-f", str(EXAMPLE))
+    name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+
+    def made() -> Any:
+        assert op.alive(), f"the operator exited ({op.proc.returncode}):\n{op.log[-4000:]}"
+        return chart.get("deployment", name, "--namespace", namespace)
+
+    deploy = wait_for(made, 120, f"Deployment {namespace}/{name} from the operator")
+    (owner,) = deploy["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("InferenceService", name)
+    wait_for(lambda: chart.get("service", name, "--namespace", namespace), 60, f"Service {namespace}/{name}")
+    return deploy
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chart]:
+    home = tmp_path_factory.mktemp("chart")
+    cluster = LocalCluster(home / "cluster", build=True)
+    cluster.start()
+    try:
+        yield Chart(cluster, home)
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def operators() -> Iterator[list[HostOperator]]:
+    started: list[HostOperator] = []
+    yield started
+    for op in started:
+        op.stop()
+
+
+# --------------------------------------------------------------------------- tests, in order
+
+
+def test_install_creates_everything(chart: Chart) -> None:
+    assert set(doc_blocks()) >= {"install", "upgrade", "namespaced", "uninstall"}
+    chart.run_doc("install")
+    for crd in ("inferenceservices.kvpilot.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+        conditions = {c["type"]: c["status"] for c in chart.get("crd", crd)["status"]["conditions"]}
+        assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
+    assert (
+        chart.get("crd", "inferenceservices.kvpilot.io")["metadata"]["annotations"]["helm.sh/resource-policy"]
+        == "keep"
+    )
+    for kind, name in (("deployment", "kvpilot"), ("serviceaccount", SA), ("service", "kvpilot-metrics")):
+        assert chart.get(kind, name, "--namespace", NS), f"{kind}/{name} missing"
+    for role in (*OPERATOR_ROLES, "view", "edit"):
+        assert chart.get("clusterrole", f"kvpilot-{role}"), role
+    for role in OPERATOR_ROLES:
+        binding = chart.get("clusterrolebinding", f"kvpilot-{role}")
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA, "namespace": NS}]
+    assert chart.get("clusterkopfpeering", "kvpilot") is not None
+    # the pod passed the namespace's `restricted` Pod Security admission and is Ready (KWOK plays kubelet)
+    pods = chart.get("pods", "--namespace", NS, "-l", "app.kubernetes.io/name=kvpilot")["items"]
+    assert len(pods) == 1
+    assert {c["type"]: c["status"] for c in pods[0]["status"]["conditions"]}["Ready"] == "True"
+    releases = json.loads(
+        subprocess.run(
+            [str(chart.cluster.helm_bin), "list", "-n", NS, "-o", "json"],
+            env=chart.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert [(r["name"], r["status"]) for r in releases] == [("kvpilot", "deployed")]
+
+
+def test_operator_reconciles_with_only_the_service_account_token(
+    chart: Chart, operators: list[HostOperator]
+) -> None:
+    kubeconfig = chart.sa_kubeconfig()
+    whoami = subprocess.run(
+        [str(chart.cluster.kubectl_bin), f"--kubeconfig={kubeconfig}", "auth", "whoami", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == SA_USER
+    op = HostOperator(chart, kubeconfig, "host-operator-a")
+    operators.append(op)
+    deploy = reconcile_example(chart, op, "demo")
+    assert deploy["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kvpilot"
+    isvc = wait_for(
+        lambda: (
+            (chart.get("inferenceservices.kvpilot.io", "llama-8b-l4", "-n", "demo") or {})
+            .get("status", {})
+            .get("conditions")
+        ),
+        60,
+        "status conditions written",
+    )
+    assert {c["type"] for c in isvc} >= {"Ready"}
+    # it keeps itself alive in the chart's peering object, and serves its own metrics
+    peers = wait_for(lambda: (chart.get("clusterkopfpeering", "kvpilot") or {}).get("status"), 30, "peering")
+    assert "host-operator-a" in peers
+    assert "kvpilot_reconciles_total" in op.metrics()
+    assert_no_forbidden(op)
+    op.stop()
+    assert "host-operator-a" not in ((chart.get("clusterkopfpeering", "kvpilot") or {}).get("status") or {})
+
+
+def test_second_replica_waits(chart: Chart, operators: list[HostOperator]) -> None:
+    """Two copies of the chart's command: random peering priorities, so exactly one pauses."""
+    kubeconfig = chart.sa_kubeconfig()
+    a = HostOperator(chart, kubeconfig, "host-operator-a")
+    operators.append(a)
+    wait_for(
+        lambda: "host-operator-a" in ((chart.get("clusterkopfpeering", "kvpilot") or {}).get("status") or {}),
+        30,
+        "replica a in the peering object",
+    )
+    b = HostOperator(chart, kubeconfig, "host-operator-b")
+    operators.append(b)
+    paused = wait_for(
+        lambda: [op.identity for op in (a, b) if "Pausing operations in favour of" in op.log],
+        60,
+        "one replica to pause",
+    )
+    time.sleep(3)  # a tie would pause both; make sure the other stays active
+    paused = [op.identity for op in (a, b) if "Pausing operations in favour of" in op.log]
+    assert len(paused) == 1, paused
+    assert a.alive() and b.alive()
+    assert_no_forbidden(a)
+    assert_no_forbidden(b)
+
+
+DENIED = [
+    ("list", "secrets", "--all-namespaces"),
+    ("list", "secrets", "--namespace", "demo"),
+    ("watch", "secrets", "--namespace", "demo"),
+    ("create", "secrets", "--namespace", "demo"),
+    ("delete", "secrets", "--namespace", "demo"),
+    ("create", "inferenceservices.kvpilot.io", "--namespace", "demo"),
+    ("delete", "inferenceservices.kvpilot.io", "--namespace", "demo"),
+    ("list", "configmaps", "--namespace", "demo"),
+    ("update", "configmaps", "--namespace", "demo"),
+    ("create", "pods", "--namespace", "demo"),
+    ("delete", "pods", "--namespace", "demo"),
+    ("create", "pods", "--subresource=exec", "--namespace", "demo"),
+    ("create", "statefulsets.apps", "--namespace", "demo"),
+    ("create", "daemonsets.apps", "--namespace", "demo"),
+    ("create", "jobs.batch", "--namespace", "demo"),
+    ("patch", "nodes"),
+    ("delete", "nodes"),
+    ("create", "namespaces"),
+    ("delete", "namespaces"),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("create", "clusterroles.rbac.authorization.k8s.io"),
+    ("create", "rolebindings.rbac.authorization.k8s.io", "--namespace", "demo"),
+    ("impersonate", "serviceaccounts", "--namespace", "demo"),
+    ("delete", "clusterkopfpeerings.kopf.dev/kvpilot"),
+    ("patch", "clusterkopfpeerings.kopf.dev/someone-else"),
+    ("create", "serviceaccounts", "--subresource=token", "--namespace", NS),
+]
+ALLOWED = [
+    ("watch", "inferenceservices.kvpilot.io", "--all-namespaces"),
+    ("patch", "inferenceservices.kvpilot.io", "--subresource=status", "--namespace", "demo"),
+    ("create", "deployments.apps", "--namespace", "demo"),
+    ("delete", "services", "--namespace", "demo"),
+    ("watch", "pods", "--all-namespaces"),
+    ("list", "nodes"),
+    ("get", "secrets/hf-token", "--namespace", "demo"),
+    ("get", "configmaps/model-config", "--namespace", "demo"),
+    ("create", "events", "--namespace", "demo"),
+    ("patch", "clusterkopfpeerings.kopf.dev/kvpilot"),
+]
+
+
+def test_rbac_denies_what_the_operator_does_not_need(chart: Chart) -> None:
+    kubeconfig = chart.sa_kubeconfig()
+    wrongly_allowed = [" ".join(args) for args in DENIED if chart.can_i(kubeconfig, *args)]
+    wrongly_denied = [" ".join(args) for args in ALLOWED if not chart.can_i(kubeconfig, *args)]
+    assert (wrongly_allowed, wrongly_denied) == ([], [])
+
+
+def test_upgrade_upgrades_the_templated_crd(chart: Chart) -> None:
+    """A chart whose CRD gained a printer column: `helm upgrade` applies it; the doc's upgrade restores."""
+    changed = chart.home / "chart-next"
+    shutil.copytree(ROOT / "charts" / "kvpilot", changed, dirs_exist_ok=True)
+    crd_copy = changed / "files" / "crds" / "inferenceservices.kvpilot.io.yaml"
+    text = crd_copy.read_text()
+    marker = "        - name: Age\n"
+    assert marker in text
+    crd_copy.write_text(
+        text.replace(
+            marker,
+            "        - name: Upgraded\n          type: string\n          jsonPath: .spec.model.id\n" + marker,
+            1,
+        )
+    )
+    subprocess.run(
+        [
+            str(chart.cluster.helm_bin),
+            "upgrade",
+            "kvpilot",
+            str(changed),
+            "--namespace",
+            NS,
+            "--reuse-values",
+            "--wait",
+        ],
+        env=chart.env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+    def columns() -> list[str]:
+        crd = chart.get("crd", "inferenceservices.kvpilot.io")
+        return [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+
+    assert "Upgraded" in columns()
+    chart.run_doc("upgrade")
+    assert "Upgraded" not in columns()
+    assert chart.get("inferenceservices.kvpilot.io", "llama-8b-l4", "-n", "demo"), "upgrade lost an object"
+
+
+def test_namespaced_mode_confines_the_operator(chart: Chart, operators: list[HostOperator]) -> None:
+    chart.run_doc("namespaced")
+    for role in ("framework", "inferenceservices", "workloads", "model-config"):
+        assert chart.get("clusterrole", f"kvpilot-{role}") is None, f"ClusterRole kvpilot-{role} left behind"
+        assert chart.get("role", f"kvpilot-{role}", "--namespace", "team-a"), role
+    assert chart.get("clusterkopfpeering", "kvpilot") is None
+    assert chart.get("kopfpeering", "kvpilot", "--namespace", "team-a")
+    kubeconfig = chart.sa_kubeconfig()
+    can = lambda *args: chart.can_i(kubeconfig, *args)  # noqa: E731
+    assert can("patch", "deployments.apps", "--namespace", "team-a")
+    assert not can("patch", "deployments.apps", "--namespace", "demo")
+    assert not can("list", "deployments.apps", "--all-namespaces")
+    assert not can("watch", "inferenceservices.kvpilot.io", "--all-namespaces")
+    assert can("get", "secrets/hf-token", "--namespace", "team-a")
+    assert not can("get", "secrets/other", "--namespace", "team-a")
+    assert not can("get", "secrets/hf-token", "--namespace", "demo")
+    assert can("list", "nodes")
+    # the operator, confined, still runs the scenario in its namespace
+    op = HostOperator(chart, kubeconfig, "host-operator-ns")
+    operators.append(op)
+    reconcile_example(chart, op, "team-a")
+    assert_no_forbidden(op)
+
+
+def test_uninstall_keeps_the_crd_and_the_services(chart: Chart) -> None:
+    chart.run_doc("uninstall")
+    assert chart.get("deployment", "kvpilot", "--namespace", NS) is None
+    for role in (*OPERATOR_ROLES, "view", "edit"):
+        assert chart.get("clusterrole", f"kvpilot-{role}") is None
+    assert chart.get("role", "kvpilot-workloads", "--namespace", "team-a") is None
+    assert chart.get("kopfpeering", "kvpilot", "--namespace", "team-a") is None
+    for crd in ("inferenceservices.kvpilot.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+        assert chart.get("crd", crd), f"{crd} was deleted"
+    assert chart.get("inferenceservices.kvpilot.io", "llama-8b-l4", "-n", "demo")
+    assert chart.get("deployment", "llama-8b-l4", "--namespace", "demo")
