@@ -117,10 +117,10 @@ def compute_kv_layout(
     hybrid_chunked = vllm_defaults.hybrid_manager_for_chunked_local(vllm_version)
     kinds: list[tuple[str, int, int, int, int | None]] = []
     for layer in model.layers:
-        kind = layer.kind
+        kind, window = layer.kind, layer.window
         if kind == CHUNKED and not hybrid_chunked:
-            kind = FULL  # hybrid manager off: local layers allocate for every token
-        kinds.append((kind, layer.num_kv_heads, layer.head_dim, layer.head_dim_v, layer.window))
+            kind, window = FULL, None  # hybrid manager off: local layers allocate for every token
+        kinds.append((kind, layer.num_kv_heads, layer.head_dim, layer.head_dim_v, window))
 
     if block_size is None:
         block_size = vllm_defaults.default_block_size(vllm_version)

@@ -188,13 +188,14 @@ class ModelSpec:
         return max(1, self.num_kv_heads // tp)
 
     def num_layers_per_rank(self, pp: int, rank: int = 0) -> int:
-        """Layers on pipeline stage ``rank`` (vLLM's ``get_pp_indices``, even split)."""
+        """Text-decoder layers on pipeline stage ``rank``."""
         return len(self.layer_range(pp, rank))
 
     def layer_range(self, pp: int, rank: int) -> range:
-        """vLLM's ``get_pp_indices``: even split, the remainder goes to the last stages."""
-        base, rem = divmod(self.num_layers, pp)
-        sizes = [base + (1 if i >= pp - rem else 0) for i in range(pp)]
+        """vLLM's ``get_pp_indices``: an even split, the remainder to the stages before the last."""
+        sizes = [self.num_layers // pp] * pp
+        for i in range(2, self.num_layers % pp + 2):
+            sizes[-i] += 1
         start = sum(sizes[:rank])
         return range(start, start + sizes[rank])
 

@@ -68,10 +68,16 @@ def compute_safe_utilization(
     return min(bounds.max_gpu_memory_utilization, max(bounds.min_gpu_memory_utilization, util))
 
 
+def tensor_parallel_ok(model: ModelSpec, tp: int) -> bool:
+    """vLLM's divisibility rules: TP divides the attention heads, and the KV heads divide or are divided by it."""
+    kv = model.num_kv_heads
+    return model.num_attention_heads % tp == 0 and (model.mla is not None or kv % tp == 0 or tp % kv == 0)
+
+
 def compute_tensor_parallel(model: ModelSpec, gpu_count: int) -> int:
-    """The largest TP size <= ``gpu_count`` that divides the attention heads."""
+    """The largest TP size <= ``gpu_count`` that vLLM accepts for this model."""
     for tp in range(max(1, gpu_count), 0, -1):
-        if model.num_attention_heads % tp == 0:
+        if tensor_parallel_ok(model, tp):
             return tp
     return 1
 
@@ -139,7 +145,7 @@ def _suggestions(model: ModelSpec, gpu: GpuSpec, gpu_count: int, bounds: Serving
     out: list[str] = []
     if pinned.tensor_parallel_size is None:
         for count in (2, 4, 8, 16, 32, 64):
-            if count <= gpu_count or model.num_attention_heads % count:
+            if count <= gpu_count or not tensor_parallel_ok(model, count):
                 continue
             if fits(_budget(model, gpu, settings.replace(tensor_parallel_size=count), version, weights)):
                 out.append(f"{count} {gpu.name} GPUs (tensor parallel {count}) fit these settings.")
@@ -179,7 +185,8 @@ def compute_plan(
     tp = pinned.tensor_parallel_size or compute_tensor_parallel(model, gpu_count)
     if pinned.tensor_parallel_size is None and tp != gpu_count:
         warnings.append(
-            f"tensor_parallel_size {tp}: {gpu_count} does not divide the {model.num_attention_heads} attention heads."
+            f"tensor_parallel_size {tp}: {gpu_count} GPUs do not divide the model's "
+            f"{model.num_attention_heads} attention / {model.num_kv_heads} KV heads."
         )
     settings = pinned.replace(tensor_parallel_size=tp)
 

@@ -1,0 +1,138 @@
+"""The start-up budget: calibration points, version behaviour, never-raising failures and their texts."""
+
+from __future__ import annotations
+
+import model_configs_for_tests as cfg
+import pytest
+
+from kvpilot.tuner import memory, vllm_defaults
+from kvpilot.tuner.model_spec import build_model_spec
+from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec
+
+H100 = GpuSpec("H100-SXM", 85_031_714_816, (9, 0), True, "nvlink", nvml_total_bytes=81_559 << 20)
+"""79.19 GiB CUDA-visible (vllm_reference §8), NVML 81,559 MiB."""
+A100_40 = GpuSpec("A100-40GB", int(39.5 * GIB), (8, 0), False, "nvlink", nvml_total_bytes=40_960 << 20)
+L4 = GpuSpec("L4", int(21.96 * GIB), (8, 9), True, "pcie", nvml_total_bytes=23_034 << 20)
+
+V019 = "0.19.0"
+AT_095 = EngineSettings(gpu_memory_utilization=0.95, max_model_len=8192)
+
+
+@pytest.mark.parametrize(
+    ("config", "settings", "logged"),
+    [
+        (cfg.LLAMA_31_8B, AT_095.replace(kv_cache_dtype="fp8"), 58.11),  # case-020
+        (cfg.GEMMA_2_9B, AT_095, 54.12),  # case-012
+        (cfg.MIXTRAL_8X7B, AT_095.replace(tensor_parallel_size=2), 28.44),  # case-033
+        (cfg.QWEN3_30B_A3B, AT_095, 15.41),  # case-044
+        (cfg.LLAMA_4_SCOUT, AT_095.replace(tensor_parallel_size=4), 16.75),  # case-029
+    ],
+)
+def test_calibration_points_of_vllm_019(config, settings: EngineSettings, logged: float) -> None:
+    budget = memory.compute_budget(build_model_spec(config), H100, settings, vllm_version=V019)
+    assert budget.starts
+    assert budget.available_kv_cache_gib == pytest.approx(logged, rel=0.02)
+
+
+def test_budget_adds_up() -> None:
+    budget = memory.compute_budget(build_model_spec(cfg.LLAMA_31_8B), H100, EngineSettings())
+    parts = budget.weights_gib + budget.activation_gib + budget.non_torch_gib + budget.cuda_graph_gib
+    assert budget.requested_gib == pytest.approx(H100.total_bytes * 0.92 / GIB, abs=1e-6)  # 0.33 default
+    assert parts + budget.available_kv_cache_gib == pytest.approx(budget.requested_gib, abs=1e-6)
+    assert budget.kv_bytes_per_token == 131072
+    assert budget.num_gpu_blocks == int(budget.available_kv_cache_gib * GIB) // (2 << 20)
+
+
+def test_cuda_graphs_are_subtracted_from_020_on() -> None:
+    spec = build_model_spec(cfg.LLAMA_31_8B)
+    settings = AT_095
+    new = memory.compute_budget(spec, H100, settings, vllm_version="0.20.0")
+    old = memory.compute_budget(spec, H100, settings, vllm_version="0.19.1")
+    eager = memory.compute_budget(spec, H100, settings, vllm_version="0.20.0", enforce_eager=True)
+    assert new.cuda_graph_gib > 0 and eager.cuda_graph_gib == 0
+    assert old.available_kv_cache_gib - new.available_kv_cache_gib == pytest.approx(new.cuda_graph_gib, abs=0.01)
+    assert eager.available_kv_cache_gib == pytest.approx(old.available_kv_cache_gib, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("version", "gpu", "tokens", "seqs", "util"),
+    [
+        ("0.33.0", H100, 8192, 1024, 0.92),
+        ("0.19.0", H100, 8192, 1024, 0.90),
+        ("0.33.0", A100_40, 2048, 256, 0.92),
+        ("0.33.0", L4, 2048, 256, 0.92),
+    ],
+)
+def test_version_and_gpu_defaults(version: str, gpu: GpuSpec, tokens: int, seqs: int, util: float) -> None:
+    parsed = vllm_defaults.parse_version(version)
+    limits = vllm_defaults.default_batch_limits(parsed, gpu)
+    assert (limits.max_num_batched_tokens, limits.max_num_seqs) == (tokens, seqs)
+    assert vllm_defaults.default_gpu_memory_utilization(parsed) == util
+
+
+def test_b200_class_defaults_from_028() -> None:
+    b200 = GpuSpec("B200", int(178.35 * GIB), (10, 0), True, "nvlink")
+    assert vllm_defaults.default_batch_limits((0, 33), b200).max_num_batched_tokens == 16384
+    assert vllm_defaults.default_batch_limits((0, 27), b200).max_num_batched_tokens == 8192
+
+
+def test_short_context_caps_the_default_batch() -> None:
+    limits = vllm_defaults.resolve_batch_limits((0, 33), H100, 4, None, 16)
+    assert (limits.max_num_batched_tokens, limits.max_num_seqs) == (64, 16)
+
+
+@pytest.mark.parametrize("text", ["0.19.0", "v0.19.1", "0.11.0 (stated ...)", "main @ 2025-01-30 (~v0.7.1)"])
+def test_parse_version_of_free_text(text: str) -> None:
+    assert vllm_defaults.parse_version(text)[:2] in {(0, 19), (0, 11), (0, 7)}
+
+
+def test_no_memory_left_is_vllms_error_not_an_exception() -> None:
+    budget = memory.compute_budget(build_model_spec(cfg.LLAMA_31_70B), H100, EngineSettings())
+    assert not budget.starts and budget.available_kv_cache_gib < 0
+    assert budget.error == (
+        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing "
+        "the engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). "
+        "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )
+
+
+@pytest.mark.parametrize(("version", "word"), [("0.33.0", "model's"), ("0.19.0", "models's")])
+def test_max_model_len_that_does_not_fit(version: str, word: str) -> None:
+    spec = build_model_spec(cfg.LLAMA_31_70B)
+    budget = memory.compute_budget(spec, H100, EngineSettings(tensor_parallel_size=2), vllm_version=version)
+    assert not budget.starts and budget.error is not None
+    assert budget.error.startswith(f"To serve at least one request with the {word} max seq len (131072), (")
+    assert "the estimated maximum model length is" in budget.error
+
+
+def test_graphs_outside_the_budget_fail_gpt_oss_at_095_in_019() -> None:
+    # case-036: gpt-oss-20b, H100, util 0.95, vLLM 0.19: OOM in the sampler warm-up after graph capture.
+    spec = build_model_spec(cfg.GPT_OSS_20B)
+    failing = memory.compute_budget(spec, H100, AT_095, vllm_version=V019)
+    assert not failing.starts and failing.error and "CUDA out of memory" in failing.error
+    assert memory.compute_budget(spec, H100, AT_095.replace(gpu_memory_utilization=0.9), vllm_version=V019).starts
+    assert memory.compute_budget(spec, H100, AT_095, vllm_version=V019, enforce_eager=True).starts
+
+
+def test_utilisation_above_free_memory_is_refused() -> None:
+    budget = memory.compute_budget(build_model_spec(cfg.LLAMA_31_8B), H100, EngineSettings(gpu_memory_utilization=1.0))
+    assert not budget.starts and budget.error and budget.error.startswith("Free memory on device cuda:0 (")
+
+
+def test_tensor_parallel_adds_all_reduce_memory_and_pipeline_takes_the_minimum() -> None:
+    spec = build_model_spec(cfg.LLAMA_31_8B)
+    one = memory.compute_budget(spec, H100, AT_095, vllm_version=V019)
+    two = memory.compute_budget(spec, H100, AT_095.replace(tensor_parallel_size=2), vllm_version=V019)
+    assert two.non_torch_gib > one.non_torch_gib + 1
+    pp = memory.compute_budget(spec, H100, AT_095, vllm_version=V019, pipeline_parallel_size=2)
+    assert pp.available_kv_cache_gib == pytest.approx(66.54, abs=0.1)  # stage 0, as logged (case-025)
+    assert pp.kv_cache_tokens == pytest.approx(1_075_312, rel=0.002)  # the last stage binds
+
+
+def test_activation_grows_with_batch_and_vocabulary() -> None:
+    spec = build_model_spec(cfg.LLAMA_31_8B)
+    small = memory.compute_budget(spec, H100, EngineSettings(max_num_seqs=64, max_num_batched_tokens=2048))
+    large = memory.compute_budget(spec, H100, EngineSettings(max_num_seqs=1024, max_num_batched_tokens=16384))
+    assert large.activation_gib > small.activation_gib
+    gemma = memory.compute_budget(build_model_spec(cfg.GEMMA_2_9B), H100, EngineSettings(max_num_seqs=1024))
+    assert gemma.activation_gib > large.activation_gib  # 256k vocabulary of logits in the sampler warm-up

@@ -1,0 +1,102 @@
+"""The static planner: chosen settings, pinned values, fp8 rules, infeasibility and its suggestions."""
+
+from __future__ import annotations
+
+import model_configs_for_tests as cfg
+import pytest
+
+from kvpilot.tuner import planner
+from kvpilot.tuner.model_spec import build_model_spec
+from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, ServingBounds
+
+H100 = GpuSpec("H100-SXM", 85_031_714_816, (9, 0), True, "nvlink", nvml_total_bytes=81_559 << 20)
+A100 = GpuSpec("A100-80GB", int(79.25 * GIB), (8, 0), False, "nvlink", nvml_total_bytes=81_920 << 20)
+L4 = GpuSpec("L4", int(21.96 * GIB), (8, 9), True, "pcie", nvml_total_bytes=23_034 << 20)
+LLAMA_8B = build_model_spec(cfg.LLAMA_31_8B)
+LLAMA_70B = build_model_spec(cfg.LLAMA_31_70B)
+
+
+def test_llama_8b_on_one_h100() -> None:
+    plan = planner.compute_plan(LLAMA_8B, H100, 1, ServingBounds(max_context=32768))
+    s = plan.settings
+    assert plan.feasible and plan.budget.starts
+    assert s.max_model_len == 32768 and s.tensor_parallel_size == 1 and s.kv_cache_dtype == "auto"
+    assert 0.5 <= (s.gpu_memory_utilization or 0) <= 0.95
+    assert s.max_num_seqs and 1 <= s.max_num_seqs <= 1024
+    assert plan.concurrency_at_max_len == plan.budget.max_concurrency > 10
+    assert "--max-model-len" in plan.args and "32768" in plan.args
+
+
+def test_utilisation_keeps_more_headroom_on_small_gpus() -> None:
+    big = planner.compute_plan(LLAMA_8B, H100, 1, ServingBounds(max_context=8192)).settings.gpu_memory_utilization
+    small = planner.compute_plan(LLAMA_8B, L4, 1, ServingBounds(max_context=8192)).settings.gpu_memory_utilization
+    assert big is not None and small is not None and small < big
+
+
+def test_pinned_values_are_never_changed() -> None:
+    pinned = EngineSettings(max_model_len=4096, max_num_seqs=32, gpu_memory_utilization=0.8, kv_cache_dtype="fp8")
+    plan = planner.compute_plan(LLAMA_8B, H100, 1, ServingBounds(allow_fp8_kv=False), pinned=pinned)
+    for name, value in pinned.as_dict().items():
+        assert getattr(plan.settings, name) == value
+
+
+def test_fp8_kv_only_when_allowed_and_supported() -> None:
+    bounds = ServingBounds(max_context=32768)
+    assert planner.compute_plan(LLAMA_8B, H100, 1, bounds).settings.kv_cache_dtype == "auto"
+    allowed = ServingBounds(max_context=32768, allow_fp8_kv=True)
+    assert planner.compute_plan(LLAMA_8B, H100, 1, allowed).settings.kv_cache_dtype == "fp8"
+    assert planner.compute_plan(LLAMA_8B, A100, 1, allowed).settings.kv_cache_dtype == "auto"
+
+
+def test_expected_concurrency_is_met() -> None:
+    plan = planner.compute_plan(LLAMA_8B, H100, 1, ServingBounds(max_context=16384, concurrency=24))
+    assert plan.feasible and plan.settings.max_num_seqs == 24 and plan.concurrency_at_max_len >= 24
+
+
+def test_context_is_shortened_to_fit_but_never_below_min_context() -> None:
+    plan = planner.compute_plan(LLAMA_8B, L4, 1, ServingBounds())
+    assert plan.feasible and plan.settings.max_model_len is not None
+    assert plan.settings.max_model_len < LLAMA_8B.max_model_len
+    assert any("shortened" in w for w in plan.warnings)
+    strict = planner.compute_plan(LLAMA_8B, L4, 1, ServingBounds(min_context=131072))
+    assert not strict.feasible
+    assert any("shorter context fits" in r for r in strict.reasons)
+
+
+def test_infeasible_plan_says_why_and_what_would_fit() -> None:
+    plan = planner.compute_plan(LLAMA_70B, H100, 1, ServingBounds(max_context=8192))
+    assert not plan.feasible
+    assert plan.reasons[0].startswith("No available memory for the cache blocks")
+    assert any("2 H100-SXM GPUs" in r for r in plan.reasons)
+    assert any("FP8-quantized checkpoint" in r for r in plan.reasons)
+
+
+def test_more_gpus_suggestion_counts_gpus() -> None:
+    plan = planner.compute_plan(LLAMA_70B, L4, 2, ServingBounds(max_context=8192))
+    assert not plan.feasible
+    assert any("16 L4 GPUs" in r for r in plan.reasons)
+
+
+@pytest.mark.parametrize(("gpus", "tp"), [(1, 1), (2, 2), (3, 2), (4, 4), (5, 4), (6, 4), (8, 8)])
+def test_tensor_parallel_divides_the_heads(gpus: int, tp: int) -> None:
+    assert planner.compute_tensor_parallel(build_model_spec(cfg.LLAMA_4_SCOUT), gpus) == tp
+
+
+def test_gpu_count_that_does_not_divide_heads_warns() -> None:
+    plan = planner.compute_plan(LLAMA_8B, H100, 3, ServingBounds(max_context=8192))
+    assert plan.settings.tensor_parallel_size == 2
+    assert any("do not divide" in w for w in plan.warnings)
+
+
+def test_max_context_above_the_model_is_capped() -> None:
+    plan = planner.compute_plan(build_model_spec(cfg.GEMMA_2_9B), H100, 1, ServingBounds(max_context=32768))
+    assert plan.settings.max_model_len == 8192
+    assert any("exceeds the model's maximum" in w for w in plan.warnings)
+
+
+def test_version_is_an_input() -> None:
+    old = planner.compute_plan(LLAMA_8B, L4, 1, ServingBounds(max_context=8192), vllm_version="0.19.0")
+    new = planner.compute_plan(LLAMA_8B, L4, 1, ServingBounds(max_context=8192))
+    assert old.vllm_version == "0.19.0" and new.vllm_version == "0.33.0"
+    # 0.19 keeps CUDA graphs outside the budget, so it must leave them head-room.
+    assert (old.settings.gpu_memory_utilization or 1) < (new.settings.gpu_memory_utilization or 0)

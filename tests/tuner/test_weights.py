@@ -1,0 +1,82 @@
+"""Weight bytes per rank: parameter counts, sharding, quantization formats, checkpoint sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import model_configs_for_tests as cfg
+import pytest
+
+from kvpilot.tuner import weights
+from kvpilot.tuner.model_spec import QuantSpec, build_model_spec
+from kvpilot.tuner.types import GIB
+
+LLAMA_8B_CHECKPOINT = 16_060_522_496
+"""Llama-3.1-8B's safetensors, all shards (the calibration set's ``weights_total_bytes``)."""
+
+
+def gib(model, **kw) -> float:
+    return weights.compute_weight_bytes(model, **kw) / GIB
+
+
+def test_llama_8b_matches_the_logged_load() -> None:
+    # vLLM logs "Model loading took 14.99 GiB": the 14.96 GiB checkpoint plus the rotary cache.
+    spec = build_model_spec(cfg.LLAMA_31_8B)
+    assert gib(spec) == pytest.approx(14.99, abs=0.01)
+    assert gib(spec, weights_total_bytes=LLAMA_8B_CHECKPOINT) == pytest.approx(14.99, abs=0.01)
+    assert gib(spec, dtype="float32") == pytest.approx(29.98, abs=0.01)
+
+
+@pytest.mark.parametrize(("pp", "rank", "logged"), [(2, 0, 7.51), (4, 0, 4.26)])
+def test_pipeline_stages(pp: int, rank: int, logged: float) -> None:
+    spec = build_model_spec(cfg.LLAMA_31_8B)
+    assert gib(spec, pipeline_parallel_size=pp, pp_rank=rank) == pytest.approx(logged, abs=0.02)
+
+
+def test_tensor_parallel_shards_and_replicates() -> None:
+    spec = build_model_spec(cfg.LLAMA_31_70B)
+    one, two, eight = (gib(spec, tensor_parallel_size=tp) for tp in (1, 2, 8))
+    assert two == pytest.approx(one / 2, rel=0.01)
+    assert eight == pytest.approx(one / 8, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    ("quant", "ratio"),
+    [
+        (QuantSpec("fp8", 8), 0.5),
+        (QuantSpec("compressed-tensors", 8), 0.5),
+        (QuantSpec("awq", 4, 128), 0.26),
+        (QuantSpec("gptq", 4, 128), 0.26),
+        (QuantSpec("compressed-tensors", 4, 128), 0.26),
+        (QuantSpec("bitsandbytes", 4, 64), 0.26),
+    ],
+)
+def test_quantized_linears_shrink_but_embeddings_do_not(quant: QuantSpec, ratio: float) -> None:
+    dense = build_model_spec(cfg.LLAMA_31_70B)
+    quantized = dataclasses.replace(dense, quantization=quant)
+    embed_and_head = 2 * 128256 * 8192 * 2 / GIB
+    body = gib(dense) - embed_and_head
+    assert gib(quantized) - embed_and_head == pytest.approx(body * ratio, rel=0.04)
+
+
+def test_mxfp4_quantizes_only_the_experts_and_pads_them() -> None:
+    spec = build_model_spec(cfg.GPT_OSS_20B)
+    assert gib(spec) == pytest.approx(13.64, abs=0.1)  # logged on an H100 (vLLM 0.19)
+    assert gib(spec, tensor_parallel_size=2) == pytest.approx(7.01, abs=0.15)
+    unquantized = dataclasses.replace(spec, quantization=None)
+    assert gib(unquantized) > 2.5 * gib(spec)
+
+
+def test_fp8_deepseek_v3_is_about_its_checkpoint() -> None:
+    spec = build_model_spec(cfg.DEEPSEEK_V3)
+    assert 600 < gib(spec) < 660  # 671B parameters at one byte, embeddings in bf16
+
+
+def test_checkpoint_size_is_split_like_the_parameters() -> None:
+    spec = build_model_spec(cfg.LLAMA_31_8B)
+    whole = weights.compute_weight_bytes(spec, weights_total_bytes=LLAMA_8B_CHECKPOINT)
+    halves = [
+        weights.compute_weight_bytes(spec, pipeline_parallel_size=2, pp_rank=r, weights_total_bytes=LLAMA_8B_CHECKPOINT)
+        for r in (0, 1)
+    ]
+    assert sum(halves) == pytest.approx(whole, rel=0.01)
