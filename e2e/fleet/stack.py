@@ -139,6 +139,7 @@ class Stack:
         *,
         namespaces: list[str] | None = None,
         default_scenario: Scenario | None = None,
+        scenarios: dict[tuple[str, str], Scenario] | None = None,
         operator_env: dict[str, str] | None = None,
         scrape_interval: str = "1s",
     ) -> None:
@@ -147,6 +148,7 @@ class Stack:
         self.prom = PrometheusServer(self.dir / "prometheus", scrape_interval=scrape_interval)
         self._namespaces = namespaces
         self._default_scenario = default_scenario
+        self._scenarios = dict(scenarios or {})
         self._operator_env = operator_env
         self.fleet: Fleet | None = None
         self.operator: OperatorProcess | None = None
@@ -165,7 +167,10 @@ class Stack:
                 namespaces=self._namespaces,
                 default_scenario=self._default_scenario,
                 kubectl=self.cluster.kubectl_bin,
-            ).start()
+            )
+            for (ns, inst), sc in self._scenarios.items():
+                self.fleet.set_scenario(ns, inst, sc)
+            self.fleet.start()
             env = self._operator_env if self._operator_env is not None else closed_loop_env(self.prom.url)
             self.operator = OperatorProcess(self.cluster.kubeconfig, self.dir / "operator", env=env)
             if operator:

@@ -1,0 +1,297 @@
+"""``make demo``: kvpilot closing the loop on a local cluster, end to end.
+
+Starts the real local control plane (``e2e.cluster.LocalCluster``, KWOK GPU nodes), the real
+Prometheus, the vLLM fleet simulator and the operator (``kopf run``), applies ``examples/``
+and drives one scenario per example, each with its own ground truth in the fleet:
+
+* ``llama-8b-l4``           -- runs, then hits CUDA OOM while serving: kvpilot lowers
+                               ``--gpu-memory-utilization`` until it is stable;
+* ``llama-8b-long-context`` -- the KV cache holds fewer tokens than planned: vLLM refuses to start
+                               ("estimated maximum model length is N"); kvpilot shortens the context;
+* ``llama-70b-fp8``         -- a preemption storm (long prompts, heavy traffic): kvpilot lowers
+                               ``--max-num-seqs``;
+* ``llama-70b-too-big``     -- does not fit 4x L4 at all: ``Infeasible`` with what would fit.
+
+Tuning decisions are printed as they happen (Kubernetes events of the InferenceServices and what
+the fleet's pods do), then a summary table. Everything it started is stopped on the way out,
+Ctrl-C included; logs stay in the run directory it prints.
+
+    python -m e2e.demo [--dir DIR] [--timeout SECONDS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as dt
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.fleet import GroundTruth, Scenario, Workload
+from e2e.fleet.fleet import FleetEvent
+from e2e.fleet.stack import REPO, EventTail, Stack, condition, settings_of
+
+EXAMPLES = REPO / "examples"
+NS = "kvpilot-demo"
+
+#: Demo-speed closed loop: the examples keep kvpilot's cautious defaults (10 min cooldown); here
+#: minutes become seconds so the whole story fits in a couple of minutes.
+DEMO_TUNING = {"cooldownSeconds": 10, "maxChangesPerHour": 60, "rolloutDeadlineSeconds": 30}
+
+# Ground truth per example (the fleet's physics, independent of kvpilot's memory model).
+L4 = dict(
+    gpu_memory_gib=21.96,
+    kv_bytes_per_token=131072,
+    default_max_num_seqs=256,
+    startup_s=2.0,
+    backoff_s=3.0,
+    oom_after_s=4.0,
+)
+SCENARIOS: dict[str, Scenario] = {
+    # 4.1 GiB of KV at 0.91: the planned context fits; CUDA OOM while serving is armed once planned
+    "llama-8b-l4": Scenario(
+        name="cuda-oom",
+        truth=GroundTruth(non_kv_gib=15.9, **L4),
+        workload=Workload(arrival_rate=1.0, prompt_tokens=2000, output_tokens=300),
+    ),
+    # 3.5 GiB of KV at 0.91: ~57k fp8 tokens, less than the planned 64k context
+    "llama-8b-long-context": Scenario(
+        name="kv-too-small",
+        truth=GroundTruth(non_kv_gib=16.5, **L4),
+        workload=Workload(arrival_rate=0.3, prompt_tokens=20000, output_tokens=500),
+    ),
+    # TP4 shard of a 70B FP8 model with big activations: ~15 GiB of KV per GPU, ~200k tokens
+    "llama-70b-fp8": Scenario(
+        name="preemption-storm",
+        truth=GroundTruth(
+            gpu_memory_gib=79.11, non_kv_gib=60.0, kv_bytes_per_token=81920, startup_s=2.0, backoff_s=3.0
+        ),
+        workload=Workload(arrival_rate=3.0, prompt_tokens=12000, output_tokens=3000, time_scale=4.0),
+    ),
+}
+
+
+def _stamp(t0: float) -> str:
+    return f"[{time.monotonic() - t0:6.1f}s]"
+
+
+def _load_examples() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "InferenceService":
+                doc.setdefault("metadata", {})["namespace"] = NS
+                doc["spec"].setdefault("tuning", {}).update(DEMO_TUNING)
+                docs.append(doc)
+    if not docs:
+        raise SystemExit(f"no InferenceService examples under {EXAMPLES}")
+    return docs
+
+
+def _history(isvc: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(isvc.get("status", {}).get("history") or [])
+
+
+class Demo:
+    def __init__(self, dir: Path, timeout: float) -> None:
+        self.dir = dir
+        self.timeout = timeout
+        self.t0 = time.monotonic()
+        self.cluster: Any = None
+        self.stack: Stack | None = None
+        self.tail: EventTail | None = None
+        self.initial: dict[str, dict[str, Any]] = {}
+        self.crashes: dict[str, int] = {}
+
+    def say(self, msg: str) -> None:
+        print(f"{_stamp(self.t0)} {msg}", flush=True)
+
+    # ---------------------------------------------------------------- output
+    def on_k8s_event(self, ev: dict[str, Any]) -> None:
+        name = ev["involvedObject"]["name"]
+        msg = " ".join(str(ev.get("message", "")).split())
+        self.say(f"event  {name:<22} {ev.get('type', ''):<7} {ev.get('reason', ''):<16} {msg[:150]}")
+
+    def on_fleet_event(self, ev: FleetEvent) -> None:
+        if ev.kind in ("CudaOOM", "StartupFailed", "Serving", "Injected"):
+            inst = ev.pod.rsplit("-", 2)[0]
+            if ev.kind in ("CudaOOM", "StartupFailed"):
+                self.crashes[inst] = self.crashes.get(inst, 0) + 1
+            self.say(f"vllm   {ev.pod:<34} {ev.kind:<14} {ev.detail[:110]}")
+
+    # ---------------------------------------------------------------- run
+    def run(self) -> int:
+        from e2e.cluster import LocalCluster
+
+        self.say(f"starting the local control plane (run directory {self.dir}) ...")
+        self.cluster = LocalCluster(self.dir / "cluster", build=True)
+        self.cluster.start()
+        self.say(f"cluster up in {self.cluster.started_in:.1f}s: {self.cluster.server}")
+        self.cluster.kubectl("create", "namespace", NS)
+        self.stack = Stack(
+            self.cluster,
+            self.dir,
+            namespaces=[NS],
+            scenarios={(NS, name): sc for name, sc in SCENARIOS.items()},
+        )
+        self.stack.start()
+        assert self.stack.fleet is not None and self.stack.operator is not None
+        self.stack.fleet.on_event(self.on_fleet_event)
+        self.say(f"prometheus {self.stack.prom.url}, fleet simulator, operator pid {self.stack.operator.pid}")
+        self.tail = EventTail(self.cluster.kubectl, [NS], self.on_k8s_event).start()
+
+        docs = _load_examples()
+        self.say(f"applying {len(docs)} examples from examples/ (demo timings: {DEMO_TUNING})")
+        self.cluster.apply(docs)
+        names = [d["metadata"]["name"] for d in docs]
+        self.wait_planned(names)
+        self.arm_faults()
+        self.converge(names)
+        self.summary(names)
+        return 0
+
+    def isvc(self, name: str) -> dict[str, Any]:
+        assert self.stack is not None
+        return self.stack.isvc(NS, name)
+
+    def wait_planned(self, names: list[str]) -> None:
+        deadline = time.monotonic() + 90
+        pending = set(names)
+        while pending and time.monotonic() < deadline:
+            for n in sorted(pending):
+                obj = self.isvc(n)
+                st = obj.get("status", {})
+                if st.get("applied") or condition(obj, "Infeasible").get("status") == "True":
+                    self.initial[n] = dict(st.get("applied") or {})
+                    pending.discard(n)
+            time.sleep(1)
+        if pending:
+            self.say(f"not planned after 90s: {sorted(pending)}")
+
+    def arm_faults(self) -> None:
+        """CUDA OOM for llama-8b-l4: the ground truth OOMs just above what was planned."""
+        assert self.stack is not None and self.stack.fleet is not None
+        planned = self.initial.get("llama-8b-l4", {}).get("gpuMemoryUtilization")
+        if planned:
+            sc = SCENARIOS["llama-8b-l4"]
+            truth = dataclasses.replace(
+                sc.truth, runtime_oom_above_utilization=round(float(planned) - 0.01, 3)
+            )
+            self.stack.fleet.set_scenario(NS, "llama-8b-l4", dataclasses.replace(sc, truth=truth))
+            self.say(
+                f"fault  llama-8b-l4: this GPU hits CUDA OOM above gpu_memory_utilization "
+                f"{truth.runtime_oom_above_utilization} (planned {planned})"
+            )
+
+    def done(self, name: str) -> bool:
+        obj = self.isvc(name)
+        st, init = obj.get("status", {}), self.initial.get(name, {})
+        applied = st.get("applied") or {}
+        ready = condition(obj, "Ready").get("status") == "True"
+        if name == "llama-8b-l4":
+            return ready and float(applied.get("gpuMemoryUtilization", 1)) < float(
+                init.get("gpuMemoryUtilization", 0)
+            )
+        if name == "llama-8b-long-context":
+            return ready and (
+                applied.get("maxModelLen", 0) < init.get("maxModelLen", 0)
+                or applied.get("kvCacheDtype") != init.get("kvCacheDtype")
+            )
+        if name == "llama-70b-fp8":
+            return applied.get("maxNumSeqs", 0) < init.get("maxNumSeqs", 0)
+        return True
+
+    def converge(self, names: list[str]) -> None:
+        deadline = time.monotonic() + self.timeout
+        pending = [n for n in names if n in SCENARIOS]
+        while pending and time.monotonic() < deadline:
+            for n in list(pending):
+                with contextlib.suppress(Exception):
+                    if self.done(n):
+                        self.say(
+                            f"done   {n}: {settings_of(self.initial.get(n))}  ->  "
+                            f"{settings_of(self.isvc(n)['status'].get('applied'))}"
+                        )
+                        pending.remove(n)
+            time.sleep(2)
+        if pending:
+            self.say(f"still converging after {self.timeout:.0f}s: {pending}")
+
+    def summary(self, names: list[str]) -> None:
+        if self.tail is not None:
+            self.tail.poll()
+        rows = [("InferenceService", "planned", "now", "decisions", "crashes", "Ready")]
+        for n in names:
+            obj = self.isvc(n)
+            st = obj.get("status", {})
+            hist = _history(obj)
+            counts: dict[str, int] = {}
+            for h in hist:
+                counts[h.get("action", "?")] = counts.get(h.get("action", "?"), 0) + 1
+            ready = condition(obj, "Ready")
+            infeasible = condition(obj, "Infeasible").get("status") == "True"
+            rows.append(
+                (
+                    n,
+                    settings_of(self.initial.get(n)),
+                    "Infeasible" if infeasible else settings_of(st.get("applied")),
+                    " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-",
+                    str(self.crashes.get(n, 0)),
+                    f"{ready.get('status', '?')} ({ready.get('reason', '')})",
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        print("\nSummary", flush=True)
+        for i, r in enumerate(rows):
+            print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+            if i == 0:
+                print("  " + "  ".join("-" * w for w in widths))
+        print(flush=True)
+
+    def cleanup(self) -> None:
+        if self.tail is not None:
+            with contextlib.suppress(Exception):
+                self.tail.stop()
+        if self.stack is not None:
+            with contextlib.suppress(Exception):
+                self.stack.stop()
+        if self.cluster is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.stop()
+        print(f"{_stamp(self.t0)} stopped everything; logs in {self.dir}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", help="run directory (default: a new one under $TMPDIR)")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds to let the scenarios converge")
+    a = ap.parse_args(argv)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix=f"kvpilot-demo-{stamp}-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    demo = Demo(run_dir, a.timeout)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return demo.run()
+    except KeyboardInterrupt:
+        print("\ninterrupted: cleaning up", flush=True)
+        return 130
+    finally:
+        demo.cleanup()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
