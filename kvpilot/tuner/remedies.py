@@ -101,14 +101,14 @@ def compute_capacity_tokens(
     ``status.calibration`` from an earlier window of the same settings.
     """
     reported = window.kv_capacity_tokens
-    if reported and _report_matches(effective, window):
+    if reported and report_matches(effective, window):
         return reported
     if observed_kv_tokens:
         return observed_kv_tokens
     return budget.kv_cache_tokens or None
 
 
-def _report_matches(effective: EngineSettings, window: ObservationWindow) -> bool:
+def report_matches(effective: EngineSettings, window: ObservationWindow) -> bool:
     gmu = window.reported_gpu_memory_utilization
     cur = effective.gpu_memory_utilization
     if gmu is not None and cur is not None and abs(gmu - cur) > 1e-6:

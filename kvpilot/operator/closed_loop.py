@@ -1,0 +1,266 @@
+"""The closed loop: a kopf timer per InferenceService that watches vLLM and retunes it.
+
+Every ``$KVPILOT_CLOSED_LOOP_INTERVAL`` seconds (default 30) for each service in mode
+``Auto`` or ``Recommend`` that the reconciler has applied (``status.applied`` set)::
+
+    pods (args, readiness, lastState.terminated) --pod_status--> restarts of the current settings, ready?
+    Prometheus (vLLM metrics)              --prometheus--> ObservationWindow
+    model + GPU (resolve, cached)          --memory------> MemoryBudget of the current settings
+    status (applied, lastGood, failed, rollout, history, calibration) --loop_state--> LoopState
+        --tuner.policy.compute_decision--> Decision
+        --Auto: workloads.apply (the Deployment with the new args); Recommend: status.recommendation
+        --loop_state.build_status_patch--> patch.status + events (Retuned, RolledBack, OOMDetected, Held, ...)
+
+One rollout at a time: while ``status.rollout`` is set, the policy only waits, succeeds
+(Ready) or rolls back (crash or deadline). All state is in the status, so an operator
+restarted mid-rollout picks up where it left off. The loop never raises to kopf: a
+failing Prometheus becomes ``MetricsAvailable=False`` and a hold; a failing apply is
+logged and retried on the next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from kvpilot.operator import api, errors, events, metrics, pod_status, prometheus, render, resolve, workloads
+from kvpilot.operator import loop_state as state_mod
+from kvpilot.operator.kube import Kube
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import memory, remedies
+from kvpilot.tuner.observations import ObservationWindow
+from kvpilot.tuner.policy import (
+    Decision,
+    PolicyConfig,
+    TuningBounds,
+    compute_decision,
+    compute_metrics_status,
+)
+from kvpilot.tuner.types import EngineSettings, MemoryBudget
+
+INTERVAL_ENV = "KVPILOT_CLOSED_LOOP_INTERVAL"
+DEFAULT_INTERVAL_S = 30.0
+
+
+def interval_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """The timer interval: ``$KVPILOT_CLOSED_LOOP_INTERVAL`` seconds, default 30 (tests use 1-2)."""
+    raw = (environ if environ is not None else os.environ).get(INTERVAL_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_INTERVAL_S
+    return value if value > 0 else DEFAULT_INTERVAL_S
+
+
+WindowFetch = Callable[..., Awaitable[ObservationWindow]]
+
+
+@dataclass
+class LoopDeps:
+    """What one tick talks to; tests replace any of them."""
+
+    kube: Kube | None
+    pods: pod_status.PodReader | None
+    prom_url: str
+    clock: Callable[[], float] = time.time
+    emit: events.Emitter = events.kopf_emitter
+    fetch_window: WindowFetch = prometheus.fetch_observations
+    hub: resolve.HubDownload = resolve.download_hub_config
+    record_metrics: bool = True
+
+
+_deps: LoopDeps | None = None
+
+
+def default_deps() -> LoopDeps:
+    """The process-wide dependencies: the real cluster and ``$KVPILOT_PROMETHEUS_URL``."""
+    global _deps
+    if _deps is None:
+        from kvpilot.operator.kube import get_kube
+
+        kube = get_kube()
+        _deps = LoopDeps(
+            kube=kube,
+            pods=pod_status.ClusterPods(kube.api_client),
+            prom_url=os.environ.get(prometheus.PROMETHEUS_URL_ENV, ""),
+        )
+    return _deps
+
+
+@kopf.timer(
+    api.GROUP, api.VERSION, api.PLURAL, interval=interval_from_env(), initial_delay=interval_from_env()
+)
+async def closed_loop_tick(
+    body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
+    logger: kopf.Logger, **_: Any,
+) -> None:  # fmt: skip
+    await run_once(
+        body=body, spec=spec, meta=meta, status=status, patch=patch, logger=logger, deps=default_deps()
+    )
+
+
+# --- one tick ---------------------------------------------------------------------------------------
+
+
+def build_policy(spec: api.InferenceServiceSpec) -> PolicyConfig:
+    t = spec.tuning
+    return PolicyConfig(
+        cooldown_seconds=float(t.cooldown_seconds),
+        max_changes_per_hour=t.max_changes_per_hour,
+        rollout_deadline_seconds=float(t.rollout_deadline_seconds),
+    )
+
+
+def build_bounds(spec: api.InferenceServiceSpec, fp8_supported: bool) -> TuningBounds:
+    """``spec.tuning.bounds`` + ``spec.serving`` context limits; fp8 only if allowed *and* supported."""
+    b, serving = spec.tuning.bounds, spec.serving
+    base = TuningBounds.from_serving(spec.to_bounds(), fp8_supported=fp8_supported)
+    mml = b.max_model_len or api.IntRange()
+    lows = [v for v in (mml.min, serving.min_context_length) if v]
+    highs = [v for v in (mml.max, serving.max_context_length) if v]
+    seqs = b.max_num_seqs or api.IntRange()
+    return TuningBounds(
+        min_max_num_seqs=seqs.min or 1,
+        max_max_num_seqs=seqs.max,
+        min_gpu_memory_utilization=base.min_gpu_memory_utilization,
+        max_gpu_memory_utilization=base.max_gpu_memory_utilization,
+        min_max_model_len=max(lows) if lows else None,
+        max_max_model_len=min(highs) if highs else None,
+        allow_fp8_kv=base.allow_fp8_kv,
+    )
+
+
+async def _fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_status.PodView]:
+    if deps.pods is None:
+        return []
+    reader = deps.pods
+    selector = ",".join(f"{k}={v}" for k, v in sorted(workloads.build_selector(name).items()))
+
+    def _read() -> list[pod_status.PodView]:
+        views = []
+        for pod in reader.list_pods(namespace, selector):
+            view = pod_status.build_pod_view(pod)
+            if view.needs_log:
+                tail = reader.read_previous_log(
+                    namespace, view.name, pod_status.CONTAINER, pod_status.LOG_TAIL_LINES
+                )
+                view = pod_status.build_pod_view(pod, log_tail=tail) if tail else view
+            views.append(view)
+        return views
+
+    return await asyncio.to_thread(_read)
+
+
+def _budget_for(
+    inputs: resolve.Inputs, spec: api.InferenceServiceSpec, settings: EngineSettings
+) -> MemoryBudget:
+    tp = settings.tensor_parallel_size or spec.tensor_parallel_size
+    return memory.compute_budget(
+        inputs.model.spec,
+        inputs.gpu.gpu,
+        settings.replace(tensor_parallel_size=tp),
+        pipeline_parallel_size=max(1, spec.gpu.count // tp),
+        weights_total_bytes=inputs.model.checkpoint_bytes,
+    )
+
+
+async def run_once(
+    *, body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
+    patch: Any, logger: Any, deps: LoopDeps,
+) -> Decision | None:  # fmt: skip
+    """One observation-decision-action cycle for one InferenceService. Never raises."""
+    old = dict(status or {})
+    if not old.get("applied"):
+        return None  # the reconciler has not applied anything yet
+    try:
+        parsed = render.parse_spec(spec)
+    except errors.OperatorError:
+        return None  # the reconciler reports invalid specs
+    mode = parsed.tuning.mode
+    if mode == "Off" or parsed.replicas == 0:
+        return None
+    name, namespace = str(meta["name"]), str(meta.get("namespace") or "default")
+    now = deps.clock()
+    state = state_mod.build_loop_state(old)
+    rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
+    policy = build_policy(parsed)
+
+    try:
+        inputs: resolve.Inputs | None = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
+    except Exception as exc:  # noqa: BLE001 -- the reconciler reports resolution failures
+        logger.warning(f"closed loop: cannot resolve model/GPU ({exc}); using status.budget")
+        inputs = None
+    budget = state.budget
+    if inputs is not None:
+        try:
+            budget = _budget_for(inputs, parsed, state.current)
+        except tuner_errors.TunerError as exc:
+            logger.warning(f"closed loop: memory model failed for the current settings ({exc})")
+    if budget is None:
+        logger.info("closed loop: no memory budget yet; waiting for the reconciler")
+        return None
+    fp8 = inputs.gpu.gpu.fp8_kv if inputs is not None else False
+
+    try:
+        views = await _fetch_pods(deps, namespace, name)
+    except Exception as exc:  # noqa: BLE001 -- API hiccup: skip this tick, the next one retries
+        logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
+        return None
+    summary = pod_status.compute_pod_summary(views, state.current, parsed.replicas)
+    window = await deps.fetch_window(
+        deps.prom_url, namespace, name, now, window_seconds=policy.window_seconds
+    )
+
+    decision = compute_decision(
+        state.current, budget, window, summary.restarts, build_bounds(parsed, fp8), policy,
+        state.history, state.failed, now,
+        rollout=rollout, last_good=state.last_good, ready=summary.ready,
+        observed_kv_tokens=state.observed_kv_tokens,
+    )  # fmt: skip
+
+    applied = False
+    if decision.changes and mode == "Auto":
+        applied = await _apply(deps, meta, parsed, inputs, decision, logger, body)
+    effective = remedies.compute_effective(state.current, budget, policy)
+    observed = window.kv_capacity_tokens if remedies.report_matches(effective, window) else None
+    out = state_mod.build_status_patch(
+        old, state, decision, mode=mode, now=now, generation=meta.get("generation"),
+        metrics_status=compute_metrics_status(window, policy, now), applied=applied,
+        rollout_deadline_seconds=policy.rollout_deadline_seconds, observed_kv_tokens=observed,
+    )  # fmt: skip
+    if state.rollout is not None and rollout is None and "rollout" not in out.status:
+        out.status["rollout"] = None  # a spec change replaced the settings being rolled out
+    patch.status.update(out.status)
+    for type_, reason, message in out.events:
+        deps.emit(body, type_, reason, message)
+    if deps.record_metrics:
+        for kind in out.decisions:
+            metrics.record_decision(kind)
+    if out.events:
+        logger.info(f"closed loop: {decision.action} ({decision.trigger}): {decision.reason}")
+    return decision
+
+
+async def _apply(
+    deps: LoopDeps, meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs | None,
+    decision: Decision, logger: Any, body: Mapping[str, Any],
+) -> bool:  # fmt: skip
+    """Roll ``decision.settings`` out to the Deployment; False (and a warning event) if that failed."""
+    try:
+        if inputs is None or deps.kube is None:
+            raise errors.ApplyFailed("model/GPU not resolved or no Kubernetes client")
+        desired = render.build_desired(
+            meta, spec, inputs, deploy_override=api.Settings.from_engine(decision.settings)
+        )
+        await workloads.apply_workloads(desired.manifests, deps.kube)
+    except Exception as exc:  # noqa: BLE001 -- report and retry on the next tick
+        logger.warning(f"closed loop: applying {decision.action} failed: {exc}")
+        deps.emit(body, events.WARNING, "RetuneFailed", f"could not apply {decision.action}: {exc}")
+        return False
+    return True

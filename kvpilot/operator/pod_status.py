@@ -1,0 +1,180 @@
+"""What the vLLM pods of a service say: which settings they run, readiness, and why they restarted.
+
+The closed loop's view of the Deployment, from the pods themselves (not the
+ReplicaSets): a pod's settings are parsed back from its container ``args``, so the
+evidence is always attributed to the settings that produced it, also across an operator
+restart. Restarts come from ``lastState.terminated`` (``message`` holds the log tail:
+the Deployment sets ``terminationMessagePolicy: FallbackToLogsOnError``), classified by
+:func:`kvpilot.tuner.restarts.classify_termination`; when the message says nothing, the
+previous container's log tail is read and classified instead.
+
+:func:`build_pod_view` and :func:`compute_pod_summary` are pure; :class:`ClusterPods`
+does the two reads (list pods, read a previous log) with the ``kubernetes`` client.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import vllm_args
+from kvpilot.tuner.observations import RestartEvent, RestartKind
+from kvpilot.tuner.restarts import classify_termination
+from kvpilot.tuner.types import EngineSettings
+
+CONTAINER = "vllm"
+LOG_TAIL_LINES = 200
+
+
+class PodReader(Protocol):
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """Raw pod objects (JSON dicts)."""
+        ...
+
+    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
+        """The tail of the previous container's log, or ``None`` when there is none."""
+        ...
+
+
+def parse_time(text: str | None) -> float | None:
+    """RFC 3339 (``2026-11-30T10:00:00Z``) to epoch seconds."""
+    if not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def format_time(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    name: str
+    settings: EngineSettings | None
+    """Parsed from the container args; ``None`` if they cannot be parsed."""
+    ready: bool
+    terminating: bool
+    restart: RestartEvent | None
+    """The last termination of the vLLM container, if it ever restarted."""
+    needs_log: bool
+    """The termination message did not explain a non-zero exit: worth reading the previous log."""
+
+
+def _container(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    items = (pod.get("spec") if key == "containers" else pod.get("status")) or {}
+    for c in items.get(key) or ():
+        if c.get("name") == CONTAINER:
+            return c
+    found = items.get(key) or ()
+    return found[0] if found else {}
+
+
+def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodView:
+    """One pod as the closed loop sees it. ``log_tail`` overrides an empty termination message."""
+    meta = pod.get("metadata") or {}
+    spec_c, status_c = _container(pod, "containers"), _container(pod, "containerStatuses")
+    try:
+        settings, _ = vllm_args.parse_vllm_args([str(a) for a in spec_c.get("args") or ()])
+    except tuner_errors.TunerError:
+        settings = None
+    count = int(status_c.get("restartCount") or 0)
+    terminated = (status_c.get("lastState") or {}).get("terminated") or {}
+    waiting = (status_c.get("state") or {}).get("waiting") or {}
+    crash_looping = waiting.get("reason") == "CrashLoopBackOff"
+    restart = None
+    needs_log = False
+    if count > 0 and terminated:
+        message, reason, code = (
+            terminated.get("message"),
+            terminated.get("reason"),
+            terminated.get("exitCode"),
+        )
+        cause = classify_termination(message, reason, code)
+        if cause.kind == RestartKind.OTHER and log_tail:
+            from_log = classify_termination(log_tail, reason, code)
+            cause = from_log if from_log.kind != RestartKind.OTHER else cause
+        needs_log = cause.kind == RestartKind.OTHER and code not in (0, None) and not log_tail
+        when = parse_time(terminated.get("finishedAt")) or parse_time(terminated.get("startedAt")) or 0.0
+        restart = RestartEvent(
+            time=when,
+            cause=cause,
+            pod=str(meta.get("name") or ""),
+            restart_count=count,
+            crash_looping=crash_looping,
+            exit_code=code,
+        )
+    return PodView(
+        name=str(meta.get("name") or ""),
+        settings=settings,
+        ready=bool(status_c.get("ready")),
+        terminating=bool(meta.get("deletionTimestamp")),
+        restart=restart,
+        needs_log=needs_log,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PodSummary:
+    restarts: tuple[RestartEvent, ...]
+    """Restarts of pods running the current settings."""
+    ready: bool
+    """At least ``replicas`` pods run the current settings and are Ready, and no other pods remain."""
+    current_pods: int
+    other_pods: int
+
+
+def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replicas: int) -> PodSummary:
+    """Split the pods into those running ``current`` and the rest (old ReplicaSets, being replaced)."""
+    mine = [p for p in pods if not p.terminating and p.settings == current]
+    others = [p for p in pods if not p.terminating and p.settings != current]
+    restarts = tuple(p.restart for p in mine if p.restart is not None)
+    ready = replicas > 0 and sum(1 for p in mine if p.ready) >= replicas and not others
+    return PodSummary(restarts, ready, len(mine), len(others))
+
+
+class ClusterPods:
+    """:class:`PodReader` over the ``kubernetes`` client (the operator's shared ApiClient)."""
+
+    def __init__(self, api_client: Any = None) -> None:
+        from kubernetes import client
+
+        if api_client is None:
+            from kvpilot.operator.kube import get_kube
+
+            api_client = get_kube().api_client
+        self.core = client.CoreV1Api(api_client)
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        response = self.core.list_namespaced_pod(
+            namespace, label_selector=label_selector, _preload_content=False
+        )
+        try:
+            return list(json.loads(response.data).get("items") or [])
+        finally:
+            response.release_conn()
+
+    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            response = self.core.read_namespaced_pod_log(
+                pod,
+                namespace,
+                container=container,
+                previous=True,
+                tail_lines=tail_lines,
+                _preload_content=False,
+            )
+        except (ApiException, OSError):
+            return None  # no previous container, logs not served (KWOK), or the node is gone
+        try:
+            return bytes(response.data).decode("utf-8", "replace")
+        finally:
+            response.release_conn()
