@@ -59,4 +59,5 @@ def _pick(kwargs: dict[str, Any]) -> dict[str, Any]:
 # --- closed loop: its timers register themselves on import (kvpilot/operator/closed_loop.py) -------------
 # The closed-loop engineer adds exactly one line below this marker, e.g.:
 #     from kvpilot.operator import closed_loop  # noqa: F401,E402
+from kvpilot.operator import closed_loop  # noqa: F401,E402
 # --- end of closed loop -----------------------------------------------------------------------------------
