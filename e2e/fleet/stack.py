@@ -30,19 +30,9 @@ ISVC = "inferenceservices.kvpilot.io"
 PROMETHEUS_URL_ENV = "KVPILOT_PROMETHEUS_URL"
 
 
-def closed_loop_env(
-    prometheus_url: str, *, interval_s: float = 2.0, window_s: float = 20.0
-) -> dict[str, str]:
+def closed_loop_env(prometheus_url: str, *, interval_s: float = 2.0) -> dict[str, str]:
     """The operator's environment for a fast closed loop against ``prometheus_url``."""
-    return {
-        PROMETHEUS_URL_ENV: prometheus_url,
-        "KVPILOT_CLOSED_LOOP_INTERVAL_SECONDS": str(interval_s),
-        "KVPILOT_METRICS_WINDOW_SECONDS": str(window_s),
-        "KVPILOT_METRICS_STEP_SECONDS": "1",
-        "KVPILOT_METRICS_STALENESS_SECONDS": "10",
-        "KVPILOT_MIN_SAMPLES": "5",
-        "KVPILOT_MIN_CHANGE_INTERVAL_SECONDS": "5",
-    }
+    return {PROMETHEUS_URL_ENV: prometheus_url, "KVPILOT_CLOSED_LOOP_INTERVAL": f"{interval_s:g}"}
 
 
 def install_crd(kubectl: Callable[..., Any]) -> None:
