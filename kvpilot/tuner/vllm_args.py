@@ -88,6 +88,9 @@ UNSUPPORTED_FLAGS: Mapping[str, str] = {
 }
 """Flags refused in user arguments, with what to do instead (vLLM reference §4)."""
 
+SIZING_OVERRIDE_FLAGS = frozenset({"--kv-cache-memory-bytes", "--num-gpu-blocks-override"})
+"""The refused flags vLLM does have: refused because they bypass the planned KV-cache size."""
+
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

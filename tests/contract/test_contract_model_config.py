@@ -1,0 +1,99 @@
+"""Contract: kvpilot's model arithmetic agrees with vLLM 0.33's own ``ModelConfig``.
+
+For every catalogue model the same config.json goes to
+:func:`kvpilot.tuner.model_spec.build_model_spec` and to vLLM's ``ModelConfig``
+(a local folder, no tokenizer, no network); layers, KV heads per rank at TP
+1/2/4/8, head size, hidden size, vocabulary, the derived ``max_model_len``, the
+sliding window, MLA and the layer kinds must match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvpilot.tuner import models
+from kvpilot.tuner.model_spec import CHUNKED, FULL, LINEAR, MLA, SLIDING, ModelSpec, build_model_spec
+
+pytestmark = pytest.mark.contract
+
+MODEL_IDS = [model_id for model_id, _ in models.list_models()]
+TP_SIZES = (1, 2, 4, 8)
+
+
+@pytest.fixture(scope="module")
+def both(
+    model_dir_factory: Callable[[dict[str, object]], Path], vllm_model_config: Callable[[Path], Any]
+) -> Callable[[str], tuple[ModelSpec, Any]]:
+    cache: dict[str, tuple[ModelSpec, Any]] = {}
+
+    def get(model_id: str) -> tuple[ModelSpec, Any]:
+        if model_id not in cache:
+            config = models.lookup_model_config(model_id)
+            cache[model_id] = (build_model_spec(config), vllm_model_config(model_dir_factory(config)))
+        return cache[model_id]
+
+    return get
+
+
+@pytest.mark.parametrize("model_id", MODEL_IDS)
+def test_geometry_matches_vllm(model_id: str, both: Any, parallel_config: Any) -> None:
+    spec, vllm_config = both(model_id)
+    assert spec.num_layers == vllm_config.get_total_num_hidden_layers()
+    assert spec.head_dim == vllm_config.get_head_size()
+    assert spec.hidden_size == vllm_config.get_hidden_size()
+    assert spec.vocab_size == vllm_config.get_vocab_size()
+    assert spec.max_model_len == vllm_config.max_model_len
+    assert (spec.mla is not None) == bool(vllm_config.use_mla)
+    for tp in TP_SIZES:
+        pc = parallel_config(tp)
+        assert spec.num_layers_per_rank(1) == vllm_config.get_num_layers(pc), tp
+        assert spec.kv_heads_per_rank(tp) == vllm_config.get_num_kv_heads(pc), tp
+
+
+@pytest.mark.parametrize("model_id", MODEL_IDS)
+def test_sliding_window_matches_vllm(model_id: str, both: Any) -> None:
+    spec, vllm_config = both(model_id)
+    windows = {layer.window for layer in spec.layers if layer.kind == SLIDING}
+    expected = vllm_config.get_sliding_window()
+    assert windows == ({expected} if expected else set())
+
+
+@pytest.mark.parametrize("model_id", MODEL_IDS)
+def test_layer_kinds_match_vllm(model_id: str, both: Any, parallel_config: Any) -> None:
+    spec, vllm_config = both(model_id)
+    pc = parallel_config(1)
+    kinds = [layer.kind for layer in spec.layers]
+    assert len(kinds) == spec.num_layers
+    linear = vllm_config.get_num_layers_by_block_type(pc, "linear_attention")
+    assert kinds.count(LINEAR) == linear
+    if spec.mla is not None:
+        assert set(kinds) == {MLA}
+    elif linear:
+        assert kinds.count(FULL) == vllm_config.get_num_layers_by_block_type(pc, "attention")
+
+
+_HF_LAYER_TYPES = {
+    SLIDING: "sliding_attention",
+    FULL: "full_attention",
+    LINEAR: "linear_attention",
+    CHUNKED: "chunked_attention",
+}
+
+
+@pytest.mark.parametrize("model_id", MODEL_IDS)
+def test_layer_pattern_matches_the_parsed_config(model_id: str, both: Any) -> None:
+    """Where transformers spells out ``layer_types`` (Gemma 2/3, gpt-oss, Qwen3-Next), the order matches."""
+    spec, vllm_config = both(model_id)
+    layer_types = getattr(vllm_config.hf_text_config, "layer_types", None)
+    kinds_known = all(layer.kind in _HF_LAYER_TYPES for layer in spec.layers)
+    if not layer_types or spec.mla is not None or not kinds_known:
+        return
+    assert [_HF_LAYER_TYPES[layer.kind] for layer in spec.layers] == list(layer_types)[: spec.num_layers]
+
+
+def test_every_catalogue_model_is_checked() -> None:
+    assert len(MODEL_IDS) >= 20
