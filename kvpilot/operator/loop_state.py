@@ -225,7 +225,10 @@ def build_status_patch(
         if decision.changes and mode == "Recommend":
             rec = _recommendation(decision, stamp)
             old_rec = old.get("recommendation") or {}
-            if old_rec.get("settings") != rec["settings"] or old_rec.get("trigger") != rec["trigger"]:
+            if (
+                _compact(old_rec.get("settings")) != _compact(rec["settings"])
+                or old_rec.get("trigger") != rec["trigger"]
+            ):
                 out.status["recommendation"] = rec
                 out.events.append((events.NORMAL, "Recommended", f"mode Recommend: {decision.reason}"))
         elif decision.action == Action.INFEASIBLE:
@@ -254,6 +257,11 @@ def build_status_patch(
         old.get("conditions") or [], conds, generation=generation, now=stamp
     )
     return out
+
+
+def _compact(wire: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A settings object without its null keys (a merge patch deletes them)."""
+    return {k: v for k, v in (wire or {}).items() if v is not None}
 
 
 def _recommendation(decision: Decision, stamp: str) -> dict[str, Any]:

@@ -1,0 +1,283 @@
+"""The closed loop end to end without a cluster: fake reconciler + fake pods + canned metrics.
+
+Each test first lets the (fake-planned) reconciler apply an InferenceService, then runs
+the closed-loop tick the way kopf's timer would and checks the Deployment, the status
+and the events.
+"""
+
+from __future__ import annotations
+
+import pytest
+from closed_loop_fakes import T0, LoopHarness, pod, window
+from operator_fakes import Harness, condition, isvc
+
+from kvpilot.operator import closed_loop
+from kvpilot.tuner.policy import Action, Trigger
+
+OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total capacity of "
+    "79.11 GiB of which 140.75 MiB is free."
+)
+KV_TOO_SMALL = (
+    "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+    "needed, which is larger than the available KV cache memory (10.53 GiB). Based on the available memory, "
+    "the estimated maximum model length is 86240. Try increasing `gpu_memory_utilization`"
+)
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+@pytest.fixture
+async def loop(harness: Harness) -> LoopHarness:
+    return LoopHarness(harness)
+
+
+async def applied(harness: Harness, **spec: object) -> dict:
+    body = isvc(gpu={"count": 1, "product": "H100-SXM"}, **spec)
+    await harness.run(body)
+    return body
+
+
+async def test_prometheus_down_holds_and_says_so(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    loop.healthy_pods()
+    before = len(harness.kube.applied)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.METRICS_UNAVAILABLE)
+    cond = condition(body, "MetricsAvailable")
+    assert (cond["status"], cond["reason"]) == ("False", "MetricsUnavailable")
+    assert "connection refused" in cond["message"]
+    assert len(harness.kube.applied) == before
+    assert [h["action"] for h in body["status"]["history"]] == ["Planned", "Held"]
+    await loop.tick(body)  # the same hold again: no new entry, no new event
+    assert [h["action"] for h in body["status"]["history"]] == ["Planned", "Held"]
+    assert harness.emitter.reasons.count("Held") == 1
+
+
+async def test_steady_marks_the_settings_good(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.STEADY)
+    assert condition(body, "MetricsAvailable")["status"] == "True"
+    assert body["status"]["lastGoodSettings"]["gpuMemoryUtilization"] == 0.95
+    assert [h["action"] for h in body["status"]["history"]] == ["Planned"]
+
+
+async def test_calibration_records_vllms_reported_capacity(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30, capacity=401_234, gmu=0.95)
+    await loop.tick(body)
+    assert body["status"]["calibration"] == {"observedKvCacheTokens": 401_234}
+    loop.window = window(loop.now + 30, capacity=350_000, gmu=0.90)  # a report for other settings
+    await loop.tick(body)
+    assert body["status"]["calibration"] == {"observedKvCacheTokens": 401_234}
+
+
+async def test_cuda_oom_lowers_utilisation_then_succeeds(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    old_args = loop.deployment_args()
+    loop.healthy_pods(restarts=1, message=OOM, finished=loop.now + 10, ready=False, crash_loop=True)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.RETUNE, "CudaOOM")
+    args = loop.deployment_args()
+    assert flag(args, "--gpu-memory-utilization") == "0.93"  # headroom 0.05 x 1.2 -> at least +0.02
+    st = body["status"]
+    assert st["applied"]["gpuMemoryUtilization"] == 0.93
+    assert st["failedSettings"] == [{k: v for k, v in st["history"][-1]["from"].items()}]
+    assert st["history"][-1]["action"] == "Retuned" and st["history"][-1]["trigger"] == "CudaOOM"
+    assert st["rollout"]["settings"]["gpuMemoryUtilization"] == 0.93
+    assert condition(body, "RolloutInProgress")["status"] == "True"
+    assert {"Retuned", "OOMDetected"} <= set(harness.emitter.reasons)
+    assert flag(old_args, "--gpu-memory-utilization") == "0.95"
+
+    # the old pod is gone, the new one starts: waiting, then Ready
+    loop.healthy_pods(ready=False)
+    loop.window = None
+    d = await loop.tick(body)
+    assert d.trigger == Trigger.ROLLOUT_IN_PROGRESS
+    loop.healthy_pods(ready=True)
+    d = await loop.tick(body)
+    assert (d.trigger, d.good.gpu_memory_utilization) == (Trigger.ROLLOUT_SUCCEEDED, 0.93)
+    assert "rollout" not in body["status"]
+    assert body["status"]["lastGoodSettings"]["gpuMemoryUtilization"] == 0.93
+    assert condition(body, "RolloutInProgress")["status"] == "False"
+    assert "RolloutSucceeded" in harness.emitter.reasons
+
+
+async def test_bad_new_settings_roll_back(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)  # steady: 0.95 / 64 seqs are good
+    loop.window = window(loop.now + 30, kv=0.3, waiting=20, running=64, prompt=300, output=200)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.RETUNE, Trigger.IDLE_CAPACITY)
+    assert flag(loop.deployment_args(), "--max-num-seqs") == "80"
+    # the new pods crash at start-up
+    loop.healthy_pods(
+        ready=False, restarts=2, message="RuntimeError: boom", finished=loop.now + 20, crash_loop=True
+    )
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.ROLLBACK, Trigger.ROLLOUT_FAILED)
+    assert flag(loop.deployment_args(), "--max-num-seqs") == "64"
+    st = body["status"]
+    assert st["failedSettings"][-1]["maxNumSeqs"] == 80
+    assert [h["action"] for h in st["history"]] == ["Planned", "Retuned", "RolledBack"]
+    assert "RolledBack" in harness.emitter.reasons
+
+
+async def test_rollout_deadline_rolls_back(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness, tuning={"rolloutDeadlineSeconds": 300})
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)
+    loop.window = window(loop.now + 30, kv=0.97, preempt=1.0, running=64, prompt=3000, output=1000)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.RETUNE, Trigger.KV_PRESSURE)
+    loop.healthy_pods(ready=False)  # never becomes Ready (Pending: no GPU for the surge pod)
+    assert (await loop.tick(body, advance=200)).trigger == Trigger.ROLLOUT_IN_PROGRESS
+    d = await loop.tick(body, advance=200)
+    assert (d.action, d.trigger) == (Action.ROLLBACK, Trigger.ROLLOUT_FAILED)
+    assert "not Ready within 300s" in d.reason
+
+
+async def test_operator_restart_mid_rollout_carries_on(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    loop.healthy_pods(restarts=1, message=OOM, finished=loop.now + 10, ready=False)
+    await loop.tick(body)
+    assert "rollout" in body["status"]
+    loop.deps = loop.new_deps()  # a new operator process: nothing in memory, the status is all there is
+    closed_loop._deps = None
+    loop.healthy_pods(ready=True)
+    d = await loop.tick(body)
+    assert d.trigger == Trigger.ROLLOUT_SUCCEEDED
+    assert body["status"]["lastGoodSettings"]["gpuMemoryUtilization"] == 0.93
+
+
+async def test_start_up_kv_failure_shortens_the_context(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness, serving={"maxContextLength": 131072, "minContextLength": 8192})
+    assert flag(loop.deployment_args(), "--max-model-len") == "131072"
+    loop.healthy_pods(restarts=3, message=KV_TOO_SMALL, finished=loop.now + 5, ready=False, crash_loop=True)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.RETUNE, "KvCacheTooSmall")
+    assert flag(loop.deployment_args(), "--max-model-len") == "84480"
+
+
+async def test_start_up_kv_failure_below_the_minimum_is_infeasible(
+    harness: Harness, loop: LoopHarness
+) -> None:
+    body = await applied(harness, serving={"maxContextLength": 131072, "minContextLength": 100000})
+    before = len(harness.kube.applied)
+    loop.healthy_pods(restarts=3, message=KV_TOO_SMALL, finished=loop.now + 5, ready=False, crash_loop=True)
+    d = await loop.tick(body)
+    assert d.action == Action.INFEASIBLE
+    assert len(harness.kube.applied) == before
+    cond = condition(body, "Infeasible")
+    assert (cond["status"], cond["reason"]) == ("True", "KvCacheTooSmall")
+    assert "max-model-len <= 84480" in cond["message"]
+    assert body["status"]["history"][-1]["action"] == "Infeasible"
+
+
+async def test_termination_message_empty_reads_the_previous_log(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    loop.healthy_pods(restarts=1, message="", finished=loop.now + 10, ready=False)
+    loop.pods.logs = {p["metadata"]["name"]: "INFO loading\n" + OOM for p in loop.pods.pods}
+    d = await loop.tick(body)
+    assert d.trigger == "CudaOOM"
+    assert loop.pods.log_reads == 1
+
+
+async def test_host_oom_holds_with_advice(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    loop.healthy_pods(restarts=1, reason="OOMKilled", exit_code=137, finished=loop.now + 10, ready=False)
+    before = len(harness.kube.applied)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.HOLD, "HostOOMKilled")
+    assert "memory limit" in d.reason
+    assert len(harness.kube.applied) == before
+    assert {"Held", "OOMDetected"} <= set(harness.emitter.reasons)
+
+
+async def test_recommend_mode_changes_nothing(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness, tuning={"mode": "Recommend"}, engine={"pinned": {"maxNumSeqs": 64}})
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30, kv=0.3, waiting=20, running=64, prompt=300, output=200)
+    before = len(harness.kube.applied)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.RETUNE, Trigger.IDLE_CAPACITY)
+    assert len(harness.kube.applied) == before
+    st = body["status"]
+    assert st["recommendation"]["settings"]["maxNumSeqs"] == 80
+    assert st["recommendation"]["trigger"] == "IdleCapacity"
+    assert "rollout" not in st and st["applied"]["maxNumSeqs"] == 64
+    assert [h["action"] for h in st["history"]] == ["Planned"]
+    assert "Recommended" in harness.emitter.reasons
+    await loop.tick(body)
+    assert harness.emitter.reasons.count("Recommended") == 2  # one from the reconciler, one from the loop
+
+
+async def test_off_mode_and_unapplied_services_are_skipped(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness, tuning={"mode": "Off"})
+    assert await loop.tick(body) is None
+    assert loop.fetches == 0
+    fresh = isvc()
+    assert await loop.tick(fresh) is None
+
+
+async def test_old_replica_set_pods_are_not_evidence(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    old_args = [a if a != "0.95" else "0.97" for a in loop.deployment_args()]
+    loop.healthy_pods()
+    loop.pods.pods.append(
+        pod("llm-old-00000", old_args, restarts=4, message=OOM, finished=loop.now, ready=False)
+    )
+    loop.window = window(loop.now + 30)
+    d = await loop.tick(body)
+    assert d.trigger == Trigger.STEADY
+    assert "lastGoodSettings" not in body["status"]  # an old pod remains: not all replicas run the settings
+
+
+async def test_apply_failure_is_reported_and_retried(harness: Harness, loop: LoopHarness) -> None:
+    from kvpilot.operator import errors
+
+    body = await applied(harness)
+    loop.healthy_pods(restarts=1, message=OOM, finished=loop.now + 10, ready=False)
+    harness.kube.fail_apply = errors.ApplyFailed("HTTP 500")
+    d = await loop.tick(body)
+    assert d.action == Action.RETUNE
+    assert "RetuneFailed" in harness.emitter.reasons
+    assert body["status"]["applied"]["gpuMemoryUtilization"] == 0.95
+    assert "rollout" not in body["status"]
+    harness.kube.fail_apply = None
+    d = await loop.tick(body, advance=60)
+    assert body["status"]["applied"]["gpuMemoryUtilization"] == 0.93
+
+
+def test_interval_from_env() -> None:
+    assert closed_loop.interval_from_env({}) == 30.0
+    assert closed_loop.interval_from_env({"KVPILOT_CLOSED_LOOP_INTERVAL": "2"}) == 2.0
+    assert closed_loop.interval_from_env({"KVPILOT_CLOSED_LOOP_INTERVAL": "x"}) == 30.0
+
+
+def test_bounds_merge_serving_and_tuning_bounds() -> None:
+    from kvpilot.operator import render
+
+    spec = render.parse_spec({
+        "model": {"id": "m"},
+        "serving": {"minContextLength": 4096, "maxContextLength": 65536},
+        "tuning": {"allowFp8KvCache": True, "bounds": {
+            "maxNumSeqs": {"min": 8, "max": 512}, "maxModelLen": {"min": 8192},
+            "gpuMemoryUtilization": {"min": 0.8, "max": 0.93}}},
+    })  # fmt: skip
+    b = closed_loop.build_bounds(spec, fp8_supported=False)
+    assert (b.min_max_num_seqs, b.max_max_num_seqs) == (8, 512)
+    assert (b.min_max_model_len, b.max_max_model_len) == (8192, 65536)
+    assert (b.min_gpu_memory_utilization, b.max_gpu_memory_utilization) == (0.8, 0.93)
+    assert b.allow_fp8_kv is False
+    assert closed_loop.build_bounds(spec, fp8_supported=True).allow_fp8_kv is True
+    assert T0 > 0

@@ -1,0 +1,240 @@
+"""The Prometheus edge of the closed loop, through prometheus-api-client against a stub HTTP server.
+
+The stub answers ``/api/v1/query`` and ``/api/v1/query_range`` like Prometheus does
+(``{"status": "success", "data": {"resultType": ..., "result": [...]}}``), choosing the
+answer by the metric names in the PromQL, and records every query it was asked.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from kvpilot.operator import prometheus
+from kvpilot.operator.pod_status import build_pod_view, compute_pod_summary
+from kvpilot.tuner.observations import RestartKind
+from kvpilot.tuner.types import EngineSettings
+
+NOW = 1_800_000_000.0
+
+
+class Stub:
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+        self.legacy = False
+        self.kv: list[float] | None = [0.5, 0.6, 0.95, 0.97, 0.99]
+        self.last_scrape = NOW - 5
+        self.status = 200
+
+    def answer(self, path: str, params: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        q = params.get("query", "")
+        self.queries.append(q)
+        if self.status != 200:
+            return self.status, {"status": "error", "errorType": "internal", "error": "boom"}
+        if path.endswith("query_range"):
+            start, end, step = float(params["start"]), float(params["end"]), float(params["step"])
+            times = [start + i * step for i in range(int((end - start) // step) + 1)]
+            values: list[float] | None = None
+            if q.startswith("max(vllm:kv_cache_usage_perc") or q.startswith("max(vllm:gpu_cache_usage_perc"):
+                values = None if self.kv is None else self.kv
+            elif "num_preemptions_total" in q:
+                values = [0.0, 0.0, 0.2, 0.4, 0.5]
+            elif "num_requests_running" in q:
+                values = [10, 20, 60, 64, 64]
+            elif "num_requests_waiting" in q:
+                values = [0, 0, 3, 9, 12]
+            if values is None:
+                return 200, {"status": "success", "data": {"resultType": "matrix", "result": []}}
+            points = [[t, str(v)] for t, v in zip(times[-len(values) :], values, strict=False)]
+            return 200, {
+                "status": "success",
+                "data": {"resultType": "matrix", "result": [{"metric": {}, "values": points}]},
+            }
+        t = float(params.get("time", NOW))
+        if q.startswith("max(timestamp("):
+            result = [{"metric": {}, "value": [t, str(self.last_scrape)]}]
+        elif "request_prompt_tokens_sum" in q:
+            result = [{"metric": {}, "value": [t, "1800.5"]}]
+        elif "request_generation_tokens_sum" in q:
+            result = [{"metric": {}, "value": [t, "NaN"]}]  # no request finished in the window
+        elif q.startswith("vllm:cache_config_info"):
+            labels = {"__name__": "vllm:cache_config_info", "engine": "0", "block_size": "16",
+                      "gpu_memory_utilization": "0.9", "cache_dtype": "auto",
+                      "num_gpu_blocks": "27000"}  # fmt: skip
+            a = dict(labels, pod="llm-5d8f7c-aaaaa")
+            b = dict(labels, pod="llm-5d8f7c-bbbbb", num_gpu_blocks="26000")
+            if not self.legacy:
+                a["kv_cache_size_tokens"], b["kv_cache_size_tokens"] = "432000", "416000"
+            result = [{"metric": a, "value": [t, "1"]}, {"metric": b, "value": [t, "1"]}]
+        else:
+            result = []
+        return 200, {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+@pytest.fixture
+def stub() -> Iterator[tuple[Stub, str]]:
+    state = Stub()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self, params: dict[str, str]) -> None:
+            code, payload = state.answer(urllib.parse.urlparse(self.path).path, params)
+            body = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802
+            query = urllib.parse.urlparse(self.path).query
+            self._reply({k: v[-1] for k, v in urllib.parse.parse_qs(query).items()})
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_fetch_observations_reads_every_series(stub: tuple[Stub, str]) -> None:
+    state, url = stub
+    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW, window_seconds=300, step_seconds=30)
+    assert w.available and w.unavailable_reason is None
+    assert [s.kv_usage for s in w.samples] == [0.5, 0.6, 0.95, 0.97, 0.99]
+    assert [s.preemption_rate for s in w.samples] == [0.0, 0.0, 0.2, 0.4, 0.5]
+    assert [s.running for s in w.samples][-1] == 64 and [s.waiting for s in w.samples][-1] == 12
+    assert w.prompt_tokens is not None and w.prompt_tokens.mean == 1800.5
+    assert w.generation_tokens is None
+    assert w.kv_capacity_tokens == 416000  # the smaller pod
+    assert (w.reported_gpu_memory_utilization, w.reported_kv_cache_dtype, w.pods) == (0.9, "auto", 2)
+    selector = 'namespace="ns1",pod=~"llm-[^-]+-[^-]+"'
+    assert all(selector in q for q in state.queries)
+    assert any("vllm:gpu_cache_usage_perc" in q for q in state.queries)  # the pre-rename fallback
+    assert any("vllm:num_preemptions_total" in q and "vllm:num_preemptions{" in q for q in state.queries)
+
+
+async def test_legacy_cache_config_uses_blocks_times_block_size(stub: tuple[Stub, str]) -> None:
+    state, url = stub
+    state.legacy = True
+    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW)
+    assert w.kv_capacity_tokens == 26000 * 16
+
+
+async def test_points_after_the_newest_scrape_are_not_observations(stub: tuple[Stub, str]) -> None:
+    state, url = stub
+    state.last_scrape = NOW - 200  # the target vanished; Prometheus keeps answering from its lookback
+    state.kv = [0.5] * 11
+    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW, step_seconds=30)
+    assert max(s.time for s in w.samples) <= NOW - 170
+    assert w.last_sample_time is not None and NOW - w.last_sample_time > 120  # so the policy calls it stale
+
+
+async def test_no_series_is_unavailable(stub: tuple[Stub, str]) -> None:
+    state, url = stub
+    state.kv = None
+    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW)
+    assert not w.available and "no vllm:kv_cache_usage_perc series" in (w.unavailable_reason or "")
+    assert len(state.queries) == 1  # nothing else is asked once the main series is missing
+
+
+async def test_prometheus_error_is_unavailable_not_an_exception(stub: tuple[Stub, str]) -> None:
+    state, url = stub
+    state.status = 400
+    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW)
+    assert not w.available and (w.unavailable_reason or "").startswith("Prometheus query failed")
+
+
+async def test_unreachable_prometheus_is_unavailable() -> None:
+    w = await prometheus.fetch_observations("http://127.0.0.1:9", "ns1", "llm", NOW)
+    assert not w.available and (w.unavailable_reason or "").startswith("Prometheus query failed")
+
+
+async def test_no_url_is_unavailable() -> None:
+    w = await prometheus.fetch_observations("", "ns1", "llm", NOW)
+    assert "KVPILOT_PROMETHEUS_URL" in (w.unavailable_reason or "")
+
+
+def test_queries_use_the_pinned_vllm_names() -> None:
+    q = prometheus.build_queries("ns", "svc", 300)
+    assert q.kv_usage == (
+        'max(vllm:kv_cache_usage_perc{namespace="ns",pod=~"svc-[^-]+-[^-]+"})'
+        ' or max(vllm:gpu_cache_usage_perc{namespace="ns",pod=~"svc-[^-]+-[^-]+"})'
+    )
+    assert "rate(vllm:request_prompt_tokens_sum{" in q.prompt_mean and "[300s]" in q.prompt_mean
+    assert q.cache_config == 'vllm:cache_config_info{namespace="ns",pod=~"svc-[^-]+-[^-]+"}'
+
+
+def test_pinned_vllm_declares_these_names() -> None:
+    """The names in the queries are the ones vLLM 0.33's PrometheusStatLogger declares."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        pytest.skip("vllm not installed")
+    source = (pathlib.Path(spec.origin).parent / "v1" / "metrics" / "loggers.py").read_text()
+    p = prometheus
+    for name in (p.KV_USAGE, p.PREEMPTIONS_BARE, p.RUNNING, p.WAITING,
+                 p.PROMPT_TOKENS, p.GENERATION_TOKENS, p.CACHE_CONFIG_INFO):  # fmt: skip
+        assert f'"{name}"' in source, name
+
+
+# --- pods ------------------------------------------------------------------------------------------
+
+
+def _pod(args: list[str], **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "llm-5d8f7c-aaaaa"},
+        "spec": {"containers": [{"name": "vllm", "args": args}]},
+        "status": {"containerStatuses": [{"name": "vllm", **status}]},
+    }
+
+
+ARGS = ["m", "--port", "8000", "--max-model-len", "8192", "--gpu-memory-utilization", "0.9"]
+CURRENT = EngineSettings(max_model_len=8192, gpu_memory_utilization=0.9)
+
+
+def test_pod_view_classifies_the_last_termination() -> None:
+    view = build_pod_view(_pod(
+        ARGS, ready=False, restartCount=2, state={"waiting": {"reason": "CrashLoopBackOff"}},
+        lastState={"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2027-01-15T08:00:00Z",
+                                  "message": "x\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allo"}},
+    ))  # fmt: skip
+    assert view.settings == CURRENT
+    assert view.restart is not None
+    assert (view.restart.cause.kind, view.restart.restart_count, view.restart.crash_looping) == (
+        RestartKind.CUDA_OOM,
+        2,
+        True,
+    )
+    assert view.restart.time == 1_800_000_000.0
+    assert not view.needs_log
+
+
+def test_pod_view_asks_for_the_log_when_the_message_is_silent() -> None:
+    pod = _pod(ARGS, restartCount=1, lastState={"terminated": {"exitCode": 1, "reason": "Error"}})
+    assert build_pod_view(pod).needs_log
+    view = build_pod_view(pod, log_tail="No available memory for the cache blocks. Try increasing")
+    assert view.restart is not None and view.restart.cause.kind == RestartKind.NO_CACHE_BLOCKS
+
+
+def test_pod_summary_needs_every_replica_on_the_current_settings() -> None:
+    ready = build_pod_view(_pod(ARGS, ready=True, restartCount=0))
+    other = build_pod_view(_pod(["m", "--max-model-len", "4096"], ready=True, restartCount=0))
+    assert compute_pod_summary([ready], CURRENT, 1).ready
+    assert not compute_pod_summary([ready], CURRENT, 2).ready
+    assert not compute_pod_summary([ready, other], CURRENT, 1).ready
+    gone = build_pod_view(dict(_pod(["m"], ready=True), metadata={"name": "x", "deletionTimestamp": "t"}))
+    assert compute_pod_summary([ready, gone], CURRENT, 1).ready
