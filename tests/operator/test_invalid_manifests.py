@@ -31,6 +31,7 @@ def test_refused_before_planning(case: Case) -> None:
 async def test_answered_with_ready_false(case: Case, harness: Harness) -> None:
     body = case.manifest()
     body["metadata"].update(namespace="ns1", uid="u1", generation=1)
+    harness.deps.plan_fn = None  # the real planner decides what does not fit
     with pytest.raises((kopf.PermanentError, kopf.TemporaryError)):
         await harness.run(body)
     ready = next(c for c in body["status"]["conditions"] if c["type"] == "Ready")
