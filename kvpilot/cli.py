@@ -1,0 +1,283 @@
+"""The ``kvpilot`` command: plan vLLM engine arguments, list the catalogues, estimate, render.
+
+The edge for people and scripts, beside the operator: it reads files and argv,
+calls the pure tuner, and prints. Subcommands:
+
+* ``plan`` -- engine settings for a model on a GPU type, as a table or ``--json``;
+* ``gpus`` / ``models`` -- the built-in catalogues;
+* ``estimate --cases FILE`` -- the memory model over a JSON list of vLLM start-up cases;
+* ``render -f isvc.yaml`` -- the Deployment and Service the operator would apply.
+
+Exit status: 0 done; 1 ``plan`` found nothing that fits (the plan says why); 2 bad
+input (an unknown GPU or model, an unreadable file, a config the memory model cannot
+account for). Errors are one message on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from kvpilot.tuner import errors, gpus, models, vllm_defaults
+from kvpilot.tuner.types import GIB, Plan, ServingBounds
+
+EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    """A problem with the command's input, reported as one line on stderr (exit 2)."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _read_text(path: str) -> str:
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read {file}: {exc}") from None
+
+
+def _read_json(path: str) -> Any:
+    text = _read_text(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{path} is not valid JSON: {exc}") from None
+
+
+# -- plan ---------------------------------------------------------------------------------------
+
+
+def _plan(args: argparse.Namespace, out: TextIO) -> int:
+    from kvpilot.tuner import model_spec, planner
+
+    if args.config:
+        config = _read_json(args.config)
+        if not isinstance(config, dict):
+            raise CliError(f"{args.config} must hold a JSON object (a Hugging Face config.json)")
+        model_name, checkpoint = args.config, None
+    else:
+        config = models.lookup_model_config(args.model)
+        model_name = models.lookup_model(args.model).id
+        checkpoint = models.lookup_checkpoint_bytes(args.model)
+    gpu = gpus.lookup_gpu(args.gpu)
+    spec = model_spec.build_model_spec(config)
+    bounds = ServingBounds(
+        min_context=args.min_context,
+        max_context=args.max_context,
+        concurrency=args.concurrency,
+        allow_fp8_kv=args.allow_fp8_kv,
+    )
+    plan = planner.compute_plan(
+        spec,
+        gpu,
+        args.gpus,
+        bounds,
+        vllm_version=args.vllm_version,
+        weights_total_bytes=args.checkpoint_bytes or checkpoint,
+    )
+    if args.json:
+        json.dump(plan_as_json(plan, model_name), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(format_plan(plan, model_name))
+    return EXIT_OK if plan.feasible else EXIT_INFEASIBLE
+
+
+def plan_as_json(plan: Plan, model: str) -> dict[str, Any]:
+    """The ``plan --json`` document: the settings at the top level, then budget, args and verdict."""
+    settings, budget = dataclasses.asdict(plan.settings), dataclasses.asdict(plan.budget)
+    return {
+        "model": model,
+        "gpu": plan.gpu,
+        "gpu_count": plan.gpu_count,
+        "vllm_version": plan.vllm_version,
+        **settings,
+        "feasible": plan.feasible,
+        "concurrency_at_max_len": round(plan.concurrency_at_max_len, 3),
+        "budget": {k: round(v, 4) if isinstance(v, float) else v for k, v in budget.items()},
+        "args": list(plan.args),
+        "warnings": list(plan.warnings),
+        "reasons": list(plan.reasons),
+    }
+
+
+def format_plan(plan: Plan, model: str) -> str:
+    """The human-readable ``plan`` table."""
+    s, b = plan.settings, plan.budget
+    lines = [f"{model} on {plan.gpu_count} x {plan.gpu} (vLLM {plan.vllm_version})", "", "Engine settings"]
+    for name, value in dataclasses.asdict(s).items():
+        lines.append(f"  {name:<26}{'(vLLM default)' if value is None else value}")
+    util = s.gpu_memory_utilization
+    lines += [
+        "",
+        "Memory per GPU (GiB)",
+        f"  {'GPU total (CUDA)':<26}{b.gpu_total_gib:>9.2f}",
+        f"  {f'requested (x {util})' if util else 'requested':<26}{b.requested_gib:>9.2f}",
+        f"  {'- weights':<26}{b.weights_gib:>9.2f}",
+        f"  {'- activation peak':<26}{b.activation_gib:>9.2f}",
+        f"  {'- non-torch':<26}{b.non_torch_gib:>9.2f}",
+        f"  {'- CUDA graphs':<26}{b.cuda_graph_gib:>9.2f}",
+        f"  {'= KV cache':<26}{b.available_kv_cache_gib:>9.2f}",
+        "",
+        f"KV cache: {b.kv_cache_tokens:,} tokens ({b.num_gpu_blocks:,} blocks, "
+        f"{b.kv_bytes_per_token:,} B per token per GPU)",
+        f"Concurrency: {plan.concurrency_at_max_len:.2f} sequences of {s.max_model_len} tokens",
+        f"Starts: {'yes' if b.starts else 'no'}; feasible: {'yes' if plan.feasible else 'NO'}",
+    ]
+    if b.error:
+        lines.append(f"vLLM would say: {b.error}")
+    lines += [f"warning: {w}" for w in plan.warnings]
+    lines += [f"reason: {r}" for r in plan.reasons]
+    lines += ["", "vLLM arguments:", "  " + " ".join(plan.args) if plan.args else "  (none)"]
+    return "\n".join(lines) + "\n"
+
+
+# -- catalogues -----------------------------------------------------------------------------------
+
+
+def _gpus(args: argparse.Namespace, out: TextIO) -> int:
+    catalogue = gpus.list_gpus()
+    if args.json:
+        json.dump([dataclasses.asdict(g) for g in catalogue], out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    out.write(f"{'name':<16}{'CUDA GiB':>9}{'NVML MiB':>10}  {'cc':<5}{'fp8 KV':<8}{'link':<17}GFD product\n")
+    for g in catalogue:
+        nvml = f"{g.nvml_total_bytes // (1 << 20):,}" if g.nvml_total_bytes else "-"
+        cc = f"{g.compute_capability[0]}.{g.compute_capability[1]}"
+        products = ", ".join(g.gfd_products) or "-"
+        out.write(
+            f"{g.name:<16}{g.total_bytes / GIB:>9.2f}{nvml:>10}  {cc:<5}{'yes' if g.fp8_kv else 'no':<8}"
+            f"{g.interconnect:<17}{products}\n"
+        )
+    return EXIT_OK
+
+
+def _models(args: argparse.Namespace, out: TextIO) -> int:
+    listing = models.list_models()
+    if args.json:
+        json.dump([{"id": i, "description": d} for i, d in listing], out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    width = max(len(i) for i, _ in listing) + 2
+    for model_id, description in listing:
+        out.write(f"{model_id:<{width}}{description}\n")
+    return EXIT_OK
+
+
+# -- estimate and render --------------------------------------------------------------------------
+
+
+def _estimate(args: argparse.Namespace, out: TextIO) -> int:
+    from kvpilot.tuner import estimate
+
+    cases = _read_json(args.cases)
+    if not isinstance(cases, list):
+        raise CliError(f"{args.cases} must hold a JSON list of cases, found a JSON {type(cases).__name__}")
+    json.dump(estimate.compute_estimates(cases, gpus.lookup_gpu), out, indent=2)
+    out.write("\n")
+    return EXIT_OK
+
+
+def _render(args: argparse.Namespace, out: TextIO) -> int:
+    import yaml
+
+    try:
+        documents = [d for d in yaml.safe_load_all(_read_text(args.file)) if d is not None]
+    except yaml.YAMLError as exc:
+        raise CliError(f"{args.file} is not valid YAML: {exc}") from None
+    if not documents or not all(isinstance(d, dict) for d in documents):
+        raise CliError(f"{args.file} must hold one or more InferenceService manifests")
+    from kvpilot.operator import render
+
+    manifests: list[dict[str, Any]] = []
+    for document in documents:
+        try:
+            manifests += render.build_manifests(document, gpu_product=args.gpu)
+        except render.RenderError as exc:
+            raise CliError(f"{exc.reason}: {exc.message}") from None
+    yaml.safe_dump_all(manifests, out, sort_keys=False)
+    return EXIT_OK
+
+
+# -- argv -----------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvpilot", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    plan = commands.add_parser("plan", help="plan vLLM engine arguments for a model on a GPU type")
+    source = plan.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", metavar="ID", help="a catalogue model (see `kvpilot models`)")
+    source.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its folder)")
+    plan.add_argument("--gpu", required=True, metavar="NAME", help="a catalogue GPU (see `kvpilot gpus`)")
+    plan.add_argument("--gpus", type=_positive_int, default=1, metavar="N", help="GPUs per replica (1)")
+    plan.add_argument("--max-context", type=_positive_int, metavar="N", help="longest max_model_len wanted")
+    plan.add_argument("--min-context", type=_positive_int, metavar="N", help="shortest max_model_len allowed")
+    plan.add_argument("--concurrency", type=_positive_int, metavar="N", help="expected concurrent sequences")
+    plan.add_argument("--allow-fp8-kv", action="store_true", help="let the planner choose an fp8 KV cache")
+    plan.add_argument("--checkpoint-bytes", type=_positive_int, metavar="N", help="checkpoint size, if known")
+    pinned = vllm_defaults.PINNED_VLLM_VERSION
+    plan.add_argument("--vllm-version", default=pinned, metavar="V", help="vLLM release (%(default)s)")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    plan.set_defaults(run=_plan)
+
+    for name, run, what in (("gpus", _gpus, "the GPU catalogue"), ("models", _models, "the model catalogue")):
+        sub = commands.add_parser(name, help=f"list {what}")
+        sub.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        sub.set_defaults(run=run)
+
+    est = commands.add_parser("estimate", help="estimate vLLM's start-up memory for a JSON list of cases")
+    est.add_argument("--cases", required=True, metavar="FILE", help="cases as in vllm_memory_cases.json")
+    est.set_defaults(run=_estimate)
+
+    ren = commands.add_parser("render", help="print the Deployment and Service the operator would apply")
+    ren.add_argument("-f", "--file", required=True, metavar="FILE", help="InferenceService manifest (YAML)")
+    ren.add_argument("--gpu", metavar="NAME", help="GPU to assume when the spec leaves it to node labels")
+    ren.set_defaults(run=_render)
+    return parser
+
+
+def _fail(message: str, err: TextIO) -> int:
+    err.write(f"kvpilot: error: {message}\n")
+    return EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the command in ``argv`` (``sys.argv[1:]`` by default) and return the exit status.
+
+    Usage errors exit through argparse (status 2); every other failure is a message on
+    ``err`` and status 2.
+    """
+    out, err = out or sys.stdout, err or sys.stderr
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args, out))
+    except (errors.TunerError, CliError) as exc:
+        return _fail(str(exc), err)
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:  # last resort: a message, not a traceback
+        return _fail(f"unexpected {type(exc).__name__}: {exc} (please report this)", err)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
