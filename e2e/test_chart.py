@@ -299,26 +299,34 @@ def test_operator_reconciles_with_only_the_service_account_token(
     assert "host-operator-a" not in ((chart.get("clusterkopfpeering", "kvpilot") or {}).get("status") or {})
 
 
+def _active(op: HostOperator) -> bool:
+    """kopf starts paused and logs each peering transition; the last one says whether it acts now."""
+    states = re.findall(r"(Resuming|Pausing) operations", op.log)
+    return bool(states) and states[-1] == "Resuming"
+
+
 def test_second_replica_waits(chart: Chart, operators: list[HostOperator]) -> None:
-    """Two copies of the chart's command: random peering priorities, so exactly one pauses."""
+    """Two copies of the chart's command draw random peering priorities: exactly one acts, the other waits."""
     kubeconfig = chart.sa_kubeconfig()
     a = HostOperator(chart, kubeconfig, "host-operator-a")
     operators.append(a)
-    wait_for(
-        lambda: "host-operator-a" in ((chart.get("clusterkopfpeering", "kvpilot") or {}).get("status") or {}),
-        30,
-        "replica a in the peering object",
-    )
+    wait_for(lambda: _active(a), 60, "replica a to start acting")
     b = HostOperator(chart, kubeconfig, "host-operator-b")
     operators.append(b)
-    paused = wait_for(
-        lambda: [op.identity for op in (a, b) if "Pausing operations in favour of" in op.log],
-        60,
-        "one replica to pause",
+
+    def peers() -> set[str]:
+        return set((chart.get("clusterkopfpeering", "kvpilot") or {}).get("status") or {})
+
+    wait_for(
+        lambda: {"host-operator-a", "host-operator-b"} <= peers(), 60, "both replicas in the peering object"
     )
-    time.sleep(3)  # a tie would pause both; make sure the other stays active
-    paused = [op.identity for op in (a, b) if "Pausing operations in favour of" in op.log]
-    assert len(paused) == 1, paused
+    wait_for(lambda: [_active(a), _active(b)].count(True) == 1, 30, "exactly one active replica")
+    time.sleep(5)  # and it stays that way
+    assert [_active(a), _active(b)].count(True) == 1, (a.log[-2000:], b.log[-2000:])
+    # only the active one handles a new InferenceService; the paused one does not even see it
+    reconcile_example(chart, a if _active(a) else b, "peering")
+    handled = [op.identity for op in (a, b) if "[peering/llama-8b-l4]" in op.log]
+    assert handled == [(a if _active(a) else b).identity]
     assert a.alive() and b.alive()
     assert_no_forbidden(a)
     assert_no_forbidden(b)
