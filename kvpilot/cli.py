@@ -213,7 +213,11 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
             manifests += render.build_manifests(document, gpu_product=args.gpu)
         except render.RenderError as exc:
             raise CliError(f"{exc.reason}: {exc.message}") from None
-    yaml.safe_dump_all(manifests, out, sort_keys=False)
+    class NoAliases(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:  # shared label dicts print in full, not as &id001
+            return True
+
+    yaml.dump_all(manifests, out, Dumper=NoAliases, sort_keys=False)
     return EXIT_OK
 
 
