@@ -102,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     false_alarms: list[str] = []
     skipped: list[str] = []
     if not args.quiet:
-        print(f"{'case':<9} {'model':<42} {'vLLM':<7} {'obs KV':>7} {'pred':>7} {'err':>7}  "
-              f"{'obs tok':>10} {'pred tok':>10} {'err':>7}  outcome / predicted")
-    for case, row in zip(cases, rows):
+        print(
+            f"{'case':<9} {'model':<42} {'vLLM':<7} {'obs KV':>7} {'pred':>7} {'err':>7}  "
+            f"{'obs tok':>10} {'pred tok':>10} {'err':>7}  outcome / predicted"
+        )
+    for case, row in zip(cases, rows, strict=True):
         engine = str(case.get("engine") or "")
         if not args.all and not engine.startswith("V1"):
             continue
@@ -134,12 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         elif not row["starts"]:
             false_alarms.append(f"{case['id']}: {row['error'][:140]}")
         if not args.quiet:
+
             def fmt(x, spec):
                 return format(x, spec) if x is not None else "-"
 
             print(
                 f"{case['id']:<9} {str(case.get('model'))[:42]:<42} {str(case.get('vllm_version'))[:7]:<7} "
-                f"{fmt(obs.get('available_kv_cache_gib'), '7.2f'):>7} {fmt(row['available_kv_cache_gib'], '7.2f'):>7} "
+                f"{fmt(obs.get('available_kv_cache_gib'), '7.2f'):>7} "
+                f"{fmt(row['available_kv_cache_gib'], '7.2f'):>7} "
                 f"{fmt(e_kv and e_kv * 100, '+6.1f'):>7}  {fmt(obs.get('kv_cache_tokens'), ','):>10} "
                 f"{fmt(row['kv_cache_tokens'], ','):>10} {fmt(e_tok and e_tok * 100, '+6.1f'):>7}  "
                 f"{case.get('outcome_class')} / {'starts' if row['starts'] else 'fails'}"

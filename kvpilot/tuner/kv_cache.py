@@ -89,8 +89,17 @@ class KvLayout:
         return total
 
 
-def _page_bytes(model: ModelSpec, kind: str, kv_heads: int, head_dim: int, head_dim_v: int,
-                tp: int, block_size: int, elem: float, kv_cache_dtype: str | None) -> int:
+def _page_bytes(
+    model: ModelSpec,
+    kind: str,
+    kv_heads: int,
+    head_dim: int,
+    head_dim_v: int,
+    tp: int,
+    block_size: int,
+    elem: float,
+    kv_cache_dtype: str | None,
+) -> int:
     if kind == MLA:
         if (kv_cache_dtype or "") == "fp8_ds_mla":
             return block_size * 656
@@ -138,7 +147,9 @@ def compute_kv_layout(
         assert state is not None and pages
         state_bytes = state.state_elements(tp) * DTYPE_BYTES[model_dtype]
         per_token = max(pages.values()) // block_size
-        block_size = max(block_size, HYBRID_MAMBA_BLOCK_ALIGN * cdiv(state_bytes, HYBRID_MAMBA_BLOCK_ALIGN * per_token))
+        block_size = max(
+            block_size, HYBRID_MAMBA_BLOCK_ALIGN * cdiv(state_bytes, HYBRID_MAMBA_BLOCK_ALIGN * per_token)
+        )
         pages = {
             key: _page_bytes(model, key[0], key[1], key[2], key[3], tp, block_size, elem, kv_cache_dtype)
             for key in pages
@@ -152,7 +163,9 @@ def compute_kv_layout(
     for idx, key in enumerate(kinds):
         by_type.setdefault(key, []).append(idx)
     stage = set(model.layer_range(pipeline_parallel_size, pp_rank))
-    bytes_per_token = sum(pages[k] for i, k in enumerate(kinds) if k[0] != LINEAR and i in stage) // block_size
+    bytes_per_token = (
+        sum(pages[k] for i, k in enumerate(kinds) if k[0] != LINEAR and i in stage) // block_size
+    )
 
     if len(by_type) == 1:
         key = next(iter(by_type))
@@ -215,7 +228,11 @@ def compute_capacity(
         check -= layout.bytes_per_block
     needed = per_request * layout.bytes_per_block
     fits = available_bytes > 0 and needed <= check
-    longest = compute_longest_fitting_len(layout, check, max_model_len, in_flight_tokens) if not fits else max_model_len
+    longest = (
+        compute_longest_fitting_len(layout, check, max_model_len, in_flight_tokens)
+        if not fits
+        else max_model_len
+    )
     return KvCapacity(blocks, tokens, concurrency, per_request, fits, needed, longest)
 
 

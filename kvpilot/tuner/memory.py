@@ -217,8 +217,10 @@ def compute_budget(
     version = vllm_defaults.parse_version(vllm_version)
     r = resolve_settings(model, gpu, settings, version, pipeline_parallel_size, dtype)
     requested = math.ceil(gpu.total_bytes * r.util)
-    graphs = 0 if enforce_eager else compute_cuda_graph_bytes(
-        model, gpu, tp=r.tp, pp=r.pp, max_num_seqs=r.max_num_seqs
+    graphs = (
+        0
+        if enforce_eager
+        else compute_cuda_graph_bytes(model, gpu, tp=r.tp, pp=r.pp, max_num_seqs=r.max_num_seqs)
     )
     subtract_graphs = vllm_defaults.subtracts_cuda_graphs(version)
     in_flight = vllm_defaults.in_flight_batches(version, r.pp) * r.max_num_batched_tokens
@@ -268,7 +270,11 @@ def compute_budget(
         error = vllm_defaults.no_memory_error(version)
     elif not capacity.fits:
         error = vllm_defaults.max_len_error(
-            version, r.max_model_len, capacity.needed_bytes / GIB, worst[2] / GIB, capacity.longest_fitting_len
+            version,
+            r.max_model_len,
+            capacity.needed_bytes / GIB,
+            worst[2] / GIB,
+            capacity.longest_fitting_len,
         )
     elif not subtract_graphs and graphs:
         # Graphs are captured after the KV cache is allocated, outside the budget; the sampler

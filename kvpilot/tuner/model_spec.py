@@ -242,14 +242,18 @@ def _text_config(hf_config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 def _dtype(text: Mapping[str, Any], hf_config: Mapping[str, Any]) -> str:
-    raw = text.get("torch_dtype") or text.get("dtype") or hf_config.get("torch_dtype") or hf_config.get("dtype")
+    raw = (
+        text.get("torch_dtype") or text.get("dtype") or hf_config.get("torch_dtype") or hf_config.get("dtype")
+    )
     if raw is None:
         return "bfloat16"  # vLLM: a config without a dtype is float32, served as bf16 ("auto")
     name = str(raw).replace("torch.", "")
     if name == "float32":
         return "bfloat16"  # vLLM's "auto" downcasts float32 checkpoints to 16 bits
     if name not in DTYPE_BYTES:
-        raise errors.InvalidModelConfig(f"config.json has an unsupported torch_dtype {raw!r}", field="torch_dtype")
+        raise errors.InvalidModelConfig(
+            f"config.json has an unsupported torch_dtype {raw!r}", field="torch_dtype"
+        )
     return name
 
 
@@ -293,7 +297,8 @@ def _layer_types(text: Mapping[str, Any], model_type: str, num_layers: int) -> l
     if isinstance(declared, list) and declared:
         if len(declared) < num_layers:
             raise errors.InvalidModelConfig(
-                f"config.json's layer_types lists {len(declared)} layers, num_hidden_layers says {num_layers}",
+                f"config.json's layer_types lists {len(declared)} layers, "
+                f"num_hidden_layers says {num_layers}",
                 field="layer_types",
             )
         return [str(t) for t in declared[:num_layers]]
@@ -302,7 +307,9 @@ def _layer_types(text: Mapping[str, Any], model_type: str, num_layers: int) -> l
         return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
     if model_type in ("gemma3_text", "gemma3"):
         pattern = int(text.get("sliding_window_pattern") or 6)
-        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+        return [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)
+        ]
     if model_type == "gpt_oss":
         return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
     if model_type == "llama4_text" and text.get("attention_chunk_size"):
@@ -312,7 +319,9 @@ def _layer_types(text: Mapping[str, Any], model_type: str, num_layers: int) -> l
         return ["chunked_attention" if no_rope[i] else "full_attention" for i in range(num_layers)]
     if model_type == "qwen3_next":
         interval = int(_need(text, "full_attention_interval"))
-        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
+        return [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
+        ]
     if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
         if text.get("use_sliding_window") and window:
             raise errors.InvalidModelConfig(
@@ -325,7 +334,9 @@ def _layer_types(text: Mapping[str, Any], model_type: str, num_layers: int) -> l
     return ["full_attention"] * num_layers
 
 
-def _moe(text: Mapping[str, Any], model_type: str, num_layers: int, hidden_intermediate: int) -> MoeSpec | None:
+def _moe(
+    text: Mapping[str, Any], model_type: str, num_layers: int, hidden_intermediate: int
+) -> MoeSpec | None:
     num_experts = text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts")
     if not num_experts or model_type == "gemma4_text" and not text.get("enable_moe_block"):
         return None
@@ -396,13 +407,16 @@ def build_quant_spec(qc: Mapping[str, Any]) -> QuantSpec:
         if "bits" in qc:
             bits = int(qc["bits"])
         ignore = [str(x) for x in qc.get("ignore") or []]
-        return QuantSpec("compressed-tensors", bits, group, quantize_lm_head="lm_head" not in ignore and bool(groups))
+        return QuantSpec(
+            "compressed-tensors", bits, group, quantize_lm_head="lm_head" not in ignore and bool(groups)
+        )
     if method in ("modelopt_fp4", "nvfp4", "nvfp4_per_token"):
         return QuantSpec("nvfp4", 4, 16)
     if method in ("experts_int8",):
         return QuantSpec("experts_int8", 8, None, experts_only=True)
     raise errors.InvalidModelConfig(
-        f"quantization_config.quant_method {method!r} is not modelled", field="quantization_config.quant_method"
+        f"quantization_config.quant_method {method!r} is not modelled",
+        field="quantization_config.quant_method",
     )
 
 
@@ -440,7 +454,9 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     architecture = str(archs[0]) if archs else str(hf_config.get("model_type") or "")
     model_type = str(text.get("model_type") or hf_config.get("model_type") or "")
     if not architecture and not model_type:
-        raise errors.InvalidModelConfig("config.json names neither 'architectures' nor 'model_type'", "architectures")
+        raise errors.InvalidModelConfig(
+            "config.json names neither 'architectures' nor 'model_type'", "architectures"
+        )
     if model_type in ("mamba", "mamba2", "falcon_mamba", "jamba", "nemotron_h", "bamba", "granitemoehybrid"):
         raise errors.InvalidModelConfig(
             f"model_type {model_type!r}: Mamba-state layers of this family are not modelled yet "
@@ -451,7 +467,9 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     num_layers = int(_need(text, "num_hidden_layers", "n_layer", "num_layers", "n_layers", where=where))
     hidden = int(_need(text, "hidden_size", "n_embd", "d_model", where=where))
     heads = int(_need(text, "num_attention_heads", "n_head", "num_heads", where=where))
-    kv_heads = int(text.get("num_key_value_heads") or text.get("num_kv_heads") or text.get("n_head_kv") or heads)
+    kv_heads = int(
+        text.get("num_key_value_heads") or text.get("num_kv_heads") or text.get("n_head_kv") or heads
+    )
     if text.get("multi_query") and not text.get("num_key_value_heads"):
         kv_heads = 1
     head_dim = int(text.get("head_dim") or hidden // heads)
@@ -490,7 +508,8 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
             if name in ("sliding_attention", "sliding_window", "local_attention", "sliding"):
                 if not window:
                     raise errors.InvalidModelConfig(
-                        "config.json has sliding-attention layers but no 'sliding_window'", field="sliding_window"
+                        "config.json has sliding-attention layers but no 'sliding_window'",
+                        field="sliding_window",
                     )
                 layers.append(LayerSpec(SLIDING, kv_heads, head_dim, head_dim, int(window)))
             elif name == "chunked_attention":
@@ -501,10 +520,13 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
             elif name in ("full_attention", "attention", "global"):
                 layers.append(LayerSpec(FULL, global_kv, global_hd, global_hd))
             else:
-                raise errors.InvalidModelConfig(f"config.json's layer_types has an unknown kind {name!r}", "layer_types")
+                raise errors.InvalidModelConfig(
+                    f"config.json's layer_types has an unknown kind {name!r}", "layer_types"
+                )
         if model_type == "gemma4_text" and text.get("num_kv_shared_layers"):
             raise errors.InvalidModelConfig(
-                "Gemma 4 KV-sharing layers (num_kv_shared_layers > 0) are not modelled", field="num_kv_shared_layers"
+                "Gemma 4 KV-sharing layers (num_kv_shared_layers > 0) are not modelled",
+                field="num_kv_shared_layers",
             )
     tie = text.get("tie_word_embeddings")
     if tie is None:

@@ -31,13 +31,14 @@ from kvpilot.tuner.model_spec import ModelSpec, QuantSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
 
 TYPICAL_FILL = 0.25
-"""Without an expected concurrency, size ``max_num_seqs`` for requests using a quarter of ``max_model_len``."""
+"""Without an expected concurrency, size ``max_num_seqs`` for requests filling a quarter of the context."""
 FRAGMENTATION_MARGIN_GIB = 1.0
 """Allocator slack after start-up that profiling does not see (case-036: 1.7 GiB reserved, 0.55 GiB free)."""
 NCCL_OUTSIDE_GIB = 0.5
 """NCCL communicators and buffers, allocated before vLLM's memory snapshot when TP > 1."""
 GRAPH_ESTIMATE_ERROR = 0.3
 """vLLM's CUDA-graph estimate was 0.54 GiB (30 %) short of the real pool for gpt-oss-20b."""
+NOTHING_PINNED = EngineSettings()
 CONTEXT_STEP = 1024
 """A shortened ``max_model_len`` is rounded down to a multiple of this."""
 
@@ -69,7 +70,7 @@ def compute_safe_utilization(
 
 
 def tensor_parallel_ok(model: ModelSpec, tp: int) -> bool:
-    """vLLM's divisibility rules: TP divides the attention heads, and the KV heads divide or are divided by it."""
+    """vLLM's rules: TP divides the attention heads; the KV heads divide TP or TP divides them."""
     kv = model.num_kv_heads
     return model.num_attention_heads % tp == 0 and (model.mla is not None or kv % tp == 0 or tp % kv == 0)
 
@@ -82,7 +83,9 @@ def compute_tensor_parallel(model: ModelSpec, gpu_count: int) -> int:
     return 1
 
 
-def _budget(model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, version: str, weights: int | None) -> MemoryBudget:
+def _budget(
+    model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, version: str, weights: int | None
+) -> MemoryBudget:
     return memory.compute_budget(model, gpu, settings, vllm_version=version, weights_total_bytes=weights)
 
 
@@ -102,11 +105,13 @@ def _bisect_longest(ok: Callable[[int], bool], upper: int) -> int:
     return lo // CONTEXT_STEP * CONTEXT_STEP if lo >= CONTEXT_STEP else lo
 
 
-def _longest_fitting(model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, version: str,
-                     weights: int | None, upper: int) -> int:
+def _longest_fitting(
+    model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, version: str, weights: int | None, upper: int
+) -> int:
     """The longest ``max_model_len`` <= ``upper`` with which the engine starts (0 if none)."""
     return _bisect_longest(
-        lambda length: _budget(model, gpu, settings.replace(max_model_len=length), version, weights).starts, upper
+        lambda length: _budget(model, gpu, settings.replace(max_model_len=length), version, weights).starts,
+        upper,
     )
 
 
@@ -116,7 +121,12 @@ def _round_seqs(n: float) -> int:
 
 
 def _choose_max_num_seqs(
-    model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, bounds: ServingBounds, version: str, weights: int | None
+    model: ModelSpec,
+    gpu: GpuSpec,
+    settings: EngineSettings,
+    bounds: ServingBounds,
+    version: str,
+    weights: int | None,
 ) -> int:
     ver = vllm_defaults.parse_version(version)
     cap = vllm_defaults.default_batch_limits(ver, gpu).max_num_seqs
@@ -128,19 +138,31 @@ def _choose_max_num_seqs(
     return min(cap, _round_seqs(typical))
 
 
-def _with_batched_tokens(settings: EngineSettings, gpu: GpuSpec, version: str, pinned: EngineSettings) -> EngineSettings:
+def _with_batched_tokens(
+    settings: EngineSettings, gpu: GpuSpec, version: str, pinned: EngineSettings
+) -> EngineSettings:
     """vLLM refuses ``max_num_batched_tokens < max_num_seqs``: raise it when the default would be short."""
     if pinned.max_num_batched_tokens is not None or settings.max_num_seqs is None:
         return settings
-    default = vllm_defaults.default_batch_limits(vllm_defaults.parse_version(version), gpu).max_num_batched_tokens
+    default = vllm_defaults.default_batch_limits(
+        vllm_defaults.parse_version(version), gpu
+    ).max_num_batched_tokens
     if settings.max_num_seqs > default:
         return settings.replace(max_num_batched_tokens=settings.max_num_seqs)
     return settings
 
 
-def _suggestions(model: ModelSpec, gpu: GpuSpec, gpu_count: int, bounds: ServingBounds,
-                 settings: EngineSettings, pinned: EngineSettings, version: str, weights: int | None,
-                 fits: Callable[[MemoryBudget], bool]) -> list[str]:
+def _suggestions(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    gpu_count: int,
+    bounds: ServingBounds,
+    settings: EngineSettings,
+    pinned: EngineSettings,
+    version: str,
+    weights: int | None,
+    fits: Callable[[MemoryBudget], bool],
+) -> list[str]:
     """What would fit instead: more GPUs, fp8 KV, a shorter context, quantized weights."""
     out: list[str] = []
     if pinned.tensor_parallel_size is None:
@@ -150,10 +172,14 @@ def _suggestions(model: ModelSpec, gpu: GpuSpec, gpu_count: int, bounds: Serving
             if fits(_budget(model, gpu, settings.replace(tensor_parallel_size=count), version, weights)):
                 out.append(f"{count} {gpu.name} GPUs (tensor parallel {count}) fit these settings.")
                 break
-    if (settings.kv_cache_dtype or "auto") == "auto" and pinned.kv_cache_dtype is None and gpu.fp8_kv:
-        if fits(_budget(model, gpu, settings.replace(kv_cache_dtype="fp8"), version, weights)):
-            note = "" if bounds.allow_fp8_kv else " (set allowFp8KvCache / allow_fp8_kv)"
-            out.append(f"An fp8 KV cache (--kv-cache-dtype fp8) fits{note}.")
+    auto_kv = (settings.kv_cache_dtype or "auto") == "auto" and pinned.kv_cache_dtype is None
+    if (
+        auto_kv
+        and gpu.fp8_kv
+        and fits(_budget(model, gpu, settings.replace(kv_cache_dtype="fp8"), version, weights))
+    ):
+        note = "" if bounds.allow_fp8_kv else " (set allowFp8KvCache / allow_fp8_kv)"
+        out.append(f"An fp8 KV cache (--kv-cache-dtype fp8) fits{note}.")
     length = settings.max_model_len or model.max_model_len
     longest = _longest_fitting(model, gpu, settings, version, weights, length)
     if 0 < longest < length:
@@ -163,7 +189,9 @@ def _suggestions(model: ModelSpec, gpu: GpuSpec, gpu_count: int, bounds: Serving
         smaller = dataclasses.replace(model, quantization=quant)
         if fits(_budget(smaller, gpu, settings, version, None)):
             kind = "FP8" if quant.method == "fp8" else "4-bit AWQ/GPTQ"
-            out.append(f"A {kind}-quantized checkpoint of this model fits (kvpilot never changes the checkpoint).")
+            out.append(
+                f"A {kind}-quantized checkpoint of this model fits (kvpilot never changes the checkpoint)."
+            )
     if not out:
         out.append("Nothing close fits: use a larger GPU or more GPUs.")
     return out
@@ -175,7 +203,7 @@ def compute_plan(
     gpu_count: int,
     bounds: ServingBounds,
     *,
-    pinned: EngineSettings = EngineSettings(),
+    pinned: EngineSettings = NOTHING_PINNED,
     vllm_version: str = vllm_defaults.PINNED_VLLM_VERSION,
     weights_total_bytes: int | None = None,
 ) -> Plan:
@@ -193,7 +221,9 @@ def compute_plan(
     model_max = model.max_model_len
     wanted = pinned.max_model_len or min(bounds.max_context or model_max, model_max)
     if bounds.max_context and bounds.max_context > model_max and pinned.max_model_len is None:
-        warnings.append(f"max_context {bounds.max_context} exceeds the model's maximum {model_max}; using {model_max}.")
+        warnings.append(
+            f"max_context {bounds.max_context} exceeds the model's maximum {model_max}; using {model_max}."
+        )
     settings = settings.replace(max_model_len=wanted)
 
     if pinned.kv_cache_dtype is None:
@@ -218,23 +248,31 @@ def compute_plan(
     settings, budget = settle(settings)
     fp8_ok = bounds.allow_fp8_kv and gpu.fp8_kv and pinned.kv_cache_dtype is None
     if fp8_ok and (bounds.concurrency is None or not meets(budget)):
-        candidate, cand_budget = settle(settings.replace(kv_cache_dtype="fp8", max_num_seqs=pinned.max_num_seqs))
+        candidate, cand_budget = settle(
+            settings.replace(kv_cache_dtype="fp8", max_num_seqs=pinned.max_num_seqs)
+        )
         if meets(cand_budget) or not meets(budget):
             settings, budget = candidate, cand_budget
 
     if not meets(budget) and pinned.max_model_len is None:
         floor = bounds.min_context or 1
         lo = _bisect_longest(
-            lambda length: meets(_budget(model, gpu, settings.replace(max_model_len=length), vllm_version, weights)),
+            lambda length: meets(
+                _budget(model, gpu, settings.replace(max_model_len=length), vllm_version, weights)
+            ),
             wanted,
         )
         if lo >= floor:
-            shorter, short_budget = settle(settings.replace(max_model_len=lo, max_num_seqs=pinned.max_num_seqs))
+            shorter, short_budget = settle(
+                settings.replace(max_model_len=lo, max_num_seqs=pinned.max_num_seqs)
+            )
             if meets(short_budget):
                 warnings.append(f"max_model_len shortened from {wanted} to {lo} to fit the KV cache.")
                 settings, budget = shorter, short_budget
 
-    feasible = meets(budget) and (not bounds.min_context or (settings.max_model_len or 0) >= bounds.min_context)
+    feasible = meets(budget) and (
+        not bounds.min_context or (settings.max_model_len or 0) >= bounds.min_context
+    )
     reasons: tuple[str, ...] = ()
     if not feasible:
         why = budget.error or (

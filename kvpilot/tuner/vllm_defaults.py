@@ -129,7 +129,10 @@ def reserves_null_block_in_check(version: Version) -> bool:
 
 def no_memory_error(version: Version) -> str:
     """vLLM's text when nothing is left for KV blocks (reference §1.6)."""
-    text = "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine"
+    text = (
+        "No available memory for the cache blocks. "
+        "Try increasing `gpu_memory_utilization` when initializing the engine"
+    )
     if version >= (0, 25):
         text += " (this flag also controls CPU memory reservation on the CPU backend, despite its name)"
     text += "."
@@ -138,7 +141,9 @@ def no_memory_error(version: Version) -> str:
     return text
 
 
-def max_len_error(version: Version, max_model_len: int, needed_gib: float, available_gib: float, estimate: int) -> str:
+def max_len_error(
+    version: Version, max_model_len: int, needed_gib: float, available_gib: float, estimate: int
+) -> str:
     """vLLM's text when one ``max_model_len`` request does not fit (reference §1.6)."""
     model = "model's" if version >= (0, 25) else "models's"
     gib = (lambda x: f"{round(x, 2)}") if version >= (0, 15) else (lambda x: f"{x:.2f}")
@@ -155,7 +160,10 @@ def max_len_error(version: Version, max_model_len: int, needed_gib: float, avail
             "or decreasing `max_model_len` when initializing the engine."
         )
     else:
-        text += "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
+        text += (
+            "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
+            "when initializing the engine."
+        )
     if version >= (0, 13):
         text += " See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
     return text

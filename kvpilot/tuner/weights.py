@@ -84,7 +84,12 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
         s = model.linear_state
         key_dim = (s.conv_dim - s.num_heads * s.head_v_dim) // 2
         value_dim = s.num_heads * s.head_v_dim
-        attn = (h * (2 * key_dim + 2 * value_dim) + h * 2 * s.num_heads + value_dim * h + s.conv_dim * s.conv_kernel) // tp
+        attn = (
+            h * (2 * key_dim + 2 * value_dim)
+            + h * 2 * s.num_heads
+            + value_dim * h
+            + s.conv_dim * s.conv_kernel
+        ) // tp
         replicated = 0
     else:
         kv = layer.num_kv_heads if layer is not None else model.num_kv_heads

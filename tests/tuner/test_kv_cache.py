@@ -52,7 +52,9 @@ def test_mla_latent_is_not_divided_by_tp() -> None:
 
 def test_gpt_oss_two_groups_of_twelve_and_the_logged_concurrency() -> None:
     # vLLM 0.19, TP 2, 323,972 blocks -> 2,591,776 tokens and 316.07x at 8,192 tokens.
-    layout = kv_cache.compute_kv_layout(build_model_spec(cfg.GPT_OSS_20B), tensor_parallel_size=2, vllm_version=V019)
+    layout = kv_cache.compute_kv_layout(
+        build_model_spec(cfg.GPT_OSS_20B), tensor_parallel_size=2, vllm_version=V019
+    )
     assert [g.layers for g in layout.groups] == [12, 12]
     assert layout.bytes_per_block == 16 * 4 * 2 * 64 * 2 * 12
     capacity = kv_cache.compute_capacity(layout, 0, 8192, 8192, V019, num_blocks=323_972)
@@ -91,7 +93,9 @@ def test_qwen3_next_raises_the_block_size_for_the_state() -> None:
     assert state is not None
     state_bytes = state.state_elements(1) * 2
     assert layout.block_size > 16 and layout.block_size % 16 == 0
-    assert layout.groups[0].page_bytes >= state_bytes or any(g.page_bytes >= state_bytes for g in layout.groups)
+    assert layout.groups[0].page_bytes >= state_bytes or any(
+        g.page_bytes >= state_bytes for g in layout.groups
+    )
     assert len(layout.groups) == 4  # 36 linear layers in 3 groups of 12, 12 full in one
     assert layout.blocks_per_request(262144, 16384) == 3 + -(-262144 // layout.block_size)
 

@@ -50,7 +50,9 @@ def test_cuda_graphs_are_subtracted_from_020_on() -> None:
     old = memory.compute_budget(spec, H100, settings, vllm_version="0.19.1")
     eager = memory.compute_budget(spec, H100, settings, vllm_version="0.20.0", enforce_eager=True)
     assert new.cuda_graph_gib > 0 and eager.cuda_graph_gib == 0
-    assert old.available_kv_cache_gib - new.available_kv_cache_gib == pytest.approx(new.cuda_graph_gib, abs=0.01)
+    assert old.available_kv_cache_gib - new.available_kv_cache_gib == pytest.approx(
+        new.cuda_graph_gib, abs=0.01
+    )
     assert eager.available_kv_cache_gib == pytest.approx(old.available_kv_cache_gib, abs=0.01)
 
 
@@ -110,12 +112,16 @@ def test_graphs_outside_the_budget_fail_gpt_oss_at_095_in_019() -> None:
     spec = build_model_spec(cfg.GPT_OSS_20B)
     failing = memory.compute_budget(spec, H100, AT_095, vllm_version=V019)
     assert not failing.starts and failing.error and "CUDA out of memory" in failing.error
-    assert memory.compute_budget(spec, H100, AT_095.replace(gpu_memory_utilization=0.9), vllm_version=V019).starts
+    assert memory.compute_budget(
+        spec, H100, AT_095.replace(gpu_memory_utilization=0.9), vllm_version=V019
+    ).starts
     assert memory.compute_budget(spec, H100, AT_095, vllm_version=V019, enforce_eager=True).starts
 
 
 def test_utilisation_above_free_memory_is_refused() -> None:
-    budget = memory.compute_budget(build_model_spec(cfg.LLAMA_31_8B), H100, EngineSettings(gpu_memory_utilization=1.0))
+    budget = memory.compute_budget(
+        build_model_spec(cfg.LLAMA_31_8B), H100, EngineSettings(gpu_memory_utilization=1.0)
+    )
     assert not budget.starts and budget.error and budget.error.startswith("Free memory on device cuda:0 (")
 
 

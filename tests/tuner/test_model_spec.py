@@ -58,7 +58,9 @@ def test_gemma3_text_config_defaults_and_five_to_one_pattern() -> None:
 
 def test_gpt_oss_alternation_moe_and_mxfp4() -> None:
     spec = build_model_spec(cfg.GPT_OSS_20B)
-    assert kinds(spec)[:2] == [SLIDING, FULL] and {layer.window for layer in spec.layers if layer.window} == {128}
+    assert kinds(spec)[:2] == [SLIDING, FULL] and {layer.window for layer in spec.layers if layer.window} == {
+        128
+    }
     assert spec.moe is not None
     assert (spec.moe.num_experts, spec.moe.experts_per_token, spec.moe.num_moe_layers) == (32, 4, 24)
     assert spec.quantization is not None and spec.quantization.method == "mxfp4"
@@ -72,7 +74,9 @@ def test_deepseek_v3_mla_latent_is_one_replicated_head() -> None:
     assert set(kinds(spec)) == {MLA}
     assert spec.num_kv_heads == 1 and spec.head_dim == 576
     assert spec.kv_heads_per_rank(8) == 1
-    assert spec.moe is not None and spec.moe.num_moe_layers == 58 and spec.moe.shared_intermediate_size == 2048
+    assert (
+        spec.moe is not None and spec.moe.num_moe_layers == 58 and spec.moe.shared_intermediate_size == 2048
+    )
     assert spec.quantization is not None and spec.quantization.method == "fp8"
     assert spec.max_model_len == 163840
 
@@ -97,7 +101,10 @@ def test_moe_layouts(config, experts: int, top_k: int, inter: int, moe_layers: i
     moe = build_model_spec(config).moe
     assert moe is not None
     assert (moe.num_experts, moe.experts_per_token, moe.moe_intermediate_size, moe.num_moe_layers) == (
-        experts, top_k, inter, moe_layers,
+        experts,
+        top_k,
+        inter,
+        moe_layers,
     )
 
 
@@ -105,7 +112,9 @@ def test_llama4_chunked_local_with_every_fourth_layer_global() -> None:
     spec = build_model_spec(cfg.LLAMA_4_SCOUT)
     assert kinds(spec)[:4] == [CHUNKED, CHUNKED, CHUNKED, FULL]
     assert kinds(spec).count(FULL) == 12
-    assert spec.intermediate_size == 16384 and spec.moe is not None and spec.moe.shared_intermediate_size == 8192
+    assert (
+        spec.intermediate_size == 16384 and spec.moe is not None and spec.moe.shared_intermediate_size == 8192
+    )
     assert spec.is_multimodal and spec.max_model_len == 10485760
 
 
@@ -119,8 +128,17 @@ def test_multimodal_reads_the_nested_text_config() -> None:
     [
         ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}, "max_position_embeddings": 4096}, 16384),
         ({"rope_scaling": {"type": "dynamic", "factor": 2.0}, "max_position_embeddings": 4096}, 8192),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
-          "max_position_embeddings": 131072}, 131072),
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 32768,
+                },
+                "max_position_embeddings": 131072,
+            },
+            131072,
+        ),
         ({"rope_scaling": None, "max_position_embeddings": 8192, "model_max_length": 4096}, 4096),
         ({"rope_scaling": None, "max_position_embeddings": 8192, "seq_length": 4096}, 4096),
     ],
@@ -140,8 +158,14 @@ def test_pipeline_split_follows_get_pp_indices() -> None:
     [
         ({k: v for k, v in cfg.LLAMA_31_8B.items() if k != "num_hidden_layers"}, "num_hidden_layers"),
         ({k: v for k, v in cfg.LLAMA_31_8B.items() if k != "vocab_size"}, "vocab_size"),
-        ({"architectures": ["JambaForCausalLM"], "model_type": "jamba", "num_hidden_layers": 32}, "model_type"),
-        ({**cfg.LLAMA_31_8B, "quantization_config": {"quant_method": "hqq"}}, "quantization_config.quant_method"),
+        (
+            {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "num_hidden_layers": 32},
+            "model_type",
+        ),
+        (
+            {**cfg.LLAMA_31_8B, "quantization_config": {"quant_method": "hqq"}},
+            "quantization_config.quant_method",
+        ),
         ({**cfg.GPT_OSS_20B, "sliding_window": None}, "sliding_window"),
     ],
 )

@@ -28,13 +28,19 @@ def test_llama_8b_on_one_h100() -> None:
 
 
 def test_utilisation_keeps_more_headroom_on_small_gpus() -> None:
-    big = planner.compute_plan(LLAMA_8B, H100, 1, ServingBounds(max_context=8192)).settings.gpu_memory_utilization
-    small = planner.compute_plan(LLAMA_8B, L4, 1, ServingBounds(max_context=8192)).settings.gpu_memory_utilization
+    big = planner.compute_plan(
+        LLAMA_8B, H100, 1, ServingBounds(max_context=8192)
+    ).settings.gpu_memory_utilization
+    small = planner.compute_plan(
+        LLAMA_8B, L4, 1, ServingBounds(max_context=8192)
+    ).settings.gpu_memory_utilization
     assert big is not None and small is not None and small < big
 
 
 def test_pinned_values_are_never_changed() -> None:
-    pinned = EngineSettings(max_model_len=4096, max_num_seqs=32, gpu_memory_utilization=0.8, kv_cache_dtype="fp8")
+    pinned = EngineSettings(
+        max_model_len=4096, max_num_seqs=32, gpu_memory_utilization=0.8, kv_cache_dtype="fp8"
+    )
     plan = planner.compute_plan(LLAMA_8B, H100, 1, ServingBounds(allow_fp8_kv=False), pinned=pinned)
     for name, value in pinned.as_dict().items():
         assert getattr(plan.settings, name) == value

@@ -76,7 +76,9 @@ def test_checkpoint_size_is_split_like_the_parameters() -> None:
     spec = build_model_spec(cfg.LLAMA_31_8B)
     whole = weights.compute_weight_bytes(spec, weights_total_bytes=LLAMA_8B_CHECKPOINT)
     halves = [
-        weights.compute_weight_bytes(spec, pipeline_parallel_size=2, pp_rank=r, weights_total_bytes=LLAMA_8B_CHECKPOINT)
+        weights.compute_weight_bytes(
+            spec, pipeline_parallel_size=2, pp_rank=r, weights_total_bytes=LLAMA_8B_CHECKPOINT
+        )
         for r in (0, 1)
     ]
     assert sum(halves) == pytest.approx(whole, rel=0.01)

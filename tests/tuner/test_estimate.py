@@ -1,0 +1,109 @@
+"""``kvpilot estimate``'s core: one row per case, errors per case, and the calibration set's accuracy."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import model_configs_for_tests as cfg
+import pytest
+
+from kvpilot.tuner import errors, estimate
+from kvpilot.tuner.types import GIB, GpuSpec
+
+CASES = Path(__file__).resolve().parents[3] / "shared" / "data" / "vllm_memory_cases.json"
+H100 = GpuSpec("H100-SXM", 85_031_714_816, (9, 0), True, "nvlink", nvml_total_bytes=81_559 << 20)
+
+
+def lookup(name: str) -> GpuSpec:
+    if name.lower().startswith(("h100", "nvidia h100")):
+        return H100
+    raise errors.UnknownGpu(f"GPU {name!r} is not in kvpilot's catalogue.")
+
+
+def case(**changes):
+    base = {
+        "id": "llama",
+        "hf_config": cfg.LLAMA_31_8B,
+        "gpu": "H100",
+        "gpu_total_gib": 79.19,
+        "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.95,
+        "max_model_len": 8192,
+        "vllm_version": "0.19.0",
+        "kv_cache_dtype": "fp8",
+    }
+    base.update(changes)
+    return base
+
+
+def test_rows_have_the_documented_keys_and_values() -> None:
+    [row] = estimate.compute_estimates([case()], lookup)
+    assert tuple(row) == estimate.OUTPUT_KEYS
+    assert row["id"] == "llama" and row["starts"] is True and row["error"] is None
+    assert row["available_kv_cache_gib"] == pytest.approx(58.11, rel=0.01)  # case-020 of the calibration set
+    assert row["kv_cache_tokens"] == pytest.approx(952_032, rel=0.01)
+    json.dumps(row)  # plain JSON types only
+
+
+def test_a_bad_case_gets_an_error_and_the_batch_goes_on() -> None:
+    cases = [
+        case(id="no-config", hf_config=None),
+        case(id="mamba", hf_config={"model_type": "jamba", "architectures": ["JambaForCausalLM"]}),
+        case(id="unknown-gpu", gpu="Voodoo-5", gpu_total_gib=None),
+        case(id="bad-util", gpu_memory_utilization=1.5),
+        "not a case",
+        case(id="fine"),
+    ]
+    rows = estimate.compute_estimates(cases, lookup)
+    assert [r["id"] for r in rows] == ["no-config", "mamba", "unknown-gpu", "bad-util", None, "fine"]
+    assert all(r["error"] and r["starts"] is False for r in rows[:5])
+    assert "model_type" in rows[1]["error"] and "Voodoo-5" in rows[2]["error"]
+    assert rows[5]["error"] is None
+
+
+def test_gpu_by_name_only_and_by_memory_only() -> None:
+    by_name = estimate.compute_estimates([case(gpu_total_gib=None)], lookup)[0]
+    by_memory = estimate.compute_estimates([case(gpu=None)], None)[0]
+    assert by_name["error"] is None and by_memory["error"] is None
+    assert by_name["available_kv_cache_gib"] == pytest.approx(by_memory["available_kv_cache_gib"], abs=0.02)
+
+
+def test_quantization_fields_apply_to_an_unquantized_config() -> None:
+    plain = estimate.compute_estimates([case()], lookup)[0]
+    w8 = estimate.compute_estimates([case(quantization="compressed-tensors", weight_bits=8)], lookup)[0]
+    assert w8["weights_gib"] < plain["weights_gib"] * 0.6
+
+
+def test_a_failing_start_is_reported_not_raised() -> None:
+    [row] = estimate.compute_estimates([case(max_model_len=131072, gpu_memory_utilization=0.3)], lookup)
+    assert row["starts"] is False and row["error"].startswith("To serve at least one request")
+    assert row["available_kv_cache_gib"] is not None
+
+
+def test_checkpoint_size_is_used() -> None:
+    [row] = estimate.compute_estimates([case(weights_total_bytes=20 * GIB)], lookup)
+    assert row["weights_gib"] == pytest.approx(20.03, abs=0.02)
+
+
+@pytest.mark.skipif(not CASES.exists(), reason="the shared calibration set is not beside the project")
+def test_calibration_set_accuracy_guard() -> None:
+    cases = json.loads(CASES.read_text())
+    rows = estimate.compute_estimates(cases, None)
+    errs = []
+    for c, row in zip(cases, rows, strict=True):
+        logged = (c.get("observed") or {}).get("available_kv_cache_gib")
+        if (
+            not str(c.get("engine", "")).startswith("V1")
+            or row["error"] is not None
+            and row["starts"] is None
+        ):
+            continue
+        if c["outcome_class"] == "started" and logged and row["error"] is None:
+            errs.append((row["available_kv_cache_gib"] - logged) / logged)
+        if c["outcome_class"] == "failed" and row["available_kv_cache_gib"] is not None:
+            assert row["starts"] is False, c["id"]
+    assert len(errs) >= 15
+    assert statistics.median(abs(e) for e in errs) < 0.02
+    assert max(errs) < 0.03
