@@ -9,7 +9,8 @@ Tree::
     ├── HubAccessDenied              -- the Hub refused the token (retried slowly: fix the Secret)
     ├── NoMatchingNodes              -- no node matches nodeSelector, so no GPU to plan for (retried)
     ├── AmbiguousGpu                 -- nodes matching nodeSelector carry several GPU products
-    └── ApplyFailed                  -- the API server refused or failed a write (retried)
+    ├── ApplyFailed                  -- the API server failed a write, or cannot be reached (retried)
+    └── ApplyRejected                -- the API server refused the manifest as invalid (HTTP 400/422)
 
 plus the tuner's domain errors (:mod:`kvpilot.tuner.errors`). :func:`classify` turns
 any exception into a :class:`Failure`: which condition it falsifies, its CamelCase
@@ -81,6 +82,12 @@ class AmbiguousGpu(OperatorError):
 class ApplyFailed(OperatorError):
     reason = "ApplyFailed"
     retry = True
+
+
+class ApplyRejected(OperatorError):
+    """The API server refused the manifest itself (HTTP 400/422): retrying the same spec cannot help."""
+
+    reason = "ApplyRejected"
 
 
 @dataclass(frozen=True, slots=True)

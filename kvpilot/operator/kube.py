@@ -19,6 +19,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from urllib3.exceptions import HTTPError
+
 from kvpilot.operator import errors
 
 FIELD_MANAGER = "kvpilot"
@@ -82,6 +84,8 @@ class ClusterKube:
             if exc.status == 404:
                 return None
             raise errors.ApplyFailed(f"reading {name} failed: HTTP {exc.status} {exc.reason}") from None
+        except (OSError, HTTPError) as exc:
+            raise errors.ApplyFailed(f"reading {name} failed: {exc}") from None
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         obj = self._read(self.core.read_namespaced_config_map, namespace, name)
@@ -100,6 +104,8 @@ class ClusterKube:
             obj = self._json(self.core.list_node(label_selector=label_selector, _preload_content=False))
         except ApiException as exc:
             raise errors.ApplyFailed(f"listing nodes failed: HTTP {exc.status} {exc.reason}") from None
+        except (OSError, HTTPError) as exc:
+            raise errors.ApplyFailed(f"listing nodes failed: {exc}") from None
         return [dict(item["metadata"].get("labels") or {}) for item in obj.get("items", [])]
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
@@ -113,13 +119,18 @@ class ClusterKube:
                 meta["name"], meta["namespace"], dict(manifest), field_manager=FIELD_MANAGER, force=True,
                 _content_type=APPLY_CONTENT_TYPE, _preload_content=False,
             )  # fmt: skip
+            response.drain_conn()  # an unread body would poison the pooled connection
             response.release_conn()
         except ApiException as exc:
             detail = exc.body if isinstance(exc.body, str) else exc.reason
+            if exc.status in (400, 422):
+                raise errors.ApplyRejected(
+                    f"the API server refused {kind} {meta['name']}: HTTP {exc.status} {detail}"
+                ) from None
             raise errors.ApplyFailed(
                 f"applying {kind} {meta['name']} failed: HTTP {exc.status} {detail}"
             ) from None
-        except OSError as exc:  # urllib3 connection errors derive from it
+        except (OSError, HTTPError) as exc:  # connection refused / reset / protocol errors
             raise errors.ApplyFailed(f"applying {kind} {meta['name']} failed: {exc}") from None
 
 
