@@ -1,0 +1,209 @@
+"""The ``kvpilot`` command: in process through ``main(argv)``, and as a subprocess for its error paths."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpilot import cli
+from kvpilot.tuner import models
+
+SHARED_CASES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vllm_memory_cases.json"
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_process(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvpilot.cli", *argv], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+# -- plan ---------------------------------------------------------------------------------------
+
+
+def test_plan_json_has_the_settings_at_the_top() -> None:
+    code, out, err = run("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    for key in ("max_model_len", "max_num_seqs", "gpu_memory_utilization", "kv_cache_dtype"):
+        assert plan[key] is not None, key
+    assert plan["feasible"] is True
+    assert plan["model"] == LLAMA
+    assert plan["gpu"] == "H100-SXM"
+    assert plan["budget"]["available_kv_cache_gib"] > 0
+    assert plan["args"][:2] == ["--max-model-len", str(plan["max_model_len"])]
+    assert isinstance(plan["reasons"], list)
+
+
+def test_plan_table() -> None:
+    code, out, _ = run("plan", "--model", LLAMA, "--gpu", "L4")
+    assert code == 0
+    for text in ("Engine settings", "Memory per GPU (GiB)", "= KV cache", "Concurrency", "--max-model-len"):
+        assert text in out
+
+
+def test_plan_bounds_reach_the_planner() -> None:
+    code, out, _ = run(
+        "plan", "--model", "qwen/qwen3-8b", "--gpu", "h100", "--gpus", "2", "--max-context", "8192",
+        "--concurrency", "16", "--allow-fp8-kv", "--json",
+    )  # fmt: skip
+    plan = json.loads(out)
+    assert code == 0
+    assert plan["max_model_len"] == 8192
+    assert plan["tensor_parallel_size"] == 2
+    assert plan["gpu_count"] == 2
+
+
+def test_plan_from_a_config_file_and_its_folder(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(models.lookup_model_config(LLAMA)))
+    gpu = ("--gpu", "A100-80GB", "--json")
+    by_file = json.loads(run("plan", "--config", str(tmp_path / "config.json"), *gpu)[1])
+    by_folder = json.loads(run("plan", "--config", str(tmp_path), *gpu)[1])
+    by_id = json.loads(run("plan", "--model", LLAMA, *gpu)[1])
+    assert by_file["max_model_len"] == by_folder["max_model_len"] == by_id["max_model_len"]
+
+
+def test_infeasible_plan_exits_1_and_says_why() -> None:
+    code, out, _ = run("plan", "--model", "deepseek-ai/DeepSeek-V3", "--gpu", "L4", "--json")
+    plan = json.loads(out)
+    assert code == cli.EXIT_INFEASIBLE
+    assert plan["feasible"] is False
+    assert plan["reasons"]
+
+
+# -- catalogues and estimate ----------------------------------------------------------------------
+
+
+def test_gpus_and_models_list_the_catalogues() -> None:
+    _, gpus_table, _ = run("gpus")
+    assert "H100-SXM" in gpus_table and "NVIDIA-H100-80GB-HBM3" in gpus_table
+    _, models_table, _ = run("models")
+    assert LLAMA in models_table
+    assert {g["name"] for g in json.loads(run("gpus", "--json")[1])} >= {"H200", "L4", "MI300X"}
+    assert LLAMA in {m["id"] for m in json.loads(run("models", "--json")[1])}
+
+
+def test_estimate_prints_one_row_per_case(tmp_path: Path) -> None:
+    cases = [
+        {"id": "a", "hf_config": models.lookup_model_config(LLAMA), "gpu": "H100-SXM", "max_model_len": 8192},
+        {"id": "b", "hf_config": None, "gpu": "H100-SXM"},
+        {"id": "c", "hf_config": models.lookup_model_config(LLAMA), "gpu": "Imaginary-GPU"},
+    ]
+    file = tmp_path / "cases.json"
+    file.write_text(json.dumps(cases))
+    code, out, err = run("estimate", "--cases", str(file))
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [r["id"] for r in rows] == ["a", "b", "c"]
+    assert rows[0]["error"] is None and rows[0]["starts"] is True
+    assert rows[1]["error"] and rows[2]["error"]
+
+
+@pytest.mark.skipif(not SHARED_CASES.exists(), reason="../shared/data is not beside the checkout")
+def test_estimate_runs_over_the_shared_cases() -> None:
+    code, out, _ = run("estimate", "--cases", str(SHARED_CASES))
+    assert code == 0
+    assert len(json.loads(out)) == len(json.loads(SHARED_CASES.read_text()))
+
+
+def test_render_prints_service_and_deployment(tmp_path: Path) -> None:
+    manifest = tmp_path / "isvc.yaml"
+    manifest.write_text(
+        "apiVersion: kvpilot.io/v1alpha1\nkind: InferenceService\nmetadata: {name: llama, namespace: ml}\n"
+        f"spec:\n  model: {{id: {LLAMA}}}\n  gpu: {{count: 1, product: H100-SXM}}\n"
+    )
+    code, out, err = run("render", "-f", str(manifest))
+    assert code == 0, err
+    assert "kind: Service" in out and "kind: Deployment" in out
+    assert "--max-model-len" in out
+    assert "&id" not in out
+
+
+# -- error paths: one message, exit 2, never a traceback -------------------------------------------
+
+
+def _bad_files(tmp_path: Path) -> dict[str, Path]:
+    files = {
+        "malformed": ("cases.json", "[{not json"),
+        "object": ("cases.json", '{"id": "a"}'),
+        "config-list": ("config.json", "[1, 2]"),
+        "yaml": ("isvc.yaml", "spec: [unclosed"),
+        "not-isvc": ("isvc.yaml", "- 1\n- 2\n"),
+        "bad-spec": ("isvc.yaml", "kind: InferenceService\nspec: {model: {id: 3}, gpu: {count: -1}}\n"),
+    }
+    paths = {}
+    for name, (filename, text) in files.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        paths[name] = folder / filename
+        paths[name].write_text(text)
+    return paths
+
+
+ERROR_CASES = {
+    "unknown-gpu": (["plan", "--model", LLAMA, "--gpu", "H1000"], "H1000"),
+    "unknown-model": (["plan", "--model", "acme/unknown-7b", "--gpu", "H100-SXM"], "--config"),
+    "missing-config": (["plan", "--config", "/nonexistent/config.json", "--gpu", "L4"], "cannot read"),
+    "config-list": (["plan", "--config", "{config-list}", "--gpu", "L4"], "JSON object"),
+    "malformed-cases": (["estimate", "--cases", "{malformed}"], "not valid JSON"),
+    "cases-not-a-list": (["estimate", "--cases", "{object}"], "JSON list"),
+    "missing-cases": (["estimate", "--cases", "/nonexistent.json"], "cannot read"),
+    "bad-yaml": (["render", "-f", "{yaml}"], "not valid YAML"),
+    "not-isvc": (["render", "-f", "{not-isvc}"], "InferenceService"),
+    "bad-spec": (["render", "-f", "{bad-spec}"], "spec"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_errors_are_one_message_and_exit_2(case: str, tmp_path: Path) -> None:
+    argv, expected = ERROR_CASES[case]
+    paths = {name: str(path) for name, path in _bad_files(tmp_path).items()}
+    argv = [arg.format(**paths) if arg.startswith("{") else arg for arg in argv]
+    code, out, err = run(*argv)
+    assert code == cli.EXIT_USAGE
+    assert err.startswith("kvpilot: error: ")
+    assert expected in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("case", ["unknown-gpu", "malformed-cases", "cases-not-a-list", "bad-yaml"])
+def test_error_paths_as_a_process(case: str, tmp_path: Path) -> None:
+    argv, expected = ERROR_CASES[case]
+    paths = {name: str(path) for name, path in _bad_files(tmp_path).items()}
+    proc = run_process(*[arg.format(**paths) if arg.startswith("{") else arg for arg in argv])
+    assert proc.returncode == 2
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["plan"], ["plan", "--model", LLAMA], ["plan", "--model", LLAMA, "--gpu", "L4", "--gpus", "0"]],
+)
+def test_usage_errors_exit_2_without_traceback(argv: list[str]) -> None:
+    proc = run_process(*argv)
+    assert proc.returncode == 2
+    assert "usage:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unexpected_failures_are_still_one_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*_: object, **__: object) -> None:
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(models, "lookup_model_config", boom)
+    code, _, err = run("plan", "--model", LLAMA, "--gpu", "L4")
+    assert code == 2
+    assert "kaboom" in err
