@@ -10,7 +10,7 @@ inline, ``gpu`` name and/or ``gpu_total_gib``, parallel sizes, ``dtype``,
 
 A case that cannot be estimated (no config, an architecture the model cannot
 account for, an unknown GPU, a bad value) gets ``error`` set; the batch goes on.
-The GPU lookup is injected so this module does not depend on the catalogue.
+The GPU and config lookups are injected so this module does not depend on the catalogues.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kvpilot.tuner import errors, memory, model_spec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
 GpuLookup = Callable[[str], GpuSpec]
+ConfigLookup = Callable[[str], Mapping[str, Any]]
 
 OUTPUT_KEYS = (
     "id",
@@ -92,8 +93,13 @@ def _int(case: Mapping[str, Any], key: str) -> int | None:
     return int(value)
 
 
-def _model(case: Mapping[str, Any]) -> model_spec.ModelSpec:
+def _model(case: Mapping[str, Any], config_lookup: ConfigLookup | None = None) -> model_spec.ModelSpec:
     config = case.get("hf_config")
+    if not isinstance(config, Mapping) and config_lookup is not None and case.get("model"):
+        try:
+            config = config_lookup(str(case["model"]))
+        except errors.TunerError:
+            config = None
     if not isinstance(config, Mapping):
         raise CaseError("the case has no hf_config (the model's config.json)")
     spec = model_spec.build_model_spec(config)
@@ -106,9 +112,11 @@ def _model(case: Mapping[str, Any]) -> model_spec.ModelSpec:
     return spec
 
 
-def compute_case_budget(case: Mapping[str, Any], gpu_lookup: GpuLookup | None = None) -> MemoryBudget:
+def compute_case_budget(
+    case: Mapping[str, Any], gpu_lookup: GpuLookup | None = None, config_lookup: ConfigLookup | None = None
+) -> MemoryBudget:
     """The budget of one case; raises :class:`CaseError` or a :class:`~kvpilot.tuner.errors.TunerError`."""
-    model = _model(case)
+    model = _model(case, config_lookup)
     gpu = _gpu(case, gpu_lookup)
     util = case.get("gpu_memory_utilization")
     if util is not None and not (isinstance(util, (int, float)) and 0 < float(util) <= 1):
@@ -160,8 +168,15 @@ def _row(case_id: Any, budget: MemoryBudget | None, error: str | None) -> dict[s
     }
 
 
-def compute_estimates(cases: Sequence[Any], gpu_lookup: GpuLookup | None = None) -> list[dict[str, Any]]:
-    """One output row per case, in order; a failing case carries its ``error``."""
+def compute_estimates(
+    cases: Sequence[Any], gpu_lookup: GpuLookup | None = None, config_lookup: ConfigLookup | None = None
+) -> list[dict[str, Any]]:
+    """One output row per case, in order; a failing case carries its ``error``.
+
+    ``gpu_lookup`` resolves a ``gpu`` name (e.g. :func:`kvpilot.tuner.gpus.lookup_gpu`);
+    ``config_lookup`` supplies a config for a case whose ``hf_config`` is null, by its
+    ``model`` id (e.g. :func:`kvpilot.tuner.models.lookup_model_config`).
+    """
     rows = []
     for index, case in enumerate(cases):
         if not isinstance(case, Mapping):
@@ -169,7 +184,7 @@ def compute_estimates(cases: Sequence[Any], gpu_lookup: GpuLookup | None = None)
             continue
         case_id = case.get("id", index)
         try:
-            budget = compute_case_budget(case, gpu_lookup)
+            budget = compute_case_budget(case, gpu_lookup, config_lookup)
         except (CaseError, errors.TunerError, ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
             message = exc.message if isinstance(exc, errors.TunerError) else str(exc)
             rows.append(_row(case_id, None, f"{type(exc).__name__}: {message}"))

@@ -133,8 +133,6 @@ def compute_kv_layout(
 
     if block_size is None:
         block_size = vllm_defaults.default_block_size(vllm_version)
-        if model.mla is not None and vllm_version >= (0, 9):
-            block_size = 64  # FlashMLA's block size on Hopper and newer
     pages: dict[tuple, int] = {}
     for key in set(kinds):
         kind, kvh, hd, hdv, _ = key

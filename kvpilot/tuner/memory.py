@@ -266,7 +266,11 @@ def compute_budget(
         worst[3], worst[2], r.max_model_len, in_flight, version, num_blocks=blocks
     )
     error = None
-    if any(avail <= 0 for _, _, avail, _ in stages):
+    derived = model.default_max_model_len(version)
+    if settings.max_model_len and settings.max_model_len > derived:
+        shown: float = float(derived) if model.rope_type else derived
+        error = vllm_defaults.long_max_len_error(settings.max_model_len, model.max_len_key, shown)
+    elif any(avail <= 0 for _, _, avail, _ in stages):
         error = vllm_defaults.no_memory_error(version)
     elif not capacity.fits:
         error = vllm_defaults.max_len_error(

@@ -305,7 +305,7 @@ def _layer_types(text: Mapping[str, Any], model_type: str, num_layers: int) -> l
     window = text.get("sliding_window")
     if model_type == "gemma2":
         return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
-    if model_type in ("gemma3_text", "gemma3"):
+    if model_type in ("gemma3_text", "gemma3") or (window and text.get("sliding_window_pattern")):
         pattern = int(text.get("sliding_window_pattern") or 6)
         return [
             "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)
@@ -322,14 +322,16 @@ def _layer_types(text: Mapping[str, Any], model_type: str, num_layers: int) -> l
         return [
             "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
         ]
-    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_5_vl_text"):
+        # transformers sets sliding_window to None unless use_sliding_window is true.
         if text.get("use_sliding_window") and window:
             raise errors.InvalidModelConfig(
                 "config.json sets use_sliding_window with max_window_layers; this layout is not modelled",
                 field="use_sliding_window",
             )
         return ["full_attention"] * num_layers
-    if window and model_type in ("mistral", "mixtral", "starcoder2", "phi3"):
+    if window:
+        # vLLM's model-level sliding window (``cache_config.sliding_window``) applies to every layer.
         return ["sliding_attention"] * num_layers
     return ["full_attention"] * num_layers
 

@@ -141,6 +141,19 @@ def no_memory_error(version: Version) -> str:
     return text
 
 
+def long_max_len_error(max_model_len: int, key: str | None, derived: float) -> str:
+    """vLLM's text when ``--max-model-len`` exceeds the config's maximum (``_get_and_verify_max_len``)."""
+    return (
+        f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
+        f"({key}={derived} or model_max_length=None in model's config.json). "
+        "To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. "
+        "If the model uses relative position encoding (RoPE), positions exceeding derived_max_model_len "
+        "lead to nan. If the model uses absolute position encoding, positions exceeding "
+        "derived_max_model_len will cause a CUDA array out-of-bounds error."
+    )
+
+
 def max_len_error(
     version: Version, max_model_len: int, needed_gib: float, available_gib: float, estimate: int
 ) -> str:

@@ -107,3 +107,17 @@ def test_calibration_set_accuracy_guard() -> None:
     assert len(errs) >= 15
     assert statistics.median(abs(e) for e in errs) < 0.02
     assert max(errs) < 0.03
+
+
+def test_a_missing_config_can_come_from_a_catalogue() -> None:
+    def configs(model_id: str):
+        if model_id == "meta-llama/Llama-3.1-8B-Instruct":
+            return cfg.LLAMA_31_8B
+        raise errors.UnknownModel(model_id)
+
+    cases = [
+        case(hf_config=None, model="meta-llama/Llama-3.1-8B-Instruct"),
+        case(hf_config=None, model="x/y"),
+    ]
+    rows = estimate.compute_estimates(cases, lookup, configs)
+    assert rows[0]["error"] is None and rows[1]["error"] is not None

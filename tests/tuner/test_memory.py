@@ -142,3 +142,13 @@ def test_activation_grows_with_batch_and_vocabulary() -> None:
     assert large.activation_gib > small.activation_gib
     gemma = memory.compute_budget(build_model_spec(cfg.GEMMA_2_9B), H100, EngineSettings(max_num_seqs=1024))
     assert gemma.activation_gib > large.activation_gib  # 256k vocabulary of logits in the sampler warm-up
+
+
+def test_max_model_len_above_the_config_is_vllms_error() -> None:
+    spec = build_model_spec(cfg.GEMMA_2_9B)
+    budget = memory.compute_budget(spec, H100, EngineSettings(max_model_len=16384))
+    assert not budget.starts and budget.error is not None
+    assert budget.error.startswith(
+        "User-specified max_model_len (16384) is greater than the derived max_model_len "
+        "(max_position_embeddings=8192 or model_max_length=None in model's config.json)."
+    )
