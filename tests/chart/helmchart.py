@@ -26,6 +26,12 @@ NAMESPACE = "kvpilot-system"
 if str(ROOT) not in sys.path:  # e2e/ is a package at the repository root
     sys.path.insert(0, str(ROOT))
 
+from e2e.cluster import versions  # noqa: E402
+
+# Render and lint for the Kubernetes version the e2e control plane runs (a helm built without its version
+# ldflags would otherwise assume v1.20 and refuse the chart's kubeVersion).
+KUBE_VERSION = versions()["K8S_VERSION"]
+
 
 def find_helm() -> Path:
     """The helm binary: ``$KVPILOT_HELM``, else the e2e tool cache. Fails the test when there is none."""
@@ -44,6 +50,8 @@ def find_helm() -> Path:
 
 
 def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    if args and args[0] in ("lint", "template"):
+        args = (args[0], "--kube-version", KUBE_VERSION, *args[1:])
     proc = subprocess.run(
         [str(helm), *args],
         capture_output=True,
