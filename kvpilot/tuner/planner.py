@@ -91,7 +91,7 @@ def _budget(
 
 def _bisect_longest(ok: Callable[[int], bool], upper: int) -> int:
     """The largest length in [1, upper] with ``ok`` (assumed monotone), rounded down to a step; 0 if none."""
-    if upper <= 0:
+    if upper <= 0 or not ok(1):
         return 0
     if ok(upper):
         return upper

@@ -16,6 +16,7 @@ cos/sin cache vLLM builds at load counts too (it is why Llama-3.1-8B loads as
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from kvpilot.tuner.model_spec import DTYPE_BYTES, LINEAR, ModelSpec, QuantSpec
@@ -122,6 +123,7 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
     return attn, experts, replicated
 
 
+@functools.lru_cache(maxsize=512)
 def compute_weight_breakdown(
     model: ModelSpec,
     *,
