@@ -73,7 +73,8 @@ def main() -> None:
     for (model_id, gpu_name, count, index), ms in sorted(slowest.items(), key=lambda kv: -kv[1])[:5]:
         print(f"  {ms:8.3f} ms  {model_id} on {count} x {gpu_name}, bounds #{index}")
     for label, value in (("mean", mean), ("p99", p99)):
-        print(f"goal: {label} < {GOAL_MS} ms per plan -- {'met' if value < GOAL_MS else 'NOT met'} ({value:.3f} ms)")
+        verdict = "met" if value < GOAL_MS else "NOT met"
+        print(f"goal: {label} < {GOAL_MS} ms per plan -- {verdict} ({value:.3f} ms)")
 
 
 if __name__ == "__main__":
