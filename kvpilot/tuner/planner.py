@@ -32,8 +32,9 @@ from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan
 
 TYPICAL_FILL = 0.25
 """Without an expected concurrency, size ``max_num_seqs`` for requests filling a quarter of the context."""
-FRAGMENTATION_MARGIN_GIB = 1.0
-"""Allocator slack after start-up that profiling does not see (case-036: 1.7 GiB reserved, 0.55 GiB free)."""
+FRAGMENTATION_MARGIN_GIB = memory.POST_CAPTURE_MARGIN_GIB + 0.2
+"""Allocator slack after start-up that profiling does not see (case-036: 1.7 GiB reserved, 0.55 GiB free):
+the memory model's failure margin plus 0.2 GiB, so a planned start is never on the edge of that rule."""
 NCCL_OUTSIDE_GIB = 0.5
 """NCCL communicators and buffers, allocated before vLLM's memory snapshot when TP > 1."""
 GRAPH_ESTIMATE_ERROR = 0.3
