@@ -213,6 +213,7 @@ def _build_inputs(
         history=history,
         now=now,
         capacity_tokens=remedies.compute_capacity_tokens(effective, budget, window, observed_kv_tokens),
+        failed=failed,
     )
     relevant = tuple(r for r in restarts if r.time >= since and r.time <= now)
     return _Inputs(situation, window, relevant, failed, rollout, last_good, ready, last_change)

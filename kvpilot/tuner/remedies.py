@@ -60,6 +60,8 @@ class Situation:
     now: float
     capacity_tokens: int | None
     """KV tokens the current settings hold: vLLM's report when there is one, else the plan's."""
+    failed: tuple[EngineSettings, ...] = ()
+    """Settings that crashed or failed to roll out (``status.failedSettings``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +370,9 @@ def propose_for_idle(s: Situation) -> Proposal | None:
     ceiling = history_mod.compute_pressure_ceiling(s.history, KV_PRESSURE, s.now - p.flap_guard_seconds)
     if ceiling is not None and ceiling - 1 < target:
         target, caps = ceiling - 1, [f"below {ceiling}, where KV pressure forced a cut"]
+    failed_at = _failed_seqs_ceiling(s)
+    if failed_at is not None and failed_at - 1 < target:
+        target, caps = failed_at - 1, [f"below {failed_at}, which failed with these settings"]
     raised = eff.replace(max_num_seqs=target)
     if raised.max_num_batched_tokens is not None and raised.max_num_batched_tokens < target:
         raised = raised.replace(max_num_batched_tokens=target)
@@ -380,6 +385,19 @@ def propose_for_idle(s: Situation) -> Proposal | None:
         candidates=(raised,) if target > seqs else (),
         exhausted="no more sequences fit (" + caps[0] + ")",
     )
+
+
+def _failed_seqs_ceiling(s: Situation) -> int | None:
+    """The fewest sequences that failed with everything else as now: raising to it or past it fails again."""
+    mine = s.effective.replace(max_num_seqs=None, max_num_batched_tokens=None)
+    seqs = [
+        f.max_num_seqs
+        for f in (compute_effective(x, s.budget, s.policy) for x in s.failed)
+        if f.max_num_seqs is not None
+        and f.max_num_seqs > (s.effective.max_num_seqs or 0)
+        and f.replace(max_num_seqs=None, max_num_batched_tokens=None) == mine
+    ]
+    return min(seqs) if seqs else None
 
 
 def _fit_seqs(s: Situation) -> int | None:

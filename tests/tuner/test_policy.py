@@ -461,6 +461,17 @@ def test_idle_raise_stays_under_where_pressure_forced_a_cut() -> None:
     assert d.settings.max_num_seqs == 320
 
 
+def test_idle_raise_stays_under_sequences_that_failed() -> None:
+    failed = (
+        CURRENT.replace(max_num_seqs=300),
+        CURRENT.replace(max_num_seqs=280, gpu_memory_utilization=0.8),
+    )
+    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200), failed=failed)
+    assert d.settings.max_num_seqs == 299
+    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200), failed=())
+    assert d.settings.max_num_seqs == 320
+
+
 def test_idle_raise_keeps_batched_tokens_at_least_sequences() -> None:
     current = CURRENT.replace(max_num_batched_tokens=256)
     d = decide(current=current, win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200))
