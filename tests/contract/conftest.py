@@ -107,3 +107,20 @@ def vllm_model_config(vllm: ModuleType) -> Callable[[Path], typing.Any]:
 def parallel_config(vllm: ModuleType) -> Callable[[int], typing.Any]:
     config_module = _import("vllm.config")
     return lambda tp: config_module.ParallelConfig(tensor_parallel_size=tp)
+
+
+@pytest.fixture(scope="session")
+def catalogue_model_config(
+    model_dir_factory: Callable[[Mapping[str, object]], Path], vllm_model_config: Callable[[Path], typing.Any]
+) -> Callable[[str], typing.Any]:
+    """vLLM's ``ModelConfig`` of a catalogue model, built once per session."""
+    from kvpilot.tuner import models
+
+    cache: dict[str, typing.Any] = {}
+
+    def get(model_id: str) -> typing.Any:
+        if model_id not in cache:
+            cache[model_id] = vllm_model_config(model_dir_factory(models.lookup_model_config(model_id)))
+        return cache[model_id]
+
+    return get

@@ -10,7 +10,6 @@ sliding window, MLA and the layer kinds must match.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,16 +24,11 @@ TP_SIZES = (1, 2, 4, 8)
 
 
 @pytest.fixture(scope="module")
-def both(
-    model_dir_factory: Callable[[dict[str, object]], Path], vllm_model_config: Callable[[Path], Any]
-) -> Callable[[str], tuple[ModelSpec, Any]]:
-    cache: dict[str, tuple[ModelSpec, Any]] = {}
+def both(catalogue_model_config: Callable[[str], Any]) -> Callable[[str], tuple[ModelSpec, Any]]:
+    """Our ModelSpec and vLLM's ModelConfig of one catalogue model, from the same config.json."""
 
     def get(model_id: str) -> tuple[ModelSpec, Any]:
-        if model_id not in cache:
-            config = models.lookup_model_config(model_id)
-            cache[model_id] = (build_model_spec(config), vllm_model_config(model_dir_factory(config)))
-        return cache[model_id]
+        return build_model_spec(models.lookup_model_config(model_id)), catalogue_model_config(model_id)
 
     return get
 

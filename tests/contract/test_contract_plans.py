@@ -1,0 +1,61 @@
+"""Contract: every plan kvpilot makes for its catalogue renders arguments vLLM 0.33 accepts.
+
+All catalogue models x all catalogue GPUs x 1/2/4/8 GPUs x a few bounds: the
+rendered ``plan.args`` parse with vLLM's own parser to exactly the planned
+settings, parse back with :func:`kvpilot.tuner.vllm_args.parse_vllm_args`, the
+planned tensor-parallel size passes vLLM's ``verify_with_parallel_config``, and
+the planned ``max_model_len`` never exceeds the length vLLM derives itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kvpilot.tuner import build_model_spec, compute_plan, gpus, models, vllm_args
+from kvpilot.tuner.types import EngineSettings, ServingBounds
+
+pytestmark = pytest.mark.contract
+
+MODEL_IDS = [model_id for model_id, _ in models.list_models()]
+GPU_COUNTS = (1, 2, 4, 8)
+BOUNDS = (
+    ServingBounds(),
+    ServingBounds(max_context=8192, concurrency=64, allow_fp8_kv=True),
+)
+
+
+@pytest.mark.parametrize("model_id", MODEL_IDS)
+def test_every_plan_renders_arguments_vllm_accepts(
+    model_id: str,
+    vllm_parser: Any,
+    catalogue_model_config: Callable[[str], Any],
+    parallel_config: Callable[[int], Any],
+) -> None:
+    spec = build_model_spec(models.lookup_model_config(model_id))
+    vllm_config = catalogue_model_config(model_id)
+    defaults = {name: vllm_parser.get_default(name) for name in vllm_args.FLAGS}
+    checked_tp: set[int] = set()
+    plans = 0
+    for gpu in gpus.list_gpus():
+        for count in GPU_COUNTS:
+            for bounds in BOUNDS:
+                plan = compute_plan(spec, gpu, count, bounds)
+                where = f"{model_id} on {count} x {gpu.name}, {bounds}"
+                assert plan.args, where
+                assert plan.args == vllm_args.build_vllm_args(plan.settings), where
+                namespace = vllm_parser.parse_args(list(plan.args))
+                parsed = {name: getattr(namespace, name) for name in vllm_args.FLAGS}
+                assert parsed == {**defaults, **plan.settings.as_dict()}, where
+                assert vllm_args.parse_vllm_args(plan.args) == (plan.settings, ()), where
+                settings: EngineSettings = plan.settings
+                assert settings.max_model_len is not None
+                assert 0 < settings.max_model_len <= vllm_config.max_model_len, where
+                tp = settings.tensor_parallel_size or 1
+                if tp not in checked_tp:
+                    vllm_config.verify_with_parallel_config(parallel_config(tp))
+                    checked_tp.add(tp)
+                plans += 1
+    assert plans == len(gpus.list_gpus()) * len(GPU_COUNTS) * len(BOUNDS)
