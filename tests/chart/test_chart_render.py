@@ -12,6 +12,8 @@ import pytest
 import yaml
 from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, by_kind, one, run_helm, values_args
 
+from kvpilot.operator import closed_loop, metrics, prometheus
+
 VARIANTS = [None, *CI_VALUES]
 VARIANT_IDS = ["defaults", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)]
 
@@ -92,7 +94,10 @@ def test_deployment_runs_kopf_with_peering_and_liveness(rendered: Render) -> Non
     assert {p["name"]: p["containerPort"] for p in c["ports"]}[probe["port"]] == 8080
     env = {e["name"]: e for e in c["env"]}
     assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    assert env["KVPILOT_METRICS_PORT"]["value"] == "9102"
+    # the variables kvpilot/operator reads, by the names its modules define
+    assert env[metrics.METRICS_PORT_ENV]["value"] == "9102"
+    assert env[prometheus.PROMETHEUS_URL_ENV]["value"] == ""
+    assert env[closed_loop.INTERVAL_ENV]["value"] == "30"
     assert c["image"] == "ghcr.io/kvpilot/kvpilot:0.1.0"
 
 
@@ -202,6 +207,8 @@ def test_pod_meets_restricted_pod_security(
         (["metrics.serviceMonitor.interval=often"], "/metrics/serviceMonitor/interval"),
         (["nodeSelector=gpu"], "/nodeSelector"),
         (["tolerations=none"], "/tolerations"),
+        (["tuning.intervalSeconds=0"], "/tuning/intervalSeconds"),
+        (["tuning.intervalSeconds=soon"], "/tuning/intervalSeconds"),
         (["bogus=1"], "bogus"),
         (["image.registry=docker.io"], "registry"),
         (["rbac.secrets.list=true"], "list"),
