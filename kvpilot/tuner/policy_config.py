@@ -68,6 +68,9 @@ class PolicyConfig:
     """Largest relative cut of ``max_num_seqs`` in one change."""
     seqs_step_up: float = 0.25
     """Largest relative raise of ``max_num_seqs`` in one change."""
+    min_seqs_raise: float = 0.05
+    """Smallest relative raise worth a rollout (VPA likewise skips changes under 10 %): smaller
+    raises are held, which also ends the bisection towards a value that failed."""
     oom_headroom_ratio: float = 1.2
     """After a CUDA OOM the non-vLLM headroom ``1 - gpu_memory_utilization`` grows by this factor
     (VPA's ``DefaultOOMBumpUpRatio``, 20 %) ..."""

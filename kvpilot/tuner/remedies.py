@@ -371,8 +371,11 @@ def propose_for_idle(s: Situation) -> Proposal | None:
     if ceiling is not None and ceiling - 1 < target:
         target, caps = ceiling - 1, [f"below {ceiling}, where KV pressure forced a cut"]
     failed_at = _failed_seqs_ceiling(s)
-    if failed_at is not None and failed_at - 1 < target:
-        target, caps = failed_at - 1, [f"below {failed_at}, which failed with these settings"]
+    if failed_at is not None and (seqs + failed_at) // 2 < target:
+        # bisect between what runs and what failed, rather than creeping up one by one
+        target, caps = (seqs + failed_at) // 2, [f"halfway to {failed_at}, which failed with these settings"]
+    if target < seqs * (1.0 + p.min_seqs_raise):
+        target = seqs
     raised = eff.replace(max_num_seqs=target)
     if raised.max_num_batched_tokens is not None and raised.max_num_batched_tokens < target:
         raised = raised.replace(max_num_batched_tokens=target)

@@ -466,9 +466,12 @@ def test_idle_raise_stays_under_sequences_that_failed() -> None:
         CURRENT.replace(max_num_seqs=300),
         CURRENT.replace(max_num_seqs=280, gpu_memory_utilization=0.8),
     )
-    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200), failed=failed)
-    assert d.settings.max_num_seqs == 299
-    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200), failed=())
+    idle = window(kv=0.3, waiting=12, running=256, prompt=300, output=200)
+    d = decide(win=idle, failed=failed)
+    assert d.settings.max_num_seqs == 278  # halfway from 256 to 300, rather than creeping up
+    d = decide(win=idle, failed=(CURRENT.replace(max_num_seqs=265),))
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.IDLE_CAPACITY)  # +4 %: not worth a rollout
+    d = decide(win=idle, failed=())
     assert d.settings.max_num_seqs == 320
 
 
