@@ -23,9 +23,22 @@ if [[ -f $OUT/.complete ]]; then
   echo "$OUT"
   exit 0
 fi
-mkdir -p "$OUT" "$CACHE/logs"
+mkdir -p "$CACHE/bin" "$CACHE/logs"
+# One build at a time per cache (make test, a pytest fixture and `e2e.cluster up` may race):
+# later callers wait here, then find the finished build.
+exec 9>"$CACHE/bin/.build.lock"
+if ! flock -n 9; then
+  echo "build.sh: another build holds $CACHE/bin/.build.lock; waiting for it" >&2
+  flock 9
+fi
+if [[ -f $OUT/.complete ]]; then
+  ln -sfn "$KEY" "$CACHE/bin/current"
+  echo "build.sh: cached binaries in $OUT" >&2
+  echo "$OUT"
+  exit 0
+fi
 TMP=$OUT.tmp.$$
-rm -rf "$TMP"; mkdir -p "$TMP"
+rm -rf "$OUT.tmp".*; mkdir -p "$TMP"   # leftovers of interrupted builds
 trap 'rm -rf "$TMP"' EXIT
 TIMEV=()
 [[ -x /usr/bin/time ]] && TIMEV=(/usr/bin/time -v)
@@ -42,16 +55,16 @@ done
 
 t0=$(date +%s)
 echo "build.sh: building k8s multicall ($K8S_VERSION) into $OUT (cold build: ~tens of minutes on 2 cores)" >&2
-( cd "$SRC" && "${TIMEV[@]}" go build -ldflags "$LDF" -o "$TMP/k8s" . ) 2> >(tee "$CACHE/logs/build-k8s-$KEY.log" >&2)
+( cd "$SRC" && "${TIMEV[@]}" go build -ldflags "$LDF" -o "$TMP/k8s" . ) 2> >(tee "$CACHE/logs/build-k8s-$KEY-$$.log" >&2)
 for n in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl; do ln -sf k8s "$TMP/$n"; done
 
 echo "build.sh: go install sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" >&2
 KWOK_LDF="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
-( cd /tmp && GOBIN=$TMP "${TIMEV[@]}" go install -ldflags "$KWOK_LDF" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" ) 2> >(tee "$CACHE/logs/build-kwok-$KEY.log" >&2)
+( cd /tmp && GOBIN=$TMP "${TIMEV[@]}" go install -ldflags "$KWOK_LDF" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" ) 2> >(tee "$CACHE/logs/build-kwok-$KEY-$$.log" >&2)
 
 echo "build.sh: go install $HELM_MODULE/cmd/helm@$HELM_VERSION" >&2
 HELM_LDF="-s -w -X $HELM_MODULE/internal/version.version=$HELM_VERSION -X $HELM_MODULE/pkg/chart/v2/lint/rules.k8sVersionMajor=$MAJ -X $HELM_MODULE/pkg/chart/v2/lint/rules.k8sVersionMinor=$MIN"
-( cd /tmp && GOBIN=$TMP "${TIMEV[@]}" go install -ldflags "$HELM_LDF" "$HELM_MODULE/cmd/helm@$HELM_VERSION" ) 2> >(tee "$CACHE/logs/build-helm-$KEY.log" >&2)
+( cd /tmp && GOBIN=$TMP "${TIMEV[@]}" go install -ldflags "$HELM_LDF" "$HELM_MODULE/cmd/helm@$HELM_VERSION" ) 2> >(tee "$CACHE/logs/build-helm-$KEY-$$.log" >&2)
 
 # KWOK's default stages (kwokctl injects these itself; plain `kwok` needs --config).
 # Taken verbatim from the pinned kwok module, not copied into the repo.
