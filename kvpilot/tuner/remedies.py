@@ -235,7 +235,7 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
     again = f" (restart {event.restart_count}, escalating)" if escalate else ""
     return Proposal(
         trigger=RestartKind.CUDA_OOM,
-        evidence=f"CUDA out of memory{where}{again}: {event.cause.detail}",
+        evidence=f"CUDA OOM{where}{again}: {event.cause.detail}",
         candidates=order,
         crash=True,
         exhausted="no lower utilisation, batch or sequence limit is left within the bounds",
