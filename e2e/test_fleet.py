@@ -476,13 +476,13 @@ def test_fleet_serves_metrics_for_the_cluster_pods(
     # pods gone: targets removed
     cluster.kubectl("delete", "deployment", "chat", "-n", namespace, "--wait=false")
     wait_until(lambda: not fleet.pods(namespace), timeout=60, what="the fleet to drop the deleted pod")
-    assert namespace not in prom.targets_file.read_text()
+    wait_until(lambda: namespace not in prom.targets_file.read_text(), timeout=5, what="targets file updated")
 
 
 def test_runtime_cuda_oom_shows_in_pod_status_as_kubelet_reports_it(
     cluster: LocalCluster, namespace: str, fleet: Fleet
 ) -> None:
-    truth = dataclasses.replace(SMALL_KV, runtime_oom_above_utilization=0.9)
+    truth = dataclasses.replace(SMALL_KV, non_kv_gib=60.0, runtime_oom_above_utilization=0.9)
     fleet.set_scenario(namespace, "oomy", Scenario(truth=truth, workload=LIGHT))
     _deploy(cluster, namespace, "oomy", ["--max-model-len", "8192", "--gpu-memory-utilization", "0.95"])
 

@@ -75,8 +75,13 @@ def _now_rfc3339(offset_s: float = 0.0) -> str:
 
 
 def storm_workload(w: Workload) -> Workload:
-    """A preemption storm: 4x the arrivals, 4x longer outputs."""
-    return dataclasses.replace(w, arrival_rate=w.arrival_rate * 4, output_tokens=w.output_tokens * 4)
+    """A preemption storm: 4x the arrivals, 2x longer prompts, 8x longer outputs."""
+    return dataclasses.replace(
+        w,
+        arrival_rate=w.arrival_rate * 4,
+        prompt_tokens=w.prompt_tokens * 2,
+        output_tokens=w.output_tokens * 8,
+    )
 
 
 # ---------------------------------------------------------------------------- HTTP
@@ -296,12 +301,19 @@ class Fleet:
             )
 
     def inject(
-        self, namespace: str, instance: str | None = None, *, pod: str | None = None, fault: str = "cuda_oom"
+        self,
+        namespace: str,
+        instance: str | None = None,
+        *,
+        pod: str | None = None,
+        fault: str = "cuda_oom",
+        workload: Workload | None = None,
     ) -> list[str]:
         """Inject a fault into the serving pods of a service (or one pod); returns the pods hit.
 
         ``cuda_oom``: the container dies now with CUDA OOM (once). ``preemption_storm``: the service's
-        traffic becomes a storm (:func:`storm_workload`) until :meth:`clear_faults`.
+        traffic becomes a storm (``workload``, default :func:`storm_workload` of the scenario's) until
+        :meth:`clear_faults`.
         """
         if fault not in ("cuda_oom", "preemption_storm"):
             raise ValueError(f"unknown fault {fault!r}")
@@ -310,7 +322,7 @@ class Fleet:
             if fault == "preemption_storm":
                 inst = instance or next((e.instance for e in self._engines.values() if e.name == pod), "")
                 base = self.scenario_for(namespace, inst).workload
-                self._overrides[(namespace, inst)] = storm_workload(base)
+                self._overrides[(namespace, inst)] = workload or storm_workload(base)
             for e in self._engines.values():
                 if (
                     e.namespace != namespace
