@@ -191,3 +191,21 @@ def test_matches_the_pinned_vllm_source() -> None:
     with pytest.raises(ValueError) as none_left:
         planning._check_enough_kv_cache_memory(0, lambda: gib, 4096, lambda _: 0)
     assert classify_termination(str(none_left.value), "Error", 1).kind == RestartKind.NO_CACHE_BLOCKS
+
+
+def test_reads_the_e2e_fleet_simulators_texts() -> None:
+    """The e2e fleet prints what vLLM 0.33 prints; the closed loop must classify it the same way."""
+    truth_mod = pytest.importorskip("e2e.fleet.truth")
+    truth = truth_mod.GroundTruth(non_kv_gib=60.0)
+    args = truth_mod.EngineArgs(max_model_len=131072)
+    error = truth.startup_error(args)
+    assert error is not None
+    cause = classify_termination(truth.startup_failure_message(args, error), "Error", 1)
+    assert (cause.kind, cause.max_model_len) == (RestartKind.KV_CACHE_TOO_SMALL, 131072)
+    assert cause.estimated_max_model_len is not None and 0 < cause.estimated_max_model_len < 131072
+    for startup in (False, True):
+        assert classify_termination(truth.cuda_oom_message(args, startup=startup), "Error", 1).kind == (
+            RestartKind.CUDA_OOM
+        )
+    none_left = truth_mod.GroundTruth(non_kv_gib=79.0).startup_error(args)
+    assert classify_termination(none_left, "Error", 1).kind == RestartKind.NO_CACHE_BLOCKS
