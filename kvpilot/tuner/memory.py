@@ -43,7 +43,8 @@ class Coefficients:
     sampler_bytes_per_logit: float
     """Bytes per (row x vocab) element the sampler warm-up holds at its peak, beyond the logits themselves."""
     forward_hidden_copies: float
-    """Hidden-size temporaries per token alive at the forward peak (residual, norms, q/k/v, attention out)."""
+    """Hidden-size temporaries per token alive at the forward peak (residual, norm output, attention
+    output...), beside the MLP's own intermediates."""
     non_torch_single: float
     """GiB of non-torch memory of a single-GPU engine (cuBLAS and attention workspaces)."""
     non_torch_pp: float
@@ -58,16 +59,18 @@ class Coefficients:
 
 _COEFFS: tuple[tuple[Version, Coefficients], ...] = (
     # 0.8.x V1: non-torch is "GPU used minus torch", so it includes the CUDA context.
-    ((0, 0), Coefficients(36.4, 7.1, 0.60, 0.50, 0.0, 0.0)),
-    ((0, 9), Coefficients(12.8, 7.1, 0.10, 0.07, 0.0, 0.0)),
-    ((0, 11), Coefficients(36.4, 7.1, 0.13, 0.07, 0.35, 0.05)),
-    ((0, 19), Coefficients(12.8, 7.1, 0.25, 0.07, 1.90, 0.06)),
+    ((0, 0), Coefficients(36.4, 4.25, 0.60, 0.50, 0.0, 0.0)),
+    ((0, 9), Coefficients(12.8, 4.25, 0.10, 0.07, 0.0, 0.0)),
+    ((0, 11), Coefficients(36.4, 4.25, 0.13, 0.07, 0.35, 0.05)),
+    ((0, 19), Coefficients(12.8, 4.25, 0.25, 0.07, 1.90, 0.06)),
 )
 """(first release, coefficients), oldest first; a release uses the last row at or below it.
 0.33 uses the 0.19+ row (the newest release with measured start-ups)."""
 
 CUDA_CONTEXT_GIB = 0.5
-"""CUDA context + cuBLAS handles created before vLLM's memory snapshot (outside the budget since 0.11)."""
+"""CUDA context + cuBLAS handles created before vLLM's memory snapshot (0.51 GiB on an H100, vLLM 0.19)."""
+NCCL_GIB = 1.5
+"""NCCL communicators with TP > 1, created before the snapshot since 0.11 (1.5 GiB at TP 2, vLLM 0.19)."""
 GRAPH_BASE_GIB = 0.45
 GRAPH_PER_LAYER_GIB = 0.0145
 """CUDA-graph pool: a base plus a per-layer cost at 51 capture sizes (scaled by the real count)."""
@@ -158,13 +161,14 @@ def compute_activation_bytes(
     moe = model.moe
     if moe is not None:
         expert = moe.moe_intermediate_size / tp
-        width = moe.experts_per_token * (3 * expert + h) + 3 * moe.shared_intermediate_size / tp
+        width = moe.experts_per_token * (3 * expert + 2 * h) + 3 * moe.shared_intermediate_size / tp
         width += 3 * moe.parallel_dense_intermediate_size / tp
     else:
         width = (3 if model.mlp_gated else 2) * model.intermediate_size / tp
     forward = tokens * b * (c.forward_hidden_copies * h + width)
     last, first = pp_rank == pp - 1, pp_rank == 0
-    carry = tokens * h * b * (1 if first else 3)  # hidden states (+ received hidden and residual)
+    carry = tokens * h * b  # the hidden states the sampler reads
+    pp_buffers = 2 * tokens * h * b if pp > 1 else 0  # hidden + residual sent or received between stages
     sampler = 0.0
     if last:
         rows = min(max_num_seqs, tokens)
@@ -172,7 +176,7 @@ def compute_activation_bytes(
     workspace = 0.0
     if moe is not None and not (model.quantization and model.quantization.method == "mxfp4"):
         workspace = tokens * moe.experts_per_token * (h + 2 * moe.moe_intermediate_size / tp) * b
-    peak = max(forward, sampler + carry + workspace)
+    peak = max(forward, sampler + carry + workspace) + pp_buffers
     if model.is_multimodal and first:
         peak += MM_ENCODER_COPIES * tokens * h * b
     return int(peak)
@@ -268,7 +272,7 @@ def compute_budget(
     error = None
     derived = model.default_max_model_len(version)
     if settings.max_model_len and settings.max_model_len > derived:
-        shown: float = float(derived) if model.rope_type else derived
+        shown: float = float(derived) if model.rotary_dim else derived  # RoPE models: scaled, so a float
         error = vllm_defaults.long_max_len_error(settings.max_model_len, model.max_len_key, shown)
     elif any(avail <= 0 for _, _, avail, _ in stages):
         error = vllm_defaults.no_memory_error(version)
@@ -286,14 +290,18 @@ def compute_budget(
         headroom = gpu.total_bytes - requested - CUDA_CONTEXT_GIB * GIB
         logits = min(r.max_num_seqs, r.max_num_batched_tokens) * model.vocab_size * 4
         if graphs + logits + POST_CAPTURE_MARGIN_GIB * GIB > headroom:
+            rows = min(r.max_num_seqs, r.max_num_batched_tokens)
             error = (
-                "torch.OutOfMemoryError: CUDA out of memory during CUDA graph capture / sampler warm-up: "
-                f"vLLM {'.'.join(map(str, version))} does not count CUDA-graph memory "
-                f"(~{graphs / GIB:.2f} GiB) inside gpu_memory_utilization={r.util}, and only "
-                f"{max(0.0, headroom / GIB):.2f} GiB is left outside it."
+                f"CUDA out of memory occurred when warming up sampler with {rows} dummy requests. "
+                "Please try lowering `max_num_seqs` or `gpu_memory_utilization` "
+                "when initializing the engine. "
+                f"(kvpilot: vLLM {'.'.join(map(str, version))} captures ~{graphs / GIB:.2f} GiB of CUDA "
+                f"graphs outside gpu_memory_utilization={r.util}; {max(0.0, headroom / GIB):.2f} GiB is left "
+                "there.)"
             )
-    if error is None and requested > gpu.total_bytes - CUDA_CONTEXT_GIB * GIB and version >= (0, 9):
-        free = gpu.total_bytes - CUDA_CONTEXT_GIB * GIB
+    outside = CUDA_CONTEXT_GIB * GIB + (NCCL_GIB * GIB if r.tp > 1 and version >= (0, 11) else 0)
+    if error is None and requested > gpu.total_bytes - outside and version >= (0, 9):
+        free = gpu.total_bytes - outside
         device = "cuda:0 " if version >= (0, 20) else ""
         error = (
             f"Free memory on device {device}({free / GIB:.2f}/{gpu.total_bytes / GIB:.2f} GiB) on startup is "

@@ -66,6 +66,10 @@ _TEXT_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
         "sliding_window": 4096,
         "sliding_window_pattern": 6,
         "head_dim": 256,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
         "num_key_value_heads": 4,
         "hidden_activation": "gelu_pytorch_tanh",
     },
@@ -537,11 +541,15 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         tie = model_type in _TIED_BY_DEFAULT or hf_config.get("model_type") in _TIED_BY_DEFAULT
     gated = model_type not in _NON_GATED_MLP
     partial = float(text.get("partial_rotary_factor") or 1.0)
+    # vLLM's rotary cos/sin cache rows: scaled variants (linear, dynamic, YaRN) cache the scaled
+    # length; Gemma 3 keeps a second, unscaled cache for its sliding-window layers.
     rope_rows = base
     if rope_type == "yarn" and factor and original:
         rope_rows = int(original * factor)
-    elif rope_type in ("llama3",):
-        rope_rows = base
+    elif rope_type in ("linear", "dynamic") and factor:
+        rope_rows = int(base * factor)
+    if model_type == "gemma3_text" and rope_type:
+        rope_rows += base
     rotary_dim = int((mla.qk_rope_head_dim if mla else head_dim) * partial)
     return ModelSpec(
         architecture=architecture,

@@ -35,8 +35,6 @@ TYPICAL_FILL = 0.25
 FRAGMENTATION_MARGIN_GIB = memory.POST_CAPTURE_MARGIN_GIB + 0.2
 """Allocator slack after start-up that profiling does not see (case-036: 1.7 GiB reserved, 0.55 GiB free):
 the memory model's failure margin plus 0.2 GiB, so a planned start is never on the edge of that rule."""
-NCCL_OUTSIDE_GIB = 0.5
-"""NCCL communicators and buffers, allocated before vLLM's memory snapshot when TP > 1."""
 GRAPH_ESTIMATE_ERROR = 0.3
 """vLLM's CUDA-graph estimate was 0.54 GiB (30 %) short of the real pool for gpt-oss-20b."""
 NOTHING_PINNED = EngineSettings()
@@ -61,7 +59,7 @@ def compute_safe_utilization(
     logits = min(r.max_num_seqs, r.max_num_batched_tokens) * model.vocab_size * 4
     headroom = (
         memory.CUDA_CONTEXT_GIB * GIB
-        + (NCCL_OUTSIDE_GIB * GIB if r.tp > 1 else 0)
+        + (memory.NCCL_GIB * GIB if r.tp > 1 else 0)
         + logits
         + FRAGMENTATION_MARGIN_GIB * GIB
         + graphs * graph_share
