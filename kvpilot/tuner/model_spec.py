@@ -326,8 +326,8 @@ def _layer_types(text: Mapping[str, Any], model_type: str, num_layers: int) -> l
         return [
             "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
         ]
-    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_5_vl_text"):
-        # transformers sets sliding_window to None unless use_sliding_window is true.
+    if model_type.startswith(("qwen2", "qwen3")) or "use_sliding_window" in text:
+        # transformers sets sliding_window to None unless use_sliding_window is true (Qwen families).
         if text.get("use_sliding_window") and window:
             raise errors.InvalidModelConfig(
                 "config.json sets use_sliding_window with max_window_layers; this layout is not modelled",
