@@ -94,15 +94,22 @@ def default_deps() -> LoopDeps:
 
 
 @kopf.timer(
-    api.GROUP, api.VERSION, api.PLURAL, interval=interval_from_env(), initial_delay=interval_from_env()
+    group=api.GROUP,
+    version=api.VERSION,
+    plural=api.PLURAL,
+    interval=interval_from_env(),
+    initial_delay=interval_from_env(),
 )
 async def closed_loop_tick(
     body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
     logger: kopf.Logger, **_: Any,
 ) -> None:  # fmt: skip
-    await run_once(
-        body=body, spec=spec, meta=meta, status=status, patch=patch, logger=logger, deps=default_deps()
-    )
+    try:
+        await run_once(
+            body=body, spec=spec, meta=meta, status=status, patch=patch, logger=logger, deps=default_deps()
+        )
+    except Exception:  # noqa: BLE001 -- a bug must not stop the loop for every other service
+        logger.exception("closed loop: tick failed")
 
 
 # --- one tick ---------------------------------------------------------------------------------------

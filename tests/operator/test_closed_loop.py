@@ -281,3 +281,32 @@ def test_bounds_merge_serving_and_tuning_bounds() -> None:
     assert b.allow_fp8_kv is False
     assert closed_loop.build_bounds(spec, fp8_supported=True).allow_fp8_kv is True
     assert T0 > 0
+
+
+def test_timer_is_registered_on_our_resource() -> None:
+    import kopf
+
+    from kvpilot.operator import main  # noqa: F401 -- registers everything
+
+    spawning = kopf.get_default_registry()._spawning.get_all_handlers()
+    timers = [h for h in spawning if h.fn is closed_loop.closed_loop_tick]
+    assert len(timers) == 1
+    assert timers[0].selector.group == "kvpilot.io" and timers[0].selector.plural == "inferenceservices"
+    assert timers[0].interval == closed_loop.interval_from_env()
+
+
+async def test_a_failing_tick_is_logged_not_raised(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    async def boom(**_: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(closed_loop, "run_once", boom)
+    monkeypatch.setattr(closed_loop, "default_deps", lambda: None)
+    with caplog.at_level(logging.ERROR):
+        await closed_loop.closed_loop_tick(
+            body={}, spec={}, meta={}, status={}, patch=None, logger=logging.getLogger("tick")
+        )
+    assert "tick failed" in caplog.text
