@@ -18,6 +18,7 @@ Hub configs by (id, revision), ModelSpecs by config content, node labels for
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import threading
@@ -34,6 +35,8 @@ from kvpilot.tuner import gpus, model_spec, models
 from kvpilot.tuner.types import GpuSpec
 
 NODE_CACHE_TTL_S = 30.0
+IO_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="kvpilot-io")
+"""Threads for blocking Kubernetes and Hub calls (the default executor has only cpu+4)."""
 HUB_TIMEOUT_S = 10.0
 
 HubDownload = Callable[[str, str | None, str | None], dict[str, Any]]
@@ -82,6 +85,7 @@ class _Lru:
 
 _HUB_CONFIGS = _Lru(256)
 _MODEL_SPECS = _Lru(256)
+_CATALOGUE = _Lru(256)
 
 
 @dataclass
@@ -92,17 +96,22 @@ class NodeCache:
     clock: Callable[[], float] = time.monotonic
     _entries: dict[str, tuple[float, list[dict[str, str]]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _flights: dict[str, threading.Lock] = field(default_factory=dict)
 
     def list(self, kube: Kube, selector: str) -> list[dict[str, str]]:
-        now = self.clock()
+        """Cached labels; concurrent misses for one selector wait for a single listing."""
         with self._lock:
-            hit = self._entries.get(selector)
-            if hit is not None and now - hit[0] < self.ttl_s:
-                return hit[1]
-        labels = kube.list_node_labels(selector)
-        with self._lock:
-            self._entries[selector] = (now, labels)
-        return labels
+            flight = self._flights.setdefault(selector, threading.Lock())
+        with flight:
+            now = self.clock()
+            with self._lock:
+                hit = self._entries.get(selector)
+                if hit is not None and now - hit[0] < self.ttl_s:
+                    return hit[1]
+            labels = kube.list_node_labels(selector)
+            with self._lock:
+                self._entries[selector] = (self.clock(), labels)
+            return labels
 
     def clear(self) -> None:
         with self._lock:
@@ -231,9 +240,13 @@ def read_model(
 ) -> ResolvedModel:
     """The resolved model of ``spec.model`` (sync; I/O through ``kube`` and ``hub``)."""
     if model.source == "Catalogue":
-        config = models.lookup_model_config(model.id)
-        checkpoint = model.checkpoint_bytes or models.lookup_checkpoint_bytes(model.id)
-        return build_model(config, "the built-in catalogue", checkpoint)
+        cached = _CATALOGUE.get((model.id, model.checkpoint_bytes))
+        if cached is None:
+            config = models.lookup_model_config(model.id)
+            checkpoint = model.checkpoint_bytes or models.lookup_checkpoint_bytes(model.id)
+            cached = build_model(config, "the built-in catalogue", checkpoint)
+            _CATALOGUE.put((model.id, model.checkpoint_bytes), cached)
+        return cached
     if kube is None:
         raise errors.InvalidSpec(f"source {model.source} needs a cluster; without one use source: Catalogue")
     if model.source == "ConfigMap":
@@ -327,11 +340,12 @@ async def fetch_inputs(
     def _both() -> Inputs:
         return Inputs(read_model(spec.model, namespace, kube, hub), read_gpu(spec, kube))
 
-    return await asyncio.to_thread(_both)
+    return await asyncio.get_running_loop().run_in_executor(IO_POOL, _both)
 
 
 def clear_caches() -> None:
     """Forget cached Hub configs, ModelSpecs and node labels (tests)."""
     _HUB_CONFIGS.data.clear()
     _MODEL_SPECS.data.clear()
+    _CATALOGUE.data.clear()
     NODES.clear()

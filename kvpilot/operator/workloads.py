@@ -29,7 +29,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpilot.operator import api
+from kvpilot.operator import api, resolve
 from kvpilot.operator.kube import Kube
 from kvpilot.tuner import gpus, vllm_args
 from kvpilot.tuner.types import EngineSettings
@@ -208,4 +208,4 @@ async def apply_workloads(manifests: Sequence[Mapping[str, Any]], kube: Kube) ->
         for manifest in manifests:
             kube.apply(manifest)
 
-    await asyncio.to_thread(_apply_all)
+    await asyncio.get_running_loop().run_in_executor(resolve.IO_POOL, _apply_all)

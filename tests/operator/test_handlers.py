@@ -312,3 +312,30 @@ async def test_recovery_after_failure_sets_ready(harness: Harness) -> None:
     await harness.run(body, trigger=handlers.SPEC_CHANGED)
     assert condition(body, "Ready")["status"] == "True"
     assert condition(body, "Ready")["reason"] == "Applied"
+
+
+def test_node_cache_single_flight_and_ttl() -> None:
+    import threading
+    import time
+
+    from kvpilot.operator.resolve import NodeCache
+
+    calls = []
+
+    class SlowKube:
+        def list_node_labels(self, selector: str) -> list[dict[str, str]]:
+            calls.append(selector)
+            time.sleep(0.05)
+            return [{"a": "b"}]
+
+    now = [0.0]
+    cache = NodeCache(ttl_s=30, clock=lambda: now[0])
+    threads = [threading.Thread(target=cache.list, args=(SlowKube(), "x=y")) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["x=y"]
+    now[0] = 31.0
+    assert cache.list(SlowKube(), "x=y") == [{"a": "b"}]
+    assert len(calls) == 2

@@ -62,7 +62,7 @@ def test_long_context_only_with_fp8_kv() -> None:
     with pytest.raises(render.RenderError) as info:
         render.build_manifests(doc)
     assert info.value.reason == "Infeasible"
-    assert "fp8" in info.value.message
+    assert "Options:" in info.value.message
 
 
 def test_the_one_that_does_not_fit_says_so() -> None:

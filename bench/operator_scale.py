@@ -1,0 +1,228 @@
+"""How the operator scales: N InferenceServices on the real local control plane.
+
+For each N (default 100 and 1000) this script:
+
+- applies N InferenceServices, spread over namespaces and GPU pools (L4, H100, A100, found by
+  nodeSelector from the KWOK nodes' GFD labels) and a few models and context bounds;
+- measures the time from the first create until every object has ``Planned=True`` and its
+  Deployment exists;
+- measures the operator's peak RSS (VmHWM of the kopf process);
+- measures the operator's Kubernetes API requests per object, counted inside the operator process
+  by ``bench/_counting_operator.py``.
+
+Goal (issue 4): 1000 in under 60 s with under 250 MB RSS. The script prints what it measures either
+way.
+
+Usage::
+
+    .venv/bin/python bench/operator_scale.py                  # starts its own cluster (e2e/cluster.py)
+    .venv/bin/python bench/operator_scale.py --n 100 --kubeconfig /tmp/kvpilot-e2e-cluster/kubeconfig
+
+Deployments are created with ``replicas: 0`` by default, so that 1000 unschedulable pods do not load
+the scheduler and KWOK. Use ``--replicas 1`` to include pod churn. The operator runs with
+``--standalone`` on the host. The closed loop's timers are registered but hold (no Prometheus).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from e2e.cluster import LocalCluster  # noqa: E402
+
+GROUP, VERSION, PLURAL = "kvpilot.io", "v1alpha1", "inferenceservices"
+NS_PREFIX = "kvbench-"
+
+# (pool label value, GPU count, model id, maxContextLength options)
+PROFILES = (
+    ("l4", 1, "meta-llama/Llama-3.1-8B-Instruct", (8192, 16384)),
+    ("l4", 1, "Qwen/Qwen2.5-1.5B-Instruct", (16384, 32768)),
+    ("h100", 4, "RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8", (32768, 65536)),
+    ("h100", 1, "Qwen/Qwen2.5-7B-Instruct", (32768,)),
+    ("a100", 2, "Qwen/Qwen3-32B", (16384, 40960)),
+    ("a100", 1, "mistralai/Mistral-7B-Instruct-v0.3", (32768,)),
+)
+
+
+def build_isvc(i: int, namespaces: int, replicas: int, prefix: str = NS_PREFIX) -> dict[str, Any]:
+    pool, count, model, lengths = PROFILES[i % len(PROFILES)]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": f"isvc-{i:05d}", "namespace": f"{prefix}{i % namespaces:02d}"},
+        "spec": {
+            "model": {"id": model},
+            "gpu": {"count": count},
+            "nodeSelector": {"kvpilot.dev/e2e-pool": pool},
+            "replicas": replicas,
+            "serving": {"maxContextLength": lengths[(i // len(PROFILES)) % len(lengths)]},
+        },
+    }
+
+
+def peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc/<pid>/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def is_planned(obj: dict[str, Any]) -> bool:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Planned" and c.get("status") == "True":
+            return True
+    return False
+
+
+def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, timeout: float) -> dict[str, Any]:
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    api_client.configuration.connection_pool_maxsize = 32
+    custom, apps = client.CustomObjectsApi(api_client), client.AppsV1Api(api_client)
+
+    prefix = f"{NS_PREFIX}{n}-{os.getpid() % 1000}-"
+    for k in range(namespaces):
+        cluster.kubectl("create", "namespace", f"{prefix}{k:02d}", check=False)
+    workdir = Path(tempfile.mkdtemp(prefix="kvpilot-opscale-"))
+    counts_file, log_file = workdir / "counts.json", workdir / "operator.log"
+    env = {**os.environ, **cluster.env(), "KVPILOT_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(ROOT / "bench" / "_counting_operator.py"), str(counts_file),
+           "run", "--standalone", "-m", "kvpilot.operator.main", "--namespace", f"{prefix}*"]  # fmt: skip
+    with log_file.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "Initial authentication has finished" not in log_file.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"operator did not start:\n{log_file.read_text()[-2000:]}")
+            time.sleep(0.2)
+        time.sleep(1.0)
+        idle_rss = peak_rss_mb(proc.pid)
+        before = json.loads(counts_file.read_text()) if counts_file.exists() else {}
+        cpu0 = cpu_seconds(proc.pid)
+
+        bodies = [build_isvc(i, namespaces, replicas, prefix) for i in range(n)]
+        t0 = time.monotonic()
+
+        def create(body: dict[str, Any]) -> None:
+            ns = body["metadata"]["namespace"]
+            custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(create, bodies))
+        created_s = time.monotonic() - t0
+
+        planned = deployed = 0
+        while True:
+            items = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+            planned_names = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in items
+                             if is_planned(o) and o["metadata"]["namespace"].startswith(prefix)}  # fmt: skip
+            selector = "app.kubernetes.io/managed-by=kvpilot"
+            deps = apps.list_deployment_for_all_namespaces(label_selector=selector)
+            deployed_names = {(d.metadata.namespace, d.metadata.name) for d in deps.items}
+            planned, deployed = len(planned_names), len(planned_names & deployed_names)
+            if deployed >= n:
+                break
+            if time.monotonic() - t0 > timeout:
+                break
+            time.sleep(0.5)
+        elapsed = time.monotonic() - t0
+        cpu = cpu_seconds(proc.pid) - cpu0
+        time.sleep(2.5)  # let the counters flush
+        after = json.loads(counts_file.read_text())
+        rss = peak_rss_mb(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for k in range(namespaces):
+            cluster.kubectl("delete", "namespace", f"{prefix}{k:02d}", "--wait=false", check=False)
+        api_client.close()
+
+    delta = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+    total = sum(delta.values())
+    return {
+        "n": n, "namespaces": namespaces, "replicas": replicas,
+        "create_s": round(created_s, 2), "all_planned_and_deployed_s": round(elapsed, 2),
+        "planned": planned, "deployed": deployed, "complete": deployed >= n,
+        "operator_cpu_s": round(cpu, 2), "operator_peak_rss_mb": round(rss, 1),
+        "operator_idle_rss_mb": round(idle_rss, 1),
+        "api_requests": total, "api_requests_per_object": round(total / n, 2),
+        "requests_by_kind": dict(sorted(delta.items(), key=lambda kv: -kv[1])),
+        "operator_log": str(log_file),
+    }  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, action="append", help="object counts (default: 100 and 1000)")
+    ap.add_argument("--namespaces", type=int, default=10)
+    ap.add_argument("--replicas", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--kubeconfig", help="reuse a running e2e cluster (python -m e2e.cluster up)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per run")
+    a = ap.parse_args()
+    counts = a.n or [100, 1000]
+
+    if a.kubeconfig:
+        cluster, own = LocalCluster.attach(Path(a.kubeconfig).resolve().parent), False
+    else:
+        cluster, own = LocalCluster(tempfile.mkdtemp(prefix="kvpilot-opscale-cluster-"), build=True), True
+        cluster.start(timeout=600)
+    try:
+        cluster.kubectl("apply", "-f", str(ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"))
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        for n in counts:
+            result = run_once(cluster, n, a.namespaces, a.replicas, a.timeout)
+            if a.json:
+                print(json.dumps(result))
+            else:
+                goal = "" if n != 1000 else (
+                    f"  [goal <60 s: {'met' if result['all_planned_and_deployed_s'] < 60 else 'missed'}, "
+                    f"<250 MB: {'met' if result['operator_peak_rss_mb'] < 250 else 'missed'}]"
+                )  # fmt: skip
+                print(f"N={n:5d}: all Planned + Deployment in {result['all_planned_and_deployed_s']:.1f} s "
+                      f"(creates took {result['create_s']:.1f} s; {result['deployed']}/{n} done), "
+                      f"operator CPU {result['operator_cpu_s']:.1f} s, "
+                      f"peak RSS {result['operator_peak_rss_mb']:.0f} MB "
+                      f"(idle {result['operator_idle_rss_mb']:.0f} MB), "
+                      f"{result['api_requests_per_object']:.2f} API requests/object{goal}")  # fmt: skip
+                for kind, count in list(result["requests_by_kind"].items())[:12]:
+                    print(f"    {count:7d}  {kind}")
+            sys.stdout.flush()
+            time.sleep(5)  # let namespace deletion start before the next run
+    finally:
+        if own:
+            cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
