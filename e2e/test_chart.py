@@ -250,6 +250,17 @@ def test_install_creates_everything(chart: Chart) -> None:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA, "namespace": NS}]
     assert chart.get("clusterkopfpeering", "kvpilot") is not None
     # the pod passed the namespace's `restricted` Pod Security admission and is Ready (KWOK plays kubelet)
+    bad = chart.kubectl(
+        "--namespace",
+        NS,
+        "run",
+        "privileged",
+        "--image=busybox",
+        "--privileged",
+        "--dry-run=server",
+        check=False,
+    )
+    assert bad.returncode != 0 and "violates PodSecurity" in bad.stderr, "restricted is not enforced here"
     pods = chart.get("pods", "--namespace", NS, "-l", "app.kubernetes.io/name=kvpilot")["items"]
     assert len(pods) == 1
     assert {c["type"]: c["status"] for c in pods[0]["status"]["conditions"]}["Ready"] == "True"
@@ -328,6 +339,13 @@ def test_second_replica_waits(chart: Chart, operators: list[HostOperator]) -> No
     handled = [op.identity for op in (a, b) if "[peering/llama-8b-l4]" in op.log]
     assert handled == [(a if _active(a) else b).identity]
     assert a.alive() and b.alive()
+    # `kopf freeze` (priority 100) outranks the replicas' negative priorities: both pause; resume undoes it
+    kopf = [str(Path(sys.executable).parent / "kopf")]
+    peering = ["--all-namespaces", "--peering=kvpilot"]
+    subprocess.run([*kopf, "freeze", *peering, "--lifetime=300"], env=chart.env, check=True, timeout=60)
+    wait_for(lambda: not _active(a) and not _active(b), 30, "both replicas to pause for kopf freeze")
+    subprocess.run([*kopf, "resume", *peering], env=chart.env, check=True, timeout=60)
+    wait_for(lambda: [_active(a), _active(b)].count(True) == 1, 30, "one replica to resume")
     assert_no_forbidden(a)
     assert_no_forbidden(b)
 

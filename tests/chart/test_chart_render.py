@@ -83,7 +83,7 @@ def test_deployment_runs_kopf_with_peering_and_liveness(rendered: Render) -> Non
     objs = rendered()
     c = _container(objs)
     assert c["command"][:2] == ["/bin/sh", "-c"] and "exec kopf" in c["command"][2]
-    assert "--priority=" in c["command"][2]
+    assert '--priority="-$(shuf -i 1-1000000000 -n 1)"' in c["command"][2]  # negative: kopf freeze/--dev win
     peering = one(objs, "ClusterKopfPeering")["metadata"]["name"]
     assert c["args"][:2] == ["run", "--module=kvpilot.operator.main"]
     assert "--all-namespaces" in c["args"]
