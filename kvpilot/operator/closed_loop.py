@@ -143,6 +143,9 @@ def build_bounds(spec: api.InferenceServiceSpec, fp8_supported: bool) -> TuningB
     )
 
 
+_LOGS = pod_status.LogCache()
+
+
 async def _fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_status.PodView]:
     if deps.pods is None:
         return []
@@ -153,10 +156,14 @@ async def _fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_sta
         views = []
         for pod in reader.list_pods(namespace, selector):
             view = pod_status.build_pod_view(pod)
-            if view.needs_log:
-                tail = reader.read_previous_log(
-                    namespace, view.name, pod_status.CONTAINER, pod_status.LOG_TAIL_LINES
-                )
+            if view.needs_log and view.restart is not None:
+                key = (namespace, view.name, view.restart.restart_count)
+                known, tail = _LOGS.get(key)
+                if not known:
+                    tail = reader.read_previous_log(
+                        namespace, view.name, pod_status.CONTAINER, pod_status.LOG_TAIL_LINES
+                    )
+                    _LOGS.put(key, tail)
                 view = pod_status.build_pod_view(pod, log_tail=tail) if tail else view
             views.append(view)
         return views

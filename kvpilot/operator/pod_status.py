@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,7 +28,11 @@ from kvpilot.tuner.restarts import classify_termination
 from kvpilot.tuner.types import EngineSettings
 
 CONTAINER = "vllm"
-LOG_TAIL_LINES = 200
+LOG_TAIL_LINES = 400
+"""Lines of the previous container's log to read. The termination message is at most 2 KiB / 80 lines
+(kubelet's ``FallbackToLogsOnError``), and after a start-up failure the API server's own traceback
+("Engine core initialization failed. See root cause above.") usually fills that, pushing vLLM's
+ValueError out; after a run-time CUDA OOM the shutdown lines do the same."""
 
 
 class PodReader(Protocol):
@@ -64,7 +69,8 @@ class PodView:
     restart: RestartEvent | None
     """The last termination of the vLLM container, if it ever restarted."""
     needs_log: bool
-    """The termination message did not explain a non-zero exit: worth reading the previous log."""
+    """The termination message did not explain the restart: worth reading the previous log (the exit
+    code after a run-time engine death may be 0, so it is not consulted)."""
 
 
 def _container(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -100,7 +106,7 @@ def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodVi
         if cause.kind == RestartKind.OTHER and log_tail:
             from_log = classify_termination(log_tail, reason, code)
             cause = from_log if from_log.kind != RestartKind.OTHER else cause
-        needs_log = cause.kind == RestartKind.OTHER and code not in (0, None) and not log_tail
+        needs_log = cause.kind == RestartKind.OTHER and reason != "OOMKilled" and not log_tail
         when = parse_time(terminated.get("finishedAt")) or parse_time(terminated.get("startedAt")) or 0.0
         restart = RestartEvent(
             time=when,
@@ -137,6 +143,27 @@ def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replic
     restarts = tuple(p.restart for p in mine if p.restart is not None)
     ready = replicas > 0 and sum(1 for p in mine if p.ready) >= replicas and not others
     return PodSummary(restarts, ready, len(mine), len(others))
+
+
+class LogCache:
+    """Previous-log tails by (namespace, pod, restart count): a crash-looping pod's log is read once per
+    restart, not once per tick. Only saves reads; losing it (an operator restart) loses nothing."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.size = size
+        self.data: OrderedDict[tuple[str, str, int], str | None] = OrderedDict()
+
+    def get(self, key: tuple[str, str, int]) -> tuple[bool, str | None]:
+        if key in self.data:
+            self.data.move_to_end(key)
+            return True, self.data[key]
+        return False, None
+
+    def put(self, key: tuple[str, str, int], value: str | None) -> None:
+        self.data[key] = value
+        self.data.move_to_end(key)
+        while len(self.data) > self.size:
+            self.data.popitem(last=False)
 
 
 class ClusterPods:

@@ -190,6 +190,21 @@ async def test_termination_message_empty_reads_the_previous_log(harness: Harness
     d = await loop.tick(body)
     assert d.trigger == "CudaOOM"
     assert loop.pods.log_reads == 1
+    closed_loop._LOGS.data.clear()
+
+
+async def test_previous_log_is_read_once_per_restart(harness: Harness, loop: LoopHarness) -> None:
+    """Exit code 0 after a run-time engine death: the message is the shutdown, the cause is in the log."""
+    body = await applied(harness, tuning={"mode": "Recommend"})
+    loop.healthy_pods(restarts=1, message="INFO: Shutting down\nINFO: Finished server process [1]",
+                      reason="Completed", exit_code=0, finished=loop.now + 10, ready=False)  # fmt: skip
+    for p in loop.pods.pods:
+        loop.pods.logs[p["metadata"]["name"]] = "ERROR EngineCore encountered a fatal error.\n" + OOM
+    closed_loop._LOGS.data.clear()
+    assert (await loop.tick(body)).trigger == "CudaOOM"
+    assert (await loop.tick(body)).trigger == "CudaOOM"
+    assert loop.pods.log_reads == 1
+    closed_loop._LOGS.data.clear()
 
 
 async def test_host_oom_holds_with_advice(harness: Harness, loop: LoopHarness) -> None:

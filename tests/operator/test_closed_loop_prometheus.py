@@ -226,6 +226,8 @@ def test_pod_view_classifies_the_last_termination() -> None:
 def test_pod_view_asks_for_the_log_when_the_message_is_silent() -> None:
     pod = _pod(ARGS, restartCount=1, lastState={"terminated": {"exitCode": 1, "reason": "Error"}})
     assert build_pod_view(pod).needs_log
+    killed = _pod(ARGS, restartCount=1, lastState={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
+    assert not build_pod_view(killed).needs_log
     view = build_pod_view(pod, log_tail="No available memory for the cache blocks. Try increasing")
     assert view.restart is not None and view.restart.cause.kind == RestartKind.NO_CACHE_BLOCKS
 
