@@ -270,6 +270,9 @@ class LocalCluster:
         Defaults to a fresh temp dir. Logs are kept after stop() for post-mortems.
     :param pools: GPU node pools (``e2e.nodes.DEFAULT_POOLS``).
     :param build: run ``e2e/build.sh`` first (instant when cached).
+    :param bin: binary directory (default: ``bin_dir()``).
+    :param die_with_parent: components get SIGTERM when this Python process dies, even by SIGKILL
+        (Linux PR_SET_PDEATHSIG). The pytest fixture uses it; the ``up`` CLI does not.
     """
 
     def __init__(
@@ -279,8 +282,10 @@ class LocalCluster:
         pools: Iterable[_nodes.NodePool] = _nodes.DEFAULT_POOLS,
         build: bool = False,
         bin: str | os.PathLike[str] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="kvpilot-e2e-"))
+        self.die_with_parent = die_with_parent
         self.pools = tuple(pools)
         self._build = build
         self._bin = Path(bin) if bin else None
@@ -477,6 +482,7 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL,
                 cwd=self.dir,
                 start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
         self._procs[name] = proc
         self.pids[name] = proc.pid
@@ -615,6 +621,15 @@ class LocalCluster:
                     "-p",
                     json.dumps({"status": {"capacity": m["status"]["capacity"], "allocatable": want}}),
                 )
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask the kernel for SIGTERM when the parent dies."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _looks_like_ours(pid: int, name: str) -> bool:

@@ -45,7 +45,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         own = False
     else:
         keep = os.environ.get("KVPILOT_E2E_DIR")  # keep logs somewhere known (CI post-mortems)
-        c = LocalCluster(keep or tmp_path_factory.mktemp("cluster"), build=True)
+        c = LocalCluster(keep or tmp_path_factory.mktemp("cluster"), build=True, die_with_parent=True)
         c.start()
         own = True
     os.environ.update(c.env())
