@@ -271,7 +271,12 @@ def compute_budget(
     )
     error = None
     derived = model.default_max_model_len(version)
-    if settings.max_model_len and settings.max_model_len > derived:
+    if model.num_attention_heads % r.tp:
+        error = (
+            f"Total number of attention heads ({model.num_attention_heads}) must be divisible by "
+            f"tensor parallel size ({r.tp})."
+        )
+    elif settings.max_model_len and settings.max_model_len > derived:
         shown: float = float(derived) if model.rotary_dim else derived  # RoPE models: scaled, so a float
         error = vllm_defaults.long_max_len_error(settings.max_model_len, model.max_len_key, shown)
     elif any(avail <= 0 for _, _, avail, _ in stages):

@@ -185,6 +185,24 @@ class ModelSpec:
     def is_multimodal(self) -> bool:
         return self.vision_params > 0
 
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """The kind of every text-decoder layer, in order."""
+        return tuple(layer.kind for layer in self.layers)
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts per MoE layer (0 for a dense model)."""
+        return self.moe.num_experts if self.moe else 0
+
+    @property
+    def experts_per_token(self) -> int:
+        return self.moe.experts_per_token if self.moe else 0
+
+    @property
+    def moe_intermediate_size(self) -> int | None:
+        return self.moe.moe_intermediate_size if self.moe else None
+
     def kv_heads_per_rank(self, tp: int) -> int:
         """vLLM's ``get_num_kv_heads``: ``max(1, total // tp)``; MLA's latent is replicated."""
         if self.mla is not None:

@@ -155,3 +155,13 @@ def test_max_model_len_above_the_config_is_vllms_error() -> None:
         "User-specified max_model_len (16384) is greater than the derived max_model_len "
         "(max_position_embeddings=8192.0 or model_max_length=None in model's config.json)."
     )
+
+
+def test_tensor_parallel_must_divide_the_heads() -> None:
+    budget = memory.compute_budget(
+        build_model_spec(cfg.LLAMA_31_8B), H100, EngineSettings(tensor_parallel_size=3)
+    )
+    assert not budget.starts
+    assert (
+        budget.error == "Total number of attention heads (32) must be divisible by tensor parallel size (3)."
+    )
