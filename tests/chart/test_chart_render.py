@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,19 @@ def test_every_value_is_documented() -> None:
             undocumented.append(".".join([*(k for _, k, _ in stack), key]))
         stack.append((indent, key, has_doc))
     assert undocumented == []
+
+
+def test_packaged_chart_renders_the_same(helm: Path, rendered: Render, tmp_path: Path) -> None:
+    """What users get from a registry: `helm package` keeps files/crds/ (read by .Files.Get) and crds/."""
+    run_helm(helm, "package", str(CHART), "--destination", str(tmp_path))
+    (package,) = tmp_path.glob("kvpilot-*.tgz")
+    with tarfile.open(package) as tar:
+        members = set(tar.getnames())
+    assert {
+        "kvpilot/files/crds/inferenceservices.kvpilot.io.yaml",
+        "kvpilot/crds/kopf-peering.yaml",
+        "kvpilot/values.schema.json",
+    } <= members
+    assert not [m for m in members if m.startswith("kvpilot/ci/")]
+    out = run_helm(helm, "template", RELEASE, str(package), "--namespace", NAMESPACE, "--include-crds").stdout
+    assert [d for d in yaml.safe_load_all(out) if d] == rendered()
