@@ -153,7 +153,7 @@ def inputs_st(draw: st.DrawFn) -> dict:
     }
 
 
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _eff(s: EngineSettings) -> EngineSettings:
