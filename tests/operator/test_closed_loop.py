@@ -325,3 +325,34 @@ async def test_a_failing_tick_is_logged_not_raised(
             body={}, spec={}, meta={}, status={}, patch=None, logger=logging.getLogger("tick")
         )
     assert "tick failed" in caplog.text
+
+
+async def test_a_spec_change_ends_a_stale_rollout(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    loop.healthy_pods(restarts=1, message=OOM, finished=loop.now + 10, ready=False)
+    await loop.tick(body)
+    assert "rollout" in body["status"]
+    body["spec"]["engine"] = {"pinned": {"maxNumSeqs": 32}}  # the user edits the spec: the reconciler replans
+    body["metadata"]["generation"] = 2
+    await harness.run(body, trigger="SpecChanged")
+    assert body["status"]["applied"]["maxNumSeqs"] == 32
+    loop.healthy_pods(ready=False)
+    d = await loop.tick(body)
+    assert d.trigger != Trigger.ROLLOUT_IN_PROGRESS
+    assert "rollout" not in body["status"]
+
+
+async def test_state_survives_a_round_trip_through_status(harness: Harness, loop: LoopHarness) -> None:
+    from kvpilot.operator import loop_state
+
+    body = await applied(harness)
+    loop.healthy_pods(restarts=1, message=OOM, finished=loop.now + 10, ready=False)
+    d = await loop.tick(body)
+    state = loop_state.build_loop_state(body["status"])
+    assert state.current == d.settings
+    assert state.failed == (d.failed,)
+    assert state.rollout is not None and state.rollout.settings == d.settings
+    assert state.rollout.deadline - state.rollout.started_at == 900
+    assert [e.action for e in state.history] == ["Planned", "Retuned"]
+    assert state.history[-1].from_settings == d.failed and state.history[-1].to_settings == d.settings
+    assert state.budget is not None and state.budget.kv_cache_tokens == 28672
