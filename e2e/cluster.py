@@ -344,15 +344,24 @@ class LocalCluster:
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
         if not (self.pki / "admin.crt").exists():
             make_pki(self.pki)
-        for k in ("etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "kwok"):
-            self.ports[k] = free_port()
-        write_kubeconfig(self.kubeconfig, self.server, self.pki)
-        try:
-            self._start_all(timeout - (time.monotonic() - t0))
-            self.started_in = time.monotonic() - t0
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in (1, 2):
+            # free ports are picked, then bound by the components: another process may grab one
+            # in between. That shows as "address already in use"; retry once with new ports.
+            for k in ("etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "kwok"):
+                self.ports[k] = free_port()
+            write_kubeconfig(self.kubeconfig, self.server, self.pki)
+            try:
+                self._start_all(timeout - (time.monotonic() - t0))
+                self.started_in = time.monotonic() - t0
+                break
+            except ClusterError as e:
+                self.stop()
+                if attempt == 2 or "address already in use" not in str(e):
+                    raise
+                shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+            except BaseException:
+                self.stop()
+                raise
         (self.dir / "cluster.json").write_text(
             json.dumps(
                 {

@@ -220,6 +220,22 @@ def test_deployment_schedules_onto_matching_gpu_pool(cluster: LocalCluster, name
     )
 
 
+def test_namespace_deletion_completes(cluster: LocalCluster) -> None:
+    """namespace controller + garbage collector + KWOK's pod-delete stage (the kubelet's part)."""
+    ns = "e2e-ns-deletion"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
+    apply(cluster, ns, gpu_deployment("llm", nodes.A100_SXM4_80GB.product, gpus=2, replicas=3))
+    wait_for(
+        lambda: get_json(cluster, "deploy", "llm", "-n", ns)["status"].get("availableReplicas") == 3,
+        60,
+        "3 available replicas",
+    )
+    cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=90s")
+    gone = cluster.kubectl("get", "namespace", ns, check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
 def test_kubectl_apply_and_get(cluster: LocalCluster, namespace: str, tmp_path: Path) -> None:
     f = tmp_path / "cm.yaml"
     f.write_text(
