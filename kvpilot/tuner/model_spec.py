@@ -9,6 +9,7 @@ It reads the fields vLLM 0.33 reads (``vllm/config/model.py``,
 ``vllm/model_executor/models/``): the text decoder's geometry, the kind of every
 decoder layer (full attention, sliding window, chunked-local, MLA, linear-attention
 state), the MoE layout, the quantization config and the default ``max_model_len``.
+The ``quantization_config`` is parsed by :mod:`kvpilot.tuner.quantization`.
 Multimodal configs nest the decoder in ``text_config``; the vision tower is only
 counted for its weights. A config it cannot account for raises
 :class:`~kvpilot.tuner.errors.InvalidModelConfig` naming the field: it never guesses.
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.tuner import errors
+from kvpilot.tuner.quantization import QuantSpec, build_quant_spec
 
 FULL = "full"
 SLIDING = "sliding_window"
@@ -128,19 +130,6 @@ class LinearStateSpec:
         conv = (self.conv_dim // tp) * (self.conv_kernel - 1)
         ssm = max(1, self.num_heads // tp) * self.head_k_dim * self.head_v_dim
         return conv + ssm
-
-
-@dataclass(frozen=True, slots=True)
-class QuantSpec:
-    """A parsed ``quantization_config``."""
-
-    method: str
-    """vLLM's name: ``fp8``, ``compressed-tensors``, ``awq``, ``gptq``, ``mxfp4``, ``bitsandbytes``..."""
-    weight_bits: int
-    group_size: int | None = None
-    experts_only: bool = False
-    """MXFP4: only the MoE experts are quantized (``modules_to_not_convert``)."""
-    quantize_lm_head: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,47 +390,6 @@ def _quant(text: Mapping[str, Any]) -> QuantSpec | None:
     if not isinstance(qc, Mapping):
         return None
     return build_quant_spec(qc)
-
-
-def build_quant_spec(qc: Mapping[str, Any]) -> QuantSpec:
-    """Parse a ``quantization_config`` into the bits the weights are stored with."""
-    method = str(qc.get("quant_method") or qc.get("quantization") or "").lower()
-    if not method:
-        raise errors.InvalidModelConfig("quantization_config has no 'quant_method'", field="quant_method")
-    if method in ("fp8", "fbgemm_fp8", "modelopt", "ptpc_fp8", "fp8_per_tensor", "fp8_per_block"):
-        return QuantSpec("fp8", 8)
-    if method in ("mxfp4", "gpt_oss_mxfp4"):
-        return QuantSpec("mxfp4", 4, 32, experts_only=True)
-    if method in ("awq", "awq_marlin", "auto_awq", "gptq", "gptq_marlin", "auto_gptq", "moe_wna16"):
-        bits = int(qc.get("bits") or qc.get("w_bit") or qc.get("weight_bits") or 4)
-        group = qc.get("group_size") or qc.get("q_group_size") or 128
-        return QuantSpec(method.replace("_marlin", "").replace("auto_", ""), bits, int(group))
-    if method == "bitsandbytes":
-        bits = 8 if qc.get("load_in_8bit") else 4
-        return QuantSpec("bitsandbytes", bits, 64)
-    if method == "compressed-tensors":
-        bits, group = 8, None
-        groups = qc.get("config_groups") or {}
-        for scheme in groups.values() if isinstance(groups, Mapping) else ():
-            weights = (scheme or {}).get("weights") or {}
-            if weights.get("num_bits"):
-                bits = int(weights["num_bits"])
-                group = weights.get("group_size")
-                break
-        if "bits" in qc:
-            bits = int(qc["bits"])
-        ignore = [str(x) for x in qc.get("ignore") or []]
-        return QuantSpec(
-            "compressed-tensors", bits, group, quantize_lm_head="lm_head" not in ignore and bool(groups)
-        )
-    if method in ("modelopt_fp4", "nvfp4", "nvfp4_per_token"):
-        return QuantSpec("nvfp4", 4, 16)
-    if method in ("experts_int8",):
-        return QuantSpec("experts_int8", 8, None, experts_only=True)
-    raise errors.InvalidModelConfig(
-        f"quantization_config.quant_method {method!r} is not modelled",
-        field="quantization_config.quant_method",
-    )
 
 
 def _vision_params(hf_config: Mapping[str, Any], text_hidden: int) -> int:

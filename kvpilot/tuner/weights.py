@@ -19,29 +19,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kvpilot.tuner.model_spec import DTYPE_BYTES, LINEAR, ModelSpec, QuantSpec
+from kvpilot.tuner import quantization
+from kvpilot.tuner.model_spec import DTYPE_BYTES, LINEAR, ModelSpec
 
 VOCAB_PADDING = 64
 """vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``."""
 TP_LOAD_EXTRA_BYTES = 64 << 20
 """Seen on every tensor-parallel start: ranks load 0.01-0.08 GiB more than their parameter share."""
-
-
-def _quant_bytes_per_weight(quant: QuantSpec) -> float:
-    """Bytes per weight element of a quantized linear, scales and zero points included."""
-    if quant.method == "mxfp4":
-        return 0.5 + 1 / 32  # e2m1 + one e8m0 scale per 32
-    if quant.method == "nvfp4":
-        return 0.5 + 1 / 16
-    if quant.method == "bitsandbytes":
-        return 1.0 if quant.weight_bits == 8 else 0.5 + 1 / 64
-    if quant.weight_bits >= 8:
-        return 1.0
-    group = quant.group_size or 128
-    per = quant.weight_bits / 8
-    if quant.method in ("awq", "gptq"):
-        return per + (2 + quant.weight_bits / 8) / group  # fp16 scale + packed zero per group
-    return per + 2 / group
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +121,7 @@ def compute_weight_breakdown(
     tp, pp = tensor_parallel_size, pipeline_parallel_size
     dbytes = DTYPE_BYTES[dtype or model.dtype]
     quant = model.quantization
-    qbytes = _quant_bytes_per_weight(quant) if quant else float(dbytes)
+    qbytes = quantization.compute_bytes_per_weight(quant) if quant else float(dbytes)
     dense_bytes = float(dbytes) if quant is None or quant.experts_only else qbytes
     expert_bytes = qbytes if quant is not None else float(dbytes)
     total = 0.0
