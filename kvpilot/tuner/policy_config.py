@@ -67,7 +67,10 @@ class PolicyConfig:
     seqs_step_down: float = 0.25
     """Largest relative cut of ``max_num_seqs`` in one change."""
     seqs_step_up: float = 0.25
-    """Largest relative raise of ``max_num_seqs`` in one change."""
+    """Relative raise of ``max_num_seqs`` in one change when a queue builds up ..."""
+    seqs_step_up_max: float = 1.0
+    """... growing with the queue (``waiting / running``) up to this (doubling) when it is deep: a
+    backlog as long as the running batch needs far more than +25 %. KV capacity still caps it."""
     min_seqs_raise: float = 0.05
     """Smallest relative raise worth a rollout (VPA likewise skips changes under 10 %): smaller
     raises are held, which also ends the bisection towards a value that failed."""

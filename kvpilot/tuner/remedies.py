@@ -15,7 +15,8 @@ Rules, by trigger:
 - ``NoCacheBlocks``: raise ``gpu_memory_utilization`` a step, or halve the batched tokens.
 - ``InsufficientFreeMemory``: lower ``gpu_memory_utilization`` under the free share vLLM saw.
 - ``KvPressure``: fp8 KV if allowed, else fewer sequences (sized to capacity when lengths are known).
-- ``IdleCapacity``: more sequences, within KV capacity and under the anti-flap ceiling.
+- ``IdleCapacity``: more sequences (+25 %, up to x2 with a deep queue), within KV capacity, under
+  the anti-flap ceiling and bisecting towards any count that failed.
 """
 
 from __future__ import annotations
@@ -362,8 +363,9 @@ def propose_for_idle(s: Situation) -> Proposal | None:
     seqs = eff.max_num_seqs or 1
     if low < p.sustain_fraction or queue < p.queue_min or peak_running < p.seqs_saturation * seqs:
         return None
-    target = math.ceil(seqs * (1.0 + p.seqs_step_up))
-    caps = [f"step +{p.seqs_step_up:.0%}"]
+    step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak_running, 1.0)))
+    target = math.ceil(seqs * (1.0 + step))
+    caps = [f"step +{step:.0%}"]
     fit = _fit_seqs(s)
     if fit is not None and fit < target:
         target, caps = fit, [f"KV capacity {s.capacity_tokens} tokens"]

@@ -114,7 +114,7 @@ async def test_bad_new_settings_roll_back(harness: Harness, loop: LoopHarness) -
     loop.healthy_pods()
     loop.window = window(loop.now + 30)
     await loop.tick(body)  # steady: 0.95 / 64 seqs are good
-    loop.window = window(loop.now + 30, kv=0.3, waiting=20, running=64, prompt=300, output=200)
+    loop.window = window(loop.now + 30, kv=0.3, waiting=10, running=64, prompt=300, output=200)
     d = await loop.tick(body)
     assert (d.action, d.trigger) == (Action.RETUNE, Trigger.IDLE_CAPACITY)
     assert flag(loop.deployment_args(), "--max-num-seqs") == "80"
@@ -221,7 +221,7 @@ async def test_host_oom_holds_with_advice(harness: Harness, loop: LoopHarness) -
 async def test_recommend_mode_changes_nothing(harness: Harness, loop: LoopHarness) -> None:
     body = await applied(harness, tuning={"mode": "Recommend"}, engine={"pinned": {"maxNumSeqs": 64}})
     loop.healthy_pods()
-    loop.window = window(loop.now + 30, kv=0.3, waiting=20, running=64, prompt=300, output=200)
+    loop.window = window(loop.now + 30, kv=0.3, waiting=10, running=64, prompt=300, output=200)
     before = len(harness.kube.applied)
     d = await loop.tick(body)
     assert (d.action, d.trigger) == (Action.RETUNE, Trigger.IDLE_CAPACITY)

@@ -439,6 +439,12 @@ def test_idle_capacity_with_a_queue_raises_sequences() -> None:
     )
 
 
+@pytest.mark.parametrize(("waiting", "seqs"), [(12, 320), (128, 384), (256, 512), (2000, 512)])
+def test_idle_raise_grows_with_the_queue(waiting: float, seqs: int) -> None:
+    d = decide(win=window(kv=0.2, waiting=waiting, running=256, prompt=100, output=100))
+    assert d.settings.max_num_seqs == seqs
+
+
 def test_idle_raise_is_capped_by_kv_capacity() -> None:
     d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=1000, output=300))
     assert d.settings.max_num_seqs == 274  # 446128 * 0.8 / 1300
