@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: help install lint test unit contract e2e demo bench clean
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
