@@ -234,7 +234,7 @@ def _rollout_step(inp: _Inputs) -> Decision | None:
                 Action.HOLD,
                 s.current,
                 Trigger.ROLLOUT_SUCCEEDED,
-                f"new settings are Ready: {remedies.describe_change(EngineSettings(), s.current)}",
+                f"every replica runs the new settings and is Ready: {remedies.describe_settings(s.current)}",
                 good=s.current,
             )
         left = rollout.deadline - s.now

@@ -426,6 +426,18 @@ def describe_change(old: EngineSettings, new: EngineSettings) -> str:
     return ", ".join(parts) or "no change"
 
 
+def describe_settings(settings: EngineSettings) -> str:
+    """``maxModelLen 8192, maxNumSeqs 64`` (set fields only, API field names)."""
+    return (
+        ", ".join(
+            f"{api} {_fmt(getattr(settings, name))}"
+            for name, api in _FIELD_NAMES.items()
+            if getattr(settings, name) is not None
+        )
+        or "vLLM defaults"
+    )
+
+
 def _fmt(value: object) -> str:
     if value is None:
         return "default"
