@@ -8,6 +8,7 @@ lets through, copied by the Dockerfile's own COPY lines, so a file missing from 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,12 +125,40 @@ def test_dockerignore_lets_the_copied_files_through(stages: list[Stage]) -> None
         assert set(sources) <= allowed, f"COPY {sources} but .dockerignore allows only {allowed}"
 
 
+def wheelhouse() -> Path:
+    """Third-party wheels of the current dependency set, kept between runs (keyed by pyproject.toml)."""
+    key = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    cache = Path(os.environ.get("KVPILOT_CACHE") or Path.home() / ".cache" / "kvpilot")
+    return cache / "wheelhouse" / key
+
+
+def fill_wheelhouse(house: Path, built: Path) -> None:
+    """Keep the dependency wheels the build stage made, plus the build backend pip's isolation needs."""
+    tmp = house.with_name(f"{house.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for wheel in built.glob("*.whl"):
+        if not wheel.name.startswith("kvpilot-"):
+            shutil.copy2(wheel, tmp)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(tmp), *requires],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    shutil.rmtree(house, ignore_errors=True)
+    tmp.rename(house)
+
+
 @pytest.fixture(scope="module")
 def image_root(stages: list[Stage], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Run the build stage (WORKDIR, COPY, ENV, RUN) under a temporary root; return that root."""
+    """Run the build stage (WORKDIR, COPY, ENV, RUN) under a temporary root; return that root.
+
+    The first run downloads from the index like `docker build` would; later runs with the same pyproject.toml
+    point pip at a wheelhouse of the same wheels (PIP_NO_INDEX, PIP_FIND_LINKS): same commands, no network.
+    """
     root = tmp_path_factory.mktemp("image")
     build = stages[0]
+    house = wheelhouse()
     env = {**os.environ}
+    env.pop("VIRTUAL_ENV", None)
     workdir = root
     for op, arg in build.instructions:
         if op == "WORKDIR":
@@ -149,17 +179,19 @@ def image_root(stages: list[Stage], tmp_path_factory: pytest.TempPathFactory) ->
         elif op == "RUN":
             command = re.sub(r"(?<=\s)/(wheels|opt)\b", lambda m: f"{root}/{m.group(1)}", " " + arg)
             command = re.sub(r"(?<![\w/.-])python(?= )", shlex.quote(sys.executable), command)
-            env.pop("VIRTUAL_ENV", None)
+            run_env = {**env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(house)} if house.is_dir() else env
             proc = subprocess.run(
                 ["bash", "-euo", "pipefail", "-c", command],
                 cwd=workdir,
-                env=env,
+                env=run_env,
                 capture_output=True,
                 text=True,
                 timeout=600,
             )
             output = f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             assert proc.returncode == 0, f"RUN {arg}\n-> {command}\n{output}"
+    if not house.is_dir():
+        fill_wheelhouse(house, root / "wheels")
     return root
 
 
