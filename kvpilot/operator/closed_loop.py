@@ -46,16 +46,31 @@ from kvpilot.tuner.types import EngineSettings, MemoryBudget
 
 INTERVAL_ENV = "KVPILOT_CLOSED_LOOP_INTERVAL"
 DEFAULT_INTERVAL_S = 30.0
+STEP_ENV = "KVPILOT_METRICS_STEP_SECONDS"
+DEFAULT_STEP_S = 30.0
+
+
+def _seconds_from_env(name: str, default: float, environ: Mapping[str, str] | None) -> float:
+    raw = (environ if environ is not None else os.environ).get(name, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def interval_from_env(environ: Mapping[str, str] | None = None) -> float:
     """The timer interval: ``$KVPILOT_CLOSED_LOOP_INTERVAL`` seconds, default 30 (tests use 1-2)."""
-    raw = (environ if environ is not None else os.environ).get(INTERVAL_ENV, "")
-    try:
-        value = float(raw)
-    except ValueError:
-        return DEFAULT_INTERVAL_S
-    return value if value > 0 else DEFAULT_INTERVAL_S
+    return _seconds_from_env(INTERVAL_ENV, DEFAULT_INTERVAL_S, environ)
+
+
+def step_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds between metric samples: ``$KVPILOT_METRICS_STEP_SECONDS``, default 30.
+
+    The window is 10 steps and metrics older than 4 steps (at least 60 s) are stale, so a fast
+    e2e setup (scraping every few seconds) can use a step of 5 s and act within a minute.
+    """
+    return _seconds_from_env(STEP_ENV, DEFAULT_STEP_S, environ)
 
 
 WindowFetch = Callable[..., Awaitable[ObservationWindow]]
@@ -73,6 +88,8 @@ class LoopDeps:
     fetch_window: WindowFetch = prometheus.fetch_observations
     hub: resolve.HubDownload = resolve.download_hub_config
     record_metrics: bool = True
+    step_seconds: float = DEFAULT_STEP_S
+    """Seconds between metric samples (:func:`step_from_env`)."""
 
 
 _deps: LoopDeps | None = None
@@ -89,6 +106,7 @@ def default_deps() -> LoopDeps:
             kube=kube,
             pods=pod_status.ClusterPods(kube.api_client),
             prom_url=os.environ.get(prometheus.PROMETHEUS_URL_ENV, ""),
+            step_seconds=step_from_env(),
         )
     return _deps
 
@@ -115,12 +133,15 @@ async def closed_loop_tick(
 # --- one tick ---------------------------------------------------------------------------------------
 
 
-def build_policy(spec: api.InferenceServiceSpec) -> PolicyConfig:
+def build_policy(spec: api.InferenceServiceSpec, step_seconds: float = DEFAULT_STEP_S) -> PolicyConfig:
+    """kvpilot's policy defaults, with ``spec.tuning``'s knobs and the window scaled to the sample step."""
     t = spec.tuning
     return PolicyConfig(
         cooldown_seconds=float(t.cooldown_seconds),
         max_changes_per_hour=t.max_changes_per_hour,
         rollout_deadline_seconds=float(t.rollout_deadline_seconds),
+        window_seconds=10 * step_seconds,
+        staleness_seconds=max(4 * step_seconds, 60.0),
     )
 
 
@@ -203,7 +224,7 @@ async def run_once(
     now = deps.clock()
     state = state_mod.build_loop_state(old)
     rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
-    policy = build_policy(parsed)
+    policy = build_policy(parsed, deps.step_seconds)
 
     try:
         inputs: resolve.Inputs | None = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
@@ -228,7 +249,12 @@ async def run_once(
         return None
     summary = pod_status.compute_pod_summary(views, state.current, parsed.replicas)
     window = await deps.fetch_window(
-        deps.prom_url, namespace, name, now, window_seconds=policy.window_seconds
+        deps.prom_url,
+        namespace,
+        name,
+        now,
+        window_seconds=policy.window_seconds,
+        step_seconds=deps.step_seconds,
     )
 
     decision = compute_decision(

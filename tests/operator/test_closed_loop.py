@@ -273,6 +273,21 @@ async def test_apply_failure_is_reported_and_retried(harness: Harness, loop: Loo
     assert body["status"]["applied"]["gpuMemoryUtilization"] == 0.93
 
 
+def test_window_scales_with_the_metrics_step() -> None:
+    from kvpilot.operator import render
+
+    spec = render.parse_spec({"model": {"id": "m"}, "tuning": {"cooldownSeconds": 0, "maxChangesPerHour": 9}})
+    p = closed_loop.build_policy(spec, 5.0)
+    assert (p.window_seconds, p.staleness_seconds, p.cooldown_seconds, p.max_changes_per_hour) == (
+        50,
+        60,
+        0,
+        9,
+    )
+    assert closed_loop.build_policy(spec).window_seconds == 300
+    assert closed_loop.step_from_env({"KVPILOT_METRICS_STEP_SECONDS": "5"}) == 5.0
+
+
 def test_interval_from_env() -> None:
     assert closed_loop.interval_from_env({}) == 30.0
     assert closed_loop.interval_from_env({"KVPILOT_CLOSED_LOOP_INTERVAL": "2"}) == 2.0
