@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
-from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, by_kind, one, run_helm, values_args
+from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, ROOT, by_kind, one, run_helm, values_args
 
 from kvpilot.operator import closed_loop, metrics, prometheus
+from kvpilot.operator import render as render_operator
 
 VARIANTS = [None, *CI_VALUES]
 VARIANT_IDS = ["defaults", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)]
@@ -153,6 +154,13 @@ def test_monitoring_objects(rendered: Callable[..., list[dict[str, Any]]]) -> No
         "app.kubernetes.io/managed-by": "kvpilot",
     }
     assert pm["spec"]["namespaceSelector"] == {"any": True}
+    # ...and the Deployment the operator renders for an example really matches it, port name included
+    example = yaml.safe_load((ROOT / "examples" / "llama-3.1-8b-on-l4.yaml").read_text())
+    (vllm,) = [m for m in render_operator.build_manifests(example) if m["kind"] == "Deployment"]
+    pod = vllm["spec"]["template"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] in ports
     c = _container(objs)
     assert c["image"].startswith("ghcr.io/kvpilot/kvpilot@sha256:")
     env = {e["name"]: e.get("value") for e in c["env"]}
