@@ -302,7 +302,7 @@ def test_operator_reconciles_with_only_the_service_account_token(
     )
     assert {c["type"] for c in isvc} >= {"Ready"}
     # it keeps itself alive in the chart's peering object, and serves its own metrics
-    peers = wait_for(lambda: (chart.get("clusterkopfpeering", "kvpilot") or {}).get("status"), 30, "peering")
+    peers = wait_for(lambda: (chart.get("clusterkopfpeering", "kvpilot") or {}).get("status"), 60, "peering")
     assert "host-operator-a" in peers
     assert "kvpilot_reconciles_total" in op.metrics()
     assert_no_forbidden(op)
@@ -331,7 +331,7 @@ def test_second_replica_waits(chart: Chart, operators: list[HostOperator]) -> No
     wait_for(
         lambda: {"host-operator-a", "host-operator-b"} <= peers(), 60, "both replicas in the peering object"
     )
-    wait_for(lambda: [_active(a), _active(b)].count(True) == 1, 30, "exactly one active replica")
+    wait_for(lambda: [_active(a), _active(b)].count(True) == 1, 60, "exactly one active replica")
     time.sleep(5)  # and it stays that way
     assert [_active(a), _active(b)].count(True) == 1, (a.log[-2000:], b.log[-2000:])
     # only the active one handles a new InferenceService; the paused one does not even see it
@@ -343,9 +343,9 @@ def test_second_replica_waits(chart: Chart, operators: list[HostOperator]) -> No
     kopf = [str(Path(sys.executable).parent / "kopf")]
     peering = ["--all-namespaces", "--peering=kvpilot"]
     subprocess.run([*kopf, "freeze", *peering, "--lifetime=300"], env=chart.env, check=True, timeout=60)
-    wait_for(lambda: not _active(a) and not _active(b), 30, "both replicas to pause for kopf freeze")
+    wait_for(lambda: not _active(a) and not _active(b), 60, "both replicas to pause for kopf freeze")
     subprocess.run([*kopf, "resume", *peering], env=chart.env, check=True, timeout=60)
-    wait_for(lambda: [_active(a), _active(b)].count(True) == 1, 30, "one replica to resume")
+    wait_for(lambda: [_active(a), _active(b)].count(True) == 1, 60, "one replica to resume")
     assert_no_forbidden(a)
     assert_no_forbidden(b)
 
