@@ -98,12 +98,63 @@ def is_planned(obj: dict[str, Any]) -> bool:
     return False
 
 
+class Progress:
+    """Watches (not polls) InferenceServices and Deployments, so that measuring adds no LIST load."""
+
+    def __init__(self, cluster: LocalCluster, prefix: str) -> None:
+        import threading
+
+        self.prefix, self.lock = prefix, threading.Lock()
+        self.planned: set[tuple[str, str]] = set()
+        self.deployed: set[tuple[str, str]] = set()
+        self.threads = [threading.Thread(target=self._watch, args=(cluster, kind), daemon=True)
+                        for kind in ("isvc", "deploy")]  # fmt: skip
+        for t in self.threads:
+            t.start()
+        time.sleep(1.0)  # both watches established before the first create
+
+    def _watch(self, cluster: LocalCluster, kind: str) -> None:
+        from kubernetes import client, config, watch
+
+        api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        if kind == "isvc":
+            fn: Any = client.CustomObjectsApi(api_client).list_cluster_custom_object
+            args: tuple[Any, ...] = (GROUP, VERSION, PLURAL)
+            kwargs: dict[str, Any] = {}
+        else:
+            fn, args = client.AppsV1Api(api_client).list_deployment_for_all_namespaces, ()
+            kwargs = {"label_selector": "app.kubernetes.io/managed-by=kvpilot"}
+        while True:
+            try:
+                for event in watch.Watch().stream(fn, *args, timeout_seconds=3600, **kwargs):
+                    obj = event["object"]
+                    meta = obj["metadata"] if isinstance(obj, dict) else obj.metadata.to_dict()
+                    key = (meta["namespace"], meta["name"])
+                    if not key[0].startswith(self.prefix):
+                        continue
+                    with self.lock:
+                        if kind == "deploy":
+                            self.deployed.add(key)
+                        elif is_planned(obj):
+                            self.planned.add(key)
+            except Exception:  # noqa: BLE001 -- a dropped watch is re-established
+                time.sleep(0.5)
+
+    def wait(self, n: int, deadline: float) -> tuple[int, int]:
+        while True:
+            with self.lock:
+                planned, deployed = len(self.planned), len(self.planned & self.deployed)
+            if deployed >= n or time.monotonic() > deadline:
+                return planned, deployed
+            time.sleep(0.2)
+
+
 def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, timeout: float) -> dict[str, Any]:
     from kubernetes import client, config
 
     api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     api_client.configuration.connection_pool_maxsize = 32
-    custom, apps = client.CustomObjectsApi(api_client), client.AppsV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
 
     prefix = f"{NS_PREFIX}{n}-{os.getpid() % 1000}-"
     for k in range(namespaces):
@@ -127,6 +178,7 @@ def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, time
         cpu0 = cpu_seconds(proc.pid)
 
         bodies = [build_isvc(i, namespaces, replicas, prefix) for i in range(n)]
+        progress = Progress(cluster, prefix)
         t0 = time.monotonic()
 
         def create(body: dict[str, Any]) -> None:
@@ -137,20 +189,7 @@ def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, time
             list(pool.map(create, bodies))
         created_s = time.monotonic() - t0
 
-        planned = deployed = 0
-        while True:
-            items = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-            planned_names = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in items
-                             if is_planned(o) and o["metadata"]["namespace"].startswith(prefix)}  # fmt: skip
-            selector = "app.kubernetes.io/managed-by=kvpilot"
-            deps = apps.list_deployment_for_all_namespaces(label_selector=selector)
-            deployed_names = {(d.metadata.namespace, d.metadata.name) for d in deps.items}
-            planned, deployed = len(planned_names), len(planned_names & deployed_names)
-            if deployed >= n:
-                break
-            if time.monotonic() - t0 > timeout:
-                break
-            time.sleep(0.5)
+        planned, deployed = progress.wait(n, t0 + timeout)
         elapsed = time.monotonic() - t0
         cpu = cpu_seconds(proc.pid) - cpu0
         time.sleep(2.5)  # let the counters flush
