@@ -470,6 +470,8 @@ class Fleet:
             error = truth.startup_error(e.args)
             if error is not None:
                 self._crash(e, "StartupFailed", truth.startup_failure_message(e.args, error), now)
+            elif truth.startup_oom(e.args):
+                self._crash(e, "StartupCudaOOM", truth.cuda_oom_message(e.args, startup=True), now)
             else:
                 self._serve(e, now)
         elif e.state == SERVING:
@@ -531,7 +533,12 @@ class Fleet:
         e.last_message = message
         backoff = e.scenario.truth.backoff_s * 2 ** min(e.restart_count - 1, 3)
         e.state, e.since, e.restart_at = CRASHED, now, now + backoff
-        self._event(e, kind, message.strip().splitlines()[-2 if kind == "StartupFailed" else -1][:200])
+        lines = message.strip().splitlines()
+        self._event(
+            e,
+            kind,
+            next((x for x in reversed(lines) if x.startswith(("ValueError", "torch."))), lines[-1])[:200],
+        )
         count, ns, name = e.restart_count, e.namespace, e.name
 
         def patch() -> None:

@@ -149,6 +149,12 @@ class GroundTruth:
     sampler or NCCL buffers outside vLLM's budget)."""
     runtime_oom_above_max_num_seqs: int | None = None
     """CUDA OOM while serving when ``max_num_seqs`` is strictly above this (activations of a full batch)."""
+    startup_oom_above_utilization: float | None = None
+    """CUDA OOM during start-up (profiling, CUDA-graph capture, sampler warm-up) when
+    ``gpu_memory_utilization`` is strictly above this: the pod never becomes Ready."""
+    startup_oom_above_max_num_seqs: int | None = None
+    """CUDA OOM during start-up when ``max_num_seqs`` is strictly above this (the sampler warm-up allocates
+    logits for ``max_num_seqs`` sequences; vllm_reference.md section 6)."""
     oom_after_s: float = 3.0
     """Wall seconds of serving before such a runtime OOM strikes."""
     startup_s: float = 1.0
@@ -242,19 +248,33 @@ class GroundTruth:
             s is not None and self.max_num_seqs(args) > s
         )
 
+    def startup_oom(self, args: EngineArgs) -> bool:
+        """Whether these args hit CUDA OOM before the engine is ready."""
+        u = self.startup_oom_above_utilization
+        s = self.startup_oom_above_max_num_seqs
+        return (u is not None and self.utilization(args) > u + 1e-9) or (
+            s is not None and self.max_num_seqs(args) > s
+        )
+
     def cuda_oom_message(self, args: EngineArgs, *, startup: bool = False) -> str:
         """A CUDA OOM as the container's termination message (torch >= 2.1 wording, in-container)."""
         total = self.gpu_memory_gib
         used = min(total - 0.14, self.utilization(args) * total + 0.35)
-        header = (
-            ["ERROR [core.py:1586] EngineCore encountered a fatal error."]
-            if not startup
-            else ["ERROR [core.py:1584] EngineCore failed to start."]
-        )
-        lines = header + [
-            "Traceback (most recent call last):",
-            f'  File "{_VLLM}/v1/engine/core.py", line 1084, in run_busy_loop',
-            f'  File "{_VLLM}/v1/sample/sampler.py", line 160, in forward',
+        if startup:
+            head = [
+                "ERROR [core.py:1584] EngineCore failed to start.",
+                "Traceback (most recent call last):",
+                f'  File "{_VLLM}/v1/engine/core.py", line 1573, in run_engine_core',
+                f'  File "{_VLLM}/v1/worker/gpu_model_runner.py", line 2391, in _dummy_sampler_run',
+            ]
+        else:
+            head = [
+                "ERROR [core.py:1586] EngineCore encountered a fatal error.",
+                "Traceback (most recent call last):",
+                f'  File "{_VLLM}/v1/engine/core.py", line 1084, in run_busy_loop',
+                f'  File "{_VLLM}/v1/sample/sampler.py", line 160, in forward',
+            ]
+        lines = head + [
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. "
             f"GPU 0 has a total capacity of {total:.2f} GiB "
             f"of which {(total - used) * 1024:.2f} MiB is free. "
