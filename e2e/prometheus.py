@@ -58,8 +58,11 @@ RELABEL_CONFIGS: list[dict[str, Any]] = [
     {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
     {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
     {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"], "target_label": "service"},
-    {"source_labels": ["__meta_kubernetes_namespace", "__meta_kubernetes_pod_name"], "separator": "/",
-     "target_label": "instance"},
+    {
+        "source_labels": ["__meta_kubernetes_namespace", "__meta_kubernetes_pod_name"],
+        "separator": "/",
+        "target_label": "instance",
+    },
 ]
 
 
@@ -84,20 +87,28 @@ def prometheus_binary(binary: str | os.PathLike[str] | None = None) -> Path:
     return exe
 
 
-def build_config(targets_file: Path, *, scrape_interval: str = "1s",
-                 scrape_targets: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def build_config(
+    targets_file: Path, *, scrape_interval: str = "1s", scrape_targets: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
     """The config: one file_sd job for the fleet (relabelled to namespace/pod) plus optional static jobs."""
-    jobs: list[dict[str, Any]] = [{
-        "job_name": JOB,
-        "metrics_path": "/metrics",
-        "scheme": "http",
-        "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}],
-        "relabel_configs": RELABEL_CONFIGS,
-    }]
-    jobs += [{"job_name": job, "static_configs": [{"targets": t}]} for job, t in (scrape_targets or {}).items()]
+    jobs: list[dict[str, Any]] = [
+        {
+            "job_name": JOB,
+            "metrics_path": "/metrics",
+            "scheme": "http",
+            "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}],
+            "relabel_configs": RELABEL_CONFIGS,
+        }
+    ]
+    jobs += [
+        {"job_name": job, "static_configs": [{"targets": t}]} for job, t in (scrape_targets or {}).items()
+    ]
     return {
-        "global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval,
-                   "evaluation_interval": scrape_interval},
+        "global": {
+            "scrape_interval": scrape_interval,
+            "scrape_timeout": scrape_interval,
+            "evaluation_interval": scrape_interval,
+        },
         "scrape_configs": jobs,
     }
 
@@ -140,8 +151,9 @@ class PrometheusServer:
         self.targets_file = self.dir / "targets.json"
         self.tsdb = self.dir / "tsdb"
         self.log_file = self.dir / "prometheus.log"
-        self.config = config or build_config(self.targets_file, scrape_interval=scrape_interval,
-                                             scrape_targets=scrape_targets)
+        self.config = config or build_config(
+            self.targets_file, scrape_interval=scrape_interval, scrape_targets=scrape_targets
+        )
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_in: float | None = None
 
@@ -185,8 +197,14 @@ class PrometheusServer:
         with open(self.log_file, "ab") as log:
             log.write(f"\n===== {time.strftime('%F %T')} {' '.join(args)}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=self.dir, start_new_session=True)
+            self.proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.dir,
+                start_new_session=True,
+            )
         (self.dir / "prometheus.pid").write_text(str(self.proc.pid))
         try:
             self.wait_ready(timeout)
@@ -201,8 +219,10 @@ class PrometheusServer:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise PrometheusError(f"prometheus exited with code {self.proc.returncode}; "
-                                      f"log tail ({self.log_file}):\n{self.log_tail()}")
+                raise PrometheusError(
+                    f"prometheus exited with code {self.proc.returncode}; "
+                    f"log tail ({self.log_file}):\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
                     if r.status == 200:
@@ -210,8 +230,9 @@ class PrometheusServer:
             except OSError as e:  # URLError is an OSError
                 last = e
             time.sleep(0.2)
-        raise PrometheusError(f"prometheus not ready at {self.url} after {timeout}s ({last}); "
-                              f"log tail:\n{self.log_tail()}")
+        raise PrometheusError(
+            f"prometheus not ready at {self.url} after {timeout}s ({last}); log tail:\n{self.log_tail()}"
+        )
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM the recorded PID (SIGKILL after ``timeout``); the log and TSDB are kept."""
@@ -286,8 +307,15 @@ class PrometheusServer:
     def targets(self) -> list[dict[str, Any]]:
         return list(self.api("targets", state="active")["activeTargets"])
 
-    def wait_for(self, promql: str, predicate: Callable[[list[dict[str, Any]]], bool], *, timeout: float = 30.0,
-                 interval: float = 0.5, what: str | None = None) -> list[dict[str, Any]]:
+    def wait_for(
+        self,
+        promql: str,
+        predicate: Callable[[list[dict[str, Any]]], bool],
+        *,
+        timeout: float = 30.0,
+        interval: float = 0.5,
+        what: str | None = None,
+    ) -> list[dict[str, Any]]:
         """Poll an instant query until ``predicate(result)``; raise with the last result otherwise."""
         deadline = time.monotonic() + timeout
         while True:
@@ -295,19 +323,25 @@ class PrometheusServer:
             if predicate(res):
                 return res
             if time.monotonic() > deadline:
-                raise PrometheusError(f"timed out after {timeout}s waiting for {what or promql!r}; last: {res}")
+                raise PrometheusError(
+                    f"timed out after {timeout}s waiting for {what or promql!r}; last: {res}"
+                )
             time.sleep(interval)
 
 
 def main() -> int:  # manual use: python -m e2e.prometheus
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m e2e.prometheus", description="run a local Prometheus until Ctrl-C")
+    ap = argparse.ArgumentParser(
+        prog="python -m e2e.prometheus", description="run a local Prometheus until Ctrl-C"
+    )
     ap.add_argument("--dir")
     ap.add_argument("--scrape-interval", default="1s")
     a = ap.parse_args()
     with PrometheusServer(a.dir, scrape_interval=a.scrape_interval) as p:
-        print(f"prometheus {p.url} (pid {p.pid}); targets file {p.targets_file}; log {p.log_file}", flush=True)
+        print(
+            f"prometheus {p.url} (pid {p.pid}); targets file {p.targets_file}; log {p.log_file}", flush=True
+        )
         with contextlib.suppress(KeyboardInterrupt):
             while p.running():
                 time.sleep(1)
