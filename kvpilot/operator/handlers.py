@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -46,7 +46,6 @@ class Deps:
     hub: resolve.HubDownload = resolve.download_hub_config
     plan_fn: planning.PlanFn | None = None
     record_metrics: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 _deps: Deps | None = None

@@ -179,60 +179,64 @@ def read_hub_token(ref: api.SecretRef | None, namespace: str, kube: Kube) -> str
 
 
 def download_hub_config(model_id: str, revision: str | None, token: str | None) -> dict[str, Any]:
-    """config.json from the Hugging Face Hub (``huggingface_hub``), errors mapped to retry or not."""
-    from huggingface_hub import errors as hf
+    """config.json from the Hugging Face Hub (``huggingface_hub``), errors mapped to retry or not.
+
+    ``huggingface_hub`` retries connection errors itself (about 25 s) before it gives up; then the
+    reconciliation fails with ``HubUnreachable`` and kopf retries with back-off.
+    """
     from huggingface_hub import hf_hub_download
 
-    where = f"{model_id}@{revision or 'main'}"
     try:
         path = hf_hub_download(
             model_id, "config.json", revision=revision, token=token or False, etag_timeout=HUB_TIMEOUT_S
         )
-    except hf.GatedRepoError:
-        raise errors.HubAccessDenied(
-            f"{model_id} is gated on the Hugging Face Hub; accept its licence there and put a "
-            "token with access "
-            "in the Secret named by spec.model.hubTokenSecretRef"
-        ) from None
-    except hf.RepositoryNotFoundError:
-        raise tuner_errors.UnknownModel(
+    except Exception as exc:
+        raise compute_hub_error(exc, model_id, revision) from None
+    with open(path, encoding="utf-8") as fh:
+        return _parse_config_json(fh.read(), f"config.json of {model_id}@{revision or 'main'}")
+
+
+def compute_hub_error(exc: Exception, model_id: str, revision: str | None) -> Exception:
+    """The operator or tuner error for a ``huggingface_hub`` failure (order matters: see the MRO notes)."""
+    from huggingface_hub import errors as hf
+
+    where = f"{model_id}@{revision or 'main'}"
+    unreachable = errors.HubUnreachable(
+        f"the Hugging Face Hub cannot be reached for {where} ({type(exc).__name__}); retrying with "
+        "back-off. Without Hub access use source: ConfigMap or Catalogue"
+    )
+    # LocalEntryNotFoundError (no connection, nothing cached) is also an EntryNotFoundError: check it first.
+    if isinstance(exc, hf.LocalEntryNotFoundError | hf.OfflineModeIsEnabled):
+        return unreachable
+    if isinstance(exc, hf.GatedRepoError):  # a RepositoryNotFoundError: check it first
+        return errors.HubAccessDenied(
+            f"{model_id} is gated on the Hugging Face Hub; accept its licence there and put a token with "
+            "access in the Secret named by spec.model.hubTokenSecretRef"
+        )
+    if isinstance(exc, hf.RepositoryNotFoundError):
+        return tuner_errors.UnknownModel(
             f"Model {model_id!r} was not found on the Hugging Face Hub (or is private: then set "
             "spec.model.hubTokenSecretRef). Check spec.model.id."
-        ) from None
-    except hf.RevisionNotFoundError:
-        raise tuner_errors.UnknownModel(
+        )
+    if isinstance(exc, hf.RevisionNotFoundError):
+        return tuner_errors.UnknownModel(
             f"Revision {revision!r} of {model_id} does not exist on the Hugging Face Hub; "
             "fix spec.model.revision"
-        ) from None
-    except hf.EntryNotFoundError:
-        raise tuner_errors.InvalidModelConfig(
+        )
+    if isinstance(exc, hf.EntryNotFoundError):
+        return tuner_errors.InvalidModelConfig(
             f"{where} has no config.json on the Hub; give the config through a ConfigMap (source: ConfigMap)"
-        ) from None
-    except hf.HfHubHTTPError as exc:
+        )
+    if isinstance(exc, hf.HfHubHTTPError):
         status = getattr(getattr(exc, "response", None), "status_code", None)
         if status in (401, 403):
-            raise errors.HubAccessDenied(
+            return errors.HubAccessDenied(
                 f"the Hugging Face Hub refused access to {where} (HTTP {status}); check the token Secret"
-            ) from None
-        raise errors.HubUnreachable(
-            f"the Hugging Face Hub failed for {where} (HTTP {status}); retrying"
-        ) from None
-    except (OSError, hf.LocalEntryNotFoundError, ValueError) as exc:
-        # connection refused / DNS / timeouts (httpx errors are OSError-like or wrapped in LocalEntryNotFound)
-        raise errors.HubUnreachable(
-            f"the Hugging Face Hub cannot be reached for {where} ({type(exc).__name__}); "
-            "retrying with back-off. "
-            "Without Hub access use source: ConfigMap or Catalogue"
-        ) from None
-    except Exception as exc:  # httpx.TransportError and friends, without importing httpx here
-        if "httpx" in type(exc).__module__ or "Timeout" in type(exc).__name__:
-            raise errors.HubUnreachable(
-                f"the Hugging Face Hub cannot be reached for {where} ({type(exc).__name__}); "
-                "retrying with back-off"
-            ) from None
-        raise
-    with open(path, encoding="utf-8") as fh:
-        return _parse_config_json(fh.read(), f"config.json of {where}")
+            )
+        return errors.HubUnreachable(f"the Hugging Face Hub failed for {where} (HTTP {status}); retrying")
+    if isinstance(exc, OSError | TimeoutError) or "httpx" in type(exc).__module__:
+        return unreachable
+    return exc
 
 
 def read_model(

@@ -77,7 +77,7 @@ def build_success_status(
         "gpu": {
             "product": ", ".join(gpu.products) or None,
             "catalogueName": gpu.gpu.name,
-            "count": inputs_count(decision),
+            "count": decision.plan.gpu_count,
             "memoryGiB": round(gpu.gpu.total_bytes / GIB, 2),
         },
         "applied": applied,
@@ -101,10 +101,6 @@ def build_success_status(
             **({"from": _compact(old_applied)} if old_applied else {}), "to": _compact(applied),
         })  # fmt: skip
     return {k: v for k, v in patch.items() if k != "history" or v is not None}
-
-
-def inputs_count(decision: Decision) -> int:
-    return decision.plan.gpu_count
 
 
 def _ready_message(decision: Decision) -> str:
