@@ -118,7 +118,7 @@ def build_deployment(
     extra: Sequence[str], products: Sequence[str],
 ) -> dict[str, Any]:  # fmt: skip
     """The Deployment running vLLM with ``settings`` on nodes of one of ``products``."""
-    name, namespace = metadata["name"], metadata.get("namespace") or "default"
+    name = metadata["name"]
     labels = build_labels(name)
     args = build_engine_args(spec, settings, extra)
     container = {
@@ -154,12 +154,7 @@ def build_deployment(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": labels,
-            "ownerReferences": build_owner_reference(metadata),
-        },  # fmt: skip
+        "metadata": _object_metadata(metadata, labels),
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": build_selector(name)},
@@ -181,18 +176,22 @@ def build_deployment(
     }
 
 
+def _object_metadata(owner: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": owner["name"], "namespace": owner.get("namespace") or "default",
+                            "labels": dict(labels)}  # fmt: skip
+    refs = build_owner_reference(owner)
+    if refs:
+        meta["ownerReferences"] = refs
+    return meta
+
+
 def build_service(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """The ClusterIP Service in front of the vLLM pods (port 8000, named http)."""
-    name, namespace = metadata["name"], metadata.get("namespace") or "default"
+    name = metadata["name"]
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": build_labels(name),
-            "ownerReferences": build_owner_reference(metadata),
-        },  # fmt: skip
+        "metadata": _object_metadata(metadata, build_labels(name)),
         "spec": {
             "type": "ClusterIP",
             "selector": build_selector(name),
