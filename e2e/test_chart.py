@@ -232,7 +232,7 @@ def operators() -> Iterator[list[HostOperator]]:
 
 
 def test_install_creates_everything(chart: Chart) -> None:
-    assert set(doc_blocks()) >= {"install", "upgrade", "namespaced", "uninstall"}
+    assert list(doc_blocks()) == ["install", "try", "upgrade", "namespaced", "uninstall"]
     chart.run_doc("install")
     for crd in ("inferenceservices.kvpilot.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
         conditions = {c["type"]: c["status"] for c in chart.get("crd", crd)["status"]["conditions"]}
@@ -289,7 +289,10 @@ def test_operator_reconciles_with_only_the_service_account_token(
     assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == SA_USER
     op = HostOperator(chart, kubeconfig, "host-operator-a")
     operators.append(op)
-    deploy = reconcile_example(chart, op, "demo")
+    chart.run_doc("try")  # docs/install.md "Try it": apply an example, wait for its Deployment and Service
+    deploy = chart.get("deployment", "llama-8b-l4", "--namespace", "demo")
+    (owner,) = deploy["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("InferenceService", "llama-8b-l4")
     assert deploy["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kvpilot"
     isvc = wait_for(
         lambda: (
