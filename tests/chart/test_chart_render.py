@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -300,3 +302,13 @@ def test_packaged_chart_renders_the_same(helm: Path, rendered: Render, tmp_path:
     assert not [m for m in members if m.startswith("kvpilot/ci/")]
     out = run_helm(helm, "template", RELEASE, str(package), "--namespace", NAMESPACE, "--include-crds").stdout
     assert [d for d in yaml.safe_load_all(out) if d] == rendered()
+
+
+@pytest.mark.parametrize("values_file", VARIANTS, ids=VARIANT_IDS)
+def test_kopf_accepts_the_rendered_arguments(rendered: Render, values_file: Path | None) -> None:
+    """Every flag the chart passes exists in the pinned kopf (click rejects unknown options before --help)."""
+    c = _container(rendered(values_file))
+    kopf = Path(sys.executable).parent / "kopf"
+    proc = subprocess.run([str(kopf), *c["args"], "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert c["command"][-1] == "kopf"  # the shell wrapper (or the plain command) execs kopf itself
