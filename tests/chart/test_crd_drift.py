@@ -20,6 +20,7 @@ COPY = CHART / "files" / "crds" / "inferenceservices.kvpilot.io.yaml"
 def test_chart_copy_is_byte_identical_to_the_source() -> None:
     assert COPY.read_bytes() == SOURCE.read_bytes(), (
         "charts/kvpilot/files/crds/ drifted from crds/: run `make chart-crds`"
+        " (cp crds/inferenceservices.kvpilot.io.yaml charts/kvpilot/files/crds/)"
     )
 
 
