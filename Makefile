@@ -42,6 +42,7 @@ demo: install ## plan a few catalogue models on a few GPUs
 bench: install ## print the benchmark figures
 	$(PY) bench/memory_accuracy.py
 	$(PY) bench/plan_speed.py
+	$(PY) bench/closed_loop.py
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .import_linter_cache

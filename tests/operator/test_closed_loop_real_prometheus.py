@@ -21,7 +21,8 @@ import pytest
 
 from kvpilot.operator import prometheus
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus binary not installed")
+def test_the_prometheus_binary_is_installed() -> None:
+    assert shutil.which("prometheus"), "prometheus is missing: `make e2e-tools` installs Debian's package"
 
 
 def _serve(render: Any) -> ThreadingHTTPServer:
