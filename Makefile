@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install lint test unit contract e2e demo bench clean
+.PHONY: help install lint test unit chart-crds chart-lint demo bench clean
 
 help: ## list targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -26,8 +26,15 @@ install: $(STAMP) ## create .venv with kvpilot, the dev tools and the pinned vLL
 lint: install ## ruff and import-linter (the tuner stays sans-I/O)
 	$(VENV)/bin/ruff check kvpilot tests bench e2e
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/hadolint Dockerfile
 
 -include e2e/e2e.mk
+
+chart-crds: ## refresh the chart's copy of crds/ (tests/chart/test_crd_drift.py fails on drift)
+	cp crds/inferenceservices.kvpilot.io.yaml charts/kvpilot/files/crds/
+
+chart-lint: install e2e-bin ## helm lint/template, schema, RBAC, drift and Dockerfile checks
+	$(PY) -m pytest tests/chart tests/test_dockerfile.py
 
 unit: install ## unit, property and contract tests (no cluster)
 	$(PY) -m pytest tests

@@ -30,6 +30,7 @@ CLUSTER_WIDE: dict[Grant, set[str]] = {
     ("cluster", "apps", "deployments", ()): {"get", "list", "watch", "create", "patch", "update", "delete"},
     ("cluster", "", "services", ()): {"get", "list", "watch", "create", "patch", "update", "delete"},
     ("cluster", "", "pods", ()): {"get", "list", "watch"},
+    ("cluster", "", "pods/log", ()): {"get"},
     ("cluster", "", "configmaps", ()): {"get"},
     ("cluster", "", "secrets", ()): {"get"},
 }

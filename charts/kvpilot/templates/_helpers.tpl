@@ -150,7 +150,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/* What the operator owns: the vLLM Deployment and Service per InferenceService; pods are only read (crash
-     loops and restarts drive rollbacks). */}}
+     loops and restarts drive rollbacks). pods/log: the kubelet keeps only the last 80 lines / 2 KiB of a crash as
+     its termination message, which after a vLLM start-up failure is usually the API server's traceback, not
+     vLLM's error; the closed loop reads the previous container's log tail to classify the crash. */}}
 {{- define "kvpilot.rules.workloads" -}}
 - apiGroups: [apps]
   resources: [deployments]
@@ -161,6 +163,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
 {{- end }}
 
 {{/* Model configuration the user points at: a ConfigMap holding config.json (`source: ConfigMap`) and the
