@@ -128,6 +128,9 @@ def compute_case_budget(
         dtype = _DTYPES[str(dtype)]
     else:
         dtype = None
+    for key in ("kv_cache_dtype", "quantization", "gpu", "dtype"):
+        if case.get(key) is not None and not isinstance(case.get(key), str):
+            raise CaseError(f"{key} must be a string, got {case.get(key)!r}")
     settings = EngineSettings(
         max_model_len=_int(case, "max_model_len"),
         max_num_seqs=_int(case, "max_num_seqs"),
@@ -185,7 +188,15 @@ def compute_estimates(
         case_id = case.get("id", index)
         try:
             budget = compute_case_budget(case, gpu_lookup, config_lookup)
-        except (CaseError, errors.TunerError, ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
+        except (
+            CaseError,
+            errors.TunerError,
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+            ArithmeticError,
+        ) as exc:
             message = exc.message if isinstance(exc, errors.TunerError) else str(exc)
             rows.append(_row(case_id, None, f"{type(exc).__name__}: {message}"))
             continue

@@ -205,6 +205,38 @@ def compute_cuda_graph_bytes(model: ModelSpec, gpu: GpuSpec, *, tp: int, pp: int
     return int((GRAPH_BASE_GIB + GRAPH_PER_LAYER_GIB * weighted_layers * sizes / 51) * GIB)
 
 
+def _check_parallel_sizes(model: ModelSpec, tp: int, pp: int) -> str | None:
+    """vLLM's refusals of a parallel layout, before any memory is looked at."""
+    if tp < 1 or pp < 1:
+        return f"tensor_parallel_size ({tp}) and pipeline_parallel_size ({pp}) must be at least 1."
+    if model.num_attention_heads % tp:
+        return (
+            f"Total number of attention heads ({model.num_attention_heads}) must be divisible by "
+            f"tensor parallel size ({tp})."
+        )
+    if pp > model.num_layers:
+        return f"pipeline_parallel_size ({pp}) exceeds the model's {model.num_layers} layers."
+    return None
+
+
+def _refused(gpu: GpuSpec, requested: int, error: str) -> MemoryBudget:
+    return MemoryBudget(
+        gpu_total_gib=gpu.total_bytes / GIB,
+        requested_gib=requested / GIB,
+        weights_gib=0.0,
+        activation_gib=0.0,
+        non_torch_gib=0.0,
+        cuda_graph_gib=0.0,
+        available_kv_cache_gib=0.0,
+        kv_bytes_per_token=0,
+        num_gpu_blocks=0,
+        kv_cache_tokens=0,
+        max_concurrency=0.0,
+        starts=False,
+        error=error,
+    )
+
+
 def compute_budget(
     model: ModelSpec,
     gpu: GpuSpec,
@@ -221,6 +253,9 @@ def compute_budget(
     version = vllm_defaults.parse_version(vllm_version)
     r = resolve_settings(model, gpu, settings, version, pipeline_parallel_size, dtype)
     requested = math.ceil(gpu.total_bytes * r.util)
+    refusal = _check_parallel_sizes(model, r.tp, r.pp)
+    if refusal is not None:
+        return _refused(gpu, requested, refusal)
     graphs = (
         0
         if enforce_eager
@@ -271,12 +306,7 @@ def compute_budget(
     )
     error = None
     derived = model.default_max_model_len(version)
-    if model.num_attention_heads % r.tp:
-        error = (
-            f"Total number of attention heads ({model.num_attention_heads}) must be divisible by "
-            f"tensor parallel size ({r.tp})."
-        )
-    elif settings.max_model_len and settings.max_model_len > derived:
+    if settings.max_model_len and settings.max_model_len > derived:
         shown: float = float(derived) if model.rotary_dim else derived  # RoPE models: scaled, so a float
         error = vllm_defaults.long_max_len_error(settings.max_model_len, model.max_len_key, shown)
     elif any(avail <= 0 for _, _, avail, _ in stages):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import model_configs_for_tests as cfg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpilot.tuner import errors, estimate
 from kvpilot.tuner.types import GIB, GpuSpec
@@ -121,3 +123,49 @@ def test_a_missing_config_can_come_from_a_catalogue() -> None:
     ]
     rows = estimate.compute_estimates(cases, lookup, configs)
     assert rows[0]["error"] is None and rows[1]["error"] is not None
+
+
+_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-4, 300000),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.lists(st.integers(0, 4), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+_keys = st.sampled_from(
+    [
+        "hf_config",
+        "gpu",
+        "gpu_total_gib",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "dtype",
+        "quantization",
+        "weight_bits",
+        "kv_cache_dtype",
+        "gpu_memory_utilization",
+        "max_model_len",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "block_size",
+        "enforce_eager",
+        "vllm_version",
+        "weights_total_bytes",
+    ]
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(_keys, _values, max_size=6), st.booleans())
+def test_no_input_raises(changes, keep_config) -> None:
+    bad = case(**changes)
+    if keep_config and "hf_config" in changes:
+        bad["hf_config"] = {
+            **cfg.LLAMA_31_8B,
+            **{k: v for k, v in changes.items() if k in ("max_model_len",)},
+        }
+    [row] = estimate.compute_estimates([bad], lookup)
+    assert set(row) == set(estimate.OUTPUT_KEYS)
+    json.dumps(row, allow_nan=True)
