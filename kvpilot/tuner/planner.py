@@ -32,9 +32,10 @@ from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan
 
 TYPICAL_FILL = 0.25
 """Without an expected concurrency, size ``max_num_seqs`` for requests filling a quarter of the context."""
-FRAGMENTATION_MARGIN_GIB = memory.POST_CAPTURE_MARGIN_GIB + 0.2
-"""Allocator slack after start-up that profiling does not see (case-036: 1.7 GiB reserved, 0.55 GiB free):
-the memory model's failure margin plus 0.2 GiB, so a planned start is never on the edge of that rule."""
+FRAGMENTATION_MARGIN_GIB = 1.25
+"""Allocator slack after start-up that profiling does not see (case-036: 1.7 GiB reserved, 0.55 GiB free).
+At least the memory model's failure margin (1.05 GiB on an H100) plus 0.2 GiB, on every GPU: the
+planner stays on the safe side of the estimator."""
 GRAPH_ESTIMATE_ERROR = 0.3
 """vLLM's CUDA-graph estimate was 0.54 GiB (30 %) short of the real pool for gpt-oss-20b."""
 NOTHING_PINNED = EngineSettings()
