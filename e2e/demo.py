@@ -4,8 +4,9 @@ Starts the real local control plane (``e2e.cluster.LocalCluster``, KWOK GPU node
 Prometheus, the vLLM fleet simulator and the operator (``kopf run``), applies ``examples/``
 and drives one scenario per example, each with its own ground truth in the fleet:
 
-* ``llama-8b-l4``           -- runs, then hits CUDA OOM while serving: kvpilot lowers
-                               ``--gpu-memory-utilization`` until it is stable;
+* ``llama-8b-l4``           -- runs, then hits CUDA OOM while serving (it needs a little more memory
+                               outside vLLM's budget than the plan leaves): kvpilot lowers
+                               ``--gpu-memory-utilization`` or ``--max-num-seqs`` until it is stable;
 * ``llama-8b-long-context`` -- the KV cache holds fewer tokens than planned: vLLM refuses to start
                                ("estimated maximum model length is N"); kvpilot shortens the context;
 * ``llama-70b-fp8``         -- a preemption storm (long prompts, heavy traffic): kvpilot lowers
@@ -177,18 +178,26 @@ class Demo:
             self.say(f"not planned after 90s: {sorted(pending)}")
 
     def arm_faults(self) -> None:
-        """CUDA OOM for llama-8b-l4: the ground truth OOMs just above what was planned."""
+        """CUDA OOM for llama-8b-l4: at runtime this GPU needs a little more memory outside vLLM's budget
+        than the plan leaves (0.25 GiB per running sequence on top of a fixed part): a lower
+        utilisation or fewer sequences cure it."""
         assert self.stack is not None and self.stack.fleet is not None
-        planned = self.initial.get("llama-8b-l4", {}).get("gpuMemoryUtilization")
-        if planned:
+        planned = self.initial.get("llama-8b-l4", {})
+        util, seqs = planned.get("gpuMemoryUtilization"), planned.get("maxNumSeqs")
+        if util and seqs:
             sc = SCENARIOS["llama-8b-l4"]
+            per_seq = 0.25
+            outside = (1 - float(util)) * sc.truth.gpu_memory_gib
+            need = outside + 0.15  # 150 MiB short at the planned settings
             truth = dataclasses.replace(
-                sc.truth, runtime_oom_above_utilization=round(float(planned) - 0.01, 3)
+                sc.truth,
+                runtime_headroom_gib=round(need - per_seq * int(seqs), 3),
+                runtime_gib_per_seq=per_seq,
             )
             self.stack.fleet.set_scenario(NS, "llama-8b-l4", dataclasses.replace(sc, truth=truth))
             self.say(
-                f"fault  llama-8b-l4: this GPU hits CUDA OOM above gpu_memory_utilization "
-                f"{truth.runtime_oom_above_utilization} (planned {planned})"
+                f"fault  llama-8b-l4: at runtime this GPU needs {need:.2f} GiB outside vLLM's budget with "
+                f"{seqs} sequences; gpu_memory_utilization {util} leaves {outside:.2f} GiB: CUDA OOM ahead"
             )
 
     def done(self, name: str) -> bool:

@@ -149,6 +149,12 @@ class GroundTruth:
     sampler or NCCL buffers outside vLLM's budget)."""
     runtime_oom_above_max_num_seqs: int | None = None
     """CUDA OOM while serving when ``max_num_seqs`` is strictly above this (activations of a full batch)."""
+    runtime_headroom_gib: float | None = None
+    """Memory the engine needs *outside* vLLM's ``gpu_memory_utilization`` budget while serving (CUDA
+    context, allocator fragmentation, NCCL) on top of ``runtime_gib_per_seq`` per running sequence
+    (sampler logits). CUDA OOM while serving when ``(1 - gpu_memory_utilization) x GPU memory`` is
+    smaller: both a lower utilisation and fewer sequences cure it."""
+    runtime_gib_per_seq: float = 0.0
     startup_oom_above_utilization: float | None = None
     """CUDA OOM during start-up (profiling, CUDA-graph capture, sampler warm-up) when
     ``gpu_memory_utilization`` is strictly above this: the pod never becomes Ready."""
@@ -244,6 +250,12 @@ class GroundTruth:
         """Whether these args hit CUDA OOM while serving."""
         u = self.runtime_oom_above_utilization
         s = self.runtime_oom_above_max_num_seqs
+        if self.runtime_headroom_gib is not None:
+            outside = (1.0 - self.utilization(args)) * self.gpu_memory_gib
+            if outside + 1e-9 < self.runtime_headroom_gib + self.runtime_gib_per_seq * self.max_num_seqs(
+                args
+            ):
+                return True
         return (u is not None and self.utilization(args) > u + 1e-9) or (
             s is not None and self.max_num_seqs(args) > s
         )
