@@ -93,7 +93,9 @@ def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
     cluster.kubectl("apply", "-f", str(CRD))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{RESOURCE}", "--timeout=60s")
     log = tmp_path_factory.mktemp("operator") / "kopf.log"
-    env = {**os.environ, **cluster.env(), "KVPILOT_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **cluster.env(), "KVPILOT_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1",
+           # a Hub that refuses connections, so Hub-sourced specs fail the same way with or without network
+           "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(log.parent / "hf-cache")}  # fmt: skip
     cmd = [sys.executable, "-m", "kopf", "run", "--standalone", "-m", "kvpilot.operator.main",
            "--namespace", f"{NS_PREFIX}*", "--verbose"]  # fmt: skip
     with log.open("w") as out:
@@ -277,6 +279,44 @@ def test_invalid_manifest(cluster: LocalCluster, ns: str, case: Case) -> None:
     wait_for(lambda: [e for e in warning_events(cluster, ns, name) if e["reason"] == case.match],
              f"a Warning event {case.match}")  # fmt: skip
     assert get(cluster, "deployment", name, "-n", ns) is None
+
+
+def test_configmap_config_missing_then_created(cluster: LocalCluster, ns: str) -> None:
+    """A missing ConfigMap is retried with back-off; creating it later is picked up without a spec change."""
+    from kvpilot.tuner import models
+
+    doc = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "custom"},
+           "spec": {"model": {"id": "acme/custom-8b", "source": "ConfigMap",
+                              "configMapRef": {"name": "custom-cfg"}},
+                    "gpu": {"count": 1, "product": "L4"}}}  # fmt: skip
+    assert apply_file(cluster, ns, doc=doc).returncode == 0
+    obj = ready_settled(cluster, ns, "custom")
+    assert condition(obj, "Ready")["reason"] == "ConfigNotFound"
+    config = json.dumps(models.lookup_model_config("meta-llama/Llama-3.1-8B-Instruct"))
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "custom-cfg"},
+          "data": {"config.json": config}}  # fmt: skip
+    assert apply_file(cluster, ns, doc=cm).returncode == 0
+
+    def ready() -> bool:
+        return (condition(get(cluster, RESOURCE, "custom", "-n", ns), "Ready") or {}).get("status") == "True"
+
+    wait_for(ready, "Ready after the ConfigMap appeared", 180)
+    deployment = get(cluster, "deployment", "custom", "-n", ns)
+    assert deployment_args(deployment)[0] == "acme/custom-8b"
+
+
+def test_hub_unreachable_is_retried(cluster: LocalCluster, ns: str) -> None:
+    doc = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "hub"},
+           "spec": {"model": {"id": "acme/some-model", "source": "Hub"},
+                    "gpu": {"count": 1, "product": "L4"}}}  # fmt: skip
+    assert apply_file(cluster, ns, doc=doc).returncode == 0
+    obj = ready_settled(cluster, ns, "hub")
+    ready = condition(obj, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "HubUnreachable"), ready
+    assert condition(obj, "ConfigResolved")["status"] == "False"
+    wait_for(lambda: [e for e in warning_events(cluster, ns, "hub") if e["reason"] == "HubUnreachable"],
+             "a HubUnreachable event")  # fmt: skip
+    assert get(cluster, "deployment", "hub", "-n", ns) is None
 
 
 def test_delete_removes_what_it_owns(cluster: LocalCluster, ns: str) -> None:
