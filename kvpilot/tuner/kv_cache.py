@@ -14,6 +14,7 @@ pages, so a hybrid model's block holds ``group_size`` layers, not all of them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm_defaults
@@ -108,6 +109,7 @@ def _page_bytes(
     return int(block_size * heads * (head_dim + head_dim_v) * elem)
 
 
+@functools.lru_cache(maxsize=1024)
 def compute_kv_layout(
     model: ModelSpec,
     *,

@@ -360,4 +360,5 @@ def compute_budget(
         max_concurrency=max(0.0, capacity.max_concurrency),
         starts=error is None,
         error=error,
+        longest_fitting_len=None if capacity.fits else capacity.longest_fitting_len,
     )

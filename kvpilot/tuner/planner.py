@@ -109,10 +109,17 @@ def _longest_fitting(
     model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, version: str, weights: int | None, upper: int
 ) -> int:
     """The longest ``max_model_len`` <= ``upper`` with which the engine starts (0 if none)."""
-    return _bisect_longest(
-        lambda length: _budget(model, gpu, settings.replace(max_model_len=length), version, weights).starts,
-        upper,
-    )
+
+    def starts(length: int) -> bool:
+        return _budget(model, gpu, settings.replace(max_model_len=length), version, weights).starts
+
+    # Shortcut: the budget at ``upper`` already knows the longest length its KV cache holds.
+    hint = _budget(model, gpu, settings.replace(max_model_len=upper), version, weights).longest_fitting_len
+    if hint:
+        guess = hint // CONTEXT_STEP * CONTEXT_STEP if hint >= CONTEXT_STEP else hint
+        if guess and starts(guess) and not starts(min(upper, guess + CONTEXT_STEP)):
+            return guess
+    return _bisect_longest(starts, upper)
 
 
 def _round_seqs(n: float) -> int:

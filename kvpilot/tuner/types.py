@@ -112,6 +112,9 @@ class MemoryBudget:
     starts: bool
     error: str | None = None
     """Why vLLM would refuse to start (the text vLLM would raise), or ``None``."""
+    longest_fitting_len: int | None = None
+    """The longest ``max_model_len`` this KV cache holds one request of (vLLM's "estimated maximum
+    model length"); ``None`` when not computed (the engine starts, or no memory is left at all)."""
 
 
 @dataclass(frozen=True, slots=True)
