@@ -53,8 +53,6 @@ class Coefficients:
     """GiB of non-torch memory added by tensor parallelism (custom all-reduce buffers and friends)."""
     non_torch_tp_per_rank: float
     """GiB added per TP rank on top of ``non_torch_tp``."""
-    nccl_in_budget: float = 0.0
-    """GiB of NCCL buffers counted inside the budget (before 0.11 the snapshot preceded NCCL init)."""
 
 
 _COEFFS: tuple[tuple[Version, Coefficients], ...] = (
@@ -193,7 +191,7 @@ def compute_non_torch_bytes(gpu: GpuSpec, tp: int, pp: int, version: Version) ->
     elif tp == 1:
         gib = c.non_torch_pp
     else:
-        gib = c.non_torch_pp + c.non_torch_tp + c.non_torch_tp_per_rank * tp + c.nccl_in_budget
+        gib = c.non_torch_pp + c.non_torch_tp + c.non_torch_tp_per_rank * tp
     return int(gib * GIB)
 
 
