@@ -68,9 +68,15 @@ def _record(deps: Deps, fn: Callable[[str], None], value: str) -> None:
 
 async def reconcile(
     *, body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
-    patch: kopf.Patch, retry: int, logger: Any, trigger: str, deps: Deps,
+    patch: kopf.Patch, retry: int, logger: Any, trigger: str, deps: Deps, diff: Any = None,
 ) -> None:  # fmt: skip
-    """Bring the Deployment and Service in line with ``spec``; write status; emit events."""
+    """Bring the Deployment and Service in line with ``spec``; write status; emit events.
+
+    The engine settings in ``status.applied`` are kept (not re-planned) in mode Auto when the
+    closed loop may have retuned them and nothing the planner reads changed: on resume with the
+    generation already observed, and on a spec change that only touches plan-neutral fields
+    (replicas, image, env, resources, tolerations, the closed loop's knobs).
+    """
     now, generation = deps.now(), meta.get("generation")
     namespace = meta.get("namespace") or "default"
     old = dict(status or {})
@@ -79,7 +85,10 @@ async def reconcile(
         parsed = render.parse_spec(spec)
         inputs = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
         keep = None
-        if trigger == RESUMED and not first_visit and old.get("applied"):
+        if old.get("applied") and _was_ready(old) and (
+            (trigger == RESUMED and not first_visit)
+            or (trigger == SPEC_CHANGED and diff is not None and not planning.compute_replan_needed(diff))
+        ):
             keep = api.Settings.model_validate(old["applied"])
         desired = render.build_desired(meta, parsed, inputs, deploy_override=keep, plan_fn=deps.plan_fn)
         if deps.kube is None:
@@ -112,6 +121,13 @@ async def reconcile(
     if first_visit or changed:
         _emit_success(deps, body, inputs, desired)
     logger.info(f"reconciled ({trigger}): {statuses.describe_settings(desired.decision.deploy)}")
+
+
+def _was_ready(old: Mapping[str, Any]) -> bool:
+    for condition in old.get("conditions") or ():
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False
 
 
 def _emit_success(

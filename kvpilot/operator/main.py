@@ -42,8 +42,10 @@ async def created(**kwargs: Any) -> None:
 
 
 @kopf.on.update(**RESOURCE, field="spec")
-async def spec_changed(**kwargs: Any) -> None:
-    await handlers.reconcile(trigger=handlers.SPEC_CHANGED, deps=handlers.default_deps(), **_pick(kwargs))
+async def spec_changed(diff: kopf.Diff, **kwargs: Any) -> None:
+    await handlers.reconcile(
+        trigger=handlers.SPEC_CHANGED, deps=handlers.default_deps(), diff=diff, **_pick(kwargs)
+    )
 
 
 @kopf.on.resume(**RESOURCE)

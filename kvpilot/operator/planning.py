@@ -139,5 +139,33 @@ def compute_decision(spec: api.InferenceServiceSpec, plan: Plan, user: UserArgs)
     return Decision(plan, own, None, mode)
 
 
+PLAN_NEUTRAL_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("replicas",),
+    ("engine", "image"),
+    ("engine", "env"),
+    ("engine", "resources"),
+    ("engine", "tolerations"),
+    ("tuning", "cooldownSeconds"),
+    ("tuning", "maxChangesPerHour"),
+    ("tuning", "rolloutDeadlineSeconds"),
+    ("tuning", "bounds", "maxNumSeqs"),
+    ("tuning", "bounds", "maxModelLen"),
+)
+"""Spec fields (relative to ``spec``) the planner does not read: changing only these keeps the engine
+settings on the Deployment (which the closed loop may have retuned) instead of re-planning."""
+
+
+def compute_replan_needed(diff: Any) -> bool:
+    """Whether a spec diff (kopf's, paths relative to ``spec``) touches anything the planner reads.
+
+    Conservative: a change of a whole parent object (``engine``) counts as a plan input change.
+    """
+    for item in diff or ():
+        path = tuple(item[1])
+        if not any(path[: len(neutral)] == neutral for neutral in PLAN_NEUTRAL_FIELDS):
+            return True
+    return False
+
+
 def clear_cache() -> None:
     _cached_plan.cache_clear()

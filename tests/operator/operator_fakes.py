@@ -115,13 +115,15 @@ class Harness:
             raise self.hub_result
         return self.hub_result
 
-    async def run(self, body: dict[str, Any], trigger: str = handlers.CREATED, retry: int = 0) -> kopf.Patch:
+    async def run(
+        self, body: dict[str, Any], trigger: str = handlers.CREATED, retry: int = 0, diff: Any = None
+    ) -> kopf.Patch:
         self.patch = kopf.Patch()
         try:
             await handlers.reconcile(
                 body=body, spec=body["spec"], meta=body["metadata"], status=body.get("status") or {},
                 patch=self.patch, retry=retry, logger=logging.getLogger("test"), trigger=trigger,
-                deps=self.deps,
+                deps=self.deps, diff=diff,
             )  # fmt: skip
         finally:
             # what kopf does with the patch: merge it into the object

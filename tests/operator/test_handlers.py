@@ -392,3 +392,50 @@ def test_hub_download_reads_config(monkeypatch, tmp_path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **kw: str(tmp_path / "config.json"))
     assert resolve.download_hub_config("acme/m", "main", None) == {"model_type": "llama"}
+
+
+async def test_plan_neutral_spec_change_keeps_retuned_settings(harness: Harness) -> None:
+    body = isvc()
+    await harness.run(body)
+    body["status"]["applied"]["maxNumSeqs"] = 48  # the closed loop retuned
+    body["spec"]["replicas"] = 3
+    body["spec"]["tuning"] = {"cooldownSeconds": 60}
+    body["metadata"]["generation"] = 2
+    diff = [("change", ("replicas",), 1, 3), ("add", ("tuning", "cooldownSeconds"), None, 60)]
+    await harness.run(body, trigger=handlers.SPEC_CHANGED, diff=diff)
+    deployment = harness.kube.last("Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    assert flag(args_of(deployment), "--max-num-seqs") == "48"
+    assert len(body["status"]["history"]) == 1  # the engine settings did not change
+    assert body["status"]["observedGeneration"] == 2
+
+
+async def test_plan_input_change_replans(harness: Harness) -> None:
+    body = isvc()
+    await harness.run(body)
+    body["status"]["applied"]["maxNumSeqs"] = 48
+    body["spec"]["serving"] = {"maxContextLength": 4096}
+    body["metadata"]["generation"] = 2
+    diff = [("add", ("serving",), None, {"maxContextLength": 4096})]
+    await harness.run(body, trigger=handlers.SPEC_CHANGED, diff=diff)
+    args = args_of(harness.kube.last("Deployment"))
+    assert flag(args, "--max-num-seqs") == "64" and flag(args, "--max-model-len") == "4096"
+
+
+@pytest.mark.parametrize(
+    "paths,replan",
+    [
+        ([("replicas",)], False),
+        ([("engine", "image"), ("tuning", "bounds", "maxNumSeqs", "max")], False),
+        ([("engine",)], True),  # a whole parent: conservative
+        ([("engine", "pinned", "maxNumSeqs")], True),
+        ([("tuning", "bounds", "gpuMemoryUtilization")], True),
+        ([("tuning", "mode")], True),
+        ([("model", "id")], True),
+        ([], False),
+    ],
+)
+def test_compute_replan_needed(paths: list[tuple[str, ...]], replan: bool) -> None:
+    from kvpilot.operator import planning
+
+    assert planning.compute_replan_needed([("change", p, 1, 2) for p in paths]) is replan

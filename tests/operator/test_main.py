@@ -41,4 +41,5 @@ async def test_handler_forwards_kwargs(monkeypatch) -> None:
     monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
     await main.spec_changed(body={}, spec={}, meta={}, status={}, patch=kopf.Patch(), retry=2, logger=None,
                             diff=(), old=None, new=None)  # fmt: skip
-    assert seen["trigger"] == "SpecChanged" and seen["retry"] == 2 and "diff" not in seen
+    assert seen["trigger"] == "SpecChanged" and seen["retry"] == 2 and seen["diff"] == ()
+    assert "old" not in seen and "new" not in seen
