@@ -29,6 +29,7 @@ from collections.abc import Callable
 from kvpilot.tuner import errors, memory, vllm_args, vllm_defaults
 from kvpilot.tuner.model_spec import ModelSpec, QuantSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
+from kvpilot.tuner.weights import VOCAB_PADDING
 
 TYPICAL_FILL = 0.25
 """Without an expected concurrency, size ``max_num_seqs`` for requests filling a quarter of the context."""
@@ -70,9 +71,12 @@ def compute_safe_utilization(
 
 
 def tensor_parallel_ok(model: ModelSpec, tp: int) -> bool:
-    """vLLM's rules: TP divides the attention heads; the KV heads divide TP or TP divides them."""
+    """vLLM's rules: TP divides the attention heads and the padded vocabulary; the KV heads divide TP
+    or TP divides them."""
     kv = model.num_kv_heads
-    return model.num_attention_heads % tp == 0 and (model.mla is not None or kv % tp == 0 or tp % kv == 0)
+    padded_vocab = -(-model.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+    heads_ok = model.num_attention_heads % tp == 0 and (model.mla is not None or kv % tp == 0 or tp % kv == 0)
+    return heads_ok and padded_vocab % tp == 0
 
 
 def compute_tensor_parallel(model: ModelSpec, gpu_count: int) -> int:

@@ -165,3 +165,17 @@ def test_tensor_parallel_must_divide_the_heads() -> None:
     assert (
         budget.error == "Total number of attention heads (32) must be divisible by tensor parallel size (3)."
     )
+
+
+def test_tensor_parallel_must_divide_the_padded_vocabulary() -> None:
+    # Qwen3-14B: 40 heads allow TP 5, its 151,936-token vocabulary does not (vLLM asserts).
+    qwen3_14b = {
+        **cfg.QWEN3_30B_A3B,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "num_experts": None,
+    }
+    budget = memory.compute_budget(build_model_spec(qwen3_14b), H100, EngineSettings(tensor_parallel_size=5))
+    assert not budget.starts and budget.error == "AssertionError: 151936 is not divisible by 5"
