@@ -224,8 +224,9 @@ def compute_plan(
     tp = pinned.tensor_parallel_size or compute_tensor_parallel(model, gpu_count)
     if pinned.tensor_parallel_size is None and tp != gpu_count:
         warnings.append(
-            f"tensor_parallel_size {tp}: {gpu_count} GPUs do not divide the model's "
-            f"{model.num_attention_heads} attention / {model.num_kv_heads} KV heads."
+            f"tensor_parallel_size {tp}: vLLM refuses {gpu_count} for this model (it must divide the "
+            f"{model.num_attention_heads} attention heads and the padded vocabulary, and divide or be "
+            f"divided by the {model.num_kv_heads} KV heads)."
         )
     settings = pinned.replace(tensor_parallel_size=tp)
 
@@ -291,6 +292,10 @@ def compute_plan(
             f"fewer than the expected concurrency {bounds.concurrency}."
         )
         reasons = (why, *_suggestions(model, gpu, tp, bounds, settings, pinned, vllm_version, weights, meets))
+    if pinned.max_num_seqs and bounds.concurrency and pinned.max_num_seqs < bounds.concurrency:
+        warnings.append(
+            f"The pinned max_num_seqs {pinned.max_num_seqs} is below the expected concurrency {bounds.concurrency}."
+        )
     if budget.max_concurrency < 1 and budget.starts:
         warnings.append("The KV cache holds less than one max_model_len sequence.")
     return Plan(

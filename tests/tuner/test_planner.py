@@ -91,7 +91,7 @@ def test_tensor_parallel_divides_the_heads(gpus: int, tp: int) -> None:
 def test_gpu_count_that_does_not_divide_heads_warns() -> None:
     plan = planner.compute_plan(LLAMA_8B, H100, 3, ServingBounds(max_context=8192))
     assert plan.settings.tensor_parallel_size == 2
-    assert any("do not divide" in w for w in plan.warnings)
+    assert any(w.startswith("tensor_parallel_size 2: vLLM refuses 3") for w in plan.warnings)
 
 
 def test_max_context_above_the_model_is_capped() -> None:
