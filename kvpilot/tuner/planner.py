@@ -294,7 +294,8 @@ def compute_plan(
         reasons = (why, *_suggestions(model, gpu, tp, bounds, settings, pinned, vllm_version, weights, meets))
     if pinned.max_num_seqs and bounds.concurrency and pinned.max_num_seqs < bounds.concurrency:
         warnings.append(
-            f"The pinned max_num_seqs {pinned.max_num_seqs} is below the expected concurrency {bounds.concurrency}."
+            f"The pinned max_num_seqs {pinned.max_num_seqs} is below the expected concurrency "
+            f"{bounds.concurrency}."
         )
     if budget.max_concurrency < 1 and budget.starts:
         warnings.append("The KV cache holds less than one max_model_len sequence.")
