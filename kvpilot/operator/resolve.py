@@ -184,8 +184,13 @@ def download_hub_config(model_id: str, revision: str | None, token: str | None) 
     ``huggingface_hub`` retries connection errors itself (about 25 s) before it gives up; then the
     reconciliation fails with ``HubUnreachable`` and kopf retries with back-off.
     """
-    from huggingface_hub import hf_hub_download
-
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise errors.InvalidSpec(
+            "source: Hub needs the huggingface_hub package, which this operator image lacks; use source: "
+            "ConfigMap or Catalogue, or install kvpilot with huggingface_hub"
+        ) from None
     try:
         path = hf_hub_download(
             model_id, "config.json", revision=revision, token=token or False, etag_timeout=HUB_TIMEOUT_S
