@@ -111,6 +111,7 @@ class Demo:
         self.tail: EventTail | None = None
         self.initial: dict[str, dict[str, Any]] = {}
         self.crashes: dict[str, int] = {}
+        self.last_crash: dict[str, float] = {}
 
     def say(self, msg: str) -> None:
         print(f"{_stamp(self.t0)} {msg}", flush=True)
@@ -122,10 +123,11 @@ class Demo:
         self.say(f"event  {name:<22} {ev.get('type', ''):<7} {ev.get('reason', ''):<16} {msg[:150]}")
 
     def on_fleet_event(self, ev: FleetEvent) -> None:
-        if ev.kind in ("CudaOOM", "StartupFailed", "Serving", "Injected"):
+        if ev.kind in ("CudaOOM", "StartupFailed", "StartupCudaOOM", "Serving", "Injected"):
             inst = ev.pod.rsplit("-", 2)[0]
-            if ev.kind in ("CudaOOM", "StartupFailed"):
+            if ev.kind in ("CudaOOM", "StartupFailed", "StartupCudaOOM"):
                 self.crashes[inst] = self.crashes.get(inst, 0) + 1
+                self.last_crash[inst] = time.monotonic()
             self.say(f"vllm   {ev.pod:<34} {ev.kind:<14} {ev.detail[:110]}")
 
     # ---------------------------------------------------------------- run
@@ -205,10 +207,11 @@ class Demo:
         st, init = obj.get("status", {}), self.initial.get(name, {})
         applied = st.get("applied") or {}
         ready = condition(obj, "Ready").get("status") == "True"
-        if name == "llama-8b-l4":
-            return ready and float(applied.get("gpuMemoryUtilization", 1)) < float(
-                init.get("gpuMemoryUtilization", 0)
-            )
+        if name == "llama-8b-l4":  # a smaller step than planned, and no crash for 20 s
+            lower = float(applied.get("gpuMemoryUtilization", 1)) < float(init.get("gpuMemoryUtilization", 0))
+            fewer = applied.get("maxNumSeqs", 0) < init.get("maxNumSeqs", 0)
+            quiet = time.monotonic() - self.last_crash.get(name, 0.0) > 20
+            return ready and (lower or fewer) and quiet and not st.get("rollout")
         if name == "llama-8b-long-context":
             return ready and (
                 applied.get("maxModelLen", 0) < init.get("maxModelLen", 0)
