@@ -144,7 +144,9 @@ def format_plan(plan: Plan, model: str) -> str:
     if b.error:
         lines.append(f"vLLM would say: {b.error}")
     lines += [f"warning: {w}" for w in plan.warnings]
-    lines += [f"reason: {r}" for r in plan.reasons]
+    reasons = [r for r in plan.reasons if r != b.error]
+    if reasons:
+        lines += ["", "What would fit:"] + [f"  - {r}" for r in reasons]
     lines += ["", "vLLM arguments:", "  " + " ".join(plan.args) if plan.args else "  (none)"]
     return "\n".join(lines) + "\n"
 

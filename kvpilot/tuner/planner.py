@@ -183,18 +183,30 @@ def _suggestions(
             if fits(_budget(model, gpu, settings.replace(tensor_parallel_size=count), version, weights)):
                 out.append(f"{count} {gpu.name} GPUs (tensor parallel {count}) fit these settings.")
                 break
-    auto_kv = (settings.kv_cache_dtype or "auto") == "auto" and pinned.kv_cache_dtype is None
-    if (
-        auto_kv
-        and gpu.fp8_kv
-        and fits(_budget(model, gpu, settings.replace(kv_cache_dtype="fp8"), version, weights))
-    ):
-        note = "" if bounds.allow_fp8_kv else " (set allowFp8KvCache / allow_fp8_kv)"
-        out.append(f"An fp8 KV cache (--kv-cache-dtype fp8) fits{note}.")
     length = settings.max_model_len or model.max_model_len
+    floor = bounds.min_context or 1
+    auto_kv = (settings.kv_cache_dtype or "auto") == "auto" and pinned.kv_cache_dtype is None
+    if auto_kv and gpu.fp8_kv:
+        note = "" if bounds.allow_fp8_kv else " (set allowFp8KvCache / allow_fp8_kv)"
+        fp8 = settings.replace(kv_cache_dtype="fp8")
+        if fits(_budget(model, gpu, fp8, version, weights)):
+            out.append(f"An fp8 KV cache (--kv-cache-dtype fp8) fits{note}.")
+        elif (
+            pinned.max_model_len is None
+            and floor < length
+            and fits(_budget(model, gpu, fp8.replace(max_model_len=floor), version, weights))
+        ):
+            out.append(
+                f"An fp8 KV cache (--kv-cache-dtype fp8) fits at the minimum context {floor}{note}."
+            )
     longest = _longest_fitting(model, gpu, settings, version, weights, length)
-    if 0 < longest < length:
+    if floor <= longest < length:
         out.append(f"A shorter context fits: max_model_len {longest} is the longest that starts.")
+    elif 0 < longest < floor:
+        out.append(
+            f"Only a context of at most {longest} tokens starts, below the minimum context {floor}: "
+            f"lower minContextLength only if the workload allows it."
+        )
     if model.quantization is None:
         quant = QuantSpec("fp8", 8) if gpu.compute_capability >= (8, 9) else QuantSpec("awq", 4, 128)
         smaller = dataclasses.replace(model, quantization=quant)

@@ -66,7 +66,9 @@ def test_context_is_shortened_to_fit_but_never_below_min_context() -> None:
     assert any("shortened" in w for w in plan.warnings)
     strict = planner.compute_plan(LLAMA_8B, L4, 1, ServingBounds(min_context=131072))
     assert not strict.feasible
-    assert any("shorter context fits" in r for r in strict.reasons)
+    # The longest context that starts is below the user's minimum: it is reported, never offered as the fix.
+    assert not any("shorter context fits" in r for r in strict.reasons)
+    assert any("below the minimum context 131072" in r for r in strict.reasons)
 
 
 def test_infeasible_plan_says_why_and_what_would_fit() -> None:
@@ -106,3 +108,21 @@ def test_version_is_an_input() -> None:
     assert old.vllm_version == "0.19.0" and new.vllm_version == "0.33.0"
     # 0.19 keeps CUDA graphs outside the budget, so it must leave them head-room.
     assert (old.settings.gpu_memory_utilization or 1) < (new.settings.gpu_memory_utilization or 0)
+
+
+def test_suggestions_respect_the_minimum_context() -> None:
+    """An infeasible plan never offers a context below min_context as the fix, and looks for fp8 there."""
+    from kvpilot.tuner import gpus, models
+
+    spec = build_model_spec(models.lookup_model_config("meta-llama/Llama-3.1-8B-Instruct"))
+    l4 = gpus.lookup_gpu("L4")
+    compute_plan = planner.compute_plan
+    plan = compute_plan(spec, l4, 1, ServingBounds(min_context=131072, max_context=131072))
+    assert not plan.feasible
+    text = " ".join(plan.reasons)
+    assert "A shorter context fits" not in text
+    assert "below the minimum context 131072" in text
+    # With fp8 allowed at a minimum the auto-dtype cache cannot hold, the planner says fp8 fits there.
+    squeezed = compute_plan(spec, l4, 1, ServingBounds(min_context=40960, max_context=131072))
+    if not squeezed.feasible:
+        assert any("fp8" in r and "40960" in r for r in squeezed.reasons), squeezed.reasons
