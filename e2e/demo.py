@@ -239,7 +239,8 @@ class Demo:
 
     def summary(self, names: list[str]) -> None:
         if self.tail is not None:
-            self.tail.poll()
+            self.tail.stop()  # a last poll, so nothing is printed after the table
+            self.tail = None
         rows = [("InferenceService", "planned", "now", "decisions", "crashes", "Ready")]
         for n in names:
             obj = self.isvc(n)
