@@ -193,7 +193,9 @@ def _estimate(args: argparse.Namespace, out: TextIO) -> int:
     cases = _read_json(args.cases)
     if not isinstance(cases, list):
         raise CliError(f"{args.cases} must hold a JSON list of cases, found a JSON {type(cases).__name__}")
-    json.dump(estimate.compute_estimates(cases, gpus.lookup_gpu), out, indent=2)
+    # A case without an inline hf_config falls back to the built-in catalogue by its model id.
+    rows = estimate.compute_estimates(cases, gpus.lookup_gpu, models.lookup_model_config)
+    json.dump(rows, out, indent=2)
     out.write("\n")
     return EXIT_OK
 
