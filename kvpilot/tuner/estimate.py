@@ -101,7 +101,8 @@ def _model(case: Mapping[str, Any], config_lookup: ConfigLookup | None = None) -
         except errors.TunerError:
             config = None
     if not isinstance(config, Mapping):
-        raise CaseError("the case has no hf_config (the model's config.json)")
+        where = f" and {case.get('model')!r} is not in the built-in catalogue" if config_lookup else ""
+        raise CaseError(f"the case has no hf_config (the model's config.json){where}: add it inline")
     spec = model_spec.build_model_spec(config)
     method = case.get("quantization")
     if spec.quantization is None and method:
