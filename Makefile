@@ -42,9 +42,8 @@ unit: install ## unit, property and contract tests (no cluster)
 test: install lint e2e-tools ## everything CI runs: unit, property, contract and e2e tests
 	$(PY) -m pytest
 
-demo: install ## plan a few catalogue models on a few GPUs
-	@for m in meta-llama/Llama-3.1-8B-Instruct Qwen/Qwen2.5-7B-Instruct; do \
-	  for g in L4 A100-80GB H100-SXM; do $(VENV)/bin/kvpilot plan --model $$m --gpu $$g; done; done
+demo: install e2e-tools ## the operator end to end: local cluster, GPU node pools, Prometheus, vLLM fleet, scenarios
+	$(PY) -m e2e.demo
 
 bench: install ## print the benchmark figures
 	$(PY) bench/memory_accuracy.py
