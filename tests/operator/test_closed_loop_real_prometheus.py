@@ -21,6 +21,7 @@ import pytest
 
 from kvpilot.operator import prometheus
 
+
 def test_the_prometheus_binary_is_installed() -> None:
     assert shutil.which("prometheus"), "prometheus is missing: `make e2e-tools` installs Debian's package"
 
