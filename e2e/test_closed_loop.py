@@ -185,6 +185,7 @@ def loop(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         cluster,
         run_dir,
         namespaces=[c.ns for c in cases.values()],
+        operator_namespaces=["e2e-cl-*"],  # kopf's glob: only this module's namespaces
         scenarios={
             (c.ns, name): Scenario(name=name, truth=c.truth, workload=c.workload, seed=i)
             for i, (name, c) in enumerate(cases.items())

@@ -131,6 +131,7 @@ class Stack:
         default_scenario: Scenario | None = None,
         scenarios: dict[tuple[str, str], Scenario] | None = None,
         operator_env: dict[str, str] | None = None,
+        operator_namespaces: list[str] | None = None,
         scrape_interval: str = "1s",
     ) -> None:
         self.cluster = cluster
@@ -140,6 +141,7 @@ class Stack:
         self._default_scenario = default_scenario
         self._scenarios = dict(scenarios or {})
         self._operator_env = operator_env
+        self._operator_namespaces = operator_namespaces if operator_namespaces is not None else namespaces
         self.fleet: Fleet | None = None
         self.operator: OperatorProcess | None = None
 
@@ -162,7 +164,9 @@ class Stack:
                 self.fleet.set_scenario(ns, inst, sc)
             self.fleet.start()
             env = self._operator_env if self._operator_env is not None else closed_loop_env(self.prom.url)
-            self.operator = OperatorProcess(self.cluster.kubeconfig, self.dir / "operator", env=env)
+            self.operator = OperatorProcess(
+                self.cluster.kubeconfig, self.dir / "operator", env=env, namespaces=self._operator_namespaces
+            )
             if operator:
                 self.operator.start()
         except BaseException:
