@@ -214,6 +214,27 @@ def test_startup_error_texts_are_vllm_033s() -> None:
     assert none_left is not None and "No available memory for the cache blocks" in none_left
 
 
+def test_fleet_does_not_import_kvpilot() -> None:
+    """The simulator's ground truth must not come from the code it judges."""
+    for path in sorted((Path(__file__).parent / "fleet").glob("*.py")):
+        if path.name in ("stack.py", "kopf_process.py"):  # harness: starts the operator, reads its CRD
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n == "kvpilot" or n.startswith("kvpilot.") for n in names), (path.name, names)
+
+
+def test_missing_prometheus_binary_fails_loudly(tmp_path: Path) -> None:
+    from e2e.prometheus import PrometheusError
+
+    with pytest.raises(PrometheusError, match="not found"):
+        PrometheusServer(tmp_path, binary=tmp_path / "no-prometheus").start()
+
+
 def test_args_parsing() -> None:
     a = EngineArgs.parse(
         [
@@ -554,3 +575,43 @@ def test_startup_kv_failure_shows_in_pod_status(
         timeout=60,
         what=f"the pod with --max-model-len {want} serving",
     )
+
+
+def test_fleet_runs_as_a_process(cluster: LocalCluster, namespace: str, tmp_path: Path) -> None:
+    """``python -m e2e.fleet``: the same simulator as a separate process, scenarios from a JSON file."""
+    targets = tmp_path / "targets.json"
+    scenarios = tmp_path / "scenarios.json"
+    scenarios.write_text(
+        json.dumps({f"{namespace}/solo": Scenario(truth=SMALL_KV, workload=LIGHT).to_dict()})
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "e2e.fleet",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        "--targets",
+        str(targets),
+    ]
+    cmd += ["--scenarios", str(scenarios), "--namespace", namespace]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _deploy(cluster, namespace, "solo", ["--max-model-len", "8192", "--gpu-memory-utilization", "0.9"])
+
+        def served() -> str | None:
+            groups = json.loads(targets.read_text()) if targets.exists() else []
+            for g in groups:
+                if g["labels"]["__meta_kubernetes_namespace"] == namespace:
+                    import urllib.request
+
+                    with urllib.request.urlopen(f"http://{g['targets'][0]}/metrics", timeout=2) as r:
+                        return r.read().decode()
+            return None
+
+        text = wait_until(served, timeout=60, what="the fleet process serving the pod's /metrics")
+        blocks = SMALL_KV.num_gpu_blocks(EngineArgs.parse(["--gpu-memory-utilization", "0.9"]))
+        assert f'num_gpu_blocks="{blocks}"' in text and "vllm:kv_cache_usage_perc{" in text
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
