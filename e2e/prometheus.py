@@ -338,6 +338,11 @@ def main() -> int:  # manual use: python -m e2e.prometheus
     ap.add_argument("--dir")
     ap.add_argument("--scrape-interval", default="1s")
     a = ap.parse_args()
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
     with PrometheusServer(a.dir, scrape_interval=a.scrape_interval) as p:
         print(
             f"prometheus {p.url} (pid {p.pid}); targets file {p.targets_file}; log {p.log_file}", flush=True
