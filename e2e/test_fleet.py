@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import LocalCluster
 from e2e.fleet import EngineArgs, Fleet, GroundTruth, Scenario, SimEngine, VllmMetrics, Workload, exposition
-from e2e.fleet.fleet import _MetricsServer
+from e2e.fleet.pod import MetricsServer
 from e2e.fleet.testing import pod_json, vllm_deployment, wait_until
 from e2e.prometheus import PrometheusServer
 
@@ -290,7 +290,7 @@ class _Driver:
     """Simulated pods without a cluster: engine + exposition + HTTP server, advanced by a thread."""
 
     def __init__(self) -> None:
-        self.pods: list[tuple[str, str, SimEngine, VllmMetrics, _MetricsServer]] = []
+        self.pods: list[tuple[str, str, SimEngine, VllmMetrics, MetricsServer]] = []
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self.lock = threading.Lock()
@@ -300,7 +300,7 @@ class _Driver:
         a = EngineArgs.parse(args)
         eng = SimEngine(truth, wl, a, seed=len(self.pods))
         m = VllmMetrics(truth, a, naming=naming)
-        srv = _MetricsServer(0, m.render)
+        srv = MetricsServer(0, m.render)
         threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
         self.pods.append((ns, pod, eng, m, srv))
 

@@ -8,6 +8,10 @@
 * :mod:`e2e.fleet.fleet` -- :class:`Fleet`: plays the container of every kvpilot-managed pod on the
   KWOK cluster (start-up, serving, crash loop), serves ``/metrics`` per pod on 127.0.0.1 and writes
   Prometheus' ``file_sd`` targets.
+* :mod:`e2e.fleet.pod` -- one simulated container: state, ``/metrics`` server, the pod status kubelet
+  would report when it (re)starts.
+* :mod:`e2e.fleet.stack`, :mod:`e2e.fleet.kopf_process`, :mod:`e2e.fleet.testing` -- the harness the
+  closed-loop tests and the demo share: CRD, Prometheus, fleet and the operator as a host process.
 
 Run it in-process (``with Fleet(kubeconfig, prom.targets_file) as fleet: ...``) or as a process:
 ``python -m e2e.fleet --kubeconfig K --targets F [--scenarios scenarios.json]``.

@@ -36,14 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
-import hashlib
-import http.server
 import json
 import logging
 import os
 import queue
-import socket
 import threading
 import time
 import zlib
@@ -53,25 +49,23 @@ from typing import Any
 
 from e2e.fleet.engine import SimEngine
 from e2e.fleet.exposition import VllmMetrics
+from e2e.fleet.pod import (
+    CRASHED,
+    INSTANCE_LABEL,
+    SERVING,
+    STARTING,
+    STOPPED,
+    FleetEvent,
+    MetricsServer,
+    PodEngine,
+    build_running_patch,
+    free_port,
+)
 from e2e.fleet.truth import EngineArgs, Scenario, Workload
 
 log = logging.getLogger("e2e.fleet")
 
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=kvpilot"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-
-STARTING, SERVING, CRASHED, STOPPED = "Starting", "Serving", "CrashLoopBackOff", "Stopped"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _now_rfc3339(offset_s: float = 0.0) -> str:
-    t = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset_s)
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def storm_workload(w: Workload) -> Workload:
@@ -82,111 +76,6 @@ def storm_workload(w: Workload) -> Workload:
         prompt_tokens=w.prompt_tokens * 2,
         output_tokens=w.output_tokens * 8,
     )
-
-
-# ---------------------------------------------------------------------------- HTTP
-
-
-class _MetricsServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, port: int, render: Callable[[], bytes]) -> None:
-        self.render = render
-        super().__init__(("127.0.0.1", port), _Handler)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _MetricsServer
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            body = self.server.render()
-            ctype = "text/plain; version=0.0.4; charset=utf-8"
-        elif path in ("/health", "/ping"):
-            body, ctype = b"", "application/json"
-        else:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-# ---------------------------------------------------------------------------- one pod
-
-
-@dataclasses.dataclass
-class FleetEvent:
-    time: float
-    namespace: str
-    pod: str
-    kind: str  # Started, Serving, StartupFailed, CudaOOM, Restarted, Injected, Gone
-    detail: str = ""
-
-
-class PodEngine:
-    """The simulated vLLM container of one pod."""
-
-    def __init__(self, pod: dict[str, Any], args: EngineArgs, scenario: Scenario, port: int) -> None:
-        md, spec = pod["metadata"], pod["spec"]
-        self.namespace: str = md["namespace"]
-        self.name: str = md["name"]
-        self.uid: str = md.get("uid", "")
-        self.labels: dict[str, str] = dict(md.get("labels") or {})
-        self.instance = self.labels.get(INSTANCE_LABEL, "")
-        self.node: str = spec.get("nodeName") or ""
-        container = spec["containers"][0]
-        self.container: str = container["name"]
-        self.image: str = container.get("image", "")
-        self.args = args
-        self.scenario = scenario
-        self.port = port
-        self.state = STARTING
-        self.since = time.monotonic()
-        self.restart_count = 0
-        self.restart_at = 0.0
-        self.sim: SimEngine | None = None
-        self.metrics: VllmMetrics | None = None
-        self.server: _MetricsServer | None = None
-        self.pending_fault: str | None = None
-        self.crashes: list[tuple[float, str, str]] = []
-        self.last_message = ""
-        self.started_count = 0
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.namespace, self.name)
-
-    def render(self) -> bytes:
-        m = self.metrics
-        return m.render() if m is not None else b""
-
-    def snapshot(self) -> dict[str, Any]:
-        sim = self.sim
-        return {
-            "namespace": self.namespace,
-            "pod": self.name,
-            "instance": self.instance,
-            "state": self.state,
-            "port": self.port,
-            "restart_count": self.restart_count,
-            "args": dataclasses.asdict(self.args),
-            "scenario": self.scenario.name,
-            "kv_usage": sim.kv_usage if sim else None,
-            "running": sim.num_running if sim else None,
-            "waiting": sim.num_waiting if sim else None,
-            "preemptions": sim.total_preemptions if sim else None,
-            "finished": sim.total_finished if sim else None,
-            "num_gpu_blocks": sim.num_blocks if sim else None,
-            "crashes": [k for _, k, _ in self.crashes],
-        }
 
 
 # ---------------------------------------------------------------------------- the fleet
@@ -432,7 +321,7 @@ class Fleet:
                 scenario = self.scenario_for(
                     md["namespace"], (md.get("labels") or {}).get(INSTANCE_LABEL, "")
                 )
-                e = PodEngine(pod, args, scenario, _free_port())
+                e = PodEngine(pod, args, scenario, free_port())
                 self._engines[key] = e
                 self._targets_dirty = True
                 self._event(e, "Started", args.summary())
@@ -505,10 +394,10 @@ class Fleet:
         )
         e.metrics = VllmMetrics(e.scenario.truth, e.args, naming=e.scenario.naming)
         try:
-            e.server = _MetricsServer(e.port, e.render)
+            e.server = MetricsServer(e.port, e.render)
         except OSError:  # the port was taken meanwhile: move
-            e.port = _free_port()
-            e.server = _MetricsServer(e.port, e.render)
+            e.port = free_port()
+            e.server = MetricsServer(e.port, e.render)
             self._targets_dirty = True
         threading.Thread(
             target=e.server.serve_forever,
@@ -582,38 +471,7 @@ class Fleet:
             pod = json.loads(resp.data)
             if pod["metadata"].get("uid") != uid or pod["metadata"].get("deletionTimestamp"):
                 return
-            st = pod.get("status", {})
-            old = next((s for s in st.get("containerStatuses") or [] if s["name"] == container), {})
-            cid = "containerd://" + hashlib.sha256(f"{uid}/{container}/{restarts}".encode()).hexdigest()
-            cs = {
-                "name": container,
-                "image": image,
-                "imageID": old.get("imageID", ""),
-                "containerID": cid,
-                "ready": ready,
-                "started": ready,
-                "restartCount": restarts,
-                "state": {"running": {"startedAt": _now_rfc3339()}},
-            }
-            if old.get("lastState"):
-                cs["lastState"] = old["lastState"]
-            conds = []
-            for c in st.get("conditions") or []:
-                c = dict(c)
-                if c["type"] in ("Ready", "ContainersReady"):
-                    want = "True" if ready else "False"
-                    if c.get("status") != want:
-                        c.update(status=want, lastTransitionTime=_now_rfc3339())
-                    if ready:
-                        c.pop("reason", None)
-                        c.pop("message", None)
-                    else:
-                        c.update(
-                            reason="ContainersNotReady",
-                            message=f"containers with unready status: [{container}]",
-                        )
-                conds.append(c)
-            body = {"status": {"phase": "Running", "conditions": conds, "containerStatuses": [cs]}}
+            body = build_running_patch(pod, container, image, restarts, ready=ready)
             self.core.patch_namespaced_pod_status(
                 name, ns, body, _content_type="application/merge-patch+json", _request_timeout=10
             )
@@ -639,20 +497,7 @@ class Fleet:
 
         with self._lock:
             self._targets_dirty = False
-            groups = [
-                {
-                    "targets": [f"127.0.0.1:{e.port}"],
-                    "labels": {
-                        "__meta_kubernetes_namespace": e.namespace,
-                        "__meta_kubernetes_pod_name": e.name,
-                        "__meta_kubernetes_pod_container_name": e.container,
-                        "__meta_kubernetes_pod_node_name": e.node,
-                        "__meta_kubernetes_pod_label_app_kubernetes_io_instance": e.instance,
-                        "__meta_kubernetes_pod_uid": e.uid,
-                    },
-                }
-                for e in sorted(self._engines.values(), key=lambda x: x.key)
-            ]
+            groups = [e.target_group() for e in sorted(self._engines.values(), key=lambda x: x.key)]
         self.targets_file.parent.mkdir(parents=True, exist_ok=True)
         write_targets_file(self.targets_file, groups)
 

@@ -1,0 +1,194 @@
+"""One simulated vLLM container: its state, its ``/metrics`` server, and the pod status kubelet would report.
+
+:class:`PodEngine` is the per-pod state the :class:`e2e.fleet.fleet.Fleet` steps;
+:class:`MetricsServer` serves its exposition on its own 127.0.0.1 port;
+:func:`build_running_patch` is the ``pods/status`` merge patch of a container that (re)started,
+Ready or not yet (crashes go through :func:`e2e.pods.simulate_container_crash`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import http.server
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from e2e.fleet.engine import SimEngine
+from e2e.fleet.exposition import VllmMetrics
+from e2e.fleet.truth import EngineArgs, Scenario
+
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+STARTING, SERVING, CRASHED, STOPPED = "Starting", "Serving", "CrashLoopBackOff", "Stopped"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def now_rfc3339(offset_s: float = 0.0) -> str:
+    t = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset_s)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------------------- HTTP
+
+
+class MetricsServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int, render: Callable[[], bytes]) -> None:
+        self.render = render
+        super().__init__(("127.0.0.1", port), _Handler)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: MetricsServer
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            body = self.server.render()
+            ctype = "text/plain; version=0.0.4; charset=utf-8"
+        elif path in ("/health", "/ping"):
+            body, ctype = b"", "application/json"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------- one pod
+
+
+@dataclasses.dataclass
+class FleetEvent:
+    time: float
+    namespace: str
+    pod: str
+    kind: str  # Started, Serving, StartupFailed, CudaOOM, Restarted, Injected, Gone
+    detail: str = ""
+
+
+class PodEngine:
+    """The simulated vLLM container of one pod."""
+
+    def __init__(self, pod: dict[str, Any], args: EngineArgs, scenario: Scenario, port: int) -> None:
+        md, spec = pod["metadata"], pod["spec"]
+        self.namespace: str = md["namespace"]
+        self.name: str = md["name"]
+        self.uid: str = md.get("uid", "")
+        self.labels: dict[str, str] = dict(md.get("labels") or {})
+        self.instance = self.labels.get(INSTANCE_LABEL, "")
+        self.node: str = spec.get("nodeName") or ""
+        container = spec["containers"][0]
+        self.container: str = container["name"]
+        self.image: str = container.get("image", "")
+        self.args = args
+        self.scenario = scenario
+        self.port = port
+        self.state = STARTING
+        self.since = time.monotonic()
+        self.restart_count = 0
+        self.restart_at = 0.0
+        self.sim: SimEngine | None = None
+        self.metrics: VllmMetrics | None = None
+        self.server: MetricsServer | None = None
+        self.pending_fault: str | None = None
+        self.crashes: list[tuple[float, str, str]] = []
+        self.last_message = ""
+        self.started_count = 0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    def render(self) -> bytes:
+        m = self.metrics
+        return m.render() if m is not None else b""
+
+    def target_group(self) -> dict[str, Any]:
+        """This pod's Prometheus file_sd entry, with the meta labels Kubernetes SD would give it."""
+        return {
+            "targets": [f"127.0.0.1:{self.port}"],
+            "labels": {
+                "__meta_kubernetes_namespace": self.namespace,
+                "__meta_kubernetes_pod_name": self.name,
+                "__meta_kubernetes_pod_container_name": self.container,
+                "__meta_kubernetes_pod_node_name": self.node,
+                "__meta_kubernetes_pod_label_app_kubernetes_io_instance": self.instance,
+                "__meta_kubernetes_pod_uid": self.uid,
+            },
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        sim = self.sim
+        return {
+            "namespace": self.namespace,
+            "pod": self.name,
+            "instance": self.instance,
+            "state": self.state,
+            "port": self.port,
+            "restart_count": self.restart_count,
+            "args": dataclasses.asdict(self.args),
+            "scenario": self.scenario.name,
+            "kv_usage": sim.kv_usage if sim else None,
+            "running": sim.num_running if sim else None,
+            "waiting": sim.num_waiting if sim else None,
+            "preemptions": sim.total_preemptions if sim else None,
+            "finished": sim.total_finished if sim else None,
+            "num_gpu_blocks": sim.num_blocks if sim else None,
+            "crashes": [k for _, k, _ in self.crashes],
+        }
+
+
+def build_running_patch(
+    pod: dict[str, Any], container: str, image: str, restarts: int, *, ready: bool
+) -> dict[str, Any]:
+    """The ``pods/status`` merge patch of ``container`` running again: Ready, or still starting."""
+    uid = pod["metadata"].get("uid", "")
+    st = pod.get("status", {})
+    old = next((s for s in st.get("containerStatuses") or [] if s["name"] == container), {})
+    cid = "containerd://" + hashlib.sha256(f"{uid}/{container}/{restarts}".encode()).hexdigest()
+    cs = {
+        "name": container,
+        "image": image,
+        "imageID": old.get("imageID", ""),
+        "containerID": cid,
+        "ready": ready,
+        "started": ready,
+        "restartCount": restarts,
+        "state": {"running": {"startedAt": now_rfc3339()}},
+    }
+    if old.get("lastState"):
+        cs["lastState"] = old["lastState"]
+    conds = []
+    for c in st.get("conditions") or []:
+        c = dict(c)
+        if c["type"] in ("Ready", "ContainersReady"):
+            want = "True" if ready else "False"
+            if c.get("status") != want:
+                c.update(status=want, lastTransitionTime=now_rfc3339())
+            if ready:
+                c.pop("reason", None)
+                c.pop("message", None)
+            else:
+                c.update(
+                    reason="ContainersNotReady",
+                    message=f"containers with unready status: [{container}]",
+                )
+        conds.append(c)
+    return {"status": {"phase": "Running", "conditions": conds, "containerStatuses": [cs]}}
