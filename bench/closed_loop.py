@@ -32,11 +32,12 @@ completed requests), preemptions, dropped requests, rollouts and rollbacks, fina
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass, field
 
 from kvpilot.tuner.history import HistoryAction, HistoryEntry, build_history
 from kvpilot.tuner.observations import LengthSummary, MetricsSample, ObservationWindow, RestartEvent
-from kvpilot.tuner.policy import Action, PolicyConfig, RolloutState, TuningBounds, compute_decision
+from kvpilot.tuner.policy import Action, PolicyConfig, RolloutState, Trigger, TuningBounds, compute_decision
 from kvpilot.tuner.restarts import classify_termination
 from kvpilot.tuner.types import EngineSettings, MemoryBudget
 
@@ -328,7 +329,9 @@ class Kvpilot:
             self.failed = (*self.failed, d.failed)
         if d.good is not None:
             self.last_good = d.good
-        if self.rollout is not None and d.trigger != "RolloutInProgress":
+        if self.rollout is not None and d.trigger == Trigger.ROLLOUT_PROBATION:
+            self.rollout = dataclasses.replace(self.rollout, probation_until=d.probation_until)
+        elif self.rollout is not None and d.trigger != Trigger.ROLLOUT_IN_PROGRESS:
             self.rollout = None
         if (
             d.action == Action.INFEASIBLE

@@ -306,6 +306,8 @@ class Rollout(_Wire):
     settings: Settings | None = None
     started_at: str | None = None
     deadline: str | None = None
+    phase: Literal["RollingOut", "Probation"] | None = None
+    probation_until: str | None = None
 
 
 class HistoryEntry(_Wire):

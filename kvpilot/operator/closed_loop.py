@@ -1,7 +1,7 @@
 """The closed loop: a kopf timer per InferenceService that watches vLLM and retunes it.
 
-Every ``$KVPILOT_CLOSED_LOOP_INTERVAL`` seconds (default 30) for each service in mode
-``Auto`` or ``Recommend`` that the reconciler has applied (``status.applied`` set)::
+Every ``$KVPILOT_CLOSED_LOOP_INTERVAL`` seconds (default 30; the pace: :class:`LoopPace`) for each
+service in mode ``Auto`` or ``Recommend`` that the reconciler has applied (``status.applied`` set)::
 
     pods (args, readiness, lastState.terminated) --pod_status--> restarts of the current settings, ready?
     Prometheus (vLLM metrics)              --prometheus--> ObservationWindow
@@ -11,8 +11,9 @@ Every ``$KVPILOT_CLOSED_LOOP_INTERVAL`` seconds (default 30) for each service in
         --Auto: workloads.apply (the Deployment with the new args); Recommend: status.recommendation
         --loop_state.build_status_patch--> patch.status + events (Retuned, RolledBack, OOMDetected, Held, ...)
 
-One rollout at a time: while ``status.rollout`` is set, the policy only waits, succeeds
-(Ready) or rolls back (crash or deadline). All state is in the status, so an operator
+One rollout at a time: while ``status.rollout`` is set, the policy only waits, puts the
+settings on probation (Ready), succeeds (probation passed) or rolls back (a crash before
+Ready or on probation, or the deadline). All state is in the status, so an operator
 restarted mid-rollout picks up where it left off. The loop never raises to kopf: a
 failing Prometheus becomes ``MetricsAvailable=False`` and a hold; a failing apply is
 logged and retried on the next tick.
@@ -21,6 +22,7 @@ logged and retried on the next tick.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -48,20 +50,90 @@ INTERVAL_ENV = "KVPILOT_CLOSED_LOOP_INTERVAL"
 DEFAULT_INTERVAL_S = 30.0
 STEP_ENV = "KVPILOT_METRICS_STEP_SECONDS"
 DEFAULT_STEP_S = 30.0
+MIN_CHANGE_INTERVAL_ENV = "KVPILOT_MIN_CHANGE_INTERVAL"
+WINDOW_ENV = "KVPILOT_METRICS_WINDOW_SECONDS"
+MIN_SAMPLES_ENV = "KVPILOT_MIN_SAMPLES"
+PROBATION_ENV = "KVPILOT_PROBATION_SECONDS"
+_POLICY_DEFAULTS = PolicyConfig()
 
 
-def _seconds_from_env(name: str, default: float, environ: Mapping[str, str] | None) -> float:
-    raw = (environ if environ is not None else os.environ).get(name, "")
-    try:
-        value = float(raw)
-    except ValueError:
+class LoopConfigError(ValueError):
+    """An operator environment variable of the closed loop has an invalid value (raised at start-up)."""
+
+
+def _number_from_env(
+    environ: Mapping[str, str],
+    name: str,
+    default: float,
+    *,
+    minimum: float,
+    strict: bool,
+    integer: bool = False,
+) -> float:
+    raw = environ.get(name, "").strip()
+    if not raw:
         return default
-    return value if value > 0 else default
+    what = "an integer" if integer else "a number of seconds"
+    bound = f">= {minimum:g}" if not strict else f"> {minimum:g}"
+    try:
+        value = float(int(raw)) if integer else float(raw)
+    except ValueError:
+        raise LoopConfigError(f"{name}={raw!r}: expected {what} {bound}") from None
+    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        raise LoopConfigError(f"{name}={raw!r}: expected {what} {bound}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class LoopPace:
+    """The closed loop's pace, from the operator's environment (tests and demos speed it up).
+
+    Read once at start-up by :func:`pace_from_env`; an invalid value stops the operator there
+    with :class:`LoopConfigError`, never in the middle of the loop.
+    """
+
+    interval_seconds: float = DEFAULT_INTERVAL_S
+    step_seconds: float = DEFAULT_STEP_S
+    min_change_interval_seconds: float = _POLICY_DEFAULTS.min_change_interval_seconds
+    window_seconds: float | None = None
+    """``None``: 10 steps."""
+    min_samples: int = _POLICY_DEFAULTS.min_samples
+    probation_seconds: float = _POLICY_DEFAULTS.probation_seconds
+
+
+def pace_from_env(environ: Mapping[str, str] | None = None) -> LoopPace:
+    """:class:`LoopPace` from ``$KVPILOT_CLOSED_LOOP_INTERVAL``, ``$KVPILOT_METRICS_STEP_SECONDS``,
+    ``$KVPILOT_MIN_CHANGE_INTERVAL``, ``$KVPILOT_METRICS_WINDOW_SECONDS``, ``$KVPILOT_MIN_SAMPLES``
+    and ``$KVPILOT_PROBATION_SECONDS``; unset or empty = the default. Raises :class:`LoopConfigError`."""
+    env = environ if environ is not None else os.environ
+    base = LoopPace()
+    step = _number_from_env(env, STEP_ENV, base.step_seconds, minimum=0, strict=True)
+    window = _number_from_env(env, WINDOW_ENV, 0.0, minimum=0, strict=False) or None
+    if window is not None and window < step:
+        raise LoopConfigError(f"{WINDOW_ENV}={window:g}: shorter than one sample step ({STEP_ENV}={step:g})")
+    return LoopPace(
+        interval_seconds=_number_from_env(env, INTERVAL_ENV, base.interval_seconds, minimum=0, strict=True),
+        step_seconds=step,
+        min_change_interval_seconds=_number_from_env(
+            env, MIN_CHANGE_INTERVAL_ENV, base.min_change_interval_seconds, minimum=0, strict=False
+        ),
+        window_seconds=window,
+        min_samples=int(
+            _number_from_env(env, MIN_SAMPLES_ENV, base.min_samples, minimum=1, strict=False, integer=True)
+        ),
+        probation_seconds=_number_from_env(
+            env, PROBATION_ENV, base.probation_seconds, minimum=0, strict=False
+        ),
+    )
+
+
+PACE = pace_from_env()
+"""The process's pace, read at import (= operator start-up: ``kopf run -m kvpilot.operator.main``)."""
 
 
 def interval_from_env(environ: Mapping[str, str] | None = None) -> float:
     """The timer interval: ``$KVPILOT_CLOSED_LOOP_INTERVAL`` seconds, default 30 (tests use 1-2)."""
-    return _seconds_from_env(INTERVAL_ENV, DEFAULT_INTERVAL_S, environ)
+    return pace_from_env(environ).interval_seconds
 
 
 def step_from_env(environ: Mapping[str, str] | None = None) -> float:
@@ -70,7 +142,7 @@ def step_from_env(environ: Mapping[str, str] | None = None) -> float:
     The window is 10 steps and metrics older than 4 steps (at least 60 s) are stale, so a fast
     e2e setup (scraping every few seconds) can use a step of 5 s and act within a minute.
     """
-    return _seconds_from_env(STEP_ENV, DEFAULT_STEP_S, environ)
+    return pace_from_env(environ).step_seconds
 
 
 WindowFetch = Callable[..., Awaitable[ObservationWindow]]
@@ -90,6 +162,8 @@ class LoopDeps:
     record_metrics: bool = True
     step_seconds: float = DEFAULT_STEP_S
     """Seconds between metric samples (:func:`step_from_env`)."""
+    pace: LoopPace | None = None
+    """The rest of the pace (:func:`pace_from_env`); ``None``: the policy's defaults."""
 
 
 _deps: LoopDeps | None = None
@@ -106,7 +180,8 @@ def default_deps() -> LoopDeps:
             kube=kube,
             pods=pod_status.ClusterPods(kube.api_client),
             prom_url=os.environ.get(prometheus.PROMETHEUS_URL_ENV, ""),
-            step_seconds=step_from_env(),
+            step_seconds=PACE.step_seconds,
+            pace=PACE,
         )
     return _deps
 
@@ -115,8 +190,8 @@ def default_deps() -> LoopDeps:
     group=api.GROUP,
     version=api.VERSION,
     plural=api.PLURAL,
-    interval=interval_from_env(),
-    initial_delay=interval_from_env(),
+    interval=PACE.interval_seconds,
+    initial_delay=PACE.interval_seconds,
 )
 async def closed_loop_tick(
     body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
@@ -133,15 +208,21 @@ async def closed_loop_tick(
 # --- one tick ---------------------------------------------------------------------------------------
 
 
-def build_policy(spec: api.InferenceServiceSpec, step_seconds: float = DEFAULT_STEP_S) -> PolicyConfig:
-    """kvpilot's policy defaults, with ``spec.tuning``'s knobs and the window scaled to the sample step."""
-    t = spec.tuning
+def build_policy(
+    spec: api.InferenceServiceSpec, step_seconds: float = DEFAULT_STEP_S, pace: LoopPace | None = None
+) -> PolicyConfig:
+    """kvpilot's policy defaults, with ``spec.tuning``'s knobs, the window scaled to the sample step
+    and the operator's pace (:class:`LoopPace`) when given."""
+    t, pace = spec.tuning, pace or LoopPace()
     return PolicyConfig(
         cooldown_seconds=float(t.cooldown_seconds),
         max_changes_per_hour=t.max_changes_per_hour,
         rollout_deadline_seconds=float(t.rollout_deadline_seconds),
-        window_seconds=10 * step_seconds,
+        window_seconds=pace.window_seconds or 10 * step_seconds,
         staleness_seconds=max(4 * step_seconds, 60.0),
+        min_change_interval_seconds=pace.min_change_interval_seconds,
+        min_samples=pace.min_samples,
+        probation_seconds=pace.probation_seconds,
     )
 
 
@@ -224,7 +305,7 @@ async def run_once(
     now = deps.clock()
     state = state_mod.build_loop_state(old)
     rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
-    policy = build_policy(parsed, deps.step_seconds)
+    policy = build_policy(parsed, deps.step_seconds, deps.pace)
 
     try:
         inputs: resolve.Inputs | None = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)

@@ -31,10 +31,18 @@ FAILED_LIMIT = 32
 """``status.failedSettings`` keeps the newest this many (the CRD's maxItems)."""
 
 QUIET_TRIGGERS = frozenset(
-    {Trigger.STEADY, Trigger.INSUFFICIENT_DATA, Trigger.ROLLOUT_IN_PROGRESS, Trigger.ROLLOUT_SUCCEEDED}
+    {
+        Trigger.STEADY,
+        Trigger.INSUFFICIENT_DATA,
+        Trigger.ROLLOUT_IN_PROGRESS,
+        Trigger.ROLLOUT_PROBATION,
+        Trigger.ROLLOUT_SUCCEEDED,
+    }
 )
 """Holds that are routine: no history entry, no event."""
 OOM_TRIGGERS = frozenset({RestartKind.CUDA_OOM, RestartKind.HOST_OOM_KILLED})
+ROLLING_OUT, PROBATION = "RollingOut", "Probation"
+"""``status.rollout.phase``: waiting for Ready, then on probation until ``probationUntil``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +109,12 @@ def build_loop_state(status: Mapping[str, Any]) -> LoopState:
     started, deadline = parse_time(wire_rollout.get("startedAt")), parse_time(wire_rollout.get("deadline"))
     rollout_settings = _settings(wire_rollout.get("settings"))
     if rollout_settings is not None and started is not None and deadline is not None:
-        rollout = RolloutState(rollout_settings, started, deadline)
+        rollout = RolloutState(
+            rollout_settings,
+            started,
+            deadline,
+            probation_until=parse_time(wire_rollout.get("probationUntil")),
+        )
     history = tuple(e for e in (_history_entry(w) for w in status.get("history") or ()) if e is not None)
     failed = tuple(s for s in (_settings(w) for w in status.get("failedSettings") or ()) if s is not None)
     tokens = (status.get("calibration") or {}).get("observedKvCacheTokens")
@@ -195,7 +208,10 @@ def build_status_patch(
     if decision.good is not None and decision.good != state.last_good:
         out.status["lastGoodSettings"] = statuses.build_settings(decision.good)
 
-    rollout_active = state.rollout is not None and decision.trigger == Trigger.ROLLOUT_IN_PROGRESS
+    rollout_active = state.rollout is not None and decision.trigger in (
+        Trigger.ROLLOUT_IN_PROGRESS,
+        Trigger.ROLLOUT_PROBATION,
+    )
     if change:
         action = HistoryAction.RETUNED if decision.action == Action.RETUNE else HistoryAction.ROLLED_BACK
         add_history(action, dedupe=False)
@@ -205,6 +221,8 @@ def build_status_patch(
             "settings": _wire(decision.settings),
             "startedAt": stamp,
             "deadline": format_time(now + rollout_deadline_seconds),
+            "phase": ROLLING_OUT,
+            "probationUntil": None,
         }
         out.status["calibration"] = None  # vLLM's report was for the old settings
         out.status["recommendation"] = _recommendation(decision, stamp)
@@ -218,7 +236,13 @@ def build_status_patch(
             out.status["rollout"] = None
             if decision.trigger == Trigger.ROLLOUT_SUCCEEDED:
                 out.events.append((events.NORMAL, "RolloutSucceeded", decision.reason))
-        if rollout_active:
+        if rollout_active and decision.trigger == Trigger.ROLLOUT_PROBATION:
+            until = decision.probation_until
+            if state.rollout is not None and state.rollout.probation_until is None and until is not None:
+                wire = dict(old.get("rollout") or {})
+                out.status["rollout"] = {**wire, "phase": PROBATION, "probationUntil": format_time(until)}
+            conds.append((ROLLOUT_IN_PROGRESS, conditions.TRUE, "Probation", decision.reason[:1000]))
+        elif rollout_active:
             conds.append((ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", decision.reason))
         else:
             conds.append((ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress"))

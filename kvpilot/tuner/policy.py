@@ -3,9 +3,10 @@
 :func:`compute_decision` is VPA's recommender + updater for vLLM engine arguments, as a
 chain of small steps; the first step with something to say decides:
 
-1. **rollout** -- a retune is rolling out: Ready = it succeeded (the settings are
-   *good*); a crash of the new pods or the deadline passed = roll back to the last good
-   settings and mark the new ones failed; otherwise wait.
+1. **rollout** -- a retune is rolling out: Ready = probation starts; Ready and crash-free
+   for ``probation_seconds`` = it succeeded (the settings are *good*); a crash of the new
+   pods (before Ready or on probation) or the deadline passed without Ready = roll back to
+   the last good settings and mark the new ones failed; otherwise wait.
 2. **crash** -- a container running the current settings stopped: classify
    (:mod:`kvpilot.tuner.restarts`) and ask :mod:`kvpilot.tuner.remedies` for candidates.
    Crash remedies skip the metrics cooldown; host OOM and unknown crashes hold.
@@ -67,6 +68,7 @@ class Trigger(enum.StrEnum):
     """``Decision.trigger`` values that are not a :class:`RestartKind` (those are triggers too)."""
 
     ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+    ROLLOUT_PROBATION = "RolloutProbation"
     ROLLOUT_SUCCEEDED = "RolloutSucceeded"
     ROLLOUT_FAILED = "RolloutFailed"
     METRICS_UNAVAILABLE = "MetricsUnavailable"
@@ -83,6 +85,14 @@ class RolloutState:
     settings: EngineSettings
     started_at: float
     deadline: float
+    """Not Ready by then = failed (does not apply while on probation)."""
+    probation_until: float | None = None
+    """Set once every replica was Ready (``status.rollout.probationUntil``): the settings are on
+    probation until then, and a crash of them until then is a failed rollout."""
+
+    @property
+    def on_probation(self) -> bool:
+        return self.probation_until is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +107,8 @@ class Decision:
     """Settings to add to ``status.failedSettings`` (never to be used again)."""
     good: EngineSettings | None = None
     """Settings proven healthy: the new ``status.lastGoodSettings``."""
+    probation_until: float | None = None
+    """With trigger ``RolloutProbation``: the rollout's settings are on probation until then."""
 
     @property
     def changes(self) -> bool:
@@ -226,27 +238,20 @@ def _rollout_step(inp: _Inputs) -> Decision | None:
     rollout, s = inp.rollout, inp.situation
     if rollout is None:
         return None
-    crashes = inp.restarts
-    timed_out = s.now >= rollout.deadline and not inp.ready
+    crashes = inp.restarts  # since the rollout started: before Ready and on probation alike
+    until = rollout.probation_until
+    probation_over = until is not None and s.now >= until
+    # the deadline bounds the wait for Ready; on probation only its end is judged (a pod may
+    # briefly be unready then without a crash, e.g. rescheduled)
+    timed_out = not inp.ready and s.now >= rollout.deadline and (until is None or probation_over)
     if not crashes and not timed_out:
-        if inp.ready:
-            return Decision(
-                Action.HOLD,
-                s.current,
-                Trigger.ROLLOUT_SUCCEEDED,
-                f"every replica runs the new settings and is Ready: {remedies.describe_settings(s.current)}",
-                good=s.current,
-            )
-        left = rollout.deadline - s.now
-        return Decision(
-            Action.HOLD,
-            s.current,
-            Trigger.ROLLOUT_IN_PROGRESS,
-            f"waiting for the rollout ({left:.0f}s to deadline)",
-        )
-    why = (
-        _crash_words(crashes) if crashes else f"not Ready within {rollout.deadline - rollout.started_at:.0f}s"
-    )
+        return _rollout_wait(inp, rollout)
+    if crashes:
+        why = _crash_words(crashes) + (" on probation" if until is not None else "")
+    elif until is None:
+        why = f"not Ready within {rollout.deadline - rollout.started_at:.0f}s"
+    else:
+        why = "not Ready at the end of probation"
     target = inp.last_good
     if target is not None and target != s.current and not _known_bad(target, inp.failed, s):
         return Decision(
@@ -264,6 +269,48 @@ def _rollout_step(inp: _Inputs) -> Decision | None:
         Trigger.ROLLOUT_FAILED,
         f"new settings failed ({why}) and there are no known-good settings to return to",
         failed=s.current,
+    )
+
+
+def _rollout_wait(inp: _Inputs, rollout: RolloutState) -> Decision:
+    """No crash of the new settings and no deadline passed: start or go on with probation, or succeed."""
+    s, until = inp.situation, rollout.probation_until
+    settings = remedies.describe_settings(s.current)
+    if until is None and inp.ready and s.policy.probation_seconds > 0:
+        return Decision(
+            Action.HOLD,
+            s.current,
+            Trigger.ROLLOUT_PROBATION,
+            f"every replica runs the new settings and is Ready: {settings}; on probation for "
+            f"{s.policy.probation_seconds:.0f}s (a crash of them until then rolls back)",
+            probation_until=s.now + s.policy.probation_seconds,
+        )
+    if inp.ready and (until is None or s.now >= until):
+        ran = f" and ran {s.policy.probation_seconds:.0f}s without a crash" if until is not None else ""
+        return Decision(
+            Action.HOLD,
+            s.current,
+            Trigger.ROLLOUT_SUCCEEDED,
+            f"every replica runs the new settings, is Ready{ran}: {settings}",
+            good=s.current,
+        )
+    if until is not None:
+        left = (
+            f"{until - s.now:.0f}s left" if s.now < until else "over; waiting for every replica to be Ready"
+        )
+        return Decision(
+            Action.HOLD,
+            s.current,
+            Trigger.ROLLOUT_PROBATION,
+            f"new settings on probation ({left}): {settings}",
+            probation_until=until,
+        )
+    left_s = rollout.deadline - s.now
+    return Decision(
+        Action.HOLD,
+        s.current,
+        Trigger.ROLLOUT_IN_PROGRESS,
+        f"waiting for the rollout ({left_s:.0f}s to deadline)",
     )
 
 
@@ -440,9 +487,13 @@ def _gate(
 
 
 def _with_good(inp: _Inputs, decision: Decision) -> Decision:
-    """Healthy, Ready and crash-free since the last change: the current settings are good."""
+    """Healthy, Ready and crash-free since the last change, at least ``probation_seconds`` ago: the
+    current settings are good (outside a rollout, e.g. the first plan; a rollout's own step decides)."""
     if decision.good is not None or decision.failed is not None or inp.restarts or not inp.ready:
         return decision
     if inp.rollout is not None or inp.last_good == inp.situation.current:
+        return decision
+    s = inp.situation
+    if inp.last_change is not None and s.now - inp.last_change < s.policy.probation_seconds:
         return decision
     return dataclasses.replace(decision, good=inp.situation.current)

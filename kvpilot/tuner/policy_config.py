@@ -33,6 +33,13 @@ class PolicyConfig:
     """Retunes in any rolling hour (``spec.tuning.maxChangesPerHour``); rollbacks are exempt."""
     rollout_deadline_seconds: float = 900.0
     """A rollout not Ready after this long has failed (``spec.tuning.rolloutDeadlineSeconds``)."""
+    probation_seconds: float = 300.0
+    """After a rollout's pods are all Ready, how long the new settings must run without a crash before
+    they become *good* (``lastGoodSettings``). Ready only says vLLM started: a raise of ``max_num_seqs``
+    or ``gpu_memory_utilization`` typically OOMs later, at the first real batch (CUDA graphs, the
+    sampler, a long prompt). A crash of the new settings on probation is a failed rollout: roll back
+    to the previous good settings, as for a crash before Ready. Five minutes: one metrics window, and
+    under the default cooldown, so probation never delays a metrics-driven change. 0 = good at Ready."""
     flap_guard_seconds: float = 3600.0
     """For this long after KV pressure lowered ``max_num_seqs`` from S, raises stay below S."""
 

@@ -7,8 +7,10 @@ and the events.
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from closed_loop_fakes import T0, LoopHarness, pod, window
+from closed_loop_fakes import T0, LoopHarness, pod, rfc3339, window
 from operator_fakes import Harness, condition, isvc
 
 from kvpilot.operator import closed_loop
@@ -102,6 +104,12 @@ async def test_cuda_oom_lowers_utilisation_then_succeeds(harness: Harness, loop:
     assert d.trigger == Trigger.ROLLOUT_IN_PROGRESS
     loop.healthy_pods(ready=True)
     d = await loop.tick(body)
+    assert (d.trigger, d.good) == (Trigger.ROLLOUT_PROBATION, None)  # Ready: on probation
+    st = body["status"]
+    assert (st["rollout"]["phase"], st["rollout"]["probationUntil"]) == ("Probation", rfc3339(loop.now + 300))
+    assert condition(body, "RolloutInProgress")["reason"] == "Probation"
+    assert "lastGoodSettings" not in st
+    d = await loop.tick(body, advance=300)
     assert (d.trigger, d.good.gpu_memory_utilization) == (Trigger.ROLLOUT_SUCCEEDED, 0.93)
     assert "rollout" not in body["status"]
     assert body["status"]["lastGoodSettings"]["gpuMemoryUtilization"] == 0.93
@@ -155,8 +163,63 @@ async def test_operator_restart_mid_rollout_carries_on(harness: Harness, loop: L
     closed_loop._deps = None
     loop.healthy_pods(ready=True)
     d = await loop.tick(body)
+    assert d.trigger == Trigger.ROLLOUT_PROBATION
+    loop.deps = loop.new_deps()  # and again, on probation
+    assert (await loop.tick(body, advance=150)).trigger == Trigger.ROLLOUT_PROBATION
+    d = await loop.tick(body, advance=150)
     assert d.trigger == Trigger.ROLLOUT_SUCCEEDED
     assert body["status"]["lastGoodSettings"]["gpuMemoryUtilization"] == 0.93
+
+
+async def _raise_on_probation(harness: Harness, loop: LoopHarness) -> dict:
+    """64 seqs are good; the idle rule raises them to 80, and 80 passes readiness: on probation."""
+    body = await applied(harness)
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)  # steady: 0.95 / 64 seqs are good
+    assert body["status"]["lastGoodSettings"]["maxNumSeqs"] == 64
+    loop.window = window(loop.now + 30, kv=0.3, waiting=10, running=64, prompt=300, output=200)
+    assert (await loop.tick(body)).trigger == Trigger.IDLE_CAPACITY
+    loop.healthy_pods(ready=True)
+    assert (await loop.tick(body)).trigger == Trigger.ROLLOUT_PROBATION
+    assert body["status"]["rollout"]["phase"] == "Probation"
+    return body
+
+
+@pytest.mark.parametrize("restart_operator", [False, True])
+async def test_crash_on_probation_rolls_back(
+    harness: Harness, loop: LoopHarness, restart_operator: bool
+) -> None:
+    """The fleet's bug: a raise passes readiness, then CUDA OOM: back to the known-good 64, 80 failed."""
+    body = await _raise_on_probation(harness, loop)
+    if restart_operator:
+        loop.deps = loop.new_deps()
+        closed_loop._deps = None
+    # the new pod OOMs at the first real batch, seconds after Ready
+    loop.healthy_pods(ready=False, restarts=1, message=OOM, finished=loop.now + 5)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.ROLLBACK, Trigger.ROLLOUT_FAILED)
+    assert "probation" in d.reason and "CudaOOM" in d.reason
+    assert flag(loop.deployment_args(), "--max-num-seqs") == "64"
+    assert flag(loop.deployment_args(), "--gpu-memory-utilization") == "0.95"  # no utilisation walk
+    st = body["status"]
+    assert st["failedSettings"][-1]["maxNumSeqs"] == 80
+    assert st["lastGoodSettings"]["maxNumSeqs"] == 64
+    assert (st["rollout"]["phase"], st["rollout"]["settings"]["maxNumSeqs"]) == ("RollingOut", 64)
+    assert "probationUntil" not in st["rollout"]
+    assert [h["action"] for h in st["history"]] == ["Planned", "Retuned", "RolledBack"]
+    assert "RolledBack" in harness.emitter.reasons
+
+
+async def test_crash_after_probation_is_a_new_problem(harness: Harness, loop: LoopHarness) -> None:
+    body = await _raise_on_probation(harness, loop)
+    loop.window = None
+    assert (await loop.tick(body, advance=300)).trigger == Trigger.ROLLOUT_SUCCEEDED
+    assert body["status"]["lastGoodSettings"]["maxNumSeqs"] == 80
+    loop.healthy_pods(ready=False, restarts=1, message=OOM, finished=loop.now + 5)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.RETUNE, "CudaOOM")  # the normal remedy
+    assert flag(loop.deployment_args(), "--max-num-seqs") == "80"
 
 
 async def test_start_up_kv_failure_shortens_the_context(harness: Harness, loop: LoopHarness) -> None:
@@ -291,7 +354,65 @@ def test_window_scales_with_the_metrics_step() -> None:
 def test_interval_from_env() -> None:
     assert closed_loop.interval_from_env({}) == 30.0
     assert closed_loop.interval_from_env({"KVPILOT_CLOSED_LOOP_INTERVAL": "2"}) == 2.0
-    assert closed_loop.interval_from_env({"KVPILOT_CLOSED_LOOP_INTERVAL": "x"}) == 30.0
+    assert closed_loop.interval_from_env({"KVPILOT_CLOSED_LOOP_INTERVAL": ""}) == 30.0
+
+
+def test_pace_from_env() -> None:
+    from kvpilot.operator import render
+
+    assert closed_loop.pace_from_env({}) == closed_loop.LoopPace()
+    pace = closed_loop.pace_from_env({
+        "KVPILOT_METRICS_STEP_SECONDS": "5", "KVPILOT_MIN_CHANGE_INTERVAL": "10",
+        "KVPILOT_METRICS_WINDOW_SECONDS": "30", "KVPILOT_MIN_SAMPLES": "3", "KVPILOT_PROBATION_SECONDS": "0",
+    })  # fmt: skip
+    spec = render.parse_spec({"model": {"id": "m"}})
+    p = closed_loop.build_policy(spec, pace.step_seconds, pace)
+    assert (p.window_seconds, p.min_change_interval_seconds, p.min_samples, p.probation_seconds) == (
+        30,
+        10,
+        3,
+        0,
+    )
+    d = closed_loop.build_policy(spec)
+    assert (d.window_seconds, d.min_change_interval_seconds, d.min_samples, d.probation_seconds) == (
+        300,
+        60,
+        5,
+        300,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        (
+            {"KVPILOT_CLOSED_LOOP_INTERVAL": "x"},
+            "KVPILOT_CLOSED_LOOP_INTERVAL='x': expected a number of seconds > 0",
+        ),
+        ({"KVPILOT_METRICS_STEP_SECONDS": "0"}, "KVPILOT_METRICS_STEP_SECONDS='0'"),
+        ({"KVPILOT_MIN_CHANGE_INTERVAL": "-1"}, "expected a number of seconds >= 0"),
+        ({"KVPILOT_MIN_SAMPLES": "2.5"}, "KVPILOT_MIN_SAMPLES='2.5': expected an integer >= 1"),
+        ({"KVPILOT_MIN_SAMPLES": "0"}, "expected an integer >= 1"),
+        ({"KVPILOT_PROBATION_SECONDS": "nan"}, "KVPILOT_PROBATION_SECONDS"),
+        ({"KVPILOT_METRICS_WINDOW_SECONDS": "10", "KVPILOT_METRICS_STEP_SECONDS": "30"}, "shorter than one"),
+    ],
+)
+def test_invalid_pace_is_a_clear_start_up_error(env: dict, words: str) -> None:
+    with pytest.raises(closed_loop.LoopConfigError, match=re.escape(words)):
+        closed_loop.pace_from_env(env)
+
+
+def test_invalid_pace_stops_the_operator_at_import() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KVPILOT_MIN_SAMPLES": "many"}
+    run = subprocess.run(
+        [sys.executable, "-c", "import kvpilot.operator.closed_loop"], env=env, capture_output=True, text=True
+    )
+    assert run.returncode != 0
+    assert "LoopConfigError: KVPILOT_MIN_SAMPLES='many': expected an integer >= 1" in run.stderr
 
 
 def test_bounds_merge_serving_and_tuning_bounds() -> None:

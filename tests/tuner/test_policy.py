@@ -190,9 +190,111 @@ GOOD = CURRENT.replace(max_num_seqs=320)
 ROLLOUT = RolloutState(CURRENT, started_at=NOW - 300, deadline=NOW + 600)
 
 
-def test_rollout_ready_is_good() -> None:
+def test_rollout_ready_starts_probation() -> None:
     d = decide(rollout=ROLLOUT, last_good=GOOD, ready=True)
+    assert (d.action, d.trigger, d.good, d.failed) == (Action.HOLD, Trigger.ROLLOUT_PROBATION, None, None)
+    assert d.probation_until == NOW + POLICY.probation_seconds
+
+
+def test_rollout_ready_is_good_at_once_without_probation() -> None:
+    d = decide(rollout=ROLLOUT, last_good=GOOD, ready=True, policy=PolicyConfig(probation_seconds=0))
     assert (d.action, d.trigger, d.good) == (Action.HOLD, Trigger.ROLLOUT_SUCCEEDED, CURRENT)
+
+
+# Ready 100 s ago: on probation for 200 s more
+PROBATION = dataclasses.replace(ROLLOUT, probation_until=NOW + 200)
+PASSED = dataclasses.replace(ROLLOUT, probation_until=NOW - 1)
+OVERDUE = dataclasses.replace(ROLLOUT, deadline=NOW - 10)
+"""Ready just before the deadline: the probation runs past it."""
+
+
+@pytest.mark.parametrize(
+    ("case", "rollout", "restarts", "ready", "expected"),
+    [
+        # on probation, crash-free: wait (whatever the metrics say), Ready or not
+        ("waits", PROBATION, (), True, (Action.HOLD, Trigger.ROLLOUT_PROBATION, CURRENT, None, None)),
+        ("unready", PROBATION, (), False, (Action.HOLD, Trigger.ROLLOUT_PROBATION, CURRENT, None, None)),
+        (
+            "past the deadline",
+            dataclasses.replace(OVERDUE, probation_until=NOW + 200),
+            (),
+            False,
+            (Action.HOLD, Trigger.ROLLOUT_PROBATION, CURRENT, None, None),
+        ),
+        # a crash of the new settings on probation: the same rollback as before Ready
+        ("OOM", PROBATION, (restart(RestartKind.CUDA_OOM, ago=10),), True,
+         (Action.ROLLBACK, Trigger.ROLLOUT_FAILED, GOOD, CURRENT, None)),
+        ("any crash", PROBATION, (restart(RestartKind.OTHER, ago=10),), False,
+         (Action.ROLLBACK, Trigger.ROLLOUT_FAILED, GOOD, CURRENT, None)),
+        ("host OOM", PROBATION, (restart(RestartKind.HOST_OOM_KILLED, ago=10),), True,
+         (Action.ROLLBACK, Trigger.ROLLOUT_FAILED, GOOD, CURRENT, None)),
+        # probation passed crash-free and Ready: the settings are good
+        ("passed", PASSED, (), True, (Action.HOLD, Trigger.ROLLOUT_SUCCEEDED, CURRENT, None, CURRENT)),
+        # passed, but not Ready: wait for Ready until the deadline ...
+        ("passed, unready", PASSED, (), False, (Action.HOLD, Trigger.ROLLOUT_PROBATION, CURRENT, None, None)),
+        # ... and not Ready past it: failed
+        (
+            "passed, unready, overdue",
+            dataclasses.replace(OVERDUE, probation_until=NOW - 1),
+            (),
+            False,
+            (Action.ROLLBACK, Trigger.ROLLOUT_FAILED, GOOD, CURRENT, None),
+        ),
+    ],
+)  # fmt: skip
+def test_probation(case: str, rollout: RolloutState, restarts: tuple, ready: bool, expected: tuple) -> None:
+    d = decide(
+        win=window(kv=0.99, preempt=2.0), restarts=restarts, rollout=rollout, last_good=GOOD, ready=ready
+    )
+    assert (d.action, d.trigger, d.settings, d.failed, d.good) == expected, case
+
+
+def test_crash_on_probation_rolls_back_the_bug_from_the_fleet() -> None:
+    """max_num_seqs 4 -> 5 passed readiness, then CUDA OOM: back to 4, 5 failed (not a utilisation walk)."""
+    good = CURRENT.replace(max_num_seqs=4, gpu_memory_utilization=0.95)
+    raised = good.replace(max_num_seqs=5)
+    rollout = RolloutState(raised, started_at=NOW - 40, deadline=NOW + 860, probation_until=NOW + 280)
+    oom = (restart(RestartKind.CUDA_OOM, ago=5),)
+    history = (entry(40, "IdleCapacity", before=good, after=raised),)
+    d = decide(current=raised, restarts=oom, rollout=rollout, last_good=good, ready=False, history=history)
+    assert (d.action, d.settings, d.failed, d.trigger) == (
+        Action.ROLLBACK,
+        good,
+        raised,
+        Trigger.ROLLOUT_FAILED,
+    )
+    assert "CudaOOM" in d.reason and "probation" in d.reason
+
+
+def test_probation_never_blocks_a_rollback() -> None:
+    """Seconds after the change, over the hourly limit, in the cooldown: a crash on probation rolls back."""
+    history = (*(entry(ago=600 + 60 * i) for i in range(6)), entry(ago=5))
+    rollout = dataclasses.replace(PROBATION, started_at=NOW - 5)
+    d = decide(
+        restarts=(restart(RestartKind.CUDA_OOM, ago=1),), rollout=rollout, last_good=GOOD, history=history
+    )
+    assert (d.action, d.settings) == (Action.ROLLBACK, GOOD)
+
+
+def test_crash_after_probation_gets_the_normal_remedy() -> None:
+    """Probation passed (the rollout ended, the settings are good): a later crash is a new problem."""
+    history = (entry(ago=900, before=GOOD, after=CURRENT),)
+    d = decide(restarts=(restart(RestartKind.CUDA_OOM, ago=10),), last_good=CURRENT, history=history)
+    assert (d.action, d.trigger, d.failed) == (Action.RETUNE, "CudaOOM", CURRENT)
+    assert d.settings.gpu_memory_utilization == 0.90
+
+
+def test_crash_on_probation_with_nothing_to_return_to_is_cured() -> None:
+    d = decide(restarts=(restart(RestartKind.CUDA_OOM, ago=10),), rollout=PROBATION, last_good=None)
+    assert (d.action, d.trigger, d.failed) == (Action.RETUNE, "CudaOOM", CURRENT)
+
+
+def test_settings_outside_a_rollout_are_good_only_after_probation() -> None:
+    """The first plan (no rollout): Ready is not enough until probation_seconds after the change."""
+    planned = (entry(ago=100, action=HistoryAction.PLANNED),)
+    assert decide(ready=True, history=planned).good is None
+    later = (entry(ago=POLICY.probation_seconds + 1, action=HistoryAction.PLANNED),)
+    assert decide(ready=True, history=later).good == CURRENT
 
 
 def test_rollout_waits_until_ready_or_deadline() -> None:
@@ -220,9 +322,7 @@ def test_failed_rollout_rolls_back_and_marks_failed(restarts: tuple, deadline: f
 
 
 def test_restart_before_the_rollout_is_not_its_failure() -> None:
-    d = decide(
-        restarts=(restart(RestartKind.CUDA_OOM, ago=400),), rollout=ROLLOUT, last_good=GOOD, ready=True
-    )
+    d = decide(restarts=(restart(RestartKind.CUDA_OOM, ago=400),), rollout=PASSED, last_good=GOOD, ready=True)
     assert d.trigger == Trigger.ROLLOUT_SUCCEEDED
 
 

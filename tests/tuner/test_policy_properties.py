@@ -5,6 +5,8 @@
 - the same inputs give the same decision;
 - missing or stale metrics hold (when no crash or rollout speaks);
 - metrics-driven changes respect the cooldown, every change the minimum interval and the hourly limit;
+- a crash of a rollout's settings, before Ready or on probation, rolls back to usable last-good settings;
+- settings become good only once Ready, crash-free and past their probation;
 - a simulated run under constant load never flaps.
 """
 
@@ -135,7 +137,8 @@ def inputs_st(draw: st.DrawFn) -> dict:
     rollout = None
     if draw(st.integers(0, 3)) == 0:
         start = NOW - draw(st.floats(0, 2000))
-        rollout = RolloutState(current, start, start + 900)
+        until = draw(st.one_of(st.none(), st.floats(start, NOW + 400)))  # on probation (maybe over)
+        rollout = RolloutState(current, start, start + 900, probation_until=until)
     return {
         "current": current,
         "budget": BUDGET,
@@ -209,6 +212,36 @@ def test_stability_gates(inputs: dict) -> None:
         if d.trigger in (Trigger.KV_PRESSURE, Trigger.IDLE_CAPACITY):
             assert NOW - last >= POLICY.cooldown_seconds
     assert history_mod.compute_changes_since(inputs["history"], NOW - 3600) < POLICY.max_changes_per_hour
+
+
+@FAST
+@given(inputs_st(), st.floats(0, 300), causes)
+def test_crash_of_a_rollout_rolls_back(inputs: dict, ago: float, cause: RestartCause) -> None:
+    rollout: RolloutState | None = inputs["rollout"]
+    good = inputs["last_good"]
+    if rollout is None or good is None or _eff(good) == _eff(inputs["current"]):
+        return
+    if _eff(good) in {_eff(f) for f in inputs["failed"]}:
+        return
+    last = history_mod.compute_last_change_time(inputs["history"]) or rollout.started_at
+    crash = RestartEvent(max(rollout.started_at, last, NOW - ago), cause, pod="a")
+    d = compute_decision(**{**inputs, "restarts": (crash,)})
+    assert (d.action, d.settings, d.failed) == (Action.ROLLBACK, good, inputs["current"]), d
+
+
+@FAST
+@given(inputs_st())
+def test_good_only_after_probation(inputs: dict) -> None:
+    d = compute_decision(**inputs)
+    if d.good is None:
+        return
+    assert inputs["ready"] and d.good == inputs["current"]
+    rollout: RolloutState | None = inputs["rollout"]
+    if rollout is not None:
+        assert rollout.probation_until is not None and rollout.probation_until <= NOW
+    else:
+        last = history_mod.compute_last_change_time(inputs["history"])
+        assert last is None or NOW - last >= POLICY.probation_seconds
 
 
 # --- a run over time ---------------------------------------------------------------------------
