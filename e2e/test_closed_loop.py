@@ -93,6 +93,13 @@ CASES: dict[str, Case] = {
         truth=dataclasses.replace(H100_8B, startup_oom_above_max_num_seqs=4),
         workload=Workload(arrival_rate=4.0, prompt_tokens=500, output_tokens=200),
     ),
+    # the same, but more than four sequences start (Ready) and hit CUDA OOM 12 s into serving: the raise
+    # must be rolled back from probation, not "cured" by lowering the utilisation
+    "probation": Case(
+        {"maxContextLength": 8192, "concurrency": 4},
+        truth=dataclasses.replace(H100_8B, runtime_oom_above_max_num_seqs=4, oom_after_s=12.0),
+        workload=Workload(arrival_rate=4.0, prompt_tokens=500, output_tokens=200),
+    ),
     # Recommend: vLLM's defaults run (0.92) and crash above 0.90; kvpilot may only recommend
     "recommend": Case(
         {"maxContextLength": 8192},
@@ -356,6 +363,36 @@ def test_bad_new_settings_are_rolled_back(loop: Loop) -> None:
     assert loop.args("rollback").max_num_seqs == 4
     assert (obj["status"].get("lastGoodSettings") or {}).get("maxNumSeqs") == 4
     assert "RolledBack" in [e["reason"] for e in loop.events("rollback")]
+
+
+def test_crash_on_probation_is_rolled_back(loop: Loop) -> None:
+    """The raise passes readiness, then OOMs while serving: back to the known-good 4, the raise failed."""
+    planned = _planned(loop, "probation")
+    assert planned["maxNumSeqs"] == 4, planned
+    obj = loop.wait(
+        "probation",
+        lambda o: history(o, "RolledBack") or [h for h in history(o, "Retuned") if h["trigger"] == "CudaOOM"],
+        timeout=loop.budget_left(360),
+        what="a rollback of the raise that crashed after Ready",
+    )
+    assert history(obj, "RolledBack"), f"not rolled back: {history(obj)}"
+    retune, back = history(obj, "Retuned")[0], history(obj, "RolledBack")[0]
+    assert retune["trigger"] == "IdleCapacity" and retune["to"]["maxNumSeqs"] > 4, retune
+    assert (back["trigger"], back["from"], back["to"]["maxNumSeqs"]) == ("RolloutFailed", retune["to"], 4), (
+        back
+    )
+    assert "CudaOOM" in back["reason"] and "on probation" in back["reason"], back["reason"]
+    failed = obj["status"].get("failedSettings") or []
+    assert any(f.get("maxNumSeqs") == retune["to"]["maxNumSeqs"] for f in failed), failed
+    assert not [h for h in history(obj, "Retuned") if h["trigger"] == "CudaOOM"], history(obj)
+    obj = loop.wait(
+        "probation",
+        lambda o: is_ready(o) and rollout_done(o) and applied(o)["maxNumSeqs"] == 4,
+        timeout=90,
+        what="back on the known-good settings, Ready, probation passed",
+    )
+    assert applied(obj)["gpuMemoryUtilization"] == planned["gpuMemoryUtilization"]  # no utilisation walk
+    assert (obj["status"].get("lastGoodSettings") or {}).get("maxNumSeqs") == 4
 
 
 def test_recommend_mode_changes_nothing(loop: Loop) -> None:

@@ -30,9 +30,20 @@ ISVC = "inferenceservices.kvpilot.io"
 PROMETHEUS_URL_ENV = "KVPILOT_PROMETHEUS_URL"
 
 
-def closed_loop_env(prometheus_url: str, *, interval_s: float = 2.0) -> dict[str, str]:
+PROBATION_S = 20.0
+"""Probation of Ready settings in e2e runs: longer than the fleet's ``oom_after_s`` plus a few ticks, so
+a run-time OOM of new settings is caught on probation (and rolled back)."""
+
+
+def closed_loop_env(
+    prometheus_url: str, *, interval_s: float = 2.0, probation_s: float = PROBATION_S
+) -> dict[str, str]:
     """The operator's environment for a fast closed loop against ``prometheus_url``."""
-    return {PROMETHEUS_URL_ENV: prometheus_url, "KVPILOT_CLOSED_LOOP_INTERVAL": f"{interval_s:g}"}
+    return {
+        PROMETHEUS_URL_ENV: prometheus_url,
+        "KVPILOT_CLOSED_LOOP_INTERVAL": f"{interval_s:g}",
+        "KVPILOT_PROBATION_SECONDS": f"{probation_s:g}",
+    }
 
 
 def install_crd(kubectl: Callable[..., Any]) -> None:
