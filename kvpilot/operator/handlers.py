@@ -6,7 +6,8 @@ Kubernetes objects in, tuner types through, patches out::
          --render.build_desired--> plan, mode decision, Service + Deployment
          --apply (thread, server-side apply)--> cluster
     status <- status.build_success_status / build_failure_status  (patch.status, explicit)
-    events <- one per decision: ConfigResolved, Planned, Recommended, or the failure's reason
+    events <- ConfigResolved, Planned (+ Recommended or Reported, PlanWarning) on first sight of a
+              generation or a change of the applied settings; or a Warning with the failure's reason
 
 Every failure becomes ``Ready=False`` with a reason and a message that says what to
 change, a Warning event, and ``kopf.TemporaryError`` (back-off) where a retry can help
@@ -25,7 +26,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator import api, errors, events, metrics, planning, render, resolve, workloads
+from kvpilot.operator import api, conditions, errors, events, metrics, planning, render, resolve, workloads
 from kvpilot.operator import status as statuses
 from kvpilot.operator.kube import Kube
 
@@ -85,10 +86,7 @@ async def reconcile(
         parsed = render.parse_spec(spec)
         inputs = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
         keep = None
-        if old.get("applied") and _was_ready(old) and (
-            (trigger == RESUMED and not first_visit)
-            or (trigger == SPEC_CHANGED and diff is not None and not planning.compute_replan_needed(diff))
-        ):
+        if _keeps_applied(old, trigger, first_visit, diff):
             keep = api.Settings.model_validate(old["applied"])
         desired = render.build_desired(meta, parsed, inputs, deploy_override=keep, plan_fn=deps.plan_fn)
         if deps.kube is None:
@@ -123,11 +121,15 @@ async def reconcile(
     logger.info(f"reconciled ({trigger}): {statuses.describe_settings(desired.decision.deploy)}")
 
 
-def _was_ready(old: Mapping[str, Any]) -> bool:
-    for condition in old.get("conditions") or ():
-        if condition.get("type") == "Ready":
-            return bool(condition.get("status") == "True")
-    return False
+def _keeps_applied(old: Mapping[str, Any], trigger: str, first_visit: bool, diff: Any) -> bool:
+    """Whether to re-apply ``status.applied`` (which the closed loop may have retuned) instead of the plan:
+    the last reconcile succeeded, and this is a resume of an observed generation or a plan-neutral spec
+    change."""
+    if not old.get("applied") or not conditions.is_true(old.get("conditions"), conditions.READY):
+        return False
+    if trigger == RESUMED:
+        return not first_visit
+    return trigger == SPEC_CHANGED and diff is not None and not planning.compute_replan_needed(diff)
 
 
 def _emit_success(
