@@ -69,7 +69,6 @@ _MAX_LEN_KEYS = (
 _ROPE_NOT_SCALED_033 = frozenset(
     {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
 )
-_ROPE_NOT_SCALED_029 = frozenset({"su", "longrope", "llama3"})
 
 _TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text"})
 """Model types whose transformers config class defaults ``tie_word_embeddings`` to True."""
@@ -488,7 +487,7 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         num_layers=num_layers,
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=head_dim_kv if mla is None else head_dim_kv,
+        head_dim=head_dim_kv,
         hidden_size=hidden,
         intermediate_size=dense_inter,
         vocab_size=vocab,
