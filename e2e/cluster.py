@@ -600,6 +600,12 @@ class LocalCluster:
             raise ClusterError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc
 
+    def create_namespace(self, name: str) -> None:
+        """Create a namespace and wait for its ``default`` ServiceAccount (created by
+        kube-controller-manager), without which pods are not admitted."""
+        self.kubectl("create", "namespace", name)
+        self.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
+
     def apply(self, objs: list[dict[str, Any]] | dict[str, Any]) -> None:
         """``kubectl apply`` a list of manifests (server-side apply, field manager kvpilot-e2e)."""
         docs = objs if isinstance(objs, list) else [objs]

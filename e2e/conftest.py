@@ -76,9 +76,7 @@ def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator
     base = request.node.name.lower().replace("_", "-")
     slug = "".join(ch for ch in base if ch.isalnum() or ch == "-")[:40].strip("-")
     name = f"e2e-{slug}-{uuid.uuid4().hex[:5]}"
-    cluster.kubectl("create", "namespace", name)
-    # the serviceaccount controller (kube-controller-manager) creates it; pods need it to be admitted
-    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
+    cluster.create_namespace(name)
     try:
         yield name
     finally:

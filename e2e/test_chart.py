@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster, free_port
+from e2e.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "install.md"
@@ -48,17 +49,6 @@ def doc_blocks() -> dict[str, str]:
     """The ``<!-- e2e: NAME -->`` fenced bash blocks of docs/install.md, by name."""
     found = re.findall(r"<!-- e2e: ([\w-]+) -->\n```bash\n(.*?)```", DOCS.read_text(), flags=re.S)
     return dict(found)
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 class Chart:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +20,9 @@ import yaml
 from e2e import nodes
 from e2e.cluster import LocalCluster, versions
 from e2e.pods import CUDA_OOM_MESSAGE, container_status, simulate_container_crash
+from e2e.waits import wait_for
 
 TESTDATA = Path(__file__).resolve().parent / "testdata"
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 def get_json(cluster: LocalCluster, *args: str) -> Any:
@@ -223,8 +212,7 @@ def test_deployment_schedules_onto_matching_gpu_pool(cluster: LocalCluster, name
 def test_namespace_deletion_completes(cluster: LocalCluster) -> None:
     """namespace controller + garbage collector + KWOK's pod-delete stage (the kubelet's part)."""
     ns = "e2e-ns-deletion"
-    cluster.kubectl("create", "namespace", ns)
-    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
+    cluster.create_namespace(ns)
     apply(cluster, ns, gpu_deployment("llm", nodes.A100_SXM4_80GB.product, gpus=2, replicas=3))
     wait_for(
         lambda: get_json(cluster, "deploy", "llm", "-n", ns)["status"].get("availableReplicas") == 3,

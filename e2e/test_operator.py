@@ -21,9 +21,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster
+from e2e.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
@@ -41,16 +41,6 @@ WAIT_S = 120.0
 
 sys.path.insert(0, str(ROOT / "tests" / "operator"))
 from invalid_manifests import CASES, Case  # noqa: E402
-
-
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 def get(cluster: LocalCluster, *args: str) -> Any:
@@ -75,7 +65,7 @@ def ready_settled(cluster: LocalCluster, ns: str, name: str) -> dict[str, Any]:
             return obj
         return None
 
-    return wait_for(check, f"{ns}/{name} Ready for its generation")
+    return wait_for(check, WAIT_S, f"{ns}/{name} Ready for its generation")
 
 
 def warning_events(cluster: LocalCluster, ns: str, name: str) -> list[dict[str, Any]]:
@@ -102,7 +92,7 @@ def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: proc.poll() is not None or "Initial authentication has finished" in log.read_text(),
-                 "the operator to start", 60)  # fmt: skip
+                 60, "the operator to start")  # fmt: skip
         assert proc.poll() is None, f"the operator exited:\n{log.read_text()[-3000:]}"
         yield log
     finally:
@@ -118,8 +108,7 @@ def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture
 def ns(cluster: LocalCluster, operator: Path) -> Iterator[str]:
     name = f"{NS_PREFIX}{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
+    cluster.create_namespace(name)
     try:
         yield name
     finally:
@@ -165,11 +154,11 @@ def test_example(cluster: LocalCluster, ns: str, path: Path) -> None:
         assert condition(obj, "Infeasible")["status"] == "True"
         assert "Options:" in ready["message"]
         wait_for(lambda: [e for e in warning_events(cluster, ns, name) if e["reason"] == "Infeasible"],
-                 "an Infeasible event")  # fmt: skip
+                 WAIT_S, "an Infeasible event")  # fmt: skip
         assert get(cluster, "deployment", name, "-n", ns) is None
         return
     applied = obj["status"]["applied"]
-    deployment = wait_for(lambda: get(cluster, "deployment", name, "-n", ns), "the Deployment")
+    deployment = wait_for(lambda: get(cluster, "deployment", name, "-n", ns), WAIT_S, "the Deployment")
     args = deployment_args(deployment)
     assert args[0] == doc["spec"]["model"]["id"]
     assert flag(args, "--max-model-len") == str(applied["maxModelLen"])
@@ -180,7 +169,7 @@ def test_example(cluster: LocalCluster, ns: str, path: Path) -> None:
         assert applied["kvCacheDtype"] == "fp8"
     assert deployment["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
     assert get(cluster, "service", name, "-n", ns)["spec"]["ports"][0]["port"] == 8000
-    pods = wait_for(lambda: scheduled_pods(cluster, ns, name), "a scheduled pod")
+    pods = wait_for(lambda: scheduled_pods(cluster, ns, name), WAIT_S, "a scheduled pod")
     node = get(cluster, "node", pods[0]["spec"]["nodeName"])
     product = node["metadata"]["labels"]["nvidia.com/gpu.product"]
     assert product in obj["status"]["gpu"]["product"].split(", ")
@@ -215,7 +204,7 @@ def test_gpu_discovered_from_node_labels(cluster: LocalCluster, ns: str) -> None
     pod_spec = get(cluster, "deployment", "qwen", "-n", ns)["spec"]["template"]["spec"]
     assert pod_spec["nodeSelector"] == {"kvpilot.dev/e2e-pool": "a100",
                                        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}  # fmt: skip
-    pods = wait_for(lambda: scheduled_pods(cluster, ns, "qwen"), "a scheduled pod")
+    pods = wait_for(lambda: scheduled_pods(cluster, ns, "qwen"), WAIT_S, "a scheduled pod")
     assert pods[0]["spec"]["nodeName"].startswith("a100-")
 
 
@@ -231,7 +220,7 @@ def test_spec_change_rolls_out(cluster: LocalCluster, ns: str) -> None:
         obj = get(cluster, RESOURCE, "llama-8b-l4", "-n", ns)
         return obj if obj and (obj.get("status") or {}).get("observedGeneration") == 2 else None
 
-    obj = wait_for(rolled, "observedGeneration 2")
+    obj = wait_for(rolled, WAIT_S, "observedGeneration 2")
     assert condition(obj, "Ready")["status"] == "True"
     assert obj["status"]["applied"]["maxModelLen"] == 12288
     assert [h["trigger"] for h in obj["status"]["history"]][-2:] == ["Created", "SpecChanged"]
@@ -245,7 +234,7 @@ def test_spec_change_rolls_out(cluster: LocalCluster, ns: str) -> None:
             if flag(deployment_args(r), "--max-model-len") == "12288" and r["status"].get("readyReplicas")
         ]  # fmt: skip
 
-    wait_for(new_replicaset, "the new ReplicaSet to be ready")
+    wait_for(new_replicaset, WAIT_S, "the new ReplicaSet to be ready")
 
 
 def test_modes_off_and_recommend(cluster: LocalCluster, ns: str) -> None:
@@ -277,7 +266,7 @@ def test_invalid_manifest(cluster: LocalCluster, ns: str, case: Case) -> None:
     ready = condition(obj, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", case.match), ready
     wait_for(lambda: [e for e in warning_events(cluster, ns, name) if e["reason"] == case.match],
-             f"a Warning event {case.match}")  # fmt: skip
+             WAIT_S, f"a Warning event {case.match}")  # fmt: skip
     assert get(cluster, "deployment", name, "-n", ns) is None
 
 
@@ -300,7 +289,7 @@ def test_configmap_config_missing_then_created(cluster: LocalCluster, ns: str) -
     def ready() -> bool:
         return (condition(get(cluster, RESOURCE, "custom", "-n", ns), "Ready") or {}).get("status") == "True"
 
-    wait_for(ready, "Ready after the ConfigMap appeared", 180)
+    wait_for(ready, 180, "Ready after the ConfigMap appeared")
     deployment = get(cluster, "deployment", "custom", "-n", ns)
     assert deployment_args(deployment)[0] == "acme/custom-8b"
 
@@ -315,7 +304,7 @@ def test_hub_unreachable_is_retried(cluster: LocalCluster, ns: str) -> None:
     assert (ready["status"], ready["reason"]) == ("False", "HubUnreachable"), ready
     assert condition(obj, "ConfigResolved")["status"] == "False"
     wait_for(lambda: [e for e in warning_events(cluster, ns, "hub") if e["reason"] == "HubUnreachable"],
-             "a HubUnreachable event")  # fmt: skip
+             WAIT_S, "a HubUnreachable event")  # fmt: skip
     assert get(cluster, "deployment", "hub", "-n", ns) is None
 
 
@@ -326,9 +315,11 @@ def test_delete_removes_what_it_owns(cluster: LocalCluster, ns: str) -> None:
     assert get(cluster, "deployment", "llama-8b-l4", "-n", ns)
     assert get(cluster, "service", "llama-8b-l4", "-n", ns)
     cluster.kubectl("delete", RESOURCE, "llama-8b-l4", "-n", ns, "--timeout=90s")
-    wait_for(lambda: get(cluster, "deployment", "llama-8b-l4", "-n", ns) is None, "the Deployment to go")
-    wait_for(lambda: get(cluster, "service", "llama-8b-l4", "-n", ns) is None, "the Service to go")
-    wait_for(lambda: not (get(cluster, "pods", "-n", ns) or {"items": []})["items"], "the pods to go")
+    wait_for(
+        lambda: get(cluster, "deployment", "llama-8b-l4", "-n", ns) is None, WAIT_S, "the Deployment to go"
+    )
+    wait_for(lambda: get(cluster, "service", "llama-8b-l4", "-n", ns) is None, WAIT_S, "the Service to go")
+    wait_for(lambda: not (get(cluster, "pods", "-n", ns) or {"items": []})["items"], WAIT_S, "the pods to go")
 
 
 def test_operator_log_has_no_crash(operator: Path) -> None:
