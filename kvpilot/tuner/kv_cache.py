@@ -90,17 +90,13 @@ class KvLayout:
         return total
 
 
-def _page_bytes(
-    model: ModelSpec,
-    kind: str,
-    kv_heads: int,
-    head_dim: int,
-    head_dim_v: int,
-    tp: int,
-    block_size: int,
-    elem: float,
-    kv_cache_dtype: str | None,
-) -> int:
+_LayerKey = tuple[str, int, int, int, int | None]
+"""A layer as the pool groups it: (kind, KV heads, head_dim, head_dim_v, window)."""
+
+
+def _page_bytes(key: _LayerKey, tp: int, block_size: int, elem: float, kv_cache_dtype: str | None) -> int:
+    """Bytes of one page (``block_size`` tokens) of one attention layer on one rank."""
+    kind, kv_heads, head_dim, head_dim_v, _ = key
     if kind == MLA:
         if (kv_cache_dtype or "") == "fp8_ds_mla":
             return block_size * 656
@@ -126,7 +122,7 @@ def compute_kv_layout(
     model_dtype = dtype or model.dtype
     elem = kv_element_bytes(kv_cache_dtype, model_dtype)
     hybrid_chunked = vllm_defaults.hybrid_manager_for_chunked_local(vllm_version)
-    kinds: list[tuple[str, int, int, int, int | None]] = []
+    kinds: list[_LayerKey] = []
     for layer in model.layers:
         kind, window = layer.kind, layer.window
         if kind == CHUNKED and not hybrid_chunked:
@@ -135,11 +131,8 @@ def compute_kv_layout(
 
     if block_size is None:
         block_size = vllm_defaults.default_block_size(vllm_version)
-    pages: dict[tuple, int] = {}
-    for key in set(kinds):
-        kind, kvh, hd, hdv, _ = key
-        if kind != LINEAR:
-            pages[key] = _page_bytes(model, kind, kvh, hd, hdv, tp, block_size, elem, kv_cache_dtype)
+    attention = {key for key in kinds if key[0] != LINEAR}
+    pages = {key: _page_bytes(key, tp, block_size, elem, kv_cache_dtype) for key in attention}
     if any(k[0] == LINEAR for k in kinds):
         # Hybrid attention + state models: vLLM raises the attention block size until one
         # attention page holds a whole state, then pads the state page to the attention page.
@@ -150,16 +143,11 @@ def compute_kv_layout(
         block_size = max(
             block_size, HYBRID_MAMBA_BLOCK_ALIGN * cdiv(state_bytes, HYBRID_MAMBA_BLOCK_ALIGN * per_token)
         )
-        pages = {
-            key: _page_bytes(model, key[0], key[1], key[2], key[3], tp, block_size, elem, kv_cache_dtype)
-            for key in pages
-        }
-        attn_page = max(pages.values())
-        for key in set(kinds):
-            if key[0] == LINEAR:
-                pages[key] = max(attn_page, state_bytes)
+        pages = {key: _page_bytes(key, tp, block_size, elem, kv_cache_dtype) for key in attention}
+        state_page = max(max(pages.values()), state_bytes)
+        pages.update(dict.fromkeys(set(kinds) - attention, state_page))
 
-    by_type: dict[tuple, list[int]] = {}
+    by_type: dict[_LayerKey, list[int]] = {}
     for idx, key in enumerate(kinds):
         by_type.setdefault(key, []).append(idx)
     stage = set(model.layer_range(pipeline_parallel_size, pp_rank))
@@ -167,12 +155,7 @@ def compute_kv_layout(
         sum(pages[k] for i, k in enumerate(kinds) if k[0] != LINEAR and i in stage) // block_size
     )
 
-    if len(by_type) == 1:
-        key = next(iter(by_type))
-        layers = [i for i in by_type[key] if i in stage]
-        group = KvGroup(key[0], len(layers), pages[key], key[4])
-        return KvLayout(block_size, (group,), pages[key] * len(layers), bytes_per_token)
-
+    # A model with one kind of layer gets a single group of all of them (group_size = their count).
     sizes = [len(v) for v in by_type.values()]
     group_size = min(sizes)
     if max(sizes) < group_size * 1.5:
