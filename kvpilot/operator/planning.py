@@ -74,13 +74,10 @@ def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
         )
     if tp is not None:
         merged["tensor_parallel_size"] = tp
-    elif merged.get("tensor_parallel_size", 1) > spec.gpu.count or spec.gpu.count % merged.get(
-        "tensor_parallel_size", 1
-    ):
+    elif spec.gpu.count % merged.get("tensor_parallel_size", 1):  # also catches a size above the count
         raise errors.InvalidSpec(
             f"--tensor-parallel-size {merged['tensor_parallel_size']} in spec.engine.extraArgs does not "
-            "divide "
-            f"spec.gpu.count {spec.gpu.count}; set spec.gpu.tensorParallelSize instead"
+            f"divide spec.gpu.count {spec.gpu.count}; set spec.gpu.tensorParallelSize instead"
         )
     settings = EngineSettings(**merged)  # type: ignore[arg-type]
     vllm_args.check_settings(settings)
