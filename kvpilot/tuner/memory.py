@@ -220,7 +220,7 @@ def _check_parallel_sizes(model: ModelSpec, tp: int, pp: int) -> str | None:
         )
     if pp > model.num_layers:
         return f"pipeline_parallel_size ({pp}) exceeds the model's {model.num_layers} layers."
-    padded_vocab = -(-model.vocab_size // weights.VOCAB_PADDING) * weights.VOCAB_PADDING
+    padded_vocab = weights.padded_vocab_size(model)
     if padded_vocab % tp:
         # VocabParallelEmbedding: divide(num_embeddings_padded, tp_size) asserts.
         return f"AssertionError: {padded_vocab} is not divisible by {tp}"

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from kvpilot.tuner import errors, memory, vllm_args, vllm_defaults
 from kvpilot.tuner.model_spec import ModelSpec, QuantSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
-from kvpilot.tuner.weights import VOCAB_PADDING
+from kvpilot.tuner.weights import padded_vocab_size
 
 TYPICAL_FILL = 0.25
 """Without an expected concurrency, size ``max_num_seqs`` for requests filling a quarter of the context."""
@@ -74,7 +74,7 @@ def tensor_parallel_ok(model: ModelSpec, tp: int) -> bool:
     """vLLM's rules: TP divides the attention heads and the padded vocabulary; the KV heads divide TP
     or TP divides them."""
     kv = model.num_kv_heads
-    padded_vocab = -(-model.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+    padded_vocab = padded_vocab_size(model)
     heads_ok = model.num_attention_heads % tp == 0 and (model.mla is not None or kv % tp == 0 or tp % kv == 0)
     return heads_ok and padded_vocab % tp == 0
 

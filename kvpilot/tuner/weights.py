@@ -46,6 +46,11 @@ def _pad(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def padded_vocab_size(model: ModelSpec) -> int:
+    """The vocabulary as ``VocabParallelEmbedding`` allocates it: padded to ``VOCAB_PADDING``."""
+    return _pad(model.vocab_size, VOCAB_PADDING)
+
+
 def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> tuple[int, int, int]:
     """(attention-and-dense linears, expert linears, replicated) params of one layer on one rank."""
     h = model.hidden_size
@@ -128,7 +133,7 @@ def compute_weight_breakdown(
     for idx in model.layer_range(pp, pp_rank):
         attn, experts, replicated = _layer_linear_params(model, tp, idx, loaded)
         total += attn * dense_bytes + experts * expert_bytes + replicated * dbytes
-    vocab_rank = _pad(model.vocab_size, VOCAB_PADDING) // tp
+    vocab_rank = padded_vocab_size(model) // tp
     first, last = pp_rank == 0, pp_rank == pp - 1
     if first:
         total += vocab_rank * model.hidden_size * dbytes

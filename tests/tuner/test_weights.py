@@ -82,3 +82,9 @@ def test_checkpoint_size_is_split_like_the_parameters() -> None:
         for r in (0, 1)
     ]
     assert sum(halves) == pytest.approx(whole, rel=0.01)
+
+
+@pytest.mark.parametrize(("vocab", "padded"), [(128_256, 128_256), (151_646, 151_680), (1, 64)])
+def test_vocabulary_is_padded_to_a_multiple_of_64(vocab: int, padded: int) -> None:
+    spec = dataclasses.replace(build_model_spec(cfg.LLAMA_31_8B), vocab_size=vocab)
+    assert weights.padded_vocab_size(spec) == padded
