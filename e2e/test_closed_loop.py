@@ -1,13 +1,14 @@
 """The closed loop end to end: real control plane, real Prometheus, the fleet simulator, the operator.
 
 The operator runs on the host (``kopf run -m kvpilot.operator.main``) with ``KVPILOT_PROMETHEUS_URL``
-and a 2 s closed-loop interval. Each scenario is one InferenceService in its own namespace, and
+and the fast pace of ``e2e.fleet.stack.closed_loop_env``: a 2 s closed-loop interval, 10 s metric steps,
+10 s between changes and a 20 s probation. Each scenario is one InferenceService in its own namespace, and
 the fleet plays its pods against the scenario's own ground truth (``e2e.fleet.truth``), never
 kvpilot's memory model. The tests assert decisions (events, ``status.history``) and final
 settings, on the Deployment as well as in the status.
 
-The policy's built-in pace (a minimum of 60 s between changes, 5 metric samples at a 30 s
-step since the last change) makes one scenario take one to three minutes. So the scenarios
+Even that pace (5 metric samples at a 10 s step since the last change, a probation after each
+rollout) makes one scenario take a minute or two. So the scenarios
 that do not disturb each other start together, in the ``loop`` fixture, and each test waits
 for its own outcome. The two that disturb everything (Prometheus down, the operator killed
 mid-rollout) run after them.

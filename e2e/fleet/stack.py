@@ -35,14 +35,28 @@ PROBATION_S = 20.0
 a run-time OOM of new settings is caught on probation (and rolled back)."""
 
 
+STEP_S = 10.0
+"""Metrics step in e2e runs (Prometheus scrapes every second): 5 samples since a change = 50 s, not 150 s,
+and still longer than a rollout plus its probation, so a scenario's next change never races its checks."""
+MIN_CHANGE_INTERVAL_S = 10.0
+"""Minimum between two changes in e2e runs: a crash remedy acts seconds after the plan, not a minute."""
+
+
 def closed_loop_env(
-    prometheus_url: str, *, interval_s: float = 2.0, probation_s: float = PROBATION_S
+    prometheus_url: str,
+    *,
+    interval_s: float = 2.0,
+    probation_s: float = PROBATION_S,
+    step_s: float = STEP_S,
+    min_change_interval_s: float = MIN_CHANGE_INTERVAL_S,
 ) -> dict[str, str]:
-    """The operator's environment for a fast closed loop against ``prometheus_url``."""
+    """The operator's environment for a fast closed loop against ``prometheus_url`` (docs/closed-loop.md)."""
     return {
         PROMETHEUS_URL_ENV: prometheus_url,
         "KVPILOT_CLOSED_LOOP_INTERVAL": f"{interval_s:g}",
         "KVPILOT_PROBATION_SECONDS": f"{probation_s:g}",
+        "KVPILOT_METRICS_STEP_SECONDS": f"{step_s:g}",
+        "KVPILOT_MIN_CHANGE_INTERVAL": f"{min_change_interval_s:g}",
     }
 
 
