@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -605,6 +605,15 @@ class LocalCluster:
         kube-controller-manager), without which pods are not admitted."""
         self.kubectl("create", "namespace", name)
         self.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
+
+    @contextlib.contextmanager
+    def temporary_namespace(self, name: str) -> Iterator[str]:
+        """:meth:`create_namespace`, then delete it on exit (without waiting for its contents to go)."""
+        self.create_namespace(name)
+        try:
+            yield name
+        finally:
+            self.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
     def apply(self, objs: list[dict[str, Any]] | dict[str, Any]) -> None:
         """``kubectl apply`` a list of manifests (server-side apply, field manager kvpilot-e2e)."""

@@ -76,8 +76,5 @@ def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator
     base = request.node.name.lower().replace("_", "-")
     slug = "".join(ch for ch in base if ch.isalnum() or ch == "-")[:40].strip("-")
     name = f"e2e-{slug}-{uuid.uuid4().hex[:5]}"
-    cluster.create_namespace(name)
-    try:
+    with cluster.temporary_namespace(name):
         yield name
-    finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)

@@ -108,11 +108,8 @@ def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture
 def ns(cluster: LocalCluster, operator: Path) -> Iterator[str]:
     name = f"{NS_PREFIX}{uuid.uuid4().hex[:8]}"
-    cluster.create_namespace(name)
-    try:
+    with cluster.temporary_namespace(name):
         yield name
-    finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
 
 def apply_file(cluster: LocalCluster, ns: str, path: Path | None = None, doc: dict | None = None):
