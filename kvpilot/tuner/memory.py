@@ -117,6 +117,11 @@ class _Resolved:
     kv_cache_dtype: str
     dtype: str
 
+    @property
+    def sampler_rows(self) -> int:
+        """Rows of the sampler warm-up: one per sequence, at most one per batched token."""
+        return min(self.max_num_seqs, self.max_num_batched_tokens)
+
 
 def resolve_settings(
     model: ModelSpec,
@@ -184,6 +189,11 @@ def compute_activation_bytes(
     if model.is_multimodal and first:
         peak += MM_ENCODER_COPIES * tokens * h * b
     return int(peak)
+
+
+def compute_warmup_logits_bytes(model: ModelSpec, r: _Resolved) -> int:
+    """The fresh fp32 logits buffer (rows x vocabulary) the sampler warm-up allocates after graph capture."""
+    return r.sampler_rows * model.vocab_size * 4
 
 
 def compute_non_torch_bytes(gpu: GpuSpec, tp: int, pp: int, version: Version) -> int:
@@ -331,11 +341,10 @@ def compute_budget(
         # Graphs are captured after the KV cache is allocated, outside the budget; the sampler
         # warm-up that follows needs a fresh fp32 logits buffer (max_num_seqs x vocab) on top.
         headroom = gpu.total_bytes - requested - CUDA_CONTEXT_GIB * GIB
-        logits = min(r.max_num_seqs, r.max_num_batched_tokens) * model.vocab_size * 4
+        logits = compute_warmup_logits_bytes(model, r)
         if graphs + logits + POST_CAPTURE_MARGIN * gpu.total_bytes > headroom:
-            rows = min(r.max_num_seqs, r.max_num_batched_tokens)
             error = (
-                f"CUDA out of memory occurred when warming up sampler with {rows} dummy requests. "
+                f"CUDA out of memory occurred when warming up sampler with {r.sampler_rows} dummy requests. "
                 "Please try lowering `max_num_seqs` or `gpu_memory_utilization` "
                 "when initializing the engine. "
                 f"(kvpilot: vLLM {'.'.join(map(str, version))} captures ~{graphs / GIB:.2f} GiB of CUDA "

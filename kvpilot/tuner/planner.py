@@ -58,7 +58,7 @@ def compute_safe_utilization(
     r = memory.resolve_settings(model, gpu, settings, version)
     graphs = memory.compute_cuda_graph_bytes(model, gpu, tp=r.tp, pp=1, max_num_seqs=r.max_num_seqs)
     graph_share = GRAPH_ESTIMATE_ERROR if vllm_defaults.subtracts_cuda_graphs(version) else 1.0
-    logits = min(r.max_num_seqs, r.max_num_batched_tokens) * model.vocab_size * 4
+    logits = memory.compute_warmup_logits_bytes(model, r)
     headroom = (
         memory.CUDA_CONTEXT_GIB * GIB
         + (memory.NCCL_GIB * GIB if r.tp > 1 else 0)
