@@ -1,10 +1,12 @@
-"""The only module that talks to the Kubernetes API (besides kopf itself).
+"""The operator's Kubernetes client (kopf has its own; the closed loop reads pods through
+:mod:`kvpilot.operator.pod_status`, on the same ``ApiClient``).
 
 :class:`Kube` is the narrow interface the handlers need; :class:`ClusterKube`
 implements it with the ``kubernetes`` client (one shared ``ApiClient``, raw JSON
 responses so that 1000 objects do not build 1000 typed models). Methods are
-synchronous: the async ``fetch_*`` / ``apply_*`` functions elsewhere call them
-through ``asyncio.to_thread``. Tests pass a fake with the same methods.
+synchronous: :func:`~kvpilot.operator.resolve.fetch_inputs` and
+:func:`~kvpilot.operator.workloads.apply_workloads` call them in the shared
+``resolve.IO_POOL`` threads. Tests pass a fake with the same methods.
 
 Writes use server-side apply (``application/apply-patch+yaml``) with the field
 manager :data:`FIELD_MANAGER` and ``force=True``: kvpilot owns the fields it sets,
