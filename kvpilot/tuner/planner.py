@@ -93,6 +93,11 @@ def _budget(
     return memory.compute_budget(model, gpu, settings, vllm_version=version, weights_total_bytes=weights)
 
 
+def _round_to_step(length: int) -> int:
+    """``length`` rounded down to a multiple of ``CONTEXT_STEP`` (kept as is when shorter than one)."""
+    return length // CONTEXT_STEP * CONTEXT_STEP if length >= CONTEXT_STEP else length
+
+
 def _bisect_longest(ok: Callable[[int], bool], upper: int) -> int:
     """The largest length in [1, upper] with ``ok`` (assumed monotone), rounded down to a step; 0 if none."""
     if upper <= 0 or not ok(1):
@@ -106,21 +111,28 @@ def _bisect_longest(ok: Callable[[int], bool], upper: int) -> int:
             lo = mid
         else:
             hi = mid
-    return lo // CONTEXT_STEP * CONTEXT_STEP if lo >= CONTEXT_STEP else lo
+    return _round_to_step(lo)
 
 
 def _longest_fitting(
-    model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, version: str, weights: int | None, upper: int
+    model: ModelSpec,
+    gpu: GpuSpec,
+    settings: EngineSettings,
+    version: str,
+    weights: int | None,
+    upper: int,
+    hint: int | None,
 ) -> int:
-    """The longest ``max_model_len`` <= ``upper`` with which the engine starts (0 if none)."""
+    """The longest ``max_model_len`` <= ``upper`` with which the engine starts (0 if none).
+
+    ``hint`` is the ``longest_fitting_len`` of the budget at ``upper``, tried before bisecting.
+    """
 
     def starts(length: int) -> bool:
         return _budget(model, gpu, settings.replace(max_model_len=length), version, weights).starts
 
-    # Shortcut: the budget at ``upper`` already knows the longest length its KV cache holds.
-    hint = _budget(model, gpu, settings.replace(max_model_len=upper), version, weights).longest_fitting_len
     if hint:
-        guess = hint // CONTEXT_STEP * CONTEXT_STEP if hint >= CONTEXT_STEP else hint
+        guess = _round_to_step(hint)
         if guess and starts(guess) and not starts(min(upper, guess + CONTEXT_STEP)):
             return guess
     return _bisect_longest(starts, upper)
@@ -169,12 +181,14 @@ def _suggestions(
     gpu_count: int,
     bounds: ServingBounds,
     settings: EngineSettings,
+    budget: MemoryBudget,
     pinned: EngineSettings,
     version: str,
     weights: int | None,
     fits: Callable[[MemoryBudget], bool],
 ) -> list[str]:
-    """What would fit instead: more GPUs, fp8 KV, a shorter context, quantized weights."""
+    """What would fit instead of ``settings`` (whose budget is ``budget``): more GPUs, fp8 KV, a
+    shorter context, quantized weights."""
     out: list[str] = []
     if pinned.tensor_parallel_size is None:
         for count in (2, 4, 8, 16, 32, 64):
@@ -199,7 +213,7 @@ def _suggestions(
             out.append(
                 f"An fp8 KV cache (--kv-cache-dtype fp8) fits at the minimum context {floor}{note}."
             )
-    longest = _longest_fitting(model, gpu, settings, version, weights, length)
+    longest = _longest_fitting(model, gpu, settings, version, weights, length, budget.longest_fitting_len)
     if floor <= longest < length:
         out.append(f"A shorter context fits: max_model_len {longest} is the longest that starts.")
     elif 0 < longest < floor:
@@ -303,7 +317,10 @@ def compute_plan(
             f"the KV cache holds {budget.max_concurrency:.2f} sequences of {settings.max_model_len} tokens, "
             f"fewer than the expected concurrency {bounds.concurrency}."
         )
-        reasons = (why, *_suggestions(model, gpu, tp, bounds, settings, pinned, vllm_version, weights, meets))
+        reasons = (
+            why,
+            *_suggestions(model, gpu, tp, bounds, settings, budget, pinned, vllm_version, weights, meets),
+        )
     if pinned.max_num_seqs and bounds.concurrency and pinned.max_num_seqs < bounds.concurrency:
         warnings.append(
             f"The pinned max_num_seqs {pinned.max_num_seqs} is below the expected concurrency "
