@@ -73,8 +73,9 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
             raise CliError(f"{args.config} must hold a JSON object (a Hugging Face config.json)")
         model_name, checkpoint = args.config, None
     else:
-        entry = models.lookup_model(args.model)  # build_model_spec only reads the entry's config
-        config, model_name, checkpoint = entry.config, entry.id, entry.checkpoint_bytes
+        config = models.lookup_model_config(args.model)
+        model_name = models.lookup_model(args.model).id
+        checkpoint = models.lookup_checkpoint_bytes(args.model)
     gpu = gpus.lookup_gpu(args.gpu)
     spec = model_spec.build_model_spec(config)
     bounds = ServingBounds(
