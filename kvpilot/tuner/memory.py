@@ -196,7 +196,7 @@ def compute_warmup_logits_bytes(model: ModelSpec, r: _Resolved) -> int:
     return r.sampler_rows * model.vocab_size * 4
 
 
-def compute_non_torch_bytes(gpu: GpuSpec, tp: int, pp: int, version: Version) -> int:
+def compute_non_torch_bytes(tp: int, pp: int, version: Version) -> int:
     """Non-torch memory counted inside the budget (workspaces; all-reduce buffers with TP)."""
     c = coefficients(version)
     if tp == 1 and pp == 1:
@@ -208,7 +208,7 @@ def compute_non_torch_bytes(gpu: GpuSpec, tp: int, pp: int, version: Version) ->
     return int(gib * GIB)
 
 
-def compute_cuda_graph_bytes(model: ModelSpec, gpu: GpuSpec, *, tp: int, pp: int, max_num_seqs: int) -> int:
+def compute_cuda_graph_bytes(model: ModelSpec, gpu: GpuSpec, *, pp: int, max_num_seqs: int) -> int:
     """Memory of the captured CUDA graphs on one rank."""
     layers = model.num_layers_per_rank(pp)
     moe_share = (model.moe.num_moe_layers / model.num_layers) if model.moe else 0.0
@@ -277,11 +277,11 @@ def compute_budget(
     graphs = (
         0
         if enforce_eager
-        else compute_cuda_graph_bytes(model, gpu, tp=r.tp, pp=r.pp, max_num_seqs=r.max_num_seqs)
+        else compute_cuda_graph_bytes(model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs)
     )
     subtract_graphs = vllm_defaults.subtracts_cuda_graphs(version)
     in_flight = vllm_defaults.in_flight_batches(version, r.pp) * r.max_num_batched_tokens
-    non_torch = compute_non_torch_bytes(gpu, r.tp, r.pp, version)
+    non_torch = compute_non_torch_bytes(r.tp, r.pp, version)
 
     stages = []
     for rank in range(r.pp):

@@ -56,7 +56,7 @@ def compute_safe_utilization(
     """
     version = vllm_defaults.parse_version(vllm_version)
     r = memory.resolve_settings(model, gpu, settings, version)
-    graphs = memory.compute_cuda_graph_bytes(model, gpu, tp=r.tp, pp=1, max_num_seqs=r.max_num_seqs)
+    graphs = memory.compute_cuda_graph_bytes(model, gpu, pp=1, max_num_seqs=r.max_num_seqs)
     graph_share = GRAPH_ESTIMATE_ERROR if vllm_defaults.subtracts_cuda_graphs(version) else 1.0
     logits = memory.compute_warmup_logits_bytes(model, r)
     headroom = (
