@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kvpilot.tuner import errors, memory, model_spec
+from kvpilot.tuner import errors, memory, model_spec, vllm_defaults
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
 GpuLookup = Callable[[str], GpuSpec]
@@ -145,7 +145,7 @@ def compute_case_budget(
         gpu,
         settings,
         pipeline_parallel_size=_int(case, "pipeline_parallel_size") or 1,
-        vllm_version=str(case.get("vllm_version") or memory.vllm_defaults.PINNED_VLLM_VERSION),
+        vllm_version=str(case.get("vllm_version") or vllm_defaults.PINNED_VLLM_VERSION),
         weights_total_bytes=_int(case, "weights_total_bytes"),
         enforce_eager=bool(case.get("enforce_eager")),
         block_size=_int(case, "block_size"),

@@ -1,7 +1,8 @@
 """The GPU catalogue: what each GPU model gives vLLM, and how nodes name it.
 
-Sits just above :mod:`kvpilot.tuner.types`; the planner and the memory model take
-a :class:`~kvpilot.tuner.types.GpuSpec` from here, the operator turns a node's GPU
+Sits just above :mod:`kvpilot.tuner.types`; the CLI and the operator look a GPU up
+here and hand its :class:`~kvpilot.tuner.types.GpuSpec` to the planner and the
+memory model (which never import this module); the operator turns a node's GPU
 Feature Discovery labels into one with :func:`build_gpu_from_labels`. Data and
 lookups only: no I/O, no environment.
 
