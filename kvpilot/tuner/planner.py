@@ -151,10 +151,9 @@ def _choose_max_num_seqs(
     version: str,
     weights: int | None,
 ) -> int:
-    ver = vllm_defaults.parse_version(version)
-    cap = vllm_defaults.default_batch_limits(ver, gpu).max_num_seqs
     if bounds.concurrency:
         return max(1, bounds.concurrency)
+    cap = vllm_defaults.default_batch_limits(vllm_defaults.parse_version(version), gpu).max_num_seqs
     budget = _budget(model, gpu, settings.replace(max_num_seqs=cap), version, weights)
     length = settings.max_model_len or model.max_model_len
     typical = budget.kv_cache_tokens / max(1.0, TYPICAL_FILL * length)
