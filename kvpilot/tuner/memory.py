@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvpilot.tuner import kv_cache, vllm_defaults, weights
 from kvpilot.tuner.model_spec import DTYPE_BYTES, ModelSpec
@@ -219,6 +220,16 @@ def compute_cuda_graph_bytes(model: ModelSpec, gpu: GpuSpec, *, pp: int, max_num
     return int((GRAPH_BASE_GIB + GRAPH_PER_LAYER_GIB * weighted_layers * sizes / 51) * GIB)
 
 
+class _Stage(NamedTuple):
+    """The budget of one pipeline stage (its first TP rank), in bytes."""
+
+    weights: int
+    activation: int
+    available: int
+    """Left for the KV cache (may be negative)."""
+    layout: kv_cache.KvLayout
+
+
 def _check_parallel_sizes(model: ModelSpec, tp: int, pp: int) -> str | None:
     """vLLM's refusals of a parallel layout, before any memory is looked at."""
     if tp < 1 or pp < 1:
@@ -283,7 +294,7 @@ def compute_budget(
     in_flight = vllm_defaults.in_flight_batches(version, r.pp) * r.max_num_batched_tokens
     non_torch = compute_non_torch_bytes(r.tp, r.pp, version)
 
-    stages = []
+    stages: list[_Stage] = []
     for rank in range(r.pp):
         w = weights.compute_weight_bytes(
             model,
@@ -314,27 +325,27 @@ def compute_budget(
             block_size=block_size,
             vllm_version=version,
         )
-        stages.append((w, act, available, layout))
+        stages.append(_Stage(w, act, available, layout))
 
-    first_w, first_act, first_avail, first_layout = stages[0]
-    blocks = min(kv_cache.compute_num_blocks(avail, layout) for _, _, avail, layout in stages)
-    worst = min(stages, key=lambda s: s[2] / max(1, s[3].bytes_per_block))
+    first = stages[0]
+    blocks = min(kv_cache.compute_num_blocks(s.available, s.layout) for s in stages)
+    worst = min(stages, key=lambda s: s.available / max(1, s.layout.bytes_per_block))
     capacity = kv_cache.compute_capacity(
-        worst[3], worst[2], r.max_model_len, in_flight, version, num_blocks=blocks
+        worst.layout, worst.available, r.max_model_len, in_flight, version, num_blocks=blocks
     )
     error = None
     derived = model.default_max_model_len(version)
     if settings.max_model_len and settings.max_model_len > derived:
         shown: float = float(derived) if model.rotary_dim else derived  # RoPE models: scaled, so a float
         error = vllm_defaults.long_max_len_error(settings.max_model_len, model.max_len_key, shown)
-    elif any(avail <= 0 for _, _, avail, _ in stages):
+    elif any(s.available <= 0 for s in stages):
         error = vllm_defaults.no_memory_error(version)
     elif not capacity.fits:
         error = vllm_defaults.max_len_error(
             version,
             r.max_model_len,
             capacity.needed_bytes / GIB,
-            worst[2] / GIB,
+            worst.available / GIB,
             capacity.longest_fitting_len,
         )
     elif not subtract_graphs and graphs:
@@ -363,12 +374,12 @@ def compute_budget(
     return MemoryBudget(
         gpu_total_gib=gpu.total_bytes / GIB,
         requested_gib=requested / GIB,
-        weights_gib=first_w / GIB,
-        activation_gib=first_act / GIB,
+        weights_gib=first.weights / GIB,
+        activation_gib=first.activation / GIB,
         non_torch_gib=non_torch / GIB,
         cuda_graph_gib=graphs / GIB,
-        available_kv_cache_gib=first_avail / GIB,
-        kv_bytes_per_token=first_layout.bytes_per_token,
+        available_kv_cache_gib=first.available / GIB,
+        kv_bytes_per_token=first.layout.bytes_per_token,
         num_gpu_blocks=max(0, blocks),
         kv_cache_tokens=max(0, capacity.tokens),
         max_concurrency=max(0.0, capacity.max_concurrency),
