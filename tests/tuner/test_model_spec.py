@@ -10,7 +10,7 @@ from kvpilot.tuner.model_spec import CHUNKED, FULL, LINEAR, MLA, SLIDING, build_
 
 
 def kinds(spec):
-    return [layer.kind for layer in spec.layers]
+    return list(spec.layer_kinds)
 
 
 def test_llama3_gqa_versus_the_naive_formula() -> None:
