@@ -246,7 +246,14 @@ def _rope(text: Mapping[str, Any]) -> tuple[str | None, float | None, int | None
     return (str(rope_type) if rope_type else None), (float(factor) if factor else None), original
 
 
-def _max_model_len(text: Mapping[str, Any], model_type: str) -> tuple[int, str | None, int, tuple]:
+def _max_model_len(
+    text: Mapping[str, Any],
+    model_type: str,
+    rope_type: str | None,
+    factor: float | None,
+    original: int | None,
+) -> tuple[int, str | None, int]:
+    """(vLLM 0.33's default ``max_model_len``, the key it came from, the length before rope scaling)."""
     derived: float = math.inf
     key = None
     for name in _MAX_LEN_KEYS:
@@ -258,12 +265,11 @@ def _max_model_len(text: Mapping[str, Any], model_type: str) -> tuple[int, str |
     if derived == math.inf:
         derived, key = 2048, None  # vLLM's documented fallback (it logs a warning)
     base = int(derived)
-    rope_type, factor, original = _rope(text)
     if rope_type and factor and "gemma3" not in model_type and rope_type not in _ROPE_NOT_SCALED_033:
         derived = derived * factor
     if rope_type == "longrope" and original:
         derived = original
-    return int(derived), key, base, (rope_type, factor, original)
+    return int(derived), key, base
 
 
 def _layer_types(text: Mapping[str, Any], model_type: str, num_layers: int) -> list[str]:
@@ -416,7 +422,8 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     else:
         dense_inter = inter
 
-    max_len, key, base, (rope_type, factor, original) = _max_model_len(text, model_type)
+    rope_type, factor, original = _rope(text)
+    max_len, key, base = _max_model_len(text, model_type, rope_type, factor, original)
     window = text.get("sliding_window")
     mla = None
     if text.get("kv_lora_rank"):
