@@ -1,7 +1,8 @@
 """What the memory model needs to know about a model, read from its ``config.json``.
 
-Sits just above :mod:`kvpilot.tuner.types` and :mod:`kvpilot.tuner.errors`; the
-weight, KV-cache and memory modules take a :class:`ModelSpec`, never a raw config.
+Sits just above :mod:`kvpilot.tuner.layers` (the layer kinds it builds, re-exported
+here) and :mod:`kvpilot.tuner.quantization`; the weight, KV-cache and memory
+modules and the planner take a :class:`ModelSpec`, never a raw config.
 Pure: a mapping in, a frozen dataclass out (the caller reads the file).
 
 It reads the fields vLLM 0.33 reads (``vllm/config/model.py``,

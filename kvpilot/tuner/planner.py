@@ -72,7 +72,7 @@ def compute_safe_utilization(
 
 def tensor_parallel_ok(model: ModelSpec, tp: int) -> bool:
     """vLLM's rules: TP divides the attention heads and the padded vocabulary; the KV heads divide TP
-    or TP divides them."""
+    or TP divides them (not asked of MLA, whose one latent is replicated)."""
     kv = model.num_kv_heads
     padded_vocab = padded_vocab_size(model)
     heads_ok = model.num_attention_heads % tp == 0 and (model.mla is not None or kv % tp == 0 or tp % kv == 0)
