@@ -43,6 +43,9 @@ NOTHING_PINNED = EngineSettings()
 CONTEXT_STEP = 1024
 """A shortened ``max_model_len`` is rounded down to a multiple of this."""
 
+_BudgetOf = Callable[[EngineSettings], MemoryBudget]
+"""The budget of the planned model on the planned GPU under some settings (memoized per plan)."""
+
 
 def compute_safe_utilization(
     model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, bounds: ServingBounds, vllm_version: str
@@ -114,23 +117,14 @@ def _bisect_longest(ok: Callable[[int], bool], upper: int) -> int:
     return _round_to_step(lo)
 
 
-def _longest_fitting(
-    model: ModelSpec,
-    gpu: GpuSpec,
-    settings: EngineSettings,
-    version: str,
-    weights: int | None,
-    upper: int,
-    hint: int | None,
-) -> int:
-    """The longest ``max_model_len`` <= ``upper`` with which the engine starts (0 if none).
-
-    ``hint`` is the ``longest_fitting_len`` of the budget at ``upper``, tried before bisecting.
-    """
+def _longest_fitting(budget_of: _BudgetOf, settings: EngineSettings, upper: int) -> int:
+    """The longest ``max_model_len`` <= ``upper`` with which the engine starts (0 if none)."""
 
     def starts(length: int) -> bool:
-        return _budget(model, gpu, settings.replace(max_model_len=length), version, weights).starts
+        return budget_of(settings.replace(max_model_len=length)).starts
 
+    # Shortcut: the budget at ``upper`` already knows the longest length its KV cache holds.
+    hint = budget_of(settings.replace(max_model_len=upper)).longest_fitting_len
     if hint:
         guess = _round_to_step(hint)
         if guess and starts(guess) and not starts(min(upper, guess + CONTEXT_STEP)):
@@ -149,12 +143,12 @@ def _choose_max_num_seqs(
     settings: EngineSettings,
     bounds: ServingBounds,
     version: str,
-    weights: int | None,
+    budget_of: _BudgetOf,
 ) -> int:
     if bounds.concurrency:
         return max(1, bounds.concurrency)
     cap = vllm_defaults.default_batch_limits(vllm_defaults.parse_version(version), gpu).max_num_seqs
-    budget = _budget(model, gpu, settings.replace(max_num_seqs=cap), version, weights)
+    budget = budget_of(settings.replace(max_num_seqs=cap))
     length = settings.max_model_len or model.max_model_len
     typical = budget.kv_cache_tokens / max(1.0, TYPICAL_FILL * length)
     return min(cap, _round_seqs(typical))
@@ -180,20 +174,18 @@ def _suggestions(
     gpu_count: int,
     bounds: ServingBounds,
     settings: EngineSettings,
-    budget: MemoryBudget,
     pinned: EngineSettings,
     version: str,
-    weights: int | None,
+    budget_of: _BudgetOf,
     fits: Callable[[MemoryBudget], bool],
 ) -> list[str]:
-    """What would fit instead of ``settings`` (whose budget is ``budget``): more GPUs, fp8 KV, a
-    shorter context, quantized weights."""
+    """What would fit instead: more GPUs, fp8 KV, a shorter context, quantized weights."""
     out: list[str] = []
     if pinned.tensor_parallel_size is None:
         for count in (2, 4, 8, 16, 32, 64):
             if count <= gpu_count or not tensor_parallel_ok(model, count):
                 continue
-            if fits(_budget(model, gpu, settings.replace(tensor_parallel_size=count), version, weights)):
+            if fits(budget_of(settings.replace(tensor_parallel_size=count))):
                 out.append(f"{count} {gpu.name} GPUs (tensor parallel {count}) fit these settings.")
                 break
     length = settings.max_model_len or model.max_model_len
@@ -202,17 +194,17 @@ def _suggestions(
     if auto_kv and gpu.fp8_kv:
         note = "" if bounds.allow_fp8_kv else " (set allowFp8KvCache / allow_fp8_kv)"
         fp8 = settings.replace(kv_cache_dtype="fp8")
-        if fits(_budget(model, gpu, fp8, version, weights)):
+        if fits(budget_of(fp8)):
             out.append(f"An fp8 KV cache (--kv-cache-dtype fp8) fits{note}.")
         elif (
             pinned.max_model_len is None
             and floor < length
-            and fits(_budget(model, gpu, fp8.replace(max_model_len=floor), version, weights))
+            and fits(budget_of(fp8.replace(max_model_len=floor)))
         ):
             out.append(
                 f"An fp8 KV cache (--kv-cache-dtype fp8) fits at the minimum context {floor}{note}."
             )
-    longest = _longest_fitting(model, gpu, settings, version, weights, length, budget.longest_fitting_len)
+    longest = _longest_fitting(budget_of, settings, length)
     if floor <= longest < length:
         out.append(f"A shorter context fits: max_model_len {longest} is the longest that starts.")
     elif 0 < longest < floor:
@@ -245,7 +237,14 @@ def compute_plan(
 ) -> Plan:
     """Plan vLLM's engine settings for ``model`` on ``gpu_count`` x ``gpu`` within ``bounds``."""
     warnings: list[str] = []
-    weights = weights_total_bytes
+    budgets: dict[EngineSettings, MemoryBudget] = {}
+
+    def budget_of(s: EngineSettings) -> MemoryBudget:
+        # Memoized: the context searches and the suggestions revisit the same settings.
+        if s not in budgets:
+            budgets[s] = _budget(model, gpu, s, vllm_version, weights_total_bytes)
+        return budgets[s]
+
     tp = pinned.tensor_parallel_size or compute_tensor_parallel(model, gpu_count)
     if pinned.tensor_parallel_size is None and tp != gpu_count:
         warnings.append(
@@ -278,9 +277,9 @@ def compute_plan(
 
     def settle(s: EngineSettings) -> tuple[EngineSettings, MemoryBudget]:
         if pinned.max_num_seqs is None:
-            s = s.replace(max_num_seqs=_choose_max_num_seqs(model, gpu, s, bounds, vllm_version, weights))
+            s = s.replace(max_num_seqs=_choose_max_num_seqs(model, gpu, s, bounds, vllm_version, budget_of))
         s = _with_batched_tokens(s, gpu, vllm_version, pinned)
-        return s, _budget(model, gpu, s, vllm_version, weights)
+        return s, budget_of(s)
 
     settings, budget = settle(settings)
     fp8_ok = bounds.allow_fp8_kv and gpu.fp8_kv and pinned.kv_cache_dtype is None
@@ -294,9 +293,7 @@ def compute_plan(
     if not meets(budget) and pinned.max_model_len is None:
         floor = bounds.min_context or 1
         lo = _bisect_longest(
-            lambda length: meets(
-                _budget(model, gpu, settings.replace(max_model_len=length), vllm_version, weights)
-            ),
+            lambda length: meets(budget_of(settings.replace(max_model_len=length))),
             wanted,
         )
         if lo >= floor:
@@ -316,10 +313,8 @@ def compute_plan(
             f"the KV cache holds {budget.max_concurrency:.2f} sequences of {settings.max_model_len} tokens, "
             f"fewer than the expected concurrency {bounds.concurrency}."
         )
-        reasons = (
-            why,
-            *_suggestions(model, gpu, tp, bounds, settings, budget, pinned, vllm_version, weights, meets),
-        )
+        suggestions = _suggestions(model, gpu, tp, bounds, settings, pinned, vllm_version, budget_of, meets)
+        reasons = (why, *suggestions)
     if pinned.max_num_seqs and bounds.concurrency and pinned.max_num_seqs < bounds.concurrency:
         warnings.append(
             f"The pinned max_num_seqs {pinned.max_num_seqs} is below the expected concurrency "
