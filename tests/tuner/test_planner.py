@@ -126,3 +126,20 @@ def test_suggestions_respect_the_minimum_context() -> None:
     squeezed = compute_plan(spec, l4, 1, ServingBounds(min_context=40960, max_context=131072))
     if not squeezed.feasible:
         assert any("fp8" in r and "40960" in r for r in squeezed.reasons), squeezed.reasons
+
+
+@pytest.mark.parametrize(
+    "bounds", [ServingBounds(), ServingBounds(min_context=131072), ServingBounds(concurrency=64)]
+)
+def test_a_plan_computes_each_budget_once(monkeypatch: pytest.MonkeyPatch, bounds: ServingBounds) -> None:
+    # The context searches and the suggestions revisit settings: the planner asks memory once per settings.
+    seen: list[tuple[object, ...]] = []
+    compute_budget = planner.memory.compute_budget
+
+    def counting(model, gpu, settings, **kw):
+        seen.append((model, gpu, settings, *sorted(kw.items())))
+        return compute_budget(model, gpu, settings, **kw)
+
+    monkeypatch.setattr(planner.memory, "compute_budget", counting)
+    planner.compute_plan(LLAMA_8B, L4, 1, bounds)
+    assert seen and len(seen) == len(set(seen))
