@@ -287,7 +287,7 @@ def list_gpus() -> tuple[GpuSpec, ...]:
 def _suggest(name: str) -> str:
     key = _normalise(name)
     candidates = {_normalise(spec.name): spec.name for spec in CATALOGUE}
-    candidates.update({alias: target for alias, target in ALIASES.items()})
+    candidates.update(ALIASES)
     names: list[str] = []
     close = [c for c in candidates if key and (key in c or c in key)]
     close += difflib.get_close_matches(key, list(candidates), n=6, cutoff=0.5)
