@@ -266,6 +266,12 @@ def validate_extra_args(args: Sequence[str]) -> None:
         reason = UNSUPPORTED_FLAGS.get(flag)
         if reason is None and flag.startswith("--kv-cache-memory"):
             reason = UNSUPPORTED_FLAGS["--kv-cache-memory-bytes"]
+        if reason is None and len(flag) > 2:
+            # vLLM accepts unique prefixes, so --num-gpu-blocks is --num-gpu-blocks-override.
+            for override in sorted(SIZING_OVERRIDE_FLAGS):
+                if override.startswith(flag):
+                    reason = f"it abbreviates {override}: {UNSUPPORTED_FLAGS[override]}"
+                    break
         if reason is not None:
             raise errors.InvalidEngineArgs(f"vLLM argument {flag} is not accepted: {reason}.", flag=flag)
         if flag not in _FIELD_BY_FLAG and len(flag) > 2:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvpilot.tuner import vllm_args
+from kvpilot.tuner import errors, vllm_args
 from kvpilot.tuner.types import EngineSettings
 
 pytestmark = pytest.mark.contract
@@ -127,6 +127,14 @@ def test_no_vllm_flag_abbreviates_a_tuned_flag(vllm_parser: Any) -> None:
     tuned = set(vllm_args.FLAGS.values()) | set(vllm_args.FLAG_ALIASES)
     for option in {o for options in _option_strings(vllm_parser).values() for o in options} - tuned:
         assert not any(flag.startswith(option) for flag in vllm_args.FLAGS.values()), option
+
+
+def test_abbreviated_sizing_overrides_are_real_and_refused(vllm_parser: Any) -> None:
+    """vLLM takes --num-gpu-blocks as --num-gpu-blocks-override (unique prefix); kvpilot refuses it."""
+    parsed = vllm_parser.parse_args(["--num-gpu-blocks", "100"])
+    assert parsed.num_gpu_blocks_override == 100
+    with pytest.raises(errors.InvalidEngineArgs, match="abbreviates --num-gpu-blocks-override"):
+        vllm_args.validate_extra_args(["--num-gpu-blocks", "100"])
 
 
 @pytest.mark.parametrize("flag", sorted(vllm_args.UNSUPPORTED_FLAGS))

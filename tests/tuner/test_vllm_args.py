@@ -121,7 +121,15 @@ def test_unsupported_flags_are_refused_with_a_reason(flag: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [["--max-model", "4096"], ["--max-num", "8"], ["--gpu-mem=0.8"], ["--kv-cache-memory=8G"]]
+    "args",
+    [
+        ["--max-model", "4096"],
+        ["--max-num", "8"],
+        ["--gpu-mem=0.8"],
+        ["--kv-cache-memory=8G"],
+        ["--num-gpu-blocks", "100"],
+        ["--num_gpu_blocks_over=100"],
+    ],
 )
 def test_abbreviations_that_would_fight_the_plan_are_refused(args: list[str]) -> None:
     with pytest.raises(errors.InvalidEngineArgs):
