@@ -174,7 +174,10 @@ class HostOperator:
 
 
 def assert_no_forbidden(op: HostOperator) -> None:
-    denied = [ln for ln in op.log.splitlines() if re.search(r"\b403\b|[Ff]orbidden", ln)]
+    # The leading "[2026-11-30 12:39:35,403]" stamp is cut first: its milliseconds can read 403.
+    denied = [
+        ln for ln in op.log.splitlines() if re.search(r"\b403\b|[Ff]orbidden", re.sub(r"^\[[^\]]*\]", "", ln))
+    ]
     assert denied == [], "the operator hit RBAC denials:\n" + "\n".join(denied[:20])
 
 
