@@ -107,72 +107,13 @@ _LLAMA_3_1_70B_INSTRUCT = {
 
 
 # config.json of meta-llama/Llama-3.3-70B-Instruct as published on the Hub.
-_LLAMA_3_3_70B_INSTRUCT = {
-    "architectures": ["LlamaForCausalLM"],
-    "attention_bias": False,
-    "attention_dropout": 0.0,
-    "bos_token_id": 128000,
-    "eos_token_id": [128001, 128008, 128009],
-    "hidden_act": "silu",
-    "hidden_size": 8192,
-    "initializer_range": 0.02,
-    "intermediate_size": 28672,
-    "max_position_embeddings": 131072,
-    "mlp_bias": False,
-    "model_type": "llama",
-    "num_attention_heads": 64,
-    "num_hidden_layers": 80,
-    "num_key_value_heads": 8,
-    "pretraining_tp": 1,
-    "rms_norm_eps": 1e-05,
-    "rope_scaling": {
-        "factor": 8.0,
-        "high_freq_factor": 4.0,
-        "low_freq_factor": 1.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-    "rope_theta": 500000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "transformers_version": "4.47.0.dev0",
-    "use_cache": True,
-    "vocab_size": 128256,
-}
+_LLAMA_3_3_70B_INSTRUCT = {**_LLAMA_3_1_70B_INSTRUCT, "transformers_version": "4.47.0.dev0"}
 
 
 # config.json of RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8 as published on the Hub.
 _META_LLAMA_3_1_70B_INSTRUCT_FP8 = {
-    "architectures": ["LlamaForCausalLM"],
-    "attention_bias": False,
-    "attention_dropout": 0.0,
-    "bos_token_id": 128000,
-    "eos_token_id": [128001, 128008, 128009],
-    "hidden_act": "silu",
-    "hidden_size": 8192,
-    "initializer_range": 0.02,
-    "intermediate_size": 28672,
-    "max_position_embeddings": 131072,
-    "mlp_bias": False,
-    "model_type": "llama",
-    "num_attention_heads": 64,
-    "num_hidden_layers": 80,
-    "num_key_value_heads": 8,
-    "pretraining_tp": 1,
-    "rms_norm_eps": 1e-05,
-    "rope_scaling": {
-        "factor": 8.0,
-        "high_freq_factor": 4.0,
-        "low_freq_factor": 1.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-    "rope_theta": 500000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
+    **_LLAMA_3_1_70B_INSTRUCT,
     "transformers_version": "4.44.0",
-    "use_cache": True,
-    "vocab_size": 128256,
     "quantization_config": {
         "config_groups": {
             "group_0": {
