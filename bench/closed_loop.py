@@ -6,14 +6,14 @@ workload. The ground truth is written out here, number by number: it does **not*
 kvpilot's memory model, so kvpilot is judged against a world it did not write. What kvpilot
 knows is the planner's budget for its first settings (deliberately imperfect in some
 scenarios), what the pods say when they stop (vLLM's own error texts, classified by
-``kvpilot.tuner.restarts``) and the metrics a Prometheus would have (30 s samples).
+``kvpilot.tuner.loop.restarts``) and the metrics a Prometheus would have (30 s samples).
 
 Controllers:
 
 * ``vllm-defaults`` -- vLLM 0.33's defaults on an 80 GB GPU: utilisation 0.92, 1024 sequences,
   8192 batched tokens, the model's full context. Fixed.
 * ``fixed-safe``   -- what a cautious person pins: utilisation 0.85, 64 sequences, 32k context. Fixed.
-* ``kvpilot``      -- starts from the plan and runs ``kvpilot.tuner.policy.compute_decision``
+* ``kvpilot``      -- starts from the plan and runs ``kvpilot.tuner.loop.policy.compute_decision``
   every 30 s, with the operator's rules: one rollout at a time, the old pod serves until the
   new one is Ready (``maxSurge: 1, maxUnavailable: 0``), rollback to the last good settings.
 
@@ -35,10 +35,17 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from kvpilot.tuner.history import HistoryAction, HistoryEntry, build_history
-from kvpilot.tuner.observations import LengthSummary, MetricsSample, ObservationWindow, RestartEvent
-from kvpilot.tuner.policy import Action, PolicyConfig, RolloutState, Trigger, TuningBounds, compute_decision
-from kvpilot.tuner.restarts import classify_termination
+from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry, build_history
+from kvpilot.tuner.loop.observations import LengthSummary, MetricsSample, ObservationWindow, RestartEvent
+from kvpilot.tuner.loop.policy import (
+    Action,
+    PolicyConfig,
+    RolloutState,
+    Trigger,
+    TuningBounds,
+    compute_decision,
+)
+from kvpilot.tuner.loop.restarts import classify_termination
 from kvpilot.tuner.types import EngineSettings, MemoryBudget
 
 GIB = 1 << 30

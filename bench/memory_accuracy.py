@@ -1,6 +1,6 @@
 """How close kvpilot's memory model comes to real vLLM start-ups.
 
-Runs :func:`kvpilot.tuner.estimate.compute_estimates` (the core of
+Runs :func:`kvpilot.tuner.memory.estimate.compute_estimates` (the core of
 ``kvpilot estimate --cases``) over the calibration set of real vLLM start-up logs
 (``../shared/data/vllm_memory_cases.json`` by default, or ``--cases FILE``) and
 prints, for the V1-engine cases: the median and worst relative error of the
@@ -28,7 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvpilot.tuner import estimate, model_spec, weights  # noqa: E402
+from kvpilot.tuner.memory import estimate, weights  # noqa: E402
+from kvpilot.tuner.model import spec as model_spec  # noqa: E402
 from kvpilot.tuner.types import GIB  # noqa: E402
 
 DEFAULT_CASES = ROOT.parent / "shared" / "data" / "vllm_memory_cases.json"

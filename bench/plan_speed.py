@@ -13,7 +13,8 @@ import argparse
 import statistics
 import time
 
-from kvpilot.tuner import TunerError, build_model_spec, compute_plan, gpus, models
+from kvpilot.tuner import TunerError, build_model_spec, compute_plan, gpus
+from kvpilot.tuner.model import catalogue as models
 from kvpilot.tuner.types import ServingBounds
 
 GOAL_MS = 5.0

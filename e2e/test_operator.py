@@ -269,7 +269,7 @@ def test_invalid_manifest(cluster: LocalCluster, ns: str, case: Case) -> None:
 
 def test_configmap_config_missing_then_created(cluster: LocalCluster, ns: str) -> None:
     """A missing ConfigMap is retried with back-off; creating it later is picked up without a spec change."""
-    from kvpilot.tuner import models
+    from kvpilot.tuner.model import catalogue as models
 
     doc = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "custom"},
            "spec": {"model": {"id": "acme/custom-8b", "source": "ConfigMap",

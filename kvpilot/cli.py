@@ -23,8 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvpilot.tuner import errors, gpus, models, vllm_defaults
+from kvpilot.tuner import errors, gpus
+from kvpilot.tuner.model import catalogue as models
 from kvpilot.tuner.types import GIB, Plan, ServingBounds
+from kvpilot.tuner.vllm import versions as vllm_defaults
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
 
@@ -65,7 +67,8 @@ def _read_json(path: str) -> Any:
 
 
 def _plan(args: argparse.Namespace, out: TextIO) -> int:
-    from kvpilot.tuner import model_spec, planner
+    from kvpilot.tuner.model import spec as model_spec
+    from kvpilot.tuner.plan import planner
 
     if args.config:
         config = _read_json(args.config)
@@ -188,7 +191,7 @@ def _models(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _estimate(args: argparse.Namespace, out: TextIO) -> int:
-    from kvpilot.tuner import estimate
+    from kvpilot.tuner.memory import estimate
 
     cases = _read_json(args.cases)
     if not isinstance(cases, list):

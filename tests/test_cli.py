@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvpilot import cli
-from kvpilot.tuner import models
+from kvpilot.tuner.model import catalogue as models
 
 SHARED_CASES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vllm_memory_cases.json"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

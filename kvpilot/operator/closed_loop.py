@@ -35,15 +35,16 @@ from kvpilot.operator import api, errors, events, metrics, pod_status, prometheu
 from kvpilot.operator import loop_state as state_mod
 from kvpilot.operator.kube import Kube
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner import memory, remedies
-from kvpilot.tuner.observations import ObservationWindow
-from kvpilot.tuner.policy import (
+from kvpilot.tuner.loop import remedies
+from kvpilot.tuner.loop.observations import ObservationWindow
+from kvpilot.tuner.loop.policy import (
     Decision,
     PolicyConfig,
     TuningBounds,
     compute_decision,
     compute_metrics_status,
 )
+from kvpilot.tuner.memory import budget as memory
 from kvpilot.tuner.types import EngineSettings, MemoryBudget
 
 INTERVAL_ENV = "KVPILOT_CLOSED_LOOP_INTERVAL"

@@ -7,7 +7,7 @@ Everything the loop remembers lives in the InferenceService's ``status`` (api-co
 and carries on: nothing is kept in memory between ticks.
 
 :func:`build_loop_state` reads the status; :func:`build_status_patch` turns one
-:class:`~kvpilot.tuner.policy.Decision` into a JSON merge patch plus the events to post.
+:class:`~kvpilot.tuner.loop.policy.Decision` into a JSON merge patch plus the events to post.
 Both are pure (``now`` is an argument); :mod:`kvpilot.operator.closed_loop` does the I/O.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 from kvpilot.operator import api, conditions, events
 from kvpilot.operator import status as statuses
 from kvpilot.operator.pod_status import format_time, parse_time
-from kvpilot.tuner.history import HistoryAction, HistoryEntry
-from kvpilot.tuner.observations import RestartKind
-from kvpilot.tuner.policy import Action, Decision, MetricsStatus, RolloutState, Trigger
+from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
+from kvpilot.tuner.loop.observations import RestartKind
+from kvpilot.tuner.loop.policy import Action, Decision, MetricsStatus, RolloutState, Trigger
 from kvpilot.tuner.types import GIB, EngineSettings, MemoryBudget
 
 METRICS_AVAILABLE = "MetricsAvailable"

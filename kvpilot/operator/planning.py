@@ -1,10 +1,10 @@
 """From a spec and its resolved inputs to the settings the Deployment gets: the tuning modes.
 
 * The user's fixed values are ``spec.engine.pinned`` plus any tuned flag written in
-  ``spec.engine.extraArgs`` (split off by :func:`kvpilot.tuner.vllm_args.parse_vllm_args`;
+  ``spec.engine.extraArgs`` (split off by :func:`kvpilot.tuner.vllm.args.parse_vllm_args`;
   a conflict between the two is an :class:`~kvpilot.operator.errors.InvalidSpec`).
   The tensor-parallel size is always fixed by the user's GPU request.
-* The planner (:func:`kvpilot.tuner.planner.compute_plan`) runs in every mode; its
+* The planner (:func:`kvpilot.tuner.plan.planner.compute_plan`) runs in every mode; its
   results are cached by their inputs, so many identical services cost one plan.
 * ``Auto`` deploys the plan; ``Recommend`` deploys the user's own settings and
   publishes the plan as ``status.recommendation``; ``Off`` deploys the user's own
@@ -25,8 +25,8 @@ from typing import Any
 
 from kvpilot.operator import api, errors
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner import vllm_args
 from kvpilot.tuner.types import EngineSettings, GpuSpec, Plan, ServingBounds
+from kvpilot.tuner.vllm import args as vllm_args
 
 PlanFn = Callable[..., Plan]
 
@@ -85,7 +85,7 @@ def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
 
 
 def _default_plan_fn() -> PlanFn:
-    from kvpilot.tuner import planner
+    from kvpilot.tuner.plan import planner
 
     return planner.compute_plan  # type: ignore[no-any-return]
 

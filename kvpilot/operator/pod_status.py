@@ -5,7 +5,7 @@ ReplicaSets): a pod's settings are parsed back from its container ``args``, so t
 evidence is always attributed to the settings that produced it, also across an operator
 restart. Restarts come from ``lastState.terminated`` (``message`` holds the log tail:
 the Deployment sets ``terminationMessagePolicy: FallbackToLogsOnError``), classified by
-:func:`kvpilot.tuner.restarts.classify_termination`; when the message says nothing, the
+:func:`kvpilot.tuner.loop.restarts.classify_termination`; when the message says nothing, the
 previous container's log tail is read and classified instead.
 
 :func:`build_pod_view` and :func:`compute_pod_summary` are pure; :class:`ClusterPods`
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner import vllm_args
-from kvpilot.tuner.observations import RestartEvent, RestartKind
-from kvpilot.tuner.restarts import classify_termination
+from kvpilot.tuner.loop.observations import RestartEvent, RestartKind
+from kvpilot.tuner.loop.restarts import classify_termination
 from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.vllm import args as vllm_args
 
 CONTAINER = "vllm"
 LOG_TAIL_LINES = 400

@@ -1,7 +1,7 @@
 """Resolve what the planner needs: the model's config and the GPU it will run on.
 
 * Model config (``spec.model.source``): the built-in catalogue
-  (:func:`kvpilot.tuner.models.lookup_model_config`), a ConfigMap's ``config.json``,
+  (:func:`kvpilot.tuner.model.catalogue.lookup_model_config`), a ConfigMap's ``config.json``,
   or the Hugging Face Hub (optionally with a token from a Secret; the token is never
   logged, cached on disk by us, or written to status).
 * GPU: ``spec.gpu.product`` through the catalogue (:func:`kvpilot.tuner.gpus.lookup_gpu`),
@@ -31,7 +31,9 @@ from typing import Any
 from kvpilot.operator import api, errors
 from kvpilot.operator.kube import Kube, build_label_selector
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner import gpus, model_spec, models
+from kvpilot.tuner import gpus
+from kvpilot.tuner.model import catalogue as models
+from kvpilot.tuner.model import spec as model_spec
 from kvpilot.tuner.types import GpuSpec
 
 NODE_CACHE_TTL_S = 30.0

@@ -31,8 +31,9 @@ from typing import Any
 
 from kvpilot.operator import api, resolve
 from kvpilot.operator.kube import Kube
-from kvpilot.tuner import gpus, vllm_args
+from kvpilot.tuner import gpus
 from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.vllm import args as vllm_args
 
 PORT = 8000
 HF_TOKEN_ENV = "HF_TOKEN"

@@ -25,12 +25,12 @@ from kvpilot.tuner.errors import (
     UnknownModel,
 )
 from kvpilot.tuner.gpus import build_gpu_from_labels, list_gpus, lookup_gpu
-from kvpilot.tuner.memory import compute_budget
-from kvpilot.tuner.model_spec import ModelSpec, build_model_spec
-from kvpilot.tuner.models import list_models, lookup_model_config
-from kvpilot.tuner.planner import compute_plan
+from kvpilot.tuner.memory.budget import compute_budget
+from kvpilot.tuner.model.catalogue import list_models, lookup_model_config
+from kvpilot.tuner.model.spec import ModelSpec, build_model_spec
+from kvpilot.tuner.plan.planner import compute_plan
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
-from kvpilot.tuner.vllm_args import build_vllm_args, parse_vllm_args, validate_extra_args
+from kvpilot.tuner.vllm.args import build_vllm_args, parse_vllm_args, validate_extra_args
 
 __all__ = [
     "EngineSettings",

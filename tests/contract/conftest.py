@@ -87,7 +87,7 @@ def model_dir_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Map
 @pytest.fixture(scope="session")
 def local_model_dir(model_dir_factory: Callable[[Mapping[str, object]], Path]) -> Path:
     """A Llama 3.1 8B folder, for EngineArgs round trips (vLLM resolves ``--model`` first)."""
-    from kvpilot.tuner import models
+    from kvpilot.tuner.model import catalogue as models
 
     return model_dir_factory(models.lookup_model_config("meta-llama/Llama-3.1-8B-Instruct"))
 
@@ -114,7 +114,7 @@ def catalogue_model_config(
     model_dir_factory: Callable[[Mapping[str, object]], Path], vllm_model_config: Callable[[Path], typing.Any]
 ) -> Callable[[str], typing.Any]:
     """vLLM's ``ModelConfig`` of a catalogue model, built once per session."""
-    from kvpilot.tuner import models
+    from kvpilot.tuner.model import catalogue as models
 
     cache: dict[str, typing.Any] = {}
 

@@ -1,7 +1,7 @@
 """Contract: kvpilot's model arithmetic agrees with vLLM 0.33's own ``ModelConfig``.
 
 For every catalogue model the same config.json goes to
-:func:`kvpilot.tuner.model_spec.build_model_spec` and to vLLM's ``ModelConfig``
+:func:`kvpilot.tuner.model.spec.build_model_spec` and to vLLM's ``ModelConfig``
 (a local folder, no tokenizer, no network); layers, KV heads per rank at TP
 1/2/4/8, head size, hidden size, vocabulary, the derived ``max_model_len``, the
 sliding window, MLA and the layer kinds must match.
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from kvpilot.tuner import models
-from kvpilot.tuner.model_spec import CHUNKED, FULL, LINEAR, MLA, SLIDING, ModelSpec, build_model_spec
+from kvpilot.tuner.model import catalogue as models
+from kvpilot.tuner.model.spec import CHUNKED, FULL, LINEAR, MLA, SLIDING, ModelSpec, build_model_spec
 
 pytestmark = pytest.mark.contract
 

@@ -2,7 +2,7 @@
 
 All catalogue models x all catalogue GPUs x 1/2/4/8 GPUs x a few bounds: the
 rendered ``plan.args`` parse with vLLM's own parser to exactly the planned
-settings, parse back with :func:`kvpilot.tuner.vllm_args.parse_vllm_args`, the
+settings, parse back with :func:`kvpilot.tuner.vllm.args.parse_vllm_args`, the
 planned tensor-parallel size passes vLLM's ``verify_with_parallel_config``, and
 the planned ``max_model_len`` never exceeds the length vLLM derives itself.
 """
@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-from kvpilot.tuner import build_model_spec, compute_plan, gpus, models, vllm_args
+from kvpilot.tuner import build_model_spec, compute_plan, gpus
+from kvpilot.tuner.model import catalogue as models
 from kvpilot.tuner.types import EngineSettings, ServingBounds
+from kvpilot.tuner.vllm import args as vllm_args
 
 pytestmark = pytest.mark.contract
 

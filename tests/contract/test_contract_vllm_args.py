@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from kvpilot.tuner import errors, vllm_args
+from kvpilot.tuner import errors
 from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.vllm import args as vllm_args
 
 pytestmark = pytest.mark.contract
 

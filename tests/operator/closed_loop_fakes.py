@@ -11,8 +11,8 @@ import kopf
 from operator_fakes import Harness, _merge
 
 from kvpilot.operator import closed_loop
-from kvpilot.tuner.observations import LengthSummary, MetricsSample, ObservationWindow
-from kvpilot.tuner.policy import Decision
+from kvpilot.tuner.loop.observations import LengthSummary, MetricsSample, ObservationWindow
+from kvpilot.tuner.loop.policy import Decision
 
 T0 = datetime.datetime(2026, 11, 30, 11, 0, tzinfo=datetime.UTC).timestamp()
 """An hour after the fake reconciler's Planned entry (10:00): no cooldown left."""

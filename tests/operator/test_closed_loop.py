@@ -14,7 +14,7 @@ from closed_loop_fakes import T0, LoopHarness, pod, rfc3339, window
 from operator_fakes import Harness, condition, isvc
 
 from kvpilot.operator import closed_loop
-from kvpilot.tuner.policy import Action, Trigger
+from kvpilot.tuner.loop.policy import Action, Trigger
 
 OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total capacity of "

@@ -18,7 +18,7 @@ import pytest
 
 from kvpilot.operator import prometheus
 from kvpilot.operator.pod_status import build_pod_view, compute_pod_summary
-from kvpilot.tuner.observations import RestartKind
+from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.types import EngineSettings
 
 NOW = 1_800_000_000.0

@@ -209,7 +209,7 @@ async def test_configmap_not_json(harness: Harness) -> None:
 
 
 async def test_configmap_config_is_planned(harness: Harness) -> None:
-    from kvpilot.tuner import models
+    from kvpilot.tuner.model import catalogue as models
 
     config = models.lookup_model_config(LLAMA_8B)
     harness.kube.config_maps[("ns1", "cfg")] = {"cfg.json": json.dumps(config)}
@@ -230,7 +230,7 @@ async def test_hub_unreachable_backs_off(harness: Harness) -> None:
 
 
 async def test_hub_with_token_secret(harness: Harness) -> None:
-    from kvpilot.tuner import models
+    from kvpilot.tuner.model import catalogue as models
 
     harness.hub_result = models.lookup_model_config(LLAMA_8B)
     harness.kube.secrets[("ns1", "hf")] = {"token": "hf_SECRET123"}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvpilot.tuner.history import HistoryAction, HistoryEntry
-from kvpilot.tuner.observations import (
+from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
+from kvpilot.tuner.loop.observations import (
     LengthSummary,
     MetricsSample,
     ObservationWindow,

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpilot.tuner import errors, estimate
+from kvpilot.tuner import errors
+from kvpilot.tuner.memory import estimate
 from kvpilot.tuner.types import GIB, GpuSpec
 
 CASES = Path(__file__).resolve().parents[3] / "shared" / "data" / "vllm_memory_cases.json"

@@ -7,8 +7,8 @@ import dataclasses
 import model_configs_for_tests as cfg
 import pytest
 
-from kvpilot.tuner import kv_cache
-from kvpilot.tuner.model_spec import build_model_spec
+from kvpilot.tuner.memory import kv_cache
+from kvpilot.tuner.model.spec import build_model_spec
 from kvpilot.tuner.types import GIB
 
 V019 = (0, 19, 0)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import model_configs_for_tests as cfg
 import pytest
 
-from kvpilot.tuner import memory, vllm_defaults
-from kvpilot.tuner.model_spec import build_model_spec
+from kvpilot.tuner.memory import budget as memory
+from kvpilot.tuner.model.spec import build_model_spec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec
+from kvpilot.tuner.vllm import versions as vllm_defaults
 
 H100 = GpuSpec("H100-SXM", 85_031_714_816, (9, 0), True, "nvlink", nvml_total_bytes=81_559 << 20)
 """79.19 GiB CUDA-visible (vllm_reference §8), NVML 81,559 MiB."""

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvpilot.tuner import errors, models
-from kvpilot.tuner.model_spec import MLA, SLIDING, build_model_spec
+from kvpilot.tuner import errors
+from kvpilot.tuner.model import catalogue as models
+from kvpilot.tuner.model.spec import MLA, SLIDING, build_model_spec
 
 CASES_FILE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "vllm_memory_cases.json"
 

@@ -6,7 +6,7 @@ import model_configs_for_tests as cfg
 import pytest
 
 from kvpilot.tuner import errors
-from kvpilot.tuner.model_spec import CHUNKED, FULL, LINEAR, MLA, SLIDING, build_model_spec
+from kvpilot.tuner.model.spec import CHUNKED, FULL, LINEAR, MLA, SLIDING, build_model_spec
 
 
 def kinds(spec):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import model_configs_for_tests as cfg
 import pytest
 
-from kvpilot.tuner import planner
-from kvpilot.tuner.model_spec import build_model_spec
+from kvpilot.tuner.model.spec import build_model_spec
+from kvpilot.tuner.plan import planner
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, ServingBounds
 
 H100 = GpuSpec("H100-SXM", 85_031_714_816, (9, 0), True, "nvlink", nvml_total_bytes=81_559 << 20)
@@ -112,7 +112,8 @@ def test_version_is_an_input() -> None:
 
 def test_suggestions_respect_the_minimum_context() -> None:
     """An infeasible plan never offers a context below min_context as the fix, and looks for fp8 there."""
-    from kvpilot.tuner import gpus, models
+    from kvpilot.tuner import gpus
+    from kvpilot.tuner.model import catalogue as models
 
     spec = build_model_spec(models.lookup_model_config("meta-llama/Llama-3.1-8B-Instruct"))
     l4 = gpus.lookup_gpu("L4")

@@ -8,8 +8,8 @@ import model_configs_for_tests as cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpilot.tuner import planner
-from kvpilot.tuner.model_spec import build_model_spec
+from kvpilot.tuner.model.spec import build_model_spec
+from kvpilot.tuner.plan import planner
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, ServingBounds
 
 MODELS = [

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 from policy_fixtures import BUDGET, CURRENT, NOW, entry, restart, window
 
-from kvpilot.tuner import history as history_mod
-from kvpilot.tuner import remedies
-from kvpilot.tuner.history import HistoryAction, HistoryEntry
-from kvpilot.tuner.observations import ObservationWindow, RestartKind
-from kvpilot.tuner.policy import (
+from kvpilot.tuner.loop import history as history_mod
+from kvpilot.tuner.loop import remedies
+from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
+from kvpilot.tuner.loop.observations import ObservationWindow, RestartKind
+from kvpilot.tuner.loop.policy import (
     Action,
     Decision,
     PolicyConfig,
@@ -21,7 +21,7 @@ from kvpilot.tuner.policy import (
     compute_decision,
     compute_metrics_status,
 )
-from kvpilot.tuner.remedies import Situation
+from kvpilot.tuner.loop.remedies import Situation
 from kvpilot.tuner.types import EngineSettings
 
 POLICY = PolicyConfig()

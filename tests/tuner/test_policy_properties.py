@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from policy_fixtures import BUDGET, NOW
 
-from kvpilot.tuner import history as history_mod
-from kvpilot.tuner import remedies
-from kvpilot.tuner.history import HistoryAction, HistoryEntry
-from kvpilot.tuner.observations import (
+from kvpilot.tuner.loop import history as history_mod
+from kvpilot.tuner.loop import remedies
+from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
+from kvpilot.tuner.loop.observations import (
     LengthSummary,
     MetricsSample,
     ObservationWindow,
@@ -27,7 +27,14 @@ from kvpilot.tuner.observations import (
     RestartEvent,
     RestartKind,
 )
-from kvpilot.tuner.policy import Action, PolicyConfig, RolloutState, Trigger, TuningBounds, compute_decision
+from kvpilot.tuner.loop.policy import (
+    Action,
+    PolicyConfig,
+    RolloutState,
+    Trigger,
+    TuningBounds,
+    compute_decision,
+)
 from kvpilot.tuner.types import EngineSettings
 
 POLICY = PolicyConfig()

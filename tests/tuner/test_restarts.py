@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.tuner.observations import RestartKind
-from kvpilot.tuner.restarts import classify_termination
+from kvpilot.tuner.loop.observations import RestartKind
+from kvpilot.tuner.loop.restarts import classify_termination
 
 V1_KV_033 = (
     "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
@@ -159,7 +159,7 @@ def test_other_keeps_the_last_line() -> None:
 
 def test_matches_the_memory_models_own_error_texts() -> None:
     """The tuner's start-up simulator prints what vLLM prints; the classifier must read it back."""
-    from kvpilot.tuner import vllm_defaults
+    from kvpilot.tuner.vllm import versions as vllm_defaults
 
     for version in ((0, 10), (0, 13), (0, 15), (0, 25), (0, 33)):
         text = vllm_defaults.max_len_error(version, 65536, 8.0, 5.25, 41984)

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvpilot.tuner import errors, vllm_args
+from kvpilot.tuner import errors
 from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.vllm import args as vllm_args
 
 
 def test_renders_every_set_field_in_order() -> None:

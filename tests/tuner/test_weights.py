@@ -7,8 +7,8 @@ import dataclasses
 import model_configs_for_tests as cfg
 import pytest
 
-from kvpilot.tuner import weights
-from kvpilot.tuner.model_spec import QuantSpec, build_model_spec
+from kvpilot.tuner.memory import weights
+from kvpilot.tuner.model.spec import QuantSpec, build_model_spec
 from kvpilot.tuner.types import GIB
 
 LLAMA_8B_CHECKPOINT = 16_060_522_496

@@ -1,7 +1,7 @@
 """KV-cache geometry: bytes per page, block grouping, block counts, capacity, fit.
 
-Sits above :mod:`kvpilot.tuner.model_spec` and :mod:`kvpilot.tuner.vllm_defaults`;
-:mod:`kvpilot.tuner.memory` hands it the bytes left for the cache. Mirrors
+Sits above :mod:`kvpilot.tuner.model.spec` and :mod:`kvpilot.tuner.vllm.versions`;
+:mod:`kvpilot.tuner.memory.budget` hands it the bytes left for the cache. Mirrors
 ``vllm/v1/kv_cache_interface.py`` (page sizes, per-request block needs) and
 ``vllm/v1/core/kv_cache_planning.py`` (grouping of hybrid models, bytes per block,
 ``num_blocks = available // bytes_per_block``, the max-model-len check).
@@ -17,9 +17,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kvpilot.tuner import vllm_defaults
-from kvpilot.tuner.model_spec import CHUNKED, DTYPE_BYTES, FULL, LINEAR, MLA, SLIDING, ModelSpec
-from kvpilot.tuner.vllm_defaults import Version
+from kvpilot.tuner.model.spec import CHUNKED, DTYPE_BYTES, FULL, LINEAR, MLA, SLIDING, ModelSpec
+from kvpilot.tuner.vllm import versions as vllm_defaults
+from kvpilot.tuner.vllm.versions import Version
 
 FP8_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})
 HYBRID_MAMBA_BLOCK_ALIGN = 16

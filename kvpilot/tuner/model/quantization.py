@@ -1,8 +1,8 @@
 """Quantized checkpoints: what a ``quantization_config`` says, and what a weight then costs.
 
 Sits at the bottom of the memory model beside :mod:`kvpilot.tuner.types`;
-:mod:`kvpilot.tuner.model_spec` parses a config's ``quantization_config`` with
-:func:`build_quant_spec`, :mod:`kvpilot.tuner.weights` sizes the quantized linears
+:mod:`kvpilot.tuner.model.spec` parses a config's ``quantization_config`` with
+:func:`build_quant_spec`, :mod:`kvpilot.tuner.memory.weights` sizes the quantized linears
 with :func:`compute_bytes_per_weight`. Methods follow vLLM 0.33's names
 (``vllm/model_executor/layers/quantization/``): FP8, compressed-tensors (W8A8,
 W4A16), AWQ, GPTQ (and their Marlin variants), MXFP4 (MoE experts only, as

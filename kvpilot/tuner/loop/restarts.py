@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from kvpilot.tuner.observations import RestartCause, RestartKind
+from kvpilot.tuner.loop.observations import RestartCause, RestartKind
 
 _INT = r"(\d+)"
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"

@@ -4,7 +4,7 @@ experts.
 
 from __future__ import annotations
 
-from kvpilot.tuner.model_configs._entry import ModelEntry
+from kvpilot.tuner.model.configs._entry import ModelEntry
 
 # config.json of openai/gpt-oss-20b as published on the Hub (shared/data/vllm_memory_cases.json,
 # case-036).

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from kvpilot.tuner.model_configs._entry import ModelEntry
+from kvpilot.tuner.model.configs._entry import ModelEntry
 
 # config.json of mistralai/Mistral-7B-Instruct-v0.1 as published on the Hub.
 _MISTRAL_7B_INSTRUCT_V0_1 = {

@@ -2,7 +2,7 @@
 
 Frozen value objects, built by the operator's edge (``kvpilot.operator.prometheus`` for
 metrics, ``kvpilot.operator.closed_loop`` for pod restarts) and read by
-:mod:`kvpilot.tuner.policy`. Nothing here queries anything: a window is a finished
+:mod:`kvpilot.tuner.loop.policy`. Nothing here queries anything: a window is a finished
 record of samples with the times they were taken, and "now" is always an argument.
 
 Aggregation across replicas happens before a sample is built: every per-pod figure is
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 
 class RestartKind(enum.StrEnum):
-    """Why a vLLM container stopped, as :func:`kvpilot.tuner.restarts.classify_termination` reads it."""
+    """Why a vLLM container stopped, as :func:`kvpilot.tuner.loop.restarts.classify_termination` reads it."""
 
     CUDA_OOM = "CudaOOM"
     """``torch.OutOfMemoryError: CUDA out of memory`` and the raw CUDA/cuBLAS/NCCL variants."""

@@ -1,7 +1,7 @@
 """The kinds of decoder layer the KV cache distinguishes, and their geometry.
 
-Sits below :mod:`kvpilot.tuner.model_spec` (which builds these from a ``config.json``)
-and :mod:`kvpilot.tuner.kv_cache` (which turns them into pages and blocks). Frozen
+Sits below :mod:`kvpilot.tuner.model.spec` (which builds these from a ``config.json``)
+and :mod:`kvpilot.tuner.memory.kv_cache` (which turns them into pages and blocks). Frozen
 value objects only; nothing here reads a config.
 """
 

@@ -8,7 +8,7 @@ chain of small steps; the first step with something to say decides:
    pods (before Ready or on probation) or the deadline passed without Ready = roll back to
    the last good settings and mark the new ones failed; otherwise wait.
 2. **crash** -- a container running the current settings stopped: classify
-   (:mod:`kvpilot.tuner.restarts`) and ask :mod:`kvpilot.tuner.remedies` for candidates.
+   (:mod:`kvpilot.tuner.loop.restarts`) and ask :mod:`kvpilot.tuner.loop.remedies` for candidates.
    Crash remedies skip the metrics cooldown; host OOM and unknown crashes hold.
 3. **metrics gate** -- missing, stale or too few samples since the last change: hold
    (``MetricsAvailable=False`` on the resource).
@@ -30,18 +30,18 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
-from kvpilot.tuner import history as history_mod
-from kvpilot.tuner import observations as obs
-from kvpilot.tuner import remedies
-from kvpilot.tuner.history import HistoryEntry
-from kvpilot.tuner.observations import (
+from kvpilot.tuner.loop import history as history_mod
+from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop import remedies
+from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
+from kvpilot.tuner.loop.history import HistoryEntry
+from kvpilot.tuner.loop.observations import (
     CRASH_KINDS_FIXABLE_BY_ARGS,
     ObservationWindow,
     RestartEvent,
     RestartKind,
 )
-from kvpilot.tuner.policy_config import PolicyConfig, TuningBounds
-from kvpilot.tuner.remedies import Proposal, Situation
+from kvpilot.tuner.loop.remedies import Proposal, Situation
 from kvpilot.tuner.types import EngineSettings, MemoryBudget
 
 __all__ = [

@@ -4,7 +4,7 @@ multimodal ``text_config``).
 
 from __future__ import annotations
 
-from kvpilot.tuner.model_configs._entry import ModelEntry
+from kvpilot.tuner.model.configs._entry import ModelEntry
 
 # config.json of google/gemma-2-2b-it as published on the Hub (shared/data/vllm_memory_cases.json,
 # case-011).

@@ -4,7 +4,7 @@ Scout (MoE, multimodal).
 
 from __future__ import annotations
 
-from kvpilot.tuner.model_configs._entry import ModelEntry
+from kvpilot.tuner.model.configs._entry import ModelEntry
 
 # config.json of meta-llama/Llama-3.1-8B-Instruct as published on the Hub
 # (shared/data/vllm_memory_cases.json, case-001).

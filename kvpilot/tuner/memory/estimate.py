@@ -1,6 +1,6 @@
 """The pure core of ``kvpilot estimate --cases FILE``: one memory budget per case.
 
-Sits above :mod:`kvpilot.tuner.memory`; the CLI reads the file and prints the
+Sits above :mod:`kvpilot.tuner.memory.budget`; the CLI reads the file and prints the
 result, ``bench/memory_accuracy.py`` compares it with real vLLM logs. A case is a
 mapping in the schema of ``shared/data/vllm_memory_cases.json`` (``hf_config``
 inline, ``gpu`` name and/or ``gpu_total_gib``, parallel sizes, ``dtype``,
@@ -19,8 +19,11 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kvpilot.tuner import errors, memory, model_spec, vllm_defaults
+from kvpilot.tuner import errors
+from kvpilot.tuner.memory import budget as memory
+from kvpilot.tuner.model import spec as model_spec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
+from kvpilot.tuner.vllm import versions as vllm_defaults
 
 GpuLookup = Callable[[str], GpuSpec]
 ConfigLookup = Callable[[str], Mapping[str, Any]]
@@ -179,7 +182,7 @@ def compute_estimates(
 
     ``gpu_lookup`` resolves a ``gpu`` name (e.g. :func:`kvpilot.tuner.gpus.lookup_gpu`);
     ``config_lookup`` supplies a config for a case whose ``hf_config`` is null, by its
-    ``model`` id (e.g. :func:`kvpilot.tuner.models.lookup_model_config`).
+    ``model`` id (e.g. :func:`kvpilot.tuner.model.catalogue.lookup_model_config`).
     """
     rows = []
     for index, case in enumerate(cases):

@@ -1,7 +1,7 @@
 """vLLM's version-dependent defaults and behaviours, as the memory model needs them.
 
-Sits at the bottom of the memory model: :mod:`kvpilot.tuner.kv_cache`,
-:mod:`kvpilot.tuner.memory` and the planner ask it "what does release X do?".
+Sits at the bottom of the memory model: :mod:`kvpilot.tuner.memory.kv_cache`,
+:mod:`kvpilot.tuner.memory.budget` and the planner ask it "what does release X do?".
 Data and small pure functions only. Source: ``shared/research/vllm_reference.md``
 §1.2, §2 (read from the released wheels 0.8.5 ... 0.33.0) and the pinned wheel's
 ``vllm/engine/arg_utils.py::get_batch_defaults``.

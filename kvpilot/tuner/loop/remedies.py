@@ -3,7 +3,7 @@
 Each rule is a small pure function from a :class:`Situation` to a :class:`Proposal`: the
 trigger, the evidence in words, and *candidate* settings in order of preference. Rules
 do not check bounds, failed settings, cooldowns or whether vLLM would start; the chain
-in :mod:`kvpilot.tuner.policy` filters candidates through those steps and picks the
+in :mod:`kvpilot.tuner.loop.policy` filters candidates through those steps and picks the
 first survivor. That keeps each rule a few lines of arithmetic with its own table test.
 
 Rules, by trigger:
@@ -24,11 +24,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvpilot.tuner import history as history_mod
-from kvpilot.tuner import observations as obs
-from kvpilot.tuner.history import HistoryEntry
-from kvpilot.tuner.observations import ObservationWindow, RestartEvent, RestartKind
-from kvpilot.tuner.policy_config import PolicyConfig, TuningBounds
+from kvpilot.tuner.loop import history as history_mod
+from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
+from kvpilot.tuner.loop.history import HistoryEntry
+from kvpilot.tuner.loop.observations import ObservationWindow, RestartEvent, RestartKind
 from kvpilot.tuner.types import GIB, EngineSettings, MemoryBudget
 
 KV_PRESSURE = "KvPressure"

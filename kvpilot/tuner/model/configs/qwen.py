@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from kvpilot.tuner.model_configs._entry import ModelEntry
+from kvpilot.tuner.model.configs._entry import ModelEntry
 
 # config.json of Qwen/Qwen2.5-1.5B-Instruct as published on the Hub (shared/data/vllm_memory_cases.json,
 # case-070).

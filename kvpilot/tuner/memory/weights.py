@@ -1,7 +1,7 @@
 """Weight bytes per GPU rank: what vLLM logs as "Model loading took X GiB".
 
-Sits above :mod:`kvpilot.tuner.model_spec`; :mod:`kvpilot.tuner.memory` calls it.
-Pure arithmetic on a :class:`~kvpilot.tuner.model_spec.ModelSpec`.
+Sits above :mod:`kvpilot.tuner.model.spec`; :mod:`kvpilot.tuner.memory.budget` calls it.
+Pure arithmetic on a :class:`~kvpilot.tuner.model.spec.ModelSpec`.
 
 The count follows vLLM's layer classes: column/row-parallel linears are split by
 tensor parallelism, KV projections are replicated once TP exceeds the KV heads,
@@ -19,8 +19,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kvpilot.tuner import quantization
-from kvpilot.tuner.model_spec import DTYPE_BYTES, LINEAR, ModelSpec
+from kvpilot.tuner.model import quantization
+from kvpilot.tuner.model.spec import DTYPE_BYTES, LINEAR, ModelSpec
 
 VOCAB_PADDING = 64
 """vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``."""

@@ -1,6 +1,6 @@
 """The static planner: engine settings for a model on a GPU type, within the user's bounds.
 
-Sits on top of the memory model (:mod:`kvpilot.tuner.memory`); the CLI's ``plan``
+Sits on top of the memory model (:mod:`kvpilot.tuner.memory.budget`); the CLI's ``plan``
 and the operator's first deployment call :func:`compute_plan`. Pure and
 deterministic: the same inputs give the same plan.
 
@@ -26,10 +26,13 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from kvpilot.tuner import errors, memory, vllm_args, vllm_defaults
-from kvpilot.tuner.model_spec import ModelSpec, QuantSpec
+from kvpilot.tuner import errors
+from kvpilot.tuner.memory import budget as memory
+from kvpilot.tuner.memory.weights import padded_vocab_size
+from kvpilot.tuner.model.spec import ModelSpec, QuantSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
-from kvpilot.tuner.weights import padded_vocab_size
+from kvpilot.tuner.vllm import args as vllm_args
+from kvpilot.tuner.vllm import versions as vllm_defaults
 
 TYPICAL_FILL = 0.25
 """Without an expected concurrency, size ``max_num_seqs`` for requests filling a quarter of the context."""

@@ -2,15 +2,15 @@
 
 The tuner may not read files, so the configs live here as Python data, copied
 verbatim from the Hugging Face Hub (most from ``shared/data/vllm_memory_cases.json``,
-where each was checked against the published file). :mod:`kvpilot.tuner.models`
+where each was checked against the published file). :mod:`kvpilot.tuner.model.catalogue`
 is the only reader; add a model by adding a :class:`ModelEntry` to its family's
 ``ENTRIES`` (or a new family module listed in :data:`FAMILIES`).
 """
 
 from __future__ import annotations
 
-from kvpilot.tuner.model_configs import deepseek, gemma, gpt_oss, llama, mistral, qwen
-from kvpilot.tuner.model_configs._entry import ModelEntry
+from kvpilot.tuner.model.configs import deepseek, gemma, gpt_oss, llama, mistral, qwen
+from kvpilot.tuner.model.configs._entry import ModelEntry
 
 FAMILIES = (llama, qwen, mistral, gemma, deepseek, gpt_oss)
 

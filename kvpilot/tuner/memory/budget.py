@@ -1,6 +1,6 @@
 """The start-up memory budget of one vLLM engine, per GPU rank, as vLLM computes it.
 
-Sits above :mod:`kvpilot.tuner.weights` and :mod:`kvpilot.tuner.kv_cache`; the
+Sits above :mod:`kvpilot.tuner.memory.weights` and :mod:`kvpilot.tuner.memory.kv_cache`; the
 planner and ``kvpilot estimate`` call :func:`compute_budget`. Pure arithmetic.
 
 vLLM (V1, ``gpu_worker.py::determine_available_memory``)::
@@ -31,10 +31,11 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kvpilot.tuner import kv_cache, vllm_defaults, weights
-from kvpilot.tuner.model_spec import DTYPE_BYTES, ModelSpec
+from kvpilot.tuner.memory import kv_cache, weights
+from kvpilot.tuner.model.spec import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
-from kvpilot.tuner.vllm_defaults import Version
+from kvpilot.tuner.vllm import versions as vllm_defaults
+from kvpilot.tuner.vllm.versions import Version
 
 
 @dataclass(frozen=True, slots=True)

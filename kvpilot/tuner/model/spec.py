@@ -1,7 +1,7 @@
 """What the memory model needs to know about a model, read from its ``config.json``.
 
-Sits just above :mod:`kvpilot.tuner.layers` (the layer kinds it builds, re-exported
-here) and :mod:`kvpilot.tuner.quantization`; the weight, KV-cache and memory
+Sits just above :mod:`kvpilot.tuner.model.layers` (the layer kinds it builds, re-exported
+here) and :mod:`kvpilot.tuner.model.quantization`; the weight, KV-cache and memory
 modules and the planner take a :class:`ModelSpec`, never a raw config.
 Pure: a mapping in, a frozen dataclass out (the caller reads the file).
 
@@ -10,7 +10,7 @@ It reads the fields vLLM 0.33 reads (``vllm/config/model.py``,
 ``vllm/model_executor/models/``): the text decoder's geometry, the kind of every
 decoder layer (full attention, sliding window, chunked-local, MLA, linear-attention
 state), the MoE layout, the quantization config and the default ``max_model_len``.
-The ``quantization_config`` is parsed by :mod:`kvpilot.tuner.quantization`.
+The ``quantization_config`` is parsed by :mod:`kvpilot.tuner.model.quantization`.
 Multimodal configs nest the decoder in ``text_config``; the vision tower is only
 counted for its weights. A config it cannot account for raises
 :class:`~kvpilot.tuner.errors.InvalidModelConfig` naming the field: it never guesses.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.tuner import errors
-from kvpilot.tuner.layers import (  # re-exported: callers name them model_spec.FULL etc.
+from kvpilot.tuner.model.layers import (  # re-exported: callers name them model_spec.FULL etc.
     CHUNKED,
     DTYPE_BYTES,
     FULL,
@@ -36,7 +36,7 @@ from kvpilot.tuner.layers import (  # re-exported: callers name them model_spec.
     MlaSpec,
     MoeSpec,
 )
-from kvpilot.tuner.quantization import QuantSpec, build_quant_spec
+from kvpilot.tuner.model.quantization import QuantSpec, build_quant_spec
 
 __all__ = [
     "CHUNKED",

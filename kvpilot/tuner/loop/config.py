@@ -5,8 +5,8 @@ default (the VPA recommender's ``config.go`` and kopf's ``configuration.py`` are
 models). :class:`PolicyConfig` is kvpilot's own behaviour; the four fields that
 ``spec.tuning`` exposes (cooldown, changes per hour, rollout deadline, fp8) are filled in
 by the operator from the InferenceService. :class:`TuningBounds` is
-``spec.tuning.bounds`` plus what the GPU allows. Read by :mod:`kvpilot.tuner.remedies`
-and :mod:`kvpilot.tuner.policy`; imports nothing of ours but the value objects.
+``spec.tuning.bounds`` plus what the GPU allows. Read by :mod:`kvpilot.tuner.loop.remedies`
+and :mod:`kvpilot.tuner.loop.policy`; imports nothing of ours but the value objects.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The built-in model catalogue: a popular model's ``config.json`` by its Hugging Face id.
 
-Sits above :mod:`kvpilot.tuner.model_configs` (the data, one module per family).
+Sits above :mod:`kvpilot.tuner.model.configs` (the data, one module per family).
 The CLI's ``plan --model`` and the operator's ``model.source: Catalogue`` read
 configs here; any other model comes as its own ``config.json`` (``--config``, a
 ConfigMap, or the Hub), read at the edge, never by the tuner.
@@ -15,7 +15,7 @@ import copy
 import difflib
 
 from kvpilot.tuner import errors
-from kvpilot.tuner.model_configs import ENTRIES, ModelEntry
+from kvpilot.tuner.model.configs import ENTRIES, ModelEntry
 
 _BY_ID = {entry.id.lower(): entry for entry in ENTRIES}
 
