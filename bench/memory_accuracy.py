@@ -2,7 +2,7 @@
 
 Runs :func:`kvpilot.tuner.memory.estimate.compute_estimates` (the core of
 ``kvpilot estimate --cases``) over the calibration set of real vLLM start-up logs
-(``../shared/data/vllm_memory_cases.json`` by default, or ``--cases FILE``) and
+(``tests/data/vllm_memory_cases.json`` by default, or ``--cases FILE``) and
 prints, for the V1-engine cases: the median and worst relative error of the
 available KV-cache GiB and of the KV-cache tokens, the worst over-prediction,
 whether every logged start-up failure is predicted to fail (and which successful
@@ -32,7 +32,7 @@ from kvpilot.tuner.memory import estimate, weights  # noqa: E402
 from kvpilot.tuner.model import spec as model_spec  # noqa: E402
 from kvpilot.tuner.types import GIB  # noqa: E402
 
-DEFAULT_CASES = ROOT.parent / "shared" / "data" / "vllm_memory_cases.json"
+DEFAULT_CASES = ROOT / "tests" / "data" / "vllm_memory_cases.json"
 
 
 def _gpu_lookup():

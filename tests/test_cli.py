@@ -13,7 +13,7 @@ import pytest
 from kvpilot import cli
 from kvpilot.tuner.model import catalogue as models
 
-SHARED_CASES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vllm_memory_cases.json"
+CASES_FILE = Path(__file__).resolve().parent / "data" / "vllm_memory_cases.json"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 
 
@@ -110,11 +110,10 @@ def test_estimate_prints_one_row_per_case(tmp_path: Path) -> None:
     assert rows[1]["error"] and rows[2]["error"]
 
 
-@pytest.mark.skipif(not SHARED_CASES.exists(), reason="../shared/data is not beside the checkout")
-def test_estimate_runs_over_the_shared_cases() -> None:
-    code, out, _ = run("estimate", "--cases", str(SHARED_CASES))
+def test_estimate_runs_over_the_calibration_cases() -> None:
+    code, out, _ = run("estimate", "--cases", str(CASES_FILE))
     assert code == 0
-    assert len(json.loads(out)) == len(json.loads(SHARED_CASES.read_text()))
+    assert len(json.loads(out)) == len(json.loads(CASES_FILE.read_text()))
 
 
 def test_render_prints_service_and_deployment(tmp_path: Path) -> None:
