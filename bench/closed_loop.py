@@ -35,20 +35,31 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry, build_history
-from kvpilot.tuner.loop.observations import LengthSummary, MetricsSample, ObservationWindow, RestartEvent
-from kvpilot.tuner.loop.policy import (
+from kvpilot.tuner.gpus import lookup_gpu
+from kvpilot.tuner.loop import (
     Action,
+    Evidence,
+    HistoryAction,
+    HistoryEntry,
+    LengthSummary,
+    LoopState,
+    MetricsSample,
+    ObservationWindow,
     PolicyConfig,
+    RestartEvent,
     RolloutState,
     Trigger,
     TuningBounds,
+    TuningContext,
+    build_history,
+    classify_termination,
     compute_decision,
 )
-from kvpilot.tuner.loop.restarts import classify_termination
 from kvpilot.tuner.types import EngineSettings, MemoryBudget
 
 GIB = 1 << 30
+H100 = lookup_gpu("H100-SXM")
+"""The scenarios' GPU (79.19 GiB to CUDA): vLLM's batch defaults follow from it."""
 DT = 10.0
 TICK = 30.0
 MAX_QUEUE = 3000
@@ -327,11 +338,16 @@ class Kvpilot:
             kv_capacity_tokens=capacity, reported_gpu_memory_utilization=self.current.gpu_memory_utilization,
             reported_kv_cache_dtype=self.current.kv_cache_dtype or "auto", pods=len(world.pods),
         ) if recent else ObservationWindow.unavailable("no samples", now)  # fmt: skip
-        d = compute_decision(
-            self.current, self.scenario.plan_budget, window, restarts, self.scenario.bounds, self.policy,
-            self.history, self.failed, now, rollout=self.rollout, last_good=self.last_good, ready=ready,
-            observed_kv_tokens=self.observed,
+        state = LoopState(
+            current=self.current, history=self.history, failed=self.failed, rollout=self.rollout,
+            last_good=self.last_good, observed_kv_tokens=self.observed,
         )  # fmt: skip
+        evidence = Evidence(budget=self.scenario.plan_budget, window=window, restarts=restarts, ready=ready)
+        context = TuningContext(
+            gpu=H100, default_max_model_len=self.scenario.truth.model_max_len, bounds=self.scenario.bounds,
+            policy=self.policy,
+        )  # fmt: skip
+        d = compute_decision(state, evidence, context, now)
         if d.failed is not None and d.failed not in self.failed:
             self.failed = (*self.failed, d.failed)
         if d.good is not None:

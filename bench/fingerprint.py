@@ -121,6 +121,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=pathlib.Path, help="write every point as a JSON line here")
     parser.add_argument("--against", type=pathlib.Path, help="compare with an earlier --out file")
+    parser.add_argument("--show", type=int, default=40, help="differing points to print (40)")
     args = parser.parse_args()
     digests: dict[str, Any] = {}
     counts: dict[str, int] = {}
@@ -143,11 +144,30 @@ def main() -> int:
         for raw in args.against.read_text().splitlines():
             row = json.loads(raw)
             old[row["key"]] = json.dumps(row["answer"], sort_keys=True, default=str)
-        differ = [k for k in lines if old.get(k) != lines[k]]
+        added: set[str] = set()
+
+        def comparable(key: str) -> str:
+            """The new answer without the fields the old run did not have (new outputs are not changes)."""
+            if key not in old:
+                return lines[key]
+
+            def strip(then: Any, now_: Any) -> Any:
+                if isinstance(then, dict) and isinstance(now_, dict):
+                    added.update(k for k in now_ if k not in then)
+                    return {k: strip(then[k], v) for k, v in now_.items() if k in then}
+                return now_
+
+            return json.dumps(
+                strip(json.loads(old[key]), json.loads(lines[key])), sort_keys=True, default=str
+            )
+
+        differ = [k for k in lines if old.get(k) != comparable(k)]
+        if added:
+            print(f"fields only in the new run (not compared): {', '.join(sorted(added))}")
         missing = [k for k in old if k not in lines]
         print(f"differ: {len(differ)}; only in the old run: {len(missing)}")
-        for key in differ[:40]:
-            print(f"  {key}\n    old {old.get(key, '(absent)')[:400]}\n    new {lines[key][:400]}")
+        for key in differ[: args.show]:
+            print(f"  {key}\n    old {old.get(key, '(absent)')[:400]}\n    new {comparable(key)[:400]}")
     return 0
 
 

@@ -9,3 +9,5 @@ Sub-packages:
 """
 
 __version__ = "0.1.0"
+"""The one home of the version: packaging reads it (pyproject's dynamic version), the chart's appVersion
+matches it (tests/test_versions.py)."""

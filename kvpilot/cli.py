@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvpilot.tuner import errors, gpus
-from kvpilot.tuner.model import catalogue as models
+from kvpilot.tuner import errors, gpus, memory, vllm
+from kvpilot.tuner import model as models
+from kvpilot.tuner.plan import compute_plan
 from kvpilot.tuner.types import GIB, Plan, ServingBounds
-from kvpilot.tuner.vllm import versions as vllm_defaults
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
 
@@ -67,8 +67,6 @@ def _read_json(path: str) -> Any:
 
 
 def _plan(args: argparse.Namespace, out: TextIO) -> int:
-    from kvpilot.tuner.model import spec as model_spec
-    from kvpilot.tuner.plan import planner
 
     if args.config:
         config = _read_json(args.config)
@@ -80,14 +78,14 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
         model_name = models.lookup_model(args.model).id
         checkpoint = models.lookup_checkpoint_bytes(args.model)
     gpu = gpus.lookup_gpu(args.gpu)
-    spec = model_spec.build_model_spec(config)
+    spec = models.build_model_spec(config)
     bounds = ServingBounds(
         min_context=args.min_context,
         max_context=args.max_context,
         concurrency=args.concurrency,
         allow_fp8_kv=args.allow_fp8_kv,
     )
-    plan = planner.compute_plan(
+    plan = compute_plan(
         spec,
         gpu,
         args.gpus,
@@ -191,13 +189,12 @@ def _models(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _estimate(args: argparse.Namespace, out: TextIO) -> int:
-    from kvpilot.tuner.memory import estimate
 
     cases = _read_json(args.cases)
     if not isinstance(cases, list):
         raise CliError(f"{args.cases} must hold a JSON list of cases, found a JSON {type(cases).__name__}")
     # A case without an inline hf_config falls back to the built-in catalogue by its model id.
-    rows = estimate.compute_estimates(cases, gpus.lookup_gpu, models.lookup_model_config)
+    rows = memory.compute_estimates(cases, gpus.lookup_gpu, models.lookup_model_config)
     json.dump(rows, out, indent=2)
     out.write("\n")
     return EXIT_OK
@@ -246,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--concurrency", type=_positive_int, metavar="N", help="expected concurrent sequences")
     plan.add_argument("--allow-fp8-kv", action="store_true", help="let the planner choose an fp8 KV cache")
     plan.add_argument("--checkpoint-bytes", type=_positive_int, metavar="N", help="checkpoint size, if known")
-    pinned = vllm_defaults.PINNED_VLLM_VERSION
+    pinned = vllm.PINNED_VLLM_VERSION
     plan.add_argument("--vllm-version", default=pinned, metavar="V", help="vLLM release (%(default)s)")
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     plan.set_defaults(run=_plan)

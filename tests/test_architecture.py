@@ -48,6 +48,13 @@ def test_contracts_forbid_io_in_the_tuner() -> None:
     assert set(contract["forbidden_modules"].split()) >= MUST_BE_FORBIDDEN
     layers = parser["importlinter:contract:layers"]["layers"].split()
     assert layers == ["kvpilot.cli", "kvpilot.operator", "kvpilot.tuner"]
+    inner = parser["importlinter:contract:tuner-layers"]
+    assert [line.strip() for line in inner["layers"].strip().splitlines()] == [
+        "plan | loop",
+        "memory",
+        "model",
+        "vllm",
+    ]
 
 
 def test_the_package_keeps_its_contracts() -> None:
@@ -55,17 +62,40 @@ def test_the_package_keeps_its_contracts() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _probe(tmp_path: Path, *, offending: str | None) -> subprocess.CompletedProcess[str]:
+PROBE_FILES = {
+    "__init__.py": "",
+    "cli.py": "import pathlib\n\nfrom probe.operator import edge\n",
+    "tuner/__init__.py": "",
+    "tuner/types.py": "import math\n",
+    "tuner/vllm/__init__.py": "",
+    "tuner/vllm/facts.py": "from probe.tuner import types\n",
+    "tuner/model/__init__.py": "",
+    "tuner/model/spec.py": "from probe.tuner.vllm import facts\n",
+    "tuner/memory/__init__.py": "",
+    "tuner/memory/budget.py": "from probe.tuner.model import spec\n",
+    "tuner/plan/__init__.py": "",
+    "tuner/plan/planner.py": "from probe.tuner.memory import budget\n",
+    "tuner/loop/__init__.py": "",
+    "tuner/loop/policy.py": "from probe.tuner import types\nfrom probe.tuner.vllm import facts\n",
+    "operator/__init__.py": "",
+    "operator/edge.py": "import os\n\nfrom probe.tuner.plan import planner\n",
+    "operator/kube.py": "import kubernetes\nimport urllib3\n",
+    "operator/pod_status.py": "import kubernetes\n",
+    "operator/prometheus.py": "import prometheus_api_client\nimport urllib3\n",
+    "operator/resolve.py": "import huggingface_hub\n",
+}
+"""A miniature of kvpilot's layout that keeps every contract (each ignored import exists in it)."""
+
+
+def _probe(tmp_path: Path, *, offending: tuple[str, str] | None) -> subprocess.CompletedProcess[str]:
     package = tmp_path / "probe"
-    for sub in ("tuner", "operator"):
-        (package / sub).mkdir(parents=True)
-        (package / sub / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    (package / "tuner" / "core.py").write_text("import math\n")
-    (package / "operator" / "edge.py").write_text("import os\n\nfrom probe.tuner import core\n")
-    (package / "cli.py").write_text("import pathlib\n\nfrom probe.operator import edge\n")
+    files = dict(PROBE_FILES)
     if offending:
-        (package / "tuner" / "leak.py").write_text(offending)
+        files[offending[0]] = offending[1]
+    for rel, text in files.items():
+        path = package / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     config = tmp_path / ".importlinter"
     config.write_text(CONFIG.read_text().replace("kvpilot", "probe"))
     return _lint(config, tmp_path, tmp_path)
@@ -77,14 +107,53 @@ def test_a_clean_probe_passes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("source", "expected"),
+    ("offending", "contract", "expected"),
     [
-        ("import os\n", "probe.tuner.leak -> os"),
-        ("from datetime import datetime\n", "probe.tuner.leak -> datetime"),
-        ("from probe.operator import edge\n", "probe.tuner.leak -> probe.operator"),
+        (("tuner/leak.py", "import os\n"), "sans-I/O", "probe.tuner.leak -> os"),
+        (("tuner/leak.py", "from datetime import datetime\n"), "sans-I/O", "probe.tuner.leak -> datetime"),
+        (
+            ("tuner/leak.py", "from probe.operator import edge\n"),
+            "sans-I/O",
+            "probe.tuner.leak -> probe.operator",
+        ),
+        (
+            ("tuner/loop/leak.py", "from probe.tuner.plan import planner\n"),
+            "Inside the tuner",
+            "probe.tuner.loop.leak -> probe.tuner.plan.planner",
+        ),
+        (
+            ("tuner/vllm/leak.py", "from probe.tuner.model import spec\n"),
+            "Inside the tuner",
+            "probe.tuner.vllm.leak -> probe.tuner.model.spec",
+        ),
+        (
+            ("tuner/model/leak.py", "from probe.tuner.memory import budget\n"),
+            "Inside the tuner",
+            "probe.tuner.model.leak -> probe.tuner.memory.budget",
+        ),
+        (
+            ("operator/handlers.py", "import kubernetes\n"),
+            "client modules",
+            "probe.operator.handlers -> kubernetes",
+        ),
+        (
+            ("operator/handlers.py", "import huggingface_hub\n"),
+            "client modules",
+            "probe.operator.handlers -> huggingface_hub",
+        ),
+        (
+            ("cli.py", "import prometheus_api_client\n"),
+            "client modules",
+            "probe.cli -> prometheus_api_client",
+        ),
     ],
+    ids=lambda v: v if isinstance(v, str) else v[0],
 )
-def test_the_contract_catches_a_tuner_module_doing_io(tmp_path: Path, source: str, expected: str) -> None:
-    result = _probe(tmp_path, offending=source)
+def test_each_contract_catches_its_violation(
+    tmp_path: Path, offending: tuple[str, str], contract: str, expected: str
+) -> None:
+    result = _probe(tmp_path, offending=offending)
     assert result.returncode != 0
-    assert expected in result.stdout
+    broken = result.stdout.split("Broken contracts", 1)[-1]
+    assert contract in broken, result.stdout
+    assert expected in broken, result.stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvpilot import cli
-from kvpilot.tuner.model import catalogue as models
+from kvpilot.tuner import model as models
 
 CASES_FILE = Path(__file__).resolve().parent / "data" / "vllm_memory_cases.json"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

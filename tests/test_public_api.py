@@ -1,28 +1,44 @@
-"""The tuner's public surface: a sorted ``__all__`` that names exactly what it exports."""
+"""The tuner's public surfaces: each package names exactly what it exports, in a sorted ``__all__``.
+
+The root package re-exports the entry points; each sub-package (``vllm``, ``model``, ``memory``,
+``plan``, ``loop``) owns its own ``__all__``, which the operator, the CLI and the other layers use
+(httpx's ``tests/test_exported_members.py`` is the model).
+"""
 
 from __future__ import annotations
 
+import importlib
 import types
+
+import pytest
 
 import kvpilot.tuner as tuner
 
 EXPECTED = {
+    "Decision",
     "EngineSettings",
+    "Evidence",
     "GpuSpec",
     "InfeasiblePlan",
     "InvalidEngineArgs",
     "InvalidModelConfig",
+    "LoopState",
     "MemoryBudget",
     "ModelSpec",
+    "PINNED_VLLM_VERSION",
     "Plan",
+    "PolicyConfig",
     "ServingBounds",
     "TunerError",
+    "TuningBounds",
+    "TuningContext",
     "UnknownGpu",
     "UnknownModel",
     "build_gpu_from_labels",
     "build_model_spec",
     "build_vllm_args",
     "compute_budget",
+    "compute_decision",
     "compute_plan",
     "list_gpus",
     "list_models",
@@ -32,25 +48,46 @@ EXPECTED = {
     "validate_extra_args",
 }
 
+PACKAGES = (
+    "kvpilot.tuner",
+    "kvpilot.tuner.vllm",
+    "kvpilot.tuner.model",
+    "kvpilot.tuner.memory",
+    "kvpilot.tuner.plan",
+    "kvpilot.tuner.loop",
+)
 
-def test_all_is_sorted() -> None:
-    assert tuner.__all__ == sorted(tuner.__all__)
 
-
-def test_all_is_the_expected_surface() -> None:
+def test_root_all_is_the_expected_surface() -> None:
     assert set(tuner.__all__) == EXPECTED
     assert len(tuner.__all__) == len(EXPECTED)
 
 
-def test_every_public_name_is_exported() -> None:
+@pytest.mark.parametrize("name", PACKAGES)
+def test_all_is_sorted_and_unique(name: str) -> None:
+    package = importlib.import_module(name)
+    assert package.__all__ == sorted(set(package.__all__))
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_every_public_name_is_exported(name: str) -> None:
+    package = importlib.import_module(name)
     public = {
-        name
-        for name, value in vars(tuner).items()
-        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+        attr
+        for attr, value in vars(package).items()
+        if not attr.startswith("_") and not isinstance(value, types.ModuleType)
     }
-    assert public == set(tuner.__all__)
+    assert public == set(package.__all__)
 
 
-def test_exports_come_from_the_tuner() -> None:
-    for name in tuner.__all__:
-        assert getattr(tuner, name).__module__.startswith("kvpilot.tuner."), name
+@pytest.mark.parametrize("name", PACKAGES)
+def test_exports_come_from_inside_the_package(name: str) -> None:
+    package = importlib.import_module(name)
+    for attr in package.__all__:
+        value = getattr(package, attr)
+        origin = getattr(value, "__module__", None)
+        if origin is None or isinstance(value, types.GenericAlias):  # constants and type aliases
+            continue
+        assert origin.startswith("kvpilot.tuner"), (name, attr, origin)
+        if name != "kvpilot.tuner":
+            assert origin.startswith(name), (name, attr, origin)

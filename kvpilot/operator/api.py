@@ -18,22 +18,22 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from kvpilot.tuner import types
+from kvpilot.tuner import types, vllm
 
 GROUP = "kvpilot.io"
 VERSION = "v1alpha1"
 PLURAL = "inferenceservices"
 KIND = "InferenceService"
-DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = vllm.PINNED_VLLM_VERSION
+DEFAULT_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
+"""The CRD's ``spec.engine.image`` default says the same (``tests/test_versions.py``)."""
 
 KvCacheDtype = Literal[
     "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
-    "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
-    "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3", "octave_k3v3_compact",
-    "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
-    "nvfp4", "nvfp4_4over6",
+    "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
 ]  # fmt: skip
+"""The dtypes the memory model sizes: :data:`kvpilot.tuner.vllm.MODELLED_KV_CACHE_DTYPES`, spelled out for
+the type checker (``tests/operator/test_api_drift.py`` ties the two, and the CRD's enum)."""
 Mode = Literal["Off", "Recommend", "Auto"]
 Source = Literal["Catalogue", "ConfigMap", "Hub"]
 

@@ -22,6 +22,7 @@ logged and retried on the next tick.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import os
 import time
@@ -35,17 +36,17 @@ from kvpilot.operator import api, errors, events, metrics, pod_status, prometheu
 from kvpilot.operator import loop_state as state_mod
 from kvpilot.operator.kube import Kube
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner.loop import remedies
-from kvpilot.tuner.loop.observations import ObservationWindow
-from kvpilot.tuner.loop.policy import (
+from kvpilot.tuner import gpus, memory, plan, vllm
+from kvpilot.tuner.loop import (
     Decision,
+    Evidence,
+    ObservationWindow,
     PolicyConfig,
     TuningBounds,
+    TuningContext,
     compute_decision,
-    compute_metrics_status,
 )
-from kvpilot.tuner.memory import budget as memory
-from kvpilot.tuner.types import EngineSettings, MemoryBudget
+from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
 
 INTERVAL_ENV = "KVPILOT_CLOSED_LOOP_INTERVAL"
 DEFAULT_INTERVAL_S = 30.0
@@ -277,14 +278,34 @@ async def _fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_sta
 def _budget_for(
     inputs: resolve.Inputs, spec: api.InferenceServiceSpec, settings: EngineSettings
 ) -> MemoryBudget:
-    tp = settings.tensor_parallel_size or spec.tensor_parallel_size
+    """The budget of ``settings`` in the topology the Deployment renders: an unset TP size
+    is vLLM's 1, the remaining GPUs are pipeline stages (:func:`kvpilot.tuner.plan.compute_pipeline_parallel`).
+    """
+    tp = settings.tensor_parallel_size or 1
     return memory.compute_budget(
         inputs.model.spec,
         inputs.gpu.gpu,
         settings.replace(tensor_parallel_size=tp),
-        pipeline_parallel_size=max(1, spec.gpu.count // tp),
+        pipeline_parallel_size=plan.compute_pipeline_parallel(spec.gpu.count, tp),
+        vllm_version=api.VLLM_VERSION,
         weights_total_bytes=inputs.model.checkpoint_bytes,
     )
+
+
+def _gpu_and_default_len(
+    inputs: resolve.Inputs | None, status: Mapping[str, Any], current: EngineSettings
+) -> tuple[GpuSpec | None, int]:
+    """The GPU and the model's maximum context the loop tunes for: resolved, else what the reconciler
+    recorded (``status.gpu.catalogueName``, the applied ``max_model_len``), so a Hub outage does not
+    stop crash remedies."""
+    if inputs is not None:
+        return inputs.gpu.gpu, inputs.model.spec.default_max_model_len(vllm.parse_version(api.VLLM_VERSION))
+    name = (status.get("gpu") or {}).get("catalogueName")
+    try:
+        gpu = gpus.lookup_gpu(str(name)) if name else None
+    except tuner_errors.TunerError:
+        gpu = None
+    return gpu, current.max_model_len or 0
 
 
 async def run_once(
@@ -313,7 +334,7 @@ async def run_once(
     except Exception as exc:  # noqa: BLE001 -- the reconciler reports resolution failures
         logger.warning(f"closed loop: cannot resolve model/GPU ({exc}); using status.budget")
         inputs = None
-    budget = state.budget
+    budget = state_mod.read_budget(old)
     if inputs is not None:
         try:
             budget = _budget_for(inputs, parsed, state.current)
@@ -322,7 +343,10 @@ async def run_once(
     if budget is None:
         logger.info("closed loop: no memory budget yet; waiting for the reconciler")
         return None
-    fp8 = inputs.gpu.gpu.fp8_kv if inputs is not None else False
+    gpu, default_len = _gpu_and_default_len(inputs, old, state.current)
+    if gpu is None or not default_len:
+        logger.info("closed loop: model or GPU not resolved and not in status; waiting for the reconciler")
+        return None
 
     try:
         views = await _fetch_pods(deps, namespace, name)
@@ -339,22 +363,23 @@ async def run_once(
         step_seconds=deps.step_seconds,
     )
 
-    decision = compute_decision(
-        state.current, budget, window, summary.restarts, build_bounds(parsed, fp8), policy,
-        state.history, state.failed, now,
-        rollout=rollout, last_good=state.last_good, ready=summary.ready,
-        observed_kv_tokens=state.observed_kv_tokens,
-    )  # fmt: skip
+    context = TuningContext(
+        gpu=gpu,
+        default_max_model_len=default_len,
+        bounds=build_bounds(parsed, gpu.fp8_kv),
+        policy=policy,
+        vllm_version=api.VLLM_VERSION,
+    )
+    loop_state = dataclasses.replace(state, rollout=rollout)
+    evidence = Evidence(budget=budget, window=window, restarts=summary.restarts, ready=summary.ready)
+    decision = compute_decision(loop_state, evidence, context, now)
 
     applied = False
     if decision.changes and mode == "Auto":
         applied = await _apply(deps, meta, parsed, inputs, decision, logger, body)
-    effective = remedies.compute_effective(state.current, budget, policy)
-    observed = window.kv_capacity_tokens if remedies.report_matches(effective, window) else None
     out = state_mod.build_status_patch(
-        old, state, decision, mode=mode, now=now, generation=meta.get("generation"),
-        metrics_status=compute_metrics_status(window, policy, now), applied=applied,
-        rollout_deadline_seconds=policy.rollout_deadline_seconds, observed_kv_tokens=observed,
+        old, state, decision, mode=mode, now=now, generation=meta.get("generation"), applied=applied,
+        rollout_deadline_seconds=policy.rollout_deadline_seconds,
     )  # fmt: skip
     if state.rollout is not None and rollout is None and "rollout" not in out.status:
         out.status["rollout"] = None  # a spec change replaced the settings being rolled out

@@ -29,6 +29,7 @@ import kopf
 from kvpilot.operator import api, conditions, errors, events, metrics, planning, render, resolve, workloads
 from kvpilot.operator import status as statuses
 from kvpilot.operator.kube import Kube
+from kvpilot.tuner import vllm
 
 CREATED, SPEC_CHANGED, RESUMED = "Created", "SpecChanged", "Resumed"
 
@@ -118,7 +119,7 @@ async def reconcile(
         _record(deps, metrics.record_decision, "Planned")
     if first_visit or changed:
         _emit_success(deps, body, inputs, desired)
-    logger.info(f"reconciled ({trigger}): {statuses.describe_settings(desired.decision.deploy)}")
+    logger.info(f"reconciled ({trigger}): {vllm.describe_settings(desired.decision.deploy)}")
 
 
 def _keeps_applied(old: Mapping[str, Any], trigger: str, first_visit: bool, diff: Any) -> bool:
@@ -144,7 +145,7 @@ def _emit_success(
     )
     b = d.plan.budget
     deps.emit(body, events.NORMAL, "Planned",
-              f"{statuses.describe_settings(d.plan.settings)}: weights {b.weights_gib:.2f} GiB, KV cache "
+              f"{vllm.describe_settings(d.plan.settings)}: weights {b.weights_gib:.2f} GiB, KV cache "
               f"{b.available_kv_cache_gib:.2f} GiB ({b.kv_cache_tokens} tokens) per GPU")  # fmt: skip
     if d.mode == "Recommend":
         deps.emit(

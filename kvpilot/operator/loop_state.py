@@ -20,9 +20,17 @@ from typing import Any
 from kvpilot.operator import api, conditions, events
 from kvpilot.operator import status as statuses
 from kvpilot.operator.pod_status import format_time, parse_time
-from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
-from kvpilot.tuner.loop.observations import RestartKind
-from kvpilot.tuner.loop.policy import Action, Decision, MetricsStatus, RolloutState, Trigger
+from kvpilot.tuner import vllm
+from kvpilot.tuner.loop import (
+    Action,
+    Decision,
+    HistoryAction,
+    HistoryEntry,
+    LoopState,
+    RestartKind,
+    RolloutState,
+    Trigger,
+)
 from kvpilot.tuner.types import GIB, EngineSettings, MemoryBudget
 
 METRICS_AVAILABLE = "MetricsAvailable"
@@ -45,25 +53,15 @@ ROLLING_OUT, PROBATION = "RollingOut", "Probation"
 """``status.rollout.phase``: waiting for Ready, then on probation until ``probationUntil``."""
 
 
-@dataclass(frozen=True, slots=True)
-class LoopState:
-    current: EngineSettings
-    last_good: EngineSettings | None
-    failed: tuple[EngineSettings, ...]
-    rollout: RolloutState | None
-    history: tuple[HistoryEntry, ...]
-    observed_kv_tokens: int | None
-    budget: MemoryBudget | None
-    """``status.budget`` (of the planned settings), the fallback when the memory model cannot run."""
-
-
 def _settings(wire: Mapping[str, Any] | None) -> EngineSettings | None:
     if not wire:
         return None
     return api.Settings.model_validate({k: v for k, v in wire.items() if v is not None}).to_engine()
 
 
-def _budget(wire: Mapping[str, Any] | None) -> MemoryBudget | None:
+def read_budget(status: Mapping[str, Any]) -> MemoryBudget | None:
+    """``status.budget`` (of the planned settings): the fallback when the memory model cannot run."""
+    wire = status.get("budget")
     b = api.Budget.model_validate({k: v for k, v in (wire or {}).items() if v is not None})
     if not b.kv_cache_tokens or b.kv_cache_gi_b is None or b.gpu_total_gi_b is None:
         return None
@@ -76,7 +74,7 @@ def _budget(wire: Mapping[str, Any] | None) -> MemoryBudget | None:
         cuda_graph_gib=b.cuda_graph_gi_b or 0.0,
         available_kv_cache_gib=b.kv_cache_gi_b,
         kv_bytes_per_token=max(1, round(b.kv_cache_gi_b * GIB / b.kv_cache_tokens)),
-        num_gpu_blocks=b.kv_cache_tokens // 16,
+        num_gpu_blocks=b.kv_cache_tokens // vllm.default_block_size(vllm.parse_version(api.VLLM_VERSION)),
         kv_cache_tokens=b.kv_cache_tokens,
         max_concurrency=b.max_concurrency or 0.0,
         starts=True,
@@ -125,7 +123,6 @@ def build_loop_state(status: Mapping[str, Any]) -> LoopState:
         rollout=rollout,
         history=history,
         observed_kv_tokens=int(tokens) if tokens else None,
-        budget=_budget(status.get("budget")),
     )
 
 
@@ -162,14 +159,15 @@ def build_status_patch(
     mode: str,
     now: float,
     generation: int | None,
-    metrics_status: MetricsStatus,
     applied: bool,
     rollout_deadline_seconds: float,
-    observed_kv_tokens: int | None,
 ) -> StatusPatch:
     """The status after ``decision``. ``applied``: the Deployment was updated with ``decision.settings``."""
     out = StatusPatch()
     stamp = format_time(now)
+    metrics_status, observed_kv_tokens = decision.metrics, decision.observed_kv_tokens
+    if metrics_status is None:
+        raise ValueError("a Decision from compute_decision carries its metrics status")
     conds: list[tuple[str, str, str, str]] = [
         (
             METRICS_AVAILABLE,

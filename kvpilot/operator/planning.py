@@ -4,7 +4,7 @@
   ``spec.engine.extraArgs`` (split off by :func:`kvpilot.tuner.vllm.args.parse_vllm_args`;
   a conflict between the two is an :class:`~kvpilot.operator.errors.InvalidSpec`).
   The tensor-parallel size is always fixed by the user's GPU request.
-* The planner (:func:`kvpilot.tuner.plan.planner.compute_plan`) runs in every mode; its
+* The planner (:func:`kvpilot.tuner.plan.compute_plan`) runs in every mode; its
   results are cached by their inputs, so many identical services cost one plan.
 * ``Auto`` deploys the plan; ``Recommend`` deploys the user's own settings and
   publishes the plan as ``status.recommendation``; ``Off`` deploys the user's own
@@ -25,8 +25,8 @@ from typing import Any
 
 from kvpilot.operator import api, errors
 from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings, GpuSpec, Plan, ServingBounds
-from kvpilot.tuner.vllm import args as vllm_args
 
 PlanFn = Callable[..., Plan]
 
@@ -54,13 +54,13 @@ class Decision:
 
 def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
     """Split and check the user's own engine arguments (InvalidEngineArgs / InvalidSpec on error)."""
-    vllm_args.validate_extra_args(spec.engine.extra_args)
-    from_extra, rest = vllm_args.parse_vllm_args(spec.engine.extra_args)
+    vllm.validate_extra_args(spec.engine.extra_args)
+    from_extra, rest = vllm.parse_vllm_args(spec.engine.extra_args)
     pinned = spec.engine.pinned.to_engine()
     merged = pinned.as_dict()
     for name, value in from_extra.as_dict().items():
         if name in merged and merged[name] != value:
-            flag = vllm_args.FLAGS[name]
+            flag = vllm.FLAGS[name]
             raise errors.InvalidSpec(
                 f"{flag} {value} in spec.engine.extraArgs contradicts spec.engine.pinned ({merged[name]}); "
                 "keep it in pinned only"
@@ -80,14 +80,18 @@ def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
             f"divide spec.gpu.count {spec.gpu.count}; set spec.gpu.tensorParallelSize instead"
         )
     settings = EngineSettings(**merged)  # type: ignore[arg-type]
-    vllm_args.check_settings(settings)
+    vllm.check_settings(settings)
+    try:
+        vllm.check_modelled(settings.kv_cache_dtype)
+    except tuner_errors.InvalidEngineArgs as exc:
+        raise errors.InvalidSpec(f"spec.engine.extraArgs: {exc.message}") from None
     return UserArgs(settings, rest)
 
 
 def _default_plan_fn() -> PlanFn:
-    from kvpilot.tuner.plan import planner
+    from kvpilot.tuner.plan import compute_plan
 
-    return planner.compute_plan  # type: ignore[no-any-return]
+    return compute_plan
 
 
 @functools.lru_cache(maxsize=2048)

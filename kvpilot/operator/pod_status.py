@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner.loop.observations import RestartEvent, RestartKind
-from kvpilot.tuner.loop.restarts import classify_termination
+from kvpilot.tuner import vllm
+from kvpilot.tuner.loop import RestartEvent, RestartKind, classify_termination
 from kvpilot.tuner.types import EngineSettings
-from kvpilot.tuner.vllm import args as vllm_args
 
 CONTAINER = "vllm"
 LOG_TAIL_LINES = 400
@@ -87,7 +86,7 @@ def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodVi
     meta = pod.get("metadata") or {}
     spec_c, status_c = _container(pod, "containers"), _container(pod, "containerStatuses")
     try:
-        settings, _ = vllm_args.parse_vllm_args([str(a) for a in spec_c.get("args") or ()])
+        settings, _ = vllm.parse_vllm_args([str(a) for a in spec_c.get("args") or ()])
     except tuner_errors.TunerError:
         settings = None
     count = int(status_c.get("restartCount") or 0)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvpilot.operator import metrics
-from kvpilot.tuner.loop.observations import LengthSummary, MetricsSample, ObservationWindow
+from kvpilot.tuner.loop import LengthSummary, MetricsSample, ObservationWindow
 
 PROMETHEUS_URL_ENV = "KVPILOT_PROMETHEUS_URL"
 QUERY_TIMEOUT_S = 10

@@ -42,13 +42,22 @@ def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
         parsed = api.InferenceServiceSpec.model_validate(dict(spec))
     except pydantic.ValidationError as exc:
         problems = "; ".join(
-            f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
+            f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}{_got(e.get('input'))}"
+            for e in exc.errors(include_url=False)
         )
         raise errors.InvalidSpec(problems) from None
     problems = parsed.semantic_errors()
     if problems:
         raise errors.InvalidSpec("; ".join(problems))
     return parsed
+
+
+def _got(value: object) -> str:
+    """`` (got 'x')`` for a scalar the schema refused, as the API server names an unsupported value."""
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
+        text = repr(value)
+        return f" (got {text[:80]}{'...' if len(text) > 80 else ''})"
+    return ""
 
 
 def build_desired(

@@ -1,7 +1,7 @@
 """Resolve what the planner needs: the model's config and the GPU it will run on.
 
 * Model config (``spec.model.source``): the built-in catalogue
-  (:func:`kvpilot.tuner.model.catalogue.lookup_model_config`), a ConfigMap's ``config.json``,
+  (:func:`kvpilot.tuner.model.lookup_model_config`), a ConfigMap's ``config.json``,
   or the Hugging Face Hub (optionally with a token from a Secret; the token is never
   logged, cached on disk by us, or written to status).
 * GPU: ``spec.gpu.product`` through the catalogue (:func:`kvpilot.tuner.gpus.lookup_gpu`),
@@ -32,8 +32,7 @@ from kvpilot.operator import api, errors
 from kvpilot.operator.kube import Kube, build_label_selector
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus
-from kvpilot.tuner.model import catalogue as models
-from kvpilot.tuner.model import spec as model_spec
+from kvpilot.tuner.model import ModelSpec, build_model_spec, lookup_checkpoint_bytes, lookup_model_config
 from kvpilot.tuner.types import GpuSpec
 
 NODE_CACHE_TTL_S = 30.0
@@ -47,7 +46,7 @@ HubDownload = Callable[[str, str | None, str | None], dict[str, Any]]
 
 @dataclass(frozen=True, slots=True)
 class ResolvedModel:
-    spec: model_spec.ModelSpec
+    spec: ModelSpec
     config_key: str
     """Digest of the config.json content (cache key)."""
     origin: str
@@ -135,7 +134,7 @@ def build_model(config: Mapping[str, Any], origin: str, checkpoint_bytes: int | 
     key = compute_config_key(config)
     spec = _MODEL_SPECS.get(key)
     if spec is None:
-        spec = model_spec.build_model_spec(config)
+        spec = build_model_spec(config)
         _MODEL_SPECS.put(key, spec)
     return ResolvedModel(spec, key, origin, checkpoint_bytes)
 
@@ -253,8 +252,8 @@ def read_model(
     if model.source == "Catalogue":
         cached = _CATALOGUE.get((model.id, model.checkpoint_bytes))
         if cached is None:
-            config = models.lookup_model_config(model.id)
-            checkpoint = model.checkpoint_bytes or models.lookup_checkpoint_bytes(model.id)
+            config = lookup_model_config(model.id)
+            checkpoint = model.checkpoint_bytes or lookup_checkpoint_bytes(model.id)
             cached = build_model(config, "the built-in catalogue", checkpoint)
             _CATALOGUE.put((model.id, model.checkpoint_bytes), cached)
         return cached

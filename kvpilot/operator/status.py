@@ -15,6 +15,7 @@ from kvpilot.operator import api, conditions
 from kvpilot.operator.errors import Failure
 from kvpilot.operator.planning import Decision
 from kvpilot.operator.resolve import Inputs
+from kvpilot.tuner import vllm
 from kvpilot.tuner.types import GIB, EngineSettings
 
 HISTORY_LIMIT = 20
@@ -32,11 +33,6 @@ def build_settings(settings: EngineSettings | None) -> dict[str, Any] | None:
 
 def _compact(obj: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (obj or {}).items() if v is not None}
-
-
-def describe_settings(settings: EngineSettings) -> str:
-    """``max-model-len 8192, max-num-seqs 64, ...`` for events and condition messages."""
-    return ", ".join(f"{k.replace('_', '-')} {v}" for k, v in settings.as_dict().items()) or "vLLM defaults"
 
 
 def _history(
@@ -57,7 +53,7 @@ def build_success_status(
     """Status after the Deployment and Service were applied with ``decision.deploy``."""
     plan, gpu = decision.plan, inputs.gpu
     applied = build_settings(decision.deploy)
-    planned_text = describe_settings(plan.settings)
+    planned_text = vllm.describe_settings(plan.settings)
     b = plan.budget
     updates = [
         (conditions.CONFIG_RESOLVED, conditions.TRUE, "Resolved",
@@ -97,7 +93,7 @@ def build_success_status(
         patch["lastChangeTime"] = now
         patch["history"] = _history(old.get("history") or [], {
             "time": now, "action": "Planned", "trigger": trigger,
-            "reason": f"{decision.mode}: {describe_settings(decision.deploy)}",
+            "reason": f"{decision.mode}: {vllm.describe_settings(decision.deploy)}",
             **({"from": _compact(old_applied)} if old_applied else {}), "to": _compact(applied),
         })  # fmt: skip
     return {k: v for k, v in patch.items() if k != "history" or v is not None}
@@ -105,13 +101,13 @@ def build_success_status(
 
 def _ready_message(decision: Decision) -> str:
     if decision.mode == "Auto":
-        return f"Deployment applied with the plan: {describe_settings(decision.deploy)}"
+        return f"Deployment applied with the plan: {vllm.describe_settings(decision.deploy)}"
     what = (
         "the recommendation is in status.recommendation"
         if decision.mode == "Recommend"
         else "plan reported only"
     )
-    return f"Deployment applied with the user's settings ({describe_settings(decision.deploy)}); {what}"
+    return f"Deployment applied with the user's settings ({vllm.describe_settings(decision.deploy)}); {what}"
 
 
 def build_failure_status(

@@ -31,9 +31,8 @@ from typing import Any
 
 from kvpilot.operator import api, resolve
 from kvpilot.operator.kube import Kube
-from kvpilot.tuner import gpus
+from kvpilot.tuner import gpus, plan, vllm
 from kvpilot.tuner.types import EngineSettings
-from kvpilot.tuner.vllm import args as vllm_args
 
 PORT = 8000
 HF_TOKEN_ENV = "HF_TOKEN"
@@ -76,9 +75,10 @@ def build_engine_args(
     args += ["--host", "0.0.0.0", "--port", str(PORT)]
     tp = settings.tensor_parallel_size or 1
     pp_extra: list[str] = []
-    if spec.gpu.count > tp and not any(a.startswith(("--pipeline-parallel-size", "-pp")) for a in extra):
-        pp_extra = ["--pipeline-parallel-size", str(spec.gpu.count // tp)]
-    return [*args, *vllm_args.build_vllm_args(settings, [*pp_extra, *extra])]
+    pp = plan.compute_pipeline_parallel(spec.gpu.count, tp)
+    if pp > 1 and not any(a.startswith(("--pipeline-parallel-size", "-pp")) for a in extra):
+        pp_extra = ["--pipeline-parallel-size", str(pp)]
+    return [*args, *vllm.build_vllm_args(settings, [*pp_extra, *extra])]
 
 
 def _node_placement(products: Sequence[str], node_selector: Mapping[str, str]) -> dict[str, Any]:

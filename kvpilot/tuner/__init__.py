@@ -1,19 +1,19 @@
-"""kvpilot's tuner: pure, sans-I/O planning of vLLM engine arguments.
+"""kvpilot's tuner: pure, sans-I/O planning and retuning of vLLM engine arguments.
 
-The public surface, for the operator, the CLI and anyone embedding the planner:
+Five sub-packages in layers (``.importlinter`` enforces them; each owns its ``__all__``):
 
-* value objects -- :class:`EngineSettings`, :class:`GpuSpec`, :class:`ServingBounds`,
-  :class:`MemoryBudget`, :class:`Plan`, :class:`ModelSpec`;
-* errors -- :class:`TunerError` and its subclasses (see :mod:`kvpilot.tuner.errors`);
-* entry points -- :func:`build_model_spec` (config.json -> ModelSpec),
-  :func:`lookup_model_config` / :func:`list_models` (built-in configs),
-  :func:`lookup_gpu` / :func:`build_gpu_from_labels` / :func:`list_gpus` (GPU catalogue),
-  :func:`compute_budget` (vLLM's start-up memory accounting), :func:`compute_plan`
-  (the static planner), :func:`build_vllm_args` / :func:`parse_vllm_args` /
-  :func:`validate_extra_args` (engine flags).
+* :mod:`.plan` and :mod:`.loop` on top -- the static planner, and the closed loop's policy
+  (they never import each other);
+* :mod:`.memory` -- vLLM's start-up memory accounting: weights, activations, graphs, KV cache;
+* :mod:`.model` -- ``config.json`` -> :class:`ModelSpec`, and the built-in catalogue;
+* :mod:`.vllm` at the bottom -- what each vLLM release does: the only home of vLLM facts.
 
-Nothing in this package does I/O, reads the clock or the environment;
-``.importlinter`` enforces it.
+Beside the layers, every layer may use the value objects (:mod:`.types`), the error tree
+(:mod:`.errors`) and the GPU catalogue (:mod:`.gpus`). This module re-exports the entry points
+the operator, the CLI and anyone embedding the tuner need.
+
+Nothing in this package does I/O, reads the clock or the environment; time and observations are
+arguments.
 """
 
 from kvpilot.tuner.errors import (
@@ -25,30 +25,46 @@ from kvpilot.tuner.errors import (
     UnknownModel,
 )
 from kvpilot.tuner.gpus import build_gpu_from_labels, list_gpus, lookup_gpu
-from kvpilot.tuner.memory.budget import compute_budget
-from kvpilot.tuner.model.catalogue import list_models, lookup_model_config
-from kvpilot.tuner.model.spec import ModelSpec, build_model_spec
-from kvpilot.tuner.plan.planner import compute_plan
+from kvpilot.tuner.loop import (
+    Decision,
+    Evidence,
+    LoopState,
+    PolicyConfig,
+    TuningBounds,
+    TuningContext,
+    compute_decision,
+)
+from kvpilot.tuner.memory import compute_budget
+from kvpilot.tuner.model import ModelSpec, build_model_spec, list_models, lookup_model_config
+from kvpilot.tuner.plan import compute_plan
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
-from kvpilot.tuner.vllm.args import build_vllm_args, parse_vllm_args, validate_extra_args
+from kvpilot.tuner.vllm import PINNED_VLLM_VERSION, build_vllm_args, parse_vllm_args, validate_extra_args
 
 __all__ = [
+    "Decision",
     "EngineSettings",
+    "Evidence",
     "GpuSpec",
     "InfeasiblePlan",
     "InvalidEngineArgs",
     "InvalidModelConfig",
+    "LoopState",
     "MemoryBudget",
     "ModelSpec",
+    "PINNED_VLLM_VERSION",
     "Plan",
+    "PolicyConfig",
     "ServingBounds",
     "TunerError",
+    "TuningBounds",
+    "TuningContext",
     "UnknownGpu",
     "UnknownModel",
     "build_gpu_from_labels",
     "build_model_spec",
     "build_vllm_args",
     "compute_budget",
+    "compute_decision",
     "compute_plan",
     "list_gpus",
     "list_models",

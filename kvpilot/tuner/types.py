@@ -115,6 +115,9 @@ class MemoryBudget:
     longest_fitting_len: int | None = None
     """The longest ``max_model_len`` this KV cache holds one request of (vLLM's "estimated maximum
     model length"); ``None`` when not computed (the engine starts, or no memory is left at all)."""
+    max_model_len: int = 0
+    """The ``max_model_len`` vLLM runs with: the setting, the model's default when unset, or what
+    ``--max-model-len -1`` (auto) fits to the KV cache."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,8 @@ class Plan:
     gpu_count: int
     vllm_version: str
     warnings: tuple[str, ...] = ()
+    pipeline_parallel_size: int = 1
+    """Pipeline stages of the planned replica (the GPUs the tensor-parallel group leaves over)."""
     reasons: tuple[str, ...] = ()
     """When infeasible: why, and what would fit (more GPUs, fp8 KV, shorter context, ...)."""
     args: tuple[str, ...] = field(default=())

@@ -28,7 +28,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-PINNED_VLLM = "0.33.0"
+from kvpilot.tuner.vllm import PINNED_VLLM_VERSION as PINNED_VLLM  # noqa: E402
 
 
 def _import(name: str) -> ModuleType:

@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from kvpilot.tuner import build_model_spec, compute_plan, gpus
+from kvpilot.tuner import build_model_spec, compute_plan, gpus, vllm
 from kvpilot.tuner.model import catalogue as models
 from kvpilot.tuner.types import EngineSettings, ServingBounds
-from kvpilot.tuner.vllm import args as vllm_args
 
 pytestmark = pytest.mark.contract
 
@@ -38,7 +37,7 @@ def test_every_plan_renders_arguments_vllm_accepts(
 ) -> None:
     spec = build_model_spec(models.lookup_model_config(model_id))
     vllm_config = catalogue_model_config(model_id)
-    defaults = {name: vllm_parser.get_default(name) for name in vllm_args.FLAGS}
+    defaults = {name: vllm_parser.get_default(name) for name in vllm.FLAGS}
     checked_tp: set[int] = set()
     plans = 0
     for gpu in gpus.list_gpus():
@@ -47,11 +46,11 @@ def test_every_plan_renders_arguments_vllm_accepts(
                 plan = compute_plan(spec, gpu, count, bounds)
                 where = f"{model_id} on {count} x {gpu.name}, {bounds}"
                 assert plan.args, where
-                assert plan.args == vllm_args.build_vllm_args(plan.settings), where
+                assert plan.args == vllm.build_vllm_args(plan.settings), where
                 namespace = vllm_parser.parse_args(list(plan.args))
-                parsed = {name: getattr(namespace, name) for name in vllm_args.FLAGS}
+                parsed = {name: getattr(namespace, name) for name in vllm.FLAGS}
                 assert parsed == {**defaults, **plan.settings.as_dict()}, where
-                assert vllm_args.parse_vllm_args(plan.args) == (plan.settings, ()), where
+                assert vllm.parse_vllm_args(plan.args) == (plan.settings, ()), where
                 settings: EngineSettings = plan.settings
                 assert settings.max_model_len is not None
                 assert 0 < settings.max_model_len <= vllm_config.max_model_len, where

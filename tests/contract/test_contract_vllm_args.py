@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from kvpilot.tuner import errors
+from kvpilot.tuner import vllm as kv_vllm
 from kvpilot.tuner.types import EngineSettings
-from kvpilot.tuner.vllm import args as vllm_args
 
 pytestmark = pytest.mark.contract
 
@@ -36,16 +36,16 @@ SETTINGS_GRID = [
 
 
 def _values(namespace: Any) -> dict[str, object]:
-    return {name: getattr(namespace, name) for name in vllm_args.FLAGS}
+    return {name: getattr(namespace, name) for name in kv_vllm.FLAGS}
 
 
 def _expected(settings: EngineSettings, parser: Any) -> dict[str, object]:
-    defaults = {name: parser.get_default(name) for name in vllm_args.FLAGS}
+    defaults = {name: parser.get_default(name) for name in kv_vllm.FLAGS}
     return {**defaults, **settings.as_dict()}
 
 
 def test_kv_cache_dtypes_are_vllms(vllm_cache_dtypes: tuple[str, ...]) -> None:
-    assert vllm_cache_dtypes == vllm_args.KV_CACHE_DTYPES
+    assert vllm_cache_dtypes == kv_vllm.KV_CACHE_DTYPES
 
 
 def test_settings_grid_is_large() -> None:
@@ -54,9 +54,9 @@ def test_settings_grid_is_large() -> None:
 
 def test_every_rendered_grid_point_parses_with_vllm(vllm_parser: Any) -> None:
     for settings in SETTINGS_GRID:
-        args = vllm_args.build_vllm_args(settings)
+        args = kv_vllm.build_vllm_args(settings)
         assert _values(vllm_parser.parse_args(list(args))) == _expected(settings, vllm_parser), args
-        assert vllm_args.parse_vllm_args(args) == (settings, ())
+        assert kv_vllm.parse_vllm_args(args) == (settings, ())
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def test_every_rendered_grid_point_parses_with_vllm(vllm_parser: Any) -> None:
 def test_rendered_args_round_trip_to_engine_args(
     settings: EngineSettings, vllm_parser: Any, engine_args_cls: Any, local_model_dir: Path
 ) -> None:
-    args = vllm_args.build_vllm_args(settings, ("--model", str(local_model_dir)))
+    args = kv_vllm.build_vllm_args(settings, ("--model", str(local_model_dir)))
     engine_args = engine_args_cls.from_cli_args(vllm_parser.parse_args(list(args)))
     for name, value in settings.as_dict().items():
         assert getattr(engine_args, name) == value, name
@@ -86,7 +86,7 @@ def test_rendered_args_round_trip_to_engine_args(
     ],
 )
 def test_parse_agrees_with_vllm(args: list[str], vllm_parser: Any) -> None:
-    settings, rest = vllm_args.parse_vllm_args(args)
+    settings, rest = kv_vllm.parse_vllm_args(args)
     assert _values(vllm_parser.parse_args(args)) == _expected(settings, vllm_parser)
     # What we hand back untouched still parses, and sets none of the tuned values.
     assert _values(vllm_parser.parse_args(list(rest))) == _expected(EngineSettings(), vllm_parser)
@@ -103,7 +103,7 @@ def test_human_readable_ints_match_vllm(text: str, vllm: Any) -> None:
     except Exception:
         expected = "error"
     try:
-        ours: object = vllm_args.parse_human_int(text)
+        ours: object = kv_vllm.parse_human_int(text)
     except ValueError:
         ours = "error"
     assert ours == expected
@@ -118,16 +118,16 @@ def _option_strings(parser: Any) -> dict[str, set[str]]:
 
 def test_aliases_cover_every_spelling_vllm_accepts(vllm_parser: Any) -> None:
     by_dest = _option_strings(vllm_parser)
-    for name, flag in vllm_args.FLAGS.items():
-        ours = {flag} | {alias for alias, target in vllm_args.FLAG_ALIASES.items() if target == flag}
+    for name, flag in kv_vllm.FLAGS.items():
+        ours = {flag} | {alias for alias, target in kv_vllm.FLAG_ALIASES.items() if target == flag}
         assert by_dest[name] == ours, name
 
 
 def test_no_vllm_flag_abbreviates_a_tuned_flag(vllm_parser: Any) -> None:
     """validate_extra_args refuses abbreviations of tuned flags; no real flag may be one."""
-    tuned = set(vllm_args.FLAGS.values()) | set(vllm_args.FLAG_ALIASES)
+    tuned = set(kv_vllm.FLAGS.values()) | set(kv_vllm.FLAG_ALIASES)
     for option in {o for options in _option_strings(vllm_parser).values() for o in options} - tuned:
-        assert not any(flag.startswith(option) for flag in vllm_args.FLAGS.values()), option
+        assert not any(flag.startswith(option) for flag in kv_vllm.FLAGS.values()), option
 
 
 def test_abbreviated_sizing_overrides_are_real_and_refused(vllm_parser: Any) -> None:
@@ -135,15 +135,15 @@ def test_abbreviated_sizing_overrides_are_real_and_refused(vllm_parser: Any) -> 
     parsed = vllm_parser.parse_args(["--num-gpu-blocks", "100"])
     assert parsed.num_gpu_blocks_override == 100
     with pytest.raises(errors.InvalidEngineArgs, match="abbreviates --num-gpu-blocks-override"):
-        vllm_args.validate_extra_args(["--num-gpu-blocks", "100"])
+        kv_vllm.validate_extra_args(["--num-gpu-blocks", "100"])
 
 
-@pytest.mark.parametrize("flag", sorted(vllm_args.UNSUPPORTED_FLAGS))
+@pytest.mark.parametrize("flag", sorted(kv_vllm.UNSUPPORTED_FLAGS))
 def test_unsupported_flags_are_rejected_by_vllm_or_override_sizing(
     flag: str, vllm_parser: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     known = {o for options in _option_strings(vllm_parser).values() for o in options}
-    if flag in vllm_args.SIZING_OVERRIDE_FLAGS:
+    if flag in kv_vllm.SIZING_OVERRIDE_FLAGS:
         assert flag in known  # refused by policy, not because vLLM lacks it
         return
     assert flag not in known

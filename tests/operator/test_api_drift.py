@@ -162,3 +162,15 @@ def test_no_unknown_fields_preserved_at_the_roots() -> None:
     schema = crd_schema()
     for top in ("spec", "status"):
         assert "x-kubernetes-preserve-unknown-fields" not in schema["properties"][top]
+
+
+def test_the_api_accepts_exactly_the_kv_dtypes_the_memory_model_sizes() -> None:
+    """One list (kvpilot.tuner.vllm.MODELLED_KV_CACHE_DTYPES): the pydantic API and, through the drift
+    test above, the CRD's enum."""
+    from typing import get_args
+
+    from kvpilot.operator import api
+    from kvpilot.tuner import vllm
+
+    assert get_args(api.KvCacheDtype) == vllm.MODELLED_KV_CACHE_DTYPES
+    assert tuple(crd_paths()["spec.engine.pinned.kvCacheDtype"]["enum"]) == vllm.MODELLED_KV_CACHE_DTYPES

@@ -491,4 +491,5 @@ async def test_state_survives_a_round_trip_through_status(harness: Harness, loop
     assert state.rollout.deadline - state.rollout.started_at == 900
     assert [e.action for e in state.history] == ["Planned", "Retuned"]
     assert state.history[-1].from_settings == d.failed and state.history[-1].to_settings == d.settings
-    assert state.budget is not None and state.budget.kv_cache_tokens == 28672
+    budget = loop_state.read_budget(body["status"])
+    assert budget is not None and budget.kv_cache_tokens == 28672

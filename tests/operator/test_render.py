@@ -95,3 +95,68 @@ def test_render_refuses_other_kinds_and_bad_specs() -> None:
     with pytest.raises(render.RenderError) as info:
         render.build_manifests({"kind": "InferenceService", "spec": {"model": {"id": "x", "source": "Hub"}}})
     assert info.value.reason == "InvalidSpec"
+
+
+SEVENTY_ON_L40S = {
+    "apiVersion": "kvpilot.io/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "llama-70b", "namespace": "ml"},
+    "spec": {
+        "model": {"id": "meta-llama/Llama-3.1-70B-Instruct"},
+        "gpu": {"product": "L40S", "count": 4, "tensorParallelSize": 2},
+        "serving": {"maxContextLength": 8192},
+    },
+}
+
+
+def test_pipeline_parallel_spec_is_planned_for_the_layout_it_renders() -> None:
+    """Defect (issue 9, #2): this spec was refused as Infeasible; it starts with PP 2, which is rendered."""
+    _, deployment = render.build_manifests(SEVENTY_ON_L40S)
+    args = args_of([{}, deployment])
+    assert flag(args, "--tensor-parallel-size") == "2"
+    assert flag(args, "--pipeline-parallel-size") == "2"
+
+
+def test_the_loop_budgets_the_rendered_args_as_the_plan_did() -> None:
+    """The closed loop's budget of the settings the Deployment runs equals the plan's (one topology rule)."""
+    from kvpilot.operator import closed_loop, resolve
+    from kvpilot.tuner import vllm
+
+    spec = render.parse_spec(SEVENTY_ON_L40S["spec"])
+    inputs = resolve.Inputs(resolve.read_model(spec.model, "ml", None), resolve.read_gpu(spec, None))
+    desired = render.build_desired(SEVENTY_ON_L40S["metadata"], spec, inputs)
+    container = desired.manifests[1]["spec"]["template"]["spec"]["containers"][0]
+    running, _ = vllm.parse_vllm_args(container["args"])
+    assert closed_loop._budget_for(inputs, spec, running) == desired.decision.plan.budget
+
+
+def test_the_loop_budgets_settings_without_a_tensor_parallel_size() -> None:
+    """Defect (issue 9, #3): the loop read spec.tensor_parallel_size, which does not exist."""
+    from kvpilot.operator import closed_loop, resolve
+    from kvpilot.tuner import memory
+    from kvpilot.tuner.types import EngineSettings
+
+    spec = render.parse_spec(SEVENTY_ON_L40S["spec"])
+    inputs = resolve.Inputs(resolve.read_model(spec.model, "ml", None), resolve.read_gpu(spec, None))
+    settings = EngineSettings(max_model_len=8192)
+    budget = closed_loop._budget_for(inputs, spec, settings)
+    expected = memory.compute_budget(
+        inputs.model.spec, inputs.gpu.gpu, settings.replace(tensor_parallel_size=1), pipeline_parallel_size=4,
+        weights_total_bytes=inputs.model.checkpoint_bytes,
+    )  # fmt: skip
+    assert budget == expected
+
+
+@pytest.mark.parametrize("where", ["extraArgs", "pinned"])
+def test_a_kv_dtype_vllm_has_but_kvpilot_cannot_size_is_invalid_spec(where: str) -> None:
+    """Defect (issue 9, #4): turboquant_k8v4 passed the API and ended in a bare ValueError (InternalError)."""
+    engine: dict = (
+        {"extraArgs": ["--kv-cache-dtype", "turboquant_k8v4"]}
+        if where == "extraArgs"
+        else {"pinned": {"kvCacheDtype": "turboquant_k8v4"}}
+    )
+    isvc = {**SEVENTY_ON_L40S, "spec": {**SEVENTY_ON_L40S["spec"], "engine": engine}}
+    with pytest.raises(render.RenderError) as caught:
+        render.build_manifests(isvc)
+    assert caught.value.reason == "InvalidSpec"
+    assert "turboquant_k8v4" in caught.value.message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kvpilot.tuner.gpus import lookup_gpu
+from kvpilot.tuner.loop import Evidence, LoopState, PolicyConfig, TuningBounds, TuningContext
 from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
 from kvpilot.tuner.loop.observations import (
     LengthSummary,
@@ -31,6 +33,49 @@ BUDGET = MemoryBudget(
     starts=True,
 )
 """An 8B model on an H100: about 446k KV tokens at gpu_memory_utilization 0.92."""
+
+H100 = lookup_gpu("H100-SXM")
+"""The GPU of :data:`BUDGET` (79.19 GiB to CUDA; vLLM 0.33's defaults there: 1024 sequences, 8192 tokens)."""
+MODEL_MAX_LEN = 131072
+"""Llama-3.1-8B's own maximum context."""
+
+
+def context(
+    bounds: TuningBounds | None = None, policy: PolicyConfig | None = None, gpu: object = None
+) -> TuningContext:
+    """The service's tuning context: an 8B model on :data:`H100` unless told otherwise."""
+    return TuningContext(
+        gpu=gpu or H100,  # type: ignore[arg-type]
+        default_max_model_len=MODEL_MAX_LEN,
+        bounds=bounds or TuningBounds(),
+        policy=policy or PolicyConfig(),
+    )
+
+
+def state_and_evidence(
+    current: EngineSettings,
+    window: ObservationWindow,
+    restarts: tuple[RestartEvent, ...] = (),
+    history: tuple[HistoryEntry, ...] = (),
+    failed: tuple[EngineSettings, ...] = (),
+    *,
+    budget: MemoryBudget | None = None,
+    rollout: object = None,
+    last_good: EngineSettings | None = None,
+    ready: bool = False,
+    observed_kv_tokens: int | None = None,
+) -> tuple[LoopState, Evidence]:
+    """:class:`LoopState` and :class:`Evidence` from the pieces a test varies."""
+    state = LoopState(
+        current=current,
+        history=history,
+        failed=failed,
+        rollout=rollout,  # type: ignore[arg-type]
+        last_good=last_good,
+        observed_kv_tokens=observed_kv_tokens,
+    )
+    return state, Evidence(budget=budget or BUDGET, window=window, restarts=restarts, ready=ready)
+
 
 CURRENT = EngineSettings(
     max_model_len=32768, max_num_seqs=256, gpu_memory_utilization=0.92, kv_cache_dtype="auto"

@@ -7,6 +7,7 @@ import dataclasses
 import model_configs_for_tests as cfg
 import pytest
 
+from kvpilot.tuner import vllm
 from kvpilot.tuner.memory import kv_cache
 from kvpilot.tuner.model.spec import build_model_spec
 from kvpilot.tuner.types import GIB
@@ -113,3 +114,20 @@ def test_longest_fitting_len_of_an_empty_cache_is_zero() -> None:
     assert kv_cache.compute_longest_fitting_len(layout, 0, 8192, 8192) == 0
     unused = dataclasses.replace(layout)
     assert kv_cache.compute_num_blocks(-5, unused) == 0
+
+
+@pytest.mark.parametrize("dtype", vllm.KV_CACHE_DTYPES)
+def test_every_vllm_kv_dtype_is_sized_or_refused_with_a_domain_error(dtype: str) -> None:
+    """Defect (issue 9, #4): an unmodelled dtype raised a bare ValueError; now it is sized or refused,
+    and the refusal names the dtype. The modelled list is exactly what the API accepts."""
+    from kvpilot.tuner import errors, memory
+    from kvpilot.tuner.types import EngineSettings, GpuSpec
+
+    spec = build_model_spec(cfg.LLAMA_31_8B)
+    h100 = GpuSpec("H100-SXM", 85_031_714_816, (9, 0), True, "nvlink")
+    settings = EngineSettings(max_model_len=8192, kv_cache_dtype=dtype)
+    if dtype in vllm.MODELLED_KV_CACHE_DTYPES:
+        assert memory.compute_budget(spec, h100, settings).kv_bytes_per_token > 0
+    else:
+        with pytest.raises(errors.InvalidEngineArgs, match=dtype):
+            memory.compute_budget(spec, h100, settings)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import model_configs_for_tests as cfg
 import pytest
 
+from kvpilot.tuner import vllm
 from kvpilot.tuner.memory import budget as memory
 from kvpilot.tuner.model.spec import build_model_spec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec
-from kvpilot.tuner.vllm import versions as vllm_defaults
 
 H100 = GpuSpec("H100-SXM", 85_031_714_816, (9, 0), True, "nvlink", nvml_total_bytes=81_559 << 20)
 """79.19 GiB CUDA-visible (vllm_reference §8), NVML 81,559 MiB."""
@@ -67,26 +67,26 @@ def test_cuda_graphs_are_subtracted_from_020_on() -> None:
     ],
 )
 def test_version_and_gpu_defaults(version: str, gpu: GpuSpec, tokens: int, seqs: int, util: float) -> None:
-    parsed = vllm_defaults.parse_version(version)
-    limits = vllm_defaults.default_batch_limits(parsed, gpu)
+    parsed = vllm.parse_version(version)
+    limits = vllm.default_batch_limits(parsed, gpu)
     assert (limits.max_num_batched_tokens, limits.max_num_seqs) == (tokens, seqs)
-    assert vllm_defaults.default_gpu_memory_utilization(parsed) == util
+    assert vllm.default_gpu_memory_utilization(parsed) == util
 
 
 def test_b200_class_defaults_from_028() -> None:
     b200 = GpuSpec("B200", int(178.35 * GIB), (10, 0), True, "nvlink")
-    assert vllm_defaults.default_batch_limits((0, 33), b200).max_num_batched_tokens == 16384
-    assert vllm_defaults.default_batch_limits((0, 27), b200).max_num_batched_tokens == 8192
+    assert vllm.default_batch_limits((0, 33), b200).max_num_batched_tokens == 16384
+    assert vllm.default_batch_limits((0, 27), b200).max_num_batched_tokens == 8192
 
 
 def test_short_context_caps_the_default_batch() -> None:
-    limits = vllm_defaults.resolve_batch_limits((0, 33), H100, 4, None, 16)
+    limits = vllm.resolve_batch_limits((0, 33), H100, 4, None, 16)
     assert (limits.max_num_batched_tokens, limits.max_num_seqs) == (64, 16)
 
 
 @pytest.mark.parametrize("text", ["0.19.0", "v0.19.1", "0.11.0 (stated ...)", "main @ 2025-01-30 (~v0.7.1)"])
 def test_parse_version_of_free_text(text: str) -> None:
-    assert vllm_defaults.parse_version(text)[:2] in {(0, 19), (0, 11), (0, 7)}
+    assert vllm.parse_version(text)[:2] in {(0, 19), (0, 11), (0, 7)}
 
 
 def test_no_memory_left_is_vllms_error_not_an_exception() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import model_configs_for_tests as cfg
 import pytest
 
+from kvpilot.tuner import gpus, memory, vllm
 from kvpilot.tuner.model.spec import build_model_spec
 from kvpilot.tuner.plan import planner
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, ServingBounds
@@ -17,14 +18,51 @@ LLAMA_70B = build_model_spec(cfg.LLAMA_31_70B)
 
 
 def test_llama_8b_on_one_h100() -> None:
-    plan = planner.compute_plan(LLAMA_8B, H100, 1, ServingBounds(max_context=32768))
-    s = plan.settings
-    assert plan.feasible and plan.budget.starts
+    bounds = ServingBounds(max_context=32768)
+    plan = planner.compute_plan(LLAMA_8B, H100, 1, bounds)
+    s, b = plan.settings, plan.budget
+    assert plan.feasible and b.starts
     assert s.max_model_len == 32768 and s.tensor_parallel_size == 1 and s.kv_cache_dtype == "auto"
-    assert 0.5 <= (s.gpu_memory_utilization or 0) <= 0.95
-    assert s.max_num_seqs and 1 <= s.max_num_seqs <= 1024
-    assert plan.concurrency_at_max_len == plan.budget.max_concurrency > 10
-    assert "--max-model-len" in plan.args and "32768" in plan.args
+    # the utilisation is the step's own answer for these settings, not a bound the planner got stuck at
+    assert s.gpu_memory_utilization == planner.compute_safe_utilization(
+        LLAMA_8B, H100, EngineSettings(max_model_len=32768, tensor_parallel_size=1, kv_cache_dtype="auto"),
+        bounds, "0.33.0",
+    )  # fmt: skip
+    # max_num_seqs: as many requests filling a quarter of the context as the cache holds, rounded down to 8
+    assert s.max_num_seqs is not None and 16 <= s.max_num_seqs < 1024
+    quarter = planner.TYPICAL_FILL * 32768
+    assert s.max_num_seqs * quarter <= b.kv_cache_tokens < (s.max_num_seqs + 8) * quarter * 1.02
+    assert plan.concurrency_at_max_len == b.max_concurrency > 10
+    assert plan.args == vllm.build_vllm_args(s)
+
+
+def test_llama_8b_on_one_l4_sits_inside_the_bounds() -> None:
+    plan = planner.compute_plan(LLAMA_8B, L4, 1, ServingBounds(max_context=8192))
+    gmu = plan.settings.gpu_memory_utilization
+    assert gmu is not None and 0.5 < gmu < 0.95  # a small GPU keeps more head-room than the cap
+
+
+def test_the_leftover_gpus_are_pipeline_stages_in_the_budget() -> None:
+    """Defect (issue 9, #2): Llama-3.1-70B on 4 x L40S with TP 2 was refused as Infeasible, budgeted as if
+    one TP group held the whole model; the operator renders --pipeline-parallel-size 2."""
+    l40s = gpus.lookup_gpu("L40S")
+    pinned = EngineSettings(tensor_parallel_size=2)
+    plan = planner.compute_plan(LLAMA_70B, l40s, 4, ServingBounds(max_context=8192), pinned=pinned)
+    assert plan.feasible, plan.reasons
+    assert plan.pipeline_parallel_size == 2
+    same = memory.compute_budget(LLAMA_70B, l40s, plan.settings, pipeline_parallel_size=2)
+    assert plan.budget == same
+    alone = memory.compute_budget(LLAMA_70B, l40s, plan.settings, pipeline_parallel_size=1)
+    assert not alone.starts  # what the planner used to budget
+
+
+def test_auto_max_model_len_is_resolved_to_what_fits() -> None:
+    """Defect (issue 9, #5): --max-model-len -1 (vLLM's auto-fit) was used literally by the budget."""
+    plan = planner.compute_plan(LLAMA_8B, L4, 1, ServingBounds(), pinned=EngineSettings(max_model_len=-1))
+    assert plan.feasible and plan.settings.max_model_len == -1
+    assert 0 < plan.budget.max_model_len < LLAMA_8B.max_model_len
+    assert plan.budget.max_concurrency >= 1
+    assert plan.settings.max_num_seqs is not None and plan.settings.max_num_seqs >= 1
 
 
 def test_utilisation_keeps_more_headroom_on_small_gpus() -> None:
@@ -125,8 +163,9 @@ def test_suggestions_respect_the_minimum_context() -> None:
     assert "below the minimum context 131072" in text
     # With fp8 allowed at a minimum the auto-dtype cache cannot hold, the planner says fp8 fits there.
     squeezed = compute_plan(spec, l4, 1, ServingBounds(min_context=40960, max_context=131072))
-    if not squeezed.feasible:
-        assert any("fp8" in r and "40960" in r for r in squeezed.reasons), squeezed.reasons
+    assert not squeezed.feasible  # the longest 16-bit context that starts is 30720
+    assert any("fp8" in r and "40960" in r for r in squeezed.reasons), squeezed.reasons
+    assert not any("A shorter context fits" in r for r in squeezed.reasons)
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from policy_fixtures import BUDGET, CURRENT, NOW, entry, restart, window
+from policy_fixtures import BUDGET, CURRENT, NOW, context, entry, restart, state_and_evidence, window
 
+from kvpilot.tuner import vllm
+from kvpilot.tuner.gpus import list_gpus, lookup_gpu
 from kvpilot.tuner.loop import history as history_mod
 from kvpilot.tuner.loop import remedies
 from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
@@ -22,7 +24,7 @@ from kvpilot.tuner.loop.policy import (
     compute_metrics_status,
 )
 from kvpilot.tuner.loop.remedies import Situation
-from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.types import EngineSettings, GpuSpec
 
 POLICY = PolicyConfig()
 BOUNDS = TuningBounds(min_max_model_len=4096)
@@ -39,18 +41,10 @@ def decide(
     failed: tuple[EngineSettings, ...] = (),
     **kw: object,
 ) -> Decision:
-    return compute_decision(
-        current,
-        BUDGET,
-        win if win is not None else window(),
-        restarts,
-        bounds,
-        policy,
-        history,
-        failed,
-        NOW,
-        **kw,
+    state, evidence = state_and_evidence(
+        current, win if win is not None else window(), restarts, history, failed, **kw  # type: ignore[arg-type]
     )
+    return compute_decision(state, evidence, context(bounds, policy), NOW)
 
 
 # --- single moves --------------------------------------------------------------------------------
@@ -76,25 +70,48 @@ def test_fit_context_leaves_margin_and_rounds(tokens: float, length: int) -> Non
     assert remedies.fit_context(tokens, POLICY) == length
 
 
-@pytest.mark.parametrize(
-    ("total", "seqs", "batched"),
-    [(79.19, 1024, 8192), (139.8, 1024, 8192), (44.4, 256, 2048), (21.9, 256, 2048)],
-)
-def test_effective_fills_vllm_033_defaults(total: float, seqs: int, batched: int) -> None:
-    budget = dataclasses.replace(BUDGET, gpu_total_gib=total)
-    eff = remedies.compute_effective(EngineSettings(max_model_len=8192), budget, POLICY)
-    assert (eff.gpu_memory_utilization, eff.max_num_seqs, eff.max_num_batched_tokens, eff.kv_cache_dtype) == (
-        0.92,
-        seqs,
-        batched,
-        "auto",
-    )
+@pytest.mark.parametrize("gpu", list_gpus(), ids=lambda g: g.name)
+def test_effective_settings_are_what_vllm_runs_on_every_catalogue_gpu(gpu: GpuSpec) -> None:
+    """The loop steps from vLLM's own defaults for the GPU, never from a copy (an A100-80GB has 80 GiB
+    but vLLM gives it the small-GPU batch; >= 160 GiB gets 16384 tokens)."""
+    eff = remedies.compute_effective(EngineSettings(max_model_len=8192), context(gpu=gpu))
+    defaults = vllm.default_batch_limits(vllm.PINNED_VERSION, gpu)
+    assert eff.max_num_seqs == defaults.max_num_seqs
+    assert eff.max_num_batched_tokens == defaults.max_num_batched_tokens
+    assert eff.gpu_memory_utilization == vllm.default_gpu_memory_utilization(vllm.PINNED_VERSION)
+    assert eff.kv_cache_dtype == "auto"
 
 
-def test_describe_change_uses_api_names() -> None:
+def test_a100_80gb_runs_the_small_gpu_batch() -> None:
+    """The drifted copy said 1024 / 8192 for every GPU of >= 70 GiB; vLLM excepts the A100."""
+    eff = remedies.compute_effective(EngineSettings(max_model_len=8192), context(gpu=lookup_gpu("A100-80GB")))
+    assert (eff.max_num_seqs, eff.max_num_batched_tokens) == (256, 2048)
+
+
+def test_repeated_oom_on_an_a100_halves_what_vllm_runs() -> None:
+    """Defect: a repeated CUDA OOM "halve" set 4096 batched tokens on an A100-80GB, double vLLM's 2048."""
+    current = EngineSettings(max_model_len=8192, max_num_seqs=128, gpu_memory_utilization=0.92)
+    state, evidence = state_and_evidence(current, window(), (restart(RestartKind.CUDA_OOM, count=2),))
+    d = compute_decision(state, evidence, context(BOUNDS, POLICY, gpu=lookup_gpu("A100-80GB")), NOW)
+    assert d.action == Action.RETUNE, d
+    assert d.settings.max_num_batched_tokens in (None, 2048)  # never above what vLLM ran
+    assert (d.settings.max_num_batched_tokens or 2048) <= 2048
+
+
+def test_recommend_sees_a_queue_at_vllms_real_sequence_limit_on_an_a100() -> None:
+    """Defect: with max_num_seqs unset, a queue at the A100's real 256-sequence limit read as Steady."""
+    current = EngineSettings(max_model_len=8192, gpu_memory_utilization=0.92)
+    win = window(kv=0.3, running=256, waiting=40, prompt=200, output=100)
+    state, evidence = state_and_evidence(current, win, ready=True)
+    d = compute_decision(state, evidence, context(BOUNDS, POLICY, gpu=lookup_gpu("A100-80GB")), NOW)
+    assert d.trigger == Trigger.IDLE_CAPACITY, d
+    assert d.settings.max_num_seqs is not None and d.settings.max_num_seqs > 256
+
+
+def test_describe_change_uses_the_flag_names() -> None:
     new = CURRENT.replace(gpu_memory_utilization=0.9, max_num_batched_tokens=4096)
-    assert remedies.describe_change(CURRENT, new) == (
-        "gpuMemoryUtilization 0.92 -> 0.9, maxNumBatchedTokens default -> 4096"
+    assert vllm.describe_change(CURRENT, new) == (
+        "gpu-memory-utilization 0.92 -> 0.9, max-num-batched-tokens default -> 4096"
     )
 
 
@@ -117,13 +134,14 @@ def test_capacity_prefers_vllms_report(
     win = dataclasses.replace(
         window(capacity=capacity), reported_gpu_memory_utilization=gmu, reported_kv_cache_dtype=dtype
     )
-    eff = remedies.compute_effective(CURRENT, BUDGET, POLICY)
+    eff = remedies.compute_effective(CURRENT, context(policy=POLICY))
     assert remedies.compute_capacity_tokens(eff, BUDGET, win, observed) == expected
 
 
 def _situation(capacity: int | None) -> Situation:
-    eff = remedies.compute_effective(CURRENT, BUDGET, POLICY)
-    return Situation(CURRENT, eff, BUDGET, window(), BOUNDS, POLICY, (), NOW, capacity)
+    ctx = context(BOUNDS, POLICY)
+    eff = remedies.compute_effective(CURRENT, ctx)
+    return Situation(CURRENT, eff, BUDGET, window(), ctx, (), NOW, capacity)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from policy_fixtures import BUDGET, NOW
+from policy_fixtures import BUDGET, NOW, context, state_and_evidence
 
 from kvpilot.tuner.loop import history as history_mod
 from kvpilot.tuner.loop import remedies
@@ -29,13 +29,14 @@ from kvpilot.tuner.loop.observations import (
 )
 from kvpilot.tuner.loop.policy import (
     Action,
+    Decision,
     PolicyConfig,
     RolloutState,
     Trigger,
     TuningBounds,
     compute_decision,
 )
-from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.types import EngineSettings, MemoryBudget
 
 POLICY = PolicyConfig()
 
@@ -139,7 +140,7 @@ def inputs_st(draw: st.DrawFn) -> dict:
     failed = draw(st.lists(settings_st, max_size=3))
     # often fail exactly what the remedies would pick, to exercise the skip
     if draw(st.booleans()):
-        eff = remedies.compute_effective(current, BUDGET, POLICY)
+        eff = remedies.compute_effective(current, context(policy=POLICY))
         failed += [remedies.lower_gmu(eff, 1, POLICY), remedies.cut_seqs(eff, POLICY)]
     rollout = None
     if draw(st.integers(0, 3)) == 0:
@@ -163,17 +164,31 @@ def inputs_st(draw: st.DrawFn) -> dict:
     }
 
 
+def decide(
+    *, current: EngineSettings, budget: MemoryBudget, window: ObservationWindow, restarts: tuple,
+    bounds: TuningBounds, policy: PolicyConfig, history: tuple, failed: tuple, now: float,
+    rollout: RolloutState | None, last_good: EngineSettings | None, ready: bool,
+    observed_kv_tokens: int | None,
+) -> Decision:  # fmt: skip
+    """``compute_decision`` from the flat inputs the strategies draw."""
+    state, evidence = state_and_evidence(
+        current, window, restarts, history, failed, budget=budget, rollout=rollout,
+        last_good=last_good, ready=ready, observed_kv_tokens=observed_kv_tokens,
+    )  # fmt: skip
+    return compute_decision(state, evidence, context(bounds, policy), now)
+
+
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _eff(s: EngineSettings) -> EngineSettings:
-    return remedies.compute_effective(s, BUDGET, POLICY)
+    return remedies.compute_effective(s, context(policy=POLICY))
 
 
 @FAST
 @given(inputs_st())
 def test_retune_stays_within_bounds_and_changes_something(inputs: dict) -> None:
-    d = compute_decision(**inputs)
+    d = decide(**inputs)
     if d.action == Action.RETUNE:
         assert inputs["bounds"].contains(d.settings), d
         assert _eff(d.settings) != _eff(inputs["current"])
@@ -184,7 +199,7 @@ def test_retune_stays_within_bounds_and_changes_something(inputs: dict) -> None:
 @FAST
 @given(inputs_st())
 def test_never_returns_to_failed_settings(inputs: dict) -> None:
-    d = compute_decision(**inputs)
+    d = decide(**inputs)
     if d.changes:
         assert _eff(d.settings) not in {_eff(f) for f in inputs["failed"]}, d
 
@@ -192,7 +207,7 @@ def test_never_returns_to_failed_settings(inputs: dict) -> None:
 @FAST
 @given(inputs_st())
 def test_same_inputs_same_decision(inputs: dict) -> None:
-    assert compute_decision(**inputs) == compute_decision(**dict(inputs))
+    assert decide(**inputs) == decide(**dict(inputs))
 
 
 @FAST
@@ -203,14 +218,14 @@ def test_missing_or_stale_metrics_hold(inputs: dict) -> None:
     last = window.last_sample_time
     if window.available and last is not None and NOW - last <= POLICY.staleness_seconds:
         return
-    d = compute_decision(**inputs)
+    d = decide(**inputs)
     assert (d.action, d.trigger) == (Action.HOLD, Trigger.METRICS_UNAVAILABLE)
 
 
 @FAST
 @given(inputs_st())
 def test_stability_gates(inputs: dict) -> None:
-    d = compute_decision(**inputs)
+    d = decide(**inputs)
     if d.action != Action.RETUNE:
         return
     last = history_mod.compute_last_change_time(inputs["history"])
@@ -232,14 +247,14 @@ def test_crash_of_a_rollout_rolls_back(inputs: dict, ago: float, cause: RestartC
         return
     last = history_mod.compute_last_change_time(inputs["history"]) or rollout.started_at
     crash = RestartEvent(max(rollout.started_at, last, NOW - ago), cause, pod="a")
-    d = compute_decision(**{**inputs, "restarts": (crash,)})
+    d = decide(**{**inputs, "restarts": (crash,)})
     assert (d.action, d.settings, d.failed) == (Action.ROLLBACK, good, inputs["current"]), d
 
 
 @FAST
 @given(inputs_st())
 def test_good_only_after_probation(inputs: dict) -> None:
-    d = compute_decision(**inputs)
+    d = decide(**inputs)
     if d.good is None:
         return
     assert inputs["ready"] and d.good == inputs["current"]
@@ -270,9 +285,8 @@ def _simulate(
             for i in range(10)
         )
         window = ObservationWindow(now - 300, now, samples, LengthSummary(800), LengthSummary(200), pods=1)
-        d = compute_decision(
-            current, BUDGET, window, (), TuningBounds(), POLICY, history, (), now, ready=True
-        )
+        state, evidence = state_and_evidence(current, window, history=history, ready=True)
+        d = compute_decision(state, evidence, context(TuningBounds(), POLICY), now)
         if d.changes:
             entry = HistoryEntry(now, HistoryAction.RETUNED, d.trigger, d.reason, current, d.settings)
             history = history_mod.build_history(history, entry)

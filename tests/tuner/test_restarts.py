@@ -159,17 +159,17 @@ def test_other_keeps_the_last_line() -> None:
 
 def test_matches_the_memory_models_own_error_texts() -> None:
     """The tuner's start-up simulator prints what vLLM prints; the classifier must read it back."""
-    from kvpilot.tuner.vllm import versions as vllm_defaults
+    from kvpilot.tuner import vllm
 
     for version in ((0, 10), (0, 13), (0, 15), (0, 25), (0, 33)):
-        text = vllm_defaults.max_len_error(version, 65536, 8.0, 5.25, 41984)
+        text = vllm.max_len_error(version, 65536, 8.0, 5.25, 41984)
         cause = classify_termination(text, "Error", 1)
         assert (cause.kind, cause.max_model_len, cause.estimated_max_model_len) == (
             RestartKind.KV_CACHE_TOO_SMALL,
             65536,
             41984,
         )
-        assert classify_termination(vllm_defaults.no_memory_error(version), "Error", 1).kind == (
+        assert classify_termination(vllm.no_memory_error(version), "Error", 1).kind == (
             RestartKind.NO_CACHE_BLOCKS
         )
 

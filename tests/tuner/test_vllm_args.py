@@ -6,14 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvpilot.tuner import errors
+from kvpilot.tuner import errors, vllm
 from kvpilot.tuner.types import EngineSettings
-from kvpilot.tuner.vllm import args as vllm_args
 
 
 def test_renders_every_set_field_in_order() -> None:
     settings = EngineSettings(8192, 64, 0.9, "fp8", 4, 8192)
-    assert vllm_args.build_vllm_args(settings) == (
+    assert vllm.build_vllm_args(settings) == (
         "--max-model-len", "8192",
         "--max-num-seqs", "64",
         "--gpu-memory-utilization", "0.9",
@@ -24,20 +23,20 @@ def test_renders_every_set_field_in_order() -> None:
 
 
 def test_renders_only_set_fields_then_extra() -> None:
-    args = vllm_args.build_vllm_args(EngineSettings(max_num_seqs=16), ("--enable-prefix-caching",))
+    args = vllm.build_vllm_args(EngineSettings(max_num_seqs=16), ("--enable-prefix-caching",))
     assert args == ("--max-num-seqs", "16", "--enable-prefix-caching")
-    assert vllm_args.build_vllm_args(EngineSettings()) == ()
+    assert vllm.build_vllm_args(EngineSettings()) == ()
 
 
 def test_float_keeps_its_exact_value() -> None:
-    args = vllm_args.build_vllm_args(EngineSettings(gpu_memory_utilization=0.9123456789))
+    args = vllm.build_vllm_args(EngineSettings(gpu_memory_utilization=0.9123456789))
     assert float(args[1]) == 0.9123456789
 
 
 @pytest.mark.parametrize("extra", [("--max-model-len", "4096"), ("--max_num_seqs=4",), ("-tp", "2")])
 def test_tuned_flag_in_extra_is_refused(extra: tuple[str, ...]) -> None:
     with pytest.raises(errors.InvalidEngineArgs, match="pinned"):
-        vllm_args.build_vllm_args(EngineSettings(), extra)
+        vllm.build_vllm_args(EngineSettings(), extra)
 
 
 @pytest.mark.parametrize(
@@ -54,7 +53,7 @@ def test_tuned_flag_in_extra_is_refused(extra: tuple[str, ...]) -> None:
 )
 def test_invalid_settings_are_refused(settings: EngineSettings, flag: str) -> None:
     with pytest.raises(errors.InvalidEngineArgs) as info:
-        vllm_args.build_vllm_args(settings)
+        vllm.build_vllm_args(settings)
     assert info.value.flag == flag
     assert flag in info.value.message
 
@@ -71,7 +70,7 @@ def test_parse_extracts_every_spelling_and_keeps_the_rest() -> None:
         "--max-num-batched-tokens", "2k",
         "--served-model-name", "llama",
     ]  # fmt: skip
-    settings, rest = vllm_args.parse_vllm_args(args)
+    settings, rest = vllm.parse_vllm_args(args)
     assert settings == EngineSettings(32768, 8, 0.85, "fp8", 2, 2000)
     assert rest == (
         "--model", "meta-llama/Llama-3.1-8B-Instruct",
@@ -81,9 +80,9 @@ def test_parse_extracts_every_spelling_and_keeps_the_rest() -> None:
 
 
 def test_parse_later_occurrence_wins_and_auto_is_minus_one() -> None:
-    settings, _ = vllm_args.parse_vllm_args(["--max-model-len", "4096", "--max-model-len", "auto"])
-    assert settings.max_model_len == vllm_args.AUTO_MAX_MODEL_LEN
-    settings, _ = vllm_args.parse_vllm_args(["--max-model-len", "-1"])
+    settings, _ = vllm.parse_vllm_args(["--max-model-len", "4096", "--max-model-len", "auto"])
+    assert settings.max_model_len == vllm.AUTO_MAX_MODEL_LEN
+    settings, _ = vllm.parse_vllm_args(["--max-model-len", "-1"])
     assert settings.max_model_len == -1
 
 
@@ -101,7 +100,7 @@ def test_parse_later_occurrence_wins_and_auto_is_minus_one() -> None:
 )
 def test_parse_refuses_bad_values(args: list[str]) -> None:
     with pytest.raises(errors.InvalidEngineArgs):
-        vllm_args.parse_vllm_args(args)
+        vllm.parse_vllm_args(args)
 
 
 @pytest.mark.parametrize(
@@ -109,16 +108,16 @@ def test_parse_refuses_bad_values(args: list[str]) -> None:
     [("4096", 4096), ("1k", 1000), ("1K", 1024), ("25.6k", 25600), ("32K", 32768), ("2M", 2 << 20)],
 )
 def test_human_readable_ints(text: str, value: int) -> None:
-    assert vllm_args.parse_human_int(text) == value
+    assert vllm.parse_human_int(text) == value
 
 
-@pytest.mark.parametrize("flag", sorted(vllm_args.UNSUPPORTED_FLAGS))
+@pytest.mark.parametrize("flag", sorted(vllm.UNSUPPORTED_FLAGS))
 def test_unsupported_flags_are_refused_with_a_reason(flag: str) -> None:
     for args in ([flag, "8"], [f"{flag}=8"], [flag.replace("-", "_").replace("__", "--", 1), "8"]):
         with pytest.raises(errors.InvalidEngineArgs) as info:
-            vllm_args.validate_extra_args(args)
+            vllm.validate_extra_args(args)
         assert info.value.flag == flag
-        assert vllm_args.UNSUPPORTED_FLAGS[flag] in info.value.message
+        assert vllm.UNSUPPORTED_FLAGS[flag] in info.value.message
 
 
 @pytest.mark.parametrize(
@@ -134,21 +133,21 @@ def test_unsupported_flags_are_refused_with_a_reason(flag: str) -> None:
 )
 def test_abbreviations_that_would_fight_the_plan_are_refused(args: list[str]) -> None:
     with pytest.raises(errors.InvalidEngineArgs):
-        vllm_args.validate_extra_args(args)
+        vllm.validate_extra_args(args)
 
 
 def test_repeated_serve_and_bad_kv_dtype_are_refused() -> None:
     with pytest.raises(errors.InvalidEngineArgs, match="serve"):
-        vllm_args.validate_extra_args(["serve", "--model", "x"])
+        vllm.validate_extra_args(["serve", "--model", "x"])
     with pytest.raises(errors.InvalidEngineArgs, match="int8"):
-        vllm_args.validate_extra_args(["--kv-cache-dtype", "int8"])
+        vllm.validate_extra_args(["--kv-cache-dtype", "int8"])
 
 
 def test_ordinary_extra_args_pass() -> None:
-    vllm_args.validate_extra_args(
+    vllm.validate_extra_args(
         ["--enable-prefix-caching", "--served-model-name", "llama", "--block-size", "32", "--enforce-eager"]
     )
-    vllm_args.validate_extra_args(["--kv-cache-dtype", "fp8_e5m2", "--max-model-len", "4096"])
+    vllm.validate_extra_args(["--kv-cache-dtype", "fp8_e5m2", "--max-model-len", "4096"])
 
 
 settings_strategy = st.builds(
@@ -156,7 +155,7 @@ settings_strategy = st.builds(
     max_model_len=st.none() | st.just(-1) | st.integers(1, 10_000_000),
     max_num_seqs=st.none() | st.integers(1, 4096),
     gpu_memory_utilization=st.none() | st.floats(0.01, 1.0),
-    kv_cache_dtype=st.none() | st.sampled_from(vllm_args.KV_CACHE_DTYPES),
+    kv_cache_dtype=st.none() | st.sampled_from(vllm.KV_CACHE_DTYPES),
     tensor_parallel_size=st.none() | st.integers(1, 64),
     max_num_batched_tokens=st.none() | st.integers(4096, 1_000_000),
 )
@@ -164,4 +163,4 @@ settings_strategy = st.builds(
 
 @given(settings_strategy)
 def test_parse_inverts_build(settings: EngineSettings) -> None:
-    assert vllm_args.parse_vllm_args(vllm_args.build_vllm_args(settings)) == (settings, ())
+    assert vllm.parse_vllm_args(vllm.build_vllm_args(settings)) == (settings, ())

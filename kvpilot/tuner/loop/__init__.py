@@ -1,0 +1,75 @@
+"""The closed loop's policy: what vLLM's metrics and restarts say, and what to change.
+
+VPA's recommender and updater for vLLM engine arguments, pure and deterministic:
+
+* :mod:`.observations` -- what the loop sees (metrics windows, classified restarts);
+* :mod:`.restarts` -- why a container stopped (vLLM's and PyTorch's texts, parsed);
+* :mod:`.history` -- the bounded record of decisions, and the queries the gates ask of it;
+* :mod:`.config` -- the policy's knobs, the user's bounds, the service's tuning context;
+* :mod:`.remedies` -- one small rule per trigger, proposing candidate settings;
+* :mod:`.policy` -- :func:`compute_decision`, the chain of steps and the filters every candidate
+  passes.
+
+The top layer of the tuner beside :mod:`kvpilot.tuner.plan`; the two never import each other.
+Time and observations are arguments: nothing here reads a clock, the cluster or Prometheus.
+"""
+
+from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds, TuningContext
+from kvpilot.tuner.loop.history import (
+    HISTORY_LIMIT,
+    HistoryAction,
+    HistoryEntry,
+    build_history,
+    compute_last_change_time,
+)
+from kvpilot.tuner.loop.observations import (
+    CRASH_KINDS_FIXABLE_BY_ARGS,
+    LengthSummary,
+    MetricsSample,
+    ObservationWindow,
+    RestartCause,
+    RestartEvent,
+    RestartKind,
+)
+from kvpilot.tuner.loop.policy import (
+    Action,
+    Decision,
+    Evidence,
+    LoopState,
+    MetricsStatus,
+    RolloutState,
+    Trigger,
+    compute_decision,
+    compute_metrics_status,
+)
+from kvpilot.tuner.loop.remedies import compute_effective
+from kvpilot.tuner.loop.restarts import classify_termination
+
+__all__ = [
+    "Action",
+    "CRASH_KINDS_FIXABLE_BY_ARGS",
+    "Decision",
+    "Evidence",
+    "HISTORY_LIMIT",
+    "HistoryAction",
+    "HistoryEntry",
+    "LengthSummary",
+    "LoopState",
+    "MetricsSample",
+    "MetricsStatus",
+    "ObservationWindow",
+    "PolicyConfig",
+    "RestartCause",
+    "RestartEvent",
+    "RestartKind",
+    "RolloutState",
+    "Trigger",
+    "TuningBounds",
+    "TuningContext",
+    "build_history",
+    "classify_termination",
+    "compute_decision",
+    "compute_effective",
+    "compute_last_change_time",
+    "compute_metrics_status",
+]

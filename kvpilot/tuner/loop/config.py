@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpilot.tuner.types import EngineSettings, ServingBounds
+from kvpilot.tuner import vllm
+from kvpilot.tuner.types import EngineSettings, GpuSpec, ServingBounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,17 +90,13 @@ class PolicyConfig:
     max_gmu_step: float = 0.05
     """Largest change of ``gpu_memory_utilization`` in one change."""
     batched_tokens_floor: int = 2048
-    """``max_num_batched_tokens`` is never cut below this (vLLM's default on small GPUs)."""
+    """``max_num_batched_tokens`` is never cut below this: smaller prefill chunks cost more steps per
+    prompt than the activation memory they free is worth."""
     context_margin: float = 0.02
     """A fitted ``max_model_len`` stays this share under what vLLM says fits (its auto-fit can land
     exactly on pool capacity, without room for the null block)."""
     context_multiple: int = 256
     """A fitted ``max_model_len`` is rounded down to a multiple of this."""
-
-    # --- vLLM 0.33 defaults, for settings left unset ---------------------------------------
-    vllm_default_gpu_memory_utilization: float = 0.92
-    large_gpu_gib: float = 70.0
-    """vLLM's batch defaults are 1024 seqs / 8192 tokens at >= 70 GiB (A100 excepted), else 256 / 2048."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,3 +151,17 @@ class TuningBounds:
     def contains(self, settings: EngineSettings) -> bool:
         """Whether ``settings`` is already within the bounds."""
         return self.clamp(settings) == settings
+
+
+@dataclass(frozen=True, slots=True)
+class TuningContext:
+    """What one service is tuned on and within: its GPU, the vLLM release, the model's own maximum
+    context, the bounds and the policy. Fixed for a service between spec changes."""
+
+    gpu: GpuSpec
+    """The GPU the pods run on: vLLM's batch defaults depend on it (A100s and >= 160 GiB differ)."""
+    default_max_model_len: int
+    """The model's maximum context for this release: what an unset ``max_model_len`` means."""
+    bounds: TuningBounds = TuningBounds()
+    policy: PolicyConfig = PolicyConfig()
+    vllm_version: str = vllm.PINNED_VLLM_VERSION

@@ -30,10 +30,11 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import history as history_mod
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import remedies
-from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
+from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds, TuningContext
 from kvpilot.tuner.loop.history import HistoryEntry
 from kvpilot.tuner.loop.observations import (
     CRASH_KINDS_FIXABLE_BY_ARGS,
@@ -47,11 +48,14 @@ from kvpilot.tuner.types import EngineSettings, MemoryBudget
 __all__ = [
     "Action",
     "Decision",
+    "Evidence",
+    "LoopState",
     "MetricsStatus",
     "PolicyConfig",
     "RolloutState",
     "Trigger",
     "TuningBounds",
+    "TuningContext",
     "compute_decision",
     "compute_metrics_status",
 ]
@@ -96,6 +100,15 @@ class RolloutState:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsStatus:
+    """For the ``MetricsAvailable`` condition."""
+
+    available: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """What to do now. ``settings`` = what should run next (the current ones on hold)."""
 
@@ -109,19 +122,16 @@ class Decision:
     """Settings proven healthy: the new ``status.lastGoodSettings``."""
     probation_until: float | None = None
     """With trigger ``RolloutProbation``: the rollout's settings are on probation until then."""
+    effective: EngineSettings | None = None
+    """The current settings as vLLM runs them (what the decision stepped from)."""
+    metrics: MetricsStatus | None = None
+    """The metrics window's status at decision time (the ``MetricsAvailable`` condition)."""
+    observed_kv_tokens: int | None = None
+    """vLLM's KV capacity report, when the window's report is for the current settings."""
 
     @property
     def changes(self) -> bool:
         return self.action in (Action.RETUNE, Action.ROLLBACK)
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsStatus:
-    """For the ``MetricsAvailable`` condition."""
-
-    available: bool
-    reason: str
-    message: str
 
 
 def compute_metrics_status(window: ObservationWindow, policy: PolicyConfig, now: float) -> MetricsStatus:
@@ -140,6 +150,37 @@ def compute_metrics_status(window: ObservationWindow, policy: PolicyConfig, now:
 
 
 @dataclass(frozen=True, slots=True)
+class LoopState:
+    """What the service's status remembers between ticks (the operator converts it to and from
+    ``status.applied``, ``history``, ``failedSettings``, ``rollout``, ``lastGoodSettings`` and
+    ``calibration``)."""
+
+    current: EngineSettings
+    """Settings on the Deployment now, as written (``None`` = vLLM's default)."""
+    history: tuple[HistoryEntry, ...] = ()
+    failed: tuple[EngineSettings, ...] = ()
+    """Settings that crashed or failed to roll out: never proposed again."""
+    rollout: RolloutState | None = None
+    """The rollout of ``current`` in progress, if any."""
+    last_good: EngineSettings | None = None
+    observed_kv_tokens: int | None = None
+    """vLLM's capacity report for ``current``, kept from an earlier window."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What this tick observed of the current settings."""
+
+    budget: MemoryBudget
+    """The memory model's budget of the current settings on this GPU."""
+    window: ObservationWindow
+    restarts: tuple[RestartEvent, ...] = ()
+    """Terminations of containers that ran the current settings (the operator filters by the pod's args)."""
+    ready: bool = False
+    """Every desired replica runs the current settings and is Ready."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Inputs:
     situation: Situation
     full_window: ObservationWindow
@@ -150,85 +191,63 @@ class _Inputs:
     last_good: EngineSettings | None
     ready: bool
     last_change: float | None
+    metrics: MetricsStatus
 
 
-def compute_decision(
-    current: EngineSettings,
-    budget: MemoryBudget,
-    window: ObservationWindow,
-    restarts: tuple[RestartEvent, ...],
-    bounds: TuningBounds,
-    policy: PolicyConfig,
-    history: tuple[HistoryEntry, ...],
-    failed: tuple[EngineSettings, ...],
-    now: float,
-    *,
-    rollout: RolloutState | None = None,
-    last_good: EngineSettings | None = None,
-    ready: bool = False,
-    observed_kv_tokens: int | None = None,
-) -> Decision:
-    """Decide what to do with ``current`` at ``now``.
+def compute_decision(state: LoopState, evidence: Evidence, context: TuningContext, now: float) -> Decision:
+    """Decide what to do with ``state.current`` at ``now``.
 
-    ``restarts`` are terminations of containers that ran ``current`` (the operator filters
-    by the pod's args); ``ready`` says every desired replica runs ``current`` and is Ready;
-    ``observed_kv_tokens`` is vLLM's capacity report for ``current`` kept from earlier.
+    The decision also carries what it was computed from (the effective settings, the metrics'
+    status, vLLM's capacity report when it is for the current settings), so the caller never
+    recomputes them.
     """
-    inputs = _build_inputs(
-        current,
-        budget,
-        window,
-        restarts,
-        bounds,
-        policy,
-        history,
-        failed,
-        now,
-        rollout,
-        last_good,
-        ready,
-        observed_kv_tokens,
-    )
+    inputs = _build_inputs(state, evidence, context, now)
     for step in (_rollout_step, _crash_step, _metrics_step, _pressure_step, _idle_step):
         decision = step(inputs)
         if decision is not None:
-            return _with_good(inputs, decision)
-    return _with_good(inputs, _steady(inputs))
+            return _finish(inputs, decision)
+    return _finish(inputs, _steady(inputs))
 
 
-def _build_inputs(
-    current: EngineSettings,
-    budget: MemoryBudget,
-    window: ObservationWindow,
-    restarts: tuple[RestartEvent, ...],
-    bounds: TuningBounds,
-    policy: PolicyConfig,
-    history: tuple[HistoryEntry, ...],
-    failed: tuple[EngineSettings, ...],
-    now: float,
-    rollout: RolloutState | None,
-    last_good: EngineSettings | None,
-    ready: bool,
-    observed_kv_tokens: int | None,
-) -> _Inputs:
+def _build_inputs(state: LoopState, evidence: Evidence, context: TuningContext, now: float) -> _Inputs:
+    history, rollout, window = state.history, state.rollout, evidence.window
     last_change = history_mod.compute_last_change_time(history)
     since = max(last_change or float("-inf"), rollout.started_at if rollout else float("-inf"))
-    effective = remedies.compute_effective(current, budget, policy)
+    effective = remedies.compute_effective(state.current, context)
     fresh = window.since(since) if last_change is not None or rollout else window
     situation = Situation(
-        current=current,
+        current=state.current,
         effective=effective,
-        budget=budget,
+        budget=evidence.budget,
         window=fresh,
-        bounds=bounds,
-        policy=policy,
+        context=context,
         history=history,
         now=now,
-        capacity_tokens=remedies.compute_capacity_tokens(effective, budget, window, observed_kv_tokens),
-        failed=failed,
+        capacity_tokens=remedies.compute_capacity_tokens(
+            effective, evidence.budget, window, state.observed_kv_tokens
+        ),
+        failed=state.failed,
     )
-    relevant = tuple(r for r in restarts if r.time >= since and r.time <= now)
-    return _Inputs(situation, window, relevant, failed, rollout, last_good, ready, last_change)
+    relevant = tuple(r for r in evidence.restarts if r.time >= since and r.time <= now)
+    return _Inputs(
+        situation,
+        window,
+        relevant,
+        state.failed,
+        rollout,
+        state.last_good,
+        evidence.ready,
+        last_change,
+        compute_metrics_status(window, context.policy, now),
+    )
+
+
+def _finish(inp: _Inputs, decision: Decision) -> Decision:
+    s, window = inp.situation, inp.full_window
+    reported = window.kv_capacity_tokens if remedies.report_matches(s.effective, window) else None
+    return dataclasses.replace(
+        _with_good(inp, decision), effective=s.effective, metrics=inp.metrics, observed_kv_tokens=reported
+    )
 
 
 # --- 1. rollout --------------------------------------------------------------------------------
@@ -258,7 +277,7 @@ def _rollout_step(inp: _Inputs) -> Decision | None:
             Action.ROLLBACK,
             target,
             Trigger.ROLLOUT_FAILED,
-            f"new settings failed ({why}); rolling back: {remedies.describe_change(s.current, target)}",
+            f"new settings failed ({why}); rolling back: {vllm.describe_change(s.current, target)}",
             failed=s.current,
         )
     if crashes and any(c.cause.kind in CRASH_KINDS_FIXABLE_BY_ARGS for c in crashes):
@@ -275,7 +294,7 @@ def _rollout_step(inp: _Inputs) -> Decision | None:
 def _rollout_wait(inp: _Inputs, rollout: RolloutState) -> Decision:
     """No crash of the new settings and no deadline passed: start or go on with probation, or succeed."""
     s, until = inp.situation, rollout.probation_until
-    settings = remedies.describe_settings(s.current)
+    settings = vllm.describe_settings(s.current)
     if until is None and inp.ready and s.policy.probation_seconds > 0:
         return Decision(
             Action.HOLD,
@@ -365,7 +384,7 @@ def _worst_restart(restarts: tuple[RestartEvent, ...]) -> RestartEvent:
 
 def _metrics_step(inp: _Inputs) -> Decision | None:
     s = inp.situation
-    status = compute_metrics_status(inp.full_window, s.policy, s.now)
+    status = inp.metrics
     if not status.available:
         return Decision(Action.HOLD, s.current, Trigger.METRICS_UNAVAILABLE, status.message)
     count = sum(1 for x in s.window.samples if x.kv_usage is not None)
@@ -439,7 +458,7 @@ def _normalize(settings: EngineSettings, s: Situation) -> EngineSettings:
 
 
 def _effective(settings: EngineSettings, s: Situation) -> EngineSettings:
-    return remedies.compute_effective(settings, s.budget, s.policy)
+    return s.effective_of(settings)
 
 
 def _known_bad(settings: EngineSettings, failed: tuple[EngineSettings, ...], s: Situation) -> bool:
@@ -459,7 +478,7 @@ def _gate(
     inp: _Inputs, proposal: Proposal, settings: EngineSettings, failed: EngineSettings | None
 ) -> Decision:
     s, p = inp.situation, inp.situation.policy
-    change = remedies.describe_change(s.current, settings)
+    change = vllm.describe_change(s.current, settings)
     blocked = None
     if inp.last_change is not None:
         since = s.now - inp.last_change

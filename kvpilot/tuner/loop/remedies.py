@@ -24,25 +24,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import history as history_mod
 from kvpilot.tuner.loop import observations as obs
-from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
+from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds, TuningContext
 from kvpilot.tuner.loop.history import HistoryEntry
 from kvpilot.tuner.loop.observations import ObservationWindow, RestartEvent, RestartKind
 from kvpilot.tuner.types import GIB, EngineSettings, MemoryBudget
 
 KV_PRESSURE = "KvPressure"
 IDLE_CAPACITY = "IdleCapacity"
-
-_FIELD_NAMES = {
-    "max_model_len": "maxModelLen",
-    "max_num_seqs": "maxNumSeqs",
-    "gpu_memory_utilization": "gpuMemoryUtilization",
-    "kv_cache_dtype": "kvCacheDtype",
-    "tensor_parallel_size": "tensorParallelSize",
-    "max_num_batched_tokens": "maxNumBatchedTokens",
-}
-
 
 @dataclass(frozen=True, slots=True)
 class Situation:
@@ -51,18 +42,29 @@ class Situation:
     current: EngineSettings
     """Settings on the Deployment now, as written (``None`` = vLLM's default)."""
     effective: EngineSettings
-    """``current`` with vLLM 0.33's defaults filled in where they are known."""
+    """``current`` as vLLM runs it: every field set (:func:`compute_effective`)."""
     budget: MemoryBudget
     window: ObservationWindow
     """Samples since the last change only."""
-    bounds: TuningBounds
-    policy: PolicyConfig
+    context: TuningContext
     history: tuple[HistoryEntry, ...]
     now: float
     capacity_tokens: int | None
     """KV tokens the current settings hold: vLLM's report when there is one, else the plan's."""
     failed: tuple[EngineSettings, ...] = ()
     """Settings that crashed or failed to roll out (``status.failedSettings``)."""
+
+    @property
+    def bounds(self) -> TuningBounds:
+        return self.context.bounds
+
+    @property
+    def policy(self) -> PolicyConfig:
+        return self.context.policy
+
+    def effective_of(self, settings: EngineSettings) -> EngineSettings:
+        """``settings`` as vLLM would run them on this service's GPU."""
+        return compute_effective(settings, self.context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,14 +85,11 @@ class Proposal:
 # --- effective settings and capacity ------------------------------------------------------
 
 
-def compute_effective(settings: EngineSettings, budget: MemoryBudget, policy: PolicyConfig) -> EngineSettings:
-    """``settings`` with vLLM 0.33's defaults for the unset fields the policy steps from."""
-    large = budget.gpu_total_gib >= policy.large_gpu_gib
-    return settings.replace(
-        gpu_memory_utilization=settings.gpu_memory_utilization or policy.vllm_default_gpu_memory_utilization,
-        max_num_seqs=settings.max_num_seqs or (1024 if large else 256),
-        max_num_batched_tokens=settings.max_num_batched_tokens or (8192 if large else 2048),
-        kv_cache_dtype=settings.kv_cache_dtype or "auto",
+def compute_effective(settings: EngineSettings, context: TuningContext) -> EngineSettings:
+    """``settings`` with the release's defaults for the unset fields, on the service's GPU: what vLLM
+    runs, and what the policy steps from (:func:`kvpilot.tuner.vllm.compute_effective_settings`)."""
+    return vllm.compute_effective_settings(
+        settings, context.gpu, vllm.parse_version(context.vllm_version), context.default_max_model_len
     )
 
 
@@ -141,18 +140,21 @@ def predict_kv_tokens(situation: Situation, candidate: EngineSettings) -> float 
         calibration = base / budget.kv_cache_tokens if budget.kv_cache_tokens else 1.0
         delta_bytes = (new_gmu - cur_gmu) * budget.gpu_total_gib * GIB
         tokens += calibration * delta_bytes / budget.kv_bytes_per_token
-    if _is_fp8(candidate.kv_cache_dtype) and not _is_fp8(cur.kv_cache_dtype):
+    if vllm.is_fp8(candidate.kv_cache_dtype) and not vllm.is_fp8(cur.kv_cache_dtype):
         tokens *= 2.0
-    elif _is_fp8(cur.kv_cache_dtype) and not _is_fp8(candidate.kv_cache_dtype):
+    elif vllm.is_fp8(cur.kv_cache_dtype) and not vllm.is_fp8(candidate.kv_cache_dtype):
         tokens /= 2.0
     return max(tokens, 0.0)
 
 
-def _is_fp8(dtype: str | None) -> bool:
-    return dtype is not None and dtype.startswith("fp8")
-
-
 # --- single moves ----------------------------------------------------------------------------
+
+
+def _set(value: float | None) -> float:
+    """A field of effective settings (always set; ``None`` only from a caller's bug)."""
+    if value is None:
+        raise AssertionError("effective settings have every field set")
+    return value
 
 
 def floor2(value: float) -> float:
@@ -172,7 +174,7 @@ def compute_oom_step(gmu: float, policy: PolicyConfig) -> float:
 
 
 def lower_gmu(eff: EngineSettings, steps: int, policy: PolicyConfig) -> EngineSettings:
-    gmu = eff.gpu_memory_utilization or policy.vllm_default_gpu_memory_utilization
+    gmu = _set(eff.gpu_memory_utilization)
     for _ in range(steps):
         gmu = floor2(gmu - compute_oom_step(gmu, policy))
     return eff.replace(gpu_memory_utilization=gmu)
@@ -255,7 +257,7 @@ def _for_kv_too_small(s: Situation, event: RestartEvent) -> Proposal:
         candidates.append(eff.replace(max_model_len=fit_context(fits, p)))
     elif length:
         candidates.append(eff.replace(max_model_len=fit_context(length / 2, p)))
-    if s.bounds.allow_fp8_kv and not _is_fp8(eff.kv_cache_dtype):
+    if s.bounds.allow_fp8_kv and not vllm.is_fp8(eff.kv_cache_dtype):
         fp8 = eff.replace(kv_cache_dtype="fp8")
         candidates.append(fp8)
         if fits:
@@ -263,7 +265,7 @@ def _for_kv_too_small(s: Situation, event: RestartEvent) -> Proposal:
     minimum = s.bounds.min_max_model_len
     would_fit = f"max-model-len <= {fit_context(fits, p)}" if fits else "a shorter max-model-len"
     hints = [would_fit]
-    if not s.bounds.allow_fp8_kv and not _is_fp8(eff.kv_cache_dtype):
+    if not s.bounds.allow_fp8_kv and not vllm.is_fp8(eff.kv_cache_dtype):
         hints.append("allowFp8KvCache (about twice the tokens) where the GPU supports it")
     hints.append("more GPUs per replica (tensor parallel)")
     return Proposal(
@@ -287,7 +289,7 @@ def _for_kv_too_small(s: Situation, event: RestartEvent) -> Proposal:
 
 def _for_no_cache_blocks(s: Situation, event: RestartEvent) -> Proposal:
     p, eff = s.policy, s.effective
-    gmu = eff.gpu_memory_utilization or p.vllm_default_gpu_memory_utilization
+    gmu = _set(eff.gpu_memory_utilization)
     raised = eff.replace(gpu_memory_utilization=ceil2(gmu + p.max_gmu_step))
     batched = halve_batched(eff, p)
     return Proposal(
@@ -332,7 +334,7 @@ def propose_for_pressure(s: Situation) -> Proposal | None:
     if high < p.sustain_fraction or rate < p.preemption_rate_high:
         return None
     candidates: list[EngineSettings] = []
-    if s.bounds.allow_fp8_kv and not _is_fp8(eff.kv_cache_dtype):
+    if s.bounds.allow_fp8_kv and not vllm.is_fp8(eff.kv_cache_dtype):
         candidates.append(eff.replace(kv_cache_dtype="fp8"))
     seqs = eff.max_num_seqs or 1
     peak_running = obs.compute_max(w.samples, obs.running)
@@ -397,7 +399,7 @@ def _failed_seqs_ceiling(s: Situation) -> int | None:
     mine = s.effective.replace(max_num_seqs=None, max_num_batched_tokens=None)
     seqs = [
         f.max_num_seqs
-        for f in (compute_effective(x, s.budget, s.policy) for x in s.failed)
+        for f in (s.effective_of(x) for x in s.failed)
         if f.max_num_seqs is not None
         and f.max_num_seqs > (s.effective.max_num_seqs or 0)
         and f.replace(max_num_seqs=None, max_num_batched_tokens=None) == mine
@@ -411,36 +413,3 @@ def _fit_seqs(s: Situation) -> int | None:
     if s.capacity_tokens is None or length is None:
         return None
     return max(1, math.floor(s.capacity_tokens * s.policy.target_kv_usage / length))
-
-
-# --- words ----------------------------------------------------------------------------------
-
-
-def describe_change(old: EngineSettings, new: EngineSettings) -> str:
-    """``gpuMemoryUtilization 0.92 -> 0.9, maxNumSeqs 256 -> 192`` (API field names)."""
-    parts = []
-    for name, api in _FIELD_NAMES.items():
-        a, b = getattr(old, name), getattr(new, name)
-        if a != b:
-            parts.append(f"{api} {_fmt(a)} -> {_fmt(b)}")
-    return ", ".join(parts) or "no change"
-
-
-def describe_settings(settings: EngineSettings) -> str:
-    """``maxModelLen 8192, maxNumSeqs 64`` (set fields only, API field names)."""
-    return (
-        ", ".join(
-            f"{api} {_fmt(getattr(settings, name))}"
-            for name, api in _FIELD_NAMES.items()
-            if getattr(settings, name) is not None
-        )
-        or "vLLM defaults"
-    )
-
-
-def _fmt(value: object) -> str:
-    if value is None:
-        return "default"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)

@@ -1,0 +1,68 @@
+"""vLLM's start-up memory accounting, per GPU rank: weights, activations, graphs, then the KV cache.
+
+* :mod:`.budget` -- :func:`compute_budget`: what vLLM would log at start-up (weights, the
+  profile run's activation peak, non-torch memory, CUDA graphs, available KV cache, blocks,
+  tokens, concurrency) and whether it starts, with vLLM's own error when it would not;
+* :mod:`.kv_cache` -- pages, block groups and block counts per layer kind, and the fit check;
+* :mod:`.weights` -- the bytes each rank loads, quantization and padding included;
+* :mod:`.estimate` -- ``kvpilot estimate --cases FILE``: one budget per case of the calibration
+  set's schema.
+
+Above :mod:`kvpilot.tuner.model` and :mod:`kvpilot.tuner.vllm` (it asks the latter what each
+release does), below the planner.
+"""
+
+from kvpilot.tuner.memory.budget import (
+    CUDA_CONTEXT_GIB,
+    NCCL_GIB,
+    compute_activation_bytes,
+    compute_budget,
+    compute_cuda_graph_bytes,
+    compute_non_torch_bytes,
+    compute_warmup_logits_bytes,
+    cuda_graph_capture_sizes,
+    resolve_settings,
+)
+from kvpilot.tuner.memory.estimate import OUTPUT_KEYS, CaseError, compute_case_budget, compute_estimates
+from kvpilot.tuner.memory.kv_cache import (
+    KvCapacity,
+    KvGroup,
+    KvLayout,
+    compute_capacity,
+    compute_kv_layout,
+    compute_longest_fitting_len,
+    compute_num_blocks,
+)
+from kvpilot.tuner.memory.weights import (
+    WeightBreakdown,
+    compute_weight_breakdown,
+    compute_weight_bytes,
+    padded_vocab_size,
+)
+
+__all__ = [
+    "CUDA_CONTEXT_GIB",
+    "CaseError",
+    "KvCapacity",
+    "KvGroup",
+    "KvLayout",
+    "NCCL_GIB",
+    "OUTPUT_KEYS",
+    "WeightBreakdown",
+    "compute_activation_bytes",
+    "compute_budget",
+    "compute_capacity",
+    "compute_case_budget",
+    "compute_cuda_graph_bytes",
+    "compute_estimates",
+    "compute_kv_layout",
+    "compute_longest_fitting_len",
+    "compute_non_torch_bytes",
+    "compute_num_blocks",
+    "compute_warmup_logits_bytes",
+    "compute_weight_breakdown",
+    "compute_weight_bytes",
+    "cuda_graph_capture_sizes",
+    "padded_vocab_size",
+    "resolve_settings",
+]

@@ -31,11 +31,10 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from kvpilot.tuner import vllm
 from kvpilot.tuner.memory import kv_cache, weights
-from kvpilot.tuner.model.spec import DTYPE_BYTES, ModelSpec
+from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
-from kvpilot.tuner.vllm import versions as vllm_defaults
-from kvpilot.tuner.vllm.versions import Version
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +56,7 @@ class Coefficients:
     """GiB added per TP rank on top of ``non_torch_tp``."""
 
 
-_COEFFS: tuple[tuple[Version, Coefficients], ...] = (
+_COEFFS: tuple[tuple[vllm.Version, Coefficients], ...] = (
     # 0.8.x V1: non-torch is "GPU used minus torch", so it includes the CUDA context.
     ((0, 0), Coefficients(36.4, 4.25, 0.60, 0.50, 0.0, 0.0)),
     ((0, 9), Coefficients(12.8, 4.25, 0.10, 0.07, 0.0, 0.0)),
@@ -90,7 +89,7 @@ MM_ENCODER_COPIES = 2.0
 """Multimodal models: encoder output cache + merged embeddings, per batched token x hidden."""
 
 
-def coefficients(version: Version) -> Coefficients:
+def coefficients(version: vllm.Version) -> Coefficients:
     chosen = _COEFFS[0][1]
     for first, coeffs in _COEFFS:
         if version >= first:
@@ -118,6 +117,8 @@ class _Resolved:
     max_num_batched_tokens: int
     kv_cache_dtype: str
     dtype: str
+    auto_max_model_len: bool = False
+    """``--max-model-len -1``: vLLM shortens ``max_model_len`` to what the KV cache holds."""
 
     @property
     def sampler_rows(self) -> int:
@@ -129,27 +130,27 @@ def resolve_settings(
     model: ModelSpec,
     gpu: GpuSpec,
     settings: EngineSettings,
-    version: Version,
+    version: vllm.Version,
     pipeline_parallel_size: int = 1,
     dtype: str | None = None,
 ) -> _Resolved:
-    """Fill the settings the user left unset with vLLM's defaults for this release and GPU."""
-    max_len = settings.max_model_len or model.default_max_model_len(version)
-    batch = vllm_defaults.resolve_batch_limits(
-        version, gpu, max_len, settings.max_num_batched_tokens, settings.max_num_seqs
-    )
-    util = settings.gpu_memory_utilization
-    if util is None:
-        util = vllm_defaults.default_gpu_memory_utilization(version)
+    """The settings vLLM runs (:func:`kvpilot.tuner.vllm.compute_effective_settings`) as the budget needs
+    them; ``max_model_len -1`` (auto) stands for the model's maximum until the KV cache is sized."""
+    derived = model.default_max_model_len(version)
+    eff = vllm.compute_effective_settings(settings, gpu, version, derived)
+    assert eff.max_num_seqs is not None and eff.max_num_batched_tokens is not None
+    assert eff.gpu_memory_utilization is not None and eff.max_model_len is not None
+    auto = eff.max_model_len == vllm.AUTO_MAX_MODEL_LEN
     return _Resolved(
-        tp=settings.tensor_parallel_size or 1,
+        tp=eff.tensor_parallel_size or 1,
         pp=pipeline_parallel_size,
-        util=util,
-        max_model_len=max_len,
-        max_num_seqs=batch.max_num_seqs,
-        max_num_batched_tokens=batch.max_num_batched_tokens,
-        kv_cache_dtype=settings.kv_cache_dtype or "auto",
+        util=eff.gpu_memory_utilization,
+        max_model_len=derived if auto else eff.max_model_len,
+        max_num_seqs=eff.max_num_seqs,
+        max_num_batched_tokens=eff.max_num_batched_tokens,
+        kv_cache_dtype=eff.kv_cache_dtype or "auto",
         dtype=dtype or model.dtype,
+        auto_max_model_len=auto,
     )
 
 
@@ -162,7 +163,7 @@ def compute_activation_bytes(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     dtype: str,
-    version: Version,
+    version: vllm.Version,
 ) -> int:
     """Torch peak memory increase of the profile run on one rank."""
     c = coefficients(version)
@@ -198,7 +199,7 @@ def compute_warmup_logits_bytes(model: ModelSpec, r: _Resolved) -> int:
     return r.sampler_rows * model.vocab_size * 4
 
 
-def compute_non_torch_bytes(tp: int, pp: int, version: Version) -> int:
+def compute_non_torch_bytes(tp: int, pp: int, version: vllm.Version) -> int:
     """Non-torch memory counted inside the budget (workspaces; all-reduce buffers with TP)."""
     c = coefficients(version)
     if tp == 1 and pp == 1:
@@ -249,7 +250,7 @@ def _check_parallel_sizes(model: ModelSpec, tp: int, pp: int) -> str | None:
     return None
 
 
-def _refused(gpu: GpuSpec, requested: int, error: str) -> MemoryBudget:
+def _refused(gpu: GpuSpec, requested: int, error: str, max_model_len: int) -> MemoryBudget:
     return MemoryBudget(
         gpu_total_gib=gpu.total_bytes / GIB,
         requested_gib=requested / GIB,
@@ -264,6 +265,7 @@ def _refused(gpu: GpuSpec, requested: int, error: str) -> MemoryBudget:
         max_concurrency=0.0,
         starts=False,
         error=error,
+        max_model_len=max_model_len,
     )
 
 
@@ -273,26 +275,26 @@ def compute_budget(
     settings: EngineSettings,
     *,
     pipeline_parallel_size: int = 1,
-    vllm_version: str = vllm_defaults.PINNED_VLLM_VERSION,
+    vllm_version: str = vllm.PINNED_VLLM_VERSION,
     weights_total_bytes: int | None = None,
     enforce_eager: bool = False,
     block_size: int | None = None,
     dtype: str | None = None,
 ) -> MemoryBudget:
     """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse."""
-    version = vllm_defaults.parse_version(vllm_version)
+    version = vllm.parse_version(vllm_version)
     r = resolve_settings(model, gpu, settings, version, pipeline_parallel_size, dtype)
     requested = math.ceil(gpu.total_bytes * r.util)
     refusal = _check_parallel_sizes(model, r.tp, r.pp)
     if refusal is not None:
-        return _refused(gpu, requested, refusal)
+        return _refused(gpu, requested, refusal, r.max_model_len)
     graphs = (
         0
         if enforce_eager
         else compute_cuda_graph_bytes(model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs)
     )
-    subtract_graphs = vllm_defaults.subtracts_cuda_graphs(version)
-    in_flight = vllm_defaults.in_flight_batches(version, r.pp) * r.max_num_batched_tokens
+    subtract_graphs = vllm.subtracts_cuda_graphs(version)
+    in_flight = vllm.in_flight_batches(version, r.pp) * r.max_num_batched_tokens
     non_torch = compute_non_torch_bytes(r.tp, r.pp, version)
 
     stages: list[_Stage] = []
@@ -334,15 +336,25 @@ def compute_budget(
     capacity = kv_cache.compute_capacity(
         worst.layout, worst.available, r.max_model_len, in_flight, version, num_blocks=blocks
     )
+    max_model_len = r.max_model_len
     error = None
+    if r.auto_max_model_len and not capacity.fits and capacity.longest_fitting_len > 0:
+        # vLLM's _auto_fit_max_model_len: the longest length one request of which fits, found after
+        # the profile run (which used the model's maximum); the capacity is then reported for it.
+        max_model_len = capacity.longest_fitting_len
+        capacity = kv_cache.compute_capacity(
+            worst.layout, worst.available, max_model_len, in_flight, version, num_blocks=blocks
+        )
     derived = model.default_max_model_len(version)
-    if settings.max_model_len and settings.max_model_len > derived:
+    if r.auto_max_model_len and not capacity.fits and not any(s.available <= 0 for s in stages):
+        error = vllm.auto_fit_error()
+    elif settings.max_model_len and settings.max_model_len > derived:
         shown: float = float(derived) if model.rotary_dim else derived  # RoPE models: scaled, so a float
-        error = vllm_defaults.long_max_len_error(settings.max_model_len, model.max_len_key, shown)
+        error = vllm.long_max_len_error(settings.max_model_len, model.max_len_key, shown)
     elif any(s.available <= 0 for s in stages):
-        error = vllm_defaults.no_memory_error(version)
+        error = vllm.no_memory_error(version)
     elif not capacity.fits:
-        error = vllm_defaults.max_len_error(
+        error = vllm.max_len_error(
             version,
             r.max_model_len,
             capacity.needed_bytes / GIB,
@@ -355,22 +367,14 @@ def compute_budget(
         headroom = gpu.total_bytes - requested - CUDA_CONTEXT_GIB * GIB
         logits = compute_warmup_logits_bytes(model, r)
         if graphs + logits + POST_CAPTURE_MARGIN * gpu.total_bytes > headroom:
-            error = (
-                f"CUDA out of memory occurred when warming up sampler with {r.sampler_rows} dummy requests. "
-                "Please try lowering `max_num_seqs` or `gpu_memory_utilization` "
-                "when initializing the engine. "
-                f"(kvpilot: vLLM {'.'.join(map(str, version))} captures ~{graphs / GIB:.2f} GiB of CUDA "
-                f"graphs outside gpu_memory_utilization={r.util}; {max(0.0, headroom / GIB):.2f} GiB is left "
-                "there.)"
+            error = vllm.sampler_warmup_oom_error(
+                version, r.sampler_rows, graphs / GIB, r.util, max(0.0, headroom / GIB)
             )
     outside = CUDA_CONTEXT_GIB * GIB + (NCCL_GIB * GIB if r.tp > 1 and version >= (0, 11) else 0)
     if error is None and requested > gpu.total_bytes - outside and version >= (0, 9):
         free = gpu.total_bytes - outside
-        device = "cuda:0 " if version >= (0, 20) else ""
-        error = (
-            f"Free memory on device {device}({free / GIB:.2f}/{gpu.total_bytes / GIB:.2f} GiB) on startup is "
-            f"less than desired GPU memory utilization ({r.util}, {requested / GIB:.2f} GiB). Decrease GPU "
-            "memory utilization or reduce GPU memory used by other processes."
+        error = vllm.free_memory_error(
+            version, free / GIB, gpu.total_bytes / GIB, r.util, requested / GIB
         )
     return MemoryBudget(
         gpu_total_gib=gpu.total_bytes / GIB,
@@ -387,4 +391,5 @@ def compute_budget(
         starts=error is None,
         error=error,
         longest_fitting_len=None if capacity.fits else capacity.longest_fitting_len,
+        max_model_len=max_model_len,
     )

@@ -19,11 +19,10 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kvpilot.tuner import errors
+from kvpilot.tuner import errors, vllm
 from kvpilot.tuner.memory import budget as memory
-from kvpilot.tuner.model import spec as model_spec
+from kvpilot.tuner.model import ModelSpec, build_model_spec, build_quant_spec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
-from kvpilot.tuner.vllm import versions as vllm_defaults
 
 GpuLookup = Callable[[str], GpuSpec]
 ConfigLookup = Callable[[str], Mapping[str, Any]]
@@ -96,7 +95,7 @@ def _int(case: Mapping[str, Any], key: str) -> int | None:
     return int(value)
 
 
-def _model(case: Mapping[str, Any], config_lookup: ConfigLookup | None = None) -> model_spec.ModelSpec:
+def _model(case: Mapping[str, Any], config_lookup: ConfigLookup | None = None) -> ModelSpec:
     config = case.get("hf_config")
     if not isinstance(config, Mapping) and config_lookup is not None and case.get("model"):
         try:
@@ -106,13 +105,13 @@ def _model(case: Mapping[str, Any], config_lookup: ConfigLookup | None = None) -
     if not isinstance(config, Mapping):
         where = f" and {case.get('model')!r} is not in the built-in catalogue" if config_lookup else ""
         raise CaseError(f"the case has no hf_config (the model's config.json){where}: add it inline")
-    spec = model_spec.build_model_spec(config)
+    spec = build_model_spec(config)
     method = case.get("quantization")
     if spec.quantization is None and method:
         qc: dict[str, Any] = {"quant_method": method}
         if case.get("weight_bits"):
             qc["bits"] = int(case["weight_bits"])
-        spec = dataclasses.replace(spec, quantization=model_spec.build_quant_spec(qc))
+        spec = dataclasses.replace(spec, quantization=build_quant_spec(qc))
     return spec
 
 
@@ -148,7 +147,7 @@ def compute_case_budget(
         gpu,
         settings,
         pipeline_parallel_size=_int(case, "pipeline_parallel_size") or 1,
-        vllm_version=str(case.get("vllm_version") or vllm_defaults.PINNED_VLLM_VERSION),
+        vllm_version=str(case.get("vllm_version") or vllm.PINNED_VLLM_VERSION),
         weights_total_bytes=_int(case, "weights_total_bytes"),
         enforce_eager=bool(case.get("enforce_eager")),
         block_size=_int(case, "block_size"),

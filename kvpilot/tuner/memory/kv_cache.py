@@ -1,6 +1,6 @@
 """KV-cache geometry: bytes per page, block grouping, block counts, capacity, fit.
 
-Sits above :mod:`kvpilot.tuner.model.spec` and :mod:`kvpilot.tuner.vllm.versions`;
+Sits above :mod:`kvpilot.tuner.model` and asks :mod:`kvpilot.tuner.vllm` what each release does;
 :mod:`kvpilot.tuner.memory.budget` hands it the bytes left for the cache. Mirrors
 ``vllm/v1/kv_cache_interface.py`` (page sizes, per-request block needs) and
 ``vllm/v1/core/kv_cache_planning.py`` (grouping of hybrid models, bytes per block,
@@ -17,34 +17,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kvpilot.tuner.model.spec import CHUNKED, DTYPE_BYTES, FULL, LINEAR, MLA, SLIDING, ModelSpec
-from kvpilot.tuner.vllm import versions as vllm_defaults
-from kvpilot.tuner.vllm.versions import Version
+from kvpilot.tuner import vllm
+from kvpilot.tuner.model import CHUNKED, DTYPE_BYTES, FULL, LINEAR, MLA, SLIDING, ModelSpec
 
-FP8_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})
 HYBRID_MAMBA_BLOCK_ALIGN = 16
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def kv_element_bytes(kv_cache_dtype: str | None, model_dtype: str) -> float:
-    """Bytes per cached K or V element for ``--kv-cache-dtype``."""
-    name = (kv_cache_dtype or "auto").lower()
-    if name == "auto":
-        return DTYPE_BYTES[model_dtype]
-    if name in FP8_KV_DTYPES or name in ("fp8_ds_mla",):
-        return 1
-    if name in ("bfloat16", "float16"):
-        return 2
-    if name in ("float32",):
-        return 4
-    if name in ("nvfp4", "nvfp4_4over6", "int4_per_token_head"):
-        return 0.5 + 1 / 16
-    if name in ("int8_per_token_head", "fp8_per_token_head"):
-        return 1
-    raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not modelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +79,7 @@ def _page_bytes(key: _LayerKey, tp: int, block_size: int, elem: float, kv_cache_
     kind, kv_heads, head_dim, head_dim_v, _ = key
     if kind == MLA:
         if (kv_cache_dtype or "") == "fp8_ds_mla":
-            return block_size * 656
+            return block_size * vllm.FP8_DS_MLA_BYTES_PER_TOKEN
         return int(block_size * head_dim * elem)
     heads = max(1, kv_heads // tp)
     return int(block_size * heads * (head_dim + head_dim_v) * elem)
@@ -115,13 +95,13 @@ def compute_kv_layout(
     kv_cache_dtype: str | None = None,
     dtype: str | None = None,
     block_size: int | None = None,
-    vllm_version: Version = (0, 33),
+    vllm_version: vllm.Version = vllm.PINNED_VERSION,
 ) -> KvLayout:
     """Group this rank's layers the way vLLM does and size one block of the shared pool."""
     tp = tensor_parallel_size
     model_dtype = dtype or model.dtype
-    elem = kv_element_bytes(kv_cache_dtype, model_dtype)
-    hybrid_chunked = vllm_defaults.hybrid_manager_for_chunked_local(vllm_version)
+    elem = vllm.kv_element_bytes(kv_cache_dtype, DTYPE_BYTES[model_dtype])
+    hybrid_chunked = vllm.hybrid_manager_for_chunked_local(vllm_version)
     kinds: list[_LayerKey] = []
     for layer in model.layers:
         kind, window = layer.kind, layer.window
@@ -130,7 +110,7 @@ def compute_kv_layout(
         kinds.append((kind, layer.num_kv_heads, layer.head_dim, layer.head_dim_v, window))
 
     if block_size is None:
-        block_size = vllm_defaults.default_block_size(vllm_version)
+        block_size = vllm.default_block_size(vllm_version)
     attention = {key for key in kinds if key[0] != LINEAR}
     pages = {key: _page_bytes(key, tp, block_size, elem, kv_cache_dtype) for key in attention}
     if any(k[0] == LINEAR for k in kinds):
@@ -195,19 +175,19 @@ def compute_capacity(
     available_bytes: int,
     max_model_len: int,
     in_flight_tokens: int,
-    vllm_version: Version = (0, 33),
+    vllm_version: vllm.Version = vllm.PINNED_VERSION,
     num_blocks: int | None = None,
 ) -> KvCapacity:
     """Blocks, logged token capacity and concurrency, and whether ``max_model_len`` fits."""
     blocks = compute_num_blocks(available_bytes, layout) if num_blocks is None else num_blocks
     per_request = max(1, layout.blocks_per_request(max_model_len, in_flight_tokens))
     concurrency = blocks / per_request
-    if vllm_defaults.reports_tokens_per_group(vllm_version):
+    if vllm.reports_tokens_per_group(vllm_version):
         tokens = blocks // layout.num_groups * layout.block_size
     else:
         tokens = int(concurrency * max_model_len)
     check = available_bytes
-    if vllm_defaults.reserves_null_block_in_check(vllm_version):
+    if vllm.reserves_null_block_in_check(vllm_version):
         check -= layout.bytes_per_block
     needed = per_request * layout.bytes_per_block
     fits = available_bytes > 0 and needed <= check

@@ -19,8 +19,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kvpilot.tuner.model import quantization
-from kvpilot.tuner.model.spec import DTYPE_BYTES, LINEAR, ModelSpec
+from kvpilot.tuner.model import DTYPE_BYTES, LINEAR, ModelSpec, compute_bytes_per_weight
 
 VOCAB_PADDING = 64
 """vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``."""
@@ -126,7 +125,7 @@ def compute_weight_breakdown(
     tp, pp = tensor_parallel_size, pipeline_parallel_size
     dbytes = DTYPE_BYTES[dtype or model.dtype]
     quant = model.quantization
-    qbytes = quantization.compute_bytes_per_weight(quant) if quant else float(dbytes)
+    qbytes = compute_bytes_per_weight(quant) if quant else float(dbytes)
     dense_bytes = float(dbytes) if quant is None or quant.experts_only else qbytes
     expert_bytes = qbytes if quant is not None else float(dbytes)
     total = 0.0

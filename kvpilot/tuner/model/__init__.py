@@ -1,0 +1,59 @@
+"""A model as the memory model sees it: ``config.json`` -> :class:`ModelSpec`, and the built-in catalogue.
+
+* :mod:`.spec` reads a Hugging Face config (a mapping: the caller reads the file) into a frozen
+  :class:`ModelSpec`: the text decoder's geometry, every layer's kind, MoE, MLA, linear-attention
+  state, quantization, the vision tower's size and the default ``max_model_len``;
+* :mod:`.layers` holds the layer kinds and their geometry, :mod:`.quantization` what a
+  ``quantization_config`` says;
+* :mod:`.catalogue` looks popular models' published configs up by Hugging Face id
+  (:mod:`.configs` holds them, one module per family).
+
+Above :mod:`kvpilot.tuner.vllm` (which vLLM release derives what), below the memory model.
+A config it cannot account for raises :class:`~kvpilot.tuner.errors.InvalidModelConfig` naming the
+field: it never guesses.
+"""
+
+from kvpilot.tuner.model.catalogue import (
+    list_models,
+    lookup_checkpoint_bytes,
+    lookup_model,
+    lookup_model_config,
+)
+from kvpilot.tuner.model.configs import ModelEntry
+from kvpilot.tuner.model.layers import (
+    CHUNKED,
+    DTYPE_BYTES,
+    FULL,
+    LINEAR,
+    MLA,
+    SLIDING,
+    LayerSpec,
+    LinearStateSpec,
+    MlaSpec,
+    MoeSpec,
+)
+from kvpilot.tuner.model.quantization import QuantSpec, build_quant_spec, compute_bytes_per_weight
+from kvpilot.tuner.model.spec import ModelSpec, build_model_spec
+
+__all__ = [
+    "CHUNKED",
+    "DTYPE_BYTES",
+    "FULL",
+    "LINEAR",
+    "LayerSpec",
+    "LinearStateSpec",
+    "MLA",
+    "MlaSpec",
+    "ModelEntry",
+    "ModelSpec",
+    "MoeSpec",
+    "QuantSpec",
+    "SLIDING",
+    "build_model_spec",
+    "build_quant_spec",
+    "compute_bytes_per_weight",
+    "list_models",
+    "lookup_checkpoint_bytes",
+    "lookup_model",
+    "lookup_model_config",
+]

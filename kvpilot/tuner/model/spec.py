@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.tuner import errors
+from kvpilot.tuner import errors, vllm
 from kvpilot.tuner.model.layers import (  # re-exported: callers name them model_spec.FULL etc.
     CHUNKED,
     DTYPE_BYTES,
@@ -175,9 +175,9 @@ class ModelSpec:
         start = sum(sizes[:rank])
         return range(start, start + sizes[rank])
 
-    def default_max_model_len(self, vllm_version: tuple[int, ...] = (0, 33)) -> int:
+    def default_max_model_len(self, vllm_version: vllm.Version = vllm.PINNED_VERSION) -> int:
         """The default ``max_model_len`` of a given vLLM release (YaRN multiplied up to 0.29)."""
-        if vllm_version >= (0, 30) or self.rope_type != "yarn" or not self.rope_factor:
+        if not vllm.multiplies_yarn_max_len(vllm_version) or self.rope_type != "yarn" or not self.rope_factor:
             return self.max_model_len
         if self.rope_original_max:
             return int(self.rope_original_max * self.rope_factor)

@@ -26,13 +26,10 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from kvpilot.tuner import errors
-from kvpilot.tuner.memory import budget as memory
-from kvpilot.tuner.memory.weights import padded_vocab_size
-from kvpilot.tuner.model.spec import ModelSpec, QuantSpec
+from kvpilot.tuner import errors, memory, vllm
+from kvpilot.tuner.model import ModelSpec, QuantSpec
+from kvpilot.tuner.plan.topology import compute_pipeline_parallel, compute_tensor_parallel, tensor_parallel_ok
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
-from kvpilot.tuner.vllm import args as vllm_args
-from kvpilot.tuner.vllm import versions as vllm_defaults
 
 TYPICAL_FILL = 0.25
 """Without an expected concurrency, size ``max_num_seqs`` for requests filling a quarter of the context."""
@@ -51,7 +48,12 @@ _BudgetOf = Callable[[EngineSettings], MemoryBudget]
 
 
 def compute_safe_utilization(
-    model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, bounds: ServingBounds, vllm_version: str
+    model: ModelSpec,
+    gpu: GpuSpec,
+    settings: EngineSettings,
+    bounds: ServingBounds,
+    vllm_version: str,
+    pipeline_parallel_size: int = 1,
 ) -> float:
     """``gpu_memory_utilization`` leaving what vLLM's profiling misses outside the budget.
 
@@ -60,10 +62,10 @@ def compute_safe_utilization(
     allocator fragmentation, the CUDA graphs' estimation error (the whole graph pool for
     releases that do not subtract it), rounded down to a hundredth.
     """
-    version = vllm_defaults.parse_version(vllm_version)
-    r = memory.resolve_settings(model, gpu, settings, version)
-    graphs = memory.compute_cuda_graph_bytes(model, gpu, pp=1, max_num_seqs=r.max_num_seqs)
-    graph_share = GRAPH_ESTIMATE_ERROR if vllm_defaults.subtracts_cuda_graphs(version) else 1.0
+    version = vllm.parse_version(vllm_version)
+    r = memory.resolve_settings(model, gpu, settings, version, pipeline_parallel_size)
+    graphs = memory.compute_cuda_graph_bytes(model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs)
+    graph_share = GRAPH_ESTIMATE_ERROR if vllm.subtracts_cuda_graphs(version) else 1.0
     logits = memory.compute_warmup_logits_bytes(model, r)
     headroom = (
         memory.CUDA_CONTEXT_GIB * GIB
@@ -76,27 +78,20 @@ def compute_safe_utilization(
     return min(bounds.max_gpu_memory_utilization, max(bounds.min_gpu_memory_utilization, util))
 
 
-def tensor_parallel_ok(model: ModelSpec, tp: int) -> bool:
-    """vLLM's rules: TP divides the attention heads and the padded vocabulary; the KV heads divide TP
-    or TP divides them (not asked of MLA, whose one latent is replicated)."""
-    kv = model.num_kv_heads
-    padded_vocab = padded_vocab_size(model)
-    heads_ok = model.num_attention_heads % tp == 0 and (model.mla is not None or kv % tp == 0 or tp % kv == 0)
-    return heads_ok and padded_vocab % tp == 0
-
-
-def compute_tensor_parallel(model: ModelSpec, gpu_count: int) -> int:
-    """The largest TP size <= ``gpu_count`` that vLLM accepts for this model."""
-    for tp in range(max(1, gpu_count), 0, -1):
-        if tensor_parallel_ok(model, tp):
-            return tp
-    return 1
-
-
 def _budget(
-    model: ModelSpec, gpu: GpuSpec, settings: EngineSettings, version: str, weights: int | None
+    model: ModelSpec,
+    gpu: GpuSpec,
+    gpu_count: int,
+    settings: EngineSettings,
+    version: str,
+    weights: int | None,
 ) -> MemoryBudget:
-    return memory.compute_budget(model, gpu, settings, vllm_version=version, weights_total_bytes=weights)
+    """The budget of ``settings`` on a replica of ``gpu_count`` GPUs: the GPUs the tensor-parallel
+    group leaves over are pipeline stages, as the operator renders them."""
+    pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
+    return memory.compute_budget(
+        model, gpu, settings, pipeline_parallel_size=pp, vllm_version=version, weights_total_bytes=weights
+    )
 
 
 def _round_to_step(length: int) -> int:
@@ -135,6 +130,12 @@ def _longest_fitting(budget_of: _BudgetOf, settings: EngineSettings, upper: int)
     return _bisect_longest(starts, upper)
 
 
+def _context_of(settings: EngineSettings, budget: MemoryBudget, model: ModelSpec) -> int:
+    """The ``max_model_len`` vLLM runs ``settings`` with: the budget's (which resolves ``-1``, auto-fit,
+    to what the KV cache holds), else the setting, else the model's own maximum."""
+    return budget.max_model_len or settings.max_model_len or model.max_model_len
+
+
 def _round_seqs(n: float) -> int:
     n = max(1, int(n))
     return n if n < 16 else n // 8 * 8
@@ -150,9 +151,9 @@ def _choose_max_num_seqs(
 ) -> int:
     if bounds.concurrency:
         return max(1, bounds.concurrency)
-    cap = vllm_defaults.default_batch_limits(vllm_defaults.parse_version(version), gpu).max_num_seqs
+    cap = vllm.default_batch_limits(vllm.parse_version(version), gpu).max_num_seqs
     budget = budget_of(settings.replace(max_num_seqs=cap))
-    length = settings.max_model_len or model.max_model_len
+    length = _context_of(settings, budget, model)
     typical = budget.kv_cache_tokens / max(1.0, TYPICAL_FILL * length)
     return min(cap, _round_seqs(typical))
 
@@ -163,8 +164,8 @@ def _with_batched_tokens(
     """vLLM refuses ``max_num_batched_tokens < max_num_seqs``: raise it when the default would be short."""
     if pinned.max_num_batched_tokens is not None or settings.max_num_seqs is None:
         return settings
-    default = vllm_defaults.default_batch_limits(
-        vllm_defaults.parse_version(version), gpu
+    default = vllm.default_batch_limits(
+        vllm.parse_version(version), gpu
     ).max_num_batched_tokens
     if settings.max_num_seqs > default:
         return settings.replace(max_num_batched_tokens=settings.max_num_seqs)
@@ -191,7 +192,7 @@ def _suggestions(
             if fits(budget_of(settings.replace(tensor_parallel_size=count))):
                 out.append(f"{count} {gpu.name} GPUs (tensor parallel {count}) fit these settings.")
                 break
-    length = settings.max_model_len or model.max_model_len
+    length = _context_of(settings, budget_of(settings), model)
     floor = bounds.min_context or 1
     auto_kv = (settings.kv_cache_dtype or "auto") == "auto" and pinned.kv_cache_dtype is None
     if auto_kv and gpu.fp8_kv:
@@ -218,7 +219,7 @@ def _suggestions(
     if model.quantization is None:
         quant = QuantSpec("fp8", 8) if gpu.compute_capability >= (8, 9) else QuantSpec("awq", 4, 128)
         smaller = dataclasses.replace(model, quantization=quant)
-        if fits(_budget(smaller, gpu, settings, version, None)):
+        if fits(_budget(smaller, gpu, gpu_count, settings, version, None)):
             kind = "FP8" if quant.method == "fp8" else "4-bit AWQ/GPTQ"
             out.append(
                 f"A {kind}-quantized checkpoint of this model fits (kvpilot never changes the checkpoint)."
@@ -235,7 +236,7 @@ def compute_plan(
     bounds: ServingBounds,
     *,
     pinned: EngineSettings = NOTHING_PINNED,
-    vllm_version: str = vllm_defaults.PINNED_VLLM_VERSION,
+    vllm_version: str = vllm.PINNED_VLLM_VERSION,
     weights_total_bytes: int | None = None,
 ) -> Plan:
     """Plan vLLM's engine settings for ``model`` on ``gpu_count`` x ``gpu`` within ``bounds``."""
@@ -245,7 +246,7 @@ def compute_plan(
     def budget_of(s: EngineSettings) -> MemoryBudget:
         # Memoized: the context searches and the suggestions revisit the same settings.
         if s not in budgets:
-            budgets[s] = _budget(model, gpu, s, vllm_version, weights_total_bytes)
+            budgets[s] = _budget(model, gpu, gpu_count, s, vllm_version, weights_total_bytes)
         return budgets[s]
 
     tp = pinned.tensor_parallel_size or compute_tensor_parallel(model, gpu_count)
@@ -253,7 +254,8 @@ def compute_plan(
         warnings.append(
             f"tensor_parallel_size {tp}: vLLM refuses {gpu_count} for this model (it must divide the "
             f"{model.num_attention_heads} attention heads and the padded vocabulary, and divide or be "
-            f"divided by the {model.num_kv_heads} KV heads)."
+            f"divided by the {model.num_kv_heads} KV heads)"
+            + (f"; the other GPUs run {gpu_count // tp} pipeline stages." if gpu_count // tp > 1 else ".")
         )
     settings = pinned.replace(tensor_parallel_size=tp)
 
@@ -270,7 +272,9 @@ def compute_plan(
     if pinned.gpu_memory_utilization is None:
         seq_guess = settings.replace(max_num_seqs=pinned.max_num_seqs or bounds.concurrency)
         settings = settings.replace(
-            gpu_memory_utilization=compute_safe_utilization(model, gpu, seq_guess, bounds, vllm_version)
+            gpu_memory_utilization=compute_safe_utilization(
+                model, gpu, seq_guess, bounds, vllm_version, compute_pipeline_parallel(gpu_count, tp)
+            )
         )
 
     def meets(budget: MemoryBudget) -> bool:
@@ -308,15 +312,18 @@ def compute_plan(
                 settings, budget = shorter, short_budget
 
     feasible = meets(budget) and (
-        not bounds.min_context or (settings.max_model_len or 0) >= bounds.min_context
+        not bounds.min_context or _context_of(settings, budget, model) >= bounds.min_context
     )
     reasons: tuple[str, ...] = ()
     if not feasible:
+        length = _context_of(settings, budget, model)
         why = budget.error or (
-            f"the KV cache holds {budget.max_concurrency:.2f} sequences of {settings.max_model_len} tokens, "
+            f"the KV cache holds {budget.max_concurrency:.2f} sequences of {length} tokens, "
             f"fewer than the expected concurrency {bounds.concurrency}."
         )
-        suggestions = _suggestions(model, gpu, tp, bounds, settings, pinned, vllm_version, budget_of, meets)
+        suggestions = _suggestions(
+            model, gpu, gpu_count, bounds, settings, pinned, vllm_version, budget_of, meets
+        )
         reasons = (why, *suggestions)
     if pinned.max_num_seqs and bounds.concurrency and pinned.max_num_seqs < bounds.concurrency:
         warnings.append(
@@ -332,6 +339,7 @@ def compute_plan(
         concurrency_at_max_len=budget.max_concurrency,
         gpu=gpu.name,
         gpu_count=gpu_count,
+        pipeline_parallel_size=compute_pipeline_parallel(gpu_count, tp),
         vllm_version=vllm_version,
         warnings=tuple(warnings),
         reasons=reasons,
@@ -341,6 +349,6 @@ def compute_plan(
 
 def _render(settings: EngineSettings) -> tuple[str, ...]:
     try:
-        return vllm_args.build_vllm_args(settings)
+        return vllm.build_vllm_args(settings)
     except errors.TunerError:  # a pinned value the renderer refuses: the caller validates pins
         return ()

@@ -1,6 +1,6 @@
 """vLLM engine arguments: render the tuned settings as flags, parse them back, vet the rest.
 
-Sits above :mod:`kvpilot.tuner.types`; the planner renders a plan's ``args`` with
+Part of :mod:`kvpilot.tuner.vllm` (every vLLM fact lives there); the planner renders a plan's ``args`` with
 :func:`build_vllm_args`, the operator splits a user's own arguments with
 :func:`parse_vllm_args` (tuned flags become pinned settings, the rest passes
 through) and refuses what the pinned vLLM would refuse with
@@ -21,32 +21,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from kvpilot.tuner import errors
 from kvpilot.tuner.types import EngineSettings
-
-KV_CACHE_DTYPES: tuple[str, ...] = (
-    "auto",
-    "float16",
-    "bfloat16",
-    "fp8",
-    "fp8_e4m3",
-    "fp8_e5m2",
-    "fp8_inc",
-    "fp8_ds_mla",
-    "nvfp4_ds_mla",
-    "turboquant_k8v4",
-    "turboquant_4bit_nc",
-    "turboquant_k3v4_nc",
-    "turboquant_3bit_nc",
-    "octave_k3v4",
-    "octave_k3v3",
-    "octave_k3v3_compact",
-    "ultraquant_4bit",
-    "int4_per_token_head",
-    "int8_per_token_head",
-    "fp8_per_token_head",
-    "nvfp4",
-    "nvfp4_4over6",
-)
-"""``--kv-cache-dtype`` values vLLM 0.33.0 accepts (its ``CacheDType`` literal, in order)."""
+from kvpilot.tuner.vllm.kv_dtypes import KV_CACHE_DTYPES
+from kvpilot.tuner.vllm.versions import AUTO_MAX_MODEL_LEN
 
 FLAGS: Mapping[str, str] = {
     "max_model_len": "--max-model-len",
@@ -63,9 +39,6 @@ FLAG_ALIASES: Mapping[str, str] = {
     "--device-memory-utilization": "--gpu-memory-utilization",
 }
 """Other spellings vLLM 0.33 accepts for the tuned flags."""
-
-AUTO_MAX_MODEL_LEN = -1
-"""``--max-model-len -1`` / ``auto``: vLLM fits the length to the KV cache (0.14+)."""
 
 UNSUPPORTED_FLAGS: Mapping[str, str] = {
     "--batch-size": "vLLM has no batch-size flag; concurrency is --max-num-seqs (kvpilot tunes it)",
@@ -288,3 +261,32 @@ def validate_extra_args(args: Sequence[str]) -> None:
                     f"{', '.join(KV_CACHE_DTYPES)}",
                     flag=flag,
                 )
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "default"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def describe_settings(settings: EngineSettings) -> str:
+    """``max-model-len 8192, max-num-seqs 64`` (set fields only): the one vocabulary of settings in
+    events, conditions and history, the flags' own names as the pods' arguments show them."""
+    parts = [
+        f"{flag[2:]} {_fmt(value)}"
+        for name, flag in FLAGS.items()
+        if (value := getattr(settings, name)) is not None
+    ]
+    return ", ".join(parts) or "vLLM defaults"
+
+
+def describe_change(old: EngineSettings, new: EngineSettings) -> str:
+    """``gpu-memory-utilization 0.92 -> 0.9, max-num-seqs 256 -> 192`` (changed fields only)."""
+    parts = [
+        f"{flag[2:]} {_fmt(getattr(old, name))} -> {_fmt(getattr(new, name))}"
+        for name, flag in FLAGS.items()
+        if getattr(old, name) != getattr(new, name)
+    ]
+    return ", ".join(parts) or "no change"

@@ -1,10 +1,10 @@
-"""vLLM's version-dependent defaults and behaviours, as the memory model needs them.
+"""vLLM's releases: which one is pinned, how to read a version, and each release's defaults and
+behaviour switches.
 
-Sits at the bottom of the memory model: :mod:`kvpilot.tuner.memory.kv_cache`,
-:mod:`kvpilot.tuner.memory.budget` and the planner ask it "what does release X do?".
-Data and small pure functions only. Source: ``shared/research/vllm_reference.md``
-§1.2, §2 (read from the released wheels 0.8.5 ... 0.33.0) and the pinned wheel's
-``vllm/engine/arg_utils.py::get_batch_defaults``.
+Part of :mod:`kvpilot.tuner.vllm` (every vLLM fact lives there): the memory model, the planner and
+the closed loop ask it "what does release X do?". Data and small pure functions only. Source:
+the released wheels 0.8.5 ... 0.33.0 as ``docs/memory-model.md`` cites them, and the pinned
+wheel's ``vllm/engine/arg_utils.py::get_batch_defaults``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from kvpilot.tuner.types import GIB, GpuSpec
 
 PINNED_VLLM_VERSION = "0.33.0"
-"""The vLLM release kvpilot renders arguments for and models by default."""
+"""The vLLM release kvpilot renders arguments for and models by default (``pyproject.toml``'s ``vllm``
+extra pins the same release; ``tests/test_versions.py`` ties the two and the default image's tag)."""
+
+AUTO_MAX_MODEL_LEN = -1
+"""``--max-model-len -1`` / ``auto``: vLLM fits the length to the KV cache at start-up (0.14+)."""
 
 Version = tuple[int, ...]
 
@@ -32,6 +36,16 @@ def parse_version(text: str | None) -> Version:
         if match:
             return tuple(int(g) for g in match.groups() if g is not None)
     return parse_version(PINNED_VLLM_VERSION)
+
+
+PINNED_VERSION: Version = parse_version(PINNED_VLLM_VERSION)
+""":data:`PINNED_VLLM_VERSION` as a tuple, the default of every ``vllm_version`` argument."""
+
+
+def multiplies_yarn_max_len(version: Version) -> bool:
+    """Whether the default ``max_model_len`` of a YaRN-scaled model is multiplied by the rope factor
+    (up to 0.29; 0.30+ takes ``max_position_embeddings`` as it is)."""
+    return version < (0, 30)
 
 
 def default_gpu_memory_utilization(version: Version) -> float:
@@ -125,58 +139,3 @@ def reports_tokens_per_group(version: Version) -> bool:
 def reserves_null_block_in_check(version: Version) -> bool:
     """0.33 subtracts one block (the null block) before the max-model-len fit check."""
     return version >= (0, 33)
-
-
-def no_memory_error(version: Version) -> str:
-    """vLLM's text when nothing is left for KV blocks (reference §1.6)."""
-    text = (
-        "No available memory for the cache blocks. "
-        "Try increasing `gpu_memory_utilization` when initializing the engine"
-    )
-    if version >= (0, 25):
-        text += " (this flag also controls CPU memory reservation on the CPU backend, despite its name)"
-    text += "."
-    if version >= (0, 13):
-        text += " See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
-    return text
-
-
-def long_max_len_error(max_model_len: int, key: str | None, derived: float) -> str:
-    """vLLM's text when ``--max-model-len`` exceeds the config's maximum (``_get_and_verify_max_len``)."""
-    return (
-        f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
-        f"({key}={derived} or model_max_length=None in model's config.json). "
-        "To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. "
-        "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. "
-        "If the model uses relative position encoding (RoPE), positions exceeding derived_max_model_len "
-        "lead to nan. If the model uses absolute position encoding, positions exceeding "
-        "derived_max_model_len will cause a CUDA array out-of-bounds error."
-    )
-
-
-def max_len_error(
-    version: Version, max_model_len: int, needed_gib: float, available_gib: float, estimate: int
-) -> str:
-    """vLLM's text when one ``max_model_len`` request does not fit (reference §1.6)."""
-    model = "model's" if version >= (0, 25) else "models's"
-    gib = (lambda x: f"{round(x, 2)}") if version >= (0, 15) else (lambda x: f"{x:.2f}")
-    text = (
-        f"To serve at least one request with the {model} max seq len ({max_model_len}), "
-        f"({gib(needed_gib)} GiB KV cache is needed, which is larger than the available KV cache memory "
-        f"({gib(available_gib)} GiB). "
-    )
-    if estimate > 0:
-        text += f"Based on the available memory, the estimated maximum model length is {estimate}. "
-    if version >= (0, 25):
-        text += (
-            "Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) "
-            "or decreasing `max_model_len` when initializing the engine."
-        )
-    else:
-        text += (
-            "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
-            "when initializing the engine."
-        )
-    if version >= (0, 13):
-        text += " See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
-    return text

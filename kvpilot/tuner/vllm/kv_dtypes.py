@@ -1,0 +1,105 @@
+"""``--kv-cache-dtype``: every value vLLM accepts, and which of them kvpilot can size.
+
+Part of :mod:`kvpilot.tuner.vllm` (every vLLM fact lives there). This is the one list of
+KV-cache dtypes: the CRD's enum and the pydantic API accept :data:`MODELLED_KV_CACHE_DTYPES`
+(``tests/operator/test_api_drift.py`` ties them), the flag parser accepts
+:data:`KV_CACHE_DTYPES` (vLLM 0.33's ``CacheDType`` literal, contract-tested against the
+wheel), and the memory model sizes a page with :func:`kv_element_bytes`. A dtype vLLM has
+but kvpilot cannot size is refused with :class:`~kvpilot.tuner.errors.InvalidEngineArgs`
+naming it (:func:`check_modelled`), never guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kvpilot.tuner import errors
+
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "octave_k3v4",
+    "octave_k3v3",
+    "octave_k3v3_compact",
+    "ultraquant_4bit",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "nvfp4_4over6",
+)
+"""``--kv-cache-dtype`` values vLLM 0.33.0 accepts (its ``CacheDType`` literal, in order)."""
+
+_ELEMENT_BYTES: Mapping[str, float] = {
+    "float16": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+    "fp8_ds_mla": 1,
+    "int8_per_token_head": 1,
+    "fp8_per_token_head": 1,
+    "int4_per_token_head": 0.5 + 1 / 16,
+    "nvfp4": 0.5 + 1 / 16,
+    "nvfp4_4over6": 0.5 + 1 / 16,
+}
+"""Bytes per cached K or V element (scales included) of every modelled dtype but ``auto``."""
+
+MODELLED_KV_CACHE_DTYPES: tuple[str, ...] = tuple(
+    d for d in KV_CACHE_DTYPES if d == "auto" or d in _ELEMENT_BYTES
+)
+"""The dtypes kvpilot can size, in vLLM's order: what the InferenceService API accepts."""
+
+FP8_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})
+"""The plain fp8 caches (one byte per element, per-tensor scales): what ``allowFp8KvCache`` lets
+the planner and the closed loop choose."""
+
+FP8_DS_MLA_BYTES_PER_TOKEN = 656
+"""``fp8_ds_mla``: DeepSeek's packed MLA cache, 656 bytes per token per layer (512 fp8 latent, 4
+fp32 scales, 64 bf16 rope dims)."""
+
+
+def is_fp8(kv_cache_dtype: str | None) -> bool:
+    """Whether the dtype stores one byte per element (the fp8 family): it holds about twice the tokens
+    of a 16-bit cache, and the API asks for ``allowFp8KvCache`` before the planner or loop use it."""
+    return kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8")
+
+
+def check_modelled(kv_cache_dtype: str | None) -> None:
+    """Raise :class:`~kvpilot.tuner.errors.InvalidEngineArgs` for a dtype kvpilot cannot size."""
+    name = kv_cache_dtype or "auto"
+    if name in MODELLED_KV_CACHE_DTYPES:
+        return
+    if name in KV_CACHE_DTYPES:
+        raise errors.InvalidEngineArgs(
+            f"--kv-cache-dtype {name}: vLLM 0.33 has this KV-cache dtype, but kvpilot's memory model "
+            f"cannot size it yet, so it cannot plan or retune it; use one of "
+            f"{', '.join(MODELLED_KV_CACHE_DTYPES)}",
+            flag="--kv-cache-dtype",
+        )
+    raise errors.InvalidEngineArgs(
+        f"--kv-cache-dtype {name!r} is not a vLLM 0.33 KV-cache dtype; valid values are: "
+        f"{', '.join(KV_CACHE_DTYPES)}",
+        flag="--kv-cache-dtype",
+    )
+
+
+def kv_element_bytes(kv_cache_dtype: str | None, model_dtype_bytes: float) -> float:
+    """Bytes per cached K or V element for ``--kv-cache-dtype`` (``auto``: the model's dtype)."""
+    name = kv_cache_dtype or "auto"
+    if name == "auto":
+        return model_dtype_bytes
+    check_modelled(name)
+    return _ELEMENT_BYTES[name]

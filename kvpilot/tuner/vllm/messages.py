@@ -1,0 +1,141 @@
+"""What vLLM prints when it will not start or runs out of memory: the texts, and their parsers.
+
+Part of :mod:`kvpilot.tuner.vllm` (every vLLM fact lives there). The memory model
+formats these texts for a start it predicts to fail (so ``kvpilot estimate`` and the
+``Infeasible`` condition quote vLLM's own words), and the closed loop's crash
+classifier (:mod:`kvpilot.tuner.loop.restarts`) parses them out of a container's log with
+the patterns below: format and parse sit side by side, and ``tests/tuner/test_restarts.py``
+round-trips one through the other for every release line. The texts are those of the
+released wheels 0.9 - 0.33 (``vllm/v1/core/kv_cache_utils.py``, ``vllm/v1/worker/gpu_worker.py``,
+``vllm/config/model.py``) and of PyTorch's CUDA allocator.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvpilot.tuner.vllm.versions import Version
+
+
+def no_memory_error(version: Version) -> str:
+    """vLLM's text when nothing is left for KV blocks (reference §1.6)."""
+    text = (
+        "No available memory for the cache blocks. "
+        "Try increasing `gpu_memory_utilization` when initializing the engine"
+    )
+    if version >= (0, 25):
+        text += " (this flag also controls CPU memory reservation on the CPU backend, despite its name)"
+    text += "."
+    if version >= (0, 13):
+        text += " See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    return text
+
+
+def long_max_len_error(max_model_len: int, key: str | None, derived: float) -> str:
+    """vLLM's text when ``--max-model-len`` exceeds the config's maximum (``_get_and_verify_max_len``)."""
+    return (
+        f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
+        f"({key}={derived} or model_max_length=None in model's config.json). "
+        "To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. "
+        "If the model uses relative position encoding (RoPE), positions exceeding derived_max_model_len "
+        "lead to nan. If the model uses absolute position encoding, positions exceeding "
+        "derived_max_model_len will cause a CUDA array out-of-bounds error."
+    )
+
+
+def max_len_error(
+    version: Version, max_model_len: int, needed_gib: float, available_gib: float, estimate: int
+) -> str:
+    """vLLM's text when one ``max_model_len`` request does not fit (reference §1.6)."""
+    model = "model's" if version >= (0, 25) else "models's"
+    gib = (lambda x: f"{round(x, 2)}") if version >= (0, 15) else (lambda x: f"{x:.2f}")
+    text = (
+        f"To serve at least one request with the {model} max seq len ({max_model_len}), "
+        f"({gib(needed_gib)} GiB KV cache is needed, which is larger than the available KV cache memory "
+        f"({gib(available_gib)} GiB). "
+    )
+    if estimate > 0:
+        text += f"Based on the available memory, the estimated maximum model length is {estimate}. "
+    if version >= (0, 25):
+        text += (
+            "Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) "
+            "or decreasing `max_model_len` when initializing the engine."
+        )
+    else:
+        text += (
+            "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
+            "when initializing the engine."
+        )
+    if version >= (0, 13):
+        text += " See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    return text
+
+
+def sampler_warmup_oom_error(
+    version: Version, rows: int, graphs_gib: float, utilization: float, headroom_gib: float
+) -> str:
+    """vLLM's text when the sampler warm-up after graph capture runs out of memory (releases that capture
+    CUDA graphs outside ``gpu_memory_utilization``), with kvpilot's figures appended."""
+    return (
+        f"CUDA out of memory occurred when warming up sampler with {rows} dummy requests. "
+        "Please try lowering `max_num_seqs` or `gpu_memory_utilization` "
+        "when initializing the engine. "
+        f"(kvpilot: vLLM {'.'.join(map(str, version))} captures ~{graphs_gib:.2f} GiB of CUDA "
+        f"graphs outside gpu_memory_utilization={utilization}; {headroom_gib:.2f} GiB is left "
+        "there.)"
+    )
+
+
+def free_memory_error(
+    version: Version, free_gib: float, total_gib: float, utilization: float, requested_gib: float
+) -> str:
+    """vLLM's text when the GPU has less free memory at start-up than ``gpu_memory_utilization`` asks for."""
+    device = "cuda:0 " if version >= (0, 20) else ""
+    return (
+        f"Free memory on device {device}({free_gib:.2f}/{total_gib:.2f} GiB) on startup is "
+        f"less than desired GPU memory utilization ({utilization}, {requested_gib:.2f} GiB). Decrease GPU "
+        "memory utilization or reduce GPU memory used by other processes."
+    )
+
+
+
+def auto_fit_error() -> str:
+    """vLLM's text when ``--max-model-len -1`` (auto) cannot fit even one token (0.33)."""
+    return (
+        "Cannot auto-fit max_model_len: not enough GPU memory available "
+        "to serve even a single token. Try increasing `gpu_memory_utilization`."
+    )
+
+# --- parsing: the patterns the crash classifier matches in a container's log -------------------
+
+_INT = r"(\d+)"
+_NUM = r"([0-9]+(?:\.[0-9]+)?)"
+
+# V1, 0.9 - 0.33 (``models's`` before ~0.25, ``model's`` after): one request does not fit.
+V1_KV_MARK = re.compile(r"KV cache is needed, which is larger than the available KV cache memory")
+V1_MAX_SEQ = re.compile(r"max seq len \(" + _INT + r"\)")
+V1_NEEDED = re.compile(r"\(" + _NUM + r" GiB KV cache is needed")
+V1_AVAILABLE = re.compile(r"available KV cache memory \(" + _NUM + r" GiB\)")
+V1_ESTIMATE = re.compile(r"estimated maximum model length is " + _INT)
+# V0 engine (<= 0.10): "The model's max seq len (L) is larger than the maximum number of
+# tokens that can be stored in KV cache (N)."
+V0_KV = re.compile(
+    r"max seq len \("
+    + _INT
+    + r"\) is larger than the maximum number of tokens that can be stored in KV cache \("
+    + _INT
+    + r"\)"
+)
+NO_BLOCKS = re.compile(r"No available memory for the cache blocks")
+# "Free memory on device (F/T GiB) on startup is less than desired GPU memory utilization"
+# (0.20+ inserts the device name: "on device cuda:0 (F/T GiB)").
+FREE_MEMORY = re.compile(
+    r"Free memory on device(?: \S+)? \(" + _NUM + r"/" + _NUM + r" GiB\) on startup is less than"
+)
+CUDA_OOM = re.compile(
+    r"CUDA out of memory|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|"
+    r"Cuda failure '?out of memory'?|OutOfMemoryError",
+    re.IGNORECASE,
+)
+TRIED = re.compile(r"Tried to allocate " + _NUM + r" ([GM]iB)")
