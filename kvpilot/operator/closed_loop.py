@@ -279,7 +279,7 @@ def _budget_for(
     inputs: resolve.Inputs, spec: api.InferenceServiceSpec, settings: EngineSettings
 ) -> MemoryBudget:
     """The budget of ``settings`` in the topology the Deployment renders: an unset TP size
-    is vLLM's 1, the remaining GPUs are pipeline stages (:func:`kvpilot.tuner.plan.compute_pipeline_parallel`).
+    is vLLM's 1, the remaining GPUs are pipeline stages (:func:`kvpilot.tuner.plan.compute_pipeline_parallel`)
     """
     tp = settings.tensor_parallel_size or 1
     return memory.compute_budget(
