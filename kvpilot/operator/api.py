@@ -310,7 +310,7 @@ class Rollout(_Wire):
     probation_until: str | None = None
 
 
-class HistoryEntry(_Wire):
+class HistoryRecord(_Wire):
     time: str | None = None
     action: Literal["Planned", "Retuned", "RolledBack", "Held", "Infeasible"] | None = None
     trigger: str | None = None
@@ -331,7 +331,7 @@ class InferenceServiceStatus(_Wire):
     warnings: list[str] = Field(default_factory=list, max_length=32)
     calibration: Calibration | None = None
     rollout: Rollout | None = None
-    history: list[HistoryEntry] = Field(default_factory=list, max_length=20)
+    history: list[HistoryRecord] = Field(default_factory=list, max_length=20)
     last_change_time: str | None = None
 
 

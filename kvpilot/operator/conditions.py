@@ -12,13 +12,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 READY = "Ready"
+"""The Deployment and Service are applied for the current spec (the reconciler)."""
 CONFIG_RESOLVED = "ConfigResolved"
 PLANNED = "Planned"
 INFEASIBLE = "Infeasible"
+"""Set by the reconciler (no plan fits) and by the closed loop (no remedy fits)."""
+METRICS_AVAILABLE = "MetricsAvailable"
+"""The closed loop: vLLM's metrics window is usable."""
+ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+"""The closed loop: a retune or rollback is rolling out or on probation."""
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 
-_ORDER = (READY, CONFIG_RESOLVED, PLANNED, INFEASIBLE)
+TYPES = (READY, CONFIG_RESOLVED, PLANNED, INFEASIBLE, METRICS_AVAILABLE, ROLLOUT_IN_PROGRESS)
+"""Every condition type kvpilot sets, in the order ``status.conditions`` lists them."""
 
 
 def set_condition(
@@ -83,4 +90,4 @@ def is_true(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> bool:
 
 def _sort_key(condition: Mapping[str, Any]) -> tuple[int, str]:
     type_ = str(condition.get("type", ""))
-    return (_ORDER.index(type_) if type_ in _ORDER else len(_ORDER), type_)
+    return (TYPES.index(type_) if type_ in TYPES else len(TYPES), type_)

@@ -3,9 +3,9 @@
 Kubernetes objects in, tuner types through, patches out::
 
     spec --parse--> api.InferenceServiceSpec --resolve (thread)--> model + GPU
-         --render.build_desired--> plan, mode decision, Service + Deployment
+         --desired.build_desired--> plan, mode decision, Service + Deployment
          --apply (thread, server-side apply)--> cluster
-    status <- status.build_success_status / build_failure_status  (patch.status, explicit)
+    status <- status_patch.build_success_status / build_failure_status  (patch.status, explicit)
     events <- ConfigResolved, Planned (+ Recommended or Reported, PlanWarning) on first sight of a
               generation or a change of the applied settings; or a Warning with the failure's reason
 
@@ -19,15 +19,25 @@ path without a cluster.
 
 from __future__ import annotations
 
-import datetime
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
-from kvpilot.operator import api, conditions, errors, events, metrics, planning, render, resolve, workloads
-from kvpilot.operator import status as statuses
+from kvpilot.operator import (
+    api,
+    conditions,
+    desired,
+    errors,
+    events,
+    metrics,
+    modes,
+    resolve,
+    status_patch,
+    workloads,
+)
 from kvpilot.operator.kube import Kube
 from kvpilot.tuner import vllm
 
@@ -35,7 +45,7 @@ CREATED, SPEC_CHANGED, RESUMED = "Created", "SpecChanged", "Resumed"
 
 
 def utc_now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return status_patch.format_time(time.time())
 
 
 @dataclass
@@ -46,7 +56,7 @@ class Deps:
     emit: events.Emitter = events.kopf_emitter
     now: Callable[[], str] = utc_now
     hub: resolve.HubDownload = resolve.download_hub_config
-    plan_fn: planning.PlanFn | None = None
+    plan_fn: modes.PlanFn | None = None
     record_metrics: bool = True
 
 
@@ -84,21 +94,21 @@ async def reconcile(
     old = dict(status or {})
     first_visit = old.get("observedGeneration") != generation
     try:
-        parsed = render.parse_spec(spec)
+        parsed = desired.parse_spec(spec)
         inputs = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
         keep = None
         if _keeps_applied(old, trigger, first_visit, diff):
             keep = api.Settings.model_validate(old["applied"])
-        desired = render.build_desired(meta, parsed, inputs, deploy_override=keep, plan_fn=deps.plan_fn)
+        wanted = desired.build_desired(meta, parsed, inputs, deploy_override=keep, plan_fn=deps.plan_fn)
         if deps.kube is None:
             raise errors.ApplyFailed("no Kubernetes client configured")
-        await workloads.apply_workloads(desired.manifests, deps.kube)
+        await workloads.apply_workloads(wanted.manifests, deps.kube)
     except Exception as exc:
         failure = errors.classify(exc)
         if failure.reason == "InternalError":
             logger.exception("reconciliation failed unexpectedly")
         patch.status.update(
-            statuses.build_failure_status(
+            status_patch.build_failure_status(
                 old, generation=generation, now=now, failure=failure, trigger=trigger
             )
         )
@@ -109,8 +119,8 @@ async def reconcile(
             _record(deps, metrics.record_decision, "Infeasible")
         raise errors.to_kopf(failure, retry) from None
 
-    new = statuses.build_success_status(
-        old, generation=generation, now=now, inputs=inputs, decision=desired.decision, trigger=trigger
+    new = status_patch.build_success_status(
+        old, generation=generation, now=now, inputs=inputs, decision=wanted.decision, trigger=trigger
     )
     patch.status.update(new)
     _record(deps, metrics.record_reconcile, "success")
@@ -118,8 +128,8 @@ async def reconcile(
     if changed:
         _record(deps, metrics.record_decision, "Planned")
     if first_visit or changed:
-        _emit_success(deps, body, inputs, desired)
-    logger.info(f"reconciled ({trigger}): {vllm.describe_settings(desired.decision.deploy)}")
+        _emit_success(deps, body, inputs, wanted)
+    logger.info(f"reconciled ({trigger}): {vllm.describe_settings(wanted.decision.deploy)}")
 
 
 def _keeps_applied(old: Mapping[str, Any], trigger: str, first_visit: bool, diff: Any) -> bool:
@@ -130,13 +140,13 @@ def _keeps_applied(old: Mapping[str, Any], trigger: str, first_visit: bool, diff
         return False
     if trigger == RESUMED:
         return not first_visit
-    return trigger == SPEC_CHANGED and diff is not None and not planning.compute_replan_needed(diff)
+    return trigger == SPEC_CHANGED and diff is not None and not modes.compute_replan_needed(diff)
 
 
 def _emit_success(
-    deps: Deps, body: Mapping[str, Any], inputs: resolve.Inputs, desired: render.Desired
+    deps: Deps, body: Mapping[str, Any], inputs: resolve.Inputs, wanted: desired.Desired
 ) -> None:
-    d, gpu = desired.decision, inputs.gpu
+    d, gpu = wanted.decision, inputs.gpu
     deps.emit(
         body,
         events.NORMAL,

@@ -8,14 +8,16 @@ the Deployment sets ``terminationMessagePolicy: FallbackToLogsOnError``), classi
 :func:`kvpilot.tuner.loop.restarts.classify_termination`; when the message says nothing, the
 previous container's log tail is read and classified instead.
 
-:func:`build_pod_view` and :func:`compute_pod_summary` are pure; :class:`ClusterPods`
-does the two reads (list pods, read a previous log) with the ``kubernetes`` client.
+:func:`build_pod_view` and :func:`compute_pod_summary` are pure; :func:`read_pod_views` reads
+through a :class:`PodReader` with this module's :class:`LogCache` of previous logs, and
+:class:`ClusterPods` does the two reads (list pods, read a previous log) with the ``kubernetes`` client.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,10 +54,6 @@ def parse_time(text: str | None) -> float | None:
         return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-def format_time(epoch: float) -> str:
-    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,23 +144,56 @@ def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replic
 
 class LogCache:
     """Previous-log tails by (namespace, pod, restart count): a crash-looping pod's log is read once per
-    restart, not once per tick. Only saves reads; losing it (an operator restart) loses nothing."""
+    restart, not once per tick. Only saves reads; losing it (an operator restart) loses nothing.
+    Thread-safe: ticks read pods in worker threads."""
 
     def __init__(self, size: int = 512) -> None:
         self.size = size
-        self.data: OrderedDict[tuple[str, str, int], str | None] = OrderedDict()
+        self._data: OrderedDict[tuple[str, str, int], str | None] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, key: tuple[str, str, int]) -> tuple[bool, str | None]:
-        if key in self.data:
-            self.data.move_to_end(key)
-            return True, self.data[key]
-        return False, None
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return True, self._data[key]
+            return False, None
 
     def put(self, key: tuple[str, str, int], value: str | None) -> None:
-        self.data[key] = value
-        self.data.move_to_end(key)
-        while len(self.data) > self.size:
-            self.data.popitem(last=False)
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+LOGS = LogCache()
+"""The process's log cache (:func:`read_pod_views`)."""
+
+
+def read_pod_views(
+    reader: PodReader, namespace: str, label_selector: str, logs: LogCache = LOGS
+) -> list[PodView]:
+    """The pods of one service as the closed loop sees them (blocking: run it in a worker thread).
+
+    A restart the termination message does not explain is classified from the previous container's
+    log tail, read once per restart (``logs``)."""
+    views = []
+    for pod in reader.list_pods(namespace, label_selector):
+        view = build_pod_view(pod)
+        if view.needs_log and view.restart is not None:
+            key = (namespace, view.name, view.restart.restart_count)
+            known, tail = logs.get(key)
+            if not known:
+                tail = reader.read_previous_log(namespace, view.name, CONTAINER, LOG_TAIL_LINES)
+                logs.put(key, tail)
+            view = build_pod_view(pod, log_tail=tail) if tail else view
+        views.append(view)
+    return views
 
 
 class ClusterPods:

@@ -64,7 +64,7 @@ class PromClient(Protocol):
     ) -> list[dict[str, Any]]: ...
 
 
-def build_selector(namespace: str, name: str) -> str:
+def build_promql_selector(namespace: str, name: str) -> str:
     """The label matchers of one service's vLLM pods (``<name>-<replicaset hash>-<suffix>``)."""
     return f'namespace="{namespace}",pod=~"{name}-[^-]+-[^-]+"'
 
@@ -101,7 +101,7 @@ class Queries:
 
 def build_queries(namespace: str, name: str, window_seconds: float) -> Queries:
     """Every PromQL query of one fetch."""
-    s = build_selector(namespace, name)
+    s = build_promql_selector(namespace, name)
     w = f"{max(60, int(window_seconds))}s"
 
     def mean(family: str) -> str:

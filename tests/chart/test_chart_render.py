@@ -15,7 +15,7 @@ import pytest
 import yaml
 from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, ROOT, by_kind, one, run_helm, values_args
 
-from kvpilot.operator import closed_loop, metrics, prometheus
+from kvpilot.operator import loop_settings, metrics, prometheus
 from kvpilot.operator import render as render_operator
 
 VARIANTS = [None, *CI_VALUES]
@@ -101,7 +101,7 @@ def test_deployment_runs_kopf_with_peering_and_liveness(rendered: Render) -> Non
     # the variables kvpilot/operator reads, by the names its modules define
     assert env[metrics.METRICS_PORT_ENV]["value"] == "9102"
     assert env[prometheus.PROMETHEUS_URL_ENV]["value"] == ""
-    assert env[closed_loop.INTERVAL_ENV]["value"] == "30"
+    assert env[loop_settings.INTERVAL_ENV]["value"] == "30"
     assert c["image"] == "ghcr.io/kvpilot/kvpilot:0.1.0"
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from operator_fakes import Harness
 
-from kvpilot.operator import planning, resolve
+from kvpilot.operator import modes, resolve
 
 
 @pytest.fixture
 def harness() -> Harness:
     resolve.clear_caches()
-    planning.clear_cache()
+    modes.clear_cache()
     return Harness()

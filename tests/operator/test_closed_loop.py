@@ -13,7 +13,8 @@ import pytest
 from closed_loop_fakes import T0, LoopHarness, pod, rfc3339, window
 from operator_fakes import Harness, condition, isvc
 
-from kvpilot.operator import closed_loop
+from kvpilot.operator import closed_loop, loop_settings, pod_status
+from kvpilot.operator.loop_settings import LoopPace
 from kvpilot.tuner.loop.policy import Action, Trigger
 
 OOM = (
@@ -253,7 +254,7 @@ async def test_termination_message_empty_reads_the_previous_log(harness: Harness
     d = await loop.tick(body)
     assert d.trigger == "CudaOOM"
     assert loop.pods.log_reads == 1
-    closed_loop._LOGS.data.clear()
+    pod_status.LOGS.clear()
 
 
 async def test_previous_log_is_read_once_per_restart(harness: Harness, loop: LoopHarness) -> None:
@@ -263,11 +264,11 @@ async def test_previous_log_is_read_once_per_restart(harness: Harness, loop: Loo
                       reason="Completed", exit_code=0, finished=loop.now + 10, ready=False)  # fmt: skip
     for p in loop.pods.pods:
         loop.pods.logs[p["metadata"]["name"]] = "ERROR EngineCore encountered a fatal error.\n" + OOM
-    closed_loop._LOGS.data.clear()
+    pod_status.LOGS.clear()
     assert (await loop.tick(body)).trigger == "CudaOOM"
     assert (await loop.tick(body)).trigger == "CudaOOM"
     assert loop.pods.log_reads == 1
-    closed_loop._LOGS.data.clear()
+    pod_status.LOGS.clear()
 
 
 async def test_host_oom_holds_with_advice(harness: Harness, loop: LoopHarness) -> None:
@@ -337,43 +338,44 @@ async def test_apply_failure_is_reported_and_retried(harness: Harness, loop: Loo
 
 
 def test_window_scales_with_the_metrics_step() -> None:
-    from kvpilot.operator import render
+    from kvpilot.operator import desired
 
-    spec = render.parse_spec({"model": {"id": "m"}, "tuning": {"cooldownSeconds": 0, "maxChangesPerHour": 9}})
-    p = closed_loop.build_policy(spec, 5.0)
+    tuning = {"cooldownSeconds": 0, "maxChangesPerHour": 9}
+    spec = desired.parse_spec({"model": {"id": "m"}, "tuning": tuning})
+    p = loop_settings.build_policy(spec, LoopPace(step_seconds=5.0))
     assert (p.window_seconds, p.staleness_seconds, p.cooldown_seconds, p.max_changes_per_hour) == (
         50,
         60,
         0,
         9,
     )
-    assert closed_loop.build_policy(spec).window_seconds == 300
-    assert closed_loop.step_from_env({"KVPILOT_METRICS_STEP_SECONDS": "5"}) == 5.0
+    assert loop_settings.build_policy(spec).window_seconds == 300
+    assert loop_settings.pace_from_env({"KVPILOT_METRICS_STEP_SECONDS": "5"}).step_seconds == 5.0
 
 
 def test_interval_from_env() -> None:
-    assert closed_loop.interval_from_env({}) == 30.0
-    assert closed_loop.interval_from_env({"KVPILOT_CLOSED_LOOP_INTERVAL": "2"}) == 2.0
-    assert closed_loop.interval_from_env({"KVPILOT_CLOSED_LOOP_INTERVAL": ""}) == 30.0
+    assert loop_settings.interval_from_env({}) == 30.0
+    assert loop_settings.interval_from_env({"KVPILOT_CLOSED_LOOP_INTERVAL": "2"}) == 2.0
+    assert loop_settings.interval_from_env({"KVPILOT_CLOSED_LOOP_INTERVAL": ""}) == 30.0
 
 
 def test_pace_from_env() -> None:
-    from kvpilot.operator import render
+    from kvpilot.operator import desired
 
-    assert closed_loop.pace_from_env({}) == closed_loop.LoopPace()
-    pace = closed_loop.pace_from_env({
+    assert loop_settings.pace_from_env({}) == LoopPace()
+    pace = loop_settings.pace_from_env({
         "KVPILOT_METRICS_STEP_SECONDS": "5", "KVPILOT_MIN_CHANGE_INTERVAL": "10",
         "KVPILOT_METRICS_WINDOW_SECONDS": "30", "KVPILOT_MIN_SAMPLES": "3", "KVPILOT_PROBATION_SECONDS": "0",
     })  # fmt: skip
-    spec = render.parse_spec({"model": {"id": "m"}})
-    p = closed_loop.build_policy(spec, pace.step_seconds, pace)
+    spec = desired.parse_spec({"model": {"id": "m"}})
+    p = loop_settings.build_policy(spec, pace)
     assert (p.window_seconds, p.min_change_interval_seconds, p.min_samples, p.probation_seconds) == (
         30,
         10,
         3,
         0,
     )
-    d = closed_loop.build_policy(spec)
+    d = loop_settings.build_policy(spec)
     assert (d.window_seconds, d.min_change_interval_seconds, d.min_samples, d.probation_seconds) == (
         300,
         60,
@@ -398,39 +400,71 @@ def test_pace_from_env() -> None:
     ],
 )
 def test_invalid_pace_is_a_clear_start_up_error(env: dict, words: str) -> None:
-    with pytest.raises(closed_loop.LoopConfigError, match=re.escape(words)):
-        closed_loop.pace_from_env(env)
+    with pytest.raises(loop_settings.LoopConfigError, match=re.escape(words)):
+        loop_settings.pace_from_env(env)
 
 
-def test_invalid_pace_stops_the_operator_at_import() -> None:
+def test_an_invalid_interval_stops_the_operator_at_import() -> None:
+    """kopf needs the timer interval at registration: the one setting read at import."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "KVPILOT_MIN_SAMPLES": "many"}
+    env = {**os.environ, "KVPILOT_CLOSED_LOOP_INTERVAL": "soon"}
     run = subprocess.run(
-        [sys.executable, "-c", "import kvpilot.operator.closed_loop"], env=env, capture_output=True, text=True
+        [sys.executable, "-c", "import kvpilot.operator.main"], env=env, capture_output=True, text=True
     )
     assert run.returncode != 0
-    assert "LoopConfigError: KVPILOT_MIN_SAMPLES='many': expected an integer >= 1" in run.stderr
+    words = "LoopConfigError: KVPILOT_CLOSED_LOOP_INTERVAL='soon': expected a number of seconds > 0"
+    assert words in run.stderr
+
+
+def test_an_invalid_pace_stops_the_operator_at_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rest of the pace is read by the start-up handler; a bad value is a permanent start-up error."""
+    import kopf
+
+    from kvpilot.operator import main
+
+    started: list[str] = []
+    monkeypatch.setenv("KVPILOT_MIN_SAMPLES", "many")
+    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: started.append("metrics"))
+    words = "KVPILOT_MIN_SAMPLES='many': expected an integer >= 1"
+    with pytest.raises(kopf.PermanentError, match=re.escape(words)):
+        main.configure(settings=kopf.OperatorSettings())
+    assert started == []  # stopped before anything was started
+
+
+def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kopf
+
+    from kvpilot.operator import handlers, main
+
+    monkeypatch.setenv("KVPILOT_METRICS_STEP_SECONDS", "5")
+    monkeypatch.setenv("KVPILOT_PROBATION_SECONDS", "20")
+    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    seen: list[LoopPace] = []
+    monkeypatch.setattr(closed_loop, "configure", seen.append)
+    main.configure(settings=kopf.OperatorSettings())
+    assert seen == [LoopPace(step_seconds=5.0, probation_seconds=20.0)]
 
 
 def test_bounds_merge_serving_and_tuning_bounds() -> None:
-    from kvpilot.operator import render
+    from kvpilot.operator import desired
 
-    spec = render.parse_spec({
+    spec = desired.parse_spec({
         "model": {"id": "m"},
         "serving": {"minContextLength": 4096, "maxContextLength": 65536},
         "tuning": {"allowFp8KvCache": True, "bounds": {
             "maxNumSeqs": {"min": 8, "max": 512}, "maxModelLen": {"min": 8192},
             "gpuMemoryUtilization": {"min": 0.8, "max": 0.93}}},
     })  # fmt: skip
-    b = closed_loop.build_bounds(spec, fp8_supported=False)
+    b = loop_settings.build_bounds(spec, fp8_supported=False)
     assert (b.min_max_num_seqs, b.max_max_num_seqs) == (8, 512)
     assert (b.min_max_model_len, b.max_max_model_len) == (8192, 65536)
     assert (b.min_gpu_memory_utilization, b.max_gpu_memory_utilization) == (0.8, 0.93)
     assert b.allow_fp8_kv is False
-    assert closed_loop.build_bounds(spec, fp8_supported=True).allow_fp8_kv is True
+    assert loop_settings.build_bounds(spec, fp8_supported=True).allow_fp8_kv is True
     assert T0 > 0
 
 
@@ -443,7 +477,7 @@ def test_timer_is_registered_on_our_resource() -> None:
     timers = [h for h in spawning if h.fn is closed_loop.closed_loop_tick]
     assert len(timers) == 1
     assert timers[0].selector.group == "kvpilot.io" and timers[0].selector.plural == "inferenceservices"
-    assert timers[0].interval == closed_loop.interval_from_env()
+    assert timers[0].interval == loop_settings.interval_from_env()
 
 
 async def test_a_failing_tick_is_logged_not_raised(
@@ -474,8 +508,9 @@ async def test_a_spec_change_ends_a_stale_rollout(harness: Harness, loop: LoopHa
     assert body["status"]["applied"]["maxNumSeqs"] == 32
     loop.healthy_pods(ready=False)
     d = await loop.tick(body)
-    assert d.trigger != Trigger.ROLLOUT_IN_PROGRESS
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.METRICS_UNAVAILABLE)  # no rollout to wait for
     assert "rollout" not in body["status"]
+    assert condition(body, "RolloutInProgress")["status"] == "False"
 
 
 async def test_state_survives_a_round_trip_through_status(harness: Harness, loop: LoopHarness) -> None:

@@ -436,6 +436,6 @@ async def test_plan_input_change_replans(harness: Harness) -> None:
     ],
 )
 def test_compute_replan_needed(paths: list[tuple[str, ...]], replan: bool) -> None:
-    from kvpilot.operator import planning
+    from kvpilot.operator import modes
 
-    assert planning.compute_replan_needed([("change", p, 1, 2) for p in paths]) is replan
+    assert modes.compute_replan_needed([("change", p, 1, 2) for p in paths]) is replan

@@ -8,7 +8,7 @@ import pytest
 from invalid_manifests import CASES, Case
 from operator_fakes import Harness
 
-from kvpilot.operator import errors, render
+from kvpilot.operator import desired, errors
 
 API_SERVER_CASES = [c for c in CASES if c.expect in ("schema", "cel")]
 OPERATOR_CASES = [c for c in CASES if c.expect == "operator"]
@@ -23,7 +23,7 @@ def test_the_table_is_large_enough() -> None:
 @pytest.mark.parametrize("case", API_SERVER_CASES, ids=lambda c: c.name)
 def test_refused_before_planning(case: Case) -> None:
     with pytest.raises(errors.InvalidSpec) as info:
-        render.parse_spec(case.manifest()["spec"])
+        desired.parse_spec(case.manifest()["spec"])
     assert case.match.split(".")[-1] in info.value.message
 
 

@@ -1,4 +1,4 @@
-"""``kvpilot render``'s engine and the examples, with the real planner."""
+"""``kvpilot render`` (render.build_manifests) and desired.build_desired, with the real planner."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvpilot.operator import render
+from kvpilot.operator import desired, render
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
@@ -32,7 +32,7 @@ def test_examples_exist() -> None:
 def test_every_example_is_a_valid_inference_service(path: Path) -> None:
     doc = yaml.safe_load(path.read_text())
     assert doc["apiVersion"] == "kvpilot.io/v1alpha1" and doc["kind"] == "InferenceService"
-    render.parse_spec(doc["spec"])
+    desired.parse_spec(doc["spec"])
 
 
 def test_8b_on_one_l4() -> None:
@@ -122,12 +122,12 @@ def test_the_loop_budgets_the_rendered_args_as_the_plan_did() -> None:
     from kvpilot.operator import closed_loop, resolve
     from kvpilot.tuner import vllm
 
-    spec = render.parse_spec(SEVENTY_ON_L40S["spec"])
+    spec = desired.parse_spec(SEVENTY_ON_L40S["spec"])
     inputs = resolve.Inputs(resolve.read_model(spec.model, "ml", None), resolve.read_gpu(spec, None))
-    desired = render.build_desired(SEVENTY_ON_L40S["metadata"], spec, inputs)
-    container = desired.manifests[1]["spec"]["template"]["spec"]["containers"][0]
+    wanted = desired.build_desired(SEVENTY_ON_L40S["metadata"], spec, inputs)
+    container = wanted.manifests[1]["spec"]["template"]["spec"]["containers"][0]
     running, _ = vllm.parse_vllm_args(container["args"])
-    assert closed_loop._budget_for(inputs, spec, running) == desired.decision.plan.budget
+    assert closed_loop._budget_for(inputs, spec, running) == wanted.decision.plan.budget
 
 
 def test_the_loop_budgets_settings_without_a_tensor_parallel_size() -> None:
@@ -136,7 +136,7 @@ def test_the_loop_budgets_settings_without_a_tensor_parallel_size() -> None:
     from kvpilot.tuner import memory
     from kvpilot.tuner.types import EngineSettings
 
-    spec = render.parse_spec(SEVENTY_ON_L40S["spec"])
+    spec = desired.parse_spec(SEVENTY_ON_L40S["spec"])
     inputs = resolve.Inputs(resolve.read_model(spec.model, "ml", None), resolve.read_gpu(spec, None))
     settings = EngineSettings(max_model_len=8192)
     budget = closed_loop._budget_for(inputs, spec, settings)

@@ -4,8 +4,9 @@
   ``spec.engine.extraArgs`` (split off by :func:`kvpilot.tuner.vllm.args.parse_vllm_args`;
   a conflict between the two is an :class:`~kvpilot.operator.errors.InvalidSpec`).
   The tensor-parallel size is always fixed by the user's GPU request.
-* The planner (:func:`kvpilot.tuner.plan.compute_plan`) runs in every mode; its
-  results are cached by their inputs, so many identical services cost one plan.
+* The planner (:func:`kvpilot.tuner.plan.compute_plan`, through :func:`compute_feasible_plan`) runs
+  in every mode; its results are cached by their inputs, so many identical services cost one plan.
+* :func:`compute_mode_decision` says what each mode deploys (a :class:`ModeDecision`).
 * ``Auto`` deploys the plan; ``Recommend`` deploys the user's own settings and
   publishes the plan as ``status.recommendation``; ``Off`` deploys the user's own
   settings and only reports the plan (budget and the ``Planned`` condition).
@@ -43,7 +44,9 @@ class UserArgs:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class ModeDecision:
+    """What the spec's tuning mode deploys and recommends (the closed loop's is ``tuner.loop.Decision``)."""
+
     plan: Plan
     deploy: EngineSettings
     """Settings rendered onto the Deployment."""
@@ -108,7 +111,7 @@ def _cached_plan(
         return exc
 
 
-def compute_plan(
+def compute_feasible_plan(
     spec: api.InferenceServiceSpec, model: Any, gpu: GpuSpec, user: UserArgs,
     *, weights_total_bytes: int | None = None, plan_fn: PlanFn | None = None,
 ) -> Plan:  # fmt: skip
@@ -128,16 +131,16 @@ def compute_plan(
     return result
 
 
-def compute_decision(spec: api.InferenceServiceSpec, plan: Plan, user: UserArgs) -> Decision:
+def compute_mode_decision(spec: api.InferenceServiceSpec, plan: Plan, user: UserArgs) -> ModeDecision:
     """What each tuning mode deploys and recommends."""
     planned = plan.settings
     own = user.pinned.replace(tensor_parallel_size=planned.tensor_parallel_size)  # structure, not tuning
     mode = spec.tuning.mode
     if mode == "Auto":
-        return Decision(plan, planned, planned, mode)
+        return ModeDecision(plan, planned, planned, mode)
     if mode == "Recommend":
-        return Decision(plan, own, planned, mode)
-    return Decision(plan, own, None, mode)
+        return ModeDecision(plan, own, planned, mode)
+    return ModeDecision(plan, own, None, mode)
 
 
 PLAN_NEUTRAL_FIELDS: tuple[tuple[str, ...], ...] = (

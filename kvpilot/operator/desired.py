@@ -1,0 +1,75 @@
+"""What the operator applies for an InferenceService: the pure heart of a reconciliation.
+
+:func:`parse_spec` types a spec (schema and CEL-equivalent checks); :func:`build_desired` takes the
+spec and its resolved inputs through the planner (:func:`kvpilot.operator.modes.compute_feasible_plan`)
+and the tuning modes (:func:`kvpilot.operator.modes.compute_mode_decision`) to the Service and Deployment
+manifests. The handlers apply them; ``kvpilot render`` (:mod:`kvpilot.operator.render`) prints them.
+Raises tuner or operator errors; applies nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pydantic
+
+from kvpilot.operator import api, errors, modes, resolve, workloads
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    decision: modes.ModeDecision
+    user: modes.UserArgs
+    manifests: list[dict[str, Any]]
+    """Service first, then Deployment: the apply order."""
+
+
+def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
+    """The typed spec; InvalidSpec naming every schema or CEL-equivalent problem."""
+    try:
+        parsed = api.InferenceServiceSpec.model_validate(dict(spec))
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(
+            f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}{_got(e.get('input'))}"
+            for e in exc.errors(include_url=False)
+        )
+        raise errors.InvalidSpec(problems) from None
+    problems = parsed.semantic_errors()
+    if problems:
+        raise errors.InvalidSpec("; ".join(problems))
+    return parsed
+
+
+def _got(value: object) -> str:
+    """`` (got 'x')`` for a scalar the schema refused, as the API server names an unsupported value."""
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
+        text = repr(value)
+        return f" (got {text[:80]}{'...' if len(text) > 80 else ''})"
+    return ""
+
+
+def build_desired(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs,
+    *, deploy_override: api.Settings | None = None, plan_fn: modes.PlanFn | None = None,
+) -> Desired:  # fmt: skip
+    """Plan, decide per mode and build the manifests. Raises tuner or operator errors, applies nothing.
+
+    ``deploy_override`` replaces the settings deployed in mode Auto: on resume, the settings
+    the closed loop has put in ``status.applied`` are kept instead of the initial plan.
+    """
+    user = modes.compute_user_args(spec)
+    plan = modes.compute_feasible_plan(
+        spec, inputs.model.spec, inputs.gpu.gpu, user,
+        weights_total_bytes=inputs.model.checkpoint_bytes, plan_fn=plan_fn,
+    )  # fmt: skip
+    decision = modes.compute_mode_decision(spec, plan, user)
+    if deploy_override is not None and decision.mode == "Auto":
+        keep = deploy_override.to_engine().replace(tensor_parallel_size=plan.settings.tensor_parallel_size)
+        decision = replace(decision, deploy=keep)
+    manifests = [
+        workloads.build_service(metadata),
+        workloads.build_deployment(metadata, spec, decision.deploy, user.extra, inputs.gpu.products),
+    ]
+    return Desired(decision, user, manifests)

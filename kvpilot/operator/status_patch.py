@@ -1,0 +1,373 @@
+"""The status document: the one place that writes ``status`` (never via handler return values).
+
+Both writers build their merge patch here: the reconciler (:func:`build_success_status`,
+:func:`build_failure_status`) and the closed loop (:func:`build_loop_patch`, from one
+:class:`kvpilot.tuner.loop.Decision`). This module owns the status vocabulary: the rollout
+phases, which loop decisions are routine, how history is appended (one rule:
+:func:`append_history`), and the caps, which it asks of their homes: list lengths of the
+pydantic status model (:class:`kvpilot.operator.api.InferenceServiceStatus`, drift-tested against
+the CRD), the message cap of :data:`kvpilot.operator.events.MAX_MESSAGE`, the condition types
+of :mod:`kvpilot.operator.conditions`.
+
+kopf applies these as JSON merge patches, where an absent key keeps its old value;
+so objects that must be *replaced* (the settings objects, the budget, the GPU) carry
+every key, with ``None`` for the unset ones, which deletes them. Pure functions of the
+old status and the decision; the clock comes in as ``now``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpilot.operator import api, conditions, events
+from kvpilot.operator.errors import Failure
+from kvpilot.operator.modes import ModeDecision
+from kvpilot.operator.resolve import Inputs
+from kvpilot.tuner import vllm
+from kvpilot.tuner.loop import Action, Decision, HistoryAction, LoopState, RestartKind, Trigger
+from kvpilot.tuner.types import GIB, EngineSettings
+
+
+def _max_items(name: str) -> int:
+    """The ``max_length`` of a list of :class:`api.InferenceServiceStatus` (the CRD's ``maxItems``)."""
+    for constraint in api.InferenceServiceStatus.model_fields[name].metadata:
+        limit = getattr(constraint, "max_length", None)
+        if isinstance(limit, int):
+            return limit
+    raise LookupError(f"status.{name} has no max_length")
+
+
+HISTORY_LIMIT = _max_items("history")
+"""``status.history`` keeps the newest this many entries."""
+FAILED_LIMIT = _max_items("failed_settings")
+"""``status.failedSettings`` keeps the newest this many."""
+WARNINGS_LIMIT = _max_items("warnings")
+"""``status.warnings`` keeps the first this many."""
+MAX_MESSAGE = events.MAX_MESSAGE
+"""Condition messages, history and recommendation reasons are cut here, like event messages."""
+
+ROLLING_OUT, PROBATION = "RollingOut", "Probation"
+"""``status.rollout.phase``: waiting for Ready, then on probation until ``probationUntil``."""
+QUIET_TRIGGERS = frozenset(
+    {
+        Trigger.STEADY,
+        Trigger.INSUFFICIENT_DATA,
+        Trigger.ROLLOUT_IN_PROGRESS,
+        Trigger.ROLLOUT_PROBATION,
+        Trigger.ROLLOUT_SUCCEEDED,
+    }
+)
+"""Loop holds that are routine: no history entry, no event."""
+OOM_TRIGGERS = frozenset({RestartKind.CUDA_OOM, RestartKind.HOST_OOM_KILLED})
+
+_SETTINGS_KEYS = tuple(f.alias or n for n, f in api.Settings.model_fields.items())
+_BUDGET_KEYS = tuple(f.alias or n for n, f in api.Budget.model_fields.items())
+
+Update = tuple[str, str, str, str]
+"""A condition update: ``(type, status, reason, message)``."""
+
+
+# --- typed parts ---------------------------------------------------------------------------------------
+
+
+def format_time(epoch: float) -> str:
+    """Epoch seconds as the RFC 3339 text of every ``status`` time."""
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cap(message: str) -> str:
+    """``message`` cut at :data:`MAX_MESSAGE` (the start carries the reason)."""
+    return message[:MAX_MESSAGE]
+
+
+def build_settings(settings: EngineSettings | None) -> dict[str, Any] | None:
+    """A settings object in wire form with every key present (merge-patch replaces it whole)."""
+    if settings is None:
+        return None
+    wire = api.Settings.from_engine(settings).wire()
+    return {key: wire.get(key) for key in _SETTINGS_KEYS}
+
+
+def compact(wire: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A settings object without its null keys (what a merge patch leaves in the object)."""
+    return {k: v for k, v in (wire or {}).items() if v is not None}
+
+
+def build_history_entry(
+    *, time: str, action: HistoryAction, trigger: str, reason: str,
+    from_settings: EngineSettings | None = None, to_settings: EngineSettings | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One ``status.history`` entry; ``from`` / ``to`` only when given."""
+    entry: dict[str, Any] = {
+        "time": time, "action": str(action), "trigger": str(trigger), "reason": cap(reason)
+    }  # fmt: skip
+    if from_settings is not None:
+        entry["from"] = api.Settings.from_engine(from_settings).wire()
+    if to_settings is not None:
+        entry["to"] = api.Settings.from_engine(to_settings).wire()
+    return entry
+
+
+def append_history(
+    old: Sequence[Mapping[str, Any]], entry: Mapping[str, Any], *, dedupe: bool = False
+) -> list[dict[str, Any]] | None:
+    """The history with ``entry`` appended (the newest :data:`HISTORY_LIMIT` kept); ``None`` when
+    ``dedupe`` and the newest entry already says the same: the same action for the same trigger, to
+    the same settings (a hold or a verdict that persists is recorded once, not once per tick)."""
+    if dedupe and old:
+        last = old[-1]
+        if (last.get("action"), last.get("trigger"), compact(last.get("to"))) == (
+            entry.get("action"), entry.get("trigger"), compact(entry.get("to"))
+        ):  # fmt: skip
+            return None
+    return [*(dict(e) for e in old), dict(entry)][-HISTORY_LIMIT:]
+
+
+def append_failed(old: Sequence[Mapping[str, Any]], settings: EngineSettings) -> list[dict[str, Any]]:
+    """``status.failedSettings`` with ``settings`` added (the newest :data:`FAILED_LIMIT` kept)."""
+    return [*(dict(w) for w in old), api.Settings.from_engine(settings).wire()][-FAILED_LIMIT:]
+
+
+def build_recommendation(settings: EngineSettings, reason: str, trigger: str, time: str) -> dict[str, Any]:
+    """``status.recommendation``."""
+    return {
+        "settings": build_settings(settings), "reason": cap(reason), "trigger": str(trigger), "time": time
+    }  # fmt: skip
+
+
+def build_rollout(settings: EngineSettings, started: float, deadline: float) -> dict[str, Any]:
+    """``status.rollout`` of a change just applied: rolling out until Ready or ``deadline``."""
+    return {
+        "settings": api.Settings.from_engine(settings).wire(),
+        "startedAt": format_time(started),
+        "deadline": format_time(deadline),
+        "phase": ROLLING_OUT,
+        "probationUntil": None,
+    }
+
+
+def set_conditions(
+    old: Mapping[str, Any], updates: Sequence[Update], *, generation: int | None, now: str
+) -> list[dict[str, Any]]:
+    """``status.conditions`` with ``updates`` applied, each message capped."""
+    capped = [(type_, status, reason, cap(message)) for type_, status, reason, message in updates]
+    return conditions.set_conditions(old.get("conditions") or [], capped, generation=generation, now=now)
+
+
+# --- the reconciler -------------------------------------------------------------------------------------
+
+
+def build_success_status(
+    old: Mapping[str, Any], *, generation: int | None, now: str, inputs: Inputs, decision: ModeDecision,
+    trigger: str,
+) -> dict[str, Any]:  # fmt: skip
+    """Status after the Deployment and Service were applied with ``decision.deploy``."""
+    plan, gpu = decision.plan, inputs.gpu
+    applied = build_settings(decision.deploy)
+    planned_text = vllm.describe_settings(plan.settings)
+    b = plan.budget
+    updates = [
+        (conditions.CONFIG_RESOLVED, conditions.TRUE, "Resolved",
+         f"model config from {inputs.model.origin}; GPU {gpu.gpu.name} from {gpu.origin}"),
+        (conditions.PLANNED, conditions.TRUE, "Planned",
+         f"{planned_text}; KV cache {b.available_kv_cache_gib:.2f} GiB = {b.kv_cache_tokens} tokens, "
+         f"{plan.concurrency_at_max_len:.1f} requests at max-model-len"),
+        (conditions.INFEASIBLE, conditions.FALSE, "Feasible", "the plan fits the GPUs"),
+        (conditions.READY, conditions.TRUE, "Applied", _ready_message(decision)),
+    ]  # fmt: skip
+    patch: dict[str, Any] = {
+        "observedGeneration": generation,
+        "conditions": set_conditions(old, updates, generation=generation, now=now),
+        "gpu": {
+            "product": ", ".join(gpu.products) or None,
+            "catalogueName": gpu.gpu.name,
+            "count": plan.gpu_count,
+            "memoryGiB": round(gpu.gpu.total_bytes / GIB, 2),
+        },
+        "applied": applied,
+        "budget": {**dict.fromkeys(_BUDGET_KEYS), **api.Budget.from_budget(b).wire()},
+        "warnings": [*gpu.warnings, *plan.warnings][:WARNINGS_LIMIT],
+        "recommendation": None,
+    }
+    if decision.recommendation is not None:
+        patch["recommendation"] = build_recommendation(
+            decision.recommendation, f"planned for {plan.gpu_count}x {plan.gpu}: {planned_text}", trigger, now
+        )
+    old_applied = old.get("applied")
+    if compact(old_applied) != compact(applied):
+        patch["lastChangeTime"] = now
+        entry = build_history_entry(
+            time=now, action=HistoryAction.PLANNED, trigger=trigger,
+            reason=f"{decision.mode}: {vllm.describe_settings(decision.deploy)}",
+        )  # fmt: skip
+        if old_applied:
+            entry["from"] = compact(old_applied)
+        entry["to"] = compact(applied)
+        patch["history"] = append_history(old.get("history") or [], entry)
+    return patch
+
+
+def _ready_message(decision: ModeDecision) -> str:
+    if decision.mode == "Auto":
+        return f"Deployment applied with the plan: {vllm.describe_settings(decision.deploy)}"
+    what = (
+        "the recommendation is in status.recommendation"
+        if decision.mode == "Recommend"
+        else "plan reported only"
+    )
+    return f"Deployment applied with the user's settings ({vllm.describe_settings(decision.deploy)}); {what}"
+
+
+def build_failure_status(
+    old: Mapping[str, Any], *, generation: int | None, now: str, failure: Failure, trigger: str
+) -> dict[str, Any]:
+    """Status after a failed reconciliation: Ready=False with the reason; the Deployment is untouched."""
+    updates: list[Update] = []
+    if failure.condition != conditions.READY:
+        updates.append((failure.condition, conditions.FALSE, failure.reason, failure.message))
+    if failure.infeasible:
+        updates.append((conditions.INFEASIBLE, conditions.TRUE, failure.reason, failure.message))
+    elif failure.condition == conditions.PLANNED:
+        updates.append((conditions.INFEASIBLE, conditions.FALSE, "NotPlanned", "no plan was made"))
+    updates.append((conditions.READY, conditions.FALSE, failure.reason, failure.message))
+    patch: dict[str, Any] = {
+        "observedGeneration": generation,
+        "conditions": set_conditions(old, updates, generation=generation, now=now),
+    }
+    if failure.infeasible:
+        entry = build_history_entry(
+            time=now, action=HistoryAction.INFEASIBLE, trigger=trigger, reason=failure.message
+        )
+        history = append_history(old.get("history") or [], entry, dedupe=True)
+        if history is not None:
+            patch["history"] = history
+    return patch
+
+
+# --- the closed loop ------------------------------------------------------------------------------------
+
+
+@dataclass
+class StatusPatch:
+    """A merge patch for ``status`` and the events that go with it."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    """``(type, reason, message)``."""
+    decisions: list[str] = field(default_factory=list)
+    """``kvpilot_decisions_total`` kinds to count."""
+
+
+def build_loop_patch(
+    old: Mapping[str, Any],
+    state: LoopState,
+    decision: Decision,
+    *,
+    mode: str,
+    now: float,
+    generation: int | None,
+    applied: bool,
+    rollout_deadline_seconds: float,
+) -> StatusPatch:
+    """The status after ``decision``. ``applied``: the Deployment was updated with ``decision.settings``."""
+    out = StatusPatch()
+    stamp = format_time(now)
+    metrics_status, observed_kv_tokens = decision.metrics, decision.observed_kv_tokens
+    if metrics_status is None:
+        raise ValueError("a Decision from compute_decision carries its metrics status")
+    available = conditions.TRUE if metrics_status.available else conditions.FALSE
+    conds: list[Update] = [
+        (conditions.METRICS_AVAILABLE, available, metrics_status.reason, metrics_status.message)
+    ]
+    history: list[dict[str, Any]] | None = None
+    change = decision.changes and mode == "Auto" and applied
+
+    def add_history(action: HistoryAction, *, dedupe: bool) -> bool:
+        nonlocal history
+        entry = build_history_entry(
+            time=stamp, action=action, trigger=decision.trigger, reason=decision.reason,
+            from_settings=state.current, to_settings=decision.settings,
+        )  # fmt: skip
+        base = history if history is not None else old.get("history") or []
+        new = append_history(base, entry, dedupe=dedupe)
+        if new is None:
+            return False
+        history = new
+        return True
+
+    # failed and good settings: evidence, whatever the mode
+    if decision.failed is not None and decision.failed not in state.failed:
+        out.status["failedSettings"] = append_failed(old.get("failedSettings") or (), decision.failed)
+        if decision.trigger in OOM_TRIGGERS:
+            out.events.append((events.WARNING, "OOMDetected", decision.reason))
+    if decision.good is not None and decision.good != state.last_good:
+        out.status["lastGoodSettings"] = build_settings(decision.good)
+
+    rollout_active = state.rollout is not None and decision.trigger in (
+        Trigger.ROLLOUT_IN_PROGRESS,
+        Trigger.ROLLOUT_PROBATION,
+    )
+    if change:
+        action = HistoryAction.RETUNED if decision.action == Action.RETUNE else HistoryAction.ROLLED_BACK
+        add_history(action, dedupe=False)
+        out.status["applied"] = build_settings(decision.settings)
+        out.status["lastChangeTime"] = stamp
+        out.status["rollout"] = build_rollout(decision.settings, now, now + rollout_deadline_seconds)
+        out.status["calibration"] = None  # vLLM's report was for the old settings
+        out.status["recommendation"] = build_recommendation(
+            decision.settings, decision.reason, decision.trigger, stamp
+        )
+        reason = "Retuned" if action == HistoryAction.RETUNED else "RolledBack"
+        kind = events.NORMAL if action == HistoryAction.RETUNED else events.WARNING
+        out.events.append((kind, reason, decision.reason))
+        out.decisions.append(reason)
+        conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, reason, decision.reason))
+    else:
+        if state.rollout is not None and not rollout_active:
+            out.status["rollout"] = None
+            if decision.trigger == Trigger.ROLLOUT_SUCCEEDED:
+                out.events.append((events.NORMAL, "RolloutSucceeded", decision.reason))
+        if rollout_active and decision.trigger == Trigger.ROLLOUT_PROBATION:
+            until = decision.probation_until
+            if state.rollout is not None and state.rollout.probation_until is None and until is not None:
+                wire = dict(old.get("rollout") or {})
+                out.status["rollout"] = {**wire, "phase": PROBATION, "probationUntil": format_time(until)}
+            conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Probation", decision.reason))
+        elif rollout_active:
+            conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", decision.reason))
+        else:
+            conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress"))
+        if decision.changes and mode == "Recommend":
+            rec = build_recommendation(decision.settings, decision.reason, decision.trigger, stamp)
+            old_rec = old.get("recommendation") or {}
+            if (
+                compact(old_rec.get("settings")) != compact(rec["settings"])
+                or old_rec.get("trigger") != rec["trigger"]
+            ):
+                out.status["recommendation"] = rec
+                out.events.append((events.NORMAL, "Recommended", f"mode Recommend: {decision.reason}"))
+        elif decision.action == Action.INFEASIBLE:
+            conds.append((conditions.INFEASIBLE, conditions.TRUE, str(decision.trigger), decision.reason))
+            if add_history(HistoryAction.INFEASIBLE, dedupe=True):
+                out.events.append((events.WARNING, "Infeasible", decision.reason))
+                out.decisions.append("Infeasible")
+        elif (
+            decision.action == Action.HOLD
+            and decision.trigger not in QUIET_TRIGGERS
+            and add_history(HistoryAction.HELD, dedupe=True)
+        ):
+            warning = decision.trigger in (*OOM_TRIGGERS, RestartKind.OTHER, Trigger.ROLLOUT_FAILED)
+            out.events.append((events.WARNING if warning else events.NORMAL, "Held", decision.reason))
+            out.decisions.append("Held")
+            if decision.trigger == RestartKind.HOST_OOM_KILLED:
+                out.events.append((events.WARNING, "OOMDetected", decision.reason))
+
+    if history is not None:
+        out.status["history"] = history
+    if observed_kv_tokens and not change and observed_kv_tokens != state.observed_kv_tokens:
+        out.status["calibration"] = {"observedKvCacheTokens": observed_kv_tokens}
+    out.status["conditions"] = set_conditions(old, conds, generation=generation, now=stamp)
+    return out
