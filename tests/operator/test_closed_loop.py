@@ -528,3 +528,58 @@ async def test_state_survives_a_round_trip_through_status(harness: Harness, loop
     assert state.history[-1].from_settings == d.failed and state.history[-1].to_settings == d.settings
     budget = loop_state.read_budget(body["status"])
     assert budget is not None and budget.kv_cache_tokens == 28672
+
+
+async def test_recommend_mode_sees_a_queue_at_vllms_own_sequence_limit(
+    harness: Harness, loop: LoopHarness
+) -> None:
+    """maxNumSeqs unpinned on an A100-80GB: vLLM runs 256 sequences (its default there, not the 1024 of an
+    H100 of the same size); a queue at 256 is a reason to recommend more, not Steady."""
+    body = isvc(gpu={"count": 1, "product": "A100-80GB"}, tuning={"mode": "Recommend"})
+    await harness.run(body)
+    assert "maxNumSeqs" not in body["status"]["applied"] or body["status"]["applied"]["maxNumSeqs"] is None
+    assert flag(loop.deployment_args(), "--max-num-seqs") is None
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30, kv=0.3, running=256, waiting=40, prompt=200, output=100)
+    before = len(harness.kube.applied)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.RETUNE, Trigger.IDLE_CAPACITY), d.reason
+    assert d.effective is not None and d.effective.max_num_seqs == 256
+    st = body["status"]
+    assert st["recommendation"]["trigger"] == "IdleCapacity"
+    assert st["recommendation"]["settings"]["maxNumSeqs"] > 256
+    assert len(harness.kube.applied) == before  # Recommend: nothing is applied
+    assert "rollout" not in st
+
+
+async def test_a_rollback_is_applied_even_when_the_planner_now_refuses_the_spec(
+    harness: Harness, loop: LoopHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop applies the decision's settings as they are: no re-plan stands between it and a rollback."""
+    from kvpilot.tuner import errors as tuner_errors
+    from kvpilot.tuner import plan
+
+    body = await applied(harness)
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)  # steady: 0.95 / 64 seqs are good
+    loop.window = window(loop.now + 30, kv=0.3, waiting=10, running=64, prompt=300, output=200)
+    assert (await loop.tick(body)).trigger == Trigger.IDLE_CAPACITY
+    tp_before = flag(loop.deployment_args(), "--tensor-parallel-size")
+
+    def refuse(*_: object, **__: object) -> object:
+        raise tuner_errors.InfeasiblePlan("the planner now says no")
+
+    monkeypatch.setattr(plan, "compute_plan", refuse)
+    harness.deps.plan_fn = refuse
+    loop.healthy_pods(
+        ready=False, restarts=2, message="RuntimeError: boom", finished=loop.now + 20, crash_loop=True
+    )
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.ROLLBACK, Trigger.ROLLOUT_FAILED)
+    assert "RetuneFailed" not in harness.emitter.reasons
+    args = loop.deployment_args()
+    assert flag(args, "--max-num-seqs") == "64"
+    assert flag(args, "--tensor-parallel-size") == tp_before
+    assert body["status"]["applied"]["maxNumSeqs"] == 64
+    assert body["status"]["rollout"]["settings"]["maxNumSeqs"] == 64

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvpilot.operator import api, workloads
+from kvpilot.operator import api, desired, resolve, workloads
+from kvpilot.tuner import memory
 from kvpilot.tuner.types import EngineSettings
 
 TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -34,10 +35,28 @@ def test_container_command_and_args() -> None:
 
 
 def test_pipeline_parallel_fills_the_remaining_gpus() -> None:
+    """4 GPUs with TP 2: two pipeline stages, rendered and planned for (the real planner)."""
     s = spec(gpu={"count": 4, "product": "L4", "tensorParallelSize": 2})
     d = workloads.build_deployment(META, s, SETTINGS, [], ["NVIDIA-L4"])
     args = d["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+
+    inputs = resolve.Inputs(resolve.read_model(s.model, "ns1", None), resolve.read_gpu(s, None))
+    wanted = desired.build_desired(META, s, inputs)
+    p = wanted.decision.plan
+    assert (p.pipeline_parallel_size, p.settings.tensor_parallel_size, p.gpu_count) == (2, 2, 4)
+    planned_args = wanted.manifests[1]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert planned_args[planned_args.index("--pipeline-parallel-size") + 1] == "2"
+    per_stage = memory.compute_budget(
+        inputs.model.spec, inputs.gpu.gpu, p.settings, pipeline_parallel_size=2,
+        weights_total_bytes=inputs.model.checkpoint_bytes,
+    )  # fmt: skip
+    one_stage = memory.compute_budget(
+        inputs.model.spec, inputs.gpu.gpu, p.settings, pipeline_parallel_size=1,
+        weights_total_bytes=inputs.model.checkpoint_bytes,
+    )  # fmt: skip
+    assert p.budget == per_stage  # the budget of two stages, each holding half the layers
+    assert p.budget.weights_gib < one_stage.weights_gib
 
 
 def test_pod_essentials() -> None:
