@@ -89,9 +89,10 @@ def test_messages_share_the_event_cap() -> None:
     assert len(rec["reason"]) == events.MAX_MESSAGE
 
 
-async def test_warnings_are_capped(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_warnings_are_capped(harness: Harness) -> None:
     def chatty(*args: Any, **kwargs: Any) -> Plan:
-        return dataclasses.replace(fake_plan(*args, **kwargs), warnings=tuple(f"warning {i}" for i in range(40)))
+        many = tuple(f"warning {i}" for i in range(40))
+        return dataclasses.replace(fake_plan(*args, **kwargs), warnings=many)
 
     harness.deps.plan_fn = chatty
     body = isvc()
