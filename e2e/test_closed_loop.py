@@ -32,6 +32,9 @@ import pytest
 from e2e.cluster import LocalCluster
 from e2e.fleet import GroundTruth, Scenario, Workload
 from e2e.fleet.stack import ISVC, Stack, condition, deployment_args, isvc_events
+from kvpilot.operator.api import Settings
+from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.vllm import parse_vllm_args
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -157,6 +160,14 @@ class Loop:
     def budget_left(self, seconds: float) -> float:
         """Seconds left of ``seconds`` counted from when the scenarios started."""
         return max(10.0, seconds - (time.monotonic() - self.t0))
+
+
+def running_settings(loop: Loop, case: str) -> EngineSettings:
+    """The tuned settings on the Deployment's vLLM container, parsed as the operator parses pod args."""
+    out = loop.kubectl("get", "deployment", case, "-n", loop.cases[case].ns, "-o", "json").stdout
+    container = json.loads(out)["spec"]["template"]["spec"]["containers"][0]
+    settings, _ = parse_vllm_args([str(a) for a in container.get("args") or ()])
+    return settings
 
 
 def history(obj: dict[str, Any], action: str | None = None) -> list[dict[str, Any]]:
@@ -514,8 +525,9 @@ def test_all_deployments_match_their_status(loop: Loop) -> None:
         obj = loop.get(name)
         if obj["status"].get("rollout"):
             continue
-        a, args = applied(obj), loop.args(name)
-        assert args.max_num_seqs == a.get("maxNumSeqs") and args.max_model_len == a.get("maxModelLen"), name
-        assert args.gpu_memory_utilization == a.get("gpuMemoryUtilization"), name
+        running = running_settings(loop, name)
+        wanted = Settings.model_validate({k: v for k, v in applied(obj).items() if v is not None}).to_engine()
+        for f in dataclasses.fields(EngineSettings):  # all six tuned fields
+            assert getattr(running, f.name) == getattr(wanted, f.name), (name, f.name, running, wanted)
     kinds = {r["reason"] for c in loop.cases for r in loop.events(c)}
     assert {"Planned", "Retuned"} <= kinds

@@ -7,7 +7,8 @@ CEL equivalents refuse the ``schema`` and ``cel`` cases; the handler answers the
 running operator answers the others with Ready=False + a Warning event).
 
 ``expect``:
-  * ``schema``   -- the structural schema (types, enums, patterns, minimums, unknown fields)
+  * ``schema``   -- the structural schema (types, enums, patterns, minimums, unknown fields); ``match``
+    is the full path of the refused field as the API server prints it (``spec.engine.tolerations[0].effect``)
   * ``cel``      -- an ``x-kubernetes-validations`` rule; ``match`` is a substring of its message
   * ``operator`` -- accepted by the API server; ``match`` is the Ready condition's reason
 """
@@ -57,12 +58,13 @@ CASES: tuple[Case, ...] = (
     Case("bad-model-id", "schema", "spec.model.id", {"model": {"id": "not a model id!"}}),
     Case("zero-gpus", "schema", "spec.gpu.count", {"gpu": {"count": 0}}),
     Case("unknown-mode", "schema", "spec.tuning.mode", {"tuning": {"mode": "Turbo"}}),
-    Case("utilisation-above-one", "schema", "gpuMemoryUtilization",
+    Case("utilisation-above-one", "schema", "spec.engine.pinned.gpuMemoryUtilization",
          {"engine": {"pinned": {"gpuMemoryUtilization": 1.5}}}),
-    Case("bad-kv-dtype", "schema", "kvCacheDtype", {"engine": {"pinned": {"kvCacheDtype": "int3"}}}),
+    Case("bad-kv-dtype", "schema", "spec.engine.pinned.kvCacheDtype",
+         {"engine": {"pinned": {"kvCacheDtype": "int3"}}}),
     Case("negative-replicas", "schema", "spec.replicas", {"replicas": -1}),
-    Case("unknown-field", "schema", "batchSize", {"engine": {"batchSize": 32}}),
-    Case("bad-toleration-effect", "schema", "effect",
+    Case("unknown-field", "schema", "spec.engine.batchSize", {"engine": {"batchSize": 32}}),
+    Case("bad-toleration-effect", "schema", "spec.engine.tolerations[0].effect",
          {"engine": {"tolerations": [{"key": "gpu", "operator": "Exists", "effect": "Sometimes"}]}}),
     # --- CEL rules --------------------------------------------------------------------------------------
     Case("min-context-above-max", "cel", "minContextLength must not exceed",
