@@ -31,11 +31,11 @@ def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
     try:
         parsed = api.InferenceServiceSpec.model_validate(dict(spec))
     except pydantic.ValidationError as exc:
-        problems = "; ".join(
+        schema = "; ".join(
             f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}{_got(e.get('input'))}"
             for e in exc.errors(include_url=False)
         )
-        raise errors.InvalidSpec(problems) from None
+        raise errors.InvalidSpec(schema) from None
     problems = parsed.semantic_errors()
     if problems:
         raise errors.InvalidSpec("; ".join(problems))

@@ -55,7 +55,7 @@ def read_budget(status: Mapping[str, Any]) -> MemoryBudget | None:
 def _history_entry(wire: Mapping[str, Any]) -> HistoryEntry | None:
     when = parse_time(wire.get("time"))
     try:
-        action = HistoryAction(wire.get("action"))
+        action = HistoryAction(str(wire.get("action")))
     except ValueError:
         return None
     if when is None:
