@@ -13,9 +13,9 @@ unit tests see the same verdicts without an API server.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from kvpilot.tuner import types, vllm
@@ -35,6 +35,17 @@ KvCacheDtype = Literal[
 """The dtypes the memory model sizes: :data:`kvpilot.tuner.vllm.MODELLED_KV_CACHE_DTYPES`, spelled out for
 the type checker (``tests/operator/test_api_drift.py`` ties the two, and the CRD's enum)."""
 Mode = Literal["Off", "Recommend", "Auto"]
+
+MAX_TOKENS = 1 << 24
+"""The largest token count the API takes (a context length, a batch of tokens): 16,777,216, above every
+published model's context (Llama 4 Scout's 10M). The CRD's ``maximum``s say the same."""
+MAX_SEQS = 65536
+"""The largest sequence count the API takes (``--max-num-seqs``, an expected concurrency)."""
+MAX_SECONDS = 86400
+"""The longest duration the API takes (a day): cooldowns and rollout deadlines stay representable as
+timestamps and timer delays (2**62 seconds once broke every retune with ``OSError: Value too large``)."""
+MAX_CHECKPOINT_BYTES = 1 << 50
+"""1 PiB: above any checkpoint (the largest published ones are a few TB)."""
 Source = Literal["Catalogue", "ConfigMap", "Hub"]
 
 
@@ -56,12 +67,12 @@ class _Wire(BaseModel):
 class Settings(_Wire):
     """The engine settings object (api-contract.md): one field per tuned vLLM flag."""
 
-    max_model_len: int | None = Field(None, ge=1)
-    max_num_seqs: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max_num_seqs: int | None = Field(None, ge=1, le=MAX_SEQS)
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     kv_cache_dtype: KvCacheDtype | None = None
     tensor_parallel_size: int | None = Field(None, ge=1, le=64)
-    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
     def to_engine(self) -> types.EngineSettings:
         return types.EngineSettings(**self.model_dump(exclude_none=True))
@@ -92,7 +103,7 @@ class ModelRef(_Wire):
     source: Source = "Catalogue"
     config_map_ref: ConfigMapRef | None = None
     hub_token_secret_ref: SecretRef | None = None
-    checkpoint_bytes: int | None = Field(None, ge=1)
+    checkpoint_bytes: int | None = Field(None, ge=1, le=MAX_CHECKPOINT_BYTES)
 
 
 class GpuRequest(_Wire):
@@ -102,20 +113,55 @@ class GpuRequest(_Wire):
 
 
 class Serving(_Wire):
-    min_context_length: int | None = Field(None, ge=1)
-    max_context_length: int | None = Field(None, ge=1)
-    concurrency: int | None = Field(None, ge=1)
+    min_context_length: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max_context_length: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    concurrency: int | None = Field(None, ge=1, le=MAX_SEQS)
+
+
+class KeyRef(_Wire):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253)
+    optional: bool | None = None
+
+
+class FieldRef(_Wire):
+    api_version: str | None = Field(None, max_length=64)
+    field_path: str = Field(min_length=1, max_length=256)
+
+
+class ResourceFieldRef(_Wire):
+    container_name: str | None = Field(None, max_length=63)
+    resource: str = Field(min_length=1, max_length=63)
+    divisor: int | str | None = None
+
+
+class EnvVarSource(_Wire):
+    """core/v1 EnvVarSource: exactly one of its fields (the CRD's min/maxProperties say so too)."""
+
+    secret_key_ref: KeyRef | None = None
+    config_map_key_ref: KeyRef | None = None
+    field_ref: FieldRef | None = None
+    resource_field_ref: ResourceFieldRef | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EnvVarSource:
+        set_ = [name for name in type(self).model_fields if getattr(self, name) is not None]
+        if len(set_) != 1:
+            raise ValueError(
+                "valueFrom takes exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef"
+            )
+        return self
 
 
 class EnvVar(_Wire):
     name: str = Field(min_length=1, max_length=256)
-    value: str | None = Field(None, max_length=32768)
-    value_from: dict[str, Any] | None = None
+    value: str | None = Field(None, max_length=1024)
+    value_from: EnvVarSource | None = None
 
 
 class Resources(_Wire):
-    limits: dict[str, int | str] | None = None
-    requests: dict[str, int | str] | None = None
+    limits: dict[str, int | str] | None = Field(None, max_length=16)
+    requests: dict[str, int | str] | None = Field(None, max_length=16)
 
 
 class Toleration(_Wire):
@@ -123,12 +169,12 @@ class Toleration(_Wire):
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = Field(None, max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: int | None = Field(None, ge=0, le=31_536_000)
 
 
 class Engine(_Wire):
     image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512)
-    extra_args: list[str] = Field(default_factory=list, max_length=128)
+    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(default_factory=list, max_length=64)
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     resources: Resources | None = None
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
@@ -136,8 +182,8 @@ class Engine(_Wire):
 
 
 class IntRange(_Wire):
-    min: int | None = Field(None, ge=1)
-    max: int | None = Field(None, ge=1)
+    min: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
 
 class FractionRange(_Wire):
@@ -155,16 +201,18 @@ class Tuning(_Wire):
     mode: Mode = "Auto"
     allow_fp8_kv_cache: bool = False
     allow_weight_quantization: bool = False
-    cooldown_seconds: int = Field(600, ge=0)
-    max_changes_per_hour: int = Field(4, ge=0)
-    rollout_deadline_seconds: int = Field(900, ge=30)
+    cooldown_seconds: int = Field(600, ge=0, le=MAX_SECONDS)
+    max_changes_per_hour: int = Field(4, ge=0, le=60)
+    rollout_deadline_seconds: int = Field(900, ge=30, le=MAX_SECONDS)
     bounds: Bounds = Field(default_factory=Bounds)
 
 
 class InferenceServiceSpec(_Wire):
     model: ModelRef
     gpu: GpuRequest = Field(default_factory=GpuRequest)
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=dict, max_length=32
+    )
     replicas: int = Field(1, ge=0, le=1000)
     serving: Serving = Field(default_factory=Serving)
     engine: Engine = Field(default_factory=Engine)
@@ -256,7 +304,7 @@ class Condition(_Wire):
     type: str = Field(max_length=64)
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(max_length=128)
-    message: str | None = None
+    message: str | None = Field(None, max_length=32768)
     observed_generation: int | None = None
     last_transition_time: str | None = None
 
@@ -319,6 +367,12 @@ class HistoryRecord(_Wire):
     to: Settings | None = None
 
 
+class KopfState(_Wire):
+    """kopf's diff base (``kopf.StatusDiffBaseStorage``): the spec as last handled, JSON-encoded."""
+
+    last_handled_configuration: str | None = Field(None, max_length=1_048_576)
+
+
 class InferenceServiceStatus(_Wire):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list, max_length=16)
@@ -333,6 +387,7 @@ class InferenceServiceStatus(_Wire):
     rollout: Rollout | None = None
     history: list[HistoryRecord] = Field(default_factory=list, max_length=20)
     last_change_time: str | None = None
+    kopf: KopfState | None = None
 
 
 class InferenceService(_Wire):

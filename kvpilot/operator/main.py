@@ -5,9 +5,9 @@ Run it::
     kopf run --standalone -m kvpilot.operator.main --all-namespaces      # or --namespace NS
 
 Handlers are in :mod:`kvpilot.operator.handlers`; the closed loop's timer is registered by
-:mod:`kvpilot.operator.closed_loop`, and its pace is read here at start-up. kopf keeps its progress
-and diff-base bookkeeping in annotations under ``kvpilot.io/`` (the status schema is strict, and
-handlers never return values). There is no delete handler: the Deployment and Service
+:mod:`kvpilot.operator.closed_loop`, and its pace is read here at start-up. kopf keeps its handler
+progress in annotations under ``kvpilot.io/`` and its diff base in ``status.kopf`` (handlers never
+return values). There is no delete handler: the Deployment and Service
 carry owner references and the garbage collector removes them.
 """
 
@@ -27,14 +27,17 @@ from kvpilot.operator import (
 )
 
 RESOURCE = {"group": api.GROUP, "version": api.VERSION, "plural": api.PLURAL}
+DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
+"""Where kopf keeps the spec it last handled (``status.kopf`` in the CRD)."""
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=api.GROUP, key="last-handled-configuration"
-    )
+    # The diff base lives in status, not in an annotation: a spec within the CRD's limits can exceed the
+    # 256 KiB an object's annotations may hold, after which every patch fails and the finalizer is never
+    # released (the namespace hangs in Terminating).
+    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field=DIFF_BASE_FIELD)
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's would double them
     settings.watching.server_timeout = 300

@@ -35,8 +35,29 @@ def _crd_type(node: dict[str, Any]) -> str:
     return node["type"]
 
 
+def _crd_limits(node: dict[str, Any]) -> dict[str, Any]:
+    """Numeric and size constraints, in pydantic's vocabulary (ge/gt/le, min_length/max_length)."""
+    limits: dict[str, Any] = {}
+    if "minimum" in node:
+        limits["gt" if node.get("exclusiveMinimum") else "ge"] = node["minimum"]
+    if "maximum" in node:
+        limits["le"] = node["maximum"]
+    for crd_key, key in (
+        ("maxItems", "max_length"), ("maxProperties", "max_length"), ("maxLength", "max_length"),
+        ("minLength", "min_length"),
+    ):  # fmt: skip
+        if crd_key in node:
+            limits[key] = node[crd_key]
+    return limits
+
+
 def flatten_crd(node: dict[str, Any], path: str, out: dict[str, dict[str, Any]]) -> None:
-    out[path] = {"type": _crd_type(node), "enum": node.get("enum"), "default": node.get("default")}
+    out[path] = {
+        "type": _crd_type(node),
+        "enum": node.get("enum"),
+        "default": node.get("default"),
+        "limits": _crd_limits(node),
+    }
     if "properties" in node:
         required = set(node.get("required", []))
         for name, child in node["properties"].items():
@@ -57,8 +78,23 @@ def _strip_optional(tp: Any) -> Any:
     return tp
 
 
+def _model_limits(metadata: list[Any]) -> dict[str, Any]:
+    limits: dict[str, Any] = {}
+    for item in metadata:
+        for key in ("ge", "gt", "le", "min_length", "max_length"):
+            value = getattr(item, key, None)
+            if value is not None:
+                limits[key] = value
+    return limits
+
+
 def flatten_model(tp: Any, path: str, out: dict[str, dict[str, Any]], default: Any = None) -> None:
     tp = _strip_optional(tp)
+    item_limits: dict[str, Any] | None = None
+    if get_origin(tp) is typing.Annotated:  # list items and map values carry their own constraints
+        base, *extras = get_args(tp)
+        item_limits = _model_limits([m for e in extras for m in getattr(e, "metadata", [e])])
+        tp = _strip_optional(base)
     origin = get_origin(tp)
     enum = None
     if isinstance(tp, type) and issubclass(tp, BaseModel):
@@ -74,6 +110,8 @@ def flatten_model(tp: Any, path: str, out: dict[str, dict[str, Any]], default: A
     else:
         kind = {int: "integer", float: "number", str: "string", bool: "boolean"}[tp]
     out[path] = {"type": kind, "enum": enum, "default": default}
+    if item_limits is not None:
+        out[path]["limits"] = item_limits
     if kind == "object" and origin is None:
         for name, field in tp.model_fields.items():
             alias = field.alias or name
@@ -81,6 +119,7 @@ def flatten_model(tp: Any, path: str, out: dict[str, dict[str, Any]], default: A
             d = None if repr(d) == "PydanticUndefined" else d
             flatten_model(field.annotation, f"{path}.{alias}", out, d)
             out[f"{path}.{alias}"]["required"] = field.is_required()
+            out[f"{path}.{alias}"]["limits"] = _model_limits(field.metadata)
     elif kind == "array":
         flatten_model(get_args(tp)[0], f"{path}[]", out)
         out[f"{path}[]"]["required"] = False
@@ -104,17 +143,31 @@ def model_paths() -> dict[str, dict[str, Any]]:
     return out
 
 
+ONE_OF = {"spec.engine.env[].valueFrom"}
+"""Objects whose CRD ``min/maxProperties: 1`` pydantic checks with a validator instead."""
+
+
+def test_one_of_objects_refuse_none_and_two() -> None:
+    api.EnvVar.model_validate({"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})
+    for bad in ({}, {"secretKeyRef": {"name": "s", "key": "k"}, "fieldRef": {"fieldPath": "metadata.name"}}):
+        with pytest.raises(ValueError, match="exactly one"):
+            api.EnvVar.model_validate({"name": "A", "valueFrom": bad})
+
+
 def test_same_property_paths() -> None:
     crd, models = set(crd_paths()), set(model_paths())
     assert crd - models == set(), "in the CRD, missing from kvpilot/operator/api.py"
     assert models - crd == set(), "in kvpilot/operator/api.py, missing from the CRD"
 
 
-@pytest.mark.parametrize("fact", ["type", "enum", "required"])
+@pytest.mark.parametrize("fact", ["type", "enum", "required", "limits"])
 def test_same_facts(fact: str) -> None:
     crd, models = crd_paths(), model_paths()
-    diffs = {p: (crd[p].get(fact), models[p].get(fact)) for p in crd if p in models
-             if crd[p].get(fact) != models[p].get(fact) and p not in ("spec", "status")}  # fmt: skip
+    empty = {} if fact == "limits" else None
+    diffs = {p: (crd[p].get(fact), models[p].get(fact, empty)) for p in crd if p in models
+             if crd[p].get(fact) != models[p].get(fact, empty) and p not in ("spec", "status")
+             and not (fact == "limits" and p.endswith(("[]", "{}")) and crd[p].get(fact) == {})
+             and p not in ONE_OF}  # fmt: skip
     assert diffs == {}, f"{fact} differs (crd, model)"
 
 

@@ -15,8 +15,8 @@ def test_startup_settings(monkeypatch) -> None:
     main.configure(settings=settings)
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.progress_storage.prefix == "kvpilot.io"
-    assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
-    assert settings.persistence.diffbase_storage.prefix == "kvpilot.io"
+    assert isinstance(settings.persistence.diffbase_storage, kopf.StatusDiffBaseStorage)
+    assert settings.persistence.diffbase_storage.field == ("status", "kopf", "lastHandledConfiguration")
     assert settings.persistence.finalizer == "kvpilot.io/finalizer"
 
 
