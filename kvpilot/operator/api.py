@@ -223,23 +223,27 @@ class InferenceServiceSpec(_Wire):
         return _cel_equivalents(self)
 
     def to_bounds(self) -> types.ServingBounds:
-        """The tuner's view of what the user asks for."""
-        gmu = self.tuning.bounds.gpu_memory_utilization or FractionRange()
+        """The tuner's view of what the user asks for: ``serving`` and ``tuning.bounds`` merged (the tighter
+        of ``serving``'s context limits and ``bounds.maxModelLen``), so the first plan keeps every bound
+        the closed loop keeps."""
+        b = self.tuning.bounds
+        gmu = b.gpu_memory_utilization or FractionRange()
+        seqs = b.max_num_seqs or IntRange()
+        mml = b.max_model_len or IntRange()
+        lows = [v for v in (self.serving.min_context_length, mml.min) if v]
+        highs = [v for v in (self.serving.max_context_length, mml.max) if v]
         defaults = types.ServingBounds()
         return types.ServingBounds(
-            min_context=self.serving.min_context_length,
-            max_context=self.serving.max_context_length,
+            min_context=max(lows) if lows else None,
+            max_context=min(highs) if highs else None,
             concurrency=self.serving.concurrency,
             allow_fp8_kv=self.tuning.allow_fp8_kv_cache,
             allow_weight_quantization=self.tuning.allow_weight_quantization,
-            min_gpu_memory_utilization=gmu.min
-            if gmu.min is not None
-            else defaults.min_gpu_memory_utilization,
-            max_gpu_memory_utilization=gmu.max
-            if gmu.max is not None
-            else defaults.max_gpu_memory_utilization,
+            min_gpu_memory_utilization=gmu.min if gmu.min is not None else defaults.min_gpu_memory_utilization,
+            max_gpu_memory_utilization=gmu.max if gmu.max is not None else defaults.max_gpu_memory_utilization,
+            min_max_num_seqs=seqs.min or defaults.min_max_num_seqs,
+            max_max_num_seqs=seqs.max,
         )
-
 
 
 def _in_range(value: float | None, rng: IntRange | FractionRange | None) -> bool:

@@ -124,19 +124,6 @@ def build_policy(spec: api.InferenceServiceSpec, pace: LoopPace | None = None) -
 
 
 def build_bounds(spec: api.InferenceServiceSpec, fp8_supported: bool) -> TuningBounds:
-    """``spec.tuning.bounds`` + ``spec.serving`` context limits; fp8 only if allowed *and* supported."""
-    b, serving = spec.tuning.bounds, spec.serving
-    base = TuningBounds.from_serving(spec.to_bounds(), fp8_supported=fp8_supported)
-    mml = b.max_model_len or api.IntRange()
-    lows = [v for v in (mml.min, serving.min_context_length) if v]
-    highs = [v for v in (mml.max, serving.max_context_length) if v]
-    seqs = b.max_num_seqs or api.IntRange()
-    return TuningBounds(
-        min_max_num_seqs=seqs.min or 1,
-        max_max_num_seqs=seqs.max,
-        min_gpu_memory_utilization=base.min_gpu_memory_utilization,
-        max_gpu_memory_utilization=base.max_gpu_memory_utilization,
-        min_max_model_len=max(lows) if lows else None,
-        max_max_model_len=min(highs) if highs else None,
-        allow_fp8_kv=base.allow_fp8_kv,
-    )
+    """The planner's bounds (``spec.to_bounds``: serving and tuning.bounds merged), for the loop; fp8 only
+    if allowed *and* supported."""
+    return TuningBounds.from_serving(spec.to_bounds(), fp8_supported=fp8_supported)

@@ -87,6 +87,15 @@ class ServingBounds:
     """Whether the planner may *suggest* quantized weights (it never changes the checkpoint)."""
     min_gpu_memory_utilization: float = 0.5
     max_gpu_memory_utilization: float = 0.95
+    min_max_num_seqs: int = 1
+    """The fewest ``max_num_seqs`` the planner may choose (``spec.tuning.bounds.maxNumSeqs.min``)."""
+    max_max_num_seqs: int | None = None
+    """The most ``max_num_seqs`` the planner may choose (``spec.tuning.bounds.maxNumSeqs.max``)."""
+
+    def clamp_seqs(self, seqs: int) -> int:
+        """``seqs`` moved into ``[min_max_num_seqs, max_max_num_seqs]``."""
+        seqs = max(seqs, self.min_max_num_seqs)
+        return min(seqs, self.max_max_num_seqs) if self.max_max_num_seqs is not None else seqs
 
 
 @dataclass(frozen=True, slots=True)

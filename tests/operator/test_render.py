@@ -160,3 +160,29 @@ def test_a_kv_dtype_vllm_has_but_kvpilot_cannot_size_is_invalid_spec(where: str)
         render.build_manifests(isvc)
     assert caught.value.reason == "InvalidSpec"
     assert "turboquant_k8v4" in caught.value.message
+
+
+@pytest.mark.parametrize(("bounds", "check"), [
+    ({"maxNumSeqs": {"max": 2}}, lambda s: int(s) <= 2),
+    ({"maxNumSeqs": {"min": 64}}, lambda s: int(s) >= 64),
+])  # fmt: skip
+def test_tuning_bounds_bind_the_first_plan(bounds: dict, check) -> None:
+    """Issue 16: a maximum of 2 deployed 3 and a minimum of 64 deployed 3; the loop's bounds bind the plan."""
+    isvc = {
+        "metadata": {"name": "llama", "namespace": "ml"},
+        "spec": {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "gpu": {"product": "L4"},
+                 "serving": {"maxContextLength": 8192}, "tuning": {"bounds": bounds}},
+    }  # fmt: skip
+    _, deployment = render.build_manifests(isvc)
+    seqs = flag(args_of([{}, deployment]), "--max-num-seqs")
+    assert seqs is not None and check(seqs), seqs
+
+
+def test_max_model_len_bounds_bind_the_first_plan() -> None:
+    isvc = {
+        "metadata": {"name": "llama", "namespace": "ml"},
+        "spec": {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "gpu": {"product": "H100-SXM"},
+                 "tuning": {"bounds": {"maxModelLen": {"max": 16384}}}},
+    }  # fmt: skip
+    _, deployment = render.build_manifests(isvc)
+    assert flag(args_of([{}, deployment]), "--max-model-len") == "16384"

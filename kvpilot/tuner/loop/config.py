@@ -115,8 +115,10 @@ class TuningBounds:
 
     @classmethod
     def from_serving(cls, serving: ServingBounds, fp8_supported: bool = True) -> TuningBounds:
-        """Bounds from the planner's :class:`ServingBounds` (no sequence bounds there)."""
+        """The loop's bounds from the planner's :class:`ServingBounds`: the same bounds bind both."""
         return cls(
+            min_max_num_seqs=serving.min_max_num_seqs,
+            max_max_num_seqs=serving.max_max_num_seqs,
             min_gpu_memory_utilization=serving.min_gpu_memory_utilization,
             max_gpu_memory_utilization=serving.max_gpu_memory_utilization,
             min_max_model_len=serving.min_context,

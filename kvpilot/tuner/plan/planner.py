@@ -150,12 +150,12 @@ def _choose_max_num_seqs(
     budget_of: _BudgetOf,
 ) -> int:
     if bounds.concurrency:
-        return max(1, bounds.concurrency)
+        return bounds.clamp_seqs(max(1, bounds.concurrency))
     cap = vllm.default_batch_limits(vllm.parse_version(version), gpu).max_num_seqs
     budget = budget_of(settings.replace(max_num_seqs=cap))
     length = _context_of(settings, budget, model)
     typical = budget.kv_cache_tokens / max(1.0, TYPICAL_FILL * length)
-    return min(cap, _round_seqs(typical))
+    return bounds.clamp_seqs(min(cap, _round_seqs(typical)))
 
 
 def _with_batched_tokens(
