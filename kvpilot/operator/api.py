@@ -232,16 +232,16 @@ class InferenceServiceSpec(_Wire):
         mml = b.max_model_len or IntRange()
         lows = [v for v in (self.serving.min_context_length, mml.min) if v]
         highs = [v for v in (self.serving.max_context_length, mml.max) if v]
-        defaults = types.ServingBounds()
+        d = types.ServingBounds()
         return types.ServingBounds(
             min_context=max(lows) if lows else None,
             max_context=min(highs) if highs else None,
             concurrency=self.serving.concurrency,
             allow_fp8_kv=self.tuning.allow_fp8_kv_cache,
             allow_weight_quantization=self.tuning.allow_weight_quantization,
-            min_gpu_memory_utilization=gmu.min if gmu.min is not None else defaults.min_gpu_memory_utilization,
-            max_gpu_memory_utilization=gmu.max if gmu.max is not None else defaults.max_gpu_memory_utilization,
-            min_max_num_seqs=seqs.min or defaults.min_max_num_seqs,
+            min_gpu_memory_utilization=gmu.min if gmu.min is not None else d.min_gpu_memory_utilization,
+            max_gpu_memory_utilization=gmu.max if gmu.max is not None else d.max_gpu_memory_utilization,
+            min_max_num_seqs=seqs.min or d.min_max_num_seqs,
             max_max_num_seqs=seqs.max,
         )
 
