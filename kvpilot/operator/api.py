@@ -95,15 +95,68 @@ class SecretRef(_Wire):
     key: str = Field("token", min_length=1, max_length=253)
 
 
+class ClaimRef(_Wire):
+    claim_name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    read_only: bool = False
+
+
+class ClaimTemplate(_Wire):
+    storage_class_name: str | None = Field(None, max_length=253)
+    size: str | None = Field(None, max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = "ReadWriteOnce"
+
+
+class HostPath(_Wire):
+    path: str = Field(min_length=2, max_length=1024, pattern=r"^/[^\x00]*$")
+
+
+class Storage(_Wire):
+    """``spec.model.storage``: the weight cache (exactly one of the three volume kinds)."""
+
+    persistent_volume_claim: ClaimRef | None = None
+    claim_template: ClaimTemplate | None = None
+    host_path: HostPath | None = None
+    mount_path: str = Field("/models", max_length=256, pattern=r"^/[A-Za-z0-9._/-]+$")
+
+
+def _dot_segments(path: str) -> bool:
+    return "/../" in path or path.endswith("/..") or "/./" in path
+
+
+def ref_name_problem(revision: str) -> str | None:
+    """Why ``revision`` is not a git ref name or commit hash (the CRD's CEL rule), or ``None``."""
+    bad = (
+        ".." in revision
+        or revision.startswith(("/", "."))
+        or revision.endswith(("/", ".lock"))
+        or "//" in revision
+        or "/." in revision
+    )
+    if bad:
+        return (
+            "revision must be a git ref name or a commit hash (no '..', '//', leading '.' or '/', "
+            "trailing '/' or '.lock')"
+        )
+    return None
+
+
 class ModelRef(_Wire):
     id: str = Field(
-        min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$"
+        min_length=1,
+        max_length=256,
+        pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|(/[A-Za-z0-9_][A-Za-z0-9._-]*)+)$",
     )
     revision: str | None = Field(None, max_length=128, pattern=r"^[A-Za-z0-9._/-]+$")
     source: Source = "Catalogue"
     config_map_ref: ConfigMapRef | None = None
     hub_token_secret_ref: SecretRef | None = None
+    storage: Storage | None = None
     checkpoint_bytes: int | None = Field(None, ge=1, le=MAX_CHECKPOINT_BYTES)
+
+    @property
+    def is_local_path(self) -> bool:
+        """``id`` names a directory inside ``storage`` (air-gapped), not a Hugging Face repository."""
+        return self.id.startswith("/")
 
 
 class GpuRequest(_Wire):
@@ -261,6 +314,31 @@ def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
         errors.append("spec.model: configMapRef is only used when source is ConfigMap")
     if m.hub_token_secret_ref is not None and m.source != "Hub":
         errors.append("spec.model: hubTokenSecretRef is only used when source is Hub")
+    if _dot_segments(m.id):
+        errors.append("spec.model.id: a model path must not contain . or .. segments")
+    if m.revision is not None and (problem := ref_name_problem(m.revision)):
+        errors.append(f"spec.model.revision: {problem}")
+    if m.is_local_path and m.storage is None:
+        errors.append(
+            "spec.model: a local-path model id needs model.storage (the volume that holds the weights)"
+        )
+    if m.is_local_path and m.storage is not None and not m.id.startswith(m.storage.mount_path + "/"):
+        errors.append("spec.model: a local-path model id must lie inside model.storage.mountPath")
+    if m.is_local_path and m.source != "ConfigMap":
+        errors.append(
+            "spec.model: a local-path model id has no catalogue entry or Hub repository; give its "
+            "config.json with source ConfigMap"
+        )
+    st = m.storage
+    if st is not None:
+        kinds = [k for k in (st.persistent_volume_claim, st.claim_template, st.host_path) if k is not None]
+        if len(kinds) != 1:
+            errors.append(
+                "spec.model.storage: storage takes exactly one of persistentVolumeClaim, claimTemplate, "
+                "hostPath"
+            )
+        if st.host_path is not None and _dot_segments(st.host_path.path):
+            errors.append("spec.model.storage.hostPath.path: hostPath.path must not contain .. segments")
     if g.tensor_parallel_size and g.count % g.tensor_parallel_size:
         errors.append("spec.gpu: gpu.tensorParallelSize must divide gpu.count")
     if p.tensor_parallel_size and g.count % p.tensor_parallel_size:

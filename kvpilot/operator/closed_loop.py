@@ -254,7 +254,10 @@ def build_loop_deployment(
     """The Deployment running ``settings`` exactly (no re-plan: a rollback must not wait on the planner),
     with the user's extra args and the resolved GPU products, as the reconciler renders it."""
     user = modes.compute_user_args(spec)
-    return workloads.build_deployment(meta, spec, settings, user.extra, inputs.gpu.products)
+    return workloads.build_deployment(
+        meta, spec, settings, user.extra, inputs.gpu.products,
+        checkpoint_bytes=resolve.compute_checkpoint_bytes(inputs.model),
+    )  # fmt: skip
 
 
 async def _apply(

@@ -23,7 +23,7 @@ class Desired:
     decision: modes.ModeDecision
     user: modes.UserArgs
     manifests: list[dict[str, Any]]
-    """Service first, then Deployment: the apply order."""
+    """The apply order: a weight-cache claim (``storage.claimTemplate``), the Service, the Deployment."""
 
 
 def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
@@ -68,8 +68,12 @@ def build_desired(
     if deploy_override is not None and decision.mode == "Auto":
         keep = deploy_override.to_engine().replace(tensor_parallel_size=plan.settings.tensor_parallel_size)
         decision = replace(decision, deploy=keep)
+    checkpoint = resolve.compute_checkpoint_bytes(inputs.model)
     manifests = [
+        *workloads.build_claims(metadata, spec, checkpoint),
         workloads.build_service(metadata),
-        workloads.build_deployment(metadata, spec, decision.deploy, user.extra, inputs.gpu.products),
+        workloads.build_deployment(
+            metadata, spec, decision.deploy, user.extra, inputs.gpu.products, checkpoint_bytes=checkpoint
+        ),
     ]
     return Desired(decision, user, manifests)

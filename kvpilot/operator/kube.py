@@ -42,8 +42,12 @@ class Kube(Protocol):
         """The labels of every node matching ``label_selector``."""
         ...
 
+    def read_persistent_volume_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim, or ``None`` if it does not exist."""
+        ...
+
     def apply(self, manifest: Mapping[str, Any]) -> None:
-        """Server-side apply of a Deployment or Service."""
+        """Server-side apply of a Deployment, Service or PersistentVolumeClaim."""
         ...
 
 
@@ -99,6 +103,9 @@ class ClusterKube:
             return None
         return {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
 
+    def read_persistent_volume_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read(self.core.read_namespaced_persistent_volume_claim, namespace, name)
+
     def list_node_labels(self, label_selector: str) -> list[dict[str, str]]:
         from kubernetes.client.exceptions import ApiException
 
@@ -115,7 +122,8 @@ class ClusterKube:
 
         kind, meta = manifest["kind"], manifest["metadata"]
         fn = {"Deployment": self.apps.patch_namespaced_deployment,
-              "Service": self.core.patch_namespaced_service}[kind]  # fmt: skip
+              "Service": self.core.patch_namespaced_service,
+              "PersistentVolumeClaim": self.core.patch_namespaced_persistent_volume_claim}[kind]  # fmt: skip
         try:
             response = fn(
                 meta["name"], meta["namespace"], dict(manifest), field_manager=FIELD_MANAGER, force=True,

@@ -31,7 +31,7 @@ from typing import Any
 from kvpilot.operator import api, errors
 from kvpilot.operator.kube import Kube, build_label_selector
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner import gpus
+from kvpilot.tuner import gpus, memory
 from kvpilot.tuner.model import ModelSpec, build_model_spec, lookup_checkpoint_bytes, lookup_model_config
 from kvpilot.tuner.types import GpuSpec
 
@@ -123,6 +123,13 @@ NODES = NodeCache()
 
 
 # --------------------------------------------------------------------------- model
+
+
+def compute_checkpoint_bytes(model: ResolvedModel) -> int:
+    """The checkpoint's size on disk: the recorded one (catalogue or ``spec.model.checkpointBytes``), else
+    the memory model's weight bytes of the whole model. It sizes the weight cache and the start-up
+    probe's budget (the reconciler and the closed loop render the same Deployment from it)."""
+    return model.checkpoint_bytes or memory.compute_weight_bytes(model.spec)
 
 
 def compute_config_key(config: Mapping[str, Any]) -> str:

@@ -11,8 +11,11 @@ Pod choices (docs/operator.md explains each):
   ``command`` is set explicitly, so images whose entrypoint is the old API server also work.
 * ``nvidia.com/gpu`` limits = requests = gpu.count; ``/dev/shm`` a memory-backed emptyDir
   (NCCL with tensor parallelism needs more than the runtime's 64 MiB).
-* Probes on ``/health``: a start-up probe of 10 s x 180 (30 min: download, load, compile,
-  CUDA graphs), then readiness and liveness.
+* Probes on ``/health``: a start-up probe every 10 s whose budget follows the checkpoint's size
+  (at least 30 min: download or load, compile, CUDA graphs), then readiness and liveness.
+* The weight cache (``spec.model.storage``, :mod:`kvpilot.operator.storage`): a volume mounted as
+  ``HF_HOME`` and an init container that downloads the weights before vLLM starts; without it an
+  ``ephemeral-storage`` request for the checkpoint.
 * ``terminationMessagePolicy: FallbackToLogsOnError``: a crash's last log lines (a CUDA
   out-of-memory error) land in the pod status, where the closed loop reads them.
 * Prometheus scrape annotations for ``:8000/metrics``.
@@ -29,15 +32,14 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpilot.operator import api, resolve
+from kvpilot.operator import api, errors, resolve, storage
 from kvpilot.operator.kube import Kube
 from kvpilot.tuner import gpus, plan, vllm
-from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.types import GIB, EngineSettings
 
 PORT = 8000
 HF_TOKEN_ENV = "HF_TOKEN"
-STARTUP_PERIOD_S = 10
-STARTUP_FAILURES = 180
+STARTUP_PERIOD_S = storage.STARTUP_PERIOD_S
 SHM_SIZE_LIMIT = "16Gi"
 
 
@@ -103,10 +105,13 @@ def _env(spec: api.InferenceServiceSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _resources(spec: api.InferenceServiceSpec) -> dict[str, Any]:
+def _resources(spec: api.InferenceServiceSpec, ephemeral_bytes: int | None) -> dict[str, Any]:
     res = spec.engine.resources or api.Resources()
-    gpu = {"nvidia.com/gpu": spec.gpu.count}
-    return {"limits": {**(res.limits or {}), **gpu}, "requests": {**(res.requests or {}), **gpu}}
+    gpu: dict[str, int | str] = {"nvidia.com/gpu": spec.gpu.count}
+    requests: dict[str, int | str] = {**(res.requests or {}), **gpu}
+    if ephemeral_bytes and "ephemeral-storage" not in requests:
+        requests["ephemeral-storage"] = f"{-(-ephemeral_bytes // GIB)}Gi"
+    return {"limits": {**(res.limits or {}), **gpu}, "requests": requests}
 
 
 def _probe(failures: int, period: int) -> dict[str, Any]:
@@ -114,38 +119,61 @@ def _probe(failures: int, period: int) -> dict[str, Any]:
             "failureThreshold": failures, "timeoutSeconds": 5}  # fmt: skip
 
 
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def build_pod_storage(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, checkpoint_bytes: int | None
+) -> storage.PodStorage:
+    """The weight cache's fragments of this service's pods (:mod:`kvpilot.operator.storage`)."""
+    token = [e for e in _env(spec) if e["name"] == HF_TOKEN_ENV]
+    return storage.build_pod_storage(
+        metadata, spec, checkpoint_bytes, image=spec.engine.image, token_env=token,
+        security_context=CONTAINER_SECURITY,
+    )  # fmt: skip
+
+
 def build_deployment(
     metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, settings: EngineSettings,
-    extra: Sequence[str], products: Sequence[str],
+    extra: Sequence[str], products: Sequence[str], *, checkpoint_bytes: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The Deployment running vLLM with ``settings`` on nodes of one of ``products``."""
+    """The Deployment running vLLM with ``settings`` on nodes of one of ``products``.
+
+    ``checkpoint_bytes`` sizes the weight cache, the ``ephemeral-storage`` request and the start-up
+    probe's budget (:mod:`kvpilot.operator.storage`).
+    """
     name = metadata["name"]
     labels = build_labels(name)
     args = build_engine_args(spec, settings, extra)
+    cache = build_pod_storage(metadata, spec, checkpoint_bytes)
+    user_env = _env(spec)
+    env = [*user_env, *(e for e in cache.env if all(u["name"] != e["name"] for u in user_env))]
     container = {
         "name": "vllm",
         "image": spec.engine.image,
         "command": ["vllm", "serve"],
         "args": args,
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-        "env": _env(spec),
-        "resources": _resources(spec),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-        "startupProbe": _probe(STARTUP_FAILURES, STARTUP_PERIOD_S),
+        "env": env,
+        "resources": _resources(spec, cache.ephemeral_storage_bytes),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *cache.mounts],
+        "startupProbe": _probe(cache.startup_failure_threshold, STARTUP_PERIOD_S),
         "readinessProbe": _probe(3, 10),
         "livenessProbe": _probe(6, 15),
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": dict(CONTAINER_SECURITY),
     }
     if not container["env"]:
         del container["env"]
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}}],
+        **({"initContainers": cache.init_containers} if cache.init_containers else {}),
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}},
+                    *cache.volumes],  # fmt: skip
         "terminationGracePeriodSeconds": 60,
         **_node_placement(products, spec.node_selector),
     }
@@ -186,6 +214,20 @@ def _object_metadata(owner: Mapping[str, Any], labels: Mapping[str, str]) -> dic
     return meta
 
 
+def build_claims(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, checkpoint_bytes: int | None
+) -> list[dict[str, Any]]:
+    """The PersistentVolumeClaim kvpilot owns for a ``claimTemplate`` (none otherwise), owned by the
+    InferenceService so the garbage collector deletes it with it."""
+    claims = build_pod_storage(metadata, spec, checkpoint_bytes).claims
+    refs = build_owner_reference(metadata)
+    for claim in claims:
+        claim["metadata"]["labels"] = build_labels(metadata["name"])
+        if refs:
+            claim["metadata"]["ownerReferences"] = refs
+    return claims
+
+
 def build_service(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """The ClusterIP Service in front of the vLLM pods (port 8000, named http)."""
     name = metadata["name"]
@@ -201,10 +243,33 @@ def build_service(metadata: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _claims_in_use(manifests: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(namespace, claim) of every existing claim a Deployment mounts that is not applied with it."""
+    ours = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in manifests
+            if m["kind"] == "PersistentVolumeClaim"}  # fmt: skip
+    used = []
+    for m in manifests:
+        if m["kind"] != "Deployment":
+            continue
+        namespace = m["metadata"]["namespace"]
+        for volume in m["spec"]["template"]["spec"].get("volumes") or ():
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim and (namespace, claim) not in ours:
+                used.append((namespace, claim))
+    return used
+
+
 async def apply_workloads(manifests: Sequence[Mapping[str, Any]], kube: Kube) -> None:
-    """Server-side apply each manifest in order (the Service first, then the Deployment)."""
+    """Server-side apply each manifest in order (a weight-cache claim, the Service, then the Deployment)."""
 
     def _apply_all() -> None:
+        for claim in _claims_in_use(manifests):
+            if kube.read_persistent_volume_claim(*claim) is None:
+                raise errors.ConfigNotFound(
+                    f"PersistentVolumeClaim {claim[0]}/{claim[1]} (spec.model.storage.persistentVolumeClaim) "
+                    "does not exist; create it (a claim bound to the volume with the weights) or use "
+                    "storage.claimTemplate to have kvpilot create one. Retrying."
+                )
         for manifest in manifests:
             kube.apply(manifest)
 

@@ -34,6 +34,7 @@ class FakeKube:
         self.applied: list[dict[str, Any]] = []
         self.node_lists = 0
         self.fail_apply: Exception | None = None
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         return self.config_maps.get((namespace, name))
@@ -47,6 +48,9 @@ class FakeKube:
             term.split("=", 1) if "=" in term else (term, None) for term in label_selector.split(",") if term
         ]
         return [n for n in self.nodes if all(k in n and (v is None or n[k] == v) for k, v in wanted)]
+
+    def read_persistent_volume_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.claims.get((namespace, name))
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
         if self.fail_apply is not None:
