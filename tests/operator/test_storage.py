@@ -69,9 +69,10 @@ def test_an_existing_claim_is_the_hugging_face_cache_and_the_init_container_fill
     body = isvc(storage={"persistentVolumeClaim": {"claimName": "weights"}})
     manifests = render.build_manifests(body)
     pod = pod_of(manifests)
-    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "weights", "readOnly": False}} in pod[
-        "volumes"
-    ]
+    assert {
+        "name": "model-cache",
+        "persistentVolumeClaim": {"claimName": "weights", "readOnly": False},
+    } in pod["volumes"]
     container = vllm_container(manifests)
     assert {"name": "model-cache", "mountPath": "/models"} in container["volumeMounts"]
     assert env_of(container)["HF_HOME"] == "/models/huggingface"
@@ -85,7 +86,9 @@ def test_an_existing_claim_is_the_hugging_face_cache_and_the_init_container_fill
 
 
 def test_the_download_uses_the_same_token_secret_as_vllm() -> None:
-    body = isvc(source="Hub", hubTokenSecretRef={"name": "hf"}, storage={"hostPath": {"path": "/var/cache/hf"}})
+    body = isvc(
+        source="Hub", hubTokenSecretRef={"name": "hf"}, storage={"hostPath": {"path": "/var/cache/hf"}}
+    )
     # build_manifests has no cluster for a Hub config: render the Deployment directly from the catalogue spec
     spec = desired.parse_spec(body["spec"])
     deployment = workloads.build_deployment(body["metadata"], spec, spec.engine.pinned.to_engine(), (), ())
@@ -96,7 +99,9 @@ def test_the_download_uses_the_same_token_secret_as_vllm() -> None:
 
 
 def test_a_read_only_claim_downloads_nothing() -> None:
-    manifests = render.build_manifests(isvc(storage={"persistentVolumeClaim": {"claimName": "w", "readOnly": True}}))
+    manifests = render.build_manifests(
+        isvc(storage={"persistentVolumeClaim": {"claimName": "w", "readOnly": True}})
+    )
     assert "initContainers" not in pod_of(manifests)
     assert {"name": "model-cache", "mountPath": "/models", "readOnly": True} in vllm_container(manifests)[
         "volumeMounts"
