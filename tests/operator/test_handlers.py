@@ -350,7 +350,8 @@ async def test_plan_input_change_replans(harness: Harness) -> None:
     "paths,replan",
     [
         ([("replicas",)], False),
-        ([("engine", "image"), ("tuning", "bounds", "maxNumSeqs", "max")], False),
+        ([("engine", "image"), ("tuning", "cooldownSeconds")], False),
+        ([("tuning", "bounds", "maxNumSeqs", "max")], True),  # the bounds bind the plan too
         ([("engine",)], True),  # a whole parent: conservative
         ([("engine", "pinned", "maxNumSeqs")], True),
         ([("tuning", "bounds", "gpuMemoryUtilization")], True),
