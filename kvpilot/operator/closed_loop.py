@@ -127,7 +127,7 @@ async def _fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_sta
     if deps.pods is None:
         return []
     selector = ",".join(f"{k}={v}" for k, v in sorted(workloads.build_selector(name).items()))
-    return await asyncio.to_thread(pod_status.read_pod_views, deps.pods, namespace, selector)
+    return await asyncio.to_thread(pod_status.read_pod_views, deps.pods, namespace, selector, name)
 
 
 def _budget_for(
@@ -214,6 +214,7 @@ async def run_once(
         namespace,
         name,
         now,
+        pods=tuple(v.name for v in views if not v.terminating),
         window_seconds=policy.window_seconds,
         step_seconds=deps.pace.step_seconds,
     )

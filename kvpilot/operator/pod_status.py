@@ -175,15 +175,34 @@ LOGS = LogCache()
 """The process's log cache (:func:`read_pod_views`)."""
 
 
+def owned_by(pod: Mapping[str, Any], deployment: str) -> bool:
+    """Whether the pod belongs to the Deployment ``deployment``: its controller is the ReplicaSet
+    ``<deployment>-<pod-template-hash>`` (names are unique in a namespace, so no other app's pod, whatever
+    its labels or name, passes)."""
+    meta = pod.get("metadata") or {}
+    template_hash = (meta.get("labels") or {}).get("pod-template-hash")
+    if not template_hash:
+        return False
+    return any(
+        ref.get("kind") == "ReplicaSet"
+        and ref.get("controller")
+        and ref.get("name") == f"{deployment}-{template_hash}"
+        for ref in meta.get("ownerReferences") or ()
+    )
+
+
 def read_pod_views(
-    reader: PodReader, namespace: str, label_selector: str, logs: LogCache = LOGS
+    reader: PodReader, namespace: str, label_selector: str, owner: str, logs: LogCache = LOGS
 ) -> list[PodView]:
-    """The pods of one service as the closed loop sees them (blocking: run it in a worker thread).
+    """The pods of the Deployment ``owner`` as the closed loop sees them (blocking: run it in a worker
+    thread). Only pods it owns count (:func:`owned_by`): a foreign pod with the same labels is no evidence.
 
     A restart the termination message does not explain is classified from the previous container's
     log tail, read once per restart (``logs``)."""
     views = []
     for pod in reader.list_pods(namespace, label_selector):
+        if not owned_by(pod, owner):
+            continue
         view = build_pod_view(pod)
         if view.needs_log and view.restart is not None:
             key = (namespace, view.name, view.restart.restart_count)

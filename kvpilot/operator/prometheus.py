@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import math
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,9 +65,15 @@ class PromClient(Protocol):
     ) -> list[dict[str, Any]]: ...
 
 
-def build_promql_selector(namespace: str, name: str) -> str:
-    """The label matchers of one service's vLLM pods (``<name>-<replicaset hash>-<suffix>``)."""
-    return f'namespace="{namespace}",pod=~"{name}-[^-]+-[^-]+"'
+_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+def build_promql_selector(namespace: str, pods: Sequence[str]) -> str:
+    """The label matchers of exactly these pods (the ones the service's Deployment owns): never a name
+    pattern, which another app's pod could match. PromQL regexes are fully anchored."""
+    # Pod names are DNS subdomains: only "." is special in a regex, and PromQL's string needs "\\." for it.
+    names = "|".join(p.replace(".", "\\\\.") for p in sorted(pods) if _POD_NAME.fullmatch(p))
+    return f'namespace="{namespace}",pod=~"{names}"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +106,9 @@ class Queries:
         }
 
 
-def build_queries(namespace: str, name: str, window_seconds: float) -> Queries:
-    """Every PromQL query of one fetch."""
-    s = build_promql_selector(namespace, name)
+def build_queries(namespace: str, pods: Sequence[str], window_seconds: float) -> Queries:
+    """Every PromQL query of one fetch, over ``pods``."""
+    s = build_promql_selector(namespace, pods)
     w = f"{max(60, int(window_seconds))}s"
 
     def mean(family: str) -> str:
@@ -169,6 +176,38 @@ def _capacity(result: Sequence[Mapping[str, Any]]) -> tuple[int | None, float | 
     return (min(tokens) if tokens else None), gmu, dtype, len(result)
 
 
+RANGES: Mapping[str, tuple[float, float]] = {
+    "kv_usage": (0.0, 1.0 + 1e-6),
+    "preemption_rate": (0.0, 1e4),
+    "running": (0.0, 1e6),
+    "waiting": (0.0, 1e7),
+    "prompt_mean": (0.0, 1e8),
+    "generation_mean": (0.0, 1e8),
+}
+"""What each figure can be: a fraction, rates and counts a vLLM pod can reach (with room), token lengths
+below any context. A value outside is an impossible sample (a broken exporter, a relabelling mistake,
+an attacker): the window is unusable and the loop holds, rather than retuning on "KV usage 1e308"."""
+
+
+def _out_of_range(
+    series: Mapping[str, Mapping[float, float]], instant: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> str | None:
+    """The first impossible value, in words, or ``None``."""
+    values: list[tuple[str, float]] = [(k, v) for k, points in series.items() for v in points.values()]
+    for key in ("prompt_mean", "generation_mean"):
+        scalar = _scalar(instant.get(key, ()))
+        if scalar is not None:
+            values.append((key, scalar))
+    for key, value in values:
+        low, high = RANGES.get(key, (-math.inf, math.inf))
+        if not low <= value <= high:
+            return f"{key} = {value:g} (outside [{low:g}, {high:g}])"
+    tokens = _capacity(instant.get("cache_config", ()))[0]
+    if tokens is not None and tokens > 1 << 40:
+        return f"KV capacity {tokens} tokens (more than any GPU holds)"
+    return None
+
+
 def build_window(
     ranged: Mapping[str, Sequence[Mapping[str, Any]]],
     instant: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -179,6 +218,9 @@ def build_window(
     """An :class:`ObservationWindow` from Prometheus' answers (the ``data.result`` lists)."""
     start = now - window_seconds
     series = {key: _series_points(result) for key, result in ranged.items()}
+    invalid = _out_of_range(series, instant)
+    if invalid is not None:
+        return ObservationWindow.unavailable(f"invalid sample: {invalid}; holding until it is sane", now)
     kv = series.get("kv_usage", {})
     if not kv:
         return ObservationWindow.unavailable("no vllm:kv_cache_usage_perc series for the service's pods", now)
@@ -265,14 +307,17 @@ async def fetch_observations(
     name: str,
     now: float,
     *,
+    pods: Sequence[str],
     window_seconds: float = 300.0,
     step_seconds: float = 30.0,
     client_factory: Callable[[str], PromClient] = _default_client,
 ) -> ObservationWindow:
-    """The last ``window_seconds`` of the service's metrics at ``now``; never raises."""
+    """The last ``window_seconds`` of the metrics of the service's ``pods`` at ``now``; never raises."""
     if not prom_url:
         return ObservationWindow.unavailable(f"no Prometheus URL configured (${PROMETHEUS_URL_ENV})", now)
-    queries = build_queries(namespace, name, window_seconds)
+    if not pods:
+        return ObservationWindow.unavailable(f"no running pods of {namespace}/{name} to read metrics of", now)
+    queries = build_queries(namespace, pods, window_seconds)
     try:
         client = client_factory(prom_url)
         return await asyncio.to_thread(_fetch_sync, client, queries, now, window_seconds, step_seconds)

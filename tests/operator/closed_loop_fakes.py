@@ -60,8 +60,15 @@ def pod(
         status["lastState"] = {"terminated": terminated}
     if crash_loop:
         status["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
+    deployment, template_hash = name.rsplit("-", 2)[0], name.rsplit("-", 2)[1]
     return {
-        "metadata": {"name": name},
+        "metadata": {
+            "name": name,
+            "labels": {"pod-template-hash": template_hash},
+            "ownerReferences": [
+                {"kind": "ReplicaSet", "name": f"{deployment}-{template_hash}", "controller": True}
+            ],
+        },
         "spec": {"containers": [{"name": "vllm", "args": list(args)}]},
         "status": {"containerStatuses": [status]},
     }

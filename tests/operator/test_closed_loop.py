@@ -321,6 +321,24 @@ async def test_old_replica_set_pods_are_not_evidence(harness: Harness, loop: Loo
     assert "lastGoodSettings" not in body["status"]  # an old pod remains: not all replicas run the settings
 
 
+async def test_a_foreign_pod_is_never_evidence(harness: Harness, loop: LoopHarness) -> None:
+    """Issue 16: another app's pod, named like the service's and running its very args, OOM-looping, became
+    the service's worst-pod evidence. Only pods whose ReplicaSet the Deployment owns count."""
+    body = await applied(harness)
+    loop.healthy_pods()
+    foreign = pod("llm-5d8f7c-zzzzz", loop.deployment_args(), restarts=4, message=OOM, finished=loop.now)
+    foreign["metadata"]["ownerReferences"] = [
+        {"kind": "ReplicaSet", "name": "intruder-5d8f7c", "controller": True}
+    ]
+    bare = pod("llm-5d8f7c-yyyyy", loop.deployment_args(), restarts=4, message=OOM, finished=loop.now)
+    del bare["metadata"]["ownerReferences"]
+    loop.pods.pods += [foreign, bare]
+    loop.window = window(loop.now + 30)
+    d = await loop.tick(body)
+    assert d is not None and d.trigger == Trigger.STEADY, d
+    assert "failedSettings" not in body["status"] or not body["status"]["failedSettings"]
+
+
 async def test_apply_failure_is_reported_and_retried(harness: Harness, loop: LoopHarness) -> None:
     from kvpilot.operator import errors
 

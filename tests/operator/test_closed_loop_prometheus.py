@@ -31,6 +31,9 @@ class Stub:
         self.kv: list[float] | None = [0.5, 0.6, 0.95, 0.97, 0.99]
         self.last_scrape = NOW - 5
         self.status = 200
+        self.running: float | None = None
+        """Override the last running-requests value (an impossible one, say)."""
+        self.waiting: float | None = None
 
     def answer(self, path: str, params: dict[str, str]) -> tuple[int, dict[str, Any]]:
         q = params.get("query", "")
@@ -46,9 +49,9 @@ class Stub:
             elif "num_preemptions_total" in q:
                 values = [0.0, 0.0, 0.2, 0.4, 0.5]
             elif "num_requests_running" in q:
-                values = [10, 20, 60, 64, 64]
+                values = [10, 20, 60, 64, 64 if self.running is None else self.running]
             elif "num_requests_waiting" in q:
-                values = [0, 0, 3, 9, 12]
+                values = [0, 0, 3, 9, 12 if self.waiting is None else self.waiting]
             if values is None:
                 return 200, {"status": "success", "data": {"resultType": "matrix", "result": []}}
             points = [[t, str(v)] for t, v in zip(times[-len(values) :], values, strict=False)]
@@ -108,9 +111,38 @@ def stub() -> Iterator[tuple[Stub, str]]:
         server.server_close()
 
 
+PODS = ("llm-5d8f7c-aaaaa", "llm-5d8f7c-bbbbb")
+"""The pods the service's Deployment owns (the closed loop lists them by owner)."""
+
+
+async def test_no_pods_is_unavailable_and_asks_nothing(stub: tuple[Stub, str]) -> None:
+    state, url = stub
+    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW, pods=())
+    assert not w.available and "no running pods" in (w.unavailable_reason or "")
+    assert state.queries == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("kv", 1e308), ("kv", -0.5), ("running", 1e308), ("waiting", -3)]
+)
+async def test_an_impossible_value_is_an_invalid_sample(
+    stub: tuple[Stub, str], field: str, value: float
+) -> None:
+    """Issue 16: with every value at 1e308 both services were retuned on "KV usage 1e308"."""
+    state, url = stub
+    if field == "kv":
+        state.kv = [0.5, 0.6, value, 0.6, 0.5]
+    else:
+        setattr(state, field, value)
+    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW, pods=PODS)
+    assert not w.available and "invalid sample" in (w.unavailable_reason or ""), w
+
+
 async def test_fetch_observations_reads_every_series(stub: tuple[Stub, str]) -> None:
     state, url = stub
-    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW, window_seconds=300, step_seconds=30)
+    w = await prometheus.fetch_observations(
+        url, "ns1", "llm", NOW, pods=PODS, window_seconds=300, step_seconds=30
+    )
     assert w.available and w.unavailable_reason is None
     assert [s.kv_usage for s in w.samples] == [0.5, 0.6, 0.95, 0.97, 0.99]
     assert [s.preemption_rate for s in w.samples] == [0.0, 0.0, 0.2, 0.4, 0.5]
@@ -119,7 +151,7 @@ async def test_fetch_observations_reads_every_series(stub: tuple[Stub, str]) -> 
     assert w.generation_tokens is None
     assert w.kv_capacity_tokens == 416000  # the smaller pod
     assert (w.reported_gpu_memory_utilization, w.reported_kv_cache_dtype, w.pods) == (0.9, "auto", 2)
-    selector = 'namespace="ns1",pod=~"llm-[^-]+-[^-]+"'
+    selector = 'namespace="ns1",pod=~"llm-5d8f7c-aaaaa|llm-5d8f7c-bbbbb"'
     assert all(selector in q for q in state.queries)
     assert any("vllm:gpu_cache_usage_perc" in q for q in state.queries)  # the pre-rename fallback
     assert any("vllm:num_preemptions_total" in q and "vllm:num_preemptions{" in q for q in state.queries)
@@ -128,7 +160,7 @@ async def test_fetch_observations_reads_every_series(stub: tuple[Stub, str]) -> 
 async def test_legacy_cache_config_uses_blocks_times_block_size(stub: tuple[Stub, str]) -> None:
     state, url = stub
     state.legacy = True
-    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW)
+    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW, pods=PODS)
     assert w.kv_capacity_tokens == 26000 * 16
 
 
@@ -136,7 +168,7 @@ async def test_points_after_the_newest_scrape_are_not_observations(stub: tuple[S
     state, url = stub
     state.last_scrape = NOW - 200  # the target vanished; Prometheus keeps answering from its lookback
     state.kv = [0.5] * 11
-    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW, step_seconds=30)
+    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW, pods=PODS, step_seconds=30)
     assert max(s.time for s in w.samples) <= NOW - 170
     assert w.last_sample_time is not None and NOW - w.last_sample_time > 120  # so the policy calls it stale
 
@@ -144,7 +176,7 @@ async def test_points_after_the_newest_scrape_are_not_observations(stub: tuple[S
 async def test_no_series_is_unavailable(stub: tuple[Stub, str]) -> None:
     state, url = stub
     state.kv = None
-    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW)
+    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW, pods=PODS)
     assert not w.available and "no vllm:kv_cache_usage_perc series" in (w.unavailable_reason or "")
     assert len(state.queries) == 1  # nothing else is asked once the main series is missing
 
@@ -152,28 +184,28 @@ async def test_no_series_is_unavailable(stub: tuple[Stub, str]) -> None:
 async def test_prometheus_error_is_unavailable_not_an_exception(stub: tuple[Stub, str]) -> None:
     state, url = stub
     state.status = 400
-    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW)
+    w = await prometheus.fetch_observations(url, "ns1", "llm", NOW, pods=PODS)
     assert not w.available and (w.unavailable_reason or "").startswith("Prometheus query failed")
 
 
 async def test_unreachable_prometheus_is_unavailable() -> None:
-    w = await prometheus.fetch_observations("http://127.0.0.1:9", "ns1", "llm", NOW)
+    w = await prometheus.fetch_observations("http://127.0.0.1:9", "ns1", "llm", NOW, pods=PODS)
     assert not w.available and (w.unavailable_reason or "").startswith("Prometheus query failed")
 
 
 async def test_no_url_is_unavailable() -> None:
-    w = await prometheus.fetch_observations("", "ns1", "llm", NOW)
+    w = await prometheus.fetch_observations("", "ns1", "llm", NOW, pods=PODS)
     assert "KVPILOT_PROMETHEUS_URL" in (w.unavailable_reason or "")
 
 
 def test_queries_use_the_pinned_vllm_names() -> None:
-    q = prometheus.build_queries("ns", "svc", 300)
+    q = prometheus.build_queries("ns", ("svc-1-a", "svc-1.b"), 300)
     assert q.kv_usage == (
-        'max(vllm:kv_cache_usage_perc{namespace="ns",pod=~"svc-[^-]+-[^-]+"})'
-        ' or max(vllm:gpu_cache_usage_perc{namespace="ns",pod=~"svc-[^-]+-[^-]+"})'
+        'max(vllm:kv_cache_usage_perc{namespace="ns",pod=~"svc-1-a|svc-1\\\\.b"})'
+        ' or max(vllm:gpu_cache_usage_perc{namespace="ns",pod=~"svc-1-a|svc-1\\\\.b"})'
     )
     assert "rate(vllm:request_prompt_tokens_sum{" in q.prompt_mean and "[300s]" in q.prompt_mean
-    assert q.cache_config == 'vllm:cache_config_info{namespace="ns",pod=~"svc-[^-]+-[^-]+"}'
+    assert q.cache_config == 'vllm:cache_config_info{namespace="ns",pod=~"svc-1-a|svc-1\\\\.b"}'
 
 
 def test_pinned_vllm_declares_these_names() -> None:

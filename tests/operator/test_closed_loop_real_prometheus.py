@@ -95,9 +95,22 @@ def fleet() -> Iterator[tuple[str, dict[str, Any]]]:
 async def test_real_prometheus_window(fleet: tuple[str, dict[str, Any]]) -> None:
     url, pods = fleet
     now = time.time()
-    w = await prometheus.fetch_observations(url, "ns1", "llm", now, window_seconds=10, step_seconds=1)
+    w = await prometheus.fetch_observations(
+        url,
+        "ns1",
+        "llm",
+        now,
+        pods=("llm-5d8f7c-aaaaa", "llm-5d8f7c-bbbbb"),
+        window_seconds=10,
+        step_seconds=1,
+    )
     assert w.available, w.unavailable_reason
     assert w.pods == 2  # the other service's pod is not selected
+    # a foreign pod named like the service's (llm-<hash>-<suffix>) is not the service's pod: not selected
+    only_one = await prometheus.fetch_observations(
+        url, "ns1", "llm", now, pods=("llm-5d8f7c-bbbbb",), window_seconds=10, step_seconds=1
+    )
+    assert only_one.pods == 1 and only_one.samples[-1].kv_usage == pytest.approx(0.5)
     last = w.samples[-1]
     assert last.kv_usage == pytest.approx(0.97)  # the worst pod, across the current and legacy names
     assert (last.running, last.waiting) == (40, 7)
@@ -111,11 +124,11 @@ async def test_real_prometheus_window(fleet: tuple[str, dict[str, Any]]) -> None
 async def test_real_prometheus_other_service_and_missing_service(fleet: tuple[str, dict[str, Any]]) -> None:
     url, _ = fleet
     other = await prometheus.fetch_observations(
-        url, "ns1", "other", time.time(), window_seconds=10, step_seconds=1
+        url, "ns1", "other", time.time(), pods=("other-7b9c6d-ccccc",), window_seconds=10, step_seconds=1
     )
     assert other.available and other.samples[-1].kv_usage == pytest.approx(0.99)
     assert other.reported_gpu_memory_utilization == 0.5
     none = await prometheus.fetch_observations(
-        url, "ns2", "llm", time.time(), window_seconds=10, step_seconds=1
+        url, "ns2", "llm", time.time(), pods=("llm-5d8f7c-aaaaa",), window_seconds=10, step_seconds=1
     )
     assert not none.available and "no vllm:kv_cache_usage_perc series" in (none.unavailable_reason or "")
