@@ -41,6 +41,7 @@ from kvpilot.tuner.types import GIB, EngineSettings, MemoryBudget
 KV_PRESSURE = "KvPressure"
 IDLE_CAPACITY = "IdleCapacity"
 
+
 @dataclass(frozen=True, slots=True)
 class Situation:
     """Everything a rule may look at, already reduced to the current settings' evidence."""
@@ -298,17 +299,17 @@ def compute_oom_cover(eff: EngineSettings, oom: OomEvidence, total_gib: float, p
 
 
 def cut_seqs_for(eff: EngineSettings, oom: OomEvidence, tried_gib: float | None, policy: PolicyConfig) -> int:
-    """Sequences after a batch-shaped OOM: the usual 25 % cut, or in proportion when the allocation
-    was larger than the room it had (an allocation sized by the batch shrinks with it), with VPA's
-    20 % margin."""
+    """Sequences after a CUDA OOM: the usual 25 % cut (from the running batch when it was at the
+    limit), or for a batch-shaped allocation in proportion to the room it found (an allocation sized
+    by the batch shrinks with it), with VPA's 20 % margin -- at most halving in one crash; a repeat
+    cuts again."""
     seqs = eff.max_num_seqs or 1
-    target = math.floor(seqs * (1.0 - policy.seqs_step_down))
+    base = min(float(seqs), oom.running) if oom.running is not None and oom.big_batch else float(seqs)
+    target = math.floor(base * (1.0 - policy.seqs_step_down))
     if oom.batch_shaped and tried_gib and oom.shortfall_gib is not None:
         room = max(tried_gib - oom.shortfall_gib, 0.0)
         target = min(target, math.floor(seqs * room / (tried_gib * policy.oom_headroom_ratio)))
-    if oom.running is not None and oom.big_batch:
-        target = min(target, math.floor(oom.running * (1.0 - policy.seqs_step_down)))
-    return max(1, target)
+    return max(1, target, seqs // 2)
 
 
 def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
@@ -333,13 +334,18 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
     g2, g3 = lower_gmu(cover, 1, p), lower_gmu(cover, 2, p)
     seqs = eff.replace(max_num_seqs=cut_seqs_for(eff, oom, event.cause.tried_gib, p))
     batched = halve_batched(eff, p)
-    covered = oom.shortfall_gib is not None and total > 0 and oom.shortfall_gib * p.oom_headroom_ratio <= (
-        _set(eff.gpu_memory_utilization) - _set(cover.gpu_memory_utilization) + 1e-9
-    ) * total
+    covered = (
+        oom.shortfall_gib is not None
+        and total > 0
+        and oom.shortfall_gib * p.oom_headroom_ratio
+        <= (_set(eff.gpu_memory_utilization) - _set(cover.gpu_memory_utilization) + 1e-9) * total
+    )
     seqs_first = oom.at_startup or oom.big_batch
     driver, other = (seqs, batched) if seqs_first else (batched, seqs)
     field, other_field = (
-        ("max_num_seqs", "max_num_batched_tokens") if seqs_first else ("max_num_batched_tokens", "max_num_seqs")
+        ("max_num_seqs", "max_num_batched_tokens")
+        if seqs_first
+        else ("max_num_batched_tokens", "max_num_seqs")
     )
     how: str
     order: tuple[EngineSettings, ...]
@@ -371,8 +377,10 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
     phase = "at start-up" if oom.at_startup else f"under {oom.running:.0f} running"
     return Proposal(
         trigger=RestartKind.CUDA_OOM,
-        evidence=f"CUDA OOM{where}{again} {phase}, headroom {oom.headroom_gib:.1f} GiB: {event.cause.detail}; "
-        f"{how}",
+        evidence=(
+            f"CUDA OOM{where}{again} {phase}, headroom {oom.headroom_gib:.1f} GiB: "
+            f"{event.cause.detail}; {how}"
+        ),
         candidates=order,
         crash=True,
         exhausted="no lower utilisation, batch or sequence limit is left within the bounds",

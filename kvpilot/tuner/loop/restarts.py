@@ -89,7 +89,9 @@ def _cuda_oom(text: str) -> RestartCause | None:
     if capacity:
         total = _gib(capacity.group(1), capacity.group(2))
         free = _gib(capacity.group(3), capacity.group(4))
-    return RestartCause(RestartKind.CUDA_OOM, detail=line, tried_gib=tried_gib, free_gib=free, total_gib=total)
+    return RestartCause(
+        RestartKind.CUDA_OOM, detail=line, tried_gib=tried_gib, free_gib=free, total_gib=total
+    )
 
 
 def _gib(value: str, unit: str) -> float:
