@@ -763,14 +763,30 @@ def test_idle_raise_stays_under_sequences_that_failed() -> None:
     failed = (
         CURRENT.replace(max_num_seqs=300),
         CURRENT.replace(max_num_seqs=280, gpu_memory_utilization=0.8),
+        CURRENT.replace(max_num_seqs=320, gpu_memory_utilization=0.9),  # the trade failed too
     )
     idle = window(kv=0.3, waiting=12, running=256, prompt=300, output=200)
     d = decide(win=idle, failed=failed)
     assert d.settings.max_num_seqs == 278  # halfway from 256 to 300, rather than creeping up
-    d = decide(win=idle, failed=(CURRENT.replace(max_num_seqs=265),))
+    d = decide(win=idle, failed=(CURRENT.replace(max_num_seqs=265), CURRENT.replace(max_num_seqs=320,
+               gpu_memory_utilization=0.9)))  # fmt: skip
     assert (d.action, d.trigger) == (Action.HOLD, Trigger.IDLE_CAPACITY)  # +4 %: not worth a rollout
     d = decide(win=idle, failed=())
     assert d.settings.max_num_seqs == 320
+
+
+def test_idle_raise_trades_utilisation_for_sequences_that_failed() -> None:
+    """Weakness 4, the reverse trade: 300 sequences failed at 0.92. With KV room to spare, 320 at one OOM
+    step less (0.90) is tried before bisecting to 278 at 0.92; never where that utilisation failed."""
+    idle = window(kv=0.3, waiting=12, running=256, prompt=300, output=200)
+    d = decide(win=idle, failed=(CURRENT.replace(max_num_seqs=300),))
+    assert d.settings == CURRENT.replace(max_num_seqs=320, gpu_memory_utilization=0.90)
+    assert "headroom traded" in d.reason
+    traded = CURRENT.replace(max_num_seqs=310, gpu_memory_utilization=0.9)
+    failed = (CURRENT.replace(max_num_seqs=300), traded)
+    assert decide(win=idle, failed=failed).settings == CURRENT.replace(max_num_seqs=278)
+    long = window(kv=0.3, waiting=12, running=256, prompt=1000, output=300)  # 0.90 holds 301 < 320 at 0.80
+    assert decide(win=long, failed=(CURRENT.replace(max_num_seqs=300),)).settings.max_num_seqs == 278
 
 
 def test_idle_raise_keeps_batched_tokens_at_least_sequences() -> None:

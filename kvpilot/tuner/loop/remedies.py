@@ -573,15 +573,20 @@ def propose_for_idle(s: Situation) -> Proposal | None:
     lifted = ceiling is not None and room is not None and _usage_room(s) is not None and room >= ceiling
     if ceiling is not None and not lifted and ceiling - 1 < target:
         target, caps = ceiling - 1, [f"below {ceiling}, where KV pressure forced a cut"]
-    failed_at = _failed_seqs_ceiling(s)
+    failed_at = _failed_seqs_ceiling(s, eff)
+    trade = None
     if failed_at is not None and (seqs + failed_at) // 2 < target:
+        trade = _trade_headroom_for(s, target)
         # bisect between what runs and what failed, rather than creeping up one by one
         target, caps = (seqs + failed_at) // 2, [f"halfway to {failed_at}, which failed with these settings"]
     if target < seqs * (1.0 + p.min_seqs_raise):
         target = seqs
-    raised = eff.replace(max_num_seqs=target)
-    if raised.max_num_batched_tokens is not None and raised.max_num_batched_tokens < target:
-        raised = raised.replace(max_num_batched_tokens=target)
+    raised = _with_seqs(eff, target)
+    candidates: tuple[EngineSettings, ...] = (raised,) if target > seqs else ()
+    if trade is not None:
+        candidates = (trade, *candidates)
+        gmu = trade.gpu_memory_utilization
+        caps.append(f"or {trade.max_num_seqs} at utilisation {gmu} (headroom traded)")
     mean_kv = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
     where = (
         f"KV usage <= {p.kv_usage_low:.2f} in {low:.0%} of samples"
@@ -593,9 +598,9 @@ def propose_for_idle(s: Situation) -> Proposal | None:
         trigger=IDLE_CAPACITY,
         evidence=(
             f"{where} while {queue:.1f} requests wait and {peak_running:.0f} of {seqs} sequences run "
-            f"(capped by {caps[0]}){lift}"
+            f"(capped by {'; '.join(caps)}){lift}"
         ),
-        candidates=(raised,) if target > seqs else (),
+        candidates=candidates,
         exhausted="no more sequences fit (" + caps[0] + ")",
     )
 
@@ -616,17 +621,43 @@ def _usage_room(s: Situation) -> int | None:
     return max(1, math.floor(s.policy.target_kv_usage * mean_running / mean_kv))
 
 
-def _failed_seqs_ceiling(s: Situation) -> int | None:
-    """The fewest sequences that failed with everything else as now: raising to it or past it fails again."""
-    mine = s.effective.replace(max_num_seqs=None, max_num_batched_tokens=None)
+def _failed_seqs_ceiling(s: Situation, settings: EngineSettings) -> int | None:
+    """The fewest sequences above ``settings``' that failed with everything else as in ``settings``
+    (effective): raising to it or past it fails again."""
+    mine = settings.replace(max_num_seqs=None, max_num_batched_tokens=None)
     seqs = [
         f.max_num_seqs
         for f in (s.effective_of(x) for x in s.failed)
         if f.max_num_seqs is not None
-        and f.max_num_seqs > (s.effective.max_num_seqs or 0)
+        and f.max_num_seqs > (settings.max_num_seqs or 0)
         and f.replace(max_num_seqs=None, max_num_batched_tokens=None) == mine
     ]
     return min(seqs) if seqs else None
+
+
+def _with_seqs(settings: EngineSettings, seqs: int) -> EngineSettings:
+    raised = settings.replace(max_num_seqs=seqs)
+    if raised.max_num_batched_tokens is not None and raised.max_num_batched_tokens < seqs:
+        raised = raised.replace(max_num_batched_tokens=seqs)
+    return raised
+
+
+def _trade_headroom_for(s: Situation, target: int) -> EngineSettings | None:
+    """``target`` sequences at one OOM step less utilisation, when a raise to ``target`` failed at the
+    current one: the failure of more sequences is most often memory outside vLLM's budget (CUDA graphs
+    and the sampler grow with them), which the step gives back. Only while the KV cache at the lower
+    utilisation still holds ``target`` sequences of the observed length at ``target_kv_usage``, and
+    below any count that failed at that utilisation. ``None`` when not worth trying."""
+    p, eff = s.policy, s.effective
+    lower = lower_gmu(eff, 1, p)
+    failed_there = _failed_seqs_ceiling(s, lower)
+    if failed_there is not None and failed_there <= target:
+        return None
+    length = s.window.compute_occupied_tokens(p.output_occupancy)
+    tokens = predict_kv_tokens(s, lower)
+    if length is None or tokens is None or tokens * p.target_kv_usage < target * length:
+        return None
+    return _with_seqs(lower, target)
 
 
 def _fit_seqs(s: Situation) -> int | None:
