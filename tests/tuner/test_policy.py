@@ -419,13 +419,29 @@ def _oom(tried: float, free: float, ago: float = 20.0, count: int = 1) -> object
 
 
 def test_batch_shaped_oom_at_start_up_cuts_sequences_in_proportion() -> None:
-    """Weakness 4: a start-up OOM trying 12.8 GiB with 5.3 GiB free (headroom 6.3 GiB at 0.92) walked the
-    utilisation down 2 % a crash. It is sized by the batch: cut max_num_seqs, here by half (256 x 5.3 /
-    (12.8 x 1.2) = 88, at most halving in one crash)."""
-    d = decide(win=DOWN, restarts=(_oom(12.8, 5.3),))
+    """Weakness 4: a start-up OOM trying 20 GiB with 5.3 GiB free (headroom 6.3 GiB at 0.92) walked the
+    utilisation down 2 % a crash. It is sized by the batch, and covering 14.7 GiB would cost 32 % of the
+    KV cache (more than the 20 % sizing leaves, lengths unknown): cut max_num_seqs in proportion, here by
+    half (256 x 5.3 / (20 x 1.2) = 56, at most halving in one crash)."""
+    d = decide(win=DOWN, restarts=(_oom(20.0, 5.3),))
     assert (d.action, d.trigger, d.failed) == (Action.RETUNE, "CudaOOM", CURRENT)
     assert d.settings == CURRENT.replace(max_num_seqs=128)
     assert "at start-up" in d.reason and "batch-shaped" in d.reason
+
+
+def test_batch_shaped_oom_at_start_up_without_lengths_trades_within_the_sizing_margin() -> None:
+    """12.8 GiB tried, 5.3 free: 0.80 covers it and keeps 83 % of the KV cache (>= 80 %): keep 256."""
+    d = decide(win=DOWN, restarts=(_oom(12.8, 5.3),))
+    assert d.settings == CURRENT.replace(gpu_memory_utilization=0.80)
+
+
+def test_batch_shaped_oom_at_start_up_with_kv_room_trades_the_measured_shortfall() -> None:
+    """Short requests: 7.5 GiB short (x 1.2 = 9 GiB, 0.114) -> 0.80, where the KV cache still holds 256 x
+    250 tokens at 0.80 many times over: keep every sequence, even past the 0.05 step a guess may take."""
+    win = window(kv=0.0, running=0, waiting=50, prompt=200, output=100)
+    d = decide(win=win, restarts=(_oom(12.8, 5.3),))
+    assert d.settings == CURRENT.replace(gpu_memory_utilization=0.80)
+    assert "at start-up" in d.reason and "traded" in d.reason
 
 
 def test_batch_shaped_oom_with_kv_room_trades_utilisation_for_the_sequences() -> None:
@@ -460,7 +476,8 @@ def test_small_oom_lowers_utilisation_enough_for_the_shortfall() -> None:
 
 
 def test_repeated_batch_shaped_oom_escalates() -> None:
-    d = decide(win=DOWN, restarts=(_oom(12.8, 5.3, count=2),))
+    """The same settings OOMed twice: cut what sized it *and* lower the utilisation (one capped step)."""
+    d = decide(win=DOWN, restarts=(_oom(20.0, 5.3, count=2),))
     assert d.settings == CURRENT.replace(max_num_seqs=128, gpu_memory_utilization=0.87)
 
 

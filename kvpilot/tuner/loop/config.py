@@ -122,7 +122,10 @@ class PolicyConfig:
     many small ones (fragmentation, NCCL, the allocator's cache): more headroom is the cure. One half:
     an allocation of half the headroom cannot be fragmentation."""
     max_gmu_step: float = 0.05
-    """Largest change of ``gpu_memory_utilization`` in one change."""
+    """Largest change of ``gpu_memory_utilization`` in one change -- except after a batch-shaped CUDA
+    OOM whose printed shortfall (tried minus free) sizes the step exactly and the KV cache at the lower
+    utilisation still holds every sequence at ``target_kv_usage``: a guessed step is bounded, a measured
+    one is not (walking down 5 % a crash costs a crash per step)."""
     batched_tokens_floor: int = 2048
     """``max_num_batched_tokens`` is never cut below this: smaller prefill chunks cost more steps per
     prompt than the activation memory they free is worth."""

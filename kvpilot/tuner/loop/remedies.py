@@ -288,14 +288,16 @@ def read_oom(s: Situation, event: RestartEvent) -> OomEvidence:
     return OomEvidence(headroom, shortfall, batch_shaped, running, big)
 
 
-def compute_oom_cover(eff: EngineSettings, oom: OomEvidence, total_gib: float, policy: PolicyConfig) -> float:
-    """The utilisation whose extra headroom covers the OOM's shortfall, VPA's step at least,
-    ``max_gmu_step`` at most."""
+def compute_oom_cover(
+    eff: EngineSettings, oom: OomEvidence, total_gib: float, policy: PolicyConfig, capped: bool = True
+) -> float:
+    """The utilisation whose extra headroom covers the OOM's shortfall with VPA's 20 % margin, VPA's
+    step at least, ``max_gmu_step`` at most when ``capped``."""
     gmu = _set(eff.gpu_memory_utilization)
     step = compute_oom_step(gmu, policy)
     if oom.shortfall_gib is not None and total_gib > 0:
         step = max(step, oom.shortfall_gib * policy.oom_headroom_ratio / total_gib)
-    return floor2(gmu - min(step, policy.max_gmu_step))
+    return floor2(gmu - (min(step, policy.max_gmu_step) if capped else step))
 
 
 def cut_seqs_for(eff: EngineSettings, oom: OomEvidence, tried_gib: float | None, policy: PolicyConfig) -> int:
@@ -316,9 +318,9 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
     """Choose the remedy from the OOM's evidence (:class:`OomEvidence`):
 
     - the headroom filled up (a small allocation): more headroom, VPA-style, enough for the shortfall;
-    - a batch-shaped allocation that one utilisation step can cover while the KV cache at that
-      utilisation still holds every sequence at ``target_kv_usage``: the step (utilisation traded
-      for the sequences, which keep serving);
+    - a batch-shaped allocation whose measured shortfall less utilisation covers while the KV cache
+      there still holds every sequence at ``target_kv_usage``: that utilisation, even past
+      ``max_gmu_step`` (utilisation traded for the sequences, which keep serving);
     - otherwise batch-shaped: cut what sizes it -- ``max_num_seqs`` at start-up/warm-up (CUDA graphs,
       the sampler) or under a batch at the limit, ``max_num_batched_tokens`` under a smaller batch.
 
@@ -330,16 +332,14 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
     total = s.budget.gpu_total_gib or event.cause.total_gib or 0.0
     streak = history_mod.compute_recent_streak(s.history, RestartKind.CUDA_OOM, s.now - p.flap_guard_seconds)
     escalate = streak >= 1 or event.restart_count >= 2
-    cover = eff.replace(gpu_memory_utilization=compute_oom_cover(eff, oom, total, p))
+    # the trade: a measured shortfall covered by less utilisation -- past max_gmu_step, since the
+    # evidence sizes the step -- while the KV cache there still holds every sequence at the target
+    full = eff.replace(gpu_memory_utilization=compute_oom_cover(eff, oom, total, p, capped=False))
+    trade = oom.batch_shaped and oom.shortfall_gib is not None and _keeps_sequences(s, full)
+    cover = full if trade else eff.replace(gpu_memory_utilization=compute_oom_cover(eff, oom, total, p))
     g2, g3 = lower_gmu(cover, 1, p), lower_gmu(cover, 2, p)
     seqs = eff.replace(max_num_seqs=cut_seqs_for(eff, oom, event.cause.tried_gib, p))
     batched = halve_batched(eff, p)
-    covered = (
-        oom.shortfall_gib is not None
-        and total > 0
-        and oom.shortfall_gib * p.oom_headroom_ratio
-        <= (_set(eff.gpu_memory_utilization) - _set(cover.gpu_memory_utilization) + 1e-9) * total
-    )
     seqs_first = oom.at_startup or oom.big_batch
     driver, other = (seqs, batched) if seqs_first else (batched, seqs)
     field, other_field = (
@@ -349,7 +349,7 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
     )
     how: str
     order: tuple[EngineSettings, ...]
-    if oom.batch_shaped and not (covered and _keeps_sequences(s, cover)):
+    if oom.batch_shaped and not trade:
         how = f"a batch-shaped allocation: cut {field.replace('_', '-')}"
         order = (driver, _merge(driver, other, other_field), _merge(cover, driver, field), cover, g2, g3)
         if escalate:
@@ -390,11 +390,14 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
 
 def _keeps_sequences(s: Situation, candidate: EngineSettings) -> bool:
     """The KV cache of ``candidate`` still holds ``max_num_seqs`` sequences of the observed length at
-    ``target_kv_usage`` (unknown lengths or capacity: no)."""
-    length = s.window.compute_occupied_tokens(s.policy.output_occupancy)
+    ``target_kv_usage``. Without observed lengths (an OOM before anything was served), it may lose at
+    most the margin that sizing leaves, ``1 - target_kv_usage`` of today's capacity. Unknown capacity: no."""
     tokens = predict_kv_tokens(s, s.effective_of(candidate))
-    if length is None or tokens is None:
+    if tokens is None or s.capacity_tokens is None:
         return False
+    length = s.window.compute_occupied_tokens(s.policy.output_occupancy)
+    if length is None:
+        return tokens >= s.policy.target_kv_usage * s.capacity_tokens
     return tokens * s.policy.target_kv_usage >= (s.effective.max_num_seqs or 1) * length
 
 
