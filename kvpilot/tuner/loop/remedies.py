@@ -325,7 +325,7 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
       the sampler) or under a batch at the limit, ``max_num_batched_tokens`` under a smaller batch.
 
     Repeats (the same settings OOMed twice, or the previous change was an OOM remedy) escalate:
-    utilisation and a batch cut together, as before.
+    utilisation and a batch cut together.
     """
     p, eff = s.policy, s.effective
     oom = read_oom(s, event)
@@ -335,7 +335,12 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
     # the trade: a measured shortfall covered by less utilisation -- past max_gmu_step, since the
     # evidence sizes the step -- while the KV cache there still holds every sequence at the target
     full = eff.replace(gpu_memory_utilization=compute_oom_cover(eff, oom, total, p, capped=False))
-    trade = oom.batch_shaped and oom.shortfall_gib is not None and _keeps_sequences(s, full)
+    trade = (
+        oom.batch_shaped
+        and oom.shortfall_gib is not None
+        and _set(full.gpu_memory_utilization) >= s.bounds.min_gpu_memory_utilization
+        and _keeps_sequences(s, full)
+    )
     cover = full if trade else eff.replace(gpu_memory_utilization=compute_oom_cover(eff, oom, total, p))
     g2, g3 = lower_gmu(cover, 1, p), lower_gmu(cover, 2, p)
     seqs = eff.replace(max_num_seqs=cut_seqs_for(eff, oom, event.cause.tried_gib, p))
@@ -374,7 +379,7 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
             order = (cover, g2, g3, batched, seqs, _merge(cover, seqs, "max_num_seqs"))
     where = f" on {event.pod}" if event.pod else ""
     again = f" (restart {event.restart_count}, escalating)" if escalate else ""
-    phase = "at start-up" if oom.at_startup else f"under {oom.running:.0f} running"
+    phase = "at start-up or warm-up" if oom.at_startup else f"under {oom.running:.0f} running"
     return Proposal(
         trigger=RestartKind.CUDA_OOM,
         evidence=(
