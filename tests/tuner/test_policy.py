@@ -25,6 +25,7 @@ from kvpilot.tuner.loop.policy import (
     compute_metrics_status,
 )
 from kvpilot.tuner.loop.remedies import Situation
+from kvpilot.tuner.loop.restarts import classify_termination
 from kvpilot.tuner.types import EngineSettings, GpuSpec
 
 POLICY = PolicyConfig()
@@ -904,3 +905,21 @@ def test_history_queries() -> None:
     assert history_mod.compute_changes_since(history, NOW - 3600) == 2
     assert history_mod.compute_recent_streak(history, "CudaOOM", NOW - 3600) == 2
     assert history_mod.compute_recent_streak(history, "KvPressure", NOW - 3600) == 0
+
+
+# --- the CUDA OOM's figures -----------------------------------------------------------------------
+
+
+def test_cuda_oom_text_gives_the_allocation_and_what_was_free() -> None:
+    text = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total "
+        "capacity of 79.19 GiB of which 140.75 MiB is free. Including non-PyTorch memory, this process has "
+        "79.04 GiB memory in use."
+    )
+    cause = classify_termination(text, "Error", 1)
+    assert cause.kind == RestartKind.CUDA_OOM
+    assert cause.tried_gib == pytest.approx(786 / 1024)
+    assert cause.free_gib == pytest.approx(140.75 / 1024)
+    assert cause.total_gib == pytest.approx(79.19)
+    bare = classify_termination("RuntimeError: CUDA error: out of memory", "Error", 1)
+    assert (bare.kind, bare.tried_gib, bare.free_gib) == (RestartKind.CUDA_OOM, None, None)
