@@ -106,6 +106,13 @@ causes = st.one_of(
     ),
     st.builds(
         RestartCause,
+        st.just(RestartKind.CUDA_OOM),
+        tried_gib=st.one_of(st.none(), st.floats(0.01, 40)),
+        free_gib=st.one_of(st.none(), st.floats(0, 20)),
+        total_gib=st.just(79.19),
+    ),
+    st.builds(
+        RestartCause,
         st.just(RestartKind.INSUFFICIENT_FREE_MEMORY),
         free_gib=st.floats(1, 79),
         total_gib=st.just(79.19),
@@ -162,6 +169,7 @@ def inputs_st(draw: st.DrawFn) -> dict:
         "last_good": draw(st.one_of(st.none(), settings_st)),
         "ready": draw(st.booleans()),
         "observed_kv_tokens": draw(st.one_of(st.none(), st.integers(1000, 2_000_000))),
+        "restart_seconds": draw(st.one_of(st.none(), st.floats(0, 1200))),
     }
 
 
@@ -169,12 +177,13 @@ def decide(
     *, current: EngineSettings, budget: MemoryBudget, window: ObservationWindow, restarts: tuple,
     bounds: TuningBounds, policy: PolicyConfig, history: tuple, failed: tuple, now: float,
     rollout: RolloutState | None, last_good: EngineSettings | None, ready: bool,
-    observed_kv_tokens: int | None,
+    observed_kv_tokens: int | None, restart_seconds: float | None = None,
 ) -> Decision:  # fmt: skip
     """``compute_decision`` from the flat inputs the strategies draw."""
     state, evidence = state_and_evidence(
         current, window, restarts, history, failed, budget=budget, rollout=rollout,
         last_good=last_good, ready=ready, observed_kv_tokens=observed_kv_tokens,
+        restart_seconds=restart_seconds,
     )  # fmt: skip
     return compute_decision(state, evidence, context(bounds, policy), now)
 
@@ -257,7 +266,9 @@ def test_stability_gates(inputs: dict) -> None:
     retune = history_mod.compute_last_retune_time(inputs["history"])
     if retune is not None and d.trigger in (Trigger.KV_PRESSURE, Trigger.IDLE_CAPACITY):
         # the cooldown counts from the last retune (not the plan), and is at least a restart + a window
-        assert NOW - retune >= max(POLICY.cooldown_seconds, POLICY.restart_seconds + POLICY.window_seconds)
+        measured = inputs["restart_seconds"]
+        restart = measured if measured is not None else POLICY.restart_seconds
+        assert NOW - retune >= max(POLICY.cooldown_seconds, restart + POLICY.window_seconds)
     assert history_mod.compute_changes_since(inputs["history"], NOW - 3600) < POLICY.max_changes_per_hour
 
 
