@@ -56,8 +56,8 @@ class PolicyConfig:
     under the default cooldown, so probation never delays a metrics-driven change. 0 = good at Ready."""
     flap_guard_seconds: float = 3600.0
     """For this long after KV pressure lowered ``max_num_seqs`` from S, raises stay below S -- unless the
-    window at the lower setting shows room for S sequences at ``target_kv_usage`` (both by the observed
-    usage per running sequence and by the observed lengths): the cut was then a transient (a burst of
+    window at the lower setting shows room for S sequences at ``target_kv_usage`` (by the observed usage
+    per running sequence, and by the observed lengths when known): the cut was then a transient (a burst of
     long requests), and the gap between ``target_kv_usage`` (0.80) and ``kv_usage_high`` (0.90) is the
     hysteresis that keeps the raise from re-triggering the cut under the same load. One hour: VPA's
     recommender likewise decays its peaks over hours, not minutes."""
