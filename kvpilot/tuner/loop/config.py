@@ -41,7 +41,7 @@ class PolicyConfig:
     One window: the metrics gate and the rules already judge one window; more only slows a ramp."""
     min_change_interval_seconds: float = 60.0
     """Minimum time between any two changes, crash remedies included. Crash remedies skip the
-    cooldown (a crash loop must not wait ten minutes) but only react to a crash of the
+    cooldown (a crash loop must not wait minutes) but only react to a crash of the
     *current* settings, so they cannot pile up on the same evidence."""
     max_changes_per_hour: int = 4
     """Retunes in any rolling hour (``spec.tuning.maxChangesPerHour``); rollbacks are exempt."""
