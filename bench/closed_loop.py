@@ -1,12 +1,14 @@
 """The closed loop in simulation: kvpilot against vLLM's defaults and a fixed "safe" configuration.
 
-Five scenarios, each with its own ground truth (GPU memory, weights, activation, KV bytes
-per token, memory vLLM does not account for at run time, start-up failure thresholds) and
-workload. The ground truth is written out here, number by number: it does **not** use
-kvpilot's memory model, so kvpilot is judged against a world it did not write. What kvpilot
-knows is the planner's budget for its first settings (deliberately imperfect in some
-scenarios), what the pods say when they stop (vLLM's own error texts, classified by
-``kvpilot.tuner.loop.restarts``) and the metrics a Prometheus would have (30 s samples).
+Nine scenarios (the first five from the start, four more for the weaknesses of
+``closed_loop_findings.md``: edge-of-fit, band-queue, startup-oom, noisy-peak), each with its
+own ground truth (GPU memory, weights, activation, KV bytes per token, memory vLLM does not
+account for at run time, start-up failure thresholds) and workload. The ground truth is written
+out here, number by number: it does **not** use kvpilot's memory model, so kvpilot is judged
+against a world it did not write. What kvpilot knows is the planner's budget for its first
+settings (deliberately imperfect in some scenarios), what the pods say when they stop (vLLM's
+own error texts, classified by ``kvpilot.tuner.loop.restarts``) and the metrics a Prometheus
+would have (30 s samples).
 
 Controllers:
 
@@ -14,8 +16,11 @@ Controllers:
   8192 batched tokens, the model's full context. Fixed.
 * ``fixed-safe``   -- what a cautious person pins: utilisation 0.85, 64 sequences, 32k context. Fixed.
 * ``kvpilot``      -- starts from the plan and runs ``kvpilot.tuner.loop.policy.compute_decision``
-  every 30 s, with the operator's rules: one rollout at a time, the old pod serves until the
-  new one is Ready (``maxSurge: 1, maxUnavailable: 0``), rollback to the last good settings.
+  every 30 s, with the operator's rules: a ``Planned`` history entry for the first settings, one
+  rollout at a time, the old pod serves until the new one is Ready (``maxSurge: 1,
+  maxUnavailable: 0``), rollback to the last good settings, and the measured start-to-Ready
+  seconds passed as ``Evidence.restart_seconds`` (when the policy has that field: the bench also
+  runs against older policies, for before/after figures on the same scenarios).
 
 The serving model is a fluid approximation of vLLM V1 (10 s steps): admission while the KV
 cache has room for the running sequences' live tokens, decode steps that slow down with
@@ -26,7 +31,8 @@ and CrashLoopBackOff (10 s doubling to 5 min) on every crash.
     python bench/closed_loop.py [--hours H] [--scenario NAME ...]
 
 Prints, per scenario and controller: crashes, downtime, goodput (output tokens/s of
-completed requests), preemptions, dropped requests, rollouts and rollbacks, final settings.
+completed requests), preemptions, served share, rollouts and rollbacks, minutes to kvpilot's
+first change after the plan, final settings.
 """
 
 from __future__ import annotations
@@ -114,6 +120,9 @@ class Scenario:
     plan_budget: MemoryBudget
     """What the planner believed of ``planned``: kvpilot's only prior (may be wrong)."""
     bounds: TuningBounds = TuningBounds()
+    later: Load | None = None
+    """The load from ``switch_at`` on (a load that changes once), if any."""
+    switch_at: float = 0.0
 
 
 DEFAULTS = EngineSettings(gpu_memory_utilization=0.92, max_num_seqs=1024, max_num_batched_tokens=8192)
@@ -139,9 +148,11 @@ def start_engine(truth: Truth, s: EngineSettings) -> tuple[int, str | None]:
     outside = (1.0 - gmu) * truth.gpu_total_gib
     if truth.startup_extra_per_seq_gib * seqs > outside - truth.runtime_extra_base_gib:
         need = truth.startup_extra_per_seq_gib * seqs
+        free = outside - truth.runtime_extra_base_gib
         return 0, (
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-            f"{need * 1024:.2f} MiB. GPU 0 has a total capacity of {truth.gpu_total_gib:.2f} GiB"
+            f"{need * 1024:.2f} MiB. GPU 0 has a total capacity of {truth.gpu_total_gib:.2f} GiB "
+            f"of which {free * 1024:.2f} MiB is free."
         )
     activation = truth.activation_base_gib + truth.activation_per_1k_batched_gib * batched / 1000
     available = gmu * truth.gpu_total_gib - truth.weights_gib - activation - truth.non_torch_gib
@@ -318,6 +329,12 @@ class Kvpilot:
     rollout: RolloutState | None = None
     observed: int | None = None
     log: list[str] = field(default_factory=list)
+    first_change: float | None = None
+    """Seconds from the start to the first change after the plan."""
+
+    def plan(self, now: float) -> None:
+        """The operator's ``Planned`` history entry for the first settings (status.py writes one)."""
+        self._record(now, HistoryAction.PLANNED, "Planned", "the planner's settings", self.current)
 
     def tick(self, world: World, now: float) -> None:
         mine = [p for p in world.pods if p.settings == self.current]
@@ -343,6 +360,8 @@ class Kvpilot:
             last_good=self.last_good, observed_kv_tokens=self.observed,
         )  # fmt: skip
         evidence = Evidence(budget=self.scenario.plan_budget, window=window, restarts=restarts, ready=ready)
+        if _RESTART_HOOK:  # the measured start-to-Ready (the bench also runs against policies without it)
+            evidence = dataclasses.replace(evidence, restart_seconds=self.scenario.truth.startup_seconds)
         context = TuningContext(
             gpu=H100, default_max_model_len=self.scenario.truth.model_max_len, bounds=self.scenario.bounds,
             policy=self.policy,
@@ -364,6 +383,8 @@ class Kvpilot:
             world.stats.infeasible += 1
             self._record(now, HistoryAction.INFEASIBLE, d.trigger, d.reason, d.settings)
         if d.changes:
+            if self.first_change is None:
+                self.first_change = now
             action = HistoryAction.RETUNED if d.action == Action.RETUNE else HistoryAction.ROLLED_BACK
             self._record(now, action, d.trigger, d.reason, d.settings)
             world.stats.rollouts += 1
@@ -380,19 +401,26 @@ class Kvpilot:
         self.log.append(f"    t={now / 60:5.1f} min  {action:<10} {trigger:<16} {reason[:150]}")
 
 
-def run(scenario: Scenario, controller: str, hours: float) -> tuple[Stats, EngineSettings, list[str]]:
+_RESTART_HOOK = "restart_seconds" in {f.name for f in dataclasses.fields(Evidence)}
+
+
+def run(scenario: Scenario, controller: str, hours: float) -> tuple[Stats, EngineSettings, Kvpilot | None]:
     world = World(scenario.truth, scenario.load)
     start = {"vllm-defaults": DEFAULTS, "fixed-safe": SAFE, "kvpilot": scenario.planned}[controller]
     world.set_desired(start, 0.0)
     loop = Kvpilot(scenario, current=start) if controller == "kvpilot" else None
+    if loop is not None:
+        loop.plan(0.0)
     now = 0.0
     while now < hours * 3600:
         now += DT
+        if scenario.later is not None and now >= scenario.switch_at:
+            world.load = scenario.later
         world.step(now)
         if loop is not None and now % TICK == 0:
             loop.tick(world, now)
     final = loop.current if loop is not None else start
-    return world.stats, final, loop.log if loop is not None else []
+    return world.stats, final, loop
 
 
 # --- scenarios ----------------------------------------------------------------------------------------------
@@ -463,6 +491,53 @@ SCENARIOS = (
         ),  # fmt: skip
         _budget(444_000),
     ),
+    Scenario(
+        "edge-of-fit",
+        "a 67 GiB model with 320 KiB of KV per token and a 4096-token minimum context: at the planned 0.90 "
+        "and 8192 batched tokens only 2015 tokens fit (findings, weakness 1); 4096 batched tokens fit",
+        Truth(weights_gib=67.0, kv_bytes_per_token=327_680),
+        Load(rate=1.0, prompt=1000, output=200),
+        EngineSettings(
+            max_model_len=4096, max_num_seqs=8, gpu_memory_utilization=0.90, max_num_batched_tokens=8192
+        ),  # fmt: skip
+        _budget(8_000, kv_bytes=327_680, weights=65.0),
+        TuningBounds(min_max_model_len=4096),
+    ),
+    Scenario(
+        "band-queue",
+        "1500+500 tokens at 14 req/s, planned for 160 sequences: a queue at the limit with KV usage 0.63, "
+        "inside the 0.50-0.90 band (weakness 2); about 190 sequences are needed, 203 fit at 0.80",
+        Truth(),
+        Load(rate=14.0, prompt=1500, output=500),
+        EngineSettings(
+            max_model_len=32768, max_num_seqs=160, gpu_memory_utilization=0.92, max_num_batched_tokens=8192
+        ),  # fmt: skip
+        _budget(444_000),
+    ),
+    Scenario(
+        "startup-oom",
+        "as bad-new-settings, but the plan itself asks for 256 sequences: CUDA-graph capture tries 12.8 GiB "
+        "with 5.3 GiB free at start-up (weakness 4: a batch-shaped OOM)",
+        Truth(startup_extra_per_seq_gib=0.05),
+        Load(rate=60.0, prompt=200, output=100),
+        EngineSettings(
+            max_model_len=32768, max_num_seqs=256, gpu_memory_utilization=0.92, max_num_batched_tokens=8192
+        ),  # fmt: skip
+        _budget(444_000),
+    ),
+    Scenario(
+        "noisy-peak",
+        "a 30-minute burst of long generations (2000+2000, 2.6 req/s) forces a cut, then the load becomes "
+        "band-queue's (1500+500, 14 req/s): the cut must be undone (weakness 3)",
+        Truth(),
+        Load(rate=2.6, prompt=2000, output=2000),
+        EngineSettings(
+            max_model_len=32768, max_num_seqs=256, gpu_memory_utilization=0.92, max_num_batched_tokens=8192
+        ),  # fmt: skip
+        _budget(444_000),
+        later=Load(rate=14.0, prompt=1500, output=500),
+        switch_at=1800.0,
+    ),
 )
 
 
@@ -483,7 +558,7 @@ def main() -> None:
     args = parser.parse_args()
     header = (
         f"{'controller':<14} {'crashes':>7} {'down min':>8} {'goodput tok/s':>13} {'preempt/s':>9} "
-        f"{'served %':>8} {'rollouts':>8} {'rollbacks':>9}  final settings"
+        f"{'served %':>8} {'rollouts':>8} {'rollbacks':>9} {'1st chg min':>11}  final settings"
     )
     for sc in SCENARIOS:
         if args.scenario and sc.name not in args.scenario:
@@ -492,16 +567,17 @@ def main() -> None:
         print(header)
         logs: list[str] = []
         for controller in ("vllm-defaults", "fixed-safe", "kvpilot"):
-            st, final, log = run(sc, controller, args.hours)
+            st, final, loop = run(sc, controller, args.hours)
             duration = args.hours * 3600
             served = 100.0 * st.completed / st.arrived if st.arrived else 0.0
+            first = f"{loop.first_change / 60:.1f}" if loop is not None and loop.first_change else "-"
             print(
                 f"{controller:<14} {st.crashes:>7} {st.downtime / 60:>8.1f} "
                 f"{st.output_tokens / duration:>13.0f} "
-                f"{st.preemptions / duration:>9.3f} {served:>8.1f} {st.rollouts:>8} {st.rollbacks:>9}  "
-                f"{_fmt(final)}"
+                f"{st.preemptions / duration:>9.3f} {served:>8.1f} {st.rollouts:>8} {st.rollbacks:>9} "
+                f"{first:>11}  {_fmt(final)}"
             )
-            logs = log or logs
+            logs = (loop.log[1:] if loop is not None else []) or logs
         if logs and not args.quiet:
             print("  kvpilot's decisions:")
             print("\n".join(logs))

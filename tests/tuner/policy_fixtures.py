@@ -64,6 +64,7 @@ def state_and_evidence(
     last_good: EngineSettings | None = None,
     ready: bool = False,
     observed_kv_tokens: int | None = None,
+    restart_seconds: float | None = None,
 ) -> tuple[LoopState, Evidence]:
     """:class:`LoopState` and :class:`Evidence` from the pieces a test varies."""
     state = LoopState(
@@ -74,7 +75,14 @@ def state_and_evidence(
         last_good=last_good,
         observed_kv_tokens=observed_kv_tokens,
     )
-    return state, Evidence(budget=budget or BUDGET, window=window, restarts=restarts, ready=ready)
+    evidence = Evidence(
+        budget=budget or BUDGET,
+        window=window,
+        restarts=restarts,
+        ready=ready,
+        restart_seconds=restart_seconds,
+    )
+    return state, evidence
 
 
 CURRENT = EngineSettings(

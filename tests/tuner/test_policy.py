@@ -20,10 +20,12 @@ from kvpilot.tuner.loop.policy import (
     RolloutState,
     Trigger,
     TuningBounds,
+    compute_cooldown,
     compute_decision,
     compute_metrics_status,
 )
 from kvpilot.tuner.loop.remedies import Situation
+from kvpilot.tuner.loop.restarts import classify_termination
 from kvpilot.tuner.types import EngineSettings, GpuSpec
 
 POLICY = PolicyConfig()
@@ -412,6 +414,74 @@ def test_cuda_oom_does_not_lower_utilisation_below_what_the_context_needs() -> N
     assert d.settings == current.replace(max_num_batched_tokens=4096)
 
 
+def _oom(tried: float, free: float, ago: float = 20.0, count: int = 1) -> object:
+    figures = {"tried_gib": tried, "free_gib": free, "total_gib": 79.19}
+    return restart(RestartKind.CUDA_OOM, ago=ago, count=count, **figures)
+
+
+def test_batch_shaped_oom_at_start_up_cuts_sequences_in_proportion() -> None:
+    """Weakness 4: a start-up OOM trying 20 GiB with 5.3 GiB free (headroom 6.3 GiB at 0.92) walked the
+    utilisation down 2 % a crash. It is sized by the batch, and covering 14.7 GiB would cost 32 % of the
+    KV cache (more than the 20 % sizing leaves, lengths unknown): cut max_num_seqs in proportion, here by
+    half (256 x 5.3 / (20 x 1.2) = 56, at most halving in one crash)."""
+    d = decide(win=DOWN, restarts=(_oom(20.0, 5.3),))
+    assert (d.action, d.trigger, d.failed) == (Action.RETUNE, "CudaOOM", CURRENT)
+    assert d.settings == CURRENT.replace(max_num_seqs=128)
+    assert "at start-up" in d.reason and "batch-shaped" in d.reason
+
+
+def test_batch_shaped_oom_at_start_up_without_lengths_trades_within_the_sizing_margin() -> None:
+    """12.8 GiB tried, 5.3 free: 0.80 covers it and keeps 83 % of the KV cache (>= 80 %): keep 256."""
+    d = decide(win=DOWN, restarts=(_oom(12.8, 5.3),))
+    assert d.settings == CURRENT.replace(gpu_memory_utilization=0.80)
+
+
+def test_batch_shaped_oom_at_start_up_with_kv_room_trades_the_measured_shortfall() -> None:
+    """Short requests: 7.5 GiB short (x 1.2 = 9 GiB, 0.114) -> 0.80, where the KV cache still holds 256 x
+    250 tokens at 0.80 many times over: keep every sequence, even past the 0.05 step a guess may take."""
+    win = window(kv=0.0, running=0, waiting=50, prompt=200, output=100)
+    d = decide(win=win, restarts=(_oom(12.8, 5.3),))
+    assert d.settings == CURRENT.replace(gpu_memory_utilization=0.80)
+    assert "at start-up" in d.reason and "traded" in d.reason
+
+
+def test_batch_shaped_oom_with_kv_room_trades_utilisation_for_the_sequences() -> None:
+    """Under a full batch of short requests, a 3.5 GiB allocation with 2.5 GiB free: 1.2 GiB more headroom
+    (0.92 -> 0.90) covers it, and the KV cache at 0.90 still holds 256 x 400 tokens at 0.80: keep them."""
+    win = window(kv=0.25, running=256, waiting=5, prompt=300, output=200)
+    d = decide(win=win, restarts=(_oom(3.5, 2.5),))
+    assert d.settings == CURRENT.replace(gpu_memory_utilization=0.90)
+    assert "traded for the sequences" in d.reason
+
+
+def test_batch_shaped_oom_under_a_full_batch_without_kv_room_cuts_sequences() -> None:
+    """Long requests fill the KV cache: less utilisation would cost sequences anyway, so cut what sized
+    the allocation, once, in proportion to the room it found: 256 x 2.5 / (3.5 x 1.2) = 152 (the old rule
+    tried 0.90, then 0.88, ...)."""
+    win = window(kv=0.85, running=256, waiting=5, prompt=3000, output=1000)
+    d = decide(win=win, restarts=(_oom(3.5, 2.5),))
+    assert d.settings == CURRENT.replace(max_num_seqs=152)
+
+
+def test_batch_shaped_oom_under_a_small_batch_halves_the_batched_tokens() -> None:
+    win = window(kv=0.85, running=40, waiting=0, prompt=3000, output=1000)
+    d = decide(win=win, restarts=(_oom(3.5, 2.5),))
+    assert d.settings == CURRENT.replace(max_num_batched_tokens=4096)
+
+
+def test_small_oom_lowers_utilisation_enough_for_the_shortfall() -> None:
+    """A 3 GiB allocation with 0.2 GiB free, headroom 6.3 GiB (under half of it: the headroom filled up):
+    2.8 x 1.2 = 3.4 GiB more headroom, 0.043 -> 0.87 (VPA's 0.02 would OOM again)."""
+    d = decide(win=window(kv=0.5, running=100), restarts=(_oom(3.0, 0.2),))
+    assert d.settings == CURRENT.replace(gpu_memory_utilization=0.87)
+
+
+def test_repeated_batch_shaped_oom_escalates() -> None:
+    """The same settings OOMed twice: cut what sized it *and* lower the utilisation (one capped step)."""
+    d = decide(win=DOWN, restarts=(_oom(20.0, 5.3, count=2),))
+    assert d.settings == CURRENT.replace(max_num_seqs=128, gpu_memory_utilization=0.87)
+
+
 def test_cuda_oom_exhausted_is_infeasible() -> None:
     current = CURRENT.replace(gpu_memory_utilization=0.5, max_num_seqs=1, max_num_batched_tokens=2048)
     d = decide(current=current, win=DOWN, restarts=(restart(RestartKind.CUDA_OOM),))
@@ -459,6 +529,56 @@ def test_kv_cache_too_small_infeasible_says_what_would_fit() -> None:
     assert "minimum context 100000" in d.reason
 
 
+# "KV cache too small" at the minimum context: vLLM's text for 2015 tokens (0.246 GiB) at max-model-len 4096
+EDGE = CURRENT.replace(max_model_len=4096, gpu_memory_utilization=0.90)
+EDGE_BOUNDS = TuningBounds(min_max_model_len=4096)
+
+
+def _too_small_at_the_minimum() -> object:
+    return restart(
+        RestartKind.KV_CACHE_TOO_SMALL,
+        max_model_len=4096,
+        estimated_max_model_len=2015,
+        needed_kv_gib=0.5,
+        available_kv_gib=2015 * 131072 / 2**30,
+    )
+
+
+def test_kv_too_small_at_the_minimum_context_cuts_the_batched_tokens() -> None:
+    """Weakness 1: declared Infeasible although fewer batched tokens fit. Halving vLLM's 8192 frees a
+    quarter of the 2.5 GiB activation peak (0.625 GiB = 5120 tokens): 7135 >= 4096."""
+    d = decide(current=EDGE, win=DOWN, restarts=(_too_small_at_the_minimum(),), bounds=EDGE_BOUNDS)
+    assert (d.action, d.trigger, d.failed) == (Action.RETUNE, "KvCacheTooSmall", EDGE)
+    assert d.settings == EDGE.replace(max_num_batched_tokens=4096)
+
+
+def test_kv_too_small_at_the_minimum_context_raises_utilisation_just_enough() -> None:
+    """At the batched-token floor: 4096 x 1.02 - 2015 = 2163 tokens more = 0.26 GiB = +0.0034 -> 0.91."""
+    current = EDGE.replace(max_num_batched_tokens=2048)
+    d = decide(current=current, win=DOWN, restarts=(_too_small_at_the_minimum(),), bounds=EDGE_BOUNDS)
+    assert (d.action, d.settings) == (Action.RETUNE, current.replace(gpu_memory_utilization=0.91))
+
+
+def test_kv_too_small_with_nothing_left_to_free_is_infeasible() -> None:
+    current = EDGE.replace(max_num_batched_tokens=2048, gpu_memory_utilization=0.95)
+    bounds = TuningBounds(min_max_model_len=4096, max_gpu_memory_utilization=0.95)
+    d = decide(current=current, win=DOWN, restarts=(_too_small_at_the_minimum(),), bounds=bounds)
+    assert (d.action, d.failed) == (Action.INFEASIBLE, current)
+    assert "gpuMemoryUtilization bound" in d.reason
+
+
+def test_kv_too_small_skips_what_is_predicted_not_to_fit() -> None:
+    """Far too small (116 tokens for 4096): 2560 -> 2048 batched tokens frees 2048 tokens, not enough;
+    4062 tokens more (0.50 GiB) of utilisation does: 0.91."""
+    event = restart(
+        RestartKind.KV_CACHE_TOO_SMALL, max_model_len=4096, estimated_max_model_len=116,
+        available_kv_gib=116 * 131072 / 2**30,
+    )  # fmt: skip
+    current = EDGE.replace(max_num_batched_tokens=2560)
+    d = decide(current=current, win=DOWN, restarts=(event,), bounds=EDGE_BOUNDS)
+    assert d.settings == current.replace(gpu_memory_utilization=0.91)
+
+
 def test_no_cache_blocks_raises_utilisation_within_bounds() -> None:
     current = CURRENT.replace(gpu_memory_utilization=0.85)
     d = decide(current=current, win=DOWN, restarts=(restart(RestartKind.NO_CACHE_BLOCKS),))
@@ -503,7 +623,7 @@ def test_crash_before_the_last_change_is_old_news() -> None:
 
 def test_preemption_storm_cuts_sequences_towards_capacity() -> None:
     d = decide(win=window(kv=0.97, preempt=0.5, running=256, prompt=3000, output=1000))
-    # fit = 446128 * 0.8 / 4000 = 89, but one step cuts at most 25 %: 256 -> 192
+    # fit = 446128 * 0.8 / 3500 = 101, but one step cuts at most 25 %: 256 -> 192
     assert (d.action, d.trigger, d.settings) == (
         Action.RETUNE,
         Trigger.KV_PRESSURE,
@@ -512,8 +632,8 @@ def test_preemption_storm_cuts_sequences_towards_capacity() -> None:
 
 
 def test_preemption_storm_cut_starts_from_what_actually_runs() -> None:
-    d = decide(win=window(kv=0.97, preempt=0.5, running=100, prompt=3000, output=1000))
-    assert d.settings.max_num_seqs == 89
+    d = decide(win=window(kv=0.97, preempt=0.5, running=120, prompt=3000, output=1000))
+    assert d.settings.max_num_seqs == 101  # 446128 * 0.8 / (3000 + 1000 / 2), at most -25 % of 120
 
 
 def test_preemption_storm_without_lengths_takes_one_step() -> None:
@@ -537,6 +657,7 @@ def test_preemption_storm_prefers_fp8_when_allowed() -> None:
     ],
 )
 def test_inside_the_bands_holds(win: ObservationWindow) -> None:
+    """Inside the band, without room at 0.80 for more sequences of the observed length, nothing changes."""
     d = decide(win=win)
     assert (d.action, d.trigger) == (Action.HOLD, Trigger.STEADY)
 
@@ -546,6 +667,46 @@ def test_pressure_at_the_lower_bound_holds() -> None:
     d = decide(win=window(kv=0.97, preempt=0.5, running=256), bounds=bounds)
     assert (d.action, d.trigger) == (Action.HOLD, Trigger.KV_PRESSURE)
     assert "lower bound" in d.reason
+
+
+def test_queue_at_the_limit_inside_the_band_raises_to_the_room() -> None:
+    """Weakness 2: KV 0.60 with a queue at the limit was never acted on. 256 running at 0.60 leaves room
+    for 341 at 0.80 (and the lengths for 892): +25 %."""
+    d = decide(win=window(kv=0.6, waiting=12, running=256, prompt=300, output=200))
+    assert (d.action, d.trigger, d.settings) == (
+        Action.RETUNE,
+        Trigger.IDLE_CAPACITY,
+        CURRENT.replace(max_num_seqs=320),
+    )
+    assert "room for 341 sequences" in d.reason
+
+
+def test_queue_inside_the_band_is_capped_by_the_room() -> None:
+    d = decide(win=window(kv=0.7, waiting=300, running=256, prompt=300, output=200))
+    assert d.settings.max_num_seqs == 292  # 0.8 x 256 / 0.7; the deep queue alone would double
+
+
+def test_queue_inside_the_band_without_room_holds() -> None:
+    d = decide(win=window(kv=0.78, waiting=12, running=256, prompt=300, output=200))
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.STEADY)  # room for 262: under +5 %
+
+
+def test_sizing_counts_what_a_sequence_holds_on_average() -> None:
+    """Weakness 6 of the findings (5 of the brief): a sequence holds its prompt and, on average over its
+    life, half its output: 446128 x 0.8 / (1000 + 300 / 2) = 310, not / 1300 = 274."""
+    s = _situation_of(window(kv=0.3, running=256, prompt=1000, output=300))
+    assert remedies.compute_room_seqs(s) == 310
+    policy = dataclasses.replace(POLICY, output_occupancy=1.0)
+    s = _situation_of(window(kv=0.3, running=256, prompt=1000, output=300), policy)
+    assert remedies.compute_room_seqs(s) == 274
+
+
+def _situation_of(win: ObservationWindow, policy: PolicyConfig = POLICY) -> Situation:
+    ctx = context(BOUNDS, policy)
+    return Situation(
+        current=CURRENT, effective=remedies.compute_effective(CURRENT, ctx), budget=BUDGET, window=win,
+        context=ctx, history=(), now=NOW, capacity_tokens=BUDGET.kv_cache_tokens,
+    )  # fmt: skip
 
 
 def test_idle_capacity_with_a_queue_raises_sequences() -> None:
@@ -565,7 +726,7 @@ def test_idle_raise_grows_with_the_queue(waiting: float, seqs: int) -> None:
 
 def test_idle_raise_is_capped_by_kv_capacity() -> None:
     d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=1000, output=300))
-    assert d.settings.max_num_seqs == 274  # 446128 * 0.8 / 1300
+    assert d.settings.max_num_seqs == 310  # 446128 * 0.8 / (1000 + 300 / 2)
 
 
 def test_idle_raise_is_capped_by_the_bound() -> None:
@@ -577,26 +738,73 @@ def test_idle_raise_is_capped_by_the_bound() -> None:
 
 
 def test_idle_raise_stays_under_where_pressure_forced_a_cut() -> None:
+    """Without usage per sequence (KV reads 0) nothing shows room at 300: the ceiling holds for an hour."""
     cut = entry(ago=1800, before=CURRENT.replace(max_num_seqs=300), after=CURRENT)
-    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200), history=(cut,))
+    d = decide(win=window(kv=0.0, waiting=12, running=256, prompt=300, output=200), history=(cut,))
     assert d.settings.max_num_seqs == 299
     old_cut = entry(ago=4000, before=CURRENT.replace(max_num_seqs=300), after=CURRENT)
-    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200), history=(old_cut,))
+    d = decide(win=window(kv=0.0, waiting=12, running=256, prompt=300, output=200), history=(old_cut,))
     assert d.settings.max_num_seqs == 320
+
+
+def test_a_cut_is_lifted_once_the_lower_setting_shows_room() -> None:
+    """Weakness 3: a cut on a noisy peak was permanent. At 256 the window shows KV 0.30, i.e. 0.35 at
+    300: the cut from 300 was a transient, and the raise may pass it (up to what fits at 0.80)."""
+    cut = entry(ago=1800, before=CURRENT.replace(max_num_seqs=300), after=CURRENT)
+    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=300, output=200), history=(cut,))
+    assert (d.action, d.settings.max_num_seqs) == (Action.RETUNE, 320)
+    assert "lifted" in d.reason
+
+
+def test_a_cut_holds_while_the_lower_setting_shows_no_room_for_it() -> None:
+    """Hysteresis: after a cut 300 -> 256, KV 0.72 at 256 extrapolates to 0.84 at 300 (> 0.80): the raise
+    stops below the ceiling, at what fits at 0.80."""
+    cut = entry(ago=1800, before=CURRENT.replace(max_num_seqs=300), after=CURRENT)
+    d = decide(win=window(kv=0.72, waiting=12, running=256, prompt=300, output=200), history=(cut,))
+    assert (d.action, d.settings.max_num_seqs) == (Action.RETUNE, 284)  # 0.8 * 256 / 0.72
+    assert "lifted" not in d.reason
+
+
+def test_recovery_after_a_cut_on_a_noisy_peak() -> None:
+    """A storm cuts 256 -> 192; the load then eases: KV 0.55 at 192 with a queue at the limit. Before, the
+    band (and the ceiling) held for good; now the next change raises again, and a constant storm at the
+    cut setting would not (tests/tuner/test_policy_properties.py, no flapping)."""
+    cut = entry(ago=700, before=CURRENT, after=CURRENT.replace(max_num_seqs=192))
+    current = CURRENT.replace(max_num_seqs=192)
+    d = decide(current=current, win=window(kv=0.55, waiting=20, running=192, prompt=300, output=200),
+               history=(cut,))  # fmt: skip
+    assert (d.action, d.trigger) == (Action.RETUNE, Trigger.IDLE_CAPACITY)
+    assert d.settings.max_num_seqs == 240  # +25 %; room for 279 at 0.80
 
 
 def test_idle_raise_stays_under_sequences_that_failed() -> None:
     failed = (
         CURRENT.replace(max_num_seqs=300),
         CURRENT.replace(max_num_seqs=280, gpu_memory_utilization=0.8),
+        CURRENT.replace(max_num_seqs=320, gpu_memory_utilization=0.9),  # the trade failed too
     )
     idle = window(kv=0.3, waiting=12, running=256, prompt=300, output=200)
     d = decide(win=idle, failed=failed)
     assert d.settings.max_num_seqs == 278  # halfway from 256 to 300, rather than creeping up
-    d = decide(win=idle, failed=(CURRENT.replace(max_num_seqs=265),))
+    d = decide(win=idle, failed=(CURRENT.replace(max_num_seqs=265), CURRENT.replace(max_num_seqs=320,
+               gpu_memory_utilization=0.9)))  # fmt: skip
     assert (d.action, d.trigger) == (Action.HOLD, Trigger.IDLE_CAPACITY)  # +4 %: not worth a rollout
     d = decide(win=idle, failed=())
     assert d.settings.max_num_seqs == 320
+
+
+def test_idle_raise_trades_utilisation_for_sequences_that_failed() -> None:
+    """Weakness 4, the reverse trade: 300 sequences failed at 0.92. With KV room to spare, 320 at one OOM
+    step less (0.90) is tried before bisecting to 278 at 0.92; never where that utilisation failed."""
+    idle = window(kv=0.3, waiting=12, running=256, prompt=300, output=200)
+    d = decide(win=idle, failed=(CURRENT.replace(max_num_seqs=300),))
+    assert d.settings == CURRENT.replace(max_num_seqs=320, gpu_memory_utilization=0.90)
+    assert "headroom traded" in d.reason
+    traded = CURRENT.replace(max_num_seqs=310, gpu_memory_utilization=0.9)
+    failed = (CURRENT.replace(max_num_seqs=300), traded)
+    assert decide(win=idle, failed=failed).settings == CURRENT.replace(max_num_seqs=278)
+    long = window(kv=0.3, waiting=12, running=256, prompt=1000, output=300)  # 0.90 holds 301 < 320 at 0.80
+    assert decide(win=long, failed=(CURRENT.replace(max_num_seqs=300),)).settings.max_num_seqs == 278
 
 
 def test_idle_raise_keeps_batched_tokens_at_least_sequences() -> None:
@@ -617,10 +825,30 @@ STORM = window(kv=0.97, preempt=0.5, running=256)
 
 
 def test_cooldown_blocks_metric_changes() -> None:
-    d = decide(win=STORM, history=(entry(ago=500),))
+    """The cooldown is a restart (180 s assumed) plus one window (300 s) after the last retune."""
+    d = decide(win=STORM, history=(entry(ago=400),))
     assert (d.action, d.trigger) == (Action.HOLD, Trigger.KV_PRESSURE)
-    assert "cooldown for 100s" in d.reason
-    assert decide(win=STORM, history=(entry(ago=601),)).action == Action.RETUNE
+    assert "cooldown for 80s" in d.reason
+    assert decide(win=STORM, history=(entry(ago=481),)).action == Action.RETUNE
+
+
+def test_cooldown_grows_with_the_measured_restart() -> None:
+    """The hook for the measured start-to-Ready seconds: a 10-minute start-up means 15 minutes' cooldown."""
+    assert decide(win=STORM, history=(entry(ago=800),), restart_seconds=600.0).action == Action.HOLD
+    assert decide(win=STORM, history=(entry(ago=901),), restart_seconds=600.0).action == Action.RETUNE
+    assert compute_cooldown(POLICY, 600.0) == 900.0
+    assert compute_cooldown(POLICY) == 480.0
+    assert compute_cooldown(dataclasses.replace(POLICY, cooldown_seconds=1200.0), 60.0) == 1200.0
+
+
+def test_first_metrics_change_after_the_plan_waits_only_for_fresh_samples() -> None:
+    """Weakness 6: the plan started a 10-minute cooldown. It judged nothing: as soon as the planned pods
+    have min_samples fresh samples, the first metrics-driven change may go."""
+    planned = entry(ago=200, trigger="Planned", action=HistoryAction.PLANNED)
+    d = decide(win=STORM, history=(planned,))
+    assert (d.action, d.trigger) == (Action.RETUNE, Trigger.KV_PRESSURE)
+    d = decide(win=STORM, history=(entry(ago=100, trigger="Planned", action=HistoryAction.PLANNED),))
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.INSUFFICIENT_DATA)  # 4 samples since the plan
 
 
 def test_crash_remedies_skip_the_cooldown_but_not_the_minimum_interval() -> None:
@@ -677,3 +905,21 @@ def test_history_queries() -> None:
     assert history_mod.compute_changes_since(history, NOW - 3600) == 2
     assert history_mod.compute_recent_streak(history, "CudaOOM", NOW - 3600) == 2
     assert history_mod.compute_recent_streak(history, "KvPressure", NOW - 3600) == 0
+
+
+# --- the CUDA OOM's figures -----------------------------------------------------------------------
+
+
+def test_cuda_oom_text_gives_the_allocation_and_what_was_free() -> None:
+    text = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total "
+        "capacity of 79.19 GiB of which 140.75 MiB is free. Including non-PyTorch memory, this process has "
+        "79.04 GiB memory in use."
+    )
+    cause = classify_termination(text, "Error", 1)
+    assert cause.kind == RestartKind.CUDA_OOM
+    assert cause.tried_gib == pytest.approx(786 / 1024)
+    assert cause.free_gib == pytest.approx(140.75 / 1024)
+    assert cause.total_gib == pytest.approx(79.19)
+    bare = classify_termination("RuntimeError: CUDA error: out of memory", "Error", 1)
+    assert (bare.kind, bare.tried_gib, bare.free_gib) == (RestartKind.CUDA_OOM, None, None)

@@ -39,6 +39,7 @@ from kvpilot.tuner.loop.policy import (
     MetricsStatus,
     RolloutState,
     Trigger,
+    compute_cooldown,
     compute_decision,
     compute_metrics_status,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "TuningContext",
     "build_history",
     "classify_termination",
+    "compute_cooldown",
     "compute_decision",
     "compute_effective",
     "compute_last_change_time",

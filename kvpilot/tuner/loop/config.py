@@ -22,13 +22,26 @@ class PolicyConfig:
     """Stability and step-size settings of the retuning policy. Times in seconds."""
 
     # --- stability ---------------------------------------------------------------------
-    cooldown_seconds: float = 600.0
-    """Minimum time between a change and the next *metrics-driven* change (``spec.tuning.cooldownSeconds``).
-    Ten minutes: a vLLM restart costs minutes of load/compile/graph capture, and a 5-minute
-    window of post-change metrics is needed before judging the change."""
+    cooldown_seconds: float = 300.0
+    """Minimum time between a retune and the next *metrics-driven* change (``spec.tuning.cooldownSeconds``),
+    at least ``restart_seconds + window_seconds`` (see :attr:`cooldown_restart_windows`). Five minutes
+    as a floor, eight with the default restart: each change costs a vLLM restart (load, compile, CUDA
+    graphs: minutes, ``restart_seconds``), and the next change must be judged on a full window of
+    metrics of the new settings, which exist only once they run. The initial plan starts no cooldown:
+    the first metrics-driven change waits only for ``min_samples`` fresh samples of the planned pods
+    (the metrics gate), since nothing earlier than the plan is being judged."""
+    restart_seconds: float = 180.0
+    """Start-to-Ready seconds of a vLLM pod, assumed when ``Evidence.restart_seconds`` (the measured
+    figure, from the pods' start and Ready times) is not given. Three minutes: the bench's and e2e's 8B
+    start-up is about 150 s (weights load, ``torch.compile``, CUDA-graph capture); larger models take
+    longer, which the measured figure then says."""
+    cooldown_restart_windows: float = 1.0
+    """The cooldown is at least ``restart_seconds + cooldown_restart_windows x window_seconds``: the new
+    pod's start, then this many full metrics windows of it before the next metrics-driven change.
+    One window: the metrics gate and the rules already judge one window; more only slows a ramp."""
     min_change_interval_seconds: float = 60.0
     """Minimum time between any two changes, crash remedies included. Crash remedies skip the
-    cooldown (a crash loop must not wait ten minutes) but only react to a crash of the
+    cooldown (a crash loop must not wait minutes) but only react to a crash of the
     *current* settings, so they cannot pile up on the same evidence."""
     max_changes_per_hour: int = 4
     """Retunes in any rolling hour (``spec.tuning.maxChangesPerHour``); rollbacks are exempt."""
@@ -42,7 +55,12 @@ class PolicyConfig:
     to the previous good settings, as for a crash before Ready. Five minutes: one metrics window, and
     under the default cooldown, so probation never delays a metrics-driven change. 0 = good at Ready."""
     flap_guard_seconds: float = 3600.0
-    """For this long after KV pressure lowered ``max_num_seqs`` from S, raises stay below S."""
+    """For this long after KV pressure lowered ``max_num_seqs`` from S, raises stay below S -- unless the
+    window at the lower setting shows room for S sequences at ``target_kv_usage`` (by the observed usage
+    per running sequence, and by the observed lengths when known): the cut was then a transient (a burst of
+    long requests), and the gap between ``target_kv_usage`` (0.80) and ``kv_usage_high`` (0.90) is the
+    hysteresis that keeps the raise from re-triggering the cut under the same load. One hour: VPA's
+    recommender likewise decays its peaks over hours, not minutes."""
 
     # --- metrics -------------------------------------------------------------------------
     window_seconds: float = 300.0
@@ -59,8 +77,10 @@ class PolicyConfig:
     """KV usage at or above this is pressure; vLLM throughput "dramatically breaks" near 0.91
     (vllm#18115). Higher than WVA's 0.80 scale-out threshold because a retune costs a restart."""
     kv_usage_low: float = 0.50
-    """KV usage at or below this with a queue means spare capacity. The 0.50..0.90 gap is the
-    hysteresis band: nothing inside it changes anything."""
+    """KV usage at or below this with a queue at the sequence limit means spare capacity, however the
+    lengths are known. Inside the 0.50..0.90 band a queue at the limit raises ``max_num_seqs`` only up
+    to what the observed lengths and usage say fits at ``target_kv_usage``; without such room the band
+    is hysteresis and nothing changes."""
     preemption_rate_high: float = 0.05
     """Preemptions per second on the worst pod (3 a minute) that, with high KV usage, count as a storm."""
     queue_min: float = 1.0
@@ -70,6 +90,12 @@ class PolicyConfig:
     """Running at or above this share of ``max_num_seqs`` = the sequence limit is what queues requests."""
     target_kv_usage: float = 0.80
     """KV share that a sized ``max_num_seqs`` aims at (WVA's saturation point), leaving room for growth."""
+    output_occupancy: float = 0.5
+    """Share of its output a sequence holds in KV on average over its life when sizing ``max_num_seqs``:
+    a sequence holds its prompt plus the output generated so far, which grows linearly from 0 to the
+    full output, so ``prompt + 0.5 x output`` on average (the bench's fluid model admits on the same
+    figure; vLLM V1 allocates KV blocks as tokens are generated, not up front). ``target_kv_usage``
+    keeps the margin for sequences near their end. 1.0 = the old, conservative full-length sizing."""
 
     # --- step sizes ------------------------------------------------------------------------
     seqs_step_down: float = 0.25
@@ -87,11 +113,28 @@ class PolicyConfig:
     (VPA's ``DefaultOOMBumpUpRatio``, 20 %) ..."""
     oom_min_step: float = 0.02
     """... and by at least this much (VPA's +100 MiB floor, here 2 % of the GPU: 1.6 GiB on 80 GB)."""
+    oom_large_allocation: float = 0.5
+    """A CUDA OOM whose failed allocation ("Tried to allocate X") is at least this share of the
+    headroom ``1 - gpu_memory_utilization`` is *batch-shaped*: one tensor sized by the batch (CUDA-graph
+    capture and the sampler's logits grow with ``max_num_seqs``, the profile's activations with
+    ``max_num_batched_tokens``). Cutting what sizes it frees the memory at once; walking utilisation
+    down 2 % a crash would take several crashes. Smaller allocations mean the headroom filled up with
+    many small ones (fragmentation, NCCL, the allocator's cache): more headroom is the cure. One half:
+    an allocation of half the headroom cannot be fragmentation."""
     max_gmu_step: float = 0.05
-    """Largest change of ``gpu_memory_utilization`` in one change."""
+    """Largest change of ``gpu_memory_utilization`` in one change -- except after a batch-shaped CUDA
+    OOM whose printed shortfall (tried minus free) sizes the step exactly and the KV cache at the lower
+    utilisation still holds every sequence at ``target_kv_usage``: a guessed step is bounded, a measured
+    one is not (walking down 5 % a crash costs a crash per step)."""
     batched_tokens_floor: int = 2048
     """``max_num_batched_tokens`` is never cut below this: smaller prefill chunks cost more steps per
     prompt than the activation memory they free is worth."""
+    activation_batched_share: float = 0.5
+    """Share of the planned activation peak (``MemoryBudget.activation_gib``) taken to shrink in
+    proportion when ``max_num_batched_tokens`` is cut, to predict the KV tokens the cut frees. The
+    profile run's forward pass over the batch's tokens is linear in them, the sampler's
+    ``max_num_seqs x vocabulary`` logits and fixed buffers are not (``kvpilot.tuner.memory.budget``);
+    one half errs low for dense models, and a wrong prediction is corrected by vLLM's next start-up text."""
     context_margin: float = 0.02
     """A fitted ``max_model_len`` stays this share under what vLLM says fits (its auto-fit can land
     exactly on pool capacity, without room for the null block)."""

@@ -53,6 +53,13 @@ def compute_last_change_time(history: tuple[HistoryEntry, ...]) -> float | None:
     return max(times) if times else None
 
 
+def compute_last_retune_time(history: tuple[HistoryEntry, ...]) -> float | None:
+    """When the settings last changed other than by the initial plan (the cooldown counts from here:
+    the plan judged nothing, so the first metrics-driven change waits only for fresh samples)."""
+    times = [e.time for e in history if e.action in CHANGES and e.action != HistoryAction.PLANNED]
+    return max(times) if times else None
+
+
 def compute_changes_since(history: tuple[HistoryEntry, ...], since: float) -> int:
     """Retunes and rollbacks strictly after ``since`` (the initial plan is not counted)."""
     return sum(1 for e in history if e.is_change and e.action != HistoryAction.PLANNED and e.time > since)

@@ -59,9 +59,11 @@ class RestartCause:
     needed_kv_gib: float | None = None
     available_kv_gib: float | None = None
     free_gib: float | None = None
-    """``Free memory on device (F/T GiB)``: F."""
+    """``Free memory on device (F/T GiB)``: F; for a CUDA OOM, PyTorch's "of which F is free"."""
     total_gib: float | None = None
-    """``Free memory on device (F/T GiB)``: T."""
+    """``Free memory on device (F/T GiB)``: T; for a CUDA OOM, PyTorch's "total capacity of T"."""
+    tried_gib: float | None = None
+    """CUDA OOM: the allocation that failed, PyTorch's "Tried to allocate X"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,9 +162,14 @@ class ObservationWindow:
     @property
     def mean_sequence_tokens(self) -> float | None:
         """Tokens one finished request holds in KV at its end (prompt + output), on average."""
+        return self.compute_occupied_tokens(1.0)
+
+    def compute_occupied_tokens(self, output_share: float) -> float | None:
+        """Tokens one running request holds in KV on average: prompt + ``output_share`` x output
+        (0.5 over a sequence's life: its output grows from nothing to the full length)."""
         if self.prompt_tokens is None or self.generation_tokens is None:
             return None
-        total = self.prompt_tokens.mean + self.generation_tokens.mean
+        total = self.prompt_tokens.mean + output_share * self.generation_tokens.mean
         return total if total > 0 else None
 
 

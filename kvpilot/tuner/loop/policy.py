@@ -13,12 +13,14 @@ chain of small steps; the first step with something to say decides:
 3. **metrics gate** -- missing, stale or too few samples since the last change: hold
    (``MetricsAvailable=False`` on the resource).
 4. **pressure** -- sustained KV usage >= high band with preemptions: fp8 KV or fewer sequences.
-5. **idle** -- sustained KV usage <= low band with a queue at the sequence limit: more sequences.
+5. **idle** -- a queue at the sequence limit with room in the KV cache (sustained usage <= low band,
+   or, inside the band, room at the target usage by the observed lengths and usage): more sequences.
 6. otherwise hold (inside the hysteresis band).
 
 Every candidate then passes the same filters, in order: clamp to the bounds -> round and
 make consistent -> drop "no change" -> drop settings that failed before -> drop settings
-predicted not to start -> stability gates (minimum interval, cooldown, changes per hour).
+predicted not to start -> stability gates (minimum interval, cooldown from the last retune -- not
+from the initial plan -- at least a restart plus a metrics window, changes per hour).
 
 Time is the ``now`` argument (epoch seconds); nothing here reads a clock, the cluster or
 Prometheus. The same inputs always give the same decision.
@@ -56,6 +58,7 @@ __all__ = [
     "Trigger",
     "TuningBounds",
     "TuningContext",
+    "compute_cooldown",
     "compute_decision",
     "compute_metrics_status",
 ]
@@ -178,6 +181,18 @@ class Evidence:
     """Terminations of containers that ran the current settings (the operator filters by the pod's args)."""
     ready: bool = False
     """Every desired replica runs the current settings and is Ready."""
+    restart_seconds: float | None = None
+    """Measured start-to-Ready seconds of a vLLM pod of this service (e.g. the last rollout's: its
+    pods' start to Ready), when the operator has it; ``None`` = ``PolicyConfig.restart_seconds``.
+    The cooldown grows with it (:func:`compute_cooldown`)."""
+
+
+def compute_cooldown(policy: PolicyConfig, restart_seconds: float | None = None) -> float:
+    """Seconds a metrics-driven change waits after the last retune: ``cooldown_seconds``, and at least
+    a restart of vLLM plus ``cooldown_restart_windows`` metrics windows of the new settings, so the
+    window the next change is judged on holds only samples of the settings it judges."""
+    restart = policy.restart_seconds if restart_seconds is None else max(0.0, restart_seconds)
+    return max(policy.cooldown_seconds, restart + policy.cooldown_restart_windows * policy.window_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +206,9 @@ class _Inputs:
     last_good: EngineSettings | None
     ready: bool
     last_change: float | None
+    last_retune: float | None
+    """The last change other than the initial plan: the cooldown counts from it."""
+    cooldown: float
     metrics: MetricsStatus
 
 
@@ -238,6 +256,8 @@ def _build_inputs(state: LoopState, evidence: Evidence, context: TuningContext, 
         state.last_good,
         evidence.ready,
         last_change,
+        history_mod.compute_last_retune_time(history),
+        compute_cooldown(context.policy, evidence.restart_seconds),
         compute_metrics_status(window, context.policy, now),
     )
 
@@ -356,8 +376,8 @@ def _crash_step(inp: _Inputs) -> Decision | None:
     s = inp.situation
     event = _worst_restart(inp.restarts)
     kind = event.cause.kind
-    if kind == RestartKind.KV_CACHE_TOO_SMALL and event.cause.estimated_max_model_len:
-        s = dataclasses.replace(s, capacity_tokens=event.cause.estimated_max_model_len)
+    if kind == RestartKind.KV_CACHE_TOO_SMALL:
+        s = remedies.calibrate_to_startup_error(s, event)
     proposal = remedies.propose_for_restart(s, event)
     if proposal is None:
         advice = (
@@ -480,14 +500,11 @@ def _gate(
     s, p = inp.situation, inp.situation.policy
     change = vllm.describe_change(s.current, settings)
     blocked = None
-    if inp.last_change is not None:
+    if inp.last_change is not None and s.now - inp.last_change < p.min_change_interval_seconds:
         since = s.now - inp.last_change
-        if since < p.min_change_interval_seconds:
-            blocked = (
-                f"only {since:.0f}s since the last change (minimum {p.min_change_interval_seconds:.0f}s)"
-            )
-        elif not proposal.crash and since < p.cooldown_seconds:
-            blocked = f"cooldown for {p.cooldown_seconds - since:.0f}s more"
+        blocked = f"only {since:.0f}s since the last change (minimum {p.min_change_interval_seconds:.0f}s)"
+    elif not proposal.crash and inp.last_retune is not None and s.now - inp.last_retune < inp.cooldown:
+        blocked = f"cooldown for {inp.cooldown - (s.now - inp.last_retune):.0f}s more"
     if blocked is None:
         recent = history_mod.compute_changes_since(s.history, s.now - 3600.0)
         if recent >= p.max_changes_per_hour:

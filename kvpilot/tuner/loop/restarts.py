@@ -80,9 +80,22 @@ def _cuda_oom(text: str) -> RestartCause | None:
         return None
     line = _line_containing(text, match.group(0))
     tried = messages.TRIED.search(text)
+    tried_gib = None
     if tried:
         line = f"CUDA out of memory (tried to allocate {tried.group(1)} {tried.group(2)})"
-    return RestartCause(RestartKind.CUDA_OOM, detail=line)
+        tried_gib = _gib(tried.group(1), tried.group(2))
+    capacity = messages.OOM_CAPACITY.search(text)
+    total = free = None
+    if capacity:
+        total = _gib(capacity.group(1), capacity.group(2))
+        free = _gib(capacity.group(3), capacity.group(4))
+    return RestartCause(
+        RestartKind.CUDA_OOM, detail=line, tried_gib=tried_gib, free_gib=free, total_gib=total
+    )
+
+
+def _gib(value: str, unit: str) -> float:
+    return float(value) / (1024.0 if unit == "MiB" else 1.0)
 
 
 def _line_containing(text: str, needle: str, limit: int = 300) -> str:

@@ -139,3 +139,5 @@ CUDA_OOM = re.compile(
     re.IGNORECASE,
 )
 TRIED = re.compile(r"Tried to allocate " + _NUM + r" ([GM]iB)")
+# PyTorch's OutOfMemoryError: "GPU 0 has a total capacity of T GiB of which F MiB is free."
+OOM_CAPACITY = re.compile(r"total capacity of " + _NUM + r" ([GM]iB) of which " + _NUM + r" ([GM]iB) is free")
