@@ -40,7 +40,8 @@ from kvpilot.tuner.model.layers import (
 
 _SLIDING_NAMES = frozenset({"sliding_attention", "sliding_window", "local_attention", "sliding"})
 _FULL_NAMES = frozenset({"full_attention", "attention", "global"})
-_KNOWN_KINDS = _SLIDING_NAMES | _FULL_NAMES | {"chunked_attention", "linear_attention", "mamba"}
+_LINEAR_NAMES = frozenset({"linear_attention", "mamba"})
+_KNOWN_KINDS = _SLIDING_NAMES | _FULL_NAMES | _LINEAR_NAMES | {"chunked_attention"}
 _NO_ROPE_FLAG = Limit(1, "each entry is 0 (no RoPE) or 1")
 
 
@@ -185,9 +186,17 @@ def read_layers(
     if "chunked_attention" in kinds:
         chunk = text.need_int("attention_chunk_size", limit=MAX_CONTEXT)
         by_name["chunked_attention"] = LayerSpec(CHUNKED, kv_heads, head_dim, head_dim, chunk)
-    by_name.update(dict.fromkeys(("linear_attention", "mamba"), LayerSpec(LINEAR)))
+    by_name.update(dict.fromkeys(_LINEAR_NAMES, LayerSpec(LINEAR)))
     by_name.update(dict.fromkeys(_FULL_NAMES, LayerSpec(FULL, global_kv, global_hd, global_hd)))
-    linear_state = _linear_state(text) if "linear_attention" in kinds else None
+    linear_state = None
+    if any(name in _LINEAR_NAMES for name in kinds):
+        if all(name in _LINEAR_NAMES for name in kinds):
+            raise errors.InvalidModelConfig(
+                "config.json has linear-attention layers only: vLLM pages its state beside attention "
+                "layers, and a model without any is not modelled",
+                field=text.path("layer_types" if "layer_types" in text.data else "full_attention_interval"),
+            )
+        linear_state = _linear_state(text)
     if model_type == "gemma4_text" and text.optional_int("num_kv_shared_layers", limit=MAX_LAYERS, minimum=0):
         raise errors.InvalidModelConfig(
             "Gemma 4 KV-sharing layers (num_kv_shared_layers > 0) are not modelled",
