@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import pathlib
 import time
 import tracemalloc
@@ -96,15 +97,54 @@ def _nested(depth: int) -> Any:
 
 HOSTILE = st.one_of(
     st.sampled_from(
-        [0, -1, -8, 1, 2, 3, 7, 3_000_000, 2**31, 2**62, 2**64, 10**30, 10**400, 4096.0, 0.5, -0.0, 1e308,
-         math.nan, math.inf, -math.inf, True, False, None, "", "32", "4096", "bfloat16", "yarn", "linear",
-         "llama4_text", "qwen3_next", "gemma3_text", "mamba", [], [1], ["full_attention"], [None], {}, {"a": 1},
-         {"rope_type": "yarn", "factor": 1e300}, {"quant_method": "gptq", "bits": 0}]
+        [
+            0,
+            -1,
+            -8,
+            1,
+            2,
+            3,
+            7,
+            3_000_000,
+            2**31,
+            2**62,
+            2**64,
+            10**30,
+            10**400,
+            4096.0,
+            0.5,
+            -0.0,
+            1e308,
+            math.nan,
+            math.inf,
+            -math.inf,
+            True,
+            False,
+            None,
+            "",
+            "32",
+            "4096",
+            "bfloat16",
+            "yarn",
+            "linear",
+            "llama4_text",
+            "qwen3_next",
+            "gemma3_text",
+            "mamba",
+            [],
+            [1],
+            ["full_attention"],
+            [None],
+            {},
+            {"a": 1},
+            {"rope_type": "yarn", "factor": 1e300},
+            {"quant_method": "gptq", "bits": 0},
+        ]
     ),  # fmt: skip
     st.integers(),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12),
-    st.lists(st.one_of(st.integers(-2, 4), st.sampled_from(["full_attention", "sliding_attention"])), max_size=6),
+    st.lists(st.integers(-2, 4) | st.sampled_from(["full_attention", "sliding_attention"]), max_size=6),
     st.integers(min_value=MAX_JSON_DEPTH, max_value=20_000).map(_nested),
 )
 
@@ -119,8 +159,8 @@ def _containers(config: dict[str, Any]) -> list[dict[str, Any]]:
     for holder in list(found):
         groups = holder.get("config_groups")
         if isinstance(groups, dict):
-            found += [g for g in groups.values() if isinstance(g, dict)]
-            found += [g["weights"] for g in groups.values() if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
+            schemes = [g for g in groups.values() if isinstance(g, dict)]
+            found += schemes + [g["weights"] for g in schemes if isinstance(g.get("weights"), dict)]
     return found
 
 
@@ -171,7 +211,7 @@ def _spec_and_plan(config: dict[str, Any], gpu: str, count: int, bounds: Serving
 
 
 @settings(
-    max_examples=int(__import__('os').environ.get('HOSTILE_EXAMPLES', 300)),
+    max_examples=int(os.environ.get("HOSTILE_EXAMPLES", "300")),  # more: HOSTILE_EXAMPLES=5000
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,
@@ -200,6 +240,7 @@ def _refused(config: dict[str, Any]) -> errors.InvalidModelConfig:
 
 
 LLAMA = cfg.LLAMA_31_8B
+VISION_LAYERS_1E9 = {**cfg.GEMMA_3_27B["vision_config"], "num_hidden_layers": 10**9}
 
 
 @pytest.mark.parametrize(
@@ -219,6 +260,8 @@ LLAMA = cfg.LLAMA_31_8B
         ({"rope_scaling": {**LLAMA["rope_scaling"], "factor": math.nan}}, "rope_scaling.factor", "got NaN"),
         ({"rope_scaling": {"rope_type": "linear", "factor": -math.inf}}, "rope_scaling.factor", "-Infinity"),
         ({"rope_scaling": "llama3"}, "rope_scaling", "must be an object, got the string 'llama3'"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 10**400}}, "rope_scaling.factor", "401 digits"),
+        ({"partial_rotary_factor": 10**400}, "partial_rotary_factor", "at most 1"),
         ({"max_position_embeddings": 2**62}, "max_position_embeddings", f"at most {MAX_CONTEXT.maximum}"),
         ({"max_position_embeddings": 10**400}, "max_position_embeddings", "an integer of about 401 digits"),
         ({"head_dim": 0}, "head_dim", "got 0"),
@@ -248,8 +291,8 @@ def test_three_million_layers_are_refused_at_once_naming_the_limit() -> None:
 
 
 def test_the_largest_allowed_model_plans_within_the_bounds() -> None:
-    config = {**LLAMA, "num_hidden_layers": MAX_LAYERS.maximum, "max_position_embeddings": MAX_CONTEXT.maximum}
-    config["rope_scaling"] = None
+    config = {**LLAMA, "num_hidden_layers": MAX_LAYERS.maximum, "rope_scaling": None}
+    config["max_position_embeddings"] = MAX_CONTEXT.maximum
     spec = _bounded(lambda: build_model_spec(config))
     plan = _bounded(lambda: compute_plan(spec, lookup_gpu("H100"), 8, ServingBounds(min_context=131072)))
     assert not plan.feasible and plan.reasons  # far too large, and it says so
@@ -261,7 +304,8 @@ def test_the_largest_allowed_model_plans_within_the_bounds() -> None:
         ({**cfg.GPT_OSS_20B, "num_experts_per_tok": 64}, "num_experts_per_tok"),
         ({**cfg.GPT_OSS_20B, "num_local_experts": -1}, "num_local_experts"),
         ({**cfg.GPT_OSS_20B, "layer_types": cfg.GPT_OSS_20B["layer_types"][:-1]}, "layer_types"),
-        ({**cfg.GPT_OSS_20B, "layer_types": [*cfg.GPT_OSS_20B["layer_types"], "full_attention"]}, "layer_types"),
+        ({**cfg.GPT_OSS_20B, "layer_types": [*cfg.GPT_OSS_20B["layer_types"], "full_attention"]},
+         "layer_types"),
         ({**cfg.GPT_OSS_20B, "layer_types": [1] * cfg.GPT_OSS_20B["num_hidden_layers"]}, "layer_types[0]"),
         ({**cfg.DEEPSEEK_V3, "first_k_dense_replace": 62}, "first_k_dense_replace"),
         ({**cfg.DEEPSEEK_V3, "qk_rope_head_dim": -64}, "qk_rope_head_dim"),
@@ -276,7 +320,7 @@ def test_the_largest_allowed_model_plans_within_the_bounds() -> None:
          "quantization_config.config_groups.g"),
         ({**cfg.GEMMA_3_27B, "vision_config": 7}, "vision_config"),
         ({**cfg.GEMMA_3_27B, "text_config": [1]}, "text_config"),
-        ({**cfg.GEMMA_3_27B, "vision_config": {**cfg.GEMMA_3_27B["vision_config"], "num_hidden_layers": 10**9}},
+        ({**cfg.GEMMA_3_27B, "vision_config": VISION_LAYERS_1E9},
          "vision_config.num_hidden_layers"),
     ],
 )  # fmt: skip

@@ -161,9 +161,7 @@ class Fields:
             raise refuse(field, f"at most {limit.maximum} (kvpilot's limit; {limit.published})", value)
         return value
 
-    def optional_float(
-        self, name: str, *, maximum: float, inclusive_zero: bool = False
-    ) -> float | None:
+    def optional_float(self, name: str, *, maximum: float, inclusive_zero: bool = False) -> float | None:
         """A finite number above zero (or at least zero) and at most ``maximum``; None if null or absent."""
         value = self.data.get(name)
         if value is None:
@@ -171,6 +169,8 @@ class Fields:
         low = "at least 0" if inclusive_zero else "above 0"
         expected = f"a number {low} and at most {maximum:g}"
         if isinstance(value, bool) or not isinstance(value, int | float):
+            raise refuse(self.path(name), expected, value)
+        if isinstance(value, int) and not 0 <= value <= maximum:  # before float(): 10**400 overflows
             raise refuse(self.path(name), expected, value)
         number = float(value)
         if not math.isfinite(number) or not 0 <= number <= maximum or (number == 0 and not inclusive_zero):
