@@ -32,7 +32,7 @@ from kvpilot.tuner.model.configs import ENTRIES
 from kvpilot.tuner.model.fields import MAX_CONTEXT, MAX_LAYERS
 from kvpilot.tuner.model.spec import build_model_spec
 from kvpilot.tuner.plan import compute_plan
-from kvpilot.tuner.types import ServingBounds
+from kvpilot.tuner.types import EngineSettings, ServingBounds
 
 HF_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "data" / "hf_configs"
 TIME_LIMIT_S = 1.0
@@ -296,6 +296,18 @@ def test_the_largest_allowed_model_plans_within_the_bounds() -> None:
     spec = _bounded(lambda: build_model_spec(config))
     plan = _bounded(lambda: compute_plan(spec, lookup_gpu("H100"), 8, ServingBounds(min_context=131072)))
     assert not plan.feasible and plan.reasons  # far too large, and it says so
+
+
+@pytest.mark.parametrize("length", [2**31, 2**62, 10**30])
+def test_an_oversized_pinned_max_model_len_is_an_infeasible_plan(length: int) -> None:
+    spec = build_model_spec(LLAMA)  # the config's own maximum is bounded, so vLLM's check refuses the pin
+    plan = _bounded(
+        lambda: compute_plan(
+            spec, lookup_gpu("H100"), 1, ServingBounds(), pinned=EngineSettings(max_model_len=length)
+        )
+    )
+    assert not plan.feasible
+    assert f"User-specified max_model_len ({length}) is greater than the derived" in plan.reasons[0]
 
 
 @pytest.mark.parametrize(
