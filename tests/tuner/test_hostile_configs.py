@@ -422,3 +422,16 @@ def test_parse_config_json_refuses_what_is_not_a_config(text: str | bytes, match
 def test_parse_config_json_reads_every_published_config() -> None:
     for path in sorted(HF_CONFIGS.glob("*.json")):
         assert parse_config_json(path.read_text(), path.name) == json.loads(path.read_text())
+
+
+def test_what_published_configs_legitimately_hold_is_accepted() -> None:
+    # GPTQ's group_size -1 (one group per channel), zero shared experts, null optional fields
+    gptq = build_model_spec(
+        {**LLAMA, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": -1}}
+    )
+    assert gptq.quantization is not None and gptq.quantization.group_size == 128  # sized as the default
+    qwen = build_model_spec({**cfg.QWEN3_30B_A3B, "shared_expert_intermediate_size": 0, "head_dim": None})
+    assert qwen.moe is not None and qwen.moe.shared_intermediate_size == 0
+    assert (
+        build_model_spec({**LLAMA, "num_key_value_heads": None}).num_kv_heads == LLAMA["num_attention_heads"]
+    )

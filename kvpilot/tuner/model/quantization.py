@@ -70,7 +70,7 @@ def build_quant_spec(qc: Mapping[str, Any], where: str = "quantization_config") 
 def _group_size(q: Fields, *names: str) -> int | None:
     """A group size; ``-1`` (one group per channel) and null are None (sized as the default 128)."""
     name = next((n for n in names if q.present(n)), None)
-    if name is None or q.raw(name) == -1 and not isinstance(q.raw(name), bool):
+    if name is None or q.raw(name) == -1:
         return None
     return q.check_int(name, q.raw(name), limit=MAX_GROUP_SIZE)
 
