@@ -69,9 +69,8 @@ def _read_json(path: str) -> Any:
 def _plan(args: argparse.Namespace, out: TextIO) -> int:
 
     if args.config:
-        config = _read_json(args.config)
-        if not isinstance(config, dict):
-            raise CliError(f"{args.config} must hold a JSON object (a Hugging Face config.json)")
+        # Bounded like the operator's ConfigMaps: at most 1 MiB, nested at most 32 deep, an object.
+        config = models.parse_config_json(_read_text(args.config), args.config)
         model_name, checkpoint = args.config, None
     else:
         config = models.lookup_model_config(args.model)

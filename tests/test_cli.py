@@ -137,6 +137,9 @@ def _bad_files(tmp_path: Path) -> dict[str, Path]:
         "malformed": ("cases.json", "[{not json"),
         "object": ("cases.json", '{"id": "a"}'),
         "config-list": ("config.json", "[1, 2]"),
+        "config-deep": ("config.json", '{"text_config": ' + "[" * 50_000 + "]" * 50_000 + "}"),
+        "config-negative-heads": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, '
+                                  '"hidden_size": 64, "num_attention_heads": -8}'),
         "yaml": ("isvc.yaml", "spec: [unclosed"),
         "not-isvc": ("isvc.yaml", "- 1\n- 2\n"),
         "bad-spec": ("isvc.yaml", "kind: InferenceService\nspec: {model: {id: 3}, gpu: {count: -1}}\n"),
@@ -155,6 +158,11 @@ ERROR_CASES = {
     "unknown-model": (["plan", "--model", "acme/unknown-7b", "--gpu", "H100-SXM"], "--config"),
     "missing-config": (["plan", "--config", "/nonexistent/config.json", "--gpu", "L4"], "cannot read"),
     "config-list": (["plan", "--config", "{config-list}", "--gpu", "L4"], "JSON object"),
+    "config-deep": (["plan", "--config", "{config-deep}", "--gpu", "L4"], "deeper than 32 levels"),
+    "config-negative-heads": (
+        ["plan", "--config", "{config-negative-heads}", "--gpu", "L4"],
+        "num_attention_heads must be a positive integer, got -8",
+    ),
     "malformed-cases": (["estimate", "--cases", "{malformed}"], "not valid JSON"),
     "cases-not-a-list": (["estimate", "--cases", "{object}"], "JSON list"),
     "missing-cases": (["estimate", "--cases", "/nonexistent.json"], "cannot read"),

@@ -32,7 +32,13 @@ from kvpilot.operator import api, errors
 from kvpilot.operator.kube import Kube, build_label_selector
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, memory
-from kvpilot.tuner.model import ModelSpec, build_model_spec, lookup_checkpoint_bytes, lookup_model_config
+from kvpilot.tuner.model import (
+    ModelSpec,
+    build_model_spec,
+    lookup_checkpoint_bytes,
+    lookup_model_config,
+    parse_config_json,
+)
 from kvpilot.tuner.types import GpuSpec
 
 NODE_CACHE_TTL_S = 30.0
@@ -146,14 +152,9 @@ def build_model(config: Mapping[str, Any], origin: str, checkpoint_bytes: int | 
     return ResolvedModel(spec, key, origin, checkpoint_bytes)
 
 
-def _parse_config_json(text: str, where: str) -> dict[str, Any]:
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise tuner_errors.InvalidModelConfig(f"{where} is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise tuner_errors.InvalidModelConfig(f"{where} must hold a JSON object (a config.json)")
-    return config
+def _parse_config_json(text: str | bytes, where: str) -> dict[str, Any]:
+    """The config.json object; not JSON, over 1 MiB or nested too deep: InvalidModelConfig (not retried)."""
+    return parse_config_json(text, where)
 
 
 def read_config_map_config(ref: api.ConfigMapRef, namespace: str, kube: Kube) -> dict[str, Any]:

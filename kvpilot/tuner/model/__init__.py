@@ -5,6 +5,9 @@
   state, quantization, the vision tower's size and the default ``max_model_len``;
 * :mod:`.layers` holds the layer kinds and their geometry, :mod:`.quantization` what a
   ``quantization_config`` says;
+* :mod:`.fields` reads each value with its type and range checked, against the documented
+  limits (``MAX_LAYERS``...); :func:`parse_config_json` is the edges' bounded JSON reader;
+  :mod:`.readers` reads the layers, MLA, MoE and vision parts;
 * :mod:`.catalogue` looks popular models' published configs up by Hugging Face id
   (:mod:`.configs` holds them, one module per family).
 
@@ -20,6 +23,7 @@ from kvpilot.tuner.model.catalogue import (
     lookup_model_config,
 )
 from kvpilot.tuner.model.configs import ModelEntry
+from kvpilot.tuner.model.fields import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, parse_config_json
 from kvpilot.tuner.model.layers import (
     CHUNKED,
     DTYPE_BYTES,
@@ -42,6 +46,8 @@ __all__ = [
     "LINEAR",
     "LayerSpec",
     "LinearStateSpec",
+    "MAX_CONFIG_BYTES",
+    "MAX_JSON_DEPTH",
     "MLA",
     "MlaSpec",
     "ModelEntry",
@@ -56,4 +62,5 @@ __all__ = [
     "lookup_checkpoint_bytes",
     "lookup_model",
     "lookup_model_config",
+    "parse_config_json",
 ]

@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.tuner import errors
+from kvpilot.tuner.model.fields import Fields, Limit
+
+MAX_BITS = Limit(32, "quantized checkpoints store 4 or 8 bits")
+MAX_GROUP_SIZE = Limit(1 << 20, "published checkpoints group 16 to 128 weights")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,45 +36,64 @@ class QuantSpec:
     quantize_lm_head: bool = False
 
 
-def build_quant_spec(qc: Mapping[str, Any]) -> QuantSpec:
-    """Parse a ``quantization_config`` into the bits the weights are stored with."""
-    method = str(qc.get("quant_method") or qc.get("quantization") or "").lower()
+def build_quant_spec(qc: Mapping[str, Any], where: str = "quantization_config") -> QuantSpec:
+    """Parse a ``quantization_config`` (at ``where`` in the config) into the bits weights are stored with."""
+    q = Fields(qc, where)
+    method = (q.string("quant_method", "quantization") or "").lower()
     if not method:
-        raise errors.InvalidModelConfig("quantization_config has no 'quant_method'", field="quant_method")
+        raise errors.InvalidModelConfig(
+            "quantization_config has no 'quant_method'", field=q.path("quant_method")
+        )
     if method in ("fp8", "fbgemm_fp8", "modelopt", "ptpc_fp8", "fp8_per_tensor", "fp8_per_block"):
         return QuantSpec("fp8", 8)
     if method in ("mxfp4", "gpt_oss_mxfp4"):
         return QuantSpec("mxfp4", 4, 32, experts_only=True)
     if method in ("awq", "awq_marlin", "auto_awq", "gptq", "gptq_marlin", "auto_gptq", "moe_wna16"):
-        bits = int(qc.get("bits") or qc.get("w_bit") or qc.get("weight_bits") or 4)
-        group = qc.get("group_size") or qc.get("q_group_size") or 128
-        return QuantSpec(method.replace("_marlin", "").replace("auto_", ""), bits, int(group))
+        bits = q.optional_int("bits", "w_bit", "weight_bits", limit=MAX_BITS) or 4
+        group = _group_size(q, "group_size", "q_group_size")
+        return QuantSpec(method.replace("_marlin", "").replace("auto_", ""), bits, group or 128)
     if method == "bitsandbytes":
-        bits = 8 if qc.get("load_in_8bit") else 4
+        bits = 8 if q.flag("load_in_8bit") else 4
         return QuantSpec("bitsandbytes", bits, 64)
     if method == "compressed-tensors":
-        bits, group = 8, None
-        groups = qc.get("config_groups") or {}
-        for scheme in groups.values() if isinstance(groups, Mapping) else ():
-            weights = (scheme or {}).get("weights") or {}
-            if weights.get("num_bits"):
-                bits = int(weights["num_bits"])
-                group = weights.get("group_size")
-                break
-        if "bits" in qc:
-            bits = int(qc["bits"])
-        ignore = [str(x) for x in qc.get("ignore") or []]
-        return QuantSpec(
-            "compressed-tensors", bits, group, quantize_lm_head="lm_head" not in ignore and bool(groups)
-        )
+        return _compressed_tensors(q)
     if method in ("modelopt_fp4", "nvfp4", "nvfp4_per_token"):
         return QuantSpec("nvfp4", 4, 16)
     if method in ("experts_int8",):
         return QuantSpec("experts_int8", 8, None, experts_only=True)
     raise errors.InvalidModelConfig(
-        f"quantization_config.quant_method {method!r} is not modelled",
-        field="quantization_config.quant_method",
+        f"quantization_config.quant_method {method[:40]!r} is not modelled",
+        field=q.path("quant_method"),
     )
+
+
+def _group_size(q: Fields, *names: str) -> int | None:
+    """A group size; ``-1`` (one group per channel) and null are None (sized as the default 128)."""
+    name = next((n for n in names if q.present(n)), None)
+    if name is None or q.raw(name) == -1:
+        return None
+    return q.check_int(name, q.raw(name), limit=MAX_GROUP_SIZE)
+
+
+def _compressed_tensors(q: Fields) -> QuantSpec:
+    bits, group = 8, None
+    groups = q.child("config_groups")
+    for name in groups.data if groups is not None else ():
+        scheme = groups.child(name) if groups is not None else None
+        weights = scheme.child("weights") if scheme is not None else None
+        if weights is None:
+            continue
+        found = weights.optional_int("num_bits", limit=MAX_BITS)
+        if found:
+            bits, group = found, _group_size(weights, "group_size")
+            break
+    explicit = q.optional_int("bits", limit=MAX_BITS)
+    if explicit is not None:
+        bits = explicit
+    ignore = q.strings("ignore") or []
+    has_groups = groups is not None and bool(groups.data)
+    lm_head = "lm_head" not in ignore and has_groups
+    return QuantSpec("compressed-tensors", bits, group, quantize_lm_head=lm_head)
 
 
 def compute_bytes_per_weight(quant: QuantSpec) -> float:

@@ -12,7 +12,10 @@ decoder layer (full attention, sliding window, chunked-local, MLA, linear-attent
 state), the MoE layout, the quantization config and the default ``max_model_len``.
 The ``quantization_config`` is parsed by :mod:`kvpilot.tuner.model.quantization`.
 Multimodal configs nest the decoder in ``text_config``; the vision tower is only
-counted for its weights. A config it cannot account for raises
+counted for its weights. Every value is read through :mod:`kvpilot.tuner.model.fields`
+(types, ranges and documented limits checked before any arithmetic); the layers, MLA,
+MoE and vision parts through :mod:`kvpilot.tuner.model.readers`, which cross-check the
+geometry. A config it cannot account for raises
 :class:`~kvpilot.tuner.errors.InvalidModelConfig` naming the field: it never guesses.
 """
 
@@ -24,6 +27,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.tuner import errors, vllm
+from kvpilot.tuner.model.fields import (
+    MAX_CONTEXT,
+    MAX_HEADS,
+    MAX_HIDDEN_SIZE,
+    MAX_INTERMEDIATE_SIZE,
+    MAX_LAYERS,
+    MAX_ROPE_FACTOR,
+    MAX_VOCAB_SIZE,
+    Fields,
+    describe,
+    refuse,
+)
 from kvpilot.tuner.model.layers import (  # re-exported: callers name them model_spec.FULL etc.
     CHUNKED,
     DTYPE_BYTES,
@@ -37,6 +52,7 @@ from kvpilot.tuner.model.layers import (  # re-exported: callers name them model
     MoeSpec,
 )
 from kvpilot.tuner.model.quantization import QuantSpec, build_quant_spec
+from kvpilot.tuner.model.readers import read_geometry, read_layers, read_mla, read_moe, read_vision_params
 
 __all__ = [
     "CHUNKED",
@@ -70,6 +86,9 @@ _MAX_LEN_KEYS = (
 _ROPE_NOT_SCALED_033 = frozenset(
     {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
 )
+
+_INHERITED = ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings")
+"""Keys a nested ``text_config`` takes from the top level when it lacks them."""
 
 _TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text"})
 """Model types whose transformers config class defaults ``tie_word_embeddings`` to True."""
@@ -184,218 +203,144 @@ class ModelSpec:
         return int(self.max_len_base * self.rope_factor)
 
 
-def _need(cfg: Mapping[str, Any], *names: str, where: str = "") -> Any:
-    for name in names:
-        value = cfg.get(name)
-        if value is not None:
-            return value
-    field = names[0]
-    raise errors.InvalidModelConfig(
-        f"config.json{where} has no {field!r}: the memory model cannot size this model without it"
-        + (f" (also looked for {', '.join(repr(n) for n in names[1:])})" if len(names) > 1 else ""),
-        field=field,
-    )
+def _text_config(top: Fields) -> Fields:
+    """The decoder's config: ``text_config`` (or ``language_config``) merged over defaults.
 
-
-def _text_config(hf_config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-    """The decoder's config: ``text_config`` (or ``language_config``) merged over defaults."""
-    for key in ("text_config", "language_config", "llm_config"):
-        nested = hf_config.get(key)
-        if isinstance(nested, Mapping):
-            text = dict(nested)
-            for inherited in ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings"):
-                if inherited not in text and inherited in hf_config:
-                    text[inherited] = hf_config[inherited]
-            if "model_type" not in text and hf_config.get("model_type") == "gemma3":
+    One level only: a ``text_config`` nested in the ``text_config`` is not followed.
+    """
+    text: dict[str, Any] = dict(top.data)
+    key, inherited = "", frozenset[str]()
+    for name in ("text_config", "language_config", "llm_config"):
+        nested = top.child(name)
+        if nested is not None:
+            text, key = dict(nested.data), name
+            copied = [k for k in _INHERITED if k not in text and k in top.data]
+            for inherited_key in copied:
+                text[inherited_key] = top.data[inherited_key]
+            inherited = frozenset(copied)
+            if "model_type" not in text and top.raw("model_type") == "gemma3":
                 text["model_type"] = "gemma3_text"
             break
-    else:
-        text, key = dict(hf_config), ""
-    defaults = _TEXT_DEFAULTS.get(str(text.get("model_type", "")), {})
-    for name, value in defaults.items():
+    fields = Fields(text, key, inherited)
+    for name, value in _TEXT_DEFAULTS.get(fields.string("model_type") or "", {}).items():
         text.setdefault(name, value)
-    return text, (f".{key}" if key else "")
+    return fields
 
 
-def _dtype(text: Mapping[str, Any], hf_config: Mapping[str, Any]) -> str:
-    raw = (
-        text.get("torch_dtype") or text.get("dtype") or hf_config.get("torch_dtype") or hf_config.get("dtype")
-    )
+def _architecture(top: Fields, text: Fields) -> str:
+    for fields in (top, text):
+        archs = fields.raw("architectures")
+        if not archs:
+            continue
+        if not isinstance(archs, list) or not isinstance(archs[0], str):
+            raise refuse(fields.path("architectures"), "a list of class names", archs)
+        return archs[0]
+    return top.string("model_type") or ""
+
+
+def _dtype(text: Fields, top: Fields) -> str:
+    raw = text.string("torch_dtype", "dtype") or top.string("torch_dtype", "dtype")
     if raw is None:
         return "bfloat16"  # vLLM: a config without a dtype is float32, served as bf16 ("auto")
-    name = str(raw).replace("torch.", "")
+    name = raw.replace("torch.", "")
     if name == "float32":
         return "bfloat16"  # vLLM's "auto" downcasts float32 checkpoints to 16 bits
     if name not in DTYPE_BYTES:
         raise errors.InvalidModelConfig(
-            f"config.json has an unsupported torch_dtype {raw!r}", field="torch_dtype"
+            f"config.json has an unsupported torch_dtype {describe(raw)}", field="torch_dtype"
         )
     return name
 
 
-def _rope(text: Mapping[str, Any]) -> tuple[str | None, float | None, int | None]:
-    rope = text.get("rope_scaling") or {}
-    if not rope:
-        params = text.get("rope_parameters")
-        if isinstance(params, Mapping) and "rope_type" in params:
-            rope = params
-    if not isinstance(rope, Mapping):
-        return None, None, None
-    rope_type = rope.get("rope_type") or rope.get("type")
-    factor = rope.get("factor")
-    original = rope.get("original_max_position_embeddings") or text.get("original_max_position_embeddings")
-    return (str(rope_type) if rope_type else None), (float(factor) if factor else None), original
+@dataclass(frozen=True, slots=True)
+class _Rope:
+    """The config's rope scaling, as far as lengths are concerned."""
+
+    type: str | None = None
+    factor: float | None = None
+    original: int | None = None
+    factor_field: str = "rope_scaling.factor"
 
 
-def _max_model_len(
-    text: Mapping[str, Any],
-    model_type: str,
-    rope_type: str | None,
-    factor: float | None,
-    original: int | None,
-) -> tuple[int, str | None, int]:
+def _rope(text: Fields) -> _Rope:
+    rope = text.child("rope_scaling")
+    if rope is None or not rope.data:
+        params = text.child("rope_parameters")
+        rope = params if params is not None and "rope_type" in params.data else None
+    own = rope.optional_int("original_max_position_embeddings", limit=MAX_CONTEXT) if rope else None
+    original = own or text.optional_int("original_max_position_embeddings", limit=MAX_CONTEXT)
+    if rope is None:
+        return _Rope(original=original)
+    return _Rope(
+        rope.string("rope_type", "type"),
+        rope.optional_float("factor", maximum=MAX_ROPE_FACTOR),
+        original,
+        rope.path("factor"),
+    )
+
+
+def _scaled_len(length: float, field: str) -> int:
+    """A rope-scaled length, within :data:`~kvpilot.tuner.model.fields.MAX_CONTEXT`."""
+    if length > MAX_CONTEXT.maximum:
+        raise errors.InvalidModelConfig(
+            f"config.json: {field} scales the context to {int(length)} tokens; at most "
+            f"{MAX_CONTEXT.maximum} (kvpilot's limit; {MAX_CONTEXT.published})",
+            field=field,
+        )
+    return int(length)
+
+
+def _max_model_len(text: Fields, model_type: str, rope: _Rope) -> tuple[int, str | None, int]:
     """(vLLM 0.33's default ``max_model_len``, the key it came from, the length before rope scaling)."""
     derived: float = math.inf
     key = None
     for name in _MAX_LEN_KEYS:
-        value = text.get(name)
+        value = text.optional_int(name, limit=MAX_CONTEXT)
         if value is not None and value < derived:
             derived, key = value, name
-    if text.get("model_max_length"):
-        derived, key = text["model_max_length"], "model_max_length"
+    explicit = text.optional_int("model_max_length", limit=MAX_CONTEXT)
+    if explicit:
+        derived, key = explicit, "model_max_length"
     if derived == math.inf:
         derived, key = 2048, None  # vLLM's documented fallback (it logs a warning)
     base = int(derived)
-    if rope_type and factor and "gemma3" not in model_type and rope_type not in _ROPE_NOT_SCALED_033:
-        derived = derived * factor
-    if rope_type == "longrope" and original:
-        derived = original
+    if rope.type and rope.factor and "gemma3" not in model_type and rope.type not in _ROPE_NOT_SCALED_033:
+        derived = _scaled_len(derived * rope.factor, rope.factor_field)
+    if rope.type == "longrope" and rope.original:
+        derived = rope.original
     return int(derived), key, base
 
 
-def _layer_types(text: Mapping[str, Any], model_type: str, num_layers: int) -> list[str]:
-    """Per-layer attention kind names, as the model file decides them."""
-    declared = text.get("layer_types")
-    if isinstance(declared, list) and declared:
-        if len(declared) < num_layers:
-            raise errors.InvalidModelConfig(
-                f"config.json's layer_types lists {len(declared)} layers, "
-                f"num_hidden_layers says {num_layers}",
-                field="layer_types",
-            )
-        return [str(t) for t in declared[:num_layers]]
-    window = text.get("sliding_window")
-    if model_type == "gemma2":
-        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
-    if model_type in ("gemma3_text", "gemma3") or (window and text.get("sliding_window_pattern")):
-        pattern = int(text.get("sliding_window_pattern") or 6)
-        return [
-            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)
-        ]
-    if model_type == "gpt_oss":
-        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
-    if model_type == "llama4_text" and text.get("attention_chunk_size"):
-        no_rope = text.get("no_rope_layers") or [
-            int((i + 1) % int(text.get("no_rope_layer_interval", 4)) != 0) for i in range(num_layers)
-        ]
-        return ["chunked_attention" if no_rope[i] else "full_attention" for i in range(num_layers)]
-    if model_type == "qwen3_next":
-        interval = int(_need(text, "full_attention_interval"))
-        return [
-            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
-        ]
-    if model_type.startswith(("qwen2", "qwen3")) or "use_sliding_window" in text:
-        # transformers sets sliding_window to None unless use_sliding_window is true (Qwen families).
-        if text.get("use_sliding_window") and window:
-            raise errors.InvalidModelConfig(
-                "config.json sets use_sliding_window with max_window_layers; this layout is not modelled",
-                field="use_sliding_window",
-            )
-        return ["full_attention"] * num_layers
-    if window:
-        # vLLM's model-level sliding window (``cache_config.sliding_window``) applies to every layer.
-        return ["sliding_attention"] * num_layers
-    return ["full_attention"] * num_layers
+def _rope_rows(base: int, model_type: str, rope: _Rope) -> int:
+    """Rows of vLLM's rotary cos/sin cache: scaled variants (linear, dynamic, YaRN) cache the scaled
+    length; Gemma 3 keeps a second, unscaled cache for its sliding-window layers."""
+    rows = base
+    if rope.type == "yarn" and rope.factor and rope.original:
+        rows = _scaled_len(rope.original * rope.factor, rope.factor_field)
+    elif rope.type in ("linear", "dynamic") and rope.factor:
+        rows = _scaled_len(base * rope.factor, rope.factor_field)
+    if model_type == "gemma3_text" and rope.type:
+        rows += base
+    return rows
 
 
-def _moe(
-    text: Mapping[str, Any], model_type: str, num_layers: int, hidden_intermediate: int
-) -> MoeSpec | None:
-    num_experts = text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts")
-    if not num_experts or model_type == "gemma4_text" and not text.get("enable_moe_block"):
-        return None
-    top_k = (
-        text.get("num_experts_per_tok")
-        or text.get("experts_per_token")
-        or text.get("top_k_experts")
-        or text.get("moe_topk")
-    )
-    if not top_k:
-        raise errors.InvalidModelConfig(
-            "config.json declares experts but no 'num_experts_per_tok'", field="num_experts_per_tok"
-        )
-    moe_inter = int(text.get("moe_intermediate_size") or _need(text, "intermediate_size"))
-    moe_layers = num_layers
-    if text.get("first_k_dense_replace") is not None:
-        moe_layers = num_layers - int(text["first_k_dense_replace"])
-    elif text.get("decoder_sparse_step") or text.get("mlp_only_layers"):
-        step = int(text.get("decoder_sparse_step") or 1)
-        dense = set(text.get("mlp_only_layers") or [])
-        moe_layers = sum(1 for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
-    elif text.get("interleave_moe_layer_step"):
-        step = int(text["interleave_moe_layer_step"])
-        moe_layers = sum(1 for i in range(num_layers) if (i + 1) % step == 0)
-    shared = 0
-    if text.get("n_shared_experts"):
-        shared = int(text["n_shared_experts"]) * moe_inter
-    elif text.get("shared_expert_intermediate_size"):
-        shared = int(text["shared_expert_intermediate_size"])
-    elif model_type == "llama4_text":
-        shared = moe_inter
-    parallel_dense = hidden_intermediate if model_type == "gemma4_text" else 0
-    return MoeSpec(int(num_experts), int(top_k), moe_inter, moe_layers, shared, parallel_dense)
-
-
-def _quant(text: Mapping[str, Any]) -> QuantSpec | None:
-    qc = text.get("quantization_config")
-    if not isinstance(qc, Mapping):
-        return None
-    return build_quant_spec(qc)
-
-
-def _vision_params(hf_config: Mapping[str, Any], text_hidden: int) -> int:
-    vc = hf_config.get("vision_config")
-    if not isinstance(vc, Mapping):
-        return 0
-    h = int(_need(vc, "hidden_size", "embed_dim", "width", where=".vision_config"))
-    layers = int(_need(vc, "num_hidden_layers", "depth", "num_layers", where=".vision_config"))
-    inter = int(vc.get("intermediate_size") or 4 * h)
-    gated = str(vc.get("hidden_act", "")) in ("silu", "swiglu")
-    per_layer = 4 * h * h + (3 if gated else 2) * h * inter
-    patch = int(vc.get("patch_size") or 14)
-    channels = int(vc.get("num_channels") or 3)
-    out_dim = int(vc.get("vision_output_dim") or vc.get("projector_input_dim") or h)
-    projector = out_dim * text_hidden + text_hidden * text_hidden
-    return layers * per_layer + channels * patch * patch * h + projector
-
-
-def _linear_state(text: Mapping[str, Any]) -> LinearStateSpec:
-    k_heads = int(_need(text, "linear_num_key_heads"))
-    v_heads = int(_need(text, "linear_num_value_heads"))
-    k_dim = int(_need(text, "linear_key_head_dim"))
-    v_dim = int(_need(text, "linear_value_head_dim"))
-    kernel = int(_need(text, "linear_conv_kernel_dim"))
-    return LinearStateSpec(2 * k_heads * k_dim + v_heads * v_dim, kernel, v_heads, k_dim, v_dim)
+def _quant(text: Fields) -> QuantSpec | None:
+    qc = text.child("quantization_config")
+    return build_quant_spec(qc.data, qc.prefix) if qc is not None else None
 
 
 def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
-    """Read a Hugging Face ``config.json`` (as a mapping) into a :class:`ModelSpec`."""
+    """Read a Hugging Face ``config.json`` (as a mapping) into a :class:`ModelSpec`.
+
+    Every value is type- and range-checked (:mod:`kvpilot.tuner.model.fields`) before it is used;
+    a config it cannot account for raises :class:`~kvpilot.tuner.errors.InvalidModelConfig`.
+    """
     if not isinstance(hf_config, Mapping):
         raise errors.InvalidModelConfig("config.json is not a JSON object", field=None)
-    text, where = _text_config(hf_config)
-    archs = hf_config.get("architectures") or text.get("architectures") or []
-    architecture = str(archs[0]) if archs else str(hf_config.get("model_type") or "")
-    model_type = str(text.get("model_type") or hf_config.get("model_type") or "")
+    top = Fields(hf_config)
+    text = _text_config(top)
+    architecture = _architecture(top, text)
+    model_type = text.string("model_type") or top.string("model_type") or ""
     if not architecture and not model_type:
         raise errors.InvalidModelConfig(
             "config.json names neither 'architectures' nor 'model_type'", "architectures"
@@ -407,88 +352,37 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
             field="model_type",
         )
 
-    num_layers = int(_need(text, "num_hidden_layers", "n_layer", "num_layers", "n_layers", where=where))
-    hidden = int(_need(text, "hidden_size", "n_embd", "d_model", where=where))
-    heads = int(_need(text, "num_attention_heads", "n_head", "num_heads", where=where))
-    kv_heads = int(
-        text.get("num_key_value_heads") or text.get("num_kv_heads") or text.get("n_head_kv") or heads
+    num_layers = text.need_int("num_hidden_layers", "n_layer", "num_layers", "n_layers", limit=MAX_LAYERS)
+    hidden = text.need_int("hidden_size", "n_embd", "d_model", limit=MAX_HIDDEN_SIZE)
+    heads = text.need_int("num_attention_heads", "n_head", "num_heads", limit=MAX_HEADS)
+    vocab = text.need_int("vocab_size", "padded_vocab_size", limit=MAX_VOCAB_SIZE)
+    inter = text.need_int(
+        "intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim", limit=MAX_INTERMEDIATE_SIZE
     )
-    if text.get("multi_query") and not text.get("num_key_value_heads"):
-        kv_heads = 1
-    head_dim = int(text.get("head_dim") or hidden // heads)
-    vocab = int(_need(text, "vocab_size", "padded_vocab_size", where=where))
-    inter = int(_need(text, "intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim", where=where))
-    if model_type == "llama4_text" and text.get("intermediate_size_mlp"):
-        dense_inter = int(text["intermediate_size_mlp"])
-    else:
-        dense_inter = inter
-
-    rope_type, factor, original = _rope(text)
-    max_len, key, base = _max_model_len(text, model_type, rope_type, factor, original)
-    window = text.get("sliding_window")
-    mla = None
-    if text.get("kv_lora_rank"):
-        mla = MlaSpec(
-            kv_lora_rank=int(text["kv_lora_rank"]),
-            qk_rope_head_dim=int(_need(text, "qk_rope_head_dim", where=where)),
-            qk_nope_head_dim=int(_need(text, "qk_nope_head_dim", where=where)),
-            v_head_dim=int(_need(text, "v_head_dim", where=where)),
-            q_lora_rank=int(text["q_lora_rank"]) if text.get("q_lora_rank") else None,
-        )
+    dense_inter = inter
+    if model_type == "llama4_text":
+        dense_inter = text.optional_int("intermediate_size_mlp", limit=MAX_INTERMEDIATE_SIZE) or inter
+    mla = read_mla(text)
+    geometry = read_geometry(text, hidden, heads, mla is not None)
+    rope = _rope(text)
+    max_len, key, base = _max_model_len(text, model_type, rope)
+    window = text.optional_int("sliding_window", limit=MAX_CONTEXT)
     linear_state = None
-    layers: list[LayerSpec] = []
+    kv_heads = geometry.kv_heads
     if mla is not None:
         latent = mla.kv_lora_rank + mla.qk_rope_head_dim
         layers = [LayerSpec(MLA, 1, latent, 0)] * num_layers
         kv_heads, head_dim_kv = 1, latent
     else:
-        head_dim_kv = head_dim
-        kinds = _layer_types(text, model_type, num_layers)
-        if "linear_attention" in kinds:
-            linear_state = _linear_state(text)
-        global_kv = int(text.get("num_global_key_value_heads") or kv_heads)
-        global_hd = int(text.get("global_head_dim") or head_dim)
-        for name in kinds:
-            if name in ("sliding_attention", "sliding_window", "local_attention", "sliding"):
-                if not window:
-                    raise errors.InvalidModelConfig(
-                        "config.json has sliding-attention layers but no 'sliding_window'",
-                        field="sliding_window",
-                    )
-                layers.append(LayerSpec(SLIDING, kv_heads, head_dim, head_dim, int(window)))
-            elif name == "chunked_attention":
-                chunk = int(_need(text, "attention_chunk_size", where=where))
-                layers.append(LayerSpec(CHUNKED, kv_heads, head_dim, head_dim, chunk))
-            elif name in ("linear_attention", "mamba"):
-                layers.append(LayerSpec(LINEAR))
-            elif name in ("full_attention", "attention", "global"):
-                layers.append(LayerSpec(FULL, global_kv, global_hd, global_hd))
-            else:
-                raise errors.InvalidModelConfig(
-                    f"config.json's layer_types has an unknown kind {name!r}", "layer_types"
-                )
-        if model_type == "gemma4_text" and text.get("num_kv_shared_layers"):
-            raise errors.InvalidModelConfig(
-                "Gemma 4 KV-sharing layers (num_kv_shared_layers > 0) are not modelled",
-                field="num_kv_shared_layers",
-            )
-    tie = text.get("tie_word_embeddings")
+        head_dim_kv = geometry.head_dim
+        layers, linear_state = read_layers(text, model_type, num_layers, geometry, window)
+    tie = text.optional_bool("tie_word_embeddings")
     if tie is None:
-        tie = hf_config.get("tie_word_embeddings")
+        tie = top.optional_bool("tie_word_embeddings")
     if tie is None:
-        tie = model_type in _TIED_BY_DEFAULT or hf_config.get("model_type") in _TIED_BY_DEFAULT
-    gated = model_type not in _NON_GATED_MLP
-    partial = float(text.get("partial_rotary_factor") or 1.0)
-    # vLLM's rotary cos/sin cache rows: scaled variants (linear, dynamic, YaRN) cache the scaled
-    # length; Gemma 3 keeps a second, unscaled cache for its sliding-window layers.
-    rope_rows = base
-    if rope_type == "yarn" and factor and original:
-        rope_rows = int(original * factor)
-    elif rope_type in ("linear", "dynamic") and factor:
-        rope_rows = int(base * factor)
-    if model_type == "gemma3_text" and rope_type:
-        rope_rows += base
-    rotary_dim = int((mla.qk_rope_head_dim if mla else head_dim) * partial)
+        tie = model_type in _TIED_BY_DEFAULT or top.string("model_type") in _TIED_BY_DEFAULT
+    partial = text.optional_float("partial_rotary_factor", maximum=1.0) or 1.0
+    rotary_dim = int((mla.qk_rope_head_dim if mla else geometry.head_dim) * partial)
     return ModelSpec(
         architecture=architecture,
         model_type=model_type,
@@ -500,21 +394,21 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         intermediate_size=dense_inter,
         vocab_size=vocab,
         max_model_len=max_len,
-        dtype=_dtype(text, hf_config),
-        tie_word_embeddings=bool(tie),
+        dtype=_dtype(text, top),
+        tie_word_embeddings=tie,
         layers=tuple(layers),
-        moe=_moe(text, model_type, num_layers, inter),
+        moe=read_moe(text, model_type, num_layers, inter),
         mla=mla,
         linear_state=linear_state,
         quantization=_quant(text),
-        mlp_gated=gated,
-        attention_bias=bool(text.get("attention_bias") or model_type in ("qwen2", "qwen2_moe")),
+        mlp_gated=model_type not in _NON_GATED_MLP,
+        attention_bias=text.flag("attention_bias") or model_type in ("qwen2", "qwen2_moe"),
         rotary_dim=rotary_dim,
-        rope_cache_positions=rope_rows,
-        vision_params=_vision_params(hf_config, hidden),
+        rope_cache_positions=_rope_rows(base, model_type, rope),
+        vision_params=read_vision_params(top, hidden),
         max_len_key=key,
         max_len_base=base,
-        rope_type=rope_type,
-        rope_factor=factor,
-        rope_original_max=original,
+        rope_type=rope.type,
+        rope_factor=rope.factor,
+        rope_original_max=rope.original,
     )

@@ -1,0 +1,274 @@
+"""Readers of a config's parts: attention geometry and layer kinds, MLA, linear-attention state,
+the MoE layout and the vision tower.
+
+Between :mod:`kvpilot.tuner.model.fields` (typed reads of one value) and
+:mod:`kvpilot.tuner.model.spec` (which assembles a :class:`~kvpilot.tuner.model.spec.ModelSpec`
+from these). Each reader takes the decoder's :class:`~kvpilot.tuner.model.fields.Fields`, reads
+what vLLM 0.33's model files read, and cross-checks it: KV heads divide the heads, ``layer_types``
+has one entry per layer, the experts per token are among the experts, ``first_k_dense_replace``
+leaves layers to replace... Identical layers share one :class:`LayerSpec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpilot.tuner import errors
+from kvpilot.tuner.model.fields import (
+    MAX_CONTEXT,
+    MAX_EXPERTS,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_HIDDEN_SIZE,
+    MAX_INTERMEDIATE_SIZE,
+    MAX_LAYERS,
+    MAX_SMALL,
+    Fields,
+    Limit,
+    refuse,
+)
+from kvpilot.tuner.model.layers import (
+    CHUNKED,
+    FULL,
+    LINEAR,
+    SLIDING,
+    LayerSpec,
+    LinearStateSpec,
+    MlaSpec,
+    MoeSpec,
+)
+
+_SLIDING_NAMES = frozenset({"sliding_attention", "sliding_window", "local_attention", "sliding"})
+_FULL_NAMES = frozenset({"full_attention", "attention", "global"})
+_LINEAR_NAMES = frozenset({"linear_attention", "mamba"})
+_KNOWN_KINDS = _SLIDING_NAMES | _FULL_NAMES | _LINEAR_NAMES | {"chunked_attention"}
+_NO_ROPE_FLAG = Limit(1, "each entry is 0 (no RoPE) or 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The attention geometry, read and cross-checked before any layer is built."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def read_geometry(text: Fields, hidden: int, heads: int, mla: bool) -> Geometry:
+    """KV heads (GQA, multi-query) and the head size; MLA models size neither from these."""
+    kv_names = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
+    kv_heads = text.optional_int(*kv_names, limit=MAX_HEADS) or heads
+    if text.flag("multi_query") and not text.present("num_key_value_heads"):
+        kv_heads = 1
+    head_dim = text.optional_int("head_dim", limit=MAX_HEAD_DIM)
+    if mla:  # the latent replaces the heads' K and V
+        return Geometry(heads, kv_heads, head_dim or hidden // heads)
+    if kv_heads > heads or heads % kv_heads:
+        kv_name = next((name for name in kv_names if text.present(name)), "num_key_value_heads")
+        raise refuse(text.path(kv_name), f"a divisor of num_attention_heads ({heads})", kv_heads)
+    if head_dim is None:
+        if hidden % heads:
+            raise errors.InvalidModelConfig(
+                f"config.json: num_attention_heads ({heads}) must divide hidden_size ({hidden}) "
+                "when head_dim is not given",
+                field=text.path("num_attention_heads"),
+            )
+        head_dim = hidden // heads
+    return Geometry(heads, kv_heads, head_dim)
+
+
+def read_mla(text: Fields) -> MlaSpec | None:
+    """DeepSeek's multi-head latent attention (a ``kv_lora_rank``), or None."""
+    rank = text.optional_int("kv_lora_rank", limit=MAX_HIDDEN_SIZE, minimum=0)
+    if not rank:
+        return None
+    return MlaSpec(
+        kv_lora_rank=rank,
+        qk_rope_head_dim=text.need_int("qk_rope_head_dim", limit=MAX_HEAD_DIM),
+        qk_nope_head_dim=text.need_int("qk_nope_head_dim", limit=MAX_HEAD_DIM),
+        v_head_dim=text.need_int("v_head_dim", limit=MAX_HEAD_DIM),
+        q_lora_rank=text.optional_int("q_lora_rank", limit=MAX_HIDDEN_SIZE, minimum=0) or None,
+    )
+
+
+def _every(period: int, num_layers: int, on: str, off: str) -> list[str]:
+    """``on`` for every ``period``-th layer (1-based), ``off`` for the others."""
+    return [on if (i + 1) % period == 0 else off for i in range(num_layers)]
+
+
+def _layer_types(text: Fields, model_type: str, num_layers: int, window: int | None) -> list[str]:
+    """Per-layer attention kind names, as the model file decides them."""
+    declared = text.strings("layer_types")
+    if declared:
+        if len(declared) != num_layers:  # transformers' validate_layer_type refuses it too
+            raise errors.InvalidModelConfig(
+                f"config.json's layer_types lists {len(declared)} layers, "
+                f"num_hidden_layers says {num_layers}",
+                field=text.path("layer_types"),
+            )
+        return declared
+    alternate = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    if model_type == "gemma2":
+        return alternate
+    gemma3 = model_type in ("gemma3_text", "gemma3")
+    pattern = text.optional_int("sliding_window_pattern", limit=MAX_LAYERS) if gemma3 or window else None
+    if gemma3 or (window and pattern):
+        return _every(pattern or 6, num_layers, "full_attention", "sliding_attention")
+    if model_type == "gpt_oss":
+        return alternate
+    if model_type == "llama4_text" and text.optional_int("attention_chunk_size", limit=MAX_CONTEXT):
+        no_rope = text.ints("no_rope_layers", limit=_NO_ROPE_FLAG)
+        if not no_rope:
+            interval = text.optional_int("no_rope_layer_interval", limit=MAX_LAYERS) or 4
+            no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
+        elif len(no_rope) < num_layers:
+            raise errors.InvalidModelConfig(
+                f"config.json's no_rope_layers lists {len(no_rope)} layers, "
+                f"num_hidden_layers says {num_layers}",
+                field=text.path("no_rope_layers"),
+            )
+        return ["chunked_attention" if no_rope[i] else "full_attention" for i in range(num_layers)]
+    if model_type == "qwen3_next":
+        interval = text.need_int("full_attention_interval", limit=MAX_LAYERS)
+        if interval > num_layers:  # no full-attention layer at all: not a hybrid vLLM can page
+            raise refuse(
+                text.path("full_attention_interval"), f"at most num_hidden_layers ({num_layers})", interval
+            )
+        return _every(interval, num_layers, "full_attention", "linear_attention")
+    if model_type.startswith(("qwen2", "qwen3")) or "use_sliding_window" in text.data:
+        # transformers sets sliding_window to None unless use_sliding_window is true (Qwen families).
+        if text.flag("use_sliding_window") and window:
+            raise errors.InvalidModelConfig(
+                "config.json sets use_sliding_window with max_window_layers; this layout is not modelled",
+                field=text.path("use_sliding_window"),
+            )
+        return ["full_attention"] * num_layers
+    if window:
+        # vLLM's model-level sliding window (``cache_config.sliding_window``) applies to every layer.
+        return ["sliding_attention"] * num_layers
+    return ["full_attention"] * num_layers
+
+
+def _linear_state(text: Fields) -> LinearStateSpec:
+    k_heads = text.need_int("linear_num_key_heads", limit=MAX_HEADS)
+    v_heads = text.need_int("linear_num_value_heads", limit=MAX_HEADS)
+    k_dim = text.need_int("linear_key_head_dim", limit=MAX_HEAD_DIM)
+    v_dim = text.need_int("linear_value_head_dim", limit=MAX_HEAD_DIM)
+    kernel = text.need_int("linear_conv_kernel_dim", limit=MAX_SMALL)
+    return LinearStateSpec(2 * k_heads * k_dim + v_heads * v_dim, kernel, v_heads, k_dim, v_dim)
+
+
+def read_layers(
+    text: Fields, model_type: str, num_layers: int, geometry: Geometry, window: int | None
+) -> tuple[list[LayerSpec], LinearStateSpec | None]:
+    """Every decoder layer of a (non-MLA) model, and the linear-attention state if it has such layers."""
+    kinds = _layer_types(text, model_type, num_layers, window)
+    unknown = next((name for name in kinds if name not in _KNOWN_KINDS), None)
+    if unknown is not None:
+        raise errors.InvalidModelConfig(
+            f"config.json's layer_types has an unknown kind {unknown[:40]!r}", text.path("layer_types")
+        )
+    kv_heads, head_dim = geometry.kv_heads, geometry.head_dim
+    global_kv = text.optional_int("num_global_key_value_heads", limit=MAX_HEADS) or kv_heads
+    if global_kv > geometry.heads:
+        expected = f"at most num_attention_heads ({geometry.heads})"
+        raise refuse(text.path("num_global_key_value_heads"), expected, global_kv)
+    global_hd = text.optional_int("global_head_dim", limit=MAX_HEAD_DIM) or head_dim
+    by_name: dict[str, LayerSpec] = {}
+    if any(name in _SLIDING_NAMES for name in kinds):
+        if not window:
+            raise errors.InvalidModelConfig(
+                "config.json has sliding-attention layers but no 'sliding_window'",
+                field=text.path("sliding_window"),
+            )
+        sliding = LayerSpec(SLIDING, kv_heads, head_dim, head_dim, window)
+        by_name.update(dict.fromkeys(_SLIDING_NAMES, sliding))
+    if "chunked_attention" in kinds:
+        chunk = text.need_int("attention_chunk_size", limit=MAX_CONTEXT)
+        by_name["chunked_attention"] = LayerSpec(CHUNKED, kv_heads, head_dim, head_dim, chunk)
+    by_name.update(dict.fromkeys(_LINEAR_NAMES, LayerSpec(LINEAR)))
+    by_name.update(dict.fromkeys(_FULL_NAMES, LayerSpec(FULL, global_kv, global_hd, global_hd)))
+    linear_state = None
+    if any(name in _LINEAR_NAMES for name in kinds):
+        if all(name in _LINEAR_NAMES for name in kinds):
+            raise errors.InvalidModelConfig(
+                "config.json has linear-attention layers only: vLLM pages its state beside attention "
+                "layers, and a model without any is not modelled",
+                field=text.path("layer_types" if "layer_types" in text.data else "full_attention_interval"),
+            )
+        linear_state = _linear_state(text)
+    if model_type == "gemma4_text" and text.optional_int("num_kv_shared_layers", limit=MAX_LAYERS, minimum=0):
+        raise errors.InvalidModelConfig(
+            "Gemma 4 KV-sharing layers (num_kv_shared_layers > 0) are not modelled",
+            field=text.path("num_kv_shared_layers"),
+        )
+    return [by_name[name] for name in kinds], linear_state
+
+
+def _moe_layers(text: Fields, num_layers: int) -> int:
+    """How many decoder layers are MoE layers (the others are dense)."""
+    first_dense = text.optional_int("first_k_dense_replace", limit=MAX_LAYERS, minimum=0)
+    if first_dense is not None:
+        if first_dense > num_layers:
+            expected = f"at most num_hidden_layers ({num_layers})"
+            raise refuse(text.path("first_k_dense_replace"), expected, first_dense)
+        return num_layers - first_dense
+    sparse_step = text.optional_int("decoder_sparse_step", limit=MAX_LAYERS)
+    dense = text.ints("mlp_only_layers", limit=MAX_LAYERS)
+    if sparse_step or dense:
+        step, skip = sparse_step or 1, set(dense or ())
+        return sum(1 for i in range(num_layers) if i not in skip and (i + 1) % step == 0)
+    interleave = text.optional_int("interleave_moe_layer_step", limit=MAX_LAYERS)
+    if interleave:
+        return sum(1 for i in range(num_layers) if (i + 1) % interleave == 0)
+    return num_layers
+
+
+def read_moe(text: Fields, model_type: str, num_layers: int, hidden_intermediate: int) -> MoeSpec | None:
+    """The MoE layout (routed and shared experts, which layers), or None for a dense model."""
+    num_experts = text.optional_int(
+        "num_local_experts", "num_experts", "n_routed_experts", limit=MAX_EXPERTS, minimum=0
+    )
+    if not num_experts or model_type == "gemma4_text" and not text.flag("enable_moe_block"):
+        return None
+    top_k = text.optional_int(
+        "num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_topk", limit=MAX_EXPERTS
+    )
+    if not top_k:
+        raise errors.InvalidModelConfig(
+            "config.json declares experts but no 'num_experts_per_tok'",
+            field=text.path("num_experts_per_tok"),
+        )
+    if top_k > num_experts:
+        raise refuse(text.path("num_experts_per_tok"), f"at most the {num_experts} experts", top_k)
+    moe_inter = text.optional_int("moe_intermediate_size", limit=MAX_INTERMEDIATE_SIZE) or text.need_int(
+        "intermediate_size", limit=MAX_INTERMEDIATE_SIZE
+    )
+    shared = 0
+    n_shared = text.optional_int("n_shared_experts", limit=MAX_EXPERTS, minimum=0)
+    shared_size = text.optional_int("shared_expert_intermediate_size", limit=MAX_INTERMEDIATE_SIZE, minimum=0)
+    if n_shared:
+        shared = n_shared * moe_inter
+    elif shared_size:
+        shared = shared_size
+    elif model_type == "llama4_text":
+        shared = moe_inter
+    parallel_dense = hidden_intermediate if model_type == "gemma4_text" else 0
+    return MoeSpec(num_experts, top_k, moe_inter, _moe_layers(text, num_layers), shared, parallel_dense)
+
+
+def read_vision_params(top: Fields, text_hidden: int) -> int:
+    """Parameters of the vision tower and its projector (0 without a ``vision_config``)."""
+    vc = top.child("vision_config")
+    if vc is None:
+        return 0
+    h = vc.need_int("hidden_size", "embed_dim", "width", limit=MAX_HIDDEN_SIZE)
+    layers = vc.need_int("num_hidden_layers", "depth", "num_layers", limit=MAX_LAYERS)
+    inter = vc.optional_int("intermediate_size", limit=MAX_INTERMEDIATE_SIZE) or 4 * h
+    gated = vc.string("hidden_act") in ("silu", "swiglu")
+    per_layer = 4 * h * h + (3 if gated else 2) * h * inter
+    patch = vc.optional_int("patch_size", limit=MAX_SMALL) or 14
+    channels = vc.optional_int("num_channels", limit=MAX_SMALL) or 3
+    out_dim = vc.optional_int("vision_output_dim", "projector_input_dim", limit=MAX_HIDDEN_SIZE) or h
+    projector = out_dim * text_hidden + text_hidden * text_hidden
+    return layers * per_layer + channels * patch * patch * h + projector
