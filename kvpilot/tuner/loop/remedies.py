@@ -220,6 +220,7 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
     escalate = streak >= 1 or event.restart_count >= 2
     g1, g2, g3 = (lower_gmu(eff, k, p) for k in (1, 2, 3))
     seqs, batched = cut_seqs(eff, p), halve_batched(eff, p)
+    order: tuple[EngineSettings, ...]
     if escalate:
         order = (
             _merge(g1, batched, "max_num_batched_tokens"),
