@@ -87,9 +87,16 @@ def test_the_pip_lock_pins_what_pip_in_asks() -> None:
 
 def test_this_environment_is_the_locked_set() -> None:
     """The tests run on what the lock installs (the Makefile reinstalls when the lock changes)."""
-    installed = {canonicalize_name(d.name): d.version for d in importlib.metadata.distributions()}
+
+    def installed(name: str) -> str | None:  # the first on sys.path, as import finds it (setuptools puts
+        # its vendored packaging etc. later on sys.path)
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
     locked = {**DEV, **PIP}
-    wrong = {n: (p.version, installed.get(n)) for n, p in locked.items() if installed.get(n) != p.version}
+    wrong = {n: (p.version, installed(n)) for n, p in locked.items() if installed(n) != p.version}
     assert not wrong, f"locked vs installed (reinstall: rm -rf .venv && make install): {wrong}"
 
 
@@ -98,4 +105,5 @@ def test_the_dev_lock_holds_the_build_backend() -> None:
     build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
     for req in map(Requirement, build):
         name = canonicalize_name(req.name)
-        assert name in DEV and req.specifier.contains(DEV[name].version), f"{req} is not in requirements/dev.txt"
+        assert name in DEV, f"{req} is not in requirements/dev.txt"
+        assert req.specifier.contains(DEV[name].version), f"{req} vs {DEV[name].version}"
