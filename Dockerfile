@@ -9,16 +9,22 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# ---- build: the kvpilot wheel and its dependencies' wheels, then a self-contained virtualenv -------------
+# ---- build: the locked dependencies' wheels and the kvpilot wheel, then a self-contained virtualenv -------
+# The dependencies come from requirements/operator.txt (pinned, hashed: `make lock`), kvpilot without its deps.
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY requirements/operator.txt ./requirements/
 COPY kvpilot ./kvpilot
-RUN python -m pip wheel --wheel-dir /wheels . \
+RUN python -m pip wheel --require-hashes --only-binary=:all: --wheel-dir /wheels -r requirements/operator.txt \
+ && python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv --without-pip /opt/kvpilot \
- && python -m pip --python /opt/kvpilot/bin/python install --no-index --find-links /wheels kvpilot
+ && python -m pip --python /opt/kvpilot/bin/python install --no-index --find-links /wheels \
+      --require-hashes --only-binary=:all: -r requirements/operator.txt \
+ && python -m pip --python /opt/kvpilot/bin/python install --no-index --find-links /wheels --no-deps kvpilot \
+ && python -m pip --python /opt/kvpilot/bin/python check
 
 # ---- runtime: slim Python, the virtualenv, a non-root user; no compilers, pip, setuptools or wheels ------
 FROM ${PYTHON_IMAGE} AS runtime

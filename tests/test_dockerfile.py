@@ -25,6 +25,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
+LOCK = ROOT / "requirements" / "operator.txt"
 
 
 @dataclass
@@ -115,6 +116,21 @@ def test_no_vllm_in_the_image(stages: list[Stage]) -> None:
     assert "[" not in " ".join(stages[0].all("RUN")), "no extras: the operator does not need vLLM"
 
 
+def test_the_build_installs_the_locked_dependencies_only(stages: list[Stage]) -> None:
+    build = stages[0]
+    assert "requirements/operator.txt ./requirements/" in build.all("COPY")
+    (run,) = build.all("RUN")
+    steps = [shlex.split(step) for step in run.split("&&")]
+    pip_steps = [step for step in steps if step[1:3] == ["-m", "pip"]]
+    locked = [step for step in pip_steps if "-r" in step]
+    # every dependency comes from the hashed lock, as binary wheels; kvpilot itself adds none
+    assert len(locked) == 2 and all("--require-hashes" in s and "--only-binary=:all:" in s for s in locked)
+    assert all(s[s.index("-r") + 1] == "requirements/operator.txt" for s in locked)
+    (own,) = [s for s in pip_steps if s[-1] == "kvpilot"]
+    assert "--no-deps" in own and "--no-index" in own
+    assert pip_steps[-1][-1] == "check"  # the lock satisfies kvpilot's declared requirements
+
+
 def test_dockerignore_lets_the_copied_files_through(stages: list[Stage]) -> None:
     lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
     rules = [ln for ln in lines if ln and not ln.startswith("#")]
@@ -126,8 +142,9 @@ def test_dockerignore_lets_the_copied_files_through(stages: list[Stage]) -> None
 
 
 def wheelhouse() -> Path:
-    """Third-party wheels of the current dependency set, kept between runs (keyed by pyproject.toml)."""
-    key = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    """Third-party wheels of the current dependency set, kept between runs (keyed by pyproject.toml and the
+    operator's lock)."""
+    key = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + LOCK.read_bytes()).hexdigest()[:16]
     cache = Path(os.environ.get("KVPILOT_CACHE") or Path.home() / ".cache" / "kvpilot")
     return cache / "wheelhouse" / key
 
@@ -170,7 +187,9 @@ def image_root(stages: list[Stage], tmp_path_factory: pytest.TempPathFactory) ->
         elif op == "COPY":
             *sources, dest = shlex.split(arg)
             for src in sources:
-                target = workdir / dest / src if dest.endswith("/") else workdir / dest
+                # Docker's rules: a directory's contents go to dest; a file into dest/ keeps its base name
+                into_dir = dest.endswith("/") and not (ROOT / src).is_dir()
+                target = workdir / dest / Path(src).name if into_dir else workdir / dest
                 if (ROOT / src).is_dir():
                     shutil.copytree(ROOT / src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
                 else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TypedDict, Unpack
 
 GIB = 1 << 30
 
@@ -38,13 +39,26 @@ class EngineSettings:
     max_num_batched_tokens: int | None = None
     """``--max-num-batched-tokens``, the prefill chunk / profile-run size."""
 
-    def replace(self, **changes: object) -> EngineSettings:
-        """Return a copy with ``changes`` applied (``dataclasses.replace``)."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+    def replace(self, **changes: Unpack[SettingsChanges]) -> EngineSettings:
+        """Return a copy with ``changes`` applied (``dataclasses.replace``); the type checker checks each
+        keyword against its field."""
+        return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, object]:
         """The set fields only, keyed by their snake_case names."""
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+class SettingsChanges(TypedDict, total=False):
+    """The keywords of :meth:`EngineSettings.replace`: any subset of its fields, each with its field's type
+    (``tests/tuner/test_types.py`` checks the two agree)."""
+
+    max_model_len: int | None
+    max_num_seqs: int | None
+    gpu_memory_utilization: float | None
+    kv_cache_dtype: str | None
+    tensor_parallel_size: int | None
+    max_num_batched_tokens: int | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, by_kind
+from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, by_kind, run_helm, values_args
 
 Render = Callable[..., list[dict[str, Any]]]
 VARIANTS = [None, *CI_VALUES]
@@ -27,8 +27,9 @@ CLUSTER_WIDE: dict[Grant, set[str]] = {
     ("cluster", "kvpilot.io", "inferenceservices", ()): {"get", "list", "watch", "patch", "update"},
     ("cluster", "kvpilot.io", "inferenceservices/status", ()): {"get", "patch", "update"},
     ("cluster", "kvpilot.io", "inferenceservices/finalizers", ()): {"update"},
-    ("cluster", "apps", "deployments", ()): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("cluster", "", "services", ()): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    # server-side apply is a PATCH (create when it creates); garbage collection deletes: no update, no delete
+    ("cluster", "apps", "deployments", ()): {"get", "list", "watch", "create", "patch"},
+    ("cluster", "", "services", ()): {"get", "list", "watch", "create", "patch"},
     ("cluster", "", "pods", ()): {"get", "list", "watch"},
     ("cluster", "", "pods/log", ()): {"get"},
     ("cluster", "", "configmaps", ()): {"get"},
@@ -96,6 +97,36 @@ def test_namespaced_grants_stay_in_the_watched_namespaces(rendered: Render) -> N
     # nothing namespaced is granted through a ClusterRole binding
     cluster = {res for (where, _, res, _) in operator_grants(objs) if where == "cluster"}
     assert cluster == {"customresourcedefinitions", "namespaces", "nodes"}
+
+
+MODEL_CONFIG = {"configmaps", "secrets"}
+
+
+def test_cluster_wide_reads_model_config_only_in_the_listed_namespaces(rendered: Render) -> None:
+    objs = rendered(sets=["rbac.modelConfigNamespaces={team-a,team-b}"])
+    expected = {g: v for g, v in CLUSTER_WIDE.items() if g[2] not in MODEL_CONFIG}
+    for ns in ("team-a", "team-b"):
+        expected[(ns, "", "configmaps", ())] = {"get"}
+        expected[(ns, "", "secrets", ())] = {"get"}
+    assert operator_grants(objs) == expected
+    # the rest stays cluster-wide (the operator serves every namespace); model-config is two Roles
+    model_config = [r for r in _roles(objs) if r["metadata"]["name"].endswith("-model-config")]
+    assert {(r["kind"], r["metadata"].get("namespace")) for r in model_config} == {
+        ("Role", "team-a"),
+        ("Role", "team-b"),
+    }
+
+
+def test_model_config_namespaces_are_refused_in_namespace_mode(helm: Path) -> None:
+    sets = ["watchNamespaces={team-a}", "rbac.modelConfigNamespaces={team-b}"]
+    proc = run_helm(helm, "template", RELEASE, str(CHART), *values_args(None, sets), check=False)
+    assert proc.returncode != 0 and "rbac.modelConfigNamespaces is for cluster-wide mode" in proc.stderr
+
+
+def test_nothing_the_operator_owns_can_be_deleted(rendered: Render) -> None:
+    for values_file in VARIANTS:
+        for (_, _, resource, _), verbs in operator_grants(rendered(values_file)).items():
+            assert "delete" not in verbs and "deletecollection" not in verbs, resource
 
 
 def test_secrets_can_be_switched_off(rendered: Render) -> None:

@@ -67,6 +67,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.watchNamespaces }}true{{ end }}
 {{- end }}
 
+{{/* JSON list of the namespaces where the operator reads model-config ConfigMaps and Hub-token Secrets (Roles):
+     watchNamespaces in namespace-scoped mode, rbac.modelConfigNamespaces when cluster-wide; "[]" means a
+     ClusterRole (cluster-wide mode, no list): every namespace. */}}
+{{- define "kvpilot.modelConfigNamespaces" -}}
+{{- if include "kvpilot.namespaced" . }}
+{{- if .Values.rbac.modelConfigNamespaces }}
+{{- fail "rbac.modelConfigNamespaces is for cluster-wide mode; with watchNamespaces set, ConfigMaps and Secrets are read in exactly those namespaces" }}
+{{- end }}
+{{- toJson .Values.watchNamespaces }}
+{{- else }}
+{{- toJson (default (list) .Values.rbac.modelConfigNamespaces) }}
+{{- end }}
+{{- end }}
+
 {{/* Arguments of the `kopf` command (the container's command is kopf, or a shell that execs it). */}}
 {{- define "kvpilot.kopfArgs" -}}
 - run
@@ -149,17 +163,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [update]
 {{- end }}
 
-{{/* What the operator owns: the vLLM Deployment and Service per InferenceService; pods are only read (crash
+{{/* What the operator owns: the vLLM Deployment and Service per InferenceService, server-side applied (patch;
+     create when the apply creates) and read. No update (an apply is a PATCH) and no delete: garbage collection
+     removes them through their owner references when the InferenceService goes. Pods are only read (crash
      loops and restarts drive rollbacks). pods/log: the kubelet keeps only the last 80 lines / 2 KiB of a crash as
      its termination message, which after a vLLM start-up failure is usually the API server's traceback, not
      vLLM's error; the closed loop reads the previous container's log tail to classify the crash. */}}
 {{- define "kvpilot.rules.workloads" -}}
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
@@ -169,7 +185,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/* Model configuration the user points at: a ConfigMap holding config.json (`source: ConfigMap`) and the
-     Hugging Face token Secret (`source: Hub`). get only: nothing is listed, watched or written. */}}
+     Hugging Face token Secret (`source: Hub`). get only: nothing is listed, watched or written. Roles in the
+     namespaces of kvpilot.modelConfigNamespaces; a ClusterRole (every namespace) only when cluster-wide
+     without rbac.modelConfigNamespaces. */}}
 {{- define "kvpilot.rules.modelConfig" -}}
 - apiGroups: [""]
   resources: [configmaps]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
-from kvpilot.tuner.types import EngineSettings, GpuSpec, ServingBounds
+from kvpilot.tuner.types import EngineSettings, GpuSpec, ServingBounds, SettingsChanges
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +172,7 @@ class TuningBounds:
     def clamp(self, settings: EngineSettings) -> EngineSettings:
         """``settings`` with every set numeric field moved into the bounds (the KV dtype is left
         alone: the policy only ever *introduces* fp8 when ``allow_fp8_kv``)."""
-        changes: dict[str, object] = {}
+        changes: SettingsChanges = {}
         gmu = settings.gpu_memory_utilization
         if gmu is not None:
             changes["gpu_memory_utilization"] = min(

@@ -93,8 +93,7 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
     experts = 0
     moe = model.moe
     dense_first = model.num_layers - moe.num_moe_layers if moe else model.num_layers
-    is_moe_layer = moe is not None and idx >= dense_first
-    if is_moe_layer:
+    if moe is not None and idx >= dense_first:
         inter = moe.moe_intermediate_size // tp
         if loaded and model.quantization is not None and model.quantization.method == "mxfp4":
             # vLLM's MXFP4 MoE kernels (Marlin / triton matmul_ogs) pad the hidden size to 256 and

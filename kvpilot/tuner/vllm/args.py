@@ -215,6 +215,8 @@ def parse_vllm_args(args: Sequence[str]) -> tuple[EngineSettings, tuple[str, ...
             values[field] = _PARSERS[field](inline)
         except ValueError as exc:
             raise errors.InvalidEngineArgs(f"{flag} {inline!r}: {exc}", flag=flag) from None
+    # The keys are EngineSettings' field names (FLAGS') and each value comes from that field's parser in
+    # _PARSERS; a checker cannot tie a run-time key to its field's type. check_settings validates the result.
     settings = EngineSettings(**values)  # type: ignore[arg-type]
     check_settings(settings)
     return settings, tuple(rest)

@@ -49,7 +49,10 @@ def max_len_error(
 ) -> str:
     """vLLM's text when one ``max_model_len`` request does not fit (reference §1.6)."""
     model = "model's" if version >= (0, 25) else "models's"
-    gib = (lambda x: f"{round(x, 2)}") if version >= (0, 15) else (lambda x: f"{x:.2f}")
+
+    def gib(x: float) -> str:
+        return f"{round(x, 2)}" if version >= (0, 15) else f"{x:.2f}"
+
     text = (
         f"To serve at least one request with the {model} max seq len ({max_model_len}), "
         f"({gib(needed_gib)} GiB KV cache is needed, which is larger than the available KV cache memory "
