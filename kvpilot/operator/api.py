@@ -254,7 +254,7 @@ class Tuning(_Wire):
     mode: Mode = "Auto"
     allow_fp8_kv_cache: bool = False
     allow_weight_quantization: bool = False
-    cooldown_seconds: int = Field(600, ge=0, le=MAX_SECONDS)
+    cooldown_seconds: int = Field(300, ge=0, le=MAX_SECONDS)
     max_changes_per_hour: int = Field(4, ge=0, le=60)
     rollout_deadline_seconds: int = Field(900, ge=30, le=MAX_SECONDS)
     bounds: Bounds = Field(default_factory=Bounds)
