@@ -30,6 +30,7 @@ CLUSTER_WIDE: dict[Grant, set[str]] = {
     # server-side apply is a PATCH (create when it creates); garbage collection deletes: no update, no delete
     ("cluster", "apps", "deployments", ()): {"get", "list", "watch", "create", "patch"},
     ("cluster", "", "services", ()): {"get", "list", "watch", "create", "patch"},
+    ("cluster", "", "persistentvolumeclaims", ()): {"get", "create", "patch"},
     ("cluster", "", "pods", ()): {"get", "list", "watch"},
     ("cluster", "", "pods/log", ()): {"get"},
     ("cluster", "", "configmaps", ()): {"get"},

@@ -163,9 +163,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [update]
 {{- end }}
 
-{{/* What the operator owns: the vLLM Deployment and Service per InferenceService, server-side applied (patch;
+{{/* What the operator owns: the vLLM Deployment and Service per InferenceService, and the weight-cache claim of a
+     model.storage.claimTemplate, server-side applied (patch;
      create when the apply creates) and read. No update (an apply is a PATCH) and no delete: garbage collection
-     removes them through their owner references when the InferenceService goes. Pods are only read (crash
+     removes them through their owner references when the InferenceService goes. A user's existing claim
+     (model.storage.persistentVolumeClaim) is only read, to report a missing one. Pods are only read (crash
      loops and restarts drive rollbacks). pods/log: the kubelet keeps only the last 80 lines / 2 KiB of a crash as
      its termination message, which after a vLLM start-up failure is usually the API server's traceback, not
      vLLM's error; the closed loop reads the previous container's log tail to classify the crash. */}}
@@ -176,6 +178,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
