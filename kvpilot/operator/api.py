@@ -79,7 +79,7 @@ class Settings(_Wire):
 
     @classmethod
     def from_engine(cls, settings: types.EngineSettings) -> Settings:
-        return cls(**settings.as_dict())
+        return cls.model_validate(settings.as_dict())
 
 
 # --------------------------------------------------------------------------- spec
@@ -418,7 +418,9 @@ class Budget(_Wire):
 
     @classmethod
     def from_budget(cls, b: types.MemoryBudget) -> Budget:
-        r = lambda x: round(x, 3)  # noqa: E731
+        def r(x: float) -> float:
+            return round(x, 3)
+
         return cls(
             gpu_total_gi_b=r(b.gpu_total_gib), requested_gi_b=r(b.requested_gib),
             weights_gi_b=r(b.weights_gib),

@@ -140,7 +140,7 @@ def classify(exc: BaseException) -> Failure:
 
 def compute_delay(failure: Failure, retry: int) -> float:
     """Exponential back-off from the failure's base delay, capped at :data:`BACKOFF_CAP_S`."""
-    return min(failure.delay_s * (2 ** max(0, min(retry, 16))), BACKOFF_CAP_S)
+    return min(failure.delay_s * (1 << max(0, min(retry, 16))), BACKOFF_CAP_S)
 
 
 def to_kopf(failure: Failure, retry: int = 0) -> kopf.TemporaryError | kopf.PermanentError:

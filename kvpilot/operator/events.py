@@ -25,7 +25,8 @@ def kopf_emitter(body: Mapping[str, Any], type_: str, reason: str, message: str)
     """Post an event about ``body`` through kopf's poster (only inside a running operator)."""
     import kopf
 
-    kopf.event(body, type=type_, reason=reason, message=message[:MAX_MESSAGE])
+    # kopf.event reads any Mapping (dicts.walk, then .get in build_object_reference); it is annotated Body
+    kopf.event(body, type=type_, reason=reason, message=message[:MAX_MESSAGE])  # type: ignore[arg-type]
 
 
 @dataclass

@@ -18,15 +18,25 @@ from __future__ import annotations
 import base64
 import json
 import threading
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, cast
 
+from urllib3 import BaseHTTPResponse
 from urllib3.exceptions import HTTPError
 
 from kvpilot.operator import errors
 
 FIELD_MANAGER = "kvpilot"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+
+
+def raw_response(response: object) -> BaseHTTPResponse:
+    """The unread ``urllib3`` response of a ``kubernetes`` call made with ``_preload_content=False``.
+
+    The client's methods are annotated with the decoded model they return by default; with that flag
+    they return ``urllib3``'s response instead (``ApiClient._call_with_legacy_options``).
+    """
+    return cast(BaseHTTPResponse, response)
 
 
 class Kube(Protocol):
@@ -75,13 +85,15 @@ class ClusterKube:
         self.apps = client.AppsV1Api(api_client)
 
     @staticmethod
-    def _json(response: Any) -> dict[str, Any]:
+    def _json(response: object) -> dict[str, Any]:
+        raw = raw_response(response)
         try:
-            return json.loads(response.data)
+            obj: dict[str, Any] = json.loads(raw.data)
+            return obj
         finally:
-            response.release_conn()
+            raw.release_conn()
 
-    def _read(self, fn: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    def _read(self, fn: Callable[..., object], namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -125,10 +137,10 @@ class ClusterKube:
               "Service": self.core.patch_namespaced_service,
               "PersistentVolumeClaim": self.core.patch_namespaced_persistent_volume_claim}[kind]  # fmt: skip
         try:
-            response = fn(
+            response = raw_response(fn(
                 meta["name"], meta["namespace"], dict(manifest), field_manager=FIELD_MANAGER, force=True,
                 _content_type=APPLY_CONTENT_TYPE, _preload_content=False,
-            )  # fmt: skip
+            ))  # fmt: skip
             response.drain_conn()  # an unread body would poison the pooled connection
             response.release_conn()
         except ApiException as exc:

@@ -26,7 +26,6 @@ from kvpilot.operator import (
     metrics,
 )
 
-RESOURCE = {"group": api.GROUP, "version": api.VERSION, "plural": api.PLURAL}
 DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
 """Where kopf keeps the spec it last handled (``status.kopf`` in the CRD)."""
 
@@ -51,19 +50,19 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     closed_loop.configure(pace)
 
 
-@kopf.on.create(**RESOURCE)
+@kopf.on.create(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
 async def created(**kwargs: Any) -> None:
     await handlers.reconcile(trigger=handlers.CREATED, deps=handlers.default_deps(), **_pick(kwargs))
 
 
-@kopf.on.update(**RESOURCE, field="spec")
+@kopf.on.update(group=api.GROUP, version=api.VERSION, plural=api.PLURAL, field="spec")
 async def spec_changed(diff: kopf.Diff, **kwargs: Any) -> None:
     await handlers.reconcile(
         trigger=handlers.SPEC_CHANGED, deps=handlers.default_deps(), diff=diff, **_pick(kwargs)
     )
 
 
-@kopf.on.resume(**RESOURCE)
+@kopf.on.resume(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
 async def resumed(**kwargs: Any) -> None:
     await handlers.reconcile(trigger=handlers.RESUMED, deps=handlers.default_deps(), **_pick(kwargs))
 

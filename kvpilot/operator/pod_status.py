@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kvpilot.operator.kube import raw_response
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import RestartEvent, RestartKind, classify_termination
@@ -71,11 +72,11 @@ class PodView:
 
 
 def _container(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    items = (pod.get("spec") if key == "containers" else pod.get("status")) or {}
-    for c in items.get(key) or ():
+    items: Mapping[str, Any] = (pod.get("spec") if key == "containers" else pod.get("status")) or {}
+    found: Sequence[Mapping[str, Any]] = items.get(key) or ()
+    for c in found:
         if c.get("name") == CONTAINER:
             return c
-    found = items.get(key) or ()
     return found[0] if found else {}
 
 
@@ -228,8 +229,8 @@ class ClusterPods:
         self.core = client.CoreV1Api(api_client)
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        response = self.core.list_namespaced_pod(
-            namespace, label_selector=label_selector, _preload_content=False
+        response = raw_response(
+            self.core.list_namespaced_pod(namespace, label_selector=label_selector, _preload_content=False)
         )
         try:
             return list(json.loads(response.data).get("items") or [])
@@ -240,13 +241,15 @@ class ClusterPods:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            response = self.core.read_namespaced_pod_log(
-                pod,
-                namespace,
-                container=container,
-                previous=True,
-                tail_lines=tail_lines,
-                _preload_content=False,
+            response = raw_response(
+                self.core.read_namespaced_pod_log(
+                    pod,
+                    namespace,
+                    container=container,
+                    previous=True,
+                    tail_lines=tail_lines,
+                    _preload_content=False,
+                )
             )
         except (ApiException, OSError):
             return None  # no previous container, logs not served (KWOK), or the node is gone

@@ -26,13 +26,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kvpilot.operator import api, errors
 from kvpilot.operator.kube import Kube, build_label_selector
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, memory
 from kvpilot.tuner.model import (
+    MAX_CONFIG_BYTES,
     ModelSpec,
     build_model_spec,
     lookup_checkpoint_bytes,
@@ -69,20 +70,24 @@ class ResolvedGpu:
     warnings: tuple[str, ...] = ()
 
 
-class _Lru:
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class _Lru(Generic[_K, _V]):
     """A small thread-safe LRU map (the handlers run concurrently)."""
 
     def __init__(self, size: int) -> None:
-        self.size, self.data, self.lock = size, OrderedDict[Any, Any](), threading.Lock()
+        self.size, self.data, self.lock = size, OrderedDict[_K, _V](), threading.Lock()
 
-    def get(self, key: Any) -> Any:
+    def get(self, key: _K) -> _V | None:
         with self.lock:
             if key in self.data:
                 self.data.move_to_end(key)
                 return self.data[key]
             return None
 
-    def put(self, key: Any, value: Any) -> None:
+    def put(self, key: _K, value: _V) -> None:
         with self.lock:
             self.data[key] = value
             self.data.move_to_end(key)
@@ -90,9 +95,12 @@ class _Lru:
                 self.data.popitem(last=False)
 
 
-_HUB_CONFIGS = _Lru(256)
-_MODEL_SPECS = _Lru(256)
-_CATALOGUE = _Lru(256)
+_HUB_CONFIGS = _Lru[tuple[str, str | None], dict[str, Any]](256)
+"""config.json per (model id, revision)."""
+_MODEL_SPECS = _Lru[str, ModelSpec](256)
+"""ModelSpec per config content key (:func:`compute_config_key`)."""
+_CATALOGUE = _Lru[tuple[str, int | None], ResolvedModel](256)
+"""The resolved catalogue model per (model id, checkpoint bytes)."""
 
 
 @dataclass
@@ -206,8 +214,9 @@ def download_hub_config(model_id: str, revision: str | None, token: str | None) 
         )
     except Exception as exc:
         raise compute_hub_error(exc, model_id, revision) from None
-    with open(path, encoding="utf-8") as fh:
-        return _parse_config_json(fh.read(), f"config.json of {model_id}@{revision or 'main'}")
+    with open(path, "rb") as fh:  # bytes: parse_config_json refuses oversize and non-UTF-8 text itself
+        raw = fh.read(MAX_CONFIG_BYTES + 1)  # one byte past the limit is enough to refuse a huge file
+    return _parse_config_json(raw, f"config.json of {model_id}@{revision or 'main'}")
 
 
 def compute_hub_error(exc: Exception, model_id: str, revision: str | None) -> Exception:
@@ -273,12 +282,12 @@ def read_model(
         origin = f"ConfigMap {namespace}/{model.config_map_ref.name}"
         return build_model(config, origin, model.checkpoint_bytes)
     cache_key = (model.id, model.revision)
-    config = _HUB_CONFIGS.get(cache_key)
-    if config is None:
+    hub_config = _HUB_CONFIGS.get(cache_key)
+    if hub_config is None:
         token = read_hub_token(model.hub_token_secret_ref, namespace, kube)
-        config = hub(model.id, model.revision, token)
-        _HUB_CONFIGS.put(cache_key, config)
-    return build_model(config, "the Hugging Face Hub", model.checkpoint_bytes)
+        hub_config = hub(model.id, model.revision, token)
+        _HUB_CONFIGS.put(cache_key, hub_config)
+    return build_model(hub_config, "the Hugging Face Hub", model.checkpoint_bytes)
 
 
 # --------------------------------------------------------------------------- GPU
