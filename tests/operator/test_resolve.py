@@ -8,6 +8,8 @@ import time
 import pytest
 
 from kvpilot.operator import errors, resolve
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner.model import MAX_CONFIG_BYTES
 
 
 def test_node_cache_single_flight_and_ttl() -> None:
@@ -79,3 +81,23 @@ def test_hub_download_reads_config(monkeypatch, tmp_path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **kw: str(tmp_path / "config.json"))
     assert resolve.download_hub_config("acme/m", "main", None) == {"model_type": "llama"}
+
+
+@pytest.mark.parametrize(
+    "content,detail",
+    [
+        (b'{"model_type": "\xff\xfe llama"}', "not valid JSON"),  # not UTF-8
+        (b'{"pad": "' + b"x" * MAX_CONFIG_BYTES + b'"}', f"{MAX_CONFIG_BYTES + 1} bytes"),  # oversize
+    ],
+    ids=["non-utf8", "oversize"],
+)
+def test_hub_download_refuses_bad_config_file(monkeypatch, tmp_path, content: bytes, detail: str) -> None:
+    import huggingface_hub
+
+    (tmp_path / "config.json").write_bytes(content)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **kw: str(tmp_path / "config.json"))
+    with pytest.raises(tuner_errors.InvalidModelConfig, match=detail) as info:
+        resolve.download_hub_config("acme/m", "main", None)
+    assert "config.json of acme/m@main" in info.value.message
+    failure = errors.classify(info.value)
+    assert (failure.reason, failure.retry) == ("InvalidModelConfig", False)
