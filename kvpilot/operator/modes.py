@@ -75,10 +75,10 @@ def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
             f"--tensor-parallel-size {merged['tensor_parallel_size']} in spec.engine.extraArgs contradicts "
             f"spec.gpu (tensor-parallel size {tp}); set spec.gpu.tensorParallelSize instead"
         )
+    extra_tp = from_extra.tensor_parallel_size  # the merged size when tp is None (pinned has none then)
     if tp is not None:
         merged["tensor_parallel_size"] = tp
-    elif spec.gpu.count % (1 if from_extra.tensor_parallel_size is None else from_extra.tensor_parallel_size):
-        # (without tp, pinned has no size: the merged one is extraArgs'); also catches a size above the count
+    elif spec.gpu.count % (1 if extra_tp is None else extra_tp):  # also catches a size above the count
         raise errors.InvalidSpec(
             f"--tensor-parallel-size {merged['tensor_parallel_size']} in spec.engine.extraArgs does not "
             f"divide spec.gpu.count {spec.gpu.count}; set spec.gpu.tensorParallelSize instead"
