@@ -11,7 +11,7 @@
 The sync ``read_*`` functions do the I/O through a :class:`~kvpilot.operator.kube.Kube`;
 :func:`fetch_inputs` runs them in a worker thread. Caches keep 1000 objects of a
 few models from costing 1000 Hub downloads, spec builds or node listings:
-Hub configs by (id, revision), ModelSpecs by config content, node labels for
+Hub configs by (id, revision, token digest), ModelSpecs by config content, node labels for
 :data:`NODE_CACHE_TTL_S` per selector.
 """
 
@@ -95,7 +95,8 @@ class _Lru(Generic[_K, _V]):
                 self.data.popitem(last=False)
 
 
-_HUB_CONFIGS = _Lru[tuple[str, str | None], dict[str, Any]](256)
+_HUB_CONFIGS = _Lru[tuple[str, str | None, str | None], dict[str, Any]](256)
+"""Hub configs by (model id, revision, SHA-256 of the token or None)."""
 """config.json per (model id, revision)."""
 _MODEL_SPECS = _Lru[str, ModelSpec](256)
 """ModelSpec per config content key (:func:`compute_config_key`)."""
@@ -281,10 +282,13 @@ def read_model(
         config = read_config_map_config(model.config_map_ref, namespace, kube)
         origin = f"ConfigMap {namespace}/{model.config_map_ref.name}"
         return build_model(config, origin, model.checkpoint_bytes)
-    cache_key = (model.id, model.revision)
+    # The token is read on every resolve, so a deleted Secret or key is reported even on a cache hit, and
+    # the cache is keyed on a digest of it: one tenant's access never serves a request made without it.
+    token = read_hub_token(model.hub_token_secret_ref, namespace, kube)
+    token_key = hashlib.sha256(token.encode()).hexdigest() if token else None
+    cache_key = (model.id, model.revision, token_key)
     hub_config = _HUB_CONFIGS.get(cache_key)
     if hub_config is None:
-        token = read_hub_token(model.hub_token_secret_ref, namespace, kube)
         hub_config = hub(model.id, model.revision, token)
         _HUB_CONFIGS.put(cache_key, hub_config)
     return build_model(hub_config, "the Hugging Face Hub", model.checkpoint_bytes)

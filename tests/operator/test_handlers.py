@@ -364,3 +364,25 @@ def test_compute_replan_needed(paths: list[tuple[str, ...]], replan: bool) -> No
     from kvpilot.operator import modes
 
     assert modes.compute_replan_needed([("change", p, 1, 2) for p in paths]) is replan
+
+
+async def test_a_cached_gated_config_never_serves_a_request_without_the_token(harness: Harness) -> None:
+    """Issue 16: the Hub cache keyed on (model, revision) only, so a tenant without a token got Ready on a
+    gated model another tenant had fetched; and a deleted token Secret went unnoticed on a cache hit."""
+    from kvpilot.tuner.model import catalogue as models
+
+    harness.hub_result = models.lookup_model_config(LLAMA_8B)
+    harness.kube.secrets[("ns1", "hf")] = {"token": "hf_SECRET123"}
+    gated = {"id": "acme/gated", "source": "Hub", "hubTokenSecretRef": {"name": "hf"}}
+    await harness.run(isvc(model=gated))
+    harness.hub_result = errors.HubAccessDenied("acme/gated is gated on the Hugging Face Hub")
+    no_token = isvc(name="no-token", model={"id": "acme/gated", "source": "Hub"})
+    with pytest.raises(kopf.TemporaryError):
+        await harness.run(no_token)
+    assert harness.hub_calls[-1] == ("acme/gated", None, None)  # asked the Hub again, without a token
+    assert condition(no_token, "Ready")["reason"] == "HubAccessDenied"
+    del harness.kube.secrets[("ns1", "hf")]
+    third = isvc(name="third", model=gated)
+    with pytest.raises(kopf.TemporaryError):
+        await harness.run(third)
+    assert condition(third, "Ready")["reason"] == "ConfigNotFound"  # noticed although the config is cached
