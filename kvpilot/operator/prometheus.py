@@ -6,8 +6,8 @@ unreachable Prometheus, an error answer or absent series give a window marked
 unavailable, and the policy holds on it (``MetricsAvailable=False``).
 
 Series are those of vLLM 0.33 (``vllm/v1/metrics/loggers.py``), with the fallbacks
-older releases need; each is selected by ``{namespace="<ns>", pod=~"<name>-[^-]+-[^-]+"}``
-(``S`` below: the pods of the service's Deployment) and reduced to the *worst pod* (``max``):
+older releases need; each is selected by ``{namespace="<ns>", pod=~"<pod-1>|<pod-2>"}``
+(``S`` below: exactly the pods the service's Deployment owns) and reduced to the *worst pod* (``max``):
 
 * ``kv_usage`` (range): ``max(vllm:kv_cache_usage_perc{S}) or max(vllm:gpu_cache_usage_perc{S})``
 * ``preemption_rate`` (range): ``max(rate(vllm:num_preemptions_total{S}[2m]))``, or the same
