@@ -176,11 +176,22 @@ async def run_once(
     except errors.OperatorError:
         return None  # the reconciler reports invalid specs
     mode = parsed.tuning.mode
-    if mode == "Off" or parsed.replicas == 0:
+    if parsed.replicas == 0:
         return None
     name, namespace = str(meta["name"]), str(meta.get("namespace") or "default")
     now = deps.clock()
     state = loop_state.build_loop_state(old)
+    if mode == "Off":  # nothing to decide; the pods still say whether the service serves
+        try:
+            off_views = await _fetch_pods(deps, namespace, name)
+        except Exception as exc:  # noqa: BLE001 -- API hiccup: the next tick retries
+            logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
+            return None
+        serving = pod_status.compute_serving(off_views, state.current)
+        patch.status.update(
+            status_patch.build_serving_patch(old, serving, generation=meta.get("generation"), now=now)
+        )
+        return None
     rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
     policy = loop_settings.build_policy(parsed, deps.pace)
 
@@ -235,6 +246,7 @@ async def run_once(
     out = status_patch.build_loop_patch(
         old, state, decision, mode=mode, now=now, generation=meta.get("generation"), applied=applied,
         rollout_deadline_seconds=policy.rollout_deadline_seconds,
+        serving=pod_status.compute_serving(views, state.current),
     )  # fmt: skip
     if state.rollout is not None and rollout is None and "rollout" not in out.status:
         out.status["rollout"] = None  # a spec change replaced the settings being rolled out

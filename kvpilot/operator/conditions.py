@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 READY = "Ready"
-"""The Deployment and Service are applied for the current spec (the reconciler)."""
+"""The service serves its current spec: the reconciler applied it (reason ``Applied`` until the pods are
+seen) and, once the closed loop has seen the pods, a replica is available (``Serving``) or not (the
+``Degraded`` reason, or ``Starting``)."""
 CONFIG_RESOLVED = "ConfigResolved"
 PLANNED = "Planned"
 INFEASIBLE = "Infeasible"
@@ -21,10 +23,16 @@ METRICS_AVAILABLE = "MetricsAvailable"
 """The closed loop: vLLM's metrics window is usable."""
 ROLLOUT_IN_PROGRESS = "RolloutInProgress"
 """The closed loop: a retune or rollback is rolling out or on probation."""
+AVAILABLE = "Available"
+"""The closed loop, from the pods: at least one replica running the applied settings is Ready."""
+DEGRADED = "Degraded"
+"""The closed loop, from the pods: a crash loop, a start-up failure, no node, an image or a download."""
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 
-TYPES = (READY, CONFIG_RESOLVED, PLANNED, INFEASIBLE, METRICS_AVAILABLE, ROLLOUT_IN_PROGRESS)
+TYPES = (
+    READY, AVAILABLE, DEGRADED, CONFIG_RESOLVED, PLANNED, INFEASIBLE, METRICS_AVAILABLE, ROLLOUT_IN_PROGRESS,
+)  # fmt: skip
 """Every condition type kvpilot sets, in the order ``status.conditions`` lists them."""
 
 

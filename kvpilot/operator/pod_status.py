@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvpilot.operator.kube import raw_response
+from kvpilot.operator.storage import INIT_CONTAINER
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import RestartEvent, RestartKind, classify_termination
@@ -69,6 +70,12 @@ class PodView:
     needs_log: bool
     """The termination message did not explain the restart: worth reading the previous log (the exit
     code after a run-time engine death may be 0, so it is not consulted)."""
+    waiting_reason: str | None = None
+    """Why the vLLM container waits (``CrashLoopBackOff``, ``ImagePullBackOff``, ...), if it does."""
+    unschedulable: bool = False
+    """The scheduler found no node for it (``PodScheduled=False``, reason ``Unschedulable``)."""
+    downloading: bool = False
+    """The weight cache's init container (:data:`kvpilot.operator.storage.INIT_CONTAINER`) still runs."""
 
 
 def _container(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -114,7 +121,19 @@ def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodVi
             crash_looping=crash_looping,
             exit_code=code,
         )
+    phase = pod.get("status") or {}
+    unschedulable = any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in phase.get("conditions") or ()
+    )
+    downloading = any(
+        c.get("name") == INIT_CONTAINER and not (c.get("state") or {}).get("terminated")
+        for c in phase.get("initContainerStatuses") or ()
+    )
     return PodView(
+        waiting_reason=waiting.get("reason") or None,
+        unschedulable=unschedulable,
+        downloading=downloading,
         name=str(meta.get("name") or ""),
         settings=settings,
         ready=bool(status_c.get("ready")),
@@ -141,6 +160,61 @@ def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replic
     restarts = tuple(p.restart for p in mine if p.restart is not None)
     ready = replicas > 0 and sum(1 for p in mine if p.ready) >= replicas and not others
     return PodSummary(restarts, ready, len(mine), len(others))
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """Whether a service serves, from its pods: ``status.replicas``, ``readyReplicas`` and the
+    ``Available`` / ``Degraded`` conditions (and so ``Ready``)."""
+
+    replicas: int
+    """Pods of the Deployment that are not terminating."""
+    ready_replicas: int
+    """Of them, Ready and running the applied settings."""
+    available: bool
+    """At least one replica running the applied settings is Ready."""
+    degraded_reason: str | None
+    """CamelCase: ``CrashLoopBackOff``, ``StartupFailure``, ``Unschedulable``, ``Downloading``, an image
+    pull failure; ``None`` when nothing is wrong (``Starting`` is not degraded)."""
+    message: str
+
+
+_IMAGE_PULL = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
+_STARTUP_KINDS = frozenset(
+    {RestartKind.KV_CACHE_TOO_SMALL, RestartKind.NO_CACHE_BLOCKS, RestartKind.INSUFFICIENT_FREE_MEMORY}
+)
+
+
+def compute_serving(pods: Sequence[PodView], current: EngineSettings) -> Serving:
+    """The service's serving state: available when a replica of ``current`` is Ready; degraded with the
+    most telling reason any pod gives (a crash loop, a start-up failure, no node, an image, a download)."""
+    live = [p for p in pods if not p.terminating]
+    ready = [p for p in live if p.ready and p.settings == current]
+    checks: list[tuple[str, str]] = []
+    for p in live:
+        if p.restart is not None and p.restart.cause.kind in _STARTUP_KINDS:
+            checks.append(("StartupFailure", f"{p.name}: {p.restart.cause.detail}"))
+        if p.waiting_reason == "CrashLoopBackOff":
+            detail = p.restart.cause.detail if p.restart is not None else "the vLLM container keeps exiting"
+            checks.append(("CrashLoopBackOff", f"{p.name}: {detail}"))
+        if p.waiting_reason in _IMAGE_PULL:
+            checks.append((str(p.waiting_reason), f"{p.name}: the vLLM image cannot be pulled"))
+        if p.unschedulable:
+            checks.append(("Unschedulable", f"{p.name}: no node has a free GPU of the planned kind"))
+        if p.downloading:
+            checks.append(("Downloading", f"{p.name}: the weights are being downloaded into the cache"))
+    order = ("StartupFailure", "CrashLoopBackOff", *sorted(_IMAGE_PULL), "Unschedulable", "Downloading")
+    checks.sort(key=lambda c: order.index(c[0]))
+    reason, detail = checks[0] if checks else (None, "")
+    if ready:
+        message = f"{len(ready)} of {len(live)} replicas serve the applied settings"
+    elif reason is not None:
+        message = f"no replica serves: {detail}"
+    else:
+        message = f"no replica serves yet: {len(live)} starting"
+    if ready and reason is not None:
+        message += f"; degraded: {detail}"
+    return Serving(len(live), len(ready), bool(ready), reason, message[:1000])
 
 
 class LogCache:

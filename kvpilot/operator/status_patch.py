@@ -25,6 +25,7 @@ from typing import Any
 from kvpilot.operator import api, conditions, events
 from kvpilot.operator.errors import Failure
 from kvpilot.operator.modes import ModeDecision
+from kvpilot.operator.pod_status import Serving
 from kvpilot.operator.resolve import Inputs
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import Action, Decision, HistoryAction, LoopState, RestartKind, Trigger
@@ -157,6 +158,48 @@ def set_conditions(
     return conditions.set_conditions(old.get("conditions") or [], capped, generation=generation, now=now)
 
 
+# --- serving: what the pods say --------------------------------------------------------------------------
+
+SERVING_REASONS = frozenset(
+    {"Applied", "Serving", "Starting", "StartupFailure", "CrashLoopBackOff", "ImagePullBackOff",
+     "ErrImagePull", "InvalidImageName", "Unschedulable", "Downloading"}
+)  # fmt: skip
+"""``Ready`` reasons that mean "the reconciler applied the spec": only those may the pods' view turn into
+serving or not; a reconcile failure (``InvalidSpec``, ...) keeps its own ``Ready``."""
+
+
+def build_serving_updates(
+    old: Mapping[str, Any], serving: Serving, *, generation: int | None
+) -> tuple[list[Update], dict[str, Any]]:
+    """The ``Available``, ``Degraded`` and ``Ready`` conditions and ``replicas`` / ``readyReplicas`` from the
+    pods. ``Ready`` follows ``Available`` only while the reconciler's verdict for this generation was
+    "applied": a spec the reconciler has not handled yet, or refused, keeps its own ``Ready``."""
+    not_serving = serving.degraded_reason or "Starting"
+    degraded = serving.degraded_reason is not None
+    updates: list[Update] = [
+        (conditions.AVAILABLE, conditions.TRUE if serving.available else conditions.FALSE,
+         "Serving" if serving.available else not_serving, serving.message),
+        (conditions.DEGRADED, conditions.TRUE if degraded else conditions.FALSE,
+         serving.degraded_reason or "Healthy", serving.message if degraded else "no pod reports a fault"),
+    ]  # fmt: skip
+    ready = next((c for c in old.get("conditions") or () if c.get("type") == conditions.READY), None)
+    current_generation = old.get("observedGeneration") == generation
+    if ready is not None and current_generation and ready.get("reason") in SERVING_REASONS:
+        if serving.available:
+            updates.append((conditions.READY, conditions.TRUE, "Serving", serving.message))
+        else:
+            updates.append((conditions.READY, conditions.FALSE, not_serving, serving.message))
+    return updates, {"replicas": serving.replicas, "readyReplicas": serving.ready_replicas}
+
+
+def build_serving_patch(
+    old: Mapping[str, Any], serving: Serving, *, generation: int | None, now: float
+) -> dict[str, Any]:
+    """The status patch of the pods' view alone (mode Off, where the loop decides nothing)."""
+    updates, fields = build_serving_updates(old, serving, generation=generation)
+    return {**fields, "conditions": set_conditions(old, updates, generation=generation, now=format_time(now))}
+
+
 # --- the reconciler -------------------------------------------------------------------------------------
 
 
@@ -271,8 +314,10 @@ def build_loop_patch(
     generation: int | None,
     applied: bool,
     rollout_deadline_seconds: float,
+    serving: Serving | None = None,
 ) -> StatusPatch:
-    """The status after ``decision``. ``applied``: the Deployment was updated with ``decision.settings``."""
+    """The status after ``decision``. ``applied``: the Deployment was updated with ``decision.settings``;
+    ``serving``: what the pods say (``Available``, ``Degraded``, ``Ready``, replica counts)."""
     out = StatusPatch()
     stamp = format_time(now)
     metrics_status, observed_kv_tokens = decision.metrics, decision.observed_kv_tokens
@@ -369,5 +414,9 @@ def build_loop_patch(
         out.status["history"] = history
     if observed_kv_tokens and not change and observed_kv_tokens != state.observed_kv_tokens:
         out.status["calibration"] = {"observedKvCacheTokens": observed_kv_tokens}
+    if serving is not None:
+        updates, fields = build_serving_updates(old, serving, generation=generation)
+        conds.extend(updates)
+        out.status.update(fields)
     out.status["conditions"] = set_conditions(old, conds, generation=generation, now=stamp)
     return out

@@ -601,3 +601,69 @@ async def test_a_rollback_is_applied_even_when_the_planner_now_refuses_the_spec(
     assert flag(args, "--tensor-parallel-size") == tp_before
     assert body["status"]["applied"]["maxNumSeqs"] == 64
     assert body["status"]["rollout"]["settings"]["maxNumSeqs"] == 64
+
+
+# --- Ready means serving ----------------------------------------------------------------------------------
+
+
+async def test_a_serving_replica_makes_ready_serving(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    loop.healthy_pods(n=2)
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)
+    st = body["status"]
+    assert (st["replicas"], st["readyReplicas"]) == (2, 2)
+    assert condition(body, "Available")["status"] == "True"
+    assert condition(body, "Degraded")["status"] == "False"
+    assert (condition(body, "Ready")["status"], condition(body, "Ready")["reason"]) == ("True", "Serving")
+
+
+async def test_a_crash_looping_service_is_not_ready(harness: Harness, loop: LoopHarness) -> None:
+    """Issue 10: a crash-looping service (serving nothing) showed Ready=True in kubectl get."""
+    body = await applied(harness)
+    loop.healthy_pods(restarts=5, reason="Error", message="RuntimeError: boom", ready=False, crash_loop=True)
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)
+    ready = condition(body, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "CrashLoopBackOff"), ready
+    assert "boom" in ready["message"]
+    assert condition(body, "Degraded")["reason"] == "CrashLoopBackOff"
+    assert body["status"]["readyReplicas"] == 0
+
+
+async def test_a_pending_pod_is_unschedulable_not_a_failure(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness)
+    loop.healthy_pods(ready=False)
+    loop.pods.pods[0]["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    ]
+    loop.window = window(loop.now + 30)
+    d = await loop.tick(body)
+    assert condition(body, "Ready")["reason"] == "Unschedulable"
+    assert d is not None and d.failed is None and not body["status"].get("failedSettings")
+
+
+async def test_a_reconcile_failure_keeps_its_ready(harness: Harness, loop: LoopHarness) -> None:
+    """The pods' view never overrides the reconciler's refusal, nor claims a generation it has not handled."""
+    body = await applied(harness)
+    for c in body["status"]["conditions"]:
+        if c["type"] == "Ready":
+            c.update(status="False", reason="InvalidSpec", message="bad")
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)
+    assert condition(body, "Ready")["reason"] == "InvalidSpec"
+    body2 = await applied(harness)
+    body2["metadata"]["generation"] = (body2["metadata"].get("generation") or 1) + 1  # not reconciled yet
+    before = dict(condition(body2, "Ready"))
+    await loop.tick(body2)
+    assert condition(body2, "Ready")["reason"] == before["reason"]
+
+
+async def test_off_mode_still_reports_serving(harness: Harness, loop: LoopHarness) -> None:
+    body = await applied(harness, tuning={"mode": "Off"})
+    loop.healthy_pods()
+    d = await loop.tick(body)
+    assert d is None  # nothing decided in mode Off
+    assert condition(body, "Available")["status"] == "True"
+    assert body["status"]["readyReplicas"] == 1
