@@ -237,7 +237,10 @@ async def run_once(
         policy=policy,
         vllm_version=api.VLLM_VERSION,
     )
-    evidence = Evidence(budget=budget, window=window, restarts=summary.restarts, ready=summary.ready)
+    evidence = Evidence(
+        budget=budget, window=window, restarts=summary.restarts, ready=summary.ready,
+        not_started=summary.not_started,
+    )  # fmt: skip
     decision = compute_decision(dataclasses.replace(state, rollout=rollout), evidence, context, now)
 
     applied = False

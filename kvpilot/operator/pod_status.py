@@ -151,6 +151,8 @@ class PodSummary:
     """At least ``replicas`` pods run the current settings and are Ready, and no other pods remain."""
     current_pods: int
     other_pods: int
+    not_started: bool = False
+    """A pod of the current settings cannot schedule or still downloads, and none of them crashed."""
 
 
 def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replicas: int) -> PodSummary:
@@ -159,7 +161,8 @@ def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replic
     others = [p for p in pods if not p.terminating and p.settings != current]
     restarts = tuple(p.restart for p in mine if p.restart is not None)
     ready = replicas > 0 and sum(1 for p in mine if p.ready) >= replicas and not others
-    return PodSummary(restarts, ready, len(mine), len(others))
+    not_started = any(p.unschedulable or p.downloading for p in mine) and not restarts
+    return PodSummary(restarts, ready, len(mine), len(others), not_started)
 
 
 @dataclass(frozen=True, slots=True)

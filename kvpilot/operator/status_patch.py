@@ -354,6 +354,7 @@ def build_loop_patch(
     rollout_active = state.rollout is not None and decision.trigger in (
         Trigger.ROLLOUT_IN_PROGRESS,
         Trigger.ROLLOUT_PROBATION,
+        Trigger.ROLLOUT_PENDING,
     )
     if change:
         action = HistoryAction.RETUNED if decision.action == Action.RETUNE else HistoryAction.ROLLED_BACK

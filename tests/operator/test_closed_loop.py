@@ -148,11 +148,36 @@ async def test_rollout_deadline_rolls_back(harness: Harness, loop: LoopHarness) 
     loop.window = window(loop.now + 30, kv=0.97, preempt=1.0, running=64, prompt=3000, output=1000)
     d = await loop.tick(body)
     assert (d.action, d.trigger) == (Action.RETUNE, Trigger.KV_PRESSURE)
-    loop.healthy_pods(ready=False)  # never becomes Ready (Pending: no GPU for the surge pod)
+    loop.healthy_pods(ready=False)  # scheduled and started, but never becomes Ready
     assert (await loop.tick(body, advance=200)).trigger == Trigger.ROLLOUT_IN_PROGRESS
     d = await loop.tick(body, advance=200)
     assert (d.action, d.trigger) == (Action.ROLLBACK, Trigger.ROLLOUT_FAILED)
     assert "not Ready within 300s" in d.reason
+
+
+async def test_an_unschedulable_surge_pod_never_marks_settings_failed(
+    harness: Harness, loop: LoopHarness
+) -> None:
+    """Issue 10: on a full GPU pool the surge pod stays Pending; after the deadline the loop wrote the
+    settings, which never ran, into failedSettings. Pending is not failure: the rollout waits, says why."""
+    body = await applied(harness, tuning={"rolloutDeadlineSeconds": 300})
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)
+    loop.window = window(loop.now + 30, kv=0.97, preempt=1.0, running=64, prompt=3000, output=1000)
+    d = await loop.tick(body)
+    assert (d.action, d.trigger) == (Action.RETUNE, Trigger.KV_PRESSURE)
+    loop.healthy_pods(ready=False)
+    for p in loop.pods.pods:
+        p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    assert (await loop.tick(body, advance=200)).trigger == Trigger.ROLLOUT_IN_PROGRESS  # before the deadline
+    for _ in range(3):  # past it, and on: never a failure while the pods cannot start
+        d = await loop.tick(body, advance=200)
+        assert (d.action, d.trigger, d.failed) == (Action.HOLD, Trigger.ROLLOUT_PENDING, None), d
+    assert not body["status"].get("failedSettings")
+    assert body["status"]["rollout"] is not None
+    assert condition(body, "Ready")["reason"] == "Unschedulable"
+    assert any(e[1] == "Held" and "free GPU" in e[2] for e in harness.emitter.events)
 
 
 async def test_operator_restart_mid_rollout_carries_on(harness: Harness, loop: LoopHarness) -> None:

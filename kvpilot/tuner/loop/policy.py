@@ -78,6 +78,9 @@ class Trigger(enum.StrEnum):
     ROLLOUT_PROBATION = "RolloutProbation"
     ROLLOUT_SUCCEEDED = "RolloutSucceeded"
     ROLLOUT_FAILED = "RolloutFailed"
+    ROLLOUT_PENDING = "RolloutPending"
+    """The new settings' pods have not started (no node with a free GPU, weights still downloading): a
+    deadline passing then is not their failure, and they are never marked failed for it."""
     METRICS_UNAVAILABLE = "MetricsUnavailable"
     INSUFFICIENT_DATA = "InsufficientData"
     KV_PRESSURE = remedies.KV_PRESSURE
@@ -181,6 +184,9 @@ class Evidence:
     """Terminations of containers that ran the current settings (the operator filters by the pod's args)."""
     ready: bool = False
     """Every desired replica runs the current settings and is Ready."""
+    not_started: bool = False
+    """Pods of the current settings exist but have not started vLLM: no node could take them
+    (Unschedulable: a full GPU pool) or their weights still download. Pending is not failure."""
     restart_seconds: float | None = None
     """Measured start-to-Ready seconds of a vLLM pod of this service (e.g. the last rollout's: its
     pods' start to Ready), when the operator has it; ``None`` = ``PolicyConfig.restart_seconds``.
@@ -205,6 +211,7 @@ class _Inputs:
     rollout: RolloutState | None
     last_good: EngineSettings | None
     ready: bool
+    not_started: bool
     last_change: float | None
     last_retune: float | None
     """The last change other than the initial plan: the cooldown counts from it."""
@@ -255,6 +262,7 @@ def _build_inputs(state: LoopState, evidence: Evidence, context: TuningContext, 
         rollout,
         state.last_good,
         evidence.ready,
+        evidence.not_started,
         last_change,
         history_mod.compute_last_retune_time(history),
         compute_cooldown(context.policy, evidence.restart_seconds),
@@ -285,6 +293,14 @@ def _rollout_step(inp: _Inputs) -> Decision | None:
     timed_out = not inp.ready and s.now >= rollout.deadline and (until is None or probation_over)
     if not crashes and not timed_out:
         return _rollout_wait(inp, rollout)
+    if not crashes and inp.not_started:
+        return Decision(
+            Action.HOLD,
+            s.current,
+            Trigger.ROLLOUT_PENDING,
+            "the new settings' pods have not started (no node with a free GPU for them, or their weights "
+            "still download); they are not marked failed, and the rollout waits for capacity",
+        )
     if crashes:
         why = _crash_words(crashes) + (" on probation" if until is not None else "")
     elif until is None:
