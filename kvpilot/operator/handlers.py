@@ -28,7 +28,6 @@ import kopf
 
 from kvpilot.operator import (
     api,
-    conditions,
     desired,
     errors,
     events,
@@ -136,7 +135,7 @@ def _keeps_applied(old: Mapping[str, Any], trigger: str, first_visit: bool, diff
     """Whether to re-apply ``status.applied`` (which the closed loop may have retuned) instead of the plan:
     the last reconcile succeeded, and this is a resume of an observed generation or a plan-neutral spec
     change."""
-    if not old.get("applied") or not conditions.is_true(old.get("conditions"), conditions.READY):
+    if not old.get("applied") or not status_patch.reconcile_succeeded(old):
         return False
     if trigger == RESUMED:
         return not first_visit

@@ -168,6 +168,15 @@ SERVING_REASONS = frozenset(
 serving or not; a reconcile failure (``InvalidSpec``, ...) keeps its own ``Ready``."""
 
 
+def reconcile_succeeded(status: Mapping[str, Any]) -> bool:
+    """Whether the reconciler's last verdict was "applied": ``Ready`` is True, or False only because the
+    pods do not serve yet (a crash loop, no node, ...), which the closed loop decides, not the reconciler."""
+    ready = next((c for c in status.get("conditions") or () if c.get("type") == conditions.READY), None)
+    if ready is None:
+        return False
+    return ready.get("status") == conditions.TRUE or ready.get("reason") in SERVING_REASONS
+
+
 def build_serving_updates(
     old: Mapping[str, Any], serving: Serving, *, generation: int | None
 ) -> tuple[list[Update], dict[str, Any]]:

@@ -108,6 +108,19 @@ async def test_resume_keeps_closed_loop_settings_and_is_quiet(harness: Harness) 
     assert len(body["status"]["history"]) == 1
 
 
+async def test_resume_keeps_retuned_settings_while_the_pods_do_not_serve(harness: Harness) -> None:
+    """Ready=False because the pods crash-loop (the closed loop's view) still means the reconcile succeeded:
+    an operator restarted mid-rollout must keep the retuned settings, not re-apply the initial plan."""
+    body = isvc()
+    await harness.run(body)
+    body["status"]["applied"]["maxNumSeqs"] = 48  # the closed loop retuned
+    for c in body["status"]["conditions"]:
+        if c["type"] == "Ready":
+            c.update(status="False", reason="CrashLoopBackOff")
+    await harness.run(body, trigger=handlers.RESUMED)
+    assert flag(args_of(harness.kube.last("Deployment")), "--max-num-seqs") == "48"
+
+
 async def test_resume_unchanged_reapplies_without_history(harness: Harness) -> None:
     body = isvc()
     await harness.run(body)
