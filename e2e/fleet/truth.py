@@ -124,6 +124,41 @@ class EngineArgs:
 
 
 @dataclasses.dataclass(frozen=True)
+class StartupModel:
+    """How long a vLLM container takes from start to listening: engine start-up, plus reading the
+    checkpoint from disk, plus downloading it first when the weight cache does not hold it.
+
+    Calibrated against the public start-up logs in ``tests/data/vllm_memory_cases.json``:
+
+    * load from local disk: "Model loading took 14.99 GiB and 3.65 seconds" (Llama-3.1-8B, L40S),
+      "65.97 GiB and 12.80 seconds" (gpt-oss-120b, H100), "48.5 GiB memory and 10.09 seconds"
+      (gemma-4-26B-A4B, A100): 4.1-5.2 GiB/s, so :attr:`disk_gib_per_s` = 4.0. One network-volume
+      case ("13.72 GiB memory and 62.34 seconds", gpt-oss-20b) reads at 0.22 GiB/s: set it per scenario.
+    * engine start-up without the load (torch.compile, profile run, CUDA-graph capture): "Graph
+      capturing finished in 2-17 secs" on H100s in the same logs, plus vLLM 0.33's compile (20-40 s
+      cold), so :attr:`engine_s` = 45.
+    * download: ``huggingface_hub``'s ``snapshot_download`` without hf_transfer (what kvpilot's init
+      container runs) from the Hub's CDN in a cloud region, about 4 Gbit/s: 0.5 GiB/s. An assumption:
+      no public log in the set times a download; set it per scenario where the network is known.
+
+    ``checkpoint_gib = 0`` keeps the constant :attr:`GroundTruth.startup_s` (fast tests). Otherwise the
+    simulated seconds are compressed into wall seconds by :attr:`wall_per_simulated_s`.
+    """
+
+    checkpoint_gib: float = 0.0
+    disk_gib_per_s: float = 4.0
+    download_gib_per_s: float = 0.5
+    engine_s: float = 45.0
+    wall_per_simulated_s: float = 0.02
+    """Wall seconds per simulated second (0.02: a 16 GB model's 105 s cold start takes 2.1 s)."""
+
+    def simulated_seconds(self, *, cached: bool) -> float:
+        """Start-up seconds on a real GPU: download (unless ``cached``), load, engine start-up."""
+        download = 0.0 if cached else self.checkpoint_gib / self.download_gib_per_s
+        return download + self.checkpoint_gib / self.disk_gib_per_s + self.engine_s
+
+
+@dataclasses.dataclass(frozen=True)
 class GroundTruth:
     """The physics of one scenario (per GPU rank).
 
@@ -164,11 +199,20 @@ class GroundTruth:
     oom_after_s: float = 3.0
     """Wall seconds of serving before such a runtime OOM strikes."""
     startup_s: float = 1.0
-    """Wall seconds of model loading/profiling before the engine listens (or fails)."""
+    """Wall seconds of model loading/profiling before the engine listens (or fails), when
+    :attr:`startup` has no checkpoint size."""
+    startup: StartupModel = dataclasses.field(default_factory=StartupModel)
+    """Start-up time from the checkpoint size and whether the pod's weight cache holds it."""
     backoff_s: float = 4.0
     """Wall seconds of CrashLoopBackOff before the first restart (kubelet: 10 s, doubling)."""
 
     # ------------------------------------------------------------------ derived
+    def startup_wall_s(self, *, cached: bool) -> float:
+        """Wall seconds from container start to listening (or failing)."""
+        if self.startup.checkpoint_gib <= 0:
+            return self.startup_s
+        return self.startup.simulated_seconds(cached=cached) * self.startup.wall_per_simulated_s
+
     def utilization(self, args: EngineArgs) -> float:
         return (
             args.gpu_memory_utilization
@@ -359,7 +403,7 @@ class Scenario:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Scenario:
         return cls(
-            truth=GroundTruth(**d.get("truth", {})),
+            truth=_ground_truth(d.get("truth", {})),
             workload=Workload(**d.get("workload", {})),
             naming=d.get("naming", "current"),
             seed=int(d.get("seed", 0)),
@@ -368,3 +412,10 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _ground_truth(d: dict[str, Any]) -> GroundTruth:
+    fields = dict(d)
+    if isinstance(fields.get("startup"), dict):
+        fields["startup"] = StartupModel(**fields["startup"])
+    return GroundTruth(**fields)
