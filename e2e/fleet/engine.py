@@ -16,9 +16,12 @@ vLLM V1's scheduler does:
   memory-bound (weights plus the KV of every scheduled context), fp8 KV halving the KV read.
 * **Latency** per request: queue time, time to first token, inter-token latency, end to end.
 
-Steps that only decode, with nothing to admit, are taken several at a time (up to the next arrival,
-finish or block boundary): the result is the same as one at a time, only faster, so hours of traffic
-simulate in seconds.
+Decoding sequences advance in lock step (one global decode counter; a heap of finish points), so steps
+that only decode are taken several at a time, up to the next finish, the next block shortage, or
+``resolution_s`` of simulated time (admissions and arrivals are handled at those boundaries). The KV
+blocks of decoding sequences are counted as their tokens over the block size plus half a block each
+(exact on average; one sequence's are exact when it is preempted or finishes). Hours of traffic simulate
+in seconds, and a smaller ``resolution_s`` (the fleet's 50 ms) buys timing detail.
 
 No I/O and no wall clock: :meth:`SimEngine.advance` takes a duration. The numbers it produces
 (gauges, counter increments, finished requests) are exported by :mod:`e2e.fleet.exposition`.
@@ -28,13 +31,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
 import math
 import random
 
 from e2e.fleet.truth import FP8_KV_DTYPES, EngineArgs, GroundTruth, Workload
 
-MAX_MACRO_STEPS = 64
-"""Pure-decode steps taken at once at most."""
+DEFAULT_RESOLUTION_S = 0.05
+"""Simulated seconds of decode taken at once at most (arrivals and admissions wait for the boundary)."""
 
 
 @dataclasses.dataclass
@@ -45,8 +49,12 @@ class Request:
     arrived: float
     generated: int = 0
     computed: int = 0
-    """Tokens whose KV is in the cache (prompt, then generated tokens; 0 again after a preemption)."""
+    """Tokens whose KV is in the cache while prefilling (0 again after a preemption)."""
     blocks: int = 0
+    """KV blocks held while prefilling (decoding sequences are counted in aggregate)."""
+    base_generated: int = 0
+    base_counter: int = 0
+    """While decoding: ``generated = base_generated + (decode counter - base_counter)``."""
     preemptions: int = 0
     prompt_counted: bool = False
     scheduled_at: float | None = None
@@ -55,12 +63,9 @@ class Request:
 
     @property
     def prefill_target(self) -> int:
-        """Tokens to (re)compute before the next token can be sampled."""
+        """Tokens to (re)compute before the next token can be sampled: the prompt, plus the tokens
+        generated before a preemption (recomputation keeps them)."""
         return self.prompt + max(0, self.generated - 1) if self.generated else self.prompt
-
-    @property
-    def prefilling(self) -> bool:
-        return self.computed < self.prefill_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +107,7 @@ class SimEngine:
         *,
         seed: int = 0,
         closed_loop_clients: int | None = None,
+        resolution_s: float = DEFAULT_RESOLUTION_S,
     ) -> None:
         """``closed_loop_clients``: instead of Poisson arrivals, that many clients each send their next
         request when the last one finishes (``vllm bench serve --max-concurrency N --request-rate inf``)."""
@@ -115,10 +121,17 @@ class SimEngine:
         self.max_model_len = truth.max_model_len(args)
         self.max_num_batched_tokens = truth.max_num_batched_tokens(args)
         self.fp8_kv = args.kv_cache_dtype in FP8_KV_DTYPES and truth.fp8_kv_supported
+        self.resolution_s = resolution_s
         self.now = 0.0
         self.waiting: collections.deque[Request] = collections.deque()
-        self.running: list[Request] = []
-        self.used_blocks = 0
+        self.prefilling: list[Request] = []
+        self.decoding: dict[int, Request] = {}
+        """In admission order (the last is the first preempted)."""
+        self._finish_heap: list[tuple[int, int]] = []
+        self.counter = 0
+        self._ctx0 = 0
+        """sum over decoding requests of (KV tokens - counter): their KV tokens = _ctx0 + n x counter."""
+        self.prefill_blocks = 0
         self._next_id = 0
         self._clients = closed_loop_clients
         self._next_arrival = math.inf if closed_loop_clients else self._interarrival()
@@ -156,51 +169,95 @@ class SimEngine:
             self._new_request(self._next_arrival)
             self._next_arrival += self._interarrival()
 
-    # ------------------------------------------------------------------ scheduling
+    # ------------------------------------------------------------------ KV accounting
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    def _preempt_last(self) -> None:
-        victim = self.running.pop()
-        self.used_blocks -= victim.blocks
+    def _decode_tokens(self) -> int:
+        return self._ctx0 + len(self.decoding) * self.counter
+
+    def _decode_blocks(self) -> int:
+        n = len(self.decoding)
+        return -(-self._decode_tokens() // self.block_size) + n // 2 if n else 0
+
+    @property
+    def used_blocks(self) -> int:
+        return self._decode_blocks() + self.prefill_blocks
+
+    def _generated(self, req: Request) -> int:
+        return req.base_generated + self.counter - req.base_counter
+
+    # ------------------------------------------------------------------ state changes
+    def _start_decoding(self, req: Request) -> None:
+        """``req`` sampled a token at the end of its prefill: it joins the lock step."""
+        self.prefill_blocks -= req.blocks
+        req.blocks = 0
+        req.base_generated, req.base_counter = req.generated, self.counter
+        self.decoding[req.id] = req
+        self._ctx0 += req.prompt + req.generated - 1 - self.counter
+        heapq.heappush(self._finish_heap, (self.counter + req.output - req.generated, req.id))
+
+    def _stop_decoding(self, req: Request) -> None:
+        del self.decoding[req.id]
+        req.generated = self._generated(req)
+        self._ctx0 -= req.prompt + req.base_generated - 1 - req.base_counter
+
+    def _preempt_last(self) -> Request:
+        """Preempt the most recently admitted running request (prefills were admitted after the decodes
+        they run beside), as V1's scheduler does; it keeps its generated tokens."""
+        if self.prefilling:
+            victim = self.prefilling.pop()
+            self.prefill_blocks -= victim.blocks
+        else:
+            victim = self.decoding[next(reversed(self.decoding))]
+            self._stop_decoding(victim)
         victim.blocks = victim.computed = 0
         victim.preemptions += 1
         self.waiting.appendleft(victim)
         self.deltas.preemptions += 1
         self.total_preemptions += 1
+        return victim
 
-    def _grow(self, req: Request, tokens: int) -> bool:
-        """Blocks for ``tokens`` more of ``req``'s KV; False when the cache has none left."""
-        need = self._blocks_for(req.computed + tokens) - req.blocks
-        if need > self.num_blocks - self.used_blocks:
-            return False
-        req.blocks += max(0, need)
-        self.used_blocks += max(0, need)
-        return True
+    def _finish_due(self) -> None:
+        while self._finish_heap and self._finish_heap[0][0] <= self.counter:
+            _, rid = heapq.heappop(self._finish_heap)
+            req = self.decoding.get(rid)
+            if req is None or self._generated(req) < req.output:
+                continue  # preempted since (a stale heap entry)
+            self._stop_decoding(req)
+            req.generated = min(req.generated, req.output)
+            self._finish(req)
 
-    def _schedule(self) -> list[tuple[Request, int]]:
-        """One step's work: (request, tokens to compute), running first, then admissions."""
-        budget = self.max_num_batched_tokens
+    # ------------------------------------------------------------------ scheduling
+    def _free_blocks(self) -> int:
+        return self.num_blocks - self.used_blocks
+
+    def _schedule_prefill(self, budget: int) -> list[tuple[Request, int]]:
+        """Prefill chunks within ``budget``: requests already prefilling first, then admissions."""
         work: list[tuple[Request, int]] = []
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            tokens = min(req.prefill_target - req.computed, budget) if req.prefilling else 1
-            while not self._grow(req, tokens):
-                if self.running[-1] is req:  # nothing left to preempt but itself
-                    self._preempt_last()
-                    return work
-                self._preempt_last()
+        for req in list(self.prefilling):
+            if budget <= 0:
+                break
+            tokens = min(req.prefill_target - req.computed, budget)
+            need = self._blocks_for(req.computed + tokens) - req.blocks
+            while need > self._free_blocks() and req in self.prefilling:
+                self._preempt_last()  # the newest first: possibly req itself
+            if req not in self.prefilling:
+                break
+            req.blocks += need
+            self.prefill_blocks += need
             work.append((req, tokens))
             budget -= tokens
-            i += 1
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+        while self.waiting and len(self.decoding) + len(self.prefilling) < self.max_num_seqs and budget > 0:
             req = self.waiting[0]
             tokens = min(req.prefill_target - req.computed, budget)
-            if not self._grow(req, tokens):
+            need = self._blocks_for(req.computed + tokens) - req.blocks
+            if need > self._free_blocks():
                 break
             self.waiting.popleft()
-            self.running.append(req)
+            req.blocks += need
+            self.prefill_blocks += need
+            self.prefilling.append(req)
             if req.scheduled_at is None:
                 req.scheduled_at = self.now
             if not req.prompt_counted:
@@ -216,69 +273,60 @@ class SimEngine:
             kv_bytes_per_token=self.truth.kv_bytes_per_token, fp8_kv=self.fp8_kv,
         )  # fmt: skip
 
-    def _macro_steps(self, work: list[tuple[Request, int]]) -> int:
-        """How many identical pure-decode steps can be taken at once (1 when anything else happens)."""
-        if any(req.prefilling or t != 1 for req, t in work):
-            return 1
-        if self.waiting and len(self.running) < self.max_num_seqs:
-            return 1  # admission may happen next step
-        k = min(MAX_MACRO_STEPS, min(req.output - req.generated for req, _ in work))
-        # block boundaries: each sequence needs a new block every block_size tokens
-        free = self.num_blocks - self.used_blocks
-        # tokens that still fit in each sequence's blocks (>= 1: this step's token was allocated)
-        distances = sorted(req.blocks * self.block_size - req.computed for req, _ in work)
-        if len(distances) > free:
-            k = min(k, distances[free])  # the (free+1)-th new block would not fit
-        return max(1, min(k, self.block_size))
+    def _decode_room(self) -> int:
+        """Decode steps before the decoding sequences need more blocks than are free."""
+        n = len(self.decoding)
+        if not n:
+            return 1 << 30
+        free_tokens = (
+            self.num_blocks - self.prefill_blocks - n // 2
+        ) * self.block_size - self._decode_tokens()
+        return max(0, free_tokens // n)
 
     def _step(self, until: float) -> bool:
-        """Run one engine step (or several identical ones); False when idle until ``until``."""
+        """One engine step, or several decode-only ones; False when idle until ``until``."""
         self._arrive()
-        work = self._schedule()
-        if not work:
+        n = len(self.decoding)
+        while n and self._decode_room() < 1:  # out of blocks: preempt the most recently admitted
+            self._preempt_last()
+            n = len(self.decoding)
+        work = self._schedule_prefill(self.max_num_batched_tokens - n)
+        n = len(self.decoding)
+        if not work and not n:
             nxt = min(self._next_arrival, until)
             self.now = max(self.now, nxt)
             return self._next_arrival <= until
-        k = self._macro_steps(work)
-        decode = sum(1 for req, t in work if not req.prefilling)
-        context = sum(req.computed for req, t in work if not req.prefilling) + decode * (k - 1) // 2
-        prefill = sum(t for req, t in work if req.prefilling)
-        pairs = sum(t * (req.computed + t / 2) for req, t in work if req.prefilling)
-        step = self._step_seconds(decode, context, prefill, pairs)
-        if k > 1 and self._next_arrival < math.inf:  # stop at the next arrival
-            k = max(1, min(k, int((self._next_arrival - self.now) / step) + 1))
-            for req, _ in work:  # the block growth of the extra steps (they fit: _macro_steps)
-                self._grow(req, k)
+        context = self._decode_tokens()
+        prefill = sum(t for _, t in work)
+        pairs = sum(t * (req.computed + t / 2) for req, t in work)
+        step = self._step_seconds(n, context, prefill, pairs)
+        k = 1
+        if not work and n:
+            k = min(self._finish_heap[0][0] - self.counter if self._finish_heap else 1, self._decode_room())
+            k = max(1, min(k, int(self.resolution_s / step) or 1, int(max(0.0, until - self.now) / step) + 1))
+            step = self._step_seconds(n, context + n * (k - 1) // 2, 0, 0.0)
         self.now += step * k
         self.busy_s += step * k
-        self._apply(work, k)
-        self.deltas.iterations += k
-        self.deltas.iteration_tokens.extend([decode + prefill] * min(k, 4))
-        return True
-
-    def _apply(self, work: list[tuple[Request, int]], k: int) -> None:
-        finished: list[Request] = []
-        generated = 0
+        self.counter += k
+        self.deltas.generation_tokens += n * k
         for req, tokens in work:
-            was_prefilling = req.prefilling
-            req.computed += tokens * k if not was_prefilling else tokens
-            if was_prefilling and req.prefilling:
-                continue  # a chunk of the prompt: no token sampled yet
-            new = k if not was_prefilling else 1
-            if was_prefilling and req.generated:  # a recomputed sequence resumes: no token is lost
-                new = 1
-            new = min(new, req.output - req.generated)
-            req.generated += new
-            generated += new
-            if req.first_token_at is None and new > 0:
-                req.first_token_at = self.now
-            if req.generated >= req.output:
-                finished.append(req)
-        self.deltas.generation_tokens += generated
-        for req in finished:
-            self.running.remove(req)
-            self.used_blocks -= req.blocks
-            self._finish(req)
+            req.computed += tokens
+            if req.computed >= req.prefill_target:  # the prefill's last chunk samples a token
+                self.prefilling.remove(req)
+                req.generated += 1
+                self.deltas.generation_tokens += 1
+                if req.first_token_at is None:
+                    req.first_token_at = self.now
+                if req.generated >= req.output:
+                    self.prefill_blocks -= req.blocks
+                    req.blocks = 0
+                    self._finish(req)
+                else:
+                    self._start_decoding(req)
+        self._finish_due()
+        self.deltas.iterations += k
+        self.deltas.iteration_tokens.extend([n + prefill] * min(k, 4))
+        return True
 
     def _finish(self, req: Request) -> None:
         self.total_finished += 1
@@ -313,9 +361,28 @@ class SimEngine:
         d, self.deltas = self.deltas, Deltas()
         return d
 
+    def drop_stale(self, max_wait_s: float) -> int:
+        """Clients give up on requests never scheduled for ``max_wait_s``: removed, and counted."""
+        dropped = 0
+        while (
+            self.waiting
+            and self.waiting[0].scheduled_at is None
+            and self.waiting[0].arrived < self.now - max_wait_s
+        ):
+            self.waiting.popleft()
+            dropped += 1
+        return dropped
+
+    @property
+    def running(self) -> list[Request]:
+        """The running requests (prefilling and decoding), with their generated tokens brought up to date."""
+        for req in self.decoding.values():
+            req.generated = self._generated(req)
+        return [*self.prefilling, *self.decoding.values()]
+
     @property
     def kv_usage(self) -> float:
-        return self.used_blocks / self.num_blocks if self.num_blocks else 0.0
+        return min(1.0, self.used_blocks / self.num_blocks) if self.num_blocks else 0.0
 
     @property
     def total_arrived(self) -> int:
@@ -323,7 +390,7 @@ class SimEngine:
 
     @property
     def num_running(self) -> int:
-        return len(self.running)
+        return len(self.prefilling) + len(self.decoding)
 
     @property
     def num_waiting(self) -> int:

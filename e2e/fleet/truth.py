@@ -385,7 +385,10 @@ class GroundTruth:
         s = self.runtime_oom_above_max_num_seqs
         if self.runtime_headroom_gib is not None:
             batch = self.max_num_seqs(args) if running is None else running
-            if self.outside_budget_gib(args) + 1e-9 < self.runtime_headroom_gib + self.runtime_gib_per_seq * batch:
+            if (
+                self.outside_budget_gib(args) + 1e-9
+                < self.runtime_headroom_gib + self.runtime_gib_per_seq * batch
+            ):
                 return True
         return (u is not None and self.utilization(args) > u + 1e-9) or (
             s is not None and self.max_num_seqs(args) > s
