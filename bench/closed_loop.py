@@ -88,15 +88,20 @@ def evaluate(sc: BenchScenario, hours: float | None, oracle: bool) -> dict[str, 
 
 def _print(result: dict[str, Any], quiet: bool) -> None:
     print(f"\n== {result['scenario']}: {result['what']}")
-    print(f"{'controller':<14} {'goodput':>8} {'/oracle':>7} {'served':>6} {'crash':>5} {'rOOM':>4} {'down min':>8} "
-          f"{'rollouts':>8} {'rollback':>8} {'holds':>5} {'failedNR':>8} {'1st/last chg':>12}  final")  # fmt: skip
+    print(
+        f"{'controller':<14} {'goodput':>8} {'/oracle':>7} {'served':>6} {'crash':>5} {'rOOM':>4} "
+        f"{'down min':>8} {'rollouts':>8} {'rollback':>8} {'holds':>5} {'failedNR':>8} "
+        f"{'1st/last chg':>12}  final"
+    )
     for name, row in result["controllers"].items():
         ratio = f"{row['vs_oracle']:.2f}" if row["vs_oracle"] is not None else "-"
         served = f"{row['served']:.2f}" if row["served"] is not None else "-"
         chg = f"{row['first_change_min'] or '-'}/{row['converged_min'] or '-'}"
-        print(f"{name:<14} {row['goodput']:>8.0f} {ratio:>7} {served:>6} {row['crashes']:>5} {row['repeat_ooms']:>4} "
-              f"{row['downtime_s'] / 60:>8.1f} {row['rollouts']:>8} {row['rollbacks']:>8} {row['holds']:>5} "
-              f"{row['failed_never_ran']:>8} {chg:>12}  {row['final']}")  # fmt: skip
+        print(
+            f"{name:<14} {row['goodput']:>8.0f} {ratio:>7} {served:>6} {row['crashes']:>5} "
+            f"{row['repeat_ooms']:>4} {row['downtime_s'] / 60:>8.1f} {row['rollouts']:>8} "
+            f"{row['rollbacks']:>8} {row['holds']:>5} {row['failed_never_ran']:>8} {chg:>12}  {row['final']}"
+        )
     if result["decisions"] and not quiet:
         print("  kvpilot's decisions:")
         print("\n".join(result["decisions"]))

@@ -89,7 +89,9 @@ class Kvpilot:
             LengthSummary(load.prompt_tokens), LengthSummary(load.output_tokens),
             kv_capacity_tokens=capacity, reported_gpu_memory_utilization=self.current.gpu_memory_utilization,
             reported_kv_cache_dtype=self.current.kv_cache_dtype or "auto", pods=len(world.pods),
-        ) if recent and world.prometheus_up(now) else ObservationWindow.unavailable("no samples", now)  # fmt: skip
+        ) if recent and world.prometheus_up(now) else ObservationWindow.unavailable(  # fmt: skip
+            "no samples", now
+        )
         state = LoopState(
             current=self.current, history=self.history, failed=self.failed, rollout=self.rollout,
             last_good=self.last_good, observed_kv_tokens=self.observed,

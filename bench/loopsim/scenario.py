@@ -109,7 +109,8 @@ def load_scenario(path: Path) -> BenchScenario:
             plan_budget=_budget(d["plan"]["budget"], truth.gpu_memory_gib),
             bounds=TuningBounds(**d.get("bounds", {})), hours=float(d.get("hours", 3.0)),
             spare_gpu=bool(d.get("spare_gpu", True)), allow_downtime=bool(d.get("allow_downtime", False)),
-            faults=faults, noise=float(d.get("noise", 0.0)), missing=float(d.get("missing", 0.0)), source=path,
+            faults=faults, noise=float(d.get("noise", 0.0)), missing=float(d.get("missing", 0.0)),
+            source=path,
         )  # fmt: skip
     except ScenarioError:
         raise
