@@ -132,6 +132,7 @@ def format_plan(plan: Plan, model: str) -> str:
         f"  {f'requested (x {util})' if util else 'requested':<26}{b.requested_gib:>9.2f}",
         f"  {'- weights':<26}{b.weights_gib:>9.2f}",
         f"  {'- activation peak':<26}{b.activation_gib:>9.2f}",
+        f"  {'- sampler state (V2)':<26}{b.sampler_state_gib:>9.2f}",
         f"  {'- non-torch':<26}{b.non_torch_gib:>9.2f}",
         f"  {'- CUDA graphs':<26}{b.cuda_graph_gib:>9.2f}",
         f"  {'= KV cache':<26}{b.available_kv_cache_gib:>9.2f}",

@@ -141,6 +141,10 @@ class MemoryBudget:
     max_model_len: int = 0
     """The ``max_model_len`` vLLM runs with: the setting, the model's default when unset, or what
     ``--max-model-len -1`` (auto) fits to the KV cache."""
+    sampler_state_gib: float = 0.0
+    """Model Runner V2's persistent sampler buffers (0.33+; on the last pipeline stage), inside the
+    budget beside the weights: ``requested = weights + activation + sampler_state + non_torch
+    [+ cuda_graphs] + available_kv_cache``."""
 
 
 @dataclass(frozen=True, slots=True)

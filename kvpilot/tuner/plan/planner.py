@@ -64,7 +64,10 @@ def compute_safe_utilization(
     """
     version = vllm.parse_version(vllm_version)
     r = memory.resolve_settings(model, gpu, settings, version, pipeline_parallel_size)
-    graphs = memory.compute_cuda_graph_bytes(model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs)
+    graphs = memory.compute_cuda_graph_bytes(
+        model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
+        version=version,
+    )  # fmt: skip
     graph_share = GRAPH_ESTIMATE_ERROR if vllm.subtracts_cuda_graphs(version) else 1.0
     logits = memory.compute_warmup_logits_bytes(model, r)
     headroom = (

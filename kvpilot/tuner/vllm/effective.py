@@ -19,19 +19,25 @@ from kvpilot.tuner.vllm.versions import (
 
 
 def compute_effective_settings(
-    settings: EngineSettings, gpu: GpuSpec, version: Version, default_max_model_len: int
+    settings: EngineSettings,
+    gpu: GpuSpec,
+    version: Version,
+    default_max_model_len: int,
+    *,
+    performance_mode: str | None = None,
 ) -> EngineSettings:
     """``settings`` as vLLM runs them on ``gpu``: every field set.
 
     ``default_max_model_len`` is the model's own maximum for this release (what vLLM derives
     from the config); it stands for an unset ``max_model_len`` and for ``-1`` (auto), whose
     batch defaults vLLM derives from the model's maximum before it auto-fits the context.
+    ``performance_mode`` is ``--performance-mode`` (``throughput`` doubles the batch defaults, 0.33).
     """
     length = settings.max_model_len
     if length is None or length == AUTO_MAX_MODEL_LEN:
         length = default_max_model_len
     batch = resolve_batch_limits(
-        version, gpu, length, settings.max_num_batched_tokens, settings.max_num_seqs
+        version, gpu, length, settings.max_num_batched_tokens, settings.max_num_seqs, performance_mode
     )
     util = settings.gpu_memory_utilization
     return EngineSettings(
