@@ -454,6 +454,7 @@ def compute_budget(
         cuda_graph_gib=graphs / GIB,
         available_kv_cache_gib=first.available / GIB,
         sampler_state_gib=first.sampler_state / GIB,
+        kv_pool_bytes=max(0, min(s.available for s in stages)),
         kv_bytes_per_token=first.layout.bytes_per_token,
         num_gpu_blocks=max(0, blocks),
         kv_cache_tokens=max(0, capacity.tokens),

@@ -167,9 +167,7 @@ def _with_batched_tokens(
     """vLLM refuses ``max_num_batched_tokens < max_num_seqs``: raise it when the default would be short."""
     if pinned.max_num_batched_tokens is not None or settings.max_num_seqs is None:
         return settings
-    default = vllm.default_batch_limits(
-        vllm.parse_version(version), gpu
-    ).max_num_batched_tokens
+    default = vllm.default_batch_limits(vllm.parse_version(version), gpu).max_num_batched_tokens
     if settings.max_num_seqs > default:
         return settings.replace(max_num_batched_tokens=settings.max_num_seqs)
     return settings
@@ -208,9 +206,7 @@ def _suggestions(
             and floor < length
             and fits(budget_of(fp8.replace(max_model_len=floor)))
         ):
-            out.append(
-                f"An fp8 KV cache (--kv-cache-dtype fp8) fits at the minimum context {floor}{note}."
-            )
+            out.append(f"An fp8 KV cache (--kv-cache-dtype fp8) fits at the minimum context {floor}{note}.")
     longest = _longest_fitting(budget_of, settings, length)
     if floor <= longest < length:
         out.append(f"A shorter context fits: max_model_len {longest} is the longest that starts.")
@@ -241,8 +237,12 @@ def compute_plan(
     pinned: EngineSettings = NOTHING_PINNED,
     vllm_version: str = vllm.PINNED_VLLM_VERSION,
     weights_total_bytes: int | None = None,
+    pin_kv_cache_memory: bool = False,
 ) -> Plan:
-    """Plan vLLM's engine settings for ``model`` on ``gpu_count`` x ``gpu`` within ``bounds``."""
+    """Plan vLLM's engine settings for ``model`` on ``gpu_count`` x ``gpu`` within ``bounds``.
+
+    ``pin_kv_cache_memory``: render ``--kv-cache-memory-bytes`` with the KV pool the plan's budget
+    leaves (the same blocks) instead of ``--gpu-memory-utilization`` (:func:`_pin_kv_pool`)."""
     warnings: list[str] = []
     budgets: dict[EngineSettings, MemoryBudget] = {}
 
@@ -335,6 +335,11 @@ def compute_plan(
         )
     if budget.max_concurrency < 1 and budget.starts:
         warnings.append("The KV cache holds less than one max_model_len sequence.")
+    kv_bytes = None
+    if pin_kv_cache_memory and feasible:
+        kv_bytes, settings, budget = _pin_kv_pool(
+            model, gpu, gpu_count, settings, vllm_version, weights_total_bytes, budget
+        )
     return Plan(
         settings=settings,
         budget=budget,
@@ -346,12 +351,41 @@ def compute_plan(
         vllm_version=vllm_version,
         warnings=tuple(warnings),
         reasons=reasons,
-        args=_render(settings),
+        args=_render(settings, kv_bytes),
+        kv_cache_memory_bytes=kv_bytes,
     )
 
 
-def _render(settings: EngineSettings) -> tuple[str, ...]:
+def _pin_kv_pool(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    gpu_count: int,
+    settings: EngineSettings,
+    version: str,
+    weights: int | None,
+    budget: MemoryBudget,
+) -> tuple[int | None, EngineSettings, MemoryBudget]:
+    """The plan's KV pool as ``--kv-cache-memory-bytes``, the settings and the budget under that pin.
+
+    The pool is the smallest stage's available memory (the same blocks vLLM would find). The
+    utilisation leaves the settings: the rendered arguments carry the pool instead, and vLLM's
+    default utilisation sets only the start-up free-memory check. The pinned budget checks that the
+    rest still fits the GPU; if it would not start, the plan keeps its utilisation."""
+    if budget.kv_pool_bytes <= 0:
+        return None, settings, budget
+    pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
+    unpinned = settings.replace(gpu_memory_utilization=None)
+    pinned = memory.compute_budget(
+        model, gpu, unpinned, pipeline_parallel_size=pp, vllm_version=version, weights_total_bytes=weights,
+        kv_cache_memory_bytes=budget.kv_pool_bytes,
+    )  # fmt: skip
+    if not pinned.starts:
+        return None, settings, budget
+    return budget.kv_pool_bytes, unpinned, pinned
+
+
+def _render(settings: EngineSettings, kv_cache_memory_bytes: int | None = None) -> tuple[str, ...]:
     try:
-        return vllm.build_vllm_args(settings)
+        return vllm.build_vllm_args(settings, kv_cache_memory_bytes=kv_cache_memory_bytes)
     except errors.TunerError:  # a pinned value the renderer refuses: the caller validates pins
         return ()

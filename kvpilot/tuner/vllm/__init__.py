@@ -15,6 +15,7 @@ The bottom layer of the tuner (``.importlinter``: ``plan | loop`` -> ``memory`` 
 from kvpilot.tuner.vllm.args import (
     FLAG_ALIASES,
     FLAGS,
+    KV_CACHE_MEMORY_FLAG,
     SIZING_OVERRIDE_FLAGS,
     UNSUPPORTED_FLAGS,
     build_vllm_args,
@@ -83,6 +84,7 @@ __all__ = [
     "FP8_DS_MLA_BYTES_PER_TOKEN",
     "FP8_KV_DTYPES",
     "KV_CACHE_DTYPES",
+    "KV_CACHE_MEMORY_FLAG",
     "MODELLED_KV_CACHE_DTYPES",
     "MODEL_RUNNER_V2_SINCE",
     "PERFORMANCE_MODES",
