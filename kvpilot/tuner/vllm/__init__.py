@@ -1,8 +1,8 @@
 """What vLLM does, release by release: the only home of vLLM facts in kvpilot.
 
 Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model
-Runner V2's buffers and graph sizes (:mod:`.runner`), the settings it effectively runs
-(:mod:`.effective`), its flags and their spellings (:mod:`.args`),
+Runner V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`),
+the settings it effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`),
 its KV-cache dtypes (:mod:`.kv_dtypes`), the texts it prints when it fails and their parsers
 (:mod:`.messages`) -- lives in this package. Other modules ask it; they never keep a copy.
 A copy is a defect waiting to drift: three did (the closed loop's own batch-default table,
@@ -27,6 +27,13 @@ from kvpilot.tuner.vllm.args import (
     validate_extra_args,
 )
 from kvpilot.tuner.vllm.effective import compute_effective_settings
+from kvpilot.tuner.vllm.images import (
+    OLDEST_MODELLED,
+    ImageVersion,
+    image_tag,
+    read_tag_version,
+    resolve_image_version,
+)
 from kvpilot.tuner.vllm.kv_dtypes import (
     FP8_DS_MLA_BYTES_PER_TOKEN,
     FP8_KV_DTYPES,
@@ -83,10 +90,12 @@ __all__ = [
     "FLAG_ALIASES",
     "FP8_DS_MLA_BYTES_PER_TOKEN",
     "FP8_KV_DTYPES",
+    "ImageVersion",
     "KV_CACHE_DTYPES",
     "KV_CACHE_MEMORY_FLAG",
     "MODELLED_KV_CACHE_DTYPES",
     "MODEL_RUNNER_V2_SINCE",
+    "OLDEST_MODELLED",
     "PERFORMANCE_MODES",
     "PINNED_VERSION",
     "PINNED_VLLM_VERSION",
@@ -110,6 +119,7 @@ __all__ = [
     "describe_settings",
     "free_memory_error",
     "hybrid_manager_for_chunked_local",
+    "image_tag",
     "in_flight_batches",
     "is_fp8",
     "kv_cache_memory_oom_error",
@@ -121,9 +131,11 @@ __all__ = [
     "parse_human_int",
     "parse_version",
     "parse_vllm_args",
+    "read_tag_version",
     "reports_tokens_per_group",
     "reserves_null_block_in_check",
     "resolve_batch_limits",
+    "resolve_image_version",
     "sampler_warmup_oom_error",
     "subtracts_cuda_graphs",
     "uses_model_runner_v2",
