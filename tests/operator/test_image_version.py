@@ -65,3 +65,14 @@ def test_the_explicit_version_wins() -> None:
 def test_a_malformed_explicit_version_is_an_invalid_spec(bad: str) -> None:
     with pytest.raises(errors.InvalidSpec, match="vllmVersion"):
         desired.parse_spec(_spec(vllmVersion=bad))
+
+
+def test_vllm_use_v2_model_runner_0_in_the_env_plans_the_v1_runner() -> None:
+    v1 = _plan(env=[{"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "0"}])
+    v2 = _plan(env=[{"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "1"}])
+    secret = _plan(
+        env=[{"name": "VLLM_USE_V2_MODEL_RUNNER", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    )
+    assert v1.budget.sampler_state_gib == 0
+    assert v2.budget.sampler_state_gib > 0 and v2.budget == _plan().budget  # 1 is the 0.33 default
+    assert secret.budget == _plan().budget  # not read: the release's default

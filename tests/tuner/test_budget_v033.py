@@ -156,3 +156,10 @@ def test_kv_cache_memory_bytes_too_large_for_the_gpu_is_an_oom() -> None:
     assert not budget.starts
     assert budget.error is not None and "CUDA out of memory" in budget.error
     assert "--kv-cache-memory-bytes" in budget.error
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"), [(None, None), ("0", False), ("1", True), (" 0 ", False), ("yes", None)]
+)
+def test_the_runner_env_is_read_as_vllm_reads_it(value: str | None, parsed: bool | None) -> None:
+    assert vllm.parse_v2_runner_env(value) is parsed

@@ -186,6 +186,21 @@ ASYNC_SCHEDULING_SINCE: Version = (0, 30)
 """Async scheduling on by default (``config/vllm.py``, ``SchedulerConfig.async_scheduling``)."""
 
 
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+"""The environment variable that chooses the model runner (``envs.py``: ``maybe_convert_bool``)."""
+
+
+def parse_v2_runner_env(value: str | None) -> bool | None:
+    """``VLLM_USE_V2_MODEL_RUNNER`` as vLLM reads it (``bool(int(value))``); ``None`` when unset or
+    not an integer (vLLM itself would fail to start on the latter)."""
+    if value is None:
+        return None
+    try:
+        return bool(int(value.strip()))
+    except ValueError:
+        return None
+
+
 def uses_model_runner_v2(version: Version, override: bool | None = None) -> bool:
     """Whether the engine runs Model Runner V2: ``override`` is ``VLLM_USE_V2_MODEL_RUNNER``
     (``False`` for ``=0``; ``None`` when unset), else the release's default."""
