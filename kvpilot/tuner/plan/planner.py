@@ -320,6 +320,11 @@ def compute_plan(
             shorter, short_budget = settle(
                 settings.replace(max_model_len=lo, max_num_seqs=pinned.max_num_seqs)
             )
+            if not meets(short_budget):
+                # The sequences chosen for the shorter context cost memory too (the V2 sampler state,
+                # more graphs): keep the ones the length was searched with, which fit by construction.
+                shorter = settings.replace(max_model_len=lo)
+                short_budget = budget_of(shorter)
             if meets(short_budget):
                 warnings.append(f"max_model_len shortened from {wanted} to {lo} to fit the KV cache.")
                 settings, budget = shorter, short_budget
