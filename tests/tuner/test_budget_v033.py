@@ -163,3 +163,11 @@ def test_kv_cache_memory_bytes_too_large_for_the_gpu_is_an_oom() -> None:
 )
 def test_the_runner_env_is_read_as_vllm_reads_it(value: str | None, parsed: bool | None) -> None:
     assert vllm.parse_v2_runner_env(value) is parsed
+
+
+def test_in_flight_tokens_are_batches_times_the_effective_batch() -> None:
+    eff = vllm.compute_effective_settings(EngineSettings(max_model_len=32768), H100, (0, 33), 131072)
+    assert eff.max_num_batched_tokens == 8192
+    assert vllm.compute_in_flight_tokens(eff, (0, 33), 2) == 3 * 8192
+    assert vllm.compute_in_flight_tokens(eff, (0, 33), 2, model_runner_v2=False) == 2 * 8192
+    assert vllm.compute_in_flight_tokens(eff, (0, 33), 1) == 2 * 8192

@@ -353,7 +353,9 @@ def compute_budget(
         )  # fmt: skip
     )
     subtract_graphs = vllm.subtracts_cuda_graphs(version)
-    in_flight = vllm.in_flight_batches(version, r.pp, r.model_runner_v2) * r.max_num_batched_tokens
+    in_flight = vllm.compute_in_flight_tokens(
+        EngineSettings(max_num_batched_tokens=r.max_num_batched_tokens), version, r.pp, r.model_runner_v2
+    )
     non_torch = compute_non_torch_bytes(r.tp, r.pp, version)
 
     stages: list[_Stage] = []

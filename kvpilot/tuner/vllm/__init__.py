@@ -26,7 +26,7 @@ from kvpilot.tuner.vllm.args import (
     parse_vllm_args,
     validate_extra_args,
 )
-from kvpilot.tuner.vllm.effective import compute_effective_settings
+from kvpilot.tuner.vllm.effective import compute_effective_settings, compute_in_flight_tokens
 from kvpilot.tuner.vllm.images import (
     OLDEST_MODELLED,
     ImageVersion,
@@ -113,6 +113,7 @@ __all__ = [
     "check_modelled",
     "check_settings",
     "compute_effective_settings",
+    "compute_in_flight_tokens",
     "compute_sampler_state_bytes",
     "cuda_graph_capture_sizes",
     "default_batch_limits",
