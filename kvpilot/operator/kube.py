@@ -15,6 +15,7 @@ and another manager's conflicting edit of them is overwritten on the next reconc
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import threading
@@ -28,6 +29,8 @@ from kvpilot.operator import errors
 
 FIELD_MANAGER = "kvpilot"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+ACTIVE_PODS_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+"""Pods that may hold a node's GPUs (cluster-wide list; docs/operator.md, "What kvpilot reads")."""
 
 
 def raw_response(response: object) -> BaseHTTPResponse:
@@ -54,6 +57,15 @@ class Kube(Protocol):
 
     def read_persistent_volume_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The claim, or ``None`` if it does not exist."""
+        ...
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """Every node (raw JSON): labels, taints, ``spec.unschedulable``, allocatable ``nvidia.com/gpu``."""
+        ...
+
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        """Every pod in every namespace that has not finished (``status.phase`` not Succeeded or Failed):
+        what holds the nodes' GPUs (:mod:`kvpilot.operator.capacity`)."""
         ...
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
@@ -129,6 +141,25 @@ class ClusterKube:
             raise errors.ApplyFailed(f"listing nodes failed: {exc}") from None
         return [dict(item["metadata"].get("labels") or {}) for item in obj.get("items", [])]
 
+    def _list(self, what: str, fn: Callable[..., object], **kwargs: Any) -> list[dict[str, Any]]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = self._json(fn(_preload_content=False, **kwargs))
+        except ApiException as exc:
+            raise errors.ApplyFailed(f"listing {what} failed: HTTP {exc.status} {exc.reason}") from None
+        except (OSError, HTTPError) as exc:
+            raise errors.ApplyFailed(f"listing {what} failed: {exc}") from None
+        return list(obj.get("items") or [])
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self._list("nodes", self.core.list_node)
+
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        return self._list(
+            "pods", self.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS_FIELD_SELECTOR
+        )
+
     def apply(self, manifest: Mapping[str, Any]) -> None:
         from kubernetes.client.exceptions import ApiException
 
@@ -154,6 +185,16 @@ class ClusterKube:
             ) from None
         except (OSError, HTTPError) as exc:  # connection refused / reset / protocol errors
             raise errors.ApplyFailed(f"applying {kind} {meta['name']} failed: {exc}") from None
+
+
+async def fetch_nodes(kube: Kube) -> list[dict[str, Any]]:
+    """Every node, read in a worker thread."""
+    return await asyncio.to_thread(kube.list_nodes)
+
+
+async def fetch_active_pods(kube: Kube) -> list[dict[str, Any]]:
+    """Every unfinished pod of the cluster, read in a worker thread."""
+    return await asyncio.to_thread(kube.list_active_pods)
 
 
 _lock = threading.Lock()

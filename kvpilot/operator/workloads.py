@@ -32,7 +32,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpilot.operator import api, errors, resolve, storage
+from kvpilot.operator import api, capacity, errors, resolve, storage
 from kvpilot.operator.kube import Kube
 from kvpilot.tuner import gpus, plan, vllm
 from kvpilot.tuner.types import GIB, EngineSettings
@@ -107,7 +107,7 @@ def _env(spec: api.InferenceServiceSpec) -> list[dict[str, Any]]:
 
 def _resources(spec: api.InferenceServiceSpec, ephemeral_bytes: int | None) -> dict[str, Any]:
     res = spec.engine.resources or api.Resources()
-    gpu: dict[str, int | str] = {"nvidia.com/gpu": spec.gpu.count}
+    gpu: dict[str, int | str] = {capacity.GPU_RESOURCE: spec.gpu.count}
     requests: dict[str, int | str] = {**(res.requests or {}), **gpu}
     if ephemeral_bytes and "ephemeral-storage" not in requests:
         requests["ephemeral-storage"] = f"{-(-ephemeral_bytes // GIB)}Gi"
