@@ -147,7 +147,8 @@ def test_roles_are_split_by_purpose(rendered: Render) -> None:
 
 
 def test_the_cluster_wide_pod_list_can_be_switched_off(rendered: Render) -> None:
-    grants = operator_grants(rendered(CHART / "ci" / "namespaced-values.yaml", sets=["rbac.clusterWidePods=false"]))
+    values = CHART / "ci" / "namespaced-values.yaml"
+    grants = operator_grants(rendered(values, sets=["rbac.clusterWidePods=false"]))
     assert ("cluster", "", "pods", ()) not in grants
 
 

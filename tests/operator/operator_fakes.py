@@ -39,7 +39,8 @@ def gpu_pod(node: str, gpus: int, name: str = "other", phase: str = "Running") -
     """Another app's pod bound to ``node``, holding ``gpus`` GPUs."""
     return {
         "metadata": {"name": name, "namespace": "other"},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+        "spec": {"nodeName": node,
+                 "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},  # fmt: skip
         "status": {"phase": phase},
     }
 

@@ -23,7 +23,9 @@ def nodes(*objs: dict[str, Any]) -> list[capacity.NodeView]:
     return [capacity.build_node_view(o) for o in objs]
 
 
-L4_POOL = nodes(node_object("l4-0", L4_LABELS), node_object("l4-1", L4_LABELS), node_object("h100", H100_LABELS))
+L4_POOL = nodes(
+    node_object("l4-0", L4_LABELS), node_object("l4-1", L4_LABELS), node_object("h100", H100_LABELS)
+)
 
 
 def test_the_shape_is_read_from_the_rendered_deployment() -> None:
@@ -70,11 +72,13 @@ def test_schedulable_says_why_no_node_ever_could() -> None:
     assert (too_big.schedulable, too_big.reason) == (False, "InsufficientGpus")
     assert "nvidia.com/gpu.product=NVIDIA-L4 and 2 allocatable nvidia.com/gpu" in too_big.message
     none = capacity.compute_schedulable(shape(products=("NVIDIA-B200",)), L4_POOL)
-    assert (none.reason, none.message) == ("NoMatchingNode", "no node with nvidia.com/gpu.product=NVIDIA-B200")
+    assert none.reason == "NoMatchingNode"
+    assert none.message == "no node with nvidia.com/gpu.product=NVIDIA-B200"
     tainted = nodes(node_object("l4-0", L4_LABELS, taints=[{"key": "t", "effect": "NoExecute"}]))
     assert capacity.compute_schedulable(shape(), tainted).reason == "TaintsNotTolerated"
     # a cordoned node may come back: it can still take the pod one day
-    assert capacity.compute_schedulable(shape(), nodes(node_object("c", L4_LABELS, cordoned=True))).schedulable
+    cordoned = nodes(node_object("c", L4_LABELS, cordoned=True))
+    assert capacity.compute_schedulable(shape(), cordoned).schedulable
 
 
 def test_init_containers_count_when_larger() -> None:
