@@ -35,12 +35,14 @@ def node_object(name: str, labels: Mapping[str, str], taints: list[dict[str, Any
     }
 
 
+GPU = "nvidia.com/gpu"
+
+
 def gpu_pod(node: str, gpus: int, name: str = "other", phase: str = "Running") -> dict[str, Any]:
     """Another app's pod bound to ``node``, holding ``gpus`` GPUs."""
     return {
         "metadata": {"name": name, "namespace": "other"},
-        "spec": {"nodeName": node,
-                 "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},  # fmt: skip
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {GPU: gpus}}}]},
         "status": {"phase": phase},
     }
 
