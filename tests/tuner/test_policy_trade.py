@@ -7,8 +7,7 @@ import dataclasses
 
 import pytest
 
-from kvpilot.tuner.loop import Action, Decision, PolicyConfig, Trigger, TuningBounds, compute_decision
-from kvpilot.tuner.loop import trade
+from kvpilot.tuner.loop import Action, Decision, PolicyConfig, Trigger, TuningBounds, compute_decision, trade
 from kvpilot.tuner.loop.observations import ObservationWindow, RestartKind
 from tests.tuner.policy_fixtures import CURRENT, NOW, context, restart, state_and_evidence, window
 
