@@ -23,7 +23,9 @@ Pod choices (docs/operator.md explains each):
   product, node affinity when the catalogue entry has several GFD names).
 * Security: no privilege escalation, all capabilities dropped, RuntimeDefault seccomp. The
   vLLM image runs as root and caches under /root, so runAsNonRoot is not set.
-* Rolling updates with ``maxUnavailable: 0``: a retune that cannot start leaves the old pod serving.
+* The update strategy of :mod:`kvpilot.operator.rollout_strategy`: a surge (``maxSurge: 1,
+  maxUnavailable: 0``: a retune that cannot start leaves the old pod serving) unless the closed loop or the
+  reconciler chose Replace or Recreate for a full pool (``spec.rollout``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpilot.operator import api, capacity, errors, resolve, storage
+from kvpilot.operator import api, capacity, errors, resolve, rollout_strategy, storage
 from kvpilot.operator.kube import Kube
 from kvpilot.tuner import gpus, plan, vllm
 from kvpilot.tuner.types import GIB, EngineSettings
@@ -140,11 +142,13 @@ def build_pod_storage(
 def build_deployment(
     metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, settings: EngineSettings,
     extra: Sequence[str], products: Sequence[str], *, checkpoint_bytes: int | None = None,
+    rollout: rollout_strategy.RolloutChoice = rollout_strategy.DEFAULT,
 ) -> dict[str, Any]:  # fmt: skip
     """The Deployment running vLLM with ``settings`` on nodes of one of ``products``.
 
     ``checkpoint_bytes`` sizes the weight cache, the ``ephemeral-storage`` request and the start-up
-    probe's budget (:mod:`kvpilot.operator.storage`).
+    probe's budget (:mod:`kvpilot.operator.storage`); ``rollout`` is the update strategy
+    (:mod:`kvpilot.operator.rollout_strategy`).
     """
     name = metadata["name"]
     labels = build_labels(name)
@@ -187,7 +191,7 @@ def build_deployment(
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": build_selector(name)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": rollout_strategy.build_deployment_strategy(rollout),
             "progressDeadlineSeconds": 1800,
             "revisionHistoryLimit": 5,
             "template": {
