@@ -34,8 +34,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpilot.operator import api, capacity, errors, resolve, rollout_strategy, storage
-from kvpilot.operator.kube import Kube
+from kvpilot.operator import api, capacity, errors, pod_status, resolve, rollout_strategy, storage
+from kvpilot.operator.kube import Kube, fetch_active_pods, fetch_nodes
 from kvpilot.tuner import gpus, plan, vllm
 from kvpilot.tuner.types import GIB, EngineSettings
 
@@ -261,6 +261,42 @@ def _claims_in_use(manifests: Sequence[Mapping[str, Any]]) -> list[tuple[str, st
             if claim and (namespace, claim) not in ours:
                 used.append((namespace, claim))
     return used
+
+
+async def fetch_capacity(
+    kube: Kube,
+) -> tuple[list[capacity.NodeView], list[dict[str, Any]]] | None:
+    """Every node and every unfinished pod of the cluster, or ``None`` when they cannot be read (RBAC:
+    ``rbac.clusterWidePods``, an API hiccup): the caller then does not know the spare GPUs."""
+    try:
+        nodes, pods = await asyncio.gather(fetch_nodes(kube), fetch_active_pods(kube))
+    except errors.OperatorError:
+        return None
+    return [capacity.build_node_view(n) for n in nodes], pods
+
+
+async def fetch_rollout_choice(
+    kube: Kube, spec: api.InferenceServiceSpec, deployment: Mapping[str, Any], *, serving: bool | None,
+    not_serving_why: str = "",
+    cluster: tuple[list[capacity.NodeView], list[dict[str, Any]]] | None = None,
+) -> rollout_strategy.RolloutChoice:  # fmt: skip
+    """How ``deployment`` (about to be applied) rolls out (:func:`rollout_strategy.compute_rollout_choice`):
+    the nodes and pods are read only for ``Auto`` (``cluster``: already read). ``serving`` (a replica is
+    Ready) ``None``: read from the Deployment's own pods in that list (the reconciler has no pod view)."""
+    fits = None
+    if spec.rollout.strategy == "Auto":
+        cluster = cluster or await fetch_capacity(kube)
+        if cluster is not None:
+            fits = capacity.compute_fits_now(capacity.build_pod_shape(deployment), *cluster)
+    if serving is None:
+        meta = deployment["metadata"]
+        own = [pod_status.build_pod_view(p) for p in (cluster[1] if cluster else ())
+               if (p.get("metadata") or {}).get("namespace") == meta["namespace"]
+               and pod_status.owned_by(p, meta["name"])]  # fmt: skip
+        serving = cluster is None or any(v.ready and not v.terminating for v in own)
+    return rollout_strategy.compute_rollout_choice(
+        spec.rollout, spec.replicas, fits_now=fits, serving=serving, not_serving_why=not_serving_why
+    )
 
 
 async def apply_workloads(manifests: Sequence[Mapping[str, Any]], kube: Kube) -> None:
