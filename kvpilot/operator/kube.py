@@ -69,7 +69,7 @@ class Kube(Protocol):
         ...
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
-        """Server-side apply of a Deployment, Service or PersistentVolumeClaim."""
+        """Server-side apply of a Deployment, Service, PersistentVolumeClaim or PodDisruptionBudget."""
         ...
 
 
@@ -95,6 +95,7 @@ class ClusterKube:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
 
     @staticmethod
     def _json(response: object) -> dict[str, Any]:
@@ -166,7 +167,8 @@ class ClusterKube:
         kind, meta = manifest["kind"], manifest["metadata"]
         fn = {"Deployment": self.apps.patch_namespaced_deployment,
               "Service": self.core.patch_namespaced_service,
-              "PersistentVolumeClaim": self.core.patch_namespaced_persistent_volume_claim}[kind]  # fmt: skip
+              "PersistentVolumeClaim": self.core.patch_namespaced_persistent_volume_claim,
+              "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget}[kind]  # fmt: skip
         try:
             response = raw_response(fn(
                 meta["name"], meta["namespace"], dict(manifest), field_manager=FIELD_MANAGER, force=True,

@@ -247,6 +247,40 @@ def build_service(metadata: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def build_pod_disruption_budget(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec
+) -> list[dict[str, Any]]:
+    """The PodDisruptionBudget of a service with 2 or more replicas (``maxUnavailable`` from
+    ``spec.rollout.maxUnavailable``), owned by the InferenceService; none below 2 replicas. One left from
+    when there were more replicas is not deleted (kvpilot has no delete verb): on one replica a budget of
+    at least one unavailable blocks nothing, and garbage collection deletes it with the service."""
+    if spec.replicas < 2:
+        return []
+    name = metadata["name"]
+    return [{
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _object_metadata(metadata, build_labels(name)),
+        "spec": {"maxUnavailable": spec.rollout.max_unavailable,
+                 "selector": {"matchLabels": build_selector(name)}},
+    }]  # fmt: skip
+
+
+async def fetch_rollout_strategy(
+    kube: Kube, spec: api.InferenceServiceSpec, manifests: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """``manifests`` with the Deployment's update strategy chosen for the cluster as it is now
+    (:func:`fetch_rollout_choice`): a reconciler's change of the pods rolls out like the closed loop's. A
+    held choice renders a surge (the pod waits for a GPU; the old ones keep serving)."""
+    out = [dict(m) for m in manifests]
+    for i, m in enumerate(out):
+        if m["kind"] == "Deployment":
+            choice = await fetch_rollout_choice(kube, spec, m, serving=None)
+            rendered = rollout_strategy.build_deployment_strategy(choice)
+            out[i] = {**m, "spec": {**m["spec"], "strategy": rendered}}
+    return out
+
+
 def _claims_in_use(manifests: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """(namespace, claim) of every existing claim a Deployment mounts that is not applied with it."""
     ours = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in manifests
@@ -300,7 +334,8 @@ async def fetch_rollout_choice(
 
 
 async def apply_workloads(manifests: Sequence[Mapping[str, Any]], kube: Kube) -> None:
-    """Server-side apply each manifest in order (a weight-cache claim, the Service, then the Deployment)."""
+    """Server-side apply each manifest in order (a weight-cache claim, the Service, the Deployment, its
+    PodDisruptionBudget)."""
 
     def _apply_all() -> None:
         for claim in _claims_in_use(manifests):

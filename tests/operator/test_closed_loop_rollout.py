@@ -9,6 +9,7 @@ import pytest
 from closed_loop_fakes import LoopHarness, pod, rfc3339, window
 from operator_fakes import H100_LABELS, Harness, condition, gpu_pod, isvc, node_object
 
+from kvpilot.operator import handlers
 from kvpilot.operator.rollout_strategy import HELD_MESSAGE
 from kvpilot.tuner.loop.policy import Action, Trigger
 
@@ -149,3 +150,34 @@ async def test_schedulable_says_why_no_node_could_take_the_pod(
     monkeypatch.setattr(harness.kube, "list_nodes", lambda: [node_object("node-1", H100_LABELS)])
     await loop.tick(body)
     assert condition(body, "Schedulable")["status"] == "True"
+
+
+# --- the reconciler's side: the PodDisruptionBudget and its own changes of the pods ----------------------
+
+
+async def test_two_replicas_get_a_pod_disruption_budget_owned_by_the_service(harness: Harness) -> None:
+    body = await applied(harness, replicas=2, full=False, rollout={"maxUnavailable": 1})
+    pdb = harness.kube.last("PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == harness.kube.last("Deployment")["spec"]["selector"]
+    assert pdb["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+    one = Harness()
+    await applied(one, replicas=1, full=False)
+    assert not [m for m in one.kube.applied if m["kind"] == "PodDisruptionBudget"]
+
+
+async def test_a_spec_change_on_a_full_pool_rolls_out_like_a_retune(harness: Harness) -> None:
+    body = await applied(harness, replicas=2)
+    assert strategy(harness)["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}  # a create: no pods
+    await harness.run(body, trigger=handlers.SPEC_CHANGED)
+    # the cluster-wide pod list holds none of this service's pods: they serve nothing, so nothing is lost
+    assert strategy(harness)["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 2}
+    harness.kube.pods.append(ready_own_pod(body))
+    await harness.run(body, trigger=handlers.SPEC_CHANGED)
+    assert strategy(harness)["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def ready_own_pod(body: dict[str, Any]) -> dict[str, Any]:
+    p = pod("llm-5d8f7c-00000", [], ready=True)
+    p["metadata"]["namespace"] = body["metadata"]["namespace"]
+    return p
