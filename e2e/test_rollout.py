@@ -85,9 +85,10 @@ class Pool:
             "spec": {**self.placement(), "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
                      "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
         } for n in names])  # fmt: skip
-        kw = {"timeout": 90, "kubectl": self.cluster.kubectl_bin}
         for n in names:
-            wait_pod_running(self.cluster.kubeconfig, self.ns, n, **kw)  # type: ignore[arg-type]
+            wait_pod_running(
+                self.cluster.kubeconfig, self.ns, n, timeout=90, kubectl=self.cluster.kubectl_bin
+            )
 
     def create(self, replicas: int, **spec: Any) -> dict[str, Any]:
         p = self.placement()
