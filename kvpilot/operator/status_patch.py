@@ -352,7 +352,7 @@ def build_loop_patch(
         nonlocal history
         entry = build_history_entry(
             time=stamp, action=action, trigger=decision.trigger, reason=decision.reason,
-            from_settings=state.current, to_settings=decision.settings,
+            from_settings=state.current, to_settings=decision.recommended or decision.settings,
         )  # fmt: skip
         base = history if history is not None else old.get("history") or []
         new = append_history(base, entry, dedupe=dedupe)

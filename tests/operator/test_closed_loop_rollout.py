@@ -55,6 +55,7 @@ async def test_one_replica_on_a_full_pool_holds_with_the_reason_and_the_recommen
     st = body["status"]
     assert HELD_MESSAGE in d.reason and st["recommendation"]["reason"] == d.reason
     assert st["recommendation"]["settings"]["maxNumSeqs"] > st["applied"]["maxNumSeqs"]
+    assert st["history"][-1]["to"]["maxNumSeqs"] == st["recommendation"]["settings"]["maxNumSeqs"]
     cond = condition(body, "RolloutInProgress")
     assert (cond["status"], cond["reason"]) == ("False", "Held") and HELD_MESSAGE in cond["message"]
     assert [m for _, r, m in harness.emitter.events if r == "Held" and HELD_MESSAGE in m]
