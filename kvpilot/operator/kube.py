@@ -30,7 +30,7 @@ from kvpilot.operator import errors
 FIELD_MANAGER = "kvpilot"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 ACTIVE_PODS_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
-"""Pods that may hold a node's GPUs (cluster-wide list; docs/operator.md, "What kvpilot reads")."""
+"""Pods that may hold a node's GPUs (cluster-wide list; docs/install.md, "RBAC", the capacity role)."""
 
 
 def raw_response(response: object) -> BaseHTTPResponse:
