@@ -8,7 +8,10 @@ service in mode ``Auto`` or ``Recommend`` that the reconciler has applied (``sta
     model + GPU (resolve, cached)          --memory------> MemoryBudget of the current settings
     status (applied, lastGood, failed, rollout, history, calibration) --loop_state--> LoopState
         --tuner.loop.compute_decision--> Decision
-        --Auto: workloads.build_deployment with the decision's settings, applied; Recommend: nothing
+        --a change in Auto: nodes + unfinished pods (workloads.fetch_capacity) --rollout_strategy--> Surge,
+          Replace, Recreate or held; decided again with what that costs (Evidence.rollout_lost_fraction,
+          rollout_blocked)
+        --Auto: workloads.build_deployment with the settings and strategy, applied; Recommend: nothing
         --status_patch.build_loop_patch--> patch.status + events (Retuned, RolledBack, OOMDetected, Held, ...)
 
 This module only orders that I/O; the pieces are pure elsewhere. One rollout at a time: while
