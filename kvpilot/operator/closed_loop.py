@@ -246,9 +246,10 @@ async def run_once(
         vllm_version=api.VLLM_VERSION,
     )
     startup = pod_status.compute_startup_seconds(views, state.current)
+    restart_seconds = startup if startup is not None else loop_state.read_startup_seconds(old)
     evidence = Evidence(
         budget=budget, window=window, restarts=summary.restarts, ready=summary.ready,
-        not_started=summary.not_started, restart_seconds=startup or loop_state.read_startup_seconds(old),
+        not_started=summary.not_started, restart_seconds=restart_seconds,
     )  # fmt: skip
     loop = dataclasses.replace(state, rollout=rollout)
     decision = compute_decision(loop, evidence, context, now)
