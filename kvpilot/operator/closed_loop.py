@@ -53,7 +53,7 @@ from kvpilot.operator import (
     status_patch,
     workloads,
 )
-from kvpilot.operator.kube import Kube
+from kvpilot.operator.kube import Kube, fetch_nodes
 from kvpilot.operator.loop_settings import LoopPace
 from kvpilot.operator.rollout_strategy import RolloutChoice
 from kvpilot.tuner import errors as tuner_errors
@@ -338,12 +338,16 @@ async def _schedulable(
         return []
     if inputs is None or deps.kube is None:
         return []
-    cluster = cluster or await workloads.fetch_capacity(deps.kube)
-    if cluster is None:
-        return []
+    if cluster is not None:
+        nodes = cluster[0]
+    else:  # the nodes alone: what could ever fit does not depend on the pods
+        try:
+            nodes = [capacity.build_node_view(n) for n in await fetch_nodes(deps.kube)]
+        except errors.OperatorError:
+            return []
     settings = loop_state.build_loop_state(old).current
     shape = capacity.build_pod_shape(build_loop_deployment(meta, spec, inputs, settings))
-    verdict = capacity.compute_schedulable(shape, cluster[0])
+    verdict = capacity.compute_schedulable(shape, nodes)
     status = conditions.TRUE if verdict.schedulable else conditions.FALSE
     return [(conditions.SCHEDULABLE, status, verdict.reason, verdict.message)]
 
