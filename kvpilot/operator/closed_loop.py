@@ -195,9 +195,13 @@ async def run_once(
             logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
             return None
         serving = pod_status.compute_serving(off_views, state.current)
-        patch.status.update(
-            status_patch.build_serving_patch(old, serving, generation=meta.get("generation"), now=now)
-        )
+        off = status_patch.build_serving_patch(old, serving, generation=meta.get("generation"), now=now)
+        sched = await _schedulable(deps, old, meta, parsed, None, off_views, None, namespace)
+        if sched:
+            off["conditions"] = status_patch.set_conditions(
+                off, sched, generation=meta.get("generation"), now=status_patch.format_time(now)
+            )
+        patch.status.update(off)
         return None
     rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
     policy = loop_settings.build_policy(parsed, deps.pace)
@@ -270,7 +274,7 @@ async def run_once(
     applied = False
     if decision.changes and mode == "Auto":
         applied = await _apply(deps, meta, parsed, inputs, decision, logger, body, choice)
-    schedulable = await _schedulable(deps, old, meta, parsed, inputs, views, cluster)
+    schedulable = await _schedulable(deps, old, meta, parsed, inputs, views, cluster, namespace)
     out = status_patch.build_loop_patch(
         old, state, decision, mode=mode, now=now, generation=meta.get("generation"), applied=applied,
         rollout_deadline_seconds=policy.rollout_deadline_seconds, serving=serving, rollout_choice=choice,
@@ -325,9 +329,11 @@ async def _choose_rollout(
 async def _schedulable(
     deps: LoopDeps, old: Mapping[str, Any], meta: Mapping[str, Any], spec: api.InferenceServiceSpec,
     inputs: resolve.Inputs | None, views: list[pod_status.PodView], cluster: Cluster | None,
+    namespace: str = "default",
 ) -> list[status_patch.Update]:  # fmt: skip
     """The ``Schedulable`` condition: checked against the nodes while a pod cannot schedule or it is False
-    (so it follows the nodes as they change); True without a read once every pod is on a node."""
+    (so it follows the nodes as they change); True without a read once every pod is on a node. ``inputs``
+    ``None`` (mode Off resolves nothing): resolved here, when needed."""
     was_false = (conditions.find_condition(old.get("conditions"), conditions.SCHEDULABLE) or {}).get(
         "status"
     ) == conditions.FALSE
@@ -336,8 +342,13 @@ async def _schedulable(
         if views and all(v.started_at is not None for v in views if not v.terminating):
             return [(conditions.SCHEDULABLE, conditions.TRUE, "Scheduled", "every pod is on a node")]
         return []
-    if inputs is None or deps.kube is None:
+    if deps.kube is None:
         return []
+    if inputs is None:
+        try:
+            inputs = await resolve.fetch_inputs(spec, namespace, deps.kube, deps.hub)
+        except Exception:  # noqa: BLE001 -- the reconciler reports resolution failures
+            return []
     if cluster is not None:
         nodes = cluster[0]
     else:  # the nodes alone: what could ever fit does not depend on the pods

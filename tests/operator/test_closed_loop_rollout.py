@@ -182,3 +182,18 @@ def ready_own_pod(body: dict[str, Any]) -> dict[str, Any]:
     p = pod("llm-5d8f7c-00000", [], ready=True)
     p["metadata"]["namespace"] = body["metadata"]["namespace"]
     return p
+
+
+async def test_schedulable_in_mode_off_too(
+    harness: Harness, loop: LoopHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = await applied(harness, full=False, tuning={"mode": "Off"})
+    loop.healthy_pods(ready=False)
+    for p in loop.pods.pods:
+        p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    monkeypatch.setattr(harness.kube, "list_nodes", lambda: [])
+    await loop.tick(body)
+    cond = condition(body, "Schedulable")
+    assert (cond["status"], cond["reason"]) == ("False", "NoMatchingNode")
+    products = "NVIDIA-H100-80GB-HBM3, NVIDIA-H100-SXM5-80GB"
+    assert cond["message"] == f"no node with nvidia.com/gpu.product in ({products})"
