@@ -101,7 +101,10 @@ async def reconcile(
         wanted = desired.build_desired(meta, parsed, inputs, deploy_override=keep, plan_fn=deps.plan_fn)
         if deps.kube is None:
             raise errors.ApplyFailed("no Kubernetes client configured")
-        await workloads.apply_workloads(wanted.manifests, deps.kube)
+        manifests = wanted.manifests  # a first create replaces no pod: the default (surge) strategy
+        if trigger != CREATED:
+            manifests = await workloads.fetch_rollout_strategy(deps.kube, parsed, manifests)
+        await workloads.apply_workloads(manifests, deps.kube)
     except Exception as exc:
         failure = errors.classify(exc)
         if failure.reason == "InternalError":

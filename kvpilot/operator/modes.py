@@ -153,6 +153,7 @@ PLAN_NEUTRAL_FIELDS: tuple[tuple[str, ...], ...] = (
     ("tuning", "cooldownSeconds"),
     ("tuning", "maxChangesPerHour"),
     ("tuning", "rolloutDeadlineSeconds"),
+    ("rollout",),
 )
 """Spec fields (relative to ``spec``) the planner does not read: changing only these keeps the engine
 settings on the Deployment (which the closed loop may have retuned) instead of re-planning."""

@@ -27,6 +27,7 @@ from kvpilot.operator.errors import Failure
 from kvpilot.operator.modes import ModeDecision
 from kvpilot.operator.pod_status import Serving
 from kvpilot.operator.resolve import Inputs
+from kvpilot.operator.rollout_strategy import RolloutChoice
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import Action, Decision, HistoryAction, LoopState, RestartKind, Trigger
 from kvpilot.tuner.types import GIB, EngineSettings
@@ -139,14 +140,19 @@ def build_recommendation(settings: EngineSettings, reason: str, trigger: str, ti
     }  # fmt: skip
 
 
-def build_rollout(settings: EngineSettings, started: float, deadline: float) -> dict[str, Any]:
-    """``status.rollout`` of a change just applied: rolling out until Ready or ``deadline``."""
+def build_rollout(
+    settings: EngineSettings, started: float, deadline: float, choice: RolloutChoice | None = None
+) -> dict[str, Any]:
+    """``status.rollout`` of a change just applied: rolling out until Ready or ``deadline``, with the
+    strategy it uses and why (``choice``)."""
     return {
         "settings": api.Settings.from_engine(settings).wire(),
         "startedAt": format_time(started),
         "deadline": format_time(deadline),
         "phase": ROLLING_OUT,
         "probationUntil": None,
+        "strategy": choice.strategy if choice is not None else None,
+        "reason": cap(choice.reason) if choice is not None else None,
     }
 
 
@@ -324,9 +330,12 @@ def build_loop_patch(
     applied: bool,
     rollout_deadline_seconds: float,
     serving: Serving | None = None,
+    rollout_choice: RolloutChoice | None = None,
+    extra_conditions: Sequence[Update] = (),
 ) -> StatusPatch:
-    """The status after ``decision``. ``applied``: the Deployment was updated with ``decision.settings``;
-    ``serving``: what the pods say (``Available``, ``Degraded``, ``Ready``, replica counts)."""
+    """The status after ``decision``. ``applied``: the Deployment was updated with ``decision.settings``
+    using ``rollout_choice``'s strategy; ``serving``: what the pods say (``Available``, ``Degraded``,
+    ``Ready``, replica counts); ``extra_conditions``: the loop's other views (``Schedulable``)."""
     out = StatusPatch()
     stamp = format_time(now)
     metrics_status, observed_kv_tokens = decision.metrics, decision.observed_kv_tokens
@@ -343,7 +352,7 @@ def build_loop_patch(
         nonlocal history
         entry = build_history_entry(
             time=stamp, action=action, trigger=decision.trigger, reason=decision.reason,
-            from_settings=state.current, to_settings=decision.settings,
+            from_settings=state.current, to_settings=decision.recommended or decision.settings,
         )  # fmt: skip
         base = history if history is not None else old.get("history") or []
         new = append_history(base, entry, dedupe=dedupe)
@@ -370,14 +379,17 @@ def build_loop_patch(
         add_history(action, dedupe=False)
         out.status["applied"] = build_settings(decision.settings)
         out.status["lastChangeTime"] = stamp
-        out.status["rollout"] = build_rollout(decision.settings, now, now + rollout_deadline_seconds)
+        out.status["rollout"] = build_rollout(
+            decision.settings, now, now + rollout_deadline_seconds, rollout_choice
+        )
         out.status["calibration"] = None  # vLLM's report was for the old settings
         out.status["recommendation"] = build_recommendation(
             decision.settings, decision.reason, decision.trigger, stamp
         )
         reason = "Retuned" if action == HistoryAction.RETUNED else "RolledBack"
         kind = events.NORMAL if action == HistoryAction.RETUNED else events.WARNING
-        out.events.append((kind, reason, decision.reason))
+        how = f" [rollout {rollout_choice.strategy}: {rollout_choice.reason}]" if rollout_choice else ""
+        out.events.append((kind, reason, decision.reason + how))
         out.decisions.append(reason)
         conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, reason, decision.reason))
     else:
@@ -393,6 +405,8 @@ def build_loop_patch(
             conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Probation", decision.reason))
         elif rollout_active:
             conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", decision.reason))
+        elif decision.recommended is not None:
+            conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Held", decision.reason))
         else:
             conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress"))
         if decision.changes and mode == "Recommend":
@@ -420,6 +434,11 @@ def build_loop_patch(
             if decision.trigger == RestartKind.HOST_OOM_KILLED:
                 out.events.append((events.WARNING, "OOMDetected", decision.reason))
 
+    if decision.recommended is not None:  # a rollout gate held it: what it would do stays visible
+        rec = build_recommendation(decision.recommended, decision.reason, decision.trigger, stamp)
+        was = old.get("recommendation") or {}
+        if compact(was.get("settings")) != compact(rec["settings"]) or was.get("trigger") != rec["trigger"]:
+            out.status["recommendation"] = rec
     if history is not None:
         out.status["history"] = history
     if observed_kv_tokens and not change and observed_kv_tokens != state.observed_kv_tokens:
@@ -428,5 +447,6 @@ def build_loop_patch(
         updates, fields = build_serving_updates(old, serving, generation=generation)
         conds.extend(updates)
         out.status.update(fields)
+    conds.extend(extra_conditions)
     out.status["conditions"] = set_conditions(old, conds, generation=generation, now=stamp)
     return out

@@ -31,6 +31,7 @@ CLUSTER_WIDE: dict[Grant, set[str]] = {
     ("cluster", "apps", "deployments", ()): {"get", "list", "watch", "create", "patch"},
     ("cluster", "", "services", ()): {"get", "list", "watch", "create", "patch"},
     ("cluster", "", "persistentvolumeclaims", ()): {"get", "create", "patch"},
+    ("cluster", "policy", "poddisruptionbudgets", ()): {"create", "patch"},
     ("cluster", "", "pods", ()): {"get", "list", "watch"},
     ("cluster", "", "pods/log", ()): {"get"},
     ("cluster", "", "configmaps", ()): {"get"},
@@ -43,6 +44,7 @@ def _namespaced_expectation(namespaces: list[str], secret_names: tuple[str, ...]
         ("cluster", "apiextensions.k8s.io", "customresourcedefinitions", ()): {"list", "watch"},
         ("cluster", "", "namespaces", ()): {"list", "watch"},
         ("cluster", "", "nodes", ()): {"get", "list", "watch"},
+        ("cluster", "", "pods", ()): {"list"},  # capacity: the GPUs other namespaces' pods hold
     }
     for ns in namespaces:
         for (_, group, resource, names), verbs in CLUSTER_WIDE.items():
@@ -97,7 +99,7 @@ def test_namespaced_grants_stay_in_the_watched_namespaces(rendered: Render) -> N
     assert operator_grants(objs) == _namespaced_expectation(["team-a", "team-b"], ("hf-token",))
     # nothing namespaced is granted through a ClusterRole binding
     cluster = {res for (where, _, res, _) in operator_grants(objs) if where == "cluster"}
-    assert cluster == {"customresourcedefinitions", "namespaces", "nodes"}
+    assert cluster == {"customresourcedefinitions", "namespaces", "nodes", "pods"}
 
 
 MODEL_CONFIG = {"configmaps", "secrets"}
@@ -139,8 +141,15 @@ def test_secrets_can_be_switched_off(rendered: Render) -> None:
 def test_roles_are_split_by_purpose(rendered: Render) -> None:
     prefix = f"{RELEASE}-kvpilot-"
     names = {r["metadata"]["name"].removeprefix(prefix) for r in by_kind(rendered(), "ClusterRole")}
-    operator = {"discovery", "gpu-discovery", "framework", "inferenceservices", "workloads", "model-config"}
+    operator = {"discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads",
+                "model-config"}  # fmt: skip
     assert names == operator | {"view", "edit"}
+
+
+def test_the_cluster_wide_pod_list_can_be_switched_off(rendered: Render) -> None:
+    values = CHART / "ci" / "namespaced-values.yaml"
+    grants = operator_grants(rendered(values, sets=["rbac.clusterWidePods=false"]))
+    assert ("cluster", "", "pods", ()) not in grants
 
 
 def test_user_roles_aggregate_into_builtin_roles(rendered: Render) -> None:

@@ -86,6 +86,11 @@ CASES: tuple[Case, ...] = (
     Case("gpus-in-resources", "cel", "set GPUs with gpu.count",
          {"engine": {"resources": {"limits": {"nvidia.com/gpu": 2}}}}),
     Case("pinned-fp8-not-allowed", "cel", "allowFp8KvCache", {"engine": {"pinned": {"kvCacheDtype": "fp8"}}}),
+    Case("recreate-without-downtime", "cel", "allowDowntime", {"rollout": {"strategy": "Recreate"}}),
+    Case("rollout-strategy-unknown", "schema", "spec.rollout.strategy",
+         {"rollout": {"strategy": "BlueGreen"}}),
+    Case("rollout-max-unavailable-zero", "schema", "spec.rollout.maxUnavailable",
+         {"rollout": {"maxUnavailable": 0}}),
     Case("pinned-len-below-min-context", "cel", "below serving.minContextLength",
          {"engine": {"pinned": {"maxModelLen": 4096}}, "serving": {"minContextLength": 8192}}),
     # --- semantic: accepted by the API server, refused by the operator ---------------------------------
