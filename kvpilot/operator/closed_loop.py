@@ -188,9 +188,8 @@ async def run_once(
             logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
             return None
         serving = pod_status.compute_serving(off_views, state.current)
-        patch.status.update(
-            status_patch.build_serving_patch(old, serving, generation=meta.get("generation"), now=now)
-        )
+        generation = meta.get("generation")
+        status_patch.build_serving_patch(old, serving, generation=generation, now=now).add_to(patch)
         return None
     rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
     policy = loop_settings.build_policy(parsed, deps.pace)
@@ -253,7 +252,7 @@ async def run_once(
     )  # fmt: skip
     if state.rollout is not None and rollout is None and "rollout" not in out.status:
         out.status["rollout"] = None  # a spec change replaced the settings being rolled out
-    patch.status.update(out.status)
+    out.add_to(patch)
     for type_, reason, message in out.events:
         deps.emit(body, type_, reason, message)
     if deps.record_metrics:

@@ -131,8 +131,16 @@ class Harness:
             )  # fmt: skip
         finally:
             # what kopf does with the patch: merge it into the object
-            body["status"] = _merge(body.get("status") or {}, dict(self.patch.get("status", {})))
+            body["status"] = apply_patch(body.get("status") or {}, self.patch)
         return self.patch
+
+
+def apply_patch(status: dict[str, Any], patch: kopf.Patch) -> dict[str, Any]:
+    """What kopf does with a handler's patch: merge ``patch.status``, then run ``patch.fns`` on the result."""
+    body = {"status": _merge(status, dict(patch.get("status", {})))}
+    for fn in patch.fns:
+        fn(body)
+    return dict(body["status"])
 
 
 def _merge(old: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
