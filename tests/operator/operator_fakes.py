@@ -35,6 +35,8 @@ class FakeKube:
         self.node_lists = 0
         self.fail_apply: Exception | None = None
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        """InferenceServices by (namespace, name), for drift repair's owner read."""
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         return self.config_maps.get((namespace, name))
@@ -51,6 +53,9 @@ class FakeKube:
 
     def read_persistent_volume_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.claims.get((namespace, name))
+
+    def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.services.get((namespace, name))
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
         if self.fail_apply is not None:
