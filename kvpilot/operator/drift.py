@@ -143,6 +143,20 @@ def _normal(field: str, value: Any) -> Any:
     return value if value not in ([], {}) else None
 
 
+def _foreign_managers(live: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [
+        e for e in live.get("metadata", {}).get("managedFields") or ()
+        if str(e.get("manager", "")) not in (FIELD_MANAGER, *CONTROLLERS)
+    ]  # fmt: skip
+
+
+def touched_by_others(kind: str, live: Mapping[str, Any]) -> bool:
+    """Whether a manager other than kvpilot (and the controllers) owns a field kvpilot manages: the cheap
+    test before building what kvpilot would apply (most events are kvpilot's own or the controller's)."""
+    paths = [path for _, path in MANAGED_FIELDS.get(kind, ())]
+    return any(_owns(e.get("fieldsV1") or {}, p) for e in _foreign_managers(live) for p in paths)
+
+
 def compute_drift(live: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[Drift]:
     """The fields kvpilot manages that someone else last wrote, to a value other than kvpilot's."""
     managed = MANAGED_FIELDS.get(str(wanted.get("kind")), ())
@@ -151,12 +165,9 @@ def compute_drift(live: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[Dr
         have, want = _value(live, path), _value(wanted, path)
         if _normal(field, have) == _normal(field, want):
             continue
-        for entry in live.get("metadata", {}).get("managedFields") or ():
-            manager = str(entry.get("manager", ""))
-            if manager == FIELD_MANAGER or manager in CONTROLLERS:
-                continue
+        for entry in _foreign_managers(live):
             if _owns(entry.get("fieldsV1") or {}, path):
-                found.append(Drift(field, manager, have, want))
+                found.append(Drift(field, str(entry.get("manager")), have, want))
                 break
     return found
 
@@ -193,7 +204,7 @@ async def apply_repair(
     """Repair one owned object after a watch event; the fields (or ``"deleted"``) it put back."""
     meta = body.get("metadata") or {}
     name, namespace = meta.get("labels", {}).get(OWNER_LABEL), meta.get("namespace") or "default"
-    if not name:
+    if not name or (event_type != "DELETED" and not touched_by_others(kind, body)):
         return []
     owner = read_owner(namespace, name)
     if owner is None or not repairable(owner):
