@@ -194,11 +194,12 @@ async def run_once(
     rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
     policy = loop_settings.build_policy(parsed, deps.pace)
 
+    resolve_failure: errors.Failure | None = None
     try:
         inputs: resolve.Inputs | None = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
-    except Exception as exc:  # noqa: BLE001 -- the reconciler reports resolution failures
+    except Exception as exc:  # noqa: BLE001 -- the reconciler reports resolution failures; vanished refs: below
         logger.warning(f"closed loop: cannot resolve model/GPU ({exc}); using status.budget")
-        inputs = None
+        inputs, resolve_failure = None, errors.classify(exc)
     budget = loop_state.read_budget(old)
     if inputs is not None:
         try:
@@ -252,6 +253,10 @@ async def run_once(
     )  # fmt: skip
     if state.rollout is not None and rollout is None and "rollout" not in out.status:
         out.status["rollout"] = None  # a spec change replaced the settings being rolled out
+    resolved, resolve_events = status_patch.build_resolution_updates(old, resolve_failure)
+    if out.lists is not None:
+        out.lists.updates.extend(resolved)
+    out.events.extend(resolve_events)
     out.add_to(patch)
     for type_, reason, message in out.events:
         deps.emit(body, type_, reason, message)

@@ -288,6 +288,30 @@ def build_serving_patch(
     )
 
 
+VANISHED_REASONS = frozenset({"ConfigNotFound"})
+"""Resolution failures the closed loop reports between reconciles: a Secret, key or ConfigMap the spec
+names that is gone (the reconciler runs on spec changes only, and a Hub-config cache hit needs no read)."""
+
+
+def build_resolution_updates(
+    old: Mapping[str, Any], failure: Failure | None
+) -> tuple[list[Update], list[tuple[str, str, str]]]:
+    """The closed loop's ``ConfigResolved`` from its own resolve of this tick, and the events: False with the
+    reason when a reference vanished (a Warning the first time), True again once it is back. Other
+    failures (a Hub outage) and an unchanged verdict write nothing: the reconciler's stands."""
+    current = conditions.find_condition(old.get("conditions"), conditions.CONFIG_RESOLVED) or {}
+    if failure is not None and failure.reason in VANISHED_REASONS:
+        update = (conditions.CONFIG_RESOLVED, conditions.FALSE, failure.reason, failure.message)
+        fresh = (current.get("status"), current.get("reason")) != (conditions.FALSE, failure.reason)
+        return [update], ([(events.WARNING, failure.reason, failure.message)] if fresh else [])
+    vanished = current.get("status") == conditions.FALSE and current.get("reason") in VANISHED_REASONS
+    if failure is None and vanished:
+        back = "the ConfigMap, Secret and keys the spec names are readable again"
+        update = (conditions.CONFIG_RESOLVED, conditions.TRUE, "Resolved", back)
+        return [update], [(events.NORMAL, "Resolved", back)]
+    return [], []
+
+
 # --- the reconciler -------------------------------------------------------------------------------------
 
 

@@ -741,3 +741,35 @@ async def test_a_tick_begun_before_a_spec_update_keeps_the_reconcilers_ready(
     await loop.tick(body)
     ready = condition(body, "Ready")
     assert (ready["reason"], ready["observedGeneration"]) == ("Serving", 2), ready
+
+
+async def test_a_vanished_token_secret_is_a_condition_between_reconciles(
+    harness: Harness, loop: LoopHarness
+) -> None:
+    """The reconciler ran once; the Hub config is cached. The Secret then goes: the next tick says so
+    (ConfigResolved=False, ConfigNotFound, one Warning), and says so again when it is back."""
+    from kvpilot.tuner.model import catalogue as models
+
+    harness.hub_result = models.lookup_model_config("meta-llama/Llama-3.1-8B-Instruct")
+    harness.kube.secrets[("ns1", "hf")] = {"token": "hf_x"}
+    gated = {"id": "acme/gated", "source": "Hub", "hubTokenSecretRef": {"name": "hf"}}
+    body = await applied(harness, model=gated)
+    assert condition(body, "ConfigResolved")["status"] == "True"
+    loop.healthy_pods()
+    await loop.tick(body)
+    assert condition(body, "ConfigResolved")["status"] == "True"
+    del harness.kube.secrets[("ns1", "hf")]
+    await loop.tick(body)
+    cond = condition(body, "ConfigResolved")
+    assert (cond["status"], cond["reason"]) == ("False", "ConfigNotFound") and "hf" in cond["message"]
+    await loop.tick(body)
+    assert harness.emitter.reasons.count("ConfigNotFound") == 1  # once, not once per tick
+    harness.kube.secrets[("ns1", "hf")] = {"wrong-key": "hf_x"}  # the Secret is back, without the key
+    await loop.tick(body)
+    assert condition(body, "ConfigResolved")["reason"] == "ConfigNotFound"
+    harness.kube.secrets[("ns1", "hf")] = {"token": "hf_x"}
+    await loop.tick(body)
+    assert (condition(body, "ConfigResolved")["status"], condition(body, "ConfigResolved")["reason"]) == (
+        "True", "Resolved"
+    )  # fmt: skip
+    assert len(harness.hub_calls) == 1  # every tick was a cache hit
