@@ -25,6 +25,7 @@ import yaml
 
 from e2e.cluster import LocalCluster
 from e2e.waits import wait_for
+from kvpilot.operator.api import DEFAULT_IMAGE
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "kvpilot-system"
@@ -115,7 +116,7 @@ def adm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Admission]:
 CASES: dict[str, tuple[dict[str, Any], str]] = {
     "image": (
         {"model": {"id": MODEL}, "engine": {"image": "evil.example/miner:latest"}},
-        "spec.engine.image evil.example/miner:latest is not an allowed image (vllm/vllm-openai:v0.33.0): "
+        f"spec.engine.image evil.example/miner:latest is not an allowed image ({DEFAULT_IMAGE}): "
         f"alice may not create pods in namespace {TENANT}",
     ),
     "env-secret": (
@@ -217,7 +218,7 @@ def test_what_alice_may_read_and_allowed_values_are_admitted(adm: Admission) -> 
     spec = {
         "model": {"id": MODEL, "source": "Hub", "hubTokenSecretRef": {"name": "hf-alice"}},
         "engine": {
-            "image": "vllm/vllm-openai:v0.33.0",
+            "image": DEFAULT_IMAGE,
             "env": [
                 {"name": "T", "valueFrom": {"secretKeyRef": {"name": "hf-alice", "key": "token"}}},
                 {
