@@ -93,6 +93,7 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
         bounds,
         vllm_version=args.vllm_version,
         weights_total_bytes=args.checkpoint_bytes or checkpoint,
+        pin_kv_cache_memory=args.pin_kv_cache_memory,
     )
     if args.json:
         json.dump(plan_as_json(plan, model_name), out, indent=2)
@@ -115,6 +116,7 @@ def plan_as_json(plan: Plan, model: str) -> dict[str, Any]:
         "concurrency_at_max_len": round(plan.concurrency_at_max_len, 3),
         "budget": {k: round(v, 4) if isinstance(v, float) else v for k, v in budget.items()},
         "args": list(plan.args),
+        "kv_cache_memory_bytes": plan.kv_cache_memory_bytes,
         "warnings": list(plan.warnings),
         "reasons": list(plan.reasons),
     }
@@ -134,15 +136,22 @@ def format_plan(plan: Plan, model: str) -> str:
         f"  {f'requested (x {util})' if util else 'requested':<26}{b.requested_gib:>9.2f}",
         f"  {'- weights':<26}{b.weights_gib:>9.2f}",
         f"  {'- activation peak':<26}{b.activation_gib:>9.2f}",
+        f"  {'- sampler state (V2)':<26}{b.sampler_state_gib:>9.2f}",
         f"  {'- non-torch':<26}{b.non_torch_gib:>9.2f}",
         f"  {'- CUDA graphs':<26}{b.cuda_graph_gib:>9.2f}",
-        f"  {'= KV cache':<26}{b.available_kv_cache_gib:>9.2f}",
+        f"  {'= KV cache (pinned)' if plan.kv_cache_memory_bytes else '= KV cache':<26}"
+        f"{b.available_kv_cache_gib:>9.2f}",
         "",
         f"KV cache: {b.kv_cache_tokens:,} tokens ({b.num_gpu_blocks:,} blocks, "
         f"{b.kv_bytes_per_token:,} B per token per GPU)",
         f"Concurrency: {plan.concurrency_at_max_len:.2f} sequences of {s.max_model_len} tokens",
         f"Starts: {'yes' if b.starts else 'no'}; feasible: {'yes' if plan.feasible else 'NO'}",
     ]
+    if plan.kv_cache_memory_bytes is not None:
+        lines.append(
+            f"KV pool pinned: --kv-cache-memory-bytes {plan.kv_cache_memory_bytes} (vLLM takes it as is; "
+            "the utilisation only sets the start-up free-memory check)"
+        )
     if b.error:
         lines.append(f"vLLM would say: {b.error}")
     lines += [f"warning: {w}" for w in plan.warnings]
@@ -288,6 +297,7 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
             manifests += render.build_manifests(document, gpu_product=args.gpu)
         except render.RenderError as exc:
             raise CliError(f"{exc.reason}: {exc.message}") from None
+
     class NoAliases(yaml.SafeDumper):
         def ignore_aliases(self, data: Any) -> bool:  # shared label dicts print in full, not as &id001
             return True
@@ -316,6 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--checkpoint-bytes", type=_positive_int, metavar="N", help="checkpoint size, if known")
     pinned = vllm.PINNED_VLLM_VERSION
     plan.add_argument("--vllm-version", default=pinned, metavar="V", help="vLLM release (%(default)s)")
+    plan.add_argument(
+        "--pin-kv-cache-memory",
+        action="store_true",
+        help="render --kv-cache-memory-bytes (the planned KV pool) instead of --gpu-memory-utilization",
+    )
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     plan.set_defaults(run=_plan)
 

@@ -46,6 +46,18 @@ def test_plan_json_has_the_settings_at_the_top() -> None:
     assert isinstance(plan["reasons"], list)
 
 
+def test_plan_can_pin_the_kv_pool() -> None:
+    code, out, err = run("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--pin-kv-cache-memory", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["kv_cache_memory_bytes"] > 0 and plan["gpu_memory_utilization"] is None
+    assert "--gpu-memory-utilization" not in plan["args"]
+    args = plan["args"]
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(plan["kv_cache_memory_bytes"])
+    code, table, _ = run("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--pin-kv-cache-memory")
+    assert code == 0 and "KV pool pinned" in table and "= KV cache (pinned)" in table
+
+
 def test_plan_table() -> None:
     code, out, _ = run("plan", "--model", LLAMA, "--gpu", "L4")
     assert code == 0

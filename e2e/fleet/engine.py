@@ -1,31 +1,44 @@
-"""A small queueing model of one vLLM V1 engine, in simulated time.
+"""The engine model: one vLLM V1 engine, step by step, in simulated time.
 
-Requests arrive as a Poisson process; the scheduler admits them first come,
-first served while fewer than ``max_num_seqs`` run, the prefill token budget
-(``max_num_batched_tokens`` per step) allows and the KV cache has free blocks
-for the prompt. Every engine step decodes one token per running sequence; a
-step takes ``decode_step_s + decode_step_per_seq_s * running``. When a running
-sequence needs a block and none is free, the most recently admitted sequence
-is preempted by recomputation (its blocks are freed, it goes back to the head
-of the queue and is prefilled again later), as V1's scheduler does. That is
-all a preemption storm is: more concurrent sequences than the KV cache holds.
+The e2e fleet, the demo and ``bench/closed_loop.py`` all run this one model. Per engine step, as
+vLLM V1's scheduler does:
 
-No I/O and no wall clock: :meth:`SimEngine.advance` takes a duration. The
-numbers it produces (gauges, counter increments, finished requests) are
-exported by :mod:`e2e.fleet.exposition`.
+* **Requests** arrive as a Poisson process with uniform or lognormal lengths
+  (:class:`e2e.fleet.truth.Workload`).
+* **Token budget**: running sequences first (one decode token each, or the next chunk of a prompt
+  still being prefilled), then waiting requests first come first served, while fewer than
+  ``max_num_seqs`` run, the ``max_num_batched_tokens`` budget lasts (chunked prefill) and the KV cache
+  has free blocks for the tokens scheduled.
+* **Preemption by recomputation**: when a running sequence needs a block and none is free, the most
+  recently admitted one is preempted: its blocks are freed, it keeps its generated tokens and goes to
+  the head of the queue, to be prefilled again (prompt + generated) when readmitted.
+* **Step time** from a roofline (:class:`e2e.fleet.truth.EnginePerf`): prefill compute-bound, decode
+  memory-bound (weights plus the KV of every scheduled context), fp8 KV halving the KV read.
+* **Latency** per request: queue time, time to first token, inter-token latency, end to end.
+
+Decoding sequences advance in lock step (one global decode counter; a heap of finish points), so steps
+that only decode are taken several at a time, up to the next finish, the next block shortage, or
+``resolution_s`` of simulated time (admissions and arrivals are handled at those boundaries). The KV
+blocks of decoding sequences are counted as their tokens over the block size plus half a block each
+(exact on average; one sequence's are exact when it is preempted or finishes). Hours of traffic simulate
+in seconds, and a smaller ``resolution_s`` (the fleet's 50 ms) buys timing detail.
+
+No I/O and no wall clock: :meth:`SimEngine.advance` takes a duration. The numbers it produces
+(gauges, counter increments, finished requests) are exported by :mod:`e2e.fleet.exposition`.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
 import math
 import random
 
-from e2e.fleet.truth import EngineArgs, GroundTruth, Workload
+from e2e.fleet.truth import FP8_KV_DTYPES, EngineArgs, GroundTruth, Workload
 
-#: Simulated seconds per inner iteration (several engine steps at once).
-ITERATION_S = 0.05
+DEFAULT_RESOLUTION_S = 0.05
+"""Simulated seconds of decode taken at once at most (arrivals and admissions wait for the boundary)."""
 
 
 @dataclasses.dataclass
@@ -35,12 +48,24 @@ class Request:
     output: int
     arrived: float
     generated: int = 0
+    computed: int = 0
+    """Tokens whose KV is in the cache while prefilling (0 again after a preemption)."""
     blocks: int = 0
+    """KV blocks held while prefilling (decoding sequences are counted in aggregate)."""
+    base_generated: int = 0
+    base_counter: int = 0
+    """While decoding: ``generated = base_generated + (decode counter - base_counter)``."""
     preemptions: int = 0
     prompt_counted: bool = False
     scheduled_at: float | None = None
     first_token_at: float | None = None
     finished_reason: str = "stop"
+
+    @property
+    def prefill_target(self) -> int:
+        """Tokens to (re)compute before the next token can be sampled: the prompt, plus the tokens
+        generated before a preemption (recomputation keeps them)."""
+        return self.prompt + max(0, self.generated - 1) if self.generated else self.prompt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +79,11 @@ class Finished:
     ttft_s: float
     e2e_s: float
     inference_s: float
+
+    @property
+    def itl_s(self) -> float:
+        """Mean inter-token latency (vLLM's TPOT: decode time over the tokens after the first)."""
+        return (self.e2e_s - self.ttft_s) / max(1, self.generation_tokens - 1)
 
 
 @dataclasses.dataclass
@@ -69,7 +99,18 @@ class Deltas:
 
 
 class SimEngine:
-    def __init__(self, truth: GroundTruth, workload: Workload, args: EngineArgs, *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        truth: GroundTruth,
+        workload: Workload,
+        args: EngineArgs,
+        *,
+        seed: int = 0,
+        closed_loop_clients: int | None = None,
+        resolution_s: float = DEFAULT_RESOLUTION_S,
+    ) -> None:
+        """``closed_loop_clients``: instead of Poisson arrivals, that many clients each send their next
+        request when the last one finishes (``vllm bench serve --max-concurrency N --request-rate inf``)."""
         self.truth = truth
         self.workload = workload
         self.args = args
@@ -78,17 +119,28 @@ class SimEngine:
         self.num_blocks = truth.num_gpu_blocks(args)
         self.max_num_seqs = truth.max_num_seqs(args)
         self.max_model_len = truth.max_model_len(args)
-        self.max_num_batched_tokens = args.max_num_batched_tokens or 8192
+        self.max_num_batched_tokens = truth.max_num_batched_tokens(args)
+        self.fp8_kv = args.kv_cache_dtype in FP8_KV_DTYPES and truth.fp8_kv_supported
+        self.resolution_s = resolution_s
         self.now = 0.0
         self.waiting: collections.deque[Request] = collections.deque()
-        self.running: list[Request] = []
-        self.used_blocks = 0
+        self.prefilling: list[Request] = []
+        self.decoding: dict[int, Request] = {}
+        """In admission order (the last is the first preempted)."""
+        self._finish_heap: list[tuple[int, int]] = []
+        self.counter = 0
+        self._ctx0 = 0
+        """sum over decoding requests of (KV tokens - counter): their KV tokens = _ctx0 + n x counter."""
+        self.prefill_blocks = 0
         self._next_id = 0
-        self._next_arrival = self._interarrival()
-        self._step_carry = 0.0
+        self._clients = closed_loop_clients
+        self._next_arrival = math.inf if closed_loop_clients else self._interarrival()
         self.deltas = Deltas()
         self.total_preemptions = 0
         self.total_finished = 0
+        self.busy_s = 0.0
+        for _ in range(closed_loop_clients or 0):
+            self._new_request(self.now)
 
     # ------------------------------------------------------------------ traffic
     def _interarrival(self) -> float:
@@ -96,92 +148,185 @@ class SimEngine:
         return self.rng.expovariate(rate) if rate > 0 else math.inf
 
     def _length(self, mean: int) -> int:
-        s = self.workload.spread
-        return max(1, int(round(mean * self.rng.uniform(1 - s, 1 + s))))
+        w = self.workload
+        if w.distribution == "lognormal" and w.spread > 0:
+            sigma = math.sqrt(math.log(1 + w.spread**2))
+            return max(1, int(round(self.rng.lognormvariate(math.log(mean) - sigma**2 / 2, sigma))))
+        return max(1, int(round(mean * self.rng.uniform(1 - w.spread, 1 + w.spread))))
+
+    def _new_request(self, at: float) -> None:
+        prompt = min(self._length(self.workload.prompt_tokens), self.max_model_len - 1)
+        output = self._length(self.workload.output_tokens)
+        req = Request(self._next_id, prompt, output, at)
+        if prompt + output > self.max_model_len:
+            req.output = self.max_model_len - prompt
+            req.finished_reason = "length"
+        self._next_id += 1
+        self.waiting.append(req)
 
     def _arrive(self) -> None:
         while self._next_arrival <= self.now:
-            prompt = min(self._length(self.workload.prompt_tokens), self.max_model_len - 1)
-            output = self._length(self.workload.output_tokens)
-            req = Request(self._next_id, prompt, output, self._next_arrival)
-            if prompt + output > self.max_model_len:
-                req.output = self.max_model_len - prompt
-                req.finished_reason = "length"
-            self._next_id += 1
-            self.waiting.append(req)
+            self._new_request(self._next_arrival)
             self._next_arrival += self._interarrival()
 
-    # ------------------------------------------------------------------ scheduling
+    # ------------------------------------------------------------------ KV accounting
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    def _preempt_last(self) -> None:
-        victim = self.running.pop()
-        self.used_blocks -= victim.blocks
-        victim.blocks = 0
+    def _decode_tokens(self) -> int:
+        return self._ctx0 + len(self.decoding) * self.counter
+
+    def _decode_blocks(self) -> int:
+        n = len(self.decoding)
+        return -(-self._decode_tokens() // self.block_size) + n // 2 if n else 0
+
+    @property
+    def used_blocks(self) -> int:
+        return self._decode_blocks() + self.prefill_blocks
+
+    def _generated(self, req: Request) -> int:
+        return req.base_generated + self.counter - req.base_counter
+
+    # ------------------------------------------------------------------ state changes
+    def _start_decoding(self, req: Request) -> None:
+        """``req`` sampled a token at the end of its prefill: it joins the lock step."""
+        self.prefill_blocks -= req.blocks
+        req.blocks = 0
+        req.base_generated, req.base_counter = req.generated, self.counter
+        self.decoding[req.id] = req
+        self._ctx0 += req.prompt + req.generated - 1 - self.counter
+        heapq.heappush(self._finish_heap, (self.counter + req.output - req.generated, req.id))
+
+    def _stop_decoding(self, req: Request) -> None:
+        del self.decoding[req.id]
+        req.generated = self._generated(req)
+        self._ctx0 -= req.prompt + req.base_generated - 1 - req.base_counter
+
+    def _preempt_last(self) -> Request:
+        """Preempt the most recently admitted running request (prefills were admitted after the decodes
+        they run beside), as V1's scheduler does; it keeps its generated tokens."""
+        if self.prefilling:
+            victim = self.prefilling.pop()
+            self.prefill_blocks -= victim.blocks
+        else:
+            victim = self.decoding[next(reversed(self.decoding))]
+            self._stop_decoding(victim)
+        victim.blocks = victim.computed = 0
         victim.preemptions += 1
         self.waiting.appendleft(victim)
         self.deltas.preemptions += 1
         self.total_preemptions += 1
+        return victim
 
-    def _admit(self, budget: int) -> int:
-        """Admit waiting requests FCFS; returns the prefill tokens computed."""
-        computed = 0
-        while self.waiting and len(self.running) < self.max_num_seqs:
+    def _finish_due(self) -> None:
+        while self._finish_heap and self._finish_heap[0][0] <= self.counter:
+            _, rid = heapq.heappop(self._finish_heap)
+            req = self.decoding.get(rid)
+            if req is None or self._generated(req) < req.output:
+                continue  # preempted since (a stale heap entry)
+            self._stop_decoding(req)
+            req.generated = min(req.generated, req.output)
+            self._finish(req)
+
+    # ------------------------------------------------------------------ scheduling
+    def _free_blocks(self) -> int:
+        return self.num_blocks - self.used_blocks
+
+    def _schedule_prefill(self, budget: int) -> list[tuple[Request, int]]:
+        """Prefill chunks within ``budget``: requests already prefilling first, then admissions."""
+        work: list[tuple[Request, int]] = []
+        for req in list(self.prefilling):
+            if budget <= 0:
+                break
+            tokens = min(req.prefill_target - req.computed, budget)
+            need = self._blocks_for(req.computed + tokens) - req.blocks
+            while need > self._free_blocks() and req in self.prefilling:
+                self._preempt_last()  # the newest first: possibly req itself
+            if req not in self.prefilling:
+                break
+            req.blocks += need
+            self.prefill_blocks += need
+            work.append((req, tokens))
+            budget -= tokens
+        while self.waiting and len(self.decoding) + len(self.prefilling) < self.max_num_seqs and budget > 0:
             req = self.waiting[0]
-            tokens = req.prompt + req.generated  # recomputation after a preemption
-            need = self._blocks_for(tokens + 1)
-            if need > self.num_blocks - self.used_blocks or (computed and computed + tokens > budget):
+            tokens = min(req.prefill_target - req.computed, budget)
+            need = self._blocks_for(req.computed + tokens) - req.blocks
+            if need > self._free_blocks():
                 break
             self.waiting.popleft()
-            req.blocks = need
-            self.used_blocks += need
-            self.running.append(req)
-            computed += tokens
+            req.blocks += need
+            self.prefill_blocks += need
+            self.prefilling.append(req)
             if req.scheduled_at is None:
                 req.scheduled_at = self.now
             if not req.prompt_counted:
                 req.prompt_counted = True
                 self.deltas.prompt_tokens += req.prompt
-        return computed
+            work.append((req, tokens))
+            budget -= tokens
+        return work
 
-    def _iterate(self, dt: float) -> None:
-        w = self.workload
-        step = w.decode_step_s + w.decode_step_per_seq_s * len(self.running)
-        self._step_carry += dt / step
-        steps = int(self._step_carry)
-        self._step_carry -= steps
-        self.now += dt
+    def _step_seconds(self, decode: int, context: int, prefill: int, pairs: float) -> float:
+        return self.truth.perf.step_seconds(
+            decode=decode, prefill=prefill, context_tokens=context, prefill_pairs=pairs,
+            kv_bytes_per_token=self.truth.kv_bytes_per_token, fp8_kv=self.fp8_kv,
+        )  # fmt: skip
+
+    def _decode_room(self) -> int:
+        """Decode steps before the decoding sequences need more blocks than are free."""
+        n = len(self.decoding)
+        if not n:
+            return 1 << 30
+        free_tokens = (
+            self.num_blocks - self.prefill_blocks - n // 2
+        ) * self.block_size - self._decode_tokens()
+        return max(0, free_tokens // n)
+
+    def _step(self, until: float) -> bool:
+        """One engine step, or several decode-only ones; False when idle until ``until``."""
         self._arrive()
-        if steps == 0:
-            return
-        # decode `steps` tokens per running sequence, growing their KV blocks
-        finished: list[Request] = []
-        generated = 0
-        for req in self.running:
-            n = min(steps, req.output - req.generated)
-            req.generated += n
-            generated += n
-            if req.first_token_at is None and n > 0:
-                req.first_token_at = self.now
-            need = self._blocks_for(req.prompt + req.generated + 1)
-            if need > req.blocks:
-                self.used_blocks += need - req.blocks
-                req.blocks = need
-            if req.generated >= req.output:
-                finished.append(req)
-        self.deltas.generation_tokens += generated
-        for req in finished:
-            self.running.remove(req)
-            self.used_blocks -= req.blocks
-            self._finish(req)
-        # out of blocks: preempt the most recently admitted sequences (recompute later)
-        while self.used_blocks > self.num_blocks and self.running:
+        n = len(self.decoding)
+        while n and self._decode_room() < 1:  # out of blocks: preempt the most recently admitted
             self._preempt_last()
-        prefill = self._admit(self.max_num_batched_tokens * steps)
-        self.deltas.iterations += steps
-        per_step = (generated + prefill) / steps
-        self.deltas.iteration_tokens.extend([int(per_step)] * min(steps, 4))
+            n = len(self.decoding)
+        work = self._schedule_prefill(self.max_num_batched_tokens - n)
+        n = len(self.decoding)
+        if not work and not n:
+            nxt = min(self._next_arrival, until)
+            self.now = max(self.now, nxt)
+            return self._next_arrival <= until
+        context = self._decode_tokens()
+        prefill = sum(t for _, t in work)
+        pairs = sum(t * (req.computed + t / 2) for req, t in work)
+        step = self._step_seconds(n, context, prefill, pairs)
+        k = 1
+        if not work and n:
+            k = min(self._finish_heap[0][0] - self.counter if self._finish_heap else 1, self._decode_room())
+            k = max(1, min(k, int(self.resolution_s / step) or 1, int(max(0.0, until - self.now) / step) + 1))
+            step = self._step_seconds(n, context + n * (k - 1) // 2, 0, 0.0)
+        self.now += step * k
+        self.busy_s += step * k
+        self.counter += k
+        self.deltas.generation_tokens += n * k
+        for req, tokens in work:
+            req.computed += tokens
+            if req.computed >= req.prefill_target:  # the prefill's last chunk samples a token
+                self.prefilling.remove(req)
+                req.generated += 1
+                self.deltas.generation_tokens += 1
+                if req.first_token_at is None:
+                    req.first_token_at = self.now
+                if req.generated >= req.output:
+                    self.prefill_blocks -= req.blocks
+                    req.blocks = 0
+                    self._finish(req)
+                else:
+                    self._start_decoding(req)
+        self._finish_due()
+        self.deltas.iterations += k
+        self.deltas.iteration_tokens.extend([n + prefill] * min(k, 4))
+        return True
 
     def _finish(self, req: Request) -> None:
         self.total_finished += 1
@@ -200,26 +345,52 @@ class SimEngine:
                 inference_s=self.now - scheduled,
             )
         )
+        if self._clients:
+            self._new_request(self.now)
 
     # ------------------------------------------------------------------ API
     def advance(self, dt: float) -> None:
         """Run the engine for ``dt`` simulated seconds."""
-        while dt > 1e-12:
-            d = min(dt, ITERATION_S)
-            self._iterate(d)
-            dt -= d
+        until = self.now + dt
+        while self.now < until:
+            if not self._step(until):
+                self.now = until
+                break
 
     def drain(self) -> Deltas:
         d, self.deltas = self.deltas, Deltas()
         return d
 
+    def drop_stale(self, max_wait_s: float) -> int:
+        """Clients give up on requests never scheduled for ``max_wait_s``: removed, and counted."""
+        dropped = 0
+        while (
+            self.waiting
+            and self.waiting[0].scheduled_at is None
+            and self.waiting[0].arrived < self.now - max_wait_s
+        ):
+            self.waiting.popleft()
+            dropped += 1
+        return dropped
+
+    @property
+    def running(self) -> list[Request]:
+        """The running requests (prefilling and decoding), with their generated tokens brought up to date."""
+        for req in self.decoding.values():
+            req.generated = self._generated(req)
+        return [*self.prefilling, *self.decoding.values()]
+
     @property
     def kv_usage(self) -> float:
-        return self.used_blocks / self.num_blocks if self.num_blocks else 0.0
+        return min(1.0, self.used_blocks / self.num_blocks) if self.num_blocks else 0.0
+
+    @property
+    def total_arrived(self) -> int:
+        return self._next_id
 
     @property
     def num_running(self) -> int:
-        return len(self.running)
+        return len(self.prefilling) + len(self.decoding)
 
     @property
     def num_waiting(self) -> int:

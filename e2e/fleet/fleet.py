@@ -3,7 +3,9 @@
 For every pod labelled ``app.kubernetes.io/managed-by=kvpilot`` that KWOK has
 made Running, the fleet plays the container kubelet would run:
 
-1. **start-up** (``GroundTruth.startup_s``): the pod is reported started but
+1. **start-up** (``GroundTruth.startup_wall_s``: engine start-up, checkpoint load, and the download
+   when the pod's weight cache -- a claim, a node's ``hostPath`` -- does not hold the model yet;
+   :class:`e2e.fleet.truth.StartupModel`): the pod is reported started but
    not Ready (vLLM binds its port only after loading, so probes and scrapes
    are refused). Then the engine either fails -- the KV cache does not hold one
    ``max_model_len`` request, or nothing is left for it -- and the container
@@ -119,6 +121,7 @@ class Fleet:
         self._lock = threading.RLock()
         self._engines: dict[tuple[str, str], PodEngine] = {}
         self._gone: set[str] = set()  # pod uids already finished with
+        self._weight_caches: set[tuple[str, str]] = set()  # (cache key, model) whose download finished
         self._scenarios: dict[tuple[str, str], Scenario] = {}
         self._overrides: dict[tuple[str, str], Workload] = {}
         self._patches: queue.Queue[Callable[[], None] | None] = queue.Queue()
@@ -324,7 +327,8 @@ class Fleet:
                 e = PodEngine(pod, args, scenario, free_port())
                 self._engines[key] = e
                 self._targets_dirty = True
-                self._event(e, "Started", args.summary())
+                self._begin_start(e)
+                self._event(e, "Started", f"{args.summary()} weights={self._weights_source(e)}")
             self._patch_async(e, ready=False)
         with self._lock:
             for key in [k for k in self._engines if k not in seen]:
@@ -353,9 +357,26 @@ class Fleet:
                 self.errors.append(repr(exc))
             self._stop.wait(self.tick)
 
+    def _begin_start(self, e: PodEngine) -> None:
+        """A container (re)starts: its start-up time follows from where the weights come from."""
+        e.cache_hit = e.cache_key is not None and (e.cache_key, e.args.model) in self._weight_caches
+        e.startup_wall_s = e.scenario.truth.startup_wall_s(cached=e.cache_hit)
+
+    @staticmethod
+    def _weights_source(e: PodEngine) -> str:
+        return "cache-hit" if e.cache_hit else ("download" if e.cache_key else "download-no-cache")
+
+    def weight_cache_holds(self, cache_key: str, model: str) -> bool:
+        """Whether a weight cache (:func:`e2e.fleet.pod.read_weight_cache`'s key) holds ``model``."""
+        with self._lock:
+            return (cache_key, model) in self._weight_caches
+
     def _step(self, e: PodEngine, now: float, dt_wall: float) -> None:
         truth = e.scenario.truth
-        if e.state == STARTING and now - e.since >= truth.startup_s:
+        if e.state == STARTING and now - e.since >= e.startup_wall_s:
+            if e.cache_key is not None:  # the download finished: the next start reads from disk
+                with self._lock:
+                    self._weight_caches.add((e.cache_key, e.args.model))
             error = truth.startup_error(e.args)
             if error is not None:
                 self._crash(e, "StartupFailed", truth.startup_failure_message(e.args, error), now)
@@ -381,7 +402,8 @@ class Fleet:
                 self._crash(e, "CudaOOM", truth.cuda_oom_message(e.args), now)
         elif e.state == CRASHED and now >= e.restart_at:
             e.state, e.since = STARTING, now
-            self._event(e, "Restarted", f"restartCount={e.restart_count}")
+            self._begin_start(e)
+            self._event(e, "Restarted", f"restartCount={e.restart_count} weights={self._weights_source(e)}")
             self._patch_async(e, ready=False)
 
     def _serve(self, e: PodEngine, now: float) -> None:

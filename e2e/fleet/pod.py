@@ -111,6 +111,9 @@ class PodEngine:
         self.crashes: list[tuple[float, str, str]] = []
         self.last_message = ""
         self.started_count = 0
+        self.cache_key = read_weight_cache(pod)
+        self.cache_hit = False
+        self.startup_wall_s = scenario.truth.startup_s
 
     @property
     def key(self) -> tuple[str, str]:
@@ -153,6 +156,29 @@ class PodEngine:
             "num_gpu_blocks": sim.num_blocks if sim else None,
             "crashes": [k for _, k, _ in self.crashes],
         }
+
+
+def read_weight_cache(pod: dict[str, Any]) -> str | None:
+    """Where this pod's Hugging Face cache lives, as kubelet would mount it: the volume under the
+    model container's ``HF_HOME``. A claim (``pvc:<namespace>/<claim>``) is shared by every pod that
+    mounts it; a ``hostPath`` (``host:<node>:<path>``) by the pods on that node; anything else
+    (``emptyDir``, the container's own filesystem) is gone with the container: ``None``."""
+    spec = pod.get("spec") or {}
+    container = (spec.get("containers") or [{}])[0]
+    hf_home = next((e.get("value") for e in container.get("env") or [] if e.get("name") == "HF_HOME"), None)
+    if not hf_home:
+        return None
+    mounts = [m for m in container.get("volumeMounts") or [] if hf_home.startswith(m.get("mountPath", "\0"))]
+    if not mounts:
+        return None
+    volume_name = max(mounts, key=lambda m: len(m["mountPath"]))["name"]
+    volume = next((v for v in spec.get("volumes") or [] if v.get("name") == volume_name), {})
+    if "persistentVolumeClaim" in volume:
+        namespace = (pod.get("metadata") or {}).get("namespace", "")
+        return f"pvc:{namespace}/{volume['persistentVolumeClaim'].get('claimName', '')}"
+    if "hostPath" in volume:
+        return f"host:{spec.get('nodeName', '')}:{volume['hostPath'].get('path', '')}"
+    return None
 
 
 def build_running_patch(

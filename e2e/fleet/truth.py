@@ -123,6 +123,107 @@ class EngineArgs:
         )
 
 
+GPU_PERF: dict[str, tuple[float, float]] = {
+    # name: (dense bf16 peak FLOP/s, HBM bytes/s), from NVIDIA's data sheets
+    "H100-SXM": (989e12, 3.35e12),
+    "H200": (989e12, 4.8e12),
+    "A100-80GB": (312e12, 2.039e12),
+    "A100-40GB": (312e12, 1.555e12),
+    "L40S": (362e12, 0.864e12),
+    "L4": (121e12, 0.3e12),
+    "B200": (2250e12, 8.0e12),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EnginePerf:
+    """How long one vLLM engine step takes: a roofline.
+
+    A step runs ``decode`` sequences one token each and ``prefill`` prompt tokens (chunked prefill within
+    ``max_num_batched_tokens``). Its time is ``overhead_s + max(compute, memory)``:
+
+    * compute: ``2 x active parameters x tokens`` FLOPs of the dense layers plus attention's
+      ``attention_flops_per_token_pair`` per (token, context token) pair, over ``peak_flops x mfu``;
+    * memory: the weights plus the KV cache of every scheduled sequence's context (halved with an fp8
+      KV cache), over ``hbm_bytes_per_s x mbu``.
+
+    So decode is memory-bound (a batch of 1 and of 32 cost about the same until the KV read or the
+    compute catches up), prefill is compute-bound, long contexts slow decode down, and fp8 KV speeds
+    up long-context decode. Defaults: Llama-3.1-8B (8.03 B parameters, 16.06 GB of bf16 weights, 32
+    layers x 32 heads x 128) on an H100 SXM; ``mbu``, ``mfu`` and ``overhead_s`` fitted to the
+    published sweeps that ``bench/engine_calibration.py`` cites and reproduces (it prints the error).
+    """
+
+    gpu: str = "H100-SXM"
+    active_params: float = 8.03e9
+    weight_bytes: float = 16.06e9
+    attention_flops_per_token_pair: float = 4 * 32 * 32 * 128
+    """``4 x layers x query heads x head_dim``: QK^T and PV for one query token against one context token."""
+    mfu: float = 0.75
+    mbu: float = 0.90
+    overhead_s: float = 0.0009
+    """Per step: scheduling, sampling, kernel launches outside the CUDA graph."""
+    fp8_kv_attention_cost: float = 1.05
+    """fp8 KV: attention FLOPs cost 5 % more (de-quantisation), its bytes half."""
+
+    def step_seconds(
+        self,
+        *,
+        decode: int,
+        prefill: int,
+        context_tokens: int,
+        prefill_pairs: float,
+        kv_bytes_per_token: float,
+        fp8_kv: bool,
+    ) -> float:
+        """One engine step: ``decode`` sequences, ``prefill`` prompt tokens whose attention spans
+        ``prefill_pairs`` (token, context) pairs, ``context_tokens`` of KV read by the decodes."""
+        peak, bandwidth = GPU_PERF[self.gpu]
+        attention = self.attention_flops_per_token_pair * (context_tokens + prefill_pairs)
+        if fp8_kv:
+            attention *= self.fp8_kv_attention_cost
+        flops = 2.0 * self.active_params * (decode + prefill) + attention
+        kv_read = kv_bytes_per_token * (context_tokens + prefill) * (0.5 if fp8_kv else 1.0)
+        return self.overhead_s + max(
+            flops / (peak * self.mfu), (self.weight_bytes + kv_read) / (bandwidth * self.mbu)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class StartupModel:
+    """How long a vLLM container takes from start to listening: engine start-up, plus reading the
+    checkpoint from disk, plus downloading it first when the weight cache does not hold it.
+
+    Calibrated against the public start-up logs in ``tests/data/vllm_memory_cases.json``:
+
+    * load from local disk: "Model loading took 14.99 GiB and 3.65 seconds" (Llama-3.1-8B, L40S),
+      "65.97 GiB and 12.80 seconds" (gpt-oss-120b, H100), "48.5 GiB memory and 10.09 seconds"
+      (gemma-4-26B-A4B, A100): 4.1-5.2 GiB/s, so :attr:`disk_gib_per_s` = 4.0. One network-volume
+      case ("13.72 GiB memory and 62.34 seconds", gpt-oss-20b) reads at 0.22 GiB/s: set it per scenario.
+    * engine start-up without the load (torch.compile, profile run, CUDA-graph capture): "Graph
+      capturing finished in 2-17 secs" on H100s in the same logs, plus vLLM 0.33's compile (20-40 s
+      cold), so :attr:`engine_s` = 45.
+    * download: ``huggingface_hub``'s ``snapshot_download`` without hf_transfer (what kvpilot's init
+      container runs) from the Hub's CDN in a cloud region, about 4 Gbit/s: 0.5 GiB/s. An assumption:
+      no public log in the set times a download; set it per scenario where the network is known.
+
+    ``checkpoint_gib = 0`` keeps the constant :attr:`GroundTruth.startup_s` (fast tests). Otherwise the
+    simulated seconds are compressed into wall seconds by :attr:`wall_per_simulated_s`.
+    """
+
+    checkpoint_gib: float = 0.0
+    disk_gib_per_s: float = 4.0
+    download_gib_per_s: float = 0.5
+    engine_s: float = 45.0
+    wall_per_simulated_s: float = 0.02
+    """Wall seconds per simulated second (0.02: a 16 GB model's 105 s cold start takes 2.1 s)."""
+
+    def simulated_seconds(self, *, cached: bool) -> float:
+        """Start-up seconds on a real GPU: download (unless ``cached``), load, engine start-up."""
+        download = 0.0 if cached else self.checkpoint_gib / self.download_gib_per_s
+        return download + self.checkpoint_gib / self.disk_gib_per_s + self.engine_s
+
+
 @dataclasses.dataclass(frozen=True)
 class GroundTruth:
     """The physics of one scenario (per GPU rank).
@@ -143,6 +244,15 @@ class GroundTruth:
     """The model's derived max_model_len (used when --max-model-len is absent)."""
     default_max_num_seqs: int = 1024
     default_gpu_memory_utilization: float = 0.92
+    default_max_num_batched_tokens: int = 8192
+    """vLLM 0.33's default on a GPU of 70 GiB or more (``max_num_batched_tokens`` when the args omit it)."""
+    activation_gib_per_1k_batched: float = 0.0
+    """Activation peak of the profile run per 1000 batched tokens, on top of ``non_kv_gib``: a smaller
+    ``max_num_batched_tokens`` leaves more memory for the KV cache."""
+    startup_gib_per_seq: float = 0.0
+    """Start-up memory outside vLLM's budget per sequence (CUDA-graph capture, sampler warm-up): CUDA OOM
+    at start-up when ``runtime_headroom_gib`` plus this times ``max_num_seqs`` exceeds
+    ``(1 - gpu_memory_utilization) x GPU memory``."""
     fp8_kv_supported: bool = True
     runtime_oom_above_utilization: float | None = None
     """CUDA OOM while serving when ``gpu_memory_utilization`` is strictly above this (fragmentation,
@@ -164,11 +274,22 @@ class GroundTruth:
     oom_after_s: float = 3.0
     """Wall seconds of serving before such a runtime OOM strikes."""
     startup_s: float = 1.0
-    """Wall seconds of model loading/profiling before the engine listens (or fails)."""
+    """Wall seconds of model loading/profiling before the engine listens (or fails), when
+    :attr:`startup` has no checkpoint size."""
+    startup: StartupModel = dataclasses.field(default_factory=StartupModel)
+    perf: EnginePerf = dataclasses.field(default_factory=EnginePerf)
+    """Step time of the engine (the roofline)."""
+    """Start-up time from the checkpoint size and whether the pod's weight cache holds it."""
     backoff_s: float = 4.0
     """Wall seconds of CrashLoopBackOff before the first restart (kubelet: 10 s, doubling)."""
 
     # ------------------------------------------------------------------ derived
+    def startup_wall_s(self, *, cached: bool) -> float:
+        """Wall seconds from container start to listening (or failing)."""
+        if self.startup.checkpoint_gib <= 0:
+            return self.startup_s
+        return self.startup.simulated_seconds(cached=cached) * self.startup.wall_per_simulated_s
+
     def utilization(self, args: EngineArgs) -> float:
         return (
             args.gpu_memory_utilization
@@ -190,9 +311,20 @@ class GroundTruth:
             return self.kv_bytes_per_token // 2
         return self.kv_bytes_per_token
 
+    def max_num_batched_tokens(self, args: EngineArgs) -> int:
+        return args.max_num_batched_tokens or self.default_max_num_batched_tokens
+
+    def non_kv(self, args: EngineArgs) -> float:
+        """GiB of the budget that is not KV cache: weights, activations (per batched token), the rest."""
+        return self.non_kv_gib + self.activation_gib_per_1k_batched * self.max_num_batched_tokens(args) / 1000
+
     def kv_cache_bytes(self, args: EngineArgs) -> int:
         """Memory left for the KV cache (may be <= 0)."""
-        return int((self.utilization(args) * self.gpu_memory_gib - self.non_kv_gib) * GiB)
+        return int((self.utilization(args) * self.gpu_memory_gib - self.non_kv(args)) * GiB)
+
+    def outside_budget_gib(self, args: EngineArgs) -> float:
+        """``(1 - gpu_memory_utilization) x GPU memory``: what vLLM leaves to everything else."""
+        return (1.0 - self.utilization(args)) * self.gpu_memory_gib
 
     def num_gpu_blocks(self, args: EngineArgs) -> int:
         page = self.bytes_per_token(args) * self.block(args)
@@ -246,14 +378,16 @@ class GroundTruth:
             f"See {CONSERVING_MEMORY_URL} for more details."
         )
 
-    def runtime_oom(self, args: EngineArgs) -> bool:
-        """Whether these args hit CUDA OOM while serving."""
+    def runtime_oom(self, args: EngineArgs, running: int | None = None) -> bool:
+        """Whether these args hit CUDA OOM while serving: with ``running`` sequences, or (``None``) once
+        the batch reaches ``max_num_seqs``."""
         u = self.runtime_oom_above_utilization
         s = self.runtime_oom_above_max_num_seqs
         if self.runtime_headroom_gib is not None:
-            outside = (1.0 - self.utilization(args)) * self.gpu_memory_gib
-            if outside + 1e-9 < self.runtime_headroom_gib + self.runtime_gib_per_seq * self.max_num_seqs(
-                args
+            batch = self.max_num_seqs(args) if running is None else running
+            if (
+                self.outside_budget_gib(args) + 1e-9
+                < self.runtime_headroom_gib + self.runtime_gib_per_seq * batch
             ):
                 return True
         return (u is not None and self.utilization(args) > u + 1e-9) or (
@@ -264,6 +398,10 @@ class GroundTruth:
         """Whether these args hit CUDA OOM before the engine is ready."""
         u = self.startup_oom_above_utilization
         s = self.startup_oom_above_max_num_seqs
+        if self.startup_gib_per_seq > 0:
+            need = (self.runtime_headroom_gib or 0.0) + self.startup_gib_per_seq * self.max_num_seqs(args)
+            if need > self.outside_budget_gib(args) + 1e-9:
+                return True
         return (u is not None and self.utilization(args) > u + 1e-9) or (
             s is not None and self.max_num_seqs(args) > s
         )
@@ -329,14 +467,14 @@ class Workload:
     arrival_rate: float = 2.0
     """Requests per simulated second, per pod."""
     prompt_tokens: int = 512
+    """Mean prompt length."""
     output_tokens: int = 256
+    """Mean output length (the request's ``max_tokens``; it stops there)."""
     spread: float = 0.25
-    """Lengths are uniform in ``mean * (1 +- spread)``."""
-    decode_step_s: float = 0.02
-    """Engine step time with one running sequence (each step decodes one token per sequence)."""
-    decode_step_per_seq_s: float = 0.0001
-    """Extra step time per running sequence."""
-    prefill_tokens_per_s: float = 20000.0
+    """``uniform``: lengths are uniform in ``mean * (1 +- spread)``; ``lognormal``: the coefficient of
+    variation (standard deviation / mean), as chat and RAG traces have (ShareGPT's outputs: about 1)."""
+    distribution: str = "uniform"
+    """``uniform`` or ``lognormal``."""
     time_scale: float = 1.0
     """Simulated seconds per wall second."""
 
@@ -359,7 +497,7 @@ class Scenario:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Scenario:
         return cls(
-            truth=GroundTruth(**d.get("truth", {})),
+            truth=_ground_truth(d.get("truth", {})),
             workload=Workload(**d.get("workload", {})),
             naming=d.get("naming", "current"),
             seed=int(d.get("seed", 0)),
@@ -368,3 +506,12 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _ground_truth(d: dict[str, Any]) -> GroundTruth:
+    fields = dict(d)
+    if isinstance(fields.get("startup"), dict):
+        fields["startup"] = StartupModel(**fields["startup"])
+    if isinstance(fields.get("perf"), dict):
+        fields["perf"] = EnginePerf(**fields["perf"])
+    return GroundTruth(**fields)

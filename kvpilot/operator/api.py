@@ -228,6 +228,9 @@ class Toleration(_Wire):
 
 class Engine(_Wire):
     image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512)
+    vllm_version: str | None = Field(None, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", max_length=32)
+    """The vLLM release the image runs, when its tag does not say
+    (:func:`kvpilot.tuner.vllm.resolve_image_version`)."""
     extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(default_factory=list, max_length=64)
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     resources: Resources | None = None
@@ -413,6 +416,7 @@ class Budget(_Wire):
     requested_gi_b: float | None = Field(None, alias="requestedGiB")
     weights_gi_b: float | None = Field(None, alias="weightsGiB")
     activation_gi_b: float | None = Field(None, alias="activationGiB")
+    sampler_state_gi_b: float | None = Field(None, alias="samplerStateGiB")
     non_torch_gi_b: float | None = Field(None, alias="nonTorchGiB")
     cuda_graph_gi_b: float | None = Field(None, alias="cudaGraphGiB")
     kv_cache_gi_b: float | None = Field(None, alias="kvCacheGiB")
@@ -427,7 +431,8 @@ class Budget(_Wire):
         return cls(
             gpu_total_gi_b=r(b.gpu_total_gib), requested_gi_b=r(b.requested_gib),
             weights_gi_b=r(b.weights_gib),
-            activation_gi_b=r(b.activation_gib), non_torch_gi_b=r(b.non_torch_gib),
+            activation_gi_b=r(b.activation_gib), sampler_state_gi_b=r(b.sampler_state_gib),
+            non_torch_gi_b=r(b.non_torch_gib),
             cuda_graph_gi_b=r(b.cuda_graph_gib), kv_cache_gi_b=r(b.available_kv_cache_gib),
             kv_cache_tokens=b.kv_cache_tokens, max_concurrency=r(b.max_concurrency),
         )  # fmt: skip

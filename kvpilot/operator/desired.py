@@ -9,6 +9,8 @@ Raises tuner or operator errors; applies nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,6 +18,8 @@ from typing import Any
 import pydantic
 
 from kvpilot.operator import api, errors, modes, resolve, workloads
+from kvpilot.tuner import vllm
+from kvpilot.tuner.types import Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +64,12 @@ def build_desired(
     the closed loop has put in ``status.applied`` are kept instead of the initial plan.
     """
     user = modes.compute_user_args(spec)
+    release = vllm.resolve_image_version(spec.engine.image, spec.engine.vllm_version)
+    runner_v2 = _v2_runner_env(spec)
     plan = modes.compute_feasible_plan(
         spec, inputs.model.spec, inputs.gpu.gpu, user,
-        weights_total_bytes=inputs.model.checkpoint_bytes, plan_fn=plan_fn,
+        weights_total_bytes=inputs.model.checkpoint_bytes,
+        plan_fn=_plan_for_release(plan_fn or _default_plan_fn(), release, runner_v2),
     )  # fmt: skip
     decision = modes.compute_mode_decision(spec, plan, user)
     if deploy_override is not None and decision.mode == "Auto":
@@ -77,3 +84,43 @@ def build_desired(
         ),
     ]
     return Desired(decision, user, manifests)
+
+
+def _default_plan_fn() -> modes.PlanFn:
+    from kvpilot.tuner.plan import compute_plan
+
+    return compute_plan
+
+
+def _v2_runner_env(spec: api.InferenceServiceSpec) -> bool | None:
+    """``VLLM_USE_V2_MODEL_RUNNER`` from ``spec.engine.env`` when it is a literal value (the last one
+    wins, as in a container); ``None`` when unset or taken from a Secret or ConfigMap (not read)."""
+    value = None
+    for var in spec.engine.env:
+        if var.name == vllm.V2_RUNNER_ENV:
+            value = var.value
+    return vllm.parse_v2_runner_env(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_for_release(
+    plan_fn: modes.PlanFn, release: vllm.ImageVersion, model_runner_v2: bool | None = None
+) -> modes.PlanFn:
+    """``plan_fn`` planning for the release the image runs (its tag, or ``spec.engine.vllmVersion``)
+    and the model runner its environment chooses, with the ``VersionAssumed`` warning first among the
+    plan's warnings when the release was assumed (``status.warnings`` and a Warning event carry it,
+    as every plan warning).
+
+    One wrapper per (planner, release, runner), so the planner's cache
+    (:func:`modes.compute_feasible_plan`) keeps hitting for identical services."""
+
+    def plan(*args: Any, **kwargs: Any) -> Plan:
+        changes: dict[str, Any] = {"vllm_version": release.version}
+        if model_runner_v2 is not None:
+            changes["model_runner_v2"] = model_runner_v2
+        result: Plan = plan_fn(*args, **{**kwargs, **changes})
+        if release.warning is not None:
+            result = dataclasses.replace(result, warnings=(release.warning, *result.warnings))
+        return result
+
+    return plan

@@ -141,6 +141,13 @@ class MemoryBudget:
     max_model_len: int = 0
     """The ``max_model_len`` vLLM runs with: the setting, the model's default when unset, or what
     ``--max-model-len -1`` (auto) fits to the KV cache."""
+    kv_pool_bytes: int = 0
+    """The KV pool every rank allocates in bytes: the smallest stage's available memory (what
+    ``--kv-cache-memory-bytes`` pins to give these very blocks); 0 when nothing is left."""
+    sampler_state_gib: float = 0.0
+    """Model Runner V2's persistent sampler buffers (0.33+; on the last pipeline stage), inside the
+    budget beside the weights: ``requested = weights + activation + sampler_state + non_torch
+    [+ cuda_graphs] + available_kv_cache``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,3 +170,6 @@ class Plan:
     """When infeasible: why, and what would fit (more GPUs, fp8 KV, shorter context, ...)."""
     args: tuple[str, ...] = field(default=())
     """The rendered vLLM arguments, e.g. ``("--max-model-len", "8192", ...)``."""
+    kv_cache_memory_bytes: int | None = None
+    """``--kv-cache-memory-bytes`` when the plan pins the KV pool (``args`` then renders it instead of
+    ``--gpu-memory-utilization``); ``None``: the pool is what the utilisation leaves."""

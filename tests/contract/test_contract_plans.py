@@ -60,3 +60,27 @@ def test_every_plan_renders_arguments_vllm_accepts(
                     checked_tp.add(tp)
                 plans += 1
     assert plans == len(gpus.list_gpus()) * len(GPU_COUNTS) * len(BOUNDS)
+
+
+@pytest.mark.parametrize("model_id", MODEL_IDS)
+def test_a_pinned_kv_pool_renders_kv_cache_memory_bytes_vllm_accepts(model_id: str, vllm_parser: Any) -> None:
+    """``compute_plan(pin_kv_cache_memory=True)``: ``--kv-cache-memory-bytes`` instead of a utilisation."""
+    spec = build_model_spec(models.lookup_model_config(model_id))
+    default_util = vllm_parser.get_default("gpu_memory_utilization")
+    pinned_plans = 0
+    for gpu in (gpus.lookup_gpu("H100-SXM"), gpus.lookup_gpu("B200")):
+        for count in (1, 8):
+            plan = compute_plan(spec, gpu, count, ServingBounds(max_context=32768), pin_kv_cache_memory=True)
+            if not plan.feasible:
+                assert plan.kv_cache_memory_bytes is None
+                continue
+            pinned_plans += 1
+            where = f"{model_id} on {count} x {gpu.name}"
+            assert plan.kv_cache_memory_bytes is not None and plan.kv_cache_memory_bytes > 0, where
+            assert "--gpu-memory-utilization" not in plan.args, where
+            namespace = vllm_parser.parse_args(list(plan.args))
+            assert namespace.kv_cache_memory_bytes == plan.kv_cache_memory_bytes, where
+            assert namespace.gpu_memory_utilization == default_util, where
+            unpinned = compute_plan(spec, gpu, count, ServingBounds(max_context=32768))
+            assert plan.budget.num_gpu_blocks == unpinned.budget.num_gpu_blocks, where
+    assert pinned_plans > 0

@@ -169,3 +169,14 @@ def test_no_input_raises(changes, keep_config) -> None:
     [row] = estimate.compute_estimates([bad], lookup)
     assert set(row) == set(estimate.OUTPUT_KEYS)
     json.dumps(row, allow_nan=True)
+
+
+def test_kv_cache_memory_bytes_in_a_case_is_the_pool() -> None:
+    pool = 30 * GIB + 7
+    [pinned, plain] = estimate.compute_estimates(
+        [case(id="pinned", kv_cache_memory_bytes=pool), case(id="plain")], lookup
+    )
+    assert pinned["available_kv_cache_gib"] == round(pool / GIB, 4)
+    assert pinned["kv_cache_tokens"] < plain["kv_cache_tokens"]  # 30 GiB < the 58 GiB the utilisation leaves
+    [bad] = estimate.compute_estimates([case(kv_cache_memory_bytes=-1)], lookup)
+    assert bad["error"] is not None and "kv_cache_memory_bytes" in bad["error"]

@@ -38,6 +38,8 @@ def test_calibration_points_of_vllm_019(config, settings: EngineSettings, logged
 def test_budget_adds_up() -> None:
     budget = memory.compute_budget(build_model_spec(cfg.LLAMA_31_8B), H100, EngineSettings())
     parts = budget.weights_gib + budget.activation_gib + budget.non_torch_gib + budget.cuda_graph_gib
+    parts += budget.sampler_state_gib  # Model Runner V2 (0.33)
+    assert budget.sampler_state_gib > 0
     assert budget.requested_gib == pytest.approx(H100.total_bytes * 0.92 / GIB, abs=1e-6)  # 0.33 default
     assert parts + budget.available_kv_cache_gib == pytest.approx(budget.requested_gib, abs=1e-6)
     assert budget.kv_bytes_per_token == 131072

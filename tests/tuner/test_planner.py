@@ -183,3 +183,26 @@ def test_a_plan_computes_each_budget_once(monkeypatch: pytest.MonkeyPatch, bound
     monkeypatch.setattr(planner.memory, "compute_budget", counting)
     planner.compute_plan(LLAMA_8B, L4, 1, bounds)
     assert seen and len(seen) == len(set(seen))
+
+
+def test_a_pinned_kv_pool_is_the_planned_pool_exactly() -> None:
+    bounds = ServingBounds(max_context=32768)
+    plain = planner.compute_plan(LLAMA_8B, H100, 1, bounds)
+    pinned = planner.compute_plan(LLAMA_8B, H100, 1, bounds, pin_kv_cache_memory=True)
+    assert plain.kv_cache_memory_bytes is None and "--gpu-memory-utilization" in plain.args
+    assert pinned.kv_cache_memory_bytes == plain.budget.kv_pool_bytes > 0
+    assert pinned.budget.available_kv_cache_gib * GIB == pinned.kv_cache_memory_bytes
+    assert pinned.budget.num_gpu_blocks == plain.budget.num_gpu_blocks
+    assert pinned.budget.kv_cache_tokens == plain.budget.kv_cache_tokens
+    assert pinned.settings.gpu_memory_utilization is None  # the pool replaces the utilisation
+    assert pinned.args == vllm.build_vllm_args(
+        pinned.settings, kv_cache_memory_bytes=pinned.kv_cache_memory_bytes
+    )
+    assert "--gpu-memory-utilization" not in pinned.args
+    flag = pinned.args.index("--kv-cache-memory-bytes")
+    assert pinned.args[flag + 1] == str(pinned.kv_cache_memory_bytes)
+
+
+def test_an_infeasible_plan_pins_nothing() -> None:
+    plan = planner.compute_plan(LLAMA_70B, L4, 1, ServingBounds(), pin_kv_cache_memory=True)
+    assert not plan.feasible and plan.kv_cache_memory_bytes is None

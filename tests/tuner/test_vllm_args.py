@@ -226,3 +226,20 @@ def test_dtype_must_size_the_weights_as_planned(args: list[str], model_dtype: st
         with pytest.raises(errors.InvalidEngineArgs, match="--dtype") as info:
             vllm.check_dtype(args, model_dtype)
         assert info.value.flag == "--dtype"
+
+
+def test_a_pinned_kv_pool_renders_in_place_of_the_utilisation() -> None:
+    settings = EngineSettings(max_model_len=8192, gpu_memory_utilization=0.9, max_num_seqs=8)
+    args = vllm.build_vllm_args(settings, kv_cache_memory_bytes=12_345_678_901)
+    assert args == (
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "8",
+        "--kv-cache-memory-bytes",
+        "12345678901",
+    )
+    with pytest.raises(errors.InvalidEngineArgs):
+        vllm.build_vllm_args(settings, kv_cache_memory_bytes=0)
+    with pytest.raises(errors.InvalidEngineArgs):  # users still may not pass it
+        vllm.validate_extra_args(["--kv-cache-memory-bytes", "1000"])

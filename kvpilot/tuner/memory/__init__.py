@@ -19,8 +19,8 @@ from kvpilot.tuner.memory.budget import (
     compute_budget,
     compute_cuda_graph_bytes,
     compute_non_torch_bytes,
+    compute_sampler_state_bytes,
     compute_warmup_logits_bytes,
-    cuda_graph_capture_sizes,
     resolve_settings,
 )
 from kvpilot.tuner.memory.estimate import OUTPUT_KEYS, CaseError, compute_case_budget, compute_estimates
@@ -59,10 +59,10 @@ __all__ = [
     "compute_longest_fitting_len",
     "compute_non_torch_bytes",
     "compute_num_blocks",
+    "compute_sampler_state_bytes",
     "compute_warmup_logits_bytes",
     "compute_weight_breakdown",
     "compute_weight_bytes",
-    "cuda_graph_capture_sizes",
     "padded_vocab_size",
     "resolve_settings",
 ]

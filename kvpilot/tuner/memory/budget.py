@@ -1,13 +1,18 @@
 """The start-up memory budget of one vLLM engine, per GPU rank, as vLLM computes it.
 
 Sits above :mod:`kvpilot.tuner.memory.weights` and :mod:`kvpilot.tuner.memory.kv_cache`; the
-planner and ``kvpilot estimate`` call :func:`compute_budget`. Pure arithmetic.
+planner and ``kvpilot estimate`` call :func:`compute_budget`. Pure arithmetic; every vLLM fact it
+uses (which release does what) comes from :mod:`kvpilot.tuner.vllm`.
 
-vLLM (V1, ``gpu_worker.py::determine_available_memory``)::
+vLLM 0.33 (``v1/worker/gpu_worker.py::Worker.determine_available_memory``,
+``utils/mem_utils.py::memory_profiling``)::
 
-    requested = ceil(total x gpu_memory_utilization)
-    available_kv = requested - weights - peak_activation - non_torch [- cuda_graphs (0.20+)]
-    num_blocks = available_kv // bytes_per_block        (minimum over ranks)
+    requested    = ceil(total x gpu_memory_utilization)
+    non_kv       = total_consumed + transient_peak_headroom                      (0.27+)
+                 = weights + sampler_state (V2) + non_torch  +  peak_activation
+    available_kv = requested - non_kv [- cuda_graph_estimate (0.20+)]
+                 = kv_cache_memory_bytes, when --kv-cache-memory-bytes is set
+    num_blocks   = available_kv // bytes_per_block        (minimum over ranks)
 
 Each term here is a physical model with a few constants fitted on real start-up
 logs (``bench/memory_accuracy.py``, ``docs/memory-model.md``):
@@ -17,6 +22,7 @@ logs (``bench/memory_accuracy.py``, ``docs/memory-model.md``):
   temporaries) and the sampler warm-up (``max_num_seqs`` rows x vocabulary of
   fp32 logits and their copies), plus what stays allocated meanwhile (the hidden
   states, the fused-MoE workspace, the multimodal encoder cache);
+* Model Runner V2's persistent sampler state (0.33+, :func:`kvpilot.tuner.vllm.compute_sampler_state_bytes`);
 * non-torch memory: cuBLAS / attention workspaces, and the all-reduce buffers
   with tensor parallelism (NCCL itself sits outside the budget since 0.11);
 * CUDA graphs: a per-graph, per-layer cost times the number of capture sizes.
@@ -97,16 +103,6 @@ def coefficients(version: vllm.Version) -> Coefficients:
     return chosen
 
 
-def cuda_graph_capture_sizes(max_num_seqs: int, gpu: GpuSpec) -> int:
-    """How many batch sizes vLLM captures: [1,2,4] + 8..248 step 8 + 256..max step 16."""
-    limit = 1024 if gpu.compute_capability >= (10, 0) and gpu.compute_capability < (11, 0) else 512
-    largest = min(2 * max_num_seqs, limit)
-    sizes = [s for s in (1, 2, 4) if s <= largest]
-    sizes += [s for s in range(8, 256, 8) if s <= largest]
-    sizes += list(range(256, largest + 1, 16))
-    return len(sizes)
-
-
 @dataclass(frozen=True, slots=True)
 class _Resolved:
     tp: int
@@ -119,6 +115,9 @@ class _Resolved:
     dtype: str
     auto_max_model_len: bool = False
     """``--max-model-len -1``: vLLM shortens ``max_model_len`` to what the KV cache holds."""
+    model_runner_v2: bool = False
+    """The engine runs Model Runner V2 (:func:`kvpilot.tuner.vllm.uses_model_runner_v2`)."""
+    performance_mode: str | None = None
 
     @property
     def sampler_rows(self) -> int:
@@ -133,11 +132,19 @@ def resolve_settings(
     version: vllm.Version,
     pipeline_parallel_size: int = 1,
     dtype: str | None = None,
+    *,
+    performance_mode: str | None = None,
+    model_runner_v2: bool | None = None,
 ) -> _Resolved:
     """The settings vLLM runs (:func:`kvpilot.tuner.vllm.compute_effective_settings`) as the budget needs
-    them; ``max_model_len -1`` (auto) stands for the model's maximum until the KV cache is sized."""
+    them; ``max_model_len -1`` (auto) stands for the model's maximum until the KV cache is sized
+    (``v1/core/kv_cache_planning.py::_auto_fit_max_model_len``: vLLM derives the config's maximum,
+    sizes the batch defaults and the profile run from it, then fits the length after profiling).
+
+    ``model_runner_v2`` is ``VLLM_USE_V2_MODEL_RUNNER`` (``None``: unset, the release's default);
+    ``performance_mode`` is ``--performance-mode`` (``None``: balanced)."""
     derived = model.default_max_model_len(version)
-    eff = vllm.compute_effective_settings(settings, gpu, version, derived)
+    eff = vllm.compute_effective_settings(settings, gpu, version, derived, performance_mode=performance_mode)
     assert eff.max_num_seqs is not None and eff.max_num_batched_tokens is not None
     assert eff.gpu_memory_utilization is not None and eff.max_model_len is not None
     auto = eff.max_model_len == vllm.AUTO_MAX_MODEL_LEN
@@ -151,6 +158,8 @@ def resolve_settings(
         kv_cache_dtype=eff.kv_cache_dtype or "auto",
         dtype=dtype or model.dtype,
         auto_max_model_len=auto,
+        model_runner_v2=vllm.uses_model_runner_v2(version, model_runner_v2),
+        performance_mode=performance_mode,
     )
 
 
@@ -211,14 +220,40 @@ def compute_non_torch_bytes(tp: int, pp: int, version: vllm.Version) -> int:
     return int(gib * GIB)
 
 
-def compute_cuda_graph_bytes(model: ModelSpec, gpu: GpuSpec, *, pp: int, max_num_seqs: int) -> int:
-    """Memory of the captured CUDA graphs on one rank."""
+def compute_sampler_state_bytes(model: ModelSpec, r: _Resolved, *, last_stage: bool) -> int:
+    """Model Runner V2's persistent sampler buffers on one rank (0 under the V1 runner, on a
+    non-last pipeline stage, or for a pooling model): :func:`kvpilot.tuner.vllm.compute_sampler_state_bytes`.
+    Allocated after the init snapshot, so vLLM charges them to ``total_consumed``."""
+    if not (r.model_runner_v2 and last_stage):
+        return 0
+    return vllm.compute_sampler_state_bytes(r.max_num_seqs, model.vocab_size)
+
+
+def compute_cuda_graph_bytes(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    *,
+    pp: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int | None = None,
+    version: vllm.Version = vllm.PINNED_VERSION,
+    performance_mode: str | None = None,
+) -> int:
+    """Memory of the captured CUDA graphs on one rank (0.33: the estimate vLLM subtracts).
+
+    The per-graph, per-layer cost was fitted on V1-runner pools of 0.19 at 51 capture sizes;
+    0.33 subtracts Model Runner V2's ``profile_cudagraph_memory`` estimate
+    (``v1/worker/gpu/cudagraph_utils.py``), which kvpilot has no log of: the same formula stands
+    for it, scaled by the sizes :func:`kvpilot.tuner.vllm.cuda_graph_capture_sizes` lists.
+    """
     layers = model.num_layers_per_rank(pp)
     moe_share = (model.moe.num_moe_layers / model.num_layers) if model.moe else 0.0
     mxfp4 = model.quantization is not None and model.quantization.method == "mxfp4"
     factor = GRAPH_MXFP4_MOE_FACTOR if mxfp4 else GRAPH_MOE_FACTOR
     weighted_layers = layers * (1 + (factor - 1) * moe_share)
-    sizes = cuda_graph_capture_sizes(max_num_seqs, gpu)
+    sizes = len(
+        vllm.cuda_graph_capture_sizes(version, gpu, max_num_seqs, max_num_batched_tokens, performance_mode)
+    )
     return int((GRAPH_BASE_GIB + GRAPH_PER_LAYER_GIB * weighted_layers * sizes / 51) * GIB)
 
 
@@ -227,6 +262,7 @@ class _Stage(NamedTuple):
 
     weights: int
     activation: int
+    sampler_state: int
     available: int
     """Left for the KV cache (may be negative)."""
     layout: kv_cache.KvLayout
@@ -280,10 +316,25 @@ def compute_budget(
     enforce_eager: bool = False,
     block_size: int | None = None,
     dtype: str | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    model_runner_v2: bool | None = None,
+    performance_mode: str | None = None,
 ) -> MemoryBudget:
-    """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse."""
+    """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse.
+
+    ``kv_cache_memory_bytes`` is ``--kv-cache-memory-bytes``: vLLM still runs the profile pass but
+    returns that many bytes as the KV pool of every worker, ignoring the utilisation for the pool
+    (``gpu_worker.py::determine_available_memory``, 0.33); the rest of the budget must then fit in
+    the GPU itself, which vLLM does not check before allocating (:func:`vllm.kv_cache_memory_oom_error`).
+    ``model_runner_v2`` is ``VLLM_USE_V2_MODEL_RUNNER`` (``None`` = the release's default) and
+    ``performance_mode`` ``--performance-mode``: kvpilot's operator reads neither (pods run the
+    defaults); the estimate and the tests set them.
+    """
     version = vllm.parse_version(vllm_version)
-    r = resolve_settings(model, gpu, settings, version, pipeline_parallel_size, dtype)
+    r = resolve_settings(
+        model, gpu, settings, version, pipeline_parallel_size, dtype,
+        performance_mode=performance_mode, model_runner_v2=model_runner_v2,
+    )  # fmt: skip
     requested = math.ceil(gpu.total_bytes * r.util)
     refusal = _check_parallel_sizes(model, r.tp, r.pp)
     if refusal is not None:
@@ -291,10 +342,20 @@ def compute_budget(
     graphs = (
         0
         if enforce_eager
-        else compute_cuda_graph_bytes(model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs)
+        else compute_cuda_graph_bytes(
+            model,
+            gpu,
+            pp=r.pp,
+            max_num_seqs=r.max_num_seqs,
+            max_num_batched_tokens=r.max_num_batched_tokens,
+            version=version,
+            performance_mode=r.performance_mode,
+        )  # fmt: skip
     )
     subtract_graphs = vllm.subtracts_cuda_graphs(version)
-    in_flight = vllm.in_flight_batches(version, r.pp) * r.max_num_batched_tokens
+    in_flight = vllm.compute_in_flight_tokens(
+        EngineSettings(max_num_batched_tokens=r.max_num_batched_tokens), version, r.pp, r.model_runner_v2
+    )
     non_torch = compute_non_torch_bytes(r.tp, r.pp, version)
 
     stages: list[_Stage] = []
@@ -317,7 +378,11 @@ def compute_budget(
             dtype=r.dtype,
             version=version,
         )
-        available = requested - w - act - non_torch - (graphs if subtract_graphs else 0)
+        state = compute_sampler_state_bytes(model, r, last_stage=rank == r.pp - 1)
+        if kv_cache_memory_bytes is not None:
+            available = kv_cache_memory_bytes
+        else:
+            available = requested - w - act - state - non_torch - (graphs if subtract_graphs else 0)
         layout = kv_cache.compute_kv_layout(
             model,
             tensor_parallel_size=r.tp,
@@ -328,7 +393,7 @@ def compute_budget(
             block_size=block_size,
             vllm_version=version,
         )
-        stages.append(_Stage(w, act, available, layout))
+        stages.append(_Stage(w, act, state, available, layout))
 
     first = stages[0]
     blocks = min(kv_cache.compute_num_blocks(s.available, s.layout) for s in stages)
@@ -371,11 +436,17 @@ def compute_budget(
                 version, r.sampler_rows, graphs / GIB, r.util, max(0.0, headroom / GIB)
             )
     outside = CUDA_CONTEXT_GIB * GIB + (NCCL_GIB * GIB if r.tp > 1 and version >= (0, 11) else 0)
+    if error is None and kv_cache_memory_bytes is not None:
+        # The pool is allocated as asked, whatever the utilisation: everything must fit the GPU itself.
+        used = max(s.weights + s.activation + s.sampler_state + s.available for s in stages)
+        needed = used + non_torch + graphs + outside
+        if needed > gpu.total_bytes:
+            error = vllm.kv_cache_memory_oom_error(
+                kv_cache_memory_bytes / GIB, needed / GIB, gpu.total_bytes / GIB
+            )
     if error is None and requested > gpu.total_bytes - outside and version >= (0, 9):
         free = gpu.total_bytes - outside
-        error = vllm.free_memory_error(
-            version, free / GIB, gpu.total_bytes / GIB, r.util, requested / GIB
-        )
+        error = vllm.free_memory_error(version, free / GIB, gpu.total_bytes / GIB, r.util, requested / GIB)
     return MemoryBudget(
         gpu_total_gib=gpu.total_bytes / GIB,
         requested_gib=requested / GIB,
@@ -384,6 +455,8 @@ def compute_budget(
         non_torch_gib=non_torch / GIB,
         cuda_graph_gib=graphs / GIB,
         available_kv_cache_gib=first.available / GIB,
+        sampler_state_gib=first.sampler_state / GIB,
+        kv_pool_bytes=max(0, min(s.available for s in stages)),
         kv_bytes_per_token=first.layout.bytes_per_token,
         num_gpu_blocks=max(0, blocks),
         kv_cache_tokens=max(0, capacity.tokens),

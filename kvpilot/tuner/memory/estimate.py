@@ -6,7 +6,8 @@ mapping in the schema of ``shared/data/vllm_memory_cases.json`` (``hf_config``
 inline, ``gpu`` name and/or ``gpu_total_gib``, parallel sizes, ``dtype``,
 ``quantization`` / ``weight_bits``, ``kv_cache_dtype``, ``gpu_memory_utilization``,
 ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``,
-``enforce_eager``, ``vllm_version``, optional ``weights_total_bytes``).
+``enforce_eager``, ``vllm_version``, optional ``weights_total_bytes`` and ``kv_cache_memory_bytes``
+(``--kv-cache-memory-bytes``: the KV pool is then exactly that many bytes per GPU, as in vLLM)).
 
 A case that cannot be estimated (no config, an architecture the model cannot
 account for, an unknown GPU, a bad value) gets ``error`` set; the batch goes on.
@@ -152,6 +153,7 @@ def compute_case_budget(
         enforce_eager=bool(case.get("enforce_eager")),
         block_size=_int(case, "block_size"),
         dtype=dtype,
+        kv_cache_memory_bytes=_int(case, "kv_cache_memory_bytes"),
     )
 
 

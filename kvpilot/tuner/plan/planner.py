@@ -54,6 +54,7 @@ def compute_safe_utilization(
     bounds: ServingBounds,
     vllm_version: str,
     pipeline_parallel_size: int = 1,
+    model_runner_v2: bool | None = None,
 ) -> float:
     """``gpu_memory_utilization`` leaving what vLLM's profiling misses outside the budget.
 
@@ -63,8 +64,13 @@ def compute_safe_utilization(
     releases that do not subtract it), rounded down to a hundredth.
     """
     version = vllm.parse_version(vllm_version)
-    r = memory.resolve_settings(model, gpu, settings, version, pipeline_parallel_size)
-    graphs = memory.compute_cuda_graph_bytes(model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs)
+    r = memory.resolve_settings(
+        model, gpu, settings, version, pipeline_parallel_size, model_runner_v2=model_runner_v2
+    )
+    graphs = memory.compute_cuda_graph_bytes(
+        model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
+        version=version,
+    )  # fmt: skip
     graph_share = GRAPH_ESTIMATE_ERROR if vllm.subtracts_cuda_graphs(version) else 1.0
     logits = memory.compute_warmup_logits_bytes(model, r)
     headroom = (
@@ -85,13 +91,15 @@ def _budget(
     settings: EngineSettings,
     version: str,
     weights: int | None,
+    model_runner_v2: bool | None = None,
 ) -> MemoryBudget:
     """The budget of ``settings`` on a replica of ``gpu_count`` GPUs: the GPUs the tensor-parallel
     group leaves over are pipeline stages, as the operator renders them."""
     pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
     return memory.compute_budget(
-        model, gpu, settings, pipeline_parallel_size=pp, vllm_version=version, weights_total_bytes=weights
-    )
+        model, gpu, settings, pipeline_parallel_size=pp, vllm_version=version, weights_total_bytes=weights,
+        model_runner_v2=model_runner_v2,
+    )  # fmt: skip
 
 
 def _round_to_step(length: int) -> int:
@@ -164,9 +172,7 @@ def _with_batched_tokens(
     """vLLM refuses ``max_num_batched_tokens < max_num_seqs``: raise it when the default would be short."""
     if pinned.max_num_batched_tokens is not None or settings.max_num_seqs is None:
         return settings
-    default = vllm.default_batch_limits(
-        vllm.parse_version(version), gpu
-    ).max_num_batched_tokens
+    default = vllm.default_batch_limits(vllm.parse_version(version), gpu).max_num_batched_tokens
     if settings.max_num_seqs > default:
         return settings.replace(max_num_batched_tokens=settings.max_num_seqs)
     return settings
@@ -182,6 +188,7 @@ def _suggestions(
     version: str,
     budget_of: _BudgetOf,
     fits: Callable[[MemoryBudget], bool],
+    model_runner_v2: bool | None = None,
 ) -> list[str]:
     """What would fit instead: more GPUs, fp8 KV, a shorter context, quantized weights."""
     out: list[str] = []
@@ -205,9 +212,7 @@ def _suggestions(
             and floor < length
             and fits(budget_of(fp8.replace(max_model_len=floor)))
         ):
-            out.append(
-                f"An fp8 KV cache (--kv-cache-dtype fp8) fits at the minimum context {floor}{note}."
-            )
+            out.append(f"An fp8 KV cache (--kv-cache-dtype fp8) fits at the minimum context {floor}{note}.")
     longest = _longest_fitting(budget_of, settings, length)
     if floor <= longest < length:
         out.append(f"A shorter context fits: max_model_len {longest} is the longest that starts.")
@@ -219,7 +224,7 @@ def _suggestions(
     if model.quantization is None:
         quant = QuantSpec("fp8", 8) if gpu.compute_capability >= (8, 9) else QuantSpec("awq", 4, 128)
         smaller = dataclasses.replace(model, quantization=quant)
-        if fits(_budget(smaller, gpu, gpu_count, settings, version, None)):
+        if fits(_budget(smaller, gpu, gpu_count, settings, version, None, model_runner_v2)):
             kind = "FP8" if quant.method == "fp8" else "4-bit AWQ/GPTQ"
             out.append(
                 f"A {kind}-quantized checkpoint of this model fits (kvpilot never changes the checkpoint)."
@@ -238,15 +243,22 @@ def compute_plan(
     pinned: EngineSettings = NOTHING_PINNED,
     vllm_version: str = vllm.PINNED_VLLM_VERSION,
     weights_total_bytes: int | None = None,
+    pin_kv_cache_memory: bool = False,
+    model_runner_v2: bool | None = None,
 ) -> Plan:
-    """Plan vLLM's engine settings for ``model`` on ``gpu_count`` x ``gpu`` within ``bounds``."""
+    """Plan vLLM's engine settings for ``model`` on ``gpu_count`` x ``gpu`` within ``bounds``.
+
+    ``pin_kv_cache_memory``: render ``--kv-cache-memory-bytes`` with the KV pool the plan's budget
+    leaves (the same blocks) instead of ``--gpu-memory-utilization`` (:func:`_pin_kv_pool`).
+    ``model_runner_v2``: the pods' ``VLLM_USE_V2_MODEL_RUNNER`` (``None`` when unset: the release's
+    default, :func:`kvpilot.tuner.vllm.uses_model_runner_v2`)."""
     warnings: list[str] = []
     budgets: dict[EngineSettings, MemoryBudget] = {}
 
     def budget_of(s: EngineSettings) -> MemoryBudget:
         # Memoized: the context searches and the suggestions revisit the same settings.
         if s not in budgets:
-            budgets[s] = _budget(model, gpu, gpu_count, s, vllm_version, weights_total_bytes)
+            budgets[s] = _budget(model, gpu, gpu_count, s, vllm_version, weights_total_bytes, model_runner_v2)
         return budgets[s]
 
     tp = pinned.tensor_parallel_size or compute_tensor_parallel(model, gpu_count)
@@ -273,7 +285,8 @@ def compute_plan(
         seq_guess = settings.replace(max_num_seqs=pinned.max_num_seqs or bounds.concurrency)
         settings = settings.replace(
             gpu_memory_utilization=compute_safe_utilization(
-                model, gpu, seq_guess, bounds, vllm_version, compute_pipeline_parallel(gpu_count, tp)
+                model, gpu, seq_guess, bounds, vllm_version, compute_pipeline_parallel(gpu_count, tp),
+                model_runner_v2,
             )
         )
 
@@ -307,6 +320,11 @@ def compute_plan(
             shorter, short_budget = settle(
                 settings.replace(max_model_len=lo, max_num_seqs=pinned.max_num_seqs)
             )
+            if not meets(short_budget):
+                # The sequences chosen for the shorter context cost memory too (the V2 sampler state,
+                # more graphs): keep the ones the length was searched with, which fit by construction.
+                shorter = settings.replace(max_model_len=lo)
+                short_budget = budget_of(shorter)
             if meets(short_budget):
                 warnings.append(f"max_model_len shortened from {wanted} to {lo} to fit the KV cache.")
                 settings, budget = shorter, short_budget
@@ -322,7 +340,7 @@ def compute_plan(
             f"fewer than the expected concurrency {bounds.concurrency}."
         )
         suggestions = _suggestions(
-            model, gpu, gpu_count, bounds, settings, pinned, vllm_version, budget_of, meets
+            model, gpu, gpu_count, bounds, settings, pinned, vllm_version, budget_of, meets, model_runner_v2
         )
         reasons = (why, *suggestions)
     if pinned.max_num_seqs and bounds.concurrency and pinned.max_num_seqs < bounds.concurrency:
@@ -332,6 +350,11 @@ def compute_plan(
         )
     if budget.max_concurrency < 1 and budget.starts:
         warnings.append("The KV cache holds less than one max_model_len sequence.")
+    kv_bytes = None
+    if pin_kv_cache_memory and feasible:
+        kv_bytes, settings, budget = _pin_kv_pool(
+            model, gpu, gpu_count, settings, vllm_version, weights_total_bytes, budget, model_runner_v2
+        )
     return Plan(
         settings=settings,
         budget=budget,
@@ -343,12 +366,42 @@ def compute_plan(
         vllm_version=vllm_version,
         warnings=tuple(warnings),
         reasons=reasons,
-        args=_render(settings),
+        args=_render(settings, kv_bytes),
+        kv_cache_memory_bytes=kv_bytes,
     )
 
 
-def _render(settings: EngineSettings) -> tuple[str, ...]:
+def _pin_kv_pool(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    gpu_count: int,
+    settings: EngineSettings,
+    version: str,
+    weights: int | None,
+    budget: MemoryBudget,
+    model_runner_v2: bool | None = None,
+) -> tuple[int | None, EngineSettings, MemoryBudget]:
+    """The plan's KV pool as ``--kv-cache-memory-bytes``, the settings and the budget under that pin.
+
+    The pool is the smallest stage's available memory (the same blocks vLLM would find). The
+    utilisation leaves the settings: the rendered arguments carry the pool instead, and vLLM's
+    default utilisation sets only the start-up free-memory check. The pinned budget checks that the
+    rest still fits the GPU; if it would not start, the plan keeps its utilisation."""
+    if budget.kv_pool_bytes <= 0:
+        return None, settings, budget
+    pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
+    unpinned = settings.replace(gpu_memory_utilization=None)
+    pinned = memory.compute_budget(
+        model, gpu, unpinned, pipeline_parallel_size=pp, vllm_version=version, weights_total_bytes=weights,
+        kv_cache_memory_bytes=budget.kv_pool_bytes, model_runner_v2=model_runner_v2,
+    )  # fmt: skip
+    if not pinned.starts:
+        return None, settings, budget
+    return budget.kv_pool_bytes, unpinned, pinned
+
+
+def _render(settings: EngineSettings, kv_cache_memory_bytes: int | None = None) -> tuple[str, ...]:
     try:
-        return vllm.build_vllm_args(settings)
+        return vllm.build_vllm_args(settings, kv_cache_memory_bytes=kv_cache_memory_bytes)
     except errors.TunerError:  # a pinned value the renderer refuses: the caller validates pins
         return ()

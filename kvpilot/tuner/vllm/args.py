@@ -66,6 +66,11 @@ POD_FLAGS: Mapping[str, str] = {
 }
 """Flags that contradict the pod kvpilot renders, refused in user arguments, with what to do instead."""
 
+KV_CACHE_MEMORY_FLAG = "--kv-cache-memory-bytes"
+"""vLLM's flag that fixes the KV pool in bytes per GPU
+(``config/cache.py::CacheConfig.kv_cache_memory_bytes``): the planner may render it
+(:func:`build_vllm_args`), users may not pass it."""
+
 UNSUPPORTED_FLAGS: Mapping[str, str] = {
     "--batch-size": "vLLM has no batch-size flag; concurrency is --max-num-seqs (kvpilot tunes it)",
     "--max-batch-size": "that is TGI's flag; vLLM's is --max-num-seqs (kvpilot tunes it)",
@@ -80,14 +85,14 @@ UNSUPPORTED_FLAGS: Mapping[str, str] = {
     "--swap-space": "removed in vLLM 0.18; the V1 engine preempts by recomputation",
     "--calculate-kv-scales": "removed in vLLM 0.28",
     "--max-seq-len-to-capture": "not in vLLM 0.33; use --max-cudagraph-capture-size",
-    "--kv-cache-memory-bytes": "it overrides --gpu-memory-utilization, which is how kvpilot sizes the "
+    KV_CACHE_MEMORY_FLAG: "it overrides --gpu-memory-utilization, which is how kvpilot sizes the "
     "KV cache; pin --gpu-memory-utilization instead",
     "--num-gpu-blocks-override": "it overrides the KV-cache size kvpilot plans; pin "
     "--gpu-memory-utilization instead",
 }
 """Flags refused in user arguments, with what to do instead (vLLM reference §4)."""
 
-SIZING_OVERRIDE_FLAGS = frozenset({"--kv-cache-memory-bytes", "--num-gpu-blocks-override"})
+SIZING_OVERRIDE_FLAGS = frozenset({KV_CACHE_MEMORY_FLAG, "--num-gpu-blocks-override"})
 """The refused flags vLLM does have: refused because they bypass the planned KV-cache size."""
 
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
@@ -192,11 +197,17 @@ def _render_value(value: object) -> str:
     return str(value)
 
 
-def build_vllm_args(settings: EngineSettings, extra: Sequence[str] = ()) -> tuple[str, ...]:
+def build_vllm_args(
+    settings: EngineSettings, extra: Sequence[str] = (), *, kv_cache_memory_bytes: int | None = None
+) -> tuple[str, ...]:
     """The ``vllm serve`` flags for ``settings`` (set fields only), followed by ``extra``.
 
     ``extra`` must not repeat a tuned flag (split it off with :func:`parse_vllm_args`
-    first and pin it) and must pass :func:`validate_extra_args`.
+    first and pin it) and must pass :func:`validate_extra_args`. With ``kv_cache_memory_bytes``
+    the KV pool is pinned: ``--kv-cache-memory-bytes N`` is rendered in place of
+    ``--gpu-memory-utilization``, which vLLM 0.33 ignores for the pool then
+    (``v1/worker/gpu_worker.py::determine_available_memory``; its default still sets the free-memory
+    check at start-up).
     """
     check_settings(settings)
     validate_extra_args(extra)
@@ -205,10 +216,17 @@ def build_vllm_args(settings: EngineSettings, extra: Sequence[str] = ()) -> tupl
             raise errors.InvalidEngineArgs(
                 f"{flag} is a tuned setting; pass it as a pinned value, not as an extra argument", flag=flag
             )
+    if kv_cache_memory_bytes is not None and kv_cache_memory_bytes < 1:
+        raise errors.InvalidEngineArgs(
+            f"{KV_CACHE_MEMORY_FLAG} must be a positive integer, got {kv_cache_memory_bytes}",
+            flag=KV_CACHE_MEMORY_FLAG,
+        )
     rendered: list[str] = []
     for name, flag in FLAGS.items():
         value = getattr(settings, name)
-        if value is not None:
+        if name == "gpu_memory_utilization" and kv_cache_memory_bytes is not None:
+            rendered += [KV_CACHE_MEMORY_FLAG, str(kv_cache_memory_bytes)]
+        elif value is not None:
             rendered += [flag, _render_value(value)]
     return (*rendered, *extra)
 
@@ -309,7 +327,7 @@ def validate_extra_args(args: Sequence[str]) -> None:
     for index, flag, inline in _iter_flags(args):
         reason = UNSUPPORTED_FLAGS.get(flag)
         if reason is None and flag.startswith("--kv-cache-memory"):
-            reason = UNSUPPORTED_FLAGS["--kv-cache-memory-bytes"]
+            reason = UNSUPPORTED_FLAGS[KV_CACHE_MEMORY_FLAG]
         if reason is None and len(flag) > 2:
             # vLLM accepts unique prefixes, so --num-gpu-blocks is --num-gpu-blocks-override.
             for override in sorted(SIZING_OVERRIDE_FLAGS):

@@ -102,13 +102,28 @@ def free_memory_error(
     )
 
 
-
 def auto_fit_error() -> str:
     """vLLM's text when ``--max-model-len -1`` (auto) cannot fit even one token (0.33)."""
     return (
         "Cannot auto-fit max_model_len: not enough GPU memory available "
         "to serve even a single token. Try increasing `gpu_memory_utilization`."
     )
+
+
+def kv_cache_memory_oom_error(kv_cache_gib: float, needed_gib: float, total_gib: float) -> str:
+    """What a start with ``--kv-cache-memory-bytes`` too large for the GPU ends in (0.33).
+
+    vLLM takes the pinned pool as is (``gpu_worker.py::determine_available_memory`` skips the
+    budget) and allocates it; with the weights, the profile peak and the graphs it exceeds the
+    device, so the allocation raises torch's out-of-memory error (the crash classifier's
+    ``CUDA_OOM``). kvpilot's prediction, not vLLM's own wording, names the numbers."""
+    return (
+        "torch.OutOfMemoryError: CUDA out of memory: --kv-cache-memory-bytes reserves "
+        f"{kv_cache_gib:.2f} GiB for the KV cache, which with the weights, the profile-run peak, "
+        f"non-torch memory, CUDA graphs and the CUDA context needs {needed_gib:.2f} GiB of a "
+        f"{total_gib:.2f} GiB GPU."
+    )
+
 
 # --- parsing: the patterns the crash classifier matches in a container's log -------------------
 

@@ -59,18 +59,44 @@ class BatchDefaults:
     max_num_seqs: int
 
 
-def default_batch_limits(version: Version, gpu: GpuSpec) -> BatchDefaults:
+PERFORMANCE_MODES = ("balanced", "throughput", "interactivity")
+"""``--performance-mode`` values (``vllm/config/vllm.py``; ``balanced`` is the default)."""
+
+GB10_COMPUTE_CAPABILITY = (12, 1)
+"""DGX Spark's GB10: kept on the small batch tier despite its memory (0.33
+``engine/arg_utils.py::EngineArgs.get_batch_defaults``, ``is_device_capability((12, 1))``)."""
+
+GB10_EXCLUDED_SINCE: Version = (0, 33)
+"""The first release kvpilot has seen the GB10 exclusion in: the pinned wheel (0.19 lacks it)."""
+
+PERFORMANCE_MODE_SINCE: Version = (0, 33)
+"""The first release kvpilot has seen ``--performance-mode`` in: the pinned wheel (0.19 lacks it)."""
+
+
+def default_batch_limits(
+    version: Version, gpu: GpuSpec, performance_mode: str | None = None
+) -> BatchDefaults:
     """``vllm serve``'s defaults for ``max_num_batched_tokens`` / ``max_num_seqs`` on this GPU.
 
     ``get_batch_defaults``: >= 160 GiB device memory (0.28+) 16384 / 1024; >= 70 GiB and not
-    an A100 8192 / 1024 (0.9+; 0.8.x had no A100 exclusion); otherwise 2048 / 256. The V0
-    engine (<= 0.10 with ``VLLM_USE_V1=0``) is not modelled here: V1 is the default since 0.8.
+    an A100 (0.9+; 0.8.x had no A100 exclusion) and not a GB10 (0.33+) 8192 / 1024; otherwise
+    2048 / 256. ``--performance-mode throughput`` doubles both
+    (``_set_default_max_num_seqs_and_batched_tokens_args``, 0.33). The V0 engine (<= 0.10 with
+    ``VLLM_USE_V1=0``) is not modelled here: V1 is the default since 0.8.
     """
+    defaults = _tier_defaults(version, gpu)
+    if performance_mode == "throughput" and version >= PERFORMANCE_MODE_SINCE:
+        return BatchDefaults(2 * defaults.max_num_batched_tokens, 2 * defaults.max_num_seqs)
+    return defaults
+
+
+def _tier_defaults(version: Version, gpu: GpuSpec) -> BatchDefaults:
     device = gpu.nvml_total_bytes or gpu.total_bytes
     is_a100 = "a100" in gpu.name.lower()
+    is_gb10 = gpu.compute_capability == GB10_COMPUTE_CAPABILITY and version >= GB10_EXCLUDED_SINCE
     if version >= (0, 28) and device >= 160 * GIB:
         return BatchDefaults(16384, 1024)
-    if device >= 70 * GIB and (not is_a100 or version < (0, 9)):
+    if device >= 70 * GIB and (not is_a100 or version < (0, 9)) and not is_gb10:
         return BatchDefaults(8192, 1024)
     if version < (0, 9):
         return BatchDefaults(2048, 1024)  # 0.8.x: 1024 sequences on every GPU class
@@ -83,9 +109,10 @@ def resolve_batch_limits(
     max_model_len: int,
     max_num_batched_tokens: int | None,
     max_num_seqs: int | None,
+    performance_mode: str | None = None,
 ) -> BatchDefaults:
     """Apply vLLM's adjustments to the values the user did not set (reference §2.2)."""
-    defaults = default_batch_limits(version, gpu)
+    defaults = default_batch_limits(version, gpu, performance_mode)
     tokens = max_num_batched_tokens
     seqs = max_num_seqs
     if tokens is None:
@@ -105,8 +132,34 @@ def default_block_size(version: Version) -> int:
 
 
 def subtracts_cuda_graphs(version: Version) -> bool:
-    """Whether the KV budget subtracts the CUDA-graph estimate (env default on from 0.20)."""
+    """Whether the KV budget subtracts the CUDA-graph estimate (env default on from 0.20).
+
+    0.33: ``v1/worker/gpu_worker.py::Worker.determine_available_memory`` subtracts
+    ``model_runner.profile_cudagraph_memory()`` when ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``
+    (default 1); under Model Runner V2 that is ``v1/worker/gpu/cudagraph_utils.py``'s estimate,
+    which captures the PIECEWISE graphs and the largest FULL graphs into a throw-away pool and
+    extrapolates."""
     return version >= (0, 20)
+
+
+TOTAL_CONSUMED_ACCOUNTING_SINCE: Version = (0, 27)
+"""``utils/mem_utils.py::memory_profiling``: ``non_kv = total_consumed + transient_peak_headroom``,
+where ``total_consumed`` is the drop of ``cudaMemGetInfo``'s free memory since the init snapshot
+(weights, persistent buffers such as V2's sampler state, non-torch memory, allocator segments the
+``empty_cache()`` cannot release) and the headroom is ``peak_allocated - allocated`` after the
+profile run. Before (0.19): ``weights + torch_peak_increase + non_torch_increase``. The release is
+the first logged with the "consumed memory (weights + non-torch)" line (``vllm_memory_cases.json``,
+0.27.1)."""
+
+
+def charges_total_consumed(version: Version) -> bool:
+    """Whether the profiler charges everything the free memory lost (:data:`TOTAL_CONSUMED_ACCOUNTING_SINCE`).
+
+    kvpilot's terms map onto both formulas the same way (weights + persistent buffers + non-torch
+    = consumed, activation = transient headroom); the difference, allocator segments pinned past
+    ``empty_cache()``, is bounded by the 20 MiB split limit 0.33 profiles with
+    (``gpu_worker.py::_scoped_allocator_max_split``) and is not modelled."""
+    return version >= TOTAL_CONSUMED_ACCOUNTING_SINCE
 
 
 def hybrid_manager_for_chunked_local(version: Version) -> bool:
@@ -120,15 +173,57 @@ def hybrid_manager_for_chunked_local(version: Version) -> bool:
     return version < (0, 20)
 
 
-def in_flight_batches(version: Version, pipeline_parallel_size: int) -> int:
-    """Concurrent batches a sliding-window request may hold blocks for.
+MODEL_RUNNER_V2_SINCE: Version = (0, 33)
+"""The first release kvpilot models with Model Runner V2 (``vllm/v1/worker/gpu/``) as the default.
 
-    0.30+: ``max_concurrent_batches`` (2 with async scheduling at PP=1, else PP);
-    before: one batch of ``max_num_batched_tokens``.
+0.33's ``config/vllm.py::VllmConfig.use_v2_model_runner`` returns True unless
+``VLLM_USE_V2_MODEL_RUNNER`` says otherwise or a feature V2 lacks is in use; 0.19 runs the V1
+runner (``v1/worker/gpu_model_runner.py``). The switch (vllm-project/vllm#44443, July 2026) lies
+between the two, and kvpilot holds no start-up log or wheel of a release in between, so the
+releases before the pinned one keep the V1 runner they were calibrated on."""
+
+ASYNC_SCHEDULING_SINCE: Version = (0, 30)
+"""Async scheduling on by default (``config/vllm.py``, ``SchedulerConfig.async_scheduling``)."""
+
+
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+"""The environment variable that chooses the model runner (``envs.py``: ``maybe_convert_bool``)."""
+
+
+def parse_v2_runner_env(value: str | None) -> bool | None:
+    """``VLLM_USE_V2_MODEL_RUNNER`` as vLLM reads it (``bool(int(value))``); ``None`` when unset or
+    not an integer (vLLM itself would fail to start on the latter)."""
+    if value is None:
+        return None
+    try:
+        return bool(int(value.strip()))
+    except ValueError:
+        return None
+
+
+def uses_model_runner_v2(version: Version, override: bool | None = None) -> bool:
+    """Whether the engine runs Model Runner V2: ``override`` is ``VLLM_USE_V2_MODEL_RUNNER``
+    (``False`` for ``=0``; ``None`` when unset), else the release's default."""
+    if override is not None:
+        return override
+    return version >= MODEL_RUNNER_V2_SINCE
+
+
+def in_flight_batches(
+    version: Version, pipeline_parallel_size: int, model_runner_v2: bool | None = None
+) -> int:
+    """Concurrent batches a sliding-window (or chunked-local) request may hold blocks for.
+
+    ``config/vllm.py::VllmConfig.max_concurrent_batches`` (0.33): with async scheduling (on by
+    default from 0.30) ``PP + 1`` under Model Runner V2, 2 under the V1 runner at PP 1, else PP;
+    before 0.30, one batch of ``max_num_batched_tokens``. Times ``max_num_batched_tokens`` it is
+    ``max_in_flight_tokens``, the reservation ``kv_cache_interface.py`` adds to a window.
     """
-    if version >= (0, 30):
-        return 2 if pipeline_parallel_size == 1 else pipeline_parallel_size
-    return 1
+    if version < ASYNC_SCHEDULING_SINCE:
+        return 1
+    if uses_model_runner_v2(version, model_runner_v2):
+        return pipeline_parallel_size + 1
+    return 2 if pipeline_parallel_size == 1 else pipeline_parallel_size
 
 
 def reports_tokens_per_group(version: Version) -> bool:

@@ -1,0 +1,241 @@
+"""Who decides the settings in a bench run: vLLM's defaults, a fixed "safe" choice, kvpilot's closed
+loop (the real ``compute_decision`` with the operator's bookkeeping), and the oracle (the best static
+settings, found with hindsight by searching over whole runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from bench.loopsim.scenario import BenchScenario
+from bench.loopsim.world import DT, Stats, World
+from kvpilot.tuner.gpus import lookup_gpu
+from kvpilot.tuner.loop import (
+    Action,
+    Evidence,
+    HistoryAction,
+    HistoryEntry,
+    LengthSummary,
+    LoopState,
+    ObservationWindow,
+    PolicyConfig,
+    RestartEvent,
+    RolloutState,
+    Trigger,
+    TuningContext,
+    build_history,
+    classify_termination,
+    compute_decision,
+)
+from kvpilot.tuner.types import EngineSettings
+
+H100 = lookup_gpu("H100-SXM")
+TICK = 30.0
+DEFAULTS = EngineSettings(gpu_memory_utilization=0.92, max_num_seqs=1024, max_num_batched_tokens=8192)
+SAFE = EngineSettings(
+    gpu_memory_utilization=0.85, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=32768
+)
+
+
+@dataclass
+class Kvpilot:
+    """kvpilot's closed loop over the simulated Deployment, with the operator's bookkeeping: a ``Planned``
+    entry for the first settings, one rollout at a time, rollback to the last good settings, the
+    measured start-to-Ready as ``Evidence.restart_seconds``, and the rollout strategy ``Auto`` picks
+    (surge with a spare GPU; else recreate when downtime is allowed or the pod serves nothing; else
+    hold)."""
+
+    scenario: BenchScenario
+    policy: PolicyConfig = PolicyConfig()
+    current: EngineSettings = EngineSettings()
+    history: tuple[HistoryEntry, ...] = ()
+    failed: tuple[EngineSettings, ...] = ()
+    last_good: EngineSettings | None = None
+    rollout: RolloutState | None = None
+    observed: int | None = None
+    restart_seconds: float | None = None
+    log: list[str] = field(default_factory=list)
+    first_change: float | None = None
+    changes: list[float] = field(default_factory=list)
+
+    def plan(self, now: float) -> None:
+        self._record(now, HistoryAction.PLANNED, "Planned", "the planner's settings", self.current)
+
+    def tick(self, world: World, now: float) -> None:
+        sc = self.scenario
+        mine = [p for p in world.pods if p.settings == self.current]
+        restarts = tuple(
+            RestartEvent(p.last[0], classify_termination(p.last[1], p.last[2], p.last[3]), pod=p.name,
+                         restart_count=p.restarts, crash_looping=p.state == "backoff")
+            for p in mine if p.last is not None
+        )  # fmt: skip
+        ready = any(p.state == "serving" for p in mine) and len(mine) == len(world.pods)
+        for p in mine:
+            if p.ready_at is not None and p.started_at is not None:
+                self.restart_seconds = p.ready_at - p.started_at
+        not_started = bool(mine) and all(p.state == "pending" for p in mine)
+        serving = next((p for p in mine if p.state == "serving"), None)
+        capacity = (
+            serving.engine.num_blocks * serving.engine.block_size if serving and serving.engine else None
+        )
+        if capacity:
+            self.observed = capacity
+        recent = tuple(
+            s for s in world.samples if s.time > now - self.policy.window_seconds and s.kv_usage is not None
+        )
+        load = sc.workload_at(now)
+        window = ObservationWindow(
+            now - self.policy.window_seconds, now, recent,
+            LengthSummary(load.prompt_tokens), LengthSummary(load.output_tokens),
+            kv_capacity_tokens=capacity, reported_gpu_memory_utilization=self.current.gpu_memory_utilization,
+            reported_kv_cache_dtype=self.current.kv_cache_dtype or "auto", pods=len(world.pods),
+        ) if recent and world.prometheus_up(now) else ObservationWindow.unavailable(  # fmt: skip
+            "no samples", now
+        )
+        state = LoopState(
+            current=self.current, history=self.history, failed=self.failed, rollout=self.rollout,
+            last_good=self.last_good, observed_kv_tokens=self.observed,
+        )  # fmt: skip
+        evidence = Evidence(
+            budget=sc.plan_budget, window=window, restarts=restarts, ready=ready, not_started=not_started,
+            restart_seconds=self.restart_seconds,
+        )  # fmt: skip
+        context = TuningContext(gpu=H100, default_max_model_len=sc.truth.model_max_len, bounds=sc.bounds,
+                                policy=self.policy)  # fmt: skip
+        d = compute_decision(state, evidence, context, now)
+        if d.failed is not None and d.failed not in self.failed:
+            self.failed = (*self.failed, d.failed)
+        if d.good is not None:
+            self.last_good = d.good
+        if self.rollout is not None and d.trigger == Trigger.ROLLOUT_PROBATION:
+            self.rollout = dataclasses.replace(self.rollout, probation_until=d.probation_until)
+        elif self.rollout is not None and d.trigger not in (
+            Trigger.ROLLOUT_IN_PROGRESS,
+            Trigger.ROLLOUT_PENDING,
+        ):
+            self.rollout = None
+        if d.action == Action.INFEASIBLE and (
+            not self.history or self.history[-1].action != HistoryAction.INFEASIBLE
+        ):
+            world.stats.infeasible += 1
+            self._record(now, HistoryAction.INFEASIBLE, d.trigger, d.reason, d.settings)
+        if not d.changes:
+            return
+        strategy = self._strategy(world)
+        if strategy is None:
+            world.stats.holds += 1
+            if not self.log or "no spare GPU" not in self.log[-1]:
+                self.log.append(
+                    f"    t={now / 60:5.1f} min  Held       no spare GPU for a surge pod; {d.reason[:90]}"
+                )
+            return
+        if self.first_change is None:
+            self.first_change = now
+        self.changes.append(now)
+        action = HistoryAction.RETUNED if d.action == Action.RETUNE else HistoryAction.ROLLED_BACK
+        self._record(now, action, d.trigger, d.reason, d.settings, strategy)
+        world.stats.rollouts += 1
+        world.stats.rollbacks += d.action == Action.ROLLBACK
+        self.current, self.observed = d.settings, None
+        self.rollout = RolloutState(d.settings, now, now + self.policy.rollout_deadline_seconds)
+        world.roll_out(d.settings, now, strategy=strategy)
+
+    def _strategy(self, world: World) -> str | None:
+        sc = self.scenario
+        if sc.spare_gpu:
+            return "surge"
+        serving = any(p.state == "serving" for p in world.pods)
+        return "recreate" if sc.allow_downtime or not serving else None
+
+    def _record(self, now: float, action: HistoryAction, trigger: str, reason: str, to: EngineSettings,
+                strategy: str = "") -> None:  # fmt: skip
+        self.history = build_history(
+            self.history, HistoryEntry(now, action, trigger, reason, self.current, to)
+        )
+        how = f" [{strategy}]" if strategy else ""
+        self.log.append(f"    t={now / 60:5.1f} min  {action:<10} {trigger:<16}{how} {reason[:140]}")
+
+
+@dataclass(frozen=True)
+class Run:
+    stats: Stats
+    final: EngineSettings
+    seconds: float
+    loop: Kvpilot | None = None
+
+    @property
+    def goodput(self) -> float:
+        """Output tokens per second of completed requests (no SLO: every completed request counts)."""
+        return self.stats.output_tokens / self.seconds
+
+
+def run(
+    scenario: BenchScenario, start: EngineSettings, *, closed_loop: bool, hours: float | None = None
+) -> Run:
+    hours = scenario.hours if hours is None else hours
+    world = World(scenario)
+    loop = Kvpilot(scenario, current=start) if closed_loop else None
+    world.roll_out(start, 0.0, strategy="surge")
+    if loop is not None:
+        loop.plan(0.0)
+    now, end = 0.0, hours * 3600
+    while now < end:
+        now += DT
+        world.step(now)
+        if loop is not None and now % TICK == 0:
+            loop.tick(world, now)
+    if loop is not None:
+        world.stats.failed_never_ran = sum(1 for s in loop.failed if s not in world.ran)
+    return Run(world.stats, loop.current if loop else start, end, loop)
+
+
+GMU = (0.80, 0.85, 0.90, 0.92, 0.95)
+SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+BATCHED = (2048, 4096, 8192, 16384)
+
+
+def contexts(sc: BenchScenario) -> tuple[int | None, ...]:
+    """The oracle's context lengths: from the bounds' minimum (or 4096) to the planned one, doubling."""
+    top = sc.planned.max_model_len or sc.truth.model_max_len
+    low = sc.bounds.min_max_model_len or min(4096, top)
+    out, length = [], low
+    while length < top:
+        out.append(length)
+        length *= 2
+    return (*out, top)
+
+
+def _static(
+    sc: BenchScenario, gmu: float, seqs: int, batched: int, fp8: bool, length: int | None
+) -> EngineSettings:
+    return EngineSettings(
+        max_model_len=length, max_num_seqs=seqs, gpu_memory_utilization=gmu,
+        max_num_batched_tokens=batched, kv_cache_dtype="fp8" if fp8 else None,
+    )  # fmt: skip
+
+
+def compute_oracle(sc: BenchScenario, *, hours: float | None = None) -> Run:
+    """The best static settings with hindsight: whole runs, a coordinate search over utilisation x
+    sequences x batched tokens x context (x fp8 when the bounds allow it), from the best of twelve
+    starting points, until no neighbour is better."""
+    lengths = contexts(sc)
+    sizes = (len(GMU), len(SEQS), len(BATCHED), 2 if sc.bounds.allow_fp8_kv else 1, len(lengths))
+    memo: dict[tuple[int, ...], Run] = {}
+
+    def score(p: tuple[int, ...]) -> float:
+        if p not in memo:
+            s = _static(sc, GMU[p[0]], SEQS[p[1]], BATCHED[p[2]], bool(p[3]), lengths[p[4]])
+            memo[p] = run(sc, s, closed_loop=False, hours=hours)
+        return memo[p].goodput
+
+    starts = [(2, q, b, 0, c) for q in (1, 4, 6, 8) for b in (0, 2) for c in sorted({0, len(lengths) - 1})]
+    best = max(starts, key=score)
+    improved = True
+    while improved:
+        improved = False
+        for axis in range(len(sizes)):
+            for d in (-1, 1):
+                n = tuple(v + d if i == axis else v for i, v in enumerate(best))
+                if 0 <= n[axis] < sizes[axis] and score(n) > score(best) * 1.001:
+                    best, improved = n, True
+    return memo[best]

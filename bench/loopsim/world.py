@@ -1,0 +1,247 @@
+"""One InferenceService's pods in simulation: the fleet's engine model behind a Deployment.
+
+Each pod that runs is the fleet's :class:`e2e.fleet.engine.SimEngine` with the fleet's ground truth
+(start-up failures with vLLM's texts, CUDA OOM with the running batch, start-up time), so the bench,
+the e2e fleet and the demo judge kvpilot in one world. The Deployment around it:
+
+* a GPU per pod; a pod that finds none stays Pending (a full pool);
+* ``surge``: the new pod starts beside the old one, which goes when the new one serves;
+  ``recreate``: the old pod goes first (downtime until the new one serves);
+* a crash is CrashLoopBackOff (10 s doubling to 5 min), its requests lost;
+* clients give up on a request that waited :data:`MAX_WAIT_S` without being scheduled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+
+from bench.loopsim.scenario import BenchScenario
+from e2e.fleet.engine import Request, SimEngine
+from e2e.fleet.truth import EngineArgs
+from kvpilot.tuner.loop import MetricsSample
+from kvpilot.tuner.types import EngineSettings
+
+DT = 10.0
+"""Simulated seconds per world step (and per metrics sample)."""
+START_FAIL_AFTER_S = 60.0
+"""From container start to a start-up failure (load + profile)."""
+RESOLUTION_S = 0.5
+"""The engine model's time resolution in the bench (decode taken up to half a second at once)."""
+MAX_WAIT_S = 120.0
+"""Clients time out a request not scheduled after this long."""
+
+
+def engine_args(s: EngineSettings) -> EngineArgs:
+    return EngineArgs(
+        model="model", max_model_len=s.max_model_len, max_num_seqs=s.max_num_seqs,
+        gpu_memory_utilization=s.gpu_memory_utilization, kv_cache_dtype=s.kv_cache_dtype or "auto",
+        max_num_batched_tokens=s.max_num_batched_tokens, tensor_parallel_size=s.tensor_parallel_size or 1,
+    )  # fmt: skip
+
+
+@dataclass
+class Pod:
+    name: str
+    settings: EngineSettings
+    state: str = "pending"  # pending | starting | failing | serving | backoff
+    until: float = 0.0
+    restarts: int = 0
+    last: tuple[float, str, str, int] | None = None
+    """(finished at, message, reason, exit code) of the last termination."""
+    error: str | None = None
+    engine: SimEngine | None = None
+    started_at: float | None = None
+    ready_at: float | None = None
+
+
+@dataclass
+class Stats:
+    crashes: int = 0
+    ooms: int = 0
+    downtime_s: float = 0.0
+    output_tokens: float = 0.0
+    completed: int = 0
+    arrived: float = 0.0
+    dropped: float = 0.0
+    preemptions: int = 0
+    ttfts: list[float] = field(default_factory=list)
+    rollouts: int = 0
+    rollbacks: int = 0
+    holds: int = 0
+    infeasible: int = 0
+    failed_never_ran: int = 0
+
+
+@dataclass
+class World:
+    scenario: BenchScenario
+    seed: int = 0
+    pods: list[Pod] = field(default_factory=list)
+    desired: EngineSettings = EngineSettings()
+    stats: Stats = field(default_factory=Stats)
+    samples: list[MetricsSample] = field(default_factory=list)
+    ran: set[EngineSettings] = field(default_factory=set)
+    """Settings some container actually started with."""
+    serial: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+    handoff: list[Request] = field(default_factory=list)
+    """Requests a removed pod had not scheduled yet: the next serving pod takes them."""
+
+    def __post_init__(self) -> None:
+        self.rng.seed(self.seed)
+        self._faults = sorted(self.scenario.faults, key=lambda f: f.at_s)
+
+    @property
+    def gpus(self) -> int:
+        return 1 + int(self.scenario.spare_gpu)
+
+    # ------------------------------------------------------------------ the Deployment
+    def roll_out(self, settings: EngineSettings, now: float, *, strategy: str) -> None:
+        """A Deployment update with ``settings`` (``surge`` or ``recreate``)."""
+        self.desired = settings
+        if strategy == "recreate":
+            for p in self.pods:
+                self._remove(p)
+            self.pods = []
+        if not any(p.settings == settings for p in self.pods):
+            self.serial += 1
+            self.pods.append(Pod(f"svc-{self.serial:04x}", settings))
+        self._schedule(now)
+
+    def _schedule(self, now: float) -> None:
+        used = sum(1 for p in self.pods if p.state != "pending")
+        for p in self.pods:
+            if p.state == "pending" and used < self.gpus:
+                used += 1
+                self._boot(p, now)
+
+    def _boot(self, pod: Pod, now: float) -> None:
+        truth, args = self.scenario.truth, engine_args(pod.settings)
+        self.ran.add(pod.settings)
+        pod.started_at, pod.ready_at, pod.engine = now, None, None
+        error = truth.startup_error(args)
+        if error is not None:
+            pod.state, pod.until, pod.error = (
+                "failing",
+                now + START_FAIL_AFTER_S,
+                truth.startup_failure_message(args, error),
+            )
+        elif truth.startup_oom(args):
+            pod.state, pod.until, pod.error = (
+                "failing",
+                now + START_FAIL_AFTER_S,
+                truth.cuda_oom_message(args, startup=True),
+            )
+        else:
+            seconds = (
+                truth.startup.simulated_seconds(cached=True)
+                if truth.startup.checkpoint_gib
+                else truth.startup_s
+            )
+            pod.state, pod.until = "starting", now + seconds
+
+    def _crash(self, pod: Pod, now: float, message: str, *, oom: bool) -> None:
+        self.stats.crashes += 1
+        self.stats.ooms += oom
+        pod.restarts += 1
+        pod.last = (now, message, "Error", 1)
+        if pod.engine is not None:
+            self.stats.dropped += pod.engine.num_running + pod.engine.num_waiting
+            self._count(pod.engine)
+        pod.engine = None
+        pod.state, pod.until = "backoff", now + min(300.0, 10.0 * 2 ** (pod.restarts - 1))
+
+    def _remove(self, pod: Pod) -> None:
+        """A graceful stop: the running requests drain (counted as served), the waiting ones move on."""
+        e = pod.engine
+        if e is not None:
+            self._count(e)
+            for req in e.running:
+                self.stats.completed += 1
+                self.stats.output_tokens += req.output
+            self.handoff = list(e.waiting)
+
+    def _count(self, e: SimEngine) -> None:
+        d = e.drain()
+        self.stats.preemptions += d.preemptions
+        for f in d.finished:
+            self.stats.completed += 1
+            self.stats.output_tokens += f.generation_tokens
+            self.stats.ttfts.append(f.ttft_s)
+
+    # ------------------------------------------------------------------ time
+    def step(self, now: float) -> None:
+        sc, truth = self.scenario, self.scenario.truth
+        workload = sc.workload_at(now)
+        for pod in list(self.pods):
+            if pod.state == "failing" and now >= pod.until:
+                self._crash(pod, now, pod.error or "", oom="OutOfMemoryError" in (pod.error or ""))
+            elif pod.state == "backoff" and now >= pod.until:
+                self._boot(pod, now)
+            elif pod.state == "starting" and now >= pod.until:
+                pod.state, pod.ready_at = "serving", now
+                pod.engine = SimEngine(
+                    truth,
+                    workload,
+                    engine_args(pod.settings),
+                    seed=self.seed * 7919 + self.serial,
+                    resolution_s=RESOLUTION_S,
+                )
+                if self.handoff:
+                    pod.engine.waiting.extend(self.handoff)
+                    self.handoff = []
+        mine = [p for p in self.pods if p.settings == self.desired]
+        if any(p.state == "serving" for p in mine):  # rollout done: the old pods go
+            for p in self.pods:
+                if p not in mine:
+                    self._remove(p)
+            self.pods = mine
+        self._schedule(now)
+        serving = [p for p in self.pods if p.state == "serving"]
+        if not serving:
+            self.stats.downtime_s += DT
+            self.stats.arrived += workload.arrival_rate * DT
+            self.stats.dropped += workload.arrival_rate * DT
+            self.samples.append(MetricsSample(now))
+            return
+        pod = serving[-1]
+        e = pod.engine
+        assert e is not None
+        e.workload = workload
+        before = e.total_arrived
+        e.advance(DT)
+        self.stats.arrived += e.total_arrived - before
+        self.stats.dropped += e.drop_stale(MAX_WAIT_S)
+        deltas = e.drain()
+        preempted = deltas.preemptions
+        self.stats.preemptions += preempted
+        for f in deltas.finished:
+            self.stats.completed += 1
+            self.stats.output_tokens += f.generation_tokens
+            self.stats.ttfts.append(f.ttft_s)
+        if self._faults and self._faults[0].kind == "cuda_oom" and now >= self._faults[0].at_s:
+            self._faults.pop(0)
+            self._crash(pod, now, truth.cuda_oom_message(engine_args(pod.settings)), oom=True)
+        elif truth.runtime_oom(engine_args(pod.settings), running=e.num_running):
+            self._crash(pod, now, truth.cuda_oom_message(engine_args(pod.settings)), oom=True)
+        self.samples.append(self._sample(now, e.kv_usage, preempted / DT, e.num_running, e.num_waiting))
+
+    def _sample(self, now: float, kv: float, preempt: float, running: float, waiting: float) -> MetricsSample:
+        sc = self.scenario
+        if any(f.kind == "prometheus_down" and f.at_s <= now < f.at_s + f.for_s for f in sc.faults):
+            return MetricsSample(now)
+        if sc.missing and self.rng.random() < sc.missing:
+            return MetricsSample(now)
+        if sc.noise:
+            n = lambda v: max(0.0, v * (1 + self.rng.gauss(0, sc.noise)))  # noqa: E731
+            kv, running, waiting = min(1.0, n(kv)), n(running), n(waiting)
+        if any(f.kind == "metrics_missing" and f.at_s <= now < f.at_s + f.for_s for f in sc.faults):
+            return dataclasses.replace(MetricsSample(now, None, preempt, running, waiting))
+        return MetricsSample(now, kv, preempt, running, waiting)
+
+    def prometheus_up(self, now: float) -> bool:
+        return not any(
+            f.kind == "prometheus_down" and f.at_s <= now < f.at_s + f.for_s for f in self.scenario.faults
+        )

@@ -1,0 +1,119 @@
+"""The engine model's trade-offs, each one a property a real vLLM engine has (no cluster needed):
+decode is memory-bound, prefill compute-bound, long contexts and fp8 KV move decode speed, the batched-token
+budget trades TTFT against ITL, recompute preemption keeps generated tokens; and the bench's scenario files
+load and run (holds on a full pool, a recreate with allowDowntime, no settings failed that never ran)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.loopsim.controllers import run
+from bench.loopsim.scenario import SCENARIO_DIR, ScenarioError, load_scenario, load_scenarios
+from e2e.fleet.engine import Finished, SimEngine
+from e2e.fleet.truth import EngineArgs, EnginePerf, GroundTruth, Workload
+
+PERF = EnginePerf()
+H100 = GroundTruth(gpu_memory_gib=79.11, non_kv_gib=20.0)
+
+
+def step(decode: int, context: int, *, prefill: int = 0, fp8: bool = False) -> float:
+    pairs = prefill * prefill / 2
+    return PERF.step_seconds(decode=decode, prefill=prefill, context_tokens=context, prefill_pairs=pairs,
+                             kv_bytes_per_token=131072, fp8_kv=fp8)  # fmt: skip
+
+
+def test_decode_is_memory_bound_and_slows_with_context() -> None:
+    assert step(16, 16 * 500) < 1.15 * step(1, 500)  # batching 16 short sequences is nearly free
+    assert step(64, 64 * 32_000) > 2.5 * step(64, 64 * 500)  # their KV read is not
+    assert step(64, 64 * 32_000, fp8=True) < 0.75 * step(64, 64 * 32_000)  # fp8 KV halves it
+
+
+def test_prefill_is_compute_bound() -> None:
+    assert step(0, 0, prefill=8192) > 5 * step(0, 0, prefill=512)
+    assert step(0, 0, prefill=8192) > 10 * step(1, 500)
+
+
+def _closed_loop(
+    truth: GroundTruth, workload: Workload, clients: int, seconds: float, **args: int
+) -> list[Finished]:
+    engine = SimEngine(
+        truth, workload, EngineArgs(model="m", max_model_len=32768, **args), closed_loop_clients=clients
+    )
+    engine.advance(seconds)
+    return engine.drain().finished
+
+
+def test_long_prompts_cost_time_to_first_token() -> None:
+    short = _closed_loop(
+        H100, Workload(arrival_rate=0, prompt_tokens=1000, output_tokens=64, spread=0), 1, 30
+    )
+    long = _closed_loop(
+        H100, Workload(arrival_rate=0, prompt_tokens=16000, output_tokens=64, spread=0), 1, 30
+    )
+    ttft = lambda done: sum(f.ttft_s for f in done) / len(done)  # noqa: E731
+    assert ttft(long) > 10 * ttft(short)
+
+
+def test_batched_token_budget_trades_ttft_against_itl() -> None:
+    """Long prompts arriving beside decodes: a small budget chunks them, so the decodes keep their pace; a
+    large one prefills a prompt in one long step that every decoding sequence waits for. The prompts'
+    TTFT barely moves: prefill is compute-bound either way (the roofline's answer to "larger budgets help
+    TTFT": only by the per-step overheads)."""
+    wl = Workload(arrival_rate=1.5, prompt_tokens=12000, output_tokens=300, spread=0.1)
+    results = {}
+    for budget in (2048, 16384):
+        e = SimEngine(
+            H100, wl, EngineArgs(model="m", max_model_len=32768, max_num_batched_tokens=budget), seed=3
+        )
+        e.advance(300)
+        done = e.drain().finished
+        results[budget] = (sum(f.ttft_s for f in done) / len(done), sum(f.itl_s for f in done) / len(done))
+    assert results[2048][1] < 0.9 * results[16384][1]
+    assert abs(results[2048][0] / results[16384][0] - 1) < 0.25
+
+
+def test_recompute_preemption_keeps_generated_tokens() -> None:
+    small = dataclasses.replace(H100, non_kv_gib=72.0)  # about 6k tokens of KV cache
+    wl = Workload(arrival_rate=4, prompt_tokens=600, output_tokens=900, spread=0.2)
+    e = SimEngine(small, wl, EngineArgs(model="m", max_model_len=4096, max_num_seqs=64), seed=2)
+    e.advance(120)
+    done = e.drain().finished
+    assert e.total_preemptions > 10
+    preempted = [f for f in done if f.preemptions]
+    assert preempted and all(f.generation_tokens == f.max_tokens for f in done)
+
+
+def test_every_scenario_file_loads() -> None:
+    scenarios = load_scenarios()
+    assert len(scenarios) >= 12
+    names = {s.name for s in scenarios}
+    assert {"day-night", "chat-to-rag", "overload", "prometheus-down", "no-spare-gpu"} <= names
+
+
+def test_a_bad_scenario_file_says_which_field(tmp_path: Path) -> None:
+    d = json.loads((SCENARIO_DIR / "idle-queue.json").read_text())
+    d["faults"] = [{"at_s": 1, "kind": "meteor"}]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    with pytest.raises(ScenarioError, match="bad.json: faults: kind 'meteor'"):
+        load_scenario(bad)
+    del d["faults"], d["plan"]
+    bad.write_text(json.dumps(d))
+    with pytest.raises(ScenarioError, match="bad.json: KeyError"):
+        load_scenario(bad)
+
+
+def test_a_full_pool_holds_or_recreates_and_never_fails_settings_that_did_not_run() -> None:
+    held = load_scenario(SCENARIO_DIR / "no-spare-gpu.json")
+    down = load_scenario(SCENARIO_DIR / "no-spare-gpu-downtime.json")
+    r_held = run(held, held.planned, closed_loop=True, hours=0.5)
+    r_down = run(down, down.planned, closed_loop=True, hours=0.5)
+    start = held.truth.startup_s
+    assert r_held.stats.holds > 0 and r_held.stats.rollouts == 0
+    assert r_held.stats.downtime_s <= start + 10  # only the first start
+    assert r_down.stats.rollouts > 0 and r_down.stats.downtime_s > start + 10  # each recreate costs a start
+    assert r_held.stats.failed_never_ran == r_down.stats.failed_never_ran == 0
