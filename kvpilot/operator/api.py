@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from kvpilot.operator import labels
 from kvpilot.tuner import types, vllm
 
 GROUP = "kvpilot.io"
@@ -356,6 +357,8 @@ def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
             )
         if st.host_path is not None and _dot_segments(st.host_path.path):
             errors.append("spec.model.storage.hostPath.path: hostPath.path must not contain .. segments")
+    errors += labels.node_selector_problems(spec.node_selector)
+    errors += labels.toleration_problems(spec.engine.tolerations)
     if g.tensor_parallel_size and g.count % g.tensor_parallel_size:
         errors.append("spec.gpu: gpu.tensorParallelSize must divide gpu.count")
     if p.tensor_parallel_size and g.count % p.tensor_parallel_size:

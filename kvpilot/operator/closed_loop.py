@@ -195,22 +195,22 @@ async def run_once(
             logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
             return None
         serving = pod_status.compute_serving(off_views, state.current)
-        off = status_patch.build_serving_patch(old, serving, generation=meta.get("generation"), now=now)
+        generation = meta.get("generation")
+        off = status_patch.build_serving_patch(old, serving, generation=generation, now=now)
         sched = await _schedulable(deps, old, meta, parsed, None, off_views, None, namespace)
-        if sched:
-            off["conditions"] = status_patch.set_conditions(
-                off, sched, generation=meta.get("generation"), now=status_patch.format_time(now)
-            )
-        patch.status.update(off)
+        if off.lists is not None:
+            off.lists.updates.extend(sched)
+        off.add_to(patch)
         return None
     rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
     policy = loop_settings.build_policy(parsed, deps.pace)
 
+    resolve_failure: errors.Failure | None = None
     try:
         inputs: resolve.Inputs | None = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
-    except Exception as exc:  # noqa: BLE001 -- the reconciler reports resolution failures
+    except Exception as exc:  # noqa: BLE001 -- the reconciler reports resolution failures; vanished refs: below
         logger.warning(f"closed loop: cannot resolve model/GPU ({exc}); using status.budget")
-        inputs = None
+        inputs, resolve_failure = None, errors.classify(exc)
     budget = loop_state.read_budget(old)
     if inputs is not None:
         try:
@@ -288,7 +288,11 @@ async def run_once(
             out.status["rollout"] = {**wire, "deadline": status_patch.format_time(rollout.deadline)}
     if startup is not None and startup != old.get("startupSeconds"):
         out.status["startupSeconds"] = round(startup, 1)
-    patch.status.update(out.status)
+    resolved, resolve_events = status_patch.build_resolution_updates(old, resolve_failure)
+    if out.lists is not None:
+        out.lists.updates.extend(resolved)
+    out.events.extend(resolve_events)
+    out.add_to(patch)
     for type_, reason, message in out.events:
         deps.emit(body, type_, reason, message)
     if deps.record_metrics:

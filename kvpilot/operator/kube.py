@@ -72,6 +72,10 @@ class Kube(Protocol):
         """Server-side apply of a Deployment, Service, PersistentVolumeClaim or PodDisruptionBudget."""
         ...
 
+    def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The InferenceService, or ``None`` if it does not exist (drift repair reads the owner)."""
+        ...
+
 
 def build_label_selector(labels: Mapping[str, str], exists: tuple[str, ...] = ()) -> str:
     """``k=v,...`` plus bare keys for "label exists"."""
@@ -96,6 +100,7 @@ class ClusterKube:
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.policy = client.PolicyV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
 
     @staticmethod
     def _json(response: object) -> dict[str, Any]:
@@ -130,6 +135,16 @@ class ClusterKube:
 
     def read_persistent_volume_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read(self.core.read_namespaced_persistent_volume_claim, namespace, name)
+
+    def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from kvpilot.operator import api
+
+        def get(name_: str, namespace_: str, **kw: Any) -> object:
+            return self.custom.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace_, api.PLURAL, name_, **kw
+            )
+
+        return self._read(get, namespace, name)
 
     def list_node_labels(self, label_selector: str) -> list[dict[str, str]]:
         from kubernetes.client.exceptions import ApiException

@@ -80,7 +80,7 @@ def build_engine_args(
     tp = settings.tensor_parallel_size or 1
     pp_extra: list[str] = []
     pp = plan.compute_pipeline_parallel(spec.gpu.count, tp)
-    if pp > 1 and not any(a.startswith(("--pipeline-parallel-size", "-pp")) for a in extra):
+    if pp > 1 and not vllm.find_flag_values(extra, vllm.PIPELINE_PARALLEL_FLAG):
         pp_extra = ["--pipeline-parallel-size", str(pp)]
     return [*args, *vllm.build_vllm_args(settings, [*pp_extra, *extra])]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -162,3 +163,40 @@ def test_user_roles_aggregate_into_builtin_roles(rendered: Render) -> None:
     # user roles are never bound to the operator
     bound = {b["roleRef"]["name"] for b in by_kind(rendered(), "ClusterRoleBinding")}
     assert not {view["metadata"]["name"], edit["metadata"]["name"]} & bound
+
+
+# --- the admission policy ---------------------------------------------------------------------------------
+
+
+def _policy_variables(objs: list[dict[str, Any]]) -> dict[str, str]:
+    (policy,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    return {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+
+
+def test_admission_policy_allows_the_crd_default_image_and_the_values(
+    rendered: Callable[..., list[dict[str, Any]]],
+) -> None:
+    from kvpilot.operator import api
+
+    default = json.loads(_policy_variables(rendered())["allowedImages"])
+    assert default == [api.DEFAULT_IMAGE]
+    sets = ("admissionPolicy.allowedImages={registry.example/vllm/*}",)
+    assert json.loads(_policy_variables(rendered(sets=sets))["allowedImages"]) == [
+        api.DEFAULT_IMAGE, "registry.example/vllm/*"
+    ]  # fmt: skip
+    tolerations = json.loads(_policy_variables(rendered())["allowedTolerations"])
+    assert tolerations == [
+        {"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists", "value": ""}
+    ]
+
+
+def test_admission_policy_binding_follows_the_served_namespaces(
+    rendered: Callable[..., list[dict[str, Any]]],
+) -> None:
+    (binding,) = [o for o in rendered() if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert "matchResources" not in binding["spec"] and binding["spec"]["validationActions"] == ["Deny"]
+    objs = rendered(sets=("watchNamespaces={team-a,team-b}",))
+    (binding,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert expr == {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+    assert not [o for o in rendered(sets=("admissionPolicy.enabled=false",)) if "Admission" in o["kind"]]

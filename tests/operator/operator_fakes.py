@@ -61,6 +61,8 @@ class FakeKube:
         self.pods: list[dict[str, Any]] = []
         """What ``list_active_pods`` returns (pods holding GPUs); none by default: every GPU is spare."""
         self.capacity_error: Exception | None = None
+        self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        """InferenceServices by (namespace, name), for drift repair's owner read."""
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         return self.config_maps.get((namespace, name))
@@ -87,6 +89,9 @@ class FakeKube:
         if self.capacity_error is not None:
             raise self.capacity_error
         return copy.deepcopy(self.pods)
+
+    def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.services.get((namespace, name))
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
         if self.fail_apply is not None:
@@ -167,8 +172,16 @@ class Harness:
             )  # fmt: skip
         finally:
             # what kopf does with the patch: merge it into the object
-            body["status"] = _merge(body.get("status") or {}, dict(self.patch.get("status", {})))
+            body["status"] = apply_patch(body.get("status") or {}, self.patch)
         return self.patch
+
+
+def apply_patch(status: dict[str, Any], patch: kopf.Patch) -> dict[str, Any]:
+    """What kopf does with a handler's patch: merge ``patch.status``, then run ``patch.fns`` on the result."""
+    body = {"status": _merge(status, dict(patch.get("status", {})))}
+    for fn in patch.fns:
+        fn(body)
+    return dict(body["status"])
 
 
 def _merge(old: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
