@@ -327,6 +327,7 @@ def compute_budget(
             dtype=r.dtype,
             block_size=block_size,
             vllm_version=version,
+            compute_capability=gpu.compute_capability,
         )
         stages.append(_Stage(w, act, available, layout))
 

@@ -11,6 +11,7 @@ The bottom layer of the tuner (``.importlinter``: ``plan | loop`` -> ``memory`` 
 ``vllm``): it imports nothing of the tuner but its value objects and errors.
 """
 
+from kvpilot.tuner.vllm.architectures import PREVIOUSLY_SUPPORTED_ARCHITECTURES, check_architecture_served
 from kvpilot.tuner.vllm.args import (
     FLAG_ALIASES,
     FLAGS,
@@ -25,6 +26,15 @@ from kvpilot.tuner.vllm.args import (
     validate_extra_args,
 )
 from kvpilot.tuner.vllm.effective import compute_effective_settings
+from kvpilot.tuner.vllm.hybrid import (
+    ATTENTION_KERNEL_BLOCK,
+    FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
+    MLA_HYBRID_BLOCK_ALIGNMENT,
+    hybrid_manager_for_chunked_local,
+    state_pages_per_request,
+    uses_flashinfer_gdn,
+    uses_mamba_align_mode,
+)
 from kvpilot.tuner.vllm.kv_dtypes import (
     FP8_DS_MLA_BYTES_PER_TOKEN,
     FP8_KV_DTYPES,
@@ -32,7 +42,9 @@ from kvpilot.tuner.vllm.kv_dtypes import (
     MODELLED_KV_CACHE_DTYPES,
     check_modelled,
     is_fp8,
+    is_per_token_head,
     kv_element_bytes,
+    kv_head_token_bytes,
 )
 from kvpilot.tuner.vllm.messages import (
     auto_fit_error,
@@ -51,7 +63,6 @@ from kvpilot.tuner.vllm.versions import (
     default_batch_limits,
     default_block_size,
     default_gpu_memory_utilization,
-    hybrid_manager_for_chunked_local,
     in_flight_batches,
     multiplies_yarn_max_len,
     parse_version,
@@ -62,21 +73,26 @@ from kvpilot.tuner.vllm.versions import (
 )
 
 __all__ = [
+    "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
     "BatchDefaults",
     "FLAGS",
     "FLAG_ALIASES",
+    "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT",
     "FP8_DS_MLA_BYTES_PER_TOKEN",
     "FP8_KV_DTYPES",
     "KV_CACHE_DTYPES",
+    "MLA_HYBRID_BLOCK_ALIGNMENT",
     "MODELLED_KV_CACHE_DTYPES",
     "PINNED_VERSION",
     "PINNED_VLLM_VERSION",
+    "PREVIOUSLY_SUPPORTED_ARCHITECTURES",
     "SIZING_OVERRIDE_FLAGS",
     "UNSUPPORTED_FLAGS",
     "Version",
     "auto_fit_error",
     "build_vllm_args",
+    "check_architecture_served",
     "check_modelled",
     "check_settings",
     "compute_effective_settings",
@@ -89,7 +105,9 @@ __all__ = [
     "hybrid_manager_for_chunked_local",
     "in_flight_batches",
     "is_fp8",
+    "is_per_token_head",
     "kv_element_bytes",
+    "kv_head_token_bytes",
     "long_max_len_error",
     "max_len_error",
     "multiplies_yarn_max_len",
@@ -101,6 +119,9 @@ __all__ = [
     "reserves_null_block_in_check",
     "resolve_batch_limits",
     "sampler_warmup_oom_error",
+    "state_pages_per_request",
     "subtracts_cuda_graphs",
+    "uses_flashinfer_gdn",
+    "uses_mamba_align_mode",
     "validate_extra_args",
 ]

@@ -109,17 +109,6 @@ def subtracts_cuda_graphs(version: Version) -> bool:
     return version >= (0, 20)
 
 
-def hybrid_manager_for_chunked_local(version: Version) -> bool:
-    """Whether chunked-local (Llama 4) layers get their own KV groups.
-
-    0.19 logs show four groups for Llama 4 Scout; 0.33 disables the hybrid manager for
-    chunked-local attention unless ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1``,
-    so those layers are then sized as full attention. The switch lies between the two
-    checked releases; 0.20 is assumed.
-    """
-    return version < (0, 20)
-
-
 def in_flight_batches(version: Version, pipeline_parallel_size: int) -> int:
     """Concurrent batches a sliding-window request may hold blocks for.
 
