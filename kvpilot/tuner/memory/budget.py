@@ -333,10 +333,10 @@ def compute_budget(
 
     first = stages[0]
     blocks = min(kv_cache.compute_num_blocks(s.available, s.layout) for s in stages)
-    worst = min(stages, key=lambda s: s.available / max(1, s.layout.bytes_per_block))
-    capacity = kv_cache.compute_capacity(
-        worst.layout, worst.available, r.max_model_len, in_flight, version, num_blocks=blocks
+    capacity, checked = kv_cache.compute_stage_capacity(
+        [s.layout for s in stages], [s.available for s in stages], r.max_model_len, in_flight, version
     )
+    worst = stages[checked]  # the stage vLLM reports on: the first that fails its check
     max_model_len = r.max_model_len
     error = None
     if r.auto_max_model_len and not capacity.fits and capacity.longest_fitting_len > 0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
@@ -279,6 +280,34 @@ def compute_capacity(
         else max_model_len
     )
     return KvCapacity(blocks, tokens, concurrency, per_request, fits, needed, longest)
+
+
+def compute_stage_capacity(
+    layouts: Sequence[KvLayout],
+    available: Sequence[int],
+    max_model_len: int,
+    in_flight_tokens: int,
+    vllm_version: vllm.Version = vllm.PINNED_VERSION,
+) -> tuple[KvCapacity, int]:
+    """The capacity of a pipeline of stages, and the stage vLLM reports on.
+
+    vLLM (``get_kv_cache_configs``) allocates the smallest stage's block count on every stage, and checks
+    the stages in rank order: the first that cannot hold one ``max_model_len`` request raises, with its
+    own estimated maximum length. Stages without KV layers are not checked.
+    """
+    blocks = min(compute_num_blocks(a, layout) for a, layout in zip(available, layouts, strict=True))
+    checked = [i for i, layout in enumerate(layouts) if layout.bytes_per_block > 0] or [0]
+    for index in checked:
+        capacity = compute_capacity(
+            layouts[index], available[index], max_model_len, in_flight_tokens, vllm_version, num_blocks=blocks
+        )
+        if not capacity.fits:
+            return capacity, index
+    first = checked[0]
+    capacity = compute_capacity(
+        layouts[first], available[first], max_model_len, in_flight_tokens, vllm_version, num_blocks=blocks
+    )
+    return capacity, first
 
 
 def compute_longest_fitting_len(layout: KvLayout, check_bytes: int, upper: int, in_flight_tokens: int) -> int:
