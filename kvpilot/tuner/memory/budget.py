@@ -362,6 +362,8 @@ def compute_budget(
             worst.available / GIB,
             capacity.longest_fitting_len,
         )
+    elif not enforce_eager and any(s.layout.state_groups for s in stages) and r.max_num_seqs > blocks:
+        error = vllm.mamba_cache_blocks_error(r.max_num_seqs, blocks)  # full CUDA graphs need a block each
     elif not subtract_graphs and graphs:
         # Graphs are captured after the KV cache is allocated, outside the budget; the sampler
         # warm-up that follows needs a fresh fp32 logits buffer (max_num_seqs x vocab) on top.
