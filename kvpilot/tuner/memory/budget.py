@@ -280,8 +280,13 @@ def compute_budget(
     enforce_eager: bool = False,
     block_size: int | None = None,
     dtype: str | None = None,
+    kv_cache_memory_bytes: int | None = None,
 ) -> MemoryBudget:
-    """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse."""
+    """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse.
+
+    ``kv_cache_memory_bytes`` is vLLM's ``--kv-cache-memory-bytes``: the KV pool of every rank is exactly
+    that many bytes (``gpu_worker.determine_available_memory`` returns it after the profile run).
+    """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(model, gpu, settings, version, pipeline_parallel_size, dtype)
     requested = math.ceil(gpu.total_bytes * r.util)
@@ -318,6 +323,8 @@ def compute_budget(
             version=version,
         )
         available = requested - w - act - non_torch - (graphs if subtract_graphs else 0)
+        if kv_cache_memory_bytes is not None:
+            available = kv_cache_memory_bytes
         layout = kv_cache.compute_kv_layout(
             model,
             tensor_parallel_size=r.tp,
