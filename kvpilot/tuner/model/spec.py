@@ -428,6 +428,8 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     else:
         head_dim_kv = geometry.head_dim
         layers, linear_state = read_layers(text, model_type, num_layers, geometry, window)
+        if model_type == "gemma4_text":  # vLLM's get_head_size: the full layers' (global) head size
+            head_dim_kv = max((layer.head_dim for layer in layers if layer.kind == FULL), default=head_dim_kv)
     tie = text.optional_bool("tie_word_embeddings")
     if tie is None:
         tie = top.optional_bool("tie_word_embeddings")
