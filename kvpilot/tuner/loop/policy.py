@@ -398,6 +398,7 @@ def _crash_words(crashes: tuple[RestartEvent, ...]) -> str:
 _CRASH_PRIORITY = (
     RestartKind.KV_CACHE_TOO_SMALL,
     RestartKind.NO_CACHE_BLOCKS,
+    RestartKind.MAMBA_CACHE_BLOCKS,
     RestartKind.INSUFFICIENT_FREE_MEMORY,
     RestartKind.CUDA_OOM,
     RestartKind.HOST_OOM_KILLED,

@@ -12,6 +12,7 @@ The bottom layer of the tuner (``.importlinter``: ``plan | loop`` -> ``memory`` 
 ``vllm``): it imports nothing of the tuner but its value objects and errors.
 """
 
+from kvpilot.tuner.vllm.architectures import PREVIOUSLY_SUPPORTED_ARCHITECTURES, check_architecture_served
 from kvpilot.tuner.vllm.args import (
     FLAG_ALIASES,
     FLAGS,
@@ -32,6 +33,15 @@ from kvpilot.tuner.vllm.args import (
     validate_extra_args,
 )
 from kvpilot.tuner.vllm.effective import compute_effective_settings, compute_in_flight_tokens
+from kvpilot.tuner.vllm.hybrid import (
+    ATTENTION_KERNEL_BLOCK,
+    FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
+    MLA_HYBRID_BLOCK_ALIGNMENT,
+    hybrid_manager_for_chunked_local,
+    state_pages_per_request,
+    uses_flashinfer_gdn,
+    uses_mamba_align_mode,
+)
 from kvpilot.tuner.vllm.images import (
     OLDEST_MODELLED,
     ImageVersion,
@@ -46,13 +56,16 @@ from kvpilot.tuner.vllm.kv_dtypes import (
     MODELLED_KV_CACHE_DTYPES,
     check_modelled,
     is_fp8,
+    is_per_token_head,
     kv_element_bytes,
+    kv_head_token_bytes,
 )
 from kvpilot.tuner.vllm.messages import (
     auto_fit_error,
     free_memory_error,
     kv_cache_memory_oom_error,
     long_max_len_error,
+    mamba_cache_blocks_error,
     max_len_error,
     no_memory_error,
     sampler_warmup_oom_error,
@@ -77,7 +90,6 @@ from kvpilot.tuner.vllm.versions import (
     default_batch_limits,
     default_block_size,
     default_gpu_memory_utilization,
-    hybrid_manager_for_chunked_local,
     in_flight_batches,
     multiplies_yarn_max_len,
     parse_v2_runner_env,
@@ -91,15 +103,18 @@ from kvpilot.tuner.vllm.versions import (
 
 __all__ = [
     "ASYNC_SCHEDULING_SINCE",
+    "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
     "BatchDefaults",
     "FLAGS",
     "FLAG_ALIASES",
+    "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT",
     "FP8_DS_MLA_BYTES_PER_TOKEN",
     "FP8_KV_DTYPES",
     "ImageVersion",
     "KV_CACHE_DTYPES",
     "KV_CACHE_MEMORY_FLAG",
+    "MLA_HYBRID_BLOCK_ALIGNMENT",
     "MODELLED_KV_CACHE_DTYPES",
     "MODEL_RUNNER_V2_SINCE",
     "OLDEST_MODELLED",
@@ -108,6 +123,7 @@ __all__ = [
     "PINNED_VLLM_VERSION",
     "PIPELINE_PARALLEL_FLAG",
     "POD_FLAGS",
+    "PREVIOUSLY_SUPPORTED_ARCHITECTURES",
     "SAMPLER_WARMUP_V2_BYTES_PER_LOGIT",
     "SIZING_OVERRIDE_FLAGS",
     "TOTAL_CONSUMED_ACCOUNTING_SINCE",
@@ -117,6 +133,7 @@ __all__ = [
     "auto_fit_error",
     "build_vllm_args",
     "charges_total_consumed",
+    "check_architecture_served",
     "check_dtype",
     "check_modelled",
     "check_settings",
@@ -136,9 +153,12 @@ __all__ = [
     "image_tag",
     "in_flight_batches",
     "is_fp8",
+    "is_per_token_head",
     "kv_cache_memory_oom_error",
     "kv_element_bytes",
+    "kv_head_token_bytes",
     "long_max_len_error",
+    "mamba_cache_blocks_error",
     "max_len_error",
     "multiplies_yarn_max_len",
     "no_memory_error",
@@ -152,7 +172,10 @@ __all__ = [
     "resolve_batch_limits",
     "resolve_image_version",
     "sampler_warmup_oom_error",
+    "state_pages_per_request",
     "subtracts_cuda_graphs",
+    "uses_flashinfer_gdn",
+    "uses_mamba_align_mode",
     "uses_model_runner_v2",
     "validate_extra_args",
 ]
