@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     print(_summary("available KV cache GiB", naive_kv))
     print(_summary("tokens, 2 x L x head_dim x heads x B", naive_mha))
     print(_summary("tokens, L x hidden x B", naive_hidden))
-    print(" logged start-up failures:")
+    predicted = sum(1 for line in failures if ": predicted" in line)
+    print(f" logged start-up failures: {predicted} of {len(failures)} predicted")
     for line in failures or ["  (none)"]:
         print(f"  {line}")
     print(" successful starts predicted to fail:")

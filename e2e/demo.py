@@ -11,7 +11,14 @@ and drives one scenario per example, each with its own ground truth in the fleet
                                ("estimated maximum model length is N"); kvpilot shortens the context;
 * ``llama-70b-fp8``         -- a preemption storm (long prompts, heavy traffic): kvpilot lowers
                                ``--max-num-seqs``;
-* ``llama-70b-too-big``     -- does not fit 4x L4 at all: ``Infeasible`` with what would fit.
+* ``llama-70b-too-big``     -- does not fit 4x L4 at all: ``Infeasible`` with what would fit;
+* ``full-pool``             -- two replicas on a GPU pool where every GPU is taken (three one-GPU nodes,
+                               one held by another app): a queue at the sequence limit makes kvpilot
+                               raise ``--max-num-seqs``; with no spare GPU for a surge pod it replaces one
+                               replica at a time, and a replica serves at every sample;
+* ``bad-raise``             -- the same raise, but more than four sequences hit CUDA OOM at start-up:
+                               the new setting never becomes Ready and is rolled back (the old pod kept
+                               serving beside the surge pod).
 
 Tuning decisions are printed as they happen (Kubernetes events of the InferenceServices and what
 the fleet's pods do), then a summary table. Everything it started is stopped on the way out,
@@ -26,6 +33,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import json
 import os
 import signal
 import sys
@@ -39,6 +47,7 @@ import yaml
 from e2e.fleet import GroundTruth, Scenario, Workload
 from e2e.fleet.fleet import FleetEvent
 from e2e.fleet.stack import REPO, EventTail, Stack, condition, settings_of
+from e2e.nodes import H100_80GB_HBM3, NodePool, node_manifest
 
 EXAMPLES = REPO / "examples"
 NS = "kvpilot-demo"
@@ -78,6 +87,57 @@ SCENARIOS: dict[str, Scenario] = {
         workload=Workload(arrival_rate=3.0, prompt_tokens=12000, output_tokens=3000, time_scale=4.0),
     ),
 }
+H100_8B = GroundTruth(gpu_memory_gib=79.11, non_kv_gib=20.0, kv_bytes_per_token=131072, startup_s=2.0,
+                      backoff_s=3.0, oom_after_s=3.0)  # fmt: skip
+QUEUE = Workload(arrival_rate=4.0, prompt_tokens=500, output_tokens=200)
+"""Four sequences allowed and four requests a second: a queue at the limit, the KV cache almost empty."""
+SCENARIOS.update({
+    "full-pool": Scenario(name="full-pool", truth=H100_8B, workload=QUEUE),
+    "bad-raise": Scenario(name="bad-raise", workload=QUEUE,
+                          truth=dataclasses.replace(H100_8B, startup_oom_above_max_num_seqs=4)),
+})  # fmt: skip
+FULL_POOL = NodePool("demo-full", 3, H100_80GB_HBM3, 1, cpu="32", memory="256Gi", machine="demo")
+"""Three one-GPU H100 nodes for ``full-pool`` alone (labelled and tainted): its two replicas and another
+app's pod take all three GPUs."""
+POOL_LABEL, POOL_TAINT = "kvpilot.dev/demo-pool", "kvpilot.dev/demo-full-pool"
+PLACEMENT = {"nodeSelector": {POOL_LABEL: "full"},
+             "tolerations": [{"key": POOL_TAINT, "operator": "Exists", "effect": "NoSchedule"}]}  # fmt: skip
+
+
+def _demo_services() -> list[dict[str, Any]]:
+    """The two services of the full-pool and rollback stories (not examples: demo placement and bounds)."""
+
+    def isvc(name: str, **spec: Any) -> dict[str, Any]:
+        return {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+                         "gpu": {"count": 1, "product": H100_80GB_HBM3.product},
+                         "serving": {"maxContextLength": 8192, "concurrency": 4},
+                         "tuning": {**DEMO_TUNING, "cooldownSeconds": 0}, **spec}}  # fmt: skip
+
+    return [
+        isvc("full-pool", replicas=2, nodeSelector=PLACEMENT["nodeSelector"],
+             engine={"tolerations": PLACEMENT["tolerations"]}),
+        isvc("bad-raise"),
+    ]  # fmt: skip
+
+
+def _full_pool_nodes() -> list[dict[str, Any]]:
+    nodes = []
+    for i in range(FULL_POOL.count):
+        m = node_manifest(FULL_POOL, i)
+        m["metadata"]["labels"][POOL_LABEL] = "full"
+        m["spec"]["taints"] = [{"key": POOL_TAINT, "value": "true", "effect": "NoSchedule"}]
+        nodes.append(m)
+    return nodes
+
+
+OTHER_APP = {
+    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "other-app", "namespace": NS},
+    "spec": {**PLACEMENT, "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                                          "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+}  # fmt: skip
+"""Another app holding one GPU of the full pool."""
 
 
 def _stamp(t0: float) -> str:
@@ -112,6 +172,8 @@ class Demo:
         self.initial: dict[str, dict[str, Any]] = {}
         self.crashes: dict[str, int] = {}
         self.last_crash: dict[str, float] = {}
+        self.full_pool_ready: list[int] = []
+        """Ready replicas of ``full-pool`` at every sample from its retune to the end of its rollout."""
 
     def say(self, msg: str) -> None:
         print(f"{_stamp(self.t0)} {msg}", flush=True)
@@ -154,6 +216,12 @@ class Demo:
         docs = _load_examples()
         self.say(f"applying {len(docs)} examples from examples/ (demo timings: {DEMO_TUNING})")
         self.cluster.apply(docs)
+        self.cluster.add_nodes(_full_pool_nodes())
+        self.cluster.apply(OTHER_APP)
+        self.say("full pool: 3 one-GPU H100 nodes, one GPU held by another app; full-pool has 2 replicas")
+        extra = _demo_services()
+        self.cluster.apply(extra)
+        docs = [*docs, *extra]
         names = [d["metadata"]["name"] for d in docs]
         self.wait_planned(names)
         self.arm_faults()
@@ -219,7 +287,25 @@ class Demo:
             )
         if name == "llama-70b-fp8":
             return applied.get("maxNumSeqs", 0) < init.get("maxNumSeqs", 0)
+        if name == "full-pool":
+            retuned = any(h.get("action") == "Retuned" for h in _history(obj))
+            if retuned:
+                self.full_pool_ready.append(self.ready_pods(name))
+            good = {k: v for k, v in (st.get("lastGoodSettings") or {}).items() if v is not None}
+            now = {k: v for k, v in applied.items() if v is not None}
+            return retuned and not st.get("rollout") and good == now
+        if name == "bad-raise":
+            return ready and any(h.get("action") == "RolledBack" for h in _history(obj))
         return True
+
+    def ready_pods(self, name: str) -> int:
+        """Pods of ``name`` (any settings) that are Ready and not terminating: who serves now."""
+        assert self.cluster is not None
+        out = self.cluster.kubectl("get", "pods", "-n", NS, "-l", f"app.kubernetes.io/instance={name}",
+                                   "-o", "json").stdout  # fmt: skip
+        pods = [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+        return sum(1 for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                          for c in p["status"].get("conditions") or ()))  # fmt: skip
 
     def converge(self, names: list[str]) -> None:
         deadline = time.monotonic() + self.timeout
@@ -233,9 +319,13 @@ class Demo:
                             f"{settings_of(self.isvc(n)['status'].get('applied'))}"
                         )
                         pending.remove(n)
-            time.sleep(2)
+            time.sleep(1)
         if pending:
             self.say(f"still converging after {self.timeout:.0f}s: {pending}")
+        if self.full_pool_ready:
+            low = min(self.full_pool_ready)
+            self.say(f"full-pool: Ready pods sampled through its rollout: at least {low} of 2 at each of "
+                     f"{len(self.full_pool_ready)} samples")  # fmt: skip
 
     def summary(self, names: list[str]) -> None:
         if self.tail is not None:
@@ -285,7 +375,7 @@ class Demo:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", help="run directory (default: a new one under $TMPDIR)")
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds to let the scenarios converge")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds to let the scenarios converge")
     a = ap.parse_args(argv)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix=f"kvpilot-demo-{stamp}-"))

@@ -39,7 +39,9 @@ EXAMPLE = ROOT / "examples" / "llama-3.1-8b-on-l4.yaml"
 NS = "kvpilot-system"
 SA = "kvpilot"
 SA_USER = f"system:serviceaccount:{NS}:{SA}"
-OPERATOR_ROLES = ("discovery", "gpu-discovery", "framework", "inferenceservices", "workloads", "model-config")
+OPERATOR_ROLES = (
+    "discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads", "model-config"
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- helpers

@@ -109,7 +109,7 @@ def test_gpus_and_models_list_the_catalogues() -> None:
 def test_estimate_prints_one_row_per_case(tmp_path: Path) -> None:
     cases = [
         {"id": "a", "hf_config": models.lookup_model_config(LLAMA), "gpu": "H100-SXM", "max_model_len": 8192},
-        {"id": "b", "hf_config": None, "gpu": "H100-SXM"},
+        {"id": "b", "model": "acme/not-in-the-catalogue", "gpu": "H100-SXM"},
         {"id": "c", "hf_config": models.lookup_model_config(LLAMA), "gpu": "Imaginary-GPU"},
     ]
     file = tmp_path / "cases.json"
@@ -119,7 +119,48 @@ def test_estimate_prints_one_row_per_case(tmp_path: Path) -> None:
     rows = json.loads(out)
     assert [r["id"] for r in rows] == ["a", "b", "c"]
     assert rows[0]["error"] is None and rows[0]["starts"] is True
-    assert rows[1]["error"] and rows[2]["error"]
+    assert rows[1]["error"] and rows[2]["error"]  # questions the model answers: per row, not refused
+
+
+_GOOD = {"id": "ok", "model": LLAMA, "gpu": "H100-SXM", "max_model_len": 8192}
+HOSTILE_CASES: dict[str, tuple[object, str]] = {
+    "not-an-object": ([_GOOD, 7], "case #1 must be a JSON object"),
+    "id-wrong-type": ([{**_GOOD, "id": {"x": 1}}], "case #0: id must be a string or an integer"),
+    "len-a-string": ([{**_GOOD, "max_model_len": "8"}], 'case "ok" (#0): max_model_len must be an integer'),
+    "len-a-float": ([{**_GOOD, "max_model_len": 8192.5}], "max_model_len must be an integer"),
+    "len-a-bool": ([{**_GOOD, "max_model_len": True}], "max_model_len must be an integer"),
+    "len-huge": ([{**_GOOD, "max_model_len": 10**30}], "max_model_len must be an integer in [1, 16777216]"),
+    "len-zero": ([{**_GOOD, "max_model_len": 0}], "max_model_len must be an integer"),
+    "seqs-negative": ([{**_GOOD, "max_num_seqs": -4}], "max_num_seqs must be an integer"),
+    "tp-huge": ([{**_GOOD, "tensor_parallel_size": 4096}], "tensor_parallel_size must be an integer in"),
+    "util-nan": ([{**_GOOD, "gpu_memory_utilization": float("nan")}], "gpu_memory_utilization must be"),
+    "util-above-one": ([{**_GOOD, "gpu_memory_utilization": 1.5}], "gpu_memory_utilization must be"),
+    "gib-infinite": ([{**_GOOD, "gpu": None, "gpu_total_gib": float("inf")}], "gpu_total_gib must be"),
+    "gib-huge": ([{**_GOOD, "gpu_total_gib": 1e308}], "gpu_total_gib must be a number"),
+    "gpu-a-number": ([{**_GOOD, "gpu": 80}], "gpu must be a string"),
+    "eager-a-string": ([{**_GOOD, "enforce_eager": "yes"}], "enforce_eager must be true or false"),
+    "config-a-list": ([{**_GOOD, "hf_config": [1, 2]}], "hf_config must be a JSON object"),
+    "no-model": ([{"id": "x", "gpu": "L4"}], 'case "x" (#0): hf_config (the model\'s config.json) or model'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_CASES))
+def test_estimate_refuses_a_bad_case_in_one_line_naming_case_and_field(case: str, tmp_path: Path) -> None:
+    cases, expected = HOSTILE_CASES[case]
+    file = tmp_path / "cases.json"
+    file.write_text(json.dumps(cases))  # NaN and Infinity as Python's json writes (and reads) them
+    code, out, err = run("estimate", "--cases", str(file))
+    assert (code, out) == (cli.EXIT_USAGE, "")
+    assert err.startswith(f"kvpilot: error: {file}: ") and err.count("\n") == 1, err
+    assert expected in err, err
+
+
+def test_estimate_refuses_deep_nesting_without_a_traceback(tmp_path: Path) -> None:
+    file = tmp_path / "deep.json"
+    file.write_text("[" * 100_000 + "]" * 100_000)
+    proc = run_process("estimate", "--cases", str(file))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "nested too deeply" in proc.stderr, proc.stderr[-500:]
 
 
 def test_estimate_runs_over_the_calibration_cases() -> None:

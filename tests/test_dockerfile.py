@@ -174,7 +174,8 @@ def image_root(stages: list[Stage], tmp_path_factory: pytest.TempPathFactory) ->
     root = tmp_path_factory.mktemp("image")
     build = stages[0]
     house = wheelhouse()
-    env = {**os.environ}
+    # an image build sees none of the host's Python paths (a PYTHONPATH would make pip skip kvpilot)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.pop("VIRTUAL_ENV", None)
     workdir = root
     for op, arg in build.instructions:

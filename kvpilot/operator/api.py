@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from kvpilot.operator import labels
 from kvpilot.tuner import types, vllm
 
 GROUP = "kvpilot.io"
@@ -47,6 +48,11 @@ timestamps and timer delays (2**62 seconds once broke every retune with ``OSErro
 MAX_CHECKPOINT_BYTES = 1 << 50
 """1 PiB: above any checkpoint (the largest published ones are a few TB)."""
 Source = Literal["Catalogue", "ConfigMap", "Hub"]
+RolloutStrategy = Literal["Auto", "Surge", "Replace", "Recreate"]
+"""``spec.rollout.strategy`` (the CRD's enum says the same): how a change of the pods reaches them.
+:mod:`kvpilot.operator.rollout_strategy` resolves ``Auto`` to one of the other three."""
+AppliedStrategy = Literal["Surge", "Replace", "Recreate"]
+"""``status.rollout.strategy``: what a rollout actually used (``Auto`` never appears there)."""
 
 
 class _Wire(BaseModel):
@@ -263,6 +269,14 @@ class Tuning(_Wire):
     bounds: Bounds = Field(default_factory=Bounds)
 
 
+class RolloutSpec(_Wire):
+    """``spec.rollout``: how a retune (or any change of the pods) rolls out on a full GPU pool."""
+
+    strategy: RolloutStrategy = "Auto"
+    allow_downtime: bool = False
+    max_unavailable: int = Field(1, ge=1, le=1000)
+
+
 class InferenceServiceSpec(_Wire):
     model: ModelRef
     gpu: GpuRequest = Field(default_factory=GpuRequest)
@@ -273,6 +287,7 @@ class InferenceServiceSpec(_Wire):
     serving: Serving = Field(default_factory=Serving)
     engine: Engine = Field(default_factory=Engine)
     tuning: Tuning = Field(default_factory=Tuning)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
 
     def semantic_errors(self) -> list[str]:
         """The CRD's CEL rules, evaluated here: an empty list when the spec is consistent."""
@@ -342,6 +357,8 @@ def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
             )
         if st.host_path is not None and _dot_segments(st.host_path.path):
             errors.append("spec.model.storage.hostPath.path: hostPath.path must not contain .. segments")
+    errors += labels.node_selector_problems(spec.node_selector)
+    errors += labels.toleration_problems(spec.engine.tolerations)
     if g.tensor_parallel_size and g.count % g.tensor_parallel_size:
         errors.append("spec.gpu: gpu.tensorParallelSize must divide gpu.count")
     if p.tensor_parallel_size and g.count % p.tensor_parallel_size:
@@ -375,6 +392,11 @@ def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
         errors.append(
             "spec.engine.env: do not inline a Hugging Face token; use model.hubTokenSecretRef or "
             "valueFrom.secretKeyRef"
+        )
+    if spec.rollout.strategy == "Recreate" and not spec.rollout.allow_downtime:
+        errors.append(
+            "spec.rollout: strategy Recreate takes every replica down; set rollout.allowDowntime to true "
+            "to confirm"
         )
     res = spec.engine.resources
     if res is not None and any("nvidia.com/gpu" in (d or {}) for d in (res.limits, res.requests)):
@@ -445,6 +467,8 @@ class Rollout(_Wire):
     deadline: str | None = None
     phase: Literal["RollingOut", "Probation"] | None = None
     probation_until: str | None = None
+    strategy: AppliedStrategy | None = None
+    reason: str | None = Field(None, max_length=1024)
 
 
 class HistoryRecord(_Wire):
@@ -476,6 +500,7 @@ class InferenceServiceStatus(_Wire):
     warnings: list[str] = Field(default_factory=list, max_length=32)
     calibration: Calibration | None = None
     rollout: Rollout | None = None
+    startup_seconds: float | None = Field(None, ge=0)
     history: list[HistoryRecord] = Field(default_factory=list, max_length=20)
     last_change_time: str | None = None
     kopf: KopfState | None = None

@@ -8,7 +8,10 @@ service in mode ``Auto`` or ``Recommend`` that the reconciler has applied (``sta
     model + GPU (resolve, cached)          --memory------> MemoryBudget of the current settings
     status (applied, lastGood, failed, rollout, history, calibration) --loop_state--> LoopState
         --tuner.loop.compute_decision--> Decision
-        --Auto: workloads.build_deployment with the decision's settings, applied; Recommend: nothing
+        --a change in Auto: nodes + unfinished pods (workloads.fetch_capacity) --rollout_strategy--> Surge,
+          Replace, Recreate or held; decided again with what that costs (Evidence.rollout_lost_fraction,
+          rollout_blocked)
+        --Auto: workloads.build_deployment with the settings and strategy, applied; Recommend: nothing
         --status_patch.build_loop_patch--> patch.status + events (Retuned, RolledBack, OOMDetected, Held, ...)
 
 This module only orders that I/O; the pieces are pure elsewhere. One rollout at a time: while
@@ -34,6 +37,8 @@ import kopf
 
 from kvpilot.operator import (
     api,
+    capacity,
+    conditions,
     desired,
     errors,
     events,
@@ -44,14 +49,16 @@ from kvpilot.operator import (
     pod_status,
     prometheus,
     resolve,
+    rollout_strategy,
     status_patch,
     workloads,
 )
-from kvpilot.operator.kube import Kube
+from kvpilot.operator.kube import Kube, fetch_nodes
 from kvpilot.operator.loop_settings import LoopPace
+from kvpilot.operator.rollout_strategy import RolloutChoice
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, memory, plan, vllm
-from kvpilot.tuner.loop import Decision, Evidence, ObservationWindow, TuningContext, compute_decision
+from kvpilot.tuner.loop import Action, Decision, Evidence, ObservationWindow, TuningContext, compute_decision
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
 
 WindowFetch = Callable[..., Awaitable[ObservationWindow]]
@@ -188,18 +195,22 @@ async def run_once(
             logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
             return None
         serving = pod_status.compute_serving(off_views, state.current)
-        patch.status.update(
-            status_patch.build_serving_patch(old, serving, generation=meta.get("generation"), now=now)
-        )
+        generation = meta.get("generation")
+        off = status_patch.build_serving_patch(old, serving, generation=generation, now=now)
+        sched = await _schedulable(deps, old, meta, parsed, None, off_views, None, namespace)
+        if off.lists is not None:
+            off.lists.updates.extend(sched)
+        off.add_to(patch)
         return None
     rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
     policy = loop_settings.build_policy(parsed, deps.pace)
 
+    resolve_failure: errors.Failure | None = None
     try:
         inputs: resolve.Inputs | None = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
-    except Exception as exc:  # noqa: BLE001 -- the reconciler reports resolution failures
+    except Exception as exc:  # noqa: BLE001 -- the reconciler reports resolution failures; vanished refs: below
         logger.warning(f"closed loop: cannot resolve model/GPU ({exc}); using status.budget")
-        inputs = None
+        inputs, resolve_failure = None, errors.classify(exc)
     budget = loop_state.read_budget(old)
     if inputs is not None:
         try:
@@ -220,6 +231,7 @@ async def run_once(
         logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
         return None
     summary = pod_status.compute_pod_summary(views, state.current, parsed.replicas)
+    rollout = loop_state.with_pod_deadline(rollout, views, policy.rollout_deadline_seconds)
     window = await deps.fetch_window(
         deps.prom_url,
         namespace,
@@ -237,23 +249,50 @@ async def run_once(
         policy=policy,
         vllm_version=api.VLLM_VERSION,
     )
+    startup = pod_status.compute_startup_seconds(views, state.current)
+    restart_seconds = startup if startup is not None else loop_state.read_startup_seconds(old)
     evidence = Evidence(
         budget=budget, window=window, restarts=summary.restarts, ready=summary.ready,
-        not_started=summary.not_started,
+        not_started=summary.not_started, restart_seconds=restart_seconds,
     )  # fmt: skip
-    decision = compute_decision(dataclasses.replace(state, rollout=rollout), evidence, context, now)
+    loop = dataclasses.replace(state, rollout=rollout)
+    decision = compute_decision(loop, evidence, context, now)
+    serving = pod_status.compute_serving(views, state.current)
+    cluster = None
+    choice: RolloutChoice | None = None
+    if decision.changes and mode == "Auto" and inputs is not None and deps.kube is not None:
+        cluster = await workloads.fetch_capacity(deps.kube)
+
+        def redecide(lost: float, blocked: str | None) -> Decision:
+            costs = dataclasses.replace(evidence, rollout_lost_fraction=lost, rollout_blocked=blocked)
+            return compute_decision(loop, costs, context, now)
+
+        decision, choice = await _choose_rollout(
+            deps.kube, meta, parsed, inputs, views, serving, cluster, decision, redecide
+        )
 
     applied = False
     if decision.changes and mode == "Auto":
-        applied = await _apply(deps, meta, parsed, inputs, decision, logger, body)
+        applied = await _apply(deps, meta, parsed, inputs, decision, logger, body, choice)
+    schedulable = await _schedulable(deps, old, meta, parsed, inputs, views, cluster, namespace)
     out = status_patch.build_loop_patch(
         old, state, decision, mode=mode, now=now, generation=meta.get("generation"), applied=applied,
-        rollout_deadline_seconds=policy.rollout_deadline_seconds,
-        serving=pod_status.compute_serving(views, state.current),
+        rollout_deadline_seconds=policy.rollout_deadline_seconds, serving=serving, rollout_choice=choice,
+        extra_conditions=schedulable,
     )  # fmt: skip
     if state.rollout is not None and rollout is None and "rollout" not in out.status:
         out.status["rollout"] = None  # a spec change replaced the settings being rolled out
-    patch.status.update(out.status)
+    if rollout is not None and state.rollout is not None and rollout.deadline != state.rollout.deadline:
+        wire = out.status.get("rollout", old.get("rollout"))
+        if isinstance(wire, Mapping):  # still rolling out: the deadline now counts from the new pod's start
+            out.status["rollout"] = {**wire, "deadline": status_patch.format_time(rollout.deadline)}
+    if startup is not None and startup != old.get("startupSeconds"):
+        out.status["startupSeconds"] = round(startup, 1)
+    resolved, resolve_events = status_patch.build_resolution_updates(old, resolve_failure)
+    if out.lists is not None:
+        out.lists.updates.extend(resolved)
+    out.events.extend(resolve_events)
+    out.add_to(patch)
     for type_, reason, message in out.events:
         deps.emit(body, type_, reason, message)
     if deps.record_metrics:
@@ -264,27 +303,95 @@ async def run_once(
     return decision
 
 
+Cluster = tuple[list[capacity.NodeView], list[dict[str, Any]]]
+
+
+async def _choose_rollout(
+    kube: Kube, meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs,
+    views: list[pod_status.PodView], serving: pod_status.Serving, cluster: Cluster | None, decision: Decision,
+    redecide: Callable[[float, str | None], Decision],
+) -> tuple[Decision, RolloutChoice]:  # fmt: skip
+    """The strategy ``decision``'s change would roll out with, and the decision again with what that
+    costs (``Evidence.rollout_lost_fraction``) or why it cannot roll out (``rollout_blocked``). A rollback
+    is never held: the previous settings' pods are still there or serve nothing."""
+    deployment = build_loop_deployment(meta, spec, inputs, decision.settings)
+    ready = any(v.ready and not v.terminating for v in views)
+    choice = await workloads.fetch_rollout_choice(
+        kube, spec, deployment, serving=ready, not_serving_why=serving.degraded_reason or "", cluster=cluster
+    )
+    if decision.action == Action.ROLLBACK:
+        if choice.held:
+            choice = RolloutChoice("Surge", "rolling back: the previous settings' pods still serve")
+        return decision, choice
+    lost = rollout_strategy.compute_lost_fraction(choice, spec.replicas, serving=ready)
+    blocked = choice.reason if choice.held else None
+    if lost or blocked:
+        decision = redecide(lost, blocked)
+    return decision, choice
+
+
+async def _schedulable(
+    deps: LoopDeps, old: Mapping[str, Any], meta: Mapping[str, Any], spec: api.InferenceServiceSpec,
+    inputs: resolve.Inputs | None, views: list[pod_status.PodView], cluster: Cluster | None,
+    namespace: str = "default",
+) -> list[status_patch.Update]:  # fmt: skip
+    """The ``Schedulable`` condition: checked against the nodes while a pod cannot schedule or it is False
+    (so it follows the nodes as they change); True without a read once every pod is on a node. ``inputs``
+    ``None`` (mode Off resolves nothing): resolved here, when needed."""
+    was_false = (conditions.find_condition(old.get("conditions"), conditions.SCHEDULABLE) or {}).get(
+        "status"
+    ) == conditions.FALSE
+    pending = any(v.unschedulable for v in views)
+    if not pending and not was_false:
+        if views and all(v.started_at is not None for v in views if not v.terminating):
+            return [(conditions.SCHEDULABLE, conditions.TRUE, "Scheduled", "every pod is on a node")]
+        return []
+    if deps.kube is None:
+        return []
+    if inputs is None:
+        try:
+            inputs = await resolve.fetch_inputs(spec, namespace, deps.kube, deps.hub)
+        except Exception:  # noqa: BLE001 -- the reconciler reports resolution failures
+            return []
+    if cluster is not None:
+        nodes = cluster[0]
+    else:  # the nodes alone: what could ever fit does not depend on the pods
+        try:
+            nodes = [capacity.build_node_view(n) for n in await fetch_nodes(deps.kube)]
+        except errors.OperatorError:
+            return []
+    settings = loop_state.build_loop_state(old).current
+    shape = capacity.build_pod_shape(build_loop_deployment(meta, spec, inputs, settings))
+    verdict = capacity.compute_schedulable(shape, nodes)
+    status = conditions.TRUE if verdict.schedulable else conditions.FALSE
+    return [(conditions.SCHEDULABLE, status, verdict.reason, verdict.message)]
+
+
 def build_loop_deployment(
-    meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs, settings: EngineSettings
-) -> dict[str, Any]:
+    meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs, settings: EngineSettings,
+    choice: RolloutChoice = rollout_strategy.DEFAULT,
+) -> dict[str, Any]:  # fmt: skip
     """The Deployment running ``settings`` exactly (no re-plan: a rollback must not wait on the planner),
-    with the user's extra args and the resolved GPU products, as the reconciler renders it."""
+    with the user's extra args and the resolved GPU products, as the reconciler renders it, rolled out
+    with ``choice``'s strategy."""
     user = modes.compute_user_args(spec)
     return workloads.build_deployment(
         meta, spec, settings, user.extra, inputs.gpu.products,
-        checkpoint_bytes=resolve.compute_checkpoint_bytes(inputs.model),
+        checkpoint_bytes=resolve.compute_checkpoint_bytes(inputs.model), rollout=choice,
     )  # fmt: skip
 
 
 async def _apply(
     deps: LoopDeps, meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs | None,
-    decision: Decision, logger: Any, body: Mapping[str, Any],
+    decision: Decision, logger: Any, body: Mapping[str, Any], choice: RolloutChoice | None = None,
 ) -> bool:  # fmt: skip
     """Roll ``decision.settings`` out to the Deployment; False (and a warning event) if that failed."""
     try:
         if inputs is None or deps.kube is None:
             raise errors.ApplyFailed("model/GPU not resolved or no Kubernetes client")
-        deployment = build_loop_deployment(meta, spec, inputs, decision.settings)
+        deployment = build_loop_deployment(
+            meta, spec, inputs, decision.settings, choice or rollout_strategy.DEFAULT
+        )
         await workloads.apply_workloads([deployment], deps.kube)
     except Exception as exc:  # noqa: BLE001 -- report and retry on the next tick
         logger.warning(f"closed loop: applying {decision.action} failed: {exc}")

@@ -28,10 +28,16 @@ AVAILABLE = "Available"
 DEGRADED = "Degraded"
 """The closed loop, from the pods: a crash loop, a start-up failure, no node, an image or a download."""
 
+SCHEDULABLE = "Schedulable"
+"""The closed loop, from the nodes: some node could ever take one of the service's pods (labels, GPU
+product, taints, allocatable ``nvidia.com/gpu``); False with the reason when none could. Checked while a pod
+cannot schedule or the condition is False, so it follows the nodes as they change."""
+
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 
 TYPES = (
-    READY, AVAILABLE, DEGRADED, CONFIG_RESOLVED, PLANNED, INFEASIBLE, METRICS_AVAILABLE, ROLLOUT_IN_PROGRESS,
+    READY, AVAILABLE, DEGRADED, SCHEDULABLE, CONFIG_RESOLVED, PLANNED, INFEASIBLE, METRICS_AVAILABLE,
+    ROLLOUT_IN_PROGRESS,
 )  # fmt: skip
 """Every condition type kvpilot sets, in the order ``status.conditions`` lists them."""
 

@@ -27,7 +27,8 @@ class Desired:
     decision: modes.ModeDecision
     user: modes.UserArgs
     manifests: list[dict[str, Any]]
-    """The apply order: a weight-cache claim (``storage.claimTemplate``), the Service, the Deployment."""
+    """The apply order: a weight-cache claim (``storage.claimTemplate``), the Service, the Deployment, its
+    PodDisruptionBudget (2 or more replicas)."""
 
 
 def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
@@ -82,6 +83,7 @@ def build_desired(
         workloads.build_deployment(
             metadata, spec, decision.deploy, user.extra, inputs.gpu.products, checkpoint_bytes=checkpoint
         ),
+        *workloads.build_pod_disruption_budget(metadata, spec),
     ]
     return Desired(decision, user, manifests)
 

@@ -5,7 +5,8 @@ Kubernetes objects in, tuner types through, patches out::
     spec --parse--> api.InferenceServiceSpec --resolve (thread)--> model + GPU
          --desired.build_desired--> plan, mode decision, Service + Deployment
          --apply (thread, server-side apply)--> cluster
-    status <- status_patch.build_success_status / build_failure_status  (patch.status, explicit)
+    status <- status_patch.build_success_status / build_failure_status  (patch.status; conditions and
+              history as a patch function on the freshest object, kopf.Patch.fns)
     events <- ConfigResolved, Planned (+ Recommended or Reported, PlanWarning) on first sight of a
               generation or a change of the applied settings; or a Warning with the failure's reason
 
@@ -101,16 +102,17 @@ async def reconcile(
         wanted = desired.build_desired(meta, parsed, inputs, deploy_override=keep, plan_fn=deps.plan_fn)
         if deps.kube is None:
             raise errors.ApplyFailed("no Kubernetes client configured")
-        await workloads.apply_workloads(wanted.manifests, deps.kube)
+        manifests = wanted.manifests  # a first create replaces no pod: the default (surge) strategy
+        if trigger != CREATED:
+            manifests = await workloads.fetch_rollout_strategy(deps.kube, parsed, manifests)
+        await workloads.apply_workloads(manifests, deps.kube)
     except Exception as exc:
         failure = errors.classify(exc)
         if failure.reason == "InternalError":
             logger.exception("reconciliation failed unexpectedly")
-        patch.status.update(
-            status_patch.build_failure_status(
-                old, generation=generation, now=now, failure=failure, trigger=trigger
-            )
-        )
+        status_patch.build_failure_status(
+            old, generation=generation, now=now, failure=failure, trigger=trigger
+        ).add_to(patch)
         deps.emit(body, events.WARNING, failure.reason, failure.message)
         _record(deps, metrics.record_error, failure.reason)
         _record(deps, metrics.record_reconcile, "temporary_error" if failure.retry else "permanent_error")
@@ -121,9 +123,9 @@ async def reconcile(
     new = status_patch.build_success_status(
         old, generation=generation, now=now, inputs=inputs, decision=wanted.decision, trigger=trigger
     )
-    patch.status.update(new)
+    new.add_to(patch)
     _record(deps, metrics.record_reconcile, "success")
-    changed = "lastChangeTime" in new
+    changed = "lastChangeTime" in new.status
     if changed:
         _record(deps, metrics.record_decision, "Planned")
     if first_visit or changed:

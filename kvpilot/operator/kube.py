@@ -15,6 +15,7 @@ and another manager's conflicting edit of them is overwritten on the next reconc
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import threading
@@ -28,6 +29,8 @@ from kvpilot.operator import errors
 
 FIELD_MANAGER = "kvpilot"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+ACTIVE_PODS_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+"""Pods that may hold a node's GPUs (cluster-wide list; docs/install.md, "RBAC", the capacity role)."""
 
 
 def raw_response(response: object) -> BaseHTTPResponse:
@@ -56,8 +59,21 @@ class Kube(Protocol):
         """The claim, or ``None`` if it does not exist."""
         ...
 
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """Every node (raw JSON): labels, taints, ``spec.unschedulable``, allocatable ``nvidia.com/gpu``."""
+        ...
+
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        """Every pod in every namespace that has not finished (``status.phase`` not Succeeded or Failed):
+        what holds the nodes' GPUs (:mod:`kvpilot.operator.capacity`)."""
+        ...
+
     def apply(self, manifest: Mapping[str, Any]) -> None:
-        """Server-side apply of a Deployment, Service or PersistentVolumeClaim."""
+        """Server-side apply of a Deployment, Service, PersistentVolumeClaim or PodDisruptionBudget."""
+        ...
+
+    def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The InferenceService, or ``None`` if it does not exist (drift repair reads the owner)."""
         ...
 
 
@@ -83,6 +99,8 @@ class ClusterKube:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
 
     @staticmethod
     def _json(response: object) -> dict[str, Any]:
@@ -118,6 +136,16 @@ class ClusterKube:
     def read_persistent_volume_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read(self.core.read_namespaced_persistent_volume_claim, namespace, name)
 
+    def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from kvpilot.operator import api
+
+        def get(name_: str, namespace_: str, **kw: Any) -> object:
+            return self.custom.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace_, api.PLURAL, name_, **kw
+            )
+
+        return self._read(get, namespace, name)
+
     def list_node_labels(self, label_selector: str) -> list[dict[str, str]]:
         from kubernetes.client.exceptions import ApiException
 
@@ -129,13 +157,33 @@ class ClusterKube:
             raise errors.ApplyFailed(f"listing nodes failed: {exc}") from None
         return [dict(item["metadata"].get("labels") or {}) for item in obj.get("items", [])]
 
+    def _list(self, what: str, fn: Callable[..., object], **kwargs: Any) -> list[dict[str, Any]]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = self._json(fn(_preload_content=False, **kwargs))
+        except ApiException as exc:
+            raise errors.ApplyFailed(f"listing {what} failed: HTTP {exc.status} {exc.reason}") from None
+        except (OSError, HTTPError) as exc:
+            raise errors.ApplyFailed(f"listing {what} failed: {exc}") from None
+        return list(obj.get("items") or [])
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self._list("nodes", self.core.list_node)
+
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        return self._list(
+            "pods", self.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS_FIELD_SELECTOR
+        )
+
     def apply(self, manifest: Mapping[str, Any]) -> None:
         from kubernetes.client.exceptions import ApiException
 
         kind, meta = manifest["kind"], manifest["metadata"]
         fn = {"Deployment": self.apps.patch_namespaced_deployment,
               "Service": self.core.patch_namespaced_service,
-              "PersistentVolumeClaim": self.core.patch_namespaced_persistent_volume_claim}[kind]  # fmt: skip
+              "PersistentVolumeClaim": self.core.patch_namespaced_persistent_volume_claim,
+              "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget}[kind]  # fmt: skip
         try:
             response = raw_response(fn(
                 meta["name"], meta["namespace"], dict(manifest), field_manager=FIELD_MANAGER, force=True,
@@ -154,6 +202,16 @@ class ClusterKube:
             ) from None
         except (OSError, HTTPError) as exc:  # connection refused / reset / protocol errors
             raise errors.ApplyFailed(f"applying {kind} {meta['name']} failed: {exc}") from None
+
+
+async def fetch_nodes(kube: Kube) -> list[dict[str, Any]]:
+    """Every node, read in a worker thread."""
+    return await asyncio.to_thread(kube.list_nodes)
+
+
+async def fetch_active_pods(kube: Kube) -> list[dict[str, Any]]:
+    """Every unfinished pod of the cluster, read in a worker thread."""
+    return await asyncio.to_thread(kube.list_active_pods)
 
 
 _lock = threading.Lock()

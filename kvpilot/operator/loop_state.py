@@ -14,11 +14,12 @@ does the I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpilot.operator import api
-from kvpilot.operator.pod_status import parse_time
+from kvpilot.operator.pod_status import PodView, compute_newest_start, parse_time
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import HistoryAction, HistoryEntry, LoopState, RolloutState
 from kvpilot.tuner.types import GIB, EngineSettings, MemoryBudget
@@ -50,6 +51,26 @@ def read_budget(status: Mapping[str, Any]) -> MemoryBudget | None:
         max_concurrency=b.max_concurrency or 0.0,
         starts=True,
     )
+
+
+def read_startup_seconds(status: Mapping[str, Any]) -> float | None:
+    """``status.startupSeconds``: the last measured start-to-Ready seconds of a pod of this service."""
+    value = status.get("startupSeconds")
+    return float(value) if isinstance(value, int | float) and value >= 0 else None
+
+
+def with_pod_deadline(
+    rollout: RolloutState | None, pods: Sequence[PodView], deadline_seconds: float
+) -> RolloutState | None:
+    """``rollout`` with its deadline counted from when the newest pod of its settings started
+    (``status.startTime``), not from the patch: a pod that waited for a GPU or an image has used none of
+    it. Unchanged while no such pod has started (Pending is not failure: the policy holds)."""
+    if rollout is None:
+        return None
+    started = compute_newest_start(pods, rollout.settings)
+    if started is None or started < rollout.started_at:
+        return rollout
+    return dataclasses.replace(rollout, deadline=started + deadline_seconds)
 
 
 def _history_entry(wire: Mapping[str, Any]) -> HistoryEntry | None:

@@ -8,7 +8,8 @@ Handlers are in :mod:`kvpilot.operator.handlers`; the closed loop's timer is reg
 :mod:`kvpilot.operator.closed_loop`, and its pace is read here at start-up. kopf keeps its handler
 progress in annotations under ``kvpilot.io/`` and its diff base in ``status.kopf`` (handlers never
 return values). There is no delete handler: the Deployment and Service
-carry owner references and the garbage collector removes them.
+carry owner references and the garbage collector removes them. Event handlers on those Deployments and
+Services (by kvpilot's labels) put back a deleted one or a hand-edited field (:mod:`.drift`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import kopf
 from kvpilot.operator import (
     api,
     closed_loop,  # registers the closed loop's timer (kopf.timer) on import
+    drift,
     handlers,
     loop_settings,
     metrics,
@@ -65,6 +67,30 @@ async def spec_changed(diff: kopf.Diff, **kwargs: Any) -> None:
 @kopf.on.resume(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
 async def resumed(**kwargs: Any) -> None:
     await handlers.reconcile(trigger=handlers.RESUMED, deps=handlers.default_deps(), **_pick(kwargs))
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=drift.OWNED_LABELS)
+async def deployment_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    await _repair("Deployment", event, body, logger)
+
+
+@kopf.on.event("", "v1", "services", labels=drift.OWNED_LABELS)
+async def service_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    await _repair("Service", event, body, logger)
+
+
+async def _repair(kind: str, event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger) -> None:
+    """Drift repair (:mod:`kvpilot.operator.drift`); a failure is logged, the next event retries."""
+    deps = handlers.default_deps()
+    if deps.kube is None:
+        return
+    try:
+        await drift.apply_repair(
+            kind, event.get("type"), body, kube=deps.kube, hub=deps.hub, emit=deps.emit, logger=logger,
+            read_owner=deps.kube.read_inference_service, plan_fn=deps.plan_fn,
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 -- the reconciler reports what is wrong with the spec
+        logger.warning(f"drift: repairing {kind} {body.get('metadata', {}).get('name')} failed: {exc}")
 
 
 def _pick(kwargs: dict[str, Any]) -> dict[str, Any]:

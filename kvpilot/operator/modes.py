@@ -56,7 +56,17 @@ class ModeDecision:
 
 
 def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
-    """Split and check the user's own engine arguments (InvalidEngineArgs / InvalidSpec on error)."""
+    """Split and check the user's own engine arguments (InvalidEngineArgs / InvalidSpec on error).
+
+    Refused with InvalidSpec: the flags of the pod kvpilot renders (``--host``, ``--port``, ``--model``, ...:
+    :data:`kvpilot.tuner.vllm.POD_FLAGS`), a tuned flag contradicting ``pinned`` or ``gpu``, pipeline
+    stages that do not fill ``gpu.count``. Planned for: ``--pipeline-parallel-size`` that does (it fixes
+    the tensor-parallel size), tuned flags (they become pinned settings). ``--dtype`` needs the model:
+    :func:`check_model_args`."""
+    pod = vllm.find_pod_flags(spec.engine.extra_args)
+    if pod:
+        what = "in spec.engine.extraArgs contradicts the pod kvpilot renders"
+        raise errors.InvalidSpec("; ".join(f"{flag} {what}: {why}" for flag, why in pod))
     vllm.validate_extra_args(spec.engine.extra_args)
     from_extra, rest = vllm.parse_vllm_args(spec.engine.extra_args)
     pinned = spec.engine.pinned.to_engine()
@@ -83,6 +93,9 @@ def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
             f"--tensor-parallel-size {merged['tensor_parallel_size']} in spec.engine.extraArgs does not "
             f"divide spec.gpu.count {spec.gpu.count}; set spec.gpu.tensorParallelSize instead"
         )
+    pp = _pipeline_stages(spec, rest, merged.get("tensor_parallel_size"))
+    if pp is not None:  # planned for: the stages fix the tensor-parallel size (gpu.count / stages)
+        merged["tensor_parallel_size"] = spec.gpu.count // pp
     settings = EngineSettings(**merged)  # type: ignore[arg-type]
     vllm.check_settings(settings)
     try:
@@ -90,6 +103,37 @@ def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
     except tuner_errors.InvalidEngineArgs as exc:
         raise errors.InvalidSpec(f"spec.engine.extraArgs: {exc.message}") from None
     return UserArgs(settings, rest)
+
+
+def _pipeline_stages(spec: api.InferenceServiceSpec, extra: tuple[str, ...], tp: object) -> int | None:
+    """``--pipeline-parallel-size`` (or ``-pp``) in the extra args: the stages, when they and the
+    tensor-parallel size use exactly spec.gpu.count GPUs per pod; InvalidSpec naming the flag otherwise."""
+    values = vllm.find_flag_values(extra, vllm.PIPELINE_PARALLEL_FLAG)
+    if not values:
+        return None
+    flag, text = vllm.PIPELINE_PARALLEL_FLAG, values[-1]
+    if not text.isdigit() or int(text) < 1:
+        raise errors.InvalidSpec(f"{flag} {text!r} in spec.engine.extraArgs is not a positive integer")
+    pp, count = int(text), spec.gpu.count
+    if isinstance(tp, int) and tp * pp != count:
+        raise errors.InvalidSpec(
+            f"{flag} {pp} in spec.engine.extraArgs with tensor-parallel size {tp} needs {tp * pp} GPUs per "
+            f"pod, but spec.gpu.count is {count}; drop it (kvpilot renders the stages that fill the GPUs)"
+        )
+    if count % pp:
+        raise errors.InvalidSpec(
+            f"{flag} {pp} in spec.engine.extraArgs does not divide spec.gpu.count {count}: every pod's GPUs "
+            "are split into equal stages; drop it or change spec.gpu.count"
+        )
+    return pp
+
+
+def check_model_args(user: UserArgs, model_dtype: str) -> None:
+    """The extra args that need the model to judge: ``--dtype`` must size the weights as planned."""
+    try:
+        vllm.check_dtype(user.extra, model_dtype)
+    except tuner_errors.InvalidEngineArgs as exc:
+        raise errors.InvalidSpec(f"spec.engine.extraArgs: {exc.message}") from None
 
 
 def _default_plan_fn() -> PlanFn:
@@ -117,6 +161,7 @@ def compute_feasible_plan(
     *, weights_total_bytes: int | None = None, plan_fn: PlanFn | None = None,
 ) -> Plan:  # fmt: skip
     """The planner's answer for this spec (cached); raises InfeasiblePlan when nothing fits."""
+    check_model_args(user, str(getattr(model, "dtype", "")))
     result = _cached_plan(
         plan_fn or _default_plan_fn(), model, gpu, spec.gpu.count, spec.to_bounds(), user.pinned,
         api.VLLM_VERSION, weights_total_bytes,
@@ -153,6 +198,7 @@ PLAN_NEUTRAL_FIELDS: tuple[tuple[str, ...], ...] = (
     ("tuning", "cooldownSeconds"),
     ("tuning", "maxChangesPerHour"),
     ("tuning", "rolloutDeadlineSeconds"),
+    ("rollout",),
 )
 """Spec fields (relative to ``spec``) the planner does not read: changing only these keeps the engine
 settings on the Deployment (which the closed loop may have retuned) instead of re-planning."""

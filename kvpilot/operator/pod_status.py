@@ -76,6 +76,11 @@ class PodView:
     """The scheduler found no node for it (``PodScheduled=False``, reason ``Unschedulable``)."""
     downloading: bool = False
     """The weight cache's init container (:data:`kvpilot.operator.storage.INIT_CONTAINER`) still runs."""
+    started_at: float | None = None
+    """``status.startTime``: when the kubelet took the pod (``None`` while it is not scheduled)."""
+    ready_at: float | None = None
+    """The ``Ready`` condition's ``lastTransitionTime`` while it is True."""
+    restart_count: int = 0
 
 
 def _container(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -130,7 +135,13 @@ def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodVi
         c.get("name") == INIT_CONTAINER and not (c.get("state") or {}).get("terminated")
         for c in phase.get("initContainerStatuses") or ()
     )
+    conds: Sequence[Mapping[str, Any]] = phase.get("conditions") or ()
+    ready_cond: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
     return PodView(
+        started_at=parse_time(phase.get("startTime")),
+        ready_at=parse_time(ready_cond.get("lastTransitionTime")) if ready_cond.get("status") == "True"
+        else None,
+        restart_count=count,
         waiting_reason=waiting.get("reason") or None,
         unschedulable=unschedulable,
         downloading=downloading,
@@ -163,6 +174,26 @@ def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replic
     ready = replicas > 0 and sum(1 for p in mine if p.ready) >= replicas and not others
     not_started = any(p.unschedulable or p.downloading for p in mine) and not restarts
     return PodSummary(restarts, ready, len(mine), len(others), not_started)
+
+
+def compute_newest_start(pods: Sequence[PodView], settings: EngineSettings) -> float | None:
+    """When the newest live pod running ``settings`` started (``status.startTime``), if any has: a rollout's
+    deadline counts from it, not from the patch (a pod that waited for a GPU has not used any of it)."""
+    starts = [p.started_at for p in pods if not p.terminating and p.settings == settings and p.started_at]
+    return max(starts) if starts else None
+
+
+def compute_startup_seconds(pods: Sequence[PodView], settings: EngineSettings) -> float | None:
+    """Seconds from start (``status.startTime``) to Ready of the newest live pod running ``settings`` that
+    became Ready without a restart: the service's measured restart cost (``status.startupSeconds``)."""
+    done = [
+        p for p in pods if not p.terminating and p.settings == settings and p.ready and not p.restart_count
+        and p.started_at is not None and p.ready_at is not None
+    ]  # fmt: skip
+    if not done:
+        return None
+    newest = max(done, key=lambda p: (p.started_at or 0.0, p.name))
+    return max(0.0, (newest.ready_at or 0.0) - (newest.started_at or 0.0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,16 +9,26 @@ pydantic status model (:class:`kvpilot.operator.api.InferenceServiceStatus`, dri
 the CRD), the message cap of :data:`kvpilot.operator.events.MAX_MESSAGE`, the condition types
 of :mod:`kvpilot.operator.conditions`.
 
-kopf applies these as JSON merge patches, where an absent key keeps its old value;
+kopf applies the fields as JSON merge patches, where an absent key keeps its old value;
 so objects that must be *replaced* (the settings objects, the budget, the GPU) carry
 every key, with ``None`` for the unset ones, which deletes them. Pure functions of the
 old status and the decision; the clock comes in as ``now``.
+
+One writer per field: the two lists two writers share, ``conditions`` (a list map keyed by ``type``
+in the CRD) and ``history``, are never in the merge patch, which would replace them whole with what
+the writer read when it started (so the closed loop's tick, begun before a spec update, would put back
+the old ``Ready``). Each writer's :class:`ListPatch` instead sets only its own condition types and appends
+its entries, on the freshest object: kopf runs it as a patch function (``kopf.Patch.fns``) on the body
+the API server returned for the merge patch and sends the difference as a JSON patch guarded by a
+``test`` of ``resourceVersion``, retried on conflict. Server-side apply with a field manager per writer
+was the alternative; kopf writes status with merge and JSON patches only, and ``history`` is an atomic
+list that SSA would replace whole as well.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +37,7 @@ from kvpilot.operator.errors import Failure
 from kvpilot.operator.modes import ModeDecision
 from kvpilot.operator.pod_status import Serving
 from kvpilot.operator.resolve import Inputs
+from kvpilot.operator.rollout_strategy import RolloutChoice
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import Action, Decision, HistoryAction, LoopState, RestartKind, Trigger
 from kvpilot.tuner.types import GIB, EngineSettings
@@ -139,14 +150,19 @@ def build_recommendation(settings: EngineSettings, reason: str, trigger: str, ti
     }  # fmt: skip
 
 
-def build_rollout(settings: EngineSettings, started: float, deadline: float) -> dict[str, Any]:
-    """``status.rollout`` of a change just applied: rolling out until Ready or ``deadline``."""
+def build_rollout(
+    settings: EngineSettings, started: float, deadline: float, choice: RolloutChoice | None = None
+) -> dict[str, Any]:
+    """``status.rollout`` of a change just applied: rolling out until Ready or ``deadline``, with the
+    strategy it uses and why (``choice``)."""
     return {
         "settings": api.Settings.from_engine(settings).wire(),
         "startedAt": format_time(started),
         "deadline": format_time(deadline),
         "phase": ROLLING_OUT,
         "probationUntil": None,
+        "strategy": choice.strategy if choice is not None else None,
+        "reason": cap(choice.reason) if choice is not None else None,
     }
 
 
@@ -156,6 +172,68 @@ def set_conditions(
     """``status.conditions`` with ``updates`` applied, each message capped."""
     capped = [(type_, status, reason, cap(message)) for type_, status, reason, message in updates]
     return conditions.set_conditions(old.get("conditions") or [], capped, generation=generation, now=now)
+
+
+@dataclass
+class ListPatch:
+    """One writer's share of ``status.conditions`` and ``status.history``, applied to the freshest object
+    (a ``kopf.Patch.fns`` function: called with the raw body, changes it in place).
+
+    ``updates`` set those condition types only; ``serving`` adds ``Ready`` from the pods when the *fresh*
+    status says the reconciler applied this generation (:func:`build_ready_update`); ``history`` entries
+    are appended (``dedupe``: not when the newest entry says the same; an entry already there, from an
+    earlier try of the same patch, is not added twice)."""
+
+    generation: int | None
+    now: str
+    updates: list[Update] = field(default_factory=list)
+    history: list[tuple[dict[str, Any], bool]] = field(default_factory=list)
+    serving: Serving | None = None
+
+    def __call__(self, body: MutableMapping[str, Any]) -> None:
+        status = body.get("status")
+        if not isinstance(status, MutableMapping):
+            status = body["status"] = {}
+        updates = list(self.updates)
+        if self.serving is not None:
+            updates.extend(build_ready_update(status, self.serving, generation=self.generation))
+        if updates:
+            status["conditions"] = set_conditions(status, updates, generation=self.generation, now=self.now)
+        history = [dict(e) for e in status.get("history") or ()]
+        changed = False
+        for entry, dedupe in self.history:
+            if entry in history:
+                continue
+            new = append_history(history, entry, dedupe=dedupe)
+            if new is not None:
+                history, changed = new, True
+        if changed:
+            status["history"] = history
+
+    def apply_to(self, status: Mapping[str, Any]) -> dict[str, Any]:
+        """``status`` with this applied (a copy): what the writer's own later steps may read."""
+        body: dict[str, Any] = {"status": dict(status)}
+        self(body)
+        return dict(body["status"])
+
+
+@dataclass
+class StatusPatch:
+    """A merge patch for ``status``, the writer's :class:`ListPatch`, and the events that go with them."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    lists: ListPatch | None = None
+    """``conditions`` and ``history``: ``kopf.Patch.fns``, never in :attr:`status`."""
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    """``(type, reason, message)``."""
+    decisions: list[str] = field(default_factory=list)
+    """``kvpilot_decisions_total`` kinds to count."""
+
+    def add_to(self, patch: Any) -> None:
+        """Put it into a ``kopf.Patch``: the fields merged, the lists as a patch function."""
+        patch.status.update(self.status)
+        if self.lists is not None:
+            patch.fns.append(self.lists)
 
 
 # --- serving: what the pods say --------------------------------------------------------------------------
@@ -177,12 +255,8 @@ def reconcile_succeeded(status: Mapping[str, Any]) -> bool:
     return ready.get("status") == conditions.TRUE or ready.get("reason") in SERVING_REASONS
 
 
-def build_serving_updates(
-    old: Mapping[str, Any], serving: Serving, *, generation: int | None
-) -> tuple[list[Update], dict[str, Any]]:
-    """The ``Available``, ``Degraded`` and ``Ready`` conditions and ``replicas`` / ``readyReplicas`` from the
-    pods. ``Ready`` follows ``Available`` only while the reconciler's verdict for this generation was
-    "applied": a spec the reconciler has not handled yet, or refused, keeps its own ``Ready``."""
+def build_serving_updates(serving: Serving) -> tuple[list[Update], dict[str, Any]]:
+    """The ``Available`` and ``Degraded`` conditions and ``replicas`` / ``readyReplicas`` from the pods."""
     not_serving = serving.degraded_reason or "Starting"
     degraded = serving.degraded_reason is not None
     updates: list[Update] = [
@@ -191,22 +265,57 @@ def build_serving_updates(
         (conditions.DEGRADED, conditions.TRUE if degraded else conditions.FALSE,
          serving.degraded_reason or "Healthy", serving.message if degraded else "no pod reports a fault"),
     ]  # fmt: skip
-    ready = next((c for c in old.get("conditions") or () if c.get("type") == conditions.READY), None)
-    current_generation = old.get("observedGeneration") == generation
-    if ready is not None and current_generation and ready.get("reason") in SERVING_REASONS:
-        if serving.available:
-            updates.append((conditions.READY, conditions.TRUE, "Serving", serving.message))
-        else:
-            updates.append((conditions.READY, conditions.FALSE, not_serving, serving.message))
     return updates, {"replicas": serving.replicas, "readyReplicas": serving.ready_replicas}
+
+
+def build_ready_update(
+    status: Mapping[str, Any], serving: Serving, *, generation: int | None
+) -> list[Update]:
+    """``Ready`` from the pods, or nothing: it follows ``Available`` only while the reconciler's verdict for
+    ``generation`` was "applied" in ``status`` (the freshest one: see :class:`ListPatch`); a spec the
+    reconciler has not handled yet, or refused, keeps the reconciler's ``Ready``."""
+    ready = conditions.find_condition(status.get("conditions"), conditions.READY)
+    if ready is None or status.get("observedGeneration") != generation:
+        return []
+    if ready.get("reason") not in SERVING_REASONS:
+        return []
+    if serving.available:
+        return [(conditions.READY, conditions.TRUE, "Serving", serving.message)]
+    return [(conditions.READY, conditions.FALSE, serving.degraded_reason or "Starting", serving.message)]
 
 
 def build_serving_patch(
     old: Mapping[str, Any], serving: Serving, *, generation: int | None, now: float
-) -> dict[str, Any]:
+) -> StatusPatch:
     """The status patch of the pods' view alone (mode Off, where the loop decides nothing)."""
-    updates, fields = build_serving_updates(old, serving, generation=generation)
-    return {**fields, "conditions": set_conditions(old, updates, generation=generation, now=format_time(now))}
+    updates, fields = build_serving_updates(serving)
+    return StatusPatch(
+        status=fields, lists=ListPatch(generation, format_time(now), updates=updates, serving=serving)
+    )
+
+
+VANISHED_REASONS = frozenset({"ConfigNotFound"})
+"""Resolution failures the closed loop reports between reconciles: a Secret, key or ConfigMap the spec
+names that is gone (the reconciler runs on spec changes only, and a Hub-config cache hit needs no read)."""
+
+
+def build_resolution_updates(
+    old: Mapping[str, Any], failure: Failure | None
+) -> tuple[list[Update], list[tuple[str, str, str]]]:
+    """The closed loop's ``ConfigResolved`` from its own resolve of this tick, and the events: False with the
+    reason when a reference vanished (a Warning the first time), True again once it is back. Other
+    failures (a Hub outage) and an unchanged verdict write nothing: the reconciler's stands."""
+    current = conditions.find_condition(old.get("conditions"), conditions.CONFIG_RESOLVED) or {}
+    if failure is not None and failure.reason in VANISHED_REASONS:
+        update = (conditions.CONFIG_RESOLVED, conditions.FALSE, failure.reason, failure.message)
+        fresh = (current.get("status"), current.get("reason")) != (conditions.FALSE, failure.reason)
+        return [update], ([(events.WARNING, failure.reason, failure.message)] if fresh else [])
+    vanished = current.get("status") == conditions.FALSE and current.get("reason") in VANISHED_REASONS
+    if failure is None and vanished:
+        back = "the ConfigMap, Secret and keys the spec names are readable again"
+        update = (conditions.CONFIG_RESOLVED, conditions.TRUE, "Resolved", back)
+        return [update], [(events.NORMAL, "Resolved", back)]
+    return [], []
 
 
 # --- the reconciler -------------------------------------------------------------------------------------
@@ -215,7 +324,7 @@ def build_serving_patch(
 def build_success_status(
     old: Mapping[str, Any], *, generation: int | None, now: str, inputs: Inputs, decision: ModeDecision,
     trigger: str,
-) -> dict[str, Any]:  # fmt: skip
+) -> StatusPatch:  # fmt: skip
     """Status after the Deployment and Service were applied with ``decision.deploy``."""
     plan, gpu = decision.plan, inputs.gpu
     applied = build_settings(decision.deploy)
@@ -230,9 +339,9 @@ def build_success_status(
         (conditions.INFEASIBLE, conditions.FALSE, "Feasible", "the plan fits the GPUs"),
         (conditions.READY, conditions.TRUE, "Applied", _ready_message(decision)),
     ]  # fmt: skip
+    lists = ListPatch(generation, now, updates=list(updates))
     patch: dict[str, Any] = {
         "observedGeneration": generation,
-        "conditions": set_conditions(old, updates, generation=generation, now=now),
         "gpu": {
             "product": ", ".join(gpu.products) or None,
             "catalogueName": gpu.gpu.name,
@@ -258,8 +367,8 @@ def build_success_status(
         if old_applied:
             entry["from"] = compact(old_applied)
         entry["to"] = compact(applied)
-        patch["history"] = append_history(old.get("history") or [], entry)
-    return patch
+        lists.history.append((entry, False))
+    return StatusPatch(status=patch, lists=lists)
 
 
 def _ready_message(decision: ModeDecision) -> str:
@@ -275,7 +384,7 @@ def _ready_message(decision: ModeDecision) -> str:
 
 def build_failure_status(
     old: Mapping[str, Any], *, generation: int | None, now: str, failure: Failure, trigger: str
-) -> dict[str, Any]:
+) -> StatusPatch:
     """Status after a failed reconciliation: Ready=False with the reason; the Deployment is untouched."""
     updates: list[Update] = []
     if failure.condition != conditions.READY:
@@ -285,32 +394,16 @@ def build_failure_status(
     elif failure.condition == conditions.PLANNED:
         updates.append((conditions.INFEASIBLE, conditions.FALSE, "NotPlanned", "no plan was made"))
     updates.append((conditions.READY, conditions.FALSE, failure.reason, failure.message))
-    patch: dict[str, Any] = {
-        "observedGeneration": generation,
-        "conditions": set_conditions(old, updates, generation=generation, now=now),
-    }
+    lists = ListPatch(generation, now, updates=updates)
     if failure.infeasible:
         entry = build_history_entry(
             time=now, action=HistoryAction.INFEASIBLE, trigger=trigger, reason=failure.message
         )
-        history = append_history(old.get("history") or [], entry, dedupe=True)
-        if history is not None:
-            patch["history"] = history
-    return patch
+        lists.history.append((entry, True))
+    return StatusPatch(status={"observedGeneration": generation}, lists=lists)
 
 
 # --- the closed loop ------------------------------------------------------------------------------------
-
-
-@dataclass
-class StatusPatch:
-    """A merge patch for ``status`` and the events that go with it."""
-
-    status: dict[str, Any] = field(default_factory=dict)
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-    """``(type, reason, message)``."""
-    decisions: list[str] = field(default_factory=list)
-    """``kvpilot_decisions_total`` kinds to count."""
 
 
 def build_loop_patch(
@@ -324,9 +417,12 @@ def build_loop_patch(
     applied: bool,
     rollout_deadline_seconds: float,
     serving: Serving | None = None,
+    rollout_choice: RolloutChoice | None = None,
+    extra_conditions: Sequence[Update] = (),
 ) -> StatusPatch:
-    """The status after ``decision``. ``applied``: the Deployment was updated with ``decision.settings``;
-    ``serving``: what the pods say (``Available``, ``Degraded``, ``Ready``, replica counts)."""
+    """The status after ``decision``. ``applied``: the Deployment was updated with ``decision.settings``
+    using ``rollout_choice``'s strategy; ``serving``: what the pods say (``Available``, ``Degraded``,
+    ``Ready``, replica counts); ``extra_conditions``: the loop's other views (``Schedulable``)."""
     out = StatusPatch()
     stamp = format_time(now)
     metrics_status, observed_kv_tokens = decision.metrics, decision.observed_kv_tokens
@@ -336,20 +432,22 @@ def build_loop_patch(
     conds: list[Update] = [
         (conditions.METRICS_AVAILABLE, available, metrics_status.reason, metrics_status.message)
     ]
-    history: list[dict[str, Any]] | None = None
+    lists = out.lists = ListPatch(generation, stamp)
+    history: list[dict[str, Any]] = [dict(e) for e in old.get("history") or ()]
     change = decision.changes and mode == "Auto" and applied
 
     def add_history(action: HistoryAction, *, dedupe: bool) -> bool:
+        """Append an entry (on the freshest history, by :class:`ListPatch`); whether it is new here."""
         nonlocal history
         entry = build_history_entry(
             time=stamp, action=action, trigger=decision.trigger, reason=decision.reason,
-            from_settings=state.current, to_settings=decision.settings,
+            from_settings=state.current, to_settings=decision.recommended or decision.settings,
         )  # fmt: skip
-        base = history if history is not None else old.get("history") or []
-        new = append_history(base, entry, dedupe=dedupe)
+        new = append_history(history, entry, dedupe=dedupe)
         if new is None:
             return False
         history = new
+        lists.history.append((entry, dedupe))
         return True
 
     # failed and good settings: evidence, whatever the mode
@@ -370,14 +468,17 @@ def build_loop_patch(
         add_history(action, dedupe=False)
         out.status["applied"] = build_settings(decision.settings)
         out.status["lastChangeTime"] = stamp
-        out.status["rollout"] = build_rollout(decision.settings, now, now + rollout_deadline_seconds)
+        out.status["rollout"] = build_rollout(
+            decision.settings, now, now + rollout_deadline_seconds, rollout_choice
+        )
         out.status["calibration"] = None  # vLLM's report was for the old settings
         out.status["recommendation"] = build_recommendation(
             decision.settings, decision.reason, decision.trigger, stamp
         )
         reason = "Retuned" if action == HistoryAction.RETUNED else "RolledBack"
         kind = events.NORMAL if action == HistoryAction.RETUNED else events.WARNING
-        out.events.append((kind, reason, decision.reason))
+        how = f" [rollout {rollout_choice.strategy}: {rollout_choice.reason}]" if rollout_choice else ""
+        out.events.append((kind, reason, decision.reason + how))
         out.decisions.append(reason)
         conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, reason, decision.reason))
     else:
@@ -393,6 +494,8 @@ def build_loop_patch(
             conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Probation", decision.reason))
         elif rollout_active:
             conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", decision.reason))
+        elif decision.recommended is not None:
+            conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Held", decision.reason))
         else:
             conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress"))
         if decision.changes and mode == "Recommend":
@@ -420,13 +523,18 @@ def build_loop_patch(
             if decision.trigger == RestartKind.HOST_OOM_KILLED:
                 out.events.append((events.WARNING, "OOMDetected", decision.reason))
 
-    if history is not None:
-        out.status["history"] = history
+    if decision.recommended is not None:  # a rollout gate held it: what it would do stays visible
+        rec = build_recommendation(decision.recommended, decision.reason, decision.trigger, stamp)
+        was = old.get("recommendation") or {}
+        if compact(was.get("settings")) != compact(rec["settings"]) or was.get("trigger") != rec["trigger"]:
+            out.status["recommendation"] = rec
     if observed_kv_tokens and not change and observed_kv_tokens != state.observed_kv_tokens:
         out.status["calibration"] = {"observedKvCacheTokens": observed_kv_tokens}
     if serving is not None:
-        updates, fields = build_serving_updates(old, serving, generation=generation)
+        updates, fields = build_serving_updates(serving)
         conds.extend(updates)
         out.status.update(fields)
-    out.status["conditions"] = set_conditions(old, conds, generation=generation, now=stamp)
+        lists.serving = serving
+    conds.extend(extra_conditions)
+    lists.updates = conds
     return out

@@ -23,7 +23,9 @@ Pod choices (docs/operator.md explains each):
   product, node affinity when the catalogue entry has several GFD names).
 * Security: no privilege escalation, all capabilities dropped, RuntimeDefault seccomp. The
   vLLM image runs as root and caches under /root, so runAsNonRoot is not set.
-* Rolling updates with ``maxUnavailable: 0``: a retune that cannot start leaves the old pod serving.
+* The update strategy of :mod:`kvpilot.operator.rollout_strategy`: a surge (``maxSurge: 1,
+  maxUnavailable: 0``: a retune that cannot start leaves the old pod serving) unless the closed loop or the
+  reconciler chose Replace or Recreate for a full pool (``spec.rollout``).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpilot.operator import api, errors, resolve, storage
-from kvpilot.operator.kube import Kube
+from kvpilot.operator import api, capacity, errors, pod_status, resolve, rollout_strategy, storage
+from kvpilot.operator.kube import Kube, fetch_active_pods, fetch_nodes
 from kvpilot.tuner import gpus, plan, vllm
 from kvpilot.tuner.types import GIB, EngineSettings
 
@@ -78,7 +80,7 @@ def build_engine_args(
     tp = settings.tensor_parallel_size or 1
     pp_extra: list[str] = []
     pp = plan.compute_pipeline_parallel(spec.gpu.count, tp)
-    if pp > 1 and not any(a.startswith(("--pipeline-parallel-size", "-pp")) for a in extra):
+    if pp > 1 and not vllm.find_flag_values(extra, vllm.PIPELINE_PARALLEL_FLAG):
         pp_extra = ["--pipeline-parallel-size", str(pp)]
     return [*args, *vllm.build_vllm_args(settings, [*pp_extra, *extra])]
 
@@ -107,7 +109,7 @@ def _env(spec: api.InferenceServiceSpec) -> list[dict[str, Any]]:
 
 def _resources(spec: api.InferenceServiceSpec, ephemeral_bytes: int | None) -> dict[str, Any]:
     res = spec.engine.resources or api.Resources()
-    gpu: dict[str, int | str] = {"nvidia.com/gpu": spec.gpu.count}
+    gpu: dict[str, int | str] = {capacity.GPU_RESOURCE: spec.gpu.count}
     requests: dict[str, int | str] = {**(res.requests or {}), **gpu}
     if ephemeral_bytes and "ephemeral-storage" not in requests:
         requests["ephemeral-storage"] = f"{-(-ephemeral_bytes // GIB)}Gi"
@@ -140,11 +142,13 @@ def build_pod_storage(
 def build_deployment(
     metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, settings: EngineSettings,
     extra: Sequence[str], products: Sequence[str], *, checkpoint_bytes: int | None = None,
+    rollout: rollout_strategy.RolloutChoice = rollout_strategy.DEFAULT,
 ) -> dict[str, Any]:  # fmt: skip
     """The Deployment running vLLM with ``settings`` on nodes of one of ``products``.
 
     ``checkpoint_bytes`` sizes the weight cache, the ``ephemeral-storage`` request and the start-up
-    probe's budget (:mod:`kvpilot.operator.storage`).
+    probe's budget (:mod:`kvpilot.operator.storage`); ``rollout`` is the update strategy
+    (:mod:`kvpilot.operator.rollout_strategy`).
     """
     name = metadata["name"]
     labels = build_labels(name)
@@ -187,7 +191,7 @@ def build_deployment(
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": build_selector(name)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": rollout_strategy.build_deployment_strategy(rollout),
             "progressDeadlineSeconds": 1800,
             "revisionHistoryLimit": 5,
             "template": {
@@ -243,6 +247,40 @@ def build_service(metadata: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def build_pod_disruption_budget(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec
+) -> list[dict[str, Any]]:
+    """The PodDisruptionBudget of a service with 2 or more replicas (``maxUnavailable`` from
+    ``spec.rollout.maxUnavailable``), owned by the InferenceService; none below 2 replicas. One left from
+    when there were more replicas is not deleted (kvpilot has no delete verb): on one replica a budget of
+    at least one unavailable blocks nothing, and garbage collection deletes it with the service."""
+    if spec.replicas < 2:
+        return []
+    name = metadata["name"]
+    return [{
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _object_metadata(metadata, build_labels(name)),
+        "spec": {"maxUnavailable": spec.rollout.max_unavailable,
+                 "selector": {"matchLabels": build_selector(name)}},
+    }]  # fmt: skip
+
+
+async def fetch_rollout_strategy(
+    kube: Kube, spec: api.InferenceServiceSpec, manifests: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """``manifests`` with the Deployment's update strategy chosen for the cluster as it is now
+    (:func:`fetch_rollout_choice`): a reconciler's change of the pods rolls out like the closed loop's. A
+    held choice renders a surge (the pod waits for a GPU; the old ones keep serving)."""
+    out = [dict(m) for m in manifests]
+    for i, m in enumerate(out):
+        if m["kind"] == "Deployment":
+            choice = await fetch_rollout_choice(kube, spec, m, serving=None)
+            rendered = rollout_strategy.build_deployment_strategy(choice)
+            out[i] = {**m, "spec": {**m["spec"], "strategy": rendered}}
+    return out
+
+
 def _claims_in_use(manifests: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """(namespace, claim) of every existing claim a Deployment mounts that is not applied with it."""
     ours = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in manifests
@@ -259,8 +297,45 @@ def _claims_in_use(manifests: Sequence[Mapping[str, Any]]) -> list[tuple[str, st
     return used
 
 
+async def fetch_capacity(
+    kube: Kube,
+) -> tuple[list[capacity.NodeView], list[dict[str, Any]]] | None:
+    """Every node and every unfinished pod of the cluster, or ``None`` when they cannot be read (RBAC:
+    ``rbac.clusterWidePods``, an API hiccup): the caller then does not know the spare GPUs."""
+    try:
+        nodes, pods = await asyncio.gather(fetch_nodes(kube), fetch_active_pods(kube))
+    except errors.OperatorError:
+        return None
+    return [capacity.build_node_view(n) for n in nodes], pods
+
+
+async def fetch_rollout_choice(
+    kube: Kube, spec: api.InferenceServiceSpec, deployment: Mapping[str, Any], *, serving: bool | None,
+    not_serving_why: str = "",
+    cluster: tuple[list[capacity.NodeView], list[dict[str, Any]]] | None = None,
+) -> rollout_strategy.RolloutChoice:  # fmt: skip
+    """How ``deployment`` (about to be applied) rolls out (:func:`rollout_strategy.compute_rollout_choice`):
+    the nodes and pods are read only for ``Auto`` (``cluster``: already read). ``serving`` (a replica is
+    Ready) ``None``: read from the Deployment's own pods in that list (the reconciler has no pod view)."""
+    fits = None
+    if spec.rollout.strategy == "Auto":
+        cluster = cluster or await fetch_capacity(kube)
+        if cluster is not None:
+            fits = capacity.compute_fits_now(capacity.build_pod_shape(deployment), *cluster)
+    if serving is None:
+        meta = deployment["metadata"]
+        own = [pod_status.build_pod_view(p) for p in (cluster[1] if cluster else ())
+               if (p.get("metadata") or {}).get("namespace") == meta["namespace"]
+               and pod_status.owned_by(p, meta["name"])]  # fmt: skip
+        serving = cluster is None or any(v.ready and not v.terminating for v in own)
+    return rollout_strategy.compute_rollout_choice(
+        spec.rollout, spec.replicas, fits_now=fits, serving=serving, not_serving_why=not_serving_why
+    )
+
+
 async def apply_workloads(manifests: Sequence[Mapping[str, Any]], kube: Kube) -> None:
-    """Server-side apply each manifest in order (a weight-cache claim, the Service, then the Deployment)."""
+    """Server-side apply each manifest in order (a weight-cache claim, the Service, the Deployment, its
+    PodDisruptionBudget)."""
 
     def _apply_all() -> None:
         for claim in _claims_in_use(manifests):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ CLUSTER_WIDE: dict[Grant, set[str]] = {
     ("cluster", "apps", "deployments", ()): {"get", "list", "watch", "create", "patch"},
     ("cluster", "", "services", ()): {"get", "list", "watch", "create", "patch"},
     ("cluster", "", "persistentvolumeclaims", ()): {"get", "create", "patch"},
+    ("cluster", "policy", "poddisruptionbudgets", ()): {"create", "patch"},
     ("cluster", "", "pods", ()): {"get", "list", "watch"},
     ("cluster", "", "pods/log", ()): {"get"},
     ("cluster", "", "configmaps", ()): {"get"},
@@ -43,6 +45,7 @@ def _namespaced_expectation(namespaces: list[str], secret_names: tuple[str, ...]
         ("cluster", "apiextensions.k8s.io", "customresourcedefinitions", ()): {"list", "watch"},
         ("cluster", "", "namespaces", ()): {"list", "watch"},
         ("cluster", "", "nodes", ()): {"get", "list", "watch"},
+        ("cluster", "", "pods", ()): {"list"},  # capacity: the GPUs other namespaces' pods hold
     }
     for ns in namespaces:
         for (_, group, resource, names), verbs in CLUSTER_WIDE.items():
@@ -97,7 +100,7 @@ def test_namespaced_grants_stay_in_the_watched_namespaces(rendered: Render) -> N
     assert operator_grants(objs) == _namespaced_expectation(["team-a", "team-b"], ("hf-token",))
     # nothing namespaced is granted through a ClusterRole binding
     cluster = {res for (where, _, res, _) in operator_grants(objs) if where == "cluster"}
-    assert cluster == {"customresourcedefinitions", "namespaces", "nodes"}
+    assert cluster == {"customresourcedefinitions", "namespaces", "nodes", "pods"}
 
 
 MODEL_CONFIG = {"configmaps", "secrets"}
@@ -139,8 +142,15 @@ def test_secrets_can_be_switched_off(rendered: Render) -> None:
 def test_roles_are_split_by_purpose(rendered: Render) -> None:
     prefix = f"{RELEASE}-kvpilot-"
     names = {r["metadata"]["name"].removeprefix(prefix) for r in by_kind(rendered(), "ClusterRole")}
-    operator = {"discovery", "gpu-discovery", "framework", "inferenceservices", "workloads", "model-config"}
+    operator = {"discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads",
+                "model-config"}  # fmt: skip
     assert names == operator | {"view", "edit"}
+
+
+def test_the_cluster_wide_pod_list_can_be_switched_off(rendered: Render) -> None:
+    values = CHART / "ci" / "namespaced-values.yaml"
+    grants = operator_grants(rendered(values, sets=["rbac.clusterWidePods=false"]))
+    assert ("cluster", "", "pods", ()) not in grants
 
 
 def test_user_roles_aggregate_into_builtin_roles(rendered: Render) -> None:
@@ -153,3 +163,40 @@ def test_user_roles_aggregate_into_builtin_roles(rendered: Render) -> None:
     # user roles are never bound to the operator
     bound = {b["roleRef"]["name"] for b in by_kind(rendered(), "ClusterRoleBinding")}
     assert not {view["metadata"]["name"], edit["metadata"]["name"]} & bound
+
+
+# --- the admission policy ---------------------------------------------------------------------------------
+
+
+def _policy_variables(objs: list[dict[str, Any]]) -> dict[str, str]:
+    (policy,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    return {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+
+
+def test_admission_policy_allows_the_crd_default_image_and_the_values(
+    rendered: Callable[..., list[dict[str, Any]]],
+) -> None:
+    from kvpilot.operator import api
+
+    default = json.loads(_policy_variables(rendered())["allowedImages"])
+    assert default == [api.DEFAULT_IMAGE]
+    sets = ("admissionPolicy.allowedImages={registry.example/vllm/*}",)
+    assert json.loads(_policy_variables(rendered(sets=sets))["allowedImages"]) == [
+        api.DEFAULT_IMAGE, "registry.example/vllm/*"
+    ]  # fmt: skip
+    tolerations = json.loads(_policy_variables(rendered())["allowedTolerations"])
+    assert tolerations == [
+        {"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists", "value": ""}
+    ]
+
+
+def test_admission_policy_binding_follows_the_served_namespaces(
+    rendered: Callable[..., list[dict[str, Any]]],
+) -> None:
+    (binding,) = [o for o in rendered() if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert "matchResources" not in binding["spec"] and binding["spec"]["validationActions"] == ["Deny"]
+    objs = rendered(sets=("watchNamespaces={team-a,team-b}",))
+    (binding,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert expr == {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+    assert not [o for o in rendered(sets=("admissionPolicy.enabled=false",)) if "Admission" in o["kind"]]

@@ -48,6 +48,7 @@ def test_every_object_carries_the_standard_labels(
 
 def test_template_file_names_follow_component_kind() -> None:
     kinds = "deployment|serviceaccount|rbac|service|servicemonitor|podmonitor|peering|inferenceservices"
+    kinds += "|admissionpolicy"
     pattern = re.compile(rf"^[a-z]+(-[a-z]+)*-({kinds})\.yaml$")
     names = [p.name for p in (CHART / "templates").glob("*.yaml")]
     assert names
@@ -65,6 +66,8 @@ def test_default_install_objects(rendered: Callable[..., list[dict[str, Any]]]) 
         "Deployment",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     assert not by_kind(objs, "ServiceMonitor") and not by_kind(objs, "PodMonitor")  # CRDs may not exist
     crds = {o["metadata"]["name"] for o in by_kind(objs, "CustomResourceDefinition")}

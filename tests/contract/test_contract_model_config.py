@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kvpilot.tuner.model import catalogue as models
-from kvpilot.tuner.model.spec import CHUNKED, FULL, LINEAR, MLA, SLIDING, ModelSpec, build_model_spec
+from kvpilot.tuner.model.spec import CHUNKED, FULL, LINEAR, MLA, NO_KV, SLIDING, ModelSpec, build_model_spec
 
 pytestmark = pytest.mark.contract
 
@@ -62,6 +62,14 @@ def test_layer_kinds_match_vllm(model_id: str, both: Any, parallel_config: Any) 
     pc = parallel_config(1)
     kinds = [layer.kind for layer in spec.layers]
     assert len(kinds) == spec.num_layers
+    if spec.model_type == "nemotron_h":
+        # vLLM's get_num_layers_by_block_type does not count Nemotron-H's block names; its KV path reads
+        # transformers' layers_block_type: "linear_attention" (Mamba2), "full_attention", "mlp" and "moe"
+        blocks = list(vllm_config.hf_text_config.layers_block_type)
+        assert kinds.count(LINEAR) == sum(block in ("mamba", "linear_attention") for block in blocks)
+        assert kinds.count(FULL) == sum(block in ("attention", "full_attention") for block in blocks)
+        assert kinds.count(NO_KV) == sum(block in ("mlp", "moe") for block in blocks)
+        return
     linear = vllm_config.get_num_layers_by_block_type(pc, "linear_attention")
     assert kinds.count(LINEAR) == linear
     if spec.mla is not None:

@@ -156,3 +156,16 @@ def test_unsupported_flags_are_rejected_by_vllm_or_override_sizing(
 def test_serve_repeated_is_rejected_by_vllm(vllm_parser: Any) -> None:
     with pytest.raises(SystemExit):
         vllm_parser.parse_args(["serve", "--max-model-len", "4096"])
+
+
+def test_topology_short_forms_and_dtypes_are_vllms(vllm_parser: Any) -> None:
+    """The spellings find_flag_values / find_pod_flags read, and check_dtype's dtypes, are vLLM's own."""
+    from kvpilot.tuner.vllm import args as kv_args
+
+    by_dest = _option_strings(vllm_parser)
+    for alias, flag in kv_args.TOPOLOGY_ALIASES.items():
+        assert by_dest[flag[2:].replace("-", "_")] == {flag, alias}
+    (dtype,) = [a for a in vllm_parser._actions if a.dest == "dtype"]
+    assert set(dtype.choices) == {"auto", *kv_args.DTYPE_BYTES}
+    for flag in ("--model", "--revision", "--data-parallel-size"):  # the serve CLI adds --host, --port, ...
+        assert flag in by_dest[flag[2:].replace("-", "_")], flag

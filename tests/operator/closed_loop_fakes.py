@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import kopf
-from operator_fakes import Harness, _merge
+from operator_fakes import Harness, apply_patch
 
 from kvpilot.operator import closed_loop
 from kvpilot.tuner.loop.observations import LengthSummary, MetricsSample, ObservationWindow
@@ -142,5 +142,5 @@ class LoopHarness:
             body=body, spec=body["spec"], meta=body["metadata"], status=body.get("status") or {}, patch=patch,
             logger=logging.getLogger("test"), deps=self.deps,
         )  # fmt: skip
-        body["status"] = _merge(body.get("status") or {}, dict(patch.get("status", {})))
+        body["status"] = apply_patch(body.get("status") or {}, patch)
         return decision

@@ -24,6 +24,29 @@ H100_LABELS = {
 }  # fmt: skip
 
 
+def node_object(name: str, labels: Mapping[str, str], taints: list[dict[str, Any]] | None = None,
+                cordoned: bool = False) -> dict[str, Any]:  # fmt: skip
+    """A node as the API server lists it, advertising ``nvidia.com/gpu.count`` GPUs."""
+    gpus = labels.get("nvidia.com/gpu.count", "0")
+    return {
+        "metadata": {"name": name, "labels": dict(labels)},
+        "spec": {"taints": taints or [], **({"unschedulable": True} if cordoned else {})},
+        "status": {"allocatable": {"nvidia.com/gpu": gpus}},
+    }
+
+
+GPU = "nvidia.com/gpu"
+
+
+def gpu_pod(node: str, gpus: int, name: str = "other", phase: str = "Running") -> dict[str, Any]:
+    """Another app's pod bound to ``node``, holding ``gpus`` GPUs."""
+    return {
+        "metadata": {"name": name, "namespace": "other"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {GPU: gpus}}}]},
+        "status": {"phase": phase},
+    }
+
+
 class FakeKube:
     """In-memory :class:`kvpilot.operator.kube.Kube`."""
 
@@ -35,6 +58,11 @@ class FakeKube:
         self.node_lists = 0
         self.fail_apply: Exception | None = None
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
+        """What ``list_active_pods`` returns (pods holding GPUs); none by default: every GPU is spare."""
+        self.capacity_error: Exception | None = None
+        self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        """InferenceServices by (namespace, name), for drift repair's owner read."""
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         return self.config_maps.get((namespace, name))
@@ -51,6 +79,19 @@ class FakeKube:
 
     def read_persistent_volume_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.claims.get((namespace, name))
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        if self.capacity_error is not None:
+            raise self.capacity_error
+        return [node_object(f"node-{i}", labels) for i, labels in enumerate(self.nodes)]
+
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        if self.capacity_error is not None:
+            raise self.capacity_error
+        return copy.deepcopy(self.pods)
+
+    def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.services.get((namespace, name))
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
         if self.fail_apply is not None:
@@ -131,8 +172,16 @@ class Harness:
             )  # fmt: skip
         finally:
             # what kopf does with the patch: merge it into the object
-            body["status"] = _merge(body.get("status") or {}, dict(self.patch.get("status", {})))
+            body["status"] = apply_patch(body.get("status") or {}, self.patch)
         return self.patch
+
+
+def apply_patch(status: dict[str, Any], patch: kopf.Patch) -> dict[str, Any]:
+    """What kopf does with a handler's patch: merge ``patch.status``, then run ``patch.fns`` on the result."""
+    body = {"status": _merge(status, dict(patch.get("status", {})))}
+    for fn in patch.fns:
+        fn(body)
+    return dict(body["status"])
 
 
 def _merge(old: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:

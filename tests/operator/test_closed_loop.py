@@ -7,13 +7,16 @@ and the events.
 
 from __future__ import annotations
 
+import copy
+import logging
 import re
 
+import kopf
 import pytest
 from closed_loop_fakes import T0, LoopHarness, pod, rfc3339, window
-from operator_fakes import Harness, condition, isvc
+from operator_fakes import Harness, apply_patch, condition, isvc
 
-from kvpilot.operator import closed_loop, loop_settings, pod_status
+from kvpilot.operator import closed_loop, handlers, loop_settings, pod_status
 from kvpilot.operator.loop_settings import LoopPace
 from kvpilot.tuner.loop.policy import Action, Trigger
 
@@ -692,3 +695,81 @@ async def test_off_mode_still_reports_serving(harness: Harness, loop: LoopHarnes
     assert d is None  # nothing decided in mode Off
     assert condition(body, "Available")["status"] == "True"
     assert body["status"]["readyReplicas"] == 1
+
+
+# --- one writer per field: a tick that read the status before a spec update ------------------------------
+
+
+async def test_a_tick_begun_before_a_spec_update_keeps_the_reconcilers_ready(
+    harness: Harness, loop: LoopHarness
+) -> None:
+    """The tick read generation 1; the reconciler then handled generation 2 (Ready at 2, a history entry);
+    the tick's patch, applied on the freshest object as kopf does, writes only its own conditions and
+    appends: Ready stays at generation 2 and no history entry is lost; the next tick serves generation 2."""
+    body = await applied(harness)
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)
+    ready = condition(body, "Ready")
+    assert (ready["reason"], ready["observedGeneration"]) == ("Serving", 1)
+    stale = copy.deepcopy(body)  # what the tick reads when it starts
+    # the spec changes and the reconciler handles it before the tick writes
+    body["spec"]["engine"] = {"pinned": {"maxNumSeqs": 7}}
+    body["metadata"]["generation"] = 2
+    await harness.run(body, trigger=handlers.SPEC_CHANGED)
+    ready = condition(body, "Ready")
+    assert (ready["reason"], ready["observedGeneration"]) == ("Applied", 2)
+    reconciled_history = list(body["status"]["history"])
+    loop.now += 30
+    patch = kopf.Patch()
+    await closed_loop.run_once(
+        body=stale, spec=stale["spec"], meta=stale["metadata"], status=stale["status"], patch=patch,
+        logger=logging.getLogger("test"), deps=loop.deps,
+    )  # fmt: skip
+    assert "conditions" not in patch.get("status", {}) and "history" not in patch.get("status", {})
+    body["status"] = apply_patch(body["status"], patch)
+    ready = condition(body, "Ready")
+    assert (ready["reason"], ready["observedGeneration"]) == ("Applied", 2), ready
+    assert body["status"]["history"][: len(reconciled_history)] == reconciled_history
+    assert condition(body, "MetricsAvailable")["observedGeneration"] == 1  # the tick's own, as it saw it
+    # applying the same patch again (kopf retries a conflicting one) adds nothing
+    again = apply_patch(body["status"], patch)
+    assert again["history"] == body["status"]["history"]
+    # the next tick, at generation 2: Ready follows the pods again
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)
+    ready = condition(body, "Ready")
+    assert (ready["reason"], ready["observedGeneration"]) == ("Serving", 2), ready
+
+
+async def test_a_vanished_token_secret_is_a_condition_between_reconciles(
+    harness: Harness, loop: LoopHarness
+) -> None:
+    """The reconciler ran once; the Hub config is cached. The Secret then goes: the next tick says so
+    (ConfigResolved=False, ConfigNotFound, one Warning), and says so again when it is back."""
+    from kvpilot.tuner.model import catalogue as models
+
+    harness.hub_result = models.lookup_model_config("meta-llama/Llama-3.1-8B-Instruct")
+    harness.kube.secrets[("ns1", "hf")] = {"token": "hf_x"}
+    gated = {"id": "acme/gated", "source": "Hub", "hubTokenSecretRef": {"name": "hf"}}
+    body = await applied(harness, model=gated)
+    assert condition(body, "ConfigResolved")["status"] == "True"
+    loop.healthy_pods()
+    await loop.tick(body)
+    assert condition(body, "ConfigResolved")["status"] == "True"
+    del harness.kube.secrets[("ns1", "hf")]
+    await loop.tick(body)
+    cond = condition(body, "ConfigResolved")
+    assert (cond["status"], cond["reason"]) == ("False", "ConfigNotFound") and "hf" in cond["message"]
+    await loop.tick(body)
+    assert harness.emitter.reasons.count("ConfigNotFound") == 1  # once, not once per tick
+    harness.kube.secrets[("ns1", "hf")] = {"wrong-key": "hf_x"}  # the Secret is back, without the key
+    await loop.tick(body)
+    assert condition(body, "ConfigResolved")["reason"] == "ConfigNotFound"
+    harness.kube.secrets[("ns1", "hf")] = {"token": "hf_x"}
+    await loop.tick(body)
+    assert (condition(body, "ConfigResolved")["status"], condition(body, "ConfigResolved")["reason"]) == (
+        "True", "Resolved"
+    )  # fmt: skip
+    assert len(harness.hub_calls) == 1  # every tick was a cache hit

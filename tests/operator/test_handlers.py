@@ -399,3 +399,34 @@ async def test_a_cached_gated_config_never_serves_a_request_without_the_token(ha
     with pytest.raises(kopf.TemporaryError):
         await harness.run(third)
     assert condition(third, "Ready")["reason"] == "ConfigNotFound"  # noticed although the config is cached
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--port", "9000"], "--port"),
+        (["--host=127.0.0.1"], "--host"),
+        (["--model", "evil/model"], "--model"),
+        (["--config", "/etc/vllm.yaml"], "--config"),
+        (["-dp", "2"], "--data-parallel-size"),
+        (["--pipeline-parallel-size", "8"], "--pipeline-parallel-size 8"),
+        (["-pp=3"], "--pipeline-parallel-size 3"),
+        (["--dtype", "float32"], "--dtype float32"),
+    ],
+)
+async def test_extra_args_contradicting_the_pod_or_the_plan_are_invalid_spec(
+    harness: Harness, extra: list[str], named: str
+) -> None:
+    body = isvc(engine={"extraArgs": extra})
+    out = await _fails(harness, body, kopf.PermanentError)
+    assert out["ready"]["reason"] == "InvalidSpec"
+    assert named in out["ready"]["message"] and "spec.engine.extraArgs" in out["ready"]["message"]
+    assert harness.kube.applied == []
+
+
+async def test_pipeline_stages_that_fill_the_gpus_are_planned_for(harness: Harness) -> None:
+    body = isvc(gpu={"count": 4, "product": "L4"}, engine={"extraArgs": ["-pp", "2"]})
+    await harness.run(body)
+    args = harness.kube.last("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert "-pp" in args and "--pipeline-parallel-size" not in args  # the user's own, not a second one

@@ -186,3 +186,10 @@ def test_max_model_len_bounds_bind_the_first_plan() -> None:
     }  # fmt: skip
     _, deployment = render.build_manifests(isvc)
     assert flag(args_of([{}, deployment]), "--max-model-len") == "16384"
+
+
+def test_render_prints_the_pod_disruption_budget_of_two_replicas() -> None:
+    doc = load("llama-3.1-8b-on-l4.yaml")
+    doc["spec"]["replicas"] = 2
+    kinds = [m["kind"] for m in render.build_manifests(doc)]
+    assert kinds[-1] == "PodDisruptionBudget" and kinds.count("PodDisruptionBudget") == 1

@@ -103,8 +103,8 @@ async def test_warnings_are_capped(harness: Harness) -> None:
 
 def test_condition_types_have_one_home() -> None:
     assert conditions.TYPES == (
-        "Ready", "Available", "Degraded", "ConfigResolved", "Planned", "Infeasible", "MetricsAvailable",
-        "RolloutInProgress",
+        "Ready", "Available", "Degraded", "Schedulable", "ConfigResolved", "Planned", "Infeasible",
+        "MetricsAvailable", "RolloutInProgress",
     )  # fmt: skip
     sorted_ = conditions.set_conditions(
         [], [(t, conditions.TRUE, "Because", "m") for t in reversed(conditions.TYPES)], generation=1, now="t"

@@ -83,6 +83,33 @@ def test_a_failing_start_is_reported_not_raised() -> None:
     [row] = estimate.compute_estimates([case(max_model_len=131072, gpu_memory_utilization=0.3)], lookup)
     assert row["starts"] is False and row["error"].startswith("To serve at least one request")
     assert row["available_kv_cache_gib"] is not None
+    # the length vLLM's error names, and the blocks it allocated
+    assert 0 < row["estimated_max_model_len"] < 131072
+    assert f"estimated maximum model length is {row['estimated_max_model_len']}." in row["error"]
+    assert row["num_gpu_blocks"] > 0
+
+
+def test_a_start_names_no_estimated_length() -> None:
+    [row] = estimate.compute_estimates([case()], lookup)
+    assert row["starts"] is True and row["estimated_max_model_len"] is None
+    assert row["num_gpu_blocks"] * 16 >= row["kv_cache_tokens"]  # one group of every layer, block 16
+
+
+def test_kv_cache_memory_bytes_fixes_the_pool_whatever_the_utilisation() -> None:
+    """vLLM's --kv-cache-memory-bytes: the KV pool per GPU is exactly that many bytes."""
+    pool = 10 * GIB
+    rows = estimate.compute_estimates(
+        [case(kv_cache_memory_bytes=pool), case(kv_cache_memory_bytes=pool, gpu_memory_utilization=0.6)],
+        lookup,
+    )
+    assert rows[0]["available_kv_cache_gib"] == rows[1]["available_kv_cache_gib"] == 10.0
+    per_block = 16 * 32 * 8 * 128 * 2  # Llama-3.1-8B, fp8: 32 layers x 8 KV heads x (K + V) 128 B per token
+    assert rows[0]["num_gpu_blocks"] == rows[1]["num_gpu_blocks"] == pool // per_block
+    tiny = estimate.compute_estimates([case(kv_cache_memory_bytes=64 << 20, vllm_version="0.33.0")], lookup)[
+        0
+    ]
+    # 0.33 checks against the pool less its null block: 63 blocks of 16 tokens
+    assert tiny["starts"] is False and tiny["estimated_max_model_len"] == ((64 << 20) // per_block - 1) * 16
 
 
 def test_checkpoint_size_is_used() -> None:

@@ -71,14 +71,21 @@ def test_gemma3_groups_of_ten() -> None:
     assert capacity.tokens == 36_560  # the logged "GPU KV cache size"
 
 
-def test_llama4_chunked_groups_in_019_full_attention_in_033() -> None:
+def test_llama4_chunked_local_layers_keep_their_groups_in_019_and_033() -> None:
     spec = build_model_spec(cfg.LLAMA_4_SCOUT)
     old = kv_cache.compute_kv_layout(spec, tensor_parallel_size=4, vllm_version=V019)
     new = kv_cache.compute_kv_layout(spec, tensor_parallel_size=4, vllm_version=V033)
     assert len(old.groups) == 4 and old.bytes_per_block == 12 * 16 * 2 * 2 * 128 * 2
-    assert len(new.groups) == 1 and new.bytes_per_block == 4 * old.bytes_per_block
+    assert new == old  # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to 1 in 0.33
     capacity = kv_cache.compute_capacity(old, 0, 8192, 8192, V019, num_blocks=91_495)
     assert capacity.tokens == 365_968 and round(capacity.max_concurrency, 2) == 44.68  # as logged
+
+
+def test_llama4_scout_033_matches_vllms_own_planning() -> None:
+    # Audit of the 0.33.0 wheel, 3.3: TP 1, bf16, 40 GiB, L = 32,768 -> 54,613 blocks, 268,864 tokens.
+    layout = kv_cache.compute_kv_layout(build_model_spec(cfg.LLAMA_4_SCOUT), vllm_version=V033)
+    capacity = kv_cache.compute_capacity(layout, 40 * GIB, 32768, 2 * 8192, V033)
+    assert (capacity.num_blocks, capacity.tokens) == (54_613, 268_864)
 
 
 def test_sliding_window_holds_only_the_window_per_request() -> None:
@@ -87,18 +94,29 @@ def test_sliding_window_holds_only_the_window_per_request() -> None:
     assert layout.blocks_per_request(32768, 2 * 8192) == -(-(4095 + 16384) // 16) + 1
 
 
-def test_qwen3_next_raises_the_block_size_for_the_state() -> None:
+@pytest.mark.parametrize(
+    ("capability", "block", "pages", "blocks", "tokens"),
+    [
+        ((9, 0), 576, 3, 3_034, 1_506_335),  # H100: FlashInfer GDN, 64-token alignment, a checkpoint page
+        ((8, 0), 544, 2, 3_212, None),  # A100: Triton GDN, align mode's two pages
+    ],
+)
+def test_qwen3_next_align_mode_matches_vllms_own_planning(
+    capability: tuple[int, int], block: int, pages: int, blocks: int, tokens: int | None
+) -> None:
+    """Audit of the 0.33.0 wheel, 3.3: Qwen3-Next TP 1, bf16, 40 GiB, L = 32,768."""
     spec = build_model_spec(cfg.QWEN3_NEXT_80B)
-    layout = kv_cache.compute_kv_layout(spec)
-    state = spec.linear_state
-    assert state is not None
-    state_bytes = state.state_elements(1) * 2
-    assert layout.block_size > 16 and layout.block_size % 16 == 0
-    assert layout.groups[0].page_bytes >= state_bytes or any(
-        g.page_bytes >= state_bytes for g in layout.groups
-    )
-    assert len(layout.groups) == 4  # 36 linear layers in 3 groups of 12, 12 full in one
-    assert layout.blocks_per_request(262144, 16384) == 3 + -(-262144 // layout.block_size)
+    layout = kv_cache.compute_kv_layout(spec, compute_capability=capability)
+    assert layout.block_size == block
+    assert len(layout.groups) == 4 and layout.state_groups == 3  # 36 linear layers in 3 groups, 12 full
+    assert layout.state_blocks_per_request() == 3 * pages
+    assert layout.blocks_per_request(262144, 16384) == 3 * pages + -(-262144 // block)
+    capacity = kv_cache.compute_capacity(layout, 40 * GIB, 32768, 16384, V033)
+    assert capacity.num_blocks == blocks
+    if tokens is not None:
+        assert capacity.tokens == tokens
+    no_prefix = kv_cache.compute_kv_layout(spec, compute_capability=capability, enable_prefix_caching=False)
+    assert no_prefix.block_size == 544 and no_prefix.state_blocks_per_request() == 3
 
 
 def test_fit_check_reserves_the_null_block_in_033() -> None:

@@ -182,3 +182,21 @@ def test_tensor_parallel_must_divide_the_padded_vocabulary() -> None:
     }
     budget = memory.compute_budget(build_model_spec(qwen3_14b), H100, EngineSettings(tensor_parallel_size=5))
     assert not budget.starts and budget.error == "AssertionError: 151936 is not divisible by 5"
+
+
+def test_a_hybrid_with_fewer_state_blocks_than_sequences_is_predicted_to_fail_graph_capture() -> None:
+    """vLLM 0.33 (config/compilation.py): max_num_seqs above the hybrid's cache blocks stops CUDA-graph
+    capture; the budget predicts it, eager mode does not capture and starts."""
+    from kvpilot.tuner import gpus
+
+    spec = build_model_spec(cfg.QWEN3_NEXT_80B)
+    h200 = gpus.lookup_gpu("H200")
+    tight = EngineSettings(
+        max_model_len=4096, max_num_seqs=1024, gpu_memory_utilization=0.6, tensor_parallel_size=2
+    )
+    budget = memory.compute_budget(spec, h200, tight)
+    assert budget.num_gpu_blocks < 1024, budget.num_gpu_blocks
+    assert not budget.starts
+    assert budget.error == vllm.mamba_cache_blocks_error(1024, budget.num_gpu_blocks)
+    fewer = memory.compute_budget(spec, h200, tight.replace(max_num_seqs=budget.num_gpu_blocks))
+    assert fewer.starts, fewer.error

@@ -206,3 +206,33 @@ def test_a_pinned_kv_pool_is_the_planned_pool_exactly() -> None:
 def test_an_infeasible_plan_pins_nothing() -> None:
     plan = planner.compute_plan(LLAMA_70B, L4, 1, ServingBounds(), pin_kv_cache_memory=True)
     assert not plan.feasible and plan.kv_cache_memory_bytes is None
+
+
+HYBRID_CONFIGS = (
+    "Qwen__Qwen3.5-9B",
+    "Qwen__Qwen3-Next-80B-A3B-Instruct",
+    "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+)
+
+
+@pytest.mark.parametrize("name", HYBRID_CONFIGS)
+@pytest.mark.parametrize("gpu_name", ["RTX-3090", "L4", "A100-40GB", "H100-SXM", "B200"])
+def test_the_planner_never_asks_a_hybrid_for_more_sequences_than_state_blocks(
+    name: str, gpu_name: str
+) -> None:
+    """vLLM 0.33 refuses ``max_num_seqs`` above a hybrid model's cache blocks (full CUDA graphs)."""
+    import json
+    import pathlib
+
+    from kvpilot.tuner import gpus as gpu_catalogue
+    from kvpilot.tuner.plan import compute_plan
+    from kvpilot.tuner.types import ServingBounds
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "data" / "hf_configs" / f"{name}.json"
+    spec = build_model_spec(json.loads(path.read_text()))
+    for count in (1, 2, 4, 8):
+        plan = compute_plan(spec, gpu_catalogue.lookup_gpu(gpu_name), count, ServingBounds())
+        if plan.feasible:
+            assert plan.settings.max_num_seqs is not None
+            assert plan.settings.max_num_seqs <= plan.budget.num_gpu_blocks, (count, plan.budget)
+            assert plan.budget.starts

@@ -44,7 +44,12 @@ def decide(
     **kw: object,
 ) -> Decision:
     state, evidence = state_and_evidence(
-        current, win if win is not None else window(), restarts, history, failed, **kw  # type: ignore[arg-type]
+        current,
+        win if win is not None else window(),
+        restarts,
+        history,
+        failed,
+        **kw,  # type: ignore[arg-type]
     )
     return compute_decision(state, evidence, context(bounds, policy), NOW)
 
@@ -923,3 +928,10 @@ def test_cuda_oom_text_gives_the_allocation_and_what_was_free() -> None:
     assert cause.total_gib == pytest.approx(79.19)
     bare = classify_termination("RuntimeError: CUDA error: out of memory", "Error", 1)
     assert (bare.kind, bare.tried_gib, bare.free_gib) == (RestartKind.CUDA_OOM, None, None)
+
+
+def test_mamba_cache_blocks_sets_max_num_seqs_to_what_the_state_pool_holds() -> None:
+    event = restart(RestartKind.MAMBA_CACHE_BLOCKS, cache_blocks=200)
+    d = decide(win=DOWN, restarts=(event,))
+    assert (d.action, d.trigger) == (Action.RETUNE, RestartKind.MAMBA_CACHE_BLOCKS)
+    assert d.settings.max_num_seqs == 200  # vLLM: "lower max_num_seqs to at most 200"

@@ -209,3 +209,12 @@ def test_reads_the_e2e_fleet_simulators_texts() -> None:
         )
     none_left = truth_mod.GroundTruth(non_kv_gib=79.0).startup_error(args)
     assert classify_termination(none_left, "Error", 1).kind == RestartKind.NO_CACHE_BLOCKS
+
+
+def test_mamba_cache_blocks_text_of_vllm_033_is_classified_with_its_figure() -> None:
+    from kvpilot.tuner import vllm
+
+    text = "INFO ...\n" + vllm.mamba_cache_blocks_error(1024, 612) + "\nEngine core initialization failed"
+    cause = classify_termination(text, "Error", 1)
+    assert (cause.kind, cause.cache_blocks) == (RestartKind.MAMBA_CACHE_BLOCKS, 612)
+    assert cause.detail.startswith("max_num_seqs (1024) exceeds available Mamba cache blocks (612)")

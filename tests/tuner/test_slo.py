@@ -99,8 +99,9 @@ def test_steady_gpu_memory_with_room_is_left_alone() -> None:
 
 
 def _situation(win: ObservationWindow) -> slo.Situation:
-    from kvpilot.tuner.loop import remedies
     from policy_fixtures import BUDGET
+
+    from kvpilot.tuner.loop import remedies
 
     ctx = context()
     return remedies.Situation(

@@ -166,6 +166,68 @@ def test_parse_inverts_build(settings: EngineSettings) -> None:
     assert vllm.parse_vllm_args(vllm.build_vllm_args(settings)) == (settings, ())
 
 
+# --- flags that contradict the pod or the plan -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--port", "9000"], "--port"),
+        (["--port=9000"], "--port"),
+        (["--host", "127.0.0.1"], "--host"),
+        (["--model", "other/model"], "--model"),
+        (["--config", "/tmp/x.yaml"], "--config"),
+        (["--revision=main"], "--revision"),
+        (["--data_parallel_size", "2"], "--data-parallel-size"),
+        (["-dp", "2"], "--data-parallel-size"),
+        (["--uds", "/tmp/s"], "--uds"),
+        (["--por", "1"], "--por"),
+    ],
+)
+def test_pod_flags_are_found_in_every_spelling(args: list[str], flag: str) -> None:
+    ((found, why),) = vllm.find_pod_flags(args)
+    assert found == flag and why
+
+
+def test_ordinary_flags_are_not_pod_flags() -> None:
+    assert vllm.find_pod_flags(["--enforce-eager", "--served-model-name", "x", "--model-impl", "vllm"]) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "values"),
+    [
+        (["--pipeline-parallel-size", "2"], ["2"]),
+        (["--pipeline_parallel_size=4"], ["4"]),
+        (["-pp", "8", "--enforce-eager"], ["8"]),
+        (["-pp=2", "-pp", "3"], ["2", "3"]),
+        (["--enforce-eager"], []),
+    ],
+)
+def test_find_flag_values_reads_every_spelling(args: list[str], values: list[str]) -> None:
+    assert vllm.find_flag_values(args, vllm.PIPELINE_PARALLEL_FLAG) == values
+
+
+@pytest.mark.parametrize(
+    ("args", "model_dtype", "ok"),
+    [
+        (["--dtype", "auto"], "bfloat16", True),
+        (["--dtype=bfloat16"], "bfloat16", True),
+        (["--dtype", "float16"], "bfloat16", True),  # the same 2 bytes a weight: planned the same
+        (["--dtype", "half"], "bfloat16", True),
+        (["--dtype", "float32"], "bfloat16", False),
+        (["--dtype=float"], "float16", False),
+        (["--dtype", "int3"], "bfloat16", False),
+    ],
+)
+def test_dtype_must_size_the_weights_as_planned(args: list[str], model_dtype: str, ok: bool) -> None:
+    if ok:
+        vllm.check_dtype(args, model_dtype)
+    else:
+        with pytest.raises(errors.InvalidEngineArgs, match="--dtype") as info:
+            vllm.check_dtype(args, model_dtype)
+        assert info.value.flag == "--dtype"
+
+
 def test_a_pinned_kv_pool_renders_in_place_of_the_utilisation() -> None:
     settings = EngineSettings(max_model_len=8192, gpu_memory_utilization=0.9, max_num_seqs=8)
     args = vllm.build_vllm_args(settings, kv_cache_memory_bytes=12_345_678_901)

@@ -181,6 +181,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [get, create, patch]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [create, patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
@@ -208,6 +211,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   {{- end }}
   verbs: [get]
 {{- end }}
+{{- end }}
+
+{{/* Capacity: pods of every namespace (list only), to count the nvidia.com/gpu other pods hold on each
+     node (spec.rollout.strategy Auto's surge test). Always cluster-wide: GPUs are shared across namespaces. */}}
+{{- define "kvpilot.rules.capacity" -}}
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
 {{- end }}
 
 {{/* GPU discovery: GPU Feature Discovery labels and nvidia.com/gpu capacity on nodes. Read-only. */}}

@@ -33,7 +33,8 @@ CHANGES = frozenset({HistoryAction.PLANNED, HistoryAction.RETUNED, HistoryAction
 
 @dataclass(frozen=True, slots=True)
 class HistoryEntry:
-    """One decision. ``from_settings``/``to_settings`` are equal for holds."""
+    """One decision. ``from_settings``/``to_settings`` are equal for holds, except a hold of the rollout
+    gates (``Decision.recommended``): ``to_settings`` is what it would have rolled out."""
 
     time: float
     action: HistoryAction

@@ -30,6 +30,8 @@ class RestartKind(enum.StrEnum):
     """Start-up: nothing at all is left for the KV cache (``No available memory for the cache blocks``)."""
     INSUFFICIENT_FREE_MEMORY = "InsufficientFreeMemory"
     """Start-up: the GPU has less free memory than ``gpu_memory_utilization`` asks for."""
+    MAMBA_CACHE_BLOCKS = "MambaCacheBlocks"
+    """Start-up (CUDA-graph capture) of a hybrid model: ``max_num_seqs`` exceeds the Mamba cache blocks."""
     OTHER = "Other"
     """Anything else (image, config, probe kills, ...): not the tuner's to fix."""
 
@@ -40,6 +42,7 @@ CRASH_KINDS_FIXABLE_BY_ARGS = frozenset(
         RestartKind.KV_CACHE_TOO_SMALL,
         RestartKind.NO_CACHE_BLOCKS,
         RestartKind.INSUFFICIENT_FREE_MEMORY,
+        RestartKind.MAMBA_CACHE_BLOCKS,
     }
 )
 """Restart kinds that a change of engine arguments can cure."""
@@ -64,6 +67,8 @@ class RestartCause:
     """``Free memory on device (F/T GiB)``: T; for a CUDA OOM, PyTorch's "total capacity of T"."""
     tried_gib: float | None = None
     """CUDA OOM: the allocation that failed, PyTorch's "Tried to allocate X"."""
+    cache_blocks: int | None = None
+    """``exceeds available Mamba cache blocks (M)``: M, the most sequences the state pool holds."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,11 @@ chain of small steps; the first step with something to say decides:
 Every candidate then passes the same filters, in order: clamp to the bounds -> round and
 make consistent -> drop "no change" -> drop settings that failed before -> drop settings
 predicted not to start -> stability gates (minimum interval, cooldown from the last retune -- not
-from the initial plan -- at least a restart plus a metrics window, changes per hour).
+from the initial plan -- at least a restart plus a metrics window, changes per hour) -> the rollout gates:
+a change that cannot roll out now (``Evidence.rollout_blocked``: no spare GPU for a surge pod and no
+downtime allowed) holds with the reason, and a metrics-driven change whose expected gain does not
+outweigh its restart cost under the rollout strategy in use (:mod:`kvpilot.tuner.loop.trade`) holds;
+both keep what they would have done in ``Decision.recommended``. Crash remedies skip the cost trade.
 
 Time is the ``now`` argument (epoch seconds); nothing here reads a clock, the cluster or
 Prometheus. The same inputs always give the same decision.
@@ -35,7 +39,7 @@ from dataclasses import dataclass
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import history as history_mod
 from kvpilot.tuner.loop import observations as obs
-from kvpilot.tuner.loop import remedies, slo
+from kvpilot.tuner.loop import remedies, slo, trade
 from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds, TuningContext
 from kvpilot.tuner.loop.history import HistoryEntry
 from kvpilot.tuner.loop.observations import (
@@ -134,6 +138,8 @@ class Decision:
     """The metrics window's status at decision time (the ``MetricsAvailable`` condition)."""
     observed_kv_tokens: int | None = None
     """vLLM's KV capacity report, when the window's report is for the current settings."""
+    recommended: EngineSettings | None = None
+    """A hold of the rollout gates: the settings it would have rolled out (``status.recommendation``)."""
 
     @property
     def changes(self) -> bool:
@@ -190,7 +196,14 @@ class Evidence:
     restart_seconds: float | None = None
     """Measured start-to-Ready seconds of a vLLM pod of this service (e.g. the last rollout's: its
     pods' start to Ready), when the operator has it; ``None`` = ``PolicyConfig.restart_seconds``.
-    The cooldown grows with it (:func:`compute_cooldown`)."""
+    The cooldown grows with it (:func:`compute_cooldown`), and it is the restart a change costs
+    (:mod:`kvpilot.tuner.loop.trade`)."""
+    rollout_lost_fraction: float = 0.0
+    """The share of the service's serving capacity a rollout loses while a pod restarts, under the strategy
+    it would use: 0 surge (or pods serving nothing anyway), ``k/N`` replacing ``k`` of ``N`` replicas at a
+    time, 1 recreating."""
+    rollout_blocked: str | None = None
+    """Why no change can roll out now (no spare GPU for a surge pod, no downtime allowed), if so."""
 
 
 def compute_cooldown(policy: PolicyConfig, restart_seconds: float | None = None) -> float:
@@ -217,6 +230,9 @@ class _Inputs:
     """The last change other than the initial plan: the cooldown counts from it."""
     cooldown: float
     metrics: MetricsStatus
+    restart_seconds: float
+    lost_fraction: float
+    blocked: str | None
 
 
 def compute_decision(state: LoopState, evidence: Evidence, context: TuningContext, now: float) -> Decision:
@@ -270,6 +286,9 @@ def _build_inputs(state: LoopState, evidence: Evidence, context: TuningContext, 
         history_mod.compute_last_retune_time(history),
         compute_cooldown(context.policy, evidence.restart_seconds),
         compute_metrics_status(window, context.policy, now),
+        context.policy.restart_seconds if evidence.restart_seconds is None else evidence.restart_seconds,
+        evidence.rollout_lost_fraction,
+        evidence.rollout_blocked,
     )
 
 
@@ -382,6 +401,7 @@ def _crash_words(crashes: tuple[RestartEvent, ...]) -> str:
 _CRASH_PRIORITY = (
     RestartKind.KV_CACHE_TOO_SMALL,
     RestartKind.NO_CACHE_BLOCKS,
+    RestartKind.MAMBA_CACHE_BLOCKS,
     RestartKind.INSUFFICIENT_FREE_MEMORY,
     RestartKind.CUDA_OOM,
     RestartKind.HOST_OOM_KILLED,
@@ -545,6 +565,16 @@ def _gate(
         recent = history_mod.compute_changes_since(s.history, s.now - 3600.0)
         if recent >= p.max_changes_per_hour:
             blocked = f"{recent} changes in the last hour (limit {p.max_changes_per_hour})"
+    recommended = None
+    if blocked is None and inp.blocked is not None:
+        blocked, recommended = inp.blocked, settings
+    if blocked is None and not (proposal.crash or proposal.urgent):
+        worth = trade.compute_trade(
+            proposal.trigger, s.window, s.effective, _effective(settings, s), cooldown_seconds=inp.cooldown,
+            restart_seconds=inp.restart_seconds, lost_fraction=inp.lost_fraction,
+        )  # fmt: skip
+        if not worth.worth_it:
+            blocked, recommended = f"it is not worth a restart ({worth.describe()})", settings
     if blocked is not None:
         return Decision(
             Action.HOLD,
@@ -552,6 +582,7 @@ def _gate(
             proposal.trigger,
             f"{proposal.evidence}; would retune ({change}) but {blocked}",
             failed=failed,
+            recommended=recommended,
         )
     return Decision(
         Action.RETUNE, settings, proposal.trigger, f"{proposal.evidence}: {change}", failed=failed

@@ -247,6 +247,8 @@ def propose_for_restart(situation: Situation, event: RestartEvent) -> Proposal |
         return _for_no_cache_blocks(situation, event)
     if kind == RestartKind.INSUFFICIENT_FREE_MEMORY:
         return _for_insufficient_free_memory(situation, event)
+    if kind == RestartKind.MAMBA_CACHE_BLOCKS:
+        return _for_mamba_cache_blocks(situation, event)
     return None
 
 
@@ -486,6 +488,26 @@ def _raise_gmu_to_fit(s: Situation, base: EngineSettings, length: int | None) ->
         return None
     delta = missing * budget.kv_bytes_per_token / (calibration * budget.gpu_total_gib * GIB)
     return base.replace(gpu_memory_utilization=ceil2(gmu + delta))
+
+
+def _for_mamba_cache_blocks(s: Situation, event: RestartEvent) -> Proposal:
+    """A hybrid model's state pool holds fewer sequences than ``max_num_seqs``: run that many (what vLLM
+    says fits), or free memory for more blocks with a higher utilisation."""
+    p, eff = s.policy, s.effective
+    blocks = event.cause.cache_blocks or 1
+    fits = eff.replace(max_num_seqs=max(1, min(blocks, (eff.max_num_seqs or blocks + 1) - 1)))
+    gmu = _set(eff.gpu_memory_utilization)
+    raised = eff.replace(gpu_memory_utilization=ceil2(gmu + p.max_gmu_step))
+    return Proposal(
+        trigger=RestartKind.MAMBA_CACHE_BLOCKS,
+        evidence=f"vLLM could not capture CUDA graphs: max_num_seqs {eff.max_num_seqs} exceeds the "
+        f"{blocks} Mamba cache blocks",
+        candidates=(fits, raised),
+        crash=True,
+        exhausted="the state pool holds fewer sequences than the bounds allow; would fit: a lower "
+        "max_num_seqs, a higher gpuMemoryUtilization bound or more GPUs per replica",
+        infeasible_when_exhausted=True,
+    )
 
 
 def _for_no_cache_blocks(s: Situation, event: RestartEvent) -> Proposal:

@@ -26,7 +26,13 @@ def classify_termination(message: str | None, reason: str | None, exit_code: int
     text = message or ""
     if reason == "OOMKilled":
         return RestartCause(RestartKind.HOST_OOM_KILLED, detail=f"OOMKilled (exit code {exit_code})")
-    for classify in (_kv_too_small, _no_cache_blocks, _insufficient_free_memory, _cuda_oom):
+    for classify in (
+        _kv_too_small,
+        _no_cache_blocks,
+        _mamba_cache_blocks,
+        _insufficient_free_memory,
+        _cuda_oom,
+    ):
         cause = classify(text)
         if cause is not None:
             return cause
@@ -60,6 +66,17 @@ def _no_cache_blocks(text: str) -> RestartCause | None:
     if messages.NO_BLOCKS.search(text):
         return RestartCause(RestartKind.NO_CACHE_BLOCKS, detail=_line_containing(text, "No available memory"))
     return None
+
+
+def _mamba_cache_blocks(text: str) -> RestartCause | None:
+    match = messages.MAMBA_CACHE_BLOCKS.search(text)
+    if not match:
+        return None
+    return RestartCause(
+        RestartKind.MAMBA_CACHE_BLOCKS,
+        detail=_line_containing(text, "exceeds available Mamba cache blocks"),
+        cache_blocks=int(match.group(2)),
+    )
 
 
 def _insufficient_free_memory(text: str) -> RestartCause | None:

@@ -392,15 +392,16 @@ def compute_budget(
             dtype=r.dtype,
             block_size=block_size,
             vllm_version=version,
+            compute_capability=gpu.compute_capability,
         )
         stages.append(_Stage(w, act, state, available, layout))
 
     first = stages[0]
     blocks = min(kv_cache.compute_num_blocks(s.available, s.layout) for s in stages)
-    worst = min(stages, key=lambda s: s.available / max(1, s.layout.bytes_per_block))
-    capacity = kv_cache.compute_capacity(
-        worst.layout, worst.available, r.max_model_len, in_flight, version, num_blocks=blocks
+    capacity, checked = kv_cache.compute_stage_capacity(
+        [s.layout for s in stages], [s.available for s in stages], r.max_model_len, in_flight, version
     )
+    worst = stages[checked]  # the stage vLLM reports on: the first that fails its check
     max_model_len = r.max_model_len
     error = None
     if r.auto_max_model_len and not capacity.fits and capacity.longest_fitting_len > 0:
@@ -426,6 +427,8 @@ def compute_budget(
             worst.available / GIB,
             capacity.longest_fitting_len,
         )
+    elif not enforce_eager and any(s.layout.state_groups for s in stages) and r.max_num_seqs > blocks:
+        error = vllm.mamba_cache_blocks_error(r.max_num_seqs, blocks)  # full CUDA graphs need a block each
     elif not subtract_graphs and graphs:
         # Graphs are captured after the KV cache is allocated, outside the budget; the sampler
         # warm-up that follows needs a fresh fp32 logits buffer (max_num_seqs x vocab) on top.

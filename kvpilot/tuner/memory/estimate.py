@@ -6,8 +6,12 @@ mapping in the schema of ``shared/data/vllm_memory_cases.json`` (``hf_config``
 inline, ``gpu`` name and/or ``gpu_total_gib``, parallel sizes, ``dtype``,
 ``quantization`` / ``weight_bits``, ``kv_cache_dtype``, ``gpu_memory_utilization``,
 ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``,
-``enforce_eager``, ``vllm_version``, optional ``weights_total_bytes`` and ``kv_cache_memory_bytes``
-(``--kv-cache-memory-bytes``: the KV pool is then exactly that many bytes per GPU, as in vLLM)).
+``enforce_eager``, ``vllm_version``, optional ``weights_total_bytes`` and ``kv_cache_memory_bytes``:
+vLLM's ``--kv-cache-memory-bytes``, the KV pool per GPU, exactly).
+
+Each row holds the budget's terms and what vLLM would report: ``num_gpu_blocks``,
+``kv_cache_tokens``, ``max_concurrency``, ``starts``, ``estimated_max_model_len`` (the length vLLM's
+"max seq len" error would name, or null) and ``error``.
 
 A case that cannot be estimated (no config, an architecture the model cannot
 account for, an unknown GPU, a bad value) gets ``error`` set; the batch goes on.
@@ -24,6 +28,7 @@ from kvpilot.tuner import errors, vllm
 from kvpilot.tuner.memory import budget as memory
 from kvpilot.tuner.model import ModelSpec, build_model_spec, build_quant_spec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
+from kvpilot.tuner.vllm import messages
 
 GpuLookup = Callable[[str], GpuSpec]
 ConfigLookup = Callable[[str], Mapping[str, Any]]
@@ -35,9 +40,11 @@ OUTPUT_KEYS = (
     "non_torch_gib",
     "cuda_graph_gib",
     "available_kv_cache_gib",
+    "num_gpu_blocks",
     "kv_cache_tokens",
     "max_concurrency",
     "starts",
+    "estimated_max_model_len",
     "error",
 )
 
@@ -169,11 +176,20 @@ def _row(case_id: Any, budget: MemoryBudget | None, error: str | None) -> dict[s
         "non_torch_gib": round(budget.non_torch_gib, 4),
         "cuda_graph_gib": round(budget.cuda_graph_gib, 4),
         "available_kv_cache_gib": round(budget.available_kv_cache_gib, 4),
+        "num_gpu_blocks": budget.num_gpu_blocks,
         "kv_cache_tokens": budget.kv_cache_tokens,
         "max_concurrency": round(budget.max_concurrency, 2),
         "starts": budget.starts,
+        "estimated_max_model_len": _estimated_max_model_len(budget),
         "error": budget.error,
     }
+
+
+def _estimated_max_model_len(budget: MemoryBudget) -> int | None:
+    """The length vLLM's "max seq len" error names ("the estimated maximum model length is E"), or None:
+    no other error names one, and vLLM leaves it out when not even one token fits."""
+    found = messages.V1_ESTIMATE.search(budget.error or "")
+    return int(found.group(1)) if found else None
 
 
 def compute_estimates(

@@ -15,12 +15,12 @@ pages, so a hybrid model's block holds ``group_size`` layers, not all of them.
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
-from kvpilot.tuner.model import CHUNKED, DTYPE_BYTES, FULL, LINEAR, MLA, SLIDING, ModelSpec
-
-HYBRID_MAMBA_BLOCK_ALIGN = 16
+from kvpilot.tuner.model import CHUNKED, DTYPE_BYTES, FULL, GDN, LINEAR, MLA, NO_KV, SLIDING, ModelSpec
 
 
 def cdiv(a: int, b: int) -> int:
@@ -35,8 +35,34 @@ class KvGroup:
     layers: int
     """Real layers of this group on this rank (padding excluded)."""
     page_bytes: int
-    """Bytes of one page of one layer."""
+    """Bytes of one page of one layer (a group of one kind but several shapes: the largest)."""
     window: int | None = None
+    block_size: int = 0
+    """Tokens per block of this group (page-size equalisation may raise it); 0: the pool's."""
+    group_bytes: int = 0
+    """Bytes of one block of this group (its layers' pages summed); 0: ``layers x page_bytes``."""
+    state_pages: int = 1
+    """``LINEAR`` groups: pages one request holds (2 or 3 in vLLM's align mode)."""
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.group_bytes or self.layers * self.page_bytes
+
+    def blocks_per_request(self, max_model_len: int, in_flight_tokens: int, pool_block: int) -> int:
+        """Blocks one request of ``max_model_len`` tokens takes in this group (vLLM's
+        ``max_memory_usage_bytes // page_size_bytes``, ``kv_cache_interface.py``)."""
+        block = self.block_size or pool_block
+        if self.kind in (FULL, MLA):
+            return cdiv(max_model_len, block)
+        if self.kind == SLIDING:
+            tokens = min((self.window or 0) - 1 + in_flight_tokens, max_model_len)
+            return cdiv(tokens, block) + 1
+        if self.kind == CHUNKED:
+            tokens = min((self.window or 0) + in_flight_tokens, max_model_len)
+            return cdiv(tokens, block)
+        if self.kind == LINEAR:
+            return self.state_pages
+        return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +74,8 @@ class KvLayout:
     bytes_per_block: int
     bytes_per_token: int
     """Bytes one token costs summed over this rank's attention layers (full-attention view)."""
+    state_groups: int = 0
+    """Groups of linear-attention state (each holds ``state_pages`` per running request)."""
 
     @property
     def num_groups(self) -> int:
@@ -55,34 +83,47 @@ class KvLayout:
 
     def blocks_per_request(self, max_model_len: int, in_flight_tokens: int) -> int:
         """Blocks one request of ``max_model_len`` tokens takes from the pool (all groups)."""
-        total = 0
-        for group in self.groups:
-            if group.kind in (FULL, MLA):
-                total += cdiv(max_model_len, self.block_size)
-            elif group.kind == SLIDING:
-                tokens = min((group.window or 0) - 1 + in_flight_tokens, max_model_len)
-                total += cdiv(tokens, self.block_size) + 1
-            elif group.kind == CHUNKED:
-                tokens = min((group.window or 0) + in_flight_tokens, max_model_len)
-                total += cdiv(tokens, self.block_size)
-            elif group.kind == LINEAR:
-                total += 1
-        return total
+        return sum(
+            g.blocks_per_request(max_model_len, in_flight_tokens, self.block_size) for g in self.groups
+        )
+
+    def state_blocks_per_request(self) -> int:
+        """Blocks of linear-attention state one running request holds (0 without state layers)."""
+        return sum(g.state_pages for g in self.groups if g.kind == LINEAR)
 
 
 _LayerKey = tuple[str, int, int, int, int | None]
 """A layer as the pool groups it: (kind, KV heads, head_dim, head_dim_v, window)."""
 
 
-def _page_bytes(key: _LayerKey, tp: int, block_size: int, elem: float, kv_cache_dtype: str | None) -> int:
-    """Bytes of one page (``block_size`` tokens) of one attention layer on one rank."""
+def _page_per_token(key: _LayerKey, tp: int, model_bytes: int, kv_cache_dtype: str | None) -> float:
+    """Bytes one token of one attention layer takes on one rank (``page_size_bytes / block_size``)."""
     kind, kv_heads, head_dim, head_dim_v, _ = key
     if kind == MLA:
         if (kv_cache_dtype or "") == "fp8_ds_mla":
-            return block_size * vllm.FP8_DS_MLA_BYTES_PER_TOKEN
-        return int(block_size * head_dim * elem)
+            return vllm.FP8_DS_MLA_BYTES_PER_TOKEN
+        return head_dim * vllm.kv_element_bytes(kv_cache_dtype, model_bytes)
     heads = max(1, kv_heads // tp)
-    return int(block_size * heads * (head_dim + head_dim_v) * elem)
+    return heads * vllm.kv_head_token_bytes(kv_cache_dtype, model_bytes, head_dim, head_dim_v)
+
+
+def _hybrid_block_size(
+    model: ModelSpec,
+    per_token: float,
+    block_size: int,
+    state_bytes: int,
+    align: bool,
+    flashinfer_gdn: bool,
+) -> int:
+    """vLLM's ``Platform._align_hybrid_block_size``: the attention block that holds one state."""
+    kernel = max(vllm.ATTENTION_KERNEL_BLOCK, block_size)
+    if model.mla is not None:
+        kernel = max(kernel, vllm.MLA_HYBRID_BLOCK_ALIGNMENT)
+    if align and flashinfer_gdn:
+        kernel = math.lcm(kernel, vllm.FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
+    attn_block = kernel * cdiv(state_bytes, int(kernel * per_token))
+    attn_block = vllm.ATTENTION_KERNEL_BLOCK * cdiv(attn_block, vllm.ATTENTION_KERNEL_BLOCK)
+    return max(block_size, attn_block)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -96,58 +137,100 @@ def compute_kv_layout(
     dtype: str | None = None,
     block_size: int | None = None,
     vllm_version: vllm.Version = vllm.PINNED_VERSION,
+    compute_capability: tuple[int, int] | None = (9, 0),
+    enable_prefix_caching: bool = True,
 ) -> KvLayout:
-    """Group this rank's layers the way vLLM does and size one block of the shared pool."""
+    """Group this rank's layers the way vLLM does and size one block of the shared pool.
+
+    ``compute_capability`` picks the GPU's kernels (FlashInfer GDN on Hopper and later: a 64-token
+    alignment and a checkpoint page); ``enable_prefix_caching`` (vLLM's default) puts hybrid state
+    layers in align mode.
+    """
     tp = tensor_parallel_size
-    model_dtype = dtype or model.dtype
-    elem = vllm.kv_element_bytes(kv_cache_dtype, DTYPE_BYTES[model_dtype])
+    model_bytes = DTYPE_BYTES[dtype or model.dtype]
     hybrid_chunked = vllm.hybrid_manager_for_chunked_local(vllm_version)
-    kinds: list[_LayerKey] = []
+    kinds: list[_LayerKey | None] = []
     for layer in model.layers:
         kind, window = layer.kind, layer.window
+        if kind == NO_KV:
+            kinds.append(None)  # no KV spec: vLLM leaves the layer out of every group
+            continue
         if kind == CHUNKED and not hybrid_chunked:
             kind, window = FULL, None  # hybrid manager off: local layers allocate for every token
         kinds.append((kind, layer.num_kv_heads, layer.head_dim, layer.head_dim_v, window))
+    present = [k for k in kinds if k is not None]
+    if not present:
+        raise ValueError(f"{model.architecture}: no layer keeps a KV cache")
 
     if block_size is None:
         block_size = vllm.default_block_size(vllm_version)
-    attention = {key for key in kinds if key[0] != LINEAR}
-    pages = {key: _page_bytes(key, tp, block_size, elem, kv_cache_dtype) for key in attention}
-    if any(k[0] == LINEAR for k in kinds):
-        # Hybrid attention + state models: vLLM raises the attention block size until one
-        # attention page holds a whole state, then pads the state page to the attention page.
-        state = model.linear_state
-        assert state is not None and pages
-        state_bytes = state.state_elements(tp) * DTYPE_BYTES[model_dtype]
-        per_token = max(pages.values()) // block_size
-        block_size = max(
-            block_size, HYBRID_MAMBA_BLOCK_ALIGN * cdiv(state_bytes, HYBRID_MAMBA_BLOCK_ALIGN * per_token)
+    attention = {key for key in present if key[0] != LINEAR}
+    per_token = {key: _page_per_token(key, tp, model_bytes, kv_cache_dtype) for key in attention}
+    blocks = dict.fromkeys(attention, block_size)
+    state_pages = 1
+    state = model.linear_state
+    has_state = any(k[0] == LINEAR for k in present)
+    if has_state:
+        assert state is not None and per_token
+        align = vllm.uses_mamba_align_mode(vllm_version, enable_prefix_caching)
+        flashinfer_gdn = state.family == GDN and vllm.uses_flashinfer_gdn(
+            compute_capability, state.head_k_dim
         )
-        pages = {key: _page_bytes(key, tp, block_size, elem, kv_cache_dtype) for key in attention}
-        state_page = max(max(pages.values()), state_bytes)
-        pages.update(dict.fromkeys(set(kinds) - attention, state_page))
+        state_bytes = state.state_bytes(tp, model_bytes)
+        # vLLM sizes the attention page from the model's (full-attention) geometry.
+        full = [k for k in attention if k[0] in (FULL, MLA)] or list(attention)
+        model_per_token = per_token[max(full, key=lambda k: per_token[k])]
+        block_size = _hybrid_block_size(
+            model, model_per_token, block_size, state_bytes, align, flashinfer_gdn
+        )
+        blocks = dict.fromkeys(attention, block_size)
+        state_pages = vllm.state_pages_per_request(align, 1 if align and flashinfer_gdn else 0)
+    pages = {key: int(blocks[key] * per_token[key]) for key in attention}
+    if has_state:
+        state_page = max(int(block_size * model_per_token), state_bytes)
+        pages.update({k: state_page for k in present if k[0] == LINEAR})
 
     by_type: dict[_LayerKey, list[int]] = {}
     for idx, key in enumerate(kinds):
-        by_type.setdefault(key, []).append(idx)
+        if key is not None:
+            by_type.setdefault(key, []).append(idx)
     stage = set(model.layer_range(pipeline_parallel_size, pp_rank))
-    bytes_per_token = (
-        sum(pages[k] for i, k in enumerate(kinds) if k[0] != LINEAR and i in stage) // block_size
+    bytes_per_token = int(
+        sum(per_token[k] for i, k in enumerate(kinds) if k is not None and k[0] != LINEAR and i in stage)
     )
 
-    # A model with one kind of layer gets a single group of all of them (group_size = their count).
-    sizes = [len(v) for v in by_type.values()]
-    group_size = min(sizes)
-    if max(sizes) < group_size * 1.5:
-        group_size = max(sizes)
+    one_kind = len({(k[0], k[4]) for k in by_type}) == 1
     groups: list[KvGroup] = []
-    for key, idxs in by_type.items():
-        n_groups = cdiv(len(idxs), group_size)
-        for g in range(n_groups):
-            members = [i for i in idxs[g::n_groups] if i in stage]
-            groups.append(KvGroup(key[0], len(members), pages[key], key[4]))
-    bytes_per_block = max(g.layers * g.page_bytes for g in groups)
-    return KvLayout(block_size, tuple(groups), bytes_per_block, bytes_per_token)
+    if one_kind:
+        # vLLM's uniform-type path: every layer in one group (its block: their pages summed).
+        members = [(i, k) for i, k in enumerate(kinds) if k is not None and i in stage]
+        kind, window = next(iter(by_type))[0], next(iter(by_type))[4]
+        group_bytes = sum(pages[k] for _, k in members)
+        page = max(pages.values())
+        groups.append(KvGroup(kind, len(members), page, window, block_size, group_bytes, state_pages))
+    else:
+        # unify_kv_cache_spec_page_size: smaller pages take a larger block (by the integer ratio),
+        # or are padded to the largest (state pages, and attention pages that do not divide it).
+        largest = max(pages.values())
+        for key in by_type:
+            if pages[key] == largest:
+                continue
+            if key[0] != LINEAR and largest % pages[key] == 0:
+                blocks[key] = blocks[key] * (largest // pages[key])
+            pages[key] = largest
+        sizes = [len(v) for v in by_type.values()]
+        group_size = min(sizes)
+        if max(sizes) < group_size * 1.5:
+            group_size = max(sizes)
+        for key, idxs in by_type.items():
+            n_groups = cdiv(len(idxs), group_size)
+            for g in range(n_groups):
+                on_rank = sum(1 for i in idxs[g::n_groups] if i in stage)
+                block = blocks.get(key, block_size)
+                groups.append(KvGroup(key[0], on_rank, pages[key], key[4], block, 0, state_pages))
+    bytes_per_block = max(g.bytes_per_block for g in groups)
+    state_groups = sum(1 for g in groups if g.kind == LINEAR)
+    return KvLayout(block_size, tuple(groups), bytes_per_block, bytes_per_token, state_groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +280,34 @@ def compute_capacity(
         else max_model_len
     )
     return KvCapacity(blocks, tokens, concurrency, per_request, fits, needed, longest)
+
+
+def compute_stage_capacity(
+    layouts: Sequence[KvLayout],
+    available: Sequence[int],
+    max_model_len: int,
+    in_flight_tokens: int,
+    vllm_version: vllm.Version = vllm.PINNED_VERSION,
+) -> tuple[KvCapacity, int]:
+    """The capacity of a pipeline of stages, and the stage vLLM reports on.
+
+    vLLM (``get_kv_cache_configs``) allocates the smallest stage's block count on every stage, and checks
+    the stages in rank order: the first that cannot hold one ``max_model_len`` request raises, with its
+    own estimated maximum length. Stages without KV layers are not checked.
+    """
+    blocks = min(compute_num_blocks(a, layout) for a, layout in zip(available, layouts, strict=True))
+    checked = [i for i, layout in enumerate(layouts) if layout.bytes_per_block > 0] or [0]
+    for index in checked:
+        capacity = compute_capacity(
+            layouts[index], available[index], max_model_len, in_flight_tokens, vllm_version, num_blocks=blocks
+        )
+        if not capacity.fits:
+            return capacity, index
+    first = checked[0]
+    capacity = compute_capacity(
+        layouts[first], available[first], max_model_len, in_flight_tokens, vllm_version, num_blocks=blocks
+    )
+    return capacity, first
 
 
 def compute_longest_fitting_len(layout: KvLayout, check_bytes: int, upper: int, in_flight_tokens: int) -> int:

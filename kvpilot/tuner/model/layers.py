@@ -14,7 +14,16 @@ SLIDING = "sliding_window"
 CHUNKED = "chunked_local"
 MLA = "mla"
 LINEAR = "linear_attention"
-"""Layer kinds. ``LINEAR`` covers Mamba / GatedDeltaNet layers: a fixed state per request."""
+NO_KV = "no_kv"
+"""Layer kinds. ``LINEAR`` covers Mamba / Mamba2 / GatedDeltaNet / KDA layers: a fixed state per
+request. ``NO_KV`` is a decoder layer that keeps no cache of its own: an MLP- or MoE-only block
+(Nemotron-H's ``-`` and ``E``), a no-op attention (DeciLM's ``block_configs``), or a layer that
+reads an earlier layer's cache (Gemma 3n/4 ``num_kv_shared_layers``: vLLM gives it no KV spec)."""
+
+GDN = "gdn"
+MAMBA2 = "mamba2"
+KDA = "kda"
+"""Linear-attention state families (vLLM's ``MambaStateShapeCalculator``)."""
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "float8": 1}
 
@@ -24,7 +33,7 @@ class LayerSpec:
     """One text-decoder layer as the KV cache sees it."""
 
     kind: str
-    """``FULL``, ``SLIDING``, ``CHUNKED``, ``MLA`` or ``LINEAR``."""
+    """``FULL``, ``SLIDING``, ``CHUNKED``, ``MLA``, ``LINEAR`` or ``NO_KV``."""
     num_kv_heads: int = 0
     """Total KV heads (MLA: 1 latent; LINEAR: 0)."""
     head_dim: int = 0
@@ -58,16 +67,51 @@ class MlaSpec:
 
 @dataclass(frozen=True, slots=True)
 class LinearStateSpec:
-    """A GatedDeltaNet / Mamba-2 layer: conv state + recurrent state per request."""
+    """One linear-attention layer's per-request state: a conv state and a recurrent (SSM) state.
+
+    Mirrors ``vllm/model_executor/layers/mamba/mamba_utils.py`` (``MambaStateShapeCalculator``):
+
+    * ``gdn`` (Qwen3-Next, Qwen3.5): conv ``(2 k_heads k_dim + v_heads v_dim) / tp x (kernel - 1)``,
+      recurrent ``v_heads / tp x v_dim x k_dim``;
+    * ``mamba2`` (Nemotron-H): conv ``(intermediate + 2 (groups + extra) state) / tp x (kernel - 1)``
+      (groups extended to the TP size when they do not divide it), recurrent
+      ``heads / tp x head_dim x state``;
+    * ``kda`` (Kimi-Linear): conv ``(heads head_dim + 2 k_heads k_dim) / tp x (kernel - 1)``, recurrent
+      ``heads / tp x head_dim x head_dim``.
+
+    The conv state is in the model's dtype (``--mamba-cache-dtype auto``); the recurrent state in
+    ``ssm_dtype`` (None: the model's dtype).
+    """
 
     conv_dim: int
+    """Conv channels before TP (Mamba2: the intermediate size, the groups' part excluded)."""
     conv_kernel: int
     num_heads: int
     head_k_dim: int
     head_v_dim: int
+    family: str = GDN
+    ssm_dtype: str | None = None
+    n_groups: int = 0
+    """Mamba2 only: B/C groups (each adds ``2 x head_k_dim`` conv channels)."""
+
+    def conv_elements(self, tp: int) -> int:
+        channels = self.conv_dim
+        if self.family == MAMBA2:
+            groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
+            channels += 2 * groups * self.head_v_dim
+        return (channels // tp) * (self.conv_kernel - 1)
+
+    def ssm_elements(self, tp: int) -> int:
+        return max(1, self.num_heads // tp) * self.head_k_dim * self.head_v_dim
 
     def state_elements(self, tp: int) -> int:
         """Elements of one request's state on one TP rank (conv + recurrent)."""
-        conv = (self.conv_dim // tp) * (self.conv_kernel - 1)
-        ssm = max(1, self.num_heads // tp) * self.head_k_dim * self.head_v_dim
-        return conv + ssm
+        return self.conv_elements(tp) + self.ssm_elements(tp)
+
+    def state_bytes(self, tp: int, model_dtype_bytes: int) -> int:
+        """Bytes of one request's state on one TP rank (vLLM's ``MambaSpec.page_size_bytes`` unpadded)."""
+        ssm_bytes = _STATE_DTYPE_BYTES[self.ssm_dtype] if self.ssm_dtype else model_dtype_bytes
+        return self.conv_elements(tp) * model_dtype_bytes + self.ssm_elements(tp) * ssm_bytes
+
+
+_STATE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

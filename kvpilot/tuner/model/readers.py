@@ -30,7 +30,10 @@ from kvpilot.tuner.model.fields import (
 from kvpilot.tuner.model.layers import (
     CHUNKED,
     FULL,
+    GDN,
     LINEAR,
+    MAMBA2,
+    NO_KV,
     SLIDING,
     LayerSpec,
     LinearStateSpec,
@@ -41,7 +44,18 @@ from kvpilot.tuner.model.layers import (
 _SLIDING_NAMES = frozenset({"sliding_attention", "sliding_window", "local_attention", "sliding"})
 _FULL_NAMES = frozenset({"full_attention", "attention", "global"})
 _LINEAR_NAMES = frozenset({"linear_attention", "mamba"})
-_KNOWN_KINDS = _SLIDING_NAMES | _FULL_NAMES | _LINEAR_NAMES | {"chunked_attention"}
+_NO_KV_NAME = "no_kv"
+_KNOWN_KINDS = _SLIDING_NAMES | _FULL_NAMES | _LINEAR_NAMES | {"chunked_attention", _NO_KV_NAME}
+_NEMOTRON_H_BLOCKS = {"M": "mamba", "*": "full_attention", "-": _NO_KV_NAME, "E": _NO_KV_NAME}
+_NEMOTRON_H_BLOCK_NAMES = {
+    "mamba": "mamba",
+    "attention": "full_attention",
+    "full_attention": "full_attention",
+    "mlp": _NO_KV_NAME,
+    "moe": _NO_KV_NAME,
+}
+"""Nemotron-H's ``hybrid_override_pattern`` / ``layers_block_type``: Mamba2, attention, MLP, MoE
+(vLLM ``nemotron_h.py``)."""
 _NO_ROPE_FLAG = Limit(1, "each entry is 0 (no RoPE) or 1")
 
 
@@ -98,7 +112,15 @@ def _every(period: int, num_layers: int, on: str, off: str) -> list[str]:
 
 def _layer_types(text: Fields, model_type: str, num_layers: int, window: int | None) -> list[str]:
     """Per-layer attention kind names, as the model file decides them."""
+    if model_type == "nemotron_h":
+        return _nemotron_h_blocks(text, num_layers)
     declared = text.strings("layer_types")
+    if model_type == "gemma4_text":
+        # transformers' Gemma4TextConfig: 5 sliding : 1 full by default, and the last layer is full.
+        kinds = list(declared) if declared else _every(6, num_layers, "full_attention", "sliding_attention")
+        if kinds and len(kinds) == num_layers:
+            kinds[-1] = "full_attention"
+        declared = kinds
     if declared:
         if len(declared) != num_layers:  # transformers' validate_layer_type refuses it too
             raise errors.InvalidModelConfig(
@@ -149,20 +171,139 @@ def _layer_types(text: Fields, model_type: str, num_layers: int, window: int | N
     return ["full_attention"] * num_layers
 
 
-def _linear_state(text: Fields) -> LinearStateSpec:
+def _nemotron_h_blocks(text: Fields, num_layers: int) -> list[str]:
+    """Nemotron-H's blocks: ``layers_block_type`` (a list of names), else ``hybrid_override_pattern``."""
+    names = text.strings("layers_block_type")
+    if names is not None:
+        field = "layers_block_type"
+        unknown = next((n for n in names if n not in _NEMOTRON_H_BLOCK_NAMES), None)
+        blocks = [_NEMOTRON_H_BLOCK_NAMES.get(n, "") for n in names]
+        known = ", ".join(_NEMOTRON_H_BLOCK_NAMES)
+    else:
+        pattern = text.string("hybrid_override_pattern")
+        if pattern is None:
+            raise text.missing("hybrid_override_pattern", "layers_block_type")
+        field = "hybrid_override_pattern"
+        unknown = next((c for c in pattern if c not in _NEMOTRON_H_BLOCKS), None)
+        blocks = [_NEMOTRON_H_BLOCKS.get(c, "") for c in pattern]
+        known = "M Mamba2, * attention, - MLP, E MoE"
+    if unknown is not None:
+        raise errors.InvalidModelConfig(
+            f"NemotronHForCausalLM: config.json's {field} has an unknown block {unknown[:40]!r} "
+            f"(known: {known})",
+            field=text.path(field),
+        )
+    if len(blocks) != num_layers:
+        raise errors.InvalidModelConfig(
+            f"config.json's {field} has {len(blocks)} blocks, num_hidden_layers says {num_layers}",
+            field=text.path(field),
+        )
+    return blocks
+
+
+def nemotron_h_num_layers(text: Fields) -> int | None:
+    """transformers' NemotronHConfig takes the layer count from ``layers_block_type`` when it is given."""
+    names = text.strings("layers_block_type")
+    return len(names) if names else None
+
+
+def nemotron_h_moe_layers(text: Fields) -> int | None:
+    names = text.strings("layers_block_type")
+    if names is not None:
+        return sum(1 for n in names if n == "moe")
+    pattern = text.string("hybrid_override_pattern")
+    return pattern.count("E") if pattern is not None else None
+
+
+def _ssm_dtype(text: Fields, model_type: str) -> str | None:
+    """The recurrent state's dtype vLLM 0.33 picks with ``--mamba-ssm-cache-dtype auto``.
+
+    Qwen3.5 takes the config's ``mamba_ssm_dtype``; Nemotron-H its ``mamba_ssm_cache_dtype``, float32
+    when absent (``vllm/model_executor/models/config.py``); others the model's dtype.
+    """
+    if model_type.startswith("qwen3_5"):
+        name = text.string("mamba_ssm_dtype")
+    elif model_type == "nemotron_h":
+        name = text.string("mamba_ssm_cache_dtype") or "float32"
+    else:
+        return None
+    if name is not None and name not in ("float32", "float16", "bfloat16"):
+        field = "mamba_ssm_dtype" if model_type.startswith("qwen3_5") else "mamba_ssm_cache_dtype"
+        raise refuse(text.path(field), "float32, float16 or bfloat16", name)
+    return name
+
+
+def _linear_state(text: Fields, model_type: str) -> LinearStateSpec:
+    if model_type == "nemotron_h":
+        heads = text.need_int("mamba_num_heads", limit=MAX_HEADS)
+        head_dim = text.need_int("mamba_head_dim", limit=MAX_HEAD_DIM)
+        state = text.need_int("ssm_state_size", limit=MAX_HEAD_DIM)
+        groups = text.need_int("n_groups", limit=MAX_HEADS)
+        kernel = text.need_int("conv_kernel", limit=MAX_SMALL)
+        return LinearStateSpec(
+            heads * head_dim, kernel, heads, head_dim, state, MAMBA2, _ssm_dtype(text, model_type), groups
+        )
     k_heads = text.need_int("linear_num_key_heads", limit=MAX_HEADS)
     v_heads = text.need_int("linear_num_value_heads", limit=MAX_HEADS)
     k_dim = text.need_int("linear_key_head_dim", limit=MAX_HEAD_DIM)
     v_dim = text.need_int("linear_value_head_dim", limit=MAX_HEAD_DIM)
     kernel = text.need_int("linear_conv_kernel_dim", limit=MAX_SMALL)
-    return LinearStateSpec(2 * k_heads * k_dim + v_heads * v_dim, kernel, v_heads, k_dim, v_dim)
+    return LinearStateSpec(
+        2 * k_heads * k_dim + v_heads * v_dim,
+        kernel,
+        v_heads,
+        k_dim,
+        v_dim,
+        GDN,
+        _ssm_dtype(text, model_type),
+    )
+
+
+def _decilm_layers(text: Fields, num_layers: int, geometry: Geometry) -> list[LayerSpec] | None:
+    """DeciLM / Nemotron-NAS ``block_configs``: per-layer attention (GQA group size, or none at all)."""
+    blocks = text.raw("block_configs")
+    if blocks is None:
+        return None
+    if not isinstance(blocks, list) or len(blocks) != num_layers:
+        raise refuse(text.path("block_configs"), f"a list of {num_layers} block configs", blocks)
+    layers: list[LayerSpec] = []
+    for index, block in enumerate(blocks):
+        where = f"block_configs[{index}].attention"
+        attention = block.get("attention") if isinstance(block, dict) else None
+        if not isinstance(attention, dict):
+            raise refuse(text.path(where), "an object", attention)
+        node = Fields(attention, text.path(where))
+        if node.flag("no_op") or node.flag("replace_with_linear"):
+            layers.append(LayerSpec(NO_KV))
+            continue
+        if node.present("window_length") or node.present("num_sink_tokens"):
+            raise errors.InvalidModelConfig(
+                f"DeciLMForCausalLM: config.json's {where} sets a window or sink tokens; not modelled",
+                field=text.path(where),
+            )
+        group = node.need_int("n_heads_in_group", limit=MAX_HEADS)
+        if geometry.heads % group:
+            raise refuse(node.path("n_heads_in_group"), f"a divisor of {geometry.heads}", group)
+        kv = geometry.heads // group
+        layers.append(LayerSpec(FULL, kv, geometry.head_dim, geometry.head_dim))
+    return layers
 
 
 def read_layers(
     text: Fields, model_type: str, num_layers: int, geometry: Geometry, window: int | None
 ) -> tuple[list[LayerSpec], LinearStateSpec | None]:
     """Every decoder layer of a (non-MLA) model, and the linear-attention state if it has such layers."""
+    decilm = _decilm_layers(text, num_layers, geometry)
+    if decilm is not None:
+        return decilm, None
     kinds = _layer_types(text, model_type, num_layers, window)
+    shared = text.optional_int("num_kv_shared_layers", limit=MAX_LAYERS, minimum=0) or 0
+    if shared:
+        # Gemma 3n / 4: the last ``num_kv_shared_layers`` layers read an earlier layer's cache and
+        # get no KV spec of their own (vLLM ``gemma4.py``: ``kv_sharing_target_layer_name``).
+        if shared >= num_layers:
+            raise refuse(text.path("num_kv_shared_layers"), f"below num_hidden_layers ({num_layers})", shared)
+        kinds = kinds[: num_layers - shared] + [_NO_KV_NAME] * shared
     unknown = next((name for name in kinds if name not in _KNOWN_KINDS), None)
     if unknown is not None:
         raise errors.InvalidModelConfig(
@@ -170,10 +311,14 @@ def read_layers(
         )
     kv_heads, head_dim = geometry.kv_heads, geometry.head_dim
     global_kv = text.optional_int("num_global_key_value_heads", limit=MAX_HEADS) or kv_heads
+    if model_type == "gemma4_text" and not text.flag("attention_k_eq_v"):
+        global_kv = kv_heads  # transformers applies num_global_key_value_heads only with attention_k_eq_v
     if global_kv > geometry.heads:
         expected = f"at most num_attention_heads ({geometry.heads})"
         raise refuse(text.path("num_global_key_value_heads"), expected, global_kv)
-    global_hd = text.optional_int("global_head_dim", limit=MAX_HEAD_DIM) or head_dim
+    # Gemma 4's full layers default to 512-wide heads (transformers' ``global_head_dim``).
+    default_global_hd = 512 if model_type == "gemma4_text" else head_dim
+    global_hd = text.optional_int("global_head_dim", limit=MAX_HEAD_DIM) or default_global_hd
     by_name: dict[str, LayerSpec] = {}
     if any(name in _SLIDING_NAMES for name in kinds):
         if not window:
@@ -187,6 +332,7 @@ def read_layers(
         chunk = text.need_int("attention_chunk_size", limit=MAX_CONTEXT)
         by_name["chunked_attention"] = LayerSpec(CHUNKED, kv_heads, head_dim, head_dim, chunk)
     by_name.update(dict.fromkeys(_LINEAR_NAMES, LayerSpec(LINEAR)))
+    by_name[_NO_KV_NAME] = LayerSpec(NO_KV)
     by_name.update(dict.fromkeys(_FULL_NAMES, LayerSpec(FULL, global_kv, global_hd, global_hd)))
     linear_state = None
     if any(name in _LINEAR_NAMES for name in kinds):
@@ -196,12 +342,7 @@ def read_layers(
                 "layers, and a model without any is not modelled",
                 field=text.path("layer_types" if "layer_types" in text.data else "full_attention_interval"),
             )
-        linear_state = _linear_state(text)
-    if model_type == "gemma4_text" and text.optional_int("num_kv_shared_layers", limit=MAX_LAYERS, minimum=0):
-        raise errors.InvalidModelConfig(
-            "Gemma 4 KV-sharing layers (num_kv_shared_layers > 0) are not modelled",
-            field=text.path("num_kv_shared_layers"),
-        )
+        linear_state = _linear_state(text, model_type)
     return [by_name[name] for name in kinds], linear_state
 
 
@@ -213,6 +354,9 @@ def _moe_layers(text: Fields, num_layers: int) -> int:
             expected = f"at most num_hidden_layers ({num_layers})"
             raise refuse(text.path("first_k_dense_replace"), expected, first_dense)
         return num_layers - first_dense
+    nemotron = nemotron_h_moe_layers(text)
+    if nemotron is not None:  # Nemotron-H: the MoE blocks
+        return nemotron
     sparse_step = text.optional_int("decoder_sparse_step", limit=MAX_LAYERS)
     dense = text.ints("mlp_only_layers", limit=MAX_LAYERS)
     if sparse_step or dense:
@@ -246,7 +390,14 @@ def read_moe(text: Fields, model_type: str, num_layers: int, hidden_intermediate
     )
     shared = 0
     n_shared = text.optional_int("n_shared_experts", limit=MAX_EXPERTS, minimum=0)
-    shared_size = text.optional_int("shared_expert_intermediate_size", limit=MAX_INTERMEDIATE_SIZE, minimum=0)
+    shared_size = text.optional_int(
+        "shared_expert_intermediate_size",
+        "moe_shared_expert_intermediate_size",
+        limit=MAX_INTERMEDIATE_SIZE,
+        minimum=0,
+    )
+    if model_type == "nemotron_h" and shared_size:
+        n_shared = 0  # moe_shared_expert_intermediate_size is the shared experts' total size
     if n_shared:
         shared = n_shared * moe_inter
     elif shared_size:
@@ -262,9 +413,9 @@ def read_vision_params(top: Fields, text_hidden: int) -> int:
     vc = top.child("vision_config")
     if vc is None:
         return 0
-    h = vc.need_int("hidden_size", "embed_dim", "width", limit=MAX_HIDDEN_SIZE)
-    layers = vc.need_int("num_hidden_layers", "depth", "num_layers", limit=MAX_LAYERS)
-    inter = vc.optional_int("intermediate_size", limit=MAX_INTERMEDIATE_SIZE) or 4 * h
+    h = vc.need_int("hidden_size", "embed_dim", "width", "vt_hidden_size", limit=MAX_HIDDEN_SIZE)
+    layers = vc.need_int("num_hidden_layers", "depth", "num_layers", "vt_num_hidden_layers", limit=MAX_LAYERS)
+    inter = vc.optional_int("intermediate_size", "vt_intermediate_size", limit=MAX_INTERMEDIATE_SIZE) or 4 * h
     gated = vc.string("hidden_act") in ("silu", "swiglu")
     per_layer = 4 * h * h + (3 if gated else 2) * h * inter
     patch = vc.optional_int("patch_size", limit=MAX_SMALL) or 14

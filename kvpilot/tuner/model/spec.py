@@ -45,6 +45,7 @@ from kvpilot.tuner.model.layers import (  # re-exported: callers name them model
     FULL,
     LINEAR,
     MLA,
+    NO_KV,
     SLIDING,
     LayerSpec,
     LinearStateSpec,
@@ -52,7 +53,14 @@ from kvpilot.tuner.model.layers import (  # re-exported: callers name them model
     MoeSpec,
 )
 from kvpilot.tuner.model.quantization import QuantSpec, build_quant_spec
-from kvpilot.tuner.model.readers import read_geometry, read_layers, read_mla, read_moe, read_vision_params
+from kvpilot.tuner.model.readers import (
+    nemotron_h_num_layers,
+    read_geometry,
+    read_layers,
+    read_mla,
+    read_moe,
+    read_vision_params,
+)
 
 __all__ = [
     "CHUNKED",
@@ -60,6 +68,7 @@ __all__ = [
     "FULL",
     "LINEAR",
     "MLA",
+    "NO_KV",
     "SLIDING",
     "LayerSpec",
     "LinearStateSpec",
@@ -201,6 +210,36 @@ class ModelSpec:
         if self.rope_original_max:
             return int(self.rope_original_max * self.rope_factor)
         return int(self.max_len_base * self.rope_factor)
+
+
+_NOT_MODELLED_FIELDS = (
+    ("compress_ratios", "DeepSeek-V4 compressed sparse attention"),
+    ("linear_attn_config", "Kimi Delta Attention linear-attention layers"),
+)
+"""Config fields whose KV layout kvpilot does not model: a config with one is refused, naming it."""
+
+
+def _fallback_intermediate(text: Fields, hidden: int, names: tuple[str, ...]) -> int:
+    """The dense MLP size when the config gives none: an all-MoE model's expert size (Qwen3.5 MoE:
+    every layer is MoE), or DeciLM's largest ``ffn_mult`` block (vLLM ``nemotron_nas.py``)."""
+    blocks = text.raw("block_configs")
+    if isinstance(blocks, list) and blocks:
+        mults = [
+            b["ffn"]["ffn_mult"]
+            for b in blocks
+            if isinstance(b, dict)
+            and isinstance(b.get("ffn"), dict)
+            and isinstance(b["ffn"].get("ffn_mult"), int | float)
+            and not isinstance(b["ffn"]["ffn_mult"], bool)
+        ]
+        if mults and all(0 < m <= 64 for m in mults):
+            size = int(2 * max(mults) * hidden / 3)
+            return -(-size // 256) * 256  # _ffn_mult_to_intermediate_size: a multiple of 256
+    moe = text.optional_int("moe_intermediate_size", limit=MAX_INTERMEDIATE_SIZE)
+    dense = text.ints("mlp_only_layers", limit=MAX_LAYERS) or []
+    if moe and not dense and not text.optional_int("first_k_dense_replace", limit=MAX_LAYERS, minimum=0):
+        return moe
+    raise text.missing(*names)
 
 
 def _text_config(top: Fields) -> Fields:
@@ -345,19 +384,32 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         raise errors.InvalidModelConfig(
             "config.json names neither 'architectures' nor 'model_type'", "architectures"
         )
-    if model_type in ("mamba", "mamba2", "falcon_mamba", "jamba", "nemotron_h", "bamba", "granitemoehybrid"):
+    vllm.check_architecture_served(architecture)
+    if model_type in ("mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "granitemoehybrid", "falcon_h1"):
         raise errors.InvalidModelConfig(
-            f"model_type {model_type!r}: Mamba-state layers of this family are not modelled yet "
-            "(supported hybrid: qwen3_next)",
+            f"{architecture} (model_type {model_type!r}): Mamba-state layers of this family are not "
+            "modelled yet (modelled: Qwen3-Next and Qwen3.5 gated DeltaNet, Nemotron-H Mamba2)",
             field="model_type",
         )
+    for field, what in _NOT_MODELLED_FIELDS:
+        if text.present(field):
+            raise errors.InvalidModelConfig(
+                f"{architecture}: config.json's {text.path(field)} ({what}) is not modelled: kvpilot "
+                "cannot size its KV cache",
+                field=text.path(field),
+            )
 
-    num_layers = text.need_int("num_hidden_layers", "n_layer", "num_layers", "n_layers", limit=MAX_LAYERS)
+    num_layers = (nemotron_h_num_layers(text) if model_type == "nemotron_h" else None) or text.need_int(
+        "num_hidden_layers", "n_layer", "num_layers", "n_layers", limit=MAX_LAYERS
+    )
+    if num_layers > MAX_LAYERS.maximum:
+        raise refuse(text.path("layers_block_type"), f"at most {MAX_LAYERS.maximum} blocks", num_layers)
     hidden = text.need_int("hidden_size", "n_embd", "d_model", limit=MAX_HIDDEN_SIZE)
     heads = text.need_int("num_attention_heads", "n_head", "num_heads", limit=MAX_HEADS)
     vocab = text.need_int("vocab_size", "padded_vocab_size", limit=MAX_VOCAB_SIZE)
-    inter = text.need_int(
-        "intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim", limit=MAX_INTERMEDIATE_SIZE
+    inter_names = ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim")
+    inter = text.optional_int(*inter_names, limit=MAX_INTERMEDIATE_SIZE) or _fallback_intermediate(
+        text, hidden, inter_names
     )
     dense_inter = inter
     if model_type == "llama4_text":
@@ -376,6 +428,8 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     else:
         head_dim_kv = geometry.head_dim
         layers, linear_state = read_layers(text, model_type, num_layers, geometry, window)
+        if model_type == "gemma4_text":  # vLLM's get_head_size: the full layers' (global) head size
+            head_dim_kv = max((layer.head_dim for layer in layers if layer.kind == FULL), default=head_dim_kv)
     tie = text.optional_bool("tie_word_embeddings")
     if tie is None:
         tie = top.optional_bool("tie_word_embeddings")

@@ -40,6 +40,32 @@ FLAG_ALIASES: Mapping[str, str] = {
 }
 """Other spellings vLLM 0.33 accepts for the tuned flags."""
 
+TOPOLOGY_ALIASES: Mapping[str, str] = {
+    "-pp": "--pipeline-parallel-size",
+    "-dp": "--data-parallel-size",
+}
+"""The short forms vLLM 0.33 accepts for the parallelism flags other than tensor parallelism."""
+
+PIPELINE_PARALLEL_FLAG = "--pipeline-parallel-size"
+"""Pipeline stages per engine: GPUs per pod = tensor-parallel size x this (kvpilot renders it when
+``gpu.count`` exceeds the tensor-parallel size)."""
+DTYPE_FLAG = "--dtype"
+"""The weights' compute dtype; ``auto`` follows the config's ``torch_dtype``."""
+DTYPE_BYTES: Mapping[str, int] = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
+"""Bytes per weight element of each explicit ``--dtype`` value vLLM 0.33 accepts (besides ``auto``)."""
+
+POD_FLAGS: Mapping[str, str] = {
+    "--host": "kvpilot's Deployment listens on every address, which its Service and probes reach",
+    "--port": "kvpilot's Deployment serves on its container port, which its Service and probes use",
+    "--uds": "a Unix socket replaces the port kvpilot's Service and probes use",
+    "--model": "the model is spec.model.id, which kvpilot passes as vllm serve's model argument",
+    "--revision": "set spec.model.revision: kvpilot passes it and plans from that revision's config.json",
+    "--config": "a config file would set the flags kvpilot plans and renders, out of its sight",
+    "--data-parallel-size": "kvpilot runs one engine per pod with spec.gpu.count GPUs; scale with "
+    "spec.replicas",
+}
+"""Flags that contradict the pod kvpilot renders, refused in user arguments, with what to do instead."""
+
 KV_CACHE_MEMORY_FLAG = "--kv-cache-memory-bytes"
 """vLLM's flag that fixes the KV pool in bytes per GPU
 (``config/cache.py::CacheConfig.kv_cache_memory_bytes``): the planner may render it
@@ -117,7 +143,7 @@ def _canonical(token: str) -> tuple[str, str | None]:
     name, sep, value = token.partition("=")
     if name.startswith("--"):
         name = "--" + name[2:].replace("_", "-")
-    name = FLAG_ALIASES.get(name, name)
+    name = FLAG_ALIASES.get(name, TOPOLOGY_ALIASES.get(name, name))
     return name, (value if sep else None)
 
 
@@ -240,6 +266,48 @@ def parse_vllm_args(args: Sequence[str]) -> tuple[EngineSettings, tuple[str, ...
     return settings, tuple(rest)
 
 
+def find_flag_values(args: Sequence[str], flag: str) -> list[str]:
+    """Every value given to ``flag`` in ``args`` (``--flag value``, ``--flag=value``, short forms and
+    underscores alike), in order; a missing value is ``""``."""
+    found = []
+    for index, name, inline in _iter_flags(args):
+        if name == flag:
+            nxt = args[index + 1] if index + 1 < len(args) else ""
+            found.append(inline if inline is not None else ("" if _is_flag(nxt) else nxt))
+    return found
+
+
+def find_pod_flags(args: Sequence[str]) -> list[tuple[str, str]]:
+    """``(flag, why)`` for each flag of :data:`POD_FLAGS` in ``args``, in any spelling or as an
+    abbreviation (vLLM accepts unique prefixes, so ``--po`` is ``--port``)."""
+    found = []
+    for _, flag, _ in _iter_flags(args):
+        if flag in POD_FLAGS:
+            found.append((flag, POD_FLAGS[flag]))
+        elif len(flag) > 3 and flag not in _FIELD_BY_FLAG:
+            found += [(flag, f"it abbreviates {p}: {w}") for p, w in POD_FLAGS.items() if p.startswith(flag)]
+    return found
+
+
+def check_dtype(args: Sequence[str], model_dtype: str) -> None:
+    """Refuse a ``--dtype`` whose weights are not the size the plan assumed (the model's ``model_dtype``):
+    ``auto`` and a dtype of the same element size (``float16`` for ``bfloat16``) plan the same."""
+    planned = DTYPE_BYTES.get(model_dtype)
+    for value in find_flag_values(args, DTYPE_FLAG):
+        if value == "auto" or (value in DTYPE_BYTES and DTYPE_BYTES[value] == planned):
+            continue
+        if value not in DTYPE_BYTES:
+            valid = ", ".join(("auto", *DTYPE_BYTES))
+            message = f"{DTYPE_FLAG} {value!r} is not a vLLM 0.33 dtype ({valid})"
+            raise errors.InvalidEngineArgs(message, flag=DTYPE_FLAG)
+        raise errors.InvalidEngineArgs(
+            f"{DTYPE_FLAG} {value} stores {DTYPE_BYTES[value]} bytes a weight, but the plan is for the "
+            f"model's {model_dtype} ({planned} bytes): the weights would not fit what was planned; remove "
+            "it or use auto",
+            flag=DTYPE_FLAG,
+        )
+
+
 def validate_extra_args(args: Sequence[str]) -> None:
     """Refuse arguments vLLM 0.33 would refuse or that defeat kvpilot's sizing.
 
@@ -247,7 +315,8 @@ def validate_extra_args(args: Sequence[str]) -> None:
     other servers' spellings), flags removed before 0.33 (``--swap-space``),
     flags that override the planned KV-cache size, abbreviations of tuned flags
     (vLLM accepts unique prefixes, so ``--max-model`` would silently fight the
-    plan), a repeated ``serve`` sub-command and invalid ``--kv-cache-dtype`` values.
+    plan), a repeated ``serve`` sub-command and invalid ``--kv-cache-dtype`` values. The flags that
+    contradict the pod kvpilot renders are :func:`find_pod_flags`'.
     """
     if args and args[0] == "serve":
         raise errors.InvalidEngineArgs(
@@ -273,6 +342,7 @@ def validate_extra_args(args: Sequence[str]) -> None:
                     raise errors.InvalidEngineArgs(
                         f"vLLM argument {flag} abbreviates {tuned}; spell it out as {tuned}", flag=flag
                     )
+
         if flag == "--kv-cache-dtype":
             value = inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
             if value not in KV_CACHE_DTYPES:

@@ -51,11 +51,16 @@ _ELEMENT_BYTES: Mapping[str, float] = {
     "fp8_ds_mla": 1,
     "int8_per_token_head": 1,
     "fp8_per_token_head": 1,
-    "int4_per_token_head": 0.5 + 1 / 16,
+    "int4_per_token_head": 0.5,
     "nvfp4": 0.5 + 1 / 16,
     "nvfp4_4over6": 0.5 + 1 / 16,
 }
-"""Bytes per cached K or V element (scales included) of every modelled dtype but ``auto``."""
+"""Bytes per cached K or V element of every modelled dtype but ``auto`` (nvfp4: its block scales
+included; the per-token-head dtypes' scales are per head, :data:`PER_TOKEN_HEAD_SCALE_BYTES`)."""
+
+PER_TOKEN_HEAD_SCALE_BYTES = 2 * 4
+"""``int8/fp8/int4_per_token_head``: the Triton backend packs two fp32 scales (K and V) after each
+head's data, per token (``v1/attention/backends/triton_attn.py::TritonAttentionBackend.customize_spec``)."""
 
 MODELLED_KV_CACHE_DTYPES: tuple[str, ...] = tuple(
     d for d in KV_CACHE_DTYPES if d == "auto" or d in _ELEMENT_BYTES
@@ -103,3 +108,25 @@ def kv_element_bytes(kv_cache_dtype: str | None, model_dtype_bytes: float) -> fl
         return model_dtype_bytes
     check_modelled(name)
     return _ELEMENT_BYTES[name]
+
+
+def is_per_token_head(kv_cache_dtype: str | None) -> bool:
+    return (kv_cache_dtype or "").endswith("_per_token_head")
+
+
+def kv_head_token_bytes(
+    kv_cache_dtype: str | None, model_dtype_bytes: float, head_dim: int, head_dim_v: int
+) -> float:
+    """Bytes one token of one KV head takes in a page: K and V data, plus per-head scales.
+
+    vLLM: ``block x heads x (head + head_v) x dtype`` (``AttentionSpec.page_size_bytes``); the
+    per-token-head dtypes instead ``(head/2 + head_v/2 for int4, else head + head_v) x 1 + 8``.
+    """
+    if is_per_token_head(kv_cache_dtype):
+        k, v = (
+            (head_dim // 2, head_dim_v // 2)
+            if kv_cache_dtype == "int4_per_token_head"
+            else (head_dim, head_dim_v)
+        )
+        return k + v + PER_TOKEN_HEAD_SCALE_BYTES
+    return (head_dim + head_dim_v) * kv_element_bytes(kv_cache_dtype, model_dtype_bytes)

@@ -125,6 +125,16 @@ def kv_cache_memory_oom_error(kv_cache_gib: float, needed_gib: float, total_gib:
     )
 
 
+def mamba_cache_blocks_error(max_num_seqs: int, num_blocks: int) -> str:
+    """vLLM 0.33's text when a hybrid (Mamba / GDN state) model has fewer cache blocks than
+    ``max_num_seqs`` and full CUDA graphs are captured (``config/compilation.py``)."""
+    return (
+        f"max_num_seqs ({max_num_seqs}) exceeds available Mamba cache blocks ({num_blocks}). Each decode "
+        "sequence requires one Mamba cache block, so CUDA graph capture cannot proceed. Please lower "
+        f"max_num_seqs to at most {num_blocks} or increase gpu_memory_utilization."
+    )
+
+
 # --- parsing: the patterns the crash classifier matches in a container's log -------------------
 
 _INT = r"(\d+)"
@@ -159,3 +169,8 @@ CUDA_OOM = re.compile(
 TRIED = re.compile(r"Tried to allocate " + _NUM + r" ([GM]iB)")
 # PyTorch's OutOfMemoryError: "GPU 0 has a total capacity of T GiB of which F MiB is free."
 OOM_CAPACITY = re.compile(r"total capacity of " + _NUM + r" ([GM]iB) of which " + _NUM + r" ([GM]iB) is free")
+
+# 0.33, hybrid models with full CUDA graphs: more sequences than state blocks (mamba_cache_blocks_error).
+MAMBA_CACHE_BLOCKS = re.compile(
+    r"max_num_seqs \(" + _INT + r"\) exceeds available Mamba cache blocks \(" + _INT + r"\)"
+)

@@ -162,17 +162,6 @@ def charges_total_consumed(version: Version) -> bool:
     return version >= TOTAL_CONSUMED_ACCOUNTING_SINCE
 
 
-def hybrid_manager_for_chunked_local(version: Version) -> bool:
-    """Whether chunked-local (Llama 4) layers get their own KV groups.
-
-    0.19 logs show four groups for Llama 4 Scout; 0.33 disables the hybrid manager for
-    chunked-local attention unless ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1``,
-    so those layers are then sized as full attention. The switch lies between the two
-    checked releases; 0.20 is assumed.
-    """
-    return version < (0, 20)
-
-
 MODEL_RUNNER_V2_SINCE: Version = (0, 33)
 """The first release kvpilot models with Model Runner V2 (``vllm/v1/worker/gpu/``) as the default.
 

@@ -9,10 +9,23 @@ is the only reader; add a model by adding a :class:`ModelEntry` to its family's
 
 from __future__ import annotations
 
-from kvpilot.tuner.model.configs import deepseek, gemma, gpt_oss, llama, mistral, qwen
+from kvpilot.tuner.model.configs import (
+    deepseek,
+    gemma,
+    gemma4,
+    glm,
+    gpt_oss,
+    kimi,
+    llama,
+    minimax,
+    mistral,
+    nemotron,
+    qwen,
+    qwen3_5,
+)
 from kvpilot.tuner.model.configs._entry import ModelEntry
 
-FAMILIES = (llama, qwen, mistral, gemma, deepseek, gpt_oss)
+FAMILIES = (llama, qwen, qwen3_5, mistral, gemma, gemma4, deepseek, glm, kimi, gpt_oss, minimax, nemotron)
 
 ENTRIES: tuple[ModelEntry, ...] = tuple(entry for family in FAMILIES for entry in family.ENTRIES)
 

@@ -1,5 +1,4 @@
-"""Qwen configs: Qwen2.5 dense, Qwen3 dense and MoE, Qwen3-Next (hybrid Gated DeltaNet + attention).
-"""
+"""Qwen configs: Qwen2.5 dense, Qwen3 dense and MoE, Qwen3-Next (hybrid Gated DeltaNet + attention)."""
 
 from __future__ import annotations
 

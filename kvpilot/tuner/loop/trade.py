@@ -1,0 +1,84 @@
+"""Is a metrics-driven change worth its restart? The closed loop's gain-against-cost trade. Pure.
+
+A retune restarts vLLM: while a pod loads its weights and compiles (``restart_seconds``, measured per
+service: ``status.startupSeconds``), it serves nothing. What that costs depends on how the rollout runs
+(:mod:`kvpilot.operator.rollout_strategy` chooses it, the operator passes the share it loses):
+
+* **Surge** (a new pod beside the old ones): nothing is lost, ``lost_fraction`` 0;
+* **Replace** (``k`` of ``N`` replicas down at a time): ``k / N`` of the capacity while a step restarts;
+* **Recreate** (every replica down, e.g. one replica with no spare GPU): all of it, ``lost_fraction`` 1;
+* pods that serve nothing anyway (a crash loop) lose nothing, 0.
+
+Both sides are measured in *seconds of the whole service's capacity*:
+
+    cost = lost_fraction x restart_seconds
+    gain = expected_gain_fraction x cooldown_seconds
+
+and a change goes ahead only when ``gain > cost``. The gain is the share of the service's capacity the
+change is expected to win back, for as long as it will certainly stay (the cooldown: no metrics-driven
+change follows sooner), from the metrics window it was proposed on:
+
+* **IdleCapacity** (a queue at the sequence limit, KV room to spare): the requests the new limit admits
+  that now wait, per running request: ``min(mean waiting, added sequences) / mean running``;
+* **KvPressure** (KV usage high with preemptions): each preemption throws a running request's KV away and
+  recomputes it; taking one preemption as one request's work lost, the share of the running requests
+  preempted over the cooldown: ``mean preemptions per second x cooldown / mean running``;
+* any other metrics trigger: 1 (the whole capacity; no measure to discount it by).
+
+Each fraction is capped at 1. Crash remedies do not pass through this trade (a crashing pod serves
+nothing: there is nothing to lose); docs/closed-loop.md, "Restart cost", says the same for users.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop import remedies
+from kvpilot.tuner.loop.observations import ObservationWindow
+from kvpilot.tuner.types import EngineSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Trade:
+    gain_seconds: float
+    """Seconds of the whole service's capacity the change is expected to win over the cooldown."""
+    cost_seconds: float
+    """Seconds of the whole service's capacity the rollout loses."""
+
+    @property
+    def worth_it(self) -> bool:
+        return self.gain_seconds > self.cost_seconds
+
+    def describe(self) -> str:
+        return (
+            f"expected gain {self.gain_seconds:.0f}s of full capacity over the cooldown, restart cost "
+            f"{self.cost_seconds:.0f}s"
+        )
+
+
+def compute_gain_fraction(
+    trigger: str, window: ObservationWindow, current: EngineSettings, proposed: EngineSettings,
+    cooldown_seconds: float,
+) -> float:  # fmt: skip
+    """The share of the service's capacity ``proposed`` is expected to win back (0..1); ``current`` and
+    ``proposed`` are effective settings (every field set)."""
+    running = max(1.0, obs.compute_mean(window.samples, obs.running) or 0.0)
+    if trigger == remedies.IDLE_CAPACITY:
+        waiting = obs.compute_mean(window.samples, obs.waiting) or 0.0
+        added = max(0, (proposed.max_num_seqs or 0) - (current.max_num_seqs or 0))
+        return min(1.0, min(waiting, float(added)) / running)
+    if trigger == remedies.KV_PRESSURE:
+        rate = obs.compute_mean(window.samples, obs.preemption_rate) or 0.0
+        return min(1.0, max(0.0, rate) * cooldown_seconds / running)
+    return 1.0
+
+
+def compute_trade(
+    trigger: str, window: ObservationWindow, current: EngineSettings, proposed: EngineSettings, *,
+    cooldown_seconds: float, restart_seconds: float, lost_fraction: float,
+) -> Trade:  # fmt: skip
+    """The gain against the cost of rolling ``proposed`` out (module docstring)."""
+    gain = compute_gain_fraction(trigger, window, current, proposed, cooldown_seconds) * cooldown_seconds
+    cost = min(1.0, max(0.0, lost_fraction)) * max(0.0, restart_seconds)
+    return Trade(gain, cost)

@@ -1,0 +1,69 @@
+"""How vLLM pages hybrid models: linear-attention (Mamba, Mamba2, gated DeltaNet) state beside
+attention, the chunked-local groups of Llama 4, and the block alignments each backend asks for.
+
+Part of :mod:`kvpilot.tuner.vllm` (every vLLM fact lives there); :mod:`kvpilot.tuner.memory.kv_cache`
+asks it. Sources, in the pinned 0.33.0 wheel:
+
+* ``model_executor/models/config.py::MambaModelConfig``: with prefix caching on (the default for
+  hybrid generative models) ``mamba_cache_mode`` becomes ``"align"``;
+* ``v1/kv_cache_interface.py::MambaSpec.max_memory_usage_bytes``: a state group holds
+  ``2 + spec + checkpoint`` pages per request in align mode, ``1 + spec`` otherwise;
+* ``model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py::_resolve_gdn_prefill_backend``:
+  FlashInfer's GDN prefill on Hopper (SM 9.0), and on Blackwell (SM 10.x, 12.x) when
+  ``linear_key_head_dim == 128`` with CUDA 13 (the pinned wheel's torch is built for CUDA 13.0);
+  Triton elsewhere. FlashInfer GDN exports prefill checkpoints: one more page per request and a
+  64-token alignment (``v1/attention/backends/gdn_attn.py::FLASHINFER_GDN_CHECKPOINT_ALIGNMENT``);
+* ``platforms/interface.py::_align_hybrid_block_size``: the attention block is raised to a multiple
+  of ``lcm(max(kernel block, --block-size), checkpoint alignment)`` until one attention page holds a
+  state (MLA hybrids: at least 128), rounded to the backends' kernel block, and the state page is
+  padded to the attention page;
+* ``envs.py``: ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE`` defaults to ``1``, so Llama 4's
+  chunked-local layers keep groups of their own (``config/vllm.py``).
+"""
+
+from __future__ import annotations
+
+from kvpilot.tuner.vllm.versions import Version
+
+FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64
+"""Tokens: FlashInfer's GDN prefill emits states every multiple of its 64-token chunk."""
+
+ATTENTION_KERNEL_BLOCK = 16
+"""The smallest kernel block of FlashAttention and FlashInfer (``MultipleOf(16)``)."""
+
+MLA_HYBRID_BLOCK_ALIGNMENT = 128
+"""An MLA + state hybrid aligns its attention block to at least 128 tokens."""
+
+_FLASHINFER_GDN_HEAD_K_DIM = 128
+"""Blackwell's FlashInfer GDN prefill needs ``linear_key_head_dim == 128``."""
+
+
+def uses_mamba_align_mode(version: Version, enable_prefix_caching: bool = True) -> bool:
+    """Whether state layers run in ``mamba_cache_mode="align"`` (prefix caching on, 0.33's default for
+    hybrids). Earlier releases are modelled with one state page per request, as fitted."""
+    return enable_prefix_caching and version >= (0, 33)
+
+
+def uses_flashinfer_gdn(compute_capability: tuple[int, int] | None, head_k_dim: int) -> bool:
+    """Whether the gated-DeltaNet prefill runs FlashInfer's kernel on this GPU (else Triton)."""
+    if compute_capability is None:
+        return False
+    major, _ = compute_capability
+    if compute_capability == (9, 0):
+        return True
+    return major in (10, 12) and head_k_dim == _FLASHINFER_GDN_HEAD_K_DIM
+
+
+def state_pages_per_request(align: bool, checkpoint_blocks: int) -> int:
+    """Pages one request's state takes in one state group (no speculative decoding)."""
+    return 2 + checkpoint_blocks if align else 1
+
+
+def hybrid_manager_for_chunked_local(version: Version) -> bool:
+    """Whether chunked-local (Llama 4) layers get their own KV groups.
+
+    0.19 logs show four groups for Llama 4 Scout, and 0.33 keeps them:
+    ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE`` defaults to 1, so the branch that would
+    disable the hybrid manager is not taken (audit of the 0.33.0 wheel, item 3).
+    """
+    return True

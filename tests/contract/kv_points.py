@@ -1,0 +1,254 @@
+"""Both sides of the KV-cache contract: vLLM 0.33's own planning and kvpilot's, on one point.
+
+A *point* is a model's config.json with (TP, PP, block size, KV dtype, max_model_len, bytes available
+per GPU, GPU compute capability). vLLM's side builds every layer's ``KVCacheSpec`` with the wheel's own
+classes (``FullAttentionSpec``, ``SlidingWindowSpec``, ``ChunkedLocalAttentionSpec``,
+``MLAAttentionSpec``, ``MambaSpec``; state shapes and dtypes from ``MambaStateShapeCalculator`` /
+``MambaStateDtypeCalculator`` on the raw config; per-token-head dtypes through
+``TritonAttentionBackend.customize_spec``), splits the layers over PP ranks with ``get_pp_indices``, and
+runs ``get_global_kv_cache_groups`` -> ``get_kv_cache_configs`` (null block, fit check, the estimated
+maximum length in its ``ValueError``) -> ``generate_scheduler_kv_cache_config`` ->
+``get_kv_cache_capacity``. kvpilot's side is ``compute_kv_layout`` per PP rank, the minimum block count,
+``compute_capacity``, as ``memory.compute_budget`` calls them.
+
+What a CUDA start does that the CPU platform does not is set on the shared ``VllmConfig`` (the audit's
+section 3.1): the hybrid KV-cache manager on, async scheduling on, Model Runner V2 (``PP + 1`` batches in
+flight), ``mamba_cache_mode`` "align" with prefix caching, the ``LBNHC`` layout. One step is a copy rather
+than a call: the hybrid block alignment (``Platform._align_hybrid_block_size``), because the real one
+resolves the model class and walks its built layers, which needs the model's full ``ModelConfig`` (30 to
+100 s per model on CPU); the copy is ten lines below, with the FlashInfer GDN checkpoint alignment
+(``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT``) and the kernel block sizes read from the wheel.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvpilot.tuner import vllm as kv_vllm
+from kvpilot.tuner.memory import kv_cache
+from kvpilot.tuner.model import CHUNKED, FULL, LINEAR, MLA, NO_KV, SLIDING, ModelSpec
+
+_EST = re.compile(r"estimated maximum model length is (\d+)")
+MAX_NUM_BATCHED_TOKENS = 8192
+V033 = (0, 33, 0)
+
+
+@dataclass(frozen=True)
+class Point:
+    tp: int
+    pp: int
+    block: int
+    dtype: str
+    max_len: int
+    available: int
+    capability: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    num_gpu_blocks: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    starts: bool
+    estimated_max_len: int | None
+
+
+def _text(config: dict[str, Any]) -> dict[str, Any]:
+    for key in ("text_config", "language_config", "llm_config"):
+        nested = config.get(key)
+        if isinstance(nested, dict):
+            return {**{k: v for k, v in config.items() if k in ("torch_dtype", "dtype")}, **nested}
+    return config
+
+
+def _ssm_dtype(text: dict[str, Any], model_type: str) -> str:
+    """vLLM's config hooks (``model_executor/models/config.py``) for ``--mamba-ssm-cache-dtype auto``."""
+    if model_type.startswith("qwen3_5"):
+        return str(text.get("mamba_ssm_dtype") or "auto")
+    if model_type == "nemotron_h":
+        return str(text.get("mamba_ssm_cache_dtype") or "float32")
+    return "auto"
+
+
+def mamba_spec_parts(
+    m: Any, config: dict[str, Any], spec: ModelSpec, tp: int, torch_dtype: Any
+) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
+    """State shapes, dtypes and mamba type of one linear layer, from vLLM's calculators."""
+    mu = m["mamba_utils"]
+    text = _text(config)
+    model_type = spec.model_type
+    ssm = _ssm_dtype(text, model_type)
+    if model_type == "nemotron_h":
+        shapes = mu.MambaStateShapeCalculator.mamba2_state_shape(
+            tp_world_size=tp,
+            intermediate_size=text["mamba_num_heads"] * text["mamba_head_dim"],
+            n_groups=text["n_groups"],
+            num_heads=text["mamba_num_heads"],
+            head_dim=text["mamba_head_dim"],
+            state_size=text["ssm_state_size"],
+            conv_kernel=text["conv_kernel"],
+        )
+        dtypes = mu.MambaStateDtypeCalculator.mamba2_state_dtype(torch_dtype, "auto", ssm)
+        kind = m["MambaAttentionBackendEnum"].MAMBA2
+    else:
+        shapes = mu.MambaStateShapeCalculator.gated_delta_net_state_shape(
+            tp,
+            text["linear_num_key_heads"],
+            text["linear_num_value_heads"],
+            text["linear_key_head_dim"],
+            text["linear_value_head_dim"],
+            text["linear_conv_kernel_dim"],
+        )
+        dtypes = mu.MambaStateDtypeCalculator.gated_delta_net_state_dtype(torch_dtype, "auto", ssm)
+        kind = m["MambaAttentionBackendEnum"].GDN_ATTN
+    return tuple(shapes), tuple(dtypes), kind
+
+
+def build_vllm_specs(
+    m: Any, vc: Any, config: dict[str, Any], spec: ModelSpec, p: Point
+) -> tuple[list[dict[str, Any]], int]:
+    """Every layer's KVCacheSpec, split into PP workers, and the block size the platform settles on."""
+    torch = m["torch"]
+    model_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[spec.dtype]
+    kv_dtype = model_dtype if p.dtype == "auto" else m["STR_DTYPE_TO_TORCH_DTYPE"][p.dtype]
+    quant = m["get_kv_quant_mode"](p.dtype)
+    per_token_head = p.dtype.endswith("_per_token_head")
+    block = p.block
+    align = True  # prefix caching on: MambaModelConfig's align mode
+    checkpoint = 0
+    state: tuple[Any, ...] | None = None
+    if any(layer.kind == LINEAR for layer in spec.layers):
+        shapes, dtypes, mamba_type = mamba_spec_parts(m, config, spec, p.tp, model_dtype)
+        mamba_page = m["MambaSpec"](shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes
+        full = next(layer for layer in spec.layers if layer.kind in (FULL, MLA))
+        one = _attention_spec(m, full, 1, p.tp, kv_dtype, quant, p.dtype, per_token_head)
+        flashinfer_gdn = spec.model_type != "nemotron_h" and kv_vllm.uses_flashinfer_gdn(
+            p.capability, _text(config).get("linear_key_head_dim", 0)
+        )
+        # -- copy of Platform._align_hybrid_block_size (platforms/interface.py) --
+        kernel = max(16, block)
+        if spec.mla is not None:
+            kernel = max(kernel, 128)
+        if align and flashinfer_gdn:
+            kernel = math.lcm(kernel, m["FLASHINFER_GDN_CHECKPOINT_ALIGNMENT"])
+        attn_block = kernel * -(-mamba_page // (kernel * one.page_size_bytes))
+        attn_block = 16 * -(-attn_block // 16)
+        block = max(block, attn_block)
+        padded = block * one.page_size_bytes
+        # -- end of copy --
+        checkpoint = 1 if align and flashinfer_gdn else 0
+        state = (shapes, dtypes, mamba_type, None if padded == mamba_page else padded)
+    specs: dict[int, Any] = {}
+    for index, layer in enumerate(spec.layers):
+        if layer.kind == NO_KV:
+            continue
+        if layer.kind == LINEAR:
+            assert state is not None
+            shapes, dtypes, mamba_type, padded = state
+            specs[index] = m["MambaSpec"](
+                shapes=shapes,
+                dtypes=dtypes,
+                block_size=block,
+                page_size_padded=padded,
+                mamba_type=mamba_type,
+                mamba_cache_mode="align" if align else "none",
+                num_prefill_checkpoint_blocks=checkpoint,
+            )
+        else:
+            specs[index] = _attention_spec(m, layer, block, p.tp, kv_dtype, quant, p.dtype, per_token_head)
+    workers = []
+    for rank in range(p.pp):
+        start, end = m["get_pp_indices"](spec.num_layers, rank, p.pp)
+        workers.append({f"model.layers.{i}.attn": s for i, s in specs.items() if start <= i < end})
+    return workers, block
+
+
+def _attention_spec(
+    m: Any, layer: Any, block: int, tp: int, kv_dtype: Any, quant: Any, dtype: str, per_token_head: bool
+) -> Any:
+    if layer.kind == MLA:
+        return m["MLAAttentionSpec"](
+            block_size=block,
+            num_kv_heads=1,
+            max_tp_shards=1,
+            head_size=layer.head_dim,
+            dtype=kv_dtype,
+            cache_dtype_str=dtype,
+            kv_quant_mode=quant,
+            state_content_bytes={"fp8_ds_mla": 656}.get(dtype),
+        )
+    common = dict(
+        block_size=block,
+        num_kv_heads=max(1, layer.num_kv_heads // tp),
+        head_size=layer.head_dim,
+        head_size_v=layer.head_dim_v,
+        dtype=kv_dtype,
+        kv_quant_mode=quant,
+    )
+    if layer.kind == SLIDING:
+        spec = m["SlidingWindowSpec"](**common, sliding_window=layer.window)
+    elif layer.kind == CHUNKED:
+        spec = m["ChunkedLocalAttentionSpec"](**common, attention_chunk_size=layer.window)
+    else:
+        spec = m["FullAttentionSpec"](**common)
+    return m["TritonAttentionBackend"].customize_spec(spec) if per_token_head else spec
+
+
+def vllm_outcome(m: Any, vc: Any, workers: list[dict[str, Any]], p: Point) -> Outcome:
+    vc.model_config.max_model_len = p.max_len
+    vc.parallel_config.pipeline_parallel_size = p.pp
+    vc.parallel_config.tensor_parallel_size = p.tp
+    groups = m["get_global_kv_cache_groups"](vc, workers)
+    available = [p.available] * p.pp
+    try:
+        configs = m["get_kv_cache_configs"](vc, workers, available, groups)
+    except ValueError as exc:
+        found = _EST.search(str(exc))
+        # The counts vLLM would log are never reached; take them from the allocation alone.
+        configs = m["get_kv_cache_configs_unchecked"](vc, workers, available, groups)
+        blocks = configs[0].num_blocks
+        tokens, conc = m["get_kv_cache_capacity"](vc, m["generate_scheduler_kv_cache_config"](configs))
+        return Outcome(blocks, tokens, conc, False, int(found.group(1)) if found else None)
+    scheduler = m["generate_scheduler_kv_cache_config"](configs)
+    tokens, conc = m["get_kv_cache_capacity"](vc, scheduler)
+    return Outcome(configs[0].num_blocks, tokens, conc, True, None)
+
+
+def kvpilot_outcome(spec: ModelSpec, p: Point, in_flight_batches: int) -> Outcome:
+    layouts = [
+        kv_cache.compute_kv_layout(
+            spec,
+            tensor_parallel_size=p.tp,
+            pipeline_parallel_size=p.pp,
+            pp_rank=rank,
+            kv_cache_dtype=p.dtype,
+            block_size=p.block,
+            vllm_version=V033,
+            compute_capability=p.capability,
+        )
+        for rank in range(p.pp)
+    ]
+    in_flight = in_flight_batches * MAX_NUM_BATCHED_TOKENS
+    cap, _ = kv_cache.compute_stage_capacity(layouts, [p.available] * p.pp, p.max_len, in_flight, V033)
+    est = None if cap.fits or cap.longest_fitting_len <= 0 else cap.longest_fitting_len
+    return Outcome(cap.num_blocks, cap.tokens, cap.max_concurrency, cap.fits, est)
+
+
+def unchecked(planning: Any) -> Any:
+    """``get_kv_cache_configs`` without its fit check (for the counts of a point that does not start)."""
+
+    def run(vc: Any, workers: Any, available: Any, groups: Any) -> Any:
+        original = planning._check_enough_kv_cache_memory
+        planning._check_enough_kv_cache_memory = lambda *args, **kwargs: None
+        try:
+            return planning.get_kv_cache_configs(vc, workers, available, groups)
+        finally:
+            planning._check_enough_kv_cache_memory = original
+
+    return run
+
+
+__all__ = ["Outcome", "Point", "build_vllm_specs", "kvpilot_outcome", "replace", "unchecked", "vllm_outcome"]

@@ -1,0 +1,191 @@
+"""Contract: kvpilot's KV-cache arithmetic is vLLM 0.33's own, integer for integer.
+
+For every catalogue model and every config in tests/data/hf_configs/ that kvpilot sizes, a deterministic
+sample of points over TP 1/2/4/8, PP 1/2/4, block 16/64, KV dtype ``auto``/``fp8``/per-token-head, four
+available sizes, three lengths and two GPUs (H100: FlashInfer GDN; A100: Triton GDN) is run through both
+sides (``kv_points``): ``num_gpu_blocks``, logged KV tokens, max concurrency, the start verdict and the
+estimated maximum length of vLLM's error must be equal. A point vLLM itself cannot build (a TP that does
+not divide a state's heads) is counted as such, never skipped silently; so is a point whose only
+difference is the number of batches in flight at PP > 1 (``vllm.in_flight_batches``: Model Runner V2's
+``PP + 1``, owned by the budget's half of issue 11), which the test recomputes with vLLM's in-flight to
+prove the KV arithmetic itself exact there.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+import random
+import types
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import kv_points as kp
+import pytest
+
+from kvpilot.tuner import errors, vllm
+from kvpilot.tuner.model import MLA, build_model_spec
+from kvpilot.tuner.model import catalogue as models
+from kvpilot.tuner.types import GIB
+
+pytestmark = pytest.mark.contract
+
+HF_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "data" / "hf_configs"
+POINTS_PER_ENTRY = 40
+TPS, PPS, BLOCKS = (1, 2, 4, 8), (1, 2, 4), (16, 64)
+AVAILABLE = (1 * GIB + 12_345, 4 * GIB + 777, 20 * GIB + 3, 40 * GIB + 98_765)
+CAPABILITIES = ((9, 0), (8, 0))
+DTYPES = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
+EMPTY_STAGE = (
+    "a PP stage with no KV layer at all (Gemma 4 E2B/E4B: its last layers share earlier layers' KV): "
+    "vLLM's validate_kv_cache_layout raises on the empty stage's groups, so there is no count to compare"
+)
+MLA_DTYPES = ("auto", "fp8")
+"""vLLM's MLA backends take no per-token-head dtype (Triton-only), so MLA models are not tried with one."""
+
+
+def _entries() -> list[tuple[str, dict[str, Any]]]:
+    found: list[tuple[str, dict[str, Any]]] = []
+    seen: set[str] = set()
+    sources = [(entry_id, models.lookup_model_config(entry_id)) for entry_id, _ in models.list_models()]
+    sources += [(path.stem, json.loads(path.read_text())) for path in sorted(HF_CONFIGS.glob("*.json"))]
+    for name, config in sources:
+        key = json.dumps(config, sort_keys=True)
+        if key in seen:
+            continue
+        try:
+            build_model_spec(copy.deepcopy(config))
+        except errors.InvalidModelConfig:
+            continue  # refused with a reason: tests/test_published_configs.py holds those
+        seen.add(key)
+        found.append((name, config))
+    return found
+
+
+def _points(name: str, mla: bool, default_len: int) -> list[kp.Point]:
+    rng = random.Random(name)
+    lengths = sorted({4096, 32768, default_len})
+    dtypes = MLA_DTYPES if mla else DTYPES
+    grid = [
+        kp.Point(tp, pp, block, dtype, length, available, capability)
+        for tp in TPS
+        for pp in PPS
+        for block in BLOCKS
+        for dtype in dtypes
+        for length in lengths
+        for available in AVAILABLE
+        for capability in CAPABILITIES
+    ]
+    return rng.sample(grid, POINTS_PER_ENTRY)
+
+
+@pytest.fixture(scope="module")
+def wheel(vllm: types.ModuleType) -> dict[str, Any]:
+    import torch
+    from vllm.distributed.utils import get_pp_indices
+    from vllm.model_executor.layers.mamba import mamba_utils
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+    from vllm.v1.attention.backends import gdn_attn
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+    from vllm.v1.core import kv_cache_planning as planning
+    from vllm.v1.core import kv_cache_utils as utils
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+        get_kv_quant_mode,
+    )
+
+    return {
+        "torch": torch,
+        "get_pp_indices": get_pp_indices,
+        "mamba_utils": mamba_utils,
+        "STR_DTYPE_TO_TORCH_DTYPE": STR_DTYPE_TO_TORCH_DTYPE,
+        "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT": gdn_attn.FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
+        "MambaAttentionBackendEnum": MambaAttentionBackendEnum,
+        "TritonAttentionBackend": TritonAttentionBackend,
+        "get_global_kv_cache_groups": planning.get_global_kv_cache_groups,
+        "get_kv_cache_configs": planning.get_kv_cache_configs,
+        "get_kv_cache_configs_unchecked": kp.unchecked(planning),
+        "generate_scheduler_kv_cache_config": utils.generate_scheduler_kv_cache_config,
+        "get_kv_cache_capacity": utils.get_kv_cache_capacity,
+        "ChunkedLocalAttentionSpec": ChunkedLocalAttentionSpec,
+        "FullAttentionSpec": FullAttentionSpec,
+        "MambaSpec": MambaSpec,
+        "MLAAttentionSpec": MLAAttentionSpec,
+        "SlidingWindowSpec": SlidingWindowSpec,
+        "get_kv_quant_mode": get_kv_quant_mode,
+    }
+
+
+@pytest.fixture(scope="module")
+def cuda_like_config(
+    vllm: types.ModuleType, model_dir_factory: Callable[[Mapping[str, object]], Path]
+) -> Any:
+    """One ``VllmConfig`` set the way a CUDA start sets it (hybrid manager, async scheduling, V2 runner)."""
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
+
+    folder = model_dir_factory(models.lookup_model_config("meta-llama/Llama-3.1-8B-Instruct"))
+    model_config = ModelConfig(model=str(folder), skip_tokenizer_init=True)
+    config = VllmConfig(
+        model_config=model_config,
+        cache_config=CacheConfig(block_size=16, enable_prefix_caching=True),
+        parallel_config=ParallelConfig(),
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=kp.MAX_NUM_BATCHED_TOKENS,
+            max_num_seqs=1024,
+            max_model_len=model_config.max_model_len,
+            is_encoder_decoder=False,
+        ),
+    )
+    config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    config.scheduler_config.async_scheduling = True
+    config.cache_config.kv_cache_layout = "LBNHC"
+    config.cache_config.mamba_cache_mode = "align"
+    return config
+
+
+def test_kv_arithmetic_is_vllms_own(wheel: dict[str, Any], cuda_like_config: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr(type(cuda_like_config), "use_v2_model_runner", property(lambda self: True))
+    vc = cuda_like_config
+    checked, exact = 0, 0
+    exceptions: Counter[str] = Counter()
+    misses: list[str] = []
+    entries = _entries()
+    for name, config in entries:
+        spec = build_model_spec(copy.deepcopy(config))
+        mla = any(layer.kind == MLA for layer in spec.layers)
+        for point in _points(name, mla, spec.max_model_len):
+            checked += 1
+            try:
+                workers, _ = kp.build_vllm_specs(wheel, vc, config, spec, point)
+            except AssertionError:
+                exceptions["vLLM cannot shard this model at this TP (divide() asserts)"] += 1
+                continue
+            if not all(workers):
+                exceptions[EMPTY_STAGE] += 1
+                continue
+            vc.parallel_config.pipeline_parallel_size = point.pp
+            theirs = kp.vllm_outcome(wheel, vc, workers, point)
+            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, point.pp))
+            if ours == theirs:
+                exact += 1
+                continue
+            same_flight = kp.kvpilot_outcome(spec, point, vc.max_concurrent_batches)
+            if same_flight == theirs:
+                exceptions[
+                    "in flight at PP > 1: PP + 1 batches (vllm.in_flight_batches, the budget half)"
+                ] += 1
+                continue
+            misses.append(f"{name} {point}: kvpilot {ours} vLLM {theirs}")
+    summary = f"{checked} points over {len(entries)} models: {exact} exact, exceptions {dict(exceptions)}"
+    print(summary)
+    assert len(entries) >= 90  # distinct configs: 94 published ones sized, the catalogue, duplicates once
+    assert not misses, f"{summary}; {len(misses)} differ:\n" + "\n".join(misses[:30])
+    assert exact + sum(exceptions.values()) == checked

@@ -1,0 +1,86 @@
+"""The rollout gates of the policy: a metrics-driven change goes ahead only when its expected gain outweighs
+its restart cost under the rollout strategy in use; a change that cannot roll out holds with the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvpilot.tuner.loop import Action, Decision, PolicyConfig, Trigger, TuningBounds, compute_decision, trade
+from kvpilot.tuner.loop.observations import ObservationWindow, RestartKind
+from tests.tuner.policy_fixtures import CURRENT, NOW, context, restart, state_and_evidence, window
+
+BOUNDS = TuningBounds(min_max_model_len=4096)
+SHALLOW_QUEUE = window(kv=0.3, waiting=12, running=256, prompt=300, output=200)
+"""12 requests wait behind 256 running: raising to 320 sequences wins 12/256 = 4.7 % of the capacity."""
+DEEP_QUEUE = window(kv=0.2, waiting=256, running=256, prompt=100, output=100)
+"""As many wait as run: raising to 512 sequences doubles what runs (the gain is capped at the whole)."""
+
+
+def decide(
+    win: ObservationWindow, *, lost: float, restart_s: float = 180.0, blocked: str | None = None,
+    restarts: tuple = (),
+) -> Decision:  # fmt: skip
+    state, evidence = state_and_evidence(CURRENT, win, restarts, restart_seconds=restart_s)
+    evidence = dataclasses.replace(evidence, rollout_lost_fraction=lost, rollout_blocked=blocked)
+    return compute_decision(state, evidence, context(BOUNDS, PolicyConfig()), NOW)
+
+
+def test_a_small_gain_goes_ahead_when_the_rollout_loses_nothing() -> None:
+    d = decide(SHALLOW_QUEUE, lost=0.0)  # Surge: a new pod beside the old one
+    assert (d.action, d.trigger, d.settings.max_num_seqs) == (Action.RETUNE, Trigger.IDLE_CAPACITY, 320)
+
+
+@pytest.mark.parametrize("lost", [1.0, 0.5])  # Recreate of one replica; Replace of one of two
+def test_a_small_gain_is_not_worth_lost_serving(lost: float) -> None:
+    d = decide(SHALLOW_QUEUE, lost=lost)
+    assert (d.action, d.trigger, d.settings) == (Action.HOLD, Trigger.IDLE_CAPACITY, CURRENT)
+    # gain 12/256 x 480 s cooldown = 22 s; cost lost x 180 s restart
+    assert "not worth a restart (expected gain 22s of full capacity over the cooldown" in d.reason
+    assert f"restart cost {lost * 180:.0f}s" in d.reason
+    assert d.recommended is not None and d.recommended.max_num_seqs == 320
+
+
+def test_a_large_gain_outweighs_full_downtime() -> None:
+    d = decide(DEEP_QUEUE, lost=1.0)
+    assert (d.action, d.settings.max_num_seqs) == (Action.RETUNE, 512)
+
+
+def test_a_slow_start_makes_the_same_change_not_worth_it() -> None:
+    """The cost follows the measured start-up time: 10 s to Ready makes the shallow-queue change worth a
+    full restart (4.7 % of a 310 s cooldown = 14.5 s > 10 s), 600 s does not (the cooldown grows with it
+    too, but the gain is only a share of it)."""
+    assert decide(SHALLOW_QUEUE, lost=1.0, restart_s=10.0).action == Action.RETUNE
+    assert decide(SHALLOW_QUEUE, lost=1.0, restart_s=600.0).action == Action.HOLD
+
+
+def test_pressure_gain_counts_preemptions_per_running_request() -> None:
+    storm = window(kv=0.97, preempt=2.0, running=100)
+    trickle = window(kv=0.97, preempt=0.06, running=100)  # 0.06/s x 480 s / 100 = 29 % of 480 s < 180 s
+    assert decide(storm, lost=1.0).action == Action.RETUNE  # 2/s x 480 s over 100 running: the whole
+    held = decide(trickle, lost=1.0)
+    assert (held.action, held.trigger) == (Action.HOLD, Trigger.KV_PRESSURE)
+    assert "not worth a restart" in held.reason
+
+
+def test_crash_remedies_always_go_ahead() -> None:
+    crash = (restart(RestartKind.CUDA_OOM, ago=10, count=2),)
+    d = decide(window(kv=0.5), lost=1.0, restart_s=3600.0, restarts=crash)
+    assert d.action == Action.RETUNE and d.trigger == RestartKind.CUDA_OOM
+
+
+def test_a_change_that_cannot_roll_out_holds_with_the_reason_and_the_recommendation() -> None:
+    why = "no spare GPU for a surge pod; allow downtime or add capacity"
+    d = decide(DEEP_QUEUE, lost=0.0, blocked=why)
+    assert (d.action, d.settings) == (Action.HOLD, CURRENT)
+    assert d.reason.endswith(f"but {why}")
+    assert d.recommended is not None and d.recommended.max_num_seqs == 512
+
+
+def test_the_trade_in_figures() -> None:
+    t = trade.compute_trade(
+        "IdleCapacity", SHALLOW_QUEUE, CURRENT, CURRENT.replace(max_num_seqs=320),
+        cooldown_seconds=480.0, restart_seconds=180.0, lost_fraction=0.5,
+    )  # fmt: skip
+    assert (round(t.gain_seconds, 1), t.cost_seconds, t.worth_it) == (22.5, 90.0, False)
