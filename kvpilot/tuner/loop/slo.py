@@ -15,8 +15,9 @@ histograms as 95th percentiles per step:
 
 **GPU memory telemetry** (dcgm-exporter's ``DCGM_FI_DEV_FB_FREE``/``_USED``): memory outside vLLM's budget
 (allocator fragmentation, NCCL, the sampler) grows until a CUDA OOM kills the pod. When the free framebuffer
-is below ``gpu_memory_free_min_gib`` (or ``gpu_memory_free_min_fraction`` of the device), or falls at a rate
-that crosses it within ``gpu_memory_horizon_seconds``, :func:`propose_for_gpu_memory` lowers the utilisation
+is below ``gpu_memory_free_min_gib`` (or ``gpu_memory_free_min_fraction`` of the device), or is below twice
+that and falls at a rate that crosses it within ``gpu_memory_horizon_seconds`` (growth that plateaus far
+from the floor is left alone), :func:`propose_for_gpu_memory` lowers the utilisation
 one OOM step *before* the crash. It is urgent (no metrics cooldown), but the current settings are not marked
 failed: they have not crashed.
 """
@@ -148,8 +149,8 @@ def propose_for_gpu_memory(s: Situation) -> Proposal | None:
     floor = max(p.gpu_memory_free_min_gib, p.gpu_memory_free_min_fraction * total)
     slope = _slope(samples)
     projected = free + slope * p.gpu_memory_horizon_seconds
-    if free >= floor and projected >= floor:
-        return None
+    if free >= floor and (projected >= floor or free >= 2 * floor):
+        return None  # room, or a trend still far from the floor (fragmentation plateaus)
     trend = f", falling {-slope * 60:.2f} GiB/min" if slope < 0 else ""
     when = "now" if free < floor else f"within {p.gpu_memory_horizon_seconds:.0f}s"
     return Proposal(
