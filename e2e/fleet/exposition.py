@@ -337,12 +337,28 @@ class VllmMetrics:
             "Histogram of the number of times a request was preempted.",
             REQUEST_NUM_PREEMPTIONS_BUCKETS,
         )
+        # dcgm-exporter's framebuffer gauges (MiB), as its Kubernetes mode exports them for the GPU this pod
+        # holds; the scrape adds namespace and pod (the fleet's one target per pod stands in for the node's
+        # exporter, whose own labels would name the pod)
+        dcgm = ["gpu", "UUID", "modelName", "Hostname"]
+        dcgm_values = {"gpu": "0", "UUID": "GPU-00000000-0000-0000-0000-000000000000",
+                       "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "kwok-node"}  # fmt: skip
+        self.fb_total_gib = truth.gpu_memory_gib
+        self.fb_used = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", dcgm, registry=r)
+        self.fb_used = self.fb_used.labels(**dcgm_values)  # type: ignore[assignment]
+        self.fb_free = Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", dcgm, registry=r)
+        self.fb_free = self.fb_free.labels(**dcgm_values)  # type: ignore[assignment]
         info = cache_config_labels(truth, args, naming)
         Gauge(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=r
         ).labels(**info).set(1)
 
-    def record(self, *, running: int, waiting: int, kv_usage: float, deltas: Deltas) -> None:
+    def record(
+        self, *, running: int, waiting: int, kv_usage: float, deltas: Deltas, fb_used_gib: float | None = None
+    ) -> None:
+        if fb_used_gib is not None:
+            self.fb_used.set(fb_used_gib * 1024)
+            self.fb_free.set(max(0.0, self.fb_total_gib - fb_used_gib) * 1024)
         self.running.set(running)
         self.waiting.set(waiting)
         self.waiting_capacity.set(waiting)

@@ -389,12 +389,17 @@ class Fleet:
             wl = self._workload_for(e)
             e.sim.workload = wl
             e.sim.advance(dt_wall * wl.time_scale)
+            used = truth.framebuffer_used_gib(e.args, e.sim.num_running, (now - e.since) * wl.time_scale)
             e.metrics.record(
                 running=e.sim.num_running,
                 waiting=e.sim.num_waiting,
                 kv_usage=e.sim.kv_usage,
                 deltas=e.sim.drain(),
+                fb_used_gib=used,
             )
+            if truth.fb_leak_max_gib > 0 and used > truth.gpu_memory_gib:
+                self._crash(e, "CudaOOM", truth.cuda_oom_message(e.args), now)
+                return
             if e.pending_fault == "cuda_oom":
                 e.pending_fault = None
                 self._crash(e, "CudaOOM", truth.cuda_oom_message(e.args), now)

@@ -249,6 +249,10 @@ class GroundTruth:
     activation_gib_per_1k_batched: float = 0.0
     """Activation peak of the profile run per 1000 batched tokens, on top of ``non_kv_gib``: a smaller
     ``max_num_batched_tokens`` leaves more memory for the KV cache."""
+    fb_leak_gib_per_min: float = 0.0
+    """Memory outside vLLM's budget that grows while serving (allocator fragmentation), up to
+    :attr:`fb_leak_max_gib`: dcgm-exporter's framebuffer shows it coming; past the device, CUDA OOM."""
+    fb_leak_max_gib: float = 0.0
     startup_gib_per_seq: float = 0.0
     """Start-up memory outside vLLM's budget per sequence (CUDA-graph capture, sampler warm-up): CUDA OOM
     at start-up when ``runtime_headroom_gib`` plus this times ``max_num_seqs`` exceeds
@@ -321,6 +325,13 @@ class GroundTruth:
     def kv_cache_bytes(self, args: EngineArgs) -> int:
         """Memory left for the KV cache (may be <= 0)."""
         return int((self.utilization(args) * self.gpu_memory_gib - self.non_kv(args)) * GiB)
+
+    def framebuffer_used_gib(self, args: EngineArgs, running: int, serving_s: float) -> float:
+        """What dcgm-exporter's ``DCGM_FI_DEV_FB_USED`` shows: vLLM's budget, the run-time memory outside
+        it (headroom, per running sequence) and what has leaked since the engine started serving."""
+        leak = min(self.fb_leak_max_gib, self.fb_leak_gib_per_min * serving_s / 60.0)
+        outside = (self.runtime_headroom_gib or 0.5) + self.runtime_gib_per_seq * running + leak
+        return self.utilization(args) * self.gpu_memory_gib + outside
 
     def outside_budget_gib(self, args: EngineArgs) -> float:
         """``(1 - gpu_memory_utilization) x GPU memory``: what vLLM leaves to everything else."""

@@ -171,10 +171,16 @@ class GpuRequest(_Wire):
     tensor_parallel_size: int | None = Field(None, ge=1, le=64)
 
 
+class Slo(_Wire):
+    ttft_p95_seconds: float | None = Field(None, ge=0.001, le=3600)
+    inter_token_latency_p95_seconds: float | None = Field(None, ge=0.0001, le=60)
+
+
 class Serving(_Wire):
     min_context_length: int | None = Field(None, ge=1, le=MAX_TOKENS)
     max_context_length: int | None = Field(None, ge=1, le=MAX_TOKENS)
     concurrency: int | None = Field(None, ge=1, le=MAX_SEQS)
+    slo: Slo | None = None
 
 
 class KeyRef(_Wire):

@@ -248,6 +248,7 @@ async def run_once(
         bounds=loop_settings.build_bounds(parsed, gpu.fp8_kv),
         policy=policy,
         vllm_version=api.VLLM_VERSION,
+        slo=loop_settings.build_slo(parsed),
     )
     startup = pod_status.compute_startup_seconds(views, state.current)
     restart_seconds = startup if startup is not None else loop_state.read_startup_seconds(old)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvpilot.operator import api
-from kvpilot.tuner.loop import PolicyConfig, TuningBounds
+from kvpilot.tuner.loop import LatencySlo, PolicyConfig, TuningBounds
 
 INTERVAL_ENV = "KVPILOT_CLOSED_LOOP_INTERVAL"
 DEFAULT_INTERVAL_S = 30.0
@@ -127,3 +127,13 @@ def build_bounds(spec: api.InferenceServiceSpec, fp8_supported: bool) -> TuningB
     """The planner's bounds (``spec.to_bounds``: serving and tuning.bounds merged), for the loop; fp8 only
     if allowed *and* supported."""
     return TuningBounds.from_serving(spec.to_bounds(), fp8_supported=fp8_supported)
+
+
+def build_slo(spec: api.InferenceServiceSpec) -> LatencySlo | None:
+    """``spec.serving.slo`` as the loop's :class:`LatencySlo` (``None`` without one)."""
+    slo = spec.serving.slo
+    if slo is None or (slo.ttft_p95_seconds is None and slo.inter_token_latency_p95_seconds is None):
+        return None
+    return LatencySlo(
+        ttft_p95_seconds=slo.ttft_p95_seconds, itl_p95_seconds=slo.inter_token_latency_p95_seconds
+    )

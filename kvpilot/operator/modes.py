@@ -199,6 +199,7 @@ PLAN_NEUTRAL_FIELDS: tuple[tuple[str, ...], ...] = (
     ("tuning", "maxChangesPerHour"),
     ("tuning", "rolloutDeadlineSeconds"),
     ("rollout",),
+    ("serving", "slo"),
 )
 """Spec fields (relative to ``spec``) the planner does not read: changing only these keeps the engine
 settings on the Deployment (which the closed loop may have retuned) instead of re-planning."""

@@ -20,6 +20,12 @@ older releases need; each is selected by ``{namespace="<ns>", pod=~"<pod-1>|<pod
 * KV capacity (instant): ``vllm:cache_config_info{S}``, label ``kv_cache_size_tokens`` (0.33),
   else ``num_gpu_blocks`` x ``block_size``, the smallest over pods; its ``gpu_memory_utilization``
   and ``cache_dtype`` labels say which settings the figure is for.
+* ``ttft_p95`` / ``itl_p95`` (range): the worst pod's ``histogram_quantile(0.95, sum by (pod, le)
+  (rate(vllm:time_to_first_token_seconds_bucket{S}[2m])))``, same for ``vllm:inter_token_latency_seconds``
+  (no request in the rate window: NaN, a missing sample)
+* ``gpu_memory_free_gib`` / ``gpu_memory_used_gib`` (range): dcgm-exporter's ``min(DCGM_FI_DEV_FB_FREE{S})``
+  and ``max(DCGM_FI_DEV_FB_USED{S})`` over 1024 (its ``namespace``/``pod`` labels name the pod holding the
+  GPU); absent without dcgm-exporter, which only disables the early warning
 
 The pure halves (:func:`build_queries`, :func:`build_window`) are tested on canned answers;
 the I/O half on a stub HTTP server.
@@ -53,6 +59,12 @@ WAITING = "vllm:num_requests_waiting"
 PROMPT_TOKENS = "vllm:request_prompt_tokens"
 GENERATION_TOKENS = "vllm:request_generation_tokens"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
+FB_FREE = "DCGM_FI_DEV_FB_FREE"
+FB_USED = "DCGM_FI_DEV_FB_USED"
+"""dcgm-exporter's framebuffer series (MiB), labelled with the pod that holds the GPU (``namespace``,
+``pod``: its Kubernetes mode, ``--kubernetes``; kept as such by a scrape with ``honor_labels``)."""
 
 
 class PromClient(Protocol):
@@ -86,15 +98,24 @@ class Queries:
     prompt_mean: str
     generation_mean: str
     cache_config: str
+    ttft_p95: str = ""
+    itl_p95: str = ""
+    gpu_memory_free_gib: str = ""
+    gpu_memory_used_gib: str = ""
 
     @property
     def ranged(self) -> dict[str, str]:
-        return {
+        queries = {
             "kv_usage": self.kv_usage,
             "preemption_rate": self.preemption_rate,
             "running": self.running,
             "waiting": self.waiting,
+            "ttft_p95": self.ttft_p95,
+            "itl_p95": self.itl_p95,
+            "gpu_memory_free_gib": self.gpu_memory_free_gib,
+            "gpu_memory_used_gib": self.gpu_memory_used_gib,
         }
+        return {k: q for k, q in queries.items() if q}
 
     @property
     def instant(self) -> dict[str, str]:
@@ -114,6 +135,10 @@ def build_queries(namespace: str, pods: Sequence[str], window_seconds: float) ->
     def mean(family: str) -> str:
         return f"sum(rate({family}_sum{{{s}}}[{w}])) / sum(rate({family}_count{{{s}}}[{w}]))"
 
+    def p95(family: str) -> str:  # the worst pod's
+        rate = f"rate({family}_bucket{{{s}}}[{RATE_WINDOW}])"
+        return f"max(histogram_quantile(0.95, sum by (pod, le) ({rate})))"
+
     return Queries(
         kv_usage=f"max({KV_USAGE}{{{s}}}) or max({KV_USAGE_LEGACY}{{{s}}})",
         preemption_rate=(
@@ -126,6 +151,10 @@ def build_queries(namespace: str, pods: Sequence[str], window_seconds: float) ->
         prompt_mean=mean(PROMPT_TOKENS),
         generation_mean=mean(GENERATION_TOKENS),
         cache_config=f"{CACHE_CONFIG_INFO}{{{s}}}",
+        ttft_p95=p95(TTFT),
+        itl_p95=p95(ITL),
+        gpu_memory_free_gib=f"min({FB_FREE}{{{s}}}) / 1024",
+        gpu_memory_used_gib=f"max({FB_USED}{{{s}}}) / 1024",
     )
 
 
@@ -183,6 +212,10 @@ RANGES: Mapping[str, tuple[float, float]] = {
     "waiting": (0.0, 1e7),
     "prompt_mean": (0.0, 1e8),
     "generation_mean": (0.0, 1e8),
+    "ttft_p95": (0.0, 1e5),
+    "itl_p95": (0.0, 1e5),
+    "gpu_memory_free_gib": (0.0, 1e4),
+    "gpu_memory_used_gib": (0.0, 1e4),
 }
 """What each figure can be: a fraction, rates and counts a vLLM pod can reach (with room), token lengths
 below any context. A value outside is an impossible sample (a broken exporter, a relabelling mistake,
@@ -235,6 +268,10 @@ def build_window(
             preemption_rate=series.get("preemption_rate", {}).get(t),
             running=series.get("running", {}).get(t),
             waiting=series.get("waiting", {}).get(t),
+            ttft_p95=series.get("ttft_p95", {}).get(t),
+            itl_p95=series.get("itl_p95", {}).get(t),
+            gpu_memory_free_gib=series.get("gpu_memory_free_gib", {}).get(t),
+            gpu_memory_used_gib=series.get("gpu_memory_used_gib", {}).get(t),
         )
         for t, value in sorted(kv.items())
         if t <= horizon

@@ -7,6 +7,7 @@ VPA's recommender and updater for vLLM engine arguments, pure and deterministic:
 * :mod:`.history` -- the bounded record of decisions, and the queries the gates ask of it;
 * :mod:`.config` -- the policy's knobs, the user's bounds, the service's tuning context;
 * :mod:`.remedies` -- one small rule per trigger, proposing candidate settings;
+* :mod:`.slo` -- the latency objectives' and GPU memory telemetry's rules;
 * :mod:`.policy` -- :func:`compute_decision`, the chain of steps and the filters every candidate
   passes.
 
@@ -14,7 +15,7 @@ The top layer of the tuner beside :mod:`kvpilot.tuner.plan`; the two never impor
 Time and observations are arguments: nothing here reads a clock, the cluster or Prometheus.
 """
 
-from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds, TuningContext
+from kvpilot.tuner.loop.config import LatencySlo, PolicyConfig, TuningBounds, TuningContext
 from kvpilot.tuner.loop.history import (
     HISTORY_LIMIT,
     HistoryAction,
@@ -54,6 +55,7 @@ __all__ = [
     "HISTORY_LIMIT",
     "HistoryAction",
     "HistoryEntry",
+    "LatencySlo",
     "LengthSummary",
     "LoopState",
     "MetricsSample",

@@ -141,6 +141,18 @@ class PolicyConfig:
     context_multiple: int = 256
     """A fitted ``max_model_len`` is rounded down to a multiple of this."""
 
+    # --- latency SLOs and GPU memory telemetry (kvpilot.tuner.loop.slo) --------------------------
+    slo_raise_margin: float = 0.9
+    """Raises of ``max_num_seqs`` stop while the inter-token latency p95 is above this share of its SLO."""
+    slo_batched_tokens_max: int = 16384
+    """A TTFT-driven raise of ``max_num_batched_tokens`` goes no higher."""
+    gpu_memory_free_min_gib: float = 1.0
+    """dcgm-exporter's free framebuffer below this (or below :attr:`gpu_memory_free_min_fraction` of the
+    device) is the early warning of a CUDA OOM: lower the utilisation before it happens."""
+    gpu_memory_free_min_fraction: float = 0.02
+    gpu_memory_horizon_seconds: float = 600.0
+    """A falling free framebuffer that would cross the minimum within this long warns too."""
+
 
 @dataclass(frozen=True, slots=True)
 class TuningBounds:
@@ -199,6 +211,14 @@ class TuningBounds:
 
 
 @dataclass(frozen=True, slots=True)
+class LatencySlo:
+    """``spec.serving.slo``: 95th-percentile objectives, in seconds (``None``: no objective)."""
+
+    ttft_p95_seconds: float | None = None
+    itl_p95_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TuningContext:
     """What one service is tuned on and within: its GPU, the vLLM release, the model's own maximum
     context, the bounds and the policy. Fixed for a service between spec changes."""
@@ -210,3 +230,5 @@ class TuningContext:
     bounds: TuningBounds = TuningBounds()
     policy: PolicyConfig = PolicyConfig()
     vllm_version: str = vllm.PINNED_VLLM_VERSION
+    slo: LatencySlo | None = None
+    """The service's latency objectives (``spec.serving.slo``), if any."""

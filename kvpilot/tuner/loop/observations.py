@@ -99,6 +99,14 @@ class MetricsSample:
     """``vllm:num_requests_running``."""
     waiting: float | None = None
     """``vllm:num_requests_waiting``."""
+    ttft_p95: float | None = None
+    """Seconds: the 95th percentile of ``vllm:time_to_first_token_seconds`` over the step."""
+    itl_p95: float | None = None
+    """Seconds: the 95th percentile of ``vllm:inter_token_latency_seconds`` over the step."""
+    gpu_memory_used_gib: float | None = None
+    """dcgm-exporter's ``DCGM_FI_DEV_FB_USED`` of the pod's fullest GPU (MiB there, GiB here)."""
+    gpu_memory_free_gib: float | None = None
+    """dcgm-exporter's ``DCGM_FI_DEV_FB_FREE`` of the same GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,3 +228,15 @@ def running(s: MetricsSample) -> float | None:
 
 def waiting(s: MetricsSample) -> float | None:
     return s.waiting
+
+
+def ttft_p95(s: MetricsSample) -> float | None:
+    return s.ttft_p95
+
+
+def itl_p95(s: MetricsSample) -> float | None:
+    return s.itl_p95
+
+
+def gpu_memory_free_gib(s: MetricsSample) -> float | None:
+    return s.gpu_memory_free_gib

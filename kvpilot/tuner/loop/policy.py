@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import history as history_mod
 from kvpilot.tuner.loop import observations as obs
-from kvpilot.tuner.loop import remedies, trade
+from kvpilot.tuner.loop import remedies, slo, trade
 from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds, TuningContext
 from kvpilot.tuner.loop.history import HistoryEntry
 from kvpilot.tuner.loop.observations import (
@@ -243,7 +243,10 @@ def compute_decision(state: LoopState, evidence: Evidence, context: TuningContex
     recomputes them.
     """
     inputs = _build_inputs(state, evidence, context, now)
-    for step in (_rollout_step, _crash_step, _metrics_step, _pressure_step, _idle_step):
+    steps = (
+        _rollout_step, _crash_step, _gpu_memory_step, _metrics_step, _pressure_step, _slo_step, _idle_step,
+    )  # fmt: skip
+    for step in steps:
         decision = step(inputs)
         if decision is not None:
             return _finish(inputs, decision)
@@ -459,7 +462,20 @@ def _pressure_step(inp: _Inputs) -> Decision | None:
     return _choose(inp, proposal) if proposal is not None else None
 
 
+def _gpu_memory_step(inp: _Inputs) -> Decision | None:
+    """Ahead of the metrics' own checks: a warning of a CUDA OOM acts on the samples there are."""
+    proposal = slo.propose_for_gpu_memory(inp.situation)
+    return _choose(inp, proposal) if proposal is not None else None
+
+
+def _slo_step(inp: _Inputs) -> Decision | None:
+    proposal = slo.propose_for_slo(inp.situation)
+    return _choose(inp, proposal) if proposal is not None else None
+
+
 def _idle_step(inp: _Inputs) -> Decision | None:
+    if not slo.allows_raise(inp.situation):
+        return None  # raises stop at the latency objective
     proposal = remedies.propose_for_idle(inp.situation)
     return _choose(inp, proposal) if proposal is not None else None
 
@@ -539,7 +555,11 @@ def _gate(
     if inp.last_change is not None and s.now - inp.last_change < p.min_change_interval_seconds:
         since = s.now - inp.last_change
         blocked = f"only {since:.0f}s since the last change (minimum {p.min_change_interval_seconds:.0f}s)"
-    elif not proposal.crash and inp.last_retune is not None and s.now - inp.last_retune < inp.cooldown:
+    elif (
+        not (proposal.crash or proposal.urgent)
+        and inp.last_retune is not None
+        and s.now - inp.last_retune < inp.cooldown
+    ):
         blocked = f"cooldown for {inp.cooldown - (s.now - inp.last_retune):.0f}s more"
     if blocked is None:
         recent = history_mod.compute_changes_since(s.history, s.now - 3600.0)
@@ -548,7 +568,7 @@ def _gate(
     recommended = None
     if blocked is None and inp.blocked is not None:
         blocked, recommended = inp.blocked, settings
-    if blocked is None and not proposal.crash:
+    if blocked is None and not (proposal.crash or proposal.urgent):
         worth = trade.compute_trade(
             proposal.trigger, s.window, s.effective, _effective(settings, s), cooldown_seconds=inp.cooldown,
             restart_seconds=inp.restart_seconds, lost_fraction=inp.lost_fraction,

@@ -87,6 +87,9 @@ class Proposal:
     """What to say when no candidate survives the filters."""
     infeasible_when_exhausted: bool = False
     """No survivor means the service cannot run within the bounds (else: hold)."""
+    urgent: bool = False
+    """Ahead of a crash (e.g. GPU memory running out): skips the metrics cooldown like a crash remedy,
+    but the current settings are not marked failed."""
 
 
 # --- effective settings and capacity ------------------------------------------------------

@@ -1,0 +1,165 @@
+"""Latency objectives and GPU memory telemetry in the closed loop. Pure.
+
+**Latency SLOs** (``spec.serving.slo``, :class:`~kvpilot.tuner.loop.config.LatencySlo`), read from vLLM's
+histograms as 95th percentiles per step:
+
+* an **inter-token latency** above its objective in most samples argues for fewer sequences: a decode
+  step reads every running sequence's KV, so fewer of them make each step shorter. When long prompts
+  share the steps (chunked prefill), smaller prefill chunks (``max_num_batched_tokens``) are tried first:
+  they shorten the steps without turning requests away;
+* a **time to first token** above its objective while requests wait and the KV cache has room argues for
+  more sequences (the queue is the wait), or, when nothing waits but prompts are long, a larger prefill
+  budget;
+* raises stop at the SLO: :func:`allows_raise` is false while the inter-token latency is within
+  ``slo_raise_margin`` of its objective, so an idle-capacity raise never trades the SLO for throughput.
+
+**GPU memory telemetry** (dcgm-exporter's ``DCGM_FI_DEV_FB_FREE``/``_USED``): memory outside vLLM's budget
+(allocator fragmentation, NCCL, the sampler) grows until a CUDA OOM kills the pod. When the free framebuffer
+is below ``gpu_memory_free_min_gib`` (or ``gpu_memory_free_min_fraction`` of the device), or is below twice
+that and falls at a rate that crosses it within ``gpu_memory_horizon_seconds`` (growth that plateaus far
+from the floor is left alone), :func:`propose_for_gpu_memory` lowers the utilisation
+one OOM step *before* the crash. It is urgent (no metrics cooldown), but the current settings are not marked
+failed: they have not crashed.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop.observations import MetricsSample
+from kvpilot.tuner.loop.remedies import Proposal, Situation, compute_room_seqs, lower_gmu
+from kvpilot.tuner.types import EngineSettings
+
+LATENCY_SLO = "LatencySlo"
+GPU_MEMORY_PRESSURE = "GpuMemoryPressure"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def allows_raise(s: Situation) -> bool:
+    """Whether more sequences are allowed: not while the inter-token latency is near its objective."""
+    slo = s.context.slo
+    if slo is None or slo.itl_p95_seconds is None:
+        return True
+    itl = obs.compute_mean(s.window.samples, obs.itl_p95)
+    return itl is None or itl < slo.itl_p95_seconds * s.policy.slo_raise_margin
+
+
+def propose_for_slo(s: Situation) -> Proposal | None:
+    """A sustained latency-objective violation: what the knobs can do about it (or ``None``)."""
+    slo = s.context.slo
+    if slo is None:
+        return None
+    p, w = s.policy, s.window
+    if slo.itl_p95_seconds is not None:
+        target_itl = slo.itl_p95_seconds
+        over = obs.compute_fraction(w.samples, obs.itl_p95, lambda v: v > target_itl)
+        if over >= p.sustain_fraction:
+            return _for_itl(s, target_itl, over)
+    if slo.ttft_p95_seconds is not None:
+        target_ttft = slo.ttft_p95_seconds
+        over = obs.compute_fraction(w.samples, obs.ttft_p95, lambda v: v > target_ttft)
+        if over >= p.sustain_fraction:
+            return _for_ttft(s, target_ttft, over)
+    return None
+
+
+def _long_prompts(s: Situation, batched: int) -> bool:
+    prompt = s.window.prompt_tokens
+    return prompt is not None and prompt.mean > batched / 4
+
+
+def _for_itl(s: Situation, objective: float, share: float) -> Proposal:
+    p, w, eff = s.policy, s.window, s.effective
+    itl = obs.compute_mean(w.samples, obs.itl_p95) or objective
+    seqs = eff.max_num_seqs or 1
+    candidates: list[EngineSettings] = []
+    batched = eff.max_num_batched_tokens
+    if batched is not None and batched > p.batched_tokens_floor and _long_prompts(s, batched):
+        candidates.append(eff.replace(max_num_batched_tokens=max(p.batched_tokens_floor, batched // 2)))
+    peak = obs.compute_max(w.samples, obs.running) or float(seqs)
+    base = min(float(seqs), peak)
+    target = max(1, min(seqs - 1, math.floor(base * max(1.0 - p.seqs_step_up_max / 2, objective / itl))))
+    candidates.append(eff.replace(max_num_seqs=target))
+    return Proposal(
+        trigger=LATENCY_SLO,
+        evidence=(
+            f"inter-token latency p95 {_ms(itl)} above the {_ms(objective)} objective in {share:.0%} of "
+            f"samples (peak running {peak:.0f})"
+        ),
+        candidates=tuple(candidates),
+        exhausted="no smaller prefill chunk or sequence limit is left within the bounds",
+    )
+
+
+def _for_ttft(s: Situation, objective: float, share: float) -> Proposal | None:
+    p, w, eff = s.policy, s.window, s.effective
+    ttft = obs.compute_mean(w.samples, obs.ttft_p95) or objective
+    queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
+    kv = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
+    seqs = eff.max_num_seqs or 1
+    batched = eff.max_num_batched_tokens
+    candidates: list[EngineSettings] = []
+    why = ""
+    if queue >= p.queue_min and kv < p.kv_usage_high and allows_raise(s):
+        target = math.ceil(seqs * (1.0 + p.seqs_step_up))
+        room = compute_room_seqs(s)
+        if room is not None:
+            target = min(target, room)
+        if target > seqs:
+            candidates.append(eff.replace(max_num_seqs=target))
+        why = f"{queue:.1f} requests wait with mean KV usage {kv:.2f}"
+    elif queue < p.queue_min and batched is not None and _long_prompts(s, batched):
+        if batched < p.slo_batched_tokens_max:
+            candidates.append(eff.replace(max_num_batched_tokens=min(p.slo_batched_tokens_max, batched * 2)))
+        why = "nothing waits: the prompts' prefill is the wait"
+    else:
+        return None  # KV-bound or already at the ITL objective: nothing here helps without breaking another
+    return Proposal(
+        trigger=LATENCY_SLO,
+        evidence=f"time to first token p95 {_ms(ttft)} above the {_ms(objective)} objective in {share:.0%} "
+        f"of samples; {why}",
+        candidates=tuple(candidates),
+        exhausted="no more sequences or prefill budget fit without breaking the KV cache or the ITL SLO",
+    )
+
+
+def _slope(samples: tuple[MetricsSample, ...]) -> float:
+    """GiB per second of the free framebuffer, least squares over the samples that have it."""
+    points = [(x.time, x.gpu_memory_free_gib) for x in samples if x.gpu_memory_free_gib is not None]
+    if len(points) < 2:
+        return 0.0
+    mt = sum(t for t, _ in points) / len(points)
+    mf = sum(f for _, f in points) / len(points)
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return sum((t - mt) * (f - mf) for t, f in points) / var if var > 0 else 0.0
+
+
+def propose_for_gpu_memory(s: Situation) -> Proposal | None:
+    """The early warning: free GPU memory low, or falling towards the minimum within the horizon."""
+    p, samples = s.policy, s.window.samples
+    latest = next((x for x in reversed(samples) if x.gpu_memory_free_gib is not None), None)
+    if latest is None or latest.gpu_memory_free_gib is None:
+        return None
+    free = latest.gpu_memory_free_gib
+    total = free + (latest.gpu_memory_used_gib or 0.0)
+    floor = max(p.gpu_memory_free_min_gib, p.gpu_memory_free_min_fraction * total)
+    slope = _slope(samples)
+    projected = free + slope * p.gpu_memory_horizon_seconds
+    if free >= floor and (projected >= floor or free >= 2 * floor):
+        return None  # room, or a trend still far from the floor (fragmentation plateaus)
+    trend = f", falling {-slope * 60:.2f} GiB/min" if slope < 0 else ""
+    when = "now" if free < floor else f"within {p.gpu_memory_horizon_seconds:.0f}s"
+    return Proposal(
+        trigger=GPU_MEMORY_PRESSURE,
+        evidence=(
+            f"GPU memory free {free:.2f} GiB of {total:.1f} GiB (dcgm-exporter){trend}: below {floor:.2f} "
+            f"GiB {when}, ahead of a CUDA OOM"
+        ),
+        candidates=(lower_gmu(s.effective, 1, p),),
+        exhausted="already at the lower bound of gpuMemoryUtilization",
+        urgent=True,
+    )
