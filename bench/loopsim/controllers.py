@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from bench.loopsim.scenario import BenchScenario
 from bench.loopsim.world import DT, Stats, World
+from kvpilot.operator.api import RolloutSpec
+from kvpilot.operator.rollout_strategy import compute_lost_fraction, compute_rollout_choice
 from kvpilot.tuner.gpus import lookup_gpu
 from kvpilot.tuner.loop import (
     Action,
@@ -41,9 +43,10 @@ SAFE = EngineSettings(
 class Kvpilot:
     """kvpilot's closed loop over the simulated Deployment, with the operator's bookkeeping: a ``Planned``
     entry for the first settings, one rollout at a time, rollback to the last good settings, the
-    measured start-to-Ready as ``Evidence.restart_seconds``, and the rollout strategy ``Auto`` picks
-    (surge with a spare GPU; else recreate when downtime is allowed or the pod serves nothing; else
-    hold)."""
+    measured start-to-Ready as ``Evidence.restart_seconds``, and the rollout strategy the operator's
+    ``Auto`` picks (:func:`kvpilot.operator.rollout_strategy.compute_rollout_choice`: surge with a spare
+    GPU; else replace when the pod serves nothing, recreate when downtime is allowed, or hold), with its
+    lost capacity and block passed to the policy as the operator passes them."""
 
     scenario: BenchScenario
     policy: PolicyConfig = PolicyConfig()
@@ -96,12 +99,19 @@ class Kvpilot:
             current=self.current, history=self.history, failed=self.failed, rollout=self.rollout,
             last_good=self.last_good, observed_kv_tokens=self.observed,
         )  # fmt: skip
+        serving_now = any(p.state == "serving" for p in world.pods)
+        choice = compute_rollout_choice(
+            RolloutSpec(allowDowntime=sc.allow_downtime), 1, fits_now=sc.spare_gpu, serving=serving_now
+        )
         evidence = Evidence(
             budget=sc.plan_budget, window=window, restarts=restarts, ready=ready, not_started=not_started,
             restart_seconds=self.restart_seconds,
+            rollout_lost_fraction=compute_lost_fraction(choice, 1, serving=serving_now),
+            rollout_blocked=choice.reason if choice.held else None,
         )  # fmt: skip
-        context = TuningContext(gpu=H100, default_max_model_len=sc.truth.model_max_len, bounds=sc.bounds,
-                                policy=self.policy)  # fmt: skip
+        context = TuningContext(
+            gpu=H100, default_max_model_len=sc.truth.model_max_len, bounds=sc.bounds, policy=self.policy
+        )
         d = compute_decision(state, evidence, context, now)
         if d.failed is not None and d.failed not in self.failed:
             self.failed = (*self.failed, d.failed)
@@ -119,16 +129,13 @@ class Kvpilot:
         ):
             world.stats.infeasible += 1
             self._record(now, HistoryAction.INFEASIBLE, d.trigger, d.reason, d.settings)
-        if not d.changes:
-            return
-        strategy = self._strategy(world)
-        if strategy is None:
+        if choice.held and d.action == Action.HOLD and choice.reason in d.reason:  # no spare GPU
             world.stats.holds += 1
             if not self.log or "no spare GPU" not in self.log[-1]:
-                self.log.append(
-                    f"    t={now / 60:5.1f} min  Held       no spare GPU for a surge pod; {d.reason[:90]}"
-                )
+                self.log.append(f"    t={now / 60:5.1f} min  Held       {d.reason[:140]}")
+        if not d.changes:
             return
+        strategy = "recreate" if choice.strategy in ("Recreate", "Replace") else "surge"
         if self.first_change is None:
             self.first_change = now
         self.changes.append(now)
@@ -139,13 +146,6 @@ class Kvpilot:
         self.current, self.observed = d.settings, None
         self.rollout = RolloutState(d.settings, now, now + self.policy.rollout_deadline_seconds)
         world.roll_out(d.settings, now, strategy=strategy)
-
-    def _strategy(self, world: World) -> str | None:
-        sc = self.scenario
-        if sc.spare_gpu:
-            return "surge"
-        serving = any(p.state == "serving" for p in world.pods)
-        return "recreate" if sc.allow_downtime or not serving else None
 
     def _record(self, now: float, action: HistoryAction, trigger: str, reason: str, to: EngineSettings,
                 strategy: str = "") -> None:  # fmt: skip

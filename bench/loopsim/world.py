@@ -101,6 +101,11 @@ class World:
     def roll_out(self, settings: EngineSettings, now: float, *, strategy: str) -> None:
         """A Deployment update with ``settings`` (``surge`` or ``recreate``)."""
         self.desired = settings
+        # the Deployment controller scales unavailable pods of older ReplicaSets down first: a pod that
+        # serves nothing (crash loop, start-up failure, pending) never holds a GPU against the new one
+        for p in [p for p in self.pods if p.settings != settings and p.state != "serving"]:
+            self._remove(p)
+            self.pods.remove(p)
         if strategy == "recreate":
             for p in self.pods:
                 self._remove(p)

@@ -421,6 +421,10 @@ class GroundTruth:
         """A CUDA OOM as the container's termination message (torch >= 2.1 wording, in-container)."""
         total = self.gpu_memory_gib
         used = min(total - 0.14, self.utilization(args) * total + 0.35)
+        tried_mib = 786.0
+        if startup and self.startup_gib_per_seq > 0:  # PyTorch prints the allocation that failed
+            tried_mib = self.startup_gib_per_seq * self.max_num_seqs(args) * 1024
+            used = self.utilization(args) * total + (self.runtime_headroom_gib or 0.0)
         if startup:
             head = [
                 "ERROR [core.py:1584] EngineCore failed to start.",
@@ -436,7 +440,7 @@ class GroundTruth:
                 f'  File "{_VLLM}/v1/sample/sampler.py", line 160, in forward',
             ]
         lines = head + [
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. "
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried_mib:.2f} MiB. "
             f"GPU 0 has a total capacity of {total:.2f} GiB "
             f"of which {(total - used) * 1024:.2f} MiB is free. "
             f"Including non-PyTorch memory, this process has {used:.2f} GiB memory in use. "
