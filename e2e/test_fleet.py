@@ -118,7 +118,8 @@ def test_exposition_matches_the_pinned_vllm_source() -> None:
         if name == "vllm:cache_config_info":
             continue
         if name.startswith("DCGM_FI_DEV_FB_"):  # dcgm-exporter's, not vLLM's: its own names and labels
-            assert fam.type == "gauge" and {"gpu", "UUID", "modelName", "Hostname"} <= set(fam.samples[0].labels)
+            dcgm_labels = {"gpu", "UUID", "modelName", "Hostname"}
+            assert fam.type == "gauge" and dcgm_labels <= set(fam.samples[0].labels)
             continue
         assert name in declared, f"{name} is not declared by vLLM 0.33"
         kind, labels = declared[name]
