@@ -31,7 +31,7 @@ import pytest
 
 from e2e.cluster import LocalCluster
 from e2e.fleet import GroundTruth, Scenario, Workload
-from e2e.fleet.stack import ISVC, Stack, condition, deployment_args, isvc_events
+from e2e.fleet.stack import Stack, condition, deployment_args, isvc_events
 from kvpilot.operator.api import Settings
 from kvpilot.tuner.types import EngineSettings
 from kvpilot.tuner.vllm import parse_vllm_args
@@ -222,14 +222,7 @@ def loop(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield loop
         assert stack.fleet is not None and not stack.fleet.errors, stack.fleet.errors
     finally:
-        # delete the services while the operator runs: it removes its finalizers
-        for c in cases.values():
-            cluster.kubectl("delete", ISVC, "--all", "-n", c.ns, "--wait=false", check=False)
-        for c in cases.values():
-            cluster.kubectl("wait", "--for=delete", ISVC, "--all", "-n", c.ns, "--timeout=30s", check=False)
-        stack.stop()
-        for c in cases.values():
-            cluster.kubectl("delete", "namespace", c.ns, "--wait=false", "--ignore-not-found", check=False)
+        stack.stop_and_clean([c.ns for c in cases.values()])
         print(f"closed-loop run directory (operator and Prometheus logs): {run_dir}")
 
 

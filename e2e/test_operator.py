@@ -17,9 +17,6 @@ it never touches objects of other e2e modules. Evidence required by the operator
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -30,7 +27,7 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster
-from e2e.waits import wait_for
+from e2e.waits import host_operator, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
@@ -83,26 +80,8 @@ def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
     cluster.kubectl("apply", "-f", str(CRD))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{RESOURCE}", "--timeout=60s")
     log = tmp_path_factory.mktemp("operator") / "kopf.log"
-    env = {**os.environ, **cluster.env(), "KVPILOT_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1",
-           # a Hub that refuses connections, so Hub-sourced specs fail the same way with or without network
-           "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(log.parent / "hf-cache")}  # fmt: skip
-    cmd = [sys.executable, "-m", "kopf", "run", "--standalone", "-m", "kvpilot.operator.main",
-           "--namespace", f"{NS_PREFIX}*", "--verbose"]  # fmt: skip
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: proc.poll() is not None or "Initial authentication has finished" in log.read_text(),
-                 60, "the operator to start")  # fmt: skip
-        assert proc.poll() is None, f"the operator exited:\n{log.read_text()[-3000:]}"
+    with host_operator(cluster, log, f"{NS_PREFIX}*"):
         yield log
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        print(f"operator log: {log}")
 
 
 @pytest.fixture

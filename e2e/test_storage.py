@@ -21,7 +21,7 @@ import pytest
 from e2e.cluster import LocalCluster
 from e2e.fleet import GroundTruth, Scenario
 from e2e.fleet.pod import read_weight_cache
-from e2e.fleet.stack import ISVC, Stack, condition
+from e2e.fleet.stack import Stack, condition
 from e2e.fleet.testing import wait_until
 from e2e.fleet.truth import StartupModel
 from kvpilot.operator import storage
@@ -53,10 +53,7 @@ def cache_stack(
         yield stack, ns
         assert stack.fleet is not None and not stack.fleet.errors, stack.fleet.errors
     finally:
-        cluster.kubectl("delete", ISVC, "--all", "-n", ns, "--wait=false", check=False)
-        cluster.kubectl("wait", "--for=delete", ISVC, "--all", "-n", ns, "--timeout=30s", check=False)
-        stack.stop()
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
+        stack.stop_and_clean([ns])
         cluster.kubectl("delete", "pv", f"{ns}-weights", "--ignore-not-found", "--wait=false", check=False)
 
 

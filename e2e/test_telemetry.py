@@ -21,7 +21,7 @@ import pytest
 
 from e2e.cluster import LocalCluster
 from e2e.fleet import GroundTruth, Scenario, Workload
-from e2e.fleet.stack import ISVC, Stack
+from e2e.fleet.stack import Stack
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -73,10 +73,7 @@ def telemetry(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -
         yield stack, ns
         assert stack.fleet is not None and not stack.fleet.errors, stack.fleet.errors
     finally:
-        cluster.kubectl("delete", ISVC, "--all", "-n", ns, "--wait=false", check=False)
-        cluster.kubectl("wait", "--for=delete", ISVC, "--all", "-n", ns, "--timeout=30s", check=False)
-        stack.stop()
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
+        stack.stop_and_clean([ns])
 
 
 def _retuned(obj: dict[str, Any], trigger: str) -> list[dict[str, Any]]:

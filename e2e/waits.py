@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -21,3 +29,32 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
             return last
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+@contextlib.contextmanager
+def host_operator(
+    cluster: Any, log: Path, namespaces: str, env: dict[str, str] | None = None
+) -> Iterator[Path]:
+    """``kopf run`` of kvpilot's operator on the host against ``cluster``, watching the ``namespaces`` glob,
+    with a Hub that refuses connections (Hub-sourced specs fail the same way with or without network);
+    yields its log file once it has authenticated, and stops it (SIGTERM, then SIGKILL) afterwards."""
+    full = {**os.environ, **cluster.env(), "KVPILOT_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1",
+            "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(log.parent / "hf-cache"),
+            **(env or {})}  # fmt: skip
+    cmd = [sys.executable, "-m", "kopf", "run", "--standalone", "-m", "kvpilot.operator.main",
+           "--namespace", namespaces, "--verbose"]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=_ROOT, env=full, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: proc.poll() is not None or "Initial authentication has finished" in log.read_text(),
+                 60, "the operator to start")  # fmt: skip
+        assert proc.poll() is None, f"the operator exited:\n{log.read_text()[-3000:]}"
+        yield log
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        print(f"operator log: {log}")

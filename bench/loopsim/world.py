@@ -13,7 +13,6 @@ the e2e fleet and the demo judge kvpilot in one world. The Deployment around it:
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass, field
 
@@ -168,13 +167,15 @@ class World:
                 self.stats.output_tokens += req.output
             self.handoff = list(e.waiting)
 
-    def _count(self, e: SimEngine) -> None:
+    def _count(self, e: SimEngine) -> int:
+        """Take what ``e`` finished since the last call into the stats; returns its preemptions."""
         d = e.drain()
         self.stats.preemptions += d.preemptions
         for f in d.finished:
             self.stats.completed += 1
             self.stats.output_tokens += f.generation_tokens
             self.stats.ttfts.append(f.ttft_s)
+        return d.preemptions
 
     # ------------------------------------------------------------------ time
     def step(self, now: float) -> None:
@@ -219,13 +220,7 @@ class World:
         e.advance(DT)
         self.stats.arrived += e.total_arrived - before
         self.stats.dropped += e.drop_stale(MAX_WAIT_S)
-        deltas = e.drain()
-        preempted = deltas.preemptions
-        self.stats.preemptions += preempted
-        for f in deltas.finished:
-            self.stats.completed += 1
-            self.stats.output_tokens += f.generation_tokens
-            self.stats.ttfts.append(f.ttft_s)
+        preempted = self._count(e)
         if self._faults and self._faults[0].kind == "cuda_oom" and now >= self._faults[0].at_s:
             self._faults.pop(0)
             self._crash(pod, now, truth.cuda_oom_message(engine_args(pod.settings)), oom=True)
@@ -235,18 +230,19 @@ class World:
 
     def _sample(self, now: float, kv: float, preempt: float, running: float, waiting: float) -> MetricsSample:
         sc = self.scenario
-        if any(f.kind == "prometheus_down" and f.at_s <= now < f.at_s + f.for_s for f in sc.faults):
+        if self._fault_active("prometheus_down", now):
             return MetricsSample(now)
         if sc.missing and self.rng.random() < sc.missing:
             return MetricsSample(now)
         if sc.noise:
             n = lambda v: max(0.0, v * (1 + self.rng.gauss(0, sc.noise)))  # noqa: E731
             kv, running, waiting = min(1.0, n(kv)), n(running), n(waiting)
-        if any(f.kind == "metrics_missing" and f.at_s <= now < f.at_s + f.for_s for f in sc.faults):
-            return dataclasses.replace(MetricsSample(now, None, preempt, running, waiting))
+        if self._fault_active("metrics_missing", now):
+            return MetricsSample(now, None, preempt, running, waiting)
         return MetricsSample(now, kv, preempt, running, waiting)
 
+    def _fault_active(self, kind: str, now: float) -> bool:
+        return any(f.kind == kind and f.at_s <= now < f.at_s + f.for_s for f in self.scenario.faults)
+
     def prometheus_up(self, now: float) -> bool:
-        return not any(
-            f.kind == "prometheus_down" and f.at_s <= now < f.at_s + f.for_s for f in self.scenario.faults
-        )
+        return not self._fault_active("prometheus_down", now)

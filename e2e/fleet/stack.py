@@ -207,6 +207,17 @@ class Stack:
             self.fleet.stop()
         self.prom.stop()
 
+    def stop_and_clean(self, namespaces: list[str]) -> None:
+        """Delete the InferenceServices while the operator still runs (it removes its finalizers), stop
+        everything, then delete the namespaces (without waiting)."""
+        for ns in namespaces:
+            self.kubectl("delete", ISVC, "--all", "-n", ns, "--wait=false", check=False)
+        for ns in namespaces:
+            self.kubectl("wait", "--for=delete", ISVC, "--all", "-n", ns, "--timeout=30s", check=False)
+        self.stop()
+        for ns in namespaces:
+            self.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
+
     def __enter__(self) -> Stack:
         return self.start()
 
