@@ -5,10 +5,12 @@ settings, found with hindsight by searching over whole runs)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from bench.loopsim.scenario import BenchScenario
 from bench.loopsim.world import DT, Stats, World
+from e2e.fleet.truth import Workload
 from kvpilot.operator.api import RolloutSpec
 from kvpilot.operator.rollout_strategy import compute_lost_fraction, compute_rollout_choice
 from kvpilot.tuner.gpus import lookup_gpu
@@ -194,15 +196,34 @@ SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BATCHED = (2048, 4096, 8192, 16384)
 
 
+def longest_request(sc: BenchScenario) -> int:
+    """Prompt plus output of the workload's longest requests (the top of a uniform spread, the 99th
+    percentile of a lognormal one), over every phase."""
+
+    def top(mean: int, w: Workload) -> float:
+        if w.distribution == "lognormal" and w.spread > 0:
+            sigma = math.sqrt(math.log(1 + w.spread**2))
+            return math.exp(math.log(mean) - sigma**2 / 2 + 2.326 * sigma)
+        return mean * (1 + w.spread)
+
+    return max(
+        math.ceil(top(ph.workload.prompt_tokens, ph.workload) + top(ph.workload.output_tokens, ph.workload))
+        for ph in sc.phases
+    )
+
+
 def contexts(sc: BenchScenario) -> tuple[int | None, ...]:
-    """The oracle's context lengths: from the bounds' minimum (or 4096) to the planned one, doubling."""
+    """The oracle's context lengths: from the bounds' minimum (or 4096) to the planned one, doubling, and
+    never below the workload's longest requests (:func:`longest_request`): a context that refuses the
+    traffic's long requests wins goodput by turning users away, which no static setting may count."""
     top = sc.planned.max_model_len or sc.truth.model_max_len
     low = sc.bounds.min_max_model_len or min(4096, top)
     out, length = [], low
     while length < top:
         out.append(length)
         length *= 2
-    return (*out, top)
+    serving = [x for x in out if x >= longest_request(sc)]
+    return (*serving, top)
 
 
 def _static(

@@ -226,9 +226,19 @@ class World:
             self._crash(pod, now, truth.cuda_oom_message(engine_args(pod.settings)), oom=True)
         elif truth.runtime_oom(engine_args(pod.settings), running=e.num_running):
             self._crash(pod, now, truth.cuda_oom_message(engine_args(pod.settings)), oom=True)
-        self.samples.append(self._sample(now, e.kv_usage, preempted / DT, e.num_running, e.num_waiting))
+        used = truth.framebuffer_used_gib(
+            engine_args(pod.settings),
+            e.num_running,
+            now - (pod.ready_at if pod.ready_at is not None else now),
+        )
+        self.samples.append(self._sample(now, e.kv_usage, preempted / DT, e.num_running, e.num_waiting, used))
 
-    def _sample(self, now: float, kv: float, preempt: float, running: float, waiting: float) -> MetricsSample:
+    def _sample(
+        self, now: float, kv: float, preempt: float, running: float, waiting: float, fb_used_gib: float
+    ) -> MetricsSample:
+        """One scrape: vLLM's gauges (with the scenario's noise and gaps) and dcgm-exporter's framebuffer
+        of the serving pod's GPU (``DCGM_FI_DEV_FB_USED``/``FREE``), as the e2e fleet serves them."""
+        total = self.scenario.truth.gpu_memory_gib
         sc = self.scenario
         if self._fault_active("prometheus_down", now):
             return MetricsSample(now)
@@ -237,9 +247,10 @@ class World:
         if sc.noise:
             n = lambda v: max(0.0, v * (1 + self.rng.gauss(0, sc.noise)))  # noqa: E731
             kv, running, waiting = min(1.0, n(kv)), n(running), n(waiting)
+        fb = {"gpu_memory_used_gib": fb_used_gib, "gpu_memory_free_gib": max(0.0, total - fb_used_gib)}
         if self._fault_active("metrics_missing", now):
-            return MetricsSample(now, None, preempt, running, waiting)
-        return MetricsSample(now, kv, preempt, running, waiting)
+            return MetricsSample(now, None, preempt, running, waiting, **fb)
+        return MetricsSample(now, kv, preempt, running, waiting, **fb)
 
     def _fault_active(self, kind: str, now: float) -> bool:
         return any(f.kind == kind and f.at_s <= now < f.at_s + f.for_s for f in self.scenario.faults)

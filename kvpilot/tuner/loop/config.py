@@ -126,6 +126,12 @@ class PolicyConfig:
     OOM whose printed shortfall (tried minus free) sizes the step exactly and the KV cache at the lower
     utilisation still holds every sequence at ``target_kv_usage``: a guessed step is bounded, a measured
     one is not (walking down 5 % a crash costs a crash per step)."""
+    kv_bound_min_gain: float = 0.03
+    """A larger KV cache (:mod:`kvpilot.tuner.loop.kv_bound`) must be predicted to grow by at least this
+    share. Small on purpose: the prediction scales vLLM's own reported capacity by the bytes a change
+    frees, so it is close, and a few per cent is often the difference between two long requests
+    preempting each other and both fitting (bench scenario ``startup-kv``: +5 % lifts goodput by a third);
+    the restart's cost is weighed separately (:mod:`kvpilot.tuner.loop.trade`)."""
     batched_tokens_floor: int = 2048
     """``max_num_batched_tokens`` is never cut below this: smaller prefill chunks cost more steps per
     prompt than the activation memory they free is worth."""

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import history as history_mod
+from kvpilot.tuner.loop import kv_bound, remedies, slo, trade
 from kvpilot.tuner.loop import observations as obs
-from kvpilot.tuner.loop import remedies, slo, trade
 from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds, TuningContext
 from kvpilot.tuner.loop.history import HistoryEntry
 from kvpilot.tuner.loop.observations import (
@@ -89,6 +89,7 @@ class Trigger(enum.StrEnum):
     INSUFFICIENT_DATA = "InsufficientData"
     KV_PRESSURE = remedies.KV_PRESSURE
     IDLE_CAPACITY = remedies.IDLE_CAPACITY
+    KV_BOUND = kv_bound.KV_BOUND
     STEADY = "Steady"
 
 
@@ -244,7 +245,8 @@ def compute_decision(state: LoopState, evidence: Evidence, context: TuningContex
     """
     inputs = _build_inputs(state, evidence, context, now)
     steps = (
-        _rollout_step, _crash_step, _gpu_memory_step, _metrics_step, _pressure_step, _slo_step, _idle_step,
+        _rollout_step, _crash_step, _gpu_memory_step, _metrics_step, _pressure_step, _kv_bound_step,
+        _slo_step, _idle_step,
     )  # fmt: skip
     for step in steps:
         decision = step(inputs)
@@ -459,13 +461,22 @@ def _metrics_step(inp: _Inputs) -> Decision | None:
 
 def _pressure_step(inp: _Inputs) -> Decision | None:
     proposal = remedies.propose_for_pressure(inp.situation)
-    return _choose(inp, proposal) if proposal is not None else None
+    return _choose(inp, kv_bound.with_growth(inp.situation, proposal)) if proposal is not None else None
 
 
 def _gpu_memory_step(inp: _Inputs) -> Decision | None:
     """Ahead of the metrics' own checks: a warning of a CUDA OOM acts on the samples there are."""
     proposal = slo.propose_for_gpu_memory(inp.situation)
     return _choose(inp, proposal) if proposal is not None else None
+
+
+def _kv_bound_step(inp: _Inputs) -> Decision | None:
+    """A queue held back by a full KV cache: a larger one. Falls through to the later rules when no larger
+    cache survives the filters (bounds, failed settings), since those rules may still help."""
+    proposal = kv_bound.propose_for_kv_bound(inp.situation)
+    if proposal is None or _pick(inp, proposal) is None:
+        return None
+    return _choose(inp, proposal)
 
 
 def _slo_step(inp: _Inputs) -> Decision | None:
@@ -495,9 +506,9 @@ def _steady(inp: _Inputs) -> Decision:
 # --- candidate filters and gates ---------------------------------------------------------------------
 
 
-def _choose(inp: _Inputs, proposal: Proposal) -> Decision:
+def _pick(inp: _Inputs, proposal: Proposal) -> EngineSettings | None:
+    """The first candidate within the bounds that changes something, never failed and would start."""
     s = inp.situation
-    failed = s.current if proposal.crash else None
     for candidate in proposal.candidates:
         settings = s.bounds.clamp(_normalize(s.bounds.clamp(candidate), s))
         if _effective(settings, s) == s.effective:
@@ -506,6 +517,15 @@ def _choose(inp: _Inputs, proposal: Proposal) -> Decision:
             continue
         if not _would_start(settings, s):
             continue
+        return settings
+    return None
+
+
+def _choose(inp: _Inputs, proposal: Proposal) -> Decision:
+    s = inp.situation
+    failed = s.current if proposal.crash else None
+    settings = _pick(inp, proposal)
+    if settings is not None:
         return _gate(inp, proposal, settings, failed)
     action = Action.INFEASIBLE if proposal.infeasible_when_exhausted else Action.HOLD
     return Decision(
@@ -569,9 +589,12 @@ def _gate(
     if blocked is None and inp.blocked is not None:
         blocked, recommended = inp.blocked, settings
     if blocked is None and not (proposal.crash or proposal.urgent):
+        proposed = _effective(settings, s)
+        before, after = remedies.predict_kv_tokens(s, s.effective), remedies.predict_kv_tokens(s, proposed)
         worth = trade.compute_trade(
-            proposal.trigger, s.window, s.effective, _effective(settings, s), cooldown_seconds=inp.cooldown,
+            proposal.trigger, s.window, s.effective, proposed, cooldown_seconds=inp.cooldown,
             restart_seconds=inp.restart_seconds, lost_fraction=inp.lost_fraction,
+            kv_growth=after / before if before and after else None,
         )  # fmt: skip
         if not worth.worth_it:
             blocked, recommended = f"it is not worth a restart ({worth.describe()})", settings

@@ -23,6 +23,9 @@ change follows sooner), from the metrics window it was proposed on:
 * **KvPressure** (KV usage high with preemptions): each preemption throws a running request's KV away and
   recomputes it; taking one preemption as one request's work lost, the share of the running requests
   preempted over the cooldown: ``mean preemptions per second x cooldown / mean running``;
+* **KvBound** (a queue held back by a full KV cache, :mod:`kvpilot.tuner.loop.kv_bound`): the requests a
+  cache ``kv_growth`` times larger admits, per running request: ``min(mean waiting / mean running,
+  kv_growth - 1)``;
 * any other metrics trigger: 1 (the whole capacity; no measure to discount it by).
 
 Each fraction is capped at 1. Crash remedies do not pass through this trade (a crashing pod serves
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import remedies
+from kvpilot.tuner.loop.kv_bound import KV_BOUND
 from kvpilot.tuner.loop.observations import ObservationWindow
 from kvpilot.tuner.types import EngineSettings
 
@@ -59,11 +63,15 @@ class Trade:
 
 def compute_gain_fraction(
     trigger: str, window: ObservationWindow, current: EngineSettings, proposed: EngineSettings,
-    cooldown_seconds: float,
+    cooldown_seconds: float, kv_growth: float | None = None,
 ) -> float:  # fmt: skip
     """The share of the service's capacity ``proposed`` is expected to win back (0..1); ``current`` and
-    ``proposed`` are effective settings (every field set)."""
+    ``proposed`` are effective settings (every field set); ``kv_growth`` the predicted ratio of their KV
+    caches."""
     running = max(1.0, obs.compute_mean(window.samples, obs.running) or 0.0)
+    if trigger == KV_BOUND:
+        waiting = obs.compute_mean(window.samples, obs.waiting) or 0.0
+        return min(1.0, waiting / running, max(0.0, (kv_growth or 1.0) - 1.0))
     if trigger == remedies.IDLE_CAPACITY:
         waiting = obs.compute_mean(window.samples, obs.waiting) or 0.0
         added = max(0, (proposed.max_num_seqs or 0) - (current.max_num_seqs or 0))
@@ -76,9 +84,10 @@ def compute_gain_fraction(
 
 def compute_trade(
     trigger: str, window: ObservationWindow, current: EngineSettings, proposed: EngineSettings, *,
-    cooldown_seconds: float, restart_seconds: float, lost_fraction: float,
+    cooldown_seconds: float, restart_seconds: float, lost_fraction: float, kv_growth: float | None = None,
 ) -> Trade:  # fmt: skip
     """The gain against the cost of rolling ``proposed`` out (module docstring)."""
-    gain = compute_gain_fraction(trigger, window, current, proposed, cooldown_seconds) * cooldown_seconds
+    share = compute_gain_fraction(trigger, window, current, proposed, cooldown_seconds, kv_growth)
+    gain = share * cooldown_seconds
     cost = min(1.0, max(0.0, lost_fraction)) * max(0.0, restart_seconds)
     return Trade(gain, cost)

@@ -1,0 +1,161 @@
+"""The KV-bound rule: requests wait while vLLM runs fewer sequences than it may, because the KV cache is
+full. More sequences cannot help (the scheduler would not admit them) and fewer only trade preemptions for
+queueing; what helps is a larger KV cache. Pure.
+
+vLLM V1's scheduler admits a waiting request only when the KV cache has blocks for it
+(``vllm/v1/core/sched/scheduler.py``: ``kv_cache_manager.allocate_slots`` returns ``None`` and the request
+stays waiting), and preempts a running one when a decode step finds no free block. So the signature is:
+
+* a queue (mean waiting >= ``queue_min``),
+* fewer running than ``max_num_seqs`` (peak running < ``seqs_saturation`` x the limit: the limit is not
+  what holds them back),
+* the KV cache full (mean usage >= ``target_kv_usage``) or preempting (>= ``preemption_rate_high``).
+
+Candidates, each only when it is predicted (:func:`remedies.predict_kv_tokens`) to grow the KV cache by at
+least ``kv_bound_min_gain``:
+
+1. fp8 KV, when the bounds allow it (twice the tokens);
+2. more ``gpu_memory_utilization`` *and* half the batched tokens, in one rollout;
+3. more ``gpu_memory_utilization``: only with dcgm-exporter's telemetry, by what the fullest GPU has free
+   over the whole window beyond twice the early-warning floor (:mod:`kvpilot.tuner.loop.slo` acts at the
+   floor), at most ``max_gmu_step``, and never up to a utilisation that crashed (the history's CUDA OOMs,
+   the failed settings): memory vLLM does not budget for is what the margin is for, and without telemetry
+   the loop does not guess;
+4. half the batched tokens (down to ``batched_tokens_floor``, and not below the mean prompt: a shorter chunk
+   frees activation memory for KV, while prompts longer than the chunk take more steps to prefill).
+
+The trade (:mod:`kvpilot.tuner.loop.trade`) counts the queue the larger cache would admit as the gain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from kvpilot.tuner import vllm
+from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop import remedies
+from kvpilot.tuner.loop.history import HistoryAction
+from kvpilot.tuner.loop.observations import RestartKind
+from kvpilot.tuner.loop.remedies import Proposal, Situation, floor2
+from kvpilot.tuner.types import EngineSettings
+
+KV_BOUND = "KvBound"
+
+
+def propose_for_kv_bound(s: Situation) -> Proposal | None:
+    """A larger KV cache when the window shows requests held back by it (module docstring)."""
+    p, w, eff = s.policy, s.window, s.effective
+    seqs = eff.max_num_seqs or 1
+    queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
+    peak_running = obs.compute_max(w.samples, obs.running) or 0.0
+    usage = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
+    rate = obs.compute_mean(w.samples, obs.preemption_rate) or 0.0
+    if queue < p.queue_min or peak_running >= p.seqs_saturation * seqs:
+        return None
+    if usage < p.target_kv_usage and rate < p.preemption_rate_high:
+        return None
+    grown, notes = compute_growth(s, fp8=True)
+    if not grown:
+        return None
+    preempting = f", {rate:.2f} preemptions/s" if rate >= p.preemption_rate_high else ""
+    return Proposal(
+        trigger=KV_BOUND,
+        evidence=(
+            f"{queue:.1f} requests wait while {peak_running:.0f} of {seqs} sequences run with KV usage "
+            f"{usage:.2f}{preempting}: the KV cache ({s.capacity_tokens} tokens) holds them back"
+            + (f" ({notes})" if notes else "")
+        ),
+        candidates=tuple(grown),
+        exhausted="no larger KV cache within the bounds",
+    )
+
+
+def compute_growth(s: Situation, *, fp8: bool) -> tuple[list[EngineSettings], str]:
+    """The candidates that grow the KV cache by at least ``kv_bound_min_gain`` (module docstring's 1-4;
+    ``fp8=False`` leaves out the first), and why a utilisation raise is not among them."""
+    p, eff = s.policy, s.effective
+    base = remedies.predict_kv_tokens(s, eff)
+    if not base:
+        return [], ""
+    candidates: list[EngineSettings] = []
+    if fp8 and s.bounds.allow_fp8_kv and not vllm.is_fp8(eff.kv_cache_dtype):
+        candidates.append(eff.replace(kv_cache_dtype="fp8"))
+    raised, why = _raise_gmu(s)
+    halved = _halve_batched(s)
+    if raised is not None and halved is not None:
+        candidates.append(raised.replace(max_num_batched_tokens=halved.max_num_batched_tokens))
+    candidates.extend(c for c in (raised, halved) if c is not None)
+    grown = [
+        c for c in candidates if (remedies.predict_kv_tokens(s, c) or 0.0) >= base * (1 + p.kv_bound_min_gain)
+    ]
+    return grown, why
+
+
+def with_growth(s: Situation, pressure: Proposal) -> Proposal:
+    """A KV-pressure proposal (fp8 if allowed, then fewer sequences, last) with a larger KV cache tried
+    before the cut: fewer sequences give up throughput that more blocks keep (two of 40k tokens against
+    one)."""
+    grown, _ = compute_growth(s, fp8=False)
+    if not grown:
+        return pressure
+    *first, cut = pressure.candidates
+    return dataclasses.replace(pressure, candidates=(*first, *grown, cut))
+
+
+def _raise_gmu(s: Situation) -> tuple[EngineSettings | None, str]:
+    """One utilisation step up into memory dcgm-exporter shows free all window, or why not."""
+    p, eff = s.policy, s.effective
+    gmu = eff.gpu_memory_utilization or 0.0
+    frees = obs.values_of(s.window.samples, obs.gpu_memory_free_gib)
+    totals = [
+        x.gpu_memory_free_gib + x.gpu_memory_used_gib
+        for x in s.window.samples
+        if x.gpu_memory_free_gib is not None and x.gpu_memory_used_gib is not None
+    ]
+    if not frees or not totals:
+        return None, "no GPU memory telemetry to raise gpuMemoryUtilization on"
+    total = max(totals)
+    floor = max(p.gpu_memory_free_min_gib, p.gpu_memory_free_min_fraction * total)
+    spare = min(frees) - 2.0 * floor
+    step = min(p.max_gmu_step, floor2(spare / total)) if total > 0 else 0.0
+    if step < 0.01:
+        return (
+            None,
+            f"the GPU has {min(frees):.2f} GiB free at its fullest: no room to raise gpuMemoryUtilization",
+        )
+    target = floor2(gmu + step)
+    crashed = _lowest_crashed_gmu(s)
+    if crashed is not None and target >= crashed:
+        target = floor2(crashed - 0.01)
+        if target <= gmu:
+            return None, f"gpuMemoryUtilization {crashed} crashed before"
+    return eff.replace(gpu_memory_utilization=target), ""
+
+
+def _lowest_crashed_gmu(s: Situation) -> float | None:
+    """The lowest utilisation the history shows crashing for memory (a CUDA OOM, or too little free memory
+    at start-up) that a crash remedy moved away from, or any a rollback left (conservatively, whatever
+    failed). A start-up "KV cache too small" does not count: more utilisation is its cure."""
+    causes = (RestartKind.CUDA_OOM, RestartKind.INSUFFICIENT_FREE_MEMORY)
+    seen = [
+        gmu
+        for e in s.history
+        if (e.action == HistoryAction.RETUNED and e.trigger in causes)
+        or e.action == HistoryAction.ROLLED_BACK
+        for gmu in (s.effective_of(e.from_settings).gpu_memory_utilization,)
+        if gmu is not None
+    ]
+    return min(seen) if seen else None
+
+
+def _halve_batched(s: Situation) -> EngineSettings | None:
+    p, eff = s.policy, s.effective
+    tokens = eff.max_num_batched_tokens
+    if tokens is None:
+        return None
+    half = max(p.batched_tokens_floor, tokens // 2, eff.max_num_seqs or 1)
+    prompt = s.window.prompt_tokens.mean if s.window.prompt_tokens else 0.0
+    if half >= tokens or half < math.ceil(prompt):
+        return None
+    return eff.replace(max_num_batched_tokens=half)

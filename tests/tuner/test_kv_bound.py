@@ -1,0 +1,138 @@
+"""A queue held back by a full KV cache grows the cache (kvpilot.tuner.loop.kv_bound)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from policy_fixtures import BUDGET, NOW, context, entry, state_and_evidence, window
+
+from kvpilot.tuner.loop import kv_bound, remedies
+from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
+from kvpilot.tuner.loop.observations import ObservationWindow, RestartKind
+from kvpilot.tuner.loop.policy import Action, Decision, compute_decision
+from kvpilot.tuner.types import EngineSettings
+
+TOTAL_GIB = 79.19
+BIG = dataclasses.replace(
+    BUDGET, kv_bytes_per_token=327680, kv_cache_tokens=30000, available_kv_cache_gib=9.16
+)
+"""A 70B-class model at the edge of an H100: 30k KV tokens of 320 KiB; 2.5 GiB of activations."""
+CURRENT = EngineSettings(
+    max_model_len=4096, max_num_seqs=64, gpu_memory_utilization=0.90, max_num_batched_tokens=8192
+)
+
+
+def with_gpu(win: ObservationWindow, free_gib: float) -> ObservationWindow:
+    """dcgm-exporter's framebuffer on every sample: ``free_gib`` free of :data:`TOTAL_GIB`."""
+    samples = tuple(
+        dataclasses.replace(s, gpu_memory_free_gib=free_gib, gpu_memory_used_gib=TOTAL_GIB - free_gib)
+        for s in win.samples
+    )
+    return dataclasses.replace(win, samples=samples)
+
+
+def held_back(**kw: float) -> ObservationWindow:
+    """30 requests wait while 20 of 64 sequences run in an 86 % full KV cache that preempts."""
+    return window(kv=0.86, preempt=0.2, running=20, waiting=30, prompt=1000, output=200, capacity=30000, **kw)
+
+
+def decide(win: ObservationWindow, current: EngineSettings = CURRENT, history: tuple = (),
+           budget: object = BIG) -> Decision:  # fmt: skip
+    tokens = win.kv_capacity_tokens
+    big = dataclasses.replace(BIG, kv_cache_tokens=tokens) if tokens else BIG
+    state, evidence = state_and_evidence(
+        current,
+        win,
+        history=history,
+        observed_kv_tokens=tokens,
+        budget=big if budget is BIG else budget,  # type: ignore[arg-type]
+    )
+    return compute_decision(state, evidence, context(TuningBounds(), PolicyConfig()), NOW)
+
+
+def test_telemetry_with_free_memory_raises_utilisation_and_halves_the_prefill_chunk() -> None:
+    d = decide(with_gpu(held_back(), free_gib=8.0))
+    assert d.action == Action.RETUNE and d.trigger == kv_bound.KV_BOUND
+    # 8 GiB free, twice the 1.58 GiB early-warning floor kept: at most one 0.05 step
+    assert d.settings.gpu_memory_utilization == 0.95
+    assert d.settings.max_num_batched_tokens == 4096
+    assert d.settings.max_num_seqs == CURRENT.max_num_seqs  # more sequences would not be admitted
+    assert "30.0 requests wait while 20 of 64 sequences run" in d.reason
+
+
+def test_the_raise_is_what_the_fullest_gpu_has_free_beyond_the_margin() -> None:
+    d = decide(with_gpu(held_back(), free_gib=5.0))
+    # (5.0 - 2 x 1.58) / 79.19 = 0.023 -> one 0.02 step
+    assert d.settings.gpu_memory_utilization == 0.92
+
+
+def test_without_telemetry_only_the_prefill_chunk_is_cut() -> None:
+    d = decide(held_back())
+    assert d.trigger == kv_bound.KV_BOUND
+    assert d.settings.gpu_memory_utilization == CURRENT.gpu_memory_utilization
+    assert d.settings.max_num_batched_tokens == 4096
+    assert "no GPU memory telemetry" in d.reason
+
+
+def test_a_chunk_cut_that_frees_too_little_for_the_cache_is_not_made() -> None:
+    # an 8B model: 2.5 GiB of activations against 54 GiB of KV cache, half the chunk frees ~1 %
+    win = window(kv=0.86, preempt=0.2, running=20, waiting=30, prompt=1000, output=200, capacity=None)
+    assert decide(win, budget=BUDGET).trigger != kv_bound.KV_BOUND
+
+
+def test_never_back_up_to_a_utilisation_that_ran_out_of_memory() -> None:
+    oom = entry(7200, trigger=RestartKind.CUDA_OOM, before=CURRENT.replace(gpu_memory_utilization=0.93),
+                after=CURRENT)  # fmt: skip
+    d = decide(with_gpu(held_back(), free_gib=8.0), history=(oom,))
+    assert d.settings.gpu_memory_utilization == 0.92
+
+
+def test_a_saturated_sequence_limit_is_not_kv_bound() -> None:
+    # 62 of 64 run: the limit holds them, the idle-capacity rule's business
+    win = with_gpu(window(kv=0.85, running=62, waiting=30, prompt=1000, output=200, capacity=30000), 8.0)
+    assert kv_bound.propose_for_kv_bound(_situation(win)) is None
+
+
+def test_no_queue_no_change() -> None:
+    win = with_gpu(window(kv=0.95, preempt=0.2, running=20, waiting=0, capacity=30000), 8.0)
+    assert kv_bound.propose_for_kv_bound(_situation(win)) is None
+
+
+def test_at_the_floor_of_the_prefill_chunk_and_without_free_memory_it_falls_through() -> None:
+    current = CURRENT.replace(max_num_batched_tokens=2048)
+    s = _situation(with_gpu(held_back(), free_gib=2.0), current)
+    assert kv_bound.propose_for_kv_bound(s) is None
+
+
+def test_chunks_never_go_below_the_mean_prompt() -> None:
+    win = window(kv=0.9, preempt=0.2, running=20, waiting=30, prompt=6000, output=200, capacity=30000)
+    current = CURRENT.replace(max_model_len=32768)
+    assert kv_bound.propose_for_kv_bound(_situation(win, current)) is None
+
+
+def test_kv_pressure_grows_the_cache_before_cutting_sequences() -> None:
+    # two long requests preempt each other: a few per cent more blocks keeps both
+    win = with_gpu(window(kv=0.97, preempt=0.2, running=2, waiting=20, prompt=40000, output=500,
+                          capacity=95696), 5.3)  # fmt: skip
+    current = EngineSettings(max_model_len=93696, max_num_seqs=16, gpu_memory_utilization=0.92,
+                             max_num_batched_tokens=8192)  # fmt: skip
+    d = decide(win, current)
+    assert d.trigger == remedies.KV_PRESSURE
+    assert d.settings.gpu_memory_utilization == 0.94 and d.settings.max_num_seqs == 16
+
+
+def test_the_trade_counts_what_the_larger_cache_admits() -> None:
+    from kvpilot.tuner.loop import trade
+
+    win = held_back()
+    share = trade.compute_gain_fraction(kv_bound.KV_BOUND, win, CURRENT, CURRENT, 600.0, kv_growth=1.05)
+    assert abs(share - 0.05) < 1e-9  # 30 waiting per 20 running, but 5 % more blocks admit 5 %
+    assert trade.compute_gain_fraction(kv_bound.KV_BOUND, win, CURRENT, CURRENT, 600.0, kv_growth=3.0) == 1.0
+
+
+def _situation(win: ObservationWindow, current: EngineSettings = CURRENT) -> remedies.Situation:
+    ctx = context(TuningBounds(), PolicyConfig())
+    return remedies.Situation(
+        current=current, effective=remedies.compute_effective(current, ctx), budget=BIG,
+        window=win, context=ctx, history=(), now=NOW, capacity_tokens=30000,
+    )  # fmt: skip
