@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 
 from kvpilot.tuner.loop import Action, Decision, PolicyConfig, Trigger, TuningBounds, compute_decision, trade
+from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry, compute_held_since
 from kvpilot.tuner.loop.observations import ObservationWindow, RestartKind
-from tests.tuner.policy_fixtures import CURRENT, NOW, context, restart, state_and_evidence, window
+from tests.tuner.policy_fixtures import CURRENT, NOW, context, entry, restart, state_and_evidence, window
 
 BOUNDS = TuningBounds(min_max_model_len=4096)
 SHALLOW_QUEUE = window(kv=0.3, waiting=12, running=256, prompt=300, output=200)
@@ -20,9 +21,9 @@ DEEP_QUEUE = window(kv=0.2, waiting=256, running=256, prompt=100, output=100)
 
 def decide(
     win: ObservationWindow, *, lost: float, restart_s: float = 180.0, blocked: str | None = None,
-    restarts: tuple = (),
+    restarts: tuple = (), history: tuple[HistoryEntry, ...] = (),
 ) -> Decision:  # fmt: skip
-    state, evidence = state_and_evidence(CURRENT, win, restarts, restart_seconds=restart_s)
+    state, evidence = state_and_evidence(CURRENT, win, restarts, history, restart_seconds=restart_s)
     evidence = dataclasses.replace(evidence, rollout_lost_fraction=lost, rollout_blocked=blocked)
     return compute_decision(state, evidence, context(BOUNDS, PolicyConfig()), NOW)
 
@@ -37,9 +38,37 @@ def test_a_small_gain_is_not_worth_lost_serving(lost: float) -> None:
     d = decide(SHALLOW_QUEUE, lost=lost)
     assert (d.action, d.trigger, d.settings) == (Action.HOLD, Trigger.IDLE_CAPACITY, CURRENT)
     # gain 12/256 x 480 s cooldown = 22 s; cost lost x 180 s restart
-    assert "not worth a restart (expected gain 22s of full capacity over the cooldown" in d.reason
+    assert "not worth a restart (expected gain 22s of full capacity over 480s" in d.reason
     assert f"restart cost {lost * 180:.0f}s" in d.reason
     assert d.recommended is not None and d.recommended.max_num_seqs == 320
+
+
+def held(ago: float, trigger: str = Trigger.IDLE_CAPACITY) -> HistoryEntry:
+    return entry(ago, trigger, HistoryAction.HELD)
+
+
+def test_a_small_gain_that_persists_wins_its_restart() -> None:
+    """12/256 of the capacity is 22 s over the 480 s cooldown against a 180 s restart; counted over the
+    cooldown plus the time already held for it, it goes once the hold has lasted 3,360 s (22.5 s per
+    480 s: 0.047 x 3,840 = 180 s) and not before. The persistence is capped at an hour."""
+    retune = (entry(7200.0, Trigger.IDLE_CAPACITY),)
+    assert decide(SHALLOW_QUEUE, lost=1.0, history=(*retune, held(3000.0))).action == Action.HOLD
+    d = decide(SHALLOW_QUEUE, lost=1.0, history=(*retune, held(3500.0)))
+    assert (d.action, d.settings.max_num_seqs) == (Action.RETUNE, 320)
+    # 3,500 s held for another trigger, or interrupted by a change since: the clock starts again
+    assert decide(SHALLOW_QUEUE, lost=1.0, history=(held(3500.0, Trigger.KV_PRESSURE),)).action == Action.HOLD
+    assert decide(SHALLOW_QUEUE, lost=1.0, history=(held(3500.0), entry(600.0))).action == Action.HOLD
+    # a trickle of gain never outweighs the restart, however long it lasts: the horizon stops at an hour
+    tiny = window(kv=0.3, waiting=2, running=256, prompt=300, output=200)
+    assert decide(tiny, lost=1.0, history=(held(86_400.0),)).action == Action.HOLD
+
+
+def test_held_since_is_the_start_of_the_newest_run_of_holds_for_the_trigger() -> None:
+    history = (held(900.0, Trigger.KV_PRESSURE), held(800.0), held(500.0), held(100.0))
+    assert compute_held_since(history, Trigger.IDLE_CAPACITY) == NOW - 800.0
+    assert compute_held_since(history, Trigger.KV_PRESSURE) is None
+    assert compute_held_since((*history, entry(50.0)), Trigger.IDLE_CAPACITY) is None
+    assert compute_held_since((), Trigger.IDLE_CAPACITY) is None
 
 
 def test_a_large_gain_outweighs_full_downtime() -> None:

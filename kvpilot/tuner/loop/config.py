@@ -132,6 +132,12 @@ class PolicyConfig:
     frees, so it is close, and a few per cent is often the difference between two long requests
     preempting each other and both fitting (bench scenario ``startup-kv``: +5 % lifts goodput by a third);
     the restart's cost is weighed separately (:mod:`kvpilot.tuner.loop.trade`)."""
+    trade_persistence_max_seconds: float = 3600.0
+    """The restart-cost trade (:mod:`kvpilot.tuner.loop.trade`) counts a change's gain over the cooldown
+    plus the time the loop has already held for the same trigger, up to this. A condition that has lasted
+    ``t`` is taken to last about ``t`` more (nothing else is known about its future), so a small gain
+    that persists is eventually worth a restart, and a transient never is. One hour: beyond that, load
+    patterns (day and night) change what the gain is."""
     batched_tokens_floor: int = 2048
     """``max_num_batched_tokens`` is never cut below this: smaller prefill chunks cost more steps per
     prompt than the activation memory they free is worth."""

@@ -80,6 +80,19 @@ def compute_recent_streak(history: tuple[HistoryEntry, ...], trigger: str, since
     return streak
 
 
+def compute_held_since(history: tuple[HistoryEntry, ...], trigger: str) -> float | None:
+    """Since when the loop has held for ``trigger`` without a break: the oldest of the newest entries in
+    a row that are holds for ``trigger`` (whatever they would have rolled out), ``None`` when the newest
+    entry is anything else. A hold persists in the history once (the operator dedupes it), so this is
+    how long the condition has lasted, not how many ticks saw it."""
+    since = None
+    for entry in reversed(history):
+        if entry.action != HistoryAction.HELD or entry.trigger != trigger:
+            break
+        since = entry.time
+    return since
+
+
 def compute_pressure_ceiling(history: tuple[HistoryEntry, ...], trigger: str, since: float) -> int | None:
     """The lowest ``max_num_seqs`` that a ``trigger`` change lowered *from* after ``since``.
 

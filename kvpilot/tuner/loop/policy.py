@@ -591,10 +591,12 @@ def _gate(
     if blocked is None and not (proposal.crash or proposal.urgent):
         proposed = _effective(settings, s)
         before, after = remedies.predict_kv_tokens(s, s.effective), remedies.predict_kv_tokens(s, proposed)
+        held_since = history_mod.compute_held_since(s.history, proposal.trigger)
+        persisted = 0.0 if held_since is None else min(p.trade_persistence_max_seconds, s.now - held_since)
         worth = trade.compute_trade(
             proposal.trigger, s.window, s.effective, proposed, cooldown_seconds=inp.cooldown,
             restart_seconds=inp.restart_seconds, lost_fraction=inp.lost_fraction,
-            kv_growth=after / before if before and after else None,
+            kv_growth=after / before if before and after else None, persisted_seconds=persisted,
         )  # fmt: skip
         if not worth.worth_it:
             blocked, recommended = f"it is not worth a restart ({worth.describe()})", settings

@@ -12,11 +12,15 @@ service: ``status.startupSeconds``), it serves nothing. What that costs depends 
 Both sides are measured in *seconds of the whole service's capacity*:
 
     cost = lost_fraction x restart_seconds
-    gain = expected_gain_fraction x cooldown_seconds
+    gain = expected_gain_fraction x (cooldown_seconds + persisted_seconds)
 
 and a change goes ahead only when ``gain > cost``. The gain is the share of the service's capacity the
-change is expected to win back, for as long as it will certainly stay (the cooldown: no metrics-driven
-change follows sooner), from the metrics window it was proposed on:
+change is expected to win back, for as long as it will stay: at least the cooldown (no metrics-driven
+change follows sooner), plus as long as the loop has already held for the same trigger
+(``persisted_seconds``, from the history, at most ``PolicyConfig.trade_persistence_max_seconds``: a
+condition seen for ``t`` is expected to last about ``t`` more). So a held change is re-weighed every
+tick, and a small gain that persists wins its restart after a while. The share comes from the metrics
+window the change was proposed on:
 
 * **IdleCapacity** (a queue at the sequence limit, KV room to spare): the requests the new limit admits
   that now wait, per running request: ``min(mean waiting, added sequences) / mean running``;
@@ -46,9 +50,11 @@ from kvpilot.tuner.types import EngineSettings
 @dataclass(frozen=True, slots=True)
 class Trade:
     gain_seconds: float
-    """Seconds of the whole service's capacity the change is expected to win over the cooldown."""
+    """Seconds of the whole service's capacity the change is expected to win over the horizon."""
     cost_seconds: float
     """Seconds of the whole service's capacity the rollout loses."""
+    horizon_seconds: float
+    """How long the gain is counted for: the cooldown plus how long the condition has persisted."""
 
     @property
     def worth_it(self) -> bool:
@@ -56,8 +62,8 @@ class Trade:
 
     def describe(self) -> str:
         return (
-            f"expected gain {self.gain_seconds:.0f}s of full capacity over the cooldown, restart cost "
-            f"{self.cost_seconds:.0f}s"
+            f"expected gain {self.gain_seconds:.0f}s of full capacity over {self.horizon_seconds:.0f}s, "
+            f"restart cost {self.cost_seconds:.0f}s"
         )
 
 
@@ -85,9 +91,11 @@ def compute_gain_fraction(
 def compute_trade(
     trigger: str, window: ObservationWindow, current: EngineSettings, proposed: EngineSettings, *,
     cooldown_seconds: float, restart_seconds: float, lost_fraction: float, kv_growth: float | None = None,
+    persisted_seconds: float = 0.0,
 ) -> Trade:  # fmt: skip
-    """The gain against the cost of rolling ``proposed`` out (module docstring)."""
+    """The gain against the cost of rolling ``proposed`` out (module docstring); ``persisted_seconds`` is
+    how long the loop has held for ``trigger`` already, capped by the caller."""
     share = compute_gain_fraction(trigger, window, current, proposed, cooldown_seconds, kv_growth)
-    gain = share * cooldown_seconds
+    horizon = cooldown_seconds + max(0.0, persisted_seconds)
     cost = min(1.0, max(0.0, lost_fraction)) * max(0.0, restart_seconds)
-    return Trade(gain, cost)
+    return Trade(share * horizon, cost, horizon)
