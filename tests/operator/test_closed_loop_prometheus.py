@@ -27,6 +27,7 @@ NOW = 1_800_000_000.0
 class Stub:
     def __init__(self) -> None:
         self.queries: list[str] = []
+        self.headers: list[dict[str, str]] = []
         self.legacy = False
         self.kv: list[float] | None = [0.5, 0.6, 0.95, 0.97, 0.99]
         self.last_scrape = NOW - 5
@@ -34,17 +35,26 @@ class Stub:
         self.running: float | None = None
         """Override the last running-requests value (an impossible one, say)."""
         self.waiting: float | None = None
+        self.pod_label, self.namespace_label = "pod", "namespace"
+        self.require: dict[str, str] = {}
+        """Headers a request must carry, else 401."""
 
-    def answer(self, path: str, params: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    def labels(self, pod: str, namespace: str = "ns1") -> dict[str, str]:
+        return {self.namespace_label: namespace, self.pod_label: pod}
+
+    def answer(self, path: str, params: dict[str, str], headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
         q = params.get("query", "")
         self.queries.append(q)
+        self.headers.append(headers)
+        if any(headers.get(k) != v for k, v in self.require.items()):
+            return 401, {"status": "error", "errorType": "unauthorized", "error": "no"}
         if self.status != 200:
             return self.status, {"status": "error", "errorType": "internal", "error": "boom"}
         if path.endswith("query_range"):
             start, end, step = float(params["start"]), float(params["end"]), float(params["step"])
             times = [start + i * step for i in range(int((end - start) // step) + 1)]
             values: list[float] | None = None
-            if q.startswith("max(vllm:kv_cache_usage_perc") or q.startswith("max(vllm:gpu_cache_usage_perc"):
+            if q.startswith("max by") and "kv_cache_usage_perc" in q:
                 values = None if self.kv is None else self.kv
             elif "num_preemptions_total" in q:
                 values = [0.0, 0.0, 0.2, 0.4, 0.5]
@@ -55,26 +65,39 @@ class Stub:
             if values is None:
                 return 200, {"status": "success", "data": {"resultType": "matrix", "result": []}}
             points = [[t, str(v)] for t, v in zip(times[-len(values) :], values, strict=False)]
-            return 200, {
-                "status": "success",
-                "data": {"resultType": "matrix", "result": [{"metric": {}, "values": points}]},
-            }
+            lower = [[t, str(float(v) / 2)] for t, v in points]
+            higher = [[t, str(float(v) * 1.01)] for t, v in points]  # another service's pod: never selected
+            return 200, {"status": "success", "data": {"resultType": "matrix", "result": [
+                {"metric": self.labels(PODS[0]), "values": points},
+                {"metric": self.labels(PODS[1]), "values": lower},
+                {"metric": self.labels("other-7b9c6d-ccccc"), "values": higher},
+                {"metric": self.labels(PODS[0], "ns2"), "values": higher},
+            ]}}  # fmt: skip
         t = float(params.get("time", NOW))
-        if q.startswith("max(timestamp("):
-            result = [{"metric": {}, "value": [t, str(self.last_scrape)]}]
+        a, b, other = self.labels(PODS[0]), self.labels(PODS[1]), self.labels("other-7b9c6d-ccccc")
+
+        def vector(*pairs: tuple[dict[str, str], Any]) -> list[dict[str, Any]]:
+            return [{"metric": m, "value": [t, str(v)]} for m, v in pairs]
+
+        if q.startswith("max by") and "timestamp(" in q:
+            result = vector((a, self.last_scrape), (b, self.last_scrape - 1), (other, NOW))
         elif "request_prompt_tokens_sum" in q:
-            result = [{"metric": {}, "value": [t, "1800.5"]}]
-        elif "request_generation_tokens_sum" in q:
-            result = [{"metric": {}, "value": [t, "NaN"]}]  # no request finished in the window
+            result = vector((a, 1800.5 * 3), (b, 1800.5), (other, 1e6))
+        elif "request_prompt_tokens_count" in q:
+            result = vector((a, 3), (b, 1), (other, 1))
+        elif "request_generation_tokens" in q:
+            result = vector((a, 0), (b, 0))  # no request finished in the window: 0 / 0
         elif q.startswith("vllm:cache_config_info"):
             labels = {"__name__": "vllm:cache_config_info", "engine": "0", "block_size": "16",
                       "gpu_memory_utilization": "0.9", "cache_dtype": "auto",
                       "num_gpu_blocks": "27000"}  # fmt: skip
-            a = dict(labels, pod="llm-5d8f7c-aaaaa")
-            b = dict(labels, pod="llm-5d8f7c-bbbbb", num_gpu_blocks="26000")
+            ca = dict(labels, **a)
+            cb = dict(labels, **b, num_gpu_blocks="26000")
+            co = dict(labels, **other, num_gpu_blocks="100")
             if not self.legacy:
-                a["kv_cache_size_tokens"], b["kv_cache_size_tokens"] = "432000", "416000"
-            result = [{"metric": a, "value": [t, "1"]}, {"metric": b, "value": [t, "1"]}]
+                ca["kv_cache_size_tokens"], cb["kv_cache_size_tokens"] = "432000", "416000"
+            result = [{"metric": ca, "value": [t, "1"]}, {"metric": cb, "value": [t, "1"]},
+                      {"metric": co, "value": [t, "1"]}]  # fmt: skip
         else:
             result = []
         return 200, {"status": "success", "data": {"resultType": "vector", "result": result}}
@@ -86,7 +109,8 @@ def stub() -> Iterator[tuple[Stub, str]]:
 
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, params: dict[str, str]) -> None:
-            code, payload = state.answer(urllib.parse.urlparse(self.path).path, params)
+            path = urllib.parse.urlparse(self.path).path
+            code, payload = state.answer(path, params, dict(self.headers.items()))
             body = json.dumps(payload).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -151,10 +175,12 @@ async def test_fetch_observations_reads_every_series(stub: tuple[Stub, str]) -> 
     assert w.generation_tokens is None
     assert w.kv_capacity_tokens == 416000  # the smaller pod
     assert (w.reported_gpu_memory_utilization, w.reported_kv_cache_dtype, w.pods) == (0.9, "auto", 2)
-    selector = 'namespace="ns1",pod=~"llm-5d8f7c-aaaaa|llm-5d8f7c-bbbbb"'
-    assert all(selector in q for q in state.queries)
+    # one query per metric for every service: no pod names in PromQL, the split is the operator's
+    assert len(state.queries) == prometheus.QUERIES_PER_TICK
+    assert not any("llm-5d8f7c" in q for q in state.queries)
+    assert all("by (namespace, pod" in q or q.startswith("vllm:cache_config_info") for q in state.queries)
     assert any("vllm:gpu_cache_usage_perc" in q for q in state.queries)  # the pre-rename fallback
-    assert any("vllm:num_preemptions_total" in q and "vllm:num_preemptions{" in q for q in state.queries)
+    assert any("vllm:num_preemptions_total" in q and "(vllm:num_preemptions[" in q for q in state.queries)
 
 
 async def test_legacy_cache_config_uses_blocks_times_block_size(stub: tuple[Stub, str]) -> None:
@@ -199,13 +225,15 @@ async def test_no_url_is_unavailable() -> None:
 
 
 def test_queries_use_the_pinned_vllm_names() -> None:
-    q = prometheus.build_queries("ns", ("svc-1-a", "svc-1.b"), 300)
-    assert q.kv_usage == (
-        'max(vllm:kv_cache_usage_perc{namespace="ns",pod=~"svc-1-a|svc-1\\\\.b"})'
-        ' or max(vllm:gpu_cache_usage_perc{namespace="ns",pod=~"svc-1-a|svc-1\\\\.b"})'
+    q = prometheus.build_queries(300)
+    assert q.ranged["kv_usage"] == (
+        "max by (namespace, pod) (vllm:kv_cache_usage_perc) or max by (namespace, pod) (vllm:gpu_cache_usage_perc)"
     )
-    assert "rate(vllm:request_prompt_tokens_sum{" in q.prompt_mean and "[300s]" in q.prompt_mean
-    assert q.cache_config == 'vllm:cache_config_info{namespace="ns",pod=~"svc-1-a|svc-1\\\\.b"}'
+    assert "rate(vllm:request_prompt_tokens_sum[300s])" in q.instant["prompt_sum"]
+    assert q.instant["cache_config"] == 'vllm:cache_config_info{pod!=""}'
+    relabelled = prometheus.build_queries(300, pod_label="kubernetes_pod_name", namespace_label="kube_ns")
+    assert all("by (kube_ns, kubernetes_pod_name" in x for x in list(relabelled.ranged.values())[:4])
+    assert len(q.all) == prometheus.QUERIES_PER_TICK
 
 
 def test_pinned_vllm_declares_these_names() -> None:
