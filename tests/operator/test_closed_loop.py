@@ -18,6 +18,7 @@ from operator_fakes import Harness, apply_patch, condition, isvc
 
 from kvpilot.operator import closed_loop, handlers, loop_settings, pod_status
 from kvpilot.operator.loop_settings import LoopPace
+from kvpilot.operator.prometheus_settings import PrometheusSettings
 from kvpilot.tuner.loop.policy import Action, Trigger
 
 OOM = (
@@ -489,10 +490,18 @@ def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("KVPILOT_PROBATION_SECONDS", "20")
     monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
     monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
-    seen: list[LoopPace] = []
-    monkeypatch.setattr(closed_loop, "configure", seen.append)
+    monkeypatch.setenv("KVPILOT_PROMETHEUS_URL", "https://prom.example:9090")
+    monkeypatch.setenv("KVPILOT_PROMETHEUS_POD_LABEL", "kubernetes_pod_name")
+    seen: list[tuple[LoopPace, PrometheusSettings]] = []
+    monkeypatch.setattr(closed_loop, "configure", lambda pace, prom: seen.append((pace, prom)))
     main.configure(settings=kopf.OperatorSettings())
-    assert seen == [LoopPace(step_seconds=5.0, probation_seconds=20.0)]
+    assert seen == [(
+        LoopPace(step_seconds=5.0, probation_seconds=20.0),
+        PrometheusSettings(url="https://prom.example:9090", pod_label="kubernetes_pod_name"),
+    )]  # fmt: skip
+    monkeypatch.setenv("KVPILOT_PROMETHEUS_INSECURE_SKIP_VERIFY", "yes")
+    with pytest.raises(kopf.PermanentError, match="INSECURE_SKIP_VERIFY"):  # stops at start-up, not mid-loop
+        main.configure(settings=kopf.OperatorSettings())
 
 
 def test_bounds_merge_serving_and_tuning_bounds() -> None:
