@@ -403,12 +403,33 @@ def _default_client(settings: PrometheusSettings) -> PromClient:
         return client
 
 
+def _detail(exc: BaseException) -> str:
+    """The innermost cause in one short line: ``certificate verify failed: unable to get local issuer
+    certificate`` rather than urllib3's retry wrapper with the whole query URL in it."""
+    import ssl
+
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ssl.SSLCertVerificationError) and e.verify_message:
+            return f"certificate verify failed: {e.verify_message}"
+        if isinstance(e, ssl.SSLError) and e.reason:
+            return f"TLS error: {e.reason}"
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text.split(" with url: ")[0][:300]
+
+
 def classify_error(exc: BaseException, url: str) -> tuple[str, str]:
     """(the ``MetricsAvailable`` reason, a message naming ``url``) for a failed query."""
     import requests
 
-    detail = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
     text = str(exc)
+    detail = _detail(exc)
     if isinstance(exc, requests.exceptions.SSLError):
         code, what = "PrometheusTLSError", "TLS verification failed (check prometheus.tls.ca)"
     elif "HTTP Status Code 401" in text:
