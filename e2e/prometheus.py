@@ -8,8 +8,8 @@ simulator (``e2e.fleet``) writes. The fleet writes the Kubernetes service
 discovery meta labels (``__meta_kubernetes_namespace``,
 ``__meta_kubernetes_pod_name``, ...) into that file; the relabelling below turns
 them into ``namespace`` and ``pod`` target labels as a kube-prometheus
-PodMonitor does, so the operator selects series with
-``{namespace="<ns>", pod=~"<name>-[^-]+-[^-]+"}`` (docs/api-contract.md).
+PodMonitor does, so the operator's queries, aggregated ``by (namespace, pod)``, find
+each pod's series (docs/closed-loop.md).
 
 Python API::
 
