@@ -19,6 +19,7 @@ from operator_fakes import Harness, apply_patch, condition, isvc
 from kvpilot.operator import closed_loop, handlers, loop_settings, pod_status
 from kvpilot.operator.loop_settings import LoopPace
 from kvpilot.operator.prometheus_settings import PrometheusSettings
+from kvpilot.tuner.loop import ObservationWindow
 from kvpilot.tuner.loop.policy import Action, Trigger
 
 OOM = (
@@ -61,6 +62,26 @@ async def test_prometheus_down_holds_and_says_so(harness: Harness, loop: LoopHar
     await loop.tick(body)  # the same hold again: no new entry, no new event
     assert [h["action"] for h in body["status"]["history"]] == ["Planned", "Held"]
     assert harness.emitter.reasons.count("Held") == 1
+
+
+async def test_a_wrong_prometheus_ca_is_its_own_reason_and_one_warning(
+    harness: Harness, loop: LoopHarness
+) -> None:
+    body = await applied(harness)
+    loop.healthy_pods()
+    message = "Prometheus query failed (https://p:9090): TLS verification failed: certificate verify failed"
+    loop.window = ObservationWindow.unavailable(message, T0, "PrometheusTLSError")
+    d = await loop.tick(body)
+    assert d is not None and d.action == Action.HOLD
+    cond = condition(body, "MetricsAvailable")
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "PrometheusTLSError", message)
+    warnings = [e for e in harness.emitter.events if e[1] == "PrometheusTLSError"]
+    assert warnings == [("Warning", "PrometheusTLSError", message)]
+    await loop.tick(body)  # still failing: no second event
+    assert harness.emitter.reasons.count("PrometheusTLSError") == 1
+    loop.window = ObservationWindow.unavailable("401", T0, "PrometheusUnauthorized")
+    await loop.tick(body)  # a new cause: a new event
+    assert harness.emitter.reasons.count("PrometheusUnauthorized") == 1
 
 
 async def test_steady_marks_the_settings_good(harness: Harness, loop: LoopHarness) -> None:
