@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvpilot.operator import metrics
+from kvpilot.operator import conditions, metrics
 from kvpilot.operator.prometheus_settings import URL_ENV, PrometheusSettings
 from kvpilot.tuner.loop import LengthSummary, MetricsSample, ObservationWindow
 
@@ -431,17 +431,17 @@ def classify_error(exc: BaseException, url: str) -> tuple[str, str]:
     text = str(exc)
     detail = _detail(exc)
     if isinstance(exc, requests.exceptions.SSLError):
-        code, what = "PrometheusTLSError", "TLS verification failed (check prometheus.tls.ca)"
+        code, what = conditions.PROMETHEUS_TLS_ERROR, "TLS verification failed (check prometheus.tls.ca)"
     elif "HTTP Status Code 401" in text:
-        code, what = "PrometheusUnauthorized", "401 Unauthorized (check the credentials Secret)"
+        code, what = conditions.PROMETHEUS_UNAUTHORIZED, "401 Unauthorized (check the credentials Secret)"
     elif "HTTP Status Code 403" in text:
-        code, what = "PrometheusForbidden", "403 Forbidden (the credentials may not read this tenant)"
+        code, what = conditions.PROMETHEUS_FORBIDDEN, "403 Forbidden (not allowed for this tenant)"
     elif isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
-        code, what = "PrometheusUnreachable", "unreachable"
+        code, what = conditions.PROMETHEUS_UNREACHABLE, "unreachable"
     elif isinstance(exc, OSError):  # a credentials file that cannot be read
-        code, what = "PrometheusCredentialsUnreadable", "cannot read the credentials file"
+        code, what = conditions.PROMETHEUS_CREDENTIALS_UNREADABLE, "cannot read the credentials file"
     else:
-        code, what = "PrometheusQueryFailed", "error answer"
+        code, what = conditions.PROMETHEUS_QUERY_FAILED, "error answer"
     return code, f"Prometheus query failed ({url}): {what}: {detail}"
 
 
@@ -540,7 +540,7 @@ async def fetch_observations(
     settings = PrometheusSettings(url=prom) if isinstance(prom, str) else prom
     if not settings.url:
         return ObservationWindow.unavailable(
-            f"no Prometheus URL configured (${PROMETHEUS_URL_ENV})", now, "PrometheusNotConfigured"
+            f"no Prometheus URL configured (${PROMETHEUS_URL_ENV})", now, conditions.PROMETHEUS_NOT_CONFIGURED
         )
     if not pods:
         return ObservationWindow.unavailable(f"no running pods of {namespace}/{name} to read metrics of", now)

@@ -82,6 +82,10 @@ async def test_a_wrong_prometheus_ca_is_its_own_reason_and_one_warning(
     loop.window = ObservationWindow.unavailable("401", T0, "PrometheusUnauthorized")
     await loop.tick(body)  # a new cause: a new event
     assert harness.emitter.reasons.count("PrometheusUnauthorized") == 1
+    loop.window = ObservationWindow.unavailable("no URL", T0, "PrometheusNotConfigured")
+    await loop.tick(body)  # no Prometheus at all is a supported set-up: the condition says so, no Warning
+    assert condition(body, "MetricsAvailable")["reason"] == "PrometheusNotConfigured"
+    assert "PrometheusNotConfigured" not in harness.emitter.reasons
 
 
 async def test_steady_marks_the_settings_good(harness: Harness, loop: LoopHarness) -> None:
