@@ -509,7 +509,9 @@ async def fetch_shared_snapshot(
     client_factory: Callable[[PrometheusSettings], PromClient] = _default_client,
 ) -> FleetSnapshot:
     """The snapshot every service's timer shares: fetched again once it is ``max_age_seconds`` old (the
-    tick interval), with one fetch in flight at a time (the timers that come meanwhile wait for it)."""
+    tick interval), with one fetch in flight at a time (the timers that come meanwhile wait for it).
+    Keyed by the settings, the window and the ``client_factory``: callers that want to share a snapshot
+    pass the same factory object (a new lambda per call would fetch per service)."""
     key = (settings, window_seconds, step_seconds, client_factory)
     loop = asyncio.get_running_loop()
     entry = _snapshots.get(key)
