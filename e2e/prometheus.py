@@ -8,8 +8,8 @@ simulator (``e2e.fleet``) writes. The fleet writes the Kubernetes service
 discovery meta labels (``__meta_kubernetes_namespace``,
 ``__meta_kubernetes_pod_name``, ...) into that file; the relabelling below turns
 them into ``namespace`` and ``pod`` target labels as a kube-prometheus
-PodMonitor does, so the operator selects series with
-``{namespace="<ns>", pod=~"<name>-[^-]+-[^-]+"}`` (docs/api-contract.md).
+PodMonitor does, so the operator's queries, aggregated ``by (namespace, pod)``, find
+each pod's series (docs/closed-loop.md).
 
 Python API::
 
@@ -20,6 +20,12 @@ Python API::
         prom.query("vllm:num_requests_running")
 
 Extra static jobs: ``PrometheusServer(workdir, scrape_targets={"job": ["127.0.0.1:8000"]})``.
+
+Prometheus as teams run it, behind TLS and basic auth (its ``--web.config.file``)::
+
+    web = make_web_security(workdir / "web")  # a CA, a serving cert for 127.0.0.1, a basic-auth user
+    with PrometheusServer(workdir, web=web) as prom:
+        prom.url                              # https://127.0.0.1:<port>; prom.query() authenticates
 
 ``stop()`` sends SIGTERM to the recorded PID only (SIGKILL after a grace
 period); the log (``<dir>/prometheus.log``) and TSDB are kept, and ``start()``
@@ -36,6 +42,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -43,6 +50,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +76,77 @@ RELABEL_CONFIGS: list[dict[str, Any]] = [
 
 class PrometheusError(RuntimeError):
     pass
+
+
+BASIC_AUTH_USER = "kvpilot"
+BASIC_AUTH_PASSWORD = "kvpilot-e2e-secret"
+BASIC_AUTH_BCRYPT = "$2b$04$qTF5Ob9TbtmNQYVi6HwQ6OYa7HNbhcd7QxU.QGEMaJEUr8l/WK2Ly"
+"""bcrypt (cost 4) of :data:`BASIC_AUTH_PASSWORD`, as ``web.config.file``'s ``basic_auth_users`` wants it.
+Made once with Python 3.11's ``crypt`` (libxcrypt): ``crypt.crypt(password, crypt.mksalt(
+crypt.METHOD_BLOWFISH, rounds=16))``; no bcrypt tool or module is installed here, and ``crypt`` leaves
+Python in 3.13, so the hash is kept rather than made per run."""
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise PrometheusError(f"openssl {' '.join(args)} failed:\n{proc.stderr}")
+
+
+def make_ca(directory: Path, name: str) -> Path:
+    """A self-signed CA (EC P-256, openssl) as ``<name>.crt`` / ``<name>.key`` in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-days", "30", "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.crt", cwd=directory,
+    )  # fmt: skip
+    return directory / f"{name}.crt"
+
+
+@dataclass(frozen=True, slots=True)
+class WebSecurity:
+    """TLS and basic auth of Prometheus' own HTTP API (``--web.config.file``)."""
+
+    ca_file: Path
+    """The CA that signed the serving certificate (what a client must trust)."""
+    cert_file: Path
+    key_file: Path
+    username: str = BASIC_AUTH_USER
+    password: str = BASIC_AUTH_PASSWORD
+    password_bcrypt: str = BASIC_AUTH_BCRYPT
+
+    def web_config(self) -> dict[str, Any]:
+        return {
+            "tls_server_config": {"cert_file": str(self.cert_file), "key_file": str(self.key_file)},
+            "basic_auth_users": {self.username: self.password_bcrypt},
+        }
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def authorization(self) -> str:
+        import base64
+
+        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+
+
+def make_web_security(directory: Path) -> WebSecurity:
+    """A CA and a serving certificate it signed for 127.0.0.1 and localhost, plus the basic-auth user."""
+    ca = make_ca(directory, "prometheus-ca")
+    (directory / "server.ext").write_text(
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+    )
+    _openssl(
+        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj",
+        "/CN=prometheus", "-keyout", "server.key", "-out", "server.csr", cwd=directory,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", "server.csr", "-CA", ca.name, "-CAkey", "prometheus-ca.key",
+        "-CAcreateserial", "-days", "30", "-extfile", "server.ext", "-out", "server.crt", cwd=directory,
+    )  # fmt: skip
+    (directory / "server.key").chmod(0o600)
+    return WebSecurity(ca_file=ca, cert_file=directory / "server.crt", key_file=directory / "server.key")
 
 
 def free_port() -> int:
@@ -129,6 +208,8 @@ class PrometheusServer:
     :param config: a complete config instead of the generated one.
     :param port: listen port on 127.0.0.1 (default: a free one, kept across restarts).
     :param lookback_delta: ``--query.lookback-delta`` (instant queries see samples this old at most).
+    :param web: serve over TLS with basic auth (``--web.config.file``); :meth:`api` and the readiness
+        checks then verify against ``web.ca_file`` and authenticate.
     """
 
     def __init__(
@@ -141,6 +222,7 @@ class PrometheusServer:
         binary: str | os.PathLike[str] | None = None,
         port: int | None = None,
         lookback_delta: str = "1m",
+        web: WebSecurity | None = None,
     ) -> None:
         self.dir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="kvpilot-prom-"))
         self.binary = binary
@@ -154,13 +236,23 @@ class PrometheusServer:
         self.config = config or build_config(
             self.targets_file, scrape_interval=scrape_interval, scrape_targets=scrape_targets
         )
+        self.web = web
+        self.web_config_file = self.dir / "web.yml"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_in: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.web else 'http'}://127.0.0.1:{self.port}"
+
+    def _open(self, req: str | urllib.request.Request, timeout: float) -> Any:
+        """``urlopen`` with the server's CA and basic auth when it has them."""
+        if self.web is None:
+            return urllib.request.urlopen(req, timeout=timeout)
+        r = req if isinstance(req, urllib.request.Request) else urllib.request.Request(req)
+        r.add_header("Authorization", self.web.authorization())
+        return urllib.request.urlopen(r, timeout=timeout, context=self.web.ssl_context())
 
     @property
     def pid(self) -> int | None:
@@ -194,6 +286,9 @@ class PrometheusServer:
             "--web.enable-lifecycle",
             f"--query.lookback-delta={self.lookback_delta}",
         ]
+        if self.web is not None:
+            self.web_config_file.write_text(yaml.safe_dump(self.web.web_config(), sort_keys=False))
+            args.append(f"--web.config.file={self.web_config_file}")
         with open(self.log_file, "ab") as log:
             log.write(f"\n===== {time.strftime('%F %T')} {' '.join(args)}\n".encode())
             log.flush()
@@ -224,7 +319,7 @@ class PrometheusServer:
                     f"log tail ({self.log_file}):\n{self.log_tail()}"
                 )
             try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                with self._open(self.url + "/-/ready", timeout=2) as r:
                     if r.status == 200:
                         return
             except OSError as e:  # URLError is an OSError
@@ -271,7 +366,7 @@ class PrometheusServer:
             self.config = config
             self.config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         req = urllib.request.Request(self.url + "/-/reload", method="POST")
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with self._open(req, timeout=10) as r:
             if r.status != 200:
                 raise PrometheusError(f"reload failed: HTTP {r.status}")
 
@@ -280,7 +375,7 @@ class PrometheusServer:
         q = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
         url = f"{self.url}/api/v1/{path}" + (f"?{q}" if q else "")
         try:
-            with urllib.request.urlopen(url, timeout=10) as r:
+            with self._open(url, timeout=10) as r:
                 body = json.load(r)
         except urllib.error.HTTPError as e:
             raise PrometheusError(f"GET {url}: HTTP {e.code}: {e.read()[:500]!r}") from e

@@ -19,7 +19,7 @@ from e2e.fleet.fleet import Fleet
 from e2e.fleet.kopf_process import OperatorProcess
 from e2e.fleet.testing import wait_until
 from e2e.fleet.truth import EngineArgs, Scenario
-from e2e.prometheus import PrometheusServer
+from e2e.prometheus import PrometheusServer, WebSecurity
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "inferenceservices.kvpilot.io.yaml"
@@ -57,6 +57,20 @@ def closed_loop_env(
         "KVPILOT_PROBATION_SECONDS": f"{probation_s:g}",
         "KVPILOT_METRICS_STEP_SECONDS": f"{step_s:g}",
         "KVPILOT_MIN_CHANGE_INTERVAL": f"{min_change_interval_s:g}",
+    }
+
+
+def prometheus_auth_env(web: WebSecurity, secrets_dir: Path) -> dict[str, str]:
+    """The operator's environment for a Prometheus behind TLS and basic auth: the credentials as files (as
+    the chart mounts the basic-auth Secret) and the CA bundle (docs/closed-loop.md, "Prometheus access")."""
+    secrets_dir.mkdir(parents=True, exist_ok=True)
+    (secrets_dir / "username").write_text(web.username)
+    (secrets_dir / "password").write_text(web.password)
+    (secrets_dir / "password").chmod(0o600)
+    return {
+        "KVPILOT_PROMETHEUS_USERNAME_FILE": str(secrets_dir / "username"),
+        "KVPILOT_PROMETHEUS_PASSWORD_FILE": str(secrets_dir / "password"),
+        "KVPILOT_PROMETHEUS_CA_FILE": str(web.ca_file),
     }
 
 
@@ -158,10 +172,15 @@ class Stack:
         operator_env: dict[str, str] | None = None,
         operator_namespaces: list[str] | None = None,
         scrape_interval: str = "1s",
+        prometheus_web: WebSecurity | None = None,
     ) -> None:
+        """``prometheus_web``: serve Prometheus behind TLS and basic auth, and give the operator the CA
+        bundle and the credentials (:func:`prometheus_auth_env`) on top of the default environment."""
         self.cluster = cluster
         self.dir = Path(dir)
-        self.prom = PrometheusServer(self.dir / "prometheus", scrape_interval=scrape_interval)
+        self.prom = PrometheusServer(
+            self.dir / "prometheus", scrape_interval=scrape_interval, web=prometheus_web
+        )
         self._namespaces = namespaces
         self._default_scenario = default_scenario
         self._scenarios = dict(scenarios or {})
@@ -189,6 +208,8 @@ class Stack:
                 self.fleet.set_scenario(ns, inst, sc)
             self.fleet.start()
             env = self._operator_env if self._operator_env is not None else closed_loop_env(self.prom.url)
+            if self.prom.web is not None and self._operator_env is None:
+                env |= prometheus_auth_env(self.prom.web, self.dir / "prometheus-credentials")
             self.operator = OperatorProcess(
                 self.cluster.kubeconfig, self.dir / "operator", env=env, namespaces=self._operator_namespaces
             )

@@ -55,6 +55,7 @@ from kvpilot.operator import (
 )
 from kvpilot.operator.kube import Kube, fetch_nodes
 from kvpilot.operator.loop_settings import LoopPace
+from kvpilot.operator.prometheus_settings import PrometheusSettings
 from kvpilot.operator.rollout_strategy import RolloutChoice
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, memory, plan, vllm
@@ -78,13 +79,17 @@ class LoopDeps:
     record_metrics: bool = True
     pace: LoopPace = field(default_factory=LoopPace)
     """The operator's pace (:func:`kvpilot.operator.loop_settings.pace_from_env`, read at start-up)."""
+    prometheus: PrometheusSettings | None = None
+    """How to reach Prometheus (auth, TLS, headers, label names: :mod:`.prometheus_settings`); ``None``:
+    ``prom_url`` without auth."""
 
 
 _deps: LoopDeps | None = None
 
 
-def configure(pace: LoopPace) -> LoopDeps:
-    """The process-wide dependencies: the real cluster, ``$KVPILOT_PROMETHEUS_URL`` and ``pace``.
+def configure(pace: LoopPace, prom: PrometheusSettings | None = None) -> LoopDeps:
+    """The process-wide dependencies: the real cluster, Prometheus (``prom``, else
+    ``$KVPILOT_PROMETHEUS_URL``) and ``pace``.
 
     Called once by the operator's start-up handler (:func:`kvpilot.operator.main.configure`)."""
     global _deps
@@ -94,8 +99,9 @@ def configure(pace: LoopPace) -> LoopDeps:
     _deps = LoopDeps(
         kube=kube,
         pods=pod_status.ClusterPods(kube.api_client),
-        prom_url=os.environ.get(prometheus.PROMETHEUS_URL_ENV, ""),
+        prom_url=prom.url if prom is not None else os.environ.get(prometheus.PROMETHEUS_URL_ENV, ""),
         pace=pace,
+        prometheus=prom,
     )
     return _deps
 
@@ -233,13 +239,14 @@ async def run_once(
     summary = pod_status.compute_pod_summary(views, state.current, parsed.replicas)
     rollout = loop_state.with_pod_deadline(rollout, views, policy.rollout_deadline_seconds)
     window = await deps.fetch_window(
-        deps.prom_url,
+        deps.prometheus or deps.prom_url,
         namespace,
         name,
         now,
         pods=tuple(v.name for v in views if not v.terminating),
         window_seconds=policy.window_seconds,
         step_seconds=deps.pace.step_seconds,
+        max_age_seconds=deps.pace.interval_seconds,  # one snapshot of every pod per tick, shared
     )
 
     context = TuningContext(

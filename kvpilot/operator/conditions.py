@@ -35,6 +35,21 @@ cannot schedule or the condition is False, so it follows the nodes as they chang
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 
+PROMETHEUS_TLS_ERROR = "PrometheusTLSError"
+PROMETHEUS_UNAUTHORIZED = "PrometheusUnauthorized"
+PROMETHEUS_FORBIDDEN = "PrometheusForbidden"
+PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"
+PROMETHEUS_CREDENTIALS_UNREADABLE = "PrometheusCredentialsUnreadable"
+PROMETHEUS_QUERY_FAILED = "PrometheusQueryFailed"
+PROMETHEUS_FAILURES = frozenset({
+    PROMETHEUS_TLS_ERROR, PROMETHEUS_UNAUTHORIZED, PROMETHEUS_FORBIDDEN, PROMETHEUS_UNREACHABLE,
+    PROMETHEUS_CREDENTIALS_UNREADABLE, PROMETHEUS_QUERY_FAILED,
+})  # fmt: skip
+"""``MetricsAvailable=False`` reasons of a failed Prometheus query (``prometheus.classify_error``): each is
+also a Warning event when the reason changes to it."""
+PROMETHEUS_NOT_CONFIGURED = "PrometheusNotConfigured"
+"""``MetricsAvailable=False`` without a Prometheus URL: a supported set-up (crash remedies only), no event."""
+
 TYPES = (
     READY, AVAILABLE, DEGRADED, SCHEDULABLE, CONFIG_RESOLVED, PLANNED, INFEASIBLE, METRICS_AVAILABLE,
     ROLLOUT_IN_PROGRESS,

@@ -26,6 +26,7 @@ from kvpilot.operator import (
     handlers,
     loop_settings,
     metrics,
+    prometheus_settings,
 )
 
 DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
@@ -45,11 +46,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
     try:
         pace = loop_settings.pace_from_env()
-    except loop_settings.LoopConfigError as exc:  # a bad setting stops the operator here, not mid-loop
-        raise kopf.PermanentError(str(exc)) from exc
+        prom = prometheus_settings.settings_from_env()
+    except (loop_settings.LoopConfigError, prometheus_settings.PrometheusConfigError) as exc:
+        raise kopf.PermanentError(str(exc)) from exc  # a bad setting stops the operator here, not mid-loop
     metrics.start_metrics_server()
     handlers.default_deps()
-    closed_loop.configure(pace)
+    closed_loop.configure(pace, prom)
 
 
 @kopf.on.create(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)

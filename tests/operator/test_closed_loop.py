@@ -18,6 +18,8 @@ from operator_fakes import Harness, apply_patch, condition, isvc
 
 from kvpilot.operator import closed_loop, handlers, loop_settings, pod_status
 from kvpilot.operator.loop_settings import LoopPace
+from kvpilot.operator.prometheus_settings import PrometheusSettings
+from kvpilot.tuner.loop import ObservationWindow
 from kvpilot.tuner.loop.policy import Action, Trigger
 
 OOM = (
@@ -60,6 +62,30 @@ async def test_prometheus_down_holds_and_says_so(harness: Harness, loop: LoopHar
     await loop.tick(body)  # the same hold again: no new entry, no new event
     assert [h["action"] for h in body["status"]["history"]] == ["Planned", "Held"]
     assert harness.emitter.reasons.count("Held") == 1
+
+
+async def test_a_wrong_prometheus_ca_is_its_own_reason_and_one_warning(
+    harness: Harness, loop: LoopHarness
+) -> None:
+    body = await applied(harness)
+    loop.healthy_pods()
+    message = "Prometheus query failed (https://p:9090): TLS verification failed: certificate verify failed"
+    loop.window = ObservationWindow.unavailable(message, T0, "PrometheusTLSError")
+    d = await loop.tick(body)
+    assert d is not None and d.action == Action.HOLD
+    cond = condition(body, "MetricsAvailable")
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "PrometheusTLSError", message)
+    warnings = [e for e in harness.emitter.events if e[1] == "PrometheusTLSError"]
+    assert warnings == [("Warning", "PrometheusTLSError", message)]
+    await loop.tick(body)  # still failing: no second event
+    assert harness.emitter.reasons.count("PrometheusTLSError") == 1
+    loop.window = ObservationWindow.unavailable("401", T0, "PrometheusUnauthorized")
+    await loop.tick(body)  # a new cause: a new event
+    assert harness.emitter.reasons.count("PrometheusUnauthorized") == 1
+    loop.window = ObservationWindow.unavailable("no URL", T0, "PrometheusNotConfigured")
+    await loop.tick(body)  # no Prometheus at all is a supported set-up: the condition says so, no Warning
+    assert condition(body, "MetricsAvailable")["reason"] == "PrometheusNotConfigured"
+    assert "PrometheusNotConfigured" not in harness.emitter.reasons
 
 
 async def test_steady_marks_the_settings_good(harness: Harness, loop: LoopHarness) -> None:
@@ -489,10 +515,18 @@ def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("KVPILOT_PROBATION_SECONDS", "20")
     monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
     monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
-    seen: list[LoopPace] = []
-    monkeypatch.setattr(closed_loop, "configure", seen.append)
+    monkeypatch.setenv("KVPILOT_PROMETHEUS_URL", "https://prom.example:9090")
+    monkeypatch.setenv("KVPILOT_PROMETHEUS_POD_LABEL", "kubernetes_pod_name")
+    seen: list[tuple[LoopPace, PrometheusSettings]] = []
+    monkeypatch.setattr(closed_loop, "configure", lambda pace, prom: seen.append((pace, prom)))
     main.configure(settings=kopf.OperatorSettings())
-    assert seen == [LoopPace(step_seconds=5.0, probation_seconds=20.0)]
+    assert seen == [(
+        LoopPace(step_seconds=5.0, probation_seconds=20.0),
+        PrometheusSettings(url="https://prom.example:9090", pod_label="kubernetes_pod_name"),
+    )]  # fmt: skip
+    monkeypatch.setenv("KVPILOT_PROMETHEUS_INSECURE_SKIP_VERIFY", "yes")
+    with pytest.raises(kopf.PermanentError, match="INSECURE_SKIP_VERIFY"):  # stops at start-up, not mid-loop
+        main.configure(settings=kopf.OperatorSettings())
 
 
 def test_bounds_merge_serving_and_tuning_bounds() -> None:

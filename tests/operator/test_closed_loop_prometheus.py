@@ -1,118 +1,25 @@
 """The Prometheus edge of the closed loop, through prometheus-api-client against a stub HTTP server.
 
-The stub answers ``/api/v1/query`` and ``/api/v1/query_range`` like Prometheus does
-(``{"status": "success", "data": {"resultType": ..., "result": [...]}}``), choosing the
-answer by the metric names in the PromQL, and records every query it was asked.
+The stub (``prometheus_stub``) answers like Prometheus does, one series per pod, and records every query.
 """
 
 from __future__ import annotations
 
-import json
-import threading
-import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from prometheus_stub import NOW, PODS, Stub, serve_stub
 
 from kvpilot.operator import prometheus
 from kvpilot.operator.pod_status import build_pod_view, compute_pod_summary
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.types import EngineSettings
 
-NOW = 1_800_000_000.0
-
-
-class Stub:
-    def __init__(self) -> None:
-        self.queries: list[str] = []
-        self.legacy = False
-        self.kv: list[float] | None = [0.5, 0.6, 0.95, 0.97, 0.99]
-        self.last_scrape = NOW - 5
-        self.status = 200
-        self.running: float | None = None
-        """Override the last running-requests value (an impossible one, say)."""
-        self.waiting: float | None = None
-
-    def answer(self, path: str, params: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        q = params.get("query", "")
-        self.queries.append(q)
-        if self.status != 200:
-            return self.status, {"status": "error", "errorType": "internal", "error": "boom"}
-        if path.endswith("query_range"):
-            start, end, step = float(params["start"]), float(params["end"]), float(params["step"])
-            times = [start + i * step for i in range(int((end - start) // step) + 1)]
-            values: list[float] | None = None
-            if q.startswith("max(vllm:kv_cache_usage_perc") or q.startswith("max(vllm:gpu_cache_usage_perc"):
-                values = None if self.kv is None else self.kv
-            elif "num_preemptions_total" in q:
-                values = [0.0, 0.0, 0.2, 0.4, 0.5]
-            elif "num_requests_running" in q:
-                values = [10, 20, 60, 64, 64 if self.running is None else self.running]
-            elif "num_requests_waiting" in q:
-                values = [0, 0, 3, 9, 12 if self.waiting is None else self.waiting]
-            if values is None:
-                return 200, {"status": "success", "data": {"resultType": "matrix", "result": []}}
-            points = [[t, str(v)] for t, v in zip(times[-len(values) :], values, strict=False)]
-            return 200, {
-                "status": "success",
-                "data": {"resultType": "matrix", "result": [{"metric": {}, "values": points}]},
-            }
-        t = float(params.get("time", NOW))
-        if q.startswith("max(timestamp("):
-            result = [{"metric": {}, "value": [t, str(self.last_scrape)]}]
-        elif "request_prompt_tokens_sum" in q:
-            result = [{"metric": {}, "value": [t, "1800.5"]}]
-        elif "request_generation_tokens_sum" in q:
-            result = [{"metric": {}, "value": [t, "NaN"]}]  # no request finished in the window
-        elif q.startswith("vllm:cache_config_info"):
-            labels = {"__name__": "vllm:cache_config_info", "engine": "0", "block_size": "16",
-                      "gpu_memory_utilization": "0.9", "cache_dtype": "auto",
-                      "num_gpu_blocks": "27000"}  # fmt: skip
-            a = dict(labels, pod="llm-5d8f7c-aaaaa")
-            b = dict(labels, pod="llm-5d8f7c-bbbbb", num_gpu_blocks="26000")
-            if not self.legacy:
-                a["kv_cache_size_tokens"], b["kv_cache_size_tokens"] = "432000", "416000"
-            result = [{"metric": a, "value": [t, "1"]}, {"metric": b, "value": [t, "1"]}]
-        else:
-            result = []
-        return 200, {"status": "success", "data": {"resultType": "vector", "result": result}}
-
 
 @pytest.fixture
 def stub() -> Iterator[tuple[Stub, str]]:
-    state = Stub()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _reply(self, params: dict[str, str]) -> None:
-            code, payload = state.answer(urllib.parse.urlparse(self.path).path, params)
-            body = json.dumps(payload).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:  # noqa: N802
-            query = urllib.parse.urlparse(self.path).query
-            self._reply({k: v[-1] for k, v in urllib.parse.parse_qs(query).items()})
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-PODS = ("llm-5d8f7c-aaaaa", "llm-5d8f7c-bbbbb")
-"""The pods the service's Deployment owns (the closed loop lists them by owner)."""
+    yield from serve_stub()
 
 
 async def test_no_pods_is_unavailable_and_asks_nothing(stub: tuple[Stub, str]) -> None:
@@ -151,10 +58,12 @@ async def test_fetch_observations_reads_every_series(stub: tuple[Stub, str]) -> 
     assert w.generation_tokens is None
     assert w.kv_capacity_tokens == 416000  # the smaller pod
     assert (w.reported_gpu_memory_utilization, w.reported_kv_cache_dtype, w.pods) == (0.9, "auto", 2)
-    selector = 'namespace="ns1",pod=~"llm-5d8f7c-aaaaa|llm-5d8f7c-bbbbb"'
-    assert all(selector in q for q in state.queries)
+    # one query per metric for every service: no pod names in PromQL, the split is the operator's
+    assert len(state.queries) == prometheus.QUERIES_PER_TICK
+    assert not any("llm-5d8f7c" in q for q in state.queries)
+    assert all("by (namespace, pod" in q or q.startswith("vllm:cache_config_info") for q in state.queries)
     assert any("vllm:gpu_cache_usage_perc" in q for q in state.queries)  # the pre-rename fallback
-    assert any("vllm:num_preemptions_total" in q and "vllm:num_preemptions{" in q for q in state.queries)
+    assert any("vllm:num_preemptions_total" in q and "(vllm:num_preemptions[" in q for q in state.queries)
 
 
 async def test_legacy_cache_config_uses_blocks_times_block_size(stub: tuple[Stub, str]) -> None:
@@ -199,13 +108,16 @@ async def test_no_url_is_unavailable() -> None:
 
 
 def test_queries_use_the_pinned_vllm_names() -> None:
-    q = prometheus.build_queries("ns", ("svc-1-a", "svc-1.b"), 300)
-    assert q.kv_usage == (
-        'max(vllm:kv_cache_usage_perc{namespace="ns",pod=~"svc-1-a|svc-1\\\\.b"})'
-        ' or max(vllm:gpu_cache_usage_perc{namespace="ns",pod=~"svc-1-a|svc-1\\\\.b"})'
+    q = prometheus.build_queries(300)
+    assert q.ranged["kv_usage"] == (
+        "max by (namespace, pod) (vllm:kv_cache_usage_perc)"
+        " or max by (namespace, pod) (vllm:gpu_cache_usage_perc)"
     )
-    assert "rate(vllm:request_prompt_tokens_sum{" in q.prompt_mean and "[300s]" in q.prompt_mean
-    assert q.cache_config == 'vllm:cache_config_info{namespace="ns",pod=~"svc-1-a|svc-1\\\\.b"}'
+    assert "rate(vllm:request_prompt_tokens_sum[300s])" in q.instant["prompt_sum"]
+    assert q.instant["cache_config"] == 'vllm:cache_config_info{pod!=""}'
+    relabelled = prometheus.build_queries(300, pod_label="kubernetes_pod_name", namespace_label="kube_ns")
+    assert all("by (kube_ns, kubernetes_pod_name" in x for x in list(relabelled.ranged.values())[:4])
+    assert len(q.all) == prometheus.QUERIES_PER_TICK
 
 
 def test_pinned_vllm_declares_these_names() -> None:

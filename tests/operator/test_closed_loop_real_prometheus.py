@@ -4,8 +4,10 @@ Debian's ``prometheus`` (started by ``e2e.prometheus``, scrape interval 1 s) scr
 fake vLLM pods of one service (the e2e fleet's exposition: 0.33 names, and a pod with
 the pre-rename names) plus a pod of *another* service that must not be selected.
 Checks that every query parses, the selector picks the right pods, the fallbacks work
-and the window has what the policy needs. Skipped where the binary is not installed
-(``make test`` installs it).
+and the window has what the policy needs. A second real Prometheus over the same pods serves its API
+behind TLS and basic auth (``--web.config.file``, ``e2e.prometheus.make_web_security``), as teams run it:
+read with the CA bundle and the credentials as files, and a wrong CA or password is a clear condition
+reason. The binary is required (``make test`` installs it), never skipped.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 import pytest
 
 from kvpilot.operator import prometheus
+from kvpilot.operator.prometheus_settings import PrometheusSettings, Secret, settings_from_env
+from kvpilot.tuner.loop import PolicyConfig, compute_metrics_status
 
 
 def test_the_prometheus_binary_is_installed() -> None:
@@ -44,9 +48,12 @@ def _serve(render: Any) -> ThreadingHTTPServer:
     return server
 
 
+Targets = list[dict[str, Any]]
+
+
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[tuple[str, dict[str, Any]]]:
-    prom_mod = pytest.importorskip("e2e.prometheus")
+def pods() -> Iterator[tuple[Targets, dict[str, Any]]]:
+    """The three fake vLLM pods serving ``/metrics``: (file_sd target groups, {pod: (metrics, KV tokens)})."""
     truth_mod = pytest.importorskip("e2e.fleet.truth")
     expo = pytest.importorskip("e2e.fleet.exposition")
     engine = pytest.importorskip("e2e.fleet.engine")
@@ -74,22 +81,47 @@ def fleet() -> Iterator[tuple[str, dict[str, Any]]]:
 
     stop = threading.Event()
     threading.Thread(target=bump, daemon=True).start()
+    targets = [
+        {"targets": [f"127.0.0.1:{srv.server_address[1]}"],
+         "labels": {"__meta_kubernetes_namespace": "ns1", "__meta_kubernetes_pod_name": name}}
+        for name, srv in servers
+    ]  # fmt: skip
+    try:
+        yield targets, pods
+    finally:
+        stop.set()
+        for _, srv in servers:
+            srv.shutdown()
+
+
+def _scraping(prom: Any, targets: Targets) -> None:
+    prom.write_targets(targets)
+    prom.wait_for(
+        'count(up{namespace="ns1"} == 1)', lambda r: bool(r) and r[0]["value"][1] == "3", timeout=60
+    )
+    time.sleep(6)  # a few scrapes for rate()
+
+
+@pytest.fixture(scope="module")
+def fleet(pods: tuple[Targets, dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    prom_mod = pytest.importorskip("e2e.prometheus")
     with prom_mod.PrometheusServer(scrape_interval="1s") as prom:
-        prom.write_targets([
-            {"targets": [f"127.0.0.1:{srv.server_address[1]}"],
-             "labels": {"__meta_kubernetes_namespace": "ns1", "__meta_kubernetes_pod_name": name}}
-            for name, srv in servers
-        ])  # fmt: skip
-        prom.wait_for(
-            'count(up{namespace="ns1"} == 1)', lambda r: bool(r) and r[0]["value"][1] == "3", timeout=60
-        )
-        time.sleep(6)  # a few scrapes for rate()
-        try:
-            yield prom.url, pods
-        finally:
-            stop.set()
-            for _, srv in servers:
-                srv.shutdown()
+        _scraping(prom, pods[0])
+        yield prom.url, pods[1]
+
+
+@pytest.fixture(scope="module")
+def secure(
+    pods: tuple[Targets, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Any, Any]]:
+    """The real Prometheus behind TLS and basic auth (its ``--web.config.file``): (server, WebSecurity)."""
+    from e2e.prometheus import PrometheusServer, make_web_security
+
+    workdir = tmp_path_factory.mktemp("secure-prom")
+    web = make_web_security(workdir / "web")
+    with PrometheusServer(workdir, scrape_interval="1s", web=web) as prom:
+        _scraping(prom, pods[0])
+        yield prom, web
 
 
 async def test_real_prometheus_window(fleet: tuple[str, dict[str, Any]]) -> None:
@@ -132,3 +164,71 @@ async def test_real_prometheus_other_service_and_missing_service(fleet: tuple[st
         url, "ns2", "llm", time.time(), pods=("llm-5d8f7c-aaaaa",), window_seconds=10, step_seconds=1
     )
     assert not none.available and "no vllm:kv_cache_usage_perc series" in (none.unavailable_reason or "")
+
+
+def _secure_settings(prom: Any, web: Any, tmp: Any, **overrides: Any) -> PrometheusSettings:
+    """What the chart gives the operator: the URL, the basic-auth Secret mounted as files, the CA bundle."""
+    (tmp / "username").write_text(web.username + "\n")
+    (tmp / "password").write_text(web.password + "\n")
+    env = {
+        "KVPILOT_PROMETHEUS_URL": prom.url,
+        "KVPILOT_PROMETHEUS_USERNAME_FILE": str(tmp / "username"),
+        "KVPILOT_PROMETHEUS_PASSWORD_FILE": str(tmp / "password"),
+        "KVPILOT_PROMETHEUS_CA_FILE": str(web.ca_file),
+        "KVPILOT_PROMETHEUS_HEADERS": '{"X-Scope-OrgID": "team-a"}',
+    }
+    env.update(overrides)
+    return settings_from_env({k: v for k, v in env.items() if v})
+
+
+async def test_real_prometheus_behind_tls_and_basic_auth(secure: tuple[Any, Any], tmp_path: Any) -> None:
+    prom, web = secure
+    assert prom.url.startswith("https://")
+    settings = _secure_settings(prom, web, tmp_path)
+    w = await prometheus.fetch_observations(
+        settings, "ns1", "llm", time.time(), pods=("llm-5d8f7c-aaaaa", "llm-5d8f7c-bbbbb"),
+        window_seconds=10, step_seconds=1,
+    )  # fmt: skip
+    assert w.available, w.unavailable_reason
+    assert w.pods == 2 and w.samples[-1].kv_usage == pytest.approx(0.97)
+    assert w.samples[-1].preemption_rate is not None and w.samples[-1].preemption_rate > 0.05
+
+
+def _status(w: Any) -> Any:
+    return compute_metrics_status(w, PolicyConfig(), time.time())
+
+
+async def test_real_prometheus_wrong_ca_is_a_clear_reason(secure: tuple[Any, Any], tmp_path: Any) -> None:
+    from e2e.prometheus import make_ca
+
+    prom, web = secure
+    wrong = make_ca(tmp_path / "other", "some-other-ca")
+    settings = _secure_settings(prom, web, tmp_path, KVPILOT_PROMETHEUS_CA_FILE=str(wrong))
+    w = await prometheus.fetch_observations(
+        settings, "ns1", "llm", time.time(), pods=("llm-5d8f7c-aaaaa",), window_seconds=10, step_seconds=1
+    )
+    status = _status(w)
+    assert not status.available and status.reason == "PrometheusTLSError", status
+    assert prom.url in status.message and "certificate" in status.message.lower(), status.message
+    # verification is on by default: the system's CAs do not know this one either
+    default = _secure_settings(prom, web, tmp_path, KVPILOT_PROMETHEUS_CA_FILE="")
+    assert default.verify is True
+    w = await prometheus.fetch_observations(
+        default, "ns1", "llm", time.time(), pods=("llm-5d8f7c-aaaaa",), window_seconds=10, step_seconds=1
+    )
+    assert _status(w).reason == "PrometheusTLSError"
+
+
+async def test_real_prometheus_wrong_password_is_unauthorized(secure: tuple[Any, Any], tmp_path: Any) -> None:
+    prom, web = secure
+    for settings in (
+        PrometheusSettings(url=prom.url, ca_file=str(web.ca_file)),  # no credentials
+        PrometheusSettings(url=prom.url, ca_file=str(web.ca_file), username=Secret(value=web.username),
+                           password=Secret(value="not-the-password")),
+    ):  # fmt: skip
+        w = await prometheus.fetch_observations(
+            settings, "ns1", "llm", time.time(), pods=("llm-5d8f7c-aaaaa",), window_seconds=10,
+            step_seconds=1,
+        )  # fmt: skip
+        status = _status(w)
+        assert not status.available and status.reason == "PrometheusUnauthorized", status

@@ -10,7 +10,7 @@ from kvpilot.operator import handlers, main
 def test_startup_settings(monkeypatch) -> None:
     monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
     monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
-    monkeypatch.setattr(main.closed_loop, "configure", lambda pace: None)
+    monkeypatch.setattr(main.closed_loop, "configure", lambda pace, prom: None)
     settings = kopf.OperatorSettings()
     main.configure(settings=settings)
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)

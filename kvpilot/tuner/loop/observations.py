@@ -141,11 +141,14 @@ class ObservationWindow:
     pods: int = 0
     """How many pods reported metrics."""
     unavailable_reason: str | None = None
+    unavailable_code: str | None = None
+    """A CamelCase cause for the ``MetricsAvailable`` condition's reason (``PrometheusTLSError``,
+    ``PrometheusUnauthorized``, ...); ``None``: the generic ``MetricsUnavailable``."""
 
     @classmethod
-    def unavailable(cls, reason: str, now: float) -> ObservationWindow:
-        """A window that says why there is nothing to look at."""
-        return cls(start=now, end=now, unavailable_reason=reason)
+    def unavailable(cls, reason: str, now: float, code: str | None = None) -> ObservationWindow:
+        """A window that says why there is nothing to look at (``code``: the condition's reason)."""
+        return cls(start=now, end=now, unavailable_reason=reason, unavailable_code=code)
 
     @property
     def available(self) -> bool:

@@ -150,7 +150,8 @@ class Decision:
 def compute_metrics_status(window: ObservationWindow, policy: PolicyConfig, now: float) -> MetricsStatus:
     """Whether the window is usable at ``now``: present, with KV usage, and fresh."""
     if window.unavailable_reason is not None:
-        return MetricsStatus(False, "MetricsUnavailable", window.unavailable_reason)
+        reason = window.unavailable_code or "MetricsUnavailable"
+        return MetricsStatus(False, reason, window.unavailable_reason)
     last = window.last_sample_time
     if last is None:
         return MetricsStatus(False, "MetricsUnavailable", "no KV-cache usage series for the service's pods")
