@@ -104,7 +104,10 @@ def test_more_gpu_memory_never_lowers_capacity(model, total, extra, count, seqs,
     b = ServingBounds(max_context=32768)
     p_small = planner.compute_plan(model, small, count, b, pinned=pinned)
     p_large = planner.compute_plan(model, large, count, b, pinned=pinned)
-    assert p_large.budget.available_kv_cache_gib >= p_small.budget.available_kv_cache_gib
+    # More memory may buy a longer context (whose activation peak leaves less for the KV cache: 61.0 ->
+    # 61.11 GiB took Qwen3-30B-A3B from 1024 to 2048 tokens); at the same context, more KV cache.
+    if p_small.settings.max_model_len == p_large.settings.max_model_len:
+        assert p_large.budget.available_kv_cache_gib >= p_small.budget.available_kv_cache_gib
     if not p_small.feasible:
         return
     assert p_large.feasible
