@@ -38,7 +38,9 @@ EXAMPLE = ROOT / "examples" / "llama-3.1-8b-on-l4.yaml"
 RELEASE = "kvpilot-image"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # What a final stage must not carry: compilers and package managers (programs and Python modules).
-FORBIDDEN_PROGRAMS = ("gcc", "cc", "c++", "g++", "clang", "make", "apt", "apt-get", "dpkg", "pip", "pip3")
+COMPILERS = ("gcc", "cc", "c++", "g++", "clang", "cpp", "as", "ld", "make")
+PACKAGE_MANAGERS = ("apt", "apt-get", "dpkg", "dpkg-deb", "dpkg-query", "pip", "pip3", "easy_install")
+FORBIDDEN_PROGRAMS = COMPILERS + PACKAGE_MANAGERS
 FORBIDDEN_MODULES = ("pip", "setuptools", "wheel", "ensurepip")
 
 
