@@ -2,10 +2,14 @@
 # The kvpilot operator image: kopf running kvpilot.operator.main. No vLLM inside (the vllm extra is for the
 # contract tests; the operator only renders vLLM's flags). Built and run by the Helm chart (charts/kvpilot).
 #
-#   docker build -t ghcr.io/kvpilot/kvpilot:0.1.0 .
+#   docker build -t ghcr.io/kvpilot/kvpilot:0.1.0 .                         # a machine with a registry
+#   python -m e2e.image build                                               # no registry, no Docker engine
 #
-# tests/test_dockerfile.py lints this file with hadolint and runs the same pip/venv/kopf commands in a clean
-# virtual environment (no Docker engine is needed for that).
+# The second line builds the same file with buildah (vfs storage, chroot isolation) from a base made locally by
+# debootstrap (Debian bookworm's python3, python3-venv, python3-pip; see e2e/image.py), passed as PYTHON_IMAGE.
+# Both stages use the same base, so the virtualenv's interpreter link resolves in the runtime stage.
+# tests/test_dockerfile.py lints this file with hadolint and runs the build stage's pip/venv commands in a clean
+# virtual environment; e2e/test_image.py builds the image for real and runs the operator from it.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -26,12 +30,21 @@ RUN python -m pip wheel --require-hashes --only-binary=:all: --wheel-dir /wheels
  && python -m pip --python /opt/kvpilot/bin/python install --no-index --find-links /wheels --no-deps kvpilot \
  && python -m pip --python /opt/kvpilot/bin/python check
 
-# ---- runtime: slim Python, the virtualenv, a non-root user; no compilers, pip, setuptools or wheels ------
+# ---- runtime: the same base, the virtualenv, a non-root user; no compiler, no package manager -------------
+# Neither base has a compiler. The base's package managers are deleted from the final filesystem: pip,
+# setuptools, wheel and ensurepip (in every site directory, python:slim's /usr/local or Debian's /usr), and
+# apt and dpkg's programs. dpkg's database (/var/lib/dpkg) stays, so image scanners can still list the packages.
 FROM ${PYTHON_IMAGE} AS runtime
-# pip, setuptools and wheel come with the base image; the operator needs none of them at run time.
-RUN python -m pip uninstall --yes --quiet pip setuptools wheel \
- && groupadd --system --gid 10001 kvpilot \
- && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin kvpilot
+RUN groupadd --system --gid 10001 kvpilot \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin kvpilot \
+ && for site in $(python -c 'import site; print(" ".join(site.getsitepackages()))'); do \
+      rm -rf "$site"/pip "$site"/pip-* "$site"/setuptools "$site"/setuptools-* "$site"/pkg_resources \
+             "$site"/_distutils_hack "$site"/distutils-precedence.pth "$site"/wheel "$site"/wheel-*; \
+    done \
+ && rm -rf /usr/local/bin/pip* /usr/bin/pip* /usr/lib/python3*/ensurepip /usr/local/lib/python3*/ensurepip \
+           /usr/share/python-wheels \
+ && rm -rf /usr/bin/apt* /usr/bin/dpkg* /usr/sbin/dpkg* /usr/lib/apt /usr/lib/dpkg /usr/share/dpkg /etc/apt \
+           /var/lib/apt /var/cache/apt /var/cache/debconf /var/log/apt
 COPY --from=build /opt/kvpilot /opt/kvpilot
 ENV PATH=/opt/kvpilot/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

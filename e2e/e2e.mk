@@ -9,7 +9,9 @@ PY ?= .venv/bin/python
 E2E_APT_PKGS := openssl prometheus time ca-certificates
 E2E_SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: e2e-tools e2e-apt e2e-bin e2e-clean-cache e2e-up e2e-down e2e
+IMAGE_APT_PKGS := buildah podman runc debootstrap
+
+.PHONY: e2e-tools e2e-apt e2e-bin e2e-clean-cache e2e-up e2e-down e2e image-apt image
 
 e2e-apt: ## apt packages the e2e harness needs (openssl, prometheus, GNU time); quick when present
 	@if dpkg-query -W -f='$${Status}\n' $(E2E_APT_PKGS) 2>/dev/null | grep -vq '^install ok installed$$' \
@@ -23,7 +25,18 @@ e2e-apt: ## apt packages the e2e harness needs (openssl, prometheus, GNU time); 
 e2e-bin: ## build (cold: ~tens of minutes) or restore (instant) the control-plane binaries
 	@bash e2e/build.sh >/dev/null
 
-e2e-tools: e2e-apt e2e-bin ## everything the e2e suite needs: apt packages + cached binaries
+image-apt: ## buildah, podman, runc, debootstrap: build and run the operator image (e2e/image.py); quick when present
+	@missing=""; for t in $(IMAGE_APT_PKGS); do command -v $$t >/dev/null || [ -x /usr/sbin/$$t ] || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "image-apt: installing$$missing"; \
+	  $(E2E_SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(E2E_SUDO) apt-get install -y -qq --no-install-recommends $(IMAGE_APT_PKGS) >/dev/null; \
+	fi
+
+e2e-tools: e2e-apt e2e-bin image-apt ## everything the e2e suite needs: apt packages + cached binaries
+
+image: install image-apt ## build the operator image from the Dockerfile (buildah, a debootstrap base); print its size
+	$(PY) -m e2e.image build
 
 e2e-clean-cache: ## delete the cached e2e binaries (the Go build cache is left alone)
 	rm -rf "$(KVPILOT_CACHE)/bin"

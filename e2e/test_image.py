@@ -1,0 +1,229 @@
+"""The operator image, built for real and run against the local control plane (e2e/image.py says how).
+
+* The repository's Dockerfile is built with buildah on a base made by debootstrap (no registry, no Docker
+  engine); its size and build time are printed. A missing buildah, podman, runc or debootstrap is an error
+  (``make image-apt`` installs them), never a skip.
+* The final stage runs as UID 10001 and holds no compiler and no package manager (pip, setuptools, wheel,
+  ensurepip, apt, dpkg), checked inside the running image.
+* The chart's ServiceAccount and RBAC (``helm template``, namespace-scoped mode) are applied to the shared
+  e2e cluster; the operator runs from the image under podman with the chart's container command, arguments
+  and environment, authenticated as in a pod: ``KUBERNETES_SERVICE_HOST``/``PORT`` and a TokenRequest token
+  of that ServiceAccount with the cluster's ``ca.crt`` at ``/var/run/secrets/kubernetes.io/serviceaccount``.
+  Like the chart's pod, it gets a read-only root filesystem, a writable ``/tmp``, no capabilities and
+  ``no-new-privileges``. It must reconcile the example InferenceService (Deployment and status) without a 403,
+  and answer its liveness and metrics endpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e import image
+from e2e.cluster import LocalCluster, free_port, versions
+from e2e.waits import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
+EXAMPLE = ROOT / "examples" / "llama-3.1-8b-on-l4.yaml"
+RELEASE = "kvpilot-image"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# What a final stage must not carry: compilers and package managers (programs and Python modules).
+COMPILERS = ("gcc", "cc", "c++", "g++", "clang", "cpp", "as", "ld", "make")
+PACKAGE_MANAGERS = ("apt", "apt-get", "dpkg", "dpkg-deb", "dpkg-query", "pip", "pip3", "easy_install")
+FORBIDDEN_PROGRAMS = COMPILERS + PACKAGE_MANAGERS
+FORBIDDEN_MODULES = ("pip", "setuptools", "wheel", "ensurepip")
+
+
+@pytest.fixture(scope="module")
+def built() -> image.Built:
+    result = image.build()
+    print(f"\n{result.ref}: built in {result.seconds:.1f} s; image size {result.size_bytes / 1e6:.1f} MB")
+    return result
+
+
+def podman(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([*image.podman_args(), *args], capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, f"podman {' '.join(args)}: {proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def test_the_image_runs_as_non_root_without_compiler_or_package_manager(built: image.Built) -> None:
+    config = image.inspect(built.ref)["Config"]
+    assert isinstance(config, dict)
+    assert config["User"] == "10001:10001" and config["Entrypoint"] == ["kopf"]
+    probe = (
+        "import importlib.util, json, os, shutil, sys\n"
+        f"progs = {list(FORBIDDEN_PROGRAMS)!r}\n"
+        f"mods = {list(FORBIDDEN_MODULES)!r}\n"
+        "import kvpilot.operator.main\n"  # the module the entrypoint loads imports (handlers register)
+        "print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), 'python': sys.executable,\n"
+        "  'programs': [p for p in progs if shutil.which(p)],\n"
+        "  'modules': [m for m in mods if importlib.util.find_spec(m)]}))\n"
+    )
+    proc = subprocess.run(
+        image.run_argv(built.ref, options=["--rm", "--entrypoint", "python"], command=["-c", probe]),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (found["uid"], found["gid"]) == (10001, 10001)
+    assert found["python"] == "/opt/kvpilot/bin/python"
+    assert found["programs"] == [] and found["modules"] == [], found
+    assert built.size_bytes > 0
+
+
+# --------------------------------------------------------------------------- the operator from the image
+
+
+def render_chart(cluster: LocalCluster, namespace: str, home: Path) -> list[dict[str, Any]]:
+    """The chart in namespace-scoped mode for ``namespace`` (no InferenceService CRD: the suite applies it,
+    no admission policy: it would bind cluster-wide); kopf's peering CRDs included."""
+    env = {"HELM_CACHE_HOME": str(home / "helm-cache"), "HELM_CONFIG_HOME": str(home / "helm-config"),
+           "HELM_DATA_HOME": str(home / "helm-data"), "PATH": "/usr/bin:/bin"}  # fmt: skip
+    proc = subprocess.run(
+        [str(cluster.helm_bin), "template", RELEASE, str(ROOT / "charts" / "kvpilot"),
+         "--namespace", namespace, "--include-crds",
+         "--kube-version", versions()["K8S_VERSION"],  # helm's default (v1.20) is refused by the chart
+         "--set", f"watchNamespaces={{{namespace}}}", "--set", "crds.enabled=false",
+         "--set", "admissionPolicy.enabled=false"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def chart_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert isinstance(container, dict)
+    return container
+
+
+@pytest.fixture
+def chart_rbac(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[list[dict[str, Any]]]:
+    """Apply the rendered chart minus its Deployment (the operator runs under podman instead)."""
+    cluster.kubectl("apply", "-f", str(CRD))
+    docs = render_chart(cluster, namespace, tmp_path)
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    rest = [d for d in docs if d["kind"] not in ("CustomResourceDefinition", "Deployment")]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(crds))
+    for crd in crds:
+        cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=60s"
+        )
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rest))
+    try:
+        yield docs
+    finally:
+        scoped = [d for d in rest if "namespace" not in d["metadata"]]  # the namespace's go with it
+        cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-",
+                        input=yaml.safe_dump_all(scoped), check=False)  # fmt: skip
+
+
+def service_account_dir(cluster: LocalCluster, namespace: str, sa: str, into: Path) -> Path:
+    """What the kubelet projects into a pod: a TokenRequest token, the cluster CA, the namespace."""
+    into.mkdir(mode=0o755)
+    token = cluster.kubectl("--namespace", namespace, "create", "token", sa, "--duration=1h").stdout.strip()
+    (into / "token").write_text(token)
+    (into / "ca.crt").write_bytes((cluster.pki / "ca.crt").read_bytes())
+    (into / "namespace").write_text(namespace)
+    for f in into.iterdir():
+        f.chmod(0o644)  # readable by the image's UID 10001 (the kubelet's projected volume is 0644 too)
+    return into
+
+
+def get(cluster: LocalCluster, *args: str) -> Any:
+    proc = cluster.kubectl("get", *args, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def http_ok(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as rsp:
+            return str(rsp.read().decode()) if rsp.status == 200 else None
+    except OSError:
+        return None
+
+
+def test_the_operator_from_the_image_reconciles_with_the_chart_service_account(
+    cluster: LocalCluster,
+    namespace: str,
+    built: image.Built,
+    chart_rbac: list[dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    (sa,) = [d["metadata"]["name"] for d in chart_rbac if d["kind"] == "ServiceAccount"]
+    secrets = service_account_dir(cluster, namespace, sa, tmp_path / "serviceaccount")
+    container = chart_container(chart_rbac)
+    liveness, metrics = free_port(), free_port()  # host network: the chart's fixed ports may be taken here
+    argv = [re.sub(r"^--liveness=http://0\.0\.0\.0:\d+/", f"--liveness=http://127.0.0.1:{liveness}/", a)
+            for a in container["command"] + container["args"]]  # fmt: skip
+    pod_name = f"kvpilot-image-{uuid.uuid4().hex[:6]}"
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cluster.ports["apiserver"])}
+    for e in container["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[e["name"]] = pod_name
+    env["KVPILOT_METRICS_PORT"] = str(metrics)
+    options = ["--detach", "--name", pod_name, "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
+               "--security-opt", "no-new-privileges", "--volume", f"{secrets}:{SA_DIR}:ro",
+               "--entrypoint", argv[0]]  # fmt: skip
+    for k, v in env.items():
+        options += ["--env", f"{k}={v}"]
+    started = subprocess.run(image.run_argv(built.ref, options=options, command=argv[1:]),
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    log = tmp_path / "operator.log"
+
+    def logs() -> str:
+        proc = podman("logs", pod_name, check=False)
+        log.write_text(proc.stdout + proc.stderr)
+        return proc.stdout + proc.stderr
+
+    def running() -> bool:
+        state = podman("inspect", "--format", "{{.State.Running}}", pod_name, check=False).stdout.strip()
+        assert state == "true", f"the operator container exited:\n{logs()[-4000:]}"
+        return True
+
+    try:
+        wait_for(lambda: running() and "Initial authentication has finished" in logs(), 120,
+                 "the operator in the image to authenticate")  # fmt: skip
+        cluster.kubectl("--namespace", namespace, "apply", "-f", str(EXAMPLE))
+        name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+        deploy = wait_for(lambda: running() and get(cluster, "deployment", name, "-n", namespace), 180,
+                          f"Deployment {namespace}/{name} from the operator in the image")  # fmt: skip
+        (owner,) = deploy["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"]) == ("InferenceService", name)
+        status = wait_for(
+            lambda: running() and (get(cluster, "inferenceservices.kvpilot.io", name, "-n", namespace) or {})
+            .get("status", {}).get("conditions"),
+            120, "status conditions from the operator in the image",
+        )  # fmt: skip
+        assert {c["type"] for c in status} >= {"Ready"}, status
+        assert http_ok(f"http://127.0.0.1:{liveness}/healthz") is not None
+        assert "kvpilot_reconciles_total" in (http_ok(f"http://127.0.0.1:{metrics}/metrics") or "")
+        text = logs()
+        denied = [
+            ln
+            for ln in text.splitlines()
+            if re.search(r"\b403\b|[Ff]orbidden", re.sub(r"^\[[^\]]*\]", "", ln))
+        ]
+        assert denied == [], "the operator in the image hit RBAC denials:\n" + "\n".join(denied[:20])
+        assert "Traceback" not in text, text[-4000:]
+    finally:
+        podman("stop", "--time", "20", pod_name, check=False, timeout=60)
+        logs()
+        podman("rm", "--force", pod_name, check=False)
+        print(f"operator log: {log}")
