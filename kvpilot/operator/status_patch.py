@@ -323,9 +323,10 @@ def build_resolution_updates(
 
 def build_success_status(
     old: Mapping[str, Any], *, generation: int | None, now: str, inputs: Inputs, decision: ModeDecision,
-    trigger: str,
+    trigger: str, selector: str | None = None,
 ) -> StatusPatch:  # fmt: skip
-    """Status after the Deployment and Service were applied with ``decision.deploy``."""
+    """Status after the Deployment and Service were applied with ``decision.deploy``; ``selector`` is the
+    pods' label selector for the scale subresource (``status.selector``)."""
     plan, gpu = decision.plan, inputs.gpu
     applied = build_settings(decision.deploy)
     planned_text = vllm.describe_settings(plan.settings)
@@ -353,6 +354,8 @@ def build_success_status(
         "warnings": [*gpu.warnings, *plan.warnings][:WARNINGS_LIMIT],
         "recommendation": None,
     }
+    if selector is not None:
+        patch["selector"] = selector
     if decision.recommendation is not None:
         patch["recommendation"] = build_recommendation(
             decision.recommendation, f"planned for {plan.gpu_count}x {plan.gpu}: {planned_text}", trigger, now
