@@ -1,6 +1,6 @@
 # e2e/e2e.mk -- included by the top-level Makefile (`-include e2e/e2e.mk`).
 # A real local control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl built from the Kubernetes Go modules; KWOK; helm).
+# kube-scheduler, kubectl built from the Kubernetes Go modules; KWOK; helm; KEDA for test_keda).
 # Binaries are cached outside the repo in $(KVPILOT_CACHE)/bin/<key>/; see e2e/README.md.
 
 KVPILOT_CACHE ?= $(HOME)/.cache/kvpilot
@@ -9,7 +9,7 @@ PY ?= .venv/bin/python
 E2E_APT_PKGS := openssl prometheus time ca-certificates
 E2E_SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: e2e-tools e2e-apt e2e-bin e2e-clean-cache e2e-up e2e-down e2e
+.PHONY: e2e-tools e2e-apt e2e-bin e2e-keda-bin e2e-clean-cache e2e-up e2e-down e2e
 
 e2e-apt: ## apt packages the e2e harness needs (openssl, prometheus, GNU time); quick when present
 	@if dpkg-query -W -f='$${Status}\n' $(E2E_APT_PKGS) 2>/dev/null | grep -vq '^install ok installed$$' \
@@ -23,7 +23,10 @@ e2e-apt: ## apt packages the e2e harness needs (openssl, prometheus, GNU time); 
 e2e-bin: ## build (cold: ~tens of minutes) or restore (instant) the control-plane binaries
 	@bash e2e/build.sh >/dev/null
 
-e2e-tools: e2e-apt e2e-bin ## everything the e2e suite needs: apt packages + cached binaries
+e2e-keda-bin: ## build (cold: ~20 min on 2 busy cores) or restore (instant) KEDA's operator + adapter (e2e/test_keda.py)
+	@bash e2e/build-keda.sh >/dev/null
+
+e2e-tools: e2e-apt e2e-bin e2e-keda-bin ## everything the e2e suite needs: apt packages + cached binaries
 
 e2e-clean-cache: ## delete the cached e2e binaries (the Go build cache is left alone)
 	rm -rf "$(KVPILOT_CACHE)/bin"

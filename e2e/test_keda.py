@@ -134,6 +134,11 @@ class World:
             )
         )
 
+    def hpa_events(self) -> list[dict[str, Any]]:
+        sel = f"involvedObject.kind=HorizontalPodAutoscaler,involvedObject.name=keda-hpa-{NAME}"
+        out = self.cluster.kubectl("get", "events", "-n", self.ns, "--field-selector", sel, "-o", "json")
+        return list(json.loads(out.stdout)["items"])
+
     def deployment(self) -> dict[str, Any]:
         return dict(self.cluster.get_json(f"/apis/apps/v1/namespaces/{self.ns}/deployments/{NAME}"))
 
@@ -241,13 +246,14 @@ def test_keda_scales_an_inferenceservice_and_a_retune_keeps_the_count(world: Wor
         wait_until(lambda: w.isvc()["spec"]["replicas"] >= 2, timeout=150, what="the HPA to scale out to 2+")
     except AssertionError as e:
         raise AssertionError(f"{e}\n{w.diagnostics()}") from None
-    obj = w.isvc()
-    scale_writers = [
-        m
-        for m in obj["metadata"].get("managedFields") or []
-        if m.get("subresource") == "scale" and "f:replicas" in json.dumps(m.get("fieldsV1"))
-    ]
-    assert scale_writers, obj["metadata"].get("managedFields")
+
+    # the write came from the HPA (which only scales through /scale): its SuccessfulRescale event. (The
+    # InferenceService's managedFields do not name the scale writer here, so they cannot tell.)
+    def rescaled_to_2() -> bool:
+        rescales = [e["message"] for e in w.hpa_events() if e.get("reason") == "SuccessfulRescale"]
+        return any(m.startswith("New size: 2;") for m in rescales)
+
+    wait_until(rescaled_to_2, timeout=30, what="the HPA's SuccessfulRescale event (New size: 2)")
     wait_until(
         lambda: int(w.deployment()["spec"]["replicas"]) == w.isvc()["spec"]["replicas"] >= 2,
         timeout=60,

@@ -121,9 +121,9 @@ async def reconcile(
         raise errors.to_kopf(failure, retry) from None
 
     new = status_patch.build_success_status(
-        old, generation=generation, now=now, inputs=inputs, decision=wanted.decision, trigger=trigger,
-        selector=workloads.build_selector_string(meta["name"]),
+        old, generation=generation, now=now, inputs=inputs, decision=wanted.decision, trigger=trigger
     )
+    new.status["selector"] = workloads.build_selector_string(meta["name"])  # the scale subresource's
     new.add_to(patch)
     _record(deps, metrics.record_reconcile, "success")
     changed = "lastChangeTime" in new.status

@@ -323,10 +323,9 @@ def build_resolution_updates(
 
 def build_success_status(
     old: Mapping[str, Any], *, generation: int | None, now: str, inputs: Inputs, decision: ModeDecision,
-    trigger: str, selector: str | None = None,
+    trigger: str,
 ) -> StatusPatch:  # fmt: skip
-    """Status after the Deployment and Service were applied with ``decision.deploy``; ``selector`` is the
-    pods' label selector for the scale subresource (``status.selector``)."""
+    """Status after the Deployment and Service were applied with ``decision.deploy``."""
     plan, gpu = decision.plan, inputs.gpu
     applied = build_settings(decision.deploy)
     planned_text = vllm.describe_settings(plan.settings)
@@ -354,8 +353,6 @@ def build_success_status(
         "warnings": [*gpu.warnings, *plan.warnings][:WARNINGS_LIMIT],
         "recommendation": None,
     }
-    if selector is not None:
-        patch["selector"] = selector
     if decision.recommendation is not None:
         patch["recommendation"] = build_recommendation(
             decision.recommendation, f"planned for {plan.gpu_count}x {plan.gpu}: {planned_text}", trigger, now
@@ -435,6 +432,9 @@ def build_loop_patch(
     conds: list[Update] = [
         (conditions.METRICS_AVAILABLE, available, metrics_status.reason, metrics_status.message)
     ]
+    was = conditions.find_condition(old.get("conditions"), conditions.METRICS_AVAILABLE) or {}
+    if metrics_status.reason in conditions.PROMETHEUS_FAILURES and was.get("reason") != metrics_status.reason:
+        out.events.append((events.WARNING, metrics_status.reason, metrics_status.message))  # TLS, 401, ...
     lists = out.lists = ListPatch(generation, stamp)
     history: list[dict[str, Any]] = [dict(e) for e in old.get("history") or ()]
     change = decision.changes and mode == "Auto" and applied
