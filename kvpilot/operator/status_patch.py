@@ -432,9 +432,6 @@ def build_loop_patch(
     conds: list[Update] = [
         (conditions.METRICS_AVAILABLE, available, metrics_status.reason, metrics_status.message)
     ]
-    was = conditions.find_condition(old.get("conditions"), conditions.METRICS_AVAILABLE) or {}
-    if metrics_status.reason in conditions.PROMETHEUS_FAILURES and was.get("reason") != metrics_status.reason:
-        out.events.append((events.WARNING, metrics_status.reason, metrics_status.message))  # TLS, 401, ...
     lists = out.lists = ListPatch(generation, stamp)
     history: list[dict[str, Any]] = [dict(e) for e in old.get("history") or ()]
     change = decision.changes and mode == "Auto" and applied
