@@ -7,7 +7,8 @@ export; the HorizontalPodAutoscaler KEDA creates runs in the real kube-controlle
 the InferenceService's ``spec.replicas`` through its scale subresource; kvpilot's operator carries the
 count to the Deployment. Meanwhile the same queue (four sequences allowed, requests waiting, an almost
 empty KV cache) makes the closed loop raise ``--max-num-seqs``: a retune during the scale-out, which must
-neither fight the autoscaler's count nor lose it.
+neither fight the autoscaler's count nor lose it. The closed loop and the HPA react to the same queue in
+either order, so retunes are held (``maxChangesPerHour: 0``) until the HPA has scaled out once.
 
 Missing KEDA binaries are an error (``KedaError``), never a skip.
 """
@@ -65,7 +66,7 @@ def isvc_manifest(ns: str) -> dict[str, Any]:
             "tuning": {
                 "mode": "Auto",
                 "cooldownSeconds": 0,
-                "maxChangesPerHour": 60,
+                "maxChangesPerHour": 0,  # no retune until the HPA has scaled out (the test raises it)
                 "rolloutDeadlineSeconds": 30,
             },
         },
@@ -260,13 +261,17 @@ def test_keda_scales_an_inferenceservice_and_a_retune_keeps_the_count(world: Wor
         what="the Deployment to follow the InferenceService's replicas",
     )
 
-    # the closed loop raises --max-num-seqs on the same queue, while the count is the autoscaler's
+    # the closed loop raises --max-num-seqs on the same queue, while the count is the autoscaler's: retunes
+    # are allowed now (a spec change: the reconcile re-applies the Deployment too), while the HPA goes on
+    # scaling out (one pod per 10 s, up to MAX_REPLICAS)
+    w.cluster.kubectl(
+        "patch", "inferenceservice", NAME, "-n", w.ns, "--type=merge",
+        "-p", json.dumps({"spec": {"tuning": {"maxChangesPerHour": 60}}}),
+    )  # fmt: skip
     obj = stack.wait_isvc(w.ns, NAME, _retunes, timeout=360, what="a retune for idle capacity")
     change = _retunes(obj)[0]
     assert change["trigger"] == "IdleCapacity", change
     assert change["to"]["maxNumSeqs"] > change["from"]["maxNumSeqs"] == 4, change
-    during = [s for s in w.samples if s.max_num_seqs == change["to"]["maxNumSeqs"]]
-    assert during and during[0].isvc_replicas >= 2, (during[:1], w.samples[-5:])
     obj = stack.wait_isvc(
         w.ns,
         NAME,
@@ -279,6 +284,14 @@ def test_keda_scales_an_inferenceservice_and_a_retune_keeps_the_count(world: Wor
         what="the raise rolled out",
     )
     assert deployment_args(w.cluster.kubectl, w.ns, NAME).max_num_seqs == _applied(obj)["maxNumSeqs"] > 4
+    # status.applied takes the raise when its rollout is done: by then the autoscaler's count was in place
+    # (the sampler reads every second)
+    during = wait_until(
+        lambda: [s for s in w.samples if s.max_num_seqs == change["to"]["maxNumSeqs"]],
+        timeout=30,
+        what="a sample with the raised max-num-seqs applied",
+    )
+    assert during[0].isvc_replicas >= 2, (during[:1], w.samples[-5:])
 
     # neither fought nor lost: the count only ever grew (scale-downs are disabled), on both objects,
     # and ends where the autoscaler put it
