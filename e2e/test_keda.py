@@ -6,7 +6,8 @@ queries the real Prometheus for ``vllm:num_requests_waiting``, which the fleet's
 export; the HorizontalPodAutoscaler KEDA creates runs in the real kube-controller-manager and writes
 the InferenceService's ``spec.replicas`` through its scale subresource; kvpilot's operator carries the
 count to the Deployment. Meanwhile the same queue (four sequences allowed, requests waiting, an almost
-empty KV cache) makes the closed loop raise ``--max-num-seqs``: a retune during the scale-out, which must
+empty KV cache) makes the closed loop retune (``--max-num-seqs`` up, or ``--gpu-memory-utilization`` down
+when the simulated GPU memory runs short): a retune during the scale-out, which must
 neither fight the autoscaler's count nor lose it. The closed loop and the HPA react to the same queue in
 either order, so retunes are held (``maxChangesPerHour: 0``) until the HPA has scaled out once.
 
@@ -114,7 +115,7 @@ class Sample:
     t: float
     isvc_replicas: int
     deploy_replicas: int | None
-    max_num_seqs: int | None
+    applied: dict[str, Any]
 
 
 @dataclass
@@ -151,8 +152,8 @@ class World:
             deploy: int | None = int(self.deployment()["spec"]["replicas"])
         except Exception:  # not created yet
             deploy = None
-        seqs = (obj.get("status", {}).get("applied") or {}).get("maxNumSeqs")
-        self.samples.append(Sample(time.monotonic(), int(obj["spec"]["replicas"]), deploy, seqs))
+        applied = dict(obj.get("status", {}).get("applied") or {})
+        self.samples.append(Sample(time.monotonic(), int(obj["spec"]["replicas"]), deploy, applied))
 
     def diagnostics(self) -> str:
         hpa = self.cluster.kubectl("get", "hpa", "-n", self.ns, "-o", "yaml", check=False).stdout
@@ -261,17 +262,18 @@ def test_keda_scales_an_inferenceservice_and_a_retune_keeps_the_count(world: Wor
         what="the Deployment to follow the InferenceService's replicas",
     )
 
-    # the closed loop raises --max-num-seqs on the same queue, while the count is the autoscaler's: retunes
-    # are allowed now (a spec change: the reconcile re-applies the Deployment too), while the HPA goes on
-    # scaling out (one pod per 10 s, up to MAX_REPLICAS)
+    # the closed loop retunes on the same load (a --max-num-seqs raise for the queue, or a lower
+    # --gpu-memory-utilization when the simulated GPU memory runs short), while the count is the
+    # autoscaler's: retunes are allowed now (a spec change: the reconcile re-applies the Deployment too),
+    # while the HPA goes on scaling out (one pod per 10 s, up to MAX_REPLICAS)
     w.cluster.kubectl(
         "patch", "inferenceservice", NAME, "-n", w.ns, "--type=merge",
         "-p", json.dumps({"spec": {"tuning": {"maxChangesPerHour": 60}}}),
     )  # fmt: skip
-    obj = stack.wait_isvc(w.ns, NAME, _retunes, timeout=360, what="a retune for idle capacity")
+    obj = stack.wait_isvc(w.ns, NAME, _retunes, timeout=360, what="a retune")
     change = _retunes(obj)[0]
-    assert change["trigger"] == "IdleCapacity", change
-    assert change["to"]["maxNumSeqs"] > change["from"]["maxNumSeqs"] == 4, change
+    assert change["trigger"] in ("IdleCapacity", "GpuMemoryPressure"), change
+    assert change["to"] != change["from"] and change["from"]["maxNumSeqs"] == 4, change
     obj = stack.wait_isvc(
         w.ns,
         NAME,
@@ -281,15 +283,20 @@ def test_keda_scales_an_inferenceservice_and_a_retune_keeps_the_count(world: Wor
             and condition(o, "RolloutInProgress").get("status") != "True"
         ),
         timeout=180,
-        what="the raise rolled out",
+        what="the retune rolled out",
     )
-    assert deployment_args(w.cluster.kubectl, w.ns, NAME).max_num_seqs == _applied(obj)["maxNumSeqs"] > 4
-    # status.applied takes the raise when its rollout is done: by then the autoscaler's count was in place
+    applied, args = _applied(obj), deployment_args(w.cluster.kubectl, w.ns, NAME)
+    assert (args.max_num_seqs, args.gpu_memory_utilization) == (
+        applied["maxNumSeqs"],
+        applied["gpuMemoryUtilization"],
+    ), (args, applied)
+    assert applied != planned, applied
+    # status.applied takes the retune when its rollout is done: by then the autoscaler's count was in place
     # (the sampler reads every second)
     during = wait_until(
-        lambda: [s for s in w.samples if s.max_num_seqs == change["to"]["maxNumSeqs"]],
+        lambda: [s for s in w.samples if all(s.applied.get(k) == v for k, v in change["to"].items())],
         timeout=30,
-        what="a sample with the raised max-num-seqs applied",
+        what="a sample with the retune applied",
     )
     assert during[0].isvc_replicas >= 2, (during[:1], w.samples[-5:])
 
