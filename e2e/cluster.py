@@ -54,6 +54,10 @@ BUILD_SH = E2E_DIR / "build.sh"
 DEFAULT_DIR = Path(os.environ.get("KVPILOT_CLUSTER_DIR", "/tmp/kvpilot-e2e-cluster"))
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 SERVICE_CIDR = "10.96.0.0/16"
+FRONT_PROXY_CLIENT = "front-proxy-client"
+"""CN of the API server's client certificate to aggregated API servers (``--requestheader-allowed-names``)."""
+HPA_SYNC_PERIOD = "5s"
+"""The controller manager's HPA resync (default 15 s); only HorizontalPodAutoscalers see it (test_keda)."""
 POD_CIDR = "10.244.0.0/16"
 
 
@@ -231,6 +235,22 @@ def make_pki(pki: Path) -> None:
             f"{name}.crt",
             cwd=pki,
         )
+    # API aggregation (an aggregated API server such as KEDA's metrics adapter, e2e/keda_local.py): the
+    # API server authenticates to it with this client certificate, signed by its own front-proxy CA.
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", days,
+        "-subj", "/CN=kvpilot-e2e-front-proxy-ca",
+        "-keyout", "front-proxy-ca.key", "-out", "front-proxy-ca.crt", cwd=pki,
+    )  # fmt: skip
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={FRONT_PROXY_CLIENT}",
+        "-keyout", "front-proxy-client.key", "-out", "front-proxy-client.csr", cwd=pki,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", "front-proxy-client.csr",
+        "-CA", "front-proxy-ca.crt", "-CAkey", "front-proxy-ca.key", "-CAcreateserial",
+        "-days", days, "-extfile", "client.ext", "-out", "front-proxy-client.crt", cwd=pki,
+    )  # fmt: skip
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
     for p in pki.iterdir():
@@ -342,7 +362,7 @@ class LocalCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
-        if not (self.pki / "admin.crt").exists():
+        if not all((self.pki / f).exists() for f in ("admin.crt", "front-proxy-client.crt")):
             make_pki(self.pki)
         for attempt in (1, 2):
             # free ports are picked, then bound by the components: another process may grab one
@@ -414,6 +434,15 @@ class LocalCluster:
                 "--max-mutating-requests-inflight=0",
                 "--storage-media-type=application/vnd.kubernetes.protobuf",
                 "--watch-cache=true",
+                # API aggregation (external.metrics.k8s.io from KEDA's adapter, e2e/keda_local.py); costs
+                # nothing while no APIService names a service
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
                 "--v=1",
             ],
         )
@@ -438,6 +467,7 @@ class LocalCluster:
                 "--kube-api-burst=1000",
                 "--concurrent-deployment-syncs=10",
                 "--concurrent-replicaset-syncs=10",
+                f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_PERIOD}",
                 "--v=1",
             ],
         )

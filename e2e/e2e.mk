@@ -1,6 +1,6 @@
 # e2e/e2e.mk -- included by the top-level Makefile (`-include e2e/e2e.mk`).
 # A real local control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl built from the Kubernetes Go modules; KWOK; helm).
+# kube-scheduler, kubectl built from the Kubernetes Go modules; KWOK; helm; KEDA for test_keda).
 # Binaries are cached outside the repo in $(KVPILOT_CACHE)/bin/<key>/; see e2e/README.md.
 
 KVPILOT_CACHE ?= $(HOME)/.cache/kvpilot
@@ -11,7 +11,7 @@ E2E_SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 IMAGE_APT_PKGS := buildah podman runc debootstrap
 
-.PHONY: e2e-tools e2e-apt e2e-bin e2e-clean-cache e2e-up e2e-down e2e image-apt image
+.PHONY: e2e-tools e2e-apt e2e-bin e2e-keda-bin e2e-clean-cache e2e-up e2e-down e2e image-apt image
 
 e2e-apt: ## apt packages the e2e harness needs (openssl, prometheus, GNU time); quick when present
 	@if dpkg-query -W -f='$${Status}\n' $(E2E_APT_PKGS) 2>/dev/null | grep -vq '^install ok installed$$' \
@@ -33,7 +33,10 @@ image-apt: ## buildah, podman, runc, debootstrap: build and run the operator ima
 	  DEBIAN_FRONTEND=noninteractive $(E2E_SUDO) apt-get install -y -qq --no-install-recommends $(IMAGE_APT_PKGS) >/dev/null; \
 	fi
 
-e2e-tools: e2e-apt e2e-bin image-apt ## everything the e2e suite needs: apt packages + cached binaries
+e2e-keda-bin: ## build (cold: ~20 min on 2 busy cores) or restore (instant) KEDA's operator + adapter (e2e/test_keda.py)
+	@bash e2e/build-keda.sh >/dev/null
+
+e2e-tools: e2e-apt e2e-bin e2e-keda-bin image-apt ## everything the e2e suite needs: apt packages + cached binaries
 
 image: install image-apt ## build the operator image from the Dockerfile (buildah, a debootstrap base); print its size
 	$(PY) -m e2e.image build

@@ -496,6 +496,7 @@ class InferenceServiceStatus(_Wire):
     observed_generation: int | None = None
     replicas: int | None = None
     ready_replicas: int | None = None
+    selector: str | None = None
     conditions: list[Condition] = Field(default_factory=list, max_length=16)
     gpu: GpuStatus | None = None
     applied: Settings | None = None

@@ -139,7 +139,7 @@ async def closed_loop_tick(
 async def _fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_status.PodView]:
     if deps.pods is None:
         return []
-    selector = ",".join(f"{k}={v}" for k, v in sorted(workloads.build_selector(name).items()))
+    selector = workloads.build_selector_string(name)
     return await asyncio.to_thread(pod_status.read_pod_views, deps.pods, namespace, selector, name)
 
 

@@ -123,6 +123,7 @@ async def reconcile(
     new = status_patch.build_success_status(
         old, generation=generation, now=now, inputs=inputs, decision=wanted.decision, trigger=trigger
     )
+    new.status["selector"] = workloads.build_selector_string(meta["name"])  # the scale subresource's
     new.add_to(patch)
     _record(deps, metrics.record_reconcile, "success")
     changed = "lastChangeTime" in new.status

@@ -207,8 +207,15 @@ def test_printer_columns_cover_the_issue() -> None:
         "Ready",
         "Age",
     } <= cols
-    status = crd["spec"]["versions"][0]["subresources"]
-    assert status == {"status": {}}
+    subresources = crd["spec"]["versions"][0]["subresources"]
+    assert subresources == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
 
 
 def test_no_unknown_fields_preserved_at_the_roots() -> None:

@@ -430,3 +430,14 @@ async def test_pipeline_stages_that_fill_the_gpus_are_planned_for(harness: Harne
     args = harness.kube.last("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     assert "-pp" in args and "--pipeline-parallel-size" not in args  # the user's own, not a second one
+
+
+async def test_status_selector_selects_the_deployments_pods(harness: Harness) -> None:
+    # the scale subresource's labelSelectorPath: an HPA counts the pods with it
+    body = isvc()
+    await harness.run(body)
+    deployment = harness.kube.last("Deployment")
+    pairs = dict(kv.split("=", 1) for kv in body["status"]["selector"].split(","))
+    assert pairs == deployment["spec"]["selector"]["matchLabels"]
+    assert pairs.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert pairs["app.kubernetes.io/instance"] == body["metadata"]["name"]
