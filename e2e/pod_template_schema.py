@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from kvpilot.operator import pod_template, workloads
+
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT = ROOT / "e2e" / "testdata" / "core-v1-pod-openapi.json"
 CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
@@ -70,15 +72,13 @@ POD_FIELDS: dict[str, tuple[str, str]] = {
 }  # fmt: skip
 MAX_ITEMS = {"topologySpreadConstraints": 8, "imagePullSecrets": 8, "volumes": 32, "initContainers": 8,
              "containers": 8}  # fmt: skip
-VLLM_PATCH_FIELDS = ("name", "securityContext", "volumeMounts", "envFrom")
-"""What a ``containers`` entry named ``vllm`` may set (:mod:`kvpilot.operator.pod_template` says why)."""
-OWNED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
-                "kvpilot.io/inferenceservice")  # fmt: skip
+VLLM_PATCH_FIELDS = pod_template.VLLM_PATCH_FIELDS
+OWNED_LABELS = tuple(workloads.build_labels("-"))
 
 
 def _short(text: str) -> str:
     text = " ".join(text.split())
-    m = re.match(r"(.+?[.])(\s|$)", text)
+    m = re.match(r"(.+?[a-z0-9)][.])(\s+[A-Z]|$)", text)
     first = m.group(1) if m else text
     return first if len(first) <= 200 else first[:197] + "..."
 
@@ -168,14 +168,12 @@ def build_template_schema(schemas: dict[str, Any]) -> dict[str, Any]:
         "rule": f"self.all(c, c.name != 'vllm' || ({has}))",
         "message": f"a containers entry named vllm patches kvpilot's vLLM container and may set only {allowed}",
     }]  # fmt: skip
-    pod["initContainers"]["x-kubernetes-validations"] = [{
-        "rule": "self.all(c, c.name != 'vllm' && c.name != 'download')",
-        "message": "init container names vllm and download are kvpilot's",
-    }]  # fmt: skip
-    pod["volumes"]["x-kubernetes-validations"] = [{
-        "rule": "self.all(v, v.name != 'dshm' && v.name != 'model-cache')",
-        "message": "volume names dshm and model-cache are kvpilot's",
-    }]  # fmt: skip
+    for field, names, what in (("initContainers", pod_template.RESERVED_INIT_CONTAINERS, "init container"),
+                               ("volumes", pod_template.RESERVED_VOLUMES, "volume")):  # fmt: skip
+        pod[field]["x-kubernetes-validations"] = [{
+            "rule": "self.all(x, " + " && ".join(f"x.name != '{n}'" for n in names) + ")",
+            "message": f"{what} names {', '.join(names)} are kvpilot's",
+        }]  # fmt: skip
     label_rule = " && ".join(f"!('{k}' in self)" for k in OWNED_LABELS)
     labels = {"type": "object", "description": "Labels added to the pods (kvpilot's own labels win; "
               "setting one is refused).", "maxProperties": 32,

@@ -43,6 +43,9 @@ from kvpilot.tuner.vllm.hybrid import (
     uses_mamba_align_mode,
 )
 from kvpilot.tuner.vllm.images import (
+    IMAGE_USER_GID,
+    IMAGE_USER_HOME,
+    IMAGE_USER_UID,
     OLDEST_MODELLED,
     ImageVersion,
     image_tag,
@@ -102,6 +105,9 @@ from kvpilot.tuner.vllm.versions import (
 )
 
 __all__ = [
+    "IMAGE_USER_GID",
+    "IMAGE_USER_HOME",
+    "IMAGE_USER_UID",
     "ASYNC_SCHEDULING_SINCE",
     "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
