@@ -50,9 +50,11 @@ an init container needs (no lifecycle hooks, for size). A type used twice is wri
 anchor named after it."""
 
 POD_FIELDS: dict[str, tuple[str, str]] = {
-    "affinity": (f"{P}Affinity", "Node, pod and pod anti-affinity. Merged with kvpilot's GPU-product node affinity "
+    "affinity": (f"{P}Affinity", "Node, pod and pod anti-affinity. Merged with kvpilot's GPU-product node "
+                 "affinity "
                  "(both must hold)."),
-    "topologySpreadConstraints": (f"{P}TopologySpreadConstraint", "How the pods spread across zones or nodes."),
+    "topologySpreadConstraints": (f"{P}TopologySpreadConstraint",
+                                  "How the pods spread across zones or nodes."),
     "priorityClassName": ("string", "The pods' PriorityClass."),
     "runtimeClassName": ("string", "The pods' RuntimeClass (e.g. nvidia)."),
     "imagePullSecrets": (f"{P}LocalObjectReference", "Secrets to pull the images with."),
@@ -67,7 +69,8 @@ POD_FIELDS: dict[str, tuple[str, str]] = {
                    "probes and resources are kvpilot's)."),
     "schedulerName": ("string", "The scheduler that places the pods."),
     "dnsPolicy": ("string", "The pods' DNS policy."),
-    "hostIPC": ("boolean", "Share the node's IPC namespace (some multi-GPU set-ups need it; Restricted forbids "
+    "hostIPC": ("boolean", "Share the node's IPC namespace (some multi-GPU set-ups need it; Restricted "
+                "forbids "
                 "it)."),
 }  # fmt: skip
 MAX_ITEMS = {"topologySpreadConstraints": 8, "imagePullSecrets": 8, "volumes": 32, "initContainers": 8,
@@ -166,7 +169,8 @@ def build_template_schema(schemas: dict[str, Any]) -> dict[str, Any]:
                       if f in KEEP[f"{P}Container"] and f not in VLLM_PATCH_FIELDS)  # fmt: skip
     pod["containers"]["x-kubernetes-validations"] = [{
         "rule": f"self.all(c, c.name != 'vllm' || ({has}))",
-        "message": f"a containers entry named vllm patches kvpilot's vLLM container and may set only {allowed}",
+        "message": f"a containers entry named vllm patches kvpilot's vLLM container and may set only "
+                   f"{allowed}",
     }]  # fmt: skip
     for field, names, what in (("initContainers", pod_template.RESERVED_INIT_CONTAINERS, "init container"),
                                ("volumes", pod_template.RESERVED_VOLUMES, "volume")):  # fmt: skip
@@ -185,8 +189,9 @@ def build_template_schema(schemas: dict[str, Any]) -> dict[str, Any]:
                                             "maxLength": 4096}}  # fmt: skip
     return {
         "type": "object",
-        "description": "A pod template fragment merged into the vLLM pods (docs/operator.md, \"Pod template\"). "
-                       "What kvpilot owns wins: the tuned flags, the GPU resources, the vLLM container's image, "
+        "description": "A pod template fragment merged into the vLLM pods (docs/operator.md, \"Pod "
+                       "template\"). What kvpilot owns wins: the tuned flags, the GPU resources, the vLLM "
+                       "container's image, "
                        "command, args, env, probes, its labels and selector; setting one is refused.",
         "properties": {
             "metadata": {"type": "object", "description": "Labels and annotations of the pods.",

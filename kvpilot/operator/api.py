@@ -293,12 +293,14 @@ KUBERNETES_SCHEMAS = frozenset(
     f"spec.template.spec.{f}" for f in ("affinity", "securityContext", "topologySpreadConstraints[]",
                                         "imagePullSecrets[]", "volumes[]", "initContainers[]", "containers[]")
 )  # fmt: skip
-"""The paths above, whose schema ``tests/operator/test_api_drift.py`` does not compare property by property."""
+"""Paths whose schema ``tests/operator/test_api_drift.py`` does not compare property by property."""
 
 
 class TemplateMetadata(_Wire):
     labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict, max_length=32)
-    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict, max_length=32)
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=32
+    )
 
 
 class PodTemplateSpec(_Wire):
@@ -320,7 +322,7 @@ class PodTemplateSpec(_Wire):
 
 
 class PodTemplate(_Wire):
-    """``spec.template``: merged into the vLLM pods by :func:`kvpilot.operator.pod_template.build_pod_template`."""
+    """``spec.template``: merged into the vLLM pods (:func:`.pod_template.build_pod_template`)."""
 
     metadata: TemplateMetadata = Field(default_factory=TemplateMetadata)
     spec: PodTemplateSpec = Field(default_factory=PodTemplateSpec)

@@ -78,7 +78,8 @@ def compute_template_problems(spec: api.InferenceServiceSpec, owned_labels: Sequ
     for c in t.spec.containers:
         if c.get("name") == VLLM_CONTAINER:
             problems += [
-                f"spec.template.spec.containers[vllm].{f}: kvpilot owns the vLLM container's {f} (a vllm entry "
+                f"spec.template.spec.containers[vllm].{f}: kvpilot owns the vLLM container's {f} (a vllm "
+                f"entry "
                 f"may set only {', '.join(VLLM_PATCH_FIELDS[1:])})"
                 for f in c if f not in VLLM_PATCH_FIELDS
             ]  # fmt: skip
@@ -211,7 +212,8 @@ def _restrict(spec: dict[str, Any]) -> None:
                 sc.setdefault(key, copy.deepcopy(value))
             sc["capabilities"].setdefault("drop", ["ALL"])
             if c["name"] in ours:
-                c["volumeMounts"] = [*(c.get("volumeMounts") or ()), {"name": "home", "mountPath": HOME_MOUNT},
+                c["volumeMounts"] = [*(c.get("volumeMounts") or ()),
+                                     {"name": "home", "mountPath": HOME_MOUNT},
                                      {"name": "tmp", "mountPath": TMP_MOUNT}]  # fmt: skip
                 c["env"] = [*(e for e in c.get("env") or () if e["name"] != "HOME"),
                             {"name": "HOME", "value": HOME_MOUNT}]  # fmt: skip
