@@ -121,7 +121,8 @@ async def reconcile(
         raise errors.to_kopf(failure, retry) from None
 
     new = status_patch.build_success_status(
-        old, generation=generation, now=now, inputs=inputs, decision=wanted.decision, trigger=trigger
+        old, generation=generation, now=now, inputs=inputs, decision=wanted.decision, trigger=trigger,
+        selector=workloads.build_label_selector(str(meta.get("name") or "")),
     )
     new.add_to(patch)
     _record(deps, metrics.record_reconcile, "success")

@@ -72,6 +72,11 @@ def build_selector(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": name}
 
 
+def build_label_selector(name: str) -> str:
+    """:func:`build_selector` as a string (``status.selector``: what the ``/scale`` subresource reports)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(build_selector(name).items()))
+
+
 def build_owner_reference(metadata: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The controller owner reference (garbage collection deletes the children); none without a uid."""
     if not metadata.get("uid"):

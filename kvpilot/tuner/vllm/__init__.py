@@ -105,9 +105,6 @@ from kvpilot.tuner.vllm.versions import (
 )
 
 __all__ = [
-    "IMAGE_USER_GID",
-    "IMAGE_USER_HOME",
-    "IMAGE_USER_UID",
     "ASYNC_SCHEDULING_SINCE",
     "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
@@ -117,6 +114,9 @@ __all__ = [
     "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT",
     "FP8_DS_MLA_BYTES_PER_TOKEN",
     "FP8_KV_DTYPES",
+    "IMAGE_USER_GID",
+    "IMAGE_USER_HOME",
+    "IMAGE_USER_UID",
     "ImageVersion",
     "KV_CACHE_DTYPES",
     "KV_CACHE_MEMORY_FLAG",
