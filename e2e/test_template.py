@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster
-from e2e.waits import host_operator, wait_for
+from e2e.waits import host_operator, wait_established, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
@@ -86,9 +86,7 @@ def _service(name: str, **spec: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     cluster.kubectl("apply", "-f", str(CRD))
-    # a CRD just created has no status.conditions yet, and kubectl wait refuses that: retry
-    established = ("wait", "--for=condition=Established", f"crd/{RESOURCE}", "--timeout=10s")
-    wait_for(lambda: cluster.kubectl(*established, check=False).returncode == 0, 90, "the CRD Established")
+    wait_established(cluster.kubectl, f"crd/{RESOURCE}")
     log = tmp_path_factory.mktemp("operator") / "kopf.log"
     with host_operator(cluster, log, f"{NS_PREFIX}*"):
         yield log
