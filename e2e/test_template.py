@@ -205,3 +205,26 @@ def test_kubectl_scale_scales_and_a_reconcile_keeps_it(cluster: LocalCluster, ns
                  WAIT_S, "the new Deployment")  # fmt: skip
     assert d["spec"]["replicas"] == 3
     assert _get(cluster, RESOURCE, "scaled", "-n", ns)["spec"]["replicas"] == 3
+
+
+def test_an_hpa_on_a_recreate_single_replica_is_a_conflict(cluster: LocalCluster, ns: str) -> None:
+    hpa = {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "risky-hpa"},
+        "spec": {"scaleTargetRef": {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
+                                    "name": "risky"},
+                 "minReplicas": 1, "maxReplicas": 3,
+                 "metrics": [{"type": "Resource", "resource": {"name": "cpu",
+                                                               "target": {"type": "Utilization",
+                                                                          "averageUtilization": 80}}}]},
+    }  # fmt: skip
+    _apply(cluster, ns, hpa)
+    _apply(cluster, ns, _service("risky", rollout={"strategy": "Recreate", "allowDowntime": True}))
+    obj = _ready_settled(cluster, ns, "risky")
+    assert _condition(obj, "Ready")["status"] == "True"  # type: ignore[index]
+    assert obj["status"]["warnings"][0].startswith("AutoscalerConflict: HorizontalPodAutoscaler risky-hpa")
+
+    def event() -> list[dict[str, Any]]:
+        evs = _get(cluster, "events", "-n", ns, "--field-selector", "involvedObject.name=risky") or {}
+        return [e for e in evs.get("items", []) if e.get("reason") == "AutoscalerConflict"]
+
+    assert wait_for(event, WAIT_S, "an AutoscalerConflict event")[0]["type"] == "Warning"
