@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster
-from e2e.waits import host_operator, wait_for
+from e2e.waits import host_operator, wait_established, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
@@ -52,7 +52,7 @@ def container(deploy: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{RESOURCE}", "--timeout=60s")
+    wait_established(cluster.kubectl, f"crd/{RESOURCE}")
     log = tmp_path_factory.mktemp("drift-operator") / "kopf.log"
     with host_operator(cluster, log, "kvdrift-*", {"KVPILOT_CLOSED_LOOP_INTERVAL": "2"}):
         yield log

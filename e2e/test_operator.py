@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster
-from e2e.waits import host_operator, wait_for
+from e2e.waits import host_operator, wait_established, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
@@ -78,7 +78,7 @@ def flag(args: list[str], name: str) -> str | None:
 def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The CRD applied and the operator running on the host; yields its log file."""
     cluster.kubectl("apply", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{RESOURCE}", "--timeout=60s")
+    wait_established(cluster.kubectl, f"crd/{RESOURCE}")
     log = tmp_path_factory.mktemp("operator") / "kopf.log"
     with host_operator(cluster, log, f"{NS_PREFIX}*"):
         yield log

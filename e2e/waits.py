@@ -58,3 +58,11 @@ def host_operator(
             proc.kill()
             proc.wait()
         print(f"operator log: {log}")
+
+
+def wait_established(kubectl: Callable[..., Any], crd: str, timeout: float = 120.0) -> None:
+    """Wait until ``crd`` (``crd/<name>``) is Established. A CRD just applied has no ``status.conditions``
+    yet, and ``kubectl wait`` fails at once on that (``.status.conditions accessor error``) instead of
+    waiting, more often the larger the CRD: so poll it."""
+    args = ("wait", "--for=condition=Established", crd, "--timeout=10s")
+    wait_for(lambda: kubectl(*args, check=False).returncode == 0, timeout, f"{crd} Established")

@@ -20,6 +20,7 @@ from e2e.fleet.kopf_process import OperatorProcess
 from e2e.fleet.testing import wait_until
 from e2e.fleet.truth import EngineArgs, Scenario
 from e2e.prometheus import PrometheusServer, WebSecurity
+from e2e.waits import wait_established
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "inferenceservices.kvpilot.io.yaml"
@@ -78,7 +79,7 @@ def install_crd(kubectl: Callable[..., Any]) -> None:
     if not CRD.exists():
         raise FileNotFoundError(f"{CRD} is missing: the operator's CRD has not landed")
     kubectl("apply", "--server-side", "--field-manager=kvpilot-e2e", "--force-conflicts", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", f"crd/{ISVC}", "--timeout=60s")
+    wait_established(kubectl, f"crd/{ISVC}")
 
 
 def get_isvc(kubectl: Callable[..., Any], ns: str, name: str) -> dict[str, Any]:

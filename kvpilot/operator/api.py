@@ -53,6 +53,9 @@ RolloutStrategy = Literal["Auto", "Surge", "Replace", "Recreate"]
 :mod:`kvpilot.operator.rollout_strategy` resolves ``Auto`` to one of the other three."""
 AppliedStrategy = Literal["Surge", "Replace", "Recreate"]
 """``status.rollout.strategy``: what a rollout actually used (``Auto`` never appears there)."""
+PodSecurity = Literal["Default", "Restricted"]
+"""``spec.podSecurity`` (the CRD's enum says the same): ``Restricted`` renders a pod the ``restricted`` Pod
+Security Standard admits (:mod:`kvpilot.operator.pod_template`); ``Default`` the hardened root pod."""
 
 
 class _Wire(BaseModel):
@@ -283,6 +286,48 @@ class RolloutSpec(_Wire):
     max_unavailable: int = Field(1, ge=1, le=1000)
 
 
+KubeObject = dict[str, Any]
+"""A Kubernetes type inside ``spec.template`` (affinity, a volume, a container): the CRD's schema for it is
+the API server's own (``e2e/pod_template_schema.py``), so the API server validates it; kvpilot merges it."""
+KUBERNETES_SCHEMAS = frozenset(
+    f"spec.template.spec.{f}" for f in ("affinity", "securityContext", "topologySpreadConstraints[]",
+                                        "imagePullSecrets[]", "volumes[]", "initContainers[]", "containers[]")
+)  # fmt: skip
+"""Paths whose schema ``tests/operator/test_api_drift.py`` does not compare property by property."""
+
+
+class TemplateMetadata(_Wire):
+    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict, max_length=32)
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=32
+    )
+
+
+class PodTemplateSpec(_Wire):
+    """``spec.template.spec``: the pod fields a team shapes the vLLM pods with."""
+
+    affinity: KubeObject | None = None
+    topology_spread_constraints: list[KubeObject] = Field(default_factory=list, max_length=8)
+    priority_class_name: str | None = Field(None, max_length=253)
+    runtime_class_name: str | None = Field(None, max_length=253)
+    image_pull_secrets: list[KubeObject] = Field(default_factory=list, max_length=8)
+    service_account_name: str | None = Field(None, max_length=253)
+    security_context: KubeObject | None = None
+    volumes: list[KubeObject] = Field(default_factory=list, max_length=32)
+    init_containers: list[KubeObject] = Field(default_factory=list, max_length=8)
+    containers: list[KubeObject] = Field(default_factory=list, max_length=8)
+    scheduler_name: str | None = Field(None, max_length=253)
+    dns_policy: str | None = Field(None, max_length=253)
+    host_ipc: bool | None = Field(None, alias="hostIPC")
+
+
+class PodTemplate(_Wire):
+    """``spec.template``: merged into the vLLM pods (:func:`.pod_template.build_pod_template`)."""
+
+    metadata: TemplateMetadata = Field(default_factory=TemplateMetadata)
+    spec: PodTemplateSpec = Field(default_factory=PodTemplateSpec)
+
+
 class InferenceServiceSpec(_Wire):
     model: ModelRef
     gpu: GpuRequest = Field(default_factory=GpuRequest)
@@ -294,6 +339,8 @@ class InferenceServiceSpec(_Wire):
     engine: Engine = Field(default_factory=Engine)
     tuning: Tuning = Field(default_factory=Tuning)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    template: PodTemplate | None = None
+    pod_security: PodSecurity = "Default"
 
     def semantic_errors(self) -> list[str]:
         """The CRD's CEL rules, evaluated here: an empty list when the spec is consistent."""
@@ -431,6 +478,7 @@ class GpuStatus(_Wire):
 
 class Recommendation(_Wire):
     settings: Settings | None = None
+    replicas: int | None = Field(None, ge=1)
     reason: str | None = None
     trigger: str | None = None
     time: str | None = None

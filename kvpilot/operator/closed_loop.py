@@ -60,6 +60,7 @@ from kvpilot.operator.rollout_strategy import RolloutChoice
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, memory, plan, vllm
 from kvpilot.tuner.loop import Action, Decision, Evidence, ObservationWindow, TuningContext, compute_decision
+from kvpilot.tuner.loop.scaling import compute_replica_change
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
 
 WindowFetch = Callable[..., Awaitable[ObservationWindow]]
@@ -139,7 +140,7 @@ async def closed_loop_tick(
 async def _fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_status.PodView]:
     if deps.pods is None:
         return []
-    selector = workloads.build_selector_string(name)
+    selector = workloads.build_label_selector(name)
     return await asyncio.to_thread(pod_status.read_pod_views, deps.pods, namespace, selector, name)
 
 
@@ -259,9 +260,13 @@ async def run_once(
     )
     startup = pod_status.compute_startup_seconds(views, state.current)
     restart_seconds = startup if startup is not None else loop_state.read_startup_seconds(old)
+    changing = compute_replica_change(
+        pod_status.compute_replica_view(views, parsed.replicas), now, policy.window_seconds
+    )
     evidence = Evidence(
         budget=budget, window=window, restarts=summary.restarts, ready=summary.ready,
-        not_started=summary.not_started, restart_seconds=restart_seconds,
+        not_started=summary.not_started, restart_seconds=restart_seconds, replicas=parsed.replicas,
+        replicas_changing=changing,
     )  # fmt: skip
     loop = dataclasses.replace(state, rollout=rollout)
     decision = compute_decision(loop, evidence, context, now)

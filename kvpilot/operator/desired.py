@@ -17,7 +17,7 @@ from typing import Any
 
 import pydantic
 
-from kvpilot.operator import api, errors, modes, resolve, workloads
+from kvpilot.operator import api, errors, modes, pod_template, resolve, workloads
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import Plan
 
@@ -42,6 +42,7 @@ def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
         )
         raise errors.InvalidSpec(schema) from None
     problems = parsed.semantic_errors()
+    problems += pod_template.compute_template_problems(parsed, tuple(workloads.build_labels("-")))
     if problems:
         raise errors.InvalidSpec("; ".join(problems))
     return parsed

@@ -29,6 +29,7 @@ import kopf
 
 from kvpilot.operator import (
     api,
+    autoscalers,
     desired,
     errors,
     events,
@@ -106,6 +107,7 @@ async def reconcile(
         if trigger != CREATED:
             manifests = await workloads.fetch_rollout_strategy(deps.kube, parsed, manifests)
         await workloads.apply_workloads(manifests, deps.kube)
+        hpas = await autoscalers.fetch_autoscalers(deps.kube, parsed, namespace)
     except Exception as exc:
         failure = errors.classify(exc)
         if failure.reason == "InternalError":
@@ -121,9 +123,14 @@ async def reconcile(
         raise errors.to_kopf(failure, retry) from None
 
     new = status_patch.build_success_status(
-        old, generation=generation, now=now, inputs=inputs, decision=wanted.decision, trigger=trigger
-    )
-    new.status["selector"] = workloads.build_selector_string(meta["name"])  # the scale subresource's
+        old, generation=generation, now=now, inputs=inputs, decision=wanted.decision, trigger=trigger,
+        selector=workloads.build_label_selector(str(meta.get("name") or "")),
+    )  # fmt: skip
+    conflict = autoscalers.compute_autoscaler_conflict(parsed, str(meta.get("name") or ""), hpas)
+    if conflict is not None:
+        new.status["warnings"] = [conflict, *new.status.get("warnings", [])][: status_patch.WARNINGS_LIMIT]
+        if conflict not in (old.get("warnings") or []):
+            deps.emit(body, events.WARNING, autoscalers.REASON, conflict)
     new.add_to(patch)
     _record(deps, metrics.record_reconcile, "success")
     changed = "lastChangeTime" in new.status

@@ -76,6 +76,11 @@ class Kube(Protocol):
         """The InferenceService, or ``None`` if it does not exist (drift repair reads the owner)."""
         ...
 
+    def list_autoscalers(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's HorizontalPodAutoscalers (raw JSON, autoscaling/v2): which of them scale an
+        InferenceService (:mod:`kvpilot.operator.autoscalers`)."""
+        ...
+
 
 def build_label_selector(labels: Mapping[str, str], exists: tuple[str, ...] = ()) -> str:
     """``k=v,...`` plus bare keys for "label exists"."""
@@ -170,6 +175,12 @@ class ClusterKube:
 
     def list_nodes(self) -> list[dict[str, Any]]:
         return self._list("nodes", self.core.list_node)
+
+    def list_autoscalers(self, namespace: str) -> list[dict[str, Any]]:
+        from kubernetes import client
+
+        hpa = client.AutoscalingV2Api(self.api_client).list_namespaced_horizontal_pod_autoscaler
+        return self._list("horizontalpodautoscalers", hpa, namespace=namespace)
 
     def list_active_pods(self) -> list[dict[str, Any]]:
         return self._list(

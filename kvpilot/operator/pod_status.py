@@ -28,6 +28,7 @@ from kvpilot.operator.storage import INIT_CONTAINER
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import RestartEvent, RestartKind, classify_termination
+from kvpilot.tuner.loop.scaling import ReplicaView
 from kvpilot.tuner.types import EngineSettings
 
 CONTAINER = "vllm"
@@ -174,6 +175,14 @@ def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replic
     ready = replicas > 0 and sum(1 for p in mine if p.ready) >= replicas and not others
     not_started = any(p.unschedulable or p.downloading for p in mine) and not restarts
     return PodSummary(restarts, ready, len(mine), len(others), not_started)
+
+
+def compute_replica_view(pods: Sequence[PodView], desired: int) -> ReplicaView:
+    """The replica count as the pods show it (:func:`kvpilot.tuner.loop.scaling.compute_replica_change`)."""
+    live = [p for p in pods if not p.terminating]
+    starts = [p.started_at for p in live if p.started_at is not None]
+    return ReplicaView(desired=desired, live=len(live), ready=sum(1 for p in live if p.ready),
+                       newest_start=max(starts) if starts else None)  # fmt: skip
 
 
 def compute_newest_start(pods: Sequence[PodView], settings: EngineSettings) -> float | None:

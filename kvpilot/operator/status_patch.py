@@ -323,9 +323,10 @@ def build_resolution_updates(
 
 def build_success_status(
     old: Mapping[str, Any], *, generation: int | None, now: str, inputs: Inputs, decision: ModeDecision,
-    trigger: str,
+    trigger: str, selector: str | None = None,
 ) -> StatusPatch:  # fmt: skip
-    """Status after the Deployment and Service were applied with ``decision.deploy``."""
+    """Status after the Deployment and Service were applied with ``decision.deploy``; ``selector``: the pods'
+    label selector (``status.selector``, which the ``/scale`` subresource serves to autoscalers)."""
     plan, gpu = decision.plan, inputs.gpu
     applied = build_settings(decision.deploy)
     planned_text = vllm.describe_settings(plan.settings)
@@ -353,6 +354,8 @@ def build_success_status(
         "warnings": [*gpu.warnings, *plan.warnings][:WARNINGS_LIMIT],
         "recommendation": None,
     }
+    if selector is not None:
+        patch["selector"] = selector
     if decision.recommendation is not None:
         patch["recommendation"] = build_recommendation(
             decision.recommendation, f"planned for {plan.gpu_count}x {plan.gpu}: {planned_text}", trigger, now
@@ -404,6 +407,28 @@ def build_failure_status(
 
 
 # --- the closed loop ------------------------------------------------------------------------------------
+
+
+SCALE_OUT_CLEARED_BY = frozenset({Trigger.STEADY, Trigger.IDLE_CAPACITY})
+"""Triggers that say the pressure is gone: a standing scale-out recommendation is withdrawn."""
+
+
+def build_scale_out(
+    old: Mapping[str, Any], decision: Decision, stamp: str, out_events: list[tuple[str, str, str]]
+) -> dict[str, Any]:
+    """``status.recommendation.replicas`` (a merge into the recommendation) and a ``ScaleOutRecommended``
+    event when the decision recommends more replicas than the standing recommendation; the replicas withdrawn
+    once the pressure is gone. Nothing when neither changes."""
+    was = (old.get("recommendation") or {}).get("replicas")
+    if decision.scale_out is not None and decision.scale_out != was:
+        out_events.append((events.NORMAL, "ScaleOutRecommended",
+                           f"tuning is at its floor; {decision.scale_out} replicas recommended "
+                           f"(spec.replicas or the autoscaler decides): {decision.reason}"))  # fmt: skip
+        return {"recommendation": {"replicas": decision.scale_out, "reason": decision.reason,
+                                   "trigger": str(decision.trigger), "time": stamp}}  # fmt: skip
+    if decision.scale_out is None and was is not None and decision.trigger in SCALE_OUT_CLEARED_BY:
+        return {"recommendation": {"replicas": None}}
+    return {}
 
 
 def build_loop_patch(
@@ -531,6 +556,9 @@ def build_loop_patch(
         was = old.get("recommendation") or {}
         if compact(was.get("settings")) != compact(rec["settings"]) or was.get("trigger") != rec["trigger"]:
             out.status["recommendation"] = rec
+    scale_out = build_scale_out(old, decision, stamp, out.events).get("recommendation")
+    if scale_out is not None:
+        out.status["recommendation"] = {**(out.status.get("recommendation") or {}), **scale_out}
     if observed_kv_tokens and not change and observed_kv_tokens != state.observed_kv_tokens:
         out.status["calibration"] = {"observedKvCacheTokens": observed_kv_tokens}
     if serving is not None:

@@ -22,7 +22,10 @@ Pod choices (docs/operator.md explains each):
 * Pods pinned to the planned GPU with ``nvidia.com/gpu.product`` (nodeSelector when one
   product, node affinity when the catalogue entry has several GFD names).
 * Security: no privilege escalation, all capabilities dropped, RuntimeDefault seccomp. The
-  vLLM image runs as root and caches under /root, so runAsNonRoot is not set.
+  vLLM image runs as root by default and caches under /root, so runAsNonRoot is not set, unless
+  ``spec.podSecurity: Restricted`` (:mod:`kvpilot.operator.pod_template`: the image's ``vllm`` user).
+* ``spec.template`` merged last (:func:`kvpilot.operator.pod_template.build_pod_template`): what kvpilot
+  owns wins.
 * The update strategy of :mod:`kvpilot.operator.rollout_strategy`: a surge (``maxSurge: 1,
   maxUnavailable: 0``: a retune that cannot start leaves the old pod serving) unless the closed loop or the
   reconciler chose Replace or Recreate for a full pool (``spec.rollout``).
@@ -31,11 +34,22 @@ Pod choices (docs/operator.md explains each):
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpilot.operator import api, capacity, errors, pod_status, resolve, rollout_strategy, storage
+from kvpilot.operator import (
+    api,
+    capacity,
+    errors,
+    pod_status,
+    pod_template,
+    resolve,
+    rollout_strategy,
+    storage,
+)
 from kvpilot.operator.kube import Kube, fetch_active_pods, fetch_nodes
+from kvpilot.operator.kube import build_label_selector as build_label_selector_from
 from kvpilot.tuner import gpus, plan, vllm
 from kvpilot.tuner.types import GIB, EngineSettings
 
@@ -59,10 +73,9 @@ def build_selector(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": name}
 
 
-def build_selector_string(name: str) -> str:
-    """:func:`build_selector` as a label selector string: ``status.selector`` (the scale subresource's) and
-    the closed loop's pod list."""
-    return ",".join(f"{k}={v}" for k, v in sorted(build_selector(name).items()))
+def build_label_selector(name: str) -> str:
+    """:func:`build_selector` as a string (``status.selector``: what the ``/scale`` subresource reports)."""
+    return build_label_selector_from(build_selector(name))
 
 
 def build_owner_reference(metadata: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -127,11 +140,7 @@ def _probe(failures: int, period: int) -> dict[str, Any]:
             "failureThreshold": failures, "timeoutSeconds": 5}  # fmt: skip
 
 
-CONTAINER_SECURITY = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
+CONTAINER_SECURITY = pod_template.CONTAINER_HARDENING
 
 
 def build_pod_storage(
@@ -170,19 +179,20 @@ def build_deployment(
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": env,
         "resources": _resources(spec, cache.ephemeral_storage_bytes),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *cache.mounts],
+        "volumeMounts": [{"name": pod_template.SHM_VOLUME, "mountPath": "/dev/shm"}, *cache.mounts],
         "startupProbe": _probe(cache.startup_failure_threshold, STARTUP_PERIOD_S),
         "readinessProbe": _probe(3, 10),
         "livenessProbe": _probe(6, 15),
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": dict(CONTAINER_SECURITY),
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
     }
     if not container["env"]:
         del container["env"]
     pod_spec: dict[str, Any] = {
         "containers": [container],
         **({"initContainers": cache.init_containers} if cache.init_containers else {}),
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}},
+        "volumes": [{"name": pod_template.SHM_VOLUME, "emptyDir": {"medium": "Memory",
+                                                                   "sizeLimit": SHM_SIZE_LIMIT}},
                     *cache.volumes],  # fmt: skip
         "terminationGracePeriodSeconds": 60,
         **_node_placement(products, spec.node_selector),
@@ -200,7 +210,7 @@ def build_deployment(
             "strategy": rollout_strategy.build_deployment_strategy(rollout),
             "progressDeadlineSeconds": 1800,
             "revisionHistoryLimit": 5,
-            "template": {
+            "template": pod_template.build_pod_template({
                 "metadata": {
                     "labels": labels,
                     "annotations": {
@@ -210,7 +220,7 @@ def build_deployment(
                     },
                 },
                 "spec": pod_spec,
-            },
+            }, spec.template, spec.pod_security),  # fmt: skip
         },
     }
 

@@ -35,6 +35,7 @@ CLUSTER_WIDE: dict[Grant, set[str]] = {
     ("cluster", "policy", "poddisruptionbudgets", ()): {"create", "patch"},
     ("cluster", "", "pods", ()): {"get", "list", "watch"},
     ("cluster", "", "pods/log", ()): {"get"},
+    ("cluster", "autoscaling", "horizontalpodautoscalers", ()): {"list"},
     ("cluster", "", "configmaps", ()): {"get"},
     ("cluster", "", "secrets", ()): {"get"},
 }

@@ -63,6 +63,9 @@ class FakeKube:
         self.capacity_error: Exception | None = None
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
         """InferenceServices by (namespace, name), for drift repair's owner read."""
+        self.autoscalers: list[dict[str, Any]] = []
+        """HorizontalPodAutoscalers (raw JSON, with metadata.namespace)."""
+        self.autoscaler_error: Exception | None = None
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         return self.config_maps.get((namespace, name))
@@ -92,6 +95,11 @@ class FakeKube:
 
     def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.services.get((namespace, name))
+
+    def list_autoscalers(self, namespace: str) -> list[dict[str, Any]]:
+        if self.autoscaler_error is not None:
+            raise self.autoscaler_error
+        return [copy.deepcopy(h) for h in self.autoscalers if h["metadata"].get("namespace") == namespace]
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
         if self.fail_apply is not None:

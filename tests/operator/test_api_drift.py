@@ -52,6 +52,10 @@ def _crd_limits(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def flatten_crd(node: dict[str, Any], path: str, out: dict[str, dict[str, Any]]) -> None:
+    if path in api.KUBERNETES_SCHEMAS:  # the API server's schema (e2e/pod_template_schema.py); a dict here
+        assert node["type"] == "object" and node.get("properties"), path
+        out[path] = {"type": "any", "enum": None, "default": None, "limits": {}}
+        return
     out[path] = {
         "type": _crd_type(node),
         "enum": node.get("enum"),

@@ -110,3 +110,23 @@ def test_condition_types_have_one_home() -> None:
         [], [(t, conditions.TRUE, "Because", "m") for t in reversed(conditions.TYPES)], generation=1, now="t"
     )
     assert tuple(c["type"] for c in sorted_) == conditions.TYPES
+
+
+def test_scale_out_is_recorded_once_with_an_event_and_withdrawn_when_the_pressure_goes() -> None:
+    from kvpilot.tuner.loop import Action, Decision, Trigger
+
+    held = Decision(Action.HOLD, EngineSettings(max_num_seqs=64), Trigger.KV_PRESSURE, "at the lower bound",
+                    scale_out=3)  # fmt: skip
+    out: list[tuple[str, str, str]] = []
+    patch = status_patch.build_scale_out({}, held, "2026-12-02T08:00:00Z", out)
+    assert patch["recommendation"]["replicas"] == 3
+    assert [(e[0], e[1]) for e in out] == [(events.NORMAL, "ScaleOutRecommended")]
+    assert "3 replicas recommended" in out[0][2]
+    standing = {"recommendation": {"replicas": 3}}
+    again: list[tuple[str, str, str]] = []
+    assert status_patch.build_scale_out(standing, held, "t", again) == {} and again == []
+    steady = Decision(Action.HOLD, EngineSettings(max_num_seqs=64), Trigger.STEADY, "inside the band")
+    assert status_patch.build_scale_out(standing, steady, "t", again) == {
+        "recommendation": {"replicas": None}
+    }
+    assert status_patch.build_scale_out({}, steady, "t", again) == {}

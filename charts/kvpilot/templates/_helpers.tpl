@@ -190,6 +190,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [pods/log]
   verbs: [get]
+# which HorizontalPodAutoscalers scale an InferenceService (an autoscaler on a Recreate single replica is
+# warned about: kvpilot.operator.autoscalers); read only, and only for Recreate services
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [list]
 {{- end }}
 
 {{/* Model configuration the user points at: a ConfigMap holding config.json (`source: ConfigMap`) and the

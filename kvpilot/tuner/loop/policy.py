@@ -17,10 +17,14 @@ chain of small steps; the first step with something to say decides:
    or, inside the band, room at the target usage by the observed lengths and usage): more sequences.
 6. otherwise hold (inside the hysteresis band).
 
+Pressure or the SLO with every candidate exhausted (the tuning at its floor) also carries the replicas to
+recommend (``Decision.scale_out``): only more replicas can help then.
+
 Every candidate then passes the same filters, in order: clamp to the bounds -> round and
 make consistent -> drop "no change" -> drop settings that failed before -> drop settings
 predicted not to start -> stability gates (minimum interval, cooldown from the last retune -- not
-from the initial plan -- at least a restart plus a metrics window, changes per hour) -> the rollout gates:
+from the initial plan -- at least a restart plus a metrics window, changes per hour, no metrics-driven change
+while the replica count changes: :mod:`kvpilot.tuner.loop.scaling`) -> the rollout gates:
 a change that cannot roll out now (``Evidence.rollout_blocked``: no spare GPU for a surge pod and no
 downtime allowed) holds with the reason, and a metrics-driven change whose expected gain does not
 outweigh its restart cost under the rollout strategy in use (:mod:`kvpilot.tuner.loop.trade`) holds;
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import history as history_mod
-from kvpilot.tuner.loop import kv_bound, remedies, slo, trade
+from kvpilot.tuner.loop import kv_bound, remedies, scaling, slo, trade
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds, TuningContext
 from kvpilot.tuner.loop.history import HistoryEntry
@@ -141,6 +145,9 @@ class Decision:
     """vLLM's KV capacity report, when the window's report is for the current settings."""
     recommended: EngineSettings | None = None
     """A hold of the rollout gates: the settings it would have rolled out (``status.recommendation``)."""
+    scale_out: int | None = None
+    """Tuning is at its floor under sustained pressure: the replicas to recommend
+    (:func:`kvpilot.tuner.loop.scaling.compute_scale_out`; ``status.recommendation.replicas``)."""
 
     @property
     def changes(self) -> bool:
@@ -206,6 +213,11 @@ class Evidence:
     time, 1 recreating."""
     rollout_blocked: str | None = None
     """Why no change can roll out now (no spare GPU for a surge pod, no downtime allowed), if so."""
+    replicas: int = 1
+    """``spec.replicas``: what a scale-out recommendation starts from."""
+    replicas_changing: str | None = None
+    """Why the replica count is changing (:func:`kvpilot.tuner.loop.scaling.compute_replica_change`), if it
+    is: no metrics-driven retune starts then."""
 
 
 def compute_cooldown(policy: PolicyConfig, restart_seconds: float | None = None) -> float:
@@ -235,6 +247,8 @@ class _Inputs:
     restart_seconds: float
     lost_fraction: float
     blocked: str | None
+    replicas: int = 1
+    replicas_changing: str | None = None
 
 
 def compute_decision(state: LoopState, evidence: Evidence, context: TuningContext, now: float) -> Decision:
@@ -292,6 +306,8 @@ def _build_inputs(state: LoopState, evidence: Evidence, context: TuningContext, 
         context.policy.restart_seconds if evidence.restart_seconds is None else evidence.restart_seconds,
         evidence.rollout_lost_fraction,
         evidence.rollout_blocked,
+        evidence.replicas,
+        evidence.replicas_changing,
     )
 
 
@@ -529,9 +545,18 @@ def _choose(inp: _Inputs, proposal: Proposal) -> Decision:
     if settings is not None:
         return _gate(inp, proposal, settings, failed)
     action = Action.INFEASIBLE if proposal.infeasible_when_exhausted else Action.HOLD
+    scale_out = None
+    if proposal.trigger in _SCALE_OUT_TRIGGERS and inp.replicas_changing is None:
+        scale_out = scaling.compute_scale_out(s.window, inp.replicas)
     return Decision(
-        action, s.current, proposal.trigger, f"{proposal.evidence}; {proposal.exhausted}", failed=failed
-    )
+        action, s.current, proposal.trigger, f"{proposal.evidence}; {proposal.exhausted}", failed=failed,
+        scale_out=scale_out,
+    )  # fmt: skip
+
+
+_SCALE_OUT_TRIGGERS = frozenset({remedies.KV_PRESSURE, slo.LATENCY_SLO})
+"""Pressure that more replicas relieve once the engine has nothing left to give (not a crash, not a GPU
+another process fills)."""
 
 
 def _normalize(settings: EngineSettings, s: Situation) -> EngineSettings:
@@ -586,6 +611,8 @@ def _gate(
         recent = history_mod.compute_changes_since(s.history, s.now - 3600.0)
         if recent >= p.max_changes_per_hour:
             blocked = f"{recent} changes in the last hour (limit {p.max_changes_per_hour})"
+    if blocked is None and inp.replicas_changing is not None and not (proposal.crash or proposal.urgent):
+        blocked = f"the replica count is changing ({inp.replicas_changing})"
     recommended = None
     if blocked is None and inp.blocked is not None:
         blocked, recommended = inp.blocked, settings

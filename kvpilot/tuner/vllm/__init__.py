@@ -43,6 +43,9 @@ from kvpilot.tuner.vllm.hybrid import (
     uses_mamba_align_mode,
 )
 from kvpilot.tuner.vllm.images import (
+    IMAGE_USER_GID,
+    IMAGE_USER_HOME,
+    IMAGE_USER_UID,
     OLDEST_MODELLED,
     ImageVersion,
     image_tag,
@@ -111,6 +114,9 @@ __all__ = [
     "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT",
     "FP8_DS_MLA_BYTES_PER_TOKEN",
     "FP8_KV_DTYPES",
+    "IMAGE_USER_GID",
+    "IMAGE_USER_HOME",
+    "IMAGE_USER_UID",
     "ImageVersion",
     "KV_CACHE_DTYPES",
     "KV_CACHE_MEMORY_FLAG",

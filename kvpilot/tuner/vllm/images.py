@@ -23,6 +23,15 @@ OLDEST_MODELLED: Version = (0, 8)
 """The oldest release the memory model has start-up evidence for with the V1 engine (0.8.5 logs);
 older releases ran the V0 engine by default, which kvpilot does not model."""
 
+IMAGE_USER_UID = 2000
+IMAGE_USER_GID = 0
+IMAGE_USER_HOME = "/home/vllm"
+"""The non-root user the ``vllm/vllm-openai`` image ships (vllm-project/vllm#40275, in releases since mid
+2026): ``vllm``, UID 2000 in group 0, home ``/home/vllm`` (group-0 writable, OpenShift's arbitrary-UID
+pattern). The image still runs as root by default. As this user, Hugging Face, vLLM, Triton and Inductor
+caches resolve under ``$HOME/.cache``; ``getpass.getuser()`` (torch's compile cache) finds the passwd entry.
+``spec.podSecurity: Restricted`` runs the pods as this user (:mod:`kvpilot.operator.pod_template`)."""
+
 _RELEASE_TAG = re.compile(
     r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)*"  # the release (0.10.1.1: a fourth part is a patch of it)
     r"(?:\.?(?:rc|post|dev)\d*)*"  # a release candidate, post or dev release of it
