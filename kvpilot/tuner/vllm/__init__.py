@@ -1,12 +1,12 @@
 """What vLLM does, release by release: the only home of vLLM facts in kvpilot.
 
-Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model
-Runner V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`),
-the settings it effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`),
-its KV-cache dtypes (:mod:`.kv_dtypes`), the texts it prints when it fails and their parsers
-(:mod:`.messages`) -- lives in this package. Other modules ask it; they never keep a copy.
-A copy is a defect waiting to drift: three did (the closed loop's own batch-default table,
-the KV-dtype list, a hard-coded block size).
+Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model Runner
+V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
+effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), its KV-cache dtypes
+(:mod:`.kv_dtypes`), the sparse-attention indexer cache (:mod:`.indexer`), the texts it prints when it fails
+and their parsers (:mod:`.messages`) -- lives in this package. Other modules ask it; they never keep a copy.
+A copy is a defect waiting to drift: three did (the closed loop's own batch-default table, the KV-dtype
+list, a hard-coded block size).
 
 The bottom layer of the tuner (``.importlinter``: ``plan | loop`` -> ``memory`` -> ``model`` ->
 ``vllm``): it imports nothing of the tuner but its value objects and errors.
@@ -49,6 +49,7 @@ from kvpilot.tuner.vllm.images import (
     read_tag_version,
     resolve_image_version,
 )
+from kvpilot.tuner.vllm.indexer import indexer_bytes_per_token, indexer_layers
 from kvpilot.tuner.vllm.kv_dtypes import (
     FP8_DS_MLA_BYTES_PER_TOKEN,
     FP8_KV_DTYPES,
@@ -150,6 +151,8 @@ __all__ = [
     "find_pod_flags",
     "free_memory_error",
     "hybrid_manager_for_chunked_local",
+    "indexer_bytes_per_token",
+    "indexer_layers",
     "image_tag",
     "in_flight_batches",
     "is_fp8",
