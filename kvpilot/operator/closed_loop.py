@@ -48,6 +48,7 @@ from kvpilot.operator import (
     modes,
     pod_status,
     prometheus,
+    release,
     resolve,
     rollout_strategy,
     status_patch,
@@ -58,7 +59,7 @@ from kvpilot.operator.loop_settings import LoopPace
 from kvpilot.operator.prometheus_settings import PrometheusSettings
 from kvpilot.operator.rollout_strategy import RolloutChoice
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner import gpus, memory, plan, vllm
+from kvpilot.tuner import gpus, memory, plan
 from kvpilot.tuner.loop import Action, Decision, Evidence, ObservationWindow, TuningContext, compute_decision
 from kvpilot.tuner.loop.scaling import compute_replica_change
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
@@ -151,24 +152,27 @@ def _budget_for(
     is vLLM's 1, the remaining GPUs are pipeline stages (:func:`kvpilot.tuner.plan.compute_pipeline_parallel`)
     """
     tp = settings.tensor_parallel_size or 1
+    engine = release.resolve_release(spec)
     return memory.compute_budget(
         inputs.model.spec,
         inputs.gpu.gpu,
         settings.replace(tensor_parallel_size=tp),
         pipeline_parallel_size=plan.compute_pipeline_parallel(spec.gpu.count, tp),
-        vllm_version=api.VLLM_VERSION,
+        vllm_version=engine.version,
         weights_total_bytes=inputs.model.checkpoint_bytes,
+        model_runner_v2=engine.model_runner_v2,
     )
 
 
 def _gpu_and_default_len(
-    inputs: resolve.Inputs | None, status: Mapping[str, Any], current: EngineSettings
-) -> tuple[GpuSpec | None, int]:
+    inputs: resolve.Inputs | None, status: Mapping[str, Any], current: EngineSettings,
+    engine: release.EngineRelease,
+) -> tuple[GpuSpec | None, int]:  # fmt: skip
     """The GPU and the model's maximum context the loop tunes for: resolved, else what the reconciler
     recorded (``status.gpu.catalogueName``, the applied ``max_model_len``), so a Hub outage does not
     stop crash remedies."""
     if inputs is not None:
-        return inputs.gpu.gpu, inputs.model.spec.default_max_model_len(vllm.parse_version(api.VLLM_VERSION))
+        return inputs.gpu.gpu, inputs.model.spec.default_max_model_len(engine.parsed)
     name = (status.get("gpu") or {}).get("catalogueName")
     try:
         gpu = gpus.lookup_gpu(str(name)) if name else None
@@ -218,7 +222,8 @@ async def run_once(
     except Exception as exc:  # noqa: BLE001 -- the reconciler reports resolution failures; vanished refs: below
         logger.warning(f"closed loop: cannot resolve model/GPU ({exc}); using status.budget")
         inputs, resolve_failure = None, errors.classify(exc)
-    budget = loop_state.read_budget(old)
+    engine = release.resolve_release(parsed)
+    budget = loop_state.read_budget(old, engine.version)
     if inputs is not None:
         try:
             budget = _budget_for(inputs, parsed, state.current)
@@ -227,7 +232,7 @@ async def run_once(
     if budget is None:
         logger.info("closed loop: no memory budget yet; waiting for the reconciler")
         return None
-    gpu, default_len = _gpu_and_default_len(inputs, old, state.current)
+    gpu, default_len = _gpu_and_default_len(inputs, old, state.current, engine)
     if gpu is None or not default_len:
         logger.info("closed loop: model or GPU not resolved and not in status; waiting for the reconciler")
         return None
@@ -255,7 +260,7 @@ async def run_once(
         default_max_model_len=default_len,
         bounds=loop_settings.build_bounds(parsed, gpu.fp8_kv),
         policy=policy,
-        vllm_version=api.VLLM_VERSION,
+        vllm_version=engine.version,
         slo=loop_settings.build_slo(parsed),
     )
     startup = pod_status.compute_startup_seconds(views, state.current)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pydantic
 
-from kvpilot.operator import api, errors, modes, pod_template, resolve, workloads
+from kvpilot.operator import api, errors, modes, pod_template, release, resolve, workloads
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import Plan
 
@@ -66,12 +66,11 @@ def build_desired(
     the closed loop has put in ``status.applied`` are kept instead of the initial plan.
     """
     user = modes.compute_user_args(spec)
-    release = vllm.resolve_image_version(spec.engine.image, spec.engine.vllm_version)
-    runner_v2 = _v2_runner_env(spec)
+    engine = release.resolve_release(spec)
     plan = modes.compute_feasible_plan(
         spec, inputs.model.spec, inputs.gpu.gpu, user,
         weights_total_bytes=inputs.model.checkpoint_bytes,
-        plan_fn=_plan_for_release(plan_fn or _default_plan_fn(), release, runner_v2),
+        plan_fn=_plan_for_release(plan_fn or _default_plan_fn(), engine.image, engine.model_runner_v2),
     )  # fmt: skip
     decision = modes.compute_mode_decision(spec, plan, user)
     if deploy_override is not None and decision.mode == "Auto":
@@ -95,19 +94,9 @@ def _default_plan_fn() -> modes.PlanFn:
     return compute_plan
 
 
-def _v2_runner_env(spec: api.InferenceServiceSpec) -> bool | None:
-    """``VLLM_USE_V2_MODEL_RUNNER`` from ``spec.engine.env`` when it is a literal value (the last one
-    wins, as in a container); ``None`` when unset or taken from a Secret or ConfigMap (not read)."""
-    value = None
-    for var in spec.engine.env:
-        if var.name == vllm.V2_RUNNER_ENV:
-            value = var.value
-    return vllm.parse_v2_runner_env(value)
-
-
 @functools.lru_cache(maxsize=256)
 def _plan_for_release(
-    plan_fn: modes.PlanFn, release: vllm.ImageVersion, model_runner_v2: bool | None = None
+    plan_fn: modes.PlanFn, image: vllm.ImageVersion, model_runner_v2: bool | None = None
 ) -> modes.PlanFn:
     """``plan_fn`` planning for the release the image runs (its tag, or ``spec.engine.vllmVersion``)
     and the model runner its environment chooses, with the ``VersionAssumed`` warning first among the
@@ -118,12 +107,12 @@ def _plan_for_release(
     (:func:`modes.compute_feasible_plan`) keeps hitting for identical services."""
 
     def plan(*args: Any, **kwargs: Any) -> Plan:
-        changes: dict[str, Any] = {"vllm_version": release.version}
+        changes: dict[str, Any] = {"vllm_version": image.version}
         if model_runner_v2 is not None:
             changes["model_runner_v2"] = model_runner_v2
         result: Plan = plan_fn(*args, **{**kwargs, **changes})
-        if release.warning is not None:
-            result = dataclasses.replace(result, warnings=(release.warning, *result.warnings))
+        if image.warning is not None:
+            result = dataclasses.replace(result, warnings=(image.warning, *result.warnings))
         return result
 
     return plan

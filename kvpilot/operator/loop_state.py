@@ -31,8 +31,10 @@ def _settings(wire: Mapping[str, Any] | None) -> EngineSettings | None:
     return api.Settings.model_validate({k: v for k, v in wire.items() if v is not None}).to_engine()
 
 
-def read_budget(status: Mapping[str, Any]) -> MemoryBudget | None:
-    """``status.budget`` (of the planned settings): the fallback when the memory model cannot run."""
+def read_budget(status: Mapping[str, Any], vllm_version: str = api.VLLM_VERSION) -> MemoryBudget | None:
+    """``status.budget`` (of the planned settings): the fallback when the memory model cannot run;
+    ``vllm_version`` is the release the service runs (:func:`kvpilot.operator.release.resolve_release`),
+    whose default block size turns the recorded tokens into blocks."""
     wire = status.get("budget")
     b = api.Budget.model_validate({k: v for k, v in (wire or {}).items() if v is not None})
     if not b.kv_cache_tokens or b.kv_cache_gi_b is None or b.gpu_total_gi_b is None:
@@ -46,7 +48,7 @@ def read_budget(status: Mapping[str, Any]) -> MemoryBudget | None:
         cuda_graph_gib=b.cuda_graph_gi_b or 0.0,
         available_kv_cache_gib=b.kv_cache_gi_b,
         kv_bytes_per_token=max(1, round(b.kv_cache_gi_b * GIB / b.kv_cache_tokens)),
-        num_gpu_blocks=b.kv_cache_tokens // vllm.default_block_size(vllm.parse_version(api.VLLM_VERSION)),
+        num_gpu_blocks=b.kv_cache_tokens // vllm.default_block_size(vllm.parse_version(vllm_version)),
         kv_cache_tokens=b.kv_cache_tokens,
         max_concurrency=b.max_concurrency or 0.0,
         starts=True,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+import types
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -159,11 +160,46 @@ def build_vllm_specs(
             )
         else:
             specs[index] = _attention_spec(m, layer, block, p.tp, kv_dtype, quant, p.dtype, per_token_head)
+    named = {f"model.layers.{i}.attn": (i, s) for i, s in specs.items()}
+    for index in indexer_layers(config, spec.num_layers):
+        named[f"model.layers.{index}.self_attn.indexer.k_cache"] = (index, indexer_spec(m, config, block))
     workers = []
     for rank in range(p.pp):
         start, end = m["get_pp_indices"](spec.num_layers, rank, p.pp)
-        workers.append({f"model.layers.{i}.attn": s for i, s in specs.items() if start <= i < end})
+        workers.append({name: s for name, (i, s) in named.items() if start <= i < end})
     return workers, block
+
+
+def indexer_layers(config: dict[str, Any], num_layers: int) -> list[int]:
+    """The layers that build a sparse-attention indexer: a copy of ``DeepseekV2DecoderLayer``'s
+    "IndexCache" rule (``model_executor/models/deepseek_v2.py``), which needs a built model to run."""
+    text = _text(config)
+    if "index_topk" not in text:
+        return []
+    freq = text.get("index_topk_freq") or 1
+    pattern = text.get("index_topk_pattern")
+    offset = text.get("index_skip_topk_offset", 2)
+    layers = []
+    for layer in range(num_layers):
+        if pattern is None:
+            skip = max(layer - offset + 1, 0) % freq != 0
+        else:
+            skip = 0 <= layer < len(pattern) and pattern[layer] == "S"
+        if not skip:
+            layers.append(layer)
+    return layers
+
+
+def indexer_spec(m: Any, config: dict[str, Any], block: int) -> Any:
+    """One layer's indexer cache spec from the wheel's own ``DeepseekV32IndexerCache.get_kv_cache_spec``;
+    its ``head_dim`` as ``Indexer.__init__`` computes it (fp8 keys plus an fp32 scale per 128)."""
+    head = _text(config)["index_head_dim"]
+    cache = types.SimpleNamespace(
+        head_dim=head + head // 128 * 4,
+        dtype=m["torch"].uint8,
+        cache_config=types.SimpleNamespace(block_size=block),
+    )
+    return m["DeepseekV32IndexerCache"].get_kv_cache_spec(cache, None)
 
 
 def _attention_spec(

@@ -87,6 +87,7 @@ def wheel(vllm: types.ModuleType) -> dict[str, Any]:
     import torch
     from vllm.distributed.utils import get_pp_indices
     from vllm.model_executor.layers.mamba import mamba_utils
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
     from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
     from vllm.v1.attention.backends import gdn_attn
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
@@ -106,6 +107,7 @@ def wheel(vllm: types.ModuleType) -> dict[str, Any]:
         "torch": torch,
         "get_pp_indices": get_pp_indices,
         "mamba_utils": mamba_utils,
+        "DeepseekV32IndexerCache": DeepseekV32IndexerCache,
         "STR_DTYPE_TO_TORCH_DTYPE": STR_DTYPE_TO_TORCH_DTYPE,
         "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT": gdn_attn.FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
         "MambaAttentionBackendEnum": MambaAttentionBackendEnum,
@@ -189,3 +191,48 @@ def test_kv_arithmetic_is_vllms_own(wheel: dict[str, Any], cuda_like_config: Any
     assert len(entries) >= 90  # distinct configs: 94 published ones sized, the catalogue, duplicates once
     assert not misses, f"{summary}; {len(misses)} differ:\n" + "\n".join(misses[:30])
     assert exact + sum(exceptions.values()) == checked
+
+
+INDEXER_LENGTHS = (4096, 32768, 163_840)
+INDEXER_AVAILABLE = (4 * GIB + 777, 40 * GIB + 98_765)
+
+
+def test_sparse_attention_indexer_cache_is_vllms_own(
+    wheel: dict[str, Any], cuda_like_config: Any, monkeypatch: Any
+) -> None:
+    """DeepSeek-V3.2 / GLM-5: every layer's ``DeepseekV32IndexerCache`` (the wheel's own spec) sits in
+    the MLA group; kvpilot's bytes per block and every outcome equal vLLM's over the full grid
+    (TP x PP x block x dtype x length x memory), not a sample."""
+    from vllm.v1.kv_cache_interface import SparseCacheRole
+
+    monkeypatch.setattr(type(cuda_like_config), "use_v2_model_runner", property(lambda self: True))
+    vc = cuda_like_config
+    entries = [(n, c) for n, c in _entries() if "index_topk" in kp._text(c)]
+    names = {n for n, _ in entries}
+    assert {"deepseek-ai__DeepSeek-V3.2", "zai-org/GLM-5"} <= names, names  # the catalogue GLM-5 = its copy
+    checked, exact, misses = 0, 0, []
+    for name, config in entries:
+        spec = build_model_spec(copy.deepcopy(config))
+        assert all(layer.indexer_head_dim for layer in spec.layers), name  # default IndexCache rule
+        for tp in TPS:
+            for pp in PPS:
+                for block in BLOCKS:
+                    for dtype in MLA_DTYPES:
+                        for length in INDEXER_LENGTHS:
+                            for available in INDEXER_AVAILABLE:
+                                point = kp.Point(tp, pp, block, dtype, length, available, (9, 0))
+                                checked += 1
+                                workers, _ = kp.build_vllm_specs(wheel, vc, config, spec, point)
+                                roles = Counter(s.cache_role for w in workers for s in w.values())
+                                assert roles[SparseCacheRole.INDEXER] == spec.num_layers, roles
+                                vc.parallel_config.pipeline_parallel_size = pp
+                                theirs = kp.vllm_outcome(wheel, vc, workers, point)
+                                flight = vllm.in_flight_batches(kp.V033, pp)
+                                ours = kp.kvpilot_outcome(spec, point, flight)
+                                if ours == theirs:
+                                    exact += 1
+                                else:
+                                    misses.append(f"{name} {point}: kvpilot {ours} vLLM {theirs}")
+    print(f"indexer models: {len(entries)} configs, {checked} points, {exact} exact")
+    assert not misses, f"{len(misses)} of {checked} differ:\n" + "\n".join(misses[:20])
+    assert checked == exact == len(entries) * len(TPS) * len(PPS) * len(BLOCKS) * 2 * 3 * 2

@@ -195,9 +195,15 @@ def compute_kv_layout(
         if key is not None:
             by_type.setdefault(key, []).append(idx)
     stage = set(model.layer_range(pipeline_parallel_size, pp_rank))
+    # Sparse-attention indexer caches (DeepSeek-V3.2, GLM-5): a uint8 page beside each MLA page.
+    indexer = {
+        i: vllm.indexer_bytes_per_token(layer.indexer_head_dim)
+        for i, layer in enumerate(model.layers)
+        if layer.indexer_head_dim and i in stage
+    }
     bytes_per_token = int(
         sum(per_token[k] for i, k in enumerate(kinds) if k is not None and k[0] != LINEAR and i in stage)
-    )
+    ) + sum(indexer.values())
 
     one_kind = len({(k[0], k[4]) for k in by_type}) == 1
     groups: list[KvGroup] = []
@@ -205,10 +211,13 @@ def compute_kv_layout(
         # vLLM's uniform-type path: every layer in one group (its block: their pages summed).
         members = [(i, k) for i, k in enumerate(kinds) if k is not None and i in stage]
         kind, window = next(iter(by_type))[0], next(iter(by_type))[4]
-        group_bytes = sum(pages[k] for _, k in members)
+        # vLLM's UniformTypeKVCacheSpecs: the indexer specs are full attention too, same group.
+        group_bytes = sum(pages[k] for _, k in members) + block_size * sum(indexer.values())
         page = max(pages.values())
         groups.append(KvGroup(kind, len(members), page, window, block_size, group_bytes, state_pages))
     else:
+        if indexer:
+            raise ValueError(f"{model.architecture}: an indexer cache with mixed layers is not modelled")
         # unify_kv_cache_spec_page_size: smaller pages take a larger block (by the integer ratio),
         # or are padded to the largest (state pages, and attention pages that do not divide it).
         largest = max(pages.values())

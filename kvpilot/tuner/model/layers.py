@@ -42,6 +42,9 @@ class LayerSpec:
     """Value head size (MLA: 0, no separate V)."""
     window: int | None = None
     """Sliding window or attention chunk, in tokens."""
+    indexer_head_dim: int = 0
+    """MLA layers of a sparse-attention model (DeepSeek-V3.2, GLM-5): the config's ``index_head_dim``
+    when vLLM builds this layer's indexer cache (:mod:`kvpilot.tuner.vllm.indexer`); 0: none."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpilot.tuner import errors
+from kvpilot.tuner import errors, vllm
 from kvpilot.tuner.model.fields import (
     MAX_CONTEXT,
     MAX_EXPERTS,
@@ -33,6 +33,7 @@ from kvpilot.tuner.model.layers import (
     GDN,
     LINEAR,
     MAMBA2,
+    MLA,
     NO_KV,
     SLIDING,
     LayerSpec,
@@ -103,6 +104,23 @@ def read_mla(text: Fields) -> MlaSpec | None:
         v_head_dim=text.need_int("v_head_dim", limit=MAX_HEAD_DIM),
         q_lora_rank=text.optional_int("q_lora_rank", limit=MAX_HIDDEN_SIZE, minimum=0) or None,
     )
+
+
+def read_mla_layers(text: Fields, num_layers: int, latent: int) -> list[LayerSpec]:
+    """The MLA layers, each with its sparse-attention indexer when vLLM builds one (``index_topk``)."""
+    if not text.present("index_topk"):
+        return [LayerSpec(MLA, 1, latent, 0)] * num_layers
+    index_head_dim = text.need_int("index_head_dim", limit=MAX_HEAD_DIM)
+    pattern: str | list[str] | None = text.strings("index_topk_pattern") if not isinstance(
+        text.raw("index_topk_pattern"), str
+    ) else text.string("index_topk_pattern")
+    has = vllm.indexer_layers(
+        num_layers,
+        text.optional_int("index_topk_freq", limit=MAX_LAYERS),
+        pattern,
+        text.optional_int("index_skip_topk_offset", limit=MAX_LAYERS, minimum=0),
+    )
+    return [LayerSpec(MLA, 1, latent, 0, indexer_head_dim=index_head_dim if on else 0) for on in has]
 
 
 def _every(period: int, num_layers: int, on: str, off: str) -> list[str]:

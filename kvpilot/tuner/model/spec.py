@@ -58,6 +58,7 @@ from kvpilot.tuner.model.readers import (
     read_geometry,
     read_layers,
     read_mla,
+    read_mla_layers,
     read_moe,
     read_vision_params,
 )
@@ -423,7 +424,7 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     kv_heads = geometry.kv_heads
     if mla is not None:
         latent = mla.kv_lora_rank + mla.qk_rope_head_dim
-        layers = [LayerSpec(MLA, 1, latent, 0)] * num_layers
+        layers = read_mla_layers(text, num_layers, latent)
         kv_heads, head_dim_kv = 1, latent
     else:
         head_dim_kv = geometry.head_dim

@@ -1,12 +1,12 @@
 """What vLLM does, release by release: the only home of vLLM facts in kvpilot.
 
-Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model
-Runner V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`),
-the settings it effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`),
-its KV-cache dtypes (:mod:`.kv_dtypes`), the texts it prints when it fails and their parsers
-(:mod:`.messages`) -- lives in this package. Other modules ask it; they never keep a copy.
-A copy is a defect waiting to drift: three did (the closed loop's own batch-default table,
-the KV-dtype list, a hard-coded block size).
+Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model Runner
+V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
+effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), its KV-cache dtypes
+(:mod:`.kv_dtypes`), the sparse-attention indexer cache (:mod:`.indexer`), the texts it prints when it fails
+and their parsers (:mod:`.messages`) -- lives in this package. Other modules ask it; they never keep a copy.
+A copy is a defect waiting to drift: three did (the closed loop's own batch-default table, the KV-dtype
+list, a hard-coded block size).
 
 The bottom layer of the tuner (``.importlinter``: ``plan | loop`` -> ``memory`` -> ``model`` ->
 ``vllm``): it imports nothing of the tuner but its value objects and errors.
@@ -52,6 +52,7 @@ from kvpilot.tuner.vllm.images import (
     read_tag_version,
     resolve_image_version,
 )
+from kvpilot.tuner.vllm.indexer import indexer_bytes_per_token, indexer_layers
 from kvpilot.tuner.vllm.kv_dtypes import (
     FP8_DS_MLA_BYTES_PER_TOKEN,
     FP8_KV_DTYPES,
@@ -158,6 +159,8 @@ __all__ = [
     "hybrid_manager_for_chunked_local",
     "image_tag",
     "in_flight_batches",
+    "indexer_bytes_per_token",
+    "indexer_layers",
     "is_fp8",
     "is_per_token_head",
     "kv_cache_memory_oom_error",

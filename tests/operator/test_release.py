@@ -1,0 +1,54 @@
+"""The release a service runs is chosen in one place (release.resolve_release) and every budget follows it."""
+
+from __future__ import annotations
+
+import copy
+
+from kvpilot.operator import closed_loop, desired, release, resolve
+from kvpilot.tuner import memory, vllm
+
+SERVICE = {
+    "metadata": {"name": "llama-8b", "namespace": "ml"},
+    "spec": {
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+        "gpu": {"product": "H100-80GB", "count": 1},
+        "engine": {"image": "vllm/vllm-openai:v0.19.1"},
+        "serving": {"maxContextLength": 32768},
+    },
+}
+
+
+def _spec(image: str | None = None, version: str | None = None):  # type: ignore[no-untyped-def]
+    doc = copy.deepcopy(SERVICE["spec"])
+    if image is not None:
+        doc["engine"]["image"] = image
+    if version is not None:
+        doc["engine"]["vllmVersion"] = version
+    return desired.parse_spec(doc)
+
+
+def test_the_release_is_the_images_or_the_explicit_one() -> None:
+    assert release.resolve_release(_spec()).version == "0.19.1"
+    assert release.resolve_release(_spec(version="0.27")).version == "0.27.0"
+    assumed = release.resolve_release(_spec(image="vllm/vllm-openai:latest"))
+    assert assumed.version == vllm.PINNED_VLLM_VERSION and assumed.image.warning
+
+
+def test_the_loop_budgets_with_the_release_the_image_runs() -> None:
+    """The closed loop's budget of the running settings is the plan's, for 0.19.1, not the pinned 0.33."""
+    spec = _spec()
+    inputs = resolve.Inputs(resolve.read_model(spec.model, "ml", None), resolve.read_gpu(spec, None))
+    wanted = desired.build_desired(SERVICE["metadata"], spec, inputs)
+    settings = wanted.decision.plan.settings
+    budget = closed_loop._budget_for(inputs, spec, settings)
+    assert budget == wanted.decision.plan.budget
+    pinned = memory.compute_budget(
+        inputs.model.spec, inputs.gpu.gpu, settings.replace(tensor_parallel_size=1),
+        weights_total_bytes=inputs.model.checkpoint_bytes,
+    )  # fmt: skip
+    assert budget != pinned  # 0.19 has no V2 sampler state and other terms: the release matters here
+    old = memory.compute_budget(
+        inputs.model.spec, inputs.gpu.gpu, settings.replace(tensor_parallel_size=1), vllm_version="0.19.1",
+        weights_total_bytes=inputs.model.checkpoint_bytes,
+    )  # fmt: skip
+    assert budget == old
