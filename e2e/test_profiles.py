@@ -213,6 +213,7 @@ def test_an_oom_learned_by_one_service_plans_the_next_below_it(world: World) -> 
     c = world.wait("c", applied, timeout=120, what="planned and applied")
     assert applied(c)["gpuMemoryUtilization"] == u and not c["status"].get("profile"), c["status"]
     assert "from TuningProfile" not in planned_message(world, "c")
+
     def replanned(o: dict[str, Any]) -> bool:
         observed = o["status"].get("observedGeneration") == o["metadata"]["generation"]
         return observed and applied(o)["gpuMemoryUtilization"] == u
