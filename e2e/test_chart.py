@@ -40,7 +40,8 @@ NS = "kvpilot-system"
 SA = "kvpilot"
 SA_USER = f"system:serviceaccount:{NS}:{SA}"
 OPERATOR_ROLES = (
-    "discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads", "model-config"
+    "discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads", "model-config",
+    "tuningprofiles",
 )  # fmt: skip
 
 
@@ -229,7 +230,10 @@ def operators() -> Iterator[list[HostOperator]]:
 def test_install_creates_everything(chart: Chart) -> None:
     assert list(doc_blocks()) == ["install", "try", "upgrade", "namespaced", "uninstall"]
     chart.run_doc("install")
-    for crd in ("inferenceservices.kvpilot.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+    for crd in (
+        "inferenceservices.kvpilot.io", "tuningprofiles.kvpilot.io", "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    ):  # fmt: skip
         conditions = {c["type"]: c["status"] for c in chart.get("crd", crd)["status"]["conditions"]}
         assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
     assert (
@@ -380,6 +384,9 @@ DENIED = [
     ("delete", "clusterkopfpeerings.kopf.dev/kvpilot"),
     ("patch", "clusterkopfpeerings.kopf.dev/someone-else"),
     ("create", "serviceaccounts", "--subresource=token", "--namespace", NS),
+    ("update", "tuningprofiles.kvpilot.io"),
+    ("delete", "tuningprofiles.kvpilot.io"),
+    ("watch", "tuningprofiles.kvpilot.io"),
 ]
 ALLOWED = [
     ("watch", "inferenceservices.kvpilot.io", "--all-namespaces"),
@@ -392,6 +399,9 @@ ALLOWED = [
     ("get", "configmaps/model-config", "--namespace", "demo"),
     ("create", "events", "--namespace", "demo"),
     ("patch", "clusterkopfpeerings.kopf.dev/kvpilot"),
+    ("list", "tuningprofiles.kvpilot.io"),
+    ("create", "tuningprofiles.kvpilot.io"),
+    ("patch", "tuningprofiles.kvpilot.io", "--subresource=status"),
 ]
 
 
@@ -475,7 +485,10 @@ def test_uninstall_keeps_the_crd_and_the_services(chart: Chart) -> None:
         assert chart.get("clusterrole", f"kvpilot-{role}") is None
     assert chart.get("role", "kvpilot-workloads", "--namespace", "team-a") is None
     assert chart.get("kopfpeering", "kvpilot", "--namespace", "team-a") is None
-    for crd in ("inferenceservices.kvpilot.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+    for crd in (
+        "inferenceservices.kvpilot.io", "tuningprofiles.kvpilot.io", "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    ):  # fmt: skip
         assert chart.get("crd", crd), f"{crd} was deleted"
     assert chart.get("inferenceservices.kvpilot.io", "llama-8b-l4", "-n", "demo")
     assert chart.get("deployment", "llama-8b-l4", "--namespace", "demo")

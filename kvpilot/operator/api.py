@@ -540,6 +540,14 @@ class KopfState(_Wire):
     last_handled_configuration: str | None = Field(None, max_length=1_048_576)
 
 
+class ProfileUsed(_Wire):
+    """``status.profile``: the TuningProfile the last plan started from (:mod:`kvpilot.operator.profiles`)."""
+
+    name: str | None = None
+    message: str | None = None
+    learned_kv_cache_tokens: int | None = None
+
+
 class InferenceServiceStatus(_Wire):
     observed_generation: int | None = None
     replicas: int | None = None
@@ -554,6 +562,7 @@ class InferenceServiceStatus(_Wire):
     budget: Budget | None = None
     warnings: list[str] = Field(default_factory=list, max_length=32)
     calibration: Calibration | None = None
+    profile: ProfileUsed | None = None
     rollout: Rollout | None = None
     startup_seconds: float | None = Field(None, ge=0)
     history: list[HistoryRecord] = Field(default_factory=list, max_length=20)

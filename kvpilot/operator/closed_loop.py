@@ -47,6 +47,7 @@ from kvpilot.operator import (
     metrics,
     modes,
     pod_status,
+    profiles,
     prometheus,
     release,
     resolve,
@@ -60,7 +61,16 @@ from kvpilot.operator.prometheus_settings import PrometheusSettings
 from kvpilot.operator.rollout_strategy import RolloutChoice
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, memory, plan
-from kvpilot.tuner.loop import Action, Decision, Evidence, ObservationWindow, TuningContext, compute_decision
+from kvpilot.tuner.loop import (
+    Action,
+    Decision,
+    Evidence,
+    LoopState,
+    ObservationWindow,
+    RestartKind,
+    TuningContext,
+    compute_decision,
+)
 from kvpilot.tuner.loop.scaling import compute_replica_change
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
 
@@ -306,6 +316,8 @@ async def run_once(
             out.status["rollout"] = {**wire, "deadline": status_patch.format_time(rollout.deadline)}
     if startup is not None and startup != old.get("startupSeconds"):
         out.status["startupSeconds"] = round(startup, 1)
+    if inputs is not None:  # fleet learning: what this tick saw goes to the matching TuningProfile
+        await _learn(deps, meta, parsed, inputs, state, decision, budget, out.status, startup, old, logger)
     resolved, resolve_events = status_patch.build_resolution_updates(old, resolve_failure)
     if out.lists is not None:
         out.lists.updates.extend(resolved)
@@ -319,6 +331,31 @@ async def run_once(
     if out.events:
         logger.info(f"closed loop: {decision.action} ({decision.trigger}): {decision.reason}")
     return decision
+
+
+async def _learn(
+    deps: LoopDeps, meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs,
+    state: LoopState, decision: Decision, budget: MemoryBudget, new_status: Mapping[str, Any],
+    startup: float | None, old: Mapping[str, Any], logger: Any,
+) -> None:  # fmt: skip
+    """The tick's new facts for :mod:`.profiles`: a new KV report against the budget of the same settings, the
+    settings a CUDA OOM struck (as vLLM ran them), settings that passed probation, a new start-up time."""
+    calibration = new_status.get("calibration")
+    tokens = calibration.get("observedKvCacheTokens") if isinstance(calibration, Mapping) else None
+    oom = decision.trigger == RestartKind.CUDA_OOM and decision.action in (Action.RETUNE, Action.ROLLBACK)
+    healthy = decision.good if decision.good is not None and decision.good != state.last_good else None
+    new_startup = startup if startup is not None and startup != old.get("startupSeconds") else None
+    source = f"{meta.get('namespace') or 'default'}/{meta['name']}"
+    update = profiles.build_update(
+        source, kv=(budget.kv_cache_tokens, int(tokens)) if tokens else None,
+        oom=(decision.effective or state.current) if oom else None, healthy=healthy,
+        startup_seconds=new_startup,
+    )  # fmt: skip
+    if update is None:
+        return
+    key = profiles.build_key(inputs.model.config_key, inputs.gpu.gpu.name, spec, state.current)
+    now = status_patch.format_time(deps.clock())
+    await profiles.record_samples(deps.kube, key, spec.model.id, update, now, logger)
 
 
 Cluster = tuple[list[capacity.NodeView], list[dict[str, Any]]]

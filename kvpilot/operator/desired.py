@@ -19,6 +19,7 @@ import pydantic
 
 from kvpilot.operator import api, errors, modes, pod_template, release, resolve, workloads
 from kvpilot.tuner import vllm
+from kvpilot.tuner.plan.profiles import Learned
 from kvpilot.tuner.types import Plan
 
 
@@ -59,11 +60,13 @@ def _got(value: object) -> str:
 def build_desired(
     metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs,
     *, deploy_override: api.Settings | None = None, plan_fn: modes.PlanFn | None = None,
+    learned: Learned | None = None,
 ) -> Desired:  # fmt: skip
     """Plan, decide per mode and build the manifests. Raises tuner or operator errors, applies nothing.
 
     ``deploy_override`` replaces the settings deployed in mode Auto: on resume, the settings
-    the closed loop has put in ``status.applied`` are kept instead of the initial plan.
+    the closed loop has put in ``status.applied`` are kept instead of the initial plan. ``learned``: the
+    matching TuningProfile's lesson, which the planner starts from (:mod:`kvpilot.operator.profiles`).
     """
     user = modes.compute_user_args(spec)
     engine = release.resolve_release(spec)
@@ -71,6 +74,7 @@ def build_desired(
         spec, inputs.model.spec, inputs.gpu.gpu, user,
         weights_total_bytes=inputs.model.checkpoint_bytes,
         plan_fn=_plan_for_release(plan_fn or _default_plan_fn(), engine.image, engine.model_runner_v2),
+        learned=learned,
     )  # fmt: skip
     decision = modes.compute_mode_decision(spec, plan, user)
     if deploy_override is not None and decision.mode == "Auto":

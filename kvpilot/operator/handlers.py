@@ -35,12 +35,14 @@ from kvpilot.operator import (
     events,
     metrics,
     modes,
+    profiles,
     resolve,
     status_patch,
     workloads,
 )
 from kvpilot.operator.kube import Kube
 from kvpilot.tuner import vllm
+from kvpilot.tuner.types import Plan
 
 CREATED, SPEC_CHANGED, RESUMED = "Created", "SpecChanged", "Resumed"
 
@@ -101,6 +103,8 @@ async def reconcile(
         if _keeps_applied(old, trigger, first_visit, diff):
             keep = api.Settings.model_validate(old["applied"])
         wanted = desired.build_desired(meta, parsed, inputs, deploy_override=keep, plan_fn=deps.plan_fn)
+        if keep is None:  # a plan: start it from the fleet's TuningProfile when one matches
+            wanted = await _with_profile(deps, meta, parsed, inputs, wanted, logger)
         if deps.kube is None:
             raise errors.ApplyFailed("no Kubernetes client configured")
         manifests = wanted.manifests  # a first create replaces no pod: the default (surge) strategy
@@ -131,6 +135,8 @@ async def reconcile(
         new.status["warnings"] = [conflict, *new.status.get("warnings", [])][: status_patch.WARNINGS_LIMIT]
         if conflict not in (old.get("warnings") or []):
             deps.emit(body, events.WARNING, autoscalers.REASON, conflict)
+    if keep is None:
+        new.status["profile"] = _profile_status(wanted.decision.plan)
     new.add_to(patch)
     _record(deps, metrics.record_reconcile, "success")
     changed = "lastChangeTime" in new.status
@@ -139,6 +145,30 @@ async def reconcile(
     if first_visit or changed:
         _emit_success(deps, body, inputs, wanted)
     logger.info(f"reconciled ({trigger}): {vllm.describe_settings(wanted.decision.deploy)}")
+
+
+async def _with_profile(
+    deps: Deps, meta: Mapping[str, Any], parsed: api.InferenceServiceSpec, inputs: resolve.Inputs,
+    wanted: desired.Desired, logger: Any,
+) -> desired.Desired:  # fmt: skip
+    """``wanted`` planned again from the matching TuningProfile (the key needs the first plan's KV dtype and
+    layout); ``wanted`` itself without a store or a profile."""
+    first = wanted.decision.plan
+    key = profiles.build_key(inputs.model.config_key, inputs.gpu.gpu.name, parsed, first.settings)
+    learned = await profiles.fetch_learned(profiles.store_for(deps.kube), key, logger)
+    if learned is None:
+        return wanted
+    return desired.build_desired(meta, parsed, inputs, plan_fn=deps.plan_fn, learned=learned)
+
+
+def _profile_status(plan: Plan) -> dict[str, Any] | None:
+    """``status.profile``: the profile the plan started from (``None`` clears it: the memory model's plan)."""
+    if plan.profile is None:
+        return None
+    out: dict[str, Any] = {"name": plan.profile, "message": plan.profile_note}
+    if plan.learned_kv_cache_tokens is not None:
+        out["learnedKvCacheTokens"] = plan.learned_kv_cache_tokens
+    return out
 
 
 def _keeps_applied(old: Mapping[str, Any], trigger: str, first_visit: bool, diff: Any) -> bool:
@@ -165,7 +195,9 @@ def _emit_success(
     b = d.plan.budget
     deps.emit(body, events.NORMAL, "Planned",
               f"{vllm.describe_settings(d.plan.settings)}: weights {b.weights_gib:.2f} GiB, KV cache "
-              f"{b.available_kv_cache_gib:.2f} GiB ({b.kv_cache_tokens} tokens) per GPU")  # fmt: skip
+              f"{b.available_kv_cache_gib:.2f} GiB ({b.kv_cache_tokens} tokens) per GPU"
+              + (f"; from {d.plan.profile_note}" if d.plan.profile else
+                 f"; {d.plan.profile_note}" if d.plan.profile_note else ""))  # fmt: skip
     if d.mode == "Recommend":
         deps.emit(
             body,

@@ -215,6 +215,62 @@ class ClusterKube:
             raise errors.ApplyFailed(f"applying {kind} {meta['name']} failed: {exc}") from None
 
 
+class Conflict(errors.ApplyFailed):
+    """HTTP 409: the object changed since it was read (a stale ``resourceVersion``), or it already exists."""
+
+
+PROFILE_PLURAL = "tuningprofiles"
+"""The cluster-scoped TuningProfile kind (crds/tuningprofiles.kvpilot.io.yaml; :mod:`.profiles`)."""
+
+
+class ClusterProfiles:
+    """TuningProfiles over the ``kubernetes`` client: list, read, create, and a merge patch of the status
+    that carries the ``resourceVersion`` read (the API server refuses it with 409 if another writer came
+    between: :class:`Conflict`). Shares :class:`ClusterKube`'s ``ApiClient``."""
+
+    def __init__(self, kube: ClusterKube) -> None:
+        self.kube = kube
+
+    def _call(self, what: str, fn: Callable[..., object], *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        from kvpilot.operator import api
+
+        try:
+            return self.kube._json(fn(api.GROUP, api.VERSION, PROFILE_PLURAL, *args, _preload_content=False,
+                                      **kwargs))  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            if exc.status == 409:
+                raise Conflict(f"{what}: HTTP 409 {exc.reason}") from None
+            raise errors.ApplyFailed(f"{what} failed: HTTP {exc.status} {exc.reason}") from None
+        except (OSError, HTTPError) as exc:
+            raise errors.ApplyFailed(f"{what} failed: {exc}") from None
+
+    def list_profiles(self) -> list[dict[str, Any]]:
+        obj = self._call("listing tuningprofiles", self.kube.custom.list_cluster_custom_object)
+        return list((obj or {}).get("items") or [])
+
+    def read_profile(self, name: str) -> dict[str, Any] | None:
+        return self._call(f"reading tuningprofile {name}", self.kube.custom.get_cluster_custom_object, name)
+
+    def create_profile(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        obj = self._call(f"creating tuningprofile {name}", self.kube.custom.create_cluster_custom_object,
+                         dict(body))  # fmt: skip
+        if obj is None:
+            raise errors.ApplyFailed(f"creating tuningprofile {name}: the CRD is not installed (HTTP 404)")
+        return obj
+
+    def patch_profile_status(self, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A JSON merge patch of ``/status``; ``body.metadata.resourceVersion`` makes it conditional."""
+        return self._call(
+            f"patching tuningprofile {name}", self.kube.custom.patch_cluster_custom_object_status, name,
+            dict(body), _content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+
 async def fetch_nodes(kube: Kube) -> list[dict[str, Any]]:
     """Every node, read in a worker thread."""
     return await asyncio.to_thread(kube.list_nodes)

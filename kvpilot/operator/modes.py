@@ -27,6 +27,7 @@ from typing import Any
 from kvpilot.operator import api, errors
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
+from kvpilot.tuner.plan.profiles import Learned
 from kvpilot.tuner.types import EngineSettings, GpuSpec, Plan, ServingBounds
 
 PlanFn = Callable[..., Plan]
@@ -146,11 +147,13 @@ def _default_plan_fn() -> PlanFn:
 def _cached_plan(
     plan_fn: PlanFn, model: Any, gpu: GpuSpec, gpu_count: int, bounds: ServingBounds,
     pinned: EngineSettings, vllm_version: str, weights_total_bytes: int | None,
+    learned: Learned | None = None,
 ) -> Plan | tuner_errors.TunerError:  # fmt: skip
+    extra = {"learned": learned} if learned is not None else {}  # planners without profiles stay callable
     try:
         return plan_fn(
             model, gpu, gpu_count, bounds, pinned=pinned, vllm_version=vllm_version,
-            weights_total_bytes=weights_total_bytes,
+            weights_total_bytes=weights_total_bytes, **extra,
         )  # fmt: skip
     except tuner_errors.TunerError as exc:  # cache verdicts too: an infeasible spec stays infeasible
         return exc
@@ -158,13 +161,15 @@ def _cached_plan(
 
 def compute_feasible_plan(
     spec: api.InferenceServiceSpec, model: Any, gpu: GpuSpec, user: UserArgs,
-    *, weights_total_bytes: int | None = None, plan_fn: PlanFn | None = None,
+    *, weights_total_bytes: int | None = None, plan_fn: PlanFn | None = None, learned: Learned | None = None,
 ) -> Plan:  # fmt: skip
-    """The planner's answer for this spec (cached); raises InfeasiblePlan when nothing fits."""
+    """The planner's answer for this spec (cached); raises InfeasiblePlan when nothing fits.
+
+    ``learned``: the matching TuningProfile's lesson (:mod:`kvpilot.operator.profiles`), part of the key."""
     check_model_args(user, str(getattr(model, "dtype", "")))
     result = _cached_plan(
         plan_fn or _default_plan_fn(), model, gpu, spec.gpu.count, spec.to_bounds(), user.pinned,
-        api.VLLM_VERSION, weights_total_bytes,
+        api.VLLM_VERSION, weights_total_bytes, learned,
     )  # fmt: skip
     if isinstance(result, tuner_errors.TunerError):
         raise copy.copy(result)

@@ -170,6 +170,13 @@ class Plan:
     """When infeasible: why, and what would fit (more GPUs, fp8 KV, shorter context, ...)."""
     args: tuple[str, ...] = field(default=())
     """The rendered vLLM arguments, e.g. ``("--max-model-len", "8192", ...)``."""
+    profile: str | None = None
+    """The fleet-learned TuningProfile the plan started from (``kvpilot.tuner.plan.profiles``); ``None``:
+    the memory model's plan alone."""
+    profile_note: str = ""
+    """What the profile changed (the Planned event and ``status.profile`` carry it)."""
+    learned_kv_cache_tokens: int | None = None
+    """The budget's KV tokens times the profile's learned ratio (what vLLM is expected to report)."""
     kv_cache_memory_bytes: int | None = None
     """``--kv-cache-memory-bytes`` when the plan pins the KV pool (``args`` then renders it instead of
     ``--gpu-memory-utilization``); ``None``: the pool is what the utilisation leaves."""

@@ -22,6 +22,8 @@ Grant = tuple[str, str, str, tuple[str, ...]]
 CLUSTER_WIDE: dict[Grant, set[str]] = {
     ("cluster", "apiextensions.k8s.io", "customresourcedefinitions", ()): {"list", "watch"},
     ("cluster", "", "nodes", ()): {"get", "list", "watch"},
+    ("cluster", "kvpilot.io", "tuningprofiles", ()): {"get", "list", "create"},
+    ("cluster", "kvpilot.io", "tuningprofiles/status", ()): {"patch"},
     ("cluster", "", "events", ()): {"create", "patch"},
     ("cluster", "kopf.dev", "clusterkopfpeerings", (f"{RELEASE}-kvpilot",)): {"get", "patch"},
     ("cluster", "kopf.dev", "clusterkopfpeerings", ()): {"list", "watch"},
@@ -47,10 +49,14 @@ def _namespaced_expectation(namespaces: list[str], secret_names: tuple[str, ...]
         ("cluster", "", "namespaces", ()): {"list", "watch"},
         ("cluster", "", "nodes", ()): {"get", "list", "watch"},
         ("cluster", "", "pods", ()): {"list"},  # capacity: the GPUs other namespaces' pods hold
+        # fleet learning: TuningProfiles are cluster-scoped, shared by every namespace's services
+        ("cluster", "kvpilot.io", "tuningprofiles", ()): {"get", "list", "create"},
+        ("cluster", "kvpilot.io", "tuningprofiles/status", ()): {"patch"},
     }
     for ns in namespaces:
         for (_, group, resource, names), verbs in CLUSTER_WIDE.items():
-            if resource in ("customresourcedefinitions", "nodes", "clusterkopfpeerings"):
+            cluster_scoped = ("customresourcedefinitions", "nodes", "clusterkopfpeerings", "tuningprofiles")
+            if resource.split("/")[0] in cluster_scoped:
                 continue
             grants[(ns, group, resource, secret_names if resource == "secrets" else names)] = verbs
         grants[(ns, "kopf.dev", "kopfpeerings", (f"{RELEASE}-kvpilot",))] = {"get", "patch"}
@@ -101,7 +107,9 @@ def test_namespaced_grants_stay_in_the_watched_namespaces(rendered: Render) -> N
     assert operator_grants(objs) == _namespaced_expectation(["team-a", "team-b"], ("hf-token",))
     # nothing namespaced is granted through a ClusterRole binding
     cluster = {res for (where, _, res, _) in operator_grants(objs) if where == "cluster"}
-    assert cluster == {"customresourcedefinitions", "namespaces", "nodes", "pods"}
+    assert cluster == {
+        "customresourcedefinitions", "namespaces", "nodes", "pods", "tuningprofiles", "tuningprofiles/status",
+    }  # fmt: skip
 
 
 MODEL_CONFIG = {"configmaps", "secrets"}
@@ -144,7 +152,7 @@ def test_roles_are_split_by_purpose(rendered: Render) -> None:
     prefix = f"{RELEASE}-kvpilot-"
     names = {r["metadata"]["name"].removeprefix(prefix) for r in by_kind(rendered(), "ClusterRole")}
     operator = {"discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads",
-                "model-config"}  # fmt: skip
+                "model-config", "tuningprofiles"}  # fmt: skip
     assert names == operator | {"view", "edit"}
 
 

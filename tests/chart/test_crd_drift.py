@@ -1,7 +1,8 @@
-"""crds/ is the single source of the InferenceService CRD; the chart carries a copy. Keep them identical.
+"""crds/ is the single source of the InferenceService and TuningProfile CRDs; the chart carries copies. Keep
+them identical.
 
-Refresh the copy with `make chart-crds`
-(cp crds/inferenceservices.kvpilot.io.yaml charts/kvpilot/files/crds/).
+Refresh the copies with `make chart-crds`
+(cp crds/inferenceservices.kvpilot.io.yaml crds/tuningprofiles.kvpilot.io.yaml charts/kvpilot/files/crds/).
 """
 
 from __future__ import annotations
@@ -9,28 +10,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import yaml
 from helmchart import CHART, ROOT, by_kind
 
 Render = Callable[..., list[dict[str, Any]]]
-SOURCE = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
-COPY = CHART / "files" / "crds" / "inferenceservices.kvpilot.io.yaml"
 
 
-def test_chart_copy_is_byte_identical_to_the_source() -> None:
-    assert COPY.read_bytes() == SOURCE.read_bytes(), (
+CRDS = ["inferenceservices.kvpilot.io", "tuningprofiles.kvpilot.io"]
+
+
+@pytest.mark.parametrize("crd", CRDS)
+def test_chart_copy_is_byte_identical_to_the_source(crd: str) -> None:
+    source, copy = ROOT / "crds" / f"{crd}.yaml", CHART / "files" / "crds" / f"{crd}.yaml"
+    assert copy.read_bytes() == source.read_bytes(), (
         "charts/kvpilot/files/crds/ drifted from crds/: run `make chart-crds`"
-        " (cp crds/inferenceservices.kvpilot.io.yaml charts/kvpilot/files/crds/)"
+        " (cp crds/*.kvpilot.io.yaml charts/kvpilot/files/crds/)"
     )
 
 
-def test_rendered_crd_spec_equals_the_source(rendered: Render) -> None:
-    source = yaml.safe_load(SOURCE.read_text())
-    (crd,) = [
-        o
-        for o in by_kind(rendered(), "CustomResourceDefinition")
-        if o["metadata"]["name"] == "inferenceservices.kvpilot.io"
-    ]
+@pytest.mark.parametrize("name", CRDS)
+def test_rendered_crd_spec_equals_the_source(rendered: Render, name: str) -> None:
+    source = yaml.safe_load((ROOT / "crds" / f"{name}.yaml").read_text())
+    (crd,) = [o for o in by_kind(rendered(), "CustomResourceDefinition") if o["metadata"]["name"] == name]
     assert crd["spec"] == source["spec"]
     assert crd["metadata"]["name"] == source["metadata"]["name"]
     assert source["metadata"].get("labels", {}).items() <= crd["metadata"]["labels"].items()
@@ -41,10 +43,11 @@ def test_crds_enabled_and_keep_toggles(rendered: Render) -> None:
     def names(objs: list[dict[str, Any]]) -> set[str]:
         return {o["metadata"]["name"] for o in by_kind(objs, "CustomResourceDefinition")}
 
-    assert "inferenceservices.kvpilot.io" not in names(rendered(sets=["crds.enabled=false"]))
+    assert not set(CRDS) & names(rendered(sets=["crds.enabled=false"]))
     objs = rendered(sets=["crds.keep=false"])
-    (crd,) = [o for o in objs if o["metadata"]["name"] == "inferenceservices.kvpilot.io"]
-    assert "annotations" not in crd["metadata"]
+    for name in CRDS:
+        (crd,) = [o for o in objs if o["metadata"]["name"] == name]
+        assert "annotations" not in crd["metadata"]
 
 
 def test_kopf_peering_crds_are_in_crds_folder_only() -> None:

@@ -163,6 +163,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [update]
 {{- end }}
 
+{{/* Fleet learning (cluster-scoped TuningProfiles, docs/fleet-learning.md): list them for the planner (one cached
+     list, no watch), read one fresh before adding a sample, create one on a key's first sample, and merge-patch
+     its status (with the resourceVersion read). No update (a patch is enough), no watch, no delete: people
+     delete profiles. */}}
+{{- define "kvpilot.rules.tuningprofiles" -}}
+- apiGroups: [kvpilot.io]
+  resources: [tuningprofiles]
+  verbs: [get, list, create]
+- apiGroups: [kvpilot.io]
+  resources: [tuningprofiles/status]
+  verbs: [patch]
+{{- end }}
+
 {{/* What the operator owns: the vLLM Deployment and Service per InferenceService, and the weight-cache claim of a
      model.storage.claimTemplate, server-side applied (patch;
      create when the apply creates) and read. No update (an apply is a PATCH) and no delete: garbage collection

@@ -14,6 +14,7 @@ release does), below the planner.
 
 from kvpilot.tuner.memory.budget import (
     CUDA_CONTEXT_GIB,
+    MEMORY_MODEL_VERSION,
     NCCL_GIB,
     compute_activation_bytes,
     compute_budget,
@@ -46,6 +47,7 @@ __all__ = [
     "KvCapacity",
     "KvGroup",
     "KvLayout",
+    "MEMORY_MODEL_VERSION",
     "NCCL_GIB",
     "OUTPUT_KEYS",
     "WeightBreakdown",

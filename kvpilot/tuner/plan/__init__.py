@@ -1,6 +1,7 @@
 """The static planner: engine settings for a model on a GPU type, within the user's bounds.
 
 * :mod:`.planner` -- :func:`compute_plan`, a chain of small steps over the memory model;
+* :mod:`.profiles` -- fleet learning: the TuningProfile key, its samples and what a plan takes from them;
 * :mod:`.topology` -- how a replica's GPUs split into tensor-parallel groups and pipeline stages
   (the planner, the rendered Deployment and the closed loop share it).
 
@@ -12,6 +13,7 @@ from kvpilot.tuner.plan.planner import (
     compute_plan,
     compute_safe_utilization,
 )
+from kvpilot.tuner.plan.profiles import Learned, ProfileKey, ProfileRecord, compute_learned
 from kvpilot.tuner.plan.topology import (
     compute_pipeline_parallel,
     compute_tensor_parallel,
@@ -20,6 +22,10 @@ from kvpilot.tuner.plan.topology import (
 
 __all__ = [
     "CONTEXT_STEP",
+    "Learned",
+    "ProfileKey",
+    "ProfileRecord",
+    "compute_learned",
     "compute_pipeline_parallel",
     "compute_plan",
     "compute_safe_utilization",

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from kvpilot.tuner import errors, memory, vllm
 from kvpilot.tuner.model import LINEAR, ModelSpec, QuantSpec
+from kvpilot.tuner.plan.profiles import Learned
 from kvpilot.tuner.plan.topology import compute_pipeline_parallel, compute_tensor_parallel, tensor_parallel_ok
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
 
@@ -156,13 +157,14 @@ def _choose_max_num_seqs(
     bounds: ServingBounds,
     version: str,
     budget_of: _BudgetOf,
+    kv_ratio: float = 1.0,
 ) -> int:
     if bounds.concurrency:
         return bounds.clamp_seqs(max(1, bounds.concurrency))
     cap = vllm.default_batch_limits(vllm.parse_version(version), gpu).max_num_seqs
     budget = budget_of(settings.replace(max_num_seqs=cap))
     length = _context_of(settings, budget, model)
-    typical = budget.kv_cache_tokens / max(1.0, TYPICAL_FILL * length)
+    typical = budget.kv_cache_tokens * kv_ratio / max(1.0, TYPICAL_FILL * length)
     seqs = bounds.clamp_seqs(min(cap, _round_seqs(typical)))
     if any(layer.kind == LINEAR for layer in model.layers):
         # vLLM 0.33 refuses more sequences than the hybrid model's cache blocks (each decoding sequence
@@ -250,8 +252,13 @@ def compute_plan(
     weights_total_bytes: int | None = None,
     pin_kv_cache_memory: bool = False,
     model_runner_v2: bool | None = None,
+    learned: Learned | None = None,
 ) -> Plan:
     """Plan vLLM's engine settings for ``model`` on ``gpu_count`` x ``gpu`` within ``bounds``.
+
+    ``learned``: a fleet-learned TuningProfile (:mod:`kvpilot.tuner.plan.profiles`): the utilisation stays
+    at or below its ceiling (below the lowest that OOMed; never below ``bounds``' minimum), and
+    ``max_num_seqs`` is sized for the learned KV capacity (the budget's tokens times the learned ratio).
 
     ``pin_kv_cache_memory``: render ``--kv-cache-memory-bytes`` with the KV pool the plan's budget
     leaves (the same blocks) instead of ``--gpu-memory-utilization`` (:func:`_pin_kv_pool`).
@@ -288,12 +295,20 @@ def compute_plan(
         settings = settings.replace(kv_cache_dtype="auto")
     if pinned.gpu_memory_utilization is None:
         seq_guess = settings.replace(max_num_seqs=pinned.max_num_seqs or bounds.concurrency)
-        settings = settings.replace(
-            gpu_memory_utilization=compute_safe_utilization(
-                model, gpu, seq_guess, bounds, vllm_version, compute_pipeline_parallel(gpu_count, tp),
-                model_runner_v2,
-            )
-        )
+        util = compute_safe_utilization(
+            model, gpu, seq_guess, bounds, vllm_version, compute_pipeline_parallel(gpu_count, tp),
+            model_runner_v2,
+        )  # fmt: skip
+        if learned is not None and learned.utilization_ceiling is not None:
+            util = max(bounds.min_gpu_memory_utilization, min(util, learned.utilization_ceiling))
+            if learned.utilization_ceiling < bounds.min_gpu_memory_utilization:
+                warnings.append(
+                    f"{learned.name} saw CUDA OOM at gpu_memory_utilization "
+                    f"{learned.lowest_oom_utilization}, "
+                    f"below the spec's minimum {bounds.min_gpu_memory_utilization}: the minimum is kept."
+                )
+        settings = settings.replace(gpu_memory_utilization=util)
+    kv_ratio = learned.kv_ratio if learned is not None and learned.kv_ratio is not None else 1.0
 
     def meets(budget: MemoryBudget) -> bool:
         if not budget.starts:
@@ -302,7 +317,9 @@ def compute_plan(
 
     def settle(s: EngineSettings) -> tuple[EngineSettings, MemoryBudget]:
         if pinned.max_num_seqs is None:
-            s = s.replace(max_num_seqs=_choose_max_num_seqs(model, gpu, s, bounds, vllm_version, budget_of))
+            s = s.replace(
+                max_num_seqs=_choose_max_num_seqs(model, gpu, s, bounds, vllm_version, budget_of, kv_ratio)
+            )
         s = _with_batched_tokens(s, gpu, vllm_version, pinned)
         return s, budget_of(s)
 
@@ -355,6 +372,7 @@ def compute_plan(
         )
     if budget.max_concurrency < 1 and budget.starts:
         warnings.append("The KV cache holds less than one max_model_len sequence.")
+    profile, note, learned_tokens = _profile_fields(learned, budget)
     kv_bytes = None
     if pin_kv_cache_memory and feasible:
         kv_bytes, settings, budget = _pin_kv_pool(
@@ -373,7 +391,22 @@ def compute_plan(
         reasons=reasons,
         args=_render(settings, kv_bytes),
         kv_cache_memory_bytes=kv_bytes,
+        profile=profile,
+        profile_note=note,
+        learned_kv_cache_tokens=learned_tokens,
     )
+
+
+def _profile_fields(learned: Learned | None, budget: MemoryBudget) -> tuple[str | None, str, int | None]:
+    """The plan's ``profile``, ``profile_note`` and ``learned_kv_cache_tokens``: set only when the profile
+    changed something (a profile below its sample guards is named in the note, not used)."""
+    if learned is None:
+        return None, "", None
+    note = learned.describe()
+    if not learned.used:
+        return None, note, None
+    tokens = round(budget.kv_cache_tokens * learned.kv_ratio) if learned.kv_ratio is not None else None
+    return learned.name, note, tokens
 
 
 def _pin_kv_pool(

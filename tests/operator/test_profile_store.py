@@ -1,0 +1,249 @@
+"""The TuningProfile edge (kvpilot.operator.profiles): conflict-safe writes, the cached read, the reconcile
+starting from a profile and returning to the memory model's plan once it is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from operator_fakes import FakeKube, Harness, isvc
+
+from kvpilot.operator import api, profiles, resolve
+from kvpilot.operator.kube import Conflict
+from kvpilot.tuner import memory
+from kvpilot.tuner.plan import profiles as learning
+from kvpilot.tuner.types import EngineSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "tuningprofiles.kvpilot.io.yaml"
+LOG = logging.getLogger("test")
+KEY = learning.ProfileKey("0123456789abcdef", "L4", "0.33.0", "auto", 1, 1)
+
+
+class FakeStore:
+    """Profiles as the API server keeps them: a resourceVersion per write, 409 on a stale one."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.version = 0
+        self.lists = 0
+        self.patches = 0
+        self.conflicts = 0
+        self.before_patch: Any = None
+        """Called before each patch is judged (another writer sneaking in)."""
+
+    def _bump(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        return copy.deepcopy(obj)
+
+    def list_profiles(self) -> list[dict[str, Any]]:
+        self.lists += 1
+        return [copy.deepcopy(o) for o in self.objects.values()]
+
+    def read_profile(self, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get(name)
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def create_profile(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        if name in self.objects:
+            raise Conflict(f"{name} already exists")
+        self.objects[name] = copy.deepcopy(dict(body))
+        return self._bump(self.objects[name])
+
+    def patch_profile_status(self, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        if self.before_patch is not None:
+            hook, self.before_patch = self.before_patch, None
+            hook()
+        obj = self.objects[name]
+        if body["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
+            self.conflicts += 1
+            raise Conflict("the object has been modified")
+        self.patches += 1
+        obj["status"] = copy.deepcopy(body["status"])
+        return self._bump(obj)
+
+
+def oom(source: str, util: float) -> profiles.Update:
+    update = profiles.build_update(source, oom=EngineSettings(gpu_memory_utilization=util, max_num_seqs=64))
+    assert update is not None
+    return update
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> None:
+    profiles.clear_cache()
+
+
+async def test_the_first_write_creates_the_profile_with_its_key_in_spec_and_labels() -> None:
+    store = FakeStore()
+    status = await profiles.apply_samples(
+        store, KEY, "meta-llama/Llama-3.1-8B-Instruct", oom("ns/a", 0.91), "t"
+    )
+    obj = store.objects[KEY.name]
+    assert obj["spec"]["gpu"] == "L4" and obj["spec"]["memoryModelVersion"] == memory.MEMORY_MODEL_VERSION
+    assert obj["metadata"]["labels"]["profiles.kvpilot.io/model-digest"] == KEY.model_digest
+    assert status["learned"]["utilizationCeiling"] == pytest.approx(0.89)
+    assert status["oomSamples"] == [{"source": "ns/a", "gpuMemoryUtilization": 0.91, "maxNumSeqs": 64}]
+    assert status["contributors"] == ["ns/a"]
+
+
+async def test_a_writer_in_between_is_a_conflict_and_both_samples_land() -> None:
+    store = FakeStore()
+    await profiles.apply_samples(store, KEY, "m", oom("ns/a", 0.95), "t1")
+
+    def other_writer() -> None:  # service B writes between A's read and A's patch
+        asyncio.run(profiles.apply_samples(store, KEY, "m", oom("ns/b", 0.93), "t2"))
+
+    store.before_patch = other_writer
+    await profiles.apply_samples(store, KEY, "m", oom("ns/c", 0.91), "t3")
+    status = store.objects[KEY.name]["status"]
+    assert store.conflicts == 1
+    assert {o["source"] for o in status["oomSamples"]} == {"ns/a", "ns/b", "ns/c"}
+    assert status["learned"]["lowestOomUtilization"] == 0.91
+
+
+async def test_a_racing_creator_is_read_instead_of_overwritten() -> None:
+    store = FakeStore()
+    real_read = store.read_profile
+    reads = 0
+
+    def read(name: str) -> dict[str, Any] | None:
+        nonlocal reads
+        reads += 1
+        if reads == 1:  # absent when read, created by another service before our create
+            asyncio.run(profiles.apply_samples(FakeStoreView(store), KEY, "m", oom("ns/b", 0.93), "t"))
+            return None
+        return real_read(name)
+
+    store.read_profile = read  # type: ignore[method-assign]
+    await profiles.apply_samples(store, KEY, "m", oom("ns/a", 0.95), "t")
+    assert {o["source"] for o in store.objects[KEY.name]["status"]["oomSamples"]} == {"ns/a", "ns/b"}
+
+
+class FakeStoreView(FakeStore):
+    """The same objects through an unpatched read (the other writer's own client)."""
+
+    def __init__(self, store: FakeStore) -> None:
+        self.__dict__ = store.__dict__
+
+
+async def test_endless_conflicts_give_up_with_an_operator_error() -> None:
+    store = FakeStore()
+    await profiles.apply_samples(store, KEY, "m", oom("ns/a", 0.95), "t")
+
+    def always_stale(name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        raise Conflict("stale")
+
+    store.patch_profile_status = always_stale  # type: ignore[method-assign]
+    with pytest.raises(Exception, match="write conflicts in a row"):
+        await profiles.apply_samples(store, KEY, "m", oom("ns/b", 0.9), "t")
+
+
+async def test_reads_share_one_cached_list_and_a_write_refreshes_it() -> None:
+    store = FakeStore()
+    now = [0.0]
+    assert await profiles.fetch_learned(store, KEY, LOG, clock=lambda: now[0]) is None
+    for _ in range(5):
+        await profiles.fetch_learned(store, KEY, LOG, clock=lambda: now[0])
+    assert store.lists == 1
+    await profiles.apply_samples(store, KEY, "m", oom("ns/a", 0.95), "t")
+    learned = await profiles.fetch_learned(store, KEY, LOG, clock=lambda: now[0])
+    assert learned is not None and learned.utilization_ceiling == pytest.approx(0.93) and store.lists == 2
+    del store.objects[KEY.name]  # deleted by a person: unused once the cached list expires
+    assert await profiles.fetch_learned(store, KEY, LOG, clock=lambda: now[0]) is not None
+    now[0] += profiles.LIST_TTL_S + 1
+    assert await profiles.fetch_learned(store, KEY, LOG, clock=lambda: now[0]) is None
+
+
+async def test_a_profile_of_another_memory_model_or_spec_is_not_used() -> None:
+    store = FakeStore()
+    await profiles.apply_samples(store, KEY, "m", oom("ns/a", 0.95), "t")
+    store.objects[KEY.name]["spec"]["memoryModelVersion"] = "0.0.1"  # hand-edited: not this key's lesson
+    assert await profiles.fetch_learned(store, KEY, LOG) is None
+
+
+def test_nothing_new_is_no_write() -> None:
+    assert profiles.build_update("ns/a") is None
+    assert profiles.build_update("ns/a", oom=EngineSettings(max_num_seqs=4)) is None  # no utilisation known
+
+
+def test_the_status_written_is_what_the_crd_schema_declares() -> None:
+    record = learning.ProfileRecord()
+    for update in (
+        profiles.build_update("ns/a", kv=(1000, 900), startup_seconds=61.23),
+        profiles.build_update("ns/a", healthy=EngineSettings(gpu_memory_utilization=0.9, max_num_seqs=8)),
+        oom("ns/b", 0.95),
+    ):
+        assert update is not None
+        record = update(record)
+    status = profiles.build_status(record, KEY.name, "2026-12-02T00:00:00Z")
+    crd = yaml.safe_load(CRD.read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    declared = schema["status"]["properties"]
+    assert set(status) <= set(declared)
+    assert set(status["learned"]) <= set(declared["learned"]["properties"])
+    for name in ("kvSamples", "oomSamples", "healthySamples", "startupSamples"):
+        assert status[name], name
+        assert set(status[name][0]) <= set(declared[name]["items"]["properties"]), name
+    assert set(profiles.build_profile(KEY, "m")["spec"]) <= set(schema["spec"]["properties"])
+    assert profiles.read_record(status) == record  # the wire format round-trips
+    assert crd["spec"]["scope"] == "Cluster" and crd["spec"]["names"]["plural"] == profiles.PROFILE_PLURAL
+    columns = {c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert {"Model", "GPU", "Samples", "KV Ratio", "OOM Ceiling"} <= columns
+
+
+# --- the reconcile --------------------------------------------------------------------------------------
+
+
+class ProfileKube(FakeKube, FakeStore):
+    def __init__(self) -> None:
+        FakeKube.__init__(self)
+        FakeStore.__init__(self)
+
+
+@pytest.fixture
+def planner(harness: Harness) -> Harness:
+    harness.kube = ProfileKube()
+    harness.deps.kube = harness.kube
+    harness.deps.plan_fn = None  # the real planner: it reads the profile
+    return harness
+
+
+def _util(body: dict[str, Any]) -> float:
+    return float(body["status"]["applied"]["gpuMemoryUtilization"])
+
+
+async def test_a_new_service_starts_from_the_profile_and_the_event_names_it(planner: Harness) -> None:
+    spec = {"serving": {"maxContextLength": 4096, "concurrency": 4}}
+    a = isvc("a", **spec)
+    await planner.run(a)
+    u = _util(a)
+    assert "profile" not in a["status"]
+    kube = planner.kube
+    assert isinstance(kube, ProfileKube)
+    parsed = api.InferenceServiceSpec.model_validate(a["spec"])
+    inputs = await resolve.fetch_inputs(parsed, "ns1", kube, planner.deps.hub)
+    applied = EngineSettings(kv_cache_dtype="auto", tensor_parallel_size=1)
+    key = profiles.build_key(inputs.model.config_key, inputs.gpu.gpu.name, parsed, applied)
+    await profiles.apply_samples(kube, key, "m", oom("ns1/a", u), "t")
+
+    b = isvc("b", **spec)
+    await planner.run(b)
+    assert _util(b) == pytest.approx(u - learning.UTILIZATION_MARGIN)
+    assert b["status"]["profile"]["name"] == key.name
+    planned = [m for _, r, m in planner.emitter.events if r == "Planned"]
+    assert f"from TuningProfile {key.name}" in planned[-1]
+
+    del kube.objects[key.name]
+    profiles.clear_cache()  # the cached list expired
+    c = isvc("c", **spec)
+    await planner.run(c)
+    assert _util(c) == u and "profile" not in c["status"]
