@@ -163,7 +163,8 @@ def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, time
     counts_file, log_file = workdir / "counts.json", workdir / "operator.log"
     env = {**os.environ, **cluster.env(), "KVPILOT_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, str(ROOT / "bench" / "_counting_operator.py"), str(counts_file),
-           "run", "--standalone", "-m", "kvpilot.operator.main", "--namespace", f"{prefix}*"]  # fmt: skip
+           "run", "--standalone", "-m", "kvpilot.operator.main", "--namespace", f"{prefix}*",
+           *(["--verbose"] if os.environ.get("KVPILOT_BENCH_VERBOSE") else [])]  # fmt: skip
     with log_file.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

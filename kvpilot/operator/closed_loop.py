@@ -51,6 +51,7 @@ from kvpilot.operator import (
     resolve,
     rollout_strategy,
     status_patch,
+    timers,
     workloads,
 )
 from kvpilot.operator.kube import Kube, fetch_nodes
@@ -113,7 +114,12 @@ _INTERVAL_S = loop_settings.interval_from_env()
 
 
 @kopf.timer(
-    group=api.GROUP, version=api.VERSION, plural=api.PLURAL, interval=_INTERVAL_S, initial_delay=_INTERVAL_S
+    group=api.GROUP,
+    version=api.VERSION,
+    plural=api.PLURAL,
+    interval=_INTERVAL_S,
+    initial_delay=_INTERVAL_S,
+    when=timers.is_live,  # stopped on the watch's DELETED event, not by a finalizer (kvpilot.operator.timers)
 )
 async def closed_loop_tick(
     body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
@@ -125,6 +131,10 @@ async def closed_loop_tick(
         )
     except Exception:  # noqa: BLE001 -- a bug must not stop the loop for every other service
         logger.exception("closed loop: tick failed")
+
+
+if not timers.drop_finalizer_requirement(closed_loop_tick):
+    raise RuntimeError("kopf's registry has no timer for closed_loop_tick to drop the finalizer of")
 
 
 # --- one tick ---------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ Run it::
 
 Handlers are in :mod:`kvpilot.operator.handlers`; the closed loop's timer is registered by
 :mod:`kvpilot.operator.closed_loop`, and its pace is read here at start-up. kopf keeps its handler
-progress in annotations under ``kvpilot.io/`` and its diff base in ``status.kopf`` (handlers never
-return values). There is no delete handler: the Deployment and Service
+progress and its diff base in ``status.kopf`` (handlers never return values), and puts no finalizer on
+an InferenceService (:mod:`kvpilot.operator.timers`). There is no delete handler: the Deployment and Service
 carry owner references and the garbage collector removes them. Event handlers on those Deployments and
 Services (by kvpilot's labels) put back a deleted one or a hand-edited field (:mod:`.drift`).
 """
@@ -26,19 +26,25 @@ from kvpilot.operator import (
     handlers,
     loop_settings,
     metrics,
+    timers,
 )
 
 DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
 """Where kopf keeps the spec it last handled (``status.kopf`` in the CRD)."""
+PROGRESS_FIELD = "status.kopf.progress"
+"""Where kopf keeps the progress of a handler being retried."""
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
+    # Handler progress in status too, so that kopf's bookkeeping rides in the same PATCH as our status (no
+    # PATCH of the object's annotations): one write per reconcile (docs/operator.md, "Scale").
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field=PROGRESS_FIELD)
     # The diff base lives in status, not in an annotation: a spec within the CRD's limits can exceed the
     # 256 KiB an object's annotations may hold, after which every patch fails and the finalizer is never
     # released (the namespace hangs in Terminating).
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field=DIFF_BASE_FIELD)
+    # No handler needs a finalizer (kvpilot.operator.timers): kopf removes this one, left by older releases.
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's would double them
     settings.watching.server_timeout = 300
@@ -67,6 +73,11 @@ async def spec_changed(diff: kopf.Diff, **kwargs: Any) -> None:
 @kopf.on.resume(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
 async def resumed(**kwargs: Any) -> None:
     await handlers.reconcile(trigger=handlers.RESUMED, deps=handlers.default_deps(), **_pick(kwargs))
+
+
+@kopf.on.event(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
+def inference_service_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    timers.observe(event, body)  # a DELETED object's closed-loop timer stops (no finalizer)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=drift.OWNED_LABELS)

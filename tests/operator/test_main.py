@@ -13,8 +13,9 @@ def test_startup_settings(monkeypatch) -> None:
     monkeypatch.setattr(main.closed_loop, "configure", lambda pace: None)
     settings = kopf.OperatorSettings()
     main.configure(settings=settings)
-    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
-    assert settings.persistence.progress_storage.prefix == "kvpilot.io"
+    # kopf's bookkeeping rides in the status PATCH: nothing in annotations
+    assert isinstance(settings.persistence.progress_storage, kopf.StatusProgressStorage)
+    assert settings.persistence.progress_storage.field == ("status", "kopf", "progress")
     assert isinstance(settings.persistence.diffbase_storage, kopf.StatusDiffBaseStorage)
     assert settings.persistence.diffbase_storage.field == ("status", "kopf", "lastHandledConfiguration")
     assert settings.persistence.finalizer == "kvpilot.io/finalizer"
