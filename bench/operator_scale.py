@@ -161,7 +161,10 @@ def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, time
         cluster.kubectl("create", "namespace", f"{prefix}{k:02d}", check=False)
     workdir = Path(tempfile.mkdtemp(prefix="kvpilot-opscale-"))
     counts_file, log_file = workdir / "counts.json", workdir / "operator.log"
-    env = {**os.environ, **cluster.env(), "KVPILOT_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1"}
+    # PYTHONPATH: the operator of this checkout, not whichever kvpilot the virtual environment has installed
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, **cluster.env(), "KVPILOT_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": path}  # fmt: skip
     cmd = [sys.executable, str(ROOT / "bench" / "_counting_operator.py"), str(counts_file),
            "run", "--standalone", "-m", "kvpilot.operator.main", "--namespace", f"{prefix}*",
            *(["--verbose"] if os.environ.get("KVPILOT_BENCH_VERBOSE") else [])]  # fmt: skip

@@ -15,6 +15,8 @@ Services (by kvpilot's labels) put back a deleted one or a hand-edited field (:m
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -33,6 +35,29 @@ DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
 """Where kopf keeps the spec it last handled (``status.kopf`` in the CRD)."""
 PROGRESS_FIELD = "status.kopf.progress"
 """Where kopf keeps the progress of a handler being retried."""
+PEERING_LIFETIME_ENV = "KVPILOT_PEERING_LIFETIME_SECONDS"
+"""How long a replica's kopf peering record stays alive without a keep-alive (kopf's default: 60 s). A
+replica that dies without leaving the peering (SIGKILL, a lost node) blocks the others this long: it
+bounds the failover time (docs/operator.md, "High availability"). kopf renews it every lifetime minus
+5-10 s."""
+PEERING_LIFETIME_MIN_S = 10
+
+
+def peering_lifetime_from_env(environ: Mapping[str, str] | None = None) -> int | None:
+    """``$KVPILOT_PEERING_LIFETIME_SECONDS`` as an integer >= 10, or None (unset: kopf's default)."""
+    raw = (os.environ if environ is None else environ).get(PEERING_LIFETIME_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < PEERING_LIFETIME_MIN_S:
+        raise loop_settings.LoopConfigError(
+            f"{PEERING_LIFETIME_ENV}={raw!r}: expected an integer number of seconds "
+            f">= {PEERING_LIFETIME_MIN_S}"
+        )
+    return value
 
 
 @kopf.on.startup()
@@ -51,8 +76,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
     try:
         pace = loop_settings.pace_from_env()
+        lifetime = peering_lifetime_from_env()
     except loop_settings.LoopConfigError as exc:  # a bad setting stops the operator here, not mid-loop
         raise kopf.PermanentError(str(exc)) from exc
+    if lifetime is not None:
+        settings.peering.lifetime = lifetime
     metrics.start_metrics_server()
     handlers.default_deps()
     closed_loop.configure(pace)

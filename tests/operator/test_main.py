@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import kopf
+import pytest
 
 from kvpilot.operator import handlers, main
 
@@ -45,3 +46,24 @@ async def test_handler_forwards_kwargs(monkeypatch) -> None:
                             diff=(), old=None, new=None)  # fmt: skip
     assert seen["trigger"] == "SpecChanged" and seen["retry"] == 2 and seen["diff"] == ()
     assert "old" not in seen and "new" not in seen
+
+
+def test_peering_lifetime_from_the_environment(monkeypatch) -> None:
+    assert main.peering_lifetime_from_env({}) is None
+    assert main.peering_lifetime_from_env({main.PEERING_LIFETIME_ENV: " 15 "}) == 15
+    for bad in ("9", "abc", "15.5", "-1"):
+        with pytest.raises(main.loop_settings.LoopConfigError, match=main.PEERING_LIFETIME_ENV):
+            main.peering_lifetime_from_env({main.PEERING_LIFETIME_ENV: bad})
+    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    monkeypatch.setattr(main.closed_loop, "configure", lambda pace: None)
+    settings = kopf.OperatorSettings()
+    default = settings.peering.lifetime
+    main.configure(settings=settings)
+    assert settings.peering.lifetime == default  # unset: kopf's own
+    monkeypatch.setenv(main.PEERING_LIFETIME_ENV, "20")
+    main.configure(settings=settings)
+    assert settings.peering.lifetime == 20
+    monkeypatch.setenv(main.PEERING_LIFETIME_ENV, "2")
+    with pytest.raises(kopf.PermanentError, match="expected an integer"):
+        main.configure(settings=settings)
