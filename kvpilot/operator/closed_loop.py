@@ -46,6 +46,7 @@ from kvpilot.operator import (
     loop_state,
     metrics,
     modes,
+    pod_cache,
     pod_status,
     prometheus,
     resolve,
@@ -123,12 +124,13 @@ _INTERVAL_S = loop_settings.interval_from_env()
 )
 async def closed_loop_tick(
     body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
-    logger: kopf.Logger, **_: Any,
+    logger: kopf.Logger, vllm_pods: kopf.Index[pod_cache.PodKey, Any] | None = None, **_: Any,
 ) -> None:  # fmt: skip
+    deps = default_deps()
+    if vllm_pods is not None and deps.pods is not None:  # pods from kopf's index, not a LIST (pod_cache)
+        deps = dataclasses.replace(deps, pods=pod_cache.IndexedPods(vllm_pods, deps.pods))
     try:
-        await run_once(
-            body=body, spec=spec, meta=meta, status=status, patch=patch, logger=logger, deps=default_deps()
-        )
+        await run_once(body=body, spec=spec, meta=meta, status=status, patch=patch, logger=logger, deps=deps)
     except Exception:  # noqa: BLE001 -- a bug must not stop the loop for every other service
         logger.exception("closed loop: tick failed")
 
