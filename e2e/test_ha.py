@@ -3,8 +3,9 @@
 Two ``kopf run --peering`` processes of the operator on the host share one ``KopfPeering`` in the test's
 namespace: the one of higher priority acts, the other pauses (kopf's peering, as the chart runs it with
 ``peering.enabled``). Half of a fleet of InferenceServices is created; while the leader is planning them
-it is killed with SIGKILL (no goodbye to the peering: the hard case, a lost node), and the rest of the fleet
-is created during the outage. Evidence required by issue 14:
+it is killed with SIGKILL (no goodbye to the peering: the hard case, a lost node) or stopped with SIGTERM
+(a rollout of the operator: kopf finishes its handlers and leaves the peering), and the rest of the fleet is
+created during the outage. Evidence required by issue 14:
 
 * the follower made no write while the leader lived (its watches start paused and stay so);
 * it takes over within the bound the peering lifetime sets (``KVPILOT_PEERING_LIFETIME_SECONDS``; a dead
@@ -102,8 +103,9 @@ def ns(cluster: LocalCluster) -> Iterator[str]:
         yield name
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_the_follower_takes_over_when_the_leader_is_killed(
-    cluster: LocalCluster, ns: str, tmp_path: Path
+    cluster: LocalCluster, ns: str, tmp_path: Path, sig: signal.Signals
 ) -> None:
     env = {"KVPILOT_PEERING_LIFETIME_SECONDS": str(LIFETIME_S)}
     logs = {"leader": tmp_path / "leader" / "kopf.log", "follower": tmp_path / "follower" / "kopf.log"}
@@ -122,11 +124,11 @@ def test_the_follower_takes_over_when_the_leader_is_killed(
         half = FLEET // 2
         create(cluster, ns, range(half))
         wait_for(lambda: planned(cluster, ns), 120, "the leader's first decision")
-        leader.send_signal(signal.SIGKILL)  # mid-rollout: the leader is still planning the first half
+        follower_log = logs["follower"].read_text()
+        leader.send_signal(sig)  # mid-rollout: the leader is still planning the first half
         killed_at = time.monotonic()
         leader.wait()
         before = planned(cluster, ns)
-        follower_log = logs["follower"].read_text()
         assert "reconciled (" not in follower_log, "the follower wrote while the leader was alive"
         assert len(before) < FLEET
         create(cluster, ns, range(half, FLEET))  # created during the outage
@@ -141,11 +143,13 @@ def test_the_follower_takes_over_when_the_leader_is_killed(
         done = planned(cluster, ns)
         all_planned_s = time.monotonic() - killed_at
         print(
-            f"failover (SIGKILL, peering lifetime {LIFETIME_S} s): the follower resumed after "
+            f"failover ({sig.name}, peering lifetime {LIFETIME_S} s): the follower resumed after "
             f"{resumed_s:.1f} s, made its first decision after {first_decision_s:.1f} s; all {FLEET} "
             f"planned after {all_planned_s:.1f} s ({len(before)} of the first {half} by the leader)"
         )
         assert resumed_s <= LIFETIME_S + SLACK_S
+        if sig == signal.SIGTERM:  # the leader left the peering: no wait for its record to expire
+            assert resumed_s < LIFETIME_S, resumed_s
 
         deployments = {d["metadata"]["name"]: d for d in get(cluster, "deployments", "-n", ns)["items"]}
         for name, obj in done.items():
@@ -157,14 +161,15 @@ def test_the_follower_takes_over_when_the_leader_is_killed(
             applied = obj["status"]["applied"]
             assert args[args.index("--max-model-len") + 1] == str(applied["maxModelLen"])
         # The leader's objects were resumed by the follower (kept, not re-planned): no second decision. An
-        # object the leader was mid-way through (no status written yet) is created anew by the follower.
+        # object the leader was mid-way through is created anew by the follower: its status was not written
+        # yet (SIGKILL), or kopf had already left the peering while that last handler ran (SIGTERM: kopf says
+        # goodbye before its running handlers finish). Both then plan the same, and history has it once.
         created, resumed = reconciled(logs["follower"], "Created"), reconciled(logs["follower"], "Resumed")
-        assert set(before) <= resumed and not created & resumed
-        assert created | resumed == set(done)
-        # One Planned event per object; two only where the leader finished its handler (and posted the event)
-        # but died before its status patch landed, so the follower planned it anew: the same plan, once in
-        # history.
         overlap = reconciled(logs["leader"], "Created") & created
+        print(f"objects both replicas reconciled (the leader's last, in flight): {sorted(overlap)}")
+        assert set(before) <= resumed | overlap and not created & resumed
+        assert created | resumed == set(done)
+        # One Planned event per object; two only for an object both reconciled.
         events = (get(cluster, "events", "-n", ns) or {"items": []})["items"]
         counts = {name: 0 for name in done}
         for e in events:
