@@ -55,7 +55,7 @@ from kvpilot.operator import (
     timers,
     workloads,
 )
-from kvpilot.operator.kube import Kube, fetch_nodes
+from kvpilot.operator.kube import Kube, NodeList
 from kvpilot.operator.loop_settings import LoopPace
 from kvpilot.operator.rollout_strategy import RolloutChoice
 from kvpilot.tuner import errors as tuner_errors
@@ -80,6 +80,8 @@ class LoopDeps:
     record_metrics: bool = True
     pace: LoopPace = field(default_factory=LoopPace)
     """The operator's pace (:func:`kvpilot.operator.loop_settings.pace_from_env`, read at start-up)."""
+    nodes: NodeList = field(default_factory=lambda: NodeList(resolve.NODE_CACHE_TTL_S))
+    """Every node, for the "could it ever fit" check (cached: :class:`kvpilot.operator.kube.NodeList`)."""
 
 
 _deps: LoopDeps | None = None
@@ -370,7 +372,7 @@ async def _schedulable(
         nodes = cluster[0]
     else:  # the nodes alone: what could ever fit does not depend on the pods
         try:
-            nodes = [capacity.build_node_view(n) for n in await fetch_nodes(deps.kube)]
+            nodes = [capacity.build_node_view(n) for n in await deps.nodes.fetch(deps.kube, deps.clock())]
         except errors.OperatorError:
             return []
     settings = loop_state.build_loop_state(old).current
