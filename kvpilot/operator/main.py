@@ -35,6 +35,9 @@ DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
 """Where kopf keeps the spec it last handled (``status.kopf`` in the CRD)."""
 PROGRESS_FIELD = "status.kopf.progress"
 """Where kopf keeps the progress of a handler being retried."""
+TOUCH_FIELD = "status.kopf.dummy"
+"""What kopf patches to wake a handler for its retry: in the CRD's schema, or the API server prunes it and the
+retry never comes."""
 PEERING_LIFETIME_ENV = "KVPILOT_PEERING_LIFETIME_SECONDS"
 """How long a replica's kopf peering record stays alive without a keep-alive (kopf's default: 60 s). A
 replica that dies without leaving the peering (SIGKILL, a lost node) blocks the others this long: it
@@ -64,7 +67,7 @@ def peering_lifetime_from_env(environ: Mapping[str, str] | None = None) -> int |
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Handler progress in status too, so that kopf's bookkeeping rides in the same PATCH as our status (no
     # PATCH of the object's annotations): one write per reconcile (docs/operator.md, "Scale").
-    settings.persistence.progress_storage = kopf.StatusProgressStorage(field=PROGRESS_FIELD)
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field=PROGRESS_FIELD, touch_field=TOUCH_FIELD)
     # The diff base lives in status, not in an annotation: a spec within the CRD's limits can exceed the
     # 256 KiB an object's annotations may hold, after which every patch fails and the finalizer is never
     # released (the namespace hangs in Terminating).

@@ -17,6 +17,7 @@ def test_startup_settings(monkeypatch) -> None:
     # kopf's bookkeeping rides in the status PATCH: nothing in annotations
     assert isinstance(settings.persistence.progress_storage, kopf.StatusProgressStorage)
     assert settings.persistence.progress_storage.field == ("status", "kopf", "progress")
+    assert settings.persistence.progress_storage.touch_field == ("status", "kopf", "dummy")
     assert isinstance(settings.persistence.diffbase_storage, kopf.StatusDiffBaseStorage)
     assert settings.persistence.diffbase_storage.field == ("status", "kopf", "lastHandledConfiguration")
     assert settings.persistence.finalizer == "kvpilot.io/finalizer"
@@ -67,3 +68,22 @@ def test_peering_lifetime_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv(main.PEERING_LIFETIME_ENV, "2")
     with pytest.raises(kopf.PermanentError, match="expected an integer"):
         main.configure(settings=settings)
+
+
+def test_every_status_field_kopf_writes_is_in_the_crd_schema() -> None:
+    """A field the schema does not declare is pruned by the API server: kopf's touch would then never wake a
+    handler for its retry (a temporary error would stick), and its progress would be lost."""
+    import pathlib
+
+    import yaml
+
+    crd = yaml.safe_load(
+        (pathlib.Path(__file__).parents[2] / "crds" / "inferenceservices.kvpilot.io.yaml").read_text()
+    )
+    (version,) = crd["spec"]["versions"]
+    schema = version["schema"]["openAPIV3Schema"]
+    for spec in (main.DIFF_BASE_FIELD, main.PROGRESS_FIELD, main.TOUCH_FIELD):
+        node = schema
+        for part in spec.split("."):
+            assert part in node.get("properties", {}), f"{spec}: {part} is not in the CRD's schema"
+            node = node["properties"][part]
