@@ -67,7 +67,9 @@ def peering_lifetime_from_env(environ: Mapping[str, str] | None = None) -> int |
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Handler progress in status too, so that kopf's bookkeeping rides in the same PATCH as our status (no
     # PATCH of the object's annotations): one write per reconcile (docs/operator.md, "Scale").
-    settings.persistence.progress_storage = kopf.StatusProgressStorage(field=PROGRESS_FIELD, touch_field=TOUCH_FIELD)
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(
+        field=PROGRESS_FIELD, touch_field=TOUCH_FIELD
+    )
     # The diff base lives in status, not in an annotation: a spec within the CRD's limits can exceed the
     # 256 KiB an object's annotations may hold, after which every patch fails and the finalizer is never
     # released (the namespace hangs in Terminating).
