@@ -214,7 +214,7 @@ async def run_once(
         sched = await _schedulable(deps, old, meta, parsed, None, off_views, None, namespace)
         if off.lists is not None:
             off.lists.updates.extend(sched)
-        off.add_to(patch)
+        off.add_to(patch, old=old)
         return None
     rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
     policy = loop_settings.build_policy(parsed, deps.pace)
@@ -307,7 +307,7 @@ async def run_once(
     if out.lists is not None:
         out.lists.updates.extend(resolved)
     out.events.extend(resolve_events)
-    out.add_to(patch)
+    out.add_to(patch, old=old)
     for type_, reason, message in out.events:
         deps.emit(body, type_, reason, message)
     if deps.record_metrics:
