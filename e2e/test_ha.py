@@ -13,8 +13,9 @@ created during the outage. Evidence required by issue 14:
 * no decision is lost: every InferenceService is Planned, with its Deployment;
 * none is made twice: each has exactly one ``status.history`` record, its Deployment is at generation 1
   (the follower's re-apply of an already planned object changed nothing), the follower resumed the
-  leader's objects without re-planning them, and each has one ``Planned`` event (two only for an object the
-  leader planned but died before recording: the same plan, recorded once).
+  leader's objects without re-planning them, and each has at most one ``Planned`` event (two only for an
+  object both planned: the same plan, recorded once; none for an object whose event the old leader still
+  had queued, after SIGKILL or SIGTERM: events are best effort, ``status.history`` is the record).
 """
 
 from __future__ import annotations
@@ -169,14 +170,27 @@ def test_the_follower_takes_over_when_the_leader_is_killed(
         print(f"objects both replicas reconciled (the leader's last, in flight): {sorted(overlap)}")
         assert set(before) <= resumed | overlap and not created & resumed
         assert created | resumed == set(done)
-        # One Planned event per object; two only for an object both reconciled.
-        events = (get(cluster, "events", "-n", ns) or {"items": []})["items"]
-        counts = {name: 0 for name in done}
-        for e in events:
-            if e.get("reason") == "Planned" and e["involvedObject"]["name"] in counts:
-                counts[e["involvedObject"]["name"]] += e.get("count") or 1
-        assert {n for n, c in counts.items() if c != 1} <= overlap, counts
-        assert all(c >= 1 for c in counts.values()), counts
+
+        # At most one Planned event per object (two only for an object both reconciled); every object the
+        # follower planned has its event. One the old leader planned may have none: kopf posts events from a
+        # queue, and drops what is queued on SIGKILL and, measured, on SIGTERM too. status.history is the
+        # durable record (checked above).
+        def planned_events() -> dict[str, int]:
+            counts = dict.fromkeys(done, 0)
+            for e in (get(cluster, "events", "-n", ns) or {"items": []})["items"]:
+                if e.get("reason") == "Planned" and e["involvedObject"]["name"] in counts:
+                    counts[e["involvedObject"]["name"]] += e.get("count") or 1
+            return counts
+
+        def follower_events_posted() -> dict[str, int] | None:
+            counts = planned_events()
+            return counts if all(counts[n] for n in created) else None
+
+        counts = wait_for(follower_events_posted, 60, "the follower's Planned events")
+        assert {n for n, c in counts.items() if c > 1} <= overlap, counts
+        lost = sorted(n for n, c in counts.items() if not c)
+        print(f"Planned events lost with the killed leader's queue: {lost}")
+        assert set(lost) <= set(before) - created, counts
     finally:
         for proc, log in ((leader, logs["leader"]), (follower, logs["follower"])):
             if proc is not None:
