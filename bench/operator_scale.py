@@ -8,10 +8,12 @@ For each N (default 100 and 1000) this script:
   Deployment exists;
 - measures the operator's peak RSS (VmHWM of the kopf process);
 - measures the operator's Kubernetes API requests per object, counted inside the operator process
-  by ``bench/_counting_operator.py``.
+  by ``bench/_counting_operator.py`` (the operator of this checkout: ``PYTHONPATH``);
+- reads the API server's own mean latency per kind of write over the run (its ``/metrics``), which says
+  where the time goes (docs/operator.md, "Scale").
 
-Goal (issue 4): 1000 in under 60 s with under 250 MB RSS. The script prints what it measures either
-way.
+Goal (issues 4 and 14): 1000 in under 60 s with under 250 MB RSS and at most 4 requests per object. The
+script prints what it measures either way.
 
 Usage::
 
