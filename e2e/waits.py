@@ -31,17 +31,18 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
-@contextlib.contextmanager
-def host_operator(
-    cluster: Any, log: Path, namespaces: str, env: dict[str, str] | None = None
-) -> Iterator[Path]:
+def spawn_host_operator(
+    cluster: Any, log: Path, namespaces: str, env: dict[str, str] | None = None,
+    mode: tuple[str, ...] = ("--standalone",),
+) -> subprocess.Popen[bytes]:  # fmt: skip
     """``kopf run`` of kvpilot's operator on the host against ``cluster``, watching the ``namespaces`` glob,
     with a Hub that refuses connections (Hub-sourced specs fail the same way with or without network);
-    yields its log file once it has authenticated, and stops it (SIGTERM, then SIGKILL) afterwards."""
+    returns the process once it has authenticated. ``mode``: ``--standalone``, or kopf's peering flags
+    (``--peering=NAME --priority=N``, e2e/test_ha.py). The caller stops it (:func:`stop_host_operator`)."""
     full = {**os.environ, **cluster.env(), "KVPILOT_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1",
             "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(log.parent / "hf-cache"),
             **(env or {})}  # fmt: skip
-    cmd = [sys.executable, "-m", "kopf", "run", "--standalone", "-m", "kvpilot.operator.main",
+    cmd = [sys.executable, "-m", "kopf", "run", *mode, "-m", "kvpilot.operator.main",
            "--namespace", namespaces, "--verbose"]  # fmt: skip
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=_ROOT, env=full, stdout=out, stderr=subprocess.STDOUT)
@@ -49,8 +50,15 @@ def host_operator(
         wait_for(lambda: proc.poll() is not None or "Initial authentication has finished" in log.read_text(),
                  60, "the operator to start")  # fmt: skip
         assert proc.poll() is None, f"the operator exited:\n{log.read_text()[-3000:]}"
-        yield log
-    finally:
+    except BaseException:
+        stop_host_operator(proc, log)
+        raise
+    return proc
+
+
+def stop_host_operator(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGTERM, then SIGKILL after 20 s."""
+    if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=20)
@@ -66,3 +74,15 @@ def wait_established(kubectl: Callable[..., Any], crd: str, timeout: float = 120
     waiting, more often the larger the CRD: so poll it."""
     args = ("wait", "--for=condition=Established", crd, "--timeout=10s")
     wait_for(lambda: kubectl(*args, check=False).returncode == 0, timeout, f"{crd} Established")
+
+
+@contextlib.contextmanager
+def host_operator(
+    cluster: Any, log: Path, namespaces: str, env: dict[str, str] | None = None
+) -> Iterator[Path]:
+    """:func:`spawn_host_operator` in ``--standalone`` mode; yields its log file, and stops it afterwards."""
+    proc = spawn_host_operator(cluster, log, namespaces, env)
+    try:
+        yield log
+    finally:
+        stop_host_operator(proc, log)

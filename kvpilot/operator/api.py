@@ -535,9 +535,13 @@ class HistoryRecord(_Wire):
 
 
 class KopfState(_Wire):
-    """kopf's diff base (``kopf.StatusDiffBaseStorage``): the spec as last handled, JSON-encoded."""
+    """kopf's diff base (``kopf.StatusDiffBaseStorage``): the spec as last handled, JSON-encoded; and its
+    handler progress (``kopf.StatusProgressStorage``) while a handler is being retried."""
 
     last_handled_configuration: str | None = Field(None, max_length=1_048_576)
+    progress: dict[str, Any] | None = None
+    dummy: str | None = Field(None, max_length=64)
+    """kopf's touch that wakes a handler for its retry (``kopf.StatusProgressStorage``'s ``touch_field``)."""
 
 
 class ProfileUsed(_Wire):

@@ -7,8 +7,8 @@ Kubernetes objects in, tuner types through, patches out::
          --apply (thread, server-side apply)--> cluster
     status <- status_patch.build_success_status / build_failure_status  (patch.status; conditions and
               history as a patch function on the freshest object, kopf.Patch.fns)
-    events <- ConfigResolved, Planned (+ Recommended or Reported, PlanWarning) on first sight of a
-              generation or a change of the applied settings; or a Warning with the failure's reason
+    events <- one of Planned, Recommended or Reported (+ PlanWarning) on first sight of a generation or
+              a change of the applied settings; or a Warning with the failure's reason
 
 Every failure becomes ``Ready=False`` with a reason and a message that says what to
 change, a Warning event, and ``kopf.TemporaryError`` (back-off) where a retry can help
@@ -118,7 +118,7 @@ async def reconcile(
             logger.exception("reconciliation failed unexpectedly")
         status_patch.build_failure_status(
             old, generation=generation, now=now, failure=failure, trigger=trigger
-        ).add_to(patch)
+        ).add_to(patch, merged_on=old if status_patch.is_first_write(old) else None)
         deps.emit(body, events.WARNING, failure.reason, failure.message)
         _record(deps, metrics.record_error, failure.reason)
         _record(deps, metrics.record_reconcile, "temporary_error" if failure.retry else "permanent_error")
@@ -137,7 +137,7 @@ async def reconcile(
             deps.emit(body, events.WARNING, autoscalers.REASON, conflict)
     if keep is None:
         new.status["profile"] = _profile_status(wanted.decision.plan)
-    new.add_to(patch)
+    new.add_to(patch, merged_on=old if status_patch.is_first_write(old) else None)  # one PATCH on create
     _record(deps, metrics.record_reconcile, "success")
     changed = "lastChangeTime" in new.status
     if changed:
@@ -185,32 +185,23 @@ def _keeps_applied(old: Mapping[str, Any], trigger: str, first_visit: bool, diff
 def _emit_success(
     deps: Deps, body: Mapping[str, Any], inputs: resolve.Inputs, wanted: desired.Desired
 ) -> None:
+    """One Normal event per decision (an event is a write: at 1000 services each one counts), named by
+    the mode: ``Planned`` (Auto), ``Recommended`` or ``Reported``; it says the plan and where the model
+    config and GPU came from (the ``ConfigResolved`` condition says the same). Then one Warning per plan
+    warning."""
     d, gpu = wanted.decision, inputs.gpu
-    deps.emit(
-        body,
-        events.NORMAL,
-        "ConfigResolved",
-        f"model config from {inputs.model.origin}; GPU {gpu.gpu.name} x{d.plan.gpu_count} from {gpu.origin}",
-    )
     b = d.plan.budget
-    deps.emit(body, events.NORMAL, "Planned",
-              f"{vllm.describe_settings(d.plan.settings)}: weights {b.weights_gib:.2f} GiB, KV cache "
-              f"{b.available_kv_cache_gib:.2f} GiB ({b.kv_cache_tokens} tokens) per GPU"
-              + (f"; from {d.plan.profile_note}" if d.plan.profile else
-                 f"; {d.plan.profile_note}" if d.plan.profile_note else ""))  # fmt: skip
-    if d.mode == "Recommend":
-        deps.emit(
-            body,
-            events.NORMAL,
-            "Recommended",
-            "mode Recommend: the plan is in status.recommendation; the Deployment keeps the user's settings",
-        )
-    elif d.mode == "Off":
-        deps.emit(
-            body,
-            events.NORMAL,
-            "Reported",
-            "mode Off: plan reported only; the Deployment keeps the user's settings",
-        )
+    plan = (f"{vllm.describe_settings(d.plan.settings)}: weights {b.weights_gib:.2f} GiB, KV cache "
+            f"{b.available_kv_cache_gib:.2f} GiB ({b.kv_cache_tokens} tokens) per GPU"
+            + (f"; from {d.plan.profile_note}" if d.plan.profile else
+               f"; {d.plan.profile_note}" if d.plan.profile_note else ""))  # fmt: skip
+    resolved = (f"model config from {inputs.model.origin}; "
+                f"GPU {gpu.gpu.name} x{d.plan.gpu_count} from {gpu.origin}")  # fmt: skip
+    reason, mode = {
+        "Recommend": ("Recommended", "mode Recommend: the plan is in status.recommendation; the Deployment "
+                      "keeps the user's settings. "),
+        "Off": ("Reported", "mode Off: plan reported only; the Deployment keeps the user's settings. "),
+    }.get(d.mode, ("Planned", ""))  # fmt: skip
+    deps.emit(body, events.NORMAL, reason, f"{mode}{plan}; {resolved}")
     for warning in (*gpu.warnings, *d.plan.warnings):
         deps.emit(body, events.WARNING, "PlanWarning", warning)

@@ -276,6 +276,29 @@ async def fetch_nodes(kube: Kube) -> list[dict[str, Any]]:
     return await asyncio.to_thread(kube.list_nodes)
 
 
+class NodeList:
+    """Every node (:func:`fetch_nodes`), kept for ``ttl_s`` seconds; concurrent misses wait for one listing.
+
+    For the closed loop's "could this pod ever fit" check, which each tick of a service with a pending pod
+    makes: at 1000 services, one LIST of every node per service per tick otherwise (docs/operator.md,
+    "Scale"). What a node can ever hold changes rarely; a rollout's capacity check reads fresh nodes."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._nodes: tuple[float, list[dict[str, Any]]] | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def fetch(self, kube: Kube, now: float) -> list[dict[str, Any]]:
+        """The nodes, listed again when the last listing is ``ttl_s`` older than ``now`` (the caller's
+        clock: the closed loop's)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._nodes is None or not 0 <= now - self._nodes[0] < self.ttl_s:
+                self._nodes = (now, await fetch_nodes(kube))
+            return self._nodes[1]
+
+
 async def fetch_active_pods(kube: Kube) -> list[dict[str, Any]]:
     """Every unfinished pod of the cluster, read in a worker thread."""
     return await asyncio.to_thread(kube.list_active_pods)

@@ -6,8 +6,8 @@ Run it::
 
 Handlers are in :mod:`kvpilot.operator.handlers`; the closed loop's timer is registered by
 :mod:`kvpilot.operator.closed_loop`, and its pace is read here at start-up. kopf keeps its handler
-progress in annotations under ``kvpilot.io/`` and its diff base in ``status.kopf`` (handlers never
-return values). There is no delete handler: the Deployment and Service
+progress and its diff base in ``status.kopf`` (handlers never return values), and puts no finalizer on
+an InferenceService (:mod:`kvpilot.operator.timers`). There is no delete handler: the Deployment and Service
 carry owner references and the garbage collector removes them. Event handlers on those Deployments and
 Services (by kvpilot's labels) put back a deleted one or a hand-edited field (:mod:`.drift`).
 """
@@ -15,6 +15,8 @@ Services (by kvpilot's labels) put back a deleted one or a hand-edited field (:m
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -27,19 +29,53 @@ from kvpilot.operator import (
     loop_settings,
     metrics,
     prometheus_settings,
+    timers,
 )
 
 DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
 """Where kopf keeps the spec it last handled (``status.kopf`` in the CRD)."""
+PROGRESS_FIELD = "status.kopf.progress"
+"""Where kopf keeps the progress of a handler being retried."""
+TOUCH_FIELD = "status.kopf.dummy"
+"""What kopf patches to wake a handler for its retry: in the CRD's schema, or the API server prunes it and the
+retry never comes."""
+PEERING_LIFETIME_ENV = "KVPILOT_PEERING_LIFETIME_SECONDS"
+"""How long a replica's kopf peering record stays alive without a keep-alive (kopf's default: 60 s). A
+replica that dies without leaving the peering (SIGKILL, a lost node) blocks the others this long: it
+bounds the failover time (docs/operator.md, "High availability"). kopf renews it every lifetime minus
+5-10 s."""
+PEERING_LIFETIME_MIN_S = 10
+
+
+def peering_lifetime_from_env(environ: Mapping[str, str] | None = None) -> int | None:
+    """``$KVPILOT_PEERING_LIFETIME_SECONDS`` as an integer >= 10, or None (unset: kopf's default)."""
+    raw = (os.environ if environ is None else environ).get(PEERING_LIFETIME_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < PEERING_LIFETIME_MIN_S:
+        raise loop_settings.LoopConfigError(
+            f"{PEERING_LIFETIME_ENV}={raw!r}: expected an integer number of seconds "
+            f">= {PEERING_LIFETIME_MIN_S}"
+        )
+    return value
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
+    # Handler progress in status too, so that kopf's bookkeeping rides in the same PATCH as our status (no
+    # PATCH of the object's annotations): one write per reconcile (docs/operator.md, "Scale").
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(
+        field=PROGRESS_FIELD, touch_field=TOUCH_FIELD
+    )
     # The diff base lives in status, not in an annotation: a spec within the CRD's limits can exceed the
     # 256 KiB an object's annotations may hold, after which every patch fails and the finalizer is never
     # released (the namespace hangs in Terminating).
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field=DIFF_BASE_FIELD)
+    # No handler needs a finalizer (kvpilot.operator.timers): kopf removes this one, left by older releases.
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's would double them
     settings.watching.server_timeout = 300
@@ -47,8 +83,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     try:
         pace = loop_settings.pace_from_env()
         prom = prometheus_settings.settings_from_env()
+        lifetime = peering_lifetime_from_env()
     except (loop_settings.LoopConfigError, prometheus_settings.PrometheusConfigError) as exc:
         raise kopf.PermanentError(str(exc)) from exc  # a bad setting stops the operator here, not mid-loop
+    if lifetime is not None:
+        settings.peering.lifetime = lifetime
     metrics.start_metrics_server()
     handlers.default_deps()
     closed_loop.configure(pace, prom)
@@ -69,6 +108,11 @@ async def spec_changed(diff: kopf.Diff, **kwargs: Any) -> None:
 @kopf.on.resume(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
 async def resumed(**kwargs: Any) -> None:
     await handlers.reconcile(trigger=handlers.RESUMED, deps=handlers.default_deps(), **_pick(kwargs))
+
+
+@kopf.on.event(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
+def inference_service_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    timers.observe(event, body)  # a DELETED object's closed-loop timer stops (no finalizer)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=drift.OWNED_LABELS)

@@ -69,8 +69,12 @@ def build_labels(name: str) -> dict[str, str]:
     }
 
 
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+"""The selector label that names the InferenceService a pod serves (the pod cache is keyed by it)."""
+
+
 def build_selector(name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": name}
+    return {"app.kubernetes.io/name": "vllm", INSTANCE_LABEL: name}
 
 
 def build_label_selector(name: str) -> str:

@@ -197,3 +197,27 @@ async def test_schedulable_in_mode_off_too(
     assert (cond["status"], cond["reason"]) == ("False", "NoMatchingNode")
     products = "NVIDIA-H100-80GB-HBM3, NVIDIA-H100-SXM5-80GB"
     assert cond["message"] == f"no node with nvidia.com/gpu.product in ({products})"
+
+
+async def test_a_tick_that_changes_nothing_sends_no_merge_patch(harness: Harness, loop: LoopHarness) -> None:
+    """At 1000 services an unchanged field re-sent each tick is a PATCH per service per tick."""
+    import logging
+
+    import kopf
+
+    from kvpilot.operator import closed_loop
+
+    body = await applied(harness, full=False)
+    loop.healthy_pods(ready=False)
+    for p in loop.pods.pods:
+        p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    await loop.tick(body)
+    assert body["status"]["replicas"] == 1 and body["status"]["readyReplicas"] == 0
+    loop.now += 30
+    patch = kopf.Patch()
+    await closed_loop.run_once(body=body, spec=body["spec"], meta=body["metadata"], status=body["status"],
+                               patch=patch, logger=logging.getLogger("test"), deps=loop.deps)  # fmt: skip
+    assert dict(patch) == {}  # the list patch function alone: kopf sends it only if it changes something
+    loop.healthy_pods(ready=True)
+    await loop.tick(body)
+    assert body["status"]["readyReplicas"] == 1  # a change is still written

@@ -53,7 +53,9 @@ async def test_auto_applies_the_plan(harness: Harness) -> None:
     assert st["budget"]["kvCacheTokens"] == 28672
     assert [h["action"] for h in st["history"]] == ["Planned"]
     assert st["lastChangeTime"]
-    assert {"ConfigResolved", "Planned"} <= set(harness.emitter.reasons)
+    normal = [(reason, message) for type_, reason, message in harness.emitter.events if type_ == "Normal"]
+    assert [reason for reason, _ in normal] == ["Planned"]  # one event per decision: each is a write
+    assert "model config from the built-in catalogue" in normal[0][1] and "GPU L4 x1" in normal[0][1]
 
 
 async def test_recommend_deploys_user_settings_and_recommends(harness: Harness) -> None:
@@ -441,3 +443,20 @@ async def test_status_selector_selects_the_deployments_pods(harness: Harness) ->
     assert pairs == deployment["spec"]["selector"]["matchLabels"]
     assert pairs.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert pairs["app.kubernetes.io/instance"] == body["metadata"]["name"]
+
+
+async def test_the_first_reconcile_is_one_status_patch_and_later_ones_patch_the_freshest_lists(
+    harness: Harness,
+) -> None:
+    body = isvc()
+    first = await harness.run(body)
+    # no patch function: kopf sends the merge patch alone (one PATCH of status on create)
+    assert not first.fns
+    assert {c["type"] for c in first["status"]["conditions"]} >= {"Ready", "Planned", "ConfigResolved"}
+    assert [h["action"] for h in first["status"]["history"]] == ["Planned"]
+    body["spec"]["serving"] = {"maxContextLength": 4096}
+    body["metadata"]["generation"] = 2
+    later = await harness.run(body, trigger=handlers.SPEC_CHANGED)
+    # the closed loop may write conditions and history by now: they are patched on the freshest object
+    assert later.fns and "conditions" not in later["status"]
+    assert [h["action"] for h in body["status"]["history"]] == ["Planned", "Planned"]

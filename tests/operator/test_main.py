@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import kopf
+import pytest
 
 from kvpilot.operator import handlers, main
 
@@ -13,8 +14,10 @@ def test_startup_settings(monkeypatch) -> None:
     monkeypatch.setattr(main.closed_loop, "configure", lambda pace, prom: None)
     settings = kopf.OperatorSettings()
     main.configure(settings=settings)
-    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
-    assert settings.persistence.progress_storage.prefix == "kvpilot.io"
+    # kopf's bookkeeping rides in the status PATCH: nothing in annotations
+    assert isinstance(settings.persistence.progress_storage, kopf.StatusProgressStorage)
+    assert settings.persistence.progress_storage.field == ("status", "kopf", "progress")
+    assert settings.persistence.progress_storage.touch_field == ("status", "kopf", "dummy")
     assert isinstance(settings.persistence.diffbase_storage, kopf.StatusDiffBaseStorage)
     assert settings.persistence.diffbase_storage.field == ("status", "kopf", "lastHandledConfiguration")
     assert settings.persistence.finalizer == "kvpilot.io/finalizer"
@@ -44,3 +47,43 @@ async def test_handler_forwards_kwargs(monkeypatch) -> None:
                             diff=(), old=None, new=None)  # fmt: skip
     assert seen["trigger"] == "SpecChanged" and seen["retry"] == 2 and seen["diff"] == ()
     assert "old" not in seen and "new" not in seen
+
+
+def test_peering_lifetime_from_the_environment(monkeypatch) -> None:
+    assert main.peering_lifetime_from_env({}) is None
+    assert main.peering_lifetime_from_env({main.PEERING_LIFETIME_ENV: " 15 "}) == 15
+    for bad in ("9", "abc", "15.5", "-1"):
+        with pytest.raises(main.loop_settings.LoopConfigError, match=main.PEERING_LIFETIME_ENV):
+            main.peering_lifetime_from_env({main.PEERING_LIFETIME_ENV: bad})
+    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    monkeypatch.setattr(main.closed_loop, "configure", lambda pace, prom: None)
+    settings = kopf.OperatorSettings()
+    default = settings.peering.lifetime
+    main.configure(settings=settings)
+    assert settings.peering.lifetime == default  # unset: kopf's own
+    monkeypatch.setenv(main.PEERING_LIFETIME_ENV, "20")
+    main.configure(settings=settings)
+    assert settings.peering.lifetime == 20
+    monkeypatch.setenv(main.PEERING_LIFETIME_ENV, "2")
+    with pytest.raises(kopf.PermanentError, match="expected an integer"):
+        main.configure(settings=settings)
+
+
+def test_every_status_field_kopf_writes_is_in_the_crd_schema() -> None:
+    """A field the schema does not declare is pruned by the API server: kopf's touch would then never wake a
+    handler for its retry (a temporary error would stick), and its progress would be lost."""
+    import pathlib
+
+    import yaml
+
+    crd = yaml.safe_load(
+        (pathlib.Path(__file__).parents[2] / "crds" / "inferenceservices.kvpilot.io.yaml").read_text()
+    )
+    (version,) = crd["spec"]["versions"]
+    schema = version["schema"]["openAPIV3Schema"]
+    for spec in (main.DIFF_BASE_FIELD, main.PROGRESS_FIELD, main.TOUCH_FIELD):
+        node = schema
+        for part in spec.split("."):
+            assert part in node.get("properties", {}), f"{spec}: {part} is not in the CRD's schema"
+            node = node["properties"][part]
