@@ -26,6 +26,7 @@ from kvpilot.operator import (
     handlers,
     loop_settings,
     metrics,
+    target_main,  # noqa: F401  (registers the EngineTuner kind and its webhook on import)
 )
 
 DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
