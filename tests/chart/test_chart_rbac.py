@@ -37,6 +37,11 @@ CLUSTER_WIDE: dict[Grant, set[str]] = {
     ("cluster", "", "pods/log", ()): {"get"},
     ("cluster", "", "configmaps", ()): {"get"},
     ("cluster", "", "secrets", ()): {"get"},
+    # EngineTuner (target mode): the kind, its target StatefulSet, and Auto's one-pod-at-a-time eviction
+    ("cluster", "kvpilot.io", "enginetuners", ()): {"get", "list", "watch", "patch", "update"},
+    ("cluster", "kvpilot.io", "enginetuners/status", ()): {"get", "patch", "update"},
+    ("cluster", "apps", "statefulsets", ()): {"get", "patch"},
+    ("cluster", "", "pods/eviction", ()): {"create"},
 }
 
 
@@ -143,7 +148,7 @@ def test_roles_are_split_by_purpose(rendered: Render) -> None:
     prefix = f"{RELEASE}-kvpilot-"
     names = {r["metadata"]["name"].removeprefix(prefix) for r in by_kind(rendered(), "ClusterRole")}
     operator = {"discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads",
-                "model-config"}  # fmt: skip
+                "model-config", "enginetuners"}  # fmt: skip
     assert names == operator | {"view", "edit"}
 
 

@@ -163,6 +163,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [update]
 {{- end }}
 
+{{/* EngineTuner (target mode, docs/enginetuner.md): the kind itself and its status; the target's pods are
+     evicted one at a time in mode Auto (pods/eviction create, which honours PodDisruptionBudgets). The target
+     Deployment is read and patched through the workloads rules; a target StatefulSet here. */}}
+{{- define "kvpilot.rules.enginetuners" -}}
+- apiGroups: [kvpilot.io]
+  resources: [enginetuners]
+  verbs: [get, list, watch, patch, update]
+- apiGroups: [kvpilot.io]
+  resources: [enginetuners/status]
+  verbs: [get, patch, update]
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, patch]
+- apiGroups: [""]
+  resources: [pods/eviction]
+  verbs: [create]
+{{- end }}
+
 {{/* What the operator owns: the vLLM Deployment and Service per InferenceService, and the weight-cache claim of a
      model.storage.claimTemplate, server-side applied (patch;
      create when the apply creates) and read. No update (an apply is a PATCH) and no delete: garbage collection
