@@ -40,7 +40,7 @@ CLUSTER_WIDE: dict[Grant, set[str]] = {
     # EngineTuner (target mode): the kind, its target StatefulSet, and Auto's one-pod-at-a-time eviction
     ("cluster", "kvpilot.io", "enginetuners", ()): {"get", "list", "watch", "patch", "update"},
     ("cluster", "kvpilot.io", "enginetuners/status", ()): {"get", "patch", "update"},
-    ("cluster", "apps", "statefulsets", ()): {"get", "patch"},
+    ("cluster", "apps", "statefulsets", ()): {"get"},
     ("cluster", "", "pods/eviction", ()): {"create"},
 }
 

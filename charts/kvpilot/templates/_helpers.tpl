@@ -164,8 +164,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/* EngineTuner (target mode, docs/enginetuner.md): the kind itself and its status; the target's pods are
-     evicted one at a time in mode Auto (pods/eviction create, which honours PodDisruptionBudgets). The target
-     Deployment is read and patched through the workloads rules; a target StatefulSet here. */}}
+     evicted one at a time in mode Auto (pods/eviction create, which honours PodDisruptionBudgets). The target is
+     only read (a Deployment through the workloads rules, a StatefulSet here): new pods get the settings from
+     the admission webhook. */}}
 {{- define "kvpilot.rules.enginetuners" -}}
 - apiGroups: [kvpilot.io]
   resources: [enginetuners]
@@ -175,7 +176,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [get, patch, update]
 - apiGroups: [apps]
   resources: [statefulsets]
-  verbs: [get, patch]
+  verbs: [get]
 - apiGroups: [""]
   resources: [pods/eviction]
   verbs: [create]
