@@ -1,9 +1,10 @@
 """EngineTuner (target mode) in mode Recommend on the real local control plane.
 
 A Deployment shaped like vLLM production-stack's chart renders (``vllm serve MODEL --flag value`` in
-``command``), created by the test (not by kvpilot), gets an EngineTuner; the operator (on the host, as in
-test_drift.py) reads its arguments, plans, and writes ``status.recommendation``; the Deployment is never
-written (its generation stays 1). Initial/Auto (the webhook over TLS) are not covered here yet.
+``command``) or like KServe's vLLM runtime (a ``bash -c`` script, the flags in ``args``), created by the
+test (not by kvpilot), gets an EngineTuner; the operator (on the host, as in test_drift.py) reads its
+arguments, plans, and writes ``status.recommendation``; the Deployment is never written (its generation
+stays 1). Initial/Auto (the webhook over TLS) are not covered here yet.
 """
 
 from __future__ import annotations
@@ -41,27 +42,39 @@ def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
         yield log
 
 
-def foreign_deployment(name: str) -> dict[str, Any]:
-    command = ["vllm", "serve", LLAMA, "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "131072",
-               "--max-num-seqs", "256", "--gpu_memory_utilization", "0.95"]  # fmt: skip
+# production-stack's helm/templates/deployment-vllm-multi.yaml: everything in command
+PRODUCTION_STACK = (["vllm", "serve", LLAMA, "--host", "0.0.0.0", "--port", "8000",
+                     "--max-model-len", "131072", "--max-num-seqs", "256",
+                     "--gpu_memory_utilization", "0.95"], None)  # fmt: skip
+# KServe's vLLM runtime: a bash script passing "$@", the flags in args, the model from MODEL_DIR
+KSERVE = (["bash", "-c", "export MODEL=${MODEL_DIR}\nvllm serve ${MODEL} --host 0.0.0.0 --port 8000 $@\n",
+           "bash"], ["--max-model-len=131072", "--max-num-seqs", "128"])  # fmt: skip
+
+
+def foreign_deployment(name: str, command: list[str], args: list[str] | None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "vllm", "image": "vllm/vllm-openai:v0.33.0", "command": command,
+                                 "env": [{"name": "MODEL_DIR", "value": LLAMA}],
+                                 "resources": {"limits": {"nvidia.com/gpu": 1}}}  # fmt: skip
+    if args is not None:
+        container["args"] = args
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"model": name}},
                  "template": {"metadata": {"labels": {"model": name}}, "spec": {
                      "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"},
                      "tolerations": [{"operator": "Exists"}],
-                     "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.33.0", "command": command,
-                                     "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}},
+                     "containers": [container]}}},
     }  # fmt: skip
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("layout", [PRODUCTION_STACK, KSERVE], ids=["production-stack", "kserve"])
 def test_recommend_mode_writes_a_recommendation_and_never_the_target(
-    cluster: LocalCluster, operator: Path
+    cluster: LocalCluster, operator: Path, layout: tuple[list[str], list[str] | None]
 ) -> None:
     ns = f"kvtarget-{uuid.uuid4().hex[:8]}"
     with cluster.temporary_namespace(ns):
-        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(foreign_deployment("llama")))
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(foreign_deployment("llama", *layout)))
         tuner = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "EngineTuner", "metadata": {"name": "llama"},
                  "spec": {"targetRef": {"kind": "Deployment", "name": "llama"}, "updateMode": "Recommend",
                           "model": {"id": LLAMA, "source": "Catalogue"},
@@ -82,4 +95,4 @@ def test_recommend_mode_writes_a_recommendation_and_never_the_target(
         deploy = get(cluster, "deployment", "llama", "-n", ns)
         assert deploy["metadata"]["generation"] == 1
         (c,) = deploy["spec"]["template"]["spec"]["containers"]
-        assert "131072" in c["command"]
+        assert (c["command"], c.get("args")) == layout
