@@ -40,7 +40,8 @@ NS = "kvpilot-system"
 SA = "kvpilot"
 SA_USER = f"system:serviceaccount:{NS}:{SA}"
 OPERATOR_ROLES = (
-    "discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads", "model-config"
+    "discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads", "model-config",
+    "enginetuners",
 )  # fmt: skip
 
 
@@ -229,7 +230,12 @@ def operators() -> Iterator[list[HostOperator]]:
 def test_install_creates_everything(chart: Chart) -> None:
     assert list(doc_blocks()) == ["install", "try", "upgrade", "namespaced", "uninstall"]
     chart.run_doc("install")
-    for crd in ("inferenceservices.kvpilot.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+    for crd in (
+        "inferenceservices.kvpilot.io",
+        "enginetuners.kvpilot.io",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    ):
         conditions = {c["type"]: c["status"] for c in chart.get("crd", crd)["status"]["conditions"]}
         assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
     assert (
@@ -366,6 +372,8 @@ DENIED = [
     ("delete", "pods", "--namespace", "demo"),
     ("create", "pods", "--subresource=exec", "--namespace", "demo"),
     ("create", "statefulsets.apps", "--namespace", "demo"),
+    ("patch", "statefulsets.apps", "--namespace", "demo"),
+    ("create", "enginetuners.kvpilot.io", "--namespace", "demo"),
     ("create", "daemonsets.apps", "--namespace", "demo"),
     ("create", "jobs.batch", "--namespace", "demo"),
     ("patch", "nodes"),
@@ -392,6 +400,9 @@ ALLOWED = [
     ("get", "configmaps/model-config", "--namespace", "demo"),
     ("create", "events", "--namespace", "demo"),
     ("patch", "clusterkopfpeerings.kopf.dev/kvpilot"),
+    ("patch", "enginetuners.kvpilot.io", "--subresource=status", "--namespace", "demo"),
+    ("get", "statefulsets.apps", "--namespace", "demo"),
+    ("create", "pods", "--subresource=eviction", "--namespace", "demo"),
 ]
 
 
