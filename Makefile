@@ -57,7 +57,7 @@ typecheck: install ## mypy --strict with the pydantic plugin on kvpilot/ (config
 -include e2e/e2e.mk
 
 chart-crds: ## refresh the chart's copy of crds/ (tests/chart/test_crd_drift.py fails on drift)
-	cp crds/inferenceservices.kvpilot.io.yaml crds/tuningprofiles.kvpilot.io.yaml charts/kvpilot/files/crds/
+	cp crds/*.kvpilot.io.yaml charts/kvpilot/files/crds/
 
 chart-lint: install e2e-bin ## helm lint/template, schema, RBAC, drift and Dockerfile checks
 	$(PY) -m pytest tests/chart tests/test_dockerfile.py

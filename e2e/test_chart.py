@@ -42,6 +42,7 @@ SA_USER = f"system:serviceaccount:{NS}:{SA}"
 OPERATOR_ROLES = (
     "discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads", "model-config",
     "tuningprofiles",
+    "enginetuners",
 )  # fmt: skip
 
 
@@ -231,8 +232,8 @@ def test_install_creates_everything(chart: Chart) -> None:
     assert list(doc_blocks()) == ["install", "try", "upgrade", "namespaced", "uninstall"]
     chart.run_doc("install")
     for crd in (
-        "inferenceservices.kvpilot.io", "tuningprofiles.kvpilot.io", "clusterkopfpeerings.kopf.dev",
-        "kopfpeerings.kopf.dev",
+        "inferenceservices.kvpilot.io", "tuningprofiles.kvpilot.io", "enginetuners.kvpilot.io",
+        "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev",
     ):  # fmt: skip
         conditions = {c["type"]: c["status"] for c in chart.get("crd", crd)["status"]["conditions"]}
         assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
@@ -370,6 +371,8 @@ DENIED = [
     ("delete", "pods", "--namespace", "demo"),
     ("create", "pods", "--subresource=exec", "--namespace", "demo"),
     ("create", "statefulsets.apps", "--namespace", "demo"),
+    ("patch", "statefulsets.apps", "--namespace", "demo"),
+    ("create", "enginetuners.kvpilot.io", "--namespace", "demo"),
     ("create", "daemonsets.apps", "--namespace", "demo"),
     ("create", "jobs.batch", "--namespace", "demo"),
     ("patch", "nodes"),
@@ -402,6 +405,9 @@ ALLOWED = [
     ("list", "tuningprofiles.kvpilot.io"),
     ("create", "tuningprofiles.kvpilot.io"),
     ("patch", "tuningprofiles.kvpilot.io", "--subresource=status"),
+    ("patch", "enginetuners.kvpilot.io", "--subresource=status", "--namespace", "demo"),
+    ("get", "statefulsets.apps", "--namespace", "demo"),
+    ("create", "pods", "--subresource=eviction", "--namespace", "demo"),
 ]
 
 

@@ -36,6 +36,10 @@ KvCacheDtype = Literal[
 """The dtypes the memory model sizes: :data:`kvpilot.tuner.vllm.MODELLED_KV_CACHE_DTYPES`, spelled out for
 the type checker (``tests/operator/test_api_drift.py`` ties the two, and the CRD's enum)."""
 Mode = Literal["Off", "Recommend", "Auto"]
+UpdateMode = Literal["Off", "Recommend", "Initial", "Auto"]
+"""An EngineTuner's ``spec.updateMode`` (the Vertical Pod Autoscaler's names; the CRD's enum says the same):
+Off plans and reports, Recommend also writes ``status.recommendation``, Initial also rewrites new pods of
+the target (the admission webhook), Auto also evicts running pods one at a time."""
 
 MAX_TOKENS = 1 << 24
 """The largest token count the API takes (a context length, a batch of tokens): 16,777,216, above every
@@ -268,14 +272,20 @@ class Bounds(_Wire):
     max_model_len: IntRange | None = None
 
 
-class Tuning(_Wire):
-    mode: Mode = "Auto"
+class TuningPolicy(_Wire):
+    """The tuning knobs an InferenceService's ``spec.tuning`` and an EngineTuner's share (everything but
+    the InferenceService's ``mode``; an EngineTuner says what it may change with ``spec.updateMode``)."""
+
     allow_fp8_kv_cache: bool = False
     allow_weight_quantization: bool = False
     cooldown_seconds: int = Field(300, ge=0, le=MAX_SECONDS)
     max_changes_per_hour: int = Field(4, ge=0, le=60)
     rollout_deadline_seconds: int = Field(900, ge=30, le=MAX_SECONDS)
     bounds: Bounds = Field(default_factory=Bounds)
+
+
+class Tuning(TuningPolicy):
+    mode: Mode = "Auto"
 
 
 class RolloutSpec(_Wire):
@@ -594,3 +604,69 @@ class InferenceService(_Wire):
     @property
     def namespace(self) -> str:
         return str(self.metadata.get("namespace") or "default")
+
+
+# --------------------------------------------------------------------------- EngineTuner (target mode)
+#
+# ``crds/enginetuners.kvpilot.io.yaml``: a vLLM workload someone else owns, tuned the way the Vertical Pod
+# Autoscaler tunes requests. Its ``model``, ``serving`` and ``tuning`` blocks, and the status' settings,
+# recommendation, budget and conditions, are the InferenceService's (the same models here; the CRD's
+# subtrees are checked equal to the InferenceService CRD's by tests/operator/test_enginetuner_api.py).
+
+ENGINE_TUNER_PLURAL = "enginetuners"
+ENGINE_TUNER_KIND = "EngineTuner"
+TargetKind = Literal["Deployment", "StatefulSet"]
+"""The workload kinds ``spec.targetRef`` may name (``apps/v1``)."""
+
+
+class TargetRef(_Wire):
+    """``spec.targetRef``: the workload whose pods are tuned, in the EngineTuner's namespace."""
+
+    api_version: Literal["apps/v1"] = "apps/v1"
+    kind: TargetKind
+    name: str = Field(min_length=1, max_length=253)
+
+
+class TargetGpu(_Wire):
+    """``spec.gpu``: what discovery cannot read (the product when the pods run on unlabelled nodes)."""
+
+    product: str | None = Field(None, max_length=128)
+    count: int | None = Field(None, ge=1, le=64)
+
+
+class EngineTunerSpec(_Wire):
+    target_ref: TargetRef
+    update_mode: UpdateMode = "Recommend"
+    container_name: str | None = Field(None, min_length=1, max_length=63)
+    model: ModelRef | None = None
+    gpu: TargetGpu = Field(default_factory=TargetGpu)
+    serving: Serving = Field(default_factory=Serving)
+    tuning: TuningPolicy = Field(default_factory=TuningPolicy)
+
+
+class Discovered(_Wire):
+    """``status.discovered``: what kvpilot read from the target (its pod template and its pods' nodes)."""
+
+    container: str | None = Field(None, max_length=63)
+    model: str | None = Field(None, max_length=256)
+    model_origin: str | None = Field(None, max_length=256)
+    args_origin: str | None = Field(None, max_length=256)
+    gpu_product: str | None = Field(None, max_length=128)
+    gpu_count: int | None = None
+    settings: Settings | None = None
+    vllm_env: dict[str, Annotated[str, Field(max_length=1024)]] = Field(default_factory=dict, max_length=32)
+    pods: int | None = None
+    pods_tuned: int | None = None
+
+
+class EngineTunerStatus(_Wire):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    discovered: Discovered | None = None
+    gpu: GpuStatus | None = None
+    recommendation: Recommendation | None = None
+    budget: Budget | None = None
+    warnings: list[str] = Field(default_factory=list, max_length=32)
+    last_eviction_time: str | None = None
+    evictions: int | None = None
+    kopf: KopfState | None = None

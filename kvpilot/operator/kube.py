@@ -82,6 +82,23 @@ class Kube(Protocol):
         ...
 
 
+class TargetKube(Kube, Protocol):
+    """What an EngineTuner reads and does besides: the workload it targets, that workload's pods, and the
+    Eviction API (:mod:`kvpilot.operator.target_handlers`)."""
+
+    def read_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """The apps/v1 Deployment or StatefulSet, or ``None`` if it does not exist."""
+        ...
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The pods of ``namespace`` matching ``label_selector``."""
+        ...
+
+    def evict_pod(self, namespace: str, name: str) -> bool:
+        """Evict the pod (policy/v1 Eviction); ``False`` when a PodDisruptionBudget refuses it now."""
+        ...
+
+
 def build_label_selector(labels: Mapping[str, str], exists: tuple[str, ...] = ()) -> str:
     """``k=v,...`` plus bare keys for "label exists"."""
     return ",".join([*(f"{k}={v}" for k, v in sorted(labels.items())), *exists])
@@ -186,6 +203,37 @@ class ClusterKube:
         return self._list(
             "pods", self.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS_FIELD_SELECTOR
         )
+
+    def read_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        fn = {"Deployment": self.apps.read_namespaced_deployment,
+              "StatefulSet": self.apps.read_namespaced_stateful_set}[kind]  # fmt: skip
+        return self._read(fn, namespace, name)
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return self._list(
+            "pods", self.core.list_namespaced_pod, namespace=namespace, label_selector=label_selector
+        )
+
+    def evict_pod(self, namespace: str, name: str) -> bool:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+        try:
+            response = raw_response(
+                self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False)
+            )
+            response.drain_conn()
+            response.release_conn()
+        except ApiException as exc:
+            if exc.status == 429:  # a PodDisruptionBudget allows no disruption now
+                return False
+            if exc.status == 404:
+                return True
+            raise errors.ApplyFailed(f"evicting pod {name} failed: HTTP {exc.status} {exc.reason}") from None
+        except (OSError, HTTPError) as exc:
+            raise errors.ApplyFailed(f"evicting pod {name} failed: {exc}") from None
+        return True
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
         from kubernetes.client.exceptions import ApiException

@@ -29,6 +29,7 @@ from kvpilot.operator import (
     loop_settings,
     metrics,
     prometheus_settings,
+    target_main,  # noqa: F401  (registers the EngineTuner kind and its webhook on import)
     timers,
 )
 

@@ -40,6 +40,11 @@ CLUSTER_WIDE: dict[Grant, set[str]] = {
     ("cluster", "autoscaling", "horizontalpodautoscalers", ()): {"list"},
     ("cluster", "", "configmaps", ()): {"get"},
     ("cluster", "", "secrets", ()): {"get"},
+    # EngineTuner (target mode): the kind, its target StatefulSet, and Auto's one-pod-at-a-time eviction
+    ("cluster", "kvpilot.io", "enginetuners", ()): {"get", "list", "watch", "patch", "update"},
+    ("cluster", "kvpilot.io", "enginetuners/status", ()): {"get", "patch", "update"},
+    ("cluster", "apps", "statefulsets", ()): {"get"},
+    ("cluster", "", "pods/eviction", ()): {"create"},
 }
 
 
@@ -152,7 +157,7 @@ def test_roles_are_split_by_purpose(rendered: Render) -> None:
     prefix = f"{RELEASE}-kvpilot-"
     names = {r["metadata"]["name"].removeprefix(prefix) for r in by_kind(rendered(), "ClusterRole")}
     operator = {"discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads",
-                "model-config", "tuningprofiles"}  # fmt: skip
+                "model-config", "tuningprofiles", "enginetuners"}  # fmt: skip
     assert names == operator | {"view", "edit"}
 
 

@@ -48,7 +48,7 @@ def test_every_object_carries_the_standard_labels(
 
 def test_template_file_names_follow_component_kind() -> None:
     kinds = "deployment|serviceaccount|rbac|service|servicemonitor|podmonitor|peering|inferenceservices"
-    kinds += "|admissionpolicy|tuningprofiles"
+    kinds += "|admissionpolicy|tuningprofiles|enginetuners"
     pattern = re.compile(rf"^[a-z]+(-[a-z]+)*-({kinds})\.yaml$")
     names = [p.name for p in (CHART / "templates").glob("*.yaml")]
     assert names
@@ -72,7 +72,7 @@ def test_default_install_objects(rendered: Callable[..., list[dict[str, Any]]]) 
     assert not by_kind(objs, "ServiceMonitor") and not by_kind(objs, "PodMonitor")  # CRDs may not exist
     crds = {o["metadata"]["name"] for o in by_kind(objs, "CustomResourceDefinition")}
     assert crds == {
-        "inferenceservices.kvpilot.io", "tuningprofiles.kvpilot.io",
+        "inferenceservices.kvpilot.io", "tuningprofiles.kvpilot.io", "enginetuners.kvpilot.io",
         "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev",
     }  # fmt: skip
     for o in objs:

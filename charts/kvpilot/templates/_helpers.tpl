@@ -176,6 +176,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [patch]
 {{- end }}
 
+{{/* EngineTuner (target mode, docs/enginetuner.md): the kind itself and its status; the target's pods are
+     evicted one at a time in mode Auto (pods/eviction create, which honours PodDisruptionBudgets). The target is
+     only read (a Deployment through the workloads rules, a StatefulSet here): new pods get the settings from
+     the admission webhook. */}}
+{{- define "kvpilot.rules.enginetuners" -}}
+- apiGroups: [kvpilot.io]
+  resources: [enginetuners]
+  verbs: [get, list, watch, patch, update]
+- apiGroups: [kvpilot.io]
+  resources: [enginetuners/status]
+  verbs: [get, patch, update]
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [pods/eviction]
+  verbs: [create]
+{{- end }}
+
 {{/* What the operator owns: the vLLM Deployment and Service per InferenceService, and the weight-cache claim of a
      model.storage.claimTemplate, server-side applied (patch;
      create when the apply creates) and read. No update (an apply is a PATCH) and no delete: garbage collection

@@ -1,0 +1,324 @@
+"""The EngineTuner (target mode): discovery, the plan, status per mode, the webhook's patch, Auto's
+evictions; with an in-memory API and the real planner."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import kopf
+import pytest
+from operator_fakes import L4_LABELS, node_object
+
+from kvpilot.operator import target, target_handlers, target_webhook
+from kvpilot.operator.events import RecordingEmitter
+from kvpilot.tuner import vllm
+from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.vllm import command as vllm_command
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+NS = "team"
+# The argument layout of vLLM production-stack's helm/templates/deployment-vllm-multi.yaml (all in command).
+PS_COMMAND = ["vllm", "serve", LLAMA, "--host", "0.0.0.0", "--port", "8000", "--no-enable-prefix-caching",
+              "--max-model-len", "131072", "--max-num-seqs", "256",
+              "--gpu_memory_utilization", "0.95"]  # fmt: skip
+# KServe's vLLM runtime (config/runtimes/kserve-vllmserver.yaml): a script passing "$@", flags in args.
+KS_COMMAND = [
+    "bash",
+    "-c",
+    "export MODEL=${MODEL_DIR}\nvllm serve ${MODEL} --host 0.0.0.0 --port 8000 $@\n",
+    "bash",
+]
+KS_ARGS = ["--max-model-len=65536", "--max-num-seqs", "64"]
+
+
+def deployment(
+    name: str, command: list[str], args: list[str] | None = None, **container: Any
+) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": "vllm", "image": "vllm/vllm-openai:v0.33.0", "command": command,
+                         "resources": {"limits": {"nvidia.com/gpu": 1}}, **container}  # fmt: skip
+    if args is not None:
+        c["args"] = args
+    return {
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"model": name}},
+                 "template": {"metadata": {"labels": {"model": name}}, "spec": {"containers": [c]}}},
+    }  # fmt: skip
+
+
+def pod_of(workload: dict[str, Any], name: str, *, node: str | None = "l4-0", ready: bool = True,
+           crash: bool = False, created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:  # fmt: skip
+    template = copy.deepcopy(workload["spec"]["template"])
+    wl = workload["metadata"]["name"]
+    return {
+        "metadata": {"name": name, "namespace": NS, "creationTimestamp": created,
+                     "labels": {**template["metadata"]["labels"], "pod-template-hash": "abc12"},
+                     "ownerReferences": [{"kind": "ReplicaSet", "name": f"{wl}-abc12", "controller": True}]},
+        "spec": {**template["spec"], **({"nodeName": node} if node else {})},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                   "containerStatuses": [{"name": "vllm", "state": (
+                       {"waiting": {"reason": "CrashLoopBackOff"}} if crash else {"running": {}})}]},
+    }  # fmt: skip
+
+
+class FakeTargetKube:
+    def __init__(self) -> None:
+        self.workloads: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
+        self.nodes = [node_object("l4-0", L4_LABELS), node_object("l4-1", L4_LABELS)]
+        self.config_maps: dict[tuple[str, str], dict[str, str]] = {}
+        self.evicted: list[str] = []
+        self.pdb_blocks = False
+        self.writes = 0
+
+    def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        return self.config_maps.get((namespace, name))
+
+    def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        return None
+
+    def list_node_labels(self, label_selector: str) -> list[dict[str, str]]:
+        return [dict(n["metadata"]["labels"]) for n in self.nodes]
+
+    def read_persistent_volume_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self.nodes
+
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        return self.pods
+
+    def apply(self, manifest: Any) -> None:
+        self.writes += 1
+
+    def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def read_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        return self.workloads.get((namespace, kind, name))
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        wanted = dict(t.split("=", 1) for t in label_selector.split(",") if t)
+        return [p for p in self.pods if wanted.items() <= p["metadata"]["labels"].items()]
+
+    def evict_pod(self, namespace: str, name: str) -> bool:
+        if self.pdb_blocks:
+            return False
+        self.evicted.append(name)
+        return True
+
+
+def tuner(mode: str = "Recommend", target_name: str = "llama", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kvpilot.io/v1alpha1", "kind": "EngineTuner",
+        "metadata": {"name": "t", "namespace": NS, "generation": 1, "uid": "u1"},
+        "spec": {"targetRef": {"kind": "Deployment", "name": target_name}, "updateMode": mode, **spec},
+        "status": {},
+    }  # fmt: skip
+
+
+async def run(
+    body: dict[str, Any], kube: FakeTargetKube, emitter: RecordingEmitter, now: float = 1.8e9
+) -> None:
+    patch = kopf.Patch()
+    deps = target_handlers.TargetDeps(kube=kube, emit=emitter, clock=lambda: now)
+    try:
+        await target_handlers.reconcile(
+            body=body, spec=body["spec"], meta=body["metadata"], status=body["status"], patch=patch,
+            logger=logging.getLogger("test"), deps=deps,
+        )  # fmt: skip
+    finally:
+        status = body["status"]
+        for key, value in (patch.get("status") or {}).items():
+            if value is None:
+                status.pop(key, None)
+            else:
+                status[key] = value
+        for fn in patch.fns:
+            fn(body)
+
+
+def cond(body: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in body["status"]["conditions"] if c["type"] == type_)
+
+
+@pytest.fixture
+def kube() -> FakeTargetKube:
+    k = FakeTargetKube()
+    ps = deployment("llama", PS_COMMAND)
+    k.workloads[(NS, "Deployment", "llama")] = ps
+    k.pods = [pod_of(ps, "llama-abc12-x")]
+    return k
+
+
+async def test_recommend_discovers_and_recommends_without_writing(kube: FakeTargetKube) -> None:
+    body, emitter = tuner("Recommend"), RecordingEmitter()
+    await run(body, kube, emitter)
+    st = body["status"]
+    assert st["discovered"]["model"] == LLAMA
+    assert st["discovered"]["settings"] == {
+        "maxModelLen": 131072,
+        "maxNumSeqs": 256,
+        "gpuMemoryUtilization": 0.95,
+    }
+    assert st["discovered"]["gpuProduct"] == "NVIDIA-L4" and st["discovered"]["gpuCount"] == 1
+    rec = st["recommendation"]["settings"]
+    assert rec["maxModelLen"] < 131072  # 128k does not fit the L4's KV cache; the plan shortens it
+    assert cond(body, "Ready")["reason"] == "Recommending" and cond(body, "Discovered")["status"] == "True"
+    assert st["discovered"]["podsTuned"] == 0
+    assert "Recommended" in emitter.reasons
+    assert kube.writes == 0 and kube.evicted == []
+
+
+async def test_off_plans_and_reports_only(kube: FakeTargetKube) -> None:
+    body = tuner("Off")
+    await run(body, kube, RecordingEmitter())
+    assert "recommendation" not in body["status"]
+    assert cond(body, "Planned")["status"] == "True" and cond(body, "Ready")["reason"] == "Reporting"
+
+
+async def test_kserve_target_needs_the_model_and_says_so(kube: FakeTargetKube) -> None:
+    ks = deployment(
+        "isvc-predictor", KS_COMMAND, KS_ARGS, env=[{"name": "MODEL_DIR", "value": "/mnt/models"}]
+    )
+    kube.workloads[(NS, "Deployment", "isvc-predictor")] = ks
+    kube.pods = [pod_of(ks, "isvc-predictor-abc12-y")]
+    body = tuner("Recommend", "isvc-predictor")
+    with pytest.raises(kopf.TemporaryError):
+        await run(body, kube, RecordingEmitter())
+    assert cond(body, "Discovered")["reason"] == "DiscoveryIncomplete"
+    assert "set spec.model" in cond(body, "Discovered")["message"]
+    body = tuner("Recommend", "isvc-predictor", model={"id": LLAMA})
+    await run(body, kube, RecordingEmitter())
+    assert body["status"]["discovered"]["settings"] == {"maxModelLen": 65536, "maxNumSeqs": 64}
+    assert body["status"]["discovered"]["argsOrigin"] == "args"
+
+
+async def test_missing_target_and_unlabelled_nodes(kube: FakeTargetKube) -> None:
+    body = tuner("Recommend", "nope")
+    with pytest.raises(kopf.TemporaryError):
+        await run(body, kube, RecordingEmitter())
+    assert cond(body, "TargetFound")["reason"] == "TargetNotFound"
+    kube.pods[0]["spec"].pop("nodeName")
+    body = tuner("Recommend")
+    with pytest.raises(kopf.TemporaryError):
+        await run(body, kube, RecordingEmitter())
+    assert "spec.gpu.product" in cond(body, "Discovered")["message"]
+    body = tuner("Recommend", gpu={"product": "NVIDIA-L4"})
+    await run(body, kube, RecordingEmitter())
+    assert body["status"]["recommendation"]["settings"]["maxModelLen"] > 0
+
+
+async def test_config_file_from_a_config_map(kube: FakeTargetKube) -> None:
+    wl = deployment("cfg", ["vllm", "serve", LLAMA, "--config", "/etc/vllm/engine.yaml"],
+                    volumeMounts=[{"name": "cfg", "mountPath": "/etc/vllm"}])  # fmt: skip
+    wl["spec"]["template"]["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": "engine"}}]
+    kube.workloads[(NS, "Deployment", "cfg")] = wl
+    kube.pods = [pod_of(wl, "cfg-abc12-z")]
+    kube.config_maps[(NS, "engine")] = {"engine.yaml": "max-num-seqs: 12\nmax_model_len: 4096\n"}
+    body = tuner("Recommend", "cfg")
+    await run(body, kube, RecordingEmitter())
+    assert body["status"]["discovered"]["settings"] == {"maxNumSeqs": 12, "maxModelLen": 4096}
+    assert "ConfigMap engine" in body["status"]["discovered"]["argsOrigin"]
+
+
+async def test_invalid_spec_is_a_condition(kube: FakeTargetKube) -> None:
+    body = tuner("Sometimes")
+    with pytest.raises(kopf.PermanentError):
+        await run(body, kube, RecordingEmitter())
+    assert cond(body, "Ready")["reason"] == "InvalidSpec"
+
+
+async def _actuation(kube: FakeTargetKube, mode: str) -> tuple[dict[str, Any], Any]:
+    body = tuner(mode)
+    await run(body, kube, RecordingEmitter())
+    index = target_webhook.index_tuner(NS, "t", body["spec"], body["status"], body["metadata"])
+    return body, index
+
+
+async def test_webhook_rewrites_only_the_targets_new_pods(kube: FakeTargetKube) -> None:
+    body, index = await _actuation(kube, "Initial")
+    assert index is not None
+    ((key, actuation),) = index.items()
+    assert key == (NS, "Deployment", "llama")
+    lookup = {k: [v] for k, v in index.items()}
+    wl = kube.workloads[(NS, "Deployment", "llama")]
+    new_pod = pod_of(wl, "", node=None)
+    found = target_webhook.compute_pod_patch(new_pod, NS, lookup)
+    assert found is not None
+    containers, _ = found
+    (c,) = containers
+    assert {k: v for k, v in c.items() if k != "command"} == {
+        k: v for k, v in new_pod["spec"]["containers"][0].items() if k != "command"
+    }  # only the command changed
+    parsed = vllm_command.find_vllm_command(c["command"], [])
+    assert parsed is not None
+    rec = body["status"]["recommendation"]["settings"]
+    assert vllm_command.compute_command_settings(parsed).max_model_len == rec["maxModelLen"]
+    assert c["command"][:8] == PS_COMMAND[:8]
+    # the pod now carries it; excluded pods and other workloads' pods are left alone
+    assert target.pod_carries({"spec": {"containers": containers}}, "vllm", actuation.settings)
+    excluded = copy.deepcopy(new_pod)
+    excluded["metadata"]["labels"][target.EXCLUDE_LABEL] = "true"
+    assert target_webhook.compute_pod_patch(excluded, NS, lookup) is None
+    other = copy.deepcopy(new_pod)
+    other["metadata"]["ownerReferences"][0]["name"] = "llama-v2-abc12"
+    assert target_webhook.compute_pod_patch(other, NS, lookup) is None
+    assert target_webhook.compute_pod_patch(new_pod, "elsewhere", lookup) is None
+
+
+async def test_index_only_for_actuating_modes_at_the_current_generation(kube: FakeTargetKube) -> None:
+    _, index = await _actuation(kube, "Recommend")
+    assert index is None
+    body, index = await _actuation(kube, "Auto")
+    assert index is not None
+    body["metadata"]["generation"] = 2  # a spec change not yet reconciled: no stale recommendation
+    assert target_webhook.index_tuner(NS, "t", body["spec"], body["status"], body["metadata"]) is None
+
+
+async def test_initial_never_evicts_and_auto_evicts_one_at_a_time(kube: FakeTargetKube) -> None:
+    wl = kube.workloads[(NS, "Deployment", "llama")]
+    kube.pods = [pod_of(wl, "a"), pod_of(wl, "b")]
+    await run(tuner("Initial"), kube, RecordingEmitter())
+    assert kube.evicted == []
+    body, emitter = tuner("Auto"), RecordingEmitter()
+    await run(body, kube, emitter)
+    assert kube.evicted == ["a"] and "Evicted" in emitter.reasons
+    assert body["status"]["evictions"] == 1
+    await run(body, kube, emitter, now=1.8e9 + 5)  # within the interval: no second eviction
+    assert kube.evicted == ["a"]
+
+
+def test_compute_eviction_prefers_crash_loops_and_waits_for_readiness() -> None:
+    wl = deployment("llama", PS_COMMAND)
+    rec = EngineSettings(max_model_len=8192, max_num_seqs=8, gpu_memory_utilization=0.9)
+    now = 1.8e9
+    ok, crashing = pod_of(wl, "ok"), pod_of(wl, "crash", ready=False, crash=True)
+    victim, _ = target_handlers.compute_eviction(
+        [ok, crashing], "vllm", rec, now=now, last_eviction=now - 1, interval_s=30, schedulable=True
+    )
+    assert victim == "crash"  # at once: it serves nothing
+    starting = pod_of(wl, "starting", ready=False)
+    victim, why = target_handlers.compute_eviction(
+        [ok, starting], "vllm", rec, now=now, last_eviction=None, interval_s=30, schedulable=True
+    )
+    assert victim is None and "not Ready" in why
+    victim, why = target_handlers.compute_eviction(
+        [ok], "vllm", rec, now=now, last_eviction=None, interval_s=30, schedulable=False
+    )
+    assert victim is None and "holding" in why
+    tuned_cmd = vllm.build_vllm_args(rec)
+    tuned = deployment("llama", ["vllm", "serve", LLAMA, *tuned_cmd])
+    victim, why = target_handlers.compute_eviction(
+        [pod_of(tuned, "t")], "vllm", rec, now=now, last_eviction=None, interval_s=30, schedulable=True
+    )
+    assert victim is None and "every pod" in why
+
+
+async def test_pdb_refusal_is_not_an_error(kube: FakeTargetKube) -> None:
+    kube.pdb_blocks = True
+    body = tuner("Auto")
+    await run(body, kube, RecordingEmitter())
+    assert "PodDisruptionBudget refused" in cond(body, "Ready")["message"] and kube.evicted == []

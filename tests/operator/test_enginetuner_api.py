@@ -1,0 +1,108 @@
+"""The EngineTuner CRD (crds/enginetuners.kvpilot.io.yaml) against kvpilot.operator.api, and its shared
+subtrees against the InferenceService CRD: one schema of model, serving, tuning, settings and conditions."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import yaml
+from test_api_drift import _walk, flatten_crd, flatten_model
+
+from kvpilot.operator import api
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "enginetuners.kvpilot.io.yaml"
+ISVC_CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
+
+
+def schema(path: Path) -> dict[str, Any]:
+    (version,) = yaml.safe_load(path.read_text())["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def paths(kind: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if kind == "crd":
+        for top in ("spec", "status"):
+            flatten_crd(schema(CRD)["properties"][top], top, out)
+    else:
+        flatten_model(api.EngineTunerSpec, "spec", out)
+        flatten_model(api.EngineTunerStatus, "status", out)
+    return out
+
+
+def test_same_property_paths() -> None:
+    assert set(paths("crd")) == set(paths("model"))
+
+
+@pytest.mark.parametrize("fact", ["type", "enum", "required", "limits"])
+def test_same_facts(fact: str) -> None:
+    crd, models = paths("crd"), paths("model")
+    empty = {} if fact == "limits" else None
+    diffs = {p: (crd[p].get(fact), models[p].get(fact, empty)) for p in crd
+             if crd[p].get(fact) != models[p].get(fact, empty) and p not in ("spec", "status")
+             and not (fact == "limits" and p.endswith(("[]", "{}")) and crd[p].get(fact) == {})}  # fmt: skip
+    assert diffs == {}
+
+
+def test_same_scalar_defaults() -> None:
+    crd, models = paths("crd"), paths("model")
+    diffs = {p: (crd[p]["default"], models[p]["default"]) for p in crd
+             if crd[p]["default"] not in (None, {})
+             and crd[p]["default"] != models[p]["default"]}  # fmt: skip
+    assert diffs == {}
+
+
+def _body(node: dict[str, Any]) -> dict[str, Any]:
+    """A subtree less its own description (which says what it is for in this kind)."""
+    return {k: v for k, v in node.items() if k != "description"}
+
+
+def test_the_shared_subtrees_are_the_inference_services() -> None:
+    et, isvc = schema(CRD)["properties"], schema(ISVC_CRD)["properties"]
+    for name in ("model", "serving"):
+        assert _body(et["spec"]["properties"][name]) == _body(isvc["spec"]["properties"][name]), name
+    tuning = copy.deepcopy(isvc["spec"]["properties"]["tuning"])
+    del tuning["properties"]["mode"]  # an EngineTuner's is spec.updateMode
+    assert et["spec"]["properties"]["tuning"] == tuning
+    for name in ("conditions", "recommendation", "budget", "gpu", "warnings", "kopf", "observedGeneration"):
+        assert et["status"]["properties"][name] == isvc["status"]["properties"][name], name
+    assert (
+        et["status"]["properties"]["discovered"]["properties"]["settings"]["properties"]
+        == (isvc["status"]["properties"]["applied"]["properties"])
+    )
+
+
+def test_update_modes_are_one_enum() -> None:
+    assert schema(CRD)["properties"]["spec"]["properties"]["updateMode"]["enum"] == list(
+        get_args(api.UpdateMode)
+    )
+
+
+def test_every_property_is_described() -> None:
+    s = schema(CRD)
+    missing = [
+        p
+        for top in ("spec", "status")
+        for p, n in _walk(s["properties"][top], top)
+        if not n.get("description")
+    ]
+    assert missing == []
+
+
+def test_status_subresource_and_columns() -> None:
+    (version,) = yaml.safe_load(CRD.read_text())["spec"]["versions"]
+    assert version["subresources"] == {"status": {}}
+    assert {"Target", "Mode", "Model", "Max-Model-Len", "Ready"} <= {
+        c["name"] for c in version["additionalPrinterColumns"]
+    }
+
+
+def test_chart_copy_is_byte_identical() -> None:
+    copy_ = ROOT / "charts" / "kvpilot" / "files" / "crds" / CRD.name
+    assert copy_.read_bytes() == CRD.read_bytes(), (
+        f"run: cp {CRD.relative_to(ROOT)} charts/kvpilot/files/crds/"
+    )
