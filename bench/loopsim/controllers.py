@@ -13,6 +13,7 @@ from bench.loopsim.world import DT, Stats, World
 from e2e.fleet.truth import Workload
 from kvpilot.operator.api import RolloutSpec
 from kvpilot.operator.rollout_strategy import compute_lost_fraction, compute_rollout_choice
+from kvpilot.operator.status_patch import QUIET_TRIGGERS
 from kvpilot.tuner.gpus import lookup_gpu
 from kvpilot.tuner.loop import (
     Action,
@@ -131,6 +132,14 @@ class Kvpilot:
         ):
             world.stats.infeasible += 1
             self._record(now, HistoryAction.INFEASIBLE, d.trigger, d.reason, d.settings)
+        if d.action == Action.HOLD and d.trigger not in QUIET_TRIGGERS:  # as the operator's status history
+            to = d.recommended or d.settings
+            held = (HistoryAction.HELD, d.trigger, to)
+            last = self.history[-1] if self.history else None
+            if last is None or (last.action, last.trigger, last.to_settings) != held:
+                self.history = build_history(
+                    self.history, HistoryEntry(now, HistoryAction.HELD, d.trigger, d.reason, self.current, to)
+                )
         if choice.held and d.action == Action.HOLD and choice.reason in d.reason:  # no spare GPU
             world.stats.holds += 1
             if not self.log or "no spare GPU" not in self.log[-1]:
