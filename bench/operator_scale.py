@@ -11,6 +11,9 @@ For each N (default 100 and 1000) this script:
   by ``bench/_counting_operator.py`` (the operator of this checkout: ``PYTHONPATH``);
 - reads the API server's own mean latency per kind of write over the run (its ``/metrics``), which says
   where the time goes (docs/operator.md, "Scale").
+- times one closed-loop tick over the same N services (the operator's own Prometheus fetch against an
+  in-process fleet answering every query, :mod:`bench.prometheus_load`): PromQL queries per tick (constant
+  in N) and the tick's operator CPU and wall time.
 
 Goal (issues 4 and 14): 1000 in under 60 s with under 250 MB RSS and at most 4 requests per object. The
 script prints what it measures either way.
@@ -28,6 +31,7 @@ the scheduler and KWOK. Use ``--replicas 1`` to include pod churn. The operator 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import json
 import os
@@ -43,6 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.prometheus_load import one_tick  # noqa: E402
 from e2e.cluster import LocalCluster  # noqa: E402
 
 GROUP, VERSION, PLURAL = "kvpilot.io", "v1alpha1", "inferenceservices"
@@ -286,6 +291,9 @@ def main() -> int:
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
         for n in counts:
             result = run_once(cluster, n, a.namespaces, a.replicas, a.timeout)
+            # the closed loop's tick over the same N services: the operator's own fetch code, one
+            # Prometheus answer per query from an in-process fleet (bench/prometheus_load.py)
+            result["prometheus_tick"] = asyncio.run(one_tick(n, max(1, a.replicas)))
             if a.json:
                 print(json.dumps(result))
             else:
@@ -301,6 +309,10 @@ def main() -> int:
                       f"{result['api_requests_per_object']:.2f} API requests/object{goal}")  # fmt: skip
                 for kind, count in list(result["requests_by_kind"].items())[:12]:
                     print(f"    {count:7d}  {kind}")
+                tick = result["prometheus_tick"]
+                print(f"    closed-loop tick over {n} services: {tick['queries_per_tick']} PromQL queries "
+                      f"(per-service queries would be {tick['queries_per_tick_before']}), operator CPU "
+                      f"{tick['tick_cpu_s']:.2f} s, wall {tick['tick_wall_s']:.2f} s")  # fmt: skip
                 print("    the API server's writes in that time (all clients): mean latency")
                 for kind, w in result["apiserver_writes"].items():
                     print(f"    {w['count']:7.0f}  {kind}: {w['mean_ms']:.0f} ms")
