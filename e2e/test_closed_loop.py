@@ -32,6 +32,7 @@ import pytest
 from e2e.cluster import LocalCluster
 from e2e.fleet import GroundTruth, Scenario, Workload
 from e2e.fleet.stack import Stack, condition, deployment_args, isvc_events
+from e2e.fleet.testing import H100_8B
 from kvpilot.operator.api import Settings
 from kvpilot.tuner.types import EngineSettings
 from kvpilot.tuner.vllm import parse_vllm_args
@@ -41,17 +42,6 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 #: Closed-loop timings a test can set through the API (the CRD's minimum deadline is 30 s).
 FAST = {"cooldownSeconds": 0, "maxChangesPerHour": 60, "rolloutDeadlineSeconds": 30}
 
-# H100 80GB (torch sees 79.11 GiB) and Llama-3.1-8B in bf16: 128 KiB of KV per token.
-# 20 GiB outside the KV cache (15 GiB of weights, activations, CUDA graphs, non-torch memory).
-H100_8B = GroundTruth(
-    gpu_memory_gib=79.11,
-    non_kv_gib=20.0,
-    kv_bytes_per_token=131072,
-    default_max_num_seqs=1024,
-    startup_s=1.0,
-    backoff_s=3.0,
-    oom_after_s=3.0,
-)
 LIGHT = Workload(arrival_rate=1.0, prompt_tokens=400, output_tokens=100)
 
 

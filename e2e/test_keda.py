@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 
 from e2e.cluster import LocalCluster
-from e2e.fleet import GroundTruth, Scenario, Workload
+from e2e.fleet import Scenario, Workload
 from e2e.fleet.stack import Stack, condition, deployment_args
-from e2e.fleet.testing import wait_until
+from e2e.fleet.testing import H100_8B, wait_until
 from e2e.keda_local import KedaServer
 
 NAME = "chat"
@@ -40,15 +40,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 MAX_REPLICAS = 3
 THRESHOLD = 4
 """Requests waiting per replica the HPA aims at (``AverageValue``): the queue below makes that 2, then 3."""
-TRUTH = GroundTruth(
-    gpu_memory_gib=79.11,
-    non_kv_gib=20.0,
-    kv_bytes_per_token=131072,
-    default_max_num_seqs=1024,
-    startup_s=1.0,
-    backoff_s=3.0,
-    oom_after_s=3.0,
-)
+TRUTH = H100_8B
 QUIET = Workload(arrival_rate=0.2, prompt_tokens=200, output_tokens=50)
 QUEUE = Workload(arrival_rate=4.0, prompt_tokens=500, output_tokens=200)
 """Per pod: far more than four sequences at a time want to run (the closed-loop suite's ``idle`` case)."""

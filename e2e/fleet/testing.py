@@ -7,6 +7,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from e2e.fleet.truth import GroundTruth
+
+# H100 80GB (torch sees 79.11 GiB) and Llama-3.1-8B in bf16: 128 KiB of KV per token.
+# 20 GiB outside the KV cache (15 GiB of weights, activations, CUDA graphs, non-torch memory).
+H100_8B = GroundTruth(
+    gpu_memory_gib=79.11,
+    non_kv_gib=20.0,
+    kv_bytes_per_token=131072,
+    default_max_num_seqs=1024,
+    startup_s=1.0,
+    backoff_s=3.0,
+    oom_after_s=3.0,
+)
+"""The e2e suites' usual pod: a fast start (1 s), a short back-off and a quick OOM."""
+
 MANAGED_LABELS = {"app.kubernetes.io/managed-by": "kvpilot", "app.kubernetes.io/name": "vllm"}
 
 
