@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,22 +104,32 @@ def bin_dir(build: bool = False) -> Path:
     (instant when cached; a cold build takes tens of minutes). Raises
     ClusterError when the binaries are missing: never skip silently.
     """
-    env_dir = os.environ.get("KVPILOT_BIN_DIR")
+    names = ("k8s", *COMPONENTS, "kubectl", "helm", "kwok-default-stages.yaml")
+    return locate_binaries("KVPILOT_BIN_DIR", BUILD_SH, lambda: cache_root() / "bin" / cache_key(), names,
+                           build=build, error=ClusterError)  # fmt: skip
+
+
+def locate_binaries(
+    env_var: str, build_sh: Path, cached: Callable[[], Path], names: Sequence[str], *, build: bool,
+    error: type[Exception],
+) -> Path:  # fmt: skip
+    """The directory of a cached build: ``$env_var`` if set, else what ``build_sh`` prints last when
+    ``build`` (it is instant when cached), else ``cached()``. Raises ``error`` naming what is missing in it:
+    never skip silently."""
+    env_dir = os.environ.get(env_var)
     if env_dir:
         d = Path(env_dir)
     elif build:
-        proc = subprocess.run(["bash", str(BUILD_SH)], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.run(["bash", str(build_sh)], stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0:
-            raise ClusterError(f"e2e/build.sh failed with exit code {proc.returncode} (see its stderr above)")
+            raise error(f"e2e/{build_sh.name} failed with exit code {proc.returncode} (see its stderr above)")
         d = Path(proc.stdout.strip().splitlines()[-1])
     else:
-        d = cache_root() / "bin" / cache_key()
-    missing = [
-        n for n in ("k8s", *COMPONENTS, "kubectl", "helm", "kwok-default-stages.yaml") if not (d / n).exists()
-    ]
+        d = cached()
+    missing = [n for n in names if not (d / n).exists()]
     if missing:
-        raise ClusterError(
-            f"e2e binaries missing in {d}: {', '.join(missing)}. Run `make e2e-tools` (or `e2e/build.sh`)."
+        raise error(
+            f"binaries missing in {d}: {', '.join(missing)}. Run `make e2e-tools` (or `e2e/{build_sh.name}`)."
         )
     return d
 

@@ -37,7 +37,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster import ClusterError, LocalCluster, _die_with_parent, free_port
+from e2e.cluster import ClusterError, LocalCluster, _die_with_parent, cache_root, free_port, locate_binaries
 
 E2E_DIR = Path(__file__).resolve().parent
 VERSIONS_ENV = E2E_DIR / "keda" / "versions.env"
@@ -74,23 +74,9 @@ def cache_key() -> str:
 def bin_dir(build: bool = False) -> Path:
     """Directory holding ``keda``, ``keda-adapter`` and ``crds/``. ``KVPILOT_KEDA_BIN_DIR`` overrides;
     ``build=True`` runs e2e/build-keda.sh (instant when cached). Raises KedaError when missing."""
-    env_dir = os.environ.get("KVPILOT_KEDA_BIN_DIR")
-    if env_dir:
-        d = Path(env_dir)
-    elif build:
-        proc = subprocess.run(["bash", str(BUILD_SH)], stdout=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            raise KedaError(f"e2e/build-keda.sh failed with exit code {proc.returncode} (see its stderr)")
-        d = Path(proc.stdout.strip().splitlines()[-1])
-    else:
-        cache = Path(os.environ.get("KVPILOT_CACHE") or Path.home() / ".cache" / "kvpilot")
-        d = cache / "bin" / f"keda-{cache_key()}"
-    missing = [n for n in (*BINARIES, *(f"crds/{c}" for c in CRDS)) if not (d / n).exists()]
-    if missing:
-        raise KedaError(
-            f"KEDA binaries missing in {d}: {', '.join(missing)}. Run `make e2e-tools` or e2e/build-keda.sh."
-        )
-    return d
+    names = (*BINARIES, *(f"crds/{c}" for c in CRDS))
+    cached = lambda: cache_root() / "bin" / f"keda-{cache_key()}"  # noqa: E731
+    return locate_binaries("KVPILOT_KEDA_BIN_DIR", BUILD_SH, cached, names, build=build, error=KedaError)
 
 
 def _openssl(*args: str, cwd: Path) -> None:
