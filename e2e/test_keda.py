@@ -31,7 +31,7 @@ import pytest
 from e2e.cluster import LocalCluster
 from e2e.fleet import Scenario, Workload
 from e2e.fleet.stack import Stack, condition, deployment_args
-from e2e.fleet.testing import H100_8B, wait_until
+from e2e.fleet.testing import H100_8B, catalogue_isvc, wait_until
 from e2e.keda_local import KedaServer
 
 NAME = "chat"
@@ -48,22 +48,13 @@ QUEUE = Workload(arrival_rate=4.0, prompt_tokens=500, output_tokens=200)
 
 def isvc_manifest(ns: str) -> dict[str, Any]:
     # no spec.replicas: the autoscaler owns it (through /scale), and a re-apply would not take it back
-    return {
-        "apiVersion": "kvpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": NAME, "namespace": ns},
-        "spec": {
-            "model": {"id": MODEL, "source": "Catalogue"},
-            "gpu": {"count": 1, "product": H100},
-            "serving": {"maxContextLength": 8192, "concurrency": 4},
-            "tuning": {
-                "mode": "Auto",
-                "cooldownSeconds": 0,
-                "maxChangesPerHour": 0,  # no retune until the HPA has scaled out (the test raises it)
-                "rolloutDeadlineSeconds": 30,
-            },
-        },
+    tuning = {
+        "mode": "Auto",
+        "cooldownSeconds": 0,
+        "maxChangesPerHour": 0,  # no retune until the HPA has scaled out (the test raises it)
+        "rolloutDeadlineSeconds": 30,
     }
+    return catalogue_isvc(NAME, ns, MODEL, H100, {"maxContextLength": 8192, "concurrency": 4}, tuning)
 
 
 def scaled_object(ns: str, prometheus_url: str) -> dict[str, Any]:

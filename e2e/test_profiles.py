@@ -32,7 +32,7 @@ import pytest
 from e2e.cluster import LocalCluster
 from e2e.fleet import GroundTruth, Scenario, Workload
 from e2e.fleet.stack import REPO, Stack, condition, deployment_args, isvc_events
-from e2e.fleet.testing import wait_until
+from e2e.fleet.testing import catalogue_isvc, wait_until
 from kvpilot.operator.profiles import LIST_TTL_S
 from kvpilot.tuner.memory import MEMORY_MODEL_VERSION
 from kvpilot.tuner.plan.profiles import UTILIZATION_MARGIN
@@ -59,17 +59,7 @@ LIGHT = Workload(arrival_rate=1.0, prompt_tokens=400, output_tokens=100)
 
 
 def isvc(name: str, ns: str, serving: dict[str, Any] = SERVING) -> dict[str, Any]:
-    return {
-        "apiVersion": "kvpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "model": {"id": MODEL, "source": "Catalogue"},
-            "gpu": {"count": 1, "product": L4},
-            "serving": serving,
-            "tuning": {"mode": "Auto", **FAST},
-        },
-    }
+    return catalogue_isvc(name, ns, MODEL, L4, serving, {"mode": "Auto", **FAST})
 
 
 @dataclasses.dataclass

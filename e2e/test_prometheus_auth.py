@@ -21,6 +21,7 @@ import pytest
 from e2e.cluster import LocalCluster
 from e2e.fleet import GroundTruth, Scenario, Workload
 from e2e.fleet.stack import Stack, condition, isvc_events
+from e2e.fleet.testing import catalogue_isvc
 from e2e.prometheus import make_ca, make_web_security
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -32,17 +33,8 @@ LIGHT = Workload(arrival_rate=1.0, prompt_tokens=400, output_tokens=100)
 
 
 def _isvc(name: str, ns: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "kvpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "model": {"id": MODEL, "source": "Catalogue"},
-            "gpu": {"count": 1, "product": H100},
-            "serving": {"maxContextLength": 8192, "concurrency": 16},
-            "tuning": {"mode": "Auto"},
-        },
-    }
+    serving = {"maxContextLength": 8192, "concurrency": 16}
+    return catalogue_isvc(name, ns, MODEL, H100, serving, {"mode": "Auto"})
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,23 @@ H100_8B = GroundTruth(
 )
 """The e2e suites' usual pod: a fast start (1 s), a short back-off and a quick OOM."""
 
+def catalogue_isvc(
+    name: str, namespace: str, model: str, gpu_product: str, serving: dict[str, Any], tuning: dict[str, Any]
+) -> dict[str, Any]:
+    """An InferenceService of a catalogue model on one GPU of ``gpu_product`` (a GFD product name)."""
+    return {
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"id": model, "source": "Catalogue"},
+            "gpu": {"count": 1, "product": gpu_product},
+            "serving": serving,
+            "tuning": tuning,
+        },
+    }
+
+
 MANAGED_LABELS = {"app.kubernetes.io/managed-by": "kvpilot", "app.kubernetes.io/name": "vllm"}
 
 
