@@ -7,7 +7,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip --disable-pip-version-check -q
+PIP    := $(PY) -m pip --disable-pip-version-check --no-cache-dir -q
 STAMP  := $(VENV)/.installed
 # The locks (pinned, hashed; Python 3.11 on Linux x86_64): what `install` and the Dockerfile install.
 LOCK_PIP      := requirements/pip.txt

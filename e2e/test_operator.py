@@ -197,10 +197,14 @@ def test_spec_change_rolls_out(cluster: LocalCluster, ns: str) -> None:
                     "-p", json.dumps({"spec": {"serving": {"maxContextLength": 12288}}}))  # fmt: skip
 
     def rolled() -> dict[str, Any] | None:
+        # observedGeneration is in the status merge patch, history in the JSON patch that follows it
+        # (status_patch.ListPatch): wait for both
         obj = get(cluster, RESOURCE, "llama-8b-l4", "-n", ns)
-        return obj if obj and (obj.get("status") or {}).get("observedGeneration") == 2 else None
+        status = (obj or {}).get("status") or {}
+        history = [h["trigger"] for h in status.get("history") or ()]
+        return obj if status.get("observedGeneration") == 2 and history[-1:] == ["SpecChanged"] else None
 
-    obj = wait_for(rolled, WAIT_S, "observedGeneration 2")
+    obj = wait_for(rolled, WAIT_S, "observedGeneration 2 and its SpecChanged history entry")
     assert condition(obj, "Ready")["status"] == "True"
     assert obj["status"]["applied"]["maxModelLen"] == 12288
     assert [h["trigger"] for h in obj["status"]["history"]][-2:] == ["Created", "SpecChanged"]
