@@ -118,7 +118,23 @@ def test_kv_pressure_grows_the_cache_before_cutting_sequences() -> None:
                              max_num_batched_tokens=8192)  # fmt: skip
     d = decide(win, current)
     assert d.trigger == remedies.KV_PRESSURE
-    assert d.settings.gpu_memory_utilization == 0.94 and d.settings.max_num_seqs == 16
+    # and, in the same rollout, the limit cut to what the larger cache holds (2 x 40k below 0.90 of ~100k
+    # tokens): at 16 vLLM would keep admitting a third request and preempting
+    assert d.settings.gpu_memory_utilization == 0.94 and d.settings.max_num_seqs == 2
+
+
+def test_growth_keeps_the_limit_when_the_larger_cache_holds_it() -> None:
+    win = with_gpu(window(kv=0.93, preempt=0.2, running=16, waiting=20, prompt=1000, output=500,
+                          capacity=30000), 5.3)  # fmt: skip
+    current = EngineSettings(max_model_len=32768, max_num_seqs=16, gpu_memory_utilization=0.92,
+                             max_num_batched_tokens=8192)  # fmt: skip
+    pressure = remedies.propose_for_pressure(_situation(win, current))
+    assert pressure is not None
+    grown = kv_bound.with_growth(_situation(win, current), pressure)
+    # 30,000 x 0.80 / 1,250 = 19 sequences fit already: the growth candidates keep 16, the cut stays last
+    assert len(grown.candidates) > len(pressure.candidates)
+    assert [c.max_num_seqs for c in grown.candidates[:-1]] == [16] * (len(grown.candidates) - 1)
+    assert grown.candidates[-1] == pressure.candidates[-1]
 
 
 def test_the_trade_counts_what_the_larger_cache_admits() -> None:
@@ -136,3 +152,28 @@ def _situation(win: ObservationWindow, current: EngineSettings = CURRENT) -> rem
         current=current, effective=remedies.compute_effective(current, ctx), budget=BIG,
         window=win, context=ctx, history=(), now=NOW, capacity_tokens=30000,
     )  # fmt: skip
+
+
+def at_the_limit(**kw: float) -> ObservationWindow:
+    """30 requests wait while all 64 sequences run with the KV cache at its 0.80 target: no room left."""
+    return window(kv=0.80, running=64, waiting=30, prompt=200, output=100, capacity=30000, **kw)
+
+
+def test_a_queue_at_the_limit_with_the_room_spent_grows_the_cache_and_the_limit_together() -> None:
+    # without telemetry only the halved chunk: its freed activation memory holds 4 more sequences
+    blind = decide(at_the_limit())
+    assert blind.trigger == remedies.IDLE_CAPACITY
+    assert (blind.settings.gpu_memory_utilization, blind.settings.max_num_batched_tokens) == (0.90, 4096)
+    assert blind.settings.max_num_seqs == 68
+    d = decide(with_gpu(at_the_limit(), free_gib=8.0))
+    assert d.action == Action.RETUNE and d.trigger == remedies.IDLE_CAPACITY
+    assert d.settings.gpu_memory_utilization == 0.95 and d.settings.max_num_batched_tokens == 4096
+    # 64 sequences fill 0.80 of 30k tokens; 0.05 more of 79 GiB and half the chunk add ~13k+ tokens
+    assert 84 <= d.settings.max_num_seqs <= 100
+    assert "no room for more at 0.80" in d.reason
+
+
+def test_without_room_or_growth_the_band_holds() -> None:
+    current = CURRENT.replace(max_num_batched_tokens=2048)  # the chunk at its floor, no telemetry
+    d = decide(at_the_limit(), current)
+    assert d.action == Action.HOLD

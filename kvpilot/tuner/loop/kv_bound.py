@@ -25,6 +25,10 @@ least ``kv_bound_min_gain``:
    frees activation memory for KV, while prompts longer than the chunk take more steps to prefill).
 
 The trade (:mod:`kvpilot.tuner.loop.trade`) counts the queue the larger cache would admit as the gain.
+
+The same growth serves two other rules: under KV pressure it comes before the cut of ``max_num_seqs``
+(:func:`with_growth`), and a queue *at* the sequence limit whose room at ``target_kv_usage`` is spent
+gets a larger cache and the sequences it holds (:func:`propose_growth_for_idle`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import dataclasses
 import math
 
 from kvpilot.tuner import vllm
+from kvpilot.tuner.loop import history as history_mod
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import remedies
 from kvpilot.tuner.loop.history import HistoryAction
@@ -100,7 +105,26 @@ def with_growth(s: Situation, pressure: Proposal) -> Proposal:
     if not grown:
         return pressure
     *first, cut = pressure.candidates
-    return dataclasses.replace(pressure, candidates=(*first, *grown, cut))
+    return dataclasses.replace(pressure, candidates=(*first, *(_fitted(s, g) for g in grown), cut))
+
+
+def _fitted(s: Situation, grown: EngineSettings) -> EngineSettings:
+    """``grown`` with ``max_num_seqs`` cut to what its larger cache holds below ``kv_usage_high`` (where
+    pressure starts) by the observed lengths, when that is fewer: a larger cache that still cannot hold the
+    limit keeps preempting (vLLM admits up to the limit whatever the cache holds), so the growth and the cut
+    go in one rollout rather than two. At most ``seqs_step_down`` below the peak running batch, as the
+    pressure rule's own cut (:func:`remedies.propose_for_pressure`)."""
+    p, w = s.policy, s.window
+    seqs = grown.max_num_seqs or 1
+    length = w.compute_occupied_tokens(p.output_occupancy)
+    tokens = remedies.predict_kv_tokens(s, grown)
+    peak_running = obs.compute_max(w.samples, obs.running)
+    if length is None or not tokens or not peak_running:
+        return grown
+    fit = max(1, math.floor(tokens * p.kv_usage_high / length))
+    floor_step = math.floor(min(seqs, math.ceil(peak_running)) * (1.0 - p.seqs_step_down))
+    target = max(fit, floor_step, 1)
+    return grown.replace(max_num_seqs=target) if target < seqs else grown
 
 
 def _raise_gmu(s: Situation) -> tuple[EngineSettings | None, str]:
@@ -159,3 +183,53 @@ def _halve_batched(s: Situation) -> EngineSettings | None:
     if half >= tokens or half < math.ceil(prompt):
         return None
     return eff.replace(max_num_batched_tokens=half)
+
+
+def propose_growth_for_idle(s: Situation) -> Proposal | None:
+    """A queue at the sequence limit with no room left at ``target_kv_usage``: a larger KV cache and the
+    sequences it holds there, in one rollout.
+
+    :func:`remedies.propose_for_idle` raises the limit up to the room the window shows; once the cache is
+    at its target usage that room is spent and the band holds. The same growth as the KV-bound rule's
+    (:func:`compute_growth`: fp8 KV if allowed, more utilisation into memory dcgm-exporter shows free,
+    half the batched tokens) then makes room, and the limit goes up to what the larger cache holds at
+    ``target_kv_usage`` (the fewer of the observed lengths' and the observed usage's figure), by at least
+    ``min_seqs_raise``, and below a limit KV pressure cut from within ``flap_guard_seconds``."""
+    p, w, eff = s.policy, s.window, s.effective
+    seqs = eff.max_num_seqs or 1
+    queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
+    peak_running = obs.compute_max(w.samples, obs.running) or 0.0
+    usage = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
+    running = obs.compute_mean(w.samples, obs.running) or 0.0
+    if queue < p.queue_min or peak_running < p.seqs_saturation * seqs or usage <= 0 or running < 1:
+        return None
+    base = remedies.predict_kv_tokens(s, eff)
+    grown, notes = compute_growth(s, fp8=True)
+    if not base or not grown:
+        return None
+    length = w.compute_occupied_tokens(p.output_occupancy)
+    since = s.now - p.flap_guard_seconds
+    ceiling = history_mod.compute_pressure_ceiling(s.history, remedies.KV_PRESSURE, since)
+    candidates: list[EngineSettings] = []
+    for g in grown:
+        ratio = (remedies.predict_kv_tokens(s, g) or 0.0) / base
+        room = [math.floor(p.target_kv_usage * running / usage * ratio)]
+        if length is not None and s.capacity_tokens is not None:
+            room.append(math.floor(s.capacity_tokens * ratio * p.target_kv_usage / length))
+        target = min(room)
+        if ceiling is not None:
+            target = min(target, ceiling - 1)
+        if target >= seqs * (1.0 + p.min_seqs_raise):
+            candidates.append(g.replace(max_num_seqs=target))
+    if not candidates:
+        return None
+    return Proposal(
+        trigger=remedies.IDLE_CAPACITY,
+        evidence=(
+            f"{queue:.1f} requests wait while {peak_running:.0f} of {seqs} sequences run with KV usage "
+            f"{usage:.2f}: no room for more at {p.target_kv_usage:.2f} in the KV cache ({s.capacity_tokens} "
+            f"tokens); a larger one holds {candidates[0].max_num_seqs}" + (f" ({notes})" if notes else "")
+        ),
+        candidates=tuple(candidates),
+        exhausted="no larger KV cache within the bounds",
+    )

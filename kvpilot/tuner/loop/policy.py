@@ -14,7 +14,8 @@ chain of small steps; the first step with something to say decides:
    (``MetricsAvailable=False`` on the resource).
 4. **pressure** -- sustained KV usage >= high band with preemptions: fp8 KV or fewer sequences.
 5. **idle** -- a queue at the sequence limit with room in the KV cache (sustained usage <= low band,
-   or, inside the band, room at the target usage by the observed lengths and usage): more sequences.
+   or, inside the band, room at the target usage by the observed lengths and usage): more sequences;
+   with that room spent, a larger KV cache and the sequences it holds.
 6. otherwise hold (inside the hysteresis band).
 
 Pressure or the SLO with every candidate exhausted (the tuning at its floor) also carries the replicas to
@@ -505,6 +506,11 @@ def _idle_step(inp: _Inputs) -> Decision | None:
     if not slo.allows_raise(inp.situation):
         return None  # raises stop at the latency objective
     proposal = remedies.propose_for_idle(inp.situation)
+    if proposal is None or _pick(inp, proposal) is None:
+        # the room at the target usage is spent: a larger cache makes more (falls through when none)
+        grown = kv_bound.propose_growth_for_idle(inp.situation)
+        if grown is not None and _pick(inp, grown) is not None:
+            return _choose(inp, grown)
     return _choose(inp, proposal) if proposal is not None else None
 
 
