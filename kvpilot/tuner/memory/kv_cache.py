@@ -20,7 +20,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
-from kvpilot.tuner.model import CHUNKED, DTYPE_BYTES, FULL, GDN, LINEAR, MLA, NO_KV, SLIDING, ModelSpec
+from kvpilot.tuner.memory.packed import compute_packed_groups
+from kvpilot.tuner.model import (
+    CHUNKED,
+    COMPRESSED,
+    DTYPE_BYTES,
+    FULL,
+    GDN,
+    LINEAR,
+    MLA,
+    NO_KV,
+    SLIDING,
+    ModelSpec,
+)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -146,6 +158,8 @@ def compute_kv_layout(
     alignment and a checkpoint page); ``enable_prefix_caching`` (vLLM's default) puts hybrid state
     layers in align mode.
     """
+    if model.compressed is not None:
+        return _compressed_layout(model, pipeline_parallel_size, pp_rank, kv_cache_dtype)
     tp = tensor_parallel_size
     model_bytes = DTYPE_BYTES[dtype or model.dtype]
     hybrid_chunked = vllm.hybrid_manager_for_chunked_local(vllm_version)
@@ -240,6 +254,34 @@ def compute_kv_layout(
     bytes_per_block = max(g.bytes_per_block for g in groups)
     state_groups = sum(1 for g in groups if g.kind == LINEAR)
     return KvLayout(block_size, tuple(groups), bytes_per_block, bytes_per_token, state_groups)
+
+
+def _compressed_layout(model: ModelSpec, pp: int, pp_rank: int, kv_cache_dtype: str | None) -> KvLayout:
+    """DeepSeek-V4: every layer's caches (:mod:`kvpilot.tuner.vllm.compressed_attention`), packed the way
+    vLLM's block-outermost layout packs them (:mod:`kvpilot.tuner.memory.packed`). Replicated over TP, the
+    same whatever ``--kv-cache-dtype`` (vLLM stores them as ``fp8_ds_mla``)."""
+    if (kv_cache_dtype or "auto") not in vllm.COMPRESSED_ATTENTION_KV_CACHE_DTYPES:
+        raise ValueError(
+            f"{model.architecture}: vLLM's DeepSeek-V4 cache takes --kv-cache-dtype "
+            f"{'/'.join(vllm.COMPRESSED_ATTENTION_KV_CACHE_DTYPES)}, not {kv_cache_dtype}"
+        )
+    caches = [
+        (index, cache)
+        for index, layer in enumerate(model.layers)
+        if layer.kind == COMPRESSED
+        for cache in vllm.compressed_layer_caches(
+            layer.compress_ratio, layer.head_dim, layer.window or 0, layer.indexer_head_dim
+        )
+    ]
+    stage = model.layer_range(pp, pp_rank)
+    groups = tuple(
+        KvGroup(FULL if g.window is None else SLIDING, g.layers, g.page_bytes, g.window, g.block_size, g.group_bytes)
+        for g in compute_packed_groups(caches, stage)
+    )
+    per_token = sum(c.page_bytes / c.block_size for i, c in caches if c.window is None and i in stage)
+    return KvLayout(
+        vllm.COMPRESSED_ATTENTION_BLOCK_SIZE, groups, max(g.group_bytes for g in groups), int(per_token)
+    )
 
 
 @dataclass(frozen=True, slots=True)

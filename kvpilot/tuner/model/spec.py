@@ -39,14 +39,17 @@ from kvpilot.tuner.model.fields import (
     describe,
     refuse,
 )
+from kvpilot.tuner.model.compressed import read_compressed_layers
 from kvpilot.tuner.model.layers import (  # re-exported: callers name them model_spec.FULL etc.
     CHUNKED,
+    COMPRESSED,
     DTYPE_BYTES,
     FULL,
     LINEAR,
     MLA,
     NO_KV,
     SLIDING,
+    CompressedAttentionSpec,
     LayerSpec,
     LinearStateSpec,
     MlaSpec,
@@ -65,12 +68,14 @@ from kvpilot.tuner.model.readers import (
 
 __all__ = [
     "CHUNKED",
+    "COMPRESSED",
     "DTYPE_BYTES",
     "FULL",
     "LINEAR",
     "MLA",
     "NO_KV",
     "SLIDING",
+    "CompressedAttentionSpec",
     "LayerSpec",
     "LinearStateSpec",
     "MlaSpec",
@@ -149,6 +154,8 @@ class ModelSpec:
     moe: MoeSpec | None = None
     mla: MlaSpec | None = None
     linear_state: LinearStateSpec | None = None
+    compressed: CompressedAttentionSpec | None = None
+    """DeepSeek-V4's compressed sparse attention (its layers are ``COMPRESSED``)."""
     quantization: QuantSpec | None = None
     mlp_gated: bool = True
     attention_bias: bool = False
@@ -188,7 +195,7 @@ class ModelSpec:
 
     def kv_heads_per_rank(self, tp: int) -> int:
         """vLLM's ``get_num_kv_heads``: ``max(1, total // tp)``; MLA's latent is replicated."""
-        if self.mla is not None:
+        if self.mla is not None or self.compressed is not None:
             return 1
         return max(1, self.num_kv_heads // tp)
 
@@ -214,7 +221,6 @@ class ModelSpec:
 
 
 _NOT_MODELLED_FIELDS = (
-    ("compress_ratios", "DeepSeek-V4 compressed sparse attention"),
     ("linear_attn_config", "Kimi Delta Attention linear-attention layers"),
 )
 """Config fields whose KV layout kvpilot does not model: a config with one is refused, naming it."""
@@ -421,8 +427,12 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     max_len, key, base = _max_model_len(text, model_type, rope)
     window = text.optional_int("sliding_window", limit=MAX_CONTEXT)
     linear_state = None
+    compressed = None
     kv_heads = geometry.kv_heads
-    if mla is not None:
+    if text.present("compress_ratios"):  # DeepSeek-V4: a replicated 512-wide latent per layer
+        layers, compressed = read_compressed_layers(text, num_layers)
+        kv_heads, head_dim_kv = 1, compressed.head_dim
+    elif mla is not None:
         latent = mla.kv_lora_rank + mla.qk_rope_head_dim
         layers = read_mla_layers(text, num_layers, latent)
         kv_heads, head_dim_kv = 1, latent
@@ -437,7 +447,10 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     if tie is None:
         tie = model_type in _TIED_BY_DEFAULT or top.string("model_type") in _TIED_BY_DEFAULT
     partial = text.optional_float("partial_rotary_factor", maximum=1.0) or 1.0
-    rotary_dim = int((mla.qk_rope_head_dim if mla else geometry.head_dim) * partial)
+    rope_dim = mla.qk_rope_head_dim if mla else geometry.head_dim
+    if compressed is not None:
+        rope_dim = text.need_int("qk_rope_head_dim", limit=MAX_HEADS)
+    rotary_dim = int(rope_dim * partial)
     return ModelSpec(
         architecture=architecture,
         model_type=model_type,
@@ -455,6 +468,7 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         moe=read_moe(text, model_type, num_layers, inter),
         mla=mla,
         linear_state=linear_state,
+        compressed=compressed,
         quantization=_quant(text),
         mlp_gated=model_type not in _NON_GATED_MLP,
         attention_bias=text.flag("attention_bias") or model_type in ("qwen2", "qwen2_moe"),

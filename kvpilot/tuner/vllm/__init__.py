@@ -3,7 +3,8 @@
 Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model Runner
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), its KV-cache dtypes
-(:mod:`.kv_dtypes`), the sparse-attention indexer cache (:mod:`.indexer`), the texts it prints when it fails
+(:mod:`.kv_dtypes`), the sparse-attention indexer cache (:mod:`.indexer`), DeepSeek-V4's compressed
+sparse attention (:mod:`.compressed_attention`), the texts it prints when it fails
 and their parsers (:mod:`.messages`) -- lives in this package. Other modules ask it; they never keep a copy.
 A copy is a defect waiting to drift: three did (the closed loop's own batch-default table, the KV-dtype
 list, a hard-coded block size).
@@ -31,6 +32,14 @@ from kvpilot.tuner.vllm.args import (
     parse_human_int,
     parse_vllm_args,
     validate_extra_args,
+)
+from kvpilot.tuner.vllm.compressed_attention import (
+    COMPRESSED_ATTENTION_BLOCK_SIZE,
+    COMPRESSED_ATTENTION_KV_CACHE_DTYPES,
+    CompressedCache,
+    approximate_gcd,
+    check_compressed_ratios,
+    compressed_layer_caches,
 )
 from kvpilot.tuner.vllm.effective import compute_effective_settings, compute_in_flight_tokens
 from kvpilot.tuner.vllm.hybrid import (
@@ -106,6 +115,9 @@ from kvpilot.tuner.vllm.versions import (
 )
 
 __all__ = [
+    "COMPRESSED_ATTENTION_BLOCK_SIZE",
+    "COMPRESSED_ATTENTION_KV_CACHE_DTYPES",
+    "CompressedCache",
     "ASYNC_SCHEDULING_SINCE",
     "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
@@ -138,9 +150,12 @@ __all__ = [
     "V2_RUNNER_ENV",
     "Version",
     "auto_fit_error",
+    "approximate_gcd",
     "build_vllm_args",
     "charges_total_consumed",
     "check_architecture_served",
+    "check_compressed_ratios",
+    "compressed_layer_caches",
     "check_dtype",
     "check_modelled",
     "check_settings",
