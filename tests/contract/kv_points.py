@@ -112,6 +112,9 @@ def build_vllm_specs(
     m: Any, vc: Any, config: dict[str, Any], spec: ModelSpec, p: Point
 ) -> tuple[list[dict[str, Any]], int]:
     """Every layer's KVCacheSpec, split into PP workers, and the block size the platform settles on."""
+    if spec.compressed is not None:
+        return build_compressed_specs(m, vc, config, spec, p)
+    vc.cache_config.kv_cache_layout = "LBNHC"
     torch = m["torch"]
     model_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[spec.dtype]
     kv_dtype = model_dtype if p.dtype == "auto" else m["STR_DTYPE_TO_TORCH_DTYPE"][p.dtype]
@@ -163,6 +166,72 @@ def build_vllm_specs(
     named = {f"model.layers.{i}.attn": (i, s) for i, s in specs.items()}
     for index in indexer_layers(config, spec.num_layers):
         named[f"model.layers.{index}.self_attn.indexer.k_cache"] = (index, indexer_spec(m, config, block))
+    workers = []
+    for rank in range(p.pp):
+        start, end = m["get_pp_indices"](spec.num_layers, rank, p.pp)
+        workers.append({name: s for name, (i, s) in named.items() if start <= i < end})
+    return workers, block
+
+
+def build_compressed_specs(
+    m: Any, vc: Any, config: dict[str, Any], spec: ModelSpec, p: Point
+) -> tuple[list[dict[str, Any]], int]:
+    """DeepSeek-V4's caches, each from the wheel's own class: the ``DeepseekV4SWACache``,
+    ``CompressorStateCache`` and ``DeepseekV4IndexerCache`` modules are built (under ``set_current_vllm_config``,
+    their registrations removed again), the compressed latent's spec is ``DeepseekV4Attention.get_kv_cache_spec``
+    on the attributes its ``__init__`` sets, the KV dtype from ``_resolve_dsv4_kv_cache_dtype`` (CUDA's FlashMLA
+    layout). The block is the one the DSV4 indexer backend accepts, the layout the one it asks for
+    (block-outermost, so vLLM packs the groups). The attention layer's own ``__init__`` (its linears, rotary
+    and kernels) is not run: it needs the CUDA kernels and a built model."""
+    torch = m["torch"]
+    block = m["DeepseekV4IndexerBackend"].get_supported_kernel_block_sizes()[0]
+    vc.cache_config.kv_cache_layout = m["DeepseekV4IndexerBackend"].supported_kv_cache_layouts()[0].name
+    cache_dtype, torch_dtype = m["resolve_dsv4_kv_cache_dtype"](True, p.dtype, None)
+    vc.cache_config.block_size = block
+    vc.cache_config.cache_dtype = cache_dtype
+    text = _text(config)
+    head, index_head, window = text["head_dim"], text["index_head_dim"], text["sliding_window"]
+    forward = vc.compilation_config.static_forward_context
+    before = set(forward)
+    named: dict[str, tuple[int, Any]] = {}
+    try:
+        with m["set_current_vllm_config"](vc):
+            for index in range(spec.num_layers):
+                ratio = max(1, text["compress_ratios"][index])
+                prefix = f"model.layers.{index}.attn"
+                swa = m["DeepseekV4SWACache"](head, window, torch_dtype, f"{prefix}.swa_cache", vc.cache_config)
+                named[swa.prefix] = (index, swa.get_kv_cache_spec(vc))
+                if ratio > 1:
+                    attn = types.SimpleNamespace(
+                        compress_ratio=ratio,
+                        head_dim=head,
+                        kv_cache_dtype=cache_dtype,
+                        kv_cache_torch_dtype=torch_dtype,
+                    )
+                    named[prefix] = (index, m["DeepseekV4Attention"].get_kv_cache_spec(attn, vc))
+                    coff = 1 + (ratio == 4)  # DeepseekCompressor: kv_state + score_state
+                    state = m["CompressorStateCache"](
+                        2 * coff * head, torch.float32, ratio, f"{prefix}.compressor.state_cache"
+                    )
+                    named[state.prefix] = (index, state.get_kv_cache_spec(vc))
+                if ratio == 4:
+                    k_cache = m["DeepseekV4IndexerCache"](
+                        index_head + index_head // 128 * 4,
+                        torch.uint8,
+                        f"{prefix}.indexer.k_cache",
+                        vc.cache_config,
+                        compress_ratio=ratio,
+                    )
+                    named[k_cache.prefix] = (index, k_cache.get_kv_cache_spec(vc))
+                    state = m["CompressorStateCache"](
+                        2 * 2 * index_head, torch.float32, ratio, f"{prefix}.indexer.compressor.state_cache"
+                    )
+                    named[state.prefix] = (index, state.get_kv_cache_spec(vc))
+    finally:
+        for name in set(forward) - before:
+            del forward[name]
+        vc.cache_config.block_size = 16
+        vc.cache_config.cache_dtype = "auto"
     workers = []
     for rank in range(p.pp):
         start, end = m["get_pp_indices"](spec.num_layers, rank, p.pp)

@@ -85,11 +85,20 @@ def _points(name: str, mla: bool, default_len: int) -> list[kp.Point]:
 @pytest.fixture(scope="module")
 def wheel(vllm: types.ModuleType) -> dict[str, Any]:
     import torch
+    from vllm.config import set_current_vllm_config
     from vllm.distributed.utils import get_pp_indices
     from vllm.model_executor.layers.mamba import mamba_utils
     from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
+    from vllm.models.deepseek_v4.attention import (
+        DeepseekV4Attention,
+        DeepseekV4IndexerCache,
+        _resolve_dsv4_kv_cache_dtype,
+    )
+    from vllm.models.deepseek_v4.compressor import CompressorStateCache
     from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
     from vllm.v1.attention.backends import gdn_attn
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV4IndexerBackend
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
     from vllm.v1.core import kv_cache_planning as planning
@@ -108,6 +117,13 @@ def wheel(vllm: types.ModuleType) -> dict[str, Any]:
         "get_pp_indices": get_pp_indices,
         "mamba_utils": mamba_utils,
         "DeepseekV32IndexerCache": DeepseekV32IndexerCache,
+        "set_current_vllm_config": set_current_vllm_config,
+        "DeepseekV4Attention": DeepseekV4Attention,
+        "DeepseekV4IndexerCache": DeepseekV4IndexerCache,
+        "DeepseekV4IndexerBackend": DeepseekV4IndexerBackend,
+        "DeepseekV4SWACache": DeepseekV4SWACache,
+        "CompressorStateCache": CompressorStateCache,
+        "resolve_dsv4_kv_cache_dtype": _resolve_dsv4_kv_cache_dtype,
         "STR_DTYPE_TO_TORCH_DTYPE": STR_DTYPE_TO_TORCH_DTYPE,
         "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT": gdn_attn.FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
         "MambaAttentionBackendEnum": MambaAttentionBackendEnum,
@@ -162,7 +178,7 @@ def test_kv_arithmetic_is_vllms_own(wheel: dict[str, Any], cuda_like_config: Any
     entries = _entries()
     for name, config in entries:
         spec = build_model_spec(copy.deepcopy(config))
-        mla = any(layer.kind == MLA for layer in spec.layers)
+        mla = any(layer.kind == MLA for layer in spec.layers) or spec.compressed is not None
         for point in _points(name, mla, spec.max_model_len):
             checked += 1
             try:
@@ -236,3 +252,42 @@ def test_sparse_attention_indexer_cache_is_vllms_own(
     print(f"indexer models: {len(entries)} configs, {checked} points, {exact} exact")
     assert not misses, f"{len(misses)} of {checked} differ:\n" + "\n".join(misses[:20])
     assert checked == exact == len(entries) * len(TPS) * len(PPS) * len(BLOCKS) * 2 * 3 * 2
+
+
+COMPRESSED_LENGTHS = (4096, 32768, 1_048_576)
+
+
+def test_compressed_sparse_attention_is_vllms_own(
+    wheel: dict[str, Any], cuda_like_config: Any, monkeypatch: Any
+) -> None:
+    """DeepSeek-V4 (Flash, Pro, Flash-NVFP4): every layer's SWA, compressed latent, compressor-state and
+    indexer caches from the wheel's own classes, packed by vLLM's block-outermost grouping; kvpilot's
+    blocks, tokens, concurrency, start verdict and estimated length equal vLLM's over the full grid."""
+    monkeypatch.setattr(type(cuda_like_config), "use_v2_model_runner", property(lambda self: True))
+    vc = cuda_like_config
+    entries = [(n, c) for n, c in _entries() if "compress_ratios" in kp._text(c)]
+    names = {n for n, _ in entries}
+    assert {"deepseek-ai__DeepSeek-V4-Flash", "deepseek-ai__DeepSeek-V4-Pro"} <= names, names
+    checked, exact, misses = 0, 0, []
+    for name, config in entries:
+        spec = build_model_spec(copy.deepcopy(config))
+        for tp in TPS:
+            for pp in PPS:
+                for dtype in MLA_DTYPES:
+                    for length in COMPRESSED_LENGTHS:
+                        for available in AVAILABLE:
+                            point = kp.Point(tp, pp, 256, dtype, length, available, (9, 0))
+                            checked += 1
+                            workers, block = kp.build_vllm_specs(wheel, vc, config, spec, point)
+                            assert block == vllm.COMPRESSED_ATTENTION_BLOCK_SIZE
+                            vc.parallel_config.pipeline_parallel_size = pp
+                            theirs = kp.vllm_outcome(wheel, vc, workers, point)
+                            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, pp))
+                            if ours == theirs:
+                                exact += 1
+                            else:
+                                misses.append(f"{name} {point}: kvpilot {ours} vLLM {theirs}")
+    vc.cache_config.kv_cache_layout = "LBNHC"
+    print(f"compressed-attention models: {len(entries)} configs, {checked} points, {exact} exact")
+    assert not misses, f"{len(misses)} of {checked} differ:\n" + "\n".join(misses[:20])
+    assert checked == exact == len(entries) * len(TPS) * len(PPS) * 2 * 3 * len(AVAILABLE)
