@@ -94,6 +94,13 @@ def mamba_spec_parts(
         )
         dtypes = mu.MambaStateDtypeCalculator.mamba2_state_dtype(torch_dtype, "auto", ssm)
         kind = m["MambaAttentionBackendEnum"].MAMBA2
+    elif "linear_attn_config" in text:  # Kimi-K3: KimiK3DeltaAttention.get_state_shape / get_state_dtype
+        kda = text["linear_attn_config"]
+        shapes = mu.MambaStateShapeCalculator.kda_state_shape(
+            tp, kda["num_heads"], kda["head_dim"], conv_kernel_size=kda["short_conv_kernel_size"]
+        )
+        dtypes = mu.MambaStateDtypeCalculator.kda_state_dtype(torch_dtype, "auto", "auto")
+        kind = m["MambaAttentionBackendEnum"].GDN_ATTN  # GatedDeltaNetAttention.mamba_type
     else:
         shapes = mu.MambaStateShapeCalculator.gated_delta_net_state_shape(
             tp,
@@ -129,29 +136,27 @@ def build_vllm_specs(
         mamba_page = m["MambaSpec"](shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes
         full = next(layer for layer in spec.layers if layer.kind in (FULL, MLA))
         one = _attention_spec(m, full, 1, p.tp, kv_dtype, quant, p.dtype, per_token_head)
-        flashinfer_gdn = spec.model_type != "nemotron_h" and kv_vllm.uses_flashinfer_gdn(
-            p.capability, _text(config).get("linear_key_head_dim", 0)
-        )
+        alignment = prefill_checkpoint_alignment(m, config, spec, p) if align else None
         # -- copy of Platform._align_hybrid_block_size (platforms/interface.py) --
         kernel = max(16, block)
         if spec.mla is not None:
             kernel = max(kernel, 128)
-        if align and flashinfer_gdn:
-            kernel = math.lcm(kernel, m["FLASHINFER_GDN_CHECKPOINT_ALIGNMENT"])
+        if alignment:
+            kernel = math.lcm(kernel, alignment)
         attn_block = kernel * -(-mamba_page // (kernel * one.page_size_bytes))
         attn_block = 16 * -(-attn_block // 16)
         block = max(block, attn_block)
         padded = block * one.page_size_bytes
         # -- end of copy --
-        checkpoint = 1 if align and flashinfer_gdn else 0
-        state = (shapes, dtypes, mamba_type, None if padded == mamba_page else padded)
+        checkpoint = 1 if alignment else 0
+        state = (shapes, dtypes, mamba_type, None if padded == mamba_page else padded, alignment)
     specs: dict[int, Any] = {}
     for index, layer in enumerate(spec.layers):
         if layer.kind == NO_KV:
             continue
         if layer.kind == LINEAR:
             assert state is not None
-            shapes, dtypes, mamba_type, padded = state
+            shapes, dtypes, mamba_type, padded, alignment = state
             specs[index] = m["MambaSpec"](
                 shapes=shapes,
                 dtypes=dtypes,
@@ -160,6 +165,8 @@ def build_vllm_specs(
                 mamba_type=mamba_type,
                 mamba_cache_mode="align" if align else "none",
                 num_prefill_checkpoint_blocks=checkpoint,
+                # KimiK3DeltaAttention.get_kv_cache_spec sets the alignment on its spec; GDN leaves None.
+                prefill_checkpoint_alignment=alignment if "linear_attn_config" in _text(config) else None,
             )
         else:
             specs[index] = _attention_spec(m, layer, block, p.tp, kv_dtype, quant, p.dtype, per_token_head)
@@ -171,6 +178,27 @@ def build_vllm_specs(
         start, end = m["get_pp_indices"](spec.num_layers, rank, p.pp)
         workers.append({name: s for name, (i, s) in named.items() if start <= i < end})
     return workers, block
+
+
+def prefill_checkpoint_alignment(m: Any, config: dict[str, Any], spec: ModelSpec, p: Point) -> int | None:
+    """The state layers' prefill-checkpoint grid on this GPU: FlashInfer GDN (Qwen3-Next, Qwen3.5) or
+    FlashKDA (Kimi-K3). The kernel choice is a copy of ``_resolve_gdn_prefill_backend`` /
+    ``resolve_kda_prefill_backend`` (both ask the CUDA platform); the grids are the wheel's own."""
+    text = _text(config)
+    if "linear_attn_config" in text:
+        kda = text["linear_attn_config"]
+        flashkda = (
+            p.capability[0] in (9, 10, 12)
+            and kda["head_dim"] == 128
+            and spec.dtype == "bfloat16"
+            and kda.get("gate_lower_bound") is not None
+        )
+        return m["kda_prefill_checkpoint_alignment"]("flashkda" if flashkda else "triton")
+    if spec.model_type != "nemotron_h" and kv_vllm.uses_flashinfer_gdn(
+        p.capability, text.get("linear_key_head_dim", 0)
+    ):
+        return int(m["FLASHINFER_GDN_CHECKPOINT_ALIGNMENT"])
+    return None
 
 
 def build_compressed_specs(

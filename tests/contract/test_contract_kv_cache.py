@@ -88,6 +88,7 @@ def wheel(vllm: types.ModuleType) -> dict[str, Any]:
     from vllm.config import set_current_vllm_config
     from vllm.distributed.utils import get_pp_indices
     from vllm.model_executor.layers.mamba import mamba_utils
+    from vllm.model_executor.layers.mamba.kda_checkpoint import kda_prefill_checkpoint_alignment
     from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
     from vllm.models.deepseek_v4.attention import (
         DeepseekV4Attention,
@@ -118,6 +119,7 @@ def wheel(vllm: types.ModuleType) -> dict[str, Any]:
         "mamba_utils": mamba_utils,
         "DeepseekV32IndexerCache": DeepseekV32IndexerCache,
         "set_current_vllm_config": set_current_vllm_config,
+        "kda_prefill_checkpoint_alignment": kda_prefill_checkpoint_alignment,
         "DeepseekV4Attention": DeepseekV4Attention,
         "DeepseekV4IndexerCache": DeepseekV4IndexerCache,
         "DeepseekV4IndexerBackend": DeepseekV4IndexerBackend,
@@ -291,3 +293,40 @@ def test_compressed_sparse_attention_is_vllms_own(
     print(f"compressed-attention models: {len(entries)} configs, {checked} points, {exact} exact")
     assert not misses, f"{len(misses)} of {checked} differ:\n" + "\n".join(misses[:20])
     assert checked == exact == len(entries) * len(TPS) * len(PPS) * 2 * 3 * len(AVAILABLE)
+
+
+KDA_CAPABILITIES = ((9, 0), (8, 0), (10, 0))
+
+
+def test_kimi_delta_attention_state_is_vllms_own(
+    wheel: dict[str, Any], cuda_like_config: Any, monkeypatch: Any
+) -> None:
+    """Kimi-K3: its MLA layers beside KDA state pages (``kda_state_shape`` / ``kda_state_dtype``, FlashKDA's
+    16-token checkpoints on Hopper and Blackwell, Triton's none on Ampere) equal vLLM's over the full grid."""
+    monkeypatch.setattr(type(cuda_like_config), "use_v2_model_runner", property(lambda self: True))
+    vc = cuda_like_config
+    entries = [(n, c) for n, c in _entries() if "linear_attn_config" in kp._text(c)]
+    assert {n for n, _ in entries} >= {"moonshotai__Kimi-K3"}, entries
+    checked, exact, misses = 0, 0, []
+    for name, config in entries:
+        spec = build_model_spec(copy.deepcopy(config))
+        for tp in TPS:
+            for pp in PPS:
+                for block in BLOCKS:
+                    for dtype in MLA_DTYPES:
+                        for length in INDEXER_LENGTHS:
+                            for available in INDEXER_AVAILABLE:
+                                for capability in KDA_CAPABILITIES:
+                                    point = kp.Point(tp, pp, block, dtype, length, available, capability)
+                                    checked += 1
+                                    workers, _ = kp.build_vllm_specs(wheel, vc, config, spec, point)
+                                    vc.parallel_config.pipeline_parallel_size = pp
+                                    theirs = kp.vllm_outcome(wheel, vc, workers, point)
+                                    ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, pp))
+                                    if ours == theirs:
+                                        exact += 1
+                                    else:
+                                        misses.append(f"{name} {point}: kvpilot {ours} vLLM {theirs}")
+    print(f"KDA models: {len(entries)} configs, {checked} points, {exact} exact")
+    assert not misses, f"{len(misses)} of {checked} differ:\n" + "\n".join(misses[:20])
+    assert checked == exact == len(entries) * len(TPS) * len(PPS) * len(BLOCKS) * 2 * 3 * 2 * 3

@@ -27,6 +27,7 @@ from kvpilot.tuner.model import (
     DTYPE_BYTES,
     FULL,
     GDN,
+    KDA,
     LINEAR,
     MLA,
     NO_KV,
@@ -124,15 +125,15 @@ def _hybrid_block_size(
     per_token: float,
     block_size: int,
     state_bytes: int,
-    align: bool,
-    flashinfer_gdn: bool,
+    checkpoint_alignment: int,
 ) -> int:
-    """vLLM's ``Platform._align_hybrid_block_size``: the attention block that holds one state."""
+    """vLLM's ``Platform._align_hybrid_block_size``: the attention block that holds one state
+    (``checkpoint_alignment``: the prefill checkpoints' token grid in align mode, 0: none)."""
     kernel = max(vllm.ATTENTION_KERNEL_BLOCK, block_size)
     if model.mla is not None:
         kernel = max(kernel, vllm.MLA_HYBRID_BLOCK_ALIGNMENT)
-    if align and flashinfer_gdn:
-        kernel = math.lcm(kernel, vllm.FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
+    if checkpoint_alignment:
+        kernel = math.lcm(kernel, checkpoint_alignment)
     attn_block = kernel * cdiv(state_bytes, int(kernel * per_token))
     attn_block = vllm.ATTENTION_KERNEL_BLOCK * cdiv(attn_block, vllm.ATTENTION_KERNEL_BLOCK)
     return max(block_size, attn_block)
@@ -187,18 +188,21 @@ def compute_kv_layout(
     if has_state:
         assert state is not None and per_token
         align = vllm.uses_mamba_align_mode(vllm_version, enable_prefix_caching)
-        flashinfer_gdn = state.family == GDN and vllm.uses_flashinfer_gdn(
-            compute_capability, state.head_k_dim
-        )
+        checkpoint = 0
+        if align and state.family == GDN and vllm.uses_flashinfer_gdn(compute_capability, state.head_k_dim):
+            checkpoint = vllm.FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
+        bf16 = (dtype or model.dtype) == "bfloat16"
+        if align and state.family == KDA and vllm.uses_flashkda(
+            compute_capability, state.head_k_dim, bf16, state.bounded_gate
+        ):
+            checkpoint = vllm.FLASHKDA_CHECKPOINT_ALIGNMENT
         state_bytes = state.state_bytes(tp, model_bytes)
         # vLLM sizes the attention page from the model's (full-attention) geometry.
         full = [k for k in attention if k[0] in (FULL, MLA)] or list(attention)
         model_per_token = per_token[max(full, key=lambda k: per_token[k])]
-        block_size = _hybrid_block_size(
-            model, model_per_token, block_size, state_bytes, align, flashinfer_gdn
-        )
+        block_size = _hybrid_block_size(model, model_per_token, block_size, state_bytes, checkpoint)
         blocks = dict.fromkeys(attention, block_size)
-        state_pages = vllm.state_pages_per_request(align, 1 if align and flashinfer_gdn else 0)
+        state_pages = vllm.state_pages_per_request(align, 1 if checkpoint else 0)
     pages = {key: int(blocks[key] * per_token[key]) for key in attention}
     if has_state:
         state_page = max(int(block_size * model_per_token), state_bytes)

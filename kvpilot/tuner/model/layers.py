@@ -63,6 +63,8 @@ class MoeSpec:
     """Summed intermediate size of the shared experts of one MoE layer (0: none)."""
     parallel_dense_intermediate_size: int = 0
     """A dense MLP that runs beside the experts in every MoE layer (Gemma 4)."""
+    expert_hidden_size: int = 0
+    """The routed experts' hidden size when it differs from the model's (Kimi-K3's latent MoE); 0: the same."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +121,8 @@ class LinearStateSpec:
     ssm_dtype: str | None = None
     n_groups: int = 0
     """Mamba2 only: B/C groups (each adds ``2 x head_k_dim`` conv channels)."""
+    bounded_gate: bool = False
+    """KDA only: the config bounds the gate (``gate_lower_bound``), one condition of FlashKDA's prefill."""
 
     def conv_elements(self, tp: int) -> int:
         channels = self.conv_dim

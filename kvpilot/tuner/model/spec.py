@@ -40,6 +40,7 @@ from kvpilot.tuner.model.fields import (
     refuse,
 )
 from kvpilot.tuner.model.compressed import read_compressed_layers
+from kvpilot.tuner.model.kda import read_kda_layers
 from kvpilot.tuner.model.layers import (  # re-exported: callers name them model_spec.FULL etc.
     CHUNKED,
     COMPRESSED,
@@ -220,10 +221,6 @@ class ModelSpec:
         return int(self.max_len_base * self.rope_factor)
 
 
-_NOT_MODELLED_FIELDS = (
-    ("linear_attn_config", "Kimi Delta Attention linear-attention layers"),
-)
-"""Config fields whose KV layout kvpilot does not model: a config with one is refused, naming it."""
 
 
 def _fallback_intermediate(text: Fields, hidden: int, names: tuple[str, ...]) -> int:
@@ -398,13 +395,6 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
             "modelled yet (modelled: Qwen3-Next and Qwen3.5 gated DeltaNet, Nemotron-H Mamba2)",
             field="model_type",
         )
-    for field, what in _NOT_MODELLED_FIELDS:
-        if text.present(field):
-            raise errors.InvalidModelConfig(
-                f"{architecture}: config.json's {text.path(field)} ({what}) is not modelled: kvpilot "
-                "cannot size its KV cache",
-                field=text.path(field),
-            )
 
     num_layers = (nemotron_h_num_layers(text) if model_type == "nemotron_h" else None) or text.need_int(
         "num_hidden_layers", "n_layer", "num_layers", "n_layers", limit=MAX_LAYERS
@@ -434,7 +424,10 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         kv_heads, head_dim_kv = 1, compressed.head_dim
     elif mla is not None:
         latent = mla.kv_lora_rank + mla.qk_rope_head_dim
-        layers = read_mla_layers(text, num_layers, latent)
+        if text.present("linear_attn_config"):  # Kimi-K3: MLA beside Kimi Delta Attention
+            layers, linear_state = read_kda_layers(text, num_layers, latent)
+        else:
+            layers = read_mla_layers(text, num_layers, latent)
         kv_heads, head_dim_kv = 1, latent
     else:
         head_dim_kv = geometry.head_dim

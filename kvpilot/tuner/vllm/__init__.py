@@ -45,10 +45,12 @@ from kvpilot.tuner.vllm.effective import compute_effective_settings, compute_in_
 from kvpilot.tuner.vllm.hybrid import (
     ATTENTION_KERNEL_BLOCK,
     FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
+    FLASHKDA_CHECKPOINT_ALIGNMENT,
     MLA_HYBRID_BLOCK_ALIGNMENT,
     hybrid_manager_for_chunked_local,
     state_pages_per_request,
     uses_flashinfer_gdn,
+    uses_flashkda,
     uses_mamba_align_mode,
 )
 from kvpilot.tuner.vllm.images import (
@@ -125,6 +127,7 @@ __all__ = [
     "FLAGS",
     "FLAG_ALIASES",
     "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT",
+    "FLASHKDA_CHECKPOINT_ALIGNMENT",
     "FP8_DS_MLA_BYTES_PER_TOKEN",
     "FP8_KV_DTYPES",
     "IMAGE_USER_GID",
@@ -199,6 +202,7 @@ __all__ = [
     "state_pages_per_request",
     "subtracts_cuda_graphs",
     "uses_flashinfer_gdn",
+    "uses_flashkda",
     "uses_mamba_align_mode",
     "uses_model_runner_v2",
     "validate_extra_args",
