@@ -205,9 +205,10 @@ def build_compressed_specs(
     m: Any, vc: Any, config: dict[str, Any], spec: ModelSpec, p: Point
 ) -> tuple[list[dict[str, Any]], int]:
     """DeepSeek-V4's caches, each from the wheel's own class: the ``DeepseekV4SWACache``,
-    ``CompressorStateCache`` and ``DeepseekV4IndexerCache`` modules are built (under ``set_current_vllm_config``,
-    their registrations removed again), the compressed latent's spec is ``DeepseekV4Attention.get_kv_cache_spec``
-    on the attributes its ``__init__`` sets, the KV dtype from ``_resolve_dsv4_kv_cache_dtype`` (CUDA's FlashMLA
+    ``CompressorStateCache`` and ``DeepseekV4IndexerCache`` modules are built (under
+    ``set_current_vllm_config``, their registrations removed again), the compressed latent's spec is
+    ``DeepseekV4Attention.get_kv_cache_spec`` on the attributes its ``__init__`` sets, the KV dtype from
+    ``_resolve_dsv4_kv_cache_dtype`` (CUDA's FlashMLA
     layout). The block is the one the DSV4 indexer backend accepts, the layout the one it asks for
     (block-outermost, so vLLM packs the groups). The attention layer's own ``__init__`` (its linears, rotary
     and kernels) is not run: it needs the CUDA kernels and a built model."""
@@ -227,7 +228,8 @@ def build_compressed_specs(
             for index in range(spec.num_layers):
                 ratio = max(1, text["compress_ratios"][index])
                 prefix = f"model.layers.{index}.attn"
-                swa = m["DeepseekV4SWACache"](head, window, torch_dtype, f"{prefix}.swa_cache", vc.cache_config)
+                swa_name = f"{prefix}.swa_cache"
+                swa = m["DeepseekV4SWACache"](head, window, torch_dtype, swa_name, vc.cache_config)
                 named[swa.prefix] = (index, swa.get_kv_cache_spec(vc))
                 if ratio > 1:
                     attn = types.SimpleNamespace(

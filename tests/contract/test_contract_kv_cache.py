@@ -14,6 +14,7 @@ prove the KV arithmetic itself exact there.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import pathlib
 import random
@@ -310,23 +311,20 @@ def test_kimi_delta_attention_state_is_vllms_own(
     checked, exact, misses = 0, 0, []
     for name, config in entries:
         spec = build_model_spec(copy.deepcopy(config))
-        for tp in TPS:
-            for pp in PPS:
-                for block in BLOCKS:
-                    for dtype in MLA_DTYPES:
-                        for length in INDEXER_LENGTHS:
-                            for available in INDEXER_AVAILABLE:
-                                for capability in KDA_CAPABILITIES:
-                                    point = kp.Point(tp, pp, block, dtype, length, available, capability)
-                                    checked += 1
-                                    workers, _ = kp.build_vllm_specs(wheel, vc, config, spec, point)
-                                    vc.parallel_config.pipeline_parallel_size = pp
-                                    theirs = kp.vllm_outcome(wheel, vc, workers, point)
-                                    ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, pp))
-                                    if ours == theirs:
-                                        exact += 1
-                                    else:
-                                        misses.append(f"{name} {point}: kvpilot {ours} vLLM {theirs}")
+        grid = itertools.product(
+            TPS, PPS, BLOCKS, MLA_DTYPES, INDEXER_LENGTHS, INDEXER_AVAILABLE, KDA_CAPABILITIES
+        )
+        for tp, pp, block, dtype, length, available, capability in grid:
+            point = kp.Point(tp, pp, block, dtype, length, available, capability)
+            checked += 1
+            workers, _ = kp.build_vllm_specs(wheel, vc, config, spec, point)
+            vc.parallel_config.pipeline_parallel_size = pp
+            theirs = kp.vllm_outcome(wheel, vc, workers, point)
+            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, pp))
+            if ours == theirs:
+                exact += 1
+            else:
+                misses.append(f"{name} {point}: kvpilot {ours} vLLM {theirs}")
     print(f"KDA models: {len(entries)} configs, {checked} points, {exact} exact")
     assert not misses, f"{len(misses)} of {checked} differ:\n" + "\n".join(misses[:20])
     assert checked == exact == len(entries) * len(TPS) * len(PPS) * len(BLOCKS) * 2 * 3 * 2 * 3

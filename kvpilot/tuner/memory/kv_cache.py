@@ -279,7 +279,14 @@ def _compressed_layout(model: ModelSpec, pp: int, pp_rank: int, kv_cache_dtype: 
     ]
     stage = model.layer_range(pp, pp_rank)
     groups = tuple(
-        KvGroup(FULL if g.window is None else SLIDING, g.layers, g.page_bytes, g.window, g.block_size, g.group_bytes)
+        KvGroup(
+            FULL if g.window is None else SLIDING,
+            g.layers,
+            g.page_bytes,
+            g.window,
+            g.block_size,
+            g.group_bytes,
+        )
         for g in compute_packed_groups(caches, stage)
     )
     per_token = sum(c.page_bytes / c.block_size for i, c in caches if c.window is None and i in stage)

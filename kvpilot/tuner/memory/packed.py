@@ -70,7 +70,8 @@ class _Bucket:
 def compute_packed_groups(
     caches: Sequence[tuple[int, vllm.CompressedCache]], stage: range
 ) -> list[PackedGroup]:
-    """vLLM's packed groups of ``caches`` ((layer index, cache), the whole model), projected onto ``stage``."""
+    """vLLM's packed groups of ``caches`` ((layer index, cache) over the whole model), projected onto
+    ``stage``."""
     buckets: dict[tuple[int, int | None], _Bucket] = {}
     for layer, cache in caches:
         key = (cache.block_size, cache.window)
@@ -95,7 +96,9 @@ def compute_packed_groups(
             on_rank = [bucket.members[p] for p in part if bucket.members[p][0] in stage]
             page = max(bucket.members[p][1] for p in part)
             groups.append(
-                PackedGroup(bucket.block_size, bucket.window, len(on_rank), sum(pg for _, pg in on_rank), page)
+                PackedGroup(
+                    bucket.block_size, bucket.window, len(on_rank), sum(pg for _, pg in on_rank), page
+                )
             )
     return groups
 

@@ -1,12 +1,13 @@
 """Kimi-K3's decoder layers, read from its ``linear_attn_config``: MLA layers and Kimi Delta Attention.
 
-Sits beside :mod:`kvpilot.tuner.model.readers` and below :mod:`kvpilot.tuner.model.spec`, which calls it for an
-MLA config with ``linear_attn_config``. vLLM 0.33 (``vllm/models/kimi_k3/nvidia/model.py``,
-``transformers_utils/configs/kimi_linear.py::is_kda_layer``) builds layer ``i`` as a KDA layer when ``i + 1`` is
-in ``kda_layers`` (the lists count from 1) and as an MLA layer otherwise. A KDA layer keeps one state per
-request (``MambaStateShapeCalculator.kda_state_shape``): a conv state of ``3 x num_heads x head_dim`` channels
-(q, k and v) over ``short_conv_kernel_size - 1`` steps in the model's dtype, and a recurrent state of
-``num_heads x head_dim x head_dim`` in float32 (``kda_state_dtype`` with ``--mamba-ssm-cache-dtype auto``).
+Sits beside :mod:`kvpilot.tuner.model.readers` and below :mod:`kvpilot.tuner.model.spec`, which calls it
+for an MLA config with ``linear_attn_config``. vLLM 0.33 (``vllm/models/kimi_k3/nvidia/model.py``,
+``transformers_utils/configs/kimi_linear.py::is_kda_layer``) builds layer ``i`` as a KDA layer when
+``i + 1`` is in ``kda_layers`` (the lists count from 1) and as an MLA layer otherwise. A KDA layer keeps
+one state per request (``MambaStateShapeCalculator.kda_state_shape``): a conv state of
+``3 x num_heads x head_dim`` channels (q, k and v) over ``short_conv_kernel_size - 1`` steps in the
+model's dtype, and a recurrent state of ``num_heads x head_dim x head_dim`` in float32
+(``kda_state_dtype`` with ``--mamba-ssm-cache-dtype auto``).
 """
 
 from __future__ import annotations

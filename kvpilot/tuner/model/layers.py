@@ -64,7 +64,8 @@ class MoeSpec:
     parallel_dense_intermediate_size: int = 0
     """A dense MLP that runs beside the experts in every MoE layer (Gemma 4)."""
     expert_hidden_size: int = 0
-    """The routed experts' hidden size when it differs from the model's (Kimi-K3's latent MoE); 0: the same."""
+    """The routed experts' hidden size when it differs from the model's (Kimi-K3's latent MoE); 0: the
+    same."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,8 @@ class CompressedAttentionSpec:
     index_n_heads: int
     index_head_dim: int
     hc_mult: int
-    """Hyper-connection streams (``hc_mult``): each layer keeps two ``(2 + hc) hc x hc hidden`` fp32 mixers."""
+    """Hyper-connection streams (``hc_mult``): each layer keeps two ``(2 + hc) hc x hc hidden`` fp32
+    mixers."""
     expert_bytes_per_weight: float = 0.0
     """Bytes per routed-expert weight when the checkpoint stores them apart (``expert_dtype: fp4``: MXFP4,
     a ModelOpt ``moe_quant_algo: NVFP4``); 0: the quantization config's."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.tuner import errors, vllm
+from kvpilot.tuner.model.compressed import read_compressed_layers
 from kvpilot.tuner.model.fields import (
     MAX_CONTEXT,
     MAX_HEADS,
@@ -39,7 +40,6 @@ from kvpilot.tuner.model.fields import (
     describe,
     refuse,
 )
-from kvpilot.tuner.model.compressed import read_compressed_layers
 from kvpilot.tuner.model.kda import read_kda_layers
 from kvpilot.tuner.model.layers import (  # re-exported: callers name them model_spec.FULL etc.
     CHUNKED,

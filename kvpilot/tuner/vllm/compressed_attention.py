@@ -58,7 +58,8 @@ class CompressedCache:
     block_size: int
     page_bytes: int
     window: int | None = None
-    """A ``SlidingWindowMLASpec``'s window; None: an ``MLAAttentionSpec`` (a page per block of the request)."""
+    """A ``SlidingWindowMLASpec``'s window; None: an ``MLAAttentionSpec`` (a page per block of the
+    request)."""
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -79,11 +80,17 @@ def _compressor(ratio: int, head_dim: int) -> CompressedCache:
 def compressed_layer_caches(
     compress_ratio: int, head_dim: int, window: int, index_head_dim: int
 ) -> tuple[CompressedCache, ...]:
-    """The caches of one decoder layer, in the order vLLM registers them (SWA, latent, compressor, indexer)."""
+    """The caches of one decoder layer, in the order vLLM registers them (SWA, latent, compressor,
+    indexer)."""
     ratio = max(1, compress_ratio)
     caches = [CompressedCache(SWA_BLOCK_SIZE, _page(SWA_BLOCK_SIZE, 1, LATENT_STATE_BYTES), window)]
     if ratio > 1:
-        caches.append(CompressedCache(COMPRESSED_ATTENTION_BLOCK_SIZE, _page(COMPRESSED_ATTENTION_BLOCK_SIZE, ratio, LATENT_STATE_BYTES)))
+        caches.append(
+            CompressedCache(
+                COMPRESSED_ATTENTION_BLOCK_SIZE,
+                _page(COMPRESSED_ATTENTION_BLOCK_SIZE, ratio, LATENT_STATE_BYTES),
+            )
+        )
         caches.append(_compressor(ratio, head_dim))
     if ratio == SPARSE_RATIO:
         index_page = _page(COMPRESSED_ATTENTION_BLOCK_SIZE, ratio, indexer_bytes_per_token(index_head_dim))
