@@ -165,6 +165,9 @@ class ModelSpec:
     """Rows of the rotary cos/sin cache vLLM allocates (weights memory)."""
     vision_params: int = 0
     """Parameters of the vision tower and projector (0 for text-only models)."""
+    mm_prefix_item_tokens: int = 0
+    """A multimodal prefix-LM's largest item in tokens (Gemma 4 with ``use_bidirectional_attention``
+    "vision"): vLLM 0.33 raises the default batch to hold it (``vllm.resolve_batch_limits``)."""
     max_len_key: str | None = None
     max_len_base: int = 0
     """The config's own maximum before rope scaling."""
@@ -367,6 +370,21 @@ def _rope_rows(base: int, model_type: str, rope: _Rope) -> int:
     return rows
 
 
+def _mm_prefix_item_tokens(top: Fields, text: Fields, model_type: str) -> int:
+    """Gemma 4's largest multimodal item when vLLM treats it as a prefix LM
+    (``Gemma4ModelArchConfigConvertor.is_mm_prefix_lm``: a vision tower and ``use_bidirectional_attention``
+    "vision"); 0 otherwise. vLLM reads ``vision_config.default_output_length``, which transformers does not
+    default: without it the lookup fails, vLLM logs a warning and keeps its default batch (0 here). With an
+    audio tower the audio item's length is the processor's, not in the config: the image/video bound is
+    what kvpilot can read."""
+    vision = top.child("vision_config")
+    bidirectional = text.string("use_bidirectional_attention")
+    if model_type != "gemma4_text" or vision is None or bidirectional != "vision":
+        return 0
+    per_image = vision.optional_int("default_output_length", limit=MAX_CONTEXT)
+    return vllm.gemma4_mm_item_tokens(per_image) if per_image else 0
+
+
 def _quant(text: Fields) -> QuantSpec | None:
     qc = text.child("quantization_config")
     return build_quant_spec(qc.data, qc.prefix) if qc is not None else None
@@ -468,6 +486,7 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         rotary_dim=rotary_dim,
         rope_cache_positions=_rope_rows(base, model_type, rope),
         vision_params=read_vision_params(top, hidden),
+        mm_prefix_item_tokens=_mm_prefix_item_tokens(top, text, model_type),
         max_len_key=key,
         max_len_base=base,
         rope_type=rope.type,
