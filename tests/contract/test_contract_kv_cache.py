@@ -295,10 +295,36 @@ def test_compressed_sparse_attention_is_vllms_own(
                                 exact += 1
                             else:
                                 misses.append(f"{name} {point}: kvpilot {ours} vLLM {theirs}")
+    published = checked
+    # Layer patterns no published config has, for the grouping's other branches: SWA only (one bucket), no
+    # C4 layer (no repeat pattern: the state buckets split to the widest block), C4 only, a short model.
+    flash = next(c for n, c in entries if n.endswith("DeepSeek-V4-Flash"))
+    variants = {
+        "all 0": [0] * 44,
+        "all 128": [128] * 44,
+        "all 4": [4] * 44,
+        "0, 4, 128 x 3": [0, 4, 128, 4, 128, 4, 128, 0],
+    }
+    for label, ratios in variants.items():
+        config = {**flash, "compress_ratios": ratios, "num_hidden_layers": len(ratios) - 1}
+        spec = build_model_spec(copy.deepcopy(config))
+        for pp, length, available in itertools.product((1, 2), (4096, 1_048_576), AVAILABLE[:2]):
+            point = kp.Point(1, pp, 256, "auto", length, available, (9, 0))
+            checked += 1
+            workers, _ = kp.build_vllm_specs(wheel, vc, config, spec, point)
+            vc.parallel_config.pipeline_parallel_size = pp
+            theirs = kp.vllm_outcome(wheel, vc, workers, point)
+            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, pp))
+            if ours == theirs:
+                exact += 1
+            else:
+                misses.append(f"{label} {point}: kvpilot {ours} vLLM {theirs}")
     vc.cache_config.kv_cache_layout = "LBNHC"
-    print(f"compressed-attention models: {len(entries)} configs, {checked} points, {exact} exact")
+    found = f"{len(entries)} configs + {len(variants)} variants, {checked} points, {exact} exact"
+    print(f"compressed-attention models: {found}")
     assert not misses, f"{len(misses)} of {checked} differ:\n" + "\n".join(misses[:20])
-    assert checked == exact == len(entries) * len(TPS) * len(PPS) * 2 * 3 * len(AVAILABLE)
+    assert published == len(entries) * len(TPS) * len(PPS) * 2 * 3 * len(AVAILABLE)
+    assert checked == exact == published + len(variants) * 8
 
 
 KDA_CAPABILITIES = ((9, 0), (8, 0), (10, 0))

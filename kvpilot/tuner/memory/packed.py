@@ -14,8 +14,10 @@ the ``BLHNC`` layout: :mod:`kvpilot.tuner.vllm.compressed_attention`). Mirrors
 3. **Bytes per block** are the largest group's pages summed (the groups are not page-equalised: in a
    block-outermost layout each block is one contiguous stretch the groups share).
 
-A group keeps its place when a pipeline stage holds none of its layers (vLLM projects the global groups
-onto each worker): it adds no bytes but still takes its blocks per request.
+Without a balanced mixed-page bucket there is no repeat count: every bucket stays whole but a sliding-window
+("state") bucket, which splits until a group fits the widest bucket's block. A single bucket is one group
+(vLLM's uniform-type path). A group keeps its place when a pipeline stage holds none of its layers (vLLM
+projects the global groups onto each worker): it adds no bytes but still takes its blocks per request.
 """
 
 from __future__ import annotations
@@ -78,29 +80,41 @@ def compute_packed_groups(
         bucket = buckets.setdefault(key, _Bucket(cache.block_size, cache.window, []))
         bucket.members.append((layer, cache.page_bytes))
     pool = list(buckets.values())
+    if len(pool) == 1:  # one cache type: vLLM's UniformTypeKVCacheSpecs path, a single group
+        return [_group(pool[0], list(range(len(pool[0].members))), stage)]
+    if len({cache.page_bytes for _, cache in caches}) == 1:
+        raise ValueError("caches of several types but one page size take vLLM's unpacked path: not modelled")
     floor = max((b.max_per_page for b in pool if b.balanced and len(b.by_page()) > 1), default=0)
     repeats = vllm.approximate_gcd([b.max_per_page for b in pool if b.balanced], floor) if floor else None
-    # Without a repeat pattern, vLLM caps sliding-window "state" buckets at what a block holds; DeepSeek-V4
-    # always has one (its C4 compressor bucket mixes two page sizes), so that branch is not modelled.
-    if repeats is None:
-        raise ValueError("packed KV groups without a repeating layer pattern are not modelled")
+
+    def splits(bucket: _Bucket) -> int:
+        return _cdiv(bucket.max_per_page, repeats) if bucket.balanced and repeats else 1
+
+    def is_state(bucket: _Bucket) -> bool:  # without a repeat pattern a sliding bucket may split freely
+        return repeats is None and bucket.window is not None
+
+    def widest(bucket: _Bucket, n: int) -> int:
+        return sum(_cdiv(len(v), n) * bucket.members[v[0]][1] for v in bucket.by_page().values())
+
+    anchor = max(widest(b, len(b.members) if is_state(b) else splits(b)) for b in pool)
     groups: list[PackedGroup] = []
     for bucket in pool:
-        n = _cdiv(bucket.max_per_page, repeats) if bucket.balanced else 1
+        n = splits(bucket)
+        if is_state(bucket):  # cap a state group at the states one block already holds
+            n = max(n, _cdiv(len(bucket.members), max(anchor // bucket.members[0][1], 1)))
         if n == 1:
             parts = [list(range(len(bucket.members)))]
         else:
             pattern = list(zip(*bucket.by_page().values(), strict=False))
             parts = [[position for repeat in pattern[i::n] for position in repeat] for i in range(n)]
-        for part in parts:
-            on_rank = [bucket.members[p] for p in part if bucket.members[p][0] in stage]
-            page = max(bucket.members[p][1] for p in part)
-            groups.append(
-                PackedGroup(
-                    bucket.block_size, bucket.window, len(on_rank), sum(pg for _, pg in on_rank), page
-                )
-            )
+        groups.extend(_group(bucket, part, stage) for part in parts)
     return groups
+
+
+def _group(bucket: _Bucket, part: list[int], stage: range) -> PackedGroup:
+    on_rank = [bucket.members[p] for p in part if bucket.members[p][0] in stage]
+    page = max(bucket.members[p][1] for p in part)
+    return PackedGroup(bucket.block_size, bucket.window, len(on_rank), sum(pg for _, pg in on_rank), page)
 
 
 __all__ = ["PackedGroup", "compute_packed_groups"]
