@@ -70,18 +70,18 @@ from kvpilot.tuner.model.readers import (
 __all__ = [
     "CHUNKED",
     "COMPRESSED",
+    "CompressedAttentionSpec",
     "DTYPE_BYTES",
     "FULL",
     "LINEAR",
-    "MLA",
-    "NO_KV",
-    "SLIDING",
-    "CompressedAttentionSpec",
     "LayerSpec",
     "LinearStateSpec",
+    "MLA",
     "MlaSpec",
     "ModelSpec",
     "MoeSpec",
+    "NO_KV",
+    "SLIDING",
     "build_model_spec",
 ]
 
