@@ -282,6 +282,7 @@ async def run_once(
     context = TuningContext(
         gpu=gpu,
         default_max_model_len=default_len,
+        mm_prefix_item_tokens=inputs.model.spec.mm_prefix_item_tokens if inputs is not None else 0,
         bounds=loop_settings.build_bounds(parsed, gpu.fp8_kv),
         policy=policy,
         vllm_version=engine.version,

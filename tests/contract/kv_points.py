@@ -94,6 +94,13 @@ def mamba_spec_parts(
         )
         dtypes = mu.MambaStateDtypeCalculator.mamba2_state_dtype(torch_dtype, "auto", ssm)
         kind = m["MambaAttentionBackendEnum"].MAMBA2
+    elif "linear_attn_config" in text:  # Kimi-K3: KimiK3DeltaAttention.get_state_shape / get_state_dtype
+        kda = text["linear_attn_config"]
+        shapes = mu.MambaStateShapeCalculator.kda_state_shape(
+            tp, kda["num_heads"], kda["head_dim"], conv_kernel_size=kda["short_conv_kernel_size"]
+        )
+        dtypes = mu.MambaStateDtypeCalculator.kda_state_dtype(torch_dtype, "auto", "auto")
+        kind = m["MambaAttentionBackendEnum"].GDN_ATTN  # GatedDeltaNetAttention.mamba_type
     else:
         shapes = mu.MambaStateShapeCalculator.gated_delta_net_state_shape(
             tp,
@@ -112,6 +119,9 @@ def build_vllm_specs(
     m: Any, vc: Any, config: dict[str, Any], spec: ModelSpec, p: Point
 ) -> tuple[list[dict[str, Any]], int]:
     """Every layer's KVCacheSpec, split into PP workers, and the block size the platform settles on."""
+    if spec.compressed is not None:
+        return build_compressed_specs(m, vc, config, spec, p)
+    vc.cache_config.kv_cache_layout = "LBNHC"
     torch = m["torch"]
     model_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[spec.dtype]
     kv_dtype = model_dtype if p.dtype == "auto" else m["STR_DTYPE_TO_TORCH_DTYPE"][p.dtype]
@@ -126,29 +136,27 @@ def build_vllm_specs(
         mamba_page = m["MambaSpec"](shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes
         full = next(layer for layer in spec.layers if layer.kind in (FULL, MLA))
         one = _attention_spec(m, full, 1, p.tp, kv_dtype, quant, p.dtype, per_token_head)
-        flashinfer_gdn = spec.model_type != "nemotron_h" and kv_vllm.uses_flashinfer_gdn(
-            p.capability, _text(config).get("linear_key_head_dim", 0)
-        )
+        alignment = prefill_checkpoint_alignment(m, config, spec, p) if align else None
         # -- copy of Platform._align_hybrid_block_size (platforms/interface.py) --
         kernel = max(16, block)
         if spec.mla is not None:
             kernel = max(kernel, 128)
-        if align and flashinfer_gdn:
-            kernel = math.lcm(kernel, m["FLASHINFER_GDN_CHECKPOINT_ALIGNMENT"])
+        if alignment:
+            kernel = math.lcm(kernel, alignment)
         attn_block = kernel * -(-mamba_page // (kernel * one.page_size_bytes))
         attn_block = 16 * -(-attn_block // 16)
         block = max(block, attn_block)
         padded = block * one.page_size_bytes
         # -- end of copy --
-        checkpoint = 1 if align and flashinfer_gdn else 0
-        state = (shapes, dtypes, mamba_type, None if padded == mamba_page else padded)
+        checkpoint = 1 if alignment else 0
+        state = (shapes, dtypes, mamba_type, None if padded == mamba_page else padded, alignment)
     specs: dict[int, Any] = {}
     for index, layer in enumerate(spec.layers):
         if layer.kind == NO_KV:
             continue
         if layer.kind == LINEAR:
             assert state is not None
-            shapes, dtypes, mamba_type, padded = state
+            shapes, dtypes, mamba_type, padded, alignment = state
             specs[index] = m["MambaSpec"](
                 shapes=shapes,
                 dtypes=dtypes,
@@ -157,12 +165,103 @@ def build_vllm_specs(
                 mamba_type=mamba_type,
                 mamba_cache_mode="align" if align else "none",
                 num_prefill_checkpoint_blocks=checkpoint,
+                # KimiK3DeltaAttention.get_kv_cache_spec sets the alignment on its spec; GDN leaves None.
+                prefill_checkpoint_alignment=alignment if "linear_attn_config" in _text(config) else None,
             )
         else:
             specs[index] = _attention_spec(m, layer, block, p.tp, kv_dtype, quant, p.dtype, per_token_head)
     named = {f"model.layers.{i}.attn": (i, s) for i, s in specs.items()}
     for index in indexer_layers(config, spec.num_layers):
         named[f"model.layers.{index}.self_attn.indexer.k_cache"] = (index, indexer_spec(m, config, block))
+    workers = []
+    for rank in range(p.pp):
+        start, end = m["get_pp_indices"](spec.num_layers, rank, p.pp)
+        workers.append({name: s for name, (i, s) in named.items() if start <= i < end})
+    return workers, block
+
+
+def prefill_checkpoint_alignment(m: Any, config: dict[str, Any], spec: ModelSpec, p: Point) -> int | None:
+    """The state layers' prefill-checkpoint grid on this GPU: FlashInfer GDN (Qwen3-Next, Qwen3.5) or
+    FlashKDA (Kimi-K3). The kernel choice is a copy of ``_resolve_gdn_prefill_backend`` /
+    ``resolve_kda_prefill_backend`` (both ask the CUDA platform); the grids are the wheel's own."""
+    text = _text(config)
+    if "linear_attn_config" in text:
+        kda = text["linear_attn_config"]
+        flashkda = (
+            p.capability[0] in (9, 10, 12)
+            and kda["head_dim"] == 128
+            and spec.dtype == "bfloat16"
+            and kda.get("gate_lower_bound") is not None
+        )
+        return m["kda_prefill_checkpoint_alignment"]("flashkda" if flashkda else "triton")
+    if spec.model_type != "nemotron_h" and kv_vllm.uses_flashinfer_gdn(
+        p.capability, text.get("linear_key_head_dim", 0)
+    ):
+        return int(m["FLASHINFER_GDN_CHECKPOINT_ALIGNMENT"])
+    return None
+
+
+def build_compressed_specs(
+    m: Any, vc: Any, config: dict[str, Any], spec: ModelSpec, p: Point
+) -> tuple[list[dict[str, Any]], int]:
+    """DeepSeek-V4's caches, each from the wheel's own class: the ``DeepseekV4SWACache``,
+    ``CompressorStateCache`` and ``DeepseekV4IndexerCache`` modules are built (under
+    ``set_current_vllm_config``, their registrations removed again), the compressed latent's spec is
+    ``DeepseekV4Attention.get_kv_cache_spec`` on the attributes its ``__init__`` sets, the KV dtype from
+    ``_resolve_dsv4_kv_cache_dtype`` (CUDA's FlashMLA
+    layout). The block is the one the DSV4 indexer backend accepts, the layout the one it asks for
+    (block-outermost, so vLLM packs the groups). The attention layer's own ``__init__`` (its linears, rotary
+    and kernels) is not run: it needs the CUDA kernels and a built model."""
+    torch = m["torch"]
+    block = m["DeepseekV4IndexerBackend"].get_supported_kernel_block_sizes()[0]
+    vc.cache_config.kv_cache_layout = m["DeepseekV4IndexerBackend"].supported_kv_cache_layouts()[0].name
+    cache_dtype, torch_dtype = m["resolve_dsv4_kv_cache_dtype"](True, p.dtype, None)
+    vc.cache_config.block_size = block
+    vc.cache_config.cache_dtype = cache_dtype
+    text = _text(config)
+    head, index_head, window = text["head_dim"], text["index_head_dim"], text["sliding_window"]
+    forward = vc.compilation_config.static_forward_context
+    before = set(forward)
+    named: dict[str, tuple[int, Any]] = {}
+    try:
+        with m["set_current_vllm_config"](vc):
+            for index in range(spec.num_layers):
+                ratio = max(1, text["compress_ratios"][index])
+                prefix = f"model.layers.{index}.attn"
+                swa_name = f"{prefix}.swa_cache"
+                swa = m["DeepseekV4SWACache"](head, window, torch_dtype, swa_name, vc.cache_config)
+                named[swa.prefix] = (index, swa.get_kv_cache_spec(vc))
+                if ratio > 1:
+                    attn = types.SimpleNamespace(
+                        compress_ratio=ratio,
+                        head_dim=head,
+                        kv_cache_dtype=cache_dtype,
+                        kv_cache_torch_dtype=torch_dtype,
+                    )
+                    named[prefix] = (index, m["DeepseekV4Attention"].get_kv_cache_spec(attn, vc))
+                    coff = 1 + (ratio == 4)  # DeepseekCompressor: kv_state + score_state
+                    state = m["CompressorStateCache"](
+                        2 * coff * head, torch.float32, ratio, f"{prefix}.compressor.state_cache"
+                    )
+                    named[state.prefix] = (index, state.get_kv_cache_spec(vc))
+                if ratio == 4:
+                    k_cache = m["DeepseekV4IndexerCache"](
+                        index_head + index_head // 128 * 4,
+                        torch.uint8,
+                        f"{prefix}.indexer.k_cache",
+                        vc.cache_config,
+                        compress_ratio=ratio,
+                    )
+                    named[k_cache.prefix] = (index, k_cache.get_kv_cache_spec(vc))
+                    state = m["CompressorStateCache"](
+                        2 * 2 * index_head, torch.float32, ratio, f"{prefix}.indexer.compressor.state_cache"
+                    )
+                    named[state.prefix] = (index, state.get_kv_cache_spec(vc))
+    finally:
+        for name in set(forward) - before:
+            del forward[name]
+        vc.cache_config.block_size = 16
+        vc.cache_config.cache_dtype = "auto"
     workers = []
     for rank in range(p.pp):
         start, end = m["get_pp_indices"](spec.num_layers, rank, p.pp)

@@ -14,6 +14,7 @@ prove the KV arithmetic itself exact there.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import pathlib
 import random
@@ -85,11 +86,21 @@ def _points(name: str, mla: bool, default_len: int) -> list[kp.Point]:
 @pytest.fixture(scope="module")
 def wheel(vllm: types.ModuleType) -> dict[str, Any]:
     import torch
+    from vllm.config import set_current_vllm_config
     from vllm.distributed.utils import get_pp_indices
     from vllm.model_executor.layers.mamba import mamba_utils
+    from vllm.model_executor.layers.mamba.kda_checkpoint import kda_prefill_checkpoint_alignment
     from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
+    from vllm.models.deepseek_v4.attention import (
+        DeepseekV4Attention,
+        DeepseekV4IndexerCache,
+        _resolve_dsv4_kv_cache_dtype,
+    )
+    from vllm.models.deepseek_v4.compressor import CompressorStateCache
     from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
     from vllm.v1.attention.backends import gdn_attn
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV4IndexerBackend
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
     from vllm.v1.core import kv_cache_planning as planning
@@ -108,6 +119,14 @@ def wheel(vllm: types.ModuleType) -> dict[str, Any]:
         "get_pp_indices": get_pp_indices,
         "mamba_utils": mamba_utils,
         "DeepseekV32IndexerCache": DeepseekV32IndexerCache,
+        "set_current_vllm_config": set_current_vllm_config,
+        "kda_prefill_checkpoint_alignment": kda_prefill_checkpoint_alignment,
+        "DeepseekV4Attention": DeepseekV4Attention,
+        "DeepseekV4IndexerCache": DeepseekV4IndexerCache,
+        "DeepseekV4IndexerBackend": DeepseekV4IndexerBackend,
+        "DeepseekV4SWACache": DeepseekV4SWACache,
+        "CompressorStateCache": CompressorStateCache,
+        "resolve_dsv4_kv_cache_dtype": _resolve_dsv4_kv_cache_dtype,
         "STR_DTYPE_TO_TORCH_DTYPE": STR_DTYPE_TO_TORCH_DTYPE,
         "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT": gdn_attn.FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
         "MambaAttentionBackendEnum": MambaAttentionBackendEnum,
@@ -162,7 +181,7 @@ def test_kv_arithmetic_is_vllms_own(wheel: dict[str, Any], cuda_like_config: Any
     entries = _entries()
     for name, config in entries:
         spec = build_model_spec(copy.deepcopy(config))
-        mla = any(layer.kind == MLA for layer in spec.layers)
+        mla = any(layer.kind == MLA for layer in spec.layers) or spec.compressed is not None
         for point in _points(name, mla, spec.max_model_len):
             checked += 1
             try:
@@ -207,7 +226,11 @@ def test_sparse_attention_indexer_cache_is_vllms_own(
 
     monkeypatch.setattr(type(cuda_like_config), "use_v2_model_runner", property(lambda self: True))
     vc = cuda_like_config
-    entries = [(n, c) for n, c in _entries() if "index_topk" in kp._text(c)]
+    entries = [
+        (n, c)
+        for n, c in _entries()
+        if "index_topk" in kp._text(c) and "compress_ratios" not in kp._text(c)  # V4: its own test below
+    ]
     names = {n for n, _ in entries}
     assert {"deepseek-ai__DeepSeek-V3.2", "zai-org/GLM-5"} <= names, names  # the catalogue GLM-5 = its copy
     checked, exact, misses = 0, 0, []
@@ -236,3 +259,103 @@ def test_sparse_attention_indexer_cache_is_vllms_own(
     print(f"indexer models: {len(entries)} configs, {checked} points, {exact} exact")
     assert not misses, f"{len(misses)} of {checked} differ:\n" + "\n".join(misses[:20])
     assert checked == exact == len(entries) * len(TPS) * len(PPS) * len(BLOCKS) * 2 * 3 * 2
+
+
+COMPRESSED_LENGTHS = (4096, 32768, 1_048_576)
+
+
+def test_compressed_sparse_attention_is_vllms_own(
+    wheel: dict[str, Any], cuda_like_config: Any, monkeypatch: Any
+) -> None:
+    """DeepSeek-V4 (Flash, Pro, Flash-NVFP4): every layer's SWA, compressed latent, compressor-state and
+    indexer caches from the wheel's own classes, packed by vLLM's block-outermost grouping; kvpilot's
+    blocks, tokens, concurrency, start verdict and estimated length equal vLLM's over the full grid."""
+    monkeypatch.setattr(type(cuda_like_config), "use_v2_model_runner", property(lambda self: True))
+    vc = cuda_like_config
+    entries = [(n, c) for n, c in _entries() if "compress_ratios" in kp._text(c)]
+    names = {n.replace("/", "__") for n, _ in entries}  # a catalogue id, or the file it was copied from
+    assert {"deepseek-ai__DeepSeek-V4-Flash", "deepseek-ai__DeepSeek-V4-Pro"} <= names, names
+    assert len(entries) == 3, names  # and nvidia's NVFP4 Flash
+    checked, exact, misses = 0, 0, []
+    for name, config in entries:
+        spec = build_model_spec(copy.deepcopy(config))
+        for tp in TPS:
+            for pp in PPS:
+                for dtype in MLA_DTYPES:
+                    for length in COMPRESSED_LENGTHS:
+                        for available in AVAILABLE:
+                            point = kp.Point(tp, pp, 256, dtype, length, available, (9, 0))
+                            checked += 1
+                            workers, block = kp.build_vllm_specs(wheel, vc, config, spec, point)
+                            assert block == vllm.COMPRESSED_ATTENTION_BLOCK_SIZE
+                            vc.parallel_config.pipeline_parallel_size = pp
+                            theirs = kp.vllm_outcome(wheel, vc, workers, point)
+                            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, pp))
+                            if ours == theirs:
+                                exact += 1
+                            else:
+                                misses.append(f"{name} {point}: kvpilot {ours} vLLM {theirs}")
+    published = checked
+    # Layer patterns no published config has, for the grouping's other branches: SWA only (one bucket), no
+    # C4 layer (no repeat pattern: the state buckets split to the widest block), C4 only, a short model.
+    flash = next(c for n, c in entries if n.endswith("DeepSeek-V4-Flash"))
+    variants = {
+        "all 0": [0] * 44,
+        "all 128": [128] * 44,
+        "all 4": [4] * 44,
+        "0, 4, 128 x 3": [0, 4, 128, 4, 128, 4, 128, 0],
+    }
+    for label, ratios in variants.items():
+        config = {**flash, "compress_ratios": ratios, "num_hidden_layers": len(ratios) - 1}
+        spec = build_model_spec(copy.deepcopy(config))
+        for pp, length, available in itertools.product((1, 2), (4096, 1_048_576), AVAILABLE[:2]):
+            point = kp.Point(1, pp, 256, "auto", length, available, (9, 0))
+            checked += 1
+            workers, _ = kp.build_vllm_specs(wheel, vc, config, spec, point)
+            vc.parallel_config.pipeline_parallel_size = pp
+            theirs = kp.vllm_outcome(wheel, vc, workers, point)
+            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, pp))
+            if ours == theirs:
+                exact += 1
+            else:
+                misses.append(f"{label} {point}: kvpilot {ours} vLLM {theirs}")
+    vc.cache_config.kv_cache_layout = "LBNHC"
+    found = f"{len(entries)} configs + {len(variants)} variants, {checked} points, {exact} exact"
+    print(f"compressed-attention models: {found}")
+    assert not misses, f"{len(misses)} of {checked} differ:\n" + "\n".join(misses[:20])
+    assert published == len(entries) * len(TPS) * len(PPS) * 2 * 3 * len(AVAILABLE)
+    assert checked == exact == published + len(variants) * 8
+
+
+KDA_CAPABILITIES = ((9, 0), (8, 0), (10, 0))
+
+
+def test_kimi_delta_attention_state_is_vllms_own(
+    wheel: dict[str, Any], cuda_like_config: Any, monkeypatch: Any
+) -> None:
+    """Kimi-K3: its MLA layers beside KDA state pages (``kda_state_shape`` / ``kda_state_dtype``, FlashKDA's
+    16-token checkpoints on Hopper and Blackwell, Triton's none on Ampere) equal vLLM's over the full grid."""
+    monkeypatch.setattr(type(cuda_like_config), "use_v2_model_runner", property(lambda self: True))
+    vc = cuda_like_config
+    entries = [(n, c) for n, c in _entries() if "linear_attn_config" in kp._text(c)]
+    assert {n.replace("/", "__") for n, _ in entries} >= {"moonshotai__Kimi-K3"}, entries
+    checked, exact, misses = 0, 0, []
+    for name, config in entries:
+        spec = build_model_spec(copy.deepcopy(config))
+        grid = itertools.product(
+            TPS, PPS, BLOCKS, MLA_DTYPES, INDEXER_LENGTHS, INDEXER_AVAILABLE, KDA_CAPABILITIES
+        )
+        for tp, pp, block, dtype, length, available, capability in grid:
+            point = kp.Point(tp, pp, block, dtype, length, available, capability)
+            checked += 1
+            workers, _ = kp.build_vllm_specs(wheel, vc, config, spec, point)
+            vc.parallel_config.pipeline_parallel_size = pp
+            theirs = kp.vllm_outcome(wheel, vc, workers, point)
+            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, pp))
+            if ours == theirs:
+                exact += 1
+            else:
+                misses.append(f"{name} {point}: kvpilot {ours} vLLM {theirs}")
+    print(f"KDA models: {len(entries)} configs, {checked} points, {exact} exact")
+    assert not misses, f"{len(misses)} of {checked} differ:\n" + "\n".join(misses[:20])
+    assert checked == exact == len(entries) * len(TPS) * len(PPS) * len(BLOCKS) * 2 * 3 * 2 * 3

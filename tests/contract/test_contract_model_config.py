@@ -15,7 +15,17 @@ from typing import Any
 import pytest
 
 from kvpilot.tuner.model import catalogue as models
-from kvpilot.tuner.model.spec import CHUNKED, FULL, LINEAR, MLA, NO_KV, SLIDING, ModelSpec, build_model_spec
+from kvpilot.tuner.model.spec import (
+    CHUNKED,
+    COMPRESSED,
+    FULL,
+    LINEAR,
+    MLA,
+    NO_KV,
+    SLIDING,
+    ModelSpec,
+    build_model_spec,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -41,7 +51,8 @@ def test_geometry_matches_vllm(model_id: str, both: Any, parallel_config: Any) -
     assert spec.hidden_size == vllm_config.get_hidden_size()
     assert spec.vocab_size == vllm_config.get_vocab_size()
     assert spec.max_model_len == vllm_config.max_model_len
-    assert (spec.mla is not None) == bool(vllm_config.use_mla)
+    # DeepSeek-V4's compressed sparse attention is vLLM's sparse-MLA family too
+    assert (spec.mla is not None or spec.compressed is not None) == bool(vllm_config.use_mla)
     for tp in TP_SIZES:
         pc = parallel_config(tp)
         assert spec.num_layers_per_rank(1) == vllm_config.get_num_layers(pc), tp
@@ -51,7 +62,8 @@ def test_geometry_matches_vllm(model_id: str, both: Any, parallel_config: Any) -
 @pytest.mark.parametrize("model_id", MODEL_IDS)
 def test_sliding_window_matches_vllm(model_id: str, both: Any) -> None:
     spec, vllm_config = both(model_id)
-    windows = {layer.window for layer in spec.layers if layer.kind == SLIDING}
+    # DeepSeek-V4: every compressed-sparse layer keeps a sliding-window cache
+    windows = {layer.window for layer in spec.layers if layer.kind in (SLIDING, COMPRESSED)}
     expected = vllm_config.get_sliding_window()
     assert windows == ({expected} if expected else set())
 
@@ -70,10 +82,18 @@ def test_layer_kinds_match_vllm(model_id: str, both: Any, parallel_config: Any) 
         assert kinds.count(FULL) == sum(block in ("attention", "full_attention") for block in blocks)
         assert kinds.count(NO_KV) == sum(block in ("mlp", "moe") for block in blocks)
         return
+    text = vllm_config.hf_text_config
+    if getattr(text, "linear_attn_config", None) is not None and hasattr(text, "is_kda_layer"):
+        # Kimi-K3: vLLM builds a KDA layer where its KimiLinearConfig.is_kda_layer says so (its config has
+        # no layer_types, so get_num_layers_by_block_type cannot count them), MLA elsewhere
+        assert kinds == [LINEAR if text.is_kda_layer(i) else MLA for i in range(spec.num_layers)]
+        return
     linear = vllm_config.get_num_layers_by_block_type(pc, "linear_attention")
     assert kinds.count(LINEAR) == linear
     if spec.mla is not None:
-        assert set(kinds) == {MLA}
+        assert set(kinds) <= {MLA, LINEAR}  # Kimi-K3: KDA layers beside MLA, counted just above
+    elif spec.compressed is not None:
+        assert set(kinds) == {COMPRESSED}
     elif linear:
         assert kinds.count(FULL) == vllm_config.get_num_layers_by_block_type(pc, "attention")
 

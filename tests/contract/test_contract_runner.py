@@ -189,3 +189,58 @@ def test_v2_is_the_pinned_default(vllm: Any, monkeypatch: Any) -> None:
 def test_grid_covers_the_tiers() -> None:
     tiers = {dataclasses.astuple(kv.default_batch_limits(kv.PINNED_VERSION, g)) for g in GPUS}
     assert len(tiers) == 3  # 16384/1024, 8192/1024, 2048/256
+
+
+MM_PREFIX_MODELS = ("google/gemma-4-26B-A4B",)
+
+
+@pytest.mark.parametrize("model_id", MM_PREFIX_MODELS)
+@pytest.mark.parametrize("gpu", GPUS, ids=lambda g: g.name)
+def test_the_multimodal_prefix_lm_batch_floor_is_vllms(
+    model_id: str, gpu: GpuSpec, engine_args_cls: Any, catalogue_model_config: Any, monkeypatch: Any
+) -> None:
+    """Gemma 4 with bidirectional vision attention: vLLM's own ``ModelConfig`` says it is a multimodal prefix
+    LM, ``Gemma4ProcessingInfo.get_mm_max_tokens_per_item`` (run on the real hf_config, without its
+    processor: no per-request kwargs, no audio tower) gives the item kvpilot reads, and
+    ``_set_default_max_num_seqs_and_batched_tokens_args`` raises the default batch to it, as kvpilot does."""
+    from kvpilot.tuner.model import build_model_spec
+    from kvpilot.tuner.model import catalogue as models
+
+    gemma4 = importlib.import_module("vllm.model_executor.models.gemma4_mm")
+    usage = importlib.import_module("vllm.usage.usage_lib").UsageContext
+    vllm_model = catalogue_model_config(model_id)
+    assert vllm_model.is_multimodal_model and vllm_model.is_mm_prefix_lm
+    info = SimpleNamespace(
+        get_hf_config=lambda: vllm_model.hf_config,
+        has_audio=lambda: vllm_model.hf_config.audio_config is not None,
+        ctx=SimpleNamespace(
+            get_merged_mm_kwargs=lambda _: {},
+            model_config=SimpleNamespace(get_multimodal_config=lambda: SimpleNamespace(limit_per_prompt={})),
+        ),
+    )
+    per_item = gemma4.Gemma4ProcessingInfo.get_mm_max_tokens_per_item(info, 32768, {"image": 1, "video": 1})
+    spec = build_model_spec(models.lookup_model_config(model_id))
+    assert spec.mm_prefix_item_tokens == max(per_item.values())
+    modality = max(per_item, key=per_item.__getitem__)
+    _patch_platform(monkeypatch, gpu)
+    for length, tokens in itertools.product((4, 512, 32768), (None, 1024)):
+        args = SimpleNamespace(
+            pipeline_parallel_size=1, tensor_parallel_size=1, max_num_batched_tokens=tokens,
+            max_num_seqs=None, performance_mode="balanced", enable_chunked_prefill=True,
+            get_batch_defaults=engine_args_cls.get_batch_defaults,
+            _get_min_mm_batched_tokens=lambda _: (per_item[modality], modality),
+        )  # fmt: skip
+        model_config = SimpleNamespace(
+            max_model_len=length, is_multimodal_model=True, is_mm_prefix_lm=True, model=model_id
+        )
+        parallel = SimpleNamespace(use_batched_dp_moe=False)
+        engine_args_cls._set_default_max_num_seqs_and_batched_tokens_args(
+            args, usage.OPENAI_API_SERVER, model_config, parallel
+        )
+        ours = kv.resolve_batch_limits(
+            kv.PINNED_VERSION, gpu, length, tokens, None, "balanced", spec.mm_prefix_item_tokens
+        )
+        assert (ours.max_num_batched_tokens, ours.max_num_seqs) == (
+            args.max_num_batched_tokens,
+            args.max_num_seqs,
+        ), (length, tokens)

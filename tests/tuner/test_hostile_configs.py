@@ -228,12 +228,7 @@ def test_a_hostile_config_is_refused_or_planned(config, gpu, count, bounds) -> N
 
 NOT_MODELLED_YET = frozenset(
     {
-        # DeepSeek-V4's compressed sparse attention, Kimi-K3's KDA linear attention (refused, named),
-        # and Mllama, which vLLM 0.33 no longer serves
-        "deepseek-ai__DeepSeek-V4-Flash",
-        "deepseek-ai__DeepSeek-V4-Pro",
-        "moonshotai__Kimi-K3",
-        "nvidia__DeepSeek-V4-Flash-NVFP4",
+        # Mllama, which vLLM 0.33 no longer serves (DeepSeek-V4 and Kimi-K3 are sized now)
         "meta-llama__Llama-3.2-11B-Vision",
     }
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import model_configs_for_tests as cfg
 import pytest
 
@@ -84,6 +86,28 @@ def test_b200_class_defaults_from_028() -> None:
 def test_short_context_caps_the_default_batch() -> None:
     limits = vllm.resolve_batch_limits((0, 33), H100, 4, None, 16)
     assert (limits.max_num_batched_tokens, limits.max_num_seqs) == (64, 16)
+
+
+def test_a_multimodal_prefix_lm_raises_the_default_batch_to_one_item() -> None:
+    from kvpilot.tuner import gpus
+    from kvpilot.tuner.model import catalogue
+
+    gemma = build_model_spec(catalogue.lookup_model_config("google/gemma-4-26B-A4B"))
+    assert gemma.mm_prefix_item_tokens == 2496  # a 32-frame video: 32 x (70 + 8) tokens
+    l4 = gpus.lookup_gpu("L4")
+    settings = EngineSettings(max_model_len=32768)
+    effective = vllm.compute_effective_settings(
+        settings, l4, (0, 33), 32768, mm_prefix_item_tokens=gemma.mm_prefix_item_tokens
+    )
+    assert effective.max_num_batched_tokens == 2496  # 2048 by default on a 24 GB GPU
+    text_only = dataclasses.replace(gemma, mm_prefix_item_tokens=0)
+    raised, plain = (memory.compute_budget(m, l4, settings) for m in (gemma, text_only))
+    assert raised.activation_gib > plain.activation_gib  # the profile run takes the larger batch
+    before_033 = vllm.resolve_batch_limits((0, 19), l4, 32768, None, None, None, 2496)
+    user_set = vllm.resolve_batch_limits((0, 33), l4, 32768, 1024, None, None, 2496)
+    assert (before_033.max_num_batched_tokens, user_set.max_num_batched_tokens) == (2048, 1024)
+    h100 = vllm.compute_effective_settings(settings, H100, (0, 33), 32768, mm_prefix_item_tokens=2496)
+    assert h100.max_num_batched_tokens == 8192  # already above the floor
 
 
 @pytest.mark.parametrize("text", ["0.19.0", "v0.19.1", "0.11.0 (stated ...)", "main @ 2025-01-30 (~v0.7.1)"])

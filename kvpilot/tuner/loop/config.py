@@ -239,6 +239,8 @@ class TuningContext:
     """The GPU the pods run on: vLLM's batch defaults depend on it (A100s and >= 160 GiB differ)."""
     default_max_model_len: int
     """The model's maximum context for this release: what an unset ``max_model_len`` means."""
+    mm_prefix_item_tokens: int = 0
+    """A multimodal prefix-LM's largest item (``ModelSpec.mm_prefix_item_tokens``): vLLM's batch floor."""
     bounds: TuningBounds = TuningBounds()
     policy: PolicyConfig = PolicyConfig()
     vllm_version: str = vllm.PINNED_VLLM_VERSION

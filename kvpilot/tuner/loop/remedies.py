@@ -99,7 +99,11 @@ def compute_effective(settings: EngineSettings, context: TuningContext) -> Engin
     """``settings`` with the release's defaults for the unset fields, on the service's GPU: what vLLM
     runs, and what the policy steps from (:func:`kvpilot.tuner.vllm.compute_effective_settings`)."""
     return vllm.compute_effective_settings(
-        settings, context.gpu, vllm.parse_version(context.vllm_version), context.default_max_model_len
+        settings,
+        context.gpu,
+        vllm.parse_version(context.vllm_version),
+        context.default_max_model_len,
+        mm_prefix_item_tokens=context.mm_prefix_item_tokens,
     )
 
 

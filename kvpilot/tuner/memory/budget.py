@@ -150,7 +150,14 @@ def resolve_settings(
     ``model_runner_v2`` is ``VLLM_USE_V2_MODEL_RUNNER`` (``None``: unset, the release's default);
     ``performance_mode`` is ``--performance-mode`` (``None``: balanced)."""
     derived = model.default_max_model_len(version)
-    eff = vllm.compute_effective_settings(settings, gpu, version, derived, performance_mode=performance_mode)
+    eff = vllm.compute_effective_settings(
+        settings,
+        gpu,
+        version,
+        derived,
+        performance_mode=performance_mode,
+        mm_prefix_item_tokens=model.mm_prefix_item_tokens,
+    )
     assert eff.max_num_seqs is not None and eff.max_num_batched_tokens is not None
     assert eff.gpu_memory_utilization is not None and eff.max_model_len is not None
     auto = eff.max_model_len == vllm.AUTO_MAX_MODEL_LEN

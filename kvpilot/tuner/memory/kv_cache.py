@@ -20,7 +20,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
-from kvpilot.tuner.model import CHUNKED, DTYPE_BYTES, FULL, GDN, LINEAR, MLA, NO_KV, SLIDING, ModelSpec
+from kvpilot.tuner.memory.packed import compute_packed_groups
+from kvpilot.tuner.model import (
+    CHUNKED,
+    COMPRESSED,
+    DTYPE_BYTES,
+    FULL,
+    GDN,
+    KDA,
+    LINEAR,
+    MLA,
+    NO_KV,
+    SLIDING,
+    ModelSpec,
+)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -112,15 +125,15 @@ def _hybrid_block_size(
     per_token: float,
     block_size: int,
     state_bytes: int,
-    align: bool,
-    flashinfer_gdn: bool,
+    checkpoint_alignment: int,
 ) -> int:
-    """vLLM's ``Platform._align_hybrid_block_size``: the attention block that holds one state."""
+    """vLLM's ``Platform._align_hybrid_block_size``: the attention block that holds one state
+    (``checkpoint_alignment``: the prefill checkpoints' token grid in align mode, 0: none)."""
     kernel = max(vllm.ATTENTION_KERNEL_BLOCK, block_size)
     if model.mla is not None:
         kernel = max(kernel, vllm.MLA_HYBRID_BLOCK_ALIGNMENT)
-    if align and flashinfer_gdn:
-        kernel = math.lcm(kernel, vllm.FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
+    if checkpoint_alignment:
+        kernel = math.lcm(kernel, checkpoint_alignment)
     attn_block = kernel * cdiv(state_bytes, int(kernel * per_token))
     attn_block = vllm.ATTENTION_KERNEL_BLOCK * cdiv(attn_block, vllm.ATTENTION_KERNEL_BLOCK)
     return max(block_size, attn_block)
@@ -146,6 +159,8 @@ def compute_kv_layout(
     alignment and a checkpoint page); ``enable_prefix_caching`` (vLLM's default) puts hybrid state
     layers in align mode.
     """
+    if model.compressed is not None:
+        return _compressed_layout(model, pipeline_parallel_size, pp_rank, kv_cache_dtype)
     tp = tensor_parallel_size
     model_bytes = DTYPE_BYTES[dtype or model.dtype]
     hybrid_chunked = vllm.hybrid_manager_for_chunked_local(vllm_version)
@@ -173,18 +188,21 @@ def compute_kv_layout(
     if has_state:
         assert state is not None and per_token
         align = vllm.uses_mamba_align_mode(vllm_version, enable_prefix_caching)
-        flashinfer_gdn = state.family == GDN and vllm.uses_flashinfer_gdn(
-            compute_capability, state.head_k_dim
-        )
+        checkpoint = 0
+        if align and state.family == GDN and vllm.uses_flashinfer_gdn(compute_capability, state.head_k_dim):
+            checkpoint = vllm.FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
+        bf16 = (dtype or model.dtype) == "bfloat16"
+        if align and state.family == KDA and vllm.uses_flashkda(
+            compute_capability, state.head_k_dim, bf16, state.bounded_gate
+        ):
+            checkpoint = vllm.FLASHKDA_CHECKPOINT_ALIGNMENT
         state_bytes = state.state_bytes(tp, model_bytes)
         # vLLM sizes the attention page from the model's (full-attention) geometry.
         full = [k for k in attention if k[0] in (FULL, MLA)] or list(attention)
         model_per_token = per_token[max(full, key=lambda k: per_token[k])]
-        block_size = _hybrid_block_size(
-            model, model_per_token, block_size, state_bytes, align, flashinfer_gdn
-        )
+        block_size = _hybrid_block_size(model, model_per_token, block_size, state_bytes, checkpoint)
         blocks = dict.fromkeys(attention, block_size)
-        state_pages = vllm.state_pages_per_request(align, 1 if align and flashinfer_gdn else 0)
+        state_pages = vllm.state_pages_per_request(align, 1 if checkpoint else 0)
     pages = {key: int(blocks[key] * per_token[key]) for key in attention}
     if has_state:
         state_page = max(int(block_size * model_per_token), state_bytes)
@@ -240,6 +258,41 @@ def compute_kv_layout(
     bytes_per_block = max(g.bytes_per_block for g in groups)
     state_groups = sum(1 for g in groups if g.kind == LINEAR)
     return KvLayout(block_size, tuple(groups), bytes_per_block, bytes_per_token, state_groups)
+
+
+def _compressed_layout(model: ModelSpec, pp: int, pp_rank: int, kv_cache_dtype: str | None) -> KvLayout:
+    """DeepSeek-V4: every layer's caches (:mod:`kvpilot.tuner.vllm.compressed_attention`), packed the way
+    vLLM's block-outermost layout packs them (:mod:`kvpilot.tuner.memory.packed`). Replicated over TP, the
+    same whatever ``--kv-cache-dtype`` (vLLM stores them as ``fp8_ds_mla``)."""
+    if (kv_cache_dtype or "auto") not in vllm.COMPRESSED_ATTENTION_KV_CACHE_DTYPES:
+        raise ValueError(
+            f"{model.architecture}: vLLM's DeepSeek-V4 cache takes --kv-cache-dtype "
+            f"{'/'.join(vllm.COMPRESSED_ATTENTION_KV_CACHE_DTYPES)}, not {kv_cache_dtype}"
+        )
+    caches = [
+        (index, cache)
+        for index, layer in enumerate(model.layers)
+        if layer.kind == COMPRESSED
+        for cache in vllm.compressed_layer_caches(
+            layer.compress_ratio, layer.head_dim, layer.window or 0, layer.indexer_head_dim
+        )
+    ]
+    stage = model.layer_range(pp, pp_rank)
+    groups = tuple(
+        KvGroup(
+            FULL if g.window is None else SLIDING,
+            g.layers,
+            g.page_bytes,
+            g.window,
+            g.block_size,
+            g.group_bytes,
+        )
+        for g in compute_packed_groups(caches, stage)
+    )
+    per_token = sum(c.page_bytes / c.block_size for i, c in caches if c.window is None and i in stage)
+    return KvLayout(
+        vllm.COMPRESSED_ATTENTION_BLOCK_SIZE, groups, max(g.group_bytes for g in groups), int(per_token)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kvpilot.tuner.model import DTYPE_BYTES, LINEAR, ModelSpec, compute_bytes_per_weight
+from kvpilot.tuner.model import DTYPE_BYTES, KDA, LINEAR, ModelSpec, compute_bytes_per_weight
 
 VOCAB_PADDING = 64
 """vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``."""
@@ -50,12 +50,42 @@ def padded_vocab_size(model: ModelSpec) -> int:
     return _pad(model.vocab_size, VOCAB_PADDING)
 
 
+def _compressed_attention_params(model: ModelSpec, tp: int, ratio: int) -> tuple[int, int]:
+    """(TP-split and fused-replicated linears, replicated model-dtype params) of one DeepSeek-V4 attention
+    layer (``vllm/models/deepseek_v4/attention.py``, ``compressor.py``); fp32 tensors count twice."""
+    c = model.compressed
+    assert c is not None
+    h, heads = model.hidden_size, model.num_attention_heads
+    linears = h * (c.q_lora_rank + c.head_dim)  # fused_wqa_wkv: replicated, quantized
+    wq_b = c.q_lora_rank * heads * c.head_dim
+    wo_a, wo_b = heads * c.head_dim * c.o_lora_rank, c.o_groups * c.o_lora_rank * h  # grouped low-rank output
+    linears += (wq_b + wo_a + wo_b) // tp
+    replicated = c.q_lora_rank + c.head_dim + 2 * heads // tp  # q/kv norms, fp32 attention sinks
+    mix = (2 + c.hc_mult) * c.hc_mult
+    replicated += 2 * 2 * (mix * c.hc_mult * h + mix + 1)  # hyper-connection mixers, fp32
+    if ratio > 1:  # the compressor: an unquantized fused_wkv_wgate, fp32 positional table, norm
+        coff = 2 if ratio == 4 else 1
+        replicated += h * 2 * coff * c.head_dim + 2 * ratio * coff * c.head_dim + c.head_dim
+    if ratio == 4:  # the lightning indexer: wq_b (quantized), weights_proj, its own compressor
+        linears += c.q_lora_rank * c.index_n_heads * c.index_head_dim
+        replicated += h * c.index_n_heads + h * 4 * c.index_head_dim + 2 * 4 * 2 * c.index_head_dim
+    return linears, replicated
+
+
 def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> tuple[int, int, int]:
     """(attention-and-dense linears, expert linears, replicated) params of one layer on one rank."""
     h = model.hidden_size
     layer = model.layers[idx] if idx < len(model.layers) else None
     attn = 0
-    if model.mla is not None:
+    state = model.linear_state
+    if model.compressed is not None and layer is not None:
+        attn, replicated = _compressed_attention_params(model, tp, layer.compress_ratio)
+    elif layer is not None and layer.kind == LINEAR and state is not None and state.family == KDA:
+        # KimiK3DeltaAttention: in_proj (q, k, v, g at H x D each; f_a at D, beta at H), f_b, o_proj, conv.
+        hd = state.num_heads * state.head_v_dim
+        attn = (h * 4 * hd + state.head_v_dim * hd + hd * h) // tp + h * (state.head_v_dim + state.num_heads)
+        replicated = 2 * (3 * hd * state.conv_kernel + hd) // tp + state.num_heads  # fp32 conv, dt_bias
+    elif model.mla is not None and (layer is None or layer.kind != LINEAR):
         m = model.mla
         heads = model.num_attention_heads // tp
         q_head = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -69,8 +99,8 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
         attn += heads * m.v_head_dim * h
         attn += replicated_a  # fused_qkv_a_proj is a replicated (but quantized) linear
         replicated = m.kv_lora_rank + (m.q_lora_rank or 0)  # the latent norms
-    elif layer is not None and layer.kind == LINEAR and model.linear_state is not None:
-        s = model.linear_state
+    elif layer is not None and layer.kind == LINEAR and state is not None:
+        s = state
         key_dim = (s.conv_dim - s.num_heads * s.head_v_dim) // 2
         value_dim = s.num_heads * s.head_v_dim
         attn = (
@@ -95,7 +125,10 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
     dense_first = model.num_layers - moe.num_moe_layers if moe else model.num_layers
     if moe is not None and idx >= dense_first:
         inter = moe.moe_intermediate_size // tp
-        if loaded and model.quantization is not None and model.quantization.method == "mxfp4":
+        if moe.expert_hidden_size:  # Kimi-K3's latent MoE: experts in a narrower space, two projections
+            experts = moe.num_experts * 3 * moe.expert_hidden_size * inter
+            replicated += 2 * h * moe.expert_hidden_size
+        elif loaded and model.quantization is not None and model.quantization.method == "mxfp4":
             # vLLM's MXFP4 MoE kernels (Marlin / triton matmul_ogs) pad the hidden size to 256 and
             # the per-rank intermediate size to 128 (mxfp4_round_up_hidden_size_and_intermediate_size).
             experts = moe.num_experts * 3 * _pad(h, 256) * _pad(inter, 128)
@@ -127,6 +160,8 @@ def compute_weight_breakdown(
     qbytes = compute_bytes_per_weight(quant) if quant else float(dbytes)
     dense_bytes = float(dbytes) if quant is None or quant.experts_only else qbytes
     expert_bytes = qbytes if quant is not None else float(dbytes)
+    if model.compressed is not None and model.compressed.expert_bytes_per_weight:
+        expert_bytes = model.compressed.expert_bytes_per_weight  # DeepSeek-V4's MXFP4 / NVFP4 experts
     total = 0.0
     for idx in model.layer_range(pp, pp_rank):
         attn, experts, replicated = _layer_linear_params(model, tp, idx, loaded)

@@ -26,6 +26,7 @@ from kvpilot.tuner.model.configs import ModelEntry
 from kvpilot.tuner.model.fields import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, parse_config_json
 from kvpilot.tuner.model.layers import (
     CHUNKED,
+    COMPRESSED,
     DTYPE_BYTES,
     FULL,
     GDN,
@@ -35,6 +36,7 @@ from kvpilot.tuner.model.layers import (
     MLA,
     NO_KV,
     SLIDING,
+    CompressedAttentionSpec,
     LayerSpec,
     LinearStateSpec,
     MlaSpec,
@@ -45,6 +47,8 @@ from kvpilot.tuner.model.spec import ModelSpec, build_model_spec
 
 __all__ = [
     "CHUNKED",
+    "COMPRESSED",
+    "CompressedAttentionSpec",
     "DTYPE_BYTES",
     "FULL",
     "GDN",

@@ -15,10 +15,13 @@ CHUNKED = "chunked_local"
 MLA = "mla"
 LINEAR = "linear_attention"
 NO_KV = "no_kv"
+COMPRESSED = "compressed_sparse"
 """Layer kinds. ``LINEAR`` covers Mamba / Mamba2 / GatedDeltaNet / KDA layers: a fixed state per
 request. ``NO_KV`` is a decoder layer that keeps no cache of its own: an MLP- or MoE-only block
 (Nemotron-H's ``-`` and ``E``), a no-op attention (DeciLM's ``block_configs``), or a layer that
-reads an earlier layer's cache (Gemma 3n/4 ``num_kv_shared_layers``: vLLM gives it no KV spec)."""
+reads an earlier layer's cache (Gemma 3n/4 ``num_kv_shared_layers``: vLLM gives it no KV spec).
+``COMPRESSED`` is a DeepSeek-V4 layer: a sliding-window latent cache plus, by its ``compress_ratio``, a
+compressed latent, compressor states and an indexer cache (:mod:`kvpilot.tuner.vllm.compressed_attention`)."""
 
 GDN = "gdn"
 MAMBA2 = "mamba2"
@@ -44,7 +47,10 @@ class LayerSpec:
     """Sliding window or attention chunk, in tokens."""
     indexer_head_dim: int = 0
     """MLA layers of a sparse-attention model (DeepSeek-V3.2, GLM-5): the config's ``index_head_dim``
-    when vLLM builds this layer's indexer cache (:mod:`kvpilot.tuner.vllm.indexer`); 0: none."""
+    when vLLM builds this layer's indexer cache (:mod:`kvpilot.tuner.vllm.indexer`); 0: none.
+    ``COMPRESSED`` layers: the index head size of the model (used when ``compress_ratio`` is 4)."""
+    compress_ratio: int = 0
+    """``COMPRESSED`` layers: the config's ``compress_ratios`` entry (0: sliding window only; 4; 128)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,9 @@ class MoeSpec:
     """Summed intermediate size of the shared experts of one MoE layer (0: none)."""
     parallel_dense_intermediate_size: int = 0
     """A dense MLP that runs beside the experts in every MoE layer (Gemma 4)."""
+    expert_hidden_size: int = 0
+    """The routed experts' hidden size when it differs from the model's (Kimi-K3's latent MoE); 0: the
+    same."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +75,24 @@ class MlaSpec:
     qk_nope_head_dim: int
     v_head_dim: int
     q_lora_rank: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompressedAttentionSpec:
+    """DeepSeek-V4's attention geometry (``vllm/models/deepseek_v4/attention.py``), for its weights."""
+
+    head_dim: int
+    q_lora_rank: int
+    o_lora_rank: int
+    o_groups: int
+    index_n_heads: int
+    index_head_dim: int
+    hc_mult: int
+    """Hyper-connection streams (``hc_mult``): each layer keeps two ``(2 + hc) hc x hc hidden`` fp32
+    mixers."""
+    expert_bytes_per_weight: float = 0.0
+    """Bytes per routed-expert weight when the checkpoint stores them apart (``expert_dtype: fp4``: MXFP4,
+    a ModelOpt ``moe_quant_algo: NVFP4``); 0: the quantization config's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +123,8 @@ class LinearStateSpec:
     ssm_dtype: str | None = None
     n_groups: int = 0
     """Mamba2 only: B/C groups (each adds ``2 x head_k_dim`` conv channels)."""
+    bounded_gate: bool = False
+    """KDA only: the config bounds the gate (``gate_lower_bound``), one condition of FlashKDA's prefill."""
 
     def conv_elements(self, tp: int) -> int:
         channels = self.conv_dim

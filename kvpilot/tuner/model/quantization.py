@@ -55,6 +55,11 @@ def build_quant_spec(qc: Mapping[str, Any], where: str = "quantization_config") 
     if method == "bitsandbytes":
         bits = 8 if q.flag("load_in_8bit") else 4
         return QuantSpec("bitsandbytes", bits, 64)
+    if method == "compressed-tensors" and q.string("format") == "mxfp4-pack-quantized":
+        # Kimi-K3: vLLM 0.33's config hook rewrites it to ``mxfp4``
+        # (``KimiK3ForConditionalGenerationConfig``);
+        # its ignore list keeps attention, shared experts and the dense MLPs in bf16.
+        return QuantSpec("mxfp4", 4, 32, experts_only=True)
     if method == "compressed-tensors":
         return _compressed_tensors(q)
     if method in ("modelopt_fp4", "nvfp4", "nvfp4_per_token"):

@@ -394,7 +394,12 @@ def read_moe(text: Fields, model_type: str, num_layers: int, hidden_intermediate
     if not num_experts or model_type == "gemma4_text" and not text.flag("enable_moe_block"):
         return None
     top_k = text.optional_int(
-        "num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_topk", limit=MAX_EXPERTS
+        "num_experts_per_tok",
+        "experts_per_token",
+        "num_experts_per_token",
+        "top_k_experts",
+        "moe_topk",
+        limit=MAX_EXPERTS,
     )
     if not top_k:
         raise errors.InvalidModelConfig(
@@ -407,7 +412,7 @@ def read_moe(text: Fields, model_type: str, num_layers: int, hidden_intermediate
         "intermediate_size", limit=MAX_INTERMEDIATE_SIZE
     )
     shared = 0
-    n_shared = text.optional_int("n_shared_experts", limit=MAX_EXPERTS, minimum=0)
+    n_shared = text.optional_int("n_shared_experts", "num_shared_experts", limit=MAX_EXPERTS, minimum=0)
     shared_size = text.optional_int(
         "shared_expert_intermediate_size",
         "moe_shared_expert_intermediate_size",
@@ -423,7 +428,10 @@ def read_moe(text: Fields, model_type: str, num_layers: int, hidden_intermediate
     elif model_type == "llama4_text":
         shared = moe_inter
     parallel_dense = hidden_intermediate if model_type == "gemma4_text" else 0
-    return MoeSpec(num_experts, top_k, moe_inter, _moe_layers(text, num_layers), shared, parallel_dense)
+    # Kimi-K3's latent MoE: the routed experts work in a narrower hidden size (vLLM ``KimiMoE``).
+    latent = text.optional_int("routed_expert_hidden_size", limit=MAX_HIDDEN_SIZE) or 0
+    moe_layers = _moe_layers(text, num_layers)
+    return MoeSpec(num_experts, top_k, moe_inter, moe_layers, shared, parallel_dense, latent)
 
 
 def read_vision_params(top: Fields, text_hidden: int) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.tuner import errors, vllm
+from kvpilot.tuner.model.compressed import read_compressed_layers
 from kvpilot.tuner.model.fields import (
     MAX_CONTEXT,
     MAX_HEADS,
@@ -39,14 +40,17 @@ from kvpilot.tuner.model.fields import (
     describe,
     refuse,
 )
+from kvpilot.tuner.model.kda import read_kda_layers
 from kvpilot.tuner.model.layers import (  # re-exported: callers name them model_spec.FULL etc.
     CHUNKED,
+    COMPRESSED,
     DTYPE_BYTES,
     FULL,
     LINEAR,
     MLA,
     NO_KV,
     SLIDING,
+    CompressedAttentionSpec,
     LayerSpec,
     LinearStateSpec,
     MlaSpec,
@@ -65,17 +69,19 @@ from kvpilot.tuner.model.readers import (
 
 __all__ = [
     "CHUNKED",
+    "COMPRESSED",
+    "CompressedAttentionSpec",
     "DTYPE_BYTES",
     "FULL",
     "LINEAR",
-    "MLA",
-    "NO_KV",
-    "SLIDING",
     "LayerSpec",
     "LinearStateSpec",
+    "MLA",
     "MlaSpec",
     "ModelSpec",
     "MoeSpec",
+    "NO_KV",
+    "SLIDING",
     "build_model_spec",
 ]
 
@@ -149,6 +155,8 @@ class ModelSpec:
     moe: MoeSpec | None = None
     mla: MlaSpec | None = None
     linear_state: LinearStateSpec | None = None
+    compressed: CompressedAttentionSpec | None = None
+    """DeepSeek-V4's compressed sparse attention (its layers are ``COMPRESSED``)."""
     quantization: QuantSpec | None = None
     mlp_gated: bool = True
     attention_bias: bool = False
@@ -157,6 +165,9 @@ class ModelSpec:
     """Rows of the rotary cos/sin cache vLLM allocates (weights memory)."""
     vision_params: int = 0
     """Parameters of the vision tower and projector (0 for text-only models)."""
+    mm_prefix_item_tokens: int = 0
+    """A multimodal prefix-LM's largest item in tokens (Gemma 4 with ``use_bidirectional_attention``
+    "vision"): vLLM 0.33 raises the default batch to hold it (``vllm.resolve_batch_limits``)."""
     max_len_key: str | None = None
     max_len_base: int = 0
     """The config's own maximum before rope scaling."""
@@ -188,7 +199,7 @@ class ModelSpec:
 
     def kv_heads_per_rank(self, tp: int) -> int:
         """vLLM's ``get_num_kv_heads``: ``max(1, total // tp)``; MLA's latent is replicated."""
-        if self.mla is not None:
+        if self.mla is not None or self.compressed is not None:
             return 1
         return max(1, self.num_kv_heads // tp)
 
@@ -213,11 +224,6 @@ class ModelSpec:
         return int(self.max_len_base * self.rope_factor)
 
 
-_NOT_MODELLED_FIELDS = (
-    ("compress_ratios", "DeepSeek-V4 compressed sparse attention"),
-    ("linear_attn_config", "Kimi Delta Attention linear-attention layers"),
-)
-"""Config fields whose KV layout kvpilot does not model: a config with one is refused, naming it."""
 
 
 def _fallback_intermediate(text: Fields, hidden: int, names: tuple[str, ...]) -> int:
@@ -364,6 +370,21 @@ def _rope_rows(base: int, model_type: str, rope: _Rope) -> int:
     return rows
 
 
+def _mm_prefix_item_tokens(top: Fields, text: Fields, model_type: str) -> int:
+    """Gemma 4's largest multimodal item when vLLM treats it as a prefix LM
+    (``Gemma4ModelArchConfigConvertor.is_mm_prefix_lm``: a vision tower and ``use_bidirectional_attention``
+    "vision"); 0 otherwise. vLLM reads ``vision_config.default_output_length``, which transformers does not
+    default: without it the lookup fails, vLLM logs a warning and keeps its default batch (0 here). With an
+    audio tower the audio item's length is the processor's, not in the config: the image/video bound is
+    what kvpilot can read."""
+    vision = top.child("vision_config")
+    bidirectional = text.string("use_bidirectional_attention")
+    if model_type != "gemma4_text" or vision is None or bidirectional != "vision":
+        return 0
+    per_image = vision.optional_int("default_output_length", limit=MAX_CONTEXT)
+    return vllm.gemma4_mm_item_tokens(per_image) if per_image else 0
+
+
 def _quant(text: Fields) -> QuantSpec | None:
     qc = text.child("quantization_config")
     return build_quant_spec(qc.data, qc.prefix) if qc is not None else None
@@ -392,13 +413,6 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
             "modelled yet (modelled: Qwen3-Next and Qwen3.5 gated DeltaNet, Nemotron-H Mamba2)",
             field="model_type",
         )
-    for field, what in _NOT_MODELLED_FIELDS:
-        if text.present(field):
-            raise errors.InvalidModelConfig(
-                f"{architecture}: config.json's {text.path(field)} ({what}) is not modelled: kvpilot "
-                "cannot size its KV cache",
-                field=text.path(field),
-            )
 
     num_layers = (nemotron_h_num_layers(text) if model_type == "nemotron_h" else None) or text.need_int(
         "num_hidden_layers", "n_layer", "num_layers", "n_layers", limit=MAX_LAYERS
@@ -421,10 +435,17 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     max_len, key, base = _max_model_len(text, model_type, rope)
     window = text.optional_int("sliding_window", limit=MAX_CONTEXT)
     linear_state = None
+    compressed = None
     kv_heads = geometry.kv_heads
-    if mla is not None:
+    if text.present("compress_ratios"):  # DeepSeek-V4: a replicated 512-wide latent per layer
+        layers, compressed = read_compressed_layers(text, num_layers)
+        kv_heads, head_dim_kv = 1, compressed.head_dim
+    elif mla is not None:
         latent = mla.kv_lora_rank + mla.qk_rope_head_dim
-        layers = read_mla_layers(text, num_layers, latent)
+        if text.present("linear_attn_config"):  # Kimi-K3: MLA beside Kimi Delta Attention
+            layers, linear_state = read_kda_layers(text, num_layers, latent)
+        else:
+            layers = read_mla_layers(text, num_layers, latent)
         kv_heads, head_dim_kv = 1, latent
     else:
         head_dim_kv = geometry.head_dim
@@ -437,7 +458,10 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     if tie is None:
         tie = model_type in _TIED_BY_DEFAULT or top.string("model_type") in _TIED_BY_DEFAULT
     partial = text.optional_float("partial_rotary_factor", maximum=1.0) or 1.0
-    rotary_dim = int((mla.qk_rope_head_dim if mla else geometry.head_dim) * partial)
+    rope_dim = mla.qk_rope_head_dim if mla else geometry.head_dim
+    if compressed is not None:
+        rope_dim = text.need_int("qk_rope_head_dim", limit=MAX_HEADS)
+    rotary_dim = int(rope_dim * partial)
     return ModelSpec(
         architecture=architecture,
         model_type=model_type,
@@ -455,12 +479,14 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         moe=read_moe(text, model_type, num_layers, inter),
         mla=mla,
         linear_state=linear_state,
+        compressed=compressed,
         quantization=_quant(text),
         mlp_gated=model_type not in _NON_GATED_MLP,
         attention_bias=text.flag("attention_bias") or model_type in ("qwen2", "qwen2_moe"),
         rotary_dim=rotary_dim,
         rope_cache_positions=_rope_rows(base, model_type, rope),
         vision_params=read_vision_params(top, hidden),
+        mm_prefix_item_tokens=_mm_prefix_item_tokens(top, text, model_type),
         max_len_key=key,
         max_len_base=base,
         rope_type=rope.type,

@@ -3,7 +3,8 @@
 Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model Runner
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), its KV-cache dtypes
-(:mod:`.kv_dtypes`), the sparse-attention indexer cache (:mod:`.indexer`), the texts it prints when it fails
+(:mod:`.kv_dtypes`), the sparse-attention indexer cache (:mod:`.indexer`), DeepSeek-V4's compressed
+sparse attention (:mod:`.compressed_attention`), the texts it prints when it fails
 and their parsers (:mod:`.messages`) -- lives in this package. Other modules ask it; they never keep a copy.
 A copy is a defect waiting to drift: three did (the closed loop's own batch-default table, the KV-dtype
 list, a hard-coded block size).
@@ -32,14 +33,24 @@ from kvpilot.tuner.vllm.args import (
     parse_vllm_args,
     validate_extra_args,
 )
+from kvpilot.tuner.vllm.compressed_attention import (
+    COMPRESSED_ATTENTION_BLOCK_SIZE,
+    COMPRESSED_ATTENTION_KV_CACHE_DTYPES,
+    CompressedCache,
+    approximate_gcd,
+    check_compressed_ratios,
+    compressed_layer_caches,
+)
 from kvpilot.tuner.vllm.effective import compute_effective_settings, compute_in_flight_tokens
 from kvpilot.tuner.vllm.hybrid import (
     ATTENTION_KERNEL_BLOCK,
     FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
+    FLASHKDA_CHECKPOINT_ALIGNMENT,
     MLA_HYBRID_BLOCK_ALIGNMENT,
     hybrid_manager_for_chunked_local,
     state_pages_per_request,
     uses_flashinfer_gdn,
+    uses_flashkda,
     uses_mamba_align_mode,
 )
 from kvpilot.tuner.vllm.images import (
@@ -94,6 +105,7 @@ from kvpilot.tuner.vllm.versions import (
     default_batch_limits,
     default_block_size,
     default_gpu_memory_utilization,
+    gemma4_mm_item_tokens,
     in_flight_batches,
     multiplies_yarn_max_len,
     parse_v2_runner_env,
@@ -110,9 +122,13 @@ __all__ = [
     "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
     "BatchDefaults",
+    "COMPRESSED_ATTENTION_BLOCK_SIZE",
+    "COMPRESSED_ATTENTION_KV_CACHE_DTYPES",
+    "CompressedCache",
     "FLAGS",
     "FLAG_ALIASES",
     "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT",
+    "FLASHKDA_CHECKPOINT_ALIGNMENT",
     "FP8_DS_MLA_BYTES_PER_TOKEN",
     "FP8_KV_DTYPES",
     "IMAGE_USER_GID",
@@ -137,13 +153,16 @@ __all__ = [
     "UNSUPPORTED_FLAGS",
     "V2_RUNNER_ENV",
     "Version",
+    "approximate_gcd",
     "auto_fit_error",
     "build_vllm_args",
     "charges_total_consumed",
     "check_architecture_served",
+    "check_compressed_ratios",
     "check_dtype",
     "check_modelled",
     "check_settings",
+    "compressed_layer_caches",
     "compute_effective_settings",
     "compute_in_flight_tokens",
     "compute_sampler_state_bytes",
@@ -156,6 +175,7 @@ __all__ = [
     "find_flag_values",
     "find_pod_flags",
     "free_memory_error",
+    "gemma4_mm_item_tokens",
     "hybrid_manager_for_chunked_local",
     "image_tag",
     "in_flight_batches",
@@ -184,6 +204,7 @@ __all__ = [
     "state_pages_per_request",
     "subtracts_cuda_graphs",
     "uses_flashinfer_gdn",
+    "uses_flashkda",
     "uses_mamba_align_mode",
     "uses_model_runner_v2",
     "validate_extra_args",

@@ -26,19 +26,27 @@ def compute_effective_settings(
     default_max_model_len: int,
     *,
     performance_mode: str | None = None,
+    mm_prefix_item_tokens: int = 0,
 ) -> EngineSettings:
     """``settings`` as vLLM runs them on ``gpu``: every field set.
 
     ``default_max_model_len`` is the model's own maximum for this release (what vLLM derives
     from the config); it stands for an unset ``max_model_len`` and for ``-1`` (auto), whose
     batch defaults vLLM derives from the model's maximum before it auto-fits the context.
-    ``performance_mode`` is ``--performance-mode`` (``throughput`` doubles the batch defaults, 0.33).
+    ``performance_mode`` is ``--performance-mode`` (``throughput`` doubles the batch defaults, 0.33);
+    ``mm_prefix_item_tokens`` a multimodal prefix-LM's largest item (``ModelSpec.mm_prefix_item_tokens``).
     """
     length = settings.max_model_len
     if length is None or length == AUTO_MAX_MODEL_LEN:
         length = default_max_model_len
     batch = resolve_batch_limits(
-        version, gpu, length, settings.max_num_batched_tokens, settings.max_num_seqs, performance_mode
+        version,
+        gpu,
+        length,
+        settings.max_num_batched_tokens,
+        settings.max_num_seqs,
+        performance_mode,
+        mm_prefix_item_tokens,
     )
     util = settings.gpu_memory_utilization
     return EngineSettings(

@@ -17,6 +17,10 @@ asks it. Sources, in the pinned 0.33.0 wheel:
   of ``lcm(max(kernel block, --block-size), checkpoint alignment)`` until one attention page holds a
   state (MLA hybrids: at least 128), rounded to the backends' kernel block, and the state page is
   padded to the attention page;
+* ``models/kimi_k3/nvidia/kda.py::resolve_kda_prefill_backend``: Kimi-K3's KDA prefill runs FlashKDA on
+  SM 9.x, 10.x and 12.x when ``head_dim == 128``, the model is bf16 and the gate is bounded
+  (``gate_lower_bound``); Triton elsewhere. FlashKDA exports prefill checkpoints every 16 tokens
+  (``model_executor/layers/mamba/kda_checkpoint.py``): one more page per request and a 16-token alignment;
 * ``envs.py``: ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE`` defaults to ``1``, so Llama 4's
   chunked-local layers keep groups of their own (``config/vllm.py``).
 """
@@ -27,6 +31,12 @@ from kvpilot.tuner.vllm.versions import Version
 
 FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64
 """Tokens: FlashInfer's GDN prefill emits states every multiple of its 64-token chunk."""
+
+FLASHKDA_CHECKPOINT_ALIGNMENT = 16
+"""Tokens: FlashKDA's prefill checkpoints (``kda_prefill_checkpoint_alignment("flashkda")``)."""
+
+_FLASHKDA_HEAD_DIM = 128
+_FLASHKDA_MAJORS = (9, 10, 12)
 
 ATTENTION_KERNEL_BLOCK = 16
 """The smallest kernel block of FlashAttention and FlashInfer (``MultipleOf(16)``)."""
@@ -52,6 +62,17 @@ def uses_flashinfer_gdn(compute_capability: tuple[int, int] | None, head_k_dim: 
     if compute_capability == (9, 0):
         return True
     return major in (10, 12) and head_k_dim == _FLASHINFER_GDN_HEAD_K_DIM
+
+
+def uses_flashkda(
+    compute_capability: tuple[int, int] | None, head_dim: int, bf16: bool, bounded_gate: bool
+) -> bool:
+    """Whether Kimi Delta Attention's prefill runs FlashKDA on this GPU (``auto`` backend; else Triton)."""
+    if compute_capability is None:
+        return False
+    return (
+        compute_capability[0] in _FLASHKDA_MAJORS and head_dim == _FLASHKDA_HEAD_DIM and bf16 and bounded_gate
+    )
 
 
 def state_pages_per_request(align: bool, checkpoint_blocks: int) -> int:

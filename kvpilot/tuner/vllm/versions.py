@@ -103,6 +103,20 @@ def _tier_defaults(version: Version, gpu: GpuSpec) -> BatchDefaults:
     return BatchDefaults(2048, 256)
 
 
+MM_PREFIX_FLOOR_SINCE: Version = (0, 33)
+"""``_get_min_mm_batched_tokens``: a multimodal prefix-LM's default batch holds one whole item."""
+GEMMA4_VIDEO_MAX_FRAMES = 32
+"""``gemma4_mm.py::_VIDEO_MAX_FRAMES``: frames sampled from one video."""
+GEMMA4_VIDEO_FRAME_TOKENS = 70 + 2 + 6
+"""``_VIDEO_MAX_SOFT_TOKENS`` per frame, plus its boi/eoi and about 6 timestamp tokens."""
+
+
+def gemma4_mm_item_tokens(tokens_per_image: int) -> int:
+    """``Gemma4ProcessingInfo.get_mm_max_tokens_per_item``'s largest entry without audio: an image's soft
+    tokens (``vision_config.default_output_length``) or a 32-frame video's, whichever is more."""
+    return max(tokens_per_image, GEMMA4_VIDEO_MAX_FRAMES * GEMMA4_VIDEO_FRAME_TOKENS)
+
+
 def resolve_batch_limits(
     version: Version,
     gpu: GpuSpec,
@@ -110,13 +124,20 @@ def resolve_batch_limits(
     max_num_batched_tokens: int | None,
     max_num_seqs: int | None,
     performance_mode: str | None = None,
+    mm_prefix_item_tokens: int = 0,
 ) -> BatchDefaults:
-    """Apply vLLM's adjustments to the values the user did not set (reference §2.2)."""
+    """Apply vLLM's adjustments to the values the user did not set (reference §2.2).
+
+    ``mm_prefix_item_tokens``: a multimodal prefix-LM's (Gemma 4 with bidirectional vision attention)
+    largest item; from 0.33 an unset ``max_num_batched_tokens`` is raised to it (chunked MM input is off
+    for these models, so one item must fit a batch), before the ``max_num_seqs x max_model_len`` cap."""
     defaults = default_batch_limits(version, gpu, performance_mode)
     tokens = max_num_batched_tokens
     seqs = max_num_seqs
     if tokens is None:
         tokens = defaults.max_num_batched_tokens
+        if version >= MM_PREFIX_FLOOR_SINCE and mm_prefix_item_tokens > tokens:
+            tokens = mm_prefix_item_tokens
         if version >= (0, 12):
             tokens = min((seqs or defaults.max_num_seqs) * max_model_len, tokens)
     if seqs is None:

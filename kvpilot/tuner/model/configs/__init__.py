@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kvpilot.tuner.model.configs import (
     deepseek,
+    deepseek_v4,
     gemma,
     gemma4,
     glm,
@@ -25,7 +26,21 @@ from kvpilot.tuner.model.configs import (
 )
 from kvpilot.tuner.model.configs._entry import ModelEntry
 
-FAMILIES = (llama, qwen, qwen3_5, mistral, gemma, gemma4, deepseek, glm, kimi, gpt_oss, minimax, nemotron)
+FAMILIES = (
+    llama,
+    qwen,
+    qwen3_5,
+    mistral,
+    gemma,
+    gemma4,
+    deepseek,
+    deepseek_v4,
+    glm,
+    kimi,
+    gpt_oss,
+    minimax,
+    nemotron,
+)
 
 ENTRIES: tuple[ModelEntry, ...] = tuple(entry for family in FAMILIES for entry in family.ENTRIES)
 
