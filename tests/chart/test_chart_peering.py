@@ -53,6 +53,7 @@ def test_the_schema_refuses_what_the_operator_would(helm: Path, value: str) -> N
 
 
 def test_extra_env_cannot_set_the_lifetime_a_second_time(helm: Path) -> None:
-    sets = [f"operator.extraEnv[0].name={main.PEERING_LIFETIME_ENV}", "operator.extraEnv[0].value=15"]
-    proc = run_helm(helm, "template", RELEASE, str(CHART), *values_args(None, sets), check=False)
+    sets = [f"operator.extraEnv[0].name={main.PEERING_LIFETIME_ENV}"]
+    value = ("--set-string", "operator.extraEnv[0].value=15")  # an env value is a string
+    proc = run_helm(helm, "template", RELEASE, str(CHART), *values_args(None, sets), *value, check=False)
     assert proc.returncode != 0 and "set peering.lifetimeSeconds instead" in proc.stderr, proc.stderr
