@@ -285,8 +285,13 @@ def test_the_follower_finishes_the_rollout_the_killed_leader_started(
         truth = dataclasses.replace(H100_8B, runtime_oom_above_utilization=limit, startup_s=SLOW_START_S)
         assert stack.fleet is not None
         stack.fleet.set_scenario(ns, name, Scenario(name=name, truth=truth, workload=light))
-        wait_for(lambda: isvc().get("status", {}).get("rollout"), 120, "the leader's retune rolling out")
-        rolling = isvc()
+        def retuning() -> dict[str, Any] | None:
+            # status.rollout (with the settings) and the history entry are two PATCHes, tens of ms apart: kill
+            # after both (a SIGKILL between them would lose the entry: docs/operator.md, "High availability")
+            obj = isvc()
+            return obj if obj.get("status", {}).get("rollout") and _history(obj, "Retuned") else None
+
+        rolling = wait_for(retuning, 120, "the leader's retune rolling out")
         target = {k: v for k, v in rolling["status"]["rollout"]["settings"].items() if v is not None}
         dep = get(cluster, "deployment", name, "-n", ns)
         assert dep["metadata"]["generation"] == plan_generation + 1, "the retune did not change the template"
