@@ -64,8 +64,11 @@ PROFILES = (
 )
 
 
-def build_isvc(i: int, namespaces: int, replicas: int, prefix: str = NS_PREFIX) -> dict[str, Any]:
+def build_isvc(
+    i: int, namespaces: int, replicas: int, prefix: str = NS_PREFIX, headless: bool = False
+) -> dict[str, Any]:
     pool, count, model, lengths = PROFILES[i % len(PROFILES)]
+    service = {"service": {"headless": True}} if headless else {}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "InferenceService",
@@ -76,6 +79,7 @@ def build_isvc(i: int, namespaces: int, replicas: int, prefix: str = NS_PREFIX) 
             "nodeSelector": {"kvpilot.dev/e2e-pool": pool},
             "replicas": replicas,
             "serving": {"maxContextLength": lengths[(i // len(PROFILES)) % len(lengths)]},
+            **service,
         },
     }
 
@@ -209,7 +213,9 @@ class Progress:
             time.sleep(0.2)
 
 
-def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, timeout: float) -> dict[str, Any]:
+def run_once(
+    cluster: LocalCluster, n: int, namespaces: int, replicas: int, timeout: float, headless: bool = False
+) -> dict[str, Any]:
     from kubernetes import client, config
 
     api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
@@ -242,7 +248,7 @@ def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, time
         cpu0 = cpu_seconds(proc.pid)
         latency0 = apiserver_write_latency(cluster)
 
-        bodies = [build_isvc(i, namespaces, replicas, prefix) for i in range(n)]
+        bodies = [build_isvc(i, namespaces, replicas, prefix, headless) for i in range(n)]
         progress = Progress(cluster, prefix)
         t0 = time.monotonic()
 
@@ -274,7 +280,7 @@ def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, time
     delta = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
     total = sum(delta.values())
     return {
-        "n": n, "namespaces": namespaces, "replicas": replicas,
+        "n": n, "namespaces": namespaces, "replicas": replicas, "headless": headless,
         "create_s": round(created_s, 2), "all_planned_and_deployed_s": round(elapsed, 2),
         "planned": planned, "deployed": deployed, "complete": deployed >= n,
         "operator_cpu_s": round(cpu, 2), "operator_peak_rss_mb": round(rss, 1),
@@ -336,6 +342,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--kubeconfig", help="reuse a running e2e cluster (python -m e2e.cluster up)")
     ap.add_argument("--json", action="store_true", help="print one JSON object per run")
+    ap.add_argument("--headless", action="store_true",
+                    help="InferenceServices with spec.service.headless: true (no ClusterIP to allocate)")
     ap.add_argument("--probe", type=int, default=0, metavar="N",
                     help="first time N raw creates of ClusterIP Services, headless Services and ConfigMaps "
                          "(the API server's floor, no operator)")  # fmt: skip
@@ -348,8 +356,10 @@ def main() -> int:
         cluster, own = LocalCluster(tempfile.mkdtemp(prefix="kvpilot-opscale-cluster-"), build=True), True
         cluster.start(timeout=600)
     try:
-        cluster.kubectl("apply", "-f", str(ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"))
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        for crd in ("inferenceservices", "tuningprofiles"):  # as the chart installs them
+            cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f",
+                            str(ROOT / "crds" / f"{crd}.{GROUP}.yaml"))  # fmt: skip
+            cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.{GROUP}", "--timeout=60s")
         if a.probe:
             probe = probe_creates(cluster, a.probe)
             if a.json:
@@ -361,7 +371,7 @@ def main() -> int:
                     print(f"    {kind}: {p['wall_s']:.1f} s ({p['per_s']:.0f}/s); mean latency: {rest}")
             sys.stdout.flush()
         for n in counts:
-            result = run_once(cluster, n, a.namespaces, a.replicas, a.timeout)
+            result = run_once(cluster, n, a.namespaces, a.replicas, a.timeout, a.headless)
             # the closed loop's tick over the same N services: the operator's own fetch code, one
             # Prometheus answer per query from an in-process fleet (bench/prometheus_load.py)
             result["prometheus_tick"] = asyncio.run(one_tick(n, max(1, a.replicas)))
@@ -372,7 +382,9 @@ def main() -> int:
                     f"  [goal <60 s: {'met' if result['all_planned_and_deployed_s'] < 60 else 'missed'}, "
                     f"<250 MB: {'met' if result['operator_peak_rss_mb'] < 250 else 'missed'}]"
                 )  # fmt: skip
-                print(f"N={n:5d}: all Planned + Deployment in {result['all_planned_and_deployed_s']:.1f} s "
+                kind = " (headless)" if a.headless else ""
+                print(f"N={n:5d}{kind}: all Planned + Deployment in "
+                      f"{result['all_planned_and_deployed_s']:.1f} s "
                       f"(creates took {result['create_s']:.1f} s; {result['deployed']}/{n} done), "
                       f"operator CPU {result['operator_cpu_s']:.1f} s, "
                       f"peak RSS {result['operator_peak_rss_mb']:.0f} MB "
