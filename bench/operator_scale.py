@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.prometheus_load import one_tick  # noqa: E402
 from e2e.cluster import LocalCluster  # noqa: E402
+from e2e.waits import wait_established  # noqa: E402
 
 GROUP, VERSION, PLURAL = "kvpilot.io", "v1alpha1", "inferenceservices"
 NS_PREFIX = "kvbench-"
@@ -359,7 +360,7 @@ def main() -> int:
         for crd in ("inferenceservices", "tuningprofiles"):  # as the chart installs them
             cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f",
                             str(ROOT / "crds" / f"{crd}.{GROUP}.yaml"))  # fmt: skip
-            cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.{GROUP}", "--timeout=60s")
+            wait_established(cluster.kubectl, f"crd/{crd}.{GROUP}")  # kubectl wait fails on a CRD this new
         if a.probe:
             probe = probe_creates(cluster, a.probe)
             if a.json:
