@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.prometheus_load import one_tick  # noqa: E402
 from e2e.cluster import LocalCluster  # noqa: E402
+from e2e.waits import wait_established  # noqa: E402
 
 GROUP, VERSION, PLURAL = "kvpilot.io", "v1alpha1", "inferenceservices"
 NS_PREFIX = "kvbench-"
@@ -64,8 +65,11 @@ PROFILES = (
 )
 
 
-def build_isvc(i: int, namespaces: int, replicas: int, prefix: str = NS_PREFIX) -> dict[str, Any]:
+def build_isvc(
+    i: int, namespaces: int, replicas: int, prefix: str = NS_PREFIX, headless: bool = False
+) -> dict[str, Any]:
     pool, count, model, lengths = PROFILES[i % len(PROFILES)]
+    service = {"service": {"headless": True}} if headless else {}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "InferenceService",
@@ -76,6 +80,7 @@ def build_isvc(i: int, namespaces: int, replicas: int, prefix: str = NS_PREFIX) 
             "nodeSelector": {"kvpilot.dev/e2e-pool": pool},
             "replicas": replicas,
             "serving": {"maxContextLength": lengths[(i // len(PROFILES)) % len(lengths)]},
+            **service,
         },
     }
 
@@ -99,27 +104,43 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
-_DURATION = re.compile(r"^apiserver_request_duration_seconds_(sum|count)\{([^}]*)\} ([0-9.e+-]+)$")
+_METRIC = re.compile(r"^([a-z_]+)_(sum|count)\{([^}]*)\} ([0-9.e+-]+)$")
 _WRITES = ("POST", "PATCH", "APPLY", "PUT")
-_WRITTEN = (PLURAL, "deployments", "services", "events")
+_WRITTEN = (PLURAL, "deployments", "services", "events", "ipaddresses", "endpointslices", "replicasets",
+            "pods", "configmaps")  # fmt: skip
+"""What kvpilot writes, and what the API server and the controllers write because of it: a Service's ClusterIP
+is an ``IPAddress`` object the API server creates through its own loopback client (Kubernetes >= 1.33's
+allocator), the endpoint-slice controller writes a slice per Service, the Deployment controller a ReplicaSet
+and its pods."""
+_LOOPBACK = ("rest_client_rate_limiter_duration_seconds", "rest_client_request_duration_seconds")
+"""The API server's own client-go metrics: its loopback client (the ClusterIP allocator's IPAddress creates,
+admission plugins' calls) waits on a client-side rate limiter of 50 QPS (burst 100) before each request
+(``k8s.io/apiserver``, ``NewLoopbackClientConfig``)."""
 
 
 def apiserver_write_latency(cluster: LocalCluster) -> dict[str, tuple[float, int]]:
-    """The API server's own request-duration totals for writes, by ``VERB resource[/subresource]``:
-    (seconds, count), from its ``/metrics``. Two readings' difference is the run's mean latency."""
+    """The API server's own request-duration totals, by ``VERB resource[/subresource]`` for writes and by
+    ``loopback <metric> VERB`` for its own client's requests: (seconds, count), from its ``/metrics``. Two
+    readings' difference is the run's mean latency."""
     text = cluster.kubectl("get", "--raw", "/metrics", timeout=60).stdout
     out: dict[str, list[float]] = {}
     for line in text.splitlines():
-        match = _DURATION.match(line)
+        match = _METRIC.match(line)
         if not match:
             continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
-        if labels.get("verb") not in _WRITES or labels.get("resource") not in _WRITTEN:
+        name, labels = match.group(1), dict(re.findall(r'(\w+)="([^"]*)"', match.group(3)))
+        if name == "apiserver_request_duration_seconds":
+            if labels.get("verb") not in _WRITES or labels.get("resource") not in _WRITTEN:
+                continue
+            sub = labels.get("subresource")
+            key = f"{labels['verb']} {labels['resource']}" + (f"/{sub}" if sub else "")
+        elif name in _LOOPBACK and labels.get("verb") in (*_WRITES, "GET"):
+            what = name.removeprefix("rest_client_").removesuffix("_duration_seconds")
+            key = f"loopback {what} {labels['verb']}"
+        else:
             continue
-        sub = labels.get("subresource")
-        key = f"{labels['verb']} {labels['resource']}" + (f"/{sub}" if sub else "")
         slot = out.setdefault(key, [0.0, 0.0])
-        slot[0 if match.group(1) == "sum" else 1] += float(match.group(3))
+        slot[0 if match.group(2) == "sum" else 1] += float(match.group(4))
     return {k: (v[0], int(v[1])) for k, v in out.items()}
 
 
@@ -193,7 +214,9 @@ class Progress:
             time.sleep(0.2)
 
 
-def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, timeout: float) -> dict[str, Any]:
+def run_once(
+    cluster: LocalCluster, n: int, namespaces: int, replicas: int, timeout: float, headless: bool = False
+) -> dict[str, Any]:
     from kubernetes import client, config
 
     api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
@@ -226,7 +249,7 @@ def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, time
         cpu0 = cpu_seconds(proc.pid)
         latency0 = apiserver_write_latency(cluster)
 
-        bodies = [build_isvc(i, namespaces, replicas, prefix) for i in range(n)]
+        bodies = [build_isvc(i, namespaces, replicas, prefix, headless) for i in range(n)]
         progress = Progress(cluster, prefix)
         t0 = time.monotonic()
 
@@ -258,7 +281,7 @@ def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, time
     delta = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
     total = sum(delta.values())
     return {
-        "n": n, "namespaces": namespaces, "replicas": replicas,
+        "n": n, "namespaces": namespaces, "replicas": replicas, "headless": headless,
         "create_s": round(created_s, 2), "all_planned_and_deployed_s": round(elapsed, 2),
         "planned": planned, "deployed": deployed, "complete": deployed >= n,
         "operator_cpu_s": round(cpu, 2), "operator_peak_rss_mb": round(rss, 1),
@@ -270,6 +293,48 @@ def run_once(cluster: LocalCluster, n: int, namespaces: int, replicas: int, time
     }  # fmt: skip
 
 
+def probe_creates(cluster: LocalCluster, n: int, threads: int = 32) -> dict[str, dict[str, float]]:
+    """The API server's own floor, without the operator: ``n`` creates of one kind from ``threads`` threads
+    (the operator's I/O pool), for a ClusterIP Service (what kvpilot applies), a headless one
+    (``clusterIP: None``: no IPAddress allocated) and a ConfigMap, in a scratch namespace; wall seconds,
+    creates per second and the API server's mean latency for each (same conditions, one after the other)."""
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    api_client.configuration.connection_pool_maxsize = threads
+    core = client.CoreV1Api(api_client)
+    ns = f"{NS_PREFIX}probe-{os.getpid() % 1000}"
+    cluster.kubectl("create", "namespace", ns, check=False)
+    port = {"port": 8000, "targetPort": "http", "name": "http"}
+    kinds: dict[str, tuple[Any, Any]] = {
+        "ClusterIP Service": (core.create_namespaced_service,
+                              lambda i: {"metadata": {"name": f"cip-{i:05d}"},
+                                         "spec": {"selector": {"app": f"a{i}"}, "ports": [port]}}),
+        "headless Service": (core.create_namespaced_service,
+                             lambda i: {"metadata": {"name": f"hl-{i:05d}"},
+                                        "spec": {"clusterIP": "None", "selector": {"app": f"a{i}"},
+                                                 "ports": [port]}}),
+        "ConfigMap": (core.create_namespaced_config_map,
+                      lambda i: {"metadata": {"name": f"cm-{i:05d}"}, "data": {"k": "v"}}),
+    }  # fmt: skip
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for kind, (create, body) in kinds.items():
+            latency0 = apiserver_write_latency(cluster)
+            t0 = time.monotonic()
+            with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+                list(pool.map(lambda i: create(ns, body(i)), range(n)))  # noqa: B023 -- used at once
+            wall = time.monotonic() - t0
+            writes = latency_delta(latency0, apiserver_write_latency(cluster))
+            shown = ("POST services", "POST configmaps", "POST ipaddresses", "loopback")
+            out[kind] = {"wall_s": round(wall, 2), "per_s": round(n / wall, 1),
+                         **{k: w["mean_ms"] for k, w in writes.items() if k.startswith(shown)}}  # fmt: skip
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        api_client.close()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, action="append", help="object counts (default: 100 and 1000)")
@@ -278,6 +343,11 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--kubeconfig", help="reuse a running e2e cluster (python -m e2e.cluster up)")
     ap.add_argument("--json", action="store_true", help="print one JSON object per run")
+    ap.add_argument("--headless", action="store_true",
+                    help="InferenceServices with spec.service.headless: true (no ClusterIP to allocate)")
+    ap.add_argument("--probe", type=int, default=0, metavar="N",
+                    help="first time N raw creates of ClusterIP Services, headless Services and ConfigMaps "
+                         "(the API server's floor, no operator)")  # fmt: skip
     a = ap.parse_args()
     counts = a.n or [100, 1000]
 
@@ -287,10 +357,22 @@ def main() -> int:
         cluster, own = LocalCluster(tempfile.mkdtemp(prefix="kvpilot-opscale-cluster-"), build=True), True
         cluster.start(timeout=600)
     try:
-        cluster.kubectl("apply", "-f", str(ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"))
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        for crd in ("inferenceservices", "tuningprofiles"):  # as the chart installs them
+            cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f",
+                            str(ROOT / "crds" / f"{crd}.{GROUP}.yaml"))  # fmt: skip
+            wait_established(cluster.kubectl, f"crd/{crd}.{GROUP}")  # kubectl wait fails on a CRD this new
+        if a.probe:
+            probe = probe_creates(cluster, a.probe)
+            if a.json:
+                print(json.dumps({"probe": a.probe, **probe}))
+            else:
+                print(f"the API server alone, {a.probe} creates from 32 threads:")
+                for kind, p in probe.items():
+                    rest = ", ".join(f"{k} {v:.0f} ms" for k, v in p.items() if k not in ("wall_s", "per_s"))
+                    print(f"    {kind}: {p['wall_s']:.1f} s ({p['per_s']:.0f}/s); mean latency: {rest}")
+            sys.stdout.flush()
         for n in counts:
-            result = run_once(cluster, n, a.namespaces, a.replicas, a.timeout)
+            result = run_once(cluster, n, a.namespaces, a.replicas, a.timeout, a.headless)
             # the closed loop's tick over the same N services: the operator's own fetch code, one
             # Prometheus answer per query from an in-process fleet (bench/prometheus_load.py)
             result["prometheus_tick"] = asyncio.run(one_tick(n, max(1, a.replicas)))
@@ -301,7 +383,9 @@ def main() -> int:
                     f"  [goal <60 s: {'met' if result['all_planned_and_deployed_s'] < 60 else 'missed'}, "
                     f"<250 MB: {'met' if result['operator_peak_rss_mb'] < 250 else 'missed'}]"
                 )  # fmt: skip
-                print(f"N={n:5d}: all Planned + Deployment in {result['all_planned_and_deployed_s']:.1f} s "
+                kind = " (headless)" if a.headless else ""
+                print(f"N={n:5d}{kind}: all Planned + Deployment in "
+                      f"{result['all_planned_and_deployed_s']:.1f} s "
                       f"(creates took {result['create_s']:.1f} s; {result['deployed']}/{n} done), "
                       f"operator CPU {result['operator_cpu_s']:.1f} s, "
                       f"peak RSS {result['operator_peak_rss_mb']:.0f} MB "

@@ -16,10 +16,21 @@ created during the outage. Evidence required by issue 14:
   leader's objects without re-planning them, and each has at most one ``Planned`` event (two only for an
   object both planned: the same plan, recorded once; none for an object whose event the old leader still
   had queued, after SIGKILL or SIGTERM: events are best effort, ``status.history`` is the record).
+
+Then the same, mid-rollout (``test_the_follower_finishes_the_rollout_the_killed_leader_started``): the
+fleet simulator plays the pods (``e2e.fleet``) and Prometheus scrapes them, so the closed loop runs in both
+replicas (paused in the follower). A service is planned and Ready; its GPU then hits CUDA OOM at the planned
+utilisation and new pods take ``SLOW_START_S`` to load, so the leader's crash remedy starts a long rollout:
+the Deployment's template changes, a new ReplicaSet surges, ``status.rollout`` is written. The leader is
+SIGKILLed while that pod is still loading; the follower takes over and finishes the rollout from
+``status.rollout`` (wait for Ready, probation, ``lastGoodSettings``). Evidence: one ``Retuned`` record in
+``status.history``, no rollback, the Deployment's template changed exactly once (its generation one above
+the plan's, two ReplicaSets), every observedGeneration caught up, and the failover time printed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import signal
@@ -33,6 +44,9 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster
+from e2e.fleet import Scenario, Workload
+from e2e.fleet.stack import Stack, closed_loop_env, condition
+from e2e.fleet.testing import H100_8B, catalogue_isvc
 from e2e.waits import spawn_host_operator, stop_host_operator, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,3 +209,143 @@ def test_the_follower_takes_over_when_the_leader_is_killed(
         for proc, log in ((leader, logs["leader"]), (follower, logs["follower"])):
             if proc is not None:
                 stop_host_operator(proc, log)
+
+
+# ------------------------------------------------------------------------------------------- mid-rollout
+
+SLOW_START_S = 35.0
+"""How long a new pod takes to load in the rollout: past the follower's takeover (the lifetime and its slack
+at worst), so the follower inherits a rollout whose pod is not Ready yet."""
+ROLLOUT_DEADLINE_S = 180
+"""``spec.tuning.rolloutDeadlineSeconds``: the slow pod, the failover and the probation fit well inside."""
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def _history(obj: dict[str, Any], action: str) -> list[dict[str, Any]]:
+    return [h for h in obj.get("status", {}).get("history") or () if h.get("action") == action]
+
+
+def _applied(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in (obj.get("status", {}).get("applied") or {}).items() if v is not None}
+
+
+def _settled(obj: dict[str, Any]) -> bool:
+    """Planned, Ready, no rollout, and the applied settings passed probation."""
+    st = obj.get("status", {})
+    good = {k: v for k, v in (st.get("lastGoodSettings") or {}).items() if v is not None}
+    return (
+        condition(obj, "Ready").get("status") == "True"
+        and not st.get("rollout")
+        and condition(obj, "RolloutInProgress").get("status") != "True"
+        and bool(good) and good == _applied(obj)
+    )  # fmt: skip
+
+
+def _replica_sets(cluster: LocalCluster, ns: str, deployment: str) -> list[dict[str, Any]]:
+    items = (get(cluster, "replicasets", "-n", ns) or {"items": []})["items"]
+    owned = (rs for rs in items if rs["metadata"].get("ownerReferences"))
+    return [rs for rs in owned if any(o.get("name") == deployment for o in rs["metadata"]["ownerReferences"])]
+
+
+def test_the_follower_finishes_the_rollout_the_killed_leader_started(
+    cluster: LocalCluster, ns: str, tmp_path: Path
+) -> None:
+    name = "roll"
+    light = Workload(arrival_rate=1.0, prompt_tokens=400, output_tokens=100)
+    stack = Stack(cluster, tmp_path / "stack", namespaces=[ns],
+                  scenarios={(ns, name): Scenario(name=name, truth=H100_8B, workload=light)})  # fmt: skip
+    stack.start(operator=False)  # Prometheus and the fleet; the two replicas are started below
+    env = {**closed_loop_env(stack.prom.url), "KVPILOT_PEERING_LIFETIME_SECONDS": str(LIFETIME_S)}
+    logs = {"leader": tmp_path / "leader" / "kopf.log", "follower": tmp_path / "follower" / "kopf.log"}
+    for log in logs.values():
+        log.parent.mkdir()
+    leader = follower = None
+    try:
+        cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
+        leader = spawn_host_operator(cluster, logs["leader"], ns, {**env, "POD_ID": "kvha-leader"},
+                                     mode=(f"--peering={PEERING}", "--priority=200"))  # fmt: skip
+        follower = spawn_host_operator(cluster, logs["follower"], ns, {**env, "POD_ID": "kvha-follower"},
+                                       mode=(f"--peering={PEERING}", "--priority=100"))  # fmt: skip
+        wait_for(lambda: {"kvha-leader", "kvha-follower"} <= peers(cluster, ns), 60, "both in the peering")
+        tuning = {"mode": "Auto", "cooldownSeconds": 0, "maxChangesPerHour": 60,
+                  "rolloutDeadlineSeconds": ROLLOUT_DEADLINE_S}  # fmt: skip
+        cluster.apply([catalogue_isvc(name, ns, "meta-llama/Llama-3.1-8B-Instruct", H100,
+                                      {"maxContextLength": 8192}, tuning)])  # fmt: skip
+
+        def isvc() -> dict[str, Any]:
+            return dict(get(cluster, RESOURCE, name, "-n", ns) or {})
+
+        wait_for(lambda: _settled(isvc()), 180, f"{name} planned, Ready and past probation")
+        first = isvc()
+        planned = _applied(first)
+        plan_generation = get(cluster, "deployment", name, "-n", ns)["metadata"]["generation"]
+        assert len(_replica_sets(cluster, ns, name)) == 1
+        # the GPU now OOMs at the planned utilisation, and new pods load slowly: the leader's remedy rolls out
+        limit = round(float(planned["gpuMemoryUtilization"]) - 0.02, 2)
+        truth = dataclasses.replace(H100_8B, runtime_oom_above_utilization=limit, startup_s=SLOW_START_S)
+        assert stack.fleet is not None
+        stack.fleet.set_scenario(ns, name, Scenario(name=name, truth=truth, workload=light))
+        def retuning() -> dict[str, Any] | None:
+            # status.rollout (with the settings) and the history entry are two PATCHes, tens of ms apart: kill
+            # after both (a SIGKILL between them would lose the entry: docs/operator.md, "High availability")
+            obj = isvc()
+            return obj if obj.get("status", {}).get("rollout") and _history(obj, "Retuned") else None
+
+        rolling = wait_for(retuning, 120, "the leader's retune rolling out")
+        target = {k: v for k, v in rolling["status"]["rollout"]["settings"].items() if v is not None}
+        dep = get(cluster, "deployment", name, "-n", ns)
+        assert dep["metadata"]["generation"] == plan_generation + 1, "the retune did not change the template"
+        revision = "deployment.kubernetes.io/revision"
+        new_ready = [
+            rs for rs in _replica_sets(cluster, ns, name)
+            if rs["metadata"]["annotations"].get(revision) == "2" and rs["status"].get("readyReplicas")
+        ]  # fmt: skip
+        assert not new_ready, "the new pod was Ready before the kill: not mid-rollout"
+        assert "reconciled (" not in logs["follower"].read_text(), "the follower wrote before the kill"
+        leader.send_signal(signal.SIGKILL)  # mid-rollout: the new ReplicaSet's pod is still loading
+        killed_at = time.monotonic()
+        leader.wait()
+
+        wait_for(lambda: "Resuming operations after the pause" in logs["follower"].read_text(),
+                 LIFETIME_S + SLACK_S, "the follower to resume")  # fmt: skip
+        resumed_s = time.monotonic() - killed_at
+        mid = isvc()["status"].get("rollout")
+        def finished() -> dict[str, Any] | None:
+            obj = isvc()
+            return obj if _settled(obj) and _history(obj, "Retuned") else None
+
+        done = wait_for(finished, ROLLOUT_DEADLINE_S, "the follower to finish the rollout")
+        finished_s = time.monotonic() - killed_at
+        print(
+            f"failover mid-rollout (SIGKILL, peering lifetime {LIFETIME_S} s, new pods load in "
+            f"{SLOW_START_S:.0f} s): the follower resumed after {resumed_s:.1f} s with the rollout "
+            f"{'still in progress' if mid else 'already over'}, and finished it {finished_s:.1f} s after the "
+            "kill"
+        )
+        assert mid, "the rollout was over before the follower took over: not a mid-rollout failover"
+        assert resumed_s <= LIFETIME_S + SLACK_S
+
+        # no decision lost: the leader's target is what runs, passed probation under the follower
+        assert _applied(done) == target, (done["status"], target)
+        assert float(target["gpuMemoryUtilization"]) <= limit, target
+        # none made twice: one retune in the record, no rollback, the template changed once, all caught up
+        retunes = _history(done, "Retuned")
+        assert len(retunes) == 1 and retunes[0]["trigger"] == "CudaOOM", done["status"].get("history")
+        assert not _history(done, "RolledBack"), done["status"].get("history")
+        assert len(_history(done, "Planned")) == 1, done["status"].get("history")
+        dep = get(cluster, "deployment", name, "-n", ns)
+        assert dep["metadata"]["generation"] == plan_generation + 1, "the follower changed the template again"
+        assert dep["status"]["observedGeneration"] == dep["metadata"]["generation"]
+        assert dep["status"].get("updatedReplicas") == dep["status"].get("readyReplicas") == 1, dep["status"]
+        assert len(_replica_sets(cluster, ns, name)) == 2
+        assert done["status"]["observedGeneration"] == done["metadata"]["generation"]
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert float(args[args.index("--gpu-memory-utilization") + 1]) == target["gpuMemoryUtilization"]
+        follower_log = logs["follower"].read_text()
+        assert f"[{ns}/{name}] reconciled (Resumed)" in follower_log  # resumed, not planned again
+        assert f"[{ns}/{name}] reconciled (Created)" not in follower_log
+    finally:
+        for proc, log in ((leader, logs["leader"]), (follower, logs["follower"])):
+            if proc is not None:
+                stop_host_operator(proc, log)
+        stack.stop()

@@ -221,6 +221,25 @@ def test_spec_change_rolls_out(cluster: LocalCluster, ns: str) -> None:
     wait_for(new_replicaset, WAIT_S, "the new ReplicaSet to be ready")
 
 
+def test_headless_service_on_request_and_fixed(cluster: LocalCluster, ns: str) -> None:
+    """``spec.service.headless``: a Service without a ClusterIP, and the API server refuses to change it
+    (a Service's clusterIP is immutable); the default keeps the ClusterIP Service."""
+    doc = yaml.safe_load(next(p for p in EXAMPLES if p.stem == "llama-3.1-8b-on-l4").read_text())
+    docs = {name: {**doc, "metadata": {"name": name}} for name in ("headless", "cip")}
+    docs["headless"]["spec"] = {**doc["spec"], "service": {"headless": True}}
+    for d in docs.values():
+        assert apply_file(cluster, ns, doc=d).returncode == 0
+    for name in docs:
+        assert condition(ready_settled(cluster, ns, name), "Ready")["status"] == "True"
+    headless, cip = (get(cluster, "service", name, "-n", ns)["spec"] for name in ("headless", "cip"))
+    assert headless["clusterIP"] == "None" and headless["type"] == "ClusterIP"
+    assert cip["clusterIP"] not in ("None", "")  # allocated from the service CIDR
+    for name, to in (("headless", False), ("cip", True)):
+        patch = json.dumps({"spec": {"service": {"headless": to}}})
+        proc = cluster.kubectl("patch", RESOURCE, name, "-n", ns, "--type", "merge", "-p", patch, check=False)
+        assert proc.returncode != 0 and "service.headless cannot change" in proc.stderr, proc.stderr
+
+
 def test_modes_off_and_recommend(cluster: LocalCluster, ns: str) -> None:
     for mode in ("Off", "Recommend"):
         doc = yaml.safe_load(next(p for p in EXAMPLES if p.stem == "llama-3.1-8b-on-l4").read_text())

@@ -296,6 +296,13 @@ class RolloutSpec(_Wire):
     max_unavailable: int = Field(1, ge=1, le=1000)
 
 
+class ServiceSpec(_Wire):
+    """``spec.service``: the Service in front of the vLLM pods; ``headless`` is fixed at creation (a CRD
+    rule: a Service's clusterIP is immutable)."""
+
+    headless: bool = False
+
+
 KubeObject = dict[str, Any]
 """A Kubernetes type inside ``spec.template`` (affinity, a volume, a container): the CRD's schema for it is
 the API server's own (``e2e/pod_template_schema.py``), so the API server validates it; kvpilot merges it."""
@@ -349,6 +356,7 @@ class InferenceServiceSpec(_Wire):
     engine: Engine = Field(default_factory=Engine)
     tuning: Tuning = Field(default_factory=Tuning)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
     template: PodTemplate | None = None
     pod_security: PodSecurity = "Default"
 

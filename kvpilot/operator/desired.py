@@ -83,7 +83,7 @@ def build_desired(
     checkpoint = resolve.compute_checkpoint_bytes(inputs.model)
     manifests = [
         *workloads.build_claims(metadata, spec, checkpoint),
-        workloads.build_service(metadata),
+        workloads.build_service(metadata, spec),
         workloads.build_deployment(
             metadata, spec, decision.deploy, user.extra, inputs.gpu.products, checkpoint_bytes=checkpoint
         ),

@@ -252,18 +252,20 @@ def build_claims(
     return claims
 
 
-def build_service(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """The ClusterIP Service in front of the vLLM pods (port 8000, named http)."""
+def build_service(metadata: Mapping[str, Any], spec: api.InferenceServiceSpec) -> dict[str, Any]:
+    """The ClusterIP Service in front of the vLLM pods (port 8000, named http); headless (``clusterIP:
+    None``, no virtual IP allocated) when ``spec.service.headless``."""
     name = metadata["name"]
+    out: dict[str, Any] = {"type": "ClusterIP"}
+    if spec.service.headless:
+        out["clusterIP"] = "None"
+    out["selector"] = build_selector(name)
+    out["ports"] = [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _object_metadata(metadata, build_labels(name)),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": build_selector(name),
-            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
-        },
+        "spec": out,
     }
 
 

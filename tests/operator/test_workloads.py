@@ -84,7 +84,7 @@ def test_pod_essentials() -> None:
 
 
 def test_labels_selector_and_owner() -> None:
-    d, s = deployment(), workloads.build_service(META)
+    d, s = deployment(), workloads.build_service(META, spec())
     labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "llm",
               "app.kubernetes.io/managed-by": "kvpilot", "kvpilot.io/inferenceservice": "llm"}  # fmt: skip
     for obj in (d, s):
@@ -99,7 +99,14 @@ def test_labels_selector_and_owner() -> None:
 
 
 def test_no_owner_reference_without_uid() -> None:
-    assert "ownerReferences" not in workloads.build_service({"name": "x"})["metadata"]
+    assert "ownerReferences" not in workloads.build_service({"name": "x"}, spec())["metadata"]
+
+
+def test_the_service_is_headless_only_when_asked() -> None:
+    assert "clusterIP" not in workloads.build_service(META, spec())["spec"]  # the API server allocates one
+    headless = workloads.build_service(META, spec(service={"headless": True}))["spec"]
+    assert headless["clusterIP"] == "None" and headless["type"] == "ClusterIP"
+    assert headless["selector"] == workloads.build_service(META, spec())["spec"]["selector"]
 
 
 def test_user_env_is_kept_and_token_comes_from_secret() -> None:
