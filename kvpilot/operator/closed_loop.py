@@ -215,7 +215,8 @@ async def run_once(
         return None  # the reconciler has not applied anything yet
     try:
         parsed = desired.parse_spec(spec)
-    except errors.OperatorError:
+        pinned = modes.compute_user_args(parsed).pinned  # the user's values: never the loop's to change
+    except (errors.OperatorError, tuner_errors.TunerError):
         return None  # the reconciler reports invalid specs
     mode = parsed.tuning.mode
     if parsed.replicas == 0:
@@ -283,7 +284,7 @@ async def run_once(
         gpu=gpu,
         default_max_model_len=default_len,
         mm_prefix_item_tokens=inputs.model.spec.mm_prefix_item_tokens if inputs is not None else 0,
-        bounds=loop_settings.build_bounds(parsed, gpu.fp8_kv),
+        bounds=loop_settings.build_bounds(parsed, gpu.fp8_kv, pinned),
         policy=policy,
         vllm_version=engine.version,
         slo=loop_settings.build_slo(parsed),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from kvpilot.operator import api
 from kvpilot.tuner.loop import LatencySlo, PolicyConfig, TuningBounds
+from kvpilot.tuner.types import EngineSettings
 
 INTERVAL_ENV = "KVPILOT_CLOSED_LOOP_INTERVAL"
 DEFAULT_INTERVAL_S = 30.0
@@ -123,10 +124,13 @@ def build_policy(spec: api.InferenceServiceSpec, pace: LoopPace | None = None) -
     )
 
 
-def build_bounds(spec: api.InferenceServiceSpec, fp8_supported: bool) -> TuningBounds:
+def build_bounds(
+    spec: api.InferenceServiceSpec, fp8_supported: bool, pinned: EngineSettings | None = None
+) -> TuningBounds:
     """The planner's bounds (``spec.to_bounds``: serving and tuning.bounds merged), for the loop; fp8 only
-    if allowed *and* supported."""
-    return TuningBounds.from_serving(spec.to_bounds(), fp8_supported=fp8_supported)
+    if allowed *and* supported; ``pinned`` (:func:`kvpilot.operator.modes.compute_user_args`: the spec's
+    pinned values and tuned flags in extraArgs) never changed."""
+    return TuningBounds.from_serving(spec.to_bounds(), fp8_supported=fp8_supported, pinned=pinned)
 
 
 def build_slo(spec: api.InferenceServiceSpec) -> LatencySlo | None:

@@ -807,3 +807,16 @@ async def test_a_vanished_token_secret_is_a_condition_between_reconciles(
         "True", "Resolved"
     )  # fmt: skip
     assert len(harness.hub_calls) == 1  # every tick was a cache hit
+
+
+def test_bounds_keep_what_the_spec_pins() -> None:
+    from kvpilot.operator import desired, modes
+    from kvpilot.tuner.types import EngineSettings
+
+    spec = desired.parse_spec({
+        "model": {"id": "m"}, "tuning": {"allowFp8KvCache": True},
+        "engine": {"pinned": {"gpuMemoryUtilization": 0.95}, "extraArgs": ["--kv-cache-dtype", "auto"]},
+    })  # fmt: skip
+    b = loop_settings.build_bounds(spec, fp8_supported=True, pinned=modes.compute_user_args(spec).pinned)
+    assert b.clamp(EngineSettings(gpu_memory_utilization=0.9, max_num_seqs=8)).gpu_memory_utilization == 0.95
+    assert b.allow_fp8_kv is False  # the KV dtype is pinned in extraArgs

@@ -935,3 +935,19 @@ def test_mamba_cache_blocks_sets_max_num_seqs_to_what_the_state_pool_holds() -> 
     d = decide(win=DOWN, restarts=(event,))
     assert (d.action, d.trigger) == (Action.RETUNE, RestartKind.MAMBA_CACHE_BLOCKS)
     assert d.settings.max_num_seqs == 200  # vLLM: "lower max_num_seqs to at most 200"
+
+
+def test_a_pinned_value_is_never_the_loops_to_change() -> None:
+    """Defect: the closed loop moved a pinned gpuMemoryUtilization (0.95 -> 0.93) on a CUDA OOM."""
+    current = EngineSettings(max_model_len=8192, max_num_seqs=128, gpu_memory_utilization=0.95)
+    oom = (restart(RestartKind.CUDA_OOM, count=1),)
+    state, evidence = state_and_evidence(current, window(), oom)
+    free = compute_decision(state, evidence, context(BOUNDS, POLICY), NOW)
+    assert free.action == Action.RETUNE and free.settings.gpu_memory_utilization < 0.95
+    pinned = dataclasses.replace(BOUNDS, pinned=EngineSettings(gpu_memory_utilization=0.95))
+    d = compute_decision(state, evidence, context(pinned, POLICY), NOW)
+    assert d.settings.gpu_memory_utilization == 0.95  # another remedy, or none
+    if d.action == Action.RETUNE:
+        assert d.settings != current
+    fp8 = dataclasses.replace(BOUNDS, allow_fp8_kv=True, pinned=EngineSettings(kv_cache_dtype="auto"))
+    assert fp8.clamp(current.replace(kv_cache_dtype="fp8")).kv_cache_dtype == "auto"

@@ -179,18 +179,26 @@ class TuningBounds:
     max_max_model_len: int | None = None
     allow_fp8_kv: bool = False
     """The user allows an fp8 KV cache *and* the GPU supports one (the operator ANDs the two)."""
+    pinned: EngineSettings = EngineSettings()
+    """The user's fixed values (``spec.engine.pinned`` and tuned flags in ``extraArgs``): :meth:`clamp` puts
+    each back, so no candidate of the loop changes one (a pinned KV dtype also keeps fp8 out)."""
 
     @classmethod
-    def from_serving(cls, serving: ServingBounds, fp8_supported: bool = True) -> TuningBounds:
-        """The loop's bounds from the planner's :class:`ServingBounds`: the same bounds bind both."""
+    def from_serving(
+        cls, serving: ServingBounds, fp8_supported: bool = True, pinned: EngineSettings | None = None
+    ) -> TuningBounds:
+        """The loop's bounds from the planner's :class:`ServingBounds`: the same bounds bind both; ``pinned``
+        the values the loop never changes."""
+        pinned = pinned or EngineSettings()
         return cls(
+            pinned=pinned,
             min_max_num_seqs=serving.min_max_num_seqs,
             max_max_num_seqs=serving.max_max_num_seqs,
             min_gpu_memory_utilization=serving.min_gpu_memory_utilization,
             max_gpu_memory_utilization=serving.max_gpu_memory_utilization,
             min_max_model_len=serving.min_context,
             max_max_model_len=serving.max_context,
-            allow_fp8_kv=serving.allow_fp8_kv and fp8_supported,
+            allow_fp8_kv=serving.allow_fp8_kv and fp8_supported and pinned.kv_cache_dtype is None,
         )
 
     def clamp(self, settings: EngineSettings) -> EngineSettings:
@@ -215,6 +223,7 @@ class TuningBounds:
             if self.max_max_model_len is not None:
                 mml = min(mml, self.max_max_model_len)
             changes["max_model_len"] = mml
+        changes.update(self.pinned.as_dict())  # type: ignore[typeddict-item]
         return settings.replace(**changes)
 
     def contains(self, settings: EngineSettings) -> bool:
