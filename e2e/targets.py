@@ -133,8 +133,8 @@ def make_webhook_pki(directory: Path) -> bytes:
 
 
 def webhook_configuration(name: str, port: int, ca: bytes, namespace: str) -> dict[str, Any]:
-    """What the chart renders (templates/enginetuner-webhook.yaml), pointed at the host operator by URL and
-    limited to ``namespace`` (the suite's other tests create pods too)."""
+    """What the chart renders (templates/enginetuner-mutatingwebhook.yaml), pointed at the host operator by
+    URL and limited to ``namespace`` (the suite's other tests create pods too)."""
     return {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name},

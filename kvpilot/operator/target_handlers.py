@@ -178,6 +178,17 @@ def compute_eviction(
     return str(stale[0]["metadata"]["name"]), "it does not run the recommendation"
 
 
+def published(old: Mapping[str, Any], generation: Any, recommended: EngineSettings) -> bool:
+    """Whether the status already read holds ``recommended`` for this generation with ``Ready=True``: what
+    the webhook's index needs (:func:`~kvpilot.operator.target_webhook.index_tuner`) before an eviction."""
+    ready = conditions.find_condition(old.get("conditions"), conditions.READY) or {}
+    rec = (old.get("recommendation") or {}).get("settings")
+    return (
+        old.get("observedGeneration") == generation and ready.get("status") == conditions.TRUE
+        and status_patch.compact(rec) == status_patch.compact(_settings_wire(recommended))
+    )  # fmt: skip
+
+
 def _settings_wire(settings: EngineSettings) -> dict[str, Any]:
     return api.Settings.from_engine(settings).wire()
 
@@ -264,7 +275,11 @@ async def reconcile(
          f"{planned_text}; KV cache {b.available_kv_cache_gib:.2f} GiB = {b.kv_cache_tokens} tokens"),
     ]  # fmt: skip
     action = ""
-    if mode == "Auto" and observed.pods:
+    if mode == "Auto" and observed.pods and not published(old, generation, recommended):
+        # the webhook reads the recommendation from the status (a kopf index): a pod evicted before this
+        # tick's status lands would be replaced with the owner's settings
+        action = "; the recommendation is not in the status yet: evicting from the next tick"
+    elif mode == "Auto" and observed.pods:
         nodes = await asyncio.get_running_loop().run_in_executor(resolve.IO_POOL, kube.list_nodes)
         shape = target.pod_shape(observed.workload)
         schedulable = capacity.compute_schedulable(

@@ -285,6 +285,9 @@ async def test_initial_never_evicts_and_auto_evicts_one_at_a_time(kube: FakeTarg
     assert kube.evicted == []
     body, emitter = tuner("Auto"), RecordingEmitter()
     await run(body, kube, emitter)
+    # not before the webhook can read the recommendation from the status: a replacement would be untuned
+    assert kube.evicted == [] and "not in the status yet" in cond(body, "Ready")["message"]
+    await run(body, kube, emitter, now=1.8e9 + 1)
     assert kube.evicted == ["a"] and "Evicted" in emitter.reasons
     assert body["status"]["evictions"] == 1
     await run(body, kube, emitter, now=1.8e9 + 5)  # within the interval: no second eviction
@@ -321,6 +324,7 @@ async def test_pdb_refusal_is_not_an_error(kube: FakeTargetKube) -> None:
     kube.pdb_blocks = True
     body = tuner("Auto")
     await run(body, kube, RecordingEmitter())
+    await run(body, kube, RecordingEmitter(), now=1.8e9 + 1)
     assert "PodDisruptionBudget refused" in cond(body, "Ready")["message"] and kube.evicted == []
 
 
@@ -357,6 +361,7 @@ async def test_a_crash_of_the_recommendation_lowers_it_and_auto_replaces_it(kube
     kube.pods = [crashed(pod_of(wl, "owners"), now - 100)]  # the owner's settings crash before the tuner
     body, emitter = tuner("Auto"), RecordingEmitter()
     await run(body, kube, emitter, now=now)
+    await run(body, kube, emitter, now=now + 1)
     planned = body["status"]["recommendation"]["settings"]
     assert [h["action"] for h in body["status"]["history"]] == ["Planned"]
     assert kube.evicted == ["owners"]  # not the recommendation's crash: replaced, nothing lowered
@@ -375,6 +380,9 @@ async def test_a_crash_of_the_recommendation_lowers_it_and_auto_replaces_it(kube
         lowered["maxNumSeqs"] < planned["maxNumSeqs"]
     )
     assert "Retuned" in emitter.reasons
+    assert kube.evicted == ["owners"]  # once the webhook can read the lowered settings:
+    await run(body, kube, emitter, now=now + 61)
+    assert body["status"]["recommendation"]["settings"] == lowered
     assert kube.evicted == ["owners", "tuned"]  # it crash-loops with settings that are no longer recommended
     # the webhook now admits the lowered settings, and a healthy pod of them keeps them
     kube.pods = [tuned_pod(body, kube, "lowered")]
