@@ -4,8 +4,11 @@ Kubernetes objects in, tuner types through, status out::
 
     spec --parse--> api.EngineTunerSpec --read (thread)--> the target, its pods, their nodes, ConfigMaps
          --target.build_discovery--> what runs --target.build_plan_spec + modes--> the plan
-    status <- discovered, gpu, budget, recommendation (Recommend, Initial, Auto), conditions
-    Auto   <- one eviction of a pod that does not run the recommendation (:func:`compute_eviction`)
+         --target_loop.compute_loop (crashes of the recommendation)--> the recommendation
+    status <- discovered, gpu, budget, recommendation (Recommend, Initial, Auto), history, failedSettings,
+              conditions
+    Auto   <- one eviction of a pod that does not run the recommendation (:func:`compute_eviction`), once
+              the status already holds it (:func:`published`)
 
 The target is never written. In Initial and Auto the admission webhook (:mod:`.target_webhook`) puts the
 recommendation on the target's new pods; it reads it from ``status`` through a kopf index, so it keeps
