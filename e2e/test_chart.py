@@ -14,6 +14,7 @@ e2e modules may already have applied it with kubectl to the shared one.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -142,6 +143,14 @@ class HostOperator:
             elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
                 env[e["name"]] = identity
         env["KVPILOT_METRICS_PORT"] = str(self.metrics_port)
+        if "KVPILOT_WEBHOOK_CERT_DIR" in env:  # the pod's mount of the chart's webhook Secret, on the host
+            secret = chart.get("secret", "kvpilot-webhook-tls", "--namespace", NS)
+            tls = chart.home / f"webhook-tls-{identity}"
+            tls.mkdir(exist_ok=True)
+            for key in ("tls.crt", "tls.key"):
+                (tls / key).write_bytes(base64.b64decode(secret["data"][key]))
+            env.update(KVPILOT_WEBHOOK_CERT_DIR=str(tls), KVPILOT_WEBHOOK_PORT=str(free_port()),
+                       KVPILOT_WEBHOOK_ADDR="127.0.0.1")  # fmt: skip
         self.identity = identity
         self.log_path = chart.home / f"operator-{identity}.log"
         self._log = self.log_path.open("wb")

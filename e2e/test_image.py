@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -180,6 +181,15 @@ def test_the_operator_from_the_image_reconciles_with_the_chart_service_account(
     options = ["--detach", "--name", pod_name, "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
                "--security-opt", "no-new-privileges", "--volume", f"{secrets}:{SA_DIR}:ro",
                "--entrypoint", argv[0]]  # fmt: skip
+    if "KVPILOT_WEBHOOK_CERT_DIR" in env:  # the chart's webhook Secret, mounted where the pod mounts it
+        (tls_secret,) = [d for d in chart_rbac if d["kind"] == "Secret" and d["type"] == "kubernetes.io/tls"]
+        tls = tmp_path / "webhook-tls"
+        tls.mkdir()
+        for key in ("tls.crt", "tls.key"):
+            (tls / key).write_bytes(base64.b64decode(tls_secret["data"][key]))
+            (tls / key).chmod(0o644)
+        env["KVPILOT_WEBHOOK_PORT"] = str(free_port())
+        options += ["--volume", f"{tls}:{env['KVPILOT_WEBHOOK_CERT_DIR']}:ro"]
     for k, v in env.items():
         options += ["--env", f"{k}={v}"]
     started = subprocess.run(image.run_argv(built.ref, options=options, command=argv[1:]),

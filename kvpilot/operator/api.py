@@ -675,6 +675,8 @@ class EngineTunerStatus(_Wire):
     recommendation: Recommendation | None = None
     budget: Budget | None = None
     warnings: list[str] = Field(default_factory=list, max_length=32)
+    failed_settings: list[Settings] = Field(default_factory=list, max_length=32)
+    history: list[HistoryRecord] = Field(default_factory=list, max_length=20)
     last_eviction_time: str | None = None
     evictions: int | None = None
     kopf: KopfState | None = None

@@ -93,6 +93,31 @@ def _container(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return found[0] if found else {}
 
 
+def build_restart_event(
+    pod: str, status_c: Mapping[str, Any], log_tail: str | None = None
+) -> tuple[RestartEvent | None, bool]:
+    """The last termination of a container (its ``containerStatuses`` entry), classified; and whether its
+    previous log is worth reading (the termination message did not explain it). Also the EngineTuner's
+    (:mod:`kvpilot.operator.target_loop`), whose vLLM container may have any name."""
+    count = int(status_c.get("restartCount") or 0)
+    terminated = (status_c.get("lastState") or {}).get("terminated") or {}
+    if count <= 0 or not terminated:
+        return None, False
+    waiting = (status_c.get("state") or {}).get("waiting") or {}
+    message, reason, code = terminated.get("message"), terminated.get("reason"), terminated.get("exitCode")
+    cause = classify_termination(message, reason, code)
+    if cause.kind == RestartKind.OTHER and log_tail:
+        from_log = classify_termination(log_tail, reason, code)
+        cause = from_log if from_log.kind != RestartKind.OTHER else cause
+    needs_log = cause.kind == RestartKind.OTHER and reason != "OOMKilled" and not log_tail
+    when = parse_time(terminated.get("finishedAt")) or parse_time(terminated.get("startedAt")) or 0.0
+    restart = RestartEvent(
+        time=when, cause=cause, pod=pod, restart_count=count,
+        crash_looping=waiting.get("reason") == "CrashLoopBackOff", exit_code=code,
+    )  # fmt: skip
+    return restart, needs_log
+
+
 def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodView:
     """One pod as the closed loop sees it. ``log_tail`` overrides an empty termination message."""
     meta = pod.get("metadata") or {}
@@ -102,31 +127,8 @@ def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodVi
     except tuner_errors.TunerError:
         settings = None
     count = int(status_c.get("restartCount") or 0)
-    terminated = (status_c.get("lastState") or {}).get("terminated") or {}
     waiting = (status_c.get("state") or {}).get("waiting") or {}
-    crash_looping = waiting.get("reason") == "CrashLoopBackOff"
-    restart = None
-    needs_log = False
-    if count > 0 and terminated:
-        message, reason, code = (
-            terminated.get("message"),
-            terminated.get("reason"),
-            terminated.get("exitCode"),
-        )
-        cause = classify_termination(message, reason, code)
-        if cause.kind == RestartKind.OTHER and log_tail:
-            from_log = classify_termination(log_tail, reason, code)
-            cause = from_log if from_log.kind != RestartKind.OTHER else cause
-        needs_log = cause.kind == RestartKind.OTHER and reason != "OOMKilled" and not log_tail
-        when = parse_time(terminated.get("finishedAt")) or parse_time(terminated.get("startedAt")) or 0.0
-        restart = RestartEvent(
-            time=when,
-            cause=cause,
-            pod=str(meta.get("name") or ""),
-            restart_count=count,
-            crash_looping=crash_looping,
-            exit_code=code,
-        )
+    restart, needs_log = build_restart_event(str(meta.get("name") or ""), status_c, log_tail)
     phase = pod.get("status") or {}
     unschedulable = any(
         c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"

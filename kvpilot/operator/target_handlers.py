@@ -4,8 +4,11 @@ Kubernetes objects in, tuner types through, status out::
 
     spec --parse--> api.EngineTunerSpec --read (thread)--> the target, its pods, their nodes, ConfigMaps
          --target.build_discovery--> what runs --target.build_plan_spec + modes--> the plan
-    status <- discovered, gpu, budget, recommendation (Recommend, Initial, Auto), conditions
-    Auto   <- one eviction of a pod that does not run the recommendation (:func:`compute_eviction`)
+         --target_loop.compute_loop (crashes of the recommendation)--> the recommendation
+    status <- discovered, gpu, budget, recommendation (Recommend, Initial, Auto), history, failedSettings,
+              conditions
+    Auto   <- one eviction of a pod that does not run the recommendation (:func:`compute_eviction`), once
+              the status already holds it (:func:`published`)
 
 The target is never written. In Initial and Auto the admission webhook (:mod:`.target_webhook`) puts the
 recommendation on the target's new pods; it reads it from ``status`` through a kopf index, so it keeps
@@ -35,6 +38,7 @@ from kvpilot.operator import (
     resolve,
     status_patch,
     target,
+    target_loop,
 )
 from kvpilot.operator.kube import TargetKube, build_label_selector
 from kvpilot.operator.pod_status import parse_time
@@ -107,9 +111,10 @@ def read_observed(kube: TargetKube, namespace: str, spec: api.EngineTunerSpec) -
 
 def compute_plan(
     spec: api.EngineTunerSpec, found: target.Discovery, namespace: str, kube: Any, hub: resolve.HubDownload
-) -> tuple[Plan, resolve.ResolvedModel]:
+) -> tuple[Plan, resolve.ResolvedModel, target_loop.LoopInputs]:
     """The InferenceService planner's answer for the target (sync: the model may come from a ConfigMap or
-    the Hub). A catalogue miss for an id read from the arguments is looked up on the Hub."""
+    the Hub), and what the closed loop needs of it. A catalogue miss for an id read from the arguments is
+    looked up on the Hub."""
     plan_spec = target.build_plan_spec(spec, found)
     try:
         model = resolve.read_model(plan_spec.model, namespace, kube, hub)
@@ -127,7 +132,8 @@ def compute_plan(
     plan = modes.compute_feasible_plan(
         plan_spec, model.spec, gpu, user, weights_total_bytes=model.checkpoint_bytes, plan_fn=plan_fn
     )
-    return plan, model
+    loop = target_loop.LoopInputs(plan_spec, plan, model.spec, gpu, release.version, model.checkpoint_bytes)
+    return plan, model, loop
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
@@ -175,6 +181,17 @@ def compute_eviction(
     return str(stale[0]["metadata"]["name"]), "it does not run the recommendation"
 
 
+def published(old: Mapping[str, Any], generation: Any, recommended: EngineSettings) -> bool:
+    """Whether the status already read holds ``recommended`` for this generation with ``Ready=True``: what
+    the webhook's index needs (:func:`~kvpilot.operator.target_webhook.index_tuner`) before an eviction."""
+    ready = conditions.find_condition(old.get("conditions"), conditions.READY) or {}
+    rec = (old.get("recommendation") or {}).get("settings")
+    return (
+        old.get("observedGeneration") == generation and ready.get("status") == conditions.TRUE
+        and status_patch.compact(rec) == status_patch.compact(_settings_wire(recommended))
+    )  # fmt: skip
+
+
 def _settings_wire(settings: EngineSettings) -> dict[str, Any]:
     return api.Settings.from_engine(settings).wire()
 
@@ -196,7 +213,7 @@ async def reconcile(
             resolve.IO_POOL, read_observed, kube, namespace, parsed
         )
         found = target.build_discovery(parsed, observed.workload, observed.node_labels, observed.config_maps)
-        plan, model = await asyncio.get_running_loop().run_in_executor(
+        plan, model, loop_inputs = await asyncio.get_running_loop().run_in_executor(
             resolve.IO_POOL, compute_plan, parsed, found, namespace, kube, deps.hub
         )
     except Exception as exc:
@@ -214,11 +231,15 @@ async def reconcile(
         raise errors.to_kopf(failure, retry) from None
 
     mode = parsed.update_mode
-    recommended = plan.settings
+    loop = target_loop.LoopOutcome(plan.settings, [])
+    if mode != "Off":
+        loop = target_loop.compute_loop(
+            loop_inputs, old, found.settings, observed.pods, found.container, now=now_s, time=now
+        )
+    recommended, b = loop.settings, target_loop.compute_budget(loop_inputs, loop.settings)
     tuned = sum(1 for p in observed.pods if target.pod_carries(p, found.container, recommended))
     planned_text = vllm.describe_settings(recommended)
     current_text = vllm.describe_settings(found.settings)
-    b = plan.budget
     discovered = api.Discovered(
         container=found.container, model=found.model.id, model_origin=model.origin,
         args_origin=found.args_origin, gpu_product=found.gpu_product, gpu_count=found.gpu_count,
@@ -237,10 +258,16 @@ async def reconcile(
     changed = status_patch.compact(old_rec) != status_patch.compact(_settings_wire(recommended))
     if mode != "Off":
         reason = f"planned for {plan.gpu_count}x {plan.gpu}: {planned_text} (the target runs {current_text})"
-        keep_time = not changed and (old.get("recommendation") or {}).get("time")
+        trigger = "Discovered"
+        if loop.decision is not None and loop.decision.changes:  # the closed loop lowered it just now
+            reason, trigger = loop.decision.reason, loop.decision.trigger
+        kept = {} if changed else dict(old.get("recommendation") or {})
         new["recommendation"] = status_patch.build_recommendation(
-            recommended, reason, "Discovered", keep_time or now
-        )
+            recommended, str(kept.get("reason") or reason), str(kept.get("trigger") or trigger),
+            str(kept.get("time") or now),
+        )  # fmt: skip
+        if loop.failed is not None:
+            new["failedSettings"] = status_patch.append_failed(old.get("failedSettings") or (), loop.failed)
     updates: list[status_patch.Update] = [
         (target.TARGET_FOUND, conditions.TRUE, "Found", f"{parsed.target_ref.kind} {parsed.target_ref.name}"),
         (target.DISCOVERED, conditions.TRUE, "Discovered",
@@ -251,7 +278,11 @@ async def reconcile(
          f"{planned_text}; KV cache {b.available_kv_cache_gib:.2f} GiB = {b.kv_cache_tokens} tokens"),
     ]  # fmt: skip
     action = ""
-    if mode == "Auto" and observed.pods:
+    if mode == "Auto" and observed.pods and not published(old, generation, recommended):
+        # the webhook reads the recommendation from the status (a kopf index): a pod evicted before this
+        # tick's status lands would be replaced with the owner's settings
+        action = "; the recommendation is not in the status yet: evicting from the next tick"
+    elif mode == "Auto" and observed.pods:
         nodes = await asyncio.get_running_loop().run_in_executor(resolve.IO_POOL, kube.list_nodes)
         shape = target.pod_shape(observed.workload)
         schedulable = capacity.compute_schedulable(
@@ -280,9 +311,13 @@ async def reconcile(
     ]
     pods_text = f"{tuned}/{len(observed.pods)} pods run the recommendation"
     updates.append((conditions.READY, conditions.TRUE, ready_reason, f"{mode}: {pods_text}{action}"))
-    status_patch.StatusPatch(
-        status=new, lists=status_patch.ListPatch(generation, now, updates=updates)
-    ).add_to(patch)
+    history = [(entry, True) for entry in loop.history]
+    lists = status_patch.ListPatch(generation, now, updates=updates, history=history)
+    status_patch.StatusPatch(status=new, lists=lists).add_to(patch)
+    if loop.decision is not None and loop.history and loop.history[-1]["action"] != "Planned":
+        kind = events.WARNING if loop.decision.changes else events.NORMAL
+        verb = "Retuned" if loop.decision.changes else str(loop.history[-1]["action"])
+        deps.emit(body, kind, verb, f"{loop.decision.trigger}: {loop.decision.reason}")
     if mode != "Off" and changed:
         deps.emit(body, events.NORMAL, "Recommended", f"{planned_text} (the target runs {current_text})")
     logger.info(f"EngineTuner {mode}: recommends {planned_text}; {pods_text}{action}")

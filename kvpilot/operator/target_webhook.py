@@ -1,10 +1,10 @@
 """The EngineTuner's actuator: a mutating admission webhook that puts the recommendation on new pods.
 
 The operator serves it (kopf's admission support, :func:`build_server`) when ``KVPILOT_WEBHOOK_PORT`` is
-set. The ``MutatingWebhookConfiguration`` (meant: ``failurePolicy: Ignore``, a short timeout, an
-``objectSelector`` leaving out pods labelled ``kvpilot.io/exclude=true``) and the TLS certificate are not
-rendered by the chart yet (docs/enginetuner.md); with ``Ignore``, pods are created untouched when kvpilot
-is down.
+set. The chart renders the ``MutatingWebhookConfiguration`` (``failurePolicy: Ignore``, a short timeout, an
+``objectSelector`` leaving out pods labelled ``kvpilot.io/exclude=true``), its Service and the TLS certificate
+(charts/kvpilot/templates/enginetuner-mutatingwebhook.yaml, docs/enginetuner.md); with ``Ignore``, pods are
+created untouched when kvpilot is down.
 
 For a pod being created, :func:`compute_pod_patch` finds the target that owns it (its owner chain: a
 ReplicaSet named ``<deployment>-<pod-template-hash>``, or a StatefulSet), the EngineTuner of that target

@@ -11,7 +11,7 @@ import kopf
 import pytest
 from operator_fakes import L4_LABELS, node_object
 
-from kvpilot.operator import target, target_handlers, target_webhook
+from kvpilot.operator import api, status_patch, target, target_handlers, target_webhook
 from kvpilot.operator.events import RecordingEmitter
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings
@@ -285,6 +285,9 @@ async def test_initial_never_evicts_and_auto_evicts_one_at_a_time(kube: FakeTarg
     assert kube.evicted == []
     body, emitter = tuner("Auto"), RecordingEmitter()
     await run(body, kube, emitter)
+    # not before the webhook can read the recommendation from the status: a replacement would be untuned
+    assert kube.evicted == [] and "not in the status yet" in cond(body, "Ready")["message"]
+    await run(body, kube, emitter, now=1.8e9 + 1)
     assert kube.evicted == ["a"] and "Evicted" in emitter.reasons
     assert body["status"]["evictions"] == 1
     await run(body, kube, emitter, now=1.8e9 + 5)  # within the interval: no second eviction
@@ -321,4 +324,85 @@ async def test_pdb_refusal_is_not_an_error(kube: FakeTargetKube) -> None:
     kube.pdb_blocks = True
     body = tuner("Auto")
     await run(body, kube, RecordingEmitter())
+    await run(body, kube, RecordingEmitter(), now=1.8e9 + 1)
     assert "PodDisruptionBudget refused" in cond(body, "Ready")["message"] and kube.evicted == []
+
+
+CUDA_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total "
+            "capacity of 22.03 GiB of which 140.75 MiB is free.")  # fmt: skip
+
+
+def tuned_pod(body: dict[str, Any], kube: FakeTargetKube, name: str) -> dict[str, Any]:
+    """A new pod of the target as the webhook admits it (with the status' recommendation)."""
+    index = target_webhook.index_tuner(NS, "t", body["spec"], body["status"], body["metadata"])
+    assert index is not None
+    pod = pod_of(kube.workloads[(NS, "Deployment", "llama")], name)
+    found = target_webhook.compute_pod_patch(pod, NS, {k: [v] for k, v in index.items()})
+    assert found is not None
+    pod["spec"]["containers"] = found[0]
+    return pod
+
+
+def crashed(pod: dict[str, Any], at: float, message: str = CUDA_OOM, reason: str = "Error") -> dict[str, Any]:
+    pod["status"] = {"conditions": [{"type": "Ready", "status": "False"}], "containerStatuses": [{
+        "name": "vllm", "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": reason, "message": message,
+                                     "finishedAt": status_patch.format_time(at)}}}]}  # fmt: skip
+    return pod
+
+
+def compact(wire: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in wire.items() if v is not None}
+
+
+async def test_a_crash_of_the_recommendation_lowers_it_and_auto_replaces_it(kube: FakeTargetKube) -> None:
+    now = 1.8e9
+    wl = kube.workloads[(NS, "Deployment", "llama")]
+    kube.pods = [crashed(pod_of(wl, "owners"), now - 100)]  # the owner's settings crash before the tuner
+    body, emitter = tuner("Auto"), RecordingEmitter()
+    await run(body, kube, emitter, now=now)
+    await run(body, kube, emitter, now=now + 1)
+    planned = body["status"]["recommendation"]["settings"]
+    assert [h["action"] for h in body["status"]["history"]] == ["Planned"]
+    assert kube.evicted == ["owners"]  # not the recommendation's crash: replaced, nothing lowered
+    assert "failedSettings" not in body["status"]
+
+    kube.pods = [crashed(tuned_pod(body, kube, "tuned"), now + 40)]
+    await run(body, kube, emitter, now=now + 60)
+    st = body["status"]
+    lowered = st["recommendation"]["settings"]
+    assert lowered != planned and st["recommendation"]["trigger"] == "CudaOOM"
+    *_, last = st["history"]
+    assert (last["action"], last["trigger"]) == ("Retuned", "CudaOOM")
+    assert compact(last["from"]) == compact(planned) and compact(last["to"]) == compact(lowered)
+    assert [compact(f) for f in st["failedSettings"]] == [compact(planned)]
+    assert (lowered.get("gpuMemoryUtilization") or 1.0) < (planned.get("gpuMemoryUtilization") or 1.0) or (
+        lowered["maxNumSeqs"] < planned["maxNumSeqs"]
+    )
+    assert "Retuned" in emitter.reasons
+    assert kube.evicted == ["owners"]  # once the webhook can read the lowered settings:
+    await run(body, kube, emitter, now=now + 61)
+    assert body["status"]["recommendation"]["settings"] == lowered
+    assert kube.evicted == ["owners", "tuned"]  # it crash-loops with settings that are no longer recommended
+    # the webhook now admits the lowered settings, and a healthy pod of them keeps them
+    kube.pods = [tuned_pod(body, kube, "lowered")]
+    settings = api.Settings.model_validate(lowered).to_engine()
+    assert target.pod_carries(kube.pods[0], "vllm", settings)
+    history = list(st["history"])
+    await run(body, kube, emitter, now=now + 120)
+    assert body["status"]["recommendation"]["settings"] == lowered and body["status"]["history"] == history
+
+
+async def test_a_crash_no_argument_fixes_is_recorded_once_and_changes_nothing(kube: FakeTargetKube) -> None:
+    now = 1.8e9
+    body, emitter = tuner("Initial"), RecordingEmitter()
+    await run(body, kube, emitter, now=now)
+    planned = body["status"]["recommendation"]["settings"]
+    kube.pods = [crashed(tuned_pod(body, kube, "p"), now + 10, message="Killed", reason="OOMKilled")]
+    await run(body, kube, emitter, now=now + 20)
+    await run(body, kube, emitter, now=now + 40)
+    st = body["status"]
+    assert st["recommendation"]["settings"] == planned
+    assert [h["action"] for h in st["history"]] == ["Planned", "Held"]
+    assert "memory limit" in st["history"][-1]["reason"]
+    assert kube.evicted == []  # Initial never evicts

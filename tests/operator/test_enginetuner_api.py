@@ -70,6 +70,8 @@ def test_the_shared_subtrees_are_the_inference_services() -> None:
     assert et["spec"]["properties"]["tuning"] == tuning
     for name in ("conditions", "recommendation", "budget", "gpu", "warnings", "kopf", "observedGeneration"):
         assert et["status"]["properties"][name] == isvc["status"]["properties"][name], name
+    for name in ("history", "failedSettings"):  # the closed loop's memory (what each is for: its description)
+        assert _body(et["status"]["properties"][name]) == _body(isvc["status"]["properties"][name]), name
     assert (
         et["status"]["properties"]["discovered"]["properties"]["settings"]["properties"]
         == (isvc["status"]["properties"]["applied"]["properties"])
