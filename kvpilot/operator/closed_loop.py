@@ -284,7 +284,9 @@ async def run_once(
         gpu=gpu,
         default_max_model_len=default_len,
         mm_prefix_item_tokens=inputs.model.spec.mm_prefix_item_tokens if inputs is not None else 0,
-        bounds=loop_settings.build_bounds(parsed, gpu.fp8_kv, pinned),
+        # Auto: the loop never changes a pinned value; Recommend: pinned is what the user deploys, and the
+        # recommendation is advice on it
+        bounds=loop_settings.build_bounds(parsed, gpu.fp8_kv, pinned if mode == "Auto" else None),
         policy=policy,
         vllm_version=engine.version,
         slo=loop_settings.build_slo(parsed),
