@@ -207,16 +207,13 @@ def propose_growth_for_idle(s: Situation) -> Proposal | None:
     grown, notes = compute_growth(s, fp8=True)
     if not base or not grown:
         return None
-    length = w.compute_occupied_tokens(p.output_occupancy)
     since = s.now - p.flap_guard_seconds
     ceiling = history_mod.compute_pressure_ceiling(s.history, remedies.KV_PRESSURE, since)
     candidates: list[EngineSettings] = []
     for g in grown:
-        ratio = (remedies.predict_kv_tokens(s, g) or 0.0) / base
-        room = [math.floor(p.target_kv_usage * running / usage * ratio)]
-        if length is not None and s.capacity_tokens is not None:
-            room.append(math.floor(s.capacity_tokens * ratio * p.target_kv_usage / length))
-        target = min(room)
+        target = remedies.compute_room_seqs(s, scale=(remedies.predict_kv_tokens(s, g) or 0.0) / base)
+        if target is None:
+            continue
         if ceiling is not None:
             target = min(target, ceiling - 1)
         if target >= seqs * (1.0 + p.min_seqs_raise):

@@ -642,20 +642,21 @@ def propose_for_idle(s: Situation) -> Proposal | None:
     )
 
 
-def compute_room_seqs(s: Situation) -> int | None:
+def compute_room_seqs(s: Situation, scale: float = 1.0) -> int | None:
     """Sequences the KV cache holds at ``target_kv_usage``: the fewer of what the observed lengths say
-    (:func:`_fit_seqs`) and what the observed usage per running sequence says; ``None`` if neither."""
-    known = [x for x in (_fit_seqs(s), _usage_room(s)) if x is not None]
+    (:func:`_fit_seqs`) and what the observed usage per running sequence says; ``None`` if neither.
+    ``scale``: for a cache that many times the current one (a candidate's predicted tokens over today's)."""
+    known = [x for x in (_fit_seqs(s, scale), _usage_room(s, scale)) if x is not None]
     return min(known) if known else None
 
 
-def _usage_room(s: Situation) -> int | None:
+def _usage_room(s: Situation, scale: float = 1.0) -> int | None:
     """Sequences at ``target_kv_usage`` by the window's mean KV usage per running sequence."""
     mean_kv = obs.compute_mean(s.window.samples, obs.kv_usage)
     mean_running = obs.compute_mean(s.window.samples, obs.running)
     if not mean_kv or not mean_running or mean_kv <= 0 or mean_running < 1:
         return None
-    return max(1, math.floor(s.policy.target_kv_usage * mean_running / mean_kv))
+    return max(1, math.floor(s.policy.target_kv_usage * mean_running / mean_kv * scale))
 
 
 def _failed_seqs_ceiling(s: Situation, settings: EngineSettings) -> int | None:
@@ -697,10 +698,10 @@ def _trade_headroom_for(s: Situation, target: int) -> EngineSettings | None:
     return _with_seqs(lower, target)
 
 
-def _fit_seqs(s: Situation) -> int | None:
+def _fit_seqs(s: Situation, scale: float = 1.0) -> int | None:
     """Sequences of the observed mean occupancy (prompt + ``output_occupancy`` x output) that fill the
     KV cache to ``target_kv_usage``."""
     length = s.window.compute_occupied_tokens(s.policy.output_occupancy)
     if s.capacity_tokens is None or length is None:
         return None
-    return max(1, math.floor(s.capacity_tokens * s.policy.target_kv_usage / length))
+    return max(1, math.floor(s.capacity_tokens * scale * s.policy.target_kv_usage / length))
