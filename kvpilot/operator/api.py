@@ -677,6 +677,8 @@ class EngineTunerStatus(_Wire):
     warnings: list[str] = Field(default_factory=list, max_length=32)
     failed_settings: list[Settings] = Field(default_factory=list, max_length=32)
     history: list[HistoryRecord] = Field(default_factory=list, max_length=20)
+    last_good_settings: Settings | None = None
+    rollout: Rollout | None = None
     last_eviction_time: str | None = None
     evictions: int | None = None
     kopf: KopfState | None = None

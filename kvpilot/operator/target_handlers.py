@@ -4,9 +4,11 @@ Kubernetes objects in, tuner types through, status out::
 
     spec --parse--> api.EngineTunerSpec --read (thread)--> the target, its pods, their nodes, ConfigMaps
          --target.build_discovery--> what runs --target.build_plan_spec + modes--> the plan
-         --target_loop.compute_loop (crashes of the recommendation)--> the recommendation
+    the pods that run the recommendation --prometheus.fetch_observations (the closed loop's shared
+         per-tick snapshot)--> their metrics window
+         --target_loop.compute_loop (the InferenceService's policy)--> the recommendation
     status <- discovered, gpu, budget, recommendation (Recommend, Initial, Auto), history, failedSettings,
-              conditions
+              lastGoodSettings, rollout, conditions (MetricsAvailable, RolloutInProgress, ...)
     Auto   <- one eviction of a pod that does not run the recommendation (:func:`compute_eviction`), once
               the status already holds it (:func:`published`)
 
@@ -20,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -34,16 +36,22 @@ from kvpilot.operator import (
     desired,
     errors,
     events,
+    loop_settings,
+    metrics,
     modes,
+    prometheus,
     resolve,
     status_patch,
     target,
     target_loop,
 )
 from kvpilot.operator.kube import TargetKube, build_label_selector
+from kvpilot.operator.loop_settings import LoopPace
 from kvpilot.operator.pod_status import parse_time
+from kvpilot.operator.prometheus_settings import PrometheusSettings
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
+from kvpilot.tuner.loop import ObservationWindow, PolicyConfig
 from kvpilot.tuner.types import EngineSettings, Plan
 
 EVICTION_INTERVAL_S = 30.0
@@ -59,6 +67,12 @@ class TargetDeps:
     clock: Callable[[], float] = time.time
     hub: resolve.HubDownload = resolve.download_hub_config
     eviction_interval_s: float = EVICTION_INTERVAL_S
+    prom: PrometheusSettings | str = ""
+    """The InferenceService loop's Prometheus (:func:`kvpilot.operator.closed_loop.configure`); ``""``:
+    none configured (the metrics window says so and the policy's metric steps hold)."""
+    pace: LoopPace = field(default_factory=LoopPace)
+    """The closed loop's pace: the same window, step and snapshot age, so both kinds share one snapshot."""
+    fetch_window: Callable[..., Awaitable[ObservationWindow]] = prometheus.fetch_observations
 
 
 def parse_spec(spec: Mapping[str, Any]) -> api.EngineTunerSpec:
@@ -196,6 +210,21 @@ def _settings_wire(settings: EngineSettings) -> dict[str, Any]:
     return api.Settings.from_engine(settings).wire()
 
 
+async def fetch_window(
+    deps: TargetDeps, plan: Plan, old: Mapping[str, Any], observed: Observed, container: str, namespace: str,
+    spec: api.EngineTunerSpec, policy: PolicyConfig, now: float,
+) -> ObservationWindow:  # fmt: skip
+    """The metrics of the target's pods that run the recommendation, from the closed loop's per-tick snapshot
+    (the same queries, window and age as the InferenceServices': no query per target)."""
+    pods = target_loop.compute_metric_pods(plan, old, observed.pods, container)
+    if not pods:
+        return ObservationWindow.unavailable(target_loop.NOT_RUNNING, now)
+    return await deps.fetch_window(
+        deps.prom, namespace, spec.target_ref.name, now, pods=pods, window_seconds=policy.window_seconds,
+        step_seconds=deps.pace.step_seconds, max_age_seconds=deps.pace.interval_seconds,
+    )  # fmt: skip
+
+
 async def reconcile(
     *, body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
     patch: kopf.Patch, logger: Any, deps: TargetDeps, retry: int = 0,
@@ -231,11 +260,17 @@ async def reconcile(
         raise errors.to_kopf(failure, retry) from None
 
     mode = parsed.update_mode
-    loop = target_loop.LoopOutcome(plan.settings, [])
+    loop = target_loop.LoopOutcome(plan.settings, status_patch.StatusPatch())
     if mode != "Off":
-        loop = target_loop.compute_loop(
-            loop_inputs, old, found.settings, observed.pods, found.container, now=now_s, time=now
+        policy = loop_settings.build_policy(loop_inputs.plan_spec, deps.pace)
+        window = await fetch_window(
+            deps, plan, old, observed, found.container, namespace, parsed, policy, now_s
         )
+        replicas = int((observed.workload.get("spec") or {}).get("replicas") or 1)
+        loop = target_loop.compute_loop(
+            loop_inputs, old, found.settings, observed.pods, found.container, window=window, policy=policy,
+            replicas=replicas, now=now_s, time=now,
+        )  # fmt: skip
     recommended, b = loop.settings, target_loop.compute_budget(loop_inputs, loop.settings)
     tuned = sum(1 for p in observed.pods if target.pod_carries(p, found.container, recommended))
     planned_text = vllm.describe_settings(recommended)
@@ -253,6 +288,7 @@ async def reconcile(
         "budget": api.Budget.from_budget(b).wire(),
         "warnings": list(plan.warnings)[: status_patch.WARNINGS_LIMIT],
         "recommendation": None,
+        **loop.patch.status,  # failedSettings, lastGoodSettings, rollout
     }
     old_rec = (old.get("recommendation") or {}).get("settings")
     changed = status_patch.compact(old_rec) != status_patch.compact(_settings_wire(recommended))
@@ -266,8 +302,6 @@ async def reconcile(
             recommended, str(kept.get("reason") or reason), str(kept.get("trigger") or trigger),
             str(kept.get("time") or now),
         )  # fmt: skip
-        if loop.failed is not None:
-            new["failedSettings"] = status_patch.append_failed(old.get("failedSettings") or (), loop.failed)
     updates: list[status_patch.Update] = [
         (target.TARGET_FOUND, conditions.TRUE, "Found", f"{parsed.target_ref.kind} {parsed.target_ref.name}"),
         (target.DISCOVERED, conditions.TRUE, "Discovered",
@@ -311,13 +345,15 @@ async def reconcile(
     ]
     pods_text = f"{tuned}/{len(observed.pods)} pods run the recommendation"
     updates.append((conditions.READY, conditions.TRUE, ready_reason, f"{mode}: {pods_text}{action}"))
-    history = [(entry, True) for entry in loop.history]
-    lists = status_patch.ListPatch(generation, now, updates=updates, history=history)
+    looped = loop.patch.lists or status_patch.ListPatch(generation, now)
+    lists = status_patch.ListPatch(
+        generation, now, updates=[*looped.updates, *updates], history=looped.history
+    )
     status_patch.StatusPatch(status=new, lists=lists).add_to(patch)
-    if loop.decision is not None and loop.history and loop.history[-1]["action"] != "Planned":
-        kind = events.WARNING if loop.decision.changes else events.NORMAL
-        verb = "Retuned" if loop.decision.changes else str(loop.history[-1]["action"])
-        deps.emit(body, kind, verb, f"{loop.decision.trigger}: {loop.decision.reason}")
+    for type_, reason, message in loop.patch.events:
+        deps.emit(body, type_, reason, message)
+    for kind in loop.patch.decisions:
+        metrics.record_decision(kind)
     if mode != "Off" and changed:
         deps.emit(body, events.NORMAL, "Recommended", f"{planned_text} (the target runs {current_text})")
     logger.info(f"EngineTuner {mode}: recommends {planned_text}; {pods_text}{action}")

@@ -1,21 +1,31 @@
-"""The EngineTuner's closed loop: a crash of the recommendation lowers it, by the InferenceService's policy.
+"""The EngineTuner's closed loop: the InferenceService's policy, reading the target's pods.
 
-Pure: the plan, the EngineTuner's status and the target's pods in, the recommendation to stand by and
-what to record out. Each reconcile (create, spec change, the timer) after the plan:
+Pure: the plan, the EngineTuner's status, the target's pods and their metrics window in; the
+recommendation to stand by and the status patch out. Each reconcile (create, spec change, the timer) after
+the plan, in every mode but Off:
 
 * The recommendation is the plan's, as changed by the loop since: ``status.history`` holds a ``Planned``
-  entry for the plan (added when the plan is new: a spec change, another GPU) and ``Retuned`` entries from
-  there; the newest change after the plan's entry is what kvpilot stands by (:func:`compute_current`).
-* Restarts of the target's pods that run it (``lastState.terminated``, classified as for an
-  InferenceService: :func:`kvpilot.operator.pod_status.build_restart_event`) go to
-  :func:`kvpilot.tuner.loop.compute_decision` with the spec's bounds and policy, and a metrics window that
-  says none is read. So only the crash rules act (CUDA OOM, a KV cache too small at start-up, no cache
-  blocks, insufficient free memory: :mod:`kvpilot.tuner.loop.remedies`), with the same filters (bounds,
-  failed settings, "would vLLM start"); a remedy becomes the recommendation, the crashed settings go to
-  ``status.failedSettings`` (never recommended again), and a ``Retuned`` entry records why.
+  entry for the plan (added when the plan is new: a spec change, another GPU) and ``Retuned`` /
+  ``RolledBack`` entries from there; the newest change after the plan's entry is what kvpilot stands by
+  (:func:`compute_current`). It plays the InferenceService's ``status.applied``.
+* The pods that run it (their vLLM command line says so: :func:`kvpilot.operator.target.pod_carries`) are
+  the evidence, as an InferenceService's pods of its current settings are (:func:`build_views`: the same
+  :class:`~kvpilot.operator.pod_status.PodView`): their restarts, readiness and start times, and their
+  metrics (:func:`compute_metric_pods`; the window comes from the InferenceService loop's shared
+  per-tick snapshot, :func:`kvpilot.operator.prometheus.fetch_observations`). Pods running other settings
+  (the owner's, not rolled yet) judge nothing.
+* :func:`kvpilot.tuner.loop.compute_decision` decides with the spec's bounds, SLO and policy and the
+  operator's pace: crash remedies, GPU memory, KV pressure, KV-bound queues, the SLO, idle capacity, the
+  gates (cooldown, changes per hour, the cost of a restart), and a retune's rollout: once pods running a new
+  recommendation are Ready it is on probation; a crash of them or a deadline passed without Ready reverts
+  it to the last good settings (``RolledBack``, the failed ones in ``status.failedSettings``). No pod
+  running it yet is not failure (``not_started``): in Recommend and Initial the owner rolls its pods when
+  it does, in Auto kvpilot's evictions do.
+* :func:`kvpilot.operator.status_patch.build_loop_patch` writes it, as for an InferenceService, less the
+  fields an EngineTuner does not have (kvpilot applies nothing: no ``applied``, ``lastChangeTime``,
+  ``calibration``; the reconcile writes ``recommendation``).
 
-What does not run for EngineTuners: Prometheus pressure, SLOs, idle capacity, rollback and probation
-(kvpilot does not roll the target out; in mode Auto, :mod:`.target_handlers` evicts pods one at a time).
+Not for EngineTuners: fleet learning (``TuningProfile``s) and scale-out recommendations.
 """
 
 from __future__ import annotations
@@ -25,17 +35,34 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.operator import api, loop_settings, loop_state, pod_status, status_patch, target
+from kvpilot.operator import api, conditions, loop_settings, loop_state, pod_status, status_patch, target
+from kvpilot.operator.pod_status import PodView
 from kvpilot.tuner import memory, vllm
-from kvpilot.tuner.loop import Action, Decision, Evidence, ObservationWindow, TuningContext, compute_decision
+from kvpilot.tuner.loop import (
+    Decision,
+    Evidence,
+    ObservationWindow,
+    PolicyConfig,
+    TuningContext,
+    compute_decision,
+)
 from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
-from kvpilot.tuner.loop.observations import RestartEvent
+from kvpilot.tuner.loop.scaling import compute_replica_change
 from kvpilot.tuner.model.spec import ModelSpec
 from kvpilot.tuner.plan.topology import compute_pipeline_parallel
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan
 
-NO_METRICS = "EngineTuners read no Prometheus metrics: only crashes of the recommendation retune it"
-"""The metrics window's reason: the policy's metric steps hold on it."""
+NOT_RUNNING = (
+    "no pod of the target runs the recommendation yet (the owner rolls its pods; in Auto, kvpilot's "
+    "evictions): the metrics and crashes of other settings do not judge it"
+)
+"""Why nothing judges the recommendation while no pod runs it."""
+NOT_RUNNING_REASON = "RecommendationNotRunning"
+"""The ``MetricsAvailable=False`` reason then."""
+STATUS_FIELDS = frozenset(f.alias or n for n, f in api.EngineTunerStatus.model_fields.items()) - {
+    "recommendation"
+}
+"""What of the InferenceService's loop patch goes to an EngineTuner's status."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +71,11 @@ class LoopOutcome:
 
     settings: EngineSettings
     """The recommendation to stand by."""
-    history: list[dict[str, Any]]
-    """``status.history`` entries to append (dedupe: the newest entry already says the same)."""
-    failed: EngineSettings | None = None
-    """Settings to add to ``status.failedSettings``."""
+    patch: status_patch.StatusPatch
+    """Status fields, conditions, ``status.history`` entries and events (generation and time: the reconcile's
+    own :class:`~kvpilot.operator.status_patch.ListPatch` carries them)."""
     decision: Decision | None = None
-    """The policy's decision, when a restart of the recommendation was judged."""
+    """The policy's decision (``None``: a new plan)."""
 
 
 def same_settings(a: EngineSettings, b: EngineSettings) -> bool:
@@ -70,29 +96,42 @@ def compute_current(history: Sequence[HistoryEntry], planned: EngineSettings) ->
     return current
 
 
-def compute_restarts(
-    pods: Sequence[Mapping[str, Any]], container: str, settings: EngineSettings
-) -> tuple[RestartEvent, ...]:
-    """The last terminations of the vLLM containers of the pods that run ``settings``."""
-    out = []
-    for pod in pods:
-        if not target.pod_carries(pod, container, settings):
-            continue
-        for status_c in (pod.get("status") or {}).get("containerStatuses") or ():
-            if status_c.get("name") == container:
-                event, _ = pod_status.build_restart_event(str(pod["metadata"]["name"]), status_c)
-                if event is not None:
-                    out.append(event)
-    return tuple(out)
+def _only(pod: Mapping[str, Any], container: str) -> dict[str, Any]:
+    """The pod with its vLLM container alone (what :func:`pod_status.build_pod_view` reads)."""
+    spec, status = dict(pod.get("spec") or {}), dict(pod.get("status") or {})
+    spec["containers"] = [c for c in spec.get("containers") or () if c.get("name") == container]
+    status["containerStatuses"] = [
+        c for c in status.get("containerStatuses") or () if c.get("name") == container
+    ]
+    return {**pod, "spec": spec, "status": status}
 
 
-def _ready(pods: Sequence[Mapping[str, Any]], container: str, settings: EngineSettings) -> bool:
-    return bool(pods) and all(
-        target.pod_carries(p, container, settings)
-        and any(c.get("type") == "Ready" and c.get("status") == "True"
-                for c in (p.get("status") or {}).get("conditions") or ())
-        for p in pods
-    )  # fmt: skip
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or ())  # fmt: skip
+
+
+def build_views(pods: Sequence[Mapping[str, Any]], container: str, settings: EngineSettings) -> list[PodView]:
+    """The target's pods as the InferenceService's loop sees its own: ``settings`` on those whose vLLM
+    container runs them, ``None`` on the others; Ready by the pod's condition."""
+    return [
+        dataclasses.replace(
+            pod_status.build_pod_view(_only(pod, container)), ready=_ready(pod),
+            settings=settings if target.pod_carries(pod, container, settings) else None,
+        )  # fmt: skip
+        for pod in pods
+    ]
+
+
+def compute_metric_pods(
+    plan: Plan, status: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], container: str
+) -> tuple[str, ...]:
+    """The pods whose metrics judge the standing recommendation: the live ones that run it."""
+    current = compute_current(loop_state.build_loop_state(status).history, plan.settings)
+    if current is None:
+        return ()
+    return tuple(v.name for v in build_views(pods, container, current) if v.settings is not None
+                 and not v.terminating)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,49 +159,79 @@ def compute_budget(inputs: LoopInputs, settings: EngineSettings) -> MemoryBudget
     )  # fmt: skip
 
 
+def _planned(
+    inputs: LoopInputs, status: Mapping[str, Any], discovered: EngineSettings, time: str
+) -> LoopOutcome:
+    """A new plan: the loop starts again from it (a rollout of the old recommendation is dropped)."""
+    planned = inputs.plan.settings
+    entry = status_patch.build_history_entry(
+        time=time, action=HistoryAction.PLANNED, trigger="Discovered",
+        reason=f"planned {vllm.describe_settings(planned)} (the target runs "
+               f"{vllm.describe_settings(discovered)})",
+        from_settings=discovered, to_settings=planned,
+    )  # fmt: skip
+    fields = {"rollout": None} if status.get("rollout") else {}
+    lists = status_patch.ListPatch(None, time, history=[(entry, True)])
+    return LoopOutcome(planned, status_patch.StatusPatch(status=fields, lists=lists))
+
+
+def _not_running(current: EngineSettings, status: Mapping[str, Any], time: str) -> LoopOutcome:
+    """No live pod runs the recommendation: nothing judges it (a rollout waits; its deadline counts from
+    the first such pod's start), and nothing is recorded but the two conditions."""
+    updates: list[status_patch.Update] = [
+        (conditions.METRICS_AVAILABLE, conditions.FALSE, NOT_RUNNING_REASON, NOT_RUNNING)
+    ]
+    if status.get("rollout"):
+        updates.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", NOT_RUNNING))
+    return LoopOutcome(current, status_patch.StatusPatch(lists=status_patch.ListPatch(None, time, updates)))
+
+
 def compute_loop(
     inputs: LoopInputs, status: Mapping[str, Any], discovered: EngineSettings,
-    pods: Sequence[Mapping[str, Any]], container: str, *, now: float, time: str,
+    pods: Sequence[Mapping[str, Any]], container: str, *, window: ObservationWindow, policy: PolicyConfig,
+    replicas: int, now: float, time: str,
 ) -> LoopOutcome:  # fmt: skip
-    """The recommendation to stand by, and what to record (``time``: ``now`` as RFC 3339)."""
-    planned = inputs.plan.settings
+    """The recommendation to stand by, and what to record (``window``: the metrics of
+    :func:`compute_metric_pods`; ``replicas``: the target's ``spec.replicas``; ``time``: ``now`` as
+    RFC 3339)."""
     state = loop_state.build_loop_state(status)
-    current = compute_current(state.history, planned)
-    if current is None:  # a new plan: the loop starts from it
-        entry = status_patch.build_history_entry(
-            time=time, action=HistoryAction.PLANNED, trigger="Discovered",
-            reason=f"planned {vllm.describe_settings(planned)} (the target runs "
-                   f"{vllm.describe_settings(discovered)})",
-            from_settings=discovered, to_settings=planned,
-        )  # fmt: skip
-        return LoopOutcome(planned, [entry])
-    restarts = compute_restarts(pods, container, current)
-    if not restarts:
-        return LoopOutcome(current, [])
+    current = compute_current(state.history, inputs.plan.settings)
+    if current is None:
+        return _planned(inputs, status, discovered, time)
+    state = dataclasses.replace(state, current=current)
+    views = build_views(pods, container, current)
+    mine = [v for v in views if v.settings is not None and not v.terminating]
+    if not mine:
+        return _not_running(current, status, time)
+    summary = pod_status.compute_pod_summary(mine, current, len(mine))  # the others judge nothing
+    rollout = state.rollout if state.rollout is not None and state.rollout.settings == current else None
+    rollout = loop_state.with_pod_deadline(rollout, mine, policy.rollout_deadline_seconds)
     context = TuningContext(
         gpu=inputs.gpu,
         default_max_model_len=inputs.model.default_max_model_len(vllm.parse_version(inputs.vllm_version)),
         bounds=loop_settings.build_bounds(inputs.plan_spec, inputs.gpu.fp8_kv),
-        policy=loop_settings.build_policy(inputs.plan_spec),
+        policy=policy,
         vllm_version=inputs.vllm_version,
+        slo=loop_settings.build_slo(inputs.plan_spec),
     )
+    replica_view = pod_status.compute_replica_view(views, max(1, replicas))
     evidence = Evidence(
-        budget=compute_budget(inputs, current), window=ObservationWindow.unavailable(NO_METRICS, now),
-        restarts=restarts, ready=_ready(pods, container, current), replicas=max(1, len(pods)),
+        budget=compute_budget(inputs, current), window=window, restarts=summary.restarts, ready=summary.ready,
+        not_started=summary.not_started,
+        restart_seconds=pod_status.compute_startup_seconds(mine, current), replicas=max(1, replicas),
+        replicas_changing=compute_replica_change(replica_view, now, policy.window_seconds),
     )  # fmt: skip
-    decision = compute_decision(dataclasses.replace(state, current=current), evidence, context, now)
-    if decision.changes:
-        entry = status_patch.build_history_entry(
-            time=time, action=HistoryAction.RETUNED, trigger=decision.trigger, reason=decision.reason,
-            from_settings=current, to_settings=decision.settings,
-        )  # fmt: skip
-        return LoopOutcome(decision.settings, [entry], decision.failed, decision)
-    if decision.trigger in {str(r.cause.kind) for r in restarts}:  # a crash no argument fixes: say so, once
-        action = HistoryAction.INFEASIBLE if decision.action == Action.INFEASIBLE else HistoryAction.HELD
-        entry = status_patch.build_history_entry(
-            time=time, action=action, trigger=decision.trigger, reason=decision.reason,
-            from_settings=current, to_settings=current,
-        )  # fmt: skip
-        new = status_patch.append_history(status.get("history") or (), entry, dedupe=True) is not None
-        return LoopOutcome(current, [entry] if new else [], None, decision)
-    return LoopOutcome(current, [], None, decision)
+    decision = compute_decision(dataclasses.replace(state, rollout=rollout), evidence, context, now)
+    # kvpilot's "apply" is the recommendation in the status (the webhook reads it there): always done
+    out = status_patch.build_loop_patch(
+        status, state, decision, mode="Auto", now=now, generation=None, applied=True,
+        rollout_deadline_seconds=policy.rollout_deadline_seconds,
+    )  # fmt: skip
+    if state.rollout is not None and rollout is None and "rollout" not in out.status:
+        out.status["rollout"] = None  # a new plan or a rollback replaced the settings being rolled out
+    if rollout is not None and state.rollout is not None and rollout.deadline != state.rollout.deadline:
+        wire = out.status.get("rollout", status.get("rollout"))
+        if isinstance(wire, Mapping):  # the deadline counts from the newest pod of the settings' start
+            out.status["rollout"] = {**wire, "deadline": status_patch.format_time(rollout.deadline)}
+    out.status = {k: v for k, v in out.status.items() if k in STATUS_FIELDS}
+    return LoopOutcome(decision.settings if decision.changes else current, out, decision)

@@ -1,8 +1,9 @@
 """kopf registrations of the EngineTuner kind (target mode) and its admission webhook: decorators only.
 
 Imported by :mod:`kvpilot.operator.main`. The reconciliation runs on create, spec change and resume, and on
-a timer (``KVPILOT_TARGET_INTERVAL`` seconds, default 30) that follows the target's pods and, in mode
-Auto, evicts one that does not run the recommendation. The mutating webhook is registered only when
+a timer (``KVPILOT_TARGET_INTERVAL`` seconds, default 30) that runs the closed loop on the target's pods
+(their crashes and metrics: :mod:`.target_loop`) and, in mode Auto, evicts one that does not run the
+recommendation. The mutating webhook is registered only when
 ``KVPILOT_WEBHOOK_PORT`` is set (:mod:`kvpilot.operator.target_webhook`): kopf refuses admission handlers
 without a server.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator import api, target, target_handlers, target_webhook
+from kvpilot.operator import api, closed_loop, target, target_handlers, target_webhook
 
 INTERVAL_ENV = "KVPILOT_TARGET_INTERVAL"
 INTERVAL_S = float(os.environ.get(INTERVAL_ENV) or 30)
@@ -26,11 +27,15 @@ _deps: target_handlers.TargetDeps | None = None
 
 
 def deps() -> target_handlers.TargetDeps:
+    """The EngineTuners' dependencies: the cluster, and the closed loop's Prometheus and pace (configured at
+    start-up, before any handler runs), so both kinds read the same per-tick snapshot."""
     global _deps
     if _deps is None:
         from kvpilot.operator.kube import get_kube
 
-        _deps = target_handlers.TargetDeps(kube=get_kube())
+        loop = closed_loop.default_deps()
+        prom = loop.prometheus if loop.prometheus is not None else loop.prom_url
+        _deps = target_handlers.TargetDeps(kube=get_kube(), prom=prom, pace=loop.pace)
     return _deps
 
 

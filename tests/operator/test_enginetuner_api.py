@@ -61,6 +61,13 @@ def _body(node: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in node.items() if k != "description"}
 
 
+def _shape(node: Any) -> Any:
+    """A subtree less every description."""
+    if isinstance(node, dict):
+        return {k: _shape(v) for k, v in node.items() if k != "description"}
+    return [_shape(v) for v in node] if isinstance(node, list) else node
+
+
 def test_the_shared_subtrees_are_the_inference_services() -> None:
     et, isvc = schema(CRD)["properties"], schema(ISVC_CRD)["properties"]
     for name in ("model", "serving"):
@@ -70,8 +77,11 @@ def test_the_shared_subtrees_are_the_inference_services() -> None:
     assert et["spec"]["properties"]["tuning"] == tuning
     for name in ("conditions", "recommendation", "budget", "gpu", "warnings", "kopf", "observedGeneration"):
         assert et["status"]["properties"][name] == isvc["status"]["properties"][name], name
-    for name in ("history", "failedSettings"):  # the closed loop's memory (what each is for: its description)
+    # the closed loop's memory (what each is for: its description)
+    for name in ("history", "failedSettings", "lastGoodSettings"):
         assert _body(et["status"]["properties"][name]) == _body(isvc["status"]["properties"][name]), name
+    # the rollout's fields say what they are for an EngineTuner (the owner rolls the pods); same shape
+    assert _shape(et["status"]["properties"]["rollout"]) == _shape(isvc["status"]["properties"]["rollout"])
     assert (
         et["status"]["properties"]["discovered"]["properties"]["settings"]["properties"]
         == (isvc["status"]["properties"]["applied"]["properties"])
