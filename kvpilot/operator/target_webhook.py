@@ -133,8 +133,11 @@ def enabled() -> bool:
 
 
 def build_server() -> Any:
-    """The kopf webhook server from the environment (TLS from ``KVPILOT_WEBHOOK_CERT_DIR``)."""
+    """The kopf webhook server from the environment (TLS from ``KVPILOT_WEBHOOK_CERT_DIR``, reloaded in place
+    when the files change: :mod:`kvpilot.operator.webhook_tls`)."""
     import kopf
+
+    from kvpilot.operator.webhook_tls import ReloadingWebhookServer
 
     cert_dir = os.environ.get(CERT_DIR_ENV)
     if not cert_dir:
@@ -142,7 +145,7 @@ def build_server() -> Any:
             f"{PORT_ENV} is set but {CERT_DIR_ENV} is not: the webhook needs tls.crt and tls.key (the chart "
             "mounts them)"
         )
-    return kopf.WebhookServer(
+    return ReloadingWebhookServer(
         addr=os.environ.get(ADDR_ENV) or None, port=int(os.environ[PORT_ENV]),
         certfile=os.path.join(cert_dir, "tls.crt"), pkeyfile=os.path.join(cert_dir, "tls.key"),
     )  # fmt: skip
