@@ -124,18 +124,26 @@ def build_history_entry(
 
 
 def append_history(
-    old: Sequence[Mapping[str, Any]], entry: Mapping[str, Any], *, dedupe: bool = False
-) -> list[dict[str, Any]] | None:
+    old: Sequence[Mapping[str, Any]], entry: Mapping[str, Any], *, dedupe: bool = False,
+    keep: str | None = None,
+) -> list[dict[str, Any]] | None:  # fmt: skip
     """The history with ``entry`` appended (the newest :data:`HISTORY_LIMIT` kept); ``None`` when
     ``dedupe`` and the newest entry already says the same: the same action for the same trigger, to
-    the same settings (a hold or a verdict that persists is recorded once, not once per tick)."""
+    the same settings (a hold or a verdict that persists is recorded once, not once per tick).
+    ``keep``: an action whose newest entry stays, first, when older entries are dropped (an EngineTuner's
+    ``Planned`` entry: where its loop starts from, :func:`kvpilot.operator.target_loop.compute_current`)."""
     if dedupe and old:
         last = old[-1]
         if (last.get("action"), last.get("trigger"), compact(last.get("to"))) == (
             entry.get("action"), entry.get("trigger"), compact(entry.get("to"))
         ):  # fmt: skip
             return None
-    return [*(dict(e) for e in old), dict(entry)][-HISTORY_LIMIT:]
+    history = [*(dict(e) for e in old), dict(entry)]
+    kept = max((i for i, e in enumerate(history) if keep is not None and e.get("action") == keep), default=-1)
+    if 0 <= kept < len(history) - HISTORY_LIMIT:
+        rest = history[:kept] + history[kept + 1 :]
+        return [history[kept], *rest[-(HISTORY_LIMIT - 1) :]]
+    return history[-HISTORY_LIMIT:]
 
 
 def append_failed(old: Sequence[Mapping[str, Any]], settings: EngineSettings) -> list[dict[str, Any]]:
@@ -189,6 +197,8 @@ class ListPatch:
     updates: list[Update] = field(default_factory=list)
     history: list[tuple[dict[str, Any], bool]] = field(default_factory=list)
     serving: Serving | None = None
+    keep: str | None = None
+    """A history action whose newest entry is never dropped (:func:`append_history`)."""
 
     def __call__(self, body: MutableMapping[str, Any]) -> None:
         status = body.get("status")
@@ -204,7 +214,7 @@ class ListPatch:
         for entry, dedupe in self.history:
             if entry in history:
                 continue
-            new = append_history(history, entry, dedupe=dedupe)
+            new = append_history(history, entry, dedupe=dedupe, keep=self.keep)
             if new is not None:
                 history, changed = new, True
         if changed:

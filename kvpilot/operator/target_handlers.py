@@ -51,7 +51,7 @@ from kvpilot.operator.pod_status import parse_time
 from kvpilot.operator.prometheus_settings import PrometheusSettings
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
-from kvpilot.tuner.loop import ObservationWindow, PolicyConfig
+from kvpilot.tuner.loop import HistoryAction, ObservationWindow, PolicyConfig
 from kvpilot.tuner.types import EngineSettings, Plan
 
 EVICTION_INTERVAL_S = 30.0
@@ -347,8 +347,9 @@ async def reconcile(
     updates.append((conditions.READY, conditions.TRUE, ready_reason, f"{mode}: {pods_text}{action}"))
     looped = loop.patch.lists or status_patch.ListPatch(generation, now)
     lists = status_patch.ListPatch(
-        generation, now, updates=[*looped.updates, *updates], history=looped.history
-    )
+        generation, now, updates=[*looped.updates, *updates], history=looped.history,
+        keep=HistoryAction.PLANNED,  # the plan's entry: where the loop starts from (target_loop)
+    )  # fmt: skip
     status_patch.StatusPatch(status=new, lists=lists).add_to(patch)
     for type_, reason, message in loop.patch.events:
         deps.emit(body, type_, reason, message)

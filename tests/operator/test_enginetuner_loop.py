@@ -307,3 +307,26 @@ async def test_every_target_and_service_of_a_tick_share_one_snapshot(kube: FakeT
     assert not any("llama" in q for q in client.queries)  # no pod names in PromQL: the split is ours
     for body in bodies:  # each judged its own pod's series (pressure)
         assert history(body)[-1] == ("Retuned", "KvPressure"), body["status"].get("history")
+
+
+async def test_the_plans_entry_outlives_a_full_history(kube: FakeTargetKube) -> None:
+    """The history is the loop's memory of the plan: past 20 entries its Planned entry stays first, so the
+    recommendation is not reset to the plan (and its failed settings) by holds piling up."""
+    windows = Windows()
+    body = tuner("Initial")
+    await run(body, kube, T0, windows)
+    planned = body["status"]["recommendation"]["settings"]
+    held = {"action": "Held", "to": planned, "from": planned, "reason": "r"}
+    body["status"]["history"] += [
+        {**held, "time": status_patch.format_time(T0 + i), "trigger": f"T{i % 2}"} for i in range(19)
+    ]
+    kube.pods = [running(kube, "tuned", planned, started=T0 + 10)]
+    windows.window = pressure(T0 + 1000)
+    await run(body, kube, T0 + 1000, windows)
+    entries = body["status"]["history"]
+    assert len(entries) == 20 and entries[0]["action"] == "Planned" and entries[-1]["action"] == "Retuned"
+    lowered = body["status"]["recommendation"]["settings"]
+    assert lowered != planned
+    await run(body, kube, T0 + 1030, windows)
+    assert body["status"]["recommendation"]["settings"] == lowered
+    assert [h["action"] for h in body["status"]["history"]].count("Planned") == 1
