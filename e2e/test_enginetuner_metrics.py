@@ -11,8 +11,10 @@ The EngineTuner (mode Recommend) recommends; while the owner's pods run their ow
 judge nothing (``MetricsAvailable=False``, ``RecommendationNotRunning``) although they are under pressure
 too. Then the owner adopts the recommendation (edits its spec: a second generation, its own write); its
 new pod runs it, preempts under KV pressure, and the loop lowers the recommendation (a ``Retuned`` entry,
-trigger ``KvPressure``) from the same per-tick Prometheus queries the InferenceServices use. kvpilot never
-writes the Deployment.
+trigger ``KvPressure``) from the same per-tick Prometheus queries the InferenceServices use. The owner
+adopts the lowered recommendation as well; its pod is Ready (probation) and then hits CUDA OOM (a fault
+the fleet injects): the recommendation reverts to the last good one (``RolledBack``, the lowered settings
+in ``failedSettings``). kvpilot never writes the Deployment.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from e2e.targets import (
     install_crds,
 )
 from e2e.waits import host_operator, wait_for
+from kvpilot.operator import target
 from kvpilot.operator.api import Settings
 from kvpilot.tuner.vllm import command as vllm_command
 
@@ -84,6 +87,18 @@ def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or () if c["type"] == type_), {})
 
 
+def _adopt(manifest: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """``manifest`` with ``settings`` on its vLLM command line (the webhook's rewrite, done by the owner)."""
+    adopted = copy.deepcopy(manifest)
+    (c,) = adopted["spec"]["template"]["spec"]["containers"]
+    found = vllm_command.find_vllm_command(c["command"], ())
+    assert found is not None
+    c["command"], _ = vllm_command.rewrite_tuned_flags(
+        c["command"], [], found, Settings.model_validate(settings).to_engine()
+    )
+    return adopted
+
+
 def _compact(settings: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (settings or {}).items() if v is not None}
 
@@ -114,14 +129,7 @@ def test_kv_pressure_on_the_targets_pods_lowers_the_recommendation(
         wait_for(lambda: any(e.kind == "Serving" for e in fleet.events_for(ns)), WAIT_S, "the owner's pod")
 
         # the owner adopts the recommendation (its Helm values, say): its own write, a new ReplicaSet
-        adopted = copy.deepcopy(manifest)
-        (c,) = adopted["spec"]["template"]["spec"]["containers"]
-        found = vllm_command.find_vllm_command(c["command"], ())
-        assert found is not None
-        c["command"], _ = vllm_command.rewrite_tuned_flags(
-            c["command"], [], found, Settings.model_validate(planned).to_engine()
-        )
-        foreign.manifest = adopted
+        foreign.manifest = _adopt(manifest, planned)
         foreign.apply_once()
 
         def retuned() -> Any:
@@ -137,11 +145,37 @@ def test_kv_pressure_on_the_targets_pods_lowers_the_recommendation(
         assert status["recommendation"]["trigger"] == "KvPressure"
         assert lowered["maxNumSeqs"] < planned["maxNumSeqs"] or lowered.get("kvCacheDtype") == "fp8", lowered
         assert "failedSettings" not in status  # pressure is not a failure
+        assert _compact(status["lastGoodSettings"]) == _compact(planned)  # Ready, crash-free past probation
         assert _compact(status["rollout"]["settings"]) == _compact(lowered)
         assert [h["action"] for h in status["history"]][:1] == ["Planned"]
-        # the Deployment is the owner's alone: its two generations, no other writer
+
+        # the owner adopts the lowered one too; its pod is Ready (probation), then hits CUDA OOM
+        foreign.manifest = _adopt(manifest, lowered)
+        foreign.apply_once()
+
+        def on_probation() -> bool:
+            return (_status(cluster, ns).get("rollout") or {}).get("phase") == "Probation"
+
+        wait_for(on_probation, WAIT_S, f"{ns}/llama: the lowered recommendation on probation")
+        engine = Settings.model_validate(lowered).to_engine()
+        pods = (get(cluster, "pods", "-n", ns, "-l", "model=llama") or {}).get("items") or []
+        (pod,) = [p for p in pods if target.pod_carries(p, "vllm", engine)]
+        wait_for(lambda: fleet.inject(ns, pod=pod["metadata"]["name"]), WAIT_S, "a CUDA OOM on probation")
+
+        def rolled_back() -> Any:
+            status = _status(cluster, ns)
+            return status if any(h["action"] == "RolledBack" for h in status.get("history") or ()) else None
+
+        status = wait_for(rolled_back, WAIT_S, f"{ns}/llama: the lowered recommendation rolled back")
+        entry = next(h for h in status["history"] if h["action"] == "RolledBack")
+        assert entry["trigger"] == "RolloutFailed" and "CudaOOM" in entry["reason"], status["history"]
+        assert _compact(status["recommendation"]["settings"]) == _compact(planned)  # the last good settings
+        assert [_compact(f) for f in status["failedSettings"]] == [_compact(lowered)]
+        assert _compact(status["lastGoodSettings"]) == _compact(planned)
+
+        # the Deployment is the owner's alone: its three generations, no other writer
         deploy = get(cluster, "deployment", "llama", "-n", ns, "--show-managed-fields")
-        assert deploy["metadata"]["generation"] == 2
+        assert deploy["metadata"]["generation"] == 3
         writers = {
             m["manager"] for m in deploy["metadata"]["managedFields"] if m.get("subresource") != "status"
         }
