@@ -21,7 +21,8 @@ logs (``bench/memory_accuracy.py``, ``docs/memory-model.md``):
   ``max_num_batched_tokens`` tokens (MLP / MoE intermediates, hidden-size
   temporaries) and the sampler warm-up (``max_num_seqs`` rows x vocabulary of
   fp32 logits and their copies), plus what stays allocated meanwhile (the hidden
-  states, the fused-MoE workspace, the multimodal encoder cache);
+  states, the fused-MoE workspace, the multimodal encoder cache), or the vision encoder's own forward
+  over vLLM's dummy items when that is larger (:mod:`.encoder`);
 * Model Runner V2's persistent sampler state (0.33+, :func:`kvpilot.tuner.vllm.compute_sampler_state_bytes`);
 * non-torch memory: cuBLAS / attention workspaces, and the all-reduce buffers
   with tensor parallelism (NCCL itself sits outside the budget since 0.11);
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from kvpilot.tuner import vllm
-from kvpilot.tuner.memory import kv_cache, weights
+from kvpilot.tuner.memory import encoder, kv_cache, weights
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
@@ -186,8 +187,14 @@ def compute_activation_bytes(
     max_num_seqs: int,
     dtype: str,
     version: vllm.Version,
+    max_model_len: int | None = None,
 ) -> int:
-    """Torch peak memory increase of the profile run on one rank."""
+    """Torch peak memory increase of the profile run on one rank.
+
+    On the first stage of a multimodal model the profile run first encodes vLLM's dummy items
+    (:mod:`.encoder`): the peak is the larger of that forward's and the decoder's, the decoder's with
+    the encoder cache still held. ``max_model_len`` sizes the dummy items (Qwen2-VL's video frames,
+    items per prompt); ``None`` stands for the model's own maximum."""
     c = coefficients(version)
     b = DTYPE_BYTES[dtype]
     tokens = max_num_batched_tokens
@@ -212,7 +219,14 @@ def compute_activation_bytes(
         workspace = tokens * moe.experts_per_token * (h + 2 * moe.moe_intermediate_size / tp) * b
     peak = max(forward, sampler + carry + workspace) + pp_buffers
     if model.is_multimodal and first:
-        peak += MM_ENCODER_COPIES * tokens * h * b
+        vision = encoder.compute_encoder_profile_peak(
+            model.vision_tower, tp=tp, dtype_bytes=b, max_num_batched_tokens=tokens,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len or model.max_model_len,
+        )  # fmt: skip
+        if vision is None:  # a tower whose forward is not modelled: the fitted cache + embeddings term
+            peak += MM_ENCODER_COPIES * tokens * h * b
+        else:  # the encoder forward, then the decoder's beside the encoder cache and the merged embeddings
+            peak = max(vision.forward_bytes, peak + vision.cache_bytes + tokens * h * b)
     return int(peak)
 
 
@@ -390,6 +404,7 @@ def compute_budget(
             max_num_seqs=r.max_num_seqs,
             dtype=r.dtype,
             version=version,
+            max_model_len=r.max_model_len,
         )
         state = compute_sampler_state_bytes(model, r, last_stage=rank == r.pp - 1)
         if kv_cache_memory_bytes is not None:

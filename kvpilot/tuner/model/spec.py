@@ -66,6 +66,7 @@ from kvpilot.tuner.model.readers import (
     read_moe,
     read_vision_params,
 )
+from kvpilot.tuner.model.vision import VisionTower, read_vision_tower
 
 __all__ = [
     "CHUNKED",
@@ -165,6 +166,8 @@ class ModelSpec:
     """Rows of the rotary cos/sin cache vLLM allocates (weights memory)."""
     vision_params: int = 0
     """Parameters of the vision tower and projector (0 for text-only models)."""
+    vision_tower: VisionTower | None = None
+    """The vision tower whose profile-run forward kvpilot models (:mod:`.vision`; ``None`` otherwise)."""
     mm_prefix_item_tokens: int = 0
     """A multimodal prefix-LM's largest item in tokens (Gemma 4 with ``use_bidirectional_attention``
     "vision"): vLLM 0.33 raises the default batch to hold it (``vllm.resolve_batch_limits``)."""
@@ -486,6 +489,7 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         rotary_dim=rotary_dim,
         rope_cache_positions=_rope_rows(base, model_type, rope),
         vision_params=read_vision_params(top, hidden),
+        vision_tower=read_vision_tower(top, hidden),
         mm_prefix_item_tokens=_mm_prefix_item_tokens(top, text, model_type),
         max_len_key=key,
         max_len_base=base,
