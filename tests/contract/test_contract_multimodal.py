@@ -58,12 +58,16 @@ def test_qwen3_vl_tokens_per_item_are_vllms(name: str, image_processor_cls: Any)
     qwen3_vl = importlib.import_module("vllm.model_executor.models.qwen3_vl")
     transformers = importlib.import_module("transformers")
     config = json.loads((CONFIGS / f"{name}.json").read_text())
-    config_cls = transformers.Qwen3VLMoeConfig if "moe" in config["model_type"] else transformers.Qwen3VLConfig
+    config_cls = (
+        transformers.Qwen3VLMoeConfig if "moe" in config["model_type"] else transformers.Qwen3VLConfig
+    )
     video_processor = qwen3_vl.Qwen3VLVideoProcessor()
     tower = build_model_spec(config).vision_tower
     assert tower is not None
     for max_pixels in (None, 16777216):
-        image_processor = image_processor_cls() if max_pixels is None else image_processor_cls(max_pixels=max_pixels)
+        image_processor = (
+            image_processor_cls() if max_pixels is None else image_processor_cls(max_pixels=max_pixels)
+        )
         info = _info(qwen3_vl.Qwen3VLProcessingInfo, config_cls(**config), image_processor, video_processor)
         limits = multimodal.ProcessorLimits(image_max_pixels=image_processor.size["longest_edge"])
         ours = multimodal.compute_mm_max_tokens_per_item(
@@ -71,7 +75,10 @@ def test_qwen3_vl_tokens_per_item_are_vllms(name: str, image_processor_cls: Any)
             temporal_patch_size=tower.temporal_patch_size, max_model_len=32768, limits=limits,
         )  # fmt: skip
         for length in LENGTHS:
-            assert info.get_mm_max_tokens_per_item(length, {"image": 1, "video": 1}) == ours, (length, max_pixels)
+            assert info.get_mm_max_tokens_per_item(length, {"image": 1, "video": 1}) == ours, (
+                length,
+                max_pixels,
+            )
     assert video_processor.size["longest_edge"] == multimodal.QWEN3_VL_VIDEO_MAX_PIXELS
     assert video_processor.temporal_patch_size == multimodal.QWEN3_VL_VIDEO_TEMPORAL_PATCH
 
@@ -83,7 +90,9 @@ def test_qwen2_5_vl_tokens_per_item_are_vllms(max_pixels: int | None, image_proc
     qwen2_5_vl = importlib.import_module("vllm.model_executor.models.qwen2_5_vl")
     transformers = importlib.import_module("transformers")
     hf_config = transformers.Qwen2_5_VLConfig()
-    image_processor = image_processor_cls() if max_pixels is None else image_processor_cls(max_pixels=max_pixels)
+    image_processor = (
+        image_processor_cls() if max_pixels is None else image_processor_cls(max_pixels=max_pixels)
+    )
     assert (max_pixels or multimodal.QWEN2_VL_IMAGE_MAX_PIXELS) == image_processor.size["longest_edge"]
     info = _info(qwen2_5_vl.Qwen2_5_VLProcessingInfo, hf_config, image_processor)
     vc = hf_config.vision_config
@@ -99,7 +108,11 @@ def test_qwen2_5_vl_tokens_per_item_are_vllms(max_pixels: int | None, image_proc
 def test_the_profile_batch_is_vllms(vllm: Any) -> None:
     budget_mod = importlib.import_module("vllm.multimodal.encoder_budget")
     cache_mod = importlib.import_module("vllm.v1.core.encoder_cache_manager")
-    per_items = ({"image": 980, "video": 384}, {"image": 16384, "video": 114688}, {"image": 1280, "video": 8960})
+    per_items = (
+        {"image": 980, "video": 384},
+        {"image": 16384, "video": 114688},
+        {"image": 1280, "video": 8960},
+    )
     for per_item, tokens, seqs, length in itertools.product(
         per_items, (512, 2048, 8192, 16384, 65536), (1, 4, 256, 1024), (1024, 8192, 32768, 262144)
     ):
