@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from kvpilot.tuner import errors, gpus, memory, vllm
 from kvpilot.tuner import model as models
+from kvpilot.tuner.model.vision import VisionTower, apply_processor_configs
 from kvpilot.tuner.plan import compute_plan
 from kvpilot.tuner.types import GIB, Plan, ServingBounds
 
@@ -68,6 +69,16 @@ def _read_json(path: str) -> Any:
 # -- plan ---------------------------------------------------------------------------------------
 
 
+def _processor_limits(tower: VisionTower, folder: Path) -> VisionTower | None:
+    """The tower with the pixel budgets of the folder's ``preprocessor_config.json`` and
+    ``video_preprocessor_config.json``, where present (vLLM reads them from the checkpoint)."""
+    found = []
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
+        file = folder / name
+        found.append(models.parse_config_json(_read_text(str(file)), str(file)) if file.is_file() else None)
+    return apply_processor_configs(tower, found[0], found[1])
+
+
 def _plan(args: argparse.Namespace, out: TextIO) -> int:
 
     if args.config:
@@ -80,6 +91,8 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
         checkpoint = models.lookup_checkpoint_bytes(args.model)
     gpu = gpus.lookup_gpu(args.gpu)
     spec = models.build_model_spec(config)
+    if args.config and Path(args.config).is_dir() and spec.vision_tower is not None:
+        spec = dataclasses.replace(spec, vision_tower=_processor_limits(spec.vision_tower, Path(args.config)))
     bounds = ServingBounds(
         min_context=args.min_context,
         max_context=args.max_context,
@@ -316,7 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="plan vLLM engine arguments for a model on a GPU type")
     source = plan.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", metavar="ID", help="a catalogue model (see `kvpilot models`)")
-    source.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its folder)")
+    source.add_argument(
+        "--config", metavar="PATH",
+        help="a Hugging Face config.json, or its folder (its preprocessor configs size the vision profile)",
+    )  # fmt: skip
     plan.add_argument("--gpu", required=True, metavar="NAME", help="a catalogue GPU (see `kvpilot gpus`)")
     plan.add_argument("--gpus", type=_positive_int, default=1, metavar="N", help="GPUs per replica (1)")
     plan.add_argument("--max-context", type=_positive_int, metavar="N", help="longest max_model_len wanted")

@@ -9,7 +9,10 @@ Other towers (SigLIP, Llama 4, Kimi's MoonViT...) read as ``None``: their weight
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kvpilot.tuner.model.fields import (
     MAX_HEADS,
@@ -18,6 +21,7 @@ from kvpilot.tuner.model.fields import (
     MAX_LAYERS,
     MAX_SMALL,
     Fields,
+    Limit,
 )
 from kvpilot.tuner.vllm import multimodal
 
@@ -110,3 +114,35 @@ def read_vision_tower(top: Fields, text_hidden: int) -> VisionTower | None:
         deepstack_layers=len(deepstack),
         learned_pos_embed=processing == multimodal.QWEN3_VL,
     )
+
+
+MAX_PIXELS = Limit(1 << 34, "Qwen2.5-VL's published max_pixels is 12845056")
+
+
+def _longest_edge(config: Mapping[str, Any] | None, where: str) -> int | None:
+    """A processor config's pixel budget: ``max_pixels`` over ``size.longest_edge``, as the processor's
+    ``__init__`` and vLLM's ``_get_vision_size`` resolve them."""
+    if config is None:
+        return None
+    fields = Fields(config, where)
+    size = fields.child("size")
+    edge = size.optional_int("longest_edge", limit=MAX_PIXELS) if size is not None else None
+    return fields.optional_int("max_pixels", limit=MAX_PIXELS) or edge
+
+
+def apply_processor_configs(
+    tower: VisionTower | None,
+    preprocessor: Mapping[str, Any] | None,
+    video_preprocessor: Mapping[str, Any] | None = None,
+) -> VisionTower | None:
+    """The tower with a checkpoint's ``preprocessor_config.json`` (and ``video_preprocessor_config.json``)
+    pixel budgets in place of transformers' class defaults; an absent file or field keeps the default."""
+    if tower is None:
+        return None
+    image = _longest_edge(preprocessor, "preprocessor_config")
+    video = _longest_edge(video_preprocessor, "video_preprocessor_config")
+    limits = multimodal.ProcessorLimits(
+        image_max_pixels=image or tower.limits.image_max_pixels,
+        video_max_pixels=video or tower.limits.video_max_pixels,
+    )
+    return dataclasses.replace(tower, limits=limits)
