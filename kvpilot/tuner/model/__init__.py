@@ -7,7 +7,8 @@
   ``quantization_config`` says;
 * :mod:`.fields` reads each value with its type and range checked, against the documented
   limits (``MAX_LAYERS``...); :func:`parse_config_json` is the edges' bounded JSON reader;
-  :mod:`.readers` reads the layers, MLA, MoE and vision parts;
+  :mod:`.readers` reads the layers, MLA, MoE and vision parts; :mod:`.vision` the Qwen-style vision
+  tower whose profile forward the memory model sizes;
 * :mod:`.catalogue` looks popular models' published configs up by Hugging Face id
   (:mod:`.configs` holds them, one module per family).
 
