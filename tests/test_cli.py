@@ -86,6 +86,22 @@ def test_plan_from_a_config_file_and_its_folder(tmp_path: Path) -> None:
     assert by_file["max_model_len"] == by_folder["max_model_len"] == by_id["max_model_len"]
 
 
+def test_plan_from_a_folder_reads_its_preprocessor_config(tmp_path: Path) -> None:
+    """A checkpoint's ``preprocessor_config.json`` sizes the vision profile: Qwen3-VL's published 16,384-token
+    images (one item of 65,536 patches) peak above transformers' default 980-token ones (8 of them)."""
+    data = Path(__file__).resolve().parent / "data" / "hf_configs" / "Qwen__Qwen3-VL-32B-Instruct.json"
+    (tmp_path / "config.json").write_text(data.read_text())
+    gpu = ("--gpu", "H100-SXM", "--gpus", "2", "--max-context", "32768", "--json")
+    default = json.loads(run("plan", "--config", str(tmp_path), *gpu)[1])
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": {"longest_edge": 16777216}}))
+    published = json.loads(run("plan", "--config", str(tmp_path), *gpu)[1])
+    assert published["budget"]["activation_gib"] > default["budget"]["activation_gib"] + 0.3
+    assert published["budget"]["kv_cache_tokens"] < default["budget"]["kv_cache_tokens"]
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"max_pixels": "many"}))
+    code, _, err = run("plan", "--config", str(tmp_path), *gpu)
+    assert code == 2 and "max_pixels" in err
+
+
 def test_infeasible_plan_exits_1_and_says_why() -> None:
     code, out, _ = run("plan", "--model", "deepseek-ai/DeepSeek-V3", "--gpu", "L4", "--json")
     plan = json.loads(out)
