@@ -5,7 +5,8 @@ V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), its KV-cache dtypes
 (:mod:`.kv_dtypes`), the sparse-attention indexer cache (:mod:`.indexer`), DeepSeek-V4's compressed
 sparse attention (:mod:`.compressed_attention`), the multimodal encoder's profile batch (:mod:`.multimodal`),
-the texts it prints when it fails and their parsers (:mod:`.messages`) -- lives in this package. Other modules ask it; they never keep a copy.
+the texts it prints when it fails and their parsers (:mod:`.messages`) -- lives in this package. Other
+modules ask it; they never keep a copy.
 A copy is a defect waiting to drift: three did (the closed loop's own batch-default table, the KV-dtype
 list, a hard-coded block size).
 
