@@ -70,9 +70,13 @@ QUIET_TRIGGERS = frozenset(
         Trigger.ROLLOUT_IN_PROGRESS,
         Trigger.ROLLOUT_PROBATION,
         Trigger.ROLLOUT_SUCCEEDED,
+        Trigger.METRICS_UNAVAILABLE,
     }
 )
-"""Loop holds that are routine: no history entry, no event."""
+"""Loop holds that are routine: no history entry, no event. Nothing observed (no Prometheus configured, no
+series yet, Prometheus down) is no decision: the ``MetricsAvailable`` condition says it, and a Prometheus
+failure of its own reason (TLS, 401, ...) posts a Warning when it starts (at 1000 new services, a ``Held``
+entry and event each would be 2000 writes saying "no data yet")."""
 OOM_TRIGGERS = frozenset({RestartKind.CUDA_OOM, RestartKind.HOST_OOM_KILLED})
 
 _SETTINGS_KEYS = tuple(f.alias or n for n, f in api.Settings.model_fields.items())
@@ -254,6 +258,29 @@ class StatusPatch:
         for key in ("conditions", "history"):
             if key in listed and listed[key] != merged_on.get(key):
                 patch.status[key] = listed[key]
+
+    def build_conditional(
+        self, old: Mapping[str, Any], resource_version: str | None
+    ) -> dict[str, Any] | None:
+        """The whole write as one merge patch of ``status`` made on ``old``: the fields that change, and the
+        lists computed on ``old`` (so whole, as a merge patch replaces them), with ``resource_version`` (the
+        one ``old`` was read at) as its precondition: the API server refuses it (HTTP 409) if any other
+        writer came between, so the lists are never put back stale (the closed loop's single write:
+        :mod:`kvpilot.operator.status_write`). ``None`` when it changes nothing."""
+        fields = {
+            k: v for k, v in self.status.items() if not (old.get(k) == v and (k in old or v is None))
+        }  # fmt: skip
+        if self.lists is not None:
+            listed = self.lists.apply_to(old)
+            for key in ("conditions", "history"):
+                if key in listed and listed[key] != old.get(key):
+                    fields[key] = listed[key]
+        if not fields:
+            return None
+        out: dict[str, Any] = {"status": fields}
+        if resource_version is not None:
+            out["metadata"] = {"resourceVersion": resource_version}
+        return out
 
 
 def is_first_write(status: Mapping[str, Any]) -> bool:
