@@ -70,13 +70,24 @@ QUIET_TRIGGERS = frozenset(
         Trigger.ROLLOUT_IN_PROGRESS,
         Trigger.ROLLOUT_PROBATION,
         Trigger.ROLLOUT_SUCCEEDED,
-        Trigger.METRICS_UNAVAILABLE,
     }
 )
-"""Loop holds that are routine: no history entry, no event. Nothing observed (no Prometheus configured, no
-series yet, Prometheus down) is no decision: the ``MetricsAvailable`` condition says it, and a Prometheus
-failure of its own reason (TLS, 401, ...) posts a Warning when it starts (at 1000 new services, a ``Held``
-entry and event each would be 2000 writes saying "no data yet")."""
+"""Loop holds that are routine: no history entry, no event. Also quiet: a ``MetricsUnavailable`` hold of a
+service whose metrics were never available (:func:`is_quiet_hold`)."""
+
+
+def is_quiet_hold(decision: Decision, old: Mapping[str, Any]) -> bool:
+    """Whether the hold ``decision`` is routine (:data:`QUIET_TRIGGERS`), or "no metrics" for a service whose
+    ``MetricsAvailable`` was never True: nothing observed yet (no Prometheus configured, no series yet) is
+    no decision; the condition says it, and a Prometheus failure of its own reason (TLS, 401, ...) posts a
+    Warning when it starts. (At 1000 new services a ``Held`` entry and event each would be 2000 writes
+    saying "no data yet".) Metrics that were there and went are a notable hold."""
+    if decision.trigger in QUIET_TRIGGERS:
+        return True
+    if decision.trigger != Trigger.METRICS_UNAVAILABLE:
+        return False
+    was = conditions.find_condition(old.get("conditions"), conditions.METRICS_AVAILABLE) or {}
+    return was.get("status") != conditions.TRUE
 OOM_TRIGGERS = frozenset({RestartKind.CUDA_OOM, RestartKind.HOST_OOM_KILLED})
 
 _SETTINGS_KEYS = tuple(f.alias or n for n, f in api.Settings.model_fields.items())
@@ -595,7 +606,7 @@ def build_loop_patch(
                 out.decisions.append("Infeasible")
         elif (
             decision.action == Action.HOLD
-            and decision.trigger not in QUIET_TRIGGERS
+            and not is_quiet_hold(decision, old)
             and add_history(HistoryAction.HELD, dedupe=True)
         ):
             warning = decision.trigger in (*OOM_TRIGGERS, RestartKind.OTHER, Trigger.ROLLOUT_FAILED)

@@ -58,12 +58,20 @@ async def test_prometheus_down_holds_and_says_so(harness: Harness, loop: LoopHar
     assert (cond["status"], cond["reason"]) == ("False", "MetricsUnavailable")
     assert "connection refused" in cond["message"]
     assert len(harness.kube.applied) == before
-    # nothing observed is no decision: the condition says it, no history entry, no event
+    # nothing observed yet is no decision: the condition says it, no history entry, no event
     assert [h["action"] for h in body["status"]["history"]] == ["Planned"]
     assert "Held" not in harness.emitter.reasons
-    assert len(harness.kube.take_status_patches("ns1", "llm")) == 0  # the tick's one PATCH has landed
     await loop.tick(body)  # the same again: nothing to write
     assert harness.kube.take_status_patches("ns1", "llm") == []
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)
+    assert condition(body, "MetricsAvailable")["status"] == "True"
+    loop.window = None  # metrics that were there and went: a notable hold, recorded once
+    await loop.tick(body)
+    assert [h["action"] for h in body["status"]["history"]] == ["Planned", "Held"]
+    await loop.tick(body)
+    assert [h["action"] for h in body["status"]["history"]] == ["Planned", "Held"]
+    assert harness.emitter.reasons.count("Held") == 1
 
 
 async def test_a_wrong_prometheus_ca_is_its_own_reason_and_one_warning(
