@@ -120,7 +120,7 @@ async def test_samples_of_many_services_for_one_profile_are_written_together() -
     status = store.objects[KEY.name]["status"]
     assert (store.patches, store.conflicts) == (1, 0)
     sources = [s["source"] for s in status["startupSamples"]]
-    assert sources == [f"ns/s{i:03d}" for i in range(100 - learning.MAX_SAMPLES, 100)]  # all added, newest kept
+    assert sources == [f"ns/s{i:03d}" for i in range(100 - learning.MAX_SAMPLES, 100)]  # the newest kept
     assert len(status["contributors"]) >= learning.MAX_SAMPLES
     await profiles.record_samples(store, KEY, "m", oom("ns/late", 0.91), "t2", LOG, window_s=0.0)
     assert store.patches == 2
