@@ -11,8 +11,9 @@ service in mode ``Auto`` or ``Recommend`` that the reconciler has applied (``sta
         --a change in Auto: nodes + unfinished pods (workloads.fetch_capacity) --rollout_strategy--> Surge,
           Replace, Recreate or held; decided again with what that costs (Evidence.rollout_lost_fraction,
           rollout_blocked)
-        --Auto: workloads.build_deployment with the settings and strategy, applied; Recommend: nothing
-        --status_patch.build_loop_patch--> patch.status + events (Retuned, RolledBack, OOMDetected, Held, ...)
+        --status_patch.build_loop_patch--> one conditional status PATCH (status_write; refused: the tick ends)
+        --> events (Retuned, RolledBack, OOMDetected, Held, ...)
+        --Auto, a change: workloads.build_deployment with the settings and strategy, applied after the record
 
 This module only orders that I/O; the pieces are pure elsewhere. One rollout at a time: while
 ``status.rollout`` is set, the policy only waits, puts the settings on probation (Ready),
