@@ -352,7 +352,10 @@ async def run_once(
     if out.lists is not None:
         out.lists.updates.extend(resolved)
     out.events.extend(resolve_events)
-    if not await _write(deps, patch, namespace, name, version, out, old, logger):
+    written = await _write(deps, patch, namespace, name, version, out, old, logger)
+    if written not in (status_write.WRITTEN, status_write.UNCHANGED):
+        if change and written == status_write.UNKNOWN:  # applied next tick if status.applied says it landed
+            deps.pending.add(namespace, name, (decision.settings, choice))
         return decision  # nothing recorded: nothing applied, no event; the next tick decides again
     for type_, reason, message in out.events:
         deps.emit(body, type_, reason, message)
@@ -476,18 +479,13 @@ def build_loop_deployment(
 async def _write(
     deps: LoopDeps, patch: Any, namespace: str, name: str, version: str | None,
     out: status_patch.StatusPatch, old: Mapping[str, Any], logger: Any,
-) -> bool:  # fmt: skip
-    """The tick's status as one conditional PATCH (:func:`status_write.apply_status`); whether the tick may
-    go on (written, or nothing to write). Without a Kubernetes client, kopf's ``patch`` carries it."""
+) -> str:  # fmt: skip
+    """The tick's status as one conditional PATCH (:func:`status_write.apply_status`): what became of it.
+    Without a Kubernetes client, kopf's ``patch`` carries it."""
     if deps.kube is None:
         out.add_to(patch, old=old)
-        return True
-    try:
-        result = await status_write.apply_status(deps.kube, namespace, name, version, out, old, logger)
-    except errors.ApplyFailed as exc:
-        logger.warning(f"closed loop: writing the status failed ({exc}); deciding again on the next tick")
-        return False
-    return result in (status_write.WRITTEN, status_write.UNCHANGED)
+        return status_write.WRITTEN
+    return await status_write.apply_status(deps.kube, namespace, name, version, out, old, logger)
 
 
 async def _apply(

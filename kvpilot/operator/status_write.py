@@ -17,7 +17,9 @@ A closed-loop change (mode Auto) is written *first* and applied to the Deploymen
   the next leader's resume handler re-applies ``status.applied`` (:func:`kvpilot.operator.handlers.reconcile`
   keeps it on resume) and its timer continues the rollout;
 - the apply failed (the API server refused or timed out): a ``RetuneFailed`` event, and the next tick applies
-  the same settings again (:class:`PendingApplies`) before it decides anything.
+  the same settings again (:class:`PendingApplies`) before it decides anything;
+- the write's request failed without an answer (:data:`UNKNOWN`: it may have landed): the change is not
+  applied now but kept pending, and the next tick applies it only if ``status.applied`` says it landed.
 
 ``tests/operator/test_status_write.py`` stops the operator at each point: one record, one rollout.
 """
@@ -29,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpilot.operator import errors
 from kvpilot.operator.kube import Conflict, Kube
 from kvpilot.operator.rollout_strategy import RolloutChoice
 from kvpilot.operator.status_patch import StatusPatch
@@ -37,9 +40,9 @@ from kvpilot.tuner.types import EngineSettings
 Pending = tuple[EngineSettings, RolloutChoice | None]
 """Settings recorded in ``status.applied`` and the rollout strategy chosen for them."""
 
-WRITTEN, UNCHANGED, CONFLICT, GONE = "written", "unchanged", "conflict", "gone"
+WRITTEN, UNCHANGED, CONFLICT, GONE, UNKNOWN = "written", "unchanged", "conflict", "gone", "unknown"
 """What :func:`apply_status` did: sent and applied; nothing to send; refused (another writer came between);
-the object no longer exists."""
+the object no longer exists; the request failed (a timeout, HTTP 5xx), so it may or may not have landed."""
 
 
 async def apply_status(
@@ -47,8 +50,7 @@ async def apply_status(
     old: Mapping[str, Any], logger: Any,
 ) -> str:  # fmt: skip
     """Send ``out`` as one merge patch made on ``old`` (read at ``resource_version``); one of :data:`WRITTEN`,
-    :data:`UNCHANGED`, :data:`CONFLICT`, :data:`GONE`. Other API failures raise
-    :class:`kvpilot.operator.errors.ApplyFailed`."""
+    :data:`UNCHANGED`, :data:`CONFLICT`, :data:`GONE`, :data:`UNKNOWN` (logged)."""
     body = out.build_conditional(old, resource_version)
     if body is None:
         return UNCHANGED
@@ -57,6 +59,9 @@ async def apply_status(
     except Conflict:
         logger.info("closed loop: the object changed during the tick; deciding again on the next one")
         return CONFLICT
+    except errors.ApplyFailed as exc:
+        logger.warning(f"closed loop: writing the status failed ({exc}); deciding again on the next tick")
+        return UNKNOWN
     return WRITTEN if result is not None else GONE
 
 

@@ -151,3 +151,31 @@ def test_the_conditional_patch_leaves_out_what_has_its_value() -> None:
     assert out.build_conditional(old, "5") == {"metadata": {"resourceVersion": "5"},
                                                "status": {"readyReplicas": 0}}  # fmt: skip
     assert status_patch.StatusPatch(status={"replicas": 1}).build_conditional(old, "5") is None
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "lost"])
+async def test_a_write_without_an_answer_is_applied_next_tick_only_if_it_landed(
+    harness: Harness, loop: LoopHarness, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    """The PATCH's request times out: the API server may have applied it or not. Nothing is applied in that
+    tick; the next one applies the change if ``status.applied`` says it landed, and decides again if not."""
+    from kvpilot.operator import errors
+
+    body = await _oom_after_plan(harness, loop)
+    old_args = loop.deployment_args()
+    real = harness.kube.patch_inference_service_status
+
+    def timeout(namespace: str, name: str, patch: dict) -> dict | None:
+        if landed:
+            real(namespace, name, patch)
+        raise errors.ApplyFailed("patching the status failed: read timed out")
+
+    monkeypatch.setattr(harness.kube, "patch_inference_service_status", timeout)
+    await loop.tick(body)
+    body["metadata"]["resourceVersion"] = harness.kube.versions[KEY]
+    assert loop.deployment_args() == old_args  # not applied without a record known to be there
+    assert _history(body) == (["Planned", "Retuned"] if landed else ["Planned"])
+    monkeypatch.setattr(harness.kube, "patch_inference_service_status", real)
+    await loop.tick(body)
+    assert flag(loop.deployment_args(), "--gpu-memory-utilization") == "0.93"
+    assert _history(body) == ["Planned", "Retuned"]
