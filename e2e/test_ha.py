@@ -47,7 +47,7 @@ from e2e.cluster import LocalCluster
 from e2e.fleet import Scenario, Workload
 from e2e.fleet.stack import Stack, closed_loop_env, condition
 from e2e.fleet.testing import H100_8B, catalogue_isvc
-from e2e.waits import spawn_host_operator, stop_host_operator, wait_for
+from e2e.waits import spawn_host_operator, stop_host_operator, wait_established, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
@@ -110,7 +110,7 @@ def reconciled(log: Path, trigger: str) -> set[str]:
 def ns(cluster: LocalCluster) -> Iterator[str]:
     cluster.kubectl("apply", "-f", str(CRD), "-f", str(PEERING_CRDS))
     for crd in (RESOURCE, "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        wait_established(cluster.kubectl, f"crd/{crd}")  # kubectl wait fails at once on a CRD this new
     name = f"kvha-{uuid.uuid4().hex[:8]}"
     with cluster.temporary_namespace(name):
         peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
