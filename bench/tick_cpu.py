@@ -4,7 +4,7 @@ The whole tick (:func:`kvpilot.operator.closed_loop.run_once`: the pods from the
 caches, the memory budget, the decision, the status patch and its conditional write) on a service the real
 planner planned, with the unit tests' fakes for the API server and the pods (``tests/operator``) and
 Prometheus down: the steady cost of a service that is serving, times the number of services, is the
-operator's CPU per tick (docs/operator.md, "Scale"; the Prometheus fetch itself: ``bench/prometheus_load.py``).
+operator's CPU per tick (docs/operator.md, "Scale"; the Prometheus fetch: ``bench/prometheus_load.py``).
 
 Usage::
 
