@@ -9,8 +9,9 @@ For each N (default 100 and 1000) this script:
 - measures the operator's peak RSS (VmHWM of the kopf process);
 - measures the operator's Kubernetes API requests per object, counted inside the operator process
   by ``bench/_counting_operator.py`` (the operator of this checkout: ``PYTHONPATH``);
-- reads the API server's own mean latency per kind of write over the run (its ``/metrics``), which says
-  where the time goes (docs/operator.md, "Scale").
+- reads the API server's own mean latency per kind of write over the run (its ``/metrics``) and the CPU
+  time of each control-plane process (etcd, the API server, the controllers, KWOK), which say where the time
+  goes (docs/operator.md, "Scale"), and the load average at the start and the end (the machine is shared);
 - times one closed-loop tick over the same N services (the operator's own Prometheus fetch against an
   in-process fleet answering every query, :mod:`bench.prometheus_load`): PromQL queries per tick (constant
   in N) and the tick's operator CPU and wall time.
