@@ -9,8 +9,9 @@ For each N (default 100 and 1000) this script:
 - measures the operator's peak RSS (VmHWM of the kopf process);
 - measures the operator's Kubernetes API requests per object, counted inside the operator process
   by ``bench/_counting_operator.py`` (the operator of this checkout: ``PYTHONPATH``);
-- reads the API server's own mean latency per kind of write over the run (its ``/metrics``), which says
-  where the time goes (docs/operator.md, "Scale").
+- reads the API server's own mean latency per kind of write over the run (its ``/metrics``) and the CPU
+  time of each control-plane process (etcd, the API server, the controllers, KWOK), which say where the time
+  goes (docs/operator.md, "Scale"), and the load average at the start and the end (the machine is shared);
 - times one closed-loop tick over the same N services (the operator's own Prometheus fetch against an
   in-process fleet answering every query, :mod:`bench.prometheus_load`): PromQL queries per tick (constant
   in N) and the tick's operator CPU and wall time.
@@ -83,6 +84,11 @@ def build_isvc(
             **service,
         },
     }
+
+
+LOOP_STATUS_WRITES = "client PATCH inferenceservices/status"
+"""The closed loop's one status PATCH per tick that changes something (``kvpilot/operator/status_write.py``,
+through the ``kubernetes`` client); the reconciler's go through kopf (``kopf PATCH ...``)."""
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -251,6 +257,9 @@ def run_once(
 
         bodies = [build_isvc(i, namespaces, replicas, prefix, headless) for i in range(n)]
         progress = Progress(cluster, prefix)
+        load0 = os.getloadavg()[0]
+        plane = {**cluster._read_pids(), **cluster.pids}  # etcd, kube-apiserver, the controllers, KWOK
+        plane_cpu0 = {name: cpu_seconds(pid) for name, pid in plane.items()}
         t0 = time.monotonic()
 
         def create(body: dict[str, Any]) -> None:
@@ -263,6 +272,8 @@ def run_once(
 
         planned, deployed = progress.wait(n, t0 + timeout)
         elapsed = time.monotonic() - t0
+        load1 = os.getloadavg()[0]
+        plane_cpu = {name: round(cpu_seconds(pid) - plane_cpu0[name], 1) for name, pid in plane.items()}
         cpu = cpu_seconds(proc.pid) - cpu0
         latency = latency_delta(latency0, apiserver_write_latency(cluster))
         time.sleep(2.5)  # let the counters flush
@@ -280,6 +291,7 @@ def run_once(
 
     delta = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
     total = sum(delta.values())
+    loop_writes = delta.get(LOOP_STATUS_WRITES, 0)
     return {
         "n": n, "namespaces": namespaces, "replicas": replicas, "headless": headless,
         "create_s": round(created_s, 2), "all_planned_and_deployed_s": round(elapsed, 2),
@@ -287,6 +299,9 @@ def run_once(
         "operator_cpu_s": round(cpu, 2), "operator_peak_rss_mb": round(rss, 1),
         "operator_idle_rss_mb": round(idle_rss, 1),
         "api_requests": total, "api_requests_per_object": round(total / n, 2),
+        "loop_status_writes_per_object": round(loop_writes / n, 2),
+        "load_average": [round(load0, 1), round(load1, 1)],
+        "control_plane_cpu_s": dict(sorted(plane_cpu.items(), key=lambda kv: -kv[1])),
         "requests_by_kind": dict(sorted(delta.items(), key=lambda kv: -kv[1])),
         "apiserver_writes": latency,  # everyone's writes, the bench's own creates included
         "operator_log": str(log_file),
@@ -390,13 +405,18 @@ def main() -> int:
                       f"operator CPU {result['operator_cpu_s']:.1f} s, "
                       f"peak RSS {result['operator_peak_rss_mb']:.0f} MB "
                       f"(idle {result['operator_idle_rss_mb']:.0f} MB), "
-                      f"{result['api_requests_per_object']:.2f} API requests/object{goal}")  # fmt: skip
+                      f"{result['api_requests_per_object']:.2f} API requests/object (closed-loop status "
+                      f"writes {result['loop_status_writes_per_object']:.2f} of them){goal}; load average "
+                      f"{result['load_average'][0]} at the start, "
+                      f"{result['load_average'][1]} at the end")  # fmt: skip
                 for kind, count in list(result["requests_by_kind"].items())[:12]:
                     print(f"    {count:7d}  {kind}")
                 tick = result["prometheus_tick"]
                 print(f"    closed-loop tick over {n} services: {tick['queries_per_tick']} PromQL queries "
                       f"(per-service queries would be {tick['queries_per_tick_before']}), operator CPU "
                       f"{tick['tick_cpu_s']:.2f} s, wall {tick['tick_wall_s']:.2f} s")  # fmt: skip
+                plane_cpu = ", ".join(f"{k} {v:.1f} s" for k, v in result["control_plane_cpu_s"].items())
+                print(f"    control-plane CPU in that time: {plane_cpu}")
                 print("    the API server's writes in that time (all clients): mean latency")
                 for kind, w in result["apiserver_writes"].items():
                     print(f"    {w['count']:7.0f}  {kind}: {w['mean_ms']:.0f} ms")

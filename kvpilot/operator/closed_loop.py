@@ -11,8 +11,9 @@ service in mode ``Auto`` or ``Recommend`` that the reconciler has applied (``sta
         --a change in Auto: nodes + unfinished pods (workloads.fetch_capacity) --rollout_strategy--> Surge,
           Replace, Recreate or held; decided again with what that costs (Evidence.rollout_lost_fraction,
           rollout_blocked)
-        --Auto: workloads.build_deployment with the settings and strategy, applied; Recommend: nothing
-        --status_patch.build_loop_patch--> patch.status + events (Retuned, RolledBack, OOMDetected, Held, ...)
+        --status_patch.build_loop_patch--> one conditional status PATCH (status_write; refused: the tick ends)
+        --> events (Retuned, RolledBack, OOMDetected, Held, ...)
+        --Auto, a change: workloads.build_deployment with the settings and strategy, applied after the record
 
 This module only orders that I/O; the pieces are pure elsewhere. One rollout at a time: while
 ``status.rollout`` is set, the policy only waits, puts the settings on probation (Ready),
@@ -54,6 +55,7 @@ from kvpilot.operator import (
     resolve,
     rollout_strategy,
     status_patch,
+    status_write,
     timers,
     workloads,
 )
@@ -98,6 +100,8 @@ class LoopDeps:
     ``prom_url`` without auth."""
     nodes: NodeList = field(default_factory=lambda: NodeList(resolve.NODE_CACHE_TTL_S))
     """Every node, for the "could it ever fit" check (cached: :class:`kvpilot.operator.kube.NodeList`)."""
+    pending: status_write.PendingApplies = field(default_factory=status_write.PendingApplies)
+    """Recorded changes whose apply failed: applied again by the next tick (:mod:`.status_write`)."""
 
 
 _deps: LoopDeps | None = None
@@ -209,8 +213,12 @@ async def run_once(
     *, body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
     patch: Any, logger: Any, deps: LoopDeps,
 ) -> Decision | None:  # fmt: skip
-    """One observation-decision-action cycle for one InferenceService. Never raises."""
+    """One observation-decision-action cycle for one InferenceService. Never raises.
+
+    Its status goes out as one conditional PATCH, and a change is recorded before it is applied
+    (:mod:`kvpilot.operator.status_write`); ``patch`` (kopf's) is used only without a Kubernetes client."""
     old = dict(status or {})
+    version = meta.get("resourceVersion")  # what ``old`` was read at: kopf's body is live, read it now
     if not old.get("applied"):
         return None  # the reconciler has not applied anything yet
     try:
@@ -236,7 +244,7 @@ async def run_once(
         sched = await _schedulable(deps, old, meta, parsed, None, off_views, None, namespace)
         if off.lists is not None:
             off.lists.updates.extend(sched)
-        off.add_to(patch, old=old)
+        await _write(deps, patch, namespace, name, version, off, old, logger)
         return None
     rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
     policy = loop_settings.build_policy(parsed, deps.pace)
@@ -267,6 +275,11 @@ async def run_once(
     except Exception as exc:  # noqa: BLE001 -- API hiccup: skip this tick, the next one retries
         logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
         return None
+    retry = deps.pending.take(namespace, name, state.current)  # recorded by an earlier tick, not yet applied
+    if retry is not None and mode == "Auto" and not await _apply(
+        deps, meta, parsed, inputs, retry[0], "the recorded change", logger, body, retry[1]
+    ):
+        deps.pending.add(namespace, name, retry)
     summary = pod_status.compute_pod_summary(views, state.current, parsed.replicas)
     rollout = loop_state.with_pod_deadline(rollout, views, policy.rollout_deadline_seconds)
     window = await deps.fetch_window(
@@ -317,12 +330,13 @@ async def run_once(
             deps.kube, meta, parsed, inputs, views, serving, cluster, decision, redecide
         )
 
-    applied = False
-    if decision.changes and mode == "Auto":
-        applied = await _apply(deps, meta, parsed, inputs, decision, logger, body, choice)
+    change = bool(decision.changes) and mode == "Auto"
+    if change and (inputs is None or deps.kube is None):  # cannot be applied: say so, record nothing
+        what = str(decision.action)
+        change = await _apply(deps, meta, parsed, inputs, decision.settings, what, logger, body)
     schedulable = await _schedulable(deps, old, meta, parsed, inputs, views, cluster, namespace)
     out = status_patch.build_loop_patch(
-        old, state, decision, mode=mode, now=now, generation=meta.get("generation"), applied=applied,
+        old, state, decision, mode=mode, now=now, generation=meta.get("generation"), applied=change,
         rollout_deadline_seconds=policy.rollout_deadline_seconds, serving=serving, rollout_choice=choice,
         extra_conditions=schedulable,
     )  # fmt: skip
@@ -334,15 +348,23 @@ async def run_once(
             out.status["rollout"] = {**wire, "deadline": status_patch.format_time(rollout.deadline)}
     if startup is not None and startup != old.get("startupSeconds"):
         out.status["startupSeconds"] = round(startup, 1)
-    if inputs is not None:  # fleet learning: what this tick saw goes to the matching TuningProfile
-        await _learn(deps, meta, parsed, inputs, state, decision, budget, out.status, startup, old, logger)
     resolved, resolve_events = status_patch.build_resolution_updates(old, resolve_failure)
     if out.lists is not None:
         out.lists.updates.extend(resolved)
     out.events.extend(resolve_events)
-    out.add_to(patch, old=old)
+    written = await _write(deps, patch, namespace, name, version, out, old, logger)
+    if written not in (status_write.WRITTEN, status_write.UNCHANGED):
+        if change and written == status_write.UNKNOWN:  # applied next tick if status.applied says it landed
+            deps.pending.add(namespace, name, (decision.settings, choice))
+        return decision  # nothing recorded: nothing applied, no event; the next tick decides again
     for type_, reason, message in out.events:
         deps.emit(body, type_, reason, message)
+    if change and inputs is not None:  # recorded: now the Deployment follows
+        what = str(decision.action)
+        if not await _apply(deps, meta, parsed, inputs, decision.settings, what, logger, body, choice):
+            deps.pending.add(namespace, name, (decision.settings, choice))
+    if inputs is not None:  # fleet learning: what this tick saw goes to the matching TuningProfile
+        await _learn(deps, meta, parsed, inputs, state, decision, budget, out.status, startup, old, logger)
     if deps.record_metrics:
         for kind in out.decisions:
             metrics.record_decision(kind)
@@ -454,20 +476,31 @@ def build_loop_deployment(
     )  # fmt: skip
 
 
+async def _write(
+    deps: LoopDeps, patch: Any, namespace: str, name: str, version: str | None,
+    out: status_patch.StatusPatch, old: Mapping[str, Any], logger: Any,
+) -> str:  # fmt: skip
+    """The tick's status as one conditional PATCH (:func:`status_write.apply_status`): what became of it.
+    Without a Kubernetes client, kopf's ``patch`` carries it."""
+    if deps.kube is None:
+        out.add_to(patch, old=old)
+        return status_write.WRITTEN
+    return await status_write.apply_status(deps.kube, namespace, name, version, out, old, logger)
+
+
 async def _apply(
     deps: LoopDeps, meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs | None,
-    decision: Decision, logger: Any, body: Mapping[str, Any], choice: RolloutChoice | None = None,
+    settings: EngineSettings, what: str, logger: Any, body: Mapping[str, Any],
+    choice: RolloutChoice | None = None,
 ) -> bool:  # fmt: skip
-    """Roll ``decision.settings`` out to the Deployment; False (and a warning event) if that failed."""
+    """Roll ``settings`` out to the Deployment; False (and a ``RetuneFailed`` event) if that failed."""
     try:
         if inputs is None or deps.kube is None:
             raise errors.ApplyFailed("model/GPU not resolved or no Kubernetes client")
-        deployment = build_loop_deployment(
-            meta, spec, inputs, decision.settings, choice or rollout_strategy.DEFAULT
-        )
+        deployment = build_loop_deployment(meta, spec, inputs, settings, choice or rollout_strategy.DEFAULT)
         await workloads.apply_workloads([deployment], deps.kube)
     except Exception as exc:  # noqa: BLE001 -- report and retry on the next tick
-        logger.warning(f"closed loop: applying {decision.action} failed: {exc}")
-        deps.emit(body, events.WARNING, "RetuneFailed", f"could not apply {decision.action}: {exc}")
+        logger.warning(f"closed loop: applying {what} failed: {exc}")
+        deps.emit(body, events.WARNING, "RetuneFailed", f"could not apply {what}: {exc}")
         return False
     return True

@@ -81,6 +81,13 @@ class Kube(Protocol):
         InferenceService (:mod:`kvpilot.operator.autoscalers`)."""
         ...
 
+    def patch_inference_service_status(
+        self, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """A JSON merge patch of the InferenceService's ``/status``; ``body.metadata.resourceVersion`` makes
+        it conditional (:class:`Conflict` when the object changed since). ``None`` if the object is gone."""
+        ...
+
 
 class TargetKube(Kube, Protocol):
     """What an EngineTuner reads and does besides: the workload it targets, that workload's pods, and the
@@ -167,6 +174,29 @@ class ClusterKube:
             )
 
         return self._read(get, namespace, name)
+
+    def patch_inference_service_status(
+        self, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        from kvpilot.operator import api
+
+        try:
+            return self._json(self.custom.patch_namespaced_custom_object_status(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name, dict(body),
+                _content_type="application/merge-patch+json", _preload_content=False,
+            ))  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            if exc.status == 409:
+                raise Conflict(f"patching the status of {namespace}/{name}: HTTP 409 {exc.reason}") from None
+            raise errors.ApplyFailed(
+                f"patching the status of {namespace}/{name} failed: HTTP {exc.status} {exc.reason}"
+            ) from None
+        except (OSError, HTTPError) as exc:
+            raise errors.ApplyFailed(f"patching the status of {namespace}/{name} failed: {exc}") from None
 
     def list_node_labels(self, label_selector: str) -> list[dict[str, str]]:
         from kubernetes.client.exceptions import ApiException

@@ -11,6 +11,10 @@ implements):
   ``resourceVersion`` read; another writer in between makes the API server answer 409 and the whole
   read-add-patch repeats (:data:`WRITE_ATTEMPTS`). An absent profile is created first (a racing creator's
   409 is the same retry).
+* **batched** (:func:`record_samples`): the samples the ticks of many services bring for one profile within
+  :data:`BATCH_WINDOW_S` of the first are written together, in one read-add-patch: a thousand services that
+  start at once (each with a start-up sample) cost a few writes per profile, not a read, a patch and a
+  conflict or two per service.
 
 Failures here never fail a reconcile or a tick: a plan without the profile is the memory model's plan, and
 a lost sample is one sample.
@@ -47,6 +51,8 @@ from kvpilot.tuner.types import EngineSettings
 KIND = "TuningProfile"
 LIST_TTL_S = 10.0
 WRITE_ATTEMPTS = 5
+BATCH_WINDOW_S = 2.0
+"""How long the first sample for a profile waits for others before they are written together."""
 LABEL_PREFIX = "profiles.kvpilot.io/"
 Update = Callable[[ProfileRecord], ProfileRecord]
 
@@ -327,19 +333,56 @@ def build_update(
     return update
 
 
+@dataclass
+class _Batch:
+    """The samples waiting for one profile's next write."""
+
+    model_id: str
+    updates: list[Update]
+    now: str
+
+
+_batches: dict[tuple[int, str], _Batch] = {}
+"""By (store, profile name): the batch whose first sample's tick is waiting to write it."""
+
+
+def _compose(updates: list[Update]) -> Update:
+    def update(record: ProfileRecord) -> ProfileRecord:
+        for one in updates:
+            record = one(record)
+        return record
+
+    return update
+
+
 async def record_samples(
-    kube: object, key: ProfileKey, model_id: str, update: Update | None, now: str, logger: Any
-) -> None:
-    """:func:`apply_samples` when there is something to add and a store; a failure is logged, never raised."""
+    kube: object, key: ProfileKey, model_id: str, update: Update | None, now: str, logger: Any,
+    window_s: float = BATCH_WINDOW_S,
+) -> None:  # fmt: skip
+    """Add ``update`` to the profile's batch: the first sample's caller waits ``window_s`` for others, then
+    writes them all (:func:`apply_samples`); a later one joins the batch and returns at once. A failure is
+    logged, never raised (the batch's samples are lost, as is a batch whose tick is cancelled while it waits:
+    a lost sample is one sample)."""
     store = store_for(kube)
     if update is None or store is None:
         return
-    try:
-        status = await apply_samples(store, key, model_id, update, now)
-    except errors.OperatorError as exc:
-        logger.warning(f"tuning profile {key.name}: sample not recorded ({exc})")
+    slot = (id(store), key.name)
+    batch = _batches.get(slot)
+    if batch is not None:
+        batch.updates.append(update)
+        batch.now = now
         return
-    logger.info(f"tuning profile {key.name}: {status['learned'].get('message', '')}")
+    batch = _batches[slot] = _Batch(model_id, [update], now)
+    try:
+        await asyncio.sleep(window_s)
+    finally:
+        del _batches[slot]  # a sample from now on starts the next batch
+    try:
+        status = await apply_samples(store, key, batch.model_id, _compose(batch.updates), batch.now)
+    except errors.OperatorError as exc:
+        logger.warning(f"tuning profile {key.name}: {len(batch.updates)} sample(s) not recorded ({exc})")
+        return
+    logger.info(f"tuning profile {key.name} (+{len(batch.updates)}): {status['learned'].get('message', '')}")
 
 
 __all__ = [

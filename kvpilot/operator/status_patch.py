@@ -72,7 +72,22 @@ QUIET_TRIGGERS = frozenset(
         Trigger.ROLLOUT_SUCCEEDED,
     }
 )
-"""Loop holds that are routine: no history entry, no event."""
+"""Loop holds that are routine: no history entry, no event. Also quiet: a ``MetricsUnavailable`` hold of a
+service whose metrics were never available (:func:`is_quiet_hold`)."""
+
+
+def is_quiet_hold(decision: Decision, old: Mapping[str, Any]) -> bool:
+    """Whether the hold ``decision`` is routine (:data:`QUIET_TRIGGERS`), or "no metrics" for a service whose
+    ``MetricsAvailable`` was never True: nothing observed yet (no Prometheus configured, no series yet) is
+    no decision; the condition says it, and a Prometheus failure of its own reason (TLS, 401, ...) posts a
+    Warning when it starts. (At 1000 new services a ``Held`` entry and event each would be 2000 writes
+    saying "no data yet".) Metrics that were there and went are a notable hold."""
+    if decision.trigger in QUIET_TRIGGERS:
+        return True
+    if decision.trigger != Trigger.METRICS_UNAVAILABLE:
+        return False
+    was = conditions.find_condition(old.get("conditions"), conditions.METRICS_AVAILABLE) or {}
+    return was.get("status") != conditions.TRUE
 OOM_TRIGGERS = frozenset({RestartKind.CUDA_OOM, RestartKind.HOST_OOM_KILLED})
 
 _SETTINGS_KEYS = tuple(f.alias or n for n, f in api.Settings.model_fields.items())
@@ -264,6 +279,29 @@ class StatusPatch:
         for key in ("conditions", "history"):
             if key in listed and listed[key] != merged_on.get(key):
                 patch.status[key] = listed[key]
+
+    def build_conditional(
+        self, old: Mapping[str, Any], resource_version: str | None
+    ) -> dict[str, Any] | None:
+        """The whole write as one merge patch of ``status`` made on ``old``: the fields that change, and the
+        lists computed on ``old`` (so whole, as a merge patch replaces them), with ``resource_version`` (the
+        one ``old`` was read at) as its precondition: the API server refuses it (HTTP 409) if any other
+        writer came between, so the lists are never put back stale (the closed loop's single write:
+        :mod:`kvpilot.operator.status_write`). ``None`` when it changes nothing."""
+        fields = {
+            k: v for k, v in self.status.items() if not (old.get(k) == v and (k in old or v is None))
+        }  # fmt: skip
+        if self.lists is not None:
+            listed = self.lists.apply_to(old)
+            for key in ("conditions", "history"):
+                if key in listed and listed[key] != old.get(key):
+                    fields[key] = listed[key]
+        if not fields:
+            return None
+        out: dict[str, Any] = {"status": fields}
+        if resource_version is not None:
+            out["metadata"] = {"resourceVersion": resource_version}
+        return out
 
 
 def is_first_write(status: Mapping[str, Any]) -> bool:
@@ -578,7 +616,7 @@ def build_loop_patch(
                 out.decisions.append("Infeasible")
         elif (
             decision.action == Action.HOLD
-            and decision.trigger not in QUIET_TRIGGERS
+            and not is_quiet_hold(decision, old)
             and add_history(HistoryAction.HELD, dedupe=True)
         ):
             warning = decision.trigger in (*OOM_TRIGGERS, RestartKind.OTHER, Trigger.ROLLOUT_FAILED)

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import kopf
-from operator_fakes import Harness, apply_patch
+from operator_fakes import Harness, apply_merge, apply_patch
 
 from kvpilot.operator import closed_loop
 from kvpilot.tuner.loop.observations import LengthSummary, MetricsSample, ObservationWindow
@@ -142,5 +142,14 @@ class LoopHarness:
             body=body, spec=body["spec"], meta=body["metadata"], status=body.get("status") or {}, patch=patch,
             logger=logging.getLogger("test"), deps=self.deps,
         )  # fmt: skip
-        body["status"] = apply_patch(body.get("status") or {}, patch)
+        body["status"] = self.land(body, patch)
         return decision
+
+    def land(self, body: dict[str, Any], patch: kopf.Patch) -> dict[str, Any]:
+        """The status after the tick's writes: its own conditional PATCHes (``kube``), then kopf's ``patch``
+        (used only without a client)."""
+        status = dict(body.get("status") or {})
+        meta = body["metadata"]
+        for sent in self.h.kube.take_status_patches(meta.get("namespace") or "default", meta["name"]):
+            status = apply_merge(status, sent)
+        return apply_patch(status, patch)

@@ -66,6 +66,11 @@ class FakeKube:
         self.autoscalers: list[dict[str, Any]] = []
         """HorizontalPodAutoscalers (raw JSON, with metadata.namespace)."""
         self.autoscaler_error: Exception | None = None
+        self.status_patches: list[tuple[str, str, dict[str, Any]]] = []
+        """The closed loop's status writes: (namespace, name, merge patch with its resourceVersion)."""
+        self.versions: dict[tuple[str, str], str] = {}
+        """The objects' current resourceVersion, when a test sets it: a patch carrying another is a 409."""
+        self.fail_status: Exception | None = None
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         return self.config_maps.get((namespace, name))
@@ -100,6 +105,28 @@ class FakeKube:
         if self.autoscaler_error is not None:
             raise self.autoscaler_error
         return [copy.deepcopy(h) for h in self.autoscalers if h["metadata"].get("namespace") == namespace]
+
+    def patch_inference_service_status(
+        self, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        from kvpilot.operator.kube import Conflict
+
+        if self.fail_status is not None:
+            raise self.fail_status
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        current = self.versions.get((namespace, name))
+        if wanted is not None and current is not None and wanted != current:
+            raise Conflict(f"patching the status of {namespace}/{name}: HTTP 409 Conflict")
+        self.status_patches.append((namespace, name, copy.deepcopy(dict(body))))
+        if current is not None:
+            self.versions[(namespace, name)] = str(int(current) + 1)
+        return {"metadata": {"name": name, "namespace": namespace}, "status": dict(body.get("status") or {})}
+
+    def take_status_patches(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The status patches sent for the object since the last call (forgotten here)."""
+        mine = [p for ns, n, p in self.status_patches if (ns, n) == (namespace, name)]
+        self.status_patches = [w for w in self.status_patches if (w[0], w[1]) != (namespace, name)]
+        return mine
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
         if self.fail_apply is not None:
@@ -190,6 +217,11 @@ def apply_patch(status: dict[str, Any], patch: kopf.Patch) -> dict[str, Any]:
     for fn in patch.fns:
         fn(body)
     return dict(body["status"])
+
+
+def apply_merge(status: dict[str, Any], merge_patch: Mapping[str, Any]) -> dict[str, Any]:
+    """What the API server does with a JSON merge patch of ``/status``."""
+    return _merge(status, dict(merge_patch.get("status") or {}))
 
 
 def _merge(old: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:

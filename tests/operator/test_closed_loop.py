@@ -14,7 +14,7 @@ import re
 import kopf
 import pytest
 from closed_loop_fakes import T0, LoopHarness, pod, rfc3339, window
-from operator_fakes import Harness, apply_patch, condition, isvc
+from operator_fakes import Harness, condition, isvc
 
 from kvpilot.operator import closed_loop, handlers, loop_settings, pod_status
 from kvpilot.operator.loop_settings import LoopPace
@@ -58,8 +58,18 @@ async def test_prometheus_down_holds_and_says_so(harness: Harness, loop: LoopHar
     assert (cond["status"], cond["reason"]) == ("False", "MetricsUnavailable")
     assert "connection refused" in cond["message"]
     assert len(harness.kube.applied) == before
+    # nothing observed yet is no decision: the condition says it, no history entry, no event
+    assert [h["action"] for h in body["status"]["history"]] == ["Planned"]
+    assert "Held" not in harness.emitter.reasons
+    await loop.tick(body)  # the same again: nothing to write
+    assert harness.kube.take_status_patches("ns1", "llm") == []
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)
+    assert condition(body, "MetricsAvailable")["status"] == "True"
+    loop.window = None  # metrics that were there and went: a notable hold, recorded once
+    await loop.tick(body)
     assert [h["action"] for h in body["status"]["history"]] == ["Planned", "Held"]
-    await loop.tick(body)  # the same hold again: no new entry, no new event
+    await loop.tick(body)
     assert [h["action"] for h in body["status"]["history"]] == ["Planned", "Held"]
     assert harness.emitter.reasons.count("Held") == 1
 
@@ -398,15 +408,20 @@ async def test_apply_failure_is_reported_and_retried(harness: Harness, loop: Loo
 
     body = await applied(harness)
     loop.healthy_pods(restarts=1, message=OOM, finished=loop.now + 10, ready=False)
+    old_args = loop.deployment_args()
     harness.kube.fail_apply = errors.ApplyFailed("HTTP 500")
     d = await loop.tick(body)
     assert d.action == Action.RETUNE
     assert "RetuneFailed" in harness.emitter.reasons
-    assert body["status"]["applied"]["gpuMemoryUtilization"] == 0.95
-    assert "rollout" not in body["status"]
-    harness.kube.fail_apply = None
-    d = await loop.tick(body, advance=60)
+    # the change was recorded first (one PATCH), the Deployment did not take it
     assert body["status"]["applied"]["gpuMemoryUtilization"] == 0.93
+    assert body["status"]["rollout"]["settings"]["gpuMemoryUtilization"] == 0.93
+    assert loop.deployment_args() == old_args
+    harness.kube.fail_apply = None
+    await loop.tick(body)  # the next tick applies the recorded change; no second decision
+    assert flag(loop.deployment_args(), "--gpu-memory-utilization") == "0.93"
+    assert [h["action"] for h in body["status"]["history"]] == ["Planned", "Retuned"]
+    assert harness.emitter.reasons.count("Retuned") == 1
 
 
 def test_window_scales_with_the_metrics_step() -> None:
@@ -737,38 +752,43 @@ async def test_off_mode_still_reports_serving(harness: Harness, loop: LoopHarnes
 async def test_a_tick_begun_before_a_spec_update_keeps_the_reconcilers_ready(
     harness: Harness, loop: LoopHarness
 ) -> None:
-    """The tick read generation 1; the reconciler then handled generation 2 (Ready at 2, a history entry);
-    the tick's patch, applied on the freshest object as kopf does, writes only its own conditions and
-    appends: Ready stays at generation 2 and no history entry is lost; the next tick serves generation 2."""
+    """The tick read generation 1 at resourceVersion 1; the reconciler then handled generation 2 (Ready at 2,
+    a history entry: resourceVersion 2). The tick's one PATCH carries the version it read, so the API server
+    refuses it (409): nothing of the stale tick lands, nothing is applied, no event; the next tick, on the
+    fresh object, serves generation 2."""
     body = await applied(harness)
+    key = ("ns1", "llm")
+    body["metadata"]["resourceVersion"] = harness.kube.versions[key] = "1"
     loop.healthy_pods()
     loop.window = window(loop.now + 30)
     await loop.tick(body)
+    body["metadata"]["resourceVersion"] = harness.kube.versions[key]  # what the watch brings
     ready = condition(body, "Ready")
     assert (ready["reason"], ready["observedGeneration"]) == ("Serving", 1)
     stale = copy.deepcopy(body)  # what the tick reads when it starts
+    gen1_args = loop.deployment_args()
     # the spec changes and the reconciler handles it before the tick writes
     body["spec"]["engine"] = {"pinned": {"maxNumSeqs": 7}}
     body["metadata"]["generation"] = 2
     await harness.run(body, trigger=handlers.SPEC_CHANGED)
+    version = str(int(harness.kube.versions[key]) + 1)  # the reconciler's write
+    body["metadata"]["resourceVersion"] = harness.kube.versions[key] = version
     ready = condition(body, "Ready")
     assert (ready["reason"], ready["observedGeneration"]) == ("Applied", 2)
-    reconciled_history = list(body["status"]["history"])
+    reconciled = copy.deepcopy(body["status"])
+    applies, events = len(harness.kube.applied), len(harness.emitter.events)
     loop.now += 30
+    crashed = dict(restarts=1, message=OOM, finished=loop.now - 5, ready=False, crash_loop=True)
+    loop.pods.pods = [pod("llm-5d8f7c-00000", gen1_args, **crashed)]  # generation 1's pod OOMs
     patch = kopf.Patch()
-    await closed_loop.run_once(
+    d = await closed_loop.run_once(
         body=stale, spec=stale["spec"], meta=stale["metadata"], status=stale["status"], patch=patch,
         logger=logging.getLogger("test"), deps=loop.deps,
     )  # fmt: skip
-    assert "conditions" not in patch.get("status", {}) and "history" not in patch.get("status", {})
-    body["status"] = apply_patch(body["status"], patch)
-    ready = condition(body, "Ready")
-    assert (ready["reason"], ready["observedGeneration"]) == ("Applied", 2), ready
-    assert body["status"]["history"][: len(reconciled_history)] == reconciled_history
-    assert condition(body, "MetricsAvailable")["observedGeneration"] == 1  # the tick's own, as it saw it
-    # applying the same patch again (kopf retries a conflicting one) adds nothing
-    again = apply_patch(body["status"], patch)
-    assert again["history"] == body["status"]["history"]
+    assert d is not None and d.action == Action.RETUNE  # decided on the stale read ...
+    assert harness.kube.take_status_patches(*key) == [] and dict(patch) == {} and not patch.fns
+    assert len(harness.kube.applied) == applies and len(harness.emitter.events) == events  # ... and dropped
+    assert body["status"] == reconciled
     # the next tick, at generation 2: Ready follows the pods again
     loop.healthy_pods()
     loop.window = window(loop.now + 30)

@@ -110,6 +110,23 @@ async def test_a_writer_in_between_is_a_conflict_and_both_samples_land() -> None
     assert status["learned"]["lowestOomUtilization"] == 0.91
 
 
+async def test_samples_of_many_services_for_one_profile_are_written_together() -> None:
+    """A hundred services' ticks bring a sample each within the batch window: one create and one patch, not
+    a read, a patch and conflicts per service; every sample lands. A sample after the write starts a new
+    batch."""
+    store = FakeStore()
+    fn = [profiles.build_update(f"ns/s{i:03d}", startup_seconds=30.0 + i) for i in range(100)]
+    await asyncio.gather(*(profiles.record_samples(store, KEY, "m", u, "t", LOG, window_s=0.05) for u in fn))
+    status = store.objects[KEY.name]["status"]
+    assert (store.patches, store.conflicts) == (1, 0)
+    sources = [s["source"] for s in status["startupSamples"]]
+    assert sources == [f"ns/s{i:03d}" for i in range(100 - learning.MAX_SAMPLES, 100)]  # the newest kept
+    assert len(status["contributors"]) >= learning.MAX_SAMPLES
+    await profiles.record_samples(store, KEY, "m", oom("ns/late", 0.91), "t2", LOG, window_s=0.0)
+    assert store.patches == 2
+    assert store.objects[KEY.name]["status"]["oomSamples"][0]["source"] == "ns/late"
+
+
 async def test_a_racing_creator_is_read_instead_of_overwritten() -> None:
     store = FakeStore()
     real_read = store.read_profile
