@@ -248,3 +248,25 @@ def test_mamba_family_kv_arithmetic_is_vllms_own(
     assert not misses, f"{summary}; {len(misses)} differ:\n" + "\n".join(misses[:20])
     assert exact + sum(exceptions.values()) == checked
     assert set(per_family) == {name for name, *_ in families}  # every family has exact points
+
+
+def test_mamba_family_weights_are_transformers_parameter_count(vllm: types.ModuleType) -> None:
+    """kvpilot's parameters on one GPU (bf16, TP 1) equal the parameters of transformers' own model built
+    from the same config on the meta device, up to vLLM's vocabulary padding (to a multiple of 64) and the
+    attention layers' q/k norms, which kvpilot does not count for any model (LFM2: 1,280 parameters, 4e-7)."""
+    import torch
+    import transformers
+
+    from kvpilot.tuner.memory import weights
+
+    for entry in FAMILIES:
+        config = dict(entry["config"])
+        hf = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(hf)
+        theirs = sum(p.numel() for p in model.parameters())
+        spec = build_model_spec(copy.deepcopy(entry["config"]))
+        padding = (weights.padded_vocab_size(spec) - spec.vocab_size) * spec.hidden_size
+        tables = 1 if spec.tie_word_embeddings else 2
+        ours = weights.compute_weight_breakdown(spec).params // 2
+        assert abs(ours - tables * padding - theirs) <= theirs // 1_000_000, (entry["name"], ours, theirs)

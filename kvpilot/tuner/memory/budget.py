@@ -197,6 +197,10 @@ def compute_activation_bytes(
         expert = moe.moe_intermediate_size / tp
         width = moe.experts_per_token * (3 * expert + 2 * h) + 3 * moe.shared_intermediate_size / tp
         width += 3 * moe.parallel_dense_intermediate_size / tp
+    elif not model.intermediate_size and model.linear_state is not None:
+        # An attention-free Mamba block has no MLP: its widest tensors are the mixer's in_proj (x and z)
+        # and the conv output, three intermediate widths (not calibrated on a start: no log exists).
+        width = 3 * model.linear_state.conv_dim / tp
     else:
         width = (3 if model.mlp_gated else 2) * model.intermediate_size / tp
     forward = tokens * b * (c.forward_hidden_copies * h + width)

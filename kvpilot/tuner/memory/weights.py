@@ -91,7 +91,8 @@ def _mixer_params(state: LinearStateSpec, h: int, tp: int) -> int:
         return inter * (2 * h + k + 1 + (r + 2 * n) + r + 1 + n + 1 + h) // tp
     if state.family == MAMBA2:  # in_proj (z, x, B, C, dt), conv1d over x B C, dt_bias, A, D, norm, out_proj
         heads, bc = state.num_heads, 2 * state.n_groups * state.head_v_dim
-        return (h * (2 * inter + bc + heads) + (inter + bc) * (k + 1) + 3 * heads + inter + inter * h) // tp
+        norm = inter if state.mixer_norms else 0
+        return (h * (2 * inter + bc + heads) + (inter + bc) * (k + 1) + 3 * heads + norm + inter * h) // tp
     return state.conv_dim * (4 * h + k) // tp  # SHORT_CONV: in_proj (B, C, x), conv, out_proj
 
 
@@ -123,7 +124,9 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
         attn += replicated_a  # fused_qkv_a_proj is a replicated (but quantized) linear
         replicated = m.kv_lora_rank + (m.q_lora_rank or 0)  # the latent norms
     elif layer is not None and layer.kind == LINEAR and state is not None and state.family != GDN:
-        attn, replicated = _mixer_params(state, h, tp), 0
+        attn = _mixer_params(state, h, tp)
+        jamba_norms = state.family == MAMBA1 and state.mixer_norms  # dt, B and C norms
+        replicated = state.time_step_rank + 2 * state.head_v_dim if jamba_norms else 0
     elif layer is not None and layer.kind == LINEAR and state is not None:
         s = state
         key_dim = (s.conv_dim - s.num_heads * s.head_v_dim) // 2
@@ -166,7 +169,7 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
         replicated += h * moe.num_experts  # router
     else:
         attn += mlp_mats * h * model.intermediate_size // tp
-    replicated += 2 * h  # the two norms
+    replicated += 2 * h if model.intermediate_size else h  # the two norms (a Mamba block: one)
     return attn, experts, replicated
 
 

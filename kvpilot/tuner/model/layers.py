@@ -138,6 +138,9 @@ class LinearStateSpec:
     time_step_rank: int = 0
     """Mamba only: the rank of the time-step projection (``time_step_rank`` / ``mamba_dt_rank``), for the
     weights."""
+    mixer_norms: bool = False
+    """For the weights. Mamba: the mixer normalises dt, B and C with weighted RMS norms (Jamba); Mamba2: the
+    gated RMS norm before ``out_proj`` (Falcon-H1 only with ``mamba_rms_norm``)."""
 
     def conv_elements(self, tp: int) -> int:
         channels = self.conv_dim

@@ -123,7 +123,8 @@ def _mamba1(text: Fields, model_type: str, hidden: int) -> LinearStateSpec:
     state = text.need_int(names[0], limit=_STATE_SIZE)
     kernel = text.need_int(names[1], limit=MAX_SMALL)
     rank = _time_step_rank(text, names[2], hidden)
-    return LinearStateSpec(inter, kernel, 0, 0, state, MAMBA1, time_step_rank=rank)
+    jamba = model_type == "jamba"  # JambaMambaDecoderLayer: MambaMixer(use_rms_norm=True)
+    return LinearStateSpec(inter, kernel, 0, 0, state, MAMBA1, time_step_rank=rank, mixer_norms=jamba)
 
 
 def _time_step_rank(text: Fields, name: str, hidden: int) -> int:
@@ -152,7 +153,8 @@ def _mamba2(text: Fields, model_type: str, hidden: int) -> LinearStateSpec:
     head_dim = inter // heads if auto else text.need_int(names[2], limit=MAX_HEAD_DIM)
     state = text.need_int(names[3], limit=_STATE_SIZE)
     kernel = text.need_int(names[4], limit=MAX_SMALL)
-    return LinearStateSpec(inter, kernel, heads, head_dim, state, MAMBA2, None, groups)
+    norm = model_type != "falcon_h1" or text.flag("mamba_rms_norm")  # MambaMixer2(use_rms_norm=...)
+    return LinearStateSpec(inter, kernel, heads, head_dim, state, MAMBA2, None, groups, mixer_norms=norm)
 
 
 def moe_layers(text: Fields, model_type: str, num_layers: int) -> int | None:

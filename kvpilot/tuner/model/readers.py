@@ -264,7 +264,15 @@ def _linear_state(text: Fields, model_type: str) -> LinearStateSpec:
         groups = text.need_int("n_groups", limit=MAX_HEADS)
         kernel = text.need_int("conv_kernel", limit=MAX_SMALL)
         return LinearStateSpec(
-            heads * head_dim, kernel, heads, head_dim, state, MAMBA2, _ssm_dtype(text, model_type), groups
+            heads * head_dim,
+            kernel,
+            heads,
+            head_dim,
+            state,
+            MAMBA2,
+            _ssm_dtype(text, model_type),
+            groups,
+            mixer_norms=True,
         )
     k_heads = text.need_int("linear_num_key_heads", limit=MAX_HEADS)
     v_heads = text.need_int("linear_num_value_heads", limit=MAX_HEADS)

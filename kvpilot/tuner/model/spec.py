@@ -411,7 +411,7 @@ def _attention_free_spec(
         num_kv_heads=0,
         head_dim=0,
         hidden_size=hidden,
-        intermediate_size=state.conv_dim,
+        intermediate_size=0,  # a Mamba block is its mixer and one norm: no MLP
         vocab_size=text.need_int("vocab_size", limit=MAX_VOCAB_SIZE),
         max_model_len=max_len,
         dtype=_dtype(text, top),
