@@ -180,8 +180,16 @@ def compute_kv_layout(
     if not present:
         raise ValueError(f"{model.architecture}: no layer keeps a KV cache")
 
-    if block_size is None:
-        block_size = vllm.default_block_size(vllm_version)
+    if block_size is None:  # the attention backend's preferred block on this GPU (Blackwell MLA: 32)
+        block_size = vllm.default_kv_block_size(
+            vllm_version,
+            compute_capability,
+            mla=model.mla is not None,
+            qk_nope_head_dim=model.mla.qk_nope_head_dim if model.mla else 0,
+            sparse=any(layer.indexer_head_dim for layer in model.layers),
+            kv_cache_dtype=kv_cache_dtype,
+            heads_per_gpu=model.num_attention_heads // tp,
+        )
     attention = {key for key in present if key[0] != LINEAR}
     per_token = {key: _page_per_token(key, tp, model_bytes, kv_cache_dtype) for key in attention}
     blocks = dict.fromkeys(attention, block_size)

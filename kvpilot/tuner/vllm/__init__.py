@@ -3,7 +3,8 @@
 Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model Runner
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), its KV-cache dtypes
-(:mod:`.kv_dtypes`), the sparse-attention indexer cache (:mod:`.indexer`), DeepSeek-V4's compressed
+(:mod:`.kv_dtypes`), the block size each attention backend asks for on each GPU (:mod:`.block_sizes`),
+the sparse-attention indexer cache (:mod:`.indexer`), DeepSeek-V4's compressed
 sparse attention (:mod:`.compressed_attention`), the texts it prints when it fails
 and their parsers (:mod:`.messages`) -- lives in this package. Other modules ask it; they never keep a copy.
 A copy is a defect waiting to drift: three did (the closed loop's own batch-default table, the KV-dtype
@@ -32,6 +33,13 @@ from kvpilot.tuner.vllm.args import (
     parse_human_int,
     parse_vllm_args,
     validate_extra_args,
+)
+from kvpilot.tuner.vllm.block_sizes import (
+    CUTLASS_MLA_BLOCK,
+    DEFAULT_BLOCK_SIZE,
+    FLASHINFER_MLA_BLOCK,
+    SPARSE_MLA_BLOCK,
+    default_kv_block_size,
 )
 from kvpilot.tuner.vllm.compressed_attention import (
     COMPRESSED_ATTENTION_BLOCK_SIZE,
@@ -119,6 +127,11 @@ from kvpilot.tuner.vllm.versions import (
 )
 
 __all__ = [
+    "CUTLASS_MLA_BLOCK",
+    "DEFAULT_BLOCK_SIZE",
+    "FLASHINFER_MLA_BLOCK",
+    "SPARSE_MLA_BLOCK",
+    "default_kv_block_size",
     "ASYNC_SCHEDULING_SINCE",
     "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
