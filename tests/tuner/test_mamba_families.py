@@ -134,3 +134,10 @@ def test_more_sequences_than_state_blocks_is_vllms_start_up_error() -> None:
     budget = memory.compute_budget(spec, gpu, EngineSettings(max_model_len=4096, max_num_seqs=1024))
     assert budget.num_gpu_blocks < 1024
     assert budget.error == vllm.mamba_cache_blocks_error(1024, budget.num_gpu_blocks)
+
+
+def test_zamba2_is_refused_as_not_modelled() -> None:
+    zamba = {"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "num_hidden_layers": 54}
+    with pytest.raises(errors.InvalidModelConfig, match="Zamba2's shared attention blocks") as caught:
+        build_model_spec(zamba)
+    assert caught.value.field == "model_type"

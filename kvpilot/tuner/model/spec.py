@@ -441,6 +441,13 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
             "config.json names neither 'architectures' nor 'model_type'", "architectures"
         )
     vllm.check_architecture_served(architecture)
+    if model_type == "zamba2":  # shared attention blocks over Mamba2 layers: no reader for them yet
+        raise errors.InvalidModelConfig(
+            f"{architecture} (model_type 'zamba2'): Zamba2's shared attention blocks are not modelled "
+            "(modelled Mamba families: Mamba, Mamba2, FalconMamba, Jamba, Falcon-H1, Granite-4.0-H, "
+            "Nemotron-H, LFM2)",
+            field="model_type",
+        )
 
     num_layers = (nemotron_h_num_layers(text) if model_type == "nemotron_h" else None) or text.need_int(
         "num_hidden_layers", "n_layer", "num_layers", "n_layers", limit=MAX_LAYERS
