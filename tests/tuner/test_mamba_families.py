@@ -141,3 +141,16 @@ def test_zamba2_is_refused_as_not_modelled() -> None:
     with pytest.raises(errors.InvalidModelConfig, match="Zamba2's shared attention blocks") as caught:
         build_model_spec(zamba)
     assert caught.value.field == "model_type"
+
+
+def test_estimate_takes_prefix_caching_from_the_case() -> None:
+    """``enable_prefix_caching`` in an estimate case: off halves a hybrid's state pages per request."""
+    from kvpilot.tuner.memory import estimate
+
+    base = {"hf_config": CONFIGS["JambaForCausalLM"], "gpu": "H100-SXM", "tensor_parallel_size": 8}
+    base |= {"max_model_len": 4096, "max_num_seqs": 256}
+    cases = [{**base, "id": "on", "enable_prefix_caching": True}, {**base, "id": "default"}]
+    cases.append({**base, "id": "off", "enable_prefix_caching": False})
+    on, default, off = estimate.compute_estimates(cases, gpus.lookup_gpu)
+    assert on["num_gpu_blocks"] == off["num_gpu_blocks"] == default["num_gpu_blocks"]
+    assert on["max_concurrency"] == default["max_concurrency"] < off["max_concurrency"]

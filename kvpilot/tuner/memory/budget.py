@@ -336,6 +336,7 @@ def compute_budget(
     kv_cache_memory_bytes: int | None = None,
     model_runner_v2: bool | None = None,
     performance_mode: str | None = None,
+    enable_prefix_caching: bool | None = None,
 ) -> MemoryBudget:
     """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse.
 
@@ -345,7 +346,9 @@ def compute_budget(
     the GPU itself, which vLLM does not check before allocating (:func:`vllm.kv_cache_memory_oom_error`).
     ``model_runner_v2`` is ``VLLM_USE_V2_MODEL_RUNNER`` (``None`` = the release's default) and
     ``performance_mode`` ``--performance-mode``: kvpilot's operator reads neither (pods run the
-    defaults); the estimate and the tests set them.
+    defaults); the estimate and the tests set them. ``enable_prefix_caching`` is
+    ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``None``: vLLM's default, off for
+    attention-free models): it decides whether state layers run in align mode (2-3 pages a request).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
@@ -410,6 +413,7 @@ def compute_budget(
             block_size=block_size,
             vllm_version=version,
             compute_capability=gpu.compute_capability,
+            enable_prefix_caching=enable_prefix_caching,
         )
         stages.append(_Stage(w, act, state, available, layout))
 
