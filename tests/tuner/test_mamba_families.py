@@ -154,3 +154,19 @@ def test_estimate_takes_prefix_caching_from_the_case() -> None:
     on, default, off = estimate.compute_estimates(cases, gpus.lookup_gpu)
     assert on["num_gpu_blocks"] == off["num_gpu_blocks"] == default["num_gpu_blocks"]
     assert on["max_concurrency"] == default["max_concurrency"] < off["max_concurrency"]
+
+
+def test_tensor_parallelism_must_split_the_state_evenly() -> None:
+    """vLLM's ``divide`` asserts on a mixer's heads and conv channels: the planner's TP stays below a size
+    that does not split them, and the budget refuses it with vLLM's assertion text."""
+    from kvpilot.tuner.plan import topology
+
+    odd = build_model_spec(
+        config("FalconH1ForCausalLM", mamba_d_ssm=1536, mamba_n_heads=12, mamba_d_head=128)
+    )
+    assert odd.linear_state is not None and odd.num_attention_heads % 8 == 0
+    assert topology.compute_tensor_parallel(odd, 8) == 4
+    budget = memory.compute_budget(odd, gpus.lookup_gpu("H100-SXM"), EngineSettings(tensor_parallel_size=8))
+    assert not budget.starts and budget.error == "AssertionError: 12 is not divisible by 8"
+    even = build_model_spec(CONFIGS["FalconH1ForCausalLM"])
+    assert topology.compute_tensor_parallel(even, 8) == 8

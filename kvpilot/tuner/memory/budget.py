@@ -296,6 +296,11 @@ def _check_parallel_sizes(model: ModelSpec, tp: int, pp: int) -> str | None:
         )
     if pp > model.num_layers:
         return f"pipeline_parallel_size ({pp}) exceeds the model's {model.num_layers} layers."
+    state = model.linear_state
+    if state is not None and not state.shards_over(tp):
+        # MambaStateShapeCalculator: divide(conv channels, tp) and divide(heads, tp) assert.
+        bad = state.conv_channels(tp) if state.conv_channels(tp) % tp else state.num_heads
+        return f"AssertionError: {bad} is not divisible by {tp}"
     padded_vocab = weights.padded_vocab_size(model)
     if padded_vocab % tp:
         # VocabParallelEmbedding: divide(num_embeddings_padded, tp_size) asserts.

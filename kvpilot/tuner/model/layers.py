@@ -142,12 +142,20 @@ class LinearStateSpec:
     """For the weights. Mamba: the mixer normalises dt, B and C with weighted RMS norms (Jamba); Mamba2: the
     gated RMS norm before ``out_proj`` (Falcon-H1 only with ``mamba_rms_norm``)."""
 
+    def conv_channels(self, tp: int) -> int:
+        """Conv channels before TP; Mamba2's groups extended to the TP size when they do not divide it."""
+        if self.family != MAMBA2:
+            return self.conv_dim
+        groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
+        return self.conv_dim + 2 * groups * self.head_v_dim
+
     def conv_elements(self, tp: int) -> int:
-        channels = self.conv_dim
-        if self.family == MAMBA2:
-            groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
-            channels += 2 * groups * self.head_v_dim
-        return (channels // tp) * (self.conv_kernel - 1)
+        return (self.conv_channels(tp) // tp) * (self.conv_kernel - 1)
+
+    def shards_over(self, tp: int) -> bool:
+        """Whether vLLM's ``divide`` accepts this state at TP ``tp``: the conv channels and the heads split
+        evenly (``MambaStateShapeCalculator``)."""
+        return self.conv_channels(tp) % tp == 0 and self.num_heads % tp == 0
 
     def ssm_elements(self, tp: int) -> int:
         if self.family == SHORT_CONV:
