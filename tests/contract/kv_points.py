@@ -137,17 +137,7 @@ def build_vllm_specs(
         full = next(layer for layer in spec.layers if layer.kind in (FULL, MLA))
         one = _attention_spec(m, full, 1, p.tp, kv_dtype, quant, p.dtype, per_token_head)
         alignment = prefill_checkpoint_alignment(m, config, spec, p) if align else None
-        # -- copy of Platform._align_hybrid_block_size (platforms/interface.py) --
-        kernel = max(16, block)
-        if spec.mla is not None:
-            kernel = max(kernel, 128)
-        if alignment:
-            kernel = math.lcm(kernel, alignment)
-        attn_block = kernel * -(-mamba_page // (kernel * one.page_size_bytes))
-        attn_block = 16 * -(-attn_block // 16)
-        block = max(block, attn_block)
-        padded = block * one.page_size_bytes
-        # -- end of copy --
+        block, padded = align_hybrid_block_size(block, spec.mla is not None, alignment, mamba_page, one)
         checkpoint = 1 if alignment else 0
         state = (shapes, dtypes, mamba_type, None if padded == mamba_page else padded, alignment)
     specs: dict[int, Any] = {}
@@ -178,6 +168,22 @@ def build_vllm_specs(
         start, end = m["get_pp_indices"](spec.num_layers, rank, p.pp)
         workers.append({name: s for name, (i, s) in named.items() if start <= i < end})
     return workers, block
+
+
+def align_hybrid_block_size(
+    block: int, mla: bool, alignment: int | None, mamba_page: int, one: Any
+) -> tuple[int, int]:
+    """A copy of ``Platform._align_hybrid_block_size`` (``platforms/interface.py``): the attention block
+    that holds one state page, and the page the state is padded to (``one``: a one-token attention spec)."""
+    kernel = max(16, block)
+    if mla:
+        kernel = max(kernel, 128)
+    if alignment:
+        kernel = math.lcm(kernel, alignment)
+    attn_block = kernel * -(-mamba_page // (kernel * one.page_size_bytes))
+    attn_block = 16 * -(-attn_block // 16)
+    block = max(block, attn_block)
+    return block, block * one.page_size_bytes
 
 
 def prefill_checkpoint_alignment(m: Any, config: dict[str, Any], spec: ModelSpec, p: Point) -> int | None:

@@ -53,7 +53,7 @@ def test_rows_have_the_documented_keys_and_values() -> None:
 def test_a_bad_case_gets_an_error_and_the_batch_goes_on() -> None:
     cases = [
         case(id="no-config", hf_config=None),
-        case(id="mamba", hf_config={"model_type": "jamba", "architectures": ["JambaForCausalLM"]}),
+        case(id="mamba", hf_config={"model_type": "bamba", "architectures": ["BambaForCausalLM"]}),
         case(id="unknown-gpu", gpu="Voodoo-5", gpu_total_gib=None),
         case(id="bad-util", gpu_memory_utilization=1.5),
         "not a case",
@@ -62,7 +62,7 @@ def test_a_bad_case_gets_an_error_and_the_batch_goes_on() -> None:
     rows = estimate.compute_estimates(cases, lookup)
     assert [r["id"] for r in rows] == ["no-config", "mamba", "unknown-gpu", "bad-util", None, "fine"]
     assert all(r["error"] and r["starts"] is False for r in rows[:5])
-    assert "model_type" in rows[1]["error"] and "Voodoo-5" in rows[2]["error"]
+    assert "does not support BambaForCausalLM" in rows[1]["error"] and "Voodoo-5" in rows[2]["error"]
     assert rows[5]["error"] is None
 
 

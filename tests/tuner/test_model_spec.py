@@ -160,7 +160,7 @@ def test_pipeline_split_follows_get_pp_indices() -> None:
         ({k: v for k, v in cfg.LLAMA_31_8B.items() if k != "vocab_size"}, "vocab_size"),
         (
             {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "num_hidden_layers": 32},
-            "model_type",
+            "hidden_size",
         ),
         (
             {**cfg.LLAMA_31_8B, "quantization_config": {"quant_method": "hqq"}},

@@ -204,6 +204,10 @@ def compute_activation_bytes(
         expert = moe.moe_intermediate_size / tp
         width = moe.experts_per_token * (3 * expert + 2 * h) + 3 * moe.shared_intermediate_size / tp
         width += 3 * moe.parallel_dense_intermediate_size / tp
+    elif not model.intermediate_size and model.linear_state is not None:
+        # An attention-free Mamba block has no MLP: its widest tensors are the mixer's in_proj (x and z)
+        # and the conv output, three intermediate widths (not calibrated on a start: no log exists).
+        width = 3 * model.linear_state.conv_dim / tp
     else:
         width = (3 if model.mlp_gated else 2) * model.intermediate_size / tp
     forward = tokens * b * (c.forward_hidden_copies * h + width)
@@ -306,6 +310,11 @@ def _check_parallel_sizes(model: ModelSpec, tp: int, pp: int) -> str | None:
         )
     if pp > model.num_layers:
         return f"pipeline_parallel_size ({pp}) exceeds the model's {model.num_layers} layers."
+    state = model.linear_state
+    if state is not None and not state.shards_over(tp):
+        # MambaStateShapeCalculator: divide(conv channels, tp) and divide(heads, tp) assert.
+        bad = state.conv_channels(tp) if state.conv_channels(tp) % tp else state.num_heads
+        return f"AssertionError: {bad} is not divisible by {tp}"
     padded_vocab = weights.padded_vocab_size(model)
     if padded_vocab % tp:
         # VocabParallelEmbedding: divide(num_embeddings_padded, tp_size) asserts.
@@ -346,6 +355,7 @@ def compute_budget(
     kv_cache_memory_bytes: int | None = None,
     model_runner_v2: bool | None = None,
     performance_mode: str | None = None,
+    enable_prefix_caching: bool | None = None,
 ) -> MemoryBudget:
     """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse.
 
@@ -355,7 +365,9 @@ def compute_budget(
     the GPU itself, which vLLM does not check before allocating (:func:`vllm.kv_cache_memory_oom_error`).
     ``model_runner_v2`` is ``VLLM_USE_V2_MODEL_RUNNER`` (``None`` = the release's default) and
     ``performance_mode`` ``--performance-mode``: kvpilot's operator reads neither (pods run the
-    defaults); the estimate and the tests set them.
+    defaults); the estimate and the tests set them. ``enable_prefix_caching`` is
+    ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``None``: vLLM's default, off for
+    attention-free models): it decides whether state layers run in align mode (2-3 pages a request).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
@@ -421,6 +433,7 @@ def compute_budget(
             block_size=block_size,
             vllm_version=version,
             compute_capability=gpu.compute_capability,
+            enable_prefix_caching=enable_prefix_caching,
         )
         stages.append(_Stage(w, act, state, available, layout))
 

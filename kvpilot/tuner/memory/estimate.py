@@ -6,8 +6,9 @@ mapping in the schema of ``shared/data/vllm_memory_cases.json`` (``hf_config``
 inline, ``gpu`` name and/or ``gpu_total_gib``, parallel sizes, ``dtype``,
 ``quantization`` / ``weight_bits``, ``kv_cache_dtype``, ``gpu_memory_utilization``,
 ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``,
-``enforce_eager``, ``vllm_version``, optional ``weights_total_bytes`` and ``kv_cache_memory_bytes``:
-vLLM's ``--kv-cache-memory-bytes``, the KV pool per GPU, exactly).
+``enforce_eager``, ``enable_prefix_caching`` (unset: vLLM's default), ``vllm_version``, optional
+``weights_total_bytes`` and ``kv_cache_memory_bytes``: vLLM's ``--kv-cache-memory-bytes``, the KV pool per
+GPU, exactly).
 
 Each row holds the budget's terms and what vLLM would report: ``num_gpu_blocks``,
 ``kv_cache_tokens``, ``max_concurrency``, ``starts``, ``estimated_max_model_len`` (the length vLLM's
@@ -161,6 +162,9 @@ def compute_case_budget(
         block_size=_int(case, "block_size"),
         dtype=dtype,
         kv_cache_memory_bytes=_int(case, "kv_cache_memory_bytes"),
+        enable_prefix_caching=case["enable_prefix_caching"]
+        if isinstance(case.get("enable_prefix_caching"), bool)
+        else None,
     )
 
 

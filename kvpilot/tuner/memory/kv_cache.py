@@ -151,41 +151,60 @@ def compute_kv_layout(
     block_size: int | None = None,
     vllm_version: vllm.Version = vllm.PINNED_VERSION,
     compute_capability: tuple[int, int] | None = (9, 0),
-    enable_prefix_caching: bool = True,
+    enable_prefix_caching: bool | None = None,
 ) -> KvLayout:
     """Group this rank's layers the way vLLM does and size one block of the shared pool.
 
     ``compute_capability`` picks the GPU's kernels (FlashInfer GDN on Hopper and later: a 64-token
-    alignment and a checkpoint page); ``enable_prefix_caching`` (vLLM's default) puts hybrid state
-    layers in align mode.
+    alignment and a checkpoint page); ``enable_prefix_caching`` (None: vLLM's default, on except for
+    attention-free models) puts state layers in align mode.
     """
     if model.compressed is not None:
         return _compressed_layout(model, pipeline_parallel_size, pp_rank, kv_cache_dtype)
     tp = tensor_parallel_size
     model_bytes = DTYPE_BYTES[dtype or model.dtype]
     hybrid_chunked = vllm.hybrid_manager_for_chunked_local(vllm_version)
-    kinds: list[_LayerKey | None] = []
-    for layer in model.layers:
+    # (layer index, spec key) for every KV spec: a NO_KV layer has none (vLLM leaves it out of every
+    # group), a Falcon-H1 layer two (its attention and its Mamba2 mixer).
+    kinds: list[tuple[int, _LayerKey]] = []
+    for index, layer in enumerate(model.layers):
         kind, window = layer.kind, layer.window
         if kind == NO_KV:
-            kinds.append(None)  # no KV spec: vLLM leaves the layer out of every group
             continue
         if kind == CHUNKED and not hybrid_chunked:
             kind, window = FULL, None  # hybrid manager off: local layers allocate for every token
-        kinds.append((kind, layer.num_kv_heads, layer.head_dim, layer.head_dim_v, window))
-    present = [k for k in kinds if k is not None]
+        kinds.append((index, (kind, layer.num_kv_heads, layer.head_dim, layer.head_dim_v, window)))
+        if layer.with_state:
+            kinds.append((index, (LINEAR, 0, 0, 0, None)))
+    present = [k for _, k in kinds]
     if not present:
         raise ValueError(f"{model.architecture}: no layer keeps a KV cache")
 
-    if block_size is None:
-        block_size = vllm.default_block_size(vllm_version)
+    if block_size is None:  # the attention backend's preferred block on this GPU (Blackwell MLA: 32)
+        block_size = vllm.default_kv_block_size(
+            vllm_version,
+            compute_capability,
+            mla=model.mla is not None,
+            qk_nope_head_dim=model.mla.qk_nope_head_dim if model.mla else 0,
+            sparse=any(layer.indexer_head_dim for layer in model.layers),
+            kv_cache_dtype=kv_cache_dtype,
+            heads_per_gpu=model.num_attention_heads // tp,
+        )
     attention = {key for key in present if key[0] != LINEAR}
     per_token = {key: _page_per_token(key, tp, model_bytes, kv_cache_dtype) for key in attention}
     blocks = dict.fromkeys(attention, block_size)
     state_pages = 1
     state = model.linear_state
     has_state = any(k[0] == LINEAR for k in present)
-    if has_state:
+    if enable_prefix_caching is None:
+        enable_prefix_caching = vllm.prefix_caching_by_default(attention_free=not attention)
+    if has_state and not attention:  # attention-free (Mamba, Mamba2): one unpadded page per state
+        assert state is not None
+        align = vllm.uses_mamba_align_mode(vllm_version, enable_prefix_caching)
+        state_pages = vllm.state_pages_per_request(align, 0)
+        model_per_token = 0.0
+        state_bytes = state.state_bytes(tp, model_bytes)
+    elif has_state:
         assert state is not None and per_token
         align = vllm.uses_mamba_align_mode(vllm_version, enable_prefix_caching)
         checkpoint = 0
@@ -209,9 +228,8 @@ def compute_kv_layout(
         pages.update({k: state_page for k in present if k[0] == LINEAR})
 
     by_type: dict[_LayerKey, list[int]] = {}
-    for idx, key in enumerate(kinds):
-        if key is not None:
-            by_type.setdefault(key, []).append(idx)
+    for idx, key in kinds:
+        by_type.setdefault(key, []).append(idx)
     stage = set(model.layer_range(pipeline_parallel_size, pp_rank))
     # Sparse-attention indexer caches (DeepSeek-V3.2, GLM-5): a uint8 page beside each MLA page.
     indexer = {
@@ -219,15 +237,15 @@ def compute_kv_layout(
         for i, layer in enumerate(model.layers)
         if layer.indexer_head_dim and i in stage
     }
-    bytes_per_token = int(
-        sum(per_token[k] for i, k in enumerate(kinds) if k is not None and k[0] != LINEAR and i in stage)
-    ) + sum(indexer.values())
+    bytes_per_token = int(sum(per_token[k] for i, k in kinds if k[0] != LINEAR and i in stage)) + sum(
+        indexer.values()
+    )
 
     one_kind = len({(k[0], k[4]) for k in by_type}) == 1
     groups: list[KvGroup] = []
     if one_kind:
         # vLLM's uniform-type path: every layer in one group (its block: their pages summed).
-        members = [(i, k) for i, k in enumerate(kinds) if k is not None and i in stage]
+        members = [(i, k) for i, k in kinds if i in stage]
         kind, window = next(iter(by_type))[0], next(iter(by_type))[4]
         # vLLM's UniformTypeKVCacheSpecs: the indexer specs are full attention too, same group.
         group_bytes = sum(pages[k] for _, k in members) + block_size * sum(indexer.values())

@@ -19,7 +19,17 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kvpilot.tuner.model import DTYPE_BYTES, KDA, LINEAR, ModelSpec, compute_bytes_per_weight
+from kvpilot.tuner.model import (
+    DTYPE_BYTES,
+    GDN,
+    KDA,
+    LINEAR,
+    MAMBA1,
+    MAMBA2,
+    LinearStateSpec,
+    ModelSpec,
+    compute_bytes_per_weight,
+)
 
 VOCAB_PADDING = 64
 """vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``."""
@@ -72,6 +82,20 @@ def _compressed_attention_params(model: ModelSpec, tp: int, ratio: int) -> tuple
     return linears, replicated
 
 
+def _mixer_params(state: LinearStateSpec, h: int, tp: int) -> int:
+    """TP-split params of one Mamba / Mamba2 / short-conv mixer (``mamba_mixer.py``, ``mamba_mixer2.py``,
+    ``short_conv.py``), biases and the per-channel A, D, dt terms included."""
+    inter, k = state.conv_dim, state.conv_kernel
+    if state.family == MAMBA1:  # in_proj (x, z), conv1d, x_proj (dt, B, C), dt_proj, A, D, out_proj
+        r, n = state.time_step_rank, state.head_v_dim
+        return inter * (2 * h + k + 1 + (r + 2 * n) + r + 1 + n + 1 + h) // tp
+    if state.family == MAMBA2:  # in_proj (z, x, B, C, dt), conv1d over x B C, dt_bias, A, D, norm, out_proj
+        heads, bc = state.num_heads, 2 * state.n_groups * state.head_v_dim
+        norm = inter if state.mixer_norms else 0
+        return (h * (2 * inter + bc + heads) + (inter + bc) * (k + 1) + 3 * heads + norm + inter * h) // tp
+    return state.conv_dim * (4 * h + k) // tp  # SHORT_CONV: in_proj (B, C, x), conv, out_proj
+
+
 def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> tuple[int, int, int]:
     """(attention-and-dense linears, expert linears, replicated) params of one layer on one rank."""
     h = model.hidden_size
@@ -99,6 +123,10 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
         attn += heads * m.v_head_dim * h
         attn += replicated_a  # fused_qkv_a_proj is a replicated (but quantized) linear
         replicated = m.kv_lora_rank + (m.q_lora_rank or 0)  # the latent norms
+    elif layer is not None and layer.kind == LINEAR and state is not None and state.family != GDN:
+        attn = _mixer_params(state, h, tp)
+        jamba_norms = state.family == MAMBA1 and state.mixer_norms  # dt, B and C norms
+        replicated = state.time_step_rank + 2 * state.head_v_dim if jamba_norms else 0
     elif layer is not None and layer.kind == LINEAR and state is not None:
         s = state
         key_dim = (s.conv_dim - s.num_heads * s.head_v_dim) // 2
@@ -119,6 +147,8 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
         if model.attention_bias:
             attn += q + 2 * kvr
         replicated = 0
+        if layer is not None and layer.with_state and state is not None:  # Falcon-H1: a Mamba2 mixer beside
+            attn += _mixer_params(state, h, tp)
     mlp_mats = 3 if model.mlp_gated else 2
     experts = 0
     moe = model.moe
@@ -139,7 +169,7 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
         replicated += h * moe.num_experts  # router
     else:
         attn += mlp_mats * h * model.intermediate_size // tp
-    replicated += 2 * h  # the two norms
+    replicated += 2 * h if model.intermediate_size else h  # the two norms (a Mamba block: one)
     return attn, experts, replicated
 
 

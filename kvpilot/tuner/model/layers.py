@@ -24,9 +24,13 @@ reads an earlier layer's cache (Gemma 3n/4 ``num_kv_shared_layers``: vLLM gives 
 compressed latent, compressor states and an indexer cache (:mod:`kvpilot.tuner.vllm.compressed_attention`)."""
 
 GDN = "gdn"
+MAMBA1 = "mamba1"
 MAMBA2 = "mamba2"
+SHORT_CONV = "short_conv"
 KDA = "kda"
-"""Linear-attention state families (vLLM's ``MambaStateShapeCalculator``)."""
+"""Linear-attention state families (vLLM's ``MambaStateShapeCalculator``): gated DeltaNet, Mamba
+(``mamba1_state_shape``: Mamba, FalconMamba, Jamba), Mamba2 (Nemotron-H, Mamba2, Falcon-H1,
+Granite-4.0-H), LFM2's short convolution (conv state only) and Kimi Delta Attention."""
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "float8": 1}
 
@@ -51,6 +55,9 @@ class LayerSpec:
     ``COMPRESSED`` layers: the index head size of the model (used when ``compress_ratio`` is 4)."""
     compress_ratio: int = 0
     """``COMPRESSED`` layers: the config's ``compress_ratios`` entry (0: sliding window only; 4; 128)."""
+    with_state: bool = False
+    """An attention layer that also runs a state mixer beside it (Falcon-H1's parallel hybrid: every
+    decoder layer holds ``self_attn.attn`` and a Mamba2 ``mamba.mixer``, each with its own KV spec)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +110,12 @@ class LinearStateSpec:
 
     * ``gdn`` (Qwen3-Next, Qwen3.5): conv ``(2 k_heads k_dim + v_heads v_dim) / tp x (kernel - 1)``,
       recurrent ``v_heads / tp x v_dim x k_dim``;
-    * ``mamba2`` (Nemotron-H): conv ``(intermediate + 2 (groups + extra) state) / tp x (kernel - 1)``
-      (groups extended to the TP size when they do not divide it), recurrent
-      ``heads / tp x head_dim x state``;
+    * ``mamba1`` (Mamba, FalconMamba, Jamba): conv ``intermediate / tp x (kernel - 1)``, recurrent
+      ``intermediate / tp x state`` (``conv_dim`` the intermediate size, ``head_v_dim`` the state size);
+    * ``mamba2`` (Nemotron-H, Mamba2, Falcon-H1, Granite-4.0-H): conv
+      ``(intermediate + 2 (groups + extra) state) / tp x (kernel - 1)`` (groups extended to the TP size
+      when they do not divide it), recurrent ``heads / tp x head_dim x state``;
+    * ``short_conv`` (LFM2): conv ``dim / tp x (L_cache - 1)`` only;
     * ``kda`` (Kimi-Linear): conv ``(heads head_dim + 2 k_heads k_dim) / tp x (kernel - 1)``, recurrent
       ``heads / tp x head_dim x head_dim``.
 
@@ -125,15 +135,33 @@ class LinearStateSpec:
     """Mamba2 only: B/C groups (each adds ``2 x head_k_dim`` conv channels)."""
     bounded_gate: bool = False
     """KDA only: the config bounds the gate (``gate_lower_bound``), one condition of FlashKDA's prefill."""
+    time_step_rank: int = 0
+    """Mamba only: the rank of the time-step projection (``time_step_rank`` / ``mamba_dt_rank``), for the
+    weights."""
+    mixer_norms: bool = False
+    """For the weights. Mamba: the mixer normalises dt, B and C with weighted RMS norms (Jamba); Mamba2: the
+    gated RMS norm before ``out_proj`` (Falcon-H1 only with ``mamba_rms_norm``)."""
+
+    def conv_channels(self, tp: int) -> int:
+        """Conv channels before TP; Mamba2's groups extended to the TP size when they do not divide it."""
+        if self.family != MAMBA2:
+            return self.conv_dim
+        groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
+        return self.conv_dim + 2 * groups * self.head_v_dim
 
     def conv_elements(self, tp: int) -> int:
-        channels = self.conv_dim
-        if self.family == MAMBA2:
-            groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
-            channels += 2 * groups * self.head_v_dim
-        return (channels // tp) * (self.conv_kernel - 1)
+        return (self.conv_channels(tp) // tp) * (self.conv_kernel - 1)
+
+    def shards_over(self, tp: int) -> bool:
+        """Whether vLLM's ``divide`` accepts this state at TP ``tp``: the conv channels and the heads split
+        evenly (``MambaStateShapeCalculator``)."""
+        return self.conv_channels(tp) % tp == 0 and self.num_heads % tp == 0
 
     def ssm_elements(self, tp: int) -> int:
+        if self.family == SHORT_CONV:
+            return 0
+        if self.family == MAMBA1:
+            return (self.conv_dim // tp) * self.head_v_dim
         return max(1, self.num_heads // tp) * self.head_k_dim * self.head_v_dim
 
     def state_elements(self, tp: int) -> int:

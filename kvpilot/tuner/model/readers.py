@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpilot.tuner import errors, vllm
+from kvpilot.tuner.model import mamba
 from kvpilot.tuner.model.fields import (
     MAX_CONTEXT,
     MAX_EXPERTS,
@@ -132,6 +133,8 @@ def _layer_types(text: Fields, model_type: str, num_layers: int, window: int | N
     """Per-layer attention kind names, as the model file decides them."""
     if model_type == "nemotron_h":
         return _nemotron_h_blocks(text, num_layers)
+    if model_type in mamba.MAMBA_FAMILIES:
+        return mamba.layer_kinds(text, model_type, num_layers)
     declared = text.strings("layer_types")
     if model_type == "gemma4_text":
         # transformers' Gemma4TextConfig: 5 sliding : 1 full by default, and the last layer is full.
@@ -252,6 +255,8 @@ def _ssm_dtype(text: Fields, model_type: str) -> str | None:
 
 
 def _linear_state(text: Fields, model_type: str) -> LinearStateSpec:
+    if model_type in mamba.MAMBA_FAMILIES:
+        return mamba.read_state(text, model_type, text.need_int("hidden_size", limit=MAX_HIDDEN_SIZE))
     if model_type == "nemotron_h":
         heads = text.need_int("mamba_num_heads", limit=MAX_HEADS)
         head_dim = text.need_int("mamba_head_dim", limit=MAX_HEAD_DIM)
@@ -259,7 +264,15 @@ def _linear_state(text: Fields, model_type: str) -> LinearStateSpec:
         groups = text.need_int("n_groups", limit=MAX_HEADS)
         kernel = text.need_int("conv_kernel", limit=MAX_SMALL)
         return LinearStateSpec(
-            heads * head_dim, kernel, heads, head_dim, state, MAMBA2, _ssm_dtype(text, model_type), groups
+            heads * head_dim,
+            kernel,
+            heads,
+            head_dim,
+            state,
+            MAMBA2,
+            _ssm_dtype(text, model_type),
+            groups,
+            mixer_norms=True,
         )
     k_heads = text.need_int("linear_num_key_heads", limit=MAX_HEADS)
     v_heads = text.need_int("linear_num_value_heads", limit=MAX_HEADS)
@@ -353,6 +366,11 @@ def read_layers(
     by_name[_NO_KV_NAME] = LayerSpec(NO_KV)
     by_name.update(dict.fromkeys(_FULL_NAMES, LayerSpec(FULL, global_kv, global_hd, global_hd)))
     linear_state = None
+    if model_type == "falcon_h1":  # the parallel hybrid: a Mamba2 mixer beside every attention layer
+        with_state = LayerSpec(FULL, global_kv, global_hd, global_hd, with_state=True)
+        return [with_state if name in _FULL_NAMES else by_name[name] for name in kinds], _linear_state(
+            text, model_type
+        )
     if any(name in _LINEAR_NAMES for name in kinds):
         if all(name in _LINEAR_NAMES for name in kinds):
             raise errors.InvalidModelConfig(
@@ -364,7 +382,7 @@ def read_layers(
     return [by_name[name] for name in kinds], linear_state
 
 
-def _moe_layers(text: Fields, num_layers: int) -> int:
+def _moe_layers(text: Fields, model_type: str, num_layers: int) -> int:
     """How many decoder layers are MoE layers (the others are dense)."""
     first_dense = text.optional_int("first_k_dense_replace", limit=MAX_LAYERS, minimum=0)
     if first_dense is not None:
@@ -372,6 +390,9 @@ def _moe_layers(text: Fields, num_layers: int) -> int:
             expected = f"at most num_hidden_layers ({num_layers})"
             raise refuse(text.path("first_k_dense_replace"), expected, first_dense)
         return num_layers - first_dense
+    jamba = mamba.moe_layers(text, model_type, num_layers)
+    if jamba is not None:
+        return jamba
     nemotron = nemotron_h_moe_layers(text)
     if nemotron is not None:  # Nemotron-H: the MoE blocks
         return nemotron
@@ -392,6 +413,8 @@ def read_moe(text: Fields, model_type: str, num_layers: int, hidden_intermediate
         "num_local_experts", "num_experts", "n_routed_experts", limit=MAX_EXPERTS, minimum=0
     )
     if not num_experts or model_type == "gemma4_text" and not text.flag("enable_moe_block"):
+        return None
+    if model_type == "jamba" and num_experts == 1:  # JambaMoE only where layers_num_experts > 1
         return None
     top_k = text.optional_int(
         "num_experts_per_tok",
@@ -416,6 +439,7 @@ def read_moe(text: Fields, model_type: str, num_layers: int, hidden_intermediate
     shared_size = text.optional_int(
         "shared_expert_intermediate_size",
         "moe_shared_expert_intermediate_size",
+        "shared_intermediate_size",  # Granite-4.0-H's shared_mlp
         limit=MAX_INTERMEDIATE_SIZE,
         minimum=0,
     )
@@ -430,7 +454,7 @@ def read_moe(text: Fields, model_type: str, num_layers: int, hidden_intermediate
     parallel_dense = hidden_intermediate if model_type == "gemma4_text" else 0
     # Kimi-K3's latent MoE: the routed experts work in a narrower hidden size (vLLM ``KimiMoE``).
     latent = text.optional_int("routed_expert_hidden_size", limit=MAX_HIDDEN_SIZE) or 0
-    moe_layers = _moe_layers(text, num_layers)
+    moe_layers = _moe_layers(text, model_type, num_layers)
     return MoeSpec(num_experts, top_k, moe_inter, moe_layers, shared, parallel_dense, latent)
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.tuner import errors, vllm
+from kvpilot.tuner.model import mamba
 from kvpilot.tuner.model.compressed import read_compressed_layers
 from kvpilot.tuner.model.fields import (
     MAX_CONTEXT,
@@ -393,6 +394,39 @@ def _quant(text: Fields) -> QuantSpec | None:
     return build_quant_spec(qc.data, qc.prefix) if qc is not None else None
 
 
+def _attention_free_spec(
+    top: Fields, text: Fields, architecture: str, model_type: str, num_layers: int, hidden: int
+) -> ModelSpec:
+    """Mamba, FalconMamba, Mamba2: every layer a state mixer, no attention, no rotary embedding.
+
+    ``num_attention_heads`` stands for the dimension tensor parallelism splits (vLLM's ``divide`` asserts
+    on it): Mamba2's heads, Mamba's intermediate size; there are no KV heads.
+    """
+    state = mamba.read_state(text, model_type, hidden)
+    rope = _rope(text)
+    max_len, key, base = _max_model_len(text, model_type, rope)
+    tie = text.optional_bool("tie_word_embeddings")
+    return ModelSpec(
+        architecture=architecture,
+        model_type=model_type,
+        num_layers=num_layers,
+        num_attention_heads=state.num_heads or state.conv_dim,
+        num_kv_heads=0,
+        head_dim=0,
+        hidden_size=hidden,
+        intermediate_size=0,  # a Mamba block is its mixer and one norm: no MLP
+        vocab_size=text.need_int("vocab_size", limit=MAX_VOCAB_SIZE),
+        max_model_len=max_len,
+        dtype=_dtype(text, top),
+        tie_word_embeddings=(model_type != "mamba2") if tie is None else tie,  # transformers' defaults
+        layers=(LayerSpec(LINEAR),) * num_layers,
+        linear_state=state,
+        quantization=_quant(text),
+        max_len_key=key,
+        max_len_base=base,
+    )
+
+
 def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     """Read a Hugging Face ``config.json`` (as a mapping) into a :class:`ModelSpec`.
 
@@ -410,10 +444,11 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
             "config.json names neither 'architectures' nor 'model_type'", "architectures"
         )
     vllm.check_architecture_served(architecture)
-    if model_type in ("mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "granitemoehybrid", "falcon_h1"):
+    if model_type == "zamba2":  # shared attention blocks over Mamba2 layers: no reader for them yet
         raise errors.InvalidModelConfig(
-            f"{architecture} (model_type {model_type!r}): Mamba-state layers of this family are not "
-            "modelled yet (modelled: Qwen3-Next and Qwen3.5 gated DeltaNet, Nemotron-H Mamba2)",
+            f"{architecture} (model_type 'zamba2'): Zamba2's shared attention blocks are not modelled "
+            "(modelled Mamba families: Mamba, Mamba2, FalconMamba, Jamba, Falcon-H1, Granite-4.0-H, "
+            "Nemotron-H, LFM2)",
             field="model_type",
         )
 
@@ -423,13 +458,15 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     if num_layers > MAX_LAYERS.maximum:
         raise refuse(text.path("layers_block_type"), f"at most {MAX_LAYERS.maximum} blocks", num_layers)
     hidden = text.need_int("hidden_size", "n_embd", "d_model", limit=MAX_HIDDEN_SIZE)
+    if model_type in mamba.ATTENTION_FREE:
+        return _attention_free_spec(top, text, architecture, model_type, num_layers, hidden)
     heads = text.need_int("num_attention_heads", "n_head", "num_heads", limit=MAX_HEADS)
     vocab = text.need_int("vocab_size", "padded_vocab_size", limit=MAX_VOCAB_SIZE)
     inter_names = ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim")
     inter = text.optional_int(*inter_names, limit=MAX_INTERMEDIATE_SIZE) or _fallback_intermediate(
         text, hidden, inter_names
     )
-    dense_inter = inter
+    dense_inter = mamba.dense_intermediate(text, model_type, inter)
     if model_type == "llama4_text":
         dense_inter = text.optional_int("intermediate_size_mlp", limit=MAX_INTERMEDIATE_SIZE) or inter
     mla = read_mla(text)

@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable
 
 from kvpilot.tuner import errors, memory, vllm
-from kvpilot.tuner.model import LINEAR, ModelSpec, QuantSpec
+from kvpilot.tuner.model import ModelSpec, QuantSpec
 from kvpilot.tuner.plan.profiles import Learned
 from kvpilot.tuner.plan.topology import compute_pipeline_parallel, compute_tensor_parallel, tensor_parallel_ok
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
@@ -166,9 +166,10 @@ def _choose_max_num_seqs(
     length = _context_of(settings, budget, model)
     typical = budget.kv_cache_tokens * kv_ratio / max(1.0, TYPICAL_FILL * length)
     seqs = bounds.clamp_seqs(min(cap, _round_seqs(typical)))
-    if any(layer.kind == LINEAR for layer in model.layers):
-        # vLLM 0.33 refuses more sequences than the hybrid model's cache blocks (each decoding sequence
-        # holds a state block during CUDA-graph capture): vllm.mamba_cache_blocks_error.
+    if model.linear_state is not None:
+        # vLLM 0.33 refuses more sequences than a state model's cache blocks (each decoding sequence
+        # holds a state block during CUDA-graph capture): vllm.mamba_cache_blocks_error. Falcon-H1's
+        # state layers are its attention layers' twins (``with_state``), not LINEAR ones.
         seqs = max(1, min(seqs, budget.num_gpu_blocks))
     return seqs
 

@@ -18,11 +18,13 @@ from kvpilot.tuner.model import ModelSpec
 
 def tensor_parallel_ok(model: ModelSpec, tp: int) -> bool:
     """vLLM's rules: TP divides the attention heads and the padded vocabulary; the KV heads divide TP
-    or TP divides them (not asked of MLA, whose one latent is replicated)."""
+    or TP divides them (not asked of MLA, whose one latent is replicated); a state layer's conv channels
+    and heads split evenly (``divide`` in ``MambaStateShapeCalculator``)."""
     kv = model.num_kv_heads
     padded_vocab = memory.padded_vocab_size(model)
     heads_ok = model.num_attention_heads % tp == 0 and (model.mla is not None or kv % tp == 0 or tp % kv == 0)
-    return heads_ok and padded_vocab % tp == 0
+    state_ok = model.linear_state is None or model.linear_state.shards_over(tp)
+    return heads_ok and state_ok and padded_vocab % tp == 0
 
 
 def compute_tensor_parallel(model: ModelSpec, gpu_count: int) -> int:

@@ -3,10 +3,11 @@
 Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model Runner
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), its KV-cache dtypes
-(:mod:`.kv_dtypes`), the sparse-attention indexer cache (:mod:`.indexer`), DeepSeek-V4's compressed
-sparse attention (:mod:`.compressed_attention`), the multimodal encoder's profile batch (:mod:`.multimodal`),
-the texts it prints when it fails and their parsers (:mod:`.messages`) -- lives in this package. Other
-modules ask it; they never keep a copy.
+(:mod:`.kv_dtypes`), the block size each attention backend asks for on each GPU (:mod:`.block_sizes`),
+the sparse-attention indexer cache (:mod:`.indexer`), DeepSeek-V4's compressed sparse attention
+(:mod:`.compressed_attention`), the multimodal encoder's profile batch (:mod:`.multimodal`), the texts it
+prints when it fails and their parsers (:mod:`.messages`) -- lives in this package. Other modules ask it;
+they never keep a copy.
 A copy is a defect waiting to drift: three did (the closed loop's own batch-default table, the KV-dtype
 list, a hard-coded block size).
 
@@ -34,6 +35,13 @@ from kvpilot.tuner.vllm.args import (
     parse_vllm_args,
     validate_extra_args,
 )
+from kvpilot.tuner.vllm.block_sizes import (
+    CUTLASS_MLA_BLOCK,
+    DEFAULT_BLOCK_SIZE,
+    FLASHINFER_MLA_BLOCK,
+    SPARSE_MLA_BLOCK,
+    default_kv_block_size,
+)
 from kvpilot.tuner.vllm.compressed_attention import (
     COMPRESSED_ATTENTION_BLOCK_SIZE,
     COMPRESSED_ATTENTION_KV_CACHE_DTYPES,
@@ -49,6 +57,7 @@ from kvpilot.tuner.vllm.hybrid import (
     FLASHKDA_CHECKPOINT_ALIGNMENT,
     MLA_HYBRID_BLOCK_ALIGNMENT,
     hybrid_manager_for_chunked_local,
+    prefix_caching_by_default,
     state_pages_per_request,
     uses_flashinfer_gdn,
     uses_flashkda,
@@ -125,10 +134,13 @@ __all__ = [
     "BatchDefaults",
     "COMPRESSED_ATTENTION_BLOCK_SIZE",
     "COMPRESSED_ATTENTION_KV_CACHE_DTYPES",
+    "CUTLASS_MLA_BLOCK",
     "CompressedCache",
+    "DEFAULT_BLOCK_SIZE",
     "FLAGS",
     "FLAG_ALIASES",
     "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT",
+    "FLASHINFER_MLA_BLOCK",
     "FLASHKDA_CHECKPOINT_ALIGNMENT",
     "FP8_DS_MLA_BYTES_PER_TOKEN",
     "FP8_KV_DTYPES",
@@ -150,6 +162,7 @@ __all__ = [
     "PREVIOUSLY_SUPPORTED_ARCHITECTURES",
     "SAMPLER_WARMUP_V2_BYTES_PER_LOGIT",
     "SIZING_OVERRIDE_FLAGS",
+    "SPARSE_MLA_BLOCK",
     "TOTAL_CONSUMED_ACCOUNTING_SINCE",
     "UNSUPPORTED_FLAGS",
     "V2_RUNNER_ENV",
@@ -171,6 +184,7 @@ __all__ = [
     "default_batch_limits",
     "default_block_size",
     "default_gpu_memory_utilization",
+    "default_kv_block_size",
     "describe_change",
     "describe_settings",
     "find_flag_values",
@@ -196,6 +210,7 @@ __all__ = [
     "parse_v2_runner_env",
     "parse_version",
     "parse_vllm_args",
+    "prefix_caching_by_default",
     "read_tag_version",
     "reports_tokens_per_group",
     "reserves_null_block_in_check",

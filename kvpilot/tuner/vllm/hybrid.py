@@ -5,7 +5,9 @@ Part of :mod:`kvpilot.tuner.vllm` (every vLLM fact lives there); :mod:`kvpilot.t
 asks it. Sources, in the pinned 0.33.0 wheel:
 
 * ``model_executor/models/config.py::MambaModelConfig``: with prefix caching on (the default for
-  hybrid generative models) ``mamba_cache_mode`` becomes ``"align"``;
+  hybrid generative models; off by default for attention-free ones) ``mamba_cache_mode`` becomes
+  ``"align"``; Mamba, Mamba2 and short-conv mixers export no prefill checkpoint
+  (``MambaBase.get_prefill_checkpoint_alignment`` is None): 2 pages per request;
 * ``v1/kv_cache_interface.py::MambaSpec.max_memory_usage_bytes``: a state group holds
   ``2 + spec + checkpoint`` pages per request in align mode, ``1 + spec`` otherwise;
 * ``model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py::_resolve_gdn_prefill_backend``:
@@ -46,6 +48,14 @@ MLA_HYBRID_BLOCK_ALIGNMENT = 128
 
 _FLASHINFER_GDN_HEAD_K_DIM = 128
 """Blackwell's FlashInfer GDN prefill needs ``linear_key_head_dim == 128``."""
+
+
+def prefix_caching_by_default(attention_free: bool) -> bool:
+    """vLLM's default ``--enable-prefix-caching`` for a generative model: on, except for attention-free
+    models (Mamba, Mamba2, FalconMamba), where "the feature is still experimental"
+    (``config/model.py::ModelConfig.is_prefix_caching_supported``,
+    ``engine/arg_utils.py::_set_default_chunked_prefill_and_prefix_caching_args``)."""
+    return not attention_free
 
 
 def uses_mamba_align_mode(version: Version, enable_prefix_caching: bool = True) -> bool:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from kvpilot.tuner.types import GIB, GpuSpec
+from kvpilot.tuner.vllm.block_sizes import DEFAULT_BLOCK_SIZE
 
 PINNED_VLLM_VERSION = "0.33.0"
 """The vLLM release kvpilot renders arguments for and models by default (``pyproject.toml``'s ``vllm``
@@ -148,8 +149,9 @@ def resolve_batch_limits(
 
 
 def default_block_size(version: Version) -> int:
-    """Tokens per KV block on CUDA (``DEFAULT_BLOCK_SIZE``)."""
-    return 16
+    """Tokens per KV block on CUDA (``DEFAULT_BLOCK_SIZE``) before the attention backend asks for its own
+    (:func:`kvpilot.tuner.vllm.block_sizes.default_kv_block_size`)."""
+    return DEFAULT_BLOCK_SIZE
 
 
 def subtracts_cuda_graphs(version: Version) -> bool:
