@@ -227,14 +227,14 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
 
 def _keeps_sequences(s: Situation, candidate: EngineSettings) -> bool:
     """The KV cache of ``candidate`` still holds ``max_num_seqs`` sequences of the observed length at
-    ``target_kv_usage``. Without observed lengths (an OOM before anything was served), it may lose at
-    most the margin that sizing leaves, ``1 - target_kv_usage`` of today's capacity. Unknown capacity: no."""
+    ``target_kv_usage``. Without observed lengths (an OOM before anything was served), it keeps at least
+    ``oom_trade_kv_floor`` of today's capacity. Unknown capacity: no."""
     tokens = predict_kv_tokens(s, s.effective_of(candidate))
     if tokens is None or s.capacity_tokens is None:
         return False
     length = s.window.compute_occupied_tokens(s.policy.output_occupancy)
     if length is None:
-        return tokens >= s.policy.target_kv_usage * s.capacity_tokens
+        return tokens >= s.policy.oom_trade_kv_floor * s.capacity_tokens
     return tokens * s.policy.target_kv_usage >= (s.effective.max_num_seqs or 1) * length
 
 

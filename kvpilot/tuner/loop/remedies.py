@@ -13,7 +13,7 @@ KV cache in :mod:`kvpilot.tuner.loop.kv_bound`, the latency and GPU-memory rules
 
 - ``KvPressure``: fp8 KV if allowed, else fewer sequences (sized to capacity when lengths are known).
 - ``IdleCapacity``: a queue at the sequence limit with room in the KV cache (usage <= 0.50, or the
-  window's lengths and usage say more fit at 0.80): more sequences (+25 %, up to x2 with a deep
+  window's lengths and usage say more fit at 0.88): more sequences (+25 %, up to x2 with a deep
   queue), within that room, under the anti-flap ceiling (lifted when the window shows room for it)
   and bisecting towards any count that failed.
 """
