@@ -155,8 +155,8 @@ def _situation(win: ObservationWindow, current: EngineSettings = CURRENT) -> rem
 
 
 def at_the_limit(**kw: float) -> ObservationWindow:
-    """30 requests wait while all 64 sequences run with the KV cache at its 0.80 target: no room left."""
-    return window(kv=0.80, running=64, waiting=30, prompt=200, output=100, capacity=30000, **kw)
+    """30 requests wait while all 64 sequences run with the KV cache at its 0.88 target: no room left."""
+    return window(kv=0.88, running=64, waiting=30, prompt=200, output=100, capacity=30000, **kw)
 
 
 def test_a_queue_at_the_limit_with_the_room_spent_grows_the_cache_and_the_limit_together() -> None:
@@ -168,9 +168,9 @@ def test_a_queue_at_the_limit_with_the_room_spent_grows_the_cache_and_the_limit_
     d = decide(with_gpu(at_the_limit(), free_gib=8.0))
     assert d.action == Action.RETUNE and d.trigger == remedies.IDLE_CAPACITY
     assert d.settings.gpu_memory_utilization == 0.95 and d.settings.max_num_batched_tokens == 4096
-    # 64 sequences fill 0.80 of 30k tokens; 0.05 more of 79 GiB and half the chunk add ~13k+ tokens
+    # 64 sequences fill 0.88 of 30k tokens; 0.05 more of 79 GiB and half the chunk add ~13k+ tokens
     assert 84 <= d.settings.max_num_seqs <= 100
-    assert "no room for more at 0.80" in d.reason
+    assert "no room for more at 0.88" in d.reason
 
 
 def test_without_room_or_growth_the_band_holds() -> None:

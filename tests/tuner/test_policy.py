@@ -638,7 +638,7 @@ def test_preemption_storm_cuts_sequences_towards_capacity() -> None:
 
 def test_preemption_storm_cut_starts_from_what_actually_runs() -> None:
     d = decide(win=window(kv=0.97, preempt=0.5, running=120, prompt=3000, output=1000))
-    assert d.settings.max_num_seqs == 101  # 446128 * 0.8 / (3000 + 1000 / 2), at most -25 % of 120
+    assert d.settings.max_num_seqs == 112  # 446128 * 0.88 / (3000 + 1000 / 2), at most -25 % of 120
 
 
 def test_preemption_storm_without_lengths_takes_one_step() -> None:
@@ -676,34 +676,34 @@ def test_pressure_at_the_lower_bound_holds() -> None:
 
 def test_queue_at_the_limit_inside_the_band_raises_to_the_room() -> None:
     """Weakness 2: KV 0.60 with a queue at the limit was never acted on. 256 running at 0.60 leaves room
-    for 341 at 0.80 (and the lengths for 892): +25 %."""
+    for 375 at 0.88 (and the lengths for 981): +25 %."""
     d = decide(win=window(kv=0.6, waiting=12, running=256, prompt=300, output=200))
     assert (d.action, d.trigger, d.settings) == (
         Action.RETUNE,
         Trigger.IDLE_CAPACITY,
         CURRENT.replace(max_num_seqs=320),
     )
-    assert "room for 341 sequences" in d.reason
+    assert "room for 375 sequences" in d.reason
 
 
 def test_queue_inside_the_band_is_capped_by_the_room() -> None:
     d = decide(win=window(kv=0.7, waiting=300, running=256, prompt=300, output=200))
-    assert d.settings.max_num_seqs == 292  # 0.8 x 256 / 0.7; the deep queue alone would double
+    assert d.settings.max_num_seqs == 321  # 0.88 x 256 / 0.7; the deep queue alone would double
 
 
 def test_queue_inside_the_band_without_room_holds() -> None:
-    d = decide(win=window(kv=0.78, waiting=12, running=256, prompt=300, output=200))
-    assert (d.action, d.trigger) == (Action.HOLD, Trigger.STEADY)  # room for 262: under +5 %
+    d = decide(win=window(kv=0.85, waiting=12, running=256, prompt=300, output=200))
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.STEADY)  # room for 265: under +5 %
 
 
 def test_sizing_counts_what_a_sequence_holds_on_average() -> None:
     """Weakness 6 of the findings (5 of the brief): a sequence holds its prompt and, on average over its
-    life, half its output: 446128 x 0.8 / (1000 + 300 / 2) = 310, not / 1300 = 274."""
+    life, half its output: 446128 x 0.88 / (1000 + 300 / 2) = 341, not / 1300 = 301."""
     s = _situation_of(window(kv=0.3, running=256, prompt=1000, output=300))
-    assert remedies.compute_room_seqs(s) == 310
+    assert remedies.compute_room_seqs(s) == 341
     policy = dataclasses.replace(POLICY, output_occupancy=1.0)
     s = _situation_of(window(kv=0.3, running=256, prompt=1000, output=300), policy)
-    assert remedies.compute_room_seqs(s) == 274
+    assert remedies.compute_room_seqs(s) == 301
 
 
 def _situation_of(win: ObservationWindow, policy: PolicyConfig = POLICY) -> Situation:
@@ -730,8 +730,8 @@ def test_idle_raise_grows_with_the_queue(waiting: float, seqs: int) -> None:
 
 
 def test_idle_raise_is_capped_by_kv_capacity() -> None:
-    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=1000, output=300))
-    assert d.settings.max_num_seqs == 310  # 446128 * 0.8 / (1000 + 300 / 2)
+    d = decide(win=window(kv=0.3, waiting=12, running=256, prompt=1200, output=300))
+    assert d.settings.max_num_seqs == 290  # 446128 * 0.88 / (1200 + 300 / 2), under the +25 % step
 
 
 def test_idle_raise_is_capped_by_the_bound() -> None:
@@ -762,11 +762,11 @@ def test_a_cut_is_lifted_once_the_lower_setting_shows_room() -> None:
 
 
 def test_a_cut_holds_while_the_lower_setting_shows_no_room_for_it() -> None:
-    """Hysteresis: after a cut 300 -> 256, KV 0.72 at 256 extrapolates to 0.84 at 300 (> 0.80): the raise
-    stops below the ceiling, at what fits at 0.80."""
+    """Hysteresis: after a cut 300 -> 256, KV 0.80 at 256 extrapolates to 0.94 at 300 (> 0.88): the raise
+    stops below the ceiling, at what fits at 0.88."""
     cut = entry(ago=1800, before=CURRENT.replace(max_num_seqs=300), after=CURRENT)
-    d = decide(win=window(kv=0.72, waiting=12, running=256, prompt=300, output=200), history=(cut,))
-    assert (d.action, d.settings.max_num_seqs) == (Action.RETUNE, 284)  # 0.8 * 256 / 0.72
+    d = decide(win=window(kv=0.80, waiting=12, running=256, prompt=300, output=200), history=(cut,))
+    assert (d.action, d.settings.max_num_seqs) == (Action.RETUNE, 281)  # 0.88 * 256 / 0.80
     assert "lifted" not in d.reason
 
 
@@ -808,7 +808,7 @@ def test_idle_raise_trades_utilisation_for_sequences_that_failed() -> None:
     traded = CURRENT.replace(max_num_seqs=310, gpu_memory_utilization=0.9)
     failed = (CURRENT.replace(max_num_seqs=300), traded)
     assert decide(win=idle, failed=failed).settings == CURRENT.replace(max_num_seqs=278)
-    long = window(kv=0.3, waiting=12, running=256, prompt=1000, output=300)  # 0.90 holds 301 < 320 at 0.80
+    long = window(kv=0.3, waiting=12, running=256, prompt=1200, output=300)  # 0.90 holds 282 < 290 at 0.88
     assert decide(win=long, failed=(CURRENT.replace(max_num_seqs=300),)).settings.max_num_seqs == 278
 
 

@@ -6,16 +6,35 @@ VPA's recommender and updater for vLLM engine arguments, pure and deterministic:
 * :mod:`.restarts` -- why a container stopped (vLLM's and PyTorch's texts, parsed);
 * :mod:`.history` -- the bounded record of decisions, and the queries the gates ask of it;
 * :mod:`.config` -- the policy's knobs, the user's bounds, the service's tuning context;
-* :mod:`.remedies` -- one small rule per trigger, proposing candidate settings;
+* :mod:`.decision` -- what the policy is given (:class:`LoopState`, :class:`Evidence`) and answers
+  (:class:`Decision`);
+* :mod:`.remedies` -- the metrics rules and what every rule shares (:class:`~.remedies.Situation`,
+  :class:`~.remedies.Proposal`, capacity predictions, single moves);
+* :mod:`.crash_remedies` -- one small rule per crash that engine arguments can cure;
+* :mod:`.kv_bound` -- a queue held back by a full KV cache: a larger one;
 * :mod:`.slo` -- the latency objectives' and GPU memory telemetry's rules;
-* :mod:`.policy` -- :func:`compute_decision`, the chain of steps and the filters every candidate
-  passes.
+* :mod:`.trade` -- is a metrics-driven change worth its restart;
+* :mod:`.scaling` -- replica changes and the scale-out recommendation;
+* :mod:`.candidates` -- the filters every candidate passes;
+* :mod:`.rollout` -- a retune on its way: probation, success, rollback;
+* :mod:`.policy` -- :func:`compute_decision`, the chain of steps and the gates.
 
 The top layer of the tuner beside :mod:`kvpilot.tuner.plan`; the two never import each other.
 Time and observations are arguments: nothing here reads a clock, the cluster or Prometheus.
 """
 
 from kvpilot.tuner.loop.config import LatencySlo, PolicyConfig, TuningBounds, TuningContext
+from kvpilot.tuner.loop.decision import (
+    Action,
+    Decision,
+    Evidence,
+    LoopState,
+    MetricsStatus,
+    RolloutState,
+    Trigger,
+    compute_cooldown,
+    compute_metrics_status,
+)
 from kvpilot.tuner.loop.history import (
     HISTORY_LIMIT,
     HistoryAction,
@@ -32,18 +51,7 @@ from kvpilot.tuner.loop.observations import (
     RestartEvent,
     RestartKind,
 )
-from kvpilot.tuner.loop.policy import (
-    Action,
-    Decision,
-    Evidence,
-    LoopState,
-    MetricsStatus,
-    RolloutState,
-    Trigger,
-    compute_cooldown,
-    compute_decision,
-    compute_metrics_status,
-)
+from kvpilot.tuner.loop.policy import compute_decision
 from kvpilot.tuner.loop.remedies import compute_effective
 from kvpilot.tuner.loop.restarts import classify_termination
 

@@ -38,23 +38,28 @@ Prometheus. The same inputs always give the same decision.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
+from kvpilot.tuner.loop import candidates, crash_remedies, kv_bound, remedies, scaling, slo, trade
 from kvpilot.tuner.loop import history as history_mod
-from kvpilot.tuner.loop import kv_bound, remedies, scaling, slo, trade
 from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop import rollout as rollout_mod
 from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds, TuningContext
-from kvpilot.tuner.loop.history import HistoryEntry
-from kvpilot.tuner.loop.observations import (
-    CRASH_KINDS_FIXABLE_BY_ARGS,
-    ObservationWindow,
-    RestartEvent,
-    RestartKind,
+from kvpilot.tuner.loop.decision import (
+    Action,
+    Decision,
+    Evidence,
+    LoopState,
+    MetricsStatus,
+    RolloutState,
+    Trigger,
+    compute_cooldown,
+    compute_metrics_status,
 )
+from kvpilot.tuner.loop.observations import ObservationWindow, RestartEvent, RestartKind
 from kvpilot.tuner.loop.remedies import Proposal, Situation
-from kvpilot.tuner.types import EngineSettings, MemoryBudget
+from kvpilot.tuner.types import EngineSettings
 
 __all__ = [
     "Action",
@@ -71,162 +76,6 @@ __all__ = [
     "compute_decision",
     "compute_metrics_status",
 ]
-
-
-class Action(enum.StrEnum):
-    HOLD = "hold"
-    RETUNE = "retune"
-    ROLLBACK = "rollback"
-    INFEASIBLE = "infeasible"
-
-
-class Trigger(enum.StrEnum):
-    """``Decision.trigger`` values that are not a :class:`RestartKind` (those are triggers too)."""
-
-    ROLLOUT_IN_PROGRESS = "RolloutInProgress"
-    ROLLOUT_PROBATION = "RolloutProbation"
-    ROLLOUT_SUCCEEDED = "RolloutSucceeded"
-    ROLLOUT_FAILED = "RolloutFailed"
-    ROLLOUT_PENDING = "RolloutPending"
-    """The new settings' pods have not started (no node with a free GPU, weights still downloading): a
-    deadline passing then is not their failure, and they are never marked failed for it."""
-    METRICS_UNAVAILABLE = "MetricsUnavailable"
-    INSUFFICIENT_DATA = "InsufficientData"
-    KV_PRESSURE = remedies.KV_PRESSURE
-    IDLE_CAPACITY = remedies.IDLE_CAPACITY
-    KV_BOUND = kv_bound.KV_BOUND
-    STEADY = "Steady"
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutState:
-    """``status.rollout``: a retune on its way to the pods."""
-
-    settings: EngineSettings
-    started_at: float
-    deadline: float
-    """Not Ready by then = failed (does not apply while on probation)."""
-    probation_until: float | None = None
-    """Set once every replica was Ready (``status.rollout.probationUntil``): the settings are on
-    probation until then, and a crash of them until then is a failed rollout."""
-
-    @property
-    def on_probation(self) -> bool:
-        return self.probation_until is not None
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsStatus:
-    """For the ``MetricsAvailable`` condition."""
-
-    available: bool
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What to do now. ``settings`` = what should run next (the current ones on hold)."""
-
-    action: Action
-    settings: EngineSettings
-    trigger: str
-    reason: str
-    failed: EngineSettings | None = None
-    """Settings to add to ``status.failedSettings`` (never to be used again)."""
-    good: EngineSettings | None = None
-    """Settings proven healthy: the new ``status.lastGoodSettings``."""
-    probation_until: float | None = None
-    """With trigger ``RolloutProbation``: the rollout's settings are on probation until then."""
-    effective: EngineSettings | None = None
-    """The current settings as vLLM runs them (what the decision stepped from)."""
-    metrics: MetricsStatus | None = None
-    """The metrics window's status at decision time (the ``MetricsAvailable`` condition)."""
-    observed_kv_tokens: int | None = None
-    """vLLM's KV capacity report, when the window's report is for the current settings."""
-    recommended: EngineSettings | None = None
-    """A hold of the rollout gates: the settings it would have rolled out (``status.recommendation``)."""
-    scale_out: int | None = None
-    """Tuning is at its floor under sustained pressure: the replicas to recommend
-    (:func:`kvpilot.tuner.loop.scaling.compute_scale_out`; ``status.recommendation.replicas``)."""
-
-    @property
-    def changes(self) -> bool:
-        return self.action in (Action.RETUNE, Action.ROLLBACK)
-
-
-def compute_metrics_status(window: ObservationWindow, policy: PolicyConfig, now: float) -> MetricsStatus:
-    """Whether the window is usable at ``now``: present, with KV usage, and fresh."""
-    if window.unavailable_reason is not None:
-        reason = window.unavailable_code or "MetricsUnavailable"
-        return MetricsStatus(False, reason, window.unavailable_reason)
-    last = window.last_sample_time
-    if last is None:
-        return MetricsStatus(False, "MetricsUnavailable", "no KV-cache usage series for the service's pods")
-    age = now - last
-    if age > policy.staleness_seconds:
-        return MetricsStatus(
-            False, "MetricsStale", f"newest sample is {age:.0f}s old (limit {policy.staleness_seconds:.0f}s)"
-        )
-    return MetricsStatus(True, "MetricsFresh", f"{len(window.samples)} samples from {window.pods} pod(s)")
-
-
-@dataclass(frozen=True, slots=True)
-class LoopState:
-    """What the service's status remembers between ticks (the operator converts it to and from
-    ``status.applied``, ``history``, ``failedSettings``, ``rollout``, ``lastGoodSettings`` and
-    ``calibration``)."""
-
-    current: EngineSettings
-    """Settings on the Deployment now, as written (``None`` = vLLM's default)."""
-    history: tuple[HistoryEntry, ...] = ()
-    failed: tuple[EngineSettings, ...] = ()
-    """Settings that crashed or failed to roll out: never proposed again."""
-    rollout: RolloutState | None = None
-    """The rollout of ``current`` in progress, if any."""
-    last_good: EngineSettings | None = None
-    observed_kv_tokens: int | None = None
-    """vLLM's capacity report for ``current``, kept from an earlier window."""
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    """What this tick observed of the current settings."""
-
-    budget: MemoryBudget
-    """The memory model's budget of the current settings on this GPU."""
-    window: ObservationWindow
-    restarts: tuple[RestartEvent, ...] = ()
-    """Terminations of containers that ran the current settings (the operator filters by the pod's args)."""
-    ready: bool = False
-    """Every desired replica runs the current settings and is Ready."""
-    not_started: bool = False
-    """Pods of the current settings exist but have not started vLLM: no node could take them
-    (Unschedulable: a full GPU pool) or their weights still download. Pending is not failure."""
-    restart_seconds: float | None = None
-    """Measured start-to-Ready seconds of a vLLM pod of this service (e.g. the last rollout's: its
-    pods' start to Ready), when the operator has it; ``None`` = ``PolicyConfig.restart_seconds``.
-    The cooldown grows with it (:func:`compute_cooldown`), and it is the restart a change costs
-    (:mod:`kvpilot.tuner.loop.trade`)."""
-    rollout_lost_fraction: float = 0.0
-    """The share of the service's serving capacity a rollout loses while a pod restarts, under the strategy
-    it would use: 0 surge (or pods serving nothing anyway), ``k/N`` replacing ``k`` of ``N`` replicas at a
-    time, 1 recreating."""
-    rollout_blocked: str | None = None
-    """Why no change can roll out now (no spare GPU for a surge pod, no downtime allowed), if so."""
-    replicas: int = 1
-    """``spec.replicas``: what a scale-out recommendation starts from."""
-    replicas_changing: str | None = None
-    """Why the replica count is changing (:func:`kvpilot.tuner.loop.scaling.compute_replica_change`), if it
-    is: no metrics-driven retune starts then."""
-
-
-def compute_cooldown(policy: PolicyConfig, restart_seconds: float | None = None) -> float:
-    """Seconds a metrics-driven change waits after the last retune: ``cooldown_seconds``, and at least
-    a restart of vLLM plus ``cooldown_restart_windows`` metrics windows of the new settings, so the
-    window the next change is judged on holds only samples of the settings it judges."""
-    restart = policy.restart_seconds if restart_seconds is None else max(0.0, restart_seconds)
-    return max(policy.cooldown_seconds, restart + policy.cooldown_restart_windows * policy.window_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,100 +169,13 @@ def _finish(inp: _Inputs, decision: Decision) -> Decision:
     )
 
 
-# --- 1. rollout --------------------------------------------------------------------------------
-
+# --- 1. rollout: :mod:`kvpilot.tuner.loop.rollout` ---------------------------------------------
 
 def _rollout_step(inp: _Inputs) -> Decision | None:
-    rollout, s = inp.rollout, inp.situation
-    if rollout is None:
-        return None
-    crashes = inp.restarts  # since the rollout started: before Ready and on probation alike
-    until = rollout.probation_until
-    probation_over = until is not None and s.now >= until
-    # the deadline bounds the wait for Ready; on probation only its end is judged (a pod may
-    # briefly be unready then without a crash, e.g. rescheduled)
-    timed_out = not inp.ready and s.now >= rollout.deadline and (until is None or probation_over)
-    if not crashes and not timed_out:
-        return _rollout_wait(inp, rollout)
-    if not crashes and inp.not_started:
-        return Decision(
-            Action.HOLD,
-            s.current,
-            Trigger.ROLLOUT_PENDING,
-            "the new settings' pods have not started (no node with a free GPU for them, or their weights "
-            "still download); they are not marked failed, and the rollout waits for capacity",
-        )
-    if crashes:
-        why = _crash_words(crashes) + (" on probation" if until is not None else "")
-    elif until is None:
-        why = f"not Ready within {rollout.deadline - rollout.started_at:.0f}s"
-    else:
-        why = "not Ready at the end of probation"
-    target = inp.last_good
-    if target is not None and target != s.current and not _known_bad(target, inp.failed, s):
-        return Decision(
-            Action.ROLLBACK,
-            target,
-            Trigger.ROLLOUT_FAILED,
-            f"new settings failed ({why}); rolling back: {vllm.describe_change(s.current, target)}",
-            failed=s.current,
-        )
-    if crashes and any(c.cause.kind in CRASH_KINDS_FIXABLE_BY_ARGS for c in crashes):
-        return None  # nothing safe to go back to: let the crash step cure the new settings
-    return Decision(
-        Action.HOLD,
-        s.current,
-        Trigger.ROLLOUT_FAILED,
-        f"new settings failed ({why}) and there are no known-good settings to return to",
-        failed=s.current,
-    )
-
-
-def _rollout_wait(inp: _Inputs, rollout: RolloutState) -> Decision:
-    """No crash of the new settings and no deadline passed: start or go on with probation, or succeed."""
-    s, until = inp.situation, rollout.probation_until
-    settings = vllm.describe_settings(s.current)
-    if until is None and inp.ready and s.policy.probation_seconds > 0:
-        return Decision(
-            Action.HOLD,
-            s.current,
-            Trigger.ROLLOUT_PROBATION,
-            f"every replica runs the new settings and is Ready: {settings}; on probation for "
-            f"{s.policy.probation_seconds:.0f}s (a crash of them until then rolls back)",
-            probation_until=s.now + s.policy.probation_seconds,
-        )
-    if inp.ready and (until is None or s.now >= until):
-        ran = f" and ran {s.policy.probation_seconds:.0f}s without a crash" if until is not None else ""
-        return Decision(
-            Action.HOLD,
-            s.current,
-            Trigger.ROLLOUT_SUCCEEDED,
-            f"every replica runs the new settings, is Ready{ran}: {settings}",
-            good=s.current,
-        )
-    if until is not None:
-        left = (
-            f"{until - s.now:.0f}s left" if s.now < until else "over; waiting for every replica to be Ready"
-        )
-        return Decision(
-            Action.HOLD,
-            s.current,
-            Trigger.ROLLOUT_PROBATION,
-            f"new settings on probation ({left}): {settings}",
-            probation_until=until,
-        )
-    left_s = rollout.deadline - s.now
-    return Decision(
-        Action.HOLD,
-        s.current,
-        Trigger.ROLLOUT_IN_PROGRESS,
-        f"waiting for the rollout ({left_s:.0f}s to deadline)",
-    )
-
-
-def _crash_words(crashes: tuple[RestartEvent, ...]) -> str:
-    latest = max(crashes, key=lambda c: (c.time, c.pod))
-    return f"{latest.cause.kind} on {latest.pod or 'a pod'}: {latest.cause.detail}"
+    return rollout_mod.compute_rollout_step(
+        inp.situation, inp.rollout, inp.restarts, ready=inp.ready, not_started=inp.not_started,
+        last_good=inp.last_good,
+    )  # fmt: skip
 
 
 # --- 2. crash ------------------------------------------------------------------------------------
@@ -436,8 +198,8 @@ def _crash_step(inp: _Inputs) -> Decision | None:
     event = _worst_restart(inp.restarts)
     kind = event.cause.kind
     if kind == RestartKind.KV_CACHE_TOO_SMALL:
-        s = remedies.calibrate_to_startup_error(s, event)
-    proposal = remedies.propose_for_restart(s, event)
+        s = crash_remedies.calibrate_to_startup_error(s, event)
+    proposal = crash_remedies.propose_for_restart(s, event)
     if proposal is None:
         advice = (
             "host memory, not GPU memory: raise the container's memory limit"
@@ -492,7 +254,7 @@ def _kv_bound_step(inp: _Inputs) -> Decision | None:
     """A queue held back by a full KV cache: a larger one. Falls through to the later rules when no larger
     cache survives the filters (bounds, failed settings), since those rules may still help."""
     proposal = kv_bound.propose_for_kv_bound(inp.situation)
-    if proposal is None or _pick(inp, proposal) is None:
+    if proposal is None or candidates.pick(inp.situation, proposal) is None:
         return None
     return _choose(inp, proposal)
 
@@ -506,10 +268,10 @@ def _idle_step(inp: _Inputs) -> Decision | None:
     if not slo.allows_raise(inp.situation):
         return None  # raises stop at the latency objective
     proposal = remedies.propose_for_idle(inp.situation)
-    if proposal is None or _pick(inp, proposal) is None:
+    if proposal is None or candidates.pick(inp.situation, proposal) is None:
         # the room at the target usage is spent: a larger cache makes more (falls through when none)
         grown = kv_bound.propose_growth_for_idle(inp.situation)
-        if grown is not None and _pick(inp, grown) is not None:
+        if grown is not None and candidates.pick(inp.situation, grown) is not None:
             return _choose(inp, grown)
     return _choose(inp, proposal) if proposal is not None else None
 
@@ -526,28 +288,13 @@ def _steady(inp: _Inputs) -> Decision:
     )
 
 
-# --- candidate filters and gates ---------------------------------------------------------------------
-
-
-def _pick(inp: _Inputs, proposal: Proposal) -> EngineSettings | None:
-    """The first candidate within the bounds that changes something, never failed and would start."""
-    s = inp.situation
-    for candidate in proposal.candidates:
-        settings = s.bounds.clamp(_normalize(s.bounds.clamp(candidate), s))
-        if _effective(settings, s) == s.effective:
-            continue
-        if _known_bad(settings, inp.failed, s):
-            continue
-        if not _would_start(settings, s):
-            continue
-        return settings
-    return None
+# --- choosing and the gates ---------------------------------------------------------------------------
 
 
 def _choose(inp: _Inputs, proposal: Proposal) -> Decision:
     s = inp.situation
     failed = s.current if proposal.crash else None
-    settings = _pick(inp, proposal)
+    settings = candidates.pick(inp.situation, proposal)
     if settings is not None:
         return _gate(inp, proposal, settings, failed)
     action = Action.INFEASIBLE if proposal.infeasible_when_exhausted else Action.HOLD
@@ -563,39 +310,6 @@ def _choose(inp: _Inputs, proposal: Proposal) -> Decision:
 _SCALE_OUT_TRIGGERS = frozenset({remedies.KV_PRESSURE, slo.LATENCY_SLO})
 """Pressure that more replicas relieve once the engine has nothing left to give (not a crash, not a GPU
 another process fills)."""
-
-
-def _normalize(settings: EngineSettings, s: Situation) -> EngineSettings:
-    """Round, keep vLLM's cross-field rules, and leave unset what the candidate did not change."""
-    gmu = settings.gpu_memory_utilization
-    if gmu is not None:
-        settings = settings.replace(gpu_memory_utilization=round(gmu, 2))
-    seqs, batched = settings.max_num_seqs, settings.max_num_batched_tokens
-    if seqs is not None and batched is not None and batched < seqs:
-        settings = settings.replace(max_num_batched_tokens=seqs)  # vLLM: batched tokens >= max_num_seqs
-    unset = {
-        f.name: None
-        for f in dataclasses.fields(EngineSettings)
-        if getattr(s.current, f.name) is None and getattr(settings, f.name) == getattr(s.effective, f.name)
-    }
-    return settings.replace(**unset)
-
-
-def _effective(settings: EngineSettings, s: Situation) -> EngineSettings:
-    return s.effective_of(settings)
-
-
-def _known_bad(settings: EngineSettings, failed: tuple[EngineSettings, ...], s: Situation) -> bool:
-    mine = _effective(settings, s)
-    return any(_effective(f, s) == mine for f in failed)
-
-
-def _would_start(settings: EngineSettings, s: Situation) -> bool:
-    length = settings.max_model_len or s.effective.max_model_len
-    if length is None:
-        return True
-    tokens = remedies.predict_kv_tokens(s, _effective(settings, s))
-    return tokens is None or tokens >= length
 
 
 def _gate(
@@ -623,7 +337,7 @@ def _gate(
     if blocked is None and inp.blocked is not None:
         blocked, recommended = inp.blocked, settings
     if blocked is None and not (proposal.crash or proposal.urgent):
-        proposed = _effective(settings, s)
+        proposed = s.effective_of(settings)
         before, after = remedies.predict_kv_tokens(s, s.effective), remedies.predict_kv_tokens(s, proposed)
         held_since = history_mod.compute_held_since(s.history, proposal.trigger)
         persisted = 0.0 if held_since is None else min(p.trade_persistence_max_seconds, s.now - held_since)

@@ -1,0 +1,119 @@
+"""Step 1 of the loop's chain: a retune on its way to the pods.
+
+Ready = probation starts; Ready and crash-free for ``probation_seconds`` = it succeeded (the settings
+are *good*: ``status.lastGoodSettings``); a crash of the new pods (before Ready or on probation) or the
+deadline passed without Ready = roll back to the last good settings and mark the new ones failed;
+pods that never started (no node with a free GPU, weights still downloading) wait and are never marked
+failed; otherwise wait.
+"""
+
+from __future__ import annotations
+
+from kvpilot.tuner import vllm
+from kvpilot.tuner.loop import candidates
+from kvpilot.tuner.loop.decision import Action, Decision, RolloutState, Trigger
+from kvpilot.tuner.loop.observations import CRASH_KINDS_FIXABLE_BY_ARGS, RestartEvent
+from kvpilot.tuner.loop.remedies import Situation
+from kvpilot.tuner.types import EngineSettings
+
+
+def compute_rollout_step(
+    s: Situation,
+    rollout: RolloutState | None,
+    crashes: tuple[RestartEvent, ...],
+    *,
+    ready: bool,
+    not_started: bool,
+    last_good: EngineSettings | None,
+) -> Decision | None:
+    """Step 1 of the chain: ``None`` when no rollout is in progress, or when its new settings crashed with
+    nothing safe to go back to (the crash step cures them). ``crashes`` are the crashes since the rollout
+    started: before Ready and on probation alike."""
+    if rollout is None:
+        return None
+    until = rollout.probation_until
+    probation_over = until is not None and s.now >= until
+    # the deadline bounds the wait for Ready; on probation only its end is judged (a pod may
+    # briefly be unready then without a crash, e.g. rescheduled)
+    timed_out = not ready and s.now >= rollout.deadline and (until is None or probation_over)
+    if not crashes and not timed_out:
+        return _rollout_wait(s, rollout, ready)
+    if not crashes and not_started:
+        return Decision(
+            Action.HOLD,
+            s.current,
+            Trigger.ROLLOUT_PENDING,
+            "the new settings' pods have not started (no node with a free GPU for them, or their weights "
+            "still download); they are not marked failed, and the rollout waits for capacity",
+        )
+    if crashes:
+        why = describe_crashes(crashes) + (" on probation" if until is not None else "")
+    elif until is None:
+        why = f"not Ready within {rollout.deadline - rollout.started_at:.0f}s"
+    else:
+        why = "not Ready at the end of probation"
+    target = last_good
+    if target is not None and target != s.current and not candidates.known_bad(target, s):
+        return Decision(
+            Action.ROLLBACK,
+            target,
+            Trigger.ROLLOUT_FAILED,
+            f"new settings failed ({why}); rolling back: {vllm.describe_change(s.current, target)}",
+            failed=s.current,
+        )
+    if crashes and any(c.cause.kind in CRASH_KINDS_FIXABLE_BY_ARGS for c in crashes):
+        return None  # nothing safe to go back to: let the crash step cure the new settings
+    return Decision(
+        Action.HOLD,
+        s.current,
+        Trigger.ROLLOUT_FAILED,
+        f"new settings failed ({why}) and there are no known-good settings to return to",
+        failed=s.current,
+    )
+
+
+def _rollout_wait(s: Situation, rollout: RolloutState, ready: bool) -> Decision:
+    """No crash of the new settings and no deadline passed: start or go on with probation, or succeed."""
+    until = rollout.probation_until
+    settings = vllm.describe_settings(s.current)
+    if until is None and ready and s.policy.probation_seconds > 0:
+        return Decision(
+            Action.HOLD,
+            s.current,
+            Trigger.ROLLOUT_PROBATION,
+            f"every replica runs the new settings and is Ready: {settings}; on probation for "
+            f"{s.policy.probation_seconds:.0f}s (a crash of them until then rolls back)",
+            probation_until=s.now + s.policy.probation_seconds,
+        )
+    if ready and (until is None or s.now >= until):
+        ran = f" and ran {s.policy.probation_seconds:.0f}s without a crash" if until is not None else ""
+        return Decision(
+            Action.HOLD,
+            s.current,
+            Trigger.ROLLOUT_SUCCEEDED,
+            f"every replica runs the new settings, is Ready{ran}: {settings}",
+            good=s.current,
+        )
+    if until is not None:
+        left = (
+            f"{until - s.now:.0f}s left" if s.now < until else "over; waiting for every replica to be Ready"
+        )
+        return Decision(
+            Action.HOLD,
+            s.current,
+            Trigger.ROLLOUT_PROBATION,
+            f"new settings on probation ({left}): {settings}",
+            probation_until=until,
+        )
+    left_s = rollout.deadline - s.now
+    return Decision(
+        Action.HOLD,
+        s.current,
+        Trigger.ROLLOUT_IN_PROGRESS,
+        f"waiting for the rollout ({left_s:.0f}s to deadline)",
+    )
+
+
+def describe_crashes(crashes: tuple[RestartEvent, ...]) -> str:
+    latest = max(crashes, key=lambda c: (c.time, c.pod))
+    return f"{latest.cause.kind} on {latest.pod or 'a pod'}: {latest.cause.detail}"
