@@ -358,7 +358,9 @@ def vllm_outcome(m: Any, vc: Any, workers: list[dict[str, Any]], p: Point) -> Ou
     return Outcome(configs[0].num_blocks, tokens, conc, True, None)
 
 
-def kvpilot_outcome(spec: ModelSpec, p: Point, in_flight_batches: int) -> Outcome:
+def kvpilot_outcome(
+    spec: ModelSpec, p: Point, in_flight_batches: int, enable_prefix_caching: bool | None = None
+) -> Outcome:
     layouts = [
         kv_cache.compute_kv_layout(
             spec,
@@ -369,6 +371,7 @@ def kvpilot_outcome(spec: ModelSpec, p: Point, in_flight_batches: int) -> Outcom
             block_size=p.block,
             vllm_version=V033,
             compute_capability=p.capability,
+            enable_prefix_caching=enable_prefix_caching,
         )
         for rank in range(p.pp)
     ]

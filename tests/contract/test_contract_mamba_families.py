@@ -31,8 +31,7 @@ import kv_points as kp
 import pytest
 
 from kvpilot.tuner import vllm
-from kvpilot.tuner.memory import kv_cache
-from kvpilot.tuner.model import LINEAR, ModelSpec, build_model_spec
+from kvpilot.tuner.model import LINEAR, build_model_spec
 from kvpilot.tuner.types import GIB
 
 pytestmark = pytest.mark.contract
@@ -165,27 +164,6 @@ def _vllm_workers(
     return workers
 
 
-def _kvpilot(spec: ModelSpec, p: kp.Point, prefix_caching: bool) -> kp.Outcome:
-    layouts = [
-        kv_cache.compute_kv_layout(
-            spec,
-            tensor_parallel_size=p.tp,
-            pipeline_parallel_size=p.pp,
-            pp_rank=rank,
-            kv_cache_dtype=p.dtype,
-            block_size=p.block,
-            vllm_version=kp.V033,
-            compute_capability=p.capability,
-            enable_prefix_caching=prefix_caching,
-        )
-        for rank in range(p.pp)
-    ]
-    in_flight = vllm.in_flight_batches(kp.V033, p.pp) * kp.MAX_NUM_BATCHED_TOKENS
-    cap, _ = kv_cache.compute_stage_capacity(layouts, [p.available] * p.pp, p.max_len, in_flight, kp.V033)
-    est = None if cap.fits or cap.longest_fitting_len <= 0 else cap.longest_fitting_len
-    return kp.Outcome(cap.num_blocks, cap.tokens, cap.max_concurrency, cap.fits, est)
-
-
 @pytest.fixture(scope="module")
 def cuda_like(vllm: types.ModuleType, families: list[tuple[str, dict[str, Any], Any, Any]]) -> Any:
     """A ``VllmConfig`` set as a CUDA start sets it (hybrid manager, async scheduling, V2 runner)."""
@@ -236,7 +214,7 @@ def test_mamba_family_kv_arithmetic_is_vllms_own(
             vc.cache_config.mamba_cache_mode = "align" if prefix_caching else "none"
             vc.parallel_config.pipeline_parallel_size = pp
             theirs = kp.vllm_outcome(wheel, vc, workers, point)
-            ours = _kvpilot(spec, point, prefix_caching)
+            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, point.pp), prefix_caching)
             if ours == theirs:
                 exact += 1
                 per_family[name] = per_family.get(name, 0) + 1
