@@ -358,6 +358,29 @@ def vllm_outcome(m: Any, vc: Any, workers: list[dict[str, Any]], p: Point) -> Ou
     return Outcome(configs[0].num_blocks, tokens, conc, True, None)
 
 
+def build_cuda_like_config(model_config: Any) -> Any:
+    """A ``VllmConfig`` for ``model_config`` set the way a CUDA start sets it (hybrid manager, async
+    scheduling, V2 runner, prefix caching on, Mamba align mode)."""
+    from vllm.config import CacheConfig, ParallelConfig, SchedulerConfig, VllmConfig
+
+    config = VllmConfig(
+        model_config=model_config,
+        cache_config=CacheConfig(block_size=16, enable_prefix_caching=True),
+        parallel_config=ParallelConfig(),
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+            max_num_seqs=1024,
+            max_model_len=model_config.max_model_len,
+            is_encoder_decoder=False,
+        ),
+    )
+    config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    config.scheduler_config.async_scheduling = True
+    config.cache_config.kv_cache_layout = "LBNHC"
+    config.cache_config.mamba_cache_mode = "align"
+    return config
+
+
 def kvpilot_outcome(
     spec: ModelSpec, p: Point, in_flight_batches: int, enable_prefix_caching: bool | None = None
 ) -> Outcome:

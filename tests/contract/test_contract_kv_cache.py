@@ -150,26 +150,10 @@ def cuda_like_config(
     vllm: types.ModuleType, model_dir_factory: Callable[[Mapping[str, object]], Path]
 ) -> Any:
     """One ``VllmConfig`` set the way a CUDA start sets it (hybrid manager, async scheduling, V2 runner)."""
-    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import ModelConfig
 
     folder = model_dir_factory(models.lookup_model_config("meta-llama/Llama-3.1-8B-Instruct"))
-    model_config = ModelConfig(model=str(folder), skip_tokenizer_init=True)
-    config = VllmConfig(
-        model_config=model_config,
-        cache_config=CacheConfig(block_size=16, enable_prefix_caching=True),
-        parallel_config=ParallelConfig(),
-        scheduler_config=SchedulerConfig(
-            max_num_batched_tokens=kp.MAX_NUM_BATCHED_TOKENS,
-            max_num_seqs=1024,
-            max_model_len=model_config.max_model_len,
-            is_encoder_decoder=False,
-        ),
-    )
-    config.scheduler_config.disable_hybrid_kv_cache_manager = False
-    config.scheduler_config.async_scheduling = True
-    config.cache_config.kv_cache_layout = "LBNHC"
-    config.cache_config.mamba_cache_mode = "align"
-    return config
+    return kp.build_cuda_like_config(ModelConfig(model=str(folder), skip_tokenizer_init=True))
 
 
 def test_kv_arithmetic_is_vllms_own(wheel: dict[str, Any], cuda_like_config: Any, monkeypatch: Any) -> None:

@@ -167,24 +167,7 @@ def _vllm_workers(
 @pytest.fixture(scope="module")
 def cuda_like(vllm: types.ModuleType, families: list[tuple[str, dict[str, Any], Any, Any]]) -> Any:
     """A ``VllmConfig`` set as a CUDA start sets it (hybrid manager, async scheduling, V2 runner)."""
-    from vllm.config import CacheConfig, ParallelConfig, SchedulerConfig, VllmConfig
-
-    mc = families[0][2]
-    config = VllmConfig(
-        model_config=mc,
-        cache_config=CacheConfig(block_size=16, enable_prefix_caching=True),
-        parallel_config=ParallelConfig(),
-        scheduler_config=SchedulerConfig(
-            max_num_batched_tokens=kp.MAX_NUM_BATCHED_TOKENS,
-            max_num_seqs=1024,
-            max_model_len=mc.max_model_len,
-            is_encoder_decoder=False,
-        ),
-    )
-    config.scheduler_config.disable_hybrid_kv_cache_manager = False
-    config.scheduler_config.async_scheduling = True
-    config.cache_config.kv_cache_layout = "LBNHC"
-    return config
+    return kp.build_cuda_like_config(families[0][2])
 
 
 def test_mamba_family_kv_arithmetic_is_vllms_own(
