@@ -404,6 +404,22 @@ def kvpilot_outcome(
     return Outcome(cap.num_blocks, cap.tokens, cap.max_concurrency, cap.fits, est)
 
 
+def compare_outcomes(
+    m: Any,
+    vc: Any,
+    workers: list[dict[str, Any]],
+    spec: ModelSpec,
+    p: Point,
+    enable_prefix_caching: bool | None = None,
+) -> tuple[Outcome, Outcome]:
+    """kvpilot's outcome and vLLM's (``vc`` set to the point's PP) for one point, each with its in-flight
+    batches: ``(ours, theirs)``."""
+    vc.parallel_config.pipeline_parallel_size = p.pp
+    theirs = vllm_outcome(m, vc, workers, p)
+    ours = kvpilot_outcome(spec, p, kv_vllm.in_flight_batches(V033, p.pp), enable_prefix_caching)
+    return ours, theirs
+
+
 def unchecked(planning: Any) -> Any:
     """``get_kv_cache_configs`` without its fit check (for the counts of a point that does not start)."""
 

@@ -176,9 +176,7 @@ def test_kv_arithmetic_is_vllms_own(wheel: dict[str, Any], cuda_like_config: Any
             if not all(workers):
                 exceptions[EMPTY_STAGE] += 1
                 continue
-            vc.parallel_config.pipeline_parallel_size = point.pp
-            theirs = kp.vllm_outcome(wheel, vc, workers, point)
-            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, point.pp))
+            ours, theirs = kp.compare_outcomes(wheel, vc, workers, spec, point)
             if ours == theirs:
                 exact += 1
                 continue
@@ -232,10 +230,7 @@ def test_sparse_attention_indexer_cache_is_vllms_own(
                                 workers, _ = kp.build_vllm_specs(wheel, vc, config, spec, point)
                                 roles = Counter(s.cache_role for w in workers for s in w.values())
                                 assert roles[SparseCacheRole.INDEXER] == spec.num_layers, roles
-                                vc.parallel_config.pipeline_parallel_size = pp
-                                theirs = kp.vllm_outcome(wheel, vc, workers, point)
-                                flight = vllm.in_flight_batches(kp.V033, pp)
-                                ours = kp.kvpilot_outcome(spec, point, flight)
+                                ours, theirs = kp.compare_outcomes(wheel, vc, workers, spec, point)
                                 if ours == theirs:
                                     exact += 1
                                 else:
@@ -272,9 +267,7 @@ def test_compressed_sparse_attention_is_vllms_own(
                             checked += 1
                             workers, block = kp.build_vllm_specs(wheel, vc, config, spec, point)
                             assert block == vllm.COMPRESSED_ATTENTION_BLOCK_SIZE
-                            vc.parallel_config.pipeline_parallel_size = pp
-                            theirs = kp.vllm_outcome(wheel, vc, workers, point)
-                            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, pp))
+                            ours, theirs = kp.compare_outcomes(wheel, vc, workers, spec, point)
                             if ours == theirs:
                                 exact += 1
                             else:
@@ -296,9 +289,7 @@ def test_compressed_sparse_attention_is_vllms_own(
             point = kp.Point(1, pp, 256, "auto", length, available, (9, 0))
             checked += 1
             workers, _ = kp.build_vllm_specs(wheel, vc, config, spec, point)
-            vc.parallel_config.pipeline_parallel_size = pp
-            theirs = kp.vllm_outcome(wheel, vc, workers, point)
-            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, pp))
+            ours, theirs = kp.compare_outcomes(wheel, vc, workers, spec, point)
             if ours == theirs:
                 exact += 1
             else:
@@ -333,9 +324,7 @@ def test_kimi_delta_attention_state_is_vllms_own(
             point = kp.Point(tp, pp, block, dtype, length, available, capability)
             checked += 1
             workers, _ = kp.build_vllm_specs(wheel, vc, config, spec, point)
-            vc.parallel_config.pipeline_parallel_size = pp
-            theirs = kp.vllm_outcome(wheel, vc, workers, point)
-            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, pp))
+            ours, theirs = kp.compare_outcomes(wheel, vc, workers, spec, point)
             if ours == theirs:
                 exact += 1
             else:

@@ -30,7 +30,6 @@ from typing import Any
 import kv_points as kp
 import pytest
 
-from kvpilot.tuner import vllm
 from kvpilot.tuner.model import LINEAR, build_model_spec
 from kvpilot.tuner.types import GIB
 
@@ -195,9 +194,7 @@ def test_mamba_family_kv_arithmetic_is_vllms_own(
                 exceptions[NOT_SHARDABLE] += 1
                 continue
             vc.cache_config.mamba_cache_mode = "align" if prefix_caching else "none"
-            vc.parallel_config.pipeline_parallel_size = pp
-            theirs = kp.vllm_outcome(wheel, vc, workers, point)
-            ours = kp.kvpilot_outcome(spec, point, vllm.in_flight_batches(kp.V033, point.pp), prefix_caching)
+            ours, theirs = kp.compare_outcomes(wheel, vc, workers, spec, point, prefix_caching)
             if ours == theirs:
                 exact += 1
                 per_family[name] = per_family.get(name, 0) + 1
