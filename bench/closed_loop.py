@@ -15,8 +15,9 @@ operator's bookkeeping and rollout strategy), ``oracle`` (a search over static s
     python bench/closed_loop.py [--scenario FILE_OR_NAME ...] [--hours H] [--json] [--quiet] [--no-oracle]
 
 Prints, per scenario: goodput (output tokens/s of completed requests) and its ratio to the oracle's,
-crashes, repeat OOMs (after the first), downtime, rollouts, rollbacks, holds, settings marked failed that
-never ran (must be 0), minutes to the first change and to convergence (the last change), final settings.
+crashes, repeat OOMs (after the first, and beyond the OOMs the scenario injects as faults), downtime,
+rollouts, rollbacks, holds, settings marked failed that never ran (must be 0), minutes to the first change
+and to convergence (the last change), final settings.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def _row(r: Run, oracle: Run | None) -> dict[str, Any]:
         "vs_oracle": round(r.goodput / oracle.goodput, 3) if oracle and oracle.goodput > 0 else None,
         "served": round(st.completed / st.arrived, 3) if st.arrived else None,
         "crashes": st.crashes,
-        "repeat_ooms": max(0, st.ooms - 1),
+        # after the first, and beyond the scenario's injected faults: the OOMs the settings caused again
+        "repeat_ooms": max(0, st.ooms - max(1, st.injected_ooms)),
+        "injected_ooms": st.injected_ooms,
         "downtime_s": st.downtime_s,
         "rollouts": st.rollouts,
         "rollbacks": st.rollbacks,

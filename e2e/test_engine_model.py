@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.loopsim.controllers import run
+from bench.loopsim.world import engine_args
 from bench.loopsim.scenario import SCENARIO_DIR, ScenarioError, load_scenario, load_scenarios
 from e2e.fleet.engine import Finished, SimEngine
 from e2e.fleet.truth import EngineArgs, EnginePerf, GroundTruth, Workload
@@ -119,3 +120,16 @@ def test_a_full_pool_holds_or_replaces_a_crash_loop_and_never_fails_settings_tha
     assert r_held.stats.downtime_s <= start + 10  # only the first start
     assert r_crash.stats.rollouts > 0 and r_crash.stats.crashes <= 3
     assert r_held.stats.failed_never_ran == r_crash.stats.failed_never_ran == 0
+
+
+@pytest.mark.parametrize("name", ["oom-crash", "no-spare-gpu-crash"])
+def test_memory_that_follows_the_batch_crashes_once(name: str) -> None:
+    """Run-time memory outside vLLM's budget grows 20 MiB a running request, and the backlog after a start
+    fills the batch in seconds: the first OOM (or the early warning before it) sizes utilisation and the
+    sequence limit for the limit, so no later pod crashes (before, each remedy covered the batch that
+    crashed and the next pod, one step further, crashed again under a larger one)."""
+    sc = load_scenario(SCENARIO_DIR / f"{name}.json")
+    r = run(sc, sc.planned, closed_loop=True, hours=0.5)
+    assert r.stats.ooms == 1 and r.stats.injected_ooms == 0
+    assert not sc.truth.runtime_oom(engine_args(r.final))  # safe at its own sequence limit
+    assert r.stats.failed_never_ran == 0

@@ -59,6 +59,8 @@ class Pod:
 class Stats:
     crashes: int = 0
     ooms: int = 0
+    injected_ooms: int = 0
+    """Of ``ooms``, those the scenario's ``cuda_oom`` faults caused (another process on the GPU)."""
     downtime_s: float = 0.0
     output_tokens: float = 0.0
     completed: int = 0
@@ -223,6 +225,7 @@ class World:
         preempted = self._count(e)
         if self._faults and self._faults[0].kind == "cuda_oom" and now >= self._faults[0].at_s:
             self._faults.pop(0)
+            self.stats.injected_ooms += 1
             self._crash(pod, now, truth.cuda_oom_message(engine_args(pod.settings)), oom=True)
         elif truth.runtime_oom(engine_args(pod.settings), running=e.num_running):
             self._crash(pod, now, truth.cuda_oom_message(engine_args(pod.settings)), oom=True)

@@ -1,10 +1,10 @@
-"""Latency objectives and GPU memory telemetry in the policy (kvpilot.tuner.loop.slo)."""
+"""Latency objectives in the policy (kvpilot.tuner.loop.slo)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from policy_fixtures import CURRENT, NOW, context, entry, state_and_evidence, window
+from policy_fixtures import CURRENT, NOW, context, state_and_evidence, window
 
 from kvpilot.tuner.loop import slo
 from kvpilot.tuner.loop.config import LatencySlo, PolicyConfig, TuningBounds
@@ -76,35 +76,3 @@ def test_a_ttft_violation_when_the_kv_cache_is_full_is_not_answered_with_more_se
     win = with_fields(window(kv=0.97, running=250, waiting=40, prompt=800, output=300), ttft_p95=6.0)
     d = decide(win, TTFT_2S, CHAT)
     assert d.trigger != slo.LATENCY_SLO or d.settings.max_num_seqs <= 256
-
-
-def test_gpu_memory_running_out_lowers_utilisation_before_the_oom() -> None:
-    base = window(kv=0.7, running=100)
-    falling = dataclasses.replace(base, samples=tuple(
-        dataclasses.replace(s, gpu_memory_free_gib=3.0 - 0.25 * i, gpu_memory_used_gib=76.0 + 0.25 * i)
-        for i, s in enumerate(base.samples)
-    ))  # fmt: skip
-    # a retune 2 minutes ago: the metrics cooldown would hold anything else
-    recent = (entry(ago=120.0, after=CHAT),)
-    d = decide(falling, None, CHAT, history=recent)
-    assert d.action == Action.RETUNE and d.trigger == slo.GPU_MEMORY_PRESSURE
-    assert d.settings.gpu_memory_utilization is not None and d.settings.gpu_memory_utilization < 0.92
-    assert d.failed is None  # nothing crashed: the current settings are not marked failed
-    assert "falling" in d.reason and "dcgm-exporter" in d.reason
-
-
-def test_steady_gpu_memory_with_room_is_left_alone() -> None:
-    win = with_fields(window(kv=0.7, running=100), gpu_memory_free_gib=6.0, gpu_memory_used_gib=73.0)
-    assert slo.propose_for_gpu_memory(_situation(win)) is None
-
-
-def _situation(win: ObservationWindow) -> slo.Situation:
-    from policy_fixtures import BUDGET
-
-    from kvpilot.tuner.loop import remedies
-
-    ctx = context()
-    return remedies.Situation(
-        current=CHAT, effective=remedies.compute_effective(CHAT, ctx), budget=BUDGET, window=win, context=ctx,
-        history=(), now=NOW, capacity_tokens=BUDGET.kv_cache_tokens,
-    )  # fmt: skip

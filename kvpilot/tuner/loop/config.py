@@ -133,6 +133,15 @@ class PolicyConfig:
     OOM whose printed shortfall (tried minus free) sizes the step exactly and the KV cache at the lower
     utilisation still holds every sequence at ``target_kv_usage``: a guessed step is bounded, a measured
     one is not (walking down 5 % a crash costs a crash per step)."""
+    oom_growth_min_running: float = 16.0
+    """A CUDA OOM, or free GPU memory below the early-warning floor, under a rising batch of at least this
+    many requests bounds the memory per request from that one point (the memory used outside vLLM's
+    budget over the running batch) and sizes the headroom for ``max_num_seqs``: the next pod, one step
+    further, would run a few more and crash again (bench scenario ``oom-crash``: 20 MiB a request outside
+    vLLM's budget, the backlog after a restart filling the batch in seconds) ..."""
+    oom_growth_lookback_seconds: float = 60.0
+    """... rising: no sample of these settings this long before the crash, or none within a
+    ``seqs_step_down`` fewer running; a steady batch that OOMs (another process) is not the batch."""
     oom_trade_kv_floor: float = 0.80
     """After a batch-shaped CUDA OOM with no lengths observed yet (at start-up), less utilisation is
     traded for the sequences only while the KV cache keeps at least this share of today's capacity

@@ -9,7 +9,9 @@ can cure, from a :class:`~kvpilot.tuner.loop.remedies.Situation` to a
   grow the non-vLLM headroom ``1 - gpu_memory_utilization`` VPA-style (x1.2, at least +0.02 and
   the shortfall, at most 0.05), or for a batch-shaped allocation cut ``max_num_seqs`` /
   ``max_num_batched_tokens`` (unless one utilisation step covers it and the KV cache still holds
-  the sequences); when it repeats, utilisation and a batch cut together.
+  the sequences); when it repeats, utilisation and a batch cut together. When dcgm-exporter showed the
+  memory outside vLLM's budget following the running batch, the headroom is sized for the sequence
+  limit (:func:`kvpilot.tuner.loop.gpu_memory.compute_limit_cover`), not one step.
 - ``KvCacheTooSmall``: shorten ``max_model_len`` to what vLLM said fits, then fp8 KV; at the
   minimum context, fewer batched tokens, then just enough more utilisation.
 - ``NoCacheBlocks``: raise ``gpu_memory_utilization`` a step, or halve the batched tokens.
@@ -26,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
+from kvpilot.tuner.loop import gpu_memory
 from kvpilot.tuner.loop import history as history_mod
 from kvpilot.tuner.loop.config import PolicyConfig
 from kvpilot.tuner.loop.observations import RestartEvent, RestartKind
@@ -174,6 +177,9 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
         and _keeps_sequences(s, full)
     )
     cover = full if trade else eff.replace(gpu_memory_utilization=compute_oom_cover(eff, oom, total, p))
+    sized = _cover_the_limit(s, event, oom, cover, total)
+    if sized is not None:
+        cover = sized
     g2, g3 = lower_gmu(cover, 1, p), lower_gmu(cover, 2, p)
     seqs = eff.replace(max_num_seqs=cut_seqs_for(eff, oom, event.cause.tried_gib, p))
     batched = halve_batched(eff, p)
@@ -195,6 +201,8 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
     else:
         how = "more headroom" + (" (traded for the sequences: the KV cache still holds them)"
                                  if oom.batch_shaped else "")  # fmt: skip
+        if sized is not None:
+            how += " for the sequence limit (the memory outside vLLM's budget follows the batch)"
         if escalate:
             order = (
                 _merge(cover, batched, "max_num_batched_tokens"),
@@ -223,6 +231,25 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
         exhausted="no lower utilisation, batch or sequence limit is left within the bounds",
         infeasible_when_exhausted=True,
     )
+
+
+def _cover_the_limit(
+    s: Situation, event: RestartEvent, oom: OomEvidence, cover: EngineSettings, total: float
+) -> EngineSettings | None:
+    """When the memory outside vLLM's budget follows the running batch -- dcgm-exporter's free memory fell
+    with it before the crash, or the crash came under a rising batch (:func:`gpu_memory.bound_growth_at`,
+    the whole headroom per request) -- the utilisation and sequence limit that leave the floor free
+    (:func:`gpu_memory.compute_limit_settings`) from ``cover`` down: one step more headroom would let the
+    next pod run a few more and crash again."""
+    growth = gpu_memory.fit_batch_growth(s.window.samples, before=event.time) or gpu_memory.bound_growth_at(
+        s, event.time, oom.running, oom.headroom_gib, 0.0
+    )
+    if growth is None:
+        return None
+    sized = gpu_memory.compute_limit_settings(s, growth, total, effective_value(cover.gpu_memory_utilization))
+    if sized is None:
+        return None
+    return cover.replace(gpu_memory_utilization=sized.gpu_memory_utilization, max_num_seqs=sized.max_num_seqs)
 
 
 def _keeps_sequences(s: Situation, candidate: EngineSettings) -> bool:

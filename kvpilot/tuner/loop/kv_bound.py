@@ -37,9 +37,9 @@ import dataclasses
 import math
 
 from kvpilot.tuner import vllm
+from kvpilot.tuner.loop import gpu_memory, remedies
 from kvpilot.tuner.loop import history as history_mod
 from kvpilot.tuner.loop import observations as obs
-from kvpilot.tuner.loop import remedies
 from kvpilot.tuner.loop.history import HistoryAction
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.loop.remedies import Proposal, Situation, floor2
@@ -140,7 +140,7 @@ def _raise_gmu(s: Situation) -> tuple[EngineSettings | None, str]:
     if not frees or not totals:
         return None, "no GPU memory telemetry to raise gpuMemoryUtilization on"
     total = max(totals)
-    floor = max(p.gpu_memory_free_min_gib, p.gpu_memory_free_min_fraction * total)
+    floor = gpu_memory.compute_free_floor(p, total)
     spare = min(frees) - 2.0 * floor
     step = min(p.max_gmu_step, floor2(spare / total)) if total > 0 else 0.0
     if step < 0.01:

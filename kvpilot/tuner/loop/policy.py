@@ -41,7 +41,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
-from kvpilot.tuner.loop import candidates, crash_remedies, kv_bound, remedies, scaling, slo, trade
+from kvpilot.tuner.loop import candidates, crash_remedies, gpu_memory, kv_bound, remedies, scaling, slo, trade
 from kvpilot.tuner.loop import history as history_mod
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import rollout as rollout_mod
@@ -246,7 +246,7 @@ def _pressure_step(inp: _Inputs) -> Decision | None:
 
 def _gpu_memory_step(inp: _Inputs) -> Decision | None:
     """Ahead of the metrics' own checks: a warning of a CUDA OOM acts on the samples there are."""
-    proposal = slo.propose_for_gpu_memory(inp.situation)
+    proposal = gpu_memory.propose_for_gpu_memory(inp.situation)
     return _choose(inp, proposal) if proposal is not None else None
 
 

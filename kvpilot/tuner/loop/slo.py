@@ -1,4 +1,4 @@
-"""Latency objectives and GPU memory telemetry in the closed loop. Pure.
+"""Latency objectives in the closed loop. Pure.
 
 **Latency SLOs** (``spec.serving.slo``, :class:`~kvpilot.tuner.loop.config.LatencySlo`), read from vLLM's
 histograms as 95th percentiles per step:
@@ -13,13 +13,7 @@ histograms as 95th percentiles per step:
 * raises stop at the SLO: :func:`allows_raise` is false while the inter-token latency is within
   ``slo_raise_margin`` of its objective, so an idle-capacity raise never trades the SLO for throughput.
 
-**GPU memory telemetry** (dcgm-exporter's ``DCGM_FI_DEV_FB_FREE``/``_USED``): memory outside vLLM's budget
-(allocator fragmentation, NCCL, the sampler) grows until a CUDA OOM kills the pod. When the free framebuffer
-is below ``gpu_memory_free_min_gib`` (or ``gpu_memory_free_min_fraction`` of the device), or is below twice
-that and falls at a rate that crosses it within ``gpu_memory_horizon_seconds`` (growth that plateaus far
-from the floor is left alone), :func:`propose_for_gpu_memory` lowers the utilisation
-one OOM step *before* the crash. It is urgent (no metrics cooldown), but the current settings are not marked
-failed: they have not crashed.
+GPU memory telemetry (dcgm-exporter) has its own module, :mod:`kvpilot.tuner.loop.gpu_memory`.
 """
 
 from __future__ import annotations
@@ -27,12 +21,10 @@ from __future__ import annotations
 import math
 
 from kvpilot.tuner.loop import observations as obs
-from kvpilot.tuner.loop.observations import MetricsSample
-from kvpilot.tuner.loop.remedies import Proposal, Situation, compute_room_seqs, lower_gmu
+from kvpilot.tuner.loop.remedies import Proposal, Situation, compute_room_seqs
 from kvpilot.tuner.types import EngineSettings
 
 LATENCY_SLO = "LatencySlo"
-GPU_MEMORY_PRESSURE = "GpuMemoryPressure"
 
 
 def _ms(seconds: float) -> str:
@@ -124,42 +116,4 @@ def _for_ttft(s: Situation, objective: float, share: float) -> Proposal | None:
         f"of samples; {why}",
         candidates=tuple(candidates),
         exhausted="no more sequences or prefill budget fit without breaking the KV cache or the ITL SLO",
-    )
-
-
-def _slope(samples: tuple[MetricsSample, ...]) -> float:
-    """GiB per second of the free framebuffer, least squares over the samples that have it."""
-    points = [(x.time, x.gpu_memory_free_gib) for x in samples if x.gpu_memory_free_gib is not None]
-    if len(points) < 2:
-        return 0.0
-    mt = sum(t for t, _ in points) / len(points)
-    mf = sum(f for _, f in points) / len(points)
-    var = sum((t - mt) ** 2 for t, _ in points)
-    return sum((t - mt) * (f - mf) for t, f in points) / var if var > 0 else 0.0
-
-
-def propose_for_gpu_memory(s: Situation) -> Proposal | None:
-    """The early warning: free GPU memory low, or falling towards the minimum within the horizon."""
-    p, samples = s.policy, s.window.samples
-    latest = next((x for x in reversed(samples) if x.gpu_memory_free_gib is not None), None)
-    if latest is None or latest.gpu_memory_free_gib is None:
-        return None
-    free = latest.gpu_memory_free_gib
-    total = free + (latest.gpu_memory_used_gib or 0.0)
-    floor = max(p.gpu_memory_free_min_gib, p.gpu_memory_free_min_fraction * total)
-    slope = _slope(samples)
-    projected = free + slope * p.gpu_memory_horizon_seconds
-    if free >= floor and (projected >= floor or free >= 2 * floor):
-        return None  # room, or a trend still far from the floor (fragmentation plateaus)
-    trend = f", falling {-slope * 60:.2f} GiB/min" if slope < 0 else ""
-    when = "now" if free < floor else f"within {p.gpu_memory_horizon_seconds:.0f}s"
-    return Proposal(
-        trigger=GPU_MEMORY_PRESSURE,
-        evidence=(
-            f"GPU memory free {free:.2f} GiB of {total:.1f} GiB (dcgm-exporter){trend}: below {floor:.2f} "
-            f"GiB {when}, ahead of a CUDA OOM"
-        ),
-        candidates=(lower_gmu(s.effective, 1, p),),
-        exhausted="already at the lower bound of gpuMemoryUtilization",
-        urgent=True,
     )
