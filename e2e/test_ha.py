@@ -26,16 +26,18 @@ SIGKILLed while that pod is still loading; the follower takes over and finishes 
 ``status.rollout`` (wait for Ready, probation, ``lastGoodSettings``). Evidence: one ``Retuned`` record in
 ``status.history``, no rollback, the Deployment's template changed exactly once (its generation one above
 the plan's, two ReplicaSets), every observedGeneration caught up, and the failover time printed.
+
+Here the leader is killed once the record and the Deployment both carry the retune. The two crash points
+inside the change, killed between the status write and the Deployment apply and killed before the write, are
+e2e/test_ha_resume.py's (an admission policy holds each open). The replicas, the peering namespace and the
+planned closed-loop service come from e2e/ha.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import re
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,26 +46,23 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster
-from e2e.fleet import Scenario, Workload
-from e2e.fleet.stack import Stack, closed_loop_env, condition
-from e2e.fleet.testing import H100_8B, catalogue_isvc
-from e2e.waits import spawn_host_operator, stop_host_operator, wait_established, wait_for
+from e2e.ha import (
+    LIFETIME_S,
+    RESOURCE,
+    ROLLOUT_DEADLINE_S,
+    SLACK_S,
+    applied,
+    closed_loop_service,
+    get,
+    history,
+    peering_namespace,
+    replica_sets,
+    replicas,
+    settled,
+)
+from e2e.waits import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
-CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
-PEERING_CRDS = ROOT / "charts" / "kvpilot" / "crds" / "kopf-peering.yaml"
-RESOURCE = "inferenceservices.kvpilot.io"
-PEERING = "kvpilot-ha"
-LIFETIME_S = 15
-"""The peering lifetime the replicas run with (the chart's default is kopf's 60 s)."""
-SLACK_S = 45.0
-"""On top of the lifetime: the follower's re-listing and first reconcile on a loaded 2-core machine."""
 FLEET = 40
-
-
-def get(cluster: LocalCluster, *args: str) -> Any:
-    proc = cluster.kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(proc.stdout) if proc.returncode == 0 else None
 
 
 def planned(cluster: LocalCluster, ns: str) -> dict[str, dict[str, Any]]:
@@ -76,10 +75,6 @@ def planned(cluster: LocalCluster, ns: str) -> dict[str, dict[str, Any]]:
             for c in o.get("status", {}).get("conditions", [])
         )
     }
-
-
-def peers(cluster: LocalCluster, ns: str) -> set[str]:
-    return set((get(cluster, "kopfpeering", PEERING, "-n", ns) or {}).get("status") or {})
 
 
 def isvc(i: int) -> dict[str, Any]:
@@ -108,13 +103,7 @@ def reconciled(log: Path, trigger: str) -> set[str]:
 
 @pytest.fixture
 def ns(cluster: LocalCluster) -> Iterator[str]:
-    cluster.kubectl("apply", "-f", str(CRD), "-f", str(PEERING_CRDS))
-    for crd in (RESOURCE, "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
-        wait_established(cluster.kubectl, f"crd/{crd}")  # kubectl wait fails at once on a CRD this new
-    name = f"kvha-{uuid.uuid4().hex[:8]}"
-    with cluster.temporary_namespace(name):
-        peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
-        cluster.kubectl("apply", "-n", name, "-f", "-", input=yaml.safe_dump(peering))
+    with peering_namespace(cluster) as name:
         yield name
 
 
@@ -122,18 +111,9 @@ def ns(cluster: LocalCluster) -> Iterator[str]:
 def test_the_follower_takes_over_when_the_leader_is_killed(
     cluster: LocalCluster, ns: str, tmp_path: Path, sig: signal.Signals
 ) -> None:
-    env = {"KVPILOT_PEERING_LIFETIME_SECONDS": str(LIFETIME_S)}
-    logs = {"leader": tmp_path / "leader" / "kopf.log", "follower": tmp_path / "follower" / "kopf.log"}
-    for log in logs.values():
-        log.parent.mkdir()
-    leader = spawn_host_operator(cluster, logs["leader"], ns, {**env, "POD_ID": "kvha-leader"},
-                                 mode=(f"--peering={PEERING}", "--priority=200"))  # fmt: skip
-    follower = None
-    try:
-        follower = spawn_host_operator(cluster, logs["follower"], ns, {**env, "POD_ID": "kvha-follower"},
-                                       mode=(f"--peering={PEERING}", "--priority=100"))  # fmt: skip
+    with replicas(cluster, ns, tmp_path, {}) as pair:
+        leader, logs = pair.leader, pair.logs
         # Both keep themselves alive in the peering; the follower's watches start paused, and stay so.
-        wait_for(lambda: {"kvha-leader", "kvha-follower"} <= peers(cluster, ns), 60, "both in the peering")
         paused = f"Starting the watch-stream for inferenceservices.v1alpha1.kvpilot.io in '{ns}' (paused)"
         assert paused in logs["follower"].read_text()
         half = FLEET // 2
@@ -207,10 +187,6 @@ def test_the_follower_takes_over_when_the_leader_is_killed(
         lost = sorted(n for n, c in counts.items() if not c)
         print(f"Planned events lost with the killed leader's queue: {lost}")
         assert set(lost) <= set(before) - created, counts
-    finally:
-        for proc, log in ((leader, logs["leader"]), (follower, logs["follower"])):
-            if proc is not None:
-                stop_host_operator(proc, log)
 
 
 # ------------------------------------------------------------------------------------------- mid-rollout
@@ -218,91 +194,33 @@ def test_the_follower_takes_over_when_the_leader_is_killed(
 SLOW_START_S = 35.0
 """How long a new pod takes to load in the rollout: past the follower's takeover (the lifetime and its slack
 at worst), so the follower inherits a rollout whose pod is not Ready yet."""
-ROLLOUT_DEADLINE_S = 180
-"""``spec.tuning.rolloutDeadlineSeconds``: the slow pod, the failover and the probation fit well inside."""
-H100 = "NVIDIA-H100-80GB-HBM3"
-
-
-def _history(obj: dict[str, Any], action: str) -> list[dict[str, Any]]:
-    return [h for h in obj.get("status", {}).get("history") or () if h.get("action") == action]
-
-
-def _applied(obj: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in (obj.get("status", {}).get("applied") or {}).items() if v is not None}
-
-
-def _settled(obj: dict[str, Any]) -> bool:
-    """Planned, Ready, no rollout, and the applied settings passed probation."""
-    st = obj.get("status", {})
-    good = {k: v for k, v in (st.get("lastGoodSettings") or {}).items() if v is not None}
-    return (
-        condition(obj, "Ready").get("status") == "True"
-        and not st.get("rollout")
-        and condition(obj, "RolloutInProgress").get("status") != "True"
-        and bool(good) and good == _applied(obj)
-    )  # fmt: skip
-
-
-def _replica_sets(cluster: LocalCluster, ns: str, deployment: str) -> list[dict[str, Any]]:
-    items = (get(cluster, "replicasets", "-n", ns) or {"items": []})["items"]
-    owned = (rs for rs in items if rs["metadata"].get("ownerReferences"))
-    return [rs for rs in owned if any(o.get("name") == deployment for o in rs["metadata"]["ownerReferences"])]
 
 
 def test_the_follower_finishes_the_rollout_the_killed_leader_started(
     cluster: LocalCluster, ns: str, tmp_path: Path
 ) -> None:
-    name = "roll"
-    light = Workload(arrival_rate=1.0, prompt_tokens=400, output_tokens=100)
-    stack = Stack(cluster, tmp_path / "stack", namespaces=[ns],
-                  scenarios={(ns, name): Scenario(name=name, truth=H100_8B, workload=light)})  # fmt: skip
-    stack.start(operator=False)  # Prometheus and the fleet; the two replicas are started below
-    env = {**closed_loop_env(stack.prom.url), "KVPILOT_PEERING_LIFETIME_SECONDS": str(LIFETIME_S)}
-    logs = {"leader": tmp_path / "leader" / "kopf.log", "follower": tmp_path / "follower" / "kopf.log"}
-    for log in logs.values():
-        log.parent.mkdir()
-    leader = follower = None
-    try:
-        cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
-        leader = spawn_host_operator(cluster, logs["leader"], ns, {**env, "POD_ID": "kvha-leader"},
-                                     mode=(f"--peering={PEERING}", "--priority=200"))  # fmt: skip
-        follower = spawn_host_operator(cluster, logs["follower"], ns, {**env, "POD_ID": "kvha-follower"},
-                                       mode=(f"--peering={PEERING}", "--priority=100"))  # fmt: skip
-        wait_for(lambda: {"kvha-leader", "kvha-follower"} <= peers(cluster, ns), 60, "both in the peering")
-        tuning = {"mode": "Auto", "cooldownSeconds": 0, "maxChangesPerHour": 60,
-                  "rolloutDeadlineSeconds": ROLLOUT_DEADLINE_S}  # fmt: skip
-        cluster.apply([catalogue_isvc(name, ns, "meta-llama/Llama-3.1-8B-Instruct", H100,
-                                      {"maxContextLength": 8192}, tuning)])  # fmt: skip
-
-        def isvc() -> dict[str, Any]:
-            return dict(get(cluster, RESOURCE, name, "-n", ns) or {})
-
-        wait_for(lambda: _settled(isvc()), 180, f"{name} planned, Ready and past probation")
-        first = isvc()
-        planned = _applied(first)
-        plan_generation = get(cluster, "deployment", name, "-n", ns)["metadata"]["generation"]
-        assert len(_replica_sets(cluster, ns, name)) == 1
+    with closed_loop_service(cluster, ns, tmp_path, "roll") as svc:
+        name, leader, logs = svc.name, svc.pair.leader, svc.pair.logs
+        isvc, plan_generation = svc.isvc, svc.plan_generation
         # the GPU now OOMs at the planned utilisation, and new pods load slowly: the leader's remedy rolls out
-        limit = round(float(planned["gpuMemoryUtilization"]) - 0.02, 2)
-        truth = dataclasses.replace(H100_8B, runtime_oom_above_utilization=limit, startup_s=SLOW_START_S)
-        assert stack.fleet is not None
-        stack.fleet.set_scenario(ns, name, Scenario(name=name, truth=truth, workload=light))
+        limit = svc.oom(startup_s=SLOW_START_S)
+
         def retuning() -> dict[str, Any] | None:
             # status.rollout, the settings and the history entry land in one PATCH (operator/status_write.py)
             obj = isvc()
-            return obj if obj.get("status", {}).get("rollout") and _history(obj, "Retuned") else None
+            return obj if obj.get("status", {}).get("rollout") and history(obj, "Retuned") else None
 
         rolling = wait_for(retuning, 120, "the leader's retune rolling out")
         target = {k: v for k, v in rolling["status"]["rollout"]["settings"].items() if v is not None}
         # the record comes first and the Deployment follows it (milliseconds later): kill once it has
         def retuned_template() -> dict[str, Any] | None:
-            dep = get(cluster, "deployment", name, "-n", ns)
+            dep = svc.deployment()
             return dep if dep and dep["metadata"]["generation"] == plan_generation + 1 else None
 
         dep = wait_for(retuned_template, 30, "the retune on the Deployment's template")
         revision = "deployment.kubernetes.io/revision"
         new_ready = [
-            rs for rs in _replica_sets(cluster, ns, name)
+            rs for rs in replica_sets(cluster, ns, name)
             if rs["metadata"]["annotations"].get(revision) == "2" and rs["status"].get("readyReplicas")
         ]  # fmt: skip
         assert not new_ready, "the new pod was Ready before the kill: not mid-rollout"
@@ -317,7 +235,7 @@ def test_the_follower_finishes_the_rollout_the_killed_leader_started(
         mid = isvc()["status"].get("rollout")
         def finished() -> dict[str, Any] | None:
             obj = isvc()
-            return obj if _settled(obj) and _history(obj, "Retuned") else None
+            return obj if settled(obj) and history(obj, "Retuned") else None
 
         done = wait_for(finished, ROLLOUT_DEADLINE_S, "the follower to finish the rollout")
         finished_s = time.monotonic() - killed_at
@@ -331,26 +249,21 @@ def test_the_follower_finishes_the_rollout_the_killed_leader_started(
         assert resumed_s <= LIFETIME_S + SLACK_S
 
         # no decision lost: the leader's target is what runs, passed probation under the follower
-        assert _applied(done) == target, (done["status"], target)
+        assert applied(done) == target, (done["status"], target)
         assert float(target["gpuMemoryUtilization"]) <= limit, target
         # none made twice: one retune in the record, no rollback, the template changed once, all caught up
-        retunes = _history(done, "Retuned")
+        retunes = history(done, "Retuned")
         assert len(retunes) == 1 and retunes[0]["trigger"] == "CudaOOM", done["status"].get("history")
-        assert not _history(done, "RolledBack"), done["status"].get("history")
-        assert len(_history(done, "Planned")) == 1, done["status"].get("history")
-        dep = get(cluster, "deployment", name, "-n", ns)
+        assert not history(done, "RolledBack"), done["status"].get("history")
+        assert len(history(done, "Planned")) == 1, done["status"].get("history")
+        dep = svc.deployment()
         assert dep["metadata"]["generation"] == plan_generation + 1, "the follower changed the template again"
         assert dep["status"]["observedGeneration"] == dep["metadata"]["generation"]
         assert dep["status"].get("updatedReplicas") == dep["status"].get("readyReplicas") == 1, dep["status"]
-        assert len(_replica_sets(cluster, ns, name)) == 2
+        assert len(replica_sets(cluster, ns, name)) == 2
         assert done["status"]["observedGeneration"] == done["metadata"]["generation"]
         args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
         assert float(args[args.index("--gpu-memory-utilization") + 1]) == target["gpuMemoryUtilization"]
         follower_log = logs["follower"].read_text()
         assert f"[{ns}/{name}] reconciled (Resumed)" in follower_log  # resumed, not planned again
         assert f"[{ns}/{name}] reconciled (Created)" not in follower_log
-    finally:
-        for proc, log in ((leader, logs["leader"]), (follower, logs["follower"])):
-            if proc is not None:
-                stop_host_operator(proc, log)
-        stack.stop()

@@ -22,6 +22,8 @@ A closed-loop change (mode Auto) is written *first* and applied to the Deploymen
   applied now but kept pending, and the next tick applies it only if ``status.applied`` says it landed.
 
 ``tests/operator/test_status_write.py`` stops the operator at each point: one record, one rollout.
+``e2e/test_ha_resume.py`` SIGKILLs the leader before the write and between the write and the apply on the real
+control plane, and the follower completes the change once.
 """
 
 from __future__ import annotations
