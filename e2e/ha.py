@@ -13,7 +13,7 @@ import dataclasses
 import json
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,18 @@ def settled(obj: dict[str, Any]) -> bool:
         and condition(obj, "RolloutInProgress").get("status") != "True"
         and bool(good) and good == applied(obj)
     )  # fmt: skip
+
+
+def wait_retune_settled(isvc: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The InferenceService once a retune is recorded and its rollout passed probation (within
+    :data:`ROLLOUT_DEADLINE_S`)."""
+
+    def finished() -> dict[str, Any] | None:
+        obj = isvc()
+        return obj if settled(obj) and history(obj, "Retuned") else None
+
+    done: dict[str, Any] = wait_for(finished, ROLLOUT_DEADLINE_S, "the follower to finish the rollout")
+    return done
 
 
 def replica_sets(cluster: LocalCluster, ns: str, deployment: str) -> list[dict[str, Any]]:

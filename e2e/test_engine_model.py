@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.loopsim.controllers import run
-from bench.loopsim.world import engine_args
 from bench.loopsim.scenario import SCENARIO_DIR, ScenarioError, load_scenario, load_scenarios
+from bench.loopsim.world import engine_args
 from e2e.fleet.engine import Finished, SimEngine
 from e2e.fleet.truth import EngineArgs, EnginePerf, GroundTruth, Workload
 

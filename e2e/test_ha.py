@@ -49,7 +49,6 @@ from e2e.cluster import LocalCluster
 from e2e.ha import (
     LIFETIME_S,
     RESOURCE,
-    ROLLOUT_DEADLINE_S,
     SLACK_S,
     applied,
     closed_loop_service,
@@ -58,7 +57,7 @@ from e2e.ha import (
     peering_namespace,
     replica_sets,
     replicas,
-    settled,
+    wait_retune_settled,
 )
 from e2e.waits import wait_for
 
@@ -233,11 +232,7 @@ def test_the_follower_finishes_the_rollout_the_killed_leader_started(
                  LIFETIME_S + SLACK_S, "the follower to resume")  # fmt: skip
         resumed_s = time.monotonic() - killed_at
         mid = isvc()["status"].get("rollout")
-        def finished() -> dict[str, Any] | None:
-            obj = isvc()
-            return obj if settled(obj) and history(obj, "Retuned") else None
-
-        done = wait_for(finished, ROLLOUT_DEADLINE_S, "the follower to finish the rollout")
+        done = wait_retune_settled(isvc)
         finished_s = time.monotonic() - killed_at
         print(
             f"failover mid-rollout (SIGKILL, peering lifetime {LIFETIME_S} s, new pods load in "

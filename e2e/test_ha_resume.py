@@ -46,7 +46,6 @@ from e2e.cluster import LocalCluster
 from e2e.ha import (
     LIFETIME_S,
     RESOURCE,
-    ROLLOUT_DEADLINE_S,
     SLACK_S,
     PlannedService,
     applied,
@@ -54,7 +53,7 @@ from e2e.ha import (
     history,
     peering_namespace,
     replica_sets,
-    settled,
+    wait_retune_settled,
 )
 from e2e.waits import wait_for
 from kvpilot.operator import api
@@ -182,11 +181,7 @@ def test_the_follower_completes_a_change_the_killed_leader_left_half_done(
         wait_for(lambda: _template_changed(svc), 60, "the follower's change of the Deployment")
         applied_s = time.monotonic() - killed_at
 
-        def finished() -> dict[str, Any] | None:
-            obj = svc.isvc()
-            return obj if settled(obj) and history(obj, "Retuned") else None
-
-        done = wait_for(finished, ROLLOUT_DEADLINE_S, "the follower to finish the rollout")
+        done = wait_retune_settled(svc.isvc)
         finished_s = time.monotonic() - killed_at
         print(
             f"resume after a SIGKILL {point} (peering lifetime {LIFETIME_S} s): policy lifted "
