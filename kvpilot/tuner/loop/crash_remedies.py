@@ -9,9 +9,10 @@ can cure, from a :class:`~kvpilot.tuner.loop.remedies.Situation` to a
   grow the non-vLLM headroom ``1 - gpu_memory_utilization`` VPA-style (x1.2, at least +0.02 and
   the shortfall, at most 0.05), or for a batch-shaped allocation cut ``max_num_seqs`` /
   ``max_num_batched_tokens`` (unless one utilisation step covers it and the KV cache still holds
-  the sequences); when it repeats, utilisation and a batch cut together. When dcgm-exporter showed the
-  memory outside vLLM's budget following the running batch, the headroom is sized for the sequence
-  limit (:func:`kvpilot.tuner.loop.gpu_memory.compute_limit_cover`), not one step.
+  the sequences); when it repeats, utilisation and a batch cut together. When the memory outside vLLM's
+  budget follows the running batch (dcgm-exporter's fit, or the crash under a rising batch), utilisation
+  and ``max_num_seqs`` are sized for the sequence limit
+  (:func:`kvpilot.tuner.loop.gpu_memory.compute_limit_settings`), not one step.
 - ``KvCacheTooSmall``: shorten ``max_model_len`` to what vLLM said fits, then fp8 KV; at the
   minimum context, fewer batched tokens, then just enough more utilisation.
 - ``NoCacheBlocks``: raise ``gpu_memory_utilization`` a step, or halve the batched tokens.

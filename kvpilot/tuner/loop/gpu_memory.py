@@ -21,6 +21,7 @@ fragmentation, NCCL, the sampler, the per-request buffers) that a CUDA OOM comes
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from kvpilot.tuner.loop.config import PolicyConfig
@@ -51,7 +52,8 @@ def compute_free_floor(policy: PolicyConfig, total_gib: float) -> float:
     return max(policy.gpu_memory_free_min_gib, policy.gpu_memory_free_min_fraction * total_gib)
 
 
-def _device_total(samples: tuple[MetricsSample, ...]) -> float | None:
+def compute_device_total(samples: tuple[MetricsSample, ...]) -> float | None:
+    """The device's memory as dcgm-exporter shows it (free + used, the largest sum), ``None`` without it."""
     totals = [
         x.gpu_memory_free_gib + x.gpu_memory_used_gib
         for x in samples
@@ -63,12 +65,10 @@ def _device_total(samples: tuple[MetricsSample, ...]) -> float | None:
 def _slope(samples: tuple[MetricsSample, ...]) -> float:
     """GiB per second of the free framebuffer, least squares over the samples that have it."""
     points = [(x.time, x.gpu_memory_free_gib) for x in samples if x.gpu_memory_free_gib is not None]
-    if len(points) < 2:
+    times = [t for t, _ in points]
+    if len(points) < 2 or min(times) == max(times):
         return 0.0
-    mt = sum(t for t, _ in points) / len(points)
-    mf = sum(f for _, f in points) / len(points)
-    var = sum((t - mt) ** 2 for t, _ in points)
-    return sum((t - mt) * (f - mf) for t, f in points) / var if var > 0 else 0.0
+    return statistics.linear_regression(times, [f for _, f in points]).slope
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,18 +99,13 @@ def fit_batch_growth(samples: tuple[MetricsSample, ...], before: float | None = 
     runs = [r for r, _ in points]
     if max(runs) <= 0 or max(runs) - min(runs) < MIN_FIT_SPREAD * max(runs):
         return None
-    n = len(points)
-    mr = sum(runs) / n
-    mf = sum(f for _, f in points) / n
-    srr = sum((r - mr) ** 2 for r in runs)
-    sff = sum((f - mf) ** 2 for _, f in points)
-    srf = sum((r - mr) * (f - mf) for r, f in points)
-    if srr <= 0 or sff <= 0:
+    frees = [f for _, f in points]
+    if min(frees) == max(frees):
         return None
-    slope = srf / srr
-    if slope >= 0 or srf * srf / (srr * sff) < MIN_FIT_R2:
+    line = statistics.linear_regression(runs, frees)
+    if line.slope >= 0 or statistics.correlation(runs, frees) ** 2 < MIN_FIT_R2:
         return None
-    return BatchGrowth(intercept_gib=mf - slope * mr, gib_per_seq=-slope)
+    return BatchGrowth(intercept_gib=line.intercept, gib_per_seq=-line.slope)
 
 
 def bound_growth_at(
@@ -209,7 +204,7 @@ def propose_for_gpu_memory(s: Situation) -> Proposal | None:
     if latest is None or latest.gpu_memory_free_gib is None:
         return None
     free = latest.gpu_memory_free_gib
-    total = _device_total(samples) or free + (latest.gpu_memory_used_gib or 0.0)
+    total = compute_device_total(samples) or free + (latest.gpu_memory_used_gib or 0.0)
     floor = compute_free_floor(p, total)
     slope = _slope(samples)
     projected = free + slope * p.gpu_memory_horizon_seconds

@@ -132,14 +132,9 @@ def _raise_gmu(s: Situation) -> tuple[EngineSettings | None, str]:
     p, eff = s.policy, s.effective
     gmu = eff.gpu_memory_utilization or 0.0
     frees = obs.values_of(s.window.samples, obs.gpu_memory_free_gib)
-    totals = [
-        x.gpu_memory_free_gib + x.gpu_memory_used_gib
-        for x in s.window.samples
-        if x.gpu_memory_free_gib is not None and x.gpu_memory_used_gib is not None
-    ]
-    if not frees or not totals:
+    total = gpu_memory.compute_device_total(s.window.samples)
+    if not frees or total is None:
         return None, "no GPU memory telemetry to raise gpuMemoryUtilization on"
-    total = max(totals)
     floor = gpu_memory.compute_free_floor(p, total)
     spare = min(frees) - 2.0 * floor
     step = min(p.max_gmu_step, floor2(spare / total)) if total > 0 else 0.0
