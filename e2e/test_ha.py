@@ -46,6 +46,7 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster
+from e2e.fleet.pod import SERVING
 from e2e.ha import (
     LIFETIME_S,
     RESOURCE,
@@ -218,11 +219,14 @@ def test_the_follower_finishes_the_rollout_the_killed_leader_started(
 
         dep = wait_for(retuned_template, 30, "the retune on the Deployment's template")
         revision = "deployment.kubernetes.io/revision"
-        new_ready = [
-            rs for rs in replica_sets(cluster, ns, name)
-            if rs["metadata"]["annotations"].get(revision) == "2" and rs["status"].get("readyReplicas")
-        ]  # fmt: skip
-        assert not new_ready, "the new pod was Ready before the kill: not mid-rollout"
+        # the fleet decides when a pod is Ready (KWOK's pod-ready stage marks a new pod Ready for a moment,
+        # until the fleet's next poll writes it back as loading), so ask the fleet, not the ReplicaSet
+        new_sets = [rs["metadata"]["name"] for rs in replica_sets(cluster, ns, name)
+                    if rs["metadata"]["annotations"].get(revision) == "2"]  # fmt: skip
+        assert svc.stack.fleet is not None
+        serving = [p["pod"] for p in svc.stack.fleet.pods(ns, name) if p["state"] == SERVING
+                   and any(p["pod"].startswith(f"{rs}-") for rs in new_sets)]  # fmt: skip
+        assert not serving, f"the new pod was serving before the kill: not mid-rollout ({serving})"
         assert "reconciled (" not in logs["follower"].read_text(), "the follower wrote before the kill"
         leader.send_signal(signal.SIGKILL)  # mid-rollout: the new ReplicaSet's pod is still loading
         killed_at = time.monotonic()
