@@ -228,3 +228,34 @@ def test_mamba_family_weights_are_transformers_parameter_count(vllm: types.Modul
         tables = 1 if spec.tie_word_embeddings else 2
         ours = weights.compute_weight_breakdown(spec).params // 2
         assert abs(ours - tables * padding - theirs) <= theirs // 1_000_000, (entry["name"], ours, theirs)
+
+
+NEMOTRON_H = sorted(
+    p for p in (pathlib.Path(__file__).resolve().parents[1] / "data" / "hf_configs").glob("nvidia__*.json")
+    if json.loads(p.read_text()).get("model_type") == "nemotron_h"
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("path", NEMOTRON_H, ids=lambda p: p.stem)
+def test_nemotron_h_weights_are_transformers_parameter_count(vllm: types.ModuleType, path: Path) -> None:
+    """Nemotron-H's published configs (Nemotron-H 56B, Nemotron 3 Nano, Super, Ultra): each block holds one
+    of a Mamba2 mixer, attention, an MLP or a MoE, the MLPs and experts are relu2 (up and down only), and
+    Super and Ultra's experts work in ``moe_latent_size``. kvpilot's parameters (bf16, TP 1, as stored) equal
+    transformers' model built on the meta device, up to vLLM's vocabulary padding. Before, every block was
+    charged attention and an MLP as well, and gated experts: 47.5 B for the 31.6 B Nano."""
+    import torch
+    import transformers
+
+    from kvpilot.tuner.memory import weights
+
+    config = json.loads(path.read_text())
+    spec = build_model_spec(copy.deepcopy(config))
+    kwargs = {k: v for k, v in config.items() if k not in ("model_type", "quantization_config")}
+    hf = transformers.AutoConfig.for_model("nemotron_h", **kwargs)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf)
+    theirs = sum(p.numel() for p in model.parameters())
+    padding = (weights.padded_vocab_size(spec) - spec.vocab_size) * spec.hidden_size
+    tables = 1 if spec.tie_word_embeddings else 2
+    ours = weights.compute_weight_breakdown(spec, dtype="bfloat16", loaded=False).params // 2
+    assert ours - tables * padding == theirs, (path.stem, ours, theirs)

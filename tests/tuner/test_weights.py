@@ -88,3 +88,39 @@ def test_checkpoint_size_is_split_like_the_parameters() -> None:
 def test_vocabulary_is_padded_to_a_multiple_of_64(vocab: int, padded: int) -> None:
     spec = dataclasses.replace(build_model_spec(cfg.LLAMA_31_8B), vocab_size=vocab)
     assert weights.padded_vocab_size(spec) == padded
+
+
+def _nemotron_h(pattern: str, **extra: object) -> dict[str, object]:
+    """A small Nemotron-H config (the published Nano's field names) with ``pattern``'s blocks."""
+    return {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "torch_dtype": "bfloat16",
+        "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": len(pattern),
+        "hybrid_override_pattern": pattern, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "mamba_num_heads": 8, "mamba_head_dim": 32, "ssm_state_size": 16, "n_groups": 1,
+        "conv_kernel": 4, "expand": 2, "vocab_size": 1024, "max_position_embeddings": 4096,
+        "tie_word_embeddings": False, "mlp_hidden_act": "relu2", **extra,
+    }  # fmt: skip
+
+
+def test_a_nemotron_h_block_holds_one_component() -> None:
+    """Each Nemotron-H block is a Mamba2 mixer, attention, a relu2 MLP (up, down) or a MoE, with one norm;
+    adding a block adds only its own component."""
+    h, inter = 256, 512
+    base = weights.compute_weight_breakdown(build_model_spec(_nemotron_h("M*"))).params
+    mlp = weights.compute_weight_breakdown(build_model_spec(_nemotron_h("M*-"))).params - base
+    assert mlp == 2 * (2 * h * inter + h)  # bf16: up, down and the block's norm
+    attention = weights.compute_weight_breakdown(build_model_spec(_nemotron_h("M**"))).params - base
+    assert attention == 2 * (h * (4 * 64 + 2 * 2 * 64) + 4 * 64 * h + h)  # q, k, v, o and the norm
+    moe = {"n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+           "moe_shared_expert_intermediate_size": 256, "n_shared_experts": 1}  # fmt: skip
+    with_moe = build_model_spec(_nemotron_h("M*E", **moe))
+    expert_block = weights.compute_weight_breakdown(with_moe).params - base
+    assert expert_block == 2 * (8 * 2 * h * 128 + 2 * h * 256 + 8 * h + h)  # experts, shared, router, norm
+    # the MoE block is where the pattern puts it, also under pipeline parallelism
+    first = weights.compute_weight_breakdown(
+        build_model_spec(_nemotron_h("EM*M", **moe)), pipeline_parallel_size=2, pp_rank=0
+    ).params
+    last = weights.compute_weight_breakdown(
+        build_model_spec(_nemotron_h("EM*M", **moe)), pipeline_parallel_size=2, pp_rank=1
+    ).params
+    assert first > last + 2 * 8 * 2 * h * 128 // 2

@@ -20,6 +20,10 @@ import functools
 from dataclasses import dataclass
 
 from kvpilot.tuner.model import (
+    BLOCK_ATTENTION,
+    BLOCK_MIXER,
+    BLOCK_MLP,
+    BLOCK_MOE,
     DTYPE_BYTES,
     GDN,
     KDA,
@@ -102,7 +106,12 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
     layer = model.layers[idx] if idx < len(model.layers) else None
     attn = 0
     state = model.linear_state
-    if model.compressed is not None and layer is not None:
+    block = layer.block if layer is not None else ""
+    if block in (BLOCK_MLP, BLOCK_MOE):  # a Nemotron-H MLP or MoE block: no token mixer
+        replicated = 0
+    elif block == BLOCK_MIXER and state is not None:  # a Nemotron-H Mamba2 block: the mixer alone
+        attn, replicated = _mixer_params(state, h, tp), 0
+    elif model.compressed is not None and layer is not None:
         attn, replicated = _compressed_attention_params(model, tp, layer.compress_ratio)
     elif layer is not None and layer.kind == LINEAR and state is not None and state.family == KDA:
         # KimiK3DeltaAttention: in_proj (q, k, v, g at H x D each; f_a at D, beta at H), f_b, o_proj, conv.
@@ -153,23 +162,27 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
     experts = 0
     moe = model.moe
     dense_first = model.num_layers - moe.num_moe_layers if moe else model.num_layers
-    if moe is not None and idx >= dense_first:
+    # a Nemotron-H block holds one component: its MoE blocks are where its pattern says, not the last ones
+    moe_here = block == BLOCK_MOE if block else idx >= dense_first
+    if block in (BLOCK_MIXER, BLOCK_ATTENTION):
+        pass  # no MLP in a Nemotron-H mixer or attention block
+    elif moe is not None and moe_here:
         inter = moe.moe_intermediate_size // tp
         if moe.expert_hidden_size:  # Kimi-K3's latent MoE: experts in a narrower space, two projections
-            experts = moe.num_experts * 3 * moe.expert_hidden_size * inter
+            experts = moe.num_experts * mlp_mats * moe.expert_hidden_size * inter
             replicated += 2 * h * moe.expert_hidden_size
         elif loaded and model.quantization is not None and model.quantization.method == "mxfp4":
             # vLLM's MXFP4 MoE kernels (Marlin / triton matmul_ogs) pad the hidden size to 256 and
             # the per-rank intermediate size to 128 (mxfp4_round_up_hidden_size_and_intermediate_size).
-            experts = moe.num_experts * 3 * _pad(h, 256) * _pad(inter, 128)
+            experts = moe.num_experts * mlp_mats * _pad(h, 256) * _pad(inter, 128)
         else:
-            experts = moe.num_experts * 3 * h * inter
-        attn += 3 * h * moe.shared_intermediate_size // tp
-        attn += 3 * h * moe.parallel_dense_intermediate_size // tp
+            experts = moe.num_experts * mlp_mats * h * inter  # Nemotron-H's relu2 experts: up and down only
+        attn += mlp_mats * h * moe.shared_intermediate_size // tp
+        attn += mlp_mats * h * moe.parallel_dense_intermediate_size // tp
         replicated += h * moe.num_experts  # router
     else:
         attn += mlp_mats * h * model.intermediate_size // tp
-    replicated += 2 * h if model.intermediate_size else h  # the two norms (a Mamba block: one)
+    replicated += 2 * h if model.intermediate_size and not block else h  # the norms (a Mamba block: one)
     return attn, experts, replicated
 
 

@@ -26,6 +26,10 @@ from kvpilot.tuner.model.catalogue import (
 from kvpilot.tuner.model.configs import ModelEntry
 from kvpilot.tuner.model.fields import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, parse_config_json
 from kvpilot.tuner.model.layers import (
+    BLOCK_ATTENTION,
+    BLOCK_MIXER,
+    BLOCK_MLP,
+    BLOCK_MOE,
     CHUNKED,
     COMPRESSED,
     DTYPE_BYTES,
@@ -49,6 +53,10 @@ from kvpilot.tuner.model.quantization import QuantSpec, build_quant_spec, comput
 from kvpilot.tuner.model.spec import ModelSpec, build_model_spec
 
 __all__ = [
+    "BLOCK_ATTENTION",
+    "BLOCK_MIXER",
+    "BLOCK_MLP",
+    "BLOCK_MOE",
     "CHUNKED",
     "COMPRESSED",
     "CompressedAttentionSpec",

@@ -11,6 +11,7 @@ leaves layers to replace... Identical layers share one :class:`LayerSpec`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kvpilot.tuner import errors, vllm
@@ -29,6 +30,10 @@ from kvpilot.tuner.model.fields import (
     refuse,
 )
 from kvpilot.tuner.model.layers import (
+    BLOCK_ATTENTION,
+    BLOCK_MIXER,
+    BLOCK_MLP,
+    BLOCK_MOE,
     CHUNKED,
     FULL,
     GDN,
@@ -58,6 +63,15 @@ _NEMOTRON_H_BLOCK_NAMES = {
 }
 """Nemotron-H's ``hybrid_override_pattern`` / ``layers_block_type``: Mamba2, attention, MLP, MoE
 (vLLM ``nemotron_h.py``)."""
+_NEMOTRON_H_ROLES = {"M": BLOCK_MIXER, "*": BLOCK_ATTENTION, "-": BLOCK_MLP, "E": BLOCK_MOE}
+_NEMOTRON_H_NAME_ROLES = {
+    "mamba": BLOCK_MIXER,
+    "attention": BLOCK_ATTENTION,
+    "full_attention": BLOCK_ATTENTION,
+    "mlp": BLOCK_MLP,
+    "moe": BLOCK_MOE,
+}
+"""What each Nemotron-H block holds, alone (:data:`kvpilot.tuner.model.layers.BLOCK_ROLES`)."""
 _NO_ROPE_FLAG = Limit(1, "each entry is 0 (no RoPE) or 1")
 
 
@@ -222,6 +236,14 @@ def _nemotron_h_blocks(text: Fields, num_layers: int) -> list[str]:
     return blocks
 
 
+def _nemotron_h_roles(text: Fields) -> list[str]:
+    """What each Nemotron-H block holds (after :func:`_nemotron_h_blocks` checked the names)."""
+    names = text.strings("layers_block_type")
+    if names is not None:
+        return [_NEMOTRON_H_NAME_ROLES[n] for n in names]
+    return [_NEMOTRON_H_ROLES[c] for c in text.string("hybrid_override_pattern") or ""]
+
+
 def nemotron_h_num_layers(text: Fields) -> int | None:
     """transformers' NemotronHConfig takes the layer count from ``layers_block_type`` when it is given."""
     names = text.strings("layers_block_type")
@@ -379,7 +401,11 @@ def read_layers(
                 field=text.path("layer_types" if "layer_types" in text.data else "full_attention_interval"),
             )
         linear_state = _linear_state(text, model_type)
-    return [by_name[name] for name in kinds], linear_state
+    layers = [by_name[name] for name in kinds]
+    if model_type == "nemotron_h":  # one component per block: the weights count it alone
+        roles = _nemotron_h_roles(text)
+        layers = [dataclasses.replace(la, block=role) for la, role in zip(layers, roles, strict=True)]
+    return layers, linear_state
 
 
 def _moe_layers(text: Fields, model_type: str, num_layers: int) -> int:
@@ -452,8 +478,9 @@ def read_moe(text: Fields, model_type: str, num_layers: int, hidden_intermediate
     elif model_type == "llama4_text":
         shared = moe_inter
     parallel_dense = hidden_intermediate if model_type == "gemma4_text" else 0
-    # Kimi-K3's latent MoE: the routed experts work in a narrower hidden size (vLLM ``KimiMoE``).
-    latent = text.optional_int("routed_expert_hidden_size", limit=MAX_HIDDEN_SIZE) or 0
+    # The latent MoE of Kimi-K3 (vLLM ``KimiMoE``) and Nemotron 3 Super/Ultra (``fc1_latent_proj``): the
+    # routed experts work in a narrower hidden size, with a projection into it and one out.
+    latent = text.optional_int("routed_expert_hidden_size", "moe_latent_size", limit=MAX_HIDDEN_SIZE) or 0
     moe_layers = _moe_layers(text, model_type, num_layers)
     return MoeSpec(num_experts, top_k, moe_inter, moe_layers, shared, parallel_dense, latent)
 

@@ -113,8 +113,9 @@ _TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "gemma
 
 _NON_GATED_MLP = frozenset(
     {"phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "falcon", "gpt_neox", "bloom", "mpt", "gptj"}
+    | {"nemotron_h"}
 )
-"""Model types whose MLP is up/down only (two matrices, no gate)."""
+"""Model types whose MLP is up/down only (two matrices, no gate); Nemotron-H's experts too (relu2)."""
 
 _TEXT_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     # transformers' Gemma3TextConfig defaults (Gemma 3 configs often omit them).
