@@ -20,8 +20,6 @@ import functools
 from dataclasses import dataclass
 
 from kvpilot.tuner.model import (
-    BLOCK_ATTENTION,
-    BLOCK_MIXER,
     BLOCK_MLP,
     BLOCK_MOE,
     DTYPE_BYTES,
@@ -109,8 +107,6 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
     block = layer.block if layer is not None else ""
     if block in (BLOCK_MLP, BLOCK_MOE):  # a Nemotron-H MLP or MoE block: no token mixer
         replicated = 0
-    elif block == BLOCK_MIXER and state is not None:  # a Nemotron-H Mamba2 block: the mixer alone
-        attn, replicated = _mixer_params(state, h, tp), 0
     elif model.compressed is not None and layer is not None:
         attn, replicated = _compressed_attention_params(model, tp, layer.compress_ratio)
     elif layer is not None and layer.kind == LINEAR and state is not None and state.family == KDA:
@@ -162,11 +158,12 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
     experts = 0
     moe = model.moe
     dense_first = model.num_layers - moe.num_moe_layers if moe else model.num_layers
-    # a Nemotron-H block holds one component: its MoE blocks are where its pattern says, not the last ones
-    moe_here = block == BLOCK_MOE if block else idx >= dense_first
-    if block in (BLOCK_MIXER, BLOCK_ATTENTION):
-        pass  # no MLP in a Nemotron-H mixer or attention block
-    elif moe is not None and moe_here:
+    if block:  # a Nemotron-H block holds one component, and its MoE blocks are where its pattern says
+        mlp_here, moe_here = block == BLOCK_MLP, block == BLOCK_MOE
+    else:
+        moe_here = idx >= dense_first
+        mlp_here = not moe_here
+    if moe is not None and moe_here:
         inter = moe.moe_intermediate_size // tp
         if moe.expert_hidden_size:  # Kimi-K3's latent MoE: experts in a narrower space, two projections
             experts = moe.num_experts * mlp_mats * moe.expert_hidden_size * inter
@@ -180,7 +177,7 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
         attn += mlp_mats * h * moe.shared_intermediate_size // tp
         attn += mlp_mats * h * moe.parallel_dense_intermediate_size // tp
         replicated += h * moe.num_experts  # router
-    else:
+    elif mlp_here:
         attn += mlp_mats * h * model.intermediate_size // tp
     replicated += 2 * h if model.intermediate_size and not block else h  # the norms (a Mamba block: one)
     return attn, experts, replicated

@@ -33,7 +33,6 @@ KDA = "kda"
 Granite-4.0-H), LFM2's short convolution (conv state only) and Kimi Delta Attention."""
 
 BLOCK_MIXER, BLOCK_ATTENTION, BLOCK_MLP, BLOCK_MOE = "mixer", "attention", "mlp", "moe"
-BLOCK_ROLES = (BLOCK_MIXER, BLOCK_ATTENTION, BLOCK_MLP, BLOCK_MOE)
 """Nemotron-H's blocks (vLLM ``nemotron_h.py``: ``NemotronHMambaDecoderLayer``, ``...AttentionDecoderLayer``,
 ``...MLPDecoderLayer``, ``...MoEDecoderLayer``): each holds one norm and one of a Mamba2 mixer, attention,
 an MLP or a MoE, where other families' decoder layers hold a token mixer *and* an MLP or MoE."""
@@ -65,7 +64,7 @@ class LayerSpec:
     """An attention layer that also runs a state mixer beside it (Falcon-H1's parallel hybrid: every
     decoder layer holds ``self_attn.attn`` and a Mamba2 ``mamba.mixer``, each with its own KV spec)."""
     block: str = ""
-    """What a Nemotron-H block holds, alone (:data:`BLOCK_ROLES`); "": a decoder layer with its token mixer
+    """What a Nemotron-H block holds, alone (``BLOCK_*``); "": a decoder layer with its token mixer
     and its MLP or MoE (every other family)."""
 
 

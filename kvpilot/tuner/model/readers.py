@@ -53,25 +53,19 @@ _FULL_NAMES = frozenset({"full_attention", "attention", "global"})
 _LINEAR_NAMES = frozenset({"linear_attention", "mamba"})
 _NO_KV_NAME = "no_kv"
 _KNOWN_KINDS = _SLIDING_NAMES | _FULL_NAMES | _LINEAR_NAMES | {"chunked_attention", _NO_KV_NAME}
-_NEMOTRON_H_BLOCKS = {"M": "mamba", "*": "full_attention", "-": _NO_KV_NAME, "E": _NO_KV_NAME}
+_NEMOTRON_H_BLOCKS = {"M": BLOCK_MIXER, "*": BLOCK_ATTENTION, "-": BLOCK_MLP, "E": BLOCK_MOE}
 _NEMOTRON_H_BLOCK_NAMES = {
-    "mamba": "mamba",
-    "attention": "full_attention",
-    "full_attention": "full_attention",
-    "mlp": _NO_KV_NAME,
-    "moe": _NO_KV_NAME,
-}
-"""Nemotron-H's ``hybrid_override_pattern`` / ``layers_block_type``: Mamba2, attention, MLP, MoE
-(vLLM ``nemotron_h.py``)."""
-_NEMOTRON_H_ROLES = {"M": BLOCK_MIXER, "*": BLOCK_ATTENTION, "-": BLOCK_MLP, "E": BLOCK_MOE}
-_NEMOTRON_H_NAME_ROLES = {
     "mamba": BLOCK_MIXER,
     "attention": BLOCK_ATTENTION,
     "full_attention": BLOCK_ATTENTION,
     "mlp": BLOCK_MLP,
     "moe": BLOCK_MOE,
 }
-"""What each Nemotron-H block holds, alone (:data:`kvpilot.tuner.model.layers.BLOCK_ROLES`)."""
+"""Nemotron-H's ``hybrid_override_pattern`` / ``layers_block_type``: what each block holds, alone (Mamba2,
+attention, MLP, MoE; vLLM ``nemotron_h.py``)."""
+_NEMOTRON_H_KINDS = {BLOCK_MIXER: "mamba", BLOCK_ATTENTION: "full_attention", BLOCK_MLP: _NO_KV_NAME,
+                     BLOCK_MOE: _NO_KV_NAME}  # fmt: skip
+"""The layer kind of each Nemotron-H block: only the mixer and attention blocks keep a cache."""
 _NO_ROPE_FLAG = Limit(1, "each entry is 0 (no RoPE) or 1")
 
 
@@ -146,7 +140,7 @@ def _every(period: int, num_layers: int, on: str, off: str) -> list[str]:
 def _layer_types(text: Fields, model_type: str, num_layers: int, window: int | None) -> list[str]:
     """Per-layer attention kind names, as the model file decides them."""
     if model_type == "nemotron_h":
-        return _nemotron_h_blocks(text, num_layers)
+        return [_NEMOTRON_H_KINDS[block] for block in _nemotron_h_blocks(text, num_layers)]
     if model_type in mamba.MAMBA_FAMILIES:
         return mamba.layer_kinds(text, model_type, num_layers)
     declared = text.strings("layer_types")
@@ -207,7 +201,8 @@ def _layer_types(text: Fields, model_type: str, num_layers: int, window: int | N
 
 
 def _nemotron_h_blocks(text: Fields, num_layers: int) -> list[str]:
-    """Nemotron-H's blocks: ``layers_block_type`` (a list of names), else ``hybrid_override_pattern``."""
+    """Nemotron-H's blocks (``BLOCK_*``): ``layers_block_type`` (a list of names), else
+    ``hybrid_override_pattern``."""
     names = text.strings("layers_block_type")
     if names is not None:
         field = "layers_block_type"
@@ -234,14 +229,6 @@ def _nemotron_h_blocks(text: Fields, num_layers: int) -> list[str]:
             field=text.path(field),
         )
     return blocks
-
-
-def _nemotron_h_roles(text: Fields) -> list[str]:
-    """What each Nemotron-H block holds (after :func:`_nemotron_h_blocks` checked the names)."""
-    names = text.strings("layers_block_type")
-    if names is not None:
-        return [_NEMOTRON_H_NAME_ROLES[n] for n in names]
-    return [_NEMOTRON_H_ROLES[c] for c in text.string("hybrid_override_pattern") or ""]
 
 
 def nemotron_h_num_layers(text: Fields) -> int | None:
@@ -403,8 +390,8 @@ def read_layers(
         linear_state = _linear_state(text, model_type)
     layers = [by_name[name] for name in kinds]
     if model_type == "nemotron_h":  # one component per block: the weights count it alone
-        roles = _nemotron_h_roles(text)
-        layers = [dataclasses.replace(la, block=role) for la, role in zip(layers, roles, strict=True)]
+        blocks = _nemotron_h_blocks(text, num_layers)
+        layers = [dataclasses.replace(la, block=b) for la, b in zip(layers, blocks, strict=True)]
     return layers, linear_state
 
 
