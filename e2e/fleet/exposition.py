@@ -348,6 +348,7 @@ class VllmMetrics:
         self.fb_used = self.fb_used.labels(**dcgm_values)  # type: ignore[assignment]
         self.fb_free = Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", dcgm, registry=r)
         self.fb_free = self.fb_free.labels(**dcgm_values)  # type: ignore[assignment]
+        self.fb_free.set(self.fb_total_gib * 1024)  # until the engine allocates: an idle GPU, all of it free
         info = cache_config_labels(truth, args, naming)
         Gauge(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=r

@@ -90,6 +90,7 @@ PodKey = tuple[str, str]
 """(namespace, pod)."""
 
 _WORST_IS_LOWEST = frozenset({"gpu_memory_free_gib"})
+_FRAMEBUFFER = ("gpu_memory_free_gib", "gpu_memory_used_gib")
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +316,7 @@ def build_fleet_snapshot(
         table = by_pod[name] = {}
         for series in result:
             table[_key(series.get("metric") or {}, pod_label, namespace_label)] = _series_points([series])
+    _drop_blank_framebuffers(by_pod)
     scalars: dict[str, dict[PodKey, float]] = {}
     configs: dict[PodKey, list[Mapping[str, Any]]] = {}
     for name, result in instant.items():
@@ -330,6 +332,18 @@ def build_fleet_snapshot(
             if value is not None:
                 values[_key(series.get("metric") or {}, pod_label, namespace_label)] = value
     return FleetSnapshot(time=time, ranged=by_pod, instant=scalars, cache_config=configs, queries=queries)
+
+
+def _drop_blank_framebuffers(by_pod: dict[str, dict[PodKey, Mapping[float, float]]]) -> None:
+    """Drop the instants at which a pod's framebuffer reads 0 MiB free and 0 MiB used: no GPU has a
+    framebuffer of 0 MiB, so that is a GPU the exporter did not read (not yet, or no longer), not one with
+    no memory free. Left in, the worst-pod minimum would take it for a full GPU and retune on it."""
+    free, used = (by_pod.get(name, {}) for name in _FRAMEBUFFER)
+    for key in set(free) & set(used):
+        blank = {t for t, v in free[key].items() if v <= 0 and used[key].get(t, math.nan) <= 0}
+        if blank:
+            for table in (free, used):
+                table[key] = {t: v for t, v in table[key].items() if t not in blank}
 
 
 def _reduce(tables: Sequence[Mapping[float, float]], lowest: bool) -> list[list[float]]:

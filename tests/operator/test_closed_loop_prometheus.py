@@ -184,3 +184,40 @@ def test_pod_summary_needs_every_replica_on_the_current_settings() -> None:
     assert not compute_pod_summary([ready, other], CURRENT, 1).ready
     gone = build_pod_view(dict(_pod(["m"], ready=True), metadata={"name": "x", "deletionTimestamp": "t"}))
     assert compute_pod_summary([ready, gone], CURRENT, 1).ready
+
+
+def _framebuffer_snapshot(
+    frees: dict[str, list[float]], useds: dict[str, list[float]]
+) -> tuple[prometheus.FleetSnapshot, list[str]]:
+    """A snapshot of two instants (t=0, 30) with KV usage and dcgm-exporter's framebuffer per pod (GiB)."""
+    def series(pod: str, values: list[float]) -> dict[str, Any]:
+        points = [[t * 30, str(v)] for t, v in enumerate(values)]
+        return {"metric": {"namespace": "ns1", "pod": pod}, "values": points}
+
+    pods = sorted(frees)
+    ranged = {
+        "kv_usage": [series(p, [0.5, 0.5]) for p in pods],
+        "gpu_memory_free_gib": [series(p, frees[p]) for p in pods],
+        "gpu_memory_used_gib": [series(p, useds[p]) for p in pods],
+    }
+    instant = {"last_scrape": [{"metric": {"namespace": "ns1", "pod": p}, "value": [30, "30"]} for p in pods]}
+    return prometheus.build_fleet_snapshot(ranged, instant, 30.0), pods
+
+
+def test_a_framebuffer_read_as_nothing_is_no_reading() -> None:
+    """A GPU the exporter has not read yet shows 0 MiB free and 0 MiB used (the HA test's pod at start-up):
+    the worst-pod minimum took it for a full GPU and the loop lowered the utilisation of a healthy pod."""
+    snapshot, pods = _framebuffer_snapshot(
+        {"a": [0.0, 0.0], "b": [0.0, 20.0]}, {"a": [0.0, 0.0], "b": [0.0, 60.0]}
+    )
+    w = prometheus.build_service_window(snapshot, "ns1", pods, 300, 30)
+    assert [(s.gpu_memory_free_gib, s.gpu_memory_used_gib) for s in w.samples] == [(None, None), (20.0, 60.0)]
+    alone = prometheus.build_service_window(snapshot, "ns1", ["a"], 300, 30)
+    assert w.available and all(s.gpu_memory_free_gib is None for s in alone.samples)
+
+
+def test_a_full_framebuffer_is_a_reading() -> None:
+    """0 MiB free beside 80 GiB used is a full GPU: the early warning must see it."""
+    snapshot, pods = _framebuffer_snapshot({"a": [0.0, 1.0]}, {"a": [80.0, 79.0]})
+    w = prometheus.build_service_window(snapshot, "ns1", pods, 300, 30)
+    assert [(s.gpu_memory_free_gib, s.gpu_memory_used_gib) for s in w.samples] == [(0.0, 80.0), (1.0, 79.0)]
