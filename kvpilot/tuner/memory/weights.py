@@ -22,15 +22,20 @@ from dataclasses import dataclass
 from kvpilot.tuner.model import (
     BLOCK_MLP,
     BLOCK_MOE,
+    DENSE,
     DTYPE_BYTES,
+    EXPERTS,
     GDN,
     KDA,
     LINEAR,
     MAMBA1,
     MAMBA2,
+    MIXER,
+    SHARED,
     LinearStateSpec,
     ModelSpec,
     compute_bytes_per_weight,
+    compute_component_bytes,
 )
 
 VOCAB_PADDING = 64
@@ -98,8 +103,24 @@ def _mixer_params(state: LinearStateSpec, h: int, tp: int) -> int:
     return state.conv_dim * (4 * h + k) // tp  # SHORT_CONV: in_proj (B, C, x), conv, out_proj
 
 
-def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> tuple[int, int, int]:
-    """(attention-and-dense linears, expert linears, replicated) params of one layer on one rank."""
+@dataclass(frozen=True, slots=True)
+class LayerParams:
+    """One decoder layer's params on one rank, by the component a checkpoint quantizes apart."""
+
+    mixer: int
+    """The token mixer's linears: attention, linear attention, a Mamba mixer (beside attention too)."""
+    dense: int
+    """The dense MLP's linears (a MoE layer's parallel dense MLP too)."""
+    shared: int
+    """The shared experts' linears."""
+    experts: int
+    """The routed experts' linears."""
+    replicated: int
+    """Norms, routers and the other tensors kept in the model dtype."""
+
+
+def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> LayerParams:
+    """One layer's params on one rank (:class:`LayerParams`)."""
     h = model.hidden_size
     layer = model.layers[idx] if idx < len(model.layers) else None
     attn = 0
@@ -163,6 +184,7 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
     else:
         moe_here = idx >= dense_first
         mlp_here = not moe_here
+    dense = shared = 0
     if moe is not None and moe_here:
         inter = moe.moe_intermediate_size // tp
         if moe.expert_hidden_size:  # Kimi-K3's latent MoE: experts in a narrower space, two projections
@@ -174,13 +196,13 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> t
             experts = moe.num_experts * mlp_mats * _pad(h, 256) * _pad(inter, 128)
         else:
             experts = moe.num_experts * mlp_mats * h * inter  # Nemotron-H's relu2 experts: up and down only
-        attn += mlp_mats * h * moe.shared_intermediate_size // tp
-        attn += mlp_mats * h * moe.parallel_dense_intermediate_size // tp
+        shared = mlp_mats * h * moe.shared_intermediate_size // tp
+        dense = mlp_mats * h * moe.parallel_dense_intermediate_size // tp
         replicated += h * moe.num_experts  # router
     elif mlp_here:
-        attn += mlp_mats * h * model.intermediate_size // tp
+        dense = mlp_mats * h * model.intermediate_size // tp
     replicated += 2 * h if model.intermediate_size and not block else h  # the norms (a Mamba block: one)
-    return attn, experts, replicated
+    return LayerParams(attn, dense, shared, experts, replicated)
 
 
 @functools.lru_cache(maxsize=512)
@@ -202,10 +224,19 @@ def compute_weight_breakdown(
     expert_bytes = qbytes if quant is not None else float(dbytes)
     if model.compressed is not None and model.compressed.expert_bytes_per_weight:
         expert_bytes = model.compressed.expert_bytes_per_weight  # DeepSeek-V4's MXFP4 / NVFP4 experts
+    modelopt = quant.modelopt if quant is not None else None
     total = 0.0
     for idx in model.layer_range(pp, pp_rank):
-        attn, experts, replicated = _layer_linear_params(model, tp, idx, loaded)
-        total += attn * dense_bytes + experts * expert_bytes + replicated * dbytes
+        p = _layer_linear_params(model, tp, idx, loaded)
+        if modelopt is not None:  # each component as the checkpoint stores it in this layer
+            total += sum(
+                params * compute_component_bytes(modelopt, idx, component, dbytes)
+                for params, component in ((p.mixer, MIXER), (p.dense, DENSE), (p.shared, SHARED),
+                                          (p.experts, EXPERTS))
+            )  # fmt: skip
+        else:
+            total += (p.mixer + p.dense + p.shared) * dense_bytes + p.experts * expert_bytes
+        total += p.replicated * dbytes
     vocab_rank = padded_vocab_size(model) // tp
     first, last = pp_rank == 0, pp_rank == pp - 1
     if first:

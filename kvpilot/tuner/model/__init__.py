@@ -49,10 +49,24 @@ from kvpilot.tuner.model.layers import (
     MlaSpec,
     MoeSpec,
 )
+from kvpilot.tuner.model.modelopt import (
+    DENSE,
+    EXPERTS,
+    MIXER,
+    SHARED,
+    ModelOptSpec,
+    compute_component_bytes,
+)
 from kvpilot.tuner.model.quantization import QuantSpec, build_quant_spec, compute_bytes_per_weight
 from kvpilot.tuner.model.spec import ModelSpec, build_model_spec
 
 __all__ = [
+    "DENSE",
+    "EXPERTS",
+    "MIXER",
+    "SHARED",
+    "ModelOptSpec",
+    "compute_component_bytes",
     "BLOCK_ATTENTION",
     "BLOCK_MIXER",
     "BLOCK_MLP",

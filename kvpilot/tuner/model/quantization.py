@@ -6,7 +6,8 @@ Sits at the bottom of the memory model beside :mod:`kvpilot.tuner.types`;
 with :func:`compute_bytes_per_weight`. Methods follow vLLM 0.33's names
 (``vllm/model_executor/layers/quantization/``): FP8, compressed-tensors (W8A8,
 W4A16), AWQ, GPTQ (and their Marlin variants), MXFP4 (MoE experts only, as
-``modules_to_not_convert`` says), NVFP4, bitsandbytes. A method it does not know
+``modules_to_not_convert`` says), NVFP4, bitsandbytes, and NVIDIA ModelOpt's FP8, NVFP4, MXFP8 and mixed
+precision (:mod:`kvpilot.tuner.model.modelopt`). A method it does not know
 raises :class:`~kvpilot.tuner.errors.InvalidModelConfig`: never a guess.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from kvpilot.tuner import errors
 from kvpilot.tuner.model.fields import Fields, Limit
+from kvpilot.tuner.model.modelopt import ModelOptSpec, build_modelopt_spec
 
 MAX_BITS = Limit(32, "quantized checkpoints store 4 or 8 bits")
 MAX_GROUP_SIZE = Limit(1 << 20, "published checkpoints group 16 to 128 weights")
@@ -34,6 +36,9 @@ class QuantSpec:
     experts_only: bool = False
     """MXFP4: only the MoE experts are quantized (``modules_to_not_convert``)."""
     quantize_lm_head: bool = False
+    modelopt: ModelOptSpec | None = None
+    """A ModelOpt checkpoint's algorithm, unquantized modules and per-layer precision
+    (:mod:`kvpilot.tuner.model.modelopt`)."""
 
 
 def build_quant_spec(qc: Mapping[str, Any], where: str = "quantization_config") -> QuantSpec:
@@ -44,6 +49,9 @@ def build_quant_spec(qc: Mapping[str, Any], where: str = "quantization_config") 
         raise errors.InvalidModelConfig(
             "quantization_config has no 'quant_method'", field=q.path("quant_method")
         )
+    inner = q.child("quantization") or q
+    if method.startswith("modelopt") and inner.present("quant_algo"):
+        return _modelopt(build_modelopt_spec(q))
     if method in ("fp8", "fbgemm_fp8", "modelopt", "ptpc_fp8", "fp8_per_tensor", "fp8_per_block"):
         return QuantSpec("fp8", 8)
     if method in ("mxfp4", "gpt_oss_mxfp4"):
@@ -70,6 +78,15 @@ def build_quant_spec(qc: Mapping[str, Any], where: str = "quantization_config") 
         f"quantization_config.quant_method {method[:40]!r} is not modelled",
         field=q.path("quant_method"),
     )
+
+
+def _modelopt(spec: ModelOptSpec) -> QuantSpec:
+    """vLLM's method for a ModelOpt algorithm: ``modelopt`` (FP8), ``modelopt_fp4``, ``modelopt_mxfp8`` or
+    ``modelopt_mixed``; the bytes are the :class:`ModelOptSpec`'s."""
+    ours = {"modelopt": "fp8", "modelopt_fp4": "nvfp4", "modelopt_mxfp8": "mxfp8"}
+    method = ours.get(spec.method, spec.method)
+    bits = 4 if spec.bytes_per_weight < 1 else 8
+    return QuantSpec(method, bits, 16 if bits == 4 else None, modelopt=spec)
 
 
 def _group_size(q: Fields, *names: str) -> int | None:
@@ -103,6 +120,8 @@ def _compressed_tensors(q: Fields) -> QuantSpec:
 
 def compute_bytes_per_weight(quant: QuantSpec) -> float:
     """Bytes per weight element of a quantized linear, scales and zero points included."""
+    if quant.modelopt is not None:
+        return quant.modelopt.bytes_per_weight
     if quant.method == "mxfp4":
         return 0.5 + 1 / 32  # e2m1 + one e8m0 scale per 32
     if quant.method == "nvfp4":
