@@ -84,6 +84,10 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
     if args.config:
         # Bounded like the operator's ConfigMaps: at most 1 MiB, nested at most 32 deep, an object.
         config = models.parse_config_json(_read_text(args.config), args.config)
+        sidecar = Path(args.config) / models.QUANT_SIDECAR
+        if Path(args.config).is_dir() and sidecar.is_file():  # a ModelOpt checkpoint's quantization
+            quant = models.parse_config_json(_read_text(str(sidecar)), str(sidecar))
+            config = dict(models.build_config_with_quant_sidecar(config, quant))
         model_name, checkpoint = args.config, None
     else:
         config = models.lookup_model_config(args.model)

@@ -102,6 +102,26 @@ def test_plan_from_a_folder_reads_its_preprocessor_config(tmp_path: Path) -> Non
     assert code == 2 and "max_pixels" in err
 
 
+def test_plan_from_a_folder_reads_a_modelopt_sidecar(tmp_path: Path) -> None:
+    """Nemotron 3 Nano NVFP4 keeps its quantization in hf_quant_config.json (ModelOpt 0.29's layout; not the
+    checkpoint's own file): read beside config.json, its weights are FP4 and its KV cache grows."""
+    data = Path(__file__).resolve().parent / "data" / "hf_configs"
+    config = data / "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4.json"
+    (tmp_path / "config.json").write_text(config.read_text())
+    gpu = ("--gpu", "H100-SXM", "--json")
+    bf16 = json.loads(run("plan", "--config", str(tmp_path), *gpu)[1])
+    quantization = {"quant_algo": "NVFP4", "exclude_modules": ["lm_head"]}
+    sidecar = {"producer": {"name": "modelopt"}, "quantization": quantization}
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(sidecar))
+    fp4 = json.loads(run("plan", "--config", str(tmp_path), *gpu)[1])
+    assert fp4["budget"]["weights_gib"] < 0.4 * bf16["budget"]["weights_gib"]
+    assert fp4["budget"]["kv_cache_tokens"] > bf16["budget"]["kv_cache_tokens"]
+    refused = {**sidecar, "quantization": {"quant_algo": "INT1"}}
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(refused))
+    code, _, err = run("plan", "--config", str(tmp_path), *gpu)
+    assert code == 2 and "INT1" in err
+
+
 def test_infeasible_plan_exits_1_and_says_why() -> None:
     code, out, _ = run("plan", "--model", "deepseek-ai/DeepSeek-V3", "--gpu", "L4", "--json")
     plan = json.loads(out)

@@ -34,8 +34,11 @@ from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, memory
 from kvpilot.tuner.model import (
     MAX_CONFIG_BYTES,
+    QUANT_SIDECAR,
     ModelSpec,
+    build_config_with_quant_sidecar,
     build_model_spec,
+    is_quantization_in_config,
     lookup_checkpoint_bytes,
     lookup_model_config,
     parse_config_json,
@@ -180,7 +183,12 @@ def read_config_map_config(ref: api.ConfigMapRef, namespace: str, kube: Kube) ->
             f"ConfigMap {namespace}/{ref.name} has no key {ref.key!r} (keys: {keys}); put config.json there "
             "or set spec.model.configMapRef.key"
         )
-    return _parse_config_json(data[ref.key], f"ConfigMap {namespace}/{ref.name} key {ref.key!r}")
+    config = _parse_config_json(data[ref.key], f"ConfigMap {namespace}/{ref.name} key {ref.key!r}")
+    if QUANT_SIDECAR not in data or ref.key == QUANT_SIDECAR:
+        return config
+    where = f"ConfigMap {namespace}/{ref.name} key {QUANT_SIDECAR!r}"
+    sidecar = _parse_config_json(data[QUANT_SIDECAR], where)
+    return dict(build_config_with_quant_sidecar(config, sidecar))
 
 
 def read_hub_token(ref: api.SecretRef | None, namespace: str, kube: Kube) -> str | None:
@@ -215,9 +223,26 @@ def download_hub_config(model_id: str, revision: str | None, token: str | None) 
         )
     except Exception as exc:
         raise compute_hub_error(exc, model_id, revision) from None
+    config = _read_hub_json(path, f"config.json of {model_id}@{revision or 'main'}")
+    if is_quantization_in_config(config):
+        return config  # a quantization_config of its own: vLLM does not look for the sidecar
+    try:  # ModelOpt's older exports keep the quantization beside config.json; most checkpoints have none
+        path = hf_hub_download(
+            model_id, QUANT_SIDECAR, revision=revision, token=token or False, etag_timeout=HUB_TIMEOUT_S
+        )
+    except Exception as exc:
+        mapped = compute_hub_error(exc, model_id, revision)
+        if isinstance(mapped, tuner_errors.InvalidModelConfig):  # not on the Hub: no sidecar
+            return config
+        raise mapped from None
+    sidecar = _read_hub_json(path, f"{QUANT_SIDECAR} of {model_id}@{revision or 'main'}")
+    return dict(build_config_with_quant_sidecar(config, sidecar))
+
+
+def _read_hub_json(path: str, where: str) -> dict[str, Any]:
     with open(path, "rb") as fh:  # bytes: parse_config_json refuses oversize and non-UTF-8 text itself
         raw = fh.read(MAX_CONFIG_BYTES + 1)  # one byte past the limit is enough to refuse a huge file
-    return _parse_config_json(raw, f"config.json of {model_id}@{revision or 'main'}")
+    return _parse_config_json(raw, where)
 
 
 def compute_hub_error(exc: Exception, model_id: str, revision: str | None) -> Exception:

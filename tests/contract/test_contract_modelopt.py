@@ -119,3 +119,30 @@ def test_mixed_precision_takes_each_modules_algorithm_from_vllm(
         assert ours.compute_component_bytes(spec, layer, component, 2.0) >= vllm_bytes, module
         checked += 1
     assert checked >= layers, checked
+
+
+@pytest.mark.parametrize("algo", ["FP8", "fp8_pb_wo", "NVFP4", "MIXED_PRECISION", "W4A16_NVFP4", "MXFP8"])
+def test_a_sidecar_gets_the_method_vllm_gives_it(quantization: ModuleType, algo: str) -> None:
+    """hf_quant_config.json names no quant_method: vLLM's ``_normalize_quantization_config`` sets it from the
+    algorithm (and refuses the algorithms it does not list there); kvpilot does the same."""
+    from types import SimpleNamespace
+
+    from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
+
+    from kvpilot.tuner import errors
+
+    layers = {"model.layers.0.mlp.down_proj": {"quant_algo": "FP8"}} if algo == "MIXED_PRECISION" else None
+    inner: dict[str, Any] = {"quant_algo": algo, "exclude_modules": ["lm_head"]}
+    if layers:
+        inner["quantized_layers"] = layers
+    sidecar = {"producer": {"name": "modelopt", "version": "0.29.0"}, "quantization": inner}
+    try:
+        normalized = ModelArchConfigConvertorBase._normalize_quantization_config(
+            None, SimpleNamespace(quantization_config=json.loads(json.dumps(sidecar)))
+        )
+    except ValueError:
+        with pytest.raises(errors.InvalidModelConfig):
+            build_quant_spec(sidecar)
+        return
+    spec = build_quant_spec(sidecar).modelopt
+    assert spec is not None and spec.method == normalized["quant_method"], (spec, normalized)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -75,12 +76,59 @@ def test_hub_errors_are_mapped(monkeypatch, name: str, status: int, reason: str)
     assert "hf_SECRET" not in failure.message
 
 
-def test_hub_download_reads_config(monkeypatch, tmp_path) -> None:
+def _serve_hub(
+    monkeypatch, tmp_path, files: dict[str, object], sidecar_error: str | None = None
+) -> list[str]:
+    """``hf_hub_download`` answering from ``files`` (a missing file: the Hub's 404); the names asked for."""
     import huggingface_hub
 
-    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **kw: str(tmp_path / "config.json"))
+    asked: list[str] = []
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+
+    def download(repo_id: str, filename: str, **kw: object) -> str:
+        asked.append(filename)
+        if filename == "hf_quant_config.json" and sidecar_error:
+            raise _hub_error(sidecar_error, 503)
+        if filename not in files:
+            raise _hub_error("RemoteEntryNotFoundError")
+        return str(tmp_path / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    return asked
+
+
+def test_hub_download_reads_config(monkeypatch, tmp_path) -> None:
+    asked = _serve_hub(monkeypatch, tmp_path, {"config.json": {"model_type": "llama"}})
     assert resolve.download_hub_config("acme/m", "main", None) == {"model_type": "llama"}
+    assert asked == ["config.json", "hf_quant_config.json"]  # no sidecar: the 404 is not an error
+
+
+SIDECAR = {"producer": {"name": "modelopt", "version": "0.29.0"},
+           "quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
+                            "exclude_modules": ["lm_head"]}}  # fmt: skip
+"""ModelOpt 0.29's hf_quant_config.json layout (the format vLLM's ``_normalize_quantization_config``
+reads; not a copy of any one checkpoint's)."""
+
+
+def test_hub_download_takes_a_modelopt_sidecar_as_vllm_does(monkeypatch, tmp_path) -> None:
+    llama = {"model_type": "llama"}
+    _serve_hub(monkeypatch, tmp_path, {"config.json": llama, "hf_quant_config.json": SIDECAR})
+    config = resolve.download_hub_config("acme/m", "main", None)
+    assert config == {"model_type": "llama", "quantization_config": SIDECAR}
+    own = {"model_type": "llama", "quantization_config": {"quant_method": "fp8"}}
+    asked = _serve_hub(monkeypatch, tmp_path, {"config.json": own, "hf_quant_config.json": SIDECAR})
+    assert resolve.download_hub_config("acme/m", "main", None) == own
+    assert asked == ["config.json"]  # its own quantization_config: vLLM looks no further
+
+
+def test_an_unreachable_sidecar_is_retried_not_skipped(monkeypatch, tmp_path) -> None:
+    """Sizing an NVFP4 checkpoint as bf16 because the Hub blinked would plan a different service."""
+    files: dict[str, object] = {"config.json": {"model_type": "llama"}}
+    _serve_hub(monkeypatch, tmp_path, files, sidecar_error="HfHubHTTPError")
+    with pytest.raises(Exception) as info:
+        resolve.download_hub_config("acme/m", "main", None)
+    assert (errors.classify(info.value).reason, errors.classify(info.value).retry) == ("HubUnreachable", True)
 
 
 @pytest.mark.parametrize(
@@ -101,3 +149,18 @@ def test_hub_download_refuses_bad_config_file(monkeypatch, tmp_path, content: by
     assert "config.json of acme/m@main" in info.value.message
     failure = errors.classify(info.value)
     assert (failure.reason, failure.retry) == ("InvalidModelConfig", False)
+
+
+def test_a_configmap_carries_the_sidecar_under_its_own_name() -> None:
+    from operator_fakes import FakeKube
+
+    from kvpilot.operator import api
+
+    kube = FakeKube()
+    kube.config_maps[("ns1", "cfg")] = {"config.json": '{"model_type": "llama"}',
+                                        "hf_quant_config.json": json.dumps(SIDECAR)}  # fmt: skip
+    config = resolve.read_config_map_config(api.ConfigMapRef(name="cfg"), "ns1", kube)
+    assert config == {"model_type": "llama", "quantization_config": SIDECAR}
+    kube.config_maps[("ns1", "cfg")]["hf_quant_config.json"] = "{broken"
+    with pytest.raises(tuner_errors.InvalidModelConfig, match="key 'hf_quant_config.json'"):
+        resolve.read_config_map_config(api.ConfigMapRef(name="cfg"), "ns1", kube)

@@ -129,3 +129,30 @@ def test_a_hostile_exclusion_list_is_refused_by_name(qc: dict[str, Any]) -> None
         build_quant_spec(qc)
     where = ("quantization_config.ignore", "quantization_config.exclude_modules")
     assert caught.value.field.startswith(where), caught.value.field
+
+
+SIDECAR = {"producer": {"name": "modelopt", "version": "0.29.0"},
+           "quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
+                            "exclude_modules": ["lm_head", "backbone.layers.*.mixer.in_proj*"]}}  # fmt: skip
+"""ModelOpt 0.29's hf_quant_config.json layout (the format vLLM's ``_normalize_quantization_config`` reads;
+Nemotron 3 Nano's own sidecar is not in tests/data)."""
+
+
+def test_the_sidecar_quantizes_a_config_without_its_own() -> None:
+    """Nemotron 3 Nano NVFP4 keeps its quantization in hf_quant_config.json: without it, sized as bf16."""
+    config = _config("nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4")
+    merged = dict(mo.build_config_with_quant_sidecar(config, SIDECAR))
+    spec = build_quant_spec(merged["quantization_config"])
+    assert spec.method == "nvfp4" and spec.modelopt is not None
+    assert spec.modelopt.excluded == ("lm_head", "backbone.layers.*.mixer.in_proj*")
+    assert _gib(merged) < 0.45 * _gib(config)  # experts at 4.5 bits, the Mamba mixers' in_proj kept bf16
+    own = {**config, "quantization_config": {"quant_method": "fp8"}}
+    assert mo.build_config_with_quant_sidecar(own, SIDECAR) is own  # config.json's own wins, as in vLLM
+
+
+@pytest.mark.parametrize("algo", ["W4A16_NVFP4", "MXFP8", "INT4_AWQ"])
+def test_a_sidecar_algorithm_vllm_refuses_is_refused(algo: str) -> None:
+    sidecar = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": algo}}
+    with pytest.raises(errors.InvalidModelConfig, match="hf_quant_config.json") as caught:
+        build_quant_spec(sidecar)
+    assert caught.value.field == "quantization_config.quantization.quant_algo"

@@ -28,8 +28,9 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kvpilot.tuner import errors
 from kvpilot.tuner.model.fields import Fields, Limit, refuse
@@ -49,6 +50,13 @@ LINEAR_ALGOS: dict[str, tuple[str, float]] = {
 byte, per-tensor, per-channel or 128x128 block scales negligible; NVFP4: e2m1 and one FP8 scale per 16;
 MXFP8: e4m3 and one e8m0 scale per 32)."""
 MIXED_PRECISION = "MIXED_PRECISION"
+QUANT_SIDECAR = "hf_quant_config.json"
+"""Where ModelOpt 0.29 and before saved the quantization, beside config.json (Nemotron 3's NVFP4 and FP8
+builds still do): vLLM reads it when config.json has no ``quantization_config``."""
+LEGACY_METHODS = {"FP8": "modelopt", "FP8_PER_CHANNEL_PER_TOKEN": "modelopt", "FP8_PB_WO": "modelopt",
+                  "NVFP4": "modelopt_fp4", "MIXED_PRECISION": "modelopt_mixed"}  # fmt: skip
+"""vLLM's ``_normalize_quantization_config``: the method a sidecar (no ``quant_method``, ``producer`` named
+``modelopt``, the algorithm under ``quantization``) gets; any other algorithm there is refused."""
 MAX_EXCLUDED = Limit(8192, "Qwen3.5-397B-A17B-NVFP4 excludes 184 module patterns")
 MAX_QUANTIZED_LAYERS = Limit(1 << 17, "Qwen3.6-27B-NVFP4 lists 401 modules")
 MAX_PATTERN_LENGTH = 512
@@ -60,7 +68,7 @@ _PREFIXES = ("model.layers.", "model.language_model.layers.", "language_model.mo
 _NAMES: dict[str, tuple[str, ...]] = {  # the routed experts: only with their whole layer
     MIXER: ("self_attn.q_proj", "self_attn.o_proj", "attn.wq_a", "linear_attn.in_proj_qkv",
             "linear_attn.out_proj", "mixer.in_proj", "attention.wqkv", "self_attention.linear_qkv"),
-    DENSE: ("mlp.gate_proj", "mlp.down_proj", "feed_forward.w1", "ffn.w1", "mlp.fc1"),
+    DENSE: ("mlp.gate_proj", "mlp.down_proj", "feed_forward.w1", "ffn.w1", "mlp.fc1", "mixer.up_proj"),
     SHARED: ("mlp.shared_expert.down_proj", "mlp.shared_experts.down_proj", "ffn.shared_experts.w1",
              "block_sparse_moe.shared_experts.w1", "feed_forward.shared_expert.w1"),
 }  # fmt: skip
@@ -102,6 +110,46 @@ def _algo(text: str | None, where: str) -> str:
             field=where,
         )
     return algo
+
+
+def build_config_with_quant_sidecar(
+    config: Mapping[str, Any], sidecar: Mapping[str, Any] | None
+) -> Mapping[str, Any]:
+    """config.json with the :data:`QUANT_SIDECAR` as its ``quantization_config``, as vLLM reads a checkpoint
+    (``transformers_utils/config.py``): only when config.json has none (at the top or in ``text_config``)."""
+    if sidecar is None or is_quantization_in_config(config):
+        return config
+    return {**config, "quantization_config": dict(sidecar)}
+
+
+def is_quantization_in_config(config: Mapping[str, Any]) -> bool:
+    """Whether config.json has a ``quantization_config`` of its own (vLLM then reads no sidecar)."""
+    text = config.get("text_config")
+    return "quantization_config" in config or (isinstance(text, Mapping) and "quantization_config" in text)
+
+
+def is_legacy_sidecar(q: Fields) -> bool:
+    """A ModelOpt sidecar that names no ``quant_method``: vLLM sets it from the algorithm."""
+    producer = q.child("producer")
+    inner = q.child("quantization")
+    legacy = inner is not None and inner.present("modelopt_quant_config")
+    return not q.present("quant_method") and inner is not None and (
+        legacy or (producer is not None and producer.string("name") == "modelopt")
+    )
+
+
+def compute_legacy_method(q: Fields) -> str:
+    """The method vLLM gives a sidecar (:data:`LEGACY_METHODS`), or a refusal naming the algorithm."""
+    inner = q.child("quantization")
+    assert inner is not None
+    algo = (inner.string("quant_algo") or "").upper()
+    if algo not in LEGACY_METHODS:
+        raise errors.InvalidModelConfig(
+            f"{inner.path('quant_algo')} {algo[:40]!r}: vLLM 0.33 refuses it in {QUANT_SIDECAR} "
+            f"(\"Unknown ModelOpt quant algo\"; it reads {', '.join(LEGACY_METHODS)} there)",
+            field=inner.path("quant_algo"),
+        )
+    return LEGACY_METHODS[algo]
 
 
 def build_modelopt_spec(q: Fields) -> ModelOptSpec:

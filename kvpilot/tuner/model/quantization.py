@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.tuner import errors
+from kvpilot.tuner.model import modelopt
 from kvpilot.tuner.model.fields import Fields, Limit
-from kvpilot.tuner.model.modelopt import ModelOptSpec, build_modelopt_spec
+from kvpilot.tuner.model.modelopt import ModelOptSpec
 
 MAX_BITS = Limit(32, "quantized checkpoints store 4 or 8 bits")
 MAX_GROUP_SIZE = Limit(1 << 20, "published checkpoints group 16 to 128 weights")
@@ -44,6 +45,9 @@ class QuantSpec:
 def build_quant_spec(qc: Mapping[str, Any], where: str = "quantization_config") -> QuantSpec:
     """Parse a ``quantization_config`` (at ``where`` in the config) into the bits weights are stored with."""
     q = Fields(qc, where)
+    if modelopt.is_legacy_sidecar(q):  # hf_quant_config.json: vLLM names the method from the algorithm
+        modelopt.compute_legacy_method(q)
+        return _modelopt(modelopt.build_modelopt_spec(q))
     method = (q.string("quant_method", "quantization") or "").lower()
     if not method:
         raise errors.InvalidModelConfig(
@@ -51,7 +55,7 @@ def build_quant_spec(qc: Mapping[str, Any], where: str = "quantization_config") 
         )
     inner = q.child("quantization") or q
     if method.startswith("modelopt") and inner.present("quant_algo"):
-        return _modelopt(build_modelopt_spec(q))
+        return _modelopt(modelopt.build_modelopt_spec(q))
     if method in ("fp8", "fbgemm_fp8", "modelopt", "ptpc_fp8", "fp8_per_tensor", "fp8_per_block"):
         return QuantSpec("fp8", 8)
     if method in ("mxfp4", "gpt_oss_mxfp4"):
