@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 
 import model_configs_for_tests as cfg
 import pytest
@@ -17,6 +19,7 @@ H100 = GpuSpec("H100-SXM", 85_031_714_816, (9, 0), True, "nvlink", nvml_total_by
 A100_40 = GpuSpec("A100-40GB", int(39.5 * GIB), (8, 0), False, "nvlink", nvml_total_bytes=40_960 << 20)
 L4 = GpuSpec("L4", int(21.96 * GIB), (8, 9), True, "pcie", nvml_total_bytes=23_034 << 20)
 
+HF_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "data" / "hf_configs"
 V019 = "0.19.0"
 AT_095 = EngineSettings(gpu_memory_utilization=0.95, max_model_len=8192)
 
@@ -224,3 +227,24 @@ def test_a_hybrid_with_fewer_state_blocks_than_sequences_is_predicted_to_fail_gr
     assert budget.error == vllm.mamba_cache_blocks_error(1024, budget.num_gpu_blocks)
     fewer = memory.compute_budget(spec, h200, tight.replace(max_num_seqs=budget.num_gpu_blocks))
     assert fewer.starts, fewer.error
+
+
+def test_up_down_experts_write_two_intermediate_widths_not_three() -> None:
+    """Nemotron-H's relu2 experts have no gate (vLLM's ``relu2_no_mul``: the activation keeps the up
+    projection's width), so a token routed to an expert writes two expert widths, not a gated MLP's three."""
+    data = json.loads((HF_CONFIGS / "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json").read_text())
+    spec = build_model_spec(data)
+    assert not spec.mlp_gated and spec.moe is not None
+    tokens, kwargs = 16384, {"tp": 1, "pp": 1, "pp_rank": 0, "max_num_seqs": 1, "dtype": "bfloat16"}
+    up_down = memory.compute_activation_bytes(
+        spec, max_num_batched_tokens=tokens, version=vllm.PINNED_VERSION, **kwargs
+    )
+    gated = memory.compute_activation_bytes(
+        dataclasses.replace(spec, mlp_gated=True),
+        max_num_batched_tokens=tokens,
+        version=vllm.PINNED_VERSION,
+        **kwargs,
+    )
+    moe = spec.moe
+    one_width = moe.experts_per_token * moe.moe_intermediate_size + moe.shared_intermediate_size
+    assert gated - up_down == pytest.approx(tokens * 2 * one_width, abs=2)

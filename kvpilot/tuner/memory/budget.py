@@ -200,16 +200,19 @@ def compute_activation_bytes(
     tokens = max_num_batched_tokens
     h = model.hidden_size
     moe = model.moe
+    # A gated MLP writes gate and up (two widths) and their product (one); an up/down one (Nemotron-H's
+    # relu2 experts, vLLM's ``*_no_mul`` activations, ``adjust_N_for_activation``) the up and its activation.
+    widths = 3 if model.mlp_gated else 2
     if moe is not None:
         expert = moe.moe_intermediate_size / tp
-        width = moe.experts_per_token * (3 * expert + 2 * h) + 3 * moe.shared_intermediate_size / tp
-        width += 3 * moe.parallel_dense_intermediate_size / tp
+        width = moe.experts_per_token * (widths * expert + 2 * h) + widths * moe.shared_intermediate_size / tp
+        width += widths * moe.parallel_dense_intermediate_size / tp
     elif not model.intermediate_size and model.linear_state is not None:
         # An attention-free Mamba block has no MLP: its widest tensors are the mixer's in_proj (x and z)
         # and the conv output, three intermediate widths (not calibrated on a start: no log exists).
         width = 3 * model.linear_state.conv_dim / tp
     else:
-        width = (3 if model.mlp_gated else 2) * model.intermediate_size / tp
+        width = widths * model.intermediate_size / tp
     forward = tokens * b * (c.forward_hidden_copies * h + width)
     last, first = pp_rank == pp - 1, pp_rank == 0
     carry = tokens * h * b  # the hidden states the sampler reads
