@@ -188,7 +188,7 @@ def _budget_for(
         pipeline_parallel_size=plan.compute_pipeline_parallel(spec.gpu.count, tp),
         vllm_version=engine.version,
         weights_total_bytes=inputs.model.checkpoint_bytes,
-        model_runner_v2=engine.model_runner_v2,
+        **engine.flags.budget_kwargs(),
     )
 
 

@@ -73,7 +73,7 @@ def build_desired(
     plan = modes.compute_feasible_plan(
         spec, inputs.model.spec, inputs.gpu.gpu, user,
         weights_total_bytes=inputs.model.checkpoint_bytes,
-        plan_fn=_plan_for_release(plan_fn or _default_plan_fn(), engine.image, engine.model_runner_v2),
+        plan_fn=_plan_for_release(plan_fn or _default_plan_fn(), engine.image, engine.flags),
         learned=learned,
     )  # fmt: skip
     decision = modes.compute_mode_decision(spec, plan, user)
@@ -100,20 +100,21 @@ def _default_plan_fn() -> modes.PlanFn:
 
 @functools.lru_cache(maxsize=256)
 def _plan_for_release(
-    plan_fn: modes.PlanFn, image: vllm.ImageVersion, model_runner_v2: bool | None = None
+    plan_fn: modes.PlanFn, image: vllm.ImageVersion, flags: vllm.EngineFlags = vllm.DEFAULT_ENGINE
 ) -> modes.PlanFn:
     """``plan_fn`` planning for the release the image runs (its tag, or ``spec.engine.vllmVersion``)
-    and the model runner its environment chooses, with the ``VersionAssumed`` warning first among the
-    plan's warnings when the release was assumed (``status.warnings`` and a Warning event carry it,
-    as every plan warning).
+    and the engine its environment and extra args choose (``flags``: the model runner, ``--enforce-eager``,
+    ``--performance-mode``, prefix caching), with the ``VersionAssumed`` warning first among the plan's
+    warnings when the release was assumed (``status.warnings`` and a Warning event carry it, as every plan
+    warning).
 
-    One wrapper per (planner, release, runner), so the planner's cache
+    One wrapper per (planner, release, flags), so the planner's cache
     (:func:`modes.compute_feasible_plan`) keeps hitting for identical services."""
 
     def plan(*args: Any, **kwargs: Any) -> Plan:
         changes: dict[str, Any] = {"vllm_version": image.version}
-        if model_runner_v2 is not None:
-            changes["model_runner_v2"] = model_runner_v2
+        if flags != vllm.DEFAULT_ENGINE:
+            changes["engine"] = flags
         result: Plan = plan_fn(*args, **{**kwargs, **changes})
         if image.warning is not None:
             result = dataclasses.replace(result, warnings=(image.warning, *result.warnings))

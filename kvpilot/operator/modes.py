@@ -61,14 +61,18 @@ def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
 
     Refused with InvalidSpec: the flags of the pod kvpilot renders (``--host``, ``--port``, ``--model``, ...:
     :data:`kvpilot.tuner.vllm.POD_FLAGS`), a tuned flag contradicting ``pinned`` or ``gpu``, pipeline
-    stages that do not fill ``gpu.count``. Planned for: ``--pipeline-parallel-size`` that does (it fixes
-    the tensor-parallel size), tuned flags (they become pinned settings). ``--dtype`` needs the model:
+    stages that do not fill ``gpu.count``; with InvalidEngineArgs: an abbreviated or misvalued flag of
+    :mod:`kvpilot.tuner.vllm.engine_flags`. Planned for: ``--pipeline-parallel-size`` that does (it fixes
+    the tensor-parallel size), tuned flags (they become pinned settings), ``--enforce-eager``,
+    ``--performance-mode`` and prefix caching (:func:`kvpilot.operator.release.resolve_release`). ``--dtype``
+    needs the model:
     :func:`check_model_args`."""
     pod = vllm.find_pod_flags(spec.engine.extra_args)
     if pod:
         what = "in spec.engine.extraArgs contradicts the pod kvpilot renders"
         raise errors.InvalidSpec("; ".join(f"{flag} {what}: {why}" for flag, why in pod))
     vllm.validate_extra_args(spec.engine.extra_args)
+    vllm.check_engine_flags(spec.engine.extra_args)
     from_extra, rest = vllm.parse_vllm_args(spec.engine.extra_args)
     pinned = spec.engine.pinned.to_engine()
     merged = pinned.as_dict()

@@ -9,8 +9,10 @@ read back from ``status.budget`` (:func:`kvpilot.operator.loop_state.read_budget
 
 The release is ``spec.engine.vllmVersion`` when given, else read from ``spec.engine.image``'s tag
 (:func:`kvpilot.tuner.vllm.resolve_image_version`; a tag it cannot read gives the pinned release and a
-``VersionAssumed`` warning); the model runner is ``VLLM_USE_V2_MODEL_RUNNER`` from ``spec.engine.env``
-when it is a literal value.
+``VersionAssumed`` warning); the engine's flags (:class:`kvpilot.tuner.vllm.EngineFlags`) are the model
+runner, ``VLLM_USE_V2_MODEL_RUNNER`` from ``spec.engine.env`` when it is a literal value, and the untuned
+flags of ``spec.engine.extraArgs`` that change vLLM's memory (``--enforce-eager``, ``--performance-mode``,
+prefix caching: :mod:`kvpilot.tuner.vllm.engine_flags`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ class EngineRelease:
     """What the memory model is told about the engine a service runs."""
 
     image: vllm.ImageVersion
-    model_runner_v2: bool | None
-    """``VLLM_USE_V2_MODEL_RUNNER`` (``None``: unset or not a literal, the release's default)."""
+    flags: vllm.EngineFlags
+    """The model runner (``None``: unset or not a literal, the release's default) and the extra args' flags
+    that change the budget."""
 
     @property
     def version(self) -> str:
@@ -39,9 +42,10 @@ class EngineRelease:
 
 
 def resolve_release(spec: api.InferenceServiceSpec) -> EngineRelease:
-    """The release and model runner of ``spec``'s engine (pure: no registry is asked)."""
+    """The release and flags of ``spec``'s engine (pure: no registry is asked)."""
     return EngineRelease(
-        vllm.resolve_image_version(spec.engine.image, spec.engine.vllm_version), _v2_runner_env(spec)
+        vllm.resolve_image_version(spec.engine.image, spec.engine.vllm_version),
+        vllm.build_engine_flags(spec.engine.extra_args, _v2_runner_env(spec)),
     )
 
 

@@ -142,11 +142,14 @@ def compute_plan(
     user = modes.compute_user_args(plan_spec)
     release = vllm.resolve_image_version(plan_spec.engine.image, None)
     runner_v2 = vllm.parse_v2_runner_env(found.vllm_env.get(vllm.V2_RUNNER_ENV))
-    plan_fn = desired._plan_for_release(desired._default_plan_fn(), release, runner_v2)
+    flags = vllm.build_engine_flags(plan_spec.engine.extra_args, runner_v2)
+    plan_fn = desired._plan_for_release(desired._default_plan_fn(), release, flags)
     plan = modes.compute_feasible_plan(
         plan_spec, model.spec, gpu, user, weights_total_bytes=model.checkpoint_bytes, plan_fn=plan_fn
     )
-    loop = target_loop.LoopInputs(plan_spec, plan, model.spec, gpu, release.version, model.checkpoint_bytes)
+    loop = target_loop.LoopInputs(
+        plan_spec, plan, model.spec, gpu, release.version, model.checkpoint_bytes, engine=flags
+    )
     return plan, model, loop
 
 

@@ -144,6 +144,8 @@ class LoopInputs:
     gpu: GpuSpec
     vllm_version: str
     checkpoint_bytes: int | None = None
+    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE
+    """The target's model runner and untuned memory flags (:mod:`kvpilot.tuner.vllm.engine_flags`)."""
 
 
 def compute_budget(inputs: LoopInputs, settings: EngineSettings) -> MemoryBudget:
@@ -156,6 +158,7 @@ def compute_budget(inputs: LoopInputs, settings: EngineSettings) -> MemoryBudget
         inputs.model, inputs.gpu, settings.replace(tensor_parallel_size=tp),
         pipeline_parallel_size=compute_pipeline_parallel(inputs.plan_spec.gpu.count, tp),
         vllm_version=inputs.vllm_version, weights_total_bytes=inputs.checkpoint_bytes,
+        **inputs.engine.budget_kwargs(),
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ import kopf
 
 from kvpilot.operator import handlers
 from kvpilot.operator.events import RecordingEmitter
+from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
 
 L4_LABELS = {
@@ -139,9 +140,10 @@ class FakeKube:
 
 def fake_plan(
     model: Any, gpu: GpuSpec, gpu_count: int, bounds: ServingBounds, *, pinned: EngineSettings,
-    vllm_version: str, weights_total_bytes: int | None,
+    vllm_version: str, weights_total_bytes: int | None, engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
 ) -> Plan:  # fmt: skip
-    """A planner stand-in: feasible when gpu memory x count >= 40 GiB or the model is small."""
+    """A planner stand-in: feasible when gpu memory x count >= 40 GiB or the model is small (``engine``, the
+    extra args' memory flags, changes nothing here)."""
     length = pinned.max_model_len or bounds.max_context or 8192
     fits = gpu.total_bytes * gpu_count >= 40 * (1 << 30) or (bounds.min_context or 0) < 4096
     settings = EngineSettings(

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kvpilot.operator import desired, errors, resolve
+from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import memory, vllm
 
 META = {"name": "llama", "namespace": "ml", "uid": "u1", "generation": 1}
@@ -76,3 +77,33 @@ def test_vllm_use_v2_model_runner_0_in_the_env_plans_the_v1_runner() -> None:
     assert v1.budget.sampler_state_gib == 0
     assert v2.budget.sampler_state_gib > 0 and v2.budget == _plan().budget  # 1 is the 0.33 default
     assert secret.budget == _plan().budget  # not read: the release's default
+
+
+def test_the_extra_args_engine_flags_are_planned_for() -> None:
+    """``--enforce-eager`` captures no CUDA graphs, so the plan neither reserves nor subtracts them;
+    ``--performance-mode interactivity`` captures every size from 1 to 32, more graph memory than
+    ``balanced``; the last of ``--enforce-eager`` / ``--no-enforce-eager`` wins, as in vLLM's parser."""
+    default = _plan()
+    eager = _plan(extraArgs=["--enforce-eager"])
+    undone = _plan(extraArgs=["--enforce-eager", "--no-enforce-eager"])
+    interactive = _plan(extraArgs=["--performance-mode", "interactivity"])
+    assert default.budget.cuda_graph_gib > 0 and eager.budget.cuda_graph_gib == 0
+    assert eager.budget.kv_cache_tokens >= default.budget.kv_cache_tokens
+    assert undone.budget == default.budget
+    assert interactive.budget.cuda_graph_gib > default.budget.cuda_graph_gib
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--performance-mode", "fast"], "not a vLLM 0.33 performance mode"),
+        (["--enforce-eager=true"], "takes no value"),
+        (["--enforce"], "abbreviates --enforce-eager"),
+        (["--perf", "throughput"], "abbreviates --performance-mode"),
+    ],
+)
+def test_a_misspelt_engine_flag_is_refused_by_name(args: list[str], match: str) -> None:
+    spec = desired.parse_spec(_spec(extraArgs=args))
+    inputs = resolve.Inputs(resolve.read_model(spec.model, "ml", None), resolve.read_gpu(spec, None))
+    with pytest.raises(tuner_errors.InvalidEngineArgs, match=match):
+        desired.build_desired(META, spec, inputs)

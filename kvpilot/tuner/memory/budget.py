@@ -366,11 +366,12 @@ def compute_budget(
     returns that many bytes as the KV pool of every worker, ignoring the utilisation for the pool
     (``gpu_worker.py::determine_available_memory``, 0.33); the rest of the budget must then fit in
     the GPU itself, which vLLM does not check before allocating (:func:`vllm.kv_cache_memory_oom_error`).
-    ``model_runner_v2`` is ``VLLM_USE_V2_MODEL_RUNNER`` (``None`` = the release's default) and
-    ``performance_mode`` ``--performance-mode``: kvpilot's operator reads neither (pods run the
-    defaults); the estimate and the tests set them. ``enable_prefix_caching`` is
-    ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``None``: vLLM's default, off for
-    attention-free models): it decides whether state layers run in align mode (2-3 pages a request).
+    ``model_runner_v2`` is ``VLLM_USE_V2_MODEL_RUNNER`` (``None`` = the release's default),
+    ``performance_mode`` ``--performance-mode`` and ``enforce_eager`` ``--enforce-eager``;
+    ``enable_prefix_caching`` is ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``None``:
+    vLLM's default, off for attention-free models): it decides whether state layers run in align mode
+    (2-3 pages a request). The operator reads all four from the pod's environment and extra args
+    (:class:`kvpilot.tuner.vllm.EngineFlags`).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(

@@ -55,7 +55,7 @@ def compute_safe_utilization(
     bounds: ServingBounds,
     vllm_version: str,
     pipeline_parallel_size: int = 1,
-    model_runner_v2: bool | None = None,
+    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
 ) -> float:
     """``gpu_memory_utilization`` leaving what vLLM's profiling misses outside the budget.
 
@@ -66,11 +66,12 @@ def compute_safe_utilization(
     """
     version = vllm.parse_version(vllm_version)
     r = memory.resolve_settings(
-        model, gpu, settings, version, pipeline_parallel_size, model_runner_v2=model_runner_v2
-    )
-    graphs = memory.compute_cuda_graph_bytes(
+        model, gpu, settings, version, pipeline_parallel_size,
+        performance_mode=engine.performance_mode, model_runner_v2=engine.model_runner_v2,
+    )  # fmt: skip
+    graphs = 0 if engine.enforce_eager else memory.compute_cuda_graph_bytes(
         model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
-        version=version,
+        version=version, performance_mode=r.performance_mode,
     )  # fmt: skip
     graph_share = GRAPH_ESTIMATE_ERROR if vllm.subtracts_cuda_graphs(version) else 1.0
     logits = memory.compute_warmup_logits_bytes(model, r)
@@ -92,14 +93,14 @@ def _budget(
     settings: EngineSettings,
     version: str,
     weights: int | None,
-    model_runner_v2: bool | None = None,
+    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
 ) -> MemoryBudget:
     """The budget of ``settings`` on a replica of ``gpu_count`` GPUs: the GPUs the tensor-parallel
     group leaves over are pipeline stages, as the operator renders them."""
     pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
     return memory.compute_budget(
         model, gpu, settings, pipeline_parallel_size=pp, vllm_version=version, weights_total_bytes=weights,
-        model_runner_v2=model_runner_v2,
+        **engine.budget_kwargs(),
     )  # fmt: skip
 
 
@@ -196,7 +197,7 @@ def _suggestions(
     version: str,
     budget_of: _BudgetOf,
     fits: Callable[[MemoryBudget], bool],
-    model_runner_v2: bool | None = None,
+    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
 ) -> list[str]:
     """What would fit instead: more GPUs, fp8 KV, a shorter context, quantized weights."""
     out: list[str] = []
@@ -232,7 +233,7 @@ def _suggestions(
     if model.quantization is None:
         quant = QuantSpec("fp8", 8) if gpu.compute_capability >= (8, 9) else QuantSpec("awq", 4, 128)
         smaller = dataclasses.replace(model, quantization=quant)
-        if fits(_budget(smaller, gpu, gpu_count, settings, version, None, model_runner_v2)):
+        if fits(_budget(smaller, gpu, gpu_count, settings, version, None, engine)):
             kind = "FP8" if quant.method == "fp8" else "4-bit AWQ/GPTQ"
             out.append(
                 f"A {kind}-quantized checkpoint of this model fits (kvpilot never changes the checkpoint)."
@@ -252,7 +253,7 @@ def compute_plan(
     vllm_version: str = vllm.PINNED_VLLM_VERSION,
     weights_total_bytes: int | None = None,
     pin_kv_cache_memory: bool = False,
-    model_runner_v2: bool | None = None,
+    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
     learned: Learned | None = None,
 ) -> Plan:
     """Plan vLLM's engine settings for ``model`` on ``gpu_count`` x ``gpu`` within ``bounds``.
@@ -263,15 +264,16 @@ def compute_plan(
 
     ``pin_kv_cache_memory``: render ``--kv-cache-memory-bytes`` with the KV pool the plan's budget
     leaves (the same blocks) instead of ``--gpu-memory-utilization`` (:func:`_pin_kv_pool`).
-    ``model_runner_v2``: the pods' ``VLLM_USE_V2_MODEL_RUNNER`` (``None`` when unset: the release's
-    default, :func:`kvpilot.tuner.vllm.uses_model_runner_v2`)."""
+    ``engine``: what the pods run besides the tuned settings (:class:`kvpilot.tuner.vllm.EngineFlags`: their
+    ``VLLM_USE_V2_MODEL_RUNNER``, ``--enforce-eager``, ``--performance-mode``, prefix caching); the plan is
+    for that engine."""
     warnings: list[str] = []
     budgets: dict[EngineSettings, MemoryBudget] = {}
 
     def budget_of(s: EngineSettings) -> MemoryBudget:
         # Memoized: the context searches and the suggestions revisit the same settings.
         if s not in budgets:
-            budgets[s] = _budget(model, gpu, gpu_count, s, vllm_version, weights_total_bytes, model_runner_v2)
+            budgets[s] = _budget(model, gpu, gpu_count, s, vllm_version, weights_total_bytes, engine)
         return budgets[s]
 
     tp = pinned.tensor_parallel_size or compute_tensor_parallel(model, gpu_count)
@@ -297,8 +299,7 @@ def compute_plan(
     if pinned.gpu_memory_utilization is None:
         seq_guess = settings.replace(max_num_seqs=pinned.max_num_seqs or bounds.concurrency)
         util = compute_safe_utilization(
-            model, gpu, seq_guess, bounds, vllm_version, compute_pipeline_parallel(gpu_count, tp),
-            model_runner_v2,
+            model, gpu, seq_guess, bounds, vllm_version, compute_pipeline_parallel(gpu_count, tp), engine,
         )  # fmt: skip
         if learned is not None and learned.utilization_ceiling is not None:
             util = max(bounds.min_gpu_memory_utilization, min(util, learned.utilization_ceiling))
@@ -363,7 +364,7 @@ def compute_plan(
             f"fewer than the expected concurrency {bounds.concurrency}."
         )
         suggestions = _suggestions(
-            model, gpu, gpu_count, bounds, settings, pinned, vllm_version, budget_of, meets, model_runner_v2
+            model, gpu, gpu_count, bounds, settings, pinned, vllm_version, budget_of, meets, engine
         )
         reasons = (why, *suggestions)
     if pinned.max_num_seqs and bounds.concurrency and pinned.max_num_seqs < bounds.concurrency:
@@ -377,7 +378,7 @@ def compute_plan(
     kv_bytes = None
     if pin_kv_cache_memory and feasible:
         kv_bytes, settings, budget = _pin_kv_pool(
-            model, gpu, gpu_count, settings, vllm_version, weights_total_bytes, budget, model_runner_v2
+            model, gpu, gpu_count, settings, vllm_version, weights_total_bytes, budget, engine
         )
     return Plan(
         settings=settings,
@@ -418,7 +419,7 @@ def _pin_kv_pool(
     version: str,
     weights: int | None,
     budget: MemoryBudget,
-    model_runner_v2: bool | None = None,
+    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
 ) -> tuple[int | None, EngineSettings, MemoryBudget]:
     """The plan's KV pool as ``--kv-cache-memory-bytes``, the settings and the budget under that pin.
 
@@ -432,7 +433,7 @@ def _pin_kv_pool(
     unpinned = settings.replace(gpu_memory_utilization=None)
     pinned = memory.compute_budget(
         model, gpu, unpinned, pipeline_parallel_size=pp, vllm_version=version, weights_total_bytes=weights,
-        kv_cache_memory_bytes=budget.kv_pool_bytes, model_runner_v2=model_runner_v2,
+        kv_cache_memory_bytes=budget.kv_pool_bytes, **engine.budget_kwargs(),
     )  # fmt: skip
     if not pinned.starts:
         return None, settings, budget

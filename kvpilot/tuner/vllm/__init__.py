@@ -2,11 +2,12 @@
 
 Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model Runner
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
-effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), its KV-cache dtypes
-(:mod:`.kv_dtypes`), the block size each attention backend asks for on each GPU (:mod:`.block_sizes`),
-the sparse-attention indexer cache (:mod:`.indexer`), DeepSeek-V4's compressed sparse attention
-(:mod:`.compressed_attention`), the multimodal encoder's profile batch (:mod:`.multimodal`), the texts it
-prints when it fails and their parsers (:mod:`.messages`) -- lives in this package. Other modules ask it;
+effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), the untuned flags that
+change its memory (:mod:`.engine_flags`), its KV-cache dtypes (:mod:`.kv_dtypes`), the block size each
+attention backend asks for on each GPU (:mod:`.block_sizes`), the sparse-attention indexer cache
+(:mod:`.indexer`), DeepSeek-V4's compressed sparse attention (:mod:`.compressed_attention`), the multimodal
+encoder's profile batch (:mod:`.multimodal`), the texts it prints when it fails and their parsers
+(:mod:`.messages`) -- lives in this package. Other modules ask it;
 they never keep a copy.
 A copy is a defect waiting to drift: three did (the closed loop's own batch-default table, the KV-dtype
 list, a hard-coded block size).
@@ -51,6 +52,15 @@ from kvpilot.tuner.vllm.compressed_attention import (
     compressed_layer_caches,
 )
 from kvpilot.tuner.vllm.effective import compute_effective_settings, compute_in_flight_tokens
+from kvpilot.tuner.vllm.engine_flags import (
+    DEFAULT_ENGINE,
+    ENFORCE_EAGER_FLAG,
+    PERFORMANCE_MODE_FLAG,
+    PREFIX_CACHING_FLAG,
+    EngineFlags,
+    build_engine_flags,
+    check_engine_flags,
+)
 from kvpilot.tuner.vllm.hybrid import (
     ATTENTION_KERNEL_BLOCK,
     FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
@@ -137,6 +147,9 @@ __all__ = [
     "CUTLASS_MLA_BLOCK",
     "CompressedCache",
     "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_ENGINE",
+    "ENFORCE_EAGER_FLAG",
+    "EngineFlags",
     "FLAGS",
     "FLAG_ALIASES",
     "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT",
@@ -155,10 +168,12 @@ __all__ = [
     "MODEL_RUNNER_V2_SINCE",
     "OLDEST_MODELLED",
     "PERFORMANCE_MODES",
+    "PERFORMANCE_MODE_FLAG",
     "PINNED_VERSION",
     "PINNED_VLLM_VERSION",
     "PIPELINE_PARALLEL_FLAG",
     "POD_FLAGS",
+    "PREFIX_CACHING_FLAG",
     "PREVIOUSLY_SUPPORTED_ARCHITECTURES",
     "SAMPLER_WARMUP_V2_BYTES_PER_LOGIT",
     "SIZING_OVERRIDE_FLAGS",
@@ -169,11 +184,13 @@ __all__ = [
     "Version",
     "approximate_gcd",
     "auto_fit_error",
+    "build_engine_flags",
     "build_vllm_args",
     "charges_total_consumed",
     "check_architecture_served",
     "check_compressed_ratios",
     "check_dtype",
+    "check_engine_flags",
     "check_modelled",
     "check_settings",
     "compressed_layer_caches",

@@ -159,7 +159,9 @@ def _is_number(token: str) -> bool:
     return True
 
 
-def _iter_flags(args: Sequence[str]) -> Iterator[tuple[int, str, str | None]]:
+def iter_flags(args: Sequence[str]) -> Iterator[tuple[int, str, str | None]]:
+    """``(index, flag, inline value)`` of every flag token of ``args``, its spelling made canonical (dashes
+    for underscores, aliases resolved, ``=value`` split off); negative numbers are values, not flags."""
     for index, token in enumerate(args):
         if _is_flag(token):
             flag, inline = _canonical(token)
@@ -211,7 +213,7 @@ def build_vllm_args(
     """
     check_settings(settings)
     validate_extra_args(extra)
-    for _, flag, _ in _iter_flags(extra):
+    for _, flag, _ in iter_flags(extra):
         if flag in _FIELD_BY_FLAG:
             raise errors.InvalidEngineArgs(
                 f"{flag} is a tuned setting; pass it as a pinned value, not as an extra argument", flag=flag
@@ -270,7 +272,7 @@ def find_flag_values(args: Sequence[str], flag: str) -> list[str]:
     """Every value given to ``flag`` in ``args`` (``--flag value``, ``--flag=value``, short forms and
     underscores alike), in order; a missing value is ``""``."""
     found = []
-    for index, name, inline in _iter_flags(args):
+    for index, name, inline in iter_flags(args):
         if name == flag:
             nxt = args[index + 1] if index + 1 < len(args) else ""
             found.append(inline if inline is not None else ("" if _is_flag(nxt) else nxt))
@@ -281,7 +283,7 @@ def find_pod_flags(args: Sequence[str]) -> list[tuple[str, str]]:
     """``(flag, why)`` for each flag of :data:`POD_FLAGS` in ``args``, in any spelling or as an
     abbreviation (vLLM accepts unique prefixes, so ``--po`` is ``--port``)."""
     found = []
-    for _, flag, _ in _iter_flags(args):
+    for _, flag, _ in iter_flags(args):
         if flag in POD_FLAGS:
             found.append((flag, POD_FLAGS[flag]))
         elif len(flag) > 3 and flag not in _FIELD_BY_FLAG:
@@ -324,7 +326,7 @@ def validate_extra_args(args: Sequence[str]) -> None:
             "fail with 'unrecognized arguments: serve'",
             flag="serve",
         )
-    for index, flag, inline in _iter_flags(args):
+    for index, flag, inline in iter_flags(args):
         reason = UNSUPPORTED_FLAGS.get(flag)
         if reason is None and flag.startswith("--kv-cache-memory"):
             reason = UNSUPPORTED_FLAGS[KV_CACHE_MEMORY_FLAG]

@@ -1,0 +1,141 @@
+"""The engine a service's pods run beyond the tuned settings, as vLLM 0.33's memory budget needs it.
+
+kvpilot tunes six flags (:data:`kvpilot.tuner.vllm.FLAGS`). Three more that a user may put in
+``spec.engine.extraArgs`` change what vLLM takes at start-up, so a plan that ignored them would be the
+plan of another engine:
+
+* ``--enforce-eager`` (``--no-enforce-eager`` undoes it): no CUDA graphs are captured, so their pool is
+  neither taken nor subtracted;
+* ``--performance-mode {balanced,interactivity,throughput}``: ``interactivity`` captures every batch size
+  from 1 to 32 (more graph memory), ``throughput`` doubles the batch defaults;
+* ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``--disable-prefix-caching``): whether the
+  state layers of a hybrid model keep align-mode pages (two or three a request).
+
+Each is read as vLLM's own parser reads it (``EngineArgs.add_cli_args``: the booleans are
+``EnableDisableAction`` flags without a value, the last occurrence wins), which
+``tests/contract/test_contract_engine_flags.py`` checks against that parser. vLLM accepts unique
+prefixes of a flag; an abbreviation of these three is refused (:func:`check_engine_flags`), as are the
+tuned flags', so kvpilot never plans for one engine while the pod runs another.
+
+With ``VLLM_USE_V2_MODEL_RUNNER`` (read from the pod's environment by the operator) this is the whole of
+what the memory model is told about the engine besides the release: :class:`EngineFlags`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypedDict
+
+from kvpilot.tuner import errors
+from kvpilot.tuner.vllm.args import iter_flags
+from kvpilot.tuner.vllm.versions import PERFORMANCE_MODES
+
+ENFORCE_EAGER_FLAG = "--enforce-eager"
+PERFORMANCE_MODE_FLAG = "--performance-mode"
+PREFIX_CACHING_FLAG = "--enable-prefix-caching"
+
+_BOOLEANS: dict[str, tuple[str, bool]] = {
+    ENFORCE_EAGER_FLAG: ("enforce_eager", True),
+    "--no-enforce-eager": ("enforce_eager", False),
+    PREFIX_CACHING_FLAG: ("enable_prefix_caching", True),
+    "--no-enable-prefix-caching": ("enable_prefix_caching", False),
+    "--disable-prefix-caching": ("enable_prefix_caching", False),
+}
+"""vLLM 0.33's spellings of the two booleans (``EnableDisableAction``: ``--x``, ``--no-x``; prefix caching
+also ``--disable-prefix-caching``) and the value each sets."""
+
+ENGINE_FLAGS = (*_BOOLEANS, PERFORMANCE_MODE_FLAG)
+"""Every spelling :func:`build_engine_flags` reads."""
+
+
+class BudgetKwargs(TypedDict):
+    """:func:`kvpilot.tuner.memory.compute_budget`'s keyword arguments for an :class:`EngineFlags`."""
+
+    model_runner_v2: bool | None
+    enforce_eager: bool
+    performance_mode: str | None
+    enable_prefix_caching: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFlags:
+    """What the memory model is told about the engine besides its release and the tuned settings."""
+
+    model_runner_v2: bool | None = None
+    """``VLLM_USE_V2_MODEL_RUNNER`` (``None``: unset, the release's default)."""
+    enforce_eager: bool = False
+    performance_mode: str | None = None
+    """``None``: not given (vLLM's ``balanced``)."""
+    enable_prefix_caching: bool | None = None
+    """``None``: not given (vLLM's default for the model, :func:`.hybrid.prefix_caching_by_default`)."""
+
+    def budget_kwargs(self) -> BudgetKwargs:
+        """The keyword arguments :func:`kvpilot.tuner.memory.compute_budget` takes for these flags."""
+        return BudgetKwargs(
+            model_runner_v2=self.model_runner_v2,
+            enforce_eager=self.enforce_eager,
+            performance_mode=self.performance_mode,
+            enable_prefix_caching=self.enable_prefix_caching,
+        )
+
+
+DEFAULT_ENGINE = EngineFlags()
+
+
+def build_engine_flags(args: Sequence[str], model_runner_v2: bool | None = None) -> EngineFlags:
+    """The :class:`EngineFlags` of ``args`` (the user's extra arguments) and the pods' model runner.
+
+    Never raises: a value vLLM would refuse is :func:`check_engine_flags`' to report, and is not read."""
+    values: dict[str, bool | str | None] = {}
+    for index, flag, inline in iter_flags(args):
+        if flag in _BOOLEANS and inline is None:
+            field, value = _BOOLEANS[flag]
+            values[field] = value
+        elif flag == PERFORMANCE_MODE_FLAG:
+            text = inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
+            if text in PERFORMANCE_MODES:
+                values["performance_mode"] = text
+    return EngineFlags(
+        model_runner_v2=model_runner_v2,
+        enforce_eager=bool(values.get("enforce_eager", False)),
+        performance_mode=_str_or_none(values.get("performance_mode")),
+        enable_prefix_caching=_bool_or_none(values.get("enable_prefix_caching")),
+    )
+
+
+def check_engine_flags(args: Sequence[str]) -> None:
+    """Refuse what vLLM 0.33's parser refuses of these flags (a value given to a boolean, a performance
+    mode it does not know) and an abbreviation of one (kvpilot reads the full spellings only)."""
+    for index, flag, inline in iter_flags(args):
+        if flag in _BOOLEANS:
+            if inline is not None:
+                raise errors.InvalidEngineArgs(
+                    f"vLLM argument {flag} takes no value (vLLM refuses {flag}={inline}): write {flag} "
+                    f"or its negation",
+                    flag=flag,
+                )
+        elif flag == PERFORMANCE_MODE_FLAG:
+            text = inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
+            if text not in PERFORMANCE_MODES:
+                raise errors.InvalidEngineArgs(
+                    f"{flag} {text!r} is not a vLLM 0.33 performance mode; valid values are: "
+                    f"{', '.join(PERFORMANCE_MODES)}",
+                    flag=flag,
+                )
+        elif len(flag) > 2 and flag.startswith("--"):
+            for full in ENGINE_FLAGS:
+                if full.startswith(flag):
+                    raise errors.InvalidEngineArgs(
+                        f"vLLM argument {flag} abbreviates {full}, which changes the memory kvpilot plans "
+                        f"for; spell it out as {full}",
+                        flag=flag,
+                    )
+
+
+def _str_or_none(value: bool | str | None) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _bool_or_none(value: bool | str | None) -> bool | None:
+    return value if isinstance(value, bool) else None

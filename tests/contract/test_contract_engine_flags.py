@@ -1,0 +1,78 @@
+"""Contract: the untuned flags kvpilot plans for are read as vLLM 0.33's own parser reads them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvpilot.tuner import errors
+from kvpilot.tuner import vllm as kv_vllm
+from kvpilot.tuner.vllm.engine_flags import ENGINE_FLAGS
+
+pytestmark = pytest.mark.contract
+
+CASES = [
+    [],
+    ["--enforce-eager"],
+    ["--enforce_eager"],
+    ["--enforce-eager", "--no-enforce-eager"],
+    ["--no-enforce-eager", "--enforce-eager"],
+    ["--performance-mode", "interactivity"],
+    ["--performance-mode=throughput"],
+    ["--performance_mode", "balanced", "--performance-mode", "interactivity"],
+    ["--enable-prefix-caching"],
+    ["--no-enable-prefix-caching"],
+    ["--disable-prefix-caching"],
+    ["--enable-prefix-caching", "--no-enable-prefix-caching"],
+    ["--max-model-len", "4096", "--enforce-eager", "--enable-prefix-caching", "--block-size", "32"],
+]
+
+
+@pytest.mark.parametrize("args", CASES)
+def test_engine_flags_read_as_vllm_parses_them(args: list[str], vllm_parser: Any) -> None:
+    parsed = vllm_parser.parse_args(args)
+    flags = kv_vllm.build_engine_flags(args)
+    kv_vllm.check_engine_flags(args)  # vLLM accepts them all: so does kvpilot
+    assert flags.enforce_eager == bool(parsed.enforce_eager)
+    assert flags.enable_prefix_caching == parsed.enable_prefix_caching
+    given = any(a.replace("_", "-").startswith(kv_vllm.PERFORMANCE_MODE_FLAG) for a in args)
+    assert flags.performance_mode == (parsed.performance_mode if given else None)
+
+
+def _options(parser: Any) -> dict[str, set[str]]:
+    by_dest: dict[str, set[str]] = {}
+    for action in parser._actions:
+        by_dest.setdefault(action.dest, set()).update(action.option_strings)
+    return by_dest
+
+
+def test_every_spelling_vllm_has_for_these_flags_is_read(vllm_parser: Any) -> None:
+    by_dest = _options(vllm_parser)
+    spellings = by_dest["enforce_eager"] | by_dest["enable_prefix_caching"] | by_dest["performance_mode"]
+    # vLLM's parser also takes --no-enable-prefix-caching (it is in CASES), not an option string of its own
+    assert spellings == set(ENGINE_FLAGS) - {"--no-enable-prefix-caching"}
+    choices = next(a.choices for a in vllm_parser._actions if a.dest == "performance_mode")
+    assert set(choices) == set(kv_vllm.PERFORMANCE_MODES)
+
+
+def test_no_vllm_flag_is_taken_for_an_abbreviation(vllm_parser: Any) -> None:
+    """check_engine_flags refuses a prefix of these flags; no real vLLM flag may be one."""
+    ours = set(ENGINE_FLAGS)
+    for option in {o for options in _options(vllm_parser).values() for o in options} - ours:
+        assert not any(flag.startswith(option) for flag in ours), option
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--enforce-eager=true"], ["--performance-mode", "fast"], ["--enforce"], ["--perf", "throughput"]],
+)
+def test_what_kvpilot_refuses_vllm_refuses_or_reads_as_these_flags(args: list[str], vllm_parser: Any) -> None:
+    with pytest.raises(errors.InvalidEngineArgs):
+        kv_vllm.check_engine_flags(args)
+    try:
+        parsed = vllm_parser.parse_args(args)
+    except SystemExit:
+        return  # vLLM refuses it too
+    # vLLM takes a unique prefix for the flag: kvpilot would have planned without it
+    assert parsed.enforce_eager or parsed.performance_mode != "balanced"
