@@ -62,6 +62,15 @@ def vllm_parser(vllm: ModuleType) -> typing.Any:
 
 
 @pytest.fixture(scope="session")
+def vllm_option_strings(vllm_parser: typing.Any) -> dict[str, set[str]]:
+    """Every spelling of every ``vllm serve`` flag, by the engine argument it sets."""
+    by_dest: dict[str, set[str]] = {}
+    for action in vllm_parser._actions:
+        by_dest.setdefault(action.dest, set()).update(action.option_strings)
+    return by_dest
+
+
+@pytest.fixture(scope="session")
 def engine_args_cls(vllm: ModuleType) -> typing.Any:
     return _import("vllm.engine.arg_utils").EngineArgs
 

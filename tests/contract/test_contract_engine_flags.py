@@ -40,15 +40,10 @@ def test_engine_flags_read_as_vllm_parses_them(args: list[str], vllm_parser: Any
     assert flags.performance_mode == (parsed.performance_mode if given else None)
 
 
-def _options(parser: Any) -> dict[str, set[str]]:
-    by_dest: dict[str, set[str]] = {}
-    for action in parser._actions:
-        by_dest.setdefault(action.dest, set()).update(action.option_strings)
-    return by_dest
-
-
-def test_every_spelling_vllm_has_for_these_flags_is_read(vllm_parser: Any) -> None:
-    by_dest = _options(vllm_parser)
+def test_every_spelling_vllm_has_for_these_flags_is_read(
+    vllm_parser: Any, vllm_option_strings: dict[str, set[str]]
+) -> None:
+    by_dest = vllm_option_strings
     spellings = by_dest["enforce_eager"] | by_dest["enable_prefix_caching"] | by_dest["performance_mode"]
     # vLLM's parser also takes --no-enable-prefix-caching (it is in CASES), not an option string of its own
     assert spellings == set(ENGINE_FLAGS) - {"--no-enable-prefix-caching"}
@@ -56,10 +51,10 @@ def test_every_spelling_vllm_has_for_these_flags_is_read(vllm_parser: Any) -> No
     assert set(choices) == set(kv_vllm.PERFORMANCE_MODES)
 
 
-def test_no_vllm_flag_is_taken_for_an_abbreviation(vllm_parser: Any) -> None:
+def test_no_vllm_flag_is_taken_for_an_abbreviation(vllm_option_strings: dict[str, set[str]]) -> None:
     """check_engine_flags refuses a prefix of these flags; no real vLLM flag may be one."""
     ours = set(ENGINE_FLAGS)
-    for option in {o for options in _options(vllm_parser).values() for o in options} - ours:
+    for option in {o for options in vllm_option_strings.values() for o in options} - ours:
         assert not any(flag.startswith(option) for flag in ours), option
 
 

@@ -109,24 +109,17 @@ def test_human_readable_ints_match_vllm(text: str, vllm: Any) -> None:
     assert ours == expected
 
 
-def _option_strings(parser: Any) -> dict[str, set[str]]:
-    by_dest: dict[str, set[str]] = {}
-    for action in parser._actions:
-        by_dest.setdefault(action.dest, set()).update(action.option_strings)
-    return by_dest
-
-
-def test_aliases_cover_every_spelling_vllm_accepts(vllm_parser: Any) -> None:
-    by_dest = _option_strings(vllm_parser)
+def test_aliases_cover_every_spelling_vllm_accepts(vllm_option_strings: dict[str, set[str]]) -> None:
+    by_dest = vllm_option_strings
     for name, flag in kv_vllm.FLAGS.items():
         ours = {flag} | {alias for alias, target in kv_vllm.FLAG_ALIASES.items() if target == flag}
         assert by_dest[name] == ours, name
 
 
-def test_no_vllm_flag_abbreviates_a_tuned_flag(vllm_parser: Any) -> None:
+def test_no_vllm_flag_abbreviates_a_tuned_flag(vllm_option_strings: dict[str, set[str]]) -> None:
     """validate_extra_args refuses abbreviations of tuned flags; no real flag may be one."""
     tuned = set(kv_vllm.FLAGS.values()) | set(kv_vllm.FLAG_ALIASES)
-    for option in {o for options in _option_strings(vllm_parser).values() for o in options} - tuned:
+    for option in {o for options in vllm_option_strings.values() for o in options} - tuned:
         assert not any(flag.startswith(option) for flag in kv_vllm.FLAGS.values()), option
 
 
@@ -140,9 +133,9 @@ def test_abbreviated_sizing_overrides_are_real_and_refused(vllm_parser: Any) -> 
 
 @pytest.mark.parametrize("flag", sorted(kv_vllm.UNSUPPORTED_FLAGS))
 def test_unsupported_flags_are_rejected_by_vllm_or_override_sizing(
-    flag: str, vllm_parser: Any, capsys: pytest.CaptureFixture[str]
+    flag: str, vllm_parser: Any, vllm_option_strings: dict[str, set[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    known = {o for options in _option_strings(vllm_parser).values() for o in options}
+    known = {o for options in vllm_option_strings.values() for o in options}
     if flag in kv_vllm.SIZING_OVERRIDE_FLAGS:
         assert flag in known  # refused by policy, not because vLLM lacks it
         return
@@ -158,11 +151,13 @@ def test_serve_repeated_is_rejected_by_vllm(vllm_parser: Any) -> None:
         vllm_parser.parse_args(["serve", "--max-model-len", "4096"])
 
 
-def test_topology_short_forms_and_dtypes_are_vllms(vllm_parser: Any) -> None:
+def test_topology_short_forms_and_dtypes_are_vllms(
+    vllm_parser: Any, vllm_option_strings: dict[str, set[str]]
+) -> None:
     """The spellings find_flag_values / find_pod_flags read, and check_dtype's dtypes, are vLLM's own."""
     from kvpilot.tuner.vllm import args as kv_args
 
-    by_dest = _option_strings(vllm_parser)
+    by_dest = vllm_option_strings
     for alias, flag in kv_args.TOPOLOGY_ALIASES.items():
         assert by_dest[flag[2:].replace("-", "_")] == {flag, alias}
     (dtype,) = [a for a in vllm_parser._actions if a.dest == "dtype"]

@@ -346,13 +346,23 @@ def validate_extra_args(args: Sequence[str]) -> None:
                     )
 
         if flag == "--kv-cache-dtype":
-            value = inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
-            if value not in KV_CACHE_DTYPES:
-                raise errors.InvalidEngineArgs(
-                    f"--kv-cache-dtype {value!r} is not a vLLM 0.33 KV-cache dtype; valid values are: "
-                    f"{', '.join(KV_CACHE_DTYPES)}",
-                    flag=flag,
-                )
+            check_choice(flag, flag_value(args, index, inline), KV_CACHE_DTYPES, "KV-cache dtype")
+
+
+def flag_value(args: Sequence[str], index: int, inline: str | None) -> str:
+    """The value of the flag at ``index`` (as :func:`iter_flags` yields it): its ``=value``, else the next
+    token; ``""`` when there is none."""
+    if inline is not None:
+        return inline
+    return args[index + 1] if index + 1 < len(args) else ""
+
+
+def check_choice(flag: str, value: str, choices: Sequence[str], what: str) -> None:
+    """Refuse ``value`` for ``flag`` unless it is one of vLLM 0.33's ``choices`` (a ``what``)."""
+    if value not in choices:
+        raise errors.InvalidEngineArgs(
+            f"{flag} {value!r} is not a vLLM 0.33 {what}; valid values are: {', '.join(choices)}", flag=flag
+        )
 
 
 def _fmt(value: object) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from kvpilot.tuner import errors
-from kvpilot.tuner.vllm.args import iter_flags
+from kvpilot.tuner.vllm.args import check_choice, flag_value, iter_flags
 from kvpilot.tuner.vllm.versions import PERFORMANCE_MODES
 
 ENFORCE_EAGER_FLAG = "--enforce-eager"
@@ -93,7 +93,7 @@ def build_engine_flags(args: Sequence[str], model_runner_v2: bool | None = None)
             field, value = _BOOLEANS[flag]
             values[field] = value
         elif flag == PERFORMANCE_MODE_FLAG:
-            text = inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
+            text = flag_value(args, index, inline)
             if text in PERFORMANCE_MODES:
                 values["performance_mode"] = text
     return EngineFlags(
@@ -116,13 +116,7 @@ def check_engine_flags(args: Sequence[str]) -> None:
                     flag=flag,
                 )
         elif flag == PERFORMANCE_MODE_FLAG:
-            text = inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
-            if text not in PERFORMANCE_MODES:
-                raise errors.InvalidEngineArgs(
-                    f"{flag} {text!r} is not a vLLM 0.33 performance mode; valid values are: "
-                    f"{', '.join(PERFORMANCE_MODES)}",
-                    flag=flag,
-                )
+            check_choice(flag, flag_value(args, index, inline), PERFORMANCE_MODES, "performance mode")
         elif len(flag) > 2 and flag.startswith("--"):
             for full in ENGINE_FLAGS:
                 if full.startswith(flag):
