@@ -142,7 +142,7 @@ def compute_plan(
     user = modes.compute_user_args(plan_spec)
     release = vllm.resolve_image_version(plan_spec.engine.image, None)
     runner_v2 = vllm.parse_v2_runner_env(found.vllm_env.get(vllm.V2_RUNNER_ENV))
-    flags = vllm.build_engine_flags(plan_spec.engine.extra_args, runner_v2)
+    flags = vllm.build_engine_flags(found.command.flags, runner_v2)  # the target's own flags
     plan_fn = desired._plan_for_release(desired._default_plan_fn(), release, flags)
     plan = modes.compute_feasible_plan(
         plan_spec, model.spec, gpu, user, weights_total_bytes=model.checkpoint_bytes, plan_fn=plan_fn

@@ -406,3 +406,21 @@ async def test_a_crash_no_argument_fixes_is_recorded_once_and_changes_nothing(ku
     assert [h["action"] for h in st["history"]] == ["Planned", "Held"]
     assert "memory limit" in st["history"][-1]["reason"]
     assert kube.evicted == []  # Initial never evicts
+
+
+async def test_the_targets_eager_flag_is_planned_for(kube: FakeTargetKube) -> None:
+    """A target running ``--enforce-eager`` captures no CUDA graphs: the EngineTuner budgets none."""
+    graphs = await run_budget(kube, PS_COMMAND)
+    eager = await run_budget(kube, [*PS_COMMAND, "--enforce-eager"])
+    assert graphs["cudaGraphGiB"] > 0 and eager["cudaGraphGiB"] == 0
+    assert eager["kvCacheTokens"] > graphs["kvCacheTokens"]
+
+
+async def run_budget(kube: FakeTargetKube, command: list[str]) -> dict[str, Any]:
+    ps = deployment("llama", command)
+    kube.workloads[(NS, "Deployment", "llama")] = ps
+    kube.pods = [pod_of(ps, "llama-abc12-x")]
+    body = tuner("Off")
+    await run(body, kube, RecordingEmitter())
+    budget: dict[str, Any] = body["status"]["budget"]
+    return budget
