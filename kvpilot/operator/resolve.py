@@ -232,11 +232,18 @@ def download_hub_config(model_id: str, revision: str | None, token: str | None) 
         )
     except Exception as exc:
         mapped = compute_hub_error(exc, model_id, revision)
-        if isinstance(mapped, tuner_errors.InvalidModelConfig):  # not on the Hub: no sidecar
-            return config
+        if isinstance(mapped, tuner_errors.InvalidModelConfig) or _hub_offline():
+            return config  # not on the Hub, or offline (HF_HUB_OFFLINE) with only config.json cached: none
         raise mapped from None
     sidecar = _read_hub_json(path, f"{QUANT_SIDECAR} of {model_id}@{revision or 'main'}")
     return dict(build_config_with_quant_sidecar(config, sidecar))
+
+
+def _hub_offline() -> bool:
+    """``HF_HUB_OFFLINE``, as ``huggingface_hub`` read it: a cache-only operator never reaches the Hub."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
 
 
 def _read_hub_json(path: str, where: str) -> dict[str, Any]:

@@ -131,6 +131,28 @@ def test_an_unreachable_sidecar_is_retried_not_skipped(monkeypatch, tmp_path) ->
     assert (errors.classify(info.value).reason, errors.classify(info.value).retry) == ("HubUnreachable", True)
 
 
+def test_offline_with_only_config_json_cached_is_no_sidecar(monkeypatch, tmp_path) -> None:
+    """HF_HUB_OFFLINE: what is not in the cache never will be, so a missing sidecar is no sidecar (the
+    weights are sized as the config says: the safe, larger size) rather than an endless HubUnreachable."""
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub import errors as hf
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+
+    def cached_only(repo_id: str, filename: str, **_: object) -> str:
+        if filename != "config.json":
+            raise hf.LocalEntryNotFoundError("outgoing traffic has been disabled")
+        return str(tmp_path / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cached_only)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert resolve.download_hub_config("acme/m", "main", None) == {"model_type": "llama"}
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # online, the same error is a Hub not reached
+    with pytest.raises(errors.HubUnreachable):
+        resolve.download_hub_config("acme/m", "main", None)
+
+
 @pytest.mark.parametrize(
     "content,detail",
     [
