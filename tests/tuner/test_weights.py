@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
+from typing import Any
 
 import model_configs_for_tests as cfg
 import pytest
 
 from kvpilot.tuner.memory import weights
+from kvpilot.tuner.model import FULL
 from kvpilot.tuner.model.spec import QuantSpec, build_model_spec
 from kvpilot.tuner.types import GIB
 
@@ -124,3 +128,35 @@ def test_a_nemotron_h_block_holds_one_component() -> None:
         build_model_spec(_nemotron_h("EM*M", **moe)), pipeline_parallel_size=2, pp_rank=1
     ).params
     assert first > last + 2 * 8 * 2 * h * 128 // 2
+
+
+def _decilm_parameters(config: dict[str, Any]) -> int:
+    """Llama-3.3-Nemotron-Super-49B's parameters counted from its block_configs as vLLM's nemotron_nas.py
+    builds the layers: attention only where not a no-op (GQA from n_heads_in_group), an MLP of
+    ``_ffn_mult_to_intermediate_size(ffn_mult)`` only where not a no-op, a norm before each present part."""
+    h, vocab, heads = config["hidden_size"], config["vocab_size"], config["num_attention_heads"]
+    head_dim = h // heads
+    total = 2 * vocab * h + h  # untied embedding and lm_head, the final norm
+    for block in config["block_configs"]:
+        attention, ffn = block["attention"], block["ffn"]
+        if not attention["no_op"]:
+            kv = heads // attention["n_heads_in_group"]
+            total += 2 * h * h + 2 * h * kv * head_dim + h
+        if not ffn["no_op"]:
+            width = int(2 * ffn["ffn_mult"] * h / 3)
+            width += -width % 256
+            total += 3 * h * width + h
+    return total
+
+
+def test_decilm_layers_carry_their_own_attention_and_mlp_width() -> None:
+    """Nemotron-Super-49B's 80 layers: 49 with attention, MLPs from 0.5x to 5.25x; 49,867,145,216 parameters
+    (the Hub's "49.9B"), where one MLP width and attention in every layer counted about 70 B."""
+    data = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
+    path = data / "nvidia__Llama-3_3-Nemotron-Super-49B-v1.json"
+    config = json.loads(path.read_text())
+    spec = build_model_spec(config)
+    assert sum(layer.kind == FULL for layer in spec.layers) == 49
+    expected = _decilm_parameters(config)
+    assert expected == 49_867_145_216
+    assert weights.compute_weight_breakdown(spec).params == 2 * expected  # bf16

@@ -200,7 +200,9 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> L
         dense = mlp_mats * h * moe.parallel_dense_intermediate_size // tp
         replicated += h * moe.num_experts  # router
     elif mlp_here:
-        dense = mlp_mats * h * model.intermediate_size // tp
+        own = layer.mlp_intermediate if layer is not None else None  # DeciLM: each layer's own width
+        width = model.intermediate_size if own is None else own
+        dense = mlp_mats * h * width // tp
     replicated += 2 * h if model.intermediate_size and not block else h  # the norms (a Mamba block: one)
     return LayerParams(attn, dense, shared, experts, replicated)
 

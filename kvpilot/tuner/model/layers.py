@@ -64,8 +64,11 @@ class LayerSpec:
     """An attention layer that also runs a state mixer beside it (Falcon-H1's parallel hybrid: every
     decoder layer holds ``self_attn.attn`` and a Mamba2 ``mamba.mixer``, each with its own KV spec)."""
     block: str = ""
-    """What a Nemotron-H block holds, alone (``BLOCK_*``); "": a decoder layer with its token mixer
-    and its MLP or MoE (every other family)."""
+    """What a Nemotron-H block holds, alone (``BLOCK_*``), or a DeciLM layer whose attention or FFN is a
+    no-op; "": a decoder layer with its token mixer and its MLP or MoE (every other family)."""
+    mlp_intermediate: int | None = None
+    """DeciLM / Nemotron-NAS: this layer's MLP width (its ``ffn_mult``; 0: a no-op FFN); ``None``: the
+    model's ``intermediate_size``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -300,21 +300,24 @@ def _linear_state(text: Fields, model_type: str) -> LinearStateSpec:
 
 
 def _decilm_layers(text: Fields, num_layers: int, geometry: Geometry) -> list[LayerSpec] | None:
-    """DeciLM / Nemotron-NAS ``block_configs``: per-layer attention (GQA group size, or none at all)."""
+    """DeciLM / Nemotron-NAS ``block_configs``: per-layer attention (GQA group size, or none at all) and
+    MLP width (``ffn_mult``, or none), as vLLM's ``nemotron_nas.py`` builds them."""
     blocks = text.raw("block_configs")
     if blocks is None:
         return None
     if not isinstance(blocks, list) or len(blocks) != num_layers:
         raise refuse(text.path("block_configs"), f"a list of {num_layers} block configs", blocks)
+    hidden = text.need_int("hidden_size", limit=MAX_HIDDEN_SIZE)
     layers: list[LayerSpec] = []
     for index, block in enumerate(blocks):
         where = f"block_configs[{index}].attention"
         attention = block.get("attention") if isinstance(block, dict) else None
         if not isinstance(attention, dict):
             raise refuse(text.path(where), "an object", attention)
+        mlp = _decilm_mlp(text, block, index, hidden)
         node = Fields(attention, text.path(where))
         if node.flag("no_op") or node.flag("replace_with_linear"):
-            layers.append(LayerSpec(NO_KV))
+            layers.append(LayerSpec(NO_KV, block=BLOCK_MLP, mlp_intermediate=mlp))
             continue
         if node.present("window_length") or node.present("num_sink_tokens"):
             raise errors.InvalidModelConfig(
@@ -325,8 +328,30 @@ def _decilm_layers(text: Fields, num_layers: int, geometry: Geometry) -> list[La
         if geometry.heads % group:
             raise refuse(node.path("n_heads_in_group"), f"a divisor of {geometry.heads}", group)
         kv = geometry.heads // group
-        layers.append(LayerSpec(FULL, kv, geometry.head_dim, geometry.head_dim))
+        alone = BLOCK_ATTENTION if mlp == 0 else ""
+        spec = LayerSpec(FULL, kv, geometry.head_dim, geometry.head_dim, block=alone, mlp_intermediate=mlp)
+        layers.append(spec)
     return layers
+
+
+def _decilm_mlp(text: Fields, block: dict[str, object], index: int, hidden: int) -> int:
+    """One DeciLM layer's MLP width: 0 for a no-op FFN, else ``ffn_mult``'s (vLLM's
+    ``_ffn_mult_to_intermediate_size``: ``2 x ffn_mult x hidden / 3`` up to a multiple of 256) or the
+    block's own ``intermediate_size``."""
+    where = f"block_configs[{index}].ffn"
+    ffn = block.get("ffn")
+    if not isinstance(ffn, dict):
+        raise refuse(text.path(where), "an object", ffn)
+    node = Fields(ffn, text.path(where))
+    if node.flag("no_op"):
+        return 0
+    mult = ffn.get("ffn_mult")
+    if mult is None:
+        return node.need_int("intermediate_size", limit=MAX_INTERMEDIATE_SIZE)
+    if isinstance(mult, bool) or not isinstance(mult, int | float) or not 0 < mult <= 64:
+        raise refuse(node.path("ffn_mult"), "a number in (0, 64]", mult)
+    size = int(2 * mult * hidden / 3)
+    return -(-size // 256) * 256
 
 
 def read_layers(
