@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -103,6 +104,8 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
         concurrency=args.concurrency,
         allow_fp8_kv=args.allow_fp8_kv,
     )
+    engine_args = shlex.split(args.engine_args or "")
+    vllm.check_engine_flags(engine_args)
     plan = compute_plan(
         spec,
         gpu,
@@ -111,6 +114,7 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
         vllm_version=args.vllm_version,
         weights_total_bytes=args.checkpoint_bytes or checkpoint,
         pin_kv_cache_memory=args.pin_kv_cache_memory,
+        engine=vllm.build_engine_flags(engine_args),
     )
     if args.json:
         json.dump(plan_as_json(plan, model_name), out, indent=2)
@@ -350,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--pin-kv-cache-memory",
         action="store_true",
         help="render --kv-cache-memory-bytes (the planned KV pool) instead of --gpu-memory-utilization",
+    )
+    plan.add_argument(
+        "--engine-args",
+        metavar="ARGS",
+        help="the pods' untuned vllm serve flags that change memory, quoted: '--enforce-eager', "
+        "'--performance-mode interactivity', '--no-enable-prefix-caching'",
     )
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     plan.set_defaults(run=_plan)

@@ -303,3 +303,14 @@ def test_unexpected_failures_are_still_one_message(monkeypatch: pytest.MonkeyPat
     code, _, err = run("plan", "--model", LLAMA, "--gpu", "L4")
     assert code == 2
     assert "kaboom" in err
+
+
+def test_plan_for_the_engine_flags_the_pods_run() -> None:
+    """--engine-args: an eager engine reserves no CUDA graphs; an abbreviation is refused by name."""
+    base = ("plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--json")
+    graphs = json.loads(run(*base)[1])["budget"]
+    eager = json.loads(run(*base, "--engine-args=--enforce-eager")[1])["budget"]
+    assert graphs["cuda_graph_gib"] > 0 and eager["cuda_graph_gib"] == 0
+    assert eager["kv_cache_tokens"] > graphs["kv_cache_tokens"]
+    code, _, err = run(*base, "--engine-args=--perf interactivity")
+    assert code == 2 and "--performance-mode" in err
