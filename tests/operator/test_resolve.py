@@ -79,8 +79,12 @@ def test_hub_errors_are_mapped(monkeypatch, name: str, status: int, reason: str)
 def _serve_hub(
     monkeypatch, tmp_path, files: dict[str, object], sidecar_error: str | None = None
 ) -> list[str]:
-    """``hf_hub_download`` answering from ``files`` (a missing file: the Hub's 404); the names asked for."""
+    """``hf_hub_download`` answering from ``files`` (a missing file: the Hub's 404); the names asked for.
+    Online: the contract tests' conftest sets ``HF_HUB_OFFLINE`` for the whole session."""
     import huggingface_hub
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 
     asked: list[str] = []
     for name, content in files.items():
