@@ -272,14 +272,18 @@ def compute_cuda_graph_bytes(
     max_num_batched_tokens: int | None = None,
     version: vllm.Version = vllm.PINNED_VERSION,
     performance_mode: str | None = None,
+    enforce_eager: bool = False,
 ) -> int:
-    """Memory of the captured CUDA graphs on one rank (0.33: the estimate vLLM subtracts).
+    """Memory of the captured CUDA graphs on one rank (0.33: the estimate vLLM subtracts); none with
+    ``--enforce-eager``.
 
     The per-graph, per-layer cost was fitted on V1-runner pools of 0.19 at 51 capture sizes;
     0.33 subtracts Model Runner V2's ``profile_cudagraph_memory`` estimate
     (``v1/worker/gpu/cudagraph_utils.py``), which kvpilot has no log of: the same formula stands
     for it, scaled by the sizes :func:`kvpilot.tuner.vllm.cuda_graph_capture_sizes` lists.
     """
+    if enforce_eager:
+        return 0
     layers = model.num_layers_per_rank(pp)
     moe_share = (model.moe.num_moe_layers / model.num_layers) if model.moe else 0.0
     mxfp4 = model.quantization is not None and model.quantization.method == "mxfp4"
@@ -382,19 +386,10 @@ def compute_budget(
     refusal = _check_parallel_sizes(model, r.tp, r.pp)
     if refusal is not None:
         return _refused(gpu, requested, refusal, r.max_model_len)
-    graphs = (
-        0
-        if enforce_eager
-        else compute_cuda_graph_bytes(
-            model,
-            gpu,
-            pp=r.pp,
-            max_num_seqs=r.max_num_seqs,
-            max_num_batched_tokens=r.max_num_batched_tokens,
-            version=version,
-            performance_mode=r.performance_mode,
-        )  # fmt: skip
-    )
+    graphs = compute_cuda_graph_bytes(
+        model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
+        version=version, performance_mode=r.performance_mode, enforce_eager=enforce_eager,
+    )  # fmt: skip
     subtract_graphs = vllm.subtracts_cuda_graphs(version)
     in_flight = vllm.compute_in_flight_tokens(
         EngineSettings(max_num_batched_tokens=r.max_num_batched_tokens), version, r.pp, r.model_runner_v2

@@ -335,9 +335,8 @@ def _decilm_layers(text: Fields, num_layers: int, geometry: Geometry) -> list[La
 
 
 def _decilm_mlp(text: Fields, block: dict[str, object], index: int, hidden: int) -> int:
-    """One DeciLM layer's MLP width: 0 for a no-op FFN, else ``ffn_mult``'s (vLLM's
-    ``_ffn_mult_to_intermediate_size``: ``2 x ffn_mult x hidden / 3`` up to a multiple of 256) or the
-    block's own ``intermediate_size``."""
+    """One DeciLM layer's MLP width: 0 for a no-op FFN, else ``ffn_mult``'s (:func:`decilm_ffn_width`)
+    or the block's own ``intermediate_size``."""
     where = f"block_configs[{index}].ffn"
     ffn = block.get("ffn")
     if not isinstance(ffn, dict):
@@ -350,7 +349,12 @@ def _decilm_mlp(text: Fields, block: dict[str, object], index: int, hidden: int)
         return node.need_int("intermediate_size", limit=MAX_INTERMEDIATE_SIZE)
     if isinstance(mult, bool) or not isinstance(mult, int | float) or not 0 < mult <= 64:
         raise refuse(node.path("ffn_mult"), "a number in (0, 64]", mult)
-    size = int(2 * mult * hidden / 3)
+    return decilm_ffn_width(mult, hidden)
+
+
+def decilm_ffn_width(ffn_mult: float, hidden: int) -> int:
+    """vLLM's ``_ffn_mult_to_intermediate_size``: ``2 x ffn_mult x hidden / 3`` up to a multiple of 256."""
+    size = int(2 * ffn_mult * hidden / 3)
     return -(-size // 256) * 256
 
 

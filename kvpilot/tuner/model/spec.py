@@ -59,6 +59,7 @@ from kvpilot.tuner.model.layers import (  # re-exported: callers name them model
 )
 from kvpilot.tuner.model.quantization import QuantSpec, build_quant_spec
 from kvpilot.tuner.model.readers import (
+    decilm_ffn_width,
     nemotron_h_num_layers,
     read_geometry,
     read_layers,
@@ -245,8 +246,7 @@ def _fallback_intermediate(text: Fields, hidden: int, names: tuple[str, ...]) ->
             and not isinstance(b["ffn"]["ffn_mult"], bool)
         ]
         if mults and all(0 < m <= 64 for m in mults):
-            size = int(2 * max(mults) * hidden / 3)
-            return -(-size // 256) * 256  # _ffn_mult_to_intermediate_size: a multiple of 256
+            return decilm_ffn_width(max(mults), hidden)
     moe = text.optional_int("moe_intermediate_size", limit=MAX_INTERMEDIATE_SIZE)
     dense = text.ints("mlp_only_layers", limit=MAX_LAYERS) or []
     if moe and not dense and not text.optional_int("first_k_dense_replace", limit=MAX_LAYERS, minimum=0):

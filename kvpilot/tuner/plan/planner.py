@@ -69,9 +69,9 @@ def compute_safe_utilization(
         model, gpu, settings, version, pipeline_parallel_size,
         performance_mode=engine.performance_mode, model_runner_v2=engine.model_runner_v2,
     )  # fmt: skip
-    graphs = 0 if engine.enforce_eager else memory.compute_cuda_graph_bytes(
+    graphs = memory.compute_cuda_graph_bytes(
         model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
-        version=version, performance_mode=r.performance_mode,
+        version=version, performance_mode=r.performance_mode, enforce_eager=engine.enforce_eager,
     )  # fmt: skip
     graph_share = GRAPH_ESTIMATE_ERROR if vllm.subtracts_cuda_graphs(version) else 1.0
     logits = memory.compute_warmup_logits_bytes(model, r)

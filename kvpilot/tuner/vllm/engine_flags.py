@@ -23,6 +23,7 @@ what the memory model is told about the engine besides the release: :class:`Engi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
@@ -35,13 +36,13 @@ ENFORCE_EAGER_FLAG = "--enforce-eager"
 PERFORMANCE_MODE_FLAG = "--performance-mode"
 PREFIX_CACHING_FLAG = "--enable-prefix-caching"
 
-_BOOLEANS: dict[str, tuple[str, bool]] = {
-    ENFORCE_EAGER_FLAG: ("enforce_eager", True),
-    "--no-enforce-eager": ("enforce_eager", False),
-    PREFIX_CACHING_FLAG: ("enable_prefix_caching", True),
-    "--no-enable-prefix-caching": ("enable_prefix_caching", False),
-    "--disable-prefix-caching": ("enable_prefix_caching", False),
+_EAGER = {ENFORCE_EAGER_FLAG: True, "--no-enforce-eager": False}
+_PREFIX_CACHING = {
+    PREFIX_CACHING_FLAG: True,
+    "--no-enable-prefix-caching": False,
+    "--disable-prefix-caching": False,
 }
+_BOOLEANS = {**_EAGER, **_PREFIX_CACHING}
 """vLLM 0.33's spellings of the two booleans (``EnableDisableAction``: ``--x``, ``--no-x``; prefix caching
 also ``--disable-prefix-caching``) and the value each sets."""
 
@@ -87,21 +88,15 @@ def build_engine_flags(args: Sequence[str], model_runner_v2: bool | None = None)
     """The :class:`EngineFlags` of ``args`` (the user's extra arguments) and the pods' model runner.
 
     Never raises: a value vLLM would refuse is :func:`check_engine_flags`' to report, and is not read."""
-    values: dict[str, bool | str | None] = {}
+    flags = EngineFlags(model_runner_v2=model_runner_v2)
     for index, flag, inline in iter_flags(args):
-        if flag in _BOOLEANS and inline is None:
-            field, value = _BOOLEANS[flag]
-            values[field] = value
-        elif flag == PERFORMANCE_MODE_FLAG:
-            text = flag_value(args, index, inline)
-            if text in PERFORMANCE_MODES:
-                values["performance_mode"] = text
-    return EngineFlags(
-        model_runner_v2=model_runner_v2,
-        enforce_eager=bool(values.get("enforce_eager", False)),
-        performance_mode=_str_or_none(values.get("performance_mode")),
-        enable_prefix_caching=_bool_or_none(values.get("enable_prefix_caching")),
-    )
+        if flag in _EAGER and inline is None:
+            flags = dataclasses.replace(flags, enforce_eager=_EAGER[flag])
+        elif flag in _PREFIX_CACHING and inline is None:
+            flags = dataclasses.replace(flags, enable_prefix_caching=_PREFIX_CACHING[flag])
+        elif flag == PERFORMANCE_MODE_FLAG and (mode := flag_value(args, index, inline)) in PERFORMANCE_MODES:
+            flags = dataclasses.replace(flags, performance_mode=mode)
+    return flags
 
 
 def check_engine_flags(args: Sequence[str]) -> None:
@@ -125,11 +120,3 @@ def check_engine_flags(args: Sequence[str]) -> None:
                         f"for; spell it out as {full}",
                         flag=flag,
                     )
-
-
-def _str_or_none(value: bool | str | None) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _bool_or_none(value: bool | str | None) -> bool | None:
-    return value if isinstance(value, bool) else None
