@@ -1,6 +1,6 @@
 """Constant Prometheus load: one closed-loop tick over N services asks each metric once, for all of them.
 
-Every service's timer calls ``kvpilot.operator.prometheus.fetch_observations`` in the same tick, as kopf runs
+Every service's timer calls ``kvpilot.operator.clients.prometheus.fetch_observations`` in the same tick, as kopf runs
 them; they share one fleet snapshot (one query per metric, aggregated ``by (namespace, pod)``), and each
 takes its own pods' series from it. Prometheus is replaced by an in-process client that answers every
 query with a series per pod (2 pods per service, a 300 s window at a 30 s step), so what is timed is the
@@ -24,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvpilot.operator import prometheus  # noqa: E402
-from kvpilot.operator.prometheus_settings import PrometheusSettings  # noqa: E402
+from kvpilot.operator.clients import prometheus  # noqa: E402
+from kvpilot.operator.clients.prometheus_settings import PrometheusSettings  # noqa: E402
 
 PER_SERVICE_QUERIES_BEFORE = 12
 """What one service's fetch asked before the aggregation (8 range and 4 instant queries, selected by pod)."""

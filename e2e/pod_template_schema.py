@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from kvpilot.operator import pod_template, workloads
+from kvpilot.operator.pods import pod_template, workloads
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT = ROOT / "e2e" / "testdata" / "core-v1-pod-openapi.json"

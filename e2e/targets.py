@@ -28,7 +28,7 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 FOREIGN_MANAGER = "foreign-controller"
 """The field manager of :class:`ForeignController`'s applies."""
 WEBHOOK_PATH = "/enginetuner-pods"
-"""Where kopf serves the handler (its id: kvpilot.operator.target_main.WEBHOOK_ID)."""
+"""Where kopf serves the handler (its id: kvpilot.operator.enginetuner.target_main.WEBHOOK_ID)."""
 
 # production-stack's helm/templates/deployment-vllm-multi.yaml: everything in command
 PRODUCTION_STACK = (["vllm", "serve", LLAMA, "--host", "0.0.0.0", "--port", "8000",

@@ -43,7 +43,7 @@ from e2e.targets import (
     install_crds,
 )
 from e2e.waits import host_operator, wait_for
-from kvpilot.operator import target
+from kvpilot.operator.enginetuner import target
 from kvpilot.operator.api import Settings
 from kvpilot.tuner.vllm import command as vllm_command
 

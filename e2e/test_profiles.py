@@ -33,7 +33,7 @@ from e2e.cluster import LocalCluster
 from e2e.fleet import GroundTruth, Scenario, Workload
 from e2e.fleet.stack import REPO, Stack, condition, deployment_args, isvc_events
 from e2e.fleet.testing import catalogue_isvc, wait_until
-from kvpilot.operator.profiles import LIST_TTL_S
+from kvpilot.operator.planning.profiles import LIST_TTL_S
 from kvpilot.tuner.memory import MEMORY_MODEL_VERSION
 from kvpilot.tuner.plan.profiles import UTILIZATION_MARGIN
 

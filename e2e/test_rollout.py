@@ -24,7 +24,7 @@ from e2e.fleet.stack import ISVC, closed_loop_env, install_crd
 from e2e.nodes import L4, NodePool, node_manifest
 from e2e.pods import CUDA_OOM_MESSAGE, _now, simulate_container_crash, wait_pod_running
 from e2e.waits import wait_for
-from kvpilot.operator.rollout_strategy import HELD_MESSAGE
+from kvpilot.operator.pods.rollout_strategy import HELD_MESSAGE
 
 NS_PREFIX = "e2e-ro-"
 POOL_LABEL, TAINT = "kvpilot.dev/e2e-rollout-pool", "kvpilot.dev/e2e-rollout"

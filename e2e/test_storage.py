@@ -24,7 +24,7 @@ from e2e.fleet.pod import read_weight_cache
 from e2e.fleet.stack import Stack, condition
 from e2e.fleet.testing import wait_until
 from e2e.fleet.truth import StartupModel
-from kvpilot.operator import storage
+from kvpilot.operator.pods import storage
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -211,7 +211,7 @@ def test_the_fleet_finds_the_cache_kvpilot_renders(
 ) -> None:
     """The fleet reads the weight cache from the pod as kubelet would mount it: from what ``kvpilot render``
     produces for each kind of ``spec.model.storage`` (no cluster needed)."""
-    from kvpilot.operator import render
+    from kvpilot.operator.inferenceservice import render
 
     model: dict[str, Any] = {"id": MODEL, **({"storage": storage_spec} if storage_spec else {})}
     manifests = render.build_manifests({

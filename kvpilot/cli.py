@@ -310,7 +310,7 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(f"{args.file} is not valid YAML: {exc}") from None
     if not documents or not all(isinstance(d, dict) for d in documents):
         raise CliError(f"{args.file} must hold one or more InferenceService manifests")
-    from kvpilot.operator import render
+    from kvpilot.operator.inferenceservice import render
 
     manifests: list[dict[str, Any]] = []
     for document in documents:

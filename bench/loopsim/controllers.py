@@ -12,8 +12,8 @@ from bench.loopsim.scenario import BenchScenario
 from bench.loopsim.world import DT, Stats, World
 from e2e.fleet.truth import Workload
 from kvpilot.operator.api import RolloutSpec
-from kvpilot.operator.rollout_strategy import compute_lost_fraction, compute_rollout_choice
-from kvpilot.operator.status_patch import QUIET_TRIGGERS
+from kvpilot.operator.pods.rollout_strategy import compute_lost_fraction, compute_rollout_choice
+from kvpilot.operator.status.status_patch import QUIET_TRIGGERS
 from kvpilot.tuner.gpus import lookup_gpu
 from kvpilot.tuner.loop import (
     Action,
@@ -47,7 +47,7 @@ class Kvpilot:
     """kvpilot's closed loop over the simulated Deployment, with the operator's bookkeeping: a ``Planned``
     entry for the first settings, one rollout at a time, rollback to the last good settings, the
     measured start-to-Ready as ``Evidence.restart_seconds``, and the rollout strategy the operator's
-    ``Auto`` picks (:func:`kvpilot.operator.rollout_strategy.compute_rollout_choice`: surge with a spare
+    ``Auto`` picks (:func:`kvpilot.operator.pods.rollout_strategy.compute_rollout_choice`: surge with a spare
     GPU; else replace when the pod serves nothing, recreate when downtime is allowed, or hold), with its
     lost capacity and block passed to the policy as the operator passes them."""
 

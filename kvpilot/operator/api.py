@@ -54,12 +54,12 @@ MAX_CHECKPOINT_BYTES = 1 << 50
 Source = Literal["Catalogue", "ConfigMap", "Hub"]
 RolloutStrategy = Literal["Auto", "Surge", "Replace", "Recreate"]
 """``spec.rollout.strategy`` (the CRD's enum says the same): how a change of the pods reaches them.
-:mod:`kvpilot.operator.rollout_strategy` resolves ``Auto`` to one of the other three."""
+:mod:`kvpilot.operator.pods.rollout_strategy` resolves ``Auto`` to one of the other three."""
 AppliedStrategy = Literal["Surge", "Replace", "Recreate"]
 """``status.rollout.strategy``: what a rollout actually used (``Auto`` never appears there)."""
 PodSecurity = Literal["Default", "Restricted"]
 """``spec.podSecurity`` (the CRD's enum says the same): ``Restricted`` renders a pod the ``restricted`` Pod
-Security Standard admits (:mod:`kvpilot.operator.pod_template`); ``Default`` the hardened root pod."""
+Security Standard admits (:mod:`kvpilot.operator.pods.pod_template`); ``Default`` the hardened root pod."""
 
 
 class _Wire(BaseModel):
@@ -563,7 +563,7 @@ class KopfState(_Wire):
 
 
 class ProfileUsed(_Wire):
-    """``status.profile``: the TuningProfile the last plan started from (:mod:`kvpilot.operator.profiles`)."""
+    """``status.profile``: the TuningProfile the last plan started from (:mod:`kvpilot.operator.planning.profiles`)."""
 
     name: str | None = None
     message: str | None = None

@@ -4,8 +4,8 @@ Run it::
 
     kopf run --standalone -m kvpilot.operator.main --all-namespaces      # or --namespace NS
 
-Handlers are in :mod:`kvpilot.operator.handlers`; the closed loop's timer is registered by
-:mod:`kvpilot.operator.closed_loop`, and its pace is read here at start-up. kopf keeps its handler
+Handlers are in :mod:`kvpilot.operator.inferenceservice.handlers`; the closed loop's timer is registered by
+:mod:`kvpilot.operator.inferenceservice.closed_loop`, and its pace is read here at start-up. kopf keeps its handler
 progress and its diff base in ``status.kopf`` (handlers never return values), and puts no finalizer on
 an InferenceService (:mod:`kvpilot.operator.timers`). There is no delete handler: the Deployment and Service
 carry owner references and the garbage collector removes them. Event handlers on those Deployments and
@@ -21,17 +21,15 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator import (
-    api,
+from kvpilot.operator import api, timers
+from kvpilot.operator.clients import metrics, prometheus_settings
+from kvpilot.operator.enginetuner import target_main  # noqa: F401  (registers the EngineTuner kind and its webhook on import)
+from kvpilot.operator.inferenceservice import (
     closed_loop,  # registers the closed loop's timer (kopf.timer) on import
     drift,
     handlers,
-    loop_settings,
-    metrics,
-    prometheus_settings,
-    target_main,  # noqa: F401  (registers the EngineTuner kind and its webhook on import)
-    timers,
 )
+from kvpilot.operator.loop import loop_settings
 
 DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
 """Where kopf keeps the spec it last handled (``status.kopf`` in the CRD)."""
@@ -127,7 +125,7 @@ async def service_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logg
 
 
 async def _repair(kind: str, event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger) -> None:
-    """Drift repair (:mod:`kvpilot.operator.drift`); a failure is logged, the next event retries."""
+    """Drift repair (:mod:`kvpilot.operator.inferenceservice.drift`); a failure is logged, the next event retries."""
     deps = handlers.default_deps()
     if deps.kube is None:
         return

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from helmchart import CHART, RELEASE, one, run_helm, values_args
 
-from kvpilot.operator import prometheus_settings as ps
+from kvpilot.operator.clients import prometheus_settings as ps
 
 AUTH_VALUES = CHART / "ci" / "prometheus-auth-values.yaml"
 

@@ -11,7 +11,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from helmchart import NAMESPACE, RELEASE, by_kind, one
 
-from kvpilot.operator import target, target_main, target_webhook
+from kvpilot.operator.enginetuner import target, target_main, target_webhook
 
 Render = Callable[..., list[dict[str, Any]]]
 FULLNAME = f"{RELEASE}-kvpilot"

@@ -10,7 +10,7 @@ from typing import Any
 import kopf
 from operator_fakes import Harness, apply_merge, apply_patch
 
-from kvpilot.operator import closed_loop
+from kvpilot.operator.inferenceservice import closed_loop
 from kvpilot.tuner.loop.observations import LengthSummary, MetricsSample, ObservationWindow
 from kvpilot.tuner.loop.policy import Decision
 
@@ -23,7 +23,7 @@ def rfc3339(epoch: float) -> str:
 
 
 class FakePods:
-    """:class:`kvpilot.operator.pod_status.PodReader` over a list of pod dicts."""
+    """:class:`kvpilot.operator.pods.pod_status.PodReader` over a list of pod dicts."""
 
     def __init__(self) -> None:
         self.pods: list[dict[str, Any]] = []

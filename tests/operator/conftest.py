@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from operator_fakes import Harness
 
-from kvpilot.operator import modes, resolve
+from kvpilot.operator.planning import modes, resolve
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator import handlers
-from kvpilot.operator.events import RecordingEmitter
+from kvpilot.operator.inferenceservice import handlers
+from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
 
@@ -49,7 +49,7 @@ def gpu_pod(node: str, gpus: int, name: str = "other", phase: str = "Running") -
 
 
 class FakeKube:
-    """In-memory :class:`kvpilot.operator.kube.Kube`."""
+    """In-memory :class:`kvpilot.operator.clients.kube.Kube`."""
 
     def __init__(self) -> None:
         self.config_maps: dict[tuple[str, str], dict[str, str]] = {}
@@ -110,7 +110,7 @@ class FakeKube:
     def patch_inference_service_status(
         self, namespace: str, name: str, body: Mapping[str, Any]
     ) -> dict[str, Any] | None:
-        from kvpilot.operator.kube import Conflict
+        from kvpilot.operator.clients.kube import Conflict
 
         if self.fail_status is not None:
             raise self.fail_status

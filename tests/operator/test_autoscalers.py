@@ -1,5 +1,5 @@
 """An HPA on a Recreate InferenceService with one replica: a Warning event and a status warning, never a
-failed reconcile (kvpilot.operator.autoscalers)."""
+failed reconcile (kvpilot.operator.inferenceservice.autoscalers)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from operator_fakes import Harness, condition, isvc
 
-from kvpilot.operator import autoscalers, errors
+from kvpilot.operator import errors
+from kvpilot.operator.inferenceservice import autoscalers
 
 RECREATE = {"strategy": "Recreate", "allowDowntime": True}
 

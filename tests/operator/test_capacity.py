@@ -1,10 +1,11 @@
-"""Spare GPUs and schedulability, from node and pod views (kvpilot.operator.capacity)."""
+"""Spare GPUs and schedulability, from node and pod views (kvpilot.operator.pods.capacity)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvpilot.operator import api, capacity, workloads
+from kvpilot.operator import api
+from kvpilot.operator.pods import capacity, workloads
 from kvpilot.tuner.types import EngineSettings
 from tests.operator.operator_fakes import H100_LABELS, L4_LABELS, gpu_pod, node_object
 

@@ -16,9 +16,11 @@ import pytest
 from closed_loop_fakes import T0, LoopHarness, pod, rfc3339, window
 from operator_fakes import Harness, condition, isvc
 
-from kvpilot.operator import closed_loop, handlers, loop_settings, pod_status
-from kvpilot.operator.loop_settings import LoopPace
-from kvpilot.operator.prometheus_settings import PrometheusSettings
+from kvpilot.operator.inferenceservice import closed_loop, handlers
+from kvpilot.operator.loop import loop_settings
+from kvpilot.operator.pods import pod_status
+from kvpilot.operator.loop.loop_settings import LoopPace
+from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.tuner.loop import ObservationWindow
 from kvpilot.tuner.loop.policy import Action, Trigger
 
@@ -425,7 +427,7 @@ async def test_apply_failure_is_reported_and_retried(harness: Harness, loop: Loo
 
 
 def test_window_scales_with_the_metrics_step() -> None:
-    from kvpilot.operator import desired
+    from kvpilot.operator.inferenceservice import desired
 
     tuning = {"cooldownSeconds": 0, "maxChangesPerHour": 9}
     spec = desired.parse_spec({"model": {"id": "m"}, "tuning": tuning})
@@ -447,7 +449,7 @@ def test_interval_from_env() -> None:
 
 
 def test_pace_from_env() -> None:
-    from kvpilot.operator import desired
+    from kvpilot.operator.inferenceservice import desired
 
     assert loop_settings.pace_from_env({}) == LoopPace()
     pace = loop_settings.pace_from_env({
@@ -524,7 +526,8 @@ def test_an_invalid_pace_stops_the_operator_at_start_up(monkeypatch: pytest.Monk
 def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     import kopf
 
-    from kvpilot.operator import handlers, main
+    from kvpilot.operator import main
+    from kvpilot.operator.inferenceservice import handlers
 
     monkeypatch.setenv("KVPILOT_METRICS_STEP_SECONDS", "5")
     monkeypatch.setenv("KVPILOT_PROBATION_SECONDS", "20")
@@ -545,7 +548,7 @@ def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_bounds_merge_serving_and_tuning_bounds() -> None:
-    from kvpilot.operator import desired
+    from kvpilot.operator.inferenceservice import desired
 
     spec = desired.parse_spec({
         "model": {"id": "m"},
@@ -609,7 +612,7 @@ async def test_a_spec_change_ends_a_stale_rollout(harness: Harness, loop: LoopHa
 
 
 async def test_state_survives_a_round_trip_through_status(harness: Harness, loop: LoopHarness) -> None:
-    from kvpilot.operator import loop_state
+    from kvpilot.operator.loop import loop_state
 
     body = await applied(harness)
     loop.healthy_pods(restarts=1, message=OOM, finished=loop.now + 10, ready=False)
@@ -830,7 +833,8 @@ async def test_a_vanished_token_secret_is_a_condition_between_reconciles(
 
 
 def test_bounds_keep_what_the_spec_pins() -> None:
-    from kvpilot.operator import desired, modes
+    from kvpilot.operator.inferenceservice import desired
+    from kvpilot.operator.planning import modes
     from kvpilot.tuner.types import EngineSettings
 
     spec = desired.parse_spec({

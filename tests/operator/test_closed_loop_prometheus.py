@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from prometheus_stub import NOW, PODS, Stub, serve_stub
 
-from kvpilot.operator import prometheus
-from kvpilot.operator.pod_status import build_pod_view, compute_pod_summary
+from kvpilot.operator.clients import prometheus
+from kvpilot.operator.pods.pod_status import build_pod_view, compute_pod_summary
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.types import EngineSettings
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from kvpilot.operator import prometheus
-from kvpilot.operator.prometheus_settings import PrometheusSettings, Secret, settings_from_env
+from kvpilot.operator.clients import prometheus
+from kvpilot.operator.clients.prometheus_settings import PrometheusSettings, Secret, settings_from_env
 from kvpilot.tuner.loop import PolicyConfig, compute_metrics_status
 
 

@@ -9,8 +9,8 @@ import pytest
 from closed_loop_fakes import LoopHarness, pod, rfc3339, window
 from operator_fakes import H100_LABELS, Harness, condition, gpu_pod, isvc, node_object
 
-from kvpilot.operator import handlers
-from kvpilot.operator.rollout_strategy import HELD_MESSAGE
+from kvpilot.operator.inferenceservice import handlers
+from kvpilot.operator.pods.rollout_strategy import HELD_MESSAGE
 from kvpilot.tuner.loop.policy import Action, Trigger
 
 OOM = (
@@ -205,7 +205,7 @@ async def test_a_tick_that_changes_nothing_sends_no_merge_patch(harness: Harness
 
     import kopf
 
-    from kvpilot.operator import closed_loop
+    from kvpilot.operator.inferenceservice import closed_loop
 
     body = await applied(harness, full=False)
     loop.healthy_pods(ready=False)

@@ -11,8 +11,10 @@ import kopf
 import pytest
 from operator_fakes import L4_LABELS, node_object
 
-from kvpilot.operator import api, status_patch, target, target_handlers, target_webhook
-from kvpilot.operator.events import RecordingEmitter
+from kvpilot.operator import api
+from kvpilot.operator.enginetuner import target, target_handlers, target_webhook
+from kvpilot.operator.status import status_patch
+from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings
 from kvpilot.tuner.vllm import command as vllm_command

@@ -8,7 +8,8 @@ import kopf
 import pytest
 from operator_fakes import Harness, condition, isvc
 
-from kvpilot.operator import errors, handlers
+from kvpilot.operator import errors
+from kvpilot.operator.inferenceservice import handlers
 from kvpilot.tuner import gpus
 from kvpilot.tuner.types import GIB
 
@@ -376,7 +377,7 @@ async def test_plan_input_change_replans(harness: Harness) -> None:
     ],
 )
 def test_compute_replan_needed(paths: list[tuple[str, ...]], replan: bool) -> None:
-    from kvpilot.operator import modes
+    from kvpilot.operator.planning import modes
 
     assert modes.compute_replan_needed([("change", p, 1, 2) for p in paths]) is replan
 

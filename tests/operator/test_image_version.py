@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from kvpilot.operator import desired, errors, resolve
+from kvpilot.operator import errors
+from kvpilot.operator.inferenceservice import desired
+from kvpilot.operator.planning import resolve
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import memory, vllm
 

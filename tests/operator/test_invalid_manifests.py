@@ -10,7 +10,8 @@ import pytest
 from invalid_manifests import CASES, Case
 from operator_fakes import Harness
 
-from kvpilot.operator import desired, errors
+from kvpilot.operator import errors
+from kvpilot.operator.inferenceservice import desired
 
 API_SERVER_CASES = [c for c in CASES if c.expect in ("schema", "cel")]
 OPERATOR_CASES = [c for c in CASES if c.expect == "operator"]

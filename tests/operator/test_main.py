@@ -5,7 +5,8 @@ from __future__ import annotations
 import kopf
 import pytest
 
-from kvpilot.operator import handlers, main
+from kvpilot.operator import main
+from kvpilot.operator.inferenceservice import handlers
 
 
 def test_startup_settings(monkeypatch) -> None:

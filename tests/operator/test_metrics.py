@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 from prometheus_client import REGISTRY
 
-from kvpilot.operator import metrics
+from kvpilot.operator.clients import metrics
 
 
 def _value(name: str, **labels: str) -> float:

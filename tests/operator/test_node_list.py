@@ -1,12 +1,13 @@
-"""The closed loop's node list is cached for a short while (kvpilot.operator.kube.NodeList)."""
+"""The closed loop's node list is cached for a short while (kvpilot.operator.clients.kube.NodeList)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from kvpilot.operator import closed_loop, resolve
-from kvpilot.operator.kube import NodeList
+from kvpilot.operator.inferenceservice import closed_loop
+from kvpilot.operator.planning import resolve
+from kvpilot.operator.clients.kube import NodeList
 
 
 class CountingKube:

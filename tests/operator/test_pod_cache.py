@@ -1,4 +1,4 @@
-"""The closed loop reads its pods from kopf's pod index (kvpilot.operator.pod_cache), not a LIST a tick."""
+"""The closed loop reads its pods from kopf's pod index (kvpilot.operator.pods.pod_cache), not a LIST a tick."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 import kopf
 import pytest
 
-from kvpilot.operator import closed_loop, pod_cache, workloads
+from kvpilot.operator.inferenceservice import closed_loop
+from kvpilot.operator.pods import pod_cache, workloads
 
 
 def pod(name: str, instance: str, **extra_labels: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""spec.template merged into the vLLM pod, and spec.podSecurity Restricted (kvpilot.operator.pod_template)."""
+"""spec.template merged into the vLLM pod, and spec.podSecurity Restricted (kvpilot.operator.pods.pod_template)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from kvpilot.operator import api, desired, errors, pod_template, workloads
+from kvpilot.operator import api, errors
+from kvpilot.operator.inferenceservice import desired
+from kvpilot.operator.pods import pod_template, workloads
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings
 

@@ -7,7 +7,7 @@ import json
 import yaml
 
 from e2e import pod_template_schema as gen
-from kvpilot.operator import pod_template
+from kvpilot.operator.pods import pod_template
 
 
 def test_the_crd_holds_what_the_generator_renders_from_the_snapshot() -> None:

@@ -1,4 +1,4 @@
-"""The TuningProfile edge (kvpilot.operator.profiles): conflict-safe writes, the cached read, the reconcile
+"""The TuningProfile edge (kvpilot.operator.planning.profiles): conflict-safe writes, the cached read, the reconcile
 starting from a profile and returning to the memory model's plan once it is gone."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import pytest
 import yaml
 from operator_fakes import FakeKube, Harness, isvc
 
-from kvpilot.operator import api, profiles, resolve
-from kvpilot.operator.kube import Conflict
+from kvpilot.operator import api
+from kvpilot.operator.planning import profiles, resolve
+from kvpilot.operator.clients.kube import Conflict
 from kvpilot.tuner import memory
 from kvpilot.tuner.plan import profiles as learning
 from kvpilot.tuner.types import EngineSettings

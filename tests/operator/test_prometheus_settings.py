@@ -1,4 +1,4 @@
-"""Prometheus access settings (kvpilot/operator/prometheus_settings.py): parsed from the operator's
+"""Prometheus access settings (kvpilot/operator/clients/prometheus_settings.py): parsed from the operator's
 environment at start-up, and used by the closed loop's queries (auth, headers, label names) against the stub
 Prometheus; and the aggregated queries: one per metric per tick for every service."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_stub import NOW, PODS, Stub, serve_stub
 
-from kvpilot.operator import prometheus
-from kvpilot.operator import prometheus_settings as ps
+from kvpilot.operator.clients import prometheus
+from kvpilot.operator.clients import prometheus_settings as ps
 from kvpilot.tuner.loop import ObservationWindow
 
 

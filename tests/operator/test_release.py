@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 
-from kvpilot.operator import closed_loop, desired, release, resolve
+from kvpilot.operator.inferenceservice import closed_loop, desired
+from kvpilot.operator.planning import release, resolve
 from kvpilot.tuner import memory, vllm
 
 SERVICE = {

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvpilot.operator import desired, render
+from kvpilot.operator.inferenceservice import desired, render
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
@@ -119,7 +119,8 @@ def test_pipeline_parallel_spec_is_planned_for_the_layout_it_renders() -> None:
 
 def test_the_loop_budgets_the_rendered_args_as_the_plan_did() -> None:
     """The closed loop's budget of the settings the Deployment runs equals the plan's (one topology rule)."""
-    from kvpilot.operator import closed_loop, resolve
+    from kvpilot.operator.inferenceservice import closed_loop
+    from kvpilot.operator.planning import resolve
     from kvpilot.tuner import vllm
 
     spec = desired.parse_spec(SEVENTY_ON_L40S["spec"])
@@ -132,7 +133,8 @@ def test_the_loop_budgets_the_rendered_args_as_the_plan_did() -> None:
 
 def test_the_loop_budgets_settings_without_a_tensor_parallel_size() -> None:
     """Defect (issue 9, #3): the loop read spec.tensor_parallel_size, which does not exist."""
-    from kvpilot.operator import closed_loop, resolve
+    from kvpilot.operator.inferenceservice import closed_loop
+    from kvpilot.operator.planning import resolve
     from kvpilot.tuner import memory
     from kvpilot.tuner.types import EngineSettings
 

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from kvpilot.operator import errors, resolve
+from kvpilot.operator import errors
+from kvpilot.operator.planning import resolve
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner.model import MAX_CONFIG_BYTES
 

@@ -1,4 +1,4 @@
-"""spec.rollout.strategy resolved against the cluster (kvpilot.operator.rollout_strategy)."""
+"""spec.rollout.strategy resolved against the cluster (kvpilot.operator.pods.rollout_strategy)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from kvpilot.operator import api
-from kvpilot.operator.rollout_strategy import (
+from kvpilot.operator.pods.rollout_strategy import (
     HELD_MESSAGE,
     build_deployment_strategy,
     compute_lost_fraction,

@@ -10,7 +10,8 @@ import pytest
 import yaml
 from operator_fakes import Harness, fake_plan, isvc
 
-from kvpilot.operator import api, conditions, events, status_patch
+from kvpilot.operator import api, conditions
+from kvpilot.operator.status import events, status_patch
 from kvpilot.tuner.loop import HistoryAction
 from kvpilot.tuner.types import EngineSettings, Plan
 

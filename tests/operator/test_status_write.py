@@ -16,7 +16,8 @@ import pytest
 from closed_loop_fakes import LoopHarness, window
 from operator_fakes import Harness, condition, isvc
 
-from kvpilot.operator import handlers, status_patch
+from kvpilot.operator.inferenceservice import handlers
+from kvpilot.operator.status import status_patch
 from kvpilot.tuner.loop.policy import Action
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB."

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from operator_fakes import FakeKube
 
-from kvpilot.operator import desired, errors, render, storage, workloads
+from kvpilot.operator import errors
+from kvpilot.operator.inferenceservice import desired, render
+from kvpilot.operator.pods import storage, workloads
 from kvpilot.tuner import model as catalogue
 from kvpilot.tuner.types import GIB
 

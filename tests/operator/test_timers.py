@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import kopf
 
-from kvpilot.operator import closed_loop, main, timers
+from kvpilot.operator import main, timers
+from kvpilot.operator.inferenceservice import closed_loop
 
 
 def _timer() -> kopf.TimerHandler:

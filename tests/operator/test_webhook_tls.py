@@ -1,4 +1,4 @@
-"""The webhook's certificate reloaded in place (kvpilot.operator.webhook_tls): kopf's real aiohttp server on
+"""The webhook's certificate reloaded in place (kvpilot.operator.enginetuner.webhook_tls): kopf's real aiohttp server on
 127.0.0.1, two certificates made with openssl, TLS handshakes before and after the rotation."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kvpilot.operator import target_webhook, webhook_tls
+from kvpilot.operator.enginetuner import target_webhook, webhook_tls
 
 
 def make_cert(directory: Path, cn: str, key: Path | None = None) -> tuple[Path, Path]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from kvpilot.operator import api, desired, resolve, workloads
+from kvpilot.operator import api
+from kvpilot.operator.inferenceservice import desired
+from kvpilot.operator.planning import resolve
+from kvpilot.operator.pods import workloads
 from kvpilot.tuner import memory
 from kvpilot.tuner.types import EngineSettings
 

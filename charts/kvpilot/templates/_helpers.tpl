@@ -223,7 +223,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [pods/log]
   verbs: [get]
 # which HorizontalPodAutoscalers scale an InferenceService (an autoscaler on a Recreate single replica is
-# warned about: kvpilot.operator.autoscalers); read only, and only for Recreate services
+# warned about: kvpilot.operator.inferenceservice.autoscalers); read only, and only for Recreate services
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
   verbs: [list]

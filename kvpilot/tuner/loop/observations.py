@@ -1,7 +1,7 @@
 """What the closed loop sees of a running vLLM deployment: metrics windows and restarts.
 
-Frozen value objects, built by the operator's edge (``kvpilot.operator.prometheus`` for
-metrics, ``kvpilot.operator.closed_loop`` for pod restarts) and read by
+Frozen value objects, built by the operator's edge (``kvpilot.operator.clients.prometheus`` for
+metrics, ``kvpilot.operator.inferenceservice.closed_loop`` for pod restarts) and read by
 :mod:`kvpilot.tuner.loop.policy`. Nothing here queries anything: a window is a finished
 record of samples with the times they were taken, and "now" is always an argument.
 

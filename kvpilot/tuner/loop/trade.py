@@ -2,7 +2,7 @@
 
 A retune restarts vLLM: while a pod loads its weights and compiles (``restart_seconds``, measured per
 service: ``status.startupSeconds``), it serves nothing. What that costs depends on how the rollout runs
-(:mod:`kvpilot.operator.rollout_strategy` chooses it, the operator passes the share it loses):
+(:mod:`kvpilot.operator.pods.rollout_strategy` chooses it, the operator passes the share it loses):
 
 * **Surge** (a new pod beside the old ones): nothing is lost, ``lost_fraction`` 0;
 * **Replace** (``k`` of ``N`` replicas down at a time): ``k / N`` of the capacity while a step restarts;

@@ -30,7 +30,7 @@ IMAGE_USER_HOME = "/home/vllm"
 2026): ``vllm``, UID 2000 in group 0, home ``/home/vllm`` (group-0 writable, OpenShift's arbitrary-UID
 pattern). The image still runs as root by default. As this user, Hugging Face, vLLM, Triton and Inductor
 caches resolve under ``$HOME/.cache``; ``getpass.getuser()`` (torch's compile cache) finds the passwd entry.
-``spec.podSecurity: Restricted`` runs the pods as this user (:mod:`kvpilot.operator.pod_template`)."""
+``spec.podSecurity: Restricted`` runs the pods as this user (:mod:`kvpilot.operator.pods.pod_template`)."""
 
 _RELEASE_TAG = re.compile(
     r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)*"  # the release (0.10.1.1: a fourth part is a patch of it)

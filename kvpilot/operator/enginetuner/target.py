@@ -1,0 +1,305 @@
+"""Target mode (an EngineTuner): what a workload someone else owns runs, and what kvpilot would run instead.
+
+Pure: the workload (a Deployment or StatefulSet as JSON), its pods, their nodes' labels and the ConfigMaps
+it mounts come in; a :class:`Discovery` and the plan's spec go out. The vLLM command-line facts are
+:mod:`kvpilot.tuner.vllm.command`'s; the plan is the InferenceService's (:func:`build_plan_spec` makes the
+equivalent ``InferenceServiceSpec`` and :mod:`kvpilot.operator.planning.modes` plans it), so both kinds plan alike.
+
+What cannot be found raises :class:`DiscoveryIncomplete` with what to set in the EngineTuner's spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from kvpilot.operator import api, conditions, errors
+from kvpilot.operator.pods import capacity
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import gpus, vllm
+from kvpilot.tuner.types import EngineSettings, GpuSpec
+from kvpilot.tuner.vllm import command as vllm_command
+
+TARGET_FOUND = "TargetFound"
+"""Condition: the workload named by ``spec.targetRef`` exists."""
+DISCOVERED = "Discovered"
+"""Condition: the vLLM container, its settings, the model and the GPU were read (False: what to set)."""
+EXCLUDE_LABEL = "kvpilot.io/exclude"
+"""A pod with this label or annotation set to ``"true"`` is never rewritten by the webhook."""
+TUNED_ANNOTATION = "kvpilot.io/tuned"
+"""Put on a pod the webhook rewrote: the EngineTuner's name and the settings, for people."""
+MODEL_ENV_FALLBACKS = ("MODEL_ID", "MODEL_DIR")
+"""Environment a shell-form command takes its model from when its ``$VAR`` is set in the script itself
+(KServe's vLLM runtime: ``MODEL=${MODEL_DIR:-$MODEL_ID}``)."""
+
+
+class TargetNotFound(errors.OperatorError):
+    reason = "TargetNotFound"
+    condition = TARGET_FOUND
+    retry = True
+    delay_s = 30.0
+
+
+class DiscoveryIncomplete(errors.OperatorError):
+    reason = "DiscoveryIncomplete"
+    condition = DISCOVERED
+    retry = True
+    delay_s = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    container: str
+    command: vllm_command.VllmCommand
+    settings: EngineSettings
+    model: api.ModelRef
+    model_origin: str
+    args_origin: str
+    image: str
+    gpu_count: int
+    vllm_env: dict[str, str] = field(default_factory=dict)
+    gpu_product: str | None = None
+    """From ``spec.gpu.product`` or the pods' nodes; ``None``: not yet known (no pod on a labelled node)."""
+    gpu_labels: Mapping[str, str] | None = None
+    """The GFD labels of a node the pods run on, when the product came from them."""
+
+
+def pod_template(workload: Mapping[str, Any]) -> Mapping[str, Any]:
+    return ((workload.get("spec") or {}).get("template") or {}).get("spec") or {}
+
+
+def find_vllm_container(
+    pod_spec: Mapping[str, Any], name: str | None
+) -> tuple[Mapping[str, Any], vllm_command.VllmCommand]:
+    """The vLLM container (``spec.containerName``, or the one whose command runs vLLM) and its command."""
+    containers = list(pod_spec.get("containers") or ())
+    for c in containers:
+        if name is not None and c.get("name") != name:
+            continue
+        found = vllm_command.find_vllm_command(c.get("command") or (), c.get("args") or ())
+        if found is not None:
+            return c, found
+        if name is not None:
+            raise DiscoveryIncomplete(
+                f"container {name!r} does not run vLLM in a form kvpilot reads (vllm serve MODEL, python -m "
+                f"{vllm_command.API_SERVER_MODULE}, or a shell script running vllm serve ... $@)"
+            )
+    names = ", ".join(str(c.get("name")) for c in containers) or "none"
+    if name is not None:
+        raise DiscoveryIncomplete(f"the target's pods have no container {name!r} (containers: {names})")
+    raise DiscoveryIncomplete(
+        f"no container of the target runs vLLM in a form kvpilot reads (containers: {names}); set "
+        "spec.containerName, and give the container an exec-form command (vllm serve MODEL ...)"
+    )
+
+
+def find_config_map_file(
+    pod_spec: Mapping[str, Any], container: Mapping[str, Any], path: str
+) -> tuple[str, str] | None:
+    """``(ConfigMap name, key)`` of the file at ``path`` in the container, if a ConfigMap volume holds it."""
+    volumes = {v.get("name"): v for v in pod_spec.get("volumes") or ()}
+    for mount in container.get("volumeMounts") or ():
+        root = str(mount.get("mountPath") or "").rstrip("/")
+        cm = (volumes.get(mount.get("name")) or {}).get("configMap")
+        if not cm or not root:
+            continue
+        if mount.get("subPath"):
+            if path == root:
+                return str(cm["name"]), _key_for(cm, str(mount["subPath"]))
+            continue
+        if path.startswith(root + "/"):
+            return str(cm["name"]), _key_for(cm, path[len(root) + 1 :])
+    return None
+
+
+def _key_for(cm: Mapping[str, Any], file: str) -> str:
+    for item in cm.get("items") or ():
+        if item.get("path") == file:
+            return str(item["key"])
+    return file
+
+
+def compute_vllm_env(container: Mapping[str, Any]) -> dict[str, str]:
+    """The container's ``VLLM_*`` variables with literal values (the last one of a name wins)."""
+    env: dict[str, str] = {}
+    for var in container.get("env") or ():
+        name = str(var.get("name") or "")
+        if name.startswith("VLLM_") and "value" in var and name != "VLLM_API_KEY":
+            env[name] = str(var["value"])
+    return env
+
+
+def _literal_env(container: Mapping[str, Any]) -> dict[str, str]:
+    return {str(v["name"]): str(v["value"]) for v in container.get("env") or () if "value" in v}
+
+
+def compute_model_ref(
+    spec: api.EngineTunerSpec, found: vllm_command.VllmCommand, container: Mapping[str, Any]
+) -> tuple[api.ModelRef, str]:
+    """The model to plan for and where it was read: ``spec.model``, else the command's model argument (a
+    Hugging Face id), expanded from the container's environment when it is a shell ``$VAR``."""
+    if spec.model is not None:
+        return spec.model, "spec.model"
+    model, origin = found.model, "the container's arguments"
+    env = _literal_env(container)
+    if model is not None and model.startswith("$"):
+        var = model.strip("${}\"'")
+        model = env.get(var) or next((env[v] for v in MODEL_ENV_FALLBACKS if env.get(v)), None)
+        origin = f"the container's environment (${var})"
+    if model is None:
+        raise DiscoveryIncomplete(
+            "the vLLM command names no model kvpilot can read; set spec.model.id (a Hugging Face id) or "
+            "spec.model with source ConfigMap"
+        )
+    if model.startswith("/") or model.startswith("."):
+        raise DiscoveryIncomplete(
+            f"the model is the mounted path {model!r}, whose config.json kvpilot cannot read; set spec.model "
+            "(id: its Hugging Face id, or source: ConfigMap with configMapRef to its config.json)"
+        )
+    revision = vllm.find_flag_values(found.flags, "--revision")
+    try:
+        ref = api.ModelRef(id=model, revision=revision[-1] if revision else None, source="Catalogue")
+    except ValueError:
+        raise DiscoveryIncomplete(
+            f"the model argument {model!r} is not a Hugging Face id; set spec.model"
+        ) from None
+    return ref, origin
+
+
+def compute_gpu_product(
+    spec: api.EngineTunerSpec, node_labels: Sequence[Mapping[str, str]]
+) -> tuple[str | None, Mapping[str, str] | None]:
+    """``spec.gpu.product``, else the GFD product of the nodes the pods run on (``None`` when no pod runs on
+    a labelled node yet). Several products: DiscoveryIncomplete."""
+    if spec.gpu.product:
+        return spec.gpu.product, None
+    labelled = [dict(n) for n in node_labels if n.get(gpus.PRODUCT_LABEL)]
+    products = sorted({n[gpus.PRODUCT_LABEL] for n in labelled})
+    if len(products) > 1:
+        raise DiscoveryIncomplete(
+            f"the target's pods run on nodes of several GPU products ({', '.join(products)}); one plan fits "
+            "one GPU: set spec.gpu.product to the one to plan for"
+        )
+    return (products[0], labelled[0]) if products else (None, None)
+
+
+def build_discovery(
+    spec: api.EngineTunerSpec, workload: Mapping[str, Any], node_labels: Sequence[Mapping[str, str]],
+    config_maps: Mapping[str, Mapping[str, str]],
+) -> Discovery:  # fmt: skip
+    """Everything read from the target; ``config_maps`` holds the data of the ConfigMaps it names."""
+    pod_spec = pod_template(workload)
+    container, found = find_vllm_container(pod_spec, spec.container_name)
+    origin = "args" if container.get("args") and found.in_args else "command"
+    config_args: tuple[str, ...] = ()
+    if found.config_file is not None:
+        ref = find_config_map_file(pod_spec, container, found.config_file)
+        if ref is None:
+            raise DiscoveryIncomplete(
+                f"--config {found.config_file} is not a file of a ConfigMap volume, so kvpilot cannot read "
+                "the settings it holds; mount it from a ConfigMap or pass the flags on the command line"
+            )
+        data = config_maps.get(ref[0])
+        if data is None or ref[1] not in data:
+            raise DiscoveryIncomplete(f"ConfigMap {ref[0]} with key {ref[1]!r} (--config) does not exist")
+        loaded = yaml.safe_load(data[ref[1]]) or {}
+        if not isinstance(loaded, dict):
+            raise DiscoveryIncomplete(f"--config {found.config_file} is not a YAML mapping of flags")
+        config_args = vllm_command.build_config_file_args(loaded)
+        origin += f" and --config (ConfigMap {ref[0]} key {ref[1]})"
+    try:
+        settings = vllm_command.compute_command_settings(found, config_args)
+    except tuner_errors.InvalidEngineArgs as exc:
+        raise DiscoveryIncomplete(f"the target's vLLM arguments do not parse: {exc.message}") from None
+    model, model_origin = compute_model_ref(spec, found, container)
+    product, labels = compute_gpu_product(spec, node_labels)
+    tp = settings.tensor_parallel_size or 1
+    pp_values = vllm.find_flag_values([*config_args, *found.flags], vllm.PIPELINE_PARALLEL_FLAG)
+    pp = int(pp_values[-1]) if pp_values and pp_values[-1].isdigit() else 1
+    count = spec.gpu.count or tp * pp
+    return Discovery(
+        container=str(container.get("name")), command=found, settings=settings, model=model,
+        model_origin=model_origin, args_origin=origin, image=str(container.get("image") or api.DEFAULT_IMAGE),
+        gpu_count=count, vllm_env=compute_vllm_env(container), gpu_product=product, gpu_labels=labels,
+    )  # fmt: skip
+
+
+def build_plan_spec(spec: api.EngineTunerSpec, found: Discovery) -> api.InferenceServiceSpec:
+    """The InferenceService spec that plans this target: its model, GPUs, serving and tuning bounds, and
+    the tensor-parallel size it runs (the pod's shape is the owner's, not kvpilot's to change)."""
+    tuning = api.Tuning(mode="Recommend", **spec.tuning.model_dump())
+    env = [api.EnvVar(name=k, value=v) for k, v in found.vllm_env.items() if k == vllm.V2_RUNNER_ENV]
+    image = found.image if len(found.image) <= 512 else api.DEFAULT_IMAGE
+    return api.InferenceServiceSpec(
+        model=found.model, gpu=api.GpuRequest(count=found.gpu_count,
+                                              tensor_parallel_size=found.settings.tensor_parallel_size or 1),
+        serving=spec.serving, engine=api.Engine(image=image, env=env), tuning=tuning,
+    )  # fmt: skip
+
+
+def compute_gpu(found: Discovery) -> GpuSpec:
+    """The GPU to plan for: the node's GFD labels, else the catalogue entry of ``spec.gpu.product``."""
+    if found.gpu_labels is not None:
+        return gpus.build_gpu_from_labels(found.gpu_labels)
+    if found.gpu_product is None:
+        raise DiscoveryIncomplete(
+            "no pod of the target runs on a node with a GPU Feature Discovery label "
+            f"({gpus.PRODUCT_LABEL}), so kvpilot cannot tell which GPU to plan for; set spec.gpu.product"
+        )
+    return gpus.lookup_gpu(found.gpu_product)
+
+
+def tuned_part(settings: EngineSettings) -> dict[str, object]:
+    """The settings a recommendation changes (all tuned fields but the tensor-parallel size)."""
+    return {k: v for k, v in settings.as_dict().items() if k != "tensor_parallel_size"}
+
+
+def pod_carries(pod: Mapping[str, Any], container: str, recommended: EngineSettings) -> bool:
+    """Whether the pod's vLLM container runs the recommended settings (its command line says so)."""
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        if c.get("name") != container:
+            continue
+        found = vllm_command.find_vllm_command(c.get("command") or (), c.get("args") or ())
+        if found is None:
+            return False
+        try:
+            settings = vllm_command.compute_command_settings(found)
+        except tuner_errors.InvalidEngineArgs:
+            return False
+        return tuned_part(settings) == tuned_part(recommended)
+    return False
+
+
+def pod_belongs(pod: Mapping[str, Any], kind: str, name: str) -> bool:
+    """Whether the pod is the target's (by the owner chain: a Deployment's ReplicaSet is named
+    ``<deployment>-<pod-template-hash>``; a StatefulSet owns its pods itself)."""
+    meta = pod.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or ():
+        if not ref.get("controller"):
+            continue
+        if kind == "StatefulSet":
+            return bool(ref.get("kind") == "StatefulSet" and ref.get("name") == name)
+        template_hash = (meta.get("labels") or {}).get("pod-template-hash")
+        return bool(
+            ref.get("kind") == "ReplicaSet" and template_hash and ref.get("name") == f"{name}-{template_hash}"
+        )
+    return False
+
+
+def is_excluded(pod: Mapping[str, Any]) -> bool:
+    meta = pod.get("metadata") or {}
+    return "true" in (
+        (meta.get("labels") or {}).get(EXCLUDE_LABEL),
+        (meta.get("annotations") or {}).get(EXCLUDE_LABEL),
+    )
+
+
+def pod_shape(workload: Mapping[str, Any]) -> capacity.PodShape:
+    return capacity.build_pod_shape(workload)
+
+
+CONDITION_TYPES = (conditions.READY, TARGET_FOUND, DISCOVERED, conditions.CONFIG_RESOLVED, conditions.PLANNED)
+"""The conditions an EngineTuner's status carries."""

@@ -1,0 +1,244 @@
+"""The EngineTuner's closed loop: the InferenceService's policy, reading the target's pods.
+
+Pure: the plan, the EngineTuner's status, the target's pods and their metrics window in; the
+recommendation to stand by and the status patch out. Each reconcile (create, spec change, the timer) after
+the plan, in every mode but Off:
+
+* The recommendation is the plan's, as changed by the loop since: ``status.history`` holds a ``Planned``
+  entry for the plan (added when the plan is new: a spec change, another GPU) and ``Retuned`` /
+  ``RolledBack`` entries from there; the newest change after the plan's entry is what kvpilot stands by
+  (:func:`compute_current`). It plays the InferenceService's ``status.applied``.
+* The pods that run it (their vLLM command line says so: :func:`kvpilot.operator.enginetuner.target.pod_carries`) are
+  the evidence, as an InferenceService's pods of its current settings are (:func:`build_views`: the same
+  :class:`~kvpilot.operator.pods.pod_status.PodView`): their restarts, readiness and start times, and their
+  metrics (:func:`compute_metric_pods`; the window comes from the InferenceService loop's shared
+  per-tick snapshot, :func:`kvpilot.operator.clients.prometheus.fetch_observations`). Pods running other settings
+  (the owner's, not rolled yet) judge nothing.
+* :func:`kvpilot.tuner.loop.compute_decision` decides with the spec's bounds, SLO and policy and the
+  operator's pace: crash remedies, GPU memory, KV pressure, KV-bound queues, the SLO, idle capacity, the
+  gates (cooldown, changes per hour, the cost of a restart), and a retune's rollout: once pods running a new
+  recommendation are Ready it is on probation; a crash of them or a deadline passed without Ready reverts
+  it to the last good settings (``RolledBack``, the failed ones in ``status.failedSettings``). No pod
+  running it yet is not failure (``not_started``): in Recommend and Initial the owner rolls its pods when
+  it does, in Auto kvpilot's evictions do.
+* :func:`kvpilot.operator.status.status_patch.build_loop_patch` writes it, as for an InferenceService, less the
+  fields an EngineTuner does not have (kvpilot applies nothing: no ``applied``, ``lastChangeTime``,
+  ``calibration``; the reconcile writes ``recommendation``).
+
+Not for EngineTuners: fleet learning (``TuningProfile``s) and scale-out recommendations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.operator import api, conditions
+from kvpilot.operator.enginetuner import target
+from kvpilot.operator.loop import loop_settings, loop_state
+from kvpilot.operator.pods import pod_status
+from kvpilot.operator.status import status_patch
+from kvpilot.operator.pods.pod_status import PodView
+from kvpilot.tuner import memory, vllm
+from kvpilot.tuner.loop import (
+    Decision,
+    Evidence,
+    ObservationWindow,
+    PolicyConfig,
+    TuningContext,
+    compute_decision,
+)
+from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
+from kvpilot.tuner.loop.scaling import compute_replica_change
+from kvpilot.tuner.model.spec import ModelSpec
+from kvpilot.tuner.plan.topology import compute_pipeline_parallel
+from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan
+
+NOT_RUNNING = (
+    "no pod of the target runs the recommendation yet (the owner rolls its pods; in Auto, kvpilot's "
+    "evictions): the metrics and crashes of other settings do not judge it"
+)
+"""Why nothing judges the recommendation while no pod runs it."""
+NOT_RUNNING_REASON = "RecommendationNotRunning"
+"""The ``MetricsAvailable=False`` reason then."""
+STATUS_FIELDS = frozenset(f.alias or n for n, f in api.EngineTunerStatus.model_fields.items()) - {
+    "recommendation"
+}
+"""What of the InferenceService's loop patch goes to an EngineTuner's status."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoopOutcome:
+    """What one reconcile of the loop decided."""
+
+    settings: EngineSettings
+    """The recommendation to stand by."""
+    patch: status_patch.StatusPatch
+    """Status fields, conditions, ``status.history`` entries and events (generation and time: the reconcile's
+    own :class:`~kvpilot.operator.status.status_patch.ListPatch` carries them)."""
+    decision: Decision | None = None
+    """The policy's decision (``None``: a new plan)."""
+
+
+def same_settings(a: EngineSettings, b: EngineSettings) -> bool:
+    return status_patch.compact(status_patch.build_settings(a)) == status_patch.compact(
+        status_patch.build_settings(b)
+    )
+
+
+def compute_current(history: Sequence[HistoryEntry], planned: EngineSettings) -> EngineSettings | None:
+    """The settings the loop stands by for ``planned``: the newest change after the newest ``Planned``
+    entry of these settings; ``None`` when the history has no such entry (a new plan)."""
+    current: EngineSettings | None = None
+    for entry in history:
+        if entry.action == HistoryAction.PLANNED:
+            current = entry.to_settings if same_settings(entry.to_settings, planned) else None
+        elif current is not None and entry.is_change:
+            current = entry.to_settings
+    return current
+
+
+def _only(pod: Mapping[str, Any], container: str) -> dict[str, Any]:
+    """The pod with its vLLM container alone (what :func:`pod_status.build_pod_view` reads)."""
+    spec, status = dict(pod.get("spec") or {}), dict(pod.get("status") or {})
+    spec["containers"] = [c for c in spec.get("containers") or () if c.get("name") == container]
+    status["containerStatuses"] = [
+        c for c in status.get("containerStatuses") or () if c.get("name") == container
+    ]
+    return {**pod, "spec": spec, "status": status}
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or ())  # fmt: skip
+
+
+def build_views(pods: Sequence[Mapping[str, Any]], container: str, settings: EngineSettings) -> list[PodView]:
+    """The target's pods as the InferenceService's loop sees its own: ``settings`` on those whose vLLM
+    container runs them, ``None`` on the others; Ready by the pod's condition."""
+    return [
+        dataclasses.replace(
+            pod_status.build_pod_view(_only(pod, container)), ready=_ready(pod),
+            settings=settings if target.pod_carries(pod, container, settings) else None,
+        )  # fmt: skip
+        for pod in pods
+    ]
+
+
+def compute_metric_pods(
+    plan: Plan, status: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], container: str
+) -> tuple[str, ...]:
+    """The pods whose metrics judge the standing recommendation: the live ones that run it."""
+    current = compute_current(loop_state.build_loop_state(status).history, plan.settings)
+    if current is None:
+        return ()
+    return tuple(v.name for v in build_views(pods, container, current) if v.settings is not None
+                 and not v.terminating)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class LoopInputs:
+    """What the planner already resolved for the target."""
+
+    plan_spec: api.InferenceServiceSpec
+    plan: Plan
+    model: ModelSpec
+    gpu: GpuSpec
+    vllm_version: str
+    checkpoint_bytes: int | None = None
+    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE
+    """The target's model runner and untuned memory flags (:mod:`kvpilot.tuner.vllm.engine_flags`)."""
+
+
+def compute_budget(inputs: LoopInputs, settings: EngineSettings) -> MemoryBudget:
+    """The memory model's budget of ``settings`` in the target's topology (the plan's own when they are
+    the plan's)."""
+    if same_settings(settings, inputs.plan.settings):
+        return inputs.plan.budget
+    tp = settings.tensor_parallel_size or 1
+    return memory.compute_budget(
+        inputs.model, inputs.gpu, settings.replace(tensor_parallel_size=tp),
+        pipeline_parallel_size=compute_pipeline_parallel(inputs.plan_spec.gpu.count, tp),
+        vllm_version=inputs.vllm_version, weights_total_bytes=inputs.checkpoint_bytes,
+        **inputs.engine.budget_kwargs(),
+    )  # fmt: skip
+
+
+def _planned(
+    inputs: LoopInputs, status: Mapping[str, Any], discovered: EngineSettings, time: str
+) -> LoopOutcome:
+    """A new plan: the loop starts again from it (a rollout of the old recommendation is dropped)."""
+    planned = inputs.plan.settings
+    entry = status_patch.build_history_entry(
+        time=time, action=HistoryAction.PLANNED, trigger="Discovered",
+        reason=f"planned {vllm.describe_settings(planned)} (the target runs "
+               f"{vllm.describe_settings(discovered)})",
+        from_settings=discovered, to_settings=planned,
+    )  # fmt: skip
+    fields = {"rollout": None} if status.get("rollout") else {}
+    lists = status_patch.ListPatch(None, time, history=[(entry, True)])
+    return LoopOutcome(planned, status_patch.StatusPatch(status=fields, lists=lists))
+
+
+def _not_running(current: EngineSettings, status: Mapping[str, Any], time: str) -> LoopOutcome:
+    """No live pod runs the recommendation: nothing judges it (a rollout waits; its deadline counts from
+    the first such pod's start), and nothing is recorded but the two conditions."""
+    updates: list[status_patch.Update] = [
+        (conditions.METRICS_AVAILABLE, conditions.FALSE, NOT_RUNNING_REASON, NOT_RUNNING)
+    ]
+    if status.get("rollout"):
+        updates.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", NOT_RUNNING))
+    return LoopOutcome(current, status_patch.StatusPatch(lists=status_patch.ListPatch(None, time, updates)))
+
+
+def compute_loop(
+    inputs: LoopInputs, status: Mapping[str, Any], discovered: EngineSettings,
+    pods: Sequence[Mapping[str, Any]], container: str, *, window: ObservationWindow, policy: PolicyConfig,
+    replicas: int, now: float, time: str,
+) -> LoopOutcome:  # fmt: skip
+    """The recommendation to stand by, and what to record (``window``: the metrics of
+    :func:`compute_metric_pods`; ``replicas``: the target's ``spec.replicas``; ``time``: ``now`` as
+    RFC 3339)."""
+    state = loop_state.build_loop_state(status)
+    current = compute_current(state.history, inputs.plan.settings)
+    if current is None:
+        return _planned(inputs, status, discovered, time)
+    state = dataclasses.replace(state, current=current)
+    views = build_views(pods, container, current)
+    mine = [v for v in views if v.settings is not None and not v.terminating]
+    if not mine:
+        return _not_running(current, status, time)
+    summary = pod_status.compute_pod_summary(mine, current, len(mine))  # the others judge nothing
+    rollout = state.rollout if state.rollout is not None and state.rollout.settings == current else None
+    rollout = loop_state.with_pod_deadline(rollout, mine, policy.rollout_deadline_seconds)
+    context = TuningContext(
+        gpu=inputs.gpu,
+        default_max_model_len=inputs.model.default_max_model_len(vllm.parse_version(inputs.vllm_version)),
+        bounds=loop_settings.build_bounds(inputs.plan_spec, inputs.gpu.fp8_kv),
+        policy=policy,
+        vllm_version=inputs.vllm_version,
+        slo=loop_settings.build_slo(inputs.plan_spec),
+    )
+    replica_view = pod_status.compute_replica_view(views, max(1, replicas))
+    evidence = Evidence(
+        budget=compute_budget(inputs, current), window=window, restarts=summary.restarts, ready=summary.ready,
+        not_started=summary.not_started,
+        restart_seconds=pod_status.compute_startup_seconds(mine, current), replicas=max(1, replicas),
+        replicas_changing=compute_replica_change(replica_view, now, policy.window_seconds),
+    )  # fmt: skip
+    decision = compute_decision(dataclasses.replace(state, rollout=rollout), evidence, context, now)
+    # kvpilot's "apply" is the recommendation in the status (the webhook reads it there): always done
+    out = status_patch.build_loop_patch(
+        status, state, decision, mode="Auto", now=now, generation=None, applied=True,
+        rollout_deadline_seconds=policy.rollout_deadline_seconds,
+    )  # fmt: skip
+    if state.rollout is not None and rollout is None and "rollout" not in out.status:
+        out.status["rollout"] = None  # a new plan or a rollback replaced the settings being rolled out
+    if rollout is not None and state.rollout is not None and rollout.deadline != state.rollout.deadline:
+        wire = out.status.get("rollout", status.get("rollout"))
+        if isinstance(wire, Mapping):  # the deadline counts from the newest pod of the settings' start
+            out.status["rollout"] = {**wire, "deadline": status_patch.format_time(rollout.deadline)}
+    out.status = {k: v for k, v in out.status.items() if k in STATUS_FIELDS}
+    return LoopOutcome(decision.settings if decision.changes else current, out, decision)

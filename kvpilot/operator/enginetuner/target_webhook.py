@@ -1,0 +1,152 @@
+"""The EngineTuner's actuator: a mutating admission webhook that puts the recommendation on new pods.
+
+The operator serves it (kopf's admission support, :func:`build_server`) when ``KVPILOT_WEBHOOK_PORT`` is
+set. The chart renders the ``MutatingWebhookConfiguration`` (``failurePolicy: Ignore``, a short timeout, an
+``objectSelector`` leaving out pods labelled ``kvpilot.io/exclude=true``), its Service and the TLS certificate
+(charts/kvpilot/templates/enginetuner-mutatingwebhook.yaml, docs/enginetuner.md); with ``Ignore``, pods are
+created untouched when kvpilot is down.
+
+For a pod being created, :func:`compute_pod_patch` finds the target that owns it (its owner chain: a
+ReplicaSet named ``<deployment>-<pod-template-hash>``, or a StatefulSet), the EngineTuner of that target
+in mode Initial or Auto (from the :func:`index_tuner` kopf index, built from the EngineTuners' status,
+so it survives restarts), and rewrites the tuned flags of the vLLM container
+(:func:`kvpilot.tuner.vllm.command.rewrite_tuned_flags`) and nothing else. Pure apart from
+:func:`build_server`, which reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.operator import api, conditions
+from kvpilot.operator.enginetuner import target
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import vllm
+from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.vllm import command as vllm_command
+
+PORT_ENV = "KVPILOT_WEBHOOK_PORT"
+"""The port the webhook listens on; unset: no webhook (modes Initial and Auto then change no pod)."""
+CERT_DIR_ENV = "KVPILOT_WEBHOOK_CERT_DIR"
+"""The directory of ``tls.crt`` and ``tls.key`` (a kubernetes.io/tls Secret's keys; the chart mounts it)."""
+ADDR_ENV = "KVPILOT_WEBHOOK_ADDR"
+"""The address to listen on (default: every address)."""
+ACTUATING_MODES = frozenset({"Initial", "Auto"})
+
+
+@dataclass(frozen=True, slots=True)
+class Actuation:
+    """What the webhook puts on a target's new pods: from one EngineTuner's status."""
+
+    tuner: str
+    container: str
+    settings: EngineSettings
+
+
+def index_tuner(
+    namespace: str | None, name: str, spec: Mapping[str, Any], status: Mapping[str, Any],
+    meta: Mapping[str, Any],
+) -> dict[tuple[str, str, str], Actuation] | None:  # fmt: skip
+    """The kopf index entry of an EngineTuner: ``(namespace, kind, target name) -> Actuation``, only in
+    modes Initial and Auto and only while its status holds a recommendation for its current generation."""
+    ref = spec.get("targetRef") or {}
+    rec = ((status or {}).get("recommendation") or {}).get("settings")
+    container = ((status or {}).get("discovered") or {}).get("container")
+    if spec.get("updateMode") not in ACTUATING_MODES or not rec or not container:
+        return None
+    ready = conditions.find_condition((status or {}).get("conditions"), conditions.READY) or {}
+    if (status or {}).get("observedGeneration") != meta.get("generation") or ready.get("status") != "True":
+        return None
+    try:
+        settings = api.Settings.model_validate(rec).to_engine()
+    except ValueError:
+        return None
+    key = (namespace or "default", str(ref.get("kind")), str(ref.get("name")))
+    return {key: Actuation(name, str(container), settings)}
+
+
+def compute_target_keys(pod: Mapping[str, Any], namespace: str) -> list[tuple[str, str, str]]:
+    """The ``(namespace, kind, name)`` of the workloads that may own the pod, from its controller."""
+    meta = pod.get("metadata") or {}
+    template_hash = (meta.get("labels") or {}).get("pod-template-hash")
+    keys = []
+    for ref in meta.get("ownerReferences") or ():
+        if not ref.get("controller"):
+            continue
+        name = str(ref.get("name") or "")
+        if ref.get("kind") == "StatefulSet":
+            keys.append((namespace, "StatefulSet", name))
+        elif ref.get("kind") == "ReplicaSet" and template_hash and name.endswith(f"-{template_hash}"):
+            keys.append((namespace, "Deployment", name[: -len(template_hash) - 1]))
+    return keys
+
+
+def compute_pod_patch(
+    pod: Mapping[str, Any], namespace: str, lookup: Mapping[tuple[str, str, str], Iterable[Actuation]]
+) -> tuple[list[dict[str, Any]], Actuation] | None:
+    """The pod's ``spec.containers`` with the recommendation on its vLLM container, and the actuation
+    used; ``None`` when the pod is not a tuned target's, is excluded, or already runs the settings."""
+    if target.is_excluded(pod):
+        return None
+    for key in compute_target_keys(pod, namespace):
+        if key not in lookup:
+            continue
+        for actuation in lookup[key]:
+            changed = _rewrite(pod, actuation)
+            if changed is not None:
+                return changed, actuation
+    return None
+
+
+def _rewrite(pod: Mapping[str, Any], actuation: Actuation) -> list[dict[str, Any]] | None:
+    containers = [dict(c) for c in (pod.get("spec") or {}).get("containers") or ()]
+    for c in containers:
+        if c.get("name") != actuation.container:
+            continue
+        command, args = list(c.get("command") or ()), list(c.get("args") or ())
+        found = vllm_command.find_vllm_command(command, args)
+        if found is None:
+            return None
+        try:
+            new_command, new_args = vllm_command.rewrite_tuned_flags(command, args, found, actuation.settings)
+        except tuner_errors.InvalidEngineArgs:
+            return None
+        if (new_command, new_args) == (command, args):
+            return None
+        if new_command or "command" in c:
+            c["command"] = new_command
+        if new_args or "args" in c:
+            c["args"] = new_args
+        return containers
+    return None
+
+
+def describe(actuation: Actuation) -> str:
+    """The pod annotation's value: which EngineTuner, and the settings."""
+    return f"{actuation.tuner}: {vllm.describe_settings(actuation.settings)}"
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(PORT_ENV))
+
+
+def build_server() -> Any:
+    """The kopf webhook server from the environment (TLS from ``KVPILOT_WEBHOOK_CERT_DIR``, reloaded in place
+    when the files change: :mod:`kvpilot.operator.enginetuner.webhook_tls`)."""
+    import kopf
+
+    from kvpilot.operator.enginetuner.webhook_tls import ReloadingWebhookServer
+
+    cert_dir = os.environ.get(CERT_DIR_ENV)
+    if not cert_dir:
+        raise kopf.PermanentError(
+            f"{PORT_ENV} is set but {CERT_DIR_ENV} is not: the webhook needs tls.crt and tls.key (the chart "
+            "mounts them)"
+        )
+    return ReloadingWebhookServer(
+        addr=os.environ.get(ADDR_ENV) or None, port=int(os.environ[PORT_ENV]),
+        certfile=os.path.join(cert_dir, "tls.crt"), pkeyfile=os.path.join(cert_dir, "tls.key"),
+    )  # fmt: skip

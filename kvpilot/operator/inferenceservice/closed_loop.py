@@ -1,0 +1,490 @@
+"""The closed loop: a kopf timer per InferenceService that watches vLLM and retunes it.
+
+Every ``$KVPILOT_CLOSED_LOOP_INTERVAL`` seconds (default 30; the pace: :mod:`.loop_settings`) for each
+service in mode ``Auto`` or ``Recommend`` that the reconciler has applied (``status.applied`` set)::
+
+    pods (args, readiness, lastState.terminated) --pod_status--> restarts of the current settings, ready?
+    Prometheus (vLLM metrics)              --prometheus--> ObservationWindow
+    model + GPU (resolve, cached)          --memory------> MemoryBudget of the current settings
+    status (applied, lastGood, failed, rollout, history, calibration) --loop_state--> LoopState
+        --tuner.loop.compute_decision--> Decision
+        --a change in Auto: nodes + unfinished pods (workloads.fetch_capacity) --rollout_strategy--> Surge,
+          Replace, Recreate or held; decided again with what that costs (Evidence.rollout_lost_fraction,
+          rollout_blocked)
+        --status_patch.build_loop_patch--> one conditional status PATCH (status_write; refused: the tick ends)
+        --> events (Retuned, RolledBack, OOMDetected, Held, ...)
+        --Auto, a change: workloads.build_deployment with the settings and strategy, applied after the record
+
+This module only orders that I/O; the pieces are pure elsewhere. One rollout at a time: while
+``status.rollout`` is set, the policy only waits, puts the settings on probation (Ready),
+succeeds (probation passed) or rolls back (a crash before Ready or on probation, or the
+deadline). All state is in the status, so an operator restarted mid-rollout picks up where it
+left off. The loop never raises to kopf: a failing Prometheus becomes ``MetricsAvailable=False``
+and a hold; a failing apply is logged and retried on the next tick.
+"""
+
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from kvpilot.operator import api, conditions, errors, timers
+from kvpilot.operator.clients import metrics, prometheus
+from kvpilot.operator.inferenceservice import desired
+from kvpilot.operator.loop import loop_settings, loop_state
+from kvpilot.operator.planning import modes, profiles, release, resolve
+from kvpilot.operator.pods import capacity, pod_cache, pod_status, rollout_strategy, workloads
+from kvpilot.operator.status import events, status_patch, status_write
+from kvpilot.operator.clients.kube import Kube, NodeList
+from kvpilot.operator.loop.loop_settings import LoopPace
+from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
+from kvpilot.operator.pods.rollout_strategy import RolloutChoice
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import gpus, memory, plan
+from kvpilot.tuner.loop import (
+    Action,
+    Decision,
+    Evidence,
+    LoopState,
+    ObservationWindow,
+    RestartKind,
+    TuningContext,
+    compute_decision,
+)
+from kvpilot.tuner.loop.scaling import compute_replica_change
+from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
+
+WindowFetch = Callable[..., Awaitable[ObservationWindow]]
+
+
+@dataclass
+class LoopDeps:
+    """What one tick talks to; tests replace any of them."""
+
+    kube: Kube | None
+    pods: pod_status.PodReader | None
+    prom_url: str
+    clock: Callable[[], float] = time.time
+    emit: events.Emitter = events.kopf_emitter
+    fetch_window: WindowFetch = prometheus.fetch_observations
+    hub: resolve.HubDownload = resolve.download_hub_config
+    record_metrics: bool = True
+    pace: LoopPace = field(default_factory=LoopPace)
+    """The operator's pace (:func:`kvpilot.operator.loop.loop_settings.pace_from_env`, read at start-up)."""
+    prometheus: PrometheusSettings | None = None
+    """How to reach Prometheus (auth, TLS, headers, label names: :mod:`.prometheus_settings`); ``None``:
+    ``prom_url`` without auth."""
+    nodes: NodeList = field(default_factory=lambda: NodeList(resolve.NODE_CACHE_TTL_S))
+    """Every node, for the "could it ever fit" check (cached: :class:`kvpilot.operator.clients.kube.NodeList`)."""
+    pending: status_write.PendingApplies = field(default_factory=status_write.PendingApplies)
+    """Recorded changes whose apply failed: applied again by the next tick (:mod:`.status_write`)."""
+
+
+_deps: LoopDeps | None = None
+
+
+def configure(pace: LoopPace, prom: PrometheusSettings | None = None) -> LoopDeps:
+    """The process-wide dependencies: the real cluster, Prometheus (``prom``, else
+    ``$KVPILOT_PROMETHEUS_URL``) and ``pace``.
+
+    Called once by the operator's start-up handler (:func:`kvpilot.operator.main.configure`)."""
+    global _deps
+    from kvpilot.operator.clients.kube import get_kube
+
+    kube = get_kube()
+    _deps = LoopDeps(
+        kube=kube,
+        pods=pod_status.ClusterPods(kube.api_client),
+        prom_url=prom.url if prom is not None else os.environ.get(prometheus.PROMETHEUS_URL_ENV, ""),
+        pace=pace,
+        prometheus=prom,
+    )
+    return _deps
+
+
+def default_deps() -> LoopDeps:
+    """The dependencies :func:`configure` built at start-up (kopf runs timers only after it)."""
+    if _deps is None:
+        raise RuntimeError("the closed loop is not configured: kvpilot.operator.main.configure runs first")
+    return _deps
+
+
+# kopf takes a timer's interval when it registers it, at import, before any start-up handler has run:
+# this one value of the pace is read here; the rest is read at start-up (loop_settings.pace_from_env).
+_INTERVAL_S = loop_settings.interval_from_env()
+
+
+@kopf.timer(
+    group=api.GROUP,
+    version=api.VERSION,
+    plural=api.PLURAL,
+    interval=_INTERVAL_S,
+    initial_delay=_INTERVAL_S,
+    when=timers.is_live,  # stopped on the watch's DELETED event, not by a finalizer (kvpilot.operator.timers)
+)
+async def closed_loop_tick(
+    body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
+    logger: kopf.Logger, vllm_pods: kopf.Index[pod_cache.PodKey, Any] | None = None, **_: Any,
+) -> None:  # fmt: skip
+    deps = default_deps()
+    if vllm_pods is not None and deps.pods is not None:  # pods from kopf's index, not a LIST (pod_cache)
+        deps = dataclasses.replace(deps, pods=pod_cache.IndexedPods(vllm_pods, deps.pods))
+    try:
+        await run_once(body=body, spec=spec, meta=meta, status=status, patch=patch, logger=logger, deps=deps)
+    except Exception:  # noqa: BLE001 -- a bug must not stop the loop for every other service
+        logger.exception("closed loop: tick failed")
+
+
+if not timers.drop_finalizer_requirement(closed_loop_tick):
+    raise RuntimeError("kopf's registry has no timer for closed_loop_tick to drop the finalizer of")
+
+
+# --- one tick ---------------------------------------------------------------------------------------
+
+
+async def _fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_status.PodView]:
+    if deps.pods is None:
+        return []
+    selector = workloads.build_label_selector(name)
+    return await asyncio.to_thread(pod_status.read_pod_views, deps.pods, namespace, selector, name)
+
+
+def _budget_for(
+    inputs: resolve.Inputs, spec: api.InferenceServiceSpec, settings: EngineSettings
+) -> MemoryBudget:
+    """The budget of ``settings`` in the topology the Deployment renders: an unset TP size
+    is vLLM's 1, the remaining GPUs are pipeline stages (:func:`kvpilot.tuner.plan.compute_pipeline_parallel`)
+    """
+    tp = settings.tensor_parallel_size or 1
+    engine = release.resolve_release(spec)
+    return memory.compute_budget(
+        inputs.model.spec,
+        inputs.gpu.gpu,
+        settings.replace(tensor_parallel_size=tp),
+        pipeline_parallel_size=plan.compute_pipeline_parallel(spec.gpu.count, tp),
+        vllm_version=engine.version,
+        weights_total_bytes=inputs.model.checkpoint_bytes,
+        **engine.flags.budget_kwargs(),
+    )
+
+
+def _gpu_and_default_len(
+    inputs: resolve.Inputs | None, status: Mapping[str, Any], current: EngineSettings,
+    engine: release.EngineRelease,
+) -> tuple[GpuSpec | None, int]:  # fmt: skip
+    """The GPU and the model's maximum context the loop tunes for: resolved, else what the reconciler
+    recorded (``status.gpu.catalogueName``, the applied ``max_model_len``), so a Hub outage does not
+    stop crash remedies."""
+    if inputs is not None:
+        return inputs.gpu.gpu, inputs.model.spec.default_max_model_len(engine.parsed)
+    name = (status.get("gpu") or {}).get("catalogueName")
+    try:
+        gpu = gpus.lookup_gpu(str(name)) if name else None
+    except tuner_errors.TunerError:
+        gpu = None
+    return gpu, current.max_model_len or 0
+
+
+async def run_once(
+    *, body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
+    patch: Any, logger: Any, deps: LoopDeps,
+) -> Decision | None:  # fmt: skip
+    """One observation-decision-action cycle for one InferenceService. Never raises.
+
+    Its status goes out as one conditional PATCH, and a change is recorded before it is applied
+    (:mod:`kvpilot.operator.status.status_write`); ``patch`` (kopf's) is used only without a Kubernetes client."""
+    old = dict(status or {})
+    version = meta.get("resourceVersion")  # what ``old`` was read at: kopf's body is live, read it now
+    if not old.get("applied"):
+        return None  # the reconciler has not applied anything yet
+    try:
+        parsed = desired.parse_spec(spec)
+        pinned = modes.compute_user_args(parsed).pinned  # the user's values: never the loop's to change
+    except (errors.OperatorError, tuner_errors.TunerError):
+        return None  # the reconciler reports invalid specs
+    mode = parsed.tuning.mode
+    if parsed.replicas == 0:
+        return None
+    name, namespace = str(meta["name"]), str(meta.get("namespace") or "default")
+    now = deps.clock()
+    state = loop_state.build_loop_state(old)
+    if mode == "Off":  # nothing to decide; the pods still say whether the service serves
+        try:
+            off_views = await _fetch_pods(deps, namespace, name)
+        except Exception as exc:  # noqa: BLE001 -- API hiccup: the next tick retries
+            logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
+            return None
+        serving = pod_status.compute_serving(off_views, state.current)
+        generation = meta.get("generation")
+        off = status_patch.build_serving_patch(old, serving, generation=generation, now=now)
+        sched = await _schedulable(deps, old, meta, parsed, None, off_views, None, namespace)
+        if off.lists is not None:
+            off.lists.updates.extend(sched)
+        await _write(deps, patch, namespace, name, version, off, old, logger)
+        return None
+    rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
+    policy = loop_settings.build_policy(parsed, deps.pace)
+
+    resolve_failure: errors.Failure | None = None
+    try:
+        inputs: resolve.Inputs | None = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
+    except Exception as exc:  # noqa: BLE001 -- the reconciler reports resolution failures; vanished refs: below
+        logger.warning(f"closed loop: cannot resolve model/GPU ({exc}); using status.budget")
+        inputs, resolve_failure = None, errors.classify(exc)
+    engine = release.resolve_release(parsed)
+    budget = loop_state.read_budget(old, engine.version)
+    if inputs is not None:
+        try:
+            budget = _budget_for(inputs, parsed, state.current)
+        except tuner_errors.TunerError as exc:
+            logger.warning(f"closed loop: memory model failed for the current settings ({exc})")
+    if budget is None:
+        logger.info("closed loop: no memory budget yet; waiting for the reconciler")
+        return None
+    gpu, default_len = _gpu_and_default_len(inputs, old, state.current, engine)
+    if gpu is None or not default_len:
+        logger.info("closed loop: model or GPU not resolved and not in status; waiting for the reconciler")
+        return None
+
+    try:
+        views = await _fetch_pods(deps, namespace, name)
+    except Exception as exc:  # noqa: BLE001 -- API hiccup: skip this tick, the next one retries
+        logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
+        return None
+    retry = deps.pending.take(namespace, name, state.current)  # recorded by an earlier tick, not yet applied
+    if retry is not None and mode == "Auto" and not await _apply(
+        deps, meta, parsed, inputs, retry[0], "the recorded change", logger, body, retry[1]
+    ):
+        deps.pending.add(namespace, name, retry)
+    summary = pod_status.compute_pod_summary(views, state.current, parsed.replicas)
+    rollout = loop_state.with_pod_deadline(rollout, views, policy.rollout_deadline_seconds)
+    window = await deps.fetch_window(
+        deps.prometheus or deps.prom_url,
+        namespace,
+        name,
+        now,
+        pods=tuple(v.name for v in views if not v.terminating),
+        window_seconds=policy.window_seconds,
+        step_seconds=deps.pace.step_seconds,
+        max_age_seconds=deps.pace.interval_seconds,  # one snapshot of every pod per tick, shared
+    )
+
+    context = TuningContext(
+        gpu=gpu,
+        default_max_model_len=default_len,
+        mm_prefix_item_tokens=inputs.model.spec.mm_prefix_item_tokens if inputs is not None else 0,
+        # Auto: the loop never changes a pinned value; Recommend: pinned is what the user deploys, and the
+        # recommendation is advice on it
+        bounds=loop_settings.build_bounds(parsed, gpu.fp8_kv, pinned if mode == "Auto" else None),
+        policy=policy,
+        vllm_version=engine.version,
+        slo=loop_settings.build_slo(parsed),
+    )
+    startup = pod_status.compute_startup_seconds(views, state.current)
+    restart_seconds = startup if startup is not None else loop_state.read_startup_seconds(old)
+    changing = compute_replica_change(
+        pod_status.compute_replica_view(views, parsed.replicas), now, policy.window_seconds
+    )
+    evidence = Evidence(
+        budget=budget, window=window, restarts=summary.restarts, ready=summary.ready,
+        not_started=summary.not_started, restart_seconds=restart_seconds, replicas=parsed.replicas,
+        replicas_changing=changing,
+    )  # fmt: skip
+    loop = dataclasses.replace(state, rollout=rollout)
+    decision = compute_decision(loop, evidence, context, now)
+    serving = pod_status.compute_serving(views, state.current)
+    cluster = None
+    choice: RolloutChoice | None = None
+    if decision.changes and mode == "Auto" and inputs is not None and deps.kube is not None:
+        cluster = await workloads.fetch_capacity(deps.kube)
+
+        def redecide(lost: float, blocked: str | None) -> Decision:
+            costs = dataclasses.replace(evidence, rollout_lost_fraction=lost, rollout_blocked=blocked)
+            return compute_decision(loop, costs, context, now)
+
+        decision, choice = await _choose_rollout(
+            deps.kube, meta, parsed, inputs, views, serving, cluster, decision, redecide
+        )
+
+    change = bool(decision.changes) and mode == "Auto"
+    if change and (inputs is None or deps.kube is None):  # cannot be applied: say so, record nothing
+        what = str(decision.action)
+        change = await _apply(deps, meta, parsed, inputs, decision.settings, what, logger, body)
+    schedulable = await _schedulable(deps, old, meta, parsed, inputs, views, cluster, namespace)
+    out = status_patch.build_loop_patch(
+        old, state, decision, mode=mode, now=now, generation=meta.get("generation"), applied=change,
+        rollout_deadline_seconds=policy.rollout_deadline_seconds, serving=serving, rollout_choice=choice,
+        extra_conditions=schedulable,
+    )  # fmt: skip
+    if state.rollout is not None and rollout is None and "rollout" not in out.status:
+        out.status["rollout"] = None  # a spec change replaced the settings being rolled out
+    if rollout is not None and state.rollout is not None and rollout.deadline != state.rollout.deadline:
+        wire = out.status.get("rollout", old.get("rollout"))
+        if isinstance(wire, Mapping):  # still rolling out: the deadline now counts from the new pod's start
+            out.status["rollout"] = {**wire, "deadline": status_patch.format_time(rollout.deadline)}
+    if startup is not None and startup != old.get("startupSeconds"):
+        out.status["startupSeconds"] = round(startup, 1)
+    resolved, resolve_events = status_patch.build_resolution_updates(old, resolve_failure)
+    if out.lists is not None:
+        out.lists.updates.extend(resolved)
+    out.events.extend(resolve_events)
+    written = await _write(deps, patch, namespace, name, version, out, old, logger)
+    if written not in (status_write.WRITTEN, status_write.UNCHANGED):
+        if change and written == status_write.UNKNOWN:  # applied next tick if status.applied says it landed
+            deps.pending.add(namespace, name, (decision.settings, choice))
+        return decision  # nothing recorded: nothing applied, no event; the next tick decides again
+    for type_, reason, message in out.events:
+        deps.emit(body, type_, reason, message)
+    if change and inputs is not None:  # recorded: now the Deployment follows
+        what = str(decision.action)
+        if not await _apply(deps, meta, parsed, inputs, decision.settings, what, logger, body, choice):
+            deps.pending.add(namespace, name, (decision.settings, choice))
+    if inputs is not None:  # fleet learning: what this tick saw goes to the matching TuningProfile
+        await _learn(deps, meta, parsed, inputs, state, decision, budget, out.status, startup, old, logger)
+    if deps.record_metrics:
+        for kind in out.decisions:
+            metrics.record_decision(kind)
+    if out.events:
+        logger.info(f"closed loop: {decision.action} ({decision.trigger}): {decision.reason}")
+    return decision
+
+
+async def _learn(
+    deps: LoopDeps, meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs,
+    state: LoopState, decision: Decision, budget: MemoryBudget, new_status: Mapping[str, Any],
+    startup: float | None, old: Mapping[str, Any], logger: Any,
+) -> None:  # fmt: skip
+    """The tick's new facts for :mod:`.profiles`: a new KV report against the budget of the same settings, the
+    settings a CUDA OOM struck (as vLLM ran them), settings that passed probation, a new start-up time."""
+    calibration = new_status.get("calibration")
+    tokens = calibration.get("observedKvCacheTokens") if isinstance(calibration, Mapping) else None
+    oom = decision.trigger == RestartKind.CUDA_OOM and decision.action in (Action.RETUNE, Action.ROLLBACK)
+    healthy = decision.good if decision.good is not None and decision.good != state.last_good else None
+    new_startup = startup if startup is not None and startup != old.get("startupSeconds") else None
+    source = f"{meta.get('namespace') or 'default'}/{meta['name']}"
+    update = profiles.build_update(
+        source, kv=(budget.kv_cache_tokens, int(tokens)) if tokens else None,
+        oom=(decision.effective or state.current) if oom else None, healthy=healthy,
+        startup_seconds=new_startup,
+    )  # fmt: skip
+    if update is None:
+        return
+    key = profiles.build_key(inputs.model.config_key, inputs.gpu.gpu.name, spec, state.current)
+    now = status_patch.format_time(deps.clock())
+    await profiles.record_samples(deps.kube, key, spec.model.id, update, now, logger)
+
+
+Cluster = tuple[list[capacity.NodeView], list[dict[str, Any]]]
+
+
+async def _choose_rollout(
+    kube: Kube, meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs,
+    views: list[pod_status.PodView], serving: pod_status.Serving, cluster: Cluster | None, decision: Decision,
+    redecide: Callable[[float, str | None], Decision],
+) -> tuple[Decision, RolloutChoice]:  # fmt: skip
+    """The strategy ``decision``'s change would roll out with, and the decision again with what that
+    costs (``Evidence.rollout_lost_fraction``) or why it cannot roll out (``rollout_blocked``). A rollback
+    is never held: the previous settings' pods are still there or serve nothing."""
+    deployment = build_loop_deployment(meta, spec, inputs, decision.settings)
+    ready = any(v.ready and not v.terminating for v in views)
+    choice = await workloads.fetch_rollout_choice(
+        kube, spec, deployment, serving=ready, not_serving_why=serving.degraded_reason or "", cluster=cluster
+    )
+    if decision.action == Action.ROLLBACK:
+        if choice.held:
+            choice = RolloutChoice("Surge", "rolling back: the previous settings' pods still serve")
+        return decision, choice
+    lost = rollout_strategy.compute_lost_fraction(choice, spec.replicas, serving=ready)
+    blocked = choice.reason if choice.held else None
+    if lost or blocked:
+        decision = redecide(lost, blocked)
+    return decision, choice
+
+
+async def _schedulable(
+    deps: LoopDeps, old: Mapping[str, Any], meta: Mapping[str, Any], spec: api.InferenceServiceSpec,
+    inputs: resolve.Inputs | None, views: list[pod_status.PodView], cluster: Cluster | None,
+    namespace: str = "default",
+) -> list[status_patch.Update]:  # fmt: skip
+    """The ``Schedulable`` condition: checked against the nodes while a pod cannot schedule or it is False
+    (so it follows the nodes as they change); True without a read once every pod is on a node. ``inputs``
+    ``None`` (mode Off resolves nothing): resolved here, when needed."""
+    was_false = (conditions.find_condition(old.get("conditions"), conditions.SCHEDULABLE) or {}).get(
+        "status"
+    ) == conditions.FALSE
+    pending = any(v.unschedulable for v in views)
+    if not pending and not was_false:
+        if views and all(v.started_at is not None for v in views if not v.terminating):
+            return [(conditions.SCHEDULABLE, conditions.TRUE, "Scheduled", "every pod is on a node")]
+        return []
+    if deps.kube is None:
+        return []
+    if inputs is None:
+        try:
+            inputs = await resolve.fetch_inputs(spec, namespace, deps.kube, deps.hub)
+        except Exception:  # noqa: BLE001 -- the reconciler reports resolution failures
+            return []
+    if cluster is not None:
+        nodes = cluster[0]
+    else:  # the nodes alone: what could ever fit does not depend on the pods
+        try:
+            nodes = [capacity.build_node_view(n) for n in await deps.nodes.fetch(deps.kube, deps.clock())]
+        except errors.OperatorError:
+            return []
+    settings = loop_state.build_loop_state(old).current
+    shape = capacity.build_pod_shape(build_loop_deployment(meta, spec, inputs, settings))
+    verdict = capacity.compute_schedulable(shape, nodes)
+    status = conditions.TRUE if verdict.schedulable else conditions.FALSE
+    return [(conditions.SCHEDULABLE, status, verdict.reason, verdict.message)]
+
+
+def build_loop_deployment(
+    meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs, settings: EngineSettings,
+    choice: RolloutChoice = rollout_strategy.DEFAULT,
+) -> dict[str, Any]:  # fmt: skip
+    """The Deployment running ``settings`` exactly (no re-plan: a rollback must not wait on the planner),
+    with the user's extra args and the resolved GPU products, as the reconciler renders it, rolled out
+    with ``choice``'s strategy."""
+    user = modes.compute_user_args(spec)
+    return workloads.build_deployment(
+        meta, spec, settings, user.extra, inputs.gpu.products,
+        checkpoint_bytes=resolve.compute_checkpoint_bytes(inputs.model), rollout=choice,
+    )  # fmt: skip
+
+
+async def _write(
+    deps: LoopDeps, patch: Any, namespace: str, name: str, version: str | None,
+    out: status_patch.StatusPatch, old: Mapping[str, Any], logger: Any,
+) -> str:  # fmt: skip
+    """The tick's status as one conditional PATCH (:func:`status_write.apply_status`): what became of it.
+    Without a Kubernetes client, kopf's ``patch`` carries it."""
+    if deps.kube is None:
+        out.add_to(patch, old=old)
+        return status_write.WRITTEN
+    return await status_write.apply_status(deps.kube, namespace, name, version, out, old, logger)
+
+
+async def _apply(
+    deps: LoopDeps, meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs | None,
+    settings: EngineSettings, what: str, logger: Any, body: Mapping[str, Any],
+    choice: RolloutChoice | None = None,
+) -> bool:  # fmt: skip
+    """Roll ``settings`` out to the Deployment; False (and a ``RetuneFailed`` event) if that failed."""
+    try:
+        if inputs is None or deps.kube is None:
+            raise errors.ApplyFailed("model/GPU not resolved or no Kubernetes client")
+        deployment = build_loop_deployment(meta, spec, inputs, settings, choice or rollout_strategy.DEFAULT)
+        await workloads.apply_workloads([deployment], deps.kube)
+    except Exception as exc:  # noqa: BLE001 -- report and retry on the next tick
+        logger.warning(f"closed loop: applying {what} failed: {exc}")
+        deps.emit(body, events.WARNING, "RetuneFailed", f"could not apply {what}: {exc}")
+        return False
+    return True

@@ -1,0 +1,125 @@
+"""What the operator applies for an InferenceService: the pure heart of a reconciliation.
+
+:func:`parse_spec` types a spec (schema and CEL-equivalent checks); :func:`build_desired` takes the
+spec and its resolved inputs through the planner (:func:`kvpilot.operator.planning.modes.compute_feasible_plan`)
+and the tuning modes (:func:`kvpilot.operator.planning.modes.compute_mode_decision`) to the Service and Deployment
+manifests. The handlers apply them; ``kvpilot render`` (:mod:`kvpilot.operator.inferenceservice.render`) prints them.
+Raises tuner or operator errors; applies nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pydantic
+
+from kvpilot.operator import api, errors
+from kvpilot.operator.planning import modes, release, resolve
+from kvpilot.operator.pods import pod_template, workloads
+from kvpilot.tuner import vllm
+from kvpilot.tuner.plan.profiles import Learned
+from kvpilot.tuner.types import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    decision: modes.ModeDecision
+    user: modes.UserArgs
+    manifests: list[dict[str, Any]]
+    """The apply order: a weight-cache claim (``storage.claimTemplate``), the Service, the Deployment, its
+    PodDisruptionBudget (2 or more replicas)."""
+
+
+def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
+    """The typed spec; InvalidSpec naming every schema or CEL-equivalent problem."""
+    try:
+        parsed = api.InferenceServiceSpec.model_validate(dict(spec))
+    except pydantic.ValidationError as exc:
+        schema = "; ".join(
+            f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}{_got(e.get('input'))}"
+            for e in exc.errors(include_url=False)
+        )
+        raise errors.InvalidSpec(schema) from None
+    problems = parsed.semantic_errors()
+    problems += pod_template.compute_template_problems(parsed, tuple(workloads.build_labels("-")))
+    if problems:
+        raise errors.InvalidSpec("; ".join(problems))
+    return parsed
+
+
+def _got(value: object) -> str:
+    """`` (got 'x')`` for a scalar the schema refused, as the API server names an unsupported value."""
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
+        text = repr(value)
+        return f" (got {text[:80]}{'...' if len(text) > 80 else ''})"
+    return ""
+
+
+def build_desired(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs,
+    *, deploy_override: api.Settings | None = None, plan_fn: modes.PlanFn | None = None,
+    learned: Learned | None = None,
+) -> Desired:  # fmt: skip
+    """Plan, decide per mode and build the manifests. Raises tuner or operator errors, applies nothing.
+
+    ``deploy_override`` replaces the settings deployed in mode Auto: on resume, the settings
+    the closed loop has put in ``status.applied`` are kept instead of the initial plan. ``learned``: the
+    matching TuningProfile's lesson, which the planner starts from (:mod:`kvpilot.operator.planning.profiles`).
+    """
+    user = modes.compute_user_args(spec)
+    engine = release.resolve_release(spec)
+    plan = modes.compute_feasible_plan(
+        spec, inputs.model.spec, inputs.gpu.gpu, user,
+        weights_total_bytes=inputs.model.checkpoint_bytes,
+        plan_fn=_plan_for_release(plan_fn or _default_plan_fn(), engine.image, engine.flags),
+        learned=learned,
+    )  # fmt: skip
+    decision = modes.compute_mode_decision(spec, plan, user)
+    if deploy_override is not None and decision.mode == "Auto":
+        keep = deploy_override.to_engine().replace(tensor_parallel_size=plan.settings.tensor_parallel_size)
+        decision = replace(decision, deploy=keep)
+    checkpoint = resolve.compute_checkpoint_bytes(inputs.model)
+    manifests = [
+        *workloads.build_claims(metadata, spec, checkpoint),
+        workloads.build_service(metadata, spec),
+        workloads.build_deployment(
+            metadata, spec, decision.deploy, user.extra, inputs.gpu.products, checkpoint_bytes=checkpoint
+        ),
+        *workloads.build_pod_disruption_budget(metadata, spec),
+    ]
+    return Desired(decision, user, manifests)
+
+
+def _default_plan_fn() -> modes.PlanFn:
+    from kvpilot.tuner.plan import compute_plan
+
+    return compute_plan
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_for_release(
+    plan_fn: modes.PlanFn, image: vllm.ImageVersion, flags: vllm.EngineFlags = vllm.DEFAULT_ENGINE
+) -> modes.PlanFn:
+    """``plan_fn`` planning for the release the image runs (its tag, or ``spec.engine.vllmVersion``)
+    and the engine its environment and extra args choose (``flags``: the model runner, ``--enforce-eager``,
+    ``--performance-mode``, prefix caching), with the ``VersionAssumed`` warning first among the plan's
+    warnings when the release was assumed (``status.warnings`` and a Warning event carry it, as every plan
+    warning).
+
+    One wrapper per (planner, release, flags), so the planner's cache
+    (:func:`modes.compute_feasible_plan`) keeps hitting for identical services."""
+
+    def plan(*args: Any, **kwargs: Any) -> Plan:
+        changes: dict[str, Any] = {"vllm_version": image.version}
+        if flags != vllm.DEFAULT_ENGINE:
+            changes["engine"] = flags
+        result: Plan = plan_fn(*args, **{**kwargs, **changes})
+        if image.warning is not None:
+            result = dataclasses.replace(result, warnings=(image.warning, *result.warnings))
+        return result
+
+    return plan

@@ -1,0 +1,59 @@
+"""The vLLM release an InferenceService runs: the one place the operator decides it.
+
+The memory model is version-aware (:mod:`kvpilot.tuner.vllm.versions`), so every budget the operator
+computes for a service must be computed for the release its pods run, not the release kvpilot pins:
+the reconciler's plan (:func:`kvpilot.operator.inferenceservice.desired.build_desired`), the closed loop's budget of the
+running settings and its tuning context (:mod:`kvpilot.operator.inferenceservice.closed_loop`), and the fallback budget
+read back from ``status.budget`` (:func:`kvpilot.operator.loop.loop_state.read_budget`). They all ask
+:func:`resolve_release`.
+
+The release is ``spec.engine.vllmVersion`` when given, else read from ``spec.engine.image``'s tag
+(:func:`kvpilot.tuner.vllm.resolve_image_version`; a tag it cannot read gives the pinned release and a
+``VersionAssumed`` warning); the engine's flags (:class:`kvpilot.tuner.vllm.EngineFlags`) are the model
+runner, ``VLLM_USE_V2_MODEL_RUNNER`` from ``spec.engine.env`` when it is a literal value, and the untuned
+flags of ``spec.engine.extraArgs`` that change vLLM's memory (``--enforce-eager``, ``--performance-mode``,
+prefix caching: :mod:`kvpilot.tuner.vllm.engine_flags`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpilot.operator import api
+from kvpilot.tuner import vllm
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRelease:
+    """What the memory model is told about the engine a service runs."""
+
+    image: vllm.ImageVersion
+    flags: vllm.EngineFlags
+    """The model runner (``None``: unset or not a literal, the release's default) and the extra args' flags
+    that change the budget."""
+
+    @property
+    def version(self) -> str:
+        return self.image.version
+
+    @property
+    def parsed(self) -> vllm.Version:
+        return vllm.parse_version(self.image.version)
+
+
+def resolve_release(spec: api.InferenceServiceSpec) -> EngineRelease:
+    """The release and flags of ``spec``'s engine (pure: no registry is asked)."""
+    return EngineRelease(
+        vllm.resolve_image_version(spec.engine.image, spec.engine.vllm_version),
+        vllm.build_engine_flags(spec.engine.extra_args, _v2_runner_env(spec)),
+    )
+
+
+def _v2_runner_env(spec: api.InferenceServiceSpec) -> bool | None:
+    """``VLLM_USE_V2_MODEL_RUNNER`` from ``spec.engine.env`` when it is a literal value (the last one
+    wins, as in a container); ``None`` when unset or taken from a Secret or ConfigMap (not read)."""
+    value = None
+    for var in spec.engine.env:
+        if var.name == vllm.V2_RUNNER_ENV:
+            value = var.value
+    return vllm.parse_v2_runner_env(value)

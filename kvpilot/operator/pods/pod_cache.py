@@ -1,0 +1,80 @@
+"""The closed loop's pod reads from a watch-fed cache, not one LIST per service per tick.
+
+Each tick of the closed loop reads the pods of its service. As a LIST request that is one read per
+service per tick: at 1000 services and a 30 s tick, 33 pod LISTs a second against the API server for
+pods that change rarely (docs/operator.md, "Scale"). Instead kopf keeps an index of kvpilot's vLLM pods
+from one watch (:func:`vllm_pods`, a ``kopf.index``; kopf passes it to every handler as the keyword
+argument of that name): :func:`index_pod` files each pod under ``(namespace, InferenceService name)``,
+and the tick reads its pods from the index through :class:`IndexedPods`, a
+:class:`~kvpilot.operator.pods.pod_status.PodReader`. kopf fills every index from its initial listing before it
+runs any other handler or timer, so a tick never sees a half-filled cache; the watch keeps it current (a
+deleted pod leaves the index with its ``DELETED`` event).
+
+Previous-container logs are not cached: they are read from the API, once per restart
+(:func:`kvpilot.operator.pods.pod_status.read_pod_views`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import kopf
+
+from kvpilot.operator.pods import pod_status, workloads
+
+PodKey = tuple[str, str]
+"""``(namespace, InferenceService name)``."""
+
+
+def index_pod(namespace: str | None, labels: Mapping[str, str], body: Mapping[str, Any]) -> dict[PodKey, Any]:
+    """The index entry of one pod: under its service, the pod without ``managedFields`` (the largest part
+    of a pod, and nothing the closed loop reads); no entry for a pod without kvpilot's selector labels."""
+    instance = labels.get(workloads.INSTANCE_LABEL)
+    if not instance or any(labels.get(k) != v for k, v in workloads.build_selector(instance).items()):
+        return {}
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    return {(namespace or "", instance): {**body, "metadata": meta}}
+
+
+def parse_selector(label_selector: str) -> dict[str, str]:
+    """``k1=v1,k2=v2`` (the equality selectors the closed loop builds) as a dict."""
+    out = {}
+    for part in filter(None, (p.strip() for p in label_selector.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key.endswith("!"):
+            raise ValueError(f"not an equality selector: {part!r}")
+        out[key.strip()] = value.lstrip("=").strip()
+    return out
+
+
+class IndexedPods:
+    """:class:`~kvpilot.operator.pods.pod_status.PodReader` over the pod index; logs from ``logs``."""
+
+    def __init__(
+        self, index: Mapping[PodKey, Iterable[Mapping[str, Any]]], logs: pod_status.PodReader
+    ) -> None:
+        self.index, self.logs = index, logs
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        wanted = parse_selector(label_selector)
+        instance = wanted.get(workloads.INSTANCE_LABEL)
+        if instance is None:
+            raise ValueError(f"the pod cache is keyed by {workloads.INSTANCE_LABEL}: {label_selector!r}")
+        pods = self.index.get((namespace, instance)) or ()
+        return [
+            dict(pod)
+            for pod in pods
+            if all(((pod.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
+        ]
+
+    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
+        return self.logs.read_previous_log(namespace, pod, container, tail_lines)
+
+
+@kopf.index("v1", "pods", labels={workloads.INSTANCE_LABEL: kopf.PRESENT})
+def vllm_pods(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[PodKey, Any]:
+    """The pod index (registered on import; :mod:`kvpilot.operator.inferenceservice.closed_loop` imports this module)."""
+    return index_pod(namespace, labels, body)

@@ -1,0 +1,378 @@
+"""What the vLLM pods of a service say: which settings they run, readiness, and why they restarted.
+
+The closed loop's view of the Deployment, from the pods themselves (not the
+ReplicaSets): a pod's settings are parsed back from its container ``args``, so the
+evidence is always attributed to the settings that produced it, also across an operator
+restart. Restarts come from ``lastState.terminated`` (``message`` holds the log tail:
+the Deployment sets ``terminationMessagePolicy: FallbackToLogsOnError``), classified by
+:func:`kvpilot.tuner.loop.restarts.classify_termination`; when the message says nothing, the
+previous container's log tail is read and classified instead.
+
+:func:`build_pod_view` and :func:`compute_pod_summary` are pure; :func:`read_pod_views` reads
+through a :class:`PodReader` with this module's :class:`LogCache` of previous logs, and
+:class:`ClusterPods` does the two reads (list pods, read a previous log) with the ``kubernetes`` client.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kvpilot.operator.clients.kube import raw_response
+from kvpilot.operator.pods.storage import INIT_CONTAINER
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import vllm
+from kvpilot.tuner.loop import RestartEvent, RestartKind, classify_termination
+from kvpilot.tuner.loop.scaling import ReplicaView
+from kvpilot.tuner.types import EngineSettings
+
+CONTAINER = "vllm"
+LOG_TAIL_LINES = 400
+"""Lines of the previous container's log to read. The termination message is at most 2 KiB / 80 lines
+(kubelet's ``FallbackToLogsOnError``), and after a start-up failure the API server's own traceback
+("Engine core initialization failed. See root cause above.") usually fills that, pushing vLLM's
+ValueError out; after a run-time CUDA OOM the shutdown lines do the same."""
+
+
+class PodReader(Protocol):
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """Raw pod objects (JSON dicts)."""
+        ...
+
+    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
+        """The tail of the previous container's log, or ``None`` when there is none."""
+        ...
+
+
+def parse_time(text: str | None) -> float | None:
+    """RFC 3339 (``2026-11-30T10:00:00Z``) to epoch seconds."""
+    if not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    name: str
+    settings: EngineSettings | None
+    """Parsed from the container args; ``None`` if they cannot be parsed."""
+    ready: bool
+    terminating: bool
+    restart: RestartEvent | None
+    """The last termination of the vLLM container, if it ever restarted."""
+    needs_log: bool
+    """The termination message did not explain the restart: worth reading the previous log (the exit
+    code after a run-time engine death may be 0, so it is not consulted)."""
+    waiting_reason: str | None = None
+    """Why the vLLM container waits (``CrashLoopBackOff``, ``ImagePullBackOff``, ...), if it does."""
+    unschedulable: bool = False
+    """The scheduler found no node for it (``PodScheduled=False``, reason ``Unschedulable``)."""
+    downloading: bool = False
+    """The weight cache's init container (:data:`kvpilot.operator.pods.storage.INIT_CONTAINER`) still runs."""
+    started_at: float | None = None
+    """``status.startTime``: when the kubelet took the pod (``None`` while it is not scheduled)."""
+    ready_at: float | None = None
+    """The ``Ready`` condition's ``lastTransitionTime`` while it is True."""
+    restart_count: int = 0
+
+
+def _container(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    items: Mapping[str, Any] = (pod.get("spec") if key == "containers" else pod.get("status")) or {}
+    found: Sequence[Mapping[str, Any]] = items.get(key) or ()
+    for c in found:
+        if c.get("name") == CONTAINER:
+            return c
+    return found[0] if found else {}
+
+
+def build_restart_event(
+    pod: str, status_c: Mapping[str, Any], log_tail: str | None = None
+) -> tuple[RestartEvent | None, bool]:
+    """The last termination of a container (its ``containerStatuses`` entry), classified; and whether its
+    previous log is worth reading (the termination message did not explain it). Also the EngineTuner's
+    (:mod:`kvpilot.operator.enginetuner.target_loop`), whose vLLM container may have any name."""
+    count = int(status_c.get("restartCount") or 0)
+    terminated = (status_c.get("lastState") or {}).get("terminated") or {}
+    if count <= 0 or not terminated:
+        return None, False
+    waiting = (status_c.get("state") or {}).get("waiting") or {}
+    message, reason, code = terminated.get("message"), terminated.get("reason"), terminated.get("exitCode")
+    cause = classify_termination(message, reason, code)
+    if cause.kind == RestartKind.OTHER and log_tail:
+        from_log = classify_termination(log_tail, reason, code)
+        cause = from_log if from_log.kind != RestartKind.OTHER else cause
+    needs_log = cause.kind == RestartKind.OTHER and reason != "OOMKilled" and not log_tail
+    when = parse_time(terminated.get("finishedAt")) or parse_time(terminated.get("startedAt")) or 0.0
+    restart = RestartEvent(
+        time=when, cause=cause, pod=pod, restart_count=count,
+        crash_looping=waiting.get("reason") == "CrashLoopBackOff", exit_code=code,
+    )  # fmt: skip
+    return restart, needs_log
+
+
+def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodView:
+    """One pod as the closed loop sees it. ``log_tail`` overrides an empty termination message."""
+    meta = pod.get("metadata") or {}
+    spec_c, status_c = _container(pod, "containers"), _container(pod, "containerStatuses")
+    try:
+        settings, _ = vllm.parse_vllm_args([str(a) for a in spec_c.get("args") or ()])
+    except tuner_errors.TunerError:
+        settings = None
+    count = int(status_c.get("restartCount") or 0)
+    waiting = (status_c.get("state") or {}).get("waiting") or {}
+    restart, needs_log = build_restart_event(str(meta.get("name") or ""), status_c, log_tail)
+    phase = pod.get("status") or {}
+    unschedulable = any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in phase.get("conditions") or ()
+    )
+    downloading = any(
+        c.get("name") == INIT_CONTAINER and not (c.get("state") or {}).get("terminated")
+        for c in phase.get("initContainerStatuses") or ()
+    )
+    conds: Sequence[Mapping[str, Any]] = phase.get("conditions") or ()
+    ready_cond: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
+    return PodView(
+        started_at=parse_time(phase.get("startTime")),
+        ready_at=parse_time(ready_cond.get("lastTransitionTime")) if ready_cond.get("status") == "True"
+        else None,
+        restart_count=count,
+        waiting_reason=waiting.get("reason") or None,
+        unschedulable=unschedulable,
+        downloading=downloading,
+        name=str(meta.get("name") or ""),
+        settings=settings,
+        ready=bool(status_c.get("ready")),
+        terminating=bool(meta.get("deletionTimestamp")),
+        restart=restart,
+        needs_log=needs_log,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PodSummary:
+    restarts: tuple[RestartEvent, ...]
+    """Restarts of pods running the current settings."""
+    ready: bool
+    """At least ``replicas`` pods run the current settings and are Ready, and no other pods remain."""
+    current_pods: int
+    other_pods: int
+    not_started: bool = False
+    """A pod of the current settings cannot schedule or still downloads, and none of them crashed."""
+
+
+def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replicas: int) -> PodSummary:
+    """Split the pods into those running ``current`` and the rest (old ReplicaSets, being replaced)."""
+    mine = [p for p in pods if not p.terminating and p.settings == current]
+    others = [p for p in pods if not p.terminating and p.settings != current]
+    restarts = tuple(p.restart for p in mine if p.restart is not None)
+    ready = replicas > 0 and sum(1 for p in mine if p.ready) >= replicas and not others
+    not_started = any(p.unschedulable or p.downloading for p in mine) and not restarts
+    return PodSummary(restarts, ready, len(mine), len(others), not_started)
+
+
+def compute_replica_view(pods: Sequence[PodView], desired: int) -> ReplicaView:
+    """The replica count as the pods show it (:func:`kvpilot.tuner.loop.scaling.compute_replica_change`)."""
+    live = [p for p in pods if not p.terminating]
+    starts = [p.started_at for p in live if p.started_at is not None]
+    return ReplicaView(desired=desired, live=len(live), ready=sum(1 for p in live if p.ready),
+                       newest_start=max(starts) if starts else None)  # fmt: skip
+
+
+def compute_newest_start(pods: Sequence[PodView], settings: EngineSettings) -> float | None:
+    """When the newest live pod running ``settings`` started (``status.startTime``), if any has: a rollout's
+    deadline counts from it, not from the patch (a pod that waited for a GPU has not used any of it)."""
+    starts = [p.started_at for p in pods if not p.terminating and p.settings == settings and p.started_at]
+    return max(starts) if starts else None
+
+
+def compute_startup_seconds(pods: Sequence[PodView], settings: EngineSettings) -> float | None:
+    """Seconds from start (``status.startTime``) to Ready of the newest live pod running ``settings`` that
+    became Ready without a restart: the service's measured restart cost (``status.startupSeconds``)."""
+    done = [
+        p for p in pods if not p.terminating and p.settings == settings and p.ready and not p.restart_count
+        and p.started_at is not None and p.ready_at is not None
+    ]  # fmt: skip
+    if not done:
+        return None
+    newest = max(done, key=lambda p: (p.started_at or 0.0, p.name))
+    return max(0.0, (newest.ready_at or 0.0) - (newest.started_at or 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """Whether a service serves, from its pods: ``status.replicas``, ``readyReplicas`` and the
+    ``Available`` / ``Degraded`` conditions (and so ``Ready``)."""
+
+    replicas: int
+    """Pods of the Deployment that are not terminating."""
+    ready_replicas: int
+    """Of them, Ready and running the applied settings."""
+    available: bool
+    """At least one replica running the applied settings is Ready."""
+    degraded_reason: str | None
+    """CamelCase: ``CrashLoopBackOff``, ``StartupFailure``, ``Unschedulable``, ``Downloading``, an image
+    pull failure; ``None`` when nothing is wrong (``Starting`` is not degraded)."""
+    message: str
+
+
+_IMAGE_PULL = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
+_STARTUP_KINDS = frozenset(
+    {RestartKind.KV_CACHE_TOO_SMALL, RestartKind.NO_CACHE_BLOCKS, RestartKind.INSUFFICIENT_FREE_MEMORY}
+)
+
+
+def compute_serving(pods: Sequence[PodView], current: EngineSettings) -> Serving:
+    """The service's serving state: available when a replica of ``current`` is Ready; degraded with the
+    most telling reason any pod gives (a crash loop, a start-up failure, no node, an image, a download)."""
+    live = [p for p in pods if not p.terminating]
+    ready = [p for p in live if p.ready and p.settings == current]
+    checks: list[tuple[str, str]] = []
+    for p in live:
+        if p.restart is not None and p.restart.cause.kind in _STARTUP_KINDS:
+            checks.append(("StartupFailure", f"{p.name}: {p.restart.cause.detail}"))
+        if p.waiting_reason == "CrashLoopBackOff":
+            detail = p.restart.cause.detail if p.restart is not None else "the vLLM container keeps exiting"
+            checks.append(("CrashLoopBackOff", f"{p.name}: {detail}"))
+        if p.waiting_reason in _IMAGE_PULL:
+            checks.append((str(p.waiting_reason), f"{p.name}: the vLLM image cannot be pulled"))
+        if p.unschedulable:
+            checks.append(("Unschedulable", f"{p.name}: no node has a free GPU of the planned kind"))
+        if p.downloading:
+            checks.append(("Downloading", f"{p.name}: the weights are being downloaded into the cache"))
+    order = ("StartupFailure", "CrashLoopBackOff", *sorted(_IMAGE_PULL), "Unschedulable", "Downloading")
+    checks.sort(key=lambda c: order.index(c[0]))
+    reason, detail = checks[0] if checks else (None, "")
+    if ready:
+        message = f"{len(ready)} of {len(live)} replicas serve the applied settings"
+    elif reason is not None:
+        message = f"no replica serves: {detail}"
+    else:
+        message = f"no replica serves yet: {len(live)} starting"
+    if ready and reason is not None:
+        message += f"; degraded: {detail}"
+    return Serving(len(live), len(ready), bool(ready), reason, message[:1000])
+
+
+class LogCache:
+    """Previous-log tails by (namespace, pod, restart count): a crash-looping pod's log is read once per
+    restart, not once per tick. Only saves reads; losing it (an operator restart) loses nothing.
+    Thread-safe: ticks read pods in worker threads."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.size = size
+        self._data: OrderedDict[tuple[str, str, int], str | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str, int]) -> tuple[bool, str | None]:
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return True, self._data[key]
+            return False, None
+
+    def put(self, key: tuple[str, str, int], value: str | None) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+LOGS = LogCache()
+"""The process's log cache (:func:`read_pod_views`)."""
+
+
+def owned_by(pod: Mapping[str, Any], deployment: str) -> bool:
+    """Whether the pod belongs to the Deployment ``deployment``: its controller is the ReplicaSet
+    ``<deployment>-<pod-template-hash>`` (names are unique in a namespace, so no other app's pod, whatever
+    its labels or name, passes)."""
+    meta = pod.get("metadata") or {}
+    template_hash = (meta.get("labels") or {}).get("pod-template-hash")
+    if not template_hash:
+        return False
+    return any(
+        ref.get("kind") == "ReplicaSet"
+        and ref.get("controller")
+        and ref.get("name") == f"{deployment}-{template_hash}"
+        for ref in meta.get("ownerReferences") or ()
+    )
+
+
+def read_pod_views(
+    reader: PodReader, namespace: str, label_selector: str, owner: str, logs: LogCache = LOGS
+) -> list[PodView]:
+    """The pods of the Deployment ``owner`` as the closed loop sees them (blocking: run it in a worker
+    thread). Only pods it owns count (:func:`owned_by`): a foreign pod with the same labels is no evidence.
+
+    A restart the termination message does not explain is classified from the previous container's
+    log tail, read once per restart (``logs``)."""
+    views = []
+    for pod in reader.list_pods(namespace, label_selector):
+        if not owned_by(pod, owner):
+            continue
+        view = build_pod_view(pod)
+        if view.needs_log and view.restart is not None:
+            key = (namespace, view.name, view.restart.restart_count)
+            known, tail = logs.get(key)
+            if not known:
+                tail = reader.read_previous_log(namespace, view.name, CONTAINER, LOG_TAIL_LINES)
+                logs.put(key, tail)
+            view = build_pod_view(pod, log_tail=tail) if tail else view
+        views.append(view)
+    return views
+
+
+class ClusterPods:
+    """:class:`PodReader` over the ``kubernetes`` client (the operator's shared ApiClient)."""
+
+    def __init__(self, api_client: Any = None) -> None:
+        from kubernetes import client
+
+        if api_client is None:
+            from kvpilot.operator.clients.kube import get_kube
+
+            api_client = get_kube().api_client
+        self.core = client.CoreV1Api(api_client)
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        response = raw_response(
+            self.core.list_namespaced_pod(namespace, label_selector=label_selector, _preload_content=False)
+        )
+        try:
+            return list(json.loads(response.data).get("items") or [])
+        finally:
+            response.release_conn()
+
+    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            response = raw_response(
+                self.core.read_namespaced_pod_log(
+                    pod,
+                    namespace,
+                    container=container,
+                    previous=True,
+                    tail_lines=tail_lines,
+                    _preload_content=False,
+                )
+            )
+        except (ApiException, OSError):
+            return None  # no previous container, logs not served (KWOK), or the node is gone
+        try:
+            return bytes(response.data).decode("utf-8", "replace")
+        finally:
+            response.release_conn()

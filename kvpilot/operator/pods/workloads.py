@@ -1,0 +1,366 @@
+"""The vLLM Deployment and Service of an InferenceService: pure builders and their apply.
+
+:func:`build_deployment` and :func:`build_service` return plain manifests (dicts) for
+server-side apply; :func:`apply_workloads` writes them. The closed loop reuses
+:func:`build_deployment` with other settings, so the operator and the closed loop
+always apply the whole object under the same field manager.
+
+Pod choices (docs/operator.md explains each):
+
+* ``vllm serve <model> --revision .. --host 0.0.0.0 --port 8000`` + the tuned flags + extra args;
+  ``command`` is set explicitly, so images whose entrypoint is the old API server also work.
+* ``nvidia.com/gpu`` limits = requests = gpu.count; ``/dev/shm`` a memory-backed emptyDir
+  (NCCL with tensor parallelism needs more than the runtime's 64 MiB).
+* Probes on ``/health``: a start-up probe every 10 s whose budget follows the checkpoint's size
+  (at least 30 min: download or load, compile, CUDA graphs), then readiness and liveness.
+* The weight cache (``spec.model.storage``, :mod:`kvpilot.operator.pods.storage`): a volume mounted as
+  ``HF_HOME`` and an init container that downloads the weights before vLLM starts; without it an
+  ``ephemeral-storage`` request for the checkpoint.
+* ``terminationMessagePolicy: FallbackToLogsOnError``: a crash's last log lines (a CUDA
+  out-of-memory error) land in the pod status, where the closed loop reads them.
+* Prometheus scrape annotations for ``:8000/metrics``.
+* Pods pinned to the planned GPU with ``nvidia.com/gpu.product`` (nodeSelector when one
+  product, node affinity when the catalogue entry has several GFD names).
+* Security: no privilege escalation, all capabilities dropped, RuntimeDefault seccomp. The
+  vLLM image runs as root by default and caches under /root, so runAsNonRoot is not set, unless
+  ``spec.podSecurity: Restricted`` (:mod:`kvpilot.operator.pods.pod_template`: the image's ``vllm`` user).
+* ``spec.template`` merged last (:func:`kvpilot.operator.pods.pod_template.build_pod_template`): what kvpilot
+  owns wins.
+* The update strategy of :mod:`kvpilot.operator.pods.rollout_strategy`: a surge (``maxSurge: 1,
+  maxUnavailable: 0``: a retune that cannot start leaves the old pod serving) unless the closed loop or the
+  reconciler chose Replace or Recreate for a full pool (``spec.rollout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvpilot.operator import api, errors
+from kvpilot.operator.planning import resolve
+from kvpilot.operator.pods import capacity, pod_status, pod_template, rollout_strategy, storage
+from kvpilot.operator.clients.kube import Kube, fetch_active_pods, fetch_nodes
+from kvpilot.operator.clients.kube import build_label_selector as build_label_selector_from
+from kvpilot.tuner import gpus, plan, vllm
+from kvpilot.tuner.types import GIB, EngineSettings
+
+PORT = 8000
+HF_TOKEN_ENV = "HF_TOKEN"
+STARTUP_PERIOD_S = storage.STARTUP_PERIOD_S
+SHM_SIZE_LIMIT = "16Gi"
+
+
+def build_labels(name: str) -> dict[str, str]:
+    """Labels of the Deployment, its pods and the Service (api-contract.md)."""
+    return {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "kvpilot",
+        f"{api.GROUP}/inferenceservice": name,
+    }
+
+
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+"""The selector label that names the InferenceService a pod serves (the pod cache is keyed by it)."""
+
+
+def build_selector(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "vllm", INSTANCE_LABEL: name}
+
+
+def build_label_selector(name: str) -> str:
+    """:func:`build_selector` as a string (``status.selector``: what the ``/scale`` subresource reports)."""
+    return build_label_selector_from(build_selector(name))
+
+
+def build_owner_reference(metadata: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The controller owner reference (garbage collection deletes the children); none without a uid."""
+    if not metadata.get("uid"):
+        return []
+    return [{
+        "apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, "name": metadata["name"],
+        "uid": metadata["uid"], "controller": True, "blockOwnerDeletion": True,
+    }]  # fmt: skip
+
+
+def build_engine_args(
+    spec: api.InferenceServiceSpec, settings: EngineSettings, extra: Sequence[str]
+) -> list[str]:
+    """``vllm serve`` arguments: model, revision, port, tuned flags, pipeline parallelism, extra args."""
+    args = [spec.model.id]
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    args += ["--host", "0.0.0.0", "--port", str(PORT)]
+    tp = settings.tensor_parallel_size or 1
+    pp_extra: list[str] = []
+    pp = plan.compute_pipeline_parallel(spec.gpu.count, tp)
+    if pp > 1 and not vllm.find_flag_values(extra, vllm.PIPELINE_PARALLEL_FLAG):
+        pp_extra = ["--pipeline-parallel-size", str(pp)]
+    return [*args, *vllm.build_vllm_args(settings, [*pp_extra, *extra])]
+
+
+def _node_placement(products: Sequence[str], node_selector: Mapping[str, str]) -> dict[str, Any]:
+    selector = dict(node_selector)
+    placement: dict[str, Any] = {}
+    if len(products) == 1:
+        selector[gpus.PRODUCT_LABEL] = products[0]
+    elif products and gpus.PRODUCT_LABEL not in selector:
+        placement["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": gpus.PRODUCT_LABEL, "operator": "In", "values": sorted(products)}]}]}}}  # fmt: skip
+    if selector:
+        placement["nodeSelector"] = selector
+    return placement
+
+
+def _env(spec: api.InferenceServiceSpec) -> list[dict[str, Any]]:
+    env = [e.wire() for e in spec.engine.env]
+    ref = spec.model.hub_token_secret_ref
+    if ref is not None and not any(e["name"] == HF_TOKEN_ENV for e in env):
+        env.append({"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env
+
+
+def _resources(spec: api.InferenceServiceSpec, ephemeral_bytes: int | None) -> dict[str, Any]:
+    res = spec.engine.resources or api.Resources()
+    gpu: dict[str, int | str] = {capacity.GPU_RESOURCE: spec.gpu.count}
+    requests: dict[str, int | str] = {**(res.requests or {}), **gpu}
+    if ephemeral_bytes and "ephemeral-storage" not in requests:
+        requests["ephemeral-storage"] = f"{-(-ephemeral_bytes // GIB)}Gi"
+    return {"limits": {**(res.limits or {}), **gpu}, "requests": requests}
+
+
+def _probe(failures: int, period: int) -> dict[str, Any]:
+    return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": 5}  # fmt: skip
+
+
+CONTAINER_SECURITY = pod_template.CONTAINER_HARDENING
+
+
+def build_pod_storage(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, checkpoint_bytes: int | None
+) -> storage.PodStorage:
+    """The weight cache's fragments of this service's pods (:mod:`kvpilot.operator.pods.storage`)."""
+    token = [e for e in _env(spec) if e["name"] == HF_TOKEN_ENV]
+    return storage.build_pod_storage(
+        metadata, spec, checkpoint_bytes, image=spec.engine.image, token_env=token,
+        security_context=CONTAINER_SECURITY,
+    )  # fmt: skip
+
+
+def build_deployment(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, settings: EngineSettings,
+    extra: Sequence[str], products: Sequence[str], *, checkpoint_bytes: int | None = None,
+    rollout: rollout_strategy.RolloutChoice = rollout_strategy.DEFAULT,
+) -> dict[str, Any]:  # fmt: skip
+    """The Deployment running vLLM with ``settings`` on nodes of one of ``products``.
+
+    ``checkpoint_bytes`` sizes the weight cache, the ``ephemeral-storage`` request and the start-up
+    probe's budget (:mod:`kvpilot.operator.pods.storage`); ``rollout`` is the update strategy
+    (:mod:`kvpilot.operator.pods.rollout_strategy`).
+    """
+    name = metadata["name"]
+    labels = build_labels(name)
+    args = build_engine_args(spec, settings, extra)
+    cache = build_pod_storage(metadata, spec, checkpoint_bytes)
+    user_env = _env(spec)
+    env = [*user_env, *(e for e in cache.env if all(u["name"] != e["name"] for u in user_env))]
+    container = {
+        "name": "vllm",
+        "image": spec.engine.image,
+        "command": ["vllm", "serve"],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": _resources(spec, cache.ephemeral_storage_bytes),
+        "volumeMounts": [{"name": pod_template.SHM_VOLUME, "mountPath": "/dev/shm"}, *cache.mounts],
+        "startupProbe": _probe(cache.startup_failure_threshold, STARTUP_PERIOD_S),
+        "readinessProbe": _probe(3, 10),
+        "livenessProbe": _probe(6, 15),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
+    }
+    if not container["env"]:
+        del container["env"]
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        **({"initContainers": cache.init_containers} if cache.init_containers else {}),
+        "volumes": [{"name": pod_template.SHM_VOLUME, "emptyDir": {"medium": "Memory",
+                                                                   "sizeLimit": SHM_SIZE_LIMIT}},
+                    *cache.volumes],  # fmt: skip
+        "terminationGracePeriodSeconds": 60,
+        **_node_placement(products, spec.node_selector),
+    }
+    tolerations = [t.wire() for t in spec.engine.tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _object_metadata(metadata, labels),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": build_selector(name)},
+            "strategy": rollout_strategy.build_deployment_strategy(rollout),
+            "progressDeadlineSeconds": 1800,
+            "revisionHistoryLimit": 5,
+            "template": pod_template.build_pod_template({
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            }, spec.template, spec.pod_security),  # fmt: skip
+        },
+    }
+
+
+def _object_metadata(owner: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": owner["name"], "namespace": owner.get("namespace") or "default",
+                            "labels": dict(labels)}  # fmt: skip
+    refs = build_owner_reference(owner)
+    if refs:
+        meta["ownerReferences"] = refs
+    return meta
+
+
+def build_claims(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, checkpoint_bytes: int | None
+) -> list[dict[str, Any]]:
+    """The PersistentVolumeClaim kvpilot owns for a ``claimTemplate`` (none otherwise), owned by the
+    InferenceService so the garbage collector deletes it with it."""
+    claims = build_pod_storage(metadata, spec, checkpoint_bytes).claims
+    refs = build_owner_reference(metadata)
+    for claim in claims:
+        claim["metadata"]["labels"] = build_labels(metadata["name"])
+        if refs:
+            claim["metadata"]["ownerReferences"] = refs
+    return claims
+
+
+def build_service(metadata: Mapping[str, Any], spec: api.InferenceServiceSpec) -> dict[str, Any]:
+    """The ClusterIP Service in front of the vLLM pods (port 8000, named http); headless (``clusterIP:
+    None``, no virtual IP allocated) when ``spec.service.headless``."""
+    name = metadata["name"]
+    out: dict[str, Any] = {"type": "ClusterIP"}
+    if spec.service.headless:
+        out["clusterIP"] = "None"
+    out["selector"] = build_selector(name)
+    out["ports"] = [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _object_metadata(metadata, build_labels(name)),
+        "spec": out,
+    }
+
+
+def build_pod_disruption_budget(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec
+) -> list[dict[str, Any]]:
+    """The PodDisruptionBudget of a service with 2 or more replicas (``maxUnavailable`` from
+    ``spec.rollout.maxUnavailable``), owned by the InferenceService; none below 2 replicas. One left from
+    when there were more replicas is not deleted (kvpilot has no delete verb): on one replica a budget of
+    at least one unavailable blocks nothing, and garbage collection deletes it with the service."""
+    if spec.replicas < 2:
+        return []
+    name = metadata["name"]
+    return [{
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _object_metadata(metadata, build_labels(name)),
+        "spec": {"maxUnavailable": spec.rollout.max_unavailable,
+                 "selector": {"matchLabels": build_selector(name)}},
+    }]  # fmt: skip
+
+
+async def fetch_rollout_strategy(
+    kube: Kube, spec: api.InferenceServiceSpec, manifests: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """``manifests`` with the Deployment's update strategy chosen for the cluster as it is now
+    (:func:`fetch_rollout_choice`): a reconciler's change of the pods rolls out like the closed loop's. A
+    held choice renders a surge (the pod waits for a GPU; the old ones keep serving)."""
+    out = [dict(m) for m in manifests]
+    for i, m in enumerate(out):
+        if m["kind"] == "Deployment":
+            choice = await fetch_rollout_choice(kube, spec, m, serving=None)
+            rendered = rollout_strategy.build_deployment_strategy(choice)
+            out[i] = {**m, "spec": {**m["spec"], "strategy": rendered}}
+    return out
+
+
+def _claims_in_use(manifests: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(namespace, claim) of every existing claim a Deployment mounts that is not applied with it."""
+    ours = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in manifests
+            if m["kind"] == "PersistentVolumeClaim"}  # fmt: skip
+    used = []
+    for m in manifests:
+        if m["kind"] != "Deployment":
+            continue
+        namespace = m["metadata"]["namespace"]
+        for volume in m["spec"]["template"]["spec"].get("volumes") or ():
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim and (namespace, claim) not in ours:
+                used.append((namespace, claim))
+    return used
+
+
+async def fetch_capacity(
+    kube: Kube,
+) -> tuple[list[capacity.NodeView], list[dict[str, Any]]] | None:
+    """Every node and every unfinished pod of the cluster, or ``None`` when they cannot be read (RBAC:
+    ``rbac.clusterWidePods``, an API hiccup): the caller then does not know the spare GPUs."""
+    try:
+        nodes, pods = await asyncio.gather(fetch_nodes(kube), fetch_active_pods(kube))
+    except errors.OperatorError:
+        return None
+    return [capacity.build_node_view(n) for n in nodes], pods
+
+
+async def fetch_rollout_choice(
+    kube: Kube, spec: api.InferenceServiceSpec, deployment: Mapping[str, Any], *, serving: bool | None,
+    not_serving_why: str = "",
+    cluster: tuple[list[capacity.NodeView], list[dict[str, Any]]] | None = None,
+) -> rollout_strategy.RolloutChoice:  # fmt: skip
+    """How ``deployment`` (about to be applied) rolls out (:func:`rollout_strategy.compute_rollout_choice`):
+    the nodes and pods are read only for ``Auto`` (``cluster``: already read). ``serving`` (a replica is
+    Ready) ``None``: read from the Deployment's own pods in that list (the reconciler has no pod view)."""
+    fits = None
+    if spec.rollout.strategy == "Auto":
+        cluster = cluster or await fetch_capacity(kube)
+        if cluster is not None:
+            fits = capacity.compute_fits_now(capacity.build_pod_shape(deployment), *cluster)
+    if serving is None:
+        meta = deployment["metadata"]
+        own = [pod_status.build_pod_view(p) for p in (cluster[1] if cluster else ())
+               if (p.get("metadata") or {}).get("namespace") == meta["namespace"]
+               and pod_status.owned_by(p, meta["name"])]  # fmt: skip
+        serving = cluster is None or any(v.ready and not v.terminating for v in own)
+    return rollout_strategy.compute_rollout_choice(
+        spec.rollout, spec.replicas, fits_now=fits, serving=serving, not_serving_why=not_serving_why
+    )
+
+
+async def apply_workloads(manifests: Sequence[Mapping[str, Any]], kube: Kube) -> None:
+    """Server-side apply each manifest in order (a weight-cache claim, the Service, the Deployment, its
+    PodDisruptionBudget)."""
+
+    def _apply_all() -> None:
+        for claim in _claims_in_use(manifests):
+            if kube.read_persistent_volume_claim(*claim) is None:
+                raise errors.ConfigNotFound(
+                    f"PersistentVolumeClaim {claim[0]}/{claim[1]} (spec.model.storage.persistentVolumeClaim) "
+                    "does not exist; create it (a claim bound to the volume with the weights) or use "
+                    "storage.claimTemplate to have kvpilot create one. Retrying."
+                )
+        for manifest in manifests:
+            kube.apply(manifest)
+
+    await asyncio.get_running_loop().run_in_executor(resolve.IO_POOL, _apply_all)
