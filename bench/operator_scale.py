@@ -87,7 +87,8 @@ def build_isvc(
 
 
 LOOP_STATUS_WRITES = "client PATCH inferenceservices/status"
-"""The closed loop's one status PATCH per tick that changes something (``kvpilot/operator/status/status_write.py``,
+"""The closed loop's one status PATCH per tick that changes something
+(``kvpilot/operator/status/status_write.py``,
 through the ``kubernetes`` client); the reconciler's go through kopf (``kopf PATCH ...``)."""
 
 

@@ -1,6 +1,7 @@
 """Constant Prometheus load: one closed-loop tick over N services asks each metric once, for all of them.
 
-Every service's timer calls ``kvpilot.operator.clients.prometheus.fetch_observations`` in the same tick, as kopf runs
+Every service's timer calls ``kvpilot.operator.clients.prometheus.fetch_observations`` in the same tick, as
+kopf runs
 them; they share one fleet snapshot (one query per metric, aggregated ``by (namespace, pod)``), and each
 takes its own pods' series from it. Prometheus is replaced by an in-process client that answers every
 query with a series per pod (2 pods per service, a 300 s window at a 30 s step), so what is timed is the

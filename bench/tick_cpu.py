@@ -1,6 +1,7 @@
 """The CPU one closed-loop tick costs the operator per service, without a cluster.
 
-The whole tick (:func:`kvpilot.operator.inferenceservice.closed_loop.run_once`: the pods from the reader, resolve from the
+The whole tick (:func:`kvpilot.operator.inferenceservice.closed_loop.run_once`: the pods from the reader,
+resolve from the
 caches, the memory budget, the decision, the status patch and its conditional write) on a service the real
 planner planned, with the unit tests' fakes for the API server and the pods (``tests/operator``) and
 Prometheus down: the steady cost of a service that is serving, times the number of services, is the

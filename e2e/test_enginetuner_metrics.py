@@ -43,8 +43,8 @@ from e2e.targets import (
     install_crds,
 )
 from e2e.waits import host_operator, wait_for
-from kvpilot.operator.enginetuner import target
 from kvpilot.operator.api import Settings
+from kvpilot.operator.enginetuner import target
 from kvpilot.tuner.vllm import command as vllm_command
 
 # what the owner runs before it adopts kvpilot's recommendation: starts on an L4, differs from the plan

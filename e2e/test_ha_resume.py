@@ -2,7 +2,8 @@
 
 Issue 14, "no decision is lost or made twice", at the one point where the closed loop's change is half done. A
 change (mode Auto) is recorded in one status PATCH (``status.applied``, ``status.rollout``, one ``Retuned``
-entry in ``status.history``) and applied to the Deployment after (kvpilot/operator/status/status_write.py). A leader
+entry in ``status.history``) and applied to the Deployment after (kvpilot/operator/status/status_write.py). A
+leader
 killed between the two leaves the record and the old pod template; the next leader's resume handler re-applies
 ``status.applied`` and its timer continues the rollout from ``status.rollout``.
 

@@ -48,6 +48,10 @@ def test_contracts_forbid_io_in_the_tuner() -> None:
     assert set(contract["forbidden_modules"].split()) >= MUST_BE_FORBIDDEN
     layers = parser["importlinter:contract:layers"]["layers"].split()
     assert layers == ["kvpilot.cli", "kvpilot.operator", "kvpilot.tuner"]
+    wings = parser["importlinter:contract:operator-layers"]
+    assert wings["containers"].split() == ["kvpilot.operator"]
+    assert "inferenceservice | enginetuner" in wings["layers"]  # the two kinds never import each other
+    assert wings["layers"].split()[-5:-4] == ["conditions"]
     inner = parser["importlinter:contract:tuner-layers"]
     assert [line.strip() for line in inner["layers"].strip().splitlines()] == [
         "plan | loop",
@@ -64,7 +68,7 @@ def test_the_package_keeps_its_contracts() -> None:
 
 PROBE_FILES = {
     "__init__.py": "",
-    "cli.py": "import pathlib\n\nfrom probe.operator import edge\n",
+    "cli.py": "import pathlib\n\nfrom probe.operator.inferenceservice import tick\n",
     "tuner/__init__.py": "",
     "tuner/types.py": "import math\n",
     "tuner/vllm/__init__.py": "",
@@ -78,11 +82,36 @@ PROBE_FILES = {
     "tuner/loop/__init__.py": "",
     "tuner/loop/policy.py": "from probe.tuner import types\nfrom probe.tuner.vllm import facts\n",
     "operator/__init__.py": "",
-    "operator/edge.py": "import os\n\nfrom probe.tuner.plan import planner\n",
-    "operator/kube.py": "import kubernetes\nimport urllib3\n",
-    "operator/pod_status.py": "import kubernetes\n",
-    "operator/prometheus.py": "import prometheus_api_client\nimport urllib3\n",
-    "operator/resolve.py": "import huggingface_hub\n",
+    "operator/main.py": (
+        "from probe.operator.enginetuner import handlers\nfrom probe.operator.inferenceservice import tick\n"
+    ),
+    "operator/api.py": "from probe.operator import labels\n",
+    "operator/errors.py": "from probe.operator import conditions\n",
+    "operator/conditions.py": "",
+    "operator/labels.py": "",
+    "operator/timers.py": "",
+    "operator/inferenceservice/__init__.py": "",
+    "operator/inferenceservice/tick.py": (
+        "import os\n\nfrom probe.operator.loop import state\nfrom probe.tuner.plan import planner\n"
+    ),
+    "operator/enginetuner/__init__.py": "",
+    "operator/enginetuner/handlers.py": "from probe.operator.loop import state\n",
+    "operator/loop/__init__.py": "",
+    "operator/loop/state.py": "from probe.operator.status import patch\n",
+    "operator/status/__init__.py": "",
+    "operator/status/patch.py": (
+        "from probe.operator.planning import modes\nfrom probe.operator.pods import pod_status\n"
+    ),
+    "operator/planning/__init__.py": "",
+    "operator/planning/modes.py": "from probe.operator import api, errors\n",
+    "operator/planning/resolve.py": "import huggingface_hub\n\nfrom probe.operator.clients import kube\n",
+    "operator/pods/__init__.py": "",
+    "operator/pods/pod_status.py": "import kubernetes\n\nfrom probe.operator.clients import kube\n",
+    "operator/clients/__init__.py": "",
+    "operator/clients/kube.py": (
+        "import kubernetes\nimport urllib3\n\nfrom probe.operator import api, errors\n"
+    ),
+    "operator/clients/prometheus.py": "import prometheus_api_client\nimport urllib3\n",
 }
 """A miniature of kvpilot's layout that keeps every contract (each ignored import exists in it)."""
 
@@ -112,7 +141,7 @@ def test_a_clean_probe_passes(tmp_path: Path) -> None:
         (("tuner/leak.py", "import os\n"), "sans-I/O", "probe.tuner.leak -> os"),
         (("tuner/leak.py", "from datetime import datetime\n"), "sans-I/O", "probe.tuner.leak -> datetime"),
         (
-            ("tuner/leak.py", "from probe.operator import edge\n"),
+            ("tuner/leak.py", "from probe.operator.inferenceservice import tick\n"),
             "sans-I/O",
             "probe.tuner.leak -> probe.operator",
         ),
@@ -132,14 +161,49 @@ def test_a_clean_probe_passes(tmp_path: Path) -> None:
             "probe.tuner.model.leak -> probe.tuner.memory.budget",
         ),
         (
-            ("operator/handlers.py", "import kubernetes\n"),
+            ("operator/inferenceservice/handlers.py", "import kubernetes\n"),
             "client modules",
-            "probe.operator.handlers -> kubernetes",
+            "probe.operator.inferenceservice.handlers -> kubernetes",
         ),
         (
-            ("operator/handlers.py", "import huggingface_hub\n"),
+            ("operator/planning/modes.py", "import huggingface_hub\n"),
             "client modules",
-            "probe.operator.handlers -> huggingface_hub",
+            "probe.operator.planning.modes -> huggingface_hub",
+        ),
+        (
+            ("operator/enginetuner/leak.py", "from probe.operator.inferenceservice import tick\n"),
+            "Inside the operator",
+            "probe.operator.enginetuner.leak -> probe.operator.inferenceservice.tick",
+        ),
+        (
+            ("operator/inferenceservice/leak.py", "from probe.operator.enginetuner import handlers\n"),
+            "Inside the operator",
+            "probe.operator.inferenceservice.leak -> probe.operator.enginetuner.handlers",
+        ),
+        (
+            ("operator/clients/leak.py", "from probe.operator.status import patch\n"),
+            "Inside the operator",
+            "probe.operator.clients.leak -> probe.operator.status.patch",
+        ),
+        (
+            ("operator/pods/leak.py", "from probe.operator.planning import modes\n"),
+            "Inside the operator",
+            "probe.operator.pods.leak -> probe.operator.planning.modes",
+        ),
+        (
+            ("operator/status/leak.py", "from probe.operator.loop import state\n"),
+            "Inside the operator",
+            "probe.operator.status.leak -> probe.operator.loop.state",
+        ),
+        (
+            ("operator/loop/leak.py", "from probe.operator.inferenceservice import tick\n"),
+            "Inside the operator",
+            "probe.operator.loop.leak -> probe.operator.inferenceservice.tick",
+        ),
+        (
+            ("operator/labels.py", "from probe.operator import api\n"),
+            "Inside the operator",
+            "probe.operator.labels -> probe.operator.api",
         ),
         (
             ("cli.py", "import prometheus_api_client\n"),

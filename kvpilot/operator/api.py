@@ -563,7 +563,8 @@ class KopfState(_Wire):
 
 
 class ProfileUsed(_Wire):
-    """``status.profile``: the TuningProfile the last plan started from (:mod:`kvpilot.operator.planning.profiles`)."""
+    """``status.profile``: the TuningProfile the last plan started from
+    (:mod:`kvpilot.operator.planning.profiles`)."""
 
     name: str | None = None
     message: str | None = None

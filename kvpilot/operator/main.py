@@ -5,7 +5,8 @@ Run it::
     kopf run --standalone -m kvpilot.operator.main --all-namespaces      # or --namespace NS
 
 Handlers are in :mod:`kvpilot.operator.inferenceservice.handlers`; the closed loop's timer is registered by
-:mod:`kvpilot.operator.inferenceservice.closed_loop`, and its pace is read here at start-up. kopf keeps its handler
+:mod:`kvpilot.operator.inferenceservice.closed_loop`, and its pace is read here at start-up. kopf keeps its
+handler
 progress and its diff base in ``status.kopf`` (handlers never return values), and puts no finalizer on
 an InferenceService (:mod:`kvpilot.operator.timers`). There is no delete handler: the Deployment and Service
 carry owner references and the garbage collector removes them. Event handlers on those Deployments and
@@ -25,11 +26,11 @@ from kvpilot.operator import api, timers
 from kvpilot.operator.clients import metrics, prometheus_settings
 from kvpilot.operator.enginetuner import target_main  # noqa: F401  (registers the EngineTuner kind and its webhook on import)
 from kvpilot.operator.inferenceservice import (
-    closed_loop,  # registers the closed loop's timer (kopf.timer) on import
+    closed_loop,  # noqa: F401  (registers the closed loop's timer, kopf.timer, on import)
     drift,
     handlers,
 )
-from kvpilot.operator.loop import loop_settings
+from kvpilot.operator.loop import loop_deps, loop_settings
 
 DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
 """Where kopf keeps the spec it last handled (``status.kopf`` in the CRD)."""
@@ -89,7 +90,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.lifetime = lifetime
     metrics.start_metrics_server()
     handlers.default_deps()
-    closed_loop.configure(pace, prom)
+    loop_deps.configure(pace, prom)
 
 
 @kopf.on.create(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
@@ -125,7 +126,8 @@ async def service_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logg
 
 
 async def _repair(kind: str, event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger) -> None:
-    """Drift repair (:mod:`kvpilot.operator.inferenceservice.drift`); a failure is logged, the next event retries."""
+    """Drift repair (:mod:`kvpilot.operator.inferenceservice.drift`); a failure is logged, the next event
+    retries."""
     deps = handlers.default_deps()
     if deps.kube is None:
         return

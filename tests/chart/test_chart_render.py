@@ -16,8 +16,8 @@ import yaml
 from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, ROOT, by_kind, one, run_helm, values_args
 
 from kvpilot.operator.clients import metrics, prometheus
-from kvpilot.operator.loop import loop_settings
 from kvpilot.operator.inferenceservice import render as render_operator
+from kvpilot.operator.loop import loop_settings
 
 VARIANTS = [None, *CI_VALUES]
 VARIANT_IDS = ["defaults", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)]

@@ -11,6 +11,7 @@ import kopf
 from operator_fakes import Harness, apply_merge, apply_patch
 
 from kvpilot.operator.inferenceservice import closed_loop
+from kvpilot.operator.loop import loop_deps
 from kvpilot.tuner.loop.observations import LengthSummary, MetricsSample, ObservationWindow
 from kvpilot.tuner.loop.policy import Decision
 
@@ -115,9 +116,9 @@ class LoopHarness:
         self.fetches = 0
         self.deps = self.new_deps()
 
-    def new_deps(self) -> closed_loop.LoopDeps:
+    def new_deps(self) -> loop_deps.LoopDeps:
         """A fresh set of dependencies: what a restarted operator would build."""
-        return closed_loop.LoopDeps(
+        return loop_deps.LoopDeps(
             kube=self.h.kube, pods=self.pods, prom_url="http://prometheus.test:9090", clock=lambda: self.now,
             emit=self.h.emitter, fetch_window=self._fetch, hub=self.h._hub, record_metrics=False,
         )  # fmt: skip

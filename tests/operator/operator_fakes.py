@@ -141,6 +141,7 @@ class FakeKube:
 def fake_plan(
     model: Any, gpu: GpuSpec, gpu_count: int, bounds: ServingBounds, *, pinned: EngineSettings,
     vllm_version: str, weights_total_bytes: int | None, engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
+    learned: object = None,
 ) -> Plan:  # fmt: skip
     """A planner stand-in: feasible when gpu memory x count >= 40 GiB or the model is small (``engine``, the
     extra args' memory flags, changes nothing here)."""

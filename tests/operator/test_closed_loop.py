@@ -16,11 +16,11 @@ import pytest
 from closed_loop_fakes import T0, LoopHarness, pod, rfc3339, window
 from operator_fakes import Harness, condition, isvc
 
-from kvpilot.operator.inferenceservice import closed_loop, handlers
-from kvpilot.operator.loop import loop_settings
-from kvpilot.operator.pods import pod_status
-from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
+from kvpilot.operator.inferenceservice import closed_loop, handlers
+from kvpilot.operator.loop import loop_deps, loop_settings
+from kvpilot.operator.loop.loop_settings import LoopPace
+from kvpilot.operator.pods import pod_status
 from kvpilot.tuner.loop import ObservationWindow
 from kvpilot.tuner.loop.policy import Action, Trigger
 
@@ -227,7 +227,7 @@ async def test_operator_restart_mid_rollout_carries_on(harness: Harness, loop: L
     await loop.tick(body)
     assert "rollout" in body["status"]
     loop.deps = loop.new_deps()  # a new operator process: nothing in memory, the status is all there is
-    closed_loop._deps = None
+    loop_deps._deps = None
     loop.healthy_pods(ready=True)
     d = await loop.tick(body)
     assert d.trigger == Trigger.ROLLOUT_PROBATION
@@ -261,7 +261,7 @@ async def test_crash_on_probation_rolls_back(
     body = await _raise_on_probation(harness, loop)
     if restart_operator:
         loop.deps = loop.new_deps()
-        closed_loop._deps = None
+        loop_deps._deps = None
     # the new pod OOMs at the first real batch, seconds after Ready
     loop.healthy_pods(ready=False, restarts=1, message=OOM, finished=loop.now + 5)
     d = await loop.tick(body)
@@ -536,7 +536,7 @@ def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("KVPILOT_PROMETHEUS_URL", "https://prom.example:9090")
     monkeypatch.setenv("KVPILOT_PROMETHEUS_POD_LABEL", "kubernetes_pod_name")
     seen: list[tuple[LoopPace, PrometheusSettings]] = []
-    monkeypatch.setattr(closed_loop, "configure", lambda pace, prom: seen.append((pace, prom)))
+    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom: seen.append((pace, prom)))
     main.configure(settings=kopf.OperatorSettings())
     assert seen == [(
         LoopPace(step_seconds=5.0, probation_seconds=20.0),

@@ -8,8 +8,8 @@ from typing import Any
 
 from operator_fakes import Harness, isvc
 
-from kvpilot.operator.inferenceservice import drift
 from kvpilot.operator.clients.kube import FIELD_MANAGER
+from kvpilot.operator.inferenceservice import drift
 
 ARGS = drift.MANAGED_FIELDS["Deployment"][3]  # (field, fieldsV1 path) of the vLLM container's args
 

@@ -26,11 +26,11 @@ from test_enginetuner import (
 
 from kvpilot.operator import api
 from kvpilot.operator.clients import prometheus
+from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.operator.enginetuner import target_handlers, target_loop
+from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.status import status_patch
 from kvpilot.operator.status.events import RecordingEmitter
-from kvpilot.operator.loop.loop_settings import LoopPace
-from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.tuner.loop import ObservationWindow
 from kvpilot.tuner.vllm import command as vllm_command
 

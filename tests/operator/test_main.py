@@ -12,7 +12,7 @@ from kvpilot.operator.inferenceservice import handlers
 def test_startup_settings(monkeypatch) -> None:
     monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
     monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
-    monkeypatch.setattr(main.closed_loop, "configure", lambda pace, prom: None)
+    monkeypatch.setattr(main.loop_deps, "configure", lambda pace, prom: None)
     settings = kopf.OperatorSettings()
     main.configure(settings=settings)
     # kopf's bookkeeping rides in the status PATCH: nothing in annotations
@@ -58,7 +58,7 @@ def test_peering_lifetime_from_the_environment(monkeypatch) -> None:
             main.peering_lifetime_from_env({main.PEERING_LIFETIME_ENV: bad})
     monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
     monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
-    monkeypatch.setattr(main.closed_loop, "configure", lambda pace, prom: None)
+    monkeypatch.setattr(main.loop_deps, "configure", lambda pace, prom: None)
     settings = kopf.OperatorSettings()
     default = settings.peering.lifetime
     main.configure(settings=settings)

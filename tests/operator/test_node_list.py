@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kvpilot.operator.inferenceservice import closed_loop
-from kvpilot.operator.planning import resolve
 from kvpilot.operator.clients.kube import NodeList
+from kvpilot.operator.loop import loop_deps
+from kvpilot.operator.planning import resolve
 
 
 class CountingKube:
@@ -32,6 +32,6 @@ async def test_one_listing_per_ttl_and_one_for_concurrent_misses() -> None:
 
 
 def test_the_loop_shares_one_cache_with_the_resolvers_ttl() -> None:
-    deps = closed_loop.LoopDeps(kube=None, pods=None, prom_url="")
+    deps = loop_deps.LoopDeps(kube=None, pods=None, prom_url="")
     assert isinstance(deps.nodes, NodeList) and deps.nodes.ttl_s == resolve.NODE_CACHE_TTL_S
-    assert closed_loop.LoopDeps(kube=None, pods=None, prom_url="").nodes is not deps.nodes  # per operator
+    assert loop_deps.LoopDeps(kube=None, pods=None, prom_url="").nodes is not deps.nodes  # per operator

@@ -1,4 +1,5 @@
-"""The closed loop reads its pods from kopf's pod index (kvpilot.operator.pods.pod_cache), not a LIST a tick."""
+"""The closed loop reads its pods from kopf's pod index (kvpilot.operator.pods.pod_cache), not a LIST a
+tick."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import kopf
 import pytest
 
 from kvpilot.operator.inferenceservice import closed_loop
+from kvpilot.operator.loop import loop_deps
 from kvpilot.operator.pods import pod_cache, workloads
 
 
@@ -91,7 +93,7 @@ async def test_the_tick_reads_pods_from_the_index(monkeypatch) -> None:
         seen.update(kwargs)
 
     monkeypatch.setattr(closed_loop, "run_once", fake_run_once)
-    monkeypatch.setattr(closed_loop, "_deps", closed_loop.LoopDeps(kube=None, pods=Logs(), prom_url=""))
+    monkeypatch.setattr(loop_deps, "_deps", loop_deps.LoopDeps(kube=None, pods=Logs(), prom_url=""))
     index = {("ns", "a"): [pod("a-1", "a")]}
     await closed_loop.closed_loop_tick(
         body={},

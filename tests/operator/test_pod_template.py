@@ -1,4 +1,5 @@
-"""spec.template merged into the vLLM pod, and spec.podSecurity Restricted (kvpilot.operator.pods.pod_template)."""
+"""spec.template merged into the vLLM pod, and spec.podSecurity Restricted
+(kvpilot.operator.pods.pod_template)."""
 
 from __future__ import annotations
 

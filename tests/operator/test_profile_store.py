@@ -1,4 +1,5 @@
-"""The TuningProfile edge (kvpilot.operator.planning.profiles): conflict-safe writes, the cached read, the reconcile
+"""The TuningProfile edge (kvpilot.operator.planning.profiles): conflict-safe writes, the cached read, the
+reconcile
 starting from a profile and returning to the memory model's plan once it is gone."""
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import yaml
 from operator_fakes import FakeKube, Harness, isvc
 
 from kvpilot.operator import api
-from kvpilot.operator.planning import profiles, resolve
 from kvpilot.operator.clients.kube import Conflict
+from kvpilot.operator.planning import profiles, resolve
 from kvpilot.tuner import memory
 from kvpilot.tuner.plan import profiles as learning
 from kvpilot.tuner.types import EngineSettings

@@ -1,4 +1,5 @@
-"""The webhook's certificate reloaded in place (kvpilot.operator.enginetuner.webhook_tls): kopf's real aiohttp server on
+"""The webhook's certificate reloaded in place (kvpilot.operator.enginetuner.webhook_tls): kopf's real aiohttp
+server on
 127.0.0.1, two certificates made with openssl, TLS handshakes before and after the rotation."""
 
 from __future__ import annotations

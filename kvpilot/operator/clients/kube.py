@@ -6,7 +6,7 @@ implements it with the ``kubernetes`` client (one shared ``ApiClient``, raw JSON
 responses so that 1000 objects do not build 1000 typed models). Methods are
 synchronous: :func:`~kvpilot.operator.planning.resolve.fetch_inputs` and
 :func:`~kvpilot.operator.pods.workloads.apply_workloads` call them in the shared
-``resolve.IO_POOL`` threads. Tests pass a fake with the same methods.
+``IO_POOL`` threads. Tests pass a fake with the same methods.
 
 Writes use server-side apply (``application/apply-patch+yaml``) with the field
 manager :data:`FIELD_MANAGER` and ``force=True``: kvpilot owns the fields it sets,
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import json
 import threading
 from collections.abc import Callable, Mapping
@@ -26,6 +27,9 @@ from urllib3 import BaseHTTPResponse
 from urllib3.exceptions import HTTPError
 
 from kvpilot.operator import errors
+
+IO_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="kvpilot-io")
+"""Threads for blocking Kubernetes and Hub calls (the default executor has only cpu+4)."""
 
 FIELD_MANAGER = "kvpilot"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"

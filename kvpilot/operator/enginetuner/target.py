@@ -3,7 +3,8 @@
 Pure: the workload (a Deployment or StatefulSet as JSON), its pods, their nodes' labels and the ConfigMaps
 it mounts come in; a :class:`Discovery` and the plan's spec go out. The vLLM command-line facts are
 :mod:`kvpilot.tuner.vllm.command`'s; the plan is the InferenceService's (:func:`build_plan_spec` makes the
-equivalent ``InferenceServiceSpec`` and :mod:`kvpilot.operator.planning.modes` plans it), so both kinds plan alike.
+equivalent ``InferenceServiceSpec`` and :mod:`kvpilot.operator.planning.modes` plans it), so both kinds plan
+alike.
 
 What cannot be found raises :class:`DiscoveryIncomplete` with what to set in the EngineTuner's spec.
 """

@@ -31,16 +31,15 @@ import pydantic
 
 from kvpilot.operator import api, conditions, errors
 from kvpilot.operator.clients import metrics, prometheus
+from kvpilot.operator.clients.kube import IO_POOL, TargetKube, build_label_selector
+from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.operator.enginetuner import target, target_loop
-from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.loop import loop_settings
+from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.planning import modes, resolve
 from kvpilot.operator.pods import capacity
-from kvpilot.operator.status import events, status_patch
-from kvpilot.operator.clients.kube import TargetKube, build_label_selector
-from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.pods.pod_status import parse_time
-from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
+from kvpilot.operator.status import events, status_patch
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import HistoryAction, ObservationWindow, PolicyConfig
@@ -60,7 +59,8 @@ class TargetDeps:
     hub: resolve.HubDownload = resolve.download_hub_config
     eviction_interval_s: float = EVICTION_INTERVAL_S
     prom: PrometheusSettings | str = ""
-    """The InferenceService loop's Prometheus (:func:`kvpilot.operator.inferenceservice.closed_loop.configure`); ``""``:
+    """The InferenceService loop's Prometheus
+    (:func:`kvpilot.operator.loop.loop_deps.configure`); ``""``:
     none configured (the metrics window says so and the policy's metric steps hold)."""
     pace: LoopPace = field(default_factory=LoopPace)
     """The closed loop's pace: the same window, step and snapshot age, so both kinds share one snapshot."""
@@ -135,10 +135,10 @@ def compute_plan(
     release = vllm.resolve_image_version(plan_spec.engine.image, None)
     runner_v2 = vllm.parse_v2_runner_env(found.vllm_env.get(vllm.V2_RUNNER_ENV))
     flags = vllm.build_engine_flags(found.command.flags, runner_v2)  # the target's own flags
-    plan_fn = desired._plan_for_release(desired._default_plan_fn(), release, flags)
     plan = modes.compute_feasible_plan(
-        plan_spec, model.spec, gpu, user, weights_total_bytes=model.checkpoint_bytes, plan_fn=plan_fn
-    )
+        plan_spec, model.spec, gpu, user,
+        image=release, engine=flags, weights_total_bytes=model.checkpoint_bytes,
+    )  # fmt: skip
     loop = target_loop.LoopInputs(
         plan_spec, plan, model.spec, gpu, release.version, model.checkpoint_bytes, engine=flags
     )
@@ -192,7 +192,8 @@ def compute_eviction(
 
 def published(old: Mapping[str, Any], generation: Any, recommended: EngineSettings) -> bool:
     """Whether the status already read holds ``recommended`` for this generation with ``Ready=True``: what
-    the webhook's index needs (:func:`~kvpilot.operator.enginetuner.target_webhook.index_tuner`) before an eviction."""
+    the webhook's index needs (:func:`~kvpilot.operator.enginetuner.target_webhook.index_tuner`) before an
+    eviction."""
     ready = conditions.find_condition(old.get("conditions"), conditions.READY) or {}
     rec = (old.get("recommendation") or {}).get("settings")
     return (
@@ -234,11 +235,11 @@ async def reconcile(
             raise errors.ApplyFailed("no Kubernetes client configured")
         kube = deps.kube
         observed = await asyncio.get_running_loop().run_in_executor(
-            resolve.IO_POOL, read_observed, kube, namespace, parsed
+            IO_POOL, read_observed, kube, namespace, parsed
         )
         found = target.build_discovery(parsed, observed.workload, observed.node_labels, observed.config_maps)
         plan, model, loop_inputs = await asyncio.get_running_loop().run_in_executor(
-            resolve.IO_POOL, compute_plan, parsed, found, namespace, kube, deps.hub
+            IO_POOL, compute_plan, parsed, found, namespace, kube, deps.hub
         )
     except Exception as exc:
         failure = errors.classify(exc)
@@ -312,7 +313,7 @@ async def reconcile(
         # tick's status lands would be replaced with the owner's settings
         action = "; the recommendation is not in the status yet: evicting from the next tick"
     elif mode == "Auto" and observed.pods:
-        nodes = await asyncio.get_running_loop().run_in_executor(resolve.IO_POOL, kube.list_nodes)
+        nodes = await asyncio.get_running_loop().run_in_executor(IO_POOL, kube.list_nodes)
         shape = target.pod_shape(observed.workload)
         schedulable = capacity.compute_schedulable(
             shape, [capacity.build_node_view(n) for n in nodes]
@@ -324,7 +325,7 @@ async def reconcile(
         )  # fmt: skip
         if victim is not None:
             evicted = await asyncio.get_running_loop().run_in_executor(
-                resolve.IO_POOL, kube.evict_pod, namespace, victim
+                IO_POOL, kube.evict_pod, namespace, victim
             )
             if evicted:
                 new["lastEvictionTime"] = now

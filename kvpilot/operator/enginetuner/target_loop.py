@@ -8,11 +8,13 @@ the plan, in every mode but Off:
   entry for the plan (added when the plan is new: a spec change, another GPU) and ``Retuned`` /
   ``RolledBack`` entries from there; the newest change after the plan's entry is what kvpilot stands by
   (:func:`compute_current`). It plays the InferenceService's ``status.applied``.
-* The pods that run it (their vLLM command line says so: :func:`kvpilot.operator.enginetuner.target.pod_carries`) are
+* The pods that run it (their vLLM command line says so:
+  :func:`kvpilot.operator.enginetuner.target.pod_carries`) are
   the evidence, as an InferenceService's pods of its current settings are (:func:`build_views`: the same
   :class:`~kvpilot.operator.pods.pod_status.PodView`): their restarts, readiness and start times, and their
   metrics (:func:`compute_metric_pods`; the window comes from the InferenceService loop's shared
-  per-tick snapshot, :func:`kvpilot.operator.clients.prometheus.fetch_observations`). Pods running other settings
+  per-tick snapshot, :func:`kvpilot.operator.clients.prometheus.fetch_observations`). Pods running other
+  settings
   (the owner's, not rolled yet) judge nothing.
 * :func:`kvpilot.tuner.loop.compute_decision` decides with the spec's bounds, SLO and policy and the
   operator's pace: crash remedies, GPU memory, KV pressure, KV-bound queues, the SLO, idle capacity, the
@@ -21,7 +23,8 @@ the plan, in every mode but Off:
   it to the last good settings (``RolledBack``, the failed ones in ``status.failedSettings``). No pod
   running it yet is not failure (``not_started``): in Recommend and Initial the owner rolls its pods when
   it does, in Auto kvpilot's evictions do.
-* :func:`kvpilot.operator.status.status_patch.build_loop_patch` writes it, as for an InferenceService, less the
+* :func:`kvpilot.operator.status.status_patch.build_loop_patch` writes it, as for an InferenceService, less
+  the
   fields an EngineTuner does not have (kvpilot applies nothing: no ``applied``, ``lastChangeTime``,
   ``calibration``; the reconcile writes ``recommendation``).
 
@@ -39,8 +42,8 @@ from kvpilot.operator import api, conditions
 from kvpilot.operator.enginetuner import target
 from kvpilot.operator.loop import loop_settings, loop_state
 from kvpilot.operator.pods import pod_status
-from kvpilot.operator.status import status_patch
 from kvpilot.operator.pods.pod_status import PodView
+from kvpilot.operator.status import status_patch
 from kvpilot.tuner import memory, vllm
 from kvpilot.tuner.loop import (
     Decision,

@@ -4,7 +4,8 @@ Imported by :mod:`kvpilot.operator.main`. The reconciliation runs on create, spe
 a timer (``KVPILOT_TARGET_INTERVAL`` seconds, default 30) that runs the closed loop on the target's pods
 (their crashes and metrics: :mod:`.target_loop`) and, in mode Auto, evicts one that does not run the
 recommendation. The mutating webhook is registered only when
-``KVPILOT_WEBHOOK_PORT`` is set (:mod:`kvpilot.operator.enginetuner.target_webhook`): kopf refuses admission handlers
+``KVPILOT_WEBHOOK_PORT`` is set (:mod:`kvpilot.operator.enginetuner.target_webhook`): kopf refuses admission
+handlers
 without a server.
 """
 
@@ -18,7 +19,7 @@ import kopf
 
 from kvpilot.operator import api
 from kvpilot.operator.enginetuner import target, target_handlers, target_webhook
-from kvpilot.operator.inferenceservice import closed_loop
+from kvpilot.operator.loop import loop_deps
 
 INTERVAL_ENV = "KVPILOT_TARGET_INTERVAL"
 INTERVAL_S = float(os.environ.get(INTERVAL_ENV) or 30)
@@ -35,7 +36,7 @@ def deps() -> target_handlers.TargetDeps:
     if _deps is None:
         from kvpilot.operator.clients.kube import get_kube
 
-        loop = closed_loop.default_deps()
+        loop = loop_deps.default_deps()
         prom = loop.prometheus if loop.prometheus is not None else loop.prom_url
         _deps = target_handlers.TargetDeps(kube=get_kube(), prom=prom, pace=loop.pace)
     return _deps

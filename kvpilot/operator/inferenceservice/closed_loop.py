@@ -28,25 +28,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
 
 from kvpilot.operator import api, conditions, errors, timers
-from kvpilot.operator.clients import metrics, prometheus
+from kvpilot.operator.clients import metrics
+from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.loop import loop_settings, loop_state
+from kvpilot.operator.loop.loop_deps import LoopDeps, default_deps
 from kvpilot.operator.planning import modes, profiles, release, resolve
 from kvpilot.operator.pods import capacity, pod_cache, pod_status, rollout_strategy, workloads
-from kvpilot.operator.status import events, status_patch, status_write
-from kvpilot.operator.clients.kube import Kube, NodeList
-from kvpilot.operator.loop.loop_settings import LoopPace
-from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.operator.pods.rollout_strategy import RolloutChoice
+from kvpilot.operator.status import events, status_patch, status_write
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, memory, plan
 from kvpilot.tuner.loop import (
@@ -54,68 +50,12 @@ from kvpilot.tuner.loop import (
     Decision,
     Evidence,
     LoopState,
-    ObservationWindow,
     RestartKind,
     TuningContext,
     compute_decision,
 )
 from kvpilot.tuner.loop.scaling import compute_replica_change
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
-
-WindowFetch = Callable[..., Awaitable[ObservationWindow]]
-
-
-@dataclass
-class LoopDeps:
-    """What one tick talks to; tests replace any of them."""
-
-    kube: Kube | None
-    pods: pod_status.PodReader | None
-    prom_url: str
-    clock: Callable[[], float] = time.time
-    emit: events.Emitter = events.kopf_emitter
-    fetch_window: WindowFetch = prometheus.fetch_observations
-    hub: resolve.HubDownload = resolve.download_hub_config
-    record_metrics: bool = True
-    pace: LoopPace = field(default_factory=LoopPace)
-    """The operator's pace (:func:`kvpilot.operator.loop.loop_settings.pace_from_env`, read at start-up)."""
-    prometheus: PrometheusSettings | None = None
-    """How to reach Prometheus (auth, TLS, headers, label names: :mod:`.prometheus_settings`); ``None``:
-    ``prom_url`` without auth."""
-    nodes: NodeList = field(default_factory=lambda: NodeList(resolve.NODE_CACHE_TTL_S))
-    """Every node, for the "could it ever fit" check (cached: :class:`kvpilot.operator.clients.kube.NodeList`)."""
-    pending: status_write.PendingApplies = field(default_factory=status_write.PendingApplies)
-    """Recorded changes whose apply failed: applied again by the next tick (:mod:`.status_write`)."""
-
-
-_deps: LoopDeps | None = None
-
-
-def configure(pace: LoopPace, prom: PrometheusSettings | None = None) -> LoopDeps:
-    """The process-wide dependencies: the real cluster, Prometheus (``prom``, else
-    ``$KVPILOT_PROMETHEUS_URL``) and ``pace``.
-
-    Called once by the operator's start-up handler (:func:`kvpilot.operator.main.configure`)."""
-    global _deps
-    from kvpilot.operator.clients.kube import get_kube
-
-    kube = get_kube()
-    _deps = LoopDeps(
-        kube=kube,
-        pods=pod_status.ClusterPods(kube.api_client),
-        prom_url=prom.url if prom is not None else os.environ.get(prometheus.PROMETHEUS_URL_ENV, ""),
-        pace=pace,
-        prometheus=prom,
-    )
-    return _deps
-
-
-def default_deps() -> LoopDeps:
-    """The dependencies :func:`configure` built at start-up (kopf runs timers only after it)."""
-    if _deps is None:
-        raise RuntimeError("the closed loop is not configured: kvpilot.operator.main.configure runs first")
-    return _deps
-
 
 # kopf takes a timer's interval when it registers it, at import, before any start-up handler has run:
 # this one value of the pace is read here; the rest is read at start-up (loop_settings.pace_from_env).
@@ -200,7 +140,8 @@ async def run_once(
     """One observation-decision-action cycle for one InferenceService. Never raises.
 
     Its status goes out as one conditional PATCH, and a change is recorded before it is applied
-    (:mod:`kvpilot.operator.status.status_write`); ``patch`` (kopf's) is used only without a Kubernetes client."""
+    (:mod:`kvpilot.operator.status.status_write`); ``patch`` (kopf's) is used only without a Kubernetes
+    client."""
     old = dict(status or {})
     version = meta.get("resourceVersion")  # what ``old`` was read at: kopf's body is live, read it now
     if not old.get("applied"):

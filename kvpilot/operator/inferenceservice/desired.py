@@ -1,16 +1,17 @@
 """What the operator applies for an InferenceService: the pure heart of a reconciliation.
 
 :func:`parse_spec` types a spec (schema and CEL-equivalent checks); :func:`build_desired` takes the
-spec and its resolved inputs through the planner (:func:`kvpilot.operator.planning.modes.compute_feasible_plan`)
-and the tuning modes (:func:`kvpilot.operator.planning.modes.compute_mode_decision`) to the Service and Deployment
-manifests. The handlers apply them; ``kvpilot render`` (:mod:`kvpilot.operator.inferenceservice.render`) prints them.
+spec and its resolved inputs through the planner
+(:func:`kvpilot.operator.planning.modes.compute_feasible_plan`)
+and the tuning modes (:func:`kvpilot.operator.planning.modes.compute_mode_decision`) to the Service and
+Deployment
+manifests. The handlers apply them; ``kvpilot render`` (:mod:`kvpilot.operator.inferenceservice.render`)
+prints them.
 Raises tuner or operator errors; applies nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,9 +21,7 @@ import pydantic
 from kvpilot.operator import api, errors
 from kvpilot.operator.planning import modes, release, resolve
 from kvpilot.operator.pods import pod_template, workloads
-from kvpilot.tuner import vllm
 from kvpilot.tuner.plan.profiles import Learned
-from kvpilot.tuner.types import Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +67,15 @@ def build_desired(
 
     ``deploy_override`` replaces the settings deployed in mode Auto: on resume, the settings
     the closed loop has put in ``status.applied`` are kept instead of the initial plan. ``learned``: the
-    matching TuningProfile's lesson, which the planner starts from (:mod:`kvpilot.operator.planning.profiles`).
+    matching TuningProfile's lesson, which the planner starts from
+    (:mod:`kvpilot.operator.planning.profiles`).
     """
     user = modes.compute_user_args(spec)
     engine = release.resolve_release(spec)
     plan = modes.compute_feasible_plan(
         spec, inputs.model.spec, inputs.gpu.gpu, user,
         weights_total_bytes=inputs.model.checkpoint_bytes,
-        plan_fn=_plan_for_release(plan_fn or _default_plan_fn(), engine.image, engine.flags),
-        learned=learned,
+        image=engine.image, engine=engine.flags, learned=learned, plan_fn=plan_fn,
     )  # fmt: skip
     decision = modes.compute_mode_decision(spec, plan, user)
     if deploy_override is not None and decision.mode == "Auto":
@@ -92,34 +91,3 @@ def build_desired(
         *workloads.build_pod_disruption_budget(metadata, spec),
     ]
     return Desired(decision, user, manifests)
-
-
-def _default_plan_fn() -> modes.PlanFn:
-    from kvpilot.tuner.plan import compute_plan
-
-    return compute_plan
-
-
-@functools.lru_cache(maxsize=256)
-def _plan_for_release(
-    plan_fn: modes.PlanFn, image: vllm.ImageVersion, flags: vllm.EngineFlags = vllm.DEFAULT_ENGINE
-) -> modes.PlanFn:
-    """``plan_fn`` planning for the release the image runs (its tag, or ``spec.engine.vllmVersion``)
-    and the engine its environment and extra args choose (``flags``: the model runner, ``--enforce-eager``,
-    ``--performance-mode``, prefix caching), with the ``VersionAssumed`` warning first among the plan's
-    warnings when the release was assumed (``status.warnings`` and a Warning event carry it, as every plan
-    warning).
-
-    One wrapper per (planner, release, flags), so the planner's cache
-    (:func:`modes.compute_feasible_plan`) keeps hitting for identical services."""
-
-    def plan(*args: Any, **kwargs: Any) -> Plan:
-        changes: dict[str, Any] = {"vllm_version": image.version}
-        if flags != vllm.DEFAULT_ENGINE:
-            changes["engine"] = flags
-        result: Plan = plan_fn(*args, **{**kwargs, **changes})
-        if image.warning is not None:
-            result = dataclasses.replace(result, warnings=(image.warning, *result.warnings))
-        return result
-
-    return plan

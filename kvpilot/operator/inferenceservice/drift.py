@@ -35,11 +35,11 @@ from typing import Any
 import kopf
 
 from kvpilot.operator import api
+from kvpilot.operator.clients.kube import FIELD_MANAGER
 from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.planning import modes, resolve
 from kvpilot.operator.pods import workloads
 from kvpilot.operator.status import events, status_patch
-from kvpilot.operator.clients.kube import FIELD_MANAGER
 
 OWNED_LABELS: dict[str, Any] = {
     "app.kubernetes.io/managed-by": "kvpilot",

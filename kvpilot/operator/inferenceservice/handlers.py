@@ -29,11 +29,11 @@ import kopf
 
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients import metrics
+from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.inferenceservice import autoscalers, desired
 from kvpilot.operator.planning import modes, profiles, resolve
 from kvpilot.operator.pods import workloads
 from kvpilot.operator.status import events, status_patch
-from kvpilot.operator.clients.kube import Kube
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import Plan
 

@@ -2,7 +2,8 @@
 
 :func:`build_manifests` parses a manifest as the API server would (defaults, then the CEL
 rules), resolves the model from the catalogue and the GPU from ``spec.gpu.product`` (or a
-``nvidia.com/gpu.product`` node selector), and returns what :func:`kvpilot.operator.inferenceservice.desired.build_desired`
+``nvidia.com/gpu.product`` node selector), and returns what
+:func:`kvpilot.operator.inferenceservice.desired.build_desired`
 builds. Anything it cannot do offline (ConfigMap or Hub configs, GPU discovery) raises :class:`RenderError`.
 """
 

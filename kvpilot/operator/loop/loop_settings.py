@@ -128,7 +128,8 @@ def build_bounds(
     spec: api.InferenceServiceSpec, fp8_supported: bool, pinned: EngineSettings | None = None
 ) -> TuningBounds:
     """The planner's bounds (``spec.to_bounds``: serving and tuning.bounds merged), for the loop; fp8 only
-    if allowed *and* supported; ``pinned`` (:func:`kvpilot.operator.planning.modes.compute_user_args`: the spec's
+    if allowed *and* supported; ``pinned`` (:func:`kvpilot.operator.planning.modes.compute_user_args`: the
+    spec's
     pinned values and tuned flags in extraArgs) never changed."""
     return TuningBounds.from_serving(spec.to_bounds(), fp8_supported=fp8_supported, pinned=pinned)
 

@@ -8,7 +8,8 @@ and carries on: nothing is kept in memory between ticks.
 
 :func:`build_loop_state` reads the status and :func:`read_budget` the planned budget; the way
 back, a :class:`~kvpilot.tuner.loop.Decision` to a merge patch, is
-:func:`kvpilot.operator.status.status_patch.build_loop_patch`. Pure; :mod:`kvpilot.operator.inferenceservice.closed_loop`
+:func:`kvpilot.operator.status.status_patch.build_loop_patch`. Pure;
+:mod:`kvpilot.operator.inferenceservice.closed_loop`
 does the I/O.
 """
 
@@ -33,7 +34,8 @@ def _settings(wire: Mapping[str, Any] | None) -> EngineSettings | None:
 
 def read_budget(status: Mapping[str, Any], vllm_version: str = api.VLLM_VERSION) -> MemoryBudget | None:
     """``status.budget`` (of the planned settings): the fallback when the memory model cannot run;
-    ``vllm_version`` is the release the service runs (:func:`kvpilot.operator.planning.release.resolve_release`),
+    ``vllm_version`` is the release the service runs
+    (:func:`kvpilot.operator.planning.release.resolve_release`),
     whose default block size turns the recorded tokens into blocks."""
     wire = status.get("budget")
     b = api.Budget.model_validate({k: v for k, v in (wire or {}).items() if v is not None})

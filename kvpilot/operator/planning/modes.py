@@ -19,6 +19,7 @@ Pure apart from the cache; no I/O.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from typing import Any
 from kvpilot.operator import api, errors
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
+from kvpilot.tuner.model import ModelSpec
+from kvpilot.tuner.plan import compute_plan
 from kvpilot.tuner.plan.profiles import Learned
 from kvpilot.tuner.types import EngineSettings, GpuSpec, Plan, ServingBounds
 
@@ -64,7 +67,8 @@ def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
     stages that do not fill ``gpu.count``; with InvalidEngineArgs: an abbreviated or misvalued flag of
     :mod:`kvpilot.tuner.vllm.engine_flags`. Planned for: ``--pipeline-parallel-size`` that does (it fixes
     the tensor-parallel size), tuned flags (they become pinned settings), ``--enforce-eager``,
-    ``--performance-mode`` and prefix caching (:func:`kvpilot.operator.planning.release.resolve_release`). ``--dtype``
+    ``--performance-mode`` and prefix caching (:func:`kvpilot.operator.planning.release.resolve_release`).
+    ``--dtype``
     needs the model:
     :func:`check_model_args`."""
     pod = vllm.find_pod_flags(spec.engine.extra_args)
@@ -141,42 +145,46 @@ def check_model_args(user: UserArgs, model_dtype: str) -> None:
         raise errors.InvalidSpec(f"spec.engine.extraArgs: {exc.message}") from None
 
 
-def _default_plan_fn() -> PlanFn:
-    from kvpilot.tuner.plan import compute_plan
-
-    return compute_plan
-
-
 @functools.lru_cache(maxsize=2048)
 def _cached_plan(
-    plan_fn: PlanFn, model: Any, gpu: GpuSpec, gpu_count: int, bounds: ServingBounds,
-    pinned: EngineSettings, vllm_version: str, weights_total_bytes: int | None,
-    learned: Learned | None = None,
+    plan_fn: PlanFn, model: ModelSpec, gpu: GpuSpec, gpu_count: int, bounds: ServingBounds,
+    pinned: EngineSettings, vllm_version: str, engine: vllm.EngineFlags, weights_total_bytes: int | None,
+    learned: Learned | None,
 ) -> Plan | tuner_errors.TunerError:  # fmt: skip
-    extra = {"learned": learned} if learned is not None else {}  # planners without profiles stay callable
+    """One planner call, its verdict cached by every input, so many identical services cost one plan."""
     try:
         return plan_fn(
-            model, gpu, gpu_count, bounds, pinned=pinned, vllm_version=vllm_version,
-            weights_total_bytes=weights_total_bytes, **extra,
+            model, gpu, gpu_count, bounds, pinned=pinned, vllm_version=vllm_version, engine=engine,
+            weights_total_bytes=weights_total_bytes, learned=learned,
         )  # fmt: skip
     except tuner_errors.TunerError as exc:  # cache verdicts too: an infeasible spec stays infeasible
         return exc
 
 
 def compute_feasible_plan(
-    spec: api.InferenceServiceSpec, model: Any, gpu: GpuSpec, user: UserArgs,
-    *, weights_total_bytes: int | None = None, plan_fn: PlanFn | None = None, learned: Learned | None = None,
+    spec: api.InferenceServiceSpec, model: ModelSpec, gpu: GpuSpec, user: UserArgs,
+    *, image: vllm.ImageVersion | None = None, engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
+    weights_total_bytes: int | None = None, learned: Learned | None = None, plan_fn: PlanFn | None = None,
 ) -> Plan:  # fmt: skip
     """The planner's answer for this spec (cached); raises InfeasiblePlan when nothing fits.
 
-    ``learned``: the matching TuningProfile's lesson (:mod:`kvpilot.operator.planning.profiles`), part of the key."""
+    ``image``: the release the image runs (its tag, or ``spec.engine.vllmVersion``: :mod:`.release`;
+    ``None``, the pinned one), whose ``VersionAssumed`` warning, when the release was assumed, comes first
+    among the plan's warnings (``status.warnings`` and a Warning event carry it, as every plan warning).
+    ``engine``: what the image's environment and the extra args choose (the model runner,
+    ``--enforce-eager``, ``--performance-mode``, prefix caching). ``learned``: the matching TuningProfile's
+    lesson (:mod:`kvpilot.operator.planning.profiles`). ``plan_fn``: the planner,
+    :func:`kvpilot.tuner.plan.compute_plan` (tests pass their own)."""
     check_model_args(user, str(getattr(model, "dtype", "")))
+    version = image.version if image is not None else api.VLLM_VERSION
     result = _cached_plan(
-        plan_fn or _default_plan_fn(), model, gpu, spec.gpu.count, spec.to_bounds(), user.pinned,
-        api.VLLM_VERSION, weights_total_bytes, learned,
+        plan_fn or compute_plan, model, gpu, spec.gpu.count, spec.to_bounds(), user.pinned, version, engine,
+        weights_total_bytes, learned,
     )  # fmt: skip
     if isinstance(result, tuner_errors.TunerError):
         raise copy.copy(result)
+    if image is not None and image.warning is not None:
+        result = dataclasses.replace(result, warnings=(image.warning, *result.warnings))
     if not result.feasible:
         reasons = list(result.reasons) or ["the model does not fit the GPUs within the spec's bounds"]
         raise tuner_errors.InfeasiblePlan(

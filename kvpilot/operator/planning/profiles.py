@@ -72,7 +72,8 @@ _stores: dict[int, ProfileStore] = {}
 
 
 def store_for(kube: object) -> ProfileStore | None:
-    """The profile store beside a :class:`~kvpilot.operator.clients.kube.Kube`: the cluster's on its ``ApiClient``, or
+    """The profile store beside a :class:`~kvpilot.operator.clients.kube.Kube`: the cluster's on its
+    ``ApiClient``, or
     the object itself when it has the store's methods (tests), else ``None`` (profiles unused)."""
     from kvpilot.operator.clients.kube import ClusterKube, ClusterProfiles
 

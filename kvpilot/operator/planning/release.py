@@ -2,8 +2,10 @@
 
 The memory model is version-aware (:mod:`kvpilot.tuner.vllm.versions`), so every budget the operator
 computes for a service must be computed for the release its pods run, not the release kvpilot pins:
-the reconciler's plan (:func:`kvpilot.operator.inferenceservice.desired.build_desired`), the closed loop's budget of the
-running settings and its tuning context (:mod:`kvpilot.operator.inferenceservice.closed_loop`), and the fallback budget
+the reconciler's plan (:func:`kvpilot.operator.inferenceservice.desired.build_desired`), the closed loop's
+budget of the
+running settings and its tuning context (:mod:`kvpilot.operator.inferenceservice.closed_loop`), and the
+fallback budget
 read back from ``status.budget`` (:func:`kvpilot.operator.loop.loop_state.read_budget`). They all ask
 :func:`resolve_release`.
 

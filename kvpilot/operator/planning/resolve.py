@@ -18,7 +18,6 @@ Hub configs by (id, revision, token digest), ModelSpecs by config content, node 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
 import json
 import threading
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from kvpilot.operator import api, errors
-from kvpilot.operator.clients.kube import Kube, build_label_selector
+from kvpilot.operator.clients.kube import IO_POOL, Kube, build_label_selector
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, memory
 from kvpilot.tuner.model import (
@@ -46,8 +45,6 @@ from kvpilot.tuner.model import (
 from kvpilot.tuner.types import GpuSpec
 
 NODE_CACHE_TTL_S = 30.0
-IO_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="kvpilot-io")
-"""Threads for blocking Kubernetes and Hub calls (the default executor has only cpu+4)."""
 HUB_TIMEOUT_S = 10.0
 
 HubDownload = Callable[[str, str | None, str | None], dict[str, Any]]

@@ -6,7 +6,8 @@ pods that change rarely (docs/operator.md, "Scale"). Instead kopf keeps an index
 from one watch (:func:`vllm_pods`, a ``kopf.index``; kopf passes it to every handler as the keyword
 argument of that name): :func:`index_pod` files each pod under ``(namespace, InferenceService name)``,
 and the tick reads its pods from the index through :class:`IndexedPods`, a
-:class:`~kvpilot.operator.pods.pod_status.PodReader`. kopf fills every index from its initial listing before it
+:class:`~kvpilot.operator.pods.pod_status.PodReader`. kopf fills every index from its initial listing before
+it
 runs any other handler or timer, so a tick never sees a half-filled cache; the watch keeps it current (a
 deleted pod leaves the index with its ``DELETED`` event).
 
@@ -76,5 +77,6 @@ class IndexedPods:
 def vllm_pods(
     namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
 ) -> dict[PodKey, Any]:
-    """The pod index (registered on import; :mod:`kvpilot.operator.inferenceservice.closed_loop` imports this module)."""
+    """The pod index (registered on import; :mod:`kvpilot.operator.inferenceservice.closed_loop` imports this
+    module)."""
     return index_pod(namespace, labels, body)

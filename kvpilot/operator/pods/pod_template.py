@@ -1,6 +1,7 @@
 """``spec.template`` and ``spec.podSecurity``: the pod a team shapes, merged into the pod kvpilot renders.
 
-:func:`build_pod_template` takes the Deployment's pod template as :mod:`kvpilot.operator.pods.workloads` renders
+:func:`build_pod_template` takes the Deployment's pod template as :mod:`kvpilot.operator.pods.workloads`
+renders
 it and returns it with the user's fragment merged in and, for ``podSecurity: Restricted``, made to pass
 the ``restricted`` Pod Security Standard. :func:`compute_template_problems` names every field of a template
 that contradicts what kvpilot owns (the CRD's CEL rules refuse most of them first; these are their

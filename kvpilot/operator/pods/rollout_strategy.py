@@ -3,7 +3,8 @@
 A GPU pool is normally full, so the Deployment's surge pod (``maxSurge: 1, maxUnavailable: 0``) may
 find no GPU. :func:`compute_rollout_choice` picks, for ``Auto``:
 
-1. **Surge** when one more pod of this shape fits now (:func:`kvpilot.operator.pods.capacity.compute_fits_now`);
+1. **Surge** when one more pod of this shape fits now
+   (:func:`kvpilot.operator.pods.capacity.compute_fits_now`);
 2. else **Replace** every replica at once (``maxSurge: 0``) when no replica serves anyway (a crash loop,
    a start-up failure): nothing is lost by taking their GPUs, and the fix needs them;
 3. else, when the cluster's capacity could not be read, **Surge** (the pod waits Pending for a GPU;

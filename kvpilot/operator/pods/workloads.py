@@ -39,10 +39,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpilot.operator import api, errors
-from kvpilot.operator.planning import resolve
-from kvpilot.operator.pods import capacity, pod_status, pod_template, rollout_strategy, storage
-from kvpilot.operator.clients.kube import Kube, fetch_active_pods, fetch_nodes
+from kvpilot.operator.clients.kube import IO_POOL, Kube, fetch_active_pods, fetch_nodes
 from kvpilot.operator.clients.kube import build_label_selector as build_label_selector_from
+from kvpilot.operator.pods import capacity, pod_status, pod_template, rollout_strategy, storage
 from kvpilot.tuner import gpus, plan, vllm
 from kvpilot.tuner.types import GIB, EngineSettings
 
@@ -363,4 +362,4 @@ async def apply_workloads(manifests: Sequence[Mapping[str, Any]], kube: Kube) ->
         for manifest in manifests:
             kube.apply(manifest)
 
-    await asyncio.get_running_loop().run_in_executor(resolve.IO_POOL, _apply_all)
+    await asyncio.get_running_loop().run_in_executor(IO_POOL, _apply_all)

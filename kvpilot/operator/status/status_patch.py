@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.operator import api, conditions
-from kvpilot.operator.status import events
 from kvpilot.operator.errors import Failure
 from kvpilot.operator.planning.modes import ModeDecision
-from kvpilot.operator.pods.pod_status import Serving
 from kvpilot.operator.planning.resolve import Inputs
+from kvpilot.operator.pods.pod_status import Serving
 from kvpilot.operator.pods.rollout_strategy import RolloutChoice
+from kvpilot.operator.status import events
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import Action, Decision, HistoryAction, LoopState, RestartKind, Trigger
 from kvpilot.tuner.types import GIB, EngineSettings
@@ -147,7 +147,8 @@ def append_history(
     ``dedupe`` and the newest entry already says the same: the same action for the same trigger, to
     the same settings (a hold or a verdict that persists is recorded once, not once per tick).
     ``keep``: an action whose newest entry stays, first, when older entries are dropped (an EngineTuner's
-    ``Planned`` entry: where its loop starts from, :func:`kvpilot.operator.enginetuner.target_loop.compute_current`)."""
+    ``Planned`` entry: where its loop starts from,
+    :func:`kvpilot.operator.enginetuner.target_loop.compute_current`)."""
     if dedupe and old:
         last = old[-1]
         if (last.get("action"), last.get("trigger"), compact(last.get("to"))) == (

@@ -1,10 +1,12 @@
 """The closed loop's status write: one conditional PATCH per tick, and a change recorded before it is applied.
 
 A tick's whole status (the decision's fields, its conditions and its ``history`` entry) goes to the API server
-as one JSON merge patch of ``/status`` (:meth:`kvpilot.operator.status.status_patch.StatusPatch.build_conditional`),
+as one JSON merge patch of ``/status``
+(:meth:`kvpilot.operator.status.status_patch.StatusPatch.build_conditional`),
 made on the status the tick read and carrying that read's ``metadata.resourceVersion``. The API server applies
 it whole or, if any other writer came between (the reconciler after a spec change, kopf, another replica), not
-at all (HTTP 409, :class:`kvpilot.operator.clients.kube.Conflict`). So the lists it replaces are never put back stale,
+at all (HTTP 409, :class:`kvpilot.operator.clients.kube.Conflict`). So the lists it replaces are never put
+back stale,
 and on a conflict the tick does nothing more: no apply, no event, no fleet-learning sample; the next tick
 decides again on the fresh object. (kopf's own ``patch`` would send a merge patch and then a JSON patch of
 the lists: two requests, with a window between them.)
@@ -14,7 +16,8 @@ A closed-loop change (mode Auto) is written *first* and applied to the Deploymen
 
 - killed before the write: nothing was written or applied; the next leader decides again, once;
 - killed between the write and the apply: the record is complete (one ``Retuned`` or ``RolledBack`` entry);
-  the next leader's resume handler re-applies ``status.applied`` (:func:`kvpilot.operator.inferenceservice.handlers.reconcile`
+  the next leader's resume handler re-applies ``status.applied``
+  (:func:`kvpilot.operator.inferenceservice.handlers.reconcile`
   keeps it on resume) and its timer continues the rollout;
 - the apply failed (the API server refused or timed out): a ``RetuneFailed`` event, and the next tick applies
   the same settings again (:class:`PendingApplies`) before it decides anything;

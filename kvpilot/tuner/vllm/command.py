@@ -1,7 +1,8 @@
 """A vLLM container's command line: find the engine in it, read its tuned settings, rewrite them.
 
 Part of :mod:`kvpilot.tuner.vllm` (every vLLM fact lives there): how vLLM 0.33 is started in the shapes
-other stacks render, which the target mode (an EngineTuner, :mod:`kvpilot.operator.enginetuner.target`) reads and its
+other stacks render, which the target mode (an EngineTuner, :mod:`kvpilot.operator.enginetuner.target`) reads
+and its
 admission webhook rewrites. Strings in, strings out.
 
 The forms (``command`` and ``args`` of a container, as Kubernetes concatenates them):
