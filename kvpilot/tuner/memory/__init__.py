@@ -3,6 +3,7 @@
 * :mod:`.budget` -- :func:`compute_budget`: what vLLM would log at start-up (weights, the
   profile run's activation peak, non-torch memory, CUDA graphs, available KV cache, blocks,
   tokens, concurrency) and whether it starts, with vLLM's own error when it would not;
+* :mod:`.refusals` -- what makes vLLM refuse to start, checked in vLLM's order on that accounting;
 * :mod:`.kv_cache` -- pages, block groups and block counts per layer kind, and the fit check;
 * :mod:`.weights` -- the bytes each rank loads, quantization and padding included;
 * :mod:`.estimate` -- ``kvpilot estimate --cases FILE``: one budget per case of the calibration
@@ -13,9 +14,7 @@ release does), below the planner.
 """
 
 from kvpilot.tuner.memory.budget import (
-    CUDA_CONTEXT_GIB,
     MEMORY_MODEL_VERSION,
-    NCCL_GIB,
     compute_activation_bytes,
     compute_budget,
     compute_cuda_graph_bytes,
@@ -34,6 +33,7 @@ from kvpilot.tuner.memory.kv_cache import (
     compute_longest_fitting_len,
     compute_num_blocks,
 )
+from kvpilot.tuner.memory.refusals import CUDA_CONTEXT_GIB, NCCL_GIB
 from kvpilot.tuner.memory.weights import (
     WeightBreakdown,
     compute_weight_breakdown,

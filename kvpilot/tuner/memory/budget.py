@@ -36,10 +36,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from kvpilot.tuner import vllm
-from kvpilot.tuner.memory import encoder, kv_cache, weights
+from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
@@ -82,10 +81,6 @@ _COEFFS: tuple[tuple[vllm.Version, Coefficients], ...] = (
 """(first release, coefficients), oldest first; a release uses the last row at or below it.
 0.33 uses the 0.18+ row (0.19 is the newest release with many measured start-ups)."""
 
-CUDA_CONTEXT_GIB = 0.5
-"""CUDA context + cuBLAS handles created before vLLM's memory snapshot (0.51 GiB on an H100, vLLM 0.19)."""
-NCCL_GIB = 1.5
-"""NCCL communicators with TP > 1, created before the snapshot since 0.11 (1.5 GiB at TP 2, vLLM 0.19)."""
 GRAPH_BASE_GIB = 0.45
 GRAPH_PER_LAYER_GIB = 0.0145
 """CUDA-graph pool: a base plus a per-layer cost at 51 capture sizes (scaled by the real count)."""
@@ -93,11 +88,6 @@ GRAPH_MOE_FACTOR = 1.25
 """A fused-MoE layer's graph nodes cost about a quarter more than a dense MLP's."""
 GRAPH_MXFP4_MOE_FACTOR = 3.5
 """MXFP4 MoE layers (gpt-oss: triton matmul_ogs / Marlin kernels) cost several times a dense layer."""
-POST_CAPTURE_MARGIN = 0.0133
-"""Caching-allocator slack needed after graph capture, besides one fp32 logits buffer, as a share of
-the GPU's memory: 1.05 GiB on an 80 GB H100, where the gpt-oss-20b failures at utilisation 0.95 left
-1.6-1.7 GiB reserved but unallocated. Taken proportional to the memory the allocator manages, so a
-24 GB card is not held to an H100's absolute slack (no small-GPU start in the logs to fit it on)."""
 MM_ENCODER_COPIES = 2.0
 """Multimodal models: encoder output cache + merged embeddings, per batched token x hidden."""
 
@@ -295,40 +285,6 @@ def compute_cuda_graph_bytes(
     return int((GRAPH_BASE_GIB + GRAPH_PER_LAYER_GIB * weighted_layers * sizes / 51) * GIB)
 
 
-class _Stage(NamedTuple):
-    """The budget of one pipeline stage (its first TP rank), in bytes."""
-
-    weights: int
-    activation: int
-    sampler_state: int
-    available: int
-    """Left for the KV cache (may be negative)."""
-    layout: kv_cache.KvLayout
-
-
-def _check_parallel_sizes(model: ModelSpec, tp: int, pp: int) -> str | None:
-    """vLLM's refusals of a parallel layout, before any memory is looked at."""
-    if tp < 1 or pp < 1:
-        return f"tensor_parallel_size ({tp}) and pipeline_parallel_size ({pp}) must be at least 1."
-    if model.num_attention_heads % tp:
-        return (
-            f"Total number of attention heads ({model.num_attention_heads}) must be divisible by "
-            f"tensor parallel size ({tp})."
-        )
-    if pp > model.num_layers:
-        return f"pipeline_parallel_size ({pp}) exceeds the model's {model.num_layers} layers."
-    state = model.linear_state
-    if state is not None and not state.shards_over(tp):
-        # MambaStateShapeCalculator: divide(conv channels, tp) and divide(heads, tp) assert.
-        bad = state.conv_channels(tp) if state.conv_channels(tp) % tp else state.num_heads
-        return f"AssertionError: {bad} is not divisible by {tp}"
-    padded_vocab = weights.padded_vocab_size(model)
-    if padded_vocab % tp:
-        # VocabParallelEmbedding: divide(num_embeddings_padded, tp_size) asserts.
-        return f"AssertionError: {padded_vocab} is not divisible by {tp}"
-    return None
-
-
 def _refused(gpu: GpuSpec, requested: int, error: str, max_model_len: int) -> MemoryBudget:
     return MemoryBudget(
         gpu_total_gib=gpu.total_bytes / GIB,
@@ -383,129 +339,141 @@ def compute_budget(
         performance_mode=performance_mode, model_runner_v2=model_runner_v2,
     )  # fmt: skip
     requested = math.ceil(gpu.total_bytes * r.util)
-    refusal = _check_parallel_sizes(model, r.tp, r.pp)
+    refusal = refusals.check_parallel_sizes(model, r.tp, r.pp)
     if refusal is not None:
         return _refused(gpu, requested, refusal, r.max_model_len)
+    shared = _compute_shared_costs(model, gpu, r, version, enforce_eager)
+    stages = tuple(
+        _compute_stage(
+            model, gpu, r, version, rank, requested, shared,
+            weights_total_bytes=weights_total_bytes, block_size=block_size,
+            kv_cache_memory_bytes=kv_cache_memory_bytes, enable_prefix_caching=enable_prefix_caching,
+        )
+        for rank in range(r.pp)
+    )  # fmt: skip
+    fit = _compute_fit(r, version, stages, shared.in_flight)
+    error = refusals.compute_start_error(
+        refusals.Startup(
+            model=model, gpu=gpu, version=version, requested=requested, stages=stages,
+            asked_max_model_len=settings.max_model_len, max_model_len=r.max_model_len,
+            auto_max_model_len=r.auto_max_model_len, max_num_seqs=r.max_num_seqs,
+            sampler_rows=r.sampler_rows, util=r.util, tp=r.tp, blocks=fit.blocks, capacity=fit.capacity,
+            checked=fit.checked, graphs=shared.graphs, subtract_graphs=shared.subtract_graphs,
+            non_torch=shared.non_torch, warmup_logits=compute_warmup_logits_bytes(model, r),
+            enforce_eager=enforce_eager, kv_cache_memory_bytes=kv_cache_memory_bytes,
+        )
+    )  # fmt: skip
+    return _build_budget(gpu, requested, stages, fit, shared, error)
+
+
+@dataclass(frozen=True, slots=True)
+class _SharedCosts:
+    """What every pipeline stage pays alike, in bytes (tokens for ``in_flight``)."""
+
+    graphs: int
+    subtract_graphs: bool
+    """Whether the release subtracts the CUDA-graph estimate from the budget (0.20+)."""
+    in_flight: int
+    non_torch: int
+
+
+def _compute_shared_costs(
+    model: ModelSpec, gpu: GpuSpec, r: _Resolved, version: vllm.Version, enforce_eager: bool
+) -> _SharedCosts:
     graphs = compute_cuda_graph_bytes(
         model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
         version=version, performance_mode=r.performance_mode, enforce_eager=enforce_eager,
     )  # fmt: skip
-    subtract_graphs = vllm.subtracts_cuda_graphs(version)
     in_flight = vllm.compute_in_flight_tokens(
         EngineSettings(max_num_batched_tokens=r.max_num_batched_tokens), version, r.pp, r.model_runner_v2
     )
-    non_torch = compute_non_torch_bytes(r.tp, r.pp, version)
+    return _SharedCosts(
+        graphs, vllm.subtracts_cuda_graphs(version), in_flight, compute_non_torch_bytes(r.tp, r.pp, version)
+    )
 
-    stages: list[_Stage] = []
-    for rank in range(r.pp):
-        w = weights.compute_weight_bytes(
-            model,
-            tensor_parallel_size=r.tp,
-            pipeline_parallel_size=r.pp,
-            pp_rank=rank,
-            dtype=r.dtype,
-            weights_total_bytes=weights_total_bytes,
-        )
-        act = compute_activation_bytes(
-            model,
-            tp=r.tp,
-            pp=r.pp,
-            pp_rank=rank,
-            max_num_batched_tokens=r.max_num_batched_tokens,
-            max_num_seqs=r.max_num_seqs,
-            dtype=r.dtype,
-            version=version,
-            max_model_len=r.max_model_len,
-        )
-        state = compute_sampler_state_bytes(model, r, last_stage=rank == r.pp - 1)
-        if kv_cache_memory_bytes is not None:
-            available = kv_cache_memory_bytes
-        else:
-            available = requested - w - act - state - non_torch - (graphs if subtract_graphs else 0)
-        layout = kv_cache.compute_kv_layout(
-            model,
-            tensor_parallel_size=r.tp,
-            pipeline_parallel_size=r.pp,
-            pp_rank=rank,
-            kv_cache_dtype=r.kv_cache_dtype,
-            dtype=r.dtype,
-            block_size=block_size,
-            vllm_version=version,
-            compute_capability=gpu.compute_capability,
-            enable_prefix_caching=enable_prefix_caching,
-        )
-        stages.append(_Stage(w, act, state, available, layout))
 
-    first = stages[0]
+def _compute_stage(
+    model: ModelSpec, gpu: GpuSpec, r: _Resolved, version: vllm.Version, rank: int, requested: int,
+    shared: _SharedCosts, *, weights_total_bytes: int | None, block_size: int | None,
+    kv_cache_memory_bytes: int | None, enable_prefix_caching: bool | None,
+) -> refusals.Stage:  # fmt: skip
+    """One pipeline stage's budget (its first TP rank): weights, activation peak, sampler state, what is
+    left for the KV cache, and the KV layout of its layers."""
+    w = weights.compute_weight_bytes(
+        model, tensor_parallel_size=r.tp, pipeline_parallel_size=r.pp, pp_rank=rank, dtype=r.dtype,
+        weights_total_bytes=weights_total_bytes,
+    )  # fmt: skip
+    act = compute_activation_bytes(
+        model, tp=r.tp, pp=r.pp, pp_rank=rank, max_num_batched_tokens=r.max_num_batched_tokens,
+        max_num_seqs=r.max_num_seqs, dtype=r.dtype, version=version, max_model_len=r.max_model_len,
+    )  # fmt: skip
+    state = compute_sampler_state_bytes(model, r, last_stage=rank == r.pp - 1)
+    if kv_cache_memory_bytes is not None:
+        available = kv_cache_memory_bytes
+    else:
+        graphs = shared.graphs if shared.subtract_graphs else 0
+        available = requested - w - act - state - shared.non_torch - graphs
+    layout = kv_cache.compute_kv_layout(
+        model, tensor_parallel_size=r.tp, pipeline_parallel_size=r.pp, pp_rank=rank,
+        kv_cache_dtype=r.kv_cache_dtype, dtype=r.dtype, block_size=block_size, vllm_version=version,
+        compute_capability=gpu.compute_capability, enable_prefix_caching=enable_prefix_caching,
+    )  # fmt: skip
+    return refusals.Stage(w, act, state, available, layout)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    blocks: int
+    """KV blocks of the engine: the fewest any stage holds."""
+    capacity: kv_cache.KvCapacity
+    checked: int
+    """The stage vLLM reports on: the first that fails its check."""
+    max_model_len: int
+    """The length served: the asked one, or with ``--max-model-len -1`` the longest that fits."""
+
+
+def _compute_fit(
+    r: _Resolved, version: vllm.Version, stages: tuple[refusals.Stage, ...], in_flight: int
+) -> _Fit:
+    """vLLM's fit check over the stages, and its auto-fit of ``max_model_len``."""
     blocks = min(kv_cache.compute_num_blocks(s.available, s.layout) for s in stages)
     capacity, checked = kv_cache.compute_stage_capacity(
         [s.layout for s in stages], [s.available for s in stages], r.max_model_len, in_flight, version
     )
-    worst = stages[checked]  # the stage vLLM reports on: the first that fails its check
     max_model_len = r.max_model_len
-    error = None
     if r.auto_max_model_len and not capacity.fits and capacity.longest_fitting_len > 0:
         # vLLM's _auto_fit_max_model_len: the longest length one request of which fits, found after
         # the profile run (which used the model's maximum); the capacity is then reported for it.
+        worst = stages[checked]
         max_model_len = capacity.longest_fitting_len
         capacity = kv_cache.compute_capacity(
             worst.layout, worst.available, max_model_len, in_flight, version, num_blocks=blocks
         )
-    derived = model.default_max_model_len(version)
-    if r.auto_max_model_len and not capacity.fits and not any(s.available <= 0 for s in stages):
-        error = vllm.auto_fit_error()
-    elif settings.max_model_len and settings.max_model_len > derived:
-        shown: float = float(derived) if model.rotary_dim else derived  # RoPE models: scaled, so a float
-        error = vllm.long_max_len_error(settings.max_model_len, model.max_len_key, shown)
-    elif any(s.available <= 0 for s in stages):
-        error = vllm.no_memory_error(version)
-    elif not capacity.fits:
-        error = vllm.max_len_error(
-            version,
-            r.max_model_len,
-            capacity.needed_bytes / GIB,
-            worst.available / GIB,
-            capacity.longest_fitting_len,
-        )
-    elif not enforce_eager and any(s.layout.state_groups for s in stages) and r.max_num_seqs > blocks:
-        error = vllm.mamba_cache_blocks_error(r.max_num_seqs, blocks)  # full CUDA graphs need a block each
-    elif not subtract_graphs and graphs:
-        # Graphs are captured after the KV cache is allocated, outside the budget; the sampler
-        # warm-up that follows needs a fresh fp32 logits buffer (max_num_seqs x vocab) on top.
-        headroom = gpu.total_bytes - requested - CUDA_CONTEXT_GIB * GIB
-        logits = compute_warmup_logits_bytes(model, r)
-        if graphs + logits + POST_CAPTURE_MARGIN * gpu.total_bytes > headroom:
-            error = vllm.sampler_warmup_oom_error(
-                version, r.sampler_rows, graphs / GIB, r.util, max(0.0, headroom / GIB)
-            )
-    outside = CUDA_CONTEXT_GIB * GIB + (NCCL_GIB * GIB if r.tp > 1 and version >= (0, 11) else 0)
-    if error is None and kv_cache_memory_bytes is not None:
-        # The pool is allocated as asked, whatever the utilisation: everything must fit the GPU itself.
-        used = max(s.weights + s.activation + s.sampler_state + s.available for s in stages)
-        needed = used + non_torch + graphs + outside
-        if needed > gpu.total_bytes:
-            error = vllm.kv_cache_memory_oom_error(
-                kv_cache_memory_bytes / GIB, needed / GIB, gpu.total_bytes / GIB
-            )
-    if error is None and requested > gpu.total_bytes - outside and version >= (0, 9):
-        free = gpu.total_bytes - outside
-        error = vllm.free_memory_error(version, free / GIB, gpu.total_bytes / GIB, r.util, requested / GIB)
+    return _Fit(blocks, capacity, checked, max_model_len)
+
+
+def _build_budget(
+    gpu: GpuSpec, requested: int, stages: tuple[refusals.Stage, ...], fit: _Fit, shared: _SharedCosts,
+    error: str | None,
+) -> MemoryBudget:
+    """The budget as vLLM would log it: the first stage's terms, the engine's blocks and capacity."""
+    first, capacity = stages[0], fit.capacity
     return MemoryBudget(
         gpu_total_gib=gpu.total_bytes / GIB,
         requested_gib=requested / GIB,
         weights_gib=first.weights / GIB,
         activation_gib=first.activation / GIB,
-        non_torch_gib=non_torch / GIB,
-        cuda_graph_gib=graphs / GIB,
+        non_torch_gib=shared.non_torch / GIB,
+        cuda_graph_gib=shared.graphs / GIB,
         available_kv_cache_gib=first.available / GIB,
         sampler_state_gib=first.sampler_state / GIB,
         kv_pool_bytes=max(0, min(s.available for s in stages)),
         kv_bytes_per_token=first.layout.bytes_per_token,
-        num_gpu_blocks=max(0, blocks),
+        num_gpu_blocks=max(0, fit.blocks),
         kv_cache_tokens=max(0, capacity.tokens),
         max_concurrency=max(0.0, capacity.max_concurrency),
         starts=error is None,
         error=error,
         longest_fitting_len=None if capacity.fits else capacity.longest_fitting_len,
-        max_model_len=max_model_len,
+        max_model_len=fit.max_model_len,
     )
