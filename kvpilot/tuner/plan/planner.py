@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from kvpilot.tuner import errors, memory, vllm
 from kvpilot.tuner.model import ModelSpec, QuantSpec
@@ -267,113 +268,17 @@ def compute_plan(
     ``engine``: what the pods run besides the tuned settings (:class:`kvpilot.tuner.vllm.EngineFlags`: their
     ``VLLM_USE_V2_MODEL_RUNNER``, ``--enforce-eager``, ``--performance-mode``, prefix caching); the plan is
     for that engine."""
-    warnings: list[str] = []
-    budgets: dict[EngineSettings, MemoryBudget] = {}
-
-    def budget_of(s: EngineSettings) -> MemoryBudget:
-        # Memoized: the context searches and the suggestions revisit the same settings.
-        if s not in budgets:
-            budgets[s] = _budget(model, gpu, gpu_count, s, vllm_version, weights_total_bytes, engine)
-        return budgets[s]
-
-    tp = pinned.tensor_parallel_size or compute_tensor_parallel(model, gpu_count)
-    if pinned.tensor_parallel_size is None and tp != gpu_count:
-        warnings.append(
-            f"tensor_parallel_size {tp}: vLLM refuses {gpu_count} for this model (it must divide the "
-            f"{model.num_attention_heads} attention heads and the padded vocabulary, and divide or be "
-            f"divided by the {model.num_kv_heads} KV heads)"
-            + (f"; the other GPUs run {gpu_count // tp} pipeline stages." if gpu_count // tp > 1 else ".")
-        )
-    settings = pinned.replace(tensor_parallel_size=tp)
-
-    model_max = model.max_model_len
-    wanted = pinned.max_model_len or min(bounds.max_context or model_max, model_max)
-    if bounds.max_context and bounds.max_context > model_max and pinned.max_model_len is None:
-        warnings.append(
-            f"max_context {bounds.max_context} exceeds the model's maximum {model_max}; using {model_max}."
-        )
-    settings = settings.replace(max_model_len=wanted)
-
-    if pinned.kv_cache_dtype is None:
-        settings = settings.replace(kv_cache_dtype="auto")
-    if pinned.gpu_memory_utilization is None:
-        seq_guess = settings.replace(max_num_seqs=pinned.max_num_seqs or bounds.concurrency)
-        util = compute_safe_utilization(
-            model, gpu, seq_guess, bounds, vllm_version, compute_pipeline_parallel(gpu_count, tp), engine,
-        )  # fmt: skip
-        if learned is not None and learned.utilization_ceiling is not None:
-            util = max(bounds.min_gpu_memory_utilization, min(util, learned.utilization_ceiling))
-            if learned.utilization_ceiling < bounds.min_gpu_memory_utilization:
-                warnings.append(
-                    f"{learned.name} saw CUDA OOM at gpu_memory_utilization "
-                    f"{learned.lowest_oom_utilization}, "
-                    f"below the spec's minimum {bounds.min_gpu_memory_utilization}: the minimum is kept."
-                )
-        settings = settings.replace(gpu_memory_utilization=util)
-    kv_ratio = learned.kv_ratio if learned is not None and learned.kv_ratio is not None else 1.0
-
-    def meets(budget: MemoryBudget) -> bool:
-        if not budget.starts:
-            return False
-        return not bounds.concurrency or budget.max_concurrency + 1e-9 >= bounds.concurrency
-
-    def settle(s: EngineSettings) -> tuple[EngineSettings, MemoryBudget]:
-        if pinned.max_num_seqs is None:
-            s = s.replace(
-                max_num_seqs=_choose_max_num_seqs(model, gpu, s, bounds, vllm_version, budget_of, kv_ratio)
-            )
-        s = _with_batched_tokens(s, gpu, vllm_version, pinned)
-        return s, budget_of(s)
-
-    settings, budget = settle(settings)
-    fp8_ok = bounds.allow_fp8_kv and gpu.fp8_kv and pinned.kv_cache_dtype is None
-    if fp8_ok and (bounds.concurrency is None or not meets(budget)):
-        candidate, cand_budget = settle(
-            settings.replace(kv_cache_dtype="fp8", max_num_seqs=pinned.max_num_seqs)
-        )
-        if meets(cand_budget) or not meets(budget):
-            settings, budget = candidate, cand_budget
-
-    if not meets(budget) and pinned.max_model_len is None:
-        floor = bounds.min_context or 1
-        lo = _bisect_longest(
-            lambda length: meets(budget_of(settings.replace(max_model_len=length))),
-            wanted,
-        )
-        if lo >= floor:
-            shorter, short_budget = settle(
-                settings.replace(max_model_len=lo, max_num_seqs=pinned.max_num_seqs)
-            )
-            if not meets(short_budget):
-                # The sequences chosen for the shorter context cost memory too (the V2 sampler state,
-                # more graphs): keep the ones the length was searched with, which fit by construction.
-                shorter = settings.replace(max_model_len=lo)
-                short_budget = budget_of(shorter)
-            if meets(short_budget):
-                warnings.append(f"max_model_len shortened from {wanted} to {lo} to fit the KV cache.")
-                settings, budget = shorter, short_budget
-
-    feasible = meets(budget) and (
-        not bounds.min_context or _context_of(settings, budget, model) >= bounds.min_context
+    p = _Planning(
+        model, gpu, gpu_count, bounds, pinned, vllm_version, weights_total_bytes, engine, learned, []
     )
-    reasons: tuple[str, ...] = ()
-    if not feasible:
-        length = _context_of(settings, budget, model)
-        why = budget.error or (
-            f"the KV cache holds {budget.max_concurrency:.2f} sequences of {length} tokens, "
-            f"fewer than the expected concurrency {bounds.concurrency}."
-        )
-        suggestions = _suggestions(
-            model, gpu, gpu_count, bounds, settings, pinned, vllm_version, budget_of, meets, engine
-        )
-        reasons = (why, *suggestions)
-    if pinned.max_num_seqs and bounds.concurrency and pinned.max_num_seqs < bounds.concurrency:
-        warnings.append(
-            f"The pinned max_num_seqs {pinned.max_num_seqs} is below the expected concurrency "
-            f"{bounds.concurrency}."
-        )
-    if budget.max_concurrency < 1 and budget.starts:
-        warnings.append("The KV cache holds less than one max_model_len sequence.")
+    settings = _choose_tensor_parallel(p)
+    settings, wanted = _choose_context(p, settings)
+    settings = _choose_utilization(p, settings)
+    settings, budget = p.settle(settings)
+    settings, budget = _try_fp8_kv(p, settings, budget)
+    settings, budget = _shorten_context(p, settings, budget, wanted)
+    feasible, reasons = _judge(p, settings, budget)
+    _warn_about_capacity(p, budget)
     profile, note, learned_tokens = _profile_fields(learned, budget)
     kv_bytes = None
     if pin_kv_cache_memory and feasible:
@@ -387,9 +292,9 @@ def compute_plan(
         concurrency_at_max_len=budget.max_concurrency,
         gpu=gpu.name,
         gpu_count=gpu_count,
-        pipeline_parallel_size=compute_pipeline_parallel(gpu_count, tp),
+        pipeline_parallel_size=compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1),
         vllm_version=vllm_version,
-        warnings=tuple(warnings),
+        warnings=tuple(p.warnings),
         reasons=reasons,
         args=_render(settings, kv_bytes),
         kv_cache_memory_bytes=kv_bytes,
@@ -397,6 +302,162 @@ def compute_plan(
         profile_note=note,
         learned_kv_cache_tokens=learned_tokens,
     )
+
+
+@dataclass
+class _Planning:
+    """One planning's inputs, its memoized budgets and the warnings its steps collect."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    gpu_count: int
+    bounds: ServingBounds
+    pinned: EngineSettings
+    version: str
+    weights: int | None
+    engine: vllm.EngineFlags
+    learned: Learned | None
+    warnings: list[str]
+    budgets: dict[EngineSettings, MemoryBudget] = field(default_factory=dict)
+
+    def budget_of(self, s: EngineSettings) -> MemoryBudget:
+        """Memoized: the context searches and the suggestions revisit the same settings."""
+        if s not in self.budgets:
+            self.budgets[s] = _budget(
+                self.model, self.gpu, self.gpu_count, s, self.version, self.weights, self.engine
+            )
+        return self.budgets[s]
+
+    def meets(self, budget: MemoryBudget) -> bool:
+        """It starts and holds the expected concurrency at the full context."""
+        if not budget.starts:
+            return False
+        return not self.bounds.concurrency or budget.max_concurrency + 1e-9 >= self.bounds.concurrency
+
+    def settle(self, s: EngineSettings) -> tuple[EngineSettings, MemoryBudget]:
+        """``s`` with its sequences and batched tokens chosen (unless pinned), and its budget."""
+        if self.pinned.max_num_seqs is None:
+            kv_ratio = self.learned.kv_ratio if self.learned and self.learned.kv_ratio is not None else 1.0
+            seqs = _choose_max_num_seqs(
+                self.model, self.gpu, s, self.bounds, self.version, self.budget_of, kv_ratio
+            )
+            s = s.replace(max_num_seqs=seqs)
+        s = _with_batched_tokens(s, self.gpu, self.version, self.pinned)
+        return s, self.budget_of(s)
+
+
+def _choose_tensor_parallel(p: _Planning) -> EngineSettings:
+    """Step 1: the pinned settings with a tensor-parallel size vLLM accepts (the GPU count when it can)."""
+    model, gpu_count = p.model, p.gpu_count
+    tp = p.pinned.tensor_parallel_size or compute_tensor_parallel(model, gpu_count)
+    if p.pinned.tensor_parallel_size is None and tp != gpu_count:
+        p.warnings.append(
+            f"tensor_parallel_size {tp}: vLLM refuses {gpu_count} for this model (it must divide the "
+            f"{model.num_attention_heads} attention heads and the padded vocabulary, and divide or be "
+            f"divided by the {model.num_kv_heads} KV heads)"
+            + (f"; the other GPUs run {gpu_count // tp} pipeline stages." if gpu_count // tp > 1 else ".")
+        )
+    return p.pinned.replace(tensor_parallel_size=tp)
+
+
+def _choose_context(p: _Planning, settings: EngineSettings) -> tuple[EngineSettings, int]:
+    """Step 2: the wanted ``max_model_len`` (the pinned one, else the bounds' within the model's maximum)."""
+    model_max, bounds = p.model.max_model_len, p.bounds
+    wanted = p.pinned.max_model_len or min(bounds.max_context or model_max, model_max)
+    if bounds.max_context and bounds.max_context > model_max and p.pinned.max_model_len is None:
+        p.warnings.append(
+            f"max_context {bounds.max_context} exceeds the model's maximum {model_max}; using {model_max}."
+        )
+    return settings.replace(max_model_len=wanted), wanted
+
+
+def _choose_utilization(p: _Planning, settings: EngineSettings) -> EngineSettings:
+    """Step 3: an ``auto`` KV cache unless pinned, and the safe utilisation under a learned ceiling."""
+    if p.pinned.kv_cache_dtype is None:
+        settings = settings.replace(kv_cache_dtype="auto")
+    if p.pinned.gpu_memory_utilization is not None:
+        return settings
+    bounds, learned = p.bounds, p.learned
+    seq_guess = settings.replace(max_num_seqs=p.pinned.max_num_seqs or bounds.concurrency)
+    pp = compute_pipeline_parallel(p.gpu_count, settings.tensor_parallel_size or 1)
+    util = compute_safe_utilization(p.model, p.gpu, seq_guess, bounds, p.version, pp, p.engine)
+    if learned is not None and learned.utilization_ceiling is not None:
+        util = max(bounds.min_gpu_memory_utilization, min(util, learned.utilization_ceiling))
+        if learned.utilization_ceiling < bounds.min_gpu_memory_utilization:
+            p.warnings.append(
+                f"{learned.name} saw CUDA OOM at gpu_memory_utilization "
+                f"{learned.lowest_oom_utilization}, "
+                f"below the spec's minimum {bounds.min_gpu_memory_utilization}: the minimum is kept."
+            )
+    return settings.replace(gpu_memory_utilization=util)
+
+
+def _try_fp8_kv(
+    p: _Planning, settings: EngineSettings, budget: MemoryBudget
+) -> tuple[EngineSettings, MemoryBudget]:
+    """Step 4: an fp8 KV cache when allowed, supported and useful (no concurrency asked, or it is missed)."""
+    fp8_ok = p.bounds.allow_fp8_kv and p.gpu.fp8_kv and p.pinned.kv_cache_dtype is None
+    if not fp8_ok or (p.bounds.concurrency is not None and p.meets(budget)):
+        return settings, budget
+    candidate, cand_budget = p.settle(
+        settings.replace(kv_cache_dtype="fp8", max_num_seqs=p.pinned.max_num_seqs)
+    )
+    if p.meets(cand_budget) or not p.meets(budget):
+        return candidate, cand_budget
+    return settings, budget
+
+
+def _shorten_context(
+    p: _Planning, settings: EngineSettings, budget: MemoryBudget, wanted: int
+) -> tuple[EngineSettings, MemoryBudget]:
+    """Step 5: when nothing fits, the longest context that does (never below ``min_context``)."""
+    if p.meets(budget) or p.pinned.max_model_len is not None:
+        return settings, budget
+    floor = p.bounds.min_context or 1
+    lo = _bisect_longest(lambda length: p.meets(p.budget_of(settings.replace(max_model_len=length))), wanted)
+    if lo < floor:
+        return settings, budget
+    shorter, short_budget = p.settle(settings.replace(max_model_len=lo, max_num_seqs=p.pinned.max_num_seqs))
+    if not p.meets(short_budget):
+        # The sequences chosen for the shorter context cost memory too (the V2 sampler state,
+        # more graphs): keep the ones the length was searched with, which fit by construction.
+        shorter = settings.replace(max_model_len=lo)
+        short_budget = p.budget_of(shorter)
+    if not p.meets(short_budget):
+        return settings, budget
+    p.warnings.append(f"max_model_len shortened from {wanted} to {lo} to fit the KV cache.")
+    return shorter, short_budget
+
+
+def _judge(p: _Planning, settings: EngineSettings, budget: MemoryBudget) -> tuple[bool, tuple[str, ...]]:
+    """Step 6: feasible, or why not and what would fit instead."""
+    bounds = p.bounds
+    feasible = p.meets(budget) and (
+        not bounds.min_context or _context_of(settings, budget, p.model) >= bounds.min_context
+    )
+    if feasible:
+        return True, ()
+    length = _context_of(settings, budget, p.model)
+    why = budget.error or (
+        f"the KV cache holds {budget.max_concurrency:.2f} sequences of {length} tokens, "
+        f"fewer than the expected concurrency {bounds.concurrency}."
+    )
+    suggestions = _suggestions(
+        p.model, p.gpu, p.gpu_count, bounds, settings, p.pinned, p.version, p.budget_of, p.meets, p.engine
+    )
+    return False, (why, *suggestions)
+
+
+def _warn_about_capacity(p: _Planning, budget: MemoryBudget) -> None:
+    """Step 7: a pinned sequence limit below the expected concurrency; less than one full-length sequence."""
+    pinned, bounds = p.pinned, p.bounds
+    if pinned.max_num_seqs and bounds.concurrency and pinned.max_num_seqs < bounds.concurrency:
+        p.warnings.append(
+            f"The pinned max_num_seqs {pinned.max_num_seqs} is below the expected concurrency "
+            f"{bounds.concurrency}."
+        )
+    if budget.max_concurrency < 1 and budget.starts:
+        p.warnings.append("The KV cache holds less than one max_model_len sequence.")
 
 
 def _profile_fields(learned: Learned | None, budget: MemoryBudget) -> tuple[str | None, str, int | None]:
