@@ -150,11 +150,13 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
                 ]
             },
         },
-        "spec.engine.env[CA].valueFrom.configMapKeyRef names ConfigMap kube-root-ca.crt, which alice may not get",
+        "spec.engine.env[CA].valueFrom.configMapKeyRef names ConfigMap kube-root-ca.crt, which alice may not "
+        "get",
     ),  # fmt: skip
     "claim": (
         {"model": {"id": MODEL, "storage": {"persistentVolumeClaim": {"claimName": "someone-elses"}}}},
-        "spec.model.storage.persistentVolumeClaim names PersistentVolumeClaim someone-elses, which alice may not get",
+        "spec.model.storage.persistentVolumeClaim names PersistentVolumeClaim someone-elses, which alice may "
+        "not get",
     ),
     "host-path": (
         {

@@ -107,6 +107,7 @@ def t(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
         t.kubectl("-n", A, "create", "secret", "generic", "hf-alice", "--from-literal=token=x")
         t.kubectl("-n", A, "create", "deployment", "team-app", f"--image={DEFAULT_IMAGE}")
         t.kubectl("-n", A, "create", "deployment", "alice-app", f"--image={DEFAULT_IMAGE}")
+        t.kubectl("-n", A, "create", "deployment", "payroll", f"--image={DEFAULT_IMAGE}")
         # alice: only the chart's user roles, and read access to her own Secrets
         for role in ("kvpilot-edit", "kvpilot-view"):
             t.kubectl(
@@ -275,7 +276,7 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         "ReadWriteOnce, ReadWriteOncePod), storageClassName premium (allowed: the default class)",
     ),
     "claim-template-unsized": (
-        {"model": {**MODEL, "checkpointBytes": 10**18, "storage": {"claimTemplate": {}}}},
+        {"model": {**MODEL, "checkpointBytes": 2**50, "storage": {"claimTemplate": {}}}},
         "spec.model.storage.claimTemplate no size",
     ),
     # ---- finding 4: code-running arguments and environment
@@ -363,7 +364,7 @@ def test_what_alice_may_use_is_admitted(t: Tenants) -> None:
                 ],
                 "volumes": [
                     {"name": "hf", "secret": {"secretName": "hf-alice"}},
-                    {"name": "tmp", "emptyDir": {}},
+                    {"name": "scratch", "emptyDir": {}},
                     {
                         "name": "info",
                         "downwardAPI": {"items": [{"path": "n", "fieldRef": {"fieldPath": "metadata.name"}}]},
@@ -488,6 +489,16 @@ def tuners(t: Tenants) -> Tenants:
         "--resource-name=alice-app",
     )
     _role(t, A, "evict", "alice", "--verb=create", "--resource=pods/eviction")
+    # she may read another team's Deployment (as the built-in view role lets her), not change it
+    _role(
+        t,
+        A,
+        "read-team-app",
+        "alice",
+        "--verb=get",
+        "--resource=deployments.apps",
+        "--resource-name=team-app",
+    )
     return t
 
 
@@ -506,8 +517,8 @@ def tuners(t: Tenants) -> Tenants:
         ),
         (
             "recommend-unreadable",
-            _tuner("team-app", "Recommend"),
-            "Deployment team-app, which alice may not get",
+            _tuner("payroll", "Recommend"),
+            "Deployment payroll, which alice may not get",
         ),
         (
             "hub-token",
