@@ -204,10 +204,13 @@ def build_template_schema(schemas: dict[str, Any]) -> dict[str, Any]:
                                             "maxLength": 4096}}  # fmt: skip
     return {
         "type": "object",
-        "description": "A pod template fragment merged into the vLLM pods (docs/operator.md, \"Pod "
-                       "template\"). What kvpilot owns wins: the tuned flags, the GPU resources, the vLLM "
-                       "container's image, "
-                       "command, args, env, probes, its labels and selector; setting one is refused.",
+        "description": "A pod template fragment merged into the vLLM pods (docs/pod-template.md). What "
+                       "kvpilot owns wins: the tuned flags, the GPU resources, the vLLM container's image, "
+                       "command, args, env, probes, its labels and selector; setting one is refused. For a "
+                       "requester who may not create pods, the chart's admission policy refuses what a pod "
+                       "would need that right for (other images, commands, Secrets she may not read, host "
+                       "access, other ServiceAccounts, priorities, annotations; docs/operator.md, "
+                       "\"Admission policy\").",
         "properties": {
             "metadata": {"type": "object", "description": "Labels and annotations of the pods.",
                          "properties": {"labels": labels, "annotations": annotations}},
