@@ -13,7 +13,7 @@ from kvpilot.tuner.plan import compute_plan
 from kvpilot.tuner.plan import profiles as p
 from kvpilot.tuner.types import ServingBounds
 
-KEY = p.ProfileKey("0123456789abcdef", "L4", "0.33.0", "auto", 1, 1)
+KEY = p.ProfileKey("0123456789abcdef", "L4", "0.33.0", "auto", 1, 1, "ns")
 
 
 def kv(source: str, predicted: int, observed: int) -> p.KvSample:
@@ -41,6 +41,9 @@ def test_the_name_is_a_hash_of_the_whole_key_and_a_new_memory_model_gets_a_new_o
         dataclasses.replace(KEY, tensor_parallel_size=2),
         dataclasses.replace(KEY, pipeline_parallel_size=2),
         dataclasses.replace(KEY, model_digest="fedcba9876543210"),
+        dataclasses.replace(KEY, namespace="other"),
+        dataclasses.replace(KEY, namespace=p.SHARED),
+        dataclasses.replace(KEY, engine_digest="feed"),
     ]
     assert len({KEY.name, *(o.name for o in others)}) == len(others) + 1
 
