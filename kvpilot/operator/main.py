@@ -87,7 +87,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         lifetime = peering_lifetime_from_env()
         shared = profile_scope.sharing_from_env()  # which namespaces' TuningProfiles teach each other
     except (
-        loop_settings.LoopConfigError, prometheus_settings.PrometheusConfigError, profile_scope.SharingConfigError
+        loop_settings.LoopConfigError,
+        prometheus_settings.PrometheusConfigError,
+        profile_scope.SharingConfigError,
     ) as exc:
         raise kopf.PermanentError(str(exc)) from exc  # a bad setting stops the operator here, not mid-loop
     if lifetime is not None:

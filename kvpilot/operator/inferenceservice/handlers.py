@@ -152,11 +152,7 @@ async def _with_profile(
     namespace = meta.get("namespace") or "default"
     model, gpu = inputs.model.config_key, inputs.gpu.gpu.name
     keys = profile_scope.compute_keys(model, gpu, parsed, first.settings, namespace)
-    store = profiles.store_for(deps.kube)
-    learned = await profiles.fetch_learned(store, keys.own, logger)
-    if (learned is None or not learned.used) and keys.shared is not None:
-        shared = await profiles.fetch_learned(store, keys.shared, logger)
-        learned = profile_scope.choose_learned(learned, shared)
+    learned = await profiles.fetch_plan_learned(profiles.store_for(deps.kube), keys, logger)
     if learned is None:
         return wanted
     return desired.build_desired(meta, parsed, inputs, plan_fn=deps.plan_fn, learned=learned)

@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients import metrics
 from kvpilot.operator.clients.kube import PROFILE_PLURAL, Conflict
-from kvpilot.operator.planning.profile_scope import Keys
+from kvpilot.operator.planning.profile_scope import Keys, choose_learned
 from kvpilot.tuner.plan.profiles import (
     HealthySample,
     KvSample,
@@ -278,6 +278,17 @@ async def fetch_learned(
     return build_learned(obj, key) if obj is not None else None
 
 
+async def fetch_plan_learned(
+    store: ProfileStore | None, keys: Keys, logger: Any = None, clock: Callable[[], float] = time.monotonic
+) -> Learned | None:
+    """What a plan of the service with ``keys`` starts from: its namespace's profile when that teaches
+    something, else the shared one it may read (:func:`~.profile_scope.choose_learned`)."""
+    learned = await fetch_learned(store, keys.own, logger, clock)
+    if (learned is None or not learned.used) and keys.shared is not None:
+        learned = choose_learned(learned, await fetch_learned(store, keys.shared, logger, clock))
+    return learned
+
+
 # --- write: read, add, conditional patch; retry on conflict ------------------------------------------------
 
 
@@ -410,6 +421,7 @@ async def record_observations(
     kube: object, keys: Keys, model_id: str, source: str, *, budget: MemoryBudget,
     observed_kv_tokens: int | None = None, oom: EngineSettings | None = None,
     healthy: EngineSettings | None = None, startup_seconds: float | None = None, now: str, logger: Any,
+    window_s: float = BATCH_WINDOW_S,
 ) -> None:  # fmt: skip
     """What one closed-loop tick of ``source`` saw, to the profiles it teaches (:mod:`.profile_scope`):
     its namespace's always, the shared one when it may; its OOMs only when its utilisation was the
@@ -431,9 +443,9 @@ async def record_observations(
         source, kv=kv, oom=oom if keys.teaches_ooms else None, healthy=healthy,
         startup_seconds=startup_seconds,
     )
-    writes = [record_samples(kube, keys.own, model_id, own, now, logger)]
+    writes = [record_samples(kube, keys.own, model_id, own, now, logger, window_s)]
     if keys.shared is not None and keys.teaches_shared:
-        writes.append(record_samples(kube, keys.shared, model_id, own, now, logger))
+        writes.append(record_samples(kube, keys.shared, model_id, own, now, logger, window_s))
     await asyncio.gather(*writes)
 
 
@@ -451,6 +463,7 @@ __all__ = [
     "apply_samples",
     "build_update",
     "fetch_learned",
+    "fetch_plan_learned",
     "is_frozen",
     "record_observations",
     "record_samples",
