@@ -295,3 +295,34 @@ async def test_a_namespace_learns_from_its_own_services(planner: Harness) -> Non
         u - learning.UTILIZATION_MARGIN
     )
     assert await _plan(planner, "c", "team-b") == baseline
+
+
+# --- the closed loop's tick teaches through the same routing ----------------------------------------------
+
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB."
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+async def test_a_ticks_cuda_oom_reaches_its_namespaces_profile_unless_its_bounds_chose_it(
+    harness: Harness, bounded: bool
+) -> None:
+    from closed_loop_fakes import LoopHarness
+
+    harness.kube = ProfileKube()
+    harness.deps.kube = harness.kube
+    loop = LoopHarness(harness)
+    bounds = {"tuning": {"bounds": {"gpuMemoryUtilization": {"min": 0.9}}}} if bounded else {}
+    body = isvc("llm", namespace="team-a", gpu={"count": 1, "product": "H100-SXM"}, **bounds)
+    await harness.run(body)
+    loop.healthy_pods(restarts=1, message=OOM, finished=loop.now + 10, ready=False, crash_loop=True)
+    decision = await loop.tick(body)
+    assert decision is not None and decision.trigger == "CudaOOM"
+    store = harness.kube
+    assert isinstance(store, ProfileKube)
+    written = [o for o in store.objects.values() if o["spec"].get("namespace") == "team-a"]
+    ooms = [s for o in written for s in (o.get("status") or {}).get("oomSamples", [])]
+    assert all(o["spec"]["scope"] == "Namespace" for o in store.objects.values())  # nothing shared
+    if bounded:
+        assert ooms == []
+    else:
+        assert [s["source"] for s in ooms] == ["team-a/llm"]
