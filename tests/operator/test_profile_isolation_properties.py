@@ -83,7 +83,7 @@ async def _plans(store: FakeStore, ns: str, sharing: frozenset[str]) -> dict[str
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     sharing=st.sampled_from(SHARINGS),
     before=st.lists(observation, max_size=4),
