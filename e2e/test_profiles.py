@@ -8,10 +8,12 @@ The story, on the KWOK L4 pool with Llama-3.1-8B-Instruct (ground truth: ``L4_8B
 
 1. service A is planned at the memory model's utilisation U (0.91 on an L4); the GPU hits CUDA OOM
    while serving above U - 0.02, so the closed loop lowers A and it settles; the operator records the OOM in
-   the TuningProfile of (config digest, L4, vLLM 0.33.0, auto KV, TP 1 / PP 1), which ``kubectl get
-   tuningprofiles`` shows with its OOM ceiling;
-2. service B (same model, same pool) is planned at or below that ceiling from the start, its Planned event
-   and ``status.profile`` name the profile, and it serves past the time the OOM used to strike;
+   the TuningProfile of (its namespace, config digest, L4, vLLM 0.33.0, the plain engine, auto KV, TP 1 /
+   PP 1), which ``kubectl get tuningprofiles`` shows with its scope, namespace and OOM ceiling;
+2. service B (same model, same pool, same namespace) is planned at or below that ceiling from the start,
+   its Planned event and ``status.profile`` name the profile, and it serves past the time the OOM used to
+   strike; service D, the same in another namespace (no sharing configured: the default), is planned by the
+   memory model alone (U), and an administrator freezes the profile (``spec.frozen``, the FROZEN column);
 3. the profile is deleted; the re-plans (a new service C, and B after a spec change) are the memory model's
    again (U, no profile named). The fleet stops injecting OOMs from then on, so that nothing relearns the
    ceiling while those plans are read.
@@ -66,6 +68,8 @@ def isvc(name: str, ns: str, serving: dict[str, Any] = SERVING) -> dict[str, Any
 class World:
     stack: Stack
     ns: str
+    other: str
+    """Another tenant's namespace: nothing learned in ``ns`` reaches its plans."""
 
     def kubectl(self, *args: str, **kw: Any) -> Any:
         return self.stack.kubectl(*args, **kw)
@@ -112,20 +116,23 @@ def planned_message(world: World, name: str) -> str:
 def world(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     run_dir = Path(tmp_path_factory.mktemp("profiles"))
     ns = f"e2e-tp-{uuid.uuid4().hex[:5]}"
+    other = f"{ns}-other"
     cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("create", "namespace", other)
     cluster.kubectl("apply", "--server-side", "--field-manager=kvpilot-e2e", "-f", str(PROFILE_CRD))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{PROFILES}", "--timeout=60s")
     stack = Stack(
-        cluster, run_dir, namespaces=[ns], operator_namespaces=[ns],
-        scenarios={(ns, "*"): Scenario(name="l4", truth=L4_8B, workload=LIGHT)},
+        cluster, run_dir, namespaces=[ns, other], operator_namespaces=[ns, other],
+        scenarios={(n, "*"): Scenario(name="l4", truth=L4_8B, workload=LIGHT) for n in (ns, other)},
     )  # fmt: skip
     stack.start()
     try:
-        cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
-        yield World(stack, ns)
+        for n in (ns, other):
+            cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", n, "--timeout=60s")
+        yield World(stack, ns, other)
         assert stack.fleet is not None and not stack.fleet.errors, stack.fleet.errors
     finally:
-        stack.stop_and_clean([ns])
+        stack.stop_and_clean([ns, other])
         cluster.kubectl("delete", PROFILES, "--all", "--wait=false", check=False)
         cluster.kubectl("delete", "crd", PROFILES, "--wait=false", check=False)
         print(f"profiles run directory (operator and Prometheus logs): {run_dir}")
@@ -161,6 +168,8 @@ def test_an_oom_learned_by_one_service_plans_the_next_below_it(world: World) -> 
     ceiling = round(u - UTILIZATION_MARGIN, 2)
     assert name.startswith("tp-") and len(world.profiles()) == 1, world.profiles()
     assert spec["modelId"] == MODEL and spec["kvCacheDtype"] == "auto", spec
+    assert (spec["scope"], spec["namespace"], spec["frozen"]) == ("Namespace", world.ns, False), spec
+    assert labels["profiles.kvpilot.io/namespace"] == world.ns, labels
     assert (spec["tensorParallelSize"], spec["pipelineParallelSize"]) == (1, 1), spec
     assert spec["memoryModelVersion"] == MEMORY_MODEL_VERSION
     assert (
@@ -174,7 +183,11 @@ def test_an_oom_learned_by_one_service_plans_the_next_below_it(world: World) -> 
     print(table)
     header, row = table.splitlines()[0], next(line for line in table.splitlines() if line.startswith(name))
     assert "OOM CEILING" in header and "KV RATIO" in header and "SAMPLES" in header, header
+    assert "SCOPE" in header and "NAMESPACE" in header and "FROZEN" in header, header
     assert MODEL in row and " L4 " in f" {row} " and f"{ceiling}" in row, row
+    assert f" {world.ns} " in row and " Namespace " in row and " false " in f"{row} ", row
+    explained = " ".join(world.kubectl("explain", "tuningprofile.spec.frozen").stdout.split())
+    assert "stops learning" in explained and "delete it" in explained, explained
 
     # 2. B: same model, same pool, planned at the ceiling from the start; the event names the profile
     world.truth("b", oom_above)
@@ -186,9 +199,18 @@ def test_an_oom_learned_by_one_service_plans_the_next_below_it(world: World) -> 
     assert f"TuningProfile {name}" in message and f"at most {ceiling:.2f}" in message, message
     assert deployment_args(world.kubectl, world.ns, "b").gpu_memory_utilization == ceiling
     b = world.wait("b", settled, timeout=120, what="Ready")
+    # D, another tenant's: the same model and pool, planned by the memory model alone
+    world.stack.cluster.apply([isvc("d", world.other)])
+    d = world.stack.wait_isvc(world.other, "d", applied, timeout=120, what="d: planned and applied")
+    assert applied(d)["gpuMemoryUtilization"] == u and not d["status"].get("profile"), d["status"]
     time.sleep(L4_8B.oom_after_s + 8)  # past the time the OOM struck A: B never OOMs, nothing changes
     later = world.get("b")
     assert not history(later, "Retuned") and applied(later) == applied(b), later["status"].get("history")
+    # an administrator freezes the profile: still used, no longer written
+    world.kubectl("patch", PROFILES, name, "--type=merge", "-p", json.dumps({"spec": {"frozen": True}}))
+    rows = world.kubectl("get", PROFILES).stdout.splitlines()
+    frozen = next(line for line in rows if line.startswith(name))
+    assert " true " in f"{frozen} ", frozen
 
     # 3. the profile deleted: the next plans are the memory model's again
     world.truth("a", None)

@@ -31,6 +31,7 @@ from kvpilot.operator.inferenceservice import (
     handlers,
 )
 from kvpilot.operator.loop import loop_deps, loop_settings
+from kvpilot.operator.planning import profile_scope
 
 DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
 """Where kopf keeps the spec it last handled (``status.kopf`` in the CRD)."""
@@ -84,10 +85,16 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         pace = loop_settings.pace_from_env()
         prom = prometheus_settings.settings_from_env()
         lifetime = peering_lifetime_from_env()
-    except (loop_settings.LoopConfigError, prometheus_settings.PrometheusConfigError) as exc:
+        shared = profile_scope.sharing_from_env()  # which namespaces' TuningProfiles teach each other
+    except (
+        loop_settings.LoopConfigError,
+        prometheus_settings.PrometheusConfigError,
+        profile_scope.SharingConfigError,
+    ) as exc:
         raise kopf.PermanentError(str(exc)) from exc  # a bad setting stops the operator here, not mid-loop
     if lifetime is not None:
         settings.peering.lifetime = lifetime
+    profile_scope.configure_sharing(shared)
     metrics.start_metrics_server()
     handlers.default_deps()
     loop_deps.configure(pace, prom)

@@ -17,7 +17,7 @@ from operator_fakes import FakeKube, Harness, isvc
 
 from kvpilot.operator import api
 from kvpilot.operator.clients.kube import Conflict
-from kvpilot.operator.planning import profiles, resolve
+from kvpilot.operator.planning import profile_scope, profiles, resolve
 from kvpilot.tuner import memory
 from kvpilot.tuner.plan import profiles as learning
 from kvpilot.tuner.types import EngineSettings
@@ -25,7 +25,7 @@ from kvpilot.tuner.types import EngineSettings
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "tuningprofiles.kvpilot.io.yaml"
 LOG = logging.getLogger("test")
-KEY = learning.ProfileKey("0123456789abcdef", "L4", "0.33.0", "auto", 1, 1)
+KEY = learning.ProfileKey("0123456789abcdef", "L4", "0.33.0", "auto", 1, 1, "ns")
 
 
 class FakeStore:
@@ -251,7 +251,7 @@ async def test_a_new_service_starts_from_the_profile_and_the_event_names_it(plan
     parsed = api.InferenceServiceSpec.model_validate(a["spec"])
     inputs = await resolve.fetch_inputs(parsed, "ns1", kube, planner.deps.hub)
     applied = EngineSettings(kv_cache_dtype="auto", tensor_parallel_size=1)
-    key = profiles.build_key(inputs.model.config_key, inputs.gpu.gpu.name, parsed, applied)
+    key = profile_scope.compute_keys(inputs.model.config_key, inputs.gpu.gpu.name, parsed, applied, "ns1").own
     await profiles.apply_samples(kube, key, "m", oom("ns1/a", u), "t")
 
     b = isvc("b", **spec)

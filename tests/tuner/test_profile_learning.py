@@ -13,7 +13,7 @@ from kvpilot.tuner.plan import compute_plan
 from kvpilot.tuner.plan import profiles as p
 from kvpilot.tuner.types import ServingBounds
 
-KEY = p.ProfileKey("0123456789abcdef", "L4", "0.33.0", "auto", 1, 1)
+KEY = p.ProfileKey("0123456789abcdef", "L4", "0.33.0", "auto", 1, 1, "ns")
 
 
 def kv(source: str, predicted: int, observed: int) -> p.KvSample:
@@ -41,6 +41,9 @@ def test_the_name_is_a_hash_of_the_whole_key_and_a_new_memory_model_gets_a_new_o
         dataclasses.replace(KEY, tensor_parallel_size=2),
         dataclasses.replace(KEY, pipeline_parallel_size=2),
         dataclasses.replace(KEY, model_digest="fedcba9876543210"),
+        dataclasses.replace(KEY, namespace="other"),
+        dataclasses.replace(KEY, namespace=p.SHARED),
+        dataclasses.replace(KEY, engine_digest="feed"),
     ]
     assert len({KEY.name, *(o.name for o in others)}) == len(others) + 1
 
@@ -146,3 +149,80 @@ def test_a_profile_below_its_guards_is_named_but_not_used() -> None:
     base = compute_plan(LLAMA, L4, 1, BOUNDS)
     assert plan.settings == base.settings and plan.profile is None
     assert "not used yet" in plan.profile_note
+
+
+# --- shared profiles: agreement, one vote a service, a bounded share a namespace ------------------------
+
+
+def shared(*samples: p.KvSample, ooms: tuple[p.OomSample, ...] = ()) -> p.ProfileRecord:
+    r = p.ProfileRecord(shared=True)
+    for s in samples:
+        r = p.add_kv_sample(r, s)
+    for o in ooms:
+        r = p.add_oom(r, o)
+    return r
+
+
+def test_a_shared_figure_needs_three_services_from_two_namespaces() -> None:
+    ooms = (p.OomSample("a/x", 0.9), p.OomSample("a/y", 0.9), p.OomSample("a/z", 0.9))
+    one_tenant = shared(kv("a/x", 1000, 500), kv("a/y", 1000, 500), kv("a/z", 1000, 500), ooms=ooms)
+    alone = p.compute_learned(one_tenant, KEY.name)
+    assert alone.kv_ratio is None and alone.utilization_ceiling is None and not alone.used
+    assert "3 services from 2 namespaces needed" in alone.describe() and alone.shared
+    two_services = shared(kv("a/x", 1000, 500), kv("b/y", 1000, 500), kv("a/x", 2000, 1000))
+    assert p.compute_learned(two_services, KEY.name).kv_ratio is None  # 3 samples, but 2 services
+    agreed = p.add_kv_sample(one_tenant, kv("b/w", 1000, 520))
+    agreed = p.add_oom(agreed, p.OomSample("b/w", 0.92))
+    learned = p.compute_learned(agreed, KEY.name)
+    assert learned.kv_ratio == pytest.approx(0.5) and learned.namespaces == 2
+    assert learned.utilization_ceiling == pytest.approx(0.90)  # a/x, a/y, a/z at 0.9 and b/w agree from 0.92
+
+
+def test_one_tenants_low_oom_does_not_set_a_shared_ceiling() -> None:
+    """The attack: an OOM at her own 0.30 among the fleet's OOMs at 0.91 and 0.92. A namespace profile would
+    take 0.28; a shared one takes the lowest utilisation three services of two namespaces agree is unsafe."""
+    ooms = (p.OomSample("evil/x", 0.30), p.OomSample("a/y", 0.91), p.OomSample("b/z", 0.92))
+    learned = p.compute_learned(shared(ooms=ooms), KEY.name)
+    assert learned.lowest_oom_utilization == 0.92 and learned.utilization_ceiling == pytest.approx(0.90)
+    assert p.compute_learned(record(ooms=ooms), KEY.name).utilization_ceiling == pytest.approx(0.28)
+    many = shared(ooms=tuple(p.OomSample("evil/x", 0.30 + i / 100) for i in range(5)))  # one service, once
+    assert p.compute_learned(many, KEY.name).utilization_ceiling is None
+
+
+def test_a_shared_ratio_counts_each_service_once() -> None:
+    """Nine samples of one service at x33 and one each of two others at x0.9: the median of the three
+    services' medians is 0.9, not 33."""
+    flood = [kv("evil/x", 1000 + i, 33 * (1000 + i)) for i in range(3)]
+    r = shared(*flood, kv("a/y", 1000, 900), kv("b/z", 1000, 900))
+    assert p.compute_learned(r, KEY.name).kv_ratio == pytest.approx(0.9)
+
+
+def test_one_namespace_cannot_flush_a_shared_profile() -> None:
+    r = shared(kv("a/y", 1000, 900), kv("b/z", 1000, 900))
+    for i in range(3 * p.MAX_SAMPLES):
+        r = p.add_kv_sample(r, kv(f"evil/s{i}", 1000, 33_000))
+    assert {s.source for s in r.kv} >= {"a/y", "b/z"}
+    assert sum(s.source.startswith("evil/") for s in r.kv) == p.MAX_SAMPLES_PER_NAMESPACE
+    own = record(kv("a/y", 1000, 900))  # a namespace's own profile: its own to flush
+    for i in range(p.MAX_SAMPLES):
+        own = p.add_kv_sample(own, kv(f"a/s{i}", 1000, 900))
+    assert "a/y" not in {s.source for s in own.kv}
+
+
+# --- observations bounded by the GPU ---------------------------------------------------------------------
+
+
+def test_no_kv_observation_beyond_what_the_gpu_could_hold() -> None:
+    """Llama-3.1-8B on an L4 (21.96 GiB) at the plan's utilisation: the ceiling is the whole device share
+    less the weights, above the prediction (activations, graphs) and below the 51 GiB the attack reported
+    (``--hf-overrides '{"num_hidden_layers": 1}'``: 32 times the tokens of 32 layers)."""
+    plan = compute_plan(LLAMA, L4, 1, BOUNDS)
+    b = plan.budget
+    ceiling = p.compute_kv_ceiling(b)
+    assert b.kv_cache_tokens < ceiling
+    room = (b.requested_gib - b.weights_gib) * (1 << 30)
+    assert ceiling * b.kv_bytes_per_token <= room + b.kv_bytes_per_token
+    forged = 51 * (1 << 30) // b.kv_bytes_per_token
+    assert forged > ceiling and b.kv_cache_tokens * 32 > ceiling
+    starved = dataclasses.replace(b, requested_gib=b.weights_gib - 1)  # nothing left for a KV cache
+    assert p.compute_kv_ceiling(starved) == 0

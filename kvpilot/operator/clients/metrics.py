@@ -11,6 +11,8 @@ Series (all prefixed ``kvpilot_``)::
     kvpilot_reconciles_total{result}           Counter   success | temporary_error | permanent_error
     kvpilot_decisions_total{kind}              Counter   Planned | Retuned | RolledBack | Held | Infeasible
     kvpilot_errors_total{reason}               Counter   a CamelCase reason (UnsupportedGpu, ...)
+    kvpilot_profile_samples_refused_total{reason}  Counter  an observation fleet learning refused
+                                               (KvAboveDevice)
     kvpilot_prometheus_query_duration_seconds  Histogram one observation per Prometheus HTTP query
 
 The metrics live in the default ``prometheus_client`` registry, so the process and
@@ -39,6 +41,7 @@ __all__ = [
     "observe_prometheus_query",
     "record_decision",
     "record_error",
+    "record_refused_sample",
     "record_reconcile",
     "start_metrics_server",
     "time_prometheus_query",
@@ -71,6 +74,11 @@ DECISIONS = Counter(
 ERRORS = Counter(
     "kvpilot_errors",
     "Errors met while reconciling or tuning, by CamelCase reason.",
+    ["reason"],
+)
+PROFILE_SAMPLES_REFUSED = Counter(
+    "kvpilot_profile_samples_refused",
+    "Observations refused by fleet learning (never learned into a TuningProfile), by reason.",
     ["reason"],
 )
 PROMETHEUS_QUERY_SECONDS = Histogram(
@@ -109,6 +117,13 @@ def record_error(reason: str) -> None:
     if not reason or not reason.isidentifier() or len(reason) > 64:
         raise ValueError(f"error reason must be a short CamelCase identifier, got {reason!r}")
     ERRORS.labels(reason=reason).inc()
+
+
+def record_refused_sample(reason: str) -> None:
+    """Count one observation fleet learning refused. ``reason`` is a short CamelCase identifier."""
+    if not reason or not reason.isidentifier() or len(reason) > 64:
+        raise ValueError(f"refusal reason must be a short CamelCase identifier, got {reason!r}")
+    PROFILE_SAMPLES_REFUSED.labels(reason=reason).inc()
 
 
 def observe_prometheus_query(seconds: float) -> None:

@@ -39,7 +39,7 @@ from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.loop import loop_settings, loop_state
 from kvpilot.operator.loop.loop_deps import LoopDeps, default_deps
-from kvpilot.operator.planning import modes, profiles, release, resolve
+from kvpilot.operator.planning import modes, profile_scope, profiles, release, resolve
 from kvpilot.operator.pods import capacity, pod_cache, pod_status, rollout_strategy, workloads
 from kvpilot.operator.pods.rollout_strategy import RolloutChoice
 from kvpilot.operator.status import events, status_patch, status_write
@@ -304,23 +304,24 @@ async def _learn(
     startup: float | None, old: Mapping[str, Any], logger: Any,
 ) -> None:  # fmt: skip
     """The tick's new facts for :mod:`.profiles`: a new KV report against the budget of the same settings, the
-    settings a CUDA OOM struck (as vLLM ran them), settings that passed probation, a new start-up time."""
+    settings a CUDA OOM struck (as vLLM ran them), settings that passed probation, a new start-up time; to
+    the profiles this service teaches (:mod:`.profile_scope`: its namespace's, a shared one when listed)."""
     calibration = new_status.get("calibration")
     tokens = calibration.get("observedKvCacheTokens") if isinstance(calibration, Mapping) else None
     oom = decision.trigger == RestartKind.CUDA_OOM and decision.action in (Action.RETUNE, Action.ROLLBACK)
     healthy = decision.good if decision.good is not None and decision.good != state.last_good else None
     new_startup = startup if startup is not None and startup != old.get("startupSeconds") else None
-    source = f"{meta.get('namespace') or 'default'}/{meta['name']}"
-    update = profiles.build_update(
-        source, kv=(budget.kv_cache_tokens, int(tokens)) if tokens else None,
-        oom=(decision.effective or state.current) if oom else None, healthy=healthy,
-        startup_seconds=new_startup,
-    )  # fmt: skip
-    if update is None:
+    namespace = meta.get("namespace") or "default"
+    if not tokens and not oom and healthy is None and new_startup is None:
         return
-    key = profiles.build_key(inputs.model.config_key, inputs.gpu.gpu.name, spec, state.current)
-    now = status_patch.format_time(deps.clock())
-    await profiles.record_samples(deps.kube, key, spec.model.id, update, now, logger)
+    model, gpu = inputs.model.config_key, inputs.gpu.gpu.name
+    keys = profile_scope.compute_keys(model, gpu, spec, state.current, namespace)
+    await profiles.record_observations(
+        deps.kube, keys, spec.model.id, f"{namespace}/{meta['name']}", budget=budget,
+        observed_kv_tokens=int(tokens) if tokens else None,
+        oom=(decision.effective or state.current) if oom else None, healthy=healthy,
+        startup_seconds=new_startup, now=status_patch.format_time(deps.clock()), logger=logger,
+    )  # fmt: skip
 
 
 Cluster = tuple[list[capacity.NodeView], list[dict[str, Any]]]

@@ -31,7 +31,7 @@ from kvpilot.operator import api, errors
 from kvpilot.operator.clients import metrics
 from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.inferenceservice import autoscalers, desired
-from kvpilot.operator.planning import modes, profiles, resolve
+from kvpilot.operator.planning import modes, profile_scope, profiles, resolve
 from kvpilot.operator.pods import workloads
 from kvpilot.operator.status import events, status_patch
 from kvpilot.tuner import vllm
@@ -145,10 +145,14 @@ async def _with_profile(
     wanted: desired.Desired, logger: Any,
 ) -> desired.Desired:  # fmt: skip
     """``wanted`` planned again from the matching TuningProfile (the key needs the first plan's KV dtype and
-    layout); ``wanted`` itself without a store or a profile."""
+    layout): the namespace's own, or the shared one where the namespace shares (:mod:`.profile_scope`);
+    ``wanted`` itself without a store or a profile. Only plans read profiles: a profile's change re-plans
+    no running service."""
     first = wanted.decision.plan
-    key = profiles.build_key(inputs.model.config_key, inputs.gpu.gpu.name, parsed, first.settings)
-    learned = await profiles.fetch_learned(profiles.store_for(deps.kube), key, logger)
+    namespace = meta.get("namespace") or "default"
+    model, gpu = inputs.model.config_key, inputs.gpu.gpu.name
+    keys = profile_scope.compute_keys(model, gpu, parsed, first.settings, namespace)
+    learned = await profiles.fetch_plan_learned(profiles.store_for(deps.kube), keys, logger)
     if learned is None:
         return wanted
     return desired.build_desired(meta, parsed, inputs, plan_fn=deps.plan_fn, learned=learned)

@@ -1,8 +1,8 @@
 """The TuningProfile edge: the profile a service matches, read for the planner and written from observations.
 
-The math is pure in :mod:`kvpilot.tuner.plan.profiles`; this module turns objects into its types and back,
-and does the I/O (through :class:`ProfileStore`, which :class:`kvpilot.operator.clients.kube.ClusterProfiles`
-implements):
+The math is pure in :mod:`kvpilot.tuner.plan.profiles`, whose profile a service reads and teaches in
+:mod:`.profile_scope`; this module turns objects into its types and back, and does the I/O (through
+:class:`ProfileStore`, which :class:`kvpilot.operator.clients.kube.ClusterProfiles` implements):
 
 * **read** (:func:`fetch_learned`): every reconcile that plans looks its key up in one cluster-wide list,
   cached for :data:`LIST_TTL_S` (a thousand services created at once cost a handful of LISTs, not a GET
@@ -15,6 +15,10 @@ implements):
   :data:`BATCH_WINDOW_S` of the first are written together, in one read-add-patch: a thousand services that
   start at once (each with a start-up sample) cost a few writes per profile, not a read, a patch and a
   conflict or two per service.
+* **bounded** (:func:`record_observations`): a KV report above what the GPU could hold
+  (:func:`kvpilot.tuner.plan.profiles.compute_kv_ceiling`) is refused, logged and counted
+  (``kvpilot_profile_samples_refused_total``), never learned;
+* **frozen**: a profile whose ``spec.frozen`` an administrator set is still read, never written.
 
 Failures here never fail a reconcile or a tick: a plan without the profile is the memory model's plan, and
 a lost sample is one sample.
@@ -29,9 +33,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from kvpilot.operator import api, errors
+from kvpilot.operator.clients import metrics
 from kvpilot.operator.clients.kube import PROFILE_PLURAL, Conflict
-from kvpilot.tuner import vllm
-from kvpilot.tuner.plan import compute_pipeline_parallel
+from kvpilot.operator.planning.profile_scope import Keys, choose_learned
 from kvpilot.tuner.plan.profiles import (
     HealthySample,
     KvSample,
@@ -44,9 +48,10 @@ from kvpilot.tuner.plan.profiles import (
     add_kv_sample,
     add_oom,
     add_startup,
+    compute_kv_ceiling,
     compute_learned,
 )
-from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.types import EngineSettings, MemoryBudget
 
 KIND = "TuningProfile"
 LIST_TTL_S = 10.0
@@ -87,24 +92,20 @@ def store_for(kube: object) -> ProfileStore | None:
 # --- key, object, wire format ---------------------------------------------------------------------------
 
 
-def build_key(
-    model_digest: str, gpu: str, spec: api.InferenceServiceSpec, settings: EngineSettings
-) -> ProfileKey:
-    """The profile ``settings`` of this service belong to: the model config, the GPU, the release the image
-    runs, the KV dtype and the layout the Deployment renders (the GPUs the TP group leaves are stages)."""
-    tp = settings.tensor_parallel_size or 1
-    release = vllm.resolve_image_version(spec.engine.image, spec.engine.vllm_version)
-    return ProfileKey(
-        model_digest=model_digest, gpu=gpu, vllm_version=release.version,
-        kv_cache_dtype=settings.kv_cache_dtype or "auto", tensor_parallel_size=tp,
-        pipeline_parallel_size=compute_pipeline_parallel(spec.gpu.count, tp),
-    )  # fmt: skip
+SCOPE_NAMESPACE, SCOPE_SHARED = "Namespace", "Shared"
 
 
 def build_labels(key: ProfileKey) -> dict[str, str]:
-    """The readable key (label values: the digest is hex, the GPU a catalogue name, versions dotted)."""
+    """The readable key (label values: the digest is hex, the GPU a catalogue name, versions dotted); the
+    scope and the namespace, so ``kubectl get kvtp -l profiles.kvpilot.io/namespace=team-a`` lists one
+    tenant's profiles."""
+    scope = {f"{LABEL_PREFIX}scope": SCOPE_SHARED if key.shared else SCOPE_NAMESPACE}
+    if not key.shared:
+        scope[f"{LABEL_PREFIX}namespace"] = key.namespace
     return {
         "app.kubernetes.io/managed-by": "kvpilot",
+        **scope,
+        f"{LABEL_PREFIX}engine-digest": key.engine_digest,
         f"{LABEL_PREFIX}model-digest": key.model_digest,
         f"{LABEL_PREFIX}gpu": key.gpu,
         f"{LABEL_PREFIX}vllm-version": key.vllm_version,
@@ -122,6 +123,9 @@ def build_profile(key: ProfileKey, model_id: str) -> dict[str, Any]:
         "kind": KIND,
         "metadata": {"name": key.name, "labels": build_labels(key)},
         "spec": {
+            "scope": SCOPE_SHARED if key.shared else SCOPE_NAMESPACE,
+            **({} if key.shared else {"namespace": key.namespace}),
+            "engineDigest": key.engine_digest,
             "modelDigest": key.model_digest, "modelId": model_id, "gpu": key.gpu,
             "vllmVersion": key.vllm_version, "kvCacheDtype": key.kv_cache_dtype,
             "tensorParallelSize": key.tensor_parallel_size,
@@ -135,9 +139,10 @@ def _opt_int(value: Any) -> int | None:
     return int(value) if value is not None else None
 
 
-def read_record(status: Mapping[str, Any] | None) -> ProfileRecord:
-    """The samples of a profile's ``status``; KeyError / TypeError / ValueError on an entry the CRD schema
-    would not have let through (a hand-edited object on an older CRD)."""
+def read_record(status: Mapping[str, Any] | None, shared: bool = False) -> ProfileRecord:
+    """The samples of a profile's ``status`` (``shared``: a shared profile's); KeyError / TypeError /
+    ValueError on an entry the CRD schema would not have let through (a hand-edited object on an older
+    CRD)."""
     s = status or {}
     kv, ooms, healthy, startups = [], [], [], []
     for e in s.get("kvSamples") or ():
@@ -151,7 +156,7 @@ def read_record(status: Mapping[str, Any] | None) -> ProfileRecord:
                                      _opt_int(e.get("maxNumSeqs"))))  # fmt: skip
     for e in s.get("startupSamples") or ():
         startups.append(StartupSample(str(e["source"]), float(e["seconds"])))
-    return ProfileRecord(tuple(kv), tuple(ooms), tuple(healthy), tuple(startups))
+    return ProfileRecord(tuple(kv), tuple(ooms), tuple(healthy), tuple(startups), shared=shared)
 
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
@@ -195,6 +200,7 @@ def build_status(record: ProfileRecord, name: str, now: str) -> dict[str, Any]:
                 "kvSamples": learned.kv_samples,
                 "kvServices": learned.kv_services,
                 "oomSamples": learned.oom_samples,
+                "namespaces": learned.namespaces,
                 "lowestOomUtilization": learned.lowest_oom_utilization,
                 "utilizationCeiling": learned.utilization_ceiling,
                 "startupSeconds": round(learned.startup_seconds, 1)
@@ -214,10 +220,13 @@ def build_learned(obj: Mapping[str, Any], key: ProfileKey) -> Learned | None:
     if (
         spec.get("modelDigest") != key.model_digest
         or spec.get("memoryModelVersion") != key.memory_model_version
+        or spec.get("engineDigest") != key.engine_digest
+        or spec.get("scope") != (SCOPE_SHARED if key.shared else SCOPE_NAMESPACE)
+        or (not key.shared and spec.get("namespace") != key.namespace)
     ):
         return None
     try:
-        record = read_record(obj.get("status"))
+        record = read_record(obj.get("status"), key.shared)
     except (KeyError, TypeError, ValueError):
         return None
     return compute_learned(record, key.name)
@@ -269,13 +278,30 @@ async def fetch_learned(
     return build_learned(obj, key) if obj is not None else None
 
 
+async def fetch_plan_learned(
+    store: ProfileStore | None, keys: Keys, logger: Any = None, clock: Callable[[], float] = time.monotonic
+) -> Learned | None:
+    """What a plan of the service with ``keys`` starts from: its namespace's profile when that teaches
+    something, else the shared one it may read (:func:`~.profile_scope.choose_learned`)."""
+    learned = await fetch_learned(store, keys.own, logger, clock)
+    if (learned is None or not learned.used) and keys.shared is not None:
+        learned = choose_learned(learned, await fetch_learned(store, keys.shared, logger, clock))
+    return learned
+
+
 # --- write: read, add, conditional patch; retry on conflict ------------------------------------------------
+
+
+def is_frozen(obj: Mapping[str, Any]) -> bool:
+    """Whether an administrator froze the profile (``spec.frozen``): read, never written."""
+    return (obj.get("spec") or {}).get("frozen") is True
 
 
 async def apply_samples(
     store: ProfileStore, key: ProfileKey, model_id: str, update: Update, now: str
-) -> dict[str, Any]:
-    """Add samples to ``key``'s profile (created when absent) with optimistic concurrency; the new status.
+) -> dict[str, Any] | None:
+    """Add samples to ``key``'s profile (created when absent) with optimistic concurrency; the new status,
+    or ``None`` when the profile is frozen (nothing written).
 
     Raises :class:`~kvpilot.operator.errors.ApplyFailed` after :data:`WRITE_ATTEMPTS` conflicts in a row."""
     for _ in range(WRITE_ATTEMPTS):
@@ -285,8 +311,10 @@ async def apply_samples(
                 obj = await asyncio.to_thread(store.create_profile, build_profile(key, model_id))
             except Conflict:  # another service created it first: read theirs
                 continue
+        if is_frozen(obj):
+            return None
         try:
-            record = read_record(obj.get("status"))
+            record = read_record(obj.get("status"), key.shared)
         except (KeyError, TypeError, ValueError) as exc:
             raise errors.ApplyFailed(f"tuningprofile {key.name} has a malformed status: {exc!r}") from None
         status = build_status(update(record), key.name, now)
@@ -383,17 +411,61 @@ async def record_samples(
     except errors.OperatorError as exc:
         logger.warning(f"tuning profile {key.name}: {len(batch.updates)} sample(s) not recorded ({exc})")
         return
+    if status is None:
+        logger.info(f"tuning profile {key.name} is frozen: {len(batch.updates)} sample(s) not recorded")
+        return
     logger.info(f"tuning profile {key.name} (+{len(batch.updates)}): {status['learned'].get('message', '')}")
+
+
+async def record_observations(
+    kube: object, keys: Keys, model_id: str, source: str, *, budget: MemoryBudget,
+    observed_kv_tokens: int | None = None, oom: EngineSettings | None = None,
+    healthy: EngineSettings | None = None, startup_seconds: float | None = None, now: str, logger: Any,
+    window_s: float = BATCH_WINDOW_S,
+) -> None:  # fmt: skip
+    """What one closed-loop tick of ``source`` saw, to the profiles it teaches (:mod:`.profile_scope`):
+    its namespace's always, the shared one when it may; its OOMs only when its utilisation was the
+    planner's. A KV report above :func:`~kvpilot.tuner.plan.profiles.compute_kv_ceiling` of ``budget``
+    (the budget of the settings it ran) is refused: logged, counted, never learned."""
+    kv = None
+    if observed_kv_tokens:
+        ceiling = compute_kv_ceiling(budget)
+        if observed_kv_tokens > ceiling:
+            metrics.record_refused_sample(REFUSED_KV_ABOVE_DEVICE)
+            logger.warning(
+                f"tuning profile {keys.own.name}: refused {source}'s report of {observed_kv_tokens} KV "
+                f"tokens: more than the {ceiling} that {budget.gpu_total_gib:.2f} GiB at the utilisation, "
+                f"less {budget.weights_gib:.2f} GiB of weights, could hold"
+            )
+        else:
+            kv = (budget.kv_cache_tokens, observed_kv_tokens)
+    own = build_update(
+        source, kv=kv, oom=oom if keys.teaches_ooms else None, healthy=healthy,
+        startup_seconds=startup_seconds,
+    )
+    writes = [record_samples(kube, keys.own, model_id, own, now, logger, window_s)]
+    if keys.shared is not None and keys.teaches_shared:
+        writes.append(record_samples(kube, keys.shared, model_id, own, now, logger, window_s))
+    await asyncio.gather(*writes)
+
+
+REFUSED_KV_ABOVE_DEVICE = "KvAboveDevice"
+"""``kvpilot_profile_samples_refused_total{reason}``: a KV report the GPU could not hold."""
 
 
 __all__ = [
     "KIND",
     "PROFILE_PLURAL",
+    "REFUSED_KV_ABOVE_DEVICE",
+    "SCOPE_NAMESPACE",
+    "SCOPE_SHARED",
     "ProfileStore",
     "apply_samples",
-    "build_key",
     "build_update",
     "fetch_learned",
+    "fetch_plan_learned",
+    "is_frozen",
+    "record_observations",
     "record_samples",
     "store_for",
 ]

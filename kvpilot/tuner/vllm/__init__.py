@@ -3,7 +3,8 @@
 Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model Runner
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), the untuned flags that
-change its memory (:mod:`.engine_flags`), its KV-cache dtypes (:mod:`.kv_dtypes`), the block size each
+change its memory (:mod:`.engine_flags`), which flags and variables may change it at all
+(:mod:`.sizing`), its KV-cache dtypes (:mod:`.kv_dtypes`), the block size each
 attention backend asks for on each GPU (:mod:`.block_sizes`), the sparse-attention indexer cache
 (:mod:`.indexer`), DeepSeek-V4's compressed sparse attention (:mod:`.compressed_attention`), the multimodal
 encoder's profile batch (:mod:`.multimodal`), the texts it prints when it fails and their parsers
@@ -110,6 +111,12 @@ from kvpilot.tuner.vllm.runner import (
     compute_sampler_state_bytes,
     cuda_graph_capture_sizes,
 )
+from kvpilot.tuner.vllm.sizing import (
+    MEMORY_NEUTRAL_FLAGS,
+    SIZING_ENV_PREFIXES,
+    compute_sizing_args,
+    compute_sizing_env,
+)
 from kvpilot.tuner.vllm.versions import (
     ASYNC_SCHEDULING_SINCE,
     AUTO_MAX_MODEL_LEN,
@@ -163,6 +170,7 @@ __all__ = [
     "ImageVersion",
     "KV_CACHE_DTYPES",
     "KV_CACHE_MEMORY_FLAG",
+    "MEMORY_NEUTRAL_FLAGS",
     "MLA_HYBRID_BLOCK_ALIGNMENT",
     "MODELLED_KV_CACHE_DTYPES",
     "MODEL_RUNNER_V2_SINCE",
@@ -176,6 +184,7 @@ __all__ = [
     "PREFIX_CACHING_FLAG",
     "PREVIOUSLY_SUPPORTED_ARCHITECTURES",
     "SAMPLER_WARMUP_V2_BYTES_PER_LOGIT",
+    "SIZING_ENV_PREFIXES",
     "SIZING_OVERRIDE_FLAGS",
     "SPARSE_MLA_BLOCK",
     "TOTAL_CONSUMED_ACCOUNTING_SINCE",
@@ -197,6 +206,8 @@ __all__ = [
     "compute_effective_settings",
     "compute_in_flight_tokens",
     "compute_sampler_state_bytes",
+    "compute_sizing_args",
+    "compute_sizing_env",
     "cuda_graph_capture_sizes",
     "default_batch_limits",
     "default_block_size",
