@@ -10,6 +10,7 @@ Tree::
     ├── NoMatchingNodes              -- no node matches nodeSelector, so no GPU to plan for (retried)
     ├── AmbiguousGpu                 -- nodes matching nodeSelector carry several GPU products
     ├── ApplyFailed                  -- the API server failed a write, or cannot be reached (retried)
+    ├── NameConflict                 -- an object of a wanted name is another's: never adopted (retried)
     └── ApplyRejected                -- the API server refused the manifest as invalid (HTTP 400/422)
 
 plus the tuner's domain errors (:mod:`kvpilot.tuner.errors`). :func:`classify` turns
@@ -82,6 +83,15 @@ class AmbiguousGpu(OperatorError):
 class ApplyFailed(OperatorError):
     reason = "ApplyFailed"
     retry = True
+
+
+class NameConflict(OperatorError):
+    """An object kvpilot would create already exists and is controlled by someone else: never modified or
+    adopted (:mod:`kvpilot.operator.pods.ownership`). Retried: the other object may be removed or renamed."""
+
+    reason = "NameConflict"
+    retry = True
+    delay_s = 60.0
 
 
 class ApplyRejected(OperatorError):

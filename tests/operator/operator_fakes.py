@@ -72,6 +72,10 @@ class FakeKube:
         self.versions: dict[tuple[str, str], str] = {}
         """The objects' current resourceVersion, when a test sets it: a patch carrying another is a 409."""
         self.fail_status: Exception | None = None
+        self.foreign: dict[tuple[str, str, str], dict[str, Any]] = {}
+        """Objects someone else made, by (kind, namespace, name): ``read_object`` finds them before anything
+        applied."""
+        self.object_reads = 0
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         return self.config_maps.get((namespace, name))
@@ -88,6 +92,15 @@ class FakeKube:
 
     def read_persistent_volume_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.claims.get((namespace, name))
+
+    def read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A foreign object of that name, else the last one applied (as the API server would return it)."""
+        self.object_reads += 1
+        if (kind, namespace, name) in self.foreign:
+            return copy.deepcopy(self.foreign[(kind, namespace, name)])
+        mine = [m for m in self.applied if (m["kind"], m["metadata"]["namespace"], m["metadata"]["name"])
+                == (kind, namespace, name)]  # fmt: skip
+        return copy.deepcopy(mine[-1]) if mine else None
 
     def list_nodes(self) -> list[dict[str, Any]]:
         if self.capacity_error is not None:

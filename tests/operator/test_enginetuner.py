@@ -95,6 +95,9 @@ class FakeTargetKube:
     def apply(self, manifest: Any) -> None:
         self.writes += 1
 
+    def read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
     def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         return None
 

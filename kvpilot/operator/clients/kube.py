@@ -72,6 +72,10 @@ class Kube(Protocol):
         what holds the nodes' GPUs (:mod:`kvpilot.operator.pods.capacity`)."""
         ...
 
+    def read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Deployment, Service, PersistentVolumeClaim or PodDisruptionBudget; ``None`` when absent."""
+        ...
+
     def apply(self, manifest: Mapping[str, Any]) -> None:
         """Server-side apply of a Deployment, Service, PersistentVolumeClaim or PodDisruptionBudget."""
         ...
@@ -239,8 +243,14 @@ class ClusterKube:
         )
 
     def read_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        return self.read_object(kind, namespace, name)
+
+    def read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         fn = {"Deployment": self.apps.read_namespaced_deployment,
-              "StatefulSet": self.apps.read_namespaced_stateful_set}[kind]  # fmt: skip
+              "StatefulSet": self.apps.read_namespaced_stateful_set,
+              "Service": self.core.read_namespaced_service,
+              "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim,
+              "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget}[kind]  # fmt: skip
         return self._read(fn, namespace, name)
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:

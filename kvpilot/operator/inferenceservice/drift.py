@@ -38,7 +38,7 @@ from kvpilot.operator import api
 from kvpilot.operator.clients.kube import FIELD_MANAGER
 from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.planning import modes, resolve
-from kvpilot.operator.pods import workloads
+from kvpilot.operator.pods import ownership, workloads
 from kvpilot.operator.status import events, status_patch
 
 OWNED_LABELS: dict[str, Any] = {
@@ -210,9 +210,13 @@ async def apply_repair(
     name, namespace = meta.get("labels", {}).get(OWNER_LABEL), meta.get("namespace") or "default"
     if not name or (event_type != "DELETED" and not touched_by_others(kind, body)):
         return []
+    if event_type == "DELETED":  # the next apply reads the name again: someone else may have taken it
+        ownership.VERIFIED.forget(kind, namespace, str(meta.get("name")))
     owner = read_owner(namespace, name)
     if owner is None or not repairable(owner):
         return []
+    if event_type != "DELETED" and not ownership.is_controlled_by(body, owner):
+        return []  # kvpilot's labels on another's object: never "repaired" (it is not kvpilot's)
     spec = desired.parse_spec(owner["spec"])
     inputs = await resolve.fetch_inputs(spec, namespace, kube, hub)
     manifests = build_repair(owner, inputs, spec, plan_fn)

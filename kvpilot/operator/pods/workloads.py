@@ -41,7 +41,7 @@ from typing import Any
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import IO_POOL, Kube, fetch_active_pods, fetch_nodes
 from kvpilot.operator.clients.kube import build_label_selector as build_label_selector_from
-from kvpilot.operator.pods import capacity, pod_status, pod_template, rollout_strategy, storage
+from kvpilot.operator.pods import capacity, ownership, pod_status, pod_template, rollout_strategy, storage
 from kvpilot.tuner import gpus, plan, vllm
 from kvpilot.tuner.types import GIB, EngineSettings
 
@@ -349,9 +349,11 @@ async def fetch_rollout_choice(
 
 async def apply_workloads(manifests: Sequence[Mapping[str, Any]], kube: Kube) -> None:
     """Server-side apply each manifest in order (a weight-cache claim, the Service, the Deployment, its
-    PodDisruptionBudget)."""
+    PodDisruptionBudget), none of them when an object of a wanted name is another's
+    (:func:`ownership.check_ownership`: NameConflict)."""
 
     def _apply_all() -> None:
+        ownership.check_ownership(manifests, kube)
         for claim in _claims_in_use(manifests):
             if kube.read_persistent_volume_claim(*claim) is None:
                 raise errors.ConfigNotFound(
