@@ -4,8 +4,9 @@ Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.ver
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), the flags and variables
 that load code (:mod:`.code_loading`), the untuned flags that change its memory (:mod:`.engine_flags`),
-which flags and variables may change it at all (:mod:`.sizing`), its KV-cache dtypes (:mod:`.kv_dtypes`), the block size each
-attention backend asks for on each GPU (:mod:`.block_sizes`), the sparse-attention indexer cache
+which flags and variables may change it at all (:mod:`.sizing`), its KV-cache dtypes (:mod:`.kv_dtypes`),
+the block size each attention backend asks for on each GPU (:mod:`.block_sizes`), the sparse-attention
+indexer cache
 (:mod:`.indexer`), DeepSeek-V4's compressed sparse attention (:mod:`.compressed_attention`), the multimodal
 encoder's profile batch (:mod:`.multimodal`), the texts it prints when it fails and their parsers
 (:mod:`.messages`) -- lives in this package. Other modules ask it;
