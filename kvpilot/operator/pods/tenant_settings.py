@@ -66,7 +66,7 @@ class AllowedToleration(_Values):
 
 
 class ClaimBounds(_Values):
-    max_size: str = Field("", pattern=r"^$|^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+    max_size: str = Field("1Ti", pattern=r"^$|^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
     """Empty: no bound."""
     allowed_access_modes: tuple[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"], ...] = (
         "ReadWriteOnce",
