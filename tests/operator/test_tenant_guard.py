@@ -66,7 +66,8 @@ def test_what_alice_may_use_passes() -> None:
     strict = _violations(ALICE_MAY_USE, STRICT)
     assert len(strict) == 1 and strict[0].startswith(
         "spec.template.spec.containers[side].env[T].valueFrom.secretKeyRef,"
-        " spec.template.spec.volumes[hf].secret names Secret hf-alice, which kvpilot cannot check its requester may get"
+        " spec.template.spec.volumes[hf].secret names Secret hf-alice, which kvpilot cannot check its"
+        " requester may get"
     ), strict
     without_refs = json.loads(json.dumps(ALICE_MAY_USE))
     without_refs["template"]["spec"]["containers"] = [sidecar()]
