@@ -464,5 +464,11 @@ def test_notes_warn_when_the_policy_is_off(t: Tenants) -> None:
         "--set",
         "admissionPolicy.enabled=false",
     )
-    assert "WARNING" in notes and "admissionPolicy.enabled=false" in notes, notes
+    # the operator enforces instead (e2e/test_operator_enforcement.py), and the notes say so
+    assert "admissionPolicy.operatorEnforcement=Strict: no admission policy runs" in notes, notes
     assert t.kubectl("get", "validatingadmissionpolicies", "-o", "name").stdout.strip() == ""
+    notes = t.helm(
+        "upgrade", "kvpilot", "charts/kvpilot", "--namespace", NS, "--reuse-values",
+        "--set", "admissionPolicy.operatorEnforcement=Off",
+    )  # fmt: skip
+    assert "WARNING" in notes and "admissionPolicy.enabled=false" in notes, notes
