@@ -136,6 +136,7 @@ class HostOperator:
             "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
             "HOME": str(chart.home),
             "KUBECONFIG": str(kubeconfig),
+            "PYTHONPATH": str(ROOT),  # this checkout's kvpilot, not whichever the venv installed
         }
         for e in container["env"]:
             if "value" in e:

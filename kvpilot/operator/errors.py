@@ -4,6 +4,7 @@ Tree::
 
     OperatorError                    -- raised by kvpilot.operator; carries reason + retry policy
     ├── InvalidSpec                  -- a spec the CRD's CEL rules would refuse, or contradictory parts
+    ├── PolicyViolation              -- a spec the tenant guard refuses (reason Forbidden: pods/tenant_guard)
     ├── ConfigNotFound               -- the ConfigMap / Secret / key named by the spec is missing (retried)
     ├── HubUnreachable               -- the Hugging Face Hub did not answer (retried with back-off)
     ├── HubAccessDenied              -- the Hub refused the token (retried slowly: fix the Secret)
@@ -46,6 +47,13 @@ class OperatorError(Exception):
 
 class InvalidSpec(OperatorError):
     reason = "InvalidSpec"
+
+
+class PolicyViolation(OperatorError):
+    """A spec that escalates past the tenant policy the operator enforces itself
+    (:mod:`kvpilot.operator.pods.tenant_guard`): reason ``Forbidden``, as the admission policy's."""
+
+    reason = "Forbidden"
 
 
 class ConfigNotFound(OperatorError):

@@ -32,6 +32,7 @@ from kvpilot.operator.inferenceservice import (
 )
 from kvpilot.operator.loop import loop_deps, loop_settings
 from kvpilot.operator.planning import profile_scope
+from kvpilot.operator.pods import tenant_settings
 
 DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
 """Where kopf keeps the spec it last handled (``status.kopf`` in the CRD)."""
@@ -86,15 +87,19 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prom = prometheus_settings.settings_from_env()
         lifetime = peering_lifetime_from_env()
         shared = profile_scope.sharing_from_env()  # which namespaces' TuningProfiles teach each other
+        tenants = tenant_settings.settings_from_env()  # the tenant guard when no admission policy runs
     except (
         loop_settings.LoopConfigError,
         prometheus_settings.PrometheusConfigError,
         profile_scope.SharingConfigError,
+        tenant_settings.TenantConfigError,
     ) as exc:
         raise kopf.PermanentError(str(exc)) from exc  # a bad setting stops the operator here, not mid-loop
     if lifetime is not None:
         settings.peering.lifetime = lifetime
     profile_scope.configure_sharing(shared)
+    tenant_settings.configure(tenants)
+    logging.getLogger(__name__).info(f"tenant guard: operatorEnforcement={tenants.mode}")
     metrics.start_metrics_server()
     handlers.default_deps()
     loop_deps.configure(pace, prom)

@@ -158,16 +158,42 @@ def _notes(helm: Path, tmp_path: Path, *args: str) -> str:
 
 
 def test_notes_warn_when_the_policy_is_disabled(helm: Path, tmp_path: Path) -> None:
-    assert "WARNING" not in _notes(helm, tmp_path)
+    default = _notes(helm, tmp_path)
+    assert "WARNING" not in default and "operatorEnforcement" not in default
+    # disabled: the operator enforces (Strict by default), and the notes say so instead of warning
     notes = _notes(helm, tmp_path, "--set", "admissionPolicy.enabled=false")
-    assert "WARNING: admissionPolicy.enabled=false: no admission policy guards InferenceServices" in notes
-    assert "--trust-remote-code" in notes and "EngineTuner" in notes
+    assert "WARNING" not in notes
+    assert "admissionPolicy.operatorEnforcement=Strict: no admission policy runs, so the operator" in notes
+    assert "no Secret, ConfigMap or claim in spec.template" in notes and "reason Forbidden" in notes
+    trust = _notes(
+        helm, tmp_path, "--set", "admissionPolicy.enabled=false",
+        "--set", "admissionPolicy.operatorEnforcement=TrustNamespace",
+    )  # fmt: skip
+    assert "admissionPolicy.operatorEnforcement=TrustNamespace: no admission policy runs" in trust
+    assert "spec.template may name any Secret, ConfigMap or claim of its namespace" in trust
+    # disabled and Off: nothing guards
+    off = _notes(
+        helm,
+        tmp_path,
+        "--set",
+        "admissionPolicy.enabled=false",
+        "--set",
+        "admissionPolicy.operatorEnforcement=Off",
+    )
+    assert "WARNING: admissionPolicy.enabled=false: no admission policy guards InferenceServices" in off
+    assert "--trust-remote-code" in off and "EngineTuner" in off
+    both = _notes(helm, tmp_path, "--set", "admissionPolicy.operatorEnforcement=Strict")
+    assert "the operator also enforces the tenant policy itself" in both and "WARNING" not in both
 
 
 def test_before_kubernetes_1_30_no_policy_renders_and_notes_warn(helm: Path, tmp_path: Path) -> None:
     out = run_helm(helm, "template", RELEASE, str(CHART), "--kube-version", "1.29.4").stdout
     assert "ValidatingAdmissionPolicy" not in out
     notes = _notes(helm, tmp_path, "--kube-version", "1.29.4")
+    assert "admissionPolicy.operatorEnforcement=Strict: no admission policy runs" in notes
+    notes = _notes(
+        helm, tmp_path, "--kube-version", "1.29.4", "--set", "admissionPolicy.operatorEnforcement=Off"
+    )
     assert (
         "WARNING: this cluster does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy"
         in notes

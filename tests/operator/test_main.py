@@ -88,3 +88,20 @@ def test_every_status_field_kopf_writes_is_in_the_crd_schema() -> None:
         for part in spec.split("."):
             assert part in node.get("properties", {}), f"{spec}: {part} is not in the CRD's schema"
             node = node["properties"][part]
+
+
+def test_the_tenant_guard_is_configured_at_startup(monkeypatch) -> None:
+    from kvpilot.operator.pods import tenant_settings
+
+    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    monkeypatch.setattr(main.loop_deps, "configure", lambda pace, prom: None)
+    monkeypatch.setattr(tenant_settings, "_settings", tenant_settings.TenantSettings())
+    monkeypatch.setenv(tenant_settings.ENFORCEMENT_ENV, "Strict")
+    monkeypatch.setenv(tenant_settings.POLICY_ENV, '{"allowedServiceAccounts": ["vllm-runner"]}')
+    main.configure(settings=kopf.OperatorSettings())
+    assert tenant_settings.current().mode == "Strict"
+    assert tenant_settings.current().allowed_service_accounts == ("vllm-runner",)
+    monkeypatch.setenv(tenant_settings.POLICY_ENV, '{"allowedEngineArgs": ["trust-remote-code"]}')
+    with pytest.raises(kopf.PermanentError, match="KVPILOT_TENANT_POLICY: allowedEngineArgs"):
+        main.configure(settings=kopf.OperatorSettings())

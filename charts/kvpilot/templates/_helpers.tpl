@@ -273,3 +273,14 @@ older API server would refuse the install), and NOTES.txt warns when they do not
 {{- define "kvpilot.admissionPolicyServed" -}}
 {{- if semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version }}true{{ end }}
 {{- end }}
+
+{{- /*
+Who enforces the tenant policy in the operator (admissionPolicy.operatorEnforcement): the value when set, else
+Strict when the chart renders no admission policy (disabled, or Kubernetes before 1.30) and Off when it does.
+*/ -}}
+{{- define "kvpilot.operatorEnforcement" -}}
+{{- if .Values.admissionPolicy.operatorEnforcement }}{{ .Values.admissionPolicy.operatorEnforcement }}
+{{- else if and .Values.admissionPolicy.enabled (include "kvpilot.admissionPolicyServed" .) }}Off
+{{- else }}Strict
+{{- end }}
+{{- end }}

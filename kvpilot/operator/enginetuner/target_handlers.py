@@ -37,7 +37,7 @@ from kvpilot.operator.enginetuner import target, target_loop
 from kvpilot.operator.loop import loop_settings
 from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.planning import modes, resolve
-from kvpilot.operator.pods import capacity
+from kvpilot.operator.pods import capacity, tenant_guard, tenant_settings
 from kvpilot.operator.pods.pod_status import parse_time
 from kvpilot.operator.status import events, status_patch
 from kvpilot.tuner import errors as tuner_errors
@@ -76,6 +76,9 @@ def parse_spec(spec: Mapping[str, Any]) -> api.EngineTunerSpec:
     m = parsed.model
     if m is not None and m.source == "ConfigMap" and m.config_map_ref is None:
         raise errors.InvalidSpec("spec.model: configMapRef is required when source is ConfigMap")
+    violations = tenant_guard.compute_tuner_violations(parsed, tenant_settings.current())
+    if violations:
+        raise errors.PolicyViolation("; ".join(violations))
     return parsed
 
 

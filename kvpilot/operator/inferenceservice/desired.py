@@ -1,7 +1,7 @@
 """What the operator applies for an InferenceService: the pure heart of a reconciliation.
 
-:func:`parse_spec` types a spec (schema and CEL-equivalent checks); :func:`build_desired` takes the
-spec and its resolved inputs through the planner
+:func:`parse_spec` types a spec (schema and CEL-equivalent checks, then the operator's tenant guard);
+:func:`build_desired` takes the spec and its resolved inputs through the planner
 (:func:`kvpilot.operator.planning.modes.compute_feasible_plan`)
 and the tuning modes (:func:`kvpilot.operator.planning.modes.compute_mode_decision`) to the Service and
 Deployment
@@ -20,7 +20,7 @@ import pydantic
 
 from kvpilot.operator import api, errors
 from kvpilot.operator.planning import modes, release, resolve
-from kvpilot.operator.pods import pod_template, workloads
+from kvpilot.operator.pods import pod_template, tenant_guard, tenant_settings, workloads
 from kvpilot.tuner.plan.profiles import Learned
 
 
@@ -34,7 +34,9 @@ class Desired:
 
 
 def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
-    """The typed spec; InvalidSpec naming every schema or CEL-equivalent problem."""
+    """The typed spec; InvalidSpec naming every schema or CEL-equivalent problem, then PolicyViolation
+    (reason Forbidden) naming every escalation the operator's tenant guard refuses
+    (:mod:`kvpilot.operator.pods.tenant_guard`, with the settings read at start-up)."""
     try:
         parsed = api.InferenceServiceSpec.model_validate(dict(spec))
     except pydantic.ValidationError as exc:
@@ -47,6 +49,9 @@ def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
     problems += pod_template.compute_template_problems(parsed, tuple(workloads.build_labels("-")))
     if problems:
         raise errors.InvalidSpec("; ".join(problems))
+    violations = tenant_guard.compute_violations(parsed, tenant_settings.current())
+    if violations:
+        raise errors.PolicyViolation("; ".join(violations))
     return parsed
 
 

@@ -2,10 +2,11 @@
 
 Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.versions`), its Model Runner
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
-effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), the untuned flags that
-change its memory (:mod:`.engine_flags`), which flags and variables may change it at all
-(:mod:`.sizing`), its KV-cache dtypes (:mod:`.kv_dtypes`), the block size each
-attention backend asks for on each GPU (:mod:`.block_sizes`), the sparse-attention indexer cache
+effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), the flags and variables
+that load code (:mod:`.code_loading`), the untuned flags that change its memory (:mod:`.engine_flags`),
+which flags and variables may change it at all (:mod:`.sizing`), its KV-cache dtypes (:mod:`.kv_dtypes`),
+the block size each attention backend asks for on each GPU (:mod:`.block_sizes`), the sparse-attention
+indexer cache
 (:mod:`.indexer`), DeepSeek-V4's compressed sparse attention (:mod:`.compressed_attention`), the multimodal
 encoder's profile batch (:mod:`.multimodal`), the texts it prints when it fails and their parsers
 (:mod:`.messages`) -- lives in this package. Other modules ask it;
@@ -43,6 +44,16 @@ from kvpilot.tuner.vllm.block_sizes import (
     FLASHINFER_MLA_BLOCK,
     SPARSE_MLA_BLOCK,
     default_kv_block_size,
+)
+from kvpilot.tuner.vllm.code_loading import (
+    CODE_LOADING_ENV,
+    CODE_LOADING_ENV_PREFIXES,
+    CODE_LOADING_FLAGS,
+    EXACT_FLAGS,
+    SAFE_PYTHON_ENV,
+    compute_code_loading_flags,
+    is_code_loading_env,
+    normalise_flag,
 )
 from kvpilot.tuner.vllm.compressed_attention import (
     COMPRESSED_ATTENTION_BLOCK_SIZE,
@@ -149,6 +160,9 @@ __all__ = [
     "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
     "BatchDefaults",
+    "CODE_LOADING_ENV",
+    "CODE_LOADING_ENV_PREFIXES",
+    "CODE_LOADING_FLAGS",
     "COMPRESSED_ATTENTION_BLOCK_SIZE",
     "COMPRESSED_ATTENTION_KV_CACHE_DTYPES",
     "CUTLASS_MLA_BLOCK",
@@ -156,6 +170,7 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_ENGINE",
     "ENFORCE_EAGER_FLAG",
+    "EXACT_FLAGS",
     "EngineFlags",
     "FLAGS",
     "FLAG_ALIASES",
@@ -183,6 +198,7 @@ __all__ = [
     "POD_FLAGS",
     "PREFIX_CACHING_FLAG",
     "PREVIOUSLY_SUPPORTED_ARCHITECTURES",
+    "SAFE_PYTHON_ENV",
     "SAMPLER_WARMUP_V2_BYTES_PER_LOGIT",
     "SIZING_ENV_PREFIXES",
     "SIZING_OVERRIDE_FLAGS",
@@ -203,6 +219,7 @@ __all__ = [
     "check_modelled",
     "check_settings",
     "compressed_layer_caches",
+    "compute_code_loading_flags",
     "compute_effective_settings",
     "compute_in_flight_tokens",
     "compute_sampler_state_bytes",
@@ -224,6 +241,7 @@ __all__ = [
     "in_flight_batches",
     "indexer_bytes_per_token",
     "indexer_layers",
+    "is_code_loading_env",
     "is_fp8",
     "is_per_token_head",
     "kv_cache_memory_oom_error",
@@ -234,6 +252,7 @@ __all__ = [
     "max_len_error",
     "multiplies_yarn_max_len",
     "no_memory_error",
+    "normalise_flag",
     "parse_human_int",
     "parse_v2_runner_env",
     "parse_version",

@@ -1,0 +1,120 @@
+"""The operator's own tenant guard in the chart: admissionPolicy.operatorEnforcement, the allow-lists the
+operator reads (the very values the admission policy is rendered from), and one list of code-loading vLLM
+flags and variables (kvpilot/tuner/vllm/code_loading.py) for both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helmchart import CHART, RELEASE, run_helm
+
+from kvpilot.operator.pods.tenant_settings import TenantSettings, settings_from_env
+from kvpilot.tuner import vllm
+
+Render = Callable[..., list[dict[str, Any]]]
+ISVC = f"{RELEASE}-kvpilot-inferenceservices"
+
+
+def _env(objs: list[dict[str, Any]]) -> dict[str, str]:
+    (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def _variables(objs: list[dict[str, Any]]) -> dict[str, str]:
+    (policy,) = [
+        o for o in objs if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == ISVC
+    ]
+    return {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+
+
+def _cel_list(expression: str, after: str) -> list[str]:
+    """The CEL list literal that follows ``after`` in ``expression`` (``['A','B']``)."""
+    match = re.search(re.escape(after) + r"\s*\[([^\]]*)\]", expression)
+    assert match, (after, expression)
+    return re.findall(r"'([^']*)'", match.group(1))
+
+
+def _cel_lists(expression: str, after: str) -> list[list[str]]:
+    return [
+        re.findall(r"'([^']*)'", m) for m in re.findall(re.escape(after) + r"\s*\[([^\]]*)\]", expression)
+    ]
+
+
+def test_the_policy_and_the_operator_share_the_code_loading_lists(rendered: Render) -> None:
+    v = _variables(rendered())
+    assert json.loads(v["codeArgs"]) == list(vllm.CODE_LOADING_FLAGS)
+    # deniedArgs: !(n in <allowedEngineArgs>) && !(n in <the exact flags>)
+    assert _cel_lists(v["deniedArgs"], "!(n in")[1] == list(vllm.EXACT_FLAGS)
+    assert _cel_list(v["deniedEnv"], "|| m.n in") == list(vllm.CODE_LOADING_ENV)
+    assert _cel_list(v["deniedEnv"], "&& !(m.n in") == list(vllm.SAFE_PYTHON_ENV)
+    for prefix in vllm.CODE_LOADING_ENV_PREFIXES:
+        assert f"m.n.startsWith('{prefix}')" in v["deniedEnv"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "mode"),
+    [
+        ((), "Off"),  # the policy is rendered: it guards
+        (("admissionPolicy.enabled=false",), "Strict"),
+        (
+            ("admissionPolicy.enabled=false", "admissionPolicy.operatorEnforcement=TrustNamespace"),
+            "TrustNamespace",
+        ),
+        (("admissionPolicy.enabled=false", "admissionPolicy.operatorEnforcement=Off"), "Off"),
+        (("admissionPolicy.operatorEnforcement=Strict",), "Strict"),
+    ],
+)
+def test_the_enforcement_mode(rendered: Render, sets: tuple[str, ...], mode: str) -> None:
+    assert _env(rendered(sets=sets))["KVPILOT_OPERATOR_ENFORCEMENT"] == mode
+
+
+def test_before_kubernetes_1_30_the_operator_enforces(helm: Path) -> None:
+    out = run_helm(helm, "template", RELEASE, str(CHART), "--kube-version", "1.29.4").stdout
+    assert re.search(r"name: KVPILOT_OPERATOR_ENFORCEMENT\n\s+value: \"Strict\"", out), out
+
+
+def test_the_operator_reads_the_charts_defaults(rendered: Render) -> None:
+    """The operator's settings from the chart's default values are TenantSettings' own defaults."""
+    env = _env(rendered(sets=("admissionPolicy.enabled=false",)))
+    assert settings_from_env(env) == TenantSettings(mode="Strict")
+
+
+def test_the_operator_reads_the_allow_lists_the_policy_uses(rendered: Render) -> None:
+    sets = (
+        "admissionPolicy.enabled=false",
+        "admissionPolicy.allowedImages={registry.example/vllm/*}",
+        "admissionPolicy.allowedServiceAccounts={vllm-runner}",
+        "admissionPolicy.allowedPriorityClasses={team-high}",
+        "admissionPolicy.allowedEngineArgs={--trust-remote-code}",
+        "admissionPolicy.allowedEngineEnv={VLLM_PLUGINS}",
+        "admissionPolicy.allowedPodAnnotations={prometheus.io/*}",
+        "admissionPolicy.claimTemplate.maxSize=500Gi",
+        "admissionPolicy.claimTemplate.allowedStorageClasses={fast}",
+    )
+    s = settings_from_env(_env(rendered(sets=sets)))
+    assert s.mode == "Strict"
+    assert s.allowed_images == ("registry.example/vllm/*",)
+    assert s.allowed_service_accounts == ("vllm-runner",) and s.allowed_priority_classes == ("team-high",)
+    assert s.allowed_engine_args == ("--trust-remote-code",) and s.allowed_engine_env == ("VLLM_PLUGINS",)
+    assert s.allowed_pod_annotations == ("prometheus.io/*",)
+    assert s.claim_template.max_bytes == 500 << 30 and s.claim_template.allowed_storage_classes == ("fast",)
+
+
+@pytest.mark.parametrize(
+    ("sets", "complaint"),
+    [
+        ("admissionPolicy.operatorEnforcement=strict", "operatorEnforcement"),
+        ("operator.extraEnv[0].name=KVPILOT_OPERATOR_ENFORCEMENT", "set admissionPolicy.* instead"),
+        ("operator.extraEnv[0].name=KVPILOT_TENANT_POLICY", "set admissionPolicy.* instead"),
+    ],
+)
+def test_bad_values_are_refused(helm: Path, sets: str, complaint: str) -> None:
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", sets, check=False)
+    assert proc.returncode != 0 and complaint in proc.stderr, proc.stderr
