@@ -34,7 +34,7 @@ CLUSTER_WIDE: dict[Grant, set[str]] = {
     ("cluster", "apps", "deployments", ()): {"get", "list", "watch", "create", "patch"},
     ("cluster", "", "services", ()): {"get", "list", "watch", "create", "patch"},
     ("cluster", "", "persistentvolumeclaims", ()): {"get", "create", "patch"},
-    ("cluster", "policy", "poddisruptionbudgets", ()): {"create", "patch"},
+    ("cluster", "policy", "poddisruptionbudgets", ()): {"get", "create", "patch"},
     ("cluster", "", "pods", ()): {"get", "list", "watch"},
     ("cluster", "", "pods/log", ()): {"get"},
     ("cluster", "autoscaling", "horizontalpodautoscalers", ()): {"list"},

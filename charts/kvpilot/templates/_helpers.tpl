@@ -197,7 +197,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* What the operator owns: the vLLM Deployment and Service per InferenceService, and the weight-cache claim of a
      model.storage.claimTemplate, server-side applied (patch;
-     create when the apply creates) and read. No update (an apply is a PATCH) and no delete: garbage collection
+     create when the apply creates) and read (get: an object of the wanted name that another controls is a
+     NameConflict, never adopted). No update (an apply is a PATCH) and no delete: garbage collection
      removes them through their owner references when the InferenceService goes. A user's existing claim
      (model.storage.persistentVolumeClaim) is only read, to report a missing one. Pods are only read (crash
      loops and restarts drive rollbacks). pods/log: the kubelet keeps only the last 80 lines / 2 KiB of a crash as
@@ -215,7 +216,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [get, create, patch]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [create, patch]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
