@@ -195,3 +195,34 @@ def test_render_prints_the_pod_disruption_budget_of_two_replicas() -> None:
     doc["spec"]["replicas"] = 2
     kinds = [m["kind"] for m in render.build_manifests(doc)]
     assert kinds[-1] == "PodDisruptionBudget" and kinds.count("PodDisruptionBudget") == 1
+
+
+REPLACE_ONE = {"maxSurge": 0, "maxUnavailable": 1}
+SURGE_ONE = {"maxSurge": 1, "maxUnavailable": 0}
+
+
+@pytest.mark.parametrize(
+    ("rollout", "strategy"),
+    [
+        ({"strategy": "Replace"}, {"type": "RollingUpdate", "rollingUpdate": REPLACE_ONE}),
+        ({"strategy": "Surge"}, {"type": "RollingUpdate", "rollingUpdate": SURGE_ONE}),
+        ({"strategy": "Recreate", "allowDowntime": True}, {"type": "Recreate"}),
+        ({"strategy": "Auto"}, {"type": "RollingUpdate", "rollingUpdate": SURGE_ONE}),
+    ],
+    ids=["Replace", "Surge", "Recreate", "Auto"],
+)  # fmt: skip
+def test_render_shows_the_strategy_the_operator_applies(rollout: dict, strategy: dict) -> None:
+    """An explicit strategy needs no look at the cluster: render, the first create and the closed loop's
+    apply all render it (before, render printed a surge for an explicit Replace). Auto surges until the
+    cluster is read."""
+    from kvpilot.operator.pods import rollout_strategy
+
+    doc = load("llama-3.1-8b-on-l4.yaml")
+    doc["spec"]["replicas"] = 2
+    doc["spec"]["rollout"] = rollout
+    deployment = next(m for m in render.build_manifests(doc) if m["kind"] == "Deployment")
+    assert deployment["spec"]["strategy"] == strategy
+    spec = desired.parse_spec(doc["spec"])
+    live = rollout_strategy.compute_rollout_choice(spec.rollout, 2, fits_now=True, serving=True)
+    if rollout["strategy"] != "Auto":  # what the live operator chooses for an explicit strategy
+        assert rollout_strategy.build_deployment_strategy(live) == strategy

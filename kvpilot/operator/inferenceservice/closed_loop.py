@@ -390,11 +390,11 @@ async def _schedulable(
 
 def build_loop_deployment(
     meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs, settings: EngineSettings,
-    choice: RolloutChoice = rollout_strategy.DEFAULT,
+    choice: RolloutChoice | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The Deployment running ``settings`` exactly (no re-plan: a rollback must not wait on the planner),
     with the user's extra args and the resolved GPU products, as the reconciler renders it, rolled out
-    with ``choice``'s strategy."""
+    with ``choice``'s strategy (``None``: the one the spec declares)."""
     user = modes.compute_user_args(spec)
     return workloads.build_deployment(
         meta, spec, settings, user.extra, inputs.gpu.products,
@@ -423,7 +423,7 @@ async def _apply(
     try:
         if inputs is None or deps.kube is None:
             raise errors.ApplyFailed("model/GPU not resolved or no Kubernetes client")
-        deployment = build_loop_deployment(meta, spec, inputs, settings, choice or rollout_strategy.DEFAULT)
+        deployment = build_loop_deployment(meta, spec, inputs, settings, choice)
         await workloads.apply_workloads([deployment], deps.kube)
     except Exception as exc:  # noqa: BLE001 -- report and retry on the next tick
         logger.warning(f"closed loop: applying {what} failed: {exc}")

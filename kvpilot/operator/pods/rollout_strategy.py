@@ -80,6 +80,15 @@ def compute_rollout_choice(
     return RolloutChoice(None, HELD_MESSAGE)
 
 
+def compute_declared_choice(rollout: api.RolloutSpec, replicas: int) -> RolloutChoice:
+    """The choice the spec declares without looking at the cluster: an explicit ``Surge``, ``Replace`` or
+    ``Recreate`` is what it says; ``Auto`` renders :data:`DEFAULT` until the cluster is read. What a first
+    create applies and ``kvpilot render`` prints."""
+    if rollout.strategy == "Auto":
+        return DEFAULT
+    return compute_rollout_choice(rollout, replicas, fits_now=None, serving=True)
+
+
 def build_deployment_strategy(choice: RolloutChoice) -> dict[str, Any]:
     """The Deployment's ``spec.strategy`` for ``choice`` (a held choice renders a surge: nothing rolls)."""
     if choice.strategy == "Replace":

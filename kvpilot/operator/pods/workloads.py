@@ -153,13 +153,13 @@ def build_pod_storage(
 def build_deployment(
     metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, settings: EngineSettings,
     extra: Sequence[str], products: Sequence[str], *, checkpoint_bytes: int | None = None,
-    rollout: rollout_strategy.RolloutChoice = rollout_strategy.DEFAULT,
+    rollout: rollout_strategy.RolloutChoice | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The Deployment running vLLM with ``settings`` on nodes of one of ``products``.
 
     ``checkpoint_bytes`` sizes the weight cache, the ``ephemeral-storage`` request and the start-up
     probe's budget (:mod:`kvpilot.operator.pods.storage`); ``rollout`` is the update strategy
-    (:mod:`kvpilot.operator.pods.rollout_strategy`).
+    (:mod:`kvpilot.operator.pods.rollout_strategy`; ``None``: the one the spec declares).
     """
     name = metadata["name"]
     labels = build_labels(name)
@@ -203,7 +203,9 @@ def build_deployment(
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": build_selector(name)},
-            "strategy": rollout_strategy.build_deployment_strategy(rollout),
+            "strategy": rollout_strategy.build_deployment_strategy(
+                rollout or rollout_strategy.compute_declared_choice(spec.rollout, spec.replicas)
+            ),
             "progressDeadlineSeconds": 1800,
             "revisionHistoryLimit": 5,
             "template": pod_template.build_pod_template({
