@@ -18,6 +18,7 @@ from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, ROOT, by_kind, one, 
 from kvpilot.operator.clients import metrics, prometheus
 from kvpilot.operator.inferenceservice import render as render_operator
 from kvpilot.operator.loop import loop_settings
+from kvpilot.tuner.vllm import serving
 
 VARIANTS = [None, *CI_VALUES]
 VARIANT_IDS = ["defaults", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)]
@@ -175,6 +176,10 @@ def test_monitoring_objects(rendered: Callable[..., list[dict[str, Any]]]) -> No
     assert pm["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    # the chart's path and the port behind that name are vLLM's own (one home: kvpilot.tuner.vllm.serving)
+    assert pm["spec"]["podMetricsEndpoints"][0]["path"] == serving.METRICS_PATH
+    named = {p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert named[pm["spec"]["podMetricsEndpoints"][0]["port"]] == serving.PORT
     c = _container(objs)
     assert c["image"].startswith("ghcr.io/kvpilot/kvpilot@sha256:")
     env = {e["name"]: e.get("value") for e in c["env"]}

@@ -54,23 +54,25 @@ from kvpilot.operator import conditions
 from kvpilot.operator.clients import metrics
 from kvpilot.operator.clients.prometheus_settings import URL_ENV, PrometheusSettings
 from kvpilot.tuner.loop import LengthSummary, MetricsSample, ObservationWindow
+from kvpilot.tuner.vllm import serving
 
 PROMETHEUS_URL_ENV = URL_ENV
 QUERY_TIMEOUT_S = 10
 RATE_WINDOW = "2m"
 """Range of ``rate()`` for the preemption counter: 8 scrapes at the chart's 15 s interval."""
 
-KV_USAGE = "vllm:kv_cache_usage_perc"
-KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
-PREEMPTIONS = "vllm:num_preemptions_total"
-PREEMPTIONS_BARE = "vllm:num_preemptions"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-PROMPT_TOKENS = "vllm:request_prompt_tokens"
-GENERATION_TOKENS = "vllm:request_generation_tokens"
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
-TTFT = "vllm:time_to_first_token_seconds"
-ITL = "vllm:inter_token_latency_seconds"
+# vLLM's series, from their one home (kvpilot.tuner.vllm.serving)
+KV_USAGE = serving.KV_USAGE
+KV_USAGE_LEGACY = serving.KV_USAGE_LEGACY
+PREEMPTIONS = serving.PREEMPTIONS
+PREEMPTIONS_BARE = serving.PREEMPTIONS_BARE
+RUNNING = serving.RUNNING
+WAITING = serving.WAITING
+PROMPT_TOKENS = serving.PROMPT_TOKENS
+GENERATION_TOKENS = serving.GENERATION_TOKENS
+CACHE_CONFIG_INFO = serving.CACHE_CONFIG_INFO
+TTFT = serving.TTFT
+ITL = serving.ITL
 FB_FREE = "DCGM_FI_DEV_FB_FREE"
 FB_USED = "DCGM_FI_DEV_FB_USED"
 """dcgm-exporter's framebuffer series (MiB), labelled with the pod that holds the GPU (``namespace``,

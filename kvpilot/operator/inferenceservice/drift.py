@@ -40,6 +40,7 @@ from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.planning import modes, resolve
 from kvpilot.operator.pods import ownership, workloads
 from kvpilot.operator.status import events, status_patch
+from kvpilot.tuner.vllm import serving
 
 OWNED_LABELS: dict[str, Any] = {
     "app.kubernetes.io/managed-by": "kvpilot",
@@ -47,7 +48,7 @@ OWNED_LABELS: dict[str, Any] = {
 }
 """The labels :func:`kvpilot.operator.pods.workloads.build_labels` puts on everything kvpilot owns."""
 OWNER_LABEL = f"{api.GROUP}/inferenceservice"
-CONTAINER = "vllm"
+CONTAINER = serving.CONTAINER_NAME
 CONTROLLERS = frozenset({"kube-controller-manager"})
 """Field managers that are not people: the Deployment controller (status, revision annotation) and the
 horizontal pod autoscaler (``replicas``, through the scale subresource), which kvpilot leaves alone."""

@@ -30,8 +30,9 @@ from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import RestartEvent, RestartKind, classify_termination
 from kvpilot.tuner.loop.scaling import ReplicaView
 from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.vllm import serving
 
-CONTAINER = "vllm"
+CONTAINER = serving.CONTAINER_NAME
 LOG_TAIL_LINES = 400
 """Lines of the previous container's log to read. The termination message is at most 2 KiB / 80 lines
 (kubelet's ``FallbackToLogsOnError``), and after a start-up failure the API server's own traceback

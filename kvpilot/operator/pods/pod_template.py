@@ -37,8 +37,9 @@ from typing import Any
 from kvpilot.operator import api
 from kvpilot.operator.pods import storage
 from kvpilot.tuner import vllm
+from kvpilot.tuner.vllm import serving
 
-VLLM_CONTAINER = "vllm"
+VLLM_CONTAINER = serving.CONTAINER_NAME
 SHM_VOLUME = "dshm"
 VLLM_PATCH_FIELDS = ("name", "securityContext", "volumeMounts", "envFrom")
 """What a ``containers`` entry named ``vllm`` may set; the CRD's CEL rule lists the others it refuses."""

@@ -44,8 +44,9 @@ from kvpilot.operator.clients.kube import build_label_selector as build_label_se
 from kvpilot.operator.pods import capacity, ownership, pod_status, pod_template, rollout_strategy, storage
 from kvpilot.tuner import gpus, plan, vllm
 from kvpilot.tuner.types import GIB, EngineSettings
+from kvpilot.tuner.vllm import serving
 
-PORT = 8000
+PORT = serving.PORT
 HF_TOKEN_ENV = "HF_TOKEN"
 STARTUP_PERIOD_S = storage.STARTUP_PERIOD_S
 SHM_SIZE_LIMIT = "16Gi"
@@ -132,7 +133,7 @@ def _resources(spec: api.InferenceServiceSpec, ephemeral_bytes: int | None) -> d
 
 
 def _probe(failures: int, period: int) -> dict[str, Any]:
-    return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period,
+    return {"httpGet": {"path": serving.HEALTH_PATH, "port": "http"}, "periodSeconds": period,
             "failureThreshold": failures, "timeoutSeconds": 5}  # fmt: skip
 
 
@@ -168,9 +169,9 @@ def build_deployment(
     user_env = _env(spec)
     env = [*user_env, *(e for e in cache.env if all(u["name"] != e["name"] for u in user_env))]
     container = {
-        "name": "vllm",
+        "name": serving.CONTAINER_NAME,
         "image": spec.engine.image,
-        "command": ["vllm", "serve"],
+        "command": list(serving.SERVE_COMMAND),
         "args": args,
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": env,
@@ -214,7 +215,7 @@ def build_deployment(
                     "annotations": {
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(PORT),
-                        "prometheus.io/path": "/metrics",
+                        "prometheus.io/path": serving.METRICS_PATH,
                     },
                 },
                 "spec": pod_spec,

@@ -8,7 +8,8 @@ which flags and variables may change it at all (:mod:`.sizing`), its KV-cache dt
 the block size each attention backend asks for on each GPU (:mod:`.block_sizes`), the sparse-attention
 indexer cache
 (:mod:`.indexer`), DeepSeek-V4's compressed sparse attention (:mod:`.compressed_attention`), the multimodal
-encoder's profile batch (:mod:`.multimodal`), the texts it prints when it fails and their parsers
+encoder's profile batch (:mod:`.multimodal`), how its pod serves and the metric series it exposes
+(:mod:`.serving`), the texts it prints when it fails and their parsers
 (:mod:`.messages`) -- lives in this package. Other modules ask it;
 they never keep a copy.
 A copy is a defect waiting to drift: three did (the closed loop's own batch-default table, the KV-dtype
