@@ -1,16 +1,18 @@
-"""kopf registrations of the kvpilot operator: nothing but decorators and settings.
+"""Every kopf registration of the kvpilot operator, and its settings: nothing else.
 
 Run it::
 
     kopf run --standalone -m kvpilot.operator.main --all-namespaces      # or --namespace NS
 
-Handlers are in :mod:`kvpilot.operator.inferenceservice.handlers`; the closed loop's timer is registered by
-:mod:`kvpilot.operator.inferenceservice.closed_loop`, and its pace is read here at start-up. kopf keeps its
-handler
-progress and its diff base in ``status.kopf`` (handlers never return values), and puts no finalizer on
-an InferenceService (:mod:`kvpilot.operator.timers`). There is no delete handler: the Deployment and Service
-carry owner references and the garbage collector removes them. Event handlers on those Deployments and
-Services (by kvpilot's labels) put back a deleted one or a hand-edited field (:mod:`.drift`).
+The InferenceService's handlers are in :mod:`kvpilot.operator.inferenceservice.handlers`, its closed
+loop's tick in :mod:`kvpilot.operator.inferenceservice.closed_loop` (the pace read here at start-up) with
+the pod index it reads (:mod:`kvpilot.operator.pods.pod_cache`); the EngineTuner's in
+:mod:`kvpilot.operator.enginetuner.target_main`. All of them are registered below, nowhere else. kopf
+keeps its handler progress and its diff base in ``status.kopf`` (handlers never return values), and puts
+no finalizer on an InferenceService (:mod:`kvpilot.operator.timers`). There is no delete handler: the
+Deployment and Service carry owner references and the garbage collector removes them. Event handlers on
+those Deployments and Services (by kvpilot's labels) put back a deleted one or a hand-edited field
+(:mod:`.drift`).
 """
 
 from __future__ import annotations
@@ -24,15 +26,11 @@ import kopf
 
 from kvpilot.operator import api, timers
 from kvpilot.operator.clients import metrics, prometheus_settings
-from kvpilot.operator.enginetuner import target_main  # noqa: F401  (registers the EngineTuner kind and its webhook on import)
-from kvpilot.operator.inferenceservice import (
-    closed_loop,  # noqa: F401  (registers the closed loop's timer, kopf.timer, on import)
-    drift,
-    handlers,
-)
+from kvpilot.operator.enginetuner import target_main, target_webhook
+from kvpilot.operator.inferenceservice import closed_loop, drift, handlers
 from kvpilot.operator.loop import loop_deps, loop_settings
 from kvpilot.operator.planning import profile_scope
-from kvpilot.operator.pods import tenant_settings
+from kvpilot.operator.pods import pod_cache, tenant_settings, workloads
 
 DIFF_BASE_FIELD = "status.kopf.lastHandledConfiguration"
 """Where kopf keeps the spec it last handled (``status.kopf`` in the CRD)."""
@@ -155,3 +153,37 @@ async def _repair(kind: str, event: kopf.RawEvent, body: kopf.Body, logger: kopf
 def _pick(kwargs: dict[str, Any]) -> dict[str, Any]:
     keys = ("body", "spec", "meta", "status", "patch", "retry", "logger")
     return {k: kwargs[k] for k in keys}
+
+
+# --- the closed loop: a timer per InferenceService, and the pod index it reads -----------------------------
+
+kopf.index("v1", "pods", labels={workloads.INSTANCE_LABEL: kopf.PRESENT})(pod_cache.vllm_pods)
+
+# kopf takes a timer's interval when it registers it, at import, before any start-up handler has run:
+# this one value of the pace is read here; the rest is read at start-up (loop_settings.pace_from_env).
+LOOP_INTERVAL_S = loop_settings.interval_from_env()
+kopf.timer(
+    group=api.GROUP, version=api.VERSION, plural=api.PLURAL, interval=LOOP_INTERVAL_S,
+    initial_delay=LOOP_INTERVAL_S,
+    when=timers.is_live,  # stopped on the watch's DELETED event, not by a finalizer (kvpilot.operator.timers)
+)(closed_loop.closed_loop_tick)  # fmt: skip
+if not timers.drop_finalizer_requirement(closed_loop.closed_loop_tick):
+    raise RuntimeError("kopf's registry has no timer for closed_loop_tick to drop the finalizer of")
+
+
+# --- the EngineTuner kind and its admission webhook --------------------------------------------------------
+
+ENGINE_TUNERS = (api.GROUP, api.VERSION, api.ENGINE_TUNER_PLURAL)
+kopf.on.startup()(target_main.configure_webhook)
+kopf.on.create(*ENGINE_TUNERS)(target_main.engine_tuner_changed)
+kopf.on.update(*ENGINE_TUNERS, field="spec")(target_main.engine_tuner_changed)
+kopf.on.resume(*ENGINE_TUNERS)(target_main.engine_tuner_changed)
+kopf.timer(*ENGINE_TUNERS, interval=target_main.INTERVAL_S, initial_delay=target_main.INTERVAL_S)(
+    target_main.engine_tuner_tick
+)
+kopf.index(*ENGINE_TUNERS)(target_main.engine_tuners)
+if target_webhook.enabled():
+    # kopf's WebhookFn protocol spells out every kwarg; the handler takes the ones it needs and **_.
+    kopf.on.mutate("", "v1", "pods", id=target_main.WEBHOOK_ID, operation="CREATE", ignore_failures=True)(
+        target_main.pod_created  # type: ignore[arg-type]
+    )

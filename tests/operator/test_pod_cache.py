@@ -78,6 +78,8 @@ def test_indexed_pods_answer_the_closed_loops_selector() -> None:
 
 
 def test_the_pod_index_is_registered_for_pods_and_named_as_the_tick_expects() -> None:
+    from kvpilot.operator import main  # noqa: F401  (every registration is there)
+
     registry = kopf.get_default_registry()
     (handler,) = [h for h in registry._indexing.get_all_handlers() if h.fn is pod_cache.vllm_pods]
     assert (handler.selector.group, handler.selector.version, handler.selector.any_name) == ("", "v1", "pods")

@@ -1,12 +1,11 @@
-"""kopf registrations of the EngineTuner kind (target mode) and its admission webhook: decorators only.
+"""The EngineTuner kind's kopf handler functions (target mode) and its admission webhook's: thin.
 
-Imported by :mod:`kvpilot.operator.main`. The reconciliation runs on create, spec change and resume, and on
-a timer (``KVPILOT_TARGET_INTERVAL`` seconds, default 30) that runs the closed loop on the target's pods
-(their crashes and metrics: :mod:`.target_loop`) and, in mode Auto, evicts one that does not run the
-recommendation. The mutating webhook is registered only when
+:mod:`kvpilot.operator.main` registers them (every kopf registration is there). The reconciliation runs on
+create, spec change and resume, and on a timer (``KVPILOT_TARGET_INTERVAL`` seconds, default 30) that runs
+the closed loop on the target's pods (their crashes and metrics: :mod:`.target_loop`) and, in mode Auto,
+evicts one that does not run the recommendation. The mutating webhook is registered only when
 ``KVPILOT_WEBHOOK_PORT`` is set (:mod:`kvpilot.operator.enginetuner.target_webhook`): kopf refuses admission
-handlers
-without a server.
+handlers without a server.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator import api
 from kvpilot.operator.enginetuner import target, target_handlers, target_webhook
 from kvpilot.operator.loop import loop_deps
 
@@ -42,7 +40,6 @@ def deps() -> target_handlers.TargetDeps:
     return _deps
 
 
-@kopf.on.startup()
 def configure_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
     if target_webhook.enabled():
         settings.admission.server = target_webhook.build_server()
@@ -53,21 +50,16 @@ def _pick(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: kwargs[k] for k in ("body", "spec", "meta", "status", "patch", "logger")}
 
 
-@kopf.on.create(api.GROUP, api.VERSION, api.ENGINE_TUNER_PLURAL)
-@kopf.on.update(api.GROUP, api.VERSION, api.ENGINE_TUNER_PLURAL, field="spec")
-@kopf.on.resume(api.GROUP, api.VERSION, api.ENGINE_TUNER_PLURAL)
 async def engine_tuner_changed(retry: int, **kwargs: Any) -> None:
     await target_handlers.reconcile(deps=deps(), retry=retry, **_pick(kwargs))
 
 
-@kopf.timer(api.GROUP, api.VERSION, api.ENGINE_TUNER_PLURAL, interval=INTERVAL_S, initial_delay=INTERVAL_S)
 async def engine_tuner_tick(**kwargs: Any) -> None:
     # a failure is in the status and an event already; the next tick tries again
     with contextlib.suppress(kopf.TemporaryError, kopf.PermanentError):
         await target_handlers.reconcile(deps=deps(), **_pick(kwargs))
 
 
-@kopf.index(api.GROUP, api.VERSION, api.ENGINE_TUNER_PLURAL)
 def engine_tuners(
     namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, **_: Any
 ) -> dict[tuple[str, str, str], target_webhook.Actuation] | None:
@@ -87,9 +79,3 @@ def pod_created(
     patch.metadata.setdefault("annotations", {})[target.TUNED_ANNOTATION] = target_webhook.describe(actuation)
     logger.info(f"webhook: {target_webhook.describe(actuation)}")
 
-
-if target_webhook.enabled():
-    # kopf's WebhookFn protocol spells out every kwarg; the handler takes the ones it needs and **_.
-    kopf.on.mutate("", "v1", "pods", id=WEBHOOK_ID, operation="CREATE", ignore_failures=True)(
-        pod_created  # type: ignore[arg-type]
-    )

@@ -33,7 +33,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator import api, conditions, errors, timers
+from kvpilot.operator import api, conditions, errors
 from kvpilot.operator.clients import metrics
 from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.inferenceservice import desired
@@ -57,23 +57,12 @@ from kvpilot.tuner.loop import (
 from kvpilot.tuner.loop.scaling import compute_replica_change
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
 
-# kopf takes a timer's interval when it registers it, at import, before any start-up handler has run:
-# this one value of the pace is read here; the rest is read at start-up (loop_settings.pace_from_env).
-_INTERVAL_S = loop_settings.interval_from_env()
 
-
-@kopf.timer(
-    group=api.GROUP,
-    version=api.VERSION,
-    plural=api.PLURAL,
-    interval=_INTERVAL_S,
-    initial_delay=_INTERVAL_S,
-    when=timers.is_live,  # stopped on the watch's DELETED event, not by a finalizer (kvpilot.operator.timers)
-)
 async def closed_loop_tick(
     body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
     logger: kopf.Logger, vllm_pods: kopf.Index[pod_cache.PodKey, Any] | None = None, **_: Any,
 ) -> None:  # fmt: skip
+    """The kopf timer's handler (registered in :mod:`kvpilot.operator.main`): one tick, never raising."""
     deps = default_deps()
     if vllm_pods is not None and deps.pods is not None:  # pods from kopf's index, not a LIST (pod_cache)
         deps = dataclasses.replace(deps, pods=pod_cache.IndexedPods(vllm_pods, deps.pods))
@@ -82,9 +71,6 @@ async def closed_loop_tick(
     except Exception:  # noqa: BLE001 -- a bug must not stop the loop for every other service
         logger.exception("closed loop: tick failed")
 
-
-if not timers.drop_finalizer_requirement(closed_loop_tick):
-    raise RuntimeError("kopf's registry has no timer for closed_loop_tick to drop the finalizer of")
 
 
 # --- one tick ---------------------------------------------------------------------------------------

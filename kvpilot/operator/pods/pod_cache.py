@@ -73,10 +73,9 @@ class IndexedPods:
         return self.logs.read_previous_log(namespace, pod, container, tail_lines)
 
 
-@kopf.index("v1", "pods", labels={workloads.INSTANCE_LABEL: kopf.PRESENT})
 def vllm_pods(
     namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
 ) -> dict[PodKey, Any]:
-    """The pod index (registered on import; :mod:`kvpilot.operator.inferenceservice.closed_loop` imports this
-    module)."""
+    """The pod index's handler (registered in :mod:`kvpilot.operator.main` on pods carrying
+    :data:`~kvpilot.operator.pods.workloads.INSTANCE_LABEL`; kopf passes the index by this name)."""
     return index_pod(namespace, labels, body)
