@@ -434,6 +434,7 @@ async def _apply(
         await workloads.apply_workloads([deployment], deps.kube)
     except Exception as exc:  # noqa: BLE001 -- report and retry on the next tick
         logger.warning(f"closed loop: applying {what} failed: {exc}")
-        deps.emit(body, events.WARNING, "RetuneFailed", f"could not apply {what}: {exc}")
+        reason = errors.NameConflict.reason if isinstance(exc, errors.NameConflict) else "RetuneFailed"
+        deps.emit(body, events.WARNING, reason, f"could not apply {what}: {exc}")
         return False
     return True
