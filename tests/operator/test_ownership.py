@@ -78,6 +78,25 @@ async def test_its_own_objects_are_applied_again_and_read_once(harness: Harness)
     assert condition(body, "Ready")["status"] == "True"
 
 
+async def test_a_claim_re_made_by_another_team_is_read_again_not_remembered(harness: Harness) -> None:
+    """No watch sees a claim deleted and re-made by another team, so a claim is read before every apply: the
+    next reconcile finds it foreign and applies nothing (a remembered claim would be adopted and, with the
+    InferenceService, garbage-collected)."""
+    storage = {"claimTemplate": {"size": "50Gi"}}
+    body = isvc("ledger", model={"id": "meta-llama/Llama-3.1-8B-Instruct", "storage": storage})
+    await harness.run(body)
+    assert condition(body, "Ready")["status"] == "True"
+    claim = ("PersistentVolumeClaim", "ns1", "ledger-model-cache")
+    harness.kube.foreign[claim] = _foreign("PersistentVolumeClaim", "ledger-model-cache")
+    applied = len(harness.kube.applied)
+    with pytest.raises(kopf.TemporaryError):
+        await harness.run(body, trigger="resumed")
+    ready = condition(body, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "NameConflict")
+    assert "PersistentVolumeClaim ns1/ledger-model-cache" in ready["message"]
+    assert len(harness.kube.applied) == applied, "nothing applied onto the other team's claim"
+
+
 def test_compute_conflict_by_uid_and_without_one() -> None:
     mine = {"kind": "Service", "metadata": {
         "name": "llm", "namespace": "ns1", "labels": {"kvpilot.io/inferenceservice": "llm"},
