@@ -94,7 +94,7 @@ def test_a_careless_name_neither_takes_over_nor_deletes_another_teams_objects(
     assert _get(stack, "deployment", "ledger", ns) is None, "nothing of the conflicting service is applied"
 
     stack.kubectl("delete", ISVC, "ledger", "-n", ns, "--wait=true", "--timeout=60s")
-    time.sleep(8)  # the garbage collector's chance to take anything the InferenceService owned
+    time.sleep(10)  # the garbage collector's chance to take anything the InferenceService owned
     service, claim = _get(stack, "service", "ledger", ns), _get(stack, "pvc", "ledger-model-cache", ns)
     assert service is not None and claim is not None, "deleting the InferenceService deleted another's object"
     assert service["spec"]["selector"] == THEIR_SELECTOR

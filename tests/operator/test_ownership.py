@@ -78,6 +78,25 @@ async def test_its_own_objects_are_applied_again_and_read_once(harness: Harness)
     assert condition(body, "Ready")["status"] == "True"
 
 
+async def test_a_claim_re_made_by_another_team_is_read_again_not_remembered(harness: Harness) -> None:
+    """No watch sees a claim deleted and re-made by another team, so a claim is read before every apply: the
+    next reconcile finds it foreign and applies nothing (a remembered claim would be adopted and, with the
+    InferenceService, garbage-collected)."""
+    storage = {"claimTemplate": {"size": "50Gi"}}
+    body = isvc("ledger", model={"id": "meta-llama/Llama-3.1-8B-Instruct", "storage": storage})
+    await harness.run(body)
+    assert condition(body, "Ready")["status"] == "True"
+    claim = ("PersistentVolumeClaim", "ns1", "ledger-model-cache")
+    harness.kube.foreign[claim] = _foreign("PersistentVolumeClaim", "ledger-model-cache")
+    applied = len(harness.kube.applied)
+    with pytest.raises(kopf.TemporaryError):
+        await harness.run(body, trigger="resumed")
+    ready = condition(body, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "NameConflict")
+    assert "PersistentVolumeClaim ns1/ledger-model-cache" in ready["message"]
+    assert len(harness.kube.applied) == applied, "nothing applied onto the other team's claim"
+
+
 def test_compute_conflict_by_uid_and_without_one() -> None:
     mine = {"kind": "Service", "metadata": {
         "name": "llm", "namespace": "ns1", "labels": {"kvpilot.io/inferenceservice": "llm"},
@@ -120,3 +139,29 @@ async def test_drift_repair_never_touches_an_object_it_does_not_control(harness:
     )  # fmt: skip
     assert fields == []
     assert len(harness.kube.applied) == applied
+
+
+async def test_the_closed_loop_never_retunes_onto_a_deployment_another_took(harness: Harness) -> None:
+    """The Deployment was deleted and another team made one of the same name: the loop's retune applies
+    nothing onto it (a NameConflict Warning instead of the retune), and reads the name again each time."""
+    from closed_loop_fakes import LoopHarness, window
+
+    from kvpilot.tuner.loop.policy import Action
+
+    loop = LoopHarness(harness)
+    body = isvc(gpu={"count": 1, "product": "H100-SXM"}, tuning={"rolloutDeadlineSeconds": 300})
+    await harness.run(body)
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30)
+    await loop.tick(body)
+    theirs = _foreign("Deployment", "llm", owner={"kind": "Deployment", "name": "x", "uid": "u-x"})
+    harness.kube.foreign[("Deployment", "ns1", "llm")] = theirs
+    ownership.VERIFIED.forget("Deployment", "ns1", "llm")  # what drift repair does on its DELETED event
+    applied = len(harness.kube.applied)
+    loop.window = window(loop.now + 30, kv=0.97, preempt=1.0, running=64, prompt=3000, output=1000)
+    d = await loop.tick(body)
+    assert d is not None and d.action == Action.RETUNE, (d.trigger, d.reason)
+    assert len(harness.kube.applied) == applied, "nothing applied onto another's Deployment"
+    warning = harness.emitter.events[-1]
+    assert warning[:2] == ("Warning", "NameConflict") and "Deployment ns1/llm" in warning[2]
+    assert harness.kube.foreign[("Deployment", "ns1", "llm")] == theirs

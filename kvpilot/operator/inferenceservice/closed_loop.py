@@ -80,7 +80,14 @@ async def _fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_sta
     if deps.pods is None:
         return []
     selector = workloads.build_label_selector(name)
-    return await asyncio.to_thread(pod_status.read_pod_views, deps.pods, namespace, selector, name)
+    views = await asyncio.to_thread(pod_status.read_pod_views, deps.pods, namespace, selector, name)
+    if deps.kube is not None and pod_status.needs_node_check(views):  # a pod waits on a node: is it lost?
+        try:
+            nodes = await deps.nodes.fetch(deps.kube, deps.clock())
+        except errors.OperatorError:
+            return views  # nodes unreadable (RBAC, a hiccup): the pods' own signs still count
+        views = pod_status.with_lost_nodes(views, nodes)
+    return views
 
 
 def _budget_for(
@@ -413,6 +420,7 @@ async def _apply(
         await workloads.apply_workloads([deployment], deps.kube)
     except Exception as exc:  # noqa: BLE001 -- report and retry on the next tick
         logger.warning(f"closed loop: applying {what} failed: {exc}")
-        deps.emit(body, events.WARNING, "RetuneFailed", f"could not apply {what}: {exc}")
+        reason = errors.NameConflict.reason if isinstance(exc, errors.NameConflict) else "RetuneFailed"
+        deps.emit(body, events.WARNING, reason, f"could not apply {what}: {exc}")
         return False
     return True

@@ -10,8 +10,10 @@ name: one that exists and is not controlled by this InferenceService is a
 
 "Controlled by" is the controller owner reference's ``uid`` (the InferenceService's own, set by
 :func:`~kvpilot.operator.pods.workloads.build_owner_reference`); a manifest built without a uid (no uid known)
-is compared by kind and name instead. Objects found to be ours are remembered (:class:`VerifiedOwners`,
-bounded) so the closed loop's re-applies cost no extra read; a deleted object is forgotten (drift repair).
+is compared by kind and name instead. Deployments and Services found to be ours are remembered
+(:class:`VerifiedOwners`, bounded) so the closed loop's re-applies cost no extra read; drift repair watches
+those two kinds and forgets one when it is deleted. Claims and PodDisruptionBudgets are read on every apply:
+no watch would see one deleted and re-made by another team, and only a reconcile (not the loop) applies them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from kvpilot.operator.clients.kube import Kube
 
 ObjectKey = tuple[str, str, str, str]
 """(kind, namespace, name, the owner's uid or name)."""
+
+REMEMBERED_KINDS = frozenset({"Deployment", "Service"})
+"""The kinds whose deletion drift repair sees (:mod:`kvpilot.operator.inferenceservice.drift`), so whose
+verified ownership may be remembered; any other kind is read before every apply."""
 
 
 def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -119,7 +125,8 @@ def check_ownership(
         existing = kube.read_object(manifest["kind"], meta["namespace"], meta["name"])
         conflict = compute_conflict(manifest, existing)
         if conflict is None:
-            verified.add(key)
+            if manifest["kind"] in REMEMBERED_KINDS:
+                verified.add(key)
         else:
             problems.append(conflict)
     if problems:

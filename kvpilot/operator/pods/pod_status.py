@@ -15,6 +15,7 @@ through a :class:`PodReader` with this module's :class:`LogCache` of previous lo
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import threading
@@ -83,6 +84,60 @@ class PodView:
     ready_at: float | None = None
     """The ``Ready`` condition's ``lastTransitionTime`` while it is True."""
     restart_count: int = 0
+    node: str = ""
+    """``spec.nodeName``: the node the pod is bound to (empty while it is not scheduled)."""
+    node_lost: bool = False
+    """Its node is lost, not its settings at fault (:func:`compute_node_lost`, :func:`with_lost_nodes`): the
+    node is NotReady or unknown, or the pod was marked or evicted for the node's loss."""
+
+
+NODE_LOST_REASONS = frozenset({"NodeLost", "NodeNotReady", "DeletionByTaintManager", "TerminationByKubelet"})
+"""Reasons the node lifecycle controller, the taint manager and the kubelet give a pod (``status.reason``,
+the ``Ready`` / ``DisruptionTarget`` conditions' ``reason``) when its node, not its container, failed."""
+
+
+def compute_node_lost(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod itself says its node is lost: ``status.reason`` ``NodeLost``, a ``DisruptionTarget``
+    condition (the taint manager's eviction of a NotReady/unreachable node's pods), or a ``Ready`` condition
+    the node lifecycle controller set (``Unknown``, or reason ``NodeNotReady`` / ``NodeLost``)."""
+    status = pod.get("status") or {}
+    if status.get("reason") in NODE_LOST_REASONS:
+        return True
+    for c in status.get("conditions") or ():
+        if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+            return True
+        ready = c.get("type") == "Ready"
+        if ready and (c.get("status") == "Unknown" or c.get("reason") in NODE_LOST_REASONS):
+            return True
+    return False
+
+
+def compute_lost_nodes(nodes: Sequence[Mapping[str, Any]]) -> frozenset[str]:
+    """Names of the nodes whose ``Ready`` condition is False (NotReady) or Unknown (unreachable)."""
+    lost = set()
+    for node in nodes:
+        conds = (node.get("status") or {}).get("conditions") or ()
+        ready = next((c for c in conds if c.get("type") == "Ready"), None)
+        if ready is not None and ready.get("status") != "True":
+            lost.add(str((node.get("metadata") or {}).get("name") or ""))
+    return frozenset(lost)
+
+
+def needs_node_check(pods: Sequence[PodView]) -> bool:
+    """Whether a pod waits on a node (bound, not Ready, not already known lost): only then are nodes read."""
+    return any(p.node and not p.ready and not p.node_lost and not p.terminating for p in pods)
+
+
+def with_lost_nodes(pods: Sequence[PodView], nodes: Sequence[Mapping[str, Any]]) -> list[PodView]:
+    """``pods`` with ``node_lost`` set on those not Ready whose node is NotReady, unknown, or gone from
+    ``nodes`` (every node of the cluster)."""
+    lost = compute_lost_nodes(nodes)
+    known = {str((n.get("metadata") or {}).get("name") or "") for n in nodes}
+    return [
+        dataclasses.replace(p, node_lost=True)
+        if p.node and not p.ready and (p.node in lost or p.node not in known) else p
+        for p in pods
+    ]  # fmt: skip
 
 
 def _container(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -155,6 +210,8 @@ def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodVi
         terminating=bool(meta.get("deletionTimestamp")),
         restart=restart,
         needs_log=needs_log,
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        node_lost=compute_node_lost(pod),
     )
 
 
@@ -167,16 +224,19 @@ class PodSummary:
     current_pods: int
     other_pods: int
     not_started: bool = False
-    """A pod of the current settings cannot schedule or still downloads, and none of them crashed."""
+    """A pod of the current settings cannot schedule, still downloads or lost its node, and none of them
+    crashed."""
 
 
 def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replicas: int) -> PodSummary:
-    """Split the pods into those running ``current`` and the rest (old ReplicaSets, being replaced)."""
+    """Split the pods into those running ``current`` and the rest (old ReplicaSets, being replaced). A pod
+    whose node is lost (``node_lost``) is no evidence against its settings: its restarts do not count, and
+    it makes the rollout wait (``not_started``) rather than fail."""
     mine = [p for p in pods if not p.terminating and p.settings == current]
     others = [p for p in pods if not p.terminating and p.settings != current]
-    restarts = tuple(p.restart for p in mine if p.restart is not None)
+    restarts = tuple(p.restart for p in mine if p.restart is not None and not p.node_lost)
     ready = replicas > 0 and sum(1 for p in mine if p.ready) >= replicas and not others
-    not_started = any(p.unschedulable or p.downloading for p in mine) and not restarts
+    not_started = any(p.unschedulable or p.downloading or p.node_lost for p in mine) and not restarts
     return PodSummary(restarts, ready, len(mine), len(others), not_started)
 
 
@@ -220,8 +280,8 @@ class Serving:
     available: bool
     """At least one replica running the applied settings is Ready."""
     degraded_reason: str | None
-    """CamelCase: ``CrashLoopBackOff``, ``StartupFailure``, ``Unschedulable``, ``Downloading``, an image
-    pull failure; ``None`` when nothing is wrong (``Starting`` is not degraded)."""
+    """CamelCase: ``CrashLoopBackOff``, ``StartupFailure``, ``ReplicaLost``, ``Unschedulable``,
+    ``Downloading``, an image pull failure; ``None`` when nothing is wrong (``Starting`` is not degraded)."""
     message: str
 
 
@@ -238,6 +298,10 @@ def compute_serving(pods: Sequence[PodView], current: EngineSettings) -> Serving
     ready = [p for p in live if p.ready and p.settings == current]
     checks: list[tuple[str, str]] = []
     for p in live:
+        if p.node_lost and not p.ready:
+            checks.append(("ReplicaLost", f"{p.name}: its node {p.node or '(unknown)'} is NotReady or "
+                           "unreachable; the replica waits to be replaced (not a failure of its settings)"))
+            continue
         if p.restart is not None and p.restart.cause.kind in _STARTUP_KINDS:
             checks.append(("StartupFailure", f"{p.name}: {p.restart.cause.detail}"))
         if p.waiting_reason == "CrashLoopBackOff":
@@ -249,7 +313,8 @@ def compute_serving(pods: Sequence[PodView], current: EngineSettings) -> Serving
             checks.append(("Unschedulable", f"{p.name}: no node has a free GPU of the planned kind"))
         if p.downloading:
             checks.append(("Downloading", f"{p.name}: the weights are being downloaded into the cache"))
-    order = ("StartupFailure", "CrashLoopBackOff", *sorted(_IMAGE_PULL), "Unschedulable", "Downloading")
+    order = ("StartupFailure", "CrashLoopBackOff", "ReplicaLost", *sorted(_IMAGE_PULL), "Unschedulable",
+             "Downloading")
     checks.sort(key=lambda c: order.index(c[0]))
     reason, detail = checks[0] if checks else (None, "")
     if ready:

@@ -316,7 +316,8 @@ def is_first_write(status: Mapping[str, Any]) -> bool:
 
 SERVING_REASONS = frozenset(
     {"Applied", "Serving", "Starting", "StartupFailure", "CrashLoopBackOff", "ImagePullBackOff",
-     "ErrImagePull", "InvalidImageName", "Unschedulable", "Downloading"}
+     "ErrImagePull", "InvalidImageName", "Unschedulable", "Downloading",
+     "ReplicaLost"}
 )  # fmt: skip
 """``Ready`` reasons that mean "the reconciler applied the spec": only those may the pods' view turn into
 serving or not; a reconcile failure (``InvalidSpec``, ...) keeps its own ``Ready``."""

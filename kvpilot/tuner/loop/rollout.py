@@ -3,8 +3,8 @@
 Ready = probation starts; Ready and crash-free for ``probation_seconds`` = it succeeded (the settings
 are *good*: ``status.lastGoodSettings``); a crash of the new pods (before Ready or on probation) or the
 deadline passed without Ready = roll back to the last good settings and mark the new ones failed;
-pods that never started (no node with a free GPU, weights still downloading) wait and are never marked
-failed; otherwise wait.
+pods that never started (no node with a free GPU, weights still downloading, a lost node) wait and are
+never marked failed; otherwise wait.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def compute_rollout_step(
             Action.HOLD,
             s.current,
             Trigger.ROLLOUT_PENDING,
-            "the new settings' pods have not started (no node with a free GPU for them, or their weights "
-            "still download); they are not marked failed, and the rollout waits for capacity",
+            "the new settings' pods have not started (no node with a free GPU for them, their weights "
+            "still download, or their node was lost); they are not marked failed, and the rollout waits "
+            "for capacity",
         )
     if crashes:
         why = describe_crashes(crashes) + (" on probation" if until is not None else "")
