@@ -33,7 +33,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator import api, conditions, errors, timers
+from kvpilot.operator import api, conditions, errors, kopf_internals, timers
 from kvpilot.operator.clients import metrics
 from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.inferenceservice import desired
@@ -83,7 +83,7 @@ async def closed_loop_tick(
         logger.exception("closed loop: tick failed")
 
 
-if not timers.drop_finalizer_requirement(closed_loop_tick):
+if not kopf_internals.drop_finalizer_requirement(closed_loop_tick):
     raise RuntimeError("kopf's registry has no timer for closed_loop_tick to drop the finalizer of")
 
 
