@@ -232,6 +232,51 @@ def test_fleet_does_not_import_kvpilot() -> None:
             assert not any(n == "kvpilot" or n.startswith("kvpilot.") for n in names), (path.name, names)
 
 
+
+def _sample_names(naming: str) -> set[str]:
+    return {s.name for fam in _exported(naming).values() for s in fam.samples}
+
+
+@pytest.mark.parametrize("naming", exposition.NAMINGS)
+def test_the_fleet_serves_every_series_kvpilot_queries(naming: str) -> None:
+    """kvpilot's vLLM facts (kvpilot.tuner.vllm.serving) against the simulator, which keeps its own copy on
+    purpose (checked against the vLLM wheel above): each naming serves the series kvpilot asks for, and the
+    KV-usage fallback is the one that release has."""
+    from kvpilot.tuner.vllm import serving
+
+    served = _sample_names(naming)
+    wanted = {serving.PREEMPTIONS, serving.RUNNING, serving.WAITING, serving.CACHE_CONFIG_INFO}
+    for histogram in (serving.PROMPT_TOKENS, serving.GENERATION_TOKENS, serving.TTFT, serving.ITL):
+        wanted |= {f"{histogram}_sum", f"{histogram}_count", f"{histogram}_bucket"}
+    assert wanted <= served, sorted(wanted - served)
+    kv = {
+        "current": {serving.KV_USAGE},
+        "both": {serving.KV_USAGE, serving.KV_USAGE_LEGACY},
+        "legacy": {serving.KV_USAGE_LEGACY},
+    }[naming]
+    assert served & {serving.KV_USAGE, serving.KV_USAGE_LEGACY} == kv
+
+
+def test_the_fleet_pod_is_the_one_kvpilot_renders() -> None:
+    """The simulated pod answers kvpilot's health and metrics paths; the fleet's stand-in Deployment has
+    kvpilot's container name and port."""
+    import urllib.request
+
+    from kvpilot.tuner.vllm import serving
+
+    srv = MetricsServer(0, lambda: b"# EOF\n")
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    try:
+        for path in (serving.HEALTH_PATH, serving.METRICS_PATH):
+            with urllib.request.urlopen(f"http://127.0.0.1:{srv.server_address[1]}{path}", timeout=5) as r:
+                assert r.status == 200, path
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    (container,) = vllm_deployment("a", "ns", [])["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == serving.CONTAINER_NAME
+    assert container["ports"] == [{"name": "http", "containerPort": serving.PORT}]
+
 def test_missing_prometheus_binary_fails_loudly(tmp_path: Path) -> None:
     from e2e.prometheus import PrometheusError
 

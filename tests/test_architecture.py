@@ -51,7 +51,7 @@ def test_contracts_forbid_io_in_the_tuner() -> None:
     wings = parser["importlinter:contract:operator-layers"]
     assert wings["containers"].split() == ["kvpilot.operator"]
     assert "inferenceservice | enginetuner" in wings["layers"]  # the two kinds never import each other
-    assert wings["layers"].split()[-5:-4] == ["conditions"]
+    assert wings["layers"].strip().splitlines()[-1].split()[0] == "conditions"  # the bottom layer
     inner = parser["importlinter:contract:tuner-layers"]
     assert [line.strip() for line in inner["layers"].strip().splitlines()] == [
         "plan | loop",
@@ -90,6 +90,7 @@ PROBE_FILES = {
     "operator/conditions.py": "",
     "operator/labels.py": "",
     "operator/timers.py": "",
+    "operator/kopf_internals.py": "",
     "operator/inferenceservice/__init__.py": "",
     "operator/inferenceservice/tick.py": (
         "import os\n\nfrom probe.operator.loop import state\nfrom probe.tuner.plan import planner\n"

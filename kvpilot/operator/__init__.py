@@ -15,6 +15,6 @@ Wings, top down (import-linter's ``operator-layers`` contract keeps the order; d
     (Deployment, pod template, storage, capacity, rollout, pod readings).
 ``clients``
     the only modules that talk to Kubernetes, Prometheus and the Hub.
-``api`` | ``errors`` and ``conditions`` | ``labels`` | ``timers``
+``api`` | ``errors`` and ``conditions`` | ``labels`` | ``timers`` | ``kopf_internals``
     the custom resources' types, the error tree and the smallest shared helpers.
 """

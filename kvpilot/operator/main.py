@@ -24,7 +24,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator import api, timers
+from kvpilot.operator import api, kopf_internals, timers
 from kvpilot.operator.clients import metrics, prometheus_settings
 from kvpilot.operator.enginetuner import target_main, target_webhook
 from kvpilot.operator.inferenceservice import closed_loop, drift, handlers
@@ -167,7 +167,7 @@ kopf.timer(
     initial_delay=LOOP_INTERVAL_S,
     when=timers.is_live,  # stopped on the watch's DELETED event, not by a finalizer (kvpilot.operator.timers)
 )(closed_loop.closed_loop_tick)  # fmt: skip
-if not timers.drop_finalizer_requirement(closed_loop.closed_loop_tick):
+if not kopf_internals.drop_finalizer_requirement(closed_loop.closed_loop_tick):
     raise RuntimeError("kopf's registry has no timer for closed_loop_tick to drop the finalizer of")
 
 

@@ -16,13 +16,12 @@ object, and the timer's ``when`` filter (:func:`is_live`) then no longer matches
 (``FILTERS_MISMATCH``) in that same processing cycle. An old ``kvpilot.io/finalizer`` on an object
 is removed by kopf on its next event (no handler requires it).
 
-:func:`drop_finalizer_requirement` uses kopf's registry internals (``OperatorRegistry._spawning``);
-``tests/operator/test_timers.py`` fails loudly if a kopf release changes them.
+:func:`kvpilot.operator.kopf_internals.drop_finalizer_requirement` removes the finalizer kopf's public
+``kopf.timer`` always asks for; it is kvpilot's one use of kopf's private API, kept in that shim.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -74,14 +73,3 @@ def observe(event: Mapping[str, Any], body: Mapping[str, Any]) -> None:
     """Record a ``DELETED`` watch event (called from a ``kopf.on.event`` handler)."""
     GONE.observe(event.get("type"), body)
 
-
-def drop_finalizer_requirement(fn: Callable[..., Any], registry: kopf.OperatorRegistry | None = None) -> int:
-    """Make the spawning handlers (timers, daemons) registered for ``fn`` require no finalizer; returns
-    how many were changed (0 means kopf's registry no longer looks as expected: the caller raises)."""
-    spawning = (registry or kopf.get_default_registry())._spawning
-    changed = 0
-    for i, handler in enumerate(spawning._handlers):
-        if handler.fn is fn and handler.requires_finalizer:
-            spawning._handlers[i] = dataclasses.replace(handler, requires_finalizer=False)
-            changed += 1
-    return changed

@@ -226,3 +226,27 @@ def test_render_shows_the_strategy_the_operator_applies(rollout: dict, strategy:
     live = rollout_strategy.compute_rollout_choice(spec.rollout, 2, fits_now=True, serving=True)
     if rollout["strategy"] != "Auto":  # what the live operator chooses for an explicit strategy
         assert rollout_strategy.build_deployment_strategy(live) == strategy
+
+
+@pytest.mark.parametrize(
+    "rollout",
+    [{"strategy": "Replace"}, {"strategy": "Surge"}, {"strategy": "Recreate", "allowDowntime": True}],
+    ids=["Replace", "Surge", "Recreate"],
+)
+async def test_the_reconcilers_deployment_is_renders(rollout: dict) -> None:
+    """An update's reconciliation re-chooses the strategy against the cluster
+    (:func:`kvpilot.operator.pods.workloads.fetch_rollout_strategy`, handlers' path after a create): for an
+    explicit strategy the Deployment it applies is render's, to the last field, and no node is read."""
+    from operator_fakes import FakeKube
+
+    from kvpilot.operator.pods import workloads
+
+    doc = load("llama-3.1-8b-on-l4.yaml")
+    doc["spec"]["replicas"] = 2
+    doc["spec"]["rollout"] = rollout
+    rendered = render.build_manifests(doc)
+    kube = FakeKube()
+    spec = desired.parse_spec(doc["spec"])
+    reconciled = await workloads.fetch_rollout_strategy(kube, spec, rendered)  # type: ignore[arg-type]
+    assert reconciled == rendered
+    assert kube.node_lists == 0

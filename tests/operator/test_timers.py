@@ -56,6 +56,3 @@ def test_the_operator_records_deletions_of_inference_services() -> None:
     main.inference_service_event(event={"type": "DELETED", "object": body}, body=body)  # type: ignore[arg-type]
     assert not timers.is_live(body)  # type: ignore[arg-type]
 
-
-def test_drop_finalizer_requirement_reports_a_miss() -> None:
-    assert timers.drop_finalizer_requirement(lambda: None) == 0
