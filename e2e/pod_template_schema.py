@@ -59,6 +59,8 @@ POD_FIELDS: dict[str, tuple[str, str]] = {
     "runtimeClassName": ("string", "The pods' RuntimeClass (e.g. nvidia)."),
     "imagePullSecrets": (f"{P}LocalObjectReference", "Secrets to pull the images with."),
     "serviceAccountName": ("string", "The ServiceAccount the pods run as."),
+    "automountServiceAccountToken": ("boolean", "Mount the ServiceAccount's token into the pods. "
+                                     "Unset: false (vLLM never calls the Kubernetes API)."),
     "securityContext": (f"{P}PodSecurityContext", "The pod's security context (merged over kvpilot's; "
                         "spec.podSecurity Restricted sets its own)."),
     "volumes": (f"{P}Volume", "Extra volumes (names must not be kvpilot's: dshm, the weight cache)."),

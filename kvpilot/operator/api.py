@@ -329,6 +329,8 @@ class PodTemplateSpec(_Wire):
     runtime_class_name: str | None = Field(None, max_length=253)
     image_pull_secrets: list[KubeObject] = Field(default_factory=list, max_length=8)
     service_account_name: str | None = Field(None, max_length=253)
+    automount_service_account_token: bool | None = None
+    """Unset: False (vLLM never talks to the API server; a mounted token is one more credential to steal)."""
     security_context: KubeObject | None = None
     volumes: list[KubeObject] = Field(default_factory=list, max_length=32)
     init_containers: list[KubeObject] = Field(default_factory=list, max_length=8)

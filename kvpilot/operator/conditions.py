@@ -41,12 +41,16 @@ PROMETHEUS_FORBIDDEN = "PrometheusForbidden"
 PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"
 PROMETHEUS_CREDENTIALS_UNREADABLE = "PrometheusCredentialsUnreadable"
 PROMETHEUS_QUERY_FAILED = "PrometheusQueryFailed"
+PROMETHEUS_NOT_FOUND = "PrometheusNotFound"
+PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
+PROMETHEUS_BAD_RESPONSE = "PrometheusBadResponse"
 PROMETHEUS_FAILURES = frozenset({
     PROMETHEUS_TLS_ERROR, PROMETHEUS_UNAUTHORIZED, PROMETHEUS_FORBIDDEN, PROMETHEUS_UNREACHABLE,
-    PROMETHEUS_CREDENTIALS_UNREADABLE, PROMETHEUS_QUERY_FAILED,
+    PROMETHEUS_CREDENTIALS_UNREADABLE, PROMETHEUS_QUERY_FAILED, PROMETHEUS_NOT_FOUND, PROMETHEUS_UNAVAILABLE,
+    PROMETHEUS_BAD_RESPONSE,
 })  # fmt: skip
-"""``MetricsAvailable=False`` reasons of a failed Prometheus query (``prometheus.classify_error``): each is
-also a Warning event when the reason changes to it."""
+"""``MetricsAvailable=False`` reasons of a failed Prometheus query (``prometheus_errors.classify_error``):
+each is also a Warning event when the reason changes to it."""
 PROMETHEUS_NOT_CONFIGURED = "PrometheusNotConfigured"
 """``MetricsAvailable=False`` without a Prometheus URL: a supported set-up (crash remedies only), no event."""
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, by_kind, run_helm, values_args
+from test_chart_admission import _notes
 
 Render = Callable[..., list[dict[str, Any]]]
 VARIANTS = [None, *CI_VALUES]
@@ -115,6 +116,23 @@ def test_namespaced_grants_stay_in_the_watched_namespaces(rendered: Render) -> N
     assert cluster == {
         "customresourcedefinitions", "namespaces", "nodes", "pods", "tuningprofiles", "tuningprofiles/status",
     }  # fmt: skip
+
+
+def test_namespaced_mode_reads_secrets_evicts_and_writes_pdbs_only_in_the_watched_namespaces(
+    rendered: Render,
+) -> None:
+    objs = rendered(sets=["watchNamespaces={team-a,team-b}"])
+    sensitive = {"secrets", "pods/eviction", "poddisruptionbudgets"}
+    where = {(w, res) for (w, _, res, _) in operator_grants(objs) if res in sensitive}
+    assert where == {(ns, res) for ns in ("team-a", "team-b") for res in sensitive}
+
+
+def test_notes_say_when_secrets_are_readable_everywhere(helm: Path, tmp_path: Path) -> None:
+    everywhere = "the operator can read Secrets in EVERY namespace"
+    assert everywhere in _notes(helm, tmp_path)
+    narrowings = ("watchNamespaces={team-a}", "rbac.modelConfigNamespaces={a}", "rbac.secrets.enabled=false")
+    for narrowed in narrowings:
+        assert everywhere not in _notes(helm, tmp_path, "--set", narrowed)
 
 
 MODEL_CONFIG = {"configmaps", "secrets"}

@@ -211,6 +211,14 @@ def test_pod_meets_restricted_pod_security(
         assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
         assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+    # huggingface_hub writes its cache under HF_HOME: with HOME=/nonexistent and a read-only root filesystem
+    # that must be a mounted, writable emptyDir, or `source: Hub` models cannot be resolved
+    (operator,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in operator["env"]}
+    mount = next(m for m in operator["volumeMounts"] if m["mountPath"] == env["HF_HOME"])
+    assert not mount.get("readOnly")
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["emptyDir"]["sizeLimit"] == "256Mi"
 
 
 # --------------------------------------------------------------------------- values.schema.json

@@ -27,7 +27,7 @@ def test_defaults_render_a_webhook_that_never_blocks_pods(rendered: Render) -> N
     objs = rendered()
     mwc = one(objs, "MutatingWebhookConfiguration")
     (hook,) = mwc["webhooks"]
-    assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5 and hook["sideEffects"] == "None"
+    assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 3 and hook["sideEffects"] == "None"
     assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                               "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
     assert hook["objectSelector"]["matchExpressions"] == [
@@ -77,13 +77,33 @@ def test_generated_certificate_is_signed_by_the_ca_bundle_for_the_service(render
 def test_namespaced_mode_sends_only_the_watched_namespaces(rendered: Render) -> None:
     objs = rendered(sets=["watchNamespaces={team-a,team-b}"])
     (hook,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
-    (expr,) = hook["namespaceSelector"]["matchExpressions"]
-    assert (expr["key"], expr["operator"], expr["values"]) == (
+    served, excluded = hook["namespaceSelector"]["matchExpressions"]
+    assert (served["key"], served["operator"], served["values"]) == (
         "kubernetes.io/metadata.name", "In", ["team-a", "team-b"]
     )  # fmt: skip
+    assert excluded == _EXCLUDED
     custom = rendered(sets=["webhook.namespaceSelector.matchLabels.tuned=yes"])
     (hook,) = one(custom, "MutatingWebhookConfiguration")["webhooks"]
-    assert hook["namespaceSelector"] == {"matchLabels": {"tuned": "yes"}}
+    assert hook["namespaceSelector"] == {"matchLabels": {"tuned": "yes"}, "matchExpressions": [_EXCLUDED]}
+
+
+_EXCLUDED = {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NAMESPACE]}
+
+
+def test_kube_system_and_the_release_namespace_are_left_out_of_any_selector(rendered: Render) -> None:
+    """Even a selector that names them (or a watched release namespace): the webhook never sees the control
+    plane's pods or the operator's own."""
+    objs = rendered(
+        sets=[
+            "webhook.namespaceSelector.matchExpressions[0].key=team",
+            "webhook.namespaceSelector.matchExpressions[0].operator=Exists",
+        ]
+    )
+    (hook,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["namespaceSelector"]["matchExpressions"] == [{"key": "team", "operator": "Exists"}, _EXCLUDED]
+    objs = rendered(sets=[f"watchNamespaces={{team-a,{NAMESPACE}}}"])
+    (hook,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert _EXCLUDED in hook["namespaceSelector"]["matchExpressions"]
 
 
 def test_disabled_renders_no_webhook(rendered: Render) -> None:

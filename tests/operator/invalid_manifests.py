@@ -114,6 +114,8 @@ CASES: tuple[Case, ...] = (
          {"engine": {"extraArgs": ["--batch-size", "32"]}}),
     Case("bogus-kv-dtype-arg", "operator", "InvalidEngineArgs",
          {"engine": {"extraArgs": ["--kv-cache-dtype", "int3"]}}),
+    Case("extra-arg-out-of-range", "operator", "InvalidEngineArgs",
+         {"engine": {"extraArgs": ["--max-model-len", "9" * 400]}}),
     Case("extra-arg-contradicts-pinned", "operator", "InvalidSpec",
          {"engine": {"extraArgs": ["--max-num-seqs", "4"], "pinned": {"maxNumSeqs": 8}}}),
     Case("extra-arg-port", "operator", "InvalidSpec", {"engine": {"extraArgs": ["--port=9000"]}}),

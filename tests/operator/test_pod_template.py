@@ -254,3 +254,14 @@ def test_build_pod_template_does_not_modify_its_input() -> None:
     before = repr(rendered)
     pod_template.build_pod_template(rendered, api.PodTemplate.model_validate(TEMPLATE), "Restricted")
     assert repr(rendered) == before
+
+
+@pytest.mark.parametrize("pod_security", ["Default", "Restricted"])
+def test_vllm_pods_mount_no_service_account_token_unless_the_template_asks(pod_security: str) -> None:
+    """vLLM never calls the API server: a mounted token would only be a credential for whoever breaks in."""
+    for s in (spec(podSecurity=pod_security), spec(template=TEMPLATE, podSecurity=pod_security)):
+        assert pod(s)["spec"]["automountServiceAccountToken"] is False
+    for wanted in (True, False):
+        t = {"spec": {"serviceAccountName": "workload-identity", "automountServiceAccountToken": wanted}}
+        p = pod(spec(template=t, podSecurity=pod_security))
+        assert p["spec"]["automountServiceAccountToken"] is wanted

@@ -191,3 +191,34 @@ def test_a_configmap_carries_the_sidecar_under_its_own_name() -> None:
     kube.config_maps[("ns1", "cfg")]["hf_quant_config.json"] = "{broken"
     with pytest.raises(tuner_errors.InvalidModelConfig, match="key 'hf_quant_config.json'"):
         resolve.read_config_map_config(api.ConfigMapRef(name="cfg"), "ns1", kube)
+
+
+@pytest.mark.parametrize(
+    "name,status",
+    [("HfHubHTTPError", 401), ("HfHubHTTPError", 502), ("RepositoryNotFoundError", 404), ("ValueError", 0)],
+)
+def test_the_hubs_words_never_reach_the_status(monkeypatch, caplog, name: str, status: int) -> None:
+    """An upstream body quoting the token (a proxy echoing the Authorization header) stays out of the
+    failure (the condition and event) and out of the log; an unknown error: no InternalError quoting it."""
+    import httpx
+    import huggingface_hub
+    from huggingface_hub import errors as hf
+
+    body = "denied: Authorization: Bearer hf_SECRET"
+    if name == "ValueError":
+        exc: Exception = ValueError(body)
+    else:
+        response = httpx.Response(status, request=httpx.Request("GET", "https://huggingface.co/x"))
+        exc = getattr(hf, name)(body, response=response)
+
+    def fail(*a, **kw):
+        raise exc
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
+    caplog.set_level("DEBUG")
+    with pytest.raises(Exception) as info:
+        resolve.download_hub_config("acme/m", None, "hf_SECRET")
+    failure = errors.classify(info.value)
+    assert failure.reason != "InternalError"
+    assert "hf_SECRET" not in failure.message and "denied" not in failure.message
+    assert "hf_SECRET" not in caplog.text and "denied: Authorization" in caplog.text

@@ -243,3 +243,30 @@ def test_a_pinned_kv_pool_renders_in_place_of_the_utilisation() -> None:
         vllm.build_vllm_args(settings, kv_cache_memory_bytes=0)
     with pytest.raises(errors.InvalidEngineArgs):  # users still may not pass it
         vllm.validate_extra_args(["--kv-cache-memory-bytes", "1000"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag", "bound"),
+    [
+        (["--max-model-len", "9" * 400], "--max-model-len", 1 << 24),
+        (["--max-model-len=16777217"], "--max-model-len", 1 << 24),
+        (["--max-num-batched-tokens", "9" * 400 + "k"], "--max-num-batched-tokens", 1 << 24),
+        (["--max_num_seqs", "65537"], "--max-num-seqs", 1 << 16),
+        (["--tensor-parallel-size", "-" + "9" * 50], "--tensor-parallel-size", 64),
+    ],
+)
+def test_an_out_of_range_integer_is_invalid_engine_args_naming_flag_and_bound(
+    extra: list[str], flag: str, bound: int
+) -> None:
+    """400 nines used to pass the parser and overflow later as an InternalError; the message never echoes
+    the whole figure."""
+    with pytest.raises(errors.InvalidEngineArgs) as err:
+        vllm.parse_vllm_args(extra)
+    assert err.value.flag == flag
+    assert f"at most {bound}" in err.value.message and "out of range" in err.value.message
+    assert "9" * 40 not in err.value.message
+
+
+def test_the_bounds_themselves_are_accepted() -> None:
+    settings, _ = vllm.parse_vllm_args(["--max-model-len", "16M", "--max-num-seqs", "65536"])
+    assert (settings.max_model_len, settings.max_num_seqs) == (1 << 24, 1 << 16)

@@ -11,6 +11,7 @@ snapshot per tick interval between them, with a single fetch in flight (:class:`
 Nothing here raises: an unreachable Prometheus, a wrong CA, a 401, an error answer or absent series give
 a window marked unavailable, with a cause (``ObservationWindow.unavailable_code``: ``PrometheusTLSError``,
 ``PrometheusUnauthorized``, ...) that becomes the ``MetricsAvailable=False`` reason; the policy holds.
+The message is tenant-safe: a fixed text per class, never an upstream body (:mod:`.prometheus_errors`).
 
 Series are those of vLLM 0.33 (``vllm/v1/metrics/loggers.py``), with the fallbacks older releases need
 (``B`` below is ``namespace, pod``; per pod, the first naming that has a series wins):
@@ -52,6 +53,7 @@ from typing import Any, Protocol
 
 from kvpilot.operator import conditions
 from kvpilot.operator.clients import metrics
+from kvpilot.operator.clients.prometheus_errors import classify_error
 from kvpilot.operator.clients.prometheus_settings import URL_ENV, PrometheusSettings
 from kvpilot.tuner.loop import LengthSummary, MetricsSample, ObservationWindow
 from kvpilot.tuner.vllm import serving
@@ -418,48 +420,6 @@ def _default_client(settings: PrometheusSettings) -> PromClient:
             )
             _clients[settings] = client
         return client
-
-
-def _detail(exc: BaseException) -> str:
-    """The innermost cause in one short line: ``certificate verify failed: unable to get local issuer
-    certificate`` rather than urllib3's retry wrapper with the whole query URL in it."""
-    import ssl
-
-    seen: set[int] = set()
-    todo: list[Any] = [exc]
-    while todo:
-        e = todo.pop()
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, ssl.SSLCertVerificationError) and e.verify_message:
-            return f"certificate verify failed: {e.verify_message}"
-        if isinstance(e, ssl.SSLError) and e.reason:
-            return f"TLS error: {e.reason}"
-        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text.split(" with url: ")[0][:300]
-
-
-def classify_error(exc: BaseException, url: str) -> tuple[str, str]:
-    """(the ``MetricsAvailable`` reason, a message naming ``url``) for a failed query."""
-    import requests
-
-    text = str(exc)
-    detail = _detail(exc)
-    if isinstance(exc, requests.exceptions.SSLError):
-        code, what = conditions.PROMETHEUS_TLS_ERROR, "TLS verification failed (check prometheus.tls.ca)"
-    elif "HTTP Status Code 401" in text:
-        code, what = conditions.PROMETHEUS_UNAUTHORIZED, "401 Unauthorized (check the credentials Secret)"
-    elif "HTTP Status Code 403" in text:
-        code, what = conditions.PROMETHEUS_FORBIDDEN, "403 Forbidden (not allowed for this tenant)"
-    elif isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
-        code, what = conditions.PROMETHEUS_UNREACHABLE, "unreachable"
-    elif isinstance(exc, OSError):  # a credentials file that cannot be read
-        code, what = conditions.PROMETHEUS_CREDENTIALS_UNREADABLE, "cannot read the credentials file"
-    else:
-        code, what = conditions.PROMETHEUS_QUERY_FAILED, "error answer"
-    return code, f"Prometheus query failed ({url}): {what}: {detail}"
 
 
 def _fetch_sync(

@@ -4,7 +4,7 @@ Read once, at start-up (:func:`settings_from_env`, from :func:`kvpilot.operator.
 invalid value stops the operator there with :class:`PrometheusConfigError`. The chart sets these from
 ``prometheus.*`` (charts/kvpilot/values.yaml), mounting the Secret and CA bundle as files::
 
-    KVPILOT_PROMETHEUS_URL                     http(s)://host:port[/prefix]
+    KVPILOT_PROMETHEUS_URL                     http(s)://host:port[/prefix] (no user:password@: refused)
     KVPILOT_PROMETHEUS_BEARER_TOKEN_FILE       a file holding the token (a mounted Secret key), or
     KVPILOT_PROMETHEUS_BEARER_TOKEN            the token itself (an env ``valueFrom.secretKeyRef``)
     KVPILOT_PROMETHEUS_USERNAME[_FILE]         basic auth user, and
@@ -45,6 +45,7 @@ HEADERS_ENV = "KVPILOT_PROMETHEUS_HEADERS"
 POD_LABEL_ENV = "KVPILOT_PROMETHEUS_POD_LABEL"
 NAMESPACE_LABEL_ENV = "KVPILOT_PROMETHEUS_NAMESPACE_LABEL"
 
+_USERINFO = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#\s]*@")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
@@ -143,6 +144,13 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> PrometheusSet
     :class:`PrometheusConfigError`."""
     env = environ if environ is not None else os.environ
     url = env.get(URL_ENV, "").strip().rstrip("/")
+    if url and _USERINFO.match(url):  # never echo it: the error is logged
+        raise PrometheusConfigError(
+            f"{URL_ENV}: credentials in the URL (user:password@) are refused: they would be shown wherever "
+            f"the URL is (conditions, events, logs). Put them in a Secret: {USERNAME_FILE_ENV} and "
+            f"{PASSWORD_FILE_ENV} (chart: prometheus.auth.basic.secretName) or {BEARER_TOKEN_FILE_ENV} "
+            "(prometheus.auth.bearerToken.secretName)"
+        )
     if url and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
         raise PrometheusConfigError(f"{URL_ENV}={url!r}: expected http(s)://host[:port][/path]")
     token = _secret(env, BEARER_TOKEN_ENV, BEARER_TOKEN_FILE_ENV)

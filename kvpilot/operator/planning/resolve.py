@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -29,6 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import IO_POOL, Kube, build_label_selector
+from kvpilot.operator.clients.prometheus_errors import redact_text
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, memory
 from kvpilot.tuner.model import (
@@ -43,6 +45,8 @@ from kvpilot.tuner.model import (
     parse_config_json,
 )
 from kvpilot.tuner.types import GpuSpec
+
+logger = logging.getLogger(__name__)
 
 NODE_CACHE_TTL_S = 30.0
 HUB_TIMEOUT_S = 10.0
@@ -219,6 +223,7 @@ def download_hub_config(model_id: str, revision: str | None, token: str | None) 
             model_id, "config.json", revision=revision, token=token or False, etag_timeout=HUB_TIMEOUT_S
         )
     except Exception as exc:
+        _log_hub_error(exc, model_id)
         raise compute_hub_error(exc, model_id, revision) from None
     config = _read_hub_json(path, f"config.json of {model_id}@{revision or 'main'}")
     if is_quantization_in_config(config):
@@ -228,12 +233,18 @@ def download_hub_config(model_id: str, revision: str | None, token: str | None) 
             model_id, QUANT_SIDECAR, revision=revision, token=token or False, etag_timeout=HUB_TIMEOUT_S
         )
     except Exception as exc:
+        _log_hub_error(exc, model_id)
         mapped = compute_hub_error(exc, model_id, revision)
         if isinstance(mapped, tuner_errors.InvalidModelConfig) or _hub_offline():
             return config  # not on the Hub, or offline (HF_HUB_OFFLINE) with only config.json cached: none
         raise mapped from None
     sidecar = _read_hub_json(path, f"{QUANT_SIDECAR} of {model_id}@{revision or 'main'}")
     return dict(build_config_with_quant_sidecar(config, sidecar))
+
+
+def _log_hub_error(exc: Exception, model_id: str) -> None:
+    """The Hub's words for the operator's owner only: redacted (no token, no userinfo), truncated."""
+    logger.info("Hub request for %s failed: %s: %s", model_id, type(exc).__name__, redact_text(str(exc)))
 
 
 def _hub_offline() -> bool:
@@ -289,7 +300,11 @@ def compute_hub_error(exc: Exception, model_id: str, revision: str | None) -> Ex
         return errors.HubUnreachable(f"the Hugging Face Hub failed for {where} (HTTP {status}); retrying")
     if isinstance(exc, OSError | TimeoutError) or "httpx" in type(exc).__module__:
         return unreachable
-    return exc
+    # anything else: its text may quote the Hub's answer (status goes to the tenant): the class name only;
+    # the operator's log has the text, redacted (download_hub_config)
+    return errors.HubUnreachable(
+        f"the Hugging Face Hub request for {where} failed ({type(exc).__name__}); retrying with back-off"
+    )
 
 
 def read_model(

@@ -18,8 +18,9 @@ the weight-download init container. What merges:
 * ``volumes``, ``initContainers`` (before kvpilot's download), ``containers`` (sidecars, after vLLM): added;
 * a ``containers`` entry named ``vllm`` patches the vLLM container: ``securityContext`` over kvpilot's
   hardening, ``volumeMounts`` and ``envFrom`` added;
-* the scalars (priorityClassName, runtimeClassName, serviceAccountName, schedulerName, dnsPolicy, hostIPC,
-  imagePullSecrets): set.
+* the scalars (priorityClassName, runtimeClassName, serviceAccountName, automountServiceAccountToken,
+  schedulerName, dnsPolicy, hostIPC, imagePullSecrets): set. ``automountServiceAccountToken`` is False unless
+  the template sets it: vLLM never calls the API server, so its pods carry no token to steal.
 
 Restricted (the image's ``vllm`` user, :data:`kvpilot.tuner.vllm.IMAGE_USER_UID`): ``runAsNonRoot``,
 ``runAsUser`` 2000, ``runAsGroup`` and ``fsGroup`` 0 (the image's group-0-writable convention, so a weight
@@ -147,6 +148,7 @@ def build_pod_template(
     """``rendered`` (a Deployment's ``spec.template``, kvpilot's) with ``template`` merged in and, for
     Restricted, hardened to the restricted standard. ``rendered`` is not modified."""
     out = copy.deepcopy(dict(rendered))
+    out["spec"].setdefault("automountServiceAccountToken", False)  # vLLM needs no API token
     if template is not None:
         _merge(out, template)
     if pod_security == "Restricted":
@@ -163,7 +165,8 @@ def _merge(out: dict[str, Any], template: api.PodTemplate) -> None:
         spec["affinity"] = build_affinity(spec.get("affinity"), t.affinity)
     scalars = {"priorityClassName": t.priority_class_name, "runtimeClassName": t.runtime_class_name,
                "serviceAccountName": t.service_account_name, "schedulerName": t.scheduler_name,
-               "dnsPolicy": t.dns_policy, "hostIPC": t.host_ipc}  # fmt: skip
+               "dnsPolicy": t.dns_policy, "hostIPC": t.host_ipc,
+               "automountServiceAccountToken": t.automount_service_account_token}  # fmt: skip
     spec.update({k: v for k, v in scalars.items() if v is not None})
     for key, items in (("topologySpreadConstraints", t.topology_spread_constraints),
                        ("imagePullSecrets", t.image_pull_secrets), ("volumes", t.volumes)):  # fmt: skip

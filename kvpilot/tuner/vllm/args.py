@@ -137,6 +137,18 @@ _PARSERS: Mapping[str, Callable[[str], object]] = {
 
 _FIELD_BY_FLAG = {flag: name for name, flag in FLAGS.items()}
 
+INT_BOUNDS: Mapping[str, int] = {
+    "max_model_len": 1 << 24,
+    "max_num_seqs": 1 << 16,
+    "tensor_parallel_size": 64,
+    "max_num_batched_tokens": 1 << 24,
+}
+"""The largest value a tuned integer flag may take in ``extraArgs``: the API's bounds on the same pins
+(``spec.engine.pins``), so a flag and its pin accept the same values. Past them a figure only overflows
+later arithmetic (400 nines became an ``InternalError``)."""
+_MAX_INT_CHARS = 32
+"""Longer numbers are refused before they are parsed (and never echoed whole)."""
+
 
 def _canonical(token: str) -> tuple[str, str | None]:
     """``(flag, inline value)`` of one token: dashes for underscores, ``=value`` split off."""
@@ -233,6 +245,14 @@ def build_vllm_args(
     return (*rendered, *extra)
 
 
+def _shown(text: str) -> str:
+    return text if len(text) <= _MAX_INT_CHARS else f"{text[:12]}...({len(text)} characters)"
+
+
+def _out_of_range(flag: str, text: str, bound: int) -> str:
+    return f"{flag} {_shown(text)!r} is out of range: at most {bound}"
+
+
 def parse_vllm_args(args: Sequence[str]) -> tuple[EngineSettings, tuple[str, ...]]:
     """Split ``args`` into the tuned settings they set and everything else, untouched.
 
@@ -257,10 +277,16 @@ def parse_vllm_args(args: Sequence[str]) -> tuple[EngineSettings, tuple[str, ...
             index += 2
         else:
             index += 1
+        bound = INT_BOUNDS.get(field)
+        if bound is not None and len(inline.strip()) > _MAX_INT_CHARS:
+            raise errors.InvalidEngineArgs(_out_of_range(flag, inline, bound), flag=flag)
         try:
             values[field] = _PARSERS[field](inline)
-        except ValueError as exc:
-            raise errors.InvalidEngineArgs(f"{flag} {inline!r}: {exc}", flag=flag) from None
+        except (ValueError, OverflowError) as exc:  # OverflowError: "1e999k", a float past infinity
+            raise errors.InvalidEngineArgs(f"{flag} {_shown(inline)!r}: {exc}", flag=flag) from None
+        value = values[field]
+        if bound is not None and isinstance(value, int) and abs(value) > bound:
+            raise errors.InvalidEngineArgs(_out_of_range(flag, inline, bound), flag=flag)
     # The keys are EngineSettings' field names (FLAGS') and each value comes from that field's parser in
     # _PARSERS; a checker cannot tie a run-time key to its field's type. check_settings validates the result.
     settings = EngineSettings(**values)  # type: ignore[arg-type]
