@@ -115,6 +115,25 @@ def mamba_spec_parts(
     return tuple(shapes), tuple(dtypes), kind
 
 
+def through_mixer2(m: Any, base: Any) -> Any:
+    """``base`` as vLLM's own ``MambaMixer2.get_kv_cache_spec`` returns it (0.33 adds one prefill
+    checkpoint block, alignment 1): the method itself, called on a probe whose ``MambaBase`` part
+    returns ``base`` (building the mixer needs a full model config and a device)."""
+    mixer2 = m["MambaMixer2"]
+    mamba_base = next(c for c in mixer2.__mro__[1:] if c.__name__ == "MambaBase")
+
+    class _Base(mamba_base):  # type: ignore[misc,valid-type]
+        def get_kv_cache_spec(self, vllm_config: Any) -> Any:
+            return self.__dict__["probe_spec"]
+
+    class _Probe(mixer2, _Base):  # type: ignore[misc,valid-type]
+        pass
+
+    probe = object.__new__(_Probe)
+    object.__setattr__(probe, "probe_spec", base)
+    return mixer2.get_kv_cache_spec(probe, None)
+
+
 def build_vllm_specs(
     m: Any, vc: Any, config: dict[str, Any], spec: ModelSpec, p: Point
 ) -> tuple[list[dict[str, Any]], int]:
@@ -158,6 +177,8 @@ def build_vllm_specs(
                 # KimiK3DeltaAttention.get_kv_cache_spec sets the alignment on its spec; GDN leaves None.
                 prefill_checkpoint_alignment=alignment if "linear_attn_config" in _text(config) else None,
             )
+            if mamba_type == m["MambaAttentionBackendEnum"].MAMBA2:  # Nemotron-H's MambaMixer2
+                specs[index] = through_mixer2(m, specs[index])
         else:
             specs[index] = _attention_spec(m, layer, block, p.tp, kv_dtype, quant, p.dtype, per_token_head)
     named = {f"model.layers.{i}.attn": (i, s) for i, s in specs.items()}
@@ -434,4 +455,13 @@ def unchecked(planning: Any) -> Any:
     return run
 
 
-__all__ = ["Outcome", "Point", "build_vllm_specs", "kvpilot_outcome", "replace", "unchecked", "vllm_outcome"]
+__all__ = [
+    "Outcome",
+    "Point",
+    "build_vllm_specs",
+    "through_mixer2",
+    "kvpilot_outcome",
+    "replace",
+    "unchecked",
+    "vllm_outcome",
+]

@@ -90,6 +90,7 @@ def wheel(vllm: types.ModuleType) -> dict[str, Any]:
     from vllm.distributed.utils import get_pp_indices
     from vllm.model_executor.layers.mamba import mamba_utils
     from vllm.model_executor.layers.mamba.kda_checkpoint import kda_prefill_checkpoint_alignment
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
     from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
     from vllm.models.deepseek_v4.attention import (
         DeepseekV4Attention,
@@ -118,6 +119,7 @@ def wheel(vllm: types.ModuleType) -> dict[str, Any]:
         "torch": torch,
         "get_pp_indices": get_pp_indices,
         "mamba_utils": mamba_utils,
+        "MambaMixer2": MambaMixer2,
         "DeepseekV32IndexerCache": DeepseekV32IndexerCache,
         "set_current_vllm_config": set_current_vllm_config,
         "kda_prefill_checkpoint_alignment": kda_prefill_checkpoint_alignment,

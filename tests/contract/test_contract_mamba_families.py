@@ -21,6 +21,7 @@ import copy
 import itertools
 import json
 import pathlib
+import sys
 import types
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -81,6 +82,7 @@ def families(
 def wheel(vllm: types.ModuleType) -> dict[str, Any]:
     import torch
     from vllm.distributed.utils import get_pp_indices
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
     from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
     from vllm.v1.core import kv_cache_planning as planning
     from vllm.v1.core import kv_cache_utils as utils
@@ -92,6 +94,7 @@ def wheel(vllm: types.ModuleType) -> dict[str, Any]:
         "STR_DTYPE_TO_TORCH_DTYPE": STR_DTYPE_TO_TORCH_DTYPE,
         "FullAttentionSpec": FullAttentionSpec,
         "MambaSpec": MambaSpec,
+        "MambaMixer2": MambaMixer2,
         "get_kv_quant_mode": get_kv_quant_mode,
         "get_global_kv_cache_groups": planning.get_global_kv_cache_groups,
         "get_kv_cache_configs": planning.get_kv_cache_configs,
@@ -141,6 +144,7 @@ def _vllm_workers(
         block, padded = kp.align_hybrid_block_size(p.block, False, None, mamba_page, attn(1))
         padded = None if padded == mamba_page else padded
     state_block = block if prefix_caching else p.max_len  # MambaModelConfig's mamba_block_size
+    mixer2 = "MambaMixer2" in vars(sys.modules[cls.__module__])  # its layers' get_kv_cache_spec
     named: dict[str, tuple[int, Any]] = {}
     for i in range(n):
         if attention[i]:
@@ -156,6 +160,11 @@ def _vllm_workers(
                     mamba_cache_mode="align" if prefix_caching else "none",
                 ),
             )
+            if mixer2:
+                named[f"model.layers.{i}.mixer"] = (
+                    i,
+                    kp.through_mixer2(m, named[f"model.layers.{i}.mixer"][1]),
+                )
     workers = []
     for rank in range(p.pp):
         start, end = m["get_pp_indices"](n, rank, p.pp)

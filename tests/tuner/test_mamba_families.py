@@ -68,10 +68,11 @@ def test_state_page_bytes_are_conv_plus_ssm_in_the_model_dtype() -> None:
 
 def test_attention_free_models_run_without_prefix_caching_by_default() -> None:
     """vLLM 0.33 enables prefix caching for hybrids only: an attention-free model keeps one state page per
-    request, two when ``--enable-prefix-caching`` puts it in align mode."""
+    request; with ``--enable-prefix-caching`` (align mode) MambaMixer2 holds three (two, plus the prefill
+    checkpoint its ``get_kv_cache_spec`` declares), Jamba's Mamba1 two."""
     spec = build_model_spec(CONFIGS["Mamba2ForCausalLM"])
     assert kv_cache.compute_kv_layout(spec).state_blocks_per_request() == 1
-    assert kv_cache.compute_kv_layout(spec, enable_prefix_caching=True).state_blocks_per_request() == 2
+    assert kv_cache.compute_kv_layout(spec, enable_prefix_caching=True).state_blocks_per_request() == 3
     jamba = build_model_spec(CONFIGS["JambaForCausalLM"])
     assert kv_cache.compute_kv_layout(jamba).groups[0].state_pages == 2  # a hybrid: align mode
 

@@ -42,7 +42,7 @@ from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
-MEMORY_MODEL_VERSION = "2026.12.2"
+MEMORY_MODEL_VERSION = "2026.12.3"
 """The memory model's version: bump it whenever a change here (or in :mod:`.kv_cache`, :mod:`.weights`)
 moves a prediction. Fleet-learned TuningProfiles are keyed by it
 (:mod:`kvpilot.tuner.plan.profiles`), so a new memory model never reuses ratios learned against the old one's
@@ -159,7 +159,9 @@ def resolve_settings(
         max_model_len=derived if auto else eff.max_model_len,
         max_num_seqs=eff.max_num_seqs,
         max_num_batched_tokens=eff.max_num_batched_tokens,
-        kv_cache_dtype=eff.kv_cache_dtype or "auto",
+        kv_cache_dtype=vllm.resolve_kv_cache_dtype(
+            eff.kv_cache_dtype, model.quantization.kv_cache if model.quantization else None
+        ),
         dtype=dtype or model.dtype,
         auto_max_model_len=auto,
         model_runner_v2=vllm.uses_model_runner_v2(version, model_runner_v2),

@@ -29,9 +29,11 @@ from kvpilot.tuner.model import (
     GDN,
     KDA,
     LINEAR,
+    MAMBA2,
     MLA,
     NO_KV,
     SLIDING,
+    LinearStateSpec,
     ModelSpec,
 )
 
@@ -201,7 +203,7 @@ def compute_kv_layout(
     if has_state and not attention:  # attention-free (Mamba, Mamba2): one unpadded page per state
         assert state is not None
         align = vllm.uses_mamba_align_mode(vllm_version, enable_prefix_caching)
-        state_pages = vllm.state_pages_per_request(align, 0)
+        state_pages = vllm.state_pages_per_request(align, _mixer_checkpoints(state, align, vllm_version))
         model_per_token = 0.0
         state_bytes = state.state_bytes(tp, model_bytes)
     elif has_state:
@@ -221,7 +223,8 @@ def compute_kv_layout(
         model_per_token = per_token[max(full, key=lambda k: per_token[k])]
         block_size = _hybrid_block_size(model, model_per_token, block_size, state_bytes, checkpoint)
         blocks = dict.fromkeys(attention, block_size)
-        state_pages = vllm.state_pages_per_request(align, 1 if checkpoint else 0)
+        checkpoints = (1 if checkpoint else 0) + _mixer_checkpoints(state, align, vllm_version)
+        state_pages = vllm.state_pages_per_request(align, checkpoints)
     pages = {key: int(blocks[key] * per_token[key]) for key in attention}
     if has_state:
         state_page = max(int(block_size * model_per_token), state_bytes)
@@ -276,6 +279,11 @@ def compute_kv_layout(
     bytes_per_block = max(g.bytes_per_block for g in groups)
     state_groups = sum(1 for g in groups if g.kind == LINEAR)
     return KvLayout(block_size, tuple(groups), bytes_per_block, bytes_per_token, state_groups)
+
+
+def _mixer_checkpoints(state: LinearStateSpec, align: bool, version: vllm.Version) -> int:
+    """Prefill-checkpoint pages the state mixer itself declares in align mode (``MambaMixer2``)."""
+    return vllm.mamba2_checkpoint_blocks(version) if align and state.family == MAMBA2 else 0
 
 
 def _compressed_layout(model: ModelSpec, pp: int, pp_rank: int, kv_cache_dtype: str | None) -> KvLayout:

@@ -13,11 +13,12 @@ raises :class:`~kvpilot.tuner.errors.InvalidModelConfig`: never a guess.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.tuner import errors
+from kvpilot.tuner import errors, vllm
 from kvpilot.tuner.model import modelopt
 from kvpilot.tuner.model.fields import Fields, Limit
 from kvpilot.tuner.model.modelopt import ModelOptSpec
@@ -40,10 +41,44 @@ class QuantSpec:
     modelopt: ModelOptSpec | None = None
     """A ModelOpt checkpoint's algorithm, unquantized modules and per-layer precision
     (:mod:`kvpilot.tuner.model.modelopt`)."""
+    kv_cache: vllm.KvCacheDeclaration | None = None
+    """The KV cache the checkpoint declares (``kv_cache_scheme`` / ``kv_cache_quant_algo``): what
+    ``--kv-cache-dtype auto`` runs (:func:`kvpilot.tuner.vllm.resolve_kv_cache_dtype`)."""
 
 
 def build_quant_spec(qc: Mapping[str, Any], where: str = "quantization_config") -> QuantSpec:
-    """Parse a ``quantization_config`` (at ``where`` in the config) into the bits weights are stored with."""
+    """Parse a ``quantization_config`` (at ``where`` in the config): the bits weights are stored with,
+    and the KV cache it declares."""
+    spec = _build_quant_spec(qc, where)
+    declared = _kv_cache_declaration(Fields(qc, where))
+    return spec if declared is None else dataclasses.replace(spec, kv_cache=declared)
+
+
+def _kv_cache_declaration(q: Fields) -> vllm.KvCacheDeclaration | None:
+    """``kv_cache_scheme`` or ``kv_cache_quant_algo``, at the top or in ModelOpt's ``quantization``
+    (vLLM 0.33 looks in both: ``get_kv_cache_quant_algo_string``); a sidecar without ``quant_method``
+    declares nothing to vLLM's resolution."""
+    method = (q.string("quant_method") or "").lower()
+    inner = q.child("quantization") or q
+    for name in ("kv_cache_scheme", "kv_cache_quant_algo"):
+        for where in (inner, q):
+            if not where.present(name):
+                continue
+            if isinstance(where.raw(name), str):
+                return vllm.KvCacheDeclaration(method, algo=where.string(name))
+            scheme = where.child(name)
+            assert scheme is not None
+            dynamic = scheme.raw("dynamic") if scheme.present("dynamic") else None
+            return vllm.KvCacheDeclaration(
+                method,
+                num_bits=scheme.optional_int("num_bits", limit=MAX_BITS),
+                type=scheme.string("type"),
+                dynamic=dynamic if isinstance(dynamic, bool) else None,
+            )
+    return None
+
+
+def _build_quant_spec(qc: Mapping[str, Any], where: str) -> QuantSpec:
     q = Fields(qc, where)
     if modelopt.is_legacy_sidecar(q):  # hf_quant_config.json: vLLM names the method from the algorithm
         modelopt.compute_legacy_method(q)

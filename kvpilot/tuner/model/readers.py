@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvpilot.tuner import errors, vllm
-from kvpilot.tuner.model import mamba
+from kvpilot.tuner.model import mamba, mimo
 from kvpilot.tuner.model.fields import (
     MAX_CONTEXT,
     MAX_EXPERTS,
@@ -365,6 +365,8 @@ def read_layers(
     decilm = _decilm_layers(text, num_layers, geometry)
     if decilm is not None:
         return decilm, None
+    if model_type in mimo.MODEL_TYPES:
+        return mimo.read_mimo_v2_layers(text, num_layers), None
     kinds = _layer_types(text, model_type, num_layers, window)
     shared = text.optional_int("num_kv_shared_layers", limit=MAX_LAYERS, minimum=0) or 0
     if shared:

@@ -375,6 +375,7 @@ def _choose_utilization(p: _Planning, settings: EngineSettings) -> EngineSetting
     """Step 3: an ``auto`` KV cache unless pinned, and the safe utilisation under a learned ceiling."""
     if p.pinned.kv_cache_dtype is None:
         settings = settings.replace(kv_cache_dtype="auto")
+    _explain_auto_kv(p, settings)
     if p.pinned.gpu_memory_utilization is not None:
         return settings
     bounds, learned = p.bounds, p.learned
@@ -390,6 +391,18 @@ def _choose_utilization(p: _Planning, settings: EngineSettings) -> EngineSetting
                 f"below the spec's minimum {bounds.min_gpu_memory_utilization}: the minimum is kept."
             )
     return settings.replace(gpu_memory_utilization=util)
+
+
+def _explain_auto_kv(p: _Planning, settings: EngineSettings) -> None:
+    """``--kv-cache-dtype auto`` on a checkpoint that declares its KV cache: say what auto runs."""
+    quant = p.model.quantization
+    declared = quant.kv_cache if quant is not None else None
+    resolved = vllm.resolve_kv_cache_dtype(settings.kv_cache_dtype, declared)
+    if (settings.kv_cache_dtype or "auto") == "auto" and resolved != "auto":
+        p.warnings.append(
+            f"--kv-cache-dtype auto means {resolved} for this checkpoint: its quantization_config "
+            f"declares a {resolved} KV cache, which vLLM runs for auto; the KV cache is sized in {resolved}."
+        )
 
 
 def _try_fp8_kv(

@@ -90,6 +90,17 @@ def state_pages_per_request(align: bool, checkpoint_blocks: int) -> int:
     return 2 + checkpoint_blocks if align else 1
 
 
+def mamba2_checkpoint_blocks(version: Version) -> int:
+    """Prefill-checkpoint pages a ``MambaMixer2`` state group holds per request in align mode.
+
+    0.33's ``MambaMixer2.get_kv_cache_spec`` (``model_executor/layers/mamba/mamba_mixer2.py``) declares
+    ``num_prefill_checkpoint_blocks=1`` with ``prefill_checkpoint_alignment=1`` (the block-boundary state
+    is exported from inside one forward pass; no block alignment follows from it), so
+    ``MambaSpec.max_memory_usage_bytes`` counts ``2 + 1`` pages: Nemotron-H, Granite 4 hybrids,
+    Falcon-H1, Zamba2, Mamba2. Earlier releases are modelled with one state page, as fitted."""
+    return 1 if version >= (0, 33) else 0
+
+
 def hybrid_manager_for_chunked_local(version: Version) -> bool:
     """Whether chunked-local (Llama 4) layers get their own KV groups.
 

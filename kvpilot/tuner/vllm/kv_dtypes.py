@@ -12,6 +12,7 @@ naming it (:func:`check_modelled`), never guessed.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from kvpilot.tuner import errors
 
@@ -130,3 +131,57 @@ def kv_head_token_bytes(
         )
         return k + v + PER_TOKEN_HEAD_SCALE_BYTES
     return (head_dim + head_dim_v) * kv_element_bytes(kv_cache_dtype, model_dtype_bytes)
+
+
+MODELOPT_KV_CACHE_ALGOS: Mapping[str, str] = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
+"""ModelOpt's ``kv_cache_quant_algo`` names and the cache dtype vLLM 0.33 runs for each
+(``vllm/utils/torch_utils.py::MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheDeclaration:
+    """What a checkpoint's ``quantization_config`` says of its KV cache (read by
+    :mod:`kvpilot.tuner.model.quantization`): its ``quant_method``, and the ``kv_cache_scheme`` or
+    ``kv_cache_quant_algo`` it names (a string, or a scheme's ``num_bits``/``type``/``dynamic``)."""
+
+    quant_method: str
+    algo: str | None = None
+    num_bits: int | None = None
+    type: str | None = None
+    dynamic: bool | None = None
+
+
+def declared_kv_cache_dtype(declared: KvCacheDeclaration | None) -> str | None:
+    """The cache dtype vLLM 0.33 runs for ``--kv-cache-dtype auto`` on a checkpoint declaring
+    ``declared``; ``None`` when it declares nothing (``auto`` stays the model's dtype).
+
+    ModelOpt (``quant_method`` ``modelopt*``): ``vllm/utils/torch_utils.py::get_kv_cache_quant_algo_string``
+    (via ``resolve_kv_cache_dtype_string``, ``EngineArgs.create_engine_config``): a static 8-bit float
+    scheme is ``fp8`` and a 4-bit float one ``nvfp4``, named through :data:`MODELOPT_KV_CACHE_ALGOS`
+    (``fp8`` runs ``fp8_e4m3``); anything else ``auto``. compressed-tensors: any ``kv_cache_scheme``
+    makes ``auto`` ``fp8`` in the attention layer (``model_executor/layers/attention/attention.py``: the
+    layer's ``kv_cache_dtype``, which its ``get_kv_cache_spec`` sizes). A ModelOpt sidecar
+    (``hf_quant_config.json``, no ``quant_method``) is not resolved there: ``auto`` stays the model's
+    dtype."""
+    if declared is None:
+        return None
+    method = declared.quant_method
+    if method.startswith("modelopt"):
+        algo = declared.algo
+        if algo is None and declared.num_bits == 8 and declared.type == "float" and declared.dynamic is False:
+            algo = "fp8"
+        elif algo is None and declared.num_bits == 4 and declared.type == "float":
+            algo = "nvfp4"
+        return MODELOPT_KV_CACHE_ALGOS.get((algo or "").lower(), "auto")
+    if method == "compressed-tensors":
+        return "fp8"
+    return None
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str | None, declared: KvCacheDeclaration | None) -> str:
+    """``--kv-cache-dtype`` as vLLM 0.33 runs it: an explicit dtype wins; ``auto`` (or unset) is the
+    checkpoint's declared KV cache (:func:`declared_kv_cache_dtype`), else ``auto`` (the model's dtype)."""
+    name = kv_cache_dtype or "auto"
+    if name != "auto":
+        return name
+    return declared_kv_cache_dtype(declared) or "auto"
