@@ -44,7 +44,7 @@ from kvpilot.operator.loop import loop_settings, loop_state
 from kvpilot.operator.pods import pod_status
 from kvpilot.operator.pods.pod_status import PodView
 from kvpilot.operator.status import status_patch
-from kvpilot.tuner import memory, vllm
+from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import (
     Decision,
     Evidence,
@@ -56,7 +56,7 @@ from kvpilot.tuner.loop import (
 from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
 from kvpilot.tuner.loop.scaling import compute_replica_change
 from kvpilot.tuner.model.spec import ModelSpec
-from kvpilot.tuner.plan.topology import compute_pipeline_parallel
+from kvpilot.tuner.plan.topology import compute_topology_budget
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan
 
 NOT_RUNNING = (
@@ -160,12 +160,9 @@ def compute_budget(inputs: LoopInputs, settings: EngineSettings) -> MemoryBudget
     the plan's)."""
     if same_settings(settings, inputs.plan.settings):
         return inputs.plan.budget
-    tp = settings.tensor_parallel_size or 1
-    return memory.compute_budget(
-        inputs.model, inputs.gpu, settings.replace(tensor_parallel_size=tp),
-        pipeline_parallel_size=compute_pipeline_parallel(inputs.plan_spec.gpu.count, tp),
-        vllm_version=inputs.vllm_version, weights_total_bytes=inputs.checkpoint_bytes,
-        **inputs.engine.budget_kwargs(),
+    return compute_topology_budget(
+        inputs.model, inputs.gpu, inputs.plan_spec.gpu.count, settings, inputs.vllm_version,
+        inputs.checkpoint_bytes, inputs.engine,
     )  # fmt: skip
 
 

@@ -44,7 +44,7 @@ from kvpilot.operator.pods import capacity, pod_cache, pod_status, rollout_strat
 from kvpilot.operator.pods.rollout_strategy import RolloutChoice
 from kvpilot.operator.status import events, status_patch, status_write
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner import gpus, memory, plan
+from kvpilot.tuner import gpus, plan
 from kvpilot.tuner.loop import (
     Action,
     Decision,
@@ -93,20 +93,13 @@ async def _fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_sta
 def _budget_for(
     inputs: resolve.Inputs, spec: api.InferenceServiceSpec, settings: EngineSettings
 ) -> MemoryBudget:
-    """The budget of ``settings`` in the topology the Deployment renders: an unset TP size
-    is vLLM's 1, the remaining GPUs are pipeline stages (:func:`kvpilot.tuner.plan.compute_pipeline_parallel`)
-    """
-    tp = settings.tensor_parallel_size or 1
+    """The budget of ``settings`` in the topology the Deployment renders
+    (:func:`kvpilot.tuner.plan.compute_topology_budget`)."""
     engine = release.resolve_release(spec)
-    return memory.compute_budget(
-        inputs.model.spec,
-        inputs.gpu.gpu,
-        settings.replace(tensor_parallel_size=tp),
-        pipeline_parallel_size=plan.compute_pipeline_parallel(spec.gpu.count, tp),
-        vllm_version=engine.version,
-        weights_total_bytes=inputs.model.checkpoint_bytes,
-        **engine.flags.budget_kwargs(),
-    )
+    return plan.compute_topology_budget(
+        inputs.model.spec, inputs.gpu.gpu, spec.gpu.count, settings, engine.version,
+        inputs.model.checkpoint_bytes, engine.flags,
+    )  # fmt: skip
 
 
 def _gpu_and_default_len(
