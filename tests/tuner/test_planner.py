@@ -6,6 +6,7 @@ import model_configs_for_tests as cfg
 import pytest
 
 from kvpilot.tuner import gpus, memory, vllm
+from kvpilot.tuner import plan as plan_pkg
 from kvpilot.tuner.model.spec import build_model_spec
 from kvpilot.tuner.plan import planner
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, ServingBounds
@@ -54,6 +55,19 @@ def test_the_leftover_gpus_are_pipeline_stages_in_the_budget() -> None:
     assert plan.budget == same
     alone = memory.compute_budget(LLAMA_70B, l40s, plan.settings, pipeline_parallel_size=1)
     assert not alone.starts  # what the planner used to budget
+
+
+def test_the_topology_budget_reads_an_unset_tp_as_one_and_the_rest_as_stages() -> None:
+    """:func:`plan.compute_topology_budget`, the one home the planner and both loops share: TP unset is 1,
+    and 4 GPUs then make 4 pipeline stages (the same budget as spelling it out)."""
+    l40s = gpus.lookup_gpu("L40S")
+    unset = EngineSettings(max_model_len=8192)
+    budget = plan_pkg.compute_topology_budget(LLAMA_70B, l40s, 4, unset, "0.33.0")
+    one = unset.replace(tensor_parallel_size=1)
+    spelled = memory.compute_budget(LLAMA_70B, l40s, one, pipeline_parallel_size=4, vllm_version="0.33.0")
+    assert budget == spelled
+    alone = memory.compute_budget(LLAMA_70B, l40s, one, pipeline_parallel_size=1, vllm_version="0.33.0")
+    assert budget != alone
 
 
 def test_auto_max_model_len_is_resolved_to_what_fits() -> None:

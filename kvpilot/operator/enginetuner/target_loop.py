@@ -40,23 +40,20 @@ from typing import Any
 
 from kvpilot.operator import api, conditions
 from kvpilot.operator.enginetuner import target
-from kvpilot.operator.loop import loop_settings, loop_state
+from kvpilot.operator.loop import loop_settings, loop_state, tick
 from kvpilot.operator.pods import pod_status
 from kvpilot.operator.pods.pod_status import PodView
 from kvpilot.operator.status import status_patch
-from kvpilot.tuner import memory, vllm
+from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import (
     Decision,
-    Evidence,
     ObservationWindow,
     PolicyConfig,
     TuningContext,
-    compute_decision,
 )
 from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
-from kvpilot.tuner.loop.scaling import compute_replica_change
 from kvpilot.tuner.model.spec import ModelSpec
-from kvpilot.tuner.plan.topology import compute_pipeline_parallel
+from kvpilot.tuner.plan.topology import compute_topology_budget
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan
 
 NOT_RUNNING = (
@@ -160,12 +157,9 @@ def compute_budget(inputs: LoopInputs, settings: EngineSettings) -> MemoryBudget
     the plan's)."""
     if same_settings(settings, inputs.plan.settings):
         return inputs.plan.budget
-    tp = settings.tensor_parallel_size or 1
-    return memory.compute_budget(
-        inputs.model, inputs.gpu, settings.replace(tensor_parallel_size=tp),
-        pipeline_parallel_size=compute_pipeline_parallel(inputs.plan_spec.gpu.count, tp),
-        vllm_version=inputs.vllm_version, weights_total_bytes=inputs.checkpoint_bytes,
-        **inputs.engine.budget_kwargs(),
+    return compute_topology_budget(
+        inputs.model, inputs.gpu, inputs.plan_spec.gpu.count, settings, inputs.vllm_version,
+        inputs.checkpoint_bytes, inputs.engine,
     )  # fmt: skip
 
 
@@ -213,9 +207,6 @@ def compute_loop(
     mine = [v for v in views if v.settings is not None and not v.terminating]
     if not mine:
         return _not_running(current, status, time)
-    summary = pod_status.compute_pod_summary(mine, current, len(mine))  # the others judge nothing
-    rollout = state.rollout if state.rollout is not None and state.rollout.settings == current else None
-    rollout = loop_state.with_pod_deadline(rollout, mine, policy.rollout_deadline_seconds)
     context = TuningContext(
         gpu=inputs.gpu,
         default_max_model_len=inputs.model.default_max_model_len(vllm.parse_version(inputs.vllm_version)),
@@ -224,24 +215,19 @@ def compute_loop(
         vllm_version=inputs.vllm_version,
         slo=loop_settings.build_slo(inputs.plan_spec),
     )
-    replica_view = pod_status.compute_replica_view(views, max(1, replicas))
-    evidence = Evidence(
-        budget=compute_budget(inputs, current), window=window, restarts=summary.restarts, ready=summary.ready,
-        not_started=summary.not_started,
-        restart_seconds=pod_status.compute_startup_seconds(mine, current), replicas=max(1, replicas),
-        replicas_changing=compute_replica_change(replica_view, now, policy.window_seconds),
+    reading = tick.TickReading(
+        budget=compute_budget(inputs, current), window=window, pods=mine,
+        summary=pod_status.compute_pod_summary(mine, current, len(mine)),  # the others judge nothing
+        replica_view=pod_status.compute_replica_view(views, max(1, replicas)), replicas=max(1, replicas),
+        restart_seconds=pod_status.compute_startup_seconds(mine, current),
     )  # fmt: skip
-    decision = compute_decision(dataclasses.replace(state, rollout=rollout), evidence, context, now)
+    judged = tick.compute_tick(state, reading, context, now)
+    decision = judged.decision
     # kvpilot's "apply" is the recommendation in the status (the webhook reads it there): always done
     out = status_patch.build_loop_patch(
         status, state, decision, mode="Auto", now=now, generation=None, applied=True,
         rollout_deadline_seconds=policy.rollout_deadline_seconds,
     )  # fmt: skip
-    if state.rollout is not None and rollout is None and "rollout" not in out.status:
-        out.status["rollout"] = None  # a new plan or a rollback replaced the settings being rolled out
-    if rollout is not None and state.rollout is not None and rollout.deadline != state.rollout.deadline:
-        wire = out.status.get("rollout", status.get("rollout"))
-        if isinstance(wire, Mapping):  # the deadline counts from the newest pod of the settings' start
-            out.status["rollout"] = {**wire, "deadline": status_patch.format_time(rollout.deadline)}
+    out.status.update(tick.build_rollout_fields(status, state, judged.rollout, out.status))
     out.status = {k: v for k, v in out.status.items() if k in STATUS_FIELDS}
     return LoopOutcome(decision.settings if decision.changes else current, out, decision)

@@ -37,24 +37,22 @@ from kvpilot.operator import api, conditions, errors
 from kvpilot.operator.clients import metrics
 from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.inferenceservice import desired
-from kvpilot.operator.loop import loop_settings, loop_state
+from kvpilot.operator.loop import loop_settings, loop_state, tick
 from kvpilot.operator.loop.loop_deps import LoopDeps, default_deps
 from kvpilot.operator.planning import modes, profile_scope, profiles, release, resolve
 from kvpilot.operator.pods import capacity, pod_cache, pod_status, rollout_strategy, workloads
 from kvpilot.operator.pods.rollout_strategy import RolloutChoice
 from kvpilot.operator.status import events, status_patch, status_write
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner import gpus, memory, plan
+from kvpilot.tuner import gpus, plan
 from kvpilot.tuner.loop import (
     Action,
     Decision,
-    Evidence,
     LoopState,
     RestartKind,
     TuningContext,
     compute_decision,
 )
-from kvpilot.tuner.loop.scaling import compute_replica_change
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
 
 
@@ -93,20 +91,13 @@ async def _fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_sta
 def _budget_for(
     inputs: resolve.Inputs, spec: api.InferenceServiceSpec, settings: EngineSettings
 ) -> MemoryBudget:
-    """The budget of ``settings`` in the topology the Deployment renders: an unset TP size
-    is vLLM's 1, the remaining GPUs are pipeline stages (:func:`kvpilot.tuner.plan.compute_pipeline_parallel`)
-    """
-    tp = settings.tensor_parallel_size or 1
+    """The budget of ``settings`` in the topology the Deployment renders
+    (:func:`kvpilot.tuner.plan.compute_topology_budget`)."""
     engine = release.resolve_release(spec)
-    return memory.compute_budget(
-        inputs.model.spec,
-        inputs.gpu.gpu,
-        settings.replace(tensor_parallel_size=tp),
-        pipeline_parallel_size=plan.compute_pipeline_parallel(spec.gpu.count, tp),
-        vllm_version=engine.version,
-        weights_total_bytes=inputs.model.checkpoint_bytes,
-        **engine.flags.budget_kwargs(),
-    )
+    return plan.compute_topology_budget(
+        inputs.model.spec, inputs.gpu.gpu, spec.gpu.count, settings, engine.version,
+        inputs.model.checkpoint_bytes, engine.flags,
+    )  # fmt: skip
 
 
 def _gpu_and_default_len(
@@ -164,7 +155,6 @@ async def run_once(
             off.lists.updates.extend(sched)
         await _write(deps, patch, namespace, name, version, off, old, logger)
         return None
-    rollout = state.rollout if state.rollout is not None and state.rollout.settings == state.current else None
     policy = loop_settings.build_policy(parsed, deps.pace)
 
     resolve_failure: errors.Failure | None = None
@@ -198,8 +188,6 @@ async def run_once(
         deps, meta, parsed, inputs, retry[0], "the recorded change", logger, body, retry[1]
     ):
         deps.pending.add(namespace, name, retry)
-    summary = pod_status.compute_pod_summary(views, state.current, parsed.replicas)
-    rollout = loop_state.with_pod_deadline(rollout, views, policy.rollout_deadline_seconds)
     window = await deps.fetch_window(
         deps.prometheus or deps.prom_url,
         namespace,
@@ -224,16 +212,14 @@ async def run_once(
     )
     startup = pod_status.compute_startup_seconds(views, state.current)
     restart_seconds = startup if startup is not None else loop_state.read_startup_seconds(old)
-    changing = compute_replica_change(
-        pod_status.compute_replica_view(views, parsed.replicas), now, policy.window_seconds
-    )
-    evidence = Evidence(
-        budget=budget, window=window, restarts=summary.restarts, ready=summary.ready,
-        not_started=summary.not_started, restart_seconds=restart_seconds, replicas=parsed.replicas,
-        replicas_changing=changing,
+    reading = tick.TickReading(
+        budget=budget, window=window, pods=views,
+        summary=pod_status.compute_pod_summary(views, state.current, parsed.replicas),
+        replica_view=pod_status.compute_replica_view(views, parsed.replicas), replicas=parsed.replicas,
+        restart_seconds=restart_seconds,
     )  # fmt: skip
-    loop = dataclasses.replace(state, rollout=rollout)
-    decision = compute_decision(loop, evidence, context, now)
+    judged = tick.compute_tick(state, reading, context, now)
+    loop, evidence, decision = judged.loop, judged.evidence, judged.decision
     serving = pod_status.compute_serving(views, state.current)
     cluster = None
     choice: RolloutChoice | None = None
@@ -258,12 +244,7 @@ async def run_once(
         rollout_deadline_seconds=policy.rollout_deadline_seconds, serving=serving, rollout_choice=choice,
         extra_conditions=schedulable,
     )  # fmt: skip
-    if state.rollout is not None and rollout is None and "rollout" not in out.status:
-        out.status["rollout"] = None  # a spec change replaced the settings being rolled out
-    if rollout is not None and state.rollout is not None and rollout.deadline != state.rollout.deadline:
-        wire = out.status.get("rollout", old.get("rollout"))
-        if isinstance(wire, Mapping):  # still rolling out: the deadline now counts from the new pod's start
-            out.status["rollout"] = {**wire, "deadline": status_patch.format_time(rollout.deadline)}
+    out.status.update(tick.build_rollout_fields(old, state, judged.rollout, out.status))
     if startup is not None and startup != old.get("startupSeconds"):
         out.status["startupSeconds"] = round(startup, 1)
     resolved, resolve_events = status_patch.build_resolution_updates(old, resolve_failure)

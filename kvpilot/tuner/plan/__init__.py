@@ -17,6 +17,7 @@ from kvpilot.tuner.plan.profiles import Learned, ProfileKey, ProfileRecord, comp
 from kvpilot.tuner.plan.topology import (
     compute_pipeline_parallel,
     compute_tensor_parallel,
+    compute_topology_budget,
     tensor_parallel_ok,
 )
 
@@ -30,5 +31,6 @@ __all__ = [
     "compute_plan",
     "compute_safe_utilization",
     "compute_tensor_parallel",
+    "compute_topology_budget",
     "tensor_parallel_ok",
 ]

@@ -30,7 +30,12 @@ from dataclasses import dataclass, field
 from kvpilot.tuner import errors, memory, vllm
 from kvpilot.tuner.model import ModelSpec, QuantSpec
 from kvpilot.tuner.plan.profiles import Learned
-from kvpilot.tuner.plan.topology import compute_pipeline_parallel, compute_tensor_parallel, tensor_parallel_ok
+from kvpilot.tuner.plan.topology import (
+    compute_pipeline_parallel,
+    compute_tensor_parallel,
+    compute_topology_budget,
+    tensor_parallel_ok,
+)
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
 
 TYPICAL_FILL = 0.25
@@ -98,11 +103,7 @@ def _budget(
 ) -> MemoryBudget:
     """The budget of ``settings`` on a replica of ``gpu_count`` GPUs: the GPUs the tensor-parallel
     group leaves over are pipeline stages, as the operator renders them."""
-    pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
-    return memory.compute_budget(
-        model, gpu, settings, pipeline_parallel_size=pp, vllm_version=version, weights_total_bytes=weights,
-        **engine.budget_kwargs(),
-    )  # fmt: skip
+    return compute_topology_budget(model, gpu, gpu_count, settings, version, weights, engine)
 
 
 def _round_to_step(length: int) -> int:

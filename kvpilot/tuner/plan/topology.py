@@ -12,8 +12,9 @@ layout as if one tensor-parallel group held the whole model):
 
 from __future__ import annotations
 
-from kvpilot.tuner import memory
+from kvpilot.tuner import memory, vllm
 from kvpilot.tuner.model import ModelSpec
+from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
 
 
 def tensor_parallel_ok(model: ModelSpec, tp: int) -> bool:
@@ -40,3 +41,25 @@ def compute_pipeline_parallel(gpu_count: int, tensor_parallel_size: int) -> int:
     (1 when the group is as large as the replica, or larger: a suggestion of more GPUs)."""
     tp = max(1, tensor_parallel_size)
     return max(1, gpu_count // tp) if tp <= gpu_count else 1
+
+
+def compute_topology_budget(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    gpu_count: int,
+    settings: EngineSettings,
+    vllm_version: str,
+    weights_total_bytes: int | None = None,
+    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
+) -> MemoryBudget:
+    """The budget of ``settings`` on a replica of ``gpu_count`` GPUs in the topology kvpilot deploys:
+    an unset tensor-parallel size is vLLM's 1, the GPUs the tensor-parallel group leaves over are
+    pipeline stages (:func:`compute_pipeline_parallel`). The one home of "the budget in the deployed
+    topology": the planner, the InferenceService's closed loop and the EngineTuner's loop all call it."""
+    tp = settings.tensor_parallel_size or 1
+    return memory.compute_budget(
+        model, gpu, settings.replace(tensor_parallel_size=tp),
+        pipeline_parallel_size=compute_pipeline_parallel(gpu_count, tp),
+        vllm_version=vllm_version, weights_total_bytes=weights_total_bytes,
+        **engine.budget_kwargs(),
+    )  # fmt: skip
