@@ -314,3 +314,23 @@ def test_plan_for_the_engine_flags_the_pods_run() -> None:
     assert eager["kv_cache_tokens"] > graphs["kv_cache_tokens"]
     code, _, err = run(*base, "--engine-args=--perf interactivity")
     assert code == 2 and "--performance-mode" in err
+
+
+def test_plan_for_a_release_newer_than_modelled_warns() -> None:
+    code, out, err = run("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--vllm-version", "9.9.9")
+    assert code == 0, err
+    assert "warning: vLLM 9.9.9 is newer than the newest release kvpilot models (0.33.0)" in out
+
+
+def test_plan_refuses_an_unparseable_release() -> None:
+    code, _, err = run("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--vllm-version", "nightly")
+    assert code == 2 and "'nightly'" in err
+
+
+def test_plan_refuses_an_architecture_vllm_does_not_serve(tmp_path: Path) -> None:
+    config = dict(models.lookup_model_config(LLAMA))
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, out, err = run("plan", "--config", str(tmp_path), "--gpu", "H100-SXM")
+    assert code == 2, out
+    assert "vLLM 0.33 does not support architecture NoSuchModelForCausalLM" in err

@@ -37,10 +37,10 @@ def test_sampler_state_is_output_bin_counts_plus_two_bitmasks() -> None:
     )
 
 
-def test_v2_sampler_state_comes_out_of_the_kv_cache_in_033_only() -> None:
+def test_v2_sampler_state_comes_out_of_the_kv_cache_under_the_v2_runner_only() -> None:
     new = memory.compute_budget(LLAMA, H100, AT_32K)
     v1 = memory.compute_budget(LLAMA, H100, AT_32K, model_runner_v2=False)  # VLLM_USE_V2_MODEL_RUNNER=0
-    old = memory.compute_budget(LLAMA, H100, AT_32K, vllm_version="0.32.0")
+    old = memory.compute_budget(LLAMA, H100, AT_32K, vllm_version="0.21.0")  # V1 runner by default
     state = vllm.compute_sampler_state_bytes(1024, LLAMA.vocab_size)
     assert new.sampler_state_gib == pytest.approx(state / GIB)
     assert v1.sampler_state_gib == 0 and old.sampler_state_gib == 0
@@ -68,7 +68,8 @@ def test_sampler_state_sits_on_the_last_pipeline_stage() -> None:
         ("0.33.0", 2, None, 3),  # V2 + async: PP + 1
         ("0.33.0", 4, None, 5),
         ("0.33.0", 2, False, 2),  # VLLM_USE_V2_MODEL_RUNNER=0: PP
-        ("0.32.0", 2, None, 2),
+        ("0.32.0", 2, None, 3),  # V2 by default from 0.29
+        ("0.28.0", 2, None, 1),  # before async scheduling: one batch
         ("0.29.0", 2, None, 1),
     ],
 )

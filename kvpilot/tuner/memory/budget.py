@@ -42,7 +42,7 @@ from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
-MEMORY_MODEL_VERSION = "2026.12.3"
+MEMORY_MODEL_VERSION = "2026.12.4"
 """The memory model's version: bump it whenever a change here (or in :mod:`.kv_cache`, :mod:`.weights`)
 moves a prediction. Fleet-learned TuningProfiles are keyed by it
 (:mod:`kvpilot.tuner.plan.profiles`), so a new memory model never reuses ratios learned against the old one's
@@ -122,6 +122,19 @@ class _Resolved:
         return min(self.max_num_seqs, self.max_num_batched_tokens)
 
 
+def _runner_model(model: ModelSpec) -> vllm.RunnerModel:
+    """What vLLM's runner choice reads of the model (0.22-0.28 choose V2 by model)."""
+    kinds = set(model.layer_kinds)
+    has_state = model.linear_state is not None
+    return vllm.RunnerModel(
+        architecture=model.architecture,
+        is_moe=model.moe is not None,
+        is_quantized=model.quantization is not None,
+        is_hybrid=has_state and len(kinds) > 1,
+        is_attention_free=has_state and len(kinds) == 1,
+    )
+
+
 def resolve_settings(
     model: ModelSpec,
     gpu: GpuSpec,
@@ -164,7 +177,7 @@ def resolve_settings(
         ),
         dtype=dtype or model.dtype,
         auto_max_model_len=auto,
-        model_runner_v2=vllm.uses_model_runner_v2(version, model_runner_v2),
+        model_runner_v2=vllm.uses_model_runner_v2(version, model_runner_v2, _runner_model(model)),
         performance_mode=performance_mode,
     )
 

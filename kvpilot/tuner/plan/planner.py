@@ -269,8 +269,12 @@ def compute_plan(
     ``engine``: what the pods run besides the tuned settings (:class:`kvpilot.tuner.vllm.EngineFlags`: their
     ``VLLM_USE_V2_MODEL_RUNNER``, ``--enforce-eager``, ``--performance-mode``, prefix caching); the plan is
     for that engine."""
+    release, release_warning = vllm.check_release(vllm_version)
+    if model.architecture != model.model_type:  # a config without ``architectures`` names its model_type
+        vllm.check_architecture_registered(model.architecture, release)
     p = _Planning(
-        model, gpu, gpu_count, bounds, pinned, vllm_version, weights_total_bytes, engine, learned, []
+        model, gpu, gpu_count, bounds, pinned, vllm_version, weights_total_bytes, engine, learned,
+        [release_warning] if release_warning else [],
     )
     settings = _choose_tensor_parallel(p)
     settings, wanted = _choose_context(p, settings)

@@ -19,7 +19,12 @@ The bottom layer of the tuner (``.importlinter``: ``plan | loop`` -> ``memory`` 
 ``vllm``): it imports nothing of the tuner but its value objects and errors.
 """
 
-from kvpilot.tuner.vllm.architectures import PREVIOUSLY_SUPPORTED_ARCHITECTURES, check_architecture_served
+from kvpilot.tuner.vllm.architectures import (
+    PREVIOUSLY_SUPPORTED_ARCHITECTURES,
+    check_architecture_registered,
+    check_architecture_served,
+    served_architectures,
+)
 from kvpilot.tuner.vllm.args import (
     FLAG_ALIASES,
     FLAGS,
@@ -78,6 +83,7 @@ from kvpilot.tuner.vllm.hybrid import (
     ATTENTION_KERNEL_BLOCK,
     FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
     FLASHKDA_CHECKPOINT_ALIGNMENT,
+    MAMBA_ALIGN_SINCE,
     MLA_HYBRID_BLOCK_ALIGNMENT,
     hybrid_manager_for_chunked_local,
     mamba2_checkpoint_blocks,
@@ -127,6 +133,7 @@ from kvpilot.tuner.vllm.runner import (
     compute_sampler_state_bytes,
     cuda_graph_capture_sizes,
 )
+from kvpilot.tuner.vllm.runner_defaults import RUNNER_RULES, RunnerModel, default_runner_is_v2
 from kvpilot.tuner.vllm.sizing import (
     MEMORY_NEUTRAL_FLAGS,
     SIZING_ENV_PREFIXES,
@@ -137,6 +144,8 @@ from kvpilot.tuner.vllm.versions import (
     ASYNC_SCHEDULING_SINCE,
     AUTO_MAX_MODEL_LEN,
     MODEL_RUNNER_V2_SINCE,
+    NEWEST_MODELLED,
+    NULL_BLOCK_IN_CHECK_SINCE,
     PERFORMANCE_MODES,
     PINNED_VERSION,
     PINNED_VLLM_VERSION,
@@ -145,6 +154,7 @@ from kvpilot.tuner.vllm.versions import (
     BatchDefaults,
     Version,
     charges_total_consumed,
+    check_release,
     default_batch_limits,
     default_block_size,
     default_gpu_memory_utilization,
@@ -191,10 +201,13 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "KV_CACHE_MEMORY_FLAG",
     "KvCacheDeclaration",
+    "MAMBA_ALIGN_SINCE",
     "MEMORY_NEUTRAL_FLAGS",
     "MLA_HYBRID_BLOCK_ALIGNMENT",
     "MODELLED_KV_CACHE_DTYPES",
     "MODEL_RUNNER_V2_SINCE",
+    "NEWEST_MODELLED",
+    "NULL_BLOCK_IN_CHECK_SINCE",
     "OLDEST_MODELLED",
     "PERFORMANCE_MODES",
     "PERFORMANCE_MODE_FLAG",
@@ -204,6 +217,8 @@ __all__ = [
     "POD_FLAGS",
     "PREFIX_CACHING_FLAG",
     "PREVIOUSLY_SUPPORTED_ARCHITECTURES",
+    "RUNNER_RULES",
+    "RunnerModel",
     "SAFE_PYTHON_ENV",
     "SAMPLER_WARMUP_V2_BYTES_PER_LOGIT",
     "SIZING_ENV_PREFIXES",
@@ -218,11 +233,13 @@ __all__ = [
     "build_engine_flags",
     "build_vllm_args",
     "charges_total_consumed",
+    "check_architecture_registered",
     "check_architecture_served",
     "check_compressed_ratios",
     "check_dtype",
     "check_engine_flags",
     "check_modelled",
+    "check_release",
     "check_settings",
     "compressed_layer_caches",
     "compute_code_loading_flags",
@@ -237,6 +254,7 @@ __all__ = [
     "default_block_size",
     "default_gpu_memory_utilization",
     "default_kv_block_size",
+    "default_runner_is_v2",
     "describe_change",
     "describe_settings",
     "find_flag_values",
@@ -273,6 +291,7 @@ __all__ = [
     "resolve_image_version",
     "resolve_kv_cache_dtype",
     "sampler_warmup_oom_error",
+    "served_architectures",
     "state_pages_per_request",
     "subtracts_cuda_graphs",
     "uses_flashinfer_gdn",

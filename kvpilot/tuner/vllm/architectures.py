@@ -10,10 +10,13 @@ two.
 
 from __future__ import annotations
 
+import difflib
+import functools
 from collections.abc import Mapping
 
 from kvpilot.tuner import errors
-from kvpilot.tuner.vllm.versions import PINNED_VLLM_VERSION, Version, parse_version
+from kvpilot.tuner.vllm.registry_data import REGISTRY_RELEASES, SERVED
+from kvpilot.tuner.vllm.versions import NEWEST_MODELLED, PINNED_VLLM_VERSION, Version, parse_version
 
 _PREVIOUSLY_SUPPORTED: Mapping[str, str] = {
     "MotifForCausalLM": "0.10.2",
@@ -88,5 +91,44 @@ def check_architecture_served(architecture: str, version: Version | None = None)
         f"vLLM {shown} does not support {architecture}: vLLM removed it after {last} "
         f"(its registry's _PREVIOUSLY_SUPPORTED_MODELS), so no engine arguments can start this model "
         f"on the pinned release",
+        field="architectures",
+    )
+
+
+OLDEST_REGISTRY: Version = parse_version(REGISTRY_RELEASES[0])
+"""The oldest release whose registry kvpilot read (``registry_data.py``); older ones are not checked."""
+
+
+@functools.cache
+def served_architectures(version: Version) -> frozenset[str]:
+    """The architectures the release's ``ModelRegistry`` serves (a release newer than the newest
+    modelled answers as that one); empty before :data:`OLDEST_REGISTRY`."""
+    minor = min(version[:2], NEWEST_MODELLED)
+    return frozenset(
+        name
+        for name, spans in SERVED.items()
+        if any(parse_version(a) <= minor <= parse_version(b) for a, b in spans)
+    )
+
+
+def check_architecture_registered(architecture: str, release: Version) -> None:
+    """Raise :class:`~kvpilot.tuner.errors.InvalidModelConfig` for an architecture the release's model
+    registry does not hold (vLLM refuses to start it), naming the close names it does hold.
+
+    ``release``: the release the plan is for; a newer one than modelled answers as the newest; one
+    older than :data:`OLDEST_REGISTRY` is not checked (kvpilot has not read its registry). An empty
+    name (a config without ``architectures``) is not checked."""
+    check_architecture_served(architecture, release)
+    if not architecture or release[:2] < OLDEST_REGISTRY:
+        return
+    served = served_architectures(release)
+    if architecture in served:
+        return
+    shown = ".".join(str(part) for part in min(release[:2], NEWEST_MODELLED))
+    close = difflib.get_close_matches(architecture, sorted(served), n=3, cutoff=0.6)
+    hint = f" (supported close names: {', '.join(close)})" if close else " (no supported name is close)"
+    raise errors.InvalidModelConfig(
+        f"vLLM {shown} does not support architecture {architecture}{hint}: its model registry "
+        f"(vllm/model_executor/models/registry.py) has no such class, so vLLM would refuse to start",
         field="architectures",
     )

@@ -58,10 +58,16 @@ def prefix_caching_by_default(attention_free: bool) -> bool:
     return not attention_free
 
 
+MAMBA_ALIGN_SINCE: Version = (0, 19)
+"""The oldest release whose code kvpilot read with align mode on under prefix caching
+(``model_executor/models/config.py::MambaModelConfig.verify_and_update_config`` sets
+``mamba_cache_mode = "align"`` in every wheel 0.19-0.33; 0.21 and 0.24 start-up logs show it)."""
+
+
 def uses_mamba_align_mode(version: Version, enable_prefix_caching: bool = True) -> bool:
-    """Whether state layers run in ``mamba_cache_mode="align"`` (prefix caching on, 0.33's default for
-    hybrids). Earlier releases are modelled with one state page per request, as fitted."""
-    return enable_prefix_caching and version >= (0, 33)
+    """Whether state layers run in ``mamba_cache_mode="align"`` (prefix caching on, the default for
+    hybrids)."""
+    return enable_prefix_caching and version >= MAMBA_ALIGN_SINCE
 
 
 def uses_flashinfer_gdn(compute_capability: tuple[int, int] | None, head_k_dim: int) -> bool:

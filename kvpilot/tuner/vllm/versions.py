@@ -12,8 +12,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kvpilot.tuner import errors
 from kvpilot.tuner.types import GIB, GpuSpec
 from kvpilot.tuner.vllm.block_sizes import DEFAULT_BLOCK_SIZE
+from kvpilot.tuner.vllm.runner_defaults import V2_BY_DEFAULT_SINCE, RunnerModel, default_runner_is_v2
 
 PINNED_VLLM_VERSION = "0.33.0"
 """The vLLM release kvpilot renders arguments for and models by default (``pyproject.toml``'s ``vllm``
@@ -42,6 +44,34 @@ def parse_version(text: str | None) -> Version:
 PINNED_VERSION: Version = parse_version(PINNED_VLLM_VERSION)
 """:data:`PINNED_VLLM_VERSION` as a tuple, the default of every ``vllm_version`` argument."""
 
+NEWEST_MODELLED: Version = PINNED_VERSION[:2]
+"""The newest minor release kvpilot has read the code of (the pinned one)."""
+
+
+def check_release(text: str | None) -> tuple[Version, str | None]:
+    """The release a plan is for, and a warning when it is newer than :data:`NEWEST_MODELLED`.
+
+    ``None`` or empty: the pinned release. Text without a version (``"latest"``, ``"nightly"``) is
+    refused by name (:class:`~kvpilot.tuner.errors.InvalidEngineArgs`): kvpilot cannot tell which
+    release's facts to plan with. A newer release is planned as the newest modelled one (every
+    switch is "since X"), and the warning names both.
+    """
+    if text is None or not str(text).strip():
+        return PINNED_VERSION, None
+    if not _VERSION_RE.search(str(text)):
+        raise errors.InvalidEngineArgs(
+            f"vLLM version {text!r} is not a release number (such as {PINNED_VLLM_VERSION}): kvpilot plans "
+            "with a release's own facts, so name the release the pods run",
+            flag="vllm_version",
+        )
+    version = parse_version(text)
+    if version[:2] <= NEWEST_MODELLED:
+        return version, None
+    return version, (
+        f"vLLM {text} is newer than the newest release kvpilot models ({PINNED_VLLM_VERSION}): planned with "
+        f"{PINNED_VLLM_VERSION}'s facts; check the start-up log's KV-cache size against the plan"
+    )
+
 
 def multiplies_yarn_max_len(version: Version) -> bool:
     """Whether the default ``max_model_len`` of a YaRN-scaled model is multiplied by the rope factor
@@ -68,10 +98,11 @@ GB10_COMPUTE_CAPABILITY = (12, 1)
 ``engine/arg_utils.py::EngineArgs.get_batch_defaults``, ``is_device_capability((12, 1))``)."""
 
 GB10_EXCLUDED_SINCE: Version = (0, 33)
-"""The first release kvpilot has seen the GB10 exclusion in: the pinned wheel (0.19 lacks it)."""
+"""The first release with the GB10 exclusion in ``get_batch_defaults`` (0.19-0.32 lack it)."""
 
-PERFORMANCE_MODE_SINCE: Version = (0, 33)
-"""The first release kvpilot has seen ``--performance-mode`` in: the pinned wheel (0.19 lacks it)."""
+PERFORMANCE_MODE_SINCE: Version = (0, 19)
+"""The oldest release whose code kvpilot read with ``--performance-mode throughput`` doubling the batch
+defaults (``engine/arg_utils.py``, ``self.performance_mode == "throughput"``: in every wheel 0.19-0.33)."""
 
 
 def default_batch_limits(
@@ -185,14 +216,9 @@ def charges_total_consumed(version: Version) -> bool:
     return version >= TOTAL_CONSUMED_ACCOUNTING_SINCE
 
 
-MODEL_RUNNER_V2_SINCE: Version = (0, 33)
-"""The first release kvpilot models with Model Runner V2 (``vllm/v1/worker/gpu/``) as the default.
-
-0.33's ``config/vllm.py::VllmConfig.use_v2_model_runner`` returns True unless
-``VLLM_USE_V2_MODEL_RUNNER`` says otherwise or a feature V2 lacks is in use; 0.19 runs the V1
-runner (``v1/worker/gpu_model_runner.py``). The switch (vllm-project/vllm#44443, July 2026) lies
-between the two, and kvpilot holds no start-up log or wheel of a release in between, so the
-releases before the pinned one keep the V1 runner they were calibrated on."""
+MODEL_RUNNER_V2_SINCE: Version = V2_BY_DEFAULT_SINCE
+"""The first release that runs Model Runner V2 (``vllm/v1/worker/gpu/``) for every generate model by
+default; 0.22-0.28 choose by model (:mod:`kvpilot.tuner.vllm.runner_defaults`), 0.19-0.21 run V1."""
 
 ASYNC_SCHEDULING_SINCE: Version = (0, 30)
 """Async scheduling on by default (``config/vllm.py``, ``SchedulerConfig.async_scheduling``)."""
@@ -213,12 +239,15 @@ def parse_v2_runner_env(value: str | None) -> bool | None:
         return None
 
 
-def uses_model_runner_v2(version: Version, override: bool | None = None) -> bool:
+def uses_model_runner_v2(
+    version: Version, override: bool | None = None, model: RunnerModel | None = None
+) -> bool:
     """Whether the engine runs Model Runner V2: ``override`` is ``VLLM_USE_V2_MODEL_RUNNER``
-    (``False`` for ``=0``; ``None`` when unset), else the release's default."""
+    (``False`` for ``=0``; ``None`` when unset), else the release's default for ``model``
+    (:func:`~kvpilot.tuner.vllm.runner_defaults.default_runner_is_v2`)."""
     if override is not None:
         return override
-    return version >= MODEL_RUNNER_V2_SINCE
+    return default_runner_is_v2(version, model)
 
 
 def in_flight_batches(
@@ -243,6 +272,11 @@ def reports_tokens_per_group(version: Version) -> bool:
     return version < (0, 21)
 
 
+NULL_BLOCK_IN_CHECK_SINCE: Version = (0, 29)
+"""The first release whose ``check_enough_kv_cache_memory`` (``v1/core/kv_cache_utils.py``; 0.33:
+``kv_cache_planning.py``) reserves the null block before the fit check (0.19-0.28 do not)."""
+
+
 def reserves_null_block_in_check(version: Version) -> bool:
-    """0.33 subtracts one block (the null block) before the max-model-len fit check."""
-    return version >= (0, 33)
+    """Whether the release subtracts one block (the null block) before the max-model-len fit check."""
+    return version >= NULL_BLOCK_IN_CHECK_SINCE
