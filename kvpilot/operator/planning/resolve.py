@@ -99,9 +99,10 @@ class _Lru(Generic[_K, _V]):
                 self.data.popitem(last=False)
 
 
-_HUB_CONFIGS = _Lru[tuple[str, str | None, str | None], dict[str, Any]](256)
-"""Hub configs by (model id, revision, SHA-256 of the token or None)."""
-"""config.json per (model id, revision)."""
+_HUB_MODELS = _Lru[tuple[str, str | None, str | None, int | None], ResolvedModel](256)
+"""Models resolved from the Hub by (model id, revision, SHA-256 of the token or None, checkpoint bytes): what
+the memory model needs (a ModelSpec of a few KB), never the config documents, so the operator's memory is
+bounded by entries of a known size whatever configs the tenants name."""
 _MODEL_SPECS = _Lru[str, ModelSpec](256)
 """ModelSpec per config content key (:func:`compute_config_key`)."""
 _CATALOGUE = _Lru[tuple[str, int | None], ResolvedModel](256)
@@ -331,11 +332,12 @@ def read_model(
     token = read_hub_token(model.hub_token_secret_ref, namespace, kube)
     token_key = hashlib.sha256(token.encode()).hexdigest() if token else None
     cache_key = (model.id, model.revision, token_key)
-    hub_config = _HUB_CONFIGS.get(cache_key)
-    if hub_config is None:
-        hub_config = hub(model.id, model.revision, token)
-        _HUB_CONFIGS.put(cache_key, hub_config)
-    return build_model(hub_config, "the Hugging Face Hub", model.checkpoint_bytes)
+    cached = _HUB_MODELS.get((*cache_key, model.checkpoint_bytes))
+    if cached is None:
+        config = hub(model.id, model.revision, token)
+        cached = build_model(config, "the Hugging Face Hub", model.checkpoint_bytes)
+        _HUB_MODELS.put((*cache_key, model.checkpoint_bytes), cached)
+    return cached
 
 
 # --------------------------------------------------------------------------- GPU
@@ -420,7 +422,7 @@ async def fetch_inputs(
 
 def clear_caches() -> None:
     """Forget cached Hub configs, ModelSpecs and node labels (tests)."""
-    _HUB_CONFIGS.data.clear()
+    _HUB_MODELS.data.clear()
     _MODEL_SPECS.data.clear()
     _CATALOGUE.data.clear()
     NODES.clear()

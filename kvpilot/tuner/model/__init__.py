@@ -24,7 +24,7 @@ from kvpilot.tuner.model.catalogue import (
     lookup_model_config,
 )
 from kvpilot.tuner.model.configs import ModelEntry
-from kvpilot.tuner.model.fields import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, parse_config_json
+from kvpilot.tuner.model.fields import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, MAX_JSON_VALUES, parse_config_json
 from kvpilot.tuner.model.layers import (
     BLOCK_ATTENTION,
     BLOCK_MIXER,
@@ -84,6 +84,7 @@ __all__ = [
     "MAMBA2",
     "MAX_CONFIG_BYTES",
     "MAX_JSON_DEPTH",
+    "MAX_JSON_VALUES",
     "MIXER",
     "MLA",
     "MlaSpec",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,33 @@ MAX_CONFIG_BYTES = 1 << 20
 """A ConfigMap holds at most 1 MiB; published config.json files are a few KB (the largest here: 58 KB)."""
 MAX_JSON_DEPTH = 32
 """Nesting of objects and lists (published configs nest at most 7 deep)."""
+MAX_JSON_VALUES = 20_000
+"""Values (objects, lists, strings, numbers, ...) in a config.json, counted before it is parsed: a 1 MiB text
+of ``[{},{},...]`` is about 26 MB of Python objects, so one tenant's hostile configs could exhaust the
+operator. Published configs hold at most about 1,600."""
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def _nesting_depth(raw: bytes) -> int:
+    """The deepest nesting of objects and lists in a JSON text, without parsing it (strings skipped)."""
+    brackets = re.sub(rb"[^\[\]{}]", b"", _JSON_STRING.sub(b'""', raw))
+    depth = deepest = 0
+    for byte in brackets:
+        depth += 1 if byte in (0x5B, 0x7B) else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def count_json_values(raw: bytes) -> int:
+    """An upper bound of the values in a JSON text, without parsing it: its commas and opening brackets
+    outside strings, plus one (a value is the first of its container, or follows a comma)."""
+    quick = raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
+    if quick <= MAX_JSON_VALUES:
+        return quick  # the cheap bound suffices for every real config
+    bare = _JSON_STRING.sub(b'""', raw)  # punctuation inside strings is no value
+    return bare.count(b",") + bare.count(b"[") + bare.count(b"{") + 1
 
 
 def describe(value: Any) -> str:
@@ -253,6 +281,18 @@ def parse_config_json(text: str | bytes, where: str) -> dict[str, Any]:
         raise errors.InvalidModelConfig(
             f"{where} is {size} bytes; a config.json may hold at most {MAX_CONFIG_BYTES} "
             "(published ones are a few KB)",
+            field=None,
+        )
+    raw = text.encode() if isinstance(text, str) else text
+    values = count_json_values(raw)
+    if values > MAX_JSON_VALUES and _nesting_depth(raw) > MAX_JSON_DEPTH:
+        raise errors.InvalidModelConfig(
+            f"{where} nests objects or lists deeper than {MAX_JSON_DEPTH} levels", field=None
+        )
+    if values > MAX_JSON_VALUES:
+        raise errors.InvalidModelConfig(
+            f"{where} holds about {values} JSON values; a config.json may hold at most {MAX_JSON_VALUES} "
+            "(published ones hold under 2,000)",
             field=None,
         )
     try:
