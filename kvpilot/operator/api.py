@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 
 from kvpilot.operator import labels
 from kvpilot.tuner import types, vllm
+from kvpilot.tuner.vllm.args import INT_BOUNDS
 
 GROUP = "kvpilot.io"
 VERSION = "v1alpha1"
@@ -41,10 +42,10 @@ UpdateMode = Literal["Off", "Recommend", "Initial", "Auto"]
 Off plans and reports, Recommend also writes ``status.recommendation``, Initial also rewrites new pods of
 the target (the admission webhook), Auto also evicts running pods one at a time."""
 
-MAX_TOKENS = 1 << 24
+MAX_TOKENS = INT_BOUNDS["max_model_len"]
 """The largest token count the API takes (a context length, a batch of tokens): 16,777,216, above every
 published model's context (Llama 4 Scout's 10M). The CRD's ``maximum``s say the same."""
-MAX_SEQS = 65536
+MAX_SEQS = INT_BOUNDS["max_num_seqs"]
 """The largest sequence count the API takes (``--max-num-seqs``, an expected concurrency)."""
 MAX_SECONDS = 86400
 """The longest duration the API takes (a day): cooldowns and rollout deadlines stay representable as

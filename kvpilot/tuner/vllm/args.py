@@ -143,8 +143,9 @@ INT_BOUNDS: Mapping[str, int] = {
     "tensor_parallel_size": 64,
     "max_num_batched_tokens": 1 << 24,
 }
-"""The largest value a tuned integer flag may take in ``extraArgs``: the API's bounds on the same pins
-(``spec.engine.pins``), so a flag and its pin accept the same values. Past them a figure only overflows
+"""The largest value a tuned integer flag may take in ``extraArgs``, and the API's bounds on the same pins
+(``kvpilot.operator.api.MAX_TOKENS`` and ``MAX_SEQS`` are read from here), so a flag and its pin accept the
+same values. Past them a figure only overflows
 later arithmetic (400 nines became an ``InternalError``)."""
 _MAX_INT_CHARS = 32
 """Longer numbers are refused before they are parsed (and never echoed whole)."""
