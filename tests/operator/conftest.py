@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from operator_fakes import Harness
+from operator_fakes import Harness, ProfileKube
 
 from kvpilot.operator.planning import modes, resolve
 from kvpilot.operator.pods import ownership
@@ -20,3 +20,12 @@ def harness() -> Harness:
     resolve.clear_caches()
     modes.clear_cache()
     return Harness()
+
+
+@pytest.fixture
+def planner(harness: Harness) -> Harness:
+    """The harness with the real planner, which reads the TuningProfiles of a :class:`ProfileKube`."""
+    harness.kube = ProfileKube()
+    harness.deps.kube = harness.kube
+    harness.deps.plan_fn = None
+    return harness

@@ -9,8 +9,7 @@ from typing import Any
 
 import kopf
 import pytest
-from operator_fakes import FakeKube, Harness, isvc
-from test_profile_store import FakeStore
+from operator_fakes import FakeStore, Harness, ProfileKube, isvc
 
 from kvpilot.operator import api, main
 from kvpilot.operator.clients import metrics
@@ -219,20 +218,6 @@ async def test_a_profile_of_another_namespace_under_this_name_is_not_used() -> N
 
 
 # --- the attacks, through the reconcile -------------------------------------------------------------------
-
-
-class ProfileKube(FakeKube, FakeStore):
-    def __init__(self) -> None:
-        FakeKube.__init__(self)
-        FakeStore.__init__(self)
-
-
-@pytest.fixture
-def planner(harness: Harness) -> Harness:
-    harness.kube = ProfileKube()
-    harness.deps.kube = harness.kube
-    harness.deps.plan_fn = None  # the real planner: it reads the profiles
-    return harness
 
 
 async def _plan(planner: Harness, name: str, ns: str, **fields: Any) -> dict[str, Any]:
