@@ -119,7 +119,7 @@ def test_pipeline_parallel_spec_is_planned_for_the_layout_it_renders() -> None:
 
 def test_the_loop_budgets_the_rendered_args_as_the_plan_did() -> None:
     """The closed loop's budget of the settings the Deployment runs equals the plan's (one topology rule)."""
-    from kvpilot.operator.inferenceservice import closed_loop
+    from kvpilot.operator.inferenceservice import loop_reading
     from kvpilot.operator.planning import resolve
     from kvpilot.tuner import vllm
 
@@ -128,12 +128,12 @@ def test_the_loop_budgets_the_rendered_args_as_the_plan_did() -> None:
     wanted = desired.build_desired(SEVENTY_ON_L40S["metadata"], spec, inputs)
     container = wanted.manifests[1]["spec"]["template"]["spec"]["containers"][0]
     running, _ = vllm.parse_vllm_args(container["args"])
-    assert closed_loop._budget_for(inputs, spec, running) == wanted.decision.plan.budget
+    assert loop_reading.budget_for(inputs, spec, running) == wanted.decision.plan.budget
 
 
 def test_the_loop_budgets_settings_without_a_tensor_parallel_size() -> None:
     """Defect (issue 9, #3): the loop read spec.tensor_parallel_size, which does not exist."""
-    from kvpilot.operator.inferenceservice import closed_loop
+    from kvpilot.operator.inferenceservice import loop_reading
     from kvpilot.operator.planning import resolve
     from kvpilot.tuner import memory
     from kvpilot.tuner.types import EngineSettings
@@ -141,7 +141,7 @@ def test_the_loop_budgets_settings_without_a_tensor_parallel_size() -> None:
     spec = desired.parse_spec(SEVENTY_ON_L40S["spec"])
     inputs = resolve.Inputs(resolve.read_model(spec.model, "ml", None), resolve.read_gpu(spec, None))
     settings = EngineSettings(max_model_len=8192)
-    budget = closed_loop._budget_for(inputs, spec, settings)
+    budget = loop_reading.budget_for(inputs, spec, settings)
     expected = memory.compute_budget(
         inputs.model.spec, inputs.gpu.gpu, settings.replace(tensor_parallel_size=1), pipeline_parallel_size=4,
         weights_total_bytes=inputs.model.checkpoint_bytes,

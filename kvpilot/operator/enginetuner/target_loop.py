@@ -23,9 +23,8 @@ the plan, in every mode but Off:
   it to the last good settings (``RolledBack``, the failed ones in ``status.failedSettings``). No pod
   running it yet is not failure (``not_started``): in Recommend and Initial the owner rolls its pods when
   it does, in Auto kvpilot's evictions do.
-* :func:`kvpilot.operator.status.status_patch.build_loop_patch` writes it, as for an InferenceService, less
-  the
-  fields an EngineTuner does not have (kvpilot applies nothing: no ``applied``, ``lastChangeTime``,
+* :func:`kvpilot.operator.status.loop_patch.build_loop_patch` writes it, as for an InferenceService, less
+  the fields an EngineTuner does not have (kvpilot applies nothing: no ``applied``, ``lastChangeTime``,
   ``calibration``; the reconcile writes ``recommendation``).
 
 Not for EngineTuners: fleet learning (``TuningProfile``s) and scale-out recommendations.
@@ -43,7 +42,7 @@ from kvpilot.operator.enginetuner import target
 from kvpilot.operator.loop import loop_settings, loop_state, tick
 from kvpilot.operator.pods import pod_status
 from kvpilot.operator.pods.pod_status import PodView
-from kvpilot.operator.status import status_patch
+from kvpilot.operator.status import loop_patch, status_patch
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import (
     Decision,
@@ -63,10 +62,6 @@ NOT_RUNNING = (
 """Why nothing judges the recommendation while no pod runs it."""
 NOT_RUNNING_REASON = "RecommendationNotRunning"
 """The ``MetricsAvailable=False`` reason then."""
-STATUS_FIELDS = frozenset(f.alias or n for n, f in api.EngineTunerStatus.model_fields.items()) - {
-    "recommendation"
-}
-"""What of the InferenceService's loop patch goes to an EngineTuner's status."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,10 +219,12 @@ def compute_loop(
     judged = tick.compute_tick(state, reading, context, now)
     decision = judged.decision
     # kvpilot's "apply" is the recommendation in the status (the webhook reads it there): always done
-    out = status_patch.build_loop_patch(
-        status, state, decision, mode="Auto", now=now, generation=None, applied=True,
-        rollout_deadline_seconds=policy.rollout_deadline_seconds,
+    out = loop_patch.build_loop_patch(
+        status,
+        loop_patch.LoopTick(
+            state=state, decision=decision, rollout=judged.rollout, now=now, generation=None,
+            rollout_deadline_seconds=policy.rollout_deadline_seconds, mode="Auto", applied=True,
+            kind=api.ENGINE_TUNER_KIND,
+        ),
     )  # fmt: skip
-    out.status.update(tick.build_rollout_fields(status, state, judged.rollout, out.status))
-    out.status = {k: v for k, v in out.status.items() if k in STATUS_FIELDS}
     return LoopOutcome(decision.settings if decision.changes else current, out, decision)

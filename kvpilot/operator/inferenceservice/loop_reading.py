@@ -1,0 +1,207 @@
+"""What one closed-loop tick of an InferenceService reads: the service, model and GPU, pods, metrics.
+
+The reading half of :func:`kvpilot.operator.inferenceservice.closed_loop.run_once`: :func:`read_service`
+(the spec and status, pure), :func:`fetch_resolved` (model, GPU, the budget of the current settings),
+:func:`fetch_pods` and :func:`fetch_window`; :func:`build_reading` and :func:`build_context` turn them into
+the shared tick's inputs (:mod:`kvpilot.operator.loop.tick`). A ``None`` says the tick has nothing to do
+(and why, in the log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.operator import api, errors
+from kvpilot.operator.inferenceservice import desired
+from kvpilot.operator.loop import loop_settings, loop_state, tick
+from kvpilot.operator.loop.loop_deps import LoopDeps
+from kvpilot.operator.planning import modes, release, resolve
+from kvpilot.operator.pods import pod_status, workloads
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import gpus, plan
+from kvpilot.tuner.loop import LoopState, ObservationWindow, PolicyConfig, TuningContext
+from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
+
+
+@dataclass(frozen=True)
+class Service:
+    """The InferenceService as the tick read it: ``old`` its status at ``version``, ``spec`` parsed,
+    ``pinned`` the user's values (never the loop's to change)."""
+
+    body: Mapping[str, Any]
+    meta: Mapping[str, Any]
+    old: dict[str, Any]
+    version: str | None
+    spec: api.InferenceServiceSpec
+    pinned: EngineSettings
+    state: LoopState
+    now: float
+
+    @property
+    def name(self) -> str:
+        return str(self.meta["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.meta.get("namespace") or "default")
+
+    @property
+    def mode(self) -> str:
+        return self.spec.tuning.mode
+
+    @property
+    def generation(self) -> int | None:
+        generation = self.meta.get("generation")
+        return int(generation) if generation is not None else None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The model and GPU (``inputs``: ``None`` when resolving failed, for ``failure``), the budget of the
+    current settings, and what the loop tunes for."""
+
+    inputs: resolve.Inputs | None
+    failure: errors.Failure | None
+    engine: release.EngineRelease
+    budget: MemoryBudget
+    gpu: GpuSpec
+    default_len: int
+
+
+def read_service(
+    body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
+    now: float,
+) -> Service | None:  # fmt: skip
+    """The service, or ``None`` when the loop has nothing to do: nothing applied yet, an invalid spec (the
+    reconciler reports it), no replicas."""
+    old = dict(status or {})
+    version = meta.get("resourceVersion")  # what ``old`` was read at: kopf's body is live, read it now
+    if not old.get("applied"):
+        return None  # the reconciler has not applied anything yet
+    try:
+        parsed = desired.parse_spec(spec)
+        pinned = modes.compute_user_args(parsed).pinned
+    except (errors.OperatorError, tuner_errors.TunerError):
+        return None
+    if parsed.replicas == 0:
+        return None
+    return Service(body, meta, old, version, parsed, pinned, loop_state.build_loop_state(old), now)
+
+
+async def fetch_resolved(deps: LoopDeps, svc: Service, logger: Any) -> Resolved | None:
+    """Model, GPU and the budget of the current settings: resolved, else what the status recorded (a Hub
+    outage does not stop crash remedies); ``None`` while neither says."""
+    failure: errors.Failure | None = None
+    try:
+        inputs: resolve.Inputs | None = await resolve.fetch_inputs(
+            svc.spec, svc.namespace, deps.kube, deps.hub
+        )
+    except Exception as exc:  # noqa: BLE001 -- the reconciler reports it; a vanished ref: loop_patch
+        logger.warning(f"closed loop: cannot resolve model/GPU ({exc}); using status.budget")
+        inputs, failure = None, errors.classify(exc)
+    engine = release.resolve_release(svc.spec)
+    budget = loop_state.read_budget(svc.old, engine.version)
+    if inputs is not None:
+        try:
+            budget = budget_for(inputs, svc.spec, svc.state.current)
+        except tuner_errors.TunerError as exc:
+            logger.warning(f"closed loop: memory model failed for the current settings ({exc})")
+    if budget is None:
+        logger.info("closed loop: no memory budget yet; waiting for the reconciler")
+        return None
+    gpu, default_len = gpu_and_default_len(inputs, svc.old, svc.state.current, engine)
+    if gpu is None or not default_len:
+        logger.info("closed loop: model or GPU not resolved and not in status; waiting for the reconciler")
+        return None
+    return Resolved(inputs, failure, engine, budget, gpu, default_len)
+
+
+def budget_for(
+    inputs: resolve.Inputs, spec: api.InferenceServiceSpec, settings: EngineSettings
+) -> MemoryBudget:
+    """The budget of ``settings`` in the topology the Deployment renders
+    (:func:`kvpilot.tuner.plan.compute_topology_budget`)."""
+    engine = release.resolve_release(spec)
+    return plan.compute_topology_budget(
+        inputs.model.spec, inputs.gpu.gpu, spec.gpu.count, settings, engine.version,
+        inputs.model.checkpoint_bytes, engine.flags,
+    )  # fmt: skip
+
+
+def gpu_and_default_len(
+    inputs: resolve.Inputs | None, status: Mapping[str, Any], current: EngineSettings,
+    engine: release.EngineRelease,
+) -> tuple[GpuSpec | None, int]:  # fmt: skip
+    """The GPU and the model's maximum context the loop tunes for: resolved, else what the reconciler
+    recorded (``status.gpu.catalogueName``, the applied ``max_model_len``)."""
+    if inputs is not None:
+        return inputs.gpu.gpu, inputs.model.spec.default_max_model_len(engine.parsed)
+    name = (status.get("gpu") or {}).get("catalogueName")
+    try:
+        gpu = gpus.lookup_gpu(str(name)) if name else None
+    except tuner_errors.TunerError:
+        gpu = None
+    return gpu, current.max_model_len or 0
+
+
+async def fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_status.PodView]:
+    """The service's pods; a pod waiting on a node is checked against the nodes (is the node lost?)."""
+    if deps.pods is None:
+        return []
+    selector = workloads.build_label_selector(name)
+    views = await asyncio.to_thread(pod_status.read_pod_views, deps.pods, namespace, selector, name)
+    if deps.kube is not None and pod_status.needs_node_check(views):
+        try:
+            nodes = await deps.nodes.fetch(deps.kube, deps.clock())
+        except errors.OperatorError:
+            return views  # nodes unreadable (RBAC, a hiccup): the pods' own signs still count
+        views = pod_status.with_lost_nodes(views, nodes)
+    return views
+
+
+async def fetch_window(
+    deps: LoopDeps, svc: Service, views: list[pod_status.PodView], policy: PolicyConfig
+) -> ObservationWindow:
+    """The live pods' metrics from the fleet's per-tick Prometheus snapshot."""
+    return await deps.fetch_window(
+        deps.prometheus or deps.prom_url,
+        svc.namespace,
+        svc.name,
+        svc.now,
+        pods=tuple(v.name for v in views if not v.terminating),
+        window_seconds=policy.window_seconds,
+        step_seconds=deps.pace.step_seconds,
+        max_age_seconds=deps.pace.interval_seconds,  # one snapshot of every pod per tick, shared
+    )
+
+
+def build_context(svc: Service, resolved: Resolved, policy: PolicyConfig) -> TuningContext:
+    """What the policy tunes within: Auto never changes a pinned value; in Recommend pinned is what the
+    user deploys, and the recommendation is advice on it."""
+    inputs, gpu = resolved.inputs, resolved.gpu
+    return TuningContext(
+        gpu=gpu,
+        default_max_model_len=resolved.default_len,
+        mm_prefix_item_tokens=inputs.model.spec.mm_prefix_item_tokens if inputs is not None else 0,
+        bounds=loop_settings.build_bounds(svc.spec, gpu.fp8_kv, svc.pinned if svc.mode == "Auto" else None),
+        policy=policy,
+        vllm_version=resolved.engine.version,
+        slo=loop_settings.build_slo(svc.spec),
+    )
+
+
+def build_reading(
+    svc: Service, resolved: Resolved, views: list[pod_status.PodView], window: ObservationWindow,
+    startup: float | None,
+) -> tick.TickReading:  # fmt: skip
+    """The shared tick's reading of the service's pods (``startup``: measured on them, else the status's)."""
+    current, replicas = svc.state.current, svc.spec.replicas
+    return tick.TickReading(
+        budget=resolved.budget, window=window, pods=views,
+        summary=pod_status.compute_pod_summary(views, current, replicas),
+        replica_view=pod_status.compute_replica_view(views, replicas), replicas=replicas,
+        restart_seconds=startup if startup is not None else loop_state.read_startup_seconds(svc.old),
+    )  # fmt: skip
