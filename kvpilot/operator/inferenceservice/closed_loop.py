@@ -15,10 +15,12 @@ service in mode ``Auto`` or ``Recommend`` that the reconciler has applied (``sta
         --> events (Retuned, RolledBack, OOMDetected, Held, ...)
         --Auto, a change: workloads.build_deployment with the settings and strategy, applied after the record
 
-This module only orders that I/O, as a chain of named steps (:func:`run_once`): read the service,
-resolve the model and GPU, read the pods and metrics, decide, record, act. The reading is
-:mod:`.loop_reading`'s, the acting :mod:`.loop_actions`'s, the status
-:mod:`kvpilot.operator.status.loop_patch`'s; the pieces are pure elsewhere. One rollout at a time: while
+This module only orders that I/O, as a chain of named steps (:func:`run_once`, after VPA's ``RunOnce``):
+read the service, resolve its model and GPU (:mod:`.loop_reading`), observe its pods and metrics
+(:mod:`.loop_observing`), decide (the shared :mod:`kvpilot.operator.loop.tick`, and the rollout's cost:
+:mod:`.loop_actions`), record (:mod:`.loop_record`: the status of
+:mod:`kvpilot.operator.status.loop_patch`), act (the Deployment, :mod:`.loop_learning`, the metrics); the
+pieces are pure elsewhere. One rollout at a time: while
 ``status.rollout`` is set, the policy only waits, puts the settings on probation (Ready),
 succeeds (probation passed) or rolls back (a crash before Ready or on probation, or the
 deadline). All state is in the status, so an operator restarted mid-rollout picks up where it
@@ -36,14 +38,20 @@ from typing import Any
 import kopf
 
 from kvpilot.operator.clients import metrics
-from kvpilot.operator.inferenceservice import loop_actions, loop_reading
+from kvpilot.operator.inferenceservice import (
+    loop_actions,
+    loop_learning,
+    loop_observing,
+    loop_reading,
+    loop_record,
+)
+from kvpilot.operator.inferenceservice.loop_observing import Observed
 from kvpilot.operator.inferenceservice.loop_reading import Resolved, Service
-from kvpilot.operator.loop import loop_settings, tick
+from kvpilot.operator.loop import tick
 from kvpilot.operator.loop.loop_deps import LoopDeps, default_deps
-from kvpilot.operator.pods import pod_cache, pod_status
+from kvpilot.operator.pods import pod_cache
 from kvpilot.operator.pods.rollout_strategy import RolloutChoice
-from kvpilot.operator.status import loop_patch, status_patch, status_write
-from kvpilot.tuner.loop import Decision, PolicyConfig, compute_decision
+from kvpilot.tuner.loop import Decision, compute_decision
 
 
 async def closed_loop_tick(
@@ -64,24 +72,14 @@ async def closed_loop_tick(
 
 
 @dataclass(frozen=True)
-class Observed:
-    """What the tick read of the running service: its pods, what they say, its metrics and start-up time."""
-
-    views: list[pod_status.PodView]
-    serving: pod_status.Serving
-    reading: tick.TickReading
-    startup: float | None
-
-
-@dataclass(frozen=True)
 class Judged:
     """What the tick decided: the shared tick's answer, the decision after the rollout's cost, the strategy
-    it rolls out with, and whether it is a change to apply now (mode Auto)."""
+    it rolls out with (and the cluster read for it), and whether it is a change to apply now (mode Auto)."""
 
     tick: tick.Tick
     decision: Decision
     choice: RolloutChoice | None
-    cluster: loop_actions.Cluster | None
+    cluster: loop_observing.Cluster | None
     change: bool
 
 
@@ -93,67 +91,47 @@ async def run_once(
 
     Its status goes out as one conditional PATCH, and a change is recorded before it is applied
     (:mod:`kvpilot.operator.status.status_write`); ``patch`` (kopf's) is used only without a Kubernetes
-    client. The steps: :func:`~.loop_reading.read_service`, (mode Off: :func:`tick_off`),
-    :func:`~.loop_reading.fetch_resolved`, :func:`fetch_observed`, :func:`decide`, :func:`record`,
+    client. The steps: :func:`~.loop_reading.read_service` (mode Off: :func:`~.loop_record.tick_off`),
+    :func:`~.loop_reading.fetch_resolved`, :func:`observe`, :func:`decide`, :func:`~.loop_record.record`,
     :func:`act`."""
     svc = loop_reading.read_service(body, spec, meta, status, deps.clock())
     if svc is None:
         return None
     if svc.mode == "Off":  # nothing to decide; the pods still say whether the service serves
-        await tick_off(deps, svc, patch, logger)
+        await loop_record.tick_off(deps, svc, patch, logger)
         return None
-    policy = loop_settings.build_policy(svc.spec, deps.pace)
     resolved = await loop_reading.fetch_resolved(deps, svc, logger)
     if resolved is None:
         return None
-    observed = await fetch_observed(deps, svc, resolved, policy, logger)
+    observed = await observe(deps, svc, resolved, logger)
     if observed is None:
         return None
-    judged = await decide(deps, svc, resolved, observed, policy, logger)
-    out, written = await record(deps, svc, resolved, observed, judged, policy, patch, logger)
-    if written not in (status_write.WRITTEN, status_write.UNCHANGED):
-        if judged.change and written == status_write.UNKNOWN:  # applied next tick if status.applied says so
+    judged = await decide(deps, svc, resolved, observed, logger)
+    recorded = await loop_record.record(
+        deps, svc, resolved, observed, judged.decision, judged.tick.rollout, changed=judged.change,
+        choice=judged.choice, cluster=judged.cluster, patch=patch, logger=logger,
+    )  # fmt: skip
+    if not recorded.landed:
+        if judged.change and recorded.written == loop_record.UNKNOWN:  # applied next tick if it landed
             deps.pending.add(svc.namespace, svc.name, (judged.decision.settings, judged.choice))
         return judged.decision  # nothing recorded: nothing applied, no event; the next tick decides again
-    await act(deps, svc, resolved, observed, judged, out, logger)
+    await act(deps, svc, resolved, observed, judged, recorded, logger)
     return judged.decision
 
 
-async def tick_off(deps: LoopDeps, svc: Service, patch: Any, logger: Any) -> None:
-    """Mode Off: the pods' view alone (``Available``, ``Degraded``, ``Ready``, ``Schedulable``)."""
-    try:
-        views = await loop_reading.fetch_pods(deps, svc.namespace, svc.name)
-    except Exception as exc:  # noqa: BLE001 -- API hiccup: the next tick retries
-        logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
-        return
-    serving = pod_status.compute_serving(views, svc.state.current)
-    schedulable = await loop_actions.fetch_schedulable(deps, svc, None, views, None)
-    out = loop_patch.build_off_patch(
-        svc.old, serving, generation=svc.meta.get("generation"), now=svc.now, extra_conditions=schedulable
-    )
-    await _write(deps, patch, svc, out, logger)
-
-
-async def fetch_observed(
-    deps: LoopDeps, svc: Service, resolved: Resolved, policy: PolicyConfig, logger: Any
-) -> Observed | None:
+async def observe(deps: LoopDeps, svc: Service, resolved: Resolved, logger: Any) -> Observed | None:
     """The pods (``None``: unreadable, the next tick retries), a recorded change whose apply failed applied
-    again, then the metrics window."""
+    again, then the metrics window (:func:`~.loop_observing.fetch_observed`)."""
     try:
-        views = await loop_reading.fetch_pods(deps, svc.namespace, svc.name)
+        views = await loop_observing.fetch_pods(deps, svc.namespace, svc.name)
     except Exception as exc:  # noqa: BLE001 -- API hiccup: skip this tick, the next one retries
         logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
         return None
-    await _retry_pending(deps, svc, resolved, logger)
-    window = await loop_reading.fetch_window(deps, svc, views, policy)
-    startup = pod_status.compute_startup_seconds(views, svc.state.current)
-    serving = pod_status.compute_serving(views, svc.state.current)
-    return Observed(
-        views, serving, loop_reading.build_reading(svc, resolved, views, window, startup), startup
-    )
+    await retry_pending(deps, svc, resolved, logger)
+    return await loop_observing.fetch_observed(deps, svc, resolved, views)
 
 
-async def _retry_pending(deps: LoopDeps, svc: Service, resolved: Resolved, logger: Any) -> None:
+async def retry_pending(deps: LoopDeps, svc: Service, resolved: Resolved, logger: Any) -> None:
     """A change recorded by an earlier tick and not applied yet (:class:`.status_write.PendingApplies`)."""
     retry = deps.pending.take(svc.namespace, svc.name, svc.state.current)
     if retry is None or svc.mode != "Auto":
@@ -165,15 +143,13 @@ async def _retry_pending(deps: LoopDeps, svc: Service, resolved: Resolved, logge
         deps.pending.add(svc.namespace, svc.name, retry)
 
 
-async def decide(
-    deps: LoopDeps, svc: Service, resolved: Resolved, observed: Observed, policy: PolicyConfig, logger: Any
-) -> Judged:
+async def decide(deps: LoopDeps, svc: Service, resolved: Resolved, observed: Observed, logger: Any) -> Judged:
     """The shared tick's decision; a change in Auto decided again with what its rollout costs
     (:func:`.loop_actions.fetch_rollout`); a change that cannot be applied said so (a ``RetuneFailed``)."""
-    context = loop_reading.build_context(svc, resolved, policy)
+    context = loop_reading.build_context(svc, resolved)
     judged = tick.compute_tick(svc.state, observed.reading, context, svc.now)
     decision, inputs = judged.decision, resolved.inputs
-    cluster: loop_actions.Cluster | None = None
+    cluster: loop_observing.Cluster | None = None
     choice: RolloutChoice | None = None
     if decision.changes and svc.mode == "Auto" and inputs is not None and deps.kube is not None:
 
@@ -182,7 +158,7 @@ async def decide(
             return compute_decision(judged.loop, costs, context, svc.now)
 
         decision, choice, cluster = await loop_actions.fetch_rollout(
-            deps, svc, inputs, observed.views, observed.serving, decision, redecide
+            deps, svc, inputs, observed, decision, redecide
         )
     change = bool(decision.changes) and svc.mode == "Auto"
     if change and (inputs is None or deps.kube is None):  # cannot be applied: say so, record nothing
@@ -191,58 +167,27 @@ async def decide(
     return Judged(judged, decision, choice, cluster, change)
 
 
-async def record(
-    deps: LoopDeps, svc: Service, resolved: Resolved, observed: Observed, judged: Judged,
-    policy: PolicyConfig, patch: Any, logger: Any,
-) -> tuple[status_patch.StatusPatch, str]:  # fmt: skip
-    """The tick's whole status (:func:`.loop_patch.build_loop_patch`) as one conditional PATCH: the patch
-    and what became of it."""
-    schedulable = await loop_actions.fetch_schedulable(
-        deps, svc, resolved.inputs, observed.views, judged.cluster
-    )
-    out = loop_patch.build_loop_patch(
-        svc.old,
-        loop_patch.LoopTick(
-            state=svc.state, decision=judged.decision, rollout=judged.tick.rollout, now=svc.now,
-            generation=svc.meta.get("generation"), rollout_deadline_seconds=policy.rollout_deadline_seconds,
-            mode=svc.mode, applied=judged.change, serving=observed.serving, rollout_choice=judged.choice,
-            extra_conditions=schedulable, startup_seconds=observed.startup, resolve_failure=resolved.failure,
-        ),
-    )  # fmt: skip
-    return out, await _write(deps, patch, svc, out, logger)
-
-
 async def act(
     deps: LoopDeps, svc: Service, resolved: Resolved, observed: Observed, judged: Judged,
-    out: status_patch.StatusPatch, logger: Any,
+    recorded: loop_record.Recorded, logger: Any,
 ) -> None:  # fmt: skip
     """After the record: the events, the Deployment following the change, fleet learning, the metrics."""
     decision, inputs = judged.decision, resolved.inputs
-    for type_, reason, message in out.events:
+    for type_, reason, message in recorded.events:
         deps.emit(svc.body, type_, reason, message)
     if judged.change and inputs is not None:  # recorded: now the Deployment follows
         what = str(decision.action)
-        if not await loop_actions.apply_settings(
+        applied = await loop_actions.apply_settings(
             deps, svc, inputs, decision.settings, what, logger, judged.choice
-        ):
+        )
+        if not applied:
             deps.pending.add(svc.namespace, svc.name, (decision.settings, judged.choice))
     if inputs is not None:  # fleet learning: what this tick saw goes to the matching TuningProfile
-        await loop_actions.apply_learning(
-            deps, svc, inputs, decision, resolved.budget, out.status, observed.startup, logger
+        await loop_learning.apply_learning(
+            deps, svc, inputs, decision, resolved.budget, recorded.status, observed.startup, logger
         )
     if deps.record_metrics:
-        for kind in out.decisions:
+        for kind in recorded.decisions:
             metrics.record_decision(kind)
-    if out.events:
+    if recorded.events:
         logger.info(f"closed loop: {decision.action} ({decision.trigger}): {decision.reason}")
-
-
-async def _write(deps: LoopDeps, patch: Any, svc: Service, out: status_patch.StatusPatch, logger: Any) -> str:
-    """The tick's status as one conditional PATCH (:func:`status_write.apply_status`): what became of it.
-    Without a Kubernetes client, kopf's ``patch`` carries it."""
-    if deps.kube is None:
-        out.add_to(patch, old=svc.old)
-        return status_write.WRITTEN
-    return await status_write.apply_status(
-        deps.kube, svc.namespace, svc.name, svc.version, out, svc.old, logger
-    )

@@ -1,28 +1,25 @@
-"""What one closed-loop tick of an InferenceService reads: the service, model and GPU, pods, metrics.
+"""What one closed-loop tick of an InferenceService reads first: the service, its model and GPU.
 
-The reading half of :func:`kvpilot.operator.inferenceservice.closed_loop.run_once`: :func:`read_service`
-(the spec and status, pure), :func:`fetch_resolved` (model, GPU, the budget of the current settings),
-:func:`fetch_pods` and :func:`fetch_window`; :func:`build_reading` and :func:`build_context` turn them into
-the shared tick's inputs (:mod:`kvpilot.operator.loop.tick`). A ``None`` says the tick has nothing to do
-(and why, in the log).
+The first steps of :func:`kvpilot.operator.inferenceservice.closed_loop.run_once`: :func:`read_service`
+(the spec and status, pure) and :func:`fetch_resolved` (model, GPU, the budget of the current settings,
+the policy); :func:`build_context` turns them into what the policy tunes within. The pods and metrics:
+:mod:`.loop_observing`. A ``None`` says the tick has nothing to do (and why, in the log).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import api, errors
 from kvpilot.operator.inferenceservice import desired
-from kvpilot.operator.loop import loop_settings, loop_state, tick
+from kvpilot.operator.loop import loop_settings, loop_state
 from kvpilot.operator.loop.loop_deps import LoopDeps
 from kvpilot.operator.planning import modes, release, resolve
-from kvpilot.operator.pods import pod_status, workloads
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, plan
-from kvpilot.tuner.loop import LoopState, ObservationWindow, PolicyConfig, TuningContext
+from kvpilot.tuner.loop import LoopState, PolicyConfig, TuningContext
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
 
 
@@ -61,8 +58,9 @@ class Service:
 @dataclass(frozen=True)
 class Resolved:
     """The model and GPU (``inputs``: ``None`` when resolving failed, for ``failure``), the budget of the
-    current settings, and what the loop tunes for."""
+    current settings, what the loop tunes for, and the policy (the spec's, at the operator's pace)."""
 
+    policy: PolicyConfig
     inputs: resolve.Inputs | None
     failure: errors.Failure | None
     engine: release.EngineRelease
@@ -94,6 +92,7 @@ def read_service(
 async def fetch_resolved(deps: LoopDeps, svc: Service, logger: Any) -> Resolved | None:
     """Model, GPU and the budget of the current settings: resolved, else what the status recorded (a Hub
     outage does not stop crash remedies); ``None`` while neither says."""
+    policy = loop_settings.build_policy(svc.spec, deps.pace)
     failure: errors.Failure | None = None
     try:
         inputs: resolve.Inputs | None = await resolve.fetch_inputs(
@@ -116,7 +115,7 @@ async def fetch_resolved(deps: LoopDeps, svc: Service, logger: Any) -> Resolved 
     if gpu is None or not default_len:
         logger.info("closed loop: model or GPU not resolved and not in status; waiting for the reconciler")
         return None
-    return Resolved(inputs, failure, engine, budget, gpu, default_len)
+    return Resolved(policy, inputs, failure, engine, budget, gpu, default_len)
 
 
 def budget_for(
@@ -147,38 +146,7 @@ def gpu_and_default_len(
     return gpu, current.max_model_len or 0
 
 
-async def fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_status.PodView]:
-    """The service's pods; a pod waiting on a node is checked against the nodes (is the node lost?)."""
-    if deps.pods is None:
-        return []
-    selector = workloads.build_label_selector(name)
-    views = await asyncio.to_thread(pod_status.read_pod_views, deps.pods, namespace, selector, name)
-    if deps.kube is not None and pod_status.needs_node_check(views):
-        try:
-            nodes = await deps.nodes.fetch(deps.kube, deps.clock())
-        except errors.OperatorError:
-            return views  # nodes unreadable (RBAC, a hiccup): the pods' own signs still count
-        views = pod_status.with_lost_nodes(views, nodes)
-    return views
-
-
-async def fetch_window(
-    deps: LoopDeps, svc: Service, views: list[pod_status.PodView], policy: PolicyConfig
-) -> ObservationWindow:
-    """The live pods' metrics from the fleet's per-tick Prometheus snapshot."""
-    return await deps.fetch_window(
-        deps.prometheus or deps.prom_url,
-        svc.namespace,
-        svc.name,
-        svc.now,
-        pods=tuple(v.name for v in views if not v.terminating),
-        window_seconds=policy.window_seconds,
-        step_seconds=deps.pace.step_seconds,
-        max_age_seconds=deps.pace.interval_seconds,  # one snapshot of every pod per tick, shared
-    )
-
-
-def build_context(svc: Service, resolved: Resolved, policy: PolicyConfig) -> TuningContext:
+def build_context(svc: Service, resolved: Resolved) -> TuningContext:
     """What the policy tunes within: Auto never changes a pinned value; in Recommend pinned is what the
     user deploys, and the recommendation is advice on it."""
     inputs, gpu = resolved.inputs, resolved.gpu
@@ -187,21 +155,7 @@ def build_context(svc: Service, resolved: Resolved, policy: PolicyConfig) -> Tun
         default_max_model_len=resolved.default_len,
         mm_prefix_item_tokens=inputs.model.spec.mm_prefix_item_tokens if inputs is not None else 0,
         bounds=loop_settings.build_bounds(svc.spec, gpu.fp8_kv, svc.pinned if svc.mode == "Auto" else None),
-        policy=policy,
+        policy=resolved.policy,
         vllm_version=resolved.engine.version,
         slo=loop_settings.build_slo(svc.spec),
     )
-
-
-def build_reading(
-    svc: Service, resolved: Resolved, views: list[pod_status.PodView], window: ObservationWindow,
-    startup: float | None,
-) -> tick.TickReading:  # fmt: skip
-    """The shared tick's reading of the service's pods (``startup``: measured on them, else the status's)."""
-    current, replicas = svc.state.current, svc.spec.replicas
-    return tick.TickReading(
-        budget=resolved.budget, window=window, pods=views,
-        summary=pod_status.compute_pod_summary(views, current, replicas),
-        replica_view=pod_status.compute_replica_view(views, replicas), replicas=replicas,
-        restart_seconds=startup if startup is not None else loop_state.read_startup_seconds(svc.old),
-    )  # fmt: skip
