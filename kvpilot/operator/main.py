@@ -27,7 +27,7 @@ import kopf
 from kvpilot.operator import api, kopf_internals, timers
 from kvpilot.operator.clients import metrics, prometheus_settings
 from kvpilot.operator.enginetuner import target_main, target_webhook
-from kvpilot.operator.inferenceservice import closed_loop, drift, handlers
+from kvpilot.operator.inferenceservice import closed_loop, drift, handlers, reconcile_deps
 from kvpilot.operator.loop import loop_deps, loop_settings
 from kvpilot.operator.planning import profile_scope
 from kvpilot.operator.pods import pod_cache, tenant_settings, workloads
@@ -99,25 +99,25 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     tenant_settings.configure(tenants)
     logging.getLogger(__name__).info(f"tenant guard: operatorEnforcement={tenants.mode}")
     metrics.start_metrics_server()
-    handlers.default_deps()
+    reconcile_deps.default_deps()
     loop_deps.configure(pace, prom)
 
 
 @kopf.on.create(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
 async def created(**kwargs: Any) -> None:
-    await handlers.reconcile(trigger=handlers.CREATED, deps=handlers.default_deps(), **_pick(kwargs))
+    await handlers.reconcile(trigger=handlers.CREATED, deps=reconcile_deps.default_deps(), **_pick(kwargs))
 
 
 @kopf.on.update(group=api.GROUP, version=api.VERSION, plural=api.PLURAL, field="spec")
 async def spec_changed(diff: kopf.Diff, **kwargs: Any) -> None:
     await handlers.reconcile(
-        trigger=handlers.SPEC_CHANGED, deps=handlers.default_deps(), diff=diff, **_pick(kwargs)
+        trigger=handlers.SPEC_CHANGED, deps=reconcile_deps.default_deps(), diff=diff, **_pick(kwargs)
     )
 
 
 @kopf.on.resume(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
 async def resumed(**kwargs: Any) -> None:
-    await handlers.reconcile(trigger=handlers.RESUMED, deps=handlers.default_deps(), **_pick(kwargs))
+    await handlers.reconcile(trigger=handlers.RESUMED, deps=reconcile_deps.default_deps(), **_pick(kwargs))
 
 
 @kopf.on.event(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
@@ -138,7 +138,7 @@ async def service_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logg
 async def _repair(kind: str, event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger) -> None:
     """Drift repair (:mod:`kvpilot.operator.inferenceservice.drift`); a failure is logged, the next event
     retries."""
-    deps = handlers.default_deps()
+    deps = reconcile_deps.default_deps()
     if deps.kube is None:
         return
     try:

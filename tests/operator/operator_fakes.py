@@ -10,7 +10,7 @@ from typing import Any
 import kopf
 
 from kvpilot.operator.clients.kube import Conflict
-from kvpilot.operator.inferenceservice import handlers
+from kvpilot.operator.inferenceservice import handlers, reconcile_deps
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
@@ -200,7 +200,7 @@ class Harness:
         self.hub_calls: list[tuple[str, str | None, str | None]] = []
         self.hub_result: Any = {}
         self.clock = iter(f"2026-11-30T10:{m:02d}:00Z" for m in range(60))
-        self.deps = handlers.Deps(
+        self.deps = reconcile_deps.Deps(
             kube=self.kube, emit=self.emitter, now=lambda: next(self.clock), hub=self._hub, plan_fn=fake_plan,
             record_metrics=False,
         )  # fmt: skip

@@ -17,7 +17,7 @@ from closed_loop_fakes import T0, LoopHarness, pod, rfc3339, window
 from operator_fakes import Harness, condition, isvc
 
 from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
-from kvpilot.operator.inferenceservice import closed_loop, handlers
+from kvpilot.operator.inferenceservice import closed_loop, handlers, reconcile_deps
 from kvpilot.operator.loop import loop_deps, loop_settings
 from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.pods import pod_status
@@ -527,12 +527,11 @@ def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) ->
     import kopf
 
     from kvpilot.operator import main
-    from kvpilot.operator.inferenceservice import handlers
 
     monkeypatch.setenv("KVPILOT_METRICS_STEP_SECONDS", "5")
     monkeypatch.setenv("KVPILOT_PROBATION_SECONDS", "20")
     monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
     monkeypatch.setenv("KVPILOT_PROMETHEUS_URL", "https://prom.example:9090")
     monkeypatch.setenv("KVPILOT_PROMETHEUS_POD_LABEL", "kubernetes_pod_name")
     seen: list[tuple[LoopPace, PrometheusSettings]] = []

@@ -6,12 +6,12 @@ import kopf
 import pytest
 
 from kvpilot.operator import main
-from kvpilot.operator.inferenceservice import handlers
+from kvpilot.operator.inferenceservice import handlers, reconcile_deps
 
 
 def test_startup_settings(monkeypatch) -> None:
     monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
     monkeypatch.setattr(main.loop_deps, "configure", lambda pace, prom: None)
     settings = kopf.OperatorSettings()
     main.configure(settings=settings)
@@ -43,7 +43,7 @@ async def test_handler_forwards_kwargs(monkeypatch) -> None:
         seen.update(kwargs)
 
     monkeypatch.setattr(handlers, "reconcile", fake)
-    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
     await main.spec_changed(body={}, spec={}, meta={}, status={}, patch=kopf.Patch(), retry=2, logger=None,
                             diff=(), old=None, new=None)  # fmt: skip
     assert seen["trigger"] == "SpecChanged" and seen["retry"] == 2 and seen["diff"] == ()
@@ -57,7 +57,7 @@ def test_peering_lifetime_from_the_environment(monkeypatch) -> None:
         with pytest.raises(main.loop_settings.LoopConfigError, match=main.PEERING_LIFETIME_ENV):
             main.peering_lifetime_from_env({main.PEERING_LIFETIME_ENV: bad})
     monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
     monkeypatch.setattr(main.loop_deps, "configure", lambda pace, prom: None)
     settings = kopf.OperatorSettings()
     default = settings.peering.lifetime
@@ -94,7 +94,7 @@ def test_the_tenant_guard_is_configured_at_startup(monkeypatch) -> None:
     from kvpilot.operator.pods import tenant_settings
 
     monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
     monkeypatch.setattr(main.loop_deps, "configure", lambda pace, prom: None)
     monkeypatch.setattr(tenant_settings, "_settings", tenant_settings.TenantSettings())
     monkeypatch.setenv(tenant_settings.ENFORCEMENT_ENV, "Strict")

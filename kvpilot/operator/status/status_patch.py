@@ -1,7 +1,8 @@
 """The status document: the one place that writes ``status`` (never via handler return values).
 
-Every writer builds its merge patch in this package: the reconciler here (:func:`build_success_status`,
-:func:`build_failure_status`), the closed loop in :mod:`.loop_patch` (from one tick's
+Every writer builds its merge patch in this package: the reconciler in :mod:`.reconcile_status`
+(:func:`~.reconcile_status.build_success_status`, :func:`~.reconcile_status.build_failure_status`), the
+closed loop in :mod:`.loop_patch` (from one tick's
 :class:`~kvpilot.operator.status.loop_patch.LoopTick`), the EngineTuner in :mod:`.tuner_status`; none edits a
 built patch. This module owns the status vocabulary: how history is appended (one rule:
 :func:`append_history`), and the caps, which it asks of their homes: list lengths of the
@@ -33,14 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.operator import api, conditions
-from kvpilot.operator.errors import Failure
-from kvpilot.operator.planning.modes import ModeDecision
-from kvpilot.operator.planning.resolve import Inputs
 from kvpilot.operator.pods.pod_status import Serving
 from kvpilot.operator.status import events
-from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import HistoryAction
-from kvpilot.tuner.types import GIB, EngineSettings
+from kvpilot.tuner.types import EngineSettings
 
 
 def _max_items(name: str) -> int:
@@ -62,7 +59,6 @@ MAX_MESSAGE = events.MAX_MESSAGE
 """Condition messages, history and recommendation reasons are cut here, like event messages."""
 
 _SETTINGS_KEYS = tuple(f.alias or n for n, f in api.Settings.model_fields.items())
-_BUDGET_KEYS = tuple(f.alias or n for n, f in api.Budget.model_fields.items())
 
 Update = tuple[str, str, str, str]
 """A condition update: ``(type, status, reason, message)``."""
@@ -313,91 +309,3 @@ def build_ready_update(
     if serving.available:
         return [(conditions.READY, conditions.TRUE, "Serving", serving.message)]
     return [(conditions.READY, conditions.FALSE, serving.degraded_reason or "Starting", serving.message)]
-
-
-# --- the reconciler -------------------------------------------------------------------------------------
-
-
-def build_success_status(
-    old: Mapping[str, Any], *, generation: int | None, now: str, inputs: Inputs, decision: ModeDecision,
-    trigger: str, selector: str | None = None,
-) -> StatusPatch:  # fmt: skip
-    """Status after the Deployment and Service were applied with ``decision.deploy``; ``selector``: the pods'
-    label selector (``status.selector``, which the ``/scale`` subresource serves to autoscalers)."""
-    plan, gpu = decision.plan, inputs.gpu
-    applied = build_settings(decision.deploy)
-    planned_text = vllm.describe_settings(plan.settings)
-    b = plan.budget
-    updates = [
-        (conditions.CONFIG_RESOLVED, conditions.TRUE, "Resolved",
-         f"model config from {inputs.model.origin}; GPU {gpu.gpu.name} from {gpu.origin}"),
-        (conditions.PLANNED, conditions.TRUE, "Planned",
-         f"{planned_text}; KV cache {b.available_kv_cache_gib:.2f} GiB = {b.kv_cache_tokens} tokens, "
-         f"{plan.concurrency_at_max_len:.1f} requests at max-model-len"),
-        (conditions.INFEASIBLE, conditions.FALSE, "Feasible", "the plan fits the GPUs"),
-        (conditions.READY, conditions.TRUE, "Applied", _ready_message(decision)),
-    ]  # fmt: skip
-    lists = ListPatch(generation, now, updates=list(updates))
-    patch: dict[str, Any] = {
-        "observedGeneration": generation,
-        "gpu": {
-            "product": ", ".join(gpu.products) or None,
-            "catalogueName": gpu.gpu.name,
-            "count": plan.gpu_count,
-            "memoryGiB": round(gpu.gpu.total_bytes / GIB, 2),
-        },
-        "applied": applied,
-        "budget": {**dict.fromkeys(_BUDGET_KEYS), **api.Budget.from_budget(b).wire()},
-        "warnings": [*gpu.warnings, *plan.warnings][:WARNINGS_LIMIT],
-        "recommendation": None,
-    }
-    if selector is not None:
-        patch["selector"] = selector
-    if decision.recommendation is not None:
-        patch["recommendation"] = build_recommendation(
-            decision.recommendation, f"planned for {plan.gpu_count}x {plan.gpu}: {planned_text}", trigger, now
-        )
-    old_applied = old.get("applied")
-    if compact(old_applied) != compact(applied):
-        patch["lastChangeTime"] = now
-        entry = build_history_entry(
-            time=now, action=HistoryAction.PLANNED, trigger=trigger,
-            reason=f"{decision.mode}: {vllm.describe_settings(decision.deploy)}",
-        )  # fmt: skip
-        if old_applied:
-            entry["from"] = compact(old_applied)
-        entry["to"] = compact(applied)
-        lists.history.append((entry, False))
-    return StatusPatch(status=patch, lists=lists)
-
-
-def _ready_message(decision: ModeDecision) -> str:
-    if decision.mode == "Auto":
-        return f"Deployment applied with the plan: {vllm.describe_settings(decision.deploy)}"
-    what = (
-        "the recommendation is in status.recommendation"
-        if decision.mode == "Recommend"
-        else "plan reported only"
-    )
-    return f"Deployment applied with the user's settings ({vllm.describe_settings(decision.deploy)}); {what}"
-
-
-def build_failure_status(
-    old: Mapping[str, Any], *, generation: int | None, now: str, failure: Failure, trigger: str
-) -> StatusPatch:
-    """Status after a failed reconciliation: Ready=False with the reason; the Deployment is untouched."""
-    updates: list[Update] = []
-    if failure.condition != conditions.READY:
-        updates.append((failure.condition, conditions.FALSE, failure.reason, failure.message))
-    if failure.infeasible:
-        updates.append((conditions.INFEASIBLE, conditions.TRUE, failure.reason, failure.message))
-    elif failure.condition == conditions.PLANNED:
-        updates.append((conditions.INFEASIBLE, conditions.FALSE, "NotPlanned", "no plan was made"))
-    updates.append((conditions.READY, conditions.FALSE, failure.reason, failure.message))
-    lists = ListPatch(generation, now, updates=updates)
-    if failure.infeasible:
-        entry = build_history_entry(
-            time=now, action=HistoryAction.INFEASIBLE, trigger=trigger, reason=failure.message
-        )
-        lists.history.append((entry, True))
-    return StatusPatch(status={"observedGeneration": generation}, lists=lists)
