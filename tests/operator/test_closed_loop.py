@@ -16,6 +16,7 @@ import pytest
 from closed_loop_fakes import T0, LoopHarness, pod, rfc3339, window
 from operator_fakes import Harness, condition, isvc
 
+from kvpilot.operator.clients import metrics
 from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.operator.inferenceservice import closed_loop, handlers, reconcile_deps
 from kvpilot.operator.loop import loop_deps, loop_settings
@@ -516,7 +517,7 @@ def test_an_invalid_pace_stops_the_operator_at_start_up(monkeypatch: pytest.Monk
 
     started: list[str] = []
     monkeypatch.setenv("KVPILOT_MIN_SAMPLES", "many")
-    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: started.append("metrics"))
+    monkeypatch.setattr(metrics, "start_metrics_server", lambda: started.append("metrics"))
     words = "KVPILOT_MIN_SAMPLES='many': expected an integer >= 1"
     with pytest.raises(kopf.PermanentError, match=re.escape(words)):
         main.configure(settings=kopf.OperatorSettings())
@@ -530,7 +531,7 @@ def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setenv("KVPILOT_METRICS_STEP_SECONDS", "5")
     monkeypatch.setenv("KVPILOT_PROBATION_SECONDS", "20")
-    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
     monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
     monkeypatch.setenv("KVPILOT_PROMETHEUS_URL", "https://prom.example:9090")
     monkeypatch.setenv("KVPILOT_PROMETHEUS_POD_LABEL", "kubernetes_pod_name")

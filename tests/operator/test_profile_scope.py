@@ -54,7 +54,7 @@ def test_the_shared_namespaces_are_read_and_checked_at_start_up(monkeypatch: pyt
         with pytest.raises(profile_scope.SharingConfigError, match=why):
             profile_scope.sharing_from_env({env: bad})
     monkeypatch.setenv(env, "only-one")
-    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
     with pytest.raises(kopf.PermanentError, match="at least two"):  # the operator stops, not mid-loop
         main.configure(settings=kopf.OperatorSettings())
     assert profile_scope.shared_namespaces() == frozenset()
