@@ -56,8 +56,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     config = startup.read_config()  # a bad setting stops the operator here, not mid-loop
     if config.lifetime is not None:
         settings.peering.lifetime = config.lifetime
-    startup.apply_config(config)
-    service_main.configure()
+    owners = startup.apply_config(config)  # the objects found to be kvpilot's: one memory for every writer
+    service_main.configure(owners)
 
 
 # --- the InferenceService kind: the reconciler and drift repair (inferenceservice.service_main) -----------

@@ -6,13 +6,6 @@ import pytest
 from operator_fakes import Harness, ProfileKube
 
 from kvpilot.operator.planning import modes, resolve
-from kvpilot.operator.pods import ownership
-
-
-@pytest.fixture(autouse=True)
-def _fresh_ownership_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts with an operator that has verified no object yet (pods.ownership)."""
-    monkeypatch.setattr(ownership, "VERIFIED", ownership.VerifiedOwners())
 
 
 @pytest.fixture

@@ -532,11 +532,11 @@ def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("KVPILOT_METRICS_STEP_SECONDS", "5")
     monkeypatch.setenv("KVPILOT_PROBATION_SECONDS", "20")
     monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
+    monkeypatch.setattr(reconcile_deps, "configure", lambda owners: reconcile_deps.Deps(None, owners=owners))
     monkeypatch.setenv("KVPILOT_PROMETHEUS_URL", "https://prom.example:9090")
     monkeypatch.setenv("KVPILOT_PROMETHEUS_POD_LABEL", "kubernetes_pod_name")
     seen: list[tuple[LoopPace, PrometheusSettings]] = []
-    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom: seen.append((pace, prom)))
+    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom, owners: seen.append((pace, prom)))
     main.configure(settings=kopf.OperatorSettings())
     assert seen == [(
         LoopPace(step_seconds=5.0, probation_seconds=20.0),

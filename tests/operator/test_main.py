@@ -13,8 +13,8 @@ from kvpilot.operator.loop import loop_deps, loop_settings, startup
 
 def test_startup_settings(monkeypatch) -> None:
     monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
-    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom: None)
+    monkeypatch.setattr(reconcile_deps, "configure", lambda owners: reconcile_deps.Deps(None, owners=owners))
+    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom, owners: None)
     settings = kopf.OperatorSettings()
     main.configure(settings=settings)
     # kopf's bookkeeping rides in the status PATCH: nothing in annotations
@@ -62,8 +62,8 @@ def test_peering_lifetime_from_the_environment(monkeypatch) -> None:
         with pytest.raises(loop_settings.LoopConfigError, match=startup.PEERING_LIFETIME_ENV):
             startup.peering_lifetime_from_env({startup.PEERING_LIFETIME_ENV: bad})
     monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
-    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom: None)
+    monkeypatch.setattr(reconcile_deps, "configure", lambda owners: reconcile_deps.Deps(None, owners=owners))
+    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom, owners: None)
     settings = kopf.OperatorSettings()
     default = settings.peering.lifetime
     main.configure(settings=settings)
@@ -99,8 +99,8 @@ def test_the_tenant_guard_is_configured_at_startup(monkeypatch) -> None:
     from kvpilot.operator.pods import tenant_settings
 
     monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
-    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom: None)
+    monkeypatch.setattr(reconcile_deps, "configure", lambda owners: reconcile_deps.Deps(None, owners=owners))
+    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom, owners: None)
     monkeypatch.setattr(tenant_settings, "_settings", tenant_settings.TenantSettings())
     monkeypatch.setenv(tenant_settings.ENFORCEMENT_ENV, "Strict")
     monkeypatch.setenv(tenant_settings.POLICY_ENV, '{"allowedServiceAccounts": ["vllm-runner"]}')

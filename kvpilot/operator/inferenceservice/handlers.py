@@ -70,7 +70,7 @@ async def reconcile(
         manifests = wanted.manifests  # a first create replaces no pod: the default (surge) strategy
         if trigger != CREATED:
             manifests = await workloads.fetch_rollout_strategy(deps.kube, parsed, manifests)
-        await workloads.apply_workloads(manifests, deps.kube)
+        await workloads.apply_workloads(manifests, deps.kube, deps.owners)
         hpas = await autoscalers.fetch_autoscalers(deps.kube, parsed, namespace)
     except Exception as exc:
         failure = errors.classify(exc)

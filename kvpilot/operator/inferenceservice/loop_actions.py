@@ -73,7 +73,7 @@ async def apply_settings(
         if inputs is None or deps.kube is None:
             raise errors.ApplyFailed("model/GPU not resolved or no Kubernetes client")
         deployment = build_loop_deployment(svc.meta, svc.spec, inputs, settings, choice)
-        await workloads.apply_workloads([deployment], deps.kube)
+        await workloads.apply_workloads([deployment], deps.kube, deps.owners)
     except Exception as exc:  # noqa: BLE001 -- report and retry on the next tick
         logger.warning(f"closed loop: applying {what} failed: {exc}")
         reason = errors.NameConflict.reason if isinstance(exc, errors.NameConflict) else "RetuneFailed"

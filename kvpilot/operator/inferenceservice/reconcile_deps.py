@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.planning import modes, resolve
+from kvpilot.operator.pods.ownership import VerifiedOwners
 from kvpilot.operator.status import events, status_patch
 
 
@@ -29,16 +30,24 @@ class Deps:
     hub: resolve.HubDownload = resolve.download_hub_config
     plan_fn: modes.PlanFn | None = None
     record_metrics: bool = True
+    owners: VerifiedOwners = field(default_factory=VerifiedOwners)
+    """Objects already found to be this operator's (:mod:`kvpilot.operator.pods.ownership`): the closed
+    loop's memory too (:func:`configure`)."""
 
 
 _deps: Deps | None = None
 
 
-def default_deps() -> Deps:
-    """The process-wide dependencies (the real cluster), created on first use."""
+def configure(owners: VerifiedOwners) -> Deps:
+    """The process-wide dependencies: the real cluster and the operator's memory of its objects (shared with
+    the closed loop). Called once by the operator's start-up handler."""
     global _deps
-    if _deps is None:
-        from kvpilot.operator.clients.kube import get_kube
+    from kvpilot.operator.clients.kube import get_kube
 
-        _deps = Deps(kube=get_kube())
+    _deps = Deps(kube=get_kube(), owners=owners)
     return _deps
+
+
+def default_deps() -> Deps:
+    """The dependencies :func:`configure` built at start-up (else, first use: a memory of their own)."""
+    return _deps if _deps is not None else configure(VerifiedOwners())

@@ -14,9 +14,10 @@ from typing import Any
 import kopf
 
 from kvpilot.operator import timers
-from kvpilot.operator.inferenceservice import drift, handlers
+from kvpilot.operator.inferenceservice import drift, handlers, reconcile_deps
 from kvpilot.operator.inferenceservice.reconcile_deps import default_deps
 from kvpilot.operator.loop import loop_settings
+from kvpilot.operator.pods.ownership import VerifiedOwners
 
 LOOP_INTERVAL_S = loop_settings.interval_from_env()
 """The closed loop's timer interval (``$KVPILOT_CLOSED_LOOP_INTERVAL``): kopf takes it when the timer is
@@ -24,9 +25,10 @@ registered, at import, before any start-up handler has run (the rest of the pace
 :func:`kvpilot.operator.loop.loop_settings.pace_from_env`)."""
 
 
-def configure() -> None:
-    """At start-up: the reconciler's dependencies (the real cluster), before any handler runs."""
-    default_deps()
+def configure(owners: VerifiedOwners) -> None:
+    """At start-up: the reconciler's dependencies (the real cluster, the operator's memory of its objects),
+    before any handler runs."""
+    reconcile_deps.configure(owners)
 
 
 async def created(**kwargs: Any) -> None:
@@ -62,7 +64,7 @@ async def _repair(kind: str, event: kopf.RawEvent, body: kopf.Body, logger: kopf
     try:
         await drift.apply_repair(
             kind, event.get("type"), body, kube=deps.kube, hub=deps.hub, emit=deps.emit, logger=logger,
-            read_owner=deps.kube.read_inference_service, plan_fn=deps.plan_fn,
+            read_owner=deps.kube.read_inference_service, plan_fn=deps.plan_fn, owners=deps.owners,
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 -- the reconciler reports what is wrong with the spec
         logger.warning(f"drift: repairing {kind} {body.get('metadata', {}).get('name')} failed: {exc}")

@@ -21,6 +21,7 @@ from kvpilot.operator.loop import loop_deps, loop_settings
 from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.planning import profile_scope
 from kvpilot.operator.pods import tenant_settings
+from kvpilot.operator.pods.ownership import VerifiedOwners
 
 PEERING_LIFETIME_ENV = "KVPILOT_PEERING_LIFETIME_SECONDS"
 """How long a replica's kopf peering record stays alive without a keep-alive (kopf's default: 60 s). A
@@ -84,10 +85,14 @@ def read_config() -> OperatorConfig:
         raise kopf.PermanentError(str(exc)) from exc
 
 
-def apply_config(config: OperatorConfig) -> None:
-    """Set the process-wide parts from ``config`` and start the metrics server."""
+def apply_config(config: OperatorConfig) -> VerifiedOwners:
+    """Set the process-wide parts from ``config`` and start the metrics server; the operator's memory of its
+    objects (:mod:`kvpilot.operator.pods.ownership`), made here for the closed loop and handed to the
+    reconciler and drift repair (one memory: a deletion drift repair sees is forgotten by every writer)."""
+    owners = VerifiedOwners()
     profile_scope.configure_sharing(config.shared)
     tenant_settings.configure(config.tenants)
     logging.getLogger(__name__).info(f"tenant guard: operatorEnforcement={config.tenants.mode}")
     metrics.start_metrics_server()
-    loop_deps.configure(config.pace, config.prom)
+    loop_deps.configure(config.pace, config.prom, owners)
+    return owners
