@@ -22,7 +22,7 @@ False), a Warning event, and kopf's back-off (:func:`record_failure`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import kopf
 
@@ -49,7 +49,6 @@ async def reconcile(
         read = await target_reading.fetch_target(deps.kube, spec, meta, deps.hub)
     except Exception as exc:
         record_failure(deps, body, meta, old, patch, exc, now, logger, retry)  # raises kopf's retry verdict
-        raise
     loop = await judge(deps, read, old, now)
     budget = target_loop.compute_budget(read.loop_inputs, loop.settings)
     eviction = await target_eviction.apply_eviction(deps, read, old, loop.settings, now, body)
@@ -103,7 +102,7 @@ def record(
 def record_failure(
     deps: TargetDeps, body: Mapping[str, Any], meta: Mapping[str, Any], old: Mapping[str, Any],
     patch: kopf.Patch, exc: Exception, now: float, logger: Any, retry: int,
-) -> None:  # fmt: skip
+) -> NoReturn:  # fmt: skip
     """A failed read or plan: ``Ready=False`` with the reason, a Warning when new; kopf's back-off or
     nothing until the next spec change (:func:`kvpilot.operator.errors.to_kopf`, raised)."""
     failure = errors.classify(exc)
