@@ -7,16 +7,17 @@ Kubernetes objects in, tuner types through, status out::
                                                                      (target_reading.fetch_target)
     the pods that run the recommendation --prometheus.fetch_observations (the closed loop's shared
          per-tick snapshot)--> their metrics window                  (fetch_window)
-         --target_loop.compute_loop (the InferenceService's policy)--> the recommendation   (judge)
+         --target_loop.compute_loop (the InferenceService's policy)--> the recommendation
+                                                                     (fetch_recommendation)
     Auto <- one eviction of a pod that does not run the recommendation, once the status already holds it
                                                                      (target_eviction.apply_eviction)
     status <- tuner_status.build_tuner_status: discovered, gpu, budget, recommendation (Recommend, Initial,
-              Auto), history, failedSettings, lastGoodSettings, rollout, conditions    (record)
+              Auto), history, failedSettings, lastGoodSettings, rollout, conditions    (apply_tuner_status)
 
 The target is never written. In Initial and Auto the admission webhook (:mod:`.target_webhook`) puts the
 recommendation on the target's new pods; it reads it from ``status`` through a kopf index, so it keeps
 working across operator restarts. Failures are ``Ready=False`` with the reason (and the failing condition
-False), a Warning event, and kopf's back-off (:func:`record_failure`).
+False), a Warning event, and kopf's back-off (:func:`apply_failure`).
 """
 
 from __future__ import annotations
@@ -48,18 +49,20 @@ async def reconcile(
     try:
         read = await target_reading.fetch_target(deps.kube, spec, meta, deps.hub)
     except Exception as exc:
-        record_failure(deps, body, meta, old, patch, exc, now, logger, retry)  # raises kopf's retry verdict
-    loop = await judge(deps, read, old, now)
+        apply_failure(deps, body, meta, old, patch, exc, now, logger, retry)  # raises kopf's retry verdict
+    loop = await fetch_recommendation(deps, read, old, now)
     budget = target_loop.compute_budget(read.loop_inputs, loop.settings)
     eviction = await target_eviction.apply_eviction(deps, read, old, loop.settings, now, body)
     found = target_reading.build_found(read, loop.settings, budget, now)
-    record(deps, body, patch, tuner_status.build_tuner_status(old, found, loop, eviction))
+    apply_tuner_status(deps, body, patch, tuner_status.build_tuner_status(old, found, loop, eviction))
     pods = f"{found.discovered.pods_tuned}/{found.discovered.pods} pods run the recommendation"
     planned = vllm.describe_settings(loop.settings)
     logger.info(f"EngineTuner {read.mode}: recommends {planned}; {pods}{eviction.message}")
 
 
-async def judge(deps: TargetDeps, read: Target, old: Mapping[str, Any], now: float) -> TunerLoop:
+async def fetch_recommendation(
+    deps: TargetDeps, read: Target, old: Mapping[str, Any], now: float
+) -> TunerLoop:
     """The recommendation to stand by: the plan's in mode Off, else the closed loop's on the pods that run
     it (:func:`.target_loop.compute_loop`)."""
     if read.mode == "Off":
@@ -88,7 +91,7 @@ async def fetch_window(
     )  # fmt: skip
 
 
-def record(
+def apply_tuner_status(
     deps: TargetDeps, body: Mapping[str, Any], patch: kopf.Patch, out: status_patch.StatusPatch
 ) -> None:
     """The status into kopf's patch, then its events and decision counts."""
@@ -99,7 +102,7 @@ def record(
         metrics.record_decision(kind)
 
 
-def record_failure(
+def apply_failure(
     deps: TargetDeps, body: Mapping[str, Any], meta: Mapping[str, Any], old: Mapping[str, Any],
     patch: kopf.Patch, exc: Exception, now: float, logger: Any, retry: int,
 ) -> NoReturn:  # fmt: skip
@@ -109,7 +112,7 @@ def record_failure(
     if failure.reason == "InternalError":
         logger.exception("EngineTuner reconciliation failed unexpectedly")
     generation = meta.get("generation")
-    record(
+    apply_tuner_status(
         deps,
         body,
         patch,

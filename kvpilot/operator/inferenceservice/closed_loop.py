@@ -91,23 +91,23 @@ async def run_once(
 
     Its status goes out as one conditional PATCH, and a change is recorded before it is applied
     (:mod:`kvpilot.operator.status.status_write`); ``patch`` (kopf's) is used only without a Kubernetes
-    client. The steps: :func:`~.loop_reading.read_service` (mode Off: :func:`~.loop_record.tick_off`),
-    :func:`~.loop_reading.fetch_resolved`, :func:`observe`, :func:`decide`, :func:`~.loop_record.record`,
-    :func:`act`."""
-    svc = loop_reading.read_service(body, spec, meta, status, deps.clock())
+    client. The steps: :func:`~.loop_reading.parse_service` (mode Off: :func:`~.loop_record.apply_off`),
+    :func:`~.loop_reading.fetch_resolved`, :func:`fetch_evidence`, :func:`fetch_decision`,
+    :func:`~.loop_record.apply_record`, :func:`apply_decision`."""
+    svc = loop_reading.parse_service(body, spec, meta, status, deps.clock())
     if svc is None:
         return None
     if svc.mode == "Off":  # nothing to decide; the pods still say whether the service serves
-        await loop_record.tick_off(deps, svc, patch, logger)
+        await loop_record.apply_off(deps, svc, patch, logger)
         return None
     resolved = await loop_reading.fetch_resolved(deps, svc, logger)
     if resolved is None:
         return None
-    observed = await observe(deps, svc, resolved, logger)
+    observed = await fetch_evidence(deps, svc, resolved, logger)
     if observed is None:
         return None
-    judged = await decide(deps, svc, resolved, observed, logger)
-    recorded = await loop_record.record(
+    judged = await fetch_decision(deps, svc, resolved, observed, logger)
+    recorded = await loop_record.apply_record(
         deps, svc, resolved, observed, judged.decision, judged.tick.rollout, changed=judged.change,
         choice=judged.choice, cluster=judged.cluster, patch=patch, logger=logger,
     )  # fmt: skip
@@ -115,11 +115,11 @@ async def run_once(
         if judged.change and recorded.written == loop_record.UNKNOWN:  # applied next tick if it landed
             deps.pending.add(svc.namespace, svc.name, (judged.decision.settings, judged.choice))
         return judged.decision  # nothing recorded: nothing applied, no event; the next tick decides again
-    await act(deps, svc, resolved, observed, judged, recorded, logger)
+    await apply_decision(deps, svc, resolved, observed, judged, recorded, logger)
     return judged.decision
 
 
-async def observe(deps: LoopDeps, svc: Service, resolved: Resolved, logger: Any) -> Observed | None:
+async def fetch_evidence(deps: LoopDeps, svc: Service, resolved: Resolved, logger: Any) -> Observed | None:
     """The pods (``None``: unreadable, the next tick retries), a recorded change whose apply failed applied
     again, then the metrics window (:func:`~.loop_observing.fetch_observed`)."""
     try:
@@ -127,11 +127,11 @@ async def observe(deps: LoopDeps, svc: Service, resolved: Resolved, logger: Any)
     except Exception as exc:  # noqa: BLE001 -- API hiccup: skip this tick, the next one retries
         logger.warning(f"closed loop: listing pods failed ({exc}); skipping this tick")
         return None
-    await retry_pending(deps, svc, resolved, logger)
+    await apply_pending(deps, svc, resolved, logger)
     return await loop_observing.fetch_observed(deps, svc, resolved, views)
 
 
-async def retry_pending(deps: LoopDeps, svc: Service, resolved: Resolved, logger: Any) -> None:
+async def apply_pending(deps: LoopDeps, svc: Service, resolved: Resolved, logger: Any) -> None:
     """A change recorded by an earlier tick and not applied yet (:class:`.status_write.PendingApplies`)."""
     retry = deps.pending.take(svc.namespace, svc.name, svc.state.current)
     if retry is None or svc.mode != "Auto":
@@ -143,7 +143,9 @@ async def retry_pending(deps: LoopDeps, svc: Service, resolved: Resolved, logger
         deps.pending.add(svc.namespace, svc.name, retry)
 
 
-async def decide(deps: LoopDeps, svc: Service, resolved: Resolved, observed: Observed, logger: Any) -> Judged:
+async def fetch_decision(
+    deps: LoopDeps, svc: Service, resolved: Resolved, observed: Observed, logger: Any
+) -> Judged:
     """The shared tick's decision; a change in Auto decided again with what its rollout costs
     (:func:`.loop_actions.fetch_rollout`); a change that cannot be applied said so (a ``RetuneFailed``)."""
     context = loop_reading.build_context(svc, resolved)
@@ -167,7 +169,7 @@ async def decide(deps: LoopDeps, svc: Service, resolved: Resolved, observed: Obs
     return Judged(judged, decision, choice, cluster, change)
 
 
-async def act(
+async def apply_decision(
     deps: LoopDeps, svc: Service, resolved: Resolved, observed: Observed, judged: Judged,
     recorded: loop_record.Recorded, logger: Any,
 ) -> None:  # fmt: skip

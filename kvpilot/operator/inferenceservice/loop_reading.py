@@ -1,6 +1,6 @@
 """What one closed-loop tick of an InferenceService reads first: the service, its model and GPU.
 
-The first steps of :func:`kvpilot.operator.inferenceservice.closed_loop.run_once`: :func:`read_service`
+The first steps of :func:`kvpilot.operator.inferenceservice.closed_loop.run_once`: :func:`parse_service`
 (the spec and status, pure) and :func:`fetch_resolved` (model, GPU, the budget of the current settings,
 the policy); :func:`build_context` turns them into what the policy tunes within. The pods and metrics:
 :mod:`.loop_observing`. A ``None`` says the tick has nothing to do (and why, in the log).
@@ -69,7 +69,7 @@ class Resolved:
     default_len: int
 
 
-def read_service(
+def parse_service(
     body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
     now: float,
 ) -> Service | None:  # fmt: skip

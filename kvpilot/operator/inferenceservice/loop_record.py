@@ -1,9 +1,9 @@
 """How one closed-loop tick of an InferenceService records what it saw and decided: one conditional PATCH.
 
-:func:`record` builds the tick's whole status in one go
+:func:`apply_record` builds the tick's whole status in one go
 (:func:`kvpilot.operator.status.loop_patch.build_loop_patch`, with the ``Schedulable`` view of
 :mod:`.loop_schedulable`) and writes it
-(:func:`kvpilot.operator.status.status_write.apply_status`); :func:`tick_off` does the same for mode Off,
+(:func:`kvpilot.operator.status.status_write.apply_status`); :func:`apply_off` does the same for mode Off,
 where only the pods' view is recorded. A change is recorded before it is applied.
 """
 
@@ -28,8 +28,8 @@ UNKNOWN = status_write.UNKNOWN
 
 @dataclass(frozen=True)
 class Recorded:
-    """What :func:`record` wrote (``written``: one of :mod:`.status_write`'s outcomes), and what goes with it:
-    the new status fields, the events to post and the decisions to count once it landed."""
+    """What :func:`apply_record` wrote (``written``: one of :mod:`.status_write`'s outcomes), and what goes
+    with it: the new status fields, the events to post and the decisions to count once it landed."""
 
     written: str
     status: Mapping[str, Any] = field(default_factory=dict)
@@ -41,7 +41,7 @@ class Recorded:
         return self.written in (status_write.WRITTEN, status_write.UNCHANGED)
 
 
-async def record(
+async def apply_record(
     deps: LoopDeps, svc: Service, resolved: Resolved, observed: Observed, decision: Decision,
     rollout: RolloutState | None, *, changed: bool, choice: RolloutChoice | None,
     cluster: loop_observing.Cluster | None, patch: Any, logger: Any,
@@ -58,11 +58,11 @@ async def record(
         startup_seconds=observed.startup, resolve_failure=resolved.failure,
     )  # fmt: skip
     out = loop_patch.build_loop_patch(svc.old, tick)
-    written = await write(deps, patch, svc, out, logger)
+    written = await apply_patch(deps, patch, svc, out, logger)
     return Recorded(written, out.status, out.events, out.decisions)
 
 
-async def tick_off(deps: LoopDeps, svc: Service, patch: Any, logger: Any) -> None:
+async def apply_off(deps: LoopDeps, svc: Service, patch: Any, logger: Any) -> None:
     """Mode Off: the pods' view alone (``Available``, ``Degraded``, ``Ready``, ``Schedulable``)."""
     try:
         views = await loop_observing.fetch_pods(deps, svc.namespace, svc.name)
@@ -74,10 +74,10 @@ async def tick_off(deps: LoopDeps, svc: Service, patch: Any, logger: Any) -> Non
     out = loop_patch.build_off_patch(
         svc.old, serving, generation=svc.generation, now=svc.now, extra_conditions=schedulable
     )
-    await write(deps, patch, svc, out, logger)
+    await apply_patch(deps, patch, svc, out, logger)
 
 
-async def write(deps: LoopDeps, patch: Any, svc: Service, out: StatusPatch, logger: Any) -> str:
+async def apply_patch(deps: LoopDeps, patch: Any, svc: Service, out: StatusPatch, logger: Any) -> str:
     """The tick's status as one conditional PATCH (:func:`status_write.apply_status`): what became of it.
     Without a Kubernetes client, kopf's ``patch`` carries it."""
     if deps.kube is None:
