@@ -169,7 +169,8 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> L
         hd = layer.head_dim if layer is not None and layer.head_dim else model.head_dim
         q = (model.num_attention_heads // tp) * hd
         kvr = max(1, kv // tp) * hd
-        attn = h * (q + 2 * kvr) + q * h
+        gate = q if model.attention_output_gate else 0  # Qwen3-Next: q_proj also emits the output gate
+        attn = h * (q + gate + 2 * kvr) + q * h
         if model.attention_bias:
             attn += q + 2 * kvr
         replicated = 0

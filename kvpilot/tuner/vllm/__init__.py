@@ -129,6 +129,8 @@ from kvpilot.tuner.vllm.messages import (
     sampler_warmup_oom_error,
 )
 from kvpilot.tuner.vllm.runner import (
+    BLACKWELL_CAPTURE_LIMIT_SINCE,
+    CAPTURE_OFF_GRID_SIZES_SINCE,
     SAMPLER_WARMUP_V2_BYTES_PER_LOGIT,
     compute_sampler_state_bytes,
     cuda_graph_capture_sizes,
@@ -174,7 +176,9 @@ __all__ = [
     "ASYNC_SCHEDULING_SINCE",
     "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
+    "BLACKWELL_CAPTURE_LIMIT_SINCE",
     "BatchDefaults",
+    "CAPTURE_OFF_GRID_SIZES_SINCE",
     "CODE_LOADING_ENV",
     "CODE_LOADING_ENV_PREFIXES",
     "CODE_LOADING_FLAGS",
