@@ -334,6 +334,7 @@ def compute_budget(
     model_runner_v2: bool | None = None,
     performance_mode: str | None = None,
     enable_prefix_caching: bool | None = None,
+    expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
 ) -> MemoryBudget:
     """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse.
 
@@ -346,7 +347,9 @@ def compute_budget(
     ``enable_prefix_caching`` is ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``None``:
     vLLM's default, off for attention-free models): it decides whether state layers run in align mode
     (2-3 pages a request). The operator reads all four from the pod's environment and extra args
-    (:class:`kvpilot.tuner.vllm.EngineFlags`).
+    (:class:`kvpilot.tuner.vllm.EngineFlags`). ``expert_shards``: one data-parallel rank of a DP group, its
+    routed experts split over the group (:class:`~kvpilot.tuner.memory.weights.ExpertShards`; the rest of
+    the rank, its KV cache included, is a whole engine of ``tensor_parallel_size``).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
@@ -363,6 +366,7 @@ def compute_budget(
             model, gpu, r, version, rank, requested, shared,
             weights_total_bytes=weights_total_bytes, block_size=block_size,
             kv_cache_memory_bytes=kv_cache_memory_bytes, enable_prefix_caching=enable_prefix_caching,
+            expert_shards=expert_shards,
         )
         for rank in range(r.pp)
     )  # fmt: skip
@@ -411,12 +415,13 @@ def _compute_stage(
     model: ModelSpec, gpu: GpuSpec, r: _Resolved, version: vllm.Version, rank: int, requested: int,
     shared: _SharedCosts, *, weights_total_bytes: int | None, block_size: int | None,
     kv_cache_memory_bytes: int | None, enable_prefix_caching: bool | None,
+    expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
 ) -> refusals.Stage:  # fmt: skip
     """One pipeline stage's budget (its first TP rank): weights, activation peak, sampler state, what is
     left for the KV cache, and the KV layout of its layers."""
     w = weights.compute_weight_bytes(
         model, tensor_parallel_size=r.tp, pipeline_parallel_size=r.pp, pp_rank=rank, dtype=r.dtype,
-        weights_total_bytes=weights_total_bytes,
+        weights_total_bytes=weights_total_bytes, expert_shards=expert_shards,
     )  # fmt: skip
     act = compute_activation_bytes(
         model, tp=r.tp, pp=r.pp, pp_rank=rank, max_num_batched_tokens=r.max_num_batched_tokens,
