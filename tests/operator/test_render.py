@@ -97,6 +97,21 @@ def test_render_refuses_other_kinds_and_bad_specs() -> None:
     assert info.value.reason == "InvalidSpec"
 
 
+def test_one_node_per_replica_renders_as_a_spec_without_nodes() -> None:
+    doc = load("llama-3.1-8b-on-l4.yaml")
+    one = {**doc, "spec": {**doc["spec"], "gpu": {**doc["spec"].get("gpu", {}), "nodesPerReplica": 1}}}
+    assert render.build_manifests(one) == render.build_manifests(doc)
+
+
+def test_several_nodes_per_replica_are_refused_until_the_leaderworkerset_workload_exists() -> None:
+    doc = load("llama-3.1-8b-on-l4.yaml")
+    two = {**doc, "spec": {**doc["spec"], "gpu": {**doc["spec"].get("gpu", {}), "nodesPerReplica": 2}}}
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(two)
+    assert info.value.reason == "MultiNodeUnsupported"
+    assert "LeaderWorkerSet workload" in str(info.value) and "nothing was deployed" in str(info.value)
+
+
 SEVENTY_ON_L40S = {
     "apiVersion": "kvpilot.io/v1alpha1",
     "kind": "InferenceService",

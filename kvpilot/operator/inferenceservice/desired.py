@@ -34,8 +34,9 @@ class Desired:
 
 
 def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
-    """The typed spec; InvalidSpec naming every schema or CEL-equivalent problem, then PolicyViolation
-    (reason Forbidden) naming every escalation the operator's tenant guard refuses
+    """The typed spec; InvalidSpec naming every schema or CEL-equivalent problem, MultiNodeUnsupported for
+    a replica over several nodes (no LeaderWorkerSet workload yet: never deployed as one node), then
+    PolicyViolation (reason Forbidden) naming every escalation the operator's tenant guard refuses
     (:mod:`kvpilot.operator.pods.tenant_guard`, with the settings read at start-up)."""
     try:
         parsed = api.InferenceServiceSpec.model_validate(dict(spec))
@@ -49,6 +50,13 @@ def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
     problems += pod_template.compute_template_problems(parsed, tuple(workloads.build_labels("-")))
     if problems:
         raise errors.InvalidSpec("; ".join(problems))
+    if parsed.gpu.nodes_per_replica > 1:
+        raise errors.MultiNodeUnsupported(
+            f"spec.gpu.nodesPerReplica is {parsed.gpu.nodes_per_replica}: a replica over several nodes needs "
+            "kvpilot's LeaderWorkerSet workload (leader and worker pods with vLLM's --nnodes/--node-rank "
+            "flags), which this operator does not have yet; nothing was deployed. Set nodesPerReplica to 1, "
+            "or see the layout with `kvpilot plan --nodes N`."
+        )
     violations = tenant_guard.compute_violations(parsed, tenant_settings.current())
     if violations:
         raise errors.PolicyViolation("; ".join(violations))
