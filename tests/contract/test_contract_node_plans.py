@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kvpilot.tuner import gpus
+from kvpilot.tuner import vllm as kv_vllm
 from kvpilot.tuner.model import build_model_spec
 from kvpilot.tuner.plan.nodes import compute_node_plan
 from kvpilot.tuner.types import ServingBounds
@@ -62,3 +63,17 @@ def test_node_plans_parse_and_add_up_in_vllm(vllm_parser: Any, name: str, gpu: s
         elif spec.moe is not None:
             local, _, _ = experts_map.determine_expert_map(node_plan.layout.gpus, 0, spec.moe.num_experts)
             assert budget.experts == local
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_each_nodes_role_flags_parse_with_vllm_serve(vllm: Any, nodes: int) -> None:
+    """Node 0 serves, the others run headless; each names the group size, its rank and node 0's address."""
+    argparse_utils = importlib.import_module("vllm.utils.argparse_utils")
+    cli_args = importlib.import_module("vllm.entrypoints.common.cli_args")
+    parser: Any = cli_args.make_arg_parser(argparse_utils.FlexibleArgumentParser(prog="vllm serve"))
+    for rank in range(nodes):
+        role = kv_vllm.build_node_role_args(nodes, str(rank), "10.0.0.7", headless=rank > 0)
+        parsed = parser.parse_args(["some/model", *role])
+        assert (parsed.nnodes, parsed.node_rank, parsed.master_addr) == (nodes, rank, "10.0.0.7")
+        assert parsed.headless is (rank > 0)
+    assert kv_vllm.build_node_role_args(1, "0", "10.0.0.7", headless=False) == ()

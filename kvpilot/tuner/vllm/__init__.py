@@ -136,6 +136,7 @@ from kvpilot.tuner.vllm.parallel import (
     MASTER_ADDR_FLAG,
     NNODES_FLAG,
     NODE_RANK_FLAG,
+    build_node_role_args,
     build_parallel_args,
 )
 from kvpilot.tuner.vllm.runner import (
@@ -248,6 +249,7 @@ __all__ = [
     "approximate_gcd",
     "auto_fit_error",
     "build_engine_flags",
+    "build_node_role_args",
     "build_parallel_args",
     "build_vllm_args",
     "charges_total_consumed",

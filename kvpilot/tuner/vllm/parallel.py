@@ -46,3 +46,14 @@ def build_parallel_args(
     if expert_parallel:
         args.append(EXPERT_PARALLEL_FLAG)
     return tuple(args)
+
+
+def build_node_role_args(nnodes: int, node_rank: str, master_addr: str, *, headless: bool) -> tuple[str, ...]:
+    """The flags of one node of a group of ``nnodes`` (none for one node): its rank and node 0's address
+    (strings: a pod renders them as ``$(VAR)`` references). Node 0 serves the API; the others run
+    ``--headless`` (pipeline stages: ``MultiprocExecutor`` workers; data-parallel engines: inferred from
+    ``--node-rank``, ``EngineArgs.create_engine_config``)."""
+    if nnodes <= 1:
+        return ()
+    args = (NNODES_FLAG, str(nnodes), NODE_RANK_FLAG, node_rank, MASTER_ADDR_FLAG, master_addr)
+    return (*args, HEADLESS_FLAG) if headless else args
