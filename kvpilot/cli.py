@@ -8,7 +8,8 @@ calls the pure tuner, and prints. Subcommands:
   (:func:`kvpilot.tuner.plan.compute_node_plan`);
 * ``gpus`` / ``models`` -- the built-in catalogues;
 * ``estimate --cases FILE`` -- the memory model over a JSON list of vLLM start-up cases;
-* ``render -f isvc.yaml`` -- the Deployment and Service the operator would apply.
+* ``render -f isvc.yaml`` -- the Deployment and Service the operator would apply (a LeaderWorkerSet for a
+  replica over several nodes, which the operator does not apply yet).
 
 Exit status: 0 done; 1 ``plan`` found nothing that fits (the plan says why); 2 bad
 input (an unknown GPU or model, an unreadable file, a config the memory model cannot
@@ -407,6 +408,11 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
         def ignore_aliases(self, data: Any) -> bool:  # shared label dicts print in full, not as &id001
             return True
 
+    if any(m.get("kind") == "LeaderWorkerSet" for m in manifests):
+        out.write(
+            "# gpu.nodesPerReplica > 1: what the operator would run; it does not apply\n"
+            "# LeaderWorkerSets yet: such an InferenceService stays Ready=False (MultiNodeUnsupported).\n"
+        )
     yaml.dump_all(manifests, out, Dumper=NoAliases, sort_keys=False)
     return EXIT_OK
 

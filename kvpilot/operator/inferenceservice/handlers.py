@@ -91,6 +91,7 @@ async def reconcile(
     first_visit = old.get("observedGeneration") != generation
     try:
         parsed = desired.parse_spec(spec)
+        desired.check_workload_applied(parsed)
         inputs = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
         keep = None
         if _keeps_applied(old, trigger, first_visit, diff):

@@ -32,6 +32,8 @@ LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
 """The leader pod's address, from the variable LWS's pod webhook puts in every container of the group."""
 WORKER_INDEX = "$(LWS_WORKER_INDEX)"
 """The pod's index in its group (0: the leader), from the variable LWS puts in every container."""
+LEADER_SELECTOR = {"leaderworkerset.sigs.k8s.io/worker-index": "0"}
+"""The label LWS puts on each group's leader (``WorkerIndexLabelKey``): a Service selects the API servers."""
 RESTART_POLICY = "RecreateGroupOnPodRestart"
 """A pod's restart restarts its group: vLLM's ranks cannot rejoin a running group."""
 SCRAPE_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
