@@ -435,6 +435,13 @@ def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
                 "spec.model.storage: storage takes exactly one of persistentVolumeClaim, claimTemplate, "
                 "hostPath"
             )
+        template = st.claim_template
+        if g.nodes_per_replica > 1 and template is not None and template.access_mode != "ReadWriteMany":
+            errors.append(
+                "spec: a replica over several nodes (gpu.nodesPerReplica > 1) mounts "
+                "model.storage.claimTemplate on each of its nodes: give it accessMode ReadWriteMany (or use "
+                "hostPath, a cache on each node)"
+            )
         if st.host_path is not None and _dot_segments(st.host_path.path):
             errors.append("spec.model.storage.hostPath.path: hostPath.path must not contain .. segments")
     errors += labels.node_selector_problems(spec.node_selector)

@@ -54,14 +54,17 @@ class Layout:
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
-    def describe(self) -> str:
-        """``TP 8 x PP 2 on 2 nodes of 8 GPUs``, ``DP 16 x TP 1, experts over 16 GPUs (EP), on ...``."""
-        where = f"{self.nodes} node{'s' if self.nodes > 1 else ''} of {self.gpus_per_node} GPUs"
+    def describe(self, *, where: bool = True) -> str:
+        """``TP 8 x PP 2 on 2 nodes of 8 GPUs``, ``DP 16 x TP 1, experts over 16 GPUs (EP), on ...``
+        (``where=False``: without the nodes)."""
+        nodes = f"{self.nodes} node{'s' if self.nodes > 1 else ''} of {self.gpus_per_node} GPUs"
         if self.data_parallel_size > 1:
             ep = f", experts over {self.gpus} GPUs (EP)" if self.expert_parallel else ""
-            return f"DP {self.data_parallel_size} x TP {self.tensor_parallel_size}{ep}, on {where}"
+            text = f"DP {self.data_parallel_size} x TP {self.tensor_parallel_size}{ep}"
+            return f"{text}, on {nodes}" if where else text
         pp = f" x PP {self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else ""
-        return f"TP {self.tensor_parallel_size}{pp} on {where}"
+        text = f"TP {self.tensor_parallel_size}{pp}"
+        return f"{text} on {nodes}" if where else text
 
     def parallel_args(self) -> tuple[str, ...]:
         """The group-wide flags beside the plan's ``--tensor-parallel-size``."""
