@@ -136,3 +136,14 @@ def test_bad_node_counts_are_refused() -> None:
         compute_node_plan(spec, H100, 0, AT_32K)
     with pytest.raises(errors.TunerError, match="must be at least 1"):
         compute_node_plan(spec, H100, 8, AT_32K, nodes=0)
+
+
+def test_a_dp_rank_budgets_the_moe_layers_on_every_ranks_gathered_tokens() -> None:
+    spec = _spec("deepseek-ai__DeepSeek-V3.2")
+    kw: dict[str, Any] = {"pp": 1, "pp_rank": 0, "max_num_batched_tokens": 8192, "max_num_seqs": 256,
+                          "dtype": "bfloat16", "version": (0, 33)}  # fmt: skip
+    alone = memory.compute_activation_bytes(spec, tp=1, **kw)
+    dp16 = memory.compute_activation_bytes(spec, tp=1, expert_shards=memory.ExpertShards(16, True), **kw)
+    dp4 = memory.compute_activation_bytes(spec, tp=4, expert_shards=memory.ExpertShards(16, True), **kw)
+    # 16 x 8192 gathered tokens through 8 experts each: an order of magnitude above one engine's peak.
+    assert dp16 > 10 * alone and dp4 < dp16 / 3

@@ -193,8 +193,15 @@ def compute_activation_bytes(
     dtype: str,
     version: vllm.Version,
     max_model_len: int | None = None,
+    expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
 ) -> int:
     """Torch peak memory increase of the profile run on one rank.
+
+    On a rank of a data-parallel group (``expert_shards``) the MoE layers work on the whole group's tokens:
+    0.33's default all-to-all (``allgather_reducescatter``, ``AgRsAll2AllManager.dispatch``) gathers every
+    DP rank's hidden states before the experts run, and the profile run has every rank at
+    ``max_num_batched_tokens``; the experts' width is whole under expert parallelism, split over DP x TP
+    without it.
 
     On the first stage of a multimodal model the profile run first encodes vLLM's dummy items
     (:mod:`.encoder`): the peak is the larger of that forward's and the decoder's, the decoder's with
@@ -208,9 +215,12 @@ def compute_activation_bytes(
     # A gated MLP writes gate and up (two widths) and their product (one); an up/down one (Nemotron-H's
     # relu2 experts, vLLM's ``*_no_mul`` activations, ``adjust_N_for_activation``) the up and its activation.
     widths = 3 if model.mlp_gated else 2
+    dp = max(1, expert_shards.ranks // tp)
+    gathered = tokens * dp  # the tokens the MoE layers see (every DP rank's)
     if moe is not None:
-        expert = moe.moe_intermediate_size / tp
-        width = moe.experts_per_token * (widths * expert + 2 * h) + widths * moe.shared_intermediate_size / tp
+        expert = moe.moe_intermediate_size / (1 if expert_shards.expert_parallel else tp * dp)
+        width = moe.experts_per_token * (widths * expert + 2 * h) * dp
+        width += widths * moe.shared_intermediate_size / tp
         width += widths * moe.parallel_dense_intermediate_size / tp
     elif not model.intermediate_size and model.linear_state is not None:
         # An attention-free Mamba block has no MLP: its widest tensors are the mixer's in_proj (x and z)
@@ -228,7 +238,10 @@ def compute_activation_bytes(
         sampler = rows * model.vocab_size * (c.sampler_bytes_per_logit + b)
     workspace = 0.0
     if moe is not None and not (model.quantization and model.quantization.method == "mxfp4"):
-        workspace = tokens * moe.experts_per_token * (h + 2 * moe.moe_intermediate_size / tp) * b
+        expert = moe.moe_intermediate_size / (1 if expert_shards.expert_parallel else tp * dp)
+        workspace = gathered * moe.experts_per_token * (h + 2 * expert) * b
+    if dp > 1:
+        workspace += gathered * h * b  # the gathered hidden states
     peak = max(forward, sampler + carry + workspace) + pp_buffers
     if model.is_multimodal and first:
         vision = encoder.compute_encoder_profile_peak(
@@ -426,6 +439,7 @@ def _compute_stage(
     act = compute_activation_bytes(
         model, tp=r.tp, pp=r.pp, pp_rank=rank, max_num_batched_tokens=r.max_num_batched_tokens,
         max_num_seqs=r.max_num_seqs, dtype=r.dtype, version=version, max_model_len=r.max_model_len,
+        expert_shards=expert_shards,
     )  # fmt: skip
     state = compute_sampler_state_bytes(model, r, last_stage=rank == r.pp - 1)
     if kv_cache_memory_bytes is not None:

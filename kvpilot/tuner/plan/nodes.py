@@ -255,8 +255,9 @@ def _explain(best: Candidate, tried: list[Candidate], gpu: GpuSpec, wanted: int)
     if layout.data_parallel_size > 1:
         lines.append(
             f"Each of the {layout.data_parallel_size} data-parallel engines holds the attention and dense "
-            f"layers whole and its own KV cache; the routed experts split over all {layout.gpus} GPUs. Not "
-            "in the budget: the all-to-all buffers of expert parallelism (no measured start-up yet)."
+            f"layers whole and its own KV cache; the routed experts split over all {layout.gpus} GPUs, and "
+            "work on every engine's tokens (vLLM 0.33's default all-to-all gathers them). Not in the budget: "
+            "other all-to-all backends' buffers (DeepEP and others); no multi-node start-up was measured."
         )
     elif layout.pipeline_parallel_size > 1:
         lines.append(
