@@ -202,6 +202,11 @@ def format_node_plan(node_plan: NodePlan, model: str) -> str:
             f"{r.weights_gib:.2f} GiB of weights per GPU{experts}"
         )
     lines += ["", "Why:"] + [f"  {line}" for line in node_plan.explanation]
+    if layout.data_parallel_size > 1:
+        lines.append(
+            "  Note: an InferenceService of gpu.nodesPerReplica renders TP x PP groups (`kvpilot render`); "
+            "DP x EP groups are not rendered yet."
+        )
     engine = "each data-parallel engine" if layout.data_parallel_size > 1 else "the engine"
     lines += ["", f"Plan of {engine} ({plan.gpu_count} GPUs):", ""]
     return "\n".join(lines) + "\n" + format_plan(plan, model, args=node_plan.args, title=False)

@@ -74,6 +74,7 @@ def test_plan_auto_nodes_says_one_node_is_not_enough_and_shows_two() -> None:
     assert out.startswith("deepseek-ai/DeepSeek-V3 on 2 node(s) x 8 x H100-SXM")
     assert "Nothing fits one node of 8 x H100-SXM: " in out and "Layout: " in out
     assert "--data-parallel-size 4 --data-parallel-size-local 2 --enable-expert-parallel" in out
+    assert "DP x EP groups are not rendered yet" in out
 
 
 def test_plan_gpus_above_a_node_span_nodes_tp_within_pp_across() -> None:
