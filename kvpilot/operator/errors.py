@@ -12,7 +12,8 @@ Tree::
     ├── AmbiguousGpu                 -- nodes matching nodeSelector carry several GPU products
     ├── ApplyFailed                  -- the API server failed a write, or cannot be reached (retried)
     ├── NameConflict                 -- an object of a wanted name is another's: never adopted (retried)
-    └── ApplyRejected                -- the API server refused the manifest as invalid (HTTP 400/422)
+    ├── ApplyRejected                -- the API server refused the manifest as invalid (HTTP 400/422)
+    └── MultiNodeUnsupported         -- gpu.nodesPerReplica > 1: the LeaderWorkerSet workload is not built
 
 plus the tuner's domain errors (:mod:`kvpilot.tuner.errors`). :func:`classify` turns
 any exception into a :class:`Failure`: which condition it falsifies, its CamelCase
@@ -106,6 +107,14 @@ class ApplyRejected(OperatorError):
     """The API server refused the manifest itself (HTTP 400/422): retrying the same spec cannot help."""
 
     reason = "ApplyRejected"
+
+
+class MultiNodeUnsupported(OperatorError):
+    """A replica over several nodes (``gpu.nodesPerReplica`` > 1) needs the LeaderWorkerSet workload, which
+    this release lacks: refused before anything is applied, never deployed as one node. Waits for a spec
+    change (a retry cannot help)."""
+
+    reason = "MultiNodeUnsupported"
 
 
 @dataclass(frozen=True, slots=True)

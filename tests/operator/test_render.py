@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvpilot.operator import errors
 from kvpilot.operator.inferenceservice import desired, render
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -95,6 +96,30 @@ def test_render_refuses_other_kinds_and_bad_specs() -> None:
     with pytest.raises(render.RenderError) as info:
         render.build_manifests({"kind": "InferenceService", "spec": {"model": {"id": "x", "source": "Hub"}}})
     assert info.value.reason == "InvalidSpec"
+
+
+def test_one_node_per_replica_renders_as_a_spec_without_nodes() -> None:
+    doc = load("llama-3.1-8b-on-l4.yaml")
+    one = {**doc, "spec": {**doc["spec"], "gpu": {**doc["spec"].get("gpu", {}), "nodesPerReplica": 1}}}
+    assert render.build_manifests(one) == render.build_manifests(doc)
+
+
+def test_several_nodes_per_replica_render_a_leader_worker_set_the_operator_refuses() -> None:
+    doc = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "ds"},
+           "spec": {"model": {"id": "deepseek-ai/DeepSeek-V3"}, "serving": {"maxContextLength": 32768},
+                    "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": 2}}}  # fmt: skip
+    service, group = render.build_manifests(doc)
+    assert group["kind"] == "LeaderWorkerSet" and group["spec"]["leaderWorkerTemplate"]["size"] == 2
+    assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    leader = group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"]
+    assert flag(leader, "--tensor-parallel-size") == "8" and flag(leader, "--pipeline-parallel-size") == "2"
+    assert flag(leader, "--nnodes") == "2" and flag(leader, "--max-model-len") == "32768"
+    one = {**doc, "spec": {**doc["spec"], "gpu": {"count": 8, "product": "H100-SXM"}}}
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(one)  # DeepSeek-V3 does not fit one node of 8 H100s
+    assert info.value.reason == "Infeasible"
+    with pytest.raises(errors.MultiNodeUnsupported, match="LeaderWorkerSet workload"):
+        desired.check_workload_applied(desired.parse_spec(doc["spec"]))
 
 
 SEVENTY_ON_L40S = {

@@ -95,7 +95,7 @@ def build_engine_args(
     args += ["--host", "0.0.0.0", "--port", str(PORT)]
     tp = settings.tensor_parallel_size or 1
     pp_extra: list[str] = []
-    pp = plan.compute_pipeline_parallel(spec.gpu.count, tp)
+    pp = plan.compute_pipeline_parallel(spec.gpu.count * spec.gpu.nodes_per_replica, tp)  # stages span nodes
     if pp > 1 and not vllm.find_flag_values(extra, vllm.PIPELINE_PARALLEL_FLAG):
         pp_extra = ["--pipeline-parallel-size", str(pp)]
     return [*args, *vllm.build_vllm_args(settings, [*pp_extra, *extra])]
