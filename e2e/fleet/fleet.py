@@ -32,6 +32,15 @@ Which scenario (ground truth, workload, metric naming) a pod gets:
 for a whole namespace), else the fleet's default. Workload and fault changes
 apply at once; memory figures apply at the next container start, as on a real
 GPU.
+
+**Real engines.** A pod labelled ``e2e.kvpilot.io/engine: real``, or of a service named in
+:meth:`Fleet.use_real_engine`, runs a real vLLM engine process instead
+(:mod:`e2e.vllm_cpu.engine_process`: the pod's scheduler flags, the truth's block count, the tiny model):
+it is Ready when the real ``/health`` answers, Prometheus scrapes its real ``/metrics``, and when the
+process exits the crash carries its real exit code and the last lines of its real log (kubelet's
+``FallbackToLogsOnError``). Its log, one file per container start, is at
+:meth:`e2e.fleet.pod.PodEngine.log_file` under ``log_root``. Workloads and injected faults do not apply
+to it: send it real requests (:mod:`e2e.vllm_cpu.load`).
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ from e2e.fleet.pod import (
     free_port,
 )
 from e2e.fleet.truth import EngineArgs, Scenario, Workload
+from e2e.vllm_cpu.engine_process import EngineProcess, build_engine_launch, ensure_tiny_model
 
 log = logging.getLogger("e2e.fleet")
 
@@ -105,7 +115,9 @@ class Fleet:
         tick: float = 0.25,
         poll: float = 0.5,
         kubectl: str | os.PathLike[str] | None = None,
+        log_root: str | os.PathLike[str] | None = None,
     ) -> None:
+        """``log_root``: where real engines' container logs go (default: ``pod-logs`` beside the targets)."""
         from kubernetes import client, config
 
         self.kubeconfig = str(kubeconfig)
@@ -131,6 +143,10 @@ class Fleet:
         self.errors: list[str] = []
         self._targets_dirty = True
         self._listeners: list[Callable[[FleetEvent], None]] = []
+        self.log_root = Path(log_root) if log_root else self.targets_file.parent / "pod-logs"
+        self._real: set[tuple[str, str]] = set()
+        self._launching: set[tuple[str, str]] = set()
+        self._next_health: dict[tuple[str, str], float] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Fleet:
@@ -162,6 +178,7 @@ class Fleet:
             self._engines.clear()
         for e in engines:
             self._close_server(e, wait=True)
+            self._stop_process(e)
         with contextlib.suppress(Exception):
             self._api_client.close()
 
@@ -175,6 +192,15 @@ class Fleet:
                     e.scenario = scenario
                     if e.sim is not None:
                         e.sim.workload = self._workload_for(e)
+
+    def use_real_engine(self, namespace: str, instance: str = "*") -> None:
+        """Run the pods of InferenceService ``instance`` (``"*"``: the whole namespace) that start from now
+        on as real vLLM engines (:mod:`e2e.vllm_cpu.engine_process`)."""
+        from e2e.vllm_cpu.engine_process import engine_python
+
+        engine_python()  # a missing engine fails here, loudly, not in the simulation thread
+        with self._lock:
+            self._real.add((namespace, instance))
 
     def add_namespace(self, namespace: str, scenario: Scenario | None = None) -> None:
         """Also play the pods of ``namespace`` (when constructed with ``namespaces``), with ``scenario``."""
@@ -325,6 +351,10 @@ class Fleet:
                     md["namespace"], (md.get("labels") or {}).get(INSTANCE_LABEL, "")
                 )
                 e = PodEngine(pod, args, scenario, free_port())
+                e.real_engine = e.real_engine or bool(
+                    {(e.namespace, e.instance), (e.namespace, "*")} & self._real
+                )
+                e.log_root = self.log_root
                 self._engines[key] = e
                 self._targets_dirty = True
                 self._begin_start(e)
@@ -337,7 +367,7 @@ class Fleet:
                 self._gone.add(e.uid)
                 self._targets_dirty = True
                 self._event(e, "Gone", "pod deleted")
-                threading.Thread(target=self._close_server, args=(e, True), daemon=True).start()
+                threading.Thread(target=self._release, args=(e,), daemon=True).start()
 
     # ------------------------------------------------------------------ simulation
     def _sim_loop(self) -> None:
@@ -373,7 +403,9 @@ class Fleet:
 
     def _step(self, e: PodEngine, now: float, dt_wall: float) -> None:
         truth = e.scenario.truth
-        if e.state == STARTING and now - e.since >= e.startup_wall_s:
+        if e.real_engine and e.state in (STARTING, SERVING):
+            self._step_real(e, now)
+        elif e.state == STARTING and now - e.since >= e.startup_wall_s:
             if e.cache_key is not None:  # the download finished: the next start reads from disk
                 with self._lock:
                     self._weight_caches.add((e.cache_key, e.args.model))
@@ -440,8 +472,76 @@ class Fleet:
         )
         self._patch_async(e, ready=True)
 
-    def _crash(self, e: PodEngine, kind: str, message: str, now: float) -> None:
+    # ------------------------------------------------------------------ real engines
+    def _step_real(self, e: PodEngine, now: float) -> None:
+        """A real engine's container: launched, then Ready on ``/health``, or exited (a crash)."""
+        if e.process is None:
+            if e.key not in self._launching:
+                self._launching.add(e.key)
+                threading.Thread(
+                    target=self._launch_real, args=(e,), name=f"launch-{e.name}", daemon=True
+                ).start()
+            return
+        code = e.process.exit_code()
+        if code is not None:
+            kind = "StartupFailed" if e.state == STARTING else "EngineExited"
+            self._crash(e, kind, e.process.termination_message(), now, exit_code=code)
+        elif e.state == STARTING and now >= self._next_health.get(e.key, 0.0):
+            self._next_health[e.key] = now + 1.0  # /health at most once a second
+            if e.process.healthy():
+                e.state, e.since = SERVING, now
+                e.started_count += 1
+                self._event(
+                    e,
+                    "Serving",
+                    f"port {e.port}, real engine pid {e.process.pid}, "
+                    f"{e.process.startup_seconds:.1f} s to /health",
+                )
+                self._patch_async(e, ready=True)
+
+    def _launch_real(self, e: PodEngine) -> None:
+        try:
+            launch = build_engine_launch(
+                e.args,
+                e.scenario.truth,
+                port=e.port,
+                model_dir=ensure_tiny_model(e.scenario.truth.max_model_len(e.args)),
+            )
+            log_file = e.log_file()
+            assert log_file is not None
+            process = EngineProcess(launch, log_file)
+            with self._lock:
+                if e.state == STOPPED or self._stop.is_set():
+                    process.stop()
+                    return
+                e.process = process
+            self._event(
+                e,
+                "Launched",
+                f"pid {process.pid}, {launch.num_blocks} blocks of {launch.block_size}, log {log_file}",
+            )
+        except Exception as exc:  # a broken launch is the test's failure, not a crash of the pod
+            log.exception("launching the real engine of %s/%s failed", e.namespace, e.name)
+            self.errors.append(f"{e.namespace}/{e.name}: {exc!r}")
+        finally:
+            with self._lock:
+                self._launching.discard(e.key)
+
+    @staticmethod
+    def _stop_process(e: PodEngine) -> None:
+        process, e.process = e.process, None
+        if process is not None:
+            process.stop()
+
+    def _release(self, e: PodEngine) -> None:
+        self._close_server(e, wait=True)
+        self._stop_process(e)
+
+    def _crash(self, e: PodEngine, kind: str, message: str, now: float, *, exit_code: int = 1) -> None:
         self._close_server(e, wait=False)
+        process, e.process = e.process, None
+        if process is not None:  # exited: reap what is left of its process group
+            threading.Thread(target=process.stop, daemon=True).start()
         e.sim = None
         e.metrics = None
         e.restart_count += 1
@@ -464,7 +564,7 @@ class Fleet:
                 self.kubeconfig,
                 ns,
                 name,
-                exit_code=1,
+                exit_code=exit_code,
                 message=message,
                 restart_count=count,
                 container=e.container,
