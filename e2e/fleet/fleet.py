@@ -73,7 +73,7 @@ from e2e.fleet.pod import (
     free_port,
 )
 from e2e.fleet.truth import EngineArgs, Scenario, Workload
-from e2e.vllm_cpu.engine_process import EngineProcess, build_engine_launch, ensure_tiny_model
+from e2e.vllm_cpu.engine_process import EngineProcess, build_engine_launch, engine_python, ensure_tiny_model
 
 log = logging.getLogger("e2e.fleet")
 
@@ -196,8 +196,6 @@ class Fleet:
     def use_real_engine(self, namespace: str, instance: str = "*") -> None:
         """Run the pods of InferenceService ``instance`` (``"*"``: the whole namespace) that start from now
         on as real vLLM engines (:mod:`e2e.vllm_cpu.engine_process`)."""
-        from e2e.vllm_cpu.engine_process import engine_python
-
         engine_python()  # a missing engine fails here, loudly, not in the simulation thread
         with self._lock:
             self._real.add((namespace, instance))
