@@ -42,7 +42,9 @@ from e2e.vllm_cpu.engine_process import engine_python, read_tail
 from e2e.vllm_cpu.load import LoadGenerator
 from kvpilot.operator.clients.prometheus import build_queries
 from kvpilot.operator.pods.pod_status import LOG_TAIL_LINES, ClusterPods, LogCache, read_pod_views
+from kvpilot.tuner.loop.config import PolicyConfig
 from kvpilot.tuner.loop.observations import RestartKind
+from kvpilot.tuner.loop.remedies import fit_context
 from kvpilot.tuner.vllm import messages, serving
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -100,10 +102,24 @@ def env(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         for ns in (fit_ns, loop_ns):
             cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
         yield Env(cluster, stack, stack.fleet, stack.prom, fit_ns, loop_ns)
+        print(_engine_timeline(stack.fleet))
         assert not stack.fleet.errors, stack.fleet.errors
     finally:
         stack.stop_and_clean([fit_ns, loop_ns])
         print(f"real-engine run directory (operator, Prometheus and engine logs): {run_dir}")
+
+
+def _engine_timeline(fleet: Fleet) -> str:
+    """Each real engine start: seconds from launch to Ready (``/health``) or to its exit."""
+    launched: dict[tuple[str, str], float] = {}
+    lines = ["real engine starts (launch -> outcome):"]
+    for ev in list(fleet.events):
+        key = (ev.namespace, ev.pod)
+        if ev.kind == "Launched":
+            launched[key] = ev.time
+        elif ev.kind in ("Serving", "StartupFailed", "EngineExited") and key in launched:
+            lines.append(f"  {ev.pod}: {ev.kind} after {ev.time - launched.pop(key):.1f} s")
+    return "\n".join(lines)
 
 
 def _serving(fleet: Fleet, ns: str, instance: str) -> list[dict[str, Any]]:
@@ -193,8 +209,10 @@ def test_a_context_that_does_not_fit_fails_with_vllms_text_and_the_fitting_one_s
         VLLM_VERSION, 8192, cause.needed_kv_gib, cause.available_kv_gib, cause.estimated_max_model_len
     )
     assert expected in log_text
-    # the remedy kvpilot's rule proposes first: the length vLLM said fits; it starts and serves
-    fit = cause.estimated_max_model_len
+    # the remedy kvpilot's rule proposes first (crash_remedies: the length vLLM said fits, with the policy's
+    # margin and rounding); it starts and serves a request that long
+    fit = fit_context(cause.estimated_max_model_len, PolicyConfig())
+    assert 0 < fit <= cause.estimated_max_model_len
     env.cluster.apply(_fit_deployment(ns, fit))
     (served,) = wait_until(
         lambda: [p for p in _serving(fleet, ns, "fit") if p["args"]["max_model_len"] == fit],
