@@ -34,8 +34,8 @@ apply at once; memory figures apply at the next container start, as on a real
 GPU.
 
 **Real engines.** A pod labelled ``e2e.kvpilot.io/engine: real``, or of a service named in
-:meth:`Fleet.use_real_engine`, runs a real vLLM engine process instead
-(:mod:`e2e.vllm_cpu.engine_process`: the pod's scheduler flags, the truth's block count, the tiny model):
+:meth:`Fleet.use_real_engine`, runs a real vLLM engine process instead (:mod:`e2e.fleet.real_engines`,
+:mod:`e2e.vllm_cpu.engine_process`: the pod's scheduler flags, the truth's KV tokens, the tiny model):
 it is Ready when the real ``/health`` answers, Prometheus scrapes its real ``/metrics``, and when the
 process exits the crash carries its real exit code and the last lines of its real log (kubelet's
 ``FallbackToLogsOnError``). Its log, one file per container start, is at
@@ -72,8 +72,8 @@ from e2e.fleet.pod import (
     build_running_patch,
     free_port,
 )
+from e2e.fleet.real_engines import LAUNCHED, READY, RealEngines
 from e2e.fleet.truth import EngineArgs, Scenario, Workload
-from e2e.vllm_cpu.engine_process import EngineProcess, build_engine_launch, engine_python, ensure_tiny_model
 
 log = logging.getLogger("e2e.fleet")
 
@@ -143,10 +143,9 @@ class Fleet:
         self.errors: list[str] = []
         self._targets_dirty = True
         self._listeners: list[Callable[[FleetEvent], None]] = []
-        self.log_root = Path(log_root) if log_root else self.targets_file.parent / "pod-logs"
-        self._real: set[tuple[str, str]] = set()
-        self._launching: set[tuple[str, str]] = set()
-        self._next_health: dict[tuple[str, str], float] = {}
+        self.real = RealEngines(
+            Path(log_root) if log_root else self.targets_file.parent / "pod-logs", self.errors
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Fleet:
@@ -169,6 +168,7 @@ class Fleet:
 
     def stop(self) -> None:
         self._stop.set()
+        self.real.stopping.set()
         self._patches.put(None)
         for t in self._threads:
             t.join(10)
@@ -177,8 +177,7 @@ class Fleet:
             engines = list(self._engines.values())
             self._engines.clear()
         for e in engines:
-            self._close_server(e, wait=True)
-            self._stop_process(e)
+            self._release(e)
         with contextlib.suppress(Exception):
             self._api_client.close()
 
@@ -196,9 +195,7 @@ class Fleet:
     def use_real_engine(self, namespace: str, instance: str = "*") -> None:
         """Run the pods of InferenceService ``instance`` (``"*"``: the whole namespace) that start from now
         on as real vLLM engines (:mod:`e2e.vllm_cpu.engine_process`)."""
-        engine_python()  # a missing engine fails here, loudly, not in the simulation thread
-        with self._lock:
-            self._real.add((namespace, instance))
+        self.real.add_service(namespace, instance)
 
     def add_namespace(self, namespace: str, scenario: Scenario | None = None) -> None:
         """Also play the pods of ``namespace`` (when constructed with ``namespaces``), with ``scenario``."""
@@ -349,10 +346,7 @@ class Fleet:
                     md["namespace"], (md.get("labels") or {}).get(INSTANCE_LABEL, "")
                 )
                 e = PodEngine(pod, args, scenario, free_port())
-                e.real_engine = e.real_engine or bool(
-                    {(e.namespace, e.instance), (e.namespace, "*")} & self._real
-                )
-                e.log_root = self.log_root
+                self.real.adopt(e)
                 self._engines[key] = e
                 self._targets_dirty = True
                 self._begin_start(e)
@@ -472,74 +466,33 @@ class Fleet:
 
     # ------------------------------------------------------------------ real engines
     def _step_real(self, e: PodEngine, now: float) -> None:
-        """A real engine's container: launched, then Ready on ``/health``, or exited (a crash)."""
-        if e.process is None:
-            if e.key not in self._launching:
-                self._launching.add(e.key)
-                threading.Thread(
-                    target=self._launch_real, args=(e,), name=f"launch-{e.name}", daemon=True
-                ).start()
-            return
-        code = e.process.exit_code()
-        if code is not None:
-            kind = "StartupFailed" if e.state == STARTING else "EngineExited"
-            self._crash(e, kind, e.process.termination_message(), now, exit_code=code)
-        elif e.state == STARTING and now >= self._next_health.get(e.key, 0.0):
-            self._next_health[e.key] = now + 1.0  # /health at most once a second
-            if e.process.healthy():
-                e.state, e.since = SERVING, now
-                e.started_count += 1
-                self._event(
-                    e,
-                    "Serving",
-                    f"port {e.port}, real engine pid {e.process.pid}, "
-                    f"{e.process.startup_seconds:.1f} s to /health",
-                )
-                self._patch_async(e, ready=True)
-
-    def _launch_real(self, e: PodEngine) -> None:
-        try:
-            launch = build_engine_launch(
-                e.args,
-                e.scenario.truth,
-                port=e.port,
-                model_dir=ensure_tiny_model(e.scenario.truth.max_model_len(e.args)),
-            )
-            log_file = e.log_file()
-            assert log_file is not None
-            process = EngineProcess(launch, log_file)
-            with self._lock:
-                if e.state == STOPPED or self._stop.is_set():
-                    process.stop()
-                    return
-                e.process = process
+        """A real engine's container (:mod:`e2e.fleet.real_engines`): launched, Ready on ``/health``, or
+        exited (a crash with its exit code and kubelet's tail of its log)."""
+        outcome = self.real.poll(e, now)
+        if outcome == LAUNCHED:
+            launch = self.real.launched(e)
+            if launch is not None and e.process is not None:
+                blocks = f"{launch.num_blocks} blocks of {launch.block_size}"
+                self._event(e, "Launched", f"pid {e.process.pid}, {blocks}, log {e.log_file()}")
+        elif outcome == READY and e.state == STARTING and e.process is not None:
+            e.state, e.since = SERVING, now
+            e.started_count += 1
+            took = e.process.startup_seconds or 0.0
             self._event(
-                e,
-                "Launched",
-                f"pid {process.pid}, {launch.num_blocks} blocks of {launch.block_size}, log {log_file}",
+                e, "Serving", f"port {e.port}, real engine pid {e.process.pid}, {took:.1f} s to /health"
             )
-        except Exception as exc:  # a broken launch is the test's failure, not a crash of the pod
-            log.exception("launching the real engine of %s/%s failed", e.namespace, e.name)
-            self.errors.append(f"{e.namespace}/{e.name}: {exc!r}")
-        finally:
-            with self._lock:
-                self._launching.discard(e.key)
-
-    @staticmethod
-    def _stop_process(e: PodEngine) -> None:
-        process, e.process = e.process, None
-        if process is not None:
-            process.stop()
+            self._patch_async(e, ready=True)
+        elif isinstance(outcome, int) and e.process is not None:
+            kind = "StartupFailed" if e.state == STARTING else "EngineExited"
+            self._crash(e, kind, e.process.termination_message(), now, exit_code=outcome)
 
     def _release(self, e: PodEngine) -> None:
         self._close_server(e, wait=True)
-        self._stop_process(e)
+        self.real.release(e, wait=True)
 
     def _crash(self, e: PodEngine, kind: str, message: str, now: float, *, exit_code: int = 1) -> None:
         self._close_server(e, wait=False)
-        process, e.process = e.process, None
-        if process is not None:  # exited: reap what is left of its process group
-            threading.Thread(target=process.stop, daemon=True).start()
+        self.real.release(e, wait=False)  # a real engine exited: reap what is left of its process group
         e.sim = None
         e.metrics = None
         e.restart_count += 1
