@@ -174,12 +174,9 @@ def load_real() -> dict[str, Any]:
 
 
 def compute_errors(real: Figures, sim: Figures) -> dict[str, float]:
-    """The model's error on each goal figure (preemptions and running relative, KV absolute)."""
-    pre = (
-        (sim.preemptions - real.preemptions) / real.preemptions
-        if real.preemptions
-        else float(sim.preemptions)
-    )
+    """The model's error on each goal figure: preemptions relative (to 1 where the engine had none),
+    KV usage absolute, running relative."""
+    pre = (sim.preemptions - real.preemptions) / max(1, real.preemptions)
     return {
         "preemptions": pre,
         "kv_peak": sim.kv_peak - real.kv_peak,
@@ -230,3 +227,51 @@ PROVENANCE = (
     "e2e/vllm_cpu/tiny_model.py, ignore_eos, every request submitted at once; per step, after "
     "Scheduler.schedule: running, waiting, BlockPool.get_usage(), tokens scheduled, preemptions."
 )
+
+
+def _describe(p: GridPoint) -> str:
+    lengths = f"{p.prompt_tokens}/{p.output_tokens}"
+    if p.spread:
+        lengths += f" {p.distribution[:4]} {p.spread}"
+    kv = " fp8" if p.kv_cache_dtype != "auto" else ""
+    blocks = f"{p.num_gpu_blocks}x{p.block_size} blocks"
+    requests = f"{p.requests} requests {lengths}{kv}"
+    return f"seqs {p.max_num_seqs}, {blocks}, batch {p.max_num_batched_tokens}, {requests}"
+
+
+def report(names: list[str] | None = None) -> bool:
+    """Print the grid: real engine, engine model now and before (``model_before``); True when every
+    point meets the goal."""
+    data = load_real()
+    before = data.get("model_before", {})
+    head = (f"{'':<8} {'steps':>6} {'preempt':>7} {'kv peak':>7} {'kv mean':>7} {'run max':>7} "
+            f"{'run mean':>8} {'wait mean':>9} {'tokens':>8}")  # fmt: skip
+    worst: dict[str, dict[str, float]] = {"model": {}, "before": {}}
+    ok = True
+    for point in GRID:
+        stored = data["points"].get(point.name)
+        if stored is None or (names and point.name not in names):
+            continue
+        real = Figures(**stored["figures"])
+        sim = Figures.from_steps(compute_sim_steps(point, [(p, o) for p, o in stored["requests"]]))
+        rows = {"real": real, "model": sim}
+        if point.name in before:
+            rows["before"] = Figures(**before[point.name])
+        errs = {who: compute_errors(real, f) for who, f in rows.items() if who != "real"}
+        good = within_goal(errs["model"])
+        ok &= good
+        print(f"\n{point.name}: {_describe(point)} -- {'within' if good else 'OUTSIDE'} the goal")
+        print(head)
+        for who, f in rows.items():
+            print(f"{who:<8} {f.steps:>6} {f.preemptions:>7} {f.kv_peak:>7.3f} {f.kv_mean:>7.3f} "
+                  f"{f.running_peak:>7} {f.running_mean:>8.2f} {f.waiting_mean:>9.2f} "
+                  f"{f.tokens:>8}")  # fmt: skip
+        for who, e in errs.items():
+            for key, value in e.items():
+                worst[who][key] = max(worst[who].get(key, 0.0), abs(value))
+    print("\nworst error over the grid (goal: preemptions 15 %, KV usage 0.02, running 5 %):")
+    for who, e in worst.items():
+        if e:
+            print(f"  {who:<7} preemptions {e['preemptions']:.1%}, KV peak {e['kv_peak']:.3f}, "
+                  f"KV mean {e['kv_mean']:.3f}, running mean {e['running_mean']:.1%}")  # fmt: skip
+    return ok
