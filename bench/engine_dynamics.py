@@ -20,6 +20,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -76,13 +77,13 @@ GRID = (
     GridPoint("seqs16", 16, 128, 128, 2048, 2048, 64, 128, 512),
     GridPoint("seqs64", 64, 128, 128, 2048, 2048, 128, 128, 512),
     GridPoint("seqs128", 128, 128, 128, 2048, 2048, 256, 128, 512),
-    GridPoint("block16-spread", 64, 512, 16, 2048, 2048, 128, 128, 512, spread=0.5),
+    GridPoint("block32-spread", 64, 256, 32, 2048, 2048, 128, 128, 512, spread=0.5),
     GridPoint("block32-lognormal", 48, 256, 32, 2048, 4096, 128, 256, 384, spread=1.0,
               distribution="lognormal"),
     GridPoint("chunked-256", 32, 256, 32, 256, 2048, 96, 600, 200, spread=0.3),
     GridPoint("long-prompts-chunked", 16, 160, 64, 512, 4096, 48, 1500, 100, spread=0.5),
     GridPoint("fp8-kv", 64, 256, 64, 2048, 2048, 128, 192, 384, spread=0.25, kv_cache_dtype="fp8"),
-    GridPoint("many-short", 256, 200, 16, 4096, 1024, 400, 32, 128, spread=0.8,
+    GridPoint("many-short", 256, 100, 32, 4096, 1024, 400, 32, 128, spread=0.8,
               distribution="lognormal"),
     GridPoint("long-decode", 32, 64, 128, 2048, 2048, 64, 64, 700, spread=0.1),
 )  # fmt: skip
@@ -160,7 +161,7 @@ def fetch_real_steps(point: GridPoint, lengths: list[tuple[int, int]], model_dir
         )  # fmt: skip
         if proc.returncode != 0 or not out.exists():
             raise SystemExit(
-                f"{point.name}: the engine failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}"
+                f"{point.name}: the engine failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
             )
         result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -217,7 +218,13 @@ def measure_real(model_dir: Path, names: list[str] | None = None) -> None:
         }
         print(f"{point.name}: {figures}", flush=True)
         stored["provenance"] = PROVENANCE
-        DATA.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+        DATA.write_text(dump(stored))
+
+
+def dump(data: dict[str, Any]) -> str:
+    """JSON with every list of numbers on one line (the per-step series are thousands long)."""
+    text = json.dumps(data, indent=1, sort_keys=True)
+    return re.sub(r"\[[-0-9.,\s]*\]", lambda m: "".join(m.group(0).split()), text) + "\n"
 
 
 PROVENANCE = (
