@@ -472,7 +472,7 @@ def test_upgrade_upgrades_the_templated_crd(chart: Chart) -> None:
 
 def test_namespaced_mode_confines_the_operator(chart: Chart, operators: list[HostOperator]) -> None:
     chart.run_doc("namespaced")
-    for role in ("framework", "inferenceservices", "workloads", "model-config"):
+    for role in ("framework", "inferenceservices", "workloads", "model-config", "disruption"):
         assert chart.get("clusterrole", f"kvpilot-{role}") is None, f"ClusterRole kvpilot-{role} left behind"
         assert chart.get("role", f"kvpilot-{role}", "--namespace", "team-a"), role
     assert chart.get("clusterkopfpeering", "kvpilot") is None
@@ -486,6 +486,11 @@ def test_namespaced_mode_confines_the_operator(chart: Chart, operators: list[Hos
     assert can("get", "secrets/hf-token", "--namespace", "team-a")
     assert not can("get", "secrets/other", "--namespace", "team-a")
     assert not can("get", "secrets/hf-token", "--namespace", "demo")
+    assert can("create", "pods", "--subresource=eviction", "--namespace", "team-a")
+    assert can("patch", "poddisruptionbudgets.policy", "--namespace", "team-a")
+    for elsewhere in ("demo", "kube-system"):
+        assert not can("create", "pods", "--subresource=eviction", "--namespace", elsewhere)
+        assert not can("patch", "poddisruptionbudgets.policy", "--namespace", elsewhere)
     assert can("list", "nodes")
     # the operator, confined, still runs the scenario in its namespace
     op = HostOperator(chart, kubeconfig, "host-operator-ns")
