@@ -13,6 +13,8 @@ team's Secret ``team-db`` and Deployment ``team-app``; ``tenant-b`` is another t
   ``serve`` as a later token, a 1.2 MB spec.
 * EngineTuners: a target she may not update (Auto, Initial) or get, a Hub token she may not read.
 * The CEL cost: a template at its bounds naming 16 distinct Secrets is admitted; 17 are refused by name.
+* The size policy, for everyone: a template weighing 64 KiB is admitted, one byte more is refused with its
+  weight (the policy's CEL counts as ``pod_template.compute_template_size`` does).
 * ``kubectl auth can-i --list`` of the chart's user roles and of the operator's ServiceAccount.
 * An administrator's allow-lists (``helm upgrade --set``) open what they name, and nothing else.
 
@@ -34,6 +36,7 @@ from e2e.cluster import LocalCluster
 from e2e.tenant_cases import ALICE_MAY_USE, MODEL, REFUSED, A, pod, sidecar
 from e2e.waits import wait_for
 from kvpilot.operator.api import DEFAULT_IMAGE
+from kvpilot.operator.pods import pod_template
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "kvpilot-system"
@@ -319,8 +322,9 @@ def test_enginetuner_on_her_own_deployment_is_admitted(tuners: Tenants) -> None:
 
 
 def _at_the_bounds(secrets: int) -> dict[str, Any]:
-    """8 sidecars and 8 init containers with 32 env secretKeyRefs and 32 envFrom each, 32 projected volumes of
-    32 sources: 2,048 references to ``secrets`` distinct Secrets alice may read (about 200 KiB)."""
+    """8 sidecars and 8 init containers with 32 env secretKeyRefs and 32 envFrom each, 12 projected volumes of
+    32 sources: 1,408 references to ``secrets`` distinct Secrets alice may read, weighing 64,179 bytes (just
+    under the size policy's 64 KiB; 32 volumes, 82 KiB, are refused by it)."""
 
     def container(name: str) -> dict[str, Any]:
         return {
@@ -338,7 +342,7 @@ def _at_the_bounds(secrets: int) -> dict[str, Any]:
             "name": f"v{k}",
             "projected": {"sources": [{"secret": {"name": f"s{(k + m) % secrets}"}} for m in range(32)]},
         }
-        for k in range(32)
+        for k in range(12)
     ]
     return pod(
         containers=[container(f"c{j}") for j in range(8)],
@@ -353,6 +357,49 @@ def test_a_template_at_its_bounds_fits_the_cel_cost_budget(t: Tenants) -> None:
     proc = t.create_as("alice", _at_the_bounds(17), "over-the-bounds")
     assert proc.returncode != 0
     assert "the spec names more than 16 distinct Secrets, ConfigMaps and claims" in proc.stderr, proc.stderr
+
+
+SIZE_POLICY = "ValidatingAdmissionPolicy 'kvpilot-inferenceservice-size'"
+
+
+def _weighing(size: int) -> dict[str, Any]:
+    """A template of every kind of field (affinity, quantities, ports, probes, projected volumes) padded by
+    one annotation to weigh exactly ``size`` as kvpilot counts it: the policy's CEL must count the same."""
+    spec = _at_the_bounds(16)
+    template = spec["template"]
+    template["spec"]["containers"][0] |= {
+        "ports": [{"containerPort": 8080, "name": "p"}],
+        "resources": {"limits": {"cpu": "1", "memory": 2_000_000}},
+        "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 5},
+        "securityContext": {"runAsUser": 1000, "readOnlyRootFilesystem": True},
+    }
+    template["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    }
+    template["spec"]["hostIPC"] = False
+    template["metadata"] = {"annotations": {"pad": ""}}
+    missing = size - pod_template.compute_template_size(template)
+    assert 0 <= missing <= 4096, missing
+    template["metadata"]["annotations"]["pad"] = "x" * missing
+    assert pod_template.compute_template_size(template) == size
+    return spec
+
+
+def test_a_template_over_64_kib_is_refused_for_everyone(t: Tenants) -> None:
+    limit = pod_template.TEMPLATE_SIZE_LIMIT
+    assert t.create_as("bob", _weighing(limit), "weighs-the-limit").returncode == 0
+    proc = t.create_as("bob", _weighing(limit + 1), "weighs-one-more")
+    assert proc.returncode != 0 and SIZE_POLICY in proc.stderr, proc.stderr
+    assert (
+        f"spec.template weighs {limit + 1} bytes" in proc.stderr
+        and "the limit is 65536 (64 KiB)" in proc.stderr
+    )
 
 
 # --------------------------------------------------------------------------- who may do what

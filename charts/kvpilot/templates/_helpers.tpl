@@ -291,3 +291,9 @@ Strict when the chart renders no admission policy (disabled, or Kubernetes befor
 {{- else }}Strict
 {{- end }}
 {{- end }}
+
+{{/* spec.template's weight limit in bytes: kvpilot.operator.pods.pod_template.TEMPLATE_SIZE_LIMIT
+     (tests/chart/test_chart_admission.py ties the two). */}}
+{{- define "kvpilot.templateSizeLimit" -}}
+65536
+{{- end }}
