@@ -237,7 +237,8 @@ def test_admission_policy_binding_follows_the_served_namespaces(
 ) -> None:
     bindings = [o for o in rendered() if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert sorted(b["spec"]["policyName"] for b in bindings) == [
-        f"{RELEASE}-kvpilot-enginetuners", f"{RELEASE}-kvpilot-inferenceservices"
+        f"{RELEASE}-kvpilot-enginetuners", f"{RELEASE}-kvpilot-inferenceservice-size",
+        f"{RELEASE}-kvpilot-inferenceservices",
     ]  # fmt: skip
     for binding in bindings:
         assert "matchResources" not in binding["spec"] and binding["spec"]["validationActions"] == ["Deny"]
