@@ -400,8 +400,8 @@ async def _apply(
         deployment = build_loop_deployment(meta, spec, inputs, settings, choice)
         await workloads.apply_workloads([deployment], deps.kube)
     except Exception as exc:  # noqa: BLE001 -- report and retry on the next tick
-        logger.warning(f"closed loop: applying {what} failed: {exc}")
+        logger.warning(f"closed loop: applying {what} failed: {exc!r}")
         reason = errors.NameConflict.reason if isinstance(exc, errors.NameConflict) else "RetuneFailed"
-        deps.emit(body, events.WARNING, reason, f"could not apply {what}: {exc}")
+        deps.emit(body, events.WARNING, reason, f"could not apply {what}: {errors.classify(exc).message}")
         return False
     return True
