@@ -20,11 +20,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import kopf
 
-from kvpilot.operator import api, kopf_internals, timers
+from kvpilot.operator import api, fairness, kopf_internals, timers
 from kvpilot.operator.clients import metrics, prometheus_settings
 from kvpilot.operator.enginetuner import target_main, target_webhook
 from kvpilot.operator.inferenceservice import closed_loop, drift, handlers
@@ -86,7 +87,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         lifetime = peering_lifetime_from_env()
         shared = profile_scope.sharing_from_env()  # which namespaces' TuningProfiles teach each other
         tenants = tenant_settings.settings_from_env()  # the tenant guard when no admission policy runs
+        fair = fairness.settings_from_env()  # reconciles and ticks at once, and one namespace's share
     except (
+        fairness.FairnessConfigError,
         loop_settings.LoopConfigError,
         prometheus_settings.PrometheusConfigError,
         profile_scope.SharingConfigError,
@@ -97,6 +100,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.lifetime = lifetime
     profile_scope.configure_sharing(shared)
     tenant_settings.configure(tenants)
+    fairness.configure(fair)
     logging.getLogger(__name__).info(f"tenant guard: operatorEnforcement={tenants.mode}")
     metrics.start_metrics_server()
     handlers.default_deps()
@@ -105,19 +109,27 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.create(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
 async def created(**kwargs: Any) -> None:
-    await handlers.reconcile(trigger=handlers.CREATED, deps=handlers.default_deps(), **_pick(kwargs))
+    async with _turn(kwargs):
+        await handlers.reconcile(trigger=handlers.CREATED, deps=handlers.default_deps(), **_pick(kwargs))
 
 
 @kopf.on.update(group=api.GROUP, version=api.VERSION, plural=api.PLURAL, field="spec")
 async def spec_changed(diff: kopf.Diff, **kwargs: Any) -> None:
-    await handlers.reconcile(
-        trigger=handlers.SPEC_CHANGED, deps=handlers.default_deps(), diff=diff, **_pick(kwargs)
-    )
+    async with _turn(kwargs):
+        await handlers.reconcile(
+            trigger=handlers.SPEC_CHANGED, deps=handlers.default_deps(), diff=diff, **_pick(kwargs)
+        )
 
 
 @kopf.on.resume(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
 async def resumed(**kwargs: Any) -> None:
-    await handlers.reconcile(trigger=handlers.RESUMED, deps=handlers.default_deps(), **_pick(kwargs))
+    async with _turn(kwargs):
+        await handlers.reconcile(trigger=handlers.RESUMED, deps=handlers.default_deps(), **_pick(kwargs))
+
+
+def _turn(kwargs: Mapping[str, Any]) -> AbstractAsyncContextManager[None]:
+    """The namespace's turn at the operator's work (:mod:`.fairness`): a burst elsewhere waits its own."""
+    return fairness.gate().slot(str(kwargs["meta"].get("namespace") or "default"))
 
 
 @kopf.on.event(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
