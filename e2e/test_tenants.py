@@ -24,67 +24,29 @@ The module starts its own cluster and ``helm install``s the chart with its defau
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from e2e.chart_harness import NS, SA_USER, ChartHarness, module_cluster
 from e2e.cluster import LocalCluster
 from e2e.tenant_cases import ALICE_MAY_USE, MODEL, REFUSED, A, pod, sidecar
 from e2e.waits import wait_for
 from kvpilot.operator.api import DEFAULT_IMAGE
 from kvpilot.operator.pods import pod_template
 
-ROOT = Path(__file__).resolve().parents[1]
-NS = "kvpilot-system"
-SA_USER = f"system:serviceaccount:{NS}:kvpilot"
 B = "tenant-b"
 POLICY = "ValidatingAdmissionPolicy 'kvpilot-inferenceservices'"
 ET_POLICY = "ValidatingAdmissionPolicy 'kvpilot-enginetuners'"
 
 
-class Tenants:
+class Tenants(ChartHarness):
+    """The module's cluster (:class:`ChartHarness`); alice and bob create in ``tenant-a``."""
+
     def __init__(self, cluster: LocalCluster, home: Path) -> None:
-        self.cluster = cluster
-        self.env = {
-            **os.environ,
-            **cluster.env(),
-            "HELM_CACHE_HOME": str(home / "helm-cache"),
-            "HELM_CONFIG_HOME": str(home / "helm-config"),
-            "HELM_DATA_HOME": str(home / "helm-data"),
-        }
-
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        return self.cluster.kubectl(*args, input=input, check=check)
-
-    def helm(self, *args: str) -> str:
-        return subprocess.run(
-            [str(self.cluster.helm_bin), *args],
-            env=self.env,
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        ).stdout
-
-    def create_as(
-        self, user: str, spec: dict[str, Any], name: str, kind: str = "InferenceService", ns: str = A
-    ) -> subprocess.CompletedProcess[str]:
-        manifest = {
-            "apiVersion": "kvpilot.io/v1alpha1",
-            "kind": kind,
-            "metadata": {"name": name},
-            "spec": spec,
-        }
-        return self.kubectl(
-            f"--as={user}", "-n", ns, "create", "-f", "-", input=json.dumps(manifest), check=False
-        )
+        super().__init__(cluster, home, namespace=A)
 
 
 def _role(t: Tenants, ns: str, name: str, user: str, *rule: str) -> None:
@@ -94,10 +56,7 @@ def _role(t: Tenants, ns: str, name: str, user: str, *rule: str) -> None:
 
 @pytest.fixture(scope="module")
 def t(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
-    home = tmp_path_factory.mktemp("tenants")
-    cluster = LocalCluster(home / "cluster", build=True)
-    cluster.start()
-    try:
+    with module_cluster(tmp_path_factory, "tenants") as (cluster, home):
         t = Tenants(cluster, home)
         t.kubectl("create", "namespace", NS)
         t.helm("install", "kvpilot", "charts/kvpilot", "--namespace", NS)
@@ -132,8 +91,6 @@ def t(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
             lambda: POLICY in t.create_as("alice", probe, "probe").stderr, 60, "the policy to be enforced"
         )
         yield t
-    finally:
-        cluster.stop()
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
@@ -410,9 +367,7 @@ def _can_i_list(t: Tenants, user: str, ns: str) -> str:
 
 
 def _can(t: Tenants, user: str, *args: str) -> bool:
-    out = t.kubectl("auth", "can-i", f"--as={user}", *args, check=False).stdout.strip()
-    assert out in ("yes", "no"), out
-    return out == "yes"
+    return t.can_i_as(user, *args)
 
 
 def test_the_can_i_matrix_of_the_user_roles_and_the_operator(t: Tenants) -> None:
