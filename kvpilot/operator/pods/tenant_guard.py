@@ -146,8 +146,8 @@ def compute_violations(spec: api.InferenceServiceSpec, settings: TenantSettings)
             " may only run the image's own code"
         )
     unprefixed = [
-        f"{p}.envFrom" for p, c in containers for e in c.get("envFrom") or ()
-        if not vllm.is_code_safe_env_prefix(str(e.get("prefix") or ""))
+        f"{p}.envFrom" for p, c in containers
+        if any(not vllm.is_code_safe_env_prefix(str(e.get("prefix") or "")) for e in c.get("envFrom") or ())
     ]  # fmt: skip
     if unprefixed:
         out.append(
