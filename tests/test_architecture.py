@@ -92,6 +92,7 @@ PROBE_FILES = {
     "operator/labels.py": "",
     "operator/timers.py": "",
     "operator/kopf_internals.py": "",
+    "operator/fairness.py": "",
     "operator/inferenceservice/__init__.py": "",
     "operator/inferenceservice/tick.py": (
         "import os\n\nfrom probe.operator.loop import state\nfrom probe.tuner.plan import planner\n"

@@ -140,7 +140,10 @@ _TUNER_CONDITIONS: dict[type[tuner_errors.TunerError], str] = {
 
 
 def classify(exc: BaseException) -> Failure:
-    """The :class:`Failure` for any exception; unknown ones are retried as ``InternalError``."""
+    """The :class:`Failure` for any exception; unknown ones are retried as ``InternalError``, whose message
+    names only the exception's type: the text of an unexpected exception (a URL with credentials, another
+    object's content, an upstream body) never reaches status or events, which tenants read; the caller logs
+    it."""
     if isinstance(exc, OperatorError):
         return Failure(exc.reason, exc.message, exc.condition, exc.retry, exc.delay_s)
     if isinstance(exc, tuner_errors.TunerError):
@@ -156,10 +159,10 @@ def classify(exc: BaseException) -> Failure:
             exc.reason, message, condition, retry=False,
             infeasible=isinstance(exc, tuner_errors.InfeasiblePlan),
         )  # fmt: skip
-    return Failure(
+    return Failure(  # the exception's text stays in the operator's log: it may quote other tenants or secrets
         "InternalError",
-        f"kvpilot failed unexpectedly ({type(exc).__name__}: {exc}); it will retry. "
-        "If this persists, report it with the operator's log.",
+        f"kvpilot failed unexpectedly ({type(exc).__name__}); it will retry. "
+        "If this persists, report it with the operator's log, which holds the details.",
         conditions.READY,
         retry=True,
     )

@@ -82,10 +82,21 @@ def test_what_alice_may_use_passes() -> None:
         {"model": MODEL, "engine": {"tolerations": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}},
         {"model": MODEL, "engine": {"extraArgs": ["--model-impl", "vllm", "--max-num-seqs=8"]}},
         pod(volumes=[{"name": "x", "emptyDir": {}}], containers=[sidecar(ports=[{"containerPort": 8080}])]),
+        {"model": MODEL, "engine": {"extraArgs": [
+            "--hf-overrides", '{"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}', "-O3",
+            "--compilation-config", '{"mode": 3, "cudagraph_capture_sizes": [1, 2]}',
+            "--config-format", "auto",
+        ]}},
     ],
-)
+)  # fmt: skip
 def test_benign_specs_pass_in_strict(spec: dict[str, Any]) -> None:
     assert _violations(spec, STRICT) == []
+
+
+@pytest.mark.parametrize("prefix", ["APP_", "HF_", "X"])
+def test_an_env_from_with_a_safe_prefix_passes(prefix: str) -> None:
+    spec = pod(containers=[{"name": "vllm", "envFrom": [{"secretRef": {"name": "s"}, "prefix": prefix}]}])
+    assert _violations(spec, TRUST) == []
 
 
 def test_off_checks_nothing() -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import kopf
 
+from kvpilot.operator import fairness
 from kvpilot.operator.clients import metrics
 from kvpilot.operator.inferenceservice import (
     loop_actions,
@@ -62,10 +63,13 @@ async def closed_loop_tick(
     deps = default_deps()
     if vllm_pods is not None and deps.pods is not None:  # pods from kopf's index, not a LIST (pod_cache)
         deps = dataclasses.replace(deps, pods=pod_cache.IndexedPods(vllm_pods, deps.pods))
-    try:
-        await run_once(body=body, spec=spec, meta=meta, status=status, patch=patch, logger=logger, deps=deps)
-    except Exception:  # noqa: BLE001 -- a bug must not stop the loop for every other service
-        logger.exception("closed loop: tick failed")
+    async with fairness.gate().slot(str(meta.get("namespace") or "default")):  # namespaces take turns
+        try:
+            await run_once(
+                body=body, spec=spec, meta=meta, status=status, patch=patch, logger=logger, deps=deps
+            )
+        except Exception:  # noqa: BLE001 -- a bug must not stop the loop for every other service
+            logger.exception("closed loop: tick failed")
 
 
 # --- one tick: six named steps ----------------------------------------------------------------------------

@@ -75,8 +75,8 @@ async def apply_settings(
         deployment = build_loop_deployment(svc.meta, svc.spec, inputs, settings, choice)
         await workloads.apply_workloads([deployment], deps.kube, deps.owners)
     except Exception as exc:  # noqa: BLE001 -- report and retry on the next tick
-        logger.warning(f"closed loop: applying {what} failed: {exc}")
+        logger.warning(f"closed loop: applying {what} failed: {exc!r}")
         reason = errors.NameConflict.reason if isinstance(exc, errors.NameConflict) else "RetuneFailed"
-        deps.emit(svc.body, events.WARNING, reason, f"could not apply {what}: {exc}")
+        deps.emit(svc.body, events.WARNING, reason, f"could not apply {what}: {errors.classify(exc).message}")
         return False
     return True

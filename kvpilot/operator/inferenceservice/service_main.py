@@ -9,11 +9,13 @@ hand-edited field (:mod:`.drift`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import kopf
 
-from kvpilot.operator import timers
+from kvpilot.operator import fairness, timers
 from kvpilot.operator.inferenceservice import drift, handlers, reconcile_deps
 from kvpilot.operator.inferenceservice.reconcile_deps import default_deps
 from kvpilot.operator.loop import loop_settings
@@ -32,15 +34,26 @@ def configure(owners: VerifiedOwners) -> None:
 
 
 async def created(**kwargs: Any) -> None:
-    await handlers.reconcile(trigger=handlers.CREATED, deps=default_deps(), **_pick(kwargs))
+    async with _turn(kwargs):
+        await handlers.reconcile(trigger=handlers.CREATED, deps=default_deps(), **_pick(kwargs))
 
 
 async def spec_changed(diff: kopf.Diff, **kwargs: Any) -> None:
-    await handlers.reconcile(trigger=handlers.SPEC_CHANGED, deps=default_deps(), diff=diff, **_pick(kwargs))
+    async with _turn(kwargs):
+        await handlers.reconcile(
+            trigger=handlers.SPEC_CHANGED, deps=default_deps(), diff=diff, **_pick(kwargs)
+        )
 
 
 async def resumed(**kwargs: Any) -> None:
-    await handlers.reconcile(trigger=handlers.RESUMED, deps=default_deps(), **_pick(kwargs))
+    async with _turn(kwargs):
+        await handlers.reconcile(trigger=handlers.RESUMED, deps=default_deps(), **_pick(kwargs))
+
+
+def _turn(kwargs: Mapping[str, Any]) -> AbstractAsyncContextManager[None]:
+    """The namespace's turn at the operator's work (:mod:`kvpilot.operator.fairness`): a burst elsewhere
+    waits its own."""
+    return fairness.gate().slot(str(kwargs["meta"].get("namespace") or "default"))
 
 
 def inference_service_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

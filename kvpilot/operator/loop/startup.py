@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import kopf
 
+from kvpilot.operator import fairness
 from kvpilot.operator.clients import metrics, prometheus_settings
 from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.operator.loop import loop_deps, loop_settings
@@ -49,6 +50,7 @@ def peering_lifetime_from_env(environ: Mapping[str, str] | None = None) -> int |
 
 
 CONFIG_ERRORS = (
+    fairness.FairnessConfigError,
     loop_settings.LoopConfigError,
     prometheus_settings.PrometheusConfigError,
     profile_scope.SharingConfigError,
@@ -69,6 +71,8 @@ class OperatorConfig:
     """The namespaces whose TuningProfiles teach each other."""
     tenants: tenant_settings.TenantSettings
     """The tenant guard when no admission policy runs."""
+    fair: fairness.FairnessSettings
+    """Reconciles and ticks at once, and one namespace's share (:mod:`kvpilot.operator.fairness`)."""
 
 
 def read_config() -> OperatorConfig:
@@ -80,6 +84,7 @@ def read_config() -> OperatorConfig:
             lifetime=peering_lifetime_from_env(),
             shared=profile_scope.sharing_from_env(),
             tenants=tenant_settings.settings_from_env(),
+            fair=fairness.settings_from_env(),
         )
     except CONFIG_ERRORS as exc:
         raise kopf.PermanentError(str(exc)) from exc
@@ -92,6 +97,7 @@ def apply_config(config: OperatorConfig) -> VerifiedOwners:
     owners = VerifiedOwners()
     profile_scope.configure_sharing(config.shared)
     tenant_settings.configure(config.tenants)
+    fairness.configure(config.fair)
     logging.getLogger(__name__).info(f"tenant guard: operatorEnforcement={config.tenants.mode}")
     metrics.start_metrics_server()
     loop_deps.configure(config.pace, config.prom, owners)

@@ -52,13 +52,18 @@ from kvpilot.tuner.vllm.block_sizes import (
     default_kv_block_size,
 )
 from kvpilot.tuner.vllm.code_loading import (
+    ANY_FLAG_CODE_KEYS,
     CODE_LOADING_ENV,
     CODE_LOADING_ENV_PREFIXES,
     CODE_LOADING_FLAGS,
+    CODE_LOADING_KEYS,
     EXACT_FLAGS,
+    JSON_FLAG_ALIASES,
     SAFE_PYTHON_ENV,
     compute_code_loading_flags,
+    compute_code_loading_keys,
     is_code_loading_env,
+    is_code_safe_env_prefix,
     normalise_flag,
 )
 from kvpilot.tuner.vllm.compressed_attention import (
@@ -184,6 +189,7 @@ from kvpilot.tuner.vllm.versions import (
 )
 
 __all__ = [
+    "ANY_FLAG_CODE_KEYS",
     "ASYNC_SCHEDULING_SINCE",
     "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
@@ -193,6 +199,7 @@ __all__ = [
     "CODE_LOADING_ENV",
     "CODE_LOADING_ENV_PREFIXES",
     "CODE_LOADING_FLAGS",
+    "CODE_LOADING_KEYS",
     "COMPRESSED_ATTENTION_BLOCK_SIZE",
     "COMPRESSED_ATTENTION_KV_CACHE_DTYPES",
     "CUTLASS_MLA_BLOCK",
@@ -217,6 +224,7 @@ __all__ = [
     "IMAGE_USER_HOME",
     "IMAGE_USER_UID",
     "ImageVersion",
+    "JSON_FLAG_ALIASES",
     "KV_CACHE_DTYPES",
     "KV_CACHE_MEMORY_FLAG",
     "KvCacheDeclaration",
@@ -267,6 +275,7 @@ __all__ = [
     "check_settings",
     "compressed_layer_caches",
     "compute_code_loading_flags",
+    "compute_code_loading_keys",
     "compute_effective_settings",
     "compute_in_flight_tokens",
     "compute_sampler_state_bytes",
@@ -291,6 +300,7 @@ __all__ = [
     "indexer_bytes_per_token",
     "indexer_layers",
     "is_code_loading_env",
+    "is_code_safe_env_prefix",
     "is_fp8",
     "is_per_token_head",
     "kv_cache_memory_oom_error",
