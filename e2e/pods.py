@@ -59,6 +59,19 @@ CUDA_OOM_MESSAGE = "\n".join(
 )
 
 
+TERMINATION_MESSAGE_LINES = 80
+TERMINATION_MESSAGE_BYTES = 2048
+"""kubelet's ``FallbackToLogsOnError`` message: the log's last 80 lines, of which the last 2 KiB
+(``kuberuntime_container.go``: ``MaxContainerTerminationMessageLogLines``, ``...LogLength``)."""
+
+
+def termination_message(log: str) -> str:
+    """The termination message kubelet writes for a container that exits with ``log`` on its output and
+    ``terminationMessagePolicy: FallbackToLogsOnError``: the last 80 lines, then their last 2048 bytes."""
+    tail = "".join(log.splitlines(keepends=True)[-TERMINATION_MESSAGE_LINES:]).encode()
+    return tail[-TERMINATION_MESSAGE_BYTES:].decode("utf-8", "replace")
+
+
 class PodSimulationError(RuntimeError):
     pass
 
