@@ -216,8 +216,11 @@ def main() -> None:
         for case in chosen:
             raw_path = Path(tmp) / f"{case.name}.raw"
             started = time.monotonic()
-            rc = run_case(case, model, raw_path, out_dir / "serving-metrics.txt")
+            metrics = out_dir / "serving-metrics.txt"
+            rc = run_case(case, model, raw_path, metrics)
             paths = store(case, raw_path.read_text(errors="replace"), out_dir, model)
+            if case.serves:
+                metrics.write_text(scrub(metrics.read_text(), model))
             lines = sum(len(p.read_text().splitlines()) for p in paths)
             print(f"{case.name}: rc {rc}, {time.monotonic() - started:.1f} s, {lines} lines", flush=True)
 

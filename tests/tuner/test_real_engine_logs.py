@@ -10,6 +10,7 @@ up, under the API server's traceback, so only the second form carries a KV failu
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ from kvpilot.tuner import vllm
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.loop.restarts import classify_termination
 
-LOGS = Path(__file__).resolve().parents[1] / "data" / "vllm_logs" / "0.32-cpu"
+DATA = Path(__file__).resolve().parents[1] / "data"
+LOGS = DATA / "vllm_logs" / "0.32-cpu"
+FACTS = json.loads((DATA / "vllm_release_facts.json").read_text())
 RELEASE = (0, 32)
 K = RestartKind
 # case: (termination-message kind, previous-log kind)
@@ -49,6 +52,7 @@ def previous_log(log: str) -> str:
 def test_every_case_is_stored() -> None:
     stored = {p.stem for p in LOGS.glob("*.log")}
     assert stored == {*CASES, "startup", "serving"}
+    assert (LOGS / "serving-metrics.txt").is_file()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -80,6 +84,17 @@ def test_kv_figures_from_the_previous_log() -> None:
     assert (f8.max_model_len, f8.estimated_max_model_len, f8.needed_kv_gib, f8.available_kv_gib) == (
         2048, 896, 0.01, 0.0,
     )  # fmt: skip
+
+
+def test_the_fit_errors_frame_is_the_releases() -> None:
+    """The frame above the ValueError is where kvpilot and the 0.32 wheel's own code say it is raised."""
+    lines = read_log("f1-kv-too-small").splitlines()
+    frame = lines[lines.index("    raise ValueError(") - 1]
+    raised_in = vllm.kv_fit_error_raised_in(RELEASE)
+    path, function = raised_in.split("::")
+    line = FACTS["releases"]["0.32"]["fit_error"]["raise_line"]
+    assert FACTS["releases"]["0.32"]["fit_error"]["raised_in"] == raised_in
+    assert frame.endswith(f'/site-packages/{path}", line {line}, in {function}'), frame
 
 
 def test_kvpilots_texts_are_the_real_engines() -> None:
