@@ -5,8 +5,8 @@ each release's wheel from PyPI (no dependencies), unzips its ``.py`` files and r
 text search), then writes
 
 * ``tests/data/vllm_release_facts.json``: per release, the model runner default, Mamba align mode,
-  the null block in the KV fit check and where its ValueError is raised, the CUDA-graph subtraction, the sampler warm-up and the batch
-  default tiers, each with the file and function it was read from;
+  the null block in the KV fit check and where its ValueError is raised, the CUDA-graph subtraction,
+  the sampler warm-up and the batch default tiers, each with the file and function it was read from;
   ``tests/tuner/test_vllm_release_facts.py`` checks :mod:`kvpilot.tuner.vllm` against it (no network);
 * ``kvpilot/tuner/vllm/registry_data.py``: the architectures each release's model registry serves
   (``model_executor/models/registry.py::_VLLM_MODELS``), which the tuner refuses others by.

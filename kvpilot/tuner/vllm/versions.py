@@ -288,7 +288,8 @@ KV_CACHE_PLANNING_SINCE: Version = (0, 33)
 
 
 def kv_fit_error_raised_in(version: Version) -> str:
-    """``file::function`` that raises the max-model-len ValueError ("To serve at least one request ..."): the
-    last frame of a start-up traceback before the error (0.32's real engine: ``kv_cache_utils.py`` line 1030)."""
+    """``file::function`` that raises the max-model-len ValueError ("To serve at least one request ..."):
+    a start-up traceback's last frame before the error (the real 0.32 engine: ``kv_cache_utils.py`` line
+    1030)."""
     module = "kv_cache_planning" if version >= KV_CACHE_PLANNING_SINCE else "kv_cache_utils"
     return f"vllm/v1/core/{module}.py::_check_enough_kv_cache_memory"
