@@ -537,4 +537,7 @@ def _ground_truth(d: dict[str, Any]) -> GroundTruth:
         fields["startup"] = StartupModel(**fields["startup"])
     if isinstance(fields.get("perf"), dict):
         fields["perf"] = EnginePerf(**fields["perf"])
+    if "vllm_release" in fields:  # a JSON list
+        major, minor = fields["vllm_release"]
+        fields["vllm_release"] = (int(major), int(minor))
     return GroundTruth(**fields)
