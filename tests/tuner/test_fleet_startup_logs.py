@@ -122,7 +122,7 @@ def test_the_operator_reads_the_simulated_failure_as_the_real_one(release: tuple
 
 
 def test_the_release_survives_a_scenario_file() -> None:
-    """``python -m e2e.fleet --scenarios`` reads JSON, where the release is a list: it must come back a tuple."""
+    """``python -m e2e.fleet --scenarios`` reads JSON, where the release is a list: it comes back a tuple."""
     scenario = truth_mod.Scenario(truth=tiny_truth(8 * MiB))
     back = truth_mod.Scenario.from_dict(json.loads(json.dumps(scenario.to_dict())))
     assert back.truth.vllm_release == (0, 32)
