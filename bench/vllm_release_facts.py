@@ -5,8 +5,8 @@ each release's wheel from PyPI (no dependencies), unzips its ``.py`` files and r
 text search), then writes
 
 * ``tests/data/vllm_release_facts.json``: per release, the model runner default, Mamba align mode,
-  the null block in the KV fit check, the CUDA-graph subtraction, the sampler warm-up and the batch
-  default tiers, each with the file and function it was read from;
+  the null block in the KV fit check and where its ValueError is raised, the CUDA-graph subtraction,
+  the sampler warm-up and the batch default tiers, each with the file and function it was read from;
   ``tests/tuner/test_vllm_release_facts.py`` checks :mod:`kvpilot.tuner.vllm` against it (no network);
 * ``kvpilot/tuner/vllm/registry_data.py``: the architectures each release's model registry serves
   (``model_executor/models/registry.py::_VLLM_MODELS``), which the tuner refuses others by.
@@ -157,6 +157,29 @@ def null_block(pkg: Path) -> dict[str, Any]:
     raise SystemExit(f"{pkg}: no check_enough_kv_cache_memory")
 
 
+FIT_ERROR_TEXT = "To serve at least one request"
+
+
+def fit_error(pkg: Path) -> dict[str, Any]:
+    """Where the max-model-len ValueError is raised: a start-up traceback's last frame before the ValueError
+    (``file::function`` and the line of its ``raise``, as Python prints it)."""
+    for name in ("kv_cache_planning.py", "kv_cache_utils.py"):
+        path = pkg / "v1" / "core" / name
+        if not path.exists() or FIT_ERROR_TEXT not in path.read_text():
+            continue
+        text = path.read_text()
+        tree = ast.parse(text)
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            raises = [n for n in ast.walk(fn) if isinstance(n, ast.Raise)]
+            hits = [n for n in raises if FIT_ERROR_TEXT in (ast.get_source_segment(text, n) or "")]
+            if hits:
+                where = _where(pkg, path, fn.name)
+                return {"raised_in": where, "raise_line": hits[0].lineno}
+    raise SystemExit(f"{pkg}: no {FIT_ERROR_TEXT!r}")
+
+
 def cuda_graphs(pkg: Path) -> dict[str, Any]:
     worker = pkg / "v1" / "worker" / "gpu_worker.py"
     where = _containing(pkg, worker, "profile_cudagraph_memory()")
@@ -264,6 +287,7 @@ def main() -> None:
             "model_runner": model_runner(pkg),
             "mamba_align": mamba_align(pkg),
             "null_block": null_block(pkg),
+            "fit_error": fit_error(pkg),
             "cuda_graphs": cuda_graphs(pkg),
             "sampler_warmup": sampler_warmup(pkg),
             "batch_defaults": batch_defaults(pkg),

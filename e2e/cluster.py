@@ -52,6 +52,7 @@ E2E_DIR = Path(__file__).resolve().parent
 K8SBIN_DIR = E2E_DIR / "k8sbin"
 BUILD_SH = E2E_DIR / "build.sh"
 DEFAULT_DIR = Path(os.environ.get("KVPILOT_CLUSTER_DIR", "/tmp/kvpilot-e2e-cluster"))
+KWOK_LOGS_CRD = Path(__file__).resolve().parent / "testdata" / "kwok-logs-crd.yaml"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 SERVICE_CIDR = "10.96.0.0/16"
 FRONT_PROXY_CLIENT = "front-proxy-client"
@@ -453,10 +454,13 @@ class LocalCluster:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                # pods/log goes to the node's InternalIP:kubeletEndpoint, which is KWOK's server (below)
+                "--kubelet-preferred-address-types=InternalIP",
                 "--v=1",
             ],
         )
         self._wait_http("kube-apiserver", f"{self.server}/readyz", deadline)
+        self.kubectl("apply", "-f", str(KWOK_LOGS_CRD))
         self._spawn(
             "kube-controller-manager",
             [
@@ -502,7 +506,12 @@ class LocalCluster:
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={_nodes.KWOK_ANNOTATION}={_nodes.KWOK_ANNOTATION_VALUE}",
                 f"--cidr={POD_CIDR}",
-                "--node-ip=10.0.0.1",
+                # nodes at 127.0.0.1 with KWOK's server as their kubelet endpoint: the API server's pods/log
+                # (kubectl logs --previous, the operator's previous-log read) reaches KWOK, which serves the
+                # files a Logs object names (e2e/pods.py serve_previous_log)
+                "--node-ip=127.0.0.1",
+                f"--node-port={p['kwok']}",
+                "--enable-crds=Logs",
                 "--node-lease-duration-seconds=40",
                 f"--config={self.bin / 'kwok-default-stages.yaml'}",
                 f"--server-address=127.0.0.1:{p['kwok']}",

@@ -59,8 +59,57 @@ CUDA_OOM_MESSAGE = "\n".join(
 )
 
 
+TERMINATION_MESSAGE_LINES = 80
+TERMINATION_MESSAGE_BYTES = 2048
+"""kubelet's ``FallbackToLogsOnError`` message: the log's last 80 lines, of which the last 2 KiB
+(``kuberuntime_container.go``: ``MaxContainerTerminationMessageLogLines``, ``...LogLength``)."""
+
+
+def termination_message(log: str) -> str:
+    """The termination message kubelet writes for a container that exits with ``log`` on its output and
+    ``terminationMessagePolicy: FallbackToLogsOnError``: the last 80 lines, then their last 2048 bytes."""
+    tail = "".join(log.splitlines(keepends=True)[-TERMINATION_MESSAGE_LINES:]).encode()
+    return tail[-TERMINATION_MESSAGE_BYTES:].decode("utf-8", "replace")
+
+
 class PodSimulationError(RuntimeError):
     pass
+
+
+def cri_log(text: str, at: str = "2026-12-05T18:31:04.000000000Z") -> str:
+    """``text`` in the CRI log format kubelet (and KWOK) read: ``<RFC 3339 time> stdout F <line>``."""
+    return "".join(f"{at} stdout F {line}\n" for line in text.splitlines())
+
+
+def serve_previous_log(
+    kubeconfig: str | Path | None,
+    namespace: str,
+    pod: str,
+    container: str,
+    log: str,
+    directory: Path,
+    *,
+    kubectl: str | Path | None = None,
+) -> Path:
+    """Make ``log`` the previous log of ``container``, as kubelet keeps the log of the container that exited:
+    the API server's ``pods/log?previous=true`` reaches KWOK's server (the nodes' kubelet endpoint,
+    :mod:`e2e.cluster`), which serves the ``previousLogsFile`` of the pod's ``Logs`` object. Returns that
+    file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    previous = directory / f"{namespace}_{pod}_{container}.previous.log"
+    current = directory / f"{namespace}_{pod}_{container}.log"
+    previous.write_text(cri_log(log))
+    current.touch()
+    logs = {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Logs",
+        "metadata": {"name": pod, "namespace": namespace},
+        "spec": {
+            "logs": [{"containers": [container], "logsFile": str(current), "previousLogsFile": str(previous)}]
+        },
+    }
+    _kubectl(kubectl, kubeconfig, "apply", "-f", "-", input=json.dumps(logs))
+    return previous
 
 
 def _now(offset_s: float = 0.0) -> str:

@@ -365,6 +365,7 @@ ALLOWED = [
     ("patch", "enginetuners.kvpilot.io", "--subresource=status", "--namespace", "demo"),
     ("get", "statefulsets.apps", "--namespace", "demo"),
     ("create", "pods", "--subresource=eviction", "--namespace", "demo"),
+    ("get", "pods", "--subresource=log", "--namespace", "demo"),
 ]
 
 
@@ -373,6 +374,44 @@ def test_rbac_denies_what_the_operator_does_not_need(chart: Chart) -> None:
     wrongly_allowed = [" ".join(args) for args in DENIED if chart.can_i(kubeconfig, *args)]
     wrongly_denied = [" ".join(args) for args in ALLOWED if not chart.can_i(kubeconfig, *args)]
     assert (wrongly_allowed, wrongly_denied) == ([], [])
+
+
+def test_the_service_account_reads_a_crashed_pods_previous_log(chart: Chart, tmp_path: Path) -> None:
+    """The operator's previous-log read (``ClusterPods.read_previous_log``: ``pods/log?previous=true``, the
+    last 400 lines) with only the chart's ServiceAccount token: the API server proxies it to the node's
+    kubelet (KWOK), which serves the log a crashed vLLM left (the real engine's shape: the ValueError is not
+    in the termination message). The restart is then classified from it, as in the closed loop."""
+    from kubernetes import config
+
+    from e2e import pods
+    from e2e.fleet.truth import EngineArgs, GroundTruth
+    from kvpilot.operator.pods.pod_status import LOG_TAIL_LINES, ClusterPods, build_pod_view
+    from kvpilot.tuner.loop.observations import RestartKind
+
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "crashed-vllm", "namespace": "demo"},
+        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.33.0",
+                                 "terminationMessagePolicy": "FallbackToLogsOnError"}]},
+    }  # fmt: skip
+    chart.kubectl("create", "namespace", "demo", check=False)  # the install doc's step makes it too
+    chart.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    truth, args = GroundTruth(non_kv_gib=60.0), EngineArgs(max_model_len=131072)
+    error = truth.startup_error(args)
+    assert error is not None
+    log = truth.startup_failure_log(args, error)
+    kubeconfig, kubectl = chart.cluster.kubeconfig, chart.cluster.kubectl_bin
+    pods.serve_previous_log(kubeconfig, "demo", "crashed-vllm", "vllm", log, tmp_path, kubectl=kubectl)
+    message = truth.startup_failure_message(args, error)
+    crashed = pods.simulate_container_crash(
+        kubeconfig, "demo", "crashed-vllm", message=message, kubectl=kubectl
+    )
+    reader = ClusterPods(config.new_client_from_config(config_file=str(chart.sa_kubeconfig())))
+    tail = reader.read_previous_log("demo", "crashed-vllm", "vllm", LOG_TAIL_LINES)
+    assert tail is not None and tail.splitlines() == log.splitlines()
+    assert build_pod_view(crashed).needs_log  # the termination message alone says nothing
+    view = build_pod_view(crashed, log_tail=tail)
+    assert view.restart is not None and view.restart.cause.kind == RestartKind.KV_CACHE_TOO_SMALL
+    chart.kubectl("delete", "pod", "crashed-vllm", "-n", "demo", "--wait=false")
 
 
 def test_upgrade_upgrades_the_templated_crd(chart: Chart) -> None:

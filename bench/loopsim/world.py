@@ -132,7 +132,7 @@ class World:
             pod.state, pod.until, pod.error = (
                 "failing",
                 now + START_FAIL_AFTER_S,
-                truth.startup_failure_message(args, error),
+                truth.startup_failure_log(args, error),  # what the operator classifies: the previous log
             )
         elif truth.startup_oom(args):
             pod.state, pod.until, pod.error = (

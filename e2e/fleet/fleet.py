@@ -128,6 +128,8 @@ class Fleet:
         self.tick = tick
         self.poll = poll
         self.kubectl = str(kubectl) if kubectl else None
+        self.logs_dir = self.targets_file.parent / "pod-logs"
+        """Where crashed containers' logs are kept for KWOK to serve as previous logs."""
         self._api_client = config.new_client_from_config(config_file=self.kubeconfig)
         self.core = client.CoreV1Api(self._api_client)
         self._lock = threading.RLock()
@@ -403,7 +405,8 @@ class Fleet:
                     self._weight_caches.add((e.cache_key, e.args.model))
             error = truth.startup_error(e.args)
             if error is not None:
-                self._crash(e, "StartupFailed", truth.startup_failure_message(e.args, error), now)
+                log = truth.startup_failure_log(e.args, error)
+                self._crash(e, "StartupFailed", truth.startup_failure_message(e.args, error), now, log=log)
             elif truth.startup_oom(e.args):
                 self._crash(e, "StartupCudaOOM", truth.cuda_oom_message(e.args, startup=True), now)
             else:
@@ -484,13 +487,18 @@ class Fleet:
             self._patch_async(e, ready=True)
         elif isinstance(outcome, int) and e.process is not None:
             kind = "StartupFailed" if e.state == STARTING else "EngineExited"
-            self._crash(e, kind, e.process.termination_message(), now, exit_code=outcome)
+            log = e.process.log_path.read_text(errors="replace")  # the real log, served as the previous log
+            self._crash(e, kind, e.process.termination_message(), now, exit_code=outcome, log=log)
 
     def _release(self, e: PodEngine) -> None:
         self._close_server(e, wait=True)
         self.real.release(e, wait=True)
 
-    def _crash(self, e: PodEngine, kind: str, message: str, now: float, *, exit_code: int = 1) -> None:
+    def _crash(
+        self, e: PodEngine, kind: str, message: str, now: float, *, exit_code: int = 1, log: str | None = None
+    ) -> None:
+        """Report a crash as kubelet would: ``message`` is the termination message, ``log`` the exited
+        container's whole log (``message`` when not given), served as its previous log."""
         self._close_server(e, wait=False)
         self.real.release(e, wait=False)  # a real engine exited: reap what is left of its process group
         e.sim = None
@@ -500,7 +508,8 @@ class Fleet:
         e.last_message = message
         backoff = e.scenario.truth.backoff_s * 2 ** min(e.restart_count - 1, 3)
         e.state, e.since, e.restart_at = CRASHED, now, now + backoff
-        lines = message.strip().splitlines()
+        log = log if log is not None else message
+        lines = log.strip().splitlines()
         self._event(
             e,
             kind,
@@ -511,6 +520,9 @@ class Fleet:
         def patch() -> None:
             from e2e import pods
 
+            pods.serve_previous_log(
+                self.kubeconfig, ns, name, e.container, log, self.logs_dir, kubectl=self.kubectl
+            )
             pods.simulate_container_crash(
                 self.kubeconfig,
                 ns,

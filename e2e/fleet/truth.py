@@ -20,6 +20,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from e2e.fleet import vllm_logs
+from e2e.pods import termination_message
+
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -27,6 +30,10 @@ MiB = 1 << 20
 FP8_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"})
 
 _VLLM = "/usr/local/lib/python3.12/dist-packages/vllm"
+NULL_BLOCK_RESERVED_SINCE = (0, 29)
+"""vLLM's KV fit check holds back the block pool's null block from this release on (``kv_cache_utils.py``
+``check_enough_kv_cache_memory``: "Reserve the null block BlockPool permanently holds back"; the real 0.32
+engine's estimate for 16 blocks of 128 is 1920, not 2048)."""
 CONSERVING_MEMORY_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
 
 
@@ -286,6 +293,9 @@ class GroundTruth:
     """Start-up time from the checkpoint size and whether the pod's weight cache holds it."""
     backoff_s: float = 4.0
     """Wall seconds of CrashLoopBackOff before the first restart (kubelet: 10 s, doubling)."""
+    vllm_release: tuple[int, int] = (0, 33)
+    """The release whose start-up failures the engine reproduces: the null block in the fit check
+    (:data:`NULL_BLOCK_RESERVED_SINCE`), the fit check's frames in the log (:mod:`e2e.fleet.vllm_logs`)."""
 
     # ------------------------------------------------------------------ derived
     def startup_wall_s(self, *, cached: bool) -> float:
@@ -350,17 +360,22 @@ class GroundTruth:
 
     # ------------------------------------------------------------------ faults
     def startup_error(self, args: EngineArgs) -> str | None:
-        """The ValueError vLLM 0.33 raises at start-up for these args, or None when it starts.
+        """The ValueError vLLM (:attr:`vllm_release`) raises at start-up for these args, or None if it starts.
 
-        Exact texts of ``vllm/v1/core/kv_cache_planning.py::_check_enough_kv_cache_memory``
-        (vllm_reference.md section 1.6, 0.25+ wording).
+        Exact texts of ``vllm/v1/core/kv_cache_planning.py::_check_enough_kv_cache_memory`` (0.33;
+        ``kv_cache_utils.py`` before; vllm_reference.md section 1.6, 0.25+ wording), checked on the memory
+        that is left once the null block is held back (0.29+): the figures the message prints.
         """
         if args.kv_cache_dtype in FP8_KV_DTYPES and not self.fp8_kv_supported:
             return (
                 f"ValueError: Unknown or unsupported kv cache dtype {args.kv_cache_dtype!r} "
                 "for this GPU/attention backend"
             )
+        bs = self.block(args)
+        page = self.bytes_per_token(args) * bs
         available = self.kv_cache_bytes(args)
+        if self.vllm_release >= NULL_BLOCK_RESERVED_SINCE:
+            available -= page
         if available <= 0:
             return (
                 "ValueError: No available memory for the cache blocks. "
@@ -368,8 +383,6 @@ class GroundTruth:
                 "(this flag also controls CPU memory reservation on the CPU backend, despite its name). "
                 f"See {CONSERVING_MEMORY_URL} for more details."
             )
-        bs = self.block(args)
-        page = self.bytes_per_token(args) * bs
         mml = self.max_model_len(args)
         needed = math.ceil(mml / bs) * page
         if needed <= available:
@@ -459,20 +472,15 @@ class GroundTruth:
             )
         return "\n".join(lines) + "\n"
 
+    def startup_failure_log(self, args: EngineArgs, error: str) -> str:
+        """The container's log after a start-up ValueError, in the real engine's shape
+        (:func:`e2e.fleet.vllm_logs.startup_failure_log`): the error ~60 lines above the last line."""
+        return vllm_logs.startup_failure_log(error, self.vllm_release, _VLLM)
+
     def startup_failure_message(self, args: EngineArgs, error: str) -> str:
-        """The container's termination message after a start-up ValueError (the log tail)."""
-        return "\n".join(
-            [
-                "ERROR [core.py:1584] EngineCore failed to start.",
-                "Traceback (most recent call last):",
-                f'  File "{_VLLM}/v1/engine/core.py", line 1573, in run_engine_core',
-                f'  File "{_VLLM}/v1/core/kv_cache_planning.py", line 78, in _check_enough_kv_cache_memory',
-                error,
-                "RuntimeError: Engine core initialization failed. See root cause above. "
-                "Failed core proc(s): {'EngineCore_DP0': 1}",
-                "",
-            ]
-        )
+        """The container's termination message after a start-up ValueError: kubelet's tail of
+        :meth:`startup_failure_log` (80 lines / 2 KiB), which, as a real vLLM's, no longer holds the error."""
+        return termination_message(self.startup_failure_log(args, error))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -529,4 +537,7 @@ def _ground_truth(d: dict[str, Any]) -> GroundTruth:
         fields["startup"] = StartupModel(**fields["startup"])
     if isinstance(fields.get("perf"), dict):
         fields["perf"] = EnginePerf(**fields["perf"])
+    if "vllm_release" in fields:  # a JSON list
+        major, minor = fields["vllm_release"]
+        fields["vllm_release"] = (int(major), int(minor))
     return GroundTruth(**fields)

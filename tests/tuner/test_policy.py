@@ -598,7 +598,9 @@ def test_insufficient_free_memory_goes_under_the_free_share() -> None:
     assert d.settings.gpu_memory_utilization == 0.74
 
 
-@pytest.mark.parametrize("kind", [RestartKind.HOST_OOM_KILLED, RestartKind.OTHER])
+@pytest.mark.parametrize(
+    "kind", [RestartKind.HOST_OOM_KILLED, RestartKind.INVALID_ENGINE_ARGS, RestartKind.OTHER]
+)
 def test_crashes_args_cannot_fix_hold(kind: RestartKind) -> None:
     d = decide(win=window(kv=0.99, preempt=2.0), restarts=(restart(kind),))
     assert (d.action, d.trigger, d.failed) == (Action.HOLD, kind, None)

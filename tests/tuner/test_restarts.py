@@ -200,8 +200,10 @@ def test_reads_the_e2e_fleet_simulators_texts() -> None:
     args = truth_mod.EngineArgs(max_model_len=131072)
     error = truth.startup_error(args)
     assert error is not None
-    cause = classify_termination(truth.startup_failure_message(args, error), "Error", 1)
+    cause = classify_termination(truth.startup_failure_log(args, error), "Error", 1)
     assert (cause.kind, cause.max_model_len) == (RestartKind.KV_CACHE_TOO_SMALL, 131072)
+    message = classify_termination(truth.startup_failure_message(args, error), "Error", 1)
+    assert message.kind == RestartKind.OTHER and "further up the log" in message.detail
     assert cause.estimated_max_model_len is not None and 0 < cause.estimated_max_model_len < 131072
     for startup in (False, True):
         assert classify_termination(truth.cuda_oom_message(args, startup=startup), "Error", 1).kind == (

@@ -89,6 +89,12 @@ def test_null_block_in_fit_check(minor: str) -> None:
 
 
 @pytest.mark.parametrize("minor", IDS)
+def test_where_the_fit_error_is_raised(minor: str) -> None:
+    """The start-up traceback's frame above "To serve at least one request" (kv_cache_planning.py: 0.33+)."""
+    assert vllm.kv_fit_error_raised_in(_v(minor)) == RELEASES[minor]["fit_error"]["raised_in"]
+
+
+@pytest.mark.parametrize("minor", IDS)
 def test_cuda_graphs_subtracted(minor: str) -> None:
     fact = RELEASES[minor]["cuda_graphs"]
     assert vllm.subtracts_cuda_graphs(_v(minor)) is fact["subtracted"]

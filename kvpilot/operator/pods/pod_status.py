@@ -6,7 +6,8 @@ evidence is always attributed to the settings that produced it, also across an o
 restart. Restarts come from ``lastState.terminated`` (``message`` holds the log tail:
 the Deployment sets ``terminationMessagePolicy: FallbackToLogsOnError``), classified by
 :func:`kvpilot.tuner.loop.restarts.classify_termination`; when the message says nothing, the
-previous container's log tail is read and classified instead.
+previous container's log tail is read and classified instead; when that log cannot be read either,
+the restart's detail says so (:func:`with_unread_log`).
 
 :func:`build_pod_view` and :func:`compute_pod_summary` are pure; :func:`read_pod_views` reads
 through a :class:`PodReader` with this module's :class:`LogCache` of previous logs, and
@@ -377,6 +378,22 @@ def owned_by(pod: Mapping[str, Any], deployment: str) -> bool:
     )
 
 
+UNREAD_LOG = (
+    "its previous log could not be read (no pods/log permission, the log gone with the container, "
+    "or the node unreachable)"
+)
+
+
+def with_unread_log(view: PodView) -> PodView:
+    """``view`` after the previous log its restart needed could not be read: the restart keeps what the
+    termination message said, and its detail adds that the log was unreadable, so the reason stays clear
+    (a real vLLM's start-up failure leaves only "Engine core initialization failed" in the message)."""
+    if view.restart is None:
+        return view
+    cause = dataclasses.replace(view.restart.cause, detail=f"{view.restart.cause.detail}; {UNREAD_LOG}")
+    return dataclasses.replace(view, restart=dataclasses.replace(view.restart, cause=cause))
+
+
 def read_pod_views(
     reader: PodReader, namespace: str, label_selector: str, owner: str, logs: LogCache = LOGS
 ) -> list[PodView]:
@@ -384,7 +401,8 @@ def read_pod_views(
     thread). Only pods it owns count (:func:`owned_by`): a foreign pod with the same labels is no evidence.
 
     A restart the termination message does not explain is classified from the previous container's
-    log tail, read once per restart (``logs``)."""
+    log tail, read once per restart (``logs``); a restart whose log cannot be read says so
+    (:func:`with_unread_log`)."""
     views = []
     for pod in reader.list_pods(namespace, label_selector):
         if not owned_by(pod, owner):
@@ -396,7 +414,7 @@ def read_pod_views(
             if not known:
                 tail = reader.read_previous_log(namespace, view.name, CONTAINER, LOG_TAIL_LINES)
                 logs.put(key, tail)
-            view = build_pod_view(pod, log_tail=tail) if tail else view
+            view = build_pod_view(pod, log_tail=tail) if tail else with_unread_log(view)
         views.append(view)
     return views
 

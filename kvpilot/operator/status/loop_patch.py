@@ -233,7 +233,9 @@ def add_verdict(old: Mapping[str, Any], tick: LoopTick, out: StatusPatch) -> lis
         and not is_quiet_hold(decision, old)
         and _add_history(old, tick, out, HistoryAction.HELD, dedupe=True)
     ):
-        warning = decision.trigger in (*OOM_TRIGGERS, RestartKind.OTHER, Trigger.ROLLOUT_FAILED)
+        warning = decision.trigger in (
+            *OOM_TRIGGERS, RestartKind.OTHER, RestartKind.INVALID_ENGINE_ARGS, Trigger.ROLLOUT_FAILED
+        )
         out.events.append((events.WARNING if warning else events.NORMAL, "Held", decision.reason))
         out.decisions.append("Held")
         if decision.trigger == RestartKind.HOST_OOM_KILLED:

@@ -30,6 +30,9 @@ class RestartKind(enum.StrEnum):
     """Start-up: nothing at all is left for the KV cache (``No available memory for the cache blocks``)."""
     INSUFFICIENT_FREE_MEMORY = "InsufficientFreeMemory"
     """Start-up: the GPU has less free memory than ``gpu_memory_utilization`` asks for."""
+    INVALID_ENGINE_ARGS = "InvalidEngineArgs"
+    """Start-up: vLLM refused its arguments before the engine started (argparse, a config's validation,
+    ``max_model_len`` beyond the model's): the rendered command is wrong, not the memory; no rule cures it."""
     MAMBA_CACHE_BLOCKS = "MambaCacheBlocks"
     """Start-up (CUDA-graph capture) of a hybrid model: ``max_num_seqs`` exceeds the Mamba cache blocks."""
     OTHER = "Other"

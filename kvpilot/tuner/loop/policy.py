@@ -187,6 +187,7 @@ _CRASH_PRIORITY = (
     RestartKind.INSUFFICIENT_FREE_MEMORY,
     RestartKind.CUDA_OOM,
     RestartKind.HOST_OOM_KILLED,
+    RestartKind.INVALID_ENGINE_ARGS,
     RestartKind.OTHER,
 )
 

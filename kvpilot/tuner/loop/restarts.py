@@ -8,9 +8,15 @@ FallbackToLogsOnError``) and, when that says nothing, the tail of the previous l
 
 Precedence, most specific first: ``OOMKilled`` from the kubelet (the kernel killed the
 process; whatever it printed before is beside the point), then the start-up KV texts
-(they name the figures the policy needs), then "free memory on device", then CUDA OOM.
-A start-up KV failure is often followed by ``Engine core initialization failed``; that
-line alone is ``Other``.
+(they name the figures the policy needs), then "free memory on device" (the CPU backend's
+"Available memory on node" too), then CUDA OOM, then arguments vLLM refused before starting
+(``InvalidEngineArgs``: argparse, a config's validation, ``max_model_len`` beyond the model).
+
+A real start-up failure ends with the API server's own traceback and ``Engine core
+initialization failed. See root cause above``; the root cause sits ~60 lines up, outside the
+80 lines / 2 KiB of a termination message. That line alone is ``Other``, and its detail says
+the cause is further up (the operator then reads the previous log). Anything else that is
+``Other`` names its root-cause line (the last ``...Error:`` line), not the log's last line.
 """
 
 from __future__ import annotations
@@ -32,11 +38,12 @@ def classify_termination(message: str | None, reason: str | None, exit_code: int
         _mamba_cache_blocks,
         _insufficient_free_memory,
         _cuda_oom,
+        _invalid_engine_args,
     ):
         cause = classify(text)
         if cause is not None:
             return cause
-    detail = _last_line(text) or f"{reason or 'terminated'} (exit code {exit_code})"
+    detail = _root_cause(text) or f"{reason or 'terminated'} (exit code {exit_code})"
     return RestartCause(RestartKind.OTHER, detail=detail)
 
 
@@ -65,6 +72,9 @@ def _kv_too_small(text: str) -> RestartCause | None:
 def _no_cache_blocks(text: str) -> RestartCause | None:
     if messages.NO_BLOCKS.search(text):
         return RestartCause(RestartKind.NO_CACHE_BLOCKS, detail=_line_containing(text, "No available memory"))
+    if messages.CPU_KV_ALLOCATION.search(text):
+        detail = _line_containing(text, "on kv cache allocation")
+        return RestartCause(RestartKind.NO_CACHE_BLOCKS, detail=detail)
     return None
 
 
@@ -80,11 +90,11 @@ def _mamba_cache_blocks(text: str) -> RestartCause | None:
 
 
 def _insufficient_free_memory(text: str) -> RestartCause | None:
-    match = messages.FREE_MEMORY.search(text)
+    match = messages.FREE_MEMORY.search(text) or messages.CPU_FREE_MEMORY.search(text)
     if match:
         return RestartCause(
             RestartKind.INSUFFICIENT_FREE_MEMORY,
-            detail=_line_containing(text, "Free memory on device"),
+            detail=_line_containing(text, match.group(0)[:20]),
             free_gib=float(match.group(1)),
             total_gib=float(match.group(2)),
         )
@@ -111,14 +121,67 @@ def _cuda_oom(text: str) -> RestartCause | None:
     )
 
 
+def _invalid_engine_args(text: str) -> RestartCause | None:
+    """Arguments vLLM refused before its engine started; the detail names the argument and vLLM's words."""
+    long_len = messages.LONG_MAX_LEN.search(text)
+    if long_len:
+        detail = (
+            f"max_model_len {long_len.group(1)} is beyond the model's {long_len.group(2)} "
+            f"({long_len.group(3)}): {_line_containing(text, long_len.group(0))}"
+        )
+        return RestartCause(RestartKind.INVALID_ENGINE_ARGS, detail=detail[:300])
+    arg = _last_match(messages.ARG_ERROR, text)
+    if arg is not None:
+        return RestartCause(RestartKind.INVALID_ENGINE_ARGS, detail=f"{arg.group(1)}: {arg.group(2)}"[:300])
+    validation = _last_match(messages.CONFIG_VALIDATION, text)
+    if validation is not None:
+        return RestartCause(RestartKind.INVALID_ENGINE_ARGS, detail=_validation_detail(text, validation))
+    return None
+
+
+def _validation_detail(text: str, match: re.Match[str]) -> str:
+    """pydantic's "N validation errors for XConfig" and the field / message pairs after it, on one line."""
+    after = [line.strip() for line in text[match.end():].splitlines()[1:]]
+    pairs = []
+    for field, said in zip(after, after[1:], strict=False):
+        if field and " " not in field and said and not said.startswith("For further information"):
+            pairs.append(f"{field}: {said.split(' [type=')[0]}")
+    return f"{match.group(2)} refused: {'; '.join(pairs) or match.group(0)}"[:300]
+
+
+def _root_cause(text: str) -> str:
+    """The line that says why, for an ``Other``: the last ``...Error: ...`` line that is not the API
+    server's "Engine core initialization failed" (which only points up the log); with nothing but that
+    line, a detail saying the cause is further up; else the last line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [x for x in lines if _ERROR_LINE.match(x) and not messages.ENGINE_INIT_FAILED.search(x)]
+    if errors:
+        return messages.LOG_PREFIX.sub("", errors[-1])[:300]
+    if messages.ENGINE_INIT_FAILED.search(text):
+        return (
+            "vLLM's engine core failed to start (\"Engine core initialization failed. See root cause "
+            "above\"); its root cause is further up the log than this text holds"
+        )
+    return _last_line(text)
+
+
+_ERROR_LINE = re.compile(r"^(?:\([\w-]+ pid=\d+\) ERROR .*\] )?[\w.]*(?:Error|Exception): \S")
+
+
+def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    matches = list(pattern.finditer(text))
+    return matches[-1] if matches else None
+
+
 def _gib(value: str, unit: str) -> float:
     return float(value) / (1024.0 if unit == "MiB" else 1.0)
 
 
 def _line_containing(text: str, needle: str, limit: int = 300) -> str:
+    """The first line with ``needle``, without vLLM's logger prefix."""
     for line in text.splitlines():
         if needle in line:
-            return line.strip()[:limit]
+            return messages.LOG_PREFIX.sub("", line.strip())[:limit]
     return needle
 
 

