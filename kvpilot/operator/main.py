@@ -123,6 +123,8 @@ async def resumed(**kwargs: Any) -> None:
 @kopf.on.event(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)
 def inference_service_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     timers.observe(event, body)  # a DELETED object's closed-loop timer stops (no finalizer)
+    if event.get("type") == "DELETED":  # its per-service metric series go too
+        metrics.forget_service(body.meta.get("namespace") or "default", body.meta.get("name") or "")
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=drift.OWNED_LABELS)

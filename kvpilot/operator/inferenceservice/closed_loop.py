@@ -266,7 +266,9 @@ async def run_once(
         await _learn(deps, meta, parsed, inputs, state, decision, budget, out.status, startup, old, logger)
     if deps.record_metrics:
         for kind in out.decisions:
-            metrics.record_decision(kind)
+            metrics.record_decision(kind, namespace, name)
+        running = decision.settings if change else state.current
+        metrics.record_service(namespace, name, running, policy, context.slo)
     if out.events:
         logger.info(f"closed loop: {decision.action} ({decision.trigger}): {decision.reason}")
     return decision

@@ -115,8 +115,8 @@ async def reconcile(
         deps.emit(body, events.WARNING, failure.reason, failure.message)
         _record(deps, metrics.record_error, failure.reason)
         _record(deps, metrics.record_reconcile, "temporary_error" if failure.retry else "permanent_error")
-        if failure.infeasible:
-            _record(deps, metrics.record_decision, "Infeasible")
+        if failure.infeasible and deps.record_metrics:
+            metrics.record_decision("Infeasible", namespace, str(meta.get("name") or ""))
         raise errors.to_kopf(failure, retry) from None
 
     new = status_patch.build_success_status(
@@ -133,8 +133,10 @@ async def reconcile(
     new.add_to(patch, merged_on=old if status_patch.is_first_write(old) else None)  # one PATCH on create
     _record(deps, metrics.record_reconcile, "success")
     changed = "lastChangeTime" in new.status
-    if changed:
-        _record(deps, metrics.record_decision, "Planned")
+    if changed and deps.record_metrics:
+        metrics.record_decision("Planned", namespace, str(meta.get("name") or ""))
+    if deps.record_metrics and meta.get("name"):
+        metrics.record_service(namespace, str(meta["name"]), wanted.decision.deploy)
     if first_visit or changed:
         _emit_success(deps, body, inputs, wanted)
     logger.info(f"reconciled ({trigger}): {vllm.describe_settings(wanted.decision.deploy)}")
