@@ -4,6 +4,7 @@ reconciler and the closed loop export for one InferenceService, and that a delet
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 from closed_loop_fakes import LoopHarness
@@ -49,8 +50,11 @@ def test_service_decisions_and_forget_service() -> None:
     metrics.record_decision("Held", "t2", "other")
     metrics.record_service("t2", "b", EngineSettings(max_num_seqs=8), PolicyConfig())
     assert _value("kvpilot_service_decisions_total", "t2", "b", kind="Retuned") == 2
+    stamp = _value("kvpilot_service_last_decision_timestamp_seconds", "t2", "b", kind="Retuned")
+    assert stamp is not None and abs(stamp - time.time()) < 60
     metrics.forget_service("t2", "b")
     assert _value("kvpilot_service_decisions_total", "t2", "b", kind="Retuned") is None
+    assert _value("kvpilot_service_last_decision_timestamp_seconds", "t2", "b", kind="Retuned") is None
     assert _value("kvpilot_applied_setting", "t2", "b", setting="max_num_seqs") is None
     assert _value("kvpilot_kv_usage_threshold", "t2", "b", threshold="high") is None
     assert _value("kvpilot_service_decisions_total", "t2", "other", kind="Held") == 1  # others' stay

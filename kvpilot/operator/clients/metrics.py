@@ -19,6 +19,7 @@ Series (all prefixed ``kvpilot_``)::
 
     per service (labels namespace, inferenceservice):
     kvpilot_service_decisions_total{kind}      Counter   the decisions above, per service
+    kvpilot_service_last_decision_timestamp_seconds{kind}  Gauge  when the last one of each kind was taken
     kvpilot_applied_setting{setting}           Gauge     the settings the engine runs (SERVICE_SETTINGS)
     kvpilot_kv_usage_threshold{threshold}      Gauge     the policy's KV-usage band: low | target | high
     kvpilot_slo_seconds{objective}             Gauge     spec.serving.slo: ttft_p95 | itl_p95
@@ -111,6 +112,11 @@ SERVICE_DECISIONS = Counter(
     "Tuning decisions taken for one InferenceService, by kind (the status.history action).",
     [*_SERVICE, "kind"],
 )
+SERVICE_DECISION_TIME = Gauge(
+    "kvpilot_service_last_decision_timestamp_seconds",
+    "Unix time of an InferenceService's last tuning decision of each kind (how long it has been held).",
+    [*_SERVICE, "kind"],
+)
 APPLIED_SETTING = Gauge(
     "kvpilot_applied_setting",
     "The engine setting an InferenceService's pods are given (what kvpilot applied), by setting.",
@@ -126,8 +132,8 @@ SLO_SECONDS = Gauge(
     "An InferenceService's latency objective (spec.serving.slo), in seconds: ttft_p95, itl_p95.",
     [*_SERVICE, "objective"],
 )
-_PER_SERVICE = ((SERVICE_DECISIONS, "kind"), (APPLIED_SETTING, "setting"), (KV_USAGE_THRESHOLD, "threshold"),
-                (SLO_SECONDS, "objective"))  # fmt: skip
+_PER_SERVICE = ((SERVICE_DECISIONS, "kind"), (SERVICE_DECISION_TIME, "kind"), (APPLIED_SETTING, "setting"),
+                (KV_USAGE_THRESHOLD, "threshold"), (SLO_SECONDS, "objective"))  # fmt: skip
 
 # Export every closed-set series at zero from the start, so rate() and absent() work
 # before the first event.
@@ -154,7 +160,9 @@ def record_decision(kind: str, namespace: str | None = None, name: str | None = 
         raise ValueError(f"unknown decision kind {kind!r}; expected one of {DECISION_KINDS}")
     DECISIONS.labels(kind=kind).inc()
     if namespace is not None and name is not None:
-        SERVICE_DECISIONS.labels(namespace=namespace, inferenceservice=name, kind=kind).inc()
+        service = {"namespace": namespace, "inferenceservice": name, "kind": kind}
+        SERVICE_DECISIONS.labels(**service).inc()
+        SERVICE_DECISION_TIME.labels(**service).set_to_current_time()
 
 
 class _Settings(Protocol):
