@@ -181,6 +181,8 @@ def record_service(
     latency ``slo`` (a ``LatencySlo``: :data:`SLO_OBJECTIVES`; ``None``, no objective, drops both)."""
     if not namespace or not name:
         raise ValueError(f"a service needs a namespace and a name, got {namespace!r}/{name!r}")
+    for kind in DECISION_KINDS:  # every kind at zero from the start, so increase() sees the first one
+        SERVICE_DECISIONS.labels(namespace=namespace, inferenceservice=name, kind=kind)
     values = settings.as_dict()
     _export(APPLIED_SETTING, namespace, name, "setting", {k: values.get(k) for k in SERVICE_SETTINGS})
     if policy is not KEEP:

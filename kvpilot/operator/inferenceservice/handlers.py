@@ -133,10 +133,10 @@ async def reconcile(
     new.add_to(patch, merged_on=old if status_patch.is_first_write(old) else None)  # one PATCH on create
     _record(deps, metrics.record_reconcile, "success")
     changed = "lastChangeTime" in new.status
-    if changed and deps.record_metrics:
-        metrics.record_decision("Planned", namespace, str(meta.get("name") or ""))
     if deps.record_metrics and meta.get("name"):
         metrics.record_service(namespace, str(meta["name"]), wanted.decision.deploy)
+    if changed and deps.record_metrics:
+        metrics.record_decision("Planned", namespace, str(meta.get("name") or ""))
     if first_visit or changed:
         _emit_success(deps, body, inputs, wanted)
     logger.info(f"reconciled ({trigger}): {vllm.describe_settings(wanted.decision.deploy)}")
