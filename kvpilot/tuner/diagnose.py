@@ -40,7 +40,9 @@ __all__ = [
 STORM_USAGE = 0.98
 """KV usage (0-1) from which a stats line counts as a full cache (vLLM's dashboards turn red at 0.98)."""
 STORM_LINES = 3
-"""Consecutive full-cache lines with requests waiting that make a storm (30 s at vLLM's 10 s interval)."""
+"""Full-cache lines with requests waiting that make a storm, within :data:`STORM_WINDOW` consecutive
+stats lines (30 s in 50 s at vLLM's 10 s interval: preempting frees blocks, so usage dips between)."""
+STORM_WINDOW = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,22 +260,21 @@ def _failure(r: LogReading) -> Finding | None:
 
 
 def _storm(r: LogReading) -> Finding | None:
-    run: list[int] = []  # running counts of the current stretch of full-cache lines
-    longest, peak_running = 0, 0
-    for s in (*r.stats, StatsLine(0, 0, 0.0)):  # a calm sentinel closes the last stretch
-        if s.kv_usage >= STORM_USAGE and s.waiting > 0:
-            run.append(s.running)
-            continue
-        if len(run) >= STORM_LINES:
-            longest, peak_running = max(longest, len(run)), max(peak_running, *run)
-        run = []
+    full = [s.running if s.kv_usage >= STORM_USAGE and s.waiting > 0 else None for s in r.stats]
+    stormy: set[int] = set()  # the full lines inside a window that holds a storm
+    for i in range(len(full)):
+        window = [j for j in range(i, min(i + STORM_WINDOW, len(full))) if full[j] is not None]
+        if len(window) >= STORM_LINES:
+            stormy.update(window)
+    longest = len(stormy)
+    peak_running = max((full[j] or 0 for j in stormy), default=0)
     if not longest and r.preempted_lines < STORM_LINES:
         return None
     tokens = next((s.kv_cache_tokens for s in reversed(r.startups) if s.kv_cache_tokens), None)
     held = f" The cache ({tokens} tokens) held {peak_running} running requests when full." if tokens else ""
     seqs = f" (now {r.max_num_seqs})" if r.max_num_seqs else ""
-    detail = (f"{longest} stats lines in a row with the KV cache at {STORM_USAGE:.0%} or more and requests "
-              f"waiting" if longest else f"{r.preempted_lines} preemption warnings") + "."
+    detail = (f"{longest} of {len(r.stats)} stats lines with the KV cache at {STORM_USAGE:.0%} or more and "
+              "requests waiting" if longest else f"{r.preempted_lines} preemption warnings") + "."
     return Finding(
         "Preemption storm",
         detail + held + " vLLM preempts running requests and recomputes them: throughput and latency suffer.",

@@ -141,13 +141,24 @@ def test_start_up_errors_from_vllms_texts(text: str, title: str, advice: str) ->
 
 
 def test_preemption_storm_from_stats_lines() -> None:
-    calm = [_stats(30, 0, 60.0), _stats(40, 2, 99.5), _stats(38, 0, 80.0)]
+    calm = [_stats(30, 0, 60.0), _stats(40, 2, 99.5), _stats(38, 0, 80.0), _stats(38, 0, 80.0),
+            _stats(38, 3, 99.0), _stats(38, 0, 100.0)]  # full twice in 5 lines, or full with none waiting
     assert _diagnose(GPU_START + "\n" + "\n".join(calm)).findings == ()
-    storm = [_stats(31, 12, 99.1), _stats(29, 20, 100.0), _stats(30, 25, 99.9), _stats(28, 30, 100.0)]
+    storm = [_stats(31, 12, 99.1), _stats(29, 20, 100.0), _stats(30, 25, 70.0), _stats(28, 30, 100.0)]
     d = _diagnose(GPU_START + "\n" + "\n".join(calm + storm))
     (f,) = d.findings
-    assert f.title == "Preemption storm" and "4 stats lines in a row" in f.detail
-    assert "428512 tokens) held 31 running" in f.detail and f.advice.startswith("--max-num-seqs near 31")
+    assert f.title == "Preemption storm" and "4 of 10 stats lines" in f.detail
+    assert "428512 tokens) held 38 running" in f.detail and f.advice.startswith("--max-num-seqs near 38")
+
+
+def test_real_cpu_preemption_storm() -> None:
+    d = _diagnose((LOGS / "cpu-0.32.0-preemption-storm.log").read_text())
+    (s,) = d.reading.startups
+    assert (s.device, s.kv_cache_tokens, s.kv_cache_gib) == ("CPU", 2048, 0.01)
+    assert [x.kv_usage for x in d.reading.stats][:4] == [1.0, 1.0, 0.733, 1.0]
+    (f,) = d.findings
+    assert f.title == "Preemption storm" and "3 of 6 stats lines" in f.detail
+    assert "(2048 tokens) held 7 running" in f.detail and "(now 64)" in f.advice
 
 
 def test_a_log_without_anything_says_so() -> None:
