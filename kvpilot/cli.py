@@ -8,7 +8,9 @@ calls the pure tuner, and prints. Subcommands:
 * ``estimate --cases FILE`` -- the memory model over a JSON list of vLLM start-up cases;
 * ``render -f isvc.yaml`` -- the Deployment and Service the operator would apply;
 * ``diagnose [LOG | --pod NAME]`` -- what a vLLM log says happened, and what to change
-  (:mod:`kvpilot.tuner.diagnose`); with ``--gpu`` and a catalogue model in the log, kvpilot's plan.
+  (:mod:`kvpilot.tuner.diagnose`); with ``--gpu`` and a catalogue model in the log, kvpilot's plan;
+* ``timeline NAME`` -- an SVG of one InferenceService's settings and decisions over time
+  (:mod:`kvpilot.observability.timeline`), with KV usage and preemptions from ``--prometheus``.
 
 Exit status: 0 done; 1 ``plan`` found nothing that fits (the plan says why); 2 bad
 input (an unknown GPU or model, an unreadable file, a config the memory model cannot
@@ -368,6 +370,39 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+# -- timeline -------------------------------------------------------------------------------------
+
+
+def _timeline(args: argparse.Namespace, out: TextIO) -> int:
+    from kvpilot.observability import fetch, timeline
+
+    try:
+        if args.file:
+            service = fetch.read_service(args.file)
+        else:
+            service = fetch.fetch_service(args.namespace, args.name)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    meta = service["metadata"]
+    history = (service.get("status") or {}).get("history") or []
+    ranges = {}
+    if args.prometheus and history:
+        times = [timeline.parse_time(h["time"]) for h in history]
+        try:
+            ranges = fetch.fetch_ranges(args.prometheus, meta.get("namespace") or args.namespace,
+                                        meta["name"], min(times) - 600, max(times) + 600)  # fmt: skip
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"kvpilot: warning: no Prometheus ranges ({exc})\n")
+    try:
+        svg = timeline.build_timeline_svg(service, ranges)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    target = Path(args.output or f"{meta['name']}-timeline.svg")
+    target.write_text(svg, encoding="utf-8")
+    out.write(f"wrote {target} ({len(history)} decisions)\n")
+    return EXIT_OK
+
+
 # -- argv -----------------------------------------------------------------------------------------
 
 
@@ -425,6 +460,14 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default)")
     diag.add_argument("--gpu", metavar="NAME", help="a catalogue GPU: add kvpilot's plan for the log's model")
     diag.set_defaults(run=_diagnose)
+
+    line = commands.add_parser("timeline", help="draw one InferenceService's settings and decisions (SVG)")
+    line.add_argument("name", help="the InferenceService")
+    line.add_argument("-n", "--namespace", default="default", help="its namespace (default)")
+    line.add_argument("-f", "--file", metavar="FILE", help="read it from kubectl get -o yaml output instead")
+    line.add_argument("--prometheus", metavar="URL", help="add KV usage and preemptions from this Prometheus")
+    line.add_argument("-o", "--output", metavar="FILE", help="the SVG to write (NAME-timeline.svg)")
+    line.set_defaults(run=_timeline)
     return parser
 
 
