@@ -126,7 +126,9 @@ def _axis(start: float, end: float, x: Any, plot_h: float) -> list[str]:
     for i in range(5):
         t = start + (end - start) * i / 4
         label = datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%m-%d %H:%M")
-        out.append(f'<text x="{x(t):.1f}" y="{plot_h + 26}" text-anchor="middle" fill="#666">{label}</text>')
+        anchor = ("start", "middle", "middle", "middle", "end")[i]
+        y = plot_h + 26
+        out.append(f'<text x="{x(t):.1f}" y="{y}" text-anchor="{anchor}" fill="#666">{label}</text>')
     return out
 
 
