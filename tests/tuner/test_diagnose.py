@@ -161,6 +161,15 @@ def test_real_cpu_preemption_storm() -> None:
     assert "(2048 tokens) held 7 running" in f.detail and "(now 64)" in f.advice
 
 
+def test_real_cpu_long_storm() -> None:
+    """96 requests on a 2,048-token cache: vLLM counted 117 preemptions (its /metrics after the load)."""
+    d = _diagnose((LOGS / "cpu-0.32.0-preemption-storm-96-requests.log").read_text())
+    assert len(d.reading.stats) == 28 and max(s.waiting for s in d.reading.stats) == 90
+    (f,) = d.findings
+    assert f.title == "Preemption storm" and "15 of 28 stats lines" in f.detail
+    assert f.advice.startswith("--max-num-seqs near 4 (now 64)")
+
+
 def test_a_log_without_anything_says_so() -> None:
     d = _diagnose("hello\nworld\n")
     assert d.reading == diagnose.LogReading() and d.findings == ()
