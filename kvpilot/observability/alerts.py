@@ -8,8 +8,8 @@ What they watch, and from where:
 
 * the engine itself: a vLLM container restarting again and again (kube-state-metrics), a CUDA OOM
   loop kvpilot's retunes do not end (three retunes or rollbacks within an hour);
-* kvpilot's decisions: a rollback, a service Held or Infeasible for long (the per-service decision
-  timestamps: the last Held or Infeasible is newer than the last change);
+* kvpilot's decisions: a rollback, a service held back at every tick of an hour (``kvpilot_service_held``),
+  or Infeasible for long (its last Infeasible decision newer than its last change);
 * what the closed loop reads: a service whose pods export no vLLM series (the loop holds blind), the
   KV cache above the policy's 'high' with preemptions while kvpilot has not retuned;
 * the operator: not scraped (down), or failing its reconciliations.
@@ -84,8 +84,7 @@ def _decision_rules() -> list[dict[str, Any]]:
             "rolloutDeadlineSeconds) and the last good settings were restored. status.history says why.",
         ),
         _rule(
-            "KvpilotServiceHeld", f'{_last("Held")} > {_last(_CHANGES)} and time() - {_last("Held")} > 3600',
-            "0m", "warning",
+            "KvpilotServiceHeld", f"min_over_time({s.HELD}[1h]) == 1", "0m", "warning",
             "kvpilot has held {{ $labels.namespace }}/{{ $labels.inferenceservice }} for over an hour",
             "The closed loop wanted a change it may not make (cooldown, change budget, bounds, metrics "
             "unavailable, mode). The Held event and status.history say what blocks it.",

@@ -47,6 +47,7 @@ KV_THRESHOLD = "kvpilot_kv_usage_threshold"
 SLO_SECONDS = "kvpilot_slo_seconds"
 DECISIONS = "kvpilot_service_decisions_total"
 DECISION_TIME = "kvpilot_service_last_decision_timestamp_seconds"
+HELD = "kvpilot_service_held"
 OPERATOR_RECONCILES = "kvpilot_reconciles_total"
 OPERATOR_ERRORS = "kvpilot_errors_total"
 SETTINGS = metrics.SERVICE_SETTINGS

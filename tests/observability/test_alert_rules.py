@@ -66,9 +66,9 @@ CASES: list[tuple[str, list[dict[str, str]], str, list[dict[str, str]]]] = [
         _decisions("back", "RolledBack", "0 0 1 1 1 1"), _decisions("fine", "RolledBack", "0 0 0 0 0 0"),
     ], "5m", [{**NS, "inferenceservice": "back", "kind": "RolledBack"}]),
     ("KvpilotServiceHeld", [
-        _stamp("stuck", "Planned", 0), _stamp("stuck", "Held", 60),
-        _stamp("moved", "Held", 60), _stamp("moved", "Retuned", 120),
-        _stamp("fresh", "Planned", 0), _stamp("fresh", "Held", 7000),
+        {"series": f'kvpilot_service_held{{{_svc("stuck")}}}', "values": "0x30 1x90"},
+        {"series": f'kvpilot_service_held{{{_svc("moved")}}}', "values": "0x30 1x50 0 1x39"},  # let go once
+        {"series": f'kvpilot_service_held{{{_svc("fresh")}}}', "values": "0x90 1x30"},
     ], "2h", [{**NS, "inferenceservice": "stuck"}]),
     ("KvpilotServiceInfeasible", [
         _stamp("never", "Infeasible", 60), _stamp("fixed", "Infeasible", 60), _stamp("fixed", "Planned", 120),

@@ -42,13 +42,19 @@ def test_record_service_exports_settings_band_and_slo() -> None:
     assert _value("kvpilot_slo_seconds", "t1", "a", objective="ttft_p95") == 0.5
     metrics.record_service("t1", "a", settings, slo=None)  # the SLO was removed from the spec
     assert _value("kvpilot_slo_seconds", "t1", "a", objective="ttft_p95") is None
+    metrics.record_service("t1", "a", settings, held=True)
+    assert _value("kvpilot_service_held", "t1", "a") == 1
+    metrics.record_service("t1", "a", settings)  # the reconciler: the closed loop's verdict stays
+    assert _value("kvpilot_service_held", "t1", "a") == 1
+    metrics.record_service("t1", "a", settings, held=False)
+    assert _value("kvpilot_service_held", "t1", "a") == 0
 
 
 def test_service_decisions_and_forget_service() -> None:
     metrics.record_decision("Retuned", "t2", "b")
     metrics.record_decision("Retuned", "t2", "b")
     metrics.record_decision("Held", "t2", "other")
-    metrics.record_service("t2", "b", EngineSettings(max_num_seqs=8), PolicyConfig())
+    metrics.record_service("t2", "b", EngineSettings(max_num_seqs=8), PolicyConfig(), held=True)
     assert _value("kvpilot_service_decisions_total", "t2", "b", kind="Retuned") == 2
     stamp = _value("kvpilot_service_last_decision_timestamp_seconds", "t2", "b", kind="Retuned")
     assert stamp is not None and abs(stamp - time.time()) < 60
@@ -57,6 +63,7 @@ def test_service_decisions_and_forget_service() -> None:
     assert _value("kvpilot_service_last_decision_timestamp_seconds", "t2", "b", kind="Retuned") is None
     assert _value("kvpilot_applied_setting", "t2", "b", setting="max_num_seqs") is None
     assert _value("kvpilot_kv_usage_threshold", "t2", "b", threshold="high") is None
+    assert _value("kvpilot_service_held", "t2", "b") is None
     assert _value("kvpilot_service_decisions_total", "t2", "other", kind="Held") == 1  # others' stay
     metrics.forget_service("t2", "b")  # twice: nothing left, no error
 
@@ -85,3 +92,4 @@ async def test_the_reconciler_and_the_closed_loop_export_what_they_apply(harness
     retuned = body["status"]["applied"]["gpuMemoryUtilization"]
     assert _value("kvpilot_applied_setting", "t4", "llm", setting="gpu_memory_utilization") == retuned
     assert _value("kvpilot_kv_usage_threshold", "t4", "llm", threshold="high") == PolicyConfig().kv_usage_high
+    assert _value("kvpilot_service_held", "t4", "llm") == 0  # a retune is no hold

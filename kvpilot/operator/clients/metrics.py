@@ -23,6 +23,8 @@ Series (all prefixed ``kvpilot_``)::
     kvpilot_applied_setting{setting}           Gauge     the settings the engine runs (SERVICE_SETTINGS)
     kvpilot_kv_usage_threshold{threshold}      Gauge     the policy's KV-usage band: low | target | high
     kvpilot_slo_seconds{objective}             Gauge     spec.serving.slo: ttft_p95 | itl_p95
+    kvpilot_service_held                       Gauge     1 while the closed loop holds a change it wants (a
+                                               notable hold, not a routine one), else 0
 
 The metrics live in the default ``prometheus_client`` registry, so the process and
 platform collectors (memory, CPU, open fds, Python version) come with them.
@@ -132,6 +134,11 @@ SLO_SECONDS = Gauge(
     "An InferenceService's latency objective (spec.serving.slo), in seconds: ttft_p95, itl_p95.",
     [*_SERVICE, "objective"],
 )
+SERVICE_HELD = Gauge(
+    "kvpilot_service_held",
+    "1 while the closed loop holds an InferenceService back from a change it wants (a notable hold), else 0.",
+    _SERVICE,
+)
 _PER_SERVICE = ((SERVICE_DECISIONS, "kind"), (SERVICE_DECISION_TIME, "kind"), (APPLIED_SETTING, "setting"),
                 (KV_USAGE_THRESHOLD, "threshold"), (SLO_SECONDS, "objective"))  # fmt: skip
 
@@ -174,11 +181,13 @@ KEEP = object()
 
 
 def record_service(
-    namespace: str, name: str, settings: _Settings, policy: object = KEEP, slo: object = KEEP
-) -> None:
+    namespace: str, name: str, settings: _Settings, policy: object = KEEP, slo: object = KEEP,
+    held: bool | None = None,
+) -> None:  # fmt: skip
     """Export one service's applied ``settings`` (an ``EngineSettings``: :data:`SERVICE_SETTINGS`; an unset
-    one's series is dropped), its ``policy``'s KV band (a ``PolicyConfig``: :data:`KV_THRESHOLDS`) and its
-    latency ``slo`` (a ``LatencySlo``: :data:`SLO_OBJECTIVES`; ``None``, no objective, drops both)."""
+    one's series is dropped), its ``policy``'s KV band (a ``PolicyConfig``: :data:`KV_THRESHOLDS`), its
+    latency ``slo`` (a ``LatencySlo``: :data:`SLO_OBJECTIVES`; ``None``, no objective, drops both) and
+    whether this tick ``held`` a change back (``None`` leaves it)."""
     if not namespace or not name:
         raise ValueError(f"a service needs a namespace and a name, got {namespace!r}/{name!r}")
     for kind in DECISION_KINDS:  # every kind at zero from the start, so increase() sees the first one
@@ -191,6 +200,8 @@ def record_service(
     if slo is not KEEP:
         _export(SLO_SECONDS, namespace, name, "objective",
                 {label: getattr(slo, field, None) for label, field in SLO_OBJECTIVES.items()})  # fmt: skip
+    if held is not None:
+        SERVICE_HELD.labels(namespace=namespace, inferenceservice=name).set(1 if held else 0)
 
 
 def _export(gauge: Gauge, namespace: str, name: str, key: str, values: Mapping[str, object]) -> None:
@@ -208,6 +219,8 @@ def _export(gauge: Gauge, namespace: str, name: str, key: str, values: Mapping[s
 def forget_service(namespace: str, name: str) -> None:
     """Drop every per-service series of ``namespace/name`` (the service was deleted)."""
     service = (namespace, name)
+    with contextlib.suppress(KeyError):
+        SERVICE_HELD.remove(namespace, name)
     for metric, key in _PER_SERVICE:
         samples = [s.labels for family in metric.collect() for s in family.samples]
         mine = {ls[key] for ls in samples if (ls["namespace"], ls["inferenceservice"]) == service}

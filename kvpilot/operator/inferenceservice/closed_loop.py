@@ -268,7 +268,8 @@ async def run_once(
         for kind in out.decisions:
             metrics.record_decision(kind, namespace, name)
         running = decision.settings if change else state.current
-        metrics.record_service(namespace, name, running, policy, context.slo)
+        held = decision.action == Action.HOLD and not status_patch.is_quiet_hold(decision, old)
+        metrics.record_service(namespace, name, running, policy, context.slo, held=held)
     if out.events:
         logger.info(f"closed loop: {decision.action} ({decision.trigger}): {decision.reason}")
     return decision
