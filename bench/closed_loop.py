@@ -4,9 +4,10 @@ oracle (the best static settings, with hindsight), on every scenario in ``bench/
 Scenarios are data (``bench/scenarios/README.md`` gives the schema): the world's ground truth in the
 fleet's terms, traffic phases, faults, spare GPU or not, and what kvpilot starts from. Each pod runs the
 same engine model as the e2e fleet and the demo (``e2e/fleet/engine.py``: a step-by-step vLLM V1
-scheduler with chunked prefill, recompute preemption and a roofline step time calibrated by
-``bench/engine_calibration.py``), so what is scored is what the knobs really trade: memory against
-batch, prefill against decode, restarts against gains.
+scheduler with chunked prefill and recompute preemption, its block accounting matched step for step to
+vLLM 0.32's, and a roofline step time; both calibrated by ``bench/engine_calibration.py``), so what is
+scored is what the knobs really trade: memory against batch, prefill against decode, restarts against
+gains.
 
 Controllers: ``vllm-defaults`` (0.92, 1024 sequences, 8192 batched tokens, the model's full context),
 ``fixed-safe`` (0.85, 64, 2048, 32k), ``kvpilot`` (the plan, then ``compute_decision`` every 30 s with the

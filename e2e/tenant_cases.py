@@ -56,7 +56,7 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         f"{T}.volumes[s].secret names Secret team-db, which alice may not get",
     ),
     "env-from-secret": (
-        pod(containers=[{"name": "vllm", "envFrom": [{"secretRef": {"name": "team-db"}}]}]),
+        pod(containers=[{"name": "vllm", "envFrom": [{"secretRef": {"name": "team-db"}, "prefix": "DB_"}]}]),
         f"{T}.containers[vllm].envFrom.secretRef names Secret team-db, which alice may not get",
     ),
     "sidecar-secret-key-ref": (
@@ -205,6 +205,46 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "sidecar-ld-library-path": (
         pod(containers=[sidecar(env=[{"name": "LD_LIBRARY_PATH", "value": "/x"}])]),
         f"{T}.containers[side].env LD_LIBRARY_PATH would load code",
+    ),
+    # ---- what vLLM would read code-loading settings from, out of the flags' and variables' sight
+    "config-file": (
+        {"model": MODEL, "engine": {"extraArgs": ["--config", "/etc/alice/serve.yaml"]}},
+        "spec.engine.extraArgs --config would load code",
+    ),
+    "config-file-prefix": (
+        {"model": MODEL, "engine": {"extraArgs": ["--conf=/etc/alice/serve.yaml"]}},
+        "spec.engine.extraArgs --conf would load code",
+    ),
+    "hf-overrides-trust": (
+        {"model": MODEL, "engine": {"extraArgs": ["--hf-overrides", '{"trust_remote_code": true}']}},
+        "a JSON flag's key that would load code the spec chooses",
+    ),
+    "loader-config-nested-trust": (
+        {
+            "model": MODEL,
+            "engine": {"extraArgs": ['--model-loader-extra-config={"a": {"trust-remote-code": 1}}']},
+        },
+        "a JSON flag's key that would load code the spec chooses",
+    ),
+    "speculative-dotted-trust": (
+        {"model": MODEL, "engine": {"extraArgs": ["--speculative-config.trust_remote_code=true"]}},
+        "a JSON flag's key that would load code the spec chooses",
+    ),
+    "compilation-backend": (
+        {"model": MODEL, "engine": {"extraArgs": ["-cc", '{"mode": 1, "backend": "evil.mod.backend"}']}},
+        "a JSON flag's key that would load code the spec chooses",
+    ),
+    "compilation-inductor-pass": (
+        {"model": MODEL, "engine": {"extraArgs": ['-O.inductor_passes={"p": "evil.mod.p"}']}},
+        "a JSON flag's key that would load code the spec chooses",
+    ),
+    "env-from-unprefixed": (
+        pod(containers=[{"name": "vllm", "envFrom": [{"secretRef": {"name": "hf-alice"}}]}]),
+        f"{T}.containers[vllm].envFrom without a prefix",
+    ),
+    "env-from-loader-prefix": (
+        pod(containers=[sidecar(envFrom=[{"secretRef": {"name": "hf-alice"}, "prefix": "LD_"}])]),
+        f"{T}.containers[side].envFrom without a prefix",
     ),
 }
 

@@ -14,77 +14,35 @@ The module starts its own cluster: Helm must own the InferenceService CRD.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from e2e.chart_harness import NS, SA_USER, ChartHarness, module_cluster
 from e2e.cluster import LocalCluster
 from e2e.waits import wait_for
 from kvpilot.operator.api import DEFAULT_IMAGE
 
-ROOT = Path(__file__).resolve().parents[1]
-NS = "kvpilot-system"
-SA_USER = f"system:serviceaccount:{NS}:kvpilot"
 TENANT, OTHER = "team-alice", "team-bob"
 POLICY = "ValidatingAdmissionPolicy 'kvpilot-inferenceservices'"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-class Admission:
+class Admission(ChartHarness):
+    """The module's cluster (:class:`ChartHarness`): alice creates in her namespace; can-i as the operator."""
+
     def __init__(self, cluster: LocalCluster, home: Path) -> None:
-        self.cluster = cluster
-        self.env = {
-            **os.environ,
-            **cluster.env(),
-            "HELM_CACHE_HOME": str(home / "helm-cache"),
-            "HELM_CONFIG_HOME": str(home / "helm-config"),
-            "HELM_DATA_HOME": str(home / "helm-data"),
-        }
+        super().__init__(cluster, home, namespace=TENANT)
 
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        return self.cluster.kubectl(*args, input=input, check=check)
-
-    def helm(self, *args: str) -> None:
-        subprocess.run(
-            [str(self.cluster.helm_bin), *args], env=self.env, cwd=ROOT, check=True, capture_output=True,
-            text=True, timeout=600,
-        )  # fmt: skip
-
-    def create_as(
-        self, user: str, spec: dict[str, Any], name: str = "isvc"
-    ) -> subprocess.CompletedProcess[str]:
-        manifest = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
-                    "metadata": {"name": name}, "spec": spec}  # fmt: skip
-        return self.kubectl(
-            f"--as={user}",
-            "--namespace",
-            TENANT,
-            "create",
-            "-f",
-            "-",
-            input=yaml.safe_dump(manifest),
-            check=False,
-        )
-
-    def can_i(self, *args: str) -> bool:
-        proc = self.kubectl("auth", "can-i", f"--as={SA_USER}", *args, check=False)
-        assert proc.stdout.strip() in ("yes", "no"), proc.stdout + proc.stderr
-        return proc.stdout.strip() == "yes"
+    def can_i_sa(self, *args: str) -> bool:
+        return self.can_i_as(SA_USER, *args)
 
 
 @pytest.fixture(scope="module")
 def adm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Admission]:
-    home = tmp_path_factory.mktemp("admission")
-    cluster = LocalCluster(home / "cluster", build=True)
-    cluster.start()
-    try:
+    with module_cluster(tmp_path_factory, "admission") as (cluster, home):
         a = Admission(cluster, home)
         a.kubectl("create", "namespace", NS)
         a.helm("install", "kvpilot", "charts/kvpilot", "--namespace", NS)
@@ -109,8 +67,6 @@ def adm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Admission]:
             lambda: POLICY in a.create_as("alice", probe).stderr, 60, "the admission policy to be enforced"
         )
         yield a
-    finally:
-        cluster.stop()
 
 
 CASES: dict[str, tuple[dict[str, Any], str]] = {
@@ -278,7 +234,7 @@ def test_cluster_wide_defaults_never_list_delete_or_write_secrets(adm: Admission
         never = [("list", "secrets", "-n", ns), ("delete", "deployments.apps", "-n", ns),
                  ("list", "configmaps", "-n", ns), ("create", "secrets", "-n", ns),
                  ("update", "deployments.apps", "-n", ns), ("create", "pods", "-n", ns)]  # fmt: skip
-        assert [a for a in never if adm.can_i(*a)] == []
+        assert [a for a in never if adm.can_i_sa(*a)] == []
 
 
 def test_namespace_scoped_mode_grants_nothing_outside_its_namespaces(adm: Admission) -> None:
@@ -286,9 +242,9 @@ def test_namespace_scoped_mode_grants_nothing_outside_its_namespaces(adm: Admiss
         "upgrade", "kvpilot", "charts/kvpilot", "--namespace", NS, "--set", f"watchNamespaces={{{TENANT}}}"
     )
     outside = [a for ns in ("kube-system", OTHER) for a in _matrix(ns)]
-    wait_for(lambda: not any(adm.can_i(*a) for a in outside), 30, "the cluster-wide roles to go")
-    assert [" ".join(a) for a in outside if adm.can_i(*a)] == []
-    inside = {" ".join(a): adm.can_i(*a) for a in _matrix(TENANT)}
+    wait_for(lambda: not any(adm.can_i_sa(*a) for a in outside), 30, "the cluster-wide roles to go")
+    assert [" ".join(a) for a in outside if adm.can_i_sa(*a)] == []
+    inside = {" ".join(a): adm.can_i_sa(*a) for a in _matrix(TENANT)}
     assert inside == {
         f"get secrets -n {TENANT}": True,
         f"list secrets -n {TENANT}": False,

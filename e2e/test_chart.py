@@ -31,19 +31,15 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.chart_harness import NS, ROOT, SA, SA_USER, ChartHarness, module_cluster
 from e2e.cluster import LocalCluster, free_port
 from e2e.waits import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "install.md"
 EXAMPLE = ROOT / "examples" / "llama-3.1-8b-on-l4.yaml"
-NS = "kvpilot-system"
-SA = "kvpilot"
-SA_USER = f"system:serviceaccount:{NS}:{SA}"
 OPERATOR_ROLES = (
     "discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads", "model-config",
-    "tuningprofiles",
-    "enginetuners",
+    "disruption", "tuningprofiles", "enginetuners",
 )  # fmt: skip
 
 
@@ -56,19 +52,11 @@ def doc_blocks() -> dict[str, str]:
     return dict(found)
 
 
-class Chart:
-    """The module's cluster plus the doc commands, kubectl as admin and as the operator's ServiceAccount."""
+class Chart(ChartHarness):
+    """The module's cluster (:class:`ChartHarness`) plus the doc commands of docs/install.md."""
 
     def __init__(self, cluster: LocalCluster, home: Path) -> None:
-        self.cluster = cluster
-        self.home = home
-        self.env = {
-            **os.environ,
-            **cluster.env(),
-            "HELM_CACHE_HOME": str(home / "helm-cache"),
-            "HELM_CONFIG_HOME": str(home / "helm-config"),
-            "HELM_DATA_HOME": str(home / "helm-data"),
-        }
+        super().__init__(cluster, home)
         self.blocks = doc_blocks()
 
     def run_doc(self, name: str) -> None:
@@ -81,42 +69,6 @@ class Chart:
             timeout=600,
         )
         assert proc.returncode == 0, f"docs/install.md block {name!r} failed:\n{proc.stdout}\n{proc.stderr}"
-
-    def kubectl(
-        self, *args: str, check: bool = True, input: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return self.cluster.kubectl(*args, check=check, input=input)
-
-    def get(self, *args: str) -> Any:
-        proc = self.kubectl("get", *args, "-o", "json", check=False)
-        return json.loads(proc.stdout) if proc.returncode == 0 else None
-
-    def sa_kubeconfig(self) -> Path:
-        """A kubeconfig holding nothing but a fresh TokenRequest token of the chart's ServiceAccount."""
-        token = self.kubectl("--namespace", NS, "create", "token", SA, "--duration=1h").stdout.strip()
-        admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
-        cfg = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": admin["clusters"],
-            "users": [{"name": SA, "user": {"token": token}}],
-            "contexts": [{"name": SA, "context": {"cluster": admin["clusters"][0]["name"], "user": SA}}],
-            "current-context": SA,
-        }
-        path = self.home / "sa-kubeconfig"
-        path.write_text(yaml.safe_dump(cfg))
-        path.chmod(0o600)
-        return path
-
-    def can_i(self, kubeconfig: Path, *args: str) -> bool:
-        proc = subprocess.run(
-            [str(self.cluster.kubectl_bin), f"--kubeconfig={kubeconfig}", "auth", "can-i", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert proc.stdout.strip() in ("yes", "no"), proc.stdout + proc.stderr
-        return proc.stdout.strip() == "yes"
 
 
 class HostOperator:
@@ -218,13 +170,8 @@ def reconcile_example(chart: Chart, op: HostOperator, namespace: str) -> dict[st
 
 @pytest.fixture(scope="module")
 def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chart]:
-    home = tmp_path_factory.mktemp("chart")
-    cluster = LocalCluster(home / "cluster", build=True)
-    cluster.start()
-    try:
+    with module_cluster(tmp_path_factory, "chart") as (cluster, home):
         yield Chart(cluster, home)
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture
@@ -472,7 +419,7 @@ def test_upgrade_upgrades_the_templated_crd(chart: Chart) -> None:
 
 def test_namespaced_mode_confines_the_operator(chart: Chart, operators: list[HostOperator]) -> None:
     chart.run_doc("namespaced")
-    for role in ("framework", "inferenceservices", "workloads", "model-config"):
+    for role in ("framework", "inferenceservices", "workloads", "model-config", "disruption"):
         assert chart.get("clusterrole", f"kvpilot-{role}") is None, f"ClusterRole kvpilot-{role} left behind"
         assert chart.get("role", f"kvpilot-{role}", "--namespace", "team-a"), role
     assert chart.get("clusterkopfpeering", "kvpilot") is None
@@ -486,6 +433,11 @@ def test_namespaced_mode_confines_the_operator(chart: Chart, operators: list[Hos
     assert can("get", "secrets/hf-token", "--namespace", "team-a")
     assert not can("get", "secrets/other", "--namespace", "team-a")
     assert not can("get", "secrets/hf-token", "--namespace", "demo")
+    assert can("create", "pods", "--subresource=eviction", "--namespace", "team-a")
+    assert can("patch", "poddisruptionbudgets.policy", "--namespace", "team-a")
+    for elsewhere in ("demo", "kube-system"):
+        assert not can("create", "pods", "--subresource=eviction", "--namespace", elsewhere)
+        assert not can("patch", "poddisruptionbudgets.policy", "--namespace", elsewhere)
     assert can("list", "nodes")
     # the operator, confined, still runs the scenario in its namespace
     op = HostOperator(chart, kubeconfig, "host-operator-ns")

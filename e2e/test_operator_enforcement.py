@@ -11,29 +11,22 @@ InferenceService, applied alongside, gets its Deployment (the operator is reconc
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
-from e2e.cluster import LocalCluster
+from e2e.chart_harness import NS, module_cluster
 from e2e.tenant_cases import REFUSED, A
-from e2e.test_chart import EXAMPLE, NS, ROOT, Chart, HostOperator
+from e2e.test_chart import EXAMPLE, Chart, HostOperator
 from e2e.waits import wait_for
 
 
 @pytest.fixture(scope="module")
 def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chart]:
-    home = tmp_path_factory.mktemp("enforcement")
-    cluster = LocalCluster(home / "cluster", build=True)
-    cluster.start()
-    try:
+    with module_cluster(tmp_path_factory, "enforcement") as (cluster, home):
         yield Chart(cluster, home)
-    finally:
-        cluster.stop()
 
 
 def _ready(chart: Chart, name: str) -> dict[str, Any] | None:
@@ -44,11 +37,8 @@ def _ready(chart: Chart, name: str) -> dict[str, Any] | None:
 
 def test_without_the_policy_the_operator_refuses_an_escalation(chart: Chart) -> None:
     chart.kubectl("create", "namespace", NS)
-    notes = subprocess.run(
-        [str(chart.cluster.helm_bin), "install", "kvpilot", "charts/kvpilot", "--namespace", NS,
-         "--set", "admissionPolicy.enabled=false"],
-        env=chart.env, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600,
-    ).stdout  # fmt: skip
+    notes = chart.helm("install", "kvpilot", "charts/kvpilot", "--namespace", NS,
+                       "--set", "admissionPolicy.enabled=false")  # fmt: skip
     assert "admissionPolicy.operatorEnforcement=Strict: no admission policy runs" in notes, notes
     assert chart.kubectl("get", "validatingadmissionpolicies", "-o", "name").stdout.strip() == ""
     op = HostOperator(chart, chart.sa_kubeconfig(), "host-operator-guard")
@@ -59,11 +49,7 @@ def test_without_the_policy_the_operator_refuses_an_escalation(chart: Chart) -> 
                 "-n", A, "create", "rolebinding", f"alice-{role}", f"--clusterrole={role}", "--user=alice"
             )
         spec, _ = REFUSED["host-path-privileged"]
-        manifest = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
-                    "metadata": {"name": "escalate"}, "spec": spec}  # fmt: skip
-        created = chart.kubectl(
-            "--as=alice", "-n", A, "create", "-f", "-", input=json.dumps(manifest), check=False
-        )
+        created = chart.create_as("alice", spec, "escalate", ns=A)
         assert created.returncode == 0, f"the API server refused it (no policy should run): {created.stderr}"
         chart.kubectl("--as=alice", "-n", A, "apply", "-f", str(EXAMPLE))
         example = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]

@@ -13,6 +13,8 @@ team's Secret ``team-db`` and Deployment ``team-app``; ``tenant-b`` is another t
   ``serve`` as a later token, a 1.2 MB spec.
 * EngineTuners: a target she may not update (Auto, Initial) or get, a Hub token she may not read.
 * The CEL cost: a template at its bounds naming 16 distinct Secrets is admitted; 17 are refused by name.
+* The size policy, for everyone: a template weighing 64 KiB is admitted, one byte more is refused with its
+  weight (the policy's CEL counts as ``pod_template.compute_template_size`` does).
 * ``kubectl auth can-i --list`` of the chart's user roles and of the operator's ServiceAccount.
 * An administrator's allow-lists (``helm upgrade --set``) open what they name, and nothing else.
 
@@ -22,66 +24,29 @@ The module starts its own cluster and ``helm install``s the chart with its defau
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from e2e.chart_harness import NS, SA_USER, ChartHarness, module_cluster
 from e2e.cluster import LocalCluster
 from e2e.tenant_cases import ALICE_MAY_USE, MODEL, REFUSED, A, pod, sidecar
 from e2e.waits import wait_for
 from kvpilot.operator.api import DEFAULT_IMAGE
+from kvpilot.operator.pods import pod_template
 
-ROOT = Path(__file__).resolve().parents[1]
-NS = "kvpilot-system"
-SA_USER = f"system:serviceaccount:{NS}:kvpilot"
 B = "tenant-b"
 POLICY = "ValidatingAdmissionPolicy 'kvpilot-inferenceservices'"
 ET_POLICY = "ValidatingAdmissionPolicy 'kvpilot-enginetuners'"
 
 
-class Tenants:
+class Tenants(ChartHarness):
+    """The module's cluster (:class:`ChartHarness`); alice and bob create in ``tenant-a``."""
+
     def __init__(self, cluster: LocalCluster, home: Path) -> None:
-        self.cluster = cluster
-        self.env = {
-            **os.environ,
-            **cluster.env(),
-            "HELM_CACHE_HOME": str(home / "helm-cache"),
-            "HELM_CONFIG_HOME": str(home / "helm-config"),
-            "HELM_DATA_HOME": str(home / "helm-data"),
-        }
-
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        return self.cluster.kubectl(*args, input=input, check=check)
-
-    def helm(self, *args: str) -> str:
-        return subprocess.run(
-            [str(self.cluster.helm_bin), *args],
-            env=self.env,
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        ).stdout
-
-    def create_as(
-        self, user: str, spec: dict[str, Any], name: str, kind: str = "InferenceService", ns: str = A
-    ) -> subprocess.CompletedProcess[str]:
-        manifest = {
-            "apiVersion": "kvpilot.io/v1alpha1",
-            "kind": kind,
-            "metadata": {"name": name},
-            "spec": spec,
-        }
-        return self.kubectl(
-            f"--as={user}", "-n", ns, "create", "-f", "-", input=json.dumps(manifest), check=False
-        )
+        super().__init__(cluster, home, namespace=A)
 
 
 def _role(t: Tenants, ns: str, name: str, user: str, *rule: str) -> None:
@@ -91,10 +56,7 @@ def _role(t: Tenants, ns: str, name: str, user: str, *rule: str) -> None:
 
 @pytest.fixture(scope="module")
 def t(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
-    home = tmp_path_factory.mktemp("tenants")
-    cluster = LocalCluster(home / "cluster", build=True)
-    cluster.start()
-    try:
+    with module_cluster(tmp_path_factory, "tenants") as (cluster, home):
         t = Tenants(cluster, home)
         t.kubectl("create", "namespace", NS)
         t.helm("install", "kvpilot", "charts/kvpilot", "--namespace", NS)
@@ -129,8 +91,6 @@ def t(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
             lambda: POLICY in t.create_as("alice", probe, "probe").stderr, 60, "the policy to be enforced"
         )
         yield t
-    finally:
-        cluster.stop()
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
@@ -319,8 +279,9 @@ def test_enginetuner_on_her_own_deployment_is_admitted(tuners: Tenants) -> None:
 
 
 def _at_the_bounds(secrets: int) -> dict[str, Any]:
-    """8 sidecars and 8 init containers with 32 env secretKeyRefs and 32 envFrom each, 32 projected volumes of
-    32 sources: 2,048 references to ``secrets`` distinct Secrets alice may read (about 200 KiB)."""
+    """8 sidecars and 8 init containers with 32 env secretKeyRefs and 32 prefixed envFrom each, 4 projected
+    volumes of 32 sources: 1,152 references to ``secrets`` distinct Secrets alice may read, weighing 63,993
+    bytes (just under the size policy's 64 KiB, which now bounds the policy's cost)."""
 
     def container(name: str) -> dict[str, Any]:
         return {
@@ -330,7 +291,7 @@ def _at_the_bounds(secrets: int) -> dict[str, Any]:
                 {"name": f"E{k}", "valueFrom": {"secretKeyRef": {"name": f"s{k % secrets}", "key": "k"}}}
                 for k in range(32)
             ],
-            "envFrom": [{"secretRef": {"name": f"s{k % secrets}"}} for k in range(32)],
+            "envFrom": [{"secretRef": {"name": f"s{k % secrets}"}, "prefix": "S_"} for k in range(32)],
         }
 
     volumes = [
@@ -338,7 +299,7 @@ def _at_the_bounds(secrets: int) -> dict[str, Any]:
             "name": f"v{k}",
             "projected": {"sources": [{"secret": {"name": f"s{(k + m) % secrets}"}} for m in range(32)]},
         }
-        for k in range(32)
+        for k in range(4)
     ]
     return pod(
         containers=[container(f"c{j}") for j in range(8)],
@@ -355,6 +316,49 @@ def test_a_template_at_its_bounds_fits_the_cel_cost_budget(t: Tenants) -> None:
     assert "the spec names more than 16 distinct Secrets, ConfigMaps and claims" in proc.stderr, proc.stderr
 
 
+SIZE_POLICY = "ValidatingAdmissionPolicy 'kvpilot-inferenceservice-size'"
+
+
+def _weighing(size: int) -> dict[str, Any]:
+    """A template of every kind of field (affinity, quantities, ports, probes, projected volumes) padded by
+    one annotation to weigh exactly ``size`` as kvpilot counts it: the policy's CEL must count the same."""
+    spec = _at_the_bounds(16)
+    template = spec["template"]
+    template["spec"]["containers"][0] |= {
+        "ports": [{"containerPort": 8080, "name": "p"}],
+        "resources": {"limits": {"cpu": "1", "memory": 2_000_000}},
+        "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 5},
+        "securityContext": {"runAsUser": 1000, "readOnlyRootFilesystem": True},
+    }
+    template["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    }
+    template["spec"]["hostIPC"] = False
+    template["metadata"] = {"annotations": {"pad": ""}}
+    missing = size - pod_template.compute_template_size(template)
+    assert 0 <= missing <= 4096, missing
+    template["metadata"]["annotations"]["pad"] = "x" * missing
+    assert pod_template.compute_template_size(template) == size
+    return spec
+
+
+def test_a_template_over_64_kib_is_refused_for_everyone(t: Tenants) -> None:
+    limit = pod_template.TEMPLATE_SIZE_LIMIT
+    assert t.create_as("bob", _weighing(limit), "weighs-the-limit").returncode == 0
+    proc = t.create_as("bob", _weighing(limit + 1), "weighs-one-more")
+    assert proc.returncode != 0 and SIZE_POLICY in proc.stderr, proc.stderr
+    assert (
+        f"spec.template weighs {limit + 1} bytes" in proc.stderr
+        and "the limit is 65536 (64 KiB)" in proc.stderr
+    )
+
+
 # --------------------------------------------------------------------------- who may do what
 
 
@@ -363,9 +367,7 @@ def _can_i_list(t: Tenants, user: str, ns: str) -> str:
 
 
 def _can(t: Tenants, user: str, *args: str) -> bool:
-    out = t.kubectl("auth", "can-i", f"--as={user}", *args, check=False).stdout.strip()
-    assert out in ("yes", "no"), out
-    return out == "yes"
+    return t.can_i_as(user, *args)
 
 
 def test_the_can_i_matrix_of_the_user_roles_and_the_operator(t: Tenants) -> None:

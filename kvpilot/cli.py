@@ -3,10 +3,13 @@
 The edge for people and scripts, beside the operator: it reads files and argv,
 calls the pure tuner, and prints. Subcommands:
 
-* ``plan`` -- engine settings for a model on a GPU type, as a table or ``--json``;
+* ``plan`` -- engine settings for a model on a GPU type, as a table or ``--json``; with ``--nodes N``
+  (or ``auto``), or more ``--gpus`` than ``--gpus-per-node``, a replica over several nodes
+  (:func:`kvpilot.tuner.plan.compute_node_plan`);
 * ``gpus`` / ``models`` -- the built-in catalogues;
 * ``estimate --cases FILE`` -- the memory model over a JSON list of vLLM start-up cases;
-* ``render -f isvc.yaml`` -- the Deployment and Service the operator would apply;
+* ``render -f isvc.yaml`` -- the Deployment and Service the operator would apply (a LeaderWorkerSet for a
+  replica over several nodes, which the operator does not apply yet);
 * ``diagnose [LOG | --pod NAME]`` -- what a vLLM log says happened, and what to change
   (:mod:`kvpilot.tuner.diagnose`); with ``--gpu`` and a catalogue model in the log, kvpilot's plan;
 * ``timeline NAME`` -- an SVG of one InferenceService's settings and decisions over time
@@ -31,7 +34,7 @@ from typing import Any, TextIO
 from kvpilot.tuner import diagnose, errors, gpus, memory, vllm
 from kvpilot.tuner import model as models
 from kvpilot.tuner.model.vision import VisionTower, apply_processor_configs
-from kvpilot.tuner.plan import compute_plan
+from kvpilot.tuner.plan import NodePlan, compute_node_plan, compute_plan
 from kvpilot.tuner.types import GIB, Plan, ServingBounds
 from kvpilot.tuner.vllm import serving
 
@@ -111,10 +114,23 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
     )
     engine_args = shlex.split(args.engine_args or "")
     vllm.check_engine_flags(engine_args)
+    nodes = _node_count(args)
+    if nodes is not None:
+        node_plan = compute_node_plan(
+            spec, gpu, args.gpus_per_node, bounds, nodes=None if nodes == AUTO else int(nodes),
+            vllm_version=args.vllm_version, weights_total_bytes=args.checkpoint_bytes or checkpoint,
+            pin_kv_cache_memory=args.pin_kv_cache_memory, engine=vllm.build_engine_flags(engine_args),
+        )  # fmt: skip
+        if args.json:
+            json.dump(node_plan_as_json(node_plan, model_name), out, indent=2)
+            out.write("\n")
+        else:
+            out.write(format_node_plan(node_plan, model_name))
+        return EXIT_OK if node_plan.feasible else EXIT_INFEASIBLE
     plan = compute_plan(
         spec,
         gpu,
-        args.gpus,
+        args.gpus or 1,
         bounds,
         vllm_version=args.vllm_version,
         weights_total_bytes=args.checkpoint_bytes or checkpoint,
@@ -127,6 +143,78 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
     else:
         out.write(format_plan(plan, model_name))
     return EXIT_OK if plan.feasible else EXIT_INFEASIBLE
+
+
+AUTO = "auto"
+
+
+def _nodes_arg(text: str) -> str:
+    return AUTO if text == AUTO else str(_positive_int(text))
+
+
+def _node_count(args: argparse.Namespace) -> str | None:
+    """``--nodes`` (a count or ``auto``), else the nodes ``--gpus`` fills when above ``--gpus-per-node``;
+    ``None``: one node, the single-node plan."""
+    per_node, count = args.gpus_per_node, args.gpus
+    if args.nodes is not None:
+        if count is not None and args.nodes != AUTO and count != int(args.nodes) * per_node:
+            raise CliError(
+                f"--gpus {count} is not --nodes {args.nodes} x --gpus-per-node {per_node}: give one of them"
+            )
+        return str(args.nodes)
+    if count is None or count <= per_node:
+        return None
+    if count % per_node:
+        raise CliError(
+            f"--gpus {count} spans nodes of {per_node} GPUs (--gpus-per-node) unevenly: give a multiple "
+            f"of {per_node}, or --nodes"
+        )
+    return str(count // per_node)
+
+
+def node_plan_as_json(node_plan: NodePlan, model: str) -> dict[str, Any]:
+    """``plan --json`` across nodes: one engine's plan, then the layout, the per-GPU roles and why."""
+    layout = node_plan.layout
+    return {
+        **plan_as_json(node_plan.plan, model),
+        "args": list(node_plan.args),
+        "layout": {
+            **dataclasses.asdict(layout),
+            "gpus": layout.gpus,
+            "describe": layout.describe(),
+        },
+        "ranks": [
+            {"role": r.role, "layers": [r.layers.start, r.layers.stop],
+             "weights_gib": round(r.weights_gib, 4), "experts": r.experts}
+            for r in node_plan.ranks
+        ],  # fmt: skip
+        "explanation": list(node_plan.explanation),
+    }
+
+
+def format_node_plan(node_plan: NodePlan, model: str) -> str:
+    """The ``plan`` table across nodes: the layout, each role's share, why, then one engine's table."""
+    layout, plan = node_plan.layout, node_plan.plan
+    lines = [
+        f"{model} on {layout.nodes} node(s) x {layout.gpus_per_node} x {plan.gpu} (vLLM {plan.vllm_version})",
+        "",
+        f"Layout: {layout.describe()}",
+    ]
+    for r in node_plan.ranks:
+        experts = f", {r.experts} routed experts" if r.experts is not None else ""
+        lines.append(
+            f"  {r.role:<18} layers {r.layers.start}-{r.layers.stop - 1}, "
+            f"{r.weights_gib:.2f} GiB of weights per GPU{experts}"
+        )
+    lines += ["", "Why:"] + [f"  {line}" for line in node_plan.explanation]
+    if layout.data_parallel_size > 1:
+        lines.append(
+            "  Note: an InferenceService of gpu.nodesPerReplica renders TP x PP groups (`kvpilot render`); "
+            "DP x EP groups are not rendered yet."
+        )
+    engine = "each data-parallel engine" if layout.data_parallel_size > 1 else "the engine"
+    lines += ["", f"Plan of {engine} ({plan.gpu_count} GPUs):", ""]
+    return "\n".join(lines) + "\n" + format_plan(plan, model, args=node_plan.args, title=False)
 
 
 def plan_as_json(plan: Plan, model: str) -> dict[str, Any]:
@@ -148,10 +236,11 @@ def plan_as_json(plan: Plan, model: str) -> dict[str, Any]:
     }
 
 
-def format_plan(plan: Plan, model: str) -> str:
-    """The human-readable ``plan`` table."""
+def format_plan(plan: Plan, model: str, *, args: tuple[str, ...] | None = None, title: bool = True) -> str:
+    """The human-readable ``plan`` table (``args``: the arguments to print instead of the plan's)."""
     s, b = plan.settings, plan.budget
-    lines = [f"{model} on {plan.gpu_count} x {plan.gpu} (vLLM {plan.vllm_version})", "", "Engine settings"]
+    lines = [f"{model} on {plan.gpu_count} x {plan.gpu} (vLLM {plan.vllm_version})", ""] if title else []
+    lines.append("Engine settings")
     for name, value in dataclasses.asdict(s).items():
         lines.append(f"  {name:<26}{'(vLLM default)' if value is None else value}")
     util = s.gpu_memory_utilization
@@ -184,7 +273,8 @@ def format_plan(plan: Plan, model: str) -> str:
     reasons = [r for r in plan.reasons if r != b.error]
     if reasons:
         lines += ["", "What would fit:"] + [f"  - {r}" for r in reasons]
-    lines += ["", "vLLM arguments:", "  " + " ".join(plan.args) if plan.args else "  (none)"]
+    shown = plan.args if args is None else args
+    lines += ["", "vLLM arguments:", "  " + " ".join(shown) if shown else "  (none)"]
     return "\n".join(lines) + "\n"
 
 
@@ -328,6 +418,11 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
         def ignore_aliases(self, data: Any) -> bool:  # shared label dicts print in full, not as &id001
             return True
 
+    if any(m.get("kind") == "LeaderWorkerSet" for m in manifests):
+        out.write(
+            "# gpu.nodesPerReplica > 1: what the operator would run; it does not apply\n"
+            "# LeaderWorkerSets yet: such an InferenceService stays Ready=False (MultiNodeUnsupported).\n"
+        )
     yaml.dump_all(manifests, out, Dumper=NoAliases, sort_keys=False)
     return EXIT_OK
 
@@ -418,7 +513,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Hugging Face config.json, or its folder (its preprocessor configs size the vision profile)",
     )  # fmt: skip
     plan.add_argument("--gpu", required=True, metavar="NAME", help="a catalogue GPU (see `kvpilot gpus`)")
-    plan.add_argument("--gpus", type=_positive_int, default=1, metavar="N", help="GPUs per replica (1)")
+    plan.add_argument("--gpus", type=_positive_int, metavar="N", help="GPUs per replica (1)")
+    plan.add_argument(
+        "--gpus-per-node", type=_positive_int, default=8, metavar="N",
+        help="GPUs in one node (%(default)s): more --gpus than this span nodes",
+    )  # fmt: skip
+    plan.add_argument(
+        "--nodes", type=_nodes_arg, metavar="N|auto",
+        help="nodes per replica, of --gpus-per-node GPUs each; auto: the fewest that fit",
+    )  # fmt: skip
     plan.add_argument("--max-context", type=_positive_int, metavar="N", help="longest max_model_len wanted")
     plan.add_argument("--min-context", type=_positive_int, metavar="N", help="shortest max_model_len allowed")
     plan.add_argument("--concurrency", type=_positive_int, metavar="N", help="expected concurrent sequences")

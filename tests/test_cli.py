@@ -65,6 +65,47 @@ def test_plan_table() -> None:
         assert text in out
 
 
+def test_plan_auto_nodes_says_one_node_is_not_enough_and_shows_two() -> None:
+    code, out, _ = run(
+        "plan", "--model", "deepseek-ai/DeepSeek-V3", "--gpu", "H100-SXM", "--max-context", "32768",
+        "--nodes", "auto",
+    )  # fmt: skip
+    assert code == 0
+    assert out.startswith("deepseek-ai/DeepSeek-V3 on 2 node(s) x 8 x H100-SXM")
+    assert "Nothing fits one node of 8 x H100-SXM: " in out and "Layout: " in out
+    assert "--data-parallel-size 4 --data-parallel-size-local 2 --enable-expert-parallel" in out
+    assert "DP x EP groups are not rendered yet" in out
+
+
+def test_plan_gpus_above_a_node_span_nodes_tp_within_pp_across() -> None:
+    code, out, _ = run(
+        "plan", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100-SXM", "--gpus", "16",
+        "--max-context", "32768", "--json",
+    )  # fmt: skip
+    plan = json.loads(out)
+    assert code == 0
+    assert plan["layout"]["nodes"] == 2 and plan["layout"]["pipeline_parallel_size"] == 2
+    assert plan["tensor_parallel_size"] == 8
+    assert [r["layers"] for r in plan["ranks"]] == [[0, 40], [40, 80]]
+    assert plan["args"][-2:] == ["--pipeline-parallel-size", "2"]
+    assert any(line.startswith("Chosen: TP 8 x PP 2") for line in plan["explanation"])
+
+
+def test_plan_node_arguments_that_disagree_are_refused() -> None:
+    code, _, err = run("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--gpus", "12")
+    assert code == 2 and "--gpus 12 spans nodes of 8 GPUs (--gpus-per-node) unevenly" in err
+    code, _, err = run("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--gpus", "8", "--nodes", "2")
+    assert code == 2 and "--gpus 8 is not --nodes 2 x --gpus-per-node 8" in err
+    done = run_process("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--nodes", "0")
+    assert done.returncode == 2 and "--nodes: expected a positive integer, got '0'" in done.stderr
+
+
+def test_plan_on_one_node_is_unchanged_by_the_node_flags() -> None:
+    assert run("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--gpus", "8") == run(
+        "plan", "--model", LLAMA, "--gpu", "H100-SXM", "--gpus", "8", "--gpus-per-node", "8"
+    )
+
+
 def test_plan_bounds_reach_the_planner() -> None:
     code, out, _ = run(
         "plan", "--model", "qwen/qwen3-8b", "--gpu", "h100", "--gpus", "2", "--max-context", "8192",

@@ -10,6 +10,8 @@
   Prometheus' ``file_sd`` targets.
 * :mod:`e2e.fleet.pod` -- one simulated container: state, ``/metrics`` server, the pod status kubelet
   would report when it (re)starts.
+* :mod:`e2e.fleet.real_engines` -- the pods that run a real vLLM engine instead
+  (:mod:`e2e.vllm_cpu.engine_process`): launch, ``/health``, exit (docs/real-engine.md).
 * :mod:`e2e.fleet.stack`, :mod:`e2e.fleet.kopf_process`, :mod:`e2e.fleet.testing` -- the harness the
   closed-loop tests and the demo share: CRD, Prometheus, fleet and the operator as a host process.
 

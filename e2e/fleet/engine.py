@@ -5,22 +5,31 @@ vLLM V1's scheduler does:
 
 * **Requests** arrive as a Poisson process with uniform or lognormal lengths
   (:class:`e2e.fleet.truth.Workload`).
-* **Token budget**: running sequences first (one decode token each, or the next chunk of a prompt
-  still being prefilled), then waiting requests first come first served, while fewer than
-  ``max_num_seqs`` run, the ``max_num_batched_tokens`` budget lasts (chunked prefill) and the KV cache
-  has free blocks for the tokens scheduled.
-* **Preemption by recomputation**: when a running sequence needs a block and none is free, the most
-  recently admitted one is preempted: its blocks are freed, it keeps its generated tokens and goes to
-  the head of the queue, to be prefilled again (prompt + generated) when readmitted.
+* **Token budget**: running sequences first, in admission order (one decode token each, or the next
+  chunk of a prompt still being prefilled), then waiting requests first come first served, while fewer
+  than ``max_num_seqs`` run and the ``max_num_batched_tokens`` budget lasts (chunked prefill); none is
+  admitted in a step that preempted.
+* **KV blocks, exactly as vLLM 0.32/0.33's ``KVCacheManager``**: block 0 is the null block (usable
+  blocks and KV usage are over ``num_gpu_blocks - 1``); a request is admitted only when blocks for its
+  whole sequence (prompt, plus the tokens generated before a preemption) are free
+  (``scheduler_reserve_full_isl``), and gets blocks for the tokens scheduled; a running request gets a new
+  block when its scheduled tokens cross a block boundary (a decode: when its computed tokens are a
+  multiple of the block size).
+* **Preemption by recomputation**: when a running request's blocks cannot be allocated, the last
+  running request (the most recently admitted) is preempted, until it fits or the request itself was
+  preempted: its blocks are freed, it keeps its generated tokens and goes to the head of the queue, to be
+  prefilled again (prompt + generated) when readmitted.
 * **Step time** from a roofline (:class:`e2e.fleet.truth.EnginePerf`): prefill compute-bound, decode
   memory-bound (weights plus the KV of every scheduled context), fp8 KV halving the KV read.
 * **Latency** per request: queue time, time to first token, inter-token latency, end to end.
 
 Decoding sequences advance in lock step (one global decode counter; a heap of finish points), so steps
 that only decode are taken several at a time, up to the next finish, the next block shortage, or
-``resolution_s`` of simulated time (admissions and arrivals are handled at those boundaries). The KV
-blocks of decoding sequences are counted as their tokens over the block size plus half a block each
-(exact on average; one sequence's are exact when it is preempted or finishes). Hours of traffic simulate
+``resolution_s`` of simulated time (admissions and arrivals are handled at those boundaries). Their
+blocks stay exact in aggregate: each decoding sequence's computed tokens are ``key + counter``, and a
+count of sequences per ``key mod block_size`` gives how many cross a block boundary at each step.
+``resolution_s=0`` takes one engine step at a time (:meth:`SimEngine.step`, which
+``bench/engine_dynamics.py`` compares with the real scheduler step for step). Hours of traffic simulate
 in seconds, and a smaller ``resolution_s`` (the fleet's 50 ms) buys timing detail.
 
 No I/O and no wall clock: :meth:`SimEngine.advance` takes a duration. The numbers it produces
@@ -52,6 +61,8 @@ class Request:
     """Tokens whose KV is in the cache while prefilling (0 again after a preemption)."""
     blocks: int = 0
     """KV blocks held while prefilling (decoding sequences are counted in aggregate)."""
+    key: int = 0
+    """While decoding: its computed tokens are ``key + decode counter``."""
     base_generated: int = 0
     base_counter: int = 0
     """While decoding: ``generated = base_generated + (decode counter - base_counter)``."""
@@ -63,9 +74,9 @@ class Request:
 
     @property
     def prefill_target(self) -> int:
-        """Tokens to (re)compute before the next token can be sampled: the prompt, plus the tokens
-        generated before a preemption (recomputation keeps them)."""
-        return self.prompt + max(0, self.generated - 1) if self.generated else self.prompt
+        """Tokens to (re)compute before the next token can be sampled: vLLM's ``num_tokens``, the prompt
+        plus every token generated before a preemption (recomputation keeps them)."""
+        return self.prompt + self.generated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +95,18 @@ class Finished:
     def itl_s(self) -> float:
         """Mean inter-token latency (vLLM's TPOT: decode time over the tokens after the first)."""
         return (self.e2e_s - self.ttft_s) / max(1, self.generation_tokens - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One engine step as vLLM's scheduler leaves it (blocks allocated, finished requests not yet freed)."""
+
+    running: int
+    waiting: int
+    kv: float
+    tokens: int
+    """Tokens scheduled in the step (decodes, prefill chunks)."""
+    preempted: int
 
 
 @dataclasses.dataclass
@@ -108,15 +131,19 @@ class SimEngine:
         seed: int = 0,
         closed_loop_clients: int | None = None,
         resolution_s: float = DEFAULT_RESOLUTION_S,
+        num_gpu_blocks: int | None = None,
     ) -> None:
         """``closed_loop_clients``: instead of Poisson arrivals, that many clients each send their next
-        request when the last one finishes (``vllm bench serve --max-concurrency N --request-rate inf``)."""
+        request when the last one finishes (``vllm bench serve --max-concurrency N --request-rate inf``).
+        ``num_gpu_blocks``: the KV blocks (``--num-gpu-blocks-override``) instead of the truth's."""
         self.truth = truth
         self.workload = workload
         self.args = args
         self.rng = random.Random(seed)
         self.block_size = truth.block(args)
-        self.num_blocks = truth.num_gpu_blocks(args)
+        self.num_blocks = truth.num_gpu_blocks(args) if num_gpu_blocks is None else num_gpu_blocks
+        self.usable_blocks = max(0, self.num_blocks - 1)
+        """All but the null block (vLLM's ``BlockPool`` takes block 0 for it)."""
         self.max_num_seqs = truth.max_num_seqs(args)
         self.max_model_len = truth.max_model_len(args)
         self.max_num_batched_tokens = truth.max_num_batched_tokens(args)
@@ -130,8 +157,15 @@ class SimEngine:
         self._finish_heap: list[tuple[int, int]] = []
         self.counter = 0
         self._ctx0 = 0
-        """sum over decoding requests of (KV tokens - counter): their KV tokens = _ctx0 + n x counter."""
+        """sum over decoding requests of ``key``: their computed tokens = _ctx0 + n x counter."""
+        self.decode_blocks = 0
+        """Blocks the decoding requests hold (after the current step's allocation)."""
+        self._residues = [0] * self.block_size
+        """Decoding requests per ``key mod block_size``: those with ``(key + counter) % block_size == 0``
+        need a new block at the step taken at ``counter``."""
         self.prefill_blocks = 0
+        self._step_preemptions = 0
+        self.last_step: StepRecord | None = None
         self._next_id = 0
         self._clients = closed_loop_clients
         self._next_arrival = math.inf if closed_loop_clients else self._interarrival()
@@ -155,9 +189,12 @@ class SimEngine:
         return max(1, int(round(mean * self.rng.uniform(1 - w.spread, 1 + w.spread))))
 
     def _new_request(self, at: float) -> None:
-        prompt = min(self._length(self.workload.prompt_tokens), self.max_model_len - 1)
-        output = self._length(self.workload.output_tokens)
-        req = Request(self._next_id, prompt, output, at)
+        self.submit(self._length(self.workload.prompt_tokens), self._length(self.workload.output_tokens), at)
+
+    def submit(self, prompt: int, output: int, at: float | None = None) -> None:
+        """A request of ``prompt`` tokens asking for ``output`` tokens joins the waiting queue."""
+        prompt = min(prompt, self.max_model_len - 1)
+        req = Request(self._next_id, prompt, output, self.now if at is None else at)
         if prompt + output > self.max_model_len:
             req.output = self.max_model_len - prompt
             req.finished_reason = "length"
@@ -176,13 +213,27 @@ class SimEngine:
     def _decode_tokens(self) -> int:
         return self._ctx0 + len(self.decoding) * self.counter
 
-    def _decode_blocks(self) -> int:
+    def _crossings(self, start: int, steps: int) -> int:
+        """New blocks the decoding requests need over ``steps`` decode steps from counter ``start``."""
+        cycles, rest = divmod(steps, self.block_size)
+        partial = sum(self._residues[-(start + j) % self.block_size] for j in range(rest))
+        return cycles * len(self.decoding) + partial
+
+    def _decode_room(self, start: int) -> int:
+        """Decode steps from counter ``start`` whose new blocks the free blocks cover."""
         n = len(self.decoding)
-        return -(-self._decode_tokens() // self.block_size) + n // 2 if n else 0
+        if not n:
+            return 1 << 30
+        cycles, left = divmod(self._free_blocks(), n)
+        steps = cycles * self.block_size
+        while (need := self._residues[-(start + steps) % self.block_size]) <= left:
+            left -= need
+            steps += 1
+        return steps
 
     @property
     def used_blocks(self) -> int:
-        return self._decode_blocks() + self.prefill_blocks
+        return self.decode_blocks + self.prefill_blocks
 
     def _generated(self, req: Request) -> int:
         return req.base_generated + self.counter - req.base_counter
@@ -194,13 +245,18 @@ class SimEngine:
         req.blocks = 0
         req.base_generated, req.base_counter = req.generated, self.counter
         self.decoding[req.id] = req
-        self._ctx0 += req.prompt + req.generated - 1 - self.counter
+        req.key = req.computed - self.counter
+        self._ctx0 += req.key
+        self.decode_blocks += self._blocks_for(req.computed)
+        self._residues[req.key % self.block_size] += 1
         heapq.heappush(self._finish_heap, (self.counter + req.output - req.generated, req.id))
 
     def _stop_decoding(self, req: Request) -> None:
         del self.decoding[req.id]
         req.generated = self._generated(req)
-        self._ctx0 -= req.prompt + req.base_generated - 1 - req.base_counter
+        self._ctx0 -= req.key
+        self.decode_blocks -= self._blocks_for(req.key + self.counter)
+        self._residues[req.key % self.block_size] -= 1
 
     def _preempt_last(self) -> Request:
         """Preempt the most recently admitted running request (prefills were admitted after the decodes
@@ -214,6 +270,7 @@ class SimEngine:
         victim.blocks = victim.computed = 0
         victim.preemptions += 1
         self.waiting.appendleft(victim)
+        self._step_preemptions += 1
         self.deltas.preemptions += 1
         self.total_preemptions += 1
         return victim
@@ -230,30 +287,60 @@ class SimEngine:
 
     # ------------------------------------------------------------------ scheduling
     def _free_blocks(self) -> int:
-        return self.num_blocks - self.used_blocks
+        return self.usable_blocks - self.used_blocks
+
+    def _allocate_decodes(self) -> None:
+        """This step's new blocks for the decoding requests, in running order; on a shortage the last
+        running request is preempted until the one short of a block fits, or was itself the last."""
+        need = self._residues[-self.counter % self.block_size]
+        if need > self._free_blocks():
+            self._resolve_decode_shortage()
+            need = self._residues[-self.counter % self.block_size]
+        self.decode_blocks += need
+
+    def _resolve_decode_shortage(self) -> None:
+        order = list(self.decoding.values())
+        lo, hi, taken = 0, len(order), 0
+        while lo < hi:
+            req = order[lo]
+            need = 1 if (req.key + self.counter) % self.block_size == 0 else 0
+            while need > self._free_blocks() - taken:
+                from_decoding = not self.prefilling
+                victim = self._preempt_last()
+                hi -= from_decoding
+                if victim is req:
+                    break
+            taken += need
+            lo += 1
 
     def _schedule_prefill(self, budget: int) -> list[tuple[Request, int]]:
         """Prefill chunks within ``budget``: requests already prefilling first, then admissions."""
         work: list[tuple[Request, int]] = []
         for req in list(self.prefilling):
-            if budget <= 0:
-                break
+            if budget <= 0 or all(r is not req for r in self.prefilling):
+                break  # out of budget, or preempted for an earlier one
             tokens = min(req.prefill_target - req.computed, budget)
             need = self._blocks_for(req.computed + tokens) - req.blocks
-            while need > self._free_blocks() and req in self.prefilling:
-                self._preempt_last()  # the newest first: possibly req itself
-            if req not in self.prefilling:
+            while need > self._free_blocks():
+                if self._preempt_last() is req:  # the newest first: possibly req itself
+                    break
+            if all(r is not req for r in self.prefilling):
                 break
             req.blocks += need
             self.prefill_blocks += need
             work.append((req, tokens))
             budget -= tokens
-        while self.waiting and len(self.decoding) + len(self.prefilling) < self.max_num_seqs and budget > 0:
+        while (
+            self.waiting
+            and not self._step_preemptions
+            and len(self.decoding) + len(self.prefilling) < self.max_num_seqs
+            and budget > 0
+        ):
             req = self.waiting[0]
+            if self._blocks_for(min(req.prefill_target, self.max_model_len)) > self._free_blocks():
+                break  # its whole sequence must fit (scheduler_reserve_full_isl)
             tokens = min(req.prefill_target - req.computed, budget)
             need = self._blocks_for(req.computed + tokens) - req.blocks
-            if need > self._free_blocks():
-                break
             self.waiting.popleft()
             req.blocks += need
             self.prefill_blocks += need
@@ -273,25 +360,13 @@ class SimEngine:
             kv_bytes_per_token=self.truth.kv_bytes_per_token, fp8_kv=self.fp8_kv,
         )  # fmt: skip
 
-    def _decode_room(self) -> int:
-        """Decode steps before the decoding sequences need more blocks than are free."""
-        n = len(self.decoding)
-        if not n:
-            return 1 << 30
-        free_tokens = (
-            self.num_blocks - self.prefill_blocks - n // 2
-        ) * self.block_size - self._decode_tokens()
-        return max(0, free_tokens // n)
-
     def _step(self, until: float) -> bool:
         """One engine step, or several decode-only ones; False when idle until ``until``."""
         self._arrive()
+        self._step_preemptions = 0
+        self._allocate_decodes()
         n = len(self.decoding)
-        while n and self._decode_room() < 1:  # out of blocks: preempt the most recently admitted
-            self._preempt_last()
-            n = len(self.decoding)
         work = self._schedule_prefill(self.max_num_batched_tokens - n)
-        n = len(self.decoding)
         if not work and not n:
             nxt = min(self._next_arrival, until)
             self.now = max(self.now, nxt)
@@ -302,9 +377,17 @@ class SimEngine:
         step = self._step_seconds(n, context, prefill, pairs)
         k = 1
         if not work and n:
-            k = min(self._finish_heap[0][0] - self.counter if self._finish_heap else 1, self._decode_room())
+            k = min(
+                self._finish_heap[0][0] - self.counter if self._finish_heap else 1,
+                1 + self._decode_room(self.counter + 1),
+            )
             k = max(1, min(k, int(self.resolution_s / step) or 1, int(max(0.0, until - self.now) / step) + 1))
+            self.decode_blocks += self._crossings(self.counter + 1, k - 1)
             step = self._step_seconds(n, context + n * (k - 1) // 2, 0, 0.0)
+        self.last_step = StepRecord(
+            running=n + len(self.prefilling), waiting=len(self.waiting), kv=self.kv_usage,
+            tokens=n + prefill, preempted=self._step_preemptions,
+        )  # fmt: skip
         self.now += step * k
         self.busy_s += step * k
         self.counter += k
@@ -357,6 +440,10 @@ class SimEngine:
                 self.now = until
                 break
 
+    def step(self) -> StepRecord | None:
+        """One engine step now (arrivals due are queued first); None when there was nothing to run."""
+        return self.last_step if self._step(self.now) else None
+
     def drain(self) -> Deltas:
         d, self.deltas = self.deltas, Deltas()
         return d
@@ -382,7 +469,8 @@ class SimEngine:
 
     @property
     def kv_usage(self) -> float:
-        return min(1.0, self.used_blocks / self.num_blocks) if self.num_blocks else 0.0
+        """vLLM's ``BlockPool.get_usage``: blocks in use over all but the null block."""
+        return min(1.0, self.used_blocks / self.usable_blocks) if self.usable_blocks else 0.0
 
     @property
     def total_arrived(self) -> int:

@@ -32,6 +32,15 @@ Which scenario (ground truth, workload, metric naming) a pod gets:
 for a whole namespace), else the fleet's default. Workload and fault changes
 apply at once; memory figures apply at the next container start, as on a real
 GPU.
+
+**Real engines.** A pod labelled ``e2e.kvpilot.io/engine: real``, or of a service named in
+:meth:`Fleet.use_real_engine`, runs a real vLLM engine process instead (:mod:`e2e.fleet.real_engines`,
+:mod:`e2e.vllm_cpu.engine_process`: the pod's scheduler flags, the truth's KV tokens, the tiny model):
+it is Ready when the real ``/health`` answers, Prometheus scrapes its real ``/metrics``, and when the
+process exits the crash carries its real exit code and the last lines of its real log (kubelet's
+``FallbackToLogsOnError``). Its log, one file per container start, is at
+:meth:`e2e.fleet.pod.PodEngine.log_file` under ``log_root``. Workloads and injected faults do not apply
+to it: send it real requests (:mod:`e2e.vllm_cpu.load`).
 """
 
 from __future__ import annotations
@@ -63,6 +72,7 @@ from e2e.fleet.pod import (
     build_running_patch,
     free_port,
 )
+from e2e.fleet.real_engines import LAUNCHED, READY, RealEngines
 from e2e.fleet.truth import EngineArgs, Scenario, Workload
 
 log = logging.getLogger("e2e.fleet")
@@ -105,7 +115,9 @@ class Fleet:
         tick: float = 0.25,
         poll: float = 0.5,
         kubectl: str | os.PathLike[str] | None = None,
+        log_root: str | os.PathLike[str] | None = None,
     ) -> None:
+        """``log_root``: where real engines' container logs go (default: ``pod-logs`` beside the targets)."""
         from kubernetes import client, config
 
         self.kubeconfig = str(kubeconfig)
@@ -131,6 +143,9 @@ class Fleet:
         self.errors: list[str] = []
         self._targets_dirty = True
         self._listeners: list[Callable[[FleetEvent], None]] = []
+        self.real = RealEngines(
+            Path(log_root) if log_root else self.targets_file.parent / "pod-logs", self.errors
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Fleet:
@@ -153,6 +168,7 @@ class Fleet:
 
     def stop(self) -> None:
         self._stop.set()
+        self.real.stopping.set()
         self._patches.put(None)
         for t in self._threads:
             t.join(10)
@@ -161,7 +177,7 @@ class Fleet:
             engines = list(self._engines.values())
             self._engines.clear()
         for e in engines:
-            self._close_server(e, wait=True)
+            self._release(e)
         with contextlib.suppress(Exception):
             self._api_client.close()
 
@@ -175,6 +191,11 @@ class Fleet:
                     e.scenario = scenario
                     if e.sim is not None:
                         e.sim.workload = self._workload_for(e)
+
+    def use_real_engine(self, namespace: str, instance: str = "*") -> None:
+        """Run the pods of InferenceService ``instance`` (``"*"``: the whole namespace) that start from now
+        on as real vLLM engines (:mod:`e2e.vllm_cpu.engine_process`)."""
+        self.real.add_service(namespace, instance)
 
     def add_namespace(self, namespace: str, scenario: Scenario | None = None) -> None:
         """Also play the pods of ``namespace`` (when constructed with ``namespaces``), with ``scenario``."""
@@ -325,6 +346,7 @@ class Fleet:
                     md["namespace"], (md.get("labels") or {}).get(INSTANCE_LABEL, "")
                 )
                 e = PodEngine(pod, args, scenario, free_port())
+                self.real.adopt(e)
                 self._engines[key] = e
                 self._targets_dirty = True
                 self._begin_start(e)
@@ -337,7 +359,7 @@ class Fleet:
                 self._gone.add(e.uid)
                 self._targets_dirty = True
                 self._event(e, "Gone", "pod deleted")
-                threading.Thread(target=self._close_server, args=(e, True), daemon=True).start()
+                threading.Thread(target=self._release, args=(e,), daemon=True).start()
 
     # ------------------------------------------------------------------ simulation
     def _sim_loop(self) -> None:
@@ -373,7 +395,9 @@ class Fleet:
 
     def _step(self, e: PodEngine, now: float, dt_wall: float) -> None:
         truth = e.scenario.truth
-        if e.state == STARTING and now - e.since >= e.startup_wall_s:
+        if e.real_engine and e.state in (STARTING, SERVING):
+            self._step_real(e, now)
+        elif e.state == STARTING and now - e.since >= e.startup_wall_s:
             if e.cache_key is not None:  # the download finished: the next start reads from disk
                 with self._lock:
                     self._weight_caches.add((e.cache_key, e.args.model))
@@ -440,8 +464,35 @@ class Fleet:
         )
         self._patch_async(e, ready=True)
 
-    def _crash(self, e: PodEngine, kind: str, message: str, now: float) -> None:
+    # ------------------------------------------------------------------ real engines
+    def _step_real(self, e: PodEngine, now: float) -> None:
+        """A real engine's container (:mod:`e2e.fleet.real_engines`): launched, Ready on ``/health``, or
+        exited (a crash with its exit code and kubelet's tail of its log)."""
+        outcome = self.real.poll(e, now)
+        if outcome == LAUNCHED:
+            launch = self.real.launched(e)
+            if launch is not None and e.process is not None:
+                blocks = f"{launch.num_blocks} blocks of {launch.block_size}"
+                self._event(e, "Launched", f"pid {e.process.pid}, {blocks}, log {e.log_file()}")
+        elif outcome == READY and e.state == STARTING and e.process is not None:
+            e.state, e.since = SERVING, now
+            e.started_count += 1
+            took = e.process.startup_seconds or 0.0
+            self._event(
+                e, "Serving", f"port {e.port}, real engine pid {e.process.pid}, {took:.1f} s to /health"
+            )
+            self._patch_async(e, ready=True)
+        elif isinstance(outcome, int) and e.process is not None:
+            kind = "StartupFailed" if e.state == STARTING else "EngineExited"
+            self._crash(e, kind, e.process.termination_message(), now, exit_code=outcome)
+
+    def _release(self, e: PodEngine) -> None:
+        self._close_server(e, wait=True)
+        self.real.release(e, wait=True)
+
+    def _crash(self, e: PodEngine, kind: str, message: str, now: float, *, exit_code: int = 1) -> None:
         self._close_server(e, wait=False)
+        self.real.release(e, wait=False)  # a real engine exited: reap what is left of its process group
         e.sim = None
         e.metrics = None
         e.restart_count += 1
@@ -464,7 +515,7 @@ class Fleet:
                 self.kubeconfig,
                 ns,
                 name,
-                exit_code=1,
+                exit_code=exit_code,
                 message=message,
                 restart_count=count,
                 container=e.container,

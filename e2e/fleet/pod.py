@@ -15,13 +15,20 @@ import http.server
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from e2e.fleet.engine import SimEngine
 from e2e.fleet.exposition import VllmMetrics
 from e2e.fleet.truth import EngineArgs, Scenario
 
+if TYPE_CHECKING:
+    from e2e.vllm_cpu.engine_process import EngineProcess
+
 INSTANCE_LABEL = "app.kubernetes.io/instance"
+ENGINE_LABEL = "e2e.kvpilot.io/engine"
+"""A pod labelled ``e2e.kvpilot.io/engine: real`` runs the real vLLM engine (:mod:`e2e.vllm_cpu`), not the
+simulator (also :meth:`e2e.fleet.fleet.Fleet.use_real_engine`)."""
 STARTING, SERVING, CRASHED, STOPPED = "Starting", "Serving", "CrashLoopBackOff", "Stopped"
 
 
@@ -114,10 +121,24 @@ class PodEngine:
         self.cache_key = read_weight_cache(pod)
         self.cache_hit = False
         self.startup_wall_s = scenario.truth.startup_s
+        self.real_engine = self.labels.get(ENGINE_LABEL) == "real"
+        self.process: EngineProcess | None = None
+        self.log_root: Path | None = None
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+    def log_file(self, restart: int | None = None) -> Path | None:
+        """The real engine's log of container start ``restart`` (default: the current one), at kubelet's
+        path under the fleet's log root; ``None`` for a simulated pod. The previous container's log is
+        ``log_file(restart_count - 1)``; its last lines are also the crash's termination message."""
+        from e2e.vllm_cpu.engine_process import container_log_path
+
+        if not self.real_engine or self.log_root is None:
+            return None
+        n = self.restart_count if restart is None else restart
+        return container_log_path(self.log_root, self.namespace, self.name, self.uid, self.container, n)
 
     def render(self) -> bytes:
         m = self.metrics
@@ -155,6 +176,8 @@ class PodEngine:
             "finished": sim.total_finished if sim else None,
             "num_gpu_blocks": sim.num_blocks if sim else None,
             "crashes": [k for _, k, _ in self.crashes],
+            "engine": "real" if self.real_engine else "simulated",
+            "pid": self.process.pid if self.process is not None else None,
         }
 
 

@@ -210,6 +210,7 @@ class Stack:
                 namespaces=self._namespaces,
                 default_scenario=self._default_scenario,
                 kubectl=self.cluster.kubectl_bin,
+                log_root=self.dir / "pod-logs",
             )
             for (ns, inst), sc in self._scenarios.items():
                 self.fleet.set_scenario(ns, inst, sc)

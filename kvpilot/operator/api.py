@@ -177,6 +177,12 @@ class GpuRequest(_Wire):
     count: int = Field(1, ge=1, le=64)
     product: str | None = Field(None, max_length=128)
     tensor_parallel_size: int | None = Field(None, ge=1, le=64)
+    nodes_per_replica: int = Field(1, ge=1, le=64)
+    """Nodes per replica, ``count`` GPUs each (1: a single-node replica, one pod)."""
+
+
+MAX_GPUS_PER_REPLICA = 512
+"""``gpu.count x gpu.nodesPerReplica`` at most (the CRD's CEL rule on ``spec.gpu``)."""
 
 
 class Slo(_Wire):
@@ -429,12 +435,24 @@ def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
                 "spec.model.storage: storage takes exactly one of persistentVolumeClaim, claimTemplate, "
                 "hostPath"
             )
+        template = st.claim_template
+        if g.nodes_per_replica > 1 and template is not None and template.access_mode != "ReadWriteMany":
+            errors.append(
+                "spec: a replica over several nodes (gpu.nodesPerReplica > 1) mounts "
+                "model.storage.claimTemplate on each of its nodes: give it accessMode ReadWriteMany (or use "
+                "hostPath, a cache on each node)"
+            )
         if st.host_path is not None and _dot_segments(st.host_path.path):
             errors.append("spec.model.storage.hostPath.path: hostPath.path must not contain .. segments")
     errors += labels.node_selector_problems(spec.node_selector)
     errors += labels.toleration_problems(spec.engine.tolerations)
     if g.tensor_parallel_size and g.count % g.tensor_parallel_size:
         errors.append("spec.gpu: gpu.tensorParallelSize must divide gpu.count")
+    if g.count * g.nodes_per_replica > MAX_GPUS_PER_REPLICA:
+        errors.append(
+            f"spec.gpu: a replica holds at most {MAX_GPUS_PER_REPLICA} GPUs: gpu.count (per node) x "
+            "gpu.nodesPerReplica"
+        )
     if p.tensor_parallel_size and g.count % p.tensor_parallel_size:
         errors.append("spec: engine.pinned.tensorParallelSize must divide gpu.count")
     if p.tensor_parallel_size and g.tensor_parallel_size and p.tensor_parallel_size != g.tensor_parallel_size:

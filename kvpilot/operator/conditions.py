@@ -28,6 +28,11 @@ AVAILABLE = "Available"
 DEGRADED = "Degraded"
 """The closed loop, from the pods: a crash loop, a start-up failure, no node, an image or a download."""
 
+TARGET_FOUND = "TargetFound"
+"""An EngineTuner's: the workload named by ``spec.targetRef`` exists."""
+DISCOVERED = "Discovered"
+"""An EngineTuner's: the vLLM container, its settings, the model and GPU were read (False: what to set)."""
+
 SCHEDULABLE = "Schedulable"
 """The closed loop, from the nodes: some node could ever take one of the service's pods (labels, GPU
 product, taints, allocatable ``nvidia.com/gpu``); False with the reason when none could. Checked while a pod

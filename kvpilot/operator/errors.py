@@ -12,7 +12,8 @@ Tree::
     ├── AmbiguousGpu                 -- nodes matching nodeSelector carry several GPU products
     ├── ApplyFailed                  -- the API server failed a write, or cannot be reached (retried)
     ├── NameConflict                 -- an object of a wanted name is another's: never adopted (retried)
-    └── ApplyRejected                -- the API server refused the manifest as invalid (HTTP 400/422)
+    ├── ApplyRejected                -- the API server refused the manifest as invalid (HTTP 400/422)
+    └── MultiNodeUnsupported         -- gpu.nodesPerReplica > 1: the LeaderWorkerSet workload is not built
 
 plus the tuner's domain errors (:mod:`kvpilot.tuner.errors`). :func:`classify` turns
 any exception into a :class:`Failure`: which condition it falsifies, its CamelCase
@@ -108,6 +109,14 @@ class ApplyRejected(OperatorError):
     reason = "ApplyRejected"
 
 
+class MultiNodeUnsupported(OperatorError):
+    """A replica over several nodes (``gpu.nodesPerReplica`` > 1) needs the LeaderWorkerSet workload, which
+    this release lacks: refused before anything is applied, never deployed as one node. Waits for a spec
+    change (a retry cannot help)."""
+
+    reason = "MultiNodeUnsupported"
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
     """What a failed reconciliation reports and whether it is retried."""
@@ -131,7 +140,10 @@ _TUNER_CONDITIONS: dict[type[tuner_errors.TunerError], str] = {
 
 
 def classify(exc: BaseException) -> Failure:
-    """The :class:`Failure` for any exception; unknown ones are retried as ``InternalError``."""
+    """The :class:`Failure` for any exception; unknown ones are retried as ``InternalError``, whose message
+    names only the exception's type: the text of an unexpected exception (a URL with credentials, another
+    object's content, an upstream body) never reaches status or events, which tenants read; the caller logs
+    it."""
     if isinstance(exc, OperatorError):
         return Failure(exc.reason, exc.message, exc.condition, exc.retry, exc.delay_s)
     if isinstance(exc, tuner_errors.TunerError):
@@ -147,10 +159,10 @@ def classify(exc: BaseException) -> Failure:
             exc.reason, message, condition, retry=False,
             infeasible=isinstance(exc, tuner_errors.InfeasiblePlan),
         )  # fmt: skip
-    return Failure(
+    return Failure(  # the exception's text stays in the operator's log: it may quote other tenants or secrets
         "InternalError",
-        f"kvpilot failed unexpectedly ({type(exc).__name__}: {exc}); it will retry. "
-        "If this persists, report it with the operator's log.",
+        f"kvpilot failed unexpectedly ({type(exc).__name__}); it will retry. "
+        "If this persists, report it with the operator's log, which holds the details.",
         conditions.READY,
         retry=True,
     )

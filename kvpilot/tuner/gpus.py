@@ -58,6 +58,17 @@ def _gib(value: float) -> int:
     return round(value * GIB)
 
 
+def estimate_cuda_total(nvml_total_bytes: int) -> int:
+    """CUDA-visible memory of a GPU known only by its NVML total: conservative.
+
+    Observed gaps between NVML's and CUDA's totals are 0.3-0.9 GiB (§8 of the vLLM
+    reference); keeping back ``max(1 GiB, 1 %)`` stays below every catalogue entry.
+    The result is rounded down to a MiB.
+    """
+    reserve = max(GIB, nvml_total_bytes // 100)
+    return max(0, (nvml_total_bytes - reserve) // MIB * MIB)
+
+
 CATALOGUE: tuple[GpuSpec, ...] = (
     GpuSpec(
         name="B200",
@@ -67,6 +78,18 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         interconnect="nvlink",
         gfd_products=("NVIDIA-B200",),
         nvml_total_bytes=183_359 * MIB,
+    ),
+    GpuSpec(
+        # GH200 144GB (HBM3e): NVML name "NVIDIA GH200 144G HBM3e" (vllm#18390's collect_env).
+        # CUDA total: cuDeviceTotalMem 153,008,209,920 B (142.50 GiB) in a public CUDA-driver
+        # fixture for this device; NVML's MiB unpublished, so None (batch defaults: >= 70 GiB
+        # either way).
+        name="GH200-144GB",
+        total_bytes=153_008_209_920,
+        compute_capability=(9, 0),
+        fp8_kv=True,
+        interconnect="nvlink",
+        gfd_products=("NVIDIA-GH200-144G-HBM3e",),
     ),
     GpuSpec(
         name="H200",
@@ -94,6 +117,31 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         interconnect="pcie",
         gfd_products=("NVIDIA-H100-PCIe",),
         nvml_total_bytes=81_559 * MIB,
+    ),
+    GpuSpec(
+        # GH200 96GB (HBM3; sold as "480GB" / "120GB" for the superchip with its LPDDR5X):
+        # nvidia-smi 97,871 MiB on public logs of "NVIDIA GH200 480GB" and "NVIDIA GH200
+        # 120GB". No torch total published: CUDA total estimated from NVML's
+        # (estimate_cuda_total). Not unified for vLLM: torch reports is_integrated False,
+        # so vLLM measures HBM with cudaMemGetInfo as on an H100.
+        name="GH200-96GB",
+        total_bytes=estimate_cuda_total(97_871 * MIB),
+        compute_capability=(9, 0),
+        fp8_kv=True,
+        interconnect="nvlink",
+        gfd_products=("NVIDIA-GH200-480GB", "NVIDIA-GH200-120GB"),
+        nvml_total_bytes=97_871 * MIB,
+    ),
+    GpuSpec(
+        # H20 96GB (HBM3): nvidia-smi 97,871 MiB on public logs of "NVIDIA H20"; no torch
+        # total published, so estimated from NVML's (estimate_cuda_total).
+        name="H20",
+        total_bytes=estimate_cuda_total(97_871 * MIB),
+        compute_capability=(9, 0),
+        fp8_kv=True,
+        interconnect="nvlink",
+        gfd_products=("NVIDIA-H20",),
+        nvml_total_bytes=97_871 * MIB,
     ),
     GpuSpec(
         name="H100-NVL",
@@ -186,6 +234,17 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         nvml_total_bytes=23_028 * MIB,
     ),
     GpuSpec(
+        # RTX 5090 32GB: torch "total capacity of 31.37 GiB" (Wan-Video/Wan2.1#465, a 5090);
+        # nvidia-smi 32,607 MiB (noonghunna/club-3090#1322, "NVIDIA GeForce RTX 5090").
+        name="RTX-5090",
+        total_bytes=_gib(31.37),
+        compute_capability=(12, 0),
+        fp8_kv=True,
+        interconnect="pcie",
+        gfd_products=("NVIDIA-GeForce-RTX-5090",),
+        nvml_total_bytes=32_607 * MIB,
+    ),
+    GpuSpec(
         name="RTX-4090",
         total_bytes=_gib(23.65),
         compute_capability=(8, 9),
@@ -202,6 +261,18 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         interconnect="pcie",
         gfd_products=("NVIDIA-GeForce-RTX-3090",),
         nvml_total_bytes=24_576 * MIB,
+    ),
+    GpuSpec(
+        # RTX A5000 24GB: nvidia-smi 24,564 MiB on public logs of "NVIDIA RTX A5000" (older
+        # drivers show 24,576); no torch total published, so estimated from the lower NVML
+        # figure (estimate_cuda_total).
+        name="RTX-A5000",
+        total_bytes=estimate_cuda_total(24_564 * MIB),
+        compute_capability=(8, 6),
+        fp8_kv=False,
+        interconnect="pcie",
+        gfd_products=("NVIDIA-RTX-A5000",),
+        nvml_total_bytes=24_564 * MIB,
     ),
     GpuSpec(
         name="T4",
@@ -254,13 +325,66 @@ ALIASES: Mapping[str, str] = {
     "tesla-t4": "T4",
     "instinct-mi300x": "MI300X",
     "amd-instinct-mi300x": "MI300X",
+    "rtx5090": "RTX-5090",
+    "5090": "RTX-5090",
+    "geforce-rtx-5090": "RTX-5090",
+    "a5000": "RTX-A5000",
+    "gh200": "GH200-96GB",
+    "gh200-480gb": "GH200-96GB",
+    "gh200-120gb": "GH200-96GB",
+    "gh200-96gb": "GH200-96GB",
+    "gh200-144gb": "GH200-144GB",
+    "gh200-144g-hbm3e": "GH200-144GB",
+    "h20-96gb": "H20",
 }
 """Extra spellings (already normalised: lower case, dashes). Ambiguous ones such as
 ``a100`` are left out on purpose: the error lists both sizes."""
 
 
+UNIFIED_MEMORY: Mapping[str, str] = {
+    "gb10": "GB10 (DGX Spark)",
+    "nvidia-gb10": "GB10 (DGX Spark)",
+    "dgx-spark": "GB10 (DGX Spark)",
+}
+"""Unified-memory GPUs, refused by name (normalised spelling -> what to call it).
+
+On these torch reports ``is_integrated`` and vLLM replaces the free memory it checks
+against ``--gpu-memory-utilization`` with the host's ``psutil.virtual_memory().available``
+(``vllm/utils/mem_utils.py``, ``MemorySnapshot.measure``): the budget moves with the
+page cache and every other process on the machine, which kvpilot cannot see. (vLLM
+0.33 also keeps GB10 on the small batch tier: :data:`kvpilot.tuner.vllm.GB10_EXCLUDED_SINCE`.)
+GH200 is not among them: its HBM is measured with ``cudaMemGetInfo``."""
+
+_COUNT_PREFIX = re.compile(r"^\d+\s*[x×*]\s*")
+_PARENTHETICAL = re.compile(r"\([^)]*\)")
+
+
 def _normalise(name: str) -> str:
     return re.sub(r"[-\s_]+", "-", name.strip().lower()).strip("-")
+
+
+def _canonical(name: str) -> tuple[str, str | None]:
+    """``name`` as an index key, and its MIG profile if it names a slice.
+
+    Tolerates what people and nodes write around a GPU's name: a count (``4x NVIDIA
+    H100``), a parenthetical (``NVIDIA A100 40GB (per log file name)``), GFD's
+    ``-SHARED`` (time-slicing) and ``-MIG-<profile>`` suffixes, and the ``nvidia-``
+    prefix.
+    """
+    text = _PARENTHETICAL.sub(" ", _COUNT_PREFIX.sub("", name.strip()))
+    key, mig, profile = _normalise(text).removesuffix("-shared").partition("-mig-")
+    return key.removeprefix("nvidia-"), profile if mig else None
+
+
+def _refuse_unified_memory(name: str, key: str) -> None:
+    device = UNIFIED_MEMORY.get(key) or UNIFIED_MEMORY.get(f"nvidia-{key}")
+    if device is not None:
+        raise errors.UnknownGpu(
+            f"GPU {name!r} is {device}, a unified-memory GPU: vLLM budgets it from the host's available "
+            "memory (page cache and other processes included), which kvpilot does not model. Run vLLM "
+            "there with an explicit --kv-cache-memory-bytes sized by hand and without kvpilot's plan, or "
+            "plan for a discrete GPU."
+        )
 
 
 def _build_index() -> dict[str, GpuSpec]:
@@ -269,7 +393,6 @@ def _build_index() -> dict[str, GpuSpec]:
     for spec in CATALOGUE:
         index[_normalise(spec.name)] = spec
         for product in spec.gfd_products:
-            index[_normalise(product)] = spec
             index[_normalise(product).removeprefix("nvidia-")] = spec
     for alias, name in ALIASES.items():
         index[alias] = by_name[name]
@@ -302,28 +425,27 @@ def lookup_gpu(name: str) -> GpuSpec:
 
     Accepts catalogue names (``H100-SXM``), aliases (``h100``, ``a100-80gb``), NVML
     names (``NVIDIA H100 80GB HBM3``) and GFD product labels
-    (``NVIDIA-A100-SXM4-80GB``), case-insensitively. Raises
-    :class:`~kvpilot.tuner.errors.UnknownGpu` with close matches otherwise.
+    (``NVIDIA-A100-SXM4-80GB``, ``-SHARED`` allowed), case-insensitively, with a count
+    or a parenthetical around them (``4x NVIDIA H100``). Raises
+    :class:`~kvpilot.tuner.errors.UnknownGpu` with close matches otherwise, and by
+    name for a MIG slice (its memory is the node's ``nvidia.com/gpu.memory`` label,
+    not the whole GPU's) and for unified-memory GPUs (:data:`UNIFIED_MEMORY`).
     """
-    key = _normalise(name)
-    spec = _INDEX.get(key) or _INDEX.get(key.removeprefix("nvidia-"))
+    key, mig_profile = _canonical(name)
+    _refuse_unified_memory(name, key)
+    spec = _INDEX.get(key)
     if spec is None:
         known = ", ".join(s.name for s in CATALOGUE)
         raise errors.UnknownGpu(
-            f"GPU {name!r} is not in kvpilot's catalogue.{_suggest(name)} Known GPUs: {known}."
+            f"GPU {name!r} is not in kvpilot's catalogue.{_suggest(key)} Known GPUs: {known}."
+        )
+    if mig_profile is not None:
+        raise errors.UnknownGpu(
+            f"GPU {name!r} is a MIG slice ({mig_profile}) of {spec.name}, with a fraction of its memory. "
+            f"Let kvpilot read the slice from the node's labels (select the node with {PRODUCT_LABEL} in "
+            f"spec.nodeSelector; GPU Feature Discovery sets {MEMORY_LABEL}), or name the whole GPU."
         )
     return spec
-
-
-def estimate_cuda_total(nvml_total_bytes: int) -> int:
-    """CUDA-visible memory of a GPU known only by its NVML total: conservative.
-
-    Observed gaps between NVML's and CUDA's totals are 0.3-0.9 GiB (§8 of the vLLM
-    reference); keeping back ``max(1 GiB, 1 %)`` stays below every catalogue entry.
-    The result is rounded down to a MiB.
-    """
-    reserve = max(GIB, nvml_total_bytes // 100)
-    return max(0, (nvml_total_bytes - reserve) // MIB * MIB)
 
 
 def _int_label(labels: Mapping[str, str], key: str) -> int | None:
@@ -367,12 +489,9 @@ def build_gpu_from_labels(labels: Mapping[str, str]) -> GpuSpec:
     """
     product = str(labels.get(PRODUCT_LABEL, "")).strip()
     memory_mib = _int_label(labels, MEMORY_LABEL)
-    base_product, mig_profile = product, None
-    if base_product.endswith("-SHARED"):
-        base_product = base_product.removesuffix("-SHARED")
-    if "-MIG-" in base_product:
-        base_product, mig_profile = base_product.split("-MIG-", 1)
-    base = _INDEX.get(_normalise(base_product)) if base_product else None
+    base_product, mig_profile = _canonical(product) if product else ("", None)
+    _refuse_unified_memory(product, base_product)
+    base = _INDEX.get(base_product) if base_product else None
     if base is not None and mig_profile is None:
         return base
     if not memory_mib:

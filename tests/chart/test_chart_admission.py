@@ -15,6 +15,8 @@ import pytest
 import yaml
 from helmchart import CHART, RELEASE, run_helm
 
+from kvpilot.operator.pods import pod_template
+
 Render = Callable[..., list[dict[str, Any]]]
 ISVC, TUNER = f"{RELEASE}-kvpilot-inferenceservices", f"{RELEASE}-kvpilot-enginetuners"
 
@@ -45,6 +47,17 @@ def test_no_expression_makes_more_than_two_authorization_checks(rendered: Render
     # the whole request has 10,000,000: the checks an InferenceService can cause, match condition included
     checks = sum(e.count(".check(") for e in _expressions(policy))
     assert checks * 350_000 <= 7_000_000, checks
+
+
+def test_the_size_policy_is_the_generated_weight_for_everyone(rendered: Render) -> None:
+    policy = _policy(rendered(), f"{RELEASE}-kvpilot-inferenceservice-size")
+    assert [c["name"] for c in policy["spec"]["matchConditions"]] == ["has-template"]  # no requester exempt
+    (weight,) = policy["spec"]["variables"]
+    assert weight["expression"] == (CHART / "files" / "template-size.cel").read_text().strip()
+    (rule,) = policy["spec"]["validations"]
+    limit = pod_template.TEMPLATE_SIZE_LIMIT
+    assert rule["expression"] == f"variables.templateSize <= {limit}"
+    assert f"the limit is {limit} (64 KiB)" in rule["messageExpression"]
 
 
 def test_every_reference_slot_checks_one_distinct_object(rendered: Render) -> None:

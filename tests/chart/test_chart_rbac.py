@@ -127,30 +127,39 @@ def test_namespaced_mode_reads_secrets_evicts_and_writes_pdbs_only_in_the_watche
     assert where == {(ns, res) for ns in ("team-a", "team-b") for res in sensitive}
 
 
-def test_notes_say_when_secrets_are_readable_everywhere(helm: Path, tmp_path: Path) -> None:
-    everywhere = "the operator can read Secrets in EVERY namespace"
-    assert everywhere in _notes(helm, tmp_path)
-    narrowings = ("watchNamespaces={team-a}", "rbac.modelConfigNamespaces={a}", "rbac.secrets.enabled=false")
-    for narrowed in narrowings:
-        assert everywhere not in _notes(helm, tmp_path, "--set", narrowed)
-
-
 MODEL_CONFIG = {"configmaps", "secrets"}
+CONFINED = MODEL_CONFIG | {"poddisruptionbudgets", "pods/eviction"}
+"""Grants a tenant would mind most (Secrets, evicting pods): Roles in the listed namespaces when listed."""
 
 
-def test_cluster_wide_reads_model_config_only_in_the_listed_namespaces(rendered: Render) -> None:
-    objs = rendered(sets=["rbac.modelConfigNamespaces={team-a,team-b}"])
-    expected = {g: v for g, v in CLUSTER_WIDE.items() if g[2] not in MODEL_CONFIG}
+def test_cluster_wide_reads_secrets_and_evicts_only_in_the_listed_namespaces(rendered: Render) -> None:
+    objs = rendered(sets=["rbac.modelConfigNamespaces={team-a,team-b}", "rbac.secrets.resourceNames={hf}"])
+    expected = {g: v for g, v in CLUSTER_WIDE.items() if g[2] not in CONFINED}
     for ns in ("team-a", "team-b"):
         expected[(ns, "", "configmaps", ())] = {"get"}
-        expected[(ns, "", "secrets", ())] = {"get"}
+        expected[(ns, "", "secrets", ("hf",))] = {"get"}
+        expected[(ns, "policy", "poddisruptionbudgets", ())] = {"get", "create", "patch"}
+        expected[(ns, "", "pods/eviction", ())] = {"create"}
     assert operator_grants(objs) == expected
-    # the rest stays cluster-wide (the operator serves every namespace); model-config is two Roles
-    model_config = [r for r in _roles(objs) if r["metadata"]["name"].endswith("-model-config")]
-    assert {(r["kind"], r["metadata"].get("namespace")) for r in model_config} == {
-        ("Role", "team-a"),
-        ("Role", "team-b"),
-    }
+    assert not [g for g in operator_grants(objs) if g[0] == "cluster" and g[2] in CONFINED]
+    # the rest stays cluster-wide (the operator serves every namespace); model-config and disruption are Roles
+    confined = [r for r in _roles(objs) if r["metadata"]["name"].endswith(("-model-config", "-disruption"))]
+    where = {(r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"].rsplit("-", 1)[1])
+             for r in confined}  # fmt: skip
+    purposes = ("config", "disruption")
+    assert where == {("Role", ns, purpose) for ns in ("team-a", "team-b") for purpose in purposes}
+
+
+def test_notes_say_when_secrets_and_evictions_reach_every_namespace(helm: Path, tmp_path: Path) -> None:
+    default = " ".join(_notes(helm, tmp_path).split())
+    assert "in EVERY namespace (kube-system included)" in default
+    assert "read Secrets of any name" in default and "create PodDisruptionBudgets and evict pods" in default
+    named = " ".join(_notes(helm, tmp_path, "--set", "rbac.secrets.resourceNames={hf-token}").split())
+    assert "read Secrets named hf-token" in named
+    no_secrets = _notes(helm, tmp_path, "--set", "rbac.secrets.enabled=false")
+    assert "evict pods" in no_secrets and "read Secrets" not in no_secrets
+    for narrowed in ("watchNamespaces={team-a}", "rbac.modelConfigNamespaces={team-a}"):
+        assert "EVERY namespace" not in _notes(helm, tmp_path, "--set", narrowed)
 
 
 def test_model_config_namespaces_are_refused_in_namespace_mode(helm: Path) -> None:
@@ -175,7 +184,7 @@ def test_roles_are_split_by_purpose(rendered: Render) -> None:
     prefix = f"{RELEASE}-kvpilot-"
     names = {r["metadata"]["name"].removeprefix(prefix) for r in by_kind(rendered(), "ClusterRole")}
     operator = {"discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads",
-                "model-config", "tuningprofiles", "enginetuners"}  # fmt: skip
+                "model-config", "disruption", "tuningprofiles", "enginetuners"}  # fmt: skip
     assert names == operator | {"view", "edit"}
 
 
@@ -228,7 +237,8 @@ def test_admission_policy_binding_follows_the_served_namespaces(
 ) -> None:
     bindings = [o for o in rendered() if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert sorted(b["spec"]["policyName"] for b in bindings) == [
-        f"{RELEASE}-kvpilot-enginetuners", f"{RELEASE}-kvpilot-inferenceservices"
+        f"{RELEASE}-kvpilot-enginetuners", f"{RELEASE}-kvpilot-inferenceservice-size",
+        f"{RELEASE}-kvpilot-inferenceservices",
     ]  # fmt: skip
     for binding in bindings:
         assert "matchResources" not in binding["spec"] and binding["spec"]["validationActions"] == ["Deny"]

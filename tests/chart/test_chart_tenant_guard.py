@@ -56,6 +56,13 @@ def test_the_policy_and_the_operator_share_the_code_loading_lists(rendered: Rend
     assert _cel_list(v["deniedEnv"], "&& !(m.n in") == list(vllm.SAFE_PYTHON_ENV)
     for prefix in vllm.CODE_LOADING_ENV_PREFIXES:
         assert f"m.n.startsWith('{prefix}')" in v["deniedEnv"]
+    # deniedKeys: <ANY_FLAG_CODE_KEYS>.exists(...) and, for --compilation-config, <its keys>.exists(...)
+    assert _cel_lists(v["deniedKeys"], "filter(x,") == [list(vllm.ANY_FLAG_CODE_KEYS)]
+    assert list(vllm.CODE_LOADING_KEYS) == ["--compilation-config"]
+    assert _cel_lists(v["deniedKeys"], "&& ")[-1] == list(vllm.CODE_LOADING_KEYS["--compilation-config"])
+    assert set(vllm.JSON_FLAG_ALIASES) <= {"-O", "-cc"} and "f.a.startsWith('-cc')" in v["deniedKeys"]
+    # deniedEnvFrom: the same names as deniedEnv, as is_code_safe_env_prefix reads them
+    assert _cel_list(v["deniedEnvFrom"], "||") == list(vllm.CODE_LOADING_ENV)
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 import types
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -441,6 +442,32 @@ def compare_outcomes(
     return ours, theirs
 
 
+def collect_misses(
+    m: Any,
+    vc: Any,
+    spec: ModelSpec,
+    points: Iterable[Point],
+    vllm_workers: Callable[[Point], list[dict[str, Any]]],
+    ours_point: Callable[[Point], Point] = lambda p: p,
+    theirs_point: Callable[[Point], Point] = lambda p: p,
+) -> list[str]:
+    """Every point where kvpilot's outcome differs from vLLM's, as a line each (empty: all exact).
+
+    ``vllm_workers`` builds vLLM's per-PP-rank layer specs for a point; ``ours_point`` and
+    ``theirs_point`` let a contract give each side its own reading of the point (e.g. the KV dtype
+    ``auto`` resolves to), both default to the point itself. ``vc`` is set to the point's PP.
+    """
+    misses = []
+    for point in points:
+        ours_at, theirs_at = ours_point(point), theirs_point(point)
+        vc.parallel_config.pipeline_parallel_size = point.pp
+        theirs = vllm_outcome(m, vc, vllm_workers(theirs_at), theirs_at)
+        ours = kvpilot_outcome(spec, ours_at, kv_vllm.in_flight_batches(V033, point.pp))
+        if ours != theirs:
+            misses.append(f"{point}: kvpilot {ours} vLLM {theirs}")
+    return misses
+
+
 def unchecked(planning: Any) -> Any:
     """``get_kv_cache_configs`` without its fit check (for the counts of a point that does not start)."""
 
@@ -459,6 +486,7 @@ __all__ = [
     "Outcome",
     "Point",
     "build_vllm_specs",
+    "collect_misses",
     "through_mixer2",
     "kvpilot_outcome",
     "replace",

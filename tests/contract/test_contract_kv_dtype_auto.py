@@ -83,17 +83,17 @@ def _compare(wheel_: dict[str, Any], vc: Any, name: str, kv_declared: bool) -> l
     spec = build_model_spec(copy.deepcopy(config))
     assert spec.quantization is not None
     declared = spec.quantization.kv_cache if kv_declared else None
-    misses = []
-    for point in POINTS:
-        theirs_point = kp.replace(point, dtype=_vllms_resolution(config))
-        ours_point = kp.replace(point, dtype=kv_vllm.resolve_kv_cache_dtype(point.dtype, declared))
-        workers, _ = kp.build_vllm_specs(wheel_, vc, config, spec, theirs_point)
-        vc.parallel_config.pipeline_parallel_size = point.pp
-        theirs = kp.vllm_outcome(wheel_, vc, workers, theirs_point)
-        ours = kp.kvpilot_outcome(spec, ours_point, kv_vllm.in_flight_batches(kp.V033, point.pp))
-        if ours != theirs:
-            misses.append(f"{name} {point}: kvpilot {ours} vLLM {theirs}")
-    return misses
+    return kp.collect_misses(
+        wheel_,
+        vc,
+        spec,
+        POINTS,
+        lambda point: kp.build_vllm_specs(wheel_, vc, config, spec, point)[0],
+        ours_point=lambda point: kp.replace(
+            point, dtype=kv_vllm.resolve_kv_cache_dtype(point.dtype, declared)
+        ),
+        theirs_point=lambda point: kp.replace(point, dtype=_vllms_resolution(config)),
+    )
 
 
 @pytest.mark.parametrize("name", DECLARING)

@@ -18,7 +18,6 @@ import kv_points as kp
 import pytest
 from test_contract_kv_cache import cuda_like_config, wheel  # noqa: F401  (fixtures)
 
-from kvpilot.tuner import vllm as kv_vllm
 from kvpilot.tuner.model import build_model_spec
 from kvpilot.tuner.types import GIB
 
@@ -39,16 +38,10 @@ POINTS = (
 
 def _outcomes(m: dict[str, Any], vc: Any, config: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     theirs_spec = build_model_spec(copy.deepcopy(config))
-    our_spec = build_model_spec(copy.deepcopy(ours))
-    misses = []
-    for point in POINTS:
-        workers, _ = kp.build_vllm_specs(m, vc, config, theirs_spec, point)
-        vc.parallel_config.pipeline_parallel_size = point.pp
-        theirs = kp.vllm_outcome(m, vc, workers, point)
-        mine = kp.kvpilot_outcome(our_spec, point, kv_vllm.in_flight_batches(kp.V033, point.pp))
-        if mine != theirs:
-            misses.append(f"{point}: kvpilot {mine} vLLM {theirs}")
-    return misses
+    return kp.collect_misses(
+        m, vc, build_model_spec(copy.deepcopy(ours)), POINTS,
+        lambda point: kp.build_vllm_specs(m, vc, config, theirs_spec, point)[0],
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("name", NEMOTRON_H)

@@ -21,7 +21,6 @@ import kv_points as kp
 import pytest
 from test_contract_kv_cache import cuda_like_config, wheel  # noqa: F401  (fixtures)
 
-from kvpilot.tuner import vllm as kv_vllm
 from kvpilot.tuner.model import build_model_spec
 from kvpilot.tuner.types import GIB
 
@@ -87,14 +86,7 @@ def _vllm_workers(m: dict[str, Any], p: kp.Point) -> list[dict[str, Any]]:
 
 def _misses(m: dict[str, Any], vc: Any, ours_config: dict[str, Any]) -> list[str]:
     spec = build_model_spec(copy.deepcopy(ours_config))
-    out = []
-    for point in POINTS:
-        vc.parallel_config.pipeline_parallel_size = point.pp
-        theirs = kp.vllm_outcome(m, vc, _vllm_workers(m, point), point)
-        ours = kp.kvpilot_outcome(spec, point, kv_vllm.in_flight_batches(kp.V033, point.pp))
-        if ours != theirs:
-            out.append(f"{point}: kvpilot {ours} vLLM {theirs}")
-    return out
+    return kp.collect_misses(m, vc, spec, POINTS, lambda point: _vllm_workers(m, point))
 
 
 def test_mimo_v2_flash_kv_is_vllms_own(

@@ -121,6 +121,7 @@ class LoopHarness:
         return loop_deps.LoopDeps(
             kube=self.h.kube, pods=self.pods, prom_url="http://prometheus.test:9090", clock=lambda: self.now,
             emit=self.h.emitter, fetch_window=self._fetch, hub=self.h._hub, record_metrics=False,
+            owners=self.h.deps.owners,  # one memory of kvpilot's objects, as the operator's start-up makes
         )  # fmt: skip
 
     async def _fetch(self, url: str, namespace: str, name: str, now: float, **_: Any) -> ObservationWindow:

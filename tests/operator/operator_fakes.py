@@ -9,7 +9,8 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator.inferenceservice import handlers
+from kvpilot.operator.clients.kube import Conflict
+from kvpilot.operator.inferenceservice import handlers, reconcile_deps
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
@@ -199,7 +200,7 @@ class Harness:
         self.hub_calls: list[tuple[str, str | None, str | None]] = []
         self.hub_result: Any = {}
         self.clock = iter(f"2026-11-30T10:{m:02d}:00Z" for m in range(60))
-        self.deps = handlers.Deps(
+        self.deps = reconcile_deps.Deps(
             kube=self.kube, emit=self.emitter, now=lambda: next(self.clock), hub=self._hub, plan_fn=fake_plan,
             record_metrics=False,
         )  # fmt: skip
@@ -254,3 +255,59 @@ def _merge(old: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
 
 def condition(body: Mapping[str, Any], type_: str) -> dict[str, Any]:
     return next(c for c in body["status"]["conditions"] if c["type"] == type_)
+
+
+# --- TuningProfiles ------------------------------------------------------------------------------------
+
+
+class FakeStore:
+    """Profiles as the API server keeps them: a resourceVersion per write, 409 on a stale one."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.version = 0
+        self.lists = 0
+        self.patches = 0
+        self.conflicts = 0
+        self.before_patch: Any = None
+        """Called before each patch is judged (another writer sneaking in)."""
+
+    def _bump(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        return copy.deepcopy(obj)
+
+    def list_profiles(self) -> list[dict[str, Any]]:
+        self.lists += 1
+        return [copy.deepcopy(o) for o in self.objects.values()]
+
+    def read_profile(self, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get(name)
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def create_profile(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        if name in self.objects:
+            raise Conflict(f"{name} already exists")
+        self.objects[name] = copy.deepcopy(dict(body))
+        return self._bump(self.objects[name])
+
+    def patch_profile_status(self, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        if self.before_patch is not None:
+            hook, self.before_patch = self.before_patch, None
+            hook()
+        obj = self.objects[name]
+        if body["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
+            self.conflicts += 1
+            raise Conflict("the object has been modified")
+        self.patches += 1
+        obj["status"] = copy.deepcopy(body["status"])
+        return self._bump(obj)
+
+
+class ProfileKube(FakeKube, FakeStore):
+    """The fake API with TuningProfiles: what the real planner's profile reads and the loop's writes use."""
+
+    def __init__(self) -> None:
+        FakeKube.__init__(self)
+        FakeStore.__init__(self)

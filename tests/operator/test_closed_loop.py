@@ -16,8 +16,9 @@ import pytest
 from closed_loop_fakes import T0, LoopHarness, pod, rfc3339, window
 from operator_fakes import Harness, condition, isvc
 
+from kvpilot.operator.clients import metrics
 from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
-from kvpilot.operator.inferenceservice import closed_loop, handlers
+from kvpilot.operator.inferenceservice import closed_loop, handlers, reconcile_deps
 from kvpilot.operator.loop import loop_deps, loop_settings
 from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.pods import pod_status
@@ -516,7 +517,7 @@ def test_an_invalid_pace_stops_the_operator_at_start_up(monkeypatch: pytest.Monk
 
     started: list[str] = []
     monkeypatch.setenv("KVPILOT_MIN_SAMPLES", "many")
-    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: started.append("metrics"))
+    monkeypatch.setattr(metrics, "start_metrics_server", lambda: started.append("metrics"))
     words = "KVPILOT_MIN_SAMPLES='many': expected an integer >= 1"
     with pytest.raises(kopf.PermanentError, match=re.escape(words)):
         main.configure(settings=kopf.OperatorSettings())
@@ -527,16 +528,15 @@ def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) ->
     import kopf
 
     from kvpilot.operator import main
-    from kvpilot.operator.inferenceservice import handlers
 
     monkeypatch.setenv("KVPILOT_METRICS_STEP_SECONDS", "5")
     monkeypatch.setenv("KVPILOT_PROBATION_SECONDS", "20")
-    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
+    monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(reconcile_deps, "configure", lambda owners: reconcile_deps.Deps(None, owners=owners))
     monkeypatch.setenv("KVPILOT_PROMETHEUS_URL", "https://prom.example:9090")
     monkeypatch.setenv("KVPILOT_PROMETHEUS_POD_LABEL", "kubernetes_pod_name")
     seen: list[tuple[LoopPace, PrometheusSettings]] = []
-    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom: seen.append((pace, prom)))
+    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom, owners: seen.append((pace, prom)))
     main.configure(settings=kopf.OperatorSettings())
     assert seen == [(
         LoopPace(step_seconds=5.0, probation_seconds=20.0),

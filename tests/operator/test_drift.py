@@ -82,7 +82,7 @@ async def _repair(
     return await drift.apply_repair(
         kind, event, live, kube=harness.kube, hub=harness.deps.hub, emit=harness.emitter,
         logger=logging.getLogger("test"), read_owner=harness.kube.read_inference_service,
-        plan_fn=harness.deps.plan_fn,
+        plan_fn=harness.deps.plan_fn, owners=harness.deps.owners,
     )  # fmt: skip
 
 

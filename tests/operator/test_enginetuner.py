@@ -12,7 +12,7 @@ import pytest
 from operator_fakes import L4_LABELS, node_object
 
 from kvpilot.operator import api
-from kvpilot.operator.enginetuner import target, target_handlers, target_webhook
+from kvpilot.operator.enginetuner import target, target_deps, target_eviction, target_handlers, target_webhook
 from kvpilot.operator.status import status_patch
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import vllm
@@ -128,7 +128,7 @@ async def run(
     body: dict[str, Any], kube: FakeTargetKube, emitter: RecordingEmitter, now: float = 1.8e9
 ) -> None:
     patch = kopf.Patch()
-    deps = target_handlers.TargetDeps(kube=kube, emit=emitter, clock=lambda: now)
+    deps = target_deps.TargetDeps(kube=kube, emit=emitter, clock=lambda: now)
     try:
         await target_handlers.reconcile(
             body=body, spec=body["spec"], meta=body["metadata"], status=body["status"], patch=patch,
@@ -304,22 +304,22 @@ def test_compute_eviction_prefers_crash_loops_and_waits_for_readiness() -> None:
     rec = EngineSettings(max_model_len=8192, max_num_seqs=8, gpu_memory_utilization=0.9)
     now = 1.8e9
     ok, crashing = pod_of(wl, "ok"), pod_of(wl, "crash", ready=False, crash=True)
-    victim, _ = target_handlers.compute_eviction(
+    victim, _ = target_eviction.compute_eviction(
         [ok, crashing], "vllm", rec, now=now, last_eviction=now - 1, interval_s=30, schedulable=True
     )
     assert victim == "crash"  # at once: it serves nothing
     starting = pod_of(wl, "starting", ready=False)
-    victim, why = target_handlers.compute_eviction(
+    victim, why = target_eviction.compute_eviction(
         [ok, starting], "vllm", rec, now=now, last_eviction=None, interval_s=30, schedulable=True
     )
     assert victim is None and "not Ready" in why
-    victim, why = target_handlers.compute_eviction(
+    victim, why = target_eviction.compute_eviction(
         [ok], "vllm", rec, now=now, last_eviction=None, interval_s=30, schedulable=False
     )
     assert victim is None and "holding" in why
     tuned_cmd = vllm.build_vllm_args(rec)
     tuned = deployment("llama", ["vllm", "serve", LLAMA, *tuned_cmd])
-    victim, why = target_handlers.compute_eviction(
+    victim, why = target_eviction.compute_eviction(
         [pod_of(tuned, "t")], "vllm", rec, now=now, last_eviction=None, interval_s=30, schedulable=True
     )
     assert victim is None and "every pod" in why

@@ -27,9 +27,9 @@ from test_enginetuner import (
 from kvpilot.operator import api
 from kvpilot.operator.clients import prometheus
 from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
-from kvpilot.operator.enginetuner import target_handlers, target_loop
+from kvpilot.operator.enginetuner import target_deps, target_handlers
 from kvpilot.operator.loop.loop_settings import LoopPace
-from kvpilot.operator.status import status_patch
+from kvpilot.operator.status import status_patch, tuner_status
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner.loop import ObservationWindow
 from kvpilot.tuner.vllm import command as vllm_command
@@ -62,7 +62,7 @@ async def run(
 ) -> RecordingEmitter:
     emitter = emitter or RecordingEmitter()
     patch = kopf.Patch()
-    deps = target_handlers.TargetDeps(
+    deps = target_deps.TargetDeps(
         kube=kube, emit=emitter, clock=lambda: now, prom=URL, pace=PACE, fetch_window=fetch
     )
     await target_handlers.reconcile(
@@ -126,7 +126,7 @@ async def test_kv_pressure_on_the_pods_running_it_lowers_the_recommendation(kube
     planned = body["status"]["recommendation"]["settings"]
     await run(body, kube, T0 + 30, windows)
     assert windows.calls == []  # no pod runs the recommendation: nothing is asked of Prometheus
-    assert cond(body, "MetricsAvailable")["reason"] == target_loop.NOT_RUNNING_REASON
+    assert cond(body, "MetricsAvailable")["reason"] == tuner_status.NOT_RUNNING_REASON
 
     # a new pod carries it (the webhook), next to the owner's old one; they are under KV pressure
     kube.pods.append(running(kube, "tuned", planned, started=T0 + 10))
@@ -225,7 +225,7 @@ async def test_a_retune_nobody_rolls_out_is_pending_never_failed(kube: FakeTarge
     st = body["status"]
     assert st["recommendation"]["settings"] == lowered and "failedSettings" not in st
     assert history(body) == [("Planned", "Discovered"), ("Retuned", "KvPressure")]
-    assert cond(body, "MetricsAvailable")["reason"] == target_loop.NOT_RUNNING_REASON
+    assert cond(body, "MetricsAvailable")["reason"] == tuner_status.NOT_RUNNING_REASON
     assert cond(body, "RolloutInProgress")["reason"] == "Waiting"
 
 

@@ -323,6 +323,22 @@ async def test_unexpected_error_is_retried_not_crashed(harness: Harness) -> None
     assert condition(body, "Ready")["reason"] == "InternalError"
 
 
+async def test_an_unexpected_errors_text_stays_out_of_status_and_events(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It may quote what a tenant must not read (another team's object, a URL's credentials)."""
+    secret = "https://admin:hunter2@prometheus.internal team-b/payroll"
+    harness.kube.fail_apply = KeyError(secret)
+    body = isvc()
+    with pytest.raises(kopf.TemporaryError) as raised:
+        await harness.run(body)
+    ready = condition(body, "Ready")
+    assert ready["reason"] == "InternalError" and "(KeyError)" in ready["message"]
+    tenant_visible = json.dumps([body.get("status"), harness.emitter.events, str(raised.value)])
+    assert "hunter2" not in tenant_visible and "payroll" not in tenant_visible
+    assert "hunter2" in caplog.text  # the operator's log keeps the detail
+
+
 async def test_recovery_after_failure_sets_ready(harness: Harness) -> None:
     body = isvc(engine={"extraArgs": ["--batch-size", "32"]})
     with pytest.raises(kopf.PermanentError):

@@ -6,13 +6,15 @@ import kopf
 import pytest
 
 from kvpilot.operator import main
-from kvpilot.operator.inferenceservice import handlers
+from kvpilot.operator.clients import metrics
+from kvpilot.operator.inferenceservice import handlers, reconcile_deps, service_main
+from kvpilot.operator.loop import loop_deps, loop_settings, startup
 
 
 def test_startup_settings(monkeypatch) -> None:
-    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
-    monkeypatch.setattr(main.loop_deps, "configure", lambda pace, prom: None)
+    monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(reconcile_deps, "configure", lambda owners: reconcile_deps.Deps(None, owners=owners))
+    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom, owners: None)
     settings = kopf.OperatorSettings()
     main.configure(settings=settings)
     # kopf's bookkeeping rides in the status PATCH: nothing in annotations
@@ -27,11 +29,12 @@ def test_startup_settings(monkeypatch) -> None:
 def test_handlers_registered_for_our_resource() -> None:
     registry = kopf.get_default_registry()
     changing = registry._changing.get_all_handlers()
-    ours = [h for h in changing if h.fn in (main.created, main.spec_changed, main.resumed)]
+    mine = (service_main.created, service_main.spec_changed, service_main.resumed)
+    ours = [h for h in changing if h.fn in mine]
     assert len(ours) == 3
     for h in ours:
         assert h.selector.group == "kvpilot.io" and h.selector.plural == "inferenceservices"
-    update = next(h for h in ours if h.fn is main.spec_changed)
+    update = next(h for h in ours if h.fn is service_main.spec_changed)
     assert update.field == ("spec",)
     assert not [h for h in changing if h.fn.__module__ == main.__name__ and h.reason == "delete"]
 
@@ -43,30 +46,32 @@ async def test_handler_forwards_kwargs(monkeypatch) -> None:
         seen.update(kwargs)
 
     monkeypatch.setattr(handlers, "reconcile", fake)
-    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
-    await main.spec_changed(body={}, spec={}, meta={}, status={}, patch=kopf.Patch(), retry=2, logger=None,
-                            diff=(), old=None, new=None)  # fmt: skip
+    monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
+    await service_main.spec_changed(
+        body={}, spec={}, meta={}, status={}, patch=kopf.Patch(), retry=2, logger=None, diff=(), old=None,
+        new=None,
+    )
     assert seen["trigger"] == "SpecChanged" and seen["retry"] == 2 and seen["diff"] == ()
     assert "old" not in seen and "new" not in seen
 
 
 def test_peering_lifetime_from_the_environment(monkeypatch) -> None:
-    assert main.peering_lifetime_from_env({}) is None
-    assert main.peering_lifetime_from_env({main.PEERING_LIFETIME_ENV: " 15 "}) == 15
+    assert startup.peering_lifetime_from_env({}) is None
+    assert startup.peering_lifetime_from_env({startup.PEERING_LIFETIME_ENV: " 15 "}) == 15
     for bad in ("9", "abc", "15.5", "-1"):
-        with pytest.raises(main.loop_settings.LoopConfigError, match=main.PEERING_LIFETIME_ENV):
-            main.peering_lifetime_from_env({main.PEERING_LIFETIME_ENV: bad})
-    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
-    monkeypatch.setattr(main.loop_deps, "configure", lambda pace, prom: None)
+        with pytest.raises(loop_settings.LoopConfigError, match=startup.PEERING_LIFETIME_ENV):
+            startup.peering_lifetime_from_env({startup.PEERING_LIFETIME_ENV: bad})
+    monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(reconcile_deps, "configure", lambda owners: reconcile_deps.Deps(None, owners=owners))
+    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom, owners: None)
     settings = kopf.OperatorSettings()
     default = settings.peering.lifetime
     main.configure(settings=settings)
     assert settings.peering.lifetime == default  # unset: kopf's own
-    monkeypatch.setenv(main.PEERING_LIFETIME_ENV, "20")
+    monkeypatch.setenv(startup.PEERING_LIFETIME_ENV, "20")
     main.configure(settings=settings)
     assert settings.peering.lifetime == 20
-    monkeypatch.setenv(main.PEERING_LIFETIME_ENV, "2")
+    monkeypatch.setenv(startup.PEERING_LIFETIME_ENV, "2")
     with pytest.raises(kopf.PermanentError, match="expected an integer"):
         main.configure(settings=settings)
 
@@ -93,9 +98,9 @@ def test_every_status_field_kopf_writes_is_in_the_crd_schema() -> None:
 def test_the_tenant_guard_is_configured_at_startup(monkeypatch) -> None:
     from kvpilot.operator.pods import tenant_settings
 
-    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
-    monkeypatch.setattr(handlers, "_deps", handlers.Deps(kube=None))
-    monkeypatch.setattr(main.loop_deps, "configure", lambda pace, prom: None)
+    monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(reconcile_deps, "configure", lambda owners: reconcile_deps.Deps(None, owners=owners))
+    monkeypatch.setattr(loop_deps, "configure", lambda pace, prom, owners: None)
     monkeypatch.setattr(tenant_settings, "_settings", tenant_settings.TenantSettings())
     monkeypatch.setenv(tenant_settings.ENFORCEMENT_ENV, "Strict")
     monkeypatch.setenv(tenant_settings.POLICY_ENV, '{"allowedServiceAccounts": ["vllm-runner"]}')

@@ -135,7 +135,7 @@ async def test_drift_repair_never_touches_an_object_it_does_not_control(harness:
     fields = await drift.apply_repair(
         "Service", "MODIFIED", theirs, kube=harness.kube, hub=harness.deps.hub, emit=harness.emitter,
         logger=logging.getLogger("test"), read_owner=harness.kube.read_inference_service,
-        plan_fn=harness.deps.plan_fn,
+        plan_fn=harness.deps.plan_fn, owners=harness.deps.owners,
     )  # fmt: skip
     assert fields == []
     assert len(harness.kube.applied) == applied
@@ -156,7 +156,7 @@ async def test_the_closed_loop_never_retunes_onto_a_deployment_another_took(harn
     await loop.tick(body)
     theirs = _foreign("Deployment", "llm", owner={"kind": "Deployment", "name": "x", "uid": "u-x"})
     harness.kube.foreign[("Deployment", "ns1", "llm")] = theirs
-    ownership.VERIFIED.forget("Deployment", "ns1", "llm")  # what drift repair does on its DELETED event
+    harness.deps.owners.forget("Deployment", "ns1", "llm")  # what drift repair does on its DELETED event
     applied = len(harness.kube.applied)
     loop.window = window(loop.now + 30, kv=0.97, preempt=1.0, running=64, prompt=3000, output=1000)
     d = await loop.tick(body)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -265,3 +266,37 @@ def test_vllm_pods_mount_no_service_account_token_unless_the_template_asks(pod_s
         t = {"spec": {"serviceAccountName": "workload-identity", "automountServiceAccountToken": wanted}}
         p = pod(spec(template=t, podSecurity=pod_security))
         assert p["spec"]["automountServiceAccountToken"] is wanted
+
+
+def test_a_template_over_64_kib_is_invalid_spec_saying_its_weight() -> None:
+    limit = pod_template.TEMPLATE_SIZE_LIMIT
+    template: dict[str, Any] = {"metadata": {"annotations": {"pad": ""}}}
+    template["metadata"]["annotations"]["pad"] = "x" * (limit - pod_template.compute_template_size(template))
+    body = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "template": template}
+    with pytest.raises(errors.InvalidSpec):  # the annotation's own bound (4096) comes first
+        desired.parse_spec(body)
+    sidecars = [{"name": f"c{i}", "image": "busybox", "args": ["a" * 1000] * 9} for i in range(8)]
+    body["template"] = {"spec": {"containers": sidecars}}
+    size = pod_template.compute_template_size(body["template"])
+    assert size > limit
+    with pytest.raises(errors.InvalidSpec) as exc:
+        desired.parse_spec(body)
+    assert f"spec.template: weighs {size:,} bytes, over the limit of 65,536" in str(exc.value)
+    body["template"]["spec"]["containers"] = sidecars[:7]
+    desired.parse_spec(body)
+
+
+def _members(node: Any) -> int:
+    if isinstance(node, dict):
+        return len(node) + sum(_members(v) for v in node.values())
+    if isinstance(node, list):
+        return len(node) + sum(_members(v) for v in node)
+    return 0
+
+
+def test_the_weight_bounds_the_compact_json() -> None:
+    """At least the compact JSON (no string here needs escaping), at most one byte more per member (the comma
+    the last one lacks) and per boolean (true weighs 5)."""
+    text = json.dumps(TEMPLATE, separators=(",", ":"))
+    weight = pod_template.compute_template_size(TEMPLATE)
+    assert len(text) <= weight <= len(text) + _members(TEMPLATE) + text.count("true")

@@ -17,6 +17,13 @@ def test_the_crd_holds_what_the_generator_renders_from_the_snapshot() -> None:
     assert gen.BEGIN + gen.render_block(gen.load_snapshot()) + gen.END in text
 
 
+def test_the_size_policy_reads_what_the_generator_renders() -> None:
+    assert gen.SIZE_CEL.read_text() == gen.render_size_expression(gen.load_snapshot())
+    expr = gen.SIZE_CEL.read_text()
+    for field in ("projected", "nodeSelectorTerms", "matchExpressions", "envFrom", "annotations"):
+        assert f".{field})?" in expr, field  # the weight walks every field of the schema
+
+
 def test_the_snapshot_says_where_it_came_from() -> None:
     snap = json.loads(gen.SNAPSHOT.read_text())
     assert snap["serverVersion"].startswith("v1.") and "openapi/v3" in snap["source"]

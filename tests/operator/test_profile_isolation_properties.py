@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_profile_store import FakeStore
+from operator_fakes import FakeStore
 
 from kvpilot.operator import api
 from kvpilot.operator.planning import profile_scope, profiles

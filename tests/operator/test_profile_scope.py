@@ -9,8 +9,7 @@ from typing import Any
 
 import kopf
 import pytest
-from operator_fakes import FakeKube, Harness, isvc
-from test_profile_store import FakeStore
+from operator_fakes import FakeStore, Harness, ProfileKube, isvc
 
 from kvpilot.operator import api, main
 from kvpilot.operator.clients import metrics
@@ -55,7 +54,7 @@ def test_the_shared_namespaces_are_read_and_checked_at_start_up(monkeypatch: pyt
         with pytest.raises(profile_scope.SharingConfigError, match=why):
             profile_scope.sharing_from_env({env: bad})
     monkeypatch.setenv(env, "only-one")
-    monkeypatch.setattr(main.metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
     with pytest.raises(kopf.PermanentError, match="at least two"):  # the operator stops, not mid-loop
         main.configure(settings=kopf.OperatorSettings())
     assert profile_scope.shared_namespaces() == frozenset()
@@ -219,20 +218,6 @@ async def test_a_profile_of_another_namespace_under_this_name_is_not_used() -> N
 
 
 # --- the attacks, through the reconcile -------------------------------------------------------------------
-
-
-class ProfileKube(FakeKube, FakeStore):
-    def __init__(self) -> None:
-        FakeKube.__init__(self)
-        FakeStore.__init__(self)
-
-
-@pytest.fixture
-def planner(harness: Harness) -> Harness:
-    harness.kube = ProfileKube()
-    harness.deps.kube = harness.kube
-    harness.deps.plan_fn = None  # the real planner: it reads the profiles
-    return harness
 
 
 async def _plan(planner: Harness, name: str, ns: str, **fields: Any) -> dict[str, Any]:

@@ -5,7 +5,6 @@ starting from a profile and returning to the memory model's plan once it is gone
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_fakes import FakeKube, Harness, isvc
+from operator_fakes import FakeStore, Harness, ProfileKube, isvc
 
 from kvpilot.operator import api
 from kvpilot.operator.clients.kube import Conflict
@@ -26,51 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "tuningprofiles.kvpilot.io.yaml"
 LOG = logging.getLogger("test")
 KEY = learning.ProfileKey("0123456789abcdef", "L4", "0.33.0", "auto", 1, 1, "ns")
-
-
-class FakeStore:
-    """Profiles as the API server keeps them: a resourceVersion per write, 409 on a stale one."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.version = 0
-        self.lists = 0
-        self.patches = 0
-        self.conflicts = 0
-        self.before_patch: Any = None
-        """Called before each patch is judged (another writer sneaking in)."""
-
-    def _bump(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self.version += 1
-        obj["metadata"]["resourceVersion"] = str(self.version)
-        return copy.deepcopy(obj)
-
-    def list_profiles(self) -> list[dict[str, Any]]:
-        self.lists += 1
-        return [copy.deepcopy(o) for o in self.objects.values()]
-
-    def read_profile(self, name: str) -> dict[str, Any] | None:
-        obj = self.objects.get(name)
-        return copy.deepcopy(obj) if obj is not None else None
-
-    def create_profile(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        name = body["metadata"]["name"]
-        if name in self.objects:
-            raise Conflict(f"{name} already exists")
-        self.objects[name] = copy.deepcopy(dict(body))
-        return self._bump(self.objects[name])
-
-    def patch_profile_status(self, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        if self.before_patch is not None:
-            hook, self.before_patch = self.before_patch, None
-            hook()
-        obj = self.objects[name]
-        if body["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
-            self.conflicts += 1
-            raise Conflict("the object has been modified")
-        self.patches += 1
-        obj["status"] = copy.deepcopy(body["status"])
-        return self._bump(obj)
 
 
 def oom(source: str, util: float) -> profiles.Update:
@@ -220,20 +174,6 @@ def test_the_status_written_is_what_the_crd_schema_declares() -> None:
 
 
 # --- the reconcile --------------------------------------------------------------------------------------
-
-
-class ProfileKube(FakeKube, FakeStore):
-    def __init__(self) -> None:
-        FakeKube.__init__(self)
-        FakeStore.__init__(self)
-
-
-@pytest.fixture
-def planner(harness: Harness) -> Harness:
-    harness.kube = ProfileKube()
-    harness.deps.kube = harness.kube
-    harness.deps.plan_fn = None  # the real planner: it reads the profile
-    return harness
 
 
 def _util(body: dict[str, Any]) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from kvpilot.operator.inferenceservice import closed_loop, desired
+from kvpilot.operator.inferenceservice import desired, loop_reading
 from kvpilot.operator.planning import release, resolve
 from kvpilot.tuner import memory, vllm
 
@@ -41,7 +41,7 @@ def test_the_loop_budgets_with_the_release_the_image_runs() -> None:
     inputs = resolve.Inputs(resolve.read_model(spec.model, "ml", None), resolve.read_gpu(spec, None))
     wanted = desired.build_desired(SERVICE["metadata"], spec, inputs)
     settings = wanted.decision.plan.settings
-    budget = closed_loop._budget_for(inputs, spec, settings)
+    budget = loop_reading.budget_for(inputs, spec, settings)
     assert budget == wanted.decision.plan.budget
     pinned = memory.compute_budget(
         inputs.model.spec, inputs.gpu.gpu, settings.replace(tensor_parallel_size=1),

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvpilot.operator import errors
 from kvpilot.operator.inferenceservice import desired, render
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -97,6 +98,30 @@ def test_render_refuses_other_kinds_and_bad_specs() -> None:
     assert info.value.reason == "InvalidSpec"
 
 
+def test_one_node_per_replica_renders_as_a_spec_without_nodes() -> None:
+    doc = load("llama-3.1-8b-on-l4.yaml")
+    one = {**doc, "spec": {**doc["spec"], "gpu": {**doc["spec"].get("gpu", {}), "nodesPerReplica": 1}}}
+    assert render.build_manifests(one) == render.build_manifests(doc)
+
+
+def test_several_nodes_per_replica_render_a_leader_worker_set_the_operator_refuses() -> None:
+    doc = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "ds"},
+           "spec": {"model": {"id": "deepseek-ai/DeepSeek-V3"}, "serving": {"maxContextLength": 32768},
+                    "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": 2}}}  # fmt: skip
+    service, group = render.build_manifests(doc)
+    assert group["kind"] == "LeaderWorkerSet" and group["spec"]["leaderWorkerTemplate"]["size"] == 2
+    assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    leader = group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"]
+    assert flag(leader, "--tensor-parallel-size") == "8" and flag(leader, "--pipeline-parallel-size") == "2"
+    assert flag(leader, "--nnodes") == "2" and flag(leader, "--max-model-len") == "32768"
+    one = {**doc, "spec": {**doc["spec"], "gpu": {"count": 8, "product": "H100-SXM"}}}
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(one)  # DeepSeek-V3 does not fit one node of 8 H100s
+    assert info.value.reason == "Infeasible"
+    with pytest.raises(errors.MultiNodeUnsupported, match="LeaderWorkerSet workload"):
+        desired.check_workload_applied(desired.parse_spec(doc["spec"]))
+
+
 SEVENTY_ON_L40S = {
     "apiVersion": "kvpilot.io/v1alpha1",
     "kind": "InferenceService",
@@ -119,7 +144,7 @@ def test_pipeline_parallel_spec_is_planned_for_the_layout_it_renders() -> None:
 
 def test_the_loop_budgets_the_rendered_args_as_the_plan_did() -> None:
     """The closed loop's budget of the settings the Deployment runs equals the plan's (one topology rule)."""
-    from kvpilot.operator.inferenceservice import closed_loop
+    from kvpilot.operator.inferenceservice import loop_reading
     from kvpilot.operator.planning import resolve
     from kvpilot.tuner import vllm
 
@@ -128,12 +153,12 @@ def test_the_loop_budgets_the_rendered_args_as_the_plan_did() -> None:
     wanted = desired.build_desired(SEVENTY_ON_L40S["metadata"], spec, inputs)
     container = wanted.manifests[1]["spec"]["template"]["spec"]["containers"][0]
     running, _ = vllm.parse_vllm_args(container["args"])
-    assert closed_loop._budget_for(inputs, spec, running) == wanted.decision.plan.budget
+    assert loop_reading.budget_for(inputs, spec, running) == wanted.decision.plan.budget
 
 
 def test_the_loop_budgets_settings_without_a_tensor_parallel_size() -> None:
     """Defect (issue 9, #3): the loop read spec.tensor_parallel_size, which does not exist."""
-    from kvpilot.operator.inferenceservice import closed_loop
+    from kvpilot.operator.inferenceservice import loop_reading
     from kvpilot.operator.planning import resolve
     from kvpilot.tuner import memory
     from kvpilot.tuner.types import EngineSettings
@@ -141,7 +166,7 @@ def test_the_loop_budgets_settings_without_a_tensor_parallel_size() -> None:
     spec = desired.parse_spec(SEVENTY_ON_L40S["spec"])
     inputs = resolve.Inputs(resolve.read_model(spec.model, "ml", None), resolve.read_gpu(spec, None))
     settings = EngineSettings(max_model_len=8192)
-    budget = closed_loop._budget_for(inputs, spec, settings)
+    budget = loop_reading.budget_for(inputs, spec, settings)
     expected = memory.compute_budget(
         inputs.model.spec, inputs.gpu.gpu, settings.replace(tensor_parallel_size=1), pipeline_parallel_size=4,
         weights_total_bytes=inputs.model.checkpoint_bytes,

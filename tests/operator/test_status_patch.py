@@ -11,7 +11,7 @@ import yaml
 from operator_fakes import Harness, fake_plan, isvc
 
 from kvpilot.operator import api, conditions
-from kvpilot.operator.status import events, status_patch
+from kvpilot.operator.status import events, loop_patch, status_patch
 from kvpilot.tuner.loop import HistoryAction
 from kvpilot.tuner.types import EngineSettings, Plan
 
@@ -119,15 +119,15 @@ def test_scale_out_is_recorded_once_with_an_event_and_withdrawn_when_the_pressur
     held = Decision(Action.HOLD, EngineSettings(max_num_seqs=64), Trigger.KV_PRESSURE, "at the lower bound",
                     scale_out=3)  # fmt: skip
     out: list[tuple[str, str, str]] = []
-    patch = status_patch.build_scale_out({}, held, "2026-12-02T08:00:00Z", out)
+    patch = loop_patch.build_scale_out({}, held, "2026-12-02T08:00:00Z", out)
     assert patch["recommendation"]["replicas"] == 3
     assert [(e[0], e[1]) for e in out] == [(events.NORMAL, "ScaleOutRecommended")]
     assert "3 replicas recommended" in out[0][2]
     standing = {"recommendation": {"replicas": 3}}
     again: list[tuple[str, str, str]] = []
-    assert status_patch.build_scale_out(standing, held, "t", again) == {} and again == []
+    assert loop_patch.build_scale_out(standing, held, "t", again) == {} and again == []
     steady = Decision(Action.HOLD, EngineSettings(max_num_seqs=64), Trigger.STEADY, "inside the band")
-    assert status_patch.build_scale_out(standing, steady, "t", again) == {
+    assert loop_patch.build_scale_out(standing, steady, "t", again) == {
         "recommendation": {"replicas": None}
     }
-    assert status_patch.build_scale_out({}, steady, "t", again) == {}
+    assert loop_patch.build_scale_out({}, steady, "t", again) == {}

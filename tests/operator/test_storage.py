@@ -12,6 +12,7 @@ from operator_fakes import FakeKube
 from kvpilot.operator import errors
 from kvpilot.operator.inferenceservice import desired, render
 from kvpilot.operator.pods import storage, workloads
+from kvpilot.operator.pods.ownership import VerifiedOwners
 from kvpilot.tuner import model as catalogue
 from kvpilot.tuner.types import GIB
 
@@ -152,8 +153,8 @@ def test_a_claim_that_does_not_exist_is_reported_not_applied() -> None:
     kube = FakeKube()
     manifests = render.build_manifests(isvc(storage={"persistentVolumeClaim": {"claimName": "missing"}}))
     with pytest.raises(errors.ConfigNotFound, match="ml/missing"):
-        asyncio.run(workloads.apply_workloads(manifests, kube))
+        asyncio.run(workloads.apply_workloads(manifests, kube, VerifiedOwners()))
     assert kube.applied == []
     kube.claims[("ml", "missing")] = {"metadata": {"name": "missing"}}
-    asyncio.run(workloads.apply_workloads(manifests, kube))
+    asyncio.run(workloads.apply_workloads(manifests, kube, VerifiedOwners()))
     assert [m["kind"] for m in kube.applied] == ["Service", "Deployment"]

@@ -14,7 +14,7 @@ import pytest
 
 from e2e.tenant_cases import ALICE_MAY_USE, MODEL, REFUSED, WHO, pod, sidecar
 from kvpilot.operator import conditions, errors
-from kvpilot.operator.enginetuner import target_handlers
+from kvpilot.operator.enginetuner import target_reading
 from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.pods import tenant_guard, tenant_settings
 from kvpilot.operator.pods.tenant_settings import TenantConfigError, TenantSettings, settings_from_env
@@ -82,10 +82,21 @@ def test_what_alice_may_use_passes() -> None:
         {"model": MODEL, "engine": {"tolerations": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}},
         {"model": MODEL, "engine": {"extraArgs": ["--model-impl", "vllm", "--max-num-seqs=8"]}},
         pod(volumes=[{"name": "x", "emptyDir": {}}], containers=[sidecar(ports=[{"containerPort": 8080}])]),
+        {"model": MODEL, "engine": {"extraArgs": [
+            "--hf-overrides", '{"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}', "-O3",
+            "--compilation-config", '{"mode": 3, "cudagraph_capture_sizes": [1, 2]}',
+            "--config-format", "auto",
+        ]}},
     ],
-)
+)  # fmt: skip
 def test_benign_specs_pass_in_strict(spec: dict[str, Any]) -> None:
     assert _violations(spec, STRICT) == []
+
+
+@pytest.mark.parametrize("prefix", ["APP_", "HF_", "X"])
+def test_an_env_from_with_a_safe_prefix_passes(prefix: str) -> None:
+    spec = pod(containers=[{"name": "vllm", "envFrom": [{"secretRef": {"name": "s"}, "prefix": prefix}]}])
+    assert _violations(spec, TRUST) == []
 
 
 def test_off_checks_nothing() -> None:
@@ -150,7 +161,7 @@ def _tuner(mode: str, **model: Any) -> dict[str, Any]:
     ],
 )
 def test_enginetuners(settings: TenantSettings, spec: dict[str, Any], expected: str | None) -> None:
-    parsed = target_handlers.parse_spec(spec)
+    parsed = target_reading.parse_spec(spec)
     problems = tenant_guard.compute_tuner_violations(parsed, settings)
     if expected is None:
         assert problems == []

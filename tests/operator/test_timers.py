@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import kopf
 
-from kvpilot.operator import main, timers
-from kvpilot.operator.inferenceservice import closed_loop
+from kvpilot.operator import timers
+from kvpilot.operator.inferenceservice import closed_loop, service_main
 
 
 def _timer() -> kopf.TimerHandler:
@@ -49,10 +49,10 @@ def test_the_record_forgets_after_its_ttl() -> None:
 
 def test_the_operator_records_deletions_of_inference_services() -> None:
     watching = kopf.get_default_registry()._watching.get_all_handlers()
-    (handler,) = [h for h in watching if h.fn is main.inference_service_event]
+    (handler,) = [h for h in watching if h.fn is service_main.inference_service_event]
     assert handler.selector.group == "kvpilot.io" and handler.selector.plural == "inferenceservices"
     uid = "u-deleted-by-test"
     body = {"metadata": {"uid": uid}}
-    main.inference_service_event(event={"type": "DELETED", "object": body}, body=body)  # type: ignore[arg-type]
+    service_main.inference_service_event(event={"type": "DELETED", "object": body}, body=body)  # type: ignore[arg-type]
     assert not timers.is_live(body)  # type: ignore[arg-type]
 

@@ -27,6 +27,11 @@ REQUIRED = [
     "RTX-A6000",
     "B200",
     "MI300X",
+    "RTX-5090",
+    "GH200-96GB",
+    "GH200-144GB",
+    "H20",
+    "RTX-A5000",
 ]
 
 
@@ -64,6 +69,8 @@ def test_fp8_kv_follows_compute_capability(gpu: gpus.GpuSpec) -> None:
         ("H200", 139.72, 139.81),
         ("B200", 178.35, 178.36),
         ("A100-40GB", 39.39, 39.56),
+        ("RTX-5090", 31.37, 31.37),
+        ("GH200-144GB", 142.50, 142.50),
     ],
 )
 def test_totals_match_logged_figures(name: str, low: float, high: float) -> None:
@@ -101,6 +108,18 @@ def test_interconnects() -> None:
         ("a6000", "RTX-A6000"),
         ("NVIDIA-B200", "B200"),
         ("mi300x", "MI300X"),
+        ("NVIDIA-GeForce-RTX-5090", "RTX-5090"),
+        ("NVIDIA GeForce RTX 5090", "RTX-5090"),
+        ("NVIDIA-H100-NVL", "H100-NVL"),
+        ("NVIDIA GH200 480GB", "GH200-96GB"),
+        ("NVIDIA-GH200-120GB", "GH200-96GB"),
+        ("NVIDIA GH200 144G HBM3e", "GH200-144GB"),
+        ("NVIDIA-H20", "H20"),
+        ("NVIDIA RTX A5000", "RTX-A5000"),
+        ("4x NVIDIA H100", "H100-SXM"),
+        ("8 x H200", "H200"),
+        ("NVIDIA A100 40GB (per log file name)", "A100-40GB"),
+        ("NVIDIA-L4-SHARED", "L4"),
     ],
 )
 def test_lookup_accepts_names_aliases_and_products(query: str, name: str) -> None:
@@ -152,14 +171,14 @@ def test_mig_slice_is_derived_from_its_memory_label() -> None:
 
 def test_unknown_product_with_memory_is_derived_conservatively() -> None:
     labels = {
-        gpus.PRODUCT_LABEL: "NVIDIA-GeForce-RTX-5090",
+        gpus.PRODUCT_LABEL: "NVIDIA-RTX-PRO-4500-Blackwell",
         gpus.MEMORY_LABEL: "32607",
         gpus.CC_MAJOR_LABEL: "12",
         gpus.CC_MINOR_LABEL: "0",
     }
     gpu = gpus.build_gpu_from_labels(labels)
-    assert gpu.name == "NVIDIA-GeForce-RTX-5090"
-    assert gpu.gfd_products == ("NVIDIA-GeForce-RTX-5090",)
+    assert gpu.name == "NVIDIA-RTX-PRO-4500-Blackwell"
+    assert gpu.gfd_products == ("NVIDIA-RTX-PRO-4500-Blackwell",)
     assert gpu.compute_capability == (12, 0)
     assert gpu.fp8_kv
     assert gpu.interconnect == "pcie"
@@ -181,11 +200,11 @@ def test_unknown_product_without_family_or_capability_gets_no_fp8() -> None:
 
 def test_unknown_product_without_memory_says_what_to_add() -> None:
     with pytest.raises(errors.UnknownGpu) as info:
-        gpus.build_gpu_from_labels({gpus.PRODUCT_LABEL: "NVIDIA-GeForce-RTX-5090"})
+        gpus.build_gpu_from_labels({gpus.PRODUCT_LABEL: "NVIDIA-RTX-PRO-4500-Blackwell"})
     message = info.value.message
     assert "nvidia.com/gpu.memory" in message
     assert "kvpilot/tuner/gpus.py" in message
-    assert "gfd_products=('NVIDIA-GeForce-RTX-5090',)" in message
+    assert "gfd_products=('NVIDIA-RTX-PRO-4500-Blackwell',)" in message
 
 
 def test_node_without_gpu_labels_says_what_to_install() -> None:
@@ -210,8 +229,9 @@ def test_count_label() -> None:
 
 @pytest.mark.parametrize("gpu", [g for g in gpus.CATALOGUE if g.nvml_total_bytes], ids=lambda g: g.name)
 def test_estimate_from_nvml_never_exceeds_the_catalogue(gpu: gpus.GpuSpec) -> None:
+    """Entries with a logged CUDA total sit above the estimate; the others are the estimate."""
     assert gpu.nvml_total_bytes is not None
-    assert gpus.estimate_cuda_total(gpu.nvml_total_bytes) < gpu.total_bytes
+    assert gpus.estimate_cuda_total(gpu.nvml_total_bytes) <= gpu.total_bytes
 
 
 LABELS = sorted(value for name, value in vars(gpus).items() if name.endswith("_LABEL"))
@@ -225,3 +245,37 @@ def test_any_labels_give_a_gpu_or_unknown_gpu(labels: dict[str, str]) -> None:
         assert exc.message
     else:
         assert gpu.total_bytes >= 0
+
+
+@pytest.mark.parametrize("name", ["NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb"])
+def test_a_mig_slice_is_refused_by_name_not_planned_as_the_whole_gpu(name: str) -> None:
+    with pytest.raises(errors.UnknownGpu) as info:
+        gpus.lookup_gpu(name)
+    assert "MIG slice" in info.value.message
+    assert gpus.MEMORY_LABEL in info.value.message
+
+
+@pytest.mark.parametrize("name", ["GB10", "NVIDIA GB10", "DGX Spark"])
+def test_unified_memory_gb10_is_refused_by_name_with_what_to_do(name: str) -> None:
+    with pytest.raises(errors.UnknownGpu) as info:
+        gpus.lookup_gpu(name)
+    assert "GB10" in info.value.message and "unified-memory" in info.value.message
+    assert "--kv-cache-memory-bytes" in info.value.message
+
+
+def test_gb10_node_labels_are_refused_even_with_a_memory_label() -> None:
+    labels = {
+        gpus.PRODUCT_LABEL: "NVIDIA-GB10",
+        gpus.MEMORY_LABEL: "124610",
+        gpus.CC_MAJOR_LABEL: "12",
+        gpus.CC_MINOR_LABEL: "1",
+    }
+    with pytest.raises(errors.UnknownGpu, match="unified-memory"):
+        gpus.build_gpu_from_labels(labels)
+
+
+def test_an_unknown_gpu_is_still_refused_by_name() -> None:
+    with pytest.raises(errors.UnknownGpu) as info:
+        gpus.lookup_gpu("4x NVIDIA B300")
+    assert "'4x NVIDIA B300' is not in kvpilot's catalogue" in info.value.message
+    assert "B200" in info.value.message

@@ -177,7 +177,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/* EngineTuner (target mode, docs/enginetuner.md): the kind itself and its status; the target's pods are
-     evicted one at a time in mode Auto (pods/eviction create, which honours PodDisruptionBudgets). The target is
+     evicted one at a time in mode Auto (pods/eviction create, in kvpilot.rules.disruption). The target is
      only read (a Deployment through the workloads rules, a StatefulSet here): new pods get the settings from
      the admission webhook. */}}
 {{- define "kvpilot.rules.enginetuners" -}}
@@ -190,9 +190,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [apps]
   resources: [statefulsets]
   verbs: [get]
-- apiGroups: [""]
-  resources: [pods/eviction]
-  verbs: [create]
 {{- end }}
 
 {{/* What the operator owns: the vLLM Deployment and Service per InferenceService, and the weight-cache claim of a
@@ -213,9 +210,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
-  verbs: [get, create, patch]
-- apiGroups: [policy]
-  resources: [poddisruptionbudgets]
   verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [pods]
@@ -251,6 +245,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* Disruption: the PodDisruptionBudget of a service with 2 or more replicas, and an EngineTuner's
+     one-pod-at-a-time eviction (updateMode Auto). Confined like the model config (kvpilot.modelConfigNamespaces):
+     a ClusterRole only in cluster-wide mode with rbac.modelConfigNamespaces empty (then kube-system too). */}}
+{{- define "kvpilot.rules.disruption" -}}
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [pods/eviction]
+  verbs: [create]
+{{- end }}
+
 {{/* Capacity: pods of every namespace (list only), to count the nvidia.com/gpu other pods hold on each
      node (spec.rollout.strategy Auto's surge test). Always cluster-wide: GPUs are shared across namespaces. */}}
 {{- define "kvpilot.rules.capacity" -}}
@@ -284,4 +290,10 @@ Strict when the chart renders no admission policy (disabled, or Kubernetes befor
 {{- else if and .Values.admissionPolicy.enabled (include "kvpilot.admissionPolicyServed" .) }}Off
 {{- else }}Strict
 {{- end }}
+{{- end }}
+
+{{/* spec.template's weight limit in bytes: kvpilot.operator.pods.pod_template.TEMPLATE_SIZE_LIMIT
+     (tests/chart/test_chart_admission.py ties the two). */}}
+{{- define "kvpilot.templateSizeLimit" -}}
+65536
 {{- end }}

@@ -24,10 +24,6 @@ from kvpilot.tuner import gpus, vllm
 from kvpilot.tuner.types import EngineSettings, GpuSpec
 from kvpilot.tuner.vllm import command as vllm_command
 
-TARGET_FOUND = "TargetFound"
-"""Condition: the workload named by ``spec.targetRef`` exists."""
-DISCOVERED = "Discovered"
-"""Condition: the vLLM container, its settings, the model and the GPU were read (False: what to set)."""
 EXCLUDE_LABEL = "kvpilot.io/exclude"
 """A pod with this label or annotation set to ``"true"`` is never rewritten by the webhook."""
 TUNED_ANNOTATION = "kvpilot.io/tuned"
@@ -39,14 +35,14 @@ MODEL_ENV_FALLBACKS = ("MODEL_ID", "MODEL_DIR")
 
 class TargetNotFound(errors.OperatorError):
     reason = "TargetNotFound"
-    condition = TARGET_FOUND
+    condition = conditions.TARGET_FOUND
     retry = True
     delay_s = 30.0
 
 
 class DiscoveryIncomplete(errors.OperatorError):
     reason = "DiscoveryIncomplete"
-    condition = DISCOVERED
+    condition = conditions.DISCOVERED
     retry = True
     delay_s = 60.0
 
@@ -302,5 +298,8 @@ def pod_shape(workload: Mapping[str, Any]) -> capacity.PodShape:
     return capacity.build_pod_shape(workload)
 
 
-CONDITION_TYPES = (conditions.READY, TARGET_FOUND, DISCOVERED, conditions.CONFIG_RESOLVED, conditions.PLANNED)
+CONDITION_TYPES = (
+    conditions.READY, conditions.TARGET_FOUND, conditions.DISCOVERED, conditions.CONFIG_RESOLVED,
+    conditions.PLANNED,
+)  # fmt: skip
 """The conditions an EngineTuner's status carries."""

@@ -1,8 +1,8 @@
 """The EngineTuner's closed loop: the InferenceService's policy, reading the target's pods.
 
 Pure: the plan, the EngineTuner's status, the target's pods and their metrics window in; the
-recommendation to stand by and the status patch out. Each reconcile (create, spec change, the timer) after
-the plan, in every mode but Off:
+recommendation to stand by and what to record out (:class:`~kvpilot.operator.status.tuner_status.TunerLoop`).
+Each reconcile (create, spec change, the timer) after the plan, in every mode but Off:
 
 * The recommendation is the plan's, as changed by the loop since: ``status.history`` holds a ``Planned``
   entry for the plan (added when the plan is new: a spec change, another GPU) and ``Retuned`` /
@@ -23,9 +23,9 @@ the plan, in every mode but Off:
   it to the last good settings (``RolledBack``, the failed ones in ``status.failedSettings``). No pod
   running it yet is not failure (``not_started``): in Recommend and Initial the owner rolls its pods when
   it does, in Auto kvpilot's evictions do.
-* :func:`kvpilot.operator.status.status_patch.build_loop_patch` writes it, as for an InferenceService, less
-  the
-  fields an EngineTuner does not have (kvpilot applies nothing: no ``applied``, ``lastChangeTime``,
+* :mod:`kvpilot.operator.status.tuner_status` writes it with
+  :func:`kvpilot.operator.status.loop_patch.build_loop_patch`, as for an InferenceService, less the fields
+  an EngineTuner does not have (kvpilot applies nothing: no ``applied``, ``lastChangeTime``,
   ``calibration``; the reconcile writes ``recommendation``).
 
 Not for EngineTuners: fleet learning (``TuningProfile``s) and scale-out recommendations.
@@ -38,15 +38,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.operator import api, conditions
+from kvpilot.operator import api
 from kvpilot.operator.enginetuner import target
 from kvpilot.operator.loop import loop_settings, loop_state, tick
 from kvpilot.operator.pods import pod_status
 from kvpilot.operator.pods.pod_status import PodView
 from kvpilot.operator.status import status_patch
+from kvpilot.operator.status.loop_patch import LoopTick
+from kvpilot.operator.status.tuner_status import TunerLoop
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import (
-    Decision,
     ObservationWindow,
     PolicyConfig,
     TuningContext,
@@ -55,31 +56,6 @@ from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
 from kvpilot.tuner.model.spec import ModelSpec
 from kvpilot.tuner.plan.topology import compute_topology_budget
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan
-
-NOT_RUNNING = (
-    "no pod of the target runs the recommendation yet (the owner rolls its pods; in Auto, kvpilot's "
-    "evictions): the metrics and crashes of other settings do not judge it"
-)
-"""Why nothing judges the recommendation while no pod runs it."""
-NOT_RUNNING_REASON = "RecommendationNotRunning"
-"""The ``MetricsAvailable=False`` reason then."""
-STATUS_FIELDS = frozenset(f.alias or n for n, f in api.EngineTunerStatus.model_fields.items()) - {
-    "recommendation"
-}
-"""What of the InferenceService's loop patch goes to an EngineTuner's status."""
-
-
-@dataclass(frozen=True, slots=True)
-class LoopOutcome:
-    """What one reconcile of the loop decided."""
-
-    settings: EngineSettings
-    """The recommendation to stand by."""
-    patch: status_patch.StatusPatch
-    """Status fields, conditions, ``status.history`` entries and events (generation and time: the reconcile's
-    own :class:`~kvpilot.operator.status.status_patch.ListPatch` carries them)."""
-    decision: Decision | None = None
-    """The policy's decision (``None``: a new plan)."""
 
 
 def same_settings(a: EngineSettings, b: EngineSettings) -> bool:
@@ -163,50 +139,23 @@ def compute_budget(inputs: LoopInputs, settings: EngineSettings) -> MemoryBudget
     )  # fmt: skip
 
 
-def _planned(
-    inputs: LoopInputs, status: Mapping[str, Any], discovered: EngineSettings, time: str
-) -> LoopOutcome:
-    """A new plan: the loop starts again from it (a rollout of the old recommendation is dropped)."""
-    planned = inputs.plan.settings
-    entry = status_patch.build_history_entry(
-        time=time, action=HistoryAction.PLANNED, trigger="Discovered",
-        reason=f"planned {vllm.describe_settings(planned)} (the target runs "
-               f"{vllm.describe_settings(discovered)})",
-        from_settings=discovered, to_settings=planned,
-    )  # fmt: skip
-    fields = {"rollout": None} if status.get("rollout") else {}
-    lists = status_patch.ListPatch(None, time, history=[(entry, True)])
-    return LoopOutcome(planned, status_patch.StatusPatch(status=fields, lists=lists))
-
-
-def _not_running(current: EngineSettings, status: Mapping[str, Any], time: str) -> LoopOutcome:
-    """No live pod runs the recommendation: nothing judges it (a rollout waits; its deadline counts from
-    the first such pod's start), and nothing is recorded but the two conditions."""
-    updates: list[status_patch.Update] = [
-        (conditions.METRICS_AVAILABLE, conditions.FALSE, NOT_RUNNING_REASON, NOT_RUNNING)
-    ]
-    if status.get("rollout"):
-        updates.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", NOT_RUNNING))
-    return LoopOutcome(current, status_patch.StatusPatch(lists=status_patch.ListPatch(None, time, updates)))
-
-
 def compute_loop(
     inputs: LoopInputs, status: Mapping[str, Any], discovered: EngineSettings,
     pods: Sequence[Mapping[str, Any]], container: str, *, window: ObservationWindow, policy: PolicyConfig,
-    replicas: int, now: float, time: str,
-) -> LoopOutcome:  # fmt: skip
-    """The recommendation to stand by, and what to record (``window``: the metrics of
-    :func:`compute_metric_pods`; ``replicas``: the target's ``spec.replicas``; ``time``: ``now`` as
-    RFC 3339)."""
+    replicas: int, now: float,
+) -> TunerLoop:  # fmt: skip
+    """The recommendation to stand by, and what to record (:class:`~.tuner_status.TunerLoop`: a new plan, a
+    recommendation no pod runs, or a judged tick); ``window``: the metrics of :func:`compute_metric_pods`;
+    ``replicas``: the target's ``spec.replicas``."""
     state = loop_state.build_loop_state(status)
     current = compute_current(state.history, inputs.plan.settings)
-    if current is None:
-        return _planned(inputs, status, discovered, time)
+    if current is None:  # a new plan: the loop starts again from it
+        return TunerLoop(inputs.plan.settings, planned_from=discovered)
     state = dataclasses.replace(state, current=current)
     views = build_views(pods, container, current)
     mine = [v for v in views if v.settings is not None and not v.terminating]
-    if not mine:
-        return _not_running(current, status, time)
+    if not mine:  # nothing judges it: a rollout waits, its deadline counts from the first such pod's start
+        return TunerLoop(current, not_running=True)
     context = TuningContext(
         gpu=inputs.gpu,
         default_max_model_len=inputs.model.default_max_model_len(vllm.parse_version(inputs.vllm_version)),
@@ -224,10 +173,9 @@ def compute_loop(
     judged = tick.compute_tick(state, reading, context, now)
     decision = judged.decision
     # kvpilot's "apply" is the recommendation in the status (the webhook reads it there): always done
-    out = status_patch.build_loop_patch(
-        status, state, decision, mode="Auto", now=now, generation=None, applied=True,
-        rollout_deadline_seconds=policy.rollout_deadline_seconds,
+    record = LoopTick(
+        state=state, decision=decision, rollout=judged.rollout, now=now, generation=None,
+        rollout_deadline_seconds=policy.rollout_deadline_seconds, mode="Auto", applied=True,
+        kind=api.ENGINE_TUNER_KIND,
     )  # fmt: skip
-    out.status.update(tick.build_rollout_fields(status, state, judged.rollout, out.status))
-    out.status = {k: v for k, v in out.status.items() if k in STATUS_FIELDS}
-    return LoopOutcome(decision.settings if decision.changes else current, out, decision)
+    return TunerLoop(decision.settings if decision.changes else current, decision, tick=record)

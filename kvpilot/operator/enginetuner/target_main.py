@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator.enginetuner import target, target_handlers, target_webhook
+from kvpilot.operator.enginetuner import target, target_deps, target_handlers, target_webhook
 from kvpilot.operator.loop import loop_deps
 
 INTERVAL_ENV = "KVPILOT_TARGET_INTERVAL"
@@ -24,10 +24,10 @@ INTERVAL_S = float(os.environ.get(INTERVAL_ENV) or 30)
 WEBHOOK_ID = "enginetuner-pods"
 """The handler id: kopf serves it at ``/<id>``, the path the MutatingWebhookConfiguration calls."""
 
-_deps: target_handlers.TargetDeps | None = None
+_deps: target_deps.TargetDeps | None = None
 
 
-def deps() -> target_handlers.TargetDeps:
+def deps() -> target_deps.TargetDeps:
     """The EngineTuners' dependencies: the cluster, and the closed loop's Prometheus and pace (configured at
     start-up, before any handler runs), so both kinds read the same per-tick snapshot."""
     global _deps
@@ -36,7 +36,7 @@ def deps() -> target_handlers.TargetDeps:
 
         loop = loop_deps.default_deps()
         prom = loop.prometheus if loop.prometheus is not None else loop.prom_url
-        _deps = target_handlers.TargetDeps(kube=get_kube(), prom=prom, pace=loop.pace)
+        _deps = target_deps.TargetDeps(kube=get_kube(), prom=prom, pace=loop.pace)
     return _deps
 
 

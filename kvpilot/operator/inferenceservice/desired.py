@@ -20,7 +20,7 @@ import pydantic
 
 from kvpilot.operator import api, errors
 from kvpilot.operator.planning import modes, release, resolve
-from kvpilot.operator.pods import pod_template, tenant_guard, tenant_settings, workloads
+from kvpilot.operator.pods import leader_worker_set, pod_template, tenant_guard, tenant_settings, workloads
 from kvpilot.tuner.plan.profiles import Learned
 
 
@@ -55,6 +55,19 @@ def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
     return parsed
 
 
+def check_workload_applied(spec: api.InferenceServiceSpec) -> None:
+    """MultiNodeUnsupported for a replica over several nodes: ``kvpilot render`` shows its LeaderWorkerSet,
+    but the operator does not apply one yet (no RBAC for it, no watch, rollout or pod view of groups); it
+    never deploys such a spec as one node instead."""
+    if spec.gpu.nodes_per_replica > 1:
+        raise errors.MultiNodeUnsupported(
+            f"spec.gpu.nodesPerReplica is {spec.gpu.nodes_per_replica}: a replica over several nodes needs "
+            "kvpilot's LeaderWorkerSet workload (leader and worker pods with vLLM's --nnodes/--node-rank "
+            "flags), which this operator does not apply yet; nothing was deployed. Set nodesPerReplica to "
+            "1, or see the LeaderWorkerSet it would run with `kvpilot render`."
+        )
+
+
 def _got(value: object) -> str:
     """`` (got 'x')`` for a scalar the schema refused, as the API server names an unsupported value."""
     if isinstance(value, str | int | float) and not isinstance(value, bool):
@@ -87,12 +100,19 @@ def build_desired(
         keep = deploy_override.to_engine().replace(tensor_parallel_size=plan.settings.tensor_parallel_size)
         decision = replace(decision, deploy=keep)
     checkpoint = resolve.compute_checkpoint_bytes(inputs.model)
+    deployment = workloads.build_deployment(
+        metadata, spec, decision.deploy, user.extra, inputs.gpu.products, checkpoint_bytes=checkpoint
+    )
+    nodes = spec.gpu.nodes_per_replica
+    if nodes > 1:  # groups of pods, one per node; the Service reaches the leaders, which serve the API
+        service = workloads.build_service(metadata, spec)
+        service["spec"]["selector"] = {**service["spec"]["selector"], **leader_worker_set.LEADER_SELECTOR}
+        group = leader_worker_set.build_leader_worker_set(deployment, nodes)
+        return Desired(decision, user, [*workloads.build_claims(metadata, spec, checkpoint), service, group])
     manifests = [
         *workloads.build_claims(metadata, spec, checkpoint),
         workloads.build_service(metadata, spec),
-        workloads.build_deployment(
-            metadata, spec, decision.deploy, user.extra, inputs.gpu.products, checkpoint_bytes=checkpoint
-        ),
+        deployment,
         *workloads.build_pod_disruption_budget(metadata, spec),
     ]
     return Desired(decision, user, manifests)

@@ -204,15 +204,16 @@ def repairable(owner: Mapping[str, Any] | None) -> bool:
 async def apply_repair(
     kind: str, event_type: str | None, body: Mapping[str, Any], *, kube: Any, hub: resolve.HubDownload,
     emit: events.Emitter, logger: Any, read_owner: Callable[[str, str], Mapping[str, Any] | None],
-    plan_fn: modes.PlanFn | None = None,
+    owners: ownership.VerifiedOwners, plan_fn: modes.PlanFn | None = None,
 ) -> list[str]:  # fmt: skip
-    """Repair one owned object after a watch event; the fields (or ``"deleted"``) it put back."""
+    """Repair one owned object after a watch event; the fields (or ``"deleted"``) it put back. ``owners``: the
+    operator's memory of its objects, which forgets a deleted one."""
     meta = body.get("metadata") or {}
     name, namespace = meta.get("labels", {}).get(OWNER_LABEL), meta.get("namespace") or "default"
     if not name or (event_type != "DELETED" and not touched_by_others(kind, body)):
         return []
     if event_type == "DELETED":  # the next apply reads the name again: someone else may have taken it
-        ownership.VERIFIED.forget(kind, namespace, str(meta.get("name")))
+        owners.forget(kind, namespace, str(meta.get("name")))
     owner = read_owner(namespace, name)
     if owner is None or not repairable(owner):
         return []
@@ -223,7 +224,7 @@ async def apply_repair(
     manifests = build_repair(owner, inputs, spec, plan_fn)
     if event_type == "DELETED":
         if any((m["kind"], m["metadata"]["name"]) == (kind, meta.get("name")) for m in manifests):
-            await workloads.apply_workloads(manifests, kube)
+            await workloads.apply_workloads(manifests, kube, owners)
             emit(owner, events.WARNING, "DriftDetected",
                  f"{kind} {meta.get('name')} was deleted; kvpilot owns it: recreated")  # fmt: skip
             logger.warning(f"drift: {kind} {namespace}/{meta.get('name')} deleted; recreated")
@@ -236,7 +237,7 @@ async def apply_repair(
     drifts = compute_drift(body, wanted)
     if not drifts:
         return []
-    await workloads.apply_workloads(manifests, kube)
+    await workloads.apply_workloads(manifests, kube, owners)
     message = f"{kind} {meta.get('name')}: " + "; ".join(d.describe() for d in drifts) + " (re-applied)"
     emit(owner, events.WARNING, "DriftDetected", message)
     logger.warning(f"drift: {message}")

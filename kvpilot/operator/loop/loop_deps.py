@@ -20,6 +20,7 @@ from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.planning import resolve
 from kvpilot.operator.pods import pod_status
+from kvpilot.operator.pods.ownership import VerifiedOwners
 from kvpilot.operator.status import events, status_write
 from kvpilot.tuner.loop import ObservationWindow
 
@@ -48,14 +49,20 @@ class LoopDeps:
     :class:`kvpilot.operator.clients.kube.NodeList`)."""
     pending: status_write.PendingApplies = field(default_factory=status_write.PendingApplies)
     """Recorded changes whose apply failed: applied again by the next tick (:mod:`.status_write`)."""
+    owners: VerifiedOwners = field(default_factory=VerifiedOwners)
+    """Objects already found to be this operator's (:mod:`kvpilot.operator.pods.ownership`): the reconciler's
+    memory too (:func:`configure`)."""
 
 
 _deps: LoopDeps | None = None
 
 
-def configure(pace: LoopPace, prom: PrometheusSettings | None = None) -> LoopDeps:
+def configure(
+    pace: LoopPace, prom: PrometheusSettings | None = None, owners: VerifiedOwners | None = None
+) -> LoopDeps:
     """The process-wide dependencies: the real cluster, Prometheus (``prom``, else
-    ``$KVPILOT_PROMETHEUS_URL``) and ``pace``.
+    ``$KVPILOT_PROMETHEUS_URL``), ``pace`` and the operator's memory of its objects (``owners``, shared
+    with the reconciler; ``None``: a memory of its own).
 
     Called once by the operator's start-up handler (:func:`kvpilot.operator.main.configure`)."""
     global _deps
@@ -68,6 +75,7 @@ def configure(pace: LoopPace, prom: PrometheusSettings | None = None) -> LoopDep
         prom_url=prom.url if prom is not None else os.environ.get(prometheus.PROMETHEUS_URL_ENV, ""),
         pace=pace,
         prometheus=prom,
+        owners=owners if owners is not None else VerifiedOwners(),
     )
     return _deps
 

@@ -8,7 +8,7 @@ and carries on: nothing is kept in memory between ticks.
 
 :func:`build_loop_state` reads the status and :func:`read_budget` the planned budget; the way
 back, a :class:`~kvpilot.tuner.loop.Decision` to a merge patch, is
-:func:`kvpilot.operator.status.status_patch.build_loop_patch`. Pure;
+:func:`kvpilot.operator.status.loop_patch.build_loop_patch`. Pure;
 :mod:`kvpilot.operator.inferenceservice.closed_loop`
 does the I/O.
 """

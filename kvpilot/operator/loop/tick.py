@@ -6,9 +6,8 @@ render, or pods of a workload they only watch), in how a decision lands (a Deplo
 recommendation in status) and in their status. What a tick does with what it read is one thing, here:
 
 * :func:`compute_tick` -- the rollout being judged (its deadline counted from the newest pod of its
-  settings), the :class:`Evidence` and the :class:`Decision`;
-* :func:`build_rollout_fields` -- the ``status.rollout`` the decision's patch leaves out: cleared when
-  the settings being rolled out were replaced, its deadline moved when a new pod started.
+  settings), the :class:`Evidence` and the :class:`Decision`; the status says it all
+  (:func:`kvpilot.operator.status.loop_patch.build_loop_patch`, with the rollout judged here).
 
 The kind-specific parts come in as data (:class:`TickReading`, a :class:`TuningContext`).
 """
@@ -16,13 +15,11 @@ The kind-specific parts come in as data (:class:`TickReading`, a :class:`TuningC
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kvpilot.operator.loop import loop_state
 from kvpilot.operator.pods.pod_status import PodSummary, PodView
-from kvpilot.operator.status import status_patch
 from kvpilot.tuner.loop import (
     Decision,
     Evidence,
@@ -81,18 +78,3 @@ def compute_tick(state: LoopState, reading: TickReading, context: TuningContext,
     )  # fmt: skip
     loop = dataclasses.replace(state, rollout=rollout)
     return Tick(rollout, loop, evidence, compute_decision(loop, evidence, context, now))
-
-
-def build_rollout_fields(
-    old: Mapping[str, Any], state: LoopState, rollout: RolloutState | None, built: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The ``status.rollout`` that ``built`` (the decision's status fields) leaves out: ``None`` when a spec
-    change, a new plan or a rollback replaced the settings being rolled out; the new deadline when a new
-    pod of the settings started. Empty when ``built`` says all."""
-    if state.rollout is not None and rollout is None and "rollout" not in built:
-        return {"rollout": None}
-    if rollout is not None and state.rollout is not None and rollout.deadline != state.rollout.deadline:
-        wire = built.get("rollout", old.get("rollout"))
-        if isinstance(wire, Mapping):  # still rolling out: the deadline now counts from the new pod's start
-            return {"rollout": {**wire, "deadline": status_patch.format_time(rollout.deadline)}}
-    return {}

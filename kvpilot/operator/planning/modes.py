@@ -29,7 +29,7 @@ from kvpilot.operator import api, errors
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
 from kvpilot.tuner.model import ModelSpec
-from kvpilot.tuner.plan import compute_plan
+from kvpilot.tuner.plan import compute_plan, compute_tensor_parallel
 from kvpilot.tuner.plan.profiles import Learned
 from kvpilot.tuner.types import EngineSettings, GpuSpec, Plan, ServingBounds
 
@@ -177,8 +177,13 @@ def compute_feasible_plan(
     :func:`kvpilot.tuner.plan.compute_plan` (tests pass their own)."""
     check_model_args(user, str(getattr(model, "dtype", "")))
     version = image.version if image is not None else api.VLLM_VERSION
+    count, pinned = spec.gpu.count, user.pinned
+    if spec.gpu.nodes_per_replica > 1:  # tensor parallel within a node, the nodes' GPUs pipeline stages
+        count *= spec.gpu.nodes_per_replica
+        pinned = pinned.replace(tensor_parallel_size=pinned.tensor_parallel_size
+                                or compute_tensor_parallel(model, spec.gpu.count))  # fmt: skip
     result = _cached_plan(
-        plan_fn or compute_plan, model, gpu, spec.gpu.count, spec.to_bounds(), user.pinned, version, engine,
+        plan_fn or compute_plan, model, gpu, count, spec.to_bounds(), pinned, version, engine,
         weights_total_bytes, learned,
     )  # fmt: skip
     if isinstance(result, tuner_errors.TunerError):

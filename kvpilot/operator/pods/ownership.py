@@ -12,8 +12,11 @@ name: one that exists and is not controlled by this InferenceService is a
 :func:`~kvpilot.operator.pods.workloads.build_owner_reference`); a manifest built without a uid (no uid known)
 is compared by kind and name instead. Deployments and Services found to be ours are remembered
 (:class:`VerifiedOwners`, bounded) so the closed loop's re-applies cost no extra read; drift repair watches
-those two kinds and forgets one when it is deleted. Claims and PodDisruptionBudgets are read on every apply:
-no watch would see one deleted and re-made by another team, and only a reconcile (not the loop) applies them.
+those two kinds and forgets one when it is deleted. The memory is one object of the operator's state, made at
+start-up (:func:`kvpilot.operator.main.configure`) and handed to the reconciler, the closed loop and drift
+repair, so that a deletion drift repair sees is forgotten by every writer. Claims and PodDisruptionBudgets
+are read on every apply: no watch would see one deleted and re-made by another team, and only a reconcile
+(not the loop) applies them.
 """
 
 from __future__ import annotations
@@ -106,16 +109,10 @@ class VerifiedOwners:
             del self._seen[key]
 
 
-VERIFIED = VerifiedOwners()
-"""The operator's memory of objects it owns (per process; a restart reads each once)."""
-
-
-def check_ownership(
-    manifests: Sequence[Mapping[str, Any]], kube: Kube, verified: VerifiedOwners | None = None
-) -> None:
+def check_ownership(manifests: Sequence[Mapping[str, Any]], kube: Kube, verified: VerifiedOwners) -> None:
     """Raise :class:`~kvpilot.operator.errors.NameConflict` naming every object another controls (blocking
-    reads: run it in :data:`~kvpilot.operator.clients.kube.IO_POOL`). ``verified``: :data:`VERIFIED`."""
-    verified = VERIFIED if verified is None else verified
+    reads: run it in :data:`~kvpilot.operator.clients.kube.IO_POOL`); ``verified``: the operator's memory of
+    objects already found to be its own (per process; a restart reads each once)."""
     problems = []
     for manifest in manifests:
         key = verified.key(manifest)

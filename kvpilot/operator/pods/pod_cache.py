@@ -26,6 +26,8 @@ from kvpilot.operator.pods import pod_status, workloads
 
 PodKey = tuple[str, str]
 """``(namespace, InferenceService name)``."""
+INDEX_LABELS: dict[str, Any] = {workloads.INSTANCE_LABEL: kopf.PRESENT}
+"""The pods the index watches (registered in :mod:`kvpilot.operator.main`): those of an InferenceService."""
 
 
 def index_pod(namespace: str | None, labels: Mapping[str, str], body: Mapping[str, Any]) -> dict[PodKey, Any]:

@@ -16,7 +16,9 @@ the policy that needs no identity (with the policy's wording where it can), and 
   Windows host processes;
 * identity: a ServiceAccount outside the list, projected ServiceAccount tokens and pod certificates;
 * scheduling (priority, runtime class, scheduler, tolerations) and pod annotations outside the lists;
-* code-loading engine flags and environment (:mod:`kvpilot.tuner.vllm.code_loading`);
+* code-loading engine flags, keys of JSON flags and environment (:mod:`kvpilot.tuner.vllm.code_loading`),
+  and an ``envFrom`` without a prefix that keeps its keys off the code-loading names (its Secret's or
+  ConfigMap's keys are not read here);
 * a claimTemplate outside ``admissionPolicy.claimTemplate``;
 * in ``Strict`` (not ``TrustNamespace``): every Secret, ConfigMap and claim ``spec.template`` names (whether
   its requester may read it is her identity's question), and an EngineTuner's updateMode Initial or Auto
@@ -136,6 +138,23 @@ def compute_violations(spec: api.InferenceServiceSpec, settings: TenantSettings)
             f" ({', '.join(vllm.CODE_LOADING_FLAGS)}, or a unique prefix of one): {who}, so vLLM may only run"
             " the image's own code"
         )
+    keys = vllm.compute_code_loading_keys(spec.engine.extra_args, settings.allowed_engine_args)
+    if keys:
+        out.append(
+            f"spec.engine.extraArgs {', '.join(keys)}: a JSON flag's key that would load code the spec"
+            f" chooses ({', '.join(vllm.ANY_FLAG_CODE_KEYS)} in any, and {_describe_keys()}): {who}, so vLLM"
+            " may only run the image's own code"
+        )
+    unprefixed = [
+        f"{p}.envFrom" for p, c in containers
+        if any(not vllm.is_code_safe_env_prefix(str(e.get("prefix") or "")) for e in c.get("envFrom") or ())
+    ]  # fmt: skip
+    if unprefixed:
+        out.append(
+            f"{', '.join(unprefixed)} without a prefix: {who}, and the keys of a Secret or ConfigMap are not"
+            " seen here (LD_PRELOAD or PYTHONPATH among them would load code), so an envFrom needs a prefix"
+            " that no code-loading name starts with (e.g. APP_)"
+        )
     env = [("spec.engine.env", e.name) for e in spec.engine.env] + [
         (f"{p}.env", str(e.get("name"))) for p, c in containers for e in c.get("env") or ()
     ]
@@ -183,6 +202,10 @@ def compute_tuner_violations(spec: api.EngineTunerSpec, settings: TenantSettings
 
 
 # --------------------------------------------------------------------------- the parts
+
+
+def _describe_keys() -> str:
+    return "; ".join(f"{', '.join(keys)} in {flag}" for flag, keys in vllm.CODE_LOADING_KEYS.items())
 
 
 def _containers(pod: api.PodTemplateSpec) -> list[tuple[str, dict[str, Any]]]:

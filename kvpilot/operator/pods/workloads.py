@@ -95,7 +95,7 @@ def build_engine_args(
     args += ["--host", "0.0.0.0", "--port", str(PORT)]
     tp = settings.tensor_parallel_size or 1
     pp_extra: list[str] = []
-    pp = plan.compute_pipeline_parallel(spec.gpu.count, tp)
+    pp = plan.compute_pipeline_parallel(spec.gpu.count * spec.gpu.nodes_per_replica, tp)  # stages span nodes
     if pp > 1 and not vllm.find_flag_values(extra, vllm.PIPELINE_PARALLEL_FLAG):
         pp_extra = ["--pipeline-parallel-size", str(pp)]
     return [*args, *vllm.build_vllm_args(settings, [*pp_extra, *extra])]
@@ -350,13 +350,15 @@ async def fetch_rollout_choice(
     )
 
 
-async def apply_workloads(manifests: Sequence[Mapping[str, Any]], kube: Kube) -> None:
+async def apply_workloads(
+    manifests: Sequence[Mapping[str, Any]], kube: Kube, owners: ownership.VerifiedOwners
+) -> None:
     """Server-side apply each manifest in order (a weight-cache claim, the Service, the Deployment, its
     PodDisruptionBudget), none of them when an object of a wanted name is another's
-    (:func:`ownership.check_ownership`: NameConflict)."""
+    (:func:`ownership.check_ownership` with the operator's memory ``owners``: NameConflict)."""
 
     def _apply_all() -> None:
-        ownership.check_ownership(manifests, kube)
+        ownership.check_ownership(manifests, kube, owners)
         for claim in _claims_in_use(manifests):
             if kube.read_persistent_volume_claim(*claim) is None:
                 raise errors.ConfigNotFound(

@@ -1,9 +1,10 @@
 """The status document: the one place that writes ``status`` (never via handler return values).
 
-Both writers build their merge patch here: the reconciler (:func:`build_success_status`,
-:func:`build_failure_status`) and the closed loop (:func:`build_loop_patch`, from one
-:class:`kvpilot.tuner.loop.Decision`). This module owns the status vocabulary: the rollout
-phases, which loop decisions are routine, how history is appended (one rule:
+Every writer builds its merge patch in this package: the reconciler in :mod:`.reconcile_status`
+(:func:`~.reconcile_status.build_success_status`, :func:`~.reconcile_status.build_failure_status`), the
+closed loop in :mod:`.loop_patch` (from one tick's
+:class:`~kvpilot.operator.status.loop_patch.LoopTick`), the EngineTuner in :mod:`.tuner_status`; none edits a
+built patch. This module owns the status vocabulary: how history is appended (one rule:
 :func:`append_history`), and the caps, which it asks of their homes: list lengths of the
 pydantic status model (:class:`kvpilot.operator.api.InferenceServiceStatus`, drift-tested against
 the CRD), the message cap of :data:`kvpilot.operator.status.events.MAX_MESSAGE`, the condition types
@@ -33,15 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.operator import api, conditions
-from kvpilot.operator.errors import Failure
-from kvpilot.operator.planning.modes import ModeDecision
-from kvpilot.operator.planning.resolve import Inputs
 from kvpilot.operator.pods.pod_status import Serving
-from kvpilot.operator.pods.rollout_strategy import RolloutChoice
 from kvpilot.operator.status import events
-from kvpilot.tuner import vllm
-from kvpilot.tuner.loop import Action, Decision, HistoryAction, LoopState, RestartKind, Trigger
-from kvpilot.tuner.types import GIB, EngineSettings
+from kvpilot.tuner.loop import HistoryAction
+from kvpilot.tuner.types import EngineSettings
 
 
 def _max_items(name: str) -> int:
@@ -62,37 +58,7 @@ WARNINGS_LIMIT = _max_items("warnings")
 MAX_MESSAGE = events.MAX_MESSAGE
 """Condition messages, history and recommendation reasons are cut here, like event messages."""
 
-ROLLING_OUT, PROBATION = "RollingOut", "Probation"
-"""``status.rollout.phase``: waiting for Ready, then on probation until ``probationUntil``."""
-QUIET_TRIGGERS = frozenset(
-    {
-        Trigger.STEADY,
-        Trigger.INSUFFICIENT_DATA,
-        Trigger.ROLLOUT_IN_PROGRESS,
-        Trigger.ROLLOUT_PROBATION,
-        Trigger.ROLLOUT_SUCCEEDED,
-    }
-)
-"""Loop holds that are routine: no history entry, no event. Also quiet: a ``MetricsUnavailable`` hold of a
-service whose metrics were never available (:func:`is_quiet_hold`)."""
-
-
-def is_quiet_hold(decision: Decision, old: Mapping[str, Any]) -> bool:
-    """Whether the hold ``decision`` is routine (:data:`QUIET_TRIGGERS`), or "no metrics" for a service whose
-    ``MetricsAvailable`` was never True: nothing observed yet (no Prometheus configured, no series yet) is
-    no decision; the condition says it, and a Prometheus failure of its own reason (TLS, 401, ...) posts a
-    Warning when it starts. (At 1000 new services a ``Held`` entry and event each would be 2000 writes
-    saying "no data yet".) Metrics that were there and went are a notable hold."""
-    if decision.trigger in QUIET_TRIGGERS:
-        return True
-    if decision.trigger != Trigger.METRICS_UNAVAILABLE:
-        return False
-    was = conditions.find_condition(old.get("conditions"), conditions.METRICS_AVAILABLE) or {}
-    return was.get("status") != conditions.TRUE
-OOM_TRIGGERS = frozenset({RestartKind.CUDA_OOM, RestartKind.HOST_OOM_KILLED})
-
 _SETTINGS_KEYS = tuple(f.alias or n for n, f in api.Settings.model_fields.items())
-_BUDGET_KEYS = tuple(f.alias or n for n, f in api.Budget.model_fields.items())
 
 Update = tuple[str, str, str, str]
 """A condition update: ``(type, status, reason, message)``."""
@@ -173,22 +139,6 @@ def build_recommendation(settings: EngineSettings, reason: str, trigger: str, ti
     return {
         "settings": build_settings(settings), "reason": cap(reason), "trigger": str(trigger), "time": time
     }  # fmt: skip
-
-
-def build_rollout(
-    settings: EngineSettings, started: float, deadline: float, choice: RolloutChoice | None = None
-) -> dict[str, Any]:
-    """``status.rollout`` of a change just applied: rolling out until Ready or ``deadline``, with the
-    strategy it uses and why (``choice``)."""
-    return {
-        "settings": api.Settings.from_engine(settings).wire(),
-        "startedAt": format_time(started),
-        "deadline": format_time(deadline),
-        "phase": ROLLING_OUT,
-        "probationUntil": None,
-        "strategy": choice.strategy if choice is not None else None,
-        "reason": cap(choice.reason) if choice is not None else None,
-    }
 
 
 def set_conditions(
@@ -359,290 +309,3 @@ def build_ready_update(
     if serving.available:
         return [(conditions.READY, conditions.TRUE, "Serving", serving.message)]
     return [(conditions.READY, conditions.FALSE, serving.degraded_reason or "Starting", serving.message)]
-
-
-def build_serving_patch(
-    old: Mapping[str, Any], serving: Serving, *, generation: int | None, now: float
-) -> StatusPatch:
-    """The status patch of the pods' view alone (mode Off, where the loop decides nothing)."""
-    updates, fields = build_serving_updates(serving)
-    return StatusPatch(
-        status=fields, lists=ListPatch(generation, format_time(now), updates=updates, serving=serving)
-    )
-
-
-VANISHED_REASONS = frozenset({"ConfigNotFound"})
-"""Resolution failures the closed loop reports between reconciles: a Secret, key or ConfigMap the spec
-names that is gone (the reconciler runs on spec changes only, and a Hub-config cache hit needs no read)."""
-
-
-def build_resolution_updates(
-    old: Mapping[str, Any], failure: Failure | None
-) -> tuple[list[Update], list[tuple[str, str, str]]]:
-    """The closed loop's ``ConfigResolved`` from its own resolve of this tick, and the events: False with the
-    reason when a reference vanished (a Warning the first time), True again once it is back. Other
-    failures (a Hub outage) and an unchanged verdict write nothing: the reconciler's stands."""
-    current = conditions.find_condition(old.get("conditions"), conditions.CONFIG_RESOLVED) or {}
-    if failure is not None and failure.reason in VANISHED_REASONS:
-        update = (conditions.CONFIG_RESOLVED, conditions.FALSE, failure.reason, failure.message)
-        fresh = (current.get("status"), current.get("reason")) != (conditions.FALSE, failure.reason)
-        return [update], ([(events.WARNING, failure.reason, failure.message)] if fresh else [])
-    vanished = current.get("status") == conditions.FALSE and current.get("reason") in VANISHED_REASONS
-    if failure is None and vanished:
-        back = "the ConfigMap, Secret and keys the spec names are readable again"
-        update = (conditions.CONFIG_RESOLVED, conditions.TRUE, "Resolved", back)
-        return [update], [(events.NORMAL, "Resolved", back)]
-    return [], []
-
-
-# --- the reconciler -------------------------------------------------------------------------------------
-
-
-def build_success_status(
-    old: Mapping[str, Any], *, generation: int | None, now: str, inputs: Inputs, decision: ModeDecision,
-    trigger: str, selector: str | None = None,
-) -> StatusPatch:  # fmt: skip
-    """Status after the Deployment and Service were applied with ``decision.deploy``; ``selector``: the pods'
-    label selector (``status.selector``, which the ``/scale`` subresource serves to autoscalers)."""
-    plan, gpu = decision.plan, inputs.gpu
-    applied = build_settings(decision.deploy)
-    planned_text = vllm.describe_settings(plan.settings)
-    b = plan.budget
-    updates = [
-        (conditions.CONFIG_RESOLVED, conditions.TRUE, "Resolved",
-         f"model config from {inputs.model.origin}; GPU {gpu.gpu.name} from {gpu.origin}"),
-        (conditions.PLANNED, conditions.TRUE, "Planned",
-         f"{planned_text}; KV cache {b.available_kv_cache_gib:.2f} GiB = {b.kv_cache_tokens} tokens, "
-         f"{plan.concurrency_at_max_len:.1f} requests at max-model-len"),
-        (conditions.INFEASIBLE, conditions.FALSE, "Feasible", "the plan fits the GPUs"),
-        (conditions.READY, conditions.TRUE, "Applied", _ready_message(decision)),
-    ]  # fmt: skip
-    lists = ListPatch(generation, now, updates=list(updates))
-    patch: dict[str, Any] = {
-        "observedGeneration": generation,
-        "gpu": {
-            "product": ", ".join(gpu.products) or None,
-            "catalogueName": gpu.gpu.name,
-            "count": plan.gpu_count,
-            "memoryGiB": round(gpu.gpu.total_bytes / GIB, 2),
-        },
-        "applied": applied,
-        "budget": {**dict.fromkeys(_BUDGET_KEYS), **api.Budget.from_budget(b).wire()},
-        "warnings": [*gpu.warnings, *plan.warnings][:WARNINGS_LIMIT],
-        "recommendation": None,
-    }
-    if selector is not None:
-        patch["selector"] = selector
-    if decision.recommendation is not None:
-        patch["recommendation"] = build_recommendation(
-            decision.recommendation, f"planned for {plan.gpu_count}x {plan.gpu}: {planned_text}", trigger, now
-        )
-    old_applied = old.get("applied")
-    if compact(old_applied) != compact(applied):
-        patch["lastChangeTime"] = now
-        entry = build_history_entry(
-            time=now, action=HistoryAction.PLANNED, trigger=trigger,
-            reason=f"{decision.mode}: {vllm.describe_settings(decision.deploy)}",
-        )  # fmt: skip
-        if old_applied:
-            entry["from"] = compact(old_applied)
-        entry["to"] = compact(applied)
-        lists.history.append((entry, False))
-    return StatusPatch(status=patch, lists=lists)
-
-
-def _ready_message(decision: ModeDecision) -> str:
-    if decision.mode == "Auto":
-        return f"Deployment applied with the plan: {vllm.describe_settings(decision.deploy)}"
-    what = (
-        "the recommendation is in status.recommendation"
-        if decision.mode == "Recommend"
-        else "plan reported only"
-    )
-    return f"Deployment applied with the user's settings ({vllm.describe_settings(decision.deploy)}); {what}"
-
-
-def build_failure_status(
-    old: Mapping[str, Any], *, generation: int | None, now: str, failure: Failure, trigger: str
-) -> StatusPatch:
-    """Status after a failed reconciliation: Ready=False with the reason; the Deployment is untouched."""
-    updates: list[Update] = []
-    if failure.condition != conditions.READY:
-        updates.append((failure.condition, conditions.FALSE, failure.reason, failure.message))
-    if failure.infeasible:
-        updates.append((conditions.INFEASIBLE, conditions.TRUE, failure.reason, failure.message))
-    elif failure.condition == conditions.PLANNED:
-        updates.append((conditions.INFEASIBLE, conditions.FALSE, "NotPlanned", "no plan was made"))
-    updates.append((conditions.READY, conditions.FALSE, failure.reason, failure.message))
-    lists = ListPatch(generation, now, updates=updates)
-    if failure.infeasible:
-        entry = build_history_entry(
-            time=now, action=HistoryAction.INFEASIBLE, trigger=trigger, reason=failure.message
-        )
-        lists.history.append((entry, True))
-    return StatusPatch(status={"observedGeneration": generation}, lists=lists)
-
-
-# --- the closed loop ------------------------------------------------------------------------------------
-
-
-SCALE_OUT_CLEARED_BY = frozenset({Trigger.STEADY, Trigger.IDLE_CAPACITY})
-"""Triggers that say the pressure is gone: a standing scale-out recommendation is withdrawn."""
-
-
-def build_scale_out(
-    old: Mapping[str, Any], decision: Decision, stamp: str, out_events: list[tuple[str, str, str]]
-) -> dict[str, Any]:
-    """``status.recommendation.replicas`` (a merge into the recommendation) and a ``ScaleOutRecommended``
-    event when the decision recommends more replicas than the standing recommendation; the replicas withdrawn
-    once the pressure is gone. Nothing when neither changes."""
-    was = (old.get("recommendation") or {}).get("replicas")
-    if decision.scale_out is not None and decision.scale_out != was:
-        out_events.append((events.NORMAL, "ScaleOutRecommended",
-                           f"tuning is at its floor; {decision.scale_out} replicas recommended "
-                           f"(spec.replicas or the autoscaler decides): {decision.reason}"))  # fmt: skip
-        return {"recommendation": {"replicas": decision.scale_out, "reason": decision.reason,
-                                   "trigger": str(decision.trigger), "time": stamp}}  # fmt: skip
-    if decision.scale_out is None and was is not None and decision.trigger in SCALE_OUT_CLEARED_BY:
-        return {"recommendation": {"replicas": None}}
-    return {}
-
-
-def build_loop_patch(
-    old: Mapping[str, Any],
-    state: LoopState,
-    decision: Decision,
-    *,
-    mode: str,
-    now: float,
-    generation: int | None,
-    applied: bool,
-    rollout_deadline_seconds: float,
-    serving: Serving | None = None,
-    rollout_choice: RolloutChoice | None = None,
-    extra_conditions: Sequence[Update] = (),
-) -> StatusPatch:
-    """The status after ``decision``. ``applied``: the Deployment was updated with ``decision.settings``
-    using ``rollout_choice``'s strategy; ``serving``: what the pods say (``Available``, ``Degraded``,
-    ``Ready``, replica counts); ``extra_conditions``: the loop's other views (``Schedulable``)."""
-    out = StatusPatch()
-    stamp = format_time(now)
-    metrics_status, observed_kv_tokens = decision.metrics, decision.observed_kv_tokens
-    if metrics_status is None:
-        raise ValueError("a Decision from compute_decision carries its metrics status")
-    available = conditions.TRUE if metrics_status.available else conditions.FALSE
-    conds: list[Update] = [
-        (conditions.METRICS_AVAILABLE, available, metrics_status.reason, metrics_status.message)
-    ]
-    was = conditions.find_condition(old.get("conditions"), conditions.METRICS_AVAILABLE) or {}
-    if metrics_status.reason in conditions.PROMETHEUS_FAILURES and was.get("reason") != metrics_status.reason:
-        out.events.append((events.WARNING, metrics_status.reason, metrics_status.message))  # TLS, 401, ...
-    lists = out.lists = ListPatch(generation, stamp)
-    history: list[dict[str, Any]] = [dict(e) for e in old.get("history") or ()]
-    change = decision.changes and mode == "Auto" and applied
-
-    def add_history(action: HistoryAction, *, dedupe: bool) -> bool:
-        """Append an entry (on the freshest history, by :class:`ListPatch`); whether it is new here."""
-        nonlocal history
-        entry = build_history_entry(
-            time=stamp, action=action, trigger=decision.trigger, reason=decision.reason,
-            from_settings=state.current, to_settings=decision.recommended or decision.settings,
-        )  # fmt: skip
-        new = append_history(history, entry, dedupe=dedupe)
-        if new is None:
-            return False
-        history = new
-        lists.history.append((entry, dedupe))
-        return True
-
-    # failed and good settings: evidence, whatever the mode
-    if decision.failed is not None and decision.failed not in state.failed:
-        out.status["failedSettings"] = append_failed(old.get("failedSettings") or (), decision.failed)
-        if decision.trigger in OOM_TRIGGERS:
-            out.events.append((events.WARNING, "OOMDetected", decision.reason))
-    if decision.good is not None and decision.good != state.last_good:
-        out.status["lastGoodSettings"] = build_settings(decision.good)
-
-    rollout_active = state.rollout is not None and decision.trigger in (
-        Trigger.ROLLOUT_IN_PROGRESS,
-        Trigger.ROLLOUT_PROBATION,
-        Trigger.ROLLOUT_PENDING,
-    )
-    if change:
-        action = HistoryAction.RETUNED if decision.action == Action.RETUNE else HistoryAction.ROLLED_BACK
-        add_history(action, dedupe=False)
-        out.status["applied"] = build_settings(decision.settings)
-        out.status["lastChangeTime"] = stamp
-        out.status["rollout"] = build_rollout(
-            decision.settings, now, now + rollout_deadline_seconds, rollout_choice
-        )
-        out.status["calibration"] = None  # vLLM's report was for the old settings
-        out.status["recommendation"] = build_recommendation(
-            decision.settings, decision.reason, decision.trigger, stamp
-        )
-        reason = "Retuned" if action == HistoryAction.RETUNED else "RolledBack"
-        kind = events.NORMAL if action == HistoryAction.RETUNED else events.WARNING
-        how = f" [rollout {rollout_choice.strategy}: {rollout_choice.reason}]" if rollout_choice else ""
-        out.events.append((kind, reason, decision.reason + how))
-        out.decisions.append(reason)
-        conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, reason, decision.reason))
-    else:
-        if state.rollout is not None and not rollout_active:
-            out.status["rollout"] = None
-            if decision.trigger == Trigger.ROLLOUT_SUCCEEDED:
-                out.events.append((events.NORMAL, "RolloutSucceeded", decision.reason))
-        if rollout_active and decision.trigger == Trigger.ROLLOUT_PROBATION:
-            until = decision.probation_until
-            if state.rollout is not None and state.rollout.probation_until is None and until is not None:
-                wire = dict(old.get("rollout") or {})
-                out.status["rollout"] = {**wire, "phase": PROBATION, "probationUntil": format_time(until)}
-            conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Probation", decision.reason))
-        elif rollout_active:
-            conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", decision.reason))
-        elif decision.recommended is not None:
-            conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Held", decision.reason))
-        else:
-            conds.append((conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress"))
-        if decision.changes and mode == "Recommend":
-            rec = build_recommendation(decision.settings, decision.reason, decision.trigger, stamp)
-            old_rec = old.get("recommendation") or {}
-            if (
-                compact(old_rec.get("settings")) != compact(rec["settings"])
-                or old_rec.get("trigger") != rec["trigger"]
-            ):
-                out.status["recommendation"] = rec
-                out.events.append((events.NORMAL, "Recommended", f"mode Recommend: {decision.reason}"))
-        elif decision.action == Action.INFEASIBLE:
-            conds.append((conditions.INFEASIBLE, conditions.TRUE, str(decision.trigger), decision.reason))
-            if add_history(HistoryAction.INFEASIBLE, dedupe=True):
-                out.events.append((events.WARNING, "Infeasible", decision.reason))
-                out.decisions.append("Infeasible")
-        elif (
-            decision.action == Action.HOLD
-            and not is_quiet_hold(decision, old)
-            and add_history(HistoryAction.HELD, dedupe=True)
-        ):
-            warning = decision.trigger in (*OOM_TRIGGERS, RestartKind.OTHER, Trigger.ROLLOUT_FAILED)
-            out.events.append((events.WARNING if warning else events.NORMAL, "Held", decision.reason))
-            out.decisions.append("Held")
-            if decision.trigger == RestartKind.HOST_OOM_KILLED:
-                out.events.append((events.WARNING, "OOMDetected", decision.reason))
-
-    if decision.recommended is not None:  # a rollout gate held it: what it would do stays visible
-        rec = build_recommendation(decision.recommended, decision.reason, decision.trigger, stamp)
-        was = old.get("recommendation") or {}
-        if compact(was.get("settings")) != compact(rec["settings"]) or was.get("trigger") != rec["trigger"]:
-            out.status["recommendation"] = rec
-    scale_out = build_scale_out(old, decision, stamp, out.events).get("recommendation")
-    if scale_out is not None:
-        out.status["recommendation"] = {**(out.status.get("recommendation") or {}), **scale_out}
-    if observed_kv_tokens and not change and observed_kv_tokens != state.observed_kv_tokens:
-        out.status["calibration"] = {"observedKvCacheTokens": observed_kv_tokens}
-    if serving is not None:
-        updates, fields = build_serving_updates(serving)
-        conds.extend(updates)
-        out.status.update(fields)
-        lists.serving = serving
-    conds.extend(extra_conditions)
-    lists.updates = conds
-    return out

@@ -35,6 +35,8 @@ from kvpilot.tuner.memory.kv_cache import (
 )
 from kvpilot.tuner.memory.refusals import CUDA_CONTEXT_GIB, NCCL_GIB
 from kvpilot.tuner.memory.weights import (
+    ONE_ENGINE,
+    ExpertShards,
     WeightBreakdown,
     compute_weight_breakdown,
     compute_weight_bytes,
@@ -44,11 +46,13 @@ from kvpilot.tuner.memory.weights import (
 __all__ = [
     "CUDA_CONTEXT_GIB",
     "CaseError",
+    "ExpertShards",
     "KvCapacity",
     "KvGroup",
     "KvLayout",
     "MEMORY_MODEL_VERSION",
     "NCCL_GIB",
+    "ONE_ENGINE",
     "OUTPUT_KEYS",
     "WeightBreakdown",
     "compute_activation_bytes",

@@ -42,7 +42,7 @@ from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
-MEMORY_MODEL_VERSION = "2026.12.4"
+MEMORY_MODEL_VERSION = "2026.12.5"
 """The memory model's version: bump it whenever a change here (or in :mod:`.kv_cache`, :mod:`.weights`)
 moves a prediction. Fleet-learned TuningProfiles are keyed by it
 (:mod:`kvpilot.tuner.plan.profiles`), so a new memory model never reuses ratios learned against the old one's
@@ -193,8 +193,15 @@ def compute_activation_bytes(
     dtype: str,
     version: vllm.Version,
     max_model_len: int | None = None,
+    expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
 ) -> int:
     """Torch peak memory increase of the profile run on one rank.
+
+    On a rank of a data-parallel group (``expert_shards``) the MoE layers work on the whole group's tokens:
+    0.33's default all-to-all (``allgather_reducescatter``, ``AgRsAll2AllManager.dispatch``) gathers every
+    DP rank's hidden states before the experts run, and the profile run has every rank at
+    ``max_num_batched_tokens``; the experts' width is whole under expert parallelism, split over DP x TP
+    without it.
 
     On the first stage of a multimodal model the profile run first encodes vLLM's dummy items
     (:mod:`.encoder`): the peak is the larger of that forward's and the decoder's, the decoder's with
@@ -208,9 +215,12 @@ def compute_activation_bytes(
     # A gated MLP writes gate and up (two widths) and their product (one); an up/down one (Nemotron-H's
     # relu2 experts, vLLM's ``*_no_mul`` activations, ``adjust_N_for_activation``) the up and its activation.
     widths = 3 if model.mlp_gated else 2
+    dp = max(1, expert_shards.ranks // tp)
+    gathered = tokens * dp  # the tokens the MoE layers see (every DP rank's)
     if moe is not None:
-        expert = moe.moe_intermediate_size / tp
-        width = moe.experts_per_token * (widths * expert + 2 * h) + widths * moe.shared_intermediate_size / tp
+        expert = moe.moe_intermediate_size / (1 if expert_shards.expert_parallel else tp * dp)
+        width = moe.experts_per_token * (widths * expert + 2 * h) * dp
+        width += widths * moe.shared_intermediate_size / tp
         width += widths * moe.parallel_dense_intermediate_size / tp
     elif not model.intermediate_size and model.linear_state is not None:
         # An attention-free Mamba block has no MLP: its widest tensors are the mixer's in_proj (x and z)
@@ -228,7 +238,10 @@ def compute_activation_bytes(
         sampler = rows * model.vocab_size * (c.sampler_bytes_per_logit + b)
     workspace = 0.0
     if moe is not None and not (model.quantization and model.quantization.method == "mxfp4"):
-        workspace = tokens * moe.experts_per_token * (h + 2 * moe.moe_intermediate_size / tp) * b
+        expert = moe.moe_intermediate_size / (1 if expert_shards.expert_parallel else tp * dp)
+        workspace = gathered * moe.experts_per_token * (h + 2 * expert) * b
+    if dp > 1:
+        workspace += gathered * h * b  # the gathered hidden states
     peak = max(forward, sampler + carry + workspace) + pp_buffers
     if model.is_multimodal and first:
         vision = encoder.compute_encoder_profile_peak(
@@ -334,6 +347,7 @@ def compute_budget(
     model_runner_v2: bool | None = None,
     performance_mode: str | None = None,
     enable_prefix_caching: bool | None = None,
+    expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
 ) -> MemoryBudget:
     """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse.
 
@@ -346,7 +360,9 @@ def compute_budget(
     ``enable_prefix_caching`` is ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``None``:
     vLLM's default, off for attention-free models): it decides whether state layers run in align mode
     (2-3 pages a request). The operator reads all four from the pod's environment and extra args
-    (:class:`kvpilot.tuner.vllm.EngineFlags`).
+    (:class:`kvpilot.tuner.vllm.EngineFlags`). ``expert_shards``: one data-parallel rank of a DP group, its
+    routed experts split over the group (:class:`~kvpilot.tuner.memory.weights.ExpertShards`; the rest of
+    the rank, its KV cache included, is a whole engine of ``tensor_parallel_size``).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
@@ -363,6 +379,7 @@ def compute_budget(
             model, gpu, r, version, rank, requested, shared,
             weights_total_bytes=weights_total_bytes, block_size=block_size,
             kv_cache_memory_bytes=kv_cache_memory_bytes, enable_prefix_caching=enable_prefix_caching,
+            expert_shards=expert_shards,
         )
         for rank in range(r.pp)
     )  # fmt: skip
@@ -411,16 +428,18 @@ def _compute_stage(
     model: ModelSpec, gpu: GpuSpec, r: _Resolved, version: vllm.Version, rank: int, requested: int,
     shared: _SharedCosts, *, weights_total_bytes: int | None, block_size: int | None,
     kv_cache_memory_bytes: int | None, enable_prefix_caching: bool | None,
+    expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
 ) -> refusals.Stage:  # fmt: skip
     """One pipeline stage's budget (its first TP rank): weights, activation peak, sampler state, what is
     left for the KV cache, and the KV layout of its layers."""
     w = weights.compute_weight_bytes(
         model, tensor_parallel_size=r.tp, pipeline_parallel_size=r.pp, pp_rank=rank, dtype=r.dtype,
-        weights_total_bytes=weights_total_bytes,
+        weights_total_bytes=weights_total_bytes, expert_shards=expert_shards,
     )  # fmt: skip
     act = compute_activation_bytes(
         model, tp=r.tp, pp=r.pp, pp_rank=rank, max_num_batched_tokens=r.max_num_batched_tokens,
         max_num_seqs=r.max_num_seqs, dtype=r.dtype, version=version, max_model_len=r.max_model_len,
+        expert_shards=expert_shards,
     )  # fmt: skip
     state = compute_sampler_state_bytes(model, r, last_stage=rank == r.pp - 1)
     if kv_cache_memory_bytes is not None:

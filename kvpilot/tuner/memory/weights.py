@@ -119,7 +119,33 @@ class LayerParams:
     """Norms, routers and the other tensors kept in the model dtype."""
 
 
-def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> LayerParams:
+@dataclass(frozen=True, slots=True)
+class ExpertShards:
+    """How the routed experts of a data-parallel group split (``FusedMoEParallelConfig.make``, 0.33):
+    over ``ranks`` = DP x TP ranks, each expert's intermediate size split (no expert parallelism), or
+    whole experts per rank, the first ``num_experts % ranks`` ranks one more
+    (``expert_map_manager.determine_expert_map``)."""
+
+    ranks: int = 1
+    expert_parallel: bool = False
+
+    def split(self, num_experts: int, intermediate: int, tp: int) -> tuple[int, int]:
+        """(experts, intermediate size) on the busiest rank (rank 0); TP alone for one engine."""
+        if self.ranks <= 1 and not self.expert_parallel:
+            return num_experts, intermediate // tp
+        ranks = max(self.ranks, tp)
+        if self.expert_parallel:
+            return -(-num_experts // ranks), intermediate
+        return num_experts, intermediate // ranks
+
+
+ONE_ENGINE = ExpertShards()
+"""The routed experts split by tensor parallelism only (no data parallelism, no expert parallelism)."""
+
+
+def _layer_linear_params(
+    model: ModelSpec, tp: int, idx: int, loaded: bool, shards: ExpertShards = ONE_ENGINE
+) -> LayerParams:
     """One layer's params on one rank (:class:`LayerParams`)."""
     h = model.hidden_size
     layer = model.layers[idx] if idx < len(model.layers) else None
@@ -169,7 +195,8 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> L
         hd = layer.head_dim if layer is not None and layer.head_dim else model.head_dim
         q = (model.num_attention_heads // tp) * hd
         kvr = max(1, kv // tp) * hd
-        attn = h * (q + 2 * kvr) + q * h
+        gate = q if model.attention_output_gate else 0  # Qwen3-Next: q_proj also emits the output gate
+        attn = h * (q + gate + 2 * kvr) + q * h
         if model.attention_bias:
             attn += q + 2 * kvr
         replicated = 0
@@ -186,16 +213,16 @@ def _layer_linear_params(model: ModelSpec, tp: int, idx: int, loaded: bool) -> L
         mlp_here = not moe_here
     dense = shared = 0
     if moe is not None and moe_here:
-        inter = moe.moe_intermediate_size // tp
+        local, inter = shards.split(moe.num_experts, moe.moe_intermediate_size, tp)
         if moe.expert_hidden_size:  # Kimi-K3's latent MoE: experts in a narrower space, two projections
-            experts = moe.num_experts * mlp_mats * moe.expert_hidden_size * inter
+            experts = local * mlp_mats * moe.expert_hidden_size * inter
             replicated += 2 * h * moe.expert_hidden_size
         elif loaded and model.quantization is not None and model.quantization.method == "mxfp4":
             # vLLM's MXFP4 MoE kernels (Marlin / triton matmul_ogs) pad the hidden size to 256 and
             # the per-rank intermediate size to 128 (mxfp4_round_up_hidden_size_and_intermediate_size).
-            experts = moe.num_experts * mlp_mats * _pad(h, 256) * _pad(inter, 128)
+            experts = local * mlp_mats * _pad(h, 256) * _pad(inter, 128)
         else:
-            experts = moe.num_experts * mlp_mats * h * inter  # Nemotron-H's relu2 experts: up and down only
+            experts = local * mlp_mats * h * inter  # Nemotron-H's relu2 experts: up and down only
         shared = mlp_mats * h * moe.shared_intermediate_size // tp
         dense = mlp_mats * h * moe.parallel_dense_intermediate_size // tp
         replicated += h * moe.num_experts  # router
@@ -216,8 +243,10 @@ def compute_weight_breakdown(
     pp_rank: int = 0,
     dtype: str | None = None,
     loaded: bool = True,
+    expert_shards: ExpertShards = ONE_ENGINE,
 ) -> WeightBreakdown:
-    """Weight bytes vLLM loads on one (TP, PP) rank (``loaded=False``: as stored, before kernel padding)."""
+    """Weight bytes vLLM loads on one (TP, PP) rank (``loaded=False``: as stored, before kernel padding);
+    ``expert_shards``: how the routed experts split over a data-parallel group (:class:`ExpertShards`)."""
     tp, pp = tensor_parallel_size, pipeline_parallel_size
     dbytes = DTYPE_BYTES[dtype or model.dtype]
     quant = model.quantization
@@ -229,7 +258,7 @@ def compute_weight_breakdown(
     modelopt = quant.modelopt if quant is not None else None
     total = 0.0
     for idx in model.layer_range(pp, pp_rank):
-        p = _layer_linear_params(model, tp, idx, loaded)
+        p = _layer_linear_params(model, tp, idx, loaded, expert_shards)
         if modelopt is not None:  # each component as the checkpoint stores it in this layer
             total += sum(
                 params * compute_component_bytes(modelopt, idx, component, dbytes)
@@ -262,6 +291,7 @@ def compute_weight_bytes(
     pp_rank: int = 0,
     dtype: str | None = None,
     weights_total_bytes: int | None = None,
+    expert_shards: ExpertShards = ONE_ENGINE,
 ) -> int:
     """Bytes of weights on one rank; from the checkpoint size when it is known.
 
@@ -275,6 +305,7 @@ def compute_weight_bytes(
         pipeline_parallel_size=pipeline_parallel_size,
         pp_rank=pp_rank,
         dtype=dtype,
+        expert_shards=expert_shards,
     )
     if weights_total_bytes is None:
         return rank.total
@@ -285,6 +316,7 @@ def compute_weight_bytes(
         pipeline_parallel_size=pipeline_parallel_size,
         pp_rank=pp_rank,
         loaded=False,
+        expert_shards=expert_shards,
     )
     if ckpt_whole.params <= 0 or ckpt_rank.params <= 0:
         return rank.total

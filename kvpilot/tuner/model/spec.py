@@ -164,6 +164,9 @@ class ModelSpec:
     quantization: QuantSpec | None = None
     mlp_gated: bool = True
     attention_bias: bool = False
+    attention_output_gate: bool = False
+    """Qwen3-Next / Qwen3.5: ``q_proj`` also emits a per-head output gate (``attn_output_gate``; vLLM 0.33's
+    ``Qwen3NextAttention`` defaults it to true), doubling the query rows of every attention layer."""
     rotary_dim: int = 0
     rope_cache_positions: int = 0
     """Rows of the rotary cos/sin cache vLLM allocates (weights memory)."""
@@ -390,6 +393,17 @@ def _mm_prefix_item_tokens(top: Fields, text: Fields, model_type: str) -> int:
     return vllm.gemma4_mm_item_tokens(per_image) if per_image else 0
 
 
+_OUTPUT_GATED_ATTENTION = ("qwen3_next", "qwen3_5")
+"""model_type prefixes whose vLLM attention is ``Qwen3NextAttention`` (``qwen3_next.py``, ``qwen3_5.py``)."""
+
+
+def _attention_output_gate(text: Fields, model_type: str) -> bool:
+    if not model_type.startswith(_OUTPUT_GATED_ATTENTION):
+        return False
+    declared = text.optional_bool("attn_output_gate")
+    return True if declared is None else declared
+
+
 def _quant(text: Fields) -> QuantSpec | None:
     qc = text.child("quantization_config")
     return build_quant_spec(qc.data, qc.prefix) if qc is not None else None
@@ -524,6 +538,7 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         quantization=_quant(text),
         mlp_gated=model_type not in _NON_GATED_MLP,
         attention_bias=text.flag("attention_bias") or model_type in ("qwen2", "qwen2_moe"),
+        attention_output_gate=_attention_output_gate(text, model_type),
         rotary_dim=rotary_dim,
         rope_cache_positions=_rope_rows(base, model_type, rope),
         vision_params=read_vision_params(top, hidden),

@@ -2,12 +2,15 @@
 
 * :mod:`.planner` -- :func:`compute_plan`, a chain of small steps over the memory model;
 * :mod:`.profiles` -- fleet learning: the TuningProfile key, its samples and what a plan takes from them;
+* :mod:`.nodes` -- :func:`compute_node_plan`: a replica over several nodes, TP x PP or DP x EP, the fewest
+  nodes that fit, and why;
 * :mod:`.topology` -- how a replica's GPUs split into tensor-parallel groups and pipeline stages
   (the planner, the rendered Deployment and the closed loop share it).
 
 The top layer of the tuner beside :mod:`kvpilot.tuner.loop`; the two never import each other.
 """
 
+from kvpilot.tuner.plan.nodes import Candidate, Layout, NodePlan, RankBudget, compute_node_plan
 from kvpilot.tuner.plan.planner import (
     CONTEXT_STEP,
     compute_plan,
@@ -23,10 +26,15 @@ from kvpilot.tuner.plan.topology import (
 
 __all__ = [
     "CONTEXT_STEP",
+    "Candidate",
+    "Layout",
     "Learned",
+    "NodePlan",
     "ProfileKey",
     "ProfileRecord",
+    "RankBudget",
     "compute_learned",
+    "compute_node_plan",
     "compute_pipeline_parallel",
     "compute_plan",
     "compute_safe_utilization",

@@ -100,10 +100,11 @@ def _budget(
     version: str,
     weights: int | None,
     engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
+    expert_shards: memory.ExpertShards = memory.ONE_ENGINE,
 ) -> MemoryBudget:
     """The budget of ``settings`` on a replica of ``gpu_count`` GPUs: the GPUs the tensor-parallel
     group leaves over are pipeline stages, as the operator renders them."""
-    return compute_topology_budget(model, gpu, gpu_count, settings, version, weights, engine)
+    return compute_topology_budget(model, gpu, gpu_count, settings, version, weights, engine, expert_shards)
 
 
 def _round_to_step(length: int) -> int:
@@ -200,6 +201,7 @@ def _suggestions(
     budget_of: _BudgetOf,
     fits: Callable[[MemoryBudget], bool],
     engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
+    expert_shards: memory.ExpertShards = memory.ONE_ENGINE,
 ) -> list[str]:
     """What would fit instead: more GPUs, fp8 KV, a shorter context, quantized weights."""
     out: list[str] = []
@@ -235,7 +237,7 @@ def _suggestions(
     if model.quantization is None:
         quant = QuantSpec("fp8", 8) if gpu.compute_capability >= (8, 9) else QuantSpec("awq", 4, 128)
         smaller = dataclasses.replace(model, quantization=quant)
-        if fits(_budget(smaller, gpu, gpu_count, settings, version, None, engine)):
+        if fits(_budget(smaller, gpu, gpu_count, settings, version, None, engine, expert_shards)):
             kind = "FP8" if quant.method == "fp8" else "4-bit AWQ/GPTQ"
             out.append(
                 f"A {kind}-quantized checkpoint of this model fits (kvpilot never changes the checkpoint)."
@@ -257,6 +259,7 @@ def compute_plan(
     pin_kv_cache_memory: bool = False,
     engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
     learned: Learned | None = None,
+    expert_shards: memory.ExpertShards = memory.ONE_ENGINE,
 ) -> Plan:
     """Plan vLLM's engine settings for ``model`` on ``gpu_count`` x ``gpu`` within ``bounds``.
 
@@ -268,14 +271,15 @@ def compute_plan(
     leaves (the same blocks) instead of ``--gpu-memory-utilization`` (:func:`_pin_kv_pool`).
     ``engine``: what the pods run besides the tuned settings (:class:`kvpilot.tuner.vllm.EngineFlags`: their
     ``VLLM_USE_V2_MODEL_RUNNER``, ``--enforce-eager``, ``--performance-mode``, prefix caching); the plan is
-    for that engine."""
+    for that engine. ``expert_shards``: the replica is one data-parallel rank of a group whose routed experts
+    split over the group (:func:`kvpilot.tuner.plan.nodes.compute_node_plan` plans such groups)."""
     release, release_warning = vllm.check_release(vllm_version)
     if model.architecture != model.model_type:  # a config without ``architectures`` names its model_type
         vllm.check_architecture_registered(model.architecture, release)
     p = _Planning(
         model, gpu, gpu_count, bounds, pinned, vllm_version, weights_total_bytes, engine, learned,
-        [release_warning] if release_warning else [],
-    )
+        [release_warning] if release_warning else [], expert_shards,
+    )  # fmt: skip
     settings = _choose_tensor_parallel(p)
     settings, wanted = _choose_context(p, settings)
     settings = _choose_utilization(p, settings)
@@ -288,7 +292,7 @@ def compute_plan(
     kv_bytes = None
     if pin_kv_cache_memory and feasible:
         kv_bytes, settings, budget = _pin_kv_pool(
-            model, gpu, gpu_count, settings, vllm_version, weights_total_bytes, budget, engine
+            model, gpu, gpu_count, settings, vllm_version, weights_total_bytes, budget, engine, expert_shards
         )
     return Plan(
         settings=settings,
@@ -323,14 +327,16 @@ class _Planning:
     engine: vllm.EngineFlags
     learned: Learned | None
     warnings: list[str]
+    expert_shards: memory.ExpertShards = memory.ONE_ENGINE
     budgets: dict[EngineSettings, MemoryBudget] = field(default_factory=dict)
 
     def budget_of(self, s: EngineSettings) -> MemoryBudget:
         """Memoized: the context searches and the suggestions revisit the same settings."""
         if s not in self.budgets:
             self.budgets[s] = _budget(
-                self.model, self.gpu, self.gpu_count, s, self.version, self.weights, self.engine
-            )
+                self.model, self.gpu, self.gpu_count, s, self.version, self.weights, self.engine,
+                self.expert_shards,
+            )  # fmt: skip
         return self.budgets[s]
 
     def meets(self, budget: MemoryBudget) -> bool:
@@ -461,8 +467,9 @@ def _judge(p: _Planning, settings: EngineSettings, budget: MemoryBudget) -> tupl
         f"fewer than the expected concurrency {bounds.concurrency}."
     )
     suggestions = _suggestions(
-        p.model, p.gpu, p.gpu_count, bounds, settings, p.pinned, p.version, p.budget_of, p.meets, p.engine
-    )
+        p.model, p.gpu, p.gpu_count, bounds, settings, p.pinned, p.version, p.budget_of, p.meets, p.engine,
+        p.expert_shards,
+    )  # fmt: skip
     return False, (why, *suggestions)
 
 
@@ -499,6 +506,7 @@ def _pin_kv_pool(
     weights: int | None,
     budget: MemoryBudget,
     engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
+    expert_shards: memory.ExpertShards = memory.ONE_ENGINE,
 ) -> tuple[int | None, EngineSettings, MemoryBudget]:
     """The plan's KV pool as ``--kv-cache-memory-bytes``, the settings and the budget under that pin.
 
@@ -512,7 +520,7 @@ def _pin_kv_pool(
     unpinned = settings.replace(gpu_memory_utilization=None)
     pinned = memory.compute_budget(
         model, gpu, unpinned, pipeline_parallel_size=pp, vllm_version=version, weights_total_bytes=weights,
-        kv_cache_memory_bytes=budget.kv_pool_bytes, **engine.budget_kwargs(),
+        kv_cache_memory_bytes=budget.kv_pool_bytes, expert_shards=expert_shards, **engine.budget_kwargs(),
     )  # fmt: skip
     if not pinned.starts:
         return None, settings, budget

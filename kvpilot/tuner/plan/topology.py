@@ -51,15 +51,17 @@ def compute_topology_budget(
     vllm_version: str,
     weights_total_bytes: int | None = None,
     engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
+    expert_shards: memory.ExpertShards = memory.ONE_ENGINE,
 ) -> MemoryBudget:
     """The budget of ``settings`` on a replica of ``gpu_count`` GPUs in the topology kvpilot deploys:
     an unset tensor-parallel size is vLLM's 1, the GPUs the tensor-parallel group leaves over are
     pipeline stages (:func:`compute_pipeline_parallel`). The one home of "the budget in the deployed
-    topology": the planner, the InferenceService's closed loop and the EngineTuner's loop all call it."""
+    topology": the planner, the InferenceService's closed loop and the EngineTuner's loop all call it.
+    ``expert_shards``: the replica is one data-parallel rank of a group (:mod:`.nodes`)."""
     tp = settings.tensor_parallel_size or 1
     return memory.compute_budget(
         model, gpu, settings.replace(tensor_parallel_size=tp),
         pipeline_parallel_size=compute_pipeline_parallel(gpu_count, tp),
-        vllm_version=vllm_version, weights_total_bytes=weights_total_bytes,
+        vllm_version=vllm_version, weights_total_bytes=weights_total_bytes, expert_shards=expert_shards,
         **engine.budget_kwargs(),
     )  # fmt: skip

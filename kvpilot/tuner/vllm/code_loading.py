@@ -16,7 +16,9 @@ their own (:data:`EXACT_FLAGS`: an exact flag is never an abbreviation). Pure.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 CODE_LOADING_FLAGS = (
     "--trust-remote-code",
@@ -32,8 +34,25 @@ CODE_LOADING_FLAGS = (
     "--kv-transfer-config",
     "--ec-transfer-config",
     "--allowed-local-media-path",
+    "--config",
 )
-"""Flags of vLLM 0.33 that load code or files chosen by the spec (``vllm serve --help``)."""
+"""Flags of vLLM 0.33 that load code or files chosen by the spec (``vllm serve --help``). ``--config`` names
+a YAML file whose keys vLLM's parser reads as flags (``FlexibleArgumentParser._pull_args_from_config``), so
+``trust-remote-code: true`` in a mounted ConfigMap would pass unseen (kvpilot also refuses it for everyone,
+:data:`kvpilot.tuner.vllm.POD_FLAGS`)."""
+CODE_LOADING_KEYS: dict[str, tuple[str, ...]] = {
+    "--compilation-config": ("backend", "inductor_passes"),
+}
+"""Keys of JSON-valued flags that import a module the value names (``config/compilation.py``:
+``CompilationConfig.backend`` is resolved by qualified name outside the ``eager``/``inductor`` backends,
+``inductor_passes`` maps names to qualified names). The flags' other spellings: :data:`JSON_FLAG_ALIASES`."""
+ANY_FLAG_CODE_KEYS = ("trust_remote_code",)
+"""Keys refused in every JSON-valued flag (``--hf-overrides``, ``--model-loader-extra-config``,
+``--speculative-config``, ...): vLLM reads trust only from ``--trust-remote-code`` (the draft model of
+``--speculative-config`` inherits it), so such a key is either ignored or an attempt; refused either way."""
+JSON_FLAG_ALIASES = {"-cc": "--compilation-config", "-O": "--compilation-config"}
+"""Short spellings of JSON-valued flags in vLLM 0.33's parser (``engine/arg_utils.py``,
+``utils/argparse_utils.py``: ``-O.backend=x`` is ``--compilation-config.backend=x``)."""
 EXACT_FLAGS = ("--model", "--reasoning-parser")
 """Flags that are themselves a prefix of a :data:`CODE_LOADING_FLAGS` entry: never read as an abbreviation."""
 CODE_LOADING_ENV = (
@@ -81,6 +100,69 @@ def compute_code_loading_flags(args: Iterable[str], allowed: Iterable[str] = ())
         f for f in flags
         if len(f) > 2 and f not in permitted and any(d.startswith(f) for d in CODE_LOADING_FLAGS)
     ]  # fmt: skip
+
+
+def compute_code_loading_keys(args: Sequence[str], allowed: Iterable[str] = ()) -> list[str]:
+    """``"--flag key"`` for each code-loading key (:data:`CODE_LOADING_KEYS`, :data:`ANY_FLAG_CODE_KEYS`)
+    in a JSON-valued flag of ``args``: a JSON object after the flag (``--flag JSON`` or ``--flag=JSON``,
+    nested keys too) or a dotted key (``--flag.key=value``, vLLM's spelling of one key). A flag in
+    ``allowed`` may carry its :data:`CODE_LOADING_KEYS`."""
+    permitted = set(allowed)
+    found: list[str] = []
+    for i, arg in enumerate(args):
+        if not arg.startswith("-"):
+            continue
+        flag = _json_flag(arg)
+        keys = _dotted_keys(arg) or _json_keys(arg.partition("=")[2] if "=" in arg else _next(args, i))
+        refused = (() if flag in permitted else CODE_LOADING_KEYS.get(flag, ())) + ANY_FLAG_CODE_KEYS
+        found += [f"{flag} {k}" for k in keys if k in refused]
+    return found
+
+
+def _json_flag(arg: str) -> str:
+    head = arg.split("=")[0].split(".")[0]
+    if head in JSON_FLAG_ALIASES or (head.startswith("-O") and not head.startswith("--")):
+        return "--compilation-config"
+    return head.replace("_", "-")
+
+
+def _dotted_keys(arg: str) -> list[str]:
+    head = arg.split("=")[0]
+    return [k.replace("-", "_") for k in head.split(".")[1:]]
+
+
+def _next(args: Sequence[str], i: int) -> str:
+    return args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") else ""
+
+
+def _json_keys(text: str) -> list[str]:
+    """Every key of the JSON object ``text`` (nested objects and lists too); none if it is not one."""
+    if not text.lstrip().startswith("{"):
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []  # vLLM refuses it at start-up
+    keys: list[str] = []
+    todo: list[Any] = [value]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            keys += [str(k).replace("-", "_") for k in node]
+            todo += node.values()
+        elif isinstance(node, list):
+            todo += node
+    return keys
+
+
+def is_code_safe_env_prefix(prefix: str) -> bool:
+    """Whether an ``envFrom`` with this ``prefix`` can only set names that load nothing, whatever keys the
+    Secret or ConfigMap holds: the prefix starts no code-loading name (``LD_``, ``PYTHON``, a listed one) and
+    none of them starts it."""
+    names = (*CODE_LOADING_ENV, *CODE_LOADING_ENV_PREFIXES)
+    if not prefix or any(n.startswith(prefix) for n in names):
+        return False
+    return not any(prefix.startswith(p) for p in CODE_LOADING_ENV_PREFIXES)
 
 
 def is_code_loading_env(name: str) -> bool:

@@ -60,6 +60,16 @@ per-program buffer (``v1/sample/ops/topk_topp_triton.py``; not per row). Raw-mod
 top-5 of the model-dtype logits (``sample/logprob.py::compute_topk_scores``): no vocab-wide buffer."""
 
 
+CAPTURE_OFF_GRID_SIZES_SINCE: Version = (0, 31)
+"""The first release that also captures ``max_num_seqs`` and ``max_num_batched_tokens`` off the grid
+(and caps the grid at ``max_num_batched_tokens`` before building it); 0.19-0.30 build the grid only.
+Established by running each wheel's ``_set_cudagraph_sizes`` (``bench/vllm_capture_sizes.py``)."""
+
+BLACKWELL_CAPTURE_LIMIT_SINCE: Version = (0, 28)
+"""The first release whose largest default capture size is 1024 on the SM100 family (512 before,
+and on every other GPU); from the same runs."""
+
+
 def cuda_graph_capture_sizes(
     version: Version,
     gpu: GpuSpec,
@@ -69,24 +79,26 @@ def cuda_graph_capture_sizes(
 ) -> tuple[int, ...]:
     """The batch sizes vLLM captures CUDA graphs for (no speculative decoding, no explicit sizes).
 
-    0.33 ``config/vllm.py::VllmConfig._set_cudagraph_sizes``: the largest size is
-    ``min(2 x max_num_seqs, 1024 on the SM100 family else 512)``, then capped at
-    ``max_num_batched_tokens``; sizes ``[1, 2, 4] + 8..248 step 8 + 256..largest step 16``
-    (``--performance-mode interactivity``: every size from 1 to 32, then the same grid), plus
-    ``max_num_batched_tokens`` and ``max_num_seqs`` when they fit and are off the grid. Before 0.33
-    (the 0.19 calibration) kvpilot counts the grid only, as it was fitted.
+    ``config/vllm.py::VllmConfig._set_cudagraph_sizes`` of each release, run on CPU by
+    ``bench/vllm_capture_sizes.py`` into ``tests/data/vllm_capture_sizes.json``: the largest size is
+    ``min(2 x max_num_seqs, limit)`` (limit 1024 on the SM100 family from
+    :data:`BLACKWELL_CAPTURE_LIMIT_SINCE`, else 512), capped at ``max_num_batched_tokens``; sizes
+    ``[1, 2, 4] + 8..248 step 8 + 256..largest step 16`` (``--performance-mode interactivity``, in
+    every modelled release: every size from 1 to 32, then the same grid); from
+    :data:`CAPTURE_OFF_GRID_SIZES_SINCE`, plus ``max_num_batched_tokens`` and ``max_num_seqs`` when
+    they fit and are off the grid. Without ``max_num_batched_tokens`` the grid is not capped.
     """
-    limit = 1024 if (10, 0) <= gpu.compute_capability < (11, 0) else 512
-    largest = min(2 * max_num_seqs, limit)
+    blackwell = (10, 0) <= gpu.compute_capability < (11, 0) and version >= BLACKWELL_CAPTURE_LIMIT_SINCE
+    largest = min(2 * max_num_seqs, 1024 if blackwell else 512)
     extra: list[int] = []
-    if version >= (0, 33) and max_num_batched_tokens is not None:
-        if max_num_seqs <= largest:
+    if max_num_batched_tokens is not None:
+        if version >= CAPTURE_OFF_GRID_SIZES_SINCE and max_num_seqs <= largest:
             extra.append(max_num_seqs)
         largest = min(max_num_batched_tokens, largest)
-        if max_num_batched_tokens <= largest:
+        if version >= CAPTURE_OFF_GRID_SIZES_SINCE and max_num_batched_tokens <= largest:
             extra.append(max_num_batched_tokens)
         extra = [s for s in extra if s <= max_num_batched_tokens]
-    if version >= (0, 33) and performance_mode == "interactivity":
+    if performance_mode == "interactivity":
         sizes = list(range(1, min(largest, 32) + 1))
     else:
         sizes = [s for s in (1, 2, 4) if s <= largest]

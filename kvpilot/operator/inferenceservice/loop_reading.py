@@ -1,0 +1,161 @@
+"""What one closed-loop tick of an InferenceService reads first: the service, its model and GPU.
+
+The first steps of :func:`kvpilot.operator.inferenceservice.closed_loop.run_once`: :func:`parse_service`
+(the spec and status, pure) and :func:`fetch_resolved` (model, GPU, the budget of the current settings,
+the policy); :func:`build_context` turns them into what the policy tunes within. The pods and metrics:
+:mod:`.loop_observing`. A ``None`` says the tick has nothing to do (and why, in the log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.operator import api, errors
+from kvpilot.operator.inferenceservice import desired
+from kvpilot.operator.loop import loop_settings, loop_state
+from kvpilot.operator.loop.loop_deps import LoopDeps
+from kvpilot.operator.planning import modes, release, resolve
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import gpus, plan
+from kvpilot.tuner.loop import LoopState, PolicyConfig, TuningContext
+from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
+
+
+@dataclass(frozen=True)
+class Service:
+    """The InferenceService as the tick read it: ``old`` its status at ``version``, ``spec`` parsed,
+    ``pinned`` the user's values (never the loop's to change)."""
+
+    body: Mapping[str, Any]
+    meta: Mapping[str, Any]
+    old: dict[str, Any]
+    version: str | None
+    spec: api.InferenceServiceSpec
+    pinned: EngineSettings
+    state: LoopState
+    now: float
+
+    @property
+    def name(self) -> str:
+        return str(self.meta["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.meta.get("namespace") or "default")
+
+    @property
+    def mode(self) -> str:
+        return self.spec.tuning.mode
+
+    @property
+    def generation(self) -> int | None:
+        generation = self.meta.get("generation")
+        return int(generation) if generation is not None else None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The model and GPU (``inputs``: ``None`` when resolving failed, for ``failure``), the budget of the
+    current settings, what the loop tunes for, and the policy (the spec's, at the operator's pace)."""
+
+    policy: PolicyConfig
+    inputs: resolve.Inputs | None
+    failure: errors.Failure | None
+    engine: release.EngineRelease
+    budget: MemoryBudget
+    gpu: GpuSpec
+    default_len: int
+
+
+def parse_service(
+    body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
+    now: float,
+) -> Service | None:  # fmt: skip
+    """The service, or ``None`` when the loop has nothing to do: nothing applied yet, an invalid spec (the
+    reconciler reports it), no replicas."""
+    old = dict(status or {})
+    version = meta.get("resourceVersion")  # what ``old`` was read at: kopf's body is live, read it now
+    if not old.get("applied"):
+        return None  # the reconciler has not applied anything yet
+    try:
+        parsed = desired.parse_spec(spec)
+        pinned = modes.compute_user_args(parsed).pinned
+    except (errors.OperatorError, tuner_errors.TunerError):
+        return None
+    if parsed.replicas == 0:
+        return None
+    return Service(body, meta, old, version, parsed, pinned, loop_state.build_loop_state(old), now)
+
+
+async def fetch_resolved(deps: LoopDeps, svc: Service, logger: Any) -> Resolved | None:
+    """Model, GPU and the budget of the current settings: resolved, else what the status recorded (a Hub
+    outage does not stop crash remedies); ``None`` while neither says."""
+    policy = loop_settings.build_policy(svc.spec, deps.pace)
+    failure: errors.Failure | None = None
+    try:
+        inputs: resolve.Inputs | None = await resolve.fetch_inputs(
+            svc.spec, svc.namespace, deps.kube, deps.hub
+        )
+    except Exception as exc:  # noqa: BLE001 -- the reconciler reports it; a vanished ref: loop_patch
+        logger.warning(f"closed loop: cannot resolve model/GPU ({exc}); using status.budget")
+        inputs, failure = None, errors.classify(exc)
+    engine = release.resolve_release(svc.spec)
+    budget = loop_state.read_budget(svc.old, engine.version)
+    if inputs is not None:
+        try:
+            budget = budget_for(inputs, svc.spec, svc.state.current)
+        except tuner_errors.TunerError as exc:
+            logger.warning(f"closed loop: memory model failed for the current settings ({exc})")
+    if budget is None:
+        logger.info("closed loop: no memory budget yet; waiting for the reconciler")
+        return None
+    gpu, default_len = gpu_and_default_len(inputs, svc.old, svc.state.current, engine)
+    if gpu is None or not default_len:
+        logger.info("closed loop: model or GPU not resolved and not in status; waiting for the reconciler")
+        return None
+    return Resolved(policy, inputs, failure, engine, budget, gpu, default_len)
+
+
+def budget_for(
+    inputs: resolve.Inputs, spec: api.InferenceServiceSpec, settings: EngineSettings
+) -> MemoryBudget:
+    """The budget of ``settings`` in the topology the Deployment renders
+    (:func:`kvpilot.tuner.plan.compute_topology_budget`)."""
+    engine = release.resolve_release(spec)
+    return plan.compute_topology_budget(
+        inputs.model.spec, inputs.gpu.gpu, spec.gpu.count, settings, engine.version,
+        inputs.model.checkpoint_bytes, engine.flags,
+    )  # fmt: skip
+
+
+def gpu_and_default_len(
+    inputs: resolve.Inputs | None, status: Mapping[str, Any], current: EngineSettings,
+    engine: release.EngineRelease,
+) -> tuple[GpuSpec | None, int]:  # fmt: skip
+    """The GPU and the model's maximum context the loop tunes for: resolved, else what the reconciler
+    recorded (``status.gpu.catalogueName``, the applied ``max_model_len``)."""
+    if inputs is not None:
+        return inputs.gpu.gpu, inputs.model.spec.default_max_model_len(engine.parsed)
+    name = (status.get("gpu") or {}).get("catalogueName")
+    try:
+        gpu = gpus.lookup_gpu(str(name)) if name else None
+    except tuner_errors.TunerError:
+        gpu = None
+    return gpu, current.max_model_len or 0
+
+
+def build_context(svc: Service, resolved: Resolved) -> TuningContext:
+    """What the policy tunes within: Auto never changes a pinned value; in Recommend pinned is what the
+    user deploys, and the recommendation is advice on it."""
+    inputs, gpu = resolved.inputs, resolved.gpu
+    return TuningContext(
+        gpu=gpu,
+        default_max_model_len=resolved.default_len,
+        mm_prefix_item_tokens=inputs.model.spec.mm_prefix_item_tokens if inputs is not None else 0,
+        bounds=loop_settings.build_bounds(svc.spec, gpu.fp8_kv, svc.pinned if svc.mode == "Auto" else None),
+        policy=resolved.policy,
+        vllm_version=resolved.engine.version,
+        slo=loop_settings.build_slo(svc.spec),
+    )

@@ -1,0 +1,62 @@
+"""Which settings a reconcile deploys: ``status.applied`` kept, or a plan from the fleet's TuningProfile.
+
+The engine settings in ``status.applied`` are kept (not re-planned) in mode Auto when the closed loop may
+have retuned them and nothing the planner reads changed (:func:`read_kept`); otherwise the planner plans,
+and plans again from the matching TuningProfile when one exists (:func:`fetch_wanted`). Only plans read
+profiles: a profile's change re-plans no running service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvpilot.operator import api
+from kvpilot.operator.clients.kube import Kube
+from kvpilot.operator.inferenceservice import desired
+from kvpilot.operator.planning import modes, profile_scope, profiles, resolve
+from kvpilot.operator.status import status_patch
+
+
+def read_kept(
+    old: Mapping[str, Any], *, resumed: bool, spec_changed: bool, first_visit: bool, diff: Any
+) -> api.Settings | None:
+    """``status.applied`` (which the closed loop may have retuned) when it is re-applied instead of a plan:
+    the last reconcile succeeded, and this is a resume of an observed generation (``resumed``, not
+    ``first_visit``) or a plan-neutral spec change (replicas, image, env, resources, tolerations, the
+    closed loop's knobs); ``None``: plan."""
+    if not old.get("applied") or not status_patch.reconcile_succeeded(old):
+        return None
+    if resumed:
+        keep = not first_visit
+    else:
+        keep = spec_changed and diff is not None and not modes.compute_replan_needed(diff)
+    return api.Settings.model_validate(old["applied"]) if keep else None
+
+
+async def fetch_wanted(
+    kube: Kube | None, plan_fn: modes.PlanFn | None, meta: Mapping[str, Any],
+    parsed: api.InferenceServiceSpec, inputs: resolve.Inputs, keep: api.Settings | None, logger: Any,
+) -> desired.Desired:  # fmt: skip
+    """The desired state: with ``keep`` deployed, else planned (from the TuningProfile when one matches)."""
+    wanted = desired.build_desired(meta, parsed, inputs, deploy_override=keep, plan_fn=plan_fn)
+    if keep is not None:
+        return wanted
+    return await _with_profile(kube, plan_fn, meta, parsed, inputs, wanted, logger)
+
+
+async def _with_profile(
+    kube: Kube | None, plan_fn: modes.PlanFn | None, meta: Mapping[str, Any],
+    parsed: api.InferenceServiceSpec, inputs: resolve.Inputs, wanted: desired.Desired, logger: Any,
+) -> desired.Desired:  # fmt: skip
+    """``wanted`` planned again from the matching TuningProfile (the key needs the first plan's KV dtype and
+    layout): the namespace's own, or the shared one where the namespace shares (:mod:`.profile_scope`);
+    ``wanted`` itself without a store or a profile."""
+    first = wanted.decision.plan
+    namespace = meta.get("namespace") or "default"
+    model, gpu = inputs.model.config_key, inputs.gpu.gpu.name
+    keys = profile_scope.compute_keys(model, gpu, parsed, first.settings, namespace)
+    learned = await profiles.fetch_plan_learned(profiles.store_for(kube), keys, logger)
+    if learned is None:
+        return wanted
+    return desired.build_desired(meta, parsed, inputs, plan_fn=plan_fn, learned=learned)

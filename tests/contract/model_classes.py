@@ -1,0 +1,113 @@
+"""vLLM 0.33's own model classes, built on the meta device from a published config.json.
+
+The contract of ``test_contract_model_classes.py`` compares kvpilot's reading of a config
+(:func:`kvpilot.tuner.model.build_model_spec`, :func:`kvpilot.tuner.memory.weights.compute_weight_breakdown`)
+with what vLLM itself builds from it, not with a structure derived from kvpilot's reading: the
+architecture's class from vLLM's registry (``get_model_architecture``), constructed under the
+config's ``VllmConfig`` inside ``torch.device("meta")`` (no weights, no memory), on the CPU platform,
+in a single-rank process group (TP 1, PP 1). Each layer's KV spec is the one the layer itself
+declares (``AttentionLayerBase.get_kv_cache_spec``: attention, MLA, Mamba and linear-attention
+layers), each parameter's bytes are ``numel x element_size`` of the built parameters (tied ones
+once).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpilot.tuner.model import FULL, LINEAR, MLA, SLIDING
+
+_LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
+SPEC_KIND = {
+    "FullAttentionSpec": FULL,
+    "SlidingWindowSpec": SLIDING,
+    "MLAAttentionSpec": MLA,
+    "MambaSpec": LINEAR,
+}
+"""vLLM's KV spec class -> kvpilot's layer kind."""
+
+
+@dataclass(frozen=True)
+class LayerKv:
+    """One layer's KV spec in kvpilot's terms (kind, KV heads, K and V head sizes, window)."""
+
+    kind: str
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    window: int | None
+
+
+@dataclass(frozen=True)
+class Built:
+    architecture: str
+    param_bytes: int
+    layers: dict[int, list[LayerKv]]
+    """Decoder layer index -> the KV specs its modules declare (in module order)."""
+
+
+def init_single_rank(vllm_config_cls: Any, device_config_cls: Any) -> None:
+    """A one-process gloo group with TP 1 / PP 1 / EP (a config without a model creates every group)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    with set_current_vllm_config(vllm_config_cls(device_config=device_config_cls("cpu"))):
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            distributed_init_method=f"file://{tempfile.mktemp()}",
+            local_rank=0,
+            backend="gloo",
+        )
+        initialize_model_parallel(1, 1)
+
+
+def _layer_kv(spec: Any) -> LayerKv:
+    kind = SPEC_KIND[type(spec).__name__]
+    if kind == LINEAR:
+        return LayerKv(LINEAR, 0, 0, 0, None)
+    window = getattr(spec, "sliding_window", None)
+    v = 0 if kind == MLA else int(spec.head_size_v)
+    return LayerKv(kind, int(spec.num_kv_heads), int(spec.head_size), v, window)
+
+
+def build_on_meta(config: dict[str, Any]) -> Built:
+    """vLLM's model class for ``config``, built on the meta device: its parameter bytes and KV specs."""
+    import torch
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        LoadConfig,
+        ModelConfig,
+        VllmConfig,
+        set_current_vllm_config,
+    )
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    folder = Path(tempfile.mkdtemp())
+    (folder / "config.json").write_text(json.dumps(config))
+    mc = ModelConfig(model=str(folder), skip_tokenizer_init=True, max_model_len=4096, enforce_eager=True)
+    vc = VllmConfig(
+        model_config=mc,
+        cache_config=CacheConfig(block_size=16),
+        device_config=DeviceConfig("cpu"),
+        load_config=LoadConfig(load_format="dummy"),
+    )
+    cls, architecture = get_model_architecture(mc)
+    with set_current_vllm_config(vc), set_default_torch_dtype(mc.dtype), torch.device("meta"):
+        model = cls(vllm_config=vc, prefix="")
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    layers: dict[int, list[LayerKv]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, AttentionLayerBase):
+            found = _LAYER_INDEX.search(name)
+            assert found is not None, f"{architecture}: KV layer {name} outside a decoder layer"
+            layers.setdefault(int(found.group(1)), []).append(_layer_kv(module.get_kv_cache_spec(vc)))
+    return Built(architecture, int(params), layers)

@@ -1,0 +1,140 @@
+"""kvpilot's reading of published configs against vLLM 0.33's own model classes on the meta device.
+
+For each config below (tests/data/hf_configs, with their provenance in its INDEX.md), vLLM builds the
+architecture's class on the meta device (:mod:`model_classes`) and kvpilot reads the same config. Two
+facts must agree, layer by layer and byte for byte:
+
+* the KV specs: every decoder layer's kind (full, sliding, MLA, Mamba / linear attention), KV heads,
+  K and V head sizes and sliding window, against the specs the layers declare;
+* the parameter bytes at TP 1 (:func:`kvpilot.tuner.memory.weights.compute_weight_breakdown`).
+
+Where kvpilot's bytes are known to differ, :data:`PARAM_GAPS` holds the gap and why, exactly (a fix
+or a new gap fails the test until the table says so); :data:`NOT_BUILT` lists the architectures vLLM
+cannot build on CPU, with the reason, and a test proves each still fails as described.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import pathlib
+import types
+from typing import Any
+
+import model_classes as mcl
+import pytest
+
+from kvpilot.tuner.memory.weights import compute_weight_breakdown
+from kvpilot.tuner.model import LINEAR, NO_KV, ModelSpec, build_model_spec
+
+HF_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "data" / "hf_configs"
+
+BUILT = (
+    "meta-llama__Llama-3.2-1B-Instruct",  # LlamaForCausalLM
+    "mistralai__Mistral-7B-Instruct-v0.3",  # MistralForCausalLM
+    "mistralai__Mixtral-8x7B-Instruct-v0.1",  # MixtralForCausalLM (MoE)
+    "Qwen__Qwen3-8B",  # Qwen3ForCausalLM (q/k norms)
+    "Qwen__Qwen3-30B-A3B",  # Qwen3MoeForCausalLM
+    "google__gemma-2-2b-it",  # Gemma2ForCausalLM (sliding window every other layer)
+    "google__gemma-3-4b-it",  # Gemma3ForConditionalGeneration (5:1 sliding, vision tower)
+    "nvidia__Nemotron-H-56B-Base-8K",  # NemotronHForCausalLM (Mamba2 hybrid, MLP-only blocks)
+    "Qwen__Qwen3-Next-80B-A3B-Instruct",  # Qwen3NextForCausalLM (gated DeltaNet hybrid)
+    "Qwen__Qwen3.5-9B",  # Qwen3_5ForConditionalGeneration (gated DeltaNet hybrid, vision tower)
+)
+
+PARAM_GAPS: dict[str, tuple[int, str]] = {
+    "Qwen__Qwen3-8B": (-18_432, "q_norm and k_norm (head_dim each, 36 layers) are not counted"),
+    "Qwen__Qwen3-30B-A3B": (-24_576, "q_norm and k_norm (head_dim each, 48 layers) are not counted"),
+    "google__gemma-2-2b-it": (-239_616, "pre/post-feedforward norms (2 x hidden, 26 layers) are not counted"),
+    "google__gemma-3-4b-it": (
+        2_485_536,
+        "text: q/k norms and pre/post-feedforward norms missing; vision tower (vision_params) counted high",
+    ),
+    "nvidia__Nemotron-H-56B-Base-8K": (-27_648, "the Mamba2 mixers' grouped RMSNorm weights are not counted"),
+    "Qwen__Qwen3-Next-80B-A3B-Instruct": (
+        -225_024,
+        "q/k norms, shared_expert_gate, the DeltaNet norm, dt_bias and fp32 A_log are not counted",
+    ),
+    "Qwen__Qwen3.5-9B": (-45_137_888, "the vision tower (read_vision_params) is counted 22.6 M params low"),
+}
+"""kvpilot's bytes minus vLLM's, for the configs where they differ, and why (found by this contract)."""
+
+NOT_BUILT: dict[str, tuple[str, str]] = {
+    "openai__gpt-oss-20b": (
+        "NotImplementedError",
+        "No MXFP4 MoE backend supports the deployment configuration",
+    ),
+}
+"""Architectures vLLM 0.33 cannot build on the CPU platform: (exception, the start of its message)."""
+
+
+def _config(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((HF_CONFIGS / f"{name}.json").read_text())
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def built(vllm: types.ModuleType) -> dict[str, mcl.Built]:
+    from vllm.config import DeviceConfig, VllmConfig
+
+    mcl.init_single_rank(VllmConfig, DeviceConfig)
+    return {name: mcl.build_on_meta(_config(name)) for name in BUILT}
+
+
+def _kvpilot_layers(spec: ModelSpec) -> dict[int, list[mcl.LayerKv]]:
+    out: dict[int, list[mcl.LayerKv]] = {}
+    for idx, layer in enumerate(spec.layers):
+        if layer.kind == NO_KV:
+            continue
+        if layer.kind == LINEAR:
+            kv = mcl.LayerKv(LINEAR, 0, 0, 0, None)
+        else:
+            kv = mcl.LayerKv(layer.kind, layer.num_kv_heads, layer.head_dim, layer.head_dim_v, layer.window)
+        out[idx] = [kv, mcl.LayerKv(LINEAR, 0, 0, 0, None)] if layer.with_state else [kv]
+    return out
+
+
+def _kv_misses(spec: ModelSpec, theirs: mcl.Built) -> list[str]:
+    ours = _kvpilot_layers(spec)
+    return [
+        f"layer {i}: kvpilot {ours.get(i)} vLLM {theirs.layers.get(i)}"
+        for i in sorted(set(ours) | set(theirs.layers))
+        if ours.get(i) != theirs.layers.get(i)
+    ]
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_kv_specs_are_the_ones_vllms_layers_declare(built: dict[str, mcl.Built], name: str) -> None:
+    spec = build_model_spec(copy.deepcopy(_config(name)))
+    assert spec.architecture == built[name].architecture
+    misses = _kv_misses(spec, built[name])
+    assert not misses, f"{name}: {len(misses)} layers differ:\n" + "\n".join(misses[:10])
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_parameter_bytes_are_the_ones_vllm_builds(built: dict[str, mcl.Built], name: str) -> None:
+    spec = build_model_spec(copy.deepcopy(_config(name)))
+    gap = compute_weight_breakdown(spec).params - built[name].param_bytes
+    expected, why = PARAM_GAPS.get(name, (0, "exact"))
+    assert gap == expected, f"{name}: kvpilot - vLLM = {gap} bytes (table: {expected}, {why})"
+
+
+def test_one_head_count_off_is_caught(built: dict[str, mcl.Built]) -> None:
+    """The mutation: a layer read with one KV head fewer fails the comparison."""
+    name = "google__gemma-2-2b-it"
+    spec = build_model_spec(copy.deepcopy(_config(name)))
+    layers = list(spec.layers)
+    layers[1] = dataclasses.replace(layers[1], num_kv_heads=layers[1].num_kv_heads - 1)
+    misses = _kv_misses(dataclasses.replace(spec, layers=tuple(layers)), built[name])
+    assert misses == [misses[0]] and misses[0].startswith("layer 1:")
+
+
+@pytest.mark.parametrize("name", sorted(NOT_BUILT))
+def test_architectures_vllm_cannot_build_on_cpu_fail_as_listed(
+    built: dict[str, mcl.Built], name: str
+) -> None:
+    error, message = NOT_BUILT[name]
+    with pytest.raises(Exception) as info:
+        mcl.build_on_meta(_config(name))
+    assert type(info.value).__name__ == error and str(info.value).startswith(message)
