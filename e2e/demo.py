@@ -227,6 +227,7 @@ class Demo:
         self.arm_faults()
         self.converge(names)
         self.summary(names)
+        self.timelines(names)
         return 0
 
     def isvc(self, name: str) -> dict[str, Any]:
@@ -358,6 +359,22 @@ class Demo:
             if i == 0:
                 print("  " + "  ".join("-" * w for w in widths))
         print(flush=True)
+
+    def timelines(self, names: list[str]) -> None:
+        """One ``kvpilot timeline`` picture per scenario, with the Prometheus lanes, in the run directory."""
+        from kvpilot.observability import fetch, timeline
+
+        assert self.stack is not None
+        out = self.dir / "timelines"
+        out.mkdir(exist_ok=True)
+        for n in names:
+            obj = self.isvc(n)
+            times = [timeline.parse_time(h["time"]) for h in _history(obj)]
+            if not times:
+                continue
+            ranges = fetch.fetch_ranges(self.stack.prom.url, NS, n, min(times) - 60, time.time())
+            (out / f"{n}.svg").write_text(timeline.build_timeline_svg(obj, ranges, now=time.time()))
+        self.say(f"timelines (kvpilot timeline NAME): {out}/<name>.svg")
 
     def cleanup(self) -> None:
         if self.tail is not None:

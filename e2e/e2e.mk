@@ -6,14 +6,14 @@
 KVPILOT_CACHE ?= $(HOME)/.cache/kvpilot
 export KVPILOT_CACHE
 PY ?= .venv/bin/python
-E2E_APT_PKGS := openssl prometheus time ca-certificates
+E2E_APT_PKGS := openssl prometheus time ca-certificates chromium
 E2E_SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 IMAGE_APT_PKGS := buildah podman runc debootstrap
 
 .PHONY: e2e-tools e2e-apt e2e-bin e2e-keda-bin e2e-engine lock-engine e2e-clean-cache e2e-up e2e-down e2e image-apt image
 
-e2e-apt: ## apt packages the e2e harness needs (openssl, prometheus, GNU time); quick when present
+e2e-apt: ## apt packages the e2e harness needs (openssl, prometheus, GNU time, chromium for the timeline picture); quick when present
 	@if dpkg-query -W -f='$${Status}\n' $(E2E_APT_PKGS) 2>/dev/null | grep -vq '^install ok installed$$' \
 	   || [ "$$(dpkg-query -W -f='$${Status}\n' $(E2E_APT_PKGS) 2>/dev/null | wc -l)" -ne $(words $(E2E_APT_PKGS)) ]; then \
 	  echo "e2e-apt: installing $(E2E_APT_PKGS)"; \

@@ -9,7 +9,11 @@ calls the pure tuner, and prints. Subcommands:
 * ``gpus`` / ``models`` -- the built-in catalogues;
 * ``estimate --cases FILE`` -- the memory model over a JSON list of vLLM start-up cases;
 * ``render -f isvc.yaml`` -- the Deployment and Service the operator would apply (a LeaderWorkerSet for a
-  replica over several nodes, which the operator does not apply yet).
+  replica over several nodes, which the operator does not apply yet);
+* ``diagnose [LOG | --pod NAME]`` -- what a vLLM log says happened, and what to change
+  (:mod:`kvpilot.tuner.diagnose`); with ``--gpu`` and a catalogue model in the log, kvpilot's plan;
+* ``timeline NAME`` -- an SVG of one InferenceService's settings and decisions over time
+  (:mod:`kvpilot.observability.timeline`), with KV usage and preemptions from ``--prometheus``.
 
 Exit status: 0 done; 1 ``plan`` found nothing that fits (the plan says why); 2 bad
 input (an unknown GPU or model, an unreadable file, a config the memory model cannot
@@ -27,11 +31,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvpilot.tuner import errors, gpus, memory, vllm
+from kvpilot.tuner import diagnose, errors, gpus, memory, vllm
 from kvpilot.tuner import model as models
 from kvpilot.tuner.model.vision import VisionTower, apply_processor_configs
 from kvpilot.tuner.plan import NodePlan, compute_node_plan, compute_plan
 from kvpilot.tuner.types import GIB, Plan, ServingBounds
+from kvpilot.tuner.vllm import serving
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
 
@@ -422,6 +427,77 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+# -- diagnose -------------------------------------------------------------------------------------
+
+
+def _read_log(args: argparse.Namespace) -> str:
+    if args.pod:  # the previous container's log, as the closed loop reads it
+        from kvpilot.operator.pods.pod_status import ClusterPods
+
+        pods, container = ClusterPods(), serving.CONTAINER_NAME
+        text = pods.read_previous_log(args.namespace, args.pod, container, 100_000)
+        if text is None:
+            raise CliError(f"pod {args.namespace}/{args.pod} has no previous {serving.CONTAINER_NAME} log")
+        return text
+    if args.log == "-":
+        return sys.stdin.read()
+    try:
+        return Path(args.log).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise CliError(f"cannot read {args.log}: {exc}") from None
+
+
+def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
+    reading = diagnose.read_log(_read_log(args))
+    out.write(diagnose.format_diagnosis(diagnose.compute_diagnosis(reading)))
+    if args.gpu and reading.model:
+        try:
+            config = models.lookup_model_config(reading.model)
+        except errors.UnknownModel:
+            out.write(f"\nno plan: {reading.model} is not in the catalogue (see `kvpilot plan --config`)\n")
+            return EXIT_OK
+        spec = models.build_model_spec(config)
+        bounds = ServingBounds(max_context=reading.max_model_len)
+        version = reading.version or vllm.PINNED_VLLM_VERSION
+        gpu, count = gpus.lookup_gpu(args.gpu), reading.tensor_parallel_size or 1
+        plan = compute_plan(spec, gpu, count, bounds, vllm_version=version)
+        out.write("\nkvpilot's plan for this model and GPU:\n" + format_plan(plan, reading.model))
+    return EXIT_OK
+
+
+# -- timeline -------------------------------------------------------------------------------------
+
+
+def _timeline(args: argparse.Namespace, out: TextIO) -> int:
+    from kvpilot.observability import fetch, timeline
+
+    try:
+        if args.file:
+            service = fetch.read_service(args.file)
+        else:
+            service = fetch.fetch_service(args.namespace, args.name)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    meta = service["metadata"]
+    history = (service.get("status") or {}).get("history") or []
+    ranges = {}
+    if args.prometheus and history:
+        times = [timeline.parse_time(h["time"]) for h in history]
+        try:
+            ranges = fetch.fetch_ranges(args.prometheus, meta.get("namespace") or args.namespace,
+                                        meta["name"], min(times) - 600, max(times) + 600)  # fmt: skip
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"kvpilot: warning: no Prometheus ranges ({exc})\n")
+    try:
+        svg = timeline.build_timeline_svg(service, ranges)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    target = Path(args.output or f"{meta['name']}-timeline.svg")
+    target.write_text(svg, encoding="utf-8")
+    out.write(f"wrote {target} ({len(history)} decisions)\n")
+    return EXIT_OK
+
+
 # -- argv -----------------------------------------------------------------------------------------
 
 
@@ -480,6 +556,21 @@ def build_parser() -> argparse.ArgumentParser:
     ren.add_argument("-f", "--file", required=True, metavar="FILE", help="InferenceService manifest (YAML)")
     ren.add_argument("--gpu", metavar="NAME", help="GPU to assume when the spec leaves it to node labels")
     ren.set_defaults(run=_render)
+
+    diag = commands.add_parser("diagnose", help="say what a vLLM log shows happened, and what to change")
+    diag.add_argument("log", nargs="?", default="-", help="a vLLM log file; - or nothing: stdin")
+    diag.add_argument("--pod", metavar="NAME", help="read this pod's previous vllm container log instead")
+    diag.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default)")
+    diag.add_argument("--gpu", metavar="NAME", help="a catalogue GPU: add kvpilot's plan for the log's model")
+    diag.set_defaults(run=_diagnose)
+
+    line = commands.add_parser("timeline", help="draw one InferenceService's settings and decisions (SVG)")
+    line.add_argument("name", help="the InferenceService")
+    line.add_argument("-n", "--namespace", default="default", help="its namespace (default)")
+    line.add_argument("-f", "--file", metavar="FILE", help="read it from kubectl get -o yaml output instead")
+    line.add_argument("--prometheus", metavar="URL", help="add KV usage and preemptions from this Prometheus")
+    line.add_argument("-o", "--output", metavar="FILE", help="the SVG to write (NAME-timeline.svg)")
+    line.set_defaults(run=_timeline)
     return parser
 
 

@@ -174,14 +174,20 @@ class Stack:
         operator_namespaces: list[str] | None = None,
         scrape_interval: str = "1s",
         prometheus_web: WebSecurity | None = None,
+        operator_metrics_port: int | None = None,
     ) -> None:
         """``prometheus_web``: serve Prometheus behind TLS and basic auth, and give the operator the CA
-        bundle and the credentials (:func:`prometheus_auth_env`) on top of the default environment."""
+        bundle and the credentials (:func:`prometheus_auth_env`) on top of the default environment.
+        ``operator_metrics_port``: the operator serves its own metrics there and Prometheus scrapes them
+        (job ``kvpilot``); without it the operator serves none."""
         self.cluster = cluster
         self.dir = Path(dir)
+        self.operator_metrics_port = operator_metrics_port
+        operator_job = {"kvpilot": [f"127.0.0.1:{operator_metrics_port}"]} if operator_metrics_port else None
         self.prom = PrometheusServer(
-            self.dir / "prometheus", scrape_interval=scrape_interval, web=prometheus_web
-        )
+            self.dir / "prometheus", scrape_interval=scrape_interval, web=prometheus_web,
+            scrape_targets=operator_job,
+        )  # fmt: skip
         self._namespaces = namespaces
         self._default_scenario = default_scenario
         self._scenarios = dict(scenarios or {})
@@ -212,6 +218,8 @@ class Stack:
             env = self._operator_env if self._operator_env is not None else closed_loop_env(self.prom.url)
             if self.prom.web is not None and self._operator_env is None:
                 env |= prometheus_auth_env(self.prom.web, self.dir / "prometheus-credentials")
+            if self.operator_metrics_port:
+                env = {**env, "KVPILOT_METRICS_PORT": str(self.operator_metrics_port)}
             self.operator = OperatorProcess(
                 self.cluster.kubeconfig, self.dir / "operator", env=env, namespaces=self._operator_namespaces
             )

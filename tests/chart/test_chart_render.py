@@ -50,7 +50,7 @@ def test_every_object_carries_the_standard_labels(
 
 def test_template_file_names_follow_component_kind() -> None:
     kinds = "deployment|serviceaccount|rbac|service|servicemonitor|podmonitor|peering|inferenceservices"
-    kinds += "|admissionpolicy|tuningprofiles|enginetuners|mutatingwebhook"
+    kinds += "|admissionpolicy|tuningprofiles|enginetuners|mutatingwebhook|configmap|prometheusrule"
     pattern = re.compile(rf"^[a-z]+(-[a-z]+)*-({kinds})\.yaml$")
     names = [p.name for p in (CHART / "templates").glob("*.yaml")]
     assert names

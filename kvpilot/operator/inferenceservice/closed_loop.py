@@ -194,6 +194,10 @@ async def apply_decision(
         )
     if deps.record_metrics:
         for kind in recorded.decisions:
-            metrics.record_decision(kind)
+            metrics.record_decision(kind, svc.namespace, svc.name)
+        running = decision.settings if judged.change else svc.state.current
+        held = loop_record.is_notable_hold(decision, svc.old)
+        slo = loop_reading.build_context(svc, resolved).slo
+        metrics.record_service(svc.namespace, svc.name, running, resolved.policy, slo, held=held)
     if recorded.events:
         logger.info(f"closed loop: {decision.action} ({decision.trigger}): {decision.reason}")

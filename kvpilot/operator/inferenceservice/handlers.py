@@ -93,6 +93,8 @@ async def reconcile(
         conflict=(autoscalers.REASON, conflict) if conflict is not None else None, replanned=keep is None,
         announce=first_visit,
     )  # fmt: skip
+    if deps.record_metrics and name:  # the applied settings first: the decision series start at zero
+        metrics.record_service(namespace, name, wanted.decision.deploy)
     _write(deps, body, patch, old, out)
     _record(deps, metrics.record_reconcile, "success")
     logger.info(f"reconciled ({trigger}): {vllm.describe_settings(wanted.decision.deploy)}")
@@ -110,5 +112,7 @@ def _write(
     out.add_to(patch, merged_on=old if status_patch.is_first_write(old) else None)
     for type_, reason, message in out.events:
         deps.emit(body, type_, reason, message)
-    for kind in out.decisions:
-        _record(deps, metrics.record_decision, kind)
+    meta = body.get("metadata") or {}
+    for kind in out.decisions:  # fleet-wide and for this service (the dashboard's annotations)
+        if deps.record_metrics:
+            metrics.record_decision(kind, meta.get("namespace") or "default", meta.get("name") or None)

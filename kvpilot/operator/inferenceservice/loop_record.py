@@ -20,7 +20,7 @@ from kvpilot.operator.loop.loop_deps import LoopDeps
 from kvpilot.operator.pods.rollout_strategy import RolloutChoice
 from kvpilot.operator.status import loop_patch, status_write
 from kvpilot.operator.status.status_patch import StatusPatch
-from kvpilot.tuner.loop import Decision, RolloutState
+from kvpilot.tuner.loop import Action, Decision, RolloutState
 
 UNKNOWN = status_write.UNKNOWN
 """The write's request failed without an answer: it may have landed (:mod:`.status_write`)."""
@@ -86,3 +86,9 @@ async def apply_patch(deps: LoopDeps, patch: Any, svc: Service, out: StatusPatch
     return await status_write.apply_status(
         deps.kube, svc.namespace, svc.name, svc.version, out, svc.old, logger
     )
+
+
+def is_notable_hold(decision: Decision, old: Mapping[str, Any]) -> bool:
+    """Whether the tick holds back a change it wants (a hold that is not routine:
+    :func:`.loop_patch.is_quiet_hold`): the ``kvpilot_service_held`` gauge the alert rules read."""
+    return decision.action == Action.HOLD and not loop_patch.is_quiet_hold(decision, old)

@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 
 from kvpilot.operator import fairness, timers
+from kvpilot.operator.clients import metrics
 from kvpilot.operator.inferenceservice import drift, handlers, reconcile_deps
 from kvpilot.operator.inferenceservice.reconcile_deps import default_deps
 from kvpilot.operator.loop import loop_settings
@@ -58,6 +59,8 @@ def _turn(kwargs: Mapping[str, Any]) -> AbstractAsyncContextManager[None]:
 
 def inference_service_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     timers.observe(event, body)  # a DELETED object's closed-loop timer stops (no finalizer)
+    if event.get("type") == "DELETED":  # its per-service metric series go too
+        metrics.forget_service(body.meta.get("namespace") or "default", body.meta.get("name") or "")
 
 
 async def deployment_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
