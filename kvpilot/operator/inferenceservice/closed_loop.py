@@ -38,7 +38,6 @@ from typing import Any
 import kopf
 
 from kvpilot.operator import fairness
-from kvpilot.operator.clients import metrics
 from kvpilot.operator.inferenceservice import (
     loop_actions,
     loop_learning,
@@ -193,11 +192,6 @@ async def apply_decision(
             deps, svc, inputs, decision, resolved.budget, recorded.status, observed.startup, logger
         )
     if deps.record_metrics:
-        for kind in recorded.decisions:
-            metrics.record_decision(kind, svc.namespace, svc.name)
-        running = decision.settings if judged.change else svc.state.current
-        held = loop_record.is_notable_hold(decision, svc.old)
-        slo = loop_reading.build_context(svc, resolved).slo
-        metrics.record_service(svc.namespace, svc.name, running, resolved.policy, slo, held=held)
+        loop_record.record_metrics(svc, resolved, decision, judged.change, recorded)
     if recorded.events:
         logger.info(f"closed loop: {decision.action} ({decision.trigger}): {decision.reason}")

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpilot.operator.inferenceservice import loop_observing, loop_schedulable
+from kvpilot.operator.clients import metrics
+from kvpilot.operator.inferenceservice import loop_observing, loop_reading, loop_schedulable
 from kvpilot.operator.inferenceservice.loop_observing import Observed
 from kvpilot.operator.inferenceservice.loop_reading import Resolved, Service
 from kvpilot.operator.loop.loop_deps import LoopDeps
@@ -92,3 +93,16 @@ def is_notable_hold(decision: Decision, old: Mapping[str, Any]) -> bool:
     """Whether the tick holds back a change it wants (a hold that is not routine:
     :func:`.loop_patch.is_quiet_hold`): the ``kvpilot_service_held`` gauge the alert rules read."""
     return decision.action == Action.HOLD and not loop_patch.is_quiet_hold(decision, old)
+
+
+def record_metrics(
+    svc: Service, resolved: Resolved, decision: Decision, change: bool, recorded: Recorded
+) -> None:
+    """The operator's own series for this tick: the decisions recorded, the settings now running, the
+    policy's band and SLO, and whether the service is held (the dashboard's and the alerts' inputs)."""
+    for kind in recorded.decisions:
+        metrics.record_decision(kind, svc.namespace, svc.name)
+    running = decision.settings if change else svc.state.current
+    held = is_notable_hold(decision, svc.old)
+    slo = loop_reading.build_context(svc, resolved).slo
+    metrics.record_service(svc.namespace, svc.name, running, resolved.policy, slo, held=held)
