@@ -41,6 +41,13 @@ BUILT = (
     "nvidia__Nemotron-H-56B-Base-8K",  # NemotronHForCausalLM (Mamba2 hybrid, MLP-only blocks)
     "Qwen__Qwen3-Next-80B-A3B-Instruct",  # Qwen3NextForCausalLM (gated DeltaNet hybrid)
     "Qwen__Qwen3.5-9B",  # Qwen3_5ForConditionalGeneration (gated DeltaNet hybrid, vision tower)
+    "microsoft__Phi-3-mini-4k-instruct",  # Phi3ForCausalLM (model-level sliding window 2047)
+    "microsoft__phi-4",  # Phi3ForCausalLM
+    "ibm-granite__granite-3.1-8b-instruct",  # GraniteForCausalLM
+    "deepseek-ai__DeepSeek-V2-Lite-Chat",  # DeepseekV2ForCausalLM (MLA, MoE)
+    "meta-llama__Llama-4-Scout-17B-16E-Instruct",  # Llama4ForConditionalGeneration (chunked local attention)
+    "google__gemma-4-E2B-it",  # Gemma4ForConditionalGeneration (KV sharing, per-layer embeddings, audio)
+    "Qwen__Qwen3-VL-2B-Instruct",  # Qwen3VLForConditionalGeneration
 )
 
 PARAM_GAPS: dict[str, tuple[int, str]] = {
@@ -57,16 +64,38 @@ PARAM_GAPS: dict[str, tuple[int, str]] = {
         "q/k norms, shared_expert_gate, the DeltaNet norm, dt_bias and fp32 A_log are not counted",
     ),
     "Qwen__Qwen3.5-9B": (-45_137_888, "the vision tower (read_vision_params) is counted 22.6 M params low"),
+    "meta-llama__Llama-4-Scout-17B-16E-Instruct": (
+        -30_146_560,
+        "the vision tower is counted 15 M params low",
+    ),
+    "google__gemma-4-E2B-it": (
+        -5_233_013_824,
+        "embed_tokens_per_layer (262,144 x 8,960: 4.7 GB), its projection, the per-layer input gates and "
+        "the audio tower are not counted: kvpilot's weights are 58 % low, the unsafe direction",
+    ),
+    "Qwen__Qwen3-VL-2B-Instruct": (
+        -195_792_896,
+        "the vision tower (deepstack mergers) is counted 98 M params low",
+    ),
 }
 """kvpilot's bytes minus vLLM's, for the configs where they differ, and why (found by this contract)."""
 
 NOT_BUILT: dict[str, tuple[str, str]] = {
+    "XiaomiMiMo__MiMo-V2-Flash": ("ValueError", "Failed to find a kernel that can implement the ScaledMM"),
+    "deepseek-ai__DeepSeek-V3": ("ValueError", "Failed to find a kernel that can implement the ScaledMM"),
+    "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (
+        "NotImplementedError",
+        "is_act_and_mul=False is supported only for CUDA",
+    ),
     "openai__gpt-oss-20b": (
         "NotImplementedError",
         "No MXFP4 MoE backend supports the deployment configuration",
     ),
 }
-"""Architectures vLLM 0.33 cannot build on the CPU platform: (exception, the start of its message)."""
+"""Configs vLLM 0.33 cannot build on the CPU platform: (exception, the start of its message). fp8 block
+checkpoints (MiMo-V2-Flash, DeepSeek-V3) need a CUDA ScaledMM kernel; MXFP4 MoE (gpt-oss) a GPU MoE
+backend; Nemotron-3's relu2 MoE experts a CUDA/XPU/ROCm activation. Their KV layouts are held to vLLM's
+spec classes by the KV contracts (test_contract_kv_cache.py, test_contract_mimo_v2.py)."""
 
 
 def _config(name: str) -> dict[str, Any]:
