@@ -69,9 +69,8 @@ PARAM_GAPS: dict[str, tuple[int, str]] = {
         "the vision tower is counted 15 M params low",
     ),
     "google__gemma-4-E2B-it": (
-        -5_233_013_824,
-        "embed_tokens_per_layer (262,144 x 8,960: 4.7 GB), its projection, the per-layer input gates and "
-        "the audio tower are not counted: kvpilot's weights are 58 % low, the unsafe direction",
+        -452_709_952,
+        "the audio tower and the embedders' projections are not counted (the per-layer inputs are)",
     ),
     "Qwen__Qwen3-VL-2B-Instruct": (
         -195_792_896,
