@@ -48,6 +48,12 @@ BUILT = (
     "meta-llama__Llama-4-Scout-17B-16E-Instruct",  # Llama4ForConditionalGeneration (chunked local attention)
     "google__gemma-4-E2B-it",  # Gemma4ForConditionalGeneration (KV sharing, per-layer embeddings, audio)
     "Qwen__Qwen3-VL-2B-Instruct",  # Qwen3VLForConditionalGeneration
+    "google__gemma-4-E4B-it",  # Gemma4ForConditionalGeneration (KV sharing, per-layer inputs)
+    "google__gemma-4-31B-it",  # Gemma4ForConditionalGeneration (512-wide global heads)
+    "google__gemma-4-26B-A4B",  # Gemma4ForConditionalGeneration (MoE)
+    "Qwen__Qwen2.5-7B-Instruct",  # Qwen2ForCausalLM (QKV bias)
+    "google__gemma-7b",  # GemmaForCausalLM
+    "codellama__CodeLlama-7b-hf",  # LlamaForCausalLM (rope theta 1e6)
 )
 
 PARAM_GAPS: dict[str, tuple[int, str]] = {
@@ -71,6 +77,15 @@ PARAM_GAPS: dict[str, tuple[int, str]] = {
     "google__gemma-4-E2B-it": (
         -452_709_952,
         "the audio tower and the embedders' projections are not counted (the per-layer inputs are)",
+    ),
+    "google__gemma-4-E4B-it": (
+        -302_988_352,
+        "the audio and vision towers are counted low (undiagnosed split)",
+    ),
+    "google__gemma-4-31B-it": (-195_043_072, "the vision tower is counted low (undiagnosed)"),
+    "google__gemma-4-26B-A4B": (
+        -300_383_328,
+        "the vision tower and MoE extras are counted low (undiagnosed)",
     ),
     "Qwen__Qwen3-VL-2B-Instruct": (
         -195_792_896,
