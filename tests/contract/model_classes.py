@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpilot.tuner.model import FULL, LINEAR, MLA, SLIDING
+from kvpilot.tuner.model import CHUNKED, FULL, LINEAR, MLA, SLIDING
 
 _LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
 SPEC_KIND = {
@@ -28,6 +28,7 @@ SPEC_KIND = {
     "SlidingWindowSpec": SLIDING,
     "MLAAttentionSpec": MLA,
     "MambaSpec": LINEAR,
+    "ChunkedLocalAttentionSpec": CHUNKED,
 }
 """vLLM's KV spec class -> kvpilot's layer kind."""
 
@@ -71,7 +72,11 @@ def _layer_kv(spec: Any) -> LayerKv:
     kind = SPEC_KIND[type(spec).__name__]
     if kind == LINEAR:
         return LayerKv(LINEAR, 0, 0, 0, None)
-    window = getattr(spec, "sliding_window", None)
+    window = (
+        getattr(spec, "attention_chunk_size", None)
+        if kind == CHUNKED
+        else getattr(spec, "sliding_window", None)
+    )
     v = 0 if kind == MLA else int(spec.head_size_v)
     return LayerKv(kind, int(spec.num_kv_heads), int(spec.head_size), v, window)
 
@@ -94,9 +99,16 @@ def build_on_meta(config: dict[str, Any]) -> Built:
     folder = Path(tempfile.mkdtemp())
     (folder / "config.json").write_text(json.dumps(config))
     mc = ModelConfig(model=str(folder), skip_tokenizer_init=True, max_model_len=4096, enforce_eager=True)
+    # EngineArgs.create_engine_config (engine/arg_utils.py): a model-level sliding window only when every
+    # layer slides (no layer_types, or all "sliding_attention"); it reaches each Attention through
+    # cache_config.sliding_window.
+    layer_types = getattr(mc.hf_text_config, "layer_types", None)
+    all_sliding = layer_types is None or all(t == "sliding_attention" for t in layer_types)
     vc = VllmConfig(
         model_config=mc,
-        cache_config=CacheConfig(block_size=16),
+        cache_config=CacheConfig(
+            block_size=16, sliding_window=mc.get_sliding_window() if all_sliding else None
+        ),
         device_config=DeviceConfig("cpu"),
         load_config=LoadConfig(load_format="dummy"),
     )
@@ -106,7 +118,10 @@ def build_on_meta(config: dict[str, Any]) -> Built:
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     layers: dict[int, list[LayerKv]] = {}
     for name, module in model.named_modules():
-        if isinstance(module, AttentionLayerBase):
+        if isinstance(module, AttentionLayerBase) and not getattr(
+            module, "kv_sharing_target_layer_name", None
+        ):
+            # (a layer that reads an earlier layer's cache holds no pages of its own: no KV here)
             found = _LAYER_INDEX.search(name)
             assert found is not None, f"{architecture}: KV layer {name} outside a decoder layer"
             layers.setdefault(int(found.group(1)), []).append(_layer_kv(module.get_kv_cache_spec(vc)))

@@ -71,3 +71,9 @@ def test_what_kvpilot_refuses_vllm_refuses_or_reads_as_these_flags(args: list[st
         return  # vLLM refuses it too
     # vLLM takes a unique prefix for the flag: kvpilot would have planned without it
     assert parsed.enforce_eager or parsed.performance_mode != "balanced"
+
+
+def test_every_unmodelled_memory_flag_is_one_of_vllms(vllm_option_strings: dict[str, set[str]]) -> None:
+    """The flags the plan warns about exist in vLLM 0.33's parser (a renamed flag would go unnoticed)."""
+    spellings = set().union(*vllm_option_strings.values())
+    assert set(kv_vllm.UNMODELLED_MEMORY_FLAGS) <= spellings

@@ -273,6 +273,7 @@ def compute_weight_breakdown(
     if first:
         total += vocab_rank * model.hidden_size * dbytes
         total += model.vision_params // tp * dbytes
+        total += model.per_layer_input_params * dbytes  # Gemma 4 per-layer inputs (replicated: upper bound)
     if last:
         if not model.tie_word_embeddings or pp > 1:
             head_bytes = qbytes if quant is not None and quant.quantize_lm_head else dbytes

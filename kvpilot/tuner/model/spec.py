@@ -172,6 +172,10 @@ class ModelSpec:
     """Rows of the rotary cos/sin cache vLLM allocates (weights memory)."""
     vision_params: int = 0
     """Parameters of the vision tower and projector (0 for text-only models)."""
+    per_layer_input_params: int = 0
+    """Gemma 4 (E2B / E4B) per-layer inputs (``hidden_size_per_layer_input``): ``embed_tokens_per_layer``
+    (vocab x layers x that width), its projection and norm, and each layer's input gate, projection and
+    norm, as vLLM 0.33's ``gemma4.py`` builds them (0 for other models)."""
     vision_tower: VisionTower | None = None
     """The vision tower whose profile-run forward kvpilot models (:mod:`.vision`; ``None`` otherwise)."""
     mm_prefix_item_tokens: int = 0
@@ -393,6 +397,16 @@ def _mm_prefix_item_tokens(top: Fields, text: Fields, model_type: str) -> int:
     return vllm.gemma4_mm_item_tokens(per_image) if per_image else 0
 
 
+def _per_layer_input_params(text: Fields, hidden: int, vocab: int, num_layers: int) -> int:
+    width = text.optional_int("hidden_size_per_layer_input", limit=MAX_HIDDEN_SIZE, minimum=0)
+    if not width:
+        return 0
+    per_layer_vocab = text.optional_int("vocab_size_per_layer_input", limit=MAX_VOCAB_SIZE) or vocab
+    stacked = num_layers * width
+    top = per_layer_vocab * stacked + stacked * hidden + width  # embedding, model projection, its norm
+    return top + num_layers * (2 * width * hidden + hidden)  # each layer's gate, projection and norm
+
+
 _OUTPUT_GATED_ATTENTION = ("qwen3_next", "qwen3_5")
 """model_type prefixes whose vLLM attention is ``Qwen3NextAttention`` (``qwen3_next.py``, ``qwen3_5.py``)."""
 
@@ -542,6 +556,7 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         rotary_dim=rotary_dim,
         rope_cache_positions=_rope_rows(base, model_type, rope),
         vision_params=read_vision_params(top, hidden),
+        per_layer_input_params=_per_layer_input_params(text, hidden, vocab, num_layers),
         vision_tower=read_vision_tower(top, hidden),
         mm_prefix_item_tokens=_mm_prefix_item_tokens(top, text, model_type),
         max_len_key=key,

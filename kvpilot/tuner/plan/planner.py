@@ -280,6 +280,7 @@ def compute_plan(
         model, gpu, gpu_count, bounds, pinned, vllm_version, weights_total_bytes, engine, learned,
         [release_warning] if release_warning else [], expert_shards,
     )  # fmt: skip
+    p.warnings += [vllm.describe_unmodelled_flag(flag) for flag in engine.unmodelled]
     settings = _choose_tensor_parallel(p)
     settings, wanted = _choose_context(p, settings)
     settings = _choose_utilization(p, settings)

@@ -158,6 +158,11 @@ from kvpilot.tuner.vllm.sizing import (
     compute_sizing_args,
     compute_sizing_env,
 )
+from kvpilot.tuner.vllm.unmodelled import (
+    UNMODELLED_MEMORY_FLAGS,
+    describe_unmodelled_flag,
+    list_unmodelled_flags,
+)
 from kvpilot.tuner.vllm.versions import (
     ASYNC_SCHEDULING_SINCE,
     AUTO_MAX_MODEL_LEN,
@@ -256,6 +261,7 @@ __all__ = [
     "SIZING_OVERRIDE_FLAGS",
     "SPARSE_MLA_BLOCK",
     "TOTAL_CONSUMED_ACCOUNTING_SINCE",
+    "UNMODELLED_MEMORY_FLAGS",
     "UNSUPPORTED_FLAGS",
     "V2_RUNNER_ENV",
     "Version",
@@ -291,6 +297,7 @@ __all__ = [
     "default_runner_is_v2",
     "describe_change",
     "describe_settings",
+    "describe_unmodelled_flag",
     "find_flag_values",
     "find_pod_flags",
     "free_memory_error",
@@ -308,6 +315,7 @@ __all__ = [
     "kv_element_bytes",
     "kv_fit_error_raised_in",
     "kv_head_token_bytes",
+    "list_unmodelled_flags",
     "long_max_len_error",
     "mamba2_checkpoint_blocks",
     "mamba_cache_blocks_error",

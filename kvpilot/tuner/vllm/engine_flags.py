@@ -30,6 +30,7 @@ from typing import TypedDict
 
 from kvpilot.tuner import errors
 from kvpilot.tuner.vllm.args import check_choice, flag_value, iter_flags
+from kvpilot.tuner.vllm.unmodelled import list_unmodelled_flags
 from kvpilot.tuner.vllm.versions import PERFORMANCE_MODES
 
 ENFORCE_EAGER_FLAG = "--enforce-eager"
@@ -70,6 +71,8 @@ class EngineFlags:
     """``None``: not given (vLLM's ``balanced``)."""
     enable_prefix_caching: bool | None = None
     """``None``: not given (vLLM's default for the model, :func:`.hybrid.prefix_caching_by_default`)."""
+    unmodelled: tuple[str, ...] = ()
+    """Flags given that change memory kvpilot does not budget (:mod:`.unmodelled`); the plan names each."""
 
     def budget_kwargs(self) -> BudgetKwargs:
         """The keyword arguments :func:`kvpilot.tuner.memory.compute_budget` takes for these flags."""
@@ -88,7 +91,7 @@ def build_engine_flags(args: Sequence[str], model_runner_v2: bool | None = None)
     """The :class:`EngineFlags` of ``args`` (the user's extra arguments) and the pods' model runner.
 
     Never raises: a value vLLM would refuse is :func:`check_engine_flags`' to report, and is not read."""
-    flags = EngineFlags(model_runner_v2=model_runner_v2)
+    flags = EngineFlags(model_runner_v2=model_runner_v2, unmodelled=list_unmodelled_flags(args))
     for index, flag, inline in iter_flags(args):
         if flag in _EAGER and inline is None:
             flags = dataclasses.replace(flags, enforce_eager=_EAGER[flag])
