@@ -151,20 +151,6 @@ def _fit_deployment(ns: str, max_model_len: int) -> dict[str, Any]:
     return d
 
 
-class _FleetLogs(ClusterPods):
-    """The operator's pod reader, with the previous log read from the fleet's file for the container start
-    before the current one, as kubelet would serve ``pods/log?previous=true``."""
-
-    def __init__(self, fleet: Fleet, api_client: Any) -> None:
-        super().__init__(api_client)
-        self.fleet = fleet
-
-    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
-        engine = self.fleet.engine(namespace, pod)
-        path = engine.log_file(engine.restart_count - 1) if engine and engine.restart_count else None
-        return read_tail(path, tail_lines) if path else None
-
-
 def test_a_context_that_does_not_fit_fails_with_vllms_text_and_the_fitting_one_serves(env: Env) -> None:
     ns, fleet = env.fit_ns, env.fleet
     env.cluster.apply(_fit_deployment(ns, 8192))
@@ -188,17 +174,22 @@ def test_a_context_that_does_not_fit_fails_with_vllms_text_and_the_fitting_one_s
     assert term["message"] == read_tail(log_file, 80, 2048)
     assert "RuntimeError: Engine core initialization failed. See root cause above." in term["message"]
     assert "ValueError: To serve at least one request" not in term["message"]  # too far up for 2 KiB
-    # kvpilot's own reading path (list the pods, read the previous log once, classify) on the real log
+    # kvpilot's own reading path (list the pods, read the previous log once through the API server's
+    # pods/log?previous=true, which KWOK serves from the fleet's copy of the real log; classify)
     from kubernetes import config
 
-    api = config.new_client_from_config(config_file=str(env.cluster.kubeconfig))
-    try:
-        views = read_pod_views(
-            _FleetLogs(fleet, api), ns, "app.kubernetes.io/instance=fit", "fit", logs=LogCache()
-        )
-    finally:
-        api.close()
-    (view,) = [v for v in views if v.name == pod["metadata"]["name"]]
+    def classified() -> Any:
+        api = config.new_client_from_config(config_file=str(env.cluster.kubeconfig))
+        try:
+            selector = "app.kubernetes.io/instance=fit"
+            views = read_pod_views(ClusterPods(api), ns, selector, "fit", logs=LogCache())
+        finally:
+            api.close()
+        (view,) = [v for v in views if v.name == pod["metadata"]["name"]]
+        cause = view.restart.cause if view.restart is not None else None
+        return view if cause is not None and cause.kind != RestartKind.OTHER else None
+
+    view = wait_until(classified, timeout=60, what="the previous log read through the API server, classified")
     assert view.restart is not None, view
     cause = view.restart.cause
     assert cause.kind == RestartKind.KV_CACHE_TOO_SMALL, (cause, read_tail(log_file, LOG_TAIL_LINES)[-3000:])
