@@ -54,7 +54,10 @@ STATS = re.compile(
     r"(?:[A-Z]+ )?KV cache usage: " + _NUM + r"%"
 )
 V0_PREEMPTED = re.compile(r"Sequence group \S+ is preempted by PreemptionMode")
-VERSION = re.compile(r"vLLM API server version ([0-9][\w.+-]*)|LLM engine \(v([0-9][\w.+-]*)\)")
+VERSION = re.compile(
+    r"vLLM API server version ([0-9][\w.+-]*)|LLM engine \(v([0-9][\w.+-]*)\)"
+    r"|\u2588\s+version ([0-9][\w.+-]*)"  # 0.3x's start-up banner: "... \u2588  version 0.32.0"
+)
 MODEL = re.compile(r"\bmodel='([^']+)'|'model': '([^']+)'")
 TENSOR_PARALLEL = re.compile(r"tensor_parallel_size=(\d+)|'tensor_parallel_size': (\d+)")
 MAX_SEQ_LEN = re.compile(r"max_seq_len=(\d+)|'max_model_len': (\d+)")
