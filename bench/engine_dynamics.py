@@ -134,6 +134,8 @@ def compute_sim_steps(point: GridPoint, lengths: list[tuple[int, int]]) -> list[
     steps = []
     while engine.num_running or engine.num_waiting:
         record = engine.step()
+        if record is None:
+            raise ValueError(f"{point.name}: waiting requests no step can schedule (longer than the cache?)")
         steps.append(dataclasses.asdict(record))
     return steps
 
