@@ -84,6 +84,7 @@ GRID = (
     GridPoint("long-prompts-chunked", 16, 160, 64, 512, 4096, 48, 1500, 100, spread=0.5),
     GridPoint("fp8-kv", 16, 64, 64, 2048, 2048, 24, 192, 64, kv_cache_dtype="fp8"),
     GridPoint("long-decode", 8, 24, 128, 2048, 2048, 12, 64, 600, spread=0.1),
+    GridPoint("many-short", 256, 100, 32, 4096, 1024, 120, 32, 128, spread=0.8, distribution="lognormal"),
 )  # fmt: skip
 
 
