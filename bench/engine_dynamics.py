@@ -82,10 +82,9 @@ GRID = (
               distribution="lognormal"),
     GridPoint("chunked-256", 32, 256, 32, 256, 2048, 96, 600, 200, spread=0.3),
     GridPoint("long-prompts-chunked", 16, 160, 64, 512, 4096, 48, 1500, 100, spread=0.5),
-    GridPoint("fp8-kv", 64, 256, 64, 2048, 2048, 96, 192, 256, spread=0.25, kv_cache_dtype="fp8"),
-    GridPoint("many-short", 256, 100, 32, 4096, 1024, 200, 32, 128, spread=0.8,
-              distribution="lognormal"),
-    GridPoint("long-decode", 32, 40, 128, 2048, 2048, 24, 64, 500, spread=0.1),
+    GridPoint("fp8-kv", 16, 64, 64, 2048, 2048, 24, 192, 64, kv_cache_dtype="fp8"),
+    GridPoint("long-decode", 8, 24, 128, 2048, 2048, 12, 64, 600, spread=0.1),
+    GridPoint("many-short", 256, 100, 32, 4096, 1024, 120, 32, 128, spread=0.8, distribution="lognormal"),
 )  # fmt: skip
 
 
@@ -134,6 +133,8 @@ def compute_sim_steps(point: GridPoint, lengths: list[tuple[int, int]]) -> list[
     steps = []
     while engine.num_running or engine.num_waiting:
         record = engine.step()
+        if record is None:
+            raise ValueError(f"{point.name}: waiting requests no step can schedule (longer than the cache?)")
         steps.append(dataclasses.asdict(record))
     return steps
 
