@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import kopf
 
-from kvpilot.operator import timers
+from kvpilot.operator import main, timers
 from kvpilot.operator.inferenceservice import closed_loop, service_main
 
 
 def _timer() -> kopf.TimerHandler:
+    assert main.configure  # every kopf registration is made when kvpilot.operator.main is imported
     spawning = kopf.get_default_registry()._spawning.get_all_handlers()
     (handler,) = [h for h in spawning if h.fn is closed_loop.closed_loop_tick]
     return handler  # type: ignore[return-value]

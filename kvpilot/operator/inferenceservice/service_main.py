@@ -60,7 +60,8 @@ def _turn(kwargs: Mapping[str, Any]) -> AbstractAsyncContextManager[None]:
 def inference_service_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     timers.observe(event, body)  # a DELETED object's closed-loop timer stops (no finalizer)
     if event.get("type") == "DELETED":  # its per-service metric series go too
-        metrics.forget_service(body.meta.get("namespace") or "default", body.meta.get("name") or "")
+        meta = body.get("metadata") or {}
+        metrics.forget_service(meta.get("namespace") or "default", meta.get("name") or "")
 
 
 async def deployment_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
