@@ -13,7 +13,7 @@ from bench.loopsim.world import DT, Stats, World
 from e2e.fleet.truth import Workload
 from kvpilot.operator.api import RolloutSpec
 from kvpilot.operator.pods.rollout_strategy import compute_lost_fraction, compute_rollout_choice
-from kvpilot.operator.status.status_patch import QUIET_TRIGGERS
+from kvpilot.operator.status.loop_patch import QUIET_TRIGGERS
 from kvpilot.tuner.gpus import lookup_gpu
 from kvpilot.tuner.loop import (
     Action,

@@ -36,8 +36,8 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from e2e.fleet.truth import EngineArgs, GroundTruth
 from e2e.vllm_cpu.tiny_model import REPO, TinyLayout, build_tiny_model
 
 ENGINE_VENV = Path(os.environ.get("KVPILOT_ENGINE_VENV", REPO / ".venv-engine"))
@@ -106,6 +106,9 @@ def cpu_block_size(block: int) -> int:
     """The CPU attention backend's block size for a GPU one: the next multiple of 32. vLLM 0.32's CPU
     worker refuses others at start-up ("No common block size for 16 (CPU_ATTN: [MultipleOf(32)])")."""
     return -(-block // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE
+
+if TYPE_CHECKING:  # types only: e2e.fleet imports this module (its real engines)
+    from e2e.fleet.truth import EngineArgs, GroundTruth
 
 
 def build_engine_launch(args: EngineArgs, truth: GroundTruth, *, port: int, model_dir: Path) -> EngineLaunch:
