@@ -45,12 +45,14 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -450,3 +452,24 @@ def main() -> int:  # manual use: python -m e2e.prometheus
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def serve_exposition(render: Callable[[], bytes]) -> ThreadingHTTPServer:
+    """A scrape target on ``127.0.0.1`` (a free port) answering every GET with ``render()`` in the text
+    exposition format; ``shutdown()`` it when done."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+            body = render()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

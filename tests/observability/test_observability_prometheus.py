@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ import pytest
 from e2e.fleet.engine import Deltas, Finished
 from e2e.fleet.exposition import VllmMetrics
 from e2e.fleet.truth import EngineArgs, GroundTruth
-from e2e.prometheus import PrometheusServer
+from e2e.prometheus import PrometheusServer, serve_exposition
 from kvpilot.observability import alerts, dashboard
 from kvpilot.operator.clients import metrics
 from kvpilot.tuner.loop import LatencySlo, PolicyConfig
@@ -30,24 +29,6 @@ from kvpilot.tuner.types import EngineSettings
 
 PODS = (("llm-5d8f7c-aaaaa", "current"), ("llm-5d8f7c-bbbbb", "legacy"), ("llm-big-7b9c6d-ccccc", "current"))
 VARIABLES = {"$__rate_interval": "10s", "$namespace": "ns1", "$service": "llm"}
-
-
-def _serve(render: Any) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            body = render()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def _finished() -> Finished:
@@ -64,7 +45,7 @@ def prom() -> Iterator[PrometheusServer]:
         args = EngineArgs(model="m", max_model_len=8192, max_num_seqs=64, gpu_memory_utilization=0.9)
         engines[name] = VllmMetrics(truth, args, naming=naming)
         engines[name].record(running=40, waiting=7, kv_usage=0.95, deltas=Deltas(), fb_used_gib=60.0)
-        servers.append((name, _serve(engines[name].render)))
+        servers.append((name, serve_exposition(engines[name].render)))
     stop = threading.Event()
 
     def traffic() -> None:  # preemptions and finished requests, so rates and quantiles have data

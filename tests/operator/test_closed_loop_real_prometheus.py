@@ -16,11 +16,11 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
+from e2e.prometheus import serve_exposition
 from kvpilot.operator.clients import prometheus
 from kvpilot.operator.clients.prometheus_settings import PrometheusSettings, Secret, settings_from_env
 from kvpilot.tuner.loop import PolicyConfig, compute_metrics_status
@@ -28,24 +28,6 @@ from kvpilot.tuner.loop import PolicyConfig, compute_metrics_status
 
 def test_the_prometheus_binary_is_installed() -> None:
     assert shutil.which("prometheus"), "prometheus is missing: `make e2e-tools` installs Debian's package"
-
-
-def _serve(render: Any) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            body = render()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 Targets = list[dict[str, Any]]
@@ -70,7 +52,7 @@ def pods() -> Iterator[tuple[Targets, dict[str, Any]]]:
         usage = 0.97 if name.startswith("llm-5d8f7c-aaaaa") else (0.5 if name.startswith("llm") else 0.99)
         metrics.record(running=40, waiting=7, kv_usage=usage, deltas=engine.Deltas(preemptions=0))
         pods[name] = (metrics, truth.kv_tokens(args))
-        servers.append((name, _serve(metrics.render)))
+        servers.append((name, serve_exposition(metrics.render)))
 
     def bump() -> None:  # a preemption storm on pod aaaaa: 5 per second
         while not stop.is_set():
