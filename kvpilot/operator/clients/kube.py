@@ -19,6 +19,7 @@ import asyncio
 import base64
 import concurrent.futures
 import json
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
@@ -158,7 +159,7 @@ class ClusterKube:
                 return None
             raise errors.ApplyFailed(f"reading {name} failed: HTTP {exc.status} {exc.reason}") from None
         except (OSError, HTTPError) as exc:
-            raise errors.ApplyFailed(f"reading {name} failed: {exc}") from None
+            raise _unreachable(f"reading {name}", exc) from None
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         obj = self._read(self.core.read_namespaced_config_map, namespace, name)
@@ -204,7 +205,7 @@ class ClusterKube:
                 f"patching the status of {namespace}/{name} failed: HTTP {exc.status} {exc.reason}"
             ) from None
         except (OSError, HTTPError) as exc:
-            raise errors.ApplyFailed(f"patching the status of {namespace}/{name} failed: {exc}") from None
+            raise _unreachable(f"patching the status of {namespace}/{name}", exc) from None
 
     def list_node_labels(self, label_selector: str) -> list[dict[str, str]]:
         from kubernetes.client.exceptions import ApiException
@@ -214,7 +215,7 @@ class ClusterKube:
         except ApiException as exc:
             raise errors.ApplyFailed(f"listing nodes failed: HTTP {exc.status} {exc.reason}") from None
         except (OSError, HTTPError) as exc:
-            raise errors.ApplyFailed(f"listing nodes failed: {exc}") from None
+            raise _unreachable("listing nodes", exc) from None
         return [dict(item["metadata"].get("labels") or {}) for item in obj.get("items", [])]
 
     def _list(self, what: str, fn: Callable[..., object], **kwargs: Any) -> list[dict[str, Any]]:
@@ -225,7 +226,7 @@ class ClusterKube:
         except ApiException as exc:
             raise errors.ApplyFailed(f"listing {what} failed: HTTP {exc.status} {exc.reason}") from None
         except (OSError, HTTPError) as exc:
-            raise errors.ApplyFailed(f"listing {what} failed: {exc}") from None
+            raise _unreachable(f"listing {what}", exc) from None
         return list(obj.get("items") or [])
 
     def list_nodes(self) -> list[dict[str, Any]]:
@@ -276,7 +277,7 @@ class ClusterKube:
                 return True
             raise errors.ApplyFailed(f"evicting pod {name} failed: HTTP {exc.status} {exc.reason}") from None
         except (OSError, HTTPError) as exc:
-            raise errors.ApplyFailed(f"evicting pod {name} failed: {exc}") from None
+            raise _unreachable(f"evicting pod {name}", exc) from None
         return True
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
@@ -304,7 +305,7 @@ class ClusterKube:
                 f"applying {kind} {meta['name']} failed: HTTP {exc.status} {detail}"
             ) from None
         except (OSError, HTTPError) as exc:  # connection refused / reset / protocol errors
-            raise errors.ApplyFailed(f"applying {kind} {meta['name']} failed: {exc}") from None
+            raise _unreachable(f"applying {kind} {meta['name']}", exc) from None
 
 
 class Conflict(errors.ApplyFailed):
@@ -338,7 +339,7 @@ class ClusterProfiles:
                 raise Conflict(f"{what}: HTTP 409 {exc.reason}") from None
             raise errors.ApplyFailed(f"{what} failed: HTTP {exc.status} {exc.reason}") from None
         except (OSError, HTTPError) as exc:
-            raise errors.ApplyFailed(f"{what} failed: {exc}") from None
+            raise _unreachable(f"{what}", exc) from None
 
     def list_profiles(self) -> list[dict[str, Any]]:
         obj = self._call("listing tuningprofiles", self.kube.custom.list_cluster_custom_object)
@@ -407,3 +408,12 @@ def get_kube() -> ClusterKube:
         if _default is None:
             _default = ClusterKube()
         return _default
+
+
+def _unreachable(what: str, exc: BaseException) -> errors.ApplyFailed:
+    """A transport failure (connection refused or reset, a protocol error) as tenant-visible text: the kind of
+    failure only; the exception's own words (addresses, the API server's answer) go to the operator's log."""
+    logging.getLogger(__name__).warning(f"{what} failed: {exc!r}")
+    return errors.ApplyFailed(
+        f"{what} failed: {type(exc).__name__} talking to the API server (details in the operator's log)"
+    )
