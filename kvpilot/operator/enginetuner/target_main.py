@@ -16,6 +16,7 @@ from typing import Any
 
 import kopf
 
+from kvpilot.operator import fairness
 from kvpilot.operator.enginetuner import target, target_deps, target_handlers, target_webhook
 from kvpilot.operator.loop import loop_deps
 
@@ -50,14 +51,20 @@ def _pick(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: kwargs[k] for k in ("body", "spec", "meta", "status", "patch", "logger")}
 
 
+def _namespace(kwargs: dict[str, Any]) -> str:
+    return str(kwargs["meta"].get("namespace") or "default")
+
+
 async def engine_tuner_changed(retry: int, **kwargs: Any) -> None:
-    await target_handlers.reconcile(deps=deps(), retry=retry, **_pick(kwargs))
+    async with fairness.gate().slot(_namespace(kwargs)):  # namespaces take turns (:mod:`.fairness`)
+        await target_handlers.reconcile(deps=deps(), retry=retry, **_pick(kwargs))
 
 
 async def engine_tuner_tick(**kwargs: Any) -> None:
     # a failure is in the status and an event already; the next tick tries again
-    with contextlib.suppress(kopf.TemporaryError, kopf.PermanentError):
-        await target_handlers.reconcile(deps=deps(), **_pick(kwargs))
+    async with fairness.gate().slot(_namespace(kwargs)):
+        with contextlib.suppress(kopf.TemporaryError, kopf.PermanentError):
+            await target_handlers.reconcile(deps=deps(), **_pick(kwargs))
 
 
 def engine_tuners(
