@@ -606,6 +606,17 @@ def test_crashes_args_cannot_fix_hold(kind: RestartKind) -> None:
     assert (d.action, d.trigger, d.failed) == (Action.HOLD, kind, None)
 
 
+def test_a_workers_nccl_timeout_holds_naming_the_group() -> None:
+    d = decide(win=window(kv=0.99, preempt=2.0), restarts=(restart(RestartKind.DISTRIBUTED_TIMEOUT),))
+    assert (d.action, d.trigger, d.failed) == (Action.HOLD, RestartKind.DISTRIBUTED_TIMEOUT, None)
+    assert "not the KV cache" in d.reason
+
+
+def test_a_kv_crash_outranks_a_peers_timeout() -> None:
+    events = (restart(RestartKind.DISTRIBUTED_TIMEOUT, ago=5, pod="w"), restart(RestartKind.CUDA_OOM, ago=50))
+    assert decide(win=DOWN, restarts=events).trigger == RestartKind.CUDA_OOM
+
+
 def test_start_up_failure_outranks_runtime_oom() -> None:
     events = (
         restart(RestartKind.CUDA_OOM, ago=5, pod="a"),

@@ -220,3 +220,30 @@ def test_mamba_cache_blocks_text_of_vllm_033_is_classified_with_its_figure() -> 
     cause = classify_termination(text, "Error", 1)
     assert (cause.kind, cause.cache_blocks) == (RestartKind.MAMBA_CACHE_BLOCKS, 612)
     assert cause.detail.startswith("max_num_seqs (1024) exceeds available Mamba cache blocks (612)")
+
+
+# A group over several nodes: the texts a rank prints when a peer stops answering. vLLM 0.33's own
+# (``v1/executor/multiproc_executor.py``, ``distributed/utils.py``) and torch 2.13's NCCL watchdog.
+NCCL_WATCHDOG = (
+    "[rank1]:[E1205 20:11:02.123456 ProcessGroupNCCL.cpp:685] [Rank 1] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=4096, NumelOut=4096, Timeout(ms)=600000) ran for "
+    "600012 milliseconds before timing out."
+)
+RPC_TIMEOUT_033 = "TimeoutError: RPC call to execute_model timed out."
+BARRIER_033 = "RuntimeError: Barrier timed out after 300.00 seconds"
+WORKER_DIED_033 = (
+    "(EngineCore pid=77) ERROR 12-05 20:11:02 [multiproc_executor.py:381] Worker proc VllmWorker-3 died "
+    "unexpectedly (exit code: -9), shutting down executor."
+)
+
+
+@pytest.mark.parametrize("message", [NCCL_WATCHDOG, RPC_TIMEOUT_033, BARRIER_033, WORKER_DIED_033])
+def test_a_peers_timeout_is_not_a_kv_failure(message: str) -> None:
+    cause = classify_termination(f"INFO loading\n{message}\nshutting down", "Error", 1)
+    assert cause.kind == RestartKind.DISTRIBUTED_TIMEOUT
+    assert message.split(":")[-1].strip()[:20] in cause.detail
+
+
+def test_a_ranks_own_oom_outranks_the_timeout_it_caused() -> None:
+    text = f"{NCCL_WATCHDOG}\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    assert classify_termination(text, "Error", 1).kind == RestartKind.CUDA_OOM

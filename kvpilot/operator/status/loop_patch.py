@@ -234,8 +234,9 @@ def add_verdict(old: Mapping[str, Any], tick: LoopTick, out: StatusPatch) -> lis
         and _add_history(old, tick, out, HistoryAction.HELD, dedupe=True)
     ):
         warning = decision.trigger in (
-            *OOM_TRIGGERS, RestartKind.OTHER, RestartKind.INVALID_ENGINE_ARGS, Trigger.ROLLOUT_FAILED
-        )
+            *OOM_TRIGGERS, RestartKind.OTHER, RestartKind.INVALID_ENGINE_ARGS,
+            RestartKind.DISTRIBUTED_TIMEOUT, Trigger.ROLLOUT_FAILED,
+        )  # fmt: skip
         out.events.append((events.WARNING if warning else events.NORMAL, "Held", decision.reason))
         out.decisions.append("Held")
         if decision.trigger == RestartKind.HOST_OOM_KILLED:

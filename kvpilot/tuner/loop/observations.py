@@ -35,6 +35,9 @@ class RestartKind(enum.StrEnum):
     ``max_model_len`` beyond the model's): the rendered command is wrong, not the memory; no rule cures it."""
     MAMBA_CACHE_BLOCKS = "MambaCacheBlocks"
     """Start-up (CUDA-graph capture) of a hybrid model: ``max_num_seqs`` exceeds the Mamba cache blocks."""
+    DISTRIBUTED_TIMEOUT = "DistributedTimeout"
+    """A rank of a group over several nodes timed out waiting for a peer (NCCL's watchdog, vLLM's RPC or
+    barrier) or saw a worker process die: the peer or the network failed, not this rank's memory."""
     OTHER = "Other"
     """Anything else (image, config, probe kills, ...): not the tuner's to fix."""
 

@@ -188,6 +188,7 @@ _CRASH_PRIORITY = (
     RestartKind.CUDA_OOM,
     RestartKind.HOST_OOM_KILLED,
     RestartKind.INVALID_ENGINE_ARGS,
+    RestartKind.DISTRIBUTED_TIMEOUT,
     RestartKind.OTHER,
 )
 
@@ -202,11 +203,11 @@ def _crash_step(inp: _Inputs) -> Decision | None:
         s = crash_remedies.calibrate_to_startup_error(s, event)
     proposal = crash_remedies.propose_for_restart(s, event)
     if proposal is None:
-        advice = (
-            "host memory, not GPU memory: raise the container's memory limit"
-            if kind == RestartKind.HOST_OOM_KILLED
-            else "not something engine arguments can fix"
-        )
+        advice = {
+            RestartKind.HOST_OOM_KILLED: "host memory, not GPU memory: raise the container's memory limit",
+            RestartKind.DISTRIBUTED_TIMEOUT: "a peer of the group or the network between its nodes failed, "
+            "not the KV cache: see the group's other pods",
+        }.get(kind, "not something engine arguments can fix")
         return Decision(
             Action.HOLD, s.current, kind, f"{kind} on {event.pod or 'a pod'} ({event.cause.detail}); {advice}"
         )

@@ -10,7 +10,9 @@ Precedence, most specific first: ``OOMKilled`` from the kubelet (the kernel kill
 process; whatever it printed before is beside the point), then the start-up KV texts
 (they name the figures the policy needs), then "free memory on device" (the CPU backend's
 "Available memory on node" too), then CUDA OOM, then arguments vLLM refused before starting
-(``InvalidEngineArgs``: argparse, a config's validation, ``max_model_len`` beyond the model).
+(``InvalidEngineArgs``: argparse, a config's validation, ``max_model_len`` beyond the model), then a
+group's peer that stopped answering (``DistributedTimeout``: NCCL's watchdog, vLLM's RPC or barrier timing
+out, a worker process that died; a worker's timeout is not a KV failure).
 
 A real start-up failure ends with the API server's own traceback and ``Engine core
 initialization failed. See root cause above``; the root cause sits ~60 lines up, outside the
@@ -39,6 +41,7 @@ def classify_termination(message: str | None, reason: str | None, exit_code: int
         _insufficient_free_memory,
         _cuda_oom,
         _invalid_engine_args,
+        _distributed_timeout,
     ):
         cause = classify(text)
         if cause is not None:
@@ -137,6 +140,14 @@ def _invalid_engine_args(text: str) -> RestartCause | None:
     if validation is not None:
         return RestartCause(RestartKind.INVALID_ENGINE_ARGS, detail=_validation_detail(text, validation))
     return None
+
+
+def _distributed_timeout(text: str) -> RestartCause | None:
+    """A peer of the group failed (last, so a rank's own memory error found above wins over its timeout)."""
+    match = _last_match(messages.DISTRIBUTED_TIMEOUT, text)
+    if match is None:
+        return None
+    return RestartCause(RestartKind.DISTRIBUTED_TIMEOUT, detail=_line_containing(text, match.group(0)))
 
 
 def _validation_detail(text: str, match: re.Match[str]) -> str:

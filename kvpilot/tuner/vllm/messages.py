@@ -205,3 +205,16 @@ LONG_MAX_LEN = re.compile(
 MAMBA_CACHE_BLOCKS = re.compile(
     r"max_num_seqs \(" + _INT + r"\) exceeds available Mamba cache blocks \(" + _INT + r"\)"
 )
+
+# A rank of a group over several nodes waited on a peer that stopped answering (the peer crashed, hung or
+# lost the network): not a memory failure of this rank. vLLM 0.33's own words: the multiprocessing
+# executor's RPC to its workers (``v1/executor/multiproc_executor.py``: "RPC call to {method} timed out."),
+# its store barrier (``distributed/utils.py``: "Barrier timed out after {t:.2f} seconds", "Barrier departure
+# timed out after ..."), a worker process that died under the executor (``multiproc_executor.py``: "Worker
+# proc {name} died unexpectedly"); and torch's NCCL watchdog, which vLLM's process groups run under
+# (``ProcessGroupNCCL``, in torch 2.13's libtorch_cuda.so beside vLLM 0.33: "Watchdog caught collective
+# operation timeout: WorkNCCL(...) ran for N milliseconds before timing out.").
+DISTRIBUTED_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout|RPC call to \w+ timed out\.|"
+    r"Barrier (?:departure )?timed out after [0-9.]+ seconds|Worker proc \S+ died unexpectedly"
+)
