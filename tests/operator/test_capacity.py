@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvpilot.operator import api
-from kvpilot.operator.pods import capacity, workloads
+from kvpilot.operator.pods import capacity, leader_worker_set, workloads
 from kvpilot.tuner.types import EngineSettings
 from tests.operator.operator_fakes import H100_LABELS, L4_LABELS, gpu_pod, node_object
 
@@ -86,3 +86,43 @@ def test_init_containers_count_when_larger() -> None:
     spec = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "1"}}}],
             "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": 4}}}]}  # fmt: skip
     assert capacity.compute_gpu_request(spec) == 4
+
+
+def group_shape(nodes_per_replica: int = 2, gpus: int = 8) -> capacity.PodShape:
+    """The shape of a LeaderWorkerSet of ``nodes_per_replica`` pods of ``gpus`` H100s each."""
+    body = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+            "gpu": {"count": gpus, "nodesPerReplica": nodes_per_replica}}  # fmt: skip
+    parsed = api.InferenceServiceSpec.model_validate(body)
+    deployment = workloads.build_deployment(
+        {"name": "llm"}, parsed, EngineSettings(), [], ("NVIDIA-H100-80GB-HBM3",)
+    )
+    return capacity.build_pod_shape(leader_worker_set.build_leader_worker_set(deployment, nodes_per_replica))
+
+
+H100_PAIR = nodes(node_object("h100-0", H100_LABELS), node_object("h100-1", H100_LABELS))
+
+
+def test_a_groups_shape_is_read_from_the_rendered_leader_worker_set() -> None:
+    s = group_shape(3)
+    assert (s.group_size, s.gpus) == (3, 8)
+    assert s.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+def test_a_surge_group_needs_nodes_per_replica_spare_nodes() -> None:
+    assert capacity.compute_fits_now(group_shape(2), H100_PAIR, [])
+    one_busy = [gpu_pod("h100-1", 1)]  # 7 spare GPUs on h100-1 hold no pod of 8
+    assert capacity.compute_fits_now(group_shape(2, gpus=4), H100_PAIR, one_busy)  # 2 + 1 pods of 4
+    assert not capacity.compute_fits_now(group_shape(2), H100_PAIR, one_busy)
+    assert not capacity.compute_fits_now(group_shape(3), H100_PAIR, [])
+    # the same spare node count is plenty for a single-node replica of the same pod
+    assert capacity.compute_fits_now(shape(8, products=("NVIDIA-H100-80GB-HBM3",)), H100_PAIR, one_busy)
+
+
+def test_a_group_larger_than_the_pool_is_never_schedulable() -> None:
+    assert capacity.compute_schedulable(group_shape(2), H100_PAIR).schedulable
+    verdict = capacity.compute_schedulable(group_shape(3), H100_PAIR)
+    assert (verdict.schedulable, verdict.reason) == (False, "InsufficientNodes")
+    assert "a group of 3 pods of 8 nvidia.com/gpu" in verdict.message
+    assert "hold 2 such pods" in verdict.message
+    # a pod larger than any node is still the InsufficientGpus it always was
+    assert capacity.compute_schedulable(group_shape(2, gpus=16), H100_PAIR).reason == "InsufficientGpus"

@@ -11,15 +11,20 @@ equal for extended resources; an init container's request when larger). This is 
 ``NodeResourcesFit`` and ``TaintToleration`` filters for the one resource a GPU pool runs out of; other
 resources (CPU, memory, pods per node) are not checked.
 
-* :func:`compute_fits_now`: one more pod of the shape fits on some schedulable node now (Auto's surge test,
-  :mod:`kvpilot.operator.pods.rollout_strategy`);
-* :func:`compute_schedulable`: some node, cordoned or not, has enough allocatable GPUs at all (the
-  ``Schedulable`` condition: ``False`` with the reason when no node ever could).
+* :func:`compute_fits_now`: one more replica of the shape fits on the schedulable nodes now (Auto's surge
+  test, :mod:`kvpilot.operator.pods.rollout_strategy`);
+* :func:`compute_schedulable`: the nodes, cordoned or not, have enough allocatable GPUs at all (the
+  ``Schedulable`` condition: ``False`` with the reason when they never could).
+
+A replica over several nodes (a LeaderWorkerSet, :mod:`kvpilot.operator.pods.leader_worker_set`) is a whole
+group of ``group_size`` pods of the same shape: a surge needs room for every pod of a group at once, one
+group's pods on distinct nodes or sharing one where its spare GPUs hold several (the scheduler is asked for
+no spreading), so the count is the pods of the shape the nodes' spare GPUs hold, ``sum(spare // gpus)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +52,8 @@ class PodShape:
     """Required node affinity: terms (ORed) of match expressions (ANDed); empty = no affinity."""
     tolerations: tuple[Mapping[str, Any], ...]
     gpus: int
+    group_size: int = 1
+    """Pods of one replica: 1 for a Deployment, ``leaderWorkerTemplate.size`` for a LeaderWorkerSet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +96,17 @@ def compute_gpu_request(pod_spec: Mapping[str, Any]) -> int:
     return max(main, init)
 
 
-def build_pod_shape(deployment: Mapping[str, Any]) -> PodShape:
-    """The shape of the Deployment's pods (its template's placement and GPU request)."""
-    pod = deployment["spec"]["template"]["spec"]
+def build_pod_shape(workload: Mapping[str, Any]) -> PodShape:
+    """The shape of a Deployment's pods (its template's placement and GPU request), or of a LeaderWorkerSet's
+    groups (the leader template's, which kvpilot renders with the workers' placement and GPUs)."""
+    group = (workload.get("spec") or {}).get("leaderWorkerTemplate")
+    if group is not None:
+        template = group.get("leaderTemplate") or group["workerTemplate"]
+        return _shape(template["spec"], int(group.get("size") or 1))
+    return _shape(workload["spec"]["template"]["spec"], 1)
+
+
+def _shape(pod: Mapping[str, Any], group_size: int) -> PodShape:
     required = (((pod.get("affinity") or {}).get("nodeAffinity") or {})
                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {})  # fmt: skip
     terms = tuple(tuple(t.get("matchExpressions") or ()) for t in required.get("nodeSelectorTerms") or ())
@@ -100,6 +115,7 @@ def build_pod_shape(deployment: Mapping[str, Any]) -> PodShape:
         match_expressions=terms,
         tolerations=tuple(pod.get("tolerations") or ()),
         gpus=compute_gpu_request(pod),
+        group_size=group_size,
     )
 
 
@@ -171,8 +187,16 @@ def compute_spare_gpus(
 
 
 def compute_fits_now(shape: PodShape, nodes: Sequence[NodeView], pods: Sequence[Mapping[str, Any]]) -> bool:
-    """One more pod of ``shape`` fits on some node now (a surge pod would be scheduled)."""
-    return any(spare >= shape.gpus for spare in compute_spare_gpus(shape, nodes, pods).values())
+    """One more replica of ``shape`` fits now (a surge pod, or a surge group's every pod, would be
+    scheduled)."""
+    return _pods_held(shape, compute_spare_gpus(shape, nodes, pods).values()) >= shape.group_size
+
+
+def _pods_held(shape: PodShape, gpus_per_node: Iterable[int]) -> int:
+    """Pods of ``shape`` that nodes with these GPUs hold (any number of GPU-less pods: a large count)."""
+    if shape.gpus <= 0:
+        return 1 << 30
+    return sum(gpus // shape.gpus for gpus in gpus_per_node)
 
 
 def _placement_words(shape: PodShape) -> str:
@@ -196,6 +220,14 @@ def compute_schedulable(shape: PodShape, nodes: Sequence[NodeView]) -> Schedulab
             "(spec.engine.tolerations)",
         )  # fmt: skip
     largest = max(n.allocatable_gpus for n in tolerated)
+    held = _pods_held(shape, (n.allocatable_gpus for n in tolerated))
+    if largest >= shape.gpus and held < shape.group_size:
+        return Schedulability(
+            False, "InsufficientNodes",
+            f"a replica is a group of {shape.group_size} pods of {shape.gpus} {GPU_RESOURCE}, and the "
+            f"{len(tolerated)} node(s) with {where} hold {held} such pods in all; lower "
+            "gpu.nodesPerReplica or add nodes",
+        )  # fmt: skip
     if largest < shape.gpus:
         return Schedulability(
             False, "InsufficientGpus",
