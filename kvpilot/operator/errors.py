@@ -13,7 +13,7 @@ Tree::
     ├── ApplyFailed                  -- the API server failed a write, or cannot be reached (retried)
     ├── NameConflict                 -- an object of a wanted name is another's: never adopted (retried)
     ├── ApplyRejected                -- the API server refused the manifest as invalid (HTTP 400/422)
-    └── MultiNodeUnsupported         -- gpu.nodesPerReplica > 1: the LeaderWorkerSet workload is not built
+    └── LeaderWorkerSetNotInstalled  -- gpu.nodesPerReplica > 1 and the LWS CRD is not served
 
 plus the tuner's domain errors (:mod:`kvpilot.tuner.errors`). :func:`classify` turns
 any exception into a :class:`Failure`: which condition it falsifies, its CamelCase
@@ -109,12 +109,14 @@ class ApplyRejected(OperatorError):
     reason = "ApplyRejected"
 
 
-class MultiNodeUnsupported(OperatorError):
-    """A replica over several nodes (``gpu.nodesPerReplica`` > 1) needs the LeaderWorkerSet workload, which
-    this release lacks: refused before anything is applied, never deployed as one node. Waits for a spec
-    change (a retry cannot help)."""
+class LeaderWorkerSetNotInstalled(OperatorError):
+    """A replica over several nodes (``gpu.nodesPerReplica`` > 1) runs as a LeaderWorkerSet, and the API
+    server does not serve ``leaderworkerset.x-k8s.io/v1`` (the CRD of sigs.k8s.io/lws is not installed):
+    refused before anything is applied, never deployed as one node. Retried: installing LWS cures it."""
 
-    reason = "MultiNodeUnsupported"
+    reason = "LeaderWorkerSetNotInstalled"
+    retry = True
+    delay_s = 60.0
 
 
 @dataclass(frozen=True, slots=True)

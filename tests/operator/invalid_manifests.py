@@ -115,7 +115,7 @@ CASES: tuple[Case, ...] = (
          {"engine": {"tolerations": [{"key": "gpu", "operator": "Exists", "tolerationSeconds": 60}]}}),
     # --- semantic: accepted by the API server, refused by the operator ---------------------------------
     Case("unknown-model", "operator", "UnknownModel", {"model": {"id": "acme/NoSuchModel-7B"}}),
-    Case("nodes-per-replica-without-leaderworkerset", "operator", "MultiNodeUnsupported",
+    Case("nodes-per-replica-without-leaderworkerset", "operator", "LeaderWorkerSetNotInstalled",
          {"gpu": {"count": 8, "nodesPerReplica": 2}}),
     Case("unknown-gpu", "operator", "UnknownGpu", {"gpu": {"product": "GTX-480"}}),
     Case("bogus-extra-arg", "operator", "InvalidEngineArgs",

@@ -77,6 +77,8 @@ class FakeKube:
         """Objects someone else made, by (kind, namespace, name): ``read_object`` finds them before anything
         applied."""
         self.object_reads = 0
+        self.served_kinds: set[str] = set()
+        """The custom kinds whose CRD is installed (``serves_kind``): none, as on a bare cluster."""
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         return self.config_maps.get((namespace, name))
@@ -112,6 +114,9 @@ class FakeKube:
         if self.capacity_error is not None:
             raise self.capacity_error
         return copy.deepcopy(self.pods)
+
+    def serves_kind(self, kind: str) -> bool:
+        return kind in self.served_kinds
 
     def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.services.get((namespace, name))

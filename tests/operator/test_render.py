@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvpilot.operator import errors
 from kvpilot.operator.inferenceservice import desired, render
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -118,8 +117,6 @@ def test_several_nodes_per_replica_render_a_leader_worker_set_the_operator_refus
     with pytest.raises(render.RenderError) as info:
         render.build_manifests(one)  # DeepSeek-V3 does not fit one node of 8 H100s
     assert info.value.reason == "Infeasible"
-    with pytest.raises(errors.MultiNodeUnsupported, match="LeaderWorkerSet workload"):
-        desired.check_workload_applied(desired.parse_spec(doc["spec"]))
 
 
 SEVENTY_ON_L40S = {

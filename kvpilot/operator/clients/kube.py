@@ -36,6 +36,9 @@ FIELD_MANAGER = "kvpilot"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 ACTIVE_PODS_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 """Pods that may hold a node's GPUs (cluster-wide list; docs/install.md, "RBAC", the capacity role)."""
+CUSTOM_KINDS = {"LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")}
+"""Workload kinds another project's CRD defines: (group, version, plural). The LeaderWorkerSet of a replica
+over several nodes (sigs.k8s.io/lws, :mod:`kvpilot.operator.pods.leader_worker_set`)."""
 
 
 def raw_response(response: object) -> BaseHTTPResponse:
@@ -74,11 +77,18 @@ class Kube(Protocol):
         ...
 
     def read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Deployment, Service, PersistentVolumeClaim or PodDisruptionBudget; ``None`` when absent."""
+        """A Deployment, Service, PersistentVolumeClaim, PodDisruptionBudget or one of :data:`CUSTOM_KINDS`;
+        ``None`` when absent."""
         ...
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
-        """Server-side apply of a Deployment, Service, PersistentVolumeClaim or PodDisruptionBudget."""
+        """Server-side apply of a Deployment, Service, PersistentVolumeClaim, PodDisruptionBudget or one of
+        :data:`CUSTOM_KINDS`."""
+        ...
+
+    def serves_kind(self, kind: str) -> bool:
+        """Whether the API server serves ``kind`` of :data:`CUSTOM_KINDS` (its CRD is installed), by API
+        discovery (``GET /apis/<group>/<version>``, which every authenticated client may read)."""
         ...
 
     def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -246,7 +256,35 @@ class ClusterKube:
     def read_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
         return self.read_object(kind, namespace, name)
 
+    def _custom(self, kind: str, verb: str) -> Callable[..., object]:
+        """A custom object's ``get`` or ``patch``, called as the typed APIs are (name, namespace)."""
+        group, version, plural = CUSTOM_KINDS[kind]
+        call = getattr(self.custom, f"{verb}_namespaced_custom_object")
+
+        def fn(name: str, namespace: str, *args: Any, **kw: Any) -> object:
+            return cast(object, call(group, version, namespace, plural, name, *args, **kw))
+
+        return fn
+
+    def serves_kind(self, kind: str) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        group, version, plural = CUSTOM_KINDS[kind]
+        try:
+            found = self._json(self.custom.get_api_resources(group, version, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise errors.ApplyFailed(
+                f"discovering {group}/{version} failed: HTTP {exc.status} {exc.reason}"
+            ) from None
+        except (OSError, HTTPError) as exc:
+            raise _unreachable(f"discovering {group}/{version}", exc) from None
+        return any(r.get("name") == plural for r in found.get("resources") or ())
+
     def read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if kind in CUSTOM_KINDS:
+            return self._read(self._custom(kind, "get"), namespace, name)
         fn = {"Deployment": self.apps.read_namespaced_deployment,
               "StatefulSet": self.apps.read_namespaced_stateful_set,
               "Service": self.core.read_namespaced_service,
@@ -284,10 +322,11 @@ class ClusterKube:
         from kubernetes.client.exceptions import ApiException
 
         kind, meta = manifest["kind"], manifest["metadata"]
-        fn = {"Deployment": self.apps.patch_namespaced_deployment,
-              "Service": self.core.patch_namespaced_service,
-              "PersistentVolumeClaim": self.core.patch_namespaced_persistent_volume_claim,
-              "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget}[kind]  # fmt: skip
+        fn = self._custom(kind, "patch") if kind in CUSTOM_KINDS else {
+            "Deployment": self.apps.patch_namespaced_deployment,
+            "Service": self.core.patch_namespaced_service,
+            "PersistentVolumeClaim": self.core.patch_namespaced_persistent_volume_claim,
+            "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget}[kind]  # fmt: skip
         try:
             response = raw_response(fn(
                 meta["name"], meta["namespace"], dict(manifest), field_manager=FIELD_MANAGER, force=True,

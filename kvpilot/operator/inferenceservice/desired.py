@@ -55,19 +55,6 @@ def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
     return parsed
 
 
-def check_workload_applied(spec: api.InferenceServiceSpec) -> None:
-    """MultiNodeUnsupported for a replica over several nodes: ``kvpilot render`` shows its LeaderWorkerSet,
-    but the operator does not apply one yet (no RBAC for it, no watch, rollout or pod view of groups); it
-    never deploys such a spec as one node instead."""
-    if spec.gpu.nodes_per_replica > 1:
-        raise errors.MultiNodeUnsupported(
-            f"spec.gpu.nodesPerReplica is {spec.gpu.nodes_per_replica}: a replica over several nodes needs "
-            "kvpilot's LeaderWorkerSet workload (leader and worker pods with vLLM's --nnodes/--node-rank "
-            "flags), which this operator does not apply yet; nothing was deployed. Set nodesPerReplica to "
-            "1, or see the LeaderWorkerSet it would run with `kvpilot render`."
-        )
-
-
 def _got(value: object) -> str:
     """`` (got 'x')`` for a scalar the schema refused, as the API server names an unsupported value."""
     if isinstance(value, str | int | float) and not isinstance(value, bool):
@@ -103,11 +90,10 @@ def build_desired(
     deployment = workloads.build_deployment(
         metadata, spec, decision.deploy, user.extra, inputs.gpu.products, checkpoint_bytes=checkpoint
     )
-    nodes = spec.gpu.nodes_per_replica
-    if nodes > 1:  # groups of pods, one per node; the Service reaches the leaders, which serve the API
+    if spec.gpu.nodes_per_replica > 1:  # groups of pods, one per node; the Service reaches the leaders
         service = workloads.build_service(metadata, spec)
         service["spec"]["selector"] = {**service["spec"]["selector"], **leader_worker_set.LEADER_SELECTOR}
-        group = leader_worker_set.build_leader_worker_set(deployment, nodes)
+        group = workloads.build_workload(deployment, spec)
         return Desired(decision, user, [*workloads.build_claims(metadata, spec, checkpoint), service, group])
     manifests = [
         *workloads.build_claims(metadata, spec, checkpoint),

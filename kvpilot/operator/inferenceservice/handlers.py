@@ -59,7 +59,8 @@ async def reconcile(
     first_visit = old.get("observedGeneration") != generation
     try:
         parsed = desired.parse_spec(spec)
-        desired.check_workload_applied(parsed)
+        if deps.kube is not None:  # without a client the apply below says so
+            await workloads.fetch_workload_served(deps.kube, parsed)
         inputs = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
         keep = plan_choice.read_kept(
             old, resumed=trigger == RESUMED, spec_changed=trigger == SPEC_CHANGED, first_visit=first_visit,

@@ -28,14 +28,16 @@ def build_loop_deployment(
     meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs, settings: EngineSettings,
     choice: RolloutChoice | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The Deployment running ``settings`` exactly (no re-plan: a rollback must not wait on the planner),
-    with the user's extra args and the resolved GPU products, as the reconciler renders it, rolled out
-    with ``choice``'s strategy (``None``: the one the spec declares)."""
+    """The Deployment (or a replica over several nodes' LeaderWorkerSet) running ``settings`` exactly (no
+    re-plan: a rollback must not wait on the planner), with the user's extra args and the resolved GPU
+    products, as the reconciler renders it, rolled out with ``choice``'s strategy (``None``: the one the
+    spec declares)."""
     user = modes.compute_user_args(spec)
-    return workloads.build_deployment(
+    deployment = workloads.build_deployment(
         meta, spec, settings, user.extra, inputs.gpu.products,
         checkpoint_bytes=resolve.compute_checkpoint_bytes(inputs.model), rollout=choice,
     )  # fmt: skip
+    return workloads.build_workload(deployment, spec)
 
 
 async def fetch_rollout(

@@ -12,27 +12,39 @@ only the roles differ. Workers have no API server, hence no HTTP port, probes or
 dead worker makes the leader fail, and ``RecreateGroupOnPodRestart`` restarts the whole group, as vLLM needs.
 
 The rolling update follows the Deployment's strategy per group: a surge (``maxSurge: 1,
-maxUnavailable: 0``) needs a whole spare group of nodes; ``Recreate`` takes every group down at once. Not
-applied by the operator yet (an InferenceService over several nodes is refused: ``MultiNodeUnsupported``).
-Pure.
+maxUnavailable: 0``) needs a whole spare group of nodes (:mod:`kvpilot.operator.pods.capacity` counts whole
+groups); ``Recreate`` takes every group down at once.
+
+The operator applies it as it does a Deployment (:func:`kvpilot.operator.pods.workloads.apply_workloads`:
+ownership, NameConflict) when the API server serves the kind (:func:`fetch_served`; otherwise
+``LeaderWorkerSetNotInstalled``). The pods LWS makes carry the template's labels, so the closed loop's pod
+view finds them by the same selector; :func:`is_group_pod` says which are this set's, and
+:func:`is_worker` which serve no API (a group is one replica: its leader counts). The builders are pure.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Mapping
 from typing import Any
 
+from kvpilot.operator import errors
+from kvpilot.operator.clients.kube import CUSTOM_KINDS, IO_POOL, Kube
 from kvpilot.tuner import vllm
 from kvpilot.tuner.vllm import serving
 
-API_VERSION = "leaderworkerset.x-k8s.io/v1"
 KIND = "LeaderWorkerSet"
+API_VERSION = "/".join(CUSTOM_KINDS[KIND][:2])
 LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
 """The leader pod's address, from the variable LWS's pod webhook puts in every container of the group."""
+NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+"""The label LWS puts on every pod of a set (``SetNameLabelKey``): the set's name."""
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+"""The pod's index in its group (``WorkerIndexLabelKey``): ``0`` on the leader."""
 WORKER_INDEX = "$(LWS_WORKER_INDEX)"
 """The pod's index in its group (0: the leader), from the variable LWS puts in every container."""
-LEADER_SELECTOR = {"leaderworkerset.sigs.k8s.io/worker-index": "0"}
+LEADER_SELECTOR = {WORKER_INDEX_LABEL: "0"}
 """The label LWS puts on each group's leader (``WorkerIndexLabelKey``): a Service selects the API servers."""
 RESTART_POLICY = "RecreateGroupOnPodRestart"
 """A pod's restart restarts its group: vLLM's ranks cannot rejoin a running group."""
@@ -95,3 +107,35 @@ def _with_role(template: Mapping[str, Any], nodes: int, rank: str, *, headless: 
         if "annotations" in out.get("metadata", {}) and not annotations:
             del out["metadata"]["annotations"]
     return out
+
+
+def is_group_pod(pod: Mapping[str, Any], name: str) -> bool:
+    """Whether the pod is one of the LeaderWorkerSet ``name``'s: LWS's set label names it, and its controller
+    is a StatefulSet of the set (the leaders' ``<name>``, a group's workers' ``<name>-<group>``)."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(NAME_LABEL) != name:
+        return False
+    return any(
+        ref.get("kind") == "StatefulSet" and ref.get("controller")
+        and (ref.get("name") == name or str(ref.get("name") or "").startswith(f"{name}-"))
+        for ref in meta.get("ownerReferences") or ()
+    )  # fmt: skip
+
+
+def is_worker(pod: Mapping[str, Any]) -> bool:
+    """A group's worker (index 1..): it serves no API, so it is no replica of its own."""
+    index = ((pod.get("metadata") or {}).get("labels") or {}).get(WORKER_INDEX_LABEL)
+    return index is not None and index != "0"
+
+
+async def fetch_served(kube: Kube) -> None:
+    """Raise :class:`~kvpilot.operator.errors.LeaderWorkerSetNotInstalled` when the API server does not serve
+    the LeaderWorkerSet kind (its CRD is not installed)."""
+    served = await asyncio.get_running_loop().run_in_executor(IO_POOL, kube.serves_kind, KIND)
+    if not served:
+        raise errors.LeaderWorkerSetNotInstalled(
+            f"a replica over several nodes (spec.gpu.nodesPerReplica > 1) runs as a {KIND} ({API_VERSION}), "
+            "which this cluster does not serve: install LeaderWorkerSet (sigs.k8s.io/lws: its CRD and "
+            "controller) and give kvpilot its RBAC (the chart's multiNode.enabled=true); nothing was "
+            "deployed. Retrying."
+        )

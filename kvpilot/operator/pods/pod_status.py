@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvpilot.operator.clients.kube import raw_response
+from kvpilot.operator.pods import leader_worker_set
 from kvpilot.operator.pods.storage import INIT_CONTAINER
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
@@ -87,6 +88,9 @@ class PodView:
     restart_count: int = 0
     node: str = ""
     """``spec.nodeName``: the node the pod is bound to (empty while it is not scheduled)."""
+    group_worker: bool = False
+    """A LeaderWorkerSet group's worker (:func:`kvpilot.operator.pods.leader_worker_set.is_worker`): its
+    restarts count as the group's, but it is no replica (its leader serves the group's API)."""
     node_lost: bool = False
     """Its node is lost, not its settings at fault (:func:`compute_node_lost`, :func:`with_lost_nodes`): the
     node is NotReady or unknown, or the pod was marked or evicted for the node's loss."""
@@ -213,6 +217,7 @@ def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodVi
         needs_log=needs_log,
         node=str((pod.get("spec") or {}).get("nodeName") or ""),
         node_lost=compute_node_lost(pod),
+        group_worker=leader_worker_set.is_worker(pod),
     )
 
 
@@ -236,14 +241,14 @@ def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replic
     mine = [p for p in pods if not p.terminating and p.settings == current]
     others = [p for p in pods if not p.terminating and p.settings != current]
     restarts = tuple(p.restart for p in mine if p.restart is not None and not p.node_lost)
-    ready = replicas > 0 and sum(1 for p in mine if p.ready) >= replicas and not others
+    ready = replicas > 0 and sum(1 for p in mine if p.ready and not p.group_worker) >= replicas and not others
     not_started = any(p.unschedulable or p.downloading or p.node_lost for p in mine) and not restarts
     return PodSummary(restarts, ready, len(mine), len(others), not_started)
 
 
 def compute_replica_view(pods: Sequence[PodView], desired: int) -> ReplicaView:
     """The replica count as the pods show it (:func:`kvpilot.tuner.loop.scaling.compute_replica_change`)."""
-    live = [p for p in pods if not p.terminating]
+    live = [p for p in pods if not p.terminating and not p.group_worker]
     starts = [p.started_at for p in live if p.started_at is not None]
     return ReplicaView(desired=desired, live=len(live), ready=sum(1 for p in live if p.ready),
                        newest_start=max(starts) if starts else None)  # fmt: skip
@@ -275,7 +280,7 @@ class Serving:
     ``Available`` / ``Degraded`` conditions (and so ``Ready``)."""
 
     replicas: int
-    """Pods of the Deployment that are not terminating."""
+    """Pods of the Deployment that are not terminating (of a LeaderWorkerSet: its groups' leaders)."""
     ready_replicas: int
     """Of them, Ready and running the applied settings."""
     available: bool
@@ -295,10 +300,11 @@ _STARTUP_KINDS = frozenset(
 def compute_serving(pods: Sequence[PodView], current: EngineSettings) -> Serving:
     """The service's serving state: available when a replica of ``current`` is Ready; degraded with the
     most telling reason any pod gives (a crash loop, a start-up failure, no node, an image, a download)."""
-    live = [p for p in pods if not p.terminating]
+    everyone = [p for p in pods if not p.terminating]
+    live = [p for p in everyone if not p.group_worker]  # a group is one replica: its leader
     ready = [p for p in live if p.ready and p.settings == current]
     checks: list[tuple[str, str]] = []
-    for p in live:
+    for p in everyone:
         if p.node_lost and not p.ready:
             checks.append(("ReplicaLost", f"{p.name}: its node {p.node or '(unknown)'} is NotReady or "
                            "unreachable; the replica waits to be replaced (not a failure of its settings)"))
@@ -365,8 +371,11 @@ LOGS = LogCache()
 def owned_by(pod: Mapping[str, Any], deployment: str) -> bool:
     """Whether the pod belongs to the Deployment ``deployment``: its controller is the ReplicaSet
     ``<deployment>-<pod-template-hash>`` (names are unique in a namespace, so no other app's pod, whatever
-    its labels or name, passes)."""
+    its labels or name, passes); or to the LeaderWorkerSet of that name
+    (:func:`kvpilot.operator.pods.leader_worker_set.is_group_pod`)."""
     meta = pod.get("metadata") or {}
+    if leader_worker_set.is_group_pod(pod, deployment):
+        return True
     template_hash = (meta.get("labels") or {}).get("pod-template-hash")
     if not template_hash:
         return False

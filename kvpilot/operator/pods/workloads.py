@@ -41,7 +41,15 @@ from typing import Any
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import IO_POOL, Kube, fetch_active_pods, fetch_nodes
 from kvpilot.operator.clients.kube import build_label_selector as build_label_selector_from
-from kvpilot.operator.pods import capacity, ownership, pod_status, pod_template, rollout_strategy, storage
+from kvpilot.operator.pods import (
+    capacity,
+    leader_worker_set,
+    ownership,
+    pod_status,
+    pod_template,
+    rollout_strategy,
+    storage,
+)
 from kvpilot.tuner import gpus, plan, vllm
 from kvpilot.tuner.types import GIB, EngineSettings
 from kvpilot.tuner.vllm import serving
@@ -224,6 +232,34 @@ def build_deployment(
     }
 
 
+def build_workload(deployment: dict[str, Any], spec: api.InferenceServiceSpec) -> dict[str, Any]:
+    """What runs the pods: ``deployment`` itself, or for a replica over several nodes the LeaderWorkerSet
+    made from it (:mod:`kvpilot.operator.pods.leader_worker_set`)."""
+    nodes = spec.gpu.nodes_per_replica
+    return deployment if nodes == 1 else leader_worker_set.build_leader_worker_set(deployment, nodes)
+
+
+WORKLOAD_KINDS = ("Deployment", leader_worker_set.KIND)
+
+
+def compute_pod_template(workload: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod template of a Deployment, or of a LeaderWorkerSet's leaders (its workers' volumes, placement
+    and resources are the same: both roles are made from one pod)."""
+    group = workload["spec"].get("leaderWorkerTemplate")
+    if group is not None:
+        leader: Mapping[str, Any] = group["leaderTemplate"]
+        return leader
+    template: Mapping[str, Any] = workload["spec"]["template"]
+    return template
+
+
+async def fetch_workload_served(kube: Kube, spec: api.InferenceServiceSpec) -> None:
+    """Raise ``LeaderWorkerSetNotInstalled`` when the spec's workload kind is not served (a replica over
+    several nodes without the LWS CRD); a Deployment always is."""
+    if spec.gpu.nodes_per_replica > 1:
+        await leader_worker_set.fetch_served(kube)
+
+
 def _object_metadata(owner: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": owner["name"], "namespace": owner.get("namespace") or "default",
                             "labels": dict(labels)}  # fmt: skip
@@ -286,15 +322,21 @@ def build_pod_disruption_budget(
 async def fetch_rollout_strategy(
     kube: Kube, spec: api.InferenceServiceSpec, manifests: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
-    """``manifests`` with the Deployment's update strategy chosen for the cluster as it is now
+    """``manifests`` with the workload's update strategy chosen for the cluster as it is now
     (:func:`fetch_rollout_choice`): a reconciler's change of the pods rolls out like the closed loop's. A
-    held choice renders a surge (the pod waits for a GPU; the old ones keep serving)."""
+    held choice renders a surge (the pod waits for a GPU; the old ones keep serving). A LeaderWorkerSet's
+    is the same choice counted in groups (:func:`leader_worker_set.build_rollout_strategy`)."""
     out = [dict(m) for m in manifests]
     for i, m in enumerate(out):
+        if m["kind"] not in WORKLOAD_KINDS:
+            continue
+        choice = await fetch_rollout_choice(kube, spec, m, serving=None)
+        rendered = rollout_strategy.build_deployment_strategy(choice)
         if m["kind"] == "Deployment":
-            choice = await fetch_rollout_choice(kube, spec, m, serving=None)
-            rendered = rollout_strategy.build_deployment_strategy(choice)
             out[i] = {**m, "spec": {**m["spec"], "strategy": rendered}}
+        else:
+            group = leader_worker_set.build_rollout_strategy(rendered, m["spec"]["replicas"])
+            out[i] = {**m, "spec": {**m["spec"], "rolloutStrategy": group}}
     return out
 
 
@@ -304,10 +346,10 @@ def _claims_in_use(manifests: Sequence[Mapping[str, Any]]) -> list[tuple[str, st
             if m["kind"] == "PersistentVolumeClaim"}  # fmt: skip
     used = []
     for m in manifests:
-        if m["kind"] != "Deployment":
+        if m["kind"] not in WORKLOAD_KINDS:
             continue
         namespace = m["metadata"]["namespace"]
-        for volume in m["spec"]["template"]["spec"].get("volumes") or ():
+        for volume in compute_pod_template(m)["spec"].get("volumes") or ():
             claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
             if claim and (namespace, claim) not in ours:
                 used.append((namespace, claim))

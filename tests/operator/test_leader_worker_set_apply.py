@@ -1,0 +1,128 @@
+"""The operator applies a LeaderWorkerSet for a replica over several nodes (issue 28), and reads its groups.
+
+Through :func:`kvpilot.operator.inferenceservice.handlers.reconcile` with the in-memory cluster: the kind is
+applied only where the API server serves it (``LeaderWorkerSetNotInstalled`` otherwise), under the same
+ownership rules as a Deployment; the group's pods are the service's (a worker's crash counts, a group is one
+replica).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+import pytest
+from operator_fakes import H100_LABELS, Harness, condition, isvc
+
+from kvpilot.operator.pods import leader_worker_set as lws
+from kvpilot.operator.pods import pod_status, workloads
+from kvpilot.tuner.loop import RestartKind
+from kvpilot.tuner.types import EngineSettings
+
+TWO_NODES = {"count": 8, "product": "H100-SXM", "nodesPerReplica": 2}
+
+
+def group_body() -> dict[str, Any]:
+    return isvc(gpu=dict(TWO_NODES))
+
+
+async def test_without_the_crd_nothing_is_applied_and_ready_names_what_to_install(harness: Harness) -> None:
+    body = group_body()
+    with pytest.raises(kopf.TemporaryError):
+        await harness.run(body)
+    ready = condition(body, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "LeaderWorkerSetNotInstalled")
+    assert "install LeaderWorkerSet (sigs.k8s.io/lws" in ready["message"]
+    assert "multiNode.enabled=true" in ready["message"]
+    assert harness.kube.applied == []
+
+
+async def test_with_the_crd_the_group_is_applied_instead_of_a_deployment(harness: Harness) -> None:
+    harness.kube.served_kinds.add(lws.KIND)
+    body = group_body()
+    await harness.run(body)
+    kinds = [m["kind"] for m in harness.kube.applied]
+    assert kinds == ["Service", "LeaderWorkerSet"]
+    service, group = harness.kube.applied
+    assert service["spec"]["selector"][lws.WORKER_INDEX_LABEL] == "0"
+    assert group["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+    assert group["metadata"]["ownerReferences"][0]["uid"] == "uid-llm"
+    assert group["spec"]["leaderWorkerTemplate"]["size"] == 2
+    # the closed loop finds the group's pods by the service's selector: the templates carry its labels
+    for role in ("leaderTemplate", "workerTemplate"):
+        labels = group["spec"]["leaderWorkerTemplate"][role]["metadata"]["labels"]
+        assert workloads.build_selector("llm").items() <= labels.items()
+    assert condition(body, "Ready")["status"] == "True"
+
+
+async def test_another_teams_leader_worker_set_of_that_name_is_a_conflict(harness: Harness) -> None:
+    harness.kube.served_kinds.add(lws.KIND)
+    harness.kube.foreign[(lws.KIND, "ns1", "llm")] = {
+        "kind": lws.KIND, "metadata": {"name": "llm", "namespace": "ns1"}
+    }  # fmt: skip
+    body = group_body()
+    with pytest.raises(kopf.TemporaryError):
+        await harness.run(body)
+    assert condition(body, "Ready")["reason"] == "NameConflict"
+    assert "LeaderWorkerSet ns1/llm already exists" in condition(body, "Ready")["message"]
+    assert harness.kube.applied == []
+
+
+async def test_an_update_surges_a_whole_group_only_where_the_nodes_hold_one(harness: Harness) -> None:
+    harness.kube.served_kinds.add(lws.KIND)
+    body = group_body()
+    await harness.run(body)  # the pool: one L4 node, one 8 x H100 node
+
+    def rolled(generation: int) -> dict[str, Any]:
+        body["metadata"]["generation"] = generation
+        body["spec"]["replicas"] = generation
+        return body
+
+    await harness.run(rolled(2), trigger="SpecChanged")
+    rolling = harness.kube.applied[-1]["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
+    assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (0, 2)  # no spare group: Auto recreates
+    harness.kube.nodes.append(dict(H100_LABELS))  # a second 8 x H100 node: a whole group's room
+    await harness.run(rolled(3), trigger="SpecChanged")
+    group = harness.kube.applied[-1]
+    assert group["kind"] == lws.KIND and group["spec"]["replicas"] == 3
+    rolling = group["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
+    assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (1, 0)
+
+
+def group_pod(name: str, index: str, owner: str, *, ready: bool = True, message: str = "") -> dict[str, Any]:
+    """A pod as LWS makes it: its set's labels, a StatefulSet controller, the worker flags in its args."""
+    terminated = {"lastState": {"terminated": {"reason": "Error", "exitCode": 1, "message": message}},
+                  "restartCount": 1} if message else {}  # fmt: skip
+    return {
+        "metadata": {
+            "name": name, "namespace": "ns1",
+            "labels": {**workloads.build_selector("llm"), lws.NAME_LABEL: "llm",
+                       lws.WORKER_INDEX_LABEL: index},
+            "ownerReferences": [{"kind": "StatefulSet", "name": owner, "controller": True}],
+        },
+        "spec": {"containers": [{"name": "vllm", "args": ["m", "--max-num-seqs", "64", "--headless"]}]},
+        "status": {"containerStatuses": [{"name": "vllm", "ready": ready, **terminated}]},
+    }  # fmt: skip
+
+
+def test_the_groups_pods_are_the_services_and_a_group_is_one_replica() -> None:
+    pods = [group_pod("llm-0", "0", "llm"), group_pod("llm-0-1", "1", "llm-0"),
+            group_pod("llm-1", "0", "llm", ready=False), group_pod("llm-1-1", "1", "llm-1")]  # fmt: skip
+    assert all(pod_status.owned_by(p, "llm") for p in pods)
+    assert not any(pod_status.owned_by(p, "ll") for p in pods)  # a set named like a prefix is another's
+    foreign = {**pods[0], "metadata": {**pods[0]["metadata"], "ownerReferences": []}}
+    assert not pod_status.owned_by(foreign, "llm")
+    views = [pod_status.build_pod_view(p) for p in pods]
+    serving = pod_status.compute_serving(views, EngineSettings(max_num_seqs=64))
+    assert (serving.replicas, serving.ready_replicas, serving.available) == (2, 1, True)
+
+
+def test_a_workers_nccl_timeout_is_the_groups_restart_and_not_a_kv_failure() -> None:
+    text = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE) ran "
+            "for 600010 milliseconds before timing out.")  # fmt: skip
+    views = [pod_status.build_pod_view(group_pod("llm-0", "0", "llm")),
+             pod_status.build_pod_view(group_pod("llm-0-1", "1", "llm-0", message=text))]  # fmt: skip
+    summary = pod_status.compute_pod_summary(views, EngineSettings(max_num_seqs=64), replicas=1)
+    (restart,) = summary.restarts
+    assert (restart.pod, restart.cause.kind) == ("llm-0-1", RestartKind.DISTRIBUTED_TIMEOUT)
+    assert summary.ready  # the leader serves; the worker is no replica of its own
