@@ -9,7 +9,7 @@ calls the pure tuner, and prints. Subcommands:
 * ``gpus`` / ``models`` -- the built-in catalogues;
 * ``estimate --cases FILE`` -- the memory model over a JSON list of vLLM start-up cases;
 * ``render -f isvc.yaml`` -- the Deployment and Service the operator would apply (a LeaderWorkerSet for a
-  replica over several nodes, which the operator does not apply yet);
+  replica over several nodes, which the operator applies where LeaderWorkerSet is installed);
 * ``diagnose [LOG | --pod NAME]`` -- what a vLLM log says happened, and what to change
   (:mod:`kvpilot.tuner.diagnose`); with ``--gpu`` and a catalogue model in the log, kvpilot's plan;
 * ``timeline NAME`` -- an SVG of one InferenceService's settings and decisions over time
@@ -420,8 +420,8 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
 
     if any(m.get("kind") == "LeaderWorkerSet" for m in manifests):
         out.write(
-            "# gpu.nodesPerReplica > 1: what the operator would run; it does not apply\n"
-            "# LeaderWorkerSets yet: such an InferenceService stays Ready=False (MultiNodeUnsupported).\n"
+            "# gpu.nodesPerReplica > 1: the operator applies this LeaderWorkerSet where the cluster serves\n"
+            "# leaderworkerset.x-k8s.io/v1 (else Ready=False, LeaderWorkerSetNotInstalled).\n"
         )
     yaml.dump_all(manifests, out, Dumper=NoAliases, sort_keys=False)
     return EXIT_OK

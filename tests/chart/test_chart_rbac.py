@@ -194,6 +194,18 @@ def test_the_cluster_wide_pod_list_can_be_switched_off(rendered: Render) -> None
     assert ("cluster", "", "pods", ()) not in grants
 
 
+LWS = ("leaderworkerset.x-k8s.io", "leaderworkersets", ())
+
+
+def test_leader_worker_sets_are_granted_only_when_multi_node_is_enabled(rendered: Render) -> None:
+    assert not [g for g in operator_grants(rendered()) if g[1] == LWS[0]]
+    grants = operator_grants(rendered(sets=["multiNode.enabled=true"]))
+    assert grants == {**CLUSTER_WIDE, ("cluster", *LWS): {"get", "create", "patch"}}
+    values = CHART / "ci" / "namespaced-values.yaml"
+    namespaced = operator_grants(rendered(values, sets=["multiNode.enabled=true"]))
+    assert {g[0] for g in namespaced if g[1:] == LWS} == {"team-a", "team-b"}  # only where it serves
+
+
 def test_user_roles_aggregate_into_builtin_roles(rendered: Render) -> None:
     roles = {r["metadata"]["name"]: r for r in by_kind(rendered(), "ClusterRole")}
     view, edit = roles[f"{RELEASE}-kvpilot-view"], roles[f"{RELEASE}-kvpilot-edit"]

@@ -222,6 +222,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
   verbs: [list]
+{{- if .Values.multiNode.enabled }}
+# a replica over several nodes (spec.gpu.nodesPerReplica > 1) runs as a LeaderWorkerSet (sigs.k8s.io/lws,
+# installed separately); server-side apply, as for the Deployment: no update, no delete
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, create, patch]
+{{- end }}
 {{- end }}
 
 {{/* Model configuration the user points at: a ConfigMap holding config.json (`source: ConfigMap`) and the
