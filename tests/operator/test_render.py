@@ -103,7 +103,7 @@ def test_one_node_per_replica_renders_as_a_spec_without_nodes() -> None:
     assert render.build_manifests(one) == render.build_manifests(doc)
 
 
-def test_several_nodes_per_replica_render_a_leader_worker_set_the_operator_refuses() -> None:
+def test_several_nodes_per_replica_render_a_leader_worker_set() -> None:
     doc = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "ds"},
            "spec": {"model": {"id": "deepseek-ai/DeepSeek-V3"}, "serving": {"maxContextLength": 32768},
                     "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": 2}}}  # fmt: skip
