@@ -5,9 +5,10 @@ makes the group's pods; what is checked is everything up to it, against the real
 client discovers the kind only once its CRD is installed (``ClusterKube.serves_kind``: an InferenceService of
 several nodes is ``LeaderWorkerSetNotInstalled`` before), the LeaderWorkerSet ``kvpilot render`` builds is
 accepted by the CRD's validation and comes back unpruned after kvpilot's server-side apply, and an LWS of the
-same name that is not kvpilot's is a NameConflict through the operator's own apply path. The CRD is LWS
-v0.10.0's (tests/data/lws, provenance in tests/data/README.md); it is removed again after the module, so the
-other modules see a cluster without it.
+same name that is not kvpilot's is a NameConflict through the operator's own apply path, and the operator
+itself, given an InferenceService of two nodes per replica, applies the group and no Deployment. The CRD is
+LWS v0.10.0's (tests/data/lws, provenance in tests/data/README.md); it is removed again after the module, so
+the other modules see a cluster without it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ import pytest
 from kubernetes import config
 
 from e2e.cluster import LocalCluster
-from e2e.waits import wait_established, wait_for
+from e2e.waits import host_operator, wait_established, wait_for
 from kvpilot.operator import errors
 from kvpilot.operator.clients.kube import ClusterKube
 from kvpilot.operator.inferenceservice import render
@@ -33,6 +35,7 @@ from kvpilot.operator.pods import ownership, workloads
 ROOT = Path(__file__).resolve().parents[1]
 LWS_CRD = ROOT / "tests" / "data" / "lws" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml.gz"
 CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
+ISVC_CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
 DEEPSEEK = {
     "apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "dsv3"},
     "spec": {"model": {"id": "deepseek-ai/DeepSeek-V3"}, "serving": {"maxContextLength": 32768},
@@ -113,3 +116,32 @@ def test_another_teams_group_of_that_name_is_a_name_conflict(
         asyncio.run(workloads.apply_workloads([ours], kube, ownership.VerifiedOwners()))
     kept = kube.read_object(lws.KIND, namespace, "dsv3")
     assert kept is not None and not kept["metadata"].get("ownerReferences")
+
+
+def test_the_operator_applies_the_group_for_an_inference_service_of_two_nodes(
+    kube: ClusterKube, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The whole path: the operator (on the host, watching one namespace) applies the LeaderWorkerSet and the
+    Service selecting its leaders, owned by the InferenceService, and no Deployment."""
+    cluster.kubectl("apply", "-f", str(ISVC_CRD))
+    wait_established(cluster.kubectl, "crd/inferenceservices.kvpilot.io")
+    ns = f"kvlws-{uuid.uuid4().hex[:6]}"
+    with cluster.temporary_namespace(ns), host_operator(cluster, tmp_path / "kopf.log", ns):
+        doc = {**DEEPSEEK, "metadata": {"name": "dsv3", "namespace": ns}}
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+        def ready() -> dict[str, Any] | None:
+            obj = json.loads(cluster.kubectl("get", "inferenceservices.kvpilot.io", "dsv3", "-n", ns,
+                                             "-o", "json").stdout)  # fmt: skip
+            conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or ()}
+            return obj if "Ready" in conds else None
+
+        obj = wait_for(ready, 120, f"{ns}/dsv3 Ready set")
+        ready_cond = next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")
+        assert ready_cond["status"] == "True", ready_cond
+        group = kube.read_object(lws.KIND, ns, "dsv3")
+        assert group is not None and group["spec"]["leaderWorkerTemplate"]["size"] == 2
+        assert group["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+        service = kube.read_object("Service", ns, "dsv3")
+        assert service is not None and service["spec"]["selector"][lws.WORKER_INDEX_LABEL] == "0"
+        assert kube.read_object("Deployment", ns, "dsv3") is None
