@@ -8,6 +8,7 @@ replica).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import kopf
@@ -126,3 +127,27 @@ def test_a_workers_nccl_timeout_is_the_groups_restart_and_not_a_kv_failure() -> 
     (restart,) = summary.restarts
     assert (restart.pod, restart.cause.kind) == ("llm-0-1", RestartKind.DISTRIBUTED_TIMEOUT)
     assert summary.ready  # the leader serves; the worker is no replica of its own
+
+
+def test_the_workload_value_reads_both_kinds_alike(harness: Harness) -> None:
+    body = isvc(gpu={"count": 8, "product": "H100-SXM"}, replicas=2)
+    deployment = next(m for m in _applied(harness, body) if m["kind"] == "Deployment")
+    harness.kube.served_kinds.add(lws.KIND)
+    group = next(m for m in _applied(harness, group_body()) if m["kind"] == lws.KIND)
+    one, many = workloads.read_workload(deployment), workloads.read_workload(group)
+    assert (one.kind, one.replicas, one.group_size) == ("Deployment", 2, 1)
+    assert (many.kind, many.replicas, many.group_size) == (lws.KIND, 1, 2)
+    assert one.selector == workloads.build_selector("llm")
+    assert many.selector == {lws.NAME_LABEL: "llm"}  # what LWS puts on each pod of the set
+    assert one.pod_labels == many.pod_labels  # the closed loop finds both kinds' pods by the same labels
+    assert [v["name"] for v in many.pod_template["spec"]["volumes"]] == [
+        v["name"] for v in one.pod_template["spec"]["volumes"]
+    ]
+    with pytest.raises(ValueError, match="Service is not a workload kind"):
+        workloads.read_workload({"kind": "Service", "metadata": {"name": "llm"}, "spec": {}})
+
+
+def _applied(harness: Harness, body: dict[str, Any]) -> list[dict[str, Any]]:
+    harness.kube.applied.clear()
+    asyncio.run(harness.run(body))
+    return list(harness.kube.applied)

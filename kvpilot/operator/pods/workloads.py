@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import api, errors
@@ -242,15 +243,44 @@ def build_workload(deployment: dict[str, Any], spec: api.InferenceServiceSpec) -
 WORKLOAD_KINDS = ("Deployment", leader_worker_set.KIND)
 
 
-def compute_pod_template(workload: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The pod template of a Deployment, or of a LeaderWorkerSet's leaders (its workers' volumes, placement
-    and resources are the same: both roles are made from one pod)."""
-    group = workload["spec"].get("leaderWorkerTemplate")
-    if group is not None:
-        leader: Mapping[str, Any] = group["leaderTemplate"]
-        return leader
-    template: Mapping[str, Any] = workload["spec"]["template"]
-    return template
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """What runs a service's pods, read alike from a Deployment and a LeaderWorkerSet (read_workload)."""
+
+    kind: str
+    namespace: str
+    name: str
+    replicas: int
+    """Replicas: pods of a Deployment, groups of a LeaderWorkerSet."""
+    selector: Mapping[str, str]
+    """Labels every pod of the workload carries: a Deployment's ``matchLabels``; LWS's set-name label, which
+    it puts on each pod of the set."""
+    pod_labels: Mapping[str, str]
+    """The pod template's labels (of a LeaderWorkerSet: the leaders', as the workers' are kvpilot's same)."""
+    pod_template: Mapping[str, Any]
+    """The pod template (of a LeaderWorkerSet: the leaders'; the workers share volumes, placement, GPUs)."""
+    group_size: int = 1
+    """Pods per replica: ``leaderWorkerTemplate.size`` of a LeaderWorkerSet."""
+
+
+def read_workload(manifest: Mapping[str, Any]) -> Workload:
+    """The :class:`Workload` of a Deployment or LeaderWorkerSet manifest (or object read back)."""
+    meta, spec = manifest["metadata"], manifest["spec"]
+    group = spec.get("leaderWorkerTemplate")
+    if manifest["kind"] == leader_worker_set.KIND and group is not None:
+        template: Mapping[str, Any] = group.get("leaderTemplate") or group["workerTemplate"]
+        selector = {leader_worker_set.NAME_LABEL: meta["name"]}
+        size = int(group.get("size") or 1)
+    elif manifest["kind"] == "Deployment":
+        template, selector, size = spec["template"], dict(spec["selector"]["matchLabels"]), 1
+    else:
+        raise ValueError(f"{manifest['kind']} is not a workload kind ({', '.join(WORKLOAD_KINDS)})")
+    return Workload(
+        kind=manifest["kind"], namespace=meta.get("namespace") or "default", name=meta["name"],
+        replicas=int(spec.get("replicas", 1)), selector=selector,
+        pod_labels=dict((template.get("metadata") or {}).get("labels") or {}), pod_template=template,
+        group_size=size,
+    )  # fmt: skip
 
 
 async def fetch_workload_served(kube: Kube, spec: api.InferenceServiceSpec) -> None:
@@ -335,7 +365,7 @@ async def fetch_rollout_strategy(
         if m["kind"] == "Deployment":
             out[i] = {**m, "spec": {**m["spec"], "strategy": rendered}}
         else:
-            group = leader_worker_set.build_rollout_strategy(rendered, m["spec"]["replicas"])
+            group = leader_worker_set.build_rollout_strategy(rendered, read_workload(m).replicas)
             out[i] = {**m, "spec": {**m["spec"], "rolloutStrategy": group}}
     return out
 
@@ -349,7 +379,7 @@ def _claims_in_use(manifests: Sequence[Mapping[str, Any]]) -> list[tuple[str, st
         if m["kind"] not in WORKLOAD_KINDS:
             continue
         namespace = m["metadata"]["namespace"]
-        for volume in compute_pod_template(m)["spec"].get("volumes") or ():
+        for volume in read_workload(m).pod_template["spec"].get("volumes") or ():
             claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
             if claim and (namespace, claim) not in ours:
                 used.append((namespace, claim))
