@@ -35,3 +35,16 @@ def test_an_apply_that_cannot_connect_omits_the_address(caplog: pytest.LogCaptur
     with caplog.at_level(logging.WARNING), pytest.raises(errors.ApplyFailed) as raised:
         kube.apply(deployment)
     assert "127.0.0.1" not in str(raised.value) and "127.0.0.1" in caplog.text
+
+
+def test_discovering_leader_worker_sets_without_a_connection_fails_loudly_not_as_absent() -> None:
+    """An unreachable API server is an ApplyFailed (retried), never "the LWS CRD is not installed"."""
+    kube = _unreachable_cluster()
+    with pytest.raises(errors.ApplyFailed) as raised:
+        kube.serves_kind("LeaderWorkerSet")
+    assert str(raised.value).startswith("discovering leaderworkerset.x-k8s.io/v1 failed: ")
+    assert "127.0.0.1" not in str(raised.value)
+    group = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+             "metadata": {"name": "llm", "namespace": "a"}}  # fmt: skip
+    with pytest.raises(errors.ApplyFailed, match="applying LeaderWorkerSet llm failed"):
+        kube.apply(group)
