@@ -56,6 +56,15 @@ async def test_with_the_crd_the_group_is_applied_instead_of_a_deployment(harness
     assert condition(body, "Ready")["status"] == "True"
 
 
+async def test_two_groups_get_a_disruption_budget_over_all_their_pods(harness: Harness) -> None:
+    harness.kube.served_kinds.add(lws.KIND)
+    body = isvc(gpu=dict(TWO_NODES), replicas=2)
+    await harness.run(body)
+    assert [m["kind"] for m in harness.kube.applied] == ["Service", lws.KIND, "PodDisruptionBudget"]
+    budget = harness.kube.applied[-1]["spec"]
+    assert budget == {"maxUnavailable": 1, "selector": {"matchLabels": workloads.build_selector("llm")}}
+
+
 async def test_another_teams_leader_worker_set_of_that_name_is_a_conflict(harness: Harness) -> None:
     harness.kube.served_kinds.add(lws.KIND)
     harness.kube.foreign[(lws.KIND, "ns1", "llm")] = {
@@ -79,12 +88,15 @@ async def test_an_update_surges_a_whole_group_only_where_the_nodes_hold_one(harn
         body["spec"]["replicas"] = generation
         return body
 
+    def last_group() -> dict[str, Any]:
+        return next(m for m in reversed(harness.kube.applied) if m["kind"] == lws.KIND)
+
     await harness.run(rolled(2), trigger="SpecChanged")
-    rolling = harness.kube.applied[-1]["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
+    rolling = last_group()["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
     assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (0, 2)  # no spare group: Auto recreates
     harness.kube.nodes.append(dict(H100_LABELS))  # a second 8 x H100 node: a whole group's room
     await harness.run(rolled(3), trigger="SpecChanged")
-    group = harness.kube.applied[-1]
+    group = last_group()
     assert group["kind"] == lws.KIND and group["spec"]["replicas"] == 3
     rolling = group["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
     assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (1, 0)

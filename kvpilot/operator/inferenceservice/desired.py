@@ -94,7 +94,10 @@ def build_desired(
         service = workloads.build_service(metadata, spec)
         service["spec"]["selector"] = {**service["spec"]["selector"], **leader_worker_set.LEADER_SELECTOR}
         group = workloads.build_workload(deployment, spec)
-        return Desired(decision, user, [*workloads.build_claims(metadata, spec, checkpoint), service, group])
+        budget = workloads.build_pod_disruption_budget(metadata, spec)  # over every pod of every group
+        return Desired(
+            decision, user, [*workloads.build_claims(metadata, spec, checkpoint), service, group, *budget]
+        )
     manifests = [
         *workloads.build_claims(metadata, spec, checkpoint),
         workloads.build_service(metadata, spec),

@@ -336,7 +336,10 @@ def build_pod_disruption_budget(
     """The PodDisruptionBudget of a service with 2 or more replicas (``maxUnavailable`` from
     ``spec.rollout.maxUnavailable``), owned by the InferenceService; none below 2 replicas. One left from
     when there were more replicas is not deleted (kvpilot has no delete verb): on one replica a budget of
-    at least one unavailable blocks nothing, and garbage collection deletes it with the service."""
+    at least one unavailable blocks nothing, and garbage collection deletes it with the service.
+
+    Of a LeaderWorkerSet it selects every pod of every group (they carry the same labels) and counts pods:
+    one evicted pod takes its whole group down, so ``maxUnavailable`` pods disrupt at most as many groups."""
     if spec.replicas < 2:
         return []
     name = metadata["name"]
