@@ -22,7 +22,7 @@ BASE = EngineSettings(
     max_model_len=8192, max_num_seqs=128, gpu_memory_utilization=0.9, kv_cache_dtype="auto",
     tensor_parallel_size=1, max_num_batched_tokens=8192,
 )  # fmt: skip
-CHANGED: dict[str, object] = {
+CHANGED: dict[str, typing.Any] = {
     "max_model_len": 4096,
     "max_num_seqs": 64,
     "gpu_memory_utilization": 0.8,
@@ -59,11 +59,9 @@ def test_compile_hash_changes_exactly_for_claimed_fields(
 
 def test_tensor_parallel_size_enters_the_hash(vllm: typing.Any) -> None:
     """``ParallelConfig.compute_hash`` (a part of ``VllmConfig.compute_hash``) for TP 1 against TP 2."""
-    from vllm.config import ParallelConfig
-
-    theirs = ParallelConfig(tensor_parallel_size=1).compute_hash() != ParallelConfig(
-        tensor_parallel_size=2
-    ).compute_hash()
+    parallel: typing.Any = vllm.config.ParallelConfig
+    one, two = (parallel(tensor_parallel_size=n).compute_hash() for n in (1, 2))
+    theirs = one != two
     ours = kv_vllm.compute_compile_invalidating(BASE, dataclasses.replace(BASE, tensor_parallel_size=2))
     assert theirs and ours == {"tensor_parallel_size"}
 
@@ -71,10 +69,9 @@ def test_tensor_parallel_size_enters_the_hash(vllm: typing.Any) -> None:
 def test_cudagraph_capture_sizes_enter_the_hash(vllm: typing.Any) -> None:
     """The capture sizes (derived from ``max_num_seqs`` on CUDA) are part of ``CompilationConfig``'s hash:
     a second reason a ``max_num_seqs`` change misses the cache on a GPU."""
-    from vllm.config import CompilationConfig
-
-    small = CompilationConfig(cudagraph_capture_sizes=[1, 2, 4]).compute_hash()
-    large = CompilationConfig(cudagraph_capture_sizes=[1, 2, 4, 8]).compute_hash()
+    compilation: typing.Any = vllm.config.CompilationConfig
+    small = compilation(cudagraph_capture_sizes=[1, 2, 4]).compute_hash()
+    large = compilation(cudagraph_capture_sizes=[1, 2, 4, 8]).compute_hash()
     assert small != large
     assert "max_num_seqs" in kv_vllm.COMPILE_HASH_SETTINGS
 
