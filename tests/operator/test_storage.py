@@ -183,3 +183,18 @@ def test_a_claim_that_does_not_exist_is_reported_not_applied() -> None:
     kube.claims[("ml", "missing")] = {"metadata": {"name": "missing"}}
     asyncio.run(workloads.apply_workloads(manifests, kube, VerifiedOwners()))
     assert [m["kind"] for m in kube.applied] == ["Service", "Deployment"]
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [None, {"persistentVolumeClaim": {"claimName": "w"}},
+     {"persistentVolumeClaim": {"claimName": "w", "readOnly": True}}, {"hostPath": {"path": "/w"}},
+     {"claimTemplate": {}}],
+)  # fmt: skip
+def test_the_loop_prices_a_warm_cache_exactly_where_the_pod_keeps_one(kind: dict[str, Any] | None) -> None:
+    """``keeps_compile_cache`` (the closed loop's ``Evidence.compile_cache_persistent``) agrees with the
+    rendered pod: true where vLLM's cache root is on the volume."""
+    body = isvc(**({"storage": kind} if kind else {}))
+    rendered = "VLLM_CACHE_ROOT" in env_of(vllm_container(render.build_manifests(body)))
+    assert storage.keeps_compile_cache(desired.parse_spec(body["spec"]).model.storage) == rendered
+    assert rendered == (kind is not None and "readOnly" not in str(kind))

@@ -134,6 +134,14 @@ def _volume(metadata: Mapping[str, Any], storage: api.Storage) -> dict[str, Any]
     return {"name": VOLUME, "hostPath": {"path": storage.host_path.path, "type": "DirectoryOrCreate"}}
 
 
+def keeps_compile_cache(storage: api.Storage | None) -> bool:
+    """Whether the pods keep vLLM's compile cache across restarts: the weight cache is writable (the
+    closed loop then prices a restart that leaves vLLM's compile hash alone without the compile)."""
+    return storage is not None and not (
+        storage.persistent_volume_claim is not None and storage.persistent_volume_claim.read_only
+    )
+
+
 def build_claim(
     metadata: Mapping[str, Any], template: api.ClaimTemplate, checkpoint_bytes: int | None
 ) -> dict[str, Any]:
@@ -188,7 +196,7 @@ def build_pod_storage(
     read_only = storage.persistent_volume_claim is not None and storage.persistent_volume_claim.read_only
     mount = {"name": VOLUME, "mountPath": storage.mount_path, **({"readOnly": True} if read_only else {})}
     env = [{"name": "HF_HOME", "value": hf_home}]
-    if not read_only:
+    if keeps_compile_cache(storage):
         cache_env = vllm.build_cache_env(f"{storage.mount_path}/{COMPILE_CACHE_FOLDER}")
         env.extend({"name": name, "value": value} for name, value in cache_env.items())
     init: list[dict[str, Any]] = []
