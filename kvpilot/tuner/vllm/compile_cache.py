@@ -14,7 +14,10 @@ Part of :mod:`kvpilot.tuner.vllm` (every vLLM fact lives there). Established fro
 * **Keyed by.** ``<hash>`` is the first 10 hex digits of SHA-256 over four factors: vLLM's environment
   (``envs.compile_factors``), ``VllmConfig.compute_hash()`` (vLLM's version and the model, cache,
   parallel, scheduler, compilation ... configs' own ``compute_hash``), the traced source files and the
-  compiler's (torch's) own hash. A start whose factors all match loads the compiled graphs instead of
+  compiler's (torch's) own hash. With AOT compilation (``VLLM_USE_AOT_COMPILE``, on by default from torch
+  2.10) the folder is ``torch_compile_cache/torch_aot_compile/<hash>/``, from the same environment and
+  config hashes plus the model's forward code (``compilation/decorators.py``, ``caching.py::
+  aot_compile_hash_factors``). A start whose factors all match loads the compiled graphs instead of
   compiling ("torch.compile takes S s in total" drops to the load).
 * **Which tuned settings enter it.** ``SchedulerConfig.compute_hash`` hashes ``max_num_batched_tokens``
   (LoRA's static buffers, Inductor's 32/64-bit indexing) and ``max_num_seqs`` (per-request static buffers
