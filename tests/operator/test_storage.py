@@ -109,6 +109,31 @@ def test_a_read_only_claim_downloads_nothing() -> None:
     assert {"name": "model-cache", "mountPath": "/models", "readOnly": True} in vllm_container(manifests)[
         "volumeMounts"
     ]
+    assert "VLLM_CACHE_ROOT" not in env_of(vllm_container(manifests))  # vLLM could not write it there
+
+
+def test_the_volume_keeps_vllms_compile_and_kernel_caches() -> None:
+    """vLLM's caches sit beside the weights, so a retune that changes no hashed setting loads its compiled
+    graphs instead of compiling; the path is the volume's, not the pod's, in every storage kind."""
+    kinds: tuple[dict[str, Any], ...] = ({"persistentVolumeClaim": {"claimName": "w"}},
+                                         {"hostPath": {"path": "/w"}}, {"claimTemplate": {}})  # fmt: skip
+    for kind in kinds:
+        body = isvc(storage={**kind, "mountPath": "/cache"})
+        env = env_of(vllm_container(render.build_manifests(body)))
+        assert env["VLLM_CACHE_ROOT"] == "/cache/vllm", kind
+        assert env["TRITON_CACHE_DIR"] == "/cache/vllm/triton_cache", kind
+
+
+def test_the_users_cache_root_wins() -> None:
+    body = isvc(storage={"hostPath": {"path": "/w"}})
+    body["spec"]["engine"] = {"env": [{"name": "VLLM_CACHE_ROOT", "value": "/scratch/vllm"}]}
+    env = [e for e in vllm_container(render.build_manifests(body))["env"] if e["name"] == "VLLM_CACHE_ROOT"]
+    assert env == [{"name": "VLLM_CACHE_ROOT", "value": "/scratch/vllm"}]
+
+
+def test_without_storage_vllm_keeps_its_caches_in_the_pod() -> None:
+    env = env_of(vllm_container(render.build_manifests(isvc())))
+    assert "VLLM_CACHE_ROOT" not in env and "TRITON_CACHE_DIR" not in env
 
 
 def test_a_claim_template_is_created_sized_and_owned_before_the_deployment() -> None:
@@ -158,3 +183,18 @@ def test_a_claim_that_does_not_exist_is_reported_not_applied() -> None:
     kube.claims[("ml", "missing")] = {"metadata": {"name": "missing"}}
     asyncio.run(workloads.apply_workloads(manifests, kube, VerifiedOwners()))
     assert [m["kind"] for m in kube.applied] == ["Service", "Deployment"]
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [None, {"persistentVolumeClaim": {"claimName": "w"}},
+     {"persistentVolumeClaim": {"claimName": "w", "readOnly": True}}, {"hostPath": {"path": "/w"}},
+     {"claimTemplate": {}}],
+)  # fmt: skip
+def test_the_loop_prices_a_warm_cache_exactly_where_the_pod_keeps_one(kind: dict[str, Any] | None) -> None:
+    """``keeps_compile_cache`` (the closed loop's ``Evidence.compile_cache_persistent``) agrees with the
+    rendered pod: true where vLLM's cache root is on the volume."""
+    body = isvc(**({"storage": kind} if kind else {}))
+    rendered = "VLLM_CACHE_ROOT" in env_of(vllm_container(render.build_manifests(body)))
+    assert storage.keeps_compile_cache(desired.parse_spec(body["spec"]).model.storage) == rendered
+    assert rendered == (kind is not None and "readOnly" not in str(kind))

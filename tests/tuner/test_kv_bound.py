@@ -177,3 +177,24 @@ def test_without_room_or_growth_the_band_holds() -> None:
     current = CURRENT.replace(max_num_batched_tokens=2048)  # the chunk at its floor, no telemetry
     d = decide(at_the_limit(), current)
     assert d.action == Action.HOLD
+
+
+def test_a_raise_of_utilisation_alone_is_cheaper_on_a_warm_compile_cache() -> None:
+    """The prefill chunk is already below twice the mean prompt, so only ``gpu_memory_utilization`` rises:
+    outside vLLM's compile hash, so pods that keep the compile cache on a volume restart without the 30 s
+    compile. 229 s gained against a 230 s restart holds; against 200 s it goes."""
+    current = CURRENT.replace(max_num_batched_tokens=2048)
+    win = window(kv=0.86, preempt=0.2, running=20, waiting=30, prompt=1500, output=200, capacity=30000)
+    decisions, ctx = {}, context(TuningBounds(), PolicyConfig())
+    for persistent in (False, True):
+        state, evidence = state_and_evidence(
+            current, with_gpu(win, free_gib=8.0), observed_kv_tokens=30000, budget=BIG, restart_seconds=230.0
+        )
+        evidence = dataclasses.replace(
+            evidence, rollout_lost_fraction=1.0, compile_cache_persistent=persistent
+        )
+        decisions[persistent] = compute_decision(state, evidence, ctx, NOW)
+    assert decisions[False].action == Action.HOLD
+    assert "expected gain 229s of full capacity over 530s, restart cost 230s" in decisions[False].reason
+    assert decisions[True].action == Action.RETUNE
+    assert decisions[True].settings == current.replace(gpu_memory_utilization=0.95)

@@ -113,3 +113,32 @@ def test_the_trade_in_figures() -> None:
         cooldown_seconds=480.0, restart_seconds=180.0, lost_fraction=0.5,
     )  # fmt: skip
     assert (round(t.gain_seconds, 1), t.cost_seconds, t.worth_it) == (22.5, 90.0, False)
+
+
+def test_a_restart_onto_a_warm_compile_cache_skips_the_compile() -> None:
+    """Only ``gpu_memory_utilization`` stays out of vLLM's compile hash: changing it alone on pods with a
+    persistent cache costs the restart less the compile; any other change, or no persistent cache, the
+    whole restart."""
+    memory_only, seqs = CURRENT.replace(gpu_memory_utilization=0.88), CURRENT.replace(max_num_seqs=320)
+    warm = trade.compute_warm_compile_seconds
+    assert warm(CURRENT, memory_only, persistent=True, compile_seconds=30.0, restart_seconds=180.0) == 30.0
+    assert warm(CURRENT, memory_only, persistent=False, compile_seconds=30.0, restart_seconds=180.0) == 0.0
+    assert warm(CURRENT, seqs, persistent=True, compile_seconds=30.0, restart_seconds=180.0) == 0.0
+    assert warm(CURRENT, memory_only, persistent=True, compile_seconds=300.0, restart_seconds=180.0) == 180.0
+    t = trade.compute_trade(
+        "IdleCapacity", SHALLOW_QUEUE, CURRENT, memory_only, cooldown_seconds=480.0, restart_seconds=180.0,
+        lost_fraction=0.5, warm_compile_seconds=30.0,
+    )  # fmt: skip
+    assert t.cost_seconds == 75.0  # half the capacity for 180 - 30 s
+    assert t.describe().endswith("restart cost 75s (warm compile cache: 30s less)")
+
+
+def test_a_change_of_a_hashed_setting_pays_the_whole_restart_even_with_a_persistent_cache() -> None:
+    """The trickle of preemptions wins 138 s against a 180 s restart; a 100 s compile taken off would make
+    the cut of ``max_num_seqs`` worth it, but that change recompiles: it still holds at the full cost."""
+    trickle = window(kv=0.97, preempt=0.06, running=100)
+    state, evidence = state_and_evidence(CURRENT, trickle, (), (), restart_seconds=180.0)
+    evidence = dataclasses.replace(evidence, rollout_lost_fraction=1.0, compile_cache_persistent=True)
+    d = compute_decision(state, evidence, context(BOUNDS, PolicyConfig(compile_seconds=100.0)), NOW)
+    assert (d.action, d.trigger) == (Action.HOLD, Trigger.KV_PRESSURE)
+    assert "restart cost 180s)" in d.reason and "warm compile cache" not in d.reason

@@ -15,7 +15,7 @@ from kvpilot.operator import errors
 from kvpilot.operator.inferenceservice.loop_reading import Resolved, Service
 from kvpilot.operator.loop import loop_state, tick
 from kvpilot.operator.loop.loop_deps import LoopDeps
-from kvpilot.operator.pods import capacity, pod_status, workloads
+from kvpilot.operator.pods import capacity, pod_status, storage, workloads
 from kvpilot.tuner.loop import ObservationWindow, PolicyConfig
 
 Cluster = tuple[list[capacity.NodeView], list[dict[str, Any]]]
@@ -95,4 +95,5 @@ def build_reading(
         summary=pod_status.compute_pod_summary(views, current, replicas),
         replica_view=pod_status.compute_replica_view(views, replicas), replicas=replicas,
         restart_seconds=startup if startup is not None else loop_state.read_startup_seconds(svc.old),
+        compile_cache_persistent=storage.keeps_compile_cache(svc.spec.model.storage),
     )  # fmt: skip

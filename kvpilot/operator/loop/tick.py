@@ -45,6 +45,9 @@ class TickReading:
     replica_view: ReplicaView
     replicas: int
     restart_seconds: float | None
+    compile_cache_persistent: bool = False
+    """The pods keep vLLM's compile cache on a writable volume
+    (:func:`kvpilot.operator.pods.storage.keeps_compile_cache`)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ def compute_tick(state: LoopState, reading: TickReading, context: TuningContext,
         budget=reading.budget, window=reading.window, restarts=reading.summary.restarts,
         ready=reading.summary.ready, not_started=reading.summary.not_started,
         restart_seconds=reading.restart_seconds, replicas=reading.replicas,
+        compile_cache_persistent=reading.compile_cache_persistent,
         replicas_changing=compute_replica_change(reading.replica_view, now, policy.window_seconds),
     )  # fmt: skip
     loop = dataclasses.replace(state, rollout=rollout)

@@ -5,7 +5,11 @@ Pure builders of pod fragments from ``spec.model.storage`` (api-contract.md):
 * ``persistentVolumeClaim`` -- an existing claim; ``claimTemplate`` -- a claim kvpilot creates and owns
   (``<name>-model-cache``, garbage-collected with the InferenceService, sized from the checkpoint
   when no size is given); ``hostPath`` -- a node-local directory. The volume is mounted at
-  ``mountPath`` and is the Hugging Face cache (``HF_HOME=<mountPath>/huggingface``).
+  ``mountPath`` and is the Hugging Face cache (``HF_HOME=<mountPath>/huggingface``) and, unless it is
+  read-only, vLLM's compile and kernel caches (``VLLM_CACHE_ROOT=<mountPath>/vllm``, Triton's in
+  ``<mountPath>/vllm/triton_cache``: :func:`kvpilot.tuner.vllm.build_cache_env`). vLLM keys its compiled
+  graphs by a hash of its configuration, so a restart or a retune that changes no hashed setting
+  (:data:`kvpilot.tuner.vllm.COMPILE_HASH_SETTINGS`) loads them instead of compiling.
 * An init container downloads the weights before vLLM starts, with huggingface_hub's
   ``snapshot_download`` (resumable; a complete snapshot costs one metadata check), the token from
   the same Secret as vLLM's, so a restart or a retune loads from disk (vLLM then finds every file in
@@ -26,10 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.operator import api, errors
+from kvpilot.tuner import vllm
 from kvpilot.tuner.types import GIB
 
 VOLUME = "model-cache"
 INIT_CONTAINER = "fetch-weights"
+COMPILE_CACHE_FOLDER = "vllm"
+"""The folder of the volume that holds vLLM's compile and kernel caches (beside ``huggingface``)."""
 STARTUP_PERIOD_S = 10
 MIN_STARTUP_BUDGET_S = 1800
 """The start-up probe never gives up sooner than 30 minutes (compile, CUDA graphs, a cold node)."""
@@ -127,6 +134,14 @@ def _volume(metadata: Mapping[str, Any], storage: api.Storage) -> dict[str, Any]
     return {"name": VOLUME, "hostPath": {"path": storage.host_path.path, "type": "DirectoryOrCreate"}}
 
 
+def keeps_compile_cache(storage: api.Storage | None) -> bool:
+    """Whether the pods keep vLLM's compile cache across restarts: the weight cache is writable (the
+    closed loop then prices a restart that leaves vLLM's compile hash alone without the compile)."""
+    return storage is not None and not (
+        storage.persistent_volume_claim is not None and storage.persistent_volume_claim.read_only
+    )
+
+
 def build_claim(
     metadata: Mapping[str, Any], template: api.ClaimTemplate, checkpoint_bytes: int | None
 ) -> dict[str, Any]:
@@ -181,6 +196,9 @@ def build_pod_storage(
     read_only = storage.persistent_volume_claim is not None and storage.persistent_volume_claim.read_only
     mount = {"name": VOLUME, "mountPath": storage.mount_path, **({"readOnly": True} if read_only else {})}
     env = [{"name": "HF_HOME", "value": hf_home}]
+    if keeps_compile_cache(storage):
+        cache_env = vllm.build_cache_env(f"{storage.mount_path}/{COMPILE_CACHE_FOLDER}")
+        env.extend({"name": name, "value": value} for name, value in cache_env.items())
     init: list[dict[str, Any]] = []
     if not read_only and not model.is_local_path:
         fetch_env = [

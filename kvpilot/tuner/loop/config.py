@@ -35,6 +35,12 @@ class PolicyConfig:
     figure, from the pods' start and Ready times) is not given. Three minutes: the bench's and e2e's 8B
     start-up is about 150 s (weights load, ``torch.compile``, CUDA-graph capture); larger models take
     longer, which the measured figure then says."""
+    compile_seconds: float = 30.0
+    """The ``torch.compile`` part of a restart, which a restart onto a warm compile cache skips: the pods
+    keep vLLM's caches on a persistent volume (``Evidence.compile_cache_persistent``) and the change
+    touches no setting in vLLM's compile hash (:data:`kvpilot.tuner.vllm.COMPILE_HASH_SETTINGS`), so the
+    trade (:mod:`kvpilot.tuner.loop.trade`) prices it without this term. 30 s: vLLM 0.33's cold compile
+    of an 8B model, 20-40 s (the fleet's start-up calibration, ``e2e/fleet/truth.py``)."""
     cooldown_restart_windows: float = 1.0
     """The cooldown is at least ``restart_seconds + cooldown_restart_windows x window_seconds``: the new
     pod's start, then this many full metrics windows of it before the next metrics-driven change.

@@ -154,6 +154,9 @@ class Evidence:
     pods' start to Ready), when the operator has it; ``None`` = ``PolicyConfig.restart_seconds``.
     The cooldown grows with it (:func:`compute_cooldown`), and it is the restart a change costs
     (:mod:`kvpilot.tuner.loop.trade`)."""
+    compile_cache_persistent: bool = False
+    """The pods keep vLLM's compile cache on a persistent volume (``spec.model.storage``, writable): a
+    restart whose change leaves vLLM's compile hash alone skips ``PolicyConfig.compile_seconds``."""
     rollout_lost_fraction: float = 0.0
     """The share of the service's serving capacity a rollout loses while a pod restarts, under the strategy
     it would use: 0 surge (or pods serving nothing anyway), ``k/N`` replacing ``k`` of ``N`` replicas at a

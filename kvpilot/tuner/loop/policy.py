@@ -99,6 +99,7 @@ class _Inputs:
     blocked: str | None
     replicas: int = 1
     replicas_changing: str | None = None
+    compile_cache_persistent: bool = False
 
 
 def compute_decision(state: LoopState, evidence: Evidence, context: TuningContext, now: float) -> Decision:
@@ -158,6 +159,7 @@ def _build_inputs(state: LoopState, evidence: Evidence, context: TuningContext, 
         evidence.rollout_blocked,
         evidence.replicas,
         evidence.replicas_changing,
+        evidence.compile_cache_persistent,
     )
 
 
@@ -343,10 +345,15 @@ def _gate(
         before, after = remedies.predict_kv_tokens(s, s.effective), remedies.predict_kv_tokens(s, proposed)
         held_since = history_mod.compute_held_since(s.history, proposal.trigger)
         persisted = 0.0 if held_since is None else min(p.trade_persistence_max_seconds, s.now - held_since)
+        warm = trade.compute_warm_compile_seconds(
+            s.effective, proposed, persistent=inp.compile_cache_persistent, compile_seconds=p.compile_seconds,
+            restart_seconds=inp.restart_seconds,
+        )  # fmt: skip
         worth = trade.compute_trade(
             proposal.trigger, s.window, s.effective, proposed, cooldown_seconds=inp.cooldown,
             restart_seconds=inp.restart_seconds, lost_fraction=inp.lost_fraction,
             kv_growth=after / before if before and after else None, persisted_seconds=persisted,
+            warm_compile_seconds=warm,
         )  # fmt: skip
         if not worth.worth_it:
             blocked, recommended = f"it is not worth a restart ({worth.describe()})", settings

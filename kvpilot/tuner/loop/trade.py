@@ -11,8 +11,14 @@ service: ``status.startupSeconds``), it serves nothing. What that costs depends 
 
 Both sides are measured in *seconds of the whole service's capacity*:
 
-    cost = lost_fraction x restart_seconds
+    cost = lost_fraction x (restart_seconds - warm_compile_seconds)
     gain = expected_gain_fraction x (cooldown_seconds + persisted_seconds)
+
+``warm_compile_seconds`` is the compile a restart skips (:func:`compute_warm_compile_seconds`): when the
+pods keep vLLM's compile cache on a persistent volume and the change touches no setting in vLLM's compile
+hash (:data:`kvpilot.tuner.vllm.COMPILE_HASH_SETTINGS`: of the tuned settings, only
+``gpu_memory_utilization`` stays out of it), the new pod loads the compiled graphs instead of compiling;
+otherwise 0.
 
 and a change goes ahead only when ``gain > cost``. The gain is the share of the service's capacity the
 change is expected to win back, for as long as it will stay: at least the cooldown (no metrics-driven
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import remedies
 from kvpilot.tuner.loop.kv_bound import KV_BOUND
@@ -55,16 +62,19 @@ class Trade:
     """Seconds of the whole service's capacity the rollout loses."""
     horizon_seconds: float
     """How long the gain is counted for: the cooldown plus how long the condition has persisted."""
+    warm_compile_seconds: float = 0.0
+    """The compile the restart skips on a warm cache, already taken off :attr:`cost_seconds`."""
 
     @property
     def worth_it(self) -> bool:
         return self.gain_seconds > self.cost_seconds
 
     def describe(self) -> str:
+        warm = self.warm_compile_seconds
         return (
             f"expected gain {self.gain_seconds:.0f}s of full capacity over {self.horizon_seconds:.0f}s, "
             f"restart cost {self.cost_seconds:.0f}s"
-        )
+        ) + (f" (warm compile cache: {warm:.0f}s less)" if warm else "")
 
 
 def compute_gain_fraction(
@@ -88,14 +98,28 @@ def compute_gain_fraction(
     return 1.0
 
 
+def compute_warm_compile_seconds(
+    current: EngineSettings, proposed: EngineSettings, *, persistent: bool, compile_seconds: float,
+    restart_seconds: float,
+) -> float:  # fmt: skip
+    """The seconds of ``restart_seconds`` a restart from ``current`` to ``proposed`` (effective settings)
+    skips: ``compile_seconds`` (at most the restart) when the compile cache is ``persistent`` and no
+    changed setting enters vLLM's compile hash, else 0."""
+    if not persistent or vllm.compute_compile_invalidating(current, proposed):
+        return 0.0
+    return min(max(0.0, compile_seconds), max(0.0, restart_seconds))
+
+
 def compute_trade(
     trigger: str, window: ObservationWindow, current: EngineSettings, proposed: EngineSettings, *,
     cooldown_seconds: float, restart_seconds: float, lost_fraction: float, kv_growth: float | None = None,
-    persisted_seconds: float = 0.0,
+    persisted_seconds: float = 0.0, warm_compile_seconds: float = 0.0,
 ) -> Trade:  # fmt: skip
     """The gain against the cost of rolling ``proposed`` out (module docstring); ``persisted_seconds`` is
-    how long the loop has held for ``trigger`` already, capped by the caller."""
+    how long the loop has held for ``trigger`` already, capped by the caller; ``warm_compile_seconds``
+    from :func:`compute_warm_compile_seconds`."""
     share = compute_gain_fraction(trigger, window, current, proposed, cooldown_seconds, kv_growth)
     horizon = cooldown_seconds + max(0.0, persisted_seconds)
-    cost = min(1.0, max(0.0, lost_fraction)) * max(0.0, restart_seconds)
-    return Trade(share * horizon, cost, horizon)
+    restart = max(0.0, restart_seconds - max(0.0, warm_compile_seconds))
+    cost = min(1.0, max(0.0, lost_fraction)) * restart
+    return Trade(share * horizon, cost, horizon, warm_compile_seconds)

@@ -4,6 +4,7 @@ Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.ver
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), the flags and variables
 that load code (:mod:`.code_loading`), the untuned flags that change its memory (:mod:`.engine_flags`),
+where its compile caches live and which settings invalidate them (:mod:`.compile_cache`),
 which flags and variables may change it at all (:mod:`.sizing`), its KV-cache dtypes (:mod:`.kv_dtypes`),
 the block size each attention backend asks for on each GPU (:mod:`.block_sizes`), the sparse-attention
 indexer cache
@@ -65,6 +66,11 @@ from kvpilot.tuner.vllm.code_loading import (
     is_code_loading_env,
     is_code_safe_env_prefix,
     normalise_flag,
+)
+from kvpilot.tuner.vllm.compile_cache import (
+    COMPILE_HASH_SETTINGS,
+    build_cache_env,
+    compute_compile_invalidating,
 )
 from kvpilot.tuner.vllm.compressed_attention import (
     COMPRESSED_ATTENTION_BLOCK_SIZE,
@@ -196,6 +202,7 @@ from kvpilot.tuner.vllm.versions import (
 
 __all__ = [
     "ANY_FLAG_CODE_KEYS",
+    "COMPILE_HASH_SETTINGS",
     "ASYNC_SCHEDULING_SINCE",
     "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
@@ -267,6 +274,7 @@ __all__ = [
     "Version",
     "approximate_gcd",
     "auto_fit_error",
+    "build_cache_env",
     "build_engine_flags",
     "build_node_role_args",
     "build_parallel_args",
@@ -282,6 +290,7 @@ __all__ = [
     "check_settings",
     "compressed_layer_caches",
     "compute_code_loading_flags",
+    "compute_compile_invalidating",
     "compute_code_loading_keys",
     "compute_effective_settings",
     "compute_in_flight_tokens",
