@@ -154,6 +154,9 @@ class Evidence:
     pods' start to Ready), when the operator has it; ``None`` = ``PolicyConfig.restart_seconds``.
     The cooldown grows with it (:func:`compute_cooldown`), and it is the restart a change costs
     (:mod:`kvpilot.tuner.loop.trade`)."""
+    checkpoint_gib: float | None = None
+    """The whole checkpoint's size, when the operator knows it; ``None`` = the budget's weights (one rank's
+    share: a lower bound under tensor parallelism). Predicts a cold start for the rollout deadline."""
     rollout_lost_fraction: float = 0.0
     """The share of the service's serving capacity a rollout loses while a pod restarts, under the strategy
     it would use: 0 surge (or pods serving nothing anyway), ``k/N`` replacing ``k`` of ``N`` replicas at a
