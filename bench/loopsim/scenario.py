@@ -50,6 +50,9 @@ class BenchScenario:
     """Whether a GPU is free for a surge pod (a full pool: ``false``)."""
     allow_downtime: bool = False
     """``spec.rollout.allowDowntime``: with no spare GPU and one replica, recreate (else hold)."""
+    weights_cached: bool = True
+    """Whether every start finds the checkpoint in a weight cache (only ``truth.startup``'s load and engine
+    start-up); ``false`` (an ``emptyDir`` cache, a fresh node each time): every start downloads it too."""
     faults: tuple[Fault, ...] = ()
     noise: float = 0.0
     """Relative noise on each metrics sample (KV usage, queue, running)."""
@@ -109,6 +112,7 @@ def load_scenario(path: Path) -> BenchScenario:
             plan_budget=_budget(d["plan"]["budget"], truth.gpu_memory_gib),
             bounds=TuningBounds(**d.get("bounds", {})), hours=float(d.get("hours", 3.0)),
             spare_gpu=bool(d.get("spare_gpu", True)), allow_downtime=bool(d.get("allow_downtime", False)),
+            weights_cached=bool(d.get("weights_cached", True)),
             faults=faults, noise=float(d.get("noise", 0.0)), missing=float(d.get("missing", 0.0)),
             source=path,
         )  # fmt: skip

@@ -142,7 +142,7 @@ class World:
             )
         else:
             seconds = (
-                truth.startup.simulated_seconds(cached=True)
+                truth.startup.simulated_seconds(cached=self.scenario.weights_cached)
                 if truth.startup.checkpoint_gib
                 else truth.startup_s
             )

@@ -427,11 +427,12 @@ def _oom(tried: float, free: float, ago: float = 20.0, count: int = 1) -> object
 def test_batch_shaped_oom_at_start_up_cuts_sequences_in_proportion() -> None:
     """Weakness 4: a start-up OOM trying 20 GiB with 5.3 GiB free (headroom 6.3 GiB at 0.92) walked the
     utilisation down 2 % a crash. It is sized by the batch, and covering 14.7 GiB would cost 32 % of the
-    KV cache (more than the 20 % sizing leaves, lengths unknown): cut max_num_seqs in proportion, here by
-    half (256 x 5.3 / (20 x 1.2) = 56, at most halving in one crash)."""
+    KV cache (more than the 20 % sizing leaves, lengths unknown): cut max_num_seqs in proportion to the
+    room it found, 256 x 5.3 / (20 x 1.2) = 56 -- the whole cut at start-up, where the allocation is
+    sized by max_num_seqs itself (halving to 128 would try 10 GiB in 5.3 and OOM again)."""
     d = decide(win=DOWN, restarts=(_oom(20.0, 5.3),))
     assert (d.action, d.trigger, d.failed) == (Action.RETUNE, "CudaOOM", CURRENT)
-    assert d.settings == CURRENT.replace(max_num_seqs=128)
+    assert d.settings == CURRENT.replace(max_num_seqs=56)
     assert "at start-up" in d.reason and "batch-shaped" in d.reason
 
 
@@ -484,7 +485,7 @@ def test_small_oom_lowers_utilisation_enough_for_the_shortfall() -> None:
 def test_repeated_batch_shaped_oom_escalates() -> None:
     """The same settings OOMed twice: cut what sized it *and* lower the utilisation (one capped step)."""
     d = decide(win=DOWN, restarts=(_oom(20.0, 5.3, count=2),))
-    assert d.settings == CURRENT.replace(max_num_seqs=128, gpu_memory_utilization=0.87)
+    assert d.settings == CURRENT.replace(max_num_seqs=56, gpu_memory_utilization=0.87)
 
 
 def test_cuda_oom_exhausted_is_infeasible() -> None:

@@ -52,7 +52,18 @@ class PolicyConfig:
     max_changes_per_hour: int = 4
     """Retunes in any rolling hour (``spec.tuning.maxChangesPerHour``); rollbacks are exempt."""
     rollout_deadline_seconds: float = 900.0
-    """A rollout not Ready after this long has failed (``spec.tuning.rolloutDeadlineSeconds``)."""
+    """A rollout not Ready after this long has failed (``spec.tuning.rolloutDeadlineSeconds``), unless the
+    service's starts take longer: see :attr:`rollout_deadline_start_factor`."""
+    rollout_deadline_start_factor: float = 1.5
+    """The deadline is at least this many times the start the new pods are expected to take (the longer of
+    the measured start, ``Evidence.restart_seconds``, and a cold start predicted from the checkpoint's size:
+    :func:`kvpilot.tuner.loop.rollout.compute_deadline_seconds`), so settings still loading their weights are
+    never judged failed. 1.5: a start varies with the node's network and disk; a late verdict on a start
+    that hangs costs half a start more, a false one costs a rollback and settings lost for good."""
+    weights_download_gib_per_s: float = 0.5
+    """The download rate a cold start is predicted with: ``huggingface_hub``'s ``snapshot_download`` (what
+    kvpilot's init container runs) from the Hub's CDN in a cloud region, about 4 Gbit/s. A slower network
+    shows in the measured start, which the deadline follows once one pod has started."""
     probation_seconds: float = 300.0
     """After a rollout's pods are all Ready, how long the new settings must run without a crash before
     they become *good* (``lastGoodSettings``). Ready only says vLLM started: a raise of ``max_num_seqs``

@@ -9,9 +9,11 @@ can cure, from a :class:`~kvpilot.tuner.loop.remedies.Situation` to a
   grow the non-vLLM headroom ``1 - gpu_memory_utilization`` VPA-style (x1.2, at least +0.02 and
   the shortfall, at most 0.05), or for a batch-shaped allocation cut ``max_num_seqs`` /
   ``max_num_batched_tokens`` (unless one utilisation step covers it and the KV cache still holds
-  the sequences); when it repeats, utilisation and a batch cut together. When the memory outside vLLM's
-  budget follows the running batch (dcgm-exporter's fit, or the crash under a rising batch), utilisation
-  and ``max_num_seqs`` are sized for the sequence limit
+  the sequences); when it repeats, utilisation and a batch cut together. At start-up a batch-shaped
+  allocation is sized by ``max_num_seqs``: the cut is sized to the room it found at once, and no
+  candidate keeps both the limit and the utilisation (fewer batched tokens alone would fail again).
+  When the memory outside vLLM's budget follows the running batch (dcgm-exporter's fit, or the crash
+  under a rising batch), utilisation and ``max_num_seqs`` are sized for the sequence limit
   (:func:`kvpilot.tuner.loop.gpu_memory.compute_limit_settings`), not one step.
 - ``KvCacheTooSmall``: shorten ``max_model_len`` to what vLLM said fits, then fp8 KV; at the
   minimum context, fewer batched tokens, then just enough more utilisation.
@@ -139,14 +141,20 @@ def compute_oom_cover(
 def cut_seqs_for(eff: EngineSettings, oom: OomEvidence, tried_gib: float | None, policy: PolicyConfig) -> int:
     """Sequences after a CUDA OOM: the usual 25 % cut (from the running batch when it was at the
     limit), or for a batch-shaped allocation in proportion to the room it found (an allocation sized
-    by the batch shrinks with it), with VPA's 20 % margin -- at most halving in one crash; a repeat
-    cuts again."""
+    by the batch shrinks with it), with VPA's 20 % margin -- at most halving in one crash while serving
+    (the batch that ran is a guess at what sized it; a repeat cuts again). At start-up the whole sized
+    cut: nothing ran, the allocation that failed is sized by ``max_num_seqs`` itself (CUDA-graph capture,
+    the sampler's warm-up), so the room it found sizes the limit, and a second start-up OOM would cost
+    a whole restart more."""
     seqs = eff.max_num_seqs or 1
     base = min(float(seqs), oom.running) if oom.running is not None and oom.big_batch else float(seqs)
     target = math.floor(base * (1.0 - policy.seqs_step_down))
-    if oom.batch_shaped and tried_gib and oom.shortfall_gib is not None:
-        room = max(tried_gib - oom.shortfall_gib, 0.0)
+    sized = oom.batch_shaped and tried_gib and oom.shortfall_gib is not None
+    if sized and tried_gib:
+        room = max(tried_gib - (oom.shortfall_gib or 0.0), 0.0)
         target = min(target, math.floor(seqs * room / (tried_gib * policy.oom_headroom_ratio)))
+        if oom.at_startup:
+            return max(1, target)
     return max(1, target, seqs // 2)
 
 
@@ -218,6 +226,8 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
             )
         else:
             order = (cover, g2, g3, batched, seqs, _merge(cover, seqs, "max_num_seqs"))
+    if oom.at_startup and oom.batch_shaped:
+        order = tuple(c for c in order if not _retries_startup_allocation(eff, c))
     where = f" on {event.pod}" if event.pod else ""
     again = f" (restart {event.restart_count}, escalating)" if escalate else ""
     phase = "at start-up or warm-up" if oom.at_startup else f"under {oom.running:.0f} running"
@@ -232,6 +242,17 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
         exhausted="no lower utilisation, batch or sequence limit is left within the bounds",
         infeasible_when_exhausted=True,
     )
+
+
+def _retries_startup_allocation(eff: EngineSettings, candidate: EngineSettings) -> bool:
+    """After a batch-shaped CUDA OOM at start-up, ``candidate`` keeps the sequence limit and asks no less
+    utilisation: the allocation that failed outside vLLM's budget (CUDA-graph capture and the sampler's
+    warm-up, sized by ``max_num_seqs``) would fail again in the same headroom. Fewer batched tokens do not
+    help it: the profile run they size is measured inside the budget."""
+    seqs = eff.max_num_seqs or 1
+    same_seqs = (candidate.max_num_seqs or seqs) >= seqs
+    gmu = effective_value(candidate.gpu_memory_utilization or eff.gpu_memory_utilization)
+    return same_seqs and gmu >= effective_value(eff.gpu_memory_utilization)
 
 
 def _cover_the_limit(

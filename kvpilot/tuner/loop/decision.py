@@ -157,6 +157,9 @@ class Evidence:
     compile_cache_persistent: bool = False
     """The pods keep vLLM's compile cache on a persistent volume (``spec.model.storage``, writable): a
     restart whose change leaves vLLM's compile hash alone skips ``PolicyConfig.compile_seconds``."""
+    checkpoint_gib: float | None = None
+    """The whole checkpoint's size, when the operator knows it; ``None`` = the budget's weights (one rank's
+    share: a lower bound under tensor parallelism). Predicts a cold start for the rollout deadline."""
     rollout_lost_fraction: float = 0.0
     """The share of the service's serving capacity a rollout loses while a pod restarts, under the strategy
     it would use: 0 surge (or pods serving nothing anyway), ``k/N`` replacing ``k`` of ``N`` replicas at a

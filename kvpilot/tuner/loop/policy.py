@@ -95,6 +95,7 @@ class _Inputs:
     cooldown: float
     metrics: MetricsStatus
     restart_seconds: float
+    deadline_seconds: float
     lost_fraction: float
     blocked: str | None
     replicas: int = 1
@@ -155,6 +156,10 @@ def _build_inputs(state: LoopState, evidence: Evidence, context: TuningContext, 
         compute_cooldown(context.policy, evidence.restart_seconds),
         compute_metrics_status(window, context.policy, now),
         context.policy.restart_seconds if evidence.restart_seconds is None else evidence.restart_seconds,
+        rollout_mod.compute_deadline_seconds(
+            context.policy, restart_seconds=evidence.restart_seconds,
+            checkpoint_gib=evidence.checkpoint_gib or evidence.budget.weights_gib,
+        ),  # fmt: skip
         evidence.rollout_lost_fraction,
         evidence.rollout_blocked,
         evidence.replicas,
@@ -176,7 +181,7 @@ def _finish(inp: _Inputs, decision: Decision) -> Decision:
 def _rollout_step(inp: _Inputs) -> Decision | None:
     return rollout_mod.compute_rollout_step(
         inp.situation, inp.rollout, inp.restarts, ready=inp.ready, not_started=inp.not_started,
-        last_good=inp.last_good,
+        last_good=inp.last_good, deadline_seconds=inp.deadline_seconds,
     )  # fmt: skip
 
 

@@ -2,15 +2,19 @@
 
 Ready = probation starts; Ready and crash-free for ``probation_seconds`` = it succeeded (the settings
 are *good*: ``status.lastGoodSettings``); a crash of the new pods (before Ready or on probation) or the
-deadline passed without Ready = roll back to the last good settings and mark the new ones failed;
-pods that never started (no node with a free GPU, weights still downloading, a lost node) wait and are
-never marked failed; otherwise wait.
+deadline passed without Ready = roll back to the last good settings and mark the new ones failed (the
+deadline follows the service's start time: :func:`compute_deadline_seconds`); pods that never started
+(no node with a free GPU, weights still downloading, a lost node) wait and are never marked failed;
+otherwise wait.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import candidates
+from kvpilot.tuner.loop.config import PolicyConfig
 from kvpilot.tuner.loop.decision import Action, Decision, RolloutState, Trigger
 from kvpilot.tuner.loop.observations import CRASH_KINDS_FIXABLE_BY_ARGS, RestartEvent
 from kvpilot.tuner.loop.remedies import Situation
@@ -25,12 +29,15 @@ def compute_rollout_step(
     ready: bool,
     not_started: bool,
     last_good: EngineSettings | None,
+    deadline_seconds: float | None = None,
 ) -> Decision | None:
     """Step 1 of the chain: ``None`` when no rollout is in progress, or when its new settings crashed with
     nothing safe to go back to (the crash step cures them). ``crashes`` are the crashes since the rollout
-    started: before Ready and on probation alike."""
+    started: before Ready and on probation alike. ``deadline_seconds``: :func:`compute_deadline_seconds`
+    (``None``: the configured deadline)."""
     if rollout is None:
         return None
+    rollout = _with_start_deadline(rollout, s.policy, deadline_seconds)
     until = rollout.probation_until
     probation_over = until is not None and s.now >= until
     # the deadline bounds the wait for Ready; on probation only its end is judged (a pod may
@@ -71,6 +78,33 @@ def compute_rollout_step(
         f"new settings failed ({why}) and there are no known-good settings to return to",
         failed=s.current,
     )
+
+
+def compute_deadline_seconds(
+    policy: PolicyConfig, *, restart_seconds: float | None, checkpoint_gib: float
+) -> float:
+    """Seconds a rollout may take to Ready: the configured ``rollout_deadline_seconds``, and at least
+    ``rollout_deadline_start_factor`` x the start expected of the new pods: the longer of the measured one
+    (``restart_seconds``, the last pod's start to Ready) and a cold start predicted from the checkpoint
+    (its download at ``weights_download_gib_per_s``, then ``policy.restart_seconds`` of load and engine
+    start-up). The longer of the two: a measured start may have found the weights cached, a new pod on
+    another node may not; a deadline too long only delays the verdict on a start that hangs."""
+    if checkpoint_gib < 0 or (restart_seconds is not None and restart_seconds < 0):
+        raise ValueError(
+            f"negative start evidence: checkpoint {checkpoint_gib} GiB, start {restart_seconds} s"
+        )
+    predicted = checkpoint_gib / policy.weights_download_gib_per_s + policy.restart_seconds
+    expected = max(predicted, restart_seconds or 0.0)
+    return max(policy.rollout_deadline_seconds, policy.rollout_deadline_start_factor * expected)
+
+
+def _with_start_deadline(
+    rollout: RolloutState, policy: PolicyConfig, deadline_seconds: float | None
+) -> RolloutState:
+    """``rollout`` with its deadline moved out by what ``deadline_seconds`` adds to the configured one
+    (the stored deadline counts the configured seconds from the rollout's, or its newest pod's, start)."""
+    extra = (deadline_seconds or 0.0) - policy.rollout_deadline_seconds
+    return dataclasses.replace(rollout, deadline=rollout.deadline + extra) if extra > 0 else rollout
 
 
 def _rollout_wait(s: Situation, rollout: RolloutState, ready: bool) -> Decision:
