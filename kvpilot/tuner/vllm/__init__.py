@@ -202,7 +202,6 @@ from kvpilot.tuner.vllm.versions import (
 
 __all__ = [
     "ANY_FLAG_CODE_KEYS",
-    "COMPILE_HASH_SETTINGS",
     "ASYNC_SCHEDULING_SINCE",
     "ATTENTION_KERNEL_BLOCK",
     "AUTO_MAX_MODEL_LEN",
@@ -213,6 +212,7 @@ __all__ = [
     "CODE_LOADING_ENV_PREFIXES",
     "CODE_LOADING_FLAGS",
     "CODE_LOADING_KEYS",
+    "COMPILE_HASH_SETTINGS",
     "COMPRESSED_ATTENTION_BLOCK_SIZE",
     "COMPRESSED_ATTENTION_KV_CACHE_DTYPES",
     "CUTLASS_MLA_BLOCK",
@@ -290,8 +290,8 @@ __all__ = [
     "check_settings",
     "compressed_layer_caches",
     "compute_code_loading_flags",
-    "compute_compile_invalidating",
     "compute_code_loading_keys",
+    "compute_compile_invalidating",
     "compute_effective_settings",
     "compute_in_flight_tokens",
     "compute_sampler_state_bytes",
