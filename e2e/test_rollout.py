@@ -226,7 +226,8 @@ def test_an_unschedulable_surge_pod_never_fails_its_settings(pool: Pool) -> None
     pool.hold_gpus(2)
     pool.create(1, rollout={"strategy": "Surge"})
     pool.recovered_oom(pool.pods()[0]["metadata"]["name"])
-    pending = pool.wait(lambda o: any(h.get("trigger") == "RolloutPending" for h in history(o, "Held")), 150,
+    # the deadline is the pool's, pushed out to 1.5x the predicted cold start of the 8B's ~15 GiB (315 s)
+    pending = pool.wait(lambda o: any(h.get("trigger") == "RolloutPending" for h in history(o, "Held")), 480,
                         "the surge pod Pending past its deadline: held, not failed")  # fmt: skip
     new = compact(pending["status"]["applied"])
     assert new not in [compact(f) for f in pending["status"].get("failedSettings") or ()]
