@@ -16,7 +16,7 @@ LOCK_OPERATOR := requirements/operator.txt
 LOCK_TARGET   := --python-version 3.11 --python-platform x86_64-manylinux_2_28
 LOCK_FLAGS    := $(LOCK_TARGET) --generate-hashes --no-header --quiet
 
-.PHONY: help install lock lint typecheck test unit chart-crds chart-lint demo bench clean
+.PHONY: help install lock lint typecheck test unit format chart-crds chart-lint demo bench clean
 
 help: ## list targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -46,8 +46,9 @@ lock: install ## re-resolve requirements/*.txt from pyproject.toml and requireme
 	$(call write_lock,$(LOCK_DEV),pyproject.toml --extra dev --extra vllm$(if $(UPGRADE), --upgrade),$(LOCK_DEV_FOR))
 	$(call write_lock,$(LOCK_OPERATOR),pyproject.toml -c $(LOCK_DEV),$(LOCK_OPERATOR_FOR))
 
-lint: install ## ruff and import-linter (the tuner stays sans-I/O)
+lint: install ## ruff (lint and format) and import-linter (the tuner stays sans-I/O)
 	$(VENV)/bin/ruff check kvpilot tests bench e2e
+	$(VENV)/bin/ruff format --check kvpilot tests bench e2e
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/hadolint Dockerfile
 
@@ -55,6 +56,10 @@ typecheck: install ## mypy --strict with the pydantic plugin on kvpilot/ (config
 	$(VENV)/bin/mypy
 
 -include e2e/e2e.mk
+
+format: install ## ruff format: the one formatter lint enforces
+	$(VENV)/bin/ruff format kvpilot tests bench e2e
+	$(VENV)/bin/ruff check --fix kvpilot tests bench e2e
 
 chart-crds: ## refresh the chart's copy of crds/ (tests/chart/test_crd_drift.py fails on drift)
 	cp crds/*.kvpilot.io.yaml charts/kvpilot/files/crds/
@@ -65,7 +70,7 @@ chart-lint: install e2e-bin ## helm lint/template, schema, RBAC, drift and Docke
 unit: install e2e-bin ## unit, property and contract tests (no cluster; tests/chart needs the cached helm)
 	$(PY) -m pytest tests
 
-test: install lint typecheck e2e-tools ## everything CI runs: unit, property, contract and e2e tests
+test: install lint typecheck e2e-tools sglang-venv ## everything CI runs: unit, property, contract and e2e tests
 	$(PY) -m pytest
 
 demo: install e2e-tools ## the operator end to end: local cluster, GPU node pools, Prometheus, vLLM fleet, scenarios

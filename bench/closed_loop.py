@@ -146,9 +146,11 @@ def main() -> None:
     feasible = [r for r in results if r["controllers"].get("oracle", {}).get("goodput")]
     if feasible:
         ratios = [r["controllers"]["kvpilot"]["vs_oracle"] for r in feasible]
-        print(f"\nkvpilot / oracle over {len(feasible)} feasible scenarios: min {min(ratios):.2f}, "
-              f"mean {sum(ratios) / len(ratios):.2f}; settings marked failed that never ran: "
-              f"{sum(r['controllers']['kvpilot']['failed_never_ran'] for r in results)}")  # fmt: skip
+        print(
+            f"\nkvpilot / oracle over {len(feasible)} feasible scenarios: min {min(ratios):.2f}, "
+            f"mean {sum(ratios) / len(ratios):.2f}; settings marked failed that never ran: "
+            f"{sum(r['controllers']['kvpilot']['failed_never_ran'] for r in results)}"
+        )
 
 
 if __name__ == "__main__":

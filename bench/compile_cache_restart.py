@@ -60,10 +60,22 @@ def wait_ready(process: subprocess.Popen[bytes], deadline_s: float) -> bool:
 def run_start(model: Path, cache: Path, log: Path, settings: EngineSettings, kv_bytes: int) -> float | None:
     """Start the engine, wait for ``/health``, stop it; the seconds to ready (``None``: it never was)."""
     argv = [
-        str(engine_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--host", "127.0.0.1", "--port", str(PORT), "--max-model-len", str(settings.max_model_len),
-        "--max-num-seqs", str(settings.max_num_seqs), "--kv-cache-memory-bytes", str(kv_bytes),
-    ]  # fmt: skip
+        str(engine_python()),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(PORT),
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--max-num-seqs",
+        str(settings.max_num_seqs),
+        "--kv-cache-memory-bytes",
+        str(kv_bytes),
+    ]
     env = {**os.environ, **THREAD_ENV, **vllm.build_cache_env(str(cache))}
     started = time.monotonic()
     with log.open("wb") as out:

@@ -98,8 +98,10 @@ def report_clock(fit: bool) -> None:
         errs.append(abs(err))
         scale = 1000.0 if p.metric == "tpot_s" else 1.0
         unit = " ms" if p.metric == "tpot_s" else ""
-        print(f"{p.gpu:<10} {p.clients:>3} {p.metric:<20} {p.published * scale:>8.2f}{unit:3} "
-              f"{got * scale:>8.2f}{unit:3} {err:>+6.1%}  {p.source}")  # fmt: skip
+        print(
+            f"{p.gpu:<10} {p.clients:>3} {p.metric:<20} {p.published * scale:>8.2f}{unit:3} "
+            f"{got * scale:>8.2f}{unit:3} {err:>+6.1%}  {p.source}"
+        )
     print(f"calibration error: mean |error| {sum(errs) / len(errs):.1%}, worst {max(errs):.1%}")
 
 

@@ -78,14 +78,15 @@ GRID = (
     GridPoint("seqs64", 64, 128, 128, 2048, 2048, 128, 128, 512),
     GridPoint("seqs128", 128, 128, 128, 2048, 2048, 256, 128, 512),
     GridPoint("block32-spread", 64, 256, 32, 2048, 2048, 128, 128, 512, spread=0.5),
-    GridPoint("block32-lognormal", 48, 256, 32, 2048, 4096, 128, 256, 384, spread=1.0,
-              distribution="lognormal"),
+    GridPoint(
+        "block32-lognormal", 48, 256, 32, 2048, 4096, 128, 256, 384, spread=1.0, distribution="lognormal"
+    ),
     GridPoint("chunked-256", 32, 256, 32, 256, 2048, 96, 600, 200, spread=0.3),
     GridPoint("long-prompts-chunked", 16, 160, 64, 512, 4096, 48, 1500, 100, spread=0.5),
     GridPoint("fp8-kv", 16, 64, 64, 2048, 2048, 24, 192, 64, kv_cache_dtype="fp8"),
     GridPoint("long-decode", 8, 24, 128, 2048, 2048, 12, 64, 600, spread=0.1),
     GridPoint("many-short", 256, 100, 32, 4096, 1024, 120, 32, 128, spread=0.8, distribution="lognormal"),
-)  # fmt: skip
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +123,13 @@ class Figures:
 def compute_sim_steps(point: GridPoint, lengths: list[tuple[int, int]]) -> list[dict[str, Any]]:
     """The engine model on the point's requests, one record per engine step."""
     args = EngineArgs(
-        model="tiny", max_model_len=point.max_model_len, max_num_seqs=point.max_num_seqs,
-        max_num_batched_tokens=point.max_num_batched_tokens, block_size=point.block_size,
+        model="tiny",
+        max_model_len=point.max_model_len,
+        max_num_seqs=point.max_num_seqs,
+        max_num_batched_tokens=point.max_num_batched_tokens,
+        block_size=point.block_size,
         kv_cache_dtype=point.kv_cache_dtype,
-    )  # fmt: skip
+    )
     workload = Workload(arrival_rate=0.0, prompt_tokens=1, output_tokens=1, spread=0.0)
     engine = SimEngine(GroundTruth(), workload, args, num_gpu_blocks=point.num_gpu_blocks, resolution_s=0.0)
     for prompt, output in lengths:
@@ -147,19 +151,26 @@ def fetch_real_steps(point: GridPoint, lengths: list[tuple[int, int]], model_dir
     request = {
         "model": str(model_dir),
         "engine": {
-            "num_gpu_blocks": point.num_gpu_blocks, "block_size": point.block_size,
-            "max_num_seqs": point.max_num_seqs, "max_num_batched_tokens": point.max_num_batched_tokens,
-            "max_model_len": point.max_model_len, "kv_cache_dtype": point.kv_cache_dtype,
+            "num_gpu_blocks": point.num_gpu_blocks,
+            "block_size": point.block_size,
+            "max_num_seqs": point.max_num_seqs,
+            "max_num_batched_tokens": point.max_num_batched_tokens,
+            "max_model_len": point.max_model_len,
+            "kv_cache_dtype": point.kv_cache_dtype,
         },
         "requests": lengths,
-    }  # fmt: skip
+    }
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "steps.json"
         proc = subprocess.run(
-            [str(python), str(PROBE), str(out)], input=json.dumps(request), text=True, env=env,
-            capture_output=True, timeout=900,
-        )  # fmt: skip
+            [str(python), str(PROBE), str(out)],
+            input=json.dumps(request),
+            text=True,
+            env=env,
+            capture_output=True,
+            timeout=900,
+        )
         if proc.returncode != 0 or not out.exists():
             raise SystemExit(
                 f"{point.name}: the engine failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
@@ -252,8 +263,10 @@ def report(names: list[str] | None = None) -> bool:
     point meets the goal."""
     data = load_real()
     before = data.get("model_before", {})
-    head = (f"{'':<8} {'steps':>6} {'preempt':>7} {'kv peak':>7} {'kv mean':>7} {'run max':>7} "
-            f"{'run mean':>8} {'wait mean':>9} {'tokens':>8}")  # fmt: skip
+    head = (
+        f"{'':<8} {'steps':>6} {'preempt':>7} {'kv peak':>7} {'kv mean':>7} {'run max':>7} "
+        f"{'run mean':>8} {'wait mean':>9} {'tokens':>8}"
+    )
     worst: dict[str, dict[str, float]] = {"model": {}, "before": {}}
     ok = True
     for point in GRID:
@@ -272,15 +285,19 @@ def report(names: list[str] | None = None) -> bool:
         print(head)
         for who, f in rows.items():
             tokens = "-" if who == "before" else f.tokens  # the model before did not count them
-            print(f"{who:<8} {f.steps:>6} {f.preemptions:>7} {f.kv_peak:>7.3f} {f.kv_mean:>7.3f} "
-                  f"{f.running_peak:>7} {f.running_mean:>8.2f} {f.waiting_mean:>9.2f} "
-                  f"{tokens:>8}")  # fmt: skip
+            print(
+                f"{who:<8} {f.steps:>6} {f.preemptions:>7} {f.kv_peak:>7.3f} {f.kv_mean:>7.3f} "
+                f"{f.running_peak:>7} {f.running_mean:>8.2f} {f.waiting_mean:>9.2f} "
+                f"{tokens:>8}"
+            )
         for who, e in errs.items():
             for key, value in e.items():
                 worst[who][key] = max(worst[who].get(key, 0.0), abs(value))
     print("\nworst error over the grid (goal: preemptions 15 %, KV usage 0.02, running 5 %):")
     for who, e in worst.items():
         if e:
-            print(f"  {who:<7} preemptions {e['preemptions']:.1%}, KV peak {e['kv_peak']:.3f}, "
-                  f"KV mean {e['kv_mean']:.3f}, running mean {e['running_mean']:.1%}")  # fmt: skip
+            print(
+                f"  {who:<7} preemptions {e['preemptions']:.1%}, KV peak {e['kv_peak']:.3f}, "
+                f"KV mean {e['kv_mean']:.3f}, running mean {e['running_mean']:.1%}"
+            )
     return ok

@@ -13,13 +13,18 @@ popular guides give:
   no sliding windows), with ``available = total x util - weights``;
 * naive-hidden: ``KV = batch x seq x hidden x layers x bytes``, same ``available``.
 
-Usage: ``.venv/bin/python bench/memory_accuracy.py [--cases FILE] [--all] [--quiet]``.
+By default it scores the calibration set and ``tests/data/vllm_memory_cases_2026.json`` (the public
+start-ups of 2026 models, made scoreable by ``bench/memory_cases_2026.py``), each file on its own and,
+for every file, the error of the available KV cache per vLLM release (``by release``).
+
+Usage: ``.venv/bin/python bench/memory_accuracy.py [--cases FILE ...] [--all] [--quiet]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -28,11 +33,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kvpilot.tuner import vllm  # noqa: E402
 from kvpilot.tuner.memory import estimate, weights  # noqa: E402
 from kvpilot.tuner.model import spec as model_spec  # noqa: E402
 from kvpilot.tuner.types import GIB  # noqa: E402
 
-DEFAULT_CASES = ROOT / "tests" / "data" / "vllm_memory_cases.json"
+DEFAULT_CASES = (
+    ROOT / "tests" / "data" / "vllm_memory_cases.json",
+    ROOT / "tests" / "data" / "vllm_memory_cases_2026.json",
+)
 
 
 def _gpu_lookup():
@@ -85,16 +94,62 @@ def _summary(name: str, errs: list[float]) -> str:
     )
 
 
+def _release(case: dict[str, Any]) -> str:
+    """The case's vLLM release as major.minor ("?" where the log names none)."""
+    found = re.match(r"\s*(\d+)\.(\d+)", str(case.get("vllm_version") or ""))
+    return f"{found.group(1)}.{found.group(2)}" if found else "?"
+
+
+def _by_release(errs: list[tuple[str, float]]) -> None:
+    print(" available KV cache GiB by release:")
+    for release in sorted(
+        {r for r, _ in errs}, key=lambda r: [int(x) if x.isdigit() else -1 for x in r.split(".")]
+    ):
+        print(_summary(f"vLLM {release}", [e for r, e in errs if r == release]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", type=Path, default=DEFAULT_CASES)
+    parser.add_argument("--cases", type=Path, action="append", help="a cases file (repeatable)")
     parser.add_argument("--all", action="store_true", help="include V0-engine cases in the figures")
     parser.add_argument("--quiet", action="store_true", help="summary only")
     args = parser.parse_args(argv)
-    cases = json.loads(args.cases.read_text())
+    for path in args.cases or DEFAULT_CASES:
+        _score(path, args.all, args.quiet)
+    return 0
+
+
+def _logged_terms(case: dict[str, Any], row: dict[str, Any]) -> str | None:
+    """The budget's terms beside the ones the start-up summary line logged, compared as the release logs them:
+    from 0.27 the logged "peak activation" holds the applied CUDA-graph estimate
+    (:func:`kvpilot.tuner.vllm.logs_graph_estimate_in_activation`) and "non-torch" is the consumed memory
+    less the weights (persistent torch buffers allocated during the profile run included)."""
+    obs = case.get("observed") or {}
+    if obs.get("peak_activation_gib") is None or row.get("activation_gib") is None:
+        return None
+    version = vllm.parse_version(str(case.get("vllm_version") or "").split()[0] or None)
+    combined = vllm.logs_graph_estimate_in_activation(version) and vllm.subtracts_cuda_graphs(version)
+    activation = row["activation_gib"] + (row["cuda_graph_gib"] if combined else 0.0)
+    label = "activation + graph estimate" if combined else "activation"
+
+    def pair(name: str, logged: float | None, predicted: float) -> str:
+        return f"{name} {'-' if logged is None else f'{logged:.2f}'} / {predicted:.2f}"
+
+    return "; ".join(
+        [
+            pair("weights", obs.get("weights_gib"), row["weights_gib"]),
+            pair("non-torch", obs.get("non_torch_gib"), row["non_torch_gib"]),
+            pair(label, obs["peak_activation_gib"], activation),
+        ]
+    )
+
+
+def _score(path: Path, include_v0: bool, quiet: bool) -> None:
+    cases = json.loads(path.read_text())
     rows = estimate.compute_estimates(cases, _gpu_lookup())
 
     kv_err: list[float] = []
+    kv_by_release: list[tuple[str, float]] = []
     tok_err: list[float] = []
     naive_kv: list[float] = []
     naive_mha: list[float] = []
@@ -102,14 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     false_alarms: list[str] = []
     skipped: list[str] = []
-    if not args.quiet:
+    terms: list[str] = []
+    if not quiet:
         print(
             f"{'case':<9} {'model':<42} {'vLLM':<7} {'obs KV':>7} {'pred':>7} {'err':>7}  "
             f"{'obs tok':>10} {'pred tok':>10} {'err':>7}  outcome / predicted"
         )
     for case, row in zip(cases, rows, strict=True):
         engine = str(case.get("engine") or "")
-        if not args.all and not engine.startswith("V1"):
+        if not include_v0 and not engine.startswith("V1"):
             continue
         obs = case.get("observed") or {}
         failed = case.get("outcome_class") == "failed"
@@ -122,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         e_tok = _rel(row["kv_cache_tokens"], obs.get("kv_cache_tokens")) if not failed else None
         if e_kv is not None and not failed:
             kv_err.append(e_kv)
+            kv_by_release.append((_release(case), e_kv))
         if e_tok is not None:
             tok_err.append(e_tok)
         naive = _naive(case)
@@ -131,12 +188,14 @@ def main(argv: list[str] | None = None) -> int:
             if obs.get("kv_cache_tokens"):
                 naive_mha.append(_rel(naive[1], obs["kv_cache_tokens"]))
                 naive_hidden.append(_rel(naive[2], obs["kv_cache_tokens"]))
+        if (logged := _logged_terms(case, row)) is not None:
+            terms.append(f"{case['id']} (vLLM {_release(case)}): {logged}")
         if failed:
             verdict = "predicted" if not row["starts"] else "NOT predicted"
             failures.append(f"{case['id']}: {verdict} -- logged: {str(case.get('outcome'))[:90]}")
         elif not row["starts"]:
             false_alarms.append(f"{case['id']}: {row['error'][:140]}")
-        if not args.quiet:
+        if not quiet:
 
             def fmt(x, spec):
                 return format(x, spec) if x is not None else "-"
@@ -149,11 +208,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{fmt(row['kv_cache_tokens'], ','):>10} {fmt(e_tok and e_tok * 100, '+6.1f'):>7}  "
                 f"{case.get('outcome_class')} / {'starts' if row['starts'] else 'fails'}"
             )
-    scope = "all engines" if args.all else "V1-engine cases"
-    print(f"\nAccuracy on {args.cases.name} ({scope}); err = (predicted - logged) / logged")
+    scope = "all engines" if include_v0 else "V1-engine cases"
+    print(f"\nAccuracy on {path.name} ({scope}); err = (predicted - logged) / logged")
     print(" kvpilot:")
     print(_summary("available KV cache GiB", kv_err))
     print(_summary("KV cache tokens", tok_err))
+    _by_release(kv_by_release)
     print(" naive guide formulas (available = total x util - weights):")
     print(_summary("available KV cache GiB", naive_kv))
     print(_summary("tokens, 2 x L x head_dim x heads x B", naive_mha))
@@ -165,10 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     print(" successful starts predicted to fail:")
     for line in false_alarms or ["(none)"]:
         print(f"  {line}")
+    print(" logged terms, GiB (logged / predicted):")
+    for line in terms or ["(none)"]:
+        print(f"  {line}")
     print(f" cases not estimated: {len(skipped)}")
     for line in skipped:
         print(f"  {line[:150]}")
-    return 0
+    print()
 
 
 if __name__ == "__main__":

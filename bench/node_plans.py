@@ -21,11 +21,17 @@ from kvpilot.tuner.types import ServingBounds
 
 HF_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data" / "hf_configs"
 MODELS = (
-    "deepseek-ai__DeepSeek-V3.2", "deepseek-ai__DeepSeek-V4-Pro",
-    "moonshotai__Kimi-K2.5", "moonshotai__Kimi-K3",
-    "zai-org__GLM-5", "zai-org__GLM-5-FP8", "Qwen__Qwen3.5-397B-A17B", "Qwen__Qwen3-Coder-480B-A35B-Instruct",
-    "nvidia__NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16", "meta-llama__Llama-3.1-70B-Instruct",
-)  # fmt: skip
+    "deepseek-ai__DeepSeek-V3.2",
+    "deepseek-ai__DeepSeek-V4-Pro",
+    "moonshotai__Kimi-K2.5",
+    "moonshotai__Kimi-K3",
+    "zai-org__GLM-5",
+    "zai-org__GLM-5-FP8",
+    "Qwen__Qwen3.5-397B-A17B",
+    "Qwen__Qwen3-Coder-480B-A35B-Instruct",
+    "nvidia__NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16",
+    "meta-llama__Llama-3.1-70B-Instruct",
+)
 GPUS = ("H100-SXM", "B200")
 BOUNDS = ServingBounds(max_context=32768)
 

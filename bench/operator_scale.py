@@ -113,8 +113,17 @@ def cpu_seconds(pid: int) -> float:
 
 _METRIC = re.compile(r"^([a-z_]+)_(sum|count)\{([^}]*)\} ([0-9.e+-]+)$")
 _WRITES = ("POST", "PATCH", "APPLY", "PUT")
-_WRITTEN = (PLURAL, "deployments", "services", "events", "ipaddresses", "endpointslices", "replicasets",
-            "pods", "configmaps")  # fmt: skip
+_WRITTEN = (
+    PLURAL,
+    "deployments",
+    "services",
+    "events",
+    "ipaddresses",
+    "endpointslices",
+    "replicasets",
+    "pods",
+    "configmaps",
+)
 """What kvpilot writes, and what the API server and the controllers write because of it: a Service's ClusterIP
 is an ``IPAddress`` object the API server creates through its own loopback client (Kubernetes >= 1.33's
 allocator), the endpoint-slice controller writes a slice per Service, the Deployment controller a ReplicaSet
@@ -179,8 +188,10 @@ class Progress:
         self.prefix, self.lock = prefix, threading.Lock()
         self.planned: set[tuple[str, str]] = set()
         self.deployed: set[tuple[str, str]] = set()
-        self.threads = [threading.Thread(target=self._watch, args=(cluster, kind), daemon=True)
-                        for kind in ("isvc", "deploy")]  # fmt: skip
+        self.threads = [
+            threading.Thread(target=self._watch, args=(cluster, kind), daemon=True)
+            for kind in ("isvc", "deploy")
+        ]
         for t in self.threads:
             t.start()
         time.sleep(1.0)  # both watches established before the first create
@@ -237,11 +248,25 @@ def run_once(
     counts_file, log_file = workdir / "counts.json", workdir / "operator.log"
     # PYTHONPATH: the operator of this checkout, not whichever kvpilot the virtual environment has installed
     path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, **cluster.env(), "KVPILOT_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": path}  # fmt: skip
-    cmd = [sys.executable, str(ROOT / "bench" / "_counting_operator.py"), str(counts_file),
-           "run", "--standalone", "-m", "kvpilot.operator.main", "--namespace", f"{prefix}*",
-           *(["--verbose"] if os.environ.get("KVPILOT_BENCH_VERBOSE") else [])]  # fmt: skip
+    env = {
+        **os.environ,
+        **cluster.env(),
+        "KVPILOT_METRICS_PORT": "0",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": path,
+    }
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "_counting_operator.py"),
+        str(counts_file),
+        "run",
+        "--standalone",
+        "-m",
+        "kvpilot.operator.main",
+        "--namespace",
+        f"{prefix}*",
+        *(["--verbose"] if os.environ.get("KVPILOT_BENCH_VERBOSE") else []),
+    ]
     with log_file.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -294,19 +319,27 @@ def run_once(
     total = sum(delta.values())
     loop_writes = delta.get(LOOP_STATUS_WRITES, 0)
     return {
-        "n": n, "namespaces": namespaces, "replicas": replicas, "headless": headless,
-        "create_s": round(created_s, 2), "all_planned_and_deployed_s": round(elapsed, 2),
-        "planned": planned, "deployed": deployed, "complete": deployed >= n,
-        "operator_cpu_s": round(cpu, 2), "operator_peak_rss_mb": round(rss, 1),
+        "n": n,
+        "namespaces": namespaces,
+        "replicas": replicas,
+        "headless": headless,
+        "create_s": round(created_s, 2),
+        "all_planned_and_deployed_s": round(elapsed, 2),
+        "planned": planned,
+        "deployed": deployed,
+        "complete": deployed >= n,
+        "operator_cpu_s": round(cpu, 2),
+        "operator_peak_rss_mb": round(rss, 1),
         "operator_idle_rss_mb": round(idle_rss, 1),
-        "api_requests": total, "api_requests_per_object": round(total / n, 2),
+        "api_requests": total,
+        "api_requests_per_object": round(total / n, 2),
         "loop_status_writes_per_object": round(loop_writes / n, 2),
         "load_average": [round(load0, 1), round(load1, 1)],
         "control_plane_cpu_s": dict(sorted(plane_cpu.items(), key=lambda kv: -kv[1])),
         "requests_by_kind": dict(sorted(delta.items(), key=lambda kv: -kv[1])),
         "apiserver_writes": latency,  # everyone's writes, the bench's own creates included
         "operator_log": str(log_file),
-    }  # fmt: skip
+    }
 
 
 def probe_creates(cluster: LocalCluster, n: int, threads: int = 32) -> dict[str, dict[str, float]]:
@@ -323,16 +356,25 @@ def probe_creates(cluster: LocalCluster, n: int, threads: int = 32) -> dict[str,
     cluster.kubectl("create", "namespace", ns, check=False)
     port = {"port": 8000, "targetPort": "http", "name": "http"}
     kinds: dict[str, tuple[Any, Any]] = {
-        "ClusterIP Service": (core.create_namespaced_service,
-                              lambda i: {"metadata": {"name": f"cip-{i:05d}"},
-                                         "spec": {"selector": {"app": f"a{i}"}, "ports": [port]}}),
-        "headless Service": (core.create_namespaced_service,
-                             lambda i: {"metadata": {"name": f"hl-{i:05d}"},
-                                        "spec": {"clusterIP": "None", "selector": {"app": f"a{i}"},
-                                                 "ports": [port]}}),
-        "ConfigMap": (core.create_namespaced_config_map,
-                      lambda i: {"metadata": {"name": f"cm-{i:05d}"}, "data": {"k": "v"}}),
-    }  # fmt: skip
+        "ClusterIP Service": (
+            core.create_namespaced_service,
+            lambda i: {
+                "metadata": {"name": f"cip-{i:05d}"},
+                "spec": {"selector": {"app": f"a{i}"}, "ports": [port]},
+            },
+        ),
+        "headless Service": (
+            core.create_namespaced_service,
+            lambda i: {
+                "metadata": {"name": f"hl-{i:05d}"},
+                "spec": {"clusterIP": "None", "selector": {"app": f"a{i}"}, "ports": [port]},
+            },
+        ),
+        "ConfigMap": (
+            core.create_namespaced_config_map,
+            lambda i: {"metadata": {"name": f"cm-{i:05d}"}, "data": {"k": "v"}},
+        ),
+    }
     out: dict[str, dict[str, float]] = {}
     try:
         for kind, (create, body) in kinds.items():
@@ -343,8 +385,11 @@ def probe_creates(cluster: LocalCluster, n: int, threads: int = 32) -> dict[str,
             wall = time.monotonic() - t0
             writes = latency_delta(latency0, apiserver_write_latency(cluster))
             shown = ("POST services", "POST configmaps", "POST ipaddresses", "loopback")
-            out[kind] = {"wall_s": round(wall, 2), "per_s": round(n / wall, 1),
-                         **{k: w["mean_ms"] for k, w in writes.items() if k.startswith(shown)}}  # fmt: skip
+            out[kind] = {
+                "wall_s": round(wall, 2),
+                "per_s": round(n / wall, 1),
+                **{k: w["mean_ms"] for k, w in writes.items() if k.startswith(shown)},
+            }
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         api_client.close()
@@ -359,11 +404,19 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--kubeconfig", help="reuse a running e2e cluster (python -m e2e.cluster up)")
     ap.add_argument("--json", action="store_true", help="print one JSON object per run")
-    ap.add_argument("--headless", action="store_true",
-                    help="InferenceServices with spec.service.headless: true (no ClusterIP to allocate)")
-    ap.add_argument("--probe", type=int, default=0, metavar="N",
-                    help="first time N raw creates of ClusterIP Services, headless Services and ConfigMaps "
-                         "(the API server's floor, no operator)")  # fmt: skip
+    ap.add_argument(
+        "--headless",
+        action="store_true",
+        help="InferenceServices with spec.service.headless: true (no ClusterIP to allocate)",
+    )
+    ap.add_argument(
+        "--probe",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first time N raw creates of ClusterIP Services, headless Services and ConfigMaps "
+        "(the API server's floor, no operator)",
+    )
     a = ap.parse_args()
     counts = a.n or [100, 1000]
 
@@ -374,8 +427,13 @@ def main() -> int:
         cluster.start(timeout=600)
     try:
         for crd in ("inferenceservices", "tuningprofiles"):  # as the chart installs them
-            cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f",
-                            str(ROOT / "crds" / f"{crd}.{GROUP}.yaml"))  # fmt: skip
+            cluster.kubectl(
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                str(ROOT / "crds" / f"{crd}.{GROUP}.yaml"),
+            )
             wait_established(cluster.kubectl, f"crd/{crd}.{GROUP}")  # kubectl wait fails on a CRD this new
         if a.probe:
             probe = probe_creates(cluster, a.probe)
@@ -395,27 +453,35 @@ def main() -> int:
             if a.json:
                 print(json.dumps(result))
             else:
-                goal = "" if n != 1000 else (
-                    f"  [goal <60 s: {'met' if result['all_planned_and_deployed_s'] < 60 else 'missed'}, "
-                    f"<250 MB: {'met' if result['operator_peak_rss_mb'] < 250 else 'missed'}]"
-                )  # fmt: skip
+                goal = (
+                    ""
+                    if n != 1000
+                    else (
+                        f"  [goal <60 s: {'met' if result['all_planned_and_deployed_s'] < 60 else 'missed'}, "
+                        f"<250 MB: {'met' if result['operator_peak_rss_mb'] < 250 else 'missed'}]"
+                    )
+                )
                 kind = " (headless)" if a.headless else ""
-                print(f"N={n:5d}{kind}: all Planned + Deployment in "
-                      f"{result['all_planned_and_deployed_s']:.1f} s "
-                      f"(creates took {result['create_s']:.1f} s; {result['deployed']}/{n} done), "
-                      f"operator CPU {result['operator_cpu_s']:.1f} s, "
-                      f"peak RSS {result['operator_peak_rss_mb']:.0f} MB "
-                      f"(idle {result['operator_idle_rss_mb']:.0f} MB), "
-                      f"{result['api_requests_per_object']:.2f} API requests/object (closed-loop status "
-                      f"writes {result['loop_status_writes_per_object']:.2f} of them){goal}; load average "
-                      f"{result['load_average'][0]} at the start, "
-                      f"{result['load_average'][1]} at the end")  # fmt: skip
+                print(
+                    f"N={n:5d}{kind}: all Planned + Deployment in "
+                    f"{result['all_planned_and_deployed_s']:.1f} s "
+                    f"(creates took {result['create_s']:.1f} s; {result['deployed']}/{n} done), "
+                    f"operator CPU {result['operator_cpu_s']:.1f} s, "
+                    f"peak RSS {result['operator_peak_rss_mb']:.0f} MB "
+                    f"(idle {result['operator_idle_rss_mb']:.0f} MB), "
+                    f"{result['api_requests_per_object']:.2f} API requests/object (closed-loop status "
+                    f"writes {result['loop_status_writes_per_object']:.2f} of them){goal}; load average "
+                    f"{result['load_average'][0]} at the start, "
+                    f"{result['load_average'][1]} at the end"
+                )
                 for kind, count in list(result["requests_by_kind"].items())[:12]:
                     print(f"    {count:7d}  {kind}")
                 tick = result["prometheus_tick"]
-                print(f"    closed-loop tick over {n} services: {tick['queries_per_tick']} PromQL queries "
-                      f"(per-service queries would be {tick['queries_per_tick_before']}), operator CPU "
-                      f"{tick['tick_cpu_s']:.2f} s, wall {tick['tick_wall_s']:.2f} s")  # fmt: skip
+                print(
+                    f"    closed-loop tick over {n} services: {tick['queries_per_tick']} PromQL queries "
+                    f"(per-service queries would be {tick['queries_per_tick_before']}), operator CPU "
+                    f"{tick['tick_cpu_s']:.2f} s, wall {tick['tick_wall_s']:.2f} s"
+                )
                 plane_cpu = ", ".join(f"{k} {v:.1f} s" for k, v in result["control_plane_cpu_s"].items())
                 print(f"    control-plane CPU in that time: {plane_cpu}")
                 print("    the API server's writes in that time (all clients): mean latency")

@@ -57,8 +57,13 @@ class FleetClient:
     def custom_query(self, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         self.queries += 1
         if query.startswith(prometheus.CACHE_CONFIG_INFO):
-            info = {"block_size": "16", "num_gpu_blocks": "27000", "kv_cache_size_tokens": "432000",
-                    "gpu_memory_utilization": "0.9", "cache_dtype": "auto"}  # fmt: skip
+            info = {
+                "block_size": "16",
+                "num_gpu_blocks": "27000",
+                "kv_cache_size_tokens": "432000",
+                "gpu_memory_utilization": "0.9",
+                "cache_dtype": "auto",
+            }
             return [{"metric": {**m, **info}, "value": [NOW, "1"]} for m in self.labels]
         value = str(NOW - 5) if "timestamp(" in query else "10"
         return [{"metric": m, "value": [NOW, value]} for m in self.labels]
@@ -73,13 +78,22 @@ async def one_tick(services: int, pods: int) -> dict[str, Any]:
         return client  # one factory: the shared snapshot is keyed by it, as by the settings
 
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    windows = await asyncio.gather(*(
-        prometheus.fetch_observations(
-            settings, "bench", name, NOW, pods=own, window_seconds=WINDOW_S, step_seconds=STEP_S,
-            max_age_seconds=30.0, client_factory=factory,
+    windows = await asyncio.gather(
+        *(
+            prometheus.fetch_observations(
+                settings,
+                "bench",
+                name,
+                NOW,
+                pods=own,
+                window_seconds=WINDOW_S,
+                step_seconds=STEP_S,
+                max_age_seconds=30.0,
+                client_factory=factory,
+            )
+            for name, own in names
         )
-        for name, own in names
-    ))  # fmt: skip
+    )
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     return {
         "services": services,
@@ -97,13 +111,17 @@ def main() -> int:
     ap.add_argument("--services", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--pods", type=int, default=2, help="pods per service")
     a = ap.parse_args()
-    print(f"{'services':>8} {'pods':>6} {'queries/tick':>12} {'(per-service before)':>20} "
-          f"{'tick CPU s':>10} {'tick wall s':>11} {'usable':>7}")  # fmt: skip
+    print(
+        f"{'services':>8} {'pods':>6} {'queries/tick':>12} {'(per-service before)':>20} "
+        f"{'tick CPU s':>10} {'tick wall s':>11} {'usable':>7}"
+    )
     for n in a.services:
         r = asyncio.run(one_tick(n, a.pods))
-        print(f"{r['services']:>8} {r['pods']:>6} {r['queries_per_tick']:>12} "
-              f"{r['queries_per_tick_before']:>20} {r['tick_cpu_s']:>10} {r['tick_wall_s']:>11} "
-              f"{r['usable_windows']:>7}")  # fmt: skip
+        print(
+            f"{r['services']:>8} {r['pods']:>6} {r['queries_per_tick']:>12} "
+            f"{r['queries_per_tick_before']:>20} {r['tick_cpu_s']:>10} {r['tick_wall_s']:>11} "
+            f"{r['usable_windows']:>7}"
+        )
         if r["usable_windows"] != n:
             print(f"error: {n - r['usable_windows']} services got no usable window", file=sys.stderr)
             return 1

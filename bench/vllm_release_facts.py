@@ -19,14 +19,28 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 RELEASES = (
-    "0.19.1", "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0",
-    "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+    "0.19.1",
+    "0.20.2",
+    "0.21.0",
+    "0.22.1",
+    "0.23.0",
+    "0.24.0",
+    "0.25.1",
+    "0.26.0",
+    "0.27.1",
+    "0.28.0",
+    "0.29.0",
+    "0.30.0",
+    "0.31.0",
+    "0.32.0",
+    "0.33.0",
 )
 """The newest patch of every minor release from 0.19 to 0.33 on PyPI."""
 
@@ -42,8 +56,19 @@ def fetch(version: str, wheels: Path, src: Path) -> Path:
         found = list(wheels.glob(f"vllm-{version}-*.whl"))
         if not found:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", f"vllm=={version}", "--no-deps",
-                 "--only-binary", ":all:", "-d", str(wheels), "-q"],
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    f"vllm=={version}",
+                    "--no-deps",
+                    "--only-binary",
+                    ":all:",
+                    "-d",
+                    str(wheels),
+                    "-q",
+                ],
                 check=True,
             )
             found = list(wheels.glob(f"vllm-{version}-*.whl"))
@@ -71,6 +96,7 @@ def _all_functions(path: Path) -> list[tuple[str, str]]:
                 walk(child, f"{prefix}{child.name}.")
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 out.append((prefix + child.name, ast.get_source_segment(text, child) or ""))
+
     walk(tree, "")
     return out
 
@@ -117,12 +143,22 @@ def model_runner(pkg: Path) -> dict[str, Any]:
     funcs = _functions(config)
     where = _where(pkg, config, funcs["use_v2_model_runner"][0]) if "use_v2_model_runner" in funcs else None
     if env == "0":
-        return {"env": "VLLM_USE_V2_MODEL_RUNNER", "env_default": "0", "rule": "v1",
-                "architectures": [], "where": _where(pkg, pkg / "envs.py", "environment_variables")}
+        return {
+            "env": "VLLM_USE_V2_MODEL_RUNNER",
+            "env_default": "0",
+            "rule": "v1",
+            "architectures": [],
+            "where": _where(pkg, pkg / "envs.py", "environment_variables"),
+        }
     chooser = funcs.get("_is_default_v2_model_runner_model")
     if chooser is None:
-        return {"env": "VLLM_USE_V2_MODEL_RUNNER", "env_default": env, "rule": "v2",
-                "architectures": [], "where": where}
+        return {
+            "env": "VLLM_USE_V2_MODEL_RUNNER",
+            "env_default": env,
+            "rule": "v2",
+            "architectures": [],
+            "where": where,
+        }
     source = chooser[1]
     if "not model_config.is_moe and not model_config.is_quantized" in source:
         rule = "listed_dense_unquantized"
@@ -135,8 +171,11 @@ def model_runner(pkg: Path) -> dict[str, Any]:
     else:
         hybrid = "allowed"
     return {
-        "env": "VLLM_USE_V2_MODEL_RUNNER", "env_default": env, "rule": rule,
-        "hybrid": hybrid, "attention_free": '"is_attention_free"' not in source,
+        "env": "VLLM_USE_V2_MODEL_RUNNER",
+        "env_default": env,
+        "rule": rule,
+        "hybrid": hybrid,
+        "attention_free": '"is_attention_free"' not in source,
         "architectures": _frozenset_constant(config, "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES"),
         "where": _where(pkg, config, chooser[0]),
     }
@@ -190,8 +229,75 @@ def cuda_graphs(pkg: Path) -> dict[str, Any]:
         if "def profile_cudagraph_memory" in p.read_text()
     )
     return {
-        "subtracted": where is not None and env == "1", "env": "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
-        "env_default": env, "where": where, "estimators": estimators,
+        "subtracted": where is not None and env == "1",
+        "env": "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
+        "env_default": env,
+        "where": where,
+        "estimators": estimators,
+    }
+
+
+def _line(path: Path, needle: str) -> int | None:
+    """The 1-based number of the first line of ``path`` holding ``needle``, else None."""
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if needle in line:
+            return number
+    return None
+
+
+def _at(pkg: Path, path: Path, line: int | None) -> str | None:
+    return None if line is None else f"{path.relative_to(pkg.parent).as_posix()}:{line}"
+
+
+def profiler(pkg: Path) -> dict[str, Any]:
+    """What the start-up profile charges and how it logs it (``Worker.init_device``,
+    ``Worker.determine_available_memory``).
+
+    * ``activation_includes_graph_estimate``: the logged "peak activation" is the transient headroom plus the
+      applied CUDA-graph estimate (``peak_activation_memory = transient_peak_headroom +
+      cudagraph_memory_estimate_applied``), not the torch peak alone;
+    * ``snapshot_after_distributed_init``: the init snapshot (the free memory every later term is measured
+      from) is taken after ``init_worker_distributed_environment``, so the communicators built there
+      (pynccl, custom all-reduce, symmetric memory) are outside the budget;
+    * ``graph_estimate_per_mode``: the estimate of each CUDA-graph mode is its first capture plus its second
+      capture times the remaining graphs (``per_graph * (len(descs) - 1)``).
+    """
+    worker = pkg / "v1" / "worker" / "gpu_worker.py"
+    runner = pkg / "v1" / "worker" / "gpu_model_runner.py"
+    combined = _line(worker, "transient_peak_headroom + cudagraph_memory_estimate_applied")
+    activation = combined or _line(worker, "self.peak_activation_memory = ")
+    dist = _line(worker, "    init_worker_distributed_environment(")  # the call in init_device, not the def
+    snapshot = _line(worker, "self.init_snapshot = ")
+    estimate = _line(runner, "per_graph * (len(descs) - 1)")
+    return {
+        "activation_includes_graph_estimate": combined is not None,
+        "activation_logged_at": _at(pkg, worker, activation),
+        "snapshot_after_distributed_init": dist is not None and snapshot is not None and dist < snapshot,
+        "distributed_init_at": _at(pkg, worker, dist),
+        "snapshot_at": _at(pkg, worker, snapshot),
+        "graph_estimate_per_mode": estimate is not None,
+        "graph_estimate_at": _at(pkg, runner, estimate),
+    }
+
+
+def collectives(pkg: Path) -> dict[str, Any]:
+    """The all-reduce machinery that needs NVLink-class hardware.
+
+    * custom all-reduce refuses more than two PCIe-only GPUs
+      (``distributed/device_communicators/custom_all_reduce.py``);
+    * the FlashInfer all-reduce fusion (whose IPC workspace is built while compiling, after the snapshot)
+      is enabled only on the compute capabilities ``config/vllm.py::enable_allreduce_rms_fusion`` names.
+    """
+    custom = pkg / "distributed" / "device_communicators" / "custom_all_reduce.py"
+    config = pkg / "config" / "vllm.py"
+    _, source = _functions(config).get("enable_allreduce_rms_fusion", ("", ""))
+    exact = sorted(int(c) for c in re.findall(r"is_device_capability\((\d+)\)", source))
+    family = sorted(int(c) for c in re.findall(r"is_device_capability_family\((\d+)\)", source))
+    return {
+        "custom_allreduce_pcie_limit_at": _at(pkg, custom, _line(custom, "more than two PCIe-only GPUs")),
+        "allreduce_fusion_capabilities": exact,
+        "allreduce_fusion_capability_families": family,
+        "allreduce_fusion_at": _at(pkg, config, _line(config, "def enable_allreduce_rms_fusion")),
     }
 
 
@@ -237,6 +343,7 @@ def registry(pkg: Path) -> list[str]:
             elif isinstance(k, ast.Constant):
                 out.add(k.value)
         return out
+
     return sorted(keys(dicts["_VLLM_MODELS"]))
 
 
@@ -289,6 +396,8 @@ def main() -> None:
             "null_block": null_block(pkg),
             "fit_error": fit_error(pkg),
             "cuda_graphs": cuda_graphs(pkg),
+            "profiler": profiler(pkg),
+            "collectives": collectives(pkg),
             "sampler_warmup": sampler_warmup(pkg),
             "batch_defaults": batch_defaults(pkg),
         }

@@ -43,14 +43,16 @@ def _wrap_scheduler() -> str:
         before = _PREEMPTED[0]
         out = schedule(self, *args, **kwargs)
         running, waiting = self.get_request_counts()
-        STEPS.append({
-            "running": running,
-            "waiting": waiting,
-            "kv": self.kv_cache_manager.block_pool.get_usage(),
-            "tokens": out.total_num_scheduled_tokens,
-            "preempted": _PREEMPTED[0] - before,
-            "cls": type(self).__name__,
-        })  # fmt: skip
+        STEPS.append(
+            {
+                "running": running,
+                "waiting": waiting,
+                "kv": self.kv_cache_manager.block_pool.get_usage(),
+                "tokens": out.total_num_scheduled_tokens,
+                "preempted": _PREEMPTED[0] - before,
+                "cls": type(self).__name__,
+            }
+        )
         return out
 
     Scheduler._preempt_request = counted_preempt  # type: ignore[method-assign]
@@ -88,14 +90,17 @@ def main() -> None:
     wall = time.monotonic() - start
     cache = llm.llm_engine.vllm_config.cache_config
     with open(sys.argv[1], "w") as f:
-        json.dump({
-            "vllm": vllm.__version__,
-            "scheduler": STEPS[0]["cls"] if STEPS else None,
-            "num_gpu_blocks": cache.num_gpu_blocks,
-            "wall_s": round(wall, 2),
-            "generated": sum(len(o.outputs[0].token_ids) for o in outs),
-            "steps": [{k: v for k, v in s.items() if k != "cls"} for s in STEPS],
-        }, f)  # fmt: skip
+        json.dump(
+            {
+                "vllm": vllm.__version__,
+                "scheduler": STEPS[0]["cls"] if STEPS else None,
+                "num_gpu_blocks": cache.num_gpu_blocks,
+                "wall_s": round(wall, 2),
+                "generated": sum(len(o.outputs[0].token_ids) for o in outs),
+                "steps": [{k: v for k, v in s.items() if k != "cls"} for s in STEPS],
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

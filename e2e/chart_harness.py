@@ -67,9 +67,14 @@ class ChartHarness:
     def helm(self, *args: str) -> str:
         """``helm ARGS`` from the repository root; its stdout (``install`` prints the NOTES)."""
         return subprocess.run(
-            [str(self.cluster.helm_bin), *args], env=self.env, cwd=ROOT, check=True, capture_output=True,
-            text=True, timeout=600,
-        ).stdout  # fmt: skip
+            [str(self.cluster.helm_bin), *args],
+            env=self.env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        ).stdout
 
     def get(self, *args: str) -> Any:
         """``kubectl get ARGS -o json`` as the admin; None when it fails (not found)."""
@@ -77,16 +82,30 @@ class ChartHarness:
         return json.loads(proc.stdout) if proc.returncode == 0 else None
 
     def create_as(
-        self, user: str, spec: dict[str, Any], name: str = "isvc", kind: str = "InferenceService",
+        self,
+        user: str,
+        spec: dict[str, Any],
+        name: str = "isvc",
+        kind: str = "InferenceService",
         ns: str | None = None,
-    ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    ) -> subprocess.CompletedProcess[str]:
         """``kubectl create`` of a kvpilot object as ``user`` (impersonated); the result, refused or not."""
-        manifest = {"apiVersion": "kvpilot.io/v1alpha1", "kind": kind, "metadata": {"name": name},
-                    "spec": spec}  # fmt: skip
+        manifest = {
+            "apiVersion": "kvpilot.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": name},
+            "spec": spec,
+        }
         return self.kubectl(
-            f"--as={user}", "-n", ns or self.namespace, "create", "-f", "-", input=json.dumps(manifest),
+            f"--as={user}",
+            "-n",
+            ns or self.namespace,
+            "create",
+            "-f",
+            "-",
+            input=json.dumps(manifest),
             check=False,
-        )  # fmt: skip
+        )
 
     def can_i_as(self, user: str, *args: str) -> bool:
         """``kubectl auth can-i ARGS`` for an impersonated ``user``."""

@@ -83,19 +83,26 @@ def versions() -> dict[str, str]:
     return out
 
 
-def cache_key() -> str:
-    """Same key as build.sh: sha256(go.mod, go.sum, main.go, versions.env, go version)."""
+def compute_build_key(sources: Sequence[Path], what: str, error: type[Exception]) -> str:
+    """The cache key the build scripts compute: sha256 of ``sources``' bytes, then ``go version``'s, cut to
+    16 hex digits. Raises ``error`` when Go cannot be asked (``what``: whose key, for the message)."""
     try:
         gover = subprocess.run(
             ["go", "env", "GOVERSION"], check=True, capture_output=True, text=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError) as e:
-        raise ClusterError(f"cannot run `go env GOVERSION` to compute the binary cache key: {e}") from e
+        raise error(f"cannot run `go env GOVERSION` to compute the {what} cache key: {e}") from e
     h = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "main.go", "versions.env"):
-        h.update((K8SBIN_DIR / name).read_bytes())
+    for source in sources:
+        h.update(source.read_bytes())
     h.update((gover + "\n").encode())
     return h.hexdigest()[:16]
+
+
+def cache_key() -> str:
+    """Same key as build.sh: sha256(go.mod, go.sum, main.go, versions.env, go version)."""
+    sources = [K8SBIN_DIR / name for name in ("go.mod", "go.sum", "main.go", "versions.env")]
+    return compute_build_key(sources, "binary", ClusterError)
 
 
 def bin_dir(build: bool = False) -> Path:
@@ -106,14 +113,25 @@ def bin_dir(build: bool = False) -> Path:
     ClusterError when the binaries are missing: never skip silently.
     """
     names = ("k8s", *COMPONENTS, "kubectl", "helm", "kwok-default-stages.yaml")
-    return locate_binaries("KVPILOT_BIN_DIR", BUILD_SH, lambda: cache_root() / "bin" / cache_key(), names,
-                           build=build, error=ClusterError)  # fmt: skip
+    return locate_binaries(
+        "KVPILOT_BIN_DIR",
+        BUILD_SH,
+        lambda: cache_root() / "bin" / cache_key(),
+        names,
+        build=build,
+        error=ClusterError,
+    )
 
 
 def locate_binaries(
-    env_var: str, build_sh: Path, cached: Callable[[], Path], names: Sequence[str], *, build: bool,
+    env_var: str,
+    build_sh: Path,
+    cached: Callable[[], Path],
+    names: Sequence[str],
+    *,
+    build: bool,
     error: type[Exception],
-) -> Path:  # fmt: skip
+) -> Path:
     """The directory of a cached build: ``$env_var`` if set, else what ``build_sh`` prints last when
     ``build`` (it is instant when cached), else ``cached()``. Raises ``error`` naming what is missing in it:
     never skip silently."""
@@ -249,19 +267,52 @@ def make_pki(pki: Path) -> None:
     # API aggregation (an aggregated API server such as KEDA's metrics adapter, e2e/keda_local.py): the
     # API server authenticates to it with this client certificate, signed by its own front-proxy CA.
     _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", days,
-        "-subj", "/CN=kvpilot-e2e-front-proxy-ca",
-        "-keyout", "front-proxy-ca.key", "-out", "front-proxy-ca.crt", cwd=pki,
-    )  # fmt: skip
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        days,
+        "-subj",
+        "/CN=kvpilot-e2e-front-proxy-ca",
+        "-keyout",
+        "front-proxy-ca.key",
+        "-out",
+        "front-proxy-ca.crt",
+        cwd=pki,
+    )
     _openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={FRONT_PROXY_CLIENT}",
-        "-keyout", "front-proxy-client.key", "-out", "front-proxy-client.csr", cwd=pki,
-    )  # fmt: skip
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        f"/CN={FRONT_PROXY_CLIENT}",
+        "-keyout",
+        "front-proxy-client.key",
+        "-out",
+        "front-proxy-client.csr",
+        cwd=pki,
+    )
     _openssl(
-        "x509", "-req", "-in", "front-proxy-client.csr",
-        "-CA", "front-proxy-ca.crt", "-CAkey", "front-proxy-ca.key", "-CAcreateserial",
-        "-days", days, "-extfile", "client.ext", "-out", "front-proxy-client.crt", cwd=pki,
-    )  # fmt: skip
+        "x509",
+        "-req",
+        "-in",
+        "front-proxy-client.csr",
+        "-CA",
+        "front-proxy-ca.crt",
+        "-CAkey",
+        "front-proxy-ca.key",
+        "-CAcreateserial",
+        "-days",
+        days,
+        "-extfile",
+        "client.ext",
+        "-out",
+        "front-proxy-client.crt",
+        cwd=pki,
+    )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
     for p in pki.iterdir():

@@ -87,39 +87,62 @@ SCENARIOS: dict[str, Scenario] = {
         workload=Workload(arrival_rate=3.0, prompt_tokens=12000, output_tokens=3000, time_scale=4.0),
     ),
 }
-H100_8B = GroundTruth(gpu_memory_gib=79.11, non_kv_gib=20.0, kv_bytes_per_token=131072, startup_s=2.0,
-                      backoff_s=3.0, oom_after_s=3.0)  # fmt: skip
+H100_8B = GroundTruth(
+    gpu_memory_gib=79.11,
+    non_kv_gib=20.0,
+    kv_bytes_per_token=131072,
+    startup_s=2.0,
+    backoff_s=3.0,
+    oom_after_s=3.0,
+)
 QUEUE = Workload(arrival_rate=4.0, prompt_tokens=500, output_tokens=200)
 """Four sequences allowed and four requests a second: a queue at the limit, the KV cache almost empty."""
-SCENARIOS.update({
-    "full-pool": Scenario(name="full-pool", truth=H100_8B, workload=QUEUE),
-    "bad-raise": Scenario(name="bad-raise", workload=QUEUE,
-                          truth=dataclasses.replace(H100_8B, startup_oom_above_max_num_seqs=4)),
-})  # fmt: skip
+SCENARIOS.update(
+    {
+        "full-pool": Scenario(name="full-pool", truth=H100_8B, workload=QUEUE),
+        "bad-raise": Scenario(
+            name="bad-raise",
+            workload=QUEUE,
+            truth=dataclasses.replace(H100_8B, startup_oom_above_max_num_seqs=4),
+        ),
+    }
+)
 FULL_POOL = NodePool("demo-full", 3, H100_80GB_HBM3, 1, cpu="32", memory="256Gi", machine="demo")
 """Three one-GPU H100 nodes for ``full-pool`` alone (labelled and tainted): its two replicas and another
 app's pod take all three GPUs."""
 POOL_LABEL, POOL_TAINT = "kvpilot.dev/demo-pool", "kvpilot.dev/demo-full-pool"
-PLACEMENT = {"nodeSelector": {POOL_LABEL: "full"},
-             "tolerations": [{"key": POOL_TAINT, "operator": "Exists", "effect": "NoSchedule"}]}  # fmt: skip
+PLACEMENT = {
+    "nodeSelector": {POOL_LABEL: "full"},
+    "tolerations": [{"key": POOL_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+}
 
 
 def _demo_services() -> list[dict[str, Any]]:
     """The two services of the full-pool and rollback stories (not examples: demo placement and bounds)."""
 
     def isvc(name: str, **spec: Any) -> dict[str, Any]:
-        return {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
-                "metadata": {"name": name, "namespace": NS},
-                "spec": {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
-                         "gpu": {"count": 1, "product": H100_80GB_HBM3.product},
-                         "serving": {"maxContextLength": 8192, "concurrency": 4},
-                         "tuning": {**DEMO_TUNING, "cooldownSeconds": 0}, **spec}}  # fmt: skip
+        return {
+            "apiVersion": "kvpilot.io/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+                "gpu": {"count": 1, "product": H100_80GB_HBM3.product},
+                "serving": {"maxContextLength": 8192, "concurrency": 4},
+                "tuning": {**DEMO_TUNING, "cooldownSeconds": 0},
+                **spec,
+            },
+        }
 
     return [
-        isvc("full-pool", replicas=2, nodeSelector=PLACEMENT["nodeSelector"],
-             engine={"tolerations": PLACEMENT["tolerations"]}),
+        isvc(
+            "full-pool",
+            replicas=2,
+            nodeSelector=PLACEMENT["nodeSelector"],
+            engine={"tolerations": PLACEMENT["tolerations"]},
+        ),
         isvc("bad-raise"),
-    ]  # fmt: skip
+    ]
 
 
 def _full_pool_nodes() -> list[dict[str, Any]]:
@@ -133,10 +156,20 @@ def _full_pool_nodes() -> list[dict[str, Any]]:
 
 
 OTHER_APP = {
-    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "other-app", "namespace": NS},
-    "spec": {**PLACEMENT, "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
-                                          "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
-}  # fmt: skip
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "other-app", "namespace": NS},
+    "spec": {
+        **PLACEMENT,
+        "containers": [
+            {
+                "name": "app",
+                "image": "registry.k8s.io/pause:3.10",
+                "resources": {"limits": {"nvidia.com/gpu": 1}},
+            }
+        ],
+    },
+}
 """Another app holding one GPU of the full pool."""
 
 
@@ -302,11 +335,17 @@ class Demo:
     def ready_pods(self, name: str) -> int:
         """Pods of ``name`` (any settings) that are Ready and not terminating: who serves now."""
         assert self.cluster is not None
-        out = self.cluster.kubectl("get", "pods", "-n", NS, "-l", f"app.kubernetes.io/instance={name}",
-                                   "-o", "json").stdout  # fmt: skip
+        out = self.cluster.kubectl(
+            "get", "pods", "-n", NS, "-l", f"app.kubernetes.io/instance={name}", "-o", "json"
+        ).stdout
         pods = [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
-        return sum(1 for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
-                                          for c in p["status"].get("conditions") or ()))  # fmt: skip
+        return sum(
+            1
+            for p in pods
+            if any(
+                c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or ()
+            )
+        )
 
     def converge(self, names: list[str]) -> None:
         deadline = time.monotonic() + self.timeout
@@ -325,8 +364,10 @@ class Demo:
             self.say(f"still converging after {self.timeout:.0f}s: {pending}")
         if self.full_pool_ready:
             low = min(self.full_pool_ready)
-            self.say(f"full-pool: Ready pods sampled through its rollout: at least {low} of 2 at each of "
-                     f"{len(self.full_pool_ready)} samples")  # fmt: skip
+            self.say(
+                f"full-pool: Ready pods sampled through its rollout: at least {low} of 2 at each of "
+                f"{len(self.full_pool_ready)} samples"
+            )
 
     def summary(self, names: list[str]) -> None:
         if self.tail is not None:

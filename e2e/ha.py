@@ -70,8 +70,9 @@ def settled(obj: dict[str, Any]) -> bool:
         condition(obj, "Ready").get("status") == "True"
         and not st.get("rollout")
         and condition(obj, "RolloutInProgress").get("status") != "True"
-        and bool(good) and good == applied(obj)
-    )  # fmt: skip
+        and bool(good)
+        and good == applied(obj)
+    )
 
 
 def wait_retune_settled(isvc: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -127,9 +128,12 @@ def replicas(cluster: LocalCluster, ns: str, tmp_path: Path, env: dict[str, str]
         for which, priority in (("leader", 200), ("follower", 100)):
             logs[which].parent.mkdir()
             procs[which] = spawn_host_operator(
-                cluster, logs[which], ns, {**env, "POD_ID": f"kvha-{which}"},
+                cluster,
+                logs[which],
+                ns,
+                {**env, "POD_ID": f"kvha-{which}"},
                 mode=(f"--peering={PEERING}", f"--priority={priority}"),
-            )  # fmt: skip
+            )
         wait_for(lambda: {"kvha-leader", "kvha-follower"} <= peers(cluster, ns), 60, "both in the peering")
         yield Replicas(procs["leader"], procs["follower"], logs)
     finally:
@@ -176,18 +180,29 @@ def closed_loop_service(
     """Prometheus, the fleet and :func:`replicas` with a fast closed loop; ``name`` (Llama-3.1-8B on one H100,
     mode Auto, no cooldown, :data:`ROLLOUT_DEADLINE_S`) created and waited for until it is planned, Ready and
     past probation under the leader."""
-    stack = Stack(cluster, tmp_path / "stack", namespaces=[ns],
-                  scenarios={(ns, name): Scenario(name=name, truth=H100_8B, workload=LIGHT)})  # fmt: skip
+    stack = Stack(
+        cluster,
+        tmp_path / "stack",
+        namespaces=[ns],
+        scenarios={(ns, name): Scenario(name=name, truth=H100_8B, workload=LIGHT)},
+    )
     stack.start(operator=False)  # Prometheus and the fleet; the two replicas are started below
     try:
         cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
         with replicas(cluster, ns, tmp_path, closed_loop_env(stack.prom.url)) as pair:
-            tuning = {"mode": "Auto", "cooldownSeconds": 0, "maxChangesPerHour": 60,
-                      "rolloutDeadlineSeconds": ROLLOUT_DEADLINE_S}  # fmt: skip
+            tuning = {
+                "mode": "Auto",
+                "cooldownSeconds": 0,
+                "maxChangesPerHour": 60,
+                "rolloutDeadlineSeconds": ROLLOUT_DEADLINE_S,
+            }
             cluster.apply([catalogue_isvc(name, ns, MODEL, H100, {"maxContextLength": 8192}, tuning)])
             service = PlannedService(cluster, stack, pair, ns, name, {}, 0)
-            obj = wait_for(lambda: o if settled(o := service.isvc()) else None, 180,
-                           f"{name} planned, Ready and past probation")  # fmt: skip
+            obj = wait_for(
+                lambda: o if settled(o := service.isvc()) else None,
+                180,
+                f"{name} planned, Ready and past probation",
+            )
             service.plan = applied(obj)
             service.plan_generation = service.deployment()["metadata"]["generation"]
             assert len(replica_sets(cluster, ns, name)) == 1

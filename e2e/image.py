@@ -39,8 +39,14 @@ SUITE = "bookworm"
 # `python -m pip`, `python -m venv`) and `python` on PATH. The runtime stage deletes pip and ensurepip again.
 BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "python-is-python3")
 # Build-time only, or documentation (Debian's slim images leave the last four out as well).
-BASE_TRIM = ("var/cache/apt/archives", "var/lib/apt/lists",
-             "usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale")  # fmt: skip
+BASE_TRIM = (
+    "var/cache/apt/archives",
+    "var/lib/apt/lists",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+)
 MIRROR = os.environ.get("KVPILOT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 IMAGE = "localhost/kvpilot:dev"
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's bundle, which Debian's pip uses too
@@ -71,10 +77,13 @@ def storage_args() -> list[str]:
     """Global options for buildah and podman: one vfs store under the cache, its run state under /tmp."""
     store = cache_dir() / "containers"
     return [
-        "--root", str(store / "storage"),
-        "--runroot", f"/tmp/kvpilot-containers-{os.getuid()}",
-        "--storage-driver", "vfs",
-    ]  # fmt: skip
+        "--root",
+        str(store / "storage"),
+        "--runroot",
+        f"/tmp/kvpilot-containers-{os.getuid()}",
+        "--storage-driver",
+        "vfs",
+    ]
 
 
 def podman_args() -> list[str]:
@@ -84,8 +93,10 @@ def podman_args() -> list[str]:
 def _run(argv: Sequence[str], what: str, timeout: float = 1800, **kw: object) -> str:
     proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
     if proc.returncode != 0:
-        raise ImageError(f"{what} failed ({proc.returncode}): {' '.join(argv)}\n{proc.stdout[-4000:]}\n"
-                         f"{proc.stderr[-4000:]}")  # fmt: skip
+        raise ImageError(
+            f"{what} failed ({proc.returncode}): {' '.join(argv)}\n{proc.stdout[-4000:]}\n"
+            f"{proc.stderr[-4000:]}"
+        )
     return str(proc.stdout)
 
 
@@ -114,8 +125,17 @@ def ensure_base_tarball() -> Path:
     rootfs = tar.with_name(f"rootfs-{base_key()}.tmp{os.getpid()}")
     shutil.rmtree(rootfs, ignore_errors=True)
     try:
-        _run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs),
-              MIRROR], "debootstrap")  # fmt: skip
+        _run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(BASE_PACKAGES)}",
+                SUITE,
+                str(rootfs),
+                MIRROR,
+            ],
+            "debootstrap",
+        )
         for junk in BASE_TRIM:
             shutil.rmtree(rootfs / junk, ignore_errors=True)
         partial = tar.with_name(f"{tar.name}.tmp{os.getpid()}")
@@ -131,8 +151,19 @@ def ensure_base() -> str:
     ref = base_ref()
     if not image_exists(ref):
         tar = ensure_base_tarball()
-        _run([*podman_args(), "import", "--change", f"ENV {BASE_PATH_ENV}", "--change", 'CMD ["python3"]',
-              str(tar), ref], "podman import")  # fmt: skip
+        _run(
+            [
+                *podman_args(),
+                "import",
+                "--change",
+                f"ENV {BASE_PATH_ENV}",
+                "--change",
+                'CMD ["python3"]',
+                str(tar),
+                ref,
+            ],
+            "podman import",
+        )
     return ref
 
 
@@ -152,9 +183,26 @@ def build(ref: str = IMAGE) -> Built:
     # The RUN steps trust what this machine trusts (its egress proxy's CA is in the host bundle): the bundle
     # is mounted for the build only and is not in any layer.
     trust = ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"] if Path(HOST_CA_BUNDLE).is_file() else []
-    _run(["buildah", *storage_args(), "build", "--isolation", "chroot", "--layers", "--pull=never", *trust,
-          "--build-arg", f"PYTHON_IMAGE={base}", "-f", str(ROOT / "Dockerfile"), "-t", ref, str(ROOT)],
-         "buildah build")  # fmt: skip
+    _run(
+        [
+            "buildah",
+            *storage_args(),
+            "build",
+            "--isolation",
+            "chroot",
+            "--layers",
+            "--pull=never",
+            *trust,
+            "--build-arg",
+            f"PYTHON_IMAGE={base}",
+            "-f",
+            str(ROOT / "Dockerfile"),
+            "-t",
+            ref,
+            str(ROOT),
+        ],
+        "buildah build",
+    )
     seconds = time.monotonic() - t0
     return Built(ref=ref, base=base, seconds=seconds, size_bytes=image_size(ref))
 

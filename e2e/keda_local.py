@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -37,7 +36,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster import ClusterError, LocalCluster, _die_with_parent, cache_root, free_port, locate_binaries
+from e2e.cluster import (
+    ClusterError,
+    LocalCluster,
+    _die_with_parent,
+    cache_root,
+    compute_build_key,
+    free_port,
+    locate_binaries,
+)
 
 E2E_DIR = Path(__file__).resolve().parent
 VERSIONS_ENV = E2E_DIR / "keda" / "versions.env"
@@ -60,15 +67,7 @@ class KedaError(RuntimeError):
 
 def cache_key() -> str:
     """Same key as e2e/build-keda.sh: sha256(e2e/keda/versions.env, go version)."""
-    try:
-        gover = subprocess.run(
-            ["go", "env", "GOVERSION"], check=True, capture_output=True, text=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise KedaError(f"cannot run `go env GOVERSION` to compute the KEDA cache key: {e}") from e
-    h = hashlib.sha256(VERSIONS_ENV.read_bytes())
-    h.update((gover + "\n").encode())
-    return h.hexdigest()[:16]
+    return compute_build_key([VERSIONS_ENV], "KEDA", KedaError)
 
 
 def bin_dir(build: bool = False) -> Path:

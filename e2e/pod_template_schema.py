@@ -42,46 +42,91 @@ END = "                # END spec.template\n"
 P = "io.k8s.api.core.v1."
 
 KEEP: dict[str, tuple[str, ...]] = {
-    f"{P}Volume": ("name", "configMap", "csi", "downwardAPI", "emptyDir", "hostPath", "image",
-                   "nfs", "persistentVolumeClaim", "projected", "secret"),
-    f"{P}Container": ("name", "image", "imagePullPolicy", "command", "args", "workingDir", "ports", "env",
-                      "envFrom", "resources", "volumeMounts", "livenessProbe", "readinessProbe",
-                      "startupProbe", "restartPolicy", "securityContext",
-                      "terminationMessagePolicy"),
-}  # fmt: skip
+    f"{P}Volume": (
+        "name",
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "hostPath",
+        "image",
+        "nfs",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    ),
+    f"{P}Container": (
+        "name",
+        "image",
+        "imagePullPolicy",
+        "command",
+        "args",
+        "workingDir",
+        "ports",
+        "env",
+        "envFrom",
+        "resources",
+        "volumeMounts",
+        "livenessProbe",
+        "readinessProbe",
+        "startupProbe",
+        "restartPolicy",
+        "securityContext",
+        "terminationMessagePolicy",
+    ),
+}
 """Types cut to some of their fields: the volume sources a cluster today uses (the in-tree cloud
 plugins are deprecated; generic ephemeral volumes are left out for size), the container fields a sidecar or
 an init container needs (no lifecycle hooks, for size). A type used twice is written once, as a YAML
 anchor named after it."""
 
 POD_FIELDS: dict[str, tuple[str, str]] = {
-    "affinity": (f"{P}Affinity", "Node, pod and pod anti-affinity. Merged with kvpilot's GPU-product node "
-                 "affinity "
-                 "(both must hold)."),
-    "topologySpreadConstraints": (f"{P}TopologySpreadConstraint",
-                                  "How the pods spread across zones or nodes."),
+    "affinity": (
+        f"{P}Affinity",
+        "Node, pod and pod anti-affinity. Merged with kvpilot's GPU-product node affinity (both must hold).",
+    ),
+    "topologySpreadConstraints": (
+        f"{P}TopologySpreadConstraint",
+        "How the pods spread across zones or nodes.",
+    ),
     "priorityClassName": ("string", "The pods' PriorityClass."),
     "runtimeClassName": ("string", "The pods' RuntimeClass (e.g. nvidia)."),
     "imagePullSecrets": (f"{P}LocalObjectReference", "Secrets to pull the images with."),
     "serviceAccountName": ("string", "The ServiceAccount the pods run as."),
-    "automountServiceAccountToken": ("boolean", "Mount the ServiceAccount's token into the pods. "
-                                     "Unset: false (vLLM never calls the Kubernetes API)."),
-    "securityContext": (f"{P}PodSecurityContext", "The pod's security context (merged over kvpilot's; "
-                        "spec.podSecurity Restricted sets its own)."),
+    "automountServiceAccountToken": (
+        "boolean",
+        "Mount the ServiceAccount's token into the pods. Unset: false (vLLM never calls the Kubernetes API).",
+    ),
+    "securityContext": (
+        f"{P}PodSecurityContext",
+        "The pod's security context (merged over kvpilot's; spec.podSecurity Restricted sets its own).",
+    ),
     "volumes": (f"{P}Volume", "Extra volumes (names must not be kvpilot's: dshm, the weight cache)."),
-    "initContainers": (f"{P}Container", "Init containers, run before kvpilot's weight download (a "
-                       "restartPolicy Always one is a native sidecar)."),
-    "containers": (f"{P}Container", "Sidecars; a container named vllm instead patches the vLLM container "
-                   "(securityContext, volumeMounts, envFrom only: its image, command, args, env, ports, "
-                   "probes and resources are kvpilot's)."),
+    "initContainers": (
+        f"{P}Container",
+        "Init containers, run before kvpilot's weight download (a "
+        "restartPolicy Always one is a native sidecar).",
+    ),
+    "containers": (
+        f"{P}Container",
+        "Sidecars; a container named vllm instead patches the vLLM container "
+        "(securityContext, volumeMounts, envFrom only: its image, command, args, env, ports, "
+        "probes and resources are kvpilot's).",
+    ),
     "schedulerName": ("string", "The scheduler that places the pods."),
     "dnsPolicy": ("string", "The pods' DNS policy."),
-    "hostIPC": ("boolean", "Share the node's IPC namespace (some multi-GPU set-ups need it; Restricted "
-                "forbids "
-                "it)."),
-}  # fmt: skip
-MAX_ITEMS = {"topologySpreadConstraints": 8, "imagePullSecrets": 8, "volumes": 32, "initContainers": 8,
-             "containers": 8}  # fmt: skip
+    "hostIPC": (
+        "boolean",
+        "Share the node's IPC namespace (some multi-GPU set-ups need it; Restricted forbids it).",
+    ),
+}
+MAX_ITEMS = {
+    "topologySpreadConstraints": 8,
+    "imagePullSecrets": 8,
+    "volumes": 32,
+    "initContainers": 8,
+    "containers": 8,
+}
 LIST_MAX_ITEMS = 32
 """maxItems of every other list below spec.template (env, args, ports, volume mounts, projected sources,
 match expressions, ...). With :data:`STRING_MAX_LENGTH` and :data:`MAP_MAX_PROPERTIES` it bounds the
@@ -92,9 +137,31 @@ STRING_MAX_LENGTH = 1024
 MAP_MAX_PROPERTIES = 32
 """maxProperties of every map below spec.template (resource limits, node selector terms' maps, ...)."""
 SIZE_LIMIT = pod_template.TEMPLATE_SIZE_LIMIT
-CEL_RESERVED = frozenset({"as", "break", "const", "continue", "else", "false", "for", "function", "if",
-                          "import", "in", "let", "loop", "null", "package", "namespace", "return", "true",
-                          "var", "void", "while"})  # fmt: skip
+CEL_RESERVED = frozenset(
+    {
+        "as",
+        "break",
+        "const",
+        "continue",
+        "else",
+        "false",
+        "for",
+        "function",
+        "if",
+        "import",
+        "in",
+        "let",
+        "loop",
+        "null",
+        "package",
+        "namespace",
+        "return",
+        "true",
+        "var",
+        "void",
+        "while",
+    }
+)
 """Field names CEL reaches as ``__name__`` (the API server's escaping)."""
 VLLM_PATCH_FIELDS = pod_template.VLLM_PATCH_FIELDS
 OWNED_LABELS = tuple(workloads.build_labels("-"))
@@ -138,9 +205,12 @@ def _expand_once(schemas: dict[str, Any], name: str, description: str | None, de
     if name.endswith("IntOrString"):
         return {"x-kubernetes-int-or-string": True, "description": desc}
     if name.endswith("Quantity"):
-        return {"x-kubernetes-int-or-string": True, "description": desc,
-                "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
-                           r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"}  # fmt: skip
+        return {
+            "x-kubernetes-int-or-string": True,
+            "description": desc,
+            "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+            r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
+        }
     out: dict[str, Any] = {"type": src.get("type", "object"), "description": desc}
     props = src.get("properties")
     if props:
@@ -224,45 +294,70 @@ def build_template_schema(schemas: dict[str, Any]) -> dict[str, Any]:
     image = pod["containers"]["items"]["properties"]["image"]  # the Container type, shared by initContainers
     image["pattern"] = r"^\S+$"  # no whitespace: 'evil/img latest' is not an image reference
     allowed = ", ".join(VLLM_PATCH_FIELDS[1:])
-    has = " && ".join(f"!has(c.{f})" for f in schemas[f"{P}Container"]["properties"]
-                      if f in KEEP[f"{P}Container"] and f not in VLLM_PATCH_FIELDS)  # fmt: skip
-    pod["containers"]["x-kubernetes-validations"] = [{
-        "rule": f"self.all(c, c.name != 'vllm' || ({has}))",
-        "message": f"a containers entry named vllm patches kvpilot's vLLM container and may set only "
-                   f"{allowed}",
-    }]  # fmt: skip
-    for field, names, what in (("initContainers", pod_template.RESERVED_INIT_CONTAINERS, "init container"),
-                               ("volumes", pod_template.RESERVED_VOLUMES, "volume")):  # fmt: skip
-        pod[field]["x-kubernetes-validations"] = [{
-            "rule": "self.all(x, " + " && ".join(f"x.name != '{n}'" for n in names) + ")",
-            "message": f"{what} names {', '.join(names)} are kvpilot's",
-        }]  # fmt: skip
+    has = " && ".join(
+        f"!has(c.{f})"
+        for f in schemas[f"{P}Container"]["properties"]
+        if f in KEEP[f"{P}Container"] and f not in VLLM_PATCH_FIELDS
+    )
+    pod["containers"]["x-kubernetes-validations"] = [
+        {
+            "rule": f"self.all(c, c.name != 'vllm' || ({has}))",
+            "message": f"a containers entry named vllm patches kvpilot's vLLM container and may set only "
+            f"{allowed}",
+        }
+    ]
+    for field, names, what in (
+        ("initContainers", pod_template.RESERVED_INIT_CONTAINERS, "init container"),
+        ("volumes", pod_template.RESERVED_VOLUMES, "volume"),
+    ):
+        pod[field]["x-kubernetes-validations"] = [
+            {
+                "rule": "self.all(x, " + " && ".join(f"x.name != '{n}'" for n in names) + ")",
+                "message": f"{what} names {', '.join(names)} are kvpilot's",
+            }
+        ]
     label_rule = " && ".join(f"!('{k}' in self)" for k in OWNED_LABELS)
-    labels = {"type": "object", "description": "Labels added to the pods (kvpilot's own labels win; "
-              "setting one is refused).", "maxProperties": 32,
-              "additionalProperties": {"type": "string", "description": "A label value.", "maxLength": 63},
-              "x-kubernetes-validations": [{"rule": label_rule, "message": "labels " + ", ".join(OWNED_LABELS)
-                                            + " are kvpilot's (its selector)"}]}  # fmt: skip
-    annotations = {"type": "object", "description": "Annotations added to the pods.", "maxProperties": 32,
-                   "additionalProperties": {"type": "string", "description": "An annotation value.",
-                                            "maxLength": 4096}}  # fmt: skip
+    labels = {
+        "type": "object",
+        "description": "Labels added to the pods (kvpilot's own labels win; setting one is refused).",
+        "maxProperties": 32,
+        "additionalProperties": {"type": "string", "description": "A label value.", "maxLength": 63},
+        "x-kubernetes-validations": [
+            {
+                "rule": label_rule,
+                "message": "labels " + ", ".join(OWNED_LABELS) + " are kvpilot's (its selector)",
+            }
+        ],
+    }
+    annotations = {
+        "type": "object",
+        "description": "Annotations added to the pods.",
+        "maxProperties": 32,
+        "additionalProperties": {"type": "string", "description": "An annotation value.", "maxLength": 4096},
+    }
     template = {
         "type": "object",
         "description": "A pod template fragment merged into the vLLM pods (docs/pod-template.md). What "
-                       "kvpilot owns wins: the tuned flags, the GPU resources, the vLLM container's image, "
-                       "command, args, env, probes, its labels and selector; setting one is refused. For a "
-                       "requester who may not create pods, the chart's admission policy refuses what a pod "
-                       "would need that right for (other images, commands, Secrets she may not read, host "
-                       "access, other ServiceAccounts, priorities, annotations; docs/operator.md, "
-                       "\"Admission policy\"). At most 64 KiB in all (its JSON, strings counted by "
-                       "character; the error says its weight).",
+        "kvpilot owns wins: the tuned flags, the GPU resources, the vLLM container's image, "
+        "command, args, env, probes, its labels and selector; setting one is refused. For a "
+        "requester who may not create pods, the chart's admission policy refuses what a pod "
+        "would need that right for (other images, commands, Secrets she may not read, host "
+        "access, other ServiceAccounts, priorities, annotations; docs/operator.md, "
+        '"Admission policy"). At most 64 KiB in all (its JSON, strings counted by '
+        "character; the error says its weight).",
         "properties": {
-            "metadata": {"type": "object", "description": "Labels and annotations of the pods.",
-                         "properties": {"labels": labels, "annotations": annotations}},
-            "spec": {"type": "object", "description": "Pod spec fields merged into the vLLM pods.",
-                     "properties": pod},
+            "metadata": {
+                "type": "object",
+                "description": "Labels and annotations of the pods.",
+                "properties": {"labels": labels, "annotations": annotations},
+            },
+            "spec": {
+                "type": "object",
+                "description": "Pod spec fields merged into the vLLM pods.",
+                "properties": pod,
+            },
         },
-    }  # fmt: skip
+    }
     return template
 
 
@@ -307,12 +402,19 @@ def snapshot() -> None:
     version = subprocess.run([kubectl, "get", "--raw", "/version"], check=True, capture_output=True)
     schemas = json.loads(raw.stdout)["components"]["schemas"]
     roots = [k for k, _ in POD_FIELDS.values() if k.startswith(P)]
-    SNAPSHOT.write_text(json.dumps({
-        "source": "kubectl get --raw /openapi/v3/api/v1 (the e2e control plane's kube-apiserver), "
-                  "cut to the types spec.template uses by e2e/pod_template_schema.py",
-        "serverVersion": json.loads(version.stdout)["gitVersion"],
-        "schemas": _closure(schemas, roots),
-    }, indent=1, sort_keys=True) + "\n")  # fmt: skip
+    SNAPSHOT.write_text(
+        json.dumps(
+            {
+                "source": "kubectl get --raw /openapi/v3/api/v1 (the e2e control plane's kube-apiserver), "
+                "cut to the types spec.template uses by e2e/pod_template_schema.py",
+                "serverVersion": json.loads(version.stdout)["gitVersion"],
+                "schemas": _closure(schemas, roots),
+            },
+            indent=1,
+            sort_keys=True,
+        )
+        + "\n"
+    )
 
 
 def write() -> None:

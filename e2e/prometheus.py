@@ -99,9 +99,23 @@ def make_ca(directory: Path, name: str) -> Path:
     """A self-signed CA (EC P-256, openssl) as ``<name>.crt`` / ``<name>.key`` in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-days", "30", "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.crt", cwd=directory,
-    )  # fmt: skip
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "30",
+        "-subj",
+        f"/CN={name}",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.crt",
+        cwd=directory,
+    )
     return directory / f"{name}.crt"
 
 
@@ -140,13 +154,38 @@ def make_web_security(directory: Path) -> WebSecurity:
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
     )
     _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj",
-        "/CN=prometheus", "-keyout", "server.key", "-out", "server.csr", cwd=directory,
-    )  # fmt: skip
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        "/CN=prometheus",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        cwd=directory,
+    )
     _openssl(
-        "x509", "-req", "-in", "server.csr", "-CA", ca.name, "-CAkey", "prometheus-ca.key",
-        "-CAcreateserial", "-days", "30", "-extfile", "server.ext", "-out", "server.crt", cwd=directory,
-    )  # fmt: skip
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        ca.name,
+        "-CAkey",
+        "prometheus-ca.key",
+        "-CAcreateserial",
+        "-days",
+        "30",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.crt",
+        cwd=directory,
+    )
     (directory / "server.key").chmod(0o600)
     return WebSecurity(ca_file=ca, cert_file=directory / "server.crt", key_file=directory / "server.key")
 

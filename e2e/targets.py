@@ -31,12 +31,29 @@ WEBHOOK_PATH = "/enginetuner-pods"
 """Where kopf serves the handler (its id: kvpilot.operator.enginetuner.target_main.WEBHOOK_ID)."""
 
 # production-stack's helm/templates/deployment-vllm-multi.yaml: everything in command
-PRODUCTION_STACK = (["vllm", "serve", LLAMA, "--host", "0.0.0.0", "--port", "8000",
-                     "--max-model-len", "131072", "--max-num-seqs", "256",
-                     "--gpu_memory_utilization", "0.95"], None)  # fmt: skip
+PRODUCTION_STACK = (
+    [
+        "vllm",
+        "serve",
+        LLAMA,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--max-model-len",
+        "131072",
+        "--max-num-seqs",
+        "256",
+        "--gpu_memory_utilization",
+        "0.95",
+    ],
+    None,
+)
 # KServe's vLLM runtime: a bash script passing "$@", the flags in args, the model from MODEL_DIR
-KSERVE = (["bash", "-c", "export MODEL=${MODEL_DIR}\nvllm serve ${MODEL} --host 0.0.0.0 --port 8000 $@\n",
-           "bash"], ["--max-model-len=131072", "--max-num-seqs", "128"])  # fmt: skip
+KSERVE = (
+    ["bash", "-c", "export MODEL=${MODEL_DIR}\nvllm serve ${MODEL} --host 0.0.0.0 --port 8000 $@\n", "bash"],
+    ["--max-model-len=131072", "--max-num-seqs", "128"],
+)
 LAYOUTS = {"production-stack": PRODUCTION_STACK, "kserve": KSERVE}
 
 
@@ -52,28 +69,48 @@ def install_crds(cluster: Any) -> None:
 
 
 def foreign_deployment(name: str, command: list[str], args: list[str] | None) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "vllm", "image": "vllm/vllm-openai:v0.33.0", "command": command,
-                                 "env": [{"name": "MODEL_DIR", "value": LLAMA}],
-                                 "resources": {"limits": {"nvidia.com/gpu": 1}}}  # fmt: skip
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:v0.33.0",
+        "command": command,
+        "env": [{"name": "MODEL_DIR", "value": LLAMA}],
+        "resources": {"limits": {"nvidia.com/gpu": 1}},
+    }
     if args is not None:
         container["args"] = args
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"model": name}},
-                 "template": {"metadata": {"labels": {"model": name}}, "spec": {
-                     "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"},
-                     "tolerations": [{"operator": "Exists"}],
-                     "containers": [container]}}},
-    }  # fmt: skip
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"model": name}},
+            "template": {
+                "metadata": {"labels": {"model": name}},
+                "spec": {
+                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [container],
+                },
+            },
+        },
+    }
 
 
 def engine_tuner(name: str, mode: str) -> dict[str, Any]:
     """The EngineTuner of the Deployment ``name``, with the model and GPU given (KServe's ``$MODEL`` is
     read from the environment; the spec makes both layouts plan alike)."""
-    return {"apiVersion": "kvpilot.io/v1alpha1", "kind": "EngineTuner", "metadata": {"name": name},
-            "spec": {"targetRef": {"kind": "Deployment", "name": name}, "updateMode": mode,
-                     "model": {"id": LLAMA, "source": "Catalogue"},
-                     "gpu": {"product": "NVIDIA-L4", "count": 1}}}  # fmt: skip
+    return {
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "EngineTuner",
+        "metadata": {"name": name},
+        "spec": {
+            "targetRef": {"kind": "Deployment", "name": name},
+            "updateMode": mode,
+            "model": {"id": LLAMA, "source": "Catalogue"},
+            "gpu": {"product": "NVIDIA-L4", "count": 1},
+        },
+    }
 
 
 class ForeignController(threading.Thread):
@@ -92,9 +129,19 @@ class ForeignController(threading.Thread):
 
     def apply_once(self) -> None:
         proc = self.cluster.kubectl(
-            "apply", "--server-side", f"--field-manager={FOREIGN_MANAGER}", "--force-conflicts",
-            "-n", self.namespace, "-f", "-", "-o", "json", input=json.dumps(self.manifest), check=False,
-        )  # fmt: skip
+            "apply",
+            "--server-side",
+            f"--field-manager={FOREIGN_MANAGER}",
+            "--force-conflicts",
+            "-n",
+            self.namespace,
+            "-f",
+            "-",
+            "-o",
+            "json",
+            input=json.dumps(self.manifest),
+            check=False,
+        )
         if proc.returncode != 0:
             self.failures.append(proc.stderr)
             return
@@ -119,16 +166,57 @@ def make_webhook_pki(directory: Path) -> bytes:
     a kubernetes.io/tls Secret, which the operator reads from ``KVPILOT_WEBHOOK_CERT_DIR``) in
     ``directory``; returns the CA certificate (the caBundle)."""
     directory.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=kvpilot-webhook-ca",
-             "-keyout", "ca.key", "-out", "ca.crt", cwd=directory)  # fmt: skip
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=kvpilot-webhook-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        cwd=directory,
+    )
     (directory / "server.ext").write_text(
         "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
         "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n"
     )
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kvpilot-webhook", "-keyout", "tls.key",
-             "-out", "server.csr", cwd=directory)  # fmt: skip
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "2", "-extfile", "server.ext", "-out", "tls.crt", cwd=directory)  # fmt: skip
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=kvpilot-webhook",
+        "-keyout",
+        "tls.key",
+        "-out",
+        "server.csr",
+        cwd=directory,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "tls.crt",
+        cwd=directory,
+    )
     return (directory / "ca.crt").read_bytes()
 
 
@@ -136,18 +224,36 @@ def webhook_configuration(name: str, port: int, ca: bytes, namespace: str) -> di
     """What the chart renders (templates/enginetuner-mutatingwebhook.yaml), pointed at the host operator by
     URL and limited to ``namespace`` (the suite's other tests create pods too)."""
     return {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name},
-        "webhooks": [{
-            "name": "enginetuner-pods.kvpilot.io",
-            "clientConfig": {"url": f"https://127.0.0.1:{port}{WEBHOOK_PATH}",
-                             "caBundle": base64.b64encode(ca).decode()},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"], "scope": "Namespaced"}],
-            "failurePolicy": "Ignore", "timeoutSeconds": 3, "sideEffects": "None",
-            "admissionReviewVersions": ["v1"], "reinvocationPolicy": "Never",
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            "objectSelector": {"matchExpressions": [
-                {"key": "kvpilot.io/exclude", "operator": "NotIn", "values": ["true"]}]},
-        }],
-    }  # fmt: skip
+        "webhooks": [
+            {
+                "name": "enginetuner-pods.kvpilot.io",
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{port}{WEBHOOK_PATH}",
+                    "caBundle": base64.b64encode(ca).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "failurePolicy": "Ignore",
+                "timeoutSeconds": 3,
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "reinvocationPolicy": "Never",
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "objectSelector": {
+                    "matchExpressions": [
+                        {"key": "kvpilot.io/exclude", "operator": "NotIn", "values": ["true"]}
+                    ]
+                },
+            }
+        ],
+    }

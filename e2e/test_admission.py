@@ -53,10 +53,26 @@ def adm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Admission]:
         a.kubectl("-n", TENANT, "create", "configmap", "alice-config", "--from-literal=config.json={}")
         # alice: InferenceServices in her namespace (what the chart aggregates into `edit`), her own token
         # and config
-        a.kubectl("-n", TENANT, "create", "role", "isvc", "--resource=inferenceservices.kvpilot.io",
-                  "--verb=get,list,watch,create,update,patch,delete")  # fmt: skip
-        a.kubectl("-n", TENANT, "create", "role", "own", "--verb=get", "--resource=secrets,configmaps",
-                  "--resource-name=hf-alice", "--resource-name=alice-config")  # fmt: skip
+        a.kubectl(
+            "-n",
+            TENANT,
+            "create",
+            "role",
+            "isvc",
+            "--resource=inferenceservices.kvpilot.io",
+            "--verb=get,list,watch,create,update,patch,delete",
+        )
+        a.kubectl(
+            "-n",
+            TENANT,
+            "create",
+            "role",
+            "own",
+            "--verb=get",
+            "--resource=secrets,configmaps",
+            "--resource-name=hf-alice",
+            "--resource-name=alice-config",
+        )
         a.kubectl("-n", TENANT, "create", "rolebinding", "alice-isvc", "--role=isvc", "--user=alice")
         a.kubectl("-n", TENANT, "create", "rolebinding", "alice-own", "--role=own", "--user=alice")
         # bob: the built-in edit role (pods, Deployments, Secrets, ... and, aggregated by the chart, ISVCs)
@@ -85,7 +101,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
             },
         },
         "spec.engine.env[PW].valueFrom.secretKeyRef names Secret db-password, which alice may not get",
-    ),  # fmt: skip
+    ),
     "hub-token": (
         {"model": {"id": MODEL, "source": "Hub", "hubTokenSecretRef": {"name": "db-password"}}},
         "spec.model.hubTokenSecretRef names Secret db-password, which alice may not get",
@@ -108,7 +124,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         },
         "spec.engine.env[CA].valueFrom.configMapKeyRef names ConfigMap kube-root-ca.crt, which alice may not "
         "get",
-    ),  # fmt: skip
+    ),
     "claim": (
         {"model": {"id": MODEL, "storage": {"persistentVolumeClaim": {"claimName": "someone-elses"}}}},
         "spec.model.storage.persistentVolumeClaim names PersistentVolumeClaim someone-elses, which alice may "
@@ -124,7 +140,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
             }
         },
         "spec.model.storage.hostPath mounts a directory of the node",
-    ),  # fmt: skip
+    ),
     "tolerate-everything": (
         {"model": {"id": MODEL}, "engine": {"tolerations": [{"operator": "Exists"}]}},
         "spec.engine.tolerations <every taint> Exists (any effect) not covered by the allowed tolerations",
@@ -150,7 +166,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
             },
         },
         "spec.engine.tolerations node-role.kubernetes.io/control-plane Exists:NoSchedule not covered",
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -197,9 +213,17 @@ def test_what_alice_may_read_and_allowed_values_are_admitted(adm: Admission) -> 
 def test_updates_are_checked_and_metadata_updates_never_refused(adm: Admission) -> None:
     assert adm.create_as("alice", {"model": {"id": MODEL}}, name="alice-update").returncode == 0
     patch = adm.kubectl(
-        "--as=alice", "-n", TENANT, "patch", "inferenceservices.kvpilot.io", "alice-update", "--type=merge",
-        "-p", '{"spec":{"engine":{"image":"evil.example/miner:2"}}}', check=False,
-    )  # fmt: skip
+        "--as=alice",
+        "-n",
+        TENANT,
+        "patch",
+        "inferenceservices.kvpilot.io",
+        "alice-update",
+        "--type=merge",
+        "-p",
+        '{"spec":{"engine":{"image":"evil.example/miner:2"}}}',
+        check=False,
+    )
     assert patch.returncode != 0 and "evil.example/miner:2 is not an allowed image" in patch.stderr
     # bob's object names a Secret alice cannot read; a metadata-only update (what kopf does for its finalizer
     # and progress annotations) is not a spec write and is admitted, so deletion never hangs on the policy
@@ -231,9 +255,14 @@ def test_cluster_wide_defaults_never_list_delete_or_write_secrets(adm: Admission
     anywhere (docs/install.md says so); but it never lists Secrets or ConfigMaps, never deletes a
     Deployment, and never writes a Secret, in kube-system or in any tenant's namespace."""
     for ns in ("kube-system", OTHER):
-        never = [("list", "secrets", "-n", ns), ("delete", "deployments.apps", "-n", ns),
-                 ("list", "configmaps", "-n", ns), ("create", "secrets", "-n", ns),
-                 ("update", "deployments.apps", "-n", ns), ("create", "pods", "-n", ns)]  # fmt: skip
+        never = [
+            ("list", "secrets", "-n", ns),
+            ("delete", "deployments.apps", "-n", ns),
+            ("list", "configmaps", "-n", ns),
+            ("create", "secrets", "-n", ns),
+            ("update", "deployments.apps", "-n", ns),
+            ("create", "pods", "-n", ns),
+        ]
         assert [a for a in never if adm.can_i_sa(*a)] == []
 
 

@@ -38,9 +38,17 @@ from e2e.waits import wait_for
 DOCS = ROOT / "docs" / "install.md"
 EXAMPLE = ROOT / "examples" / "llama-3.1-8b-on-l4.yaml"
 OPERATOR_ROLES = (
-    "discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads", "model-config",
-    "disruption", "tuningprofiles", "enginetuners",
-)  # fmt: skip
+    "discovery",
+    "gpu-discovery",
+    "capacity",
+    "framework",
+    "inferenceservices",
+    "workloads",
+    "model-config",
+    "disruption",
+    "tuningprofiles",
+    "enginetuners",
+)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -102,8 +110,11 @@ class HostOperator:
             tls.mkdir(exist_ok=True)
             for key in ("tls.crt", "tls.key"):
                 (tls / key).write_bytes(base64.b64decode(secret["data"][key]))
-            env.update(KVPILOT_WEBHOOK_CERT_DIR=str(tls), KVPILOT_WEBHOOK_PORT=str(free_port()),
-                       KVPILOT_WEBHOOK_ADDR="127.0.0.1")  # fmt: skip
+            env.update(
+                KVPILOT_WEBHOOK_CERT_DIR=str(tls),
+                KVPILOT_WEBHOOK_PORT=str(free_port()),
+                KVPILOT_WEBHOOK_ADDR="127.0.0.1",
+            )
         self.identity = identity
         self.log_path = chart.home / f"operator-{identity}.log"
         self._log = self.log_path.open("wb")
@@ -189,9 +200,12 @@ def test_install_creates_everything(chart: Chart) -> None:
     assert list(doc_blocks()) == ["install", "try", "upgrade", "namespaced", "uninstall"]
     chart.run_doc("install")
     for crd in (
-        "inferenceservices.kvpilot.io", "tuningprofiles.kvpilot.io", "enginetuners.kvpilot.io",
-        "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev",
-    ):  # fmt: skip
+        "inferenceservices.kvpilot.io",
+        "tuningprofiles.kvpilot.io",
+        "enginetuners.kvpilot.io",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    ):
         conditions = {c["type"]: c["status"] for c in chart.get("crd", crd)["status"]["conditions"]}
         assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
     assert (
@@ -385,14 +399,24 @@ def test_the_service_account_reads_a_crashed_pods_previous_log(chart: Chart, tmp
 
     from e2e import pods
     from e2e.fleet.truth import EngineArgs, GroundTruth
+    from kvpilot.operator.clients.pod_logs import POD_GONE, UnreadLog
     from kvpilot.operator.pods.pod_status import LOG_TAIL_LINES, ClusterPods, build_pod_view
     from kvpilot.tuner.loop.observations import RestartKind
 
     pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "crashed-vllm", "namespace": "demo"},
-        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.33.0",
-                                 "terminationMessagePolicy": "FallbackToLogsOnError"}]},
-    }  # fmt: skip
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "crashed-vllm", "namespace": "demo"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": "vllm/vllm-openai:v0.33.0",
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                }
+            ]
+        },
+    }
     chart.kubectl("create", "namespace", "demo", check=False)  # the install doc's step makes it too
     chart.kubectl("apply", "-f", "-", input=json.dumps(pod))
     truth, args = GroundTruth(non_kv_gib=60.0), EngineArgs(max_model_len=131072)
@@ -407,7 +431,10 @@ def test_the_service_account_reads_a_crashed_pods_previous_log(chart: Chart, tmp
     )
     reader = ClusterPods(config.new_client_from_config(config_file=str(chart.sa_kubeconfig())))
     tail = reader.read_previous_log("demo", "crashed-vllm", "vllm", LOG_TAIL_LINES)
-    assert tail is not None and tail.splitlines() == log.splitlines()
+    assert isinstance(tail, str) and tail.splitlines() == log.splitlines()
+    # a read that fails says why, from the API server's own answer (here: the pod is gone)
+    gone = reader.read_previous_log("demo", "no-such-vllm", "vllm", LOG_TAIL_LINES)
+    assert isinstance(gone, UnreadLog) and gone.reason == POD_GONE, gone
     assert build_pod_view(crashed).needs_log  # the termination message alone says nothing
     view = build_pod_view(crashed, log_tail=tail)
     assert view.restart is not None and view.restart.cause.kind == RestartKind.KV_CACHE_TOO_SMALL
@@ -493,9 +520,11 @@ def test_uninstall_keeps_the_crd_and_the_services(chart: Chart) -> None:
     assert chart.get("role", "kvpilot-workloads", "--namespace", "team-a") is None
     assert chart.get("kopfpeering", "kvpilot", "--namespace", "team-a") is None
     for crd in (
-        "inferenceservices.kvpilot.io", "tuningprofiles.kvpilot.io", "clusterkopfpeerings.kopf.dev",
+        "inferenceservices.kvpilot.io",
+        "tuningprofiles.kvpilot.io",
+        "clusterkopfpeerings.kopf.dev",
         "kopfpeerings.kopf.dev",
-    ):  # fmt: skip
+    ):
         assert chart.get("crd", crd), f"{crd} was deleted"
     assert chart.get("inferenceservices.kvpilot.io", "llama-8b-l4", "-n", "demo")
     assert chart.get("deployment", "llama-8b-l4", "--namespace", "demo")

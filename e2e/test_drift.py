@@ -111,8 +111,11 @@ def test_a_spec_update_during_ticks_reaches_ready_at_the_new_generation(
         time.sleep(0.5)
     assert {g for g, _ in seen} == {2}, seen
     # and Ready follows the new pods again (Serving at generation 2)
-    wait_for(lambda: condition(get(cluster, RESOURCE, NAME, "-n", ns), "Ready").get("reason") == "Serving",
-             WAIT_S, "Ready Serving at generation 2")  # fmt: skip
+    wait_for(
+        lambda: condition(get(cluster, RESOURCE, NAME, "-n", ns), "Ready").get("reason") == "Serving",
+        WAIT_S,
+        "Ready Serving at generation 2",
+    )
     history = get(cluster, RESOURCE, NAME, "-n", ns)["status"]["history"]
     assert [h["action"] for h in history][:1] == ["Planned"], history
     print(f"Ready at generation 2 {took:.1f} s after the spec update")
@@ -126,8 +129,9 @@ def test_a_deleted_deployment_and_service_are_recreated(cluster: LocalCluster, s
         started = time.monotonic()
         back = wait_for(
             lambda: (o := get(cluster, kind, NAME, "-n", ns)) and o["metadata"]["uid"] != uid and o,  # noqa: B023
-            30, f"{kind} {NAME} recreated",
-        )  # fmt: skip
+            30,
+            f"{kind} {NAME} recreated",
+        )
         print(f"{kind} recreated in {time.monotonic() - started:.1f} s")
         (owner,) = back["metadata"]["ownerReferences"]
         assert owner["name"] == NAME

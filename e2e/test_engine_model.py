@@ -24,8 +24,14 @@ H100 = GroundTruth(gpu_memory_gib=79.11, non_kv_gib=20.0)
 
 def step(decode: int, context: int, *, prefill: int = 0, fp8: bool = False) -> float:
     pairs = prefill * prefill / 2
-    return PERF.step_seconds(decode=decode, prefill=prefill, context_tokens=context, prefill_pairs=pairs,
-                             kv_bytes_per_token=131072, fp8_kv=fp8)  # fmt: skip
+    return PERF.step_seconds(
+        decode=decode,
+        prefill=prefill,
+        context_tokens=context,
+        prefill_pairs=pairs,
+        kv_bytes_per_token=131072,
+        fp8_kv=fp8,
+    )
 
 
 def test_decode_is_memory_bound_and_slows_with_context() -> None:

@@ -24,9 +24,20 @@ from e2e.vllm_cpu.engine_process import (
 )
 
 RENDERED = [
-    "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "8192", "--max-num-seqs", "64",
-    "--gpu-memory-utilization", "0.93", "--tensor-parallel-size", "1", "--max-num-batched-tokens", "4096",
-]  # fmt: skip
+    "vllm",
+    "serve",
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "--max-model-len",
+    "8192",
+    "--max-num-seqs",
+    "64",
+    "--gpu-memory-utilization",
+    "0.93",
+    "--tensor-parallel-size",
+    "1",
+    "--max-num-batched-tokens",
+    "4096",
+]
 
 
 def _flags(launch: EngineLaunch) -> dict[str, str]:

@@ -48,13 +48,30 @@ from kvpilot.operator.enginetuner import target
 from kvpilot.tuner.vllm import command as vllm_command
 
 # what the owner runs before it adopts kvpilot's recommendation: starts on an L4, differs from the plan
-OWNER_COMMAND = ["vllm", "serve", LLAMA, "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "8192",
-                 "--max-num-seqs", "8", "--gpu_memory_utilization", "0.85"]  # fmt: skip
+OWNER_COMMAND = [
+    "vllm",
+    "serve",
+    LLAMA,
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8000",
+    "--max-model-len",
+    "8192",
+    "--max-num-seqs",
+    "8",
+    "--gpu_memory_utilization",
+    "0.85",
+]
 # an L4 as torch sees it, Llama-3.1-8B in bf16: 24 576 tokens of KV at 0.90 (kvpilot's model says ~30 900)
 L4_8B = GroundTruth(
-    gpu_memory_gib=21.96, non_kv_gib=round(0.90 * 21.96 - 24576 * 131072 / (1 << 30), 4),
-    kv_bytes_per_token=131072, default_max_num_seqs=256, startup_s=1.0, backoff_s=3.0,
-)  # fmt: skip
+    gpu_memory_gib=21.96,
+    non_kv_gib=round(0.90 * 21.96 - 24576 * 131072 / (1 << 30), 4),
+    kv_bytes_per_token=131072,
+    default_max_num_seqs=256,
+    startup_s=1.0,
+    backoff_s=3.0,
+)
 STORM = Workload(arrival_rate=3.0, prompt_tokens=1500, output_tokens=1500, time_scale=4.0)
 FAST = {"cooldownSeconds": 0, "maxChangesPerHour": 60, "rolloutDeadlineSeconds": 30}
 WAIT_S = 120.0
@@ -70,8 +87,14 @@ def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, Fleet, P
         PrometheusServer(tmp_path / "prometheus", scrape_interval="1s") as prom,
     ):
         scenario = Scenario(truth=L4_8B, workload=STORM)
-        fleet = Fleet(cluster.kubeconfig, prom.targets_file, namespaces=[ns], label_selector="model=llama",
-                      default_scenario=scenario, kubectl=cluster.kubectl_bin)  # fmt: skip
+        fleet = Fleet(
+            cluster.kubeconfig,
+            prom.targets_file,
+            namespaces=[ns],
+            label_selector="model=llama",
+            default_scenario=scenario,
+            kubectl=cluster.kubectl_bin,
+        )
         with fleet:
             env = {**closed_loop_env(prom.url), "KVPILOT_TARGET_INTERVAL": "2"}
             with host_operator(cluster, tmp_path / "kopf.log", "kvtmet-*", env) as log:

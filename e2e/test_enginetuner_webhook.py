@@ -13,8 +13,9 @@ on the L4 nodes; a crash is written to the pod's status as kubelet reports it (e
   pods are left alone, and the Deployment stays at generation 1 with the foreign controller its only
   writer.
 * Auto: a target crash-looping with CUDA OOM is replaced by a pod with the recommendation; when that pod
-  hits CUDA OOM too, the closed loop lowers the recommendation (status.history, failedSettings) and the
-  next pod carries the lower settings; the Deployment is never written.
+  hits CUDA OOM too (said only in its previous log, which the operator reads through the API server), the
+  closed loop lowers the recommendation (status.history, failedSettings) and the next pod carries the lower
+  settings; the Deployment is never written.
 * Operator stopped: pods are created untouched (failurePolicy Ignore), and promptly.
 """
 
@@ -32,7 +33,7 @@ from typing import Any
 import pytest
 
 from e2e.cluster import LocalCluster, free_port
-from e2e.pods import CUDA_OOM_MESSAGE, simulate_container_crash
+from e2e.pods import CUDA_OOM_MESSAGE, serve_previous_log, simulate_container_crash
 from e2e.targets import (
     FOREIGN_MANAGER,
     LAYOUTS,
@@ -56,6 +57,11 @@ L4_OOM_MESSAGE = (
     .replace("68.83 GiB", "19.71 GiB")
 )
 
+ENGINE_CORE_FAILED = (
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+)
+"""The last line of a real vLLM's log after its engine core died (the termination message's tail)."""
+
 
 @dataclass
 class Webhook:
@@ -65,8 +71,12 @@ class Webhook:
     log_dir: Path
 
     def env(self) -> dict[str, str]:
-        return {"KVPILOT_WEBHOOK_PORT": str(self.port), "KVPILOT_WEBHOOK_CERT_DIR": str(self.cert_dir),
-                "KVPILOT_WEBHOOK_ADDR": "127.0.0.1", "KVPILOT_TARGET_INTERVAL": "2"}  # fmt: skip
+        return {
+            "KVPILOT_WEBHOOK_PORT": str(self.port),
+            "KVPILOT_WEBHOOK_CERT_DIR": str(self.cert_dir),
+            "KVPILOT_WEBHOOK_ADDR": "127.0.0.1",
+            "KVPILOT_TARGET_INTERVAL": "2",
+        }
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +91,11 @@ def operator(cluster: LocalCluster, webhook: Webhook, name: str) -> Iterator[Any
     log = webhook.log_dir / f"{name}.log"
     proc = spawn_host_operator(cluster, log, "kvtwh-*", webhook.env())
     try:
-        wait_for(lambda: "Listening for webhooks at" in log.read_text() or proc.poll() is not None, 30,
-                 "the webhook server to listen")  # fmt: skip
+        wait_for(
+            lambda: "Listening for webhooks at" in log.read_text() or proc.poll() is not None,
+            30,
+            "the webhook server to listen",
+        )
         yield proc
     finally:
         stop_host_operator(proc, log)
@@ -206,8 +219,11 @@ def test_initial_tunes_new_pods_only_and_never_the_deployment(
         assert [w for w in tokens(fresh) if w in ("--host", "0.0.0.0", "--port", "8000")] == [
             w for w in original if w in ("--host", "0.0.0.0", "--port", "8000")
         ]
-        status = wait_for(lambda: (s := t.tuner()["status"])["discovered"]["podsTuned"] == 1 and s, 30,
-                          "status.discovered.podsTuned")  # fmt: skip
+        status = wait_for(
+            lambda: (s := t.tuner()["status"])["discovered"]["podsTuned"] == 1 and s,
+            30,
+            "status.discovered.podsTuned",
+        )
         assert status["discovered"]["pods"] == 1
         time.sleep(5)  # the foreign controller re-applies twice more
         t.assert_untouched()
@@ -215,21 +231,45 @@ def test_initial_tunes_new_pods_only_and_never_the_deployment(
 
 @pytest.mark.e2e
 def test_auto_fixes_an_oom_loop_without_editing_the_deployment(
-    cluster: LocalCluster, webhook: Webhook
+    cluster: LocalCluster, webhook: Webhook, tmp_path: Path
 ) -> None:
     with operator(cluster, webhook, "auto"), target(cluster, webhook, "production-stack") as t:
         first = t.one_pod()
-        simulate_container_crash(cluster.kubeconfig, t.ns, first["metadata"]["name"], container="vllm",
-                                 message=L4_OOM_MESSAGE, kubectl=cluster.kubectl_bin)  # fmt: skip
+        simulate_container_crash(
+            cluster.kubeconfig,
+            t.ns,
+            first["metadata"]["name"],
+            container="vllm",
+            message=L4_OOM_MESSAGE,
+            kubectl=cluster.kubectl_bin,
+        )
         cluster.kubectl("apply", "-n", t.ns, "-f", "-", input=json.dumps(engine_tuner("llama", "Auto")))
         planned = t.recommendation()
         # the crash-looping pod runs the owner's settings: evicted at once, its replacement tuned
         second = t.one_pod(other_than={first["metadata"]["name"]})
         assert carries(second, planned), (tokens(second), planned)
 
-        # the recommendation itself hits CUDA OOM: the closed loop lowers it, Auto replaces the pod
-        simulate_container_crash(cluster.kubeconfig, t.ns, second["metadata"]["name"], container="vllm",
-                                 message=L4_OOM_MESSAGE, kubectl=cluster.kubectl_bin)  # fmt: skip
+        # the recommendation itself hits CUDA OOM: the closed loop lowers it, Auto replaces the pod. The
+        # termination message explains nothing (a real vLLM's start-up failure leaves its cause further up):
+        # the EngineTuner reads the previous log through the API server (KWOK serves it), as an
+        # InferenceService does
+        serve_previous_log(
+            cluster.kubeconfig,
+            t.ns,
+            second["metadata"]["name"],
+            "vllm",
+            L4_OOM_MESSAGE,
+            tmp_path,
+            kubectl=cluster.kubectl_bin,
+        )
+        simulate_container_crash(
+            cluster.kubeconfig,
+            t.ns,
+            second["metadata"]["name"],
+            container="vllm",
+            message=ENGINE_CORE_FAILED,
+            kubectl=cluster.kubectl_bin,
+        )
         lowered = t.recommendation(unlike=planned)
         third = t.one_pod(other_than={first["metadata"]["name"], second["metadata"]["name"]})
         assert carries(third, lowered), (tokens(third), lowered)
@@ -239,8 +279,11 @@ def test_auto_fixes_an_oom_loop_without_editing_the_deployment(
         assert {k: v for k, v in retuned[-1]["from"].items() if v is not None} == {
             k: v for k, v in planned.items() if v is not None
         }
-        assert any({k: v for k, v in f.items() if v is not None} == {k: v for k, v in planned.items()
-                   if v is not None} for f in status["failedSettings"])  # fmt: skip
+        assert any(
+            {k: v for k, v in f.items() if v is not None}
+            == {k: v for k, v in planned.items() if v is not None}
+            for f in status["failedSettings"]
+        )
         lower = (lowered.get("gpuMemoryUtilization") or 1) < (planned.get("gpuMemoryUtilization") or 1)
         assert lower or lowered["maxNumSeqs"] < planned["maxNumSeqs"], (planned, lowered)
         assert status["evictions"] == 2

@@ -232,7 +232,6 @@ def test_fleet_does_not_import_kvpilot() -> None:
             assert not any(n == "kvpilot" or n.startswith("kvpilot.") for n in names), (path.name, names)
 
 
-
 def _sample_names(naming: str) -> set[str]:
     return {s.name for fam in _exported(naming).values() for s in fam.samples}
 
@@ -276,6 +275,7 @@ def test_the_fleet_pod_is_the_one_kvpilot_renders() -> None:
     (container,) = vllm_deployment("a", "ns", [])["spec"]["template"]["spec"]["containers"]
     assert container["name"] == serving.CONTAINER_NAME
     assert container["ports"] == [{"name": "http", "containerPort": serving.PORT}]
+
 
 def test_missing_prometheus_binary_fails_loudly(tmp_path: Path) -> None:
     from e2e.prometheus import PrometheusError

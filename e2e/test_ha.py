@@ -130,11 +130,17 @@ def test_the_follower_takes_over_when_the_leader_is_killed(
         assert len(before) < FLEET
         create(cluster, ns, range(half, FLEET))  # created during the outage
 
-        wait_for(lambda: "Resuming operations after the pause" in logs["follower"].read_text(),
-                 LIFETIME_S + SLACK_S, "the follower to resume")  # fmt: skip
+        wait_for(
+            lambda: "Resuming operations after the pause" in logs["follower"].read_text(),
+            LIFETIME_S + SLACK_S,
+            "the follower to resume",
+        )
         resumed_s = time.monotonic() - killed_at
-        wait_for(lambda: "reconciled (Created)" in logs["follower"].read_text(), LIFETIME_S + SLACK_S,
-                 "the follower's first decision")  # fmt: skip
+        wait_for(
+            lambda: "reconciled (Created)" in logs["follower"].read_text(),
+            LIFETIME_S + SLACK_S,
+            "the follower's first decision",
+        )
         first_decision_s = time.monotonic() - killed_at
         wait_for(lambda: len(planned(cluster, ns)) == FLEET, 180, "every InferenceService Planned")
         done = planned(cluster, ns)
@@ -212,6 +218,7 @@ def test_the_follower_finishes_the_rollout_the_killed_leader_started(
 
         rolling = wait_for(retuning, 120, "the leader's retune rolling out")
         target = {k: v for k, v in rolling["status"]["rollout"]["settings"].items() if v is not None}
+
         # the record comes first and the Deployment follows it (milliseconds later): kill once it has
         def retuned_template() -> dict[str, Any] | None:
             dep = svc.deployment()
@@ -221,19 +228,28 @@ def test_the_follower_finishes_the_rollout_the_killed_leader_started(
         revision = "deployment.kubernetes.io/revision"
         # the fleet decides when a pod is Ready (KWOK's pod-ready stage marks a new pod Ready for a moment,
         # until the fleet's next poll writes it back as loading), so ask the fleet, not the ReplicaSet
-        new_sets = [rs["metadata"]["name"] for rs in replica_sets(cluster, ns, name)
-                    if rs["metadata"]["annotations"].get(revision) == "2"]  # fmt: skip
+        new_sets = [
+            rs["metadata"]["name"]
+            for rs in replica_sets(cluster, ns, name)
+            if rs["metadata"]["annotations"].get(revision) == "2"
+        ]
         assert svc.stack.fleet is not None
-        serving = [p["pod"] for p in svc.stack.fleet.pods(ns, name) if p["state"] == SERVING
-                   and any(p["pod"].startswith(f"{rs}-") for rs in new_sets)]  # fmt: skip
+        serving = [
+            p["pod"]
+            for p in svc.stack.fleet.pods(ns, name)
+            if p["state"] == SERVING and any(p["pod"].startswith(f"{rs}-") for rs in new_sets)
+        ]
         assert not serving, f"the new pod was serving before the kill: not mid-rollout ({serving})"
         assert "reconciled (" not in logs["follower"].read_text(), "the follower wrote before the kill"
         leader.send_signal(signal.SIGKILL)  # mid-rollout: the new ReplicaSet's pod is still loading
         killed_at = time.monotonic()
         leader.wait()
 
-        wait_for(lambda: "Resuming operations after the pause" in logs["follower"].read_text(),
-                 LIFETIME_S + SLACK_S, "the follower to resume")  # fmt: skip
+        wait_for(
+            lambda: "Resuming operations after the pause" in logs["follower"].read_text(),
+            LIFETIME_S + SLACK_S,
+            "the follower to resume",
+        )
         resumed_s = time.monotonic() - killed_at
         mid = isvc()["status"].get("rollout")
         done = wait_retune_settled(isvc)

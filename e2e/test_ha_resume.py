@@ -78,19 +78,35 @@ def _hold(point: str, name: str) -> Hold:
     if point == BETWEEN:  # the record may land, the Deployment may not follow it
         template = {"spec": {"template": {"metadata": {"annotations": {"kvpilot-e2e/probe": "1"}}}}}
         return Hold(
-            {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["UPDATE"],
-             "resources": ["deployments"], "resourceNames": [name]},
+            {
+                "apiGroups": ["apps"],
+                "apiVersions": ["v1"],
+                "operations": ["UPDATE"],
+                "resources": ["deployments"],
+                "resourceNames": [name],
+            },
             "object.spec.template == oldObject.spec.template",
             ("deployment", name, "--type=merge", "-p", json.dumps(template)),
-        )  # fmt: skip
+        )
     return Hold(  # no change of status.applied may land: the decision is never recorded
-        {"apiGroups": [api.GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
-         "resources": [f"{api.PLURAL}/status"], "resourceNames": [name]},
+        {
+            "apiGroups": [api.GROUP],
+            "apiVersions": ["*"],
+            "operations": ["UPDATE"],
+            "resources": [f"{api.PLURAL}/status"],
+            "resourceNames": [name],
+        },
         "!has(oldObject.status) || !has(oldObject.status.applied) || "
         "(has(object.status.applied) && object.status.applied == oldObject.status.applied)",
-        (RESOURCE, name, "--subresource=status", "--type=merge", "-p",
-         json.dumps({"status": {"applied": {"maxNumSeqs": 3}}})),
-    )  # fmt: skip
+        (
+            RESOURCE,
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"applied": {"maxNumSeqs": 3}}}),
+        ),
+    )
 
 
 class Policy:
@@ -108,16 +124,21 @@ class Policy:
         api_version = "admissionregistration.k8s.io/v1"
         namespace = {"matchLabels": {"kubernetes.io/metadata.name": self.ns}}
         policy = {
-            "apiVersion": api_version, "kind": "ValidatingAdmissionPolicy", "metadata": {"name": self.name},
-            "spec": {"failurePolicy": "Fail",
-                     "matchConstraints": {"resourceRules": [self.hold.rule], "namespaceSelector": namespace},
-                     "validations": [{"expression": self.hold.expression, "message": MARK}]},
-        }  # fmt: skip
+            "apiVersion": api_version,
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": self.name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [self.hold.rule], "namespaceSelector": namespace},
+                "validations": [{"expression": self.hold.expression, "message": MARK}],
+            },
+        }
         binding = {
-            "apiVersion": api_version, "kind": "ValidatingAdmissionPolicyBinding",
+            "apiVersion": api_version,
+            "kind": "ValidatingAdmissionPolicyBinding",
             "metadata": {"name": self.name},
             "spec": {"policyName": self.name, "validationActions": ["Deny"]},
-        }  # fmt: skip
+        }
         self.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([policy, binding]))
         wait_for(self._refused, 60, f"{self.name} to be enforced")  # the API server loads policies lazily
 
@@ -164,8 +185,11 @@ def test_the_follower_completes_a_change_the_killed_leader_left_half_done(
                 recorded = applied(left)
                 assert [h["action"] for h in history(left)] == ["Planned", "Retuned"], history(left)
                 assert recorded != svc.plan and float(recorded["gpuMemoryUtilization"]) <= limit, recorded
-                rollout = {k: v for k, v in (left["status"].get("rollout") or {}).get("settings", {}).items()
-                           if v is not None}  # fmt: skip
+                rollout = {
+                    k: v
+                    for k, v in (left["status"].get("rollout") or {}).get("settings", {}).items()
+                    if v is not None
+                }
                 assert rollout == recorded, left["status"].get("rollout")
             else:  # nothing recorded
                 assert "HTTP 422" in pair.log("leader")  # refused by the admission policy
@@ -176,8 +200,11 @@ def test_the_follower_completes_a_change_the_killed_leader_left_half_done(
         assert "Resuming operations after the pause" not in pair.log("follower"), "resumed under the policy"
         released_s = time.monotonic() - killed_at
 
-        wait_for(lambda: "Resuming operations after the pause" in pair.log("follower"),
-                 LIFETIME_S + SLACK_S, "the follower to resume")  # fmt: skip
+        wait_for(
+            lambda: "Resuming operations after the pause" in pair.log("follower"),
+            LIFETIME_S + SLACK_S,
+            "the follower to resume",
+        )
         resumed_s = time.monotonic() - killed_at
         wait_for(lambda: _template_changed(svc), 60, "the follower's change of the Deployment")
         applied_s = time.monotonic() - killed_at

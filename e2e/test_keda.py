@@ -250,9 +250,15 @@ def test_keda_scales_an_inferenceservice_and_a_retune_keeps_the_count(world: Wor
     # autoscaler's: retunes are allowed now (a spec change: the reconcile re-applies the Deployment too),
     # while the HPA goes on scaling out (one pod per 10 s, up to MAX_REPLICAS)
     w.cluster.kubectl(
-        "patch", "inferenceservice", NAME, "-n", w.ns, "--type=merge",
-        "-p", json.dumps({"spec": {"tuning": {"maxChangesPerHour": 60}}}),
-    )  # fmt: skip
+        "patch",
+        "inferenceservice",
+        NAME,
+        "-n",
+        w.ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"tuning": {"maxChangesPerHour": 60}}}),
+    )
     obj = stack.wait_isvc(w.ns, NAME, _retunes, timeout=360, what="a retune")
     change = _retunes(obj)[0]
     assert change["trigger"] in ("IdleCapacity", "GpuMemoryPressure"), change

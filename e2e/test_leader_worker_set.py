@@ -1,14 +1,19 @@
-"""kvpilot's LeaderWorkerSet on the real API server with LWS's CRD installed (issue 28).
+"""kvpilot's LeaderWorkerSet on the real API server with the real LWS controller (issue 28).
 
-The LWS controller is not part of this control plane yet (its Go module could not be fetched), so nothing
-makes the group's pods; what is checked is everything up to it, against the real API server: the operator's
-client discovers the kind only once its CRD is installed (``ClusterKube.serves_kind``: an InferenceService of
-several nodes is ``LeaderWorkerSetNotInstalled`` before), the LeaderWorkerSet ``kvpilot render`` builds is
-accepted by the CRD's validation and comes back unpruned after kvpilot's server-side apply, and an LWS of the
-same name that is not kvpilot's is a NameConflict through the operator's own apply path, and the operator
-itself, given an InferenceService of two nodes per replica, applies the group and no Deployment. The CRD is
-LWS v0.10.0's (tests/data/lws, provenance in tests/data/README.md); it is removed again after the module, so
-the other modules see a cluster without it.
+LWS v0.10.0's controller manager (``sigs.k8s.io/lws``, built from its pinned commit by e2e/build-lws.sh,
+run by :mod:`e2e.lws_local` with its webhooks) serves the kind for this module only. Checked:
+
+* the operator's client discovers the kind only once its CRD is installed (``ClusterKube.serves_kind``: an
+  InferenceService of several nodes is ``LeaderWorkerSetNotInstalled`` before);
+* the LeaderWorkerSet ``kvpilot render`` builds is accepted by the CRD's validation and LWS's webhook and
+  comes back unpruned after kvpilot's server-side apply;
+* an LWS of the same name that is not kvpilot's is a NameConflict through the operator's own apply path;
+* the operator itself, given an InferenceService of two nodes per replica, applies the group and no
+  Deployment;
+* on a pool of KWOK 8-GPU nodes, the controller makes the group's leader and worker pods on two nodes, the
+  service is Ready, new arguments roll the group, and a hand edit of the set is put back (drift repair).
+
+The CRDs are removed again after the module, so the other modules see a cluster without them.
 """
 
 from __future__ import annotations
@@ -17,14 +22,20 @@ import asyncio
 import gzip
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import config
 
 from e2e.cluster import LocalCluster
+from e2e.fleet.kopf_process import OperatorProcess
+from e2e.fleet.stack import ISVC, closed_loop_env
+from e2e.lws_local import LwsController
+from e2e.nodes import H100_80GB_HBM3, NodePool, node_manifest
 from e2e.waits import host_operator, wait_established, wait_for
 from kvpilot.operator import errors
 from kvpilot.operator.clients.kube import ClusterKube
@@ -36,26 +47,45 @@ ROOT = Path(__file__).resolve().parents[1]
 LWS_CRD = ROOT / "tests" / "data" / "lws" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml.gz"
 CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
 ISVC_CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
-DEEPSEEK = {
-    "apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "dsv3"},
-    "spec": {"model": {"id": "deepseek-ai/DeepSeek-V3"}, "serving": {"maxContextLength": 32768},
-             "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": 2}},
-}  # fmt: skip
+DEEPSEEK: dict[str, Any] = {
+    "apiVersion": "kvpilot.io/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "dsv3"},
+    "spec": {
+        "model": {"id": "deepseek-ai/DeepSeek-V3"},
+        "serving": {"maxContextLength": 32768},
+        "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": 2},
+    },
+}
 
 
 @pytest.fixture(scope="module")
-def kube(cluster: LocalCluster) -> Iterator[ClusterKube]:
-    """The operator's client on the cluster; LWS's CRD is installed after the first check and removed after
-    the module."""
+def controller(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LwsController]:
+    """LWS's controller with its CRDs and webhooks, for this module; the CRDs are removed after it."""
     client = ClusterKube(config.new_client_from_config(config_file=str(cluster.kubeconfig)))
     assert not client.serves_kind(lws.KIND), "the LWS CRD is installed before this module installed it"
-    cluster.kubectl("apply", "--server-side", "-f", "-", input=gzip.decompress(LWS_CRD.read_bytes()).decode())
+    ctl = LwsController(cluster, tmp_path_factory.mktemp("lws"))
     try:
-        wait_established(cluster.kubectl, f"crd/{CRD_NAME}")
-        wait_for(lambda: client.serves_kind(lws.KIND), 60, "discovery serves leaderworkerset.x-k8s.io/v1")
-        yield client
+        yield ctl.start()
     finally:
-        cluster.kubectl("delete", "crd", CRD_NAME, "--wait=true", check=False)
+        ctl.stop()
+        ctl.uninstall()
+        print(f"LWS controller log: {ctl.dir / 'lws.log'}")
+
+
+@pytest.fixture(scope="module")
+def kube(cluster: LocalCluster, controller: LwsController) -> ClusterKube:
+    """The operator's client on the cluster, once the controller's CRDs are served (they were not before)."""
+    client = ClusterKube(config.new_client_from_config(config_file=str(cluster.kubeconfig)))
+    wait_established(cluster.kubectl, f"crd/{CRD_NAME}")
+    wait_for(lambda: client.serves_kind(lws.KIND), 60, "discovery serves leaderworkerset.x-k8s.io/v1")
+    return client
+
+
+def test_the_built_crd_is_the_one_the_unit_tests_validate_against(controller: LwsController) -> None:
+    """tests/data/lws's copy (what the unit tests check the rendered group against) is the built release's."""
+    built = yaml.safe_load((controller.bin / "crds" / LWS_CRD.name.removesuffix(".gz")).read_text())
+    assert built == yaml.safe_load(gzip.decompress(LWS_CRD.read_bytes()))
 
 
 def rendered(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -77,7 +107,21 @@ def is_subset(wanted: Any, have: Any, where: str = "") -> list[str]:
             return [where]
         pairs = enumerate(zip(wanted, have, strict=True))
         return [p for i, (w, h) in pairs for p in is_subset(w, h, f"{where}[{i}]")]
+    if isinstance(wanted, int) and isinstance(have, str) and ".resources." in where:
+        return [] if str(wanted) == have else [where]  # LWS's webhook writes a quantity back as a string
     return [] if wanted == have else [where]
+
+
+def test_the_groups_disruption_budget_is_kept_whole(kube: ClusterKube, namespace: str) -> None:
+    """Two groups get a budget over all their pods with unhealthyPodEvictionPolicy (policy/v1, GA in 1.31):
+    the API server keeps every field kvpilot set."""
+    two = {**DEEPSEEK, "spec": {**DEEPSEEK["spec"], "replicas": 2}}
+    (budget,) = [m for m in render.build_manifests(two) if m["kind"] == "PodDisruptionBudget"]
+    budget["metadata"]["namespace"] = namespace
+    kube.apply(budget)
+    back = kube.read_object("PodDisruptionBudget", namespace, budget["metadata"]["name"])
+    assert back is not None and is_subset(budget["spec"], back["spec"]) == []
+    assert back["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
 def test_the_rendered_group_is_accepted_and_kept_whole(kube: ClusterKube, namespace: str) -> None:
@@ -93,7 +137,11 @@ def test_the_rendered_group_is_accepted_and_kept_whole(kube: ClusterKube, namesp
     assert "--master-addr" in leader and lws.LEADER_ADDRESS in leader
     kube.apply(group)  # re-applying the same object is a no-op, not a conflict
     again = kube.read_object(lws.KIND, namespace, "dsv3")
-    assert again is not None and again["metadata"]["generation"] == back["metadata"]["generation"]
+    assert again is not None
+    assert again["metadata"]["generation"] == back["metadata"]["generation"], (
+        is_subset(back["spec"], again["spec"]),
+        is_subset(again["spec"], back["spec"]),
+    )
 
 
 def test_a_group_the_api_server_refuses_is_apply_rejected(kube: ClusterKube, namespace: str) -> None:
@@ -109,9 +157,22 @@ def test_another_teams_group_of_that_name_is_a_name_conflict(
     _, group = rendered(namespace)
     theirs = {**group, "metadata": {"name": "dsv3", "namespace": namespace}}
     cluster.kubectl("apply", "-f", "-", input=json.dumps(theirs))
-    ours = {**group, "metadata": {**group["metadata"], "ownerReferences": [{
-        "apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "name": "dsv3", "uid": "u-dsv3",
-        "controller": True, "blockOwnerDeletion": True}]}}  # fmt: skip
+    ours = {
+        **group,
+        "metadata": {
+            **group["metadata"],
+            "ownerReferences": [
+                {
+                    "apiVersion": "kvpilot.io/v1alpha1",
+                    "kind": "InferenceService",
+                    "name": "dsv3",
+                    "uid": "u-dsv3",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+    }
     with pytest.raises(errors.NameConflict, match=f"LeaderWorkerSet {namespace}/dsv3 already exists"):
         asyncio.run(workloads.apply_workloads([ours], kube, ownership.VerifiedOwners()))
     kept = kube.read_object(lws.KIND, namespace, "dsv3")
@@ -131,8 +192,9 @@ def test_the_operator_applies_the_group_for_an_inference_service_of_two_nodes(
         cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
 
         def ready() -> dict[str, Any] | None:
-            obj = json.loads(cluster.kubectl("get", "inferenceservices.kvpilot.io", "dsv3", "-n", ns,
-                                             "-o", "json").stdout)  # fmt: skip
+            obj = json.loads(
+                cluster.kubectl("get", "inferenceservices.kvpilot.io", "dsv3", "-n", ns, "-o", "json").stdout
+            )
             conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or ()}
             return obj if "Ready" in conds else None
 
@@ -145,3 +207,164 @@ def test_the_operator_applies_the_group_for_an_inference_service_of_two_nodes(
         service = kube.read_object("Service", ns, "dsv3")
         assert service is not None and service["spec"]["selector"][lws.WORKER_INDEX_LABEL] == "0"
         assert kube.read_object("Deployment", ns, "dsv3") is None
+
+
+# ------------------------------------------------------------------- the group, made by the real controller
+
+POOL_LABEL, TAINT = "kvpilot.dev/e2e-lws-pool", "kvpilot.dev/e2e-lws"
+FAST = {"cooldownSeconds": 0, "maxChangesPerHour": 60, "rolloutDeadlineSeconds": 60}
+
+
+@dataclass
+class GroupPool:
+    """Four KWOK 8 x H100 nodes for one test (two groups of two: one serving, one spare for a surge), labelled
+    and tainted for it alone, a namespace of its own and the operator on the host watching it."""
+
+    cluster: LocalCluster
+    ns: str
+    operator: OperatorProcess
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.cluster.kubectl("get", *args, "-o", "json").stdout)
+
+    def isvc(self) -> dict[str, Any]:
+        return dict(self.get(ISVC, "dsv3", "-n", self.ns))
+
+    def pods(self) -> list[dict[str, Any]]:
+        items = self.get("pods", "-n", self.ns, "-l", f"{lws.NAME_LABEL}=dsv3")["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def wait(self, cond: Callable[[dict[str, Any]], Any], timeout: float, what: str) -> dict[str, Any]:
+        last: dict[str, Any] = {}
+
+        def check() -> bool:
+            nonlocal last
+            last = self.isvc()
+            return bool(cond(last))
+
+        try:
+            wait_for(check, timeout, what)
+        except AssertionError as e:
+            pods = {p["metadata"]["name"]: p.get("status", {}).get("phase") for p in self.pods()}
+            raise AssertionError(
+                f"{e}\nstatus: {json.dumps(last.get('status'), indent=1)[:3000]}\npods: {pods}\n"
+                f"operator log tail:\n{self.operator.log_tail()}"
+            ) from None
+        return last
+
+    def create(self) -> dict[str, Any]:
+        body = {
+            **DEEPSEEK,
+            "metadata": {"name": "dsv3", "namespace": self.ns},
+            "spec": {
+                **DEEPSEEK["spec"],
+                "nodeSelector": {POOL_LABEL: self.ns},
+                "engine": {"tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}]},
+                "tuning": dict(FAST),
+            },
+        }
+        self.cluster.apply(body)
+        return self.wait(lambda o: ready_replicas(o) == 1, 180, "the group Ready")
+
+
+@pytest.fixture
+def pool(kube: ClusterKube, cluster: LocalCluster, tmp_path: Path) -> Iterator[GroupPool]:
+    cluster.kubectl("apply", "-f", str(ISVC_CRD))
+    wait_established(cluster.kubectl, "crd/inferenceservices.kvpilot.io")
+    ns = f"kvlwsg-{uuid.uuid4().hex[:6]}"
+    nodes = NodePool(
+        f"lws-{ns[-6:]}", 4, H100_80GB_HBM3, 8, cpu="192", memory="2048Gi", machine="p5.48xlarge"
+    )
+    manifests = []
+    for i in range(nodes.count):
+        m = node_manifest(nodes, i)
+        m["metadata"]["labels"][POOL_LABEL] = ns
+        m["spec"]["taints"] = [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
+        manifests.append(m)
+    cluster.add_nodes(manifests)
+    op = OperatorProcess(cluster.kubeconfig, tmp_path / "operator", env=closed_loop_env(""), namespaces=[ns])
+    try:
+        with cluster.temporary_namespace(ns), op:
+            yield GroupPool(cluster, ns, op)
+    finally:
+        print(f"operator log: {op.log_file}")
+        for m in manifests:
+            cluster.kubectl("delete", "node", m["metadata"]["name"], "--wait=false", check=False)
+
+
+def ready_replicas(obj: dict[str, Any]) -> int:
+    return int(obj.get("status", {}).get("readyReplicas") or 0)
+
+
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "vllm")
+
+
+def by_role(pods: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The group's leader and its one worker, by the index label LWS's pod webhook gives them."""
+    index = {p["metadata"]["labels"].get(lws.WORKER_INDEX_LABEL): p for p in pods}
+    assert set(index) == {"0", "1"}, sorted(p["metadata"]["name"] for p in pods)
+    return index["0"], index["1"]
+
+
+def test_the_controller_makes_the_group_and_new_arguments_roll_it(pool: GroupPool) -> None:
+    """The real LWS controller makes the leader (a StatefulSet's pod) and the worker (the group's own
+    StatefulSet's) on two 8-GPU nodes, its webhook gives them their index and the leader's address, the
+    service is Ready, new engine arguments roll the group (LWS's rolling update, a spare group free), and
+    a hand edit of the set is drift the operator puts back."""
+    before = pool.create()
+    leader, worker = by_role(pool.pods())
+    assert leader["spec"]["nodeName"] != worker["spec"]["nodeName"]
+    for pod in (leader, worker):
+        assert pod["spec"]["nodeName"].startswith("lws-")
+        assert container(pod)["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        env = {e["name"]: e.get("value") for e in container(pod).get("env") or ()}
+        assert env.get("LWS_LEADER_ADDRESS", "").startswith(f"{leader['metadata']['name']}.dsv3.{pool.ns}")
+        assert "--master-addr" in container(pod)["args"]
+    assert env.get("LWS_WORKER_INDEX") == "1"  # the worker's
+    assert "--headless" in container(worker)["args"] and "--headless" not in container(leader)["args"]
+    group = pool.get("leaderworkerset", "dsv3", "-n", pool.ns)
+    assert group["status"].get("readyReplicas") == 1, group["status"]
+
+    # a new plan: a shorter context gives the group new engine arguments, which LWS rolls group by group
+    patch = json.dumps({"spec": {"serving": {"maxContextLength": 16384}}})
+    pool.cluster.kubectl("patch", ISVC, "dsv3", "-n", pool.ns, "--type=merge", "-p", patch)
+    done = pool.wait(
+        lambda o: (
+            (o["status"].get("applied") or {}).get("maxModelLen") == 16384
+            and o["status"].get("observedGeneration") == o["metadata"]["generation"]
+            and ready_replicas(o) == 1
+            and {p["metadata"]["uid"] for p in pool.pods()}.isdisjoint(
+                {leader["metadata"]["uid"], worker["metadata"]["uid"]}
+            )
+        ),
+        300,
+        "the new arguments rolled the group and it is Ready again",
+    )
+    assert done["status"]["applied"] != before["status"]["applied"]
+    new_leader, new_worker = by_role(pool.pods())
+    assert new_leader["metadata"]["uid"] != leader["metadata"]["uid"]
+    assert new_worker["metadata"]["uid"] != worker["metadata"]["uid"]
+    old_args, new_args = container(leader)["args"], container(new_leader)["args"]
+    assert old_args != new_args
+    engine = len(new_args) - 6  # the leader's role flags are its last six
+    assert container(new_worker)["args"][:engine] == new_args[:engine]
+    assert new_args[new_args.index("--max-model-len") + 1] == "16384"
+    group = pool.get("leaderworkerset", "dsv3", "-n", pool.ns)
+    assert group["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]["maxSurge"] == 1
+
+    # a hand edit of the workers' arguments is drift: the operator, watching the set, puts them back
+    wanted = group["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"]
+    path = "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/args/-"
+    edit = json.dumps([{"op": "add", "path": path, "value": "--enforce-eager"}])
+    pool.cluster.kubectl("patch", "leaderworkerset", "dsv3", "-n", pool.ns, "--type=json", "-p", edit)
+
+    def repaired() -> bool:
+        live = pool.get("leaderworkerset", "dsv3", "-n", pool.ns)
+        return bool(
+            live["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"] == wanted
+        )
+
+    wait_for(repaired, 60, "the hand-edited worker args put back")
+    events = pool.get("events", "-n", pool.ns, "--field-selector", "reason=DriftDetected")["items"]
+    assert any("workerTemplate" in e["message"] and "--enforce-eager" in e["message"] for e in events), events

@@ -31,9 +31,12 @@ def team_b(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> I
     ns = f"e2e-team-b-{uuid.uuid4().hex[:5]}"
     cluster.kubectl("create", "namespace", ns)
     stack = Stack(
-        cluster, Path(tmp_path_factory.mktemp("names")), namespaces=[ns], operator_namespaces=[ns],
+        cluster,
+        Path(tmp_path_factory.mktemp("names")),
+        namespaces=[ns],
+        operator_namespaces=[ns],
         default_scenario=Scenario(name="names", truth=GroundTruth(gpu_memory_gib=79.11, non_kv_gib=20.0)),
-    )  # fmt: skip
+    )
     stack.start()
     try:
         yield stack, ns
@@ -43,26 +46,40 @@ def team_b(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> I
 
 def _theirs(ns: str) -> list[dict[str, Any]]:
     return [
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ledger", "namespace": ns},
-         "spec": {"selector": THEIR_SELECTOR, "ports": [{"port": 80, "targetPort": 8080}]}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-         "metadata": {"name": "ledger-model-cache", "namespace": ns},
-         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                  "resources": {"requests": {"storage": "1Gi"}}}},
-    ]  # fmt: skip
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "ledger", "namespace": ns},
+            "spec": {"selector": THEIR_SELECTOR, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "ledger-model-cache", "namespace": ns},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    ]
 
 
 def _ledger(ns: str) -> dict[str, Any]:
     return {
-        "apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "InferenceService",
         "metadata": {"name": "ledger", "namespace": ns},
         "spec": {
-            "model": {"id": "meta-llama/Llama-3.1-8B-Instruct", "source": "Catalogue",
-                      "storage": {"claimTemplate": {"size": "50Gi"}}},
+            "model": {
+                "id": "meta-llama/Llama-3.1-8B-Instruct",
+                "source": "Catalogue",
+                "storage": {"claimTemplate": {"size": "50Gi"}},
+            },
             "gpu": {"count": 1, "product": H100},
             "tuning": {"mode": "Off"},
         },
-    }  # fmt: skip
+    }
 
 
 def _get(stack: Stack, kind: str, name: str, ns: str) -> dict[str, Any] | None:
@@ -77,9 +94,12 @@ def test_a_careless_name_neither_takes_over_nor_deletes_another_teams_objects(
     stack.cluster.apply(_theirs(ns))
     stack.cluster.apply([_ledger(ns)])
     obj = stack.wait_isvc(
-        ns, "ledger", lambda o: condition(o, "Ready").get("reason") == "NameConflict", timeout=60,
+        ns,
+        "ledger",
+        lambda o: condition(o, "Ready").get("reason") == "NameConflict",
+        timeout=60,
         what="Ready=False NameConflict",
-    )  # fmt: skip
+    )
     ready = condition(obj, "Ready")
     assert ready["status"] == "False"
     said = f"Service {ns}/ledger already exists and is not kvpilot's (controlled by: no owner)"

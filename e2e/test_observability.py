@@ -38,20 +38,39 @@ WORKLOAD = Workload(arrival_rate=3.0, prompt_tokens=1500, output_tokens=1500, ti
 def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, str]]:
     ns = f"e2e-obs-{uuid.uuid4().hex[:5]}"
     cluster.kubectl("create", "namespace", ns)
-    s = Stack(cluster, Path(tmp_path_factory.mktemp("observability")), namespaces=[ns],
-              operator_namespaces=[ns], scenarios={(ns, NAME): Scenario(name=NAME, truth=TRUTH,
-              workload=WORKLOAD)}, operator_metrics_port=free_port())  # fmt: skip
+    s = Stack(
+        cluster,
+        Path(tmp_path_factory.mktemp("observability")),
+        namespaces=[ns],
+        operator_namespaces=[ns],
+        scenarios={(ns, NAME): Scenario(name=NAME, truth=TRUTH, workload=WORKLOAD)},
+        operator_metrics_port=free_port(),
+    )
     s.start()
     try:
         cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
-        cluster.apply([{
-            "apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": NAME, "namespace": ns},
-            "spec": {"model": {"id": MODEL, "source": "Catalogue"}, "gpu": {"count": 1, "product": H100},
-                     "serving": {"maxContextLength": 8192,
-                                 "slo": {"ttftP95Seconds": 2.0, "interTokenLatencyP95Seconds": 0.1}},
-                     "tuning": {"cooldownSeconds": 0, "maxChangesPerHour": 60, "rolloutDeadlineSeconds": 30}},
-        }])  # fmt: skip
+        cluster.apply(
+            [
+                {
+                    "apiVersion": "kvpilot.io/v1alpha1",
+                    "kind": "InferenceService",
+                    "metadata": {"name": NAME, "namespace": ns},
+                    "spec": {
+                        "model": {"id": MODEL, "source": "Catalogue"},
+                        "gpu": {"count": 1, "product": H100},
+                        "serving": {
+                            "maxContextLength": 8192,
+                            "slo": {"ttftP95Seconds": 2.0, "interTokenLatencyP95Seconds": 0.1},
+                        },
+                        "tuning": {
+                            "cooldownSeconds": 0,
+                            "maxChangesPerHour": 60,
+                            "rolloutDeadlineSeconds": 30,
+                        },
+                    },
+                }
+            ]
+        )
         yield s, ns
     finally:
         s.stop_and_clean([ns])

@@ -129,8 +129,11 @@ def test_example(cluster: LocalCluster, ns: str, path: Path) -> None:
         assert ready["reason"] == "Infeasible"
         assert condition(obj, "Infeasible")["status"] == "True"
         assert "Options:" in ready["message"]
-        wait_for(lambda: [e for e in warning_events(cluster, ns, name) if e["reason"] == "Infeasible"],
-                 WAIT_S, "an Infeasible event")  # fmt: skip
+        wait_for(
+            lambda: [e for e in warning_events(cluster, ns, name) if e["reason"] == "Infeasible"],
+            WAIT_S,
+            "an Infeasible event",
+        )
         assert get(cluster, "deployment", name, "-n", ns) is None
         return
     applied = obj["status"]["applied"]
@@ -174,16 +177,25 @@ def test_printer_columns(cluster: LocalCluster, ns: str) -> None:
 
 
 def test_gpu_discovered_from_node_labels(cluster: LocalCluster, ns: str) -> None:
-    doc = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "qwen"},
-           "spec": {"model": {"id": "Qwen/Qwen2.5-7B-Instruct"}, "gpu": {"count": 2},
-                    "nodeSelector": {"kvpilot.dev/e2e-pool": "a100"}}}  # fmt: skip
+    doc = {
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "qwen"},
+        "spec": {
+            "model": {"id": "Qwen/Qwen2.5-7B-Instruct"},
+            "gpu": {"count": 2},
+            "nodeSelector": {"kvpilot.dev/e2e-pool": "a100"},
+        },
+    }
     assert apply_file(cluster, ns, doc=doc).returncode == 0
     obj = ready_settled(cluster, ns, "qwen")
     assert condition(obj, "Ready")["status"] == "True", condition(obj, "Ready")
     assert obj["status"]["gpu"]["catalogueName"] == "A100-80GB"
     pod_spec = get(cluster, "deployment", "qwen", "-n", ns)["spec"]["template"]["spec"]
-    assert pod_spec["nodeSelector"] == {"kvpilot.dev/e2e-pool": "a100",
-                                       "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}  # fmt: skip
+    assert pod_spec["nodeSelector"] == {
+        "kvpilot.dev/e2e-pool": "a100",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+    }
     pods = wait_for(lambda: scheduled_pods(cluster, ns, "qwen"), WAIT_S, "a scheduled pod")
     assert pods[0]["spec"]["nodeName"].startswith("a100-")
 
@@ -193,8 +205,17 @@ def test_spec_change_rolls_out(cluster: LocalCluster, ns: str) -> None:
     assert apply_file(cluster, ns, path).returncode == 0
     ready_settled(cluster, ns, "llama-8b-l4")
     before = deployment_args(get(cluster, "deployment", "llama-8b-l4", "-n", ns))
-    cluster.kubectl("patch", RESOURCE, "llama-8b-l4", "-n", ns, "--type", "merge",
-                    "-p", json.dumps({"spec": {"serving": {"maxContextLength": 12288}}}))  # fmt: skip
+    cluster.kubectl(
+        "patch",
+        RESOURCE,
+        "llama-8b-l4",
+        "-n",
+        ns,
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"spec": {"serving": {"maxContextLength": 12288}}}),
+    )
 
     def rolled() -> dict[str, Any] | None:
         # observedGeneration is in the status merge patch, history in the JSON patch that follows it
@@ -214,9 +235,10 @@ def test_spec_change_rolls_out(cluster: LocalCluster, ns: str) -> None:
     def new_replicaset() -> list[dict[str, Any]]:
         rs = get(cluster, "replicasets", "-n", ns, "-l", "app.kubernetes.io/instance=llama-8b-l4")["items"]
         return [
-            r for r in rs
+            r
+            for r in rs
             if flag(deployment_args(r), "--max-model-len") == "12288" and r["status"].get("readyReplicas")
-        ]  # fmt: skip
+        ]
 
     wait_for(new_replicaset, WAIT_S, "the new ReplicaSet to be ready")
 
@@ -238,6 +260,31 @@ def test_headless_service_on_request_and_fixed(cluster: LocalCluster, ns: str) -
         patch = json.dumps({"spec": {"service": {"headless": to}}})
         proc = cluster.kubectl("patch", RESOURCE, name, "-n", ns, "--type", "merge", "-p", patch, check=False)
         assert proc.returncode != 0 and "service.headless cannot change" in proc.stderr, proc.stderr
+
+
+def test_sglang_service_rendered_and_its_engine_fixed(cluster: LocalCluster, ns: str) -> None:
+    """``spec.engine.kind: SGLang``: the operator applies SGLang's container and plan (Ready, Planned in
+    SGLang's terms), the closed loop holds it (ClosedLoop=False, EngineNotTuned); the API server refuses to
+    change the kind (CEL ``self == oldSelf``)."""
+    doc = yaml.safe_load((ROOT / "examples" / "sglang" / "llama-3.1-8b-on-l4.yaml").read_text())
+    name = doc["metadata"]["name"]
+    assert apply_file(cluster, ns, doc=doc).returncode == 0
+    obj = ready_settled(cluster, ns, name)
+    assert condition(obj, "Ready")["status"] == "True", condition(obj, "Ready")
+    assert "--mem-fraction-static" in condition(obj, "Planned")["message"]
+    deployment = wait_for(lambda: get(cluster, "deployment", name, "-n", ns), WAIT_S, "the Deployment")
+    c = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert (
+        c["command"] == ["python3", "-m", "sglang.launch_server"] and c["ports"][0]["containerPort"] == 30000
+    )
+    assert flag(c["args"], "--model-path") == doc["spec"]["model"]["id"] and "--enable-metrics" in c["args"]
+    held = wait_for(
+        lambda: condition(get(cluster, RESOURCE, name, "-n", ns), "ClosedLoop"), WAIT_S, "the loop's hold"
+    )
+    assert (held["status"], held["reason"]) == ("False", "EngineNotTuned") and "SGLang" in held["message"]
+    patch = json.dumps({"spec": {"engine": {"kind": "vLLM", "image": "vllm/vllm-openai:v0.33.0"}}})
+    proc = cluster.kubectl("patch", RESOURCE, name, "-n", ns, "--type", "merge", "-p", patch, check=False)
+    assert proc.returncode != 0 and "engine.kind cannot change" in proc.stderr, proc.stderr
 
 
 def test_modes_off_and_recommend(cluster: LocalCluster, ns: str) -> None:
@@ -270,8 +317,11 @@ def test_invalid_manifest(cluster: LocalCluster, ns: str, case: Case) -> None:
     obj = ready_settled(cluster, ns, name)
     ready = condition(obj, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", case.match), ready
-    wait_for(lambda: [e for e in warning_events(cluster, ns, name) if e["reason"] == case.match],
-             WAIT_S, f"a Warning event {case.match}")  # fmt: skip
+    wait_for(
+        lambda: [e for e in warning_events(cluster, ns, name) if e["reason"] == case.match],
+        WAIT_S,
+        f"a Warning event {case.match}",
+    )
     assert get(cluster, "deployment", name, "-n", ns) is None
 
 
@@ -279,16 +329,25 @@ def test_configmap_config_missing_then_created(cluster: LocalCluster, ns: str) -
     """A missing ConfigMap is retried with back-off; creating it later is picked up without a spec change."""
     from kvpilot.tuner.model import catalogue as models
 
-    doc = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "custom"},
-           "spec": {"model": {"id": "acme/custom-8b", "source": "ConfigMap",
-                              "configMapRef": {"name": "custom-cfg"}},
-                    "gpu": {"count": 1, "product": "L4"}}}  # fmt: skip
+    doc = {
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "custom"},
+        "spec": {
+            "model": {"id": "acme/custom-8b", "source": "ConfigMap", "configMapRef": {"name": "custom-cfg"}},
+            "gpu": {"count": 1, "product": "L4"},
+        },
+    }
     assert apply_file(cluster, ns, doc=doc).returncode == 0
     obj = ready_settled(cluster, ns, "custom")
     assert condition(obj, "Ready")["reason"] == "ConfigNotFound"
     config = json.dumps(models.lookup_model_config("meta-llama/Llama-3.1-8B-Instruct"))
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "custom-cfg"},
-          "data": {"config.json": config}}  # fmt: skip
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "custom-cfg"},
+        "data": {"config.json": config},
+    }
     assert apply_file(cluster, ns, doc=cm).returncode == 0
 
     def ready() -> bool:
@@ -300,16 +359,22 @@ def test_configmap_config_missing_then_created(cluster: LocalCluster, ns: str) -
 
 
 def test_hub_unreachable_is_retried(cluster: LocalCluster, ns: str) -> None:
-    doc = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "hub"},
-           "spec": {"model": {"id": "acme/some-model", "source": "Hub"},
-                    "gpu": {"count": 1, "product": "L4"}}}  # fmt: skip
+    doc = {
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "hub"},
+        "spec": {"model": {"id": "acme/some-model", "source": "Hub"}, "gpu": {"count": 1, "product": "L4"}},
+    }
     assert apply_file(cluster, ns, doc=doc).returncode == 0
     obj = ready_settled(cluster, ns, "hub")
     ready = condition(obj, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "HubUnreachable"), ready
     assert condition(obj, "ConfigResolved")["status"] == "False"
-    wait_for(lambda: [e for e in warning_events(cluster, ns, "hub") if e["reason"] == "HubUnreachable"],
-             WAIT_S, "a HubUnreachable event")  # fmt: skip
+    wait_for(
+        lambda: [e for e in warning_events(cluster, ns, "hub") if e["reason"] == "HubUnreachable"],
+        WAIT_S,
+        "a HubUnreachable event",
+    )
     assert get(cluster, "deployment", "hub", "-n", ns) is None
 
 
@@ -332,4 +397,4 @@ def test_operator_log_has_no_crash(operator: Path) -> None:
     text = operator.read_text()
     for sign in ("InternalError", "tick failed", "Traceback"):
         at = text.find(sign)
-        assert at < 0, f"{sign!r} in the operator log:\n{text[max(0, at - 1500):at + 1500]}"
+        assert at < 0, f"{sign!r} in the operator log:\n{text[max(0, at - 1500) : at + 1500]}"

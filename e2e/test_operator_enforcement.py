@@ -37,8 +37,9 @@ def _ready(chart: Chart, name: str) -> dict[str, Any] | None:
 
 def test_without_the_policy_the_operator_refuses_an_escalation(chart: Chart) -> None:
     chart.kubectl("create", "namespace", NS)
-    notes = chart.helm("install", "kvpilot", "charts/kvpilot", "--namespace", NS,
-                       "--set", "admissionPolicy.enabled=false")  # fmt: skip
+    notes = chart.helm(
+        "install", "kvpilot", "charts/kvpilot", "--namespace", NS, "--set", "admissionPolicy.enabled=false"
+    )
     assert "admissionPolicy.operatorEnforcement=Strict: no admission policy runs" in notes, notes
     assert chart.kubectl("get", "validatingadmissionpolicies", "-o", "name").stdout.strip() == ""
     op = HostOperator(chart, chart.sa_kubeconfig(), "host-operator-guard")

@@ -122,9 +122,12 @@ def world(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     cluster.kubectl("apply", "--server-side", "--field-manager=kvpilot-e2e", "-f", str(PROFILE_CRD))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{PROFILES}", "--timeout=60s")
     stack = Stack(
-        cluster, run_dir, namespaces=[ns, other], operator_namespaces=[ns, other],
+        cluster,
+        run_dir,
+        namespaces=[ns, other],
+        operator_namespaces=[ns, other],
         scenarios={(n, "*"): Scenario(name="l4", truth=L4_8B, workload=LIGHT) for n in (ns, other)},
-    )  # fmt: skip
+    )
     stack.start()
     try:
         for n in (ns, other):
@@ -220,8 +223,16 @@ def test_an_oom_learned_by_one_service_plans_the_next_below_it(world: World) -> 
     time.sleep(LIST_TTL_S + 2)  # the operator's cached list of profiles expires
     world.stack.cluster.apply([isvc("c", world.ns)])
     changed = {**SERVING, "concurrency": SERVING["concurrency"] - 1}  # a plan input: B is re-planned
-    world.kubectl("patch", "inferenceservices.kvpilot.io", "b", "-n", world.ns, "--type=merge",
-                  "-p", json.dumps({"spec": {"serving": changed}}))  # fmt: skip
+    world.kubectl(
+        "patch",
+        "inferenceservices.kvpilot.io",
+        "b",
+        "-n",
+        world.ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"serving": changed}}),
+    )
     c = world.wait("c", applied, timeout=120, what="planned and applied")
     assert applied(c)["gpuMemoryUtilization"] == u and not c["status"].get("profile"), c["status"]
     assert "from TuningProfile" not in planned_message(world, "c")

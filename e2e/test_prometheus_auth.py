@@ -45,11 +45,16 @@ def secure_stack(
     cluster.kubectl("create", "namespace", ns)
     run_dir = Path(tmp_path_factory.mktemp("promauth"))
     stack = Stack(
-        cluster, run_dir, namespaces=[ns], operator_namespaces=[ns],
-        scenarios={(ns, n): Scenario(name=n, truth=TRUTH, workload=LIGHT, seed=i)
-                   for i, n in enumerate(("secure", "later"))},
+        cluster,
+        run_dir,
+        namespaces=[ns],
+        operator_namespaces=[ns],
+        scenarios={
+            (ns, n): Scenario(name=n, truth=TRUTH, workload=LIGHT, seed=i)
+            for i, n in enumerate(("secure", "later"))
+        },
         prometheus_web=make_web_security(run_dir / "prometheus-web"),
-    )  # fmt: skip
+    )
     stack.start()
     try:
         cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
@@ -83,9 +88,12 @@ def test_the_closed_loop_reads_a_tls_and_basic_auth_prometheus(secure_stack: tup
     assert denied.value.code == 401
     stack.cluster.apply([_isvc("secure", ns)])
     obj = stack.wait_isvc(
-        ns, "secure", lambda o: _metrics(o).get("status") == "True", timeout=240,
+        ns,
+        "secure",
+        lambda o: _metrics(o).get("status") == "True",
+        timeout=240,
         what="MetricsAvailable=True through TLS and basic auth",
-    )  # fmt: skip
+    )
     assert _metrics(obj)["reason"] != "PrometheusTLSError"
 
 
@@ -100,9 +108,12 @@ def test_a_wrong_ca_is_a_condition_and_an_event_and_the_operator_stays_up(
     op.env["KVPILOT_PROMETHEUS_CA_FILE"] = str(make_ca(tmp_path / "wrong", "not-the-prometheus-ca"))
     op.start()
     obj = stack.wait_isvc(
-        ns, "secure", lambda o: _metrics(o).get("reason") == "PrometheusTLSError", timeout=120,
+        ns,
+        "secure",
+        lambda o: _metrics(o).get("reason") == "PrometheusTLSError",
+        timeout=120,
         what="MetricsAvailable=False, PrometheusTLSError",
-    )  # fmt: skip
+    )
     cond = _metrics(obj)
     assert cond["status"] == "False"
     assert stack.prom.url in cond["message"] and "certificate verify failed" in cond["message"], cond

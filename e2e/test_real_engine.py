@@ -323,7 +323,7 @@ def _check_the_real_exposition(env: Env, pod: dict[str, Any]) -> None:
     } | {
         f"{h}_{part}" for h in (serving.PROMPT_TOKENS, serving.GENERATION_TOKENS) for part in ("sum", "count")
     }
-    queried |= {f"{h}_bucket" for h in (serving.TTFT, serving.ITL)}  # fmt: skip
+    queried |= {f"{h}_bucket" for h in (serving.TTFT, serving.ITL)}
     assert queried <= samples, sorted(queried - samples)
     # 0.32 exposes neither fallback name: the operator's fallbacks stay idle on it
     assert not {serving.KV_USAGE_LEGACY, serving.PREEMPTIONS_BARE} & samples

@@ -31,20 +31,29 @@ POOL_LABEL, TAINT = "kvpilot.dev/e2e-rollout-pool", "kvpilot.dev/e2e-rollout"
 FAST = {"cooldownSeconds": 0, "maxChangesPerHour": 60, "rolloutDeadlineSeconds": 30}
 
 
-@pytest.fixture(scope="module")
-def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    """The operator with the e2e pace and no Prometheus (crash remedies need none)."""
+def run_pool_operator(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory, name: str, ns_prefix: str
+) -> Iterator[OperatorProcess]:
+    """The operator with the e2e pace and no Prometheus (crash remedies need none), watching the namespaces
+    that start with ``ns_prefix``; its log's path printed when it stops."""
     install_crd(cluster.kubectl)
     op = OperatorProcess(
-        cluster.kubeconfig, tmp_path_factory.mktemp("rollout-operator"), env=closed_loop_env(""),
-        namespaces=[f"{NS_PREFIX}*"],
-    )  # fmt: skip
+        cluster.kubeconfig,
+        tmp_path_factory.mktemp(name),
+        env=closed_loop_env(""),
+        namespaces=[f"{ns_prefix}*"],
+    )
     op.start()
     try:
         yield op
     finally:
         op.stop()
         print(f"operator log: {op.log_file}")
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    yield from run_pool_operator(cluster, tmp_path_factory, "rollout-operator", NS_PREFIX)
 
 
 @dataclass
@@ -80,11 +89,26 @@ class Pool:
     def hold_gpus(self, count: int) -> None:
         """``count`` pods of another app, each holding one GPU of the pool; wait until they run."""
         names = [f"other-app-{i}" for i in range(count)]
-        self.cluster.apply([{
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "namespace": self.ns},
-            "spec": {**self.placement(), "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
-                     "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
-        } for n in names])  # fmt: skip
+        self.cluster.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": n, "namespace": self.ns},
+                    "spec": {
+                        **self.placement(),
+                        "containers": [
+                            {
+                                "name": "app",
+                                "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"limits": {"nvidia.com/gpu": 1}},
+                            }
+                        ],
+                    },
+                }
+                for n in names
+            ]
+        )
         for n in names:
             wait_pod_running(
                 self.cluster.kubeconfig, self.ns, n, timeout=90, kubectl=self.cluster.kubectl_bin
@@ -93,15 +117,20 @@ class Pool:
     def create(self, replicas: int, **spec: Any) -> dict[str, Any]:
         p = self.placement()
         body = {
-            "apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
+            "apiVersion": "kvpilot.io/v1alpha1",
+            "kind": "InferenceService",
             "metadata": {"name": "llm", "namespace": self.ns},
             "spec": {
-                "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "gpu": {"count": 1, "product": "L4"},
-                "replicas": replicas, "nodeSelector": p["nodeSelector"],
+                "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+                "gpu": {"count": 1, "product": "L4"},
+                "replicas": replicas,
+                "nodeSelector": p["nodeSelector"],
                 "serving": {"maxContextLength": 8192},
-                "engine": {"tolerations": p["tolerations"]}, "tuning": dict(FAST), **spec,
+                "engine": {"tolerations": p["tolerations"]},
+                "tuning": dict(FAST),
+                **spec,
             },
-        }  # fmt: skip
+        }
         self.cluster.apply(body)
         return self.wait(lambda o: ready_replicas(o) == replicas, 120, f"{replicas} replica(s) Ready")
 
@@ -127,9 +156,21 @@ class Pool:
         (a crash remedy lowers the utilisation) while the pod is Ready (a rollout would lose serving)."""
         p = wait_pod_running(self.cluster.kubeconfig, self.ns, pod, kubectl=self.cluster.kubectl_bin)
         status = dict(p["status"]["containerStatuses"][0])
-        status.update(restartCount=1, ready=True, started=True, state={"running": {"startedAt": _now()}},
-                      lastState={"terminated": {"exitCode": 1, "reason": "Error", "message": CUDA_OOM_MESSAGE,
-                                                "startedAt": _now(-30), "finishedAt": _now(-1)}})  # fmt: skip
+        status.update(
+            restartCount=1,
+            ready=True,
+            started=True,
+            state={"running": {"startedAt": _now()}},
+            lastState={
+                "terminated": {
+                    "exitCode": 1,
+                    "reason": "Error",
+                    "message": CUDA_OOM_MESSAGE,
+                    "startedAt": _now(-30),
+                    "finishedAt": _now(-1),
+                }
+            },
+        )
         patch = json.dumps({"status": {"containerStatuses": [status]}})
         self.kubectl("patch", "pod", pod, "-n", self.ns, "--subresource=status", "--type=merge", "-p", patch)
 
@@ -214,8 +255,16 @@ def test_one_replica_holds_then_recreates_with_downtime_allowed(pool: Pool) -> N
     assert HELD_MESSAGE in held["status"]["recommendation"]["reason"]
     assert any(HELD_MESSAGE in m for m in pool.events("Held"))
     assert not history(held, "Retuned")  # nothing rolled: the pod still serves
-    pool.kubectl("patch", ISVC, "llm", "-n", pool.ns, "--type=merge", "-p",
-                 json.dumps({"spec": {"rollout": {"allowDowntime": True}}}))  # fmt: skip
+    pool.kubectl(
+        "patch",
+        ISVC,
+        "llm",
+        "-n",
+        pool.ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"rollout": {"allowDowntime": True}}}),
+    )
     done = pool.wait(rolled_out, 180, "the Recreate rolled out and passed probation")
     assert pool.get("deployment", "llm", "-n", pool.ns)["spec"]["strategy"] == {"type": "Recreate"}
     assert any("[rollout Recreate: " in m for m in pool.events("Retuned"))
@@ -227,8 +276,11 @@ def test_an_unschedulable_surge_pod_never_fails_its_settings(pool: Pool) -> None
     pool.create(1, rollout={"strategy": "Surge"})
     pool.recovered_oom(pool.pods()[0]["metadata"]["name"])
     # the deadline is the pool's, pushed out to 1.5x the predicted cold start of the 8B's ~15 GiB (315 s)
-    pending = pool.wait(lambda o: any(h.get("trigger") == "RolloutPending" for h in history(o, "Held")), 480,
-                        "the surge pod Pending past its deadline: held, not failed")  # fmt: skip
+    pending = pool.wait(
+        lambda o: any(h.get("trigger") == "RolloutPending" for h in history(o, "Held")),
+        480,
+        "the surge pod Pending past its deadline: held, not failed",
+    )
     new = compact(pending["status"]["applied"])
     assert new not in [compact(f) for f in pending["status"].get("failedSettings") or ()]
     unscheduled = [p for p in pool.pods() if not p["spec"].get("nodeName")]
@@ -242,10 +294,14 @@ def test_an_unschedulable_surge_pod_never_fails_its_settings(pool: Pool) -> None
 def test_a_crash_looping_pod_is_fixed_without_a_spare_gpu(pool: Pool) -> None:
     pool.hold_gpus(2)
     pool.create(1)
-    simulate_container_crash(pool.cluster.kubeconfig, pool.ns, pool.pods()[0]["metadata"]["name"],
-                             restart_count=3, kubectl=pool.cluster.kubectl_bin)  # fmt: skip
+    simulate_container_crash(
+        pool.cluster.kubeconfig,
+        pool.ns,
+        pool.pods()[0]["metadata"]["name"],
+        restart_count=3,
+        kubectl=pool.cluster.kubectl_bin,
+    )
     done = pool.wait(rolled_out, 180, "the fix rolled out onto the crashing pod's GPU")
     assert history(done, "Retuned")[0]["trigger"] == "CudaOOM"
     assert any("no replica serves (CrashLoopBackOff)" in m for m in pool.events("Retuned"))
     assert ready_replicas(done) == 1
-

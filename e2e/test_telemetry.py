@@ -62,10 +62,15 @@ def telemetry(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -
     ns = f"e2e-telemetry-{uuid.uuid4().hex[:5]}"
     cluster.kubectl("create", "namespace", ns)
     stack = Stack(
-        cluster, Path(tmp_path_factory.mktemp("telemetry")), namespaces=[ns], operator_namespaces=[ns],
-        scenarios={(ns, n): Scenario(name=n, truth=t, workload=w, seed=i)
-                   for i, (n, (_, t, w)) in enumerate(CASES.items())},
-    )  # fmt: skip
+        cluster,
+        Path(tmp_path_factory.mktemp("telemetry")),
+        namespaces=[ns],
+        operator_namespaces=[ns],
+        scenarios={
+            (ns, n): Scenario(name=n, truth=t, workload=w, seed=i)
+            for i, (n, (_, t, w)) in enumerate(CASES.items())
+        },
+    )
     stack.start()
     try:
         cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")

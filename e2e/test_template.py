@@ -52,8 +52,9 @@ def _get(cluster: LocalCluster, *args: str) -> Any:
 
 
 def _condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
-    return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == type_),
-                None)  # fmt: skip
+    return next(
+        (c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == type_), None
+    )
 
 
 def _ready_settled(cluster: LocalCluster, ns: str, name: str) -> dict[str, Any]:
@@ -104,10 +105,14 @@ TEMPLATE: dict[str, Any] = {
     "spec": {
         "serviceAccountName": "vllm-runner",
         "dnsPolicy": "ClusterFirst",
-        "topologySpreadConstraints": [{
-            "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": {"team": "search"}},
-        }],
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"team": "search"}},
+            }
+        ],
         "volumes": [{"name": "extra", "emptyDir": {}}],
         "initContainers": [{"name": "warm", "image": "busybox:1.36", "command": ["true"]}],
         "containers": [
@@ -115,7 +120,7 @@ TEMPLATE: dict[str, Any] = {
             {"name": "proxy", "image": "envoyproxy/envoy:v1.31.0"},
         ],
     },
-}  # fmt: skip
+}
 
 
 def test_template_fields_are_on_the_rendered_pod(cluster: LocalCluster, ns: str) -> None:
@@ -140,8 +145,12 @@ def test_template_fields_are_on_the_rendered_pod(cluster: LocalCluster, ns: str)
 
 def test_a_template_contradicting_kvpilot_is_invalid_spec(cluster: LocalCluster, ns: str) -> None:
     mount = {"name": "shm2", "mountPath": "/dev/shm"}
-    bad = {"spec": {"volumes": [{"name": "shm2", "emptyDir": {}}],
-                    "containers": [{"name": "vllm", "volumeMounts": [mount]}]}}  # fmt: skip
+    bad = {
+        "spec": {
+            "volumes": [{"name": "shm2", "emptyDir": {}}],
+            "containers": [{"name": "vllm", "volumeMounts": [mount]}],
+        }
+    }
     _apply(cluster, ns, _service("clash", template=bad))
     ready = _condition(_ready_settled(cluster, ns, "clash"), "Ready")
     assert ready is not None and (ready["status"], ready["reason"]) == ("False", "InvalidSpec"), ready
@@ -156,8 +165,13 @@ def test_a_template_contradicting_kvpilot_is_invalid_spec(cluster: LocalCluster,
 
 
 def test_restricted_namespace_admits_the_restricted_pod(cluster: LocalCluster, ns: str) -> None:
-    cluster.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted",
-                    "pod-security.kubernetes.io/enforce-version=latest")  # fmt: skip
+    cluster.kubectl(
+        "label",
+        "namespace",
+        ns,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )
     _apply(cluster, ns, _service("locked", podSecurity="Restricted"))
     _apply(cluster, ns, _service("rooted"))
     pod = wait_for(lambda: _pods(cluster, ns, "locked"), WAIT_S, "the Restricted pod admitted")[0]
@@ -173,8 +187,11 @@ def test_restricted_namespace_admits_the_restricted_pod(cluster: LocalCluster, n
     def refused() -> list[str]:
         rss = _get(cluster, "replicasets", "-n", ns, "-l", "app.kubernetes.io/instance=rooted") or {}
         conds = [c for rs in rss.get("items", []) for c in (rs.get("status") or {}).get("conditions") or []]
-        return [c["message"] for c in conds
-                if c["type"] == "ReplicaFailure" and "violates PodSecurity" in c["message"]]  # fmt: skip
+        return [
+            c["message"]
+            for c in conds
+            if c["type"] == "ReplicaFailure" and "violates PodSecurity" in c["message"]
+        ]
 
     wait_for(refused, WAIT_S, "the Default (root) pod refused by PodSecurity admission")
     assert _pods(cluster, ns, "rooted") == []
@@ -192,31 +209,64 @@ def test_kubectl_scale_scales_and_a_reconcile_keeps_it(cluster: LocalCluster, ns
         return d if d and d["spec"]["replicas"] == 3 and status.get("replicas") == 3 else None
 
     wait_for(three, WAIT_S, "the Deployment at 3 replicas")
-    scale = wait_for(lambda: (s := _get(cluster, RESOURCE, "scaled", "-n", ns, "--subresource", "scale"))
-                     and s["status"].get("replicas") == 3 and s, WAIT_S, "/scale reporting 3")  # fmt: skip
+    scale = wait_for(
+        lambda: (
+            (s := _get(cluster, RESOURCE, "scaled", "-n", ns, "--subresource", "scale"))
+            and s["status"].get("replicas") == 3
+            and s
+        ),
+        WAIT_S,
+        "/scale reporting 3",
+    )
     assert scale["spec"]["replicas"] == 3
     assert "app.kubernetes.io/instance=scaled" in scale["status"]["selector"]
     # a reconcile (a spec change: a new generation) keeps the count the scaler set
-    cluster.kubectl("patch", RESOURCE, "scaled", "-n", ns, "--type", "merge",
-                    "-p", json.dumps({"spec": {"serving": {"maxContextLength": 4096}}}))  # fmt: skip
+    cluster.kubectl(
+        "patch",
+        RESOURCE,
+        "scaled",
+        "-n",
+        ns,
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"spec": {"serving": {"maxContextLength": 4096}}}),
+    )
     _ready_settled(cluster, ns, "scaled")
-    d = wait_for(lambda: (d := _get(cluster, "deployment", "scaled", "-n", ns))
-                 and "4096" in d["spec"]["template"]["spec"]["containers"][0]["args"] and d,
-                 WAIT_S, "the new Deployment")  # fmt: skip
+    d = wait_for(
+        lambda: (
+            (d := _get(cluster, "deployment", "scaled", "-n", ns))
+            and "4096" in d["spec"]["template"]["spec"]["containers"][0]["args"]
+            and d
+        ),
+        WAIT_S,
+        "the new Deployment",
+    )
     assert d["spec"]["replicas"] == 3
     assert _get(cluster, RESOURCE, "scaled", "-n", ns)["spec"]["replicas"] == 3
 
 
 def test_an_hpa_on_a_recreate_single_replica_is_a_conflict(cluster: LocalCluster, ns: str) -> None:
     hpa = {
-        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "risky-hpa"},
-        "spec": {"scaleTargetRef": {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
-                                    "name": "risky"},
-                 "minReplicas": 1, "maxReplicas": 3,
-                 "metrics": [{"type": "Resource", "resource": {"name": "cpu",
-                                                               "target": {"type": "Utilization",
-                                                                          "averageUtilization": 80}}}]},
-    }  # fmt: skip
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "risky-hpa"},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "kvpilot.io/v1alpha1",
+                "kind": "InferenceService",
+                "name": "risky",
+            },
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}},
+                }
+            ],
+        },
+    }
     _apply(cluster, ns, hpa)
     _apply(cluster, ns, _service("risky", rollout={"strategy": "Recreate", "allowDowntime": True}))
     obj = _ready_settled(cluster, ns, "risky")

@@ -470,7 +470,13 @@ def test_notes_warn_when_the_policy_is_off(t: Tenants) -> None:
     assert "admissionPolicy.operatorEnforcement=Strict: no admission policy runs" in notes, notes
     assert t.kubectl("get", "validatingadmissionpolicies", "-o", "name").stdout.strip() == ""
     notes = t.helm(
-        "upgrade", "kvpilot", "charts/kvpilot", "--namespace", NS, "--reuse-values",
-        "--set", "admissionPolicy.operatorEnforcement=Off",
-    )  # fmt: skip
+        "upgrade",
+        "kvpilot",
+        "charts/kvpilot",
+        "--namespace",
+        NS,
+        "--reuse-values",
+        "--set",
+        "admissionPolicy.operatorEnforcement=Off",
+    )
     assert "WARNING" in notes and "admissionPolicy.enabled=false" in notes, notes

@@ -27,16 +27,33 @@ SERVICE = {
     "status": {
         "applied": {"maxNumSeqs": 64, "gpuMemoryUtilization": 0.93},
         "history": [
-            {"time": "2026-12-05T10:00:00Z", "action": "Planned", "trigger": "Created", "reason": "plan",
-             "to": {"maxNumSeqs": 64, "gpuMemoryUtilization": 0.95}},
-            {"time": "2026-12-05T10:30:00Z", "action": "Retuned", "trigger": "CudaOOM", "reason": "oom",
-             "from": {"gpuMemoryUtilization": 0.95}, "to": {"gpuMemoryUtilization": 0.93}},
+            {
+                "time": "2026-12-05T10:00:00Z",
+                "action": "Planned",
+                "trigger": "Created",
+                "reason": "plan",
+                "to": {"maxNumSeqs": 64, "gpuMemoryUtilization": 0.95},
+            },
+            {
+                "time": "2026-12-05T10:30:00Z",
+                "action": "Retuned",
+                "trigger": "CudaOOM",
+                "reason": "oom",
+                "from": {"gpuMemoryUtilization": 0.95},
+                "to": {"gpuMemoryUtilization": 0.93},
+            },
             {"time": "2026-12-05T11:00:00Z", "action": "Held", "trigger": "Cooldown", "reason": "cooldown"},
-            {"time": "2026-12-05T11:40:00Z", "action": "RolledBack", "trigger": "RolloutFailed",
-             "reason": "crashed", "from": {"maxNumSeqs": 48}, "to": {"maxNumSeqs": 64}},
+            {
+                "time": "2026-12-05T11:40:00Z",
+                "action": "RolledBack",
+                "trigger": "RolloutFailed",
+                "reason": "crashed",
+                "from": {"maxNumSeqs": 48},
+                "to": {"maxNumSeqs": 64},
+            },
         ],
     },
-}  # fmt: skip
+}
 
 
 def _chromium() -> str:
@@ -68,10 +85,21 @@ def test_chromium_screenshot_shows_every_decision(tmp_path: Path) -> None:
     width, height = int(root.get("width", "0")), int(root.get("height", "0"))
     shot = tmp_path / "timeline.png"
     done = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         f"--screenshot={shot}", f"--window-size={width},{height}", (tmp_path / "timeline.svg").as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            f"--window-size={width},{height}",
+            (tmp_path / "timeline.svg").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert shot.exists(), done.stderr[-2000:]
     img = Image.open(shot)
     assert img.size == (width, height)
@@ -83,7 +111,11 @@ def test_chromium_screenshot_shows_every_decision(tmp_path: Path) -> None:
         colour = _rgb(timeline.ACTION_COLOURS[g.get("data-action", "")])
         assert _has_colour(img, x, TOP, TOP + plot_h, colour), f"no {g.get('data-action')} marker at x={x}"
     # between the decisions (10:45, where nothing happened) no marker colour is drawn
-    quiet = (float(marks[1].find(f"{SVG_NS}line").get("x1", "0")) + float(  # type: ignore[union-attr]
-        marks[2].find(f"{SVG_NS}line").get("x1", "0"))) / 2  # type: ignore[union-attr]
+    quiet = (
+        float(marks[1].find(f"{SVG_NS}line").get("x1", "0"))
+        + float(  # type: ignore[union-attr]
+            marks[2].find(f"{SVG_NS}line").get("x1", "0")
+        )
+    ) / 2  # type: ignore[union-attr]
     colours = [_rgb(c) for c in timeline.ACTION_COLOURS.values()]
     assert not any(_has_colour(img, quiet, TOP, TOP + plot_h, c) for c in colours)

@@ -32,23 +32,45 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def spawn_host_operator(
-    cluster: Any, log: Path, namespaces: str, env: dict[str, str] | None = None,
+    cluster: Any,
+    log: Path,
+    namespaces: str,
+    env: dict[str, str] | None = None,
     mode: tuple[str, ...] = ("--standalone",),
-) -> subprocess.Popen[bytes]:  # fmt: skip
+) -> subprocess.Popen[bytes]:
     """``kopf run`` of kvpilot's operator on the host against ``cluster``, watching the ``namespaces`` glob,
     with a Hub that refuses connections (Hub-sourced specs fail the same way with or without network);
     returns the process once it has authenticated. ``mode``: ``--standalone``, or kopf's peering flags
     (``--peering=NAME --priority=N``, e2e/test_ha.py). The caller stops it (:func:`stop_host_operator`)."""
-    full = {**os.environ, **cluster.env(), "KVPILOT_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1",
-            "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(log.parent / "hf-cache"),
-            **(env or {})}  # fmt: skip
-    cmd = [sys.executable, "-m", "kopf", "run", *mode, "-m", "kvpilot.operator.main",
-           "--namespace", namespaces, "--verbose"]  # fmt: skip
+    full = {
+        **os.environ,
+        **cluster.env(),
+        "KVPILOT_METRICS_PORT": "0",
+        "PYTHONUNBUFFERED": "1",
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "HF_HUB_CACHE": str(log.parent / "hf-cache"),
+        **(env or {}),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "kopf",
+        "run",
+        *mode,
+        "-m",
+        "kvpilot.operator.main",
+        "--namespace",
+        namespaces,
+        "--verbose",
+    ]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=_ROOT, env=full, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: proc.poll() is not None or "Initial authentication has finished" in log.read_text(),
-                 60, "the operator to start")  # fmt: skip
+        wait_for(
+            lambda: proc.poll() is not None or "Initial authentication has finished" in log.read_text(),
+            60,
+            "the operator to start",
+        )
         assert proc.poll() is None, f"the operator exited:\n{log.read_text()[-3000:]}"
     except BaseException:
         stop_host_operator(proc, log)

@@ -5,7 +5,8 @@ calls the pure tuner, and prints. Subcommands:
 
 * ``plan`` -- engine settings for a model on a GPU type, as a table or ``--json``; with ``--nodes N``
   (or ``auto``), or more ``--gpus`` than ``--gpus-per-node``, a replica over several nodes
-  (:func:`kvpilot.tuner.plan.compute_node_plan`);
+  (:func:`kvpilot.tuner.plan.compute_node_plan`); with ``--engine sglang``, SGLang's own budget
+  (:func:`kvpilot.tuner.engines.plan_sglang_budget`) explained;
 * ``gpus`` / ``models`` -- the built-in catalogues;
 * ``estimate --cases FILE`` -- the memory model over a JSON list of vLLM start-up cases;
 * ``render -f isvc.yaml`` -- the Deployment and Service the operator would apply (a LeaderWorkerSet for a
@@ -31,11 +32,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvpilot.tuner import diagnose, errors, gpus, memory, vllm
+from kvpilot.tuner import diagnose, engines, errors, gpus, memory, sglang, vllm
 from kvpilot.tuner import model as models
 from kvpilot.tuner.model.vision import VisionTower, apply_processor_configs
 from kvpilot.tuner.plan import NodePlan, compute_node_plan, compute_plan
-from kvpilot.tuner.types import GIB, Plan, ServingBounds
+from kvpilot.tuner.types import GIB, GpuSpec, Plan, ServingBounds
 from kvpilot.tuner.vllm import serving
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
@@ -106,6 +107,8 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
     spec = models.build_model_spec(config)
     if args.config and Path(args.config).is_dir() and spec.vision_tower is not None:
         spec = dataclasses.replace(spec, vision_tower=_processor_limits(spec.vision_tower, Path(args.config)))
+    if args.engine == "sglang":
+        return _plan_sglang(args, spec, gpus.lookup_gpu(args.gpu), model_name, checkpoint, out)
     bounds = ServingBounds(
         min_context=args.min_context,
         max_context=args.max_context,
@@ -117,10 +120,16 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
     nodes = _node_count(args)
     if nodes is not None:
         node_plan = compute_node_plan(
-            spec, gpu, args.gpus_per_node, bounds, nodes=None if nodes == AUTO else int(nodes),
-            vllm_version=args.vllm_version, weights_total_bytes=args.checkpoint_bytes or checkpoint,
-            pin_kv_cache_memory=args.pin_kv_cache_memory, engine=vllm.build_engine_flags(engine_args),
-        )  # fmt: skip
+            spec,
+            gpu,
+            args.gpus_per_node,
+            bounds,
+            nodes=None if nodes == AUTO else int(nodes),
+            vllm_version=args.vllm_version,
+            weights_total_bytes=args.checkpoint_bytes or checkpoint,
+            pin_kv_cache_memory=args.pin_kv_cache_memory,
+            engine=vllm.build_engine_flags(engine_args),
+        )
         if args.json:
             json.dump(node_plan_as_json(node_plan, model_name), out, indent=2)
             out.write("\n")
@@ -143,6 +152,54 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
     else:
         out.write(format_plan(plan, model_name))
     return EXIT_OK if plan.feasible else EXIT_INFEASIBLE
+
+
+def _plan_sglang(
+    args: argparse.Namespace,
+    spec: models.ModelSpec,
+    gpu: GpuSpec,
+    model: str,
+    checkpoint: int | None,
+    out: TextIO,
+) -> int:
+    """``plan --engine sglang``: SGLang's own budget (:mod:`kvpilot.tuner.engines.sglang_budget`), its
+    flags and the budget explained."""
+    for flag in ("nodes", "min_context", "engine_args", "pin_kv_cache_memory", "allow_fp8_kv"):
+        if getattr(args, flag):
+            raise CliError(f"--{flag.replace('_', '-')} is not supported with --engine sglang yet")
+    settings = sglang.SglangSettings(
+        context_length=min(args.max_context, spec.max_model_len) if args.max_context else None,
+        max_running_requests=args.concurrency,
+        tp_size=args.gpus or 1,
+    )
+    budget = engines.plan_sglang_budget(
+        spec, gpu, settings, weights_total_bytes=args.checkpoint_bytes or checkpoint
+    )
+    flags = sglang.build_sglang_args(budget.rendered)
+    explanation = engines.explain_sglang_budget(budget)
+    if args.json:
+        view: dict[str, Any] = {
+            "model": model,
+            "gpu": gpu.name,
+            "engine": "SGLang",
+            "release": sglang.PINNED_SGLANG_VERSION,
+        }
+        view |= {"feasible": budget.feasible, "max_total_tokens": budget.max_total_tokens, "args": flags}
+        json.dump({**view, "explanation": explanation}, out, indent=2)
+        out.write("\n")
+    else:
+        title = f"{model} on {args.gpus or 1} x {gpu.name} (SGLang {sglang.PINNED_SGLANG_VERSION})"
+        lines = [
+            title,
+            "",
+            "Args",
+            f"  {shlex.join(flags)}",
+            "",
+            "Why:",
+            *[f"  {line}" for line in explanation],
+        ]
+        out.write("\n".join(lines) + "\n")
+    return EXIT_OK if budget.feasible else EXIT_INFEASIBLE
 
 
 AUTO = "auto"
@@ -184,10 +241,14 @@ def node_plan_as_json(node_plan: NodePlan, model: str) -> dict[str, Any]:
             "describe": layout.describe(),
         },
         "ranks": [
-            {"role": r.role, "layers": [r.layers.start, r.layers.stop],
-             "weights_gib": round(r.weights_gib, 4), "experts": r.experts}
+            {
+                "role": r.role,
+                "layers": [r.layers.start, r.layers.stop],
+                "weights_gib": round(r.weights_gib, 4),
+                "experts": r.experts,
+            }
             for r in node_plan.ranks
-        ],  # fmt: skip
+        ],
         "explanation": list(node_plan.explanation),
     }
 
@@ -207,10 +268,11 @@ def format_node_plan(node_plan: NodePlan, model: str) -> str:
             f"{r.weights_gib:.2f} GiB of weights per GPU{experts}"
         )
     lines += ["", "Why:"] + [f"  {line}" for line in node_plan.explanation]
-    if layout.data_parallel_size > 1:
+    if layout.nodes > 1:
         lines.append(
-            "  Note: an InferenceService of gpu.nodesPerReplica renders TP x PP groups (`kvpilot render`); "
-            "DP x EP groups are not rendered yet."
+            f"  An InferenceService of gpu.nodesPerReplica {layout.nodes} renders this split as a "
+            "LeaderWorkerSet (`kvpilot render`): these flags on every node, with its --node-rank; the "
+            "workers --headless."
         )
     engine = "each data-parallel engine" if layout.data_parallel_size > 1 else "the engine"
     lines += ["", f"Plan of {engine} ({plan.gpu_count} GPUs):", ""]
@@ -322,10 +384,15 @@ def _case_limits() -> tuple[dict[str, int], dict[str, tuple[float, float]]]:
     gpus_max = next(m.le for m in api.GpuRequest.model_fields["count"].metadata if hasattr(m, "le"))
     tokens, seqs, weights = api.MAX_TOKENS, api.MAX_SEQS, api.MAX_CHECKPOINT_BYTES
     ints = {
-        "max_model_len": tokens, "max_num_batched_tokens": tokens, "block_size": tokens, "max_num_seqs": seqs,
-        "tensor_parallel_size": gpus_max, "pipeline_parallel_size": gpus_max, "weights_total_bytes": weights,
+        "max_model_len": tokens,
+        "max_num_batched_tokens": tokens,
+        "block_size": tokens,
+        "max_num_seqs": seqs,
+        "tensor_parallel_size": gpus_max,
+        "pipeline_parallel_size": gpus_max,
+        "weights_total_bytes": weights,
         "weight_bits": 64,
-    }  # fmt: skip
+    }
     floats = {"gpu_total_gib": (0.0, float(weights >> 30)), "gpu_memory_utilization": (0.0, 1.0)}
     return ints, floats
 
@@ -438,6 +505,8 @@ def _read_log(args: argparse.Namespace) -> str:
         text = pods.read_previous_log(args.namespace, args.pod, container, 100_000)
         if text is None:
             raise CliError(f"pod {args.namespace}/{args.pod} has no previous {serving.CONTAINER_NAME} log")
+        if not isinstance(text, str):  # why it could not be read, and what to do
+            raise CliError(f"pod {args.namespace}/{args.pod}: {text.detail}")
         return text
     if args.log == "-":
         return sys.stdin.read()
@@ -484,8 +553,13 @@ def _timeline(args: argparse.Namespace, out: TextIO) -> int:
     if args.prometheus and history:
         times = [timeline.parse_time(h["time"]) for h in history]
         try:
-            ranges = fetch.fetch_ranges(args.prometheus, meta.get("namespace") or args.namespace,
-                                        meta["name"], min(times) - 600, max(times) + 600)  # fmt: skip
+            ranges = fetch.fetch_ranges(
+                args.prometheus,
+                meta.get("namespace") or args.namespace,
+                meta["name"],
+                min(times) - 600,
+                max(times) + 600,
+            )
         except (OSError, ValueError) as exc:
             sys.stderr.write(f"kvpilot: warning: no Prometheus ranges ({exc})\n")
     try:
@@ -505,23 +579,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvpilot", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    plan = commands.add_parser("plan", help="plan vLLM engine arguments for a model on a GPU type")
+    plan = commands.add_parser(
+        "plan", help="plan engine arguments (vLLM; SGLang with --engine sglang) for a model on a GPU type"
+    )
     source = plan.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", metavar="ID", help="a catalogue model (see `kvpilot models`)")
     source.add_argument(
-        "--config", metavar="PATH",
+        "--config",
+        metavar="PATH",
         help="a Hugging Face config.json, or its folder (its preprocessor configs size the vision profile)",
-    )  # fmt: skip
+    )
     plan.add_argument("--gpu", required=True, metavar="NAME", help="a catalogue GPU (see `kvpilot gpus`)")
     plan.add_argument("--gpus", type=_positive_int, metavar="N", help="GPUs per replica (1)")
     plan.add_argument(
-        "--gpus-per-node", type=_positive_int, default=8, metavar="N",
+        "--gpus-per-node",
+        type=_positive_int,
+        default=8,
+        metavar="N",
         help="GPUs in one node (%(default)s): more --gpus than this span nodes",
-    )  # fmt: skip
+    )
     plan.add_argument(
-        "--nodes", type=_nodes_arg, metavar="N|auto",
+        "--nodes",
+        type=_nodes_arg,
+        metavar="N|auto",
         help="nodes per replica, of --gpus-per-node GPUs each; auto: the fewest that fit",
-    )  # fmt: skip
+    )
     plan.add_argument("--max-context", type=_positive_int, metavar="N", help="longest max_model_len wanted")
     plan.add_argument("--min-context", type=_positive_int, metavar="N", help="shortest max_model_len allowed")
     plan.add_argument("--concurrency", type=_positive_int, metavar="N", help="expected concurrent sequences")
@@ -539,6 +621,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ARGS",
         help="the pods' untuned vllm serve flags that change memory, quoted: '--enforce-eager', "
         "'--performance-mode interactivity', '--no-enable-prefix-caching'",
+    )
+    plan.add_argument(
+        "--engine",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="the engine to plan: vllm (%(default)s) or sglang (its own memory model, release "
+        f"{sglang.PINNED_SGLANG_VERSION})",
     )
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     plan.set_defaults(run=_plan)

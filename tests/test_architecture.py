@@ -21,9 +21,21 @@ CONFIG = ROOT / ".importlinter"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 MUST_BE_FORBIDDEN = {
-    "os", "time", "datetime", "pathlib", "subprocess", "urllib", "http", "socket",
-    "kopf", "kubernetes", "prometheus_client", "prometheus_api_client", "requests", "httpx",
-}  # fmt: skip
+    "os",
+    "time",
+    "datetime",
+    "pathlib",
+    "subprocess",
+    "urllib",
+    "http",
+    "socket",
+    "kopf",
+    "kubernetes",
+    "prometheus_client",
+    "prometheus_api_client",
+    "requests",
+    "httpx",
+}
 
 
 def _lint(config: Path, cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess[str]:
@@ -56,9 +68,10 @@ def test_contracts_forbid_io_in_the_tuner() -> None:
     inner = parser["importlinter:contract:tuner-layers"]
     assert [line.strip() for line in inner["layers"].strip().splitlines()] == [
         "plan | loop",
+        "engines",
         "memory",
         "model",
-        "vllm",
+        "vllm | sglang | tgi",
     ]
 
 
@@ -74,12 +87,18 @@ PROBE_FILES = {
     "tuner/types.py": "import math\n",
     "tuner/vllm/__init__.py": "",
     "tuner/vllm/facts.py": "from probe.tuner import types\n",
+    "tuner/sglang/__init__.py": "",
+    "tuner/sglang/facts.py": "from probe.tuner import types\n",
+    "tuner/tgi/__init__.py": "",
+    "tuner/tgi/facts.py": "from probe.tuner import types\n",
+    "tuner/engines/__init__.py": "",
+    "tuner/engines/seam.py": "from probe.tuner.memory import budget\nfrom probe.tuner.sglang import facts\n",
     "tuner/model/__init__.py": "",
     "tuner/model/spec.py": "from probe.tuner.vllm import facts\n",
     "tuner/memory/__init__.py": "",
     "tuner/memory/budget.py": "from probe.tuner.model import spec\n",
     "tuner/plan/__init__.py": "",
-    "tuner/plan/planner.py": "from probe.tuner.memory import budget\n",
+    "tuner/plan/planner.py": "from probe.tuner.engines import seam\n",
     "tuner/loop/__init__.py": "",
     "tuner/loop/policy.py": "from probe.tuner import types\nfrom probe.tuner.vllm import facts\n",
     "operator/__init__.py": "",
@@ -157,6 +176,36 @@ def test_a_clean_probe_passes(tmp_path: Path) -> None:
             ("tuner/vllm/leak.py", "from probe.tuner.model import spec\n"),
             "Inside the tuner",
             "probe.tuner.vllm.leak -> probe.tuner.model.spec",
+        ),
+        (
+            ("tuner/sglang/leak.py", "from probe.tuner.vllm import facts\n"),
+            "Inside the tuner",
+            "probe.tuner.sglang.leak -> probe.tuner.vllm.facts",
+        ),
+        (
+            ("tuner/vllm/leak.py", "from probe.tuner.sglang import facts\n"),
+            "Inside the tuner",
+            "probe.tuner.vllm.leak -> probe.tuner.sglang.facts",
+        ),
+        (
+            ("tuner/tgi/leak.py", "from probe.tuner.sglang import facts\n"),
+            "Inside the tuner",
+            "probe.tuner.tgi.leak -> probe.tuner.sglang.facts",
+        ),
+        (
+            ("tuner/sglang/leak.py", "from probe.tuner.model import spec\n"),
+            "Inside the tuner",
+            "probe.tuner.sglang.leak -> probe.tuner.model.spec",
+        ),
+        (
+            ("tuner/engines/leak.py", "from probe.tuner.plan import planner\n"),
+            "Inside the tuner",
+            "probe.tuner.engines.leak -> probe.tuner.plan.planner",
+        ),
+        (
+            ("tuner/memory/leak.py", "from probe.tuner.engines import seam\n"),
+            "Inside the tuner",
+            "probe.tuner.memory.leak -> probe.tuner.engines.seam",
         ),
         (
             ("tuner/model/leak.py", "from probe.tuner.memory import budget\n"),
@@ -255,9 +304,7 @@ def operator_siblings(source: str, name: str, modules: frozenset[str]) -> set[st
 
 
 def _operator_modules() -> dict[str, Path]:
-    return {
-        _module_name(p, ROOT): p for p in OPERATOR.rglob("*.py") if p.name != "__init__.py"
-    }  # fmt: skip
+    return {_module_name(p, ROOT): p for p in OPERATOR.rglob("*.py") if p.name != "__init__.py"}
 
 
 def test_no_operator_module_imports_more_than_ten_siblings() -> None:

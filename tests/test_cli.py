@@ -67,21 +67,36 @@ def test_plan_table() -> None:
 
 def test_plan_auto_nodes_says_one_node_is_not_enough_and_shows_two() -> None:
     code, out, _ = run(
-        "plan", "--model", "deepseek-ai/DeepSeek-V3", "--gpu", "H100-SXM", "--max-context", "32768",
-        "--nodes", "auto",
-    )  # fmt: skip
+        "plan",
+        "--model",
+        "deepseek-ai/DeepSeek-V3",
+        "--gpu",
+        "H100-SXM",
+        "--max-context",
+        "32768",
+        "--nodes",
+        "auto",
+    )
     assert code == 0
     assert out.startswith("deepseek-ai/DeepSeek-V3 on 2 node(s) x 8 x H100-SXM")
     assert "Nothing fits one node of 8 x H100-SXM: " in out and "Layout: " in out
     assert "--data-parallel-size 4 --data-parallel-size-local 2 --enable-expert-parallel" in out
-    assert "DP x EP groups are not rendered yet" in out
+    assert "gpu.nodesPerReplica 2 renders this split as a LeaderWorkerSet" in out
 
 
 def test_plan_gpus_above_a_node_span_nodes_tp_within_pp_across() -> None:
     code, out, _ = run(
-        "plan", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100-SXM", "--gpus", "16",
-        "--max-context", "32768", "--json",
-    )  # fmt: skip
+        "plan",
+        "--model",
+        "meta-llama/Llama-3.1-70B-Instruct",
+        "--gpu",
+        "H100-SXM",
+        "--gpus",
+        "16",
+        "--max-context",
+        "32768",
+        "--json",
+    )
     plan = json.loads(out)
     assert code == 0
     assert plan["layout"]["nodes"] == 2 and plan["layout"]["pipeline_parallel_size"] == 2
@@ -108,9 +123,20 @@ def test_plan_on_one_node_is_unchanged_by_the_node_flags() -> None:
 
 def test_plan_bounds_reach_the_planner() -> None:
     code, out, _ = run(
-        "plan", "--model", "qwen/qwen3-8b", "--gpu", "h100", "--gpus", "2", "--max-context", "8192",
-        "--concurrency", "16", "--allow-fp8-kv", "--json",
-    )  # fmt: skip
+        "plan",
+        "--model",
+        "qwen/qwen3-8b",
+        "--gpu",
+        "h100",
+        "--gpus",
+        "2",
+        "--max-context",
+        "8192",
+        "--concurrency",
+        "16",
+        "--allow-fp8-kv",
+        "--json",
+    )
     plan = json.loads(out)
     assert code == 0
     assert plan["max_model_len"] == 8192
@@ -268,8 +294,10 @@ def _bad_files(tmp_path: Path) -> dict[str, Path]:
         "object": ("cases.json", '{"id": "a"}'),
         "config-list": ("config.json", "[1, 2]"),
         "config-deep": ("config.json", '{"text_config": ' + "[" * 50_000 + "]" * 50_000 + "}"),
-        "config-negative-heads": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, '
-                                  '"hidden_size": 64, "num_attention_heads": -8}'),
+        "config-negative-heads": (
+            "config.json",
+            '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": -8}',
+        ),
         "yaml": ("isvc.yaml", "spec: [unclosed"),
         "not-isvc": ("isvc.yaml", "- 1\n- 2\n"),
         "bad-spec": ("isvc.yaml", "kind: InferenceService\nspec: {model: {id: 3}, gpu: {count: -1}}\n"),
@@ -375,3 +403,44 @@ def test_plan_refuses_an_architecture_vllm_does_not_serve(tmp_path: Path) -> Non
     code, out, err = run("plan", "--config", str(tmp_path), "--gpu", "H100-SXM")
     assert code == 2, out
     assert "vLLM 0.33 does not support architecture NoSuchModelForCausalLM" in err
+
+
+# -- plan --engine sglang -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gpu", ["L4", "H100-SXM", "B200"])
+def test_plan_sglang_prints_its_budget_explained(gpu: str) -> None:
+    code, out, err = run(
+        "plan", "--engine", "sglang", "--model", LLAMA, "--gpu", gpu, "--max-context", "8192"
+    )
+    assert code == 0, err
+    assert "(SGLang 0.5.23)" in out and "--mem-fraction-static" in out and "--context-length 8192" in out
+    for text in ("Reserved outside --mem-fraction-static", "= KV pool", "max_total_num_tokens"):
+        assert text in out, text
+
+
+def test_plan_sglang_json_and_infeasible_exit() -> None:
+    code, out, _ = run("plan", "--engine", "sglang", "--model", LLAMA, "--gpu", "T4", "--json")
+    plan = json.loads(out)
+    assert code == 1 and plan["feasible"] is False and plan["engine"] == "SGLang"
+    assert plan["args"][:2] == ["--context-length", "131072"]
+    code, out, _ = run(
+        "plan", "--engine", "sglang", "--model", LLAMA, "--gpu", "H200", "--gpus", "2", "--json"
+    )
+    plan = json.loads(out)
+    assert code == 0 and plan["args"][-2:] == ["--tp-size", "2"] and plan["max_total_tokens"] > 0
+
+
+def test_plan_engine_vllm_is_the_default() -> None:
+    assert run("plan", "--model", LLAMA, "--gpu", "L4") == run(
+        "plan", "--engine", "vllm", "--model", LLAMA, "--gpu", "L4"
+    )
+
+
+def test_plan_sglang_refuses_what_it_does_not_model() -> None:
+    code, _, err = run("plan", "--engine", "sglang", "--model", LLAMA, "--gpu", "L4", "--allow-fp8-kv")
+    assert code == 2 and "--allow-fp8-kv is not supported with --engine sglang" in err
+    code, _, err = run(
+        "plan", "--engine", "sglang", "--model", "mistralai/Mistral-7B-Instruct-v0.1", "--gpu", "L4"
+    )
+    assert code == 2 and "full-attention and MLA models only" in err

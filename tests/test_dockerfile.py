@@ -172,8 +172,12 @@ def fill_wheelhouse(house: Path, built: Path) -> None:
         if not wheel.name.startswith("kvpilot-"):
             shutil.copy2(wheel, tmp)
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(tmp), *requires],
-                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(tmp), *requires],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     shutil.rmtree(house, ignore_errors=True)
     tmp.rename(house)
 

@@ -17,9 +17,10 @@ def _documented() -> set[str]:
 
 def _modules() -> set[str]:
     return {
-        str(p.relative_to(OPERATOR)) for p in OPERATOR.rglob("*.py")
+        str(p.relative_to(OPERATOR))
+        for p in OPERATOR.rglob("*.py")
         if p.name != "__init__.py" and "__pycache__" not in p.parts
-    }  # fmt: skip
+    }
 
 
 def test_every_operator_module_is_in_the_table() -> None:

@@ -71,10 +71,16 @@ class Kvpilot:
         sc = self.scenario
         mine = [p for p in world.pods if p.settings == self.current]
         restarts = tuple(
-            RestartEvent(p.last[0], classify_termination(p.last[1], p.last[2], p.last[3]), pod=p.name,
-                         restart_count=p.restarts, crash_looping=p.state == "backoff")
-            for p in mine if p.last is not None
-        )  # fmt: skip
+            RestartEvent(
+                p.last[0],
+                classify_termination(p.last[1], p.last[2], p.last[3]),
+                pod=p.name,
+                restart_count=p.restarts,
+                crash_looping=p.state == "backoff",
+            )
+            for p in mine
+            if p.last is not None
+        )
         ready = any(p.state == "serving" for p in mine) and len(mine) == len(world.pods)
         for p in mine:
             if p.ready_at is not None and p.started_at is not None:
@@ -90,28 +96,46 @@ class Kvpilot:
             s for s in world.samples if s.time > now - self.policy.window_seconds and s.kv_usage is not None
         )
         load = sc.workload_at(now)
-        window = ObservationWindow(
-            now - self.policy.window_seconds, now, recent,
-            LengthSummary(load.prompt_tokens), LengthSummary(load.output_tokens),
-            kv_capacity_tokens=capacity, reported_gpu_memory_utilization=self.current.gpu_memory_utilization,
-            reported_kv_cache_dtype=self.current.kv_cache_dtype or "auto", pods=len(world.pods),
-        ) if recent and world.prometheus_up(now) else ObservationWindow.unavailable(  # fmt: skip
-            "no samples", now
+        window = (
+            ObservationWindow(
+                now - self.policy.window_seconds,
+                now,
+                recent,
+                LengthSummary(load.prompt_tokens),
+                LengthSummary(load.output_tokens),
+                kv_capacity_tokens=capacity,
+                reported_gpu_memory_utilization=self.current.gpu_memory_utilization,
+                reported_kv_cache_dtype=self.current.kv_cache_dtype or "auto",
+                pods=len(world.pods),
+            )
+            if recent and world.prometheus_up(now)
+            else ObservationWindow.unavailable("no samples", now)
         )
         state = LoopState(
-            current=self.current, history=self.history, failed=self.failed, rollout=self.rollout,
-            last_good=self.last_good, observed_kv_tokens=self.observed,
-        )  # fmt: skip
+            current=self.current,
+            history=self.history,
+            failed=self.failed,
+            rollout=self.rollout,
+            last_good=self.last_good,
+            observed_kv_tokens=self.observed,
+        )
         serving_now = any(p.state == "serving" for p in world.pods)
         choice = compute_rollout_choice(
             RolloutSpec(allowDowntime=sc.allow_downtime), 1, fits_now=sc.spare_gpu, serving=serving_now
         )
         evidence = Evidence(
-            budget=sc.plan_budget, window=window, restarts=restarts, ready=ready, not_started=not_started,
+            budget=sc.plan_budget,
+            window=window,
+            restarts=restarts,
+            ready=ready,
+            not_started=not_started,
             restart_seconds=self.restart_seconds,
+            # what the operator knows before a pod starts: the model's checkpoint and its weight cache
+            checkpoint_gib=sc.truth.startup.checkpoint_gib or None,
+            weights_cached=sc.weights_cached,
             rollout_lost_fraction=compute_lost_fraction(choice, 1, serving=serving_now),
             rollout_blocked=choice.reason if choice.held else None,
-        )  # fmt: skip
+        )
         context = TuningContext(
             gpu=H100, default_max_model_len=sc.truth.model_max_len, bounds=sc.bounds, policy=self.policy
         )
@@ -158,8 +182,15 @@ class Kvpilot:
         self.rollout = RolloutState(d.settings, now, now + self.policy.rollout_deadline_seconds)
         world.roll_out(d.settings, now, strategy=strategy)
 
-    def _record(self, now: float, action: HistoryAction, trigger: str, reason: str, to: EngineSettings,
-                strategy: str = "") -> None:  # fmt: skip
+    def _record(
+        self,
+        now: float,
+        action: HistoryAction,
+        trigger: str,
+        reason: str,
+        to: EngineSettings,
+        strategy: str = "",
+    ) -> None:
         self.history = build_history(
             self.history, HistoryEntry(now, action, trigger, reason, self.current, to)
         )
@@ -239,9 +270,12 @@ def _static(
     sc: BenchScenario, gmu: float, seqs: int, batched: int, fp8: bool, length: int | None
 ) -> EngineSettings:
     return EngineSettings(
-        max_model_len=length, max_num_seqs=seqs, gpu_memory_utilization=gmu,
-        max_num_batched_tokens=batched, kv_cache_dtype="fp8" if fp8 else None,
-    )  # fmt: skip
+        max_model_len=length,
+        max_num_seqs=seqs,
+        gpu_memory_utilization=gmu,
+        max_num_batched_tokens=batched,
+        kv_cache_dtype="fp8" if fp8 else None,
+    )
 
 
 def compute_oracle(sc: BenchScenario, *, hours: float | None = None) -> Run:

@@ -83,12 +83,19 @@ def _budget(d: dict[str, Any], gpu_total_gib: float) -> MemoryBudget:
     tokens = int(d["kv_cache_tokens"])
     kv_bytes = int(d.get("kv_bytes_per_token", 131072))
     return MemoryBudget(
-        gpu_total_gib=gpu_total_gib, requested_gib=float(d.get("requested_gib", 72.85)),
-        weights_gib=float(d.get("weights_gib", 14.99)), activation_gib=float(d.get("activation_gib", 3.0)),
-        non_torch_gib=float(d.get("non_torch_gib", 0.6)), cuda_graph_gib=float(d.get("cuda_graph_gib", 0.5)),
-        available_kv_cache_gib=tokens * kv_bytes / GIB, kv_bytes_per_token=kv_bytes,
-        num_gpu_blocks=tokens // 16, kv_cache_tokens=tokens, max_concurrency=tokens / 32768, starts=True,
-    )  # fmt: skip
+        gpu_total_gib=gpu_total_gib,
+        requested_gib=float(d.get("requested_gib", 72.85)),
+        weights_gib=float(d.get("weights_gib", 14.99)),
+        activation_gib=float(d.get("activation_gib", 3.0)),
+        non_torch_gib=float(d.get("non_torch_gib", 0.6)),
+        cuda_graph_gib=float(d.get("cuda_graph_gib", 0.5)),
+        available_kv_cache_gib=tokens * kv_bytes / GIB,
+        kv_bytes_per_token=kv_bytes,
+        num_gpu_blocks=tokens // 16,
+        kv_cache_tokens=tokens,
+        max_concurrency=tokens / 32768,
+        starts=True,
+    )
 
 
 def load_scenario(path: Path) -> BenchScenario:
@@ -107,15 +114,22 @@ def load_scenario(path: Path) -> BenchScenario:
             if f.kind not in FAULT_KINDS:
                 raise ScenarioError(f"{path.name}: faults: kind {f.kind!r} is not one of {FAULT_KINDS}")
         return BenchScenario(
-            name=d["name"], what=d["what"], truth=truth, phases=phases,
+            name=d["name"],
+            what=d["what"],
+            truth=truth,
+            phases=phases,
             planned=_settings(d["plan"]["settings"]),
             plan_budget=_budget(d["plan"]["budget"], truth.gpu_memory_gib),
-            bounds=TuningBounds(**d.get("bounds", {})), hours=float(d.get("hours", 3.0)),
-            spare_gpu=bool(d.get("spare_gpu", True)), allow_downtime=bool(d.get("allow_downtime", False)),
+            bounds=TuningBounds(**d.get("bounds", {})),
+            hours=float(d.get("hours", 3.0)),
+            spare_gpu=bool(d.get("spare_gpu", True)),
+            allow_downtime=bool(d.get("allow_downtime", False)),
             weights_cached=bool(d.get("weights_cached", True)),
-            faults=faults, noise=float(d.get("noise", 0.0)), missing=float(d.get("missing", 0.0)),
+            faults=faults,
+            noise=float(d.get("noise", 0.0)),
+            missing=float(d.get("missing", 0.0)),
             source=path,
-        )  # fmt: skip
+        )
     except ScenarioError:
         raise
     except (KeyError, TypeError, ValueError) as e:

@@ -8,6 +8,9 @@ the e2e fleet and the demo judge kvpilot in one world. The Deployment around it:
 * ``surge``: the new pod starts beside the old one, which goes when the new one serves;
   ``recreate``: the old pod goes first (downtime until the new one serves);
 * a crash is CrashLoopBackOff (10 s doubling to 5 min), its requests lost;
+* a pod that goes gracefully (a rollout's old pod) finishes its running requests; its waiting ones go
+  back to the load balancer (clients retry), which hands them to the serving pod at once, or to the next
+  pod to serve when none does (recreate), their wait carried over;
 * clients give up on a request that waited :data:`MAX_WAIT_S` without being scheduled.
 """
 
@@ -34,10 +37,14 @@ MAX_WAIT_S = 120.0
 
 def engine_args(s: EngineSettings) -> EngineArgs:
     return EngineArgs(
-        model="model", max_model_len=s.max_model_len, max_num_seqs=s.max_num_seqs,
-        gpu_memory_utilization=s.gpu_memory_utilization, kv_cache_dtype=s.kv_cache_dtype or "auto",
-        max_num_batched_tokens=s.max_num_batched_tokens, tensor_parallel_size=s.tensor_parallel_size or 1,
-    )  # fmt: skip
+        model="model",
+        max_model_len=s.max_model_len,
+        max_num_seqs=s.max_num_seqs,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        kv_cache_dtype=s.kv_cache_dtype or "auto",
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        tensor_parallel_size=s.tensor_parallel_size or 1,
+    )
 
 
 @dataclass
@@ -75,6 +82,28 @@ class Stats:
     failed_never_ran: int = 0
 
 
+@dataclass(frozen=True)
+class Handoff:
+    """A request a removed pod had waiting, with the clocks it waited by."""
+
+    request: Request
+    engine_now: float
+    """The removed pod's engine clock at its removal (the request's times are on that clock)."""
+    removed_at: float
+    """World time of the removal."""
+
+    def rebase(self, engine_now: float, now: float) -> Request:
+        """The request on another engine's clock (``engine_now`` at world time ``now``), its wait kept."""
+        shift = engine_now - self.engine_now - (now - self.removed_at)
+        req = self.request
+        req.arrived += shift
+        if req.scheduled_at is not None:
+            req.scheduled_at += shift
+        if req.first_token_at is not None:
+            req.first_token_at += shift
+        return req
+
+
 @dataclass
 class World:
     scenario: BenchScenario
@@ -87,8 +116,8 @@ class World:
     """Settings some container actually started with."""
     serial: int = 0
     rng: random.Random = field(default_factory=random.Random)
-    handoff: list[Request] = field(default_factory=list)
-    """Requests a removed pod had not scheduled yet: the next serving pod takes them."""
+    handoff: list[Handoff] = field(default_factory=list)
+    """Requests a removed pod had not scheduled yet: the serving pod takes them (:meth:`_deliver_handoff`)."""
 
     def __post_init__(self) -> None:
         self.rng.seed(self.seed)
@@ -105,11 +134,11 @@ class World:
         # the Deployment controller scales unavailable pods of older ReplicaSets down first: a pod that
         # serves nothing (crash loop, start-up failure, pending) never holds a GPU against the new one
         for p in [p for p in self.pods if p.settings != settings and p.state != "serving"]:
-            self._remove(p)
+            self._remove(p, now)
             self.pods.remove(p)
         if strategy == "recreate":
             for p in self.pods:
-                self._remove(p)
+                self._remove(p, now)
             self.pods = []
         if not any(p.settings == settings for p in self.pods):
             self.serial += 1
@@ -159,15 +188,24 @@ class World:
         pod.engine = None
         pod.state, pod.until = "backoff", now + min(300.0, 10.0 * 2 ** (pod.restarts - 1))
 
-    def _remove(self, pod: Pod) -> None:
-        """A graceful stop: the running requests drain (counted as served), the waiting ones move on."""
+    def _remove(self, pod: Pod, now: float) -> None:
+        """A graceful stop: the running requests drain (counted as served), the waiting ones go back to the
+        load balancer (:attr:`handoff`)."""
         e = pod.engine
         if e is not None:
             self._count(e)
             for req in e.running:
                 self.stats.completed += 1
                 self.stats.output_tokens += req.output
-            self.handoff = list(e.waiting)
+            self.handoff.extend(Handoff(req, e.now, now) for req in e.waiting)
+            e.waiting.clear()
+
+    def _deliver_handoff(self, e: SimEngine, now: float) -> None:
+        """The requests removed pods had waiting join the front of ``e``'s queue (they arrived first), their
+        wait carried over: clients still give up after :data:`MAX_WAIT_S` in all."""
+        if self.handoff:
+            e.waiting.extendleft(reversed([h.rebase(e.now, now) for h in self.handoff]))
+            self.handoff = []
 
     def _count(self, e: SimEngine) -> int:
         """Take what ``e`` finished since the last call into the stats; returns its preemptions."""
@@ -197,14 +235,11 @@ class World:
                     seed=self.seed * 7919 + self.serial,
                     resolution_s=RESOLUTION_S,
                 )
-                if self.handoff:
-                    pod.engine.waiting.extend(self.handoff)
-                    self.handoff = []
         mine = [p for p in self.pods if p.settings == self.desired]
         if any(p.state == "serving" for p in mine):  # rollout done: the old pods go
             for p in self.pods:
                 if p not in mine:
-                    self._remove(p)
+                    self._remove(p, now)
             self.pods = mine
         self._schedule(now)
         serving = [p for p in self.pods if p.state == "serving"]
@@ -218,6 +253,7 @@ class World:
         e = pod.engine
         assert e is not None
         e.workload = workload
+        self._deliver_handoff(e, now)
         before = e.total_arrived
         e.advance(DT)
         self.stats.arrived += e.total_arrived - before

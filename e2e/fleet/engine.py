@@ -356,9 +356,13 @@ class SimEngine:
 
     def _step_seconds(self, decode: int, context: int, prefill: int, pairs: float) -> float:
         return self.truth.perf.step_seconds(
-            decode=decode, prefill=prefill, context_tokens=context, prefill_pairs=pairs,
-            kv_bytes_per_token=self.truth.kv_bytes_per_token, fp8_kv=self.fp8_kv,
-        )  # fmt: skip
+            decode=decode,
+            prefill=prefill,
+            context_tokens=context,
+            prefill_pairs=pairs,
+            kv_bytes_per_token=self.truth.kv_bytes_per_token,
+            fp8_kv=self.fp8_kv,
+        )
 
     def _step(self, until: float) -> bool:
         """One engine step, or several decode-only ones; False when idle until ``until``."""
@@ -385,9 +389,12 @@ class SimEngine:
             self.decode_blocks += self._crossings(self.counter + 1, k - 1)
             step = self._step_seconds(n, context + n * (k - 1) // 2, 0, 0.0)
         self.last_step = StepRecord(
-            running=n + len(self.prefilling), waiting=len(self.waiting), kv=self.kv_usage,
-            tokens=n + prefill, preempted=self._step_preemptions,
-        )  # fmt: skip
+            running=n + len(self.prefilling),
+            waiting=len(self.waiting),
+            kv=self.kv_usage,
+            tokens=n + prefill,
+            preempted=self._step_preemptions,
+        )
         self.now += step * k
         self.busy_s += step * k
         self.counter += k

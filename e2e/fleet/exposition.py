@@ -341,8 +341,12 @@ class VllmMetrics:
         # holds; the scrape adds namespace and pod (the fleet's one target per pod stands in for the node's
         # exporter, whose own labels would name the pod)
         dcgm = ["gpu", "UUID", "modelName", "Hostname"]
-        dcgm_values = {"gpu": "0", "UUID": "GPU-00000000-0000-0000-0000-000000000000",
-                       "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "kwok-node"}  # fmt: skip
+        dcgm_values = {
+            "gpu": "0",
+            "UUID": "GPU-00000000-0000-0000-0000-000000000000",
+            "modelName": "NVIDIA H100 80GB HBM3",
+            "Hostname": "kwok-node",
+        }
         self.fb_total_gib = truth.gpu_memory_gib
         self.fb_used = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", dcgm, registry=r)
         self.fb_used = self.fb_used.labels(**dcgm_values)  # type: ignore[assignment]

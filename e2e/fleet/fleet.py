@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from e2e.fleet.caches import StartCaches, StartSources
 from e2e.fleet.engine import SimEngine
 from e2e.fleet.exposition import VllmMetrics
 from e2e.fleet.pod import (
@@ -135,7 +136,7 @@ class Fleet:
         self._lock = threading.RLock()
         self._engines: dict[tuple[str, str], PodEngine] = {}
         self._gone: set[str] = set()  # pod uids already finished with
-        self._weight_caches: set[tuple[str, str]] = set()  # (cache key, model) whose download finished
+        self._caches = StartCaches()  # the weights and compiled graphs each volume holds
         self._scenarios: dict[tuple[str, str], Scenario] = {}
         self._overrides: dict[tuple[str, str], Workload] = {}
         self._patches: queue.Queue[Callable[[], None] | None] = queue.Queue()
@@ -352,7 +353,7 @@ class Fleet:
                 self._engines[key] = e
                 self._targets_dirty = True
                 self._begin_start(e)
-                self._event(e, "Started", f"{args.summary()} weights={self._weights_source(e)}")
+                self._event(e, "Started", f"{args.summary()} {self._sources(e)}")
             self._patch_async(e, ready=False)
         with self._lock:
             for key in [k for k in self._engines if k not in seen]:
@@ -382,27 +383,33 @@ class Fleet:
             self._stop.wait(self.tick)
 
     def _begin_start(self, e: PodEngine) -> None:
-        """A container (re)starts: its start-up time follows from where the weights come from."""
-        e.cache_hit = e.cache_key is not None and (e.cache_key, e.args.model) in self._weight_caches
-        e.startup_wall_s = e.scenario.truth.startup_wall_s(cached=e.cache_hit)
+        """A container (re)starts: its start-up time follows from where the weights come from and whether
+        its compiled graphs are on its compile-cache volume (:class:`e2e.fleet.caches.StartCaches`)."""
+        with self._lock:
+            found = self._caches.compute_sources(e.args, e.cache_key, e.compile_cache_key)
+        e.cache_hit, e.compile_hit = found.weights_cached, found.compile_cached
+        e.startup_wall_s = e.scenario.truth.startup_wall_s(
+            cached=e.cache_hit,
+            compile_cached=e.compile_hit,
+            streamer=e.args.load_format == "runai_streamer",  # vLLM's LoadFormat name, as the pod gives it,
+        )
 
     @staticmethod
-    def _weights_source(e: PodEngine) -> str:
-        return "cache-hit" if e.cache_hit else ("download" if e.cache_key else "download-no-cache")
+    def _sources(e: PodEngine) -> str:
+        return StartSources(e.cache_hit, e.compile_hit).describe(e.cache_key)
 
     def weight_cache_holds(self, cache_key: str, model: str) -> bool:
         """Whether a weight cache (:func:`e2e.fleet.pod.read_weight_cache`'s key) holds ``model``."""
         with self._lock:
-            return (cache_key, model) in self._weight_caches
+            return self._caches.holds_weights(cache_key, model)
 
     def _step(self, e: PodEngine, now: float, dt_wall: float) -> None:
         truth = e.scenario.truth
         if e.real_engine and e.state in (STARTING, SERVING):
             self._step_real(e, now)
         elif e.state == STARTING and now - e.since >= e.startup_wall_s:
-            if e.cache_key is not None:  # the download finished: the next start reads from disk
-                with self._lock:
-                    self._weight_caches.add((e.cache_key, e.args.model))
+            with self._lock:  # the download and the compile finished: the next start reads them from disk
+                self._caches.record_start(e.args, e.cache_key, e.compile_cache_key)
             error = truth.startup_error(e.args)
             if error is not None:
                 log = truth.startup_failure_log(e.args, error)
@@ -435,7 +442,7 @@ class Fleet:
         elif e.state == CRASHED and now >= e.restart_at:
             e.state, e.since = STARTING, now
             self._begin_start(e)
-            self._event(e, "Restarted", f"restartCount={e.restart_count} weights={self._weights_source(e)}")
+            self._event(e, "Restarted", f"restartCount={e.restart_count} {self._sources(e)}")
             self._patch_async(e, ready=False)
 
     def _serve(self, e: PodEngine, now: float) -> None:

@@ -120,6 +120,8 @@ class PodEngine:
         self.started_count = 0
         self.cache_key = read_weight_cache(pod)
         self.cache_hit = False
+        self.compile_cache_key = read_compile_cache(pod)
+        self.compile_hit = False
         self.startup_wall_s = scenario.truth.startup_s
         self.real_engine = self.labels.get(ENGINE_LABEL) == "real"
         self.process: EngineProcess | None = None
@@ -183,15 +185,28 @@ class PodEngine:
 
 def read_weight_cache(pod: dict[str, Any]) -> str | None:
     """Where this pod's Hugging Face cache lives, as kubelet would mount it: the volume under the
-    model container's ``HF_HOME``. A claim (``pvc:<namespace>/<claim>``) is shared by every pod that
-    mounts it; a ``hostPath`` (``host:<node>:<path>``) by the pods on that node; anything else
-    (``emptyDir``, the container's own filesystem) is gone with the container: ``None``."""
+    model container's ``HF_HOME`` (:func:`read_volume_key`)."""
+    return read_volume_key(pod, "HF_HOME")
+
+
+def read_compile_cache(pod: dict[str, Any]) -> str | None:
+    """Where this pod's vLLM compile cache lives: the volume under the model container's
+    ``VLLM_CACHE_ROOT`` (vLLM's own variable, read as vLLM reads it; kvpilot sets it on a
+    writable weight-cache volume); ``None``: vLLM's default ``~/.cache/vllm``, gone with the container."""
+    return read_volume_key(pod, "VLLM_CACHE_ROOT")
+
+
+def read_volume_key(pod: dict[str, Any], env_name: str) -> str | None:
+    """The volume holding the folder the model container's ``env_name`` names. A claim
+    (``pvc:<namespace>/<claim>``) is shared by every pod that mounts it; a ``hostPath``
+    (``host:<node>:<path>``) by the pods on that node; anything else (``emptyDir``, the container's own
+    filesystem) is gone with the container: ``None``."""
     spec = pod.get("spec") or {}
     container = (spec.get("containers") or [{}])[0]
-    hf_home = next((e.get("value") for e in container.get("env") or [] if e.get("name") == "HF_HOME"), None)
-    if not hf_home:
+    folder = next((e.get("value") for e in container.get("env") or [] if e.get("name") == env_name), None)
+    if not folder:
         return None
-    mounts = [m for m in container.get("volumeMounts") or [] if hf_home.startswith(m.get("mountPath", "\0"))]
+    mounts = [m for m in container.get("volumeMounts") or [] if folder.startswith(m.get("mountPath", "\0"))]
     if not mounts:
         return None
     volume_name = max(mounts, key=lambda m: len(m["mountPath"]))["name"]

@@ -175,8 +175,10 @@ class Stack:
         scrape_interval: str = "1s",
         prometheus_web: WebSecurity | None = None,
         operator_metrics_port: int | None = None,
+        operator_extra_env: dict[str, str] | None = None,
     ) -> None:
-        """``prometheus_web``: serve Prometheus behind TLS and basic auth, and give the operator the CA
+        """``operator_extra_env``: set on top of the operator's environment (default or ``operator_env``).
+        ``prometheus_web``: serve Prometheus behind TLS and basic auth, and give the operator the CA
         bundle and the credentials (:func:`prometheus_auth_env`) on top of the default environment.
         ``operator_metrics_port``: the operator serves its own metrics there and Prometheus scrapes them
         (job ``kvpilot``); without it the operator serves none."""
@@ -185,13 +187,16 @@ class Stack:
         self.operator_metrics_port = operator_metrics_port
         operator_job = {"kvpilot": [f"127.0.0.1:{operator_metrics_port}"]} if operator_metrics_port else None
         self.prom = PrometheusServer(
-            self.dir / "prometheus", scrape_interval=scrape_interval, web=prometheus_web,
+            self.dir / "prometheus",
+            scrape_interval=scrape_interval,
+            web=prometheus_web,
             scrape_targets=operator_job,
-        )  # fmt: skip
+        )
         self._namespaces = namespaces
         self._default_scenario = default_scenario
         self._scenarios = dict(scenarios or {})
         self._operator_env = operator_env
+        self._operator_extra_env = dict(operator_extra_env or {})
         self._operator_namespaces = operator_namespaces if operator_namespaces is not None else namespaces
         self.fleet: Fleet | None = None
         self.operator: OperatorProcess | None = None
@@ -220,6 +225,7 @@ class Stack:
                 env |= prometheus_auth_env(self.prom.web, self.dir / "prometheus-credentials")
             if self.operator_metrics_port:
                 env = {**env, "KVPILOT_METRICS_PORT": str(self.operator_metrics_port)}
+            env = {**env, **self._operator_extra_env}
             self.operator = OperatorProcess(
                 self.cluster.kubeconfig, self.dir / "operator", env=env, namespaces=self._operator_namespaces
             )

@@ -22,6 +22,7 @@ H100_8B = GroundTruth(
 )
 """The e2e suites' usual pod: a fast start (1 s), a short back-off and a quick OOM."""
 
+
 def catalogue_isvc(
     name: str, namespace: str, model: str, gpu_product: str, serving: dict[str, Any], tuning: dict[str, Any]
 ) -> dict[str, Any]:

@@ -70,6 +70,8 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     tensor_parallel_size: int = 1
     block_size: int | None = None
+    load_format: str = "auto"
+    """``--load-format``: ``runai_streamer`` reads the weights at :attr:`StartupModel.streamer_gib_per_s`."""
 
     @property
     def model_name(self) -> str:
@@ -121,6 +123,7 @@ class EngineArgs:
             else None,
             tensor_parallel_size=int(values.get("--tensor-parallel-size", "1")),
             block_size=int(values["--block-size"]) if "--block-size" in values else None,
+            load_format=values.get("--load-format", "auto"),
         )
 
     def summary(self) -> str:
@@ -199,17 +202,31 @@ class EnginePerf:
 @dataclasses.dataclass(frozen=True)
 class StartupModel:
     """How long a vLLM container takes from start to listening: engine start-up, plus reading the
-    checkpoint from disk, plus downloading it first when the weight cache does not hold it.
+    checkpoint from disk, plus downloading it first when the weight cache does not hold it; less the
+    compile a warm compile cache spares.
 
-    Calibrated against the public start-up logs in ``tests/data/vllm_memory_cases.json``:
+    Calibrated against public GPU start-up logs: ``tests/data/vllm_memory_cases.json`` and
+    ``tests/data/vllm_logs/gpu_compile_lines.json`` (each line with its source; the test
+    ``tests/tuner/test_fleet_compile_cache.py`` reads them with :mod:`kvpilot.tuner.vllm.log_lines`):
 
     * load from local disk: "Model loading took 14.99 GiB and 3.65 seconds" (Llama-3.1-8B, L40S),
       "65.97 GiB and 12.80 seconds" (gpt-oss-120b, H100), "48.5 GiB memory and 10.09 seconds"
       (gemma-4-26B-A4B, A100): 4.1-5.2 GiB/s, so :attr:`disk_gib_per_s` = 4.0. One network-volume
       case ("13.72 GiB memory and 62.34 seconds", gpt-oss-20b) reads at 0.22 GiB/s: set it per scenario.
     * engine start-up without the load (torch.compile, profile run, CUDA-graph capture): "Graph
-      capturing finished in 2-17 secs" on H100s in the same logs, plus vLLM 0.33's compile (20-40 s
-      cold), so :attr:`engine_s` = 45.
+      capturing finished in 2-17 secs" on H100s in the same logs, plus the compile, so
+      :attr:`engine_s` = 45 on a cold compile cache.
+    * the compile inside it: "torch.compile takes|took S s in total" on a cold cache (nothing under
+      ``VLLM_CACHE_ROOT`` for this hash) is 13-82 s in the 8 cold GPU logs, median 23.5 s, so
+      :attr:`compile_s` = 25; on a warm cache ("Directly load the compiled graph(s) ... from the cache")
+      it is 1.7-9.4 s in the 7 warm ones, median 5.0 s, so :attr:`warm_compile_s` = 5. A warm start is
+      the cold one less 20 s.
+    * the streaming loader (``--load-format runai_streamer``): "[RunAI Streamer] Overall time to stream 942.3
+      MiB of all files: 0.18s, 5.0 GiB/s" from a local disk (https://github.com/InftyAI/llmaz/pull/423, vLLM
+      0.7.3), and 124.96 GiB from object storage in 14.29 s over 8 ranks
+      (https://github.com/marin-community/marin/issues/7136): it reads many tensors at once, so its rate
+      does not fall with a slow volume's per-read latency: :attr:`streamer_gib_per_s` = 5.0 whatever
+      :attr:`disk_gib_per_s` is (on local NVMe barely faster than the default loader's 4.0).
     * download: ``huggingface_hub``'s ``snapshot_download`` without hf_transfer (what kvpilot's init
       container runs) from the Hub's CDN in a cloud region, about 4 Gbit/s: 0.5 GiB/s. An assumption:
       no public log in the set times a download; set it per scenario where the network is known.
@@ -220,15 +237,34 @@ class StartupModel:
 
     checkpoint_gib: float = 0.0
     disk_gib_per_s: float = 4.0
+    streamer_gib_per_s: float = 5.0
     download_gib_per_s: float = 0.5
     engine_s: float = 45.0
+    """Engine start-up on a cold compile cache: the compile (:attr:`compile_s`) included."""
+    compile_s: float = 25.0
+    """The "torch.compile takes S s in total" of a cold start (part of :attr:`engine_s`)."""
+    warm_compile_s: float = 5.0
+    """The same line when the compiled graphs load from a warm cache instead."""
     wall_per_simulated_s: float = 0.02
     """Wall seconds per simulated second (0.02: a 16 GB model's 105 s cold start takes 2.1 s)."""
 
-    def simulated_seconds(self, *, cached: bool) -> float:
-        """Start-up seconds on a real GPU: download (unless ``cached``), load, engine start-up."""
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.warm_compile_s <= self.compile_s <= self.engine_s:
+            raise ValueError(
+                f"start-up terms out of order: warm compile {self.warm_compile_s} s, cold compile "
+                f"{self.compile_s} s, engine {self.engine_s} s (want 0 <= warm <= cold <= engine)"
+            )
+
+    def simulated_seconds(
+        self, *, cached: bool, compile_cached: bool = False, streamer: bool = False
+    ) -> float:
+        """Start-up seconds on a real GPU: download (unless ``cached``), load (at the streaming loader's
+        rate with ``streamer``), engine start-up, whose compile is :attr:`warm_compile_s` instead of
+        :attr:`compile_s` when ``compile_cached``."""
         download = 0.0 if cached else self.checkpoint_gib / self.download_gib_per_s
-        return download + self.checkpoint_gib / self.disk_gib_per_s + self.engine_s
+        load = self.checkpoint_gib / (self.streamer_gib_per_s if streamer else self.disk_gib_per_s)
+        spared = self.compile_s - self.warm_compile_s if compile_cached else 0.0
+        return download + load + self.engine_s - spared
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,11 +334,14 @@ class GroundTruth:
     (:data:`NULL_BLOCK_RESERVED_SINCE`), the fit check's frames in the log (:mod:`e2e.fleet.vllm_logs`)."""
 
     # ------------------------------------------------------------------ derived
-    def startup_wall_s(self, *, cached: bool) -> float:
+    def startup_wall_s(self, *, cached: bool, compile_cached: bool = False, streamer: bool = False) -> float:
         """Wall seconds from container start to listening (or failing)."""
         if self.startup.checkpoint_gib <= 0:
             return self.startup_s
-        return self.startup.simulated_seconds(cached=cached) * self.startup.wall_per_simulated_s
+        simulated = self.startup.simulated_seconds(
+            cached=cached, compile_cached=compile_cached, streamer=streamer
+        )
+        return simulated * self.startup.wall_per_simulated_s
 
     def utilization(self, args: EngineArgs) -> float:
         return (

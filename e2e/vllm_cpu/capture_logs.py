@@ -64,6 +64,10 @@ CASES = (
     Case("f6-bad-kv-cache-dtype", (*KV_64M, "--kv-cache-dtype", "fp9")),
     Case("f7-max-num-seqs-zero", (*KV_64M, "--max-num-seqs", "0")),
     Case(
+        "f9-load-format-runai-streamer-missing",
+        (*KV_64M, "--max-model-len", "2048", "--load-format", "runai_streamer"),
+    ),
+    Case(
         "clean",
         (*KV_64M, "--num-gpu-blocks-override", "64", "--max-model-len", "2048", "--block-size", "128"),
         serves=True,

@@ -107,6 +107,7 @@ def cpu_block_size(block: int) -> int:
     worker refuses others at start-up ("No common block size for 16 (CPU_ATTN: [MultipleOf(32)])")."""
     return -(-block // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE
 
+
 if TYPE_CHECKING:  # types only: e2e.fleet imports this module (its real engines)
     from e2e.fleet.truth import EngineArgs, GroundTruth
 
@@ -119,17 +120,26 @@ def build_engine_launch(args: EngineArgs, truth: GroundTruth, *, port: int, mode
     dtype_bytes = 1 if args.kv_cache_dtype.startswith("fp8") else 2
     kv_bytes = blocks * block * TinyLayout().kv_bytes_per_token(dtype_bytes)
     argv = [
-        "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--served-model-name", args.model_name or "tiny-llama",
-        "--host", "127.0.0.1",
-        "--port", str(port),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        args.model_name or "tiny-llama",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
         "--enforce-eager",
-        "--max-model-len", str(max_len),
-        "--block-size", str(block),
-        "--num-gpu-blocks-override", str(blocks),
-        "--kv-cache-memory-bytes", str(max(kv_bytes, 1)),
-    ]  # fmt: skip
+        "--max-model-len",
+        str(max_len),
+        "--block-size",
+        str(block),
+        "--num-gpu-blocks-override",
+        str(blocks),
+        "--kv-cache-memory-bytes",
+        str(max(kv_bytes, 1)),
+    ]
     optional = {
         "--max-num-seqs": args.max_num_seqs,
         "--max-num-batched-tokens": args.max_num_batched_tokens,

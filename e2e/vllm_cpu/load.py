@@ -4,7 +4,8 @@ Each of ``clients`` threads sends ``POST /v1/completions`` with a prompt of ``pr
 ``max_tokens = output_tokens``, ``ignore_eos`` and greedy sampling, so every request generates exactly its
 output length whatever the tiny model's random weights say; then it sends the next one, until
 :meth:`LoadGenerator.stop`. ``target`` is read before each request, so the load follows a service from
-pod to pod (a retune's new pod). The counts say what was served.
+pod to pod (a retune's new pod); so are ``prompt_tokens`` and ``output_tokens`` (a length shift). The
+counts say what was served.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class LoadCounts:
     ok: int = 0
     failed: int = 0
     last_error: str = ""
+    output_tokens: int = 0
+    """Output tokens of the completed requests (each generates exactly its ``max_tokens``)."""
 
 
 class LoadGenerator:
@@ -112,6 +115,7 @@ class LoadGenerator:
             with self._lock:
                 if ok:
                     self.counts.ok += 1
+                    self.counts.output_tokens += int(str(body["max_tokens"]))
                 else:
                     self.counts.failed += 1
                     self.counts.last_error = error

@@ -31,9 +31,7 @@ _CHANGES = "Planned|Retuned|RolledBack"
 _PER_SERVICE = f"max by ({s.SERVICE})"
 
 
-def _rule(
-    name: str, expr: str, for_: str, severity: str, summary: str, description: str
-) -> dict[str, Any]:
+def _rule(name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
     return {
         "alert": name,
         "expr": expr,
@@ -55,7 +53,10 @@ def _engine_rules() -> list[dict[str, Any]]:
     restarts = f'increase(kube_pod_container_status_restarts_total{{container="{s.CONTAINER}"}}[30m])'
     return [
         _rule(
-            "KvpilotEngineRestartLoop", f"{restarts} >= 3", "5m", "warning",
+            "KvpilotEngineRestartLoop",
+            f"{restarts} >= 3",
+            "5m",
+            "warning",
             "vLLM in {{ $labels.namespace }}/{{ $labels.pod }} restarted 3 times or more in 30m",
             "The engine keeps failing to start or crashing. kubectl describe the InferenceService for "
             "kvpilot's reading of the crash; `kvpilot diagnose --pod {{ $labels.pod }}` reads its "
@@ -63,41 +64,48 @@ def _engine_rules() -> list[dict[str, Any]]:
         ),
         _rule(
             "KvpilotOOMLoop",
-            f'sum by ({s.SERVICE}) (increase({s.DECISIONS}{{kind=~"Retuned|RolledBack"}}[1h]))'
-            " >= 3",
-            "0m", "critical",
+            f'sum by ({s.SERVICE}) (increase({s.DECISIONS}{{kind=~"Retuned|RolledBack"}}[1h])) >= 3',
+            "0m",
+            "critical",
             "kvpilot changed {{ $labels.namespace }}/{{ $labels.inferenceservice }} 3 times or more "
             "in an hour",
             "Retunes and rollbacks follow each other: the engine keeps running out of memory (or failing) "
             "at every setting tried. Read status.history; pin a smaller max_model_len or max_num_seqs, or "
             "give the service a larger GPU.",
         ),
-    ]  # fmt: skip
+    ]
 
 
 def _decision_rules() -> list[dict[str, Any]]:
     return [
         _rule(
-            "KvpilotRolledBack", f'increase({s.DECISIONS}{{kind="RolledBack"}}[30m]) > 0', "0m", "warning",
+            "KvpilotRolledBack",
+            f'increase({s.DECISIONS}{{kind="RolledBack"}}[30m]) > 0',
+            "0m",
+            "warning",
             "kvpilot rolled {{ $labels.namespace }}/{{ $labels.inferenceservice }} back",
             "A retune failed (its pods crashed, or did not become Ready before spec.tuning."
             "rolloutDeadlineSeconds) and the last good settings were restored. status.history says why.",
         ),
         _rule(
-            "KvpilotServiceHeld", f"min_over_time({s.HELD}[1h]) == 1", "0m", "warning",
+            "KvpilotServiceHeld",
+            f"min_over_time({s.HELD}[1h]) == 1",
+            "0m",
+            "warning",
             "kvpilot has held {{ $labels.namespace }}/{{ $labels.inferenceservice }} for over an hour",
             "The closed loop wanted a change it may not make (cooldown, change budget, bounds, metrics "
             "unavailable, mode). The Held event and status.history say what blocks it.",
         ),
         _rule(
             "KvpilotServiceInfeasible",
-            f'{_last("Infeasible")} > ({_last(_CHANGES)} or {_PER_SERVICE} ({s.DECISION_TIME}) * 0)',
-            "30m", "critical",
+            f"{_last('Infeasible')} > ({_last(_CHANGES)} or {_PER_SERVICE} ({s.DECISION_TIME}) * 0)",
+            "30m",
+            "critical",
             "{{ $labels.namespace }}/{{ $labels.inferenceservice }} cannot be served as specified",
             "The model does not fit the GPUs asked for (the Infeasible condition quotes vLLM's own error). "
             "`kvpilot estimate` shows the plan; ask for more GPUs, FP8 KV cache or a shorter context.",
         ),
-    ]  # fmt: skip
+    ]
 
 
 def _reading_rules() -> list[dict[str, Any]]:
@@ -109,7 +117,10 @@ def _reading_rules() -> list[dict[str, Any]]:
     changed = f'sum by ({s.SERVICE}) (increase({s.DECISIONS}{{kind=~"{_CHANGES}"}}[30m])) > 0'
     return [
         _rule(
-            "KvpilotMetricsUnavailable", f"{served} unless on ({s.SERVICE}) {seen}", "10m", "warning",
+            "KvpilotMetricsUnavailable",
+            f"{served} unless on ({s.SERVICE}) {seen}",
+            "10m",
+            "warning",
             "No vLLM metrics for {{ $labels.namespace }}/{{ $labels.inferenceservice }}",
             "kvpilot manages the service but Prometheus has none of its pods' vLLM series: the closed loop "
             "holds blind. Check the PodMonitor (vllmPodMonitor.enabled) and the MetricsAvailable condition.",
@@ -118,33 +129,38 @@ def _reading_rules() -> list[dict[str, Any]]:
             "KvpilotKvSaturatedWhileHeld",
             f"({kv} > on ({s.SERVICE}) {high}) and on ({s.SERVICE}) ({preempting}) "
             f"unless on ({s.SERVICE}) ({changed})",
-            "15m", "warning",
+            "15m",
+            "warning",
             "{{ $labels.namespace }}/{{ $labels.inferenceservice }}: KV cache full and preempting, no retune",
             "KV usage is above the policy's high mark and vLLM preempts requests, yet kvpilot has not "
             "changed the settings in 30 minutes (mode, bounds, cooldown or change budget). See the Held "
             "events; raise the bounds or the replicas.",
         ),
-    ]  # fmt: skip
+    ]
 
 
 def _operator_rules() -> list[dict[str, Any]]:
     failing = f'sum(rate({s.OPERATOR_RECONCILES}{{result!="success"}}[15m]))'
     return [
         _rule(
-            "KvpilotOperatorDown", f"absent({s.OPERATOR_RECONCILES})", "10m", "critical",
+            "KvpilotOperatorDown",
+            f"absent({s.OPERATOR_RECONCILES})",
+            "10m",
+            "critical",
             "kvpilot's operator is not scraped",
             "No kvpilot_reconciles_total series: the operator is down or its metrics are not scraped "
             "(metrics.serviceMonitor.enabled). Nothing is tuned or repaired meanwhile.",
         ),
         _rule(
-            "KvpilotReconcileErrors", f"{failing} > 0 unless sum(rate({s.OPERATOR_RECONCILES}"
-            f'{{result="success"}}[15m])) > 0',
-            "15m", "warning",
+            "KvpilotReconcileErrors",
+            f'{failing} > 0 unless sum(rate({s.OPERATOR_RECONCILES}{{result="success"}}[15m])) > 0',
+            "15m",
+            "warning",
             "kvpilot's reconciliations fail",
             "Every reconciliation of the last 15 minutes failed. kvpilot_errors_total says why by reason; "
             "the operator's log has the rest.",
         ),
-    ]  # fmt: skip
+    ]
 
 
 def build_rules() -> dict[str, Any]:

@@ -62,15 +62,34 @@ def _p95(histogram: str) -> str:
     return f"histogram_quantile(0.95, sum by (le) (rate({histogram}_bucket{{{_VLLM}}}[{RATE}])))"
 
 
+def _slo_panel(short: str, meaning: str, histogram: str, objective: str) -> dict[str, Any]:
+    """A latency's p95 over the service's pods, dashed against its objective in spec.serving.slo."""
+    return _panel(
+        f"{short} p95 against the SLO",
+        f"{meaning}, 95th percentile over the service's pods; dashed: spec.serving.slo.",
+        [
+            _target("A", _p95(histogram), f"{short} p95"),
+            _target(
+                "B", f'max({s.SLO_SECONDS}{{{_MINE}, objective="{objective}"}})', f"kvpilot SLO {objective}"
+            ),
+        ],
+        "s",
+    )
+
+
 def _panels() -> list[dict[str, Any]]:
     kv = _panel(
         "KV cache usage against kvpilot's band",
         "vLLM's share of KV blocks in use, per pod; dashed: the closed loop's band (above 'high' it calls "
         "the cache under pressure, below 'low' it may give memory back; 'target' is where a retune aims).",
-        [_target("A", _KV_USAGE, "{{pod}}"),
-         _target("B", f"max by (threshold) ({s.KV_THRESHOLD}{{{_MINE}}})", "kvpilot {{threshold}}")],
-        "percentunit", min=0, max=1,
-    )  # fmt: skip
+        [
+            _target("A", _KV_USAGE, "{{pod}}"),
+            _target("B", f"max by (threshold) ({s.KV_THRESHOLD}{{{_MINE}}})", "kvpilot {{threshold}}"),
+        ],
+        "percentunit",
+        min=0,
+        max=1,
+    )
     preempt = _panel(
         "Preemptions",
         "Requests vLLM preempted (its KV cache was full) per second, per pod.",
@@ -86,45 +105,43 @@ def _panels() -> list[dict[str, Any]]:
     running = _panel(
         "Running against max_num_seqs",
         "Requests in the running batch, per pod; dashed: the max_num_seqs kvpilot applied.",
-        [_target("A", f"sum by (pod) ({s.RUNNING}{{{_VLLM}}})", "{{pod}}"),
-         _target("B", f'max({s.APPLIED_SETTING}{{{_MINE}, setting="max_num_seqs"}})',
-                 "kvpilot max_num_seqs")],
+        [
+            _target("A", f"sum by (pod) ({s.RUNNING}{{{_VLLM}}})", "{{pod}}"),
+            _target(
+                "B", f'max({s.APPLIED_SETTING}{{{_MINE}, setting="max_num_seqs"}})', "kvpilot max_num_seqs"
+            ),
+        ],
         "short",
-    )  # fmt: skip
-    ttft = _panel(
-        "TTFT p95 against the SLO",
-        "Time to first token, 95th percentile over the service's pods; dashed: spec.serving.slo.",
-        [_target("A", _p95(s.TTFT), "TTFT p95"),
-         _target("B", f'max({s.SLO_SECONDS}{{{_MINE}, objective="ttft_p95"}})', "kvpilot SLO ttft_p95")],
-        "s",
-    )  # fmt: skip
-    itl = _panel(
-        "ITL p95 against the SLO",
-        "Inter-token latency, 95th percentile over the service's pods; dashed: spec.serving.slo.",
-        [_target("A", _p95(s.ITL), "ITL p95"),
-         _target("B", f'max({s.SLO_SECONDS}{{{_MINE}, objective="itl_p95"}})', "kvpilot SLO itl_p95")],
-        "s",
-    )  # fmt: skip
+    )
+    ttft = _slo_panel("TTFT", "Time to first token", s.TTFT, "ttft_p95")
+    itl = _slo_panel("ITL", "Inter-token latency", s.ITL, "itl_p95")
     gpu = _panel(
         "GPU memory (dcgm-exporter)",
         "Framebuffer used and free on the service's GPUs (dcgm-exporter in its Kubernetes mode); what "
         "gpu_memory_utilization leaves free shows here. Empty without dcgm-exporter.",
-        [_target("A", f"sum by (pod) ({s.FB_USED}{{{_VLLM}}})", "used {{pod}}"),
-         _target("B", f"sum by (pod) ({s.FB_FREE}{{{_VLLM}}})", "free {{pod}}")],
-        "decmbytes", stacking={"mode": "normal"}, fillOpacity=20,
-    )  # fmt: skip
+        [
+            _target("A", f"sum by (pod) ({s.FB_USED}{{{_VLLM}}})", "used {{pod}}"),
+            _target("B", f"sum by (pod) ({s.FB_FREE}{{{_VLLM}}})", "free {{pod}}"),
+        ],
+        "decmbytes",
+        stacking={"mode": "normal"},
+        fillOpacity=20,
+    )
     settings = _panel(
         "Applied settings",
         "What kvpilot gives the engine, as steps: each retune or rollback moves one.",
         [_target("A", f"max by (setting) ({s.APPLIED_SETTING}{{{_MINE}}})", "{{setting}}")],
-        "short", lineInterpolation="stepAfter",
-    )  # fmt: skip
+        "short",
+        lineInterpolation="stepAfter",
+    )
     decisions = _panel(
         "Decisions",
         "kvpilot's decisions for this service (status.history actions), by kind.",
         [_target("A", f"sum by (kind) (increase({s.DECISIONS}{{{_MINE}}}[{RATE}])) > 0", "{{kind}}")],
-        "short", drawStyle="bars", fillOpacity=80,
-    )  # fmt: skip
+        "short",
+        drawStyle="bars",
+        fillOpacity=80,
+    )
     return [kv, preempt, queue, running, ttft, itl, gpu, settings, decisions]
 
 
@@ -140,23 +157,40 @@ def _variables() -> list[dict[str, Any]]:
     def query(name: str, label: str, selector: str) -> dict[str, Any]:
         q = f"label_values({s.APPLIED_SETTING}{selector}, {label})"
         return {
-            "name": name, "label": name.capitalize(), "type": "query", "datasource": _DS,
-            "query": {"query": q, "refId": f"{name}-values"}, "definition": q, "refresh": 2, "sort": 1,
-            "includeAll": False, "multi": False,
-        }  # fmt: skip
+            "name": name,
+            "label": name.capitalize(),
+            "type": "query",
+            "datasource": _DS,
+            "query": {"query": q, "refId": f"{name}-values"},
+            "definition": q,
+            "refresh": 2,
+            "sort": 1,
+            "includeAll": False,
+            "multi": False,
+        }
 
     datasource = {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus"}
-    return [datasource, query("namespace", "namespace", ""),
-            query("service", "inferenceservice", '{namespace="$namespace"}')]  # fmt: skip
+    return [
+        datasource,
+        query("namespace", "namespace", ""),
+        query("service", "inferenceservice", '{namespace="$namespace"}'),
+    ]
 
 
 def _annotations() -> list[dict[str, Any]]:
-    return [{
-        "name": "kvpilot decisions", "datasource": _DS, "enable": True, "iconColor": "orange",
-        "expr": f"increase({s.DECISIONS}{{{_MINE}}}[2m]) > 0", "step": "1m",
-        "titleFormat": "kvpilot: {{kind}}", "textFormat": "{{namespace}}/{{inferenceservice}}",
-        "tagKeys": "kind",
-    }]  # fmt: skip
+    return [
+        {
+            "name": "kvpilot decisions",
+            "datasource": _DS,
+            "enable": True,
+            "iconColor": "orange",
+            "expr": f"increase({s.DECISIONS}{{{_MINE}}}[2m]) > 0",
+            "step": "1m",
+            "titleFormat": "kvpilot: {{kind}}",
+            "textFormat": "{{namespace}}/{{inferenceservice}}",
+            "tagKeys": "kind",
+        }
+    ]
 
 
 def build_dashboard() -> dict[str, Any]:

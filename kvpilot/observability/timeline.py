@@ -17,8 +17,13 @@ from typing import Any
 __all__ = ["ACTION_COLOURS", "SETTINGS", "build_timeline_svg", "parse_time"]
 
 SETTINGS = ("maxNumSeqs", "maxModelLen", "gpuMemoryUtilization", "maxNumBatchedTokens")
-ACTION_COLOURS = {"Planned": "#1f77b4", "Retuned": "#2ca02c", "RolledBack": "#d62728", "Held": "#ff7f0e",
-                  "Infeasible": "#9467bd"}  # fmt: skip
+ACTION_COLOURS = {
+    "Planned": "#1f77b4",
+    "Retuned": "#2ca02c",
+    "RolledBack": "#d62728",
+    "Held": "#ff7f0e",
+    "Infeasible": "#9467bd",
+}
 SERIES = (("kv_usage", "KV cache usage", 1.0), ("preemptions", "preemptions /s", None))
 WIDTH, LEFT, RIGHT, LANE, GAP = 1000, 190, 30, 54, 14
 
@@ -72,14 +77,22 @@ def build_timeline_svg(
     out += _legend(history, plot_h + 40)
     height = plot_h + 60 + 18 * len(history)
     title = f"kvpilot timeline: {meta.get('namespace', '')}/{meta.get('name', '')}"
-    return "\n".join([
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height + 30}" '
-        f'font-family="sans-serif" font-size="12">',
-        f"<title>{escape(title)}</title>",
-        f'<rect width="{WIDTH}" height="{height + 30}" fill="white"/>',
-        f'<text x="10" y="18" font-size="15" font-weight="bold">{escape(title)}</text>',
-        '<g transform="translate(0,30)">', *out, "</g>", "</svg>",
-    ]) + "\n"  # fmt: skip
+    return (
+        "\n".join(
+            [
+                f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height + 30}" '
+                f'font-family="sans-serif" font-size="12">',
+                f"<title>{escape(title)}</title>",
+                f'<rect width="{WIDTH}" height="{height + 30}" fill="white"/>',
+                f'<text x="10" y="18" font-size="15" font-weight="bold">{escape(title)}</text>',
+                '<g transform="translate(0,30)">',
+                *out,
+                "</g>",
+                "</svg>",
+            ]
+        )
+        + "\n"
+    )
 
 
 def _scale(lo: float, hi: float, a: float, b: float) -> Any:
@@ -100,11 +113,13 @@ def _lane(i: int, key: str, label: str, points: Points, top: float | None, x: An
         path.append(f"{'M' if not path else 'L'}{x(t):.1f},{y(v):.1f}")
         last = v
     colour = "#444" if key in SETTINGS else "#8c564b"
-    return (f'<g class="lane" data-key="{key}"><rect x="{LEFT}" y="{y0}" width="{WIDTH - LEFT - RIGHT}" '
-            f'height="{LANE}" fill="#f6f6f6"/><text x="10" y="{y0 + LANE / 2 + 4}">{escape(label)}</text>'
-            f'<text x="{LEFT - 6}" y="{y0 + 12}" text-anchor="end" fill="#888">{_fmt(hi)}</text>'
-            f'<text x="{LEFT - 6}" y="{y0 + LANE}" text-anchor="end" fill="#888">{_fmt(lo)}</text>'
-            f'<path d="{" ".join(path)}" fill="none" stroke="{colour}" stroke-width="2"/></g>')  # fmt: skip
+    return (
+        f'<g class="lane" data-key="{key}"><rect x="{LEFT}" y="{y0}" width="{WIDTH - LEFT - RIGHT}" '
+        f'height="{LANE}" fill="#f6f6f6"/><text x="10" y="{y0 + LANE / 2 + 4}">{escape(label)}</text>'
+        f'<text x="{LEFT - 6}" y="{y0 + 12}" text-anchor="end" fill="#888">{_fmt(hi)}</text>'
+        f'<text x="{LEFT - 6}" y="{y0 + LANE}" text-anchor="end" fill="#888">{_fmt(lo)}</text>'
+        f'<path d="{" ".join(path)}" fill="none" stroke="{colour}" stroke-width="2"/></g>'
+    )
 
 
 def _fmt(v: float) -> str:
@@ -114,11 +129,13 @@ def _fmt(v: float) -> str:
 def _marker(n: int, h: Mapping[str, Any], x: Any, plot_h: float) -> str:
     px, colour = x(parse_time(h["time"])), ACTION_COLOURS.get(str(h.get("action")), "#333")
     tip = escape(f"{h.get('action')} ({h.get('trigger')}): {h.get('reason', '')}")
-    return (f'<g class="decision" data-action="{escape(str(h.get("action")))}"><title>{tip}</title>'
-            f'<line x1="{px:.1f}" y1="0" x2="{px:.1f}" y2="{plot_h}" stroke="{colour}" stroke-width="2" '
-            f'stroke-dasharray="4 3"/><circle cx="{px:.1f}" cy="{plot_h + 2}" r="8" fill="{colour}"/>'
-            f'<text x="{px:.1f}" y="{plot_h + 6}" text-anchor="middle" fill="white" font-size="10">{n}</text>'
-            "</g>")  # fmt: skip
+    return (
+        f'<g class="decision" data-action="{escape(str(h.get("action")))}"><title>{tip}</title>'
+        f'<line x1="{px:.1f}" y1="0" x2="{px:.1f}" y2="{plot_h}" stroke="{colour}" stroke-width="2" '
+        f'stroke-dasharray="4 3"/><circle cx="{px:.1f}" cy="{plot_h + 2}" r="8" fill="{colour}"/>'
+        f'<text x="{px:.1f}" y="{plot_h + 6}" text-anchor="middle" fill="white" font-size="10">{n}</text>'
+        "</g>"
+    )
 
 
 def _axis(start: float, end: float, x: Any, plot_h: float) -> list[str]:

@@ -31,9 +31,20 @@ DEFAULT_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 """The CRD's ``spec.engine.image`` default says the same (``tests/test_versions.py``)."""
 
 KvCacheDtype = Literal[
-    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
-    "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
-]  # fmt: skip
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "nvfp4_4over6",
+]
 """The dtypes the memory model sizes: :data:`kvpilot.tuner.vllm.MODELLED_KV_CACHE_DTYPES`, spelled out for
 the type checker (``tests/operator/test_api_drift.py`` ties the two, and the CRD's enum)."""
 Mode = Literal["Off", "Recommend", "Auto"]
@@ -53,11 +64,17 @@ timestamps and timer delays (2**62 seconds once broke every retune with ``OSErro
 MAX_CHECKPOINT_BYTES = 1 << 50
 """1 PiB: above any checkpoint (the largest published ones are a few TB)."""
 Source = Literal["Catalogue", "ConfigMap", "Hub"]
+Loader = Literal["Default", "RunaiStreamer"]
+"""``spec.model.loader``: vLLM's default weight loader, or Run:ai's Model Streamer
+(:mod:`kvpilot.tuner.vllm.loaders`: ``--load-format runai_streamer``)."""
 RolloutStrategy = Literal["Auto", "Surge", "Replace", "Recreate"]
 """``spec.rollout.strategy`` (the CRD's enum says the same): how a change of the pods reaches them.
 :mod:`kvpilot.operator.pods.rollout_strategy` resolves ``Auto`` to one of the other three."""
 AppliedStrategy = Literal["Surge", "Replace", "Recreate"]
 """``status.rollout.strategy``: what a rollout actually used (``Auto`` never appears there)."""
+EngineKind = Literal["vLLM", "SGLang", "TGI"]
+"""``spec.engine.kind`` (the CRD's enum says the same; :data:`kvpilot.tuner.engines.KINDS`, which
+``tests/operator/test_engine_kind.py`` ties to it): the engine the pods run."""
 PodSecurity = Literal["Default", "Restricted"]
 """``spec.podSecurity`` (the CRD's enum says the same): ``Restricted`` renders a pod the ``restricted`` Pod
 Security Standard admits (:mod:`kvpilot.operator.pods.pod_template`); ``Default`` the hardened root pod."""
@@ -166,6 +183,7 @@ class ModelRef(_Wire):
     hub_token_secret_ref: SecretRef | None = None
     storage: Storage | None = None
     checkpoint_bytes: int | None = Field(None, ge=1, le=MAX_CHECKPOINT_BYTES)
+    loader: Loader = "Default"
 
     @property
     def is_local_path(self) -> bool:
@@ -252,6 +270,8 @@ class Toleration(_Wire):
 
 
 class Engine(_Wire):
+    kind: EngineKind = "vLLM"
+    """The inference engine (:data:`kvpilot.tuner.engines.KINDS`); fixed at creation (a CRD rule)."""
     image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512)
     vllm_version: str | None = Field(None, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", max_length=32)
     """The vLLM release the image runs, when its tag does not say
@@ -314,9 +334,17 @@ KubeObject = dict[str, Any]
 """A Kubernetes type inside ``spec.template`` (affinity, a volume, a container): the CRD's schema for it is
 the API server's own (``e2e/pod_template_schema.py``), so the API server validates it; kvpilot merges it."""
 KUBERNETES_SCHEMAS = frozenset(
-    f"spec.template.spec.{f}" for f in ("affinity", "securityContext", "topologySpreadConstraints[]",
-                                        "imagePullSecrets[]", "volumes[]", "initContainers[]", "containers[]")
-)  # fmt: skip
+    f"spec.template.spec.{f}"
+    for f in (
+        "affinity",
+        "securityContext",
+        "topologySpreadConstraints[]",
+        "imagePullSecrets[]",
+        "volumes[]",
+        "initContainers[]",
+        "containers[]",
+    )
+)
 """Paths whose schema ``tests/operator/test_api_drift.py`` does not compare property by property."""
 
 
@@ -466,14 +494,18 @@ def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
         errors.append("spec: engine.pinned.maxModelLen is below serving.minContextLength")
     if p.max_model_len and s.max_context_length and p.max_model_len > s.max_context_length:
         errors.append("spec: engine.pinned.maxModelLen is above serving.maxContextLength")
-    for name, rng in (("maxNumSeqs", b.max_num_seqs), ("gpuMemoryUtilization", b.gpu_memory_utilization),
-                      ("maxModelLen", b.max_model_len)):  # fmt: skip
+    for name, rng in (
+        ("maxNumSeqs", b.max_num_seqs),
+        ("gpuMemoryUtilization", b.gpu_memory_utilization),
+        ("maxModelLen", b.max_model_len),
+    ):
         if rng is not None and rng.min is not None and rng.max is not None and rng.min > rng.max:
             errors.append(f"spec.tuning.bounds.{name}: bounds.{name}.min must not exceed max")
-    for name, value, rng in (("maxModelLen", p.max_model_len, b.max_model_len),
-                             ("maxNumSeqs", p.max_num_seqs, b.max_num_seqs),
-                             ("gpuMemoryUtilization", p.gpu_memory_utilization,
-                              b.gpu_memory_utilization)):  # fmt: skip
+    for name, value, rng in (
+        ("maxModelLen", p.max_model_len, b.max_model_len),
+        ("maxNumSeqs", p.max_num_seqs, b.max_num_seqs),
+        ("gpuMemoryUtilization", p.gpu_memory_utilization, b.gpu_memory_utilization),
+    ):
         if not _in_range(value, rng):
             errors.append(f"spec: engine.pinned.{name} is outside tuning.bounds.{name}")
     if p.kv_cache_dtype and p.kv_cache_dtype.startswith("fp8") and not spec.tuning.allow_fp8_kv_cache:
@@ -489,6 +521,11 @@ def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
         errors.append(
             "spec.rollout: strategy Recreate takes every replica down; set rollout.allowDowntime to true "
             "to confirm"
+        )
+    if spec.engine.kind != "vLLM" and spec.engine.image.startswith("vllm/"):
+        errors.append(
+            "spec.engine: engine.image is a vLLM image, but engine.kind names another engine; set "
+            "engine.image to that engine's image (SGLang's: lmsysorg/sglang)"
         )
     res = spec.engine.resources
     if res is not None and any("nvidia.com/gpu" in (d or {}) for d in (res.limits, res.requests)):
@@ -541,13 +578,17 @@ class Budget(_Wire):
             return round(x, 3)
 
         return cls(
-            gpu_total_gi_b=r(b.gpu_total_gib), requested_gi_b=r(b.requested_gib),
+            gpu_total_gi_b=r(b.gpu_total_gib),
+            requested_gi_b=r(b.requested_gib),
             weights_gi_b=r(b.weights_gib),
-            activation_gi_b=r(b.activation_gib), sampler_state_gi_b=r(b.sampler_state_gib),
+            activation_gi_b=r(b.activation_gib),
+            sampler_state_gi_b=r(b.sampler_state_gib),
             non_torch_gi_b=r(b.non_torch_gib),
-            cuda_graph_gi_b=r(b.cuda_graph_gib), kv_cache_gi_b=r(b.available_kv_cache_gib),
-            kv_cache_tokens=b.kv_cache_tokens, max_concurrency=r(b.max_concurrency),
-        )  # fmt: skip
+            cuda_graph_gi_b=r(b.cuda_graph_gib),
+            kv_cache_gi_b=r(b.available_kv_cache_gib),
+            kv_cache_tokens=b.kv_cache_tokens,
+            max_concurrency=r(b.max_concurrency),
+        )
 
 
 class Calibration(_Wire):

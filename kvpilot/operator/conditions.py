@@ -28,6 +28,10 @@ AVAILABLE = "Available"
 DEGRADED = "Degraded"
 """The closed loop, from the pods: a crash loop, a start-up failure, no node, an image or a download."""
 
+CLOSED_LOOP = "ClosedLoop"
+"""The closed loop: False (reason ``EngineNotTuned``) while it has no rules for the service's engine
+(``spec.engine.kind`` SGLang) and holds; not set for vLLM."""
+
 TARGET_FOUND = "TargetFound"
 """An EngineTuner's: the workload named by ``spec.targetRef`` exists."""
 DISCOVERED = "Discovered"
@@ -49,20 +53,35 @@ PROMETHEUS_QUERY_FAILED = "PrometheusQueryFailed"
 PROMETHEUS_NOT_FOUND = "PrometheusNotFound"
 PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
 PROMETHEUS_BAD_RESPONSE = "PrometheusBadResponse"
-PROMETHEUS_FAILURES = frozenset({
-    PROMETHEUS_TLS_ERROR, PROMETHEUS_UNAUTHORIZED, PROMETHEUS_FORBIDDEN, PROMETHEUS_UNREACHABLE,
-    PROMETHEUS_CREDENTIALS_UNREADABLE, PROMETHEUS_QUERY_FAILED, PROMETHEUS_NOT_FOUND, PROMETHEUS_UNAVAILABLE,
-    PROMETHEUS_BAD_RESPONSE,
-})  # fmt: skip
+PROMETHEUS_FAILURES = frozenset(
+    {
+        PROMETHEUS_TLS_ERROR,
+        PROMETHEUS_UNAUTHORIZED,
+        PROMETHEUS_FORBIDDEN,
+        PROMETHEUS_UNREACHABLE,
+        PROMETHEUS_CREDENTIALS_UNREADABLE,
+        PROMETHEUS_QUERY_FAILED,
+        PROMETHEUS_NOT_FOUND,
+        PROMETHEUS_UNAVAILABLE,
+        PROMETHEUS_BAD_RESPONSE,
+    }
+)
 """``MetricsAvailable=False`` reasons of a failed Prometheus query (``prometheus_errors.classify_error``):
 each is also a Warning event when the reason changes to it."""
 PROMETHEUS_NOT_CONFIGURED = "PrometheusNotConfigured"
 """``MetricsAvailable=False`` without a Prometheus URL: a supported set-up (crash remedies only), no event."""
 
 TYPES = (
-    READY, AVAILABLE, DEGRADED, SCHEDULABLE, CONFIG_RESOLVED, PLANNED, INFEASIBLE, METRICS_AVAILABLE,
+    READY,
+    AVAILABLE,
+    DEGRADED,
+    SCHEDULABLE,
+    CONFIG_RESOLVED,
+    PLANNED,
+    INFEASIBLE,
+    METRICS_AVAILABLE,
     ROLLOUT_IN_PROGRESS,
-)  # fmt: skip
+)
 """Every condition type kvpilot sets, in the order ``status.conditions`` lists them."""
 
 

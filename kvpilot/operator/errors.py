@@ -13,7 +13,8 @@ Tree::
     ├── ApplyFailed                  -- the API server failed a write, or cannot be reached (retried)
     ├── NameConflict                 -- an object of a wanted name is another's: never adopted (retried)
     ├── ApplyRejected                -- the API server refused the manifest as invalid (HTTP 400/422)
-    └── LeaderWorkerSetNotInstalled  -- gpu.nodesPerReplica > 1 and the LWS CRD is not served
+    ├── LeaderWorkerSetNotInstalled  -- gpu.nodesPerReplica > 1 and the LWS CRD is not served
+    └── EngineNotSupported           -- spec.engine.kind names an engine kvpilot cannot plan yet (TGI)
 
 plus the tuner's domain errors (:mod:`kvpilot.tuner.errors`). :func:`classify` turns
 any exception into a :class:`Failure`: which condition it falsifies, its CamelCase
@@ -70,6 +71,16 @@ class HubUnreachable(OperatorError):
     retry = True
 
 
+class HubCacheUnwritable(OperatorError):
+    """The operator cannot write the Hugging Face cache it downloads config.json into (``HF_HOME``): its own
+    deployment's fault, not the Hub's or the tenant's. Retried: the platform team can fix the volume."""
+
+    reason = "HubCacheUnwritable"
+    condition = conditions.CONFIG_RESOLVED
+    retry = True
+    delay_s = 120.0
+
+
 class HubAccessDenied(OperatorError):
     reason = "HubAccessDenied"
     condition = conditions.CONFIG_RESOLVED
@@ -119,6 +130,15 @@ class LeaderWorkerSetNotInstalled(OperatorError):
     delay_s = 60.0
 
 
+class EngineNotSupported(OperatorError):
+    """``spec.engine.kind`` names an engine kvpilot cannot plan or render yet
+    (:mod:`kvpilot.operator.planning.engines`): refused with what is missing, never guessed. Permanent: the
+    kind is fixed at creation, so the cure is another InferenceService (or a kvpilot that plans it)."""
+
+    reason = "EngineNotSupported"
+    condition = conditions.PLANNED
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
     """What a failed reconciliation reports and whether it is retried."""
@@ -158,9 +178,12 @@ def classify(exc: BaseException) -> Failure:
             message = f"{message} (field {field})"
         condition = next((c for t, c in _TUNER_CONDITIONS.items() if isinstance(exc, t)), conditions.PLANNED)
         return Failure(
-            exc.reason, message, condition, retry=False,
+            exc.reason,
+            message,
+            condition,
+            retry=False,
             infeasible=isinstance(exc, tuner_errors.InfeasiblePlan),
-        )  # fmt: skip
+        )
     return Failure(  # the exception's text stays in the operator's log: it may quote other tenants or secrets
         "InternalError",
         f"kvpilot failed unexpectedly ({type(exc).__name__}); it will retry. "

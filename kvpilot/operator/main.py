@@ -11,8 +11,8 @@ the EngineTuner's in :mod:`kvpilot.operator.enginetuner.target_main`. All of the
 nowhere else. kopf keeps its handler progress and its diff base in ``status.kopf`` (handlers never return
 values), and puts no finalizer on an InferenceService (:mod:`kvpilot.operator.timers`). There is no delete
 handler: the Deployment and Service carry owner references and the garbage collector removes them. Event
-handlers on those Deployments and Services (by kvpilot's labels) put back a deleted one or a hand-edited
-field (:mod:`kvpilot.operator.inferenceservice.drift`).
+handlers on those Deployments, LeaderWorkerSets and Services (by kvpilot's labels) put back a deleted one or a
+hand-edited field (:mod:`kvpilot.operator.inferenceservice.drift`).
 """
 
 from __future__ import annotations
@@ -73,6 +73,10 @@ kopf.on.event(group=api.GROUP, version=api.VERSION, plural=api.PLURAL)(
 )
 kopf.on.event("apps", "v1", "deployments", labels=drift.OWNED_LABELS)(service_main.deployment_event)
 kopf.on.event("", "v1", "services", labels=drift.OWNED_LABELS)(service_main.service_event)
+if (
+    service_main.WATCH_LEADER_WORKER_SETS
+):  # a replica over several nodes (kvpilot.operator.pods.leader_worker_set)
+    kopf.on.event(*drift.LEADER_WORKER_SETS, labels=drift.OWNED_LABELS)(service_main.leader_worker_set_event)
 
 
 # --- the closed loop: a timer per InferenceService, and the pod index it reads -----------------------------
@@ -82,10 +86,13 @@ kopf.index("v1", "pods", labels=pod_cache.INDEX_LABELS)(pod_cache.vllm_pods)
 # kopf takes a timer's interval when it registers it, at import, before any start-up handler has run:
 # this one value of the pace is read at import (service_main.LOOP_INTERVAL_S); the rest at start-up.
 kopf.timer(
-    group=api.GROUP, version=api.VERSION, plural=api.PLURAL, interval=service_main.LOOP_INTERVAL_S,
+    group=api.GROUP,
+    version=api.VERSION,
+    plural=api.PLURAL,
+    interval=service_main.LOOP_INTERVAL_S,
     initial_delay=service_main.LOOP_INTERVAL_S,
     when=timers.is_live,  # stopped on the watch's DELETED event, not by a finalizer (kvpilot.operator.timers)
-)(closed_loop.closed_loop_tick)  # fmt: skip
+)(closed_loop.closed_loop_tick)
 if not kopf_internals.drop_finalizer_requirement(closed_loop.closed_loop_tick):
     raise RuntimeError("kopf's registry has no timer for closed_loop_tick to drop the finalizer of")
 

@@ -72,4 +72,3 @@ def is_live(body: kopf.Body, **_: Any) -> bool:
 def observe(event: Mapping[str, Any], body: Mapping[str, Any]) -> None:
     """Record a ``DELETED`` watch event (called from a ``kopf.on.event`` handler)."""
     GONE.observe(event.get("type"), body)
-

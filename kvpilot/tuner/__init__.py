@@ -1,12 +1,14 @@
 """kvpilot's tuner: pure, sans-I/O planning and retuning of vLLM engine arguments.
 
-Five sub-packages in layers (``.importlinter`` enforces them; each owns its ``__all__``):
+Sub-packages in layers (``.importlinter`` enforces them; each owns its ``__all__``):
 
 * :mod:`.plan` and :mod:`.loop` on top -- the static planner, and the closed loop's policy
   (they never import each other);
+* :mod:`.engines` -- the engine seam (what the planner and the loop ask any engine) and SGLang's budget;
 * :mod:`.memory` -- vLLM's start-up memory accounting: weights, activations, graphs, KV cache;
 * :mod:`.model` -- ``config.json`` -> :class:`ModelSpec`, and the built-in catalogue;
-* :mod:`.vllm` at the bottom -- what each vLLM release does: the only home of vLLM facts.
+* :mod:`.vllm`, :mod:`.sglang` and :mod:`.tgi` at the bottom -- what each release of each engine does:
+  the only home of that engine's facts.
 
 Beside the layers, every layer may use the value objects (:mod:`.types`), the error tree
 (:mod:`.errors`) and the GPU catalogue (:mod:`.gpus`). This module re-exports the entry points

@@ -115,9 +115,20 @@ def read_log(text: str) -> LogReading:
     lines = text.splitlines()
     cause = classify_termination(text, None, None)
     failure = None if cause.kind == RestartKind.OTHER else str(cause.kind)
-    figures = {k: float(v) for k in ("max_model_len", "estimated_max_model_len", "needed_kv_gib",
-               "available_kv_gib", "free_gib", "total_gib", "tried_gib", "cache_blocks")
-               if (v := getattr(cause, k)) is not None}  # fmt: skip
+    figures = {
+        k: float(v)
+        for k in (
+            "max_model_len",
+            "estimated_max_model_len",
+            "needed_kv_gib",
+            "available_kv_gib",
+            "free_gib",
+            "total_gib",
+            "tried_gib",
+            "cache_blocks",
+        )
+        if (v := getattr(cause, k)) is not None
+    }
     serving_at = next((i for i, line in enumerate(lines) if L.SERVING.search(line)), None)
     failed_at = _failure_line_index(lines, cause.detail) if failure else None
     return LogReading(
@@ -235,10 +246,14 @@ def _failure(r: LogReading) -> Finding | None:
         return Finding(
             "Less free GPU memory than asked for",
             "another process holds memory on the GPU.",
-            (f"--gpu-memory-utilization {share - 0.01:.2f} or lower" if share else "a lower "
-             "--gpu-memory-utilization") + ", or free the GPU",
+            (
+                f"--gpu-memory-utilization {share - 0.01:.2f} or lower"
+                if share
+                else "a lower --gpu-memory-utilization"
+            )
+            + ", or free the GPU",
             line,
-        )  # fmt: skip
+        )
     if r.failure == RestartKind.MAMBA_CACHE_BLOCKS:
         return Finding(
             "Too few Mamba state blocks for max_num_seqs",
@@ -273,19 +288,27 @@ def _storm(r: LogReading) -> Finding | None:
     tokens = next((s.kv_cache_tokens for s in reversed(r.startups) if s.kv_cache_tokens), None)
     held = f" The cache ({tokens} tokens) held {peak_running} running requests when full." if tokens else ""
     seqs = f" (now {r.max_num_seqs})" if r.max_num_seqs else ""
-    detail = (f"{longest} of {len(r.stats)} stats lines with the KV cache at {STORM_USAGE:.0%} or more and "
-              "requests waiting" if longest else f"{r.preempted_lines} preemption warnings") + "."
+    detail = (
+        f"{longest} of {len(r.stats)} stats lines with the KV cache at {STORM_USAGE:.0%} or more and "
+        "requests waiting"
+        if longest
+        else f"{r.preempted_lines} preemption warnings"
+    ) + "."
     return Finding(
         "Preemption storm",
         detail + held + " vLLM preempts running requests and recomputes them: throughput and latency suffer.",
         f"--max-num-seqs near {peak_running or 'the running count at saturation'}{seqs}, so requests wait "
         "instead of being preempted; or more KV memory (--gpu-memory-utilization, --kv-cache-dtype fp8) or "
         "replicas",
-    )  # fmt: skip
+    )
 
 
-_TERMS = (("weights_gib", "weights"), ("activation_gib", "activation peak"), ("kv_cache_gib", "KV cache"),
-          ("graphs_gib", "CUDA graphs"))  # fmt: skip
+_TERMS = (
+    ("weights_gib", "weights"),
+    ("activation_gib", "activation peak"),
+    ("kv_cache_gib", "KV cache"),
+    ("graphs_gib", "CUDA graphs"),
+)
 
 
 def _growth(r: LogReading) -> Finding | None:
@@ -314,15 +337,19 @@ def _growth(r: LogReading) -> Finding | None:
 def format_diagnosis(d: Diagnosis) -> str:
     """The diagnosis as the CLI prints it."""
     r = d.reading
-    out = [f"vLLM {r.version or '(version not in the log)'}, model {r.model or '(not in the log)'}"
-           + (f", tensor_parallel_size {r.tensor_parallel_size}" if r.tensor_parallel_size else "")
-           + (f", max_model_len {r.max_model_len}" if r.max_model_len else "")]  # fmt: skip
+    out = [
+        f"vLLM {r.version or '(version not in the log)'}, model {r.model or '(not in the log)'}"
+        + (f", tensor_parallel_size {r.tensor_parallel_size}" if r.tensor_parallel_size else "")
+        + (f", max_model_len {r.max_model_len}" if r.max_model_len else "")
+    ]
     for i, s in enumerate(r.startups, 1):
         out.append(f"start-up {i}: " + _format_startup(s))
     if r.stats:
         peak = max(r.stats, key=lambda s: s.kv_usage)
-        out.append(f"serving: {len(r.stats)} stats lines; peak KV usage {peak.kv_usage:.1%} "
-                   f"(running {peak.running}, waiting {peak.waiting})")  # fmt: skip
+        out.append(
+            f"serving: {len(r.stats)} stats lines; peak KV usage {peak.kv_usage:.1%} "
+            f"(running {peak.running}, waiting {peak.waiting})"
+        )
     if not d.findings:
         out.append("no failure, shortfall or preemption storm found")
     for f in d.findings:
@@ -343,8 +370,12 @@ def _format_startup(s: Startup) -> str:
         parts.append(f"{s.device or ''} KV cache {s.kv_cache_tokens:,} tokens".strip())
     if s.concurrency is not None:
         parts.append(f"{s.concurrency:.2f}x concurrency at {s.concurrency_tokens:,} tokens")
-    for attr, name in (("load_seconds", "load"), ("compile_seconds", "torch.compile"),
-                       ("graph_seconds", "graph capture"), ("init_seconds", "engine init")):  # fmt: skip
+    for attr, name in (
+        ("load_seconds", "load"),
+        ("compile_seconds", "torch.compile"),
+        ("graph_seconds", "graph capture"),
+        ("init_seconds", "engine init"),
+    ):
         value = getattr(s, attr)
         if value is not None:
             parts.append(f"{name} {value:.1f} s")

@@ -179,9 +179,13 @@ def test_notes_warn_when_the_policy_is_disabled(helm: Path, tmp_path: Path) -> N
     assert "admissionPolicy.operatorEnforcement=Strict: no admission policy runs, so the operator" in notes
     assert "no Secret, ConfigMap or claim in spec.template" in notes and "reason Forbidden" in notes
     trust = _notes(
-        helm, tmp_path, "--set", "admissionPolicy.enabled=false",
-        "--set", "admissionPolicy.operatorEnforcement=TrustNamespace",
-    )  # fmt: skip
+        helm,
+        tmp_path,
+        "--set",
+        "admissionPolicy.enabled=false",
+        "--set",
+        "admissionPolicy.operatorEnforcement=TrustNamespace",
+    )
     assert "admissionPolicy.operatorEnforcement=TrustNamespace: no admission policy runs" in trust
     assert "spec.template may name any Secret, ConfigMap or claim of its namespace" in trust
     # disabled and Off: nothing guards

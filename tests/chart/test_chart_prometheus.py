@@ -77,11 +77,16 @@ def test_basic_auth_ca_bundle_tenant_header_and_label_names_reach_the_operator(r
 
 
 def test_a_bearer_token_and_a_ca_from_a_secret(rendered: Any) -> None:
-    pod = _pod(rendered(sets=[
-        "prometheus.url=https://thanos-query.monitoring:9091",
-        "prometheus.auth.bearerToken.secretName=prom-token", "prometheus.auth.bearerToken.key=tok",
-        "prometheus.tls.ca.secretName=prom-tls",
-    ]))  # fmt: skip
+    pod = _pod(
+        rendered(
+            sets=[
+                "prometheus.url=https://thanos-query.monitoring:9091",
+                "prometheus.auth.bearerToken.secretName=prom-token",
+                "prometheus.auth.bearerToken.key=tok",
+                "prometheus.tls.ca.secretName=prom-tls",
+            ]
+        )
+    )
     s = _settings(pod)
     assert _source(pod, _file(s.bearer_token)) == ("secret", "prom-token", "tok")
     assert s.username is None and s.password is None

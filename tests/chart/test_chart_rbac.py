@@ -11,6 +11,8 @@ import pytest
 from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, by_kind, run_helm, values_args
 from test_chart_admission import _notes
 
+from kvpilot.operator.inferenceservice import service_main
+
 Render = Callable[..., list[dict[str, Any]]]
 VARIANTS = [None, *CI_VALUES]
 VARIANT_IDS = ["defaults", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)]
@@ -114,8 +116,13 @@ def test_namespaced_grants_stay_in_the_watched_namespaces(rendered: Render) -> N
     # nothing namespaced is granted through a ClusterRole binding
     cluster = {res for (where, _, res, _) in operator_grants(objs) if where == "cluster"}
     assert cluster == {
-        "customresourcedefinitions", "namespaces", "nodes", "pods", "tuningprofiles", "tuningprofiles/status",
-    }  # fmt: skip
+        "customresourcedefinitions",
+        "namespaces",
+        "nodes",
+        "pods",
+        "tuningprofiles",
+        "tuningprofiles/status",
+    }
 
 
 def test_namespaced_mode_reads_secrets_evicts_and_writes_pdbs_only_in_the_watched_namespaces(
@@ -144,8 +151,9 @@ def test_cluster_wide_reads_secrets_and_evicts_only_in_the_listed_namespaces(ren
     assert not [g for g in operator_grants(objs) if g[0] == "cluster" and g[2] in CONFINED]
     # the rest stays cluster-wide (the operator serves every namespace); model-config and disruption are Roles
     confined = [r for r in _roles(objs) if r["metadata"]["name"].endswith(("-model-config", "-disruption"))]
-    where = {(r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"].rsplit("-", 1)[1])
-             for r in confined}  # fmt: skip
+    where = {
+        (r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"].rsplit("-", 1)[1]) for r in confined
+    }
     purposes = ("config", "disruption")
     assert where == {("Role", ns, purpose) for ns in ("team-a", "team-b") for purpose in purposes}
 
@@ -183,8 +191,18 @@ def test_secrets_can_be_switched_off(rendered: Render) -> None:
 def test_roles_are_split_by_purpose(rendered: Render) -> None:
     prefix = f"{RELEASE}-kvpilot-"
     names = {r["metadata"]["name"].removeprefix(prefix) for r in by_kind(rendered(), "ClusterRole")}
-    operator = {"discovery", "gpu-discovery", "capacity", "framework", "inferenceservices", "workloads",
-                "model-config", "disruption", "tuningprofiles", "enginetuners"}  # fmt: skip
+    operator = {
+        "discovery",
+        "gpu-discovery",
+        "capacity",
+        "framework",
+        "inferenceservices",
+        "workloads",
+        "model-config",
+        "disruption",
+        "tuningprofiles",
+        "enginetuners",
+    }
     assert names == operator | {"view", "edit"}
 
 
@@ -200,10 +218,19 @@ LWS = ("leaderworkerset.x-k8s.io", "leaderworkersets", ())
 def test_leader_worker_sets_are_granted_only_when_multi_node_is_enabled(rendered: Render) -> None:
     assert not [g for g in operator_grants(rendered()) if g[1] == LWS[0]]
     grants = operator_grants(rendered(sets=["multiNode.enabled=true"]))
-    assert grants == {**CLUSTER_WIDE, ("cluster", *LWS): {"get", "create", "patch"}}
+    assert grants == {**CLUSTER_WIDE, ("cluster", *LWS): {"get", "list", "watch", "create", "patch"}}
     values = CHART / "ci" / "namespaced-values.yaml"
     namespaced = operator_grants(rendered(values, sets=["multiNode.enabled=true"]))
     assert {g[0] for g in namespaced if g[1:] == LWS} == {"team-a", "team-b"}  # only where it serves
+
+
+@pytest.mark.parametrize(("sets", "watched"), [([], "false"), (["multiNode.enabled=true"], "true")])
+def test_drift_repair_watches_leader_worker_sets_only_with_the_rights(
+    rendered: Render, sets: list[str], watched: str
+) -> None:
+    (deployment,) = by_kind(rendered(sets=sets), "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env[service_main.MULTI_NODE_ENV] == watched
 
 
 def test_user_roles_aggregate_into_builtin_roles(rendered: Render) -> None:
@@ -222,8 +249,11 @@ def test_user_roles_aggregate_into_builtin_roles(rendered: Render) -> None:
 
 
 def _policy_variables(objs: list[dict[str, Any]]) -> dict[str, str]:
-    (policy,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
-                 and o["metadata"]["name"].endswith("-inferenceservices")]  # fmt: skip
+    (policy,) = [
+        o
+        for o in objs
+        if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"].endswith("-inferenceservices")
+    ]
     return {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
 
 
@@ -236,8 +266,9 @@ def test_admission_policy_allows_the_crd_default_image_and_the_values(
     assert default == [api.DEFAULT_IMAGE]
     sets = ("admissionPolicy.allowedImages={registry.example/vllm/*}",)
     assert json.loads(_policy_variables(rendered(sets=sets))["allowedImages"]) == [
-        api.DEFAULT_IMAGE, "registry.example/vllm/*"
-    ]  # fmt: skip
+        api.DEFAULT_IMAGE,
+        "registry.example/vllm/*",
+    ]
     tolerations = json.loads(_policy_variables(rendered())["allowedTolerations"])
     assert tolerations == [
         {"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists", "value": ""}
@@ -249,9 +280,10 @@ def test_admission_policy_binding_follows_the_served_namespaces(
 ) -> None:
     bindings = [o for o in rendered() if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert sorted(b["spec"]["policyName"] for b in bindings) == [
-        f"{RELEASE}-kvpilot-enginetuners", f"{RELEASE}-kvpilot-inferenceservice-size",
+        f"{RELEASE}-kvpilot-enginetuners",
+        f"{RELEASE}-kvpilot-inferenceservice-size",
         f"{RELEASE}-kvpilot-inferenceservices",
-    ]  # fmt: skip
+    ]
     for binding in bindings:
         assert "matchResources" not in binding["spec"] and binding["spec"]["validationActions"] == ["Deny"]
     objs = rendered(sets=("watchNamespaces={team-a,team-b}",))

@@ -76,9 +76,12 @@ def test_default_install_objects(rendered: Callable[..., list[dict[str, Any]]]) 
     assert not by_kind(objs, "ServiceMonitor") and not by_kind(objs, "PodMonitor")  # CRDs may not exist
     crds = {o["metadata"]["name"] for o in by_kind(objs, "CustomResourceDefinition")}
     assert crds == {
-        "inferenceservices.kvpilot.io", "tuningprofiles.kvpilot.io", "enginetuners.kvpilot.io",
-        "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev",
-    }  # fmt: skip
+        "inferenceservices.kvpilot.io",
+        "tuningprofiles.kvpilot.io",
+        "enginetuners.kvpilot.io",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    }
     for o in objs:
         if o["kind"] in ("Deployment", "Secret", "Service", "ServiceAccount"):
             assert o["metadata"]["namespace"] == NAMESPACE

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from helmchart import CHART, RELEASE, run_helm
 
+from kvpilot.operator import api
+from kvpilot.operator.pods import tenant_guard
 from kvpilot.operator.pods.tenant_settings import TenantSettings, settings_from_env
 from kvpilot.tuner import vllm
 
@@ -125,3 +127,39 @@ def test_the_operator_reads_the_allow_lists_the_policy_uses(rendered: Render) ->
 def test_bad_values_are_refused(helm: Path, sets: str, complaint: str) -> None:
     proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", sets, check=False)
     assert proc.returncode != 0 and complaint in proc.stderr, proc.stderr
+
+
+def _group_with_shared_cache() -> api.InferenceServiceSpec:
+    return api.InferenceServiceSpec.model_validate(
+        {
+            "model": {
+                "id": "deepseek-ai/DeepSeek-V3",
+                "storage": {"claimTemplate": {"size": "800Gi", "accessMode": "ReadWriteMany"}},
+            },
+            "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": 2},
+        }
+    )
+
+
+@pytest.mark.parametrize("multi_node", [False, True])
+def test_a_groups_shared_weight_claim_is_allowed_where_multi_node_is(
+    rendered: Render, multi_node: bool
+) -> None:
+    """A replica over nodes needs a ReadWriteMany claim (the CRD refuses another mode): multiNode.enabled adds
+    it to the claim access modes of the admission policy and of the operator's guard alike; without it the
+    chart's default list (ReadWriteOnce, ReadWriteOncePod) refuses the claim in both."""
+    objs = rendered(sets=(f"multiNode.enabled={str(multi_node).lower()}",))
+    claims = " ".join(_variables(objs)["claimProblems"].split())
+    policy = _cel_list(claims, "variables.claimTemplate.accessMode in")
+    settings = settings_from_env(_env(objs))
+    assert settings.mode == "Off"  # the policy guards; the operator's guard is then asked directly below
+    modes = ["ReadWriteOnce", "ReadWriteOncePod", *(["ReadWriteMany"] if multi_node else [])]
+    assert policy == modes and list(settings.claim_template.allowed_access_modes) == modes
+    refused = [
+        v
+        for v in tenant_guard.compute_violations(
+            _group_with_shared_cache(), settings.model_copy(update={"mode": "Strict"})
+        )
+        if "accessMode" in v
+    ]
+    assert bool(refused) is not multi_node, refused

@@ -28,8 +28,15 @@ def test_defaults_render_a_webhook_that_never_blocks_pods(rendered: Render) -> N
     mwc = one(objs, "MutatingWebhookConfiguration")
     (hook,) = mwc["webhooks"]
     assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 3 and hook["sideEffects"] == "None"
-    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                              "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
     assert hook["objectSelector"]["matchExpressions"] == [
         {"key": target.EXCLUDE_LABEL, "operator": "NotIn", "values": ["true"]}
     ]
@@ -79,8 +86,10 @@ def test_namespaced_mode_sends_only_the_watched_namespaces(rendered: Render) -> 
     (hook,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
     served, excluded = hook["namespaceSelector"]["matchExpressions"]
     assert (served["key"], served["operator"], served["values"]) == (
-        "kubernetes.io/metadata.name", "In", ["team-a", "team-b"]
-    )  # fmt: skip
+        "kubernetes.io/metadata.name",
+        "In",
+        ["team-a", "team-b"],
+    )
     assert excluded == _EXCLUDED
     custom = rendered(sets=["webhook.namespaceSelector.matchLabels.tuned=yes"])
     (hook,) = one(custom, "MutatingWebhookConfiguration")["webhooks"]
@@ -132,8 +141,13 @@ def test_cert_manager_issues_the_certificate_and_injects_the_ca(rendered: Render
     svc = hook["clientConfig"]["service"]
     assert f"{svc['name']}.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
 
-    own = rendered(sets=["webhook.certManager.enabled=true", "webhook.certManager.issuerRef.name=corp-ca",
-                         "webhook.certManager.issuerRef.kind=ClusterIssuer"])  # fmt: skip
+    own = rendered(
+        sets=[
+            "webhook.certManager.enabled=true",
+            "webhook.certManager.issuerRef.name=corp-ca",
+            "webhook.certManager.issuerRef.kind=ClusterIssuer",
+        ]
+    )
     assert not by_kind(own, "Issuer")
     assert one(own, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
 
@@ -147,7 +161,7 @@ def test_the_operator_gets_no_rights_over_webhook_configurations(rendered: Rende
         r
         for r in rules
         if "admissionregistration.k8s.io" in r.get("apiGroups", ())
-        and "mutatingwebhookconfigurations" in r.get("resources", ())  # fmt: skip
+        and "mutatingwebhookconfigurations" in r.get("resources", ())
         and not set(r.get("verbs", ())) <= {"get", "list", "watch"}
     ]
     assert not [r for r in rules if "secrets" in r.get("resources", ()) and set(r.get("verbs", ())) - {"get"}]

@@ -9,11 +9,17 @@ in a single-rank process group (TP 1, PP 1). Each layer's KV spec is the one the
 declares (``AttentionLayerBase.get_kv_cache_spec``: attention, MLA, Mamba and linear-attention
 layers), each parameter's bytes are ``numel x element_size`` of the built parameters (tied ones
 once).
+
+The per-rank weights at TP 2 or PP 2 (:func:`build_ranks_on_meta`) come from two spawned processes
+joined by a real two-rank gloo group: each parallel layer shards itself as vLLM's
+``ColumnParallelLinear``, ``RowParallelLinear``, ``QKVParallelLinear``, ``VocabParallelEmbedding`` and
+``FusedMoE`` do, and ``make_layers`` splits the pipeline as vLLM does.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import re
 import tempfile
 from dataclasses import dataclass
@@ -126,3 +132,65 @@ def build_on_meta(config: dict[str, Any]) -> Built:
             assert found is not None, f"{architecture}: KV layer {name} outside a decoder layer"
             layers.setdefault(int(found.group(1)), []).append(_layer_kv(module.get_kv_cache_spec(vc)))
     return Built(architecture, int(params), layers)
+
+
+def _rank_param_bytes(
+    rank: int, tp: int, pp: int, config: dict[str, Any], init: str, results: Any
+) -> None:  # pragma: no cover - runs in a spawned process
+    """One rank of a TP x PP group: build ``config``'s class on the meta device and report its bytes."""
+    import torch
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        LoadConfig,
+        ModelConfig,
+        ParallelConfig,
+        VllmConfig,
+        set_current_vllm_config,
+    )
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    try:
+        folder = Path(tempfile.mkdtemp())
+        (folder / "config.json").write_text(json.dumps(config))
+        mc = ModelConfig(model=str(folder), skip_tokenizer_init=True, max_model_len=4096, enforce_eager=True)
+        vc = VllmConfig(
+            model_config=mc,
+            cache_config=CacheConfig(block_size=16),
+            device_config=DeviceConfig("cpu"),
+            load_config=LoadConfig(load_format="dummy"),
+            parallel_config=ParallelConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp),
+        )
+        with set_current_vllm_config(vc):
+            init_distributed_environment(
+                world_size=tp * pp, rank=rank, distributed_init_method=init, local_rank=rank, backend="gloo"
+            )
+            initialize_model_parallel(tp, pp)
+        cls, _ = get_model_architecture(mc)
+        with set_current_vllm_config(vc), set_default_torch_dtype(mc.dtype), torch.device("meta"):
+            model = cls(vllm_config=vc, prefix="")
+        results.put((rank, sum(p.numel() * p.element_size() for p in model.parameters())))
+    except Exception as exc:
+        results.put((rank, f"{type(exc).__name__}: {exc}"))
+
+
+def build_ranks_on_meta(config: dict[str, Any], tp: int, pp: int) -> list[int]:
+    """Parameter bytes of every rank (rank = pp_rank x tp + tp_rank) of vLLM's class for ``config`` at
+    ``tp`` x ``pp``, each rank built in its own spawned process of a real gloo group."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    init = f"file://{tempfile.mktemp()}"
+    workers = [
+        ctx.Process(target=_rank_param_bytes, args=(rank, tp, pp, config, init, results))
+        for rank in range(tp * pp)
+    ]
+    for worker in workers:
+        worker.start()
+    found = dict(results.get(timeout=900) for _ in workers)
+    for worker in workers:
+        worker.join()
+    failed = {rank: v for rank, v in found.items() if isinstance(v, str)}
+    assert not failed, f"vLLM could not build the ranks: {failed}"
+    return [int(found[rank]) for rank in range(tp * pp)]

@@ -15,13 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from e2e.fleet.caches import HASHED_SETTINGS
 from kvpilot.tuner import vllm as kv_vllm
 from kvpilot.tuner.types import EngineSettings
 
 BASE = EngineSettings(
-    max_model_len=8192, max_num_seqs=128, gpu_memory_utilization=0.9, kv_cache_dtype="auto",
-    tensor_parallel_size=1, max_num_batched_tokens=8192,
-)  # fmt: skip
+    max_model_len=8192,
+    max_num_seqs=128,
+    gpu_memory_utilization=0.9,
+    kv_cache_dtype="auto",
+    tensor_parallel_size=1,
+    max_num_batched_tokens=8192,
+)
 CHANGED: dict[str, typing.Any] = {
     "max_model_len": 4096,
     "max_num_seqs": 64,
@@ -42,6 +47,7 @@ def test_every_tuned_field_is_classified() -> None:
     fields = {f.name for f in dataclasses.fields(EngineSettings)}
     assert fields == set(CHANGED) | {"tensor_parallel_size"}
     assert fields >= kv_vllm.COMPILE_HASH_SETTINGS
+    assert fields >= HASHED_SETTINGS
 
 
 @pytest.mark.parametrize("field", sorted(CHANGED))
@@ -54,6 +60,8 @@ def test_compile_hash_changes_exactly_for_claimed_fields(
     )
     ours = kv_vllm.compute_compile_invalidating(BASE, changed)
     assert theirs == bool(ours), f"{field}: vLLM's hash changes={theirs}, kvpilot claims {sorted(ours)}"
+    fleet = field in HASHED_SETTINGS  # the fleet simulator's own truth, held to vLLM's hash too
+    assert theirs == fleet, f"{field}: vLLM's hash changes={theirs}, the fleet's truth says {fleet}"
     assert ours <= {field}
 
 

@@ -39,9 +39,12 @@ POINTS = (
 def _outcomes(m: dict[str, Any], vc: Any, config: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     theirs_spec = build_model_spec(copy.deepcopy(config))
     return kp.collect_misses(
-        m, vc, build_model_spec(copy.deepcopy(ours)), POINTS,
+        m,
+        vc,
+        build_model_spec(copy.deepcopy(ours)),
+        POINTS,
         lambda point: kp.build_vllm_specs(m, vc, config, theirs_spec, point)[0],
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("name", NEMOTRON_H)

@@ -66,9 +66,10 @@ def test_the_method_is_the_one_vllm_overrides_to(
     quantization: ModuleType, name: str, qc: dict[str, Any], layers: int
 ) -> None:
     picked = next(
-        m for m in VLLM_METHODS
+        m
+        for m in VLLM_METHODS
         if quantization.get_quantization_config(m).override_quantization_method(qc, None) is not None
-    )  # fmt: skip
+    )
     spec = build_quant_spec(qc)
     assert spec.modelopt is not None and spec.modelopt.method == picked, (spec, picked)
     assert spec.weight_bits == (4 if picked == "modelopt_fp4" else 8)

@@ -71,9 +71,13 @@ def test_qwen3_vl_tokens_per_item_are_vllms(name: str, image_processor_cls: Any)
         info = _info(qwen3_vl.Qwen3VLProcessingInfo, config_cls(**config), image_processor, video_processor)
         limits = multimodal.ProcessorLimits(image_max_pixels=image_processor.size["longest_edge"])
         ours = multimodal.compute_mm_max_tokens_per_item(
-            tower.processing, patch_size=tower.patch_size, spatial_merge_size=tower.spatial_merge_size,
-            temporal_patch_size=tower.temporal_patch_size, max_model_len=32768, limits=limits,
-        )  # fmt: skip
+            tower.processing,
+            patch_size=tower.patch_size,
+            spatial_merge_size=tower.spatial_merge_size,
+            temporal_patch_size=tower.temporal_patch_size,
+            max_model_len=32768,
+            limits=limits,
+        )
         for length in LENGTHS:
             assert info.get_mm_max_tokens_per_item(length, {"image": 1, "video": 1}) == ours, (
                 length,
@@ -99,9 +103,13 @@ def test_qwen2_5_vl_tokens_per_item_are_vllms(max_pixels: int | None, image_proc
     limits = multimodal.ProcessorLimits(image_max_pixels=image_processor.size["longest_edge"])
     for length in LENGTHS + (9000, 114688, 114687):
         ours = multimodal.compute_mm_max_tokens_per_item(
-            multimodal.QWEN2_VL, patch_size=vc.patch_size, spatial_merge_size=vc.spatial_merge_size,
-            temporal_patch_size=vc.temporal_patch_size, max_model_len=length, limits=limits,
-        )  # fmt: skip
+            multimodal.QWEN2_VL,
+            patch_size=vc.patch_size,
+            spatial_merge_size=vc.spatial_merge_size,
+            temporal_patch_size=vc.temporal_patch_size,
+            max_model_len=length,
+            limits=limits,
+        )
         assert info.get_mm_max_tokens_per_item(length, {"image": 1, "video": 1}) == ours, length
 
 
@@ -117,9 +125,12 @@ def test_the_profile_batch_is_vllms(vllm: Any) -> None:
         per_items, (512, 2048, 8192, 16384, 65536), (1, 4, 256, 1024), (1024, 8192, 32768, 262144)
     ):
         scheduler = SimpleNamespace(
-            max_num_batched_tokens=tokens, max_num_encoder_input_tokens=tokens, encoder_cache_size=tokens,
-            disable_chunked_mm_input=False, enable_chunked_prefill=True,
-        )  # fmt: skip
+            max_num_batched_tokens=tokens,
+            max_num_encoder_input_tokens=tokens,
+            encoder_cache_size=tokens,
+            disable_chunked_mm_input=False,
+            enable_chunked_prefill=True,
+        )
         compute, cache = cache_mod.compute_mm_encoder_budget(scheduler, per_item)
         budget = budget_mod.MultiModalBudget.__new__(budget_mod.MultiModalBudget)
         budget.encoder_compute_budget, budget.encoder_cache_size = compute, cache

@@ -77,3 +77,86 @@ def test_each_nodes_role_flags_parse_with_vllm_serve(vllm: Any, nodes: int) -> N
         assert (parsed.nnodes, parsed.node_rank, parsed.master_addr) == (nodes, rank, "10.0.0.7")
         assert parsed.headless is (rank > 0)
     assert kv_vllm.build_node_role_args(1, "0", "10.0.0.7", headless=False) == ()
+
+
+RENDERED = [
+    ("deepseek-ai/DeepSeek-V3", "H100-SXM", 2),  # DP 4 x TP 4, experts over 16 GPUs
+    ("zai-org/GLM-5", "B200", 2),  # DP 8 x TP 2
+    ("Qwen/Qwen3-30B-A3B", "H100-SXM", 3),  # DP x EP over three nodes
+    ("meta-llama/Llama-3.1-70B-Instruct", "H100-SXM", 2),  # dense: TP 8 x PP 2
+]
+
+
+def _role_args(template: dict[str, Any], rank: int, model_dir: pathlib.Path) -> list[str]:
+    """A role's vLLM arguments as the pod's container runs them: LWS's variables substituted, the model id
+    a folder of its config (vLLM resolves the model first, offline)."""
+    model, *args = template["spec"]["containers"][0]["args"]
+    names = {"$(LWS_WORKER_INDEX)": str(rank), "$(LWS_LEADER_ADDRESS)": LEADER}
+    return [str(model_dir), *(names.get(a, a) for a in args)]
+
+
+LEADER = "dsv3-0.dsv3.ml"
+
+
+@pytest.mark.parametrize(("model", "gpu", "nodes"), RENDERED)
+def test_every_rendered_role_parses_in_vllm_with_the_planned_split(
+    vllm: Any, model_dir_factory: Any, model: str, gpu: str, nodes: int
+) -> None:
+    """Each pod of a rendered group, leader and every worker, parsed by ``vllm serve``'s own parser and built
+    by vLLM (``EngineArgs.create_engine_config``, headless on the workers): its ``ParallelConfig`` is the
+    node plan's split, each node runs its own contiguous data-parallel ranks, all meet at the leader."""
+    arg_utils = importlib.import_module("vllm.engine.arg_utils")
+    argparse_utils = importlib.import_module("vllm.utils.argparse_utils")
+    cli_args = importlib.import_module("vllm.entrypoints.common.cli_args")
+    parser: Any = cli_args.make_arg_parser(argparse_utils.FlexibleArgumentParser(prog="vllm serve"))
+    from kvpilot.operator.inferenceservice import render
+    from kvpilot.tuner import model as models
+
+    doc = {
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "dsv3", "namespace": "ml"},
+        "spec": {
+            "model": {"id": model},
+            "serving": {"maxContextLength": 32768},
+            "gpu": {"count": 8, "product": gpu, "nodesPerReplica": nodes},
+        },
+    }
+    (group,) = [m for m in render.build_manifests(doc) if m["kind"] == "LeaderWorkerSet"]
+    config = models.lookup_model_config(model)
+    spec, model_dir = build_model_spec(config), model_dir_factory(config)
+    layout = compute_node_plan(
+        spec, gpus.lookup_gpu(gpu), 8, ServingBounds(max_context=32768), nodes=nodes
+    ).layout
+    local = layout.data_parallel_size // nodes if layout.data_parallel_size > 1 else 1
+    roles = group["spec"]["leaderWorkerTemplate"]
+    for rank in range(nodes):
+        template = roles["leaderTemplate"] if rank == 0 else roles["workerTemplate"]
+        parsed = parser.parse_args(_role_args(template, rank, model_dir))
+        parsed.model = parsed.model_tag  # as ``vllm serve`` does (entrypoints/cli/serve.py)
+        engine = arg_utils.EngineArgs.from_cli_args(parsed)
+        built = engine.create_engine_config(headless=parsed.headless).parallel_config
+        got = (
+            built.tensor_parallel_size,
+            built.pipeline_parallel_size,
+            built.data_parallel_size,
+            built.data_parallel_size_local,
+            built.data_parallel_rank,
+            built.enable_expert_parallel,
+            (built.nnodes, built.node_rank, built.master_addr),
+            parsed.headless,
+        )
+        planned = (
+            layout.tensor_parallel_size,
+            layout.pipeline_parallel_size,
+            layout.data_parallel_size,
+            local,
+            rank * local if layout.data_parallel_size > 1 else 0,
+            layout.expert_parallel,
+            (nodes, rank, LEADER),
+            rank > 0,
+        )
+        assert got == planned, (model, rank)
+        assert built.world_size_across_dp == layout.gpus
+        if layout.data_parallel_size > 1:  # the engines' coordinator, on the leader
+            assert built.data_parallel_master_ip == LEADER

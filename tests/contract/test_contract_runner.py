@@ -97,16 +97,25 @@ def test_batch_tiers_are_get_batch_defaults(gpu: GpuSpec, engine_args_cls: Any, 
     ids=str,
 )
 def test_resolved_batch_limits_are_vllms(
-    gpu: GpuSpec, mode: str, length: int, tokens: int | None, seqs: int | None,
-    engine_args_cls: Any, monkeypatch: Any,
-) -> None:  # fmt: skip
+    gpu: GpuSpec,
+    mode: str,
+    length: int,
+    tokens: int | None,
+    seqs: int | None,
+    engine_args_cls: Any,
+    monkeypatch: Any,
+) -> None:
     usage = importlib.import_module("vllm.usage.usage_lib").UsageContext
     _patch_platform(monkeypatch, gpu)
     args = SimpleNamespace(
-        pipeline_parallel_size=1, tensor_parallel_size=1, max_num_batched_tokens=tokens, max_num_seqs=seqs,
-        performance_mode=mode, enable_chunked_prefill=True,
+        pipeline_parallel_size=1,
+        tensor_parallel_size=1,
+        max_num_batched_tokens=tokens,
+        max_num_seqs=seqs,
+        performance_mode=mode,
+        enable_chunked_prefill=True,
         get_batch_defaults=engine_args_cls.get_batch_defaults,
-    )  # fmt: skip
+    )
     model_config = SimpleNamespace(max_model_len=length, is_multimodal_model=False, is_mm_prefix_lm=False)
     parallel = SimpleNamespace(use_batched_dp_moe=False)
     engine_args_cls._set_default_max_num_seqs_and_batched_tokens_args(
@@ -135,14 +144,16 @@ def test_capture_sizes_are_set_cudagraph_sizes(gpu: GpuSpec, mode: str, vllm: An
         fake = SimpleNamespace(
             model_config=SimpleNamespace(enforce_eager=False),
             compilation_config=SimpleNamespace(
-                cudagraph_mode=compilation.CUDAGraphMode.FULL_AND_PIECEWISE, max_cudagraph_capture_size=None,
-                cudagraph_capture_sizes=None, post_init_cudagraph_sizes=lambda: None,
+                cudagraph_mode=compilation.CUDAGraphMode.FULL_AND_PIECEWISE,
+                max_cudagraph_capture_size=None,
+                cudagraph_capture_sizes=None,
+                post_init_cudagraph_sizes=lambda: None,
             ),
             uniform_decode_query_len=1,
             scheduler_config=SimpleNamespace(max_num_seqs=seqs, max_num_batched_tokens=tokens),
             performance_mode=mode,
             speculative_config=None,
-        )  # fmt: skip
+        )
         config.VllmConfig._set_cudagraph_sizes(fake)
         theirs = tuple(fake.compilation_config.cudagraph_capture_sizes)
         ours = kv.cuda_graph_capture_sizes(kv.PINNED_VERSION, gpu, seqs, tokens, mode)
@@ -225,11 +236,15 @@ def test_the_multimodal_prefix_lm_batch_floor_is_vllms(
     _patch_platform(monkeypatch, gpu)
     for length, tokens in itertools.product((4, 512, 32768), (None, 1024)):
         args = SimpleNamespace(
-            pipeline_parallel_size=1, tensor_parallel_size=1, max_num_batched_tokens=tokens,
-            max_num_seqs=None, performance_mode="balanced", enable_chunked_prefill=True,
+            pipeline_parallel_size=1,
+            tensor_parallel_size=1,
+            max_num_batched_tokens=tokens,
+            max_num_seqs=None,
+            performance_mode="balanced",
+            enable_chunked_prefill=True,
             get_batch_defaults=engine_args_cls.get_batch_defaults,
             _get_min_mm_batched_tokens=lambda _: (per_item[modality], modality),
-        )  # fmt: skip
+        )
         model_config = SimpleNamespace(
             max_model_len=length, is_multimodal_model=True, is_mm_prefix_lm=True, model=model_id
         )

@@ -42,9 +42,18 @@ def test_the_server_answers_the_health_and_metrics_paths() -> None:
 
 @pytest.mark.parametrize(
     "series",
-    [serving.KV_USAGE, serving.PREEMPTIONS, serving.RUNNING, serving.WAITING, serving.PROMPT_TOKENS,
-     serving.GENERATION_TOKENS, serving.CACHE_CONFIG_INFO, serving.TTFT, serving.ITL],
-)  # fmt: skip
+    [
+        serving.KV_USAGE,
+        serving.PREEMPTIONS,
+        serving.RUNNING,
+        serving.WAITING,
+        serving.PROMPT_TOKENS,
+        serving.GENERATION_TOKENS,
+        serving.CACHE_CONFIG_INFO,
+        serving.TTFT,
+        serving.ITL,
+    ],
+)
 def test_every_series_the_operator_queries_is_one_vllm_declares(series: str) -> None:
     declared = _declared_series()
     assert series in declared or series.removesuffix("_total") in declared, sorted(declared)

@@ -15,10 +15,19 @@ from kvpilot.tuner import vllm as kv_vllm
 pytestmark = pytest.mark.contract
 
 NAMED_SIZING_FLAGS = [
-    "--hf-overrides", "--quantization", "--load-format", "--enable-lora", "--speculative-config",
-    "--cpu-offload-gb", "--block-size", "--compilation-config", "--enable-expert-parallel",
-    "--limit-mm-per-prompt", "--kv-offloading-size", "--enforce-eager",
-]  # fmt: skip
+    "--hf-overrides",
+    "--quantization",
+    "--load-format",
+    "--enable-lora",
+    "--speculative-config",
+    "--cpu-offload-gb",
+    "--block-size",
+    "--compilation-config",
+    "--enable-expert-parallel",
+    "--limit-mm-per-prompt",
+    "--kv-offloading-size",
+    "--enforce-eager",
+]
 """The flags kvpilot/tuner/vllm/sizing.py names as changing memory."""
 
 

@@ -35,8 +35,10 @@ def _decisions(name: str, kind: str, values: str) -> dict[str, str]:
 
 
 def _stamp(name: str, kind: str, seconds: int) -> dict[str, str]:
-    return {"series": f'kvpilot_service_last_decision_timestamp_seconds{{{_svc(name)}, kind="{kind}"}}',
-            "values": f"{seconds}x200"}  # fmt: skip
+    return {
+        "series": f'kvpilot_service_last_decision_timestamp_seconds{{{_svc(name)}, kind="{kind}"}}',
+        "values": f"{seconds}x200",
+    }
 
 
 def _vllm(metric: str, pod: str, values: str) -> dict[str, str]:
@@ -50,57 +52,126 @@ def _operator_up() -> dict[str, str]:
 
 # (alert, input series, evaluation time, labels of each alert expected then)
 CASES: list[tuple[str, list[dict[str, str]], str, list[dict[str, str]]]] = [
-    ("KvpilotEngineRestartLoop", [
-        {"series": 'kube_pod_container_status_restarts_total{namespace="ns1", pod="llm-5d8f7c-aaaaa", '
-                   'container="vllm"}', "values": "0+1x60"},
-        {"series": 'kube_pod_container_status_restarts_total{namespace="ns1", pod="ok-5d8f7c-aaaaa", '
-                   'container="vllm"}', "values": "0x60"},
-        {"series": 'kube_pod_container_status_restarts_total{namespace="ns1", pod="side-5d8f7c-aaaaa", '
-                   'container="sidecar"}', "values": "0+1x60"},
-    ], "40m", [{**NS, "pod": "llm-5d8f7c-aaaaa", "container": "vllm"}]),
-    ("KvpilotOOMLoop", [
-        _decisions("loop", "Retuned", "0 1 2 2 2 2 2"), _decisions("loop", "RolledBack", "0 0 0 1 1 1 1"),
-        _decisions("once", "Retuned", "0 1 1 1 1 1 1"),
-    ], "5m", [{**NS, "inferenceservice": "loop"}]),
-    ("KvpilotRolledBack", [
-        _decisions("back", "RolledBack", "0 0 1 1 1 1"), _decisions("fine", "RolledBack", "0 0 0 0 0 0"),
-    ], "5m", [{**NS, "inferenceservice": "back", "kind": "RolledBack"}]),
-    ("KvpilotServiceHeld", [
-        {"series": f'kvpilot_service_held{{{_svc("stuck")}}}', "values": "0x30 1x90"},
-        {"series": f'kvpilot_service_held{{{_svc("moved")}}}', "values": "0x30 1x50 0 1x39"},  # let go once
-        {"series": f'kvpilot_service_held{{{_svc("fresh")}}}', "values": "0x90 1x30"},
-    ], "2h", [{**NS, "inferenceservice": "stuck"}]),
-    ("KvpilotServiceInfeasible", [
-        _stamp("never", "Infeasible", 60), _stamp("fixed", "Infeasible", 60), _stamp("fixed", "Planned", 120),
-    ], "40m", [{**NS, "inferenceservice": "never"}]),
-    ("KvpilotMetricsUnavailable", [
-        {"series": f'kvpilot_applied_setting{{{_svc("blind")}, setting="max_num_seqs"}}', "values": "64x30"},
-        {"series": f'kvpilot_applied_setting{{{_svc("seen")}, setting="max_num_seqs"}}', "values": "64x30"},
-        _vllm("vllm:num_requests_running", "seen-5d8f7c-aaaaa", "3x30"),
-        _vllm("vllm:num_requests_running", "blind-extra-5d8f7c-aaaaa", "3x30"),  # another service's pod
-    ], "20m", [{**NS, "inferenceservice": "blind"}]),
-    ("KvpilotKvSaturatedWhileHeld", [
-        *[{"series": f'kvpilot_kv_usage_threshold{{{_svc(n)}, threshold="high"}}', "values": "0.9x60"}
-          for n in ("hot", "tuning", "cool")],
-        _vllm("vllm:kv_cache_usage_perc", "hot-5d8f7c-aaaaa", "0.97x60"),
-        _vllm("vllm:num_preemptions_total", "hot-5d8f7c-aaaaa", "0+30x60"),
-        _vllm("vllm:kv_cache_usage_perc", "tuning-5d8f7c-aaaaa", "0.97x60"),
-        _vllm("vllm:num_preemptions_total", "tuning-5d8f7c-aaaaa", "0+30x60"),
-        _decisions("tuning", "Retuned", "0x20 1x40"),
-        _vllm("vllm:kv_cache_usage_perc", "cool-5d8f7c-aaaaa", "0.6x60"),
-        _vllm("vllm:num_preemptions_total", "cool-5d8f7c-aaaaa", "0+30x60"),
-    ], "30m", [{**NS, "inferenceservice": "hot"}]),
-    ("KvpilotOperatorDown", [{"series": "up{job=\"other\"}", "values": "1x30"}], "15m", [{}]),
+    (
+        "KvpilotEngineRestartLoop",
+        [
+            {
+                "series": 'kube_pod_container_status_restarts_total{namespace="ns1", pod="llm-5d8f7c-aaaaa", '
+                'container="vllm"}',
+                "values": "0+1x60",
+            },
+            {
+                "series": 'kube_pod_container_status_restarts_total{namespace="ns1", pod="ok-5d8f7c-aaaaa", '
+                'container="vllm"}',
+                "values": "0x60",
+            },
+            {
+                "series": 'kube_pod_container_status_restarts_total{namespace="ns1", '
+                'pod="side-5d8f7c-aaaaa", container="sidecar"}',
+                "values": "0+1x60",
+            },
+        ],
+        "40m",
+        [{**NS, "pod": "llm-5d8f7c-aaaaa", "container": "vllm"}],
+    ),
+    (
+        "KvpilotOOMLoop",
+        [
+            _decisions("loop", "Retuned", "0 1 2 2 2 2 2"),
+            _decisions("loop", "RolledBack", "0 0 0 1 1 1 1"),
+            _decisions("once", "Retuned", "0 1 1 1 1 1 1"),
+        ],
+        "5m",
+        [{**NS, "inferenceservice": "loop"}],
+    ),
+    (
+        "KvpilotRolledBack",
+        [
+            _decisions("back", "RolledBack", "0 0 1 1 1 1"),
+            _decisions("fine", "RolledBack", "0 0 0 0 0 0"),
+        ],
+        "5m",
+        [{**NS, "inferenceservice": "back", "kind": "RolledBack"}],
+    ),
+    (
+        "KvpilotServiceHeld",
+        [
+            {"series": f"kvpilot_service_held{{{_svc('stuck')}}}", "values": "0x30 1x90"},
+            {
+                "series": f"kvpilot_service_held{{{_svc('moved')}}}",
+                "values": "0x30 1x50 0 1x39",
+            },  # let go once
+            {"series": f"kvpilot_service_held{{{_svc('fresh')}}}", "values": "0x90 1x30"},
+        ],
+        "2h",
+        [{**NS, "inferenceservice": "stuck"}],
+    ),
+    (
+        "KvpilotServiceInfeasible",
+        [
+            _stamp("never", "Infeasible", 60),
+            _stamp("fixed", "Infeasible", 60),
+            _stamp("fixed", "Planned", 120),
+        ],
+        "40m",
+        [{**NS, "inferenceservice": "never"}],
+    ),
+    (
+        "KvpilotMetricsUnavailable",
+        [
+            {
+                "series": f'kvpilot_applied_setting{{{_svc("blind")}, setting="max_num_seqs"}}',
+                "values": "64x30",
+            },
+            {
+                "series": f'kvpilot_applied_setting{{{_svc("seen")}, setting="max_num_seqs"}}',
+                "values": "64x30",
+            },
+            _vllm("vllm:num_requests_running", "seen-5d8f7c-aaaaa", "3x30"),
+            _vllm("vllm:num_requests_running", "blind-extra-5d8f7c-aaaaa", "3x30"),  # another service's pod
+        ],
+        "20m",
+        [{**NS, "inferenceservice": "blind"}],
+    ),
+    (
+        "KvpilotKvSaturatedWhileHeld",
+        [
+            *[
+                {"series": f'kvpilot_kv_usage_threshold{{{_svc(n)}, threshold="high"}}', "values": "0.9x60"}
+                for n in ("hot", "tuning", "cool")
+            ],
+            _vllm("vllm:kv_cache_usage_perc", "hot-5d8f7c-aaaaa", "0.97x60"),
+            _vllm("vllm:num_preemptions_total", "hot-5d8f7c-aaaaa", "0+30x60"),
+            _vllm("vllm:kv_cache_usage_perc", "tuning-5d8f7c-aaaaa", "0.97x60"),
+            _vllm("vllm:num_preemptions_total", "tuning-5d8f7c-aaaaa", "0+30x60"),
+            _decisions("tuning", "Retuned", "0x20 1x40"),
+            _vllm("vllm:kv_cache_usage_perc", "cool-5d8f7c-aaaaa", "0.6x60"),
+            _vllm("vllm:num_preemptions_total", "cool-5d8f7c-aaaaa", "0+30x60"),
+        ],
+        "30m",
+        [{**NS, "inferenceservice": "hot"}],
+    ),
+    ("KvpilotOperatorDown", [{"series": 'up{job="other"}', "values": "1x30"}], "15m", [{}]),
     ("KvpilotOperatorDown", [_operator_up()], "15m", []),
-    ("KvpilotReconcileErrors", [
-        {"series": 'kvpilot_reconciles_total{result="temporary_error"}', "values": "0+1x60"},
-        {"series": 'kvpilot_reconciles_total{result="success"}', "values": "5x60"},
-    ], "40m", [{}]),
-    ("KvpilotReconcileErrors", [
-        {"series": 'kvpilot_reconciles_total{result="temporary_error"}', "values": "0+1x60"},
-        _operator_up(),
-    ], "40m", []),
-]  # fmt: skip
+    (
+        "KvpilotReconcileErrors",
+        [
+            {"series": 'kvpilot_reconciles_total{result="temporary_error"}', "values": "0+1x60"},
+            {"series": 'kvpilot_reconciles_total{result="success"}', "values": "5x60"},
+        ],
+        "40m",
+        [{}],
+    ),
+    (
+        "KvpilotReconcileErrors",
+        [
+            {"series": 'kvpilot_reconciles_total{result="temporary_error"}', "values": "0+1x60"},
+            _operator_up(),
+        ],
+        "40m",
+        [],
+    ),
+]
 
 
 def _expected(alert: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -136,11 +207,19 @@ def test_every_alert_has_a_case_that_fires() -> None:
 def test_promtool_unit_tests(tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(alerts.build_rules(), sort_keys=False))
     tests = [
-        {"interval": "1m", "input_series": series,
-         "alert_rule_test": [{"eval_time": at, "alertname": alert,
-                              "exp_alerts": [_expected(alert, labels) for labels in expected]}]}
+        {
+            "interval": "1m",
+            "input_series": series,
+            "alert_rule_test": [
+                {
+                    "eval_time": at,
+                    "alertname": alert,
+                    "exp_alerts": [_expected(alert, labels) for labels in expected],
+                }
+            ],
+        }
         for alert, series, at, expected in CASES
-    ]  # fmt: skip
+    ]
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "tests": tests}))
     done = _promtool("test", "rules", "tests.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -32,8 +32,17 @@ VARIABLES = {"$__rate_interval": "10s", "$namespace": "ns1", "$service": "llm"}
 
 
 def _finished() -> Finished:
-    return Finished(prompt_tokens=500, generation_tokens=100, max_tokens=200, finished_reason="length",
-                    preemptions=0, queue_s=0.05, ttft_s=0.2, e2e_s=2.2, inference_s=2.15)  # fmt: skip
+    return Finished(
+        prompt_tokens=500,
+        generation_tokens=100,
+        max_tokens=200,
+        finished_reason="length",
+        preemptions=0,
+        queue_s=0.05,
+        ttft_s=0.2,
+        e2e_s=2.2,
+        inference_s=2.15,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,25 +60,33 @@ def prom() -> Iterator[PrometheusServer]:
     def traffic() -> None:  # preemptions and finished requests, so rates and quantiles have data
         while not stop.is_set():
             for engine in engines.values():
-                engine.record(running=40, waiting=7, kv_usage=0.95, deltas=Deltas(preemptions=1,
-                              finished=[_finished()]))  # fmt: skip
+                engine.record(
+                    running=40, waiting=7, kv_usage=0.95, deltas=Deltas(preemptions=1, finished=[_finished()])
+                )
             time.sleep(0.2)
 
     threading.Thread(target=traffic, daemon=True).start()
-    metrics.record_service("ns1", "llm", EngineSettings(max_num_seqs=64, max_model_len=8192,
-                           gpu_memory_utilization=0.9), PolicyConfig(), LatencySlo(0.5, 0.05))  # fmt: skip
+    metrics.record_service(
+        "ns1",
+        "llm",
+        EngineSettings(max_num_seqs=64, max_model_len=8192, gpu_memory_utilization=0.9),
+        PolicyConfig(),
+        LatencySlo(0.5, 0.05),
+    )
     metrics.record_decision("Planned", "ns1", "llm")
     operator_port = metrics.start_metrics_server(0, addr="127.0.0.1")
     targets = [
-        {"targets": [f"127.0.0.1:{srv.server_address[1]}"],
-         "labels": {"__meta_kubernetes_namespace": "ns1", "__meta_kubernetes_pod_name": name}}
+        {
+            "targets": [f"127.0.0.1:{srv.server_address[1]}"],
+            "labels": {"__meta_kubernetes_namespace": "ns1", "__meta_kubernetes_pod_name": name},
+        }
         for name, srv in servers
-    ]  # fmt: skip
+    ]
     try:
         operator = {"kvpilot": [f"127.0.0.1:{operator_port}"]}
         with PrometheusServer(scrape_interval="1s", scrape_targets=operator) as p:
             p.write_targets(targets)
-            p.wait_for('count(up == 1)', lambda r: bool(r) and r[0]["value"][1] == "4", timeout=60)
+            p.wait_for("count(up == 1)", lambda r: bool(r) and r[0]["value"][1] == "4", timeout=60)
             time.sleep(12)  # enough scrapes for a 10 s rate
             metrics.record_decision("Retuned", "ns1", "llm")  # a decision the annotation sees change
             time.sleep(3)

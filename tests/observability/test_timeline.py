@@ -25,22 +25,45 @@ from kvpilot.observability import fetch, timeline
 
 SVG = "{http://www.w3.org/2000/svg}"
 HISTORY = [
-    {"time": "2026-12-05T10:00:00Z", "action": "Planned", "trigger": "Created", "reason": "memory model plan",
-     "to": {"maxNumSeqs": 64, "maxModelLen": 8192, "gpuMemoryUtilization": 0.95}},
-    {"time": "2026-12-05T10:20:00Z", "action": "Retuned", "trigger": "CudaOOM",
-     "reason": "CUDA OOM: gpu_memory_utilization 0.95 -> 0.93 & headroom <1.2x>",
-     "from": {"maxNumSeqs": 64, "maxModelLen": 8192, "gpuMemoryUtilization": 0.95},
-     "to": {"maxNumSeqs": 64, "maxModelLen": 8192, "gpuMemoryUtilization": 0.93}},
-    {"time": "2026-12-05T11:00:00Z", "action": "Retuned", "trigger": "Preemptions", "reason": "storm",
-     "from": {"maxNumSeqs": 64}, "to": {"maxNumSeqs": 48}},
-    {"time": "2026-12-05T11:10:00Z", "action": "RolledBack", "trigger": "RolloutFailed", "reason": "crashed",
-     "from": {"maxNumSeqs": 48}, "to": {"maxNumSeqs": 64}},
-]  # fmt: skip
+    {
+        "time": "2026-12-05T10:00:00Z",
+        "action": "Planned",
+        "trigger": "Created",
+        "reason": "memory model plan",
+        "to": {"maxNumSeqs": 64, "maxModelLen": 8192, "gpuMemoryUtilization": 0.95},
+    },
+    {
+        "time": "2026-12-05T10:20:00Z",
+        "action": "Retuned",
+        "trigger": "CudaOOM",
+        "reason": "CUDA OOM: gpu_memory_utilization 0.95 -> 0.93 & headroom <1.2x>",
+        "from": {"maxNumSeqs": 64, "maxModelLen": 8192, "gpuMemoryUtilization": 0.95},
+        "to": {"maxNumSeqs": 64, "maxModelLen": 8192, "gpuMemoryUtilization": 0.93},
+    },
+    {
+        "time": "2026-12-05T11:00:00Z",
+        "action": "Retuned",
+        "trigger": "Preemptions",
+        "reason": "storm",
+        "from": {"maxNumSeqs": 64},
+        "to": {"maxNumSeqs": 48},
+    },
+    {
+        "time": "2026-12-05T11:10:00Z",
+        "action": "RolledBack",
+        "trigger": "RolloutFailed",
+        "reason": "crashed",
+        "from": {"maxNumSeqs": 48},
+        "to": {"maxNumSeqs": 64},
+    },
+]
 SERVICE = {
     "metadata": {"name": "llm", "namespace": "ns1"},
-    "status": {"applied": {"maxNumSeqs": 64, "maxModelLen": 8192, "gpuMemoryUtilization": 0.93},
-               "history": HISTORY},
-}  # fmt: skip
+    "status": {
+        "applied": {"maxNumSeqs": 64, "maxModelLen": 8192, "gpuMemoryUtilization": 0.93},
+        "history": HISTORY,
+    },
+}
 T0 = timeline.parse_time("2026-12-05T10:00:00Z")
 
 
@@ -128,8 +151,16 @@ def test_cli_writes_the_svg_with_prometheus_lanes(tmp_path: Path, prometheus: tu
 
 def test_cli_without_prometheus_still_draws(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "llm.yaml").write_text(yaml.safe_dump(SERVICE))
-    args = ["timeline", "llm", "-f", str(tmp_path / "llm.yaml"), "--prometheus", "http://127.0.0.1:9",
-            "-o", str(tmp_path / "x.svg")]  # fmt: skip
+    args = [
+        "timeline",
+        "llm",
+        "-f",
+        str(tmp_path / "llm.yaml"),
+        "--prometheus",
+        "http://127.0.0.1:9",
+        "-o",
+        str(tmp_path / "x.svg"),
+    ]
     assert cli.main(args, out=io.StringIO()) == 0
     assert "no Prometheus ranges" in capsys.readouterr().err
     err = io.StringIO()

@@ -119,10 +119,16 @@ class LoopHarness:
     def new_deps(self) -> loop_deps.LoopDeps:
         """A fresh set of dependencies: what a restarted operator would build."""
         return loop_deps.LoopDeps(
-            kube=self.h.kube, pods=self.pods, prom_url="http://prometheus.test:9090", clock=lambda: self.now,
-            emit=self.h.emitter, fetch_window=self._fetch, hub=self.h._hub, record_metrics=False,
+            kube=self.h.kube,
+            pods=self.pods,
+            prom_url="http://prometheus.test:9090",
+            clock=lambda: self.now,
+            emit=self.h.emitter,
+            fetch_window=self._fetch,
+            hub=self.h._hub,
+            record_metrics=False,
             owners=self.h.deps.owners,  # one memory of kvpilot's objects, as the operator's start-up makes
-        )  # fmt: skip
+        )
 
     async def _fetch(self, url: str, namespace: str, name: str, now: float, **_: Any) -> ObservationWindow:
         self.fetches += 1
@@ -141,9 +147,14 @@ class LoopHarness:
         self.now += advance
         patch = kopf.Patch()
         decision = await closed_loop.run_once(
-            body=body, spec=body["spec"], meta=body["metadata"], status=body.get("status") or {}, patch=patch,
-            logger=logging.getLogger("test"), deps=self.deps,
-        )  # fmt: skip
+            body=body,
+            spec=body["spec"],
+            meta=body["metadata"],
+            status=body.get("status") or {},
+            patch=patch,
+            logger=logging.getLogger("test"),
+            deps=self.deps,
+        )
         body["status"] = self.land(body, patch)
         return decision
 

@@ -16,18 +16,26 @@ from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
 
 L4_LABELS = {
-    "nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.memory": "23034", "nvidia.com/gpu.count": "1",
-    "nvidia.com/gpu.compute.major": "8", "nvidia.com/gpu.compute.minor": "9", "pool": "l4",
-}  # fmt: skip
+    "nvidia.com/gpu.product": "NVIDIA-L4",
+    "nvidia.com/gpu.memory": "23034",
+    "nvidia.com/gpu.count": "1",
+    "nvidia.com/gpu.compute.major": "8",
+    "nvidia.com/gpu.compute.minor": "9",
+    "pool": "l4",
+}
 H100_LABELS = {
-    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559",
-    "nvidia.com/gpu.count": "8", "nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0",
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "nvidia.com/gpu.memory": "81559",
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/gpu.compute.major": "9",
+    "nvidia.com/gpu.compute.minor": "0",
     "pool": "h100",
-}  # fmt: skip
+}
 
 
-def node_object(name: str, labels: Mapping[str, str], taints: list[dict[str, Any]] | None = None,
-                cordoned: bool = False) -> dict[str, Any]:  # fmt: skip
+def node_object(
+    name: str, labels: Mapping[str, str], taints: list[dict[str, Any]] | None = None, cordoned: bool = False
+) -> dict[str, Any]:
     """A node as the API server lists it, advertising ``nvidia.com/gpu.count`` GPUs."""
     gpus = labels.get("nvidia.com/gpu.count", "0")
     return {
@@ -101,8 +109,11 @@ class FakeKube:
         self.object_reads += 1
         if (kind, namespace, name) in self.foreign:
             return copy.deepcopy(self.foreign[(kind, namespace, name)])
-        mine = [m for m in self.applied if (m["kind"], m["metadata"]["namespace"], m["metadata"]["name"])
-                == (kind, namespace, name)]  # fmt: skip
+        mine = [
+            m
+            for m in self.applied
+            if (m["kind"], m["metadata"]["namespace"], m["metadata"]["name"]) == (kind, namespace, name)
+        ]
         return copy.deepcopy(mine[-1]) if mine else None
 
     def list_nodes(self) -> list[dict[str, Any]]:
@@ -158,10 +169,17 @@ class FakeKube:
 
 
 def fake_plan(
-    model: Any, gpu: GpuSpec, gpu_count: int, bounds: ServingBounds, *, pinned: EngineSettings,
-    vllm_version: str, weights_total_bytes: int | None, engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
+    model: Any,
+    gpu: GpuSpec,
+    gpu_count: int,
+    bounds: ServingBounds,
+    *,
+    pinned: EngineSettings,
+    vllm_version: str,
+    weights_total_bytes: int | None,
+    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
     learned: object = None,
-) -> Plan:  # fmt: skip
+) -> Plan:
     """A planner stand-in: feasible when gpu memory x count >= 40 GiB or the model is small (``engine``, the
     extra args' memory flags, changes nothing here)."""
     length = pinned.max_model_len or bounds.max_context or 8192
@@ -174,26 +192,42 @@ def fake_plan(
         tensor_parallel_size=pinned.tensor_parallel_size or gpu_count,
     )
     budget = MemoryBudget(
-        gpu_total_gib=gpu.total_gib, requested_gib=gpu.total_gib * 0.9, weights_gib=15.0, activation_gib=1.2,
-        non_torch_gib=0.3, cuda_graph_gib=0.5, available_kv_cache_gib=3.5, kv_bytes_per_token=131072,
-        num_gpu_blocks=1792, kv_cache_tokens=28672, max_concurrency=3.5, starts=fits,
-    )  # fmt: skip
+        gpu_total_gib=gpu.total_gib,
+        requested_gib=gpu.total_gib * 0.9,
+        weights_gib=15.0,
+        activation_gib=1.2,
+        non_torch_gib=0.3,
+        cuda_graph_gib=0.5,
+        available_kv_cache_gib=3.5,
+        kv_bytes_per_token=131072,
+        num_gpu_blocks=1792,
+        kv_cache_tokens=28672,
+        max_concurrency=3.5,
+        starts=fits,
+    )
     return Plan(
-        settings=settings, budget=budget, feasible=fits, concurrency_at_max_len=3.5, gpu=gpu.name,
-        gpu_count=gpu_count, vllm_version=vllm_version,
+        settings=settings,
+        budget=budget,
+        feasible=fits,
+        concurrency_at_max_len=3.5,
+        gpu=gpu.name,
+        gpu_count=gpu_count,
+        vllm_version=vllm_version,
         reasons=() if fits else ("weights need 140 GiB but 4x L4 give 88 GiB", "use 4x H100-SXM"),
         warnings=("fake planner",),
-    )  # fmt: skip
+    )
 
 
 def isvc(name: str = "llm", namespace: str = "ns1", generation: int = 1, **spec: Any) -> dict[str, Any]:
     body_spec = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "gpu": {"count": 1, "product": "L4"}}
     body_spec.update(spec)
     return {
-        "apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "InferenceService",
         "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "generation": generation},
-        "spec": body_spec, "status": {},
-    }  # fmt: skip
+        "spec": body_spec,
+        "status": {},
+    }
 
 
 class Harness:
@@ -206,9 +240,13 @@ class Harness:
         self.hub_result: Any = {}
         self.clock = iter(f"2026-11-30T10:{m:02d}:00Z" for m in range(60))
         self.deps = reconcile_deps.Deps(
-            kube=self.kube, emit=self.emitter, now=lambda: next(self.clock), hub=self._hub, plan_fn=fake_plan,
+            kube=self.kube,
+            emit=self.emitter,
+            now=lambda: next(self.clock),
+            hub=self._hub,
+            plan_fn=fake_plan,
             record_metrics=False,
-        )  # fmt: skip
+        )
         self.patch = kopf.Patch()
 
     def _hub(self, model_id: str, revision: str | None, token: str | None) -> dict[str, Any]:
@@ -223,10 +261,17 @@ class Harness:
         self.patch = kopf.Patch()
         try:
             await handlers.reconcile(
-                body=body, spec=body["spec"], meta=body["metadata"], status=body.get("status") or {},
-                patch=self.patch, retry=retry, logger=logging.getLogger("test"), trigger=trigger,
-                deps=self.deps, diff=diff,
-            )  # fmt: skip
+                body=body,
+                spec=body["spec"],
+                meta=body["metadata"],
+                status=body.get("status") or {},
+                patch=self.patch,
+                retry=retry,
+                logger=logging.getLogger("test"),
+                trigger=trigger,
+                deps=self.deps,
+                diff=diff,
+            )
         finally:
             # what kopf does with the patch: merge it into the object
             body["status"] = apply_patch(body.get("status") or {}, self.patch)

@@ -63,12 +63,18 @@ class Stub:
             points = [[t, str(v)] for t, v in zip(times[-len(values) :], values, strict=False)]
             lower = [[t, str(float(v) / 2)] for t, v in points]
             higher = [[t, str(float(v) * 1.01)] for t, v in points]  # another service's pod: never selected
-            return 200, {"status": "success", "data": {"resultType": "matrix", "result": [
-                {"metric": self.labels(PODS[0]), "values": points},
-                {"metric": self.labels(PODS[1]), "values": lower},
-                {"metric": self.labels("other-7b9c6d-ccccc"), "values": higher},
-                {"metric": self.labels(PODS[0], "ns2"), "values": higher},
-            ]}}  # fmt: skip
+            return 200, {
+                "status": "success",
+                "data": {
+                    "resultType": "matrix",
+                    "result": [
+                        {"metric": self.labels(PODS[0]), "values": points},
+                        {"metric": self.labels(PODS[1]), "values": lower},
+                        {"metric": self.labels("other-7b9c6d-ccccc"), "values": higher},
+                        {"metric": self.labels(PODS[0], "ns2"), "values": higher},
+                    ],
+                },
+            }
         t = float(params.get("time", NOW))
         a, b, other = self.labels(PODS[0]), self.labels(PODS[1]), self.labels("other-7b9c6d-ccccc")
 
@@ -84,16 +90,24 @@ class Stub:
         elif "request_generation_tokens" in q:
             result = vector((a, 0), (b, 0))  # no request finished in the window: 0 / 0
         elif q.startswith("vllm:cache_config_info"):
-            labels = {"__name__": "vllm:cache_config_info", "engine": "0", "block_size": "16",
-                      "gpu_memory_utilization": "0.9", "cache_dtype": "auto",
-                      "num_gpu_blocks": "27000"}  # fmt: skip
+            labels = {
+                "__name__": "vllm:cache_config_info",
+                "engine": "0",
+                "block_size": "16",
+                "gpu_memory_utilization": "0.9",
+                "cache_dtype": "auto",
+                "num_gpu_blocks": "27000",
+            }
             ca = dict(labels, **a)
             cb = dict(labels, **b, num_gpu_blocks="26000")
             co = dict(labels, **other, num_gpu_blocks="100")
             if not self.legacy:
                 ca["kv_cache_size_tokens"], cb["kv_cache_size_tokens"] = "432000", "416000"
-            result = [{"metric": ca, "value": [t, "1"]}, {"metric": cb, "value": [t, "1"]},
-                      {"metric": co, "value": [t, "1"]}]  # fmt: skip
+            result = [
+                {"metric": ca, "value": [t, "1"]},
+                {"metric": cb, "value": [t, "1"]},
+                {"metric": co, "value": [t, "1"]},
+            ]
         else:
             result = []
         return 200, {"status": "success", "data": {"resultType": "vector", "result": result}}

@@ -43,9 +43,11 @@ def _crd_limits(node: dict[str, Any]) -> dict[str, Any]:
     if "maximum" in node:
         limits["le"] = node["maximum"]
     for crd_key, key in (
-        ("maxItems", "max_length"), ("maxProperties", "max_length"), ("maxLength", "max_length"),
+        ("maxItems", "max_length"),
+        ("maxProperties", "max_length"),
+        ("maxLength", "max_length"),
         ("minLength", "min_length"),
-    ):  # fmt: skip
+    ):
         if crd_key in node:
             limits[key] = node[crd_key]
     return limits
@@ -168,18 +170,26 @@ def test_same_property_paths() -> None:
 def test_same_facts(fact: str) -> None:
     crd, models = crd_paths(), model_paths()
     empty = {} if fact == "limits" else None
-    diffs = {p: (crd[p].get(fact), models[p].get(fact, empty)) for p in crd if p in models
-             if crd[p].get(fact) != models[p].get(fact, empty) and p not in ("spec", "status")
-             and not (fact == "limits" and p.endswith(("[]", "{}")) and crd[p].get(fact) == {})
-             and p not in ONE_OF}  # fmt: skip
+    diffs = {
+        p: (crd[p].get(fact), models[p].get(fact, empty))
+        for p in crd
+        if p in models
+        if crd[p].get(fact) != models[p].get(fact, empty)
+        and p not in ("spec", "status")
+        and not (fact == "limits" and p.endswith(("[]", "{}")) and crd[p].get(fact) == {})
+        and p not in ONE_OF
+    }
     assert diffs == {}, f"{fact} differs (crd, model)"
 
 
 def test_same_scalar_defaults() -> None:
     crd, models = crd_paths(), model_paths()
-    diffs = {p: (crd[p]["default"], models[p]["default"]) for p in crd if p in models
-             if crd[p]["default"] not in (None, {})
-             and crd[p]["default"] != models[p]["default"]}  # fmt: skip
+    diffs = {
+        p: (crd[p]["default"], models[p]["default"])
+        for p in crd
+        if p in models
+        if crd[p]["default"] not in (None, {}) and crd[p]["default"] != models[p]["default"]
+    }
     assert diffs == {}
 
 
@@ -193,8 +203,12 @@ def _walk(node: dict[str, Any], path: str):
 
 def test_every_property_is_described() -> None:
     schema = crd_schema()
-    missing = [p for top in ("spec", "status") for p, n in _walk(schema["properties"][top], top)
-               if not n.get("description")]  # fmt: skip
+    missing = [
+        p
+        for top in ("spec", "status")
+        for p, n in _walk(schema["properties"][top], top)
+        if not n.get("description")
+    ]
     assert missing == []
 
 

@@ -13,8 +13,11 @@ from tests.operator.operator_fakes import H100_LABELS, L4_LABELS, gpu_pod, node_
 def shape(
     gpus: int = 1, products: tuple[str, ...] = ("NVIDIA-L4",), tolerations: list[dict[str, Any]] | None = None
 ) -> capacity.PodShape:
-    body = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "gpu": {"count": gpus},
-            "engine": {"tolerations": tolerations or []}}  # fmt: skip
+    body = {
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+        "gpu": {"count": gpus},
+        "engine": {"tolerations": tolerations or []},
+    }
     parsed = api.InferenceServiceSpec.model_validate(body)
     deployment = workloads.build_deployment({"name": "llm"}, parsed, EngineSettings(), [], products)
     return capacity.build_pod_shape(deployment)
@@ -44,8 +47,13 @@ def test_a_free_matching_node_fits_and_a_full_pool_does_not() -> None:
 
 
 def test_finished_and_unbound_pods_hold_no_gpu() -> None:
-    pods = [gpu_pod("l4-0", 1, "done", phase="Succeeded"), {**gpu_pod("", 1, "pending"), "spec": {
-        "containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}}]  # fmt: skip
+    pods = [
+        gpu_pod("l4-0", 1, "done", phase="Succeeded"),
+        {
+            **gpu_pod("", 1, "pending"),
+            "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+        },
+    ]
     assert capacity.compute_spare_gpus(shape(), L4_POOL, pods) == {"l4-0": 1, "l4-1": 1}
 
 
@@ -83,15 +91,19 @@ def test_schedulable_says_why_no_node_ever_could() -> None:
 
 
 def test_init_containers_count_when_larger() -> None:
-    spec = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "1"}}}],
-            "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": 4}}}]}  # fmt: skip
+    spec = {
+        "containers": [{"resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+        "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": 4}}}],
+    }
     assert capacity.compute_gpu_request(spec) == 4
 
 
 def group_shape(nodes_per_replica: int = 2, gpus: int = 8) -> capacity.PodShape:
     """The shape of a LeaderWorkerSet of ``nodes_per_replica`` pods of ``gpus`` H100s each."""
-    body = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
-            "gpu": {"count": gpus, "nodesPerReplica": nodes_per_replica}}  # fmt: skip
+    body = {
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+        "gpu": {"count": gpus, "nodesPerReplica": nodes_per_replica},
+    }
     parsed = api.InferenceServiceSpec.model_validate(body)
     deployment = workloads.build_deployment(
         {"name": "llm"}, parsed, EngineSettings(), [], ("NVIDIA-H100-80GB-HBM3",)

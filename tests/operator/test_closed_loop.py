@@ -329,8 +329,14 @@ async def test_termination_message_empty_reads_the_previous_log(harness: Harness
 async def test_previous_log_is_read_once_per_restart(harness: Harness, loop: LoopHarness) -> None:
     """Exit code 0 after a run-time engine death: the message is the shutdown, the cause is in the log."""
     body = await applied(harness, tuning={"mode": "Recommend"})
-    loop.healthy_pods(restarts=1, message="INFO: Shutting down\nINFO: Finished server process [1]",
-                      reason="Completed", exit_code=0, finished=loop.now + 10, ready=False)  # fmt: skip
+    loop.healthy_pods(
+        restarts=1,
+        message="INFO: Shutting down\nINFO: Finished server process [1]",
+        reason="Completed",
+        exit_code=0,
+        finished=loop.now + 10,
+        ready=False,
+    )
     for p in loop.pods.pods:
         loop.pods.logs[p["metadata"]["name"]] = "ERROR EngineCore encountered a fatal error.\n" + OOM
     pod_status.LOGS.clear()
@@ -455,10 +461,15 @@ def test_pace_from_env() -> None:
     from kvpilot.operator.inferenceservice import desired
 
     assert loop_settings.pace_from_env({}) == LoopPace()
-    pace = loop_settings.pace_from_env({
-        "KVPILOT_METRICS_STEP_SECONDS": "5", "KVPILOT_MIN_CHANGE_INTERVAL": "10",
-        "KVPILOT_METRICS_WINDOW_SECONDS": "30", "KVPILOT_MIN_SAMPLES": "3", "KVPILOT_PROBATION_SECONDS": "0",
-    })  # fmt: skip
+    pace = loop_settings.pace_from_env(
+        {
+            "KVPILOT_METRICS_STEP_SECONDS": "5",
+            "KVPILOT_MIN_CHANGE_INTERVAL": "10",
+            "KVPILOT_METRICS_WINDOW_SECONDS": "30",
+            "KVPILOT_MIN_SAMPLES": "3",
+            "KVPILOT_PROBATION_SECONDS": "0",
+        }
+    )
     spec = desired.parse_spec({"model": {"id": "m"}})
     p = loop_settings.build_policy(spec, pace)
     assert (p.window_seconds, p.min_change_interval_seconds, p.min_samples, p.probation_seconds) == (
@@ -540,10 +551,12 @@ def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) ->
     seen: list[tuple[LoopPace, PrometheusSettings]] = []
     monkeypatch.setattr(loop_deps, "configure", lambda pace, prom, owners: seen.append((pace, prom)))
     main.configure(settings=kopf.OperatorSettings())
-    assert seen == [(
-        LoopPace(step_seconds=5.0, probation_seconds=20.0),
-        PrometheusSettings(url="https://prom.example:9090", pod_label="kubernetes_pod_name"),
-    )]  # fmt: skip
+    assert seen == [
+        (
+            LoopPace(step_seconds=5.0, probation_seconds=20.0),
+            PrometheusSettings(url="https://prom.example:9090", pod_label="kubernetes_pod_name"),
+        )
+    ]
     monkeypatch.setenv("KVPILOT_PROMETHEUS_INSECURE_SKIP_VERIFY", "yes")
     with pytest.raises(kopf.PermanentError, match="INSECURE_SKIP_VERIFY"):  # stops at start-up, not mid-loop
         main.configure(settings=kopf.OperatorSettings())
@@ -552,13 +565,20 @@ def test_start_up_hands_the_pace_to_the_loop(monkeypatch: pytest.MonkeyPatch) ->
 def test_bounds_merge_serving_and_tuning_bounds() -> None:
     from kvpilot.operator.inferenceservice import desired
 
-    spec = desired.parse_spec({
-        "model": {"id": "m"},
-        "serving": {"minContextLength": 4096, "maxContextLength": 65536},
-        "tuning": {"allowFp8KvCache": True, "bounds": {
-            "maxNumSeqs": {"min": 8, "max": 512}, "maxModelLen": {"min": 8192},
-            "gpuMemoryUtilization": {"min": 0.8, "max": 0.93}}},
-    })  # fmt: skip
+    spec = desired.parse_spec(
+        {
+            "model": {"id": "m"},
+            "serving": {"minContextLength": 4096, "maxContextLength": 65536},
+            "tuning": {
+                "allowFp8KvCache": True,
+                "bounds": {
+                    "maxNumSeqs": {"min": 8, "max": 512},
+                    "maxModelLen": {"min": 8192},
+                    "gpuMemoryUtilization": {"min": 0.8, "max": 0.93},
+                },
+            },
+        }
+    )
     b = loop_settings.build_bounds(spec, fp8_supported=False)
     assert (b.min_max_num_seqs, b.max_max_num_seqs) == (8, 512)
     assert (b.min_max_model_len, b.max_max_model_len) == (8192, 65536)
@@ -787,9 +807,14 @@ async def test_a_tick_begun_before_a_spec_update_keeps_the_reconcilers_ready(
     loop.pods.pods = [pod("llm-5d8f7c-00000", gen1_args, **crashed)]  # generation 1's pod OOMs
     patch = kopf.Patch()
     d = await closed_loop.run_once(
-        body=stale, spec=stale["spec"], meta=stale["metadata"], status=stale["status"], patch=patch,
-        logger=logging.getLogger("test"), deps=loop.deps,
-    )  # fmt: skip
+        body=stale,
+        spec=stale["spec"],
+        meta=stale["metadata"],
+        status=stale["status"],
+        patch=patch,
+        logger=logging.getLogger("test"),
+        deps=loop.deps,
+    )
     assert d is not None and d.action == Action.RETUNE  # decided on the stale read ...
     assert harness.kube.take_status_patches(*key) == [] and dict(patch) == {} and not patch.fns
     assert len(harness.kube.applied) == applies and len(harness.emitter.events) == events  # ... and dropped
@@ -829,8 +854,9 @@ async def test_a_vanished_token_secret_is_a_condition_between_reconciles(
     harness.kube.secrets[("ns1", "hf")] = {"token": "hf_x"}
     await loop.tick(body)
     assert (condition(body, "ConfigResolved")["status"], condition(body, "ConfigResolved")["reason"]) == (
-        "True", "Resolved"
-    )  # fmt: skip
+        "True",
+        "Resolved",
+    )
     assert len(harness.hub_calls) == 1  # every tick was a cache hit
 
 
@@ -839,10 +865,13 @@ def test_bounds_keep_what_the_spec_pins() -> None:
     from kvpilot.operator.planning import modes
     from kvpilot.tuner.types import EngineSettings
 
-    spec = desired.parse_spec({
-        "model": {"id": "m"}, "tuning": {"allowFp8KvCache": True},
-        "engine": {"pinned": {"gpuMemoryUtilization": 0.95}, "extraArgs": ["--kv-cache-dtype", "auto"]},
-    })  # fmt: skip
+    spec = desired.parse_spec(
+        {
+            "model": {"id": "m"},
+            "tuning": {"allowFp8KvCache": True},
+            "engine": {"pinned": {"gpuMemoryUtilization": 0.95}, "extraArgs": ["--kv-cache-dtype", "auto"]},
+        }
+    )
     b = loop_settings.build_bounds(spec, fp8_supported=True, pinned=modes.compute_user_args(spec).pinned)
     assert b.clamp(EngineSettings(gpu_memory_utilization=0.9, max_num_seqs=8)).gpu_memory_utilization == 0.95
     assert b.allow_fp8_kv is False  # the KV dtype is pinned in extraArgs

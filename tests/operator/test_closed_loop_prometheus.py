@@ -130,8 +130,15 @@ def test_pinned_vllm_declares_these_names() -> None:
         pytest.skip("vllm not installed")
     source = (pathlib.Path(spec.origin).parent / "v1" / "metrics" / "loggers.py").read_text()
     p = prometheus
-    for name in (p.KV_USAGE, p.PREEMPTIONS_BARE, p.RUNNING, p.WAITING,
-                 p.PROMPT_TOKENS, p.GENERATION_TOKENS, p.CACHE_CONFIG_INFO):  # fmt: skip
+    for name in (
+        p.KV_USAGE,
+        p.PREEMPTIONS_BARE,
+        p.RUNNING,
+        p.WAITING,
+        p.PROMPT_TOKENS,
+        p.GENERATION_TOKENS,
+        p.CACHE_CONFIG_INFO,
+    ):
         assert f'"{name}"' in source, name
 
 
@@ -151,11 +158,22 @@ CURRENT = EngineSettings(max_model_len=8192, gpu_memory_utilization=0.9)
 
 
 def test_pod_view_classifies_the_last_termination() -> None:
-    view = build_pod_view(_pod(
-        ARGS, ready=False, restartCount=2, state={"waiting": {"reason": "CrashLoopBackOff"}},
-        lastState={"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2027-01-15T08:00:00Z",
-                                  "message": "x\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allo"}},
-    ))  # fmt: skip
+    view = build_pod_view(
+        _pod(
+            ARGS,
+            ready=False,
+            restartCount=2,
+            state={"waiting": {"reason": "CrashLoopBackOff"}},
+            lastState={
+                "terminated": {
+                    "exitCode": 1,
+                    "reason": "Error",
+                    "finishedAt": "2027-01-15T08:00:00Z",
+                    "message": "x\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allo",
+                }
+            },
+        )
+    )
     assert view.settings == CURRENT
     assert view.restart is not None
     assert (view.restart.cause.kind, view.restart.restart_count, view.restart.crash_looping) == (
@@ -190,6 +208,7 @@ def _framebuffer_snapshot(
     frees: dict[str, list[float]], useds: dict[str, list[float]]
 ) -> tuple[prometheus.FleetSnapshot, list[str]]:
     """A snapshot of two instants (t=0, 30) with KV usage and dcgm-exporter's framebuffer per pod (GiB)."""
+
     def series(pod: str, values: list[float]) -> dict[str, Any]:
         points = [[t * 30, str(v)] for t, v in enumerate(values)]
         return {"metric": {"namespace": "ns1", "pod": pod}, "values": points}

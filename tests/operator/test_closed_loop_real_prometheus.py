@@ -43,8 +43,11 @@ def pods() -> Iterator[tuple[Targets, dict[str, Any]]]:
     truth = truth_mod.GroundTruth()
     pods: dict[str, Any] = {}
     servers = []
-    for name, naming, gmu in (("llm-5d8f7c-aaaaa", "current", 0.9), ("llm-5d8f7c-bbbbb", "legacy", 0.9),
-                              ("other-7b9c6d-ccccc", "current", 0.5)):  # fmt: skip
+    for name, naming, gmu in (
+        ("llm-5d8f7c-aaaaa", "current", 0.9),
+        ("llm-5d8f7c-bbbbb", "legacy", 0.9),
+        ("other-7b9c6d-ccccc", "current", 0.5),
+    ):
         args = truth_mod.EngineArgs(
             model="m", max_model_len=8192, max_num_seqs=64, gpu_memory_utilization=gmu
         )
@@ -64,10 +67,12 @@ def pods() -> Iterator[tuple[Targets, dict[str, Any]]]:
     stop = threading.Event()
     threading.Thread(target=bump, daemon=True).start()
     targets = [
-        {"targets": [f"127.0.0.1:{srv.server_address[1]}"],
-         "labels": {"__meta_kubernetes_namespace": "ns1", "__meta_kubernetes_pod_name": name}}
+        {
+            "targets": [f"127.0.0.1:{srv.server_address[1]}"],
+            "labels": {"__meta_kubernetes_namespace": "ns1", "__meta_kubernetes_pod_name": name},
+        }
         for name, srv in servers
-    ]  # fmt: skip
+    ]
     try:
         yield targets, pods
     finally:
@@ -168,9 +173,14 @@ async def test_real_prometheus_behind_tls_and_basic_auth(secure: tuple[Any, Any]
     assert prom.url.startswith("https://")
     settings = _secure_settings(prom, web, tmp_path)
     w = await prometheus.fetch_observations(
-        settings, "ns1", "llm", time.time(), pods=("llm-5d8f7c-aaaaa", "llm-5d8f7c-bbbbb"),
-        window_seconds=10, step_seconds=1,
-    )  # fmt: skip
+        settings,
+        "ns1",
+        "llm",
+        time.time(),
+        pods=("llm-5d8f7c-aaaaa", "llm-5d8f7c-bbbbb"),
+        window_seconds=10,
+        step_seconds=1,
+    )
     assert w.available, w.unavailable_reason
     assert w.pods == 2 and w.samples[-1].kv_usage == pytest.approx(0.97)
     assert w.samples[-1].preemption_rate is not None and w.samples[-1].preemption_rate > 0.05
@@ -205,12 +215,21 @@ async def test_real_prometheus_wrong_password_is_unauthorized(secure: tuple[Any,
     prom, web = secure
     for settings in (
         PrometheusSettings(url=prom.url, ca_file=str(web.ca_file)),  # no credentials
-        PrometheusSettings(url=prom.url, ca_file=str(web.ca_file), username=Secret(value=web.username),
-                           password=Secret(value="not-the-password")),
-    ):  # fmt: skip
+        PrometheusSettings(
+            url=prom.url,
+            ca_file=str(web.ca_file),
+            username=Secret(value=web.username),
+            password=Secret(value="not-the-password"),
+        ),
+    ):
         w = await prometheus.fetch_observations(
-            settings, "ns1", "llm", time.time(), pods=("llm-5d8f7c-aaaaa",), window_seconds=10,
+            settings,
+            "ns1",
+            "llm",
+            time.time(),
+            pods=("llm-5d8f7c-aaaaa",),
+            window_seconds=10,
             step_seconds=1,
-        )  # fmt: skip
+        )
         status = _status(w)
         assert not status.available and status.reason == "PrometheusUnauthorized", status

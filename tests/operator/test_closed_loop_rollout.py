@@ -215,8 +215,15 @@ async def test_a_tick_that_changes_nothing_sends_no_merge_patch(harness: Harness
     assert body["status"]["replicas"] == 1 and body["status"]["readyReplicas"] == 0
     loop.now += 30
     patch = kopf.Patch()
-    await closed_loop.run_once(body=body, spec=body["spec"], meta=body["metadata"], status=body["status"],
-                               patch=patch, logger=logging.getLogger("test"), deps=loop.deps)  # fmt: skip
+    await closed_loop.run_once(
+        body=body,
+        spec=body["spec"],
+        meta=body["metadata"],
+        status=body["status"],
+        patch=patch,
+        logger=logging.getLogger("test"),
+        deps=loop.deps,
+    )
     body["status"] = loop.land(body, patch)
     assert dict(patch) == {} and not patch.fns  # kopf sends nothing ...
     assert harness.kube.take_status_patches("ns1", "llm") == []  # ... and neither does the tick itself

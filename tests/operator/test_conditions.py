@@ -17,9 +17,15 @@ def test_set_and_keep_transition_time() -> None:
 
 
 def test_order_and_lookup() -> None:
-    conds = c.set_conditions([{"type": "MetricsAvailable", "status": "True", "reason": "Scraped"}], [
-        (c.INFEASIBLE, "False", "Feasible", ""), (c.READY, "True", "Applied", ""),
-    ], generation=1, now="t")  # fmt: skip
+    conds = c.set_conditions(
+        [{"type": "MetricsAvailable", "status": "True", "reason": "Scraped"}],
+        [
+            (c.INFEASIBLE, "False", "Feasible", ""),
+            (c.READY, "True", "Applied", ""),
+        ],
+        generation=1,
+        now="t",
+    )
     assert [x["type"] for x in conds] == ["Ready", "Infeasible", "MetricsAvailable"]
     assert c.is_true(conds, "Ready") and not c.is_true(conds, "Infeasible")
     assert c.find_condition(conds, "Nope") is None

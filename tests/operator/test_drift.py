@@ -10,6 +10,7 @@ from operator_fakes import Harness, isvc
 
 from kvpilot.operator.clients.kube import FIELD_MANAGER
 from kvpilot.operator.inferenceservice import drift
+from kvpilot.operator.pods import leader_worker_set as lws
 
 ARGS = drift.MANAGED_FIELDS["Deployment"][3]  # (field, fieldsV1 path) of the vLLM container's args
 
@@ -68,8 +69,12 @@ async def test_quantities_the_api_server_rewrote_are_not_drift(harness: Harness)
     path = drift.MANAGED_FIELDS["Deployment"][5]
     live = _live(wanted, _owning("kubectl-edit", path[1]))
     res = _container(live)["resources"]
-    res["requests"] = {"cpu": "500m", "memory": "1Gi", "nvidia.com/gpu": "1",
-                       **{k: v for k, v in res["requests"].items() if k == "ephemeral-storage"}}  # fmt: skip
+    res["requests"] = {
+        "cpu": "500m",
+        "memory": "1Gi",
+        "nvidia.com/gpu": "1",
+        **{k: v for k, v in res["requests"].items() if k == "ephemeral-storage"},
+    }
     res["limits"] = {k: str(v) for k, v in res["limits"].items()}
     assert drift.compute_drift(live, wanted) == []
     res["requests"]["cpu"] = "64"
@@ -80,10 +85,17 @@ async def _repair(
     harness: Harness, event: str | None, live: dict[str, Any], kind: str = "Deployment"
 ) -> list[str]:
     return await drift.apply_repair(
-        kind, event, live, kube=harness.kube, hub=harness.deps.hub, emit=harness.emitter,
-        logger=logging.getLogger("test"), read_owner=harness.kube.read_inference_service,
-        plan_fn=harness.deps.plan_fn, owners=harness.deps.owners,
-    )  # fmt: skip
+        kind,
+        event,
+        live,
+        kube=harness.kube,
+        hub=harness.deps.hub,
+        emit=harness.emitter,
+        logger=logging.getLogger("test"),
+        read_owner=harness.kube.read_inference_service,
+        plan_fn=harness.deps.plan_fn,
+        owners=harness.deps.owners,
+    )
 
 
 async def test_a_hand_edit_is_reverted_with_an_event_naming_the_field(harness: Harness) -> None:
@@ -132,3 +144,26 @@ async def test_no_repair_until_the_reconciler_applied_the_current_generation(har
     harness.kube.applied.clear()
     assert await _repair(harness, "DELETED", service, kind="Service") == []
     assert harness.kube.applied == []
+
+
+async def test_a_hand_edit_of_a_group_role_is_drift(harness: Harness) -> None:
+    """A LeaderWorkerSet's fields are the leader's and the workers' templates' vLLM container: an edit of the
+    workers' args by someone else is drift, named by role; the quantities LWS's webhook rewrote are not."""
+    await harness.run(isvc())
+    wanted = lws.build_leader_worker_set(harness.kube.last("Deployment"), 2)
+    fields = dict(drift.MANAGED_FIELDS["LeaderWorkerSet"])
+    worker_args = "spec.leaderWorkerTemplate.workerTemplate.spec.containers[vllm].args"
+    assert drift.compute_drift(_live(wanted), wanted) == []
+    edited = _live(wanted, _owning("kubectl-edit", fields[worker_args]))
+    worker = edited["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    worker["args"] = [a for a in worker["args"] if a != "--headless"]
+    (found,) = drift.compute_drift(edited, wanted)
+    assert (found.field, found.manager) == (worker_args, "kubectl-edit")
+    assert '"--headless"' in found.describe()
+    leader_resources = "spec.leaderWorkerTemplate.leaderTemplate.spec.containers[vllm].resources"
+    rewritten = _live(wanted, _owning("lws-webhook", fields[leader_resources]))
+    leader = rewritten["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    leader["resources"] = {
+        b: {k: int(v) if v.isdigit() else v for k, v in q.items()} for b, q in leader["resources"].items()
+    }
+    assert drift.compute_drift(rewritten, wanted) == []

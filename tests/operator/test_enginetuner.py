@@ -5,26 +5,50 @@ from __future__ import annotations
 
 import copy
 import logging
+from pathlib import Path
 from typing import Any
 
 import kopf
 import pytest
 from operator_fakes import L4_LABELS, node_object
 
+from e2e.pods import termination_message
 from kvpilot.operator import api
+from kvpilot.operator.clients import pod_logs
 from kvpilot.operator.enginetuner import target, target_deps, target_eviction, target_handlers, target_webhook
+from kvpilot.operator.pods import pod_status
 from kvpilot.operator.status import status_patch
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings
 from kvpilot.tuner.vllm import command as vllm_command
 
+FORBIDDEN_BODY = (
+    '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"pods \\"tuned\\" is '
+    'forbidden: User \\"system:serviceaccount:kvpilot:kvpilot\\" cannot get resource \\"pods/log\\" in API '
+    'group \\"\\" in the namespace \\"team\\"","reason":"Forbidden","details":{"name":"tuned","kind":"pods"},'
+    '"code":403}'
+)
+"""The API server's answer to a pods/log read the RBAC refuses."""
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 NS = "team"
 # The argument layout of vLLM production-stack's helm/templates/deployment-vllm-multi.yaml (all in command).
-PS_COMMAND = ["vllm", "serve", LLAMA, "--host", "0.0.0.0", "--port", "8000", "--no-enable-prefix-caching",
-              "--max-model-len", "131072", "--max-num-seqs", "256",
-              "--gpu_memory_utilization", "0.95"]  # fmt: skip
+PS_COMMAND = [
+    "vllm",
+    "serve",
+    LLAMA,
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8000",
+    "--no-enable-prefix-caching",
+    "--max-model-len",
+    "131072",
+    "--max-num-seqs",
+    "256",
+    "--gpu_memory_utilization",
+    "0.95",
+]
 # KServe's vLLM runtime (config/runtimes/kserve-vllmserver.yaml): a script passing "$@", flags in args.
 KS_COMMAND = [
     "bash",
@@ -38,30 +62,54 @@ KS_ARGS = ["--max-model-len=65536", "--max-num-seqs", "64"]
 def deployment(
     name: str, command: list[str], args: list[str] | None = None, **container: Any
 ) -> dict[str, Any]:
-    c: dict[str, Any] = {"name": "vllm", "image": "vllm/vllm-openai:v0.33.0", "command": command,
-                         "resources": {"limits": {"nvidia.com/gpu": 1}}, **container}  # fmt: skip
+    c: dict[str, Any] = {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:v0.33.0",
+        "command": command,
+        "resources": {"limits": {"nvidia.com/gpu": 1}},
+        **container,
+    }
     if args is not None:
         c["args"] = args
     return {
         "metadata": {"name": name, "namespace": NS},
-        "spec": {"selector": {"matchLabels": {"model": name}},
-                 "template": {"metadata": {"labels": {"model": name}}, "spec": {"containers": [c]}}},
-    }  # fmt: skip
+        "spec": {
+            "selector": {"matchLabels": {"model": name}},
+            "template": {"metadata": {"labels": {"model": name}}, "spec": {"containers": [c]}},
+        },
+    }
 
 
-def pod_of(workload: dict[str, Any], name: str, *, node: str | None = "l4-0", ready: bool = True,
-           crash: bool = False, created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:  # fmt: skip
+def pod_of(
+    workload: dict[str, Any],
+    name: str,
+    *,
+    node: str | None = "l4-0",
+    ready: bool = True,
+    crash: bool = False,
+    created: str = "2026-01-01T00:00:00Z",
+) -> dict[str, Any]:
     template = copy.deepcopy(workload["spec"]["template"])
     wl = workload["metadata"]["name"]
     return {
-        "metadata": {"name": name, "namespace": NS, "creationTimestamp": created,
-                     "labels": {**template["metadata"]["labels"], "pod-template-hash": "abc12"},
-                     "ownerReferences": [{"kind": "ReplicaSet", "name": f"{wl}-abc12", "controller": True}]},
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "creationTimestamp": created,
+            "labels": {**template["metadata"]["labels"], "pod-template-hash": "abc12"},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": f"{wl}-abc12", "controller": True}],
+        },
         "spec": {**template["spec"], **({"nodeName": node} if node else {})},
-        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-                   "containerStatuses": [{"name": "vllm", "state": (
-                       {"waiting": {"reason": "CrashLoopBackOff"}} if crash else {"running": {}})}]},
-    }  # fmt: skip
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [
+                {
+                    "name": "vllm",
+                    "state": ({"waiting": {"reason": "CrashLoopBackOff"}} if crash else {"running": {}}),
+                }
+            ],
+        },
+    }
 
 
 class FakeTargetKube:
@@ -73,6 +121,8 @@ class FakeTargetKube:
         self.evicted: list[str] = []
         self.pdb_blocks = False
         self.writes = 0
+        self.logs: dict[str, pod_status.PreviousLog] = {}
+        self.log_reads: list[tuple[str, str]] = []
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         return self.config_maps.get((namespace, name))
@@ -108,6 +158,12 @@ class FakeTargetKube:
         wanted = dict(t.split("=", 1) for t in label_selector.split(",") if t)
         return [p for p in self.pods if wanted.items() <= p["metadata"]["labels"].items()]
 
+    def read_previous_log(
+        self, namespace: str, pod: str, container: str, tail_lines: int
+    ) -> pod_status.PreviousLog:
+        self.log_reads.append((pod, container))
+        return self.logs.get(pod)
+
     def evict_pod(self, namespace: str, name: str) -> bool:
         if self.pdb_blocks:
             return False
@@ -117,11 +173,12 @@ class FakeTargetKube:
 
 def tuner(mode: str = "Recommend", target_name: str = "llama", **spec: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "kvpilot.io/v1alpha1", "kind": "EngineTuner",
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "EngineTuner",
         "metadata": {"name": "t", "namespace": NS, "generation": 1, "uid": "u1"},
         "spec": {"targetRef": {"kind": "Deployment", "name": target_name}, "updateMode": mode, **spec},
         "status": {},
-    }  # fmt: skip
+    }
 
 
 async def run(
@@ -131,9 +188,14 @@ async def run(
     deps = target_deps.TargetDeps(kube=kube, emit=emitter, clock=lambda: now)
     try:
         await target_handlers.reconcile(
-            body=body, spec=body["spec"], meta=body["metadata"], status=body["status"], patch=patch,
-            logger=logging.getLogger("test"), deps=deps,
-        )  # fmt: skip
+            body=body,
+            spec=body["spec"],
+            meta=body["metadata"],
+            status=body["status"],
+            patch=patch,
+            logger=logging.getLogger("test"),
+            deps=deps,
+        )
     finally:
         status = body["status"]
         for key, value in (patch.get("status") or {}).items():
@@ -151,6 +213,7 @@ def cond(body: dict[str, Any], type_: str) -> dict[str, Any]:
 
 @pytest.fixture
 def kube() -> FakeTargetKube:
+    pod_status.LOGS.clear()  # the process's previous-log cache: no test sees another's reads
     k = FakeTargetKube()
     ps = deployment("llama", PS_COMMAND)
     k.workloads[(NS, "Deployment", "llama")] = ps
@@ -217,8 +280,11 @@ async def test_missing_target_and_unlabelled_nodes(kube: FakeTargetKube) -> None
 
 
 async def test_config_file_from_a_config_map(kube: FakeTargetKube) -> None:
-    wl = deployment("cfg", ["vllm", "serve", LLAMA, "--config", "/etc/vllm/engine.yaml"],
-                    volumeMounts=[{"name": "cfg", "mountPath": "/etc/vllm"}])  # fmt: skip
+    wl = deployment(
+        "cfg",
+        ["vllm", "serve", LLAMA, "--config", "/etc/vllm/engine.yaml"],
+        volumeMounts=[{"name": "cfg", "mountPath": "/etc/vllm"}],
+    )
     wl["spec"]["template"]["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": "engine"}}]
     kube.workloads[(NS, "Deployment", "cfg")] = wl
     kube.pods = [pod_of(wl, "cfg-abc12-z")]
@@ -333,8 +399,10 @@ async def test_pdb_refusal_is_not_an_error(kube: FakeTargetKube) -> None:
     assert "PodDisruptionBudget refused" in cond(body, "Ready")["message"] and kube.evicted == []
 
 
-CUDA_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total "
-            "capacity of 22.03 GiB of which 140.75 MiB is free.")  # fmt: skip
+CUDA_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total "
+    "capacity of 22.03 GiB of which 140.75 MiB is free."
+)
 
 
 def tuned_pod(body: dict[str, Any], kube: FakeTargetKube, name: str) -> dict[str, Any]:
@@ -349,10 +417,24 @@ def tuned_pod(body: dict[str, Any], kube: FakeTargetKube, name: str) -> dict[str
 
 
 def crashed(pod: dict[str, Any], at: float, message: str = CUDA_OOM, reason: str = "Error") -> dict[str, Any]:
-    pod["status"] = {"conditions": [{"type": "Ready", "status": "False"}], "containerStatuses": [{
-        "name": "vllm", "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-        "lastState": {"terminated": {"exitCode": 1, "reason": reason, "message": message,
-                                     "finishedAt": status_patch.format_time(at)}}}]}  # fmt: skip
+    pod["status"] = {
+        "conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": [
+            {
+                "name": "vllm",
+                "restartCount": 1,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {
+                    "terminated": {
+                        "exitCode": 1,
+                        "reason": reason,
+                        "message": message,
+                        "finishedAt": status_patch.format_time(at),
+                    }
+                },
+            }
+        ],
+    }
     return pod
 
 
@@ -429,3 +511,57 @@ async def run_budget(kube: FakeTargetKube, command: list[str]) -> dict[str, Any]
     await run(body, kube, RecordingEmitter())
     budget: dict[str, Any] = body["status"]["budget"]
     return budget
+
+
+REAL_LOGS = Path(__file__).resolve().parents[1] / "data" / "vllm_logs" / "0.32-cpu"
+
+
+def crashed_in(pod: dict[str, Any], container: str, at: float, message: str) -> dict[str, Any]:
+    """``crashed``, for a vLLM container named ``container``."""
+    crashed(pod, at, message)
+    pod["status"]["containerStatuses"][0]["name"] = container
+    return pod
+
+
+async def test_a_start_up_failure_only_the_previous_log_explains_is_read_from_it(
+    kube: FakeTargetKube,
+) -> None:
+    """A real vLLM 0.32 start-up failure: the termination message (kubelet's last 80 lines / 2 KiB) holds
+    only "Engine core initialization failed"; the EngineTuner reads the previous log of the target's vLLM
+    container (here named ``server``), once per restart, as an InferenceService does, and lowers the
+    context from vLLM's own estimate."""
+    now = 1.8e9
+    wl = deployment("llama", PS_COMMAND)
+    wl["spec"]["template"]["spec"]["containers"][0]["name"] = "server"
+    kube.workloads[(NS, "Deployment", "llama")] = wl
+    kube.pods = [pod_of(wl, "owners")]
+    body, emitter = tuner("Initial"), RecordingEmitter()
+    await run(body, kube, emitter, now=now)
+    planned = body["status"]["recommendation"]["settings"]
+    log = (REAL_LOGS / "f1-kv-too-small.log").read_text()
+    message = termination_message(log)
+    assert "Engine core initialization failed" in message and "max_model_len" not in message
+    kube.pods = [crashed_in(tuned_pod(body, kube, "tuned"), "server", now + 40, message)]
+    kube.logs["tuned"] = log
+    await run(body, kube, emitter, now=now + 60)
+    await run(body, kube, emitter, now=now + 61)
+    assert kube.log_reads == [("tuned", "server")]  # once for this restart, of the vLLM container
+    st = body["status"]
+    assert st["recommendation"]["trigger"] == "KvCacheTooSmall"
+    assert st["recommendation"]["settings"]["maxModelLen"] < planned["maxModelLen"]
+    *_, last = st["history"]
+    assert (last["action"], last["trigger"]) == ("Retuned", "KvCacheTooSmall")
+
+
+async def test_an_unreadable_previous_log_says_why_in_the_tuners_history(kube: FakeTargetKube) -> None:
+    """The same failure with the log forbidden (RBAC): nothing to lower from, and the reason says that the
+    operator may not read pods/log and what to grant."""
+    now = 1.8e9
+    body, emitter = tuner("Initial"), RecordingEmitter()
+    await run(body, kube, emitter, now=now)
+    message = termination_message((REAL_LOGS / "f1-kv-too-small.log").read_text())
+    kube.pods = [crashed(tuned_pod(body, kube, "tuned"), now + 40, message)]
+    kube.logs["tuned"] = pod_logs.compute_unread_log(403, FORBIDDEN_BODY, NS)
+    await run(body, kube, emitter, now=now + 60)
+    reasons = " ".join(h["reason"] for h in body["status"]["history"])
+    assert "may not get pods/log in namespace team" in reasons and "grant" in reasons, reasons

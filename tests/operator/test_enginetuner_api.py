@@ -42,17 +42,23 @@ def test_same_property_paths() -> None:
 def test_same_facts(fact: str) -> None:
     crd, models = paths("crd"), paths("model")
     empty = {} if fact == "limits" else None
-    diffs = {p: (crd[p].get(fact), models[p].get(fact, empty)) for p in crd
-             if crd[p].get(fact) != models[p].get(fact, empty) and p not in ("spec", "status")
-             and not (fact == "limits" and p.endswith(("[]", "{}")) and crd[p].get(fact) == {})}  # fmt: skip
+    diffs = {
+        p: (crd[p].get(fact), models[p].get(fact, empty))
+        for p in crd
+        if crd[p].get(fact) != models[p].get(fact, empty)
+        and p not in ("spec", "status")
+        and not (fact == "limits" and p.endswith(("[]", "{}")) and crd[p].get(fact) == {})
+    }
     assert diffs == {}
 
 
 def test_same_scalar_defaults() -> None:
     crd, models = paths("crd"), paths("model")
-    diffs = {p: (crd[p]["default"], models[p]["default"]) for p in crd
-             if crd[p]["default"] not in (None, {})
-             and crd[p]["default"] != models[p]["default"]}  # fmt: skip
+    diffs = {
+        p: (crd[p]["default"], models[p]["default"])
+        for p in crd
+        if crd[p]["default"] not in (None, {}) and crd[p]["default"] != models[p]["default"]
+    }
     assert diffs == {}
 
 

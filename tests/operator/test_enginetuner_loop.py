@@ -66,9 +66,14 @@ async def run(
         kube=kube, emit=emitter, clock=lambda: now, prom=URL, pace=PACE, fetch_window=fetch
     )
     await target_handlers.reconcile(
-        body=body, spec=body["spec"], meta=body["metadata"], status=body["status"], patch=patch,
-        logger=logging.getLogger("test"), deps=deps,
-    )  # fmt: skip
+        body=body,
+        spec=body["spec"],
+        meta=body["metadata"],
+        status=body["status"],
+        patch=patch,
+        logger=logging.getLogger("test"),
+        deps=deps,
+    )
     for key, value in (patch.get("status") or {}).items():
         if value is None:
             body["status"].pop(key, None)
@@ -237,9 +242,13 @@ async def test_the_slo_of_spec_serving_acts_on_the_target(kube: FakeTargetKube) 
     kube.pods = [running(kube, "tuned", planned, started=T0 + 10)]
     slow = window(T0 + 1000, kv=0.6, preempt=0.0, running=3.0, waiting=30.0)
     windows.window = ObservationWindow(
-        slow.start, slow.end, tuple(s.__class__(**{**_fields(s), "ttft_p95": 4.0}) for s in slow.samples),
-        slow.prompt_tokens, slow.generation_tokens, pods=1,
-    )  # fmt: skip
+        slow.start,
+        slow.end,
+        tuple(s.__class__(**{**_fields(s), "ttft_p95": 4.0}) for s in slow.samples),
+        slow.prompt_tokens,
+        slow.generation_tokens,
+        pods=1,
+    )
     await run(body, kube, T0 + 1000, windows)
     assert history(body)[-1][1] == "LatencySlo", body["status"]["history"]
 
@@ -274,8 +283,10 @@ class FleetProm:
         v = next((x for k, x in value.items() if k in query), None)
         if v is None:
             return []
-        return [{"metric": {"namespace": ns, "pod": p}, "values": [[t, str(v)] for t in times]}
-                for ns, p in self.pods]  # fmt: skip
+        return [
+            {"metric": {"namespace": ns, "pod": p}, "values": [[t, str(v)] for t in times]}
+            for ns, p in self.pods
+        ]
 
 
 async def test_every_target_and_service_of_a_tick_share_one_snapshot(kube: FakeTargetKube) -> None:
@@ -303,8 +314,16 @@ async def test_every_target_and_service_of_a_tick_share_one_snapshot(kube: FakeT
     for body in bodies:
         await run(body, kube, T0 + 1000, fetch)
     # the InferenceService loop's own read in the same tick (closed_loop.run_once passes these)
-    w = await fetch(PrometheusSettings(url=URL), "other", "svc", T0 + 1001, pods=("svc-0",),
-                    window_seconds=300.0, step_seconds=30.0, max_age_seconds=30.0)  # fmt: skip
+    w = await fetch(
+        PrometheusSettings(url=URL),
+        "other",
+        "svc",
+        T0 + 1001,
+        pods=("svc-0",),
+        window_seconds=300.0,
+        step_seconds=30.0,
+        max_age_seconds=30.0,
+    )
     assert w.available
     assert len(client.queries) == prometheus.QUERIES_PER_TICK
     assert not any("llama" in q for q in client.queries)  # no pod names in PromQL: the split is ours

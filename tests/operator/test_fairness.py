@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import kopf
 import pytest
 
 from kvpilot.operator import fairness
+from kvpilot.operator.clients import metrics
 from kvpilot.operator.fairness import FairGate, FairnessConfigError, FairnessSettings
+from kvpilot.operator.loop import loop_deps, startup
 
 
 async def _run(gate: FairGate, work: list[tuple[str, int]], order: list[str], hold: float = 0.01) -> None:
@@ -114,3 +117,21 @@ def test_settings_from_env(env: dict[str, str], expected: FairnessSettings) -> N
 def test_bad_settings_are_refused_by_name(env: dict[str, str], complaint: str) -> None:
     with pytest.raises(FairnessConfigError, match=complaint):
         fairness.settings_from_env(env)
+
+
+def test_the_operators_start_up_installs_the_configured_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's `operator.fairness` values arrive as these variables; start-up builds the gate of them."""
+    monkeypatch.setenv(fairness.TOTAL_ENV, "24")
+    monkeypatch.setenv(fairness.PER_NAMESPACE_ENV, "3")
+    monkeypatch.setattr(fairness, "_GATE", fairness.gate())  # restored after the test
+    monkeypatch.setattr(metrics, "start_metrics_server", lambda: None)
+    monkeypatch.setattr(loop_deps, "configure", lambda *_args: None)  # no cluster here
+    startup.apply_config(startup.read_config())
+    assert (fairness.gate().total, fairness.gate().per_namespace) == (24, 3)
+
+
+def test_a_bad_setting_stops_the_operator_at_start_up_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(fairness.TOTAL_ENV, "2")
+    monkeypatch.setenv(fairness.PER_NAMESPACE_ENV, "3")
+    with pytest.raises(kopf.PermanentError, match=f"{fairness.PER_NAMESPACE_ENV}=3 is above"):
+        startup.read_config()

@@ -254,8 +254,9 @@ async def test_hub_with_token_secret(harness: Harness) -> None:
 
     harness.hub_result = models.lookup_model_config(LLAMA_8B)
     harness.kube.secrets[("ns1", "hf")] = {"token": "hf_SECRET123"}
-    body = isvc(model={"id": "acme/gated", "revision": "abc123", "source": "Hub",
-                       "hubTokenSecretRef": {"name": "hf"}})  # fmt: skip
+    body = isvc(
+        model={"id": "acme/gated", "revision": "abc123", "source": "Hub", "hubTokenSecretRef": {"name": "hf"}}
+    )
     await harness.run(body)
     assert harness.hub_calls == [("acme/gated", "abc123", "hf_SECRET123")]
     container = harness.kube.last("Deployment")["spec"]["template"]["spec"]["containers"][0]

@@ -44,7 +44,10 @@ def test_discovering_leader_worker_sets_without_a_connection_fails_loudly_not_as
         kube.serves_kind("LeaderWorkerSet")
     assert str(raised.value).startswith("discovering leaderworkerset.x-k8s.io/v1 failed: ")
     assert "127.0.0.1" not in str(raised.value)
-    group = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-             "metadata": {"name": "llm", "namespace": "a"}}  # fmt: skip
+    group = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "llm", "namespace": "a"},
+    }
     with pytest.raises(errors.ApplyFailed, match="applying LeaderWorkerSet llm failed"):
         kube.apply(group)

@@ -15,8 +15,15 @@ def test_the_crd_embeds_the_patterns_and_the_messages() -> None:
     text = " ".join(CRD.read_text().split())
     assert text.count(labels.LABEL_KEY_PATTERN) == 2  # nodeSelector keys, toleration keys
     assert text.count(labels.LABEL_VALUE_PATTERN) == 2  # nodeSelector values, toleration values
-    messages = (labels.SELECTOR_KEY, labels.SELECTOR_VALUE, labels.TOLERATION_KEY, labels.TOLERATION_VALUE,
-                labels.EXISTS_WITH_VALUE, labels.NO_KEY_NOT_EXISTS, labels.SECONDS_NOT_NOEXECUTE)  # fmt: skip
+    messages = (
+        labels.SELECTOR_KEY,
+        labels.SELECTOR_VALUE,
+        labels.TOLERATION_KEY,
+        labels.TOLERATION_VALUE,
+        labels.EXISTS_WITH_VALUE,
+        labels.NO_KEY_NOT_EXISTS,
+        labels.SECONDS_NOT_NOEXECUTE,
+    )
     for message in messages:
         assert message in text, message
 
@@ -41,16 +48,20 @@ def test_label_values(value: str, ok: bool) -> None:
 
 
 def test_the_spec_reports_every_problem_as_invalid_spec() -> None:
-    spec = api.InferenceServiceSpec.model_validate({
-        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
-        "nodeSelector": {"bad key": "ok", "ok": "bad value"},
-        "engine": {"tolerations": [
-            {"key": "k", "operator": "Exists", "value": "v"},
-            {"operator": "Equal", "value": "v"},
-            {"key": "k", "tolerationSeconds": 5},
-            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-        ]},
-    })  # fmt: skip
+    spec = api.InferenceServiceSpec.model_validate(
+        {
+            "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+            "nodeSelector": {"bad key": "ok", "ok": "bad value"},
+            "engine": {
+                "tolerations": [
+                    {"key": "k", "operator": "Exists", "value": "v"},
+                    {"operator": "Equal", "value": "v"},
+                    {"key": "k", "tolerationSeconds": 5},
+                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                ]
+            },
+        }
+    )
     problems = spec.semantic_errors()
     assert len(problems) == 5, problems
     assert any(labels.SELECTOR_KEY in p and "'bad key'" in p for p in problems)

@@ -43,11 +43,14 @@ SCHEMA = _schema()
 
 
 def _spec(nodes: int, **rollout: Any) -> api.InferenceServiceSpec:
-    return api.InferenceServiceSpec.model_validate({
-        "model": {"id": "meta-llama/Llama-3.1-70B-Instruct"}, "replicas": 2,
-        "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": nodes},
-        **({"rollout": rollout} if rollout else {}),
-    })  # fmt: skip
+    return api.InferenceServiceSpec.model_validate(
+        {
+            "model": {"id": "meta-llama/Llama-3.1-70B-Instruct"},
+            "replicas": 2,
+            "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": nodes},
+            **({"rollout": rollout} if rollout else {}),
+        }
+    )
 
 
 def _lws(nodes: int = 2, **rollout: Any) -> dict[str, Any]:
@@ -93,14 +96,21 @@ def test_every_pod_runs_the_group_flags_the_leader_serves_the_workers_are_headle
         "$(LWS_LEADER_ADDRESS)",
     ]
     assert worker["args"][-7:] == [
-        vllm.NNODES_FLAG, "2", vllm.NODE_RANK_FLAG, "$(LWS_WORKER_INDEX)", vllm.MASTER_ADDR_FLAG,
-        "$(LWS_LEADER_ADDRESS)", vllm.HEADLESS_FLAG,
-    ]  # fmt: skip
+        vllm.NNODES_FLAG,
+        "2",
+        vllm.NODE_RANK_FLAG,
+        "$(LWS_WORKER_INDEX)",
+        vllm.MASTER_ADDR_FLAG,
+        "$(LWS_LEADER_ADDRESS)",
+        vllm.HEADLESS_FLAG,
+    ]
     # TP 8 within a node, one pipeline stage per node: 2 x 8 GPUs, 8 per pod.
     for args in (leader["args"], worker["args"]):
         assert args[args.index("--tensor-parallel-size") + 1] == "8"
         assert args[args.index("--pipeline-parallel-size") + 1] == "2"
-    assert leader["resources"]["limits"]["nvidia.com/gpu"] == 8
+    # quantities as strings: LWS's webhook turns an integer into one on create only (a flip at each apply)
+    assert leader["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert worker["resources"]["requests"]["nvidia.com/gpu"] == "8"
     assert "readinessProbe" in leader and "ports" in leader
     assert not {"readinessProbe", "livenessProbe", "startupProbe", "ports"} & set(worker)
     assert "prometheus.io/scrape" in group["leaderTemplate"]["metadata"]["annotations"]
@@ -113,15 +123,21 @@ def test_the_pod_is_the_deployments_but_for_the_role_flags() -> None:
     deployment = workloads.build_deployment(META, spec, settings, [], ["NVIDIA-H100-80GB-HBM3"])
     leader = lws.build_leader_worker_set(deployment, 2)["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
     expected = deployment["spec"]["template"]
-    assert {**_container(leader), "args": None} == {**_container(expected), "args": None}
+    quantities = {b: {k: str(v) for k, v in q.items()} for b, q in _container(expected)["resources"].items()}
+    assert {**_container(leader), "args": None} == {
+        **_container(expected),
+        "args": None,
+        "resources": quantities,  # the same quantities, written as strings
+    }
     assert {k: v for k, v in leader["spec"].items() if k != "containers"} == {
         k: v for k, v in expected["spec"].items() if k != "containers"
     }
 
 
 def test_groups_roll_as_the_deployment_would() -> None:
-    surge = lws.build_rollout_strategy(rollout_strategy.build_deployment_strategy(
-        rollout_strategy.DEFAULT), 2)  # fmt: skip
+    surge = lws.build_rollout_strategy(
+        rollout_strategy.build_deployment_strategy(rollout_strategy.DEFAULT), 2
+    )
     assert surge == {
         "type": "RollingUpdate",
         "rollingUpdateConfiguration": {"maxUnavailable": 0, "maxSurge": 1},

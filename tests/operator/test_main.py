@@ -48,7 +48,15 @@ async def test_handler_forwards_kwargs(monkeypatch) -> None:
     monkeypatch.setattr(handlers, "reconcile", fake)
     monkeypatch.setattr(reconcile_deps, "_deps", reconcile_deps.Deps(kube=None))
     await service_main.spec_changed(
-        body={}, spec={}, meta={}, status={}, patch=kopf.Patch(), retry=2, logger=None, diff=(), old=None,
+        body={},
+        spec={},
+        meta={},
+        status={},
+        patch=kopf.Patch(),
+        retry=2,
+        logger=None,
+        diff=(),
+        old=None,
         new=None,
     )
     assert seen["trigger"] == "SpecChanged" and seen["retry"] == 2 and seen["diff"] == ()

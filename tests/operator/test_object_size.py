@@ -56,7 +56,7 @@ def largest_spec() -> dict[str, Any]:
                     "value": _worst_string(env_item["value"]["maxLength"]),
                 }
                 for i in range(env["maxItems"])
-            ],  # fmt: skip
+            ],
             "tolerations": [
                 {
                     "key": "k" * tol["key"]["maxLength"],
@@ -65,7 +65,7 @@ def largest_spec() -> dict[str, Any]:
                     "effect": "NoSchedule",
                 }
                 for _ in range(tolerations["maxItems"])
-            ],  # fmt: skip
+            ],
         },
     }
 

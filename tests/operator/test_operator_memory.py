@@ -20,11 +20,20 @@ from kvpilot.tuner.model.fields import count_json_values, parse_config_json
 
 HOSTILE = ("[" + ",".join(["{}"] * 300_000) + "]").encode()[: (1 << 20) - 1]  # just under 1 MiB
 LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "vocab_size": 128256, "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
-    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+}
 
 
 def test_the_count_is_an_upper_bound_that_ignores_punctuation_in_strings() -> None:

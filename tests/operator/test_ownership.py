@@ -27,11 +27,19 @@ def _foreign(kind: str, name: str, namespace: str = "ns1", owner: dict[str, Any]
     [
         ("Service", "ledger", {}),
         ("Deployment", "ledger", {}),
-        ("PersistentVolumeClaim", "ledger-model-cache", {"model": {
-            "id": "meta-llama/Llama-3.1-8B-Instruct", "storage": {"claimTemplate": {"size": "50Gi"}}}}),
+        (
+            "PersistentVolumeClaim",
+            "ledger-model-cache",
+            {
+                "model": {
+                    "id": "meta-llama/Llama-3.1-8B-Instruct",
+                    "storage": {"claimTemplate": {"size": "50Gi"}},
+                }
+            },
+        ),
         ("PodDisruptionBudget", "ledger", {"replicas": 2}),
     ],
-)  # fmt: skip
+)
 async def test_another_teams_object_is_a_name_conflict_and_nothing_is_applied(
     harness: Harness, kind: str, name: str, spec: dict[str, Any]
 ) -> None:
@@ -98,9 +106,15 @@ async def test_a_claim_re_made_by_another_team_is_read_again_not_remembered(harn
 
 
 def test_compute_conflict_by_uid_and_without_one() -> None:
-    mine = {"kind": "Service", "metadata": {
-        "name": "llm", "namespace": "ns1", "labels": {"kvpilot.io/inferenceservice": "llm"},
-        "ownerReferences": [{"kind": "InferenceService", "name": "llm", "uid": "u1", "controller": True}]}}
+    mine = {
+        "kind": "Service",
+        "metadata": {
+            "name": "llm",
+            "namespace": "ns1",
+            "labels": {"kvpilot.io/inferenceservice": "llm"},
+            "ownerReferences": [{"kind": "InferenceService", "name": "llm", "uid": "u1", "controller": True}],
+        },
+    }
     assert ownership.compute_conflict(mine, None) is None
     assert ownership.compute_conflict(mine, copy.deepcopy(mine)) is None
     stolen = copy.deepcopy(mine)
@@ -133,10 +147,17 @@ async def test_drift_repair_never_touches_an_object_it_does_not_control(harness:
     theirs["spec"]["selector"] = {"app": "theirs"}
     theirs["metadata"]["managedFields"] = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {}}]
     fields = await drift.apply_repair(
-        "Service", "MODIFIED", theirs, kube=harness.kube, hub=harness.deps.hub, emit=harness.emitter,
-        logger=logging.getLogger("test"), read_owner=harness.kube.read_inference_service,
-        plan_fn=harness.deps.plan_fn, owners=harness.deps.owners,
-    )  # fmt: skip
+        "Service",
+        "MODIFIED",
+        theirs,
+        kube=harness.kube,
+        hub=harness.deps.hub,
+        emit=harness.emitter,
+        logger=logging.getLogger("test"),
+        read_owner=harness.kube.read_inference_service,
+        plan_fn=harness.deps.plan_fn,
+        owners=harness.deps.owners,
+    )
     assert fields == []
     assert len(harness.kube.applied) == applied
 

@@ -62,8 +62,11 @@ def selector(instance: str) -> str:
 
 
 def test_indexed_pods_answer_the_closed_loops_selector() -> None:
-    index = {("ns", "a"): [pod("a-1", "a"), pod("a-2", "a")], ("other", "a"): [pod("o-1", "a")],
-             ("ns", "b"): [pod("b-1", "b")]}  # fmt: skip
+    index = {
+        ("ns", "a"): [pod("a-1", "a"), pod("a-2", "a")],
+        ("other", "a"): [pod("o-1", "a")],
+        ("ns", "b"): [pod("b-1", "b")],
+    }
     logs = Logs()
     reader = pod_cache.IndexedPods(index, logs)
     assert [p["metadata"]["name"] for p in reader.list_pods("ns", selector("a"))] == ["a-1", "a-2"]

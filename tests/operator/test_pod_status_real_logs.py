@@ -14,7 +14,14 @@ from typing import Any
 from closed_loop_fakes import FakePods, pod
 
 from e2e.pods import termination_message
-from kvpilot.operator.pods.pod_status import LOG_TAIL_LINES, LogCache, compute_serving, read_pod_views
+from kvpilot.operator.clients.pod_logs import UnreadLog, compute_unread_log
+from kvpilot.operator.pods.pod_status import (
+    LOG_TAIL_LINES,
+    LogCache,
+    PreviousLog,
+    compute_serving,
+    read_pod_views,
+)
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.types import EngineSettings
 from kvpilot.tuner.vllm import parse_vllm_args
@@ -27,10 +34,12 @@ NAME = "svc-5d4f8b7c9-abcde"
 class TailReader(FakePods):
     """Serves the previous log as the API server does: the last ``tail_lines`` lines."""
 
-    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
+    unread: UnreadLog | None = None
+
+    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> PreviousLog:
         full = super().read_previous_log(namespace, pod, container, tail_lines)
         self.tail_lines = tail_lines
-        return None if full is None else "".join(full.splitlines(keepends=True)[-tail_lines:])
+        return self.unread if full is None else "".join(full.splitlines(keepends=True)[-tail_lines:])
 
 
 def crashed(log: str) -> tuple[TailReader, dict[str, Any]]:
@@ -54,15 +63,19 @@ def test_the_previous_log_finds_the_kv_failure_the_message_lacks() -> None:
     assert view.restart is not None
     cause = view.restart.cause
     assert (cause.kind, cause.max_model_len, cause.estimated_max_model_len) == (
-        RestartKind.KV_CACHE_TOO_SMALL, 4096, 1920,
-    )  # fmt: skip
+        RestartKind.KV_CACHE_TOO_SMALL,
+        4096,
+        1920,
+    )
     assert compute_serving([view], settings()).degraded_reason == "StartupFailure"
 
 
 def test_an_unreadable_previous_log_still_gives_a_clear_reason() -> None:
-    """No log (forbidden, gone, node unreachable: :class:`ClusterPods` returns ``None``): the message's
-    "Engine core initialization failed" is named for what it is, and the missing log is said."""
+    """No log (here forbidden: :class:`ClusterPods` says why, :mod:`kvpilot.operator.clients.pod_logs`): the
+    message's "Engine core initialization failed" is named for what it is, and why the log is missing is
+    said."""
     reader, _ = crashed((LOGS / "f8-blocks-override-too-few.log").read_text())
+    reader.unread = compute_unread_log(403, "pods/log is forbidden", "ns")
     [view] = read_pod_views(reader, "ns", "app=svc", "svc", logs=LogCache())
     assert view.restart is not None
     detail = view.restart.cause.detail

@@ -15,16 +15,31 @@ from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings
 
 META = {"name": "llm", "namespace": "ns1", "uid": "u-1"}
-SETTINGS = EngineSettings(max_model_len=8192, max_num_seqs=32, gpu_memory_utilization=0.9,
-                          kv_cache_dtype="auto", tensor_parallel_size=1)  # fmt: skip
+SETTINGS = EngineSettings(
+    max_model_len=8192,
+    max_num_seqs=32,
+    gpu_memory_utilization=0.9,
+    kv_cache_dtype="auto",
+    tensor_parallel_size=1,
+)
 SIDECAR = {"name": "proxy", "image": "envoyproxy/envoy:v1.31", "ports": [{"containerPort": 9000}]}
 TEMPLATE: dict[str, Any] = {
     "metadata": {"labels": {"team": "search"}, "annotations": {"owner": "search@example.com"}},
     "spec": {
-        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-            "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
-        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
-                                       "whenUnsatisfiable": "ScheduleAnyway"}],
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}
+                ]
+            }
+        },
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+            }
+        ],
         "priorityClassName": "inference-high",
         "runtimeClassName": "nvidia",
         "imagePullSecrets": [{"name": "regcred"}],
@@ -32,13 +47,19 @@ TEMPLATE: dict[str, Any] = {
         "securityContext": {"fsGroup": 3000},
         "volumes": [{"name": "chat-templates", "configMap": {"name": "templates"}}],
         "initContainers": [{"name": "warm", "image": "busybox:1.36", "command": ["true"]}],
-        "containers": [SIDECAR, {"name": "vllm", "securityContext": {"readOnlyRootFilesystem": True},
-                                 "volumeMounts": [{"name": "chat-templates", "mountPath": "/templates"}]}],
+        "containers": [
+            SIDECAR,
+            {
+                "name": "vllm",
+                "securityContext": {"readOnlyRootFilesystem": True},
+                "volumeMounts": [{"name": "chat-templates", "mountPath": "/templates"}],
+            },
+        ],
         "schedulerName": "gpu-scheduler",
         "dnsPolicy": "ClusterFirstWithHostNet",
         "hostIPC": True,
     },
-}  # fmt: skip
+}
 
 
 def spec(**kw: Any) -> api.InferenceServiceSpec:
@@ -62,8 +83,17 @@ def container(p: dict[str, Any], name: str, kind: str = "containers") -> dict[st
 def test_every_template_field_lands_on_the_pod() -> None:
     plain, p = pod(spec()), pod(spec(template=TEMPLATE))
     t = TEMPLATE["spec"]
-    for key in ("topologySpreadConstraints", "imagePullSecrets", "priorityClassName", "runtimeClassName",
-                "serviceAccountName", "schedulerName", "dnsPolicy", "hostIPC", "affinity"):  # fmt: skip
+    for key in (
+        "topologySpreadConstraints",
+        "imagePullSecrets",
+        "priorityClassName",
+        "runtimeClassName",
+        "serviceAccountName",
+        "schedulerName",
+        "dnsPolicy",
+        "hostIPC",
+        "affinity",
+    ):
         assert p["spec"][key] == t[key], key
     assert p["spec"]["securityContext"] == {"fsGroup": 3000}
     assert p["metadata"]["labels"] == {**plain["metadata"]["labels"], "team": "search"}
@@ -86,8 +116,10 @@ def test_the_vllm_patch_adds_mounts_and_security_and_keeps_what_kvpilot_owns() -
 
 
 def test_template_init_containers_run_before_the_weight_download() -> None:
-    s = spec(template=TEMPLATE, model={"id": "meta-llama/Llama-3.1-8B-Instruct",
-                                       "storage": {"claimTemplate": {"size": "50Gi"}}})  # fmt: skip
+    s = spec(
+        template=TEMPLATE,
+        model={"id": "meta-llama/Llama-3.1-8B-Instruct", "storage": {"claimTemplate": {"size": "50Gi"}}},
+    )
     names = [c["name"] for c in pod(s)["spec"]["initContainers"]]
     assert names == ["warm", "fetch-weights"]
 
@@ -96,19 +128,35 @@ def test_gpu_product_affinity_is_anded_with_the_templates() -> None:
     """A catalogue entry with several GFD names renders a node affinity; a template's required terms keep
     it."""
     zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a", "b"]}
-    t = {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [zone]}, {"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}}}  # fmt: skip
+    t = {
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [zone]},
+                            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
+                        ]
+                    }
+                }
+            }
+        }
+    }
     p = pod(spec(template=t), ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB"))
     terms = p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
-    product = {"key": "nvidia.com/gpu.product", "operator": "In",
-               "values": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB"]}  # fmt: skip
+    product = {
+        "key": "nvidia.com/gpu.product",
+        "operator": "In",
+        "values": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB"],
+    }
     assert terms[0]["matchExpressions"] == [zone, product]
     assert terms[1]["matchExpressions"] == [product] and terms[1]["matchFields"]
-    only_anti = pod(spec(template={"spec": {"affinity": {"podAntiAffinity": {}}}}),
-                    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB"))  # fmt: skip
+    only_anti = pod(
+        spec(template={"spec": {"affinity": {"podAntiAffinity": {}}}}),
+        ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB"),
+    )
     req = only_anti["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert req == {"nodeSelectorTerms": [{"matchExpressions": [product]}]}
 
@@ -116,22 +164,37 @@ def test_gpu_product_affinity_is_anded_with_the_templates() -> None:
 @pytest.mark.parametrize(
     ("template", "field"),
     [
-        ({"metadata": {"labels": {"app.kubernetes.io/instance": "other"}}},
-         "spec.template.metadata.labels[app.kubernetes.io/instance]"),
-        ({"spec": {"containers": [{"name": "vllm", "command": ["sh"]}]}},
-         "spec.template.spec.containers[vllm].command"),
-        ({"spec": {"containers": [{"name": "vllm", "resources": {"limits": {"nvidia.com/gpu": 8}}}]}},
-         "spec.template.spec.containers[vllm].resources"),
-        ({"spec": {"containers": [{"name": "vllm", "args": ["--max-num-seqs", "999"]}]}},
-         "spec.template.spec.containers[vllm].args"),
+        (
+            {"metadata": {"labels": {"app.kubernetes.io/instance": "other"}}},
+            "spec.template.metadata.labels[app.kubernetes.io/instance]",
+        ),
+        (
+            {"spec": {"containers": [{"name": "vllm", "command": ["sh"]}]}},
+            "spec.template.spec.containers[vllm].command",
+        ),
+        (
+            {"spec": {"containers": [{"name": "vllm", "resources": {"limits": {"nvidia.com/gpu": 8}}}]}},
+            "spec.template.spec.containers[vllm].resources",
+        ),
+        (
+            {"spec": {"containers": [{"name": "vllm", "args": ["--max-num-seqs", "999"]}]}},
+            "spec.template.spec.containers[vllm].args",
+        ),
         ({"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}, "spec.template.spec.volumes[dshm]"),
-        ({"spec": {"initContainers": [{"name": "fetch-weights", "image": "x"}]}},
-         "spec.template.spec.initContainers[fetch-weights]"),
-        ({"spec": {"containers": [{"name": "vllm",
-                                   "volumeMounts": [{"name": "x", "mountPath": "/dev/shm"}]}]}},
-         "spec.template.spec.containers[vllm].volumeMounts[x]"),
+        (
+            {"spec": {"initContainers": [{"name": "fetch-weights", "image": "x"}]}},
+            "spec.template.spec.initContainers[fetch-weights]",
+        ),
+        (
+            {
+                "spec": {
+                    "containers": [{"name": "vllm", "volumeMounts": [{"name": "x", "mountPath": "/dev/shm"}]}]
+                }
+            },
+            "spec.template.spec.containers[vllm].volumeMounts[x]",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_template_that_contradicts_kvpilot_is_invalid_spec_naming_the_field(
     template: dict[str, Any], field: str
 ) -> None:
@@ -187,7 +250,10 @@ def test_default_pods_fail_restricted_and_restricted_pods_pass() -> None:
     assert restricted_violations(p) == []
     sc = p["spec"]["securityContext"]
     assert (sc["runAsUser"], sc["runAsGroup"], sc["runAsNonRoot"]) == (
-        vllm.IMAGE_USER_UID, vllm.IMAGE_USER_GID, True)  # fmt: skip
+        vllm.IMAGE_USER_UID,
+        vllm.IMAGE_USER_GID,
+        True,
+    )
     for name, kind in (("vllm", "containers"), ("fetch-weights", "initContainers")):
         c = container(p, name, kind)
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
@@ -228,20 +294,51 @@ def test_restricted_keeps_a_templates_stricter_settings_and_adds_drop_all() -> N
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"model": {"id": "/models/m", "source": "ConfigMap", "configMapRef": {"name": "c"},
-                    "storage": {"hostPath": {"path": "/data"}}}}, "spec.model.storage.hostPath"),
+        (
+            {
+                "model": {
+                    "id": "/models/m",
+                    "source": "ConfigMap",
+                    "configMapRef": {"name": "c"},
+                    "storage": {"hostPath": {"path": "/data"}},
+                }
+            },
+            "spec.model.storage.hostPath",
+        ),
         ({"template": {"spec": {"hostIPC": True}}}, "spec.template.spec.hostIPC"),
-        ({"template": {"spec": {"volumes": [{"name": "h", "hostPath": {"path": "/x"}}]}}},
-         "spec.template.spec.volumes[h].hostPath"),
+        (
+            {"template": {"spec": {"volumes": [{"name": "h", "hostPath": {"path": "/x"}}]}}},
+            "spec.template.spec.volumes[h].hostPath",
+        ),
         ({"template": {"spec": {"securityContext": {"runAsUser": 0}}}}, "spec.template.spec.securityContext"),
-        ({"template": {"spec": {"containers": [{"name": "p", "image": "x",
-                                                "securityContext": {"privileged": True}}]}}},
-         "spec.template.spec.containers[p].securityContext"),
-        ({"template": {"spec": {"initContainers": [{"name": "i", "image": "x", "securityContext": {
-            "capabilities": {"add": ["SYS_ADMIN"]}}}]}}},
-         "spec.template.spec.initContainers[i].securityContext"),
+        (
+            {
+                "template": {
+                    "spec": {
+                        "containers": [{"name": "p", "image": "x", "securityContext": {"privileged": True}}]
+                    }
+                }
+            },
+            "spec.template.spec.containers[p].securityContext",
+        ),
+        (
+            {
+                "template": {
+                    "spec": {
+                        "initContainers": [
+                            {
+                                "name": "i",
+                                "image": "x",
+                                "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}},
+                            }
+                        ]
+                    }
+                }
+            },
+            "spec.template.spec.initContainers[i].securityContext",
+        ),
     ],
-)  # fmt: skip
+)
 def test_restricted_refuses_what_the_standard_refuses(changes: dict[str, Any], field: str) -> None:
     body = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "podSecurity": "Restricted", **changes}
     with pytest.raises(errors.InvalidSpec) as exc:

@@ -62,9 +62,15 @@ def test_the_template_schema_is_structural_and_typed_all_the_way_down() -> None:
 
 def test_the_cel_rules_name_what_pod_template_reserves() -> None:
     t = _spec_schema()["properties"]["template"]["properties"]
-    rules = json.dumps([t["metadata"]["properties"]["labels"]["x-kubernetes-validations"],
-                        *(t["spec"]["properties"][k]["x-kubernetes-validations"]
-                          for k in ("volumes", "initContainers", "containers"))])  # fmt: skip
+    rules = json.dumps(
+        [
+            t["metadata"]["properties"]["labels"]["x-kubernetes-validations"],
+            *(
+                t["spec"]["properties"][k]["x-kubernetes-validations"]
+                for k in ("volumes", "initContainers", "containers")
+            ),
+        ]
+    )
     for name in (*pod_template.RESERVED_VOLUMES, *pod_template.RESERVED_INIT_CONTAINERS):
         assert f"x.name != '{name}'" in rules
     for label in gen.OWNED_LABELS:

@@ -49,8 +49,11 @@ def test_the_shared_namespaces_are_read_and_checked_at_start_up(monkeypatch: pyt
     env = profile_scope.SHARED_NAMESPACES_ENV
     assert profile_scope.sharing_from_env({}) == frozenset()
     assert profile_scope.sharing_from_env({env: " team-a, team-b ,"}) == {"team-a", "team-b"}
-    for bad, why in (("team-a,Team_B", "not a namespace name"), ("team-a", "at least two"),
-                     ("team-a,team-a", "at least two")):  # fmt: skip
+    for bad, why in (
+        ("team-a,Team_B", "not a namespace name"),
+        ("team-a", "at least two"),
+        ("team-a,team-a", "at least two"),
+    ):
         with pytest.raises(profile_scope.SharingConfigError, match=why):
             profile_scope.sharing_from_env({env: bad})
     monkeypatch.setenv(env, "only-one")
@@ -124,7 +127,6 @@ def test_context_bounds_and_the_default_range_constrain_nothing() -> None:
 
 
 # --- writes: routed, bounded, frozen ----------------------------------------------------------------------
-
 
 
 def _budget() -> Any:

@@ -32,13 +32,17 @@ def test_defaults_verify_with_the_system_cas_and_send_no_credentials() -> None:
 
 def test_every_setting_is_read(tmp_path: Path) -> None:
     (tmp_path / "ca.crt").write_text("pem")
-    s = ps.settings_from_env({
-        ps.URL_ENV: "https://mimir/prometheus",
-        ps.USERNAME_FILE_ENV: str(tmp_path / "u"), ps.PASSWORD_ENV: "p",
-        ps.CA_FILE_ENV: str(tmp_path / "ca.crt"),
-        ps.HEADERS_ENV: '{"X-Scope-OrgID": "team-a", "X-Extra": "1"}',
-        ps.POD_LABEL_ENV: "kubernetes_pod_name", ps.NAMESPACE_LABEL_ENV: "kubernetes_namespace",
-    })  # fmt: skip
+    s = ps.settings_from_env(
+        {
+            ps.URL_ENV: "https://mimir/prometheus",
+            ps.USERNAME_FILE_ENV: str(tmp_path / "u"),
+            ps.PASSWORD_ENV: "p",
+            ps.CA_FILE_ENV: str(tmp_path / "ca.crt"),
+            ps.HEADERS_ENV: '{"X-Scope-OrgID": "team-a", "X-Extra": "1"}',
+            ps.POD_LABEL_ENV: "kubernetes_pod_name",
+            ps.NAMESPACE_LABEL_ENV: "kubernetes_namespace",
+        }
+    )
     assert s.username == ps.Secret(file=str(tmp_path / "u")) and s.password == ps.Secret(value="p")
     assert s.verify == str(tmp_path / "ca.crt")
     assert s.headers == (("X-Extra", "1"), ("X-Scope-OrgID", "team-a"))
@@ -79,10 +83,14 @@ async def test_basic_auth_from_files_follows_a_rotated_secret(stub: tuple[Stub, 
     state, url = stub
     (tmp_path / "username").write_text("kvpilot\n")
     (tmp_path / "password").write_text("one\n")
-    s = ps.settings_from_env({
-        ps.URL_ENV: url, ps.USERNAME_FILE_ENV: str(tmp_path / "username"),
-        ps.PASSWORD_FILE_ENV: str(tmp_path / "password"), ps.HEADERS_ENV: '{"X-Scope-OrgID": "team-a"}',
-    })  # fmt: skip
+    s = ps.settings_from_env(
+        {
+            ps.URL_ENV: url,
+            ps.USERNAME_FILE_ENV: str(tmp_path / "username"),
+            ps.PASSWORD_FILE_ENV: str(tmp_path / "password"),
+            ps.HEADERS_ENV: '{"X-Scope-OrgID": "team-a"}',
+        }
+    )
     state.require = {"Authorization": _basic("kvpilot", "one"), "X-Scope-OrgID": "team-a"}
     w = await prometheus.fetch_observations(s, "ns1", "llm", NOW, pods=PODS)
     assert w.available, w.unavailable_reason
@@ -137,10 +145,14 @@ async def test_one_tick_asks_each_metric_once_for_every_service(stub: tuple[Stub
     services.append(("llm", PODS))
 
     async def tick(now: float) -> list[ObservationWindow]:
-        return list(await asyncio.gather(*(
-            prometheus.fetch_observations(url, "ns1", name, now, pods=pods, max_age_seconds=30)
-            for name, pods in services
-        )))  # fmt: skip
+        return list(
+            await asyncio.gather(
+                *(
+                    prometheus.fetch_observations(url, "ns1", name, now, pods=pods, max_age_seconds=30)
+                    for name, pods in services
+                )
+            )
+        )
 
     windows = await tick(NOW)
     assert len(state.queries) == prometheus.QUERIES_PER_TICK  # not 201 x 14

@@ -44,12 +44,17 @@ def test_the_loop_budgets_with_the_release_the_image_runs() -> None:
     budget = loop_reading.budget_for(inputs, spec, settings)
     assert budget == wanted.decision.plan.budget
     pinned = memory.compute_budget(
-        inputs.model.spec, inputs.gpu.gpu, settings.replace(tensor_parallel_size=1),
+        inputs.model.spec,
+        inputs.gpu.gpu,
+        settings.replace(tensor_parallel_size=1),
         weights_total_bytes=inputs.model.checkpoint_bytes,
-    )  # fmt: skip
+    )
     assert budget != pinned  # 0.19 has no V2 sampler state and other terms: the release matters here
     old = memory.compute_budget(
-        inputs.model.spec, inputs.gpu.gpu, settings.replace(tensor_parallel_size=1), vllm_version="0.19.1",
+        inputs.model.spec,
+        inputs.gpu.gpu,
+        settings.replace(tensor_parallel_size=1),
+        vllm_version="0.19.1",
         weights_total_bytes=inputs.model.checkpoint_bytes,
-    )  # fmt: skip
+    )
     assert budget == old

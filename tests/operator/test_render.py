@@ -103,16 +103,47 @@ def test_one_node_per_replica_renders_as_a_spec_without_nodes() -> None:
     assert render.build_manifests(one) == render.build_manifests(doc)
 
 
+def test_a_dense_model_over_two_nodes_renders_tensor_parallel_within_and_stages_across() -> None:
+    doc = {
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "llama"},
+        "spec": {
+            "model": {"id": "meta-llama/Llama-3.1-70B-Instruct"},
+            "serving": {"maxContextLength": 32768},
+            "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": 2},
+        },
+    }
+    _, group = render.build_manifests(doc)
+    args = group["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"]
+    assert flag(args, "--tensor-parallel-size") == "8" and flag(args, "--pipeline-parallel-size") == "2"
+    assert "--data-parallel-size" not in args and "--enable-expert-parallel" not in args
+
+
 def test_several_nodes_per_replica_render_a_leader_worker_set() -> None:
-    doc = {"apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "ds"},
-           "spec": {"model": {"id": "deepseek-ai/DeepSeek-V3"}, "serving": {"maxContextLength": 32768},
-                    "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": 2}}}  # fmt: skip
+    doc = {
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "ds"},
+        "spec": {
+            "model": {"id": "deepseek-ai/DeepSeek-V3"},
+            "serving": {"maxContextLength": 32768},
+            "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": 2},
+        },
+    }
     service, group = render.build_manifests(doc)
     assert group["kind"] == "LeaderWorkerSet" and group["spec"]["leaderWorkerTemplate"]["size"] == 2
     assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
-    leader = group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"]
-    assert flag(leader, "--tensor-parallel-size") == "8" and flag(leader, "--pipeline-parallel-size") == "2"
-    assert flag(leader, "--nnodes") == "2" and flag(leader, "--max-model-len") == "32768"
+    roles = group["spec"]["leaderWorkerTemplate"]
+    leader = roles["leaderTemplate"]["spec"]["containers"][0]["args"]
+    worker = roles["workerTemplate"]["spec"]["containers"][0]["args"]
+    # the node planner's choice for this MoE model: 4 engines of TP 4, 2 per node, experts over 16 GPUs
+    for args in (leader, worker):
+        assert flag(args, "--tensor-parallel-size") == "4" and flag(args, "--data-parallel-size") == "4"
+        assert flag(args, "--data-parallel-size-local") == "2" and "--enable-expert-parallel" in args
+        assert "--pipeline-parallel-size" not in args
+        assert flag(args, "--nnodes") == "2" and flag(args, "--max-model-len") == "32768"
+    assert (flag(leader, "--node-rank"), flag(worker, "--node-rank")) == ("0", "$(LWS_WORKER_INDEX)")
     one = {**doc, "spec": {**doc["spec"], "gpu": {"count": 8, "product": "H100-SXM"}}}
     with pytest.raises(render.RenderError) as info:
         render.build_manifests(one)  # DeepSeek-V3 does not fit one node of 8 H100s
@@ -165,9 +196,12 @@ def test_the_loop_budgets_settings_without_a_tensor_parallel_size() -> None:
     settings = EngineSettings(max_model_len=8192)
     budget = loop_reading.budget_for(inputs, spec, settings)
     expected = memory.compute_budget(
-        inputs.model.spec, inputs.gpu.gpu, settings.replace(tensor_parallel_size=1), pipeline_parallel_size=4,
+        inputs.model.spec,
+        inputs.gpu.gpu,
+        settings.replace(tensor_parallel_size=1),
+        pipeline_parallel_size=4,
         weights_total_bytes=inputs.model.checkpoint_bytes,
-    )  # fmt: skip
+    )
     assert budget == expected
 
 
@@ -186,17 +220,24 @@ def test_a_kv_dtype_vllm_has_but_kvpilot_cannot_size_is_invalid_spec(where: str)
     assert "turboquant_k8v4" in caught.value.message
 
 
-@pytest.mark.parametrize(("bounds", "check"), [
-    ({"maxNumSeqs": {"max": 2}}, lambda s: int(s) <= 2),
-    ({"maxNumSeqs": {"min": 64}}, lambda s: int(s) >= 64),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("bounds", "check"),
+    [
+        ({"maxNumSeqs": {"max": 2}}, lambda s: int(s) <= 2),
+        ({"maxNumSeqs": {"min": 64}}, lambda s: int(s) >= 64),
+    ],
+)
 def test_tuning_bounds_bind_the_first_plan(bounds: dict, check) -> None:
     """Issue 16: a maximum of 2 deployed 3 and a minimum of 64 deployed 3; the loop's bounds bind the plan."""
     isvc = {
         "metadata": {"name": "llama", "namespace": "ml"},
-        "spec": {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "gpu": {"product": "L4"},
-                 "serving": {"maxContextLength": 8192}, "tuning": {"bounds": bounds}},
-    }  # fmt: skip
+        "spec": {
+            "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+            "gpu": {"product": "L4"},
+            "serving": {"maxContextLength": 8192},
+            "tuning": {"bounds": bounds},
+        },
+    }
     _, deployment = render.build_manifests(isvc)
     seqs = flag(args_of([{}, deployment]), "--max-num-seqs")
     assert seqs is not None and check(seqs), seqs
@@ -205,9 +246,12 @@ def test_tuning_bounds_bind_the_first_plan(bounds: dict, check) -> None:
 def test_max_model_len_bounds_bind_the_first_plan() -> None:
     isvc = {
         "metadata": {"name": "llama", "namespace": "ml"},
-        "spec": {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "gpu": {"product": "H100-SXM"},
-                 "tuning": {"bounds": {"maxModelLen": {"max": 16384}}}},
-    }  # fmt: skip
+        "spec": {
+            "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+            "gpu": {"product": "H100-SXM"},
+            "tuning": {"bounds": {"maxModelLen": {"max": 16384}}},
+        },
+    }
     _, deployment = render.build_manifests(isvc)
     assert flag(args_of([{}, deployment]), "--max-model-len") == "16384"
 
@@ -232,7 +276,7 @@ SURGE_ONE = {"maxSurge": 1, "maxUnavailable": 0}
         ({"strategy": "Auto"}, {"type": "RollingUpdate", "rollingUpdate": SURGE_ONE}),
     ],
     ids=["Replace", "Surge", "Recreate", "Auto"],
-)  # fmt: skip
+)
 def test_render_shows_the_strategy_the_operator_applies(rollout: dict, strategy: dict) -> None:
     """An explicit strategy needs no look at the cluster: render, the first create and the closed loop's
     apply all render it (before, render printed a surge for an explicit Replace). Auto surges until the

@@ -44,20 +44,26 @@ def node(name: str, ready: str) -> dict[str, Any]:
     ],
 )
 def test_the_pod_itself_says_its_node_is_lost(conds: list[dict[str, Any]], reason: str | None) -> None:
-    view = pod_status.build_pod_view(on_node(pod("llm-5d8f7c-00000", ARGS, ready=False), "n1", *conds,
-                                             reason=reason))  # fmt: skip
+    view = pod_status.build_pod_view(
+        on_node(pod("llm-5d8f7c-00000", ARGS, ready=False), "n1", *conds, reason=reason)
+    )
     assert view.node_lost and view.node == "n1"
 
 
 def test_a_pod_not_ready_for_its_own_reasons_is_not_lost() -> None:
-    p = on_node(pod("llm-5d8f7c-00000", ARGS, ready=False), "n1",
-                {"type": "Ready", "status": "False", "reason": "ContainersNotReady"})  # fmt: skip
+    p = on_node(
+        pod("llm-5d8f7c-00000", ARGS, ready=False),
+        "n1",
+        {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
+    )
     assert not pod_status.build_pod_view(p).node_lost
 
 
 def test_nodes_not_ready_unknown_or_gone_make_their_waiting_pods_lost() -> None:
-    views = [pod_status.build_pod_view(on_node(pod(f"llm-5d8f7c-0000{i}", ARGS, ready=i == 3), n))
-             for i, n in enumerate(["down", "unreachable", "deleted", "down", "fine"])]  # fmt: skip
+    views = [
+        pod_status.build_pod_view(on_node(pod(f"llm-5d8f7c-0000{i}", ARGS, ready=i == 3), n))
+        for i, n in enumerate(["down", "unreachable", "deleted", "down", "fine"])
+    ]
     assert pod_status.needs_node_check(views)
     nodes = [node("down", "False"), node("unreachable", "Unknown"), node("fine", "True")]
     lost = [v.node_lost for v in pod_status.with_lost_nodes(views, nodes)]
@@ -67,8 +73,11 @@ def test_nodes_not_ready_unknown_or_gone_make_their_waiting_pods_lost() -> None:
 def test_a_lost_pod_is_no_evidence_against_its_settings_and_degrades_the_service() -> None:
     current = pod_status.build_pod_view(pod("llm-5d8f7c-00000", ARGS)).settings
     assert isinstance(current, EngineSettings)
-    crashed = on_node(pod("llm-5d8f7c-00001", ARGS, ready=False, restarts=1, message=OOM, finished=100.0),
-                      "gpu-7", {"type": "DisruptionTarget", "status": "True"})  # fmt: skip
+    crashed = on_node(
+        pod("llm-5d8f7c-00001", ARGS, ready=False, restarts=1, message=OOM, finished=100.0),
+        "gpu-7",
+        {"type": "DisruptionTarget", "status": "True"},
+    )
     views = [pod_status.build_pod_view(pod("llm-5d8f7c-00000", ARGS)), pod_status.build_pod_view(crashed)]
     summary = pod_status.compute_pod_summary(views, current, replicas=2)
     assert summary.restarts == () and summary.not_started and not summary.ready
@@ -83,8 +92,12 @@ async def test_a_replace_rollout_whose_new_pod_lost_its_node_waits_and_reports_d
     """Two replicas, Replace: the new pod is bound to a node that goes NotReady before it ever served. Past
     the deadline the settings are not failed (no failedSettings, no rollback); Degraded=True ReplicaLost."""
     loop = LoopHarness(harness)
-    body = isvc(gpu={"count": 1, "product": "H100-SXM"}, replicas=2,
-                rollout={"strategy": "Replace"}, tuning={"rolloutDeadlineSeconds": 300})  # fmt: skip
+    body = isvc(
+        gpu={"count": 1, "product": "H100-SXM"},
+        replicas=2,
+        rollout={"strategy": "Replace"},
+        tuning={"rolloutDeadlineSeconds": 300},
+    )
     await harness.run(body)
     loop.healthy_pods(2)
     loop.window = window(loop.now + 30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import threading
 import time
@@ -77,6 +78,42 @@ def test_hub_errors_are_mapped(monkeypatch, name: str, status: int, reason: str)
     assert "hf_SECRET" not in failure.message
 
 
+@pytest.mark.parametrize(
+    "exc,reason",
+    [
+        (
+            OSError(errno.EROFS, "Read-only file system", "/var/cache/kvpilot/huggingface"),
+            "HubCacheUnwritable",
+        ),
+        (PermissionError(errno.EACCES, "Permission denied", "/nonexistent/.cache"), "HubCacheUnwritable"),
+        (
+            OSError(errno.ENOSPC, "No space left on device", "/var/cache/kvpilot/huggingface/x"),
+            "HubCacheUnwritable",
+        ),
+        (ConnectionError("Connection refused"), "HubUnreachable"),  # the network: no file name
+        (TimeoutError("timed out"), "HubUnreachable"),
+    ],
+)
+def test_an_unwritable_hub_cache_is_the_operators_fault_not_the_hubs(
+    monkeypatch, exc: Exception, reason: str
+) -> None:
+    """The chart's read-only root with no HF_HOME volume failed as HubUnreachable, sending the tenant to check
+    the Hub; a local file system failure names the operator's cache instead (and never the path)."""
+    import huggingface_hub
+
+    def fail(*a, **kw):
+        raise exc
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
+    with pytest.raises(Exception) as info:
+        resolve.download_hub_config("acme/m", None, None)
+    failure = errors.classify(info.value)
+    assert (failure.reason, failure.retry) == (reason, True)
+    assert "/var/cache" not in failure.message and "/nonexistent" not in failure.message
+    if reason == "HubCacheUnwritable":
+        assert "HF_HOME" in failure.message and errno.errorcode[exc.errno] in failure.message
+
+
 def _serve_hub(
     monkeypatch, tmp_path, files: dict[str, object], sidecar_error: str | None = None
 ) -> list[str]:
@@ -109,9 +146,15 @@ def test_hub_download_reads_config(monkeypatch, tmp_path) -> None:
     assert asked == ["config.json", "hf_quant_config.json"]  # no sidecar: the 404 is not an error
 
 
-SIDECAR = {"producer": {"name": "modelopt", "version": "0.29.0"},
-           "quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
-                            "exclude_modules": ["lm_head"]}}  # fmt: skip
+SIDECAR = {
+    "producer": {"name": "modelopt", "version": "0.29.0"},
+    "quantization": {
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "kv_cache_quant_algo": None,
+        "exclude_modules": ["lm_head"],
+    },
+}
 """ModelOpt 0.29's hf_quant_config.json layout (the format vLLM's ``_normalize_quantization_config``
 reads; not a copy of any one checkpoint's)."""
 
@@ -184,8 +227,10 @@ def test_a_configmap_carries_the_sidecar_under_its_own_name() -> None:
     from kvpilot.operator import api
 
     kube = FakeKube()
-    kube.config_maps[("ns1", "cfg")] = {"config.json": '{"model_type": "llama"}',
-                                        "hf_quant_config.json": json.dumps(SIDECAR)}  # fmt: skip
+    kube.config_maps[("ns1", "cfg")] = {
+        "config.json": '{"model_type": "llama"}',
+        "hf_quant_config.json": json.dumps(SIDECAR),
+    }
     config = resolve.read_config_map_config(api.ConfigMapRef(name="cfg"), "ns1", kube)
     assert config == {"model_type": "llama", "quantization_config": SIDECAR}
     kube.config_maps[("ns1", "cfg")]["hf_quant_config.json"] = "{broken"

@@ -17,9 +17,12 @@ from kvpilot.operator.pods.rollout_strategy import (
 
 def choose(replicas: int, fits: bool | None, serving: bool = True, **rollout: Any) -> tuple[Any, str, int]:
     c = compute_rollout_choice(
-        api.RolloutSpec.model_validate(rollout), replicas, fits_now=fits, serving=serving,
+        api.RolloutSpec.model_validate(rollout),
+        replicas,
+        fits_now=fits,
+        serving=serving,
         not_serving_why="CrashLoopBackOff",
-    )  # fmt: skip
+    )
     return c.strategy, c.reason, c.max_unavailable
 
 
@@ -39,8 +42,9 @@ def choose(replicas: int, fits: bool | None, serving: bool = True, **rollout: An
         (4, True, True, {"strategy": "Recreate", "allowDowntime": True}, "Recreate", 0),
     ],
 )
-def test_choice(replicas: int, fits: bool | None, serving: bool, rollout: dict[str, Any], strategy: Any,
-                step: int) -> None:  # fmt: skip
+def test_choice(
+    replicas: int, fits: bool | None, serving: bool, rollout: dict[str, Any], strategy: Any, step: int
+) -> None:
     got, reason, max_unavailable = choose(replicas, fits, serving, **rollout)
     assert (got, max_unavailable) == (strategy, step), reason
 
@@ -53,8 +57,9 @@ def test_held_and_crash_reasons() -> None:
 def test_rendered_strategies() -> None:
     replace = compute_rollout_choice(api.RolloutSpec(), 3, fits_now=False, serving=True)
     assert build_deployment_strategy(replace) == {
-        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}
-    }  # fmt: skip
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
     recreate = compute_rollout_choice(api.RolloutSpec(allow_downtime=True), 1, fits_now=False, serving=True)
     assert build_deployment_strategy(recreate) == {"type": "Recreate"}
     held = compute_rollout_choice(api.RolloutSpec(), 1, fits_now=False, serving=True)

@@ -17,9 +17,15 @@ RETUNE = Decision(Action.RETUNE, NEW, Trigger.KV_PRESSURE, "KV cache full", metr
 
 def _tick(**fields: object) -> loop_patch.LoopTick:
     base: dict[str, object] = dict(
-        state=LoopState(current=OLD), decision=RETUNE, rollout=None, now=1000.0, generation=3,
-        rollout_deadline_seconds=600.0, mode="Auto", applied=True,
-    )  # fmt: skip
+        state=LoopState(current=OLD),
+        decision=RETUNE,
+        rollout=None,
+        now=1000.0,
+        generation=3,
+        rollout_deadline_seconds=600.0,
+        mode="Auto",
+        applied=True,
+    )
     return loop_patch.LoopTick(**{**base, **fields})  # type: ignore[arg-type]
 
 
@@ -61,7 +67,10 @@ def test_a_tuners_failure_warns_once_per_verdict() -> None:
     assert first.events == [("Warning", "TargetNotFound", failure.message)]
     assert first.lists is not None
     assert [u[0] for u in first.lists.updates] == [conditions.READY, conditions.TARGET_FOUND]
-    old = {"conditions": [{"type": "Ready", "status": "False", "reason": failure.reason,
-                           "message": failure.message}]}  # fmt: skip
+    old = {
+        "conditions": [
+            {"type": "Ready", "status": "False", "reason": failure.reason, "message": failure.message}
+        ]
+    }
     again = tuner_status.build_tuner_failure_status(old, generation=1, now=20.0, failure=failure)
     assert again.events == []

@@ -41,9 +41,13 @@ def test_the_caps_come_from_the_status_model(monkeypatch: pytest.MonkeyPatch) ->
 
 def entry(action: HistoryAction, trigger: str, reason: str = "r", seqs: int = 64) -> dict:
     return status_patch.build_history_entry(
-        time="2026-11-30T10:00:00Z", action=action, trigger=trigger, reason=reason,
-        from_settings=EngineSettings(max_num_seqs=seqs), to_settings=EngineSettings(max_num_seqs=seqs),
-    )  # fmt: skip
+        time="2026-11-30T10:00:00Z",
+        action=action,
+        trigger=trigger,
+        reason=reason,
+        from_settings=EngineSettings(max_num_seqs=seqs),
+        to_settings=EngineSettings(max_num_seqs=seqs),
+    )
 
 
 def test_one_dedupe_rule_same_action_trigger_and_settings() -> None:
@@ -104,9 +108,16 @@ async def test_warnings_are_capped(harness: Harness) -> None:
 
 def test_condition_types_have_one_home() -> None:
     assert conditions.TYPES == (
-        "Ready", "Available", "Degraded", "Schedulable", "ConfigResolved", "Planned", "Infeasible",
-        "MetricsAvailable", "RolloutInProgress",
-    )  # fmt: skip
+        "Ready",
+        "Available",
+        "Degraded",
+        "Schedulable",
+        "ConfigResolved",
+        "Planned",
+        "Infeasible",
+        "MetricsAvailable",
+        "RolloutInProgress",
+    )
     sorted_ = conditions.set_conditions(
         [], [(t, conditions.TRUE, "Because", "m") for t in reversed(conditions.TYPES)], generation=1, now="t"
     )
@@ -116,8 +127,9 @@ def test_condition_types_have_one_home() -> None:
 def test_scale_out_is_recorded_once_with_an_event_and_withdrawn_when_the_pressure_goes() -> None:
     from kvpilot.tuner.loop import Action, Decision, Trigger
 
-    held = Decision(Action.HOLD, EngineSettings(max_num_seqs=64), Trigger.KV_PRESSURE, "at the lower bound",
-                    scale_out=3)  # fmt: skip
+    held = Decision(
+        Action.HOLD, EngineSettings(max_num_seqs=64), Trigger.KV_PRESSURE, "at the lower bound", scale_out=3
+    )
     out: list[tuple[str, str, str]] = []
     patch = loop_patch.build_scale_out({}, held, "2026-12-02T08:00:00Z", out)
     assert patch["recommendation"]["replicas"] == 3
@@ -127,7 +139,5 @@ def test_scale_out_is_recorded_once_with_an_event_and_withdrawn_when_the_pressur
     again: list[tuple[str, str, str]] = []
     assert loop_patch.build_scale_out(standing, held, "t", again) == {} and again == []
     steady = Decision(Action.HOLD, EngineSettings(max_num_seqs=64), Trigger.STEADY, "inside the band")
-    assert loop_patch.build_scale_out(standing, steady, "t", again) == {
-        "recommendation": {"replicas": None}
-    }
+    assert loop_patch.build_scale_out(standing, steady, "t", again) == {"recommendation": {"replicas": None}}
     assert loop_patch.build_scale_out({}, steady, "t", again) == {}

@@ -141,16 +141,20 @@ async def test_killed_after_the_apply_nothing_is_done_again(harness: Harness, lo
     await _new_operator(harness, loop, body)
     assert _history(body) == ["Planned", "Retuned"]
     again = [m for m in harness.kube.applied if m["kind"] == "Deployment"][len(deployments) :]
-    assert all(flag(m["spec"]["template"]["spec"]["containers"][0]["args"], "--gpu-memory-utilization")
-               == "0.93" for m in again)  # fmt: skip
+    assert all(
+        flag(m["spec"]["template"]["spec"]["containers"][0]["args"], "--gpu-memory-utilization") == "0.93"
+        for m in again
+    )
     assert harness.emitter.reasons.count("Retuned") == 1
 
 
 def test_the_conditional_patch_leaves_out_what_has_its_value() -> None:
     old = {"replicas": 1, "conditions": [], "applied": {"maxNumSeqs": 8}}
     out = status_patch.StatusPatch(status={"replicas": 1, "rollout": None, "readyReplicas": 0})
-    assert out.build_conditional(old, "5") == {"metadata": {"resourceVersion": "5"},
-                                               "status": {"readyReplicas": 0}}  # fmt: skip
+    assert out.build_conditional(old, "5") == {
+        "metadata": {"resourceVersion": "5"},
+        "status": {"readyReplicas": 0},
+    }
     assert status_patch.StatusPatch(status={"replicas": 1}).build_conditional(old, "5") is None
 
 

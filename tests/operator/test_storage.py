@@ -22,9 +22,12 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 def isvc(**model: Any) -> dict[str, Any]:
     return {
         "metadata": {"name": "llama", "namespace": "ml", "uid": "u-1"},
-        "spec": {"model": {"id": LLAMA, **model}, "gpu": {"product": "H100-SXM"},
-                 "serving": {"maxContextLength": 8192}},
-    }  # fmt: skip
+        "spec": {
+            "model": {"id": LLAMA, **model},
+            "gpu": {"product": "H100-SXM"},
+            "serving": {"maxContextLength": 8192},
+        },
+    }
 
 
 def pod_of(manifests: list[dict[str, Any]]) -> dict[str, Any]:
@@ -115,8 +118,11 @@ def test_a_read_only_claim_downloads_nothing() -> None:
 def test_the_volume_keeps_vllms_compile_and_kernel_caches() -> None:
     """vLLM's caches sit beside the weights, so a retune that changes no hashed setting loads its compiled
     graphs instead of compiling; the path is the volume's, not the pod's, in every storage kind."""
-    kinds: tuple[dict[str, Any], ...] = ({"persistentVolumeClaim": {"claimName": "w"}},
-                                         {"hostPath": {"path": "/w"}}, {"claimTemplate": {}})  # fmt: skip
+    kinds: tuple[dict[str, Any], ...] = (
+        {"persistentVolumeClaim": {"claimName": "w"}},
+        {"hostPath": {"path": "/w"}},
+        {"claimTemplate": {}},
+    )
     for kind in kinds:
         body = isvc(storage={**kind, "mountPath": "/cache"})
         env = env_of(vllm_container(render.build_manifests(body)))
@@ -156,16 +162,26 @@ def test_a_claim_smaller_than_the_checkpoint_is_refused() -> None:
     assert caught.value.reason == "InvalidSpec" and "below the checkpoint" in caught.value.message
 
 
-@pytest.mark.parametrize(("model", "words"), [
-    ({"id": "/models/llama"}, "needs model.storage"),
-    ({"id": "/models/llama", "storage": {"hostPath": {"path": "/w"}}}, "source ConfigMap"),
-    ({"id": "/elsewhere/llama", "source": "ConfigMap", "configMapRef": {"name": "c"},
-      "storage": {"hostPath": {"path": "/w"}}}, "inside model.storage.mountPath"),
-    ({"storage": {"hostPath": {"path": "/w"}, "claimTemplate": {}}}, "exactly one"),
-    ({"storage": {"hostPath": {"path": "/w/../etc"}}}, ".. segments"),
-    ({"revision": "../../etc"}, "git ref name"),
-    ({"revision": "main/"}, "git ref name"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("model", "words"),
+    [
+        ({"id": "/models/llama"}, "needs model.storage"),
+        ({"id": "/models/llama", "storage": {"hostPath": {"path": "/w"}}}, "source ConfigMap"),
+        (
+            {
+                "id": "/elsewhere/llama",
+                "source": "ConfigMap",
+                "configMapRef": {"name": "c"},
+                "storage": {"hostPath": {"path": "/w"}},
+            },
+            "inside model.storage.mountPath",
+        ),
+        ({"storage": {"hostPath": {"path": "/w"}, "claimTemplate": {}}}, "exactly one"),
+        ({"storage": {"hostPath": {"path": "/w/../etc"}}}, ".. segments"),
+        ({"revision": "../../etc"}, "git ref name"),
+        ({"revision": "main/"}, "git ref name"),
+    ],
+)
 def test_bad_storage_and_paths_are_invalid_specs(model: dict[str, Any], words: str) -> None:
     body = isvc(**model)
     body["spec"]["model"].update(model)
@@ -187,10 +203,14 @@ def test_a_claim_that_does_not_exist_is_reported_not_applied() -> None:
 
 @pytest.mark.parametrize(
     "kind",
-    [None, {"persistentVolumeClaim": {"claimName": "w"}},
-     {"persistentVolumeClaim": {"claimName": "w", "readOnly": True}}, {"hostPath": {"path": "/w"}},
-     {"claimTemplate": {}}],
-)  # fmt: skip
+    [
+        None,
+        {"persistentVolumeClaim": {"claimName": "w"}},
+        {"persistentVolumeClaim": {"claimName": "w", "readOnly": True}},
+        {"hostPath": {"path": "/w"}},
+        {"claimTemplate": {}},
+    ],
+)
 def test_the_loop_prices_a_warm_cache_exactly_where_the_pod_keeps_one(kind: dict[str, Any] | None) -> None:
     """``keeps_compile_cache`` (the closed loop's ``Evidence.compile_cache_persistent``) agrees with the
     rendered pod: true where vLLM's cache root is on the volume."""

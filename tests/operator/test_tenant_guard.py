@@ -22,9 +22,14 @@ from kvpilot.operator.pods.tenant_settings import TenantConfigError, TenantSetti
 STRICT = TenantSettings(mode="Strict")
 TRUST = TenantSettings(mode="TrustNamespace")
 REFERENCE_CASES = {
-    "secret-volume", "env-from-secret", "sidecar-secret-key-ref", "projected-secret", "config-map-volume",
-    "claim-volume", "image-pull-secret",
-}  # fmt: skip
+    "secret-volume",
+    "env-from-secret",
+    "sidecar-secret-key-ref",
+    "projected-secret",
+    "config-map-volume",
+    "claim-volume",
+    "image-pull-secret",
+}
 """The cases the policy refuses for alice's identity (a Secret, ConfigMap or claim she may not get)."""
 
 
@@ -82,13 +87,22 @@ def test_what_alice_may_use_passes() -> None:
         {"model": MODEL, "engine": {"tolerations": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}},
         {"model": MODEL, "engine": {"extraArgs": ["--model-impl", "vllm", "--max-num-seqs=8"]}},
         pod(volumes=[{"name": "x", "emptyDir": {}}], containers=[sidecar(ports=[{"containerPort": 8080}])]),
-        {"model": MODEL, "engine": {"extraArgs": [
-            "--hf-overrides", '{"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}', "-O3",
-            "--compilation-config", '{"mode": 3, "cudagraph_capture_sizes": [1, 2]}',
-            "--config-format", "auto",
-        ]}},
+        {
+            "model": MODEL,
+            "engine": {
+                "extraArgs": [
+                    "--hf-overrides",
+                    '{"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}',
+                    "-O3",
+                    "--compilation-config",
+                    '{"mode": 3, "cudagraph_capture_sizes": [1, 2]}',
+                    "--config-format",
+                    "auto",
+                ]
+            },
+        },
     ],
-)  # fmt: skip
+)
 def test_benign_specs_pass_in_strict(spec: dict[str, Any]) -> None:
     assert _violations(spec, STRICT) == []
 

@@ -5,10 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from kvpilot.operator import api
 from kvpilot.operator.loop import tick
+from kvpilot.operator.pods import pod_status, storage
 from kvpilot.operator.status import loop_patch, status_patch
-from kvpilot.tuner.loop import Action, Decision, LoopState, RolloutState, Trigger
-from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.gpus import lookup_gpu
+from kvpilot.tuner.loop import (
+    Action,
+    Decision,
+    LoopState,
+    ObservationWindow,
+    RolloutState,
+    Trigger,
+    TuningContext,
+)
+from kvpilot.tuner.types import EngineSettings, MemoryBudget
 
 OLD = EngineSettings(max_num_seqs=64)
 NEW = EngineSettings(max_num_seqs=128)
@@ -45,3 +58,51 @@ def test_a_moved_deadline_is_written_over_the_wire_rollout() -> None:
     assert fields == {"rollout": {"settings": {"maxNumSeqs": 128}, "deadline": later}}
     assert rollout_fields(old, state, ROLLING, {}) == {}  # unchanged deadline: nothing to add
     assert tick.compute_rollout(state, [], 600.0) == ROLLING  # no pod of it started: the deadline holds
+
+
+def test_the_reading_s_checkpoint_and_weight_cache_reach_the_evidence() -> None:
+    """What the kind knows of the model (the whole checkpoint) and its storage (a shared weight cache) is
+    what the tuner predicts the rollout's start from."""
+    budget = MemoryBudget(
+        gpu_total_gib=79.19,
+        requested_gib=72.85,
+        weights_gib=14.99,
+        activation_gib=2.5,
+        non_torch_gib=0.4,
+        cuda_graph_gib=0.5,
+        available_kv_cache_gib=54.46,
+        kv_bytes_per_token=131072,
+        num_gpu_blocks=27883,
+        kv_cache_tokens=446128,
+        max_concurrency=13.6,
+        starts=True,
+    )
+    reading = tick.TickReading(
+        budget=budget,
+        window=ObservationWindow.unavailable("no samples", 2000.0),
+        pods=[],
+        summary=pod_status.compute_pod_summary([], NEW, 1),
+        replica_view=pod_status.compute_replica_view([], 1),
+        replicas=1,
+        restart_seconds=None,
+        checkpoint_gib=600.0,
+        weights_cached=True,
+    )
+    context = TuningContext(gpu=lookup_gpu("H100-SXM"), default_max_model_len=8192)
+    judged = tick.compute_tick(LoopState(current=NEW), reading, context, 2000.0)
+    assert (judged.evidence.checkpoint_gib, judged.evidence.weights_cached) == (600.0, True)
+
+
+@pytest.mark.parametrize(
+    ("kind", "cached"),
+    [
+        (None, False),  # no volume: every start downloads
+        ({"hostPath": {"path": "/w"}}, False),  # only the nodes that downloaded it hold it
+        ({"persistentVolumeClaim": {"claimName": "w"}}, True),
+        ({"persistentVolumeClaim": {"claimName": "w", "readOnly": True}}, True),
+        ({"claimTemplate": {}}, True),
+    ],
+)
+def test_weights_are_cached_on_a_claim_any_node_mounts(kind: dict[str, Any] | None, cached: bool) -> None:
+    spec = api.Storage.model_validate(kind) if kind is not None else None
+    assert storage.keeps_weights(spec) == cached

@@ -56,4 +56,3 @@ def test_the_operator_records_deletions_of_inference_services() -> None:
     body = {"metadata": {"uid": uid}}
     service_main.inference_service_event(event={"type": "DELETED", "object": body}, body=body)  # type: ignore[arg-type]
     assert not timers.is_live(body)  # type: ignore[arg-type]
-

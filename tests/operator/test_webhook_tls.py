@@ -25,10 +25,23 @@ def make_cert(directory: Path, cn: str, key: Path | None = None) -> tuple[Path, 
     crt, new_key = directory / "tls.crt", key or directory / "tls.key"
     keyargs = ["-key", str(key)] if key else ["-newkey", "rsa:2048", "-nodes", "-keyout", str(new_key)]
     subprocess.run(
-        ["openssl", "req", "-x509", *keyargs, "-days", "1", "-subj", f"/CN={cn}",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-out", str(crt)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-x509",
+            *keyargs,
+            "-days",
+            "1",
+            "-subj",
+            f"/CN={cn}",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-out",
+            str(crt),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return crt, new_key
 
 
@@ -80,9 +93,12 @@ async def server(certs: dict[str, Path]) -> AsyncIterator[tuple[webhook_tls.Relo
     port = free_port()
     live = certs["live"]
     srv = webhook_tls.ReloadingWebhookServer(
-        addr="127.0.0.1", port=port, certfile=str(live / "tls.crt"), pkeyfile=str(live / "tls.key"),
+        addr="127.0.0.1",
+        port=port,
+        certfile=str(live / "tls.crt"),
+        pkeyfile=str(live / "tls.key"),
         check_interval_s=0.05,
-    )  # fmt: skip
+    )
 
     async def fn(*_: Any, **__: Any) -> Any:
         raise AssertionError("no admission request in these tests")

@@ -20,10 +20,19 @@ TOTAL = 79.19
 BOUNDS = TuningBounds(min_max_model_len=32768)
 DOWN = ObservationWindow.unavailable("nothing served yet", NOW)
 BUDGET_32B = MemoryBudget(
-    gpu_total_gib=TOTAL, requested_gib=0.95 * TOTAL, weights_gib=61.0, activation_gib=2.0, non_torch_gib=0.4,
-    cuda_graph_gib=0.8, available_kv_cache_gib=9.0, kv_bytes_per_token=262144, num_gpu_blocks=2304,
-    kv_cache_tokens=36864, max_concurrency=1.1, starts=True,
-)  # fmt: skip
+    gpu_total_gib=TOTAL,
+    requested_gib=0.95 * TOTAL,
+    weights_gib=61.0,
+    activation_gib=2.0,
+    non_torch_gib=0.4,
+    cuda_graph_gib=0.8,
+    available_kv_cache_gib=9.0,
+    kv_bytes_per_token=262144,
+    num_gpu_blocks=2304,
+    kv_cache_tokens=36864,
+    max_concurrency=1.1,
+    starts=True,
+)
 """A 32B bf16 model on an H100 at 0.95: 36k KV tokens, a 32k minimum context just fits."""
 RAISED = EngineSettings(
     max_model_len=32768, max_num_seqs=64, gpu_memory_utilization=0.95, max_num_batched_tokens=8192
@@ -48,7 +57,7 @@ def _oom(current: EngineSettings, count: int = 1, per_seq: float = PER_SEQ_GIB) 
 def _decide(current: EngineSettings, history: tuple = (), count: int = 1) -> object:
     state, evidence = state_and_evidence(
         current, DOWN, (_oom(current, count),), history, (TOO_SMALL,), budget=BUDGET_32B
-    )  # fmt: skip
+    )
     return compute_decision(state, evidence, context(BOUNDS, PolicyConfig()), NOW)
 
 
@@ -78,7 +87,7 @@ def _situation(current: EngineSettings, history: tuple = ()) -> Situation:
     eff = remedies.compute_effective(current, ctx)
     return Situation(
         current, eff, BUDGET_32B, DOWN, ctx, history, NOW, BUDGET_32B.kv_cache_tokens, failed=(TOO_SMALL,)
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("escalate", [False, True])

@@ -24,26 +24,30 @@ REAL = sorted(LOGS.rglob("*.log"))
 
 # Formats of vllm 0.33's gpu_model_runner.py / gpu_worker.py / kv_cache_utils.py / loggers.py (§1.5)
 W = "(Worker pid=7) INFO 12-05 10:00:0{} [gpu_model_runner.py:4879] "
-GPU_START = "\n".join([
-    "(EngineCore pid=5) INFO 12-05 10:00:00 [core.py:133] Initializing a V1 LLM engine (v0.33.0) with "
-    "config: model='meta-llama/Llama-3.1-8B-Instruct', tokenizer='meta-llama/Llama-3.1-8B-Instruct', "
-    "max_seq_len=131072, tensor_parallel_size=1, pipeline_parallel_size=1",
-    W.format(1) + "Model loading took 14.99 GiB memory and 31.657031 seconds",
-    W.format(2) + "torch.compile took 18.21 s in total",
-    W.format(3) + "Available KV cache memory: 52.31 GiB",
-    "(EngineCore pid=5) INFO 12-05 10:00:04 [kv_cache_utils.py:2327] GPU KV cache size: 428,512 tokens, "
-    "Maximum concurrency for 131,072 tokens per request: 3.27x",
-    W.format(5) + "Graph capturing finished in 9 secs, took 0.47 GiB",
-    "(EngineCore pid=5) INFO 12-05 10:00:06 [core.py:250] init engine (profile, create kv cache, warmup "
-    "model) took 42.10 s",
-    "(APIServer pid=1) INFO 12-05 10:00:07 [api_server.py:1900] Starting vLLM API server 0 on http://0.0.0.0:8000",
-])
+GPU_START = "\n".join(
+    [
+        "(EngineCore pid=5) INFO 12-05 10:00:00 [core.py:133] Initializing a V1 LLM engine (v0.33.0) with "
+        "config: model='meta-llama/Llama-3.1-8B-Instruct', tokenizer='meta-llama/Llama-3.1-8B-Instruct', "
+        "max_seq_len=131072, tensor_parallel_size=1, pipeline_parallel_size=1",
+        W.format(1) + "Model loading took 14.99 GiB memory and 31.657031 seconds",
+        W.format(2) + "torch.compile took 18.21 s in total",
+        W.format(3) + "Available KV cache memory: 52.31 GiB",
+        "(EngineCore pid=5) INFO 12-05 10:00:04 [kv_cache_utils.py:2327] GPU KV cache size: 428,512 tokens, "
+        "Maximum concurrency for 131,072 tokens per request: 3.27x",
+        W.format(5) + "Graph capturing finished in 9 secs, took 0.47 GiB",
+        "(EngineCore pid=5) INFO 12-05 10:00:06 [core.py:250] init engine (profile, create kv cache, warmup "
+        "model) took 42.10 s",
+        "(APIServer pid=1) INFO 12-05 10:00:07 [api_server.py:1900] Starting vLLM API server 0 on http://0.0.0.0:8000",
+    ]
+)
 
 
 def _stats(running: int, waiting: int, usage: float) -> str:
-    return (f"(APIServer pid=1) INFO 12-05 10:01:00 [loggers.py:259] Engine 000: Avg prompt throughput: "
-            f"900.1 tokens/s, Avg generation throughput: 1500.2 tokens/s, Running: {running} reqs, Waiting: "
-            f"{waiting} reqs, GPU KV cache usage: {usage:.1f}%, Prefix cache hit rate: 0.0%")  # fmt: skip
+    return (
+        f"(APIServer pid=1) INFO 12-05 10:01:00 [loggers.py:259] Engine 000: Avg prompt throughput: "
+        f"900.1 tokens/s, Avg generation throughput: 1500.2 tokens/s, Running: {running} reqs, Waiting: "
+        f"{waiting} reqs, GPU KV cache usage: {usage:.1f}%, Prefix cache hit rate: 0.0%"
+    )
 
 
 def _diagnose(text: str) -> diagnose.Diagnosis:
@@ -91,15 +95,20 @@ def test_gpu_start_up_memory_terms() -> None:
 
 def test_split_and_v0_lines() -> None:
     """Before 0.28 the size and the concurrency were two lines; V0 printed its whole profile on one."""
-    split = "\n".join([W.format(1) + "Model loading took 15.4137 GB and 9.033798 seconds",
-                       "INFO [kv_cache_utils.py:634] GPU KV cache size: 190,464 tokens",
-                       "INFO [kv_cache_utils.py:637] Maximum concurrency for 8,192 tokens per request: "
-                       "23.25x"])  # fmt: skip
+    split = "\n".join(
+        [
+            W.format(1) + "Model loading took 15.4137 GB and 9.033798 seconds",
+            "INFO [kv_cache_utils.py:634] GPU KV cache size: 190,464 tokens",
+            "INFO [kv_cache_utils.py:637] Maximum concurrency for 8,192 tokens per request: 23.25x",
+        ]
+    )
     (s,) = diagnose.read_log(split).startups
     assert (s.weights_gib, s.kv_cache_tokens, s.concurrency) == (14.3551, 190464, 23.25)
-    v0 = ("INFO 04-23 14:48:44 [worker.py:287] model weights take 10.30GiB; non_torch_memory takes "
-          "0.33GiB; PyTorch activation peak memory takes 1.77GiB; the rest of the memory reserved for KV "
-          "Cache is 14.26GiB.")
+    v0 = (
+        "INFO 04-23 14:48:44 [worker.py:287] model weights take 10.30GiB; non_torch_memory takes "
+        "0.33GiB; PyTorch activation peak memory takes 1.77GiB; the rest of the memory reserved for KV "
+        "Cache is 14.26GiB."
+    )
     (s,) = diagnose.read_log(v0).startups
     assert (s.weights_gib, s.activation_gib, s.kv_cache_gib) == (10.3, 1.77, 14.26)
 
@@ -114,8 +123,10 @@ def test_which_term_grew_between_two_starts() -> None:
 
 
 def test_cuda_oom_while_serving_and_at_start_up() -> None:
-    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total "
-           "capacity of 79.11 GiB of which 140.75 MiB is free.")
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total "
+        "capacity of 79.11 GiB of which 140.75 MiB is free."
+    )
     serving = _diagnose(GPU_START + "\n" + _stats(40, 0, 71.0) + "\n" + oom)
     (f,) = serving.findings
     assert f.title == "CUDA out of memory while serving" and "0.77 GiB" in f.detail
@@ -129,12 +140,21 @@ def test_cuda_oom_while_serving_and_at_start_up() -> None:
     ("text", "title", "advice"),
     [
         (messages.no_memory_error((0, 33)), "No memory left for the KV cache", "--gpu-memory-utilization"),
-        (messages.free_memory_error((0, 33), 30.0, 79.11, 0.9, 71.2), "Less free GPU memory than asked for",
-         "--gpu-memory-utilization 0.37 or lower"),
-        (messages.mamba_cache_blocks_error(256, 170), "Too few Mamba state blocks for max_num_seqs",
-         "--max-num-seqs 170"),
-        (messages.max_len_error((0, 21), 131072, 16.0, 10.53, 86240), "Start-up KV shortfall",
-         "--max-model-len 86240"),
+        (
+            messages.free_memory_error((0, 33), 30.0, 79.11, 0.9, 71.2),
+            "Less free GPU memory than asked for",
+            "--gpu-memory-utilization 0.37 or lower",
+        ),
+        (
+            messages.mamba_cache_blocks_error(256, 170),
+            "Too few Mamba state blocks for max_num_seqs",
+            "--max-num-seqs 170",
+        ),
+        (
+            messages.max_len_error((0, 21), 131072, 16.0, 10.53, 86240),
+            "Start-up KV shortfall",
+            "--max-model-len 86240",
+        ),
     ],
 )
 def test_start_up_errors_from_vllms_texts(text: str, title: str, advice: str) -> None:
@@ -143,8 +163,14 @@ def test_start_up_errors_from_vllms_texts(text: str, title: str, advice: str) ->
 
 
 def test_preemption_storm_from_stats_lines() -> None:
-    calm = [_stats(30, 0, 60.0), _stats(40, 2, 99.5), _stats(38, 0, 80.0), _stats(38, 0, 80.0),
-            _stats(38, 3, 99.0), _stats(38, 0, 100.0)]  # full twice in 5 lines, or full with none waiting
+    calm = [
+        _stats(30, 0, 60.0),
+        _stats(40, 2, 99.5),
+        _stats(38, 0, 80.0),
+        _stats(38, 0, 80.0),
+        _stats(38, 3, 99.0),
+        _stats(38, 0, 100.0),
+    ]  # full twice in 5 lines, or full with none waiting
     assert _diagnose(GPU_START + "\n" + "\n".join(calm)).findings == ()
     storm = [_stats(31, 12, 99.1), _stats(29, 20, 100.0), _stats(30, 25, 70.0), _stats(28, 30, 100.0)]
     d = _diagnose(GPU_START + "\n" + "\n".join(calm + storm))

@@ -38,12 +38,22 @@ def _qwen2_5_vl_7b() -> dict[str, Any]:
         architectures=["Qwen2_5_VLForConditionalGeneration"],
         model_type="qwen2_5_vl",
         vision_config={
-            "depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
-            "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14,
-            "spatial_merge_size": 2, "spatial_patch_size": 14, "temporal_patch_size": 2,
-            "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
+            "depth": 32,
+            "hidden_act": "silu",
+            "hidden_size": 1280,
+            "intermediate_size": 3420,
+            "num_heads": 16,
+            "in_chans": 3,
+            "out_hidden_size": 3584,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "spatial_patch_size": 14,
+            "temporal_patch_size": 2,
+            "window_size": 112,
+            "fullatt_block_indexes": [7, 15, 23, 31],
+            "tokens_per_second": 2,
         },
-    )  # fmt: skip
+    )
     return config
 
 

@@ -32,9 +32,12 @@ MiB = 1 << 20
 def tiny_truth(kv_bytes: int, release: tuple[int, int] = (0, 32)) -> GroundTruth:
     """A 1 GiB "GPU" whose budget at utilisation 1.0 leaves exactly ``kv_bytes`` for the KV cache."""
     return GroundTruth(
-        vllm_release=release, kv_bytes_per_token=4096, block_size=128, gpu_memory_gib=1.0,
+        vllm_release=release,
+        kv_bytes_per_token=4096,
+        block_size=128,
+        gpu_memory_gib=1.0,
         non_kv_gib=1.0 - kv_bytes / (1 << 30),
-    )  # fmt: skip
+    )
 
 
 def args(max_model_len: int) -> EngineArgs:
@@ -117,8 +120,10 @@ def test_the_operator_reads_the_simulated_failure_as_the_real_one(release: tuple
     previous = "".join(log.splitlines(keepends=True)[-LOG_TAIL_LINES:])
     cause = classify_termination(previous, "Error", 1)
     assert (cause.kind, cause.max_model_len, cause.estimated_max_model_len) == (
-        RestartKind.KV_CACHE_TOO_SMALL, 4096, 1920,
-    )  # fmt: skip
+        RestartKind.KV_CACHE_TOO_SMALL,
+        4096,
+        1920,
+    )
 
 
 def test_the_release_survives_a_scenario_file() -> None:

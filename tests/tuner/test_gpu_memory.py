@@ -26,8 +26,9 @@ HEADROOM = (1.0 - 0.92) * TOTAL
 FLOOR = gpu_memory.compute_free_floor(PolicyConfig(), TOTAL)
 
 
-def decide(win: ObservationWindow, current: EngineSettings = CHAT, restarts: tuple = (),
-           history: tuple = ()) -> Decision:  # fmt: skip
+def decide(
+    win: ObservationWindow, current: EngineSettings = CHAT, restarts: tuple = (), history: tuple = ()
+) -> Decision:
     state, evidence = state_and_evidence(current, win, restarts, history=history)
     return compute_decision(state, evidence, context(TuningBounds(min_max_model_len=4096)), NOW)
 
@@ -35,9 +36,15 @@ def decide(win: ObservationWindow, current: EngineSettings = CHAT, restarts: tup
 def situation(win: ObservationWindow, current: EngineSettings = CHAT) -> remedies.Situation:
     ctx = context()
     return remedies.Situation(
-        current=current, effective=remedies.compute_effective(current, ctx), budget=BUDGET, window=win,
-        context=ctx, history=(), now=NOW, capacity_tokens=BUDGET.kv_cache_tokens,
-    )  # fmt: skip
+        current=current,
+        effective=remedies.compute_effective(current, ctx),
+        budget=BUDGET,
+        window=win,
+        context=ctx,
+        history=(),
+        now=NOW,
+        capacity_tokens=BUDGET.kv_cache_tokens,
+    )
 
 
 def with_memory(

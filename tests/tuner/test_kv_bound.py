@@ -36,8 +36,9 @@ def held_back(**kw: float) -> ObservationWindow:
     return window(kv=0.86, preempt=0.2, running=20, waiting=30, prompt=1000, output=200, capacity=30000, **kw)
 
 
-def decide(win: ObservationWindow, current: EngineSettings = CURRENT, history: tuple = (),
-           budget: object = BIG) -> Decision:  # fmt: skip
+def decide(
+    win: ObservationWindow, current: EngineSettings = CURRENT, history: tuple = (), budget: object = BIG
+) -> Decision:
     tokens = win.kv_capacity_tokens
     big = dataclasses.replace(BIG, kv_cache_tokens=tokens) if tokens else BIG
     state, evidence = state_and_evidence(
@@ -81,8 +82,9 @@ def test_a_chunk_cut_that_frees_too_little_for_the_cache_is_not_made() -> None:
 
 
 def test_never_back_up_to_a_utilisation_that_ran_out_of_memory() -> None:
-    oom = entry(7200, trigger=RestartKind.CUDA_OOM, before=CURRENT.replace(gpu_memory_utilization=0.93),
-                after=CURRENT)  # fmt: skip
+    oom = entry(
+        7200, trigger=RestartKind.CUDA_OOM, before=CURRENT.replace(gpu_memory_utilization=0.93), after=CURRENT
+    )
     d = decide(with_gpu(held_back(), free_gib=8.0), history=(oom,))
     assert d.settings.gpu_memory_utilization == 0.92
 
@@ -112,10 +114,12 @@ def test_chunks_never_go_below_the_mean_prompt() -> None:
 
 def test_kv_pressure_grows_the_cache_before_cutting_sequences() -> None:
     # two long requests preempt each other: a few per cent more blocks keeps both
-    win = with_gpu(window(kv=0.97, preempt=0.2, running=2, waiting=20, prompt=40000, output=500,
-                          capacity=95696), 5.3)  # fmt: skip
-    current = EngineSettings(max_model_len=93696, max_num_seqs=16, gpu_memory_utilization=0.92,
-                             max_num_batched_tokens=8192)  # fmt: skip
+    win = with_gpu(
+        window(kv=0.97, preempt=0.2, running=2, waiting=20, prompt=40000, output=500, capacity=95696), 5.3
+    )
+    current = EngineSettings(
+        max_model_len=93696, max_num_seqs=16, gpu_memory_utilization=0.92, max_num_batched_tokens=8192
+    )
     d = decide(win, current)
     assert d.trigger == remedies.KV_PRESSURE
     # and, in the same rollout, the limit cut to what the larger cache holds (2 x 40k below 0.90 of ~100k
@@ -124,10 +128,12 @@ def test_kv_pressure_grows_the_cache_before_cutting_sequences() -> None:
 
 
 def test_growth_keeps_the_limit_when_the_larger_cache_holds_it() -> None:
-    win = with_gpu(window(kv=0.93, preempt=0.2, running=16, waiting=20, prompt=1000, output=500,
-                          capacity=30000), 5.3)  # fmt: skip
-    current = EngineSettings(max_model_len=32768, max_num_seqs=16, gpu_memory_utilization=0.92,
-                             max_num_batched_tokens=8192)  # fmt: skip
+    win = with_gpu(
+        window(kv=0.93, preempt=0.2, running=16, waiting=20, prompt=1000, output=500, capacity=30000), 5.3
+    )
+    current = EngineSettings(
+        max_model_len=32768, max_num_seqs=16, gpu_memory_utilization=0.92, max_num_batched_tokens=8192
+    )
     pressure = remedies.propose_for_pressure(_situation(win, current))
     assert pressure is not None
     grown = kv_bound.with_growth(_situation(win, current), pressure)
@@ -149,9 +155,15 @@ def test_the_trade_counts_what_the_larger_cache_admits() -> None:
 def _situation(win: ObservationWindow, current: EngineSettings = CURRENT) -> remedies.Situation:
     ctx = context(TuningBounds(), PolicyConfig())
     return remedies.Situation(
-        current=current, effective=remedies.compute_effective(current, ctx), budget=BIG,
-        window=win, context=ctx, history=(), now=NOW, capacity_tokens=30000,
-    )  # fmt: skip
+        current=current,
+        effective=remedies.compute_effective(current, ctx),
+        budget=BIG,
+        window=win,
+        context=ctx,
+        history=(),
+        now=NOW,
+        capacity_tokens=30000,
+    )
 
 
 def at_the_limit(**kw: float) -> ObservationWindow:
@@ -198,3 +210,44 @@ def test_a_raise_of_utilisation_alone_is_cheaper_on_a_warm_compile_cache() -> No
     assert "expected gain 229s of full capacity over 530s, restart cost 230s" in decisions[False].reason
     assert decisions[True].action == Action.RETUNE
     assert decisions[True].settings == current.replace(gpu_memory_utilization=0.95)
+
+
+def short_of_room(**kw: float) -> ObservationWindow:
+    """80 requests wait while all 64 sequences run with the KV cache at 0.70: room for 80 at 0.88 by the
+    usage per sequence (0.70 / 64 each), not for the 144 the queue asks for."""
+    return window(kv=0.70, running=64, waiting=80, prompt=100, output=50, capacity=30000, **kw)
+
+
+def test_a_queue_beyond_the_room_grows_the_cache_and_the_limit_in_one_rollout() -> None:
+    """The raise the current cache allows (80) would leave most of the queue waiting: the larger cache and
+    what it holds go in the same rollout, not in a second one a cooldown (and a restart) later."""
+    blind = decide(short_of_room())  # no telemetry: only the halved chunk's freed activations
+    assert (blind.trigger, blind.settings.max_num_seqs) == (remedies.IDLE_CAPACITY, 85)
+    assert (blind.settings.gpu_memory_utilization, blind.settings.max_num_batched_tokens) == (0.90, 4096)
+    assert "room for 80 at 0.88, fewer than the 144 the queue asks for" in blind.reason
+    d = decide(with_gpu(short_of_room(), free_gib=8.0))
+    assert d.action == Action.RETUNE and d.trigger == remedies.IDLE_CAPACITY
+    assert d.settings.gpu_memory_utilization == 0.95
+    assert d.settings.max_num_seqs > 85
+
+
+def test_a_raise_that_drains_the_queue_keeps_the_cache() -> None:
+    """5 waiting at 64 running: 80 sequences drain them, so the cache stays as it is."""
+    d = decide(with_gpu(window(kv=0.70, running=64, waiting=5, prompt=100, output=50, capacity=30000), 8.0))
+    assert d.trigger == remedies.IDLE_CAPACITY
+    assert d.settings.gpu_memory_utilization == CURRENT.gpu_memory_utilization
+    assert d.settings.max_num_batched_tokens == CURRENT.max_num_batched_tokens
+    assert 64 < d.settings.max_num_seqs <= 80
+
+
+def test_measured_room_and_a_deep_queue_take_the_raise_in_one_step() -> None:
+    """8 sequences run at KV usage 0.30 with 40 waiting: the window measures room for 22 (the fewer of
+    0.88 / (0.30 / 8) = 23 and 30k x 0.88 / 1,150 tokens), past the step (+25 % to +100 % by the queue)
+    that caps a raise without that evidence; the queue asks for 48, so 22 in one rollout rather than 16
+    and then 22. No larger cache (the chunk at its floor, no telemetry)."""
+    current = CURRENT.replace(max_num_seqs=8, max_num_batched_tokens=2048)
+    win = window(kv=0.30, running=8, waiting=40, prompt=1000, output=300, capacity=30000)
+    d = decide(win, current)
+    assert (d.action, d.trigger, d.settings.max_num_seqs) == (Action.RETUNE, remedies.IDLE_CAPACITY, 22)
+    few = decide(window(kv=0.30, running=8, waiting=4, prompt=1000, output=300, capacity=30000), current)
+    assert few.settings.max_num_seqs == 12  # a shallow queue: the step, +50 % (4 waiting per 8 running)

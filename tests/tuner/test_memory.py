@@ -168,6 +168,25 @@ def test_tensor_parallel_adds_all_reduce_memory_and_pipeline_takes_the_minimum()
     assert pp.kv_cache_tokens == pytest.approx(1_075_312, rel=0.002)  # the last stage binds
 
 
+def test_tensor_parallel_over_pcie_adds_what_pipeline_stages_add() -> None:
+    """vLLM builds its communicators before the init snapshot; the fitted TP non-torch term is the
+    NVLink-class paths', which PCIe-only ranks lack: they add what pipeline stages add. case-080
+    (Qwen3-235B-A22B-FP8, 0.27.1, TP 4 over PCIe on RTX PRO 6000s) logs 27.85 GiB of KV cache."""
+    spec = build_model_spec(json.loads((HF_CONFIGS / "Qwen__Qwen3-235B-A22B-FP8.json").read_text()))
+    pro = GpuSpec("RTX-PRO-6000", int(95.01 * GIB), (12, 0), True, "pcie")
+    settings = EngineSettings(
+        gpu_memory_utilization=0.9, max_model_len=32768, max_num_seqs=32, tensor_parallel_size=4
+    )
+    pcie = memory.compute_budget(spec, pro, settings, vllm_version="0.27.1")
+    nvlink = memory.compute_budget(
+        spec, dataclasses.replace(pro, interconnect="nvlink"), settings, vllm_version="0.27.1"
+    )
+    stages = memory.compute_non_torch_bytes(1, 2, (0, 27), interconnect="pcie")
+    assert pcie.non_torch_gib * GIB == pytest.approx(stages, abs=1)
+    assert nvlink.non_torch_gib > pcie.non_torch_gib + 1.5
+    assert pcie.available_kv_cache_gib == pytest.approx(27.85, rel=0.01)
+
+
 def test_activation_grows_with_batch_and_vocabulary() -> None:
     spec = build_model_spec(cfg.LLAMA_31_8B)
     small = memory.compute_budget(spec, H100, EngineSettings(max_num_seqs=64, max_num_batched_tokens=2048))

@@ -80,9 +80,14 @@ def test_lookup_returns_a_deep_copy() -> None:
 
 @pytest.mark.parametrize(
     "query",
-    ["meta-llama/Llama-3.1-8B-Instruct", "META-LLAMA/llama-3.1-8b-instruct", "Llama-3.1-8B-Instruct",
-     "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct", " meta-llama/Llama-3.1-8B-Instruct/ "],
-)  # fmt: skip
+    [
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "META-LLAMA/llama-3.1-8b-instruct",
+        "Llama-3.1-8B-Instruct",
+        "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct",
+        " meta-llama/Llama-3.1-8B-Instruct/ ",
+    ],
+)
 def test_lookup_is_forgiving_about_spelling(query: str) -> None:
     assert models.lookup_model(query).id == "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -45,11 +45,17 @@ def _gib(config: dict[str, Any], quant: QuantSpec | None = None) -> float:
         ({"quant_method": "modelopt", "quant_algo": "FP8_BLOCK_SCALES"}, "fp8", 8),
         ({"quant_method": "modelopt", "quant_algo": "MXFP8"}, "mxfp8", 8),
         # hf_quant_config.json's layout: the algorithm under "quantization"
-        ({"quant_method": "modelopt",
-          "quantization": {"quant_algo": "NVFP4", "exclude_modules": ["lm_head"]}}, "nvfp4", 4),
+        (
+            {
+                "quant_method": "modelopt",
+                "quantization": {"quant_algo": "NVFP4", "exclude_modules": ["lm_head"]},
+            },
+            "nvfp4",
+            4,
+        ),
         ({"quant_method": "modelopt"}, "fp8", 8),  # `--quantization modelopt`: vLLM's FP8 config
     ],
-)  # fmt: skip
+)
 def test_the_algorithm_decides_the_format(qc: dict[str, Any], method: str, bits: int) -> None:
     spec = build_quant_spec(qc)
     assert (spec.method, spec.weight_bits) == (method, bits)
@@ -131,9 +137,15 @@ def test_a_hostile_exclusion_list_is_refused_by_name(qc: dict[str, Any]) -> None
     assert caught.value.field.startswith(where), caught.value.field
 
 
-SIDECAR = {"producer": {"name": "modelopt", "version": "0.29.0"},
-           "quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
-                            "exclude_modules": ["lm_head", "backbone.layers.*.mixer.in_proj*"]}}  # fmt: skip
+SIDECAR = {
+    "producer": {"name": "modelopt", "version": "0.29.0"},
+    "quantization": {
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "kv_cache_quant_algo": None,
+        "exclude_modules": ["lm_head", "backbone.layers.*.mixer.in_proj*"],
+    },
+}
 """ModelOpt 0.29's hf_quant_config.json layout (the format vLLM's ``_normalize_quantization_config`` reads;
 Nemotron 3 Nano's own sidecar is not in tests/data)."""
 

@@ -49,8 +49,10 @@ def test_deepseek_v32_does_not_fit_one_h100_node_and_gets_two() -> None:
 def test_two_nodes_weigh_tp_within_a_node_times_pp_and_dp_times_ep() -> None:
     spec = _spec("deepseek-ai__DeepSeek-V3.2")
     node_plan = compute_node_plan(spec, H100, 8, AT_32K, nodes=2)
-    layouts = {(c.layout.tensor_parallel_size, c.layout.pipeline_parallel_size, c.layout.data_parallel_size)
-               for c in node_plan.considered}  # fmt: skip
+    layouts = {
+        (c.layout.tensor_parallel_size, c.layout.pipeline_parallel_size, c.layout.data_parallel_size)
+        for c in node_plan.considered
+    }
     assert layouts == {(8, 2, 1), (8, 1, 2), (4, 1, 4), (2, 1, 8), (1, 1, 16)}
     assert all(c.layout.tensor_parallel_size <= 8 for c in node_plan.considered)
     best = max(node_plan.considered, key=lambda c: (c.plan.feasible, c.context, c.concurrency))
@@ -140,8 +142,14 @@ def test_bad_node_counts_are_refused() -> None:
 
 def test_a_dp_rank_budgets_the_moe_layers_on_every_ranks_gathered_tokens() -> None:
     spec = _spec("deepseek-ai__DeepSeek-V3.2")
-    kw: dict[str, Any] = {"pp": 1, "pp_rank": 0, "max_num_batched_tokens": 8192, "max_num_seqs": 256,
-                          "dtype": "bfloat16", "version": (0, 33)}  # fmt: skip
+    kw: dict[str, Any] = {
+        "pp": 1,
+        "pp_rank": 0,
+        "max_num_batched_tokens": 8192,
+        "max_num_seqs": 256,
+        "dtype": "bfloat16",
+        "version": (0, 33),
+    }
     alone = memory.compute_activation_bytes(spec, tp=1, **kw)
     dp16 = memory.compute_activation_bytes(spec, tp=1, expert_shards=memory.ExpertShards(16, True), **kw)
     dp4 = memory.compute_activation_bytes(spec, tp=4, expert_shards=memory.ExpertShards(16, True), **kw)

@@ -26,9 +26,12 @@ def test_llama_8b_on_one_h100() -> None:
     assert s.max_model_len == 32768 and s.tensor_parallel_size == 1 and s.kv_cache_dtype == "auto"
     # the utilisation is the step's own answer for these settings, not a bound the planner got stuck at
     assert s.gpu_memory_utilization == planner.compute_safe_utilization(
-        LLAMA_8B, H100, EngineSettings(max_model_len=32768, tensor_parallel_size=1, kv_cache_dtype="auto"),
-        bounds, "0.33.0",
-    )  # fmt: skip
+        LLAMA_8B,
+        H100,
+        EngineSettings(max_model_len=32768, tensor_parallel_size=1, kv_cache_dtype="auto"),
+        bounds,
+        "0.33.0",
+    )
     # max_num_seqs: as many requests filling a quarter of the context as the cache holds, rounded down to 8
     assert s.max_num_seqs is not None and 16 <= s.max_num_seqs < 1024
     quarter = planner.TYPICAL_FILL * 32768
@@ -134,7 +137,8 @@ def test_infeasible_plan_says_why_and_what_would_fit() -> None:
 def test_more_gpus_suggestion_counts_gpus() -> None:
     plan = planner.compute_plan(LLAMA_70B, L4, 2, ServingBounds(max_context=8192))
     assert not plan.feasible
-    assert any("16 L4 GPUs" in r for r in plan.reasons)
+    # 8, not 16, since L4s (PCIe-only) carry no NVLink all-reduce memory (memory model 2026.12.5.3)
+    assert any("8 L4 GPUs (tensor parallel 8)" in r for r in plan.reasons)
 
 
 @pytest.mark.parametrize(("gpus", "tp"), [(1, 1), (2, 2), (3, 2), (4, 4), (5, 4), (6, 4), (8, 8)])

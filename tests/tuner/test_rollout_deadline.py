@@ -10,7 +10,7 @@ import pytest
 from policy_fixtures import BUDGET, CURRENT, NOW, context, state_and_evidence, window
 
 from kvpilot.tuner.loop.policy import Action, Decision, PolicyConfig, RolloutState, Trigger, compute_decision
-from kvpilot.tuner.loop.rollout import compute_deadline_seconds
+from kvpilot.tuner.loop.rollout import compute_deadline_seconds, compute_predicted_start_seconds
 
 POLICY = PolicyConfig()  # 900 s configured, x1.5 the expected start, 0.5 GiB/s, 180 s load + engine
 GOOD = CURRENT.replace(max_num_seqs=320)
@@ -45,7 +45,12 @@ def test_negative_start_evidence_is_refused() -> None:
 
 def _decide(rollout: RolloutState, **kw: object) -> Decision:
     state, evidence = state_and_evidence(
-        CURRENT, window(), rollout=rollout, last_good=GOOD, ready=False, **kw  # type: ignore[arg-type]
+        CURRENT,
+        window(),
+        rollout=rollout,
+        last_good=GOOD,
+        ready=False,
+        **kw,  # type: ignore[arg-type]
     )
     return compute_decision(state, evidence, context(policy=POLICY), NOW)
 
@@ -86,3 +91,82 @@ def test_extension_counts_from_the_newest_pods_start() -> None:
     waited = RolloutState(CURRENT, NOW - 3000, deadline=pod_start + POLICY.rollout_deadline_seconds)
     d = _decide(waited, restart_seconds=1260.0)  # its pod started 1000 s ago
     assert d.trigger == Trigger.ROLLOUT_IN_PROGRESS
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_gib", "weights_cached", "warm_compile", "expected"),
+    [
+        (600.0, False, 0.0, 1380.0),  # a download of 1200 s, then 180 s of load and start-up
+        (600.0, True, 0.0, 180.0),  # on a shared volume: no download
+        (600.0, True, 30.0, 150.0),  # and a warm compile cache: 30 s of torch.compile skipped
+        (15.0, False, 30.0, 180.0),  # 30 s download + 150 s
+        (15.0, False, 500.0, 30.0),  # the compile skipped is never more than the start
+    ],
+)
+def test_predicted_start_knows_the_weight_and_compile_caches(
+    checkpoint_gib: float, weights_cached: bool, warm_compile: float, expected: float
+) -> None:
+    got = compute_predicted_start_seconds(
+        POLICY,
+        checkpoint_gib=checkpoint_gib,
+        weights_cached=weights_cached,
+        warm_compile_seconds=warm_compile,
+    )
+    assert got == pytest.approx(expected)
+
+
+def test_negative_prediction_inputs_are_refused() -> None:
+    with pytest.raises(ValueError, match="negative start evidence"):
+        compute_predicted_start_seconds(
+            POLICY, checkpoint_gib=-1.0, weights_cached=False, warm_compile_seconds=0
+        )
+    with pytest.raises(ValueError, match="negative start evidence"):
+        compute_predicted_start_seconds(
+            POLICY, checkpoint_gib=1.0, weights_cached=False, warm_compile_seconds=-1
+        )
+
+
+def test_cached_weights_keep_the_configured_deadline_for_a_big_checkpoint() -> None:
+    """A 600 GiB checkpoint on a shared volume starts in the configured time: a rollout 1000 s in has
+    failed, where the same checkpoint downloaded on every start would still wait (2070 s)."""
+    big = dataclasses.replace(BUDGET, weights_gib=600.0)
+    state, evidence = state_and_evidence(
+        CURRENT, window(), rollout=_started(1000), last_good=GOOD, budget=big
+    )
+    assert (
+        compute_decision(state, evidence, context(policy=POLICY), NOW).trigger == Trigger.ROLLOUT_IN_PROGRESS
+    )
+    cached = dataclasses.replace(evidence, weights_cached=True)
+    assert compute_decision(state, cached, context(policy=POLICY), NOW).action == Action.ROLLBACK
+
+
+def test_the_whole_checkpoint_wins_over_one_ranks_weights() -> None:
+    """``Evidence.checkpoint_gib`` (the operator's, the whole model) predicts the download, not the budget's
+    one-rank weights: 600 GiB in all under tensor parallelism 8 is 2070 s, not the 900 s of 75 GiB."""
+    rank = dataclasses.replace(BUDGET, weights_gib=75.0)
+    state, evidence = state_and_evidence(
+        CURRENT, window(), rollout=_started(1000), last_good=GOOD, budget=rank
+    )
+    assert compute_decision(state, evidence, context(policy=POLICY), NOW).action == Action.ROLLBACK
+    whole = dataclasses.replace(evidence, checkpoint_gib=600.0)
+    assert compute_decision(state, whole, context(policy=POLICY), NOW).trigger == Trigger.ROLLOUT_IN_PROGRESS
+
+
+def test_a_warm_compile_cache_counts_only_when_the_change_keeps_the_compile_hash() -> None:
+    """From the last good settings, a change of utilisation alone restarts onto the persistent compile
+    cache (30 s less), a change of ``max_num_seqs`` compiles again. A 1000 GiB checkpoint: 2000 s of
+    download + 180 s, x1.5 = 3270 s cold-compiled, 3225 s warm."""
+    big = dataclasses.replace(BUDGET, weights_gib=1000.0)
+    gmu_only = CURRENT.replace(gpu_memory_utilization=0.85)
+    state, evidence = state_and_evidence(
+        CURRENT, window(), rollout=_started(3250), last_good=gmu_only, budget=big
+    )
+    persistent = dataclasses.replace(evidence, compile_cache_persistent=True)
+    assert (
+        compute_decision(state, evidence, context(policy=POLICY), NOW).trigger == Trigger.ROLLOUT_IN_PROGRESS
+    )
+    assert compute_decision(state, persistent, context(policy=POLICY), NOW).action == Action.ROLLBACK
+    seqs = dataclasses.replace(state, last_good=GOOD)  # max_num_seqs differs: a cold compile
+    assert (
+        compute_decision(seqs, persistent, context(policy=POLICY), NOW).trigger == Trigger.ROLLOUT_IN_PROGRESS
+    )

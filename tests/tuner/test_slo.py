@@ -17,8 +17,12 @@ def with_fields(win: ObservationWindow, **fields: float | None) -> ObservationWi
     return dataclasses.replace(win, samples=tuple(dataclasses.replace(s, **fields) for s in win.samples))
 
 
-def decide(win: ObservationWindow, objective: LatencySlo | None, current: EngineSettings = CURRENT,
-           history: tuple = ()) -> Decision:  # fmt: skip
+def decide(
+    win: ObservationWindow,
+    objective: LatencySlo | None,
+    current: EngineSettings = CURRENT,
+    history: tuple = (),
+) -> Decision:
     state, evidence = state_and_evidence(current, win, history=history)
     ctx = dataclasses.replace(context(TuningBounds(min_max_model_len=4096), PolicyConfig()), slo=objective)
     return compute_decision(state, evidence, ctx, NOW)

@@ -31,12 +31,14 @@ LLAMA_8B = {
         (["--speculative-config", '{"method": "mtp"}'], ("--speculative-config",)),
         (["--speculative_config={}", "--spec-tokens", "3"], ("--speculative-config", "--spec-tokens")),
         (["--kv-transfer-config.kv_connector=LMCacheConnectorV1"], ("--kv-transfer-config",)),
-        (["--kv-offloading-size", "64", "--kv-offloading-backend", "native"],
-         ("--kv-offloading-size", "--kv-offloading-backend")),
+        (
+            ["--kv-offloading-size", "64", "--kv-offloading-backend", "native"],
+            ("--kv-offloading-size", "--kv-offloading-backend"),
+        ),
         (["--max-num-active-seqs", "64", "--max-num-active-seqs", "32"], ("--max-num-active-seqs",)),
         (["--moe-backend", "flashinfer_cutlass", "--enable-lora"], ("--moe-backend", "--enable-lora")),
     ],
-)  # fmt: skip
+)
 def test_unmodelled_flags_are_found_in_any_spelling_once(args: list[str], found: tuple[str, ...]) -> None:
     assert vllm.list_unmodelled_flags(args) == found
     assert vllm.build_engine_flags(args).unmodelled == found

@@ -13,13 +13,19 @@ from kvpilot.tuner.types import EngineSettings
 def test_renders_every_set_field_in_order() -> None:
     settings = EngineSettings(8192, 64, 0.9, "fp8", 4, 8192)
     assert vllm.build_vllm_args(settings) == (
-        "--max-model-len", "8192",
-        "--max-num-seqs", "64",
-        "--gpu-memory-utilization", "0.9",
-        "--kv-cache-dtype", "fp8",
-        "--tensor-parallel-size", "4",
-        "--max-num-batched-tokens", "8192",
-    )  # fmt: skip
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "64",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--kv-cache-dtype",
+        "fp8",
+        "--tensor-parallel-size",
+        "4",
+        "--max-num-batched-tokens",
+        "8192",
+    )
 
 
 def test_renders_only_set_fields_then_extra() -> None:
@@ -60,23 +66,31 @@ def test_invalid_settings_are_refused(settings: EngineSettings, flag: str) -> No
 
 def test_parse_extracts_every_spelling_and_keeps_the_rest() -> None:
     args = [
-        "--model", "meta-llama/Llama-3.1-8B-Instruct",
+        "--model",
+        "meta-llama/Llama-3.1-8B-Instruct",
         "--max_model_len=32K",
-        "-tp", "2",
+        "-tp",
+        "2",
         "--enable-prefix-caching",
-        "--device-memory-utilization", "0.85",
+        "--device-memory-utilization",
+        "0.85",
         "--kv-cache-dtype=fp8",
-        "--max-num-seqs", "8",
-        "--max-num-batched-tokens", "2k",
-        "--served-model-name", "llama",
-    ]  # fmt: skip
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "2k",
+        "--served-model-name",
+        "llama",
+    ]
     settings, rest = vllm.parse_vllm_args(args)
     assert settings == EngineSettings(32768, 8, 0.85, "fp8", 2, 2000)
     assert rest == (
-        "--model", "meta-llama/Llama-3.1-8B-Instruct",
+        "--model",
+        "meta-llama/Llama-3.1-8B-Instruct",
         "--enable-prefix-caching",
-        "--served-model-name", "llama",
-    )  # fmt: skip
+        "--served-model-name",
+        "llama",
+    )
 
 
 def test_parse_later_occurrence_wins_and_auto_is_minus_one() -> None:

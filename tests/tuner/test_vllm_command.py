@@ -11,14 +11,30 @@ from kvpilot.tuner.vllm import command as c
 # vLLM production-stack's chart (helm/templates/deployment-vllm-multi.yaml): everything in `command`,
 # underscores in --gpu_memory_utilization.
 PRODUCTION_STACK = [
-    "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port", "8000",
-    "--no-enable-prefix-caching", "--max-model-len", "131072", "--dtype", "bfloat16",
-    "--max-num-seqs", "256", "--gpu_memory_utilization", "0.95",
-]  # fmt: skip
+    "vllm",
+    "serve",
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8000",
+    "--no-enable-prefix-caching",
+    "--max-model-len",
+    "131072",
+    "--dtype",
+    "bfloat16",
+    "--max-num-seqs",
+    "256",
+    "--gpu_memory_utilization",
+    "0.95",
+]
 # KServe's vLLM runtime (config/runtimes/kserve-vllmserver.yaml): a bash script passing "$@".
-KSERVE_COMMAND = ["bash", "-c",
-                  'export MODEL=${MODEL_DIR}\nvllm serve ${MODEL} --host 0.0.0.0 --port 8000 $@\n',
-                  "bash"]  # fmt: skip
+KSERVE_COMMAND = [
+    "bash",
+    "-c",
+    "export MODEL=${MODEL_DIR}\nvllm serve ${MODEL} --host 0.0.0.0 --port 8000 $@\n",
+    "bash",
+]
 KSERVE_ARGS = ["--max-model-len=65536", "--max-num-seqs", "128"]
 
 

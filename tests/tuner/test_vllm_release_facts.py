@@ -48,7 +48,9 @@ def test_model_runner_default(minor: str) -> None:
     else:
         rule = vllm.RUNNER_RULES[version]
         assert (rule.rule, rule.hybrid, rule.attention_free) == (
-            fact["rule"], fact["hybrid"], fact["attention_free"]
+            fact["rule"],
+            fact["hybrid"],
+            fact["attention_free"],
         )
         assert rule.architectures == frozenset(fact["architectures"])
     assert vllm.uses_model_runner_v2(version, override=False) is False
@@ -103,6 +105,37 @@ def test_cuda_graphs_subtracted(minor: str) -> None:
 
 
 @pytest.mark.parametrize("minor", IDS)
+def test_logged_peak_activation_holds_the_graph_estimate(minor: str) -> None:
+    """0.27+ log ``transient_peak_headroom + cudagraph_memory_estimate_applied`` as "peak activation"."""
+    fact = RELEASES[minor]["profiler"]
+    assert vllm.logs_graph_estimate_in_activation(_v(minor)) is fact["activation_includes_graph_estimate"]
+    assert fact["activation_logged_at"].startswith("vllm/v1/worker/gpu_worker.py:")
+
+
+@pytest.mark.parametrize("minor", IDS)
+def test_communicators_are_built_before_the_init_snapshot(minor: str) -> None:
+    """The buffers of vLLM's own communicators are outside the budget in every modelled release: what tensor
+    parallelism adds to non-torch memory is created after the snapshot."""
+    fact = RELEASES[minor]["profiler"]
+    assert _v(minor) >= vllm.COMMUNICATORS_BEFORE_SNAPSHOT_SINCE
+    assert fact["snapshot_after_distributed_init"], (fact["distributed_init_at"], fact["snapshot_at"])
+
+
+@pytest.mark.parametrize("minor", IDS)
+def test_graph_estimate_is_first_capture_plus_per_graph(minor: str) -> None:
+    assert RELEASES[minor]["profiler"]["graph_estimate_per_mode"]
+
+
+@pytest.mark.parametrize("minor", IDS)
+def test_nvlink_class_collectives(minor: str) -> None:
+    fact = RELEASES[minor]["collectives"]
+    assert tuple(fact["allreduce_fusion_capabilities"]) == vllm.ALLREDUCE_FUSION_CAPABILITIES
+    assert tuple(fact["allreduce_fusion_capability_families"]) == vllm.ALLREDUCE_FUSION_CAPABILITY_FAMILIES
+    assert fact["custom_allreduce_pcie_limit_at"] is not None
+    assert vllm.CUSTOM_ALLREDUCE_MAX_PCIE_GPUS == 2
+
+
+@pytest.mark.parametrize("minor", IDS)
 def test_sampler_warmup_belongs_to_the_v2_runner(minor: str) -> None:
     """``for_sampler_warmup`` is used only by Model Runner V2 (``v1/worker/gpu/``): kvpilot keys the
     warm-up term on the runner, not on the release."""
@@ -140,9 +173,7 @@ def test_an_architecture_the_release_does_not_serve_is_refused_by_name() -> None
 
 def test_registry_spans_follow_the_releases() -> None:
     """An architecture vLLM added later is refused on the older release it did not exist in."""
-    added = [
-        name for name, spans in registry_data.SERVED.items() if spans[0][0] != "0.19"
-    ]
+    added = [name for name, spans in registry_data.SERVED.items() if spans[0][0] != "0.19"]
     assert added
     name = added[0]
     first = vllm.parse_version(registry_data.SERVED[name][0][0])

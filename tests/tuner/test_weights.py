@@ -97,13 +97,28 @@ def test_vocabulary_is_padded_to_a_multiple_of_64(vocab: int, padded: int) -> No
 def _nemotron_h(pattern: str, **extra: object) -> dict[str, object]:
     """A small Nemotron-H config (the published Nano's field names) with ``pattern``'s blocks."""
     return {
-        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "torch_dtype": "bfloat16",
-        "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": len(pattern),
-        "hybrid_override_pattern": pattern, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 64, "mamba_num_heads": 8, "mamba_head_dim": 32, "ssm_state_size": 16, "n_groups": 1,
-        "conv_kernel": 4, "expand": 2, "vocab_size": 1024, "max_position_embeddings": 4096,
-        "tie_word_embeddings": False, "mlp_hidden_act": "relu2", **extra,
-    }  # fmt: skip
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "torch_dtype": "bfloat16",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": len(pattern),
+        "hybrid_override_pattern": pattern,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 32,
+        "ssm_state_size": 16,
+        "n_groups": 1,
+        "conv_kernel": 4,
+        "expand": 2,
+        "vocab_size": 1024,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "mlp_hidden_act": "relu2",
+        **extra,
+    }
 
 
 def test_a_nemotron_h_block_holds_one_component() -> None:
@@ -115,8 +130,13 @@ def test_a_nemotron_h_block_holds_one_component() -> None:
     assert mlp == 2 * (2 * h * inter + h)  # bf16: up, down and the block's norm
     attention = weights.compute_weight_breakdown(build_model_spec(_nemotron_h("M**"))).params - base
     assert attention == 2 * (h * (4 * 64 + 2 * 2 * 64) + 4 * 64 * h + h)  # q, k, v, o and the norm
-    moe = {"n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
-           "moe_shared_expert_intermediate_size": 256, "n_shared_experts": 1}  # fmt: skip
+    moe = {
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "moe_shared_expert_intermediate_size": 256,
+        "n_shared_experts": 1,
+    }
     with_moe = build_model_spec(_nemotron_h("M*E", **moe))
     expert_block = weights.compute_weight_breakdown(with_moe).params - base
     assert expert_block == 2 * (8 * 2 * h * 128 + 2 * h * 256 + 8 * h + h)  # experts, shared, router, norm
@@ -160,3 +180,20 @@ def test_decilm_layers_carry_their_own_attention_and_mlp_width() -> None:
     expected = _decilm_parameters(config)
     assert expected == 49_867_145_216
     assert weights.compute_weight_breakdown(spec).params == 2 * expected  # bf16
+
+
+def test_the_qwen3_vision_tower_keeps_its_norms_embeddings_and_row_biases_whole_at_tp() -> None:
+    """vLLM's ``Qwen3_VisionTransformer`` splits its linears by TP but every rank holds the patch embedding,
+    the position table, the LayerNorms and the row-parallel biases whole: Qwen3.5-9B's 4,617,856 parameters
+    (the model-class contract holds TP 2 to vLLM's ranks, byte for byte)."""
+    path = Path(__file__).resolve().parents[1] / "data" / "hf_configs" / "Qwen__Qwen3.5-9B.json"
+    spec = build_model_spec(json.loads(path.read_text()))
+    assert spec.towers_whole_params == 4_617_856
+    text_only = dataclasses.replace(spec, vision_params=0, towers_whole_params=0)
+    for tp in (2, 4):
+        tower = (
+            weights.compute_weight_breakdown(spec, tensor_parallel_size=tp).params
+            - weights.compute_weight_breakdown(text_only, tensor_parallel_size=tp).params
+        )
+        split = spec.vision_params - spec.towers_whole_params
+        assert tower == 2 * (split // tp + spec.towers_whole_params)  # bf16

@@ -224,10 +224,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [list]
 {{- if .Values.multiNode.enabled }}
 # a replica over several nodes (spec.gpu.nodesPerReplica > 1) runs as a LeaderWorkerSet (sigs.k8s.io/lws,
-# installed separately); server-side apply, as for the Deployment: no update, no delete
+# installed separately); server-side apply, as for the Deployment: no update, no delete; list and watch for
+# drift repair
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
-  verbs: [get, create, patch]
+  verbs: [get, list, watch, create, patch]
 {{- end }}
 {{- end }}
 
@@ -303,4 +304,16 @@ Strict when the chart renders no admission policy (disabled, or Kubernetes befor
      (tests/chart/test_chart_admission.py ties the two). */}}
 {{- define "kvpilot.templateSizeLimit" -}}
 65536
+{{- end }}
+
+{{/*
+The access modes a requester's spec.model.storage.claimTemplate may ask for (the admission policy and the
+operator's own guard read this one list): admissionPolicy.claimTemplate.allowedAccessModes, and
+ReadWriteMany when multiNode.enabled, since every node of a group mounts the weights and the CRD refuses any
+other mode for gpu.nodesPerReplica > 1 (docs/multinode.md). JSON.
+*/}}
+{{- define "kvpilot.claimAccessModes" -}}
+{{- $modes := .Values.admissionPolicy.claimTemplate.allowedAccessModes }}
+{{- if .Values.multiNode.enabled }}{{ $modes = append $modes "ReadWriteMany" | uniq }}{{ end }}
+{{- toJson $modes }}
 {{- end }}

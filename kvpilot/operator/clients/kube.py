@@ -28,6 +28,7 @@ from urllib3 import BaseHTTPResponse
 from urllib3.exceptions import HTTPError
 
 from kvpilot.operator import errors
+from kvpilot.operator.clients import pod_logs
 
 IO_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="kvpilot-io")
 """Threads for blocking Kubernetes and Hub calls (the default executor has only cpu+4)."""
@@ -124,6 +125,12 @@ class TargetKube(Kube, Protocol):
         """Evict the pod (policy/v1 Eviction); ``False`` when a PodDisruptionBudget refuses it now."""
         ...
 
+    def read_previous_log(
+        self, namespace: str, pod: str, container: str, tail_lines: int
+    ) -> str | pod_logs.UnreadLog | None:
+        """The tail of ``container``'s previous log (:func:`fetch_previous_log`), or why not."""
+        ...
+
 
 def build_label_selector(labels: Mapping[str, str], exists: tuple[str, ...] = ()) -> str:
     """``k=v,...`` plus bare keys for "label exists"."""
@@ -202,10 +209,18 @@ class ClusterKube:
         from kvpilot.operator import api
 
         try:
-            return self._json(self.custom.patch_namespaced_custom_object_status(
-                api.GROUP, api.VERSION, namespace, api.PLURAL, name, dict(body),
-                _content_type="application/merge-patch+json", _preload_content=False,
-            ))  # fmt: skip
+            return self._json(
+                self.custom.patch_namespaced_custom_object_status(
+                    api.GROUP,
+                    api.VERSION,
+                    namespace,
+                    api.PLURAL,
+                    name,
+                    dict(body),
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                )
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -285,17 +300,24 @@ class ClusterKube:
     def read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         if kind in CUSTOM_KINDS:
             return self._read(self._custom(kind, "get"), namespace, name)
-        fn = {"Deployment": self.apps.read_namespaced_deployment,
-              "StatefulSet": self.apps.read_namespaced_stateful_set,
-              "Service": self.core.read_namespaced_service,
-              "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim,
-              "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget}[kind]  # fmt: skip
+        fn = {
+            "Deployment": self.apps.read_namespaced_deployment,
+            "StatefulSet": self.apps.read_namespaced_stateful_set,
+            "Service": self.core.read_namespaced_service,
+            "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim,
+            "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
+        }[kind]
         return self._read(fn, namespace, name)
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self._list(
             "pods", self.core.list_namespaced_pod, namespace=namespace, label_selector=label_selector
         )
+
+    def read_previous_log(
+        self, namespace: str, pod: str, container: str, tail_lines: int
+    ) -> str | pod_logs.UnreadLog | None:
+        return fetch_previous_log(self.core, namespace, pod, container, tail_lines)
 
     def evict_pod(self, namespace: str, name: str) -> bool:
         from kubernetes import client
@@ -322,16 +344,28 @@ class ClusterKube:
         from kubernetes.client.exceptions import ApiException
 
         kind, meta = manifest["kind"], manifest["metadata"]
-        fn = self._custom(kind, "patch") if kind in CUSTOM_KINDS else {
-            "Deployment": self.apps.patch_namespaced_deployment,
-            "Service": self.core.patch_namespaced_service,
-            "PersistentVolumeClaim": self.core.patch_namespaced_persistent_volume_claim,
-            "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget}[kind]  # fmt: skip
+        fn = (
+            self._custom(kind, "patch")
+            if kind in CUSTOM_KINDS
+            else {
+                "Deployment": self.apps.patch_namespaced_deployment,
+                "Service": self.core.patch_namespaced_service,
+                "PersistentVolumeClaim": self.core.patch_namespaced_persistent_volume_claim,
+                "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
+            }[kind]
+        )
         try:
-            response = raw_response(fn(
-                meta["name"], meta["namespace"], dict(manifest), field_manager=FIELD_MANAGER, force=True,
-                _content_type=APPLY_CONTENT_TYPE, _preload_content=False,
-            ))  # fmt: skip
+            response = raw_response(
+                fn(
+                    meta["name"],
+                    meta["namespace"],
+                    dict(manifest),
+                    field_manager=FIELD_MANAGER,
+                    force=True,
+                    _content_type=APPLY_CONTENT_TYPE,
+                    _preload_content=False,
+                )
+            )
             response.drain_conn()  # an unread body would poison the pooled connection
             response.release_conn()
         except ApiException as exc:
@@ -369,8 +403,9 @@ class ClusterProfiles:
         from kvpilot.operator import api
 
         try:
-            return self.kube._json(fn(api.GROUP, api.VERSION, PROFILE_PLURAL, *args, _preload_content=False,
-                                      **kwargs))  # fmt: skip
+            return self.kube._json(
+                fn(api.GROUP, api.VERSION, PROFILE_PLURAL, *args, _preload_content=False, **kwargs)
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -389,8 +424,9 @@ class ClusterProfiles:
 
     def create_profile(self, body: Mapping[str, Any]) -> dict[str, Any]:
         name = body["metadata"]["name"]
-        obj = self._call(f"creating tuningprofile {name}", self.kube.custom.create_cluster_custom_object,
-                         dict(body))  # fmt: skip
+        obj = self._call(
+            f"creating tuningprofile {name}", self.kube.custom.create_cluster_custom_object, dict(body)
+        )
         if obj is None:
             raise errors.ApplyFailed(f"creating tuningprofile {name}: the CRD is not installed (HTTP 404)")
         return obj
@@ -398,9 +434,12 @@ class ClusterProfiles:
     def patch_profile_status(self, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """A JSON merge patch of ``/status``; ``body.metadata.resourceVersion`` makes it conditional."""
         return self._call(
-            f"patching tuningprofile {name}", self.kube.custom.patch_cluster_custom_object_status, name,
-            dict(body), _content_type="application/merge-patch+json",
-        )  # fmt: skip
+            f"patching tuningprofile {name}",
+            self.kube.custom.patch_cluster_custom_object_status,
+            name,
+            dict(body),
+            _content_type="application/merge-patch+json",
+        )
 
 
 async def fetch_nodes(kube: Kube) -> list[dict[str, Any]]:
@@ -456,3 +495,32 @@ def _unreachable(what: str, exc: BaseException) -> errors.ApplyFailed:
     return errors.ApplyFailed(
         f"{what} failed: {type(exc).__name__} talking to the API server (details in the operator's log)"
     )
+
+
+def fetch_previous_log(
+    core: Any, namespace: str, pod: str, container: str, tail_lines: int
+) -> str | pod_logs.UnreadLog:
+    """The tail of ``container``'s previous log in ``pod`` (``core``: a ``CoreV1Api``,
+    ``pods/log?previous=true``), or why it could not be read (:func:`.pod_logs.compute_unread_log`)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        response = raw_response(
+            core.read_namespaced_pod_log(
+                pod,
+                namespace,
+                container=container,
+                previous=True,
+                tail_lines=tail_lines,
+                _preload_content=False,
+            )
+        )
+    except ApiException as exc:
+        status = int(exc.status) if exc.status else None
+        return pod_logs.compute_unread_log(status, str(exc.body or ""), namespace)
+    except (OSError, HTTPError) as exc:
+        return pod_logs.compute_unread_log(None, type(exc).__name__, namespace)
+    try:
+        return bytes(response.data).decode("utf-8", "replace")
+    finally:
+        response.release_conn()

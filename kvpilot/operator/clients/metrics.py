@@ -139,8 +139,13 @@ SERVICE_HELD = Gauge(
     "1 while the closed loop holds an InferenceService back from a change it wants (a notable hold), else 0.",
     _SERVICE,
 )
-_PER_SERVICE = ((SERVICE_DECISIONS, "kind"), (SERVICE_DECISION_TIME, "kind"), (APPLIED_SETTING, "setting"),
-                (KV_USAGE_THRESHOLD, "threshold"), (SLO_SECONDS, "objective"))  # fmt: skip
+_PER_SERVICE = (
+    (SERVICE_DECISIONS, "kind"),
+    (SERVICE_DECISION_TIME, "kind"),
+    (APPLIED_SETTING, "setting"),
+    (KV_USAGE_THRESHOLD, "threshold"),
+    (SLO_SECONDS, "objective"),
+)
 
 # Export every closed-set series at zero from the start, so rate() and absent() work
 # before the first event.
@@ -181,9 +186,13 @@ KEEP = object()
 
 
 def record_service(
-    namespace: str, name: str, settings: _Settings, policy: object = KEEP, slo: object = KEEP,
+    namespace: str,
+    name: str,
+    settings: _Settings,
+    policy: object = KEEP,
+    slo: object = KEEP,
     held: bool | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Export one service's applied ``settings`` (an ``EngineSettings``: :data:`SERVICE_SETTINGS`; an unset
     one's series is dropped), its ``policy``'s KV band (a ``PolicyConfig``: :data:`KV_THRESHOLDS`), its
     latency ``slo`` (a ``LatencySlo``: :data:`SLO_OBJECTIVES`; ``None``, no objective, drops both) and
@@ -195,11 +204,21 @@ def record_service(
     values = settings.as_dict()
     _export(APPLIED_SETTING, namespace, name, "setting", {k: values.get(k) for k in SERVICE_SETTINGS})
     if policy is not KEEP:
-        _export(KV_USAGE_THRESHOLD, namespace, name, "threshold",
-                {label: getattr(policy, field) for label, field in KV_THRESHOLDS.items()})  # fmt: skip
+        _export(
+            KV_USAGE_THRESHOLD,
+            namespace,
+            name,
+            "threshold",
+            {label: getattr(policy, field) for label, field in KV_THRESHOLDS.items()},
+        )
     if slo is not KEEP:
-        _export(SLO_SECONDS, namespace, name, "objective",
-                {label: getattr(slo, field, None) for label, field in SLO_OBJECTIVES.items()})  # fmt: skip
+        _export(
+            SLO_SECONDS,
+            namespace,
+            name,
+            "objective",
+            {label: getattr(slo, field, None) for label, field in SLO_OBJECTIVES.items()},
+        )
     if held is not None:
         SERVICE_HELD.labels(namespace=namespace, inferenceservice=name).set(1 if held else 0)
 

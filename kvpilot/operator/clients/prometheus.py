@@ -445,9 +445,13 @@ def _fetch_sync(
                 sent += 1
                 instant[key] = client.custom_query(query, params={"time": f"{now:.3f}"})
     return build_fleet_snapshot(
-        ranged, instant, now, pod_label=settings.pod_label, namespace_label=settings.namespace_label,
+        ranged,
+        instant,
+        now,
+        pod_label=settings.pod_label,
+        namespace_label=settings.namespace_label,
         queries=sent,
-    )  # fmt: skip
+    )
 
 
 async def fetch_snapshot(
@@ -494,9 +498,14 @@ async def fetch_shared_snapshot(
     entry = _snapshots.get(key)
     if entry is None or entry.loop is not loop or not 0 <= now - entry.time < max_age_seconds:
         task = loop.create_task(
-            fetch_snapshot(settings, now, window_seconds=window_seconds, step_seconds=step_seconds,
-                           client_factory=client_factory)
-        )  # fmt: skip
+            fetch_snapshot(
+                settings,
+                now,
+                window_seconds=window_seconds,
+                step_seconds=step_seconds,
+                client_factory=client_factory,
+            )
+        )
         entry = _snapshots[key] = _Entry(loop, now, task)
     return await asyncio.shield(entry.task)
 
@@ -524,8 +533,11 @@ async def fetch_observations(
     if not pods:
         return ObservationWindow.unavailable(f"no running pods of {namespace}/{name} to read metrics of", now)
     snapshot = await fetch_shared_snapshot(
-        settings, now, window_seconds=window_seconds, step_seconds=step_seconds,
+        settings,
+        now,
+        window_seconds=window_seconds,
+        step_seconds=step_seconds,
         max_age_seconds=step_seconds if max_age_seconds is None else max_age_seconds,
         client_factory=client_factory,
-    )  # fmt: skip
+    )
     return build_service_window(snapshot, namespace, pods, window_seconds, step_seconds)

@@ -184,9 +184,11 @@ def compute_gpu_product(
 
 
 def build_discovery(
-    spec: api.EngineTunerSpec, workload: Mapping[str, Any], node_labels: Sequence[Mapping[str, str]],
+    spec: api.EngineTunerSpec,
+    workload: Mapping[str, Any],
+    node_labels: Sequence[Mapping[str, str]],
     config_maps: Mapping[str, Mapping[str, str]],
-) -> Discovery:  # fmt: skip
+) -> Discovery:
     """Everything read from the target; ``config_maps`` holds the data of the ConfigMaps it names."""
     pod_spec = pod_template(workload)
     container, found = find_vllm_container(pod_spec, spec.container_name)
@@ -218,10 +220,18 @@ def build_discovery(
     pp = int(pp_values[-1]) if pp_values and pp_values[-1].isdigit() else 1
     count = spec.gpu.count or tp * pp
     return Discovery(
-        container=str(container.get("name")), command=found, settings=settings, model=model,
-        model_origin=model_origin, args_origin=origin, image=str(container.get("image") or api.DEFAULT_IMAGE),
-        gpu_count=count, vllm_env=compute_vllm_env(container), gpu_product=product, gpu_labels=labels,
-    )  # fmt: skip
+        container=str(container.get("name")),
+        command=found,
+        settings=settings,
+        model=model,
+        model_origin=model_origin,
+        args_origin=origin,
+        image=str(container.get("image") or api.DEFAULT_IMAGE),
+        gpu_count=count,
+        vllm_env=compute_vllm_env(container),
+        gpu_product=product,
+        gpu_labels=labels,
+    )
 
 
 def build_plan_spec(spec: api.EngineTunerSpec, found: Discovery) -> api.InferenceServiceSpec:
@@ -231,10 +241,14 @@ def build_plan_spec(spec: api.EngineTunerSpec, found: Discovery) -> api.Inferenc
     env = [api.EnvVar(name=k, value=v) for k, v in found.vllm_env.items() if k == vllm.V2_RUNNER_ENV]
     image = found.image if len(found.image) <= 512 else api.DEFAULT_IMAGE
     return api.InferenceServiceSpec(
-        model=found.model, gpu=api.GpuRequest(count=found.gpu_count,
-                                              tensor_parallel_size=found.settings.tensor_parallel_size or 1),
-        serving=spec.serving, engine=api.Engine(image=image, env=env), tuning=tuning,
-    )  # fmt: skip
+        model=found.model,
+        gpu=api.GpuRequest(
+            count=found.gpu_count, tensor_parallel_size=found.settings.tensor_parallel_size or 1
+        ),
+        serving=spec.serving,
+        engine=api.Engine(image=image, env=env),
+        tuning=tuning,
+    )
 
 
 def compute_gpu(found: Discovery) -> GpuSpec:
@@ -299,7 +313,10 @@ def pod_shape(workload: Mapping[str, Any]) -> capacity.PodShape:
 
 
 CONDITION_TYPES = (
-    conditions.READY, conditions.TARGET_FOUND, conditions.DISCOVERED, conditions.CONFIG_RESOLVED,
+    conditions.READY,
+    conditions.TARGET_FOUND,
+    conditions.DISCOVERED,
+    conditions.CONFIG_RESOLVED,
     conditions.PLANNED,
-)  # fmt: skip
+)
 """The conditions an EngineTuner's status carries."""

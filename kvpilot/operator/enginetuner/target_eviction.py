@@ -27,9 +27,13 @@ SETTLE_S = 10.0
 
 
 async def apply_eviction(
-    deps: TargetDeps, read: Target, old: Mapping[str, Any], recommended: EngineSettings, now: float,
+    deps: TargetDeps,
+    read: Target,
+    old: Mapping[str, Any],
+    recommended: EngineSettings,
+    now: float,
     body: Mapping[str, Any],
-) -> Eviction:  # fmt: skip
+) -> Eviction:
     """Mode Auto with pods: evict one that does not run ``recommended`` when :func:`compute_eviction` says
     so (an ``Evicted`` event); what was done, for ``Ready``'s message. Nothing in other modes."""
     pods = read.observed.pods
@@ -48,10 +52,14 @@ async def apply_eviction(
         shape, [capacity.build_node_view(n) for n in nodes]
     ).schedulable
     victim, why = compute_eviction(
-        pods, read.found.container, recommended, now=now,
-        last_eviction=parse_time(old.get("lastEvictionTime")), interval_s=deps.eviction_interval_s,
+        pods,
+        read.found.container,
+        recommended,
+        now=now,
+        last_eviction=parse_time(old.get("lastEvictionTime")),
+        interval_s=deps.eviction_interval_s,
         schedulable=schedulable,
-    )  # fmt: skip
+    )
     if victim is None:
         return Eviction(f"; {why}")
     if not await io.run_in_executor(IO_POOL, kube.evict_pod, read.namespace, victim):
@@ -61,8 +69,10 @@ async def apply_eviction(
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or ())  # fmt: skip
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or ()
+    )
 
 
 def _crashing(pod: Mapping[str, Any]) -> bool:
@@ -79,16 +89,26 @@ def _age_s(pod: Mapping[str, Any], now: float) -> float:
 
 
 def compute_eviction(
-    pods: Sequence[Mapping[str, Any]], container: str, recommended: EngineSettings, *, now: float,
-    last_eviction: float | None, interval_s: float, schedulable: bool,
-) -> tuple[str | None, str]:  # fmt: skip
+    pods: Sequence[Mapping[str, Any]],
+    container: str,
+    recommended: EngineSettings,
+    *,
+    now: float,
+    last_eviction: float | None,
+    interval_s: float,
+    schedulable: bool,
+) -> tuple[str | None, str]:
     """The pod to evict now in mode Auto, or ``None``, and why.
 
     One at a time: a crash-looping pod that does not run the recommendation first (it serves nothing),
     else one of the others, only when every other pod of the target is Ready (the last replacement has
     started), the last eviction is ``interval_s`` old, and some node could take the replacement."""
-    stale = [p for p in pods if not target.pod_carries(p, container, recommended)
-             and not (p.get("metadata") or {}).get("deletionTimestamp")]  # fmt: skip
+    stale = [
+        p
+        for p in pods
+        if not target.pod_carries(p, container, recommended)
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
     if not stale:
         return None, "every pod runs the recommendation"
     if not schedulable:

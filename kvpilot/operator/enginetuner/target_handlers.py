@@ -7,6 +7,7 @@ Kubernetes objects in, tuner types through, status out::
                                                                      (target_reading.fetch_target)
     the pods that run the recommendation --prometheus.fetch_observations (the closed loop's shared
          per-tick snapshot)--> their metrics window                  (fetch_window)
+    + the previous logs of their unexplained restarts (target_logs.fetch_logs, as an InferenceService's)
          --target_loop.compute_loop (the InferenceService's policy)--> the recommendation
                                                                      (fetch_recommendation)
     Auto <- one eviction of a pod that does not run the recommendation, once the status already holds it
@@ -29,7 +30,7 @@ import kopf
 
 from kvpilot.operator import errors
 from kvpilot.operator.clients import metrics
-from kvpilot.operator.enginetuner import target_eviction, target_loop, target_reading
+from kvpilot.operator.enginetuner import target_eviction, target_logs, target_loop, target_reading
 from kvpilot.operator.enginetuner.target_deps import TargetDeps
 from kvpilot.operator.enginetuner.target_reading import Target
 from kvpilot.operator.loop import loop_settings
@@ -40,9 +41,16 @@ from kvpilot.tuner.loop import ObservationWindow, PolicyConfig
 
 
 async def reconcile(
-    *, body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
-    patch: kopf.Patch, logger: Any, deps: TargetDeps, retry: int = 0,
-) -> None:  # fmt: skip
+    *,
+    body: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    status: Mapping[str, Any],
+    patch: kopf.Patch,
+    logger: Any,
+    deps: TargetDeps,
+    retry: int = 0,
+) -> None:
     """Read and plan the target, judge the recommendation on its pods, evict one in Auto, record it all."""
     now = deps.clock()
     old = dict(status or {})
@@ -69,11 +77,21 @@ async def fetch_recommendation(
         return TunerLoop(read.plan.settings)
     policy = loop_settings.build_policy(read.loop_inputs.plan_spec, deps.pace)
     window = await fetch_window(deps, read, old, policy, now)
+    pods, container = read.observed.pods, read.found.container
+    logs = await target_logs.fetch_logs(deps.kube, read.namespace, pods, container)
     replicas = int((read.observed.workload.get("spec") or {}).get("replicas") or 1)
     return target_loop.compute_loop(
-        read.loop_inputs, old, read.found.settings, read.observed.pods, read.found.container, window=window,
-        policy=policy, replicas=replicas, now=now,
-    )  # fmt: skip
+        read.loop_inputs,
+        old,
+        read.found.settings,
+        pods,
+        container,
+        window=window,
+        policy=policy,
+        replicas=replicas,
+        now=now,
+        logs=logs,
+    )
 
 
 async def fetch_window(
@@ -85,10 +103,15 @@ async def fetch_window(
     if not pods:
         return ObservationWindow.unavailable(tuner_status.NOT_RUNNING, now)
     return await deps.fetch_window(
-        deps.prom, read.namespace, read.spec.target_ref.name, now, pods=pods,
-        window_seconds=policy.window_seconds, step_seconds=deps.pace.step_seconds,
+        deps.prom,
+        read.namespace,
+        read.spec.target_ref.name,
+        now,
+        pods=pods,
+        window_seconds=policy.window_seconds,
+        step_seconds=deps.pace.step_seconds,
         max_age_seconds=deps.pace.interval_seconds,
-    )  # fmt: skip
+    )
 
 
 def apply_tuner_status(
@@ -103,9 +126,16 @@ def apply_tuner_status(
 
 
 def apply_failure(
-    deps: TargetDeps, body: Mapping[str, Any], meta: Mapping[str, Any], old: Mapping[str, Any],
-    patch: kopf.Patch, exc: Exception, now: float, logger: Any, retry: int,
-) -> NoReturn:  # fmt: skip
+    deps: TargetDeps,
+    body: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    old: Mapping[str, Any],
+    patch: kopf.Patch,
+    exc: Exception,
+    now: float,
+    logger: Any,
+    retry: int,
+) -> NoReturn:
     """A failed read or plan: ``Ready=False`` with the reason, a Warning when new; kopf's back-off or
     nothing until the next spec change (:func:`kvpilot.operator.errors.to_kopf`, raised)."""
     failure = errors.classify(exc)

@@ -11,8 +11,10 @@ Each reconcile (create, spec change, the timer) after the plan, in every mode bu
 * The pods that run it (their vLLM command line says so:
   :func:`kvpilot.operator.enginetuner.target.pod_carries`) are
   the evidence, as an InferenceService's pods of its current settings are (:func:`build_views`: the same
-  :class:`~kvpilot.operator.pods.pod_status.PodView`): their restarts, readiness and start times, and their
-  metrics (:func:`compute_metric_pods`; the window comes from the InferenceService loop's shared
+  :class:`~kvpilot.operator.pods.pod_status.PodView`, a restart the termination message does not explain
+  classified from the previous log the reconcile read, or saying why it could not be read:
+  :func:`kvpilot.operator.pods.pod_status.build_logged_view`): their restarts, readiness and start times,
+  and their metrics (:func:`compute_metric_pods`; the window comes from the InferenceService loop's shared
   per-tick snapshot, :func:`kvpilot.operator.clients.prometheus.fetch_observations`). Pods running other
   settings
   (the owner's, not rolled yet) judge nothing.
@@ -55,7 +57,7 @@ from kvpilot.tuner.loop import (
 from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry
 from kvpilot.tuner.model.spec import ModelSpec
 from kvpilot.tuner.plan.topology import compute_topology_budget
-from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan
+from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget, Plan
 
 
 def same_settings(a: EngineSettings, b: EngineSettings) -> bool:
@@ -76,7 +78,7 @@ def compute_current(history: Sequence[HistoryEntry], planned: EngineSettings) ->
     return current
 
 
-def _only(pod: Mapping[str, Any], container: str) -> dict[str, Any]:
+def with_container(pod: Mapping[str, Any], container: str) -> dict[str, Any]:
     """The pod with its vLLM container alone (what :func:`pod_status.build_pod_view` reads)."""
     spec, status = dict(pod.get("spec") or {}), dict(pod.get("status") or {})
     spec["containers"] = [c for c in spec.get("containers") or () if c.get("name") == container]
@@ -87,20 +89,34 @@ def _only(pod: Mapping[str, Any], container: str) -> dict[str, Any]:
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or ())  # fmt: skip
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or ()
+    )
 
 
-def build_views(pods: Sequence[Mapping[str, Any]], container: str, settings: EngineSettings) -> list[PodView]:
+def build_views(
+    pods: Sequence[Mapping[str, Any]],
+    container: str,
+    settings: EngineSettings,
+    logs: Mapping[str, pod_status.PreviousLog] | None = None,
+) -> list[PodView]:
     """The target's pods as the InferenceService's loop sees its own: ``settings`` on those whose vLLM
-    container runs them, ``None`` on the others; Ready by the pod's condition."""
-    return [
-        dataclasses.replace(
-            pod_status.build_pod_view(_only(pod, container)), ready=_ready(pod),
-            settings=settings if target.pod_carries(pod, container, settings) else None,
-        )  # fmt: skip
-        for pod in pods
-    ]
+    container runs them, ``None`` on the others; Ready by the pod's condition; a restart whose previous log
+    was read (``logs``, by pod: :func:`kvpilot.operator.enginetuner.target_logs.read_logs`) classified
+    from it, or saying why it could not be."""
+    logs = logs or {}
+    views = []
+    for pod in pods:
+        only, name = with_container(pod, container), str((pod.get("metadata") or {}).get("name") or "")
+        view = (
+            pod_status.build_logged_view(only, logs[name])
+            if name in logs
+            else pod_status.build_pod_view(only)
+        )
+        carries = target.pod_carries(pod, container, settings)
+        views.append(dataclasses.replace(view, ready=_ready(pod), settings=settings if carries else None))
+    return views
 
 
 def compute_metric_pods(
@@ -110,8 +126,9 @@ def compute_metric_pods(
     current = compute_current(loop_state.build_loop_state(status).history, plan.settings)
     if current is None:
         return ()
-    return tuple(v.name for v in build_views(pods, container, current) if v.settings is not None
-                 and not v.terminating)  # fmt: skip
+    return tuple(
+        v.name for v in build_views(pods, container, current) if v.settings is not None and not v.terminating
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,25 +151,38 @@ def compute_budget(inputs: LoopInputs, settings: EngineSettings) -> MemoryBudget
     if same_settings(settings, inputs.plan.settings):
         return inputs.plan.budget
     return compute_topology_budget(
-        inputs.model, inputs.gpu, inputs.plan_spec.gpu.count, settings, inputs.vllm_version,
-        inputs.checkpoint_bytes, inputs.engine,
-    )  # fmt: skip
+        inputs.model,
+        inputs.gpu,
+        inputs.plan_spec.gpu.count,
+        settings,
+        inputs.vllm_version,
+        inputs.checkpoint_bytes,
+        inputs.engine,
+    )
 
 
 def compute_loop(
-    inputs: LoopInputs, status: Mapping[str, Any], discovered: EngineSettings,
-    pods: Sequence[Mapping[str, Any]], container: str, *, window: ObservationWindow, policy: PolicyConfig,
-    replicas: int, now: float,
-) -> TunerLoop:  # fmt: skip
+    inputs: LoopInputs,
+    status: Mapping[str, Any],
+    discovered: EngineSettings,
+    pods: Sequence[Mapping[str, Any]],
+    container: str,
+    *,
+    window: ObservationWindow,
+    policy: PolicyConfig,
+    replicas: int,
+    now: float,
+    logs: Mapping[str, pod_status.PreviousLog] | None = None,
+) -> TunerLoop:
     """The recommendation to stand by, and what to record (:class:`~.tuner_status.TunerLoop`: a new plan, a
     recommendation no pod runs, or a judged tick); ``window``: the metrics of :func:`compute_metric_pods`;
-    ``replicas``: the target's ``spec.replicas``."""
+    ``replicas``: the target's ``spec.replicas``; ``logs``: the previous logs the reconcile read."""
     state = loop_state.build_loop_state(status)
     current = compute_current(state.history, inputs.plan.settings)
     if current is None:  # a new plan: the loop starts again from it
         return TunerLoop(inputs.plan.settings, planned_from=discovered)
     state = dataclasses.replace(state, current=current)
-    views = build_views(pods, container, current)
+    views = build_views(pods, container, current, logs)
     mine = [v for v in views if v.settings is not None and not v.terminating]
     if not mine:  # nothing judges it: a rollout waits, its deadline counts from the first such pod's start
         return TunerLoop(current, not_running=True)
@@ -165,17 +195,27 @@ def compute_loop(
         slo=loop_settings.build_slo(inputs.plan_spec),
     )
     reading = tick.TickReading(
-        budget=compute_budget(inputs, current), window=window, pods=mine,
+        budget=compute_budget(inputs, current),
+        window=window,
+        pods=mine,
         summary=pod_status.compute_pod_summary(mine, current, len(mine)),  # the others judge nothing
-        replica_view=pod_status.compute_replica_view(views, max(1, replicas)), replicas=max(1, replicas),
+        replica_view=pod_status.compute_replica_view(views, max(1, replicas)),
+        replicas=max(1, replicas),
         restart_seconds=pod_status.compute_startup_seconds(mine, current),
-    )  # fmt: skip
+        checkpoint_gib=inputs.checkpoint_bytes / GIB if inputs.checkpoint_bytes else None,
+    )
     judged = tick.compute_tick(state, reading, context, now)
     decision = judged.decision
     # kvpilot's "apply" is the recommendation in the status (the webhook reads it there): always done
     record = LoopTick(
-        state=state, decision=decision, rollout=judged.rollout, now=now, generation=None,
-        rollout_deadline_seconds=policy.rollout_deadline_seconds, mode="Auto", applied=True,
+        state=state,
+        decision=decision,
+        rollout=judged.rollout,
+        now=now,
+        generation=None,
+        rollout_deadline_seconds=policy.rollout_deadline_seconds,
+        mode="Auto",
+        applied=True,
         kind=api.ENGINE_TUNER_KIND,
-    )  # fmt: skip
+    )
     return TunerLoop(decision.settings if decision.changes else current, decision, tick=record)

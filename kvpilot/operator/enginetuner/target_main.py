@@ -85,4 +85,3 @@ def pod_created(
     patch.spec["containers"] = containers
     patch.metadata.setdefault("annotations", {})[target.TUNED_ANNOTATION] = target_webhook.describe(actuation)
     logger.info(f"webhook: {target_webhook.describe(actuation)}")
-

@@ -137,9 +137,14 @@ def read_plan(
     runner_v2 = vllm.parse_v2_runner_env(found.vllm_env.get(vllm.V2_RUNNER_ENV))
     flags = vllm.build_engine_flags(found.command.flags, runner_v2)  # the target's own flags
     plan = modes.compute_feasible_plan(
-        plan_spec, model.spec, gpu, user,
-        image=release, engine=flags, weights_total_bytes=model.checkpoint_bytes,
-    )  # fmt: skip
+        plan_spec,
+        model.spec,
+        gpu,
+        user,
+        image=release,
+        engine=flags,
+        weights_total_bytes=model.checkpoint_bytes,
+    )
     loop = target_loop.LoopInputs(
         plan_spec, plan, model.spec, gpu, release.version, model.checkpoint_bytes, engine=flags
     )
@@ -152,18 +157,30 @@ def build_found(read: Target, recommended: EngineSettings, budget: MemoryBudget,
     found, parsed, observed = read.found, read.spec, read.observed
     tuned = sum(1 for p in observed.pods if target.pod_carries(p, found.container, recommended))
     discovered = api.Discovered(
-        container=found.container, model=found.model.id, model_origin=read.model.origin,
-        args_origin=found.args_origin, gpu_product=found.gpu_product, gpu_count=found.gpu_count,
-        settings=api.Settings.from_engine(found.settings), vllm_env=dict(list(found.vllm_env.items())[:32]),
-        pods=len(observed.pods), pods_tuned=tuned,
-    )  # fmt: skip
+        container=found.container,
+        model=found.model.id,
+        model_origin=read.model.origin,
+        args_origin=found.args_origin,
+        gpu_product=found.gpu_product,
+        gpu_count=found.gpu_count,
+        settings=api.Settings.from_engine(found.settings),
+        vllm_env=dict(list(found.vllm_env.items())[:32]),
+        pods=len(observed.pods),
+        pods_tuned=tuned,
+    )
     message = (
         f"container {found.container} ({found.command.form}, flags in {found.args_origin}) runs "
         f"{vllm.describe_settings(found.settings)}; model {found.model.id} from {found.model_origin}; "
         f"{found.gpu_count}x {found.gpu_product or read.plan.gpu}"
     )
     return TunerFound(
-        generation=read.generation, now=now, mode=read.mode,
-        target=f"{parsed.target_ref.kind} {parsed.target_ref.name}", discovered=discovered,
-        discovered_message=message, plan=read.plan, budget=budget, current=found.settings,
-    )  # fmt: skip
+        generation=read.generation,
+        now=now,
+        mode=read.mode,
+        target=f"{parsed.target_ref.kind} {parsed.target_ref.name}",
+        discovered=discovered,
+        discovered_message=message,
+        plan=read.plan,
+        budget=budget,
+        current=found.settings,
+    )

@@ -47,9 +47,12 @@ class Actuation:
 
 
 def index_tuner(
-    namespace: str | None, name: str, spec: Mapping[str, Any], status: Mapping[str, Any],
+    namespace: str | None,
+    name: str,
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
     meta: Mapping[str, Any],
-) -> dict[tuple[str, str, str], Actuation] | None:  # fmt: skip
+) -> dict[tuple[str, str, str], Actuation] | None:
     """The kopf index entry of an EngineTuner: ``(namespace, kind, target name) -> Actuation``, only in
     modes Initial and Auto and only while its status holds a recommendation for its current generation."""
     ref = spec.get("targetRef") or {}
@@ -147,6 +150,8 @@ def build_server() -> Any:
             "mounts them)"
         )
     return ReloadingWebhookServer(
-        addr=os.environ.get(ADDR_ENV) or None, port=int(os.environ[PORT_ENV]),
-        certfile=os.path.join(cert_dir, "tls.crt"), pkeyfile=os.path.join(cert_dir, "tls.key"),
-    )  # fmt: skip
+        addr=os.environ.get(ADDR_ENV) or None,
+        port=int(os.environ[PORT_ENV]),
+        certfile=os.path.join(cert_dir, "tls.crt"),
+        pkeyfile=os.path.join(cert_dir, "tls.key"),
+    )

@@ -86,8 +86,10 @@ class ReloadingWebhookServer(kopf.WebhookServer):
                 ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(copy_cert, copy_key, self.password)
             except (OSError, ssl.SSLError) as exc:
                 self._refused = digest
-                logger.warning(f"webhook TLS: the new {cert} / {key} do not load ({exc}); still serving the "
-                               "previous certificate")  # fmt: skip
+                logger.warning(
+                    f"webhook TLS: the new {cert} / {key} do not load ({exc}); still serving the "
+                    "previous certificate"
+                )
                 return False
             self.tls_context.load_cert_chain(copy_cert, copy_key, self.password)
         self._digest = digest

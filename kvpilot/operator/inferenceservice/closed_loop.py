@@ -55,9 +55,15 @@ from kvpilot.tuner.loop import Decision, compute_decision
 
 
 async def closed_loop_tick(
-    body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
-    logger: kopf.Logger, vllm_pods: kopf.Index[pod_cache.PodKey, Any] | None = None, **_: Any,
-) -> None:  # fmt: skip
+    body: kopf.Body,
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    logger: kopf.Logger,
+    vllm_pods: kopf.Index[pod_cache.PodKey, Any] | None = None,
+    **_: Any,
+) -> None:
     """The kopf timer's handler (registered in :mod:`kvpilot.operator.main`): one tick, never raising."""
     deps = default_deps()
     if vllm_pods is not None and deps.pods is not None:  # pods from kopf's index, not a LIST (pod_cache)
@@ -87,18 +93,28 @@ class Judged:
 
 
 async def run_once(
-    *, body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
-    patch: Any, logger: Any, deps: LoopDeps,
-) -> Decision | None:  # fmt: skip
+    *,
+    body: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    status: Mapping[str, Any],
+    patch: Any,
+    logger: Any,
+    deps: LoopDeps,
+) -> Decision | None:
     """One observation-decision-action cycle for one InferenceService. Never raises.
 
     Its status goes out as one conditional PATCH, and a change is recorded before it is applied
     (:mod:`kvpilot.operator.status.status_write`); ``patch`` (kopf's) is used only without a Kubernetes
-    client. The steps: :func:`~.loop_reading.parse_service` (mode Off: :func:`~.loop_record.apply_off`),
+    client. The steps: :func:`~.loop_reading.parse_service` (mode Off: :func:`~.loop_record.apply_off`; an
+    engine the loop has no rules for: :func:`~.loop_record.apply_engine_hold`),
     :func:`~.loop_reading.fetch_resolved`, :func:`fetch_evidence`, :func:`fetch_decision`,
     :func:`~.loop_record.apply_record`, :func:`apply_decision`."""
     svc = loop_reading.parse_service(body, spec, meta, status, deps.clock())
     if svc is None:
+        return None
+    if not svc.engine_tuned:  # no rules for its engine yet: vLLM's remedies are never applied to it
+        await loop_record.apply_engine_hold(deps, svc, patch, logger)
         return None
     if svc.mode == "Off":  # nothing to decide; the pods still say whether the service serves
         await loop_record.apply_off(deps, svc, patch, logger)
@@ -111,9 +127,18 @@ async def run_once(
         return None
     judged = await fetch_decision(deps, svc, resolved, observed, logger)
     recorded = await loop_record.apply_record(
-        deps, svc, resolved, observed, judged.decision, judged.tick.rollout, changed=judged.change,
-        choice=judged.choice, cluster=judged.cluster, patch=patch, logger=logger,
-    )  # fmt: skip
+        deps,
+        svc,
+        resolved,
+        observed,
+        judged.decision,
+        judged.tick.rollout,
+        changed=judged.change,
+        choice=judged.choice,
+        cluster=judged.cluster,
+        patch=patch,
+        logger=logger,
+    )
     if not recorded.landed:
         if judged.change and recorded.written == loop_record.UNKNOWN:  # applied next tick if it landed
             deps.pending.add(svc.namespace, svc.name, (judged.decision.settings, judged.choice))
@@ -173,9 +198,14 @@ async def fetch_decision(
 
 
 async def apply_decision(
-    deps: LoopDeps, svc: Service, resolved: Resolved, observed: Observed, judged: Judged,
-    recorded: loop_record.Recorded, logger: Any,
-) -> None:  # fmt: skip
+    deps: LoopDeps,
+    svc: Service,
+    resolved: Resolved,
+    observed: Observed,
+    judged: Judged,
+    recorded: loop_record.Recorded,
+    logger: Any,
+) -> None:
     """After the record: the events, the Deployment following the change, fleet learning, the metrics."""
     decision, inputs = judged.decision, resolved.inputs
     for type_, reason, message in recorded.events:

@@ -19,18 +19,22 @@ from typing import Any
 import pydantic
 
 from kvpilot.operator import api, errors
+from kvpilot.operator.inferenceservice import engine_desired
 from kvpilot.operator.planning import modes, release, resolve
-from kvpilot.operator.pods import leader_worker_set, pod_template, tenant_guard, tenant_settings, workloads
+from kvpilot.operator.pods import leader_worker_set, pod_template, tenant_guard, workloads
 from kvpilot.tuner.plan.profiles import Learned
 
 
 @dataclass(frozen=True, slots=True)
 class Desired:
-    decision: modes.ModeDecision
-    user: modes.UserArgs
+    decision: modes.ModeDecision | None
+    """vLLM's plan and what each mode deploys; ``None`` for another engine (``engine_plan``)."""
+    user: modes.UserArgs | None
     manifests: list[dict[str, Any]]
     """The apply order: a weight-cache claim (``storage.claimTemplate``), the Service, the Deployment, its
     PodDisruptionBudget (2 or more replicas)."""
+    engine_plan: engine_desired.EnginePlan | None = None
+    """Another engine's plan and container (``spec.engine.kind`` SGLang: :mod:`.engine_desired`)."""
 
 
 def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
@@ -49,7 +53,7 @@ def parse_spec(spec: Mapping[str, Any]) -> api.InferenceServiceSpec:
     problems += pod_template.compute_template_problems(parsed, tuple(workloads.build_labels("-")))
     if problems:
         raise errors.InvalidSpec("; ".join(problems))
-    violations = tenant_guard.compute_violations(parsed, tenant_settings.current())
+    violations = tenant_guard.compute_current_violations(parsed)
     if violations:
         raise errors.PolicyViolation("; ".join(violations))
     return parsed
@@ -64,10 +68,14 @@ def _got(value: object) -> str:
 
 
 def build_desired(
-    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs,
-    *, deploy_override: api.Settings | None = None, plan_fn: modes.PlanFn | None = None,
+    metadata: Mapping[str, Any],
+    spec: api.InferenceServiceSpec,
+    inputs: resolve.Inputs,
+    *,
+    deploy_override: api.Settings | None = None,
+    plan_fn: modes.PlanFn | None = None,
     learned: Learned | None = None,
-) -> Desired:  # fmt: skip
+) -> Desired:
     """Plan, decide per mode and build the manifests. Raises tuner or operator errors, applies nothing.
 
     ``deploy_override`` replaces the settings deployed in mode Auto: on resume, the settings
@@ -75,26 +83,41 @@ def build_desired(
     matching TuningProfile's lesson, which the planner starts from
     (:mod:`kvpilot.operator.planning.profiles`).
     """
+    if engine_desired.plans_itself(spec):  # another engine plans and renders its own container
+        engine_plan, manifests = engine_desired.build_engine_manifests(metadata, spec, inputs)
+        return Desired(None, None, manifests, engine_plan)
     user = modes.compute_user_args(spec)
     engine = release.resolve_release(spec)
     plan = modes.compute_feasible_plan(
-        spec, inputs.model.spec, inputs.gpu.gpu, user,
+        spec,
+        inputs.model.spec,
+        inputs.gpu.gpu,
+        user,
         weights_total_bytes=inputs.model.checkpoint_bytes,
-        image=engine.image, engine=engine.flags, learned=learned, plan_fn=plan_fn,
-    )  # fmt: skip
+        image=engine.image,
+        engine=engine.flags,
+        learned=learned,
+        plan_fn=plan_fn,
+    )
     decision = modes.compute_mode_decision(spec, plan, user)
     if deploy_override is not None and decision.mode == "Auto":
         keep = deploy_override.to_engine().replace(tensor_parallel_size=plan.settings.tensor_parallel_size)
         decision = replace(decision, deploy=keep)
     checkpoint = resolve.compute_checkpoint_bytes(inputs.model)
     deployment = workloads.build_deployment(
-        metadata, spec, decision.deploy, user.extra, inputs.gpu.products, checkpoint_bytes=checkpoint
+        metadata,
+        spec,
+        decision.deploy,
+        user.extra,
+        inputs.gpu.products,
+        checkpoint_bytes=checkpoint,
+        layout=modes.compute_group_layout(spec, inputs, user),
     )
     if spec.gpu.nodes_per_replica > 1:  # groups of pods, one per node; the Service reaches the leaders
         service = workloads.build_service(metadata, spec)
         service["spec"]["selector"] = {**service["spec"]["selector"], **leader_worker_set.LEADER_SELECTOR}
         group = workloads.build_workload(deployment, spec)
-        budget = workloads.build_pod_disruption_budget(metadata, spec)  # over every pod of every group
+        budget = workloads.build_pod_disruption_budget(metadata, spec)  # counted so groups are the unit
         return Desired(
             decision, user, [*workloads.build_claims(metadata, spec, checkpoint), service, group, *budget]
         )

@@ -1,12 +1,14 @@
-"""Drift repair: what kvpilot owns (the vLLM Deployment and Service) stays what kvpilot applied.
+"""Drift repair: what kvpilot owns (the vLLM Deployment or LeaderWorkerSet, and the Service) stays what
+kvpilot applied.
 
-kopf watches the Deployments and Services carrying kvpilot's labels (:data:`OWNED_LABELS`, registered in
-:mod:`kvpilot.operator.main`); on every event of one:
+kopf watches the Deployments, LeaderWorkerSets and Services carrying kvpilot's labels (:data:`OWNED_LABELS`,
+registered in :mod:`kvpilot.operator.main`); on every event of one:
 
 * deleted (and its InferenceService still there, not being deleted): the InferenceService's manifests are
   applied again, so it is recreated within seconds, with a ``DriftDetected`` event;
-* otherwise, a field kvpilot manages (:data:`MANAGED_FIELDS`: the replicas, the vLLM container's image,
-  command, args, env and resources; the Service's type, selector and ports) whose ``managedFields`` owner
+* otherwise, a field kvpilot manages (:data:`MANAGED_FIELDS`: the replicas, the engine container's image,
+  command, args, env and resources, in a LeaderWorkerSet those of the leader's and the workers' templates;
+  the Service's type, selector and ports) whose ``managedFields`` owner
   is someone other than kvpilot's field manager and whose value differs from what kvpilot would apply is
   a hand edit: the manifests are applied again (server-side apply, forced: kvpilot takes the fields back)
   and a ``DriftDetected`` Warning names each field, who changed it, and the value put back.
@@ -35,11 +37,12 @@ from typing import Any
 import kopf
 
 from kvpilot.operator import api
-from kvpilot.operator.clients.kube import FIELD_MANAGER
+from kvpilot.operator.clients.kube import CUSTOM_KINDS, FIELD_MANAGER
 from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.planning import modes, resolve
 from kvpilot.operator.pods import ownership, workloads
 from kvpilot.operator.status import events, status_patch
+from kvpilot.tuner import engines as tuner_engines
 from kvpilot.tuner.vllm import serving
 
 OWNED_LABELS: dict[str, Any] = {
@@ -48,19 +51,44 @@ OWNED_LABELS: dict[str, Any] = {
 }
 """The labels :func:`kvpilot.operator.pods.workloads.build_labels` puts on everything kvpilot owns."""
 OWNER_LABEL = f"{api.GROUP}/inferenceservice"
+LEADER_WORKER_SETS = CUSTOM_KINDS["LeaderWorkerSet"]
+"""(group, version, plural) of the LeaderWorkerSets watched for drift."""
 CONTAINER = serving.CONTAINER_NAME
+CONTAINERS = tuple(
+    dict.fromkeys([CONTAINER, *(e.serving.container_name for e in tuner_engines.ENGINES.values())])
+)
+"""The engine containers kvpilot renders (``spec.engine.kind``, from the tuner's seam), vLLM's first."""
 CONTROLLERS = frozenset({"kube-controller-manager"})
 """Field managers that are not people: the Deployment controller (status, revision annotation) and the
 horizontal pod autoscaler (``replicas``, through the scale subresource), which kvpilot leaves alone."""
 
-_VLLM = ("f:spec", "f:template", "f:spec", "f:containers", f'k:{{"name":"{CONTAINER}"}}')
+
+def _engine(name: str) -> tuple[str, ...]:
+    return ("f:spec", "f:template", "f:spec", "f:containers", f'k:{{"name":"{name}"}}')
+
+
+_VLLM = _engine(CONTAINER)
 MANAGED_FIELDS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "Deployment": (
         ("spec.replicas", ("f:spec", "f:replicas")),
-        *((f"spec.template.spec.containers[{CONTAINER}].{f}", (*_VLLM, f"f:{f}"))
-          for f in ("image", "command", "args", "env", "resources")),
-    ),  # fmt: skip
+        *(
+            (f"spec.template.spec.containers[{c}].{f}", (*_engine(c), f"f:{f}"))
+            for c in CONTAINERS
+            for f in ("image", "command", "args", "env", "resources")
+        ),
+    ),
     "Service": tuple((f"spec.{f}", ("f:spec", f"f:{f}")) for f in ("type", "selector", "ports")),
+    "LeaderWorkerSet": (
+        ("spec.replicas", ("f:spec", "f:replicas")),
+        *(
+            (
+                f"spec.leaderWorkerTemplate.{role}.spec.containers[{CONTAINER}].{f}",
+                ("f:spec", "f:leaderWorkerTemplate", f"f:{role}", *_VLLM[2:], f"f:{f}"),
+            )
+            for role in ("leaderTemplate", "workerTemplate")
+            for f in ("image", "command", "args", "env", "resources")
+        ),
+    ),
 }
 """Per kind, ``(field, its path in managedFields' fieldsV1)``."""
 
@@ -123,10 +151,11 @@ def _owns(fields: Mapping[str, Any], path: tuple[str, ...]) -> bool:
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
 _SUFFIX: dict[str | None, Decimal] = {
-    None: Decimal(1), "m": Decimal("0.001"),
+    None: Decimal(1),
+    "m": Decimal("0.001"),
     **{s: Decimal(10) ** (3 * i) for i, s in enumerate(("k", "M", "G", "T", "P", "E"), 1)},
     **{s: Decimal(2) ** (10 * i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
-}  # fmt: skip
+}
 
 
 def _quantity(value: Any) -> Any:
@@ -150,9 +179,10 @@ def _normal(field: str, value: Any) -> Any:
 
 def _foreign_managers(live: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [
-        e for e in live.get("metadata", {}).get("managedFields") or ()
+        e
+        for e in live.get("metadata", {}).get("managedFields") or ()
         if str(e.get("manager", "")) not in (FIELD_MANAGER, *CONTROLLERS)
-    ]  # fmt: skip
+    ]
 
 
 def touched_by_others(kind: str, live: Mapping[str, Any]) -> bool:
@@ -178,12 +208,15 @@ def compute_drift(live: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[Dr
 
 
 def build_repair(
-    owner: Mapping[str, Any], inputs: resolve.Inputs, spec: api.InferenceServiceSpec,
+    owner: Mapping[str, Any],
+    inputs: resolve.Inputs,
+    spec: api.InferenceServiceSpec,
     plan_fn: modes.PlanFn | None = None,
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     """The manifests the reconciler would apply for ``owner``'s observed generation, keeping the closed
     loop's settings (``status.applied``)."""
-    keep = api.Settings.model_validate(owner["status"]["applied"])
+    applied = owner["status"].get("applied")  # vLLM's settings; another engine's reconcile leaves it unset
+    keep = api.Settings.model_validate(applied) if applied else None
     built = desired.build_desired(owner["metadata"], spec, inputs, deploy_override=keep, plan_fn=plan_fn)
     return built.manifests
 
@@ -195,17 +228,35 @@ def repairable(owner: Mapping[str, Any] | None) -> bool:
         return False
     status = owner.get("status") or {}
     return (
-        bool(status.get("applied"))
+        (bool(status.get("applied")) or _plans_itself(owner))
         and status.get("observedGeneration") == owner["metadata"].get("generation")
         and status_patch.reconcile_succeeded(status)
     )
 
 
+def _plans_itself(owner: Mapping[str, Any]) -> bool:
+    """Whether ``owner`` runs another engine than vLLM (``spec.engine.kind``), whose reconcile records no
+    ``status.applied``: its verdict alone says the children were applied."""
+    try:
+        engine = api.Engine.model_validate((owner.get("spec") or {}).get("engine") or {})
+    except ValueError:
+        return False
+    return engine.kind != "vLLM"
+
+
 async def apply_repair(
-    kind: str, event_type: str | None, body: Mapping[str, Any], *, kube: Any, hub: resolve.HubDownload,
-    emit: events.Emitter, logger: Any, read_owner: Callable[[str, str], Mapping[str, Any] | None],
-    owners: ownership.VerifiedOwners, plan_fn: modes.PlanFn | None = None,
-) -> list[str]:  # fmt: skip
+    kind: str,
+    event_type: str | None,
+    body: Mapping[str, Any],
+    *,
+    kube: Any,
+    hub: resolve.HubDownload,
+    emit: events.Emitter,
+    logger: Any,
+    read_owner: Callable[[str, str], Mapping[str, Any] | None],
+    owners: ownership.VerifiedOwners,
+    plan_fn: modes.PlanFn | None = None,
+) -> list[str]:
     """Repair one owned object after a watch event; the fields (or ``"deleted"``) it put back. ``owners``: the
     operator's memory of its objects, which forgets a deleted one."""
     meta = body.get("metadata") or {}
@@ -225,8 +276,12 @@ async def apply_repair(
     if event_type == "DELETED":
         if any((m["kind"], m["metadata"]["name"]) == (kind, meta.get("name")) for m in manifests):
             await workloads.apply_workloads(manifests, kube, owners)
-            emit(owner, events.WARNING, "DriftDetected",
-                 f"{kind} {meta.get('name')} was deleted; kvpilot owns it: recreated")  # fmt: skip
+            emit(
+                owner,
+                events.WARNING,
+                "DriftDetected",
+                f"{kind} {meta.get('name')} was deleted; kvpilot owns it: recreated",
+            )
             logger.warning(f"drift: {kind} {namespace}/{meta.get('name')} deleted; recreated")
             return ["deleted"]
         return []

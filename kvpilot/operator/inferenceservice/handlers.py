@@ -44,9 +44,18 @@ def _record(deps: Deps, fn: Callable[[str], None], value: str) -> None:
 
 
 async def reconcile(
-    *, body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
-    patch: kopf.Patch, retry: int, logger: Any, trigger: str, deps: Deps, diff: Any = None,
-) -> None:  # fmt: skip
+    *,
+    body: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    status: Mapping[str, Any],
+    patch: kopf.Patch,
+    retry: int,
+    logger: Any,
+    trigger: str,
+    deps: Deps,
+    diff: Any = None,
+) -> None:
     """Bring the Deployment and Service in line with ``spec``; write status; emit events.
 
     The engine settings in ``status.applied`` are kept (not re-planned) in mode Auto when the
@@ -63,9 +72,12 @@ async def reconcile(
             await workloads.fetch_workload_served(deps.kube, parsed)
         inputs = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
         keep = plan_choice.read_kept(
-            old, resumed=trigger == RESUMED, spec_changed=trigger == SPEC_CHANGED, first_visit=first_visit,
+            old,
+            resumed=trigger == RESUMED,
+            spec_changed=trigger == SPEC_CHANGED,
+            first_visit=first_visit,
             diff=diff,
-        )  # fmt: skip
+        )
         wanted = await plan_choice.fetch_wanted(deps.kube, deps.plan_fn, meta, parsed, inputs, keep, logger)
         if deps.kube is None:
             raise errors.ApplyFailed("no Kubernetes client configured")
@@ -87,13 +99,34 @@ async def reconcile(
         raise errors.to_kopf(failure, retry) from None
 
     name = str(meta.get("name") or "")
+    if wanted.engine_plan is not None:  # another engine (spec.engine.kind): its plan's own status
+        engine_out = reconcile_status.build_engine_success_status(
+            generation=generation,
+            now=now,
+            inputs=inputs,
+            plan=wanted.engine_plan,
+            selector=workloads.build_label_selector(name),
+            announce=first_visit,
+        )
+        _write(deps, body, patch, old, engine_out)
+        _record(deps, metrics.record_reconcile, "success")
+        logger.info(f"reconciled ({trigger}): {wanted.engine_plan.summary}")
+        return
+    if wanted.decision is None:
+        raise ValueError("a Desired carries vLLM's decision or another engine's plan")
     conflict = autoscalers.compute_autoscaler_conflict(parsed, name, hpas)
     out = reconcile_status.build_success_status(
-        old, generation=generation, now=now, inputs=inputs, decision=wanted.decision, trigger=trigger,
+        old,
+        generation=generation,
+        now=now,
+        inputs=inputs,
+        decision=wanted.decision,
+        trigger=trigger,
         selector=workloads.build_label_selector(name),
-        conflict=(autoscalers.REASON, conflict) if conflict is not None else None, replanned=keep is None,
+        conflict=(autoscalers.REASON, conflict) if conflict is not None else None,
+        replanned=keep is None,
         announce=first_visit,
-    )  # fmt: skip
+    )
     if deps.record_metrics and name:  # the applied settings first: the decision series start at zero
         metrics.record_service(namespace, name, wanted.decision.deploy)
     _write(deps, body, patch, old, out)

@@ -25,25 +25,38 @@ from kvpilot.tuner.types import EngineSettings
 
 
 def build_loop_deployment(
-    meta: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs, settings: EngineSettings,
+    meta: Mapping[str, Any],
+    spec: api.InferenceServiceSpec,
+    inputs: resolve.Inputs,
+    settings: EngineSettings,
     choice: RolloutChoice | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The Deployment (or a replica over several nodes' LeaderWorkerSet) running ``settings`` exactly (no
     re-plan: a rollback must not wait on the planner), with the user's extra args and the resolved GPU
     products, as the reconciler renders it, rolled out with ``choice``'s strategy (``None``: the one the
     spec declares)."""
     user = modes.compute_user_args(spec)
     deployment = workloads.build_deployment(
-        meta, spec, settings, user.extra, inputs.gpu.products,
-        checkpoint_bytes=resolve.compute_checkpoint_bytes(inputs.model), rollout=choice,
-    )  # fmt: skip
+        meta,
+        spec,
+        settings,
+        user.extra,
+        inputs.gpu.products,
+        checkpoint_bytes=resolve.compute_checkpoint_bytes(inputs.model),
+        rollout=choice,
+        layout=modes.compute_group_layout(spec, inputs, user),
+    )
     return workloads.build_workload(deployment, spec)
 
 
 async def fetch_rollout(
-    deps: LoopDeps, svc: Service, inputs: resolve.Inputs, observed: Observed, decision: Decision,
+    deps: LoopDeps,
+    svc: Service,
+    inputs: resolve.Inputs,
+    observed: Observed,
+    decision: Decision,
     redecide: Callable[[float, str | None], Decision],
-) -> tuple[Decision, RolloutChoice, Cluster | None]:  # fmt: skip
+) -> tuple[Decision, RolloutChoice, Cluster | None]:
     """The strategy ``decision``'s change would roll out with, and the decision again with what that
     costs (``Evidence.rollout_lost_fraction``) or why it cannot roll out (``rollout_blocked``), with the
     cluster read for it. A rollback is never held: the previous settings' pods are still there or serve
@@ -52,9 +65,13 @@ async def fetch_rollout(
     cluster = await workloads.fetch_capacity(deps.kube)
     deployment = build_loop_deployment(svc.meta, svc.spec, inputs, decision.settings)
     choice = await workloads.fetch_rollout_choice(
-        deps.kube, svc.spec, deployment, serving=observed.ready,
-        not_serving_why=observed.serving.degraded_reason or "", cluster=cluster,
-    )  # fmt: skip
+        deps.kube,
+        svc.spec,
+        deployment,
+        serving=observed.ready,
+        not_serving_why=observed.serving.degraded_reason or "",
+        cluster=cluster,
+    )
     if decision.action == Action.ROLLBACK:
         if choice.held:
             choice = RolloutChoice("Surge", "rolling back: the previous settings' pods still serve")
@@ -67,9 +84,14 @@ async def fetch_rollout(
 
 
 async def apply_settings(
-    deps: LoopDeps, svc: Service, inputs: resolve.Inputs | None, settings: EngineSettings, what: str,
-    logger: Any, choice: RolloutChoice | None = None,
-) -> bool:  # fmt: skip
+    deps: LoopDeps,
+    svc: Service,
+    inputs: resolve.Inputs | None,
+    settings: EngineSettings,
+    what: str,
+    logger: Any,
+    choice: RolloutChoice | None = None,
+) -> bool:
     """Roll ``settings`` out to the Deployment; False (and a ``RetuneFailed`` event) if that failed."""
     try:
         if inputs is None or deps.kube is None:

@@ -19,9 +19,15 @@ from kvpilot.tuner.types import MemoryBudget
 
 
 async def apply_learning(
-    deps: LoopDeps, svc: Service, inputs: resolve.Inputs, decision: Decision, budget: MemoryBudget,
-    new_status: Mapping[str, Any], startup: float | None, logger: Any,
-) -> None:  # fmt: skip
+    deps: LoopDeps,
+    svc: Service,
+    inputs: resolve.Inputs,
+    decision: Decision,
+    budget: MemoryBudget,
+    new_status: Mapping[str, Any],
+    startup: float | None,
+    logger: Any,
+) -> None:
     """The tick's new facts for :mod:`.profiles`: a new KV report against the budget of the same settings, the
     settings a CUDA OOM struck (as vLLM ran them), settings that passed probation, a new start-up time; to
     the profiles this service teaches (:mod:`.profile_scope`: its namespace's, a shared one when listed)."""
@@ -36,8 +42,15 @@ async def apply_learning(
     model, gpu = inputs.model.config_key, inputs.gpu.gpu.name
     keys = profile_scope.compute_keys(model, gpu, svc.spec, state.current, svc.namespace)
     await profiles.record_observations(
-        deps.kube, keys, svc.spec.model.id, f"{svc.namespace}/{svc.name}", budget=budget,
+        deps.kube,
+        keys,
+        svc.spec.model.id,
+        f"{svc.namespace}/{svc.name}",
+        budget=budget,
         observed_kv_tokens=int(tokens) if tokens else None,
-        oom=(decision.effective or state.current) if oom else None, healthy=healthy,
-        startup_seconds=new_startup, now=status_patch.format_time(deps.clock()), logger=logger,
-    )  # fmt: skip
+        oom=(decision.effective or state.current) if oom else None,
+        healthy=healthy,
+        startup_seconds=new_startup,
+        now=status_patch.format_time(deps.clock()),
+        logger=logger,
+    )

@@ -15,8 +15,10 @@ from kvpilot.operator import errors
 from kvpilot.operator.inferenceservice.loop_reading import Resolved, Service
 from kvpilot.operator.loop import loop_state, tick
 from kvpilot.operator.loop.loop_deps import LoopDeps
+from kvpilot.operator.planning import resolve
 from kvpilot.operator.pods import capacity, pod_status, storage, workloads
 from kvpilot.tuner.loop import ObservationWindow, PolicyConfig
+from kvpilot.tuner.types import GIB
 
 Cluster = tuple[list[capacity.NodeView], list[dict[str, Any]]]
 """The nodes and the unfinished pods (:func:`kvpilot.operator.pods.workloads.fetch_capacity`), read when a
@@ -85,15 +87,31 @@ async def fetch_window(
 
 
 def build_reading(
-    svc: Service, resolved: Resolved, views: list[pod_status.PodView], window: ObservationWindow,
+    svc: Service,
+    resolved: Resolved,
+    views: list[pod_status.PodView],
+    window: ObservationWindow,
     startup: float | None,
-) -> tick.TickReading:  # fmt: skip
+) -> tick.TickReading:
     """The shared tick's reading of the service's pods (``startup``: measured on them, else the status's)."""
     current, replicas = svc.state.current, svc.spec.replicas
     return tick.TickReading(
-        budget=resolved.budget, window=window, pods=views,
+        budget=resolved.budget,
+        window=window,
+        pods=views,
         summary=pod_status.compute_pod_summary(views, current, replicas),
-        replica_view=pod_status.compute_replica_view(views, replicas), replicas=replicas,
+        replica_view=pod_status.compute_replica_view(views, replicas),
+        replicas=replicas,
         restart_seconds=startup if startup is not None else loop_state.read_startup_seconds(svc.old),
         compile_cache_persistent=storage.keeps_compile_cache(svc.spec.model.storage),
-    )  # fmt: skip
+        checkpoint_gib=compute_checkpoint_gib(resolved),
+        weights_cached=storage.keeps_weights(svc.spec.model.storage),
+    )
+
+
+def compute_checkpoint_gib(resolved: Resolved) -> float | None:
+    """The whole checkpoint the pods load (``spec.model.checkpointBytes``, the catalogue's, or the weights
+    the model's config implies); ``None`` when the model did not resolve."""
+    if resolved.inputs is None:
+        return None
+    return resolve.compute_checkpoint_bytes(resolved.inputs.model) / GIB

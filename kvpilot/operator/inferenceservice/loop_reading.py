@@ -16,7 +16,7 @@ from kvpilot.operator import api, errors
 from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.loop import loop_settings, loop_state
 from kvpilot.operator.loop.loop_deps import LoopDeps
-from kvpilot.operator.planning import modes, release, resolve
+from kvpilot.operator.planning import engines, modes, release, resolve
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, plan
 from kvpilot.tuner.loop import LoopState, PolicyConfig, TuningContext
@@ -50,6 +50,11 @@ class Service:
         return self.spec.tuning.mode
 
     @property
+    def engine_tuned(self) -> bool:
+        """Whether the closed loop has rules for the service's engine (``spec.engine.kind``)."""
+        return engines.is_tuned_by_closed_loop(self.spec)
+
+    @property
     def generation(self) -> int | None:
         generation = self.meta.get("generation")
         return int(generation) if generation is not None else None
@@ -70,18 +75,23 @@ class Resolved:
 
 
 def parse_service(
-    body: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any], status: Mapping[str, Any],
+    body: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    status: Mapping[str, Any],
     now: float,
-) -> Service | None:  # fmt: skip
+) -> Service | None:
     """The service, or ``None`` when the loop has nothing to do: nothing applied yet, an invalid spec (the
-    reconciler reports it), no replicas."""
+    reconciler reports it), no replicas. A service of an engine the loop has no rules for
+    (:attr:`Service.engine_tuned` False) is returned with no pinned settings: the tick only holds."""
     old = dict(status or {})
     version = meta.get("resourceVersion")  # what ``old`` was read at: kopf's body is live, read it now
-    if not old.get("applied"):
-        return None  # the reconciler has not applied anything yet
     try:
         parsed = desired.parse_spec(spec)
-        pinned = modes.compute_user_args(parsed).pinned
+        tuned = engines.is_tuned_by_closed_loop(parsed)  # another engine: the tick says it holds
+        if tuned and not old.get("applied"):
+            return None  # the reconciler has not applied anything yet
+        pinned = modes.compute_user_args(parsed).pinned if tuned else EngineSettings()
     except (errors.OperatorError, tuner_errors.TunerError):
         return None
     if parsed.replicas == 0:
@@ -121,19 +131,29 @@ async def fetch_resolved(deps: LoopDeps, svc: Service, logger: Any) -> Resolved 
 def budget_for(
     inputs: resolve.Inputs, spec: api.InferenceServiceSpec, settings: EngineSettings
 ) -> MemoryBudget:
-    """The budget of ``settings`` in the topology the Deployment renders
-    (:func:`kvpilot.tuner.plan.compute_topology_budget`)."""
+    """The budget of ``settings`` in the topology the workload renders
+    (:func:`kvpilot.tuner.plan.compute_topology_budget`): over a group's nodes, its pipeline stages or one
+    data-parallel engine (:func:`kvpilot.operator.planning.modes.compute_group_topology`)."""
     engine = release.resolve_release(spec)
+    gpu_count, shards = modes.compute_group_topology(spec, inputs)
     return plan.compute_topology_budget(
-        inputs.model.spec, inputs.gpu.gpu, spec.gpu.count, settings, engine.version,
-        inputs.model.checkpoint_bytes, engine.flags,
-    )  # fmt: skip
+        inputs.model.spec,
+        inputs.gpu.gpu,
+        gpu_count,
+        settings,
+        engine.version,
+        inputs.model.checkpoint_bytes,
+        engine.flags,
+        expert_shards=shards,
+    )
 
 
 def gpu_and_default_len(
-    inputs: resolve.Inputs | None, status: Mapping[str, Any], current: EngineSettings,
+    inputs: resolve.Inputs | None,
+    status: Mapping[str, Any],
+    current: EngineSettings,
     engine: release.EngineRelease,
-) -> tuple[GpuSpec | None, int]:  # fmt: skip
+) -> tuple[GpuSpec | None, int]:
     """The GPU and the model's maximum context the loop tunes for: resolved, else what the reconciler
     recorded (``status.gpu.catalogueName``, the applied ``max_model_len``)."""
     if inputs is not None:

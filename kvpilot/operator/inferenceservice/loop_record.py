@@ -43,21 +43,39 @@ class Recorded:
 
 
 async def apply_record(
-    deps: LoopDeps, svc: Service, resolved: Resolved, observed: Observed, decision: Decision,
-    rollout: RolloutState | None, *, changed: bool, choice: RolloutChoice | None,
-    cluster: loop_observing.Cluster | None, patch: Any, logger: Any,
-) -> Recorded:  # fmt: skip
+    deps: LoopDeps,
+    svc: Service,
+    resolved: Resolved,
+    observed: Observed,
+    decision: Decision,
+    rollout: RolloutState | None,
+    *,
+    changed: bool,
+    choice: RolloutChoice | None,
+    cluster: loop_observing.Cluster | None,
+    patch: Any,
+    logger: Any,
+) -> Recorded:
     """The tick's whole status (``rollout``: the one the tick judged; ``changed``: a change to apply now,
     rolled out with ``choice``) as one conditional PATCH."""
     schedulable = await loop_schedulable.fetch_schedulable(
         deps, svc, resolved.inputs, observed.views, cluster
     )
     tick = loop_patch.LoopTick(
-        state=svc.state, decision=decision, rollout=rollout, now=svc.now, generation=svc.generation,
-        rollout_deadline_seconds=resolved.policy.rollout_deadline_seconds, mode=svc.mode, applied=changed,
-        serving=observed.serving, rollout_choice=choice, extra_conditions=schedulable,
-        startup_seconds=observed.startup, resolve_failure=resolved.failure,
-    )  # fmt: skip
+        state=svc.state,
+        decision=decision,
+        rollout=rollout,
+        now=svc.now,
+        generation=svc.generation,
+        rollout_deadline_seconds=resolved.policy.rollout_deadline_seconds,
+        mode=svc.mode,
+        applied=changed,
+        serving=observed.serving,
+        rollout_choice=choice,
+        extra_conditions=schedulable,
+        startup_seconds=observed.startup,
+        resolve_failure=resolved.failure,
+    )
     out = loop_patch.build_loop_patch(svc.old, tick)
     written = await apply_patch(deps, patch, svc, out, logger)
     return Recorded(written, out.status, out.events, out.decisions)
@@ -76,6 +94,17 @@ async def apply_off(deps: LoopDeps, svc: Service, patch: Any, logger: Any) -> No
         svc.old, serving, generation=svc.generation, now=svc.now, extra_conditions=schedulable
     )
     await apply_patch(deps, patch, svc, out, logger)
+
+
+async def apply_engine_hold(deps: LoopDeps, svc: Service, patch: Any, logger: Any) -> None:
+    """An engine the loop has no rules for (``spec.engine.kind`` SGLang): its hold, written once
+    (:func:`.loop_patch.build_engine_hold_patch`), with its event; nothing else is read or changed."""
+    out = loop_patch.build_engine_hold_patch(
+        svc.old, svc.spec.engine.kind, svc.mode, generation=svc.generation, now=svc.now
+    )
+    if out is not None and await apply_patch(deps, patch, svc, out, logger) == status_write.WRITTEN:
+        for type_, reason, message in out.events:
+            deps.emit(svc.body, type_, reason, message)
 
 
 async def apply_patch(deps: LoopDeps, patch: Any, svc: Service, out: StatusPatch, logger: Any) -> str:

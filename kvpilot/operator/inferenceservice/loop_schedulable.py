@@ -17,9 +17,12 @@ from kvpilot.operator.status import status_patch
 
 
 async def fetch_schedulable(
-    deps: LoopDeps, svc: Service, inputs: resolve.Inputs | None, views: list[pod_status.PodView],
+    deps: LoopDeps,
+    svc: Service,
+    inputs: resolve.Inputs | None,
+    views: list[pod_status.PodView],
     cluster: loop_observing.Cluster | None,
-) -> list[status_patch.Update]:  # fmt: skip
+) -> list[status_patch.Update]:
     """The ``Schedulable`` condition: checked against the nodes while a pod cannot schedule or it is False
     (so it follows the nodes as they change); True without a read once every pod is on a node. ``inputs``
     ``None`` (mode Off resolves nothing): resolved here, when needed."""

@@ -35,9 +35,14 @@ def read_kept(
 
 
 async def fetch_wanted(
-    kube: Kube | None, plan_fn: modes.PlanFn | None, meta: Mapping[str, Any],
-    parsed: api.InferenceServiceSpec, inputs: resolve.Inputs, keep: api.Settings | None, logger: Any,
-) -> desired.Desired:  # fmt: skip
+    kube: Kube | None,
+    plan_fn: modes.PlanFn | None,
+    meta: Mapping[str, Any],
+    parsed: api.InferenceServiceSpec,
+    inputs: resolve.Inputs,
+    keep: api.Settings | None,
+    logger: Any,
+) -> desired.Desired:
     """The desired state: with ``keep`` deployed, else planned (from the TuningProfile when one matches)."""
     wanted = desired.build_desired(meta, parsed, inputs, deploy_override=keep, plan_fn=plan_fn)
     if keep is not None:
@@ -46,12 +51,19 @@ async def fetch_wanted(
 
 
 async def _with_profile(
-    kube: Kube | None, plan_fn: modes.PlanFn | None, meta: Mapping[str, Any],
-    parsed: api.InferenceServiceSpec, inputs: resolve.Inputs, wanted: desired.Desired, logger: Any,
-) -> desired.Desired:  # fmt: skip
+    kube: Kube | None,
+    plan_fn: modes.PlanFn | None,
+    meta: Mapping[str, Any],
+    parsed: api.InferenceServiceSpec,
+    inputs: resolve.Inputs,
+    wanted: desired.Desired,
+    logger: Any,
+) -> desired.Desired:
     """``wanted`` planned again from the matching TuningProfile (the key needs the first plan's KV dtype and
     layout): the namespace's own, or the shared one where the namespace shares (:mod:`.profile_scope`);
     ``wanted`` itself without a store or a profile."""
+    if wanted.decision is None:  # another engine: no TuningProfile of its plans yet
+        return wanted
     first = wanted.decision.plan
     namespace = meta.get("namespace") or "default"
     model, gpu = inputs.model.config_key, inputs.gpu.gpu.name

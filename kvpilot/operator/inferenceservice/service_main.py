@@ -9,6 +9,7 @@ hand-edited field (:mod:`.drift`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -26,6 +27,12 @@ LOOP_INTERVAL_S = loop_settings.interval_from_env()
 """The closed loop's timer interval (``$KVPILOT_CLOSED_LOOP_INTERVAL``): kopf takes it when the timer is
 registered, at import, before any start-up handler has run (the rest of the pace: at start-up,
 :func:`kvpilot.operator.loop.loop_settings.pace_from_env`)."""
+
+MULTI_NODE_ENV = "KVPILOT_MULTI_NODE"
+WATCH_LEADER_WORKER_SETS = os.environ.get(MULTI_NODE_ENV, "true").strip().lower() != "false"
+"""Whether drift repair watches LeaderWorkerSets (``$KVPILOT_MULTI_NODE``, unset: yes). The chart sets it from
+``multiNode.enabled``: without the rights to list and watch the kind, kopf's watch would fail on every retry.
+Read at import, as kopf registers its watches then."""
 
 
 def configure(owners: VerifiedOwners) -> None:
@@ -68,6 +75,12 @@ async def deployment_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.L
     await _repair("Deployment", event, body, logger)
 
 
+async def leader_worker_set_event(
+    event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger, **_: Any
+) -> None:
+    await _repair("LeaderWorkerSet", event, body, logger)
+
+
 async def service_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     await _repair("Service", event, body, logger)
 
@@ -80,9 +93,17 @@ async def _repair(kind: str, event: kopf.RawEvent, body: kopf.Body, logger: kopf
         return
     try:
         await drift.apply_repair(
-            kind, event.get("type"), body, kube=deps.kube, hub=deps.hub, emit=deps.emit, logger=logger,
-            read_owner=deps.kube.read_inference_service, plan_fn=deps.plan_fn, owners=deps.owners,
-        )  # fmt: skip
+            kind,
+            event.get("type"),
+            body,
+            kube=deps.kube,
+            hub=deps.hub,
+            emit=deps.emit,
+            logger=logger,
+            read_owner=deps.kube.read_inference_service,
+            plan_fn=deps.plan_fn,
+            owners=deps.owners,
+        )
     except Exception as exc:  # noqa: BLE001 -- the reconciler reports what is wrong with the spec
         logger.warning(f"drift: repairing {kind} {body.get('metadata', {}).get('name')} failed: {exc}")
 

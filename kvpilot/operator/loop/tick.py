@@ -48,6 +48,11 @@ class TickReading:
     compile_cache_persistent: bool = False
     """The pods keep vLLM's compile cache on a writable volume
     (:func:`kvpilot.operator.pods.storage.keeps_compile_cache`)."""
+    checkpoint_gib: float | None = None
+    """The model's whole checkpoint, when the kind knows the model (predicts a cold start's download)."""
+    weights_cached: bool = False
+    """Every pod's start finds the checkpoint on a shared volume
+    (:func:`kvpilot.operator.pods.storage.keeps_weights`)."""
 
 
 @dataclass(frozen=True)
@@ -74,11 +79,17 @@ def compute_tick(state: LoopState, reading: TickReading, context: TuningContext,
     policy = context.policy
     rollout = compute_rollout(state, reading.pods, policy.rollout_deadline_seconds)
     evidence = Evidence(
-        budget=reading.budget, window=reading.window, restarts=reading.summary.restarts,
-        ready=reading.summary.ready, not_started=reading.summary.not_started,
-        restart_seconds=reading.restart_seconds, replicas=reading.replicas,
+        budget=reading.budget,
+        window=reading.window,
+        restarts=reading.summary.restarts,
+        ready=reading.summary.ready,
+        not_started=reading.summary.not_started,
+        restart_seconds=reading.restart_seconds,
+        replicas=reading.replicas,
         compile_cache_persistent=reading.compile_cache_persistent,
+        checkpoint_gib=reading.checkpoint_gib,
+        weights_cached=reading.weights_cached,
         replicas_changing=compute_replica_change(reading.replica_view, now, policy.window_seconds),
-    )  # fmt: skip
+    )
     loop = dataclasses.replace(state, rollout=rollout)
     return Tick(rollout, loop, evidence, compute_decision(loop, evidence, context, now))

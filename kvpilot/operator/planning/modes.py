@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import api, errors
+from kvpilot.operator.planning import layouts, release, resolve
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner import vllm
+from kvpilot.tuner import memory, vllm
 from kvpilot.tuner.model import ModelSpec
-from kvpilot.tuner.plan import compute_plan, compute_tensor_parallel
+from kvpilot.tuner.plan import Layout, compute_plan, compute_tensor_parallel
 from kvpilot.tuner.plan.profiles import Learned
 from kvpilot.tuner.types import EngineSettings, GpuSpec, Plan, ServingBounds
 
@@ -147,25 +148,46 @@ def check_model_args(user: UserArgs, model_dtype: str) -> None:
 
 @functools.lru_cache(maxsize=2048)
 def _cached_plan(
-    plan_fn: PlanFn, model: ModelSpec, gpu: GpuSpec, gpu_count: int, bounds: ServingBounds,
-    pinned: EngineSettings, vllm_version: str, engine: vllm.EngineFlags, weights_total_bytes: int | None,
+    plan_fn: PlanFn,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    gpu_count: int,
+    bounds: ServingBounds,
+    pinned: EngineSettings,
+    vllm_version: str,
+    engine: vllm.EngineFlags,
+    weights_total_bytes: int | None,
     learned: Learned | None,
-) -> Plan | tuner_errors.TunerError:  # fmt: skip
+) -> Plan | tuner_errors.TunerError:
     """One planner call, its verdict cached by every input, so many identical services cost one plan."""
     try:
         return plan_fn(
-            model, gpu, gpu_count, bounds, pinned=pinned, vllm_version=vllm_version, engine=engine,
-            weights_total_bytes=weights_total_bytes, learned=learned,
-        )  # fmt: skip
+            model,
+            gpu,
+            gpu_count,
+            bounds,
+            pinned=pinned,
+            vllm_version=vllm_version,
+            engine=engine,
+            weights_total_bytes=weights_total_bytes,
+            learned=learned,
+        )
     except tuner_errors.TunerError as exc:  # cache verdicts too: an infeasible spec stays infeasible
         return exc
 
 
 def compute_feasible_plan(
-    spec: api.InferenceServiceSpec, model: ModelSpec, gpu: GpuSpec, user: UserArgs,
-    *, image: vllm.ImageVersion | None = None, engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
-    weights_total_bytes: int | None = None, learned: Learned | None = None, plan_fn: PlanFn | None = None,
-) -> Plan:  # fmt: skip
+    spec: api.InferenceServiceSpec,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    user: UserArgs,
+    *,
+    image: vllm.ImageVersion | None = None,
+    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
+    weights_total_bytes: int | None = None,
+    learned: Learned | None = None,
+    plan_fn: PlanFn | None = None,
+) -> Plan:
     """The planner's answer for this spec (cached); raises InfeasiblePlan when nothing fits.
 
     ``image``: the release the image runs (its tag, or ``spec.engine.vllmVersion``: :mod:`.release`;
@@ -180,12 +202,30 @@ def compute_feasible_plan(
     count, pinned = spec.gpu.count, user.pinned
     if spec.gpu.nodes_per_replica > 1:  # tensor parallel within a node, the nodes' GPUs pipeline stages
         count *= spec.gpu.nodes_per_replica
-        pinned = pinned.replace(tensor_parallel_size=pinned.tensor_parallel_size
-                                or compute_tensor_parallel(model, spec.gpu.count))  # fmt: skip
-    result = _cached_plan(
-        plan_fn or compute_plan, model, gpu, count, spec.to_bounds(), pinned, version, engine,
-        weights_total_bytes, learned,
-    )  # fmt: skip
+        pinned = pinned.replace(
+            tensor_parallel_size=pinned.tensor_parallel_size or compute_tensor_parallel(model, spec.gpu.count)
+        )
+    rank_plan = layouts.compute_rank_plan(  # a MoE group the node planner splits DP x EP
+        spec,
+        model,
+        gpu,
+        user.pinned,
+        vllm_version=version,
+        engine=engine,
+        weights_total_bytes=weights_total_bytes,
+    )
+    result = rank_plan or _cached_plan(
+        plan_fn or compute_plan,
+        model,
+        gpu,
+        count,
+        spec.to_bounds(),
+        pinned,
+        version,
+        engine,
+        weights_total_bytes,
+        learned,
+    )
     if isinstance(result, tuner_errors.TunerError):
         raise copy.copy(result)
     if image is not None and image.warning is not None:
@@ -197,6 +237,32 @@ def compute_feasible_plan(
             suggestions=tuple(reasons[1:]),
         )
     return result
+
+
+def compute_group_layout(
+    spec: api.InferenceServiceSpec, inputs: resolve.Inputs, user: UserArgs
+) -> Layout | None:
+    """The DP x EP split of a replica over nodes (:func:`.layouts.compute_layout`, for the service's resolved
+    inputs and release); ``None``: TP x PP or one node. The reconciler's render and every closed-loop render
+    of other settings ask it, so they agree."""
+    engine = release.resolve_release(spec)
+    return layouts.compute_layout(
+        spec,
+        inputs.model.spec,
+        inputs.gpu.gpu,
+        user.pinned,
+        vllm_version=engine.version,
+        engine=engine.flags,
+        weights_total_bytes=inputs.model.checkpoint_bytes,
+    )
+
+
+def compute_group_topology(
+    spec: api.InferenceServiceSpec, inputs: resolve.Inputs
+) -> tuple[int, memory.ExpertShards]:
+    """What one engine's budget is computed over, in the layout the workload renders: the spec's own
+    :func:`compute_group_layout`, then :func:`.layouts.compute_engine_topology`."""
+    return layouts.compute_engine_topology(spec, compute_group_layout(spec, inputs, compute_user_args(spec)))
 
 
 def compute_mode_decision(spec: api.InferenceServiceSpec, plan: Plan, user: UserArgs) -> ModeDecision:

@@ -108,8 +108,9 @@ def compute_bounded(spec: api.InferenceServiceSpec) -> tuple[str, ...]:
     b, d = spec.to_bounds(), ServingBounds()
     out = []
     if (b.min_gpu_memory_utilization, b.max_gpu_memory_utilization) != (
-        d.min_gpu_memory_utilization, d.max_gpu_memory_utilization,
-    ):  # fmt: skip
+        d.min_gpu_memory_utilization,
+        d.max_gpu_memory_utilization,
+    ):
         out.append("gpuMemoryUtilization")
     if b.min_max_num_seqs != d.min_max_num_seqs or b.max_max_num_seqs is not None:
         out.append("maxNumSeqs")
@@ -126,9 +127,13 @@ def compute_engine_digest(spec: api.InferenceServiceSpec) -> tuple[str, bool]:
 
 
 def compute_keys(
-    model_digest: str, gpu: str, spec: api.InferenceServiceSpec, settings: EngineSettings, namespace: str,
+    model_digest: str,
+    gpu: str,
+    spec: api.InferenceServiceSpec,
+    settings: EngineSettings,
+    namespace: str,
     shared_with: frozenset[str] | None = None,
-) -> Keys:  # fmt: skip
+) -> Keys:
     """The profiles of a service of ``namespace`` running ``settings`` (the KV dtype and layout the
     Deployment renders); ``shared_with``: the namespaces that share (default: the operator's setting)."""
     sharing = shared_namespaces() if shared_with is None else shared_with
@@ -136,11 +141,15 @@ def compute_keys(
     release = vllm.resolve_image_version(spec.engine.image, spec.engine.vllm_version)
     digest, sizing = compute_engine_digest(spec)
     own = ProfileKey(
-        model_digest=model_digest, gpu=gpu, vllm_version=release.version,
-        kv_cache_dtype=settings.kv_cache_dtype or "auto", tensor_parallel_size=tp,
-        pipeline_parallel_size=compute_pipeline_parallel(spec.gpu.count, tp), namespace=namespace,
+        model_digest=model_digest,
+        gpu=gpu,
+        vllm_version=release.version,
+        kv_cache_dtype=settings.kv_cache_dtype or "auto",
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=compute_pipeline_parallel(spec.gpu.count, tp),
+        namespace=namespace,
         engine_digest=digest,
-    )  # fmt: skip
+    )
     pinned = compute_pinned(spec)
     bounds = compute_bounded(spec)
     why = [
@@ -153,9 +162,12 @@ def compute_keys(
     if namespace in sharing and not sizing:
         shared = dataclasses.replace(own, namespace=SHARED)
     return Keys(
-        own=own, shared=shared, teaches_shared=shared is not None and not why,
-        teaches_ooms=not pinned and not bounds, why_not_shared=tuple(why),
-    )  # fmt: skip
+        own=own,
+        shared=shared,
+        teaches_shared=shared is not None and not why,
+        teaches_ooms=not pinned and not bounds,
+        why_not_shared=tuple(why),
+    )
 
 
 def choose_learned(own: Learned | None, shared: Learned | None) -> Learned | None:

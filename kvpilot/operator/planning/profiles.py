@@ -35,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients import metrics
 from kvpilot.operator.clients.kube import PROFILE_PLURAL, Conflict
+from kvpilot.operator.planning.profile_legacy import build_legacy_message, compute_legacy_matches
 from kvpilot.operator.planning.profile_scope import Keys, choose_learned
 from kvpilot.tuner.plan.profiles import (
     HealthySample,
@@ -126,13 +127,16 @@ def build_profile(key: ProfileKey, model_id: str) -> dict[str, Any]:
             "scope": SCOPE_SHARED if key.shared else SCOPE_NAMESPACE,
             **({} if key.shared else {"namespace": key.namespace}),
             "engineDigest": key.engine_digest,
-            "modelDigest": key.model_digest, "modelId": model_id, "gpu": key.gpu,
-            "vllmVersion": key.vllm_version, "kvCacheDtype": key.kv_cache_dtype,
+            "modelDigest": key.model_digest,
+            "modelId": model_id,
+            "gpu": key.gpu,
+            "vllmVersion": key.vllm_version,
+            "kvCacheDtype": key.kv_cache_dtype,
             "tensorParallelSize": key.tensor_parallel_size,
             "pipelineParallelSize": key.pipeline_parallel_size,
             "memoryModelVersion": key.memory_model_version,
         },
-    }  # fmt: skip
+    }
 
 
 def _opt_int(value: Any) -> int | None:
@@ -148,12 +152,18 @@ def read_record(status: Mapping[str, Any] | None, shared: bool = False) -> Profi
     for e in s.get("kvSamples") or ():
         kv.append(KvSample(str(e["source"]), int(e["predictedTokens"]), int(e["observedTokens"])))
     for e in s.get("oomSamples") or ():
-        ooms.append(OomSample(str(e["source"]), float(e["gpuMemoryUtilization"]),
-                              _opt_int(e.get("maxNumSeqs")),
-                              _opt_int(e.get("maxNumBatchedTokens"))))  # fmt: skip
+        ooms.append(
+            OomSample(
+                str(e["source"]),
+                float(e["gpuMemoryUtilization"]),
+                _opt_int(e.get("maxNumSeqs")),
+                _opt_int(e.get("maxNumBatchedTokens")),
+            )
+        )
     for e in s.get("healthySamples") or ():
-        healthy.append(HealthySample(str(e["source"]), float(e["gpuMemoryUtilization"]),
-                                     _opt_int(e.get("maxNumSeqs"))))  # fmt: skip
+        healthy.append(
+            HealthySample(str(e["source"]), float(e["gpuMemoryUtilization"]), _opt_int(e.get("maxNumSeqs")))
+        )
     for e in s.get("startupSamples") or ():
         startups.append(StartupSample(str(e["source"]), float(e["seconds"])))
     return ProfileRecord(tuple(kv), tuple(ooms), tuple(healthy), tuple(startups), shared=shared)
@@ -181,7 +191,7 @@ def build_status(record: ProfileRecord, name: str, now: str) -> dict[str, Any]:
                 }
             )
             for s in record.ooms
-        ],  # fmt: skip
+        ],
         "healthySamples": [
             _drop_none(
                 {
@@ -191,7 +201,7 @@ def build_status(record: ProfileRecord, name: str, now: str) -> dict[str, Any]:
                 }
             )
             for s in record.healthy
-        ],  # fmt: skip
+        ],
         "startupSamples": [{"source": s.source, "seconds": s.seconds} for s in record.startups],
         "contributors": list(record.sources),
         "learned": _drop_none(
@@ -208,7 +218,7 @@ def build_status(record: ProfileRecord, name: str, now: str) -> dict[str, Any]:
                 else None,
                 "message": learned.describe(),
             }
-        ),  # fmt: skip
+        ),
         "lastUpdateTime": now,
     }
 
@@ -282,10 +292,15 @@ async def fetch_plan_learned(
     store: ProfileStore | None, keys: Keys, logger: Any = None, clock: Callable[[], float] = time.monotonic
 ) -> Learned | None:
     """What a plan of the service with ``keys`` starts from: its namespace's profile when that teaches
-    something, else the shared one it may read (:func:`~.profile_scope.choose_learned`)."""
+    something, else the shared one it may read (:func:`~.profile_scope.choose_learned`). A profile an older
+    kvpilot wrote for the same model and layout is never read; a warning on ``logger`` names it
+    (:mod:`.profile_legacy`)."""
     learned = await fetch_learned(store, keys.own, logger, clock)
     if (learned is None or not learned.used) and keys.shared is not None:
         learned = choose_learned(learned, await fetch_learned(store, keys.shared, logger, clock))
+    if store is not None and logger is not None and _cache.by_name is not None:
+        for name, why in compute_legacy_matches(_cache.by_name.values(), keys.own):
+            logger.warning(build_legacy_message(name, why))  # kopf posts it as a Warning event
     return learned
 
 
@@ -329,9 +344,13 @@ async def apply_samples(
 
 
 def build_update(
-    source: str, *, kv: tuple[int, int] | None = None, oom: EngineSettings | None = None,
-    healthy: EngineSettings | None = None, startup_seconds: float | None = None,
-) -> Update | None:  # fmt: skip
+    source: str,
+    *,
+    kv: tuple[int, int] | None = None,
+    oom: EngineSettings | None = None,
+    healthy: EngineSettings | None = None,
+    startup_seconds: float | None = None,
+) -> Update | None:
     """What one closed-loop tick adds to its profile: ``kv`` = (predicted, observed) tokens of a new vLLM
     report; ``oom`` = the settings (as vLLM ran them) that hit CUDA OOM; ``healthy`` = settings that passed
     probation; ``startup_seconds`` = a new start-up time. ``None``: nothing to add (no write)."""
@@ -385,9 +404,14 @@ def _compose(updates: list[Update]) -> Update:
 
 
 async def record_samples(
-    kube: object, key: ProfileKey, model_id: str, update: Update | None, now: str, logger: Any,
+    kube: object,
+    key: ProfileKey,
+    model_id: str,
+    update: Update | None,
+    now: str,
+    logger: Any,
     window_s: float = BATCH_WINDOW_S,
-) -> None:  # fmt: skip
+) -> None:
     """Add ``update`` to the profile's batch: the first sample's caller waits ``window_s`` for others, then
     writes them all (:func:`apply_samples`); a later one joins the batch and returns at once. A failure is
     logged, never raised (the batch's samples are lost, as is a batch whose tick is cancelled while it waits:
@@ -418,11 +442,20 @@ async def record_samples(
 
 
 async def record_observations(
-    kube: object, keys: Keys, model_id: str, source: str, *, budget: MemoryBudget,
-    observed_kv_tokens: int | None = None, oom: EngineSettings | None = None,
-    healthy: EngineSettings | None = None, startup_seconds: float | None = None, now: str, logger: Any,
+    kube: object,
+    keys: Keys,
+    model_id: str,
+    source: str,
+    *,
+    budget: MemoryBudget,
+    observed_kv_tokens: int | None = None,
+    oom: EngineSettings | None = None,
+    healthy: EngineSettings | None = None,
+    startup_seconds: float | None = None,
+    now: str,
+    logger: Any,
     window_s: float = BATCH_WINDOW_S,
-) -> None:  # fmt: skip
+) -> None:
     """What one closed-loop tick of ``source`` saw, to the profiles it teaches (:mod:`.profile_scope`):
     its namespace's always, the shared one when it may; its OOMs only when its utilisation was the
     planner's. A KV report above :func:`~kvpilot.tuner.plan.profiles.compute_kv_ceiling` of ``budget``
@@ -440,7 +473,10 @@ async def record_observations(
         else:
             kv = (budget.kv_cache_tokens, observed_kv_tokens)
     own = build_update(
-        source, kv=kv, oom=oom if keys.teaches_ooms else None, healthy=healthy,
+        source,
+        kv=kv,
+        oom=oom if keys.teaches_ooms else None,
+        healthy=healthy,
         startup_seconds=startup_seconds,
     )
     writes = [record_samples(kube, keys.own, model_id, own, now, logger, window_s)]

@@ -18,6 +18,7 @@ Hub configs by (id, revision, token digest), ModelSpecs by config content, node 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import logging
@@ -299,6 +300,12 @@ def compute_hub_error(exc: Exception, model_id: str, revision: str | None) -> Ex
                 f"the Hugging Face Hub refused access to {where} (HTTP {status}); check the token Secret"
             )
         return errors.HubUnreachable(f"the Hugging Face Hub failed for {where} (HTTP {status}); retrying")
+    if isinstance(exc, OSError) and exc.filename is not None:  # the local cache, not the network
+        return errors.HubCacheUnwritable(
+            f"the operator cannot write its Hugging Face cache to download {where} "
+            f"({errno.errorcode.get(exc.errno or 0, type(exc).__name__)}); the platform team must give the "
+            "operator a writable HF_HOME (the chart mounts an emptyDir there, hubCacheSizeLimit); retrying"
+        )
     if isinstance(exc, OSError | TimeoutError) or "httpx" in type(exc).__module__:
         return unreachable
     # anything else: its text may quote the Hub's answer (status goes to the tenant): the class name only;
@@ -366,8 +373,11 @@ def read_gpu(spec: api.InferenceServiceSpec, kube: Kube | None, nodes: NodeCache
         return ResolvedGpu(gpu, products, "spec.gpu.product")
     if kube is None:
         if selected:
-            return ResolvedGpu(gpus.build_gpu_from_labels({gpus.PRODUCT_LABEL: selected}), (selected,),
-                               f"nodeSelector {gpus.PRODUCT_LABEL}")  # fmt: skip
+            return ResolvedGpu(
+                gpus.build_gpu_from_labels({gpus.PRODUCT_LABEL: selected}),
+                (selected,),
+                f"nodeSelector {gpus.PRODUCT_LABEL}",
+            )
         raise errors.InvalidSpec(
             "without a cluster the GPU cannot be discovered from node labels; set spec.gpu.product"
         )

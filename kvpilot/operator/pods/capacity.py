@@ -107,8 +107,9 @@ def build_pod_shape(workload: Mapping[str, Any]) -> PodShape:
 
 
 def _shape(pod: Mapping[str, Any], group_size: int) -> PodShape:
-    required = (((pod.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})  # fmt: skip
+    required = ((pod.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     terms = tuple(tuple(t.get("matchExpressions") or ()) for t in required.get("nodeSelectorTerms") or ())
     return PodShape(
         node_selector=dict(pod.get("nodeSelector") or {}),
@@ -215,27 +216,29 @@ def compute_schedulable(shape: PodShape, nodes: Sequence[NodeView]) -> Schedulab
     tolerated = [n for n in labelled if compute_tolerated(shape, n)]
     if not tolerated:
         return Schedulability(
-            False, "TaintsNotTolerated",
+            False,
+            "TaintsNotTolerated",
             f"{len(labelled)} node(s) with {where}, all with taints the pods do not tolerate "
             "(spec.engine.tolerations)",
-        )  # fmt: skip
+        )
     largest = max(n.allocatable_gpus for n in tolerated)
     held = _pods_held(shape, (n.allocatable_gpus for n in tolerated))
     if largest >= shape.gpus and held < shape.group_size:
         return Schedulability(
-            False, "InsufficientNodes",
+            False,
+            "InsufficientNodes",
             f"a replica is a group of {shape.group_size} pods of {shape.gpus} {GPU_RESOURCE}, and the "
             f"{len(tolerated)} node(s) with {where} hold {held} such pods in all; lower "
             "gpu.nodesPerReplica or add nodes",
-        )  # fmt: skip
+        )
     if largest < shape.gpus:
         return Schedulability(
-            False, "InsufficientGpus",
+            False,
+            "InsufficientGpus",
             f"no node with {where} and {shape.gpus} allocatable {GPU_RESOURCE} in total (the largest of "
             f"{len(tolerated)} has {largest}); lower gpu.count or add larger nodes",
-        )  # fmt: skip
+        )
     fitting = [n for n in tolerated if n.allocatable_gpus >= shape.gpus]
     return Schedulability(
         True, "NodesFit", f"{len(fitting)} node(s) with {where} have {shape.gpus} allocatable {GPU_RESOURCE}"
     )
-

@@ -87,14 +87,34 @@ def build_rollout_strategy(strategy: Mapping[str, Any], replicas: int) -> dict[s
     return {"type": "RollingUpdate", "rollingUpdateConfiguration": rolling}
 
 
+def build_budget_spec(budget: Mapping[str, Any]) -> dict[str, Any]:
+    """The disruption budget of groups: at most ``maxUnavailable`` groups down by evictions, never a wedged
+    drain.
+
+    One budget over every pod of every group, ``maxUnavailable`` counted in pods: each eviction the API
+    allows spends one of the budget's ``maxUnavailable`` at once, and takes down at most one group, so at
+    most ``maxUnavailable`` groups go down however the evictions fall; a group that restarts counts its
+    ``size`` pods, so while it recovers fewer (one at a time once ``size`` >= ``maxUnavailable``) may follow.
+    The alternatives let more groups down: a budget of leaders only leaves the workers free to evict (each
+    takes its group), one budget per group bounds nothing across groups, and ``minAvailable`` of whole groups
+    (``(replicas - maxUnavailable) x size`` pods) allows ``maxUnavailable x size`` evictions, in as many
+    groups. ``unhealthyPodEvictionPolicy: AlwaysAllow``: a pod that is not Ready belongs to a group that
+    serves nothing (the leader is Ready only once every rank joined; a worker has no probe), so evicting it
+    disrupts nothing more, whereas the default refuses it while the budget is spent, and a group stuck
+    starting or Pending would block every drain of its nodes."""
+    return {**budget, "unhealthyPodEvictionPolicy": "AlwaysAllow"}
+
+
 def _with_role(template: Mapping[str, Any], nodes: int, rank: str, *, headless: bool) -> dict[str, Any]:
     """The pod template of one role: the vLLM container's node flags; a worker without port or probes."""
     out = copy.deepcopy(dict(template))
     for container in out["spec"]["containers"]:
+        _quantities_as_strings(container)
         if container["name"] != serving.CONTAINER_NAME:
             continue
         container["args"] = [
-            *container["args"], *vllm.build_node_role_args(nodes, rank, LEADER_ADDRESS, headless=headless)
+            *container["args"],
+            *vllm.build_node_role_args(nodes, rank, LEADER_ADDRESS, headless=headless),
         ]
         if headless:
             container.pop("ports", None)
@@ -109,6 +129,16 @@ def _with_role(template: Mapping[str, Any], nodes: int, rank: str, *, headless: 
     return out
 
 
+def _quantities_as_strings(container: dict[str, Any]) -> None:
+    """Resource quantities as strings, as the API server stores them. A CRD keeps an integer as sent, but
+    LWS's webhook writes ``8`` back as ``"8"`` on create and not on update, so an integer flips at every apply
+    and each re-apply of the same set bumped its generation (seen on the real controller, v0.10.0)."""
+    for bound in ("limits", "requests"):
+        values = (container.get("resources") or {}).get(bound)
+        if values:
+            container["resources"][bound] = {k: str(v) for k, v in values.items()}
+
+
 def is_group_pod(pod: Mapping[str, Any], name: str) -> bool:
     """Whether the pod is one of the LeaderWorkerSet ``name``'s: LWS's set label names it, and its controller
     is a StatefulSet of the set (the leaders' ``<name>``, a group's workers' ``<name>-<group>``)."""
@@ -116,10 +146,11 @@ def is_group_pod(pod: Mapping[str, Any], name: str) -> bool:
     if (meta.get("labels") or {}).get(NAME_LABEL) != name:
         return False
     return any(
-        ref.get("kind") == "StatefulSet" and ref.get("controller")
+        ref.get("kind") == "StatefulSet"
+        and ref.get("controller")
         and (ref.get("name") == name or str(ref.get("name") or "").startswith(f"{name}-"))
         for ref in meta.get("ownerReferences") or ()
-    )  # fmt: skip
+    )
 
 
 def is_worker(pod: Mapping[str, Any]) -> bool:

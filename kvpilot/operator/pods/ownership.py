@@ -63,9 +63,11 @@ def compute_conflict(manifest: Mapping[str, Any], existing: Mapping[str, Any] | 
     if have is not None and wanted is not None and have.get("uid") == wanted.get("uid"):
         return None
     if (
-        wanted is None and have is not None and have.get("kind") == api.KIND
+        wanted is None
+        and have is not None
+        and have.get("kind") == api.KIND
         and have.get("name") == _owner_label(manifest)
-    ):  # fmt: skip
+    ):
         return None
     meta = manifest["metadata"]
     owner = f"{have.get('kind')} {have.get('name')}" if have is not None else "no owner"

@@ -71,7 +71,9 @@ class IndexedPods:
             if all(((pod.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
         ]
 
-    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
+    def read_previous_log(
+        self, namespace: str, pod: str, container: str, tail_lines: int
+    ) -> pod_status.PreviousLog:
         return self.logs.read_previous_log(namespace, pod, container, tail_lines)
 
 

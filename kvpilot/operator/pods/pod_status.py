@@ -7,11 +7,15 @@ restart. Restarts come from ``lastState.terminated`` (``message`` holds the log 
 the Deployment sets ``terminationMessagePolicy: FallbackToLogsOnError``), classified by
 :func:`kvpilot.tuner.loop.restarts.classify_termination`; when the message says nothing, the
 previous container's log tail is read and classified instead; when that log cannot be read either,
-the restart's detail says so (:func:`with_unread_log`).
+the restart's detail says why (:func:`with_unread_log`,
+:func:`kvpilot.operator.clients.pod_logs.compute_unread_log`: no permission, the pod or the log gone, the
+node unreachable).
 
-:func:`build_pod_view` and :func:`compute_pod_summary` are pure; :func:`read_pod_views` reads
-through a :class:`PodReader` with this module's :class:`LogCache` of previous logs, and
-:class:`ClusterPods` does the two reads (list pods, read a previous log) with the ``kubernetes`` client.
+:func:`build_pod_view`, :func:`build_logged_view` and :func:`compute_pod_summary` are pure;
+:func:`read_restart_logs` reads the previous logs a list of pods needs through a :class:`LogReader` with this
+module's :class:`LogCache` (the InferenceService's :func:`read_pod_views` and the EngineTuner's reconcile
+share it), and :class:`ClusterPods` does the two reads (list pods, read a previous log) with the
+``kubernetes`` client.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kvpilot.operator.clients.kube import raw_response
+from kvpilot.operator.clients.kube import fetch_previous_log, raw_response
+from kvpilot.operator.clients.pod_logs import UnreadLog
 from kvpilot.operator.pods import leader_worker_set
 from kvpilot.operator.pods.storage import INIT_CONTAINER
 from kvpilot.tuner import errors as tuner_errors
@@ -43,13 +48,20 @@ LOG_TAIL_LINES = 400
 ValueError out; after a run-time CUDA OOM the shutdown lines do the same."""
 
 
-class PodReader(Protocol):
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        """Raw pod objects (JSON dicts)."""
+PreviousLog = str | UnreadLog | None
+"""A previous log's tail, why it could not be read, or ``None`` when there is none."""
+
+
+class LogReader(Protocol):
+    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> PreviousLog:
+        """The tail of the previous container's log, why it could not be read, or ``None`` when there is
+        none."""
         ...
 
-    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
-        """The tail of the previous container's log, or ``None`` when there is none."""
+
+class PodReader(LogReader, Protocol):
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """Raw pod objects (JSON dicts)."""
         ...
 
 
@@ -140,9 +152,10 @@ def with_lost_nodes(pods: Sequence[PodView], nodes: Sequence[Mapping[str, Any]])
     known = {str((n.get("metadata") or {}).get("name") or "") for n in nodes}
     return [
         dataclasses.replace(p, node_lost=True)
-        if p.node and not p.ready and (p.node in lost or p.node not in known) else p
+        if p.node and not p.ready and (p.node in lost or p.node not in known)
+        else p
         for p in pods
-    ]  # fmt: skip
+    ]
 
 
 def _container(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -173,9 +186,13 @@ def build_restart_event(
     needs_log = cause.kind == RestartKind.OTHER and reason != "OOMKilled" and not log_tail
     when = parse_time(terminated.get("finishedAt")) or parse_time(terminated.get("startedAt")) or 0.0
     restart = RestartEvent(
-        time=when, cause=cause, pod=pod, restart_count=count,
-        crash_looping=waiting.get("reason") == "CrashLoopBackOff", exit_code=code,
-    )  # fmt: skip
+        time=when,
+        cause=cause,
+        pod=pod,
+        restart_count=count,
+        crash_looping=waiting.get("reason") == "CrashLoopBackOff",
+        exit_code=code,
+    )
     return restart, needs_log
 
 
@@ -203,7 +220,8 @@ def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodVi
     ready_cond: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
     return PodView(
         started_at=parse_time(phase.get("startTime")),
-        ready_at=parse_time(ready_cond.get("lastTransitionTime")) if ready_cond.get("status") == "True"
+        ready_at=parse_time(ready_cond.get("lastTransitionTime"))
+        if ready_cond.get("status") == "True"
         else None,
         restart_count=count,
         waiting_reason=waiting.get("reason") or None,
@@ -250,8 +268,12 @@ def compute_replica_view(pods: Sequence[PodView], desired: int) -> ReplicaView:
     """The replica count as the pods show it (:func:`kvpilot.tuner.loop.scaling.compute_replica_change`)."""
     live = [p for p in pods if not p.terminating and not p.group_worker]
     starts = [p.started_at for p in live if p.started_at is not None]
-    return ReplicaView(desired=desired, live=len(live), ready=sum(1 for p in live if p.ready),
-                       newest_start=max(starts) if starts else None)  # fmt: skip
+    return ReplicaView(
+        desired=desired,
+        live=len(live),
+        ready=sum(1 for p in live if p.ready),
+        newest_start=max(starts) if starts else None,
+    )
 
 
 def compute_newest_start(pods: Sequence[PodView], settings: EngineSettings) -> float | None:
@@ -265,9 +287,15 @@ def compute_startup_seconds(pods: Sequence[PodView], settings: EngineSettings) -
     """Seconds from start (``status.startTime``) to Ready of the newest live pod running ``settings`` that
     became Ready without a restart: the service's measured restart cost (``status.startupSeconds``)."""
     done = [
-        p for p in pods if not p.terminating and p.settings == settings and p.ready and not p.restart_count
-        and p.started_at is not None and p.ready_at is not None
-    ]  # fmt: skip
+        p
+        for p in pods
+        if not p.terminating
+        and p.settings == settings
+        and p.ready
+        and not p.restart_count
+        and p.started_at is not None
+        and p.ready_at is not None
+    ]
     if not done:
         return None
     newest = max(done, key=lambda p: (p.started_at or 0.0, p.name))
@@ -306,8 +334,13 @@ def compute_serving(pods: Sequence[PodView], current: EngineSettings) -> Serving
     checks: list[tuple[str, str]] = []
     for p in everyone:
         if p.node_lost and not p.ready:
-            checks.append(("ReplicaLost", f"{p.name}: its node {p.node or '(unknown)'} is NotReady or "
-                           "unreachable; the replica waits to be replaced (not a failure of its settings)"))
+            checks.append(
+                (
+                    "ReplicaLost",
+                    f"{p.name}: its node {p.node or '(unknown)'} is NotReady or "
+                    "unreachable; the replica waits to be replaced (not a failure of its settings)",
+                )
+            )
             continue
         if p.restart is not None and p.restart.cause.kind in _STARTUP_KINDS:
             checks.append(("StartupFailure", f"{p.name}: {p.restart.cause.detail}"))
@@ -320,8 +353,14 @@ def compute_serving(pods: Sequence[PodView], current: EngineSettings) -> Serving
             checks.append(("Unschedulable", f"{p.name}: no node has a free GPU of the planned kind"))
         if p.downloading:
             checks.append(("Downloading", f"{p.name}: the weights are being downloaded into the cache"))
-    order = ("StartupFailure", "CrashLoopBackOff", "ReplicaLost", *sorted(_IMAGE_PULL), "Unschedulable",
-             "Downloading")
+    order = (
+        "StartupFailure",
+        "CrashLoopBackOff",
+        "ReplicaLost",
+        *sorted(_IMAGE_PULL),
+        "Unschedulable",
+        "Downloading",
+    )
     checks.sort(key=lambda c: order.index(c[0]))
     reason, detail = checks[0] if checks else (None, "")
     if ready:
@@ -342,17 +381,17 @@ class LogCache:
 
     def __init__(self, size: int = 512) -> None:
         self.size = size
-        self._data: OrderedDict[tuple[str, str, int], str | None] = OrderedDict()
+        self._data: OrderedDict[tuple[str, str, int], PreviousLog] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, str, int]) -> tuple[bool, str | None]:
+    def get(self, key: tuple[str, str, int]) -> tuple[bool, PreviousLog]:
         with self._lock:
             if key in self._data:
                 self._data.move_to_end(key)
                 return True, self._data[key]
             return False, None
 
-    def put(self, key: tuple[str, str, int], value: str | None) -> None:
+    def put(self, key: tuple[str, str, int], value: PreviousLog) -> None:
         with self._lock:
             self._data[key] = value
             self._data.move_to_end(key)
@@ -387,20 +426,52 @@ def owned_by(pod: Mapping[str, Any], deployment: str) -> bool:
     )
 
 
-UNREAD_LOG = (
-    "its previous log could not be read (no pods/log permission, the log gone with the container, "
-    "or the node unreachable)"
-)
+EMPTY_LOG = "its previous log is empty"
+"""The detail a restart gets when its previous log was read but held nothing."""
 
 
-def with_unread_log(view: PodView) -> PodView:
+def with_unread_log(view: PodView, unread: UnreadLog | None = None) -> PodView:
     """``view`` after the previous log its restart needed could not be read: the restart keeps what the
-    termination message said, and its detail adds that the log was unreadable, so the reason stays clear
-    (a real vLLM's start-up failure leaves only "Engine core initialization failed" in the message)."""
+    termination message said, and its detail adds why the log was not read (``unread``; ``None``: it was
+    empty), so the reason stays clear (a real vLLM's start-up failure leaves only "Engine core initialization
+    failed" in the message)."""
     if view.restart is None:
         return view
-    cause = dataclasses.replace(view.restart.cause, detail=f"{view.restart.cause.detail}; {UNREAD_LOG}")
+    why = unread.detail if unread is not None else EMPTY_LOG
+    cause = dataclasses.replace(view.restart.cause, detail=f"{view.restart.cause.detail}; {why}")
     return dataclasses.replace(view, restart=dataclasses.replace(view.restart, cause=cause))
+
+
+def build_logged_view(pod: Mapping[str, Any], log: PreviousLog) -> PodView:
+    """The pod's view with its previous ``log`` read (:func:`read_restart_logs`): the restart classified from
+    the log's tail, or its detail saying why there was none to classify."""
+    if isinstance(log, str) and log:
+        return build_pod_view(pod, log_tail=log)
+    return with_unread_log(build_pod_view(pod), log if isinstance(log, UnreadLog) else None)
+
+
+def read_restart_logs(
+    reader: LogReader,
+    namespace: str,
+    pods: Sequence[Mapping[str, Any]],
+    container: str = CONTAINER,
+    logs: LogCache = LOGS,
+) -> dict[str, PreviousLog]:
+    """The previous logs of the ``pods`` whose restart the termination message does not explain, by pod
+    name, each read once per restart (``logs``); blocking. ``container``: the vLLM container's name (the
+    pods' views read it: an EngineTuner passes its pods with that container alone)."""
+    out: dict[str, PreviousLog] = {}
+    for pod in pods:
+        view = build_pod_view(pod)
+        if not view.needs_log or view.restart is None:
+            continue
+        key = (namespace, view.name, view.restart.restart_count)
+        known, log = logs.get(key)
+        if not known:
+            log = reader.read_previous_log(namespace, view.name, container, LOG_TAIL_LINES)
+            logs.put(key, log)
+        out[view.name] = log
+    return out
 
 
 def read_pod_views(
@@ -410,22 +481,18 @@ def read_pod_views(
     thread). Only pods it owns count (:func:`owned_by`): a foreign pod with the same labels is no evidence.
 
     A restart the termination message does not explain is classified from the previous container's
-    log tail, read once per restart (``logs``); a restart whose log cannot be read says so
-    (:func:`with_unread_log`)."""
-    views = []
-    for pod in reader.list_pods(namespace, label_selector):
-        if not owned_by(pod, owner):
-            continue
-        view = build_pod_view(pod)
-        if view.needs_log and view.restart is not None:
-            key = (namespace, view.name, view.restart.restart_count)
-            known, tail = logs.get(key)
-            if not known:
-                tail = reader.read_previous_log(namespace, view.name, CONTAINER, LOG_TAIL_LINES)
-                logs.put(key, tail)
-            view = build_pod_view(pod, log_tail=tail) if tail else with_unread_log(view)
-        views.append(view)
-    return views
+    log tail (:func:`read_restart_logs`); a restart whose log cannot be read says why
+    (:func:`build_logged_view`)."""
+    pods = [pod for pod in reader.list_pods(namespace, label_selector) if owned_by(pod, owner)]
+    read = read_restart_logs(reader, namespace, pods, CONTAINER, logs)
+    return [
+        build_logged_view(pod, read[name]) if (name := _name(pod)) in read else build_pod_view(pod)
+        for pod in pods
+    ]
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name") or "")
 
 
 class ClusterPods:
@@ -449,23 +516,5 @@ class ClusterPods:
         finally:
             response.release_conn()
 
-    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            response = raw_response(
-                self.core.read_namespaced_pod_log(
-                    pod,
-                    namespace,
-                    container=container,
-                    previous=True,
-                    tail_lines=tail_lines,
-                    _preload_content=False,
-                )
-            )
-        except (ApiException, OSError):
-            return None  # no previous container, logs not served (KWOK), or the node is gone
-        try:
-            return bytes(response.data).decode("utf-8", "replace")
-        finally:
-            response.release_conn()
+    def read_previous_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> PreviousLog:
+        return fetch_previous_log(self.core, namespace, pod, container, tail_lines)

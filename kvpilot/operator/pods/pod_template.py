@@ -112,20 +112,28 @@ def compute_template_problems(spec: api.InferenceServiceSpec, owned_labels: Sequ
     problems = _size_problems(t)
     problems += [
         f"spec.template.metadata.labels[{key}]: the label is kvpilot's (the Deployment's selector)"
-        for key in t.metadata.labels if key in owned_labels
-    ]  # fmt: skip
+        for key in t.metadata.labels
+        if key in owned_labels
+    ]
     for c in t.spec.containers:
         if c.get("name") == VLLM_CONTAINER:
             problems += [
                 f"spec.template.spec.containers[vllm].{f}: kvpilot owns the vLLM container's {f} (a vllm "
                 f"entry "
                 f"may set only {', '.join(VLLM_PATCH_FIELDS[1:])})"
-                for f in c if f not in VLLM_PATCH_FIELDS
-            ]  # fmt: skip
-    problems += [f"spec.template.spec.volumes[{v.get('name')}]: the volume name is kvpilot's"
-                 for v in t.spec.volumes if v.get("name") in RESERVED_VOLUMES]  # fmt: skip
-    problems += [f"spec.template.spec.initContainers[{c.get('name')}]: the init container name is kvpilot's"
-                 for c in t.spec.init_containers if c.get("name") in RESERVED_INIT_CONTAINERS]  # fmt: skip
+                for f in c
+                if f not in VLLM_PATCH_FIELDS
+            ]
+    problems += [
+        f"spec.template.spec.volumes[{v.get('name')}]: the volume name is kvpilot's"
+        for v in t.spec.volumes
+        if v.get("name") in RESERVED_VOLUMES
+    ]
+    problems += [
+        f"spec.template.spec.initContainers[{c.get('name')}]: the init container name is kvpilot's"
+        for c in t.spec.init_containers
+        if c.get("name") in RESERVED_INIT_CONTAINERS
+    ]
     taken = {"/dev/shm", *((spec.model.storage.mount_path,) if spec.model.storage else ())}
     if spec.pod_security == "Restricted":
         taken |= {HOME_MOUNT, TMP_MOUNT}
@@ -151,8 +159,11 @@ def _restricted_problems(spec: api.InferenceServiceSpec, t: api.PodTemplate) -> 
         out.append(f"spec.model.storage.hostPath: {why}, which admits no hostPath volume")
     if t.spec.host_ipc:
         out.append(f"spec.template.spec.hostIPC: {why}, which forbids the host's IPC namespace")
-    out += [f"spec.template.spec.volumes[{v.get('name')}].hostPath: {why}, which admits no hostPath volume"
-            for v in t.spec.volumes if "hostPath" in v]  # fmt: skip
+    out += [
+        f"spec.template.spec.volumes[{v.get('name')}].hostPath: {why}, which admits no hostPath volume"
+        for v in t.spec.volumes
+        if "hostPath" in v
+    ]
     pod = t.spec.security_context or {}
     if pod.get("runAsNonRoot") is False or pod.get("runAsUser") == 0:
         out.append(f"spec.template.spec.securityContext: {why}; the pods must run as non-root")
@@ -198,13 +209,21 @@ def _merge(out: dict[str, Any], template: api.PodTemplate) -> None:
         meta["annotations"] = {**template.metadata.annotations, **(meta.get("annotations") or {})}
     if t.affinity is not None:
         spec["affinity"] = build_affinity(spec.get("affinity"), t.affinity)
-    scalars = {"priorityClassName": t.priority_class_name, "runtimeClassName": t.runtime_class_name,
-               "serviceAccountName": t.service_account_name, "schedulerName": t.scheduler_name,
-               "dnsPolicy": t.dns_policy, "hostIPC": t.host_ipc,
-               "automountServiceAccountToken": t.automount_service_account_token}  # fmt: skip
+    scalars = {
+        "priorityClassName": t.priority_class_name,
+        "runtimeClassName": t.runtime_class_name,
+        "serviceAccountName": t.service_account_name,
+        "schedulerName": t.scheduler_name,
+        "dnsPolicy": t.dns_policy,
+        "hostIPC": t.host_ipc,
+        "automountServiceAccountToken": t.automount_service_account_token,
+    }
     spec.update({k: v for k, v in scalars.items() if v is not None})
-    for key, items in (("topologySpreadConstraints", t.topology_spread_constraints),
-                       ("imagePullSecrets", t.image_pull_secrets), ("volumes", t.volumes)):  # fmt: skip
+    for key, items in (
+        ("topologySpreadConstraints", t.topology_spread_constraints),
+        ("imagePullSecrets", t.image_pull_secrets),
+        ("volumes", t.volumes),
+    ):
         if items:
             spec[key] = [*(spec.get(key) or ()), *copy.deepcopy(items)]
     if t.security_context:
@@ -214,8 +233,10 @@ def _merge(out: dict[str, Any], template: api.PodTemplate) -> None:
     vllm_container = next(c for c in spec["containers"] if c["name"] == VLLM_CONTAINER)
     patch = _vllm_patch(template)
     if "securityContext" in patch:
-        vllm_container["securityContext"] = {**vllm_container.get("securityContext", {}),
-                                             **copy.deepcopy(patch["securityContext"])}  # fmt: skip
+        vllm_container["securityContext"] = {
+            **vllm_container.get("securityContext", {}),
+            **copy.deepcopy(patch["securityContext"]),
+        }
     for key in ("volumeMounts", "envFrom"):
         if patch.get(key):
             vllm_container[key] = [*(vllm_container.get(key) or ()), *copy.deepcopy(patch[key])]
@@ -234,17 +255,22 @@ def build_affinity(ours: Mapping[str, Any] | None, theirs: Mapping[str, Any]) ->
     ours_exprs = [e for term in our_terms for e in term.get("matchExpressions") or ()]
     node = out.setdefault("nodeAffinity", {})
     their_terms = (node.get(key) or {}).get("nodeSelectorTerms") or [{}]
-    node[key] = {"nodeSelectorTerms": [
-        {**term, "matchExpressions": [*(term.get("matchExpressions") or ()), *copy.deepcopy(ours_exprs)]}
-        for term in their_terms
-    ]}  # fmt: skip
+    node[key] = {
+        "nodeSelectorTerms": [
+            {**term, "matchExpressions": [*(term.get("matchExpressions") or ()), *copy.deepcopy(ours_exprs)]}
+            for term in their_terms
+        ]
+    }
     return out
 
 
 def _restrict(spec: dict[str, Any]) -> None:
     spec["securityContext"] = {**RESTRICTED_POD_SECURITY, **(spec.get("securityContext") or {})}
-    spec["volumes"] = [*(spec.get("volumes") or ()), {"name": "home", "emptyDir": {}},
-                       {"name": "tmp", "emptyDir": {}}]  # fmt: skip
+    spec["volumes"] = [
+        *(spec.get("volumes") or ()),
+        {"name": "home", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
     ours = {VLLM_CONTAINER, *RESERVED_INIT_CONTAINERS}
     for kind in ("initContainers", "containers"):
         for c in spec.get(kind) or ():
@@ -253,8 +279,12 @@ def _restrict(spec: dict[str, Any]) -> None:
                 sc.setdefault(key, copy.deepcopy(value))
             sc["capabilities"].setdefault("drop", ["ALL"])
             if c["name"] in ours:
-                c["volumeMounts"] = [*(c.get("volumeMounts") or ()),
-                                     {"name": "home", "mountPath": HOME_MOUNT},
-                                     {"name": "tmp", "mountPath": TMP_MOUNT}]  # fmt: skip
-                c["env"] = [*(e for e in c.get("env") or () if e["name"] != "HOME"),
-                            {"name": "HOME", "value": HOME_MOUNT}]  # fmt: skip
+                c["volumeMounts"] = [
+                    *(c.get("volumeMounts") or ()),
+                    {"name": "home", "mountPath": HOME_MOUNT},
+                    {"name": "tmp", "mountPath": TMP_MOUNT},
+                ]
+                c["env"] = [
+                    *(e for e in c.get("env") or () if e["name"] != "HOME"),
+                    {"name": "HOME", "value": HOME_MOUNT},
+                ]

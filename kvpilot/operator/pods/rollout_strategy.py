@@ -49,9 +49,13 @@ DEFAULT = RolloutChoice("Surge", "no choice made yet: a new pod beside the old o
 
 
 def compute_rollout_choice(
-    rollout: api.RolloutSpec, replicas: int, *, fits_now: bool | None, serving: bool,
+    rollout: api.RolloutSpec,
+    replicas: int,
+    *,
+    fits_now: bool | None,
+    serving: bool,
     not_serving_why: str = "",
-) -> RolloutChoice:  # fmt: skip
+) -> RolloutChoice:
     """The strategy for the next change of the pods (module docstring). ``fits_now``: one more pod fits
     (``None``: the capacity could not be read); ``serving``: a replica is Ready now."""
     n = max(1, replicas)

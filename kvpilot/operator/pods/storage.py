@@ -102,9 +102,18 @@ def compute_startup_failure_threshold(checkpoint_bytes: int | None, *, cached: b
 
 
 _SUFFIXES = {
-    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-    "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50,
-}  # fmt: skip
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+    "Pi": 1 << 50,
+}
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 
 
@@ -140,6 +149,12 @@ def keeps_compile_cache(storage: api.Storage | None) -> bool:
     return storage is not None and not (
         storage.persistent_volume_claim is not None and storage.persistent_volume_claim.read_only
     )
+
+
+def keeps_weights(storage: api.Storage | None) -> bool:
+    """Whether every pod's start finds the checkpoint already on its volume: a PersistentVolumeClaim, which
+    any node mounts (a ``hostPath`` holds it only on the nodes that downloaded it)."""
+    return storage is not None and storage.host_path is None
 
 
 def build_claim(
@@ -208,16 +223,18 @@ def build_pod_storage(
             {"name": "HF_HUB_ENABLE_HF_TRANSFER", "value": "0"},
             *token_env,
         ]
-        init.append({
-            "name": INIT_CONTAINER,
-            "image": image,
-            "command": ["python3", "-c", _DOWNLOAD_SCRIPT],
-            "env": fetch_env,
-            "volumeMounts": [{"name": VOLUME, "mountPath": storage.mount_path}],
-            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-            "securityContext": dict(security_context),
-            "terminationMessagePolicy": "FallbackToLogsOnError",
-        })  # fmt: skip
+        init.append(
+            {
+                "name": INIT_CONTAINER,
+                "image": image,
+                "command": ["python3", "-c", _DOWNLOAD_SCRIPT],
+                "env": fetch_env,
+                "volumeMounts": [{"name": VOLUME, "mountPath": storage.mount_path}],
+                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+                "securityContext": dict(security_context),
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        )
     claims = []
     if storage.claim_template is not None:
         claims.append(build_claim(metadata, storage.claim_template, checkpoint_bytes))

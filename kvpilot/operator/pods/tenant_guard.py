@@ -37,7 +37,7 @@ from typing import Any
 
 from kvpilot.operator import api
 from kvpilot.operator.pods import storage
-from kvpilot.operator.pods.tenant_settings import TenantSettings
+from kvpilot.operator.pods.tenant_settings import TenantSettings, current
 from kvpilot.tuner import vllm
 
 T = "spec.template.spec"
@@ -52,6 +52,11 @@ def describe_enforcer(settings: TenantSettings) -> str:
         f"kvpilot enforces the tenant policy itself (admissionPolicy.operatorEnforcement={settings.mode}: no"
         " admission policy runs) and cannot tell whether the requester may create pods"
     )
+
+
+def compute_current_violations(spec: api.InferenceServiceSpec) -> list[str]:
+    """:func:`compute_violations` with the settings the operator read at start-up."""
+    return compute_violations(spec, current())
 
 
 def compute_violations(spec: api.InferenceServiceSpec, settings: TenantSettings) -> list[str]:
@@ -77,8 +82,9 @@ def compute_violations(spec: api.InferenceServiceSpec, settings: TenantSettings)
         if c.get("image") and not _matches(str(c["image"]), images)
     ] + [
         f"{T}.volumes[{v.get('name')}].image {ref}"
-        for v in pod.volumes if (ref := (v.get("image") or {}).get("reference")) and not _matches(ref, images)
-    ]  # fmt: skip
+        for v in pod.volumes
+        if (ref := (v.get("image") or {}).get("reference")) and not _matches(ref, images)
+    ]
     if denied:
         out.append(
             f"{', '.join(denied)} not an allowed image ({', '.join(images)}): {who}, so the pod template"
@@ -87,9 +93,10 @@ def compute_violations(spec: api.InferenceServiceSpec, settings: TenantSettings)
         )
     commands = [f"{p}.{f}" for f in ("command", "args") for p, c in added if f in c] + [
         f"{p}.{probe}.exec"
-        for probe in ("livenessProbe", "readinessProbe", "startupProbe") for p, c in containers
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe")
+        for p, c in containers
         if "exec" in (c.get(probe) or {})
-    ]  # fmt: skip
+    ]
     if commands:
         out.append(
             f"{', '.join(commands)}: {who}, so a template container runs only its allowed image's own"
@@ -146,9 +153,10 @@ def compute_violations(spec: api.InferenceServiceSpec, settings: TenantSettings)
             " may only run the image's own code"
         )
     unprefixed = [
-        f"{p}.envFrom" for p, c in containers
+        f"{p}.envFrom"
+        for p, c in containers
         if any(not vllm.is_code_safe_env_prefix(str(e.get("prefix") or "")) for e in c.get("envFrom") or ())
-    ]  # fmt: skip
+    ]
     if unprefixed:
         out.append(
             f"{', '.join(unprefixed)} without a prefix: {who}, and the keys of a Secret or ConfigMap are not"
@@ -273,7 +281,7 @@ def _reference_problems(
         " so the pod template may name no Secret, ConfigMap or claim (an administrator may allow them:"
         " admissionPolicy.operatorEnforcement=TrustNamespace)"
         for (kind, name), paths in fields.items()
-    ]  # fmt: skip
+    ]
 
 
 def _host_fields(pod: api.PodTemplateSpec, containers: list[tuple[str, dict[str, Any]]]) -> Iterator[str]:

@@ -51,11 +51,22 @@ from kvpilot.operator.pods import (
     rollout_strategy,
     storage,
 )
-from kvpilot.tuner import gpus, plan, vllm
+from kvpilot.tuner import engines, gpus, plan, vllm
 from kvpilot.tuner.types import GIB, EngineSettings
 from kvpilot.tuner.vllm import serving
 
 PORT = serving.PORT
+VLLM_SERVING = engines.lookup_engine("vLLM").serving
+
+
+@dataclass(frozen=True, slots=True)
+class EngineContainer:
+    """Another engine's container (``spec.engine.kind`` SGLang): how it serves, and its arguments."""
+
+    serving: engines.Serving
+    args: Sequence[str]
+
+
 HF_TOKEN_ENV = "HF_TOKEN"
 STARTUP_PERIOD_S = storage.STARTUP_PERIOD_S
 SHM_SIZE_LIMIT = "16Gi"
@@ -88,26 +99,43 @@ def build_owner_reference(metadata: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The controller owner reference (garbage collection deletes the children); none without a uid."""
     if not metadata.get("uid"):
         return []
-    return [{
-        "apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, "name": metadata["name"],
-        "uid": metadata["uid"], "controller": True, "blockOwnerDeletion": True,
-    }]  # fmt: skip
+    return [
+        {
+            "apiVersion": f"{api.GROUP}/{api.VERSION}",
+            "kind": api.KIND,
+            "name": metadata["name"],
+            "uid": metadata["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
 
 
 def build_engine_args(
-    spec: api.InferenceServiceSpec, settings: EngineSettings, extra: Sequence[str]
+    spec: api.InferenceServiceSpec,
+    settings: EngineSettings,
+    extra: Sequence[str],
+    layout: plan.Layout | None = None,
 ) -> list[str]:
-    """``vllm serve`` arguments: model, revision, port, tuned flags, pipeline parallelism, extra args."""
+    """``vllm serve`` arguments: model, revision, port, tuned flags, the group's parallelism, the weight
+    loader (``spec.model.loader``), extra args. The parallelism: ``layout``'s data-parallel and expert flags
+    (a DP x EP group, :mod:`kvpilot.operator.planning.layouts`), else the pipeline stages the GPUs left
+    over by the tensor-parallel size make (stages span nodes)."""
     args = [spec.model.id]
     if spec.model.revision:
         args += ["--revision", spec.model.revision]
     args += ["--host", "0.0.0.0", "--port", str(PORT)]
     tp = settings.tensor_parallel_size or 1
     pp_extra: list[str] = []
-    pp = plan.compute_pipeline_parallel(spec.gpu.count * spec.gpu.nodes_per_replica, tp)  # stages span nodes
-    if pp > 1 and not vllm.find_flag_values(extra, vllm.PIPELINE_PARALLEL_FLAG):
-        pp_extra = ["--pipeline-parallel-size", str(pp)]
-    return [*args, *vllm.build_vllm_args(settings, [*pp_extra, *extra])]
+    pp = plan.compute_pipeline_parallel(spec.gpu.count * spec.gpu.nodes_per_replica, tp)
+    if layout is not None and layout.data_parallel_size > 1:
+        pp_extra = list(layout.parallel_args())
+    elif pp > 1 and not vllm.find_flag_values(extra, vllm.PIPELINE_PARALLEL_FLAG):
+        pp_extra = [vllm.PIPELINE_PARALLEL_FLAG, str(pp)]
+    loader: list[str] = []  # the streaming loader, unless the user's own --load-format says otherwise
+    if not vllm.find_flag_values(extra, vllm.LOAD_FORMAT_FLAG):
+        loader = list(vllm.build_loader_args(spec.model.loader == "RunaiStreamer"))
+    return [*args, *vllm.build_vllm_args(settings, [*pp_extra, *loader, *extra])]
 
 
 def _node_placement(products: Sequence[str], node_selector: Mapping[str, str]) -> dict[str, Any]:
@@ -116,9 +144,19 @@ def _node_placement(products: Sequence[str], node_selector: Mapping[str, str]) -
     if len(products) == 1:
         selector[gpus.PRODUCT_LABEL] = products[0]
     elif products and gpus.PRODUCT_LABEL not in selector:
-        placement["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [
-                {"key": gpus.PRODUCT_LABEL, "operator": "In", "values": sorted(products)}]}]}}}  # fmt: skip
+        placement["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": gpus.PRODUCT_LABEL, "operator": "In", "values": sorted(products)}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
     if selector:
         placement["nodeSelector"] = selector
     return placement
@@ -141,9 +179,13 @@ def _resources(spec: api.InferenceServiceSpec, ephemeral_bytes: int | None) -> d
     return {"limits": {**(res.limits or {}), **gpu}, "requests": requests}
 
 
-def _probe(failures: int, period: int) -> dict[str, Any]:
-    return {"httpGet": {"path": serving.HEALTH_PATH, "port": "http"}, "periodSeconds": period,
-            "failureThreshold": failures, "timeoutSeconds": 5}  # fmt: skip
+def _probe(failures: int, period: int, path: str = serving.HEALTH_PATH) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
 
 
 CONTAINER_SECURITY = pod_template.CONTAINER_HARDENING
@@ -155,40 +197,55 @@ def build_pod_storage(
     """The weight cache's fragments of this service's pods (:mod:`kvpilot.operator.pods.storage`)."""
     token = [e for e in _env(spec) if e["name"] == HF_TOKEN_ENV]
     return storage.build_pod_storage(
-        metadata, spec, checkpoint_bytes, image=spec.engine.image, token_env=token,
+        metadata,
+        spec,
+        checkpoint_bytes,
+        image=spec.engine.image,
+        token_env=token,
         security_context=CONTAINER_SECURITY,
-    )  # fmt: skip
+    )
 
 
 def build_deployment(
-    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, settings: EngineSettings,
-    extra: Sequence[str], products: Sequence[str], *, checkpoint_bytes: int | None = None,
+    metadata: Mapping[str, Any],
+    spec: api.InferenceServiceSpec,
+    settings: EngineSettings,
+    extra: Sequence[str],
+    products: Sequence[str],
+    *,
+    checkpoint_bytes: int | None = None,
     rollout: rollout_strategy.RolloutChoice | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """The Deployment running vLLM with ``settings`` on nodes of one of ``products``.
+    engine: EngineContainer | None = None,
+    layout: plan.Layout | None = None,
+) -> dict[str, Any]:
+    """The Deployment running vLLM with ``settings`` on nodes of one of ``products`` (``layout``: a DP x EP
+    group's split, :func:`build_engine_args`).
 
     ``checkpoint_bytes`` sizes the weight cache, the ``ephemeral-storage`` request and the start-up
     probe's budget (:mod:`kvpilot.operator.pods.storage`); ``rollout`` is the update strategy
-    (:mod:`kvpilot.operator.pods.rollout_strategy`; ``None``: the one the spec declares).
+    (:mod:`kvpilot.operator.pods.rollout_strategy`; ``None``: the one the spec declares). ``engine``:
+    another engine's container (``spec.engine.kind``: its serving facts from the tuner's seam and its
+    arguments, :mod:`kvpilot.operator.planning.engines`), which ``settings`` and ``extra`` then do not shape.
     """
     name = metadata["name"]
     labels = build_labels(name)
-    args = build_engine_args(spec, settings, extra)
+    args = build_engine_args(spec, settings, extra, layout) if engine is None else list(engine.args)
+    served = engine.serving if engine is not None else VLLM_SERVING
     cache = build_pod_storage(metadata, spec, checkpoint_bytes)
     user_env = _env(spec)
     env = [*user_env, *(e for e in cache.env if all(u["name"] != e["name"] for u in user_env))]
     container = {
-        "name": serving.CONTAINER_NAME,
+        "name": served.container_name,
         "image": spec.engine.image,
-        "command": list(serving.SERVE_COMMAND),
+        "command": list(served.command),
         "args": args,
-        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": served.port, "protocol": "TCP"}],
         "env": env,
         "resources": _resources(spec, cache.ephemeral_storage_bytes),
         "volumeMounts": [{"name": pod_template.SHM_VOLUME, "mountPath": "/dev/shm"}, *cache.mounts],
-        "startupProbe": _probe(cache.startup_failure_threshold, STARTUP_PERIOD_S),
-        "readinessProbe": _probe(3, 10),
-        "livenessProbe": _probe(6, 15),
+        "startupProbe": _probe(cache.startup_failure_threshold, STARTUP_PERIOD_S, served.health_path),
+        "readinessProbe": _probe(3, 10, served.health_path),
+        "livenessProbe": _probe(6, 15, served.health_path),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": copy.deepcopy(CONTAINER_SECURITY),
     }
@@ -197,9 +254,10 @@ def build_deployment(
     pod_spec: dict[str, Any] = {
         "containers": [container],
         **({"initContainers": cache.init_containers} if cache.init_containers else {}),
-        "volumes": [{"name": pod_template.SHM_VOLUME, "emptyDir": {"medium": "Memory",
-                                                                   "sizeLimit": SHM_SIZE_LIMIT}},
-                    *cache.volumes],  # fmt: skip
+        "volumes": [
+            {"name": pod_template.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}},
+            *cache.volumes,
+        ],
         "terminationGracePeriodSeconds": 60,
         **_node_placement(products, spec.node_selector),
     }
@@ -218,17 +276,21 @@ def build_deployment(
             ),
             "progressDeadlineSeconds": 1800,
             "revisionHistoryLimit": 5,
-            "template": pod_template.build_pod_template({
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(PORT),
-                        "prometheus.io/path": serving.METRICS_PATH,
+            "template": pod_template.build_pod_template(
+                {
+                    "metadata": {
+                        "labels": labels,
+                        "annotations": {
+                            "prometheus.io/scrape": "true",
+                            "prometheus.io/port": str(served.port),
+                            "prometheus.io/path": served.metrics_path,
+                        },
                     },
+                    "spec": pod_spec,
                 },
-                "spec": pod_spec,
-            }, spec.template, spec.pod_security),  # fmt: skip
+                spec.template,
+                spec.pod_security,
+            ),
         },
     }
 
@@ -276,11 +338,15 @@ def read_workload(manifest: Mapping[str, Any]) -> Workload:
     else:
         raise ValueError(f"{manifest['kind']} is not a workload kind ({', '.join(WORKLOAD_KINDS)})")
     return Workload(
-        kind=manifest["kind"], namespace=meta.get("namespace") or "default", name=meta["name"],
-        replicas=int(spec.get("replicas", 1)), selector=selector,
-        pod_labels=dict((template.get("metadata") or {}).get("labels") or {}), pod_template=template,
+        kind=manifest["kind"],
+        namespace=meta.get("namespace") or "default",
+        name=meta["name"],
+        replicas=int(spec.get("replicas", 1)),
+        selector=selector,
+        pod_labels=dict((template.get("metadata") or {}).get("labels") or {}),
+        pod_template=template,
         group_size=size,
-    )  # fmt: skip
+    )
 
 
 async def fetch_workload_served(kube: Kube, spec: api.InferenceServiceSpec) -> None:
@@ -291,8 +357,11 @@ async def fetch_workload_served(kube: Kube, spec: api.InferenceServiceSpec) -> N
 
 
 def _object_metadata(owner: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": owner["name"], "namespace": owner.get("namespace") or "default",
-                            "labels": dict(labels)}  # fmt: skip
+    meta: dict[str, Any] = {
+        "name": owner["name"],
+        "namespace": owner.get("namespace") or "default",
+        "labels": dict(labels),
+    }
     refs = build_owner_reference(owner)
     if refs:
         meta["ownerReferences"] = refs
@@ -338,18 +407,25 @@ def build_pod_disruption_budget(
     when there were more replicas is not deleted (kvpilot has no delete verb): on one replica a budget of
     at least one unavailable blocks nothing, and garbage collection deletes it with the service.
 
-    Of a LeaderWorkerSet it selects every pod of every group (they carry the same labels) and counts pods:
-    one evicted pod takes its whole group down, so ``maxUnavailable`` pods disrupt at most as many groups."""
+    Of a LeaderWorkerSet (a group is the unit: one evicted pod restarts its whole group) the budget is
+    :func:`kvpilot.operator.pods.leader_worker_set.build_budget_spec`."""
     if spec.replicas < 2:
         return []
     name = metadata["name"]
-    return [{
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": _object_metadata(metadata, build_labels(name)),
-        "spec": {"maxUnavailable": spec.rollout.max_unavailable,
-                 "selector": {"matchLabels": build_selector(name)}},
-    }]  # fmt: skip
+    budget: dict[str, Any] = {
+        "maxUnavailable": spec.rollout.max_unavailable,
+        "selector": {"matchLabels": build_selector(name)},
+    }
+    if spec.gpu.nodes_per_replica > 1:
+        budget = leader_worker_set.build_budget_spec(budget)
+    return [
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": _object_metadata(metadata, build_labels(name)),
+            "spec": budget,
+        }
+    ]
 
 
 async def fetch_rollout_strategy(
@@ -375,8 +451,11 @@ async def fetch_rollout_strategy(
 
 def _claims_in_use(manifests: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """(namespace, claim) of every existing claim a Deployment mounts that is not applied with it."""
-    ours = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in manifests
-            if m["kind"] == "PersistentVolumeClaim"}  # fmt: skip
+    ours = {
+        (m["metadata"]["namespace"], m["metadata"]["name"])
+        for m in manifests
+        if m["kind"] == "PersistentVolumeClaim"
+    }
     used = []
     for m in manifests:
         if m["kind"] not in WORKLOAD_KINDS:
@@ -402,10 +481,14 @@ async def fetch_capacity(
 
 
 async def fetch_rollout_choice(
-    kube: Kube, spec: api.InferenceServiceSpec, deployment: Mapping[str, Any], *, serving: bool | None,
+    kube: Kube,
+    spec: api.InferenceServiceSpec,
+    deployment: Mapping[str, Any],
+    *,
+    serving: bool | None,
     not_serving_why: str = "",
     cluster: tuple[list[capacity.NodeView], list[dict[str, Any]]] | None = None,
-) -> rollout_strategy.RolloutChoice:  # fmt: skip
+) -> rollout_strategy.RolloutChoice:
     """How ``deployment`` (about to be applied) rolls out (:func:`rollout_strategy.compute_rollout_choice`):
     the nodes and pods are read only for ``Auto`` (``cluster``: already read). ``serving`` (a replica is
     Ready) ``None``: read from the Deployment's own pods in that list (the reconciler has no pod view)."""
@@ -416,9 +499,12 @@ async def fetch_rollout_choice(
             fits = capacity.compute_fits_now(capacity.build_pod_shape(deployment), *cluster)
     if serving is None:
         meta = deployment["metadata"]
-        own = [pod_status.build_pod_view(p) for p in (cluster[1] if cluster else ())
-               if (p.get("metadata") or {}).get("namespace") == meta["namespace"]
-               and pod_status.owned_by(p, meta["name"])]  # fmt: skip
+        own = [
+            pod_status.build_pod_view(p)
+            for p in (cluster[1] if cluster else ())
+            if (p.get("metadata") or {}).get("namespace") == meta["namespace"]
+            and pod_status.owned_by(p, meta["name"])
+        ]
         serving = cluster is None or any(v.ready and not v.terminating for v in own)
     return rollout_strategy.compute_rollout_choice(
         spec.rollout, spec.replicas, fits_now=fits, serving=serving, not_serving_why=not_serving_why

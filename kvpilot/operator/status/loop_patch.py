@@ -44,6 +44,7 @@ from kvpilot.operator.status.status_patch import (
     cap,
     compact,
     format_time,
+    reconcile_succeeded,
 )
 from kvpilot.tuner.loop import Action, Decision, HistoryAction, LoopState, RestartKind, RolloutState, Trigger
 from kvpilot.tuner.types import EngineSettings
@@ -126,14 +127,48 @@ def build_loop_patch(old: Mapping[str, Any], tick: LoopTick) -> StatusPatch:
 
 
 def build_off_patch(
-    old: Mapping[str, Any], serving: Serving, *, generation: int | None, now: float,
+    old: Mapping[str, Any],
+    serving: Serving,
+    *,
+    generation: int | None,
+    now: float,
     extra_conditions: Sequence[Update] = (),
-) -> StatusPatch:  # fmt: skip
+) -> StatusPatch:
     """The status of the pods' view alone (mode Off, where the loop decides nothing), with the tick's other
     views (``Schedulable``)."""
     updates, fields = build_serving_updates(serving)
     lists = ListPatch(generation, format_time(now), updates=[*updates, *extra_conditions], serving=serving)
     return StatusPatch(status=fields, lists=lists)
+
+
+ENGINE_NOT_TUNED = "EngineNotTuned"
+
+
+def build_engine_hold_patch(
+    old: Mapping[str, Any], kind: str, mode: str, *, generation: int | None, now: float
+) -> StatusPatch | None:
+    """The status of a service whose engine the loop has no rules for (``spec.engine.kind`` SGLang):
+    ``ClosedLoop=False`` (reason ``EngineNotTuned``) saying it holds, and a Normal ``Held`` event; ``None``
+    when the condition already says so (at a thousand services each tick's write counts), or while the
+    reconciler's verdict is not "applied" (a refused engine, TGI: its ``Ready=False`` says enough)."""
+    if not reconcile_succeeded(old):
+        return None
+    running = "the reconciler's plan" if mode == "Auto" else f"{kind}'s own defaults (mode {mode})"
+    message = (
+        f"the closed loop has no {kind} rules yet (issue 29): it holds and changes nothing (vLLM's remedies "
+        f"do not apply to {kind}'s memory model); the pods keep {running}. Retune by changing the spec"
+    )
+    was = conditions.find_condition(old.get("conditions"), conditions.CLOSED_LOOP) or {}
+    if (was.get("status"), was.get("reason"), was.get("message")) == (
+        conditions.FALSE,
+        ENGINE_NOT_TUNED,
+        message,
+    ):
+        return None
+    update = (conditions.CLOSED_LOOP, conditions.FALSE, ENGINE_NOT_TUNED, message)
+    out = StatusPatch(status={}, lists=ListPatch(generation, format_time(now), updates=[update]))
+    out.events.append((events.NORMAL, "Held", message))
+    return out
 
 
 # --- the steps, in order ---------------------------------------------------------------------------------
@@ -234,9 +269,12 @@ def add_verdict(old: Mapping[str, Any], tick: LoopTick, out: StatusPatch) -> lis
         and _add_history(old, tick, out, HistoryAction.HELD, dedupe=True)
     ):
         warning = decision.trigger in (
-            *OOM_TRIGGERS, RestartKind.OTHER, RestartKind.INVALID_ENGINE_ARGS,
-            RestartKind.DISTRIBUTED_TIMEOUT, Trigger.ROLLOUT_FAILED,
-        )  # fmt: skip
+            *OOM_TRIGGERS,
+            RestartKind.OTHER,
+            RestartKind.INVALID_ENGINE_ARGS,
+            RestartKind.DISTRIBUTED_TIMEOUT,
+            Trigger.ROLLOUT_FAILED,
+        )
         out.events.append((events.WARNING if warning else events.NORMAL, "Held", decision.reason))
         out.decisions.append("Held")
         if decision.trigger == RestartKind.HOST_OOM_KILLED:
@@ -367,11 +405,22 @@ def build_scale_out(
     once the pressure is gone. Nothing when neither changes."""
     was = (old.get("recommendation") or {}).get("replicas")
     if decision.scale_out is not None and decision.scale_out != was:
-        out_events.append((events.NORMAL, "ScaleOutRecommended",
-                           f"tuning is at its floor; {decision.scale_out} replicas recommended "
-                           f"(spec.replicas or the autoscaler decides): {decision.reason}"))  # fmt: skip
-        return {"recommendation": {"replicas": decision.scale_out, "reason": decision.reason,
-                                   "trigger": str(decision.trigger), "time": stamp}}  # fmt: skip
+        out_events.append(
+            (
+                events.NORMAL,
+                "ScaleOutRecommended",
+                f"tuning is at its floor; {decision.scale_out} replicas recommended "
+                f"(spec.replicas or the autoscaler decides): {decision.reason}",
+            )
+        )
+        return {
+            "recommendation": {
+                "replicas": decision.scale_out,
+                "reason": decision.reason,
+                "trigger": str(decision.trigger),
+                "time": stamp,
+            }
+        }
     if decision.scale_out is None and was is not None and decision.trigger in SCALE_OUT_CLEARED_BY:
         return {"recommendation": {"replicas": None}}
     return {}
@@ -408,9 +457,13 @@ def _add_history(
     on the history read (a tick adds one entry at most)."""
     decision = tick.decision
     entry = build_history_entry(
-        time=tick.stamp, action=action, trigger=decision.trigger, reason=decision.reason,
-        from_settings=tick.state.current, to_settings=decision.recommended or decision.settings,
-    )  # fmt: skip
+        time=tick.stamp,
+        action=action,
+        trigger=decision.trigger,
+        reason=decision.reason,
+        from_settings=tick.state.current,
+        to_settings=decision.recommended or decision.settings,
+    )
     if append_history(old.get("history") or (), entry, dedupe=dedupe) is None:
         return False
     assert out.lists is not None

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvpilot.operator import api, conditions
 from kvpilot.operator.errors import Failure
+from kvpilot.operator.planning.engines import EnginePlan
 from kvpilot.operator.planning.modes import ModeDecision
 from kvpilot.operator.planning.resolve import Inputs
 from kvpilot.operator.status import events
@@ -33,10 +34,18 @@ _BUDGET_KEYS = tuple(f.alias or n for n, f in api.Budget.model_fields.items())
 
 
 def build_success_status(
-    old: Mapping[str, Any], *, generation: int | None, now: str, inputs: Inputs, decision: ModeDecision,
-    trigger: str, selector: str | None = None, conflict: tuple[str, str] | None = None,
-    replanned: bool = False, announce: bool = False,
-) -> StatusPatch:  # fmt: skip
+    old: Mapping[str, Any],
+    *,
+    generation: int | None,
+    now: str,
+    inputs: Inputs,
+    decision: ModeDecision,
+    trigger: str,
+    selector: str | None = None,
+    conflict: tuple[str, str] | None = None,
+    replanned: bool = False,
+    announce: bool = False,
+) -> StatusPatch:
     """Status after the Deployment and Service were applied with ``decision.deploy``, and its events.
 
     ``selector``: the pods' label selector (``status.selector``, which the ``/scale`` subresource serves to
@@ -50,14 +59,22 @@ def build_success_status(
     planned_text = vllm.describe_settings(plan.settings)
     b = plan.budget
     updates = [
-        (conditions.CONFIG_RESOLVED, conditions.TRUE, "Resolved",
-         f"model config from {inputs.model.origin}; GPU {gpu.gpu.name} from {gpu.origin}"),
-        (conditions.PLANNED, conditions.TRUE, "Planned",
-         f"{planned_text}; KV cache {b.available_kv_cache_gib:.2f} GiB = {b.kv_cache_tokens} tokens, "
-         f"{plan.concurrency_at_max_len:.1f} requests at max-model-len"),
+        (
+            conditions.CONFIG_RESOLVED,
+            conditions.TRUE,
+            "Resolved",
+            f"model config from {inputs.model.origin}; GPU {gpu.gpu.name} from {gpu.origin}",
+        ),
+        (
+            conditions.PLANNED,
+            conditions.TRUE,
+            "Planned",
+            f"{planned_text}; KV cache {b.available_kv_cache_gib:.2f} GiB = {b.kv_cache_tokens} tokens, "
+            f"{plan.concurrency_at_max_len:.1f} requests at max-model-len",
+        ),
         (conditions.INFEASIBLE, conditions.FALSE, "Feasible", "the plan fits the GPUs"),
         (conditions.READY, conditions.TRUE, "Applied", _ready_message(decision)),
-    ]  # fmt: skip
+    ]
     lists = ListPatch(generation, now, updates=list(updates))
     patch: dict[str, Any] = {
         "observedGeneration": generation,
@@ -82,9 +99,11 @@ def build_success_status(
     if compact(old_applied) != compact(applied):
         patch["lastChangeTime"] = now
         entry = build_history_entry(
-            time=now, action=HistoryAction.PLANNED, trigger=trigger,
+            time=now,
+            action=HistoryAction.PLANNED,
+            trigger=trigger,
             reason=f"{decision.mode}: {vllm.describe_settings(decision.deploy)}",
-        )  # fmt: skip
+        )
         if old_applied:
             entry["from"] = compact(old_applied)
         entry["to"] = compact(applied)
@@ -99,6 +118,58 @@ def build_success_status(
         out.decisions.append("Planned")
     if announce or changed:
         out.events.extend(build_success_events(inputs, decision))
+    return out
+
+
+def build_engine_success_status(
+    *,
+    generation: int | None,
+    now: str,
+    inputs: Inputs,
+    plan: EnginePlan,
+    selector: str | None = None,
+    announce: bool = False,
+) -> StatusPatch:
+    """Status after another engine's Deployment (``spec.engine.kind`` SGLang) was applied: the plan in its
+    own terms in ``Planned`` (``status.applied``, ``budget`` and ``recommendation`` are vLLM's settings
+    and stay unset), ``Ready``, and a ``Planned`` event on the first sight of a generation."""
+    gpu = inputs.gpu
+    deployed = (
+        "the plan's flags"
+        if plan.mode == "Auto"
+        else f"the engine's own defaults (mode {plan.mode}: the plan is reported only)"
+    )
+    updates: list[Update] = [
+        (
+            conditions.CONFIG_RESOLVED,
+            conditions.TRUE,
+            "Resolved",
+            f"model config from {inputs.model.origin}; GPU {gpu.gpu.name} from {gpu.origin}",
+        ),
+        (conditions.PLANNED, conditions.TRUE, "Planned", plan.summary),
+        (conditions.INFEASIBLE, conditions.FALSE, "Feasible", "the plan fits the GPUs"),
+        (conditions.READY, conditions.TRUE, "Applied", f"{plan.kind} Deployment applied with {deployed}"),
+    ]
+    patch: dict[str, Any] = {
+        "observedGeneration": generation,
+        "gpu": {
+            "product": ", ".join(gpu.products) or None,
+            "catalogueName": gpu.gpu.name,
+            "count": plan.gpu_count,
+            "memoryGiB": round(gpu.gpu.total_bytes / GIB, 2),
+        },
+        "warnings": list(gpu.warnings)[:WARNINGS_LIMIT],
+        "recommendation": None,
+    }
+    if selector is not None:
+        patch["selector"] = selector
+    out = StatusPatch(status=patch, lists=ListPatch(generation, now, updates=updates))
+    if announce:
+        text = (
+            f"{plan.summary}; model config from {inputs.model.origin}; GPU {gpu.gpu.name} from {gpu.origin}"
+        )
+        out.events.append((events.NORMAL, "Planned", text))
+        out.decisions.append("Planned")
     return out
 
 
@@ -120,17 +191,28 @@ def build_success_events(inputs: Inputs, decision: ModeDecision) -> list[tuple[s
     warning."""
     d, gpu = decision, inputs.gpu
     b = d.plan.budget
-    plan = (f"{vllm.describe_settings(d.plan.settings)}: weights {b.weights_gib:.2f} GiB, KV cache "
-            f"{b.available_kv_cache_gib:.2f} GiB ({b.kv_cache_tokens} tokens) per GPU"
-            + (f"; from {d.plan.profile_note}" if d.plan.profile else
-               f"; {d.plan.profile_note}" if d.plan.profile_note else ""))  # fmt: skip
-    resolved = (f"model config from {inputs.model.origin}; "
-                f"GPU {gpu.gpu.name} x{d.plan.gpu_count} from {gpu.origin}")  # fmt: skip
+    plan = (
+        f"{vllm.describe_settings(d.plan.settings)}: weights {b.weights_gib:.2f} GiB, KV cache "
+        f"{b.available_kv_cache_gib:.2f} GiB ({b.kv_cache_tokens} tokens) per GPU"
+        + (
+            f"; from {d.plan.profile_note}"
+            if d.plan.profile
+            else f"; {d.plan.profile_note}"
+            if d.plan.profile_note
+            else ""
+        )
+    )
+    resolved = (
+        f"model config from {inputs.model.origin}; GPU {gpu.gpu.name} x{d.plan.gpu_count} from {gpu.origin}"
+    )
     reason, mode = {
-        "Recommend": ("Recommended", "mode Recommend: the plan is in status.recommendation; the Deployment "
-                      "keeps the user's settings. "),
+        "Recommend": (
+            "Recommended",
+            "mode Recommend: the plan is in status.recommendation; the Deployment "
+            "keeps the user's settings. ",
+        ),
         "Off": ("Reported", "mode Off: plan reported only; the Deployment keeps the user's settings. "),
-    }.get(d.mode, ("Planned", ""))  # fmt: skip
+    }.get(d.mode, ("Planned", ""))
     out = [(events.NORMAL, reason, f"{mode}{plan}; {resolved}")]
     out.extend((events.WARNING, "PlanWarning", warning) for warning in (*gpu.warnings, *d.plan.warnings))
     return out

@@ -91,13 +91,21 @@ def compact(wire: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def build_history_entry(
-    *, time: str, action: HistoryAction, trigger: str, reason: str,
-    from_settings: EngineSettings | None = None, to_settings: EngineSettings | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    time: str,
+    action: HistoryAction,
+    trigger: str,
+    reason: str,
+    from_settings: EngineSettings | None = None,
+    to_settings: EngineSettings | None = None,
+) -> dict[str, Any]:
     """One ``status.history`` entry; ``from`` / ``to`` only when given."""
     entry: dict[str, Any] = {
-        "time": time, "action": str(action), "trigger": str(trigger), "reason": cap(reason)
-    }  # fmt: skip
+        "time": time,
+        "action": str(action),
+        "trigger": str(trigger),
+        "reason": cap(reason),
+    }
     if from_settings is not None:
         entry["from"] = api.Settings.from_engine(from_settings).wire()
     if to_settings is not None:
@@ -106,9 +114,12 @@ def build_history_entry(
 
 
 def append_history(
-    old: Sequence[Mapping[str, Any]], entry: Mapping[str, Any], *, dedupe: bool = False,
+    old: Sequence[Mapping[str, Any]],
+    entry: Mapping[str, Any],
+    *,
+    dedupe: bool = False,
     keep: str | None = None,
-) -> list[dict[str, Any]] | None:  # fmt: skip
+) -> list[dict[str, Any]] | None:
     """The history with ``entry`` appended (the newest :data:`HISTORY_LIMIT` kept); ``None`` when
     ``dedupe`` and the newest entry already says the same: the same action for the same trigger, to
     the same settings (a hold or a verdict that persists is recorded once, not once per tick).
@@ -118,8 +129,10 @@ def append_history(
     if dedupe and old:
         last = old[-1]
         if (last.get("action"), last.get("trigger"), compact(last.get("to"))) == (
-            entry.get("action"), entry.get("trigger"), compact(entry.get("to"))
-        ):  # fmt: skip
+            entry.get("action"),
+            entry.get("trigger"),
+            compact(entry.get("to")),
+        ):
             return None
     history = [*(dict(e) for e in old), dict(entry)]
     kept = max((i for i, e in enumerate(history) if keep is not None and e.get("action") == keep), default=-1)
@@ -137,8 +150,11 @@ def append_failed(old: Sequence[Mapping[str, Any]], settings: EngineSettings) ->
 def build_recommendation(settings: EngineSettings, reason: str, trigger: str, time: str) -> dict[str, Any]:
     """``status.recommendation``."""
     return {
-        "settings": build_settings(settings), "reason": cap(reason), "trigger": str(trigger), "time": time
-    }  # fmt: skip
+        "settings": build_settings(settings),
+        "reason": cap(reason),
+        "trigger": str(trigger),
+        "time": time,
+    }
 
 
 def set_conditions(
@@ -240,9 +256,7 @@ class StatusPatch:
         one ``old`` was read at) as its precondition: the API server refuses it (HTTP 409) if any other
         writer came between, so the lists are never put back stale (the closed loop's single write:
         :mod:`kvpilot.operator.status.status_write`). ``None`` when it changes nothing."""
-        fields = {
-            k: v for k, v in self.status.items() if not (old.get(k) == v and (k in old or v is None))
-        }  # fmt: skip
+        fields = {k: v for k, v in self.status.items() if not (old.get(k) == v and (k in old or v is None))}
         if self.lists is not None:
             listed = self.lists.apply_to(old)
             for key in ("conditions", "history"):
@@ -265,10 +279,20 @@ def is_first_write(status: Mapping[str, Any]) -> bool:
 # --- serving: what the pods say --------------------------------------------------------------------------
 
 SERVING_REASONS = frozenset(
-    {"Applied", "Serving", "Starting", "StartupFailure", "CrashLoopBackOff", "ImagePullBackOff",
-     "ErrImagePull", "InvalidImageName", "Unschedulable", "Downloading",
-     "ReplicaLost"}
-)  # fmt: skip
+    {
+        "Applied",
+        "Serving",
+        "Starting",
+        "StartupFailure",
+        "CrashLoopBackOff",
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "InvalidImageName",
+        "Unschedulable",
+        "Downloading",
+        "ReplicaLost",
+    }
+)
 """``Ready`` reasons that mean "the reconciler applied the spec": only those may the pods' view turn into
 serving or not; a reconcile failure (``InvalidSpec``, ...) keeps its own ``Ready``."""
 
@@ -287,11 +311,19 @@ def build_serving_updates(serving: Serving) -> tuple[list[Update], dict[str, Any
     not_serving = serving.degraded_reason or "Starting"
     degraded = serving.degraded_reason is not None
     updates: list[Update] = [
-        (conditions.AVAILABLE, conditions.TRUE if serving.available else conditions.FALSE,
-         "Serving" if serving.available else not_serving, serving.message),
-        (conditions.DEGRADED, conditions.TRUE if degraded else conditions.FALSE,
-         serving.degraded_reason or "Healthy", serving.message if degraded else "no pod reports a fault"),
-    ]  # fmt: skip
+        (
+            conditions.AVAILABLE,
+            conditions.TRUE if serving.available else conditions.FALSE,
+            "Serving" if serving.available else not_serving,
+            serving.message,
+        ),
+        (
+            conditions.DEGRADED,
+            conditions.TRUE if degraded else conditions.FALSE,
+            serving.degraded_reason or "Healthy",
+            serving.message if degraded else "no pod reports a fault",
+        ),
+    ]
     return updates, {"replicas": serving.replicas, "readyReplicas": serving.ready_replicas}
 
 

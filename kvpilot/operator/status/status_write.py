@@ -51,9 +51,14 @@ the object no longer exists; the request failed (a timeout, HTTP 5xx), so it may
 
 
 async def apply_status(
-    kube: Kube, namespace: str, name: str, resource_version: str | None, out: StatusPatch,
-    old: Mapping[str, Any], logger: Any,
-) -> str:  # fmt: skip
+    kube: Kube,
+    namespace: str,
+    name: str,
+    resource_version: str | None,
+    out: StatusPatch,
+    old: Mapping[str, Any],
+    logger: Any,
+) -> str:
     """Send ``out`` as one merge patch made on ``old`` (read at ``resource_version``); one of :data:`WRITTEN`,
     :data:`UNCHANGED`, :data:`CONFLICT`, :data:`GONE`, :data:`UNKNOWN` (logged)."""
     body = out.build_conditional(old, resource_version)

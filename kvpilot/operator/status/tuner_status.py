@@ -116,9 +116,12 @@ def build_tuner_status(
         new["evictions"] = int(old.get("evictions") or 0) + 1
     assert looped.lists is not None
     lists = ListPatch(
-        found.generation, now, updates=[*looped.lists.updates, *_build_tuner_updates(found, loop, eviction)],
-        history=looped.lists.history, keep=HistoryAction.PLANNED,  # the plan's entry: where the loop starts
-    )  # fmt: skip
+        found.generation,
+        now,
+        updates=[*looped.lists.updates, *_build_tuner_updates(found, loop, eviction)],
+        history=looped.lists.history,
+        keep=HistoryAction.PLANNED,  # the plan's entry: where the loop starts
+    )
     out = StatusPatch(status=new, lists=lists, events=list(looped.events), decisions=list(looped.decisions))
     if found.mode != "Off" and changed:
         planned, current = vllm.describe_settings(loop.settings), vllm.describe_settings(found.current)
@@ -151,11 +154,14 @@ def build_tuner_loop_patch(old: Mapping[str, Any], loop: TunerLoop, now: str) ->
         return build_loop_patch(old, loop.tick)
     if loop.planned_from is not None:
         entry = build_history_entry(
-            time=now, action=HistoryAction.PLANNED, trigger="Discovered",
+            time=now,
+            action=HistoryAction.PLANNED,
+            trigger="Discovered",
             reason=f"planned {vllm.describe_settings(loop.settings)} (the target runs "
-                   f"{vllm.describe_settings(loop.planned_from)})",
-            from_settings=loop.planned_from, to_settings=loop.settings,
-        )  # fmt: skip
+            f"{vllm.describe_settings(loop.planned_from)})",
+            from_settings=loop.planned_from,
+            to_settings=loop.settings,
+        )
         fields = {"rollout": None} if old.get("rollout") else {}
         return StatusPatch(status=fields, lists=ListPatch(None, now, history=[(entry, True)]))
     updates: list[Update] = []
@@ -172,9 +178,10 @@ def is_published(old: Mapping[str, Any], generation: Any, recommended: EngineSet
     eviction."""
     ready = conditions.find_condition(old.get("conditions"), conditions.READY) or {}
     return (
-        old.get("observedGeneration") == generation and ready.get("status") == conditions.TRUE
+        old.get("observedGeneration") == generation
+        and ready.get("status") == conditions.TRUE
         and not _recommendation_changed(old, recommended)
-    )  # fmt: skip
+    )
 
 
 def _recommendation_changed(old: Mapping[str, Any], recommended: EngineSettings) -> bool:
@@ -195,9 +202,11 @@ def _build_tuner_recommendation(
         reason, trigger = loop.decision.reason, loop.decision.trigger
     kept = {} if changed else dict(old.get("recommendation") or {})
     return build_recommendation(
-        loop.settings, str(kept.get("reason") or reason), str(kept.get("trigger") or trigger),
+        loop.settings,
+        str(kept.get("reason") or reason),
+        str(kept.get("trigger") or trigger),
         str(kept.get("time") or now),
-    )  # fmt: skip
+    )
 
 
 def _build_tuner_updates(found: TunerFound, loop: TunerLoop, eviction: Eviction) -> list[Update]:
@@ -208,8 +217,16 @@ def _build_tuner_updates(found: TunerFound, loop: TunerLoop, eviction: Eviction)
     return [
         (conditions.TARGET_FOUND, conditions.TRUE, "Found", found.target),
         (conditions.DISCOVERED, conditions.TRUE, "Discovered", found.discovered_message),
-        (conditions.PLANNED, conditions.TRUE, "Planned",
-         f"{planned}; KV cache {b.available_kv_cache_gib:.2f} GiB = {b.kv_cache_tokens} tokens"),
-        (conditions.READY, conditions.TRUE, READY_REASONS[found.mode],
-         f"{found.mode}: {pods}{eviction.message}"),
-    ]  # fmt: skip
+        (
+            conditions.PLANNED,
+            conditions.TRUE,
+            "Planned",
+            f"{planned}; KV cache {b.available_kv_cache_gib:.2f} GiB = {b.kv_cache_tokens} tokens",
+        ),
+        (
+            conditions.READY,
+            conditions.TRUE,
+            READY_REASONS[found.mode],
+            f"{found.mode}: {pods}{eviction.message}",
+        ),
+    ]

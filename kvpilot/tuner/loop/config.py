@@ -35,12 +35,12 @@ class PolicyConfig:
     figure, from the pods' start and Ready times) is not given. Three minutes: the bench's and e2e's 8B
     start-up is about 150 s (weights load, ``torch.compile``, CUDA-graph capture); larger models take
     longer, which the measured figure then says."""
-    compile_seconds: float = 30.0
-    """The ``torch.compile`` part of a restart, which a restart onto a warm compile cache skips: the pods
-    keep vLLM's caches on a persistent volume (``Evidence.compile_cache_persistent``) and the change
-    touches no setting in vLLM's compile hash (:data:`kvpilot.tuner.vllm.COMPILE_HASH_SETTINGS`), so the
-    trade (:mod:`kvpilot.tuner.loop.trade`) prices it without this term. 30 s: vLLM 0.33's cold compile
-    of an 8B model, 20-40 s (the fleet's start-up calibration, ``e2e/fleet/truth.py``)."""
+    compile_seconds: float = 20.0
+    """The part of a restart a warm compile cache spares: the pods keep vLLM's caches on a persistent
+    volume (``Evidence.compile_cache_persistent``) and the change touches no setting in vLLM's compile hash
+    (:data:`kvpilot.tuner.vllm.COMPILE_HASH_SETTINGS`), so the trade (:mod:`kvpilot.tuner.loop.trade`)
+    prices it without this term. 20 s: "torch.compile takes" 25 s cold less 5 s to load the graphs warm,
+    the medians of real GPU logs (the fleet's start-up calibration, ``e2e/fleet/truth.py``)."""
     cooldown_restart_windows: float = 1.0
     """The cooldown is at least ``restart_seconds + cooldown_restart_windows x window_seconds``: the new
     pod's start, then this many full metrics windows of it before the next metrics-driven change.
@@ -132,6 +132,19 @@ class PolicyConfig:
     min_seqs_raise: float = 0.05
     """Smallest relative raise worth a rollout (VPA likewise skips changes under 10 %): smaller
     raises are held, which also ends the bisection towards a value that failed."""
+    peak_memory_seconds: float = 7200.0
+    """KV pressure that comes back within ``flap_guard_seconds`` of an earlier pressure change is the
+    service's peak load (bursts), not a transient: for this long after the last cut, raises stay at what it
+    set, whatever room a calm window shows between peaks (bench ``long-output-bursts``: raised between
+    bursts and cut again at each). Two hours: a load that peaks hourly keeps the memory between peaks."""
+    flap_min_raise: float = 0.25
+    """Smallest relative raise worth a rollout within ``flap_guard_seconds`` of a KV-pressure cut of
+    ``max_num_seqs`` (``min_seqs_raise`` otherwise). The cut showed that this service's load at times
+    needs fewer sequences than it had; a raise back towards them buys at most its own few per cent of
+    throughput while the load that forced the cut lasts, and costs a restart now and, when that load
+    returns, a second one to cut again (bench ``oom-and-context``: 15 -> 14 -> 15; ``long-output-bursts``:
+    4 raises between bursts, each cut again). One ``seqs_step_up``: only a raise the size of a normal
+    step earns the risk."""
     oom_headroom_ratio: float = 1.2
     """After a CUDA OOM the non-vLLM headroom ``1 - gpu_memory_utilization`` grows by this factor
     (VPA's ``DefaultOOMBumpUpRatio``, 20 %) ..."""

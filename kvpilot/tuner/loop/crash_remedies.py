@@ -205,11 +205,15 @@ def _for_cuda_oom(s: Situation, event: RestartEvent) -> Proposal:
         how = f"a batch-shaped allocation: cut {field.replace('_', '-')}"
         order = (driver, _merge(driver, other, other_field), _merge(cover, driver, field), cover, g2, g3)
         if escalate:
-            order = (_merge(cover, driver, field), _merge(_merge(cover, driver, field), other, other_field),
-                     *order)  # fmt: skip
+            order = (
+                _merge(cover, driver, field),
+                _merge(_merge(cover, driver, field), other, other_field),
+                *order,
+            )
     else:
-        how = "more headroom" + (" (traded for the sequences: the KV cache still holds them)"
-                                 if oom.batch_shaped else "")  # fmt: skip
+        how = "more headroom" + (
+            " (traded for the sequences: the KV cache still holds them)" if oom.batch_shaped else ""
+        )
         if sized is not None:
             how += " for the sequence limit (the memory outside vLLM's budget follows the batch)"
         if escalate:

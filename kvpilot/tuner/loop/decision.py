@@ -160,6 +160,9 @@ class Evidence:
     checkpoint_gib: float | None = None
     """The whole checkpoint's size, when the operator knows it; ``None`` = the budget's weights (one rank's
     share: a lower bound under tensor parallelism). Predicts a cold start for the rollout deadline."""
+    weights_cached: bool = False
+    """Every start of the service's pods finds the checkpoint on a volume they all mount (a
+    PersistentVolumeClaim in ``spec.model.storage``): the predicted start loads it, no download."""
     rollout_lost_fraction: float = 0.0
     """The share of the service's serving capacity a rollout loses while a pod restarts, under the strategy
     it would use: 0 surge (or pods serving nothing anyway), ``k/N`` replacing ``k`` of ``N`` replicas at a

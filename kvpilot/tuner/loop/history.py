@@ -112,6 +112,42 @@ def compute_pressure_ceiling(history: tuple[HistoryEntry, ...], trigger: str, si
     return min(ceilings) if ceilings else None
 
 
+def compute_recurring_cut(
+    history: tuple[HistoryEntry, ...], trigger: str, *, since: float, gap: float
+) -> int | None:
+    """The ``max_num_seqs`` the latest ``trigger`` cut after ``since`` set, when another ``trigger`` change
+    came at most ``gap`` seconds before it (``None`` otherwise): pressure that came back is the service's
+    peak load, not a transient, and what its last cut settled on is what that peak holds."""
+    changes = [e for e in history if e.is_change and e.trigger == trigger]
+    cuts = [
+        e
+        for e in changes
+        if e.time > since
+        and e.from_settings.max_num_seqs is not None
+        and e.to_settings.max_num_seqs is not None
+        and e.to_settings.max_num_seqs < e.from_settings.max_num_seqs
+    ]
+    if not cuts:
+        return None
+    last = cuts[-1]
+    if not any(last.time - gap <= e.time < last.time for e in changes):
+        return None
+    return last.to_settings.max_num_seqs
+
+
+def compute_unanswered_cut(history: tuple[HistoryEntry, ...], trigger: str) -> int | None:
+    """The ``max_num_seqs`` the latest ``trigger`` change lowered *from*, when no change has raised
+    ``max_num_seqs`` since (``None`` otherwise): the cut is still what the service knows of its peak load."""
+    for e in reversed(history):
+        if not e.is_change or e.from_settings.max_num_seqs is None or e.to_settings.max_num_seqs is None:
+            continue
+        if e.to_settings.max_num_seqs > e.from_settings.max_num_seqs:
+            return None
+        if e.trigger == trigger and e.to_settings.max_num_seqs < e.from_settings.max_num_seqs:
+            return e.from_settings.max_num_seqs
+    return None
+
+
 def build_history(
     history: tuple[HistoryEntry, ...], entry: HistoryEntry, limit: int = HISTORY_LIMIT
 ) -> tuple[HistoryEntry, ...]:

@@ -189,7 +189,9 @@ def propose_growth_for_idle(s: Situation) -> Proposal | None:
     (:func:`compute_growth`: fp8 KV if allowed, more utilisation into memory dcgm-exporter shows free,
     half the batched tokens) then makes room, and the limit goes up to what the larger cache holds at
     ``target_kv_usage`` (the fewer of the observed lengths' and the observed usage's figure), by at least
-    ``min_seqs_raise``, and below a limit KV pressure cut from within ``flap_guard_seconds``."""
+    :func:`remedies.compute_min_raise` (``flap_min_raise`` after a KV-pressure cut), below a limit KV
+    pressure cut from within ``flap_guard_seconds``, and at most what a recurring pressure's last cut set
+    (:func:`remedies.compute_peak_seqs`)."""
     p, w, eff = s.policy, s.window, s.effective
     seqs = eff.max_num_seqs or 1
     queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
@@ -204,6 +206,8 @@ def propose_growth_for_idle(s: Situation) -> Proposal | None:
         return None
     since = s.now - p.flap_guard_seconds
     ceiling = history_mod.compute_pressure_ceiling(s.history, remedies.KV_PRESSURE, since)
+    least, _ = remedies.compute_min_raise(s)
+    peak = remedies.compute_peak_seqs(s)
     candidates: list[EngineSettings] = []
     for g in grown:
         target = remedies.compute_room_seqs(s, scale=(remedies.predict_kv_tokens(s, g) or 0.0) / base)
@@ -211,16 +215,25 @@ def propose_growth_for_idle(s: Situation) -> Proposal | None:
             continue
         if ceiling is not None:
             target = min(target, ceiling - 1)
-        if target >= seqs * (1.0 + p.min_seqs_raise):
+        if peak is not None:
+            target = min(target, peak)
+        if target >= seqs * (1.0 + least):
             candidates.append(g.replace(max_num_seqs=target))
     if not candidates:
         return None
+    room = remedies.compute_room_seqs(s)
+    short = (
+        f"room for {room} at {p.target_kv_usage:.2f}, fewer than the {math.ceil(peak_running + queue)} the "
+        "queue asks for"
+        if room is not None and room > seqs
+        else f"no room for more at {p.target_kv_usage:.2f}"
+    )
     return Proposal(
         trigger=remedies.IDLE_CAPACITY,
         evidence=(
             f"{queue:.1f} requests wait while {peak_running:.0f} of {seqs} sequences run with KV usage "
-            f"{usage:.2f}: no room for more at {p.target_kv_usage:.2f} in the KV cache ({s.capacity_tokens} "
-            f"tokens); a larger one holds {candidates[0].max_num_seqs}" + (f" ({notes})" if notes else "")
+            f"{usage:.2f}: {short} in the KV cache ({s.capacity_tokens} tokens); a larger one holds "
+            f"{candidates[0].max_num_seqs}" + (f" ({notes})" if notes else "")
         ),
         candidates=tuple(candidates),
         exhausted="no larger KV cache within the bounds",

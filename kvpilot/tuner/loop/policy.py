@@ -112,9 +112,15 @@ def compute_decision(state: LoopState, evidence: Evidence, context: TuningContex
     """
     inputs = _build_inputs(state, evidence, context, now)
     steps = (
-        _rollout_step, _crash_step, _gpu_memory_step, _metrics_step, _pressure_step, _kv_bound_step,
-        _slo_step, _idle_step,
-    )  # fmt: skip
+        _rollout_step,
+        _crash_step,
+        _gpu_memory_step,
+        _metrics_step,
+        _pressure_step,
+        _kv_bound_step,
+        _slo_step,
+        _idle_step,
+    )
     for step in steps:
         decision = step(inputs)
         if decision is not None:
@@ -156,15 +162,40 @@ def _build_inputs(state: LoopState, evidence: Evidence, context: TuningContext, 
         compute_cooldown(context.policy, evidence.restart_seconds),
         compute_metrics_status(window, context.policy, now),
         context.policy.restart_seconds if evidence.restart_seconds is None else evidence.restart_seconds,
-        rollout_mod.compute_deadline_seconds(
-            context.policy, restart_seconds=evidence.restart_seconds,
-            checkpoint_gib=evidence.checkpoint_gib or evidence.budget.weights_gib,
-        ),  # fmt: skip
+        _compute_deadline_seconds(state, evidence, context, effective),
         evidence.rollout_lost_fraction,
         evidence.rollout_blocked,
         evidence.replicas,
         evidence.replicas_changing,
         evidence.compile_cache_persistent,
+    )
+
+
+def _compute_deadline_seconds(
+    state: LoopState, evidence: Evidence, context: TuningContext, effective: EngineSettings
+) -> float:
+    """The rollout deadline of ``state.current`` (:func:`rollout_mod.compute_deadline_seconds`): its start
+    predicted from the checkpoint, the weight cache and, coming from the last good settings, the compile
+    cache."""
+    policy = context.policy
+    before = remedies.compute_effective(state.last_good, context) if state.last_good is not None else None
+    warm = (
+        trade.compute_warm_compile_seconds(
+            before,
+            effective,
+            persistent=evidence.compile_cache_persistent,
+            compile_seconds=policy.compile_seconds,
+            restart_seconds=policy.restart_seconds,
+        )
+        if before is not None
+        else 0.0
+    )
+    return rollout_mod.compute_deadline_seconds(
+        policy,
+        restart_seconds=evidence.restart_seconds,
+        checkpoint_gib=evidence.checkpoint_gib or evidence.budget.weights_gib,
+        weights_cached=evidence.weights_cached,
+        warm_compile_seconds=warm,
     )
 
 
@@ -178,11 +209,17 @@ def _finish(inp: _Inputs, decision: Decision) -> Decision:
 
 # --- 1. rollout: :mod:`kvpilot.tuner.loop.rollout` ---------------------------------------------
 
+
 def _rollout_step(inp: _Inputs) -> Decision | None:
     return rollout_mod.compute_rollout_step(
-        inp.situation, inp.rollout, inp.restarts, ready=inp.ready, not_started=inp.not_started,
-        last_good=inp.last_good, deadline_seconds=inp.deadline_seconds,
-    )  # fmt: skip
+        inp.situation,
+        inp.rollout,
+        inp.restarts,
+        ready=inp.ready,
+        not_started=inp.not_started,
+        last_good=inp.last_good,
+        deadline_seconds=inp.deadline_seconds,
+    )
 
 
 # --- 2. crash ------------------------------------------------------------------------------------
@@ -276,13 +313,28 @@ def _slo_step(inp: _Inputs) -> Decision | None:
 def _idle_step(inp: _Inputs) -> Decision | None:
     if not slo.allows_raise(inp.situation):
         return None  # raises stop at the latency objective
-    proposal = remedies.propose_for_idle(inp.situation)
-    if proposal is None or candidates.pick(inp.situation, proposal) is None:
-        # the room at the target usage is spent: a larger cache makes more (falls through when none)
-        grown = kv_bound.propose_growth_for_idle(inp.situation)
-        if grown is not None and candidates.pick(inp.situation, grown) is not None:
+    s = inp.situation
+    proposal = remedies.propose_for_idle(s)
+    raised = candidates.pick(s, proposal) if proposal is not None else None
+    if raised is None or _queue_outgrows(s, raised):
+        # the room at the target usage is spent, or the raise it allows leaves a queue: a larger cache and
+        # the sequences it holds, in the same rollout (falls through when none)
+        grown = kv_bound.propose_growth_for_idle(s)
+        picked = candidates.pick(s, grown) if grown is not None else None
+        if grown is not None and picked is not None and (raised is None or _more_seqs(s, picked, raised)):
             return _choose(inp, grown)
     return _choose(inp, proposal) if proposal is not None else None
+
+
+def _queue_outgrows(s: Situation, raised: EngineSettings) -> bool:
+    """The window's queue asks for more sequences than ``raised`` runs: its requests would still wait."""
+    queue = obs.compute_mean(s.window.samples, obs.waiting) or 0.0
+    running = obs.compute_max(s.window.samples, obs.running) or 0.0
+    return (s.effective_of(raised).max_num_seqs or 0) < running + queue
+
+
+def _more_seqs(s: Situation, a: EngineSettings, b: EngineSettings) -> bool:
+    return (s.effective_of(a).max_num_seqs or 0) > (s.effective_of(b).max_num_seqs or 0)
 
 
 def _steady(inp: _Inputs) -> Decision:
@@ -311,9 +363,13 @@ def _choose(inp: _Inputs, proposal: Proposal) -> Decision:
     if proposal.trigger in _SCALE_OUT_TRIGGERS and inp.replicas_changing is None:
         scale_out = scaling.compute_scale_out(s.window, inp.replicas)
     return Decision(
-        action, s.current, proposal.trigger, f"{proposal.evidence}; {proposal.exhausted}", failed=failed,
+        action,
+        s.current,
+        proposal.trigger,
+        f"{proposal.evidence}; {proposal.exhausted}",
+        failed=failed,
         scale_out=scale_out,
-    )  # fmt: skip
+    )
 
 
 _SCALE_OUT_TRIGGERS = frozenset({remedies.KV_PRESSURE, slo.LATENCY_SLO})
@@ -351,15 +407,24 @@ def _gate(
         held_since = history_mod.compute_held_since(s.history, proposal.trigger)
         persisted = 0.0 if held_since is None else min(p.trade_persistence_max_seconds, s.now - held_since)
         warm = trade.compute_warm_compile_seconds(
-            s.effective, proposed, persistent=inp.compile_cache_persistent, compile_seconds=p.compile_seconds,
+            s.effective,
+            proposed,
+            persistent=inp.compile_cache_persistent,
+            compile_seconds=p.compile_seconds,
             restart_seconds=inp.restart_seconds,
-        )  # fmt: skip
+        )
         worth = trade.compute_trade(
-            proposal.trigger, s.window, s.effective, proposed, cooldown_seconds=inp.cooldown,
-            restart_seconds=inp.restart_seconds, lost_fraction=inp.lost_fraction,
-            kv_growth=after / before if before and after else None, persisted_seconds=persisted,
+            proposal.trigger,
+            s.window,
+            s.effective,
+            proposed,
+            cooldown_seconds=inp.cooldown,
+            restart_seconds=inp.restart_seconds,
+            lost_fraction=inp.lost_fraction,
+            kv_growth=after / before if before and after else None,
+            persisted_seconds=persisted,
             warm_compile_seconds=warm,
-        )  # fmt: skip
+        )
         if not worth.worth_it:
             blocked, recommended = f"it is not worth a restart ({worth.describe()})", settings
     if blocked is not None:

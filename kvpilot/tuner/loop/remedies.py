@@ -265,19 +265,33 @@ def propose_for_idle(s: Situation) -> Proposal | None:
     step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak_running, 1.0)))
     target = math.ceil(seqs * (1.0 + step))
     caps = [f"step +{step:.0%}"]
+    demand = math.ceil(peak_running + queue)
+    if room is not None and not idle and target < room:
+        # inside the band the raise stands on the measured room alone: take it whole, in one rollout (a
+        # queue measured at the limit understates what more sequences would admit)
+        target, caps = room, [f"KV room at {p.target_kv_usage:.2f} usage ({s.capacity_tokens} tokens)"]
+    elif room is not None and target < min(room, demand):
+        # the window measured the room: the step's cap only guards a raise taken without that evidence
+        target, caps = demand, [f"the queue: {demand} sequences asked for"]
     if room is not None and room < target:
         target, caps = room, [f"KV room at {p.target_kv_usage:.2f} usage ({s.capacity_tokens} tokens)"]
     ceiling = history_mod.compute_pressure_ceiling(s.history, KV_PRESSURE, s.now - p.flap_guard_seconds)
     lifted = ceiling is not None and room is not None and _usage_room(s) is not None and room >= ceiling
     if ceiling is not None and not lifted and ceiling - 1 < target:
         target, caps = ceiling - 1, [f"below {ceiling}, where KV pressure forced a cut"]
+    peak = compute_peak_seqs(s)
+    if peak is not None and peak < target:
+        target, caps = peak, [f"{peak}, where KV pressure that came back within the hour settled"]
     failed_at = _failed_seqs_ceiling(s, eff)
     trade = None
     if failed_at is not None and (seqs + failed_at) // 2 < target:
         trade = _trade_headroom_for(s, target)
         # bisect between what runs and what failed, rather than creeping up one by one
         target, caps = (seqs + failed_at) // 2, [f"halfway to {failed_at}, which failed with these settings"]
-    if target < seqs * (1.0 + p.min_seqs_raise):
+    least, cut = compute_min_raise(s)
+    if target < seqs * (1.0 + least):
+        if cut is not None and target > seqs:
+            caps = [f"a raise under {least:.0%} after KV pressure cut from {cut}"]
         target = seqs
     raised = _with_seqs(eff, target)
     candidates: tuple[EngineSettings, ...] = (raised,) if target > seqs else ()
@@ -300,6 +314,28 @@ def propose_for_idle(s: Situation) -> Proposal | None:
         ),
         candidates=candidates,
         exhausted="no more sequences fit (" + caps[0] + ")",
+    )
+
+
+def compute_min_raise(s: Situation) -> tuple[float, int | None]:
+    """The smallest relative raise of ``max_num_seqs`` worth a rollout, and the value KV pressure cut from
+    that sets it: ``flap_min_raise`` within ``flap_guard_seconds`` of such a cut, or later while no raise
+    has followed it (the cut is still what the service knows of its peak load); else ``min_seqs_raise``."""
+    p = s.policy
+    cut = history_mod.compute_pressure_ceiling(s.history, KV_PRESSURE, s.now - p.flap_guard_seconds)
+    if cut is None:
+        cut = history_mod.compute_unanswered_cut(s.history, KV_PRESSURE)
+    return (p.min_seqs_raise, None) if cut is None else (p.flap_min_raise, cut)
+
+
+def compute_peak_seqs(s: Situation) -> int | None:
+    """At most this many sequences, or ``None``: what the last KV-pressure cut set, for
+    ``peak_memory_seconds`` after it, when that pressure came back within ``flap_guard_seconds`` of an
+    earlier pressure change (:func:`history_mod.compute_recurring_cut`). The flap guard's lift trusts a
+    calm window's room; a peak that recurs says the calm will end."""
+    p = s.policy
+    return history_mod.compute_recurring_cut(
+        s.history, KV_PRESSURE, since=s.now - p.peak_memory_seconds, gap=p.flap_guard_seconds
     )
 
 

@@ -10,7 +10,8 @@ Precedence, most specific first: ``OOMKilled`` from the kubelet (the kernel kill
 process; whatever it printed before is beside the point), then the start-up KV texts
 (they name the figures the policy needs), then "free memory on device" (the CPU backend's
 "Available memory on node" too), then CUDA OOM, then arguments vLLM refused before starting
-(``InvalidEngineArgs``: argparse, a config's validation, ``max_model_len`` beyond the model), then a
+(``InvalidEngineArgs``: argparse, a config's validation, ``max_model_len`` beyond the model, and a
+``--load-format runai_streamer`` on an image without ``runai-model-streamer``), then a
 group's peer that stopped answering (``DistributedTimeout``: NCCL's watchdog, vLLM's RPC or barrier timing
 out, a worker process that died; a worker's timeout is not a KV failure).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import re
 
+from kvpilot.tuner import vllm
 from kvpilot.tuner.loop.observations import RestartCause, RestartKind
 from kvpilot.tuner.vllm import messages
 
@@ -40,6 +42,7 @@ def classify_termination(message: str | None, reason: str | None, exit_code: int
         _mamba_cache_blocks,
         _insufficient_free_memory,
         _cuda_oom,
+        _missing_streamer,
         _invalid_engine_args,
         _distributed_timeout,
     ):
@@ -124,6 +127,12 @@ def _cuda_oom(text: str) -> RestartCause | None:
     )
 
 
+def _missing_streamer(text: str) -> RestartCause | None:
+    """The streaming loader asked of an image without its package: the command, not the memory."""
+    detail = vllm.describe_missing_streamer(text)
+    return None if detail is None else RestartCause(RestartKind.INVALID_ENGINE_ARGS, detail=detail)
+
+
 def _invalid_engine_args(text: str) -> RestartCause | None:
     """Arguments vLLM refused before its engine started; the detail names the argument and vLLM's words."""
     long_len = messages.LONG_MAX_LEN.search(text)
@@ -152,7 +161,7 @@ def _distributed_timeout(text: str) -> RestartCause | None:
 
 def _validation_detail(text: str, match: re.Match[str]) -> str:
     """pydantic's "N validation errors for XConfig" and the field / message pairs after it, on one line."""
-    after = [line.strip() for line in text[match.end():].splitlines()[1:]]
+    after = [line.strip() for line in text[match.end() :].splitlines()[1:]]
     pairs = []
     for field, said in zip(after, after[1:], strict=False):
         if field and " " not in field and said and not said.startswith("For further information"):
@@ -171,7 +180,7 @@ def _root_cause(text: str) -> str:
     if messages.ENGINE_INIT_FAILED.search(text):
         return (
             "vLLM's engine core failed to start (\"Engine core initialization failed. See root cause "
-            "above\"); its root cause is further up the log than this text holds"
+            'above"); its root cause is further up the log than this text holds'
         )
     return _last_line(text)
 

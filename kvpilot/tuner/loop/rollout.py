@@ -81,21 +81,45 @@ def compute_rollout_step(
 
 
 def compute_deadline_seconds(
-    policy: PolicyConfig, *, restart_seconds: float | None, checkpoint_gib: float
+    policy: PolicyConfig,
+    *,
+    restart_seconds: float | None,
+    checkpoint_gib: float,
+    weights_cached: bool = False,
+    warm_compile_seconds: float = 0.0,
 ) -> float:
     """Seconds a rollout may take to Ready: the configured ``rollout_deadline_seconds``, and at least
     ``rollout_deadline_start_factor`` x the start expected of the new pods: the longer of the measured one
-    (``restart_seconds``, the last pod's start to Ready) and a cold start predicted from the checkpoint
-    (its download at ``weights_download_gib_per_s``, then ``policy.restart_seconds`` of load and engine
-    start-up). The longer of the two: a measured start may have found the weights cached, a new pod on
-    another node may not; a deadline too long only delays the verdict on a start that hangs."""
-    if checkpoint_gib < 0 or (restart_seconds is not None and restart_seconds < 0):
-        raise ValueError(
-            f"negative start evidence: checkpoint {checkpoint_gib} GiB, start {restart_seconds} s"
-        )
-    predicted = checkpoint_gib / policy.weights_download_gib_per_s + policy.restart_seconds
+    (``restart_seconds``, the last pod's start to Ready) and the start predicted by
+    :func:`compute_predicted_start_seconds`. The longer of the two: a measured start may have found the
+    weights cached, a new pod on another node may not; a deadline too long only delays the verdict on a
+    start that hangs."""
+    if restart_seconds is not None and restart_seconds < 0:
+        raise ValueError(f"negative start evidence: start {restart_seconds} s")
+    predicted = compute_predicted_start_seconds(
+        policy,
+        checkpoint_gib=checkpoint_gib,
+        weights_cached=weights_cached,
+        warm_compile_seconds=warm_compile_seconds,
+    )
     expected = max(predicted, restart_seconds or 0.0)
     return max(policy.rollout_deadline_seconds, policy.rollout_deadline_start_factor * expected)
+
+
+def compute_predicted_start_seconds(
+    policy: PolicyConfig, *, checkpoint_gib: float, weights_cached: bool, warm_compile_seconds: float
+) -> float:
+    """A new pod's start as predicted from what the operator knows before it runs: the checkpoint's
+    download at ``weights_download_gib_per_s`` unless every start finds it on a volume
+    (``weights_cached``), then ``policy.restart_seconds`` of load and engine start-up, less the compile a
+    warm compile cache skips (``warm_compile_seconds``: :func:`kvpilot.tuner.loop.trade.
+    compute_warm_compile_seconds`)."""
+    if checkpoint_gib < 0 or warm_compile_seconds < 0:
+        raise ValueError(
+            f"negative start evidence: checkpoint {checkpoint_gib} GiB, warm compile {warm_compile_seconds} s"
+        )
+    download = 0.0 if weights_cached else checkpoint_gib / policy.weights_download_gib_per_s
+    return download + max(0.0, policy.restart_seconds - warm_compile_seconds)
 
 
 def _with_start_deadline(

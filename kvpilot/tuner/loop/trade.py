@@ -78,9 +78,13 @@ class Trade:
 
 
 def compute_gain_fraction(
-    trigger: str, window: ObservationWindow, current: EngineSettings, proposed: EngineSettings,
-    cooldown_seconds: float, kv_growth: float | None = None,
-) -> float:  # fmt: skip
+    trigger: str,
+    window: ObservationWindow,
+    current: EngineSettings,
+    proposed: EngineSettings,
+    cooldown_seconds: float,
+    kv_growth: float | None = None,
+) -> float:
     """The share of the service's capacity ``proposed`` is expected to win back (0..1); ``current`` and
     ``proposed`` are effective settings (every field set); ``kv_growth`` the predicted ratio of their KV
     caches."""
@@ -99,9 +103,13 @@ def compute_gain_fraction(
 
 
 def compute_warm_compile_seconds(
-    current: EngineSettings, proposed: EngineSettings, *, persistent: bool, compile_seconds: float,
+    current: EngineSettings,
+    proposed: EngineSettings,
+    *,
+    persistent: bool,
+    compile_seconds: float,
     restart_seconds: float,
-) -> float:  # fmt: skip
+) -> float:
     """The seconds of ``restart_seconds`` a restart from ``current`` to ``proposed`` (effective settings)
     skips: ``compile_seconds`` (at most the restart) when the compile cache is ``persistent`` and no
     changed setting enters vLLM's compile hash, else 0."""
@@ -111,10 +119,18 @@ def compute_warm_compile_seconds(
 
 
 def compute_trade(
-    trigger: str, window: ObservationWindow, current: EngineSettings, proposed: EngineSettings, *,
-    cooldown_seconds: float, restart_seconds: float, lost_fraction: float, kv_growth: float | None = None,
-    persisted_seconds: float = 0.0, warm_compile_seconds: float = 0.0,
-) -> Trade:  # fmt: skip
+    trigger: str,
+    window: ObservationWindow,
+    current: EngineSettings,
+    proposed: EngineSettings,
+    *,
+    cooldown_seconds: float,
+    restart_seconds: float,
+    lost_fraction: float,
+    kv_growth: float | None = None,
+    persisted_seconds: float = 0.0,
+    warm_compile_seconds: float = 0.0,
+) -> Trade:
     """The gain against the cost of rolling ``proposed`` out (module docstring); ``persisted_seconds`` is
     how long the loop has held for ``trigger`` already, capped by the caller; ``warm_compile_seconds``
     from :func:`compute_warm_compile_seconds`."""

@@ -24,8 +24,9 @@ logs (``bench/memory_accuracy.py``, ``docs/memory-model.md``):
   states, the fused-MoE workspace, the multimodal encoder cache), or the vision encoder's own forward
   over vLLM's dummy items when that is larger (:mod:`.encoder`);
 * Model Runner V2's persistent sampler state (0.33+, :func:`kvpilot.tuner.vllm.compute_sampler_state_bytes`);
-* non-torch memory: cuBLAS / attention workspaces, and the all-reduce buffers
-  with tensor parallelism (NCCL itself sits outside the budget since 0.11);
+* non-torch memory: cuBLAS / attention workspaces, and what tensor parallelism creates after the init
+  snapshot over NVLink-class links (vLLM's own communicators are built before it; PCIe-only ranks add
+  what pipeline stages add);
 * CUDA graphs: a per-graph, per-layer cost times the number of capture sizes.
 
 Never raises for "does not fit": the budget says ``starts=False`` and carries the
@@ -42,7 +43,7 @@ from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
-MEMORY_MODEL_VERSION = "2026.12.5"
+MEMORY_MODEL_VERSION = "2026.12.5.3"
 """The memory model's version: bump it whenever a change here (or in :mod:`.kv_cache`, :mod:`.weights`)
 moves a prediction. Fleet-learned TuningProfiles are keyed by it
 (:mod:`kvpilot.tuner.plan.profiles`), so a new memory model never reuses ratios learned against the old one's
@@ -245,9 +246,13 @@ def compute_activation_bytes(
     peak = max(forward, sampler + carry + workspace) + pp_buffers
     if model.is_multimodal and first:
         vision = encoder.compute_encoder_profile_peak(
-            model.vision_tower, tp=tp, dtype_bytes=b, max_num_batched_tokens=tokens,
-            max_num_seqs=max_num_seqs, max_model_len=max_model_len or model.max_model_len,
-        )  # fmt: skip
+            model.vision_tower,
+            tp=tp,
+            dtype_bytes=b,
+            max_num_batched_tokens=tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len or model.max_model_len,
+        )
         if vision is None:  # a tower whose forward is not modelled: the fitted cache + embeddings term
             peak += MM_ENCODER_COPIES * tokens * h * b
         else:  # the encoder forward, then the decoder's beside the encoder cache and the merged embeddings
@@ -260,12 +265,23 @@ def compute_warmup_logits_bytes(model: ModelSpec, r: _Resolved) -> int:
     return r.sampler_rows * model.vocab_size * 4
 
 
-def compute_non_torch_bytes(tp: int, pp: int, version: vllm.Version) -> int:
-    """Non-torch memory counted inside the budget (workspaces; all-reduce buffers with TP)."""
+def compute_non_torch_bytes(tp: int, pp: int, version: vllm.Version, *, interconnect: str) -> int:
+    """Non-torch memory counted inside the budget: workspaces, and what the ranks' collectives create.
+
+    vLLM builds its own communicators (pynccl, custom all-reduce, symmetric memory) before the init snapshot
+    (:data:`kvpilot.tuner.vllm.COMMUNICATORS_BEFORE_SNAPSHOT_SINCE`), so their buffers are never charged; what
+    tensor parallelism adds is created lazily after it. The fitted TP terms (``non_torch_tp``: 1.9 GiB at
+    TP 2 and TP 4 alike on NVLink H100s, 0.19 logs) are the NVLink-class paths' (NCCL over NVLink/NVSwitch,
+    the FlashInfer all-reduce fusion of SM90 / SM100,
+    :data:`kvpilot.tuner.vllm.ALLREDUCE_FUSION_CAPABILITIES`);
+    none of them exists between PCIe-only GPUs (custom all-reduce refuses more than
+    :data:`kvpilot.tuner.vllm.CUSTOM_ALLREDUCE_MAX_PCIE_GPUS` of them), whose ranks talk plain NCCL as
+    pipeline stages do: ``non_torch_pp``. A PCIe log agrees: 0.21 GiB with tensor parallelism on L40S
+    (case-079, ~0.11; H100 TP 4: 2.17 GiB, case-029)."""
     c = coefficients(version)
     if tp == 1 and pp == 1:
         gib = c.non_torch_single
-    elif tp == 1:
+    elif tp == 1 or interconnect == "pcie":
         gib = c.non_torch_pp
     else:
         gib = c.non_torch_pp + c.non_torch_tp + c.non_torch_tp_per_rank * tp
@@ -366,9 +382,15 @@ def compute_budget(
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
-        model, gpu, settings, version, pipeline_parallel_size, dtype,
-        performance_mode=performance_mode, model_runner_v2=model_runner_v2,
-    )  # fmt: skip
+        model,
+        gpu,
+        settings,
+        version,
+        pipeline_parallel_size,
+        dtype,
+        performance_mode=performance_mode,
+        model_runner_v2=model_runner_v2,
+    )
     requested = math.ceil(gpu.total_bytes * r.util)
     refusal = refusals.check_parallel_sizes(model, r.tp, r.pp)
     if refusal is not None:
@@ -376,25 +398,47 @@ def compute_budget(
     shared = _compute_shared_costs(model, gpu, r, version, enforce_eager)
     stages = tuple(
         _compute_stage(
-            model, gpu, r, version, rank, requested, shared,
-            weights_total_bytes=weights_total_bytes, block_size=block_size,
-            kv_cache_memory_bytes=kv_cache_memory_bytes, enable_prefix_caching=enable_prefix_caching,
+            model,
+            gpu,
+            r,
+            version,
+            rank,
+            requested,
+            shared,
+            weights_total_bytes=weights_total_bytes,
+            block_size=block_size,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            enable_prefix_caching=enable_prefix_caching,
             expert_shards=expert_shards,
         )
         for rank in range(r.pp)
-    )  # fmt: skip
+    )
     fit = _compute_fit(r, version, stages, shared.in_flight)
     error = refusals.compute_start_error(
         refusals.Startup(
-            model=model, gpu=gpu, version=version, requested=requested, stages=stages,
-            asked_max_model_len=settings.max_model_len, max_model_len=r.max_model_len,
-            auto_max_model_len=r.auto_max_model_len, max_num_seqs=r.max_num_seqs,
-            sampler_rows=r.sampler_rows, util=r.util, tp=r.tp, blocks=fit.blocks, capacity=fit.capacity,
-            checked=fit.checked, graphs=shared.graphs, subtract_graphs=shared.subtract_graphs,
-            non_torch=shared.non_torch, warmup_logits=compute_warmup_logits_bytes(model, r),
-            enforce_eager=enforce_eager, kv_cache_memory_bytes=kv_cache_memory_bytes,
+            model=model,
+            gpu=gpu,
+            version=version,
+            requested=requested,
+            stages=stages,
+            asked_max_model_len=settings.max_model_len,
+            max_model_len=r.max_model_len,
+            auto_max_model_len=r.auto_max_model_len,
+            max_num_seqs=r.max_num_seqs,
+            sampler_rows=r.sampler_rows,
+            util=r.util,
+            tp=r.tp,
+            blocks=fit.blocks,
+            capacity=fit.capacity,
+            checked=fit.checked,
+            graphs=shared.graphs,
+            subtract_graphs=shared.subtract_graphs,
+            non_torch=shared.non_torch,
+            warmup_logits=compute_warmup_logits_bytes(model, r),
+            enforce_eager=enforce_eager,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
         )
-    )  # fmt: skip
+    )
     return _build_budget(gpu, requested, stages, fit, shared, error)
 
 
@@ -413,34 +457,64 @@ def _compute_shared_costs(
     model: ModelSpec, gpu: GpuSpec, r: _Resolved, version: vllm.Version, enforce_eager: bool
 ) -> _SharedCosts:
     graphs = compute_cuda_graph_bytes(
-        model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
-        version=version, performance_mode=r.performance_mode, enforce_eager=enforce_eager,
-    )  # fmt: skip
+        model,
+        gpu,
+        pp=r.pp,
+        max_num_seqs=r.max_num_seqs,
+        max_num_batched_tokens=r.max_num_batched_tokens,
+        version=version,
+        performance_mode=r.performance_mode,
+        enforce_eager=enforce_eager,
+    )
     in_flight = vllm.compute_in_flight_tokens(
         EngineSettings(max_num_batched_tokens=r.max_num_batched_tokens), version, r.pp, r.model_runner_v2
     )
     return _SharedCosts(
-        graphs, vllm.subtracts_cuda_graphs(version), in_flight, compute_non_torch_bytes(r.tp, r.pp, version)
+        graphs,
+        vllm.subtracts_cuda_graphs(version),
+        in_flight,
+        compute_non_torch_bytes(r.tp, r.pp, version, interconnect=gpu.interconnect),
     )
 
 
 def _compute_stage(
-    model: ModelSpec, gpu: GpuSpec, r: _Resolved, version: vllm.Version, rank: int, requested: int,
-    shared: _SharedCosts, *, weights_total_bytes: int | None, block_size: int | None,
-    kv_cache_memory_bytes: int | None, enable_prefix_caching: bool | None,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    r: _Resolved,
+    version: vllm.Version,
+    rank: int,
+    requested: int,
+    shared: _SharedCosts,
+    *,
+    weights_total_bytes: int | None,
+    block_size: int | None,
+    kv_cache_memory_bytes: int | None,
+    enable_prefix_caching: bool | None,
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
-) -> refusals.Stage:  # fmt: skip
+) -> refusals.Stage:
     """One pipeline stage's budget (its first TP rank): weights, activation peak, sampler state, what is
     left for the KV cache, and the KV layout of its layers."""
     w = weights.compute_weight_bytes(
-        model, tensor_parallel_size=r.tp, pipeline_parallel_size=r.pp, pp_rank=rank, dtype=r.dtype,
-        weights_total_bytes=weights_total_bytes, expert_shards=expert_shards,
-    )  # fmt: skip
-    act = compute_activation_bytes(
-        model, tp=r.tp, pp=r.pp, pp_rank=rank, max_num_batched_tokens=r.max_num_batched_tokens,
-        max_num_seqs=r.max_num_seqs, dtype=r.dtype, version=version, max_model_len=r.max_model_len,
+        model,
+        tensor_parallel_size=r.tp,
+        pipeline_parallel_size=r.pp,
+        pp_rank=rank,
+        dtype=r.dtype,
+        weights_total_bytes=weights_total_bytes,
         expert_shards=expert_shards,
-    )  # fmt: skip
+    )
+    act = compute_activation_bytes(
+        model,
+        tp=r.tp,
+        pp=r.pp,
+        pp_rank=rank,
+        max_num_batched_tokens=r.max_num_batched_tokens,
+        max_num_seqs=r.max_num_seqs,
+        dtype=r.dtype,
+        version=version,
+        max_model_len=r.max_model_len,
+        expert_shards=expert_shards,
+    )
     state = compute_sampler_state_bytes(model, r, last_stage=rank == r.pp - 1)
     if kv_cache_memory_bytes is not None:
         available = kv_cache_memory_bytes
@@ -448,10 +522,17 @@ def _compute_stage(
         graphs = shared.graphs if shared.subtract_graphs else 0
         available = requested - w - act - state - shared.non_torch - graphs
     layout = kv_cache.compute_kv_layout(
-        model, tensor_parallel_size=r.tp, pipeline_parallel_size=r.pp, pp_rank=rank,
-        kv_cache_dtype=r.kv_cache_dtype, dtype=r.dtype, block_size=block_size, vllm_version=version,
-        compute_capability=gpu.compute_capability, enable_prefix_caching=enable_prefix_caching,
-    )  # fmt: skip
+        model,
+        tensor_parallel_size=r.tp,
+        pipeline_parallel_size=r.pp,
+        pp_rank=rank,
+        kv_cache_dtype=r.kv_cache_dtype,
+        dtype=r.dtype,
+        block_size=block_size,
+        vllm_version=version,
+        compute_capability=gpu.compute_capability,
+        enable_prefix_caching=enable_prefix_caching,
+    )
     return refusals.Stage(w, act, state, available, layout)
 
 
@@ -487,7 +568,11 @@ def _compute_fit(
 
 
 def _build_budget(
-    gpu: GpuSpec, requested: int, stages: tuple[refusals.Stage, ...], fit: _Fit, shared: _SharedCosts,
+    gpu: GpuSpec,
+    requested: int,
+    stages: tuple[refusals.Stage, ...],
+    fit: _Fit,
+    shared: _SharedCosts,
     error: str | None,
 ) -> MemoryBudget:
     """The budget as vLLM would log it: the first stage's terms, the engine's blocks and capacity."""

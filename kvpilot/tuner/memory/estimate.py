@@ -87,6 +87,8 @@ def _gpu(case: Mapping[str, Any], gpu_lookup: GpuLookup | None) -> GpuSpec:
             total_bytes=total,
             compute_capability=(9, 0) if total_gib > 70 else (8, 0),
             fp8_kv=total_gib > 70,
+            # a link not named: charge the NVLink-class TP term, the conservative side (less KV cache)
+            interconnect="nvlink",
         )
     if found is not None:
         return found

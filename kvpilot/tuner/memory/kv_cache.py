@@ -213,8 +213,10 @@ def compute_kv_layout(
         if align and state.family == GDN and vllm.uses_flashinfer_gdn(compute_capability, state.head_k_dim):
             checkpoint = vllm.FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
         bf16 = (dtype or model.dtype) == "bfloat16"
-        if align and state.family == KDA and vllm.uses_flashkda(
-            compute_capability, state.head_k_dim, bf16, state.bounded_gate
+        if (
+            align
+            and state.family == KDA
+            and vllm.uses_flashkda(compute_capability, state.head_k_dim, bf16, state.bounded_gate)
         ):
             checkpoint = vllm.FLASHKDA_CHECKPOINT_ALIGNMENT
         state_bytes = state.state_bytes(tp, model_bytes)

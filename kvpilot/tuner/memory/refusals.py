@@ -133,9 +133,12 @@ def _context_does_not_fit(s: Startup) -> str | None:
         return None
     worst = s.stages[s.checked]
     return vllm.max_len_error(
-        s.version, s.max_model_len, s.capacity.needed_bytes / GIB, worst.available / GIB,
+        s.version,
+        s.max_model_len,
+        s.capacity.needed_bytes / GIB,
+        worst.available / GIB,
         s.capacity.longest_fitting_len,
-    )  # fmt: skip
+    )
 
 
 def _too_few_state_blocks(s: Startup) -> str | None:

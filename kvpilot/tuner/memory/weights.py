@@ -99,7 +99,8 @@ def _mixer_params(state: LinearStateSpec, h: int, tp: int) -> int:
     if state.family == MAMBA2:  # in_proj (z, x, B, C, dt), conv1d over x B C, dt_bias, A, D, norm, out_proj
         heads, bc = state.num_heads, 2 * state.n_groups * state.head_v_dim
         norm = inter if state.mixer_norms else 0
-        return (h * (2 * inter + bc + heads) + (inter + bc) * (k + 1) + 3 * heads + norm + inter * h) // tp
+        # dt_bias, D and the fp32 A (``mamba_mixer2.py``: twice a 16-bit param), split by heads
+        return (h * (2 * inter + bc + heads) + (inter + bc) * (k + 1) + 4 * heads + norm + inter * h) // tp
     return state.conv_dim * (4 * h + k) // tp  # SHORT_CONV: in_proj (B, C, x), conv, out_proj
 
 
@@ -189,17 +190,18 @@ def _layer_linear_params(
             + value_dim * h
             + s.conv_dim * s.conv_kernel
         ) // tp
-        replicated = 0
+        # the gated RMSNorm (head_v_dim, replicated), dt_bias and the fp32 A_log (twice a 16-bit param)
+        replicated = s.head_v_dim + 3 * s.num_heads // tp
     else:
         kv = layer.num_kv_heads if layer is not None else model.num_kv_heads
         hd = layer.head_dim if layer is not None and layer.head_dim else model.head_dim
         q = (model.num_attention_heads // tp) * hd
-        kvr = max(1, kv // tp) * hd
+        kvr = max(1, kv // tp) * hd if kv else 0  # a KV-sharing layer (Gemma 4) projects queries only
         gate = q if model.attention_output_gate else 0  # Qwen3-Next: q_proj also emits the output gate
         attn = h * (q + gate + 2 * kvr) + q * h
         if model.attention_bias:
             attn += q + 2 * kvr
-        replicated = 0
+        replicated = (hd + (hd if kvr else 0)) if model.qk_norm else 0
         if layer is not None and layer.with_state and state is not None:  # Falcon-H1: a Mamba2 mixer beside
             attn += _mixer_params(state, h, tp)
     mlp_mats = 3 if model.mlp_gated else 2
@@ -226,11 +228,17 @@ def _layer_linear_params(
         shared = mlp_mats * h * moe.shared_intermediate_size // tp
         dense = mlp_mats * h * moe.parallel_dense_intermediate_size // tp
         replicated += h * moe.num_experts  # router
+        if moe.shared_expert_gate:  # Qwen2-MoE / Qwen3-Next: a one-output gate on the shared experts
+            replicated += h
+        if moe.parallel_dense_intermediate_size:  # Gemma 4: three more norms, the router's scales
+            replicated += 3 * h + h + moe.num_experts
     elif mlp_here:
         own = layer.mlp_intermediate if layer is not None else None  # DeciLM: each layer's own width
         width = model.intermediate_size if own is None else own
         dense = mlp_mats * h * width // tp
     replicated += 2 * h if model.intermediate_size and not block else h  # the norms (a Mamba block: one)
+    if model.sandwich_norms:
+        replicated += 2 * h
     return LayerParams(attn, dense, shared, experts, replicated)
 
 
@@ -262,9 +270,13 @@ def compute_weight_breakdown(
         if modelopt is not None:  # each component as the checkpoint stores it in this layer
             total += sum(
                 params * compute_component_bytes(modelopt, idx, component, dbytes)
-                for params, component in ((p.mixer, MIXER), (p.dense, DENSE), (p.shared, SHARED),
-                                          (p.experts, EXPERTS))
-            )  # fmt: skip
+                for params, component in (
+                    (p.mixer, MIXER),
+                    (p.dense, DENSE),
+                    (p.shared, SHARED),
+                    (p.experts, EXPERTS),
+                )
+            )
         else:
             total += (p.mixer + p.dense + p.shared) * dense_bytes + p.experts * expert_bytes
         total += p.replicated * dbytes
@@ -272,8 +284,10 @@ def compute_weight_breakdown(
     first, last = pp_rank == 0, pp_rank == pp - 1
     if first:
         total += vocab_rank * model.hidden_size * dbytes
-        total += model.vision_params // tp * dbytes
-        total += model.per_layer_input_params * dbytes  # Gemma 4 per-layer inputs (replicated: upper bound)
+        towers = model.vision_params + model.audio_params
+        whole = towers if model.towers_replicated else model.towers_whole_params
+        total += ((towers - whole) // tp + whole) * dbytes
+        total += (model.per_layer_input_params // tp + model.per_layer_input_replicated) * dbytes  # Gemma 4
     if last:
         if not model.tie_word_embeddings or pp > 1:
             head_bytes = qbytes if quant is not None and quant.quantize_lm_head else dbytes

@@ -84,6 +84,9 @@ class MoeSpec:
     expert_hidden_size: int = 0
     """The routed experts' hidden size when it differs from the model's (Kimi-K3's latent MoE); 0: the
     same."""
+    shared_expert_gate: bool = False
+    """The shared experts' output passes a ``shared_expert_gate`` (``Linear(hidden, 1)``): Qwen2-MoE,
+    Qwen3-Next and Qwen3.5's MoE (vLLM 0.33's ``qwen2_moe.py``, ``qwen3_next.py``)."""
 
 
 @dataclass(frozen=True, slots=True)

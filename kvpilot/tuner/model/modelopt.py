@@ -53,8 +53,13 @@ MIXED_PRECISION = "MIXED_PRECISION"
 QUANT_SIDECAR = "hf_quant_config.json"
 """Where ModelOpt 0.29 and before saved the quantization, beside config.json (Nemotron 3's NVFP4 and FP8
 builds still do): vLLM reads it when config.json has no ``quantization_config``."""
-LEGACY_METHODS = {"FP8": "modelopt", "FP8_PER_CHANNEL_PER_TOKEN": "modelopt", "FP8_PB_WO": "modelopt",
-                  "NVFP4": "modelopt_fp4", "MIXED_PRECISION": "modelopt_mixed"}  # fmt: skip
+LEGACY_METHODS = {
+    "FP8": "modelopt",
+    "FP8_PER_CHANNEL_PER_TOKEN": "modelopt",
+    "FP8_PB_WO": "modelopt",
+    "NVFP4": "modelopt_fp4",
+    "MIXED_PRECISION": "modelopt_mixed",
+}
 """vLLM's ``_normalize_quantization_config``: the method a sidecar (no ``quant_method``, ``producer`` named
 ``modelopt``, the algorithm under ``quantization``) gets; any other algorithm there is refused."""
 MAX_EXCLUDED = Limit(8192, "Qwen3.5-397B-A17B-NVFP4 excludes 184 module patterns")
@@ -63,15 +68,35 @@ MAX_PATTERN_LENGTH = 512
 BLOCK_FP8_ALIASES = {"FP8_BLOCK_SCALES": "FP8_PB_WO"}
 """vLLM's ``_BLOCK_FP8_MOE_ALGOS``: an early name of the block-FP8 layout."""
 
-_PREFIXES = ("model.layers.", "model.language_model.layers.", "language_model.model.layers.",
-             "model.decoder.layers.", "backbone.layers.", "transformer.h.", "layers.")  # fmt: skip
+_PREFIXES = (
+    "model.layers.",
+    "model.language_model.layers.",
+    "language_model.model.layers.",
+    "model.decoder.layers.",
+    "backbone.layers.",
+    "transformer.h.",
+    "layers.",
+)
 _NAMES: dict[str, tuple[str, ...]] = {  # the routed experts: only with their whole layer
-    MIXER: ("self_attn.q_proj", "self_attn.o_proj", "attn.wq_a", "linear_attn.in_proj_qkv",
-            "linear_attn.out_proj", "mixer.in_proj", "attention.wqkv", "self_attention.linear_qkv"),
+    MIXER: (
+        "self_attn.q_proj",
+        "self_attn.o_proj",
+        "attn.wq_a",
+        "linear_attn.in_proj_qkv",
+        "linear_attn.out_proj",
+        "mixer.in_proj",
+        "attention.wqkv",
+        "self_attention.linear_qkv",
+    ),
     DENSE: ("mlp.gate_proj", "mlp.down_proj", "feed_forward.w1", "ffn.w1", "mlp.fc1", "mixer.up_proj"),
-    SHARED: ("mlp.shared_expert.down_proj", "mlp.shared_experts.down_proj", "ffn.shared_experts.w1",
-             "block_sparse_moe.shared_experts.w1", "feed_forward.shared_expert.w1"),
-}  # fmt: skip
+    SHARED: (
+        "mlp.shared_expert.down_proj",
+        "mlp.shared_experts.down_proj",
+        "ffn.shared_experts.w1",
+        "block_sparse_moe.shared_experts.w1",
+        "feed_forward.shared_expert.w1",
+    ),
+}
 """Module names (after a layer's prefix) that stand for each component when a wildcard is tried on them."""
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.(.+)$")
 
@@ -133,8 +158,10 @@ def is_legacy_sidecar(q: Fields) -> bool:
     producer = q.child("producer")
     inner = q.child("quantization")
     legacy = inner is not None and inner.present("modelopt_quant_config")
-    return not q.present("quant_method") and inner is not None and (
-        legacy or (producer is not None and producer.string("name") == "modelopt")
+    return (
+        not q.present("quant_method")
+        and inner is not None
+        and (legacy or (producer is not None and producer.string("name") == "modelopt"))
     )
 
 
@@ -146,7 +173,7 @@ def compute_legacy_method(q: Fields) -> str:
     if algo not in LEGACY_METHODS:
         raise errors.InvalidModelConfig(
             f"{inner.path('quant_algo')} {algo[:40]!r}: vLLM 0.33 refuses it in {QUANT_SIDECAR} "
-            f"(\"Unknown ModelOpt quant algo\"; it reads {', '.join(LEGACY_METHODS)} there)",
+            f'("Unknown ModelOpt quant algo"; it reads {", ".join(LEGACY_METHODS)} there)',
             field=inner.path("quant_algo"),
         )
     return LEGACY_METHODS[algo]
@@ -160,8 +187,11 @@ def build_modelopt_spec(q: Fields) -> ModelOptSpec:
     key = "ignore" if inner.present("ignore") else "exclude_modules"
     excluded = inner.strings(key) or []
     if len(excluded) > MAX_EXCLUDED.maximum:
-        raise refuse(inner.path(key), f"at most {MAX_EXCLUDED.maximum} patterns ({MAX_EXCLUDED.published})",
-                     f"{len(excluded)} patterns")  # fmt: skip
+        raise refuse(
+            inner.path(key),
+            f"at most {MAX_EXCLUDED.maximum} patterns ({MAX_EXCLUDED.published})",
+            f"{len(excluded)} patterns",
+        )
     long = next((p for p in excluded if len(p) > MAX_PATTERN_LENGTH), None)
     if long is not None:
         raise refuse(inner.path(key), f"module patterns of at most {MAX_PATTERN_LENGTH} characters", long)
@@ -169,9 +199,11 @@ def build_modelopt_spec(q: Fields) -> ModelOptSpec:
     if algo == MIXED_PRECISION:
         layers = inner.child("quantized_layers")
         if layers is not None and len(layers.data) > MAX_QUANTIZED_LAYERS.maximum:
-            raise refuse(inner.path("quantized_layers"),
-                         f"at most {MAX_QUANTIZED_LAYERS.maximum} modules ({MAX_QUANTIZED_LAYERS.published})",
-                         f"{len(layers.data)} modules")  # fmt: skip
+            raise refuse(
+                inner.path("quantized_layers"),
+                f"at most {MAX_QUANTIZED_LAYERS.maximum} modules ({MAX_QUANTIZED_LAYERS.published})",
+                f"{len(layers.data)} modules",
+            )
         for name in layers.data if layers is not None else ():
             entry = layers.child(name) if layers is not None else None
             where = f"{inner.path('quantized_layers')}.{name}.quant_algo"

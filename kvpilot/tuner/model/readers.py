@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvpilot.tuner import errors, vllm
-from kvpilot.tuner.model import mamba, mimo
+from kvpilot.tuner.model import mamba, mimo, towers
 from kvpilot.tuner.model.fields import (
     MAX_CONTEXT,
     MAX_EXPERTS,
@@ -52,6 +52,8 @@ _SLIDING_NAMES = frozenset({"sliding_attention", "sliding_window", "local_attent
 _FULL_NAMES = frozenset({"full_attention", "attention", "global"})
 _LINEAR_NAMES = frozenset({"linear_attention", "mamba"})
 _NO_KV_NAME = "no_kv"
+_SHARED_EXPERT_GATE = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe_text"})
+"""Model types whose shared experts pass a ``shared_expert_gate`` (:attr:`MoeSpec.shared_expert_gate`)."""
 _KNOWN_KINDS = _SLIDING_NAMES | _FULL_NAMES | _LINEAR_NAMES | {"chunked_attention", _NO_KV_NAME}
 _NEMOTRON_H_BLOCKS = {"M": BLOCK_MIXER, "*": BLOCK_ATTENTION, "-": BLOCK_MLP, "E": BLOCK_MOE}
 _NEMOTRON_H_BLOCK_NAMES = {
@@ -63,8 +65,12 @@ _NEMOTRON_H_BLOCK_NAMES = {
 }
 """Nemotron-H's ``hybrid_override_pattern`` / ``layers_block_type``: what each block holds, alone (Mamba2,
 attention, MLP, MoE; vLLM ``nemotron_h.py``)."""
-_NEMOTRON_H_KINDS = {BLOCK_MIXER: "mamba", BLOCK_ATTENTION: "full_attention", BLOCK_MLP: _NO_KV_NAME,
-                     BLOCK_MOE: _NO_KV_NAME}  # fmt: skip
+_NEMOTRON_H_KINDS = {
+    BLOCK_MIXER: "mamba",
+    BLOCK_ATTENTION: "full_attention",
+    BLOCK_MLP: _NO_KV_NAME,
+    BLOCK_MOE: _NO_KV_NAME,
+}
 """The layer kind of each Nemotron-H block: only the mixer and attention blocks keep a cache."""
 _NO_ROPE_FLAG = Limit(1, "each entry is 0 (no RoPE) or 1")
 
@@ -120,9 +126,11 @@ def read_mla_layers(text: Fields, num_layers: int, latent: int) -> list[LayerSpe
     if not text.present("index_topk"):
         return [LayerSpec(MLA, 1, latent, 0)] * num_layers
     index_head_dim = text.need_int("index_head_dim", limit=MAX_HEAD_DIM)
-    pattern: str | list[str] | None = text.strings("index_topk_pattern") if not isinstance(
-        text.raw("index_topk_pattern"), str
-    ) else text.string("index_topk_pattern")
+    pattern: str | list[str] | None = (
+        text.strings("index_topk_pattern")
+        if not isinstance(text.raw("index_topk_pattern"), str)
+        else text.string("index_topk_pattern")
+    )
     has = vllm.indexer_layers(
         num_layers,
         text.optional_int("index_topk_freq", limit=MAX_LAYERS),
@@ -369,12 +377,8 @@ def read_layers(
         return mimo.read_mimo_v2_layers(text, num_layers), None
     kinds = _layer_types(text, model_type, num_layers, window)
     shared = text.optional_int("num_kv_shared_layers", limit=MAX_LAYERS, minimum=0) or 0
-    if shared:
-        # Gemma 3n / 4: the last ``num_kv_shared_layers`` layers read an earlier layer's cache and
-        # get no KV spec of their own (vLLM ``gemma4.py``: ``kv_sharing_target_layer_name``).
-        if shared >= num_layers:
-            raise refuse(text.path("num_kv_shared_layers"), f"below num_hidden_layers ({num_layers})", shared)
-        kinds = kinds[: num_layers - shared] + [_NO_KV_NAME] * shared
+    if shared >= num_layers:
+        raise refuse(text.path("num_kv_shared_layers"), f"below num_hidden_layers ({num_layers})", shared)
     unknown = next((name for name in kinds if name not in _KNOWN_KINDS), None)
     if unknown is not None:
         raise errors.InvalidModelConfig(
@@ -420,6 +424,11 @@ def read_layers(
             )
         linear_state = _linear_state(text, model_type)
     layers = [by_name[name] for name in kinds]
+    if shared:
+        # Gemma 3n / 4: the last ``num_kv_shared_layers`` layers read an earlier layer's cache and get no
+        # KV spec of their own (vLLM ``gemma4.py``: ``kv_sharing_target_layer_name``); they build a
+        # ``q_proj`` only, with the head size of their own layer type.
+        layers[num_layers - shared :] = [LayerSpec(NO_KV, head_dim=la.head_dim) for la in layers[-shared:]]
     if model_type == "nemotron_h":  # one component per block: the weights count it alone
         blocks = _nemotron_h_blocks(text, num_layers)
         layers = [dataclasses.replace(la, block=b) for la, b in zip(layers, blocks, strict=True)]
@@ -500,7 +509,8 @@ def read_moe(text: Fields, model_type: str, num_layers: int, hidden_intermediate
     # routed experts work in a narrower hidden size, with a projection into it and one out.
     latent = text.optional_int("routed_expert_hidden_size", "moe_latent_size", limit=MAX_HIDDEN_SIZE) or 0
     moe_layers = _moe_layers(text, model_type, num_layers)
-    return MoeSpec(num_experts, top_k, moe_inter, moe_layers, shared, parallel_dense, latent)
+    gated = bool(shared) and model_type in _SHARED_EXPERT_GATE
+    return MoeSpec(num_experts, top_k, moe_inter, moe_layers, shared, parallel_dense, latent, gated)
 
 
 def read_vision_params(top: Fields, text_hidden: int) -> int:
@@ -508,6 +518,9 @@ def read_vision_params(top: Fields, text_hidden: int) -> int:
     vc = top.child("vision_config")
     if vc is None:
         return 0
+    exact = towers.read_tower_params(vc, text_hidden)
+    if exact is not None:
+        return exact
     h = vc.need_int("hidden_size", "embed_dim", "width", "vt_hidden_size", limit=MAX_HIDDEN_SIZE)
     layers = vc.need_int("num_hidden_layers", "depth", "num_layers", "vt_num_hidden_layers", limit=MAX_LAYERS)
     inter = vc.optional_int("intermediate_size", "vt_intermediate_size", limit=MAX_INTERMEDIATE_SIZE) or 4 * h

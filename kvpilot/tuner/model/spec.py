@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.tuner import errors, vllm
-from kvpilot.tuner.model import mamba
+from kvpilot.tuner.model import mamba, towers
 from kvpilot.tuner.model.compressed import read_compressed_layers
 from kvpilot.tuner.model.fields import (
     MAX_CONTEXT,
@@ -112,6 +112,14 @@ _INHERITED = ("torch_dtype", "dtype", "quantization_config", "tie_word_embedding
 _TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text"})
 """Model types whose transformers config class defaults ``tie_word_embeddings`` to True."""
 
+_QK_NORM = frozenset(
+    {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_vl_text"}
+    | {"qwen3_vl_moe_text", "gemma3", "gemma3_text", "gemma4_text"}
+)
+"""Model types whose attention layers normalise queries and keys per head (``q_norm``, ``k_norm``:
+head_dim weights each) in vLLM 0.33's model files."""
+_SANDWICH_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "gemma4_text"})
+"""Model types with pre- and post-feed-forward norms beside the two usual ones (four per layer)."""
 _NON_GATED_MLP = frozenset(
     {"phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "falcon", "gpt_neox", "bloom", "mpt", "gptj"}
     | {"nemotron_h"}
@@ -164,6 +172,10 @@ class ModelSpec:
     quantization: QuantSpec | None = None
     mlp_gated: bool = True
     attention_bias: bool = False
+    qk_norm: bool = False
+    """Per-head ``q_norm`` and ``k_norm`` in every attention layer (:data:`_QK_NORM`)."""
+    sandwich_norms: bool = False
+    """Gemma 2-4: ``pre_feedforward_layernorm`` and ``post_feedforward_layernorm`` in every layer too."""
     attention_output_gate: bool = False
     """Qwen3-Next / Qwen3.5: ``q_proj`` also emits a per-head output gate (``attn_output_gate``; vLLM 0.33's
     ``Qwen3NextAttention`` defaults it to true), doubling the query rows of every attention layer."""
@@ -172,10 +184,20 @@ class ModelSpec:
     """Rows of the rotary cos/sin cache vLLM allocates (weights memory)."""
     vision_params: int = 0
     """Parameters of the vision tower and projector (0 for text-only models)."""
+    audio_params: int = 0
+    """Parameters of the audio tower and projector (Gemma 4 E2B / E4B; 0 otherwise)."""
+    per_layer_input_replicated: int = 0
+    """The part of the per-layer inputs every TP rank holds whole (norms, each layer's gate and projection);
+    :attr:`per_layer_input_params` is the part split by TP (the embedding and the model projection)."""
+    towers_replicated: bool = False
+    """The vision / audio towers are whole on every TP rank (Gemma 4: transformers' modules), not split."""
+    towers_whole_params: int = 0
+    """Of towers split by TP, the parameters every rank still holds whole (Qwen3-VL / Qwen3.5: the patch
+    embedding, the position table, LayerNorms and row-parallel biases)."""
     per_layer_input_params: int = 0
-    """Gemma 4 (E2B / E4B) per-layer inputs (``hidden_size_per_layer_input``): ``embed_tokens_per_layer``
-    (vocab x layers x that width), its projection and norm, and each layer's input gate, projection and
-    norm, as vLLM 0.33's ``gemma4.py`` builds them (0 for other models)."""
+    """Gemma 4 (E2B / E4B) per-layer inputs (``hidden_size_per_layer_input``), the part split by TP:
+    ``embed_tokens_per_layer`` (vocab x layers x that width) and its model projection, as vLLM 0.33's
+    ``gemma4.py`` builds them (0 for other models)."""
     vision_tower: VisionTower | None = None
     """The vision tower whose profile-run forward kvpilot models (:mod:`.vision`; ``None`` otherwise)."""
     mm_prefix_item_tokens: int = 0
@@ -235,8 +257,6 @@ class ModelSpec:
         if self.rope_original_max:
             return int(self.rope_original_max * self.rope_factor)
         return int(self.max_len_base * self.rope_factor)
-
-
 
 
 def _fallback_intermediate(text: Fields, hidden: int, names: tuple[str, ...]) -> int:
@@ -397,14 +417,20 @@ def _mm_prefix_item_tokens(top: Fields, text: Fields, model_type: str) -> int:
     return vllm.gemma4_mm_item_tokens(per_image) if per_image else 0
 
 
-def _per_layer_input_params(text: Fields, hidden: int, vocab: int, num_layers: int) -> int:
+def _per_layer_input_params(text: Fields, hidden: int, vocab: int, num_layers: int) -> tuple[int, int]:
+    """(split by TP, replicated) parameters of Gemma 4's per-layer inputs: vLLM 0.33 shards the
+    ``VocabParallelEmbedding`` and the column-parallel model projection; the norms and each layer's gate
+    and projection are whole on every rank (held to vLLM's classes at TP 2 by the model-class contract)."""
     width = text.optional_int("hidden_size_per_layer_input", limit=MAX_HIDDEN_SIZE, minimum=0)
     if not width:
-        return 0
+        return 0, 0
     per_layer_vocab = text.optional_int("vocab_size_per_layer_input", limit=MAX_VOCAB_SIZE) or vocab
     stacked = num_layers * width
-    top = per_layer_vocab * stacked + stacked * hidden + width  # embedding, model projection, its norm
-    return top + num_layers * (2 * width * hidden + hidden)  # each layer's gate, projection and norm
+    split = per_layer_vocab * stacked + stacked * hidden  # the embedding, the model projection
+    replicated = width + num_layers * (
+        2 * width * hidden + hidden
+    )  # its norm; each layer's gate, projection, norm
+    return split, replicated
 
 
 _OUTPUT_GATED_ATTENTION = ("qwen3_next", "qwen3_5")
@@ -531,6 +557,7 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     if compressed is not None:
         rope_dim = text.need_int("qk_rope_head_dim", limit=MAX_HEADS)
     rotary_dim = int(rope_dim * partial)
+    per_layer_split, per_layer_replicated = _per_layer_input_params(text, hidden, vocab, num_layers)
     return ModelSpec(
         architecture=architecture,
         model_type=model_type,
@@ -552,11 +579,17 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         quantization=_quant(text),
         mlp_gated=model_type not in _NON_GATED_MLP,
         attention_bias=text.flag("attention_bias") or model_type in ("qwen2", "qwen2_moe"),
+        qk_norm=model_type in _QK_NORM,
+        sandwich_norms=model_type in _SANDWICH_NORMS,
         attention_output_gate=_attention_output_gate(text, model_type),
         rotary_dim=rotary_dim,
         rope_cache_positions=_rope_rows(base, model_type, rope),
         vision_params=read_vision_params(top, hidden),
-        per_layer_input_params=_per_layer_input_params(text, hidden, vocab, num_layers),
+        audio_params=towers.read_audio_params(top, hidden),
+        per_layer_input_params=per_layer_split,
+        per_layer_input_replicated=per_layer_replicated,
+        towers_replicated=towers.replicated(top),
+        towers_whole_params=towers.read_tower_whole_params(top, hidden),
         vision_tower=read_vision_tower(top, hidden),
         mm_prefix_item_tokens=_mm_prefix_item_tokens(top, text, model_type),
         max_len_key=key,

@@ -181,9 +181,14 @@ def _rank_search(c: Candidate) -> tuple[bool, int, int, float, bool]:
 
 
 def _weigh_layouts(
-    model: ModelSpec, gpu: GpuSpec, per_node: int, nodes: int, bounds: ServingBounds,
-    pinned: EngineSettings, plan_kwargs: dict[str, Any],
-) -> list[Candidate]:  # fmt: skip
+    model: ModelSpec,
+    gpu: GpuSpec,
+    per_node: int,
+    nodes: int,
+    bounds: ServingBounds,
+    pinned: EngineSettings,
+    plan_kwargs: dict[str, Any],
+) -> list[Candidate]:
     """The TP x PP layout of ``nodes`` nodes and, for a MoE model over several nodes, its DP x EP layouts."""
     if nodes == 1:  # the single-node planner's answer, as it always was
         plan = compute_plan(model, gpu, per_node, bounds, pinned=pinned, **plan_kwargs)
@@ -203,9 +208,14 @@ def _weigh_layouts(
             bounds, concurrency=math.ceil(bounds.concurrency / dp) if bounds.concurrency else None
         )
         rank_plan = compute_plan(
-            model, gpu, dp_tp, rank_bounds, pinned=pinned.replace(tensor_parallel_size=dp_tp),
-            expert_shards=memory.ExpertShards(dp * dp_tp, expert_parallel=True), **plan_kwargs,
-        )  # fmt: skip
+            model,
+            gpu,
+            dp_tp,
+            rank_bounds,
+            pinned=pinned.replace(tensor_parallel_size=dp_tp),
+            expert_shards=memory.ExpertShards(dp * dp_tp, expert_parallel=True),
+            **plan_kwargs,
+        )
         out.append(Candidate(layout, rank_plan))
     return out
 
@@ -229,9 +239,12 @@ def _rank_budgets(model: ModelSpec, best: Candidate, checkpoint: int | None) -> 
     out = []
     for rank in range(pp):
         weights = memory.compute_weight_bytes(
-            model, tensor_parallel_size=tp, pipeline_parallel_size=pp, pp_rank=rank,
+            model,
+            tensor_parallel_size=tp,
+            pipeline_parallel_size=pp,
+            pp_rank=rank,
             weights_total_bytes=checkpoint,
-        )  # fmt: skip
+        )
         node = f" (node {rank // per_node_stages})" if layout.nodes > 1 else ""
         out.append(RankBudget(f"stage {rank}{node}", model.layer_range(pp, rank), weights / GIB))
     return tuple(out)

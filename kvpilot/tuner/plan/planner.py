@@ -72,13 +72,24 @@ def compute_safe_utilization(
     """
     version = vllm.parse_version(vllm_version)
     r = memory.resolve_settings(
-        model, gpu, settings, version, pipeline_parallel_size,
-        performance_mode=engine.performance_mode, model_runner_v2=engine.model_runner_v2,
-    )  # fmt: skip
+        model,
+        gpu,
+        settings,
+        version,
+        pipeline_parallel_size,
+        performance_mode=engine.performance_mode,
+        model_runner_v2=engine.model_runner_v2,
+    )
     graphs = memory.compute_cuda_graph_bytes(
-        model, gpu, pp=r.pp, max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
-        version=version, performance_mode=r.performance_mode, enforce_eager=engine.enforce_eager,
-    )  # fmt: skip
+        model,
+        gpu,
+        pp=r.pp,
+        max_num_seqs=r.max_num_seqs,
+        max_num_batched_tokens=r.max_num_batched_tokens,
+        version=version,
+        performance_mode=r.performance_mode,
+        enforce_eager=engine.enforce_eager,
+    )
     graph_share = GRAPH_ESTIMATE_ERROR if vllm.subtracts_cuda_graphs(version) else 1.0
     logits = memory.compute_warmup_logits_bytes(model, r)
     headroom = (
@@ -277,9 +288,18 @@ def compute_plan(
     if model.architecture != model.model_type:  # a config without ``architectures`` names its model_type
         vllm.check_architecture_registered(model.architecture, release)
     p = _Planning(
-        model, gpu, gpu_count, bounds, pinned, vllm_version, weights_total_bytes, engine, learned,
-        [release_warning] if release_warning else [], expert_shards,
-    )  # fmt: skip
+        model,
+        gpu,
+        gpu_count,
+        bounds,
+        pinned,
+        vllm_version,
+        weights_total_bytes,
+        engine,
+        learned,
+        [release_warning] if release_warning else [],
+        expert_shards,
+    )
     p.warnings += [vllm.describe_unmodelled_flag(flag) for flag in engine.unmodelled]
     settings = _choose_tensor_parallel(p)
     settings, wanted = _choose_context(p, settings)
@@ -335,9 +355,15 @@ class _Planning:
         """Memoized: the context searches and the suggestions revisit the same settings."""
         if s not in self.budgets:
             self.budgets[s] = _budget(
-                self.model, self.gpu, self.gpu_count, s, self.version, self.weights, self.engine,
+                self.model,
+                self.gpu,
+                self.gpu_count,
+                s,
+                self.version,
+                self.weights,
+                self.engine,
                 self.expert_shards,
-            )  # fmt: skip
+            )
         return self.budgets[s]
 
     def meets(self, budget: MemoryBudget) -> bool:
@@ -468,9 +494,18 @@ def _judge(p: _Planning, settings: EngineSettings, budget: MemoryBudget) -> tupl
         f"fewer than the expected concurrency {bounds.concurrency}."
     )
     suggestions = _suggestions(
-        p.model, p.gpu, p.gpu_count, bounds, settings, p.pinned, p.version, p.budget_of, p.meets, p.engine,
+        p.model,
+        p.gpu,
+        p.gpu_count,
+        bounds,
+        settings,
+        p.pinned,
+        p.version,
+        p.budget_of,
+        p.meets,
+        p.engine,
         p.expert_shards,
-    )  # fmt: skip
+    )
     return False, (why, *suggestions)
 
 
@@ -520,9 +555,16 @@ def _pin_kv_pool(
     pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
     unpinned = settings.replace(gpu_memory_utilization=None)
     pinned = memory.compute_budget(
-        model, gpu, unpinned, pipeline_parallel_size=pp, vllm_version=version, weights_total_bytes=weights,
-        kv_cache_memory_bytes=budget.kv_pool_bytes, expert_shards=expert_shards, **engine.budget_kwargs(),
-    )  # fmt: skip
+        model,
+        gpu,
+        unpinned,
+        pipeline_parallel_size=pp,
+        vllm_version=version,
+        weights_total_bytes=weights,
+        kv_cache_memory_bytes=budget.kv_pool_bytes,
+        expert_shards=expert_shards,
+        **engine.budget_kwargs(),
+    )
     if not pinned.starts:
         return None, settings, budget
     return budget.kv_pool_bytes, unpinned, pinned

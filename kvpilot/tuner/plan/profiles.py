@@ -319,11 +319,17 @@ def compute_learned(record: ProfileRecord, name: str) -> Learned:
     ceiling = round(lowest - UTILIZATION_MARGIN, 2) if lowest is not None else None
     startup = statistics.median(s.seconds for s in record.startups) if record.startups else None
     return Learned(
-        name=name, kv_ratio=ratio, utilization_ceiling=ceiling, lowest_oom_utilization=lowest,
-        kv_samples=len(record.kv), kv_services=services, oom_samples=len(record.ooms),
-        startup_seconds=startup, shared=record.shared,
+        name=name,
+        kv_ratio=ratio,
+        utilization_ceiling=ceiling,
+        lowest_oom_utilization=lowest,
+        kv_samples=len(record.kv),
+        kv_services=services,
+        oom_samples=len(record.ooms),
+        startup_seconds=startup,
+        shared=record.shared,
         namespaces=len({namespace_of(source) for source in record.sources}),
-    )  # fmt: skip
+    )
 
 
 def compute_kv_ceiling(budget: MemoryBudget) -> int:

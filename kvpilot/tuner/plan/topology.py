@@ -60,8 +60,12 @@ def compute_topology_budget(
     ``expert_shards``: the replica is one data-parallel rank of a group (:mod:`.nodes`)."""
     tp = settings.tensor_parallel_size or 1
     return memory.compute_budget(
-        model, gpu, settings.replace(tensor_parallel_size=tp),
+        model,
+        gpu,
+        settings.replace(tensor_parallel_size=tp),
         pipeline_parallel_size=compute_pipeline_parallel(gpu_count, tp),
-        vllm_version=vllm_version, weights_total_bytes=weights_total_bytes, expert_shards=expert_shards,
+        vllm_version=vllm_version,
+        weights_total_bytes=weights_total_bytes,
+        expert_shards=expert_shards,
         **engine.budget_kwargs(),
-    )  # fmt: skip
+    )

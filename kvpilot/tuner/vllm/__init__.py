@@ -4,7 +4,8 @@ Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.ver
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), the flags and variables
 that load code (:mod:`.code_loading`), the untuned flags that change its memory (:mod:`.engine_flags`),
-where its compile caches live and which settings invalidate them (:mod:`.compile_cache`),
+where its compile caches live and which settings invalidate them (:mod:`.compile_cache`), its streaming weight
+loader (:mod:`.loaders`),
 which flags and variables may change it at all (:mod:`.sizing`), its KV-cache dtypes (:mod:`.kv_dtypes`),
 the block size each attention backend asks for on each GPU (:mod:`.block_sizes`), the sparse-attention
 indexer cache
@@ -16,8 +17,8 @@ they never keep a copy.
 A copy is a defect waiting to drift: three did (the closed loop's own batch-default table, the KV-dtype
 list, a hard-coded block size).
 
-The bottom layer of the tuner (``.importlinter``: ``plan | loop`` -> ``memory`` -> ``model`` ->
-``vllm``): it imports nothing of the tuner but its value objects and errors.
+The bottom layer of the tuner (``.importlinter``: ``plan | loop`` -> ``engines`` -> ``memory`` -> ``model``
+-> ``vllm | sglang | tgi``): it imports nothing of the tuner but its value objects and errors.
 """
 
 from kvpilot.tuner.vllm.architectures import (
@@ -129,6 +130,13 @@ from kvpilot.tuner.vllm.kv_dtypes import (
     kv_head_token_bytes,
     resolve_kv_cache_dtype,
 )
+from kvpilot.tuner.vllm.loaders import (
+    LOAD_FORMAT_FLAG,
+    STREAMER_LOAD_FORMAT,
+    STREAMER_PACKAGE,
+    build_loader_args,
+    describe_missing_streamer,
+)
 from kvpilot.tuner.vllm.messages import (
     auto_fit_error,
     free_memory_error,
@@ -170,8 +178,13 @@ from kvpilot.tuner.vllm.unmodelled import (
     list_unmodelled_flags,
 )
 from kvpilot.tuner.vllm.versions import (
+    ACTIVATION_LOG_INCLUDES_GRAPH_ESTIMATE_SINCE,
+    ALLREDUCE_FUSION_CAPABILITIES,
+    ALLREDUCE_FUSION_CAPABILITY_FAMILIES,
     ASYNC_SCHEDULING_SINCE,
     AUTO_MAX_MODEL_LEN,
+    COMMUNICATORS_BEFORE_SNAPSHOT_SINCE,
+    CUSTOM_ALLREDUCE_MAX_PCIE_GPUS,
     MODEL_RUNNER_V2_SINCE,
     NEWEST_MODELLED,
     NULL_BLOCK_IN_CHECK_SINCE,
@@ -190,6 +203,7 @@ from kvpilot.tuner.vllm.versions import (
     gemma4_mm_item_tokens,
     in_flight_batches,
     kv_fit_error_raised_in,
+    logs_graph_estimate_in_activation,
     multiplies_yarn_max_len,
     parse_v2_runner_env,
     parse_version,
@@ -201,6 +215,9 @@ from kvpilot.tuner.vllm.versions import (
 )
 
 __all__ = [
+    "ACTIVATION_LOG_INCLUDES_GRAPH_ESTIMATE_SINCE",
+    "ALLREDUCE_FUSION_CAPABILITIES",
+    "ALLREDUCE_FUSION_CAPABILITY_FAMILIES",
     "ANY_FLAG_CODE_KEYS",
     "ASYNC_SCHEDULING_SINCE",
     "ATTENTION_KERNEL_BLOCK",
@@ -212,9 +229,11 @@ __all__ = [
     "CODE_LOADING_ENV_PREFIXES",
     "CODE_LOADING_FLAGS",
     "CODE_LOADING_KEYS",
+    "COMMUNICATORS_BEFORE_SNAPSHOT_SINCE",
     "COMPILE_HASH_SETTINGS",
     "COMPRESSED_ATTENTION_BLOCK_SIZE",
     "COMPRESSED_ATTENTION_KV_CACHE_DTYPES",
+    "CUSTOM_ALLREDUCE_MAX_PCIE_GPUS",
     "CUTLASS_MLA_BLOCK",
     "CompressedCache",
     "DATA_PARALLEL_SIZE_FLAG",
@@ -241,6 +260,7 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "KV_CACHE_MEMORY_FLAG",
     "KvCacheDeclaration",
+    "LOAD_FORMAT_FLAG",
     "MAMBA_ALIGN_SINCE",
     "MASTER_ADDR_FLAG",
     "MEMORY_NEUTRAL_FLAGS",
@@ -267,6 +287,8 @@ __all__ = [
     "SIZING_ENV_PREFIXES",
     "SIZING_OVERRIDE_FLAGS",
     "SPARSE_MLA_BLOCK",
+    "STREAMER_LOAD_FORMAT",
+    "STREAMER_PACKAGE",
     "TOTAL_CONSUMED_ACCOUNTING_SINCE",
     "UNMODELLED_MEMORY_FLAGS",
     "UNSUPPORTED_FLAGS",
@@ -276,6 +298,7 @@ __all__ = [
     "auto_fit_error",
     "build_cache_env",
     "build_engine_flags",
+    "build_loader_args",
     "build_node_role_args",
     "build_parallel_args",
     "build_vllm_args",
@@ -305,6 +328,7 @@ __all__ = [
     "default_kv_block_size",
     "default_runner_is_v2",
     "describe_change",
+    "describe_missing_streamer",
     "describe_settings",
     "describe_unmodelled_flag",
     "find_flag_values",
@@ -325,6 +349,7 @@ __all__ = [
     "kv_fit_error_raised_in",
     "kv_head_token_bytes",
     "list_unmodelled_flags",
+    "logs_graph_estimate_in_activation",
     "long_max_len_error",
     "mamba2_checkpoint_blocks",
     "mamba_cache_blocks_error",

@@ -97,9 +97,10 @@ def compute_code_loading_flags(args: Iterable[str], allowed: Iterable[str] = ())
     permitted = set(allowed) | set(EXACT_FLAGS)
     flags = [normalise_flag(a) for a in args if a.startswith("--")]
     return [
-        f for f in flags
+        f
+        for f in flags
         if len(f) > 2 and f not in permitted and any(d.startswith(f) for d in CODE_LOADING_FLAGS)
-    ]  # fmt: skip
+    ]
 
 
 def compute_code_loading_keys(args: Sequence[str], allowed: Iterable[str] = ()) -> list[str]:

@@ -162,9 +162,13 @@ def _strip_tuned(tokens: Sequence[str], fields: frozenset[str]) -> list[str]:
 
 
 def rewrite_tuned_flags(
-    command: Sequence[str], args: Sequence[str], found: VllmCommand, settings: EngineSettings,
-    *, keep: frozenset[str] = frozenset({"tensor_parallel_size"}),
-) -> tuple[list[str], list[str]]:  # fmt: skip
+    command: Sequence[str],
+    args: Sequence[str],
+    found: VllmCommand,
+    settings: EngineSettings,
+    *,
+    keep: frozenset[str] = frozenset({"tensor_parallel_size"}),
+) -> tuple[list[str], list[str]]:
     """``(command, args)`` with the tuned flags set to ``settings`` and nothing else changed.
 
     Every tuned flag but those in ``keep`` (the tensor-parallel size is the pod's shape, not tuning) is

@@ -13,7 +13,9 @@ in :mod:`.messages`. The lines, from the released wheels' code (``vllm/v1/worker
   (CPU), ``GPU KV cache size: N tokens`` (``CPU``/``XPU`` on those backends), ``Maximum concurrency for L
   tokens per request: C x`` (one line with the size from 0.28, two before), V0's ``# cuda blocks: N``;
 * CUDA graphs: ``Graph capturing finished in S secs, took X GiB``;
-* compile and start-up: ``torch.compile takes|took S s in total``, ``init engine (...) took S s``;
+* compile and start-up: ``torch.compile takes|took S s in total``, ``init engine (...) took S s``; whether
+  the compile cache was warm: ``Directly load the compiled graph(s) for <shape> from the cache, took S s``
+  (warm) or ``Compiling a graph for <shape> takes S s`` (cold; ``vllm/compilation/backends.py``, 0.7-0.33);
 * serving: the periodic stats line ``Running: R reqs, Waiting: W reqs, GPU KV cache usage: U%`` (V1;
   V0: ``Running: R reqs, Swapped: S reqs, Pending: W reqs, GPU KV cache usage: U%``) and V0's
   ``Sequence group N is preempted by PreemptionMode...``;
@@ -30,13 +32,14 @@ _COUNT = r"([0-9][0-9,]*)"
 
 ENGINE_START = re.compile(r"Initializing a V1 LLM engine|Initializing an LLM engine")
 """An engine begins to start (V1; V0): what follows belongs to a new start-up."""
-MODEL_LOADING = re.compile(
-    r"Model loading took " + _NUM + r" (GiB|GB)(?: memory)? and " + _NUM + r" seconds"
-)
+MODEL_LOADING = re.compile(r"Model loading took " + _NUM + r" (GiB|GB)(?: memory)? and " + _NUM + r" seconds")
 V0_PROFILE = re.compile(
     r"model weights take " + _NUM + r" ?GiB; non_torch_memory takes " + _NUM + r" ?GiB; PyTorch "
-    r"activation peak memory takes " + _NUM + r" ?GiB; the rest of the memory reserved for KV Cache is "
-    + _NUM + r" ?GiB"
+    r"activation peak memory takes "
+    + _NUM
+    + r" ?GiB; the rest of the memory reserved for KV Cache is "
+    + _NUM
+    + r" ?GiB"
 )
 TORCH_PEAK = re.compile(r"torch peak memory increase: " + _NUM + r" ?GiB")
 AVAILABLE_KV = re.compile(r"Available KV cache memory: " + _NUM + r" GiB")
@@ -46,6 +49,10 @@ MAX_CONCURRENCY = re.compile(r"Maximum concurrency for " + _COUNT + r" tokens pe
 V0_BLOCKS = re.compile(r"# (?:cuda|GPU) blocks: " + _COUNT)
 GRAPH_CAPTURE = re.compile(r"Graph capturing finished in " + _NUM + r" secs?, took " + _NUM + r" GiB")
 TORCH_COMPILE = re.compile(r"torch\.compile (?:takes|took) " + _NUM + r" ?s in total")
+COMPILE_CACHE_HIT = re.compile(
+    r"Directly load the compiled graph\(s\) for .+? from the cache, took " + _NUM + r" ?s"
+)
+COMPILE_CACHE_MISS = re.compile(r"Compiling a graph for .+? takes " + _NUM + r" ?s")
 INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _NUM + r" ?s")
 SERVING = re.compile(r"Starting vLLM API server|Application startup complete")
 """The API server is up: what fails after this failed while serving."""

@@ -147,7 +147,10 @@ SERVED: dict[str, tuple[tuple[str, str], ...]] = {
     "Exaone4_5_ForConditionalGeneration": (("0.20", "0.33"),),
     "Exaone4_5_MTP": (("0.20", "0.33"),),
     "ExaoneForCausalLM": (("0.19", "0.33"),),
-    "ExaoneMoEForCausalLM": (("0.19", "0.26"), ("0.32", "0.33"),),
+    "ExaoneMoEForCausalLM": (
+        ("0.19", "0.26"),
+        ("0.32", "0.33"),
+    ),
     "ExaoneMoeForCausalLM": (("0.27", "0.33"),),
     "ExaoneMoeMTP": (("0.19", "0.33"),),
     "ExtractHiddenStatesModel": (("0.19", "0.33"),),

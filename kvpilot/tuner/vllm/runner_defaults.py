@@ -58,21 +58,29 @@ _INKLING = frozenset(
 RUNNER_RULES: Mapping[Version, RunnerRule] = {
     (0, 22): RunnerRule("listed_dense_unquantized", "allowed", True, frozenset({"Qwen3ForCausalLM"})),
     (0, 23): RunnerRule(
-        "listed_dense_unquantized", "allowed", True,
+        "listed_dense_unquantized",
+        "allowed",
+        True,
         frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}),
     ),
     (0, 24): RunnerRule(
-        "listed", "allowed", True,
+        "listed",
+        "allowed",
+        True,
         _DEEPSEEK_QWEN_GRANITE | {"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"},
     ),
     (0, 25): RunnerRule("listed_or_dense", "never", False, _DEEPSEEK_QWEN_GRANITE),
     (0, 26): RunnerRule("listed_or_dense", "never", False, _DEEPSEEK_QWEN_GRANITE | _INKLING),
     (0, 27): RunnerRule(
-        "listed_or_dense", "unless_listed", False,
+        "listed_or_dense",
+        "unless_listed",
+        False,
         _DEEPSEEK_QWEN_GRANITE | _INKLING | {"KimiK3ForConditionalGeneration"},
     ),
     (0, 28): RunnerRule(
-        "listed_or_dense", "unless_listed", False,
+        "listed_or_dense",
+        "unless_listed",
+        False,
         _DEEPSEEK_QWEN_GRANITE | _INKLING | {"KimiK3ForConditionalGeneration", "DeepseekV4ForCausalLM"},
     ),
 }

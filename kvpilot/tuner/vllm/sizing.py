@@ -25,24 +25,54 @@ from kvpilot.tuner.vllm.args import FLAGS, iter_flags
 MEMORY_NEUTRAL_FLAGS = frozenset(
     {
         # the OpenAI-compatible server
-        "--served-model-name", "--api-key", "--root-path", "--allowed-origins", "--allowed-methods",
-        "--allowed-headers", "--allow-credentials", "--ssl-keyfile", "--ssl-certfile", "--ssl-ca-certs",
-        "--ssl-cert-reqs", "--middleware", "--disable-fastapi-docs", "--enable-request-id-headers",
-        "--enable-server-load-tracking", "--enable-force-include-usage", "--enable-prompt-tokens-details",
-        "--return-tokens-as-token-ids", "--response-role", "--max-log-len",
+        "--served-model-name",
+        "--api-key",
+        "--root-path",
+        "--allowed-origins",
+        "--allowed-methods",
+        "--allowed-headers",
+        "--allow-credentials",
+        "--ssl-keyfile",
+        "--ssl-certfile",
+        "--ssl-ca-certs",
+        "--ssl-cert-reqs",
+        "--middleware",
+        "--disable-fastapi-docs",
+        "--enable-request-id-headers",
+        "--enable-server-load-tracking",
+        "--enable-force-include-usage",
+        "--enable-prompt-tokens-details",
+        "--return-tokens-as-token-ids",
+        "--response-role",
+        "--max-log-len",
         # chat templates, tools, reasoning
-        "--chat-template", "--chat-template-content-format", "--enable-auto-tool-choice",
-        "--tool-call-parser", "--tool-parser-plugin", "--reasoning-parser",
+        "--chat-template",
+        "--chat-template-content-format",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "--tool-parser-plugin",
+        "--reasoning-parser",
         # tokenizer and config loading
-        "--tokenizer", "--tokenizer-mode", "--tokenizer-revision", "--trust-remote-code", "--code-revision",
-        "--download-dir", "--generation-config", "--override-generation-config", "--seed",
+        "--tokenizer",
+        "--tokenizer-mode",
+        "--tokenizer-revision",
+        "--trust-remote-code",
+        "--code-revision",
+        "--download-dir",
+        "--generation-config",
+        "--override-generation-config",
+        "--seed",
         # logging
-        "--disable-log-requests", "--enable-log-requests", "--disable-log-stats", "--uvicorn-log-level",
-        "--disable-uvicorn-access-log", "--enable-log-outputs",
+        "--disable-log-requests",
+        "--enable-log-requests",
+        "--disable-log-stats",
+        "--uvicorn-log-level",
+        "--disable-uvicorn-access-log",
+        "--enable-log-outputs",
         # weights of the model's own dtype size (kvpilot.tuner.vllm.check_dtype refuses any other)
         "--dtype",
     }
-)  # fmt: skip
+)
 """Untuned vLLM 0.33 flags known not to change what the engine holds in GPU memory."""
 
 SIZING_ENV_PREFIXES = ("VLLM_", "PYTORCH_", "TORCH_", "CUDA_", "NCCL_")

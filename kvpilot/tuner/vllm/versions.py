@@ -216,6 +216,45 @@ def charges_total_consumed(version: Version) -> bool:
     return version >= TOTAL_CONSUMED_ACCOUNTING_SINCE
 
 
+ACTIVATION_LOG_INCLUDES_GRAPH_ESTIMATE_SINCE: Version = (0, 27)
+"""From this release the "peak activation" of the start-up summary line ("Actual usage is X GiB for consumed
+memory (weights + non-torch), Y GiB for peak activation, and Z GiB for CUDAGraph memory") is the transient
+headroom plus the applied CUDA-graph estimate (``v1/worker/gpu_worker.py:528`` in 0.27.1:
+``peak_activation_memory = transient_peak_headroom + cudagraph_memory_estimate_applied``); 0.19-0.26 log the
+torch peak increase alone (0.26.0 ``gpu_worker.py:526``). The "CUDAGraph memory" of that line is the pool
+``capture_model`` measured afterwards, not the estimate the budget subtracted. Read from every wheel by
+``bench/vllm_release_facts.py`` (``profiler`` in ``tests/data/vllm_release_facts.json``)."""
+
+
+def logs_graph_estimate_in_activation(version: Version) -> bool:
+    """Whether the release's logged peak activation holds the CUDA-graph estimate
+    (:data:`ACTIVATION_LOG_INCLUDES_GRAPH_ESTIMATE_SINCE`): compare it with activation + graphs."""
+    return version >= ACTIVATION_LOG_INCLUDES_GRAPH_ESTIMATE_SINCE
+
+
+COMMUNICATORS_BEFORE_SNAPSHOT_SINCE: Version = (0, 19)
+"""Every modelled release (0.19-0.33) takes the init snapshot, the free memory every budget term is measured
+from, after ``init_worker_distributed_environment`` (``v1/worker/gpu_worker.py::Worker.init_device``: lines
+263 and 282 in 0.19.1, 376 and 395 in 0.27.1, 504 and 541 in 0.33.0): the buffers of vLLM's own
+communicators (pynccl, custom all-reduce, symmetric memory) are never charged. What tensor parallelism adds
+to non-torch memory is created after it, lazily: NCCL's channels as collectives first run, and the FlashInfer
+all-reduce fusion workspace, built while compiling on the capabilities of
+:data:`ALLREDUCE_FUSION_CAPABILITIES` only. Custom all-reduce itself refuses more than
+:data:`CUSTOM_ALLREDUCE_MAX_PCIE_GPUS` PCIe-only GPUs
+(``distributed/device_communicators/custom_all_reduce.py``)."""
+
+ALLREDUCE_FUSION_CAPABILITIES: tuple[int, ...] = (90,)
+"""``config/vllm.py::enable_allreduce_rms_fusion`` (0.19-0.33): ``is_device_capability(90)`` exactly, or a
+family of :data:`ALLREDUCE_FUSION_CAPABILITY_FAMILIES`; never the RTX (12.x), Ada (8.9) or Ampere (8.0)
+parts, nor tensor parallelism beside pipeline or data parallelism."""
+
+ALLREDUCE_FUSION_CAPABILITY_FAMILIES: tuple[int, ...] = (100,)
+"""``is_device_capability_family(100)``: the 10.x Blackwell data-centre parts."""
+
+CUSTOM_ALLREDUCE_MAX_PCIE_GPUS = 2
+"""Custom all-reduce is disabled "on more than two PCIe-only GPUs" in every modelled release."""
+
+
 MODEL_RUNNER_V2_SINCE: Version = V2_BY_DEFAULT_SINCE
 """The first release that runs Model Runner V2 (``vllm/v1/worker/gpu/``) for every generate model by
 default; 0.22-0.28 choose by model (:mod:`kvpilot.tuner.vllm.runner_defaults`), 0.19-0.21 run V1."""

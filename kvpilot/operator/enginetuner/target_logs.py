@@ -1,0 +1,39 @@
+"""The previous logs of an EngineTuner target's restarts, read as an InferenceService's are.
+
+kubelet's termination message holds the last 80 lines / 2 KiB of a crash; after a real vLLM start-up failure
+the ValueError that says why sits further up, under the API server's traceback. So, as for an
+InferenceService's pods, a restart of the target's vLLM container that its termination message does not
+explain is classified from the previous container's log, read once per restart through the one shared
+reader (:func:`kvpilot.operator.pods.pod_status.read_restart_logs`), or says why that log could not be read
+(:mod:`kvpilot.operator.clients.pod_logs`). :func:`kvpilot.operator.enginetuner.target_loop.build_views`
+takes what this module read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvpilot.operator.clients.kube import IO_POOL, TargetKube
+from kvpilot.operator.enginetuner import target_loop
+from kvpilot.operator.pods import pod_status
+
+
+def read_logs(
+    kube: TargetKube, namespace: str, pods: Sequence[Mapping[str, Any]], container: str
+) -> dict[str, pod_status.PreviousLog]:
+    """The previous logs of the pods' vLLM ``container`` whose restarts need them, by pod (blocking)."""
+    only = [target_loop.with_container(pod, container) for pod in pods]
+    return pod_status.read_restart_logs(kube, namespace, only, container)
+
+
+async def fetch_logs(
+    kube: TargetKube | None, namespace: str, pods: Sequence[Mapping[str, Any]], container: str
+) -> dict[str, pod_status.PreviousLog]:
+    """:func:`read_logs` in the operator's I/O threads; nothing without a client."""
+    if kube is None:
+        return {}
+    return await asyncio.get_running_loop().run_in_executor(
+        IO_POOL, read_logs, kube, namespace, pods, container
+    )

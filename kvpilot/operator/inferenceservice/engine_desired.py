@@ -1,0 +1,52 @@
+"""What the operator applies for an InferenceService of another engine than vLLM (``spec.engine.kind``).
+
+:func:`build_engine_manifests` asks :mod:`kvpilot.operator.planning.engines` for the engine's plan and
+container (SGLang: its own memory model and flags; TGI: ``EngineNotSupported``) and renders the same
+Service, Deployment, weight cache and PodDisruptionBudget as for vLLM
+(:func:`kvpilot.operator.pods.workloads.build_deployment` with the engine's container). The Service keeps
+port 8000 (named ``http``), which reaches the engine's own port in the pod, so clients do not change with
+the engine. Pure: applies nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvpilot.operator import api
+from kvpilot.operator.planning import engines, resolve
+from kvpilot.operator.planning.engines import EnginePlan
+from kvpilot.operator.pods import workloads
+from kvpilot.tuner.types import EngineSettings
+
+__all__ = ["EnginePlan", "build_engine_manifests", "plans_itself"]
+
+
+def plans_itself(spec: api.InferenceServiceSpec) -> bool:
+    """Whether ``spec``'s engine has a planner of its own (:data:`..planning.engines.PLANNERS`)."""
+    return spec.engine.kind in engines.PLANNERS
+
+
+def build_engine_manifests(
+    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs
+) -> tuple[EnginePlan, list[dict[str, Any]]]:
+    """The engine's plan and the manifests in apply order (claim, Service, Deployment, budget); raises
+    EngineNotSupported, InvalidSpec or InfeasiblePlan before anything is built."""
+    plan = engines.compute_engine_plan(spec, inputs)
+    checkpoint = resolve.compute_checkpoint_bytes(inputs.model)
+    deployment = workloads.build_deployment(
+        metadata,
+        spec,
+        EngineSettings(),
+        (),
+        inputs.gpu.products,
+        checkpoint_bytes=checkpoint,
+        engine=workloads.EngineContainer(plan.serving, plan.args),
+    )
+    manifests = [
+        *workloads.build_claims(metadata, spec, checkpoint),
+        workloads.build_service(metadata, spec),
+        deployment,
+        *workloads.build_pod_disruption_budget(metadata, spec),
+    ]
+    return plan, manifests

@@ -1,0 +1,181 @@
+"""The engine a service runs (``spec.engine.kind``), as the operator asks it: how its pod serves, its planner.
+
+Every engine fact comes from the tuner's seam (:mod:`kvpilot.tuner.engines`: command, port, health and
+metrics paths, the flag that turns metrics on) and from that engine's own package (its flags, its planner);
+this module only chooses, per kind, in one table (:data:`PLANNERS`):
+
+* **vLLM**: planned and rendered by :mod:`.modes` and :mod:`kvpilot.operator.pods.workloads` (its own path,
+  with the tuning modes, profiles and the closed loop).
+* **SGLang**: planned with SGLang's own memory model (:func:`kvpilot.tuner.engines.plan_sglang_budget`:
+  ``--mem-fraction-static`` covers weights + KV pool), rendered as ``python3 -m sglang.launch_server
+  --model-path M --host 0.0.0.0 --port 30000`` + the planned flags + ``--enable-metrics`` + extra args.
+  The closed loop has no SGLang rules yet: it holds (:data:`CLOSED_LOOP_KINDS`).
+* **TGI**: refused with ``EngineNotSupported`` (no TGI memory model yet): never a guess.
+
+Pure; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvpilot.operator import api, errors
+from kvpilot.operator.planning import resolve
+from kvpilot.tuner import engines, sglang
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner.engines import Serving
+from kvpilot.tuner.types import GIB
+
+CLOSED_LOOP_KINDS: frozenset[api.EngineKind] = frozenset({"vLLM"})
+"""The engines whose pods the closed loop retunes; for the others it holds and says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePlan:
+    """A non-vLLM engine's plan and the container that runs it, in the engine's own terms."""
+
+    kind: api.EngineKind
+    serving: Serving
+    args: tuple[str, ...]
+    """The container's arguments, after :attr:`Serving.command`."""
+    planned: tuple[str, ...]
+    """The flags the planner chose (deployed in mode Auto; Recommend and Off leave them to the engine)."""
+    summary: str
+    """One line for the ``Planned`` condition: the flags and what they hold."""
+    explanation: tuple[str, ...]
+    """The budget, step by step (as ``kvpilot plan --engine`` prints it)."""
+    mode: str
+    """``spec.tuning.mode``: Auto deploys :attr:`planned`, Recommend and Off leave them to the engine."""
+    gpu_count: int
+
+
+def is_tuned_by_closed_loop(spec: api.InferenceServiceSpec) -> bool:
+    return spec.engine.kind in CLOSED_LOOP_KINDS
+
+
+def compute_engine_plan(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -> EnginePlan:
+    """The plan and container of a non-vLLM engine; EngineNotSupported, InvalidSpec or InfeasiblePlan."""
+    planner = PLANNERS.get(spec.engine.kind)
+    if planner is None:
+        raise ValueError(f"{spec.engine.kind} is planned by kvpilot.operator.planning.modes")
+    return planner(spec, inputs)
+
+
+# --- SGLang -------------------------------------------------------------------------------------------
+
+
+def _check_sglang_spec(spec: api.InferenceServiceSpec) -> None:
+    """What the SGLang path does not take yet, said plainly."""
+    if spec.gpu.nodes_per_replica > 1:
+        raise errors.EngineNotSupported(
+            "SGLang over several nodes (gpu.nodesPerReplica > 1) is not rendered yet; use one node per "
+            "replica"
+        )
+    if spec.engine.pinned.wire():
+        raise errors.InvalidSpec(
+            "spec.engine.pinned holds vLLM flags, which SGLang does not take; leave it empty for SGLang "
+            "(the context comes from serving.maxContextLength)"
+        )
+    rendered = {sglang.MODEL_FLAG, sglang.HOST_FLAG, sglang.PORT_FLAG, *sglang.FLAGS.values()}
+    for arg in spec.engine.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in rendered:
+            raise errors.InvalidSpec(
+                f"{flag} in spec.engine.extraArgs is a flag kvpilot renders for SGLang; drop it (the "
+                "context: serving.maxContextLength; the GPUs: gpu.count and gpu.tensorParallelSize)"
+            )
+
+
+CONTEXT_STEP = 1024
+"""A context shortened to fit the pool is rounded down to a multiple of this."""
+
+
+def _sglang_settings(spec: api.InferenceServiceSpec, context: int | None) -> sglang.SglangSettings:
+    """As ``kvpilot plan --engine sglang`` asks: ``serving.concurrency`` for ``--max-running-requests``; TP
+    ``gpu.tensorParallelSize`` (every GPU when unset), the pod's other GPUs pipeline stages."""
+    tp = spec.gpu.tensor_parallel_size or spec.gpu.count
+    pp = spec.gpu.count // tp
+    return sglang.SglangSettings(
+        context_length=context,
+        max_running_requests=spec.serving.concurrency,
+        tp_size=tp,
+        pp_size=pp if pp > 1 else None,
+    )
+
+
+def compute_sglang_budget(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -> engines.SglangBudget:
+    """The longest context up to ``serving.maxContextLength`` (at most the model's own, which is the
+    default) whose one
+    request fits SGLang's pool: the pool does not depend on the context, so a context that does not fit is
+    shortened to the pool (rounded down to :data:`CONTEXT_STEP`), unless that falls below
+    ``serving.minContextLength``; the budget returned is then infeasible."""
+    model, gpu, weights = inputs.model.spec, inputs.gpu.gpu, inputs.model.checkpoint_bytes
+    wanted = spec.serving.max_context_length
+    settings = _sglang_settings(spec, min(wanted, model.max_model_len) if wanted else None)
+    budget = engines.plan_sglang_budget(model, gpu, settings, weights_total_bytes=weights)
+    shorter = budget.max_total_tokens // CONTEXT_STEP * CONTEXT_STEP or budget.max_total_tokens
+    if budget.feasible or shorter < max(1, spec.serving.min_context_length or 1):
+        return budget
+    settings = _sglang_settings(spec, shorter)
+    return engines.plan_sglang_budget(model, gpu, settings, weights_total_bytes=weights)
+
+
+def _sglang_args(spec: api.InferenceServiceSpec, planned: Sequence[str], serving: Serving) -> list[str]:
+    args = [sglang.MODEL_FLAG, spec.model.id]
+    if spec.model.revision:
+        args += [sglang.REVISION_FLAG, spec.model.revision]
+    return [
+        *args,
+        sglang.HOST_FLAG,
+        "0.0.0.0",
+        sglang.PORT_FLAG,
+        str(serving.port),
+        *planned,
+        *serving.metrics_args,
+        *spec.engine.extra_args,
+    ]
+
+
+def plan_sglang(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -> EnginePlan:
+    """SGLang's budget for the spec (the planner of ``kvpilot plan --engine sglang``), its flags in mode
+    Auto; InfeasiblePlan when one full-context request does not fit the pool."""
+    _check_sglang_spec(spec)
+    gpu = inputs.gpu.gpu
+    budget = compute_sglang_budget(spec, inputs)
+    explanation = tuple(engines.explain_sglang_budget(budget))
+    if not budget.feasible:
+        raise tuner_errors.InfeasiblePlan(
+            f"{spec.model.id} on {spec.gpu.count}x {gpu.name} (SGLang {sglang.PINNED_SGLANG_VERSION}): "
+            f"{explanation[-1]}"
+        )
+    planned = tuple(sglang.build_sglang_args(budget.rendered))
+    serving = engines.lookup_engine("SGLang").serving
+    mode = spec.tuning.mode
+    args = tuple(_sglang_args(spec, planned if mode == "Auto" else (), serving))
+    summary = (
+        f"SGLang {sglang.PINNED_SGLANG_VERSION}: {' '.join(planned)}; KV pool "
+        f"{budget.pool_bytes / GIB:.2f} GiB = {budget.max_total_tokens} tokens, "
+        f"{budget.full_context_requests} request(s) at --context-length"
+    )
+    return EnginePlan("SGLang", serving, args, planned, summary, explanation, mode, spec.gpu.count)
+
+
+# --- TGI ----------------------------------------------------------------------------------------------
+
+
+def refuse_tgi(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -> EnginePlan:
+    """TGI: its flags, failures and metrics are known (:mod:`kvpilot.tuner.tgi`), its memory not."""
+    raise errors.EngineNotSupported(
+        f"engine.kind TGI is not planned yet: kvpilot has no TGI memory model (how --max-batch-total-tokens "
+        f"follows from the memory free after TGI {engines.lookup_engine('TGI').release}'s warm-up), so it "
+        "cannot size --max-total-tokens, --max-batch-prefill-tokens or --cuda-memory-fraction for "
+        f"{spec.model.id} and deploys nothing rather than guess; use engine.kind vLLM or SGLang"
+    )
+
+
+PLANNERS: dict[api.EngineKind, Callable[[api.InferenceServiceSpec, resolve.Inputs], EnginePlan]] = {
+    "SGLang": plan_sglang,
+    "TGI": refuse_tgi,
+}
+"""Each non-vLLM engine's planner (vLLM's: :func:`kvpilot.operator.planning.modes.compute_feasible_plan`)."""

@@ -1,0 +1,105 @@
+"""SGLang's flags that kvpilot renders, and the settings value they render from.
+
+Part of :mod:`kvpilot.tuner.sglang` (every SGLang fact lives there). Spellings are those of SGLang
+0.5.23's ``ServerArgs`` fields (``arg_groups/fields/``, one flag per field, ``_`` -> ``-``);
+``tests/contract/test_contract_sglang.py`` parses every rendering below with ``ServerArgs.add_cli_args``
+and compares the values it reads back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from kvpilot.tuner import errors
+
+FLAGS: Mapping[str, str] = {
+    "context_length": "--context-length",
+    "mem_fraction_static": "--mem-fraction-static",
+    "max_running_requests": "--max-running-requests",
+    "max_total_tokens": "--max-total-tokens",
+    "chunked_prefill_size": "--chunked-prefill-size",
+    "max_prefill_tokens": "--max-prefill-tokens",
+    "schedule_conservativeness": "--schedule-conservativeness",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "page_size": "--page-size",
+    "tp_size": "--tp-size",
+    "pp_size": "--pp-size",
+}
+"""``ServerArgs`` field -> its flag, for every field :class:`SglangSettings` renders."""
+
+MODEL_FLAG = "--model-path"
+REVISION_FLAG = "--revision"
+"""The checkpoint's branch, tag or commit (``fields/model.py`` line 122)."""
+HOST_FLAG = "--host"
+PORT_FLAG = "--port"
+ENABLE_METRICS_FLAG = "--enable-metrics"
+"""Off by default (``fields/observability.py`` line 70): without it SGLang exposes no metrics."""
+
+KV_CACHE_DTYPE_BYTES: Mapping[str, float | None] = {
+    "auto": None,
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+"""The ``--kv-cache-dtype`` choices kvpilot sizes (``None``: the model's dtype). SGLang 0.5.23 also
+accepts ``mxfp8``, ``nvfp4`` and ``fp4_mx_block16`` (``fields/model.py`` line 197), whose scale buffers
+kvpilot does not model: refused."""
+
+
+@dataclass(frozen=True)
+class SglangSettings:
+    """The SGLang server arguments kvpilot chooses (``None``: SGLang's own default)."""
+
+    context_length: int | None = None
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int | None = None
+    schedule_conservativeness: float | None = None
+    kv_cache_dtype: str | None = None
+    page_size: int | None = None
+    tp_size: int | None = None
+    pp_size: int | None = None
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str | None) -> str:
+    """The dtype (``auto`` when unset); one kvpilot cannot size is an error naming those it can."""
+    name = kv_cache_dtype or "auto"
+    if name not in KV_CACHE_DTYPE_BYTES:
+        raise errors.InvalidEngineArgs(
+            f"SGLang --kv-cache-dtype {name!r} is not modelled; kvpilot sizes {sorted(KV_CACHE_DTYPE_BYTES)}"
+        )
+    return name
+
+
+def check_settings(settings: SglangSettings) -> None:
+    """Refuse values SGLang would refuse or kvpilot cannot size, with the flag's name."""
+    check_kv_cache_dtype(settings.kv_cache_dtype)
+    fraction = settings.mem_fraction_static
+    if fraction is not None and not 0 < fraction <= 1:
+        raise errors.InvalidEngineArgs(f"--mem-fraction-static must be in (0, 1], got {fraction}")
+    for name in (
+        "context_length",
+        "max_running_requests",
+        "max_total_tokens",
+        "page_size",
+        "tp_size",
+        "pp_size",
+    ):
+        value = getattr(settings, name)
+        if value is not None and value < 1:
+            raise errors.InvalidEngineArgs(f"{FLAGS[name]} must be at least 1, got {value}")
+
+
+def build_sglang_args(settings: SglangSettings) -> list[str]:
+    """The flags for ``settings``, in :data:`FLAGS`' order; unset fields are left to SGLang."""
+    check_settings(settings)
+    args: list[str] = []
+    for field in fields(settings):
+        value = getattr(settings, field.name)
+        if value is not None:
+            args += [FLAGS[field.name], str(value)]
+    return args

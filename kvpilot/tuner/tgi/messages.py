@@ -1,0 +1,57 @@
+"""What TGI prints when it will not start or refuses a request: the texts, and their parser.
+
+Part of :mod:`kvpilot.tuner.tgi` (every TGI fact lives there). At ``v3.3.7``:
+``server/text_generation_server/models/flash_causal_lm.py`` lines 1551-1552 (the warm-up prefill does not
+fit), ``backends/v3/src/lib.rs`` line 181 (the inferred batch cannot hold one request),
+``router/src/infer/mod.rs`` line 412 (429 beyond ``--max-concurrent-requests``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+FailureKind = Literal["prefill_too_large", "total_tokens_too_large", "overloaded"]
+
+OVERLOADED = "Model is overloaded"
+
+
+@dataclass(frozen=True)
+class TgiFailure:
+    kind: FailureKind
+    tokens: int | None
+    """The token count the text names (``None`` for ``overloaded``)."""
+    line: str
+
+
+def prefill_tokens_error(num_tokens: int) -> str:
+    return (
+        f"Not enough memory to handle {num_tokens} prefill tokens. "
+        "You need to decrease `--max-batch-prefill-tokens`"
+    )
+
+
+def max_total_tokens_error(max_total_tokens: int) -> str:
+    return f"Not enough memory to handle `max_total_tokens={max_total_tokens}`"
+
+
+_PREFILL = re.compile(r"Not enough memory to handle (\d+) prefill tokens")
+_TOTAL = re.compile(r"Not enough memory to handle `max_total_tokens=(\d+)`")
+
+
+def _line_at(log: str, start: int) -> str:
+    begin = log.rfind("\n", 0, start) + 1
+    end = log.find("\n", start)
+    return log[begin : end if end >= 0 else len(log)].strip()
+
+
+def classify_log(log: str) -> TgiFailure | None:
+    """The failure a launcher or router log shows; ``None`` when it shows none."""
+    if found := _PREFILL.search(log):
+        return TgiFailure("prefill_too_large", int(found.group(1)), _line_at(log, found.start()))
+    if found := _TOTAL.search(log):
+        return TgiFailure("total_tokens_too_large", int(found.group(1)), _line_at(log, found.start()))
+    if (at := log.find(OVERLOADED)) >= 0:
+        return TgiFailure("overloaded", None, _line_at(log, at))
+    return None

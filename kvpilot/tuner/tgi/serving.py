@@ -1,0 +1,25 @@
+"""How a TGI pod serves, and what it says about itself: command, port, paths and metric series.
+
+Part of :mod:`kvpilot.tuner.tgi` (every TGI fact lives there). At ``v3.3.7``: the image's entry point runs
+``text-generation-launcher`` (``Dockerfile`` lines 240-249) with ``PORT=80`` set (line 149); the router
+serves ``GET /health`` and ``GET /metrics`` (``router/src/server.rs`` lines 2241-2243). Series from
+``docs/source/reference/metrics.md`` and ``backends/v3/src/lib.rs`` line 138.
+"""
+
+from __future__ import annotations
+
+CONTAINER_NAME = "tgi"
+SERVE_COMMAND: tuple[str, ...] = ("text-generation-launcher",)
+PORT = 80
+HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+
+QUEUE_SIZE = "tgi_queue_size"
+BATCH_CURRENT_SIZE = "tgi_batch_current_size"
+BATCH_CURRENT_MAX_TOKENS = "tgi_batch_current_max_tokens"
+BATCH_MAX_TOTAL_TOKENS = "tgi_batch_max_total_tokens"
+"""The inferred (or given) ``--max-batch-total-tokens``: the KV capacity in tokens."""
+REQUEST_DURATION = "tgi_request_duration"
+REQUEST_QUEUE_DURATION = "tgi_request_queue_duration"
+TIME_PER_TOKEN = "tgi_request_mean_time_per_token_duration"
+REQUEST_FAILURE = "tgi_request_failure"

@@ -1,0 +1,308 @@
+"""``spec.engine.kind``: the engine a service runs, as the operator renders, plans and refuses it.
+
+SGLang is planned with its own memory model and rendered from the tuner's seam; TGI is refused with
+``EngineNotSupported``; the kind is fixed at creation (a CEL transition rule the API server runs: the e2e
+suite changes it on a real one, ``e2e/test_operator.py``). The flags parse with SGLang's own parser in
+``tests/contract/test_contract_sglang_render.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import logging
+import typing
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+from closed_loop_fakes import LoopHarness, window
+from operator_fakes import Harness, condition, isvc
+
+from kvpilot import cli
+from kvpilot.operator import api, errors
+from kvpilot.operator.clients.kube import FIELD_MANAGER
+from kvpilot.operator.inferenceservice import desired, drift, render
+from kvpilot.tuner import engines, gpus, sglang
+from kvpilot.tuner.model import build_model_spec, lookup_model_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23"
+TGI_IMAGE = "ghcr.io/huggingface/text-generation-inference:3.3.7"
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def _kind_schema() -> dict[str, Any]:
+    crd = yaml.safe_load((ROOT / "crds" / "inferenceservices.kvpilot.io.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    engine = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["engine"]
+    return dict(engine["properties"]["kind"])
+
+
+def sglang_isvc(**spec: Any) -> dict[str, Any]:
+    engine = {"kind": "SGLang", "image": SGLANG_IMAGE, **spec.pop("engine", {})}
+    return isvc(engine=engine, **spec)
+
+
+def container(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = next(m for m in manifests if m["kind"] == "Deployment")
+    return dict(deployment["spec"]["template"]["spec"]["containers"][0])
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def test_the_kinds_are_the_seams_and_the_crds() -> None:
+    assert typing.get_args(api.EngineKind) == engines.KINDS == tuple(_kind_schema()["enum"])
+    assert _kind_schema()["default"] == api.Engine().kind == "vLLM"
+
+
+def test_the_kind_is_fixed_at_creation_by_a_cel_rule_that_says_what_to_do() -> None:
+    (rule,) = _kind_schema()["x-kubernetes-validations"]
+    assert rule["rule"] == "self == oldSelf"
+    assert (
+        "engine.kind cannot change" in rule["message"] and "create a new InferenceService" in rule["message"]
+    )
+
+
+def test_another_engine_with_the_vllm_image_is_refused() -> None:
+    with pytest.raises(errors.InvalidSpec, match="engine.image is a vLLM image"):
+        desired.parse_spec({"model": {"id": LLAMA_8B}, "engine": {"kind": "SGLang"}})
+    desired.parse_spec({"model": {"id": LLAMA_8B}, "engine": {"kind": "SGLang", "image": SGLANG_IMAGE}})
+
+
+def test_sglang_renders_the_seams_container_and_sglangs_plan() -> None:
+    body = sglang_isvc(serving={"maxContextLength": 16384})
+    c = container(render.build_manifests(body))
+    serving = engines.lookup_engine("SGLang").serving
+    assert (c["name"], c["command"], c["image"]) == (
+        serving.container_name,
+        list(serving.command),
+        SGLANG_IMAGE,
+    )
+    assert c["ports"] == [{"name": "http", "containerPort": serving.port, "protocol": "TCP"}]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": serving.health_path, "port": "http"}
+    args = c["args"]
+    assert args[:2] == [sglang.MODEL_FLAG, LLAMA_8B] and flag(args, sglang.PORT_FLAG) == str(serving.port)
+    assert sglang.ENABLE_METRICS_FLAG in args
+    spec = build_model_spec(lookup_model_config(LLAMA_8B))
+    settings = sglang.SglangSettings(context_length=16384, tp_size=1)
+    budget = engines.plan_sglang_budget(spec, gpus.lookup_gpu("L4"), settings)
+    assert budget.feasible
+    for name, value in (
+        ("--context-length", "16384"),
+        ("--mem-fraction-static", str(budget.settings.mem_fraction_static)),
+        ("--chunked-prefill-size", str(budget.settings.chunked_prefill_size)),
+        ("--tp-size", "1"),
+    ):
+        assert flag(args, name) == value, name
+    assert not any(a.startswith("--gpu-memory-utilization") or a == "--max-model-len" for a in args)
+
+
+def test_sglang_pod_annotations_and_service_reach_its_port() -> None:
+    manifests = render.build_manifests(sglang_isvc(serving={"maxContextLength": 8192}))
+    deployment = next(m for m in manifests if m["kind"] == "Deployment")
+    service = next(m for m in manifests if m["kind"] == "Service")
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "30000" and annotations["prometheus.io/path"] == "/metrics"
+    assert service["spec"]["ports"][0]["targetPort"] == "http"  # the named port: 30000 in the pod
+
+
+def test_sglang_shortens_a_context_that_does_not_fit_its_pool_but_not_below_the_minimum() -> None:
+    """On an L4, Llama-3.1-8B's SGLang pool holds ~24K tokens: 32K does not fit one request."""
+    args = container(render.build_manifests(sglang_isvc(serving={"maxContextLength": 32768})))["args"]
+    context = int(flag(args, "--context-length") or 0)
+    assert 16384 <= context < 32768 and context % 1024 == 0
+    body = sglang_isvc(serving={"minContextLength": 30000, "maxContextLength": 32768})
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(body)
+    assert info.value.reason == "Infeasible" and "SGLang 0.5.23" in info.value.message
+
+
+def test_sglang_modes_recommend_and_off_leave_the_memory_to_sglang() -> None:
+    for mode in ("Recommend", "Off"):
+        args = container(render.build_manifests(sglang_isvc(tuning={"mode": mode})))["args"]
+        assert "--mem-fraction-static" not in args and "--context-length" not in args
+        assert sglang.ENABLE_METRICS_FLAG in args
+
+
+@pytest.mark.parametrize(
+    ("engine", "match"),
+    [
+        ({"extraArgs": ["--port", "9000"]}, "--port in spec.engine.extraArgs"),
+        ({"extraArgs": ["--mem-fraction-static=0.5"]}, "--mem-fraction-static in spec.engine.extraArgs"),
+        ({"pinned": {"maxNumSeqs": 8}}, "engine.pinned holds vLLM flags"),
+    ],
+)
+def test_sglang_refuses_what_it_does_not_take(engine: dict[str, Any], match: str) -> None:
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(sglang_isvc(engine=engine))
+    assert info.value.reason == "InvalidSpec" and match in info.value.message
+
+
+def test_sglang_over_several_nodes_is_not_supported_yet() -> None:
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(sglang_isvc(gpu={"count": 8, "product": "H100-SXM", "nodesPerReplica": 2}))
+    assert info.value.reason == "EngineNotSupported"
+
+
+async def test_sglang_reconciles_with_its_plan_in_status(harness: Harness) -> None:
+    body = sglang_isvc(serving={"maxContextLength": 16384})
+    await harness.run(body)
+    service, deployment = harness.kube.applied
+    assert (service["kind"], deployment["kind"]) == ("Service", "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["name"] == "sglang"
+    st = body["status"]
+    assert condition(body, "Ready")["status"] == "True" and "SGLang" in condition(body, "Ready")["message"]
+    planned = condition(body, "Planned")
+    assert planned["status"] == "True" and "--mem-fraction-static" in planned["message"]
+    assert "KV pool" in planned["message"] and "tokens" in planned["message"]
+    assert "applied" not in st and "budget" not in st  # vLLM's settings: the closed loop waits on them
+    assert st["gpu"]["catalogueName"] == "L4" and st["gpu"]["count"] == 1
+    normal = [(reason, text) for type_, reason, text in harness.emitter.events if type_ == "Normal"]
+    assert [reason for reason, _ in normal] == ["Planned"] and "SGLang 0.5.23" in normal[0][1]
+
+
+async def test_tgi_is_refused_with_what_is_missing_and_nothing_applied(harness: Harness) -> None:
+    body = isvc(engine={"kind": "TGI", "image": TGI_IMAGE})
+    with pytest.raises(kopf.PermanentError):
+        await harness.run(body)
+    ready = condition(body, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "EngineNotSupported")
+    assert "no TGI memory model" in ready["message"] and "3.3.7" in ready["message"]
+    assert condition(body, "Planned")["reason"] == "EngineNotSupported"
+    assert harness.emitter.events[-1][:2] == ("Warning", "EngineNotSupported")
+    assert harness.kube.applied == []
+
+
+SGLANG_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+@pytest.mark.parametrize("mode", ["Auto", "Recommend"])
+async def test_the_closed_loop_holds_an_sglang_service_and_says_why(harness: Harness, mode: str) -> None:
+    """A crash-looping SGLang pod with a CUDA OOM: vLLM's remedy (lower --gpu-memory-utilization) is never
+    applied; the loop reads no metrics, writes ``ClosedLoop=False`` once (reason EngineNotTuned) with a
+    ``Held`` event, and leaves the Deployment alone on every later tick."""
+    loop = LoopHarness(harness)
+    body = sglang_isvc(serving={"maxContextLength": 16384}, tuning={"mode": mode})
+    await harness.run(body)
+    applied = len(harness.kube.applied)
+    loop.window = window(loop.now, kv=0.99, waiting=40)  # pressure a vLLM service would be retuned for
+    loop.healthy_pods(restarts=2, message=SGLANG_OOM, finished=loop.now + 10, ready=False, crash_loop=True)
+    assert await loop.tick(body) is None
+    held = condition(body, "ClosedLoop")
+    assert (held["status"], held["reason"]) == ("False", "EngineNotTuned")
+    assert "no SGLang rules yet" in held["message"]
+    assert ("reconciler's plan" if mode == "Auto" else "mode Recommend") in held["message"]
+    assert harness.emitter.reasons.count("Held") == 1
+    for _ in range(3):
+        assert await loop.tick(body) is None
+    assert harness.kube.take_status_patches("ns1", "llm") == []  # written once
+    assert harness.emitter.reasons.count("Held") == 1
+    assert len(harness.kube.applied) == applied and loop.fetches == 0
+    assert condition(body, "Ready")["status"] == "True" and "applied" not in body["status"]
+
+
+async def test_the_closed_loop_does_not_hold_a_vllm_service(harness: Harness) -> None:
+    loop = LoopHarness(harness)
+    body = isvc(serving={"maxContextLength": 16384})
+    await harness.run(body)
+    loop.healthy_pods()
+    await loop.tick(body)
+    assert loop.fetches == 1
+    assert all(c["type"] != "ClosedLoop" for c in body["status"]["conditions"])
+
+
+def test_kvpilot_render_prints_the_sglang_example() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(
+        ["render", "-f", str(ROOT / "examples" / "sglang" / "llama-3.1-8b-on-l4.yaml")], out=out, err=err
+    )
+    assert code == 0, err.getvalue()
+    docs = [d for d in yaml.safe_load_all(out.getvalue()) if d]
+    assert [d["kind"] for d in docs] == ["Service", "Deployment"]
+    c = container(docs)
+    assert c["command"] == ["python3", "-m", "sglang.launch_server"] and c["image"] == SGLANG_IMAGE
+    assert int(flag(c["args"], "--context-length") or 0) == 23552  # 32K shortened to the L4's pool
+
+
+async def test_drift_repair_covers_the_sglang_container(harness: Harness) -> None:
+    """A hand edit of the SGLang container's args is drift and is put back; a deleted SGLang Deployment is
+    recreated, though an SGLang service records no ``status.applied``."""
+    body = sglang_isvc(serving={"maxContextLength": 16384})
+    await harness.run(body)
+    harness.kube.services[("ns1", "llm")] = body
+    wanted = harness.kube.last("Deployment")
+    field, path = next(f for f in drift.MANAGED_FIELDS["Deployment"] if f[0].endswith("[sglang].args"))
+    live = copy.deepcopy(wanted)
+    every = {"manager": FIELD_MANAGER, "operation": "Update", "fieldsV1": {}}
+    edit: dict[str, Any] = {"manager": "kubectl-patch", "operation": "Update", "fieldsV1": {}}
+    node = edit["fieldsV1"]
+    for key in path:
+        node = node.setdefault(key, {})
+    live["metadata"]["managedFields"] = [every, edit]
+    live["spec"]["template"]["spec"]["containers"][0]["args"] = ["--mem-fraction-static", "0.99"]
+    assert [d.field for d in drift.compute_drift(live, wanted)] == [field]
+
+    async def repair(event: str, obj: dict[str, Any]) -> list[str]:
+        return await drift.apply_repair(
+            "Deployment",
+            event,
+            obj,
+            kube=harness.kube,
+            hub=harness.deps.hub,
+            emit=harness.emitter,
+            logger=logging.getLogger("test"),
+            read_owner=harness.kube.read_inference_service,
+            owners=harness.deps.owners,
+        )
+
+    assert await repair("MODIFIED", live) == [field]
+    assert container([harness.kube.last("Deployment")])["args"] == container([wanted])["args"]
+    harness.kube.applied.clear()
+    assert await repair("DELETED", wanted) == ["deleted"]
+    assert container([harness.kube.last("Deployment")])["name"] == "sglang"
+
+
+def test_sglang_splits_the_pods_gpus_into_tensor_parallel_and_pipeline_stages() -> None:
+    body = sglang_isvc(gpu={"count": 4, "product": "L4", "tensorParallelSize": 2})
+    args = container(render.build_manifests(body))["args"]
+    assert (flag(args, "--tp-size"), flag(args, "--pp-size")) == ("2", "2")
+    args = container(render.build_manifests(sglang_isvc(gpu={"count": 2, "product": "L4"})))["args"]
+    assert flag(args, "--tp-size") == "2" and "--pp-size" not in args
+
+
+async def test_the_closed_loop_leaves_a_refused_tgi_service_to_the_reconcilers_verdict(
+    harness: Harness,
+) -> None:
+    loop = LoopHarness(harness)
+    body = isvc(engine={"kind": "TGI", "image": TGI_IMAGE})
+    with pytest.raises(kopf.PermanentError):
+        await harness.run(body)
+    assert await loop.tick(body) is None
+    assert [c["type"] for c in body["status"]["conditions"] if c["type"] == "ClosedLoop"] == []
+    assert condition(body, "Ready")["reason"] == "EngineNotSupported" and loop.fetches == 0
+    assert harness.kube.applied == [] and "Held" not in harness.emitter.reasons
+
+
+def test_sglang_plans_as_kvpilot_plan_engine_sglang_does() -> None:
+    """``serving.concurrency`` becomes ``--max-running-requests``; a context above the model's is capped to
+    the model's (Qwen2.5-7B: 32K), as ``kvpilot plan --engine sglang --max-context`` caps it."""
+    body = sglang_isvc(
+        model={"id": "Qwen/Qwen2.5-7B-Instruct"},
+        gpu={"count": 1, "product": "H100-SXM"},
+        serving={"maxContextLength": 65536, "concurrency": 32},
+    )
+    args = container(render.build_manifests(body))["args"]
+    assert (flag(args, "--context-length"), flag(args, "--max-running-requests")) == ("32768", "32")
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["plan", "--engine", "sglang", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "H100-SXM"]
+    argv += ["--max-context", "65536", "--concurrency", "32", "--json"]
+    assert cli.main(argv, out=out, err=err) == 0, err.getvalue()
+    planned = json.loads(out.getvalue())["args"]
+    assert " ".join(planned) in " ".join(args)  # the CLI's flags, in its order, in the pod

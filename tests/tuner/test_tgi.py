@@ -1,0 +1,102 @@
+"""TGI's facts (:mod:`kvpilot.tuner.tgi`) against its launcher's own source at v3.3.7.
+
+TGI's launcher is Rust (clap): no parser can be imported. FALLBACK CONTRACT, clearly: the flags and defaults
+are checked against the text of its ``struct Args`` (``tests/data/tgi/launcher_args_v3.3.7.rs``, copied
+verbatim from ``launcher/src/main.rs`` lines 580-914 at tag v3.3.7), parsed here for ``#[clap(...)]``
+attributes: a rendered flag must be a ``long`` field of that struct, with the default kvpilot records.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvpilot.tuner import engines, errors, tgi
+from kvpilot.tuner.tgi import args as tgi_args
+
+SOURCE = Path(__file__).resolve().parents[1] / "data" / "tgi" / "launcher_args_v3.3.7.rs"
+_FIELD = re.compile(r"#\[clap\((?P<attrs>[^\]]*)\)\]\s*(?P<name>\w+): (?P<type>[^,\n]+),")
+
+
+def _launcher_args() -> dict[str, tuple[str, str | None]]:
+    """``field -> (type, default)`` for every ``long`` field of the launcher's ``Args``."""
+    text = SOURCE.read_text()
+    assert "struct Args {" in text and "v3.3.7" in text
+    found: dict[str, tuple[str, str | None]] = {}
+    for match in _FIELD.finditer(text):
+        attrs = match.group("attrs")
+        if re.search(r"\blong\b", attrs):
+            default = re.search(r'default_value = "([^"]*)"', attrs)
+            found[match.group("name")] = (match.group("type").strip(), default.group(1) if default else None)
+    return found
+
+
+def test_the_source_parser_reads_the_struct() -> None:
+    fields = _launcher_args()
+    assert len(fields) > 50  # the whole struct, not a fragment
+    assert fields["port"] == ("u16", "3000")
+
+
+def test_every_rendered_flag_is_a_launcher_field() -> None:
+    fields = _launcher_args()
+    for name, flag in [*tgi.FLAGS.items(), ("kv_cache_dtype", tgi.KV_CACHE_DTYPE_FLAG)]:
+        assert name in fields, name
+        assert flag == "--" + name.replace("_", "-")
+
+
+def test_recorded_defaults_are_the_launchers() -> None:
+    fields = _launcher_args()
+    assert fields["max_concurrent_requests"] == ("usize", str(tgi.MAX_CONCURRENT_REQUESTS_DEFAULT))
+    assert float(fields["cuda_memory_fraction"][1] or "nan") == tgi.CUDA_MEMORY_FRACTION_DEFAULT
+    assert fields["port"][1] == str(tgi_args.PORT_DEFAULT)
+    for inferred in (
+        "max_total_tokens",
+        "max_input_tokens",
+        "max_batch_prefill_tokens",
+        "max_batch_total_tokens",
+    ):
+        assert fields[inferred][0].startswith("Option<") and fields[inferred][1] is None, inferred
+
+
+def test_rendering_and_refusals() -> None:
+    settings = tgi.TgiSettings(max_input_tokens=4000, max_total_tokens=4096, max_batch_prefill_tokens=4096)
+    assert tgi.build_tgi_args(settings) == [
+        "--max-input-tokens",
+        "4000",
+        "--max-total-tokens",
+        "4096",
+        "--max-batch-prefill-tokens",
+        "4096",
+    ]
+    bad = [
+        tgi.TgiSettings(max_input_tokens=4096, max_total_tokens=4096),
+        tgi.TgiSettings(max_input_tokens=4000, max_batch_prefill_tokens=2048),
+        tgi.TgiSettings(max_total_tokens=8192, max_batch_total_tokens=4096),
+        tgi.TgiSettings(cuda_memory_fraction=0.0),
+    ]
+    for settings in bad:
+        with pytest.raises(errors.InvalidEngineArgs):
+            tgi.build_tgi_args(settings)
+
+
+def test_failure_texts_round_trip() -> None:
+    prefill = tgi.classify_log("2025-12-01 ERROR warmup\n" + tgi.prefill_tokens_error(8192) + "\n")
+    assert prefill is not None and (prefill.kind, prefill.tokens) == ("prefill_too_large", 8192)
+    total = tgi.classify_log(tgi.max_total_tokens_error(32768))
+    assert total is not None and (total.kind, total.tokens) == ("total_tokens_too_large", 32768)
+    assert tgi.classify_log('{"error":"Model is overloaded","error_type":"overloaded"}') is not None
+    assert tgi.classify_log("Connected") is None
+
+
+def test_the_seam_reads_tgi() -> None:
+    engine = engines.lookup_engine("tgi")
+    assert engine.serving.port == 80 and engine.serving.command == ("text-generation-launcher",)
+    assert engine.knobs.sequences == "--max-concurrent-requests"
+    assert engine.metrics.queued == "tgi_queue_size" and engine.metrics.preemptions is None
+    assert (
+        engine.metrics.kv_usage is None and engine.metrics.kv_capacity_tokens == "tgi_batch_max_total_tokens"
+    )
+    failure = engine.classify_failure(tgi.prefill_tokens_error(8192))
+    assert failure is not None and failure.memory_share_direction == 0
