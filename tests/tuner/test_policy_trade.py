@@ -8,7 +8,12 @@ import dataclasses
 import pytest
 
 from kvpilot.tuner.loop import Action, Decision, PolicyConfig, Trigger, TuningBounds, compute_decision, trade
-from kvpilot.tuner.loop.history import HistoryAction, HistoryEntry, compute_held_since
+from kvpilot.tuner.loop.history import (
+    HistoryAction,
+    HistoryEntry,
+    compute_compiled_settings,
+    compute_held_since,
+)
 from kvpilot.tuner.loop.observations import ObservationWindow, RestartKind
 from tests.tuner.policy_fixtures import CURRENT, NOW, context, entry, restart, state_and_evidence, window
 
@@ -158,3 +163,45 @@ def test_a_change_of_a_hashed_setting_pays_the_whole_restart_even_with_a_persist
     d = compute_decision(state, evidence, context(BOUNDS, PolicyConfig(compile_seconds=100.0)), NOW)
     assert (d.action, d.trigger) == (Action.HOLD, Trigger.KV_PRESSURE)
     assert "restart cost 180s)" in d.reason and "warm compile cache" not in d.reason
+
+
+def test_a_change_back_to_settings_that_ran_since_the_plan_starts_warm() -> None:
+    """The trickle's cut recompiles, so it holds at the full cost; but when the history shows the cut's
+    settings ran on this volume after the plan (an earlier raise went from them to the current ones), their
+    graphs are in the cache: the cut back costs the restart less the compile and goes ahead. Before the
+    latest plan (the model, release or image may have changed) nothing counts."""
+    trickle = window(kv=0.97, preempt=0.06, running=100)
+    policy = context(BOUNDS, PolicyConfig(compile_seconds=100.0))
+
+    def decide_with(history: tuple[HistoryEntry, ...]) -> Decision:
+        state, evidence = state_and_evidence(CURRENT, trickle, (), history, restart_seconds=180.0)
+        evidence = dataclasses.replace(evidence, rollout_lost_fraction=1.0, compile_cache_persistent=True)
+        return compute_decision(state, evidence, policy, NOW)
+
+    held = decide_with(())
+    assert held.action == Action.HOLD and held.recommended is not None
+    cut = held.recommended
+    planned = entry(7200.0, "Planned", HistoryAction.PLANNED, CURRENT.replace(max_num_seqs=64), cut)
+    raised = entry(5400.0, "IdleCapacity", HistoryAction.RETUNED, cut, CURRENT)
+    warm = decide_with((planned, raised))
+    assert (warm.action, warm.trigger, warm.settings) == (Action.RETUNE, Trigger.KV_PRESSURE, cut)
+    spared = trade.compute_warm_compile_seconds(
+        CURRENT, cut, persistent=True, compile_seconds=100.0, restart_seconds=180.0, compiled=(cut,)
+    )
+    assert spared == 100.0
+    replanned = entry(3700.0, "Planned", HistoryAction.PLANNED, cut, CURRENT)
+    cold = decide_with((planned, raised, replanned))
+    assert cold.action == Action.HOLD and "restart cost 180s)" in cold.reason
+
+
+def test_the_settings_that_ran_are_those_left_by_changes_since_the_latest_plan() -> None:
+    a, b, c = (CURRENT.replace(max_num_seqs=n) for n in (64, 128, 192))
+    history = (
+        entry(900.0, "Planned", HistoryAction.PLANNED, CURRENT, a),
+        entry(800.0, "IdleCapacity", HistoryAction.RETUNED, a, b),
+        entry(700.0, "KvPressure", HistoryAction.HELD, b, b),
+        entry(600.0, "Crash", HistoryAction.ROLLED_BACK, b, c),
+    )
+    assert compute_compiled_settings(history) == (a, b)
+    assert compute_compiled_settings(history[1:]) == (a, b)  # no plan kept: all of it
+    assert compute_compiled_settings((*history, entry(500.0, "Planned", HistoryAction.PLANNED, c, a))) == ()

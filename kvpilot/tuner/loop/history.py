@@ -61,6 +61,17 @@ def compute_last_retune_time(history: tuple[HistoryEntry, ...]) -> float | None:
     return max(times) if times else None
 
 
+def compute_compiled_settings(history: tuple[HistoryEntry, ...]) -> tuple[EngineSettings, ...]:
+    """Settings that ran since the latest plan: the ``from`` side of every retune and rollback after it
+    (each ran until that change; the current settings are the caller's). vLLM compiled their graphs when
+    they started (the profile run compiles before the KV cache is checked), so on a persistent compile
+    cache a change back to one of them starts warm. A plan may change the model, release or image, which
+    all enter vLLM's hash: nothing before it counts."""
+    plans = [i for i, e in enumerate(history) if e.action == HistoryAction.PLANNED]
+    since = plans[-1] + 1 if plans else 0
+    return tuple(e.from_settings for e in history[since:] if e.is_change)
+
+
 def compute_changes_since(history: tuple[HistoryEntry, ...], since: float) -> int:
     """Retunes and rollbacks strictly after ``since`` (the initial plan is not counted)."""
     return sum(1 for e in history if e.is_change and e.action != HistoryAction.PLANNED and e.time > since)

@@ -175,8 +175,8 @@ def _compute_deadline_seconds(
     state: LoopState, evidence: Evidence, context: TuningContext, effective: EngineSettings
 ) -> float:
     """The rollout deadline of ``state.current`` (:func:`rollout_mod.compute_deadline_seconds`): its start
-    predicted from the checkpoint, the weight cache and, coming from the last good settings, the compile
-    cache."""
+    predicted from the checkpoint, the weight cache and the compile cache (warm coming from the last good
+    settings, or back to settings that already ran)."""
     policy = context.policy
     before = remedies.compute_effective(state.last_good, context) if state.last_good is not None else None
     warm = (
@@ -186,6 +186,10 @@ def _compute_deadline_seconds(
             persistent=evidence.compile_cache_persistent,
             compile_seconds=policy.compile_seconds,
             restart_seconds=policy.restart_seconds,
+            compiled=(
+                remedies.compute_effective(ran, context)
+                for ran in history_mod.compute_compiled_settings(state.history)
+            ),
         )
         if before is not None
         else 0.0
@@ -412,6 +416,7 @@ def _gate(
             persistent=inp.compile_cache_persistent,
             compile_seconds=p.compile_seconds,
             restart_seconds=inp.restart_seconds,
+            compiled=map(s.effective_of, history_mod.compute_compiled_settings(s.history)),
         )
         worth = trade.compute_trade(
             proposal.trigger,

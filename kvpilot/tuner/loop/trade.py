@@ -17,8 +17,9 @@ Both sides are measured in *seconds of the whole service's capacity*:
 ``warm_compile_seconds`` is the compile a restart skips (:func:`compute_warm_compile_seconds`): when the
 pods keep vLLM's compile cache on a persistent volume and the change touches no setting in vLLM's compile
 hash (:data:`kvpilot.tuner.vllm.COMPILE_HASH_SETTINGS`: of the tuned settings, only
-``gpu_memory_utilization`` stays out of it), the new pod loads the compiled graphs instead of compiling;
-otherwise 0.
+``gpu_memory_utilization`` stays out of it), or a change back to settings that already ran on that
+volume since the last plan (their graphs are still in their ``<hash>/`` folder), the new pod loads the
+compiled graphs instead of compiling; otherwise 0.
 
 and a change goes ahead only when ``gain > cost``. The gain is the share of the service's capacity the
 change is expected to win back, for as long as it will stay: at least the cooldown (no metrics-driven
@@ -44,6 +45,7 @@ nothing: there is nothing to lose); docs/closed-loop.md, "Restart cost", says th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
@@ -109,12 +111,19 @@ def compute_warm_compile_seconds(
     persistent: bool,
     compile_seconds: float,
     restart_seconds: float,
+    compiled: Iterable[EngineSettings] = (),
 ) -> float:
     """The seconds of ``restart_seconds`` a restart from ``current`` to ``proposed`` (effective settings)
-    skips: ``compile_seconds`` (at most the restart) when the compile cache is ``persistent`` and no
-    changed setting enters vLLM's compile hash, else 0."""
-    if not persistent or vllm.compute_compile_invalidating(current, proposed):
+    skips: ``compile_seconds`` (at most the restart) when the compile cache is ``persistent`` and it holds
+    ``proposed``'s graphs -- no changed setting enters vLLM's compile hash, or settings of the same key
+    already ran on it (``compiled``: :func:`kvpilot.tuner.loop.history.compute_compiled_settings`, made
+    effective; a retune back to them loads what they compiled) -- else 0."""
+    if not persistent:
         return 0.0
+    if vllm.compute_compile_invalidating(current, proposed):
+        key = vllm.compute_compile_key(proposed)
+        if all(vllm.compute_compile_key(c) != key for c in compiled):
+            return 0.0
     return min(max(0.0, compile_seconds), max(0.0, restart_seconds))
 
 

@@ -72,6 +72,7 @@ from kvpilot.tuner.vllm.compile_cache import (
     COMPILE_HASH_SETTINGS,
     build_cache_env,
     compute_compile_invalidating,
+    compute_compile_key,
 )
 from kvpilot.tuner.vllm.compressed_attention import (
     COMPRESSED_ATTENTION_BLOCK_SIZE,
@@ -315,6 +316,7 @@ __all__ = [
     "compute_code_loading_flags",
     "compute_code_loading_keys",
     "compute_compile_invalidating",
+    "compute_compile_key",
     "compute_effective_settings",
     "compute_in_flight_tokens",
     "compute_sampler_state_bytes",

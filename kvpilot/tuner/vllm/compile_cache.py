@@ -58,6 +58,13 @@ def build_cache_env(root: str) -> dict[str, str]:
     return {CACHE_ROOT_ENV: root, TRITON_CACHE_ENV: f"{root}/triton_cache"}
 
 
+def compute_compile_key(settings: EngineSettings) -> tuple[tuple[str, object], ...]:
+    """What of *effective* ``settings`` enters vLLM's compile hash: two settings of one service (one model,
+    release and environment) with the same key share the compiled graphs in ``<hash>/``."""
+    values = settings.as_dict()
+    return tuple(sorted((name, values.get(name)) for name in COMPILE_HASH_SETTINGS))
+
+
 def compute_compile_invalidating(current: EngineSettings, proposed: EngineSettings) -> frozenset[str]:
     """The fields whose change between two *effective* settings (every field set) makes vLLM compile
     again; empty when the restart loads the compiled graphs from a warm cache."""
