@@ -133,6 +133,7 @@ class Kvpilot:
             # what the operator knows before a pod starts: the model's checkpoint and its weight cache
             checkpoint_gib=sc.truth.startup.checkpoint_gib or None,
             weights_cached=sc.weights_cached,
+            compile_cache_persistent=sc.compile_cache,
             rollout_lost_fraction=compute_lost_fraction(choice, 1, serving=serving_now),
             rollout_blocked=choice.reason if choice.held else None,
         )

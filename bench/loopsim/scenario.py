@@ -53,6 +53,10 @@ class BenchScenario:
     weights_cached: bool = True
     """Whether every start finds the checkpoint in a weight cache (only ``truth.startup``'s load and engine
     start-up); ``false`` (an ``emptyDir`` cache, a fresh node each time): every start downloads it too."""
+    compile_cache: bool = False
+    """Whether the pods keep vLLM's compile cache on a persistent volume (``spec.model.storage`` a claim):
+    a start whose compile hash an earlier start reached loads the graphs (:attr:`StartupModel.warm_compile_s`
+    instead of ``compile_s``), and kvpilot is told so (``Evidence.compile_cache_persistent``)."""
     faults: tuple[Fault, ...] = ()
     noise: float = 0.0
     """Relative noise on each metrics sample (KV usage, queue, running)."""
@@ -125,6 +129,7 @@ def load_scenario(path: Path) -> BenchScenario:
             spare_gpu=bool(d.get("spare_gpu", True)),
             allow_downtime=bool(d.get("allow_downtime", False)),
             weights_cached=bool(d.get("weights_cached", True)),
+            compile_cache=bool(d.get("compile_cache", False)),
             faults=faults,
             noise=float(d.get("noise", 0.0)),
             missing=float(d.get("missing", 0.0)),

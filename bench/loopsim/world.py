@@ -8,6 +8,9 @@ the e2e fleet and the demo judge kvpilot in one world. The Deployment around it:
 * ``surge``: the new pod starts beside the old one, which goes when the new one serves;
   ``recreate``: the old pod goes first (downtime until the new one serves);
 * a crash is CrashLoopBackOff (10 s doubling to 5 min), its requests lost;
+* with ``compile_cache`` (vLLM's compile cache on the model's volume), a start whose compile hash a start
+  before it reached (served, or failed its KV check after compiling) loads the graphs: the fleet's
+  :class:`e2e.fleet.caches.StartCaches` and the warm term of its start-up model;
 * a pod that goes gracefully (a rollout's old pod) finishes its running requests; its waiting ones go
   back to the load balancer (clients retry), which hands them to the serving pod at once, or to the next
   pod to serve when none does (recreate), their wait carried over;
@@ -20,6 +23,7 @@ import random
 from dataclasses import dataclass, field
 
 from bench.loopsim.scenario import BenchScenario
+from e2e.fleet.caches import StartCaches
 from e2e.fleet.engine import Request, SimEngine
 from e2e.fleet.truth import EngineArgs
 from kvpilot.tuner.loop import MetricsSample
@@ -27,6 +31,8 @@ from kvpilot.tuner.types import EngineSettings
 
 DT = 10.0
 """Simulated seconds per world step (and per metrics sample)."""
+COMPILE_VOLUME = "model-storage"
+"""The one volume every pod of the service mounts for vLLM's caches (``spec.model.storage``: a claim)."""
 START_FAIL_AFTER_S = 60.0
 """From container start to a start-up failure (load + profile)."""
 RESOLUTION_S = 0.5
@@ -118,6 +124,9 @@ class World:
     rng: random.Random = field(default_factory=random.Random)
     handoff: list[Handoff] = field(default_factory=list)
     """Requests a removed pod had not scheduled yet: the serving pod takes them (:meth:`_deliver_handoff`)."""
+    caches: StartCaches = field(default_factory=StartCaches)
+    """The compiled graphs on the service's volume (one volume for every pod, as a claim gives them)."""
+    warm_starts: int = 0
 
     def __post_init__(self) -> None:
         self.rng.seed(self.seed)
@@ -157,7 +166,10 @@ class World:
         self.ran.add(pod.settings)
         pod.started_at, pod.ready_at, pod.engine = now, None, None
         error = truth.startup_error(args)
+        volume = COMPILE_VOLUME if self.scenario.compile_cache else None
+        compile_cached = self.caches.compute_sources(args, None, volume).compile_cached
         if error is not None:
+            self.caches.record_start(args, None, volume)  # the profile run compiled before the KV check
             pod.state, pod.until, pod.error = (
                 "failing",
                 now + START_FAIL_AFTER_S,
@@ -171,10 +183,13 @@ class World:
             )
         else:
             seconds = (
-                truth.startup.simulated_seconds(cached=self.scenario.weights_cached)
+                truth.startup.simulated_seconds(
+                    cached=self.scenario.weights_cached, compile_cached=compile_cached
+                )
                 if truth.startup.checkpoint_gib
                 else truth.startup_s
             )
+            self.warm_starts += compile_cached
             pod.state, pod.until = "starting", now + seconds
 
     def _crash(self, pod: Pod, now: float, message: str, *, oom: bool) -> None:
@@ -204,7 +219,7 @@ class World:
         """The requests removed pods had waiting join the front of ``e``'s queue (they arrived first), their
         wait carried over: clients still give up after :data:`MAX_WAIT_S` in all."""
         if self.handoff:
-            e.waiting.extendleft(reversed([h.rebase(e.now, now) for h in self.handoff]))
+            e.take_over([h.rebase(e.now, now) for h in self.handoff])
             self.handoff = []
 
     def _count(self, e: SimEngine) -> int:
@@ -228,6 +243,9 @@ class World:
                 self._boot(pod, now)
             elif pod.state == "starting" and now >= pod.until:
                 pod.state, pod.ready_at = "serving", now
+                self.caches.record_start(
+                    engine_args(pod.settings), None, COMPILE_VOLUME if sc.compile_cache else None
+                )
                 pod.engine = SimEngine(
                     truth,
                     workload,

@@ -43,6 +43,7 @@ import dataclasses
 import heapq
 import math
 import random
+from collections.abc import Sequence
 
 from e2e.fleet.truth import FP8_KV_DTYPES, EngineArgs, GroundTruth, Workload
 
@@ -200,6 +201,15 @@ class SimEngine:
             req.finished_reason = "length"
         self._next_id += 1
         self.waiting.append(req)
+
+    def take_over(self, requests: Sequence[Request]) -> None:
+        """Requests another engine had waiting (a removed pod's queue, handed back by the load balancer)
+        join the front of this one's queue in their order, each under a new id of this engine: the running
+        set is keyed by id, and the other engine's ids collide with this one's."""
+        for req in reversed(requests):
+            req.id = self._next_id
+            self._next_id += 1
+            self.waiting.appendleft(req)
 
     def _arrive(self) -> None:
         while self._next_arrival <= self.now:
