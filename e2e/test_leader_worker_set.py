@@ -11,7 +11,10 @@ run by :mod:`e2e.lws_local` with its webhooks) serves the kind for this module o
 * the operator itself, given an InferenceService of two nodes per replica, applies the group and no
   Deployment;
 * on a pool of KWOK 8-GPU nodes, the controller makes the group's leader and worker pods on two nodes, the
-  service is Ready, new arguments roll the group, and a hand edit of the set is put back (drift repair).
+  service is Ready, new arguments roll the group, and a hand edit of the set is put back (drift repair);
+* the closed loop tunes a group: the fleet plays the leader (its ``/metrics`` scraped by a real Prometheus)
+  and the ``--headless`` worker (no API server, no series, as in vLLM); KV pressure on the leader gets a
+  ``KvPressure`` cut of ``--max-num-seqs`` that LWS rolls to leader and worker alike.
 
 The CRDs are removed again after the module, so the other modules see a cluster without them.
 """
@@ -19,6 +22,8 @@ The CRDs are removed again after the module, so the other modules see a cluster 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import gzip
 import json
 import uuid
@@ -32,10 +37,13 @@ import yaml
 from kubernetes import config
 
 from e2e.cluster import LocalCluster
+from e2e.fleet import EngineArgs, Fleet, Scenario, Workload
 from e2e.fleet.kopf_process import OperatorProcess
 from e2e.fleet.stack import ISVC, closed_loop_env
+from e2e.fleet.testing import H100_8B
 from e2e.lws_local import LwsController
 from e2e.nodes import H100_80GB_HBM3, NodePool, node_manifest
+from e2e.prometheus import PrometheusServer
 from e2e.waits import host_operator, wait_established, wait_for
 from kvpilot.operator import errors
 from kvpilot.operator.clients.kube import ClusterKube
@@ -223,6 +231,7 @@ class GroupPool:
     cluster: LocalCluster
     ns: str
     operator: OperatorProcess
+    fleet: Fleet | None = None
 
     def get(self, *args: str) -> Any:
         return json.loads(self.cluster.kubectl("get", *args, "-o", "json").stdout)
@@ -252,12 +261,13 @@ class GroupPool:
             ) from None
         return last
 
-    def create(self) -> dict[str, Any]:
+    def create(self, **spec: Any) -> dict[str, Any]:
         body = {
             **DEEPSEEK,
             "metadata": {"name": "dsv3", "namespace": self.ns},
             "spec": {
                 **DEEPSEEK["spec"],
+                **spec,
                 "nodeSelector": {POOL_LABEL: self.ns},
                 "engine": {"tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}]},
                 "tuning": dict(FAST),
@@ -267,11 +277,16 @@ class GroupPool:
         return self.wait(lambda o: ready_replicas(o) == 1, 180, "the group Ready")
 
 
-@pytest.fixture
-def pool(kube: ClusterKube, cluster: LocalCluster, tmp_path: Path) -> Iterator[GroupPool]:
+@contextlib.contextmanager
+def group_pool(
+    cluster: LocalCluster, tmp_path: Path, prefix: str, scenario: Scenario | None = None
+) -> Iterator[GroupPool]:
+    """Four tainted KWOK 8 x H100 nodes, a namespace and the operator on the host watching it. With a
+    ``scenario``, the fleet plays the group's pods (the leader serves ``/metrics`` to a real Prometheus,
+    the ``--headless`` worker none) and the operator's closed loop reads that Prometheus."""
     cluster.kubectl("apply", "-f", str(ISVC_CRD))
     wait_established(cluster.kubectl, "crd/inferenceservices.kvpilot.io")
-    ns = f"kvlwsg-{uuid.uuid4().hex[:6]}"
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     nodes = NodePool(
         f"lws-{ns[-6:]}", 4, H100_80GB_HBM3, 8, cpu="192", memory="2048Gi", machine="p5.48xlarge"
     )
@@ -282,14 +297,31 @@ def pool(kube: ClusterKube, cluster: LocalCluster, tmp_path: Path) -> Iterator[G
         m["spec"]["taints"] = [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
         manifests.append(m)
     cluster.add_nodes(manifests)
-    op = OperatorProcess(cluster.kubeconfig, tmp_path / "operator", env=closed_loop_env(""), namespaces=[ns])
-    try:
-        with cluster.temporary_namespace(ns), op:
-            yield GroupPool(cluster, ns, op)
-    finally:
-        print(f"operator log: {op.log_file}")
-        for m in manifests:
-            cluster.kubectl("delete", "node", m["metadata"]["name"], "--wait=false", check=False)
+    with contextlib.ExitStack() as stack:
+        prometheus_url, fleet = "", None
+        if scenario is not None:
+            prom = stack.enter_context(PrometheusServer(tmp_path / "prometheus"))
+            fleet = Fleet(cluster.kubeconfig, prom.targets_file, namespaces=[ns], kubectl=cluster.kubectl_bin)
+            fleet.set_scenario(ns, "dsv3", scenario)
+            stack.enter_context(fleet)
+            prometheus_url = prom.url
+        op = OperatorProcess(
+            cluster.kubeconfig, tmp_path / "operator", env=closed_loop_env(prometheus_url), namespaces=[ns]
+        )
+        try:
+            with cluster.temporary_namespace(ns), op:
+                yield GroupPool(cluster, ns, op, fleet)
+        finally:
+            print(f"operator log: {op.log_file}")
+            for m in manifests:
+                cluster.kubectl("delete", "node", m["metadata"]["name"], "--wait=false", check=False)
+        assert fleet is None or not fleet.errors, fleet.errors
+
+
+@pytest.fixture
+def pool(kube: ClusterKube, cluster: LocalCluster, tmp_path: Path) -> Iterator[GroupPool]:
+    with group_pool(cluster, tmp_path, "kvlwsg") as p:
+        yield p
 
 
 def ready_replicas(obj: dict[str, Any]) -> int:
@@ -368,3 +400,82 @@ def test_the_controller_makes_the_group_and_new_arguments_roll_it(pool: GroupPoo
     wait_for(repaired, 60, "the hand-edited worker args put back")
     events = pool.get("events", "-n", pool.ns, "--field-selector", "reason=DriftDetected")["items"]
     assert any("workerTemplate" in e["message"] and "--enforce-eager" in e["message"] for e in events), events
+
+
+# ------------------------------------------------------------------- the group, tuned by the closed loop
+
+STORM = Workload(arrival_rate=3.0, prompt_tokens=1500, output_tokens=1500, time_scale=4.0)
+"""More than the group's KV cache holds at the planned sequences: preemptions, which the loop answers."""
+
+
+def planned_leader_args(spec: dict[str, Any]) -> EngineArgs:
+    """The leader's engine arguments as ``kvpilot render`` plans them for DeepSeek-V3 with ``spec``."""
+    doc = {**DEEPSEEK, "spec": {**DEEPSEEK["spec"], **spec}}
+    group = next(m for m in render.build_manifests(doc) if m["kind"] == lws.KIND)
+    c = group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    return EngineArgs.parse([*(c.get("command") or ()), *(c.get("args") or ())])
+
+
+def retuned(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return [h for h in obj.get("status", {}).get("history") or () if h.get("action") == "Retuned"]
+
+
+def test_kv_pressure_on_the_leader_retunes_the_whole_group(
+    kube: ClusterKube, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The closed loop on a group: the leader's ``/metrics`` (the fleet plays it; the ``--headless`` worker
+    serves none, as in vLLM) shows KV pressure, the loop cuts ``--max-num-seqs``, and LWS rolls the new
+    arguments to leader and worker alike."""
+    spec = {"serving": {"maxContextLength": 8192}}
+    planned = planned_leader_args(spec)
+    assert planned.gpu_memory_utilization is not None and not planned.headless
+    pool_tokens = 24576  # three contexts of 8192: the planned sequences cannot all run
+    truth = dataclasses.replace(
+        H100_8B,
+        non_kv_gib=round(
+            planned.gpu_memory_utilization * H100_8B.gpu_memory_gib
+            - pool_tokens * H100_8B.kv_bytes_per_token / (1 << 30),
+            4,
+        ),
+    )
+    with group_pool(
+        cluster, tmp_path, "kvlwst", Scenario(name="group-storm", truth=truth, workload=STORM)
+    ) as pool:
+        pool.create(**spec)
+        leader, worker = by_role(pool.pods())
+        assert pool.fleet is not None
+        fleet = pool.fleet
+
+        def both_serving() -> dict[str, dict[str, Any]]:
+            pods = {p["pod"]: p for p in fleet.pods(pool.ns)}
+            names = {leader["metadata"]["name"], worker["metadata"]["name"]}
+            return pods if names <= set(pods) and all(pods[n]["state"] == "Serving" for n in names) else {}
+
+        played = fleet.wait_for(both_serving, timeout=60, what="the fleet plays the leader and the worker")
+        assert played[worker["metadata"]["name"]]["kv_usage"] is None  # headless: no engine of its own
+        assert played[leader["metadata"]["name"]]["num_gpu_blocks"] is not None
+
+        def settled(o: dict[str, Any]) -> bool:
+            changes = retuned(o)
+            status = o.get("status", {})
+            return bool(
+                changes
+                and (status.get("applied") or {}).get("maxNumSeqs") == changes[-1]["to"]["maxNumSeqs"]
+                and not status.get("rollout")
+                and ready_replicas(o) == 1
+                and {p["metadata"]["uid"] for p in pool.pods()}.isdisjoint(
+                    {leader["metadata"]["uid"], worker["metadata"]["uid"]}
+                )
+            )
+
+        done = pool.wait(settled, 480, "a KV-pressure retune rolled over the group")
+        change = retuned(done)[0]
+        assert change["trigger"] == "KvPressure", change
+        assert change["to"]["maxNumSeqs"] < change["from"]["maxNumSeqs"] == planned.max_num_seqs
+        new_leader, new_worker = by_role(pool.pods())
+        leader_args, worker_args = container(new_leader)["args"], container(new_worker)["args"]
+        wanted = str(done["status"]["applied"]["maxNumSeqs"])
+        assert leader_args[leader_args.index("--max-num-seqs") + 1] == wanted
+        engine = len(leader_args) - 6  # the leader's role flags are its last six
+        assert worker_args[:engine] == leader_args[:engine]
+        assert "--headless" in worker_args

@@ -33,6 +33,10 @@ for a whole namespace), else the fleet's default. Workload and fault changes
 apply at once; memory figures apply at the next container start, as on a real
 GPU.
 
+**Multi-node groups.** A pod whose arguments carry vLLM's ``--headless`` (a LeaderWorkerSet group's worker)
+runs engine ranks only: it becomes Ready after its start-up and has no port and no ``/metrics`` target; the
+group's leader is played as any pod and reports for the whole group.
+
 **Real engines.** A pod labelled ``e2e.kvpilot.io/engine: real``, or of a service named in
 :meth:`Fleet.use_real_engine`, runs a real vLLM engine process instead (:mod:`e2e.fleet.real_engines`,
 :mod:`e2e.vllm_cpu.engine_process`: the pod's scheduler flags, the truth's KV tokens, the tiny model):
@@ -411,13 +415,17 @@ class Fleet:
             with self._lock:  # the download and the compile finished: the next start reads them from disk
                 self._caches.record_start(e.args, e.cache_key, e.compile_cache_key)
             error = truth.startup_error(e.args)
-            if error is not None:
+            if e.args.headless:
+                self._serve_headless(e, now)
+            elif error is not None:
                 log = truth.startup_failure_log(e.args, error)
                 self._crash(e, "StartupFailed", truth.startup_failure_message(e.args, error), now, log=log)
             elif truth.startup_oom(e.args):
                 self._crash(e, "StartupCudaOOM", truth.cuda_oom_message(e.args, startup=True), now)
             else:
                 self._serve(e, now)
+        elif e.state == SERVING and e.args.headless:
+            return  # a group's worker: its ranks' load and faults are the leader's to report
         elif e.state == SERVING:
             assert e.sim is not None and e.metrics is not None
             wl = self._workload_for(e)
@@ -472,6 +480,15 @@ class Fleet:
             "Serving",
             f"port {e.port}, {e.sim.num_blocks} KV blocks ({e.scenario.truth.kv_tokens(e.args)} tokens)",
         )
+        self._patch_async(e, ready=True)
+
+    def _serve_headless(self, e: PodEngine, now: float) -> None:
+        """A multi-node group's worker (``--headless``): Ready once loaded, with no API server, so no port and
+        no ``/metrics`` target (vLLM's headless nodes run engine ranks only; the leader serves)."""
+        e.started_count += 1
+        e.state, e.since = SERVING, now
+        self._targets_dirty = True
+        self._event(e, "Serving", "headless: engine ranks only, no API server")
         self._patch_async(e, ready=True)
 
     # ------------------------------------------------------------------ real engines
@@ -594,7 +611,8 @@ class Fleet:
 
         with self._lock:
             self._targets_dirty = False
-            groups = [e.target_group() for e in sorted(self._engines.values(), key=lambda x: x.key)]
+            engines = sorted(self._engines.values(), key=lambda x: x.key)
+            groups = [e.target_group() for e in engines if not e.args.headless]
         self.targets_file.parent.mkdir(parents=True, exist_ok=True)
         write_targets_file(self.targets_file, groups)
 

@@ -72,6 +72,9 @@ class EngineArgs:
     block_size: int | None = None
     load_format: str = "auto"
     """``--load-format``: ``runai_streamer`` reads the weights at :attr:`StartupModel.streamer_gib_per_s`."""
+    headless: bool = False
+    """``--headless``: a multi-node group's worker, which runs engine ranks but no API server (no port, no
+    ``/metrics``); the group's leader serves and reports for the whole group."""
 
     @property
     def model_name(self) -> str:
@@ -124,6 +127,7 @@ class EngineArgs:
             tensor_parallel_size=int(values.get("--tensor-parallel-size", "1")),
             block_size=int(values["--block-size"]) if "--block-size" in values else None,
             load_format=values.get("--load-format", "auto"),
+            headless=values.get("--headless") == "true",
         )
 
     def summary(self) -> str:
