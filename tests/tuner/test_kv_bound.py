@@ -251,3 +251,19 @@ def test_measured_room_and_a_deep_queue_take_the_raise_in_one_step() -> None:
     assert (d.action, d.trigger, d.settings.max_num_seqs) == (Action.RETUNE, remedies.IDLE_CAPACITY, 22)
     few = decide(window(kv=0.30, running=8, waiting=4, prompt=1000, output=300, capacity=30000), current)
     assert few.settings.max_num_seqs == 12  # a shallow queue: the step, +50 % (4 waiting per 8 running)
+
+
+def test_prompts_already_longer_than_the_chunk_get_a_smaller_one() -> None:
+    """Without telemetry only the halved chunk grows the cache. It splits no prompt that the chunk holds
+    whole (6000-token prompts in 8192: each would take two steps, held), but prompts already longer than
+    the chunk (12,000 in 8192) are chunked either way: halved, they take more, cheaper steps."""
+    current = CURRENT.replace(max_model_len=16384)
+
+    def rag(prompt: float) -> ObservationWindow:
+        return window(kv=0.89, running=2, waiting=12, prompt=prompt, output=300, capacity=30000)
+
+    whole = decide(rag(6000), current)
+    assert whole.action == Action.HOLD or whole.settings.max_num_batched_tokens == 8192
+    chunked = decide(rag(12000), current)
+    assert chunked.action == Action.RETUNE and chunked.trigger == kv_bound.KV_BOUND
+    assert chunked.settings.max_num_batched_tokens == 4096

@@ -21,8 +21,10 @@ least ``kv_bound_min_gain``:
    floor), at most ``max_gmu_step``, and never up to a utilisation that crashed (the history's CUDA OOMs,
    the failed settings): memory vLLM does not budget for is what the margin is for, and without telemetry
    the loop does not guess;
-4. half the batched tokens (down to ``batched_tokens_floor``, and not below the mean prompt: a shorter chunk
-   frees activation memory for KV, while prompts longer than the chunk take more steps to prefill).
+4. half the batched tokens (down to ``batched_tokens_floor``, and not below the mean prompt while the chunk
+   still holds it whole: a shorter chunk frees activation memory for KV, while prompts longer than the chunk
+   take more steps to prefill; prompts already longer than the chunk are chunked either way, and a
+   smaller chunk prefills them in more, cheaper steps at the same attention work).
 
 The trade (:mod:`kvpilot.tuner.loop.trade`) counts the queue the larger cache would admit as the gain.
 
@@ -175,8 +177,8 @@ def _halve_batched(s: Situation) -> EngineSettings | None:
         return None
     half = max(p.batched_tokens_floor, tokens // 2, eff.max_num_seqs or 1)
     prompt = s.window.prompt_tokens.mean if s.window.prompt_tokens else 0.0
-    if half >= tokens or half < math.ceil(prompt):
-        return None
+    if half >= tokens or (half < math.ceil(prompt) <= tokens):
+        return None  # a chunk that holds the mean prompt whole is not split: each would take two steps
     return eff.replace(max_num_batched_tokens=half)
 
 
