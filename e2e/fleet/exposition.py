@@ -352,18 +352,23 @@ class VllmMetrics:
         self.fb_used = self.fb_used.labels(**dcgm_values)  # type: ignore[assignment]
         self.fb_free = Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", dcgm, registry=r)
         self.fb_free = self.fb_free.labels(**dcgm_values)  # type: ignore[assignment]
-        self.fb_free.set(self.fb_total_gib * 1024)  # until the engine allocates: an idle GPU, all of it free
+        # the engine serves once it has allocated its budget: the framebuffer is already full of it (a GPU's
+        # start-up ramp, all free to full, is before vLLM serves its first scrape)
+        self.record_framebuffer(truth.framebuffer_used_gib(args, 0, 0.0))
         info = cache_config_labels(truth, args, naming)
         Gauge(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=r
         ).labels(**info).set(1)
 
+    def record_framebuffer(self, used_gib: float) -> None:
+        self.fb_used.set(used_gib * 1024)
+        self.fb_free.set(max(0.0, self.fb_total_gib - used_gib) * 1024)
+
     def record(
         self, *, running: int, waiting: int, kv_usage: float, deltas: Deltas, fb_used_gib: float | None = None
     ) -> None:
         if fb_used_gib is not None:
-            self.fb_used.set(fb_used_gib * 1024)
-            self.fb_free.set(max(0.0, self.fb_total_gib - fb_used_gib) * 1024)
+            self.record_framebuffer(fb_used_gib)
         self.running.set(running)
         self.waiting.set(waiting)
         self.waiting_capacity.set(waiting)

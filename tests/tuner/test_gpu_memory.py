@@ -182,3 +182,23 @@ def test_metrics_sample_fields_used() -> None:
     win = with_memory(window(), [6.0 - 0.02 * r for r in running], running)
     gaps = (*win.samples, MetricsSample(NOW + 1, running=500.0))
     assert gpu_memory.fit_batch_growth(gaps) == gpu_memory.fit_batch_growth(win.samples)
+
+
+def test_a_pods_start_up_is_no_falling_trend() -> None:
+    """dcgm-exporter shows the GPU from the container's start: all of it free, then filling as the weights
+    load, before the engine serves. Those samples (no KV usage yet) are no trend; the steady free memory
+    after them, below twice the floor but far from it, is left alone. The same ramp while the engine
+    reports is a trend, and warns."""
+    base = window(kv=0.7, running=100)
+    steady = 1.7 * FLOOR
+    free = [TOTAL, TOTAL / 2] + [steady] * (len(base.samples) - 2)
+    ramp = with_memory(base, free)
+    starting = dataclasses.replace(
+        ramp,
+        samples=tuple(
+            dataclasses.replace(x, kv_usage=None) if i < 2 else x for i, x in enumerate(ramp.samples)
+        ),
+    )
+    assert gpu_memory.propose_for_gpu_memory(situation(starting)) is None
+    warned = gpu_memory.propose_for_gpu_memory(situation(ramp))
+    assert warned is not None and "falling" in warned.evidence

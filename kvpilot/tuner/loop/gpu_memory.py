@@ -6,7 +6,9 @@ fragmentation, NCCL, the sampler, the per-request buffers) that a CUDA OOM comes
 * **the floor** (:func:`compute_free_floor`): ``gpu_memory_free_min_gib``, or ``gpu_memory_free_min_fraction``
   of the device if larger. When the free framebuffer is below it, or below twice it and falling at a rate
   that crosses it within ``gpu_memory_horizon_seconds`` (growth that plateaus far from the floor is left
-  alone), :func:`propose_for_gpu_memory` lowers the utilisation *before* the crash. It is urgent (no metrics
+  alone), :func:`propose_for_gpu_memory` lowers the utilisation *before* the crash. Only samples at which
+  the engine serves count (:func:`compute_serving_samples`): a pod's start-up fills its GPU, which is no
+  trend. It is urgent (no metrics
   cooldown), but the current settings are not marked failed: they have not crashed.
 * **memory that follows the batch** (:func:`fit_batch_growth`): when the free framebuffer falls in step with
   the running requests across the window (least squares of free against running, a clear negative slope
@@ -60,6 +62,13 @@ def compute_device_total(samples: tuple[MetricsSample, ...]) -> float | None:
         if x.gpu_memory_free_gib is not None and x.gpu_memory_used_gib is not None
     ]
     return max(totals) if totals else None
+
+
+def compute_serving_samples(samples: tuple[MetricsSample, ...]) -> tuple[MetricsSample, ...]:
+    """The samples at which the engine itself reports (its KV usage is there). dcgm-exporter shows a pod's
+    GPU from the container's start, the engine only once it serves: the framebuffer filling while the
+    weights load and the KV cache is allocated is the start-up, not a trend towards a CUDA OOM."""
+    return tuple(x for x in samples if x.kv_usage is not None)
 
 
 def _slope(samples: tuple[MetricsSample, ...]) -> float:
@@ -199,7 +208,8 @@ def propose_for_gpu_memory(s: Situation) -> Proposal | None:
     """The early warning: free GPU memory low, or falling towards the floor within the horizon. With memory
     that follows the batch, the utilisation that holds the floor at the sequence limit (or, below the
     bounds, the sequence cap that holds it at today's utilisation); otherwise one OOM step."""
-    p, samples, eff = s.policy, s.window.samples, s.effective
+    p, eff = s.policy, s.effective
+    samples = compute_serving_samples(s.window.samples)
     latest = next((x for x in reversed(samples) if x.gpu_memory_free_gib is not None), None)
     if latest is None or latest.gpu_memory_free_gib is None:
         return None
