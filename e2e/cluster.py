@@ -722,6 +722,25 @@ class LocalCluster:
             "apply", "--server-side", "--field-manager=kvpilot-e2e", "-f", "-", input=yaml.safe_dump_all(docs)
         )
 
+    @contextlib.contextmanager
+    def tainted_nodes(self, pool: _nodes.NodePool, label: str, value: str, taint: str) -> Iterator[list[str]]:
+        """A node pool of one test's own: ``pool``'s KWOK nodes labelled ``label=value`` and tainted
+        ``taint=true:NoSchedule``, so only the pods that select and tolerate them land there; deleted after
+        (without waiting). Yields the nodes' names."""
+        manifests = []
+        for i in range(pool.count):
+            m = _nodes.node_manifest(pool, i)
+            m["metadata"]["labels"][label] = value
+            m["spec"]["taints"] = [{"key": taint, "value": "true", "effect": "NoSchedule"}]
+            manifests.append(m)
+        self.add_nodes(manifests)
+        names = [m["metadata"]["name"] for m in manifests]
+        try:
+            yield names
+        finally:
+            for name in names:
+                self.kubectl("delete", "node", name, "--wait=false", check=False)
+
     def add_nodes(self, manifests: list[dict[str, Any]]) -> None:
         """Register Nodes *with* their status, as a kubelet does (create keeps Node.status),
         then make sure capacity/allocatable (nvidia.com/gpu) stuck after KWOK initialised them."""

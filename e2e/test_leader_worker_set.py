@@ -42,7 +42,7 @@ from e2e.fleet.kopf_process import OperatorProcess
 from e2e.fleet.stack import ISVC, closed_loop_env
 from e2e.fleet.testing import H100_8B
 from e2e.lws_local import LwsController
-from e2e.nodes import H100_80GB_HBM3, NodePool, node_manifest
+from e2e.nodes import H100_80GB_HBM3, NodePool
 from e2e.prometheus import PrometheusServer
 from e2e.waits import host_operator, wait_established, wait_for
 from kvpilot.operator import errors
@@ -290,14 +290,8 @@ def group_pool(
     nodes = NodePool(
         f"lws-{ns[-6:]}", 4, H100_80GB_HBM3, 8, cpu="192", memory="2048Gi", machine="p5.48xlarge"
     )
-    manifests = []
-    for i in range(nodes.count):
-        m = node_manifest(nodes, i)
-        m["metadata"]["labels"][POOL_LABEL] = ns
-        m["spec"]["taints"] = [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
-        manifests.append(m)
-    cluster.add_nodes(manifests)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(cluster.tainted_nodes(nodes, POOL_LABEL, ns, TAINT))
         prometheus_url, fleet = "", None
         if scenario is not None:
             prom = stack.enter_context(PrometheusServer(tmp_path / "prometheus"))
@@ -313,8 +307,6 @@ def group_pool(
                 yield GroupPool(cluster, ns, op, fleet)
         finally:
             print(f"operator log: {op.log_file}")
-            for m in manifests:
-                cluster.kubectl("delete", "node", m["metadata"]["name"], "--wait=false", check=False)
         assert fleet is None or not fleet.errors, fleet.errors
 
 

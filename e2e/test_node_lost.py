@@ -24,7 +24,7 @@ import pytest
 
 from e2e.cluster import LocalCluster
 from e2e.fleet.kopf_process import OperatorProcess
-from e2e.nodes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE, L4, NodePool, node_manifest
+from e2e.nodes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE, L4, NodePool
 from e2e.pods import _now
 from e2e.test_rollout import (
     POOL_LABEL,
@@ -52,19 +52,8 @@ def pool(cluster: LocalCluster, operator: OperatorProcess) -> Iterator[Pool]:
     base = NodePool(
         f"lost-{ns.removeprefix(NS_PREFIX)}", 3, L4, 1, cpu="8", memory="32Gi", machine="g6.xlarge"
     )
-    manifests = []
-    for i in range(base.count):
-        m = node_manifest(base, i)
-        m["metadata"]["labels"][POOL_LABEL] = ns
-        m["spec"]["taints"] = [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
-        manifests.append(m)
-    cluster.add_nodes(manifests)
-    try:
-        with cluster.temporary_namespace(ns):
-            yield Pool(cluster, ns, operator)
-    finally:
-        for m in manifests:
-            cluster.kubectl("delete", "node", m["metadata"]["name"], "--wait=false", check=False)
+    with cluster.tainted_nodes(base, POOL_LABEL, ns, TAINT), cluster.temporary_namespace(ns):
+        yield Pool(cluster, ns, operator)
 
 
 def _node_ready(pool: Pool, node: str) -> str:

@@ -21,7 +21,7 @@ import pytest
 from e2e.cluster import LocalCluster
 from e2e.fleet.kopf_process import OperatorProcess
 from e2e.fleet.stack import ISVC, closed_loop_env, install_crd
-from e2e.nodes import L4, NodePool, node_manifest
+from e2e.nodes import L4, NodePool
 from e2e.pods import CUDA_OOM_MESSAGE, _now, simulate_container_crash, wait_pod_running
 from e2e.waits import wait_for
 from kvpilot.operator.pods.rollout_strategy import HELD_MESSAGE
@@ -203,19 +203,8 @@ def pool(cluster: LocalCluster, operator: OperatorProcess) -> Iterator[Pool]:
     """Three KWOK L4 nodes (one GPU each) for this test alone, in a namespace of its own."""
     ns = f"{NS_PREFIX}{uuid.uuid4().hex[:6]}"
     base = NodePool(f"ro-{ns.removeprefix(NS_PREFIX)}", 3, L4, 1, cpu="8", memory="32Gi", machine="g6.xlarge")
-    manifests = []
-    for i in range(base.count):
-        m = node_manifest(base, i)
-        m["metadata"]["labels"][POOL_LABEL] = ns
-        m["spec"]["taints"] = [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
-        manifests.append(m)
-    cluster.add_nodes(manifests)
-    try:
-        with cluster.temporary_namespace(ns):
-            yield Pool(cluster, ns, operator)
-    finally:
-        for m in manifests:
-            cluster.kubectl("delete", "node", m["metadata"]["name"], "--wait=false", check=False)
+    with cluster.tainted_nodes(base, POOL_LABEL, ns, TAINT), cluster.temporary_namespace(ns):
+        yield Pool(cluster, ns, operator)
 
 
 # ------------------------------------------------------------------------------------------------ tests

@@ -8,11 +8,11 @@ sequences, ``data_parallel_size`` engines of ``tp`` GPUs with the routed experts
 (``--data-parallel-size``, ``--data-parallel-size-local``, ``--enable-expert-parallel``).
 
 The layout is structure, not tuning: it follows from the spec, the model, the GPU and the release alone,
-so the reconciler's render and every closed-loop render of other settings agree (:func:`compute_layout`,
-cached by its inputs; for a service, :func:`kvpilot.operator.planning.modes.compute_group_layout`). A
-fleet-learned TuningProfile does not move it, and the plan of a DP x EP group's engines is the node
-planner's own (:func:`compute_rank_plan`), without the learned profile (one learned lesson per single
-engine today).
+so the reconciler's render and every closed-loop render of other settings agree
+(:func:`compute_data_parallel`, cached by its inputs; for a service,
+:func:`kvpilot.operator.planning.modes.compute_group_layout`). A fleet-learned TuningProfile does not move
+it, and the plan of a DP x EP group's engines is the node planner's own (the same call's ``plan``),
+without the learned profile (one learned lesson per single engine today).
 
 Pure apart from the cache; no I/O.
 """
@@ -26,7 +26,7 @@ from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import memory, vllm
 from kvpilot.tuner.model import ModelSpec
 from kvpilot.tuner.plan import Layout, NodePlan, compute_node_plan
-from kvpilot.tuner.types import EngineSettings, GpuSpec, Plan, ServingBounds
+from kvpilot.tuner.types import EngineSettings, GpuSpec, ServingBounds
 
 
 @functools.lru_cache(maxsize=512)
@@ -58,18 +58,20 @@ def _cached_node_plan(
         return exc
 
 
-def _data_parallel(
+def compute_data_parallel(
     spec: api.InferenceServiceSpec,
     model: ModelSpec,
     gpu: GpuSpec,
     pinned: EngineSettings,
     *,
-    vllm_version: str,
-    engine: vllm.EngineFlags,
-    weights_total_bytes: int | None,
+    vllm_version: str = vllm.PINNED_VLLM_VERSION,
+    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
+    weights_total_bytes: int | None = None,
 ) -> NodePlan | None:
-    """The node plan when it is DP x EP; ``None`` for one node, a dense model, TP x PP or a planner error
-    (the TP x PP path reports it)."""
+    """The node plan of ``spec``'s replica when the node planner splits it DP x EP: its ``layout`` is what
+    the workload renders, its ``plan`` each data-parallel engine's (its settings carry the engine's
+    tensor-parallel size). ``None`` for one node, a dense model, TP x PP or a planner error (the TP x PP
+    path reports it)."""
     if spec.gpu.nodes_per_replica < 2 or model.moe is None:
         return None
     found = _cached_node_plan(
@@ -86,53 +88,6 @@ def _data_parallel(
     if isinstance(found, tuner_errors.TunerError) or found.layout.data_parallel_size < 2:
         return None
     return found
-
-
-def compute_layout(
-    spec: api.InferenceServiceSpec,
-    model: ModelSpec,
-    gpu: GpuSpec,
-    pinned: EngineSettings,
-    *,
-    vllm_version: str = vllm.PINNED_VLLM_VERSION,
-    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
-    weights_total_bytes: int | None = None,
-) -> Layout | None:
-    """The DP x EP layout the node planner chose for ``spec``'s replica; ``None``: TP x PP or one node."""
-    found = _data_parallel(
-        spec,
-        model,
-        gpu,
-        pinned,
-        vllm_version=vllm_version,
-        engine=engine,
-        weights_total_bytes=weights_total_bytes,
-    )
-    return None if found is None else found.layout
-
-
-def compute_rank_plan(
-    spec: api.InferenceServiceSpec,
-    model: ModelSpec,
-    gpu: GpuSpec,
-    pinned: EngineSettings,
-    *,
-    vllm_version: str = vllm.PINNED_VLLM_VERSION,
-    engine: vllm.EngineFlags = vllm.DEFAULT_ENGINE,
-    weights_total_bytes: int | None = None,
-) -> Plan | None:
-    """The plan of each data-parallel engine when the layout is DP x EP (its settings carry the engine's
-    tensor-parallel size); ``None``: plan the replica as TP x PP."""
-    found = _data_parallel(
-        spec,
-        model,
-        gpu,
-        pinned,
-        vllm_version=vllm_version,
-        engine=engine,
-        weights_total_bytes=weights_total_bytes,
-    )
-    return None if found is None else found.plan
 
 
 def compute_engine_topology(

@@ -205,7 +205,7 @@ def compute_feasible_plan(
         pinned = pinned.replace(
             tensor_parallel_size=pinned.tensor_parallel_size or compute_tensor_parallel(model, spec.gpu.count)
         )
-    rank_plan = layouts.compute_rank_plan(  # a MoE group the node planner splits DP x EP
+    data_parallel = layouts.compute_data_parallel(  # a MoE group the node planner splits DP x EP
         spec,
         model,
         gpu,
@@ -214,6 +214,7 @@ def compute_feasible_plan(
         engine=engine,
         weights_total_bytes=weights_total_bytes,
     )
+    rank_plan = None if data_parallel is None else data_parallel.plan
     result = rank_plan or _cached_plan(
         plan_fn or compute_plan,
         model,
@@ -242,11 +243,11 @@ def compute_feasible_plan(
 def compute_group_layout(
     spec: api.InferenceServiceSpec, inputs: resolve.Inputs, user: UserArgs
 ) -> Layout | None:
-    """The DP x EP split of a replica over nodes (:func:`.layouts.compute_layout`, for the service's resolved
-    inputs and release); ``None``: TP x PP or one node. The reconciler's render and every closed-loop render
-    of other settings ask it, so they agree."""
+    """The DP x EP split of a replica over nodes (:func:`.layouts.compute_data_parallel`, for the service's
+    resolved inputs and release); ``None``: TP x PP or one node. The reconciler's render and every
+    closed-loop render of other settings ask it, so they agree."""
     engine = release.resolve_release(spec)
-    return layouts.compute_layout(
+    found = layouts.compute_data_parallel(
         spec,
         inputs.model.spec,
         inputs.gpu.gpu,
@@ -255,6 +256,7 @@ def compute_group_layout(
         engine=engine.flags,
         weights_total_bytes=inputs.model.checkpoint_bytes,
     )
+    return None if found is None else found.layout
 
 
 def compute_group_topology(
