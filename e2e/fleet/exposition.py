@@ -23,7 +23,11 @@ zero, as a new vLLM process does.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from e2e.fleet.engine import Deltas
 from e2e.fleet.truth import EngineArgs, GroundTruth
@@ -161,7 +165,9 @@ def build_1_2_5_buckets(max_value: int) -> list[float]:
         exponent += 1
 
 
-def cache_config_labels(truth: GroundTruth, args: EngineArgs, naming: str = "current") -> dict[str, str]:
+def cache_config_labels(
+    truth: GroundTruth, args: EngineArgs, naming: str = "current", engine: int = 0
+) -> dict[str, str]:
     info = dict(CACHE_CONFIG_DEFAULTS)
     info.update(
         block_size=str(truth.block(args)),
@@ -176,21 +182,25 @@ def cache_config_labels(truth: GroundTruth, args: EngineArgs, naming: str = "cur
     if naming == "legacy":
         for k in LABELS_ADDED_IN_033:
             info.pop(k, None)
-    info["engine"] = "0"
+    info["engine"] = str(engine)
     return info
 
 
 class VllmMetrics:
     """The metric families of one vLLM API server process, in their own registry."""
 
-    def __init__(self, truth: GroundTruth, args: EngineArgs, *, naming: str = "current") -> None:
+    def __init__(
+        self, truth: GroundTruth, args: EngineArgs, *, naming: str = "current", engine: int = 0
+    ) -> None:
+        """``engine``: the engine's index, as vLLM labels each data-parallel engine's series (``engine``) and
+        as the engine's own GPU (dcgm-exporter's ``gpu``) when several engines share one API server."""
         if naming not in NAMINGS:
             raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
         self.naming = naming
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         ln = ["model_name", "engine"]
-        lv = {"model_name": args.model_name or "model", "engine": "0"}
+        lv = {"model_name": args.model_name or "model", "engine": str(engine)}
         mml = truth.max_model_len(args)
         tok_buckets = build_1_2_5_buckets(mml)
 
@@ -342,8 +352,8 @@ class VllmMetrics:
         # exporter, whose own labels would name the pod)
         dcgm = ["gpu", "UUID", "modelName", "Hostname"]
         dcgm_values = {
-            "gpu": "0",
-            "UUID": "GPU-00000000-0000-0000-0000-000000000000",
+            "gpu": str(engine),
+            "UUID": f"GPU-00000000-0000-0000-0000-{engine:012d}",
             "modelName": "NVIDIA H100 80GB HBM3",
             "Hostname": "kwok-node",
         }
@@ -355,7 +365,7 @@ class VllmMetrics:
         # the engine serves once it has allocated its budget: the framebuffer is already full of it (a GPU's
         # start-up ramp, all free to full, is before vLLM serves its first scrape)
         self.record_framebuffer(truth.framebuffer_used_gib(args, 0, 0.0))
-        info = cache_config_labels(truth, args, naming)
+        info = cache_config_labels(truth, args, naming, engine)
         Gauge(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=r
         ).labels(**info).set(1)
@@ -402,3 +412,29 @@ class VllmMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def render_engines(engines: Sequence[VllmMetrics]) -> bytes:
+    """One API server's exposition over several data-parallel engines (``--data-parallel-size``): vLLM's
+    ``PrometheusStatLogger`` keeps one family per metric with a child per engine index, so each family here
+    holds every engine's samples (build the engines with ``engine=0, 1, ...``)."""
+    families: dict[str, Metric] = {}
+    for metrics in engines:
+        for family in metrics.registry.collect():
+            if family.name in families:
+                families[family.name].samples.extend(family.samples)
+            else:
+                merged = Metric(family.name, family.documentation, family.type, family.unit)
+                merged.samples = list(family.samples)
+                families[family.name] = merged
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families

@@ -4,7 +4,9 @@ Debian's ``prometheus`` (started by ``e2e.prometheus``, scrape interval 1 s) scr
 fake vLLM pods of one service (the e2e fleet's exposition: 0.33 names, and a pod with
 the pre-rename names) plus a pod of *another* service that must not be selected.
 Checks that every query parses, the selector picks the right pods, the fallbacks work
-and the window has what the policy needs. A second real Prometheus over the same pods serves its API
+and the window has what the policy needs. A data-parallel pod (one API server over two engines, vLLM's
+``engine`` label) is read as its worst engine against the per-engine ``--max-num-seqs``. A second real
+Prometheus over the same pods serves its API
 behind TLS and basic auth (``--web.config.file``, ``e2e.prometheus.make_web_security``), as teams run it:
 read with the CA bundle and the credentials as files, and a wrong CA or password is a clear condition
 reason. The binary is required (``make test`` installs it), never skipped.
@@ -57,11 +59,20 @@ def pods() -> Iterator[tuple[Targets, dict[str, Any]]]:
         pods[name] = (metrics, truth.kv_tokens(args))
         servers.append((name, serve_exposition(metrics.render)))
 
-    def bump() -> None:  # a preemption storm on pod aaaaa: 5 per second
+    # a DP x EP pod of service "dp": one API server over two engines, the second full and preempting
+    dp_args = truth_mod.EngineArgs(model="m", max_model_len=8192, max_num_seqs=64, gpu_memory_utilization=0.9)
+    dp = [expo.VllmMetrics(truth, dp_args, engine=i) for i in range(2)]
+    dp[0].record(running=12, waiting=0, kv_usage=0.31, deltas=engine.Deltas(preemptions=0), fb_used_gib=60.0)
+    dp[1].record(running=64, waiting=9, kv_usage=0.96, deltas=engine.Deltas(preemptions=0), fb_used_gib=75.0)
+    pods["dp-6c7d8e-eeeee"] = (dp, truth.kv_tokens(dp_args))
+    servers.append(("dp-6c7d8e-eeeee", serve_exposition(lambda: expo.render_engines(dp))))
+
+    def bump() -> None:  # preemption storms on pod aaaaa and the DP pod's engine 1: 5 per second
         while not stop.is_set():
             pods["llm-5d8f7c-aaaaa"][0].record(
                 running=40, waiting=7, kv_usage=0.97, deltas=engine.Deltas(preemptions=1)
             )
+            dp[1].record(running=64, waiting=9, kv_usage=0.96, deltas=engine.Deltas(preemptions=1))
             time.sleep(0.2)
 
     stop = threading.Event()
@@ -84,7 +95,7 @@ def pods() -> Iterator[tuple[Targets, dict[str, Any]]]:
 def _scraping(prom: Any, targets: Targets) -> None:
     prom.write_targets(targets)
     prom.wait_for(
-        'count(up{namespace="ns1"} == 1)', lambda r: bool(r) and r[0]["value"][1] == "3", timeout=60
+        'count(up{namespace="ns1"} == 1)', lambda r: bool(r) and r[0]["value"][1] == "4", timeout=60
     )
     time.sleep(6)  # a few scrapes for rate()
 
@@ -138,6 +149,26 @@ async def test_real_prometheus_window(fleet: tuple[str, dict[str, Any]]) -> None
     # the current-naming pod reports kv_cache_size_tokens, the legacy one blocks x block size: same figure
     assert w.kv_capacity_tokens == pods["llm-5d8f7c-aaaaa"][1]
     assert w.reported_gpu_memory_utilization == 0.9 and w.reported_kv_cache_dtype == "auto"
+
+
+async def test_a_data_parallel_pod_is_read_as_its_worst_engine(fleet: tuple[str, dict[str, Any]]) -> None:
+    """A DP x EP replica's API server serves every engine's series, told apart by ``engine``; each engine has
+    its own ``--max-num-seqs`` and KV pool. The loop must see the full engine (not the pod's sum or mean):
+    KV usage, running and waiting of engine 1, its preemptions alone, one engine's KV capacity, and the
+    fuller of the pod's two GPUs."""
+    url, pods = fleet
+    truth = pytest.importorskip("e2e.fleet.truth").GroundTruth()
+    w = await prometheus.fetch_observations(
+        url, "ns1", "dp", time.time(), pods=("dp-6c7d8e-eeeee",), window_seconds=10, step_seconds=1
+    )
+    assert w.available, w.unavailable_reason
+    assert w.pods == 1
+    last = w.samples[-1]
+    assert last.kv_usage == pytest.approx(0.96)  # engine 1; the mean of the two would be 0.635
+    assert (last.running, last.waiting) == (64, 9)  # engine 1 at its 64: the sum, 76, is above any limit
+    assert last.preemption_rate is not None and 0.05 < last.preemption_rate < 10
+    assert w.kv_capacity_tokens == pods["dp-6c7d8e-eeeee"][1]  # one engine's pool, not the pod's two
+    assert last.gpu_memory_free_gib == pytest.approx(truth.gpu_memory_gib - 75.0, abs=0.01)  # the fuller GPU
 
 
 async def test_real_prometheus_other_service_and_missing_service(fleet: tuple[str, dict[str, Any]]) -> None:

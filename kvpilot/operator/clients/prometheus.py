@@ -240,8 +240,10 @@ def build_window(
     now: float,
     window_seconds: float,
     step_seconds: float,
+    pods: int | None = None,
 ) -> ObservationWindow:
-    """An :class:`ObservationWindow` from Prometheus' answers (the ``data.result`` lists)."""
+    """An :class:`ObservationWindow` from Prometheus' answers (the ``data.result`` lists). ``pods``: how many
+    pods reported; ``None``, one per ``cache_config_info`` series (a data-parallel pod has one per engine)."""
     start = now - window_seconds
     series = {key: _series_points(result) for key, result in ranged.items()}
     invalid = _out_of_range(series, instant)
@@ -271,7 +273,7 @@ def build_window(
     )
     prompt = _scalar(instant.get("prompt_mean", ()))
     generation = _scalar(instant.get("generation_mean", ()))
-    tokens, gmu, dtype, pods = _capacity(instant.get("cache_config", ()))
+    tokens, gmu, dtype, configs = _capacity(instant.get("cache_config", ()))
     return ObservationWindow(
         start=start,
         end=now,
@@ -281,7 +283,7 @@ def build_window(
         kv_capacity_tokens=tokens,
         reported_gpu_memory_utilization=gmu,
         reported_kv_cache_dtype=dtype,
-        pods=pods,
+        pods=configs if pods is None else pods,
     )
 
 
@@ -389,7 +391,8 @@ def build_service_window(
         present = any(s is not None for s in sums) and any(c is not None for c in counts)
         instant[f"{family}_mean"] = [{"value": [now, total / n if n > 0 else "NaN"]}] if present else []
     instant["cache_config"] = [s for k in keys for s in snapshot.cache_config.get(k, ())]
-    return build_window(ranged, instant, now, window_seconds, step_seconds)
+    reporting = sum(1 for k in keys if snapshot.cache_config.get(k))  # pods, not engines
+    return build_window(ranged, instant, now, window_seconds, step_seconds, pods=reporting)
 
 
 # --- I/O ---------------------------------------------------------------------------------------------
