@@ -304,3 +304,28 @@ def compute_oracle(sc: BenchScenario, *, hours: float | None = None) -> Run:
                 if 0 <= n[axis] < sizes[axis] and score(n) > score(best) * 1.001:
                     best, improved = n, True
     return memo[best]
+
+
+def compute_reachable(sc: BenchScenario, oracle: Run, *, hours: float | None = None) -> Run:
+    """The most any closed loop can serve from the scenario's plan: the plan's pod starts, and at the first
+    evidence there is (its pod serves, or it fails) the oracle's settings roll out at once, with a surge
+    where a spare GPU allows it, else recreated; or the plan alone, when it is as good. A loop needs that
+    evidence and one restart, so a plan far from the oracle's settings with a long start loses what no
+    policy can win back (``slow-start``: 21 minutes of start at the plan's 8 sequences): the ratio
+    ``kvpilot / reachable`` judges the policy, ``kvpilot / oracle`` the policy and the plan together."""
+    hours = sc.hours if hours is None else hours
+    static = run(sc, sc.planned, closed_loop=False, hours=hours)
+    if oracle.final == sc.planned:
+        return static
+    world = World(sc)
+    world.roll_out(sc.planned, 0.0, strategy="surge")
+    now, end, switched = 0.0, hours * 3600, False
+    while now < end:
+        now += DT
+        world.step(now)
+        evidence = any(p.state in ("serving", "failing", "backoff") or p.restarts for p in world.pods)
+        if not switched and evidence:
+            world.roll_out(oracle.final, now, strategy="surge" if sc.spare_gpu else "recreate")
+            switched = True
+    switched_run = Run(world.stats, oracle.final, end)
+    return max(static, switched_run, key=lambda r: r.goodput)
