@@ -58,6 +58,8 @@ from typing import Any
 
 import yaml
 
+from kvpilot.observability import series
+
 DEFAULT_BIN = "/usr/bin/prometheus"
 JOB = "vllm"
 
@@ -68,6 +70,8 @@ RELABEL_CONFIGS: list[dict[str, Any]] = [
     {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
     {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
     {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"], "target_label": "service"},
+    # the chart's PodMonitor's: each series names its InferenceService
+    {"source_labels": series.RELABELING["sourceLabels"], "target_label": series.RELABELING["targetLabel"]},
     {
         "source_labels": ["__meta_kubernetes_namespace", "__meta_kubernetes_pod_name"],
         "separator": "/",

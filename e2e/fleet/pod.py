@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import http.server
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from e2e.vllm_cpu.engine_process import EngineProcess
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"
+_LABEL_CHARS = re.compile("[^a-zA-Z0-9_]")
+"""What Prometheus' Kubernetes discovery turns into ``_`` in a pod label's meta-label name."""
 ENGINE_LABEL = "e2e.kvpilot.io/engine"
 """A pod labelled ``e2e.kvpilot.io/engine: real`` runs the real vLLM engine (:mod:`e2e.vllm_cpu`), not the
 simulator (also :meth:`e2e.fleet.fleet.Fleet.use_real_engine`)."""
@@ -146,6 +149,9 @@ class PodEngine:
         m = self.metrics
         return m.render() if m is not None else b""
 
+    def _label_meta(self) -> dict[str, str]:
+        return {f"__meta_kubernetes_pod_label_{_LABEL_CHARS.sub('_', k)}": v for k, v in self.labels.items()}
+
     def target_group(self) -> dict[str, Any]:
         """This pod's Prometheus file_sd entry, with the meta labels Kubernetes SD would give it."""
         return {
@@ -155,8 +161,8 @@ class PodEngine:
                 "__meta_kubernetes_pod_name": self.name,
                 "__meta_kubernetes_pod_container_name": self.container,
                 "__meta_kubernetes_pod_node_name": self.node,
-                "__meta_kubernetes_pod_label_app_kubernetes_io_instance": self.instance,
                 "__meta_kubernetes_pod_uid": self.uid,
+                **self._label_meta(),  # every pod label, named as Kubernetes discovery names them
             },
         }
 

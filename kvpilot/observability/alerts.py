@@ -110,10 +110,10 @@ def _decision_rules() -> list[dict[str, Any]]:
 
 def _reading_rules() -> list[dict[str, Any]]:
     served = f'{_PER_SERVICE} ({s.APPLIED_SETTING}{{setting="max_num_seqs"}})'
-    seen = f"{_PER_SERVICE} ({s.by_service(s.RUNNING)})"
-    kv = f"{_PER_SERVICE} ({s.by_service(s.KV_USAGE)})"
+    seen = f"{_PER_SERVICE} ({s.RUNNING})"
+    kv = f"{_PER_SERVICE} ({s.KV_USAGE})"
     high = f'{_PER_SERVICE} ({s.KV_THRESHOLD}{{threshold="high"}})'
-    preempting = f"sum by ({s.SERVICE}) ({s.by_service(f'rate({s.PREEMPTIONS}[10m])')}) > 0"
+    preempting = f"sum by ({s.SERVICE}) (rate({s.PREEMPTIONS}[10m])) > 0"
     changed = f'sum by ({s.SERVICE}) (increase({s.DECISIONS}{{kind=~"{_CHANGES}"}}[30m])) > 0'
     return [
         _rule(
@@ -123,7 +123,9 @@ def _reading_rules() -> list[dict[str, Any]]:
             "warning",
             "No vLLM metrics for {{ $labels.namespace }}/{{ $labels.inferenceservice }}",
             "kvpilot manages the service but Prometheus has none of its pods' vLLM series: the closed loop "
-            "holds blind. Check the PodMonitor (vllmPodMonitor.enabled) and the MetricsAvailable condition.",
+            "holds blind, or its series lack the inferenceservice label. Check the PodMonitor "
+            "(vllmPodMonitor.enabled; a scrape config of your own needs its relabeling: "
+            "docs/observability.md) and the MetricsAvailable condition.",
         ),
         _rule(
             "KvpilotKvSaturatedWhileHeld",

@@ -120,8 +120,8 @@ def _panels() -> list[dict[str, Any]]:
         "Framebuffer used and free on the service's GPUs (dcgm-exporter in its Kubernetes mode); what "
         "gpu_memory_utilization leaves free shows here. Empty without dcgm-exporter.",
         [
-            _target("A", f"sum by (pod) ({s.FB_USED}{{{_VLLM}}})", "used {{pod}}"),
-            _target("B", f"sum by (pod) ({s.FB_FREE}{{{_VLLM}}})", "free {{pod}}"),
+            _target("A", s.gpu_of_service(s.FB_USED), "used {{pod}}"),
+            _target("B", s.gpu_of_service(s.FB_FREE), "free {{pod}}"),
         ],
         "decmbytes",
         stacking={"mode": "normal"},

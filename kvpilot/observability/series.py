@@ -4,14 +4,17 @@ vLLM's series come from :mod:`kvpilot.tuner.vllm.serving` (one home for a releas
 operator's own from :mod:`kvpilot.operator.clients.metrics` (the names are checked against its registry
 in ``tests/observability``), the GPU's from dcgm-exporter (the names the closed loop reads too).
 
-vLLM's series carry ``namespace`` and ``pod`` (the chart's PodMonitor, kube-prometheus style); a
-service's pods are its Deployment's, named ``<service>-<replicaset hash>-<pod hash>``:
-:func:`pod_regex` matches exactly those, and :func:`by_service` turns ``pod`` into the
-``inferenceservice`` label the operator's series carry, so that the two can be joined.
+vLLM's series carry ``namespace``, ``pod`` and ``inferenceservice``: the chart's PodMonitor copies the
+pod's label :data:`kvpilot.operator.api.SERVICE_LABEL` into each target (:data:`RELABELING`), so a
+service's series are picked by its name, whatever its pods are called (a Deployment's
+``<service>-<hash>-<hash>``, a LeaderWorkerSet leader's ``<service>-<group>``), and join the operator's,
+which carry the same label. dcgm-exporter's series name only the pod: :func:`gpu_of_service` keeps the
+pods that serve the service's vLLM series.
 """
 
 from __future__ import annotations
 
+from kvpilot.operator import api
 from kvpilot.operator.clients import metrics, prometheus
 from kvpilot.tuner.vllm import serving
 
@@ -24,9 +27,10 @@ __all__ = [
     "FB_USED",
     "KV_THRESHOLD",
     "OPERATOR_RECONCILES",
+    "RELABELING",
+    "SERVICE_LABEL",
     "SLO_SECONDS",
-    "by_service",
-    "pod_regex",
+    "gpu_of_service",
     "service_selector",
     "vllm_selector",
 ]
@@ -58,18 +62,24 @@ OBJECTIVES = tuple(metrics.SLO_OBJECTIVES)
 FB_USED = prometheus.FB_USED
 FB_FREE = prometheus.FB_FREE
 
-SERVICE = "namespace, inferenceservice"
+SERVICE_LABEL = "inferenceservice"
+"""The label naming a series' InferenceService, on the operator's series and (relabelled) on vLLM's."""
+SERVICE = f"namespace, {SERVICE_LABEL}"
 """The labels that name one InferenceService in every joined expression."""
-
-
-def pod_regex(service: str) -> str:
-    """The pods of ``service``'s Deployment (ReplicaSet hash, pod hash): not those of ``<service>-big``."""
-    return f"{service}-[a-z0-9]+-[a-z0-9]+"
+RELABELING = {
+    "sourceLabels": [
+        "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in api.SERVICE_LABEL)
+    ],
+    "targetLabel": SERVICE_LABEL,
+}
+"""The PodMonitor relabeling that gives vLLM's series their ``inferenceservice`` (Prometheus' Kubernetes
+discovery names a pod label ``__meta_kubernetes_pod_label_<name, non-alphanumerics as _>``); a scrape
+config of your own needs the same rule (``source_labels``, ``target_label``)."""
 
 
 def vllm_selector(namespace: str = "$namespace", service: str = "$service") -> str:
-    """The label matchers of one service's vLLM (and dcgm-exporter) series."""
-    return f'namespace="{namespace}", pod=~"{pod_regex(service)}"'
+    """The label matchers of one service's vLLM series."""
+    return f'namespace="{namespace}", {SERVICE_LABEL}="{service}"'
 
 
 def service_selector(namespace: str = "$namespace", service: str = "$service") -> str:
@@ -77,6 +87,8 @@ def service_selector(namespace: str = "$namespace", service: str = "$service") -
     return f'namespace="{namespace}", inferenceservice="{service}"'
 
 
-def by_service(expr: str) -> str:
-    """``expr`` (per pod) with an ``inferenceservice`` label read from the pod's name."""
-    return f'label_replace({expr}, "inferenceservice", "$1", "pod", "{pod_regex("(.+)")}")'
+def gpu_of_service(series: str, namespace: str = "$namespace", service: str = "$service") -> str:
+    """dcgm-exporter's ``series`` summed per pod, for the pods that serve ``service``'s vLLM series (its
+    own labels name the pod, not the service)."""
+    serving = f"max by (pod) ({RUNNING}{{{vllm_selector(namespace, service)}}})"
+    return f'sum by (pod) ({series}{{namespace="{namespace}"}}) and on (pod) {serving}'

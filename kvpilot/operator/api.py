@@ -26,6 +26,10 @@ GROUP = "kvpilot.io"
 VERSION = "v1alpha1"
 PLURAL = "inferenceservices"
 KIND = "InferenceService"
+SERVICE_LABEL = f"{GROUP}/inferenceservice"
+"""The label naming the InferenceService on every object and pod it owns (docs/api-contract.md). The chart's
+PodMonitor copies it into each vLLM series as ``inferenceservice``, which the dashboard and the alert rules
+select and join on (:mod:`kvpilot.observability.series`)."""
 VLLM_VERSION = vllm.PINNED_VLLM_VERSION
 DEFAULT_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 """The CRD's ``spec.engine.image`` default says the same (``tests/test_versions.py``)."""

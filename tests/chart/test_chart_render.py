@@ -15,6 +15,8 @@ import pytest
 import yaml
 from helmchart import CHART, CI_VALUES, NAMESPACE, RELEASE, ROOT, by_kind, one, run_helm, values_args
 
+from kvpilot.observability import series
+from kvpilot.operator import api
 from kvpilot.operator.clients import metrics, prometheus
 from kvpilot.operator.inferenceservice import render as render_operator
 from kvpilot.operator.loop import loop_settings
@@ -183,6 +185,13 @@ def test_monitoring_objects(rendered: Callable[..., list[dict[str, Any]]]) -> No
     assert pm["spec"]["podMetricsEndpoints"][0]["path"] == serving.METRICS_PATH
     named = {p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     assert named[pm["spec"]["podMetricsEndpoints"][0]["port"]] == serving.PORT
+    # each series names its InferenceService, from the label the rendered pod carries, under the label the
+    # dashboard and the alert rules select on (a LeaderWorkerSet leader's name matches no name pattern)
+    (relabel,) = pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert relabel == series.RELABELING
+    pod_label = api.SERVICE_LABEL.replace(".", "_").replace("/", "_")
+    assert relabel["sourceLabels"] == [f"__meta_kubernetes_pod_label_{pod_label}"]
+    assert pod["metadata"]["labels"][api.SERVICE_LABEL] == example["metadata"]["name"]
     c = _container(objs)
     assert c["image"].startswith("ghcr.io/kvpilot/kvpilot@sha256:")
     env = {e["name"]: e.get("value") for e in c["env"]}

@@ -42,7 +42,10 @@ def _stamp(name: str, kind: str, seconds: int) -> dict[str, str]:
 
 
 def _vllm(metric: str, pod: str, values: str) -> dict[str, str]:
-    labels = f'namespace="ns1", pod="{pod}", model_name="m", engine="0"'
+    """A vLLM series of a Deployment's pod ``<service>-<hash>-<hash>``, relabelled as the chart's PodMonitor
+    relabels it: its InferenceService from the pod's label."""
+    service = pod.rsplit("-", 2)[0]
+    labels = f'namespace="ns1", pod="{pod}", inferenceservice="{service}", model_name="m", engine="0"'
     return {"series": f"{metric}{{{labels}}}", "values": values}
 
 

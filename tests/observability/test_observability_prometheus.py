@@ -1,9 +1,11 @@
 """Every PromQL expression of the dashboard and the alert rules, run by a real Prometheus.
 
-Debian's ``prometheus`` (``e2e.prometheus``, scrape interval 1 s) scrapes two vLLM-format pods of the
-service ``ns1/llm`` (the e2e fleet's exposition: 0.33 names with dcgm-exporter's framebuffer series,
-and a pod with the pre-rename names), a pod of another service, and this process's own operator
-metrics (``kvpilot.operator.clients.metrics``, with ``ns1/llm``'s settings, band, SLO and decisions).
+Debian's ``prometheus`` (``e2e.prometheus``, scrape interval 1 s, relabelled as the chart's PodMonitor
+relabels) scrapes three vLLM-format pods of the service ``ns1/llm`` (the e2e fleet's exposition: 0.33 names
+with dcgm-exporter's framebuffer series, a pod with the pre-rename names, and a LeaderWorkerSet leader
+named ``llm-0``), a pod of another service (``llm-big``, whose pods' names start like ``llm``'s), and
+this process's own operator metrics (``kvpilot.operator.clients.metrics``, with ``ns1/llm``'s settings,
+band, SLO and decisions).
 Every panel's query, with Grafana's variables set to ``ns1``/``llm``, must parse and return series of
 that service only; every alert expression must parse and evaluate. The binary is required (``make
 test`` installs it), never skipped.
@@ -27,7 +29,13 @@ from kvpilot.operator.clients import metrics
 from kvpilot.tuner.loop import LatencySlo, PolicyConfig
 from kvpilot.tuner.types import EngineSettings
 
-PODS = (("llm-5d8f7c-aaaaa", "current"), ("llm-5d8f7c-bbbbb", "legacy"), ("llm-big-7b9c6d-ccccc", "current"))
+PODS = (  # (pod, naming, its InferenceService)
+    ("llm-5d8f7c-aaaaa", "current", "llm"),
+    ("llm-5d8f7c-bbbbb", "legacy", "llm"),
+    ("llm-0", "current", "llm"),  # a LeaderWorkerSet's leader: <service>-<group>, no hashes
+    ("llm-big-7b9c6d-ccccc", "current", "llm-big"),
+)
+MINE = {"llm-5d8f7c-aaaaa", "llm-5d8f7c-bbbbb", "llm-0"}
 VARIABLES = {"$__rate_interval": "10s", "$namespace": "ns1", "$service": "llm"}
 
 
@@ -50,7 +58,7 @@ def prom() -> Iterator[PrometheusServer]:
     truth = GroundTruth()
     engines = {}
     servers = []
-    for name, naming in PODS:
+    for name, naming, _ in PODS:
         args = EngineArgs(model="m", max_model_len=8192, max_num_seqs=64, gpu_memory_utilization=0.9)
         engines[name] = VllmMetrics(truth, args, naming=naming)
         engines[name].record(running=40, waiting=7, kv_usage=0.95, deltas=Deltas(), fb_used_gib=60.0)
@@ -75,10 +83,15 @@ def prom() -> Iterator[PrometheusServer]:
     )
     metrics.record_decision("Planned", "ns1", "llm")
     operator_port = metrics.start_metrics_server(0, addr="127.0.0.1")
+    services = {name: service for name, _, service in PODS}
     targets = [
         {
             "targets": [f"127.0.0.1:{srv.server_address[1]}"],
-            "labels": {"__meta_kubernetes_namespace": "ns1", "__meta_kubernetes_pod_name": name},
+            "labels": {
+                "__meta_kubernetes_namespace": "ns1",
+                "__meta_kubernetes_pod_name": name,
+                "__meta_kubernetes_pod_label_kvpilot_io_inferenceservice": services[name],
+            },
         }
         for name, srv in servers
     ]
@@ -86,7 +99,7 @@ def prom() -> Iterator[PrometheusServer]:
         operator = {"kvpilot": [f"127.0.0.1:{operator_port}"]}
         with PrometheusServer(scrape_interval="1s", scrape_targets=operator) as p:
             p.write_targets(targets)
-            p.wait_for("count(up == 1)", lambda r: bool(r) and r[0]["value"][1] == "4", timeout=60)
+            p.wait_for("count(up == 1)", lambda r: bool(r) and r[0]["value"][1] == "5", timeout=60)
             time.sleep(12)  # enough scrapes for a 10 s rate
             metrics.record_decision("Retuned", "ns1", "llm")  # a decision the annotation sees change
             time.sleep(3)
@@ -109,13 +122,13 @@ def test_every_panel_returns_the_services_series(prom: PrometheusServer, expr: s
     result = prom.query(_substitute(expr))
     assert result, f"no series for {expr}"
     pods = {r["metric"].get("pod") for r in result} - {None}
-    assert pods <= {"llm-5d8f7c-aaaaa", "llm-5d8f7c-bbbbb"}, pods  # llm-big's pod is another service's
+    assert pods <= MINE, pods  # llm-big's pod is another service's
 
 
 def test_both_kv_names_are_read(prom: PrometheusServer) -> None:
     (kv,) = [e for e in dashboard.expressions(dashboard.build_dashboard()) if "kv_cache_usage" in e]
     pods = {r["metric"]["pod"] for r in prom.query(_substitute(kv))}
-    assert pods == {"llm-5d8f7c-aaaaa", "llm-5d8f7c-bbbbb"}  # 0.33's name and the pre-rename one
+    assert pods == MINE  # 0.33's name and the pre-rename one, and the group's leader
 
 
 def test_the_variables_list_the_service(prom: PrometheusServer) -> None:

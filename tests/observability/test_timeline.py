@@ -144,7 +144,7 @@ def test_cli_writes_the_svg_with_prometheus_lanes(tmp_path: Path, prometheus: tu
     assert cli.main(args, out=out) == 0
     assert out.getvalue() == f"wrote {svg} (4 decisions)\n"
     assert asked == list(fetch.build_queries("ns1", "llm").values())
-    assert 'pod=~"llm-[a-z0-9]+-[a-z0-9]+"' in asked[0]
+    assert 'namespace="ns1", inferenceservice="llm"' in asked[0]  # the service's label, not a pod pattern
     keys = [g.get("data-key") for g in _tree(svg.read_text()).iter(f"{SVG}g") if g.get("class") == "lane"]
     assert "kv_usage" in keys
 

@@ -47,10 +47,10 @@ from kvpilot.tuner.vllm import serving
 
 OWNED_LABELS: dict[str, Any] = {
     "app.kubernetes.io/managed-by": "kvpilot",
-    f"{api.GROUP}/inferenceservice": kopf.PRESENT,
+    api.SERVICE_LABEL: kopf.PRESENT,
 }
 """The labels :func:`kvpilot.operator.pods.workloads.build_labels` puts on everything kvpilot owns."""
-OWNER_LABEL = f"{api.GROUP}/inferenceservice"
+OWNER_LABEL = api.SERVICE_LABEL
 LEADER_WORKER_SETS = CUSTOM_KINDS["LeaderWorkerSet"]
 """(group, version, plural) of the LeaderWorkerSets watched for drift."""
 CONTAINER = serving.CONTAINER_NAME

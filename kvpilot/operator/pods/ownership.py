@@ -51,7 +51,7 @@ def is_controlled_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:
 
 def _owner_label(manifest: Mapping[str, Any]) -> str:
     labels = (manifest.get("metadata") or {}).get("labels") or {}
-    return str(labels.get(f"{api.GROUP}/inferenceservice", ""))
+    return str(labels.get(api.SERVICE_LABEL, ""))
 
 
 def compute_conflict(manifest: Mapping[str, Any], existing: Mapping[str, Any] | None) -> str | None:

@@ -78,7 +78,7 @@ def build_labels(name: str) -> dict[str, str]:
         "app.kubernetes.io/name": "vllm",
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/managed-by": "kvpilot",
-        f"{api.GROUP}/inferenceservice": name,
+        api.SERVICE_LABEL: name,
     }
 
 
