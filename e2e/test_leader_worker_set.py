@@ -43,6 +43,7 @@ from e2e.fleet.stack import ISVC, closed_loop_env
 from e2e.fleet.testing import H100_8B
 from e2e.lws_local import LwsController
 from e2e.nodes import H100_80GB_HBM3, NodePool
+from e2e.pods import simulate_container_crash
 from e2e.prometheus import PrometheusServer
 from e2e.waits import host_operator, wait_established, wait_for
 from kvpilot.operator import errors
@@ -471,3 +472,49 @@ def test_kv_pressure_on_the_leader_retunes_the_whole_group(
         engine = len(leader_args) - 6  # the leader's role flags are its last six
         assert worker_args[:engine] == leader_args[:engine]
         assert "--headless" in worker_args
+
+
+def test_a_cuda_oom_in_the_worker_lowers_the_groups_utilisation(
+    kube: ClusterKube, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A group is one engine over its pods: a CUDA OOM in the worker's ranks is the engine's crash. The
+    worker reports vLLM's CUDA OOM text, and the real LWS controller recreates the whole group at once
+    (``RecreateGroupOnPodRestart``), so no tick sees the crashed pods: the operator's pod index filed the
+    crash as it was watched (``kvpilot.operator.pods.group_crashes``). The loop lowers
+    ``--gpu-memory-utilization`` (a crash remedy, no metrics needed), and LWS rolls the new arguments to a
+    new leader and worker. Without the filed crash every new group would crash the same way, forever."""
+    spec = {"serving": {"maxContextLength": 8192}}
+    planned = planned_leader_args(spec)
+    assert planned.gpu_memory_utilization is not None
+    with group_pool(cluster, tmp_path, "kvlwso") as pool:
+        pool.create(**spec)
+        leader, worker = by_role(pool.pods())
+        simulate_container_crash(
+            cluster.kubeconfig,
+            pool.ns,
+            worker["metadata"]["name"],
+            restart_count=3,
+            kubectl=cluster.kubectl_bin,
+        )
+        old = {leader["metadata"]["uid"], worker["metadata"]["uid"]}
+
+        def remedied(o: dict[str, Any]) -> bool:
+            changes = retuned(o)
+            pods = pool.pods()
+            return bool(
+                changes
+                and not o.get("status", {}).get("rollout")
+                and len(pods) == 2
+                and {p["metadata"]["uid"] for p in pods}.isdisjoint(old)
+                and ready_replicas(o) == 1
+            )
+
+        done = pool.wait(remedied, 300, "a crash remedy rolled over the group")
+        change = retuned(done)[0]
+        assert change["trigger"] == "CudaOOM", change
+        lowered = float(change["to"]["gpuMemoryUtilization"])
+        assert lowered < float(change["from"]["gpuMemoryUtilization"]) == planned.gpu_memory_utilization
+        new_leader, new_worker = by_role(pool.pods())
+        for pod in (new_leader, new_worker):
+            args = container(pod)["args"]
+            assert float(args[args.index("--gpu-memory-utilization") + 1]) == lowered, pod["metadata"]["name"]

@@ -11,6 +11,9 @@ it
 runs any other handler or timer, so a tick never sees a half-filled cache; the watch keeps it current (a
 deleted pod leaves the index with its ``DELETED`` event).
 
+A LeaderWorkerSet group's crashed pods are gone before a tick sees them (LWS recreates the group at once):
+the index files their terminations in :mod:`.group_crashes`, and :class:`IndexedPods` reads them back.
+
 Previous-container logs are not cached: they are read from the API, once per restart
 (:func:`kvpilot.operator.pods.pod_status.read_pod_views`).
 """
@@ -22,7 +25,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator.pods import pod_status, workloads
+from kvpilot.operator.pods import group_crashes, pod_status, workloads
 
 PodKey = tuple[str, str]
 """``(namespace, InferenceService name)``."""
@@ -37,7 +40,9 @@ def index_pod(namespace: str | None, labels: Mapping[str, str], body: Mapping[st
     if not instance or any(labels.get(k) != v for k, v in workloads.build_selector(instance).items()):
         return {}
     meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
-    return {(namespace or "", instance): {**body, "metadata": meta}}
+    key, pod = (namespace or "", instance), {**body, "metadata": meta}
+    group_crashes.CRASHES.record(key, pod)  # a group's crash is gone with its pods in milliseconds
+    return {key: pod}
 
 
 def parse_selector(label_selector: str) -> dict[str, str]:
@@ -55,16 +60,20 @@ class IndexedPods:
     """:class:`~kvpilot.operator.pods.pod_status.PodReader` over the pod index; logs from ``logs``."""
 
     def __init__(
-        self, index: Mapping[PodKey, Iterable[Mapping[str, Any]]], logs: pod_status.PodReader
+        self,
+        index: Mapping[PodKey, Iterable[Mapping[str, Any]]],
+        logs: pod_status.PodReader,
+        crashes: group_crashes.GroupCrashes = group_crashes.CRASHES,
     ) -> None:
-        self.index, self.logs = index, logs
+        self.index, self.logs, self.crashes = index, logs, crashes
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         wanted = parse_selector(label_selector)
         instance = wanted.get(workloads.INSTANCE_LABEL)
         if instance is None:
             raise ValueError(f"the pod cache is keyed by {workloads.INSTANCE_LABEL}: {label_selector!r}")
-        pods = self.index.get((namespace, instance)) or ()
+        live = list(self.index.get((namespace, instance)) or ())
+        pods = [*live, *self.crashes.recall((namespace, instance), live)]  # and a group's crashed, gone pods
         return [
             dict(pod)
             for pod in pods

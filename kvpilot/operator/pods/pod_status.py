@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from kvpilot.operator.clients.kube import fetch_previous_log, raw_response
 from kvpilot.operator.clients.pod_logs import UnreadLog
-from kvpilot.operator.pods import leader_worker_set
+from kvpilot.operator.pods import group_crashes, leader_worker_set
 from kvpilot.operator.pods.storage import INIT_CONTAINER
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
@@ -103,6 +103,9 @@ class PodView:
     group_worker: bool = False
     """A LeaderWorkerSet group's worker (:func:`kvpilot.operator.pods.leader_worker_set.is_worker`): its
     restarts count as the group's, but it is no replica (its leader serves the group's API)."""
+    gone: bool = False
+    """A group's pod LWS deleted after its crash (:mod:`kvpilot.operator.pods.group_crashes`): only its
+    restart counts, against its settings; it is ``terminating`` for everything else."""
     node_lost: bool = False
     """Its node is lost, not its settings at fault (:func:`compute_node_lost`, :func:`with_lost_nodes`): the
     node is NotReady or unknown, or the pod was marked or evicted for the node's loss."""
@@ -230,12 +233,13 @@ def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodVi
         name=str(meta.get("name") or ""),
         settings=settings,
         ready=bool(status_c.get("ready")),
-        terminating=bool(meta.get("deletionTimestamp")),
+        terminating=bool(meta.get("deletionTimestamp")) or group_crashes.is_gone(pod),
         restart=restart,
         needs_log=needs_log,
         node=str((pod.get("spec") or {}).get("nodeName") or ""),
         node_lost=compute_node_lost(pod),
         group_worker=leader_worker_set.is_worker(pod),
+        gone=group_crashes.is_gone(pod),
     )
 
 
@@ -258,7 +262,8 @@ def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replic
     it makes the rollout wait (``not_started``) rather than fail."""
     mine = [p for p in pods if not p.terminating and p.settings == current]
     others = [p for p in pods if not p.terminating and p.settings != current]
-    restarts = tuple(p.restart for p in mine if p.restart is not None and not p.node_lost)
+    crashed = [*mine, *(p for p in pods if p.gone and p.settings == current)]  # a group's, gone since
+    restarts = tuple(p.restart for p in crashed if p.restart is not None and not p.node_lost)
     ready = replicas > 0 and sum(1 for p in mine if p.ready and not p.group_worker) >= replicas and not others
     not_started = any(p.unschedulable or p.downloading or p.node_lost for p in mine) and not restarts
     return PodSummary(restarts, ready, len(mine), len(others), not_started)
