@@ -10,6 +10,11 @@ Storage is ``vfs`` (no overlay or fuse-overlayfs needed) under ``$KVPILOT_CACHE/
 buildah and podman, so the imported base and buildah's layer cache survive between runs. Containers run with
 runc and the cgroupfs manager: crun fails on this machine kind's hybrid cgroups and on raising rlimits.
 
+vfs copies the whole root filesystem into every layer (about 0.4 GB here), and every change to the sources
+makes three new ones, so a cache kept between CI runs would fill its disk within a few dozen builds.
+Each build therefore keeps only its own layers: the untagged images it neither made nor reused are removed
+before and after it (:func:`prune`); its own are listed in ``$KVPILOT_CACHE/image/kept-layers.json``.
+
 CLI::
 
     python -m e2e.image build      # build (cached layers make a rebuild fast); prints the ref, time and size
@@ -24,6 +29,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -175,15 +181,74 @@ class Built:
     size_bytes: int
 
 
+def kept_layers_file() -> Path:
+    return cache_dir() / "image" / "kept-layers.json"
+
+
+def read_kept_layers() -> set[str]:
+    try:
+        return set(json.loads(kept_layers_file().read_text()))
+    except (OSError, ValueError):
+        return set()
+
+
+def write_kept_layers(ids: set[str]) -> None:
+    path = kept_layers_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sorted(ids)))
+
+
+# buildah build prints each step's image, made (``--> 1eeaae6148d``) or reused (``--> Using cache <id>``).
+_STEP_IMAGE = re.compile(r"^--> (?:Using cache )?([0-9a-f]{11,64})\s*$", re.MULTILINE)
+
+
+def step_images(build_output: str) -> set[str]:
+    """The images a ``buildah build --layers`` made or reused, as its output names them."""
+    return set(_STEP_IMAGE.findall(build_output))
+
+
+def dangling_images() -> list[str]:
+    """The store's untagged images that no other image is built on (``podman images --filter dangling``)."""
+    out = _run(
+        [*podman_args(), "images", "--all", "--quiet", "--no-trunc", "--filter", "dangling=true"],
+        "podman images",
+        timeout=300,
+    )
+    return [line.removeprefix("sha256:") for line in out.split()]
+
+
+def stale_images(keep: set[str]) -> list[str]:
+    """The untagged, unused images not in ``keep`` (ids or their prefixes)."""
+    return [i for i in dangling_images() if not any(i.startswith(k) for k in keep)]
+
+
+def prune(keep: set[str]) -> int:
+    """Remove the untagged images not in ``keep`` (ids or their prefixes), then the parents that leaves
+    untagged and unused, until none is left; returns how many were removed. Tagged images (the base, the
+    operator image) and their ancestors are never touched."""
+    removed = 0
+    while True:
+        doomed = stale_images(keep)
+        if not doomed:
+            return removed
+        proc = subprocess.run([*podman_args(), "rmi", *doomed], capture_output=True, text=True, timeout=600)
+        gone = len(doomed) - len(set(doomed) & set(dangling_images()))
+        if gone == 0:
+            raise ImageError(f"podman rmi removed none of {doomed}: {proc.stderr.strip()[-2000:]}")
+        removed += gone
+
+
 def build(ref: str = IMAGE) -> Built:
-    """Build the repository's Dockerfile on the local base; layers are cached, so a rebuild is fast."""
+    """Build the repository's Dockerfile on the local base; the last build's layers are cached, so a rebuild
+    is fast, and older ones are removed (:func:`prune`)."""
     require_tools()
     t0 = time.monotonic()
     base = ensure_base()
+    prune(read_kept_layers())
     # The RUN steps trust what this machine trusts (its egress proxy's CA is in the host bundle): the bundle
     # is mounted for the build only and is not in any layer.
     trust = ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"] if Path(HOST_CA_BUNDLE).is_file() else []
-    _run(
+    output = _run(
         [
             "buildah",
             *storage_args(),
@@ -191,6 +256,7 @@ def build(ref: str = IMAGE) -> Built:
             "--isolation",
             "chroot",
             "--layers",
+            "--force-rm",
             "--pull=never",
             *trust,
             "--build-arg",
@@ -203,6 +269,9 @@ def build(ref: str = IMAGE) -> Built:
         ],
         "buildah build",
     )
+    kept = step_images(output)
+    write_kept_layers(kept)
+    prune(kept)
     seconds = time.monotonic() - t0
     return Built(ref=ref, base=base, seconds=seconds, size_bytes=image_size(ref))
 

@@ -203,7 +203,7 @@ def simulate_container_crash(
     :param crash_loop: True: ``state.waiting`` CrashLoopBackOff with the crash in ``lastState.terminated``
         (the steady state of a crash-looping pod). False: the crash is the current ``state.terminated``
         (the moment right after the exit, before back-off).
-    :returns: the pod as read back from the API server after the patch.
+    :returns: the pod as the API server answered the patch.
     """
     # KWOK's pod-ready stage only acts on Pending pods: once it has made the pod Running
     # (or an earlier crash was simulated), nothing in KWOK rewrites the status below.
@@ -273,8 +273,10 @@ def simulate_container_crash(
             )
         conditions.append(cond)
     patch = {"status": {"phase": "Running", "conditions": conditions, "containerStatuses": statuses}}
-    # merge patch: lists are replaced wholesale, exactly what kubelet's status manager sends in effect
-    _kubectl(
+    # merge patch: lists are replaced wholesale, exactly what kubelet's status manager sends in effect.
+    # The pod is the patch's own answer: a controller may delete it at once (LeaderWorkerSet recreates
+    # a whole group on a restart), so a second read could find it gone.
+    out = _kubectl(
         kubectl,
         kubeconfig,
         "patch",
@@ -286,8 +288,10 @@ def simulate_container_crash(
         "--type=merge",
         "-p",
         json.dumps(patch),
+        "-o",
+        "json",
     )
-    return get_pod(kubeconfig, namespace, pod, kubectl=kubectl)
+    return dict(json.loads(out.stdout))
 
 
 def container_status(p: dict[str, Any], container: str | None = None) -> dict[str, Any]:

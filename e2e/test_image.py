@@ -57,6 +57,15 @@ def built() -> image.Built:
     return result
 
 
+def test_the_store_keeps_only_the_last_builds_layers(built: image.Built) -> None:
+    """vfs copies the root filesystem into every layer: a CI cache that kept each build's layers filled its
+    disk within a few dozen runs. After a build the store holds the tagged images and this build's steps."""
+    kept = image.read_kept_layers()
+    image_id = str(image.inspect(built.ref)["Id"])
+    assert any(image_id.startswith(k) for k in kept)
+    assert image.stale_images(kept) == []
+
+
 def podman(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([*image.podman_args(), *args], capture_output=True, text=True, timeout=timeout)
     if check:
