@@ -14,6 +14,8 @@ pods that serve the service's vLLM series.
 
 from __future__ import annotations
 
+import re
+
 from kvpilot.operator import api
 from kvpilot.operator.clients import metrics, prometheus
 from kvpilot.tuner.vllm import serving
@@ -66,15 +68,19 @@ SERVICE_LABEL = "inferenceservice"
 """The label naming a series' InferenceService, on the operator's series and (relabelled) on vLLM's."""
 SERVICE = f"namespace, {SERVICE_LABEL}"
 """The labels that name one InferenceService in every joined expression."""
-RELABELING = {
-    "sourceLabels": [
-        "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in api.SERVICE_LABEL)
-    ],
-    "targetLabel": SERVICE_LABEL,
-}
-"""The PodMonitor relabeling that gives vLLM's series their ``inferenceservice`` (Prometheus' Kubernetes
-discovery names a pod label ``__meta_kubernetes_pod_label_<name, non-alphanumerics as _>``); a scrape
-config of your own needs the same rule (``source_labels``, ``target_label``)."""
+_NOT_IN_A_LABEL_NAME = re.compile("[^a-zA-Z0-9_]")
+
+
+def pod_label_meta(key: str) -> str:
+    """The meta label Prometheus' Kubernetes discovery gives a pod label: ``__meta_kubernetes_pod_label_`` and
+    the key with every character outside ``[a-zA-Z0-9_]`` made ``_`` (Prometheus' ``SanitizeLabelName``)."""
+    return "__meta_kubernetes_pod_label_" + _NOT_IN_A_LABEL_NAME.sub("_", key)
+
+
+RELABELING = {"sourceLabels": [pod_label_meta(api.SERVICE_LABEL)], "targetLabel": SERVICE_LABEL}
+"""The PodMonitor relabeling that gives vLLM's series their ``inferenceservice`` from the pod's
+``kvpilot.io/inferenceservice`` label; a scrape config of your own needs the same rule (``source_labels``,
+``target_label``)."""
 
 
 def vllm_selector(namespace: str = "$namespace", service: str = "$service") -> str:

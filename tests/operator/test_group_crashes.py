@@ -110,7 +110,7 @@ def test_the_tick_counts_a_gone_workers_oom_against_its_settings_and_nothing_els
     index = {
         ("ns", "dsv3"): [group_pod("dsv3-0", "u-leader-2", "0"), group_pod("dsv3-0-1", "u-worker-2", "1")]
     }
-    reader = pod_cache.IndexedPods(index, NoLogs(), crashes)
+    reader = pod_cache.IndexedPods(index, NoLogs())
     views = pod_status.read_pod_views(reader, "ns", workloads.build_label_selector("dsv3"), "dsv3")
     assert [v.name for v in views if v.gone] == ["dsv3-0-1"]
     summary = pod_status.compute_pod_summary(views, CURRENT, replicas=1)

@@ -180,8 +180,8 @@ def _scalar(result: Sequence[Mapping[str, Any]]) -> float | None:
     return None
 
 
-def _capacity(result: Sequence[Mapping[str, Any]]) -> tuple[int | None, float | None, str | None, int]:
-    """(smallest KV tokens over pods, reported utilisation, cache dtype, pods) from ``cache_config_info``."""
+def _capacity(result: Sequence[Mapping[str, Any]]) -> tuple[int | None, float | None, str | None]:
+    """(smallest KV tokens over engines, reported utilisation, cache dtype) from ``cache_config_info``."""
     tokens: list[int] = []
     gmu: float | None = None
     dtype: str | None = None
@@ -195,7 +195,7 @@ def _capacity(result: Sequence[Mapping[str, Any]]) -> tuple[int | None, float | 
             tokens.append(int(size))
         gmu = gmu if gmu is not None else _number(labels.get("gpu_memory_utilization"))
         dtype = dtype or labels.get("cache_dtype") or None
-    return (min(tokens) if tokens else None), gmu, dtype, len(result)
+    return (min(tokens) if tokens else None), gmu, dtype
 
 
 RANGES: Mapping[str, tuple[float, float]] = {
@@ -240,10 +240,10 @@ def build_window(
     now: float,
     window_seconds: float,
     step_seconds: float,
-    pods: int | None = None,
+    pods: int,
 ) -> ObservationWindow:
     """An :class:`ObservationWindow` from Prometheus' answers (the ``data.result`` lists). ``pods``: how many
-    pods reported; ``None``, one per ``cache_config_info`` series (a data-parallel pod has one per engine)."""
+    pods reported (not the ``cache_config_info`` series: a data-parallel pod has one per engine)."""
     start = now - window_seconds
     series = {key: _series_points(result) for key, result in ranged.items()}
     invalid = _out_of_range(series, instant)
@@ -273,7 +273,7 @@ def build_window(
     )
     prompt = _scalar(instant.get("prompt_mean", ()))
     generation = _scalar(instant.get("generation_mean", ()))
-    tokens, gmu, dtype, configs = _capacity(instant.get("cache_config", ()))
+    tokens, gmu, dtype = _capacity(instant.get("cache_config", ()))
     return ObservationWindow(
         start=start,
         end=now,
@@ -283,7 +283,7 @@ def build_window(
         kv_capacity_tokens=tokens,
         reported_gpu_memory_utilization=gmu,
         reported_kv_cache_dtype=dtype,
-        pods=configs if pods is None else pods,
+        pods=pods,
     )
 
 

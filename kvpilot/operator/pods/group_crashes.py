@@ -45,11 +45,6 @@ def _restarted(body: Mapping[str, Any]) -> bool:
     )
 
 
-def _group_member(body: Mapping[str, Any]) -> bool:
-    labels = (body.get("metadata") or {}).get("labels") or {}
-    return leader_worker_set.NAME_LABEL in labels
-
-
 @dataclass
 class GroupCrashes:
     """What the pod index saw of group pods' terminations, per service."""
@@ -62,7 +57,7 @@ class GroupCrashes:
 
     def record(self, key: PodKey, body: Mapping[str, Any]) -> None:
         """File ``body`` (a pod as the watch delivers it) when it is a group's and a container restarted."""
-        if not _group_member(body) or not _restarted(body):
+        if not leader_worker_set.is_group_member(body) or not _restarted(body):
             return
         uid = str((body.get("metadata") or {}).get("uid") or "")
         if not uid:

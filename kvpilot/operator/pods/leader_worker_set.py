@@ -139,6 +139,11 @@ def _quantities_as_strings(container: dict[str, Any]) -> None:
             container["resources"][bound] = {k: str(v) for k, v in values.items()}
 
 
+def is_group_member(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod is any LeaderWorkerSet's (LWS's set label is on it)."""
+    return NAME_LABEL in ((pod.get("metadata") or {}).get("labels") or {})
+
+
 def is_group_pod(pod: Mapping[str, Any], name: str) -> bool:
     """Whether the pod is one of the LeaderWorkerSet ``name``'s: LWS's set label names it, and its controller
     is a StatefulSet of the set (the leaders' ``<name>``, a group's workers' ``<name>-<group>``)."""

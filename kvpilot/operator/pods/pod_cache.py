@@ -60,12 +60,9 @@ class IndexedPods:
     """:class:`~kvpilot.operator.pods.pod_status.PodReader` over the pod index; logs from ``logs``."""
 
     def __init__(
-        self,
-        index: Mapping[PodKey, Iterable[Mapping[str, Any]]],
-        logs: pod_status.PodReader,
-        crashes: group_crashes.GroupCrashes = group_crashes.CRASHES,
+        self, index: Mapping[PodKey, Iterable[Mapping[str, Any]]], logs: pod_status.PodReader
     ) -> None:
-        self.index, self.logs, self.crashes = index, logs, crashes
+        self.index, self.logs = index, logs
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         wanted = parse_selector(label_selector)
@@ -73,7 +70,10 @@ class IndexedPods:
         if instance is None:
             raise ValueError(f"the pod cache is keyed by {workloads.INSTANCE_LABEL}: {label_selector!r}")
         live = list(self.index.get((namespace, instance)) or ())
-        pods = [*live, *self.crashes.recall((namespace, instance), live)]  # and a group's crashed, gone pods
+        gone = group_crashes.CRASHES.recall(
+            (namespace, instance), live
+        )  # a group's crashed pods, as index_pod filed them
+        pods = [*live, *gone]
         return [
             dict(pod)
             for pod in pods
