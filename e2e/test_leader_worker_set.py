@@ -36,7 +36,7 @@ import pytest
 import yaml
 from kubernetes import config
 
-from e2e.cluster import LocalCluster
+from e2e.cluster import LocalCluster, free_port
 from e2e.fleet import EngineArgs, Fleet, Scenario, Workload
 from e2e.fleet.kopf_process import OperatorProcess
 from e2e.fleet.stack import ISVC, closed_loop_env
@@ -45,12 +45,15 @@ from e2e.lws_local import LwsController
 from e2e.nodes import H100_80GB_HBM3, NodePool
 from e2e.pods import simulate_container_crash
 from e2e.prometheus import PrometheusServer
+from e2e.targets import RESOURCE, get, install_crds, make_webhook_pki, webhook_configuration
 from e2e.waits import host_operator, wait_established, wait_for
-from kvpilot.operator import errors
+from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import ClusterKube
+from kvpilot.operator.enginetuner import target
 from kvpilot.operator.inferenceservice import render
 from kvpilot.operator.pods import leader_worker_set as lws
 from kvpilot.operator.pods import ownership, workloads
+from kvpilot.tuner import vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 LWS_CRD = ROOT / "tests" / "data" / "lws" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml.gz"
@@ -518,3 +521,121 @@ def test_a_cuda_oom_in_the_worker_lowers_the_groups_utilisation(
         for pod in (new_leader, new_worker):
             args = container(pod)["args"]
             assert float(args[args.index("--gpu-memory-utilization") + 1]) == lowered, pod["metadata"]["name"]
+
+
+# ------------------------------------------------------------ an EngineTuner on a group another stack made
+
+FOREIGN_MODEL = "meta-llama/Llama-3.1-70B-Instruct"
+LWS_RESOURCE = CRD_NAME  # leaderworkersets.leaderworkerset.x-k8s.io
+
+
+def foreign_group(name: str, ns: str) -> dict[str, Any]:
+    """A LeaderWorkerSet as another stack writes one (llm-d's or a hand-made manifest): vLLM's own
+    multi-node flags, tensor x pipeline parallel 8 x 2 over a leader and a headless worker, 8 GPUs each."""
+    common = [FOREIGN_MODEL, "--tensor-parallel-size", "8", vllm.PIPELINE_PARALLEL_FLAG, "2"]
+    common += [vllm.NNODES_FLAG, "2", vllm.MASTER_ADDR_FLAG, lws.LEADER_ADDRESS]
+
+    def template(rank: list[str]) -> dict[str, Any]:
+        return {
+            "metadata": {"labels": {"app": name}},
+            "spec": {
+                "nodeSelector": {POOL_LABEL: ns},
+                "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [
+                    {
+                        "name": "vllm",
+                        "image": "vllm/vllm-openai:v0.33.0",
+                        "command": ["vllm", "serve", *common, *rank],
+                        "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                    }
+                ],
+            },
+        }
+
+    return {
+        "apiVersion": lws.API_VERSION,
+        "kind": lws.KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "leaderTemplate": template([vllm.NODE_RANK_FLAG, "0"]),
+                "workerTemplate": template([vllm.NODE_RANK_FLAG, lws.WORKER_INDEX, vllm.HEADLESS_FLAG]),
+            },
+        },
+    }
+
+
+def test_an_engine_tuner_tunes_a_group_another_stack_made(
+    kube: ClusterKube, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The last gap of the target mode: an EngineTuner (Initial) on a LeaderWorkerSet kvpilot did not make.
+    It reads the leader's flags and the group's size from the set, plans the owner's 8 x 2 layout over the
+    group's 16 GPUs, and its admission webhook gives the recommendation to the leader and the worker the
+    real LWS controller makes after the leader is deleted; the set itself is never written."""
+    install_crds(cluster)
+    ns = f"kvtlws-{uuid.uuid4().hex[:6]}"
+    nodes = NodePool(
+        f"lws-{ns[-6:]}", 2, H100_80GB_HBM3, 8, cpu="192", memory="2048Gi", machine="p5.48xlarge"
+    )
+    port, ca = free_port(), make_webhook_pki(tmp_path / "tls")
+    env = {
+        "KVPILOT_WEBHOOK_PORT": str(port),
+        "KVPILOT_WEBHOOK_CERT_DIR": str(tmp_path / "tls"),
+        "KVPILOT_WEBHOOK_ADDR": "127.0.0.1",
+        "KVPILOT_TARGET_INTERVAL": "2",
+    }
+    hook = webhook_configuration(f"kvpilot-{ns}", port, ca, ns)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cluster.tainted_nodes(nodes, POOL_LABEL, ns, TAINT))
+        stack.enter_context(cluster.temporary_namespace(ns))
+        log = stack.enter_context(host_operator(cluster, tmp_path / "operator.log", ns, env))
+        wait_for(lambda: "Listening for webhooks at" in log.read_text(), 30, "the webhook server to listen")
+        cluster.apply(hook)
+        stack.callback(cluster.kubectl, "delete", "mutatingwebhookconfiguration", hook["metadata"]["name"])
+        cluster.apply(foreign_group("big", ns))
+        tuner = {
+            "apiVersion": "kvpilot.io/v1alpha1",
+            "kind": "EngineTuner",
+            "metadata": {"name": "big", "namespace": ns},
+            "spec": {"targetRef": {"kind": lws.KIND, "name": "big"}, "updateMode": "Initial"},
+        }
+        cluster.apply(tuner)
+
+        def group_pods() -> list[dict[str, Any]]:
+            items = get(cluster, "pods", "-n", ns, "-l", f"{lws.NAME_LABEL}=big")["items"]
+            return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+        def recommended() -> Any:
+            st = (get(cluster, RESOURCE, "big", "-n", ns) or {}).get("status") or {}
+            ready = [c for c in st.get("conditions") or () if c["type"] == "Ready" and c["status"] == "True"]
+            return st if ready and (st.get("recommendation") or {}).get("settings") else None
+
+        try:
+            status = wait_for(recommended, 120, "the EngineTuner's recommendation for the group")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{log.read_text()[-4000:]}") from None
+        found = status["discovered"]
+        assert found["model"] == FOREIGN_MODEL and found["gpuCount"] == 8, found
+        assert found["gpuProduct"] == "NVIDIA-H100-80GB-HBM3" and found["pods"] == 2, found
+        assert 7 < status["budget"]["weightsGiB"] < 10, status["budget"]  # ~131 GiB over 16 GPUs
+        rec = api.Settings.model_validate(status["recommendation"]["settings"]).to_engine()
+        generation = get(cluster, LWS_RESOURCE, "big", "-n", ns)["metadata"]["generation"]
+        old = {p["metadata"]["uid"] for p in group_pods()}
+        cluster.kubectl("delete", "pod", "big-0", "-n", ns, "--wait=false")  # LWS recreates the group
+
+        def new_group() -> list[dict[str, Any]] | None:
+            pods = group_pods()
+            fresh = [p for p in pods if p["metadata"]["uid"] not in old]
+            return fresh if len(fresh) == 2 and len(pods) == 2 else None
+
+        fresh = wait_for(new_group, 120, "LWS's new leader and worker")
+        for pod in fresh:
+            assert target.pod_carries(pod, "vllm", rec), (pod["metadata"]["name"], container(pod)["command"])
+            assert "kvpilot.io/tuned" in pod["metadata"].get("annotations", {}), pod["metadata"]
+        leader, worker = by_role(fresh)
+        assert vllm.HEADLESS_FLAG in container(worker)["command"]  # the owner's flags stay
+        assert vllm.HEADLESS_FLAG not in container(leader)["command"]
+        after = get(cluster, LWS_RESOURCE, "big", "-n", ns)
+        assert after["metadata"]["generation"] == generation  # the set was never written

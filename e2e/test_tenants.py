@@ -196,12 +196,26 @@ def test_the_schema_refuses_for_everyone(t: Tenants, case: str) -> None:
 # --------------------------------------------------------------------------- finding 2: EngineTuners
 
 
-def _tuner(target: str, mode: str, **model: Any) -> dict[str, Any]:
+def _tuner(target: str, mode: str, kind: str = "Deployment", **model: Any) -> dict[str, Any]:
     return {
-        "targetRef": {"kind": "Deployment", "name": target},
+        "targetRef": {"kind": kind, "name": target},
         "updateMode": mode,
         "model": {**MODEL, **model},
     }
+
+
+def _group_role(t: Tenants, name: str, group: str, verbs: list[str]) -> None:
+    """alice's rights on one LeaderWorkerSet, as a manifest (``kubectl create role`` asks discovery, which
+    serves no LWS kind on a cluster without LWS)."""
+    rule = {
+        "apiGroups": ["leaderworkerset.x-k8s.io"],
+        "resources": ["leaderworkersets"],
+        "resourceNames": [group],
+        "verbs": verbs,
+    }
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "rules": [rule]}
+    t.kubectl("-n", A, "apply", "-f", "-", input=json.dumps({**role, "metadata": {"name": name}}))
+    t.kubectl("-n", A, "create", "rolebinding", f"{name}-alice", f"--role={name}", "--user=alice")
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +238,9 @@ def tuners(t: Tenants) -> Tenants:
         "--resource=deployments.apps",
         "--resource-name=alice-app",
     )
+    # LeaderWorkerSet is not installed here: RBAC and the policy's authorizer checks need no CRD
+    _group_role(t, "own-group", "alice-group", ["get", "update", "patch"])
+    _group_role(t, "read-team-group", "team-group", ["get"])
     _role(t, A, "evict", "alice", "--verb=create", "--resource=pods/eviction")
     # she may read another team's Deployment (as the built-in view role lets her), not change it
     _role(
@@ -257,6 +274,16 @@ def tuners(t: Tenants) -> Tenants:
             "Deployment payroll, which alice may not get",
         ),
         (
+            "auto-on-another-teams-group",
+            _tuner("team-group", "Auto", kind="LeaderWorkerSet"),
+            "LeaderWorkerSet team-group, which alice may not update",
+        ),
+        (
+            "recommend-unreadable-group",
+            _tuner("team-app", "Recommend", kind="LeaderWorkerSet"),  # her get is on the Deployment only
+            "LeaderWorkerSet team-app, which alice may not get",
+        ),
+        (
             "hub-token",
             _tuner("alice-app", "Recommend", source="Hub", hubTokenSecretRef={"name": "team-db"}),
             "spec.model.hubTokenSecretRef names Secret team-db, which alice may not get",
@@ -273,6 +300,20 @@ def test_enginetuner_on_her_own_deployment_is_admitted(tuners: Tenants) -> None:
     spec = _tuner("alice-app", "Auto", source="Hub", hubTokenSecretRef={"name": "hf-alice"})
     proc = tuners.create_as("alice", spec, "et-own", kind="EngineTuner")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_enginetuner_on_her_own_leader_worker_set_is_admitted(tuners: Tenants) -> None:
+    """The policy asks the authorizer about the LeaderWorkerSet's own group and resource, not apps'."""
+    spec = _tuner("alice-group", "Auto", kind="LeaderWorkerSet")
+    proc = tuners.create_as("alice", spec, "et-group", kind="EngineTuner")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_target_api_version_must_be_its_kinds(tuners: Tenants) -> None:
+    spec = _tuner("alice-group", "Recommend", kind="LeaderWorkerSet")
+    spec["targetRef"]["apiVersion"] = "apps/v1"
+    proc = tuners.create_as("alice", spec, "et-version", kind="EngineTuner")
+    assert proc.returncode != 0 and "apiVersion must be the kind's" in proc.stderr, proc.stderr
 
 
 # --------------------------------------------------------------------------- CEL cost on the real API server

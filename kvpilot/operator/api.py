@@ -690,16 +690,29 @@ class InferenceService(_Wire):
 
 ENGINE_TUNER_PLURAL = "enginetuners"
 ENGINE_TUNER_KIND = "EngineTuner"
-TargetKind = Literal["Deployment", "StatefulSet"]
-"""The workload kinds ``spec.targetRef`` may name (``apps/v1``)."""
+TargetKind = Literal["Deployment", "StatefulSet", "LeaderWorkerSet"]
+"""The workload kinds ``spec.targetRef`` may name."""
+TARGET_API_VERSIONS: dict[str, str] = {
+    "Deployment": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
+}
+"""Each target kind's API version (the LeaderWorkerSet's: sigs.k8s.io/lws, a replica over several nodes)."""
 
 
 class TargetRef(_Wire):
     """``spec.targetRef``: the workload whose pods are tuned, in the EngineTuner's namespace."""
 
-    api_version: Literal["apps/v1"] = "apps/v1"
+    api_version: Literal["apps/v1", "leaderworkerset.x-k8s.io/v1"] | None = None
     kind: TargetKind
     name: str = Field(min_length=1, max_length=253)
+
+    @model_validator(mode="after")
+    def _version_of_kind(self) -> TargetRef:
+        want = TARGET_API_VERSIONS[self.kind]
+        if self.api_version is not None and self.api_version != want:
+            raise ValueError(f"apiVersion of a {self.kind} is {want}, not {self.api_version}")
+        return self
 
 
 class TargetGpu(_Wire):

@@ -1,10 +1,14 @@
 """Target mode (an EngineTuner): what a workload someone else owns runs, and what kvpilot would run instead.
 
-Pure: the workload (a Deployment or StatefulSet as JSON), its pods, their nodes' labels and the ConfigMaps
-it mounts come in; a :class:`Discovery` and the plan's spec go out. The vLLM command-line facts are
-:mod:`kvpilot.tuner.vllm.command`'s; the plan is the InferenceService's (:func:`build_plan_spec` makes the
+Pure: the workload (a Deployment, StatefulSet or LeaderWorkerSet as JSON), its pods, their nodes' labels and
+the ConfigMaps it mounts come in; a :class:`Discovery` and the plan's spec go out. The vLLM command-line facts
+are :mod:`kvpilot.tuner.vllm.command`'s; the plan is the InferenceService's (:func:`build_plan_spec` makes the
 equivalent ``InferenceServiceSpec`` and :mod:`kvpilot.operator.planning.modes` plans it), so both kinds plan
 alike.
+
+A LeaderWorkerSet's replica is a group of ``leaderWorkerTemplate.size`` pods, one per node, that serve one
+engine: its vLLM command is read from the leader's template (the workers' when it has none), its GPUs are the
+group's, its layout (tensor x pipeline parallel over the nodes) is the owner's and is planned as it is.
 
 What cannot be found raises :class:`DiscoveryIncomplete` with what to set in the EngineTuner's spec.
 """
@@ -18,7 +22,7 @@ from typing import Any
 import yaml
 
 from kvpilot.operator import api, conditions, errors
-from kvpilot.operator.pods import capacity
+from kvpilot.operator.pods import capacity, leader_worker_set
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, vllm
 from kvpilot.tuner.types import EngineSettings, GpuSpec
@@ -62,10 +66,45 @@ class Discovery:
     """From ``spec.gpu.product`` or the pods' nodes; ``None``: not yet known (no pod on a labelled node)."""
     gpu_labels: Mapping[str, str] | None = None
     """The GFD labels of a node the pods run on, when the product came from them."""
+    nodes: int = 1
+    """Pods (nodes) of one replica: a LeaderWorkerSet's group size; ``gpu_count`` GPUs each."""
+
+
+def _group(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return (workload.get("spec") or {}).get("leaderWorkerTemplate")
 
 
 def pod_template(workload: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod spec that runs the API server: the template's, or a LeaderWorkerSet's leader template (its
+    worker template when it has none, as LWS does)."""
+    group = _group(workload)
+    if group is not None:
+        template = group.get("leaderTemplate") or group.get("workerTemplate") or {}
+        return template.get("spec") or {}
     return ((workload.get("spec") or {}).get("template") or {}).get("spec") or {}
+
+
+def pod_templates(workload: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every pod spec the workload creates pods from (a LeaderWorkerSet's leader and worker templates)."""
+    group = _group(workload)
+    if group is None:
+        return [pod_template(workload)]
+    templates = (group.get("leaderTemplate"), group.get("workerTemplate"))
+    return [t.get("spec") or {} for t in templates if t]
+
+
+def group_size(workload: Mapping[str, Any]) -> int:
+    """Pods of one replica: a LeaderWorkerSet's ``leaderWorkerTemplate.size`` (default 1), else 1."""
+    group = _group(workload)
+    return int((group or {}).get("size") or 1)
+
+
+def pod_selector(workload: Mapping[str, Any], kind: str, name: str) -> dict[str, str]:
+    """The labels every pod of the workload carries: its selector, or LWS's set label."""
+    if kind == leader_worker_set.KIND:
+        return {leader_worker_set.NAME_LABEL: name}
+    sel = (workload.get("spec") or {}).get("selector") or {}
+    return dict(sel.get("matchLabels") or {})
 
 
 def find_vllm_container(
@@ -215,10 +254,8 @@ def build_discovery(
         raise DiscoveryIncomplete(f"the target's vLLM arguments do not parse: {exc.message}") from None
     model, model_origin = compute_model_ref(spec, found, container)
     product, labels = compute_gpu_product(spec, node_labels)
-    tp = settings.tensor_parallel_size or 1
-    pp_values = vllm.find_flag_values([*config_args, *found.flags], vllm.PIPELINE_PARALLEL_FLAG)
-    pp = int(pp_values[-1]) if pp_values and pp_values[-1].isdigit() else 1
-    count = spec.gpu.count or tp * pp
+    nodes = group_size(workload)
+    count = spec.gpu.count or compute_gpus_per_node([*config_args, *found.flags], settings, nodes)
     return Discovery(
         container=str(container.get("name")),
         command=found,
@@ -231,7 +268,34 @@ def build_discovery(
         vllm_env=compute_vllm_env(container),
         gpu_product=product,
         gpu_labels=labels,
+        nodes=nodes,
     )
+
+
+def _flag_int(flags: Sequence[str], flag: str) -> int:
+    values = vllm.find_flag_values(flags, flag)
+    return int(values[-1]) if values and values[-1].isdigit() else 1
+
+
+def compute_gpus_per_node(flags: Sequence[str], settings: EngineSettings, nodes: int) -> int:
+    """The GPUs each pod runs: tensor x pipeline parallel over the group's ``nodes``. A group whose ranks do
+    not split evenly over its nodes, or that runs data-parallel engines, is one kvpilot does not plan for a
+    target (its layout is the owner's): DiscoveryIncomplete says what to set."""
+    tp, pp = settings.tensor_parallel_size or 1, _flag_int(flags, vllm.PIPELINE_PARALLEL_FLAG)
+    if nodes == 1:
+        return tp * pp
+    if _flag_int(flags, vllm.DATA_PARALLEL_SIZE_FLAG) > 1:
+        raise DiscoveryIncomplete(
+            f"the group runs data-parallel engines ({vllm.DATA_PARALLEL_SIZE_FLAG}), a layout kvpilot "
+            "does not tune in a workload it does not own; an InferenceService with gpu.nodesPerReplica "
+            "plans and runs it"
+        )
+    if (tp * pp) % nodes:
+        raise DiscoveryIncomplete(
+            f"tensor x pipeline parallel {tp} x {pp} does not split over the group's {nodes} nodes; set "
+            "spec.gpu.count to the GPUs of each pod"
+        )
+    return tp * pp // nodes
 
 
 def build_plan_spec(spec: api.EngineTunerSpec, found: Discovery) -> api.InferenceServiceSpec:
@@ -243,7 +307,9 @@ def build_plan_spec(spec: api.EngineTunerSpec, found: Discovery) -> api.Inferenc
     return api.InferenceServiceSpec(
         model=found.model,
         gpu=api.GpuRequest(
-            count=found.gpu_count, tensor_parallel_size=found.settings.tensor_parallel_size or 1
+            count=found.gpu_count,
+            tensor_parallel_size=found.settings.tensor_parallel_size or 1,
+            nodes_per_replica=found.nodes,
         ),
         serving=spec.serving,
         engine=api.Engine(image=image, env=env),
@@ -268,6 +334,18 @@ def tuned_part(settings: EngineSettings) -> dict[str, object]:
     return {k: v for k, v in settings.as_dict().items() if k != "tensor_parallel_size"}
 
 
+def _vllm_command(pod: Mapping[str, Any], container: str) -> vllm_command.VllmCommand | None:
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        if c.get("name") == container:
+            return vllm_command.find_vllm_command(c.get("command") or (), c.get("args") or ())
+    return None
+
+
+def runs_vllm(pod: Mapping[str, Any], container: str) -> bool:
+    """Whether the pod's ``container`` runs vLLM (a Ray worker of a group runs ``ray start`` instead)."""
+    return _vllm_command(pod, container) is not None
+
+
 def pod_carries(pod: Mapping[str, Any], container: str, recommended: EngineSettings) -> bool:
     """Whether the pod's vLLM container runs the recommended settings (its command line says so)."""
     for c in (pod.get("spec") or {}).get("containers") or ():
@@ -286,7 +364,10 @@ def pod_carries(pod: Mapping[str, Any], container: str, recommended: EngineSetti
 
 def pod_belongs(pod: Mapping[str, Any], kind: str, name: str) -> bool:
     """Whether the pod is the target's (by the owner chain: a Deployment's ReplicaSet is named
-    ``<deployment>-<pod-template-hash>``; a StatefulSet owns its pods itself)."""
+    ``<deployment>-<pod-template-hash>``; a StatefulSet owns its pods itself; a LeaderWorkerSet's are its
+    StatefulSets', ``<name>`` the leaders' and ``<name>-<group>`` each group's workers)."""
+    if kind == leader_worker_set.KIND:
+        return leader_worker_set.is_group_pod(pod, name)
     meta = pod.get("metadata") or {}
     for ref in meta.get("ownerReferences") or ():
         if not ref.get("controller"):
@@ -306,6 +387,34 @@ def is_excluded(pod: Mapping[str, Any]) -> bool:
         (meta.get("labels") or {}).get(EXCLUDE_LABEL),
         (meta.get("annotations") or {}).get(EXCLUDE_LABEL),
     )
+
+
+def compute_stale_pods(
+    pods: Sequence[Mapping[str, Any]], container: str, recommended: EngineSettings
+) -> list[Mapping[str, Any]]:
+    """The pods to replace so that every engine runs ``recommended``: those whose vLLM container does not;
+    of a LeaderWorkerSet, each group's leader when a pod of its group does not (a group is one engine, and
+    evicting its leader replaces the whole group: LWS makes the workers' StatefulSet the leader pod's). Pods
+    that do not run vLLM (a group's Ray workers) and pods being deleted are never stale."""
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    stale = [p for p in live if runs_vllm(p, container) and not pod_carries(p, container, recommended)]
+    if not any(leader_worker_set.is_group_member(p) for p in live):
+        return stale
+    groups = {group_key(p) for p in stale}
+    return [p for p in live if _is_leader(p) and group_key(p) in groups]
+
+
+def group_key(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(set, group index)`` of a LeaderWorkerSet's pod; ``None`` for any other pod."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if not leader_worker_set.is_group_member(pod):
+        return None
+    return str(labels[leader_worker_set.NAME_LABEL]), str(labels.get(leader_worker_set.GROUP_INDEX_LABEL))
+
+
+def _is_leader(pod: Mapping[str, Any]) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(leader_worker_set.WORKER_INDEX_LABEL) == "0"
 
 
 def pod_shape(workload: Mapping[str, Any]) -> capacity.PodShape:

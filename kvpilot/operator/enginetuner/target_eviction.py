@@ -100,20 +100,17 @@ def compute_eviction(
 ) -> tuple[str | None, str]:
     """The pod to evict now in mode Auto, or ``None``, and why.
 
-    One at a time: a crash-looping pod that does not run the recommendation first (it serves nothing),
+    One at a time (of a LeaderWorkerSet, one group at a time: :func:`~.target.compute_stale_pods`): a
+    crash-looping pod that does not run the recommendation first (it serves nothing),
     else one of the others, only when every other pod of the target is Ready (the last replacement has
     started), the last eviction is ``interval_s`` old, and some node could take the replacement."""
-    stale = [
-        p
-        for p in pods
-        if not target.pod_carries(p, container, recommended)
-        and not (p.get("metadata") or {}).get("deletionTimestamp")
-    ]
+    stale = target.compute_stale_pods(pods, container, recommended)
     if not stale:
         return None, "every pod runs the recommendation"
     if not schedulable:
         return None, "no node could take a replacement pod (GPUs); holding"
-    crashing = [p for p in stale if _crashing(p)]
+    crashed_groups = {target.group_key(p) for p in pods if _crashing(p)} - {None}
+    crashing = [p for p in stale if _crashing(p) or target.group_key(p) in crashed_groups]
     if crashing:
         return str(
             crashing[0]["metadata"]["name"]

@@ -150,10 +150,11 @@ def compute_budget(inputs: LoopInputs, settings: EngineSettings) -> MemoryBudget
     the plan's)."""
     if same_settings(settings, inputs.plan.settings):
         return inputs.plan.budget
+    gpus = inputs.plan_spec.gpu.count * inputs.plan_spec.gpu.nodes_per_replica  # TP x PP over the group
     return compute_topology_budget(
         inputs.model,
         inputs.gpu,
-        inputs.plan_spec.gpu.count,
+        gpus,
         settings,
         inputs.vllm_version,
         inputs.checkpoint_bytes,

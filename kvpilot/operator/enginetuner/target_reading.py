@@ -20,7 +20,7 @@ from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import IO_POOL, TargetKube, build_label_selector
 from kvpilot.operator.enginetuner import target, target_loop
 from kvpilot.operator.planning import modes, resolve
-from kvpilot.operator.pods import tenant_guard, tenant_settings
+from kvpilot.operator.pods import leader_worker_set, tenant_guard, tenant_settings
 from kvpilot.operator.status.tuner_status import TunerFound
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
@@ -50,26 +50,31 @@ class Observed:
     config_maps: dict[str, dict[str, str]]
 
 
-def _selector(workload: Mapping[str, Any]) -> str:
-    sel = (workload.get("spec") or {}).get("selector") or {}
-    return build_label_selector(dict(sel.get("matchLabels") or {}))
-
-
 def read_observed(kube: TargetKube, namespace: str, spec: api.EngineTunerSpec) -> Observed:
     """The target, its pods, their nodes' labels and the ConfigMaps its pods mount (sync)."""
     ref = spec.target_ref
-    workload = kube.read_workload(namespace, ref.kind, ref.name)
+    group = ref.kind == leader_worker_set.KIND
+    try:
+        workload = kube.read_workload(namespace, ref.kind, ref.name)
+    except errors.ApplyFailed as exc:
+        if not group:
+            raise
+        raise errors.ApplyFailed(
+            f"{exc.message}; the operator reads LeaderWorkerSets when the chart has leaderWorkerSet.enabled"
+        ) from None
     if workload is None:
+        installed = " (and LeaderWorkerSet, sigs.k8s.io/lws, is installed)" if group else ""
         raise target.TargetNotFound(
-            f"{ref.kind} {namespace}/{ref.name} (spec.targetRef) does not exist; create it or fix the name"
+            f"{ref.kind} {namespace}/{ref.name} (spec.targetRef) does not exist; create it or fix the "
+            f"name{installed}"
         )
-    pods = [
-        p for p in kube.list_pods(namespace, _selector(workload)) if target.pod_belongs(p, ref.kind, ref.name)
-    ]
+    selector = build_label_selector(target.pod_selector(workload, ref.kind, ref.name))
+    pods = [p for p in kube.list_pods(namespace, selector) if target.pod_belongs(p, ref.kind, ref.name)]
     nodes = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in kube.list_nodes()}
     labels = [nodes[n] for p in pods if (n := (p.get("spec") or {}).get("nodeName")) in nodes]
     maps: dict[str, dict[str, str]] = {}
-    for volume in target.pod_template(workload).get("volumes") or ():
+    volumes = [v for template in target.pod_templates(workload) for v in template.get("volumes") or ()]
+    for volume in volumes:
         name = (volume.get("configMap") or {}).get("name")
         if name and name not in maps:
             data = kube.read_config_map_data(namespace, name)
@@ -144,6 +149,7 @@ def read_plan(
         image=release,
         engine=flags,
         weights_total_bytes=model.checkpoint_bytes,
+        owner_layout=True,
     )
     loop = target_loop.LoopInputs(
         plan_spec, plan, model.spec, gpu, release.version, model.checkpoint_bytes, engine=flags

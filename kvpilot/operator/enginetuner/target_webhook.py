@@ -7,9 +7,10 @@ set. The chart renders the ``MutatingWebhookConfiguration`` (``failurePolicy: Ig
 created untouched when kvpilot is down.
 
 For a pod being created, :func:`compute_pod_patch` finds the target that owns it (its owner chain: a
-ReplicaSet named ``<deployment>-<pod-template-hash>``, or a StatefulSet), the EngineTuner of that target
-in mode Initial or Auto (from the :func:`index_tuner` kopf index, built from the EngineTuners' status,
-so it survives restarts), and rewrites the tuned flags of the vLLM container
+ReplicaSet named ``<deployment>-<pod-template-hash>``, a StatefulSet, or a LeaderWorkerSet's StatefulSets,
+whose leader and worker pods both get the settings: every rank of a group runs the same engine), the
+EngineTuner of that target in mode Initial or Auto (from the :func:`index_tuner` kopf index, built from the
+EngineTuners' status, so it survives restarts), and rewrites the tuned flags of the vLLM container
 (:func:`kvpilot.tuner.vllm.command.rewrite_tuned_flags`) and nothing else. Pure apart from
 :func:`build_server`, which reads the environment.
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 from kvpilot.operator import api, conditions
 from kvpilot.operator.enginetuner import target
+from kvpilot.operator.pods import leader_worker_set
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings
@@ -72,10 +74,15 @@ def index_tuner(
 
 
 def compute_target_keys(pod: Mapping[str, Any], namespace: str) -> list[tuple[str, str, str]]:
-    """The ``(namespace, kind, name)`` of the workloads that may own the pod, from its controller."""
+    """The ``(namespace, kind, name)`` of the workloads that may own the pod, from its controller (a
+    LeaderWorkerSet's pod: the set its label names, when one of the set's StatefulSets controls it)."""
     meta = pod.get("metadata") or {}
-    template_hash = (meta.get("labels") or {}).get("pod-template-hash")
+    labels = meta.get("labels") or {}
+    template_hash = labels.get("pod-template-hash")
+    group = str(labels.get(leader_worker_set.NAME_LABEL) or "")
     keys = []
+    if group and target.pod_belongs(pod, leader_worker_set.KIND, group):
+        keys.append((namespace, leader_worker_set.KIND, group))
     for ref in meta.get("ownerReferences") or ():
         if not ref.get("controller"):
             continue

@@ -187,6 +187,7 @@ def compute_feasible_plan(
     weights_total_bytes: int | None = None,
     learned: Learned | None = None,
     plan_fn: PlanFn | None = None,
+    owner_layout: bool = False,
 ) -> Plan:
     """The planner's answer for this spec (cached); raises InfeasiblePlan when nothing fits.
 
@@ -196,7 +197,9 @@ def compute_feasible_plan(
     ``engine``: what the image's environment and the extra args choose (the model runner,
     ``--enforce-eager``, ``--performance-mode``, prefix caching). ``learned``: the matching TuningProfile's
     lesson (:mod:`kvpilot.operator.planning.profiles`). ``plan_fn``: the planner,
-    :func:`kvpilot.tuner.plan.compute_plan` (tests pass their own)."""
+    :func:`kvpilot.tuner.plan.compute_plan` (tests pass their own). ``owner_layout``: the replica's layout
+    is someone else's (an EngineTuner's target): its tensor x pipeline parallel is planned as it is, never
+    split DP x EP."""
     check_model_args(user, str(getattr(model, "dtype", "")))
     version = image.version if image is not None else api.VLLM_VERSION
     count, pinned = spec.gpu.count, user.pinned
@@ -205,15 +208,17 @@ def compute_feasible_plan(
         pinned = pinned.replace(
             tensor_parallel_size=pinned.tensor_parallel_size or compute_tensor_parallel(model, spec.gpu.count)
         )
-    data_parallel = layouts.compute_data_parallel(  # a MoE group the node planner splits DP x EP
-        spec,
-        model,
-        gpu,
-        user.pinned,
-        vllm_version=version,
-        engine=engine,
-        weights_total_bytes=weights_total_bytes,
-    )
+    data_parallel = None
+    if not owner_layout:  # a MoE group the node planner splits DP x EP
+        data_parallel = layouts.compute_data_parallel(
+            spec,
+            model,
+            gpu,
+            user.pinned,
+            vllm_version=version,
+            engine=engine,
+            weights_total_bytes=weights_total_bytes,
+        )
     rank_plan = None if data_parallel is None else data_parallel.plan
     result = rank_plan or _cached_plan(
         plan_fn or compute_plan,

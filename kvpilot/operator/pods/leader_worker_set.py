@@ -42,6 +42,8 @@ NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 """The label LWS puts on every pod of a set (``SetNameLabelKey``): the set's name."""
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 """The pod's index in its group (``WorkerIndexLabelKey``): ``0`` on the leader."""
+GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+"""The pod's group in its set (``GroupIndexLabelKey``)."""
 WORKER_INDEX = "$(LWS_WORKER_INDEX)"
 """The pod's index in its group (0: the leader), from the variable LWS puts in every container."""
 LEADER_SELECTOR = {WORKER_INDEX_LABEL: "0"}

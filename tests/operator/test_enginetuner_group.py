@@ -1,0 +1,218 @@
+"""An EngineTuner whose target is a LeaderWorkerSet another stack made: a replica is a group of pods over
+nodes that serve one engine. Discovery reads the leader's command and the group's size, the plan is the
+owner's tensor x pipeline layout over the group's GPUs, the webhook tunes the leader and the workers alike,
+and Auto replaces a whole group by evicting its leader. The in-memory API of test_enginetuner and the real
+planner."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kopf
+import pytest
+from operator_fakes import H100_LABELS, node_object
+from test_enginetuner import NS, FakeTargetKube, cond, run
+
+from kvpilot.operator.enginetuner import target, target_eviction, target_webhook
+from kvpilot.operator.pods import leader_worker_set
+from kvpilot.operator.status.events import RecordingEmitter
+from kvpilot.tuner import vllm
+from kvpilot.tuner.types import EngineSettings
+from kvpilot.tuner.vllm import command as vllm_command
+
+MODEL = "meta-llama/Llama-3.1-70B-Instruct"
+LWS = "big"
+# vLLM's multiprocessing over nodes (no Ray): the same command on every node, the workers headless.
+COMMON = [MODEL, "--tensor-parallel-size", "4", vllm.PIPELINE_PARALLEL_FLAG, "2", vllm.NNODES_FLAG, "2"]
+ADDRESS = [vllm.MASTER_ADDR_FLAG, leader_worker_set.LEADER_ADDRESS]
+LEADER = ["vllm", "serve", *COMMON, vllm.NODE_RANK_FLAG, "0", *ADDRESS]
+WORKER = ["vllm", "serve", *COMMON, vllm.NODE_RANK_FLAG, "1", *ADDRESS, vllm.HEADLESS_FLAG]
+RAY_WORKER = ["bash", "-c", "ray start --block --address=$(LWS_LEADER_ADDRESS):6379"]
+
+
+def _template(command: list[str]) -> dict[str, Any]:
+    container = {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:v0.33.0",
+        "command": list(command),
+        "resources": {"limits": {"nvidia.com/gpu": 4}},
+    }
+    return {"metadata": {"labels": {"app": LWS}}, "spec": {"containers": [container]}}
+
+
+def leader_worker_set_of(worker: list[str] = WORKER, size: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": LWS, "namespace": NS},
+        "spec": {
+            "replicas": 2,
+            "leaderWorkerTemplate": {
+                "size": size,
+                "leaderTemplate": _template(LEADER),
+                "workerTemplate": _template(worker),
+            },
+        },
+    }
+
+
+def group_pod(lws: dict[str, Any], group: int, index: int, *, crash: bool = False) -> dict[str, Any]:
+    """A pod as LWS makes it: the leaders' StatefulSet ``<set>``, each group's workers' ``<set>-<group>``."""
+    group_spec = lws["spec"]["leaderWorkerTemplate"]
+    template = copy.deepcopy(group_spec["leaderTemplate" if index == 0 else "workerTemplate"])
+    name = f"{LWS}-{group}" if index == 0 else f"{LWS}-{group}-{index}"
+    owner = LWS if index == 0 else f"{LWS}-{group}"
+    state = {"waiting": {"reason": "CrashLoopBackOff"}} if crash else {"running": {}}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {
+                **template["metadata"]["labels"],
+                leader_worker_set.NAME_LABEL: LWS,
+                leader_worker_set.GROUP_INDEX_LABEL: str(group),
+                leader_worker_set.WORKER_INDEX_LABEL: str(index),
+            },
+            "ownerReferences": [{"kind": "StatefulSet", "name": owner, "controller": True}],
+        },
+        "spec": {**template["spec"], "nodeName": f"h100-{group}-{index}"},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "False" if crash else "True"}],
+            "containerStatuses": [{"name": "vllm", "state": state}],
+        },
+    }
+
+
+def group_tuner(mode: str = "Recommend") -> dict[str, Any]:
+    return {
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "EngineTuner",
+        "metadata": {"name": "t", "namespace": NS, "generation": 1, "uid": "u1"},
+        "spec": {"targetRef": {"kind": "LeaderWorkerSet", "name": LWS}, "updateMode": mode},
+        "status": {},
+    }
+
+
+@pytest.fixture
+def kube() -> FakeTargetKube:
+    k = FakeTargetKube()
+    lws = leader_worker_set_of()
+    k.workloads[(NS, "LeaderWorkerSet", LWS)] = lws
+    k.nodes = [node_object(f"h100-{g}-{i}", H100_LABELS) for g in range(2) for i in range(2)]
+    k.pods = [group_pod(lws, g, i) for g in range(2) for i in range(2)]
+    return k
+
+
+async def test_a_group_is_discovered_from_its_leader_and_planned_over_its_nodes(kube: FakeTargetKube) -> None:
+    body = group_tuner()
+    await run(body, kube, RecordingEmitter())
+    st = body["status"]
+    assert cond(body, "Ready")["reason"] == "Recommending", st["conditions"]
+    assert st["discovered"]["model"] == MODEL
+    assert st["discovered"]["gpuCount"] == 4  # per pod: tensor x pipeline parallel 4 x 2 over 2 nodes
+    assert st["discovered"]["pods"] == 4  # both groups, leaders and workers
+    # the budget is the engine's over the group's 8 GPUs: the 70B's ~131 GiB of bf16 weights over 8, not 4
+    weights = st["budget"]["weightsGiB"]
+    assert 14 < weights < 18, weights
+    assert st["recommendation"]["settings"].get("tensorParallelSize", 4) == 4  # the owner's layout stays
+
+
+async def test_the_webhook_tunes_the_leaders_and_the_workers_alike(kube: FakeTargetKube) -> None:
+    body = group_tuner("Initial")
+    await run(body, kube, RecordingEmitter())
+    index = target_webhook.index_tuner(NS, "t", body["spec"], body["status"], body["metadata"])
+    assert index is not None
+    ((key, actuation),) = index.items()
+    assert key == (NS, "LeaderWorkerSet", LWS)
+    lookup = {k: [v] for k, v in index.items()}
+    lws = kube.workloads[key]
+    for index_in_group in (0, 1):
+        pod = group_pod(lws, 1, index_in_group)
+        found = target_webhook.compute_pod_patch(pod, NS, lookup)
+        assert found is not None, pod["metadata"]["name"]
+        (c,) = found[0]
+        parsed = vllm_command.find_vllm_command(c["command"], [])
+        assert parsed is not None
+        settings = vllm_command.compute_command_settings(parsed)
+        assert target.tuned_part(settings) == target.tuned_part(actuation.settings)
+        assert vllm.NODE_RANK_FLAG in c["command"] and vllm.NNODES_FLAG in c["command"]  # the owner's layout
+    # a pod of another set, or one no StatefulSet of the set controls, is left alone
+    stranger = group_pod(lws, 0, 1)
+    stranger["metadata"]["labels"][leader_worker_set.NAME_LABEL] = "other"
+    assert target_webhook.compute_pod_patch(stranger, NS, lookup) is None
+    forged = group_pod(lws, 0, 1)
+    forged["metadata"]["ownerReferences"] = [{"kind": "StatefulSet", "name": "mine", "controller": True}]
+    assert target_webhook.compute_pod_patch(forged, NS, lookup) is None
+
+
+REC = EngineSettings(max_model_len=8192, max_num_seqs=32, gpu_memory_utilization=0.9)
+
+
+def _tuned(pod: dict[str, Any]) -> dict[str, Any]:
+    (c,) = pod["spec"]["containers"]
+    found = vllm_command.find_vllm_command(c["command"], [])
+    assert found is not None
+    command, _ = vllm_command.rewrite_tuned_flags(c["command"], [], found, REC)
+    c["command"] = command
+    return pod
+
+
+def test_a_group_is_replaced_by_evicting_its_leader() -> None:
+    lws = leader_worker_set_of()
+    group0 = [_tuned(group_pod(lws, 0, i)) for i in range(2)]
+    group1 = [_tuned(group_pod(lws, 1, 0)), group_pod(lws, 1, 1)]  # only the worker still runs the old
+    stale = target.compute_stale_pods([*group0, *group1], "vllm", REC)
+    assert [p["metadata"]["name"] for p in stale] == ["big-1"]  # its leader: LWS recreates the group
+    victim, _ = target_eviction.compute_eviction(
+        [*group0, *group1], "vllm", REC, now=1.8e9, last_eviction=None, interval_s=30, schedulable=True
+    )
+    assert victim == "big-1"
+    assert target.compute_stale_pods([*group0, *(_tuned(p) for p in group1)], "vllm", REC) == []
+
+
+def test_a_crash_looping_worker_has_its_group_replaced_at_once() -> None:
+    lws = leader_worker_set_of()
+    ok = [group_pod(lws, 0, i) for i in range(2)]
+    crashing = [group_pod(lws, 1, 0), group_pod(lws, 1, 1, crash=True)]
+    victim, why = target_eviction.compute_eviction(
+        [*ok, *crashing], "vllm", REC, now=1.8e9, last_eviction=1.8e9 - 1, interval_s=30, schedulable=True
+    )
+    assert victim == "big-1" and "crash-loops" in why  # not waiting for the interval or for readiness
+
+
+def test_ray_workers_run_no_vllm_and_are_never_stale() -> None:
+    lws = leader_worker_set_of(worker=RAY_WORKER)
+    pods = [_tuned(group_pod(lws, 0, 0)), group_pod(lws, 0, 1)]
+    assert not target.runs_vllm(pods[1], "vllm")
+    assert target.compute_stale_pods(pods, "vllm", REC) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "size", "message"),
+    [
+        (["--data-parallel-size", "2"], 2, "data-parallel engines"),
+        ([], 3, "does not split over the group's 3 nodes"),
+    ],
+)
+async def test_a_layout_kvpilot_does_not_tune_in_a_target_is_named(
+    kube: FakeTargetKube, extra: list[str], size: int, message: str
+) -> None:
+    lws = leader_worker_set_of(size=size)
+    lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["command"] += extra
+    kube.workloads[(NS, "LeaderWorkerSet", LWS)] = lws
+    body = group_tuner()
+    with pytest.raises(kopf.TemporaryError):  # retried: the owner may change the set
+        await run(body, kube, RecordingEmitter())
+    discovered = cond(body, "Discovered")
+    assert discovered["status"] == "False" and message in discovered["message"], discovered
+
+
+async def test_a_missing_set_says_lws_must_be_installed(kube: FakeTargetKube) -> None:
+    kube.workloads.clear()
+    body = group_tuner()
+    with pytest.raises(kopf.TemporaryError):
+        await run(body, kube, RecordingEmitter())
+    found = cond(body, "TargetFound")
+    assert found["status"] == "False" and "LeaderWorkerSet, sigs.k8s.io/lws, is installed" in found["message"]
