@@ -573,7 +573,8 @@ def test_an_engine_tuner_tunes_a_group_another_stack_made(
     """The last gap of the target mode: an EngineTuner (Initial) on a LeaderWorkerSet kvpilot did not make.
     It reads the leader's flags and the group's size from the set, plans the owner's 8 x 2 layout over the
     group's 16 GPUs, and its admission webhook gives the recommendation to the leader and the worker the
-    real LWS controller makes after the leader is deleted; the set itself is never written."""
+    real LWS controller makes after the leader is deleted. A CUDA OOM of that worker, whose group LWS
+    recreates at once, lowers the recommendation; the set itself is never written."""
     install_crds(cluster)
     ns = f"kvtlws-{uuid.uuid4().hex[:6]}"
     nodes = NodePool(
@@ -637,5 +638,24 @@ def test_an_engine_tuner_tunes_a_group_another_stack_made(
         leader, worker = by_role(fresh)
         assert vllm.HEADLESS_FLAG in container(worker)["command"]  # the owner's flags stay
         assert vllm.HEADLESS_FLAG not in container(leader)["command"]
+        # a CUDA OOM in the tuned worker: LWS deletes the group at once and makes a new one; the operator's
+        # watch filed the crash on its way, and the loop lowers the recommendation
+        simulate_container_crash(
+            cluster.kubeconfig, ns, worker["metadata"]["name"], restart_count=1, kubectl=cluster.kubectl_bin
+        )
+
+        def remedied() -> Any:
+            st = (get(cluster, RESOURCE, "big", "-n", ns) or {}).get("status") or {}
+            retunes = [h for h in st.get("history") or () if h.get("action") == "Retuned"]
+            return st if retunes else None
+
+        try:
+            st = wait_for(remedied, 90, "the EngineTuner's crash remedy")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{log.read_text()[-4000:]}") from None
+        *_, last = [h for h in st["history"] if h["action"] == "Retuned"]
+        assert last["trigger"] == "CudaOOM", last
+        lowered = float(st["recommendation"]["settings"]["gpuMemoryUtilization"])
+        assert lowered < float(rec.gpu_memory_utilization or 1.0), st["recommendation"]
         after = get(cluster, LWS_RESOURCE, "big", "-n", ns)
         assert after["metadata"]["generation"] == generation  # the set was never written

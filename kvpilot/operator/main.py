@@ -108,6 +108,8 @@ kopf.timer(*ENGINE_TUNERS, interval=target_main.INTERVAL_S, initial_delay=target
     target_main.engine_tuner_tick
 )
 kopf.index(*ENGINE_TUNERS)(target_main.engine_tuners)
+# a target LeaderWorkerSet's group is deleted the moment a pod restarts: its crashes are filed as they pass
+kopf.on.event("v1", "pods", labels=pod_cache.TARGET_GROUP_LABELS)(target_main.target_pod_event)
 if target_webhook.enabled():
     # kopf's WebhookFn protocol spells out every kwarg; the handler takes the ones it needs and **_.
     kopf.on.mutate("", "v1", "pods", id=target_main.WEBHOOK_ID, operation="CREATE", ignore_failures=True)(

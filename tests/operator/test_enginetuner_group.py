@@ -12,10 +12,11 @@ from typing import Any
 import kopf
 import pytest
 from operator_fakes import H100_LABELS, node_object
-from test_enginetuner import NS, FakeTargetKube, cond, run
+from test_enginetuner import CUDA_OOM, NS, FakeTargetKube, cond, run
 
 from kvpilot.operator.enginetuner import target, target_eviction, target_webhook
-from kvpilot.operator.pods import leader_worker_set
+from kvpilot.operator.pods import group_crashes, leader_worker_set, pod_cache, workloads
+from kvpilot.operator.status import status_patch
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings
@@ -216,3 +217,67 @@ async def test_a_missing_set_says_lws_must_be_installed(kube: FakeTargetKube) ->
         await run(body, kube, RecordingEmitter())
     found = cond(body, "TargetFound")
     assert found["status"] == "False" and "LeaderWorkerSet, sigs.k8s.io/lws, is installed" in found["message"]
+
+
+def _admitted(body: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` as the webhook admits it (with the status' recommendation)."""
+    index = target_webhook.index_tuner(NS, "t", body["spec"], body["status"], body["metadata"])
+    assert index is not None
+    found = target_webhook.compute_pod_patch(pod, NS, {k: [v] for k, v in index.items()})
+    assert found is not None
+    pod["spec"]["containers"] = found[0]
+    return pod
+
+
+async def test_a_workers_crash_outlives_the_group_lws_recreates(
+    kube: FakeTargetKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LWS deletes a group the moment a pod restarts (RecreateGroupOnPodRestart): the target pods' watch
+    files the worker's CUDA OOM as it passes, and the next reconcile, which finds only the new group, still
+    lowers the recommendation (a crash remedy) instead of letting every new group crash the same way."""
+    monkeypatch.setattr(group_crashes, "TARGET_CRASHES", group_crashes.GroupCrashes())  # a fresh memory
+    now = 1.8e9
+    lws = kube.workloads[(NS, "LeaderWorkerSet", LWS)]
+    kube.pods = [group_pod(lws, 0, i) for i in range(2)]  # one group, the owner's settings
+    body, emitter = group_tuner("Initial"), RecordingEmitter()
+    await run(body, kube, emitter, now=now)
+    planned = body["status"]["recommendation"]["settings"]
+    leader, worker = (_admitted(body, group_pod(lws, 0, i)) for i in range(2))
+    worker["metadata"]["uid"] = "w-1"
+    kube.pods = [leader, worker]
+    await run(body, kube, emitter, now=now + 30)  # the group runs the recommendation, Ready
+
+    crash = copy.deepcopy(worker)
+    crash["status"]["containerStatuses"] = [
+        {
+            "name": "vllm",
+            "restartCount": 1,
+            "state": {"running": {}},
+            "lastState": {
+                "terminated": {
+                    "exitCode": 1,
+                    "reason": "Error",
+                    "message": CUDA_OOM,
+                    "finishedAt": status_patch.format_time(now + 60),
+                }
+            },
+        }
+    ]
+    labels = crash["metadata"]["labels"]
+    pod_cache.file_target_crash(NS, labels, crash)  # as the watch delivers it
+    pod_cache.file_target_crash("elsewhere", labels, crash)  # another namespace's set of that name
+    kube.pods = [_admitted(body, group_pod(lws, 0, i)) for i in range(2)]  # LWS's new group, no restarts
+    for i, pod in enumerate(kube.pods):
+        pod["metadata"]["uid"] = f"new-{i}"
+    await run(body, kube, emitter, now=now + 90)
+    st = body["status"]
+    *_, last = st["history"]
+    assert (last["action"], last["trigger"]) == ("Retuned", "CudaOOM"), st["history"]
+    lowered = st["recommendation"]["settings"]
+    assert lowered["gpuMemoryUtilization"] < planned["gpuMemoryUtilization"]
+    assert st["discovered"]["pods"] == 2  # the gone worker is evidence, not a pod
+
+
+def test_only_sets_kvpilot_did_not_make_are_filed_as_targets() -> None:
+    assert pod_cache.TARGET_GROUP_LABELS[leader_worker_set.NAME_LABEL] is kopf.PRESENT
+    assert pod_cache.TARGET_GROUP_LABELS[workloads.INSTANCE_LABEL] is kopf.ABSENT

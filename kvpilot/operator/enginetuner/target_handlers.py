@@ -77,8 +77,8 @@ async def fetch_recommendation(
         return TunerLoop(read.plan.settings)
     policy = loop_settings.build_policy(read.loop_inputs.plan_spec, deps.pace)
     window = await fetch_window(deps, read, old, policy, now)
-    pods, container = read.observed.pods, read.found.container
-    logs = await target_logs.fetch_logs(deps.kube, read.namespace, pods, container)
+    pods, container = [*read.observed.pods, *read.observed.gone], read.found.container
+    logs = await target_logs.fetch_logs(deps.kube, read.namespace, read.observed.pods, container)
     replicas = int((read.observed.workload.get("spec") or {}).get("replicas") or 1)
     return target_loop.compute_loop(
         read.loop_inputs,

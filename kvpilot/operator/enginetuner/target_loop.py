@@ -199,7 +199,10 @@ def compute_loop(
         budget=compute_budget(inputs, current),
         window=window,
         pods=mine,
-        summary=pod_status.compute_pod_summary(mine, current, len(mine)),  # the others judge nothing
+        # the others judge nothing; a group's crashed pods, gone since, do; a group is one replica
+        summary=pod_status.compute_pod_summary(
+            [*mine, *(v for v in views if v.gone)], current, sum(1 for v in mine if not v.group_worker)
+        ),
         replica_view=pod_status.compute_replica_view(views, max(1, replicas)),
         replicas=max(1, replicas),
         restart_seconds=pod_status.compute_startup_seconds(mine, current),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -19,6 +20,7 @@ import kopf
 from kvpilot.operator import fairness
 from kvpilot.operator.enginetuner import target, target_deps, target_handlers, target_webhook
 from kvpilot.operator.loop import loop_deps
+from kvpilot.operator.pods import pod_cache
 
 INTERVAL_ENV = "KVPILOT_TARGET_INTERVAL"
 INTERVAL_S = float(os.environ.get(INTERVAL_ENV) or 30)
@@ -71,6 +73,14 @@ def engine_tuners(
     namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, **_: Any
 ) -> dict[tuple[str, str, str], target_webhook.Actuation] | None:
     return target_webhook.index_tuner(namespace, name, spec, status, meta)
+
+
+def target_pod_event(
+    namespace: str | None, labels: Mapping[str, str], body: Mapping[str, Any], **_: Any
+) -> None:
+    """A pod of a LeaderWorkerSet kvpilot did not make changed: its crash is filed for the EngineTuner that
+    targets the set (:func:`kvpilot.operator.pods.pod_cache.file_target_crash`)."""
+    pod_cache.file_target_crash(namespace, labels, body)
 
 
 def pod_created(

@@ -13,7 +13,8 @@ group pod's termination (:meth:`GroupCrashes.record`), and the tick's pod reads 
 since, marked :data:`GONE_ANNOTATION` (:meth:`GroupCrashes.recall`): their restart is evidence against
 their settings (:func:`kvpilot.operator.pods.pod_status.compute_pod_summary`) and nothing else. Kept for
 an hour, at most :data:`PER_SERVICE` a service; in the operator's memory, so a restarted operator forgets
-them (the crash that comes next is filed again).
+them (the crash that comes next is filed again). A LeaderWorkerSet another stack made (an EngineTuner's
+target) recreates its groups the same way: its pods' crashes are filed in :data:`TARGET_CRASHES`.
 """
 
 from __future__ import annotations
@@ -95,3 +96,6 @@ def is_gone(pod: Mapping[str, Any]) -> bool:
 
 CRASHES = GroupCrashes()
 """The operator's one memory, filled by the pod index (:func:`kvpilot.operator.pods.pod_cache.index_pod`)."""
+TARGET_CRASHES = GroupCrashes()
+"""The same for groups kvpilot did not make (an EngineTuner's LeaderWorkerSet target), keyed ``(namespace,
+LeaderWorkerSet name)``: filled by :func:`kvpilot.operator.pods.pod_cache.file_target_crash`."""

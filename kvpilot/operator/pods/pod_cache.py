@@ -25,7 +25,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator.pods import group_crashes, pod_status, workloads
+from kvpilot.operator.pods import group_crashes, leader_worker_set, pod_status, workloads
 
 PodKey = tuple[str, str]
 """``(namespace, InferenceService name)``."""
@@ -43,6 +43,23 @@ def index_pod(namespace: str | None, labels: Mapping[str, str], body: Mapping[st
     key, pod = (namespace or "", instance), {**body, "metadata": meta}
     group_crashes.CRASHES.record(key, pod)  # a group's crash is gone with its pods in milliseconds
     return {key: pod}
+
+
+TARGET_GROUP_LABELS: dict[str, Any] = {
+    leader_worker_set.NAME_LABEL: kopf.PRESENT,
+    workloads.INSTANCE_LABEL: kopf.ABSENT,
+}
+"""The pods :func:`file_target_crash` sees (registered in :mod:`kvpilot.operator.main`): a LeaderWorkerSet's
+that kvpilot did not make."""
+
+
+def file_target_crash(namespace: str | None, labels: Mapping[str, str], body: Mapping[str, Any]) -> None:
+    """File a crash of a pod of a LeaderWorkerSet kvpilot did not make (an EngineTuner may target it): LWS
+    deletes its group the moment it restarts (:mod:`.group_crashes`)."""
+    name = labels.get(leader_worker_set.NAME_LABEL)
+    if name:
+        meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+        group_crashes.TARGET_CRASHES.record((namespace or "", name), {**body, "metadata": meta})
 
 
 def parse_selector(label_selector: str) -> dict[str, str]:
