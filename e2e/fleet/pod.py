@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import http.server
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -21,13 +22,15 @@ from typing import TYPE_CHECKING, Any
 from e2e.fleet.engine import SimEngine
 from e2e.fleet.exposition import VllmMetrics
 from e2e.fleet.truth import EngineArgs, Scenario
-from kvpilot.observability import series
 
 if TYPE_CHECKING:
     from e2e.vllm_cpu.engine_process import EngineProcess
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"
-"""What Prometheus' Kubernetes discovery turns into ``_`` in a pod label's meta-label name."""
+_LABEL_CHARS = re.compile("[^a-zA-Z0-9_]")
+"""What Prometheus' Kubernetes discovery turns into ``_`` in a pod label's meta-label name
+(``SanitizeLabelName``). Written here, not taken from ``kvpilot.observability.series.pod_label_meta``: the
+fleet plays Prometheus' side and imports nothing of the code it judges (test_fleet)."""
 ENGINE_LABEL = "e2e.kvpilot.io/engine"
 """A pod labelled ``e2e.kvpilot.io/engine: real`` runs the real vLLM engine (:mod:`e2e.vllm_cpu`), not the
 simulator (also :meth:`e2e.fleet.fleet.Fleet.use_real_engine`)."""
@@ -149,7 +152,7 @@ class PodEngine:
         return m.render() if m is not None else b""
 
     def _label_meta(self) -> dict[str, str]:
-        return {series.pod_label_meta(k): v for k, v in self.labels.items()}
+        return {f"__meta_kubernetes_pod_label_{_LABEL_CHARS.sub('_', k)}": v for k, v in self.labels.items()}
 
     def target_group(self) -> dict[str, Any]:
         """This pod's Prometheus file_sd entry, with the meta labels Kubernetes SD would give it."""
