@@ -400,8 +400,8 @@ def compute_stale_pods(
     stale = [p for p in live if runs_vllm(p, container) and not pod_carries(p, container, recommended)]
     if not any(leader_worker_set.is_group_member(p) for p in live):
         return stale
-    groups = {group_key(p) for p in stale}
-    return [p for p in live if _is_leader(p) and group_key(p) in groups]
+    groups = {group_key(p) for p in stale} - {None}
+    return [p for p in live if not leader_worker_set.is_worker(p) and group_key(p) in groups]
 
 
 def group_key(pod: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -410,11 +410,6 @@ def group_key(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     if not leader_worker_set.is_group_member(pod):
         return None
     return str(labels[leader_worker_set.NAME_LABEL]), str(labels.get(leader_worker_set.GROUP_INDEX_LABEL))
-
-
-def _is_leader(pod: Mapping[str, Any]) -> bool:
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return labels.get(leader_worker_set.WORKER_INDEX_LABEL) == "0"
 
 
 def pod_shape(workload: Mapping[str, Any]) -> capacity.PodShape:

@@ -83,7 +83,8 @@ def read_observed(kube: TargetKube, namespace: str, spec: api.EngineTunerSpec) -
             data = kube.read_config_map_data(namespace, name)
             if data is not None:
                 maps[name] = data
-    gone = group_crashes.TARGET_CRASHES.recall((namespace, ref.name), pods) if group else []
+    filed = group_crashes.TARGET_CRASHES.recall((namespace, ref.name), pods) if group else []
+    gone = [p for p in filed if target.pod_belongs(p, ref.kind, ref.name)]  # the set's, as the live ones
     return Observed(workload, pods, labels, maps, gone)
 
 
