@@ -99,9 +99,14 @@ def group_size(workload: Mapping[str, Any]) -> int:
     return int((group or {}).get("size") or 1)
 
 
+def is_group_kind(kind: str) -> bool:
+    """Whether a target of ``kind`` runs each replica as a group of pods over nodes (a LeaderWorkerSet)."""
+    return kind == leader_worker_set.KIND
+
+
 def pod_selector(workload: Mapping[str, Any], kind: str, name: str) -> dict[str, str]:
     """The labels every pod of the workload carries: its selector, or LWS's set label."""
-    if kind == leader_worker_set.KIND:
+    if is_group_kind(kind):
         return {leader_worker_set.NAME_LABEL: name}
     sel = (workload.get("spec") or {}).get("selector") or {}
     return dict(sel.get("matchLabels") or {})
@@ -366,7 +371,7 @@ def pod_belongs(pod: Mapping[str, Any], kind: str, name: str) -> bool:
     """Whether the pod is the target's (by the owner chain: a Deployment's ReplicaSet is named
     ``<deployment>-<pod-template-hash>``; a StatefulSet owns its pods itself; a LeaderWorkerSet's are its
     StatefulSets', ``<name>`` the leaders' and ``<name>-<group>`` each group's workers)."""
-    if kind == leader_worker_set.KIND:
+    if is_group_kind(kind):
         return leader_worker_set.is_group_pod(pod, name)
     meta = pod.get("metadata") or {}
     for ref in meta.get("ownerReferences") or ():

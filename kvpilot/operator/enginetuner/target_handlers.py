@@ -77,8 +77,9 @@ async def fetch_recommendation(
         return TunerLoop(read.plan.settings)
     policy = loop_settings.build_policy(read.loop_inputs.plan_spec, deps.pace)
     window = await fetch_window(deps, read, old, policy, now)
-    pods, container = [*read.observed.pods, *read.observed.gone], read.found.container
-    logs = await target_logs.fetch_logs(deps.kube, read.namespace, read.observed.pods, container)
+    live, container = read.observed.pods, read.found.container
+    pods = [*live, *target_logs.recall_gone(read.namespace, read.spec.target_ref, live)]  # a group's crashes
+    logs = await target_logs.fetch_logs(deps.kube, read.namespace, live, container)
     replicas = int((read.observed.workload.get("spec") or {}).get("replicas") or 1)
     return target_loop.compute_loop(
         read.loop_inputs,

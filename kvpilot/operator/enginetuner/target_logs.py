@@ -7,6 +7,10 @@ explain is classified from the previous container's log, read once per restart t
 reader (:func:`kvpilot.operator.pods.pod_status.read_restart_logs`), or says why that log could not be read
 (:mod:`kvpilot.operator.clients.pod_logs`). :func:`kvpilot.operator.enginetuner.target_loop.build_views`
 takes what this module read.
+
+A LeaderWorkerSet target's restart has no log left to read: LWS deletes the group the moment a pod restarts.
+Its pod, as the operator's watch filed it on the way (:mod:`kvpilot.operator.pods.group_crashes`), is what
+:func:`recall_gone` gives back: the restart it says, and nothing else.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvpilot.operator import api
 from kvpilot.operator.clients.kube import IO_POOL, TargetKube
-from kvpilot.operator.enginetuner import target_loop
-from kvpilot.operator.pods import pod_status
+from kvpilot.operator.enginetuner import target, target_loop
+from kvpilot.operator.pods import group_crashes, pod_status
 
 
 def read_logs(
@@ -37,3 +42,15 @@ async def fetch_logs(
     return await asyncio.get_running_loop().run_in_executor(
         IO_POOL, read_logs, kube, namespace, pods, container
     )
+
+
+def recall_gone(
+    namespace: str, ref: api.TargetRef, live: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """A LeaderWorkerSet target's pods deleted with their group after a crash (``group_crashes``'s
+    ``TARGET_CRASHES``), only those the set's owner chain claims, as for the live pods; none for other
+    kinds."""
+    if not target.is_group_kind(ref.kind):
+        return []
+    filed = group_crashes.TARGET_CRASHES.recall((namespace, ref.name), live)
+    return [p for p in filed if target.pod_belongs(p, ref.kind, ref.name)]

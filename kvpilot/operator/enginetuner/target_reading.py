@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic
@@ -20,7 +20,7 @@ from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import IO_POOL, TargetKube, build_label_selector
 from kvpilot.operator.enginetuner import target, target_loop
 from kvpilot.operator.planning import modes, resolve
-from kvpilot.operator.pods import group_crashes, leader_worker_set, tenant_guard, tenant_settings
+from kvpilot.operator.pods import tenant_guard, tenant_settings
 from kvpilot.operator.status.tuner_status import TunerFound
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
@@ -48,15 +48,12 @@ class Observed:
     pods: list[dict[str, Any]]
     node_labels: list[dict[str, str]]
     config_maps: dict[str, dict[str, str]]
-    gone: list[dict[str, Any]] = field(default_factory=list)
-    """A LeaderWorkerSet's pods deleted with their group after a crash: evidence of their settings only
-    (:mod:`kvpilot.operator.pods.group_crashes`)."""
 
 
 def read_observed(kube: TargetKube, namespace: str, spec: api.EngineTunerSpec) -> Observed:
     """The target, its pods, their nodes' labels and the ConfigMaps its pods mount (sync)."""
     ref = spec.target_ref
-    group = ref.kind == leader_worker_set.KIND
+    group = target.is_group_kind(ref.kind)
     try:
         workload = kube.read_workload(namespace, ref.kind, ref.name)
     except errors.ApplyFailed as exc:
@@ -83,9 +80,7 @@ def read_observed(kube: TargetKube, namespace: str, spec: api.EngineTunerSpec) -
             data = kube.read_config_map_data(namespace, name)
             if data is not None:
                 maps[name] = data
-    filed = group_crashes.TARGET_CRASHES.recall((namespace, ref.name), pods) if group else []
-    gone = [p for p in filed if target.pod_belongs(p, ref.kind, ref.name)]  # the set's, as the live ones
-    return Observed(workload, pods, labels, maps, gone)
+    return Observed(workload, pods, labels, maps)
 
 
 @dataclass(frozen=True)
