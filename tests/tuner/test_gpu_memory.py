@@ -202,3 +202,16 @@ def test_a_pods_start_up_is_no_falling_trend() -> None:
     assert gpu_memory.propose_for_gpu_memory(situation(starting)) is None
     warned = gpu_memory.propose_for_gpu_memory(situation(ramp))
     assert warned is not None and "falling" in warned.evidence
+
+
+def test_a_kv_usage_too_small_to_divide_by_says_nothing_of_the_room() -> None:
+    """Found by test_policy_properties: a window of one sample, KV usage 2.2e-313 (a denormal float) with
+    16 running, made the usage room 16 / 2.2e-313 = inf and the CUDA OOM remedy raise OverflowError; the
+    room by usage is unknown there, and the room by fit still answers."""
+    sample = MetricsSample(time=NOW, kv_usage=2.2250738585e-313, running=16.0)
+    win = ObservationWindow(start=NOW - 300, end=NOW, samples=(sample,), pods=1)
+    room = remedies.compute_room_seqs(situation(win))
+    assert room is None or room >= 1
+    state, evidence = state_and_evidence(CHAT, win, (restart(RestartKind.CUDA_OOM),))
+    decision = compute_decision(state, evidence, context(), NOW)
+    assert isinstance(decision, Decision)  # a decision, not an OverflowError

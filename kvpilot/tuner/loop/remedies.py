@@ -353,7 +353,10 @@ def _usage_room(s: Situation, scale: float = 1.0) -> int | None:
     mean_running = obs.compute_mean(s.window.samples, obs.running)
     if not mean_kv or not mean_running or mean_kv <= 0 or mean_running < 1:
         return None
-    return max(1, math.floor(s.policy.target_kv_usage * mean_running / mean_kv * scale))
+    room = s.policy.target_kv_usage * mean_running / mean_kv * scale
+    if not math.isfinite(room):  # a usage too small to divide by (a denormal sample) says nothing of room
+        return None
+    return max(1, math.floor(room))
 
 
 def _failed_seqs_ceiling(s: Situation, settings: EngineSettings) -> int | None:
