@@ -16,7 +16,7 @@ LOCK_OPERATOR := requirements/operator.txt
 LOCK_TARGET   := --python-version 3.11 --python-platform x86_64-manylinux_2_28
 LOCK_FLAGS    := $(LOCK_TARGET) --generate-hashes --no-header --quiet
 
-.PHONY: help install lock lint typecheck test unit format chart-crds chart-lint demo bench clean
+.PHONY: help install lock lint typecheck test test-deps unit format chart-crds chart-lint demo bench clean
 
 help: ## list targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -70,8 +70,16 @@ chart-lint: install e2e-bin ## helm lint/template, schema, RBAC, drift and Docke
 unit: install e2e-bin ## unit, property and contract tests (no cluster; tests/chart needs the cached helm)
 	$(PY) -m pytest tests
 
-test: install lint typecheck e2e-tools sglang-venv ## everything CI runs: unit, property, contract and e2e tests
-	$(PY) -m pytest
+# `make test` on TEST_JOBS workers (CI has 2 cores): the set-up steps run side by side (pip and the engine's
+# venv mostly wait on the network while Go builds), then pytest-xdist runs one test file per worker at a time,
+# each worker with its own local cluster (the e2e tests mostly wait on it). TEST_JOBS=1 runs it all in series.
+TEST_JOBS ?= 2
+
+test: ## everything CI runs: unit, property, contract and e2e tests
+	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-deps
+	$(PY) -m pytest $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
+
+test-deps: install lint typecheck e2e-tools sglang-venv
 
 demo: install e2e-tools ## the operator end to end: local cluster, GPU node pools, Prometheus, vLLM fleet, scenarios
 	$(PY) -m e2e.demo

@@ -25,7 +25,7 @@ e2e-apt: ## apt packages the e2e harness needs (openssl, prometheus, GNU time, c
 e2e-bin: ## build (cold: ~tens of minutes) or restore (instant) the control-plane binaries
 	@bash e2e/build.sh >/dev/null
 
-image-apt: ## buildah, podman, runc, debootstrap: build and run the operator image (e2e/image.py); quick when present
+image-apt: | e2e-apt ## buildah, podman, runc, debootstrap: build and run the operator image (e2e/image.py); quick when present
 	@missing=""; for t in $(IMAGE_APT_PKGS); do command -v $$t >/dev/null || [ -x /usr/sbin/$$t ] || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "image-apt: installing$$missing"; \
@@ -85,7 +85,7 @@ e2e: install e2e-tools ## the e2e suite alone
 SGLANG_VENV  ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-$(SGLANG_STAMP): requirements/sglang-contract.txt
+$(SGLANG_STAMP): requirements/sglang-contract.txt | $(ENGINE_STAMP)
 	@test -x $(ENGINE_VENV)/bin/python || { echo "sglang-venv: build $(ENGINE_VENV) first (make e2e-engine)" >&2; exit 1; }
 	rm -rf $(SGLANG_VENV)
 	$(PYTHON) -m venv $(SGLANG_VENV)
