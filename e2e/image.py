@@ -226,16 +226,15 @@ def prune(keep: set[str]) -> int:
     """Remove the untagged images not in ``keep`` (ids or their prefixes), then the parents that leaves
     untagged and unused, until none is left; returns how many were removed. Tagged images (the base, the
     operator image) and their ancestors are never touched."""
-    removed = 0
-    while True:
-        doomed = stale_images(keep)
-        if not doomed:
-            return removed
+    removed, doomed = 0, stale_images(keep)
+    while doomed:
         proc = subprocess.run([*podman_args(), "rmi", *doomed], capture_output=True, text=True, timeout=600)
-        gone = len(doomed) - len(set(doomed) & set(dangling_images()))
+        left = stale_images(keep)  # what is still there, and the parents this round left unused
+        gone = len(set(doomed) - set(left))
         if gone == 0:
             raise ImageError(f"podman rmi removed none of {doomed}: {proc.stderr.strip()[-2000:]}")
-        removed += gone
+        removed, doomed = removed + gone, left
+    return removed
 
 
 def build(ref: str = IMAGE) -> Built:

@@ -15,11 +15,14 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import subprocess
 import threading
 from pathlib import Path
 from typing import Any
+
+from e2e.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = [ROOT / "crds" / "inferenceservices.kvpilot.io.yaml", ROOT / "crds" / "enginetuners.kvpilot.io.yaml"]
@@ -218,6 +221,31 @@ def make_webhook_pki(directory: Path) -> bytes:
         cwd=directory,
     )
     return (directory / "ca.crt").read_bytes()
+
+
+@dataclasses.dataclass(frozen=True)
+class Webhook:
+    """A host operator's admission webhook: its port on 127.0.0.1, its CA (the caBundle), the directory of
+    its serving certificate, and where its logs go."""
+
+    port: int
+    ca: bytes
+    cert_dir: Path
+    log_dir: Path
+
+    @classmethod
+    def make(cls, directory: Path) -> Webhook:
+        """A free port and a fresh certificate under ``directory/tls``; logs in ``directory``."""
+        return cls(free_port(), make_webhook_pki(directory / "tls"), directory / "tls", directory)
+
+    def env(self) -> dict[str, str]:
+        """The host operator's environment: serve the webhook here, and tick the EngineTuners every 2 s."""
+        return {
+            "KVPILOT_WEBHOOK_PORT": str(self.port),
+            "KVPILOT_WEBHOOK_CERT_DIR": str(self.cert_dir),
+            "KVPILOT_WEBHOOK_ADDR": "127.0.0.1",
+            "KVPILOT_TARGET_INTERVAL": "2",
+        }
 
 
 def webhook_configuration(name: str, port: int, ca: bytes, namespace: str) -> dict[str, Any]:

@@ -32,18 +32,18 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import LocalCluster, free_port
+from e2e.cluster import LocalCluster
 from e2e.pods import CUDA_OOM_MESSAGE, serve_previous_log, simulate_container_crash
 from e2e.targets import (
     FOREIGN_MANAGER,
     LAYOUTS,
     RESOURCE,
     ForeignController,
+    Webhook,
     engine_tuner,
     foreign_deployment,
     get,
     install_crds,
-    make_webhook_pki,
     webhook_configuration,
 )
 from e2e.waits import spawn_host_operator, stop_host_operator, wait_for
@@ -63,27 +63,10 @@ ENGINE_CORE_FAILED = (
 """The last line of a real vLLM's log after its engine core died (the termination message's tail)."""
 
 
-@dataclass
-class Webhook:
-    port: int
-    ca: bytes
-    cert_dir: Path
-    log_dir: Path
-
-    def env(self) -> dict[str, str]:
-        return {
-            "KVPILOT_WEBHOOK_PORT": str(self.port),
-            "KVPILOT_WEBHOOK_CERT_DIR": str(self.cert_dir),
-            "KVPILOT_WEBHOOK_ADDR": "127.0.0.1",
-            "KVPILOT_TARGET_INTERVAL": "2",
-        }
-
-
 @pytest.fixture(scope="module")
 def webhook(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Webhook:
     install_crds(cluster)
-    base = tmp_path_factory.mktemp("enginetuner-webhook")
-    return Webhook(free_port(), make_webhook_pki(base / "tls"), base / "tls", base)
+    return Webhook.make(tmp_path_factory.mktemp("enginetuner-webhook"))
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ import pytest
 import yaml
 from kubernetes import config
 
-from e2e.cluster import LocalCluster, free_port
+from e2e.cluster import LocalCluster
 from e2e.fleet import EngineArgs, Fleet, Scenario, Workload
 from e2e.fleet.kopf_process import OperatorProcess
 from e2e.fleet.stack import ISVC, closed_loop_env
@@ -45,7 +45,7 @@ from e2e.lws_local import LwsController
 from e2e.nodes import H100_80GB_HBM3, NodePool
 from e2e.pods import simulate_container_crash
 from e2e.prometheus import PrometheusServer
-from e2e.targets import RESOURCE, get, install_crds, make_webhook_pki, webhook_configuration
+from e2e.targets import RESOURCE, Webhook, get, install_crds, webhook_configuration
 from e2e.waits import host_operator, wait_established, wait_for
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import ClusterKube
@@ -580,18 +580,12 @@ def test_an_engine_tuner_tunes_a_group_another_stack_made(
     nodes = NodePool(
         f"lws-{ns[-6:]}", 2, H100_80GB_HBM3, 8, cpu="192", memory="2048Gi", machine="p5.48xlarge"
     )
-    port, ca = free_port(), make_webhook_pki(tmp_path / "tls")
-    env = {
-        "KVPILOT_WEBHOOK_PORT": str(port),
-        "KVPILOT_WEBHOOK_CERT_DIR": str(tmp_path / "tls"),
-        "KVPILOT_WEBHOOK_ADDR": "127.0.0.1",
-        "KVPILOT_TARGET_INTERVAL": "2",
-    }
-    hook = webhook_configuration(f"kvpilot-{ns}", port, ca, ns)
+    webhook = Webhook.make(tmp_path)
+    hook = webhook_configuration(f"kvpilot-{ns}", webhook.port, webhook.ca, ns)
     with contextlib.ExitStack() as stack:
         stack.enter_context(cluster.tainted_nodes(nodes, POOL_LABEL, ns, TAINT))
         stack.enter_context(cluster.temporary_namespace(ns))
-        log = stack.enter_context(host_operator(cluster, tmp_path / "operator.log", ns, env))
+        log = stack.enter_context(host_operator(cluster, tmp_path / "operator.log", ns, webhook.env()))
         wait_for(lambda: "Listening for webhooks at" in log.read_text(), 30, "the webhook server to listen")
         cluster.apply(hook)
         stack.callback(cluster.kubectl, "delete", "mutatingwebhookconfiguration", hook["metadata"]["name"])

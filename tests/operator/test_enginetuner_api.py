@@ -12,6 +12,7 @@ import yaml
 from test_api_drift import _walk, flatten_crd, flatten_model
 
 from kvpilot.operator import api
+from kvpilot.operator.clients import kube
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "enginetuners.kvpilot.io.yaml"
@@ -98,6 +99,18 @@ def test_update_modes_are_one_enum() -> None:
     assert schema(CRD)["properties"]["spec"]["properties"]["updateMode"]["enum"] == list(
         get_args(api.UpdateMode)
     )
+
+
+def test_target_kinds_and_api_versions_are_one_table() -> None:
+    """``TARGET_API_VERSIONS`` is the one table; the model's ``Literal``s, the CRD's enums and the client's
+    custom kinds (a ``Literal`` cannot be computed) must say the same."""
+    ref = schema(CRD)["properties"]["spec"]["properties"]["targetRef"]["properties"]
+    versions = sorted(set(api.TARGET_API_VERSIONS.values()))
+    assert list(get_args(api.TargetKind)) == list(api.TARGET_API_VERSIONS) == ref["kind"]["enum"]
+    assert sorted(get_args(get_args(api.TargetRef.model_fields["api_version"].annotation)[0])) == versions
+    assert sorted(ref["apiVersion"]["enum"]) == versions
+    for kind, (group, version, _plural) in kube.CUSTOM_KINDS.items():
+        assert f"{group}/{version}" == api.TARGET_API_VERSIONS[kind]
 
 
 def test_every_property_is_described() -> None:

@@ -281,3 +281,28 @@ async def test_a_workers_crash_outlives_the_group_lws_recreates(
 def test_only_sets_kvpilot_did_not_make_are_filed_as_targets() -> None:
     assert pod_cache.TARGET_GROUP_LABELS[leader_worker_set.NAME_LABEL] is kopf.PRESENT
     assert pod_cache.TARGET_GROUP_LABELS[workloads.INSTANCE_LABEL] is kopf.ABSENT
+
+
+@pytest.mark.parametrize("part", [LWS, f"{LWS}-0"])
+async def test_a_statefulset_of_a_group_is_refused_with_the_set_to_target(
+    kube: FakeTargetKube, part: str
+) -> None:
+    """An EngineTuner on the leaders' StatefulSet (``<set>``) or one group's workers' (``<set>-<group>``)
+    would tune some of a group's ranks and not the others: Discovered=False names the set to target."""
+    lws = kube.workloads[(NS, "LeaderWorkerSet", LWS)]
+    template = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate" if part == LWS else "workerTemplate"]
+    labels = {leader_worker_set.NAME_LABEL: LWS}
+    kube.workloads[(NS, "StatefulSet", part)] = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": part, "namespace": NS, "labels": labels},
+        "spec": {"replicas": 2, "selector": {"matchLabels": labels}, "template": copy.deepcopy(template)},
+    }
+    body = group_tuner()
+    body["spec"]["targetRef"] = {"kind": "StatefulSet", "name": part}
+    with pytest.raises(kopf.TemporaryError):
+        await run(body, kube, RecordingEmitter())
+    discovered = cond(body, "Discovered")
+    assert (discovered["status"], discovered["reason"]) == ("False", "DiscoveryIncomplete")
+    assert f"target the LeaderWorkerSet (kind: LeaderWorkerSet, name: {LWS})" in discovered["message"]
+    assert "recommendation" not in body["status"]

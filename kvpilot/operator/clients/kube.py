@@ -27,7 +27,7 @@ from typing import Any, Protocol, cast
 from urllib3 import BaseHTTPResponse
 from urllib3.exceptions import HTTPError
 
-from kvpilot.operator import errors
+from kvpilot.operator import api, errors
 from kvpilot.operator.clients import pod_logs
 
 IO_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="kvpilot-io")
@@ -37,7 +37,10 @@ FIELD_MANAGER = "kvpilot"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 ACTIVE_PODS_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 """Pods that may hold a node's GPUs (cluster-wide list; docs/install.md, "RBAC", the capacity role)."""
-CUSTOM_KINDS = {"LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")}
+_LWS_GROUP, _LWS_VERSION = api.TARGET_API_VERSIONS["LeaderWorkerSet"].split("/")
+CUSTOM_KINDS: dict[str, tuple[str, str, str]] = {
+    "LeaderWorkerSet": (_LWS_GROUP, _LWS_VERSION, "leaderworkersets")
+}
 """Workload kinds another project's CRD defines: (group, version, plural). The LeaderWorkerSet of a replica
 over several nodes (sigs.k8s.io/lws, :mod:`kvpilot.operator.pods.leader_worker_set`)."""
 

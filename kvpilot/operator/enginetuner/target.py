@@ -104,6 +104,21 @@ def is_group_kind(kind: str) -> bool:
     return kind == leader_worker_set.KIND
 
 
+def refuse_a_groups_part(workload: Mapping[str, Any], kind: str, name: str) -> None:
+    """Raise :class:`DiscoveryIncomplete` for a StatefulSet a LeaderWorkerSet made (LWS labels it with the
+    set's name): tuning it alone would give the group's leaders, or one group's workers, settings that the
+    rest of the group's ranks do not share."""
+    if is_group_kind(kind):
+        return
+    labels = (workload.get("metadata") or {}).get("labels") or {}
+    owner = labels.get(leader_worker_set.NAME_LABEL)
+    if owner:
+        raise DiscoveryIncomplete(
+            f"{kind} {name} is part of LeaderWorkerSet {owner}, whose pods are one group's ranks and must "
+            f"share their settings: target the LeaderWorkerSet (kind: LeaderWorkerSet, name: {owner})"
+        )
+
+
 def pod_selector(workload: Mapping[str, Any], kind: str, name: str) -> dict[str, str]:
     """The labels every pod of the workload carries: its selector, or LWS's set label."""
     if is_group_kind(kind):
@@ -234,6 +249,7 @@ def build_discovery(
     config_maps: Mapping[str, Mapping[str, str]],
 ) -> Discovery:
     """Everything read from the target; ``config_maps`` holds the data of the ConfigMaps it names."""
+    refuse_a_groups_part(workload, spec.target_ref.kind, spec.target_ref.name)
     pod_spec = pod_template(workload)
     container, found = find_vllm_container(pod_spec, spec.container_name)
     origin = "args" if container.get("args") and found.in_args else "command"

@@ -34,13 +34,12 @@ INDEX_LABELS: dict[str, Any] = {workloads.INSTANCE_LABEL: kopf.PRESENT}
 
 
 def index_pod(namespace: str | None, labels: Mapping[str, str], body: Mapping[str, Any]) -> dict[PodKey, Any]:
-    """The index entry of one pod: under its service, the pod without ``managedFields`` (the largest part
-    of a pod, and nothing the closed loop reads); no entry for a pod without kvpilot's selector labels."""
+    """The index entry of one pod: under its service, the pod :func:`slim`; no entry for a pod without
+    kvpilot's selector labels."""
     instance = labels.get(workloads.INSTANCE_LABEL)
     if not instance or any(labels.get(k) != v for k, v in workloads.build_selector(instance).items()):
         return {}
-    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
-    key, pod = (namespace or "", instance), {**body, "metadata": meta}
+    key, pod = (namespace or "", instance), slim(body)
     group_crashes.CRASHES.record(key, pod)  # a group's crash is gone with its pods in milliseconds
     return {key: pod}
 
@@ -58,8 +57,14 @@ def file_target_crash(namespace: str | None, labels: Mapping[str, str], body: Ma
     deletes its group the moment it restarts (:mod:`.group_crashes`)."""
     name = labels.get(leader_worker_set.NAME_LABEL)
     if name:
-        meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
-        group_crashes.TARGET_CRASHES.record((namespace or "", name), {**body, "metadata": meta})
+        group_crashes.TARGET_CRASHES.record((namespace or "", name), slim(body))
+
+
+def slim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod as the caches keep it: without ``managedFields`` (the largest part of a pod, and nothing the
+    closed loop reads)."""
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    return {**body, "metadata": meta}
 
 
 def parse_selector(label_selector: str) -> dict[str, str]:
@@ -87,10 +92,8 @@ class IndexedPods:
         if instance is None:
             raise ValueError(f"the pod cache is keyed by {workloads.INSTANCE_LABEL}: {label_selector!r}")
         live = list(self.index.get((namespace, instance)) or ())
-        gone = group_crashes.CRASHES.recall(
-            (namespace, instance), live
-        )  # a group's crashed pods, as index_pod filed them
-        pods = [*live, *gone]
+        # a group's crashed pods, as index_pod filed them
+        pods = [*live, *group_crashes.CRASHES.recall((namespace, instance), live)]
         return [
             dict(pod)
             for pod in pods
