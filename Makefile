@@ -73,13 +73,16 @@ unit: install e2e-bin ## unit, property and contract tests (no cluster; tests/ch
 # `make test` on TEST_JOBS workers (CI has 2 cores): the set-up steps run side by side (pip and the engine's
 # venv mostly wait on the network while Go builds), then pytest-xdist runs one test file per worker at a time,
 # each worker with its own local cluster (the e2e tests mostly wait on it). TEST_JOBS=1 runs it all in series.
+# KEDA and the LeaderWorkerSet controller, which one module each needs, are not built up front: the session
+# starts their builds in the background once it knows its tests, and their module waits for them
+# (e2e/prebuild.py).
 TEST_JOBS ?= 2
 
 test: ## everything CI runs: unit, property, contract and e2e tests
 	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-deps
 	$(PY) -m pytest $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
-test-deps: install lint typecheck e2e-tools sglang-venv
+test-deps: install lint typecheck e2e-apt e2e-bin image-apt e2e-engine sglang-venv
 
 demo: install e2e-tools ## the operator end to end: local cluster, GPU node pools, Prometheus, vLLM fleet, scenarios
 	$(PY) -m e2e.demo

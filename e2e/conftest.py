@@ -8,6 +8,9 @@
 * ``namespace`` (function): a fresh namespace, deleted after the test.
 * ``kubectl`` / ``helm`` (session): paths of the binaries.
 
+The builds only one module needs (KEDA, the LeaderWorkerSet controller) start in the background once the
+session knows its tests (:mod:`e2e.prebuild`); that module's fixture waits for its build.
+
 A missing binary, a failed build or a cluster that does not come up is an
 ERROR, never a skip. Every test under e2e/ is marked ``e2e``.
 """
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e import prebuild
 from e2e.cluster import LocalCluster
 
 E2E_DIR = Path(__file__).resolve().parent
@@ -34,6 +38,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if E2E_DIR in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
+
+
+def _is_xdist_worker() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """Under xdist (the controller): start the builds the collected tests need (:mod:`e2e.prebuild`)."""
+    prebuild.start_for(ids)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Without xdist: start the builds the selected tests need (:mod:`e2e.prebuild`)."""
+    if not _is_xdist_worker():
+        prebuild.start_for(item.nodeid for item in session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    prebuild.wait_all()
 
 
 @pytest.fixture(scope="session")
