@@ -264,7 +264,8 @@ def test_an_unschedulable_surge_pod_never_fails_its_settings(pool: Pool) -> None
     pool.hold_gpus(2)
     pool.create(1, rollout={"strategy": "Surge"})
     pool.recovered_oom(pool.pods()[0]["metadata"]["name"])
-    # the deadline is the pool's, pushed out to 1.5x the predicted cold start of the 8B's ~15 GiB (315 s)
+    # the deadline is the pool's, pushed out to 1.5x the start expected of a new pod: the 8B's ~15 GiB
+    # downloaded (30 s), then the start this service was seen to take (seconds here), not the assumed 180 s
     pending = pool.wait(
         lambda o: any(h.get("trigger") == "RolloutPending" for h in history(o, "Held")),
         480,

@@ -24,6 +24,8 @@ GOOD = CURRENT.replace(max_num_seqs=320)
         (1260.0, 61.0, 1890.0),  # measured 21 min (a slow network): 1.5 x the measured start
         (None, 600.0, 2070.0),  # nothing measured, a 600 GiB checkpoint: (1200 s + 180 s) x 1.5
         (200.0, 600.0, 2070.0),  # measured with the weights cached; a cold start on a new node is longer
+        (5.0, 15.0, 900.0),  # a fast engine: 30 s download + 5 s, the configured deadline stands
+        (5.0, 800.0, 2407.5),  # a fast engine, a 800 GiB download on a new node: (1600 s + 5 s) x 1.5
     ],
 )
 def test_deadline_follows_the_expected_start(
@@ -111,6 +113,28 @@ def test_predicted_start_knows_the_weight_and_compile_caches(
         checkpoint_gib=checkpoint_gib,
         weights_cached=weights_cached,
         warm_compile_seconds=warm_compile,
+    )
+    assert got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("measured", "weights_cached", "expected"),
+    [
+        (None, False, 210.0),  # nothing measured: 30 s download + the assumed 180 s
+        (12.0, False, 42.0),  # seen to start in 12 s: 30 s download + 12 s
+        (12.0, True, 12.0),  # and the weights on a volume
+        (900.0, False, 210.0),  # a slow measured start may hold a download: the assumption, not 30 + 900
+    ],
+)
+def test_a_measured_start_shorter_than_the_assumption_replaces_it(
+    measured: float | None, weights_cached: bool, expected: float
+) -> None:
+    got = compute_predicted_start_seconds(
+        POLICY,
+        checkpoint_gib=15.0,
+        weights_cached=weights_cached,
+        warm_compile_seconds=0.0,
+        measured_start_seconds=measured,
     )
     assert got == pytest.approx(expected)
 

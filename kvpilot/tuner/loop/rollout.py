@@ -101,25 +101,39 @@ def compute_deadline_seconds(
         checkpoint_gib=checkpoint_gib,
         weights_cached=weights_cached,
         warm_compile_seconds=warm_compile_seconds,
+        measured_start_seconds=restart_seconds,
     )
     expected = max(predicted, restart_seconds or 0.0)
     return max(policy.rollout_deadline_seconds, policy.rollout_deadline_start_factor * expected)
 
 
 def compute_predicted_start_seconds(
-    policy: PolicyConfig, *, checkpoint_gib: float, weights_cached: bool, warm_compile_seconds: float
+    policy: PolicyConfig,
+    *,
+    checkpoint_gib: float,
+    weights_cached: bool,
+    warm_compile_seconds: float,
+    measured_start_seconds: float | None = None,
 ) -> float:
     """A new pod's start as predicted from what the operator knows before it runs: the checkpoint's
     download at ``weights_download_gib_per_s`` unless every start finds it on a volume
-    (``weights_cached``), then ``policy.restart_seconds`` of load and engine start-up, less the compile a
-    warm compile cache skips (``warm_compile_seconds``: :func:`kvpilot.tuner.loop.trade.
-    compute_warm_compile_seconds`)."""
-    if checkpoint_gib < 0 or warm_compile_seconds < 0:
+    (``weights_cached``), then the load and engine start-up, less the compile a warm compile cache skips
+    (``warm_compile_seconds``: :func:`kvpilot.tuner.loop.trade.compute_warm_compile_seconds`).
+
+    The load and engine start-up is ``policy.restart_seconds`` (the assumption), or the service's own
+    measured start (``measured_start_seconds``) where that is shorter: a service seen to start in 20 s does
+    not take 180 s once its weights are there. A measured start longer than the assumption may hold a
+    download of its own, so it does not replace the assumption here (the deadline takes it as it is)."""
+    if checkpoint_gib < 0 or warm_compile_seconds < 0 or (measured_start_seconds or 0.0) < 0:
         raise ValueError(
-            f"negative start evidence: checkpoint {checkpoint_gib} GiB, warm compile {warm_compile_seconds} s"
+            f"negative start evidence: checkpoint {checkpoint_gib} GiB, warm compile {warm_compile_seconds} s, "
+            f"measured start {measured_start_seconds} s"
         )
     download = 0.0 if weights_cached else checkpoint_gib / policy.weights_download_gib_per_s
-    return download + max(0.0, policy.restart_seconds - warm_compile_seconds)
+    engine = policy.restart_seconds
+    if measured_start_seconds is not None:
+        engine = min(engine, measured_start_seconds)
+    return download + max(0.0, engine - warm_compile_seconds)
 
 
 def _with_start_deadline(
