@@ -29,7 +29,7 @@ from kvpilot.tuner import errors
 from kvpilot.tuner.gpus import list_gpus, lookup_gpu
 from kvpilot.tuner.model import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, parse_config_json
 from kvpilot.tuner.model.configs import ENTRIES
-from kvpilot.tuner.model.fields import MAX_CONTEXT, MAX_LAYERS
+from kvpilot.tuner.model.fields import MAX_CONTEXT, MAX_LAYERS, nests_deeper_than
 from kvpilot.tuner.model.spec import build_model_spec
 from kvpilot.tuner.plan import compute_plan
 from kvpilot.tuner.types import EngineSettings, ServingBounds
@@ -484,3 +484,22 @@ def test_what_published_configs_legitimately_hold_is_accepted() -> None:
     assert (
         build_model_spec({**LLAMA, "num_key_value_heads": None}).num_kv_heads == LLAMA["num_attention_heads"]
     )
+
+
+@given(
+    opens=st.lists(st.sampled_from(["[", '{"k":']), min_size=1, max_size=40),
+    limit=st.integers(min_value=1, max_value=40),
+    decoy=st.text(alphabet='[]{}",\\ a', max_size=20),
+)
+def test_the_nesting_check_is_exact_and_skips_strings(opens: list[str], limit: int, decoy: str) -> None:
+    """``nests_deeper_than`` answers as Python's own parse does, for any mix of lists and objects, whatever
+    brackets a string holds (its answer picks the message of a refused config; it must be cheap on a
+    hostile megabyte, so it never parses)."""
+    closes = ["]" if o == "[" else "}" for o in reversed(opens)]
+    text = "".join(opens) + json.dumps(decoy) + "".join(closes)
+    parsed: Any = json.loads(text)
+    depth = 0
+    while isinstance(parsed, (list, dict)):
+        depth, parsed = depth + 1, (parsed[0] if isinstance(parsed, list) else parsed["k"])
+    assert depth == len(opens)
+    assert nests_deeper_than(text.encode(), limit) == (depth > limit)

@@ -126,8 +126,8 @@ def compute_predicted_start_seconds(
     download of its own, so it does not replace the assumption here (the deadline takes it as it is)."""
     if checkpoint_gib < 0 or warm_compile_seconds < 0 or (measured_start_seconds or 0.0) < 0:
         raise ValueError(
-            f"negative start evidence: checkpoint {checkpoint_gib} GiB, warm compile {warm_compile_seconds} s, "
-            f"measured start {measured_start_seconds} s"
+            f"negative start evidence: checkpoint {checkpoint_gib} GiB, warm compile "
+            f"{warm_compile_seconds} s, measured start {measured_start_seconds} s"
         )
     download = 0.0 if weights_cached else checkpoint_gib / policy.weights_download_gib_per_s
     engine = policy.restart_seconds
