@@ -162,6 +162,20 @@ def test_a_graph_capture_oom_at_the_floors_cuts_the_running_requests() -> None:
     assert decision.settings.max_running_requests < graph
 
 
+def test_a_service_whose_pool_is_already_shorter_than_its_context_still_gets_an_oom_remedy() -> None:
+    # SGLang's defaults on an L4: the 8B's full 128k context never fit its pool of a few hundred tokens; the
+    # bar for a remedy is then a pool SGLang starts with, not one the service never had
+    current = sglang.SglangSettings()
+    eff = effective(current, L4)
+    tokens = fit.predict_pool_tokens(eff, L4)
+    assert tokens is not None and 0 < tokens < (eff.context_length or 0)
+    decision = decide(current, memory=L4, logs=(OOM_TEXT,))
+    assert decision.action == Action.RETUNE
+    new = effective(decision.settings, L4)
+    assert fit.fraction_of(new) <= fit.fraction_of(eff) and (fit.predict_pool_tokens(new, L4) or 0) > 0
+    assert new != eff
+
+
 def test_no_value_the_history_ruled_out_is_tried_again() -> None:
     # OOM at 0.84 before; now memory-short at 0.7: the raise stops short of 0.84 at this chunk
     oomed = effective(sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84))

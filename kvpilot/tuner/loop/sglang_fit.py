@@ -227,10 +227,37 @@ def pick(s: SglangSituation, proposal: SglangProposal) -> sglang.SglangSettings 
 
 
 def would_start(settings: sglang.SglangSettings, s: SglangSituation) -> bool:
-    """The pool the memory model predicts holds one request of the context (unknown: yes)."""
+    """The pool the memory model predicts for ``settings`` meets the bar (:func:`holds_full_request`): one
+    request of the context, or, where the current settings already run with a shorter pool, any pool at
+    all (SGLang starts with one page; unknown: yes)."""
     eff = compute_effective(settings, s.memory)
     tokens = predict_pool_tokens(eff, s.memory)
-    return tokens is None or eff.context_length is None or tokens >= eff.context_length
+    if tokens is None or eff.context_length is None:
+        return True
+    return tokens >= eff.context_length if holds_full_request(s) else tokens > 0
+
+
+def holds_full_request(s: SglangSituation) -> bool:
+    """Whether the bar is one request of the context: the current settings' pool holds one (by the memory
+    model; unknown: yes), or holds nothing (they cannot run: a remedy must reach the bar). A service that
+    already runs with a pool shorter than its context (SGLang's default context on a small GPU) keeps the
+    bar at a pool SGLang starts with, so no rule is blocked by a bar the service never met."""
+    tokens = predict_pool_tokens(s.effective, s.memory)
+    context = s.effective.context_length
+    return tokens is None or context is None or tokens >= context or tokens == 0
+
+
+def compute_fraction_floor(s: SglangSituation) -> float | None:
+    """The smallest fraction a rule may lower to: the pool holds one full-context request (or, where the
+    current settings do not, one page); ``None`` when the model is not modelled."""
+    if holds_full_request(s):
+        return compute_fraction_for_context(s.effective, s.memory)
+    budget = _budget(s.effective, s.memory)
+    if budget is None:
+        return None
+    return ceil_grid(
+        (budget.weight_bytes + budget.cell_bytes * (budget.settings.page_size or 1)) / budget.pre_load_bytes
+    )
 
 
 def clamp(settings: sglang.SglangSettings, s: SglangSituation) -> sglang.SglangSettings:

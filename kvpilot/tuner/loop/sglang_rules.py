@@ -47,9 +47,11 @@ from kvpilot.tuner.loop.sglang_fit import (
     ceil_grid,
     compute_context_share,
     compute_fraction_ceiling,
+    compute_fraction_floor,
     compute_fraction_for_context,
     floor_grid,
     fraction_of,
+    holds_full_request,
     predict_pool_tokens,
 )
 
@@ -160,13 +162,14 @@ def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangP
     eff, p = s.effective, s.policy
     fraction = fraction_of(eff)
     lower = floor_grid(fraction - compute_oom_step(fraction, p))
-    floor = compute_fraction_for_context(eff, s.memory)
+    floor = compute_fraction_floor(s)
     candidates: list[sglang.SglangSettings] = []
     lines = [f"OOM step on the headroom 1 - {fraction}: --mem-fraction-static {lower}"]
     if floor is None or lower >= floor:
         candidates.append(dataclasses.replace(eff, mem_fraction_static=lower))
     else:
-        lines.append(f"below {floor} the pool would not hold one {eff.context_length}-token request")
+        bar = f"one {eff.context_length}-token request" if holds_full_request(s) else "a page"
+        lines.append(f"below {floor} the pool would not hold {bar}")
     chunk = eff.chunked_prefill_size or p.batched_tokens_floor
     if chunk // 2 >= p.batched_tokens_floor:
         candidates.append(dataclasses.replace(eff, chunked_prefill_size=chunk // 2))
