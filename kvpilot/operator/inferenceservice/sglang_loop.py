@@ -4,12 +4,12 @@ One tick of :func:`kvpilot.operator.inferenceservice.closed_loop.run_once` for `
 (:data:`kvpilot.operator.planning.engines.RECOMMENDING_KINDS`), in modes Auto and Recommend::
 
     pods (args, lastState.terminated, the previous log when the message says nothing)
-        --parse_sglang_args / SglangEngine.classify_failure--> the settings they run, their restarts
+        --pods.sglang_pods--> the settings they run, their restarts (classified by the seam)
     Prometheus (the seam's MetricSeries: token usage, retractions, queued, TTFT/ITL) --> ObservationWindow
     model + GPU (resolve) --> SglangMemory; spec.tuning.bounds, spec.serving.slo --> SglangContext
     status.failedEngineArgs --> the ruled-out runs
         --tuner.loop.compute_sglang_decision--> SglangDecision
-        --status.sglang_patch--> one conditional status PATCH, events (Recommended, OOMDetected-like, ...)
+        --status.sglang_patch--> one conditional status PATCH, events (Recommended, the failure, Infeasible)
 
 It recommends and never rolls out: the Deployment keeps what the reconciler renders (mode Auto: the plan's
 flags; Recommend: SGLang's own defaults). What Auto lacks to roll the flags out: the reconciler renders the
