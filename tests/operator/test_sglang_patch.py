@@ -4,8 +4,12 @@ flags, the failed flags read back as the policy's ruled-out runs, writes and eve
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from kvpilot.operator import api
 from kvpilot.operator.status import sglang_patch
 from kvpilot.tuner import sglang
 from kvpilot.tuner.loop import Action, FailedRun, MetricsStatus, SglangDecision
@@ -94,3 +98,22 @@ def test_unreadable_failed_entries_are_skipped() -> None:
     assert sglang_patch.read_failed_runs(status) == (
         FailedRun(sglang.SglangSettings(mem_fraction_static=0.7), "start_memory_short"),
     )
+
+
+def test_the_failed_cap_is_the_crds_and_the_status_models() -> None:
+    crd = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "crds" / "inferenceservices.kvpilot.io.yaml").read_text()
+    )
+    (version,) = crd["spec"]["versions"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    field = api.InferenceServiceStatus.model_fields["failed_engine_args"]
+    limits = [m.max_length for m in field.metadata if hasattr(m, "max_length")]
+    assert sglang_patch.FAILED_LIMIT == status["failedEngineArgs"]["maxItems"] == limits[0]
+    many = {
+        "failedEngineArgs": [
+            {"args": ["--context-length", str(1024 + i)], "failure": "runtime_oom"} for i in range(40)
+        ]
+    }
+    out = sglang_patch.build_sglang_patch(many, oom(), "Auto", generation=1, now=1000.0)
+    assert len(out.status["failedEngineArgs"]) == sglang_patch.FAILED_LIMIT
+    assert out.status["failedEngineArgs"][-1]["args"] == sglang.build_sglang_args(FAILED)  # the newest kept
