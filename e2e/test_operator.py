@@ -264,8 +264,8 @@ def test_headless_service_on_request_and_fixed(cluster: LocalCluster, ns: str) -
 
 def test_sglang_service_rendered_and_its_engine_fixed(cluster: LocalCluster, ns: str) -> None:
     """``spec.engine.kind: SGLang``: the operator applies SGLang's container and plan (Ready, Planned in
-    SGLang's terms), the closed loop holds it (ClosedLoop=False, EngineNotTuned); the API server refuses to
-    change the kind (CEL ``self == oldSelf``)."""
+    SGLang's terms), the closed loop recommends for it (ClosedLoop=True, Recommending); the API server
+    refuses to change the kind (CEL ``self == oldSelf``)."""
     doc = yaml.safe_load((ROOT / "examples" / "sglang" / "llama-3.1-8b-on-l4.yaml").read_text())
     name = doc["metadata"]["name"]
     assert apply_file(cluster, ns, doc=doc).returncode == 0
@@ -278,10 +278,12 @@ def test_sglang_service_rendered_and_its_engine_fixed(cluster: LocalCluster, ns:
         c["command"] == ["python3", "-m", "sglang.launch_server"] and c["ports"][0]["containerPort"] == 30000
     )
     assert flag(c["args"], "--model-path") == doc["spec"]["model"]["id"] and "--enable-metrics" in c["args"]
-    held = wait_for(
-        lambda: condition(get(cluster, RESOURCE, name, "-n", ns), "ClosedLoop"), WAIT_S, "the loop's hold"
+    loop = wait_for(
+        lambda: condition(get(cluster, RESOURCE, name, "-n", ns), "ClosedLoop"),
+        WAIT_S,
+        "the loop's condition",
     )
-    assert (held["status"], held["reason"]) == ("False", "EngineNotTuned") and "SGLang" in held["message"]
+    assert (loop["status"], loop["reason"]) == ("True", "Recommending") and "SGLang" in loop["message"]
     patch = json.dumps({"spec": {"engine": {"kind": "vLLM", "image": "vllm/vllm-openai:v0.33.0"}}})
     proc = cluster.kubectl("patch", RESOURCE, name, "-n", ns, "--type", "merge", "-p", patch, check=False)
     assert proc.returncode != 0 and "engine.kind cannot change" in proc.stderr, proc.stderr

@@ -558,10 +558,17 @@ class GpuStatus(_Wire):
 
 class Recommendation(_Wire):
     settings: Settings | None = None
+    engine_args: list[str] | None = None
+    """Another engine's flags (SGLang's), in its own spelling."""
     replicas: int | None = Field(None, ge=1)
     reason: str | None = None
     trigger: str | None = None
     time: str | None = None
+
+
+class FailedEngineArgs(_Wire):
+    args: list[str] = Field(default_factory=list)
+    failure: str | None = None
 
 
 class Budget(_Wire):
@@ -647,6 +654,7 @@ class InferenceServiceStatus(_Wire):
     applied: Settings | None = None
     last_good_settings: Settings | None = None
     failed_settings: list[Settings] = Field(default_factory=list, max_length=32)
+    failed_engine_args: list[FailedEngineArgs] = Field(default_factory=list, max_length=32)
     recommendation: Recommendation | None = None
     budget: Budget | None = None
     warnings: list[str] = Field(default_factory=list, max_length=32)

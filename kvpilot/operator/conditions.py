@@ -29,8 +29,9 @@ DEGRADED = "Degraded"
 """The closed loop, from the pods: a crash loop, a start-up failure, no node, an image or a download."""
 
 CLOSED_LOOP = "ClosedLoop"
-"""The closed loop: False (reason ``EngineNotTuned``) while it has no rules for the service's engine
-(``spec.engine.kind`` SGLang) and holds; not set for vLLM."""
+"""The closed loop of another engine than vLLM: True (reason ``Recommending``) while it recommends SGLang
+flags without rolling them out (:mod:`kvpilot.operator.status.sglang_patch`); False (reason
+``EngineNotTuned``) for an engine it has no rules for; not set for vLLM."""
 
 TARGET_FOUND = "TargetFound"
 """An EngineTuner's: the workload named by ``spec.targetRef`` exists."""

@@ -13,6 +13,7 @@ from prometheus_stub import NOW, PODS, Stub, serve_stub
 
 from kvpilot.operator.clients import prometheus
 from kvpilot.operator.pods.pod_status import build_pod_view, compute_pod_summary
+from kvpilot.tuner.engines import SglangEngine
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.types import EngineSettings
 
@@ -240,3 +241,37 @@ def test_a_full_framebuffer_is_a_reading() -> None:
     snapshot, pods = _framebuffer_snapshot({"a": [0.0, 1.0]}, {"a": [80.0, 79.0]})
     w = prometheus.build_service_window(snapshot, "ns1", pods, 300, 30)
     assert [(s.gpu_memory_free_gib, s.gpu_memory_used_gib) for s in w.samples] == [(0.0, 80.0), (1.0, 79.0)]
+
+
+def test_sglang_queries_read_the_seams_series_and_no_vllm_name() -> None:
+    series = SglangEngine().metrics
+    q = prometheus.build_queries(300, series=series)
+    assert q.ranged["kv_usage"] == f"max by (namespace, pod) ({series.kv_usage})"
+    assert q.ranged["waiting"] == f"max by (namespace, pod) ({series.queued})"
+    assert f"rate({series.preemptions}[" in q.ranged["preemption_rate"]
+    assert f"{series.ttft}_bucket" in q.ranged["ttft_p95"] and f"{series.itl}_bucket" in q.ranged["itl_p95"]
+    assert not any("vllm:" in x for x in q.all)
+    assert set(q.instant) == {"last_scrape"}  # no length histograms, no cache_config_info
+
+
+def test_an_sglang_window_is_its_pods_worst_and_names_its_series_when_absent() -> None:
+    series = SglangEngine().metrics
+    pods = ["llm-5d8f7c-00000", "llm-5d8f7c-00001"]
+
+    def vector(pod: str, values: list[float]) -> dict[str, Any]:
+        points = [[NOW - 60 + 30 * i, str(v)] for i, v in enumerate(values)]
+        return {"metric": {"namespace": "ns1", "pod": pod}, "values": points}
+
+    ranged = {
+        "kv_usage": [vector(pods[0], [0.2, 0.3, 0.4]), vector(pods[1], [0.5, 0.1, 0.1])],
+        "preemption_rate": [vector(pods[1], [0.0, 0.5, 1.0])],
+    }
+    instant = {"last_scrape": [{"metric": {"namespace": "ns1", "pod": pods[0]}, "value": [NOW, str(NOW)]}]}
+    snapshot = prometheus.build_fleet_snapshot(ranged, instant, NOW, kv_series=series.kv_usage or "")
+    w = prometheus.build_service_window(snapshot, "ns1", pods, 300, 30)
+    assert w.available and w.pods == 2
+    assert [s.kv_usage for s in w.samples] == [0.5, 0.3, 0.4]
+    assert [s.preemption_rate for s in w.samples] == [0.0, 0.5, 1.0]
+    empty = prometheus.build_fleet_snapshot({"kv_usage": []}, {}, NOW, kv_series=series.kv_usage or "")
+    gone = prometheus.build_service_window(empty, "ns1", pods, 300, 30)
+    assert not gone.available and f"no {series.kv_usage} series" in (gone.unavailable_reason or "")

@@ -19,14 +19,17 @@ from typing import Any
 import kopf
 import pytest
 import yaml
-from closed_loop_fakes import LoopHarness, window
+from closed_loop_fakes import FakePods, LoopHarness, window
+from closed_loop_fakes import pod as fake_pod
 from operator_fakes import Harness, condition, isvc
 
 from kvpilot import cli
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import FIELD_MANAGER
 from kvpilot.operator.inferenceservice import desired, drift, render
+from kvpilot.operator.pods import pod_status, sglang_pods
 from kvpilot.tuner import engines, gpus, sglang
+from kvpilot.tuner.loop import SglangMemory, sglang_fit
 from kvpilot.tuner.model import build_model_spec, lookup_model_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,29 +186,109 @@ async def test_tgi_is_refused_with_what_is_missing_and_nothing_applied(harness: 
 SGLANG_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 
 
+L4_LLAMA = SglangMemory(gpus.lookup_gpu("L4"), build_model_spec(lookup_model_config(LLAMA_8B)))
+
+
+def _sglang_runs(args: list[str]) -> sglang.SglangSettings:
+    """What SGLang runs with ``args`` on the fixtures' L4: its defaults filled in (the tuner's model)."""
+    return sglang_fit.compute_effective(sglang.parse_sglang_args(args), L4_LLAMA)
+
+
+def _series_fetches(loop: LoopHarness) -> list[Any]:
+    """Wrap the harness's metrics fetch to record the series each call asks for."""
+    seen: list[Any] = []
+    fetch = loop.deps.fetch_window
+
+    async def recording(*args: Any, **kw: Any) -> Any:
+        seen.append(kw.get("series"))
+        return await fetch(*args, **kw)
+
+    loop.deps.fetch_window = recording
+    return seen
+
+
 @pytest.mark.parametrize("mode", ["Auto", "Recommend"])
-async def test_the_closed_loop_holds_an_sglang_service_and_says_why(harness: Harness, mode: str) -> None:
-    """A crash-looping SGLang pod with a CUDA OOM: vLLM's remedy (lower --gpu-memory-utilization) is never
-    applied; the loop reads no metrics, writes ``ClosedLoop=False`` once (reason EngineNotTuned) with a
-    ``Held`` event, and leaves the Deployment alone on every later tick."""
+async def test_the_closed_loop_recommends_less_memory_outside_the_share_after_an_sglang_oom(
+    harness: Harness, mode: str
+) -> None:
+    """A crash-looping SGLang pod with a CUDA OOM at run time: SGLang's rule (a *lower*
+    ``--mem-fraction-static``: activations need room outside the static share) is recommended in SGLang's
+    flags, the flags that failed are recorded, vLLM's remedies and settings are never touched, the Deployment
+    is left alone, and a later tick that sees the same writes nothing again."""
     loop = LoopHarness(harness)
+    series = _series_fetches(loop)
     body = sglang_isvc(serving={"maxContextLength": 16384}, tuning={"mode": mode})
     await harness.run(body)
     applied = len(harness.kube.applied)
-    loop.window = window(loop.now, kv=0.99, waiting=40)  # pressure a vLLM service would be retuned for
+    loop.window = window(loop.now, kv=0.5, waiting=0)
+    loop.healthy_pods(restarts=2, message=SGLANG_OOM, finished=loop.now + 10, ready=False, crash_loop=True)
+    ran = loop.deployment_args()
+    assert await loop.tick(body) is None
+    st = body["status"]
+    closed = condition(body, "ClosedLoop")
+    assert (closed["status"], closed["reason"]) == ("True", "Recommending")
+    assert ("does not roll them out" if mode == "Auto" else "mode Recommend") in closed["message"]
+    before, after = _sglang_runs(ran), _sglang_runs(st["recommendation"]["engineArgs"])
+    # less memory outside the static share: a lower fraction, or (the pool at its floor: on the L4 the
+    # 8B's weights leave it a few hundred tokens) a smaller prefill chunk with the fraction held, never raised
+    assert sglang_fit.fraction_of(after) <= sglang_fit.fraction_of(before)
+    assert sglang_fit.fraction_of(after) < sglang_fit.fraction_of(before) or (
+        (after.chunked_prefill_size or 0) < (before.chunked_prefill_size or 0)
+        and sglang.parse_sglang_args(st["recommendation"]["engineArgs"]).mem_fraction_static is not None
+    )
+    assert st["recommendation"]["trigger"] == "RuntimeOOM"
+    assert "CUDA out of memory" in st["recommendation"]["reason"]
+    assert st["failedEngineArgs"] == [{"args": sglang.build_sglang_args(before), "failure": "runtime_oom"}]
+    assert {"RuntimeOOM", "Recommended"} <= set(harness.emitter.reasons)
+    assert series == [engines.lookup_engine("SGLang").metrics]  # SGLang's series, through the seam
+    assert len(harness.kube.applied) == applied and "applied" not in st and "failedSettings" not in st
+    events = len(harness.emitter.events)
+    for _ in range(2):
+        assert await loop.tick(body) is None
+    assert len(harness.emitter.events) == events  # the same advice is not announced twice
+    assert harness.kube.take_status_patches("ns1", "llm") == []
+
+
+async def test_sglang_retractions_recommend_fewer_running_requests(harness: Harness) -> None:
+    loop = LoopHarness(harness)
+    body = sglang_isvc(serving={"maxContextLength": 16384}, tuning={"mode": "Recommend"})
+    await harness.run(body)
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30, kv=0.97, preempt=0.5, running=40, waiting=5)
+    await loop.tick(body)
+    rec = body["status"]["recommendation"]
+    assert rec["trigger"] == "KvPressure"
+    running = sglang.parse_sglang_args(rec["engineArgs"]).max_running_requests
+    assert running is not None and 1 <= running < 40
+    assert condition(body, "MetricsAvailable")["status"] == "True"
+
+
+async def test_sglang_in_mode_off_is_left_alone(harness: Harness) -> None:
+    loop = LoopHarness(harness)
+    body = sglang_isvc(serving={"maxContextLength": 16384}, tuning={"mode": "Off"})
+    await harness.run(body)
+    loop.window = window(loop.now, kv=0.99, preempt=1.0, waiting=40)
     loop.healthy_pods(restarts=2, message=SGLANG_OOM, finished=loop.now + 10, ready=False, crash_loop=True)
     assert await loop.tick(body) is None
-    held = condition(body, "ClosedLoop")
-    assert (held["status"], held["reason"]) == ("False", "EngineNotTuned")
-    assert "no SGLang rules yet" in held["message"]
-    assert ("reconciler's plan" if mode == "Auto" else "mode Recommend") in held["message"]
-    assert harness.emitter.reasons.count("Held") == 1
-    for _ in range(3):
-        assert await loop.tick(body) is None
-    assert harness.kube.take_status_patches("ns1", "llm") == []  # written once
-    assert harness.emitter.reasons.count("Held") == 1
-    assert len(harness.kube.applied) == applied and loop.fetches == 0
-    assert condition(body, "Ready")["status"] == "True" and "applied" not in body["status"]
+    assert loop.fetches == 0 and "recommendation" not in body["status"]
+    assert all(c["type"] != "ClosedLoop" for c in body["status"]["conditions"])
+
+
+def test_an_unexplained_sglang_restart_is_classified_from_its_previous_log_once() -> None:
+    reader = FakePods()
+    args = ["--model-path", LLAMA_8B, "--mem-fraction-static", "0.6"]
+    reader.pods = [fake_pod("llm-5d8f7c-00000", args, restarts=1, message=None, finished=1000.0)]
+    reader.logs["llm-5d8f7c-00000"] = "INFO loading\n" + sglang.no_kv_pool_error(0.6)
+    logs = pod_status.LogCache()
+    (view,) = sglang_pods.read_sglang_pods(reader, "ns1", "llm", logs)
+    assert view.settings == sglang.SglangSettings(mem_fraction_static=0.6)
+    assert view.restart is not None and view.restart.failure is not None
+    assert (view.restart.failure.kind, view.restart.time) == ("start_memory_short", 1000.0)
+    sglang_pods.read_sglang_pods(reader, "ns1", "llm", logs)
+    assert reader.log_reads == 1  # once per restart
+    reader.logs.clear()
+    silent = sglang_pods.read_sglang_pods(reader, "ns1", "llm", pod_status.LogCache())
+    assert silent[0].restart is not None and silent[0].restart.failure is None
 
 
 async def test_the_closed_loop_does_not_hold_a_vllm_service(harness: Harness) -> None:

@@ -199,3 +199,18 @@ def test_the_memory_share_moves_the_right_way_for_each_engine() -> None:
         1,
     )
     assert vllm_engine.classify_failure("INFO Application startup complete.") is None
+
+
+def test_the_rendered_flags_parse_back_into_the_settings() -> None:
+    settings = sglang.SglangSettings(
+        context_length=8192,
+        mem_fraction_static=0.81,
+        max_running_requests=48,
+        kv_cache_dtype="fp8_e4m3",
+        tp_size=2,
+    )
+    args = ["--model-path", "m", *sglang.build_sglang_args(settings), "--enable-metrics"]
+    assert sglang.parse_sglang_args(args) == settings
+    assert sglang.parse_sglang_args(["--chunked-prefill-size=4096"]).chunked_prefill_size == 4096
+    with pytest.raises(errors.InvalidEngineArgs, match="--context-length"):
+        sglang.parse_sglang_args(["--context-length", "long"])

@@ -35,6 +35,12 @@ Series are those of vLLM 0.33 (``vllm/v1/metrics/loggers.py``), with the fallbac
   ``namespace``/``pod`` labels name the pod holding the GPU); absent without dcgm-exporter, which only
   disables the early warning
 
+Another engine's series come from the tuner's seam (:class:`kvpilot.tuner.engines.MetricSeries`: SGLang's
+token usage for ``kv_usage``, its retractions for ``preemption_rate``, its queued requests for ``waiting``,
+its TTFT and ITL histograms): :func:`build_queries` with ``series``; its fleet snapshot is its own (keyed by
+the series), with no length or capacity queries (SGLang exports no length histograms, and the loop's SGLang
+rules do not read a capacity).
+
 A service's series are exactly those of the pods its Deployment owns (looked up by namespace and pod
 name, never a name pattern another app's pod could match). The pure halves (:func:`build_queries`,
 :func:`build_fleet_snapshot`, :func:`build_service_window`, :func:`build_window`) are tested on canned
@@ -55,6 +61,7 @@ from kvpilot.operator import conditions
 from kvpilot.operator.clients import metrics
 from kvpilot.operator.clients.prometheus_errors import classify_error
 from kvpilot.operator.clients.prometheus_settings import URL_ENV, PrometheusSettings
+from kvpilot.tuner.engines import MetricSeries
 from kvpilot.tuner.loop import LengthSummary, MetricsSample, ObservationWindow
 from kvpilot.tuner.vllm import serving
 
@@ -111,10 +118,16 @@ class Queries:
 
 
 def build_queries(
-    window_seconds: float, pod_label: str = "pod", namespace_label: str = "namespace"
+    window_seconds: float,
+    pod_label: str = "pod",
+    namespace_label: str = "namespace",
+    series: MetricSeries | None = None,
 ) -> Queries:
-    """The tick's queries, aggregated by the (configurable) namespace and pod labels."""
+    """The tick's queries, aggregated by the (configurable) namespace and pod labels: vLLM's (``series``
+    ``None``), or another engine's by the seam's shared meanings."""
     by = f"{namespace_label}, {pod_label}"
+    if series is not None:
+        return _build_engine_queries(series, by)
     w = f"{max(60, int(window_seconds))}s"
 
     def rate_sum(family: str, part: str) -> str:
@@ -144,6 +157,29 @@ def build_queries(
         "generation_count": rate_sum(GENERATION_TOKENS, "count"),
         "cache_config": f'{CACHE_CONFIG_INFO}{{{pod_label}!=""}}',
     }
+    return Queries(ranged=ranged, instant=instant)
+
+
+def _build_engine_queries(series: MetricSeries, by: str) -> Queries:
+    """Another engine's queries from its :class:`MetricSeries` (the names live in the engine's package)."""
+    if series.kv_usage is None:
+        raise ValueError("the closed loop reads an engine's KV usage; this engine exports none")
+
+    def p95(family: str) -> str:
+        return f"histogram_quantile(0.95, sum by ({by}, le) (rate({family}_bucket[{RATE_WINDOW}])))"
+
+    ranged = {
+        "kv_usage": f"max by ({by}) ({series.kv_usage})",
+        "running": f"max by ({by}) ({series.running})",
+        "waiting": f"max by ({by}) ({series.queued})",
+        "ttft_p95": p95(series.ttft),
+        "itl_p95": p95(series.itl),
+        "gpu_memory_free_gib": f"min by ({by}) ({FB_FREE}) / 1024",
+        "gpu_memory_used_gib": f"max by ({by}) ({FB_USED}) / 1024",
+    }
+    if series.preemptions is not None:
+        ranged["preemption_rate"] = f"max by ({by}) (rate({series.preemptions}[{RATE_WINDOW}]))"
+    instant = {"last_scrape": f"max by ({by}) (timestamp({series.kv_usage}))"}
     return Queries(ranged=ranged, instant=instant)
 
 
@@ -241,6 +277,7 @@ def build_window(
     window_seconds: float,
     step_seconds: float,
     pods: int,
+    kv_series: str = KV_USAGE,
 ) -> ObservationWindow:
     """An :class:`ObservationWindow` from Prometheus' answers (the ``data.result`` lists). ``pods``: how many
     pods reported (not the ``cache_config_info`` series: a data-parallel pod has one per engine)."""
@@ -251,7 +288,7 @@ def build_window(
         return ObservationWindow.unavailable(f"invalid sample: {invalid}; holding until it is sane", now)
     kv = series.get("kv_usage", {})
     if not kv:
-        return ObservationWindow.unavailable("no vllm:kv_cache_usage_perc series for the service's pods", now)
+        return ObservationWindow.unavailable(f"no {kv_series} series for the service's pods", now)
     last_scrape = _scalar(instant.get("last_scrape", ()))
     # After the newest scrape, Prometheus repeats the last value for 5 minutes (lookback):
     # those points are not new observations, so the window ends one step after it.
@@ -302,6 +339,8 @@ class FleetSnapshot:
     """(condition reason, message) when the fetch failed."""
     queries: int = 0
     """How many queries the fetch sent."""
+    kv_series: str = KV_USAGE
+    """The engine's KV-usage series: what an absent window names."""
 
 
 def _key(labels: Mapping[str, Any], pod_label: str, namespace_label: str) -> PodKey:
@@ -316,6 +355,7 @@ def build_fleet_snapshot(
     pod_label: str = "pod",
     namespace_label: str = "namespace",
     queries: int = 0,
+    kv_series: str = KV_USAGE,
 ) -> FleetSnapshot:
     """Index Prometheus' answers (the ``data.result`` lists) by pod."""
     by_pod: dict[str, dict[PodKey, Mapping[float, float]]] = {}
@@ -338,7 +378,9 @@ def build_fleet_snapshot(
             value = _scalar([series])
             if value is not None:
                 values[_key(series.get("metric") or {}, pod_label, namespace_label)] = value
-    return FleetSnapshot(time=time, ranged=by_pod, instant=scalars, cache_config=configs, queries=queries)
+    return FleetSnapshot(
+        time=time, ranged=by_pod, instant=scalars, cache_config=configs, queries=queries, kv_series=kv_series
+    )
 
 
 def _drop_blank_framebuffers(by_pod: dict[str, dict[PodKey, Mapping[float, float]]]) -> None:
@@ -392,7 +434,11 @@ def build_service_window(
         instant[f"{family}_mean"] = [{"value": [now, total / n if n > 0 else "NaN"]}] if present else []
     instant["cache_config"] = [s for k in keys for s in snapshot.cache_config.get(k, ())]
     reporting = sum(1 for k in keys if snapshot.cache_config.get(k))  # pods, not engines
-    return build_window(ranged, instant, now, window_seconds, step_seconds, pods=reporting)
+    if snapshot.kv_series != KV_USAGE:  # another engine: no cache_config_info, its KV series says who reports
+        reporting = sum(1 for k in keys if k in snapshot.ranged.get("kv_usage", {}))
+    return build_window(
+        ranged, instant, now, window_seconds, step_seconds, pods=reporting, kv_series=snapshot.kv_series
+    )
 
 
 # --- I/O ---------------------------------------------------------------------------------------------
@@ -426,9 +472,14 @@ def _default_client(settings: PrometheusSettings) -> PromClient:
 
 
 def _fetch_sync(
-    client: PromClient, settings: PrometheusSettings, now: float, window_seconds: float, step_seconds: float
+    client: PromClient,
+    settings: PrometheusSettings,
+    now: float,
+    window_seconds: float,
+    step_seconds: float,
+    series: MetricSeries | None = None,
 ) -> FleetSnapshot:
-    queries = build_queries(window_seconds, settings.pod_label, settings.namespace_label)
+    queries = build_queries(window_seconds, settings.pod_label, settings.namespace_label, series)
     end = datetime.datetime.fromtimestamp(now, datetime.UTC)
     start = end - datetime.timedelta(seconds=window_seconds)
     ranged: dict[str, Any] = {}
@@ -440,7 +491,7 @@ def _fetch_sync(
             ranged[key] = client.custom_query_range(
                 query, start_time=start, end_time=end, step=f"{step_seconds:g}"
             )
-        if key == "kv_usage" and not ranged[key]:  # no vLLM pod anywhere: nothing else to ask
+        if key == "kv_usage" and not ranged[key]:  # no pod of the engine anywhere: nothing else to ask
             break
     else:
         for key, query in queries.instant.items():
@@ -454,6 +505,7 @@ def _fetch_sync(
         pod_label=settings.pod_label,
         namespace_label=settings.namespace_label,
         queries=sent,
+        kv_series=(series.kv_usage or KV_USAGE) if series is not None else KV_USAGE,
     )
 
 
@@ -464,11 +516,14 @@ async def fetch_snapshot(
     window_seconds: float,
     step_seconds: float,
     client_factory: Callable[[PrometheusSettings], PromClient] = _default_client,
+    series: MetricSeries | None = None,
 ) -> FleetSnapshot:
-    """Every pod's series at ``now`` (one query per metric); never raises."""
+    """Every pod's series at ``now`` (one query per metric; ``series``: another engine's); never raises."""
     try:
         client = client_factory(settings)
-        return await asyncio.to_thread(_fetch_sync, client, settings, now, window_seconds, step_seconds)
+        return await asyncio.to_thread(
+            _fetch_sync, client, settings, now, window_seconds, step_seconds, series
+        )
     except Exception as exc:  # connection refused, TLS, timeouts, HTTP 4xx/5xx, bad JSON: all mean "no data"
         return FleetSnapshot(time=now, error=classify_error(exc, settings.url))
 
@@ -491,12 +546,13 @@ async def fetch_shared_snapshot(
     step_seconds: float,
     max_age_seconds: float,
     client_factory: Callable[[PrometheusSettings], PromClient] = _default_client,
+    series: MetricSeries | None = None,
 ) -> FleetSnapshot:
     """The snapshot every service's timer shares: fetched again once it is ``max_age_seconds`` old (the
     tick interval), with one fetch in flight at a time (the timers that come meanwhile wait for it).
     Keyed by the settings, the window and the ``client_factory``: callers that want to share a snapshot
     pass the same factory object (a new lambda per call would fetch per service)."""
-    key = (settings, window_seconds, step_seconds, client_factory)
+    key = (settings, window_seconds, step_seconds, client_factory, series)
     loop = asyncio.get_running_loop()
     entry = _snapshots.get(key)
     if entry is None or entry.loop is not loop or not 0 <= now - entry.time < max_age_seconds:
@@ -507,6 +563,7 @@ async def fetch_shared_snapshot(
                 window_seconds=window_seconds,
                 step_seconds=step_seconds,
                 client_factory=client_factory,
+                series=series,
             )
         )
         entry = _snapshots[key] = _Entry(loop, now, task)
@@ -524,10 +581,12 @@ async def fetch_observations(
     step_seconds: float = 30.0,
     max_age_seconds: float | None = None,
     client_factory: Callable[[PrometheusSettings], PromClient] = _default_client,
+    series: MetricSeries | None = None,
 ) -> ObservationWindow:
     """The last ``window_seconds`` of the metrics of the service's ``pods``, from the tick's shared
     snapshot (at most ``max_age_seconds`` old, default one step); never raises. ``prom``: the settings, or
-    a bare URL (no auth, system CAs)."""
+    a bare URL (no auth, system CAs). ``series``: another engine's (:class:`MetricSeries`); ``None``:
+    vLLM's."""
     settings = PrometheusSettings(url=prom) if isinstance(prom, str) else prom
     if not settings.url:
         return ObservationWindow.unavailable(
@@ -542,5 +601,6 @@ async def fetch_observations(
         step_seconds=step_seconds,
         max_age_seconds=step_seconds if max_age_seconds is None else max_age_seconds,
         client_factory=client_factory,
+        series=series,
     )
     return build_service_window(snapshot, namespace, pods, window_seconds, step_seconds)

@@ -106,15 +106,15 @@ async def run_once(
 
     Its status goes out as one conditional PATCH, and a change is recorded before it is applied
     (:mod:`kvpilot.operator.status.status_write`); ``patch`` (kopf's) is used only without a Kubernetes
-    client. The steps: :func:`~.loop_reading.parse_service` (mode Off: :func:`~.loop_record.apply_off`; an
-    engine the loop has no rules for: :func:`~.loop_record.apply_engine_hold`),
+    client. The steps: :func:`~.loop_reading.parse_service` (mode Off: :func:`~.loop_record.apply_off`;
+    another engine: :func:`~.loop_record.apply_other_engine`, SGLang's loop that recommends, or a hold),
     :func:`~.loop_reading.fetch_resolved`, :func:`fetch_evidence`, :func:`fetch_decision`,
     :func:`~.loop_record.apply_record`, :func:`apply_decision`."""
     svc = loop_reading.parse_service(body, spec, meta, status, deps.clock())
     if svc is None:
         return None
-    if not svc.engine_tuned:  # no rules for its engine yet: vLLM's remedies are never applied to it
-        await loop_record.apply_engine_hold(deps, svc, patch, logger)
+    if not svc.engine_tuned:  # another engine: its own rules recommend (SGLang), else a hold
+        await loop_record.apply_other_engine(deps, svc, patch, logger)
         return None
     if svc.mode == "Off":  # nothing to decide; the pods still say whether the service serves
         await loop_record.apply_off(deps, svc, patch, logger)

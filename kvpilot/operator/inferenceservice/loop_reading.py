@@ -55,6 +55,11 @@ class Service:
         return engines.is_tuned_by_closed_loop(self.spec)
 
     @property
+    def engine_recommended(self) -> bool:
+        """Whether the closed loop recommends for the service's engine without rolling out (SGLang)."""
+        return engines.is_recommended_by_closed_loop(self.spec)
+
+    @property
     def generation(self) -> int | None:
         generation = self.meta.get("generation")
         return int(generation) if generation is not None else None

@@ -9,7 +9,8 @@ this module only chooses, per kind, in one table (:data:`PLANNERS`):
 * **SGLang**: planned with SGLang's own memory model (:func:`kvpilot.tuner.engines.plan_sglang_budget`:
   ``--mem-fraction-static`` covers weights + KV pool), rendered as ``python3 -m sglang.launch_server
   --model-path M --host 0.0.0.0 --port 30000`` + the planned flags + ``--enable-metrics`` + extra args.
-  The closed loop has no SGLang rules yet: it holds (:data:`CLOSED_LOOP_KINDS`).
+  The closed loop recommends SGLang flags with SGLang's own rules and does not roll them out
+  (:data:`RECOMMENDING_KINDS`).
 * **TGI**: refused with ``EngineNotSupported`` (no TGI memory model yet): never a guess.
 
 Pure; no I/O.
@@ -28,7 +29,11 @@ from kvpilot.tuner.engines import Serving
 from kvpilot.tuner.types import GIB
 
 CLOSED_LOOP_KINDS: frozenset[api.EngineKind] = frozenset({"vLLM"})
-"""The engines whose pods the closed loop retunes; for the others it holds and says why."""
+"""The engines whose pods the closed loop retunes (mode Auto rolls its changes out)."""
+RECOMMENDING_KINDS: frozenset[api.EngineKind] = frozenset({"SGLang"})
+"""The engines the closed loop has rules for but does not roll out: in modes Auto and Recommend it records
+what it would change (:mod:`kvpilot.operator.inferenceservice.sglang_loop`); for any other kind it holds and
+says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +57,10 @@ class EnginePlan:
 
 def is_tuned_by_closed_loop(spec: api.InferenceServiceSpec) -> bool:
     return spec.engine.kind in CLOSED_LOOP_KINDS
+
+
+def is_recommended_by_closed_loop(spec: api.InferenceServiceSpec) -> bool:
+    return spec.engine.kind in RECOMMENDING_KINDS
 
 
 def compute_engine_plan(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -> EnginePlan:

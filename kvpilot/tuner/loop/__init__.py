@@ -19,6 +19,13 @@ VPA's recommender and updater for vLLM engine arguments, pure and deterministic:
 * :mod:`.rollout` -- a retune on its way: probation, success, rollback;
 * :mod:`.policy` -- :func:`compute_decision`, the chain of steps and the gates.
 
+SGLang's loop, in SGLang's terms (``--mem-fraction-static`` covers weights + KV pool only):
+
+* :mod:`.sglang_fit` -- SGLang's memory model as the loop asks it: the fraction's ceiling and floor, the
+  pool a candidate holds, what the history ruled out;
+* :mod:`.sglang_rules` -- one rule per failure and metrics condition;
+* :mod:`.sglang_policy` -- :func:`compute_sglang_decision`, the chain and the gates.
+
 The top layer of the tuner beside :mod:`kvpilot.tuner.plan`; the two never import each other.
 Time and observations are arguments: nothing here reads a clock, the cluster or Prometheus.
 """
@@ -54,12 +61,24 @@ from kvpilot.tuner.loop.observations import (
 from kvpilot.tuner.loop.policy import compute_decision
 from kvpilot.tuner.loop.remedies import compute_effective
 from kvpilot.tuner.loop.restarts import classify_termination
+from kvpilot.tuner.loop.sglang_fit import FailedRun, SglangMemory
+from kvpilot.tuner.loop.sglang_policy import (
+    SglangChange,
+    SglangContext,
+    SglangDecision,
+    SglangEvidence,
+    SglangLoopState,
+    SglangRestart,
+    classify_restart,
+    compute_sglang_decision,
+)
 
 __all__ = [
     "Action",
     "CRASH_KINDS_FIXABLE_BY_ARGS",
     "Decision",
     "Evidence",
+    "FailedRun",
     "HISTORY_LIMIT",
     "HistoryAction",
     "HistoryEntry",
@@ -74,14 +93,23 @@ __all__ = [
     "RestartEvent",
     "RestartKind",
     "RolloutState",
+    "SglangChange",
+    "SglangContext",
+    "SglangDecision",
+    "SglangEvidence",
+    "SglangLoopState",
+    "SglangMemory",
+    "SglangRestart",
     "Trigger",
     "TuningBounds",
     "TuningContext",
     "build_history",
+    "classify_restart",
     "classify_termination",
     "compute_cooldown",
     "compute_decision",
     "compute_effective",
     "compute_last_change_time",
     "compute_metrics_status",
+    "compute_sglang_decision",
 ]

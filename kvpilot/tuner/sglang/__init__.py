@@ -24,6 +24,7 @@ from kvpilot.tuner.sglang.args import (
     build_sglang_args,
     check_kv_cache_dtype,
     check_settings,
+    parse_sglang_args,
 )
 from kvpilot.tuner.sglang.defaults import (
     GPU_TIERS,
@@ -75,5 +76,6 @@ __all__ = [
     "gpu_tier",
     "kv_pool_full_warning",
     "no_kv_pool_error",
+    "parse_sglang_args",
     "weights_exceed_static_error",
 ]

@@ -1,0 +1,89 @@
+"""The pods of an SGLang service as its closed loop reads them: the flags each runs, its last restart and why.
+
+The SGLang counterpart of :func:`kvpilot.operator.pods.pod_status.read_pod_views` (whose restarts vLLM's texts
+classify): each container's arguments parsed back into :class:`~kvpilot.tuner.sglang.SglangSettings`
+(:func:`kvpilot.tuner.sglang.parse_sglang_args`), its last termination classified by the engine seam
+(:meth:`kvpilot.tuner.engines.SglangEngine.classify_failure`), from the termination message, else from the
+previous log's tail (read once per restart: :data:`kvpilot.operator.pods.pod_status.LOGS`). Only pods the
+Deployment owns count (:func:`~kvpilot.operator.pods.pod_status.owned_by`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.operator.pods import pod_status, workloads
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import sglang
+from kvpilot.tuner.engines import SglangEngine
+from kvpilot.tuner.loop import SglangRestart
+
+ENGINE = SglangEngine()
+
+
+@dataclass(frozen=True)
+class SglangPod:
+    """One pod of the service as the SGLang loop sees it."""
+
+    name: str
+    settings: sglang.SglangSettings | None
+    """The SGLang flags its container runs (``None``: they do not parse)."""
+    terminating: bool
+    restart: SglangRestart | None
+    """Its container's last termination, classified by the seam (``failure`` ``None``: unexplained)."""
+    restart_count: int = 0
+    needs_log: bool = False
+    """The termination message did not explain the restart: the previous log is worth reading."""
+
+
+def _container(items: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    name = ENGINE.serving.container_name
+    return next((c for c in items if c.get("name") == name), items[0] if items else {})
+
+
+def build_sglang_pod(pod: Mapping[str, Any], log: str | None = None) -> SglangPod:
+    """One pod: its flags, and its last termination classified from the message (and ``log``, when read)."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    try:
+        settings: sglang.SglangSettings | None = sglang.parse_sglang_args(
+            [str(a) for a in _container(spec.get("containers") or ()).get("args") or ()]
+        )
+    except tuner_errors.TunerError:
+        settings = None
+    state = _container(status.get("containerStatuses") or ())
+    count = int(state.get("restartCount") or 0)
+    terminated = (state.get("lastState") or {}).get("terminated") or {}
+    name = str(meta.get("name") or "")
+    restart, needs_log = None, False
+    if count > 0 and terminated:
+        text = "\n".join(t for t in (str(terminated.get("message") or ""), log or "") if t)
+        failure = ENGINE.classify_failure(text)
+        when = pod_status.parse_time(terminated.get("finishedAt")) or 0.0
+        restart, needs_log = SglangRestart(when, failure, name), failure is None and log is None
+    terminating = bool(meta.get("deletionTimestamp"))
+    return SglangPod(name, settings, terminating, restart, count, needs_log)
+
+
+def read_sglang_pods(
+    reader: pod_status.PodReader, namespace: str, owner: str, logs: pod_status.LogCache = pod_status.LOGS
+) -> list[SglangPod]:
+    """The pods of the Deployment ``owner`` (blocking: run it in a worker thread); a restart the termination
+    message does not explain is classified from the previous log's tail, read once per restart."""
+    selector = workloads.build_label_selector(owner)
+    pods = [p for p in reader.list_pods(namespace, selector) if pod_status.owned_by(p, owner)]
+    out = []
+    for pod in pods:
+        view = build_sglang_pod(pod)
+        if view.needs_log:
+            key = (namespace, view.name, view.restart_count)
+            known, log = logs.get(key)
+            if not known:
+                container = ENGINE.serving.container_name
+                log = reader.read_previous_log(namespace, view.name, container, pod_status.LOG_TAIL_LINES)
+                logs.put(key, log)
+            if isinstance(log, str) and log:
+                view = build_sglang_pod(pod, log)
+        out.append(view)
+    return out

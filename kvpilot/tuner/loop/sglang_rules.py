@@ -1,0 +1,296 @@
+"""SGLang's closed-loop rules: which settings to try next, in SGLang's own terms. Pure.
+
+The vLLM rules (:mod:`.remedies`, :mod:`.crash_remedies`) step ``gpu_memory_utilization``, which caps
+everything vLLM allocates; SGLang's ``--mem-fraction-static`` covers only weights + KV pool, with
+activations (``--chunked-prefill-size``) and CUDA graphs (``--max-running-requests``) outside it
+(:mod:`kvpilot.tuner.engines.sglang_budget`). So the meaning of a move of the fraction is inverted between
+start-up and run time, and each rule here says which way it goes:
+
+- ``StartMemoryShort`` (the seam's ``start_memory_short``: "Not enough memory. Please try to increase
+  --mem-fraction-static", "Loaded weights leave no GPU memory for the KV cache"): *raise* the fraction to
+  what the memory model says holds one full-context request (at least SGLang's printed minimum plus one
+  request), never past the ceiling -- the fraction SGLang's own default leaves the activations and CUDA
+  graphs (:func:`~.sglang_fit.compute_fraction_ceiling`); when the memory model does not explain the
+  failure (less was free than it predicts), to the ceiling; past it, halve ``--chunked-prefill-size`` (a
+  smaller activation reserve lifts the ceiling); past that, shorten ``--context-length`` to the pool at the
+  ceiling; else infeasible, with the numbers.
+- ``StartOOM`` / ``RuntimeOOM`` (CUDA-graph capture failed; ``CUDA out of memory``): *lower* the fraction by
+  the OOM step on the headroom (VPA's, :func:`kvpilot.tuner.loop.remedies.compute_oom_step`) while the pool
+  still holds one full-context request; else halve ``--chunked-prefill-size`` (activations); a graph
+  capture OOM also offers fewer ``--max-running-requests`` (the decode graph's batch).
+- ``KvPressure`` (sustained token usage with retractions, or "KV cache pool is full. Retract requests."):
+  more pool when the fraction is under its ceiling and no OOM ruled that out, else fewer
+  ``--max-running-requests``.
+- ``IdleCapacity``: a queue at the running-request limit with token usage low: more running requests,
+  within the room the window's usage per request shows at ``target_kv_usage``.
+- ``LatencySlo``: the TTFT objective missed in most samples: a smaller ``--chunked-prefill-size``.
+
+A value the history ruled out is never proposed again (:func:`~.sglang_fit.is_ruled_out`): a fraction at or
+below one that was memory-short at start-up, or at or above one that ran out of memory with no smaller
+prefill chunk and no fewer running requests, or settings that failed as a whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from kvpilot.tuner import sglang
+from kvpilot.tuner.engines import FailureKind
+from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop.config import PolicyConfig
+from kvpilot.tuner.loop.remedies import compute_oom_step
+from kvpilot.tuner.loop.sglang_fit import (
+    FRACTION_STEP,
+    SglangProposal,
+    SglangSituation,
+    ceil_grid,
+    compute_context_share,
+    compute_fraction_ceiling,
+    compute_fraction_floor,
+    compute_fraction_for_context,
+    floor_grid,
+    fraction_of,
+    holds_full_request,
+    predict_pool_tokens,
+)
+
+START_MEMORY_SHORT = "StartMemoryShort"
+START_OOM = "StartOOM"
+RUNTIME_OOM = "RuntimeOOM"
+KV_PRESSURE = "KvPressure"
+IDLE_CAPACITY = "IdleCapacity"
+LATENCY_SLO = "LatencySlo"
+
+TRIGGERS: dict[FailureKind, str] = {
+    "start_memory_short": START_MEMORY_SHORT,
+    "start_oom": START_OOM,
+    "runtime_oom": RUNTIME_OOM,
+    "kv_pressure": KV_PRESSURE,
+}
+"""The seam's failure kinds as the decision's trigger."""
+
+# --- crash rules ----------------------------------------------------------------------------------
+
+
+def propose_for_memory_short(s: SglangSituation, failure_text: str) -> SglangProposal:
+    """Start-up left no KV pool: raise the fraction, within what leaves activations and graphs their room."""
+    eff, p = s.effective, s.policy
+    fraction = fraction_of(eff)
+    parsed = sglang.classify_log(failure_text)
+    minimum = parsed.minimum_fraction if parsed is not None else None
+    needed = compute_fraction_for_context(eff, s.memory)
+    share = compute_context_share(eff, s.memory)
+    wanted: float | None = None
+    if minimum is not None:  # SGLang measured where the pool starts: that, and one request of the context
+        wanted = max(ceil_grid(minimum + (share or FRACTION_STEP)), needed or 0.0)
+    elif needed is not None and needed > fraction:  # the memory model explains the failure
+        wanted = needed
+    if wanted is not None:
+        wanted = max(wanted, round(fraction + FRACTION_STEP, 3))
+    candidates: list[sglang.SglangSettings] = []
+    lines: list[str] = []
+    trials = _chunk_trials(eff, p)
+    ceilings = [compute_fraction_ceiling(trial, s.memory) for trial in trials]
+    for trial, ceiling in zip(trials, ceilings, strict=True):
+        lines.append(
+            f"--chunked-prefill-size {trial.chunked_prefill_size}: activations and CUDA graphs leave "
+            f"--mem-fraction-static at most {ceiling}"
+        )
+    if wanted is not None:  # the fewest prefill tokens given up for the fraction asked
+        reaching = [t for t, c in zip(trials, ceilings, strict=True) if c >= wanted]
+        candidates += [dataclasses.replace(reaching[0], mem_fraction_static=wanted)] if reaching else []
+    else:  # no model, or one the failure refuted (less was free than it thinks): up to the ceiling
+        lines.append("the memory model does not explain the failure: the largest fraction that leaves room")
+        candidates += [
+            dataclasses.replace(t, mem_fraction_static=c)
+            for t, c in zip(trials, ceilings, strict=True)
+            if c >= fraction + FRACTION_STEP
+        ][:1]
+    shorter = _shorter_context(s, trials[-1])
+    if shorter is not None:
+        candidates.append(shorter)
+        lines.append(
+            f"at --mem-fraction-static {shorter.mem_fraction_static} the pool holds "
+            f"{predict_pool_tokens(shorter, s.memory)} tokens: --context-length {shorter.context_length}"
+        )
+    need = f" (the memory model: {needed} holds one {eff.context_length}-token request)" if needed else ""
+    said = f"; SGLang's minimum {minimum:.4f}" if minimum else ""
+    return SglangProposal(
+        trigger=START_MEMORY_SHORT,
+        evidence=f"SGLang left no KV pool at --mem-fraction-static {fraction}{said}{need}",
+        candidates=tuple(candidates),
+        crash=True,
+        exhausted=(
+            f"no larger fraction within the bounds (at most {s.bounds.max_gpu_memory_utilization}) leaves "
+            "room for activations and CUDA graphs, and no shorter context within the bounds fits: the "
+            "weights need a larger GPU, more tensor parallelism or quantization"
+        ),
+        infeasible_when_exhausted=True,
+        explanation=tuple(lines),
+    )
+
+
+def _chunk_trials(eff: sglang.SglangSettings, p: PolicyConfig) -> list[sglang.SglangSettings]:
+    """``eff``, then with the prefill chunk halved down to ``batched_tokens_floor``."""
+    trials, chunk = [eff], eff.chunked_prefill_size or p.batched_tokens_floor
+    while chunk // 2 >= p.batched_tokens_floor:
+        chunk //= 2
+        trials.append(dataclasses.replace(eff, chunked_prefill_size=chunk))
+    return trials
+
+
+def _shorter_context(s: SglangSituation, trial: sglang.SglangSettings) -> sglang.SglangSettings | None:
+    """The context the pool holds at the ceiling of ``trial`` (rounded down), when that is shorter."""
+    top = compute_fraction_ceiling(trial, s.memory)
+    at_top = dataclasses.replace(trial, mem_fraction_static=top)
+    tokens = predict_pool_tokens(at_top, s.memory)
+    context = s.effective.context_length
+    if tokens is None or context is None or tokens <= 0:
+        return None
+    usable = tokens * (1.0 - s.policy.context_margin)
+    multiple = s.policy.context_multiple if usable >= 4 * s.policy.context_multiple else 16
+    shorter = int(usable // multiple) * multiple
+    if shorter <= 0 or shorter >= context:
+        return None
+    return dataclasses.replace(at_top, context_length=shorter)
+
+
+def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangProposal:
+    """Out of GPU memory outside the static share: a smaller fraction while the pool still holds a full
+    request, else a smaller prefill chunk (activations); at graph capture, also fewer running requests."""
+    eff, p = s.effective, s.policy
+    fraction = fraction_of(eff)
+    lower = floor_grid(fraction - compute_oom_step(fraction, p))
+    floor = compute_fraction_floor(s)
+    candidates: list[sglang.SglangSettings] = []
+    lines = [f"OOM step on the headroom 1 - {fraction}: --mem-fraction-static {lower}"]
+    if floor is None or lower >= floor:
+        candidates.append(dataclasses.replace(eff, mem_fraction_static=lower))
+    else:
+        bar = f"one {eff.context_length}-token request" if holds_full_request(s) else "a page"
+        lines.append(f"below {floor} the pool would not hold {bar}")
+    chunk = eff.chunked_prefill_size or p.batched_tokens_floor
+    if chunk // 2 >= p.batched_tokens_floor:
+        candidates.append(dataclasses.replace(eff, chunked_prefill_size=chunk // 2))
+    if kind == "start_oom":
+        running = eff.max_running_requests or sglang.default_cuda_graph_max_bs(
+            s.memory.gpu_mib, eff.tp_size or 1
+        )
+        if running > 1:
+            candidates.append(
+                dataclasses.replace(
+                    eff, max_running_requests=max(1, math.floor(running * (1 - p.seqs_step_down)))
+                )
+            )
+    where = "while capturing CUDA graphs" if kind == "start_oom" else "while serving"
+    return SglangProposal(
+        trigger=TRIGGERS[kind],
+        evidence=f"CUDA out of memory {where} at --mem-fraction-static {fraction} ({text[:160]})",
+        candidates=tuple(candidates),
+        crash=True,
+        exhausted="no smaller fraction holds a full request, and the prefill chunk is at its floor",
+        infeasible_when_exhausted=True,
+        explanation=tuple(lines),
+    )
+
+
+# --- metrics rules --------------------------------------------------------------------------------
+
+
+def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> SglangProposal | None:
+    """Sustained token usage at the high band with retractions (or SGLang's "KV cache pool is full"):
+    more pool where the ceiling leaves room, else fewer running requests."""
+    p, w, eff = s.policy, s.window, s.effective
+    high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
+    rate = obs.compute_mean(w.samples, obs.preemption_rate) or 0.0
+    if not retraction_texts and (high < p.sustain_fraction or rate < p.preemption_rate_high):
+        return None
+    candidates: list[sglang.SglangSettings] = []
+    ceiling = compute_fraction_ceiling(eff, s.memory)
+    fraction = fraction_of(eff)
+    if ceiling - fraction >= FRACTION_STEP:
+        candidates.append(
+            dataclasses.replace(eff, mem_fraction_static=min(floor_grid(ceiling), fraction + p.max_gmu_step))
+        )
+    peak = obs.compute_max(w.samples, obs.running)
+    limit = eff.max_running_requests
+    base = min(limit, math.ceil(peak)) if limit and peak else (limit or (math.ceil(peak) if peak else None))
+    if base is not None and base > 1:
+        candidates.append(
+            dataclasses.replace(
+                eff, max_running_requests=max(1, min(base - 1, math.floor(base * (1 - p.seqs_step_down))))
+            )
+        )
+    texts = f'; {retraction_texts} "KV cache pool is full" log(s)' if retraction_texts else ""
+    return SglangProposal(
+        trigger=KV_PRESSURE,
+        evidence=(
+            f"token usage >= {p.kv_usage_high:.2f} in {high:.0%} of samples with {rate:.2f} retractions/s "
+            f"(peak running {peak or 0:.0f}){texts}"
+        ),
+        candidates=tuple(candidates),
+        exhausted="no pool left under the fraction's ceiling and --max-running-requests at its lower bound",
+    )
+
+
+def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
+    """A queue at the running-request limit with token usage low: more running requests, within the room
+    the window's usage per running request shows at ``target_kv_usage``."""
+    p, w, eff = s.policy, s.window, s.effective
+    queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
+    peak = obs.compute_max(w.samples, obs.running) or 0.0
+    low = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v <= p.kv_usage_low)
+    limit = eff.max_running_requests or math.ceil(peak)
+    if queue < p.queue_min or limit < 1 or peak < p.seqs_saturation * limit or low < p.sustain_fraction:
+        return None
+    step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
+    target = math.ceil(limit * (1.0 + step))
+    caps = [f"step +{step:.0%}"]
+    mean_kv, mean_running = (
+        obs.compute_mean(w.samples, obs.kv_usage),
+        obs.compute_mean(w.samples, obs.running),
+    )
+    if mean_kv and mean_running and mean_kv > 0 and mean_running >= 1:
+        room = p.target_kv_usage * mean_running / mean_kv
+        if math.isfinite(room) and math.floor(room) < target:
+            target, caps = max(limit, math.floor(room)), [f"token room at {p.target_kv_usage:.2f} usage"]
+    if target < limit * (1.0 + p.min_seqs_raise):
+        return None
+    return SglangProposal(
+        trigger=IDLE_CAPACITY,
+        evidence=(
+            f"token usage <= {p.kv_usage_low:.2f} in {low:.0%} of samples while {queue:.1f} requests wait "
+            f"and {peak:.0f} of {limit} run (capped by {caps[0]})"
+        ),
+        candidates=(dataclasses.replace(eff, max_running_requests=target),),
+        exhausted="--max-running-requests is at its upper bound",
+    )
+
+
+def propose_for_ttft(s: SglangSituation) -> SglangProposal | None:
+    """The TTFT objective missed in most samples: a smaller prefill chunk, so a long prompt's prefill no
+    longer holds a whole step and queued requests reach their first token sooner."""
+    objective = s.ttft_p95_objective
+    if objective is None:
+        return None
+    p, w, eff = s.policy, s.window, s.effective
+    over = obs.compute_fraction(w.samples, obs.ttft_p95, lambda v: v > objective)
+    if over < p.sustain_fraction:
+        return None
+    ttft = obs.compute_mean(w.samples, obs.ttft_p95) or objective
+    chunk = eff.chunked_prefill_size or p.batched_tokens_floor
+    candidates = (
+        (dataclasses.replace(eff, chunked_prefill_size=chunk // 2),)
+        if chunk // 2 >= p.batched_tokens_floor
+        else ()
+    )
+    return SglangProposal(
+        trigger=LATENCY_SLO,
+        evidence=(
+            f"time to first token p95 {ttft * 1000:.0f} ms above the {objective * 1000:.0f} ms objective in "
+            f"{over:.0%} of samples"
+        ),
+        candidates=candidates,
+        exhausted=f"--chunked-prefill-size is at its floor ({p.batched_tokens_floor})",
+    )

@@ -1,0 +1,279 @@
+"""SGLang's closed-loop policy (:mod:`kvpilot.tuner.loop.sglang_policy`): one test per rule, the inverted
+meaning of ``--mem-fraction-static`` at start-up and at run time, no repeat of a ruled-out value, the gates.
+
+The expected figures are asked of SGLang's memory model (:mod:`kvpilot.tuner.loop.sglang_fit`), never
+written down: a change of the model moves the test's expectation with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvpilot.tuner import gpus, sglang
+from kvpilot.tuner.loop import Action, PolicyConfig, Trigger, TuningBounds
+from kvpilot.tuner.loop import sglang_fit as fit
+from kvpilot.tuner.loop import sglang_rules as rules
+from kvpilot.tuner.loop.observations import MetricsSample, ObservationWindow
+from kvpilot.tuner.loop.remedies import compute_oom_step
+from kvpilot.tuner.loop.sglang_policy import (
+    SglangChange,
+    SglangContext,
+    SglangDecision,
+    SglangEvidence,
+    SglangLoopState,
+    classify_restart,
+    compute_sglang_decision,
+)
+from kvpilot.tuner.model import build_model_spec, lookup_model_config
+
+LLAMA = build_model_spec(lookup_model_config("meta-llama/Llama-3.1-8B-Instruct"))
+H100 = fit.SglangMemory(gpus.lookup_gpu("H100-SXM"), LLAMA)
+L4 = fit.SglangMemory(gpus.lookup_gpu("L4"), LLAMA)
+NOW = 100_000.0
+BOUNDS = TuningBounds()
+OOM_TEXT = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+CAPTURE_TEXT = "Exception: Capture cuda graph failed: CUDA out of memory."
+
+
+def window(n: int = 10, **fields: float | None) -> ObservationWindow:
+    samples = tuple(MetricsSample(time=NOW - 30 * (n - 1 - i), **fields) for i in range(n))  # type: ignore[arg-type]
+    return ObservationWindow(NOW - 300, NOW, samples, pods=1)
+
+
+def decide(
+    current: sglang.SglangSettings,
+    *,
+    memory: fit.SglangMemory = H100,
+    logs: tuple[str, ...] = (),
+    samples: ObservationWindow | None = None,
+    failed: tuple[fit.FailedRun, ...] = (),
+    changes: tuple[SglangChange, ...] = (),
+    bounds: TuningBounds = BOUNDS,
+    ttft: float | None = None,
+) -> SglangDecision:
+    restarts = tuple(classify_restart(NOW - 10 - i, log, f"pod-{i}") for i, log in enumerate(logs))
+    return compute_sglang_decision(
+        SglangLoopState(current, failed, changes),
+        SglangEvidence(samples or window(kv_usage=0.6, running=8, waiting=0), restarts),
+        SglangContext(memory, bounds, PolicyConfig(), ttft),
+        NOW,
+    )
+
+
+def effective(settings: sglang.SglangSettings, memory: fit.SglangMemory = H100) -> sglang.SglangSettings:
+    return fit.compute_effective(settings, memory)
+
+
+def fraction(settings: sglang.SglangSettings, memory: fit.SglangMemory = H100) -> float:
+    return fit.fraction_of(effective(settings, memory))
+
+
+# --- start-up memory short: raise the fraction, within what leaves activations and graphs room -------------
+
+
+def test_start_memory_short_raises_the_fraction_to_what_the_model_says_holds_a_request() -> None:
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.5, max_running_requests=64)
+    decision = decide(current, memory=L4, logs=(sglang.no_kv_pool_error(0.5),))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.START_MEMORY_SHORT
+    new = effective(decision.settings, L4)
+    needed = fit.compute_fraction_for_context(effective(current, L4), L4)
+    assert needed is not None and fit.fraction_of(new) == needed > 0.5  # raised, not lowered
+    assert fit.fraction_of(new) <= fit.compute_fraction_ceiling(new, L4)  # activations and graphs fit
+    # on an L4 the default chunk's reserve leaves less than that: the chunk was halved to lift the ceiling
+    assert fit.compute_fraction_ceiling(effective(current, L4), L4) < needed
+    assert (new.chunked_prefill_size or 0) < (effective(current, L4).chunked_prefill_size or 0)
+    assert decision.failed == fit.FailedRun(effective(current, L4), "start_memory_short")
+    assert any("at most" in line for line in decision.explanation)
+
+
+def test_weights_exceed_static_raises_past_sglangs_own_minimum() -> None:
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.2)
+    decision = decide(current, logs=(sglang.weights_exceed_static_error(0.2, 0.31),))
+    assert decision.action == Action.RETUNE and fraction(decision.settings) > 0.31
+
+
+def test_a_failure_the_model_does_not_explain_raises_to_the_ceiling() -> None:
+    # the model says 0.5 holds an 8192-token request on an H100; SGLang said otherwise: less was free
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.5)
+    decision = decide(current, logs=(sglang.no_kv_pool_error(0.5),))
+    assert decision.action == Action.RETUNE
+    assert fraction(decision.settings) == fit.compute_fraction_ceiling(effective(decision.settings), H100)
+
+
+def test_past_every_ceiling_the_context_is_shortened_to_the_pool() -> None:
+    current = sglang.SglangSettings(context_length=131072, mem_fraction_static=0.6)
+    decision = decide(current, memory=L4, logs=(sglang.no_kv_pool_error(0.6),))
+    assert decision.action == Action.RETUNE
+    new = effective(decision.settings, L4)
+    tokens = fit.predict_pool_tokens(new, L4)
+    assert new.context_length is not None and tokens is not None
+    assert tokens >= new.context_length and new.context_length < 131072
+    assert "--context-length" in decision.reason
+
+
+def test_when_no_context_within_the_bounds_fits_it_is_infeasible() -> None:
+    current = sglang.SglangSettings(context_length=131072, mem_fraction_static=0.6)
+    bounds = TuningBounds(min_max_model_len=65536)
+    decision = decide(current, memory=L4, logs=(sglang.no_kv_pool_error(0.6),), bounds=bounds)
+    assert decision.action == Action.INFEASIBLE and decision.settings == current
+    assert decision.failed is not None and "larger GPU" in decision.reason
+
+
+# --- OOM at graph capture or run time: lower the fraction, or the activations ------------------------------
+
+
+@pytest.mark.parametrize("text", [OOM_TEXT, CAPTURE_TEXT])
+def test_an_oom_lowers_the_fraction(text: str) -> None:
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84, max_running_requests=64)
+    decision = decide(current, logs=(text,))
+    assert decision.action == Action.RETUNE
+    assert decision.trigger == (rules.START_OOM if text == CAPTURE_TEXT else rules.RUNTIME_OOM)
+    assert fraction(decision.settings) < 0.84  # the opposite way from a start-up memory short
+    assert decision.settings.chunked_prefill_size == current.chunked_prefill_size
+
+
+def test_an_oom_that_leaves_no_smaller_fraction_cuts_the_prefill_chunk_and_pins_the_fraction() -> None:
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84)
+    lower = fit.floor_grid(0.84 - compute_oom_step(0.84, PolicyConfig()))  # what the OOM step would try ...
+    failed = (
+        fit.FailedRun(
+            dataclasses.replace(effective(current), mem_fraction_static=lower), "start_memory_short"
+        ),
+    )
+    decision = decide(current, logs=(OOM_TEXT,), failed=failed)  # ... which the history ruled out
+    assert decision.action == Action.RETUNE
+    new = effective(decision.settings)
+    assert (
+        fit.fraction_of(new) == 0.84
+    )  # written: SGLang's default would hand the freed activations to the pool
+    assert decision.settings.mem_fraction_static == 0.84
+    assert (new.chunked_prefill_size or 0) == (effective(current).chunked_prefill_size or 0) // 2
+
+
+def test_a_graph_capture_oom_at_the_floors_cuts_the_running_requests() -> None:
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84, chunked_prefill_size=2048)
+    lower = dataclasses.replace(effective(current), mem_fraction_static=0.80)
+    failed = (fit.FailedRun(lower, "start_memory_short"),)
+    decision = decide(current, logs=(CAPTURE_TEXT,), failed=failed)
+    assert decision.action == Action.RETUNE and decision.settings.max_running_requests is not None
+    graph = sglang.default_cuda_graph_max_bs(H100.gpu_mib, 1)
+    assert decision.settings.max_running_requests < graph
+
+
+def test_a_service_whose_pool_is_already_shorter_than_its_context_still_gets_an_oom_remedy() -> None:
+    # SGLang's defaults on an L4: the 8B's full 128k context never fit its pool of a few hundred tokens; the
+    # bar for a remedy is then a pool SGLang starts with, not one the service never had
+    current = sglang.SglangSettings()
+    eff = effective(current, L4)
+    tokens = fit.predict_pool_tokens(eff, L4)
+    assert tokens is not None and 0 < tokens < (eff.context_length or 0)
+    decision = decide(current, memory=L4, logs=(OOM_TEXT,))
+    assert decision.action == Action.RETUNE
+    new = effective(decision.settings, L4)
+    assert fit.fraction_of(new) <= fit.fraction_of(eff) and (fit.predict_pool_tokens(new, L4) or 0) > 0
+    assert new != eff
+
+
+def test_no_value_the_history_ruled_out_is_tried_again() -> None:
+    # OOM at 0.84 before; now memory-short at 0.7: the raise stops short of 0.84 at this chunk
+    oomed = effective(sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84))
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.7)
+    failed = (fit.FailedRun(oomed, "runtime_oom"),)
+    decision = decide(current, logs=(sglang.no_kv_pool_error(0.7),), failed=failed)
+    new = effective(decision.settings)
+    assert decision.action == Action.RETUNE
+    assert not (fit.fraction_of(new) >= 0.84 and new.chunked_prefill_size == oomed.chunked_prefill_size)
+    assert fit.fraction_of(new) > 0.7
+
+
+def test_an_unexplained_restart_holds() -> None:
+    decision = decide(sglang.SglangSettings(context_length=8192), logs=("ImportError: no module named x",))
+    assert decision.action == Action.HOLD and decision.trigger == "Other" and decision.failed is None
+
+
+# --- metrics rules ------------------------------------------------------------------------------------------
+
+
+def test_pressure_with_retractions_cuts_the_running_requests_at_the_ceiling() -> None:
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=64)  # fraction: the ceiling
+    decision = decide(current, samples=window(kv_usage=0.97, preemption_rate=0.5, running=64, waiting=5))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.KV_PRESSURE
+    assert (decision.settings.max_running_requests or 0) < 64
+    assert decision.settings.mem_fraction_static is None
+
+
+def test_pressure_under_the_ceiling_grows_the_pool_unless_an_oom_ruled_it_out() -> None:
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.7, max_running_requests=64)
+    samples = window(kv_usage=0.97, preemption_rate=0.5, running=64, waiting=5)
+    grown = decide(current, samples=samples)
+    assert grown.action == Action.RETUNE and fraction(grown.settings) > 0.7
+    assert grown.settings.max_running_requests == 64
+    failed = (fit.FailedRun(effective(grown.settings), "runtime_oom"),)
+    cut = decide(current, samples=samples, failed=failed)
+    assert cut.action == Action.RETUNE and fraction(cut.settings) == 0.7
+    assert (cut.settings.max_running_requests or 0) < 64
+
+
+def test_sglangs_retraction_warning_is_pressure_even_between_samples() -> None:
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=64)
+    decision = decide(
+        current, logs=(sglang.kv_pool_full_warning(4, 512),), samples=window(kv_usage=0.7, running=60)
+    )
+    assert decision.trigger == rules.KV_PRESSURE and (decision.settings.max_running_requests or 0) < 64
+
+
+def test_a_queue_at_the_limit_with_low_token_usage_adds_running_requests_within_the_room() -> None:
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
+    decision = decide(current, samples=window(kv_usage=0.2, running=32, waiting=40))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
+    raised = decision.settings.max_running_requests or 0
+    room = PolicyConfig().target_kv_usage * 32 / 0.2
+    assert 32 < raised <= room
+
+
+def test_no_queue_or_high_usage_holds_steady() -> None:
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
+    assert decide(current, samples=window(kv_usage=0.2, running=32, waiting=0)).trigger == Trigger.STEADY
+    assert decide(current, samples=window(kv_usage=0.7, running=32, waiting=9)).trigger == Trigger.STEADY
+
+
+def test_a_missed_ttft_objective_halves_the_prefill_chunk() -> None:
+    current = sglang.SglangSettings(context_length=8192, chunked_prefill_size=8192)
+    decision = decide(current, samples=window(kv_usage=0.6, running=8, waiting=0, ttft_p95=2.0), ttft=0.5)
+    assert decision.action == Action.RETUNE and decision.trigger == rules.LATENCY_SLO
+    assert decision.settings.chunked_prefill_size == 4096
+    met = decide(current, samples=window(kv_usage=0.6, running=8, waiting=0, ttft_p95=0.2), ttft=0.5)
+    assert met.action == Action.HOLD
+
+
+# --- gates -----------------------------------------------------------------------------------------
+
+
+def test_missing_or_scarce_metrics_hold() -> None:
+    current = sglang.SglangSettings(context_length=8192)
+    gone = decide(current, samples=ObservationWindow.unavailable("no series", NOW))
+    assert gone.action == Action.HOLD and gone.trigger == "MetricsUnavailable"
+    assert gone.metrics is not None and not gone.metrics.available
+    few = decide(current, samples=window(n=2, kv_usage=0.99, preemption_rate=1.0, running=8))
+    assert few.trigger == Trigger.INSUFFICIENT_DATA
+
+
+def test_the_cooldown_holds_metrics_driven_changes_but_not_crash_remedies() -> None:
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84, max_running_requests=64)
+    recent = (SglangChange(NOW - 200, rules.KV_PRESSURE),)
+    samples = window(kv_usage=0.97, preemption_rate=0.5, running=64, waiting=5)
+    held = decide(current, samples=samples, changes=recent)
+    assert held.action == Action.HOLD and "cooldown" in held.reason
+    assert held.recommended is not None and (held.recommended.max_running_requests or 0) < 64
+    crash = decide(current, logs=(OOM_TEXT,), changes=recent)
+    assert crash.action == Action.RETUNE
+    too_soon = decide(current, logs=(OOM_TEXT,), changes=(SglangChange(NOW - 30, rules.KV_PRESSURE),))
+    assert too_soon.action == Action.HOLD and too_soon.failed is not None
+
+
+def test_a_restart_before_the_last_change_is_not_the_current_settings_failure() -> None:
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84)
+    decision = decide(current, logs=(OOM_TEXT,), changes=(SglangChange(NOW - 5, "Planned", planned=True),))
+    assert decision.failed is None
