@@ -10,7 +10,8 @@
 #
 # KEDA's go.mod has a replace directive, so `go install module@version` refuses it: the module
 # is downloaded with `go mod download` (the Go module proxy) and built as the main module from
-# its read-only copy in GOMODCACHE. Its CRDs are copied from the module's config/crd/bases.
+# its read-only copy in GOMODCACHE. Its CRDs (keda.sh and eventing.keda.sh) are copied from the module's
+# config/crd/bases.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/keda/versions.env"
@@ -50,7 +51,7 @@ echo "build-keda.sh: building keda operator + adapter ($KEDA_VERSION) into $OUT 
 ( cd "$SRC" && "${TIMEV[@]}" go build -ldflags "$LDF" -o "$TMP/" ./cmd/operator ./cmd/adapter ) \
   2> >(tee "$CACHE/logs/build-keda-$KEY-$$.log" >&2)
 mv "$TMP/operator" "$TMP/keda"; mv "$TMP/adapter" "$TMP/keda-adapter"
-cp "$SRC"/config/crd/bases/keda.sh_*.yaml "$TMP/crds/"
+cp "$SRC"/config/crd/bases/*.yaml "$TMP/crds/"
 chmod u+w "$TMP"/crds/*.yaml
 t2=$(date +%s)
 echo "$KEY keda=$KEDA_VERSION $GOVER download_seconds=$(( t1 - t0 )) build_seconds=$(( t2 - t1 ))" > "$TMP/.complete"

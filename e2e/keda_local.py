@@ -58,6 +58,9 @@ CRDS = (
     "keda.sh_scaledjobs.yaml",
     "keda.sh_triggerauthentications.yaml",
     "keda.sh_clustertriggerauthentications.yaml",
+    # KEDA's operator watches CloudEventSources too: without these it exits when its caches do not sync
+    "eventing.keda.sh_cloudeventsources.yaml",
+    "eventing.keda.sh_clustercloudeventsources.yaml",
 )
 
 
