@@ -16,7 +16,7 @@ VPA's recommender and updater for vLLM engine arguments, pure and deterministic:
 * :mod:`.trade` -- is a metrics-driven change worth its restart;
 * :mod:`.scaling` -- replica changes and the scale-out recommendation;
 * :mod:`.candidates` -- the filters every candidate passes;
-* :mod:`.rollout` -- a retune on its way: probation, success, rollback;
+* :mod:`.rollout` -- a retune on its way: probation, success, rollback (judged the same for every engine);
 * :mod:`.policy` -- :func:`compute_decision`, the chain of steps and the gates.
 
 SGLang's loop, in SGLang's terms (``--mem-fraction-static`` covers weights + KV pool only):
@@ -24,7 +24,7 @@ SGLang's loop, in SGLang's terms (``--mem-fraction-static`` covers weights + KV 
 * :mod:`.sglang_fit` -- SGLang's memory model as the loop asks it: the fraction's ceiling and floor, the
   pool a candidate holds, what the history ruled out;
 * :mod:`.sglang_rules` -- one rule per failure and metrics condition;
-* :mod:`.sglang_policy` -- :func:`compute_sglang_decision`, the chain and the gates.
+* :mod:`.sglang_policy` -- :func:`compute_sglang_decision`, the chain (a rollout first) and the gates.
 
 The top layer of the tuner beside :mod:`kvpilot.tuner.plan`; the two never import each other.
 Time and observations are arguments: nothing here reads a clock, the cluster or Prometheus.
@@ -69,6 +69,7 @@ from kvpilot.tuner.loop.sglang_policy import (
     SglangEvidence,
     SglangLoopState,
     SglangRestart,
+    SglangRollout,
     classify_restart,
     compute_sglang_decision,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "SglangDecision",
     "SglangEvidence",
     "SglangLoopState",
+    "SglangRollout",
     "SglangMemory",
     "SglangRestart",
     "Trigger",

@@ -5,12 +5,15 @@ are *good*: ``status.lastGoodSettings``); a crash of the new pods (before Ready 
 deadline passed without Ready = roll back to the last good settings and mark the new ones failed (the
 deadline follows the service's start time: :func:`compute_deadline_seconds`); pods that never started
 (no node with a free GPU, weights still downloading, a lost node) wait and are never marked failed;
-otherwise wait.
+otherwise wait. :func:`judge_rollout` says where a rollout stands for any engine (SGLang's loop asks it
+too: :mod:`.sglang_rollout`); :func:`compute_rollout_step` turns that into vLLM's decision.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import candidates
@@ -19,6 +22,79 @@ from kvpilot.tuner.loop.decision import Action, Decision, RolloutState, Trigger
 from kvpilot.tuner.loop.observations import CRASH_KINDS_FIXABLE_BY_ARGS, RestartEvent
 from kvpilot.tuner.loop.remedies import Situation
 from kvpilot.tuner.types import EngineSettings
+
+
+class Verdict(enum.StrEnum):
+    """Where a rollout stands (:func:`judge_rollout`), the same for every engine."""
+
+    IN_PROGRESS = "InProgress"
+    """Not every replica Ready yet, the deadline not passed."""
+    PROBATION_STARTS = "ProbationStarts"
+    """Every replica Ready for the first time: probation starts now."""
+    ON_PROBATION = "OnProbation"
+    SUCCEEDED = "Succeeded"
+    """Ready, and crash-free to the end of probation (or no probation configured)."""
+    PENDING = "Pending"
+    """The deadline passed with no crash and pods that never started: wait for capacity, not failed."""
+    FAILED = "Failed"
+    """A crash of the new settings, or the deadline passed without Ready."""
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutJudgement:
+    """:func:`judge_rollout`'s answer: the verdict, and what it rests on."""
+
+    verdict: Verdict
+    why: str = ""
+    """``FAILED``: what failed (the crash, or the deadline); ``IN_PROGRESS``, ``ON_PROBATION``: time left."""
+    probation_until: float | None = None
+    """The end of probation, once it started."""
+
+
+def judge_rollout(
+    *,
+    started_at: float,
+    deadline: float,
+    probation_until: float | None,
+    crash: str | None,
+    ready: bool,
+    not_started: bool,
+    now: float,
+    probation_seconds: float,
+) -> RolloutJudgement:
+    """Where a rollout that started at ``started_at`` stands at ``now``, for any engine: ``crash`` describes
+    the crashes of the new settings since it started (``None``: none), ``ready`` whether every replica runs
+    them and is Ready, ``not_started`` whether some of their pods never started (no GPU, a download). The
+    deadline bounds the wait for Ready; on probation only its end is judged (a pod may briefly be unready
+    then without a crash, e.g. rescheduled)."""
+    until = probation_until
+    probation_over = until is not None and now >= until
+    timed_out = not ready and now >= deadline and (until is None or probation_over)
+    if crash is None and not timed_out:
+        return _judge_wait(until, deadline, ready=ready, now=now, probation_seconds=probation_seconds)
+    if crash is None and not_started:
+        return RolloutJudgement(Verdict.PENDING)
+    if crash is not None:
+        why = crash + (" on probation" if until is not None else "")
+    elif until is None:
+        why = f"not Ready within {deadline - started_at:.0f}s"
+    else:
+        why = "not Ready at the end of probation"
+    return RolloutJudgement(Verdict.FAILED, why, until)
+
+
+def _judge_wait(
+    until: float | None, deadline: float, *, ready: bool, now: float, probation_seconds: float
+) -> RolloutJudgement:
+    """No crash and no deadline passed: probation starts or goes on, or the rollout succeeded."""
+    if until is None and ready and probation_seconds > 0:
+        return RolloutJudgement(Verdict.PROBATION_STARTS, probation_until=now + probation_seconds)
+    if ready and (until is None or now >= until):
+        return RolloutJudgement(Verdict.SUCCEEDED, probation_until=until)
+    if until is not None:
+        left = f"{until - now:.0f}s left" if now < until else "over; waiting for every replica to be Ready"
+        return RolloutJudgement(Verdict.ON_PROBATION, left, until)
+    return RolloutJudgement(Verdict.IN_PROGRESS, f"{deadline - now:.0f}s to deadline")
 
 
 def compute_rollout_step(
@@ -38,14 +114,17 @@ def compute_rollout_step(
     if rollout is None:
         return None
     rollout = _with_start_deadline(rollout, s.policy, deadline_seconds)
-    until = rollout.probation_until
-    probation_over = until is not None and s.now >= until
-    # the deadline bounds the wait for Ready; on probation only its end is judged (a pod may
-    # briefly be unready then without a crash, e.g. rescheduled)
-    timed_out = not ready and s.now >= rollout.deadline and (until is None or probation_over)
-    if not crashes and not timed_out:
-        return _rollout_wait(s, rollout, ready)
-    if not crashes and not_started:
+    judged = judge_rollout(
+        started_at=rollout.started_at,
+        deadline=rollout.deadline,
+        probation_until=rollout.probation_until,
+        crash=describe_crashes(crashes) if crashes else None,
+        ready=ready,
+        not_started=not_started,
+        now=s.now,
+        probation_seconds=s.policy.probation_seconds,
+    )
+    if judged.verdict == Verdict.PENDING:
         return Decision(
             Action.HOLD,
             s.current,
@@ -54,13 +133,9 @@ def compute_rollout_step(
             "still download, or their node was lost); they are not marked failed, and the rollout waits "
             "for capacity",
         )
-    if crashes:
-        why = describe_crashes(crashes) + (" on probation" if until is not None else "")
-    elif until is None:
-        why = f"not Ready within {rollout.deadline - rollout.started_at:.0f}s"
-    else:
-        why = "not Ready at the end of probation"
-    target = last_good
+    if judged.verdict != Verdict.FAILED:
+        return _rollout_wait(s, judged)
+    why, target = judged.why, last_good
     if target is not None and target != s.current and not candidates.known_bad(target, s):
         return Decision(
             Action.ROLLBACK,
@@ -145,21 +220,24 @@ def _with_start_deadline(
     return dataclasses.replace(rollout, deadline=rollout.deadline + extra) if extra > 0 else rollout
 
 
-def _rollout_wait(s: Situation, rollout: RolloutState, ready: bool) -> Decision:
-    """No crash of the new settings and no deadline passed: start or go on with probation, or succeed."""
-    until = rollout.probation_until
+def _rollout_wait(s: Situation, judged: RolloutJudgement) -> Decision:
+    """No crash of the new settings and no deadline passed: probation starts or goes on, or it succeeded."""
     settings = vllm.describe_settings(s.current)
-    if until is None and ready and s.policy.probation_seconds > 0:
+    if judged.verdict == Verdict.PROBATION_STARTS:
         return Decision(
             Action.HOLD,
             s.current,
             Trigger.ROLLOUT_PROBATION,
             f"every replica runs the new settings and is Ready: {settings}; on probation for "
             f"{s.policy.probation_seconds:.0f}s (a crash of them until then rolls back)",
-            probation_until=s.now + s.policy.probation_seconds,
+            probation_until=judged.probation_until,
         )
-    if ready and (until is None or s.now >= until):
-        ran = f" and ran {s.policy.probation_seconds:.0f}s without a crash" if until is not None else ""
+    if judged.verdict == Verdict.SUCCEEDED:
+        ran = (
+            f" and ran {s.policy.probation_seconds:.0f}s without a crash"
+            if judged.probation_until is not None
+            else ""
+        )
         return Decision(
             Action.HOLD,
             s.current,
@@ -167,23 +245,16 @@ def _rollout_wait(s: Situation, rollout: RolloutState, ready: bool) -> Decision:
             f"every replica runs the new settings, is Ready{ran}: {settings}",
             good=s.current,
         )
-    if until is not None:
-        left = (
-            f"{until - s.now:.0f}s left" if s.now < until else "over; waiting for every replica to be Ready"
-        )
+    if judged.verdict == Verdict.ON_PROBATION:
         return Decision(
             Action.HOLD,
             s.current,
             Trigger.ROLLOUT_PROBATION,
-            f"new settings on probation ({left}): {settings}",
-            probation_until=until,
+            f"new settings on probation ({judged.why}): {settings}",
+            probation_until=judged.probation_until,
         )
-    left_s = rollout.deadline - s.now
     return Decision(
-        Action.HOLD,
-        s.current,
-        Trigger.ROLLOUT_IN_PROGRESS,
-        f"waiting for the rollout ({left_s:.0f}s to deadline)",
+        Action.HOLD, s.current, Trigger.ROLLOUT_IN_PROGRESS, f"waiting for the rollout ({judged.why})"
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from kvpilot.tuner import errors, sglang
 from kvpilot.tuner.engines import FailureKind, SglangBudget, compute_sglang_budget
@@ -44,12 +45,18 @@ class SglangMemory:
         return (self.gpu.nvml_total_bytes or self.gpu.total_bytes) / _MIB
 
 
+ROLLOUT_FAILED: Literal["rollout_failed"] = "rollout_failed"
+"""A run that failed its rollout without a failure SGLang's texts name (not Ready by the deadline, an
+unexplained crash): it rules out exactly its own settings."""
+RunFailure = FailureKind | Literal["rollout_failed"]
+
+
 @dataclass(frozen=True, slots=True)
 class FailedRun:
-    """Settings that failed, and how (``status.failedSettings`` for SGLang)."""
+    """Settings that failed, and how (``status.failedEngineArgs`` for SGLang)."""
 
     settings: sglang.SglangSettings
-    kind: FailureKind
+    kind: RunFailure
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +321,11 @@ def describe_change(before: sglang.SglangSettings, after: sglang.SglangSettings)
                 f"{sglang.FLAGS[f.name]} {'default' if a is None else a} -> {'default' if b is None else b}"
             )
     return ", ".join(parts) or "no change"
+
+
+def describe_settings(settings: sglang.SglangSettings) -> str:
+    """The flags as rendered, on one line (SGLang's defaults: the flags left out)."""
+    return " ".join(sglang.build_sglang_args(settings)) or "SGLang's defaults"
 
 
 def explain_pool(settings: sglang.SglangSettings, memory: SglangMemory) -> str | None:
