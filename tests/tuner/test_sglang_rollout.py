@@ -12,6 +12,7 @@ from kvpilot.tuner.loop import rollout as rollout_step
 from kvpilot.tuner.loop import sglang_fit as fit
 from kvpilot.tuner.loop.observations import MetricsSample, ObservationWindow
 from kvpilot.tuner.loop.sglang_policy import (
+    SglangChange,
     SglangContext,
     SglangDecision,
     SglangEvidence,
@@ -148,3 +149,26 @@ def test_the_judgement_is_the_one_vllm_rollouts_get() -> None:
         probation_seconds=300.0,
     )
     assert on_probation.verdict == rollout_step.Verdict.ON_PROBATION  # the deadline bounds Ready only
+
+
+def test_the_first_plan_is_good_once_ready_and_crash_free_for_probation() -> None:
+    decision = compute_sglang_decision(
+        SglangLoopState(NEW, (), (), None, None),
+        SglangEvidence(window(), (), ready=True),
+        SglangContext(H100, policy=POLICY),
+        NOW,
+    )
+    assert decision.good == NEW and decision.action == Action.HOLD
+
+
+def test_flags_not_ready_or_just_changed_are_not_yet_good() -> None:
+    not_ready = compute_sglang_decision(
+        SglangLoopState(NEW), SglangEvidence(window(), ()), SglangContext(H100, policy=POLICY), NOW
+    )
+    recent = compute_sglang_decision(
+        SglangLoopState(NEW, (), (SglangChange(NOW - 60, "KVPressure"),)),
+        SglangEvidence(window(), (), ready=True),
+        SglangContext(H100, policy=POLICY),
+        NOW,
+    )
+    assert not_ready.good is None and recent.good is None

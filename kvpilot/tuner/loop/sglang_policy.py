@@ -29,13 +29,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kvpilot.tuner import sglang
-from kvpilot.tuner.engines import EngineFailure, SglangEngine
 from kvpilot.tuner.loop import observations as obs
-from kvpilot.tuner.loop import rollout as rollout_step
 from kvpilot.tuner.loop import sglang_fit as fit
+from kvpilot.tuner.loop import sglang_rollout
 from kvpilot.tuner.loop import sglang_rules as rules
-from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
 from kvpilot.tuner.loop.decision import (
     Action,
     MetricsStatus,
@@ -43,9 +40,23 @@ from kvpilot.tuner.loop.decision import (
     compute_cooldown,
     compute_metrics_status,
 )
-from kvpilot.tuner.loop.sglang_fit import FailedRun, SglangMemory, SglangProposal, SglangSituation
+from kvpilot.tuner.loop.sglang_fit import FailedRun, SglangProposal, SglangSituation
+from kvpilot.tuner.loop.sglang_state import (
+    CRASH_ORDER,
+    UNCLASSIFIED,
+    SglangChange,
+    SglangContext,
+    SglangDecision,
+    SglangEvidence,
+    SglangLoopState,
+    SglangRestart,
+    SglangRollout,
+    classify_restart,
+    kind_of,
+)
 
 __all__ = [
+    "UNCLASSIFIED",
     "SglangChange",
     "SglangContext",
     "SglangDecision",
@@ -56,109 +67,6 @@ __all__ = [
     "classify_restart",
     "compute_sglang_decision",
 ]
-
-UNCLASSIFIED = "Other"
-"""The trigger of a restart whose log SGLang's texts do not explain."""
-ROLLOUT_FAILED = fit.ROLLOUT_FAILED
-
-_CRASH_ORDER = ("start_memory_short", "start_oom", "runtime_oom")
-
-
-@dataclass(frozen=True, slots=True)
-class SglangRestart:
-    """One container termination of a pod running the current settings."""
-
-    time: float
-    failure: EngineFailure | None
-    """The seam's classification of its log (``None``: nothing SGLang's texts explain)."""
-    pod: str = ""
-
-
-def classify_restart(time: float, log: str, pod: str = "") -> SglangRestart:
-    """A termination and its log, classified by the seam (:meth:`SglangEngine.classify_failure`)."""
-    return SglangRestart(time, SglangEngine().classify_failure(log), pod)
-
-
-@dataclass(frozen=True, slots=True)
-class SglangChange:
-    """A change the loop made (not a hold): when, why, and whether it was the initial plan."""
-
-    time: float
-    trigger: str
-    planned: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class SglangRollout:
-    """``status.rollout`` of an SGLang service (mode Auto): flags on their way to the pods."""
-
-    settings: sglang.SglangSettings
-    started_at: float
-    deadline: float
-    """Not Ready by then = failed (does not apply while on probation)."""
-    probation_until: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SglangLoopState:
-    """What the service's status remembers between ticks."""
-
-    current: sglang.SglangSettings
-    """The settings on the Deployment now, as rendered (``None``: SGLang's default)."""
-    failed: tuple[FailedRun, ...] = ()
-    changes: tuple[SglangChange, ...] = ()
-    rollout: SglangRollout | None = None
-    last_good: sglang.SglangSettings | None = None
-    """The flags that last passed probation (``status.lastGoodEngineArgs``), where a rollout returns."""
-
-
-@dataclass(frozen=True, slots=True)
-class SglangEvidence:
-    """What this tick observed of the current settings."""
-
-    window: obs.ObservationWindow
-    restarts: tuple[SglangRestart, ...] = ()
-    restart_seconds: float | None = None
-    ready: bool = False
-    """Every replica runs the current settings and is Ready."""
-    not_started: bool = False
-    """A pod of the current settings has not started (no node with a free GPU, weights downloading)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SglangContext:
-    """What one SGLang service is tuned on and within."""
-
-    memory: SglangMemory
-    bounds: TuningBounds = TuningBounds()
-    policy: PolicyConfig = PolicyConfig()
-    ttft_p95_seconds: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SglangDecision:
-    """What to do now. ``settings`` = what should run next (the current ones on a hold)."""
-
-    action: Action
-    settings: sglang.SglangSettings
-    trigger: str
-    reason: str
-    """The evidence and the change (or why none), in one line."""
-    explanation: tuple[str, ...] = ()
-    """The memory model's steps behind a change of the fraction, the prefill chunk or the context."""
-    failed: FailedRun | None = None
-    """The current settings, ruled out by the crash this decision answers."""
-    recommended: sglang.SglangSettings | None = None
-    """A hold of the gates: the settings it would have rolled out."""
-    metrics: MetricsStatus | None = None
-    probation_until: float | None = None
-    """The rollout on probation until then (``status.rollout.probationUntil``)."""
-    good: sglang.SglangSettings | None = None
-    """The rollout succeeded: these flags are the last good ones."""
-
-    @property
-    def changes(self) -> bool:
-        return self.action in (Action.RETUNE, Action.ROLLBACK)
 
 
 def compute_sglang_decision(
@@ -181,12 +89,15 @@ def compute_sglang_decision(
     restarts = tuple(r for r in evidence.restarts if since <= r.time <= now)
     metrics = compute_metrics_status(evidence.window, context.policy, now)
     gates = _compute_gates(state, evidence, context, now)
-    decision = _rollout_step(situation, state, evidence, restarts, now)
+    decision = sglang_rollout.compute_rollout_step(situation, state, evidence, restarts, now)
     if decision is None:
         decision = _crash_step(situation, restarts, gates)
     if decision is None:
         decision = _metrics_step(situation, restarts, metrics, gates)
-    return dataclasses.replace(decision or _steady(situation), metrics=metrics)
+    decision = sglang_rollout.compute_good(
+        situation, state, evidence, restarts, decision or _steady(situation), now
+    )
+    return dataclasses.replace(decision, metrics=metrics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +134,7 @@ def _compute_gates(
 def _crash_step(
     s: SglangSituation, restarts: tuple[SglangRestart, ...], gates: _Gates
 ) -> SglangDecision | None:
-    crashes = [r for r in restarts if r.failure is None or r.failure.kind in _CRASH_ORDER]
+    crashes = [r for r in restarts if r.failure is None or r.failure.kind in CRASH_ORDER]
     if not crashes:
         return None
     known = [r for r in crashes if r.failure is not None]
@@ -236,7 +147,7 @@ def _crash_step(
             f"a restart on {r.pod or 'a pod'} that SGLang's failure texts do not explain: not something "
             "engine arguments can fix",
         )
-    event = min(known, key=lambda r: (_CRASH_ORDER.index(_kind(r)), -r.time, r.pod))
+    event = min(known, key=lambda r: (CRASH_ORDER.index(kind_of(r)), -r.time, r.pod))
     failure = event.failure
     assert failure is not None
     ran = FailedRun(s.effective, failure.kind)
@@ -246,83 +157,6 @@ def _crash_step(
     else:
         proposal = rules.propose_for_oom(s, failure.kind, failure.text)
     return _choose(s, proposal, ran, gates.any_change)
-
-
-def _rollout_step(
-    s: SglangSituation,
-    state: SglangLoopState,
-    evidence: SglangEvidence,
-    restarts: tuple[SglangRestart, ...],
-    now: float,
-) -> SglangDecision | None:
-    """A rollout in progress, judged as vLLM's (:func:`rollout_step.judge_rollout`); ``None`` when there is
-    none, or when its flags crashed with nothing safe to go back to (the crash step cures them)."""
-    rollout = state.rollout
-    if rollout is None:
-        return None
-    since = tuple(r for r in restarts if r.time >= rollout.started_at and _kind(r) != "kv_pressure")
-    latest = max(since, key=lambda r: (r.time, r.pod), default=None)
-    judged = rollout_step.judge_rollout(
-        started_at=rollout.started_at,
-        deadline=rollout.deadline,
-        probation_until=rollout.probation_until,
-        crash=None if latest is None else f"{_kind(latest)} on {latest.pod or 'a pod'}",
-        ready=evidence.ready,
-        not_started=evidence.not_started,
-        now=now,
-        probation_seconds=s.policy.probation_seconds,
-    )
-    verdict, flags = judged.verdict, fit.describe_settings(s.current)
-    if verdict == rollout_step.Verdict.PENDING:
-        why = "the new flags' pods have not started (no node with a free GPU, or their weights download)"
-        return SglangDecision(Action.HOLD, s.current, Trigger.ROLLOUT_PENDING, f"{why}; not marked failed")
-    if verdict == rollout_step.Verdict.SUCCEEDED:
-        ran = f", ran {s.policy.probation_seconds:.0f}s without a crash" if judged.probation_until else ""
-        why = f"every replica runs the new flags and is Ready{ran}: {flags}"
-        return SglangDecision(Action.HOLD, s.current, Trigger.ROLLOUT_SUCCEEDED, why, good=s.current)
-    if verdict in (rollout_step.Verdict.PROBATION_STARTS, rollout_step.Verdict.ON_PROBATION):
-        why = judged.why or f"{s.policy.probation_seconds:.0f}s, a crash until then rolls back"
-        return SglangDecision(
-            Action.HOLD,
-            s.current,
-            Trigger.ROLLOUT_PROBATION,
-            f"new flags on probation ({why}): {flags}",
-            probation_until=judged.probation_until,
-        )
-    if verdict == rollout_step.Verdict.IN_PROGRESS:
-        return SglangDecision(
-            Action.HOLD, s.current, Trigger.ROLLOUT_IN_PROGRESS, f"waiting for the rollout ({judged.why})"
-        )
-    return _rollout_failed(s, state, since, judged.why)
-
-
-def _rollout_failed(
-    s: SglangSituation, state: SglangLoopState, crashes: tuple[SglangRestart, ...], why: str
-) -> SglangDecision | None:
-    """The new flags failed: back to the last good ones (the new ones ruled out, by the crash's kind or
-    exactly); ``None`` for a crash the crash step cures when there is nothing to go back to."""
-    known = [r.failure.kind for r in crashes if r.failure is not None and r.failure.kind in _CRASH_ORDER]
-    kind = min(known, key=_CRASH_ORDER.index) if known else ROLLOUT_FAILED
-    ran = FailedRun(s.effective, kind)
-    target = state.last_good
-    ruled_out = dataclasses.replace(s, failed=(*s.failed, ran))
-    if target is not None and target != s.current and not fit.is_ruled_out(target, ruled_out):
-        change = fit.describe_change(s.current, target)
-        return SglangDecision(
-            Action.ROLLBACK,
-            target,
-            Trigger.ROLLOUT_FAILED,
-            f"new flags failed ({why}); rolling back: {change}",
-            failed=ran,
-        )
-    if known:
-        return None
-    why = f"new flags failed ({why}) and there are no known-good flags to return to"
-    return SglangDecision(Action.HOLD, s.current, Trigger.ROLLOUT_FAILED, why, failed=ran)
-
-
-def _kind(r: SglangRestart) -> str:
-    return r.failure.kind if r.failure is not None else UNCLASSIFIED
 
 
 def _metrics_step(

@@ -1,0 +1,119 @@
+"""Step 0 of SGLang's chain: flags on their way to the pods (mode Auto), judged as vLLM's are.
+
+:func:`kvpilot.tuner.loop.rollout.judge_rollout` says where the rollout stands; this turns it into SGLang's
+decision: probation once every replica runs the new flags and is Ready, the flags good after it, a crash of
+them or the deadline rolls back to the last good flags and rules the new ones out (by the crash's kind, else
+exactly: :data:`~kvpilot.tuner.loop.sglang_fit.ROLLOUT_FAILED`); pods that never started wait.
+:func:`compute_good` says when flags the loop did not roll out (the first plan) are good.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvpilot.tuner.loop import rollout as rollout_step
+from kvpilot.tuner.loop import sglang_fit as fit
+from kvpilot.tuner.loop.decision import Action, Trigger
+from kvpilot.tuner.loop.sglang_fit import FailedRun, SglangSituation
+from kvpilot.tuner.loop.sglang_state import (
+    CRASH_ORDER,
+    SglangDecision,
+    SglangEvidence,
+    SglangLoopState,
+    SglangRestart,
+    kind_of,
+)
+
+
+def compute_rollout_step(
+    s: SglangSituation,
+    state: SglangLoopState,
+    evidence: SglangEvidence,
+    restarts: tuple[SglangRestart, ...],
+    now: float,
+) -> SglangDecision | None:
+    """A rollout in progress, judged as vLLM's (:func:`rollout_step.judge_rollout`); ``None`` when there is
+    none, or when its flags crashed with nothing safe to go back to (the crash step cures them)."""
+    rollout = state.rollout
+    if rollout is None:
+        return None
+    since = tuple(r for r in restarts if r.time >= rollout.started_at and kind_of(r) != "kv_pressure")
+    latest = max(since, key=lambda r: (r.time, r.pod), default=None)
+    judged = rollout_step.judge_rollout(
+        started_at=rollout.started_at,
+        deadline=rollout.deadline,
+        probation_until=rollout.probation_until,
+        crash=None if latest is None else f"{kind_of(latest)} on {latest.pod or 'a pod'}",
+        ready=evidence.ready,
+        not_started=evidence.not_started,
+        now=now,
+        probation_seconds=s.policy.probation_seconds,
+    )
+    verdict, flags = judged.verdict, fit.describe_settings(s.current)
+    if verdict == rollout_step.Verdict.PENDING:
+        why = "the new flags' pods have not started (no node with a free GPU, or their weights download)"
+        return SglangDecision(Action.HOLD, s.current, Trigger.ROLLOUT_PENDING, f"{why}; not marked failed")
+    if verdict == rollout_step.Verdict.SUCCEEDED:
+        ran = f", ran {s.policy.probation_seconds:.0f}s without a crash" if judged.probation_until else ""
+        why = f"every replica runs the new flags and is Ready{ran}: {flags}"
+        return SglangDecision(Action.HOLD, s.current, Trigger.ROLLOUT_SUCCEEDED, why, good=s.current)
+    if verdict in (rollout_step.Verdict.PROBATION_STARTS, rollout_step.Verdict.ON_PROBATION):
+        why = judged.why or f"{s.policy.probation_seconds:.0f}s, a crash until then rolls back"
+        return SglangDecision(
+            Action.HOLD,
+            s.current,
+            Trigger.ROLLOUT_PROBATION,
+            f"new flags on probation ({why}): {flags}",
+            probation_until=judged.probation_until,
+        )
+    if verdict == rollout_step.Verdict.IN_PROGRESS:
+        return SglangDecision(
+            Action.HOLD, s.current, Trigger.ROLLOUT_IN_PROGRESS, f"waiting for the rollout ({judged.why})"
+        )
+    return _rollout_failed(s, state, since, judged.why)
+
+
+def _rollout_failed(
+    s: SglangSituation, state: SglangLoopState, crashes: tuple[SglangRestart, ...], why: str
+) -> SglangDecision | None:
+    """The new flags failed: back to the last good ones (the new ones ruled out, by the crash's kind or
+    exactly); ``None`` for a crash the crash step cures when there is nothing to go back to."""
+    known = [r.failure.kind for r in crashes if r.failure is not None and r.failure.kind in CRASH_ORDER]
+    kind = min(known, key=CRASH_ORDER.index) if known else fit.ROLLOUT_FAILED
+    ran = FailedRun(s.effective, kind)
+    target = state.last_good
+    ruled_out = dataclasses.replace(s, failed=(*s.failed, ran))
+    if target is not None and target != s.current and not fit.is_ruled_out(target, ruled_out):
+        change = fit.describe_change(s.current, target)
+        return SglangDecision(
+            Action.ROLLBACK,
+            target,
+            Trigger.ROLLOUT_FAILED,
+            f"new flags failed ({why}); rolling back: {change}",
+            failed=ran,
+        )
+    if known:
+        return None
+    why = f"new flags failed ({why}) and there are no known-good flags to return to"
+    return SglangDecision(Action.HOLD, s.current, Trigger.ROLLOUT_FAILED, why, failed=ran)
+
+
+def compute_good(
+    s: SglangSituation,
+    state: SglangLoopState,
+    evidence: SglangEvidence,
+    restarts: tuple[SglangRestart, ...],
+    decision: SglangDecision,
+    now: float,
+) -> SglangDecision:
+    """``decision`` with the current flags marked good when they are, outside a rollout (e.g. the first
+    plan; a rollout's own step decides): every replica Ready, no restart since the last change, which was at
+    least ``probation_seconds`` ago."""
+    if decision.good is not None or decision.failed is not None or decision.changes or restarts:
+        return decision
+    if not evidence.ready or state.rollout is not None or state.last_good == s.current:
+        return decision
+    last = max((c.time for c in state.changes), default=None)
+    if last is not None and now - last < s.policy.probation_seconds:
+        return decision
+    return dataclasses.replace(decision, good=s.current)
