@@ -264,7 +264,8 @@ def test_headless_service_on_request_and_fixed(cluster: LocalCluster, ns: str) -
 
 def test_sglang_service_rendered_and_its_engine_fixed(cluster: LocalCluster, ns: str) -> None:
     """``spec.engine.kind: SGLang``: the operator applies SGLang's container and plan (Ready, Planned in
-    SGLang's terms), the closed loop recommends for it (ClosedLoop=True, Recommending); the API server
+    SGLang's terms, ``status.appliedEngineArgs``), the closed loop tunes it (ClosedLoop=True, reason Tuning in
+    mode Auto); the API server
     refuses to change the kind (CEL ``self == oldSelf``)."""
     doc = yaml.safe_load((ROOT / "examples" / "sglang" / "llama-3.1-8b-on-l4.yaml").read_text())
     name = doc["metadata"]["name"]
@@ -283,7 +284,9 @@ def test_sglang_service_rendered_and_its_engine_fixed(cluster: LocalCluster, ns:
         WAIT_S,
         "the loop's condition",
     )
-    assert (loop["status"], loop["reason"]) == ("True", "Recommending") and "SGLang" in loop["message"]
+    assert (loop["status"], loop["reason"]) == ("True", "Tuning") and "SGLang" in loop["message"]
+    applied = get(cluster, RESOURCE, name, "-n", ns)["status"]["appliedEngineArgs"]
+    assert flag(applied, "--mem-fraction-static") == flag(c["args"], "--mem-fraction-static")
     patch = json.dumps({"spec": {"engine": {"kind": "vLLM", "image": "vllm/vllm-openai:v0.33.0"}}})
     proc = cluster.kubectl("patch", RESOURCE, name, "-n", ns, "--type", "merge", "-p", patch, check=False)
     assert proc.returncode != 0 and "engine.kind cannot change" in proc.stderr, proc.stderr

@@ -616,6 +616,13 @@ class Rollout(_Wire):
     reason: str | None = Field(None, max_length=1024)
 
 
+class ServiceRollout(Rollout):
+    """An InferenceService's ``status.rollout``: also another engine's flags (an EngineTuner tunes vLLM)."""
+
+    engine_args: list[str] | None = Field(None, max_length=64)
+    """Another engine's flags being rolled out (SGLang's), in its own spelling."""
+
+
 class HistoryRecord(_Wire):
     time: str | None = None
     action: Literal["Planned", "Retuned", "RolledBack", "Held", "Infeasible"] | None = None
@@ -655,12 +662,14 @@ class InferenceServiceStatus(_Wire):
     last_good_settings: Settings | None = None
     failed_settings: list[Settings] = Field(default_factory=list, max_length=32)
     failed_engine_args: list[FailedEngineArgs] = Field(default_factory=list, max_length=32)
+    applied_engine_args: list[str] | None = Field(None, max_length=64)
+    last_good_engine_args: list[str] | None = Field(None, max_length=64)
     recommendation: Recommendation | None = None
     budget: Budget | None = None
     warnings: list[str] = Field(default_factory=list, max_length=32)
     calibration: Calibration | None = None
     profile: ProfileUsed | None = None
-    rollout: Rollout | None = None
+    rollout: ServiceRollout | None = None
     startup_seconds: float | None = Field(None, ge=0)
     history: list[HistoryRecord] = Field(default_factory=list, max_length=20)
     last_change_time: str | None = None

@@ -9,6 +9,7 @@ suite changes it on a real one, ``e2e/test_operator.py``). The flags parse with 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import json
 import logging
@@ -26,10 +27,10 @@ from operator_fakes import Harness, condition, isvc
 from kvpilot import cli
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import FIELD_MANAGER
-from kvpilot.operator.inferenceservice import desired, drift, render
+from kvpilot.operator.inferenceservice import desired, drift, handlers, render
 from kvpilot.operator.pods import pod_status, sglang_pods
 from kvpilot.tuner import engines, gpus, sglang
-from kvpilot.tuner.loop import SglangMemory, sglang_fit
+from kvpilot.tuner.loop import PolicyConfig, SglangMemory, sglang_fit
 from kvpilot.tuner.model import build_model_spec, lookup_model_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,7 +208,7 @@ def _series_fetches(loop: LoopHarness) -> list[Any]:
     return seen
 
 
-@pytest.mark.parametrize("mode", ["Auto", "Recommend"])
+@pytest.mark.parametrize("mode", ["Recommend"])
 async def test_the_closed_loop_recommends_less_memory_outside_the_share_after_an_sglang_oom(
     harness: Harness, mode: str
 ) -> None:
@@ -227,7 +228,7 @@ async def test_the_closed_loop_recommends_less_memory_outside_the_share_after_an
     st = body["status"]
     closed = condition(body, "ClosedLoop")
     assert (closed["status"], closed["reason"]) == ("True", "Recommending")
-    assert ("does not roll them out" if mode == "Auto" else "mode Recommend") in closed["message"]
+    assert "mode Recommend" in closed["message"]
     before, after = _sglang_runs(ran), _sglang_runs(st["recommendation"]["engineArgs"])
     # less memory outside the static share: a lower fraction, or (the pool at its floor: on the L4 the
     # 8B's weights leave it a few hundred tokens) a smaller prefill chunk with the fraction held, never raised
@@ -247,6 +248,68 @@ async def test_the_closed_loop_recommends_less_memory_outside_the_share_after_an
         assert await loop.tick(body) is None
     assert len(harness.emitter.events) == events  # the same advice is not announced twice
     assert harness.kube.take_status_patches("ns1", "llm") == []
+
+
+def _tuned(args: list[str]) -> list[str]:
+    """The flags kvpilot tunes among a container's arguments, as ``status.appliedEngineArgs`` spells them."""
+    return sglang.build_sglang_args(sglang.parse_sglang_args(args))
+
+
+async def test_auto_rolls_sglang_flags_out_judges_them_and_rolls_a_crash_back(harness: Harness) -> None:
+    """Mode Auto: the plan's flags become good once Ready; retractions under pressure retune and the
+    Deployment follows (``appliedEngineArgs``, ``rollout``, ``Retuned``); the new pods Ready put the flags on
+    probation; not Ready at its end rolls back to the last good flags (``RolledBack``) and rules exactly the
+    new ones out; a resumed reconcile keeps what the loop applied. (An OOM of the new flags would not roll
+    back to flags that need as much memory or more: SGLang's crash rules cure it instead.)"""
+    loop = LoopHarness(harness)
+    body = sglang_isvc(serving={"maxContextLength": 16384}, tuning={"mode": "Auto"})
+    await harness.run(body)
+    planned = body["status"]["appliedEngineArgs"]
+    assert planned and _tuned(loop.deployment_args()) == planned
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30, kv=0.5, waiting=0)
+    await loop.tick(body)
+    assert body["status"]["lastGoodEngineArgs"] == planned
+    assert condition(body, "ClosedLoop")["reason"] == "Tuning"
+    loop.window = window(loop.now + 30, kv=0.97, preempt=0.5, running=40, waiting=5)
+    await loop.tick(body)
+    st = body["status"]
+    new = st["appliedEngineArgs"]
+    assert new != planned and _tuned(loop.deployment_args()) == new
+    assert st["rollout"]["engineArgs"] == new and st["rollout"]["phase"] == "RollingOut"
+    assert "Retuned" in harness.emitter.reasons and "Recommended" not in harness.emitter.reasons
+    assert condition(body, "RolloutInProgress")["status"] == "True"
+    loop.healthy_pods()  # the new flags' pods, Ready
+    await loop.tick(body)
+    assert body["status"]["rollout"]["phase"] == "Probation"
+    assert condition(body, "RolloutInProgress")["reason"] == "Probation"
+    loop.healthy_pods(ready=False)  # unready again, without a crash, past the end of probation
+    await loop.tick(body, advance=PolicyConfig().rollout_deadline_seconds + 30)
+    st = body["status"]
+    assert st["appliedEngineArgs"] == planned and _tuned(loop.deployment_args()) == planned
+    assert {"args": new, "failure": "rollout_failed"} in st["failedEngineArgs"]
+    rolled_back = [m for _, reason, m in harness.emitter.events if reason == "RolledBack"]
+    assert rolled_back and "not Ready at the end of probation" in rolled_back[-1]
+    assert st["rollout"]["engineArgs"] == planned
+    await harness.run(body, trigger=handlers.RESUMED)
+    assert body["status"]["appliedEngineArgs"] == planned and _tuned(loop.deployment_args()) == planned
+
+
+async def test_a_resumed_reconcile_keeps_the_flags_the_loop_rolled_out(harness: Harness) -> None:
+    body = sglang_isvc(serving={"maxContextLength": 16384}, tuning={"mode": "Auto"})
+    await harness.run(body)
+    loop = LoopHarness(harness)
+    kept = sglang.build_sglang_args(
+        dataclasses.replace(
+            sglang.parse_sglang_args(body["status"]["appliedEngineArgs"]), max_running_requests=7
+        )
+    )
+    body["status"]["appliedEngineArgs"] = kept
+    await harness.run(body, trigger=handlers.RESUMED)
+    assert _tuned(loop.deployment_args()) == kept and body["status"]["appliedEngineArgs"] == kept
+    assert "kept" in condition(body, "Planned")["message"]
+    await harness.run(body, trigger=handlers.CREATED)  # a first visit plans again
+    assert body["status"]["appliedEngineArgs"] != kept
 
 
 async def test_sglang_retractions_recommend_fewer_running_requests(harness: Harness) -> None:

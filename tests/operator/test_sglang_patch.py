@@ -57,13 +57,13 @@ def test_an_oom_records_the_failed_flags_and_recommends_in_sglangs_spelling() ->
 
 
 def test_the_same_advice_is_neither_rewritten_nor_announced_again() -> None:
-    first = sglang_patch.build_sglang_patch({}, oom(), "Auto", generation=1, now=1000.0)
+    first = sglang_patch.build_sglang_patch({}, oom(), "Recommend", generation=1, now=1000.0)
     old = landed({}, first)
-    again = sglang_patch.build_sglang_patch(old, oom(), "Auto", generation=1, now=1030.0)
+    again = sglang_patch.build_sglang_patch(old, oom(), "Recommend", generation=1, now=1030.0)
     assert again.status == {} and again.events == []
     assert again.build_conditional(old, "7") is None  # nothing to send
     other = dataclasses.replace(oom(sglang.SglangSettings(mem_fraction_static=0.76)), failed=None)
-    changed = sglang_patch.build_sglang_patch(old, other, "Auto", generation=1, now=1060.0)
+    changed = sglang_patch.build_sglang_patch(old, other, "Recommend", generation=1, now=1060.0)
     assert changed.status["recommendation"]["engineArgs"] == ["--mem-fraction-static", "0.76"]
 
 
@@ -117,3 +117,28 @@ def test_the_failed_cap_is_the_crds_and_the_status_models() -> None:
     out = sglang_patch.build_sglang_patch(many, oom(), "Auto", generation=1, now=1000.0)
     assert len(out.status["failedEngineArgs"]) == sglang_patch.FAILED_LIMIT
     assert out.status["failedEngineArgs"][-1]["args"] == sglang.build_sglang_args(FAILED)  # the newest kept
+
+
+def test_auto_records_a_change_as_rolled_out_then_its_probation_and_success() -> None:
+    out = sglang_patch.build_sglang_patch({}, oom(), "Auto", generation=1, now=1000.0, deadline_seconds=600)
+    args = sglang.build_sglang_args(LOWER)
+    assert out.status["appliedEngineArgs"] == args and out.status["lastChangeTime"]
+    assert out.status["rollout"]["engineArgs"] == args and out.status["rollout"]["phase"] == "RollingOut"
+    assert ("Normal", "Retuned") in [e[:2] for e in out.events] and "Recommended" not in str(out.events)
+    assert conditions(out)["ClosedLoop"]["reason"] == "Tuning"
+    assert conditions(out)["RolloutInProgress"]["status"] == "True"
+    old = landed({}, out)
+    rollout = sglang_patch.read_rollout(old, LOWER)
+    assert rollout is not None and rollout.deadline - rollout.started_at == 600
+    assert sglang_patch.read_rollout(old, FAILED) is None  # another rollout's flags: not this one's
+    probation = SglangDecision(
+        Action.HOLD, LOWER, "RolloutProbation", "on probation", probation_until=1400.0, metrics=FRESH
+    )
+    on = sglang_patch.build_sglang_patch(old, probation, "Auto", generation=1, now=1100.0)
+    assert on.status["rollout"]["phase"] == "Probation" and on.status["rollout"]["probationUntil"]
+    old = landed(old, on)
+    good = SglangDecision(Action.HOLD, LOWER, "RolloutSucceeded", "ran 300s", good=LOWER, metrics=FRESH)
+    done = sglang_patch.build_sglang_patch(old, good, "Auto", generation=1, now=1500.0)
+    assert done.status["rollout"] is None and done.status["lastGoodEngineArgs"] == args
+    assert ("Normal", "RolloutSucceeded") in [e[:2] for e in done.events]
+    assert conditions(done)["RolloutInProgress"]["status"] == "False"

@@ -172,3 +172,15 @@ def test_flags_not_ready_or_just_changed_are_not_yet_good() -> None:
         NOW,
     )
     assert not_ready.good is None and recent.good is None
+
+
+def test_a_checkpoint_slower_to_fetch_than_the_deadline_moves_the_deadline_out() -> None:
+    heavy = fit.SglangMemory(H100.gpu, LLAMA, weights_total_bytes=2000 * 2**30)  # 2 TB at the policy's rate
+    rollout = started(POLICY.rollout_deadline_seconds + 10)
+    decision = compute_sglang_decision(
+        SglangLoopState(NEW, (), (), rollout, GOOD),
+        SglangEvidence(window(), ()),
+        SglangContext(heavy, policy=POLICY),
+        NOW,
+    )
+    assert decision.trigger == Trigger.ROLLOUT_IN_PROGRESS  # still loading, not failed

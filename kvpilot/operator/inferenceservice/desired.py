@@ -22,6 +22,7 @@ from kvpilot.operator import api, errors
 from kvpilot.operator.inferenceservice import engine_desired
 from kvpilot.operator.planning import modes, release, resolve
 from kvpilot.operator.pods import leader_worker_set, pod_template, tenant_guard, workloads
+from kvpilot.tuner import sglang
 from kvpilot.tuner.plan.profiles import Learned
 
 
@@ -67,24 +68,31 @@ def _got(value: object) -> str:
     return ""
 
 
+Kept = api.Settings | sglang.SglangSettings
+"""Settings the closed loop rolled out, in the engine's own type: vLLM's ``status.applied``, SGLang's
+``status.appliedEngineArgs``."""
+
+
 def build_desired(
     metadata: Mapping[str, Any],
     spec: api.InferenceServiceSpec,
     inputs: resolve.Inputs,
     *,
-    deploy_override: api.Settings | None = None,
+    deploy_override: Kept | None = None,
     plan_fn: modes.PlanFn | None = None,
     learned: Learned | None = None,
 ) -> Desired:
     """Plan, decide per mode and build the manifests. Raises tuner or operator errors, applies nothing.
 
     ``deploy_override`` replaces the settings deployed in mode Auto: on resume, the settings
-    the closed loop has put in ``status.applied`` are kept instead of the initial plan. ``learned``: the
+    the closed loop has put in ``status.applied`` (another engine's: ``status.appliedEngineArgs``) are kept
+    instead of the initial plan. ``learned``: the
     matching TuningProfile's lesson, which the planner starts from
     (:mod:`kvpilot.operator.planning.profiles`).
     """
     if engine_desired.plans_itself(spec):  # another engine plans and renders its own container
-        engine_plan, manifests = engine_desired.build_engine_manifests(metadata, spec, inputs)
+        kept = deploy_override if isinstance(deploy_override, sglang.SglangSettings) else None
+        engine_plan, manifests = engine_desired.build_engine_manifests(metadata, spec, inputs, kept)
         return Desired(None, None, manifests, engine_plan)
     user = modes.compute_user_args(spec)
     engine = release.resolve_release(spec)
@@ -100,7 +108,7 @@ def build_desired(
         plan_fn=plan_fn,
     )
     decision = modes.compute_mode_decision(spec, plan, user)
-    if deploy_override is not None and decision.mode == "Auto":
+    if isinstance(deploy_override, api.Settings) and decision.mode == "Auto":
         keep = deploy_override.to_engine().replace(tensor_parallel_size=plan.settings.tensor_parallel_size)
         decision = replace(decision, deploy=keep)
     checkpoint = resolve.compute_checkpoint_bytes(inputs.model)

@@ -38,7 +38,7 @@ import kopf
 
 from kvpilot.operator import api
 from kvpilot.operator.clients.kube import CUSTOM_KINDS, FIELD_MANAGER
-from kvpilot.operator.inferenceservice import desired
+from kvpilot.operator.inferenceservice import desired, plan_choice
 from kvpilot.operator.planning import modes, resolve
 from kvpilot.operator.pods import ownership, workloads
 from kvpilot.operator.status import events, status_patch
@@ -215,8 +215,7 @@ def build_repair(
 ) -> list[dict[str, Any]]:
     """The manifests the reconciler would apply for ``owner``'s observed generation, keeping the closed
     loop's settings (``status.applied``)."""
-    applied = owner["status"].get("applied")  # vLLM's settings; another engine's reconcile leaves it unset
-    keep = api.Settings.model_validate(applied) if applied else None
+    keep = plan_choice.read_applied(owner["status"])  # vLLM's settings, or another engine's flags
     built = desired.build_desired(owner["metadata"], spec, inputs, deploy_override=keep, plan_fn=plan_fn)
     return built.manifests
 

@@ -5,7 +5,9 @@ container (SGLang: its own memory model and flags; TGI: ``EngineNotSupported``) 
 Service, Deployment, weight cache and PodDisruptionBudget as for vLLM
 (:func:`kvpilot.operator.pods.workloads.build_deployment` with the engine's container). The Service keeps
 port 8000 (named ``http``), which reaches the engine's own port in the pod, so clients do not change with
-the engine. Pure: applies nothing.
+the engine. In mode Auto the flags the closed loop rolled out (``status.appliedEngineArgs``) replace the
+plan's where the reconciler keeps them (:func:`kvpilot.operator.inferenceservice.plan_choice.read_kept`).
+Pure: applies nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from kvpilot.operator import api
 from kvpilot.operator.planning import engines, resolve
 from kvpilot.operator.planning.engines import EnginePlan
 from kvpilot.operator.pods import workloads
+from kvpilot.tuner import sglang
 from kvpilot.tuner.types import EngineSettings
 
 __all__ = ["EnginePlan", "build_engine_manifests", "plans_itself"]
@@ -28,11 +31,15 @@ def plans_itself(spec: api.InferenceServiceSpec) -> bool:
 
 
 def build_engine_manifests(
-    metadata: Mapping[str, Any], spec: api.InferenceServiceSpec, inputs: resolve.Inputs
+    metadata: Mapping[str, Any],
+    spec: api.InferenceServiceSpec,
+    inputs: resolve.Inputs,
+    kept: sglang.SglangSettings | None = None,
 ) -> tuple[EnginePlan, list[dict[str, Any]]]:
     """The engine's plan and the manifests in apply order (claim, Service, Deployment, budget); raises
-    EngineNotSupported, InvalidSpec or InfeasiblePlan before anything is built."""
-    plan = engines.compute_engine_plan(spec, inputs)
+    EngineNotSupported, InvalidSpec or InfeasiblePlan before anything is built. ``kept``: the flags the
+    closed loop rolled out, rendered in mode Auto instead of the plan's."""
+    plan = engines.compute_engine_plan(spec, inputs, kept)
     checkpoint = resolve.compute_checkpoint_bytes(inputs.model)
     deployment = workloads.build_deployment(
         metadata,

@@ -8,6 +8,7 @@ shared tick's :class:`~kvpilot.operator.loop.tick.TickReading` of them).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from kvpilot.operator.loop import loop_state, tick
 from kvpilot.operator.loop.loop_deps import LoopDeps
 from kvpilot.operator.planning import resolve
 from kvpilot.operator.pods import capacity, pod_status, storage, workloads
+from kvpilot.tuner.engines import MetricSeries
 from kvpilot.tuner.loop import ObservationWindow, PolicyConfig
 from kvpilot.tuner.types import GIB
 
@@ -74,15 +76,28 @@ async def fetch_window(
     deps: LoopDeps, svc: Service, views: list[pod_status.PodView], policy: PolicyConfig
 ) -> ObservationWindow:
     """The live pods' metrics from the fleet's per-tick Prometheus snapshot."""
+    return await fetch_service_window(deps, svc, [v.name for v in views if not v.terminating], policy)
+
+
+async def fetch_service_window(
+    deps: LoopDeps,
+    svc: Service,
+    pods: Sequence[str],
+    policy: PolicyConfig,
+    series: MetricSeries | None = None,
+) -> ObservationWindow:
+    """The metrics of the live pods ``pods`` from the fleet's per-tick Prometheus snapshot, in the engine's
+    own series (``series``; ``None``: vLLM's)."""
     return await deps.fetch_window(
         deps.prometheus or deps.prom_url,
         svc.namespace,
         svc.name,
         svc.now,
-        pods=tuple(v.name for v in views if not v.terminating),
+        pods=tuple(pods),
         window_seconds=policy.window_seconds,
         step_seconds=deps.pace.step_seconds,
         max_age_seconds=deps.pace.interval_seconds,  # one snapshot of every pod per tick, shared
+        series=series,
     )
 
 

@@ -1,7 +1,8 @@
 """Which settings a reconcile deploys: ``status.applied`` kept, or a plan from the fleet's TuningProfile.
 
-The engine settings in ``status.applied`` are kept (not re-planned) in mode Auto when the closed loop may
-have retuned them and nothing the planner reads changed (:func:`read_kept`); otherwise the planner plans,
+The engine settings in ``status.applied`` (SGLang's flags: ``status.appliedEngineArgs``) are kept (not
+re-planned) in mode Auto when the closed loop may have retuned them and nothing the planner reads changed
+(:func:`read_kept`); otherwise the planner plans,
 and plans again from the matching TuningProfile when one exists (:func:`fetch_wanted`). Only plans read
 profiles: a profile's change re-plans no running service.
 """
@@ -16,22 +17,35 @@ from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.planning import modes, profile_scope, profiles, resolve
 from kvpilot.operator.status import status_patch
+from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import sglang
 
 
 def read_kept(
     old: Mapping[str, Any], *, resumed: bool, spec_changed: bool, first_visit: bool, diff: Any
-) -> api.Settings | None:
-    """``status.applied`` (which the closed loop may have retuned) when it is re-applied instead of a plan:
-    the last reconcile succeeded, and this is a resume of an observed generation (``resumed``, not
-    ``first_visit``) or a plan-neutral spec change (replicas, image, env, resources, tolerations, the
-    closed loop's knobs); ``None``: plan."""
-    if not old.get("applied") or not status_patch.reconcile_succeeded(old):
+) -> desired.Kept | None:
+    """``status.applied`` (which the closed loop may have retuned; another engine's flags:
+    ``status.appliedEngineArgs``) when it is re-applied instead of a plan: the last reconcile succeeded,
+    and this is a resume of an observed generation (``resumed``, not ``first_visit``) or a plan-neutral
+    spec change (replicas, image, env, resources, tolerations, the closed loop's knobs); ``None``: plan."""
+    if not (old.get("applied") or old.get("appliedEngineArgs")) or not status_patch.reconcile_succeeded(old):
         return None
     if resumed:
         keep = not first_visit
     else:
         keep = spec_changed and diff is not None and not modes.compute_replan_needed(diff)
-    return api.Settings.model_validate(old["applied"]) if keep else None
+    return read_applied(old) if keep else None
+
+
+def read_applied(old: Mapping[str, Any]) -> desired.Kept | None:
+    """The settings on the Deployment as the status records them, in the engine's own type (flags that no
+    longer parse: ``None``, planned again)."""
+    if old.get("applied"):
+        return api.Settings.model_validate(old["applied"])
+    try:
+        return sglang.parse_sglang_args([str(a) for a in old.get("appliedEngineArgs") or ()])
+    except tuner_errors.TunerError:
+        return None
 
 
 async def fetch_wanted(
@@ -40,7 +54,7 @@ async def fetch_wanted(
     meta: Mapping[str, Any],
     parsed: api.InferenceServiceSpec,
     inputs: resolve.Inputs,
-    keep: api.Settings | None,
+    keep: desired.Kept | None,
     logger: Any,
 ) -> desired.Desired:
     """The desired state: with ``keep`` deployed, else planned (from the TuningProfile when one matches)."""

@@ -9,8 +9,8 @@ this module only chooses, per kind, in one table (:data:`PLANNERS`):
 * **SGLang**: planned with SGLang's own memory model (:func:`kvpilot.tuner.engines.plan_sglang_budget`:
   ``--mem-fraction-static`` covers weights + KV pool), rendered as ``python3 -m sglang.launch_server
   --model-path M --host 0.0.0.0 --port 30000`` + the planned flags + ``--enable-metrics`` + extra args.
-  The closed loop recommends SGLang flags with SGLang's own rules and does not roll them out
-  (:data:`RECOMMENDING_KINDS`).
+  The closed loop tunes SGLang flags with SGLang's own rules (:data:`RECOMMENDING_KINDS`); in mode Auto
+  the flags it rolled out (``status.appliedEngineArgs``) are rendered instead of the plan's.
 * **TGI**: refused with ``EngineNotSupported`` (no TGI memory model yet): never a guess.
 
 Pure; no I/O.
@@ -29,11 +29,11 @@ from kvpilot.tuner.engines import Serving
 from kvpilot.tuner.types import GIB
 
 CLOSED_LOOP_KINDS: frozenset[api.EngineKind] = frozenset({"vLLM"})
-"""The engines whose pods the closed loop retunes (mode Auto rolls its changes out)."""
+"""The engines vLLM's closed loop retunes (:mod:`kvpilot.operator.inferenceservice.closed_loop`)."""
 RECOMMENDING_KINDS: frozenset[api.EngineKind] = frozenset({"SGLang"})
-"""The engines the closed loop has rules for but does not roll out: in modes Auto and Recommend it records
-what it would change (:mod:`kvpilot.operator.inferenceservice.sglang_loop`); for any other kind it holds and
-says why."""
+"""The engines with a closed loop of their own rules (:mod:`kvpilot.operator.inferenceservice.sglang_loop`):
+mode Recommend records what it would change, mode Auto also rolls it out (probation, rollback); for any
+other kind the loop holds and says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +63,16 @@ def is_recommended_by_closed_loop(spec: api.InferenceServiceSpec) -> bool:
     return spec.engine.kind in RECOMMENDING_KINDS
 
 
-def compute_engine_plan(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -> EnginePlan:
-    """The plan and container of a non-vLLM engine; EngineNotSupported, InvalidSpec or InfeasiblePlan."""
+def compute_engine_plan(
+    spec: api.InferenceServiceSpec, inputs: resolve.Inputs, kept: sglang.SglangSettings | None = None
+) -> EnginePlan:
+    """The plan and container of a non-vLLM engine; EngineNotSupported, InvalidSpec or InfeasiblePlan.
+    ``kept``: the flags the closed loop rolled out (``status.appliedEngineArgs``), deployed in mode Auto
+    instead of the plan's."""
     planner = PLANNERS.get(spec.engine.kind)
     if planner is None:
         raise ValueError(f"{spec.engine.kind} is planned by kvpilot.operator.planning.modes")
-    return planner(spec, inputs)
+    return planner(spec, inputs, kept)
 
 
 # --- SGLang -------------------------------------------------------------------------------------------
@@ -146,9 +150,12 @@ def _sglang_args(spec: api.InferenceServiceSpec, planned: Sequence[str], serving
     ]
 
 
-def plan_sglang(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -> EnginePlan:
+def plan_sglang(
+    spec: api.InferenceServiceSpec, inputs: resolve.Inputs, kept: sglang.SglangSettings | None = None
+) -> EnginePlan:
     """SGLang's budget for the spec (the planner of ``kvpilot plan --engine sglang``), its flags in mode
-    Auto; InfeasiblePlan when one full-context request does not fit the pool."""
+    Auto (``kept``'s instead, where the closed loop retuned them); InfeasiblePlan when one full-context
+    request does not fit the pool."""
     _check_sglang_spec(spec)
     gpu = inputs.gpu.gpu
     budget = compute_sglang_budget(spec, inputs)
@@ -158,22 +165,30 @@ def plan_sglang(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -> Engin
             f"{spec.model.id} on {spec.gpu.count}x {gpu.name} (SGLang {sglang.PINNED_SGLANG_VERSION}): "
             f"{explanation[-1]}"
         )
-    planned = tuple(sglang.build_sglang_args(budget.rendered))
-    serving = engines.lookup_engine("SGLang").serving
     mode = spec.tuning.mode
+    kept = kept if mode == "Auto" else None
+    planned = tuple(sglang.build_sglang_args(budget.rendered if kept is None else kept))
+    serving = engines.lookup_engine("SGLang").serving
     args = tuple(_sglang_args(spec, planned if mode == "Auto" else (), serving))
     summary = (
         f"SGLang {sglang.PINNED_SGLANG_VERSION}: {' '.join(planned)}; KV pool "
         f"{budget.pool_bytes / GIB:.2f} GiB = {budget.max_total_tokens} tokens, "
         f"{budget.full_context_requests} request(s) at --context-length"
     )
+    if kept is not None:
+        summary = (
+            f"SGLang {sglang.PINNED_SGLANG_VERSION}: {' '.join(planned)} (the closed loop's flags, kept: "
+            f"status.appliedEngineArgs; the plan: {' '.join(sglang.build_sglang_args(budget.rendered))})"
+        )
     return EnginePlan("SGLang", serving, args, planned, summary, explanation, mode, spec.gpu.count)
 
 
 # --- TGI ----------------------------------------------------------------------------------------------
 
 
-def refuse_tgi(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -> EnginePlan:
+def refuse_tgi(
+    spec: api.InferenceServiceSpec, inputs: resolve.Inputs, kept: sglang.SglangSettings | None = None
+) -> EnginePlan:
     """TGI: its flags, failures and metrics are known (:mod:`kvpilot.tuner.tgi`), its memory not."""
     raise errors.EngineNotSupported(
         f"engine.kind TGI is not planned yet: kvpilot has no TGI memory model (how --max-batch-total-tokens "
@@ -183,7 +198,8 @@ def refuse_tgi(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -> Engine
     )
 
 
-PLANNERS: dict[api.EngineKind, Callable[[api.InferenceServiceSpec, resolve.Inputs], EnginePlan]] = {
+Planner = Callable[[api.InferenceServiceSpec, resolve.Inputs, sglang.SglangSettings | None], EnginePlan]
+PLANNERS: dict[api.EngineKind, Planner] = {
     "SGLang": plan_sglang,
     "TGI": refuse_tgi,
 }

@@ -199,6 +199,22 @@ def build_restart_event(
     return restart, needs_log
 
 
+def compute_unschedulable(pod: Mapping[str, Any]) -> bool:
+    """The scheduler found no node for ``pod`` (``PodScheduled=False``, reason ``Unschedulable``)."""
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or ()
+    )
+
+
+def compute_downloading(pod: Mapping[str, Any]) -> bool:
+    """The weight cache's init container (:data:`~.storage.INIT_CONTAINER`) still runs."""
+    return any(
+        c.get("name") == INIT_CONTAINER and not (c.get("state") or {}).get("terminated")
+        for c in (pod.get("status") or {}).get("initContainerStatuses") or ()
+    )
+
+
 def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodView:
     """One pod as the closed loop sees it. ``log_tail`` overrides an empty termination message."""
     meta = pod.get("metadata") or {}
@@ -211,14 +227,7 @@ def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodVi
     waiting = (status_c.get("state") or {}).get("waiting") or {}
     restart, needs_log = build_restart_event(str(meta.get("name") or ""), status_c, log_tail)
     phase = pod.get("status") or {}
-    unschedulable = any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
-        for c in phase.get("conditions") or ()
-    )
-    downloading = any(
-        c.get("name") == INIT_CONTAINER and not (c.get("state") or {}).get("terminated")
-        for c in phase.get("initContainerStatuses") or ()
-    )
+    unschedulable, downloading = compute_unschedulable(pod), compute_downloading(pod)
     conds: Sequence[Mapping[str, Any]] = phase.get("conditions") or ()
     ready_cond: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
     return PodView(

@@ -36,6 +36,10 @@ class SglangPod:
     restart_count: int = 0
     needs_log: bool = False
     """The termination message did not explain the restart: the previous log is worth reading."""
+    ready: bool = False
+    """Its engine container is Ready."""
+    not_started: bool = False
+    """It has not started: no node for it (unschedulable), or its weights still download."""
 
 
 def _container(items: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
@@ -63,7 +67,9 @@ def build_sglang_pod(pod: Mapping[str, Any], log: str | None = None) -> SglangPo
         when = pod_status.parse_time(terminated.get("finishedAt")) or 0.0
         restart, needs_log = SglangRestart(when, failure, name), failure is None and log is None
     terminating = bool(meta.get("deletionTimestamp"))
-    return SglangPod(name, settings, terminating, restart, count, needs_log)
+    not_started = pod_status.compute_unschedulable(pod) or pod_status.compute_downloading(pod)
+    ready = bool(state.get("ready"))
+    return SglangPod(name, settings, terminating, restart, count, needs_log, ready, not_started)
 
 
 def read_sglang_pods(

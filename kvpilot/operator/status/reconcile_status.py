@@ -132,10 +132,11 @@ def build_engine_success_status(
 ) -> StatusPatch:
     """Status after another engine's Deployment (``spec.engine.kind`` SGLang) was applied: the plan in its
     own terms in ``Planned`` (``status.applied``, ``budget`` and ``recommendation`` are vLLM's settings
-    and stay unset), ``Ready``, and a ``Planned`` event on the first sight of a generation."""
+    and stay unset), the flags deployed in mode Auto in ``appliedEngineArgs`` (the closed loop's, when the
+    reconcile kept them), ``Ready``, and a ``Planned`` event on the first sight of a generation."""
     gpu = inputs.gpu
     deployed = (
-        "the plan's flags"
+        f"the flags {' '.join(plan.planned)}"
         if plan.mode == "Auto"
         else f"the engine's own defaults (mode {plan.mode}: the plan is reported only)"
     )
@@ -160,6 +161,7 @@ def build_engine_success_status(
         },
         "warnings": list(gpu.warnings)[:WARNINGS_LIMIT],
         "recommendation": None,
+        "appliedEngineArgs": list(plan.planned) if plan.mode == "Auto" else None,
     }
     if selector is not None:
         patch["selector"] = selector

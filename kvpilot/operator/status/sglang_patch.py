@@ -1,20 +1,23 @@
-"""The status an SGLang service's closed-loop tick writes: its recommendation, the flags ruled out, why.
+"""The status an SGLang service's closed-loop tick writes: its recommendation, rollout, the flags ruled out.
 
-The SGLang loop (:mod:`kvpilot.operator.inferenceservice.sglang_loop`) recommends and never rolls out, so its
-status is small and in SGLang's own spelling (``status.applied`` and ``status.failedSettings`` are vLLM's
-settings; these are not):
+In SGLang's own spelling (``status.applied`` and ``status.failedSettings`` are vLLM's settings, not these):
 
 * ``status.recommendation.engineArgs`` -- the flags of the latest change the loop decided (or would have,
   past a gate), with its ``reason``, ``trigger`` and ``time``; rewritten only when the flags or the trigger
-  change, with a Normal ``Recommended`` event;
-* ``status.failedEngineArgs`` -- the flags that failed and how (the seam's failure kind); read back into the
-  policy's ruled-out runs (:func:`read_failed_runs`), with a Warning event named by the trigger when a
-  failure is first recorded;
-* ``ClosedLoop=True`` (reason ``Recommending``) saying the loop recommends and what it last decided (its
-  message changes only with the action and trigger, so a steady service is not rewritten each tick), and
-  ``MetricsAvailable`` as for vLLM. A newly infeasible decision is a Warning ``Infeasible`` event.
+  change, with a Normal ``Recommended`` event unless the change was rolled out;
+* mode Auto: ``status.appliedEngineArgs`` (the flags on the Deployment), ``status.rollout`` (``engineArgs``,
+  ``startedAt``, ``deadline``, ``phase``, ``probationUntil``), ``status.lastGoodEngineArgs`` and
+  ``lastChangeTime``, with ``Retuned``, ``RolledBack`` and ``RolloutSucceeded`` events and the
+  ``RolloutInProgress`` condition, as vLLM's rollouts (:mod:`kvpilot.operator.status.loop_patch`);
+* ``status.failedEngineArgs`` -- the flags that failed and how (the seam's failure kind, or
+  ``rollout_failed``); read back into the policy's ruled-out runs (:func:`read_failed_runs`), with a Warning
+  event named by the trigger when a failure is first recorded;
+* ``ClosedLoop=True`` (reason ``Tuning`` in mode Auto, ``Recommending`` in Recommend) saying what the loop
+  does and what it last decided (its message changes only with the action and trigger, so a steady service
+  is not rewritten each tick), and ``MetricsAvailable`` as for vLLM. A newly infeasible decision is a
+  Warning ``Infeasible`` event.
 
-Pure: builds the patch; :func:`kvpilot.operator.inferenceservice.loop_record.apply_patch` writes it.
+Pure: builds the patch; :func:`kvpilot.operator.inferenceservice.sglang_loop.run_sglang_tick` writes it.
 """
 
 from __future__ import annotations
@@ -23,17 +26,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.operator import conditions
+from kvpilot.operator.pods.pod_status import parse_time
 from kvpilot.operator.status import events
+from kvpilot.operator.status.loop_patch import PROBATION, ROLLING_OUT
 from kvpilot.operator.status.status_patch import ListPatch, StatusPatch, Update, cap, format_time
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import sglang
-from kvpilot.tuner.engines import FailureKind
-from kvpilot.tuner.loop import Action, FailedRun, SglangDecision
+from kvpilot.tuner.loop import Action, FailedRun, SglangDecision, SglangRollout, Trigger
+from kvpilot.tuner.loop.sglang_fit import ROLLOUT_FAILED, RunFailure
 
-RECOMMENDING = "Recommending"
+RECOMMENDING, TUNING = "Recommending", "Tuning"
 FAILED_LIMIT = 32
 """``status.failedEngineArgs`` keeps this many (the CRD's ``maxItems``)."""
-_FAILURES: tuple[FailureKind, ...] = ("start_memory_short", "start_oom", "runtime_oom")
+_FAILURES: tuple[RunFailure, ...] = ("start_memory_short", "start_oom", "runtime_oom", ROLLOUT_FAILED)
+ROLLOUT_ACTIVE = frozenset({Trigger.ROLLOUT_IN_PROGRESS, Trigger.ROLLOUT_PROBATION, Trigger.ROLLOUT_PENDING})
+"""Triggers of a rollout still being judged."""
 
 
 def read_failed_runs(status: Mapping[str, Any]) -> tuple[FailedRun, ...]:
@@ -41,21 +48,41 @@ def read_failed_runs(status: Mapping[str, Any]) -> tuple[FailedRun, ...]:
     runs: list[FailedRun] = []
     for item in status.get("failedEngineArgs") or ():
         kind = next((k for k in _FAILURES if k == item.get("failure")), None)
-        if kind is None:
-            continue
-        try:
-            runs.append(FailedRun(sglang.parse_sglang_args([str(a) for a in item.get("args") or ()]), kind))
-        except tuner_errors.TunerError:
-            continue
+        settings = read_args(item, "args")
+        if kind is not None and settings is not None:
+            runs.append(FailedRun(settings, kind))
     return tuple(runs)
+
+
+def read_args(status: Mapping[str, Any], field: str) -> sglang.SglangSettings | None:
+    """``status.<field>`` (SGLang's flags) parsed; ``None`` when unset or it no longer parses."""
+    args = status.get(field)
+    if not args:
+        return None
+    try:
+        return sglang.parse_sglang_args([str(a) for a in args])
+    except tuner_errors.TunerError:
+        return None
+
+
+def read_rollout(status: Mapping[str, Any], current: sglang.SglangSettings) -> SglangRollout | None:
+    """``status.rollout`` of SGLang's flags, while it is the rollout of ``current`` (a re-plan since ended
+    it); ``None`` otherwise."""
+    wire = status.get("rollout") or {}
+    settings = read_args(wire, "engineArgs")
+    started, deadline = parse_time(wire.get("startedAt")), parse_time(wire.get("deadline"))
+    if settings != current or started is None or deadline is None:
+        return None
+    return SglangRollout(settings, started, deadline, parse_time(wire.get("probationUntil")))
 
 
 def describe_loop(mode: str) -> str:
     """What the loop does for SGLang in ``mode`` (the ``ClosedLoop`` condition's first sentence)."""
     if mode == "Auto":
         return (
-            "the closed loop recommends SGLang flags (status.recommendation.engineArgs) and does not roll "
-            "them out yet: the Deployment keeps the reconciler's plan"
+            "the closed loop tunes SGLang flags with SGLang's own rules and rolls them out "
+            "(status.appliedEngineArgs; probation, then status.lastGoodEngineArgs; a failed rollout goes "
+            "back)"
         )
     return (
         f"the closed loop recommends SGLang flags (status.recommendation.engineArgs); mode {mode}: the pods "
@@ -64,13 +91,21 @@ def describe_loop(mode: str) -> str:
 
 
 def build_sglang_patch(
-    old: Mapping[str, Any], decision: SglangDecision, mode: str, *, generation: int | None, now: float
+    old: Mapping[str, Any],
+    decision: SglangDecision,
+    mode: str,
+    *,
+    generation: int | None,
+    now: float,
+    deadline_seconds: float = 900.0,
 ) -> StatusPatch:
-    """The tick's status (:mod:`this module <kvpilot.operator.status.sglang_patch>`) and its events."""
+    """The tick's status (:mod:`this module <kvpilot.operator.status.sglang_patch>`) and its events; in mode
+    Auto a change is recorded as rolled out (``deadline_seconds``: the configured rollout deadline)."""
     stamp = format_time(now)
     last = f"last decision: {decision.action} ({decision.trigger})"
+    reason = TUNING if mode == "Auto" else RECOMMENDING
     updates: list[Update] = [
-        (conditions.CLOSED_LOOP, conditions.TRUE, RECOMMENDING, f"{describe_loop(mode)}; {last}")
+        (conditions.CLOSED_LOOP, conditions.TRUE, reason, f"{describe_loop(mode)}; {last}")
     ]
     metrics = decision.metrics
     if metrics is not None:
@@ -78,7 +113,10 @@ def build_sglang_patch(
         updates.append((conditions.METRICS_AVAILABLE, available, metrics.reason, metrics.message))
     out = StatusPatch(status={}, lists=ListPatch(generation, stamp, updates=updates))
     _add_failed(old, decision, out)
-    _add_recommendation(old, decision, out, stamp)
+    rolled = mode == "Auto" and decision.changes
+    _add_recommendation(old, decision, out, stamp, announce=not rolled)
+    if mode == "Auto":
+        updates.extend(_add_rollout(old, decision, out, now, deadline_seconds))
     was = conditions.find_condition(old.get("conditions"), conditions.CLOSED_LOOP) or {}
     if decision.action == Action.INFEASIBLE and last not in str(was.get("message") or ""):
         out.events.append((events.WARNING, "Infeasible", decision.reason))
@@ -96,8 +134,49 @@ def _add_failed(old: Mapping[str, Any], decision: SglangDecision, out: StatusPat
     out.events.append((events.WARNING, decision.trigger, decision.reason))
 
 
+def _add_rollout(
+    old: Mapping[str, Any], decision: SglangDecision, out: StatusPatch, now: float, deadline_seconds: float
+) -> list[Update]:
+    """Mode Auto: a change recorded as rolled out (``appliedEngineArgs``, a new ``rollout``, ``Retuned`` or
+    ``RolledBack``), else the rollout being judged (probation, ended, succeeded); the last good flags."""
+    if decision.good is not None:
+        good = sglang.build_sglang_args(decision.good)
+        if old.get("lastGoodEngineArgs") != good:
+            out.status["lastGoodEngineArgs"] = good
+    if decision.changes:
+        args = sglang.build_sglang_args(decision.settings)
+        out.status["appliedEngineArgs"] = args
+        out.status["lastChangeTime"] = format_time(now)
+        out.status["rollout"] = {
+            "engineArgs": args,
+            "startedAt": format_time(now),
+            "deadline": format_time(now + deadline_seconds),
+            "phase": ROLLING_OUT,
+            "probationUntil": None,
+        }
+        retuned = decision.action == Action.RETUNE
+        kind, reason = (events.NORMAL, "Retuned") if retuned else (events.WARNING, "RolledBack")
+        out.events.append((kind, reason, cap(decision.reason)))
+        out.decisions.append(reason)
+        return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, reason, cap(decision.reason))]
+    wire = old.get("rollout") or {}
+    active = bool(wire) and decision.trigger in ROLLOUT_ACTIVE
+    if wire and not active:
+        out.status["rollout"] = None
+        if decision.trigger == Trigger.ROLLOUT_SUCCEEDED:
+            out.events.append((events.NORMAL, "RolloutSucceeded", cap(decision.reason)))
+    if active and decision.trigger == Trigger.ROLLOUT_PROBATION:
+        until = decision.probation_until
+        if wire.get("probationUntil") is None and until is not None:
+            out.status["rollout"] = {**wire, "phase": PROBATION, "probationUntil": format_time(until)}
+        return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Probation", cap(decision.reason))]
+    if active:
+        return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", cap(decision.reason))]
+    return [(conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress")]
+
+
 def _add_recommendation(
-    old: Mapping[str, Any], decision: SglangDecision, out: StatusPatch, stamp: str
+    old: Mapping[str, Any], decision: SglangDecision, out: StatusPatch, stamp: str, *, announce: bool
 ) -> None:
     target = decision.settings if decision.changes else decision.recommended
     if target is None:
@@ -113,6 +192,7 @@ def _add_recommendation(
         "time": stamp,
     }
     why = "; ".join(decision.explanation)
-    out.events.append(
-        (events.NORMAL, "Recommended", cap(f"{decision.reason}" + (f" [{why}]" if why else "")))
-    )
+    if announce:  # a change rolled out is announced as Retuned or RolledBack
+        out.events.append(
+            (events.NORMAL, "Recommended", cap(f"{decision.reason}" + (f" [{why}]" if why else "")))
+        )

@@ -21,8 +21,10 @@ from kvpilot.tuner.loop.sglang_state import (
     SglangEvidence,
     SglangLoopState,
     SglangRestart,
+    SglangRollout,
     kind_of,
 )
+from kvpilot.tuner.types import GIB
 
 
 def compute_rollout_step(
@@ -41,7 +43,7 @@ def compute_rollout_step(
     latest = max(since, key=lambda r: (r.time, r.pod), default=None)
     judged = rollout_step.judge_rollout(
         started_at=rollout.started_at,
-        deadline=rollout.deadline,
+        deadline=compute_deadline(s, rollout, evidence),
         probation_until=rollout.probation_until,
         crash=None if latest is None else f"{kind_of(latest)} on {latest.pod or 'a pod'}",
         ready=evidence.ready,
@@ -96,6 +98,17 @@ def _rollout_failed(
         return None
     why = f"new flags failed ({why}) and there are no known-good flags to return to"
     return SglangDecision(Action.HOLD, s.current, Trigger.ROLLOUT_FAILED, why, failed=ran)
+
+
+def compute_deadline(s: SglangSituation, rollout: SglangRollout, evidence: SglangEvidence) -> float:
+    """The rollout's deadline, moved out to what the start of the new pods is expected to take
+    (:func:`rollout_step.compute_deadline_seconds`: the measured start, the checkpoint's download) where that
+    is longer than the configured seconds the stored deadline counts."""
+    weights = s.memory.weights_total_bytes or 0
+    wanted = rollout_step.compute_deadline_seconds(
+        s.policy, restart_seconds=evidence.restart_seconds, checkpoint_gib=weights / GIB
+    )
+    return rollout.deadline + max(0.0, wanted - s.policy.rollout_deadline_seconds)
 
 
 def compute_good(

@@ -1,0 +1,58 @@
+"""What an SGLang service's closed-loop tick writes: its status (one conditional PATCH) and, for a change
+in mode Auto, the Deployment with the new flags.
+
+The acting half of :func:`kvpilot.operator.inferenceservice.sglang_loop.run_sglang_tick`, as
+:mod:`.loop_actions` is vLLM's: the status first (:func:`apply_sglang_status`), then the flags
+(:func:`apply_flags`: the reconciler's rendering with the flags kept, the rollout strategy the cluster
+allows now).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpilot.operator import errors
+from kvpilot.operator.inferenceservice import engine_desired
+from kvpilot.operator.inferenceservice.loop_reading import Service
+from kvpilot.operator.loop.loop_deps import LoopDeps
+from kvpilot.operator.planning import resolve
+from kvpilot.operator.pods import workloads
+from kvpilot.operator.status import events, status_write
+from kvpilot.operator.status.status_patch import StatusPatch
+from kvpilot.tuner import sglang
+
+
+async def apply_flags(
+    deps: LoopDeps, svc: Service, inputs: resolve.Inputs, flags: sglang.SglangSettings, logger: Any
+) -> bool:
+    """The Deployment with ``flags`` (the reconciler's rendering, the flags kept), rolled out with the
+    strategy the cluster allows now; False and a ``RetuneFailed`` event when it cannot be applied (the
+    reconciler and drift repair render ``status.appliedEngineArgs`` next)."""
+    try:
+        if deps.kube is None:
+            raise errors.ApplyFailed("no Kubernetes client")
+        _, manifests = engine_desired.build_engine_manifests(svc.meta, svc.spec, inputs, flags)
+        deployment = [m for m in manifests if m["kind"] == "Deployment"]
+        deployment = await workloads.fetch_rollout_strategy(deps.kube, svc.spec, deployment)
+        await workloads.apply_workloads(deployment, deps.kube, deps.owners)
+    except Exception as exc:  # noqa: BLE001 -- report; the reconciler or drift repair applies it later
+        logger.warning(f"closed loop (SGLang): applying the new flags failed: {exc!r}")
+        reason = errors.NameConflict.reason if isinstance(exc, errors.NameConflict) else "RetuneFailed"
+        message = f"could not apply the new SGLang flags: {errors.classify(exc).message}"
+        deps.emit(svc.body, events.WARNING, reason, message)
+        return False
+    return True
+
+
+async def apply_sglang_status(
+    deps: LoopDeps, patch: Any, svc: Service, out: StatusPatch, logger: Any
+) -> bool:
+    """One conditional PATCH (:func:`status_write.apply_status`; kopf's ``patch`` without a client): whether
+    it was written (refused or unknown: nothing is rolled out, the next tick decides again)."""
+    if deps.kube is None:
+        out.add_to(patch, old=svc.old)
+        return True
+    written = await status_write.apply_status(
+        deps.kube, svc.namespace, svc.name, svc.version, out, svc.old, logger
+    )
+    return written == status_write.WRITTEN
