@@ -19,6 +19,15 @@ start-ups of 2026 models, made scoreable by ``bench/memory_cases_2026.py``) and
 not used to fit anything), each file on its own and, for every file, the error of the available KV cache
 per vLLM release (``by release``).
 
+Each case is also put to the planner as a user would put it to ``kvpilot plan --gpu GPU --engine-args
+ARGS``: its ``gpu`` and its ``engine_args`` (the run's vLLM arguments that have no field of their own;
+absent: none known). The bench counts the cases the plan refuses by name before planning (a GPU not in
+the catalogue, an engine argument :func:`kvpilot.tuner.vllm.check_engine_flags` refuses) or warns about by
+name (a flag its memory model does not budget, :mod:`kvpilot.tuner.vllm.unmodelled`: the plan's warning
+names it), lists them with the plan's words, and gives kvpilot's figures again over the cases it neither
+refused nor warned about. The first figures still include every case: a case the plan warned about is
+scored as it ran (the flags it warned about are not budgeted).
+
 Usage: ``.venv/bin/python bench/memory_accuracy.py [--cases FILE ...] [--all] [--quiet]``.
 """
 
@@ -29,13 +38,14 @@ import json
 import re
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvpilot.tuner import vllm  # noqa: E402
+from kvpilot.tuner import errors, vllm  # noqa: E402
 from kvpilot.tuner.memory import estimate, weights  # noqa: E402
 from kvpilot.tuner.model import spec as model_spec  # noqa: E402
 from kvpilot.tuner.types import GIB  # noqa: E402
@@ -97,6 +107,38 @@ def _summary(name: str, errs: list[float]) -> str:
     )
 
 
+def engine_args(case: dict[str, Any]) -> list[str]:
+    """The case's ``engine_args``: the run's vLLM arguments that have no field of their own (``[]`` when
+    absent or null)."""
+    args = case.get("engine_args")
+    if args is None:
+        return []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ValueError(f"{case.get('id')}: engine_args must be a list of strings, got {args!r}")
+    return args
+
+
+def plan_verdict(case: dict[str, Any], gpu_lookup: Callable[[str], object] | None) -> tuple[str, str] | None:
+    """What ``kvpilot plan --gpu GPU --engine-args ARGS`` says by name of the case's run, asked with its
+    ``gpu`` and :func:`engine_args`: ``("refused", why)`` when it refuses before planning (the GPU is not in
+    the catalogue: ``gpu_lookup`` raises; or :func:`kvpilot.tuner.vllm.check_engine_flags` refuses an
+    argument), ``("warned", the plan's warnings)`` when the arguments hold flags its memory model does not
+    budget (the planner's own list, :func:`kvpilot.tuner.vllm.build_engine_flags`' ``unmodelled``, each in
+    the words of :func:`kvpilot.tuner.vllm.describe_unmodelled_flag`), else ``None``. A case that names no
+    GPU is not refused for it (the user would name theirs)."""
+    args = engine_args(case)
+    try:
+        if case.get("gpu") and gpu_lookup is not None:
+            gpu_lookup(str(case["gpu"]))
+        vllm.check_engine_flags(args)
+    except errors.TunerError as exc:
+        return "refused", exc.message.split(" Known GPUs: ")[0]  # not the catalogue's whole list
+    unmodelled = vllm.build_engine_flags(args).unmodelled
+    if unmodelled:
+        return "warned", " ".join(vllm.describe_unmodelled_flag(flag) for flag in unmodelled)
+    return None
+
+
 def _release(case: dict[str, Any]) -> str:
     """The case's vLLM release as major.minor ("?" where the log names none)."""
     found = re.match(r"\s*(\d+)\.(\d+)", str(case.get("vllm_version") or ""))
@@ -130,7 +172,7 @@ def _logged_terms(case: dict[str, Any], row: dict[str, Any]) -> str | None:
     obs = case.get("observed") or {}
     if obs.get("peak_activation_gib") is None or row.get("activation_gib") is None:
         return None
-    version = vllm.parse_version(str(case.get("vllm_version") or "").split()[0] or None)
+    version = vllm.parse_version(next(iter(str(case.get("vllm_version") or "").split()), None))
     combined = vllm.logs_graph_estimate_in_activation(version) and vllm.subtracts_cuda_graphs(version)
     activation = row["activation_gib"] + (row["cuda_graph_gib"] if combined else 0.0)
     label = "activation + graph estimate" if combined else "activation"
@@ -149,7 +191,8 @@ def _logged_terms(case: dict[str, Any], row: dict[str, Any]) -> str | None:
 
 def _score(path: Path, include_v0: bool, quiet: bool) -> None:
     cases = json.loads(path.read_text())
-    rows = estimate.compute_estimates(cases, _gpu_lookup())
+    lookup = _gpu_lookup()
+    rows = estimate.compute_estimates(cases, lookup)
 
     kv_err: list[float] = []
     kv_by_release: list[tuple[str, float]] = []
@@ -161,6 +204,13 @@ def _score(path: Path, include_v0: bool, quiet: bool) -> None:
     false_alarms: list[str] = []
     skipped: list[str] = []
     terms: list[str] = []
+    in_scope: list[str] = []
+    verdicts: list[str] = []
+    flagged: set[str] = set()
+    kv_ids: list[str] = []
+    tok_ids: list[str] = []
+    failure_ids: list[str] = []
+    false_alarm_ids: list[str] = []
     if not quiet:
         print(
             f"{'case':<9} {'model':<42} {'vLLM':<7} {'obs KV':>7} {'pred':>7} {'err':>7}  "
@@ -172,18 +222,26 @@ def _score(path: Path, include_v0: bool, quiet: bool) -> None:
             continue
         obs = case.get("observed") or {}
         failed = case.get("outcome_class") == "failed"
+        in_scope.append(case["id"])
+        if (verdict := plan_verdict(case, lookup)) is not None:
+            flagged.add(case["id"])
+            unscored = " (not estimated)" if row["available_kv_cache_gib"] is None else ""
+            verdicts.append(f"{case['id']}{unscored}: {verdict[0]}: {verdict[1]}")
         if row["error"] and row["available_kv_cache_gib"] is None:
             skipped.append(f"{case['id']}: {row['error']}")
             if failed:
                 failures.append(f"{case['id']}: NOT predicted (no estimate: {row['error']})")
+                failure_ids.append(case["id"])
             continue
         e_kv = _rel(row["available_kv_cache_gib"], obs.get("available_kv_cache_gib"))
         e_tok = _rel(row["kv_cache_tokens"], obs.get("kv_cache_tokens")) if not failed else None
         if e_kv is not None and not failed:
             kv_err.append(e_kv)
+            kv_ids.append(case["id"])
             kv_by_release.append((_release(case), e_kv))
         if e_tok is not None:
             tok_err.append(e_tok)
+            tok_ids.append(case["id"])
         naive = _naive(case)
         if naive is not None and not failed:
             if obs.get("available_kv_cache_gib"):
@@ -194,10 +252,12 @@ def _score(path: Path, include_v0: bool, quiet: bool) -> None:
         if (logged := _logged_terms(case, row)) is not None:
             terms.append(f"{case['id']} (vLLM {_release(case)}): {logged}")
         if failed:
-            verdict = "predicted" if not row["starts"] else "NOT predicted"
-            failures.append(f"{case['id']}: {verdict} -- logged: {str(case.get('outcome'))[:90]}")
+            said = "predicted" if not row["starts"] else "NOT predicted"
+            failures.append(f"{case['id']}: {said} -- logged: {str(case.get('outcome'))[:90]}")
+            failure_ids.append(case["id"])
         elif not row["starts"]:
             false_alarms.append(f"{case['id']}: {row['error'][:140]}")
+            false_alarm_ids.append(case["id"])
         if not quiet:
 
             def fmt(x, spec):
@@ -234,6 +294,25 @@ def _score(path: Path, include_v0: bool, quiet: bool) -> None:
     print(f" cases not estimated: {len(skipped)}")
     for line in skipped:
         print(f"  {line[:150]}")
+    print(" the plan, asked as `kvpilot plan --gpu GPU --engine-args ARGS` (a case's gpu and engine_args):")
+    print(f"  refused or warned about by name: {len(verdicts)} of {len(in_scope)} cases")
+    for line in verdicts:
+        print(f"   {line[:320]}")
+    clean = len(in_scope) - len(flagged)
+    print(f" kvpilot, over the {clean} cases the plan neither refused nor warned about by name:")
+    print(
+        _summary(
+            "available KV cache GiB", [e for i, e in zip(kv_ids, kv_err, strict=True) if i not in flagged]
+        )
+    )
+    print(_summary("KV cache tokens", [e for i, e in zip(tok_ids, tok_err, strict=True) if i not in flagged]))
+    kept = [line for i, line in zip(failure_ids, failures, strict=True) if i not in flagged]
+    predicted = sum(1 for line in kept if ": predicted" in line)
+    print(f"  logged start-up failures: {predicted} of {len(kept)} predicted")
+    alarms = [i for i in false_alarm_ids if i not in flagged]
+    print(
+        f"  successful starts predicted to fail: {len(alarms)}", *[f"({', '.join(alarms)})"][: bool(alarms)]
+    )
     print()
 
 

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 from kvpilot.tuner import errors
 from kvpilot.tuner.gpus import list_gpus, lookup_gpu
-from kvpilot.tuner.model import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, parse_config_json
+from kvpilot.tuner.model import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, fields, parse_config_json
 from kvpilot.tuner.model.configs import ENTRIES
-from kvpilot.tuner.model.fields import MAX_CONTEXT, MAX_LAYERS, nests_deeper_than
+from kvpilot.tuner.model.fields import MAX_CONTEXT, MAX_LAYERS, nests_deeper_than, strip_json_strings
 from kvpilot.tuner.model.spec import build_model_spec
 from kvpilot.tuner.plan import compute_plan
 from kvpilot.tuner.types import EngineSettings, ServingBounds
@@ -448,6 +448,33 @@ def test_parse_config_json_refuses_deep_nesting_without_recursion_error() -> Non
             _bounded(lambda text=text: parse_config_json(text, "ConfigMap ns/cfg key 'config.json'"))
 
 
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('{"a": ' + "[" * 30_000 + '"]]"' + "]" * 30_000 + "}", "nests objects or lists deeper than 32"),
+        ('{"a": [' + "{}," * 30_000 + '"{,"]}', "holds about 60003 JSON values"),
+    ],
+)
+def test_a_hostile_config_is_stripped_of_its_strings_once(
+    text: str, match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The string-stripping regex is the costly pass over a hostile megabyte: the value count and the
+    nesting check share its output."""
+    calls: list[int] = []
+
+    def counted(raw: bytes) -> bytes:
+        calls.append(len(raw))
+        return strip_json_strings(raw)
+
+    monkeypatch.setattr(fields, "strip_json_strings", counted)
+    with pytest.raises(errors.InvalidModelConfig, match=match):
+        parse_config_json(text, "config.json")
+    assert calls == [len(text)]
+    calls.clear()
+    parse_config_json(json.dumps(LLAMA), "config.json")
+    assert calls == []  # a real config's cheap bound suffices: no stripping at all
+
+
 def test_parse_config_json_refuses_an_oversized_config() -> None:
     text = json.dumps({**LLAMA, "padding": "x" * MAX_CONFIG_BYTES})
     with pytest.raises(errors.InvalidModelConfig, match="at most 1048576"):
@@ -503,3 +530,5 @@ def test_the_nesting_check_is_exact_and_skips_strings(opens: list[str], limit: i
         depth, parsed = depth + 1, (parsed[0] if isinstance(parsed, list) else parsed["k"])
     assert depth == len(opens)
     assert nests_deeper_than(text.encode(), limit) == (depth > limit)
+    bare = strip_json_strings(text.encode())  # as parse_config_json hands it over, stripped once
+    assert nests_deeper_than(bare, limit, strings_stripped=True) == (depth > limit)

@@ -161,13 +161,13 @@ def with_lost_nodes(pods: Sequence[PodView], nodes: Sequence[Mapping[str, Any]])
     ]
 
 
-def _container(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+def find_container(pod: Mapping[str, Any], key: str, name: str) -> Mapping[str, Any]:
+    """The engine's entry of the pod's ``spec.containers`` or ``status.containerStatuses`` (``key``): the one
+    named ``name`` (the engine seam's ``serving.container_name``), else the first, else ``{}``. Also the
+    SGLang loop's (:mod:`kvpilot.operator.pods.sglang_pods`)."""
     items: Mapping[str, Any] = (pod.get("spec") if key == "containers" else pod.get("status")) or {}
     found: Sequence[Mapping[str, Any]] = items.get(key) or ()
-    for c in found:
-        if c.get("name") == CONTAINER:
-            return c
-    return found[0] if found else {}
+    return next((c for c in found if c.get("name") == name), found[0] if found else {})
 
 
 def build_restart_event(
@@ -218,7 +218,8 @@ def compute_downloading(pod: Mapping[str, Any]) -> bool:
 def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodView:
     """One pod as the closed loop sees it. ``log_tail`` overrides an empty termination message."""
     meta = pod.get("metadata") or {}
-    spec_c, status_c = _container(pod, "containers"), _container(pod, "containerStatuses")
+    spec_c = find_container(pod, "containers", CONTAINER)
+    status_c = find_container(pod, "containerStatuses", CONTAINER)
     try:
         settings, _ = vllm.parse_vllm_args([str(a) for a in spec_c.get("args") or ()])
     except tuner_errors.TunerError:

@@ -10,7 +10,7 @@ Deployment owns count (:func:`~kvpilot.operator.pods.pod_status.owned_by`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,21 +42,16 @@ class SglangPod:
     """It has not started: no node for it (unschedulable), or its weights still download."""
 
 
-def _container(items: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    name = ENGINE.serving.container_name
-    return next((c for c in items if c.get("name") == name), items[0] if items else {})
-
-
 def build_sglang_pod(pod: Mapping[str, Any], log: str | None = None) -> SglangPod:
     """One pod: its flags, and its last termination classified from the message (and ``log``, when read)."""
-    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    meta, container = pod.get("metadata") or {}, ENGINE.serving.container_name
     try:
         settings: sglang.SglangSettings | None = sglang.parse_sglang_args(
-            [str(a) for a in _container(spec.get("containers") or ()).get("args") or ()]
+            [str(a) for a in pod_status.find_container(pod, "containers", container).get("args") or ()]
         )
     except tuner_errors.TunerError:
         settings = None
-    state = _container(status.get("containerStatuses") or ())
+    state = pod_status.find_container(pod, "containerStatuses", container)
     count = int(state.get("restartCount") or 0)
     terminated = (state.get("lastState") or {}).get("terminated") or {}
     name = str(meta.get("name") or "")

@@ -67,16 +67,23 @@ operator. Published configs hold at most about 1,600."""
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
+def strip_json_strings(raw: bytes) -> bytes:
+    """A JSON text with every string emptied (``"..."`` to ``""``): its punctuation left is the structure's.
+    One pass of the regex over the text, the costly part of the checks below on a hostile megabyte: do it
+    once and hand the result to both (``strings_stripped=True``)."""
+    return _JSON_STRING.sub(b'""', raw)
+
+
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _EMPTY_PAIR = re.compile(rb"\[\]|\{\}")
 
 
-def nests_deeper_than(raw: bytes, limit: int) -> bool:
+def nests_deeper_than(raw: bytes, limit: int, *, strings_stripped: bool = False) -> bool:
     """Whether a JSON text nests objects and lists deeper than ``limit``, without parsing it (strings
-    skipped). Each round removes the innermost pairs, one level, in one pass of C code: at most ``limit``
-    rounds over the brackets, so a hostile megabyte costs milliseconds, not seconds of the operator's
-    thread."""
-    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    skipped; ``strings_stripped``: ``raw`` is already :func:`strip_json_strings`' output). Each round removes
+    the innermost pairs, one level, in one pass of C code: at most ``limit`` rounds over the brackets, so a
+    hostile megabyte costs milliseconds, not seconds of the operator's thread."""
+    brackets = (raw if strings_stripped else strip_json_strings(raw)).translate(None, _NOT_BRACKETS)
     for _ in range(limit):
         if not brackets:
             return False
@@ -84,14 +91,20 @@ def nests_deeper_than(raw: bytes, limit: int) -> bool:
     return bool(brackets)
 
 
+def _count_values(raw: bytes) -> int:
+    return raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
+
+
+def _bare_for_counting(raw: bytes) -> bytes:
+    """``raw`` when its cheap bound (punctuation inside strings counted too) is within
+    :data:`MAX_JSON_VALUES`, as for every real config; else :func:`strip_json_strings`' output."""
+    return raw if _count_values(raw) <= MAX_JSON_VALUES else strip_json_strings(raw)
+
+
 def count_json_values(raw: bytes) -> int:
     """An upper bound of the values in a JSON text, without parsing it: its commas and opening brackets
     outside strings, plus one (a value is the first of its container, or follows a comma)."""
-    quick = raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
-    if quick <= MAX_JSON_VALUES:
-        return quick  # the cheap bound suffices for every real config
-    bare = _JSON_STRING.sub(b'""', raw)  # punctuation inside strings is no value
-    return bare.count(b",") + bare.count(b"[") + bare.count(b"{") + 1
+    return _count_values(_bare_for_counting(raw))  # punctuation inside strings is no value
 
 
 def describe(value: Any) -> str:
@@ -291,8 +304,11 @@ def parse_config_json(text: str | bytes, where: str) -> dict[str, Any]:
             field=None,
         )
     raw = text.encode() if isinstance(text, str) else text
-    values = count_json_values(raw)
-    if values > MAX_JSON_VALUES and nests_deeper_than(raw, MAX_JSON_DEPTH):
+    bare = _bare_for_counting(
+        raw
+    )  # stripped of its strings (once, for both checks) when over the cheap bound
+    values = _count_values(bare)  # count_json_values(raw); over the bound, bare is stripped
+    if values > MAX_JSON_VALUES and nests_deeper_than(bare, MAX_JSON_DEPTH, strings_stripped=True):
         raise errors.InvalidModelConfig(
             f"{where} nests objects or lists deeper than {MAX_JSON_DEPTH} levels", field=None
         )

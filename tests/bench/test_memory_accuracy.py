@@ -1,0 +1,106 @@
+"""The memory bench's cases and how it puts each to the planner (bench/memory_accuracy.py).
+
+A case's ``engine_args`` are the run's vLLM arguments that have no field of their own, as a user would give
+them to ``kvpilot plan --engine-args``; the bench counts the cases the plan refuses or warns about by name
+and gives kvpilot's figures again without them, while the first figures still hold every case.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import memory_accuracy
+from kvpilot.tuner import gpus
+from kvpilot.tuner.vllm.args import iter_flags
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CASE_FILES = sorted(DATA.glob("vllm_memory_cases*.json"))
+
+_OWN_FIELDS = (
+    "model",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "enforce_eager",
+    "enable_prefix_caching",
+    "kv_cache_memory_bytes",
+)
+FIELD_FLAGS = {
+    *(f"--{f.replace('_', '-')}" for f in _OWN_FIELDS),
+    "--no-enforce-eager",
+    "--no-enable-prefix-caching",
+    "--disable-prefix-caching",
+}
+"""Flags a case carries as fields: in ``engine_args`` too they could disagree with the field."""
+
+
+def _cases(name: str) -> dict[str, dict[str, Any]]:
+    return {c["id"]: c for c in json.loads((DATA / name).read_text())}
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=lambda p: p.name)
+def test_engine_args_are_strings_without_the_flags_the_case_has_fields_for(path: Path) -> None:
+    for case in json.loads(path.read_text()):
+        args = memory_accuracy.engine_args(case)
+        assert all(isinstance(a, str) for a in args)
+        assert not {flag for _, flag, _ in iter_flags(args)} & FIELD_FLAGS, case["id"]
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=lambda p: p.name)
+def test_a_speculative_config_is_in_the_engine_args_the_plan_is_given(path: Path) -> None:
+    """``speculative_config`` records the run's; the plan sees it only as ``--speculative-config``."""
+    for case in json.loads(path.read_text()):
+        args = memory_accuracy.engine_args(case)
+        given = [args[i + 1] for i, flag, _ in iter_flags(args) if flag == "--speculative-config"]
+        if case.get("speculative_config") is None:
+            assert not given, case["id"]
+        else:
+            assert [json.loads(g) for g in given] == [case["speculative_config"]], case["id"]
+
+
+def test_the_public_2x_cases_are_refused_or_warned_about_as_kvpilot_plan_would() -> None:
+    cases = _cases("vllm_memory_cases_public_2x.json")
+    verdicts = {i: memory_accuracy.plan_verdict(c, gpus.lookup_gpu) for i, c in cases.items()}
+    warned = verdicts["case-106"]
+    assert warned is not None and warned[0] == "warned" and warned[1].startswith("--speculative-config ")
+    for refused in ("case-101", "case-102", "case-103"):  # an Intel XPU, an A40: not in the catalogue
+        verdict = verdicts[refused]
+        assert verdict is not None and verdict[0] == "refused" and repr(cases[refused]["gpu"]) in verdict[1]
+    assert {i for i, v in verdicts.items() if v is None} == {"case-104", "case-105", "case-107", "case-108"}
+
+
+def test_an_argument_the_plan_refuses_or_warns_about_is_named() -> None:
+    case = {"id": "x", "gpu": "H100-SXM", "engine_args": ["--enforce-eag"]}
+    refused = memory_accuracy.plan_verdict(case, gpus.lookup_gpu)
+    assert refused is not None and refused[0] == "refused" and "--enforce-eager" in refused[1]
+    case["engine_args"] = ["--kv-offloading-size", "8", "--enable-lora"]
+    warned = memory_accuracy.plan_verdict(case, gpus.lookup_gpu)
+    assert warned is not None and warned[0] == "warned"
+    assert warned[1].startswith("--kv-offloading-size ") and " --enable-lora " in warned[1]
+    assert memory_accuracy.plan_verdict({"id": "y", "gpu": None}, gpus.lookup_gpu) is None
+    with pytest.raises(ValueError, match="engine_args must be a list of strings"):
+        memory_accuracy.engine_args({"id": "z", "engine_args": "--enforce-eager"})
+
+
+def test_the_bench_keeps_every_case_and_adds_the_figures_without_the_flagged_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    memory_accuracy.main(["--cases", str(DATA / "vllm_memory_cases_public_2x.json"), "--quiet"])
+    out = capsys.readouterr().out
+    first, _, rest = out.partition(" the plan, asked as")
+    assert "available KV cache GiB             n=5 " in first  # every scored case, 101, 102 and 106 too
+    assert "refused or warned about by name: 4 of 8 cases" in rest
+    assert "case-106: warned: --speculative-config is not in kvpilot's memory model" in rest
+    clean = rest.partition("neither refused nor warned about by name:")[2]
+    assert "available KV cache GiB             n=3 " in clean
