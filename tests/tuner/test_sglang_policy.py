@@ -17,14 +17,14 @@ from kvpilot.tuner.loop import sglang_fit as fit
 from kvpilot.tuner.loop import sglang_rules as rules
 from kvpilot.tuner.loop.observations import MetricsSample, ObservationWindow
 from kvpilot.tuner.loop.remedies import compute_oom_step
-from kvpilot.tuner.loop.sglang_policy import (
+from kvpilot.tuner.loop.sglang_policy import compute_sglang_decision
+from kvpilot.tuner.loop.sglang_state import (
     SglangChange,
     SglangContext,
     SglangDecision,
     SglangEvidence,
     SglangLoopState,
     classify_restart,
-    compute_sglang_decision,
 )
 from kvpilot.tuner.model import build_model_spec, lookup_model_config
 

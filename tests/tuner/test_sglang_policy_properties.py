@@ -15,13 +15,13 @@ from kvpilot.tuner import gpus, sglang
 from kvpilot.tuner.loop import Action, TuningBounds
 from kvpilot.tuner.loop import sglang_fit as fit
 from kvpilot.tuner.loop.observations import MetricsSample, ObservationWindow
-from kvpilot.tuner.loop.sglang_policy import (
+from kvpilot.tuner.loop.sglang_policy import compute_sglang_decision
+from kvpilot.tuner.loop.sglang_state import (
     SglangChange,
     SglangContext,
     SglangEvidence,
     SglangLoopState,
     classify_restart,
-    compute_sglang_decision,
 )
 from kvpilot.tuner.model import build_model_spec, lookup_model_config
 

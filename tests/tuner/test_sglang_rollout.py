@@ -11,7 +11,8 @@ from kvpilot.tuner.loop import Action, PolicyConfig, Trigger
 from kvpilot.tuner.loop import rollout as rollout_step
 from kvpilot.tuner.loop import sglang_fit as fit
 from kvpilot.tuner.loop.observations import MetricsSample, ObservationWindow
-from kvpilot.tuner.loop.sglang_policy import (
+from kvpilot.tuner.loop.sglang_policy import compute_sglang_decision
+from kvpilot.tuner.loop.sglang_state import (
     SglangChange,
     SglangContext,
     SglangDecision,
@@ -19,7 +20,6 @@ from kvpilot.tuner.loop.sglang_policy import (
     SglangLoopState,
     SglangRollout,
     classify_restart,
-    compute_sglang_decision,
 )
 from kvpilot.tuner.model import build_model_spec, lookup_model_config
 

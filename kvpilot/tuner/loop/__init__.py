@@ -64,7 +64,8 @@ from kvpilot.tuner.loop.policy import compute_decision
 from kvpilot.tuner.loop.remedies import compute_effective
 from kvpilot.tuner.loop.restarts import classify_termination
 from kvpilot.tuner.loop.sglang_fit import FailedRun, SglangMemory
-from kvpilot.tuner.loop.sglang_policy import (
+from kvpilot.tuner.loop.sglang_policy import compute_sglang_decision
+from kvpilot.tuner.loop.sglang_state import (
     SglangChange,
     SglangContext,
     SglangDecision,
@@ -73,7 +74,6 @@ from kvpilot.tuner.loop.sglang_policy import (
     SglangRestart,
     SglangRollout,
     classify_restart,
-    compute_sglang_decision,
 )
 
 __all__ = [

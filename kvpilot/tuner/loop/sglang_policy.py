@@ -44,29 +44,15 @@ from kvpilot.tuner.loop.sglang_fit import FailedRun, SglangProposal, SglangSitua
 from kvpilot.tuner.loop.sglang_state import (
     CRASH_ORDER,
     UNCLASSIFIED,
-    SglangChange,
     SglangContext,
     SglangDecision,
     SglangEvidence,
     SglangLoopState,
     SglangRestart,
-    SglangRollout,
-    classify_restart,
     kind_of,
 )
 
-__all__ = [
-    "UNCLASSIFIED",
-    "SglangChange",
-    "SglangContext",
-    "SglangDecision",
-    "SglangEvidence",
-    "SglangLoopState",
-    "SglangRestart",
-    "SglangRollout",
-    "classify_restart",
-    "compute_sglang_decision",
-]
+__all__ = ["compute_sglang_decision"]
 
 
 def compute_sglang_decision(
