@@ -104,7 +104,12 @@ def check_served(model_type: str, *, multimodal: bool, quant_method: str | None)
             "transformers' implementation or refuse it ('Unsupported model type'); kvpilot does not model "
             "that fallback's memory"
         )
-    if multimodal or model_type not in MODELLED_MODEL_TYPES:
+    if multimodal:
+        raise errors.InvalidEngineArgs(
+            f"kvpilot's TGI memory model covers text-only models; this {model_type!r} model has a vision "
+            "tower, which TGI serves as a VLM (its own warm-up batch with an image): not modelled yet"
+        )
+    if model_type not in MODELLED_MODEL_TYPES:
         raise errors.InvalidEngineArgs(
             f"TGI 3.3.7 serves model_type {model_type!r}, but kvpilot's TGI memory model covers only its "
             f"text-only flash models ({', '.join(sorted(MODELLED_MODEL_TYPES))}); not modelled yet"
