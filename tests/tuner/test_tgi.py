@@ -41,7 +41,14 @@ def test_the_source_parser_reads_the_struct() -> None:
 
 def test_every_rendered_flag_is_a_launcher_field() -> None:
     fields = _launcher_args()
-    for name, flag in [*tgi.FLAGS.items(), ("kv_cache_dtype", tgi.KV_CACHE_DTYPE_FLAG)]:
+    others = [
+        ("kv_cache_dtype", tgi.KV_CACHE_DTYPE_FLAG),
+        ("model_id", tgi.MODEL_FLAG),
+        ("revision", tgi.REVISION_FLAG),
+        ("hostname", tgi.HOSTNAME_FLAG),
+        ("port", tgi.PORT_FLAG),
+    ]
+    for name, flag in [*tgi.FLAGS.items(), *others]:
         assert name in fields, name
         assert flag == "--" + name.replace("_", "-")
 

@@ -26,6 +26,15 @@ FLAGS: Mapping[str, str] = {
 }
 """``Args`` field -> its flag (clap's ``long``: ``_`` -> ``-``), for each field of :class:`TgiSettings`."""
 
+MODEL_FLAG = "--model-id"
+"""``model_id`` (``launcher/src/main.rs`` lines 588-589)."""
+REVISION_FLAG = "--revision"
+"""``revision: Option<String>`` (lines 593-594): the checkpoint's branch, tag or commit."""
+HOSTNAME_FLAG = "--hostname"
+"""``hostname`` (lines 769-770, default ``0.0.0.0``)."""
+PORT_FLAG = "--port"
+"""``port`` (lines 773-774)."""
+
 KV_CACHE_DTYPE_FLAG = "--kv-cache-dtype"
 """The launcher's ``kv_cache_dtype: Option<KVCacheDtype>`` (``launcher/src/main.rs``): a knob the seam names,
 though kvpilot renders no TGI setting for it (not a :class:`TgiSettings` field)."""
