@@ -6,7 +6,8 @@ calls the pure tuner, and prints. Subcommands:
 * ``plan`` -- engine settings for a model on a GPU type, as a table or ``--json``; with ``--nodes N``
   (or ``auto``), or more ``--gpus`` than ``--gpus-per-node``, a replica over several nodes
   (:func:`kvpilot.tuner.plan.compute_node_plan`); with ``--engine sglang``, SGLang's own budget
-  (:func:`kvpilot.tuner.engines.plan_sglang_budget`) explained;
+  (:func:`kvpilot.tuner.engines.plan_sglang_budget`) explained; with ``--engine tgi``, TGI 3.3.7's warm-up
+  budget (:func:`kvpilot.tuner.engines.plan_tgi_budget`) explained;
 * ``gpus`` / ``models`` -- the built-in catalogues;
 * ``estimate --cases FILE`` -- the memory model over a JSON list of vLLM start-up cases;
 * ``render -f isvc.yaml`` -- the Deployment and Service the operator would apply (a LeaderWorkerSet for a
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvpilot.tuner import diagnose, engines, errors, gpus, memory, sglang, vllm
+from kvpilot.tuner import diagnose, engines, errors, gpus, memory, sglang, tgi, vllm
 from kvpilot.tuner import model as models
 from kvpilot.tuner.model.vision import VisionTower, apply_processor_configs
 from kvpilot.tuner.plan import NodePlan, compute_node_plan, compute_plan
@@ -109,6 +110,8 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
         spec = dataclasses.replace(spec, vision_tower=_processor_limits(spec.vision_tower, Path(args.config)))
     if args.engine == "sglang":
         return _plan_sglang(args, spec, gpus.lookup_gpu(args.gpu), model_name, checkpoint, out)
+    if args.engine == "tgi":
+        return _plan_tgi(args, spec, gpu, model_name, checkpoint, out)
     bounds = ServingBounds(
         min_context=args.min_context,
         max_context=args.max_context,
@@ -189,6 +192,61 @@ def _plan_sglang(
         out.write("\n")
     else:
         title = f"{model} on {args.gpus or 1} x {gpu.name} (SGLang {sglang.PINNED_SGLANG_VERSION})"
+        lines = [
+            title,
+            "",
+            "Args",
+            f"  {shlex.join(flags)}",
+            "",
+            "Why:",
+            *[f"  {line}" for line in explanation],
+        ]
+        out.write("\n".join(lines) + "\n")
+    return EXIT_OK if budget.feasible else EXIT_INFEASIBLE
+
+
+def _plan_tgi(
+    args: argparse.Namespace,
+    spec: models.ModelSpec,
+    gpu: GpuSpec,
+    model: str,
+    checkpoint: int | None,
+    out: TextIO,
+) -> int:
+    """``plan --engine tgi``: TGI 3.3.7's warm-up budget (:mod:`kvpilot.tuner.engines.tgi_budget`), the
+    launcher flags it renders and the budget explained."""
+    for flag in ("nodes", "min_context", "engine_args", "pin_kv_cache_memory", "allow_fp8_kv"):
+        if getattr(args, flag):
+            raise CliError(f"--{flag.replace('_', '-')} is not supported with --engine tgi")
+    limit = spec.max_len_base or spec.max_model_len
+    settings = tgi.TgiSettings(
+        max_total_tokens=min(args.max_context, limit) if args.max_context else None,
+        max_concurrent_requests=args.concurrency,
+        num_shard=args.gpus or 1,
+    )
+    budget = engines.plan_tgi_budget(
+        spec, gpu, settings, weights_total_bytes=args.checkpoint_bytes or checkpoint
+    )
+    flags = tgi.build_tgi_args(budget.rendered)
+    explanation = engines.explain_tgi_budget(budget)
+    if args.json:
+        view: dict[str, Any] = {
+            "model": model,
+            "gpu": gpu.name,
+            "engine": "TGI",
+            "release": tgi.PINNED_TGI_VERSION,
+        }
+        view |= {
+            "feasible": budget.feasible,
+            "max_batch_total_tokens": budget.max_batch_total_tokens,
+            "max_total_tokens": budget.max_total_tokens,
+            "concurrency": budget.concurrency,
+            "args": flags,
+        }
+        json.dump({**view, "explanation": explanation}, out, indent=2)
+        out.write("\n")
+    else:
+        title = f"{model} on {args.gpus or 1} x {gpu.name} (TGI {tgi.PINNED_TGI_VERSION})"
         lines = [
             title,
             "",
@@ -580,7 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     plan = commands.add_parser(
-        "plan", help="plan engine arguments (vLLM; SGLang with --engine sglang) for a model on a GPU type"
+        "plan",
+        help="plan engine arguments (vLLM; SGLang or TGI with --engine) for a model on a GPU type",
     )
     source = plan.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", metavar="ID", help="a catalogue model (see `kvpilot models`)")
@@ -624,10 +683,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--engine",
-        choices=("vllm", "sglang"),
+        choices=("vllm", "sglang", "tgi"),
         default="vllm",
-        help="the engine to plan: vllm (%(default)s) or sglang (its own memory model, release "
-        f"{sglang.PINNED_SGLANG_VERSION})",
+        help="the engine to plan: vllm (%(default)s), sglang (its own memory model, release "
+        f"{sglang.PINNED_SGLANG_VERSION}) or tgi (legacy, release {tgi.PINNED_TGI_VERSION}: --gpus is "
+        "--num-shard, --max-context caps --max-total-tokens, --concurrency is --max-concurrent-requests)",
     )
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     plan.set_defaults(run=_plan)

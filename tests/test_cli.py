@@ -444,3 +444,49 @@ def test_plan_sglang_refuses_what_it_does_not_model() -> None:
         "plan", "--engine", "sglang", "--model", "mistralai/Mistral-7B-Instruct-v0.1", "--gpu", "L4"
     )
     assert code == 2 and "full-attention and MLA models only" in err
+
+
+# -- plan --engine tgi --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gpu", ["L4", "A100-80GB", "H100-SXM"])
+def test_plan_tgi_prints_its_budget_and_launcher_flags(gpu: str) -> None:
+    code, out, err = run("plan", "--engine", "tgi", "--model", LLAMA, "--gpu", gpu)
+    assert code == 0, err
+    assert "(TGI 3.3.7)" in out
+    for flag in (
+        "--max-input-tokens",
+        "--max-total-tokens",
+        "--max-batch-prefill-tokens",
+        "--max-concurrent-requests",
+    ):
+        assert flag in out, flag
+    for text in ("compute-optimal", "Warm-up batch", "max batch total tokens", "request(s) at once"):
+        assert text in out, text
+    assert "--num-shard" not in out and "--cuda-memory-fraction" not in out
+
+
+def test_plan_tgi_json_context_shards_and_infeasible_exit() -> None:
+    code, out, _ = run(
+        "plan", "--engine", "tgi", "--model", LLAMA, "--gpu", "L4", "--max-context", "8192", "--json"
+    )
+    plan = json.loads(out)
+    assert code == 0 and plan["engine"] == "TGI" and plan["feasible"] is True
+    assert plan["args"][:4] == ["--max-input-tokens", "8191", "--max-total-tokens", "8192"]
+    assert plan["concurrency"] == plan["max_batch_total_tokens"] // 8192
+    seventy = "meta-llama/Llama-3.1-70B-Instruct"
+    code, out, _ = run("plan", "--engine", "tgi", "--model", seventy, "--gpu", "H100-SXM", "--json")
+    assert code == 1 and json.loads(out)["feasible"] is False
+    code, out, _ = run("plan", "--engine", "tgi", "--model", seventy, "--gpu", "H100-SXM", "--gpus", "4")
+    assert code == 0 and "--num-shard 4" in out
+
+
+def test_plan_tgi_refuses_an_unknown_architecture_by_name(tmp_path: Path) -> None:
+    config = dict(models.lookup_model_config(LLAMA), model_type="kvpilot_unknown")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, _, err = run("plan", "--engine", "tgi", "--config", str(tmp_path), "--gpu", "L4")
+    assert code == 2 and "no model of its own for model_type 'kvpilot_unknown'" in err
+    code, _, err = run("plan", "--engine", "tgi", "--model", "Qwen/Qwen3-8B", "--gpu", "L4")
+    assert code == 2 and "model_type 'qwen3'" in err
+    code, _, err = run("plan", "--engine", "tgi", "--model", LLAMA, "--gpu", "L4", "--allow-fp8-kv")
+    assert code == 2 and "--allow-fp8-kv is not supported with --engine tgi" in err

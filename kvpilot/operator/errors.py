@@ -14,7 +14,7 @@ Tree::
     ├── NameConflict                 -- an object of a wanted name is another's: never adopted (retried)
     ├── ApplyRejected                -- the API server refused the manifest as invalid (HTTP 400/422)
     ├── LeaderWorkerSetNotInstalled  -- gpu.nodesPerReplica > 1 and the LWS CRD is not served
-    └── EngineNotSupported           -- spec.engine.kind names an engine kvpilot cannot plan yet (TGI)
+    └── EngineNotSupported           -- what an engine's path does not render (SGLang, TGI over several nodes)
 
 plus the tuner's domain errors (:mod:`kvpilot.tuner.errors`). :func:`classify` turns
 any exception into a :class:`Failure`: which condition it falsifies, its CamelCase

@@ -215,10 +215,13 @@ CASES: tuple[Case, ...] = (
     ),
     Case("unknown-gpu", "operator", "UnknownGpu", {"gpu": {"product": "GTX-480"}}),
     Case(
-        "tgi-not-supported",
+        "tgi-model-type-it-does-not-serve",  # Qwen3: no model of TGI 3.3.7's own (models/__init__.py)
         "operator",
-        "EngineNotSupported",
-        {"engine": {"kind": "TGI", "image": "ghcr.io/huggingface/text-generation-inference:3.3.7"}},
+        "InvalidEngineArgs",
+        {
+            "model": {"id": "Qwen/Qwen3-8B"},
+            "engine": {"kind": "TGI", "image": "ghcr.io/huggingface/text-generation-inference:3.3.7"},
+        },
     ),
     Case(
         "bogus-extra-arg", "operator", "InvalidEngineArgs", {"engine": {"extraArgs": ["--batch-size", "32"]}}

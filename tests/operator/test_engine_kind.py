@@ -1,7 +1,7 @@
 """``spec.engine.kind``: the engine a service runs, as the operator renders, plans and refuses it.
 
-SGLang is planned with its own memory model and rendered from the tuner's seam; TGI is refused with
-``EngineNotSupported``; the kind is fixed at creation (a CEL transition rule the API server runs: the e2e
+SGLang and TGI are each planned with their own memory model and rendered from the tuner's seam; the
+kind is fixed at creation (a CEL transition rule the API server runs: the e2e
 suite changes it on a real one, ``e2e/test_operator.py``). The flags parse with SGLang's own parser in
 ``tests/contract/test_contract_sglang_render.py``.
 """
@@ -29,7 +29,7 @@ from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import FIELD_MANAGER
 from kvpilot.operator.inferenceservice import desired, drift, handlers, render
 from kvpilot.operator.pods import pod_status, sglang_pods
-from kvpilot.tuner import engines, gpus, sglang
+from kvpilot.tuner import engines, gpus, sglang, tgi
 from kvpilot.tuner.loop import PolicyConfig, SglangMemory, sglang_fit
 from kvpilot.tuner.model import build_model_spec, lookup_model_config
 
@@ -172,16 +172,74 @@ async def test_sglang_reconciles_with_its_plan_in_status(harness: Harness) -> No
     assert [reason for reason, _ in normal] == ["Planned"] and "SGLang 0.5.23" in normal[0][1]
 
 
-async def test_tgi_is_refused_with_what_is_missing_and_nothing_applied(harness: Harness) -> None:
-    body = isvc(engine={"kind": "TGI", "image": TGI_IMAGE})
-    with pytest.raises(kopf.PermanentError):
-        await harness.run(body)
-    ready = condition(body, "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "EngineNotSupported")
-    assert "no TGI memory model" in ready["message"] and "3.3.7" in ready["message"]
-    assert condition(body, "Planned")["reason"] == "EngineNotSupported"
-    assert harness.emitter.events[-1][:2] == ("Warning", "EngineNotSupported")
-    assert harness.kube.applied == []
+def tgi_isvc(**spec: Any) -> dict[str, Any]:
+    engine = {"kind": "TGI", "image": TGI_IMAGE, **spec.pop("engine", {})}
+    return isvc(engine=engine, **spec)
+
+
+def test_tgi_renders_the_seams_container_and_tgis_plan_in_mode_auto() -> None:
+    body = tgi_isvc(serving={"maxContextLength": 8192, "concurrency": 64})
+    c = container(render.build_manifests(body))
+    serving = engines.lookup_engine("TGI").serving
+    assert (c["name"], c["command"], c["image"]) == (serving.container_name, list(serving.command), TGI_IMAGE)
+    assert c["ports"] == [{"name": "http", "containerPort": serving.port, "protocol": "TCP"}]
+    args = c["args"]
+    assert args[:2] == [tgi.MODEL_FLAG, LLAMA_8B] and flag(args, tgi.PORT_FLAG) == "80"
+    spec = build_model_spec(lookup_model_config(LLAMA_8B))
+    settings = tgi.TgiSettings(max_total_tokens=8192, max_concurrent_requests=64, num_shard=1)
+    budget = engines.plan_tgi_budget(spec, gpus.lookup_gpu("L4"), settings)
+    assert budget.feasible
+    assert " ".join(tgi.build_tgi_args(budget.rendered)) in " ".join(args)
+    assert (flag(args, "--max-total-tokens"), flag(args, "--max-concurrent-requests")) == ("8192", "64")
+    assert "--num-shard" not in args and "--max-batch-total-tokens" not in args
+    sharded = container(render.build_manifests(tgi_isvc(gpu={"count": 2, "product": "L4"})))["args"]
+    assert flag(sharded, "--num-shard") == "2"
+
+
+def test_tgi_plans_as_kvpilot_plan_engine_tgi_does() -> None:
+    body = tgi_isvc(gpu={"count": 1, "product": "H100-SXM"}, serving={"maxContextLength": 32768})
+    args = container(render.build_manifests(body))["args"]
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["plan", "--engine", "tgi", "--model", LLAMA_8B, "--gpu", "H100-SXM", "--max-context", "32768"]
+    assert cli.main([*argv, "--json"], out=out, err=err) == 0, err.getvalue()
+    assert " ".join(json.loads(out.getvalue())["args"]) in " ".join(args)
+
+
+def test_tgi_modes_recommend_and_off_leave_the_memory_to_tgi() -> None:
+    for mode in ("Recommend", "Off"):
+        args = container(render.build_manifests(tgi_isvc(tuning={"mode": mode})))["args"]
+        assert args == [tgi.MODEL_FLAG, LLAMA_8B, tgi.HOSTNAME_FLAG, "0.0.0.0", tgi.PORT_FLAG, "80"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason", "match"),
+    [
+        ({"engine": {"extraArgs": ["--max-total-tokens=4096"]}}, "InvalidSpec", "--max-total-tokens in"),
+        ({"engine": {"pinned": {"maxNumSeqs": 8}}}, "InvalidSpec", "engine.pinned holds vLLM flags"),
+        ({"gpu": {"count": 2, "product": "L4", "tensorParallelSize": 1}}, "InvalidSpec", "TGI shards"),
+        ({"gpu": {"count": 16, "product": "H100-SXM", "nodesPerReplica": 2}}, "EngineNotSupported", "node"),
+        ({"model": {"id": "Qwen/Qwen3-8B"}}, "InvalidEngineArgs", "model_type 'qwen3'"),
+        ({"serving": {"minContextLength": 100000}}, "Infeasible", "serving.minContextLength"),
+        ({"model": {"id": "meta-llama/Llama-3.1-70B-Instruct"}}, "Infeasible", "shard the model"),
+    ],
+)
+def test_tgi_refuses_what_it_does_not_take_or_cannot_start(
+    spec: dict[str, Any], reason: str, match: str
+) -> None:
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(tgi_isvc(**spec))
+    assert info.value.reason == reason and match in info.value.message, info.value.message
+
+
+async def test_tgi_reconciles_with_its_plan_in_status(harness: Harness) -> None:
+    body = tgi_isvc(serving={"maxContextLength": 8192})
+    await harness.run(body)
+    service, deployment = harness.kube.applied
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["name"] == "tgi"
+    assert condition(body, "Ready")["status"] == "True" and "TGI" in condition(body, "Ready")["message"]
+    planned = condition(body, "Planned")
+    assert planned["status"] == "True" and "--max-total-tokens 8192" in planned["message"]
+    assert "max batch total" in planned["message"]
 
 
 SGLANG_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -423,16 +481,16 @@ def test_sglang_splits_the_pods_gpus_into_tensor_parallel_and_pipeline_stages() 
     assert flag(args, "--tp-size") == "2" and "--pp-size" not in args
 
 
-async def test_the_closed_loop_leaves_a_refused_tgi_service_to_the_reconcilers_verdict(
+async def test_the_closed_loop_leaves_a_refused_engine_service_to_the_reconcilers_verdict(
     harness: Harness,
 ) -> None:
     loop = LoopHarness(harness)
-    body = isvc(engine={"kind": "TGI", "image": TGI_IMAGE})
+    body = tgi_isvc(model={"id": "Qwen/Qwen3-8B"})  # TGI 3.3.7 has no model of its own for qwen3
     with pytest.raises(kopf.PermanentError):
         await harness.run(body)
     assert await loop.tick(body) is None
     assert [c["type"] for c in body["status"]["conditions"] if c["type"] == "ClosedLoop"] == []
-    assert condition(body, "Ready")["reason"] == "EngineNotSupported" and loop.fetches == 0
+    assert condition(body, "Ready")["status"] == "False" and loop.fetches == 0
     assert harness.kube.applied == [] and "Held" not in harness.emitter.reasons
 
 
@@ -452,3 +510,13 @@ def test_sglang_plans_as_kvpilot_plan_engine_sglang_does() -> None:
     assert cli.main(argv, out=out, err=err) == 0, err.getvalue()
     planned = json.loads(out.getvalue())["args"]
     assert " ".join(planned) in " ".join(args)  # the CLI's flags, in its order, in the pod
+
+
+async def test_the_closed_loop_holds_a_planned_tgi_service_and_says_why(harness: Harness) -> None:
+    loop = LoopHarness(harness)
+    body = tgi_isvc(serving={"maxContextLength": 8192})
+    await harness.run(body)
+    await loop.tick(body)
+    held = condition(body, "ClosedLoop")
+    assert (held["status"], held["reason"]) == ("False", "EngineNotTuned")
+    assert "no TGI rules yet" in held["message"] and loop.fetches == 0

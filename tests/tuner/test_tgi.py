@@ -41,7 +41,14 @@ def test_the_source_parser_reads_the_struct() -> None:
 
 def test_every_rendered_flag_is_a_launcher_field() -> None:
     fields = _launcher_args()
-    for name, flag in [*tgi.FLAGS.items(), ("kv_cache_dtype", tgi.KV_CACHE_DTYPE_FLAG)]:
+    others = [
+        ("kv_cache_dtype", tgi.KV_CACHE_DTYPE_FLAG),
+        ("model_id", tgi.MODEL_FLAG),
+        ("revision", tgi.REVISION_FLAG),
+        ("hostname", tgi.HOSTNAME_FLAG),
+        ("port", tgi.PORT_FLAG),
+    ]
+    for name, flag in [*tgi.FLAGS.items(), *others]:
         assert name in fields, name
         assert flag == "--" + name.replace("_", "-")
 
@@ -70,9 +77,11 @@ def test_rendering_and_refusals() -> None:
         "--max-batch-prefill-tokens",
         "4096",
     ]
+    # A prefill below the input is TGI's rule only without prefill chunking (backends/v3/src/main.rs line
+    # 188), which the budget knows (tests/tuner/test_tgi_budget.py), not the settings alone.
+    assert tgi.build_tgi_args(tgi.TgiSettings(max_input_tokens=4000, max_batch_prefill_tokens=2048))
     bad = [
         tgi.TgiSettings(max_input_tokens=4096, max_total_tokens=4096),
-        tgi.TgiSettings(max_input_tokens=4000, max_batch_prefill_tokens=2048),
         tgi.TgiSettings(max_total_tokens=8192, max_batch_total_tokens=4096),
         tgi.TgiSettings(cuda_memory_fraction=0.0),
     ]

@@ -1,7 +1,7 @@
 """What the operator applies for an InferenceService of another engine than vLLM (``spec.engine.kind``).
 
 :func:`build_engine_manifests` asks :mod:`kvpilot.operator.planning.engines` for the engine's plan and
-container (SGLang: its own memory model and flags; TGI: ``EngineNotSupported``) and renders the same
+container (SGLang and TGI: each its own memory model and flags) and renders the same
 Service, Deployment, weight cache and PodDisruptionBudget as for vLLM
 (:func:`kvpilot.operator.pods.workloads.build_deployment` with the engine's container). The Service keeps
 port 8000 (named ``http``), which reaches the engine's own port in the pod, so clients do not change with

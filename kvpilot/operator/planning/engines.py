@@ -11,7 +11,12 @@ this module only chooses, per kind, in one table (:data:`PLANNERS`):
   --model-path M --host 0.0.0.0 --port 30000`` + the planned flags + ``--enable-metrics`` + extra args.
   The closed loop tunes SGLang flags with SGLang's own rules (:data:`RECOMMENDING_KINDS`); in mode Auto
   the flags it rolled out (``status.appliedEngineArgs``) are rendered instead of the plan's.
-* **TGI**: refused with ``EngineNotSupported`` (no TGI memory model yet): never a guess.
+* **TGI** (3.3.7, legacy): planned with TGI's own warm-up memory model
+  (:func:`kvpilot.tuner.engines.plan_tgi_budget`: the KV blocks it infers from the memory free after a
+  warm-up prefill), rendered as ``text-generation-launcher --model-id M --hostname 0.0.0.0 --port 80`` + the
+  planned flags (``--max-input-tokens``, ``--max-total-tokens``, ``--max-batch-prefill-tokens``,
+  ``--max-concurrent-requests``, ``--num-shard``) in mode Auto + extra args; Recommend and Off leave them to
+  TGI. One node per replica, sharded over every GPU of the pod; no closed loop (it holds and says why).
 
 Pure; no I/O.
 """
@@ -23,7 +28,7 @@ from dataclasses import dataclass
 
 from kvpilot.operator import api, errors
 from kvpilot.operator.planning import resolve
-from kvpilot.tuner import engines, sglang
+from kvpilot.tuner import engines, sglang, tgi
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner.engines import Serving
 from kvpilot.tuner.types import GIB
@@ -186,21 +191,96 @@ def plan_sglang(
 # --- TGI ----------------------------------------------------------------------------------------------
 
 
-def refuse_tgi(
+def _check_tgi_spec(spec: api.InferenceServiceSpec) -> None:
+    """What the TGI path does not take, said plainly."""
+    if spec.gpu.nodes_per_replica > 1:
+        raise errors.EngineNotSupported(
+            "TGI over several nodes (gpu.nodesPerReplica > 1) is not rendered: TGI shards within one node; "
+            "use one node per replica"
+        )
+    tp = spec.gpu.tensor_parallel_size
+    if tp is not None and tp != spec.gpu.count:
+        raise errors.InvalidSpec(
+            f"gpu.tensorParallelSize {tp} with gpu.count {spec.gpu.count}: TGI shards the model over every "
+            "GPU of the pod (--num-shard), with no pipeline stages; leave tensorParallelSize unset or equal"
+        )
+    if spec.engine.pinned.wire():
+        raise errors.InvalidSpec(
+            "spec.engine.pinned holds vLLM flags, which TGI does not take; leave it empty for TGI "
+            "(the context comes from serving.maxContextLength)"
+        )
+    rendered = {tgi.MODEL_FLAG, tgi.REVISION_FLAG, tgi.HOSTNAME_FLAG, tgi.PORT_FLAG, *tgi.FLAGS.values()}
+    for arg in spec.engine.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in rendered:
+            raise errors.InvalidSpec(
+                f"{flag} in spec.engine.extraArgs is a flag kvpilot renders for TGI; drop it (the context: "
+                "serving.maxContextLength; the admission limit: serving.concurrency; the GPUs: gpu.count)"
+            )
+
+
+def compute_tgi_budget(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -> engines.TgiBudget:
+    """As ``kvpilot plan --engine tgi --gpus N`` asks: ``serving.maxContextLength`` caps
+    ``--max-total-tokens`` (at most the model's ``max_position_embeddings``; unset, TGI's default, the
+    inferred total), ``serving.concurrency`` is ``--max-concurrent-requests``, ``gpu.count`` the shards."""
+    model, gpu, weights = inputs.model.spec, inputs.gpu.gpu, inputs.model.checkpoint_bytes
+    wanted, limit = spec.serving.max_context_length, model.max_len_base or model.max_model_len
+    settings = tgi.TgiSettings(
+        max_total_tokens=min(wanted, limit) if wanted else None,
+        max_concurrent_requests=spec.serving.concurrency,
+        num_shard=spec.gpu.count,
+    )
+    return engines.plan_tgi_budget(model, gpu, settings, weights_total_bytes=weights)
+
+
+def _tgi_args(spec: api.InferenceServiceSpec, planned: Sequence[str], serving: Serving) -> list[str]:
+    args = [tgi.MODEL_FLAG, spec.model.id]
+    if spec.model.revision:
+        args += [tgi.REVISION_FLAG, spec.model.revision]
+    return [
+        *args,
+        tgi.HOSTNAME_FLAG,
+        "0.0.0.0",
+        tgi.PORT_FLAG,
+        str(serving.port),
+        *planned,
+        *spec.engine.extra_args,
+    ]
+
+
+def plan_tgi(
     spec: api.InferenceServiceSpec, inputs: resolve.Inputs, kept: sglang.SglangSettings | None = None
 ) -> EnginePlan:
-    """TGI: its flags, failures and metrics are known (:mod:`kvpilot.tuner.tgi`), its memory not."""
-    raise errors.EngineNotSupported(
-        f"engine.kind TGI is not planned yet: kvpilot has no TGI memory model (how --max-batch-total-tokens "
-        f"follows from the memory free after TGI {engines.lookup_engine('TGI').release}'s warm-up), so it "
-        "cannot size --max-total-tokens, --max-batch-prefill-tokens or --cuda-memory-fraction for "
-        f"{spec.model.id} and deploys nothing rather than guess; use engine.kind vLLM or SGLang"
+    """TGI's warm-up budget for the spec (the planner of ``kvpilot plan --engine tgi``), its flags rendered
+    in mode Auto; InfeasiblePlan when TGI would not start, or ``--max-total-tokens`` falls below
+    ``serving.minContextLength``. ``kept`` is ignored: no closed loop retunes TGI."""
+    _check_tgi_spec(spec)
+    gpu = inputs.gpu.gpu
+    budget = compute_tgi_budget(spec, inputs)
+    explanation = tuple(engines.explain_tgi_budget(budget))
+    where = f"{spec.model.id} on {spec.gpu.count}x {gpu.name} (TGI {tgi.PINNED_TGI_VERSION})"
+    if not budget.feasible:
+        raise tuner_errors.InfeasiblePlan(f"{where}: {explanation[-1]}")
+    floor = spec.serving.min_context_length
+    if floor and budget.max_total_tokens < floor:
+        raise tuner_errors.InfeasiblePlan(
+            f"{where}: --max-total-tokens {budget.max_total_tokens} (the KV blocks TGI infers) is below "
+            f"serving.minContextLength {floor}"
+        )
+    mode = spec.tuning.mode
+    planned = tuple(tgi.build_tgi_args(budget.rendered))
+    serving = engines.lookup_engine("TGI").serving
+    args = tuple(_tgi_args(spec, planned if mode == "Auto" else (), serving))
+    summary = (
+        f"TGI {tgi.PINNED_TGI_VERSION}: {' '.join(planned)}; KV {budget.max_batch_total_tokens} tokens "
+        f"(max batch total), {budget.concurrency} request(s) at --max-total-tokens"
     )
+    return EnginePlan("TGI", serving, args, planned, summary, explanation, mode, spec.gpu.count)
 
 
 Planner = Callable[[api.InferenceServiceSpec, resolve.Inputs, sglang.SglangSettings | None], EnginePlan]
 PLANNERS: dict[api.EngineKind, Planner] = {
     "SGLang": plan_sglang,
-    "TGI": refuse_tgi,
+    "TGI": plan_tgi,
 }
 """Each non-vLLM engine's planner (vLLM's: :func:`kvpilot.operator.planning.modes.compute_feasible_plan`)."""

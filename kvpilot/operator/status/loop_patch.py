@@ -147,10 +147,10 @@ ENGINE_NOT_TUNED = "EngineNotTuned"
 def build_engine_hold_patch(
     old: Mapping[str, Any], kind: str, mode: str, *, generation: int | None, now: float
 ) -> StatusPatch | None:
-    """The status of a service whose engine the loop has no rules for (``spec.engine.kind`` SGLang):
+    """The status of a service whose engine the loop has no rules for (``spec.engine.kind`` TGI):
     ``ClosedLoop=False`` (reason ``EngineNotTuned``) saying it holds, and a Normal ``Held`` event; ``None``
     when the condition already says so (at a thousand services each tick's write counts), or while the
-    reconciler's verdict is not "applied" (a refused engine, TGI: its ``Ready=False`` says enough)."""
+    reconciler's verdict is not "applied" (a refused engine: its ``Ready=False`` says enough)."""
     if not reconcile_succeeded(old):
         return None
     running = "the reconciler's plan" if mode == "Auto" else f"{kind}'s own defaults (mode {mode})"

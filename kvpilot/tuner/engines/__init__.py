@@ -2,8 +2,9 @@
 
 Each engine's facts stay in that engine's one home (:mod:`kvpilot.tuner.vllm`,
 :mod:`kvpilot.tuner.sglang`, :mod:`kvpilot.tuner.tgi`); this package adapts them to the seam
-(:mod:`.vllm_engine`, :mod:`.sglang_engine`, :mod:`.tgi_engine`) and holds SGLang's memory budget
-(:mod:`.sglang_budget`), which needs the model and the weights and so sits above them
+(:mod:`.vllm_engine`, :mod:`.sglang_engine`, :mod:`.tgi_engine`) and holds SGLang's and TGI's memory
+budgets (:mod:`.sglang_budget`, :mod:`.tgi_budget`), which need the model and the weights and so sit
+above them
 (``.importlinter``: ``plan | loop`` -> ``engines`` -> ``memory``).
 """
 
@@ -24,6 +25,12 @@ from kvpilot.tuner.engines.sglang_budget import (
     plan_sglang_budget,
 )
 from kvpilot.tuner.engines.sglang_engine import SglangEngine
+from kvpilot.tuner.engines.tgi_budget import (
+    TgiBudget,
+    compute_tgi_budget,
+    explain_tgi_budget,
+    plan_tgi_budget,
+)
 from kvpilot.tuner.engines.tgi_engine import TgiEngine
 from kvpilot.tuner.engines.vllm_engine import VllmEngine
 
@@ -50,10 +57,14 @@ __all__ = [
     "Serving",
     "SglangBudget",
     "SglangEngine",
+    "TgiBudget",
     "TgiEngine",
     "VllmEngine",
     "compute_sglang_budget",
+    "compute_tgi_budget",
     "explain_sglang_budget",
+    "explain_tgi_budget",
     "lookup_engine",
     "plan_sglang_budget",
+    "plan_tgi_budget",
 ]

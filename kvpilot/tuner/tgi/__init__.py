@@ -4,7 +4,9 @@ TGI went into maintenance in December 2025 and its repository was archived read-
 last release is 3.3.7 (tag ``v3.3.7``, commit ``dfb3fbe7``). kvpilot keeps a profile to read the legacy
 deployments that still run it. Its launcher's flags and defaults (:mod:`.args`, from
 ``launcher/src/main.rs``), the texts it prints when it fails and their parser (:mod:`.messages`), how it
-serves and the metric series it exposes (:mod:`.serving`) live here, read from that tag with file and
+serves and the metric series it exposes (:mod:`.serving`), how its warm-up sizes the KV cache and the
+launcher's defaults before it (:mod:`.warmup`), which models and quantizations it serves with its own code
+(:mod:`.models`) live here, read from that tag with file and
 line. Other modules ask it; they never keep a copy. The bottom layer of the tuner beside
 :mod:`kvpilot.tuner.vllm` and :mod:`kvpilot.tuner.sglang` (``.importlinter``).
 """
@@ -12,11 +14,16 @@ line. Other modules ask it; they never keep a copy. The bottom layer of the tune
 from kvpilot.tuner.tgi.args import (
     CUDA_MEMORY_FRACTION_DEFAULT,
     FLAGS,
+    HOSTNAME_FLAG,
     KV_CACHE_DTYPE_FLAG,
     MAX_CONCURRENT_REQUESTS_DEFAULT,
+    MODEL_FLAG,
     PINNED_TGI_VERSION,
+    PORT_FLAG,
+    REVISION_FLAG,
     TgiSettings,
     build_tgi_args,
+    check_settings,
 )
 from kvpilot.tuner.tgi.messages import (
     TgiFailure,
@@ -28,12 +35,17 @@ from kvpilot.tuner.tgi.messages import (
 __all__ = [
     "CUDA_MEMORY_FRACTION_DEFAULT",
     "FLAGS",
+    "HOSTNAME_FLAG",
     "KV_CACHE_DTYPE_FLAG",
     "MAX_CONCURRENT_REQUESTS_DEFAULT",
+    "MODEL_FLAG",
     "PINNED_TGI_VERSION",
+    "PORT_FLAG",
+    "REVISION_FLAG",
     "TgiFailure",
     "TgiSettings",
     "build_tgi_args",
+    "check_settings",
     "classify_log",
     "max_total_tokens_error",
     "prefill_tokens_error",

@@ -26,6 +26,15 @@ FLAGS: Mapping[str, str] = {
 }
 """``Args`` field -> its flag (clap's ``long``: ``_`` -> ``-``), for each field of :class:`TgiSettings`."""
 
+MODEL_FLAG = "--model-id"
+"""``model_id`` (``launcher/src/main.rs`` lines 588-589)."""
+REVISION_FLAG = "--revision"
+"""``revision: Option<String>`` (lines 593-594): the checkpoint's branch, tag or commit."""
+HOSTNAME_FLAG = "--hostname"
+"""``hostname`` (lines 769-770, default ``0.0.0.0``)."""
+PORT_FLAG = "--port"
+"""``port`` (lines 773-774)."""
+
 KV_CACHE_DTYPE_FLAG = "--kv-cache-dtype"
 """The launcher's ``kv_cache_dtype: Option<KVCacheDtype>`` (``launcher/src/main.rs``): a knob the seam names,
 though kvpilot renders no TGI setting for it (not a :class:`TgiSettings` field)."""
@@ -46,7 +55,8 @@ class TgiSettings:
     max_total_tokens: int | None = None
     """Per request, prompt + new tokens (default ``min(max_allocatable, max_position_embeddings)``)."""
     max_batch_prefill_tokens: int | None = None
-    """Default ``max_input_tokens + 50``."""
+    """The launcher's default: compute-optimal for the card, capped (:mod:`.warmup`); its help text's
+    "``max_input_tokens + 50``" is out of date."""
     max_batch_total_tokens: int | None = None
     """Inferred at warm-up from the memory left after a prefill when unset."""
     max_concurrent_requests: int | None = None
@@ -55,8 +65,10 @@ class TgiSettings:
 
 
 def check_settings(settings: TgiSettings) -> None:
-    """Refuse what TGI would refuse (``backends/v3/src/main.rs`` lines 182-196, ``launcher/src/main.rs``
-    lines 2157-2160), naming the flags."""
+    """Refuse what TGI would refuse whatever the model and GPU (``backends/v3/src/main.rs`` lines 182-196,
+    ``launcher/src/main.rs`` lines 2157-2160), naming the flags. ``--max-batch-prefill-tokens`` below
+    ``--max-input-tokens`` is refused only without prefill chunking (``main.rs`` line 188), which depends on
+    the attention backend: :mod:`kvpilot.tuner.engines.tgi_budget` checks it."""
     s = settings
     fraction = s.cuda_memory_fraction
     if fraction is not None and not 0 < fraction <= 1:
@@ -67,9 +79,6 @@ def check_settings(settings: TgiSettings) -> None:
         and s.max_input_tokens >= s.max_total_tokens
     ):
         raise errors.InvalidEngineArgs("--max-input-tokens must be < --max-total-tokens")
-    prefill, given = s.max_batch_prefill_tokens, s.max_input_tokens
-    if prefill is not None and given is not None and prefill < given:
-        raise errors.InvalidEngineArgs("--max-batch-prefill-tokens must be >= --max-input-tokens")
     if s.max_batch_total_tokens is not None:
         for name in ("max_total_tokens", "max_batch_prefill_tokens"):
             value = getattr(s, name)
