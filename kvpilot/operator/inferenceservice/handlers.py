@@ -73,6 +73,7 @@ async def reconcile(
         inputs = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
         keep = plan_choice.read_kept(
             old,
+            parsed,
             resumed=trigger == RESUMED,
             spec_changed=trigger == SPEC_CHANGED,
             first_visit=first_visit,

@@ -22,7 +22,13 @@ from kvpilot.tuner import sglang
 
 
 def read_kept(
-    old: Mapping[str, Any], *, resumed: bool, spec_changed: bool, first_visit: bool, diff: Any
+    old: Mapping[str, Any],
+    spec: api.InferenceServiceSpec,
+    *,
+    resumed: bool,
+    spec_changed: bool,
+    first_visit: bool,
+    diff: Any,
 ) -> desired.Kept | None:
     """``status.applied`` (which the closed loop may have retuned; another engine's flags:
     ``status.appliedEngineArgs``) when it is re-applied instead of a plan: the last reconcile succeeded,
@@ -34,14 +40,17 @@ def read_kept(
         keep = not first_visit
     else:
         keep = spec_changed and diff is not None and not modes.compute_replan_needed(diff)
-    return read_applied(old) if keep else None
+    return read_applied(old, spec) if keep else None
 
 
-def read_applied(old: Mapping[str, Any]) -> desired.Kept | None:
-    """The settings on the Deployment as the status records them, in the engine's own type (flags that no
-    longer parse: ``None``, planned again)."""
-    if old.get("applied"):
-        return api.Settings.model_validate(old["applied"])
+def read_applied(old: Mapping[str, Any], spec: api.InferenceServiceSpec) -> desired.Kept | None:
+    """The settings on the Deployment as the status records them, in the engine's own type: vLLM's
+    ``applied``; the flags of an engine whose closed loop rolls them out (SGLang's ``appliedEngineArgs``);
+    ``None`` for any other engine, or flags that no longer parse (planned again)."""
+    if spec.engine.kind == "vLLM":
+        return api.Settings.model_validate(old["applied"]) if old.get("applied") else None
+    if spec.engine.kind != "SGLang":  # TGI: no loop retunes it, its plan is its flags
+        return None
     try:
         return sglang.parse_sglang_args([str(a) for a in old.get("appliedEngineArgs") or ()])
     except tuner_errors.TunerError:
