@@ -105,22 +105,35 @@ def compute_held_since(history: tuple[HistoryEntry, ...], trigger: str) -> float
 
 
 def compute_pressure_ceiling(history: tuple[HistoryEntry, ...], trigger: str, since: float) -> int | None:
-    """The lowest ``max_num_seqs`` that a ``trigger`` change lowered *from* after ``since``.
+    """The lowest ``max_num_seqs`` at which a ``trigger`` change after ``since`` found pressure: the value it
+    lowered *from*, or the value it kept while it grew the KV cache instead (:func:`compute_pressured_seqs`).
 
     Raising back to it would re-enter the state that caused the pressure, so the idle
     rule stays below it for a while (anti-flapping).
     """
     ceilings = [
-        e.from_settings.max_num_seqs
+        seqs
         for e in history
         if e.time > since
-        and e.is_change
-        and e.trigger == trigger
-        and e.from_settings.max_num_seqs is not None
-        and e.to_settings.max_num_seqs is not None
-        and e.to_settings.max_num_seqs < e.from_settings.max_num_seqs
+        for seqs in (compute_pressured_seqs(e, trigger),)
+        if seqs is not None
     ]
     return min(ceilings) if ceilings else None
+
+
+def compute_pressured_seqs(entry: HistoryEntry, trigger: str) -> int | None:
+    """The ``max_num_seqs`` that ``entry``, a ``trigger`` change, found under pressure, or ``None``: the value
+    it cut from, or the value it kept while it grew the KV cache (fp8, more utilisation, a smaller prefill
+    chunk). Either way that many sequences filled the cache the service had then; a growth that keeps the
+    limit answers the pressure no less than a cut does, and a raise past the limit straight after it is
+    what the pressure ruled out (bench long-output-bursts: pressure at 139 grew the cache by 5 %, the next
+    calm window raised 139 -> 146, and the next burst cut it to 109: a fourth rollout)."""
+    if not entry.is_change or entry.trigger != trigger:
+        return None
+    before, after = entry.from_settings.max_num_seqs, entry.to_settings.max_num_seqs
+    if before is None or after is None or after > before:
+        return None
+    return before
 
 
 def compute_recurring_cut(
@@ -147,15 +160,17 @@ def compute_recurring_cut(
 
 
 def compute_unanswered_cut(history: tuple[HistoryEntry, ...], trigger: str) -> int | None:
-    """The ``max_num_seqs`` the latest ``trigger`` change lowered *from*, when no change has raised
-    ``max_num_seqs`` since (``None`` otherwise): the cut is still what the service knows of its peak load."""
+    """The ``max_num_seqs`` the latest ``trigger`` change found under pressure (cut from, or kept while the
+    cache grew: :func:`compute_pressured_seqs`), when no change has raised ``max_num_seqs`` since (``None``
+    otherwise): the cut is still what the service knows of its peak load."""
     for e in reversed(history):
         if not e.is_change or e.from_settings.max_num_seqs is None or e.to_settings.max_num_seqs is None:
             continue
         if e.to_settings.max_num_seqs > e.from_settings.max_num_seqs:
             return None
-        if e.trigger == trigger and e.to_settings.max_num_seqs < e.from_settings.max_num_seqs:
-            return e.from_settings.max_num_seqs
+        pressured = compute_pressured_seqs(e, trigger)
+        if pressured is not None:
+            return pressured
     return None
 
 

@@ -223,6 +223,13 @@ def compute_max(samples: tuple[MetricsSample, ...], field: Field) -> float | Non
     return max(values) if values else None
 
 
+def compute_latest(samples: tuple[MetricsSample, ...], field: Field) -> float | None:
+    """The newest non-missing value of one field: what the window says holds *now* (its mean and peak say
+    what held at some time in it)."""
+    values = values_of(samples, field)
+    return values[-1] if values else None
+
+
 def kv_usage(s: MetricsSample) -> float | None:
     return s.kv_usage
 

@@ -276,9 +276,15 @@ def propose_for_idle(s: Situation) -> Proposal | None:
     if room is not None and room < target:
         target, caps = room, [f"KV room at {p.target_kv_usage:.2f} usage ({s.capacity_tokens} tokens)"]
     ceiling = history_mod.compute_pressure_ceiling(s.history, KV_PRESSURE, s.now - p.flap_guard_seconds)
-    lifted = ceiling is not None and room is not None and _usage_room(s) is not None and room >= ceiling
+    lifted = (
+        ceiling is not None
+        and room is not None
+        and _usage_room(s) is not None
+        and room >= ceiling
+        and queue_persists(s)
+    )
     if ceiling is not None and not lifted and ceiling - 1 < target:
-        target, caps = ceiling - 1, [f"below {ceiling}, where KV pressure forced a cut"]
+        target, caps = ceiling - 1, [f"below {ceiling}, where KV pressure found the cache full"]
     peak = compute_peak_seqs(s)
     if peak is not None and peak < target:
         target, caps = peak, [f"{peak}, where KV pressure that came back within the hour settled"]
@@ -315,6 +321,18 @@ def propose_for_idle(s: Situation) -> Proposal | None:
         candidates=candidates,
         exhausted="no more sequences fit (" + caps[0] + ")",
     )
+
+
+def queue_persists(s: Situation) -> bool:
+    """Requests still wait at the window's newest sample (at least ``queue_min``): the window measured the
+    load that is there now.
+
+    The flap guard's lift trusts the room a window shows at a limit KV pressure found full. A window whose
+    queue drained by its end spans a change of load (a burst that ended, its backlog served): its mean
+    queue and its usage per running sequence mix the two, and the room they show is not the present load's
+    (bench long-output-bursts: the first burst's backlog of 432 on the mean, none at the newest sample,
+    showed room for 191 at the 139 the burst had found full; the next burst cut 191 -> 146 -> 109)."""
+    return (obs.compute_latest(s.window.samples, obs.waiting) or 0.0) >= s.policy.queue_min
 
 
 def compute_min_raise(s: Situation) -> tuple[float, int | None]:
