@@ -179,9 +179,10 @@ def loop(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         oom.truth = dataclasses.replace(
             H100_8B, runtime_oom_above_mem_fraction_static=round(fraction - 0.02, 3)
         )
+        assert stack.fleet is not None
         stack.fleet.set_scenario(oom.ns, "oom", Scenario(name="oom", truth=oom.truth, workload=oom.workload))
         yield loop
-        assert stack.fleet is not None and not stack.fleet.errors, stack.fleet.errors
+        assert not stack.fleet.errors, stack.fleet.errors
     finally:
         stack.stop_and_clean([c.ns for c in cases.values()])
         print(f"SGLang loop run directory (operator and Prometheus logs): {run_dir}")
@@ -252,7 +253,8 @@ def test_a_start_that_leaves_no_pool_raises_the_fraction_until_it_serves(loop: L
     assert loop.deployment_flags("short") == now
     failed = status(obj).get("failedEngineArgs") or []
     assert any(f["failure"] == "start_memory_short" and flags(f["args"]) == planned for f in failed), failed
-    crashes = [ev for ev in loop.stack.fleet.events_for(loop.cases["short"].ns, "StartupFailed")]  # type: ignore[union-attr]
+    assert loop.stack.fleet is not None
+    crashes = loop.stack.fleet.events_for(loop.cases["short"].ns, "StartupFailed")
     assert crashes and "Loaded weights leave no GPU memory" in crashes[0].detail, crashes
     assert "Retuned" in [e["reason"] for e in loop.events("short")]
     serving = [
@@ -267,7 +269,7 @@ def test_retractions_in_a_full_pool_retune_the_pool_or_the_running_requests(loop
     planned = flags(loop.cases["storm"].planned)
     fleet = loop.stack.fleet
     assert fleet is not None
-    loop.stack.fleet.wait_for(
+    fleet.wait_for(
         lambda: any((p["preemptions"] or 0) > 0 for p in fleet.pods(loop.cases["storm"].ns)),
         timeout=loop.budget_left(90),
         what="SGLang retracting requests in the storm's pool",
