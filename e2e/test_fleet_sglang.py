@@ -248,6 +248,10 @@ def test_a_runtime_oom_above_the_threshold_and_kvpilot_reads_it_as_lower_the_fra
     assert sglang_truth.runtime_oom(truth, SglangArgs.parse(PLAN))
     assert not sglang_truth.runtime_oom(truth, _with(mem_fraction_static=0.8))
     assert not sglang_truth.runtime_oom(H100_8B, SglangArgs.parse(PLAN))
+    batch = dataclasses.replace(H100_8B, runtime_oom_above_max_num_seqs=4)
+    assert sglang_truth.runtime_oom(batch, _with(max_running_requests=5))
+    assert not sglang_truth.runtime_oom(batch, _with(max_running_requests=4))
+    assert sglang_truth.runtime_oom(batch, SglangArgs.parse(PLAN))  # SGLang's default: 4096
     text = sglang_truth.cuda_oom_message(truth, SglangArgs.parse(PLAN))
     log = "\n".join([sglang_truth.serving_log(truth, SglangArgs.parse(PLAN)), text])
     found = SglangEngine().classify_failure(termination_message(log))

@@ -18,6 +18,10 @@ memory model. The operator runs on the host with the closed-loop pace of
   the loop retunes for ``KvPressure`` (a larger pool, or fewer ``--max-running-requests``), which rolls
   out and passes probation.
 
+* ``probation``: four running requests (``serving.concurrency``) and a queue: the loop raises
+  ``--max-running-requests`` (``IdleCapacity``); the GPU runs out of memory 12 s into serving with more than
+  four, on probation: the loop rolls back to the last good flags (``RolledBack``; ``failedEngineArgs``).
+
 All run at once (about two minutes); nothing is skipped: a missing binary or venv fails the fixture.
 """
 
@@ -77,6 +81,11 @@ CASES: dict[str, Case] = {
     "oom": Case({"maxContextLength": 8192}),
     "short": Case(
         {"maxContextLength": 8192}, truth=dataclasses.replace(H100_8B, sglang_weights_gib=SHORT_WEIGHTS_GIB)
+    ),
+    "probation": Case(
+        {"maxContextLength": 8192, "concurrency": 4},
+        truth=dataclasses.replace(H100_8B, runtime_oom_above_max_num_seqs=4, oom_after_s=12.0),
+        workload=Workload(arrival_rate=4.0, prompt_tokens=500, output_tokens=200),
     ),
     "storm": Case({"maxContextLength": 8192}, truth=_storm_truth(PLANNED_FRACTION), workload=STORM),
 }
@@ -303,3 +312,29 @@ def test_retractions_in_a_full_pool_retune_the_pool_or_the_running_requests(loop
         what="the retune past probation",
     )
     assert "RolloutSucceeded" in [e["reason"] for e in loop.events("storm")]
+
+
+def test_a_raise_that_crashes_on_probation_is_rolled_back(loop: Loop) -> None:
+    planned = flags(loop.cases["probation"].planned)
+    assert planned.max_running_requests == 4, planned
+    obj = loop.wait(
+        "probation",
+        lambda o: any(e["reason"] == "RolledBack" for e in loop.events("probation")),
+        timeout=loop.budget_left(240),
+        what="a rollback of the raise that crashed on probation",
+    )
+    reasons = [e["reason"] for e in loop.events("probation")]
+    assert reasons.index("Retuned") < reasons.index("RolledBack"), reasons
+    failed = status(obj).get("failedEngineArgs") or []
+    raised = [flags(f["args"]) for f in failed if (flags(f["args"]).max_running_requests or 0) > 4]
+    assert raised, failed
+    obj = loop.wait(
+        "probation",
+        lambda o: flags(status(o).get("appliedEngineArgs")).max_running_requests == 4 and rollout_done(o),
+        timeout=loop.budget_left(300),
+        what="back on the last good flags",
+    )
+    assert flags(status(obj)["lastGoodEngineArgs"]).max_running_requests == 4
+    assert loop.deployment_flags("probation").max_running_requests == 4
+    back = next(e for e in loop.events("probation") if e["reason"] == "RolledBack")
+    assert "probation" in back["message"] or "crash" in back["message"].lower(), back["message"]

@@ -27,9 +27,10 @@ Memory, as SGLang sizes it:
   a pool shorter than the context shortens requests; it does not stop the start.
 * Run time: CUDA OOM when the fraction is above the scenario's threshold
   (:attr:`GroundTruth.runtime_oom_above_mem_fraction_static`: too little left outside the share for the
-  activations); the scheduler logs "Scheduler hit an exception: <traceback>" and signals its parent, which
-  logs "Received sigquit from a child process. It usually means the child failed." (``managers/scheduler.py``
-  lines 6362-6373, ``entrypoints/engine.py`` lines 1977-1980; the frames the fleet prints are real lines).
+  activations), or the running requests above :attr:`GroundTruth.runtime_oom_above_max_num_seqs`; the
+  scheduler logs "Scheduler hit an exception: <traceback>" and signals its parent, which logs "Received
+  sigquit from a child process. It usually means the child failed." (``managers/scheduler.py`` lines
+  6362-6373, ``entrypoints/engine.py`` lines 1977-1980; the frames the fleet prints are real lines).
 * Retraction: a decode short of KV retracts the newest requests and logs "KV cache pool is full. Retract
   requests. #retracted_reqs: N, #new_tokens_gained: M, #new_token_ratio: a -> b" (``managers/scheduler.py``
   lines 4525-4536); the fleet's engine model (:mod:`e2e.fleet.engine`) preempts the same way, so its
@@ -238,9 +239,14 @@ def startup_error(truth: GroundTruth, args: SglangArgs) -> str | None:
 
 
 def runtime_oom(truth: GroundTruth, args: SglangArgs) -> bool:
-    """Whether the share leaves too little outside it for serving (the scenario's threshold)."""
+    """Whether serving runs out of memory: the share leaves too little outside it (the scenario's fraction
+    threshold), or the running requests' activations outgrow it
+    (:attr:`GroundTruth.runtime_oom_above_max_num_seqs` on the resolved ``--max-running-requests``)."""
     limit = truth.runtime_oom_above_mem_fraction_static
-    return limit is not None and mem_fraction_static(truth, args) > limit + 1e-9
+    if limit is not None and mem_fraction_static(truth, args) > limit + 1e-9:
+        return True
+    seqs = truth.runtime_oom_above_max_num_seqs
+    return seqs is not None and max_running_requests(truth, args) > seqs
 
 
 def _scheduler_exception(last: list[str]) -> list[str]:
