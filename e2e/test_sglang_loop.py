@@ -18,6 +18,8 @@ memory model. The operator runs on the host with the closed-loop pace of
   the loop retunes for ``KvPressure`` (a larger pool, or fewer ``--max-running-requests``), which rolls
   out and passes probation.
 
+* ``recommend``: mode Recommend, SGLang's own defaults run (0.835 on an H100) and crash above 0.80: the loop
+  recommends a lower fraction (``status.recommendation``, a ``Recommended`` event) and changes nothing.
 * ``probation``: four running requests (``serving.concurrency``) and a queue: the loop raises
   ``--max-running-requests`` (``IdleCapacity``); the GPU runs out of memory 12 s into serving with more than
   four, on probation: the loop rolls back to the last good flags (``RolledBack``; ``failedEngineArgs``).
@@ -69,6 +71,7 @@ class Case:
     serving: dict[str, Any]
     truth: GroundTruth = H100_8B
     workload: Workload = LIGHT
+    mode: str = "Auto"
     ns: str = ""
     planned: list[str] = dataclasses.field(default_factory=list)
 
@@ -87,6 +90,11 @@ CASES: dict[str, Case] = {
         truth=dataclasses.replace(H100_8B, runtime_oom_above_max_num_seqs=4, oom_after_s=12.0),
         workload=Workload(arrival_rate=4.0, prompt_tokens=500, output_tokens=200),
     ),
+    "recommend": Case(
+        {"maxContextLength": 8192},
+        truth=dataclasses.replace(H100_8B, runtime_oom_above_mem_fraction_static=0.80),
+        mode="Recommend",
+    ),
     "storm": Case({"maxContextLength": 8192}, truth=_storm_truth(PLANNED_FRACTION), workload=STORM),
 }
 
@@ -101,7 +109,7 @@ def isvc_manifest(name: str, ns: str, case: Case) -> dict[str, Any]:
             "gpu": {"count": 1, "product": H100},
             "engine": {"kind": "SGLang", "image": "lmsysorg/sglang:v0.5.23"},
             "serving": case.serving,
-            "tuning": {"mode": "Auto", **FAST},
+            "tuning": {"mode": case.mode, **FAST},
         },
     }
 
@@ -174,6 +182,8 @@ def loop(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         cluster.apply([isvc_manifest(name, c.ns, c) for name, c in cases.items()])
         loop = Loop(stack, cases, time.monotonic())
         for name, c in cases.items():
+            if c.mode != "Auto":  # SGLang's own defaults run: no flags applied
+                continue
             obj = loop.wait(
                 name,
                 lambda o: status(o).get("appliedEngineArgs"),
@@ -338,3 +348,24 @@ def test_a_raise_that_crashes_on_probation_is_rolled_back(loop: Loop) -> None:
     assert loop.deployment_flags("probation").max_running_requests == 4
     back = next(e for e in loop.events("probation") if e["reason"] == "RolledBack")
     assert "probation" in back["message"] or "crash" in back["message"].lower(), back["message"]
+
+
+def test_recommend_mode_recommends_a_lower_fraction_and_changes_nothing(loop: Loop) -> None:
+    before = loop.deployment_flags("recommend")
+    assert before.mem_fraction_static is None and before.max_running_requests is None, before  # SGLang's own
+    obj = loop.wait(
+        "recommend",
+        lambda o: (status(o).get("recommendation") or {}).get("engineArgs"),
+        timeout=loop.budget_left(240),
+        what="a recommendation after the CUDA OOMs",
+    )
+    rec = status(obj)["recommendation"]
+    fraction = flags(rec["engineArgs"]).mem_fraction_static
+    assert fraction is not None and fraction <= 0.80, rec
+    assert "Recommended" in [e["reason"] for e in loop.events("recommend")]
+    time.sleep(3)
+    assert loop.deployment_flags("recommend") == before, "Recommend must leave the Deployment alone"
+    obj = loop.get("recommend")
+    assert not status(obj).get("appliedEngineArgs") and not status(obj).get("rollout"), status(obj)
+    reasons = [e["reason"] for e in loop.events("recommend")]
+    assert "Retuned" not in reasons and "RolledBack" not in reasons, reasons
