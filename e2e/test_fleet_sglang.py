@@ -80,6 +80,19 @@ def _declared() -> dict[str, tuple[str, str, tuple[float, ...] | None]]:
     return out
 
 
+def _gauges_of_mode_all() -> set[str]:
+    """Gauges ``metrics_collector.py`` declares without a ``multiprocess_mode`` (prometheus_client's ``all``:
+    a ``pid`` label per writing process)."""
+    out = set()
+    for node in ast.walk(ast.parse(source("observability/metrics_collector.py"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Gauge":
+            kw = {k.arg: k.value for k in node.keywords}
+            name = kw.get("name")
+            if isinstance(name, ast.Constant) and "multiprocess_mode" not in kw:
+                out.add(str(name.value))
+    return out
+
+
 def _exported() -> dict[str, tuple[str, set[str]]]:
     m = SglangMetrics(H100_8B, SglangArgs.parse(PLAN))
     text = m.render().decode()
@@ -115,7 +128,8 @@ def test_exposition_matches_sglangs_metrics_collector() -> None:
             if cls == "SchedulerMetricsCollector"
             else sglang_exposition.TOKENIZER_LABELS
         )
-        assert base <= labels <= base | {"is_streaming"}, (name, cls, labels)
+        assert base <= labels <= base | {"is_streaming", "pid"}, (name, cls, labels)
+        assert ("pid" in labels) == (name in _gauges_of_mode_all()), (name, labels)
     for name, buckets in (
         ("sglang:queue_time_seconds", sglang_exposition.QUEUE_TIME_BUCKETS),
         ("sglang:time_to_first_token_seconds", sglang_exposition.TIME_TO_FIRST_TOKEN_BUCKETS),

@@ -17,9 +17,10 @@ wheel (``e2e/test_fleet_sglang.py`` checks them against the installed source):
 
 ``engine_type`` is ``unified`` (``disaggregation/utils.py`` ``to_engine_type``, no disaggregation). SGLang
 serves ``/metrics`` through prometheus_client's ``MultiProcessCollector`` (``utils/common.py`` line 2848),
-which exports no ``_created`` samples: neither does the fleet. dcgm-exporter's framebuffer gauges are added
-as for a vLLM pod (:func:`e2e.fleet.exposition.build_framebuffer_gauges`). Each pod has its own registry: a
-restarted container starts from zero.
+which exports no ``_created`` samples (neither does the fleet) and labels a gauge declared without a
+``multiprocess_mode`` (``sglang:num_retracted_reqs``) with its writer's ``pid``. dcgm-exporter's
+framebuffer gauges are added as for a vLLM pod (:func:`e2e.fleet.exposition.build_framebuffer_gauges`). Each
+pod has its own registry: a restarted container starts from zero.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from e2e.fleet.sglang_truth import SglangArgs
 from e2e.fleet.truth import GroundTruth
 
 SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
+SCHEDULER_PID = 121
+"""The scheduler process's pid, on gauges SGLang declares without a ``multiprocess_mode`` (prometheus_client's
+default ``all`` keeps one sample per writing process, labelled ``pid``)."""
 TOKENIZER_LABELS = ("model_name", "engine_type")
 
 QUEUE_TIME_BUCKETS = (
@@ -70,7 +74,11 @@ class SglangMetrics:
         self.queued = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
         self.token_usage = gauge("sglang:token_usage", "The token usage.")
         self.used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.")
-        self.retracted = gauge("sglang:num_retracted_reqs", "The number of retracted requests.")
+        # declared without a multiprocess_mode ("all"): MultiProcessCollector keeps the writer's pid label
+        self.retracted = Gauge(
+            "sglang:num_retracted_reqs", "The number of retracted requests.", (*SCHEDULER_LABELS, "pid"),
+            registry=r,
+        ).labels(**sched, pid=str(SCHEDULER_PID))  # fmt: skip
         self.retracted_total = Counter(
             "sglang:num_retracted_requests_total", "Total number of retracted requests.", SCHEDULER_LABELS,
             registry=r,
