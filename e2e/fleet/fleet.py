@@ -33,6 +33,12 @@ for a whole namespace), else the fleet's default. Workload and fault changes
 apply at once; memory figures apply at the next container start, as on a real
 GPU.
 
+**SGLang pods.** A container running ``python3 -m sglang.launch_server`` is played as SGLang 0.5.23
+(:mod:`e2e.fleet.sglang_truth`): the pool sized from ``--mem-fraction-static`` as SGLang sizes it, SGLang's
+start-up failures and run-time CUDA OOM in its log's shape, the same engine model for the queueing (its
+preemptions are SGLang's retractions, logged as SGLang warns of them), SGLang's ``/metrics``
+(:mod:`e2e.fleet.sglang_exposition`).
+
 **Multi-node groups.** A pod whose arguments carry vLLM's ``--headless`` (a LeaderWorkerSet group's worker)
 runs engine ranks only: it becomes Ready after its start-up and has no port and no ``/metrics`` target; the
 group's leader is played as any pod and reports for the whole group.
