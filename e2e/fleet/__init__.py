@@ -8,6 +8,9 @@
 * :mod:`e2e.fleet.fleet` -- :class:`Fleet`: plays the container of every kvpilot-managed pod on the
   KWOK cluster (start-up, serving, crash loop), serves ``/metrics`` per pod on 127.0.0.1 and writes
   Prometheus' ``file_sd`` targets.
+* :mod:`e2e.fleet.sglang_truth`, :mod:`e2e.fleet.sglang_exposition` -- SGLang 0.5.23 pods
+  (``python3 -m sglang.launch_server``): their flags, the KV pool SGLang sizes, its failure texts and its
+  ``/metrics``, from SGLang's own source; the queueing is the same engine model's.
 * :mod:`e2e.fleet.pod` -- one simulated container: state, ``/metrics`` server, the pod status kubelet
   would report when it (re)starts.
 * :mod:`e2e.fleet.real_engines` -- the pods that run a real vLLM engine instead

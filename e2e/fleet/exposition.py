@@ -350,18 +350,8 @@ class VllmMetrics:
         # dcgm-exporter's framebuffer gauges (MiB), as its Kubernetes mode exports them for the GPU this pod
         # holds; the scrape adds namespace and pod (the fleet's one target per pod stands in for the node's
         # exporter, whose own labels would name the pod)
-        dcgm = ["gpu", "UUID", "modelName", "Hostname"]
-        dcgm_values = {
-            "gpu": str(engine),
-            "UUID": f"GPU-00000000-0000-0000-0000-{engine:012d}",
-            "modelName": "NVIDIA H100 80GB HBM3",
-            "Hostname": "kwok-node",
-        }
         self.fb_total_gib = truth.gpu_memory_gib
-        self.fb_used = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", dcgm, registry=r)
-        self.fb_used = self.fb_used.labels(**dcgm_values)  # type: ignore[assignment]
-        self.fb_free = Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", dcgm, registry=r)
-        self.fb_free = self.fb_free.labels(**dcgm_values)  # type: ignore[assignment]
+        self.fb_used, self.fb_free = build_framebuffer_gauges(r, engine)
         # the engine serves once it has allocated its budget: the framebuffer is already full of it (a GPU's
         # start-up ramp, all free to full, is before vLLM serves its first scrape)
         self.record_framebuffer(truth.framebuffer_used_gib(args, 0, 0.0))
@@ -412,6 +402,21 @@ class VllmMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def build_framebuffer_gauges(registry: CollectorRegistry, gpu: int) -> tuple[Gauge, Gauge]:
+    """dcgm-exporter's ``DCGM_FI_DEV_FB_USED`` and ``DCGM_FI_DEV_FB_FREE`` (MiB) for GPU ``gpu``, as its
+    Kubernetes mode exports them for the GPU a pod holds."""
+    dcgm = ["gpu", "UUID", "modelName", "Hostname"]
+    values = {
+        "gpu": str(gpu),
+        "UUID": f"GPU-00000000-0000-0000-0000-{gpu:012d}",
+        "modelName": "NVIDIA H100 80GB HBM3",
+        "Hostname": "kwok-node",
+    }
+    used = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", dcgm, registry=registry)
+    free = Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", dcgm, registry=registry)
+    return used.labels(**values), free.labels(**values)
 
 
 def render_engines(engines: Sequence[VllmMetrics]) -> bytes:

@@ -33,6 +33,12 @@ for a whole namespace), else the fleet's default. Workload and fault changes
 apply at once; memory figures apply at the next container start, as on a real
 GPU.
 
+**SGLang pods.** A container running ``python3 -m sglang.launch_server`` is played as SGLang 0.5.23
+(:mod:`e2e.fleet.sglang_truth`): the pool sized from ``--mem-fraction-static`` as SGLang sizes it, SGLang's
+start-up failures and run-time CUDA OOM in its log's shape, the same engine model for the queueing (its
+preemptions are SGLang's retractions, logged as SGLang warns of them), SGLang's ``/metrics``
+(:mod:`e2e.fleet.sglang_exposition`).
+
 **Multi-node groups.** A pod whose arguments carry vLLM's ``--headless`` (a LeaderWorkerSet group's worker)
 runs engine ranks only: it becomes Ready after its start-up and has no port and no ``/metrics`` target; the
 group's leader is played as any pod and reports for the whole group.
@@ -62,6 +68,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from e2e.fleet import sglang_truth
 from e2e.fleet.caches import StartCaches, StartSources
 from e2e.fleet.engine import SimEngine
 from e2e.fleet.exposition import VllmMetrics
@@ -78,7 +85,10 @@ from e2e.fleet.pod import (
     free_port,
 )
 from e2e.fleet.real_engines import LAUNCHED, READY, RealEngines
+from e2e.fleet.sglang_exposition import SglangMetrics
+from e2e.fleet.sglang_truth import SglangArgs
 from e2e.fleet.truth import EngineArgs, Scenario, Workload
+from e2e.pods import termination_message
 
 log = logging.getLogger("e2e.fleet")
 
@@ -348,11 +358,18 @@ class Fleet:
                 if key in self._engines or md.get("uid") in self._gone:
                     continue
                 c = pod["spec"]["containers"][0]
-                args = EngineArgs.parse([*(c.get("command") or []), *(c.get("args") or [])])
+                argv = [*(c.get("command") or []), *(c.get("args") or [])]
                 scenario = self.scenario_for(
                     md["namespace"], (md.get("labels") or {}).get(INSTANCE_LABEL, "")
                 )
-                e = PodEngine(pod, args, scenario, free_port())
+                if sglang_truth.is_sglang(argv):
+                    sg = SglangArgs.parse(argv)
+                    e = PodEngine(
+                        pod, sglang_truth.engine_view(scenario.truth, sg), scenario, free_port(), sglang=sg
+                    )
+                else:
+                    e = PodEngine(pod, EngineArgs.parse(argv), scenario, free_port())
+                args = e.args
                 self.real.adopt(e)
                 self._engines[key] = e
                 self._targets_dirty = True
@@ -388,7 +405,11 @@ class Fleet:
 
     def _begin_start(self, e: PodEngine) -> None:
         """A container (re)starts: its start-up time follows from where the weights come from and whether
-        its compiled graphs are on its compile-cache volume (:class:`e2e.fleet.caches.StartCaches`)."""
+        its compiled graphs are on its compile-cache volume (:class:`e2e.fleet.caches.StartCaches`). An SGLang
+        container sizes its pool again from the scenario's memory figures (:mod:`e2e.fleet.sglang_truth`)."""
+        if e.sglang is not None:
+            e.args = sglang_truth.engine_view(e.scenario.truth, e.sglang)
+            e.log_lines = []
         with self._lock:
             found = self._caches.compute_sources(e.args, e.cache_key, e.compile_cache_key)
         e.cache_hit, e.compile_hit = found.weights_cached, found.compile_cached
@@ -414,6 +435,9 @@ class Fleet:
         elif e.state == STARTING and now - e.since >= e.startup_wall_s:
             with self._lock:  # the download and the compile finished: the next start reads them from disk
                 self._caches.record_start(e.args, e.cache_key, e.compile_cache_key)
+            if e.sglang is not None:
+                self._start_sglang(e, now)
+                return
             error = truth.startup_error(e.args)
             if e.args.headless:
                 self._serve_headless(e, now)
@@ -432,13 +456,22 @@ class Fleet:
             e.sim.workload = wl
             e.sim.advance(dt_wall * wl.time_scale)
             used = truth.framebuffer_used_gib(e.args, e.sim.num_running, (now - e.since) * wl.time_scale)
+            if e.sglang is not None:
+                used = sglang_truth.framebuffer_used_gib(truth, e.sglang)
+            deltas = e.sim.drain()
             e.metrics.record(
                 running=e.sim.num_running,
                 waiting=e.sim.num_waiting,
                 kv_usage=e.sim.kv_usage,
-                deltas=e.sim.drain(),
+                deltas=deltas,
                 fb_used_gib=used,
             )
+            if e.sglang is not None and deltas.preemptions:
+                e.log_lines.append(sglang_truth.retraction_warning(deltas.preemptions, 0, 0.7, 1.0))
+                del e.log_lines[1:-200]  # keep the start-up summary and the last warnings
+            if e.sglang is not None:
+                self._serving_sglang(e, now)
+                return
             if truth.fb_leak_max_gib > 0 and used > truth.gpu_memory_gib:
                 self._crash(e, "CudaOOM", truth.cuda_oom_message(e.args), now)
                 return
@@ -453,15 +486,48 @@ class Fleet:
             self._event(e, "Restarted", f"restartCount={e.restart_count} {self._sources(e)}")
             self._patch_async(e, ready=False)
 
+    def _start_sglang(self, e: PodEngine, now: float) -> None:
+        """An SGLang container finished loading: the pool is sized (or its sizing fails), then it serves."""
+        assert e.sglang is not None
+        truth = e.scenario.truth
+        error = sglang_truth.startup_error(truth, e.sglang)
+        if error is not None:
+            log = sglang_truth.startup_failure_log(truth, e.sglang, error)
+            self._crash(e, "StartupFailed", termination_message(log), now, log=log)
+            return
+        e.log_lines = [sglang_truth.serving_log(truth, e.sglang)]
+        self._serve(e, now)
+
+    def _serving_sglang(self, e: PodEngine, now: float) -> None:
+        """An injected or scenario CUDA OOM of a serving SGLang container."""
+        assert e.sglang is not None
+        truth = e.scenario.truth
+        oom = e.pending_fault == "cuda_oom" or (
+            sglang_truth.runtime_oom(truth, e.sglang) and now - e.since >= truth.oom_after_s
+        )
+        if oom:
+            e.pending_fault = None
+            log = "\n".join([*e.log_lines, sglang_truth.cuda_oom_message(truth, e.sglang)])
+            self._crash(e, "CudaOOM", termination_message(log), now, log=log)
+
     def _serve(self, e: PodEngine, now: float) -> None:
         e.started_count += 1
+        sg = e.sglang
         e.sim = SimEngine(
             e.scenario.truth,
             self._workload_for(e),
             e.args,
             seed=e.scenario.seed * 1000 + e.started_count + zlib.crc32(e.name.encode()) % 997,
+            # SGLang's token pool keeps slot 0 for padding, as vLLM's block pool keeps its null block
+            num_gpu_blocks=None
+            if sg is None
+            else sglang_truth.max_total_num_tokens(e.scenario.truth, sg) + 1,
         )
-        e.metrics = VllmMetrics(e.scenario.truth, e.args, naming=e.scenario.naming)
+        e.metrics = (
+            VllmMetrics(e.scenario.truth, e.args, naming=e.scenario.naming)
+            if sg is None
+            else SglangMetrics(e.scenario.truth, sg)
+        )
         try:
             e.server = MetricsServer(e.port, e.render)
         except OSError:  # the port was taken meanwhile: move
@@ -478,7 +544,9 @@ class Fleet:
         self._event(
             e,
             "Serving",
-            f"port {e.port}, {e.sim.num_blocks} KV blocks ({e.scenario.truth.kv_tokens(e.args)} tokens)",
+            f"port {e.port}, {e.sim.num_blocks} KV blocks ({e.scenario.truth.kv_tokens(e.args)} tokens)"
+            if sg is None
+            else f"port {e.port}, {sglang_truth.summary(e.scenario.truth, sg)}",
         )
         self._patch_async(e, ready=True)
 
@@ -537,7 +605,10 @@ class Fleet:
         self._event(
             e,
             kind,
-            next((x for x in reversed(lines) if x.startswith(("ValueError", "torch."))), lines[-1])[:200],
+            next(
+                (x for x in reversed(lines) if x.startswith(("ValueError", "RuntimeError", "torch."))),
+                lines[-1],
+            )[:200],
         )
         count, ns, name = e.restart_count, e.namespace, e.name
 

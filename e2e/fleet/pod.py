@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from e2e.fleet.engine import SimEngine
 from e2e.fleet.exposition import VllmMetrics
+from e2e.fleet.sglang_exposition import SglangMetrics
+from e2e.fleet.sglang_truth import SglangArgs
 from e2e.fleet.truth import EngineArgs, Scenario
 
 if TYPE_CHECKING:
@@ -96,9 +98,17 @@ class FleetEvent:
 
 
 class PodEngine:
-    """The simulated vLLM container of one pod."""
+    """The simulated container of one pod: vLLM's, or SGLang's when ``sglang`` holds its flags (``args`` is
+    then the engine model's view of them, :func:`e2e.fleet.sglang_truth.engine_view`)."""
 
-    def __init__(self, pod: dict[str, Any], args: EngineArgs, scenario: Scenario, port: int) -> None:
+    def __init__(
+        self,
+        pod: dict[str, Any],
+        args: EngineArgs,
+        scenario: Scenario,
+        port: int,
+        sglang: SglangArgs | None = None,
+    ) -> None:
         md, spec = pod["metadata"], pod["spec"]
         self.namespace: str = md["namespace"]
         self.name: str = md["name"]
@@ -110,6 +120,9 @@ class PodEngine:
         self.container: str = container["name"]
         self.image: str = container.get("image", "")
         self.args = args
+        self.sglang = sglang
+        self.log_lines: list[str] = []
+        """An SGLang container's log so far (start-up summary, retraction warnings): a crash's log ends it."""
         self.scenario = scenario
         self.port = port
         self.state = STARTING
@@ -117,7 +130,7 @@ class PodEngine:
         self.restart_count = 0
         self.restart_at = 0.0
         self.sim: SimEngine | None = None
-        self.metrics: VllmMetrics | None = None
+        self.metrics: VllmMetrics | SglangMetrics | None = None
         self.server: MetricsServer | None = None
         self.pending_fault: str | None = None
         self.crashes: list[tuple[float, str, str]] = []
@@ -187,6 +200,7 @@ class PodEngine:
             "num_gpu_blocks": sim.num_blocks if sim else None,
             "crashes": [k for _, k, _ in self.crashes],
             "engine": "real" if self.real_engine else "simulated",
+            "kind": "SGLang" if self.sglang is not None else "vLLM",
             "pid": self.process.pid if self.process is not None else None,
         }
 

@@ -333,6 +333,18 @@ class GroundTruth:
     """Start-up time from the checkpoint size and whether the pod's weight cache holds it."""
     backoff_s: float = 4.0
     """Wall seconds of CrashLoopBackOff before the first restart (kubelet: 10 s, doubling)."""
+    sglang_weights_gib: float = 14.99
+    """SGLang pods: the weights one rank loads (Llama-3.1-8B in bf16: "mem usage=14.99 GB"), charged to the
+    ``--mem-fraction-static`` share (:mod:`e2e.fleet.sglang_truth`)."""
+    sglang_cuda_context_gib: float = 0.5
+    """SGLang pods: memory taken before the weights load (CUDA context, NCCL): the free memory SGLang
+    profiles before the load is the GPU's total less this."""
+    sglang_default_mem_fraction_static: float = 0.835
+    """SGLang pods without ``--mem-fraction-static``: SGLang's default for this GPU
+    (``arg_groups/memory_hook.py`` ``handle_gpu_memory_settings``; an H100 80GB: 0.835)."""
+    runtime_oom_above_mem_fraction_static: float | None = None
+    """SGLang pods: CUDA OOM while serving when ``--mem-fraction-static`` is strictly above this (the
+    activations and CUDA graphs outside the share no longer fit)."""
     vllm_release: tuple[int, int] = (0, 33)
     """The release whose start-up failures the engine reproduces: the null block in the fit check
     (:data:`NULL_BLOCK_RESERVED_SINCE`), the fit check's frames in the log (:mod:`e2e.fleet.vllm_logs`)."""

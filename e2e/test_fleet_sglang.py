@@ -1,0 +1,307 @@
+"""The fleet's SGLang pods against SGLang 0.5.23's own source, and against what kvpilot reads of them.
+
+* The exposition (:mod:`e2e.fleet.sglang_exposition`) declares what ``observability/metrics_collector.py``
+  declares: names, types, label names, buckets (AST of the installed wheel, no import).
+* The texts and the lines :mod:`e2e.fleet.sglang_truth` cites are SGLang's.
+* The memory accounting: ``pre x fraction - weights`` per rank, tokens per cell, SGLang's default
+  running requests; start-up failures where SGLang fails; a pool full of long requests retracts.
+* kvpilot's seam classifies what the fleet's pods print (the fleet itself never imports kvpilot).
+
+Never skipped: without ``.venv-sglang`` (``make sglang-venv``) the source checks fail, naming it.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.fleet import sglang_exposition, sglang_truth
+from e2e.fleet.engine import SimEngine
+from e2e.fleet.sglang_exposition import SglangMetrics
+from e2e.fleet.sglang_truth import SglangArgs
+from e2e.fleet.testing import H100_8B
+from e2e.fleet.truth import GiB, Workload
+from e2e.pods import termination_message
+from kvpilot.tuner.engines import SglangEngine
+from kvpilot.tuner.sglang import serving
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = [
+    *("python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct"),
+    *("--host", "0.0.0.0", "--port", "30000", "--context-length", "8192", "--mem-fraction-static", "0.835"),
+    *("--chunked-prefill-size", "8192", "--tp-size", "1", "--enable-metrics"),
+]
+"""What kvpilot renders for Llama-3.1-8B on an H100 at 8K (``kvpilot plan --engine sglang``)."""
+
+
+def sglang_dir() -> Path:
+    found = sorted((ROOT / ".venv-sglang" / "lib").glob("python3*/site-packages/sglang/srt"))
+    assert found, (
+        f"SGLang 0.5.23's source is missing: run `make sglang-venv` (looked under {ROOT}/.venv-sglang)"
+    )
+    return found[0]
+
+
+def source(rel: str) -> str:
+    return (sglang_dir() / rel).read_text()
+
+
+def _with(**changes: object) -> SglangArgs:
+    return dataclasses.replace(SglangArgs.parse(PLAN), **changes)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- SGLang's source
+
+
+def _declared() -> dict[str, tuple[str, str, tuple[float, ...] | None]]:
+    """{name: (kind, collector class, buckets)} of every metric ``metrics_collector.py`` declares by name."""
+    out: dict[str, tuple[str, str, tuple[float, ...] | None]] = {}
+    tree = ast.parse(source("observability/metrics_collector.py"))
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                continue
+            if node.func.id not in ("Gauge", "Counter", "Histogram"):
+                continue
+            kw = {k.arg: k.value for k in node.keywords}
+            name = kw.get("name")
+            if not isinstance(name, ast.Constant):
+                continue
+            buckets = kw.get("buckets")
+            values = None
+            if isinstance(buckets, ast.List | ast.Tuple):
+                values = tuple(float(ast.literal_eval(e)) for e in buckets.elts)
+            out[str(name.value)] = (node.func.id.lower(), cls.name, values)
+    return out
+
+
+def _gauges_of_mode_all() -> set[str]:
+    """Gauges ``metrics_collector.py`` declares without a ``multiprocess_mode`` (prometheus_client's ``all``:
+    a ``pid`` label per writing process)."""
+    out = set()
+    for node in ast.walk(ast.parse(source("observability/metrics_collector.py"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Gauge":
+            kw = {k.arg: k.value for k in node.keywords}
+            name = kw.get("name")
+            if isinstance(name, ast.Constant) and "multiprocess_mode" not in kw:
+                out.add(str(name.value))
+    return out
+
+
+def _exported() -> dict[str, tuple[str, set[str]]]:
+    m = SglangMetrics(H100_8B, SglangArgs.parse(PLAN))
+    text = m.render().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        labels = set().union(*(set(s.labels) - {"le"} for s in fam.samples)) if fam.samples else set()
+        out[fam.name] = (fam.type, labels)
+    return out
+
+
+def test_exposition_matches_sglangs_metrics_collector() -> None:
+    declared = _declared()
+    exported = _exported()
+    ours = {n: f for n, f in exported.items() if n.startswith("sglang:")}
+    assert set(ours) >= {
+        serving.TOKEN_USAGE,
+        serving.NUM_RUNNING,
+        serving.NUM_QUEUED,
+        serving.MAX_TOTAL_NUM_TOKENS,
+        "sglang:num_retracted_requests",  # the parser strips a counter's _total
+        serving.TTFT,
+        serving.ITL,
+        serving.E2E_LATENCY,
+        serving.QUEUE_TIME,
+    }
+    for name, (kind, labels) in ours.items():
+        declared_name = name + "_total" if kind == "counter" else name
+        assert declared_name in declared, f"{declared_name} is not declared in SGLang 0.5.23"
+        dkind, cls, _ = declared[declared_name]
+        assert kind == dkind, (name, kind, dkind)
+        base = set(
+            sglang_exposition.SCHEDULER_LABELS
+            if cls == "SchedulerMetricsCollector"
+            else sglang_exposition.TOKENIZER_LABELS
+        )
+        assert base <= labels <= base | {"is_streaming", "pid"}, (name, cls, labels)
+        assert ("pid" in labels) == (name in _gauges_of_mode_all()), (name, labels)
+    for name, buckets in (
+        ("sglang:queue_time_seconds", sglang_exposition.QUEUE_TIME_BUCKETS),
+        ("sglang:time_to_first_token_seconds", sglang_exposition.TIME_TO_FIRST_TOKEN_BUCKETS),
+        ("sglang:inter_token_latency_seconds", sglang_exposition.INTER_TOKEN_LATENCY_BUCKETS),
+        ("sglang:e2e_request_latency_seconds", sglang_exposition.E2E_REQUEST_LATENCY_BUCKETS),
+    ):
+        if declared[name][2] is not None:
+            assert tuple(map(float, buckets)) == declared[name][2], name
+    collector = source("observability/metrics_collector.py")
+    for default in ("bucket_time_to_first_token", "bucket_e2e_request_latency", "bucket_inter_token_latency"):
+        block = collector.split(f"if {default} is None:", 1)[1].split("]", 1)[0]
+        values = tuple(float(v) for v in re.findall(r"[0-9.]+", block.split("[", 1)[1]))
+        ours_buckets = {
+            "bucket_time_to_first_token": sglang_exposition.TIME_TO_FIRST_TOKEN_BUCKETS,
+            "bucket_e2e_request_latency": sglang_exposition.E2E_REQUEST_LATENCY_BUCKETS,
+            "bucket_inter_token_latency": sglang_exposition.INTER_TOKEN_LATENCY_BUCKETS,
+        }[default]
+        assert tuple(map(float, ours_buckets)) == values, default
+    # the scheduler's labels and engine_type, as SGLang builds them
+    assert '"engine_type": engine_type' in collector and 'return "unified"' in source(
+        "disaggregation/utils.py"
+    )
+    for label in sglang_exposition.SCHEDULER_LABELS:
+        assert f'"{label}":' in collector, label
+    assert "_created" not in SglangMetrics(H100_8B, SglangArgs.parse(PLAN)).render().decode()
+
+
+def test_texts_and_cited_lines_are_sglangs() -> None:
+    lines = {
+        "model_executor/pool_configurator.py": {
+            96: "Not enough memory. Please try to increase --mem-fraction-static.",
+            98: "Current value: mem_fraction_static=",
+            642: "available_bytes // self._cell_size",
+        },
+        "mem_cache/kv_cache_configurator.py": {
+            3007: "pre_model_load_memory * (1 - get_schedule().mem_fraction_static)",
+            3038: "rest_memory = available_gpu_memory - slack_gb",
+            3045: "1 - available_gpu_memory / pre_model_load_memory",
+            3051: "Loaded weights leave no GPU memory for the KV cache under",
+            3123: "int(token_capacity / self.model_config.context_len * 512)",
+            3124: "max(min(estimated, 4096), 2048)",
+            3129: "min(requested_per_worker, token_capacity // 2)",
+        },
+        "managers/scheduler.py": {
+            2048: "result = self.run_batch(batch)",
+            4526: "KV cache pool is full. Retract requests. ",
+            4530: "#retracted_reqs: {len(retracted_reqs)}, #new_tokens_gained: {new_token_gained}",
+            6362: "scheduler = Scheduler(server_args, port_args)",
+            6368: "scheduler.run_event_loop()",
+            6372: "Scheduler hit an exception: {traceback}",
+        },
+        "entrypoints/engine.py": {
+            1978: "Received sigquit from a child process. It usually means the child failed."
+        },
+        "managers/tp_worker.py": {422: "self.model_config.context_len - 1"},
+        "model_executor/model_runner.py": {
+            982: "self.kv_cache_configurator.configure(",
+            1373: "Load weight end. ",
+        },
+        "utils/common.py": {2848: "multiprocess.MultiProcessCollector(registry)"},
+    }
+    for rel, want in lines.items():
+        text = source(rel).splitlines()
+        for n, fragment in want.items():
+            assert fragment in text[n - 1], f"{rel}:{n} is {text[n - 1]!r}, not {fragment!r}"
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def test_the_pool_is_the_share_of_free_memory_less_the_weights() -> None:
+    truth, args = H100_8B, SglangArgs.parse(PLAN)
+    assert sglang_truth.is_sglang(PLAN) and not sglang_truth.is_sglang(["vllm", "serve", "m"])
+    assert (args.context_length, args.mem_fraction_static, args.chunked_prefill_size) == (8192, 0.835, 8192)
+    pool = (79.11 - 0.5) * 0.835 - 14.99
+    assert sglang_truth.rest_memory_gib(truth, args) == pytest.approx(pool)
+    tokens = sglang_truth.max_total_num_tokens(truth, args)
+    assert tokens == int(pool * GiB) // 131072  # about kvpilot's plan: 415,408 tokens
+    assert abs(tokens - 415408) / 415408 < 0.01
+    # SGLang's default running requests: 512 per context's worth of tokens, within [2048, 4096]
+    assert sglang_truth.max_running_requests(truth, args) == 4096
+    assert sglang_truth.max_running_requests(truth, _with(max_running_requests=48)) == 48
+    fp8 = _with(kv_cache_dtype="fp8_e4m3")
+    assert sglang_truth.max_total_num_tokens(truth, fp8) == int(pool * GiB) // 65536
+    paged = _with(page_size=64)
+    assert sglang_truth.max_total_num_tokens(truth, paged) % 64 == 0
+    assert sglang_truth.max_total_num_tokens(truth, _with(max_total_tokens=1000)) == 1000
+    view = sglang_truth.engine_view(truth, args)
+    assert (view.max_model_len, view.max_num_seqs, view.max_num_batched_tokens, view.block_size) == (
+        8192,
+        4096,
+        8192,
+        1,
+    )
+    # a pool shorter than the context shortens requests (tp_worker.py), it does not stop the start
+    short = dataclasses.replace(truth, sglang_weights_gib=65.0)
+    assert 0 < sglang_truth.max_total_num_tokens(short, args) < 8192
+    assert sglang_truth.startup_error(short, args) is None
+    assert sglang_truth.engine_view(short, args).max_model_len == sglang_truth.max_total_num_tokens(
+        short, args
+    )
+
+
+def test_start_up_fails_with_sglangs_texts_and_kvpilot_reads_them_as_memory_short() -> None:
+    truth = H100_8B
+    low = _with(mem_fraction_static=0.15)
+    error = sglang_truth.startup_error(truth, low)
+    assert error is not None and error.startswith("ValueError: Loaded weights leave no GPU memory")
+    minimum = 1 - (79.11 - 0.5 - 14.99) / (79.11 - 0.5)
+    assert f"minimum viable = 1 - available/pre = {minimum:.4f}" in error
+    # a share that leaves less than one token's cell: MemoryPoolConfig's text
+    tiny = dataclasses.replace(truth, sglang_weights_gib=(79.11 - 0.5) * 0.835 - 64 * 131072 / GiB)
+    paged = _with(page_size=128)
+    error2 = sglang_truth.startup_error(tiny, paged)
+    assert error2 == (
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+        "Current value: mem_fraction_static=0.835"
+    )
+    engine = SglangEngine()
+    for e, args in ((error, low), (error2, paged)):
+        log = sglang_truth.startup_failure_log(tiny if e is error2 else truth, args, e)
+        found = engine.classify_failure(termination_message(log))
+        assert (
+            found is not None and found.kind == "start_memory_short" and found.memory_share_direction > 0
+        ), found
+
+
+def test_a_runtime_oom_above_the_threshold_and_kvpilot_reads_it_as_lower_the_fraction() -> None:
+    truth = dataclasses.replace(H100_8B, runtime_oom_above_mem_fraction_static=0.815)
+    assert sglang_truth.runtime_oom(truth, SglangArgs.parse(PLAN))
+    assert not sglang_truth.runtime_oom(truth, _with(mem_fraction_static=0.8))
+    assert not sglang_truth.runtime_oom(H100_8B, SglangArgs.parse(PLAN))
+    batch = dataclasses.replace(H100_8B, runtime_oom_above_max_num_seqs=4)
+    assert sglang_truth.runtime_oom(batch, _with(max_running_requests=5))
+    assert not sglang_truth.runtime_oom(batch, _with(max_running_requests=4))
+    assert sglang_truth.runtime_oom(batch, SglangArgs.parse(PLAN))  # SGLang's default: 4096
+    text = sglang_truth.cuda_oom_message(truth, SglangArgs.parse(PLAN))
+    log = "\n".join([sglang_truth.serving_log(truth, SglangArgs.parse(PLAN)), text])
+    found = SglangEngine().classify_failure(termination_message(log))
+    assert found is not None and found.kind == "runtime_oom" and found.memory_share_direction < 0, found
+    # the retraction warning kvpilot reads as pressure in a restart's log
+    warning = sglang_truth.retraction_warning(3, 1200, 0.7, 1.0)
+    pressure = SglangEngine().classify_failure(warning)
+    assert pressure is not None and pressure.kind == "kv_pressure"
+
+
+def test_a_full_pool_retracts_and_the_counter_shows_it() -> None:
+    """Long requests at a high rate into a ~24K-token pool: the engine model retracts (its preemptions), and
+    the exposition counts them in ``sglang:num_retracted_requests_total`` with the token usage near 1."""
+    weights = (79.11 - 0.5) * 0.835 - 24576 * 131072 / GiB
+    truth = dataclasses.replace(H100_8B, sglang_weights_gib=weights)
+    args = SglangArgs.parse(PLAN)
+    tokens = sglang_truth.max_total_num_tokens(truth, args)
+    assert 24000 <= tokens <= 24576
+    sim = SimEngine(
+        truth,
+        Workload(arrival_rate=3.0, prompt_tokens=1500, output_tokens=1500),
+        sglang_truth.engine_view(truth, args),
+        num_gpu_blocks=tokens + 1,
+    )
+    metrics = SglangMetrics(truth, args)
+    usage = []
+    for _ in range(60):
+        sim.advance(1.0)
+        metrics.record(
+            running=sim.num_running, waiting=sim.num_waiting, kv_usage=sim.kv_usage, deltas=sim.drain()
+        )
+        usage.append(sim.kv_usage)
+    assert sim.total_preemptions > 0
+    assert sim.used_blocks <= tokens
+    assert max(usage) >= 0.95
+    fams = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    retracted = fams["sglang:num_retracted_requests"].samples[0].value
+    assert retracted == sim.total_preemptions
+    assert fams["sglang:max_total_num_tokens"].samples[0].value == tokens
