@@ -178,20 +178,36 @@ def _plan_sglang(
     budget = engines.plan_sglang_budget(
         spec, gpu, settings, weights_total_bytes=args.checkpoint_bytes or checkpoint
     )
-    flags = sglang.build_sglang_args(budget.rendered)
-    explanation = engines.explain_sglang_budget(budget)
+    figures = {"max_total_tokens": budget.max_total_tokens}
+    return _write_engine_plan(
+        args,
+        out,
+        f"{model} on {args.gpus or 1} x {gpu.name} (SGLang {sglang.PINNED_SGLANG_VERSION})",
+        {"model": model, "gpu": gpu.name, "engine": "SGLang", "release": sglang.PINNED_SGLANG_VERSION},
+        budget.feasible,
+        figures,
+        sglang.build_sglang_args(budget.rendered),
+        engines.explain_sglang_budget(budget),
+    )
+
+
+def _write_engine_plan(
+    args: argparse.Namespace,
+    out: TextIO,
+    title: str,
+    view: dict[str, Any],
+    feasible: bool,
+    figures: dict[str, Any],
+    flags: list[str],
+    explanation: list[str],
+) -> int:
+    """Another engine's plan as ``plan --engine`` prints it (``--json``: ``view``, ``feasible``, the budget's
+    ``figures``, the flags and the explanation); the exit code says whether it starts."""
     if args.json:
-        view: dict[str, Any] = {
-            "model": model,
-            "gpu": gpu.name,
-            "engine": "SGLang",
-            "release": sglang.PINNED_SGLANG_VERSION,
-        }
-        view |= {"feasible": budget.feasible, "max_total_tokens": budget.max_total_tokens, "args": flags}
-        json.dump({**view, "explanation": explanation}, out, indent=2)
+        body = {**view, "feasible": feasible, **figures, "args": flags, "explanation": explanation}
+        json.dump(body, out, indent=2)
         out.write("\n")
     else:
-        title = f"{model} on {args.gpus or 1} x {gpu.name} (SGLang {sglang.PINNED_SGLANG_VERSION})"
         lines = [
             title,
             "",
@@ -202,7 +218,7 @@ def _plan_sglang(
             *[f"  {line}" for line in explanation],
         ]
         out.write("\n".join(lines) + "\n")
-    return EXIT_OK if budget.feasible else EXIT_INFEASIBLE
+    return EXIT_OK if feasible else EXIT_INFEASIBLE
 
 
 def _plan_tgi(
@@ -227,37 +243,21 @@ def _plan_tgi(
     budget = engines.plan_tgi_budget(
         spec, gpu, settings, weights_total_bytes=args.checkpoint_bytes or checkpoint
     )
-    flags = tgi.build_tgi_args(budget.rendered)
-    explanation = engines.explain_tgi_budget(budget)
-    if args.json:
-        view: dict[str, Any] = {
-            "model": model,
-            "gpu": gpu.name,
-            "engine": "TGI",
-            "release": tgi.PINNED_TGI_VERSION,
-        }
-        view |= {
-            "feasible": budget.feasible,
-            "max_batch_total_tokens": budget.max_batch_total_tokens,
-            "max_total_tokens": budget.max_total_tokens,
-            "concurrency": budget.concurrency,
-            "args": flags,
-        }
-        json.dump({**view, "explanation": explanation}, out, indent=2)
-        out.write("\n")
-    else:
-        title = f"{model} on {args.gpus or 1} x {gpu.name} (TGI {tgi.PINNED_TGI_VERSION})"
-        lines = [
-            title,
-            "",
-            "Args",
-            f"  {shlex.join(flags)}",
-            "",
-            "Why:",
-            *[f"  {line}" for line in explanation],
-        ]
-        out.write("\n".join(lines) + "\n")
-    return EXIT_OK if budget.feasible else EXIT_INFEASIBLE
+    figures = {
+        "max_batch_total_tokens": budget.max_batch_total_tokens,
+        "max_total_tokens": budget.max_total_tokens,
+        "concurrency": budget.concurrency,
+    }
+    return _write_engine_plan(
+        args,
+        out,
+        f"{model} on {args.gpus or 1} x {gpu.name} (TGI {tgi.PINNED_TGI_VERSION})",
+        {"model": model, "gpu": gpu.name, "engine": "TGI", "release": tgi.PINNED_TGI_VERSION},
+        budget.feasible,
+        figures,
+        tgi.build_tgi_args(budget.rendered),
+        engines.explain_tgi_budget(budget),
+    )
 
 
 AUTO = "auto"
