@@ -245,6 +245,9 @@ def test_a_runtime_oom_lowers_the_fraction_and_the_new_flags_pass_probation(loop
         f["failure"] == "runtime_oom" and flags(f["args"]).mem_fraction_static == planned.mem_fraction_static
         for f in failed
     ), failed
+    history = [h for h in status(obj).get("history") or () if h.get("action") == "Retuned"]  # the audit trail
+    assert history and flags(history[-1]["toEngineArgs"]) == now, status(obj).get("history")
+    assert flags(history[-1]["fromEngineArgs"]).mem_fraction_static == planned.mem_fraction_static
     reasons = [e["reason"] for e in loop.events("oom")]
     assert "Retuned" in reasons and "RolloutSucceeded" in reasons, reasons
     retuned = next(e for e in loop.events("oom") if e["reason"] == "Retuned")

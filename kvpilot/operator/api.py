@@ -632,6 +632,16 @@ class HistoryRecord(_Wire):
     to: Settings | None = None
 
 
+class ServiceHistoryRecord(HistoryRecord):
+    """An InferenceService's ``status.history`` entry: also another engine's flags (an EngineTuner tunes
+    vLLM)."""
+
+    from_engine_args: list[str] | None = Field(None, max_length=64)
+    """Another engine's flags before (SGLang's), in its own spelling."""
+    to_engine_args: list[str] | None = Field(None, max_length=64)
+    """Another engine's flags after."""
+
+
 class KopfState(_Wire):
     """kopf's diff base (``kopf.StatusDiffBaseStorage``): the spec as last handled, JSON-encoded; and its
     handler progress (``kopf.StatusProgressStorage``) while a handler is being retried."""
@@ -671,7 +681,7 @@ class InferenceServiceStatus(_Wire):
     profile: ProfileUsed | None = None
     rollout: ServiceRollout | None = None
     startup_seconds: float | None = Field(None, ge=0)
-    history: list[HistoryRecord] = Field(default_factory=list, max_length=20)
+    history: list[ServiceHistoryRecord] = Field(default_factory=list, max_length=20)
     last_change_time: str | None = None
     kopf: KopfState | None = None
 

@@ -10,9 +10,10 @@ from typing import Any
 import yaml
 
 from kvpilot.operator import api
-from kvpilot.operator.status import sglang_patch
+from kvpilot.operator.inferenceservice import sglang_reading
+from kvpilot.operator.status import sglang_patch, status_patch
 from kvpilot.tuner import sglang
-from kvpilot.tuner.loop import Action, FailedRun, MetricsStatus, SglangDecision
+from kvpilot.tuner.loop import Action, FailedRun, HistoryAction, MetricsStatus, SglangDecision
 
 FAILED = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84, chunked_prefill_size=8192)
 LOWER = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.8, chunked_prefill_size=8192)
@@ -142,3 +143,39 @@ def test_auto_records_a_change_as_rolled_out_then_its_probation_and_success() ->
     assert done.status["rollout"] is None and done.status["lastGoodEngineArgs"] == args
     assert ("Normal", "RolloutSucceeded") in [e[:2] for e in done.events]
     assert conditions(done)["RolloutInProgress"]["status"] == "False"
+
+
+def test_a_rolled_out_change_and_a_persisting_infeasible_verdict_are_in_the_history() -> None:
+    old = {"appliedEngineArgs": sglang.build_sglang_args(FAILED)}
+    out = sglang_patch.build_sglang_patch(old, oom(), "Auto", generation=1, now=1000.0)
+    (entry, dedupe), *rest = out.lists.history
+    assert not rest and not dedupe and entry["action"] == "Retuned" and entry["trigger"] == "RuntimeOOM"
+    assert entry["fromEngineArgs"] == sglang.build_sglang_args(FAILED)
+    assert entry["toEngineArgs"] == sglang.build_sglang_args(LOWER)
+    old = landed(old, out)
+    assert [c.time for c in sglang_reading.read_changes(old)] == [1000.0]  # the gates count it
+    stuck = SglangDecision(
+        Action.INFEASIBLE, LOWER, "StartMemoryShort", "no larger fraction fits", metrics=FRESH
+    )
+    first = sglang_patch.build_sglang_patch(old, stuck, "Auto", generation=1, now=1030.0)
+    assert [e["action"] for e, _ in first.lists.history] == ["Infeasible"]
+    again = sglang_patch.build_sglang_patch(landed(old, first), stuck, "Auto", generation=1, now=1060.0)
+    assert again.lists.history == []  # recorded once
+
+
+def test_the_history_entries_are_the_crds() -> None:
+    crd = yaml.safe_load(
+        (Path(__file__).parents[2] / "crds" / "inferenceservices.kvpilot.io.yaml").read_text()
+    )
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    fields = set(status["history"]["items"]["properties"])
+    entry = status_patch.build_history_entry(
+        time="t",
+        action=HistoryAction.RETUNED,
+        trigger="x",
+        reason="y",
+        from_engine_args=[],
+        to_engine_args=[],
+    )
+    assert set(entry) <= fields and {"fromEngineArgs", "toEngineArgs"} <= fields
+    api.ServiceHistoryRecord.model_validate(entry)

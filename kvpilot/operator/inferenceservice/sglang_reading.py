@@ -56,11 +56,10 @@ def build_state_and_evidence(
     mine = [p for p in live if p.settings == current]
     restarts = tuple(p.restart for p in pods if p.restart is not None and p.settings == current)
     ready = replicas > 0 and sum(1 for p in mine if p.ready) >= replicas and len(mine) == len(live)
-    changed = parse_time(status.get("lastChangeTime"))
     state = SglangLoopState(
         current,
         sglang_patch.read_failed_runs(status),
-        (SglangChange(changed, "lastChangeTime"),) if changed is not None else (),
+        read_changes(status),
         sglang_patch.read_rollout(status, current) if mode == "Auto" else None,
         sglang_patch.read_args(status, "lastGoodEngineArgs") if mode == "Auto" else None,
     )
@@ -77,3 +76,19 @@ def build_sglang_context(
     slo = loop_settings.build_slo(spec)
     bounds = loop_settings.build_bounds(spec, False, None)
     return SglangContext(memory, bounds, policy, slo.ttft_p95_seconds if slo is not None else None)
+
+
+def read_changes(status: Mapping[str, Any]) -> tuple[SglangChange, ...]:
+    """The changes the loop made, for the gates (the minimum interval, the cooldown, the hourly limit): the
+    ``Retuned`` and ``RolledBack`` entries of ``status.history`` in SGLang's flags, and ``lastChangeTime``
+    when the history no longer holds it."""
+    changes = [
+        SglangChange(when, str(entry.get("trigger") or ""))
+        for entry in status.get("history") or ()
+        if entry.get("action") in ("Retuned", "RolledBack") and entry.get("toEngineArgs") is not None
+        if (when := parse_time(entry.get("time"))) is not None
+    ]
+    last = parse_time(status.get("lastChangeTime"))
+    if last is not None and all(c.time != last for c in changes):
+        changes.append(SglangChange(last, "lastChangeTime"))
+    return tuple(changes)

@@ -29,10 +29,18 @@ from kvpilot.operator import conditions
 from kvpilot.operator.pods.pod_status import parse_time
 from kvpilot.operator.status import events
 from kvpilot.operator.status.loop_patch import PROBATION, ROLLING_OUT
-from kvpilot.operator.status.status_patch import ListPatch, StatusPatch, Update, cap, format_time
+from kvpilot.operator.status.status_patch import (
+    ListPatch,
+    StatusPatch,
+    Update,
+    append_history,
+    build_history_entry,
+    cap,
+    format_time,
+)
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import sglang
-from kvpilot.tuner.loop import Action, FailedRun, SglangDecision, SglangRollout, Trigger
+from kvpilot.tuner.loop import Action, FailedRun, HistoryAction, SglangDecision, SglangRollout, Trigger
 from kvpilot.tuner.loop.sglang_fit import ROLLOUT_FAILED, RunFailure
 
 RECOMMENDING, TUNING = "Recommending", "Tuning"
@@ -120,7 +128,34 @@ def build_sglang_patch(
     was = conditions.find_condition(old.get("conditions"), conditions.CLOSED_LOOP) or {}
     if decision.action == Action.INFEASIBLE and last not in str(was.get("message") or ""):
         out.events.append((events.WARNING, "Infeasible", decision.reason))
+    if decision.action == Action.INFEASIBLE:
+        _add_history(old, decision, out, HistoryAction.INFEASIBLE, stamp, to_args=None, dedupe=True)
     return out
+
+
+def _add_history(
+    old: Mapping[str, Any],
+    decision: SglangDecision,
+    out: StatusPatch,
+    action: HistoryAction,
+    stamp: str,
+    *,
+    to_args: list[str] | None,
+    dedupe: bool,
+) -> None:
+    """One ``status.history`` entry in SGLang's flags (``fromEngineArgs``: what the status says the
+    Deployment runs), appended by the :class:`ListPatch` on the freshest history; a verdict that persists
+    (``dedupe``) is recorded once."""
+    entry = build_history_entry(
+        time=stamp,
+        action=action,
+        trigger=decision.trigger,
+        reason=decision.reason,
+        from_engine_args=old.get("appliedEngineArgs"),
+        to_engine_args=to_args,
+    )
+    if append_history(old.get("history") or (), entry, dedupe=dedupe) is not None and out.lists is not None:
+        out.lists.history.append((entry, dedupe))
 
 
 def _add_failed(old: Mapping[str, Any], decision: SglangDecision, out: StatusPatch) -> None:
@@ -156,6 +191,8 @@ def _add_rollout(
         }
         retuned = decision.action == Action.RETUNE
         kind, reason = (events.NORMAL, "Retuned") if retuned else (events.WARNING, "RolledBack")
+        action = HistoryAction.RETUNED if retuned else HistoryAction.ROLLED_BACK
+        _add_history(old, decision, out, action, format_time(now), to_args=args, dedupe=False)
         out.events.append((kind, reason, cap(decision.reason)))
         out.decisions.append(reason)
         return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, reason, cap(decision.reason))]

@@ -98,8 +98,11 @@ def build_history_entry(
     reason: str,
     from_settings: EngineSettings | None = None,
     to_settings: EngineSettings | None = None,
+    from_engine_args: Sequence[str] | None = None,
+    to_engine_args: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """One ``status.history`` entry; ``from`` / ``to`` only when given."""
+    """One ``status.history`` entry; ``from`` / ``to`` (vLLM's settings) and ``fromEngineArgs`` /
+    ``toEngineArgs`` (another engine's flags) only when given."""
     entry: dict[str, Any] = {
         "time": time,
         "action": str(action),
@@ -110,6 +113,10 @@ def build_history_entry(
         entry["from"] = api.Settings.from_engine(from_settings).wire()
     if to_settings is not None:
         entry["to"] = api.Settings.from_engine(to_settings).wire()
+    if from_engine_args is not None:
+        entry["fromEngineArgs"] = list(from_engine_args)
+    if to_engine_args is not None:
+        entry["toEngineArgs"] = list(to_engine_args)
     return entry
 
 
@@ -128,10 +135,11 @@ def append_history(
     :func:`kvpilot.operator.enginetuner.target_loop.compute_current`)."""
     if dedupe and old:
         last = old[-1]
-        if (last.get("action"), last.get("trigger"), compact(last.get("to"))) == (
+        if (last.get("action"), last.get("trigger"), compact(last.get("to")), last.get("toEngineArgs")) == (
             entry.get("action"),
             entry.get("trigger"),
             compact(entry.get("to")),
+            entry.get("toEngineArgs"),
         ):
             return None
     history = [*(dict(e) for e in old), dict(entry)]
