@@ -16,9 +16,7 @@ from kvpilot.operator import api
 from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.planning import modes, profile_scope, profiles, resolve
-from kvpilot.operator.status import status_patch
-from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner import sglang
+from kvpilot.operator.status import sglang_patch, status_patch
 
 
 def read_kept(
@@ -51,10 +49,7 @@ def read_applied(old: Mapping[str, Any], spec: api.InferenceServiceSpec) -> desi
         return api.Settings.model_validate(old["applied"]) if old.get("applied") else None
     if spec.engine.kind != "SGLang":  # TGI: no loop retunes it, its plan is its flags
         return None
-    try:
-        return sglang.parse_sglang_args([str(a) for a in old.get("appliedEngineArgs") or ()])
-    except tuner_errors.TunerError:
-        return None
+    return sglang_patch.read_args(old, "appliedEngineArgs")
 
 
 async def fetch_wanted(

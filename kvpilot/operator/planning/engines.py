@@ -105,6 +105,10 @@ def _check_sglang_spec(spec: api.InferenceServiceSpec) -> None:
             )
 
 
+_SGLANG_FLAGS = (sglang.MODEL_FLAG, sglang.REVISION_FLAG, sglang.HOST_FLAG, sglang.PORT_FLAG)
+_TGI_FLAGS = (tgi.MODEL_FLAG, tgi.REVISION_FLAG, tgi.HOSTNAME_FLAG, tgi.PORT_FLAG)
+"""Each engine's model, revision, host and port flags (its own package's names)."""
+
 CONTEXT_STEP = 1024
 """A context shortened to fit the pool is rounded down to a multiple of this."""
 
@@ -139,22 +143,6 @@ def compute_sglang_budget(spec: api.InferenceServiceSpec, inputs: resolve.Inputs
     return engines.plan_sglang_budget(model, gpu, settings, weights_total_bytes=weights)
 
 
-def _sglang_args(spec: api.InferenceServiceSpec, planned: Sequence[str], serving: Serving) -> list[str]:
-    args = [sglang.MODEL_FLAG, spec.model.id]
-    if spec.model.revision:
-        args += [sglang.REVISION_FLAG, spec.model.revision]
-    return [
-        *args,
-        sglang.HOST_FLAG,
-        "0.0.0.0",
-        sglang.PORT_FLAG,
-        str(serving.port),
-        *planned,
-        *serving.metrics_args,
-        *spec.engine.extra_args,
-    ]
-
-
 def plan_sglang(
     spec: api.InferenceServiceSpec, inputs: resolve.Inputs, kept: sglang.SglangSettings | None = None
 ) -> EnginePlan:
@@ -174,7 +162,7 @@ def plan_sglang(
     kept = kept if mode == "Auto" else None
     planned = tuple(sglang.build_sglang_args(budget.rendered if kept is None else kept))
     serving = engines.lookup_engine("SGLang").serving
-    args = tuple(_sglang_args(spec, planned if mode == "Auto" else (), serving))
+    args = tuple(_launch_args(spec, planned if mode == "Auto" else (), serving, _SGLANG_FLAGS))
     summary = (
         f"SGLang {sglang.PINNED_SGLANG_VERSION}: {' '.join(planned)}; KV pool "
         f"{budget.pool_bytes / GIB:.2f} GiB = {budget.max_total_tokens} tokens, "
@@ -233,17 +221,27 @@ def compute_tgi_budget(spec: api.InferenceServiceSpec, inputs: resolve.Inputs) -
     return engines.plan_tgi_budget(model, gpu, settings, weights_total_bytes=weights)
 
 
-def _tgi_args(spec: api.InferenceServiceSpec, planned: Sequence[str], serving: Serving) -> list[str]:
-    args = [tgi.MODEL_FLAG, spec.model.id]
+def _launch_args(
+    spec: api.InferenceServiceSpec,
+    planned: Sequence[str],
+    serving: Serving,
+    flags: tuple[str, str, str, str],
+) -> list[str]:
+    """The container's arguments after the engine's command: the model (``flags``: the engine's model,
+    revision, host and port flags), where it listens, the planned flags, the flags that turn its metrics on
+    (:attr:`Serving.metrics_args`), then the user's ``extraArgs``."""
+    model, revision, host, port = flags
+    args = [model, spec.model.id]
     if spec.model.revision:
-        args += [tgi.REVISION_FLAG, spec.model.revision]
+        args += [revision, spec.model.revision]
     return [
         *args,
-        tgi.HOSTNAME_FLAG,
+        host,
         "0.0.0.0",
-        tgi.PORT_FLAG,
+        port,
         str(serving.port),
         *planned,
+        *serving.metrics_args,
         *spec.engine.extra_args,
     ]
 
@@ -270,7 +268,7 @@ def plan_tgi(
     mode = spec.tuning.mode
     planned = tuple(tgi.build_tgi_args(budget.rendered))
     serving = engines.lookup_engine("TGI").serving
-    args = tuple(_tgi_args(spec, planned if mode == "Auto" else (), serving))
+    args = tuple(_launch_args(spec, planned if mode == "Auto" else (), serving, _TGI_FLAGS))
     summary = (
         f"TGI {tgi.PINNED_TGI_VERSION}: {' '.join(planned)}; KV {budget.max_batch_total_tokens} tokens "
         f"(max batch total), {budget.concurrency} request(s) at --max-total-tokens"
