@@ -384,6 +384,23 @@ async def test_sglang_retractions_recommend_fewer_running_requests(harness: Harn
     assert condition(body, "MetricsAvailable")["status"] == "True"
 
 
+async def test_a_resume_keeps_the_loops_sglang_recommendation_and_a_new_plan_voids_it(
+    harness: Harness,
+) -> None:
+    loop = LoopHarness(harness)
+    body = sglang_isvc(serving={"maxContextLength": 16384}, tuning={"mode": "Recommend"})
+    await harness.run(body)
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30, kv=0.97, preempt=0.5, running=40, waiting=5)
+    await loop.tick(body)
+    rec = body["status"]["recommendation"]
+    assert rec is not None and rec["trigger"] == "KvPressure"
+    await harness.run(body, trigger=handlers.RESUMED)  # the operator restarted: the plan stands
+    assert body["status"]["recommendation"] == rec
+    await harness.run(body, trigger=handlers.CREATED)  # a first visit plans again
+    assert body["status"].get("recommendation") is None
+
+
 async def test_sglang_in_mode_off_is_left_alone(harness: Harness) -> None:
     loop = LoopHarness(harness)
     body = sglang_isvc(serving={"maxContextLength": 16384}, tuning={"mode": "Off"})

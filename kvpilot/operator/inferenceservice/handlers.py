@@ -71,14 +71,14 @@ async def reconcile(
         if deps.kube is not None:  # without a client the apply below says so
             await workloads.fetch_workload_served(deps.kube, parsed)
         inputs = await resolve.fetch_inputs(parsed, namespace, deps.kube, deps.hub)
-        keep = plan_choice.read_kept(
+        stands = plan_choice.compute_plan_stands(
             old,
-            parsed,
             resumed=trigger == RESUMED,
             spec_changed=trigger == SPEC_CHANGED,
             first_visit=first_visit,
             diff=diff,
         )
+        keep = plan_choice.read_kept(old, parsed, stands=stands)
         wanted = await plan_choice.fetch_wanted(deps.kube, deps.plan_fn, meta, parsed, inputs, keep, logger)
         if deps.kube is None:
             raise errors.ApplyFailed("no Kubernetes client configured")
@@ -108,6 +108,7 @@ async def reconcile(
             plan=wanted.engine_plan,
             selector=workloads.build_label_selector(name),
             announce=first_visit,
+            replanned=not stands,
         )
         _write(deps, body, patch, old, engine_out)
         _record(deps, metrics.record_reconcile, "success")

@@ -19,26 +19,27 @@ from kvpilot.operator.planning import modes, profile_scope, profiles, resolve
 from kvpilot.operator.status import sglang_patch, status_patch
 
 
-def read_kept(
-    old: Mapping[str, Any],
-    spec: api.InferenceServiceSpec,
-    *,
-    resumed: bool,
-    spec_changed: bool,
-    first_visit: bool,
-    diff: Any,
-) -> desired.Kept | None:
-    """``status.applied`` (which the closed loop may have retuned; another engine's flags:
-    ``status.appliedEngineArgs``) when it is re-applied instead of a plan: the last reconcile succeeded,
-    and this is a resume of an observed generation (``resumed``, not ``first_visit``) or a plan-neutral
-    spec change (replicas, image, env, resources, tolerations, the closed loop's knobs); ``None``: plan."""
-    if not (old.get("applied") or old.get("appliedEngineArgs")) or not status_patch.reconcile_succeeded(old):
-        return None
+def compute_plan_stands(
+    old: Mapping[str, Any], *, resumed: bool, spec_changed: bool, first_visit: bool, diff: Any
+) -> bool:
+    """Whether the last reconcile's plan still stands: it succeeded, and this is a resume of an observed
+    generation (``resumed``, not ``first_visit``) or a plan-neutral spec change (replicas, image, env,
+    resources, tolerations, the closed loop's knobs). Else the planner plans again, and what the closed
+    loop decided against the old plan (its recommendation) is void."""
+    if not status_patch.reconcile_succeeded(old):
+        return False
     if resumed:
-        keep = not first_visit
-    else:
-        keep = spec_changed and diff is not None and not modes.compute_replan_needed(diff)
-    return read_applied(old, spec) if keep else None
+        return not first_visit
+    return spec_changed and diff is not None and not modes.compute_replan_needed(diff)
+
+
+def read_kept(old: Mapping[str, Any], spec: api.InferenceServiceSpec, *, stands: bool) -> desired.Kept | None:
+    """``status.applied`` (which the closed loop may have retuned; another engine's flags:
+    ``status.appliedEngineArgs``) when it is re-applied instead of a plan: the plan stands
+    (:func:`compute_plan_stands`) and the status records it; ``None``: plan."""
+    if not stands or not (old.get("applied") or old.get("appliedEngineArgs")):
+        return None
+    return read_applied(old, spec)
 
 
 def read_applied(old: Mapping[str, Any], spec: api.InferenceServiceSpec) -> desired.Kept | None:

@@ -227,23 +227,35 @@ def add_rollout_progress(old: Mapping[str, Any], tick: LoopTick, out: StatusPatc
     ``RolloutInProgress`` says why nothing rolls out."""
     if tick.changed:
         return []
-    decision, state = tick.decision, tick.state
-    active = state.rollout is not None and decision.trigger in ROLLOUT_ACTIVE
-    if state.rollout is not None and not active:
-        out.status["rollout"] = None
-        if decision.trigger == Trigger.ROLLOUT_SUCCEEDED:
-            out.events.append((events.NORMAL, "RolloutSucceeded", decision.reason))
-    if active and decision.trigger == Trigger.ROLLOUT_PROBATION:
-        until = decision.probation_until
-        if state.rollout is not None and state.rollout.probation_until is None and until is not None:
-            wire = dict(old.get("rollout") or {})
-            out.status["rollout"] = {**wire, "phase": PROBATION, "probationUntil": format_time(until)}
-        return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Probation", decision.reason)]
-    if active:
-        return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", decision.reason)]
+    decision = tick.decision
+    wire = (old.get("rollout") or {}) if tick.state.rollout is not None else {}
+    judged = add_judged_rollout(wire, decision.trigger, decision.probation_until, decision.reason, out)
+    if judged is not None:
+        return judged
     if decision.recommended is not None:
         return [(conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Held", decision.reason)]
     return [(conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress")]
+
+
+def add_judged_rollout(
+    wire: Mapping[str, Any], trigger: str, probation_until: float | None, reason: str, out: StatusPatch
+) -> list[Update] | None:
+    """The rollout in ``status.rollout`` (``wire``; empty when there is none), for every engine: it ends
+    (cleared, with ``RolloutSucceeded`` when it succeeded), goes on probation (``probationUntil`` recorded
+    once) or waits. ``None`` when no rollout is being judged now."""
+    active = bool(wire) and trigger in ROLLOUT_ACTIVE
+    if wire and not active:
+        out.status["rollout"] = None
+        if trigger == Trigger.ROLLOUT_SUCCEEDED:
+            out.events.append((events.NORMAL, "RolloutSucceeded", reason))
+    if not active:
+        return None
+    if trigger == Trigger.ROLLOUT_PROBATION:
+        if wire.get("probationUntil") is None and probation_until is not None:
+            until = format_time(probation_until)
+            out.status["rollout"] = {**wire, "phase": PROBATION, "probationUntil": until}
+        return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Probation", reason)]
+    return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", reason)]
 
 
 def add_verdict(old: Mapping[str, Any], tick: LoopTick, out: StatusPatch) -> list[Update]:

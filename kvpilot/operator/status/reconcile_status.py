@@ -129,11 +129,14 @@ def build_engine_success_status(
     plan: EnginePlan,
     selector: str | None = None,
     announce: bool = False,
+    replanned: bool = True,
 ) -> StatusPatch:
     """Status after another engine's Deployment (``spec.engine.kind`` SGLang) was applied: the plan in its
-    own terms in ``Planned`` (``status.applied``, ``budget`` and ``recommendation`` are vLLM's settings
-    and stay unset), the flags deployed in mode Auto in ``appliedEngineArgs`` (the closed loop's, when the
-    reconcile kept them), ``Ready``, and a ``Planned`` event on the first sight of a generation."""
+    own terms in ``Planned`` (``status.applied`` and ``budget`` are vLLM's settings and stay unset), the
+    flags deployed in mode Auto in ``appliedEngineArgs`` (the closed loop's, when the reconcile kept them),
+    ``Ready``, and a ``Planned`` event on the first sight of a generation. The closed loop's
+    ``recommendation`` (in the engine's flags) is voided by a new plan only (``replanned``): a reconcile
+    that kept the flags keeps it, so the loop does not announce it again."""
     gpu = inputs.gpu
     deployed = (
         f"the flags {' '.join(plan.planned)}"
@@ -160,9 +163,10 @@ def build_engine_success_status(
             "memoryGiB": round(gpu.gpu.total_bytes / GIB, 2),
         },
         "warnings": list(gpu.warnings)[:WARNINGS_LIMIT],
-        "recommendation": None,
         "appliedEngineArgs": list(plan.planned) if plan.mode == "Auto" else None,
     }
+    if replanned:
+        patch["recommendation"] = None
     if selector is not None:
         patch["selector"] = selector
     out = StatusPatch(status=patch, lists=ListPatch(generation, now, updates=updates))

@@ -28,7 +28,7 @@ from typing import Any
 from kvpilot.operator import conditions
 from kvpilot.operator.pods.pod_status import parse_time
 from kvpilot.operator.status import events
-from kvpilot.operator.status.loop_patch import PROBATION, ROLLING_OUT
+from kvpilot.operator.status.loop_patch import ROLLING_OUT, add_judged_rollout
 from kvpilot.operator.status.status_patch import (
     ListPatch,
     StatusPatch,
@@ -40,15 +40,13 @@ from kvpilot.operator.status.status_patch import (
 )
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import sglang
-from kvpilot.tuner.loop import Action, FailedRun, HistoryAction, SglangDecision, SglangRollout, Trigger
+from kvpilot.tuner.loop import Action, FailedRun, HistoryAction, SglangDecision, SglangRollout
 from kvpilot.tuner.loop.sglang_fit import ROLLOUT_FAILED, RunFailure
 
 RECOMMENDING, TUNING = "Recommending", "Tuning"
 FAILED_LIMIT = 32
 """``status.failedEngineArgs`` keeps this many (the CRD's ``maxItems``)."""
 _FAILURES: tuple[RunFailure, ...] = ("start_memory_short", "start_oom", "runtime_oom", ROLLOUT_FAILED)
-ROLLOUT_ACTIVE = frozenset({Trigger.ROLLOUT_IN_PROGRESS, Trigger.ROLLOUT_PROBATION, Trigger.ROLLOUT_PENDING})
-"""Triggers of a rollout still being judged."""
 
 
 def read_failed_runs(status: Mapping[str, Any]) -> tuple[FailedRun, ...]:
@@ -197,18 +195,9 @@ def _add_rollout(
         out.decisions.append(reason)
         return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, reason, cap(decision.reason))]
     wire = old.get("rollout") or {}
-    active = bool(wire) and decision.trigger in ROLLOUT_ACTIVE
-    if wire and not active:
-        out.status["rollout"] = None
-        if decision.trigger == Trigger.ROLLOUT_SUCCEEDED:
-            out.events.append((events.NORMAL, "RolloutSucceeded", cap(decision.reason)))
-    if active and decision.trigger == Trigger.ROLLOUT_PROBATION:
-        until = decision.probation_until
-        if wire.get("probationUntil") is None and until is not None:
-            out.status["rollout"] = {**wire, "phase": PROBATION, "probationUntil": format_time(until)}
-        return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Probation", cap(decision.reason))]
-    if active:
-        return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", cap(decision.reason))]
+    judged = add_judged_rollout(wire, decision.trigger, decision.probation_until, cap(decision.reason), out)
+    if judged is not None:
+        return judged
     return [(conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress")]
 
 
