@@ -1,0 +1,7 @@
+"""``python -m kvpilot.cli``: the ``kvpilot`` command."""
+
+import sys
+
+from kvpilot.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,123 @@
+"""``kvpilot plan``: engine settings for a model on a GPU type, on one node or across nodes (vLLM), or
+another engine's budget (``--engine``: :mod:`kvpilot.cli.engine_plans`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+from typing import TextIO
+
+from kvpilot.cli.engine_plans import plan_sglang, plan_tgi
+from kvpilot.cli.inputs import EXIT_INFEASIBLE, EXIT_OK, CliError, positive_int, read_text
+from kvpilot.cli.plan_text import format_node_plan, format_plan, node_plan_as_json, plan_as_json
+from kvpilot.tuner import gpus, vllm
+from kvpilot.tuner import model as models
+from kvpilot.tuner.model.vision import VisionTower, apply_processor_configs
+from kvpilot.tuner.plan import compute_node_plan, compute_plan
+from kvpilot.tuner.types import ServingBounds
+
+AUTO = "auto"
+
+
+def _processor_limits(tower: VisionTower, folder: Path) -> VisionTower | None:
+    """The tower with the pixel budgets of the folder's ``preprocessor_config.json`` and
+    ``video_preprocessor_config.json``, where present (vLLM reads them from the checkpoint)."""
+    found = []
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
+        file = folder / name
+        found.append(models.parse_config_json(read_text(str(file)), str(file)) if file.is_file() else None)
+    return apply_processor_configs(tower, found[0], found[1])
+
+
+def run_plan(args: argparse.Namespace, out: TextIO) -> int:
+
+    if args.config:
+        # Bounded like the operator's ConfigMaps: at most 1 MiB, nested at most 32 deep, an object.
+        config = models.parse_config_json(read_text(args.config), args.config)
+        sidecar = Path(args.config) / models.QUANT_SIDECAR
+        if Path(args.config).is_dir() and sidecar.is_file():  # a ModelOpt checkpoint's quantization
+            quant = models.parse_config_json(read_text(str(sidecar)), str(sidecar))
+            config = dict(models.build_config_with_quant_sidecar(config, quant))
+        model_name, checkpoint = args.config, None
+    else:
+        config = models.lookup_model_config(args.model)
+        model_name = models.lookup_model(args.model).id
+        checkpoint = models.lookup_checkpoint_bytes(args.model)
+    gpu = gpus.lookup_gpu(args.gpu)
+    spec = models.build_model_spec(config)
+    if args.config and Path(args.config).is_dir() and spec.vision_tower is not None:
+        spec = dataclasses.replace(spec, vision_tower=_processor_limits(spec.vision_tower, Path(args.config)))
+    if args.engine == "sglang":
+        return plan_sglang(args, spec, gpus.lookup_gpu(args.gpu), model_name, checkpoint, out)
+    if args.engine == "tgi":
+        return plan_tgi(args, spec, gpu, model_name, checkpoint, out)
+    bounds = ServingBounds(
+        min_context=args.min_context,
+        max_context=args.max_context,
+        concurrency=args.concurrency,
+        allow_fp8_kv=args.allow_fp8_kv,
+    )
+    engine_args = shlex.split(args.engine_args or "")
+    vllm.check_engine_flags(engine_args)
+    nodes = _node_count(args)
+    if nodes is not None:
+        node_plan = compute_node_plan(
+            spec,
+            gpu,
+            args.gpus_per_node,
+            bounds,
+            nodes=None if nodes == AUTO else int(nodes),
+            vllm_version=args.vllm_version,
+            weights_total_bytes=args.checkpoint_bytes or checkpoint,
+            pin_kv_cache_memory=args.pin_kv_cache_memory,
+            engine=vllm.build_engine_flags(engine_args),
+        )
+        if args.json:
+            json.dump(node_plan_as_json(node_plan, model_name), out, indent=2)
+            out.write("\n")
+        else:
+            out.write(format_node_plan(node_plan, model_name))
+        return EXIT_OK if node_plan.feasible else EXIT_INFEASIBLE
+    plan = compute_plan(
+        spec,
+        gpu,
+        args.gpus or 1,
+        bounds,
+        vllm_version=args.vllm_version,
+        weights_total_bytes=args.checkpoint_bytes or checkpoint,
+        pin_kv_cache_memory=args.pin_kv_cache_memory,
+        engine=vllm.build_engine_flags(engine_args),
+    )
+    if args.json:
+        json.dump(plan_as_json(plan, model_name), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(format_plan(plan, model_name))
+    return EXIT_OK if plan.feasible else EXIT_INFEASIBLE
+
+
+def nodes_arg(text: str) -> str:
+    return AUTO if text == AUTO else str(positive_int(text))
+
+
+def _node_count(args: argparse.Namespace) -> str | None:
+    """``--nodes`` (a count or ``auto``), else the nodes ``--gpus`` fills when above ``--gpus-per-node``;
+    ``None``: one node, the single-node plan."""
+    per_node, count = args.gpus_per_node, args.gpus
+    if args.nodes is not None:
+        if count is not None and args.nodes != AUTO and count != int(args.nodes) * per_node:
+            raise CliError(
+                f"--gpus {count} is not --nodes {args.nodes} x --gpus-per-node {per_node}: give one of them"
+            )
+        return str(args.nodes)
+    if count is None or count <= per_node:
+        return None
+    if count % per_node:
+        raise CliError(
+            f"--gpus {count} spans nodes of {per_node} GPUs (--gpus-per-node) unevenly: give a multiple "
+            f"of {per_node}, or --nodes"
+        )
+    return str(count // per_node)
