@@ -110,3 +110,33 @@ def test_a_backlog_drained_by_the_newest_sample_does_not_lift_the_ceiling() -> N
     # 192 when that raise was held too)
     d = decide(drained(kv=0.30, waiting=400, running=139, prompt=500, output=200), current)
     assert (d.action, d.trigger) == (Action.RETUNE, Trigger.IDLE_CAPACITY)
+
+
+# --- the room a raise has is measured where the limit binds -------------------------------------------
+
+
+def with_burst_tail(win: ObservationWindow, tail: int, *, running: float, kv: float) -> ObservationWindow:
+    """``win`` whose ``tail`` oldest samples are a burst of long prompts still draining: few sequences
+    running, held below the limit by a full KV cache."""
+    samples = tuple(
+        dataclasses.replace(x, running=running, kv_usage=kv) if i < tail else x
+        for i, x in enumerate(win.samples)
+    )
+    return dataclasses.replace(win, samples=samples)
+
+
+def test_the_room_for_more_sequences_is_measured_where_the_limit_binds() -> None:
+    """long-prompt-bursts at minute 46: a window whose first samples were the tail of a burst of 30k-token
+    prompts (34 running at KV usage 0.92) and the rest chat at the limit (128 running at 0.30). The mean
+    over the window put the room at 147 and the loop crept 128 -> 147 -> 264 -> 293 over three bursts;
+    the samples where the limit binds show room for 375 at once."""
+    current = CURRENT.replace(max_num_seqs=128, max_num_batched_tokens=4096)
+    chat = window(kv=0.30, waiting=300, running=128, prompt=500, output=200, capacity=465504)
+    steady = decide(chat, current)
+    assert (steady.action, steady.trigger) == (Action.RETUNE, Trigger.IDLE_CAPACITY)
+    mixed = decide(with_burst_tail(chat, 4, running=34, kv=0.92), current)
+    assert (mixed.action, mixed.trigger) == (Action.RETUNE, Trigger.IDLE_CAPACITY)
+    assert mixed.settings.max_num_seqs == steady.settings.max_num_seqs == 375
+    # a window where the limit never binds (the queue is KV-bound throughout) is measured on all samples
+    bound = decide(with_burst_tail(chat, 10, running=34, kv=0.92), current)
+    assert bound.trigger != Trigger.IDLE_CAPACITY

@@ -366,9 +366,19 @@ def compute_room_seqs(s: Situation, scale: float = 1.0) -> int | None:
 
 
 def _usage_room(s: Situation, scale: float = 1.0) -> int | None:
-    """Sequences at ``target_kv_usage`` by the window's mean KV usage per running sequence."""
-    mean_kv = obs.compute_mean(s.window.samples, obs.kv_usage)
-    mean_running = obs.compute_mean(s.window.samples, obs.running)
+    """Sequences at ``target_kv_usage`` by the window's KV usage per running sequence, over the samples
+    where the sequence limit binds (running at ``seqs_saturation`` of it) when there are any: a raise of the
+    limit changes only those; a sample held below it by the KV cache (a burst of long prompts still
+    draining) says nothing of what the next sequences cost."""
+    samples = s.window.samples
+    limit = s.effective.max_num_seqs
+    if limit:
+        bound = tuple(
+            x for x in samples if x.running is not None and x.running >= s.policy.seqs_saturation * limit
+        )
+        samples = bound or samples
+    mean_kv = obs.compute_mean(samples, obs.kv_usage)
+    mean_running = obs.compute_mean(samples, obs.running)
     if not mean_kv or not mean_running or mean_kv <= 0 or mean_running < 1:
         return None
     room = s.policy.target_kv_usage * mean_running / mean_kv * scale
