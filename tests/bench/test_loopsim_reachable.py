@@ -1,8 +1,8 @@
 """The bench's ``reachable`` controller (bench/loopsim/controllers.py::compute_reachable): the plan until its
 first evidence, then the oracle's settings; the most a closed loop can serve from the plan.
 
-It is what tells a policy's loss from the plan's: on ``slow-start`` (a 21-minute start, planned at 8
-sequences) even a loop that knew the answer at the first scrape serves 21 more minutes at 8 sequences.
+It is what tells a policy's loss from the plan's: on ``slow-start`` (a 21-minute start, planned at 9
+sequences) even a loop that knew the answer at the first scrape serves 21 more minutes at 9 sequences.
 """
 
 from __future__ import annotations
