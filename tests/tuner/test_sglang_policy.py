@@ -233,10 +233,21 @@ def test_a_queue_at_the_limit_with_low_token_usage_adds_running_requests_within_
     assert 32 < raised <= room
 
 
-def test_no_queue_or_high_usage_holds_steady() -> None:
+def test_no_queue_or_no_room_holds_steady() -> None:
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
     assert decide(current, samples=window(kv_usage=0.2, running=32, waiting=0)).trigger == Trigger.STEADY
-    assert decide(current, samples=window(kv_usage=0.7, running=32, waiting=9)).trigger == Trigger.STEADY
+    # inside the band with no room worth a rollout at target_kv_usage (0.88 x 32 / 0.85 = 33 < 32 x 1.05)
+    assert decide(current, samples=window(kv_usage=0.85, running=32, waiting=9)).trigger == Trigger.STEADY
+
+
+def test_a_queue_at_the_limit_inside_the_band_takes_the_measured_room() -> None:
+    """As vLLM's rule: usage inside the 0.50..0.90 band is no reason to leave a queue waiting at the limit
+    when the window shows room (bench scenario sglang-queue: 128 running at 0.54 usage, 1,600 waiting,
+    held Steady for hours)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=128)
+    decision = decide(current, samples=window(kv_usage=0.54, running=128, waiting=1600))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
+    assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 128 / 0.54)
 
 
 def test_a_missed_ttft_objective_halves_the_prefill_chunk() -> None:

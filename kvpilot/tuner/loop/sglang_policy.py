@@ -15,7 +15,8 @@ first step with something to say decides:
 2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
 3. **pressure** -- token usage high with retractions (or SGLang's "KV cache pool is full" text);
 4. **latency** -- the TTFT objective missed;
-5. **idle** -- a queue at the running-request limit with token usage low;
+5. **idle** -- a queue at the running-request limit with room in the pool (usage low, or measured room
+   inside the band);
 6. otherwise hold.
 
 A chosen candidate then passes the gates vLLM's does: the minimum interval between changes, the cooldown

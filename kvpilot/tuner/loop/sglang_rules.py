@@ -21,8 +21,9 @@ start-up and run time, and each rule here says which way it goes:
 - ``KvPressure`` (sustained token usage with retractions, or "KV cache pool is full. Retract requests."):
   more pool when the fraction is under its ceiling and no OOM ruled that out, else fewer
   ``--max-running-requests``.
-- ``IdleCapacity``: a queue at the running-request limit with token usage low: more running requests,
-  within the room the window's usage per request shows at ``target_kv_usage``.
+- ``IdleCapacity``: a queue at the running-request limit with token usage low (more running requests,
+  within the room the window's usage per request shows at ``target_kv_usage``), or inside the band with that
+  measured room worth a rollout (the room, taken whole), as vLLM's rule does.
 - ``LatencySlo``: the TTFT objective missed in most samples: a smaller ``--chunked-prefill-size``.
 
 A value the history ruled out is never proposed again (:func:`~.sglang_fit.is_ruled_out`): a fraction at or
@@ -235,34 +236,46 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
 
 
 def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
-    """A queue at the running-request limit with token usage low: more running requests, within the room
-    the window's usage per running request shows at ``target_kv_usage``."""
+    """A queue at the running-request limit and room in the pool: more running requests.
+
+    Room is, as for vLLM (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`), either sustained token
+    usage <= ``kv_usage_low`` (raise by the step, capped by the room the window's usage per running request
+    shows at ``target_kv_usage``) or, inside the 0.50..0.90 band, that measured room itself, taken whole when
+    it is worth a rollout (at least ``min_seqs_raise`` more); without such room the band holds."""
     p, w, eff = s.policy, s.window, s.effective
     queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
     peak = obs.compute_max(w.samples, obs.running) or 0.0
     low = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v <= p.kv_usage_low)
     limit = eff.max_running_requests or math.ceil(peak)
-    if queue < p.queue_min or limit < 1 or peak < p.seqs_saturation * limit or low < p.sustain_fraction:
+    if queue < p.queue_min or limit < 1 or peak < p.seqs_saturation * limit:
         return None
-    step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
-    target = math.ceil(limit * (1.0 + step))
-    caps = [f"step +{step:.0%}"]
     mean_kv, mean_running = (
         obs.compute_mean(w.samples, obs.kv_usage),
         obs.compute_mean(w.samples, obs.running),
     )
+    room: int | None = None
     if mean_kv and mean_running and mean_kv > 0 and mean_running >= 1:
-        room = p.target_kv_usage * mean_running / mean_kv
-        if math.isfinite(room) and math.floor(room) < target:
-            target, caps = max(limit, math.floor(room)), [f"token room at {p.target_kv_usage:.2f} usage"]
+        measured = p.target_kv_usage * mean_running / mean_kv
+        room = math.floor(measured) if math.isfinite(measured) else None
+    idle = low >= p.sustain_fraction
+    if not idle and (room is None or room < limit * (1.0 + p.min_seqs_raise)):
+        return None  # inside the band and no measured room for more: hysteresis
+    step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
+    target = math.ceil(limit * (1.0 + step))
+    caps = [f"step +{step:.0%}"]
+    if room is not None and (room < target or not idle):
+        target, caps = max(limit, room), [f"token room at {p.target_kv_usage:.2f} usage"]
     if target < limit * (1.0 + p.min_seqs_raise):
         return None
+    mean = mean_kv or 0.0
+    where = (
+        f"token usage <= {p.kv_usage_low:.2f} in {low:.0%} of samples"
+        if idle
+        else f"mean token usage {mean:.2f} with room for {room} running requests at {p.target_kv_usage:.2f}"
+    )
     return SglangProposal(
         trigger=IDLE_CAPACITY,
-        evidence=(
-            f"token usage <= {p.kv_usage_low:.2f} in {low:.0%} of samples while {queue:.1f} requests wait "
-            f"and {peak:.0f} of {limit} run (capped by {caps[0]})"
-        ),
+        evidence=f"{where} while {queue:.1f} requests wait and {peak:.0f} of {limit} run (capped by {caps[0]})",
         candidates=(dataclasses.replace(eff, max_running_requests=target),),
         exhausted="--max-running-requests is at its upper bound",
     )
