@@ -36,18 +36,26 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.loopsim.controllers import (  # noqa: E402
-    DEFAULTS,
-    SAFE,
     Run,
     compute_oracle,
     compute_reachable,
+    defaults,
     run,
+    safe,
 )
-from bench.loopsim.scenario import SCENARIO_DIR, BenchScenario, load_scenario, load_scenarios  # noqa: E402
-from kvpilot.tuner.types import EngineSettings  # noqa: E402
+from bench.loopsim.scenario import (  # noqa: E402
+    SCENARIO_DIR,
+    BenchScenario,
+    Settings,
+    load_scenario,
+    load_scenarios,
+)
+from kvpilot.tuner import sglang  # noqa: E402
 
 
-def _fmt(s: EngineSettings) -> str:
+def _fmt(s: Settings) -> str:
+    if isinstance(s, sglang.SglangSettings):  # SGLang's own flags, as kvpilot renders them
+        return " ".join(sglang.build_sglang_args(s)) or "SGLang's defaults"
     parts = [f"gmu={s.gpu_memory_utilization}", f"seqs={s.max_num_seqs}", f"len={s.max_model_len or 'max'}"]
     if s.kv_cache_dtype and s.kv_cache_dtype != "auto":
         parts.append(f"kv={s.kv_cache_dtype}")
@@ -82,9 +90,9 @@ def _row(r: Run, oracle: Run | None) -> dict[str, Any]:
 def evaluate(sc: BenchScenario, hours: float | None, oracle: bool) -> dict[str, Any]:
     best = compute_oracle(sc, hours=hours) if oracle else None
     runs = {
-        "vllm-defaults": run(sc, DEFAULTS, closed_loop=False, hours=hours),
-        "fixed-safe": run(sc, SAFE, closed_loop=False, hours=hours),
-        "kvpilot": run(sc, sc.planned, closed_loop=True, hours=hours),
+        f"{sc.engine}-defaults": run(sc, defaults(sc), closed_loop=False, hours=hours),
+        "fixed-safe": run(sc, safe(sc), closed_loop=False, hours=hours),
+        "kvpilot": run(sc, sc.start, closed_loop=True, hours=hours),
     }
     if best is not None:
         runs["reachable"] = compute_reachable(sc, best, hours=hours)
@@ -92,6 +100,7 @@ def evaluate(sc: BenchScenario, hours: float | None, oracle: bool) -> dict[str, 
     kv = runs["kvpilot"]
     return {
         "scenario": sc.name,
+        "engine": sc.engine,
         "what": sc.what,
         "hours": hours or sc.hours,
         "spare_gpu": sc.spare_gpu,
@@ -101,7 +110,8 @@ def evaluate(sc: BenchScenario, hours: float | None, oracle: bool) -> dict[str, 
 
 
 def _print(result: dict[str, Any], quiet: bool) -> None:
-    print(f"\n== {result['scenario']}: {result['what']}")
+    engine = " [SGLang]" if result["engine"] == "sglang" else ""
+    print(f"\n== {result['scenario']}{engine}: {result['what']}")
     print(
         f"{'controller':<14} {'goodput':>8} {'/oracle':>7} {'served':>6} {'crash':>5} {'rOOM':>4} "
         f"{'down min':>8} {'rollouts':>8} {'rollback':>8} {'holds':>5} {'failedNR':>8} "
