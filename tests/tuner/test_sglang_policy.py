@@ -233,6 +233,19 @@ def test_a_queue_at_the_limit_with_low_token_usage_adds_running_requests_within_
     assert 32 < raised <= room
 
 
+def test_a_deep_queue_with_measured_room_is_served_in_one_raise_not_doubling_steps() -> None:
+    """As vLLM's rule: where the window measured the room, the step's cap (at most doubling) does not hold a
+    raise back; the queue's demand is taken, within the room (bench scenario sglang-queue: 32 -> 64 -> 128
+    -> 209 in three rollouts, 24 minutes, with 1,000+ requests waiting)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
+    decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
+    assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 32 / 0.13)
+    # a shallow queue asks for less than the room: its demand, not the room
+    shallow = decide(current, samples=window(kv_usage=0.13, running=32, waiting=40))
+    assert shallow.settings.max_running_requests == 72
+
+
 def test_no_queue_or_no_room_holds_steady() -> None:
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
     assert decide(current, samples=window(kv_usage=0.2, running=32, waiting=0)).trigger == Trigger.STEADY

@@ -239,8 +239,8 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     """A queue at the running-request limit and room in the pool: more running requests.
 
     Room is, as for vLLM (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`), either sustained token
-    usage <= ``kv_usage_low`` (raise by the step, capped by the room the window's usage per running request
-    shows at ``target_kv_usage``) or, inside the 0.50..0.90 band, that measured room itself, taken whole when
+    usage <= ``kv_usage_low`` (raise by the step, or to what the queue asks for where the window measured the
+    room for it, capped by the room the window's usage per running request shows at ``target_kv_usage``) or, inside the 0.50..0.90 band, that measured room itself, taken whole when
     it is worth a rollout (at least ``min_seqs_raise`` more); without such room the band holds."""
     p, w, eff = s.policy, s.window, s.effective
     queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
@@ -263,6 +263,10 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
     target = math.ceil(limit * (1.0 + step))
     caps = [f"step +{step:.0%}"]
+    demand = math.ceil(peak + queue)
+    if room is not None and idle and target < min(room, demand):
+        # the window measured the room: the step's cap only guards a raise taken without that evidence
+        target, caps = demand, [f"the queue: {demand} running requests asked for"]
     if room is not None and (room < target or not idle):
         target, caps = max(limit, room), [f"token room at {p.target_kv_usage:.2f} usage"]
     if target < limit * (1.0 + p.min_seqs_raise):
