@@ -113,6 +113,25 @@ def test_past_every_ceiling_the_context_is_shortened_to_the_pool() -> None:
     assert "--context-length" in decision.reason
 
 
+def test_weights_past_every_ceiling_shorten_the_context_to_the_pool_sglangs_minimum_leaves() -> None:
+    """SGLang's minimum (weights / free memory before the load) refutes the memory model's free memory: past
+    every ceiling, the fraction goes to the ceiling and the context to the pool that minimum leaves there,
+    not to the model's larger one (bench scenario sglang-startup-short: Qwen3-30B-A3B on an H100 another
+    process shares; before, "infeasible" while 0.874 starts with a ~19k-token pool)."""
+    qwen = fit.SglangMemory(
+        gpus.lookup_gpu("H100-SXM"), build_model_spec(lookup_model_config("Qwen/Qwen3-30B-A3B"))
+    )
+    current = sglang.SglangSettings(context_length=32768, mem_fraction_static=0.835, chunked_prefill_size=8192)
+    decision = decide(current, memory=qwen, logs=(sglang.weights_exceed_static_error(0.835, 0.8474),))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.START_MEMORY_SHORT
+    new = effective(decision.settings, qwen)
+    assert fit.fraction_of(new) > 0.8474
+    budget = fit.compute_budget(new, qwen)
+    assert budget is not None and new.context_length is not None
+    measured = budget.weight_bytes * (fit.fraction_of(new) / 0.8474 - 1) / budget.cell_bytes
+    assert 0 < new.context_length <= measured < 32768
+
+
 def test_when_no_context_within_the_bounds_fits_it_is_infeasible() -> None:
     current = sglang.SglangSettings(context_length=131072, mem_fraction_static=0.6)
     bounds = TuningBounds(min_max_model_len=65536)

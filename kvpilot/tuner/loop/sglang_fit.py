@@ -150,6 +150,11 @@ def compute_context_share(settings: sglang.SglangSettings, memory: SglangMemory)
     )
 
 
+def compute_budget(settings: sglang.SglangSettings, memory: SglangMemory) -> SglangBudget | None:
+    """The memory model's budget for ``settings`` (``None``: the model is not modelled or refuses them)."""
+    return _budget(settings, memory)
+
+
 def _budget(settings: sglang.SglangSettings, memory: SglangMemory) -> SglangBudget | None:
     if memory.spec is None:
         return None

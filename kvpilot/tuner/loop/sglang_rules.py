@@ -46,6 +46,7 @@ from kvpilot.tuner.loop.sglang_fit import (
     SglangProposal,
     SglangSituation,
     ceil_grid,
+    compute_budget,
     compute_context_share,
     compute_fraction_ceiling,
     compute_fraction_floor,
@@ -108,7 +109,8 @@ def propose_for_memory_short(s: SglangSituation, failure_text: str) -> SglangPro
             for t, c in zip(trials, ceilings, strict=True)
             if c >= fraction + FRACTION_STEP
         ][:1]
-    shorter = _shorter_context(s, trials[-1])
+    # the highest ceiling, with the fewest prefill tokens given up for it
+    shorter = _shorter_context(s, trials[ceilings.index(max(ceilings))], minimum)
     if shorter is not None:
         candidates.append(shorter)
         lines.append(
@@ -141,11 +143,21 @@ def _chunk_trials(eff: sglang.SglangSettings, p: PolicyConfig) -> list[sglang.Sg
     return trials
 
 
-def _shorter_context(s: SglangSituation, trial: sglang.SglangSettings) -> sglang.SglangSettings | None:
-    """The context the pool holds at the ceiling of ``trial`` (rounded down), when that is shorter."""
+def _shorter_context(
+    s: SglangSituation, trial: sglang.SglangSettings, minimum: float | None = None
+) -> sglang.SglangSettings | None:
+    """The context the pool holds at the ceiling of ``trial`` (rounded down), when that is shorter.
+
+    Where SGLang printed the fraction its weights take (``minimum``: ``1 - available/pre`` = weights / the
+    memory free before the load), the pool at the ceiling is at most what that measurement leaves
+    (:func:`_measured_pool_tokens`): the failure refuted the memory model's free memory, so its pool is not
+    trusted above SGLang's own figure."""
     top = compute_fraction_ceiling(trial, s.memory)
     at_top = dataclasses.replace(trial, mem_fraction_static=top)
     tokens = predict_pool_tokens(at_top, s.memory)
+    measured = _measured_pool_tokens(at_top, s, minimum)
+    if tokens is not None and measured is not None:
+        tokens = min(tokens, measured)
     context = s.effective.context_length
     if tokens is None or context is None or tokens <= 0:
         return None
@@ -155,6 +167,26 @@ def _shorter_context(s: SglangSituation, trial: sglang.SglangSettings) -> sglang
     if shorter <= 0 or shorter >= context:
         return None
     return dataclasses.replace(at_top, context_length=shorter)
+
+
+def _measured_pool_tokens(
+    settings: sglang.SglangSettings, s: SglangSituation, minimum: float | None
+) -> int | None:
+    """The pool at ``settings``' fraction by SGLang's printed minimum: ``minimum`` = weights / free memory
+    before the load, so the pool is ``weights x (fraction / minimum - 1)`` (``None``: no minimum, or the
+    model's weights and cell are unknown; 0 at or below the minimum)."""
+    budget = _pool_budget(settings, s)
+    if minimum is None or minimum <= 0 or budget is None:
+        return None
+    weights, cell = budget
+    pool = weights * (fraction_of(settings) / minimum - 1.0)
+    return max(0, int(pool // cell))
+
+
+def _pool_budget(settings: sglang.SglangSettings, s: SglangSituation) -> tuple[int, int] | None:
+    """(weight bytes, KV cell bytes) by the memory model for ``settings`` (``None``: not modelled)."""
+    budget = compute_budget(settings, s.memory)
+    return None if budget is None else (budget.weight_bytes, budget.cell_bytes)
 
 
 def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangProposal:
