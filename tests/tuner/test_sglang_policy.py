@@ -265,6 +265,24 @@ def test_a_deep_queue_with_measured_room_is_served_in_one_raise_not_doubling_ste
     assert shallow.settings.max_running_requests == 72
 
 
+def test_a_raise_that_ran_out_of_memory_is_bisected_not_retried_one_less() -> None:
+    """As vLLM's rule: a raise of the running requests that failed (an OOM on probation, rolled back) caps
+    the next raise halfway between what runs and what failed (bench scenario sglang-bad-new-settings: 210
+    failed, then 209 and 208 were tried, each another CUDA OOM)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=64)
+    raised = sglang.SglangSettings(context_length=8192, max_running_requests=210)
+    failed = fit.FailedRun(effective(raised), "runtime_oom")
+    decision = decide(current, samples=window(kv_usage=0.13, running=64, waiting=900), failed=(failed,))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
+    assert decision.settings.max_running_requests == (64 + 210) // 2
+    # a failure at a larger fraction (less memory left outside the share) says nothing about this one
+    roomier = fit.FailedRun(
+        dataclasses.replace(failed.settings, mem_fraction_static=fraction(current) + 0.05), "runtime_oom"
+    )
+    again = decide(current, samples=window(kv_usage=0.13, running=64, waiting=900), failed=(roomier,))
+    assert (again.settings.max_running_requests or 0) > (64 + 210) // 2
+
+
 def test_no_queue_or_no_room_holds_steady() -> None:
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
     assert decide(current, samples=window(kv_usage=0.2, running=32, waiting=0)).trigger == Trigger.STEADY

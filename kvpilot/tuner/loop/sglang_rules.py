@@ -48,6 +48,7 @@ from kvpilot.tuner.loop.sglang_fit import (
     ceil_grid,
     compute_budget,
     compute_context_share,
+    compute_effective,
     compute_fraction_ceiling,
     compute_fraction_floor,
     compute_fraction_for_context,
@@ -301,6 +302,10 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
         target, caps = demand, [f"the queue: {demand} running requests asked for"]
     if room is not None and (room < target or not idle):
         target, caps = max(limit, room), [f"token room at {p.target_kv_usage:.2f} usage"]
+    failed_at = _failed_running_ceiling(s, limit)
+    if failed_at is not None and (limit + failed_at) // 2 < target:
+        # bisect between what runs and what failed, rather than trying the failed raise again less one
+        target, caps = (limit + failed_at) // 2, [f"halfway to {failed_at}, which failed with these settings"]
     if target < limit * (1.0 + p.min_seqs_raise):
         return None
     mean = mean_kv or 0.0
@@ -315,6 +320,27 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
         candidates=(dataclasses.replace(eff, max_running_requests=target),),
         exhausted="--max-running-requests is at its upper bound",
     )
+
+
+def _failed_running_ceiling(s: SglangSituation, limit: int) -> int | None:
+    """The fewest ``--max-running-requests`` above ``limit`` that failed (an OOM, or a rollout that failed)
+    with the current layout, context and no more memory left outside the share (a fraction at or below the
+    current one, a prefill chunk at or below it): raising to it or past it fails again.
+    :func:`~.sglang_fit.is_ruled_out` rules out only the failed batch and more; this bisects below it."""
+    eff = s.effective
+    counts = [
+        failed.max_running_requests
+        for run in s.failed
+        if run.kind in ("start_oom", "runtime_oom", "rollout_failed")
+        for failed in (compute_effective(run.settings, s.memory),)
+        if failed.max_running_requests is not None
+        and failed.max_running_requests > limit
+        and (failed.tp_size, failed.pp_size, failed.kv_cache_dtype, failed.page_size, failed.context_length)
+        == (eff.tp_size, eff.pp_size, eff.kv_cache_dtype, eff.page_size, eff.context_length)
+        and fraction_of(failed) <= fraction_of(eff) + 1e-9
+        and (failed.chunked_prefill_size or 0) <= (eff.chunked_prefill_size or 0)
+    ]
+    return min(counts) if counts else None
 
 
 def propose_for_ttft(s: SglangSituation) -> SglangProposal | None:
