@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.loopsim.controllers import (  # noqa: E402
+    Loop,
     Run,
     compute_oracle,
     compute_reachable,
@@ -64,6 +65,11 @@ def _fmt(s: Settings) -> str:
     return " ".join(parts)
 
 
+def _last_change(loop: Loop) -> float:
+    last = loop.changes[-1]
+    return last if isinstance(last, float) else last.time
+
+
 def _row(r: Run, oracle: Run | None) -> dict[str, Any]:
     st = r.stats
     loop = r.loop
@@ -82,7 +88,7 @@ def _row(r: Run, oracle: Run | None) -> dict[str, Any]:
         "infeasible": st.infeasible,
         "failed_never_ran": st.failed_never_ran,
         "first_change_min": round(loop.first_change / 60, 1) if loop and loop.first_change else None,
-        "converged_min": round(loop.changes[-1] / 60, 1) if loop and loop.changes else None,
+        "converged_min": round(_last_change(loop) / 60, 1) if loop and loop.changes else None,
         "final": _fmt(r.final),
     }
 

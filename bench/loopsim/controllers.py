@@ -308,13 +308,16 @@ def compute_oracle(sc: BenchScenario, *, hours: float | None = None) -> Run:
     """The best static settings with hindsight: whole runs, a coordinate search over utilisation x
     sequences x batched tokens x context (x fp8 when the bounds allow it), from the best of twelve
     starting points, until no neighbour is better. SGLang: ``--mem-fraction-static`` x
-    ``--max-running-requests`` x ``--chunked-prefill-size`` x ``--context-length`` (:mod:`bench.loopsim.sglang`'s
-    grids), from the same kind of starting points."""
+    ``--max-running-requests`` x ``--chunked-prefill-size`` x ``--context-length`` (the grids of
+    :mod:`bench.loopsim.sglang`), from the same kind of starting points."""
     lengths = contexts(sc)
     if sc.engine == "sglang":
         running = sg.RUNNING
         sglang_starts = [
-            (3, q, b, c) for q in (1, 3, 5, len(running) - 1) for b in (0, 2) for c in sorted({0, len(lengths) - 1})
+            (3, q, b, c)
+            for q in (1, 3, 5, len(running) - 1)
+            for b in (0, 2)
+            for c in sorted({0, len(lengths) - 1})
         ]
         return _search(
             sc,

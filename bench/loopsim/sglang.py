@@ -78,8 +78,9 @@ class KvpilotSglang:
     failed: tuple[FailedRun, ...] = ()
     failed_settings: tuple[sglang.SglangSettings, ...] = ()
     """The flags as written of each ruled-out run (the runs hold SGLang's effective settings)."""
-    changes: list[float] = field(default_factory=list)
-    """When the loop changed the flags (``Retuned``, ``RolledBack``): the gates' changes."""
+    changes: list[SglangChange] = field(default_factory=list)
+    """The loop's changes (``Retuned``, ``RolledBack``, as ``status.history`` keeps them): the gates' and
+    the flap guard's."""
     rollout: SglangRollout | None = None
     last_good: sglang.SglangSettings | None = None
     log: list[str] = field(default_factory=list)
@@ -94,8 +95,8 @@ class KvpilotSglang:
         self.log.append(f"    t={now / 60:5.1f} min  Planned    {sglang.build_sglang_args(self.current)}")
 
     def _state(self) -> SglangLoopState:
-        changes = tuple(SglangChange(t, "Retuned") for t in self.changes)
-        if all(t != self.planned_at for t in self.changes):
+        changes = tuple(self.changes)
+        if all(c.time != self.planned_at for c in self.changes):
             changes = (*changes, SglangChange(self.planned_at, "lastChangeTime"))
         return SglangLoopState(self.current, self.failed, changes, self.rollout, self.last_good)
 
@@ -137,9 +138,13 @@ class KvpilotSglang:
             active = self.rollout is not None and d.trigger in ROLLOUT_ACTIVE
             if self.rollout is not None and not active:
                 self.rollout = None
-            elif self.rollout is not None and d.trigger == Trigger.ROLLOUT_PROBATION:
-                if self.rollout.probation_until is None and d.probation_until is not None:
-                    self.rollout = replace(self.rollout, probation_until=d.probation_until)
+            elif (
+                self.rollout is not None
+                and d.trigger == Trigger.ROLLOUT_PROBATION
+                and self.rollout.probation_until is None
+                and d.probation_until is not None
+            ):
+                self.rollout = replace(self.rollout, probation_until=d.probation_until)
             return
         serving = any(p.state == "serving" for p in world.pods)
         choice = compute_rollout_choice(
@@ -150,7 +155,7 @@ class KvpilotSglang:
             world.stats.holds += 1
         if self.first_change is None:
             self.first_change = now
-        self.changes.append(now)
+        self.changes.append(SglangChange(now, d.trigger, before=self.current, after=d.settings))
         action = "Retuned" if d.action == Action.RETUNE else "RolledBack"
         how = f"{strategy}{', held: the new pod waits for a GPU' if choice.held else ''}"
         self._note(now, action, d.trigger, f"[{how}] {d.reason}")
@@ -171,7 +176,9 @@ RUNNING = (8, 16, 32, 64, 128, 256, 512, 1024, None)
 CHUNKS = (2048, 4096, 8192, 16384)
 
 
-def build_static(fraction: float, running: int | None, chunk: int, context: int | None) -> sglang.SglangSettings:
+def build_static(
+    fraction: float, running: int | None, chunk: int, context: int | None
+) -> sglang.SglangSettings:
     """One static setting of the oracle's grid."""
     return sglang.SglangSettings(
         context_length=context,

@@ -121,7 +121,9 @@ def test_weights_past_every_ceiling_shorten_the_context_to_the_pool_sglangs_mini
     qwen = fit.SglangMemory(
         gpus.lookup_gpu("H100-SXM"), build_model_spec(lookup_model_config("Qwen/Qwen3-30B-A3B"))
     )
-    current = sglang.SglangSettings(context_length=32768, mem_fraction_static=0.835, chunked_prefill_size=8192)
+    current = sglang.SglangSettings(
+        context_length=32768, mem_fraction_static=0.835, chunked_prefill_size=8192
+    )
     decision = decide(current, memory=qwen, logs=(sglang.weights_exceed_static_error(0.835, 0.8474),))
     assert decision.action == Action.RETUNE and decision.trigger == rules.START_MEMORY_SHORT
     new = effective(decision.settings, qwen)
@@ -281,6 +283,40 @@ def test_a_raise_that_ran_out_of_memory_is_bisected_not_retried_one_less() -> No
     )
     again = decide(current, samples=window(kv_usage=0.13, running=64, waiting=900), failed=(roomier,))
     assert (again.settings.max_running_requests or 0) > (64 + 210) // 2
+
+
+def _pressure(time: float, before: int, after: int) -> SglangChange:
+    flags = sglang.SglangSettings(context_length=8192)
+    return SglangChange(
+        time,
+        rules.KV_PRESSURE,
+        before=dataclasses.replace(flags, max_running_requests=before),
+        after=dataclasses.replace(flags, max_running_requests=after),
+    )
+
+
+def test_after_token_pressure_a_raise_stays_below_where_it_found_the_pool_full() -> None:
+    """As vLLM's flap guard: within the hour after KvPressure cut from N, a calm window's room raises only
+    below N, and only by a step worth the risk (bench scenario sglang-retractions: 158 -> 118 -> 144 ->
+    108 -> 148 ..., eleven rollouts in three hours)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=118)
+    calm = window(kv_usage=0.5, running=118, waiting=700)  # room 0.88 x 118 / 0.5 = 207
+    cut = _pressure(NOW - 1200, 158, 118)
+    decision = decide(current, samples=calm, changes=(cut,))
+    assert decision.action == Action.RETUNE and decision.settings.max_running_requests == 157
+    # a raise under flap_min_raise (25 %) is not worth its rollout so soon after the cut
+    small = decide(current, samples=calm, changes=(_pressure(NOW - 1200, 140, 118),))
+    assert small.trigger == Trigger.STEADY
+    # an hour on, the cut is forgotten: the room
+    later = decide(current, samples=calm, changes=(_pressure(NOW - 4000, 158, 118),))
+    assert later.settings.max_running_requests == 207
+
+
+def test_token_pressure_that_comes_back_within_the_hour_holds_the_limit_it_set() -> None:
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=108)
+    calm = window(kv_usage=0.5, running=108, waiting=700)
+    again = (_pressure(NOW - 3000, 158, 118), _pressure(NOW - 600, 144, 108))
+    assert decide(current, samples=calm, changes=again).trigger == Trigger.STEADY
 
 
 def test_no_queue_or_no_room_holds_steady() -> None:

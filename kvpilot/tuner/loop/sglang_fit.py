@@ -72,6 +72,19 @@ class SglangSituation:
     bounds: TuningBounds
     policy: PolicyConfig
     ttft_p95_objective: float | None = None
+    pressure: tuple[PressureChange, ...] = ()
+    """The loop's KvPressure changes that name their running requests (the flap guard's memory)."""
+    now: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PressureChange:
+    """A change KV pressure made: when, the ``--max-running-requests`` it found full (the limit it cut from,
+    or kept while it grew the pool) and the one it left."""
+
+    time: float
+    pressured: int
+    left: int
 
 
 @dataclass(frozen=True, slots=True)

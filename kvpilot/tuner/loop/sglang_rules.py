@@ -271,10 +271,14 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
 def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     """A queue at the running-request limit and room in the pool: more running requests.
 
-    Room is, as for vLLM (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`), either sustained token
-    usage <= ``kv_usage_low`` (raise by the step, or to what the queue asks for where the window measured the
-    room for it, capped by the room the window's usage per running request shows at ``target_kv_usage``) or, inside the 0.50..0.90 band, that measured room itself, taken whole when
-    it is worth a rollout (at least ``min_seqs_raise`` more); without such room the band holds."""
+    As vLLM's rule (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`), room is either sustained token
+    usage <= ``kv_usage_low`` (raise by the step, or to what the queue asks for where the window measured
+    the room for it, capped by the room the window's usage per running request shows at
+    ``target_kv_usage``) or, inside the 0.50..0.90 band, that measured room itself, taken whole when it is
+    worth a rollout (at least ``min_seqs_raise`` more); without such room the band holds. Within
+    ``flap_guard_seconds`` of a KvPressure change a raise stays below the limit that pressure found full and
+    must be worth ``flap_min_raise``; pressure that came back within the hour holds the limit it set for
+    ``peak_memory_seconds``; a raise that failed is bisected below."""
     p, w, eff = s.policy, s.window, s.effective
     queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
     peak = obs.compute_max(w.samples, obs.running) or 0.0
@@ -302,11 +306,19 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
         target, caps = demand, [f"the queue: {demand} running requests asked for"]
     if room is not None and (room < target or not idle):
         target, caps = max(limit, room), [f"token room at {p.target_kv_usage:.2f} usage"]
+    recent = [c for c in s.pressure if c.time > s.now - p.flap_guard_seconds]
+    if recent and min(c.pressured for c in recent) - 1 < target:
+        ceiling = min(c.pressured for c in recent)
+        target, caps = ceiling - 1, [f"below {ceiling}, where token pressure found the pool full"]
+    settled = _recurring_cut(s)
+    if settled is not None and settled < target:
+        target, caps = settled, [f"{settled}, where token pressure that came back within the hour settled"]
     failed_at = _failed_running_ceiling(s, limit)
     if failed_at is not None and (limit + failed_at) // 2 < target:
         # bisect between what runs and what failed, rather than trying the failed raise again less one
         target, caps = (limit + failed_at) // 2, [f"halfway to {failed_at}, which failed with these settings"]
-    if target < limit * (1.0 + p.min_seqs_raise):
+    least = p.flap_min_raise if recent else p.min_seqs_raise
+    if target < limit * (1.0 + least):
         return None
     mean = mean_kv or 0.0
     where = (
@@ -316,10 +328,25 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     )
     return SglangProposal(
         trigger=IDLE_CAPACITY,
-        evidence=f"{where} while {queue:.1f} requests wait and {peak:.0f} of {limit} run (capped by {caps[0]})",
+        evidence=(
+            f"{where} while {queue:.1f} requests wait and {peak:.0f} of {limit} run (capped by {caps[0]})"
+        ),
         candidates=(dataclasses.replace(eff, max_running_requests=target),),
         exhausted="--max-running-requests is at its upper bound",
     )
+
+
+def _recurring_cut(s: SglangSituation) -> int | None:
+    """At most this many running requests, or ``None``: what the last KvPressure change left, for
+    ``peak_memory_seconds`` after it, when that pressure came back within ``flap_guard_seconds`` of an
+    earlier pressure change -- the service's peak load, not a transient (vLLM's
+    :func:`kvpilot.tuner.loop.remedies.compute_peak_seqs`)."""
+    p = s.policy
+    changes = [c for c in s.pressure if c.time <= s.now]
+    if len(changes) < 2 or changes[-1].time <= s.now - p.peak_memory_seconds:
+        return None
+    last, earlier = changes[-1], changes[-2]
+    return last.left if last.time - earlier.time <= p.flap_guard_seconds else None
 
 
 def _failed_running_ceiling(s: SglangSituation, limit: int) -> int | None:
