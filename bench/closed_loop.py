@@ -15,6 +15,14 @@ operator's bookkeeping and rollout strategy), ``oracle`` (a search over static s
 (the plan until its first evidence, then the oracle's settings: the most any closed loop can serve from the
 plan, :func:`bench.loopsim.controllers.compute_reachable`).
 
+A scenario with ``"engine": "sglang"`` runs SGLang pods (the fleet's SGLang 0.5.23:
+:mod:`bench.loopsim.physics`)
+and is printed in SGLang's flags: ``sglang-defaults`` (SGLang's own), ``fixed-safe``
+(``--mem-fraction-static 0.8``, 64 running requests, chunk 2048, 32k), ``kvpilot`` (the SGLang plan, then
+``compute_sglang_decision`` every 30 s with its operator's bookkeeping: :mod:`bench.loopsim.sglang`), the
+oracle over ``--mem-fraction-static`` x ``--max-running-requests`` x ``--chunked-prefill-size`` x
+``--context-length``.
+
     python bench/closed_loop.py [--scenario FILE_OR_NAME ...] [--hours H] [--json] [--quiet] [--no-oracle]
 
 Prints, per scenario: goodput (output tokens/s of completed requests) and its ratio to the oracle's,
