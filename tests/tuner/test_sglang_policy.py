@@ -218,11 +218,25 @@ def test_an_unexplained_restart_holds() -> None:
 
 
 def test_pressure_with_retractions_cuts_the_running_requests_at_the_ceiling() -> None:
-    current = sglang.SglangSettings(context_length=8192, max_running_requests=64)  # fraction: the ceiling
+    # the fraction at its ceiling, the prefill chunk at its floor: nothing lifts the ceiling
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=64, chunked_prefill_size=2048)
     decision = decide(current, samples=window(kv_usage=0.97, preemption_rate=0.5, running=64, waiting=5))
     assert decision.action == Action.RETUNE and decision.trigger == rules.KV_PRESSURE
     assert (decision.settings.max_running_requests or 0) < 64
     assert decision.settings.mem_fraction_static is None
+
+
+def test_pressure_at_the_ceiling_halves_the_prefill_chunk_for_more_pool() -> None:
+    """As a start-up short of memory: a smaller activation reserve lifts the ceiling, so at the ceiling
+    pressure grows the pool by halving --chunked-prefill-size before it turns requests away (bench
+    sglang-noisy-metrics: 261 running at 0.835 and 8192 retracted; 0.87 and 4096 hold them)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=64)  # fraction: the ceiling
+    decision = decide(current, samples=window(kv_usage=0.97, preemption_rate=0.5, running=64, waiting=5))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.KV_PRESSURE
+    new = effective(decision.settings)
+    assert new.chunked_prefill_size == 4096 and fraction(decision.settings) > fraction(current)
+    assert fraction(decision.settings) <= fit.compute_fraction_ceiling(new, H100)
+    assert decision.settings.max_running_requests == 64
 
 
 def test_pressure_under_the_ceiling_grows_the_pool_unless_an_oom_ruled_it_out() -> None:
@@ -238,7 +252,7 @@ def test_pressure_under_the_ceiling_grows_the_pool_unless_an_oom_ruled_it_out() 
 
 
 def test_sglangs_retraction_warning_is_pressure_even_between_samples() -> None:
-    current = sglang.SglangSettings(context_length=8192, max_running_requests=64)
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=64, chunked_prefill_size=2048)
     decision = decide(
         current, logs=(sglang.kv_pool_full_warning(4, 512),), samples=window(kv_usage=0.7, running=60)
     )
@@ -358,7 +372,9 @@ def test_missing_or_scarce_metrics_hold() -> None:
 
 
 def test_the_cooldown_holds_metrics_driven_changes_but_not_crash_remedies() -> None:
-    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84, max_running_requests=64)
+    current = sglang.SglangSettings(  # at the ceiling with the chunk at its floor: the remedy is a cut
+        context_length=8192, mem_fraction_static=0.87, max_running_requests=64, chunked_prefill_size=2048
+    )
     recent = (SglangChange(NOW - 200, rules.KV_PRESSURE),)
     samples = window(kv_usage=0.97, preemption_rate=0.5, running=64, waiting=5)
     held = decide(current, samples=samples, changes=recent)

@@ -83,8 +83,9 @@ class PressureChange:
     or kept while it grew the pool) and the one it left."""
 
     time: float
-    pressured: int
-    left: int
+    pressured: int | None
+    """``None``: it changed from SGLang's default (unset), sized at start-up."""
+    left: int | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,15 +122,15 @@ def _compute_gates(
 
 
 def compute_pressure_changes(changes: tuple[SglangChange, ...]) -> tuple[PressureChange, ...]:
-    """The ``KvPressure`` changes whose flags name the running requests before and after (a change from
-    SGLang's default, unset, names none: what it found full is not known)."""
+    """The ``KvPressure`` changes, with the running requests they found full and left where the flags name
+    them (a change from SGLang's default, unset, names none: what it found full is not known)."""
     out = []
     for c in changes:
-        if c.trigger != rules.KV_PRESSURE or c.before is None or c.after is None:
+        if c.trigger != rules.KV_PRESSURE:
             continue
-        before, after = c.before.max_running_requests, c.after.max_running_requests
-        if before is not None:
-            out.append(PressureChange(c.time, before, after if after is not None else before))
+        before = c.before.max_running_requests if c.before is not None else None
+        after = c.after.max_running_requests if c.after is not None else None
+        out.append(PressureChange(c.time, before, after if after is not None else before))
     return tuple(sorted(out, key=lambda x: x.time))
 
 

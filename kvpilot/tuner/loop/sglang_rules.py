@@ -19,8 +19,9 @@ start-up and run time, and each rule here says which way it goes:
   still holds one full-context request; else halve ``--chunked-prefill-size`` (activations); a graph
   capture OOM also offers fewer ``--max-running-requests`` (the decode graph's batch).
 - ``KvPressure`` (sustained token usage with retractions, or "KV cache pool is full. Retract requests."):
-  more pool when the fraction is under its ceiling and no OOM ruled that out, else fewer
-  ``--max-running-requests``.
+  more pool when the fraction is under its ceiling and no OOM ruled that out; at the ceiling, more pool by
+  halving ``--chunked-prefill-size`` (a smaller activation reserve lifts the ceiling, as for a start-up
+  short of memory); else fewer ``--max-running-requests``.
 - ``IdleCapacity``: a queue at the running-request limit with token usage low (more running requests,
   within the room the window's usage per request shows at ``target_kv_usage``), or inside the band with that
   measured room worth a rollout (the room, taken whole), as vLLM's rule does.
@@ -234,19 +235,21 @@ def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangP
 
 def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> SglangProposal | None:
     """Sustained token usage at the high band with retractions (or SGLang's "KV cache pool is full"):
-    more pool where the ceiling leaves room, else fewer running requests."""
+    more pool where the ceiling leaves room (at the ceiling, by halving the prefill chunk, whose smaller
+    activation reserve lifts it), else fewer running requests."""
     p, w, eff = s.policy, s.window, s.effective
     high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
     rate = obs.compute_mean(w.samples, obs.preemption_rate) or 0.0
     if not retraction_texts and (high < p.sustain_fraction or rate < p.preemption_rate_high):
         return None
     candidates: list[sglang.SglangSettings] = []
-    ceiling = compute_fraction_ceiling(eff, s.memory)
     fraction = fraction_of(eff)
-    if ceiling - fraction >= FRACTION_STEP:
-        candidates.append(
-            dataclasses.replace(eff, mem_fraction_static=min(floor_grid(ceiling), fraction + p.max_gmu_step))
-        )
+    for trial in _chunk_trials(eff, p):  # the fewest prefill tokens given up for more pool
+        ceiling = floor_grid(compute_fraction_ceiling(trial, s.memory))
+        if ceiling - fraction >= FRACTION_STEP - 1e-9:
+            grown = min(ceiling, round(fraction + p.max_gmu_step, 3))
+            candidates.append(dataclasses.replace(trial, mem_fraction_static=grown))
+            break
     peak = obs.compute_max(w.samples, obs.running)
     limit = eff.max_running_requests
     base = min(limit, math.ceil(peak)) if limit and peak else (limit or (math.ceil(peak) if peak else None))
@@ -307,8 +310,9 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     if room is not None and (room < target or not idle):
         target, caps = max(limit, room), [f"token room at {p.target_kv_usage:.2f} usage"]
     recent = [c for c in s.pressure if c.time > s.now - p.flap_guard_seconds]
-    if recent and min(c.pressured for c in recent) - 1 < target:
-        ceiling = min(c.pressured for c in recent)
+    found = [c.pressured for c in recent if c.pressured is not None]
+    if found and min(found) - 1 < target:
+        ceiling = min(found)
         target, caps = ceiling - 1, [f"below {ceiling}, where token pressure found the pool full"]
     settled = _recurring_cut(s)
     if settled is not None and settled < target:
