@@ -315,7 +315,7 @@ def compute_oracle(sc: BenchScenario, *, hours: float | None = None) -> Run:
         running = sg.RUNNING
         sglang_starts = [
             (3, q, b, c)
-            for q in (1, 3, 5, len(running) - 1)
+            for q in (2, 4, 8, len(running) - 1)
             for b in (0, 2)
             for c in sorted({0, len(lengths) - 1})
         ]

@@ -171,7 +171,7 @@ class KvpilotSglang:
 
 FRACTIONS = (0.70, 0.75, 0.80, 0.835, 0.85, 0.88, 0.90, 0.92)
 """The oracle's ``--mem-fraction-static`` grid (SGLang's H100 default, 0.835, among them)."""
-RUNNING = (8, 16, 32, 64, 128, 256, 512, 1024, None)
+RUNNING = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, None)
 """The oracle's ``--max-running-requests`` (``None``: SGLang sizes it from the pool)."""
 CHUNKS = (2048, 4096, 8192, 16384)
 
