@@ -177,6 +177,12 @@ def main() -> None:
         return
     for r in results:
         _print(r, args.quiet)
+    for engine in sorted({r["engine"] for r in results}):
+        _summary(engine, [r for r in results if r["engine"] == engine])
+
+
+def _summary(engine: str, results: list[dict[str, Any]]) -> None:
+    """kvpilot / oracle and / reachable over one engine's feasible scenarios."""
     feasible = [r for r in results if r["controllers"].get("oracle", {}).get("goodput")]
     if feasible:
         ratios = [r["controllers"]["kvpilot"]["vs_oracle"] for r in feasible]
@@ -186,7 +192,7 @@ def main() -> None:
             if r["controllers"]["reachable"]["goodput"]
         ]
         print(
-            f"\nkvpilot / oracle over {len(feasible)} feasible scenarios: min {min(ratios):.2f}, "
+            f"\n{engine}: kvpilot / oracle over {len(feasible)} feasible scenarios: min {min(ratios):.2f}, "
             f"mean {sum(ratios) / len(ratios):.2f}; kvpilot / reachable: min {min(reach):.2f}, "
             f"mean {sum(reach) / len(reach):.2f}; settings marked failed that never ran: "
             f"{sum(r['controllers']['kvpilot']['failed_never_ran'] for r in results)}"
