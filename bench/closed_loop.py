@@ -15,6 +15,14 @@ operator's bookkeeping and rollout strategy), ``oracle`` (a search over static s
 (the plan until its first evidence, then the oracle's settings: the most any closed loop can serve from the
 plan, :func:`bench.loopsim.controllers.compute_reachable`).
 
+A scenario with ``"engine": "sglang"`` runs SGLang pods (the fleet's SGLang 0.5.23:
+:mod:`bench.loopsim.physics`)
+and is printed in SGLang's flags: ``sglang-defaults`` (SGLang's own), ``fixed-safe``
+(``--mem-fraction-static 0.8``, 64 running requests, chunk 2048, 32k), ``kvpilot`` (the SGLang plan, then
+``compute_sglang_decision`` every 30 s with its operator's bookkeeping: :mod:`bench.loopsim.sglang`), the
+oracle over ``--mem-fraction-static`` x ``--max-running-requests`` x ``--chunked-prefill-size`` x
+``--context-length``.
+
     python bench/closed_loop.py [--scenario FILE_OR_NAME ...] [--hours H] [--json] [--quiet] [--no-oracle]
 
 Prints, per scenario: goodput (output tokens/s of completed requests) and its ratio to the oracle's,
@@ -36,24 +44,38 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.loopsim.controllers import (  # noqa: E402
-    DEFAULTS,
-    SAFE,
+    Loop,
     Run,
     compute_oracle,
     compute_reachable,
+    defaults,
     run,
+    safe,
 )
-from bench.loopsim.scenario import SCENARIO_DIR, BenchScenario, load_scenario, load_scenarios  # noqa: E402
-from kvpilot.tuner.types import EngineSettings  # noqa: E402
+from bench.loopsim.scenario import (  # noqa: E402
+    SCENARIO_DIR,
+    BenchScenario,
+    Settings,
+    load_scenario,
+    load_scenarios,
+)
+from kvpilot.tuner import sglang  # noqa: E402
 
 
-def _fmt(s: EngineSettings) -> str:
+def _fmt(s: Settings) -> str:
+    if isinstance(s, sglang.SglangSettings):  # SGLang's own flags, as kvpilot renders them
+        return " ".join(sglang.build_sglang_args(s)) or "SGLang's defaults"
     parts = [f"gmu={s.gpu_memory_utilization}", f"seqs={s.max_num_seqs}", f"len={s.max_model_len or 'max'}"]
     if s.kv_cache_dtype and s.kv_cache_dtype != "auto":
         parts.append(f"kv={s.kv_cache_dtype}")
     if s.max_num_batched_tokens:
         parts.append(f"batch={s.max_num_batched_tokens}")
     return " ".join(parts)
+
+
+def _last_change(loop: Loop) -> float:
+    last = loop.changes[-1]
+    return last if isinstance(last, float) else last.time
 
 
 def _row(r: Run, oracle: Run | None) -> dict[str, Any]:
@@ -74,7 +96,7 @@ def _row(r: Run, oracle: Run | None) -> dict[str, Any]:
         "infeasible": st.infeasible,
         "failed_never_ran": st.failed_never_ran,
         "first_change_min": round(loop.first_change / 60, 1) if loop and loop.first_change else None,
-        "converged_min": round(loop.changes[-1] / 60, 1) if loop and loop.changes else None,
+        "converged_min": round(_last_change(loop) / 60, 1) if loop and loop.changes else None,
         "final": _fmt(r.final),
     }
 
@@ -82,9 +104,9 @@ def _row(r: Run, oracle: Run | None) -> dict[str, Any]:
 def evaluate(sc: BenchScenario, hours: float | None, oracle: bool) -> dict[str, Any]:
     best = compute_oracle(sc, hours=hours) if oracle else None
     runs = {
-        "vllm-defaults": run(sc, DEFAULTS, closed_loop=False, hours=hours),
-        "fixed-safe": run(sc, SAFE, closed_loop=False, hours=hours),
-        "kvpilot": run(sc, sc.planned, closed_loop=True, hours=hours),
+        f"{sc.engine}-defaults": run(sc, defaults(sc), closed_loop=False, hours=hours),
+        "fixed-safe": run(sc, safe(sc), closed_loop=False, hours=hours),
+        "kvpilot": run(sc, sc.start, closed_loop=True, hours=hours),
     }
     if best is not None:
         runs["reachable"] = compute_reachable(sc, best, hours=hours)
@@ -92,6 +114,7 @@ def evaluate(sc: BenchScenario, hours: float | None, oracle: bool) -> dict[str, 
     kv = runs["kvpilot"]
     return {
         "scenario": sc.name,
+        "engine": sc.engine,
         "what": sc.what,
         "hours": hours or sc.hours,
         "spare_gpu": sc.spare_gpu,
@@ -101,7 +124,8 @@ def evaluate(sc: BenchScenario, hours: float | None, oracle: bool) -> dict[str, 
 
 
 def _print(result: dict[str, Any], quiet: bool) -> None:
-    print(f"\n== {result['scenario']}: {result['what']}")
+    engine = " [SGLang]" if result["engine"] == "sglang" else ""
+    print(f"\n== {result['scenario']}{engine}: {result['what']}")
     print(
         f"{'controller':<14} {'goodput':>8} {'/oracle':>7} {'served':>6} {'crash':>5} {'rOOM':>4} "
         f"{'down min':>8} {'rollouts':>8} {'rollback':>8} {'holds':>5} {'failedNR':>8} "
@@ -153,6 +177,12 @@ def main() -> None:
         return
     for r in results:
         _print(r, args.quiet)
+    for engine in sorted({r["engine"] for r in results}):
+        _summary(engine, [r for r in results if r["engine"] == engine])
+
+
+def _summary(engine: str, results: list[dict[str, Any]]) -> None:
+    """kvpilot / oracle and / reachable over one engine's feasible scenarios."""
     feasible = [r for r in results if r["controllers"].get("oracle", {}).get("goodput")]
     if feasible:
         ratios = [r["controllers"]["kvpilot"]["vs_oracle"] for r in feasible]
@@ -162,7 +192,7 @@ def main() -> None:
             if r["controllers"]["reachable"]["goodput"]
         ]
         print(
-            f"\nkvpilot / oracle over {len(feasible)} feasible scenarios: min {min(ratios):.2f}, "
+            f"\n{engine}: kvpilot / oracle over {len(feasible)} feasible scenarios: min {min(ratios):.2f}, "
             f"mean {sum(ratios) / len(ratios):.2f}; kvpilot / reachable: min {min(reach):.2f}, "
             f"mean {sum(reach) / len(reach):.2f}; settings marked failed that never ran: "
             f"{sum(r['controllers']['kvpilot']['failed_never_ran'] for r in results)}"

@@ -33,7 +33,7 @@ def compute_kvpilot(sc: BenchScenario, oracle: float | None, search: bool) -> di
     and its decisions."""
     if oracle is None and search:
         oracle = compute_oracle(sc).goodput
-    kv = run(sc, sc.planned, closed_loop=True)
+    kv = run(sc, sc.start, closed_loop=True)
     row = _row(kv, None)
     row["vs_oracle"] = round(kv.goodput / oracle, 3) if oracle else None
     return {"kvpilot": row, "oracle": oracle, "decisions": kv.loop.log[1:] if kv.loop else []}

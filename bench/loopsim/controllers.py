@@ -1,14 +1,17 @@
-"""Who decides the settings in a bench run: vLLM's defaults, a fixed "safe" choice, kvpilot's closed
-loop (the real ``compute_decision`` with the operator's bookkeeping), and the oracle (the best static
-settings, found with hindsight by searching over whole runs)."""
+"""Who decides the settings in a bench run: the engine's defaults, a fixed "safe" choice, kvpilot's closed
+loop (the real ``compute_decision`` with the operator's bookkeeping; SGLang's ``compute_sglang_decision``
+with its operator's: :mod:`bench.loopsim.sglang`), and the oracle (the best static settings, found with
+hindsight by searching over whole runs)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bench.loopsim.scenario import BenchScenario
+from bench.loopsim import sglang as sg
+from bench.loopsim.scenario import BenchScenario, Settings
 from bench.loopsim.world import DT, Stats, World
 from e2e.fleet.truth import Workload
 from kvpilot.operator.api import RolloutSpec
@@ -67,6 +70,10 @@ class Kvpilot:
     def plan(self, now: float) -> None:
         self._record(now, HistoryAction.PLANNED, "Planned", "the planner's settings", self.current)
 
+    @property
+    def failed_settings(self) -> tuple[EngineSettings, ...]:
+        return self.failed
+
     def tick(self, world: World, now: float) -> None:
         sc = self.scenario
         mine = [p for p in world.pods if p.settings == self.current]
@@ -111,6 +118,7 @@ class Kvpilot:
             if recent and world.prometheus_up(now)
             else ObservationWindow.unavailable("no samples", now)
         )
+        assert sc.plan_budget is not None, "a vLLM scenario states the plan's budget"
         state = LoopState(
             current=self.current,
             history=self.history,
@@ -199,12 +207,25 @@ class Kvpilot:
         self.log.append(f"    t={now / 60:5.1f} min  {action:<10} {trigger:<16}{how} {reason[:140]}")
 
 
+Loop = Kvpilot | sg.KvpilotSglang
+
+
+def defaults(sc: BenchScenario) -> Settings:
+    """The engine's own defaults."""
+    return sg.DEFAULTS if sc.engine == "sglang" else DEFAULTS
+
+
+def safe(sc: BenchScenario) -> Settings:
+    """A fixed "safe" choice in the engine's settings."""
+    return sg.SAFE if sc.engine == "sglang" else SAFE
+
+
 @dataclass(frozen=True)
 class Run:
     stats: Stats
-    final: EngineSettings
+    final: Settings
     seconds: float
-    loop: Kvpilot | None = None
+    loop: Loop | None = None
 
     @property
     def goodput(self) -> float:
@@ -212,12 +233,16 @@ class Run:
         return self.stats.output_tokens / self.seconds
 
 
-def run(
-    scenario: BenchScenario, start: EngineSettings, *, closed_loop: bool, hours: float | None = None
-) -> Run:
+def _loop(scenario: BenchScenario, start: Settings) -> Loop:
+    if isinstance(start, EngineSettings):
+        return Kvpilot(scenario, current=start)
+    return sg.KvpilotSglang(scenario, current=start)
+
+
+def run(scenario: BenchScenario, start: Settings, *, closed_loop: bool, hours: float | None = None) -> Run:
     hours = scenario.hours if hours is None else hours
     world = World(scenario)
-    loop = Kvpilot(scenario, current=start) if closed_loop else None
+    loop = _loop(scenario, start) if closed_loop else None
     world.roll_out(start, 0.0, strategy="surge")
     if loop is not None:
         loop.plan(0.0)
@@ -228,7 +253,7 @@ def run(
         if loop is not None and now % TICK == 0:
             loop.tick(world, now)
     if loop is not None:
-        world.stats.failed_never_ran = sum(1 for s in loop.failed if s not in world.ran)
+        world.stats.failed_never_ran = sum(1 for s in loop.failed_settings if s not in world.ran)
     return Run(world.stats, loop.current if loop else start, end, loop)
 
 
@@ -257,7 +282,7 @@ def contexts(sc: BenchScenario) -> tuple[int | None, ...]:
     """The oracle's context lengths: from the bounds' minimum (or 4096) to the planned one, doubling, and
     never below the workload's longest requests (:func:`longest_request`): a context that refuses the
     traffic's long requests wins goodput by turning users away, which no static setting may count."""
-    top = sc.planned.max_model_len or sc.truth.model_max_len
+    top = sc.planned_context or sc.truth.model_max_len
     low = sc.bounds.min_max_model_len or min(4096, top)
     out, length = [], low
     while length < top:
@@ -282,18 +307,51 @@ def _static(
 def compute_oracle(sc: BenchScenario, *, hours: float | None = None) -> Run:
     """The best static settings with hindsight: whole runs, a coordinate search over utilisation x
     sequences x batched tokens x context (x fp8 when the bounds allow it), from the best of twelve
-    starting points, until no neighbour is better."""
+    starting points, until no neighbour is better. SGLang: ``--mem-fraction-static`` x
+    ``--max-running-requests`` x ``--chunked-prefill-size`` x ``--context-length`` (the grids of
+    :mod:`bench.loopsim.sglang`), from the same kind of starting points."""
     lengths = contexts(sc)
+    if sc.engine == "sglang":
+        running = sg.RUNNING
+        sglang_starts = [
+            (3, q, b, c)
+            for q in (2, 4, 8, len(running) - 1)
+            for b in (0, 2)
+            for c in sorted({0, len(lengths) - 1})
+        ]
+        return _search(
+            sc,
+            (len(sg.FRACTIONS), len(running), len(sg.CHUNKS), len(lengths)),
+            sglang_starts,
+            lambda p: sg.build_static(sg.FRACTIONS[p[0]], running[p[1]], sg.CHUNKS[p[2]], lengths[p[3]]),
+            hours,
+        )
     sizes = (len(GMU), len(SEQS), len(BATCHED), 2 if sc.bounds.allow_fp8_kv else 1, len(lengths))
+    starts = [(2, q, b, 0, c) for q in (1, 4, 6, 8) for b in (0, 2) for c in sorted({0, len(lengths) - 1})]
+    return _search(
+        sc,
+        sizes,
+        starts,
+        lambda p: _static(sc, GMU[p[0]], SEQS[p[1]], BATCHED[p[2]], bool(p[3]), lengths[p[4]]),
+        hours,
+    )
+
+
+def _search(
+    sc: BenchScenario,
+    sizes: tuple[int, ...],
+    starts: Sequence[tuple[int, ...]],
+    build: Callable[[tuple[int, ...]], Settings],
+    hours: float | None,
+) -> Run:
+    """A coordinate search over the grid ``sizes`` of static settings (``build``), from the best start."""
     memo: dict[tuple[int, ...], Run] = {}
 
     def score(p: tuple[int, ...]) -> float:
         if p not in memo:
-            s = _static(sc, GMU[p[0]], SEQS[p[1]], BATCHED[p[2]], bool(p[3]), lengths[p[4]])
-            memo[p] = run(sc, s, closed_loop=False, hours=hours)
+            memo[p] = run(sc, build(p), closed_loop=False, hours=hours)
         return memo[p].goodput
 
-    starts = [(2, q, b, 0, c) for q in (1, 4, 6, 8) for b in (0, 2) for c in sorted({0, len(lengths) - 1})]
     best = max(starts, key=score)
     improved = True
     while improved:
@@ -314,11 +372,11 @@ def compute_reachable(sc: BenchScenario, oracle: Run, *, hours: float | None = N
     policy can win back (``slow-start``: 21 minutes of start at the plan's 8 sequences): the ratio
     ``kvpilot / reachable`` judges the policy, ``kvpilot / oracle`` the policy and the plan together."""
     hours = sc.hours if hours is None else hours
-    static = run(sc, sc.planned, closed_loop=False, hours=hours)
-    if oracle.final == sc.planned:
+    static = run(sc, sc.start, closed_loop=False, hours=hours)
+    if oracle.final == sc.start:
         return static
     world = World(sc)
-    world.roll_out(sc.planned, 0.0, strategy="surge")
+    world.roll_out(sc.start, 0.0, strategy="surge")
     now, end, switched = 0.0, hours * 3600, False
     while now < end:
         now += DT

@@ -14,11 +14,29 @@ from pathlib import Path
 from typing import Any
 
 from e2e.fleet.truth import GroundTruth, Scenario, Workload
+from kvpilot.tuner import sglang
 from kvpilot.tuner.loop import TuningBounds
 from kvpilot.tuner.types import GIB, EngineSettings, MemoryBudget
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 FAULT_KINDS = ("cuda_oom", "prometheus_down", "metrics_missing")
+ENGINES = ("vllm", "sglang")
+Settings = EngineSettings | sglang.SglangSettings
+"""What a pod of a bench run runs: vLLM's settings, or SGLang's flags."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SglangPlan:
+    """What kvpilot starts an SGLang scenario from: the flags ``kvpilot plan --engine sglang`` renders for
+    the catalogue ``model`` on ``gpu`` with ``max_context`` and ``concurrency`` (``--max-context``,
+    ``--concurrency``), as the scenario states them, and the inputs to check them against the planner
+    (``tests/bench/test_loopsim_sglang.py``)."""
+
+    model: str
+    gpu: str
+    settings: sglang.SglangSettings
+    max_context: int | None = None
+    concurrency: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +61,8 @@ class BenchScenario:
     truth: GroundTruth
     phases: tuple[Phase, ...]
     planned: EngineSettings
-    plan_budget: MemoryBudget
+    plan_budget: MemoryBudget | None
+    """vLLM: what the planner believed (``None`` for SGLang, whose loop asks its own memory model)."""
     bounds: TuningBounds = TuningBounds()
     hours: float = 3.0
     spare_gpu: bool = True
@@ -62,7 +81,25 @@ class BenchScenario:
     """Relative noise on each metrics sample (KV usage, queue, running)."""
     missing: float = 0.0
     """Share of samples that are missing (a scrape that failed)."""
+    engine: str = "vllm"
+    """``vllm`` or ``sglang``: which engine the pods run and which of kvpilot's loops tunes them."""
+    sglang_plan: SglangPlan | None = None
+    """SGLang: the plan (``planned`` and ``plan_budget`` are vLLM's and unused)."""
     source: Path | None = None
+
+    @property
+    def start(self) -> Settings:
+        """What kvpilot's plan starts the pods with, in the engine's own settings."""
+        if self.sglang_plan is not None:
+            return self.sglang_plan.settings
+        return self.planned
+
+    @property
+    def planned_context(self) -> int | None:
+        """The plan's context (``None``: the model's own)."""
+        if self.sglang_plan is not None:
+            return self.sglang_plan.settings.context_length
+        return self.planned.max_model_len
 
     def workload_at(self, t: float) -> Workload:
         current = self.phases[0].workload
@@ -102,9 +139,23 @@ def _budget(d: dict[str, Any], gpu_total_gib: float) -> MemoryBudget:
     )
 
 
+def _sglang_plan(d: dict[str, Any]) -> SglangPlan:
+    planner = d.get("planner", {})
+    return SglangPlan(
+        model=str(planner["model"]),
+        gpu=str(planner.get("gpu", "H100-SXM")),
+        settings=sglang.SglangSettings(**d["sglang"]),
+        max_context=planner.get("max_context"),
+        concurrency=planner.get("concurrency"),
+    )
+
+
 def load_scenario(path: Path) -> BenchScenario:
     try:
         d = json.loads(path.read_text())
+        engine = str(d.get("engine", "vllm"))
+        if engine not in ENGINES:
+            raise ScenarioError(f"{path.name}: engine: {engine!r} is not one of {ENGINES}")
         truth_d = dict(d["truth"])
         truth = Scenario.from_dict({"truth": truth_d}).truth
         phases = tuple(
@@ -122,8 +173,8 @@ def load_scenario(path: Path) -> BenchScenario:
             what=d["what"],
             truth=truth,
             phases=phases,
-            planned=_settings(d["plan"]["settings"]),
-            plan_budget=_budget(d["plan"]["budget"], truth.gpu_memory_gib),
+            planned=_settings(d["plan"]["settings"]) if engine == "vllm" else EngineSettings(),
+            plan_budget=_budget(d["plan"]["budget"], truth.gpu_memory_gib) if engine == "vllm" else None,
             bounds=TuningBounds(**d.get("bounds", {})),
             hours=float(d.get("hours", 3.0)),
             spare_gpu=bool(d.get("spare_gpu", True)),
@@ -133,6 +184,8 @@ def load_scenario(path: Path) -> BenchScenario:
             faults=faults,
             noise=float(d.get("noise", 0.0)),
             missing=float(d.get("missing", 0.0)),
+            engine=engine,
+            sglang_plan=_sglang_plan(d["plan"]) if engine == "sglang" else None,
             source=path,
         )
     except ScenarioError:

@@ -1,8 +1,9 @@
 """One InferenceService's pods in simulation: the fleet's engine model behind a Deployment.
 
 Each pod that runs is the fleet's :class:`e2e.fleet.engine.SimEngine` with the fleet's ground truth
-(start-up failures with vLLM's texts, CUDA OOM with the running batch, start-up time), so the bench,
-the e2e fleet and the demo judge kvpilot in one world. The Deployment around it:
+(start-up failures with vLLM's texts, CUDA OOM with the running batch, start-up time; or, for a scenario
+whose ``engine`` is ``sglang``, SGLang's pool, texts and failures: :mod:`bench.loopsim.physics`), so the
+bench, the e2e fleet and the demo judge kvpilot in one world. The Deployment around it:
 
 * a GPU per pod; a pod that finds none stays Pending (a full pool);
 * ``surge``: the new pod starts beside the old one, which goes when the new one serves;
@@ -22,12 +23,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from bench.loopsim.scenario import BenchScenario
+from bench.loopsim.physics import Physics, engine_args, physics_for
+from bench.loopsim.scenario import BenchScenario, Settings
 from e2e.fleet.caches import StartCaches
 from e2e.fleet.engine import Request, SimEngine
-from e2e.fleet.truth import EngineArgs
 from kvpilot.tuner.loop import MetricsSample
 from kvpilot.tuner.types import EngineSettings
+
+__all__ = ["DT", "MAX_WAIT_S", "Handoff", "Pod", "Stats", "World", "engine_args"]
 
 DT = 10.0
 """Simulated seconds per world step (and per metrics sample)."""
@@ -41,22 +44,10 @@ MAX_WAIT_S = 120.0
 """Clients time out a request not scheduled after this long."""
 
 
-def engine_args(s: EngineSettings) -> EngineArgs:
-    return EngineArgs(
-        model="model",
-        max_model_len=s.max_model_len,
-        max_num_seqs=s.max_num_seqs,
-        gpu_memory_utilization=s.gpu_memory_utilization,
-        kv_cache_dtype=s.kv_cache_dtype or "auto",
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        tensor_parallel_size=s.tensor_parallel_size or 1,
-    )
-
-
 @dataclass
 class Pod:
     name: str
-    settings: EngineSettings
+    settings: Settings
     state: str = "pending"  # pending | starting | failing | serving | backoff
     until: float = 0.0
     restarts: int = 0
@@ -115,10 +106,10 @@ class World:
     scenario: BenchScenario
     seed: int = 0
     pods: list[Pod] = field(default_factory=list)
-    desired: EngineSettings = EngineSettings()
+    desired: Settings = EngineSettings()
     stats: Stats = field(default_factory=Stats)
     samples: list[MetricsSample] = field(default_factory=list)
-    ran: set[EngineSettings] = field(default_factory=set)
+    ran: set[Settings] = field(default_factory=set)
     """Settings some container actually started with."""
     serial: int = 0
     rng: random.Random = field(default_factory=random.Random)
@@ -131,13 +122,14 @@ class World:
     def __post_init__(self) -> None:
         self.rng.seed(self.seed)
         self._faults = sorted(self.scenario.faults, key=lambda f: f.at_s)
+        self.physics: Physics = physics_for(self.scenario.engine, self.scenario.truth)
 
     @property
     def gpus(self) -> int:
         return 1 + int(self.scenario.spare_gpu)
 
     # ------------------------------------------------------------------ the Deployment
-    def roll_out(self, settings: EngineSettings, now: float, *, strategy: str) -> None:
+    def roll_out(self, settings: Settings, now: float, *, strategy: str) -> None:
         """A Deployment update with ``settings`` (``surge`` or ``recreate``)."""
         self.desired = settings
         # the Deployment controller scales unavailable pods of older ReplicaSets down first: a pod that
@@ -162,25 +154,17 @@ class World:
                 self._boot(p, now)
 
     def _boot(self, pod: Pod, now: float) -> None:
-        truth, args = self.scenario.truth, engine_args(pod.settings)
+        truth, args = self.scenario.truth, self.physics.view(pod.settings)
         self.ran.add(pod.settings)
         pod.started_at, pod.ready_at, pod.engine = now, None, None
-        error = truth.startup_error(args)
+        failure = self.physics.start_failure(pod.settings)
         volume = COMPILE_VOLUME if self.scenario.compile_cache else None
         compile_cached = self.caches.compute_sources(args, None, volume).compile_cached
-        if error is not None:
-            self.caches.record_start(args, None, volume)  # the profile run compiled before the KV check
-            pod.state, pod.until, pod.error = (
-                "failing",
-                now + START_FAIL_AFTER_S,
-                truth.startup_failure_log(args, error),  # what the operator classifies: the previous log
-            )
-        elif truth.startup_oom(args):
-            pod.state, pod.until, pod.error = (
-                "failing",
-                now + START_FAIL_AFTER_S,
-                truth.cuda_oom_message(args, startup=True),
-            )
+        if failure is not None:
+            if not failure.oom:
+                self.caches.record_start(args, None, volume)  # the profile run compiled before the KV check
+            # what the operator classifies: the previous log
+            pod.state, pod.until, pod.error = "failing", now + START_FAIL_AFTER_S, failure.log
         else:
             seconds = (
                 truth.startup.simulated_seconds(
@@ -244,14 +228,15 @@ class World:
             elif pod.state == "starting" and now >= pod.until:
                 pod.state, pod.ready_at = "serving", now
                 self.caches.record_start(
-                    engine_args(pod.settings), None, COMPILE_VOLUME if sc.compile_cache else None
+                    self.physics.view(pod.settings), None, COMPILE_VOLUME if sc.compile_cache else None
                 )
                 pod.engine = SimEngine(
                     truth,
                     workload,
-                    engine_args(pod.settings),
+                    self.physics.view(pod.settings),
                     seed=self.seed * 7919 + self.serial,
                     resolution_s=RESOLUTION_S,
+                    num_gpu_blocks=self.physics.num_blocks(pod.settings),
                 )
         mine = [p for p in self.pods if p.settings == self.desired]
         if any(p.state == "serving" for p in mine):  # rollout done: the old pods go
@@ -280,13 +265,11 @@ class World:
         if self._faults and self._faults[0].kind == "cuda_oom" and now >= self._faults[0].at_s:
             self._faults.pop(0)
             self.stats.injected_ooms += 1
-            self._crash(pod, now, truth.cuda_oom_message(engine_args(pod.settings)), oom=True)
-        elif truth.runtime_oom(engine_args(pod.settings), running=e.num_running):
-            self._crash(pod, now, truth.cuda_oom_message(engine_args(pod.settings)), oom=True)
-        used = truth.framebuffer_used_gib(
-            engine_args(pod.settings),
-            e.num_running,
-            now - (pod.ready_at if pod.ready_at is not None else now),
+            self._crash(pod, now, self.physics.oom_message(pod.settings), oom=True)
+        elif self.physics.runtime_oom(pod.settings, e.num_running):
+            self._crash(pod, now, self.physics.oom_message(pod.settings), oom=True)
+        used = self.physics.framebuffer_used_gib(
+            pod.settings, e.num_running, now - (pod.ready_at if pod.ready_at is not None else now)
         )
         self.samples.append(self._sample(now, e.kv_usage, preempted / DT, e.num_running, e.num_waiting, used))
 

@@ -154,6 +154,8 @@ def test_a_rolled_out_change_and_a_persisting_infeasible_verdict_are_in_the_hist
     assert entry["toEngineArgs"] == sglang.build_sglang_args(LOWER)
     old = landed(old, out)
     assert [c.time for c in sglang_reading.read_changes(old)] == [1000.0]  # the gates count it
+    (change,) = sglang_reading.read_changes(old)  # and the flap guard reads what it changed from and to
+    assert (change.before, change.after) == (FAILED, LOWER)
     stuck = SglangDecision(
         Action.INFEASIBLE, LOWER, "StartMemoryShort", "no larger fraction fits", metrics=FRESH
     )

@@ -113,6 +113,27 @@ def test_past_every_ceiling_the_context_is_shortened_to_the_pool() -> None:
     assert "--context-length" in decision.reason
 
 
+def test_weights_past_every_ceiling_shorten_the_context_to_the_pool_sglangs_minimum_leaves() -> None:
+    """SGLang's minimum (weights / free memory before the load) refutes the memory model's free memory: past
+    every ceiling, the fraction goes to the ceiling and the context to the pool that minimum leaves there,
+    not to the model's larger one (bench scenario sglang-startup-short: Qwen3-30B-A3B on an H100 another
+    process shares; before, "infeasible" while 0.874 starts with a ~19k-token pool)."""
+    qwen = fit.SglangMemory(
+        gpus.lookup_gpu("H100-SXM"), build_model_spec(lookup_model_config("Qwen/Qwen3-30B-A3B"))
+    )
+    current = sglang.SglangSettings(
+        context_length=32768, mem_fraction_static=0.835, chunked_prefill_size=8192
+    )
+    decision = decide(current, memory=qwen, logs=(sglang.weights_exceed_static_error(0.835, 0.8474),))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.START_MEMORY_SHORT
+    new = effective(decision.settings, qwen)
+    assert fit.fraction_of(new) > 0.8474
+    budget = fit.compute_budget(new, qwen)
+    assert budget is not None and new.context_length is not None
+    measured = budget.weight_bytes * (fit.fraction_of(new) / 0.8474 - 1) / budget.cell_bytes
+    assert 0 < new.context_length <= measured < 32768
+
+
 def test_when_no_context_within_the_bounds_fits_it_is_infeasible() -> None:
     current = sglang.SglangSettings(context_length=131072, mem_fraction_static=0.6)
     bounds = TuningBounds(min_max_model_len=65536)
@@ -197,11 +218,25 @@ def test_an_unexplained_restart_holds() -> None:
 
 
 def test_pressure_with_retractions_cuts_the_running_requests_at_the_ceiling() -> None:
-    current = sglang.SglangSettings(context_length=8192, max_running_requests=64)  # fraction: the ceiling
+    # the fraction at its ceiling, the prefill chunk at its floor: nothing lifts the ceiling
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=64, chunked_prefill_size=2048)
     decision = decide(current, samples=window(kv_usage=0.97, preemption_rate=0.5, running=64, waiting=5))
     assert decision.action == Action.RETUNE and decision.trigger == rules.KV_PRESSURE
     assert (decision.settings.max_running_requests or 0) < 64
     assert decision.settings.mem_fraction_static is None
+
+
+def test_pressure_at_the_ceiling_halves_the_prefill_chunk_for_more_pool() -> None:
+    """As a start-up short of memory: a smaller activation reserve lifts the ceiling, so at the ceiling
+    pressure grows the pool by halving --chunked-prefill-size before it turns requests away (bench
+    sglang-noisy-metrics: 261 running at 0.835 and 8192 retracted; 0.87 and 4096 hold them)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=64)  # fraction: the ceiling
+    decision = decide(current, samples=window(kv_usage=0.97, preemption_rate=0.5, running=64, waiting=5))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.KV_PRESSURE
+    new = effective(decision.settings)
+    assert new.chunked_prefill_size == 4096 and fraction(decision.settings) > fraction(current)
+    assert fraction(decision.settings) <= fit.compute_fraction_ceiling(new, H100)
+    assert decision.settings.max_running_requests == 64
 
 
 def test_pressure_under_the_ceiling_grows_the_pool_unless_an_oom_ruled_it_out() -> None:
@@ -217,7 +252,7 @@ def test_pressure_under_the_ceiling_grows_the_pool_unless_an_oom_ruled_it_out() 
 
 
 def test_sglangs_retraction_warning_is_pressure_even_between_samples() -> None:
-    current = sglang.SglangSettings(context_length=8192, max_running_requests=64)
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=64, chunked_prefill_size=2048)
     decision = decide(
         current, logs=(sglang.kv_pool_full_warning(4, 512),), samples=window(kv_usage=0.7, running=60)
     )
@@ -233,10 +268,86 @@ def test_a_queue_at_the_limit_with_low_token_usage_adds_running_requests_within_
     assert 32 < raised <= room
 
 
-def test_no_queue_or_high_usage_holds_steady() -> None:
+def test_a_deep_queue_with_measured_room_is_served_in_one_raise_not_doubling_steps() -> None:
+    """As vLLM's rule: where the window measured the room, the step's cap (at most doubling) does not hold a
+    raise back; the queue's demand is taken, within the room (bench scenario sglang-queue: 32 -> 64 -> 128
+    -> 209 in three rollouts, 24 minutes, with 1,000+ requests waiting)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
+    decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
+    assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 32 / 0.13)
+    # a shallow queue asks for less than the room: its demand, not the room
+    shallow = decide(current, samples=window(kv_usage=0.13, running=32, waiting=40))
+    assert shallow.settings.max_running_requests == 72
+
+
+def test_a_raise_that_ran_out_of_memory_is_bisected_not_retried_one_less() -> None:
+    """As vLLM's rule: a raise of the running requests that failed (an OOM on probation, rolled back) caps
+    the next raise halfway between what runs and what failed (bench scenario sglang-bad-new-settings: 210
+    failed, then 209 and 208 were tried, each another CUDA OOM)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=64)
+    raised = sglang.SglangSettings(context_length=8192, max_running_requests=210)
+    failed = fit.FailedRun(effective(raised), "runtime_oom")
+    decision = decide(current, samples=window(kv_usage=0.13, running=64, waiting=900), failed=(failed,))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
+    assert decision.settings.max_running_requests == (64 + 210) // 2
+    # a failure at a larger fraction (less memory left outside the share) says nothing about this one
+    roomier = fit.FailedRun(
+        dataclasses.replace(failed.settings, mem_fraction_static=fraction(current) + 0.05), "runtime_oom"
+    )
+    again = decide(current, samples=window(kv_usage=0.13, running=64, waiting=900), failed=(roomier,))
+    assert (again.settings.max_running_requests or 0) > (64 + 210) // 2
+
+
+def _pressure(time: float, before: int, after: int) -> SglangChange:
+    flags = sglang.SglangSettings(context_length=8192)
+    return SglangChange(
+        time,
+        rules.KV_PRESSURE,
+        before=dataclasses.replace(flags, max_running_requests=before),
+        after=dataclasses.replace(flags, max_running_requests=after),
+    )
+
+
+def test_after_token_pressure_a_raise_stays_below_where_it_found_the_pool_full() -> None:
+    """As vLLM's flap guard: within the hour after KvPressure cut from N, a calm window's room raises only
+    below N, and only by a step worth the risk (bench scenario sglang-retractions: 158 -> 118 -> 144 ->
+    108 -> 148 ..., eleven rollouts in three hours)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=118)
+    calm = window(kv_usage=0.5, running=118, waiting=700)  # room 0.88 x 118 / 0.5 = 207
+    cut = _pressure(NOW - 1200, 158, 118)
+    decision = decide(current, samples=calm, changes=(cut,))
+    assert decision.action == Action.RETUNE and decision.settings.max_running_requests == 157
+    # a raise under flap_min_raise (25 %) is not worth its rollout so soon after the cut
+    small = decide(current, samples=calm, changes=(_pressure(NOW - 1200, 140, 118),))
+    assert small.trigger == Trigger.STEADY
+    # an hour on, the cut is forgotten: the room
+    later = decide(current, samples=calm, changes=(_pressure(NOW - 4000, 158, 118),))
+    assert later.settings.max_running_requests == 207
+
+
+def test_token_pressure_that_comes_back_within_the_hour_holds_the_limit_it_set() -> None:
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=108)
+    calm = window(kv_usage=0.5, running=108, waiting=700)
+    again = (_pressure(NOW - 3000, 158, 118), _pressure(NOW - 600, 144, 108))
+    assert decide(current, samples=calm, changes=again).trigger == Trigger.STEADY
+
+
+def test_no_queue_or_no_room_holds_steady() -> None:
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
     assert decide(current, samples=window(kv_usage=0.2, running=32, waiting=0)).trigger == Trigger.STEADY
-    assert decide(current, samples=window(kv_usage=0.7, running=32, waiting=9)).trigger == Trigger.STEADY
+    # inside the band with no room worth a rollout at target_kv_usage (0.88 x 32 / 0.85 = 33 < 32 x 1.05)
+    assert decide(current, samples=window(kv_usage=0.85, running=32, waiting=9)).trigger == Trigger.STEADY
+
+
+def test_a_queue_at_the_limit_inside_the_band_takes_the_measured_room() -> None:
+    """As vLLM's rule: usage inside the 0.50..0.90 band is no reason to leave a queue waiting at the limit
+    when the window shows room (bench scenario sglang-queue: 128 running at 0.54 usage, 1,600 waiting,
+    held Steady for hours)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=128)
+    decision = decide(current, samples=window(kv_usage=0.54, running=128, waiting=1600))
+    assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
+    assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 128 / 0.54)
 
 
 def test_a_missed_ttft_objective_halves_the_prefill_chunk() -> None:
@@ -261,7 +372,9 @@ def test_missing_or_scarce_metrics_hold() -> None:
 
 
 def test_the_cooldown_holds_metrics_driven_changes_but_not_crash_remedies() -> None:
-    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84, max_running_requests=64)
+    current = sglang.SglangSettings(  # at the ceiling with the chunk at its floor: the remedy is a cut
+        context_length=8192, mem_fraction_static=0.87, max_running_requests=64, chunked_prefill_size=2048
+    )
     recent = (SglangChange(NOW - 200, rules.KV_PRESSURE),)
     samples = window(kv_usage=0.97, preemption_rate=0.5, running=64, waiting=5)
     held = decide(current, samples=samples, changes=recent)

@@ -79,11 +79,16 @@ def build_sglang_context(
 
 
 def read_changes(status: Mapping[str, Any]) -> tuple[SglangChange, ...]:
-    """The changes the loop made, for the gates (the minimum interval, the cooldown, the hourly limit): the
-    ``Retuned`` and ``RolledBack`` entries of ``status.history`` in SGLang's flags, and ``lastChangeTime``
-    when the history no longer holds it."""
+    """The changes the loop made, for the gates (the minimum interval, the cooldown, the hourly limit) and
+    the flap guard (the flags each changed from and to): the ``Retuned`` and ``RolledBack`` entries of
+    ``status.history`` in SGLang's flags, and ``lastChangeTime`` when the history no longer holds it."""
     changes = [
-        SglangChange(when, str(entry.get("trigger") or ""))
+        SglangChange(
+            when,
+            str(entry.get("trigger") or ""),
+            before=sglang_patch.read_args(entry, "fromEngineArgs"),
+            after=sglang_patch.read_args(entry, "toEngineArgs"),
+        )
         for entry in status.get("history") or ()
         if entry.get("action") in ("Retuned", "RolledBack") and entry.get("toEngineArgs") is not None
         if (when := parse_time(entry.get("time"))) is not None

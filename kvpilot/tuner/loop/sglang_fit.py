@@ -72,6 +72,20 @@ class SglangSituation:
     bounds: TuningBounds
     policy: PolicyConfig
     ttft_p95_objective: float | None = None
+    pressure: tuple[PressureChange, ...] = ()
+    """The loop's KvPressure changes that name their running requests (the flap guard's memory)."""
+    now: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PressureChange:
+    """A change KV pressure made: when, the ``--max-running-requests`` it found full (the limit it cut from,
+    or kept while it grew the pool) and the one it left."""
+
+    time: float
+    pressured: int | None
+    """``None``: it changed from SGLang's default (unset), sized at start-up."""
+    left: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +162,11 @@ def compute_context_share(settings: sglang.SglangSettings, memory: SglangMemory)
         * (settings.context_length + (budget.settings.page_size or 1))
         / budget.pre_load_bytes
     )
+
+
+def compute_budget(settings: sglang.SglangSettings, memory: SglangMemory) -> SglangBudget | None:
+    """The memory model's budget for ``settings`` (``None``: the model is not modelled or refuses them)."""
+    return _budget(settings, memory)
 
 
 def _budget(settings: sglang.SglangSettings, memory: SglangMemory) -> SglangBudget | None:

@@ -15,7 +15,8 @@ first step with something to say decides:
 2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
 3. **pressure** -- token usage high with retractions (or SGLang's "KV cache pool is full" text);
 4. **latency** -- the TTFT objective missed;
-5. **idle** -- a queue at the running-request limit with token usage low;
+5. **idle** -- a queue at the running-request limit with room in the pool (usage low, or measured room
+   inside the band);
 6. otherwise hold.
 
 A chosen candidate then passes the gates vLLM's does: the minimum interval between changes, the cooldown
@@ -40,10 +41,11 @@ from kvpilot.tuner.loop.decision import (
     compute_cooldown,
     compute_metrics_status,
 )
-from kvpilot.tuner.loop.sglang_fit import FailedRun, SglangProposal, SglangSituation
+from kvpilot.tuner.loop.sglang_fit import FailedRun, PressureChange, SglangProposal, SglangSituation
 from kvpilot.tuner.loop.sglang_state import (
     CRASH_ORDER,
     UNCLASSIFIED,
+    SglangChange,
     SglangContext,
     SglangDecision,
     SglangEvidence,
@@ -70,6 +72,8 @@ def compute_sglang_decision(
         bounds=context.bounds,
         policy=context.policy,
         ttft_p95_objective=context.ttft_p95_seconds,
+        pressure=compute_pressure_changes(state.changes),
+        now=now,
     )
     since = last_change if last_change is not None else float("-inf")
     restarts = tuple(r for r in evidence.restarts if since <= r.time <= now)
@@ -115,6 +119,19 @@ def _compute_gates(
     if metrics_driven is None and retunes and now - max(retunes) < cooldown:
         metrics_driven = f"cooldown for {cooldown - (now - max(retunes)):.0f}s more"
     return _Gates(any_change, metrics_driven)
+
+
+def compute_pressure_changes(changes: tuple[SglangChange, ...]) -> tuple[PressureChange, ...]:
+    """The ``KvPressure`` changes, with the running requests they found full and left where the flags name
+    them (a change from SGLang's default, unset, names none: what it found full is not known)."""
+    out = []
+    for c in changes:
+        if c.trigger != rules.KV_PRESSURE:
+            continue
+        before = c.before.max_running_requests if c.before is not None else None
+        after = c.after.max_running_requests if c.after is not None else None
+        out.append(PressureChange(c.time, before, after if after is not None else before))
+    return tuple(sorted(out, key=lambda x: x.time))
 
 
 def _crash_step(

@@ -19,10 +19,12 @@ start-up and run time, and each rule here says which way it goes:
   still holds one full-context request; else halve ``--chunked-prefill-size`` (activations); a graph
   capture OOM also offers fewer ``--max-running-requests`` (the decode graph's batch).
 - ``KvPressure`` (sustained token usage with retractions, or "KV cache pool is full. Retract requests."):
-  more pool when the fraction is under its ceiling and no OOM ruled that out, else fewer
-  ``--max-running-requests``.
-- ``IdleCapacity``: a queue at the running-request limit with token usage low: more running requests,
-  within the room the window's usage per request shows at ``target_kv_usage``.
+  more pool when the fraction is under its ceiling and no OOM ruled that out; at the ceiling, more pool by
+  halving ``--chunked-prefill-size`` (a smaller activation reserve lifts the ceiling, as for a start-up
+  short of memory); else fewer ``--max-running-requests``.
+- ``IdleCapacity``: a queue at the running-request limit with token usage low (more running requests,
+  within the room the window's usage per request shows at ``target_kv_usage``), or inside the band with that
+  measured room worth a rollout (the room, taken whole), as vLLM's rule does.
 - ``LatencySlo``: the TTFT objective missed in most samples: a smaller ``--chunked-prefill-size``.
 
 A value the history ruled out is never proposed again (:func:`~.sglang_fit.is_ruled_out`): a fraction at or
@@ -45,7 +47,9 @@ from kvpilot.tuner.loop.sglang_fit import (
     SglangProposal,
     SglangSituation,
     ceil_grid,
+    compute_budget,
     compute_context_share,
+    compute_effective,
     compute_fraction_ceiling,
     compute_fraction_floor,
     compute_fraction_for_context,
@@ -107,7 +111,8 @@ def propose_for_memory_short(s: SglangSituation, failure_text: str) -> SglangPro
             for t, c in zip(trials, ceilings, strict=True)
             if c >= fraction + FRACTION_STEP
         ][:1]
-    shorter = _shorter_context(s, trials[-1])
+    # the highest ceiling, with the fewest prefill tokens given up for it
+    shorter = _shorter_context(s, trials[ceilings.index(max(ceilings))], minimum)
     if shorter is not None:
         candidates.append(shorter)
         lines.append(
@@ -140,11 +145,21 @@ def _chunk_trials(eff: sglang.SglangSettings, p: PolicyConfig) -> list[sglang.Sg
     return trials
 
 
-def _shorter_context(s: SglangSituation, trial: sglang.SglangSettings) -> sglang.SglangSettings | None:
-    """The context the pool holds at the ceiling of ``trial`` (rounded down), when that is shorter."""
+def _shorter_context(
+    s: SglangSituation, trial: sglang.SglangSettings, minimum: float | None = None
+) -> sglang.SglangSettings | None:
+    """The context the pool holds at the ceiling of ``trial`` (rounded down), when that is shorter.
+
+    Where SGLang printed the fraction its weights take (``minimum``: ``1 - available/pre`` = weights / the
+    memory free before the load), the pool at the ceiling is at most what that measurement leaves
+    (:func:`_measured_pool_tokens`): the failure refuted the memory model's free memory, so its pool is not
+    trusted above SGLang's own figure."""
     top = compute_fraction_ceiling(trial, s.memory)
     at_top = dataclasses.replace(trial, mem_fraction_static=top)
     tokens = predict_pool_tokens(at_top, s.memory)
+    measured = _measured_pool_tokens(at_top, s, minimum)
+    if tokens is not None and measured is not None:
+        tokens = min(tokens, measured)
     context = s.effective.context_length
     if tokens is None or context is None or tokens <= 0:
         return None
@@ -154,6 +169,26 @@ def _shorter_context(s: SglangSituation, trial: sglang.SglangSettings) -> sglang
     if shorter <= 0 or shorter >= context:
         return None
     return dataclasses.replace(at_top, context_length=shorter)
+
+
+def _measured_pool_tokens(
+    settings: sglang.SglangSettings, s: SglangSituation, minimum: float | None
+) -> int | None:
+    """The pool at ``settings``' fraction by SGLang's printed minimum: ``minimum`` = weights / free memory
+    before the load, so the pool is ``weights x (fraction / minimum - 1)`` (``None``: no minimum, or the
+    model's weights and cell are unknown; 0 at or below the minimum)."""
+    budget = _pool_budget(settings, s)
+    if minimum is None or minimum <= 0 or budget is None:
+        return None
+    weights, cell = budget
+    pool = weights * (fraction_of(settings) / minimum - 1.0)
+    return max(0, int(pool // cell))
+
+
+def _pool_budget(settings: sglang.SglangSettings, s: SglangSituation) -> tuple[int, int] | None:
+    """(weight bytes, KV cell bytes) by the memory model for ``settings`` (``None``: not modelled)."""
+    budget = compute_budget(settings, s.memory)
+    return None if budget is None else (budget.weight_bytes, budget.cell_bytes)
 
 
 def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangProposal:
@@ -200,19 +235,21 @@ def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangP
 
 def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> SglangProposal | None:
     """Sustained token usage at the high band with retractions (or SGLang's "KV cache pool is full"):
-    more pool where the ceiling leaves room, else fewer running requests."""
+    more pool where the ceiling leaves room (at the ceiling, by halving the prefill chunk, whose smaller
+    activation reserve lifts it), else fewer running requests."""
     p, w, eff = s.policy, s.window, s.effective
     high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
     rate = obs.compute_mean(w.samples, obs.preemption_rate) or 0.0
     if not retraction_texts and (high < p.sustain_fraction or rate < p.preemption_rate_high):
         return None
     candidates: list[sglang.SglangSettings] = []
-    ceiling = compute_fraction_ceiling(eff, s.memory)
     fraction = fraction_of(eff)
-    if ceiling - fraction >= FRACTION_STEP:
-        candidates.append(
-            dataclasses.replace(eff, mem_fraction_static=min(floor_grid(ceiling), fraction + p.max_gmu_step))
-        )
+    for trial in _chunk_trials(eff, p):  # the fewest prefill tokens given up for more pool
+        ceiling = floor_grid(compute_fraction_ceiling(trial, s.memory))
+        if ceiling - fraction >= FRACTION_STEP - 1e-9:
+            grown = min(ceiling, round(fraction + p.max_gmu_step, 3))
+            candidates.append(dataclasses.replace(trial, mem_fraction_static=grown))
+            break
     peak = obs.compute_max(w.samples, obs.running)
     limit = eff.max_running_requests
     base = min(limit, math.ceil(peak)) if limit and peak else (limit or (math.ceil(peak) if peak else None))
@@ -235,37 +272,106 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
 
 
 def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
-    """A queue at the running-request limit with token usage low: more running requests, within the room
-    the window's usage per running request shows at ``target_kv_usage``."""
+    """A queue at the running-request limit and room in the pool: more running requests.
+
+    As vLLM's rule (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`), room is either sustained token
+    usage <= ``kv_usage_low`` (raise by the step, or to what the queue asks for where the window measured
+    the room for it, capped by the room the window's usage per running request shows at
+    ``target_kv_usage``) or, inside the 0.50..0.90 band, that measured room itself, taken whole when it is
+    worth a rollout (at least ``min_seqs_raise`` more); without such room the band holds. Within
+    ``flap_guard_seconds`` of a KvPressure change a raise stays below the limit that pressure found full and
+    must be worth ``flap_min_raise``; pressure that came back within the hour holds the limit it set for
+    ``peak_memory_seconds``; a raise that failed is bisected below."""
     p, w, eff = s.policy, s.window, s.effective
     queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
     peak = obs.compute_max(w.samples, obs.running) or 0.0
     low = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v <= p.kv_usage_low)
     limit = eff.max_running_requests or math.ceil(peak)
-    if queue < p.queue_min or limit < 1 or peak < p.seqs_saturation * limit or low < p.sustain_fraction:
+    if queue < p.queue_min or limit < 1 or peak < p.seqs_saturation * limit:
         return None
-    step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
-    target = math.ceil(limit * (1.0 + step))
-    caps = [f"step +{step:.0%}"]
     mean_kv, mean_running = (
         obs.compute_mean(w.samples, obs.kv_usage),
         obs.compute_mean(w.samples, obs.running),
     )
+    room: int | None = None
     if mean_kv and mean_running and mean_kv > 0 and mean_running >= 1:
-        room = p.target_kv_usage * mean_running / mean_kv
-        if math.isfinite(room) and math.floor(room) < target:
-            target, caps = max(limit, math.floor(room)), [f"token room at {p.target_kv_usage:.2f} usage"]
-    if target < limit * (1.0 + p.min_seqs_raise):
+        measured = p.target_kv_usage * mean_running / mean_kv
+        room = math.floor(measured) if math.isfinite(measured) else None
+    idle = low >= p.sustain_fraction
+    if not idle and (room is None or room < limit * (1.0 + p.min_seqs_raise)):
+        return None  # inside the band and no measured room for more: hysteresis
+    step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
+    target = math.ceil(limit * (1.0 + step))
+    caps = [f"step +{step:.0%}"]
+    demand = math.ceil(peak + queue)
+    if room is not None and idle and target < min(room, demand):
+        # the window measured the room: the step's cap only guards a raise taken without that evidence
+        target, caps = demand, [f"the queue: {demand} running requests asked for"]
+    if room is not None and (room < target or not idle):
+        target, caps = max(limit, room), [f"token room at {p.target_kv_usage:.2f} usage"]
+    recent = [c for c in s.pressure if c.time > s.now - p.flap_guard_seconds]
+    found = [c.pressured for c in recent if c.pressured is not None]
+    if found and min(found) - 1 < target:
+        ceiling = min(found)
+        target, caps = ceiling - 1, [f"below {ceiling}, where token pressure found the pool full"]
+    settled = _recurring_cut(s)
+    if settled is not None and settled < target:
+        target, caps = settled, [f"{settled}, where token pressure that came back within the hour settled"]
+    failed_at = _failed_running_ceiling(s, limit)
+    if failed_at is not None and (limit + failed_at) // 2 < target:
+        # bisect between what runs and what failed, rather than trying the failed raise again less one
+        target, caps = (limit + failed_at) // 2, [f"halfway to {failed_at}, which failed with these settings"]
+    least = p.flap_min_raise if recent else p.min_seqs_raise
+    if target < limit * (1.0 + least):
         return None
+    mean = mean_kv or 0.0
+    where = (
+        f"token usage <= {p.kv_usage_low:.2f} in {low:.0%} of samples"
+        if idle
+        else f"mean token usage {mean:.2f} with room for {room} running requests at {p.target_kv_usage:.2f}"
+    )
     return SglangProposal(
         trigger=IDLE_CAPACITY,
         evidence=(
-            f"token usage <= {p.kv_usage_low:.2f} in {low:.0%} of samples while {queue:.1f} requests wait "
-            f"and {peak:.0f} of {limit} run (capped by {caps[0]})"
+            f"{where} while {queue:.1f} requests wait and {peak:.0f} of {limit} run (capped by {caps[0]})"
         ),
         candidates=(dataclasses.replace(eff, max_running_requests=target),),
         exhausted="--max-running-requests is at its upper bound",
     )
+
+
+def _recurring_cut(s: SglangSituation) -> int | None:
+    """At most this many running requests, or ``None``: what the last KvPressure change left, for
+    ``peak_memory_seconds`` after it, when that pressure came back within ``flap_guard_seconds`` of an
+    earlier pressure change -- the service's peak load, not a transient (vLLM's
+    :func:`kvpilot.tuner.loop.remedies.compute_peak_seqs`)."""
+    p = s.policy
+    changes = [c for c in s.pressure if c.time <= s.now]
+    if len(changes) < 2 or changes[-1].time <= s.now - p.peak_memory_seconds:
+        return None
+    last, earlier = changes[-1], changes[-2]
+    return last.left if last.time - earlier.time <= p.flap_guard_seconds else None
+
+
+def _failed_running_ceiling(s: SglangSituation, limit: int) -> int | None:
+    """The fewest ``--max-running-requests`` above ``limit`` that failed (an OOM, or a rollout that failed)
+    with the current layout, context and no more memory left outside the share (a fraction at or below the
+    current one, a prefill chunk at or below it): raising to it or past it fails again.
+    :func:`~.sglang_fit.is_ruled_out` rules out only the failed batch and more; this bisects below it."""
+    eff = s.effective
+    counts = [
+        failed.max_running_requests
+        for run in s.failed
+        if run.kind in ("start_oom", "runtime_oom", "rollout_failed")
+        for failed in (compute_effective(run.settings, s.memory),)
+        if failed.max_running_requests is not None
+        and failed.max_running_requests > limit
+        and (failed.tp_size, failed.pp_size, failed.kv_cache_dtype, failed.page_size, failed.context_length)
+        == (eff.tp_size, eff.pp_size, eff.kv_cache_dtype, eff.page_size, eff.context_length)
+        and fraction_of(failed) <= fraction_of(eff) + 1e-9
+        and (failed.chunked_prefill_size or 0) <= (eff.chunked_prefill_size or 0)
+    ]
+    return min(counts) if counts else None
 
 
 def propose_for_ttft(s: SglangSituation) -> SglangProposal | None:

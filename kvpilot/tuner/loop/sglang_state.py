@@ -44,6 +44,10 @@ class SglangChange:
     time: float
     trigger: str
     planned: bool = False
+    before: sglang.SglangSettings | None = None
+    """The flags it changed from (``status.history``'s ``fromEngineArgs``; ``None``: unknown)."""
+    after: sglang.SglangSettings | None = None
+    """The flags it changed to (``toEngineArgs``)."""
 
 
 @dataclass(frozen=True, slots=True)
