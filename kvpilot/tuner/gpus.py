@@ -216,6 +216,17 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         nvml_total_bytes=49_140 * MIB,
     ),
     GpuSpec(
+        # A40 48GB GDDR6 (ECC on by default): nvidia-smi 46,068 MiB on two public logs of "NVIDIA A40";
+        # no torch total published, so estimated from the NVML figure (estimate_cuda_total).
+        name="A40",
+        total_bytes=estimate_cuda_total(46_068 * MIB),
+        compute_capability=(8, 6),
+        fp8_kv=False,
+        interconnect="pcie",
+        gfd_products=("NVIDIA-A40",),
+        nvml_total_bytes=46_068 * MIB,
+    ),
+    GpuSpec(
         name="L4",
         total_bytes=_gib(21.96),
         compute_capability=(8, 9),

@@ -32,6 +32,7 @@ REQUIRED = [
     "GH200-144GB",
     "H20",
     "RTX-A5000",
+    "A40",
 ]
 
 
@@ -116,6 +117,8 @@ def test_interconnects() -> None:
         ("NVIDIA GH200 144G HBM3e", "GH200-144GB"),
         ("NVIDIA-H20", "H20"),
         ("NVIDIA RTX A5000", "RTX-A5000"),
+        ("NVIDIA A40 (48 GB)", "A40"),
+        ("NVIDIA-A40", "A40"),
         ("4x NVIDIA H100", "H100-SXM"),
         ("8 x H200", "H200"),
         ("NVIDIA A100 40GB (per log file name)", "A100-40GB"),
@@ -186,7 +189,7 @@ def test_unknown_product_with_memory_is_derived_conservatively() -> None:
 
 
 def test_unknown_product_takes_compute_capability_from_the_family() -> None:
-    labels = {gpus.PRODUCT_LABEL: "NVIDIA-A40", gpus.MEMORY_LABEL: "46068", gpus.FAMILY_LABEL: "ampere"}
+    labels = {gpus.PRODUCT_LABEL: "NVIDIA-A16", gpus.MEMORY_LABEL: "15356", gpus.FAMILY_LABEL: "ampere"}
     gpu = gpus.build_gpu_from_labels(labels)
     assert gpu.compute_capability == (8, 0)
     assert not gpu.fp8_kv
