@@ -25,6 +25,8 @@ from kvpilot.operator import api, conditions, errors
 from kvpilot.operator.pods import capacity, leader_worker_set
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, vllm
+from kvpilot.tuner.sglang import serving as sglang_serving
+from kvpilot.tuner.tgi import serving as tgi_serving
 from kvpilot.tuner.types import EngineSettings, GpuSpec
 from kvpilot.tuner.vllm import command as vllm_command
 
@@ -49,6 +51,30 @@ class DiscoveryIncomplete(errors.OperatorError):
     condition = conditions.DISCOVERED
     retry = True
     delay_s = 60.0
+
+
+class UnsupportedEngine(errors.OperatorError):
+    """The target serves with another engine than vLLM: said by name, with the way kvpilot does tune it."""
+
+    reason = "UnsupportedEngine"
+    condition = conditions.DISCOVERED
+    retry = True  # the owner may move the workload to vLLM: look again, seldom
+    delay_s = 300.0
+
+
+_OTHER_ENGINES = (
+    (
+        "SGLang",
+        sglang_serving.is_server,
+        "an InferenceService with spec.engine.kind SGLang plans SGLang's flags and tunes them in closed loop",
+    ),
+    (
+        "TGI",
+        tgi_serving.is_server,
+        "an InferenceService with spec.engine.kind TGI plans TGI's flags (no closed loop retunes TGI yet)",
+    ),
+)
+"""Engines an EngineTuner recognises but does not tune, and what does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +145,19 @@ def refuse_a_groups_part(workload: Mapping[str, Any], kind: str, name: str) -> N
         )
 
 
+def _refuse_other_engines(containers: Sequence[Mapping[str, Any]]) -> None:
+    """Raise :class:`UnsupportedEngine` for the first container that runs SGLang or TGI: an EngineTuner
+    rewrites vLLM's arguments only, and says so by name rather than "no vLLM found"."""
+    for c in containers:
+        argv = [str(x) for x in (*(c.get("command") or ()), *(c.get("args") or ()))]
+        for engine, runs, instead in _OTHER_ENGINES:
+            if runs(argv, str(c.get("image") or "")):
+                raise UnsupportedEngine(
+                    f"container {c.get('name')!r} runs {engine}, not vLLM: an EngineTuner tunes vLLM's "
+                    f"arguments only; {instead} (docs/engines/{engine.lower()}.md)"
+                )
+
+
 def pod_selector(workload: Mapping[str, Any], kind: str, name: str) -> dict[str, str]:
     """The labels every pod of the workload carries: its selector, or LWS's set label."""
     if is_group_kind(kind):
@@ -139,6 +178,7 @@ def find_vllm_container(
         if found is not None:
             return c, found
         if name is not None:
+            _refuse_other_engines([c])
             raise DiscoveryIncomplete(
                 f"container {name!r} does not run vLLM in a form kvpilot reads (vllm serve MODEL, python -m "
                 f"{vllm_command.API_SERVER_MODULE}, or a shell script running vllm serve ... $@)"
@@ -146,6 +186,7 @@ def find_vllm_container(
     names = ", ".join(str(c.get("name")) for c in containers) or "none"
     if name is not None:
         raise DiscoveryIncomplete(f"the target's pods have no container {name!r} (containers: {names})")
+    _refuse_other_engines(containers)
     raise DiscoveryIncomplete(
         f"no container of the target runs vLLM in a form kvpilot reads (containers: {names}); set "
         "spec.containerName, and give the container an exec-form command (vllm serve MODEL ...)"

@@ -9,8 +9,13 @@ Prometheus metrics at ``/metrics`` only with ``--enable-metrics``. Series names 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 CONTAINER_NAME = "sglang"
 SERVE_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
+SERVER_MODULE = "sglang.launch_server"
+IMAGE_REPOSITORY = "lmsysorg/sglang"
+"""SGLang's official image (Docker Hub), whose containers are given the server's command."""
 PORT = 30000
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
@@ -37,3 +42,14 @@ E2E_LATENCY = "sglang:e2e_request_latency_seconds"
 """Line 2068."""
 QUEUE_TIME = "sglang:queue_time_seconds"
 """Line 838."""
+
+
+def is_server(argv: Sequence[str], image: str = "") -> bool:
+    """Whether a container (its ``command + args``, or a shell script among them, and its image) starts
+    SGLang's server: ``python -m sglang.launch_server`` in any spelling, or SGLang's image."""
+    text = " ".join(argv)
+    return (
+        SERVER_MODULE in text
+        or "sglang/launch_server.py" in text
+        or image.split("@")[0].split(":")[0].endswith(IMAGE_REPOSITORY)
+    )

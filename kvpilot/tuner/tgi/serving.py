@@ -8,8 +8,12 @@ serves ``GET /health`` and ``GET /metrics`` (``router/src/server.rs`` lines 2241
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 CONTAINER_NAME = "tgi"
 SERVE_COMMAND: tuple[str, ...] = ("text-generation-launcher",)
+IMAGE_REPOSITORY = "ghcr.io/huggingface/text-generation-inference"
+"""TGI's official image, whose entry point runs the launcher (a container gives only its arguments)."""
 PORT = 80
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
@@ -23,3 +27,11 @@ REQUEST_DURATION = "tgi_request_duration"
 REQUEST_QUEUE_DURATION = "tgi_request_queue_duration"
 TIME_PER_TOKEN = "tgi_request_mean_time_per_token_duration"
 REQUEST_FAILURE = "tgi_request_failure"
+
+
+def is_server(argv: Sequence[str], image: str = "") -> bool:
+    """Whether a container (its ``command + args`` and its image) runs TGI: the launcher named, or TGI's
+    image, whose entry point is the launcher."""
+    return any(SERVE_COMMAND[0] in tok for tok in argv) or image.split("@")[0].split(":")[0].endswith(
+        IMAGE_REPOSITORY
+    )
