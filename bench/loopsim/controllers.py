@@ -23,9 +23,7 @@ from kvpilot.tuner.loop import (
     Evidence,
     HistoryAction,
     HistoryEntry,
-    LengthSummary,
     LoopState,
-    ObservationWindow,
     PolicyConfig,
     RestartEvent,
     RolloutState,
@@ -99,24 +97,12 @@ class Kvpilot:
         )
         if capacity:
             self.observed = capacity
-        recent = tuple(
-            s for s in world.samples if s.time > now - self.policy.window_seconds and s.kv_usage is not None
-        )
-        load = sc.workload_at(now)
-        window = (
-            ObservationWindow(
-                now - self.policy.window_seconds,
-                now,
-                recent,
-                LengthSummary(load.prompt_tokens),
-                LengthSummary(load.output_tokens),
-                kv_capacity_tokens=capacity,
-                reported_gpu_memory_utilization=self.current.gpu_memory_utilization,
-                reported_kv_cache_dtype=self.current.kv_cache_dtype or "auto",
-                pods=len(world.pods),
-            )
-            if recent and world.prometheus_up(now)
-            else ObservationWindow.unavailable("no samples", now)
+        window = world.observe(
+            now,
+            self.policy.window_seconds,
+            kv_capacity_tokens=capacity,
+            reported_gpu_memory_utilization=self.current.gpu_memory_utilization,
+            reported_kv_cache_dtype=self.current.kv_cache_dtype or "auto",
         )
         assert sc.plan_budget is not None, "a vLLM scenario states the plan's budget"
         state = LoopState(

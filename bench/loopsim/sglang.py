@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 
 from bench.loopsim.scenario import BenchScenario
 from bench.loopsim.world import World
-from e2e.fleet.truth import Workload
 from kvpilot.operator.api import RolloutSpec
 from kvpilot.operator.pods.rollout_strategy import compute_rollout_choice
 from kvpilot.operator.status.loop_patch import ROLLOUT_ACTIVE
@@ -37,8 +36,6 @@ from kvpilot.tuner.gpus import lookup_gpu
 from kvpilot.tuner.loop import (
     Action,
     FailedRun,
-    LengthSummary,
-    ObservationWindow,
     PolicyConfig,
     SglangChange,
     SglangContext,
@@ -106,22 +103,7 @@ class KvpilotSglang:
         restarts = tuple(classify_restart(p.last[0], p.last[1], p.name) for p in mine if p.last is not None)
         ready = any(p.state == "serving" for p in mine) and len(mine) == len(world.pods)
         not_started = any(p.state == "pending" for p in mine) and not restarts
-        recent = tuple(
-            s for s in world.samples if s.time > now - self.policy.window_seconds and s.kv_usage is not None
-        )
-        load: Workload = self.scenario.workload_at(now)
-        window = (
-            ObservationWindow(
-                now - self.policy.window_seconds,
-                now,
-                recent,
-                LengthSummary(load.prompt_tokens),
-                LengthSummary(load.output_tokens),
-                pods=len(world.pods),
-            )
-            if recent and world.prometheus_up(now)
-            else ObservationWindow.unavailable("no samples", now)
-        )
+        window = world.observe(now, self.policy.window_seconds)
         return SglangEvidence(window, restarts, ready=ready, not_started=not_started)
 
     def tick(self, world: World, now: float) -> None:

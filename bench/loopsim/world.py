@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from bench.loopsim.physics import Physics, engine_args, physics_for
 from bench.loopsim.scenario import BenchScenario, Settings
 from e2e.fleet.caches import StartCaches
 from e2e.fleet.engine import Request, SimEngine
-from kvpilot.tuner.loop import MetricsSample
+from kvpilot.tuner.loop import LengthSummary, MetricsSample, ObservationWindow
 from kvpilot.tuner.types import EngineSettings
 
 __all__ = ["DT", "MAX_WAIT_S", "Handoff", "Pod", "Stats", "World", "engine_args"]
@@ -297,3 +298,21 @@ class World:
 
     def prometheus_up(self, now: float) -> bool:
         return not self._fault_active("prometheus_down", now)
+
+    def observe(self, now: float, window_seconds: float, **reported: Any) -> ObservationWindow:
+        """What the loop's Prometheus query returns at ``now``: the last ``window_seconds`` of scrapes with a
+        KV (token) usage, the phase's mean lengths and the pod count, with what the engine ``reported``
+        (its capacity, utilisation, KV dtype); unavailable while Prometheus is down or before a sample."""
+        recent = tuple(s for s in self.samples if s.time > now - window_seconds and s.kv_usage is not None)
+        if not recent or not self.prometheus_up(now):
+            return ObservationWindow.unavailable("no samples", now)
+        load = self.scenario.workload_at(now)
+        return ObservationWindow(
+            now - window_seconds,
+            now,
+            recent,
+            LengthSummary(load.prompt_tokens),
+            LengthSummary(load.output_tokens),
+            pods=len(self.pods),
+            **reported,
+        )
