@@ -15,6 +15,7 @@ from kvpilot.tuner import model as models
 
 CASES_FILE = Path(__file__).resolve().parent / "data" / "vllm_memory_cases.json"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -444,6 +445,22 @@ def test_plan_sglang_refuses_what_it_does_not_model() -> None:
         "plan", "--engine", "sglang", "--model", "mistralai/Mistral-7B-Instruct-v0.1", "--gpu", "L4"
     )
     assert code == 2 and "full-attention and MLA models only" in err
+
+
+def test_plan_sglang_over_nodes_is_one_engine_of_every_gpu() -> None:
+    """--nodes 2 of 8 H100s: one SGLang engine, --tp-size 16 (as gpu.nodesPerReplica renders it), each rank
+    holding a sixteenth of the weights; --gpus disagreeing with the nodes is refused."""
+    one = json.loads(run("plan", "--engine", "sglang", "--model", LLAMA_70B, "--gpu", "H100", "--json")[1])
+    code, out, _ = run(
+        "plan", "--engine", "sglang", "--model", LLAMA_70B, "--gpu", "H100", "--nodes", "2", "--json"
+    )
+    two = json.loads(out)
+    assert code == 0 and two["args"][-2:] == ["--tp-size", "16"]
+    assert two["max_total_tokens"] > one["max_total_tokens"]
+    code, _, err = run(
+        "plan", "--engine", "sglang", "--model", LLAMA_70B, "--gpu", "H100", "--nodes", "2", "--gpus", "8"
+    )
+    assert code == 2 and "--gpus 8 is not --nodes 2 x --gpus-per-node 8" in err
 
 
 # -- plan --engine tgi --------------------------------------------------------------------------

@@ -23,13 +23,14 @@ def plan_sglang(
 ) -> int:
     """``plan --engine sglang``: SGLang's own budget (:mod:`kvpilot.tuner.engines.sglang_budget`), its
     flags and the budget explained."""
-    for flag in ("nodes", "min_context", "engine_args", "pin_kv_cache_memory", "allow_fp8_kv"):
+    for flag in ("min_context", "engine_args", "pin_kv_cache_memory", "allow_fp8_kv"):
         if getattr(args, flag):
             raise CliError(f"--{flag.replace('_', '-')} is not supported with --engine sglang yet")
+    gpu_count = _sglang_gpus(args)
     settings = sglang.SglangSettings(
         context_length=min(args.max_context, spec.max_model_len) if args.max_context else None,
         max_running_requests=args.concurrency,
-        tp_size=args.gpus or 1,
+        tp_size=gpu_count,
     )
     budget = engines.plan_sglang_budget(
         spec, gpu, settings, weights_total_bytes=args.checkpoint_bytes or checkpoint
@@ -38,13 +39,31 @@ def plan_sglang(
     return write_engine_plan(
         args,
         out,
-        f"{model} on {args.gpus or 1} x {gpu.name} (SGLang {sglang.PINNED_SGLANG_VERSION})",
+        f"{model} on {gpu_count} x {gpu.name} (SGLang {sglang.PINNED_SGLANG_VERSION}"
+        + (f", over {args.nodes} nodes" if args.nodes else "")
+        + ")",
         {"model": model, "gpu": gpu.name, "engine": "SGLang", "release": sglang.PINNED_SGLANG_VERSION},
         budget.feasible,
         figures,
         sglang.build_sglang_args(budget.rendered),
         engines.explain_sglang_budget(budget),
     )
+
+
+def _sglang_gpus(args: argparse.Namespace) -> int:
+    """The GPUs of one SGLang engine: ``--gpus``, or ``--nodes`` x ``--gpus-per-node`` (its tensor parallelism
+    spans a group's nodes, as an InferenceService's gpu.nodesPerReplica renders it)."""
+    if args.nodes is None:
+        return int(args.gpus or 1)
+    if args.nodes == "auto":
+        raise CliError("--nodes auto is not supported with --engine sglang; give the number of nodes")
+    total = int(args.nodes) * int(args.gpus_per_node)
+    if args.gpus is not None and args.gpus != total:
+        raise CliError(
+            f"--gpus {args.gpus} is not --nodes {args.nodes} x --gpus-per-node {args.gpus_per_node}: give "
+            "one of them"
+        )
+    return total
 
 
 def write_engine_plan(

@@ -49,6 +49,9 @@ FIELDS = (
     "enable_metrics",
     "host",
     "port",
+    "nnodes",
+    "node_rank",
+    "dist_init_addr",
 )
 
 

@@ -89,3 +89,28 @@ def test_rendered_sglang_args_parse_with_sglangs_parser_to_the_planned_values() 
     assert (parsed["tp2-pp2"]["tp_size"], parsed["tp2-pp2"]["pp_size"]) == (2, 2)
     recommend = parsed["recommend"]
     assert recommend["mem_fraction_static"] is None and recommend["context_length"] is None
+
+
+def test_a_group_over_two_nodes_parses_as_one_engine_of_tensor_parallel_ranks_on_each() -> None:
+    """gpu.nodesPerReplica 2: a LeaderWorkerSet whose leader and worker run SGLang with its own node flags;
+    with LWS's variables substituted as the kubelet does, SGLang's parser reads one engine of 16 TP ranks
+    over two nodes, rank 0 the leader (which alone serves the API), rendezvous at the leader's address."""
+    body = _isvc(
+        model={"id": "meta-llama/Llama-3.1-70B-Instruct"},
+        gpu={"count": 8, "product": "H100-SXM", "nodesPerReplica": 2},
+    )
+    group = next(m for m in render.build_manifests(body) if m["kind"] == "LeaderWorkerSet")
+    roles = group["spec"]["leaderWorkerTemplate"]
+    leader, worker = (roles[t]["spec"]["containers"][0] for t in ("leaderTemplate", "workerTemplate"))
+    env = {"$(LWS_LEADER_ADDRESS)": "s-0.s.team", "$(LWS_WORKER_INDEX)": "1"}
+    argvs = [
+        [env.get(a, a).replace("$(LWS_LEADER_ADDRESS)", "s-0.s.team") for a in c["args"]]
+        for c in (leader, worker)
+    ]
+    got_leader, got_worker = _parse(argvs)
+    for got in (got_leader, got_worker):
+        assert "error" not in got, got
+        assert (got["tp_size"], got["nnodes"], got["dist_init_addr"]) == (16, 2, "s-0.s.team:20000")
+    assert (got_leader["node_rank"], got_worker["node_rank"]) == (0, 1)
+    assert "ports" in leader and "readinessProbe" in leader
+    assert "ports" not in worker and "readinessProbe" not in worker

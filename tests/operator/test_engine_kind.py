@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23"
 TGI_IMAGE = "ghcr.io/huggingface/text-generation-inference:3.3.7"
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
 
 
 def _kind_schema() -> dict[str, Any]:
@@ -149,10 +150,49 @@ def test_sglang_refuses_what_it_does_not_take(engine: dict[str, Any], match: str
     assert info.value.reason == "InvalidSpec" and match in info.value.message
 
 
-def test_sglang_over_several_nodes_is_not_supported_yet() -> None:
+def test_sglang_over_several_nodes_is_a_leader_worker_set_of_one_engine() -> None:
+    """gpu.nodesPerReplica 2 of 8 H100s: SGLang's tensor parallelism over the group's 16 GPUs, planned as one
+    budget per GPU, rendered as a LeaderWorkerSet whose pods carry SGLang's node flags; the Service reaches
+    the leaders (rank 0 alone serves the API), the workers have no port or probes."""
+    manifests = render.build_manifests(
+        sglang_isvc(
+            model={"id": LLAMA_70B}, replicas=2, gpu={"count": 8, "product": "H100-SXM", "nodesPerReplica": 2}
+        )
+    )
+    kinds = [m["kind"] for m in manifests]
+    assert "Deployment" not in kinds and kinds.count("LeaderWorkerSet") == 1
+    service = next(m for m in manifests if m["kind"] == "Service")
+    assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    group = next(m for m in manifests if m["kind"] == "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2 and group["restartPolicy"] == "RecreateGroupOnPodRestart"
+    leader = group["leaderTemplate"]["spec"]["containers"][0]
+    worker = group["workerTemplate"]["spec"]["containers"][0]
+    assert leader["name"] == worker["name"] == "sglang"
+    for c, rank in ((leader, "0"), (worker, "$(LWS_WORKER_INDEX)")):
+        assert flag(c["args"], "--tp-size") == "16" and flag(c["args"], "--nnodes") == "2"
+        assert flag(c["args"], "--node-rank") == rank
+        assert flag(c["args"], "--dist-init-addr") == "$(LWS_LEADER_ADDRESS):20000"
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "readinessProbe" in leader and "ports" in leader
+    assert "readinessProbe" not in worker and "ports" not in worker
+    budget = next(m for m in manifests if m["kind"] == "PodDisruptionBudget")
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_sglang_node_flags_are_kvpilots_to_render() -> None:
+    with pytest.raises(render.RenderError, match="--nnodes in spec.engine.extraArgs"):
+        render.build_manifests(
+            sglang_isvc(
+                engine={"extraArgs": ["--nnodes", "2"]},
+                gpu={"count": 8, "product": "H100-SXM", "nodesPerReplica": 2},
+            )
+        )
+
+
+def test_tgi_over_several_nodes_is_refused_by_name() -> None:
     with pytest.raises(render.RenderError) as info:
-        render.build_manifests(sglang_isvc(gpu={"count": 8, "product": "H100-SXM", "nodesPerReplica": 2}))
-    assert info.value.reason == "EngineNotSupported"
+        render.build_manifests(tgi_isvc(gpu={"count": 8, "product": "H100-SXM", "nodesPerReplica": 2}))
+    assert info.value.reason == "EngineNotSupported" and "TGI shards within one node" in info.value.message
 
 
 async def test_sglang_reconciles_with_its_plan_in_status(harness: Harness) -> None:

@@ -21,7 +21,7 @@ import pydantic
 from kvpilot.operator import api, errors
 from kvpilot.operator.inferenceservice import engine_desired
 from kvpilot.operator.planning import modes, release, resolve
-from kvpilot.operator.pods import leader_worker_set, pod_template, tenant_guard, workloads
+from kvpilot.operator.pods import pod_template, tenant_guard, workloads
 from kvpilot.tuner import sglang
 from kvpilot.tuner.plan.profiles import Learned
 
@@ -121,18 +121,5 @@ def build_desired(
         checkpoint_bytes=checkpoint,
         layout=modes.compute_group_layout(spec, inputs, user),
     )
-    if spec.gpu.nodes_per_replica > 1:  # groups of pods, one per node; the Service reaches the leaders
-        service = workloads.build_service(metadata, spec)
-        service["spec"]["selector"] = {**service["spec"]["selector"], **leader_worker_set.LEADER_SELECTOR}
-        group = workloads.build_workload(deployment, spec)
-        budget = workloads.build_pod_disruption_budget(metadata, spec)  # counted so groups are the unit
-        return Desired(
-            decision, user, [*workloads.build_claims(metadata, spec, checkpoint), service, group, *budget]
-        )
-    manifests = [
-        *workloads.build_claims(metadata, spec, checkpoint),
-        workloads.build_service(metadata, spec),
-        deployment,
-        *workloads.build_pod_disruption_budget(metadata, spec),
-    ]
+    manifests = workloads.build_replica_manifests(metadata, spec, deployment, checkpoint)
     return Desired(decision, user, manifests)

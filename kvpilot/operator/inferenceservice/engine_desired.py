@@ -50,10 +50,4 @@ def build_engine_manifests(
         checkpoint_bytes=checkpoint,
         engine=workloads.EngineContainer(plan.serving, plan.args),
     )
-    manifests = [
-        *workloads.build_claims(metadata, spec, checkpoint),
-        workloads.build_service(metadata, spec),
-        deployment,
-        *workloads.build_pod_disruption_budget(metadata, spec),
-    ]
-    return plan, manifests
+    return plan, workloads.build_replica_manifests(metadata, spec, deployment, checkpoint)

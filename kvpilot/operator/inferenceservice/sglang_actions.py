@@ -25,16 +25,17 @@ from kvpilot.tuner import sglang
 async def apply_flags(
     deps: LoopDeps, svc: Service, inputs: resolve.Inputs, flags: sglang.SglangSettings, logger: Any
 ) -> bool:
-    """The Deployment with ``flags`` (the reconciler's rendering, the flags kept), rolled out with the
+    """The Deployment (a replica over several nodes: the LeaderWorkerSet) with ``flags`` (the reconciler's
+    rendering, the flags kept), rolled out with the
     strategy the cluster allows now; False and a ``RetuneFailed`` event when it cannot be applied (the
     reconciler and drift repair render ``status.appliedEngineArgs`` next)."""
     try:
         if deps.kube is None:
             raise errors.ApplyFailed("no Kubernetes client")
         _, manifests = engine_desired.build_engine_manifests(svc.meta, svc.spec, inputs, flags)
-        deployment = [m for m in manifests if m["kind"] == "Deployment"]
-        deployment = await workloads.fetch_rollout_strategy(deps.kube, svc.spec, deployment)
-        await workloads.apply_workloads(deployment, deps.kube, deps.owners)
+        workload = [m for m in manifests if m["kind"] in workloads.WORKLOAD_KINDS]
+        workload = await workloads.fetch_rollout_strategy(deps.kube, svc.spec, workload)
+        await workloads.apply_workloads(workload, deps.kube, deps.owners)
     except Exception as exc:  # noqa: BLE001 -- report; the reconciler or drift repair applies it later
         logger.warning(f"closed loop (SGLang): applying the new flags failed: {exc!r}")
         reason = errors.NameConflict.reason if isinstance(exc, errors.NameConflict) else "RetuneFailed"

@@ -31,6 +31,7 @@ from kvpilot.operator.planning import resolve
 from kvpilot.tuner import engines, sglang, tgi
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner.engines import Serving
+from kvpilot.tuner.sglang import serving as sglang_serving
 from kvpilot.tuner.types import GIB
 
 CLOSED_LOOP_KINDS: frozenset[api.EngineKind] = frozenset({"vLLM"})
@@ -85,23 +86,24 @@ def compute_engine_plan(
 
 def _check_sglang_spec(spec: api.InferenceServiceSpec) -> None:
     """What the SGLang path does not take yet, said plainly."""
-    if spec.gpu.nodes_per_replica > 1:
-        raise errors.EngineNotSupported(
-            "SGLang over several nodes (gpu.nodesPerReplica > 1) is not rendered yet; use one node per "
-            "replica"
-        )
     if spec.engine.pinned.wire():
         raise errors.InvalidSpec(
             "spec.engine.pinned holds vLLM flags, which SGLang does not take; leave it empty for SGLang "
             "(the context comes from serving.maxContextLength)"
         )
-    rendered = {sglang.MODEL_FLAG, sglang.HOST_FLAG, sglang.PORT_FLAG, *sglang.FLAGS.values()}
+    node_flags = (
+        sglang_serving.NNODES_FLAG,
+        sglang_serving.NODE_RANK_FLAG,
+        sglang_serving.DIST_INIT_ADDR_FLAG,
+    )
+    rendered = {sglang.MODEL_FLAG, sglang.HOST_FLAG, sglang.PORT_FLAG, *sglang.FLAGS.values(), *node_flags}
     for arg in spec.engine.extra_args:
         flag = arg.split("=", 1)[0]
         if flag in rendered:
             raise errors.InvalidSpec(
                 f"{flag} in spec.engine.extraArgs is a flag kvpilot renders for SGLang; drop it (the "
-                "context: serving.maxContextLength; the GPUs: gpu.count and gpu.tensorParallelSize)"
+                "context: serving.maxContextLength; the GPUs: gpu.count, gpu.tensorParallelSize and "
+                "gpu.nodesPerReplica)"
             )
 
 
@@ -115,9 +117,11 @@ CONTEXT_STEP = 1024
 
 def _sglang_settings(spec: api.InferenceServiceSpec, context: int | None) -> sglang.SglangSettings:
     """As ``kvpilot plan --engine sglang`` asks: ``serving.concurrency`` for ``--max-running-requests``; TP
-    ``gpu.tensorParallelSize`` (every GPU when unset), the pod's other GPUs pipeline stages."""
-    tp = spec.gpu.tensor_parallel_size or spec.gpu.count
-    pp = spec.gpu.count // tp
+    ``gpu.tensorParallelSize`` (every GPU of the replica when unset: SGLang's tensor parallelism spans a
+    group's nodes, ``--nnodes``), the replica's other GPUs pipeline stages."""
+    gpus = spec.gpu.count * spec.gpu.nodes_per_replica
+    tp = spec.gpu.tensor_parallel_size or gpus
+    pp = gpus // tp
     return sglang.SglangSettings(
         context_length=context,
         max_running_requests=spec.serving.concurrency,

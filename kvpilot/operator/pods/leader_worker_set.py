@@ -4,7 +4,9 @@ A replica is a group of ``nodesPerReplica`` pods, one per node, made by the Lead
 (``leaderworkerset.x-k8s.io/v1``, sigs.k8s.io/lws): pod 0, the leader, serves the API; the workers run
 vLLM ``--headless``. Every pod carries vLLM's node flags (:func:`kvpilot.tuner.vllm.build_node_role_args`):
 ``--nnodes``, its ``--node-rank`` (``$(LWS_WORKER_INDEX)``, which LWS sets to 0 on the leader and 1.. on the
-workers) and ``--master-addr $(LWS_LEADER_ADDRESS)``, the leader's stable name LWS injects.
+workers) and ``--master-addr $(LWS_LEADER_ADDRESS)``, the leader's stable name LWS injects. SGLang's pods
+carry SGLang's (:func:`kvpilot.tuner.sglang.serving.build_node_role_args`: ``--nnodes``, ``--node-rank``,
+``--dist-init-addr $(LWS_LEADER_ADDRESS):20000``); its ranks >= 1 serve no API by themselves (:data:`ROLES`).
 
 Built from the Deployment :func:`kvpilot.operator.pods.workloads.build_deployment` renders, so the pod is
 the same in both kinds (image, engine arguments, resources, storage, placement, security, ``spec.template``);
@@ -26,12 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import errors
 from kvpilot.operator.clients.kube import CUSTOM_KINDS, IO_POOL, Kube
 from kvpilot.tuner import vllm
+from kvpilot.tuner.sglang import serving as sglang_serving
 from kvpilot.tuner.vllm import serving
 
 KIND = "LeaderWorkerSet"
@@ -54,8 +58,35 @@ SCRAPE_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 
 
-def build_leader_worker_set(deployment: Mapping[str, Any], nodes: int) -> dict[str, Any]:
-    """The LeaderWorkerSet of groups of ``nodes`` pods (``nodes`` >= 2) in place of ``deployment``."""
+@dataclass(frozen=True, slots=True)
+class NodeRoles:
+    """How one engine's pods of a group know their roles: the engine's container, and its node flags for
+    ``(nodes, rank, node 0's address, headless)`` (from the engine's own package)."""
+
+    container: str
+    build_args: Callable[[int, str, str, bool], tuple[str, ...]]
+
+
+def _vllm_roles(nodes: int, rank: str, leader: str, headless: bool) -> tuple[str, ...]:
+    return vllm.build_node_role_args(nodes, rank, leader, headless=headless)
+
+
+def _sglang_roles(nodes: int, rank: str, leader: str, headless: bool) -> tuple[str, ...]:
+    return sglang_serving.build_node_role_args(nodes, rank, leader)  # the rank alone makes a rank headless
+
+
+ROLES: Mapping[str, NodeRoles] = {
+    "vLLM": NodeRoles(serving.CONTAINER_NAME, _vllm_roles),
+    "SGLang": NodeRoles(sglang_serving.CONTAINER_NAME, _sglang_roles),
+}
+"""The engines (``spec.engine.kind``) whose replica may span nodes. TGI shards within one node."""
+
+
+def build_leader_worker_set(
+    deployment: Mapping[str, Any], nodes: int, roles: NodeRoles = ROLES["vLLM"]
+) -> dict[str, Any]:
+    """The LeaderWorkerSet of groups of ``nodes`` pods (``nodes`` >= 2) in place of ``deployment``, whose
+    engine container (``roles``) takes each node's flags."""
     if nodes < 2:
         raise ValueError(f"a LeaderWorkerSet group spans at least 2 nodes, got {nodes}")
     spec = deployment["spec"]
@@ -71,8 +102,8 @@ def build_leader_worker_set(deployment: Mapping[str, Any], nodes: int) -> dict[s
             "leaderWorkerTemplate": {
                 "size": nodes,
                 "restartPolicy": RESTART_POLICY,
-                "leaderTemplate": _with_role(template, nodes, "0", headless=False),
-                "workerTemplate": _with_role(template, nodes, WORKER_INDEX, headless=True),
+                "leaderTemplate": _with_role(template, nodes, "0", roles, headless=False),
+                "workerTemplate": _with_role(template, nodes, WORKER_INDEX, roles, headless=True),
             },
         },
     }
@@ -107,17 +138,16 @@ def build_budget_spec(budget: Mapping[str, Any]) -> dict[str, Any]:
     return {**budget, "unhealthyPodEvictionPolicy": "AlwaysAllow"}
 
 
-def _with_role(template: Mapping[str, Any], nodes: int, rank: str, *, headless: bool) -> dict[str, Any]:
-    """The pod template of one role: the vLLM container's node flags; a worker without port or probes."""
+def _with_role(
+    template: Mapping[str, Any], nodes: int, rank: str, roles: NodeRoles, *, headless: bool
+) -> dict[str, Any]:
+    """The pod template of one role: the engine container's node flags; a worker without port or probes."""
     out = copy.deepcopy(dict(template))
     for container in out["spec"]["containers"]:
         _quantities_as_strings(container)
-        if container["name"] != serving.CONTAINER_NAME:
+        if container["name"] != roles.container:
             continue
-        container["args"] = [
-            *container["args"],
-            *vllm.build_node_role_args(nodes, rank, LEADER_ADDRESS, headless=headless),
-        ]
+        container["args"] = [*container["args"], *roles.build_args(nodes, rank, LEADER_ADDRESS, headless)]
         if headless:
             container.pop("ports", None)
             for probe in PROBES:

@@ -299,7 +299,32 @@ def build_workload(deployment: dict[str, Any], spec: api.InferenceServiceSpec) -
     """What runs the pods: ``deployment`` itself, or for a replica over several nodes the LeaderWorkerSet
     made from it (:mod:`kvpilot.operator.pods.leader_worker_set`)."""
     nodes = spec.gpu.nodes_per_replica
-    return deployment if nodes == 1 else leader_worker_set.build_leader_worker_set(deployment, nodes)
+    if nodes == 1:
+        return deployment
+    return leader_worker_set.build_leader_worker_set(
+        deployment, nodes, leader_worker_set.ROLES[spec.engine.kind]
+    )
+
+
+def build_replica_manifests(
+    metadata: Mapping[str, Any],
+    spec: api.InferenceServiceSpec,
+    deployment: dict[str, Any],
+    checkpoint: int | None,
+) -> list[dict[str, Any]]:
+    """Everything a service applies around its rendered ``deployment``, in apply order: the weight cache's
+    claims, the Service, what runs the pods (:func:`build_workload`) and the disruption budget. For a replica
+    over several nodes the Service reaches each group's leader, which serves the API, and the budget
+    counts so that groups are the unit."""
+    service = build_service(metadata, spec)
+    if spec.gpu.nodes_per_replica > 1:
+        service["spec"]["selector"] = {**service["spec"]["selector"], **leader_worker_set.LEADER_SELECTOR}
+    return [
+        *build_claims(metadata, spec, checkpoint),
+        service,
+        build_workload(deployment, spec),
+        *build_pod_disruption_budget(metadata, spec),
+    ]
 
 
 WORKLOAD_KINDS = ("Deployment", leader_worker_set.KIND)

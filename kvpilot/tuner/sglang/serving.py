@@ -14,6 +14,15 @@ from collections.abc import Sequence
 CONTAINER_NAME = "sglang"
 SERVE_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
 SERVER_MODULE = "sglang.launch_server"
+NNODES_FLAG = "--nnodes"
+NODE_RANK_FLAG = "--node-rank"
+DIST_INIT_ADDR_FLAG = "--dist-init-addr"
+"""SGLang's node flags (``arg_groups/fields/parallel.py``: ``nnodes``, ``node_rank``, ``dist_init_addr``
+``host:port``, alias ``--nccl-init-addr``). A rank >= 1 runs its schedulers and no HTTP server
+(``entrypoints/http_server.py`` line 3163, ``entrypoints/engine.py`` line 1234)."""
+DIST_INIT_PORT = 20000
+"""The port kvpilot's groups rendezvous on at node 0 (SGLang has no default; its LeaderWorkerSet example
+uses 20000)."""
 IMAGE_REPOSITORY = "lmsysorg/sglang"
 """SGLang's official image (Docker Hub), whose containers are given the server's command."""
 PORT = 30000
@@ -52,4 +61,20 @@ def is_server(argv: Sequence[str], image: str = "") -> bool:
         SERVER_MODULE in text
         or "sglang/launch_server.py" in text
         or image.split("@")[0].split(":")[0].endswith(IMAGE_REPOSITORY)
+    )
+
+
+def build_node_role_args(nnodes: int, node_rank: str, leader: str) -> tuple[str, ...]:
+    """The flags of one node of a group of ``nnodes`` (none for one node): the group's size, this node's rank
+    and node 0's rendezvous address (strings: a pod renders them as ``$(VAR)`` references). Node 0 serves
+    the API; the others only run their schedulers (no flag says so: the rank does)."""
+    if nnodes <= 1:
+        return ()
+    return (
+        NNODES_FLAG,
+        str(nnodes),
+        NODE_RANK_FLAG,
+        node_rank,
+        DIST_INIT_ADDR_FLAG,
+        f"{leader}:{DIST_INIT_PORT}",
     )
