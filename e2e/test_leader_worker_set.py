@@ -523,6 +523,92 @@ def test_a_cuda_oom_in_the_worker_lowers_the_groups_utilisation(
             assert float(args[args.index("--gpu-memory-utilization") + 1]) == lowered, pod["metadata"]["name"]
 
 
+# ----------------------------------------------------------------------------- an SGLang group (issue 29)
+
+SGLANG_70B = "meta-llama/Llama-3.1-70B-Instruct"
+
+
+def sglang_group_doc(ns: str, serving: dict[str, Any]) -> dict[str, Any]:
+    """An SGLang InferenceService of Llama-3.1-70B over two 8 x H100 nodes of the pool, in mode Auto."""
+    return {
+        "apiVersion": "kvpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "dsv3", "namespace": ns},  # the pool's fixtures select this name
+        "spec": {
+            "model": {"id": SGLANG_70B},
+            "serving": serving,
+            "gpu": {"count": 8, "product": "H100-SXM", "nodesPerReplica": 2},
+            "nodeSelector": {POOL_LABEL: ns},
+            "engine": {
+                "kind": "SGLang",
+                "image": "lmsysorg/sglang:v0.5.23",
+                "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            },
+            "tuning": dict(FAST),
+        },
+    }
+
+
+def sglang_container(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "sglang")
+
+
+def test_an_sglang_group_serves_from_its_leader_and_a_retune_rolls_the_whole_group(
+    kube: ClusterKube, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """SGLang over two nodes: the operator applies a LeaderWorkerSet whose pods carry SGLang's node flags
+    (``--nnodes 2``, ``--node-rank $(LWS_WORKER_INDEX)``, ``--dist-init-addr``) and one ``--tp-size 16``; the
+    real LWS controller makes the leader and the worker, the fleet plays them as SGLang does (rank 0 serves
+    the API and ``/metrics``, rank 1 its schedulers only), and the service is Ready. Four running requests
+    (``serving.concurrency``) under a queue: the SGLang loop raises ``--max-running-requests``
+    (``IdleCapacity``) and LWS rolls the new flags to a new leader and worker alike."""
+    truth = dataclasses.replace(H100_8B, sglang_weights_gib=8.5, kv_bytes_per_token=40960)
+    busy = Workload(arrival_rate=4.0, prompt_tokens=500, output_tokens=200)
+    with group_pool(
+        cluster, tmp_path, "kvlwsg", Scenario(name="sglang-group", truth=truth, workload=busy)
+    ) as pool:
+        pool.cluster.apply(sglang_group_doc(pool.ns, {"maxContextLength": 8192, "concurrency": 4}))
+        first = pool.wait(lambda o: ready_replicas(o) == 1, 180, "the SGLang group Ready")
+        assert first["status"]["appliedEngineArgs"][-2:] == ["--tp-size", "16"]
+        leader, worker = by_role(pool.pods())
+        lead, work = sglang_container(leader)["args"], sglang_container(worker)["args"]
+        assert lead[lead.index("--node-rank") + 1] == "0"
+        assert work[work.index("--node-rank") + 1] == lws.WORKER_INDEX
+        assert "ports" in sglang_container(leader) and "ports" not in sglang_container(worker)
+        assert pool.fleet is not None
+        fleet = pool.fleet
+
+        def both_played() -> dict[str, dict[str, Any]]:
+            pods = {p["pod"]: p for p in fleet.pods(pool.ns)}
+            names = {leader["metadata"]["name"], worker["metadata"]["name"]}
+            return pods if names <= set(pods) and all(pods[n]["state"] == "Serving" for n in names) else {}
+
+        played = fleet.wait_for(both_played, timeout=60, what="the fleet plays the SGLang leader and worker")
+        assert played[worker["metadata"]["name"]]["kv_usage"] is None  # rank 1: no HTTP server, no series
+        old = {leader["metadata"]["uid"], worker["metadata"]["uid"]}
+
+        def raised(o: dict[str, Any]) -> bool:
+            status = o.get("status", {})
+            return bool(
+                retuned(o)
+                and not status.get("rollout")
+                and ready_replicas(o) == 1
+                and {p["metadata"]["uid"] for p in pool.pods()}.isdisjoint(old)
+            )
+
+        done = pool.wait(raised, 300, "an IdleCapacity raise rolled over the SGLang group")
+        change = retuned(done)[0]
+        assert change["trigger"] == "IdleCapacity", change
+        applied = done["status"]["appliedEngineArgs"]
+        wanted = applied[applied.index("--max-running-requests") + 1]
+        assert int(wanted) > 4
+        new_leader, new_worker = by_role(pool.pods())
+        for pod in (new_leader, new_worker):
+            args = sglang_container(pod)["args"]
+            assert args[args.index("--max-running-requests") + 1] == wanted, pod["metadata"]["name"]
+            assert args[args.index("--nnodes") + 1] == "2"
+
+
 # ------------------------------------------------------------ an EngineTuner on a group another stack made
 
 FOREIGN_MODEL = "meta-llama/Llama-3.1-70B-Instruct"

@@ -82,6 +82,7 @@ from e2e.fleet.pod import (
     MetricsServer,
     PodEngine,
     build_running_patch,
+    container_env,
     free_port,
 )
 from e2e.fleet.real_engines import LAUNCHED, READY, RealEngines
@@ -363,7 +364,7 @@ class Fleet:
                     md["namespace"], (md.get("labels") or {}).get(INSTANCE_LABEL, "")
                 )
                 if sglang_truth.is_sglang(argv):
-                    sg = SglangArgs.parse(argv)
+                    sg = SglangArgs.parse(argv, container_env(c, md.get("labels") or {}))
                     e = PodEngine(
                         pod, sglang_truth.engine_view(scenario.truth, sg), scenario, free_port(), sglang=sg
                     )
@@ -494,6 +495,9 @@ class Fleet:
         if error is not None:
             log = sglang_truth.startup_failure_log(truth, e.sglang, error)
             self._crash(e, "StartupFailed", termination_message(log), now, log=log)
+            return
+        if e.args.headless:  # a group's rank >= 1: schedulers only, no HTTP server
+            self._serve_headless(e, now)
             return
         e.log_lines = [sglang_truth.serving_log(truth, e.sglang)]
         self._serve(e, now)

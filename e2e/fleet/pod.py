@@ -205,6 +205,21 @@ class PodEngine:
         }
 
 
+def container_env(container: dict[str, Any], labels: dict[str, str]) -> dict[str, str]:
+    """The container's environment as the kubelet resolves it for ``$(VAR)`` references: literal values, and
+    ``fieldRef`` to one of the pod's labels (how an injected variable may name the pod's own index)."""
+    out: dict[str, str] = {}
+    for var in container.get("env") or ():
+        if "value" in var:
+            out[var["name"]] = str(var["value"])
+            continue
+        path = ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+        found = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
+        if found and found.group(1) in labels:
+            out[var["name"]] = labels[found.group(1)]
+    return out
+
+
 def read_weight_cache(pod: dict[str, Any]) -> str | None:
     """Where this pod's Hugging Face cache lives, as kubelet would mount it: the volume under the
     model container's ``HF_HOME`` (:func:`read_volume_key`)."""

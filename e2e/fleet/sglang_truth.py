@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 
 from e2e.fleet.truth import EngineArgs, GiB, GroundTruth
 
@@ -75,6 +76,10 @@ class SglangArgs:
     tp_size: int = 1
     enable_metrics: bool = False
     port: int = 30000
+    nnodes: int = 1
+    node_rank: int = 0
+    """``--node-rank``: a rank >= 1 of a group over several nodes runs its schedulers and no HTTP server
+    (``entrypoints/http_server.py`` line 3163): no port, no ``/metrics``."""
 
     @property
     def model_name(self) -> str:
@@ -83,8 +88,12 @@ class SglangArgs:
         return self.served_model_name or self.model_path
 
     @classmethod
-    def parse(cls, argv: Sequence[str]) -> SglangArgs:
-        """Parse ``command + args`` (``--flag value`` and ``--flag=value``; ``--model`` is SGLang's alias)."""
+    def parse(cls, argv: Sequence[str], env: Mapping[str, str] | None = None) -> SglangArgs:
+        """Parse ``command + args`` (``--flag value`` and ``--flag=value``; ``--model`` is SGLang's alias),
+        with ``$(VAR)`` references expanded from the container's ``env`` as the kubelet expands them (a
+        LeaderWorkerSet's ``--node-rank $(LWS_WORKER_INDEX)``)."""
+        env = env or {}
+        argv = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
         values: dict[str, str] = {}
         tokens = list(argv)
         i = 0
@@ -120,6 +129,8 @@ class SglangArgs:
             tp_size=int(tp),
             enable_metrics=values.get("--enable-metrics") == "true",
             port=int(values.get("--port", "30000")),
+            nnodes=int(values.get("--nnodes", "1")),
+            node_rank=int(values.get("--node-rank", "0")),
         )
 
 
@@ -203,6 +214,7 @@ def engine_view(truth: GroundTruth, args: SglangArgs) -> EngineArgs:
         max_num_batched_tokens=chunked_prefill_size(truth, args),
         tensor_parallel_size=args.tp_size,
         block_size=page(args),
+        headless=args.node_rank >= 1,
     )
 
 

@@ -443,6 +443,48 @@ async def test_a_resume_keeps_the_loops_sglang_recommendation_and_a_new_plan_voi
     assert body["status"].get("recommendation") is None
 
 
+async def test_the_sglang_loop_reports_replicas_availability_and_a_crash_loop(harness: Harness) -> None:
+    """As for vLLM: ``replicas``/``readyReplicas`` (the scale subresource, ``kubectl get``'s READY) and the
+    ``Available`` and ``Degraded`` conditions come from the pods the SGLang loop reads."""
+    loop = LoopHarness(harness)
+    body = sglang_isvc(serving={"maxContextLength": 16384}, tuning={"mode": "Auto"})
+    await harness.run(body)
+    loop.healthy_pods(n=2)
+    loop.window = window(loop.now + 30, kv=0.3, running=2)
+    await loop.tick(body)
+    st = body["status"]
+    assert (st["replicas"], st["readyReplicas"]) == (2, 2)
+    assert (
+        condition(body, "Available")["status"] == "True" and condition(body, "Degraded")["status"] == "False"
+    )
+    loop.healthy_pods(n=2, restarts=3, message=SGLANG_OOM, finished=loop.now, ready=False, crash_loop=True)
+    await loop.tick(body)
+    st = body["status"]
+    assert (st["replicas"], st["readyReplicas"]) == (2, 0)
+    assert condition(body, "Available")["status"] == "False"
+    degraded = condition(body, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "CrashLoopBackOff")
+    assert "CUDA out of memory" in degraded["message"]
+
+
+def test_a_groups_worker_is_no_replica_of_its_own() -> None:
+    """An SGLang group over two nodes is one replica: its leader (worker index 0) counts, the rank-1 worker
+    (no API server) does not; a start-up failure SGLang explains degrades the service."""
+    args = ["--model-path", LLAMA_8B, "--tp-size", "16", "--nnodes", "2"]
+    leader, worker = fake_pod("g-0-aaaaa", args), fake_pod("g-0-1-bbbbb", args)
+    leader["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] = "0"
+    worker["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] = "1"
+    views = [sglang_pods.build_sglang_pod(p) for p in (leader, worker)]
+    assert [v.group_worker for v in views] == [False, True]
+    current = sglang.SglangSettings(tp_size=16)
+    serving = sglang_pods.compute_sglang_serving(views, current)
+    assert (serving.replicas, serving.ready_replicas, serving.available) == (1, 1, True)
+    short = fake_pod("g-0-aaaaa", args, ready=False, restarts=1, message=sglang.no_kv_pool_error(0.6))
+    failed = sglang_pods.compute_sglang_serving([sglang_pods.build_sglang_pod(short), views[1]], current)
+    assert (failed.ready_replicas, failed.degraded_reason) == (0, "StartupFailure")
+    assert "increase --mem-fraction-static" in failed.message
+
+
 async def test_sglang_in_mode_off_is_left_alone(harness: Harness) -> None:
     loop = LoopHarness(harness)
     body = sglang_isvc(serving={"maxContextLength": 16384}, tuning={"mode": "Off"})

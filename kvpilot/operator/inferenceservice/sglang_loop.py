@@ -36,7 +36,7 @@ from kvpilot.operator.inferenceservice.sglang_reading import (
 from kvpilot.operator.loop import loop_settings
 from kvpilot.operator.loop.loop_deps import LoopDeps
 from kvpilot.operator.planning import resolve
-from kvpilot.operator.pods.sglang_pods import ENGINE, SglangPod, read_sglang_pods
+from kvpilot.operator.pods.sglang_pods import ENGINE, SglangPod, compute_sglang_serving, read_sglang_pods
 from kvpilot.operator.status import sglang_patch
 from kvpilot.operator.status.status_patch import reconcile_succeeded
 from kvpilot.tuner.loop import SglangDecision, compute_sglang_decision
@@ -80,6 +80,7 @@ async def run_sglang_tick(deps: LoopDeps, svc: Service, patch: Any, logger: Any)
         generation=svc.generation,
         now=svc.now,
         deadline_seconds=policy.rollout_deadline_seconds,
+        serving=compute_sglang_serving(pods, state.current),
     )
     if not await sglang_actions.apply_sglang_status(deps, patch, svc, out, logger):
         return decision  # nothing recorded: nothing rolled out; the next tick decides again

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.operator.pods import pod_status, workloads
+from kvpilot.operator.pods import leader_worker_set, pod_status, workloads
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import sglang
 from kvpilot.tuner.engines import SglangEngine
@@ -40,6 +40,10 @@ class SglangPod:
     """Its engine container is Ready."""
     not_started: bool = False
     """It has not started: no node for it (unschedulable), or its weights still download."""
+    group_worker: bool = False
+    """A LeaderWorkerSet group's rank >= 1: it serves no API, so it is no replica of its own."""
+    crash_looping: bool = False
+    """Its engine container waits in ``CrashLoopBackOff``."""
 
 
 def build_sglang_pod(pod: Mapping[str, Any], log: str | None = None) -> SglangPod:
@@ -64,7 +68,11 @@ def build_sglang_pod(pod: Mapping[str, Any], log: str | None = None) -> SglangPo
     terminating = bool(meta.get("deletionTimestamp"))
     not_started = pod_status.compute_unschedulable(pod) or pod_status.compute_downloading(pod)
     ready = bool(state.get("ready"))
-    return SglangPod(name, settings, terminating, restart, count, needs_log, ready, not_started)
+    worker = leader_worker_set.is_worker(pod)
+    looping = ((state.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
+    return SglangPod(
+        name, settings, terminating, restart, count, needs_log, ready, not_started, worker, looping
+    )
 
 
 def read_sglang_pods(
@@ -88,3 +96,33 @@ def read_sglang_pods(
                 view = build_sglang_pod(pod, log)
         out.append(view)
     return out
+
+
+def compute_sglang_serving(
+    pods: list[SglangPod], current: sglang.SglangSettings | None
+) -> pod_status.Serving:
+    """The service's serving state from its SGLang pods, as vLLM's (:func:`pod_status.compute_serving`):
+    ``replicas`` the live pods that serve an API (a group's leader), ``readyReplicas`` those Ready with the
+    ``current`` flags (``None``: any), available when one is; degraded by a start-up failure SGLang's texts
+    explain, or a crash loop."""
+    live = [p for p in pods if not p.terminating and not p.group_worker]
+    ready = [p for p in live if p.ready and (current is None or p.settings == current)]
+    checks: list[tuple[str, str]] = []
+    for p in pods:
+        if p.terminating:
+            continue
+        failure = p.restart.failure if p.restart is not None else None
+        if failure is not None and failure.kind in ("start_memory_short", "start_oom"):
+            checks.append(("StartupFailure", f"{p.name}: {failure.text}"))
+        elif p.crash_looping:
+            why = failure.text if failure is not None else "the SGLang container keeps exiting"
+            checks.append(("CrashLoopBackOff", f"{p.name}: {why}"))
+    reason, detail = checks[0] if checks else (None, "")
+    if ready:
+        message = f"{len(ready)} of {len(live)} replicas serve the applied flags"
+        message += f"; degraded: {detail}" if reason else ""
+    elif reason is not None:
+        message = f"no replica serves: {detail}"
+    else:
+        message = f"no replica serves yet: {len(live)} starting"
+    return pod_status.Serving(len(live), len(ready), bool(ready), reason, message)

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.operator import conditions
-from kvpilot.operator.pods.pod_status import parse_time
+from kvpilot.operator.pods.pod_status import Serving, parse_time
 from kvpilot.operator.status import events
 from kvpilot.operator.status.loop_patch import ROLLING_OUT, add_judged_rollout
 from kvpilot.operator.status.status_patch import (
@@ -35,6 +35,7 @@ from kvpilot.operator.status.status_patch import (
     Update,
     append_history,
     build_history_entry,
+    build_serving_updates,
     cap,
     format_time,
 )
@@ -104,9 +105,12 @@ def build_sglang_patch(
     generation: int | None,
     now: float,
     deadline_seconds: float = 900.0,
+    serving: Serving | None = None,
 ) -> StatusPatch:
     """The tick's status (:mod:`this module <kvpilot.operator.status.sglang_patch>`) and its events; in mode
-    Auto a change is recorded as rolled out (``deadline_seconds``: the configured rollout deadline)."""
+    Auto a change is recorded as rolled out (``deadline_seconds``: the configured rollout deadline). With the
+    pods' ``serving`` state: ``replicas``, ``readyReplicas`` and the ``Available`` and ``Degraded``
+    conditions, as for vLLM (:func:`~kvpilot.operator.status.status_patch.build_serving_updates`)."""
     stamp = format_time(now)
     last = f"last decision: {decision.action} ({decision.trigger})"
     reason = TUNING if mode == "Auto" else RECOMMENDING
@@ -118,6 +122,10 @@ def build_sglang_patch(
         available = conditions.TRUE if metrics.available else conditions.FALSE
         updates.append((conditions.METRICS_AVAILABLE, available, metrics.reason, metrics.message))
     out = StatusPatch(status={}, lists=ListPatch(generation, stamp, updates=updates))
+    if serving is not None:
+        served, fields = build_serving_updates(serving)
+        updates.extend(served)
+        out.status.update(fields)
     _add_failed(old, decision, out)
     rolled = mode == "Auto" and decision.changes
     _add_recommendation(old, decision, out, stamp, announce=not rolled)
