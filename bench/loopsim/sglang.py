@@ -30,7 +30,8 @@ from bench.loopsim.world import World
 from e2e.fleet.truth import Workload
 from kvpilot.operator.api import RolloutSpec
 from kvpilot.operator.pods.rollout_strategy import compute_rollout_choice
-from kvpilot.operator.status.sglang_patch import FAILED_LIMIT, ROLLOUT_ACTIVE
+from kvpilot.operator.status.loop_patch import ROLLOUT_ACTIVE
+from kvpilot.operator.status.sglang_patch import FAILED_LIMIT
 from kvpilot.tuner import sglang
 from kvpilot.tuner.gpus import lookup_gpu
 from kvpilot.tuner.loop import (
