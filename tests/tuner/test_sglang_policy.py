@@ -374,6 +374,30 @@ def test_a_queue_at_the_limit_inside_the_band_takes_the_measured_room() -> None:
     assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 128 / 0.54)
 
 
+def test_inside_the_band_a_raise_must_clear_the_rooms_own_noise() -> None:
+    """As VPA's recommendation moves only outside its confidence band: inside the usage band the measured
+    room raises the limit only when it stands over the 5 % minimum by more than its standard error sample to
+    sample (bench scenario sglang-noisy-metrics, 30 % noise: the room crept 200 -> 217 -> 234 -> 247 -> 267,
+    each just over the minimum, one rollout each)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=200)
+    quiet = window(kv_usage=0.79, running=200, waiting=1800)  # room 0.88 x 200 / 0.79 = 222 (+11 %)
+    taken = decide(current, samples=quiet)
+    assert taken.action == Action.RETUNE and taken.settings.max_running_requests == 222
+    # the same means, each scrape 25 % off: the room's standard error (~20) leaves it under 210 (+5 %)
+    noisy = tuple(
+        MetricsSample(
+            time=NOW - 30 * (9 - i), kv_usage=0.79 * (0.75 if i % 2 else 1.25), running=200, waiting=1800
+        )
+        for i in range(10)
+    )
+    held = decide(current, samples=ObservationWindow(NOW - 300, NOW, noisy, pods=1))
+    assert held.trigger == Trigger.STEADY
+    # usage low is not the band: the step goes however noisy
+    low = tuple(dataclasses.replace(x, kv_usage=(x.kv_usage or 0) * 0.4) for x in noisy)
+    idle = decide(current, samples=ObservationWindow(NOW - 300, NOW, low, pods=1))
+    assert idle.action == Action.RETUNE
+
+
 def test_a_missed_ttft_objective_halves_the_prefill_chunk() -> None:
     current = sglang.SglangSettings(context_length=8192, chunked_prefill_size=8192)
     decision = decide(current, samples=window(kv_usage=0.6, running=8, waiting=0, ttft_p95=2.0), ttft=0.5)

@@ -298,8 +298,8 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
         measured = p.target_kv_usage * mean_running / mean_kv
         room = math.floor(measured) if math.isfinite(measured) else None
     idle = low >= p.sustain_fraction
-    if not idle and (room is None or room < limit * (1.0 + p.min_seqs_raise)):
-        return None  # inside the band and no measured room for more: hysteresis
+    if not idle and (room is None or room - _room_error(s) < limit * (1.0 + p.min_seqs_raise)):
+        return None  # inside the band and no measured room for more (beyond its noise): hysteresis
     step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
     target = math.ceil(limit * (1.0 + step))
     caps = [f"step +{step:.0%}"]
@@ -337,6 +337,25 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
         candidates=(dataclasses.replace(eff, max_running_requests=target),),
         exhausted="--max-running-requests is at its upper bound",
     )
+
+
+def _room_error(s: SglangSituation) -> float:
+    """The standard error of the room the window measured (``target_kv_usage`` x running / token usage,
+    sample by sample): the room's own noise, which a raise inside the band must clear as VPA's recommendation
+    moves only outside its confidence band (noisy scrapes crept the room 200 -> 217 -> 234 -> 247 -> 267,
+    each a few % over the last, one rollout each). 0 with fewer than two samples."""
+    p = s.policy
+    rooms = [
+        p.target_kv_usage * x.running / x.kv_usage
+        for x in s.window.samples
+        if x.running is not None and x.kv_usage is not None and x.kv_usage > 0 and x.running >= 1
+    ]
+    rooms = [r for r in rooms if math.isfinite(r)]
+    if len(rooms) < 2:
+        return 0.0
+    mean = sum(rooms) / len(rooms)
+    var = sum((r - mean) ** 2 for r in rooms) / (len(rooms) - 1)
+    return math.sqrt(var / len(rooms))
 
 
 def _recurring_cut(s: SglangSituation) -> int | None:
