@@ -353,7 +353,9 @@ def _search(
 def compute_reachable(sc: BenchScenario, oracle: Run, *, hours: float | None = None) -> Run:
     """The most any closed loop can serve from the scenario's plan: the plan's pod starts, and at the first
     evidence there is (its pod serves, or it fails) the oracle's settings roll out at once, with a surge
-    where a spare GPU allows it, else recreated; or the plan alone, when it is as good. A loop needs that
+    where a spare GPU allows it, else recreated (only where ``allowDowntime`` lets it take a serving pod down,
+    or none serves: else the plan is what serves, as :func:`~kvpilot.operator.pods.rollout_strategy.
+    compute_rollout_choice` holds a loop's change); or the plan alone, when it is as good. A loop needs that
     evidence and one restart, so a plan far from the oracle's settings with a long start loses what no
     policy can win back (``slow-start``: 21 minutes of start at the plan's 8 sequences): the ratio
     ``kvpilot / reachable`` judges the policy, ``kvpilot / oracle`` the policy and the plan together."""
@@ -369,6 +371,9 @@ def compute_reachable(sc: BenchScenario, oracle: Run, *, hours: float | None = N
         world.step(now)
         evidence = any(p.state in ("serving", "failing", "backoff") or p.restarts for p in world.pods)
         if not switched and evidence:
+            serving = any(p.state == "serving" for p in world.pods)
+            if not sc.spare_gpu and serving and not sc.allow_downtime:
+                return static  # no GPU for a surge pod, and the spec forbids taking the serving one down
             world.roll_out(oracle.final, now, strategy="surge" if sc.spare_gpu else "recreate")
             switched = True
     switched_run = Run(world.stats, oracle.final, end)

@@ -37,3 +37,21 @@ def test_a_plan_that_is_already_the_oracles_is_reachable_in_full() -> None:
     reachable = compute_reachable(sc, as_planned)
     assert reachable.goodput == as_planned.goodput
     assert reachable.final == sc.planned
+
+
+def test_with_no_spare_gpu_and_no_downtime_allowed_the_plan_is_what_any_loop_serves() -> None:
+    """A full pool with ``allowDowntime: false`` (``no-spare-gpu``, ``sglang-no-spare-gpu``): no surge pod
+    finds a GPU and the serving pod may not be taken down, so no loop changes what serves: reachable is the
+    plan's static run (it recreated the pod: 0.99 of the oracle where any loop gets the plan's 0.44). With
+    ``allowDowntime`` the oracle's settings are recreated."""
+    sc = dataclasses.replace(load_scenario(SCENARIO_DIR / "sglang-no-spare-gpu.json"), hours=1.0)
+    best = run(
+        sc,
+        dataclasses.replace(sc.start, max_running_requests=211, mem_fraction_static=0.836),
+        closed_loop=False,
+    )
+    plan = run(sc, sc.start, closed_loop=False)
+    held = compute_reachable(sc, best)
+    assert (held.final, held.goodput) == (sc.start, plan.goodput)
+    recreated = compute_reachable(dataclasses.replace(sc, allow_downtime=True), best)
+    assert recreated.final == best.final and recreated.goodput > 2 * plan.goodput

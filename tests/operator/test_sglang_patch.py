@@ -88,6 +88,13 @@ def test_a_hold_of_the_gates_recommends_what_it_would_do_and_infeasible_warns_on
     assert later.events == []
 
 
+def test_the_running_requests_at_a_runtime_oom_are_recorded_and_read_back() -> None:
+    seen = dataclasses.replace(oom(), failed=FailedRun(FAILED, "runtime_oom", running=97))
+    out = sglang_patch.build_sglang_patch({}, seen, "Auto", generation=1, now=1000.0)
+    assert out.status["failedEngineArgs"][0]["runningRequests"] == 97
+    assert sglang_patch.read_failed_runs(landed({}, out)) == (FailedRun(FAILED, "runtime_oom", 97),)
+
+
 def test_unreadable_failed_entries_are_skipped() -> None:
     status = {
         "failedEngineArgs": [

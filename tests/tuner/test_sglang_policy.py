@@ -281,22 +281,46 @@ def test_a_deep_queue_with_measured_room_is_served_in_one_raise_not_doubling_ste
     assert shallow.settings.max_running_requests == 72
 
 
-def test_a_raise_that_ran_out_of_memory_is_bisected_not_retried_one_less() -> None:
-    """As vLLM's rule: a raise of the running requests that failed (an OOM on probation, rolled back) caps
-    the next raise halfway between what runs and what failed (bench scenario sglang-bad-new-settings: 210
-    failed, then 209 and 208 were tried, each another CUDA OOM)."""
+def test_a_raise_that_ran_out_of_memory_is_approached_by_a_step_not_retried_one_less() -> None:
+    """As vLLM's rule, a raise of the running requests that failed (an OOM on probation, rolled back) caps
+    the next raise below it (bench scenario sglang-bad-new-settings: 210 failed, then 209 and 208 were tried,
+    each another CUDA OOM); leaning low: one ``seqs_step_up`` from what runs, halfway once that is closer
+    (bisecting 64 -> 210 tried 137 and 100, two more OOMs where the limit was 96: a probe above the failure is
+    a crash and a rollback, one below it a rollout)."""
     current = sglang.SglangSettings(context_length=8192, max_running_requests=64)
     raised = sglang.SglangSettings(context_length=8192, max_running_requests=210)
     failed = fit.FailedRun(effective(raised), "runtime_oom")
     decision = decide(current, samples=window(kv_usage=0.13, running=64, waiting=900), failed=(failed,))
     assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
-    assert decision.settings.max_running_requests == (64 + 210) // 2
+    assert decision.settings.max_running_requests == 80  # 64 x 1.25, not halfway (137)
+    # close to the failure, halfway is the smaller raise
+    at_90 = dataclasses.replace(current, max_running_requests=90)
+    nearer = fit.FailedRun(effective(dataclasses.replace(raised, max_running_requests=100)), "runtime_oom")
+    near = decide(at_90, samples=window(kv_usage=0.13, running=90, waiting=900), failed=(nearer,))
+    assert near.settings.max_running_requests == 95
     # a failure at a larger fraction (less memory left outside the share) says nothing about this one
     roomier = fit.FailedRun(
         dataclasses.replace(failed.settings, mem_fraction_static=fraction(current) + 0.05), "runtime_oom"
     )
     again = decide(current, samples=window(kv_usage=0.13, running=64, waiting=900), failed=(roomier,))
-    assert (again.settings.max_running_requests or 0) > (64 + 210) // 2
+    assert (again.settings.max_running_requests or 0) > 80
+
+
+def test_a_runtime_oom_before_the_batch_filled_keeps_the_next_raise_below_the_running_it_saw() -> None:
+    """A run-time OOM of a raise whose batch had not filled its limit (120 of 210 running when it crashed):
+    the memory that follows the batch ran out at about 120, so the next raise stays below it. A batch that
+    had filled its limit says nothing below it (the step)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=64)
+    raised = effective(sglang.SglangSettings(context_length=8192, max_running_requests=210))
+    busy = window(kv_usage=0.13, running=64, waiting=900)
+    seen = decide(current, samples=busy, failed=(fit.FailedRun(raised, "runtime_oom", running=120),))
+    assert seen.settings.max_running_requests == 119 and "below 120" in seen.reason
+    filled = decide(current, samples=busy, failed=(fit.FailedRun(raised, "runtime_oom", running=205),))
+    assert filled.settings.max_running_requests == 80
+    # the crash step records the running requests the window saw before the OOM
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    crashed = decide(raised, samples=window(kv_usage=0.3, running=120, waiting=50), logs=(oom,))
+    assert crashed.failed is not None and crashed.failed.running == 120
 
 
 def _pressure(time: float, before: int, after: int) -> SglangChange:
@@ -348,6 +372,30 @@ def test_a_queue_at_the_limit_inside_the_band_takes_the_measured_room() -> None:
     decision = decide(current, samples=window(kv_usage=0.54, running=128, waiting=1600))
     assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
     assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 128 / 0.54)
+
+
+def test_inside_the_band_a_raise_must_clear_the_rooms_own_noise() -> None:
+    """As VPA's recommendation moves only outside its confidence band: inside the usage band the measured
+    room raises the limit only when it stands over the 5 % minimum by more than its standard error sample to
+    sample (bench scenario sglang-noisy-metrics, 30 % noise: the room crept 200 -> 217 -> 234 -> 247 -> 267,
+    each just over the minimum, one rollout each)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=200)
+    quiet = window(kv_usage=0.79, running=200, waiting=1800)  # room 0.88 x 200 / 0.79 = 222 (+11 %)
+    taken = decide(current, samples=quiet)
+    assert taken.action == Action.RETUNE and taken.settings.max_running_requests == 222
+    # the same means, each scrape 25 % off: the room's standard error (~20) leaves it under 210 (+5 %)
+    noisy = tuple(
+        MetricsSample(
+            time=NOW - 30 * (9 - i), kv_usage=0.79 * (0.75 if i % 2 else 1.25), running=200, waiting=1800
+        )
+        for i in range(10)
+    )
+    held = decide(current, samples=ObservationWindow(NOW - 300, NOW, noisy, pods=1))
+    assert held.trigger == Trigger.STEADY
+    # usage low is not the band: the step goes however noisy
+    low = tuple(dataclasses.replace(x, kv_usage=(x.kv_usage or 0) * 0.4) for x in noisy)
+    idle = decide(current, samples=ObservationWindow(NOW - 300, NOW, low, pods=1))
+    assert idle.action == Action.RETUNE
 
 
 def test_a_missed_ttft_objective_halves_the_prefill_chunk() -> None:

@@ -86,6 +86,7 @@ def test_a_crash_on_probation_rolls_back_and_rules_the_new_flags_out_by_its_kind
     assert (decision.action, decision.trigger) == (Action.ROLLBACK, Trigger.ROLLOUT_FAILED)
     assert decision.settings == GOOD and decision.changes
     assert decision.failed is not None and decision.failed.kind == "runtime_oom"
+    assert decision.failed.running == 8  # the most running requests the window saw before the crash
     assert "on probation" in decision.reason
 
 

@@ -57,7 +57,8 @@ def read_failed_runs(status: Mapping[str, Any]) -> tuple[FailedRun, ...]:
         kind = next((k for k in _FAILURES if k == item.get("failure")), None)
         settings = read_args(item, "args")
         if kind is not None and settings is not None:
-            runs.append(FailedRun(settings, kind))
+            running = item.get("runningRequests")
+            runs.append(FailedRun(settings, kind, running if isinstance(running, int) else None))
     return tuple(runs)
 
 
@@ -167,7 +168,12 @@ def _add_history(
 def _add_failed(old: Mapping[str, Any], decision: SglangDecision, out: StatusPatch) -> None:
     if decision.failed is None:
         return
-    entry = {"args": sglang.build_sglang_args(decision.failed.settings), "failure": decision.failed.kind}
+    entry: dict[str, Any] = {
+        "args": sglang.build_sglang_args(decision.failed.settings),
+        "failure": decision.failed.kind,
+    }
+    if decision.failed.running is not None:
+        entry["runningRequests"] = decision.failed.running
     recorded = list(old.get("failedEngineArgs") or ())
     if entry in recorded:
         return

@@ -57,6 +57,15 @@ class FailedRun:
 
     settings: sglang.SglangSettings
     kind: RunFailure
+    running: int | None = None
+    """A run-time OOM: the most running requests the window saw with these settings before it (the memory
+    that follows the batch ran out with at most about this many running; ``None``: not seen)."""
+
+
+def running_before(window: obs.ObservationWindow, time: float) -> int | None:
+    """The most running requests ``window`` saw at or before ``time`` (``None``: no such sample)."""
+    seen = [x.running for x in window.samples if x.time <= time and x.running is not None]
+    return round(max(seen)) if seen else None
 
 
 @dataclass(frozen=True, slots=True)

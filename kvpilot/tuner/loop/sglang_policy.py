@@ -153,7 +153,8 @@ def _crash_step(
     event = min(known, key=lambda r: (CRASH_ORDER.index(kind_of(r)), -r.time, r.pod))
     failure = event.failure
     assert failure is not None
-    ran = FailedRun(s.effective, failure.kind)
+    running = fit.running_before(s.window, event.time) if failure.kind == "runtime_oom" else None
+    ran = FailedRun(s.effective, failure.kind, running)
     s = dataclasses.replace(s, failed=(*s.failed, ran))  # the crash rules the current settings out too
     if failure.kind == "start_memory_short":
         proposal = rules.propose_for_memory_short(s, failure.text)

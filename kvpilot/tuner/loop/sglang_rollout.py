@@ -82,7 +82,9 @@ def _rollout_failed(
     exactly); ``None`` for a crash the crash step cures when there is nothing to go back to."""
     known = [r.failure.kind for r in crashes if r.failure is not None and r.failure.kind in CRASH_ORDER]
     kind = min(known, key=CRASH_ORDER.index) if known else fit.ROLLOUT_FAILED
-    ran = FailedRun(s.effective, kind)
+    ooms = [r.time for r in crashes if kind_of(r) == "runtime_oom"]
+    running = fit.running_before(s.window, min(ooms)) if kind == "runtime_oom" and ooms else None
+    ran = FailedRun(s.effective, kind, running)
     target = state.last_good
     ruled_out = dataclasses.replace(s, failed=(*s.failed, ran))
     if target is not None and target != s.current and not fit.is_ruled_out(target, ruled_out):

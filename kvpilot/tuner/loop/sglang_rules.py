@@ -298,8 +298,8 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
         measured = p.target_kv_usage * mean_running / mean_kv
         room = math.floor(measured) if math.isfinite(measured) else None
     idle = low >= p.sustain_fraction
-    if not idle and (room is None or room < limit * (1.0 + p.min_seqs_raise)):
-        return None  # inside the band and no measured room for more: hysteresis
+    if not idle and (room is None or room - _room_error(s) < limit * (1.0 + p.min_seqs_raise)):
+        return None  # inside the band and no measured room for more (beyond its noise): hysteresis
     step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
     target = math.ceil(limit * (1.0 + step))
     caps = [f"step +{step:.0%}"]
@@ -317,10 +317,9 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     settled = _recurring_cut(s)
     if settled is not None and settled < target:
         target, caps = settled, [f"{settled}, where token pressure that came back within the hour settled"]
-    failed_at = _failed_running_ceiling(s, limit)
-    if failed_at is not None and (limit + failed_at) // 2 < target:
-        # bisect between what runs and what failed, rather than trying the failed raise again less one
-        target, caps = (limit + failed_at) // 2, [f"halfway to {failed_at}, which failed with these settings"]
+    failed_at = _failed_running_target(s, limit)
+    if failed_at is not None and failed_at[0] < target:
+        target, caps = failed_at[0], [failed_at[1]]
     least = p.flap_min_raise if recent else p.min_seqs_raise
     if target < limit * (1.0 + least):
         return None
@@ -340,6 +339,25 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     )
 
 
+def _room_error(s: SglangSituation) -> float:
+    """The standard error of the room the window measured (``target_kv_usage`` x running / token usage,
+    sample by sample): the room's own noise, which a raise inside the band must clear as VPA's recommendation
+    moves only outside its confidence band (noisy scrapes crept the room 200 -> 217 -> 234 -> 247 -> 267,
+    each a few % over the last, one rollout each). 0 with fewer than two samples."""
+    p = s.policy
+    rooms = [
+        p.target_kv_usage * x.running / x.kv_usage
+        for x in s.window.samples
+        if x.running is not None and x.kv_usage is not None and x.kv_usage > 0 and x.running >= 1
+    ]
+    rooms = [r for r in rooms if math.isfinite(r)]
+    if len(rooms) < 2:
+        return 0.0
+    mean = sum(rooms) / len(rooms)
+    var = sum((r - mean) ** 2 for r in rooms) / (len(rooms) - 1)
+    return math.sqrt(var / len(rooms))
+
+
 def _recurring_cut(s: SglangSituation) -> int | None:
     """At most this many running requests, or ``None``: what the last KvPressure change left, for
     ``peak_memory_seconds`` after it, when that pressure came back within ``flap_guard_seconds`` of an
@@ -353,25 +371,46 @@ def _recurring_cut(s: SglangSituation) -> int | None:
     return last.left if last.time - earlier.time <= p.flap_guard_seconds else None
 
 
-def _failed_running_ceiling(s: SglangSituation, limit: int) -> int | None:
-    """The fewest ``--max-running-requests`` above ``limit`` that failed (an OOM, or a rollout that failed)
-    with the current layout, context and no more memory left outside the share (a fraction at or below the
-    current one, a prefill chunk at or below it): raising to it or past it fails again.
-    :func:`~.sglang_fit.is_ruled_out` rules out only the failed batch and more; this bisects below it."""
-    eff = s.effective
-    counts = [
-        failed.max_running_requests
-        for run in s.failed
-        if run.kind in ("start_oom", "runtime_oom", "rollout_failed")
-        for failed in (compute_effective(run.settings, s.memory),)
-        if failed.max_running_requests is not None
-        and failed.max_running_requests > limit
-        and (failed.tp_size, failed.pp_size, failed.kv_cache_dtype, failed.page_size, failed.context_length)
-        == (eff.tp_size, eff.pp_size, eff.kv_cache_dtype, eff.page_size, eff.context_length)
-        and fraction_of(failed) <= fraction_of(eff) + 1e-9
-        and (failed.chunked_prefill_size or 0) <= (eff.chunked_prefill_size or 0)
-    ]
-    return min(counts) if counts else None
+def _failed_running_target(s: SglangSituation, limit: int) -> tuple[int, str] | None:
+    """The most ``--max-running-requests`` a raise from ``limit`` may take after raises that failed (an OOM,
+    or a rollout that failed) with the current layout, context and no more memory left outside the share (a
+    fraction at or below the current one, a prefill chunk at or below it), and why; ``None`` when none did.
+
+    A run-time OOM whose batch never filled its limit (the window saw at most ``running`` of them run, more
+    than ``limit`` and under ``seqs_saturation`` of the failed limit) says the memory that follows the batch
+    ran out at about that many: the raise stays below it. Otherwise (a start-up OOM, a batch that filled its
+    limit, no samples) it approaches the failure from what runs by one ``seqs_step_up`` at most, halfway when
+    that is closer, rather than trying the failed raise again less one: a probe above the failure is another
+    crash and rollback, one below it only a rollout, so the search leans low.
+    :func:`~.sglang_fit.is_ruled_out` rules out only the failed batch and more."""
+    p, eff = s.policy, s.effective
+
+    def layout(x: sglang.SglangSettings) -> tuple[object, ...]:
+        return (x.tp_size, x.pp_size, x.kv_cache_dtype, x.page_size, x.context_length)
+
+    targets: list[tuple[int, str]] = []
+    for run in s.failed:
+        if run.kind not in ("start_oom", "runtime_oom", "rollout_failed"):
+            continue
+        failed = compute_effective(run.settings, s.memory)
+        count = failed.max_running_requests
+        if (
+            count is None
+            or count <= limit
+            or layout(failed) != layout(eff)
+            or fraction_of(failed) > fraction_of(eff) + 1e-9
+            or (failed.chunked_prefill_size or 0) > (eff.chunked_prefill_size or 0)
+        ):
+            continue
+        seen = run.running if run.kind == "runtime_oom" else None
+        step, half = math.ceil(limit * (1.0 + p.seqs_step_up)), (limit + count) // 2
+        if seen is not None and limit < seen < p.seqs_saturation * count:
+            targets.append((seen - 1, f"below {seen}, the running requests when {count} ran out of memory"))
+        elif step < half:
+            targets.append((step, f"one step (+{p.seqs_step_up:.0%}) towards {count}, which failed"))
+        else:
+            targets.append((half, f"halfway to {count}, which failed with these settings"))
+    return min(targets) if targets else None
 
 
 def propose_for_ttft(s: SglangSituation) -> SglangProposal | None:
