@@ -569,6 +569,8 @@ class Recommendation(_Wire):
 class FailedEngineArgs(_Wire):
     args: list[str] = Field(default_factory=list)
     failure: str | None = None
+    running_requests: int | None = None
+    """A run-time OOM: the most running requests seen with these flags before it."""
 
 
 class Budget(_Wire):

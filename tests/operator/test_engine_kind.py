@@ -337,7 +337,9 @@ async def test_the_closed_loop_recommends_less_memory_outside_the_share_after_an
     )
     assert st["recommendation"]["trigger"] == "RuntimeOOM"
     assert "CUDA out of memory" in st["recommendation"]["reason"]
-    assert st["failedEngineArgs"] == [{"args": sglang.build_sglang_args(before), "failure": "runtime_oom"}]
+    # with the most requests the window saw running before the crash (window(): 40)
+    failed = {"args": sglang.build_sglang_args(before), "failure": "runtime_oom", "runningRequests": 40}
+    assert st["failedEngineArgs"] == [failed]
     assert {"RuntimeOOM", "Recommended"} <= set(harness.emitter.reasons)
     assert series == [engines.lookup_engine("SGLang").metrics]  # SGLang's series, through the seam
     assert len(harness.kube.applied) == applied and "applied" not in st and "failedSettings" not in st

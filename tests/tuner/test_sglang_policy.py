@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from kvpilot.tuner import gpus, sglang
-from kvpilot.tuner.loop import Action, PolicyConfig, Trigger, TuningBounds
+from kvpilot.tuner.loop import Action, PolicyConfig, Trigger, TuningBounds, sglang_idle
 from kvpilot.tuner.loop import sglang_fit as fit
 from kvpilot.tuner.loop import sglang_rules as rules
 from kvpilot.tuner.loop.observations import MetricsSample, ObservationWindow
@@ -262,7 +262,7 @@ def test_sglangs_retraction_warning_is_pressure_even_between_samples() -> None:
 def test_a_queue_at_the_limit_with_low_token_usage_adds_running_requests_within_the_room() -> None:
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
     decision = decide(current, samples=window(kv_usage=0.2, running=32, waiting=40))
-    assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
+    assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
     raised = decision.settings.max_running_requests or 0
     room = PolicyConfig().target_kv_usage * 32 / 0.2
     assert 32 < raised <= room
@@ -274,7 +274,7 @@ def test_a_deep_queue_with_measured_room_is_served_in_one_raise_not_doubling_ste
     -> 209 in three rollouts, 24 minutes, with 1,000+ requests waiting)."""
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
     decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200))
-    assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
+    assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
     assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 32 / 0.13)
     # a shallow queue asks for less than the room: its demand, not the room
     shallow = decide(current, samples=window(kv_usage=0.13, running=32, waiting=40))
@@ -291,7 +291,7 @@ def test_a_raise_that_ran_out_of_memory_is_approached_by_a_step_not_retried_one_
     raised = sglang.SglangSettings(context_length=8192, max_running_requests=210)
     failed = fit.FailedRun(effective(raised), "runtime_oom")
     decision = decide(current, samples=window(kv_usage=0.13, running=64, waiting=900), failed=(failed,))
-    assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
+    assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
     assert decision.settings.max_running_requests == 80  # 64 x 1.25, not halfway (137)
     # close to the failure, halfway is the smaller raise
     at_90 = dataclasses.replace(current, max_running_requests=90)
@@ -370,7 +370,7 @@ def test_a_queue_at_the_limit_inside_the_band_takes_the_measured_room() -> None:
     held Steady for hours)."""
     current = sglang.SglangSettings(context_length=8192, max_running_requests=128)
     decision = decide(current, samples=window(kv_usage=0.54, running=128, waiting=1600))
-    assert decision.action == Action.RETUNE and decision.trigger == rules.IDLE_CAPACITY
+    assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
     assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 128 / 0.54)
 
 

@@ -23,7 +23,7 @@ SGLang's loop, in SGLang's terms (``--mem-fraction-static`` covers weights + KV 
 
 * :mod:`.sglang_fit` -- SGLang's memory model as the loop asks it: the fraction's ceiling and floor, the
   pool a candidate holds, what the history ruled out;
-* :mod:`.sglang_rules` -- one rule per failure and metrics condition;
+* :mod:`.sglang_rules` -- one rule per failure and metrics condition (:mod:`.sglang_idle`: IdleCapacity);
 * :mod:`.sglang_state` -- what the SGLang policy is given and answers;
 * :mod:`.sglang_rollout` -- flags on their way to the pods (mode Auto), judged as vLLM's;
 * :mod:`.sglang_policy` -- :func:`compute_sglang_decision`, the chain (a rollout first) and the gates.

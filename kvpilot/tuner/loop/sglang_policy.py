@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import sglang_fit as fit
-from kvpilot.tuner.loop import sglang_rollout
+from kvpilot.tuner.loop import sglang_idle, sglang_rollout
 from kvpilot.tuner.loop import sglang_rules as rules
 from kvpilot.tuner.loop.decision import (
     Action,
@@ -176,7 +176,7 @@ def _metrics_step(
     for proposal in (
         rules.propose_for_pressure(s, texts),
         rules.propose_for_ttft(s),
-        rules.propose_for_idle(s),
+        sglang_idle.propose_for_idle(s),
     ):
         if proposal is not None:
             return _choose(s, proposal, None, gates.metrics_driven)

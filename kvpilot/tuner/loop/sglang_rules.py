@@ -22,9 +22,8 @@ start-up and run time, and each rule here says which way it goes:
   more pool when the fraction is under its ceiling and no OOM ruled that out; at the ceiling, more pool by
   halving ``--chunked-prefill-size`` (a smaller activation reserve lifts the ceiling, as for a start-up
   short of memory); else fewer ``--max-running-requests``.
-- ``IdleCapacity``: a queue at the running-request limit with token usage low (more running requests,
-  within the room the window's usage per request shows at ``target_kv_usage``), or inside the band with that
-  measured room worth a rollout (the room, taken whole), as vLLM's rule does.
+- ``IdleCapacity``: a queue at the running-request limit with room in the pool: more running requests
+  (:mod:`.sglang_idle`).
 - ``LatencySlo``: the TTFT objective missed in most samples: a smaller ``--chunked-prefill-size``.
 
 A value the history ruled out is never proposed again (:func:`~.sglang_fit.is_ruled_out`): a fraction at or
@@ -49,7 +48,6 @@ from kvpilot.tuner.loop.sglang_fit import (
     ceil_grid,
     compute_budget,
     compute_context_share,
-    compute_effective,
     compute_fraction_ceiling,
     compute_fraction_floor,
     compute_fraction_for_context,
@@ -63,7 +61,6 @@ START_MEMORY_SHORT = "StartMemoryShort"
 START_OOM = "StartOOM"
 RUNTIME_OOM = "RuntimeOOM"
 KV_PRESSURE = "KvPressure"
-IDLE_CAPACITY = "IdleCapacity"
 LATENCY_SLO = "LatencySlo"
 
 TRIGGERS: dict[FailureKind, str] = {
@@ -269,148 +266,6 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
         candidates=tuple(candidates),
         exhausted="no pool left under the fraction's ceiling and --max-running-requests at its lower bound",
     )
-
-
-def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
-    """A queue at the running-request limit and room in the pool: more running requests.
-
-    As vLLM's rule (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`), room is either sustained token
-    usage <= ``kv_usage_low`` (raise by the step, or to what the queue asks for where the window measured
-    the room for it, capped by the room the window's usage per running request shows at
-    ``target_kv_usage``) or, inside the 0.50..0.90 band, that measured room itself, taken whole when it is
-    worth a rollout (at least ``min_seqs_raise`` more); without such room the band holds. Within
-    ``flap_guard_seconds`` of a KvPressure change a raise stays below the limit that pressure found full and
-    must be worth ``flap_min_raise``; pressure that came back within the hour holds the limit it set for
-    ``peak_memory_seconds``; a raise that failed is bisected below."""
-    p, w, eff = s.policy, s.window, s.effective
-    queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
-    peak = obs.compute_max(w.samples, obs.running) or 0.0
-    low = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v <= p.kv_usage_low)
-    limit = eff.max_running_requests or math.ceil(peak)
-    if queue < p.queue_min or limit < 1 or peak < p.seqs_saturation * limit:
-        return None
-    mean_kv, mean_running = (
-        obs.compute_mean(w.samples, obs.kv_usage),
-        obs.compute_mean(w.samples, obs.running),
-    )
-    room: int | None = None
-    if mean_kv and mean_running and mean_kv > 0 and mean_running >= 1:
-        measured = p.target_kv_usage * mean_running / mean_kv
-        room = math.floor(measured) if math.isfinite(measured) else None
-    idle = low >= p.sustain_fraction
-    if not idle and (room is None or room - _room_error(s) < limit * (1.0 + p.min_seqs_raise)):
-        return None  # inside the band and no measured room for more (beyond its noise): hysteresis
-    step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
-    target = math.ceil(limit * (1.0 + step))
-    caps = [f"step +{step:.0%}"]
-    demand = math.ceil(peak + queue)
-    if room is not None and idle and target < min(room, demand):
-        # the window measured the room: the step's cap only guards a raise taken without that evidence
-        target, caps = demand, [f"the queue: {demand} running requests asked for"]
-    if room is not None and (room < target or not idle):
-        target, caps = max(limit, room), [f"token room at {p.target_kv_usage:.2f} usage"]
-    recent = [c for c in s.pressure if c.time > s.now - p.flap_guard_seconds]
-    found = [c.pressured for c in recent if c.pressured is not None]
-    if found and min(found) - 1 < target:
-        ceiling = min(found)
-        target, caps = ceiling - 1, [f"below {ceiling}, where token pressure found the pool full"]
-    settled = _recurring_cut(s)
-    if settled is not None and settled < target:
-        target, caps = settled, [f"{settled}, where token pressure that came back within the hour settled"]
-    failed_at = _failed_running_target(s, limit)
-    if failed_at is not None and failed_at[0] < target:
-        target, caps = failed_at[0], [failed_at[1]]
-    least = p.flap_min_raise if recent else p.min_seqs_raise
-    if target < limit * (1.0 + least):
-        return None
-    mean = mean_kv or 0.0
-    where = (
-        f"token usage <= {p.kv_usage_low:.2f} in {low:.0%} of samples"
-        if idle
-        else f"mean token usage {mean:.2f} with room for {room} running requests at {p.target_kv_usage:.2f}"
-    )
-    return SglangProposal(
-        trigger=IDLE_CAPACITY,
-        evidence=(
-            f"{where} while {queue:.1f} requests wait and {peak:.0f} of {limit} run (capped by {caps[0]})"
-        ),
-        candidates=(dataclasses.replace(eff, max_running_requests=target),),
-        exhausted="--max-running-requests is at its upper bound",
-    )
-
-
-def _room_error(s: SglangSituation) -> float:
-    """The standard error of the room the window measured (``target_kv_usage`` x running / token usage,
-    sample by sample): the room's own noise, which a raise inside the band must clear as VPA's recommendation
-    moves only outside its confidence band (noisy scrapes crept the room 200 -> 217 -> 234 -> 247 -> 267,
-    each a few % over the last, one rollout each). 0 with fewer than two samples."""
-    p = s.policy
-    rooms = [
-        p.target_kv_usage * x.running / x.kv_usage
-        for x in s.window.samples
-        if x.running is not None and x.kv_usage is not None and x.kv_usage > 0 and x.running >= 1
-    ]
-    rooms = [r for r in rooms if math.isfinite(r)]
-    if len(rooms) < 2:
-        return 0.0
-    mean = sum(rooms) / len(rooms)
-    var = sum((r - mean) ** 2 for r in rooms) / (len(rooms) - 1)
-    return math.sqrt(var / len(rooms))
-
-
-def _recurring_cut(s: SglangSituation) -> int | None:
-    """At most this many running requests, or ``None``: what the last KvPressure change left, for
-    ``peak_memory_seconds`` after it, when that pressure came back within ``flap_guard_seconds`` of an
-    earlier pressure change -- the service's peak load, not a transient (vLLM's
-    :func:`kvpilot.tuner.loop.remedies.compute_peak_seqs`)."""
-    p = s.policy
-    changes = [c for c in s.pressure if c.time <= s.now]
-    if len(changes) < 2 or changes[-1].time <= s.now - p.peak_memory_seconds:
-        return None
-    last, earlier = changes[-1], changes[-2]
-    return last.left if last.time - earlier.time <= p.flap_guard_seconds else None
-
-
-def _failed_running_target(s: SglangSituation, limit: int) -> tuple[int, str] | None:
-    """The most ``--max-running-requests`` a raise from ``limit`` may take after raises that failed (an OOM,
-    or a rollout that failed) with the current layout, context and no more memory left outside the share (a
-    fraction at or below the current one, a prefill chunk at or below it), and why; ``None`` when none did.
-
-    A run-time OOM whose batch never filled its limit (the window saw at most ``running`` of them run, more
-    than ``limit`` and under ``seqs_saturation`` of the failed limit) says the memory that follows the batch
-    ran out at about that many: the raise stays below it. Otherwise (a start-up OOM, a batch that filled its
-    limit, no samples) it approaches the failure from what runs by one ``seqs_step_up`` at most, halfway when
-    that is closer, rather than trying the failed raise again less one: a probe above the failure is another
-    crash and rollback, one below it only a rollout, so the search leans low.
-    :func:`~.sglang_fit.is_ruled_out` rules out only the failed batch and more."""
-    p, eff = s.policy, s.effective
-
-    def layout(x: sglang.SglangSettings) -> tuple[object, ...]:
-        return (x.tp_size, x.pp_size, x.kv_cache_dtype, x.page_size, x.context_length)
-
-    targets: list[tuple[int, str]] = []
-    for run in s.failed:
-        if run.kind not in ("start_oom", "runtime_oom", "rollout_failed"):
-            continue
-        failed = compute_effective(run.settings, s.memory)
-        count = failed.max_running_requests
-        if (
-            count is None
-            or count <= limit
-            or layout(failed) != layout(eff)
-            or fraction_of(failed) > fraction_of(eff) + 1e-9
-            or (failed.chunked_prefill_size or 0) > (eff.chunked_prefill_size or 0)
-        ):
-            continue
-        seen = run.running if run.kind == "runtime_oom" else None
-        step, half = math.ceil(limit * (1.0 + p.seqs_step_up)), (limit + count) // 2
-        if seen is not None and limit < seen < p.seqs_saturation * count:
-            targets.append((seen - 1, f"below {seen}, the running requests when {count} ran out of memory"))
-        elif step < half:
-            targets.append((step, f"one step (+{p.seqs_step_up:.0%}) towards {count}, which failed"))
-        else:
-            targets.append((half, f"halfway to {count}, which failed with these settings"))
-    return min(targets) if targets else None
 
 
 def propose_for_ttft(s: SglangSituation) -> SglangProposal | None:
