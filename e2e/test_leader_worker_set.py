@@ -265,6 +265,19 @@ class GroupPool:
             ) from None
         return last
 
+    def wait_played(self, *pods: dict[str, Any], what: str) -> dict[str, dict[str, Any]]:
+        """The fleet's view of ``pods`` once it plays every one of them as serving, by pod name."""
+        fleet = self.fleet
+        assert fleet is not None, "a pool without a scenario has no fleet"
+        names = {p["metadata"]["name"] for p in pods}
+
+        def serving() -> dict[str, dict[str, Any]]:
+            played = {p["pod"]: p for p in fleet.pods(self.ns)}
+            ok = names <= set(played) and all(played[n]["state"] == "Serving" for n in names)
+            return played if ok else {}
+
+        return dict(fleet.wait_for(serving, timeout=60, what=what))
+
     def create(self, **spec: Any) -> dict[str, Any]:
         body = {
             **DEEPSEEK,
@@ -439,15 +452,7 @@ def test_kv_pressure_on_the_leader_retunes_the_whole_group(
     ) as pool:
         pool.create(**spec)
         leader, worker = by_role(pool.pods())
-        assert pool.fleet is not None
-        fleet = pool.fleet
-
-        def both_serving() -> dict[str, dict[str, Any]]:
-            pods = {p["pod"]: p for p in fleet.pods(pool.ns)}
-            names = {leader["metadata"]["name"], worker["metadata"]["name"]}
-            return pods if names <= set(pods) and all(pods[n]["state"] == "Serving" for n in names) else {}
-
-        played = fleet.wait_for(both_serving, timeout=60, what="the fleet plays the leader and the worker")
+        played = pool.wait_played(leader, worker, what="the fleet plays the leader and the worker")
         assert played[worker["metadata"]["name"]]["kv_usage"] is None  # headless: no engine of its own
         assert played[leader["metadata"]["name"]]["num_gpu_blocks"] is not None
 
@@ -575,15 +580,7 @@ def test_an_sglang_group_serves_from_its_leader_and_a_retune_rolls_the_whole_gro
         assert lead[lead.index("--node-rank") + 1] == "0"
         assert work[work.index("--node-rank") + 1] == lws.WORKER_INDEX
         assert "ports" in sglang_container(leader) and "ports" not in sglang_container(worker)
-        assert pool.fleet is not None
-        fleet = pool.fleet
-
-        def both_played() -> dict[str, dict[str, Any]]:
-            pods = {p["pod"]: p for p in fleet.pods(pool.ns)}
-            names = {leader["metadata"]["name"], worker["metadata"]["name"]}
-            return pods if names <= set(pods) and all(pods[n]["state"] == "Serving" for n in names) else {}
-
-        played = fleet.wait_for(both_played, timeout=60, what="the fleet plays the SGLang leader and worker")
+        played = pool.wait_played(leader, worker, what="the fleet plays the SGLang leader and worker")
         assert played[worker["metadata"]["name"]]["kv_usage"] is None  # rank 1: no HTTP server, no series
         old = {leader["metadata"]["uid"], worker["metadata"]["uid"]}
 
