@@ -3,8 +3,8 @@
 Each engine's facts stay in that engine's one home (:mod:`kvpilot.tuner.vllm`,
 :mod:`kvpilot.tuner.sglang`, :mod:`kvpilot.tuner.tgi`); this package adapts them to the seam
 (:mod:`.vllm_engine`, :mod:`.sglang_engine`, :mod:`.tgi_engine`) and holds SGLang's and TGI's memory
-budgets (:mod:`.sglang_budget`, :mod:`.tgi_budget`), which need the model and the weights and so sit
-above them
+budgets (:mod:`.sglang_budget`, :mod:`.tgi_budget` and its words, :mod:`.tgi_explain`), which need the
+model and the weights and so sit above them
 (``.importlinter``: ``plan | loop`` -> ``engines`` -> ``memory``).
 """
 
@@ -28,10 +28,10 @@ from kvpilot.tuner.engines.sglang_engine import SglangEngine
 from kvpilot.tuner.engines.tgi_budget import (
     TgiBudget,
     compute_tgi_budget,
-    explain_tgi_budget,
     plan_tgi_budget,
 )
 from kvpilot.tuner.engines.tgi_engine import TgiEngine
+from kvpilot.tuner.engines.tgi_explain import explain_tgi_budget
 from kvpilot.tuner.engines.vllm_engine import VllmEngine
 
 ENGINES: dict[str, Engine] = {"vLLM": VllmEngine(), "SGLang": SglangEngine(), "TGI": TgiEngine()}
