@@ -48,6 +48,9 @@ class MetricSeries:
     engine never evicts)."""
     ttft: str
     itl: str
+    kv_used_tokens: str | None = None
+    """A gauge of KV tokens in use, for an engine with no usage ratio: ``kv_used_tokens /
+    kv_capacity_tokens`` is its KV usage (TGI's)."""
 
 
 @dataclass(frozen=True)

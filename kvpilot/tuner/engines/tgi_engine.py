@@ -1,12 +1,14 @@
-"""TGI behind the engine seam, for reading legacy deployments: every answer delegates to
-:mod:`kvpilot.tuner.tgi`.
+"""TGI behind the engine seam: every answer delegates to :mod:`kvpilot.tuner.tgi`.
 
-The mapping of meanings: TGI exports no KV-usage ratio (``tgi_batch_current_max_tokens`` over the capacity
-gauge ``tgi_batch_max_total_tokens`` is the nearest), so ``kv_usage`` is ``None``; the queue for waiting;
-no preemption counter (TGI never evicts a running request); ``--max-total-tokens`` for the context,
-``--max-concurrent-requests`` for sequences, ``--max-batch-prefill-tokens`` for batched tokens,
-``--cuda-memory-fraction`` for the memory share. A warm-up that cannot hold the prefill asks to *lower*
-the prefill tokens, not to change the share.
+The mapping of meanings: TGI exports no KV-usage ratio, so ``kv_usage`` is ``None`` and the loop reads
+``tgi_batch_current_max_tokens`` (``kv_used_tokens``: the tokens the running batch may reach) over the
+capacity gauge ``tgi_batch_max_total_tokens``; the queue for waiting; no preemption counter (TGI never
+evicts a running request); ``--max-total-tokens`` for the context, ``--max-concurrent-requests`` for
+sequences, ``--max-batch-prefill-tokens`` for batched tokens, ``--cuda-memory-fraction`` for the memory
+share. The failures (:func:`kvpilot.tuner.tgi.classify_log`): a warm-up that cannot hold its prefill is a
+start-up OOM whose remedy is fewer prefill tokens, not the share (direction 0); a ``--max-total-tokens``
+the inferred KV cache cannot hold is a start-up short of memory (more share helps while it is below 1); a
+CUDA OOM while serving asks for a smaller share; "Model is overloaded" (a 429) is pressure, not a crash.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpilot.tuner import tgi
-from kvpilot.tuner.engines.seam import EngineFailure, EngineKind, Knobs, MetricSeries, Serving
+from kvpilot.tuner.engines.seam import EngineFailure, EngineKind, FailureKind, Knobs, MetricSeries, Serving
 from kvpilot.tuner.tgi import serving
 
 _SERVING = Serving(
@@ -33,6 +35,7 @@ _METRICS = MetricSeries(
     preemptions=None,
     ttft=serving.REQUEST_QUEUE_DURATION,
     itl=serving.TIME_PER_TOKEN,
+    kv_used_tokens=serving.BATCH_CURRENT_MAX_TOKENS,
 )
 _KNOBS = Knobs(
     context=tgi.FLAGS["max_total_tokens"],
@@ -43,10 +46,19 @@ _KNOBS = Knobs(
     tensor_parallel=tgi.FLAGS["num_shard"],
 )
 
+_SEAM_KIND: dict[str, tuple[FailureKind, int]] = {
+    "prefill_too_large": ("start_oom", 0),
+    "total_tokens_too_large": ("start_memory_short", 1),
+    "cuda_oom": ("runtime_oom", -1),
+    "overloaded": ("kv_pressure", 0),
+}
+"""TGI's own failure kinds (:data:`kvpilot.tuner.tgi.messages.FailureKind`) in the seam's terms, with the way
+the memory share would move."""
+
 
 @dataclass(frozen=True)
 class TgiEngine:
-    """TGI at its last release."""
+    """TGI at its last release (3.3.7)."""
 
     kind: EngineKind = "TGI"
     release: str = tgi.PINNED_TGI_VERSION
@@ -58,6 +70,5 @@ class TgiEngine:
         found = tgi.classify_log(log)
         if found is None:
             return None
-        if found.kind == "overloaded":
-            return EngineFailure("kv_pressure", 0, found.line)
-        return EngineFailure("start_memory_short", 0, found.line)
+        kind, direction = _SEAM_KIND[found.kind]
+        return EngineFailure(kind, direction, found.line)

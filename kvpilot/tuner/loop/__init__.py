@@ -25,8 +25,21 @@ SGLang's loop, in SGLang's terms (``--mem-fraction-static`` covers weights + KV 
   pool a candidate holds, what the history ruled out;
 * :mod:`.sglang_rules` -- one rule per failure and metrics condition (:mod:`.sglang_idle`: IdleCapacity);
 * :mod:`.sglang_state` -- what the SGLang policy is given and answers;
-* :mod:`.sglang_rollout` -- flags on their way to the pods (mode Auto), judged as vLLM's;
-* :mod:`.sglang_policy` -- :func:`compute_sglang_decision`, the chain (a rollout first) and the gates.
+* :mod:`.sglang_policy` -- :func:`compute_sglang_decision`, SGLang's chain.
+
+TGI's loop, in TGI's terms (``--cuda-memory-fraction`` caps torch; the KV is what the warm-up leaves):
+
+* :mod:`.tgi_fit` -- TGI's warm-up model as the loop asks it: the defaults, the KV tokens a candidate holds,
+  what the history ruled out;
+* :mod:`.tgi_rules` -- one rule per failure (the warm-up's prefill, ``max_total_tokens``, a CUDA OOM) and
+  metrics condition (KV full with a queue, the admission limit binding);
+* :mod:`.tgi_state` -- what the TGI policy is given and answers;
+* :mod:`.tgi_policy` -- :func:`compute_tgi_decision`, TGI's chain.
+
+What both engines' own loops share: :mod:`.engine_state` (the state, evidence and decision, generic in the
+engine's settings), :mod:`.engine_rollout` (flags on their way to the pods, judged as vLLM's) and
+:mod:`.engine_chain` (the gates, the crash a remedy answers, the metrics gate, a proposal's choice, the
+chain's order).
 
 The top layer of the tuner beside :mod:`kvpilot.tuner.plan`; the two never import each other.
 Time and observations are arguments: nothing here reads a clock, the cluster or Prometheus.
@@ -44,6 +57,7 @@ from kvpilot.tuner.loop.decision import (
     compute_cooldown,
     compute_metrics_status,
 )
+from kvpilot.tuner.loop.engine_state import EngineFailedRun
 from kvpilot.tuner.loop.history import (
     HISTORY_LIMIT,
     HistoryAction,
@@ -75,11 +89,24 @@ from kvpilot.tuner.loop.sglang_state import (
     SglangRollout,
     classify_restart,
 )
+from kvpilot.tuner.loop.tgi_fit import TgiMemory
+from kvpilot.tuner.loop.tgi_policy import compute_tgi_decision
+from kvpilot.tuner.loop.tgi_state import (
+    TgiChange,
+    TgiContext,
+    TgiDecision,
+    TgiEvidence,
+    TgiLoopState,
+    TgiRestart,
+    TgiRollout,
+    classify_tgi_restart,
+)
 
 __all__ = [
     "Action",
     "CRASH_KINDS_FIXABLE_BY_ARGS",
     "Decision",
+    "EngineFailedRun",
     "Evidence",
     "FailedRun",
     "HISTORY_LIMIT",
@@ -104,16 +131,26 @@ __all__ = [
     "SglangMemory",
     "SglangRestart",
     "SglangRollout",
+    "TgiChange",
+    "TgiContext",
+    "TgiDecision",
+    "TgiEvidence",
+    "TgiLoopState",
+    "TgiMemory",
+    "TgiRestart",
+    "TgiRollout",
     "Trigger",
     "TuningBounds",
     "TuningContext",
     "build_history",
     "classify_restart",
     "classify_termination",
+    "classify_tgi_restart",
     "compute_cooldown",
     "compute_decision",
     "compute_effective",
     "compute_last_change_time",
     "compute_metrics_status",
     "compute_sglang_decision",
+    "compute_tgi_decision",
 ]

@@ -5,8 +5,8 @@ are *good*: ``status.lastGoodSettings``); a crash of the new pods (before Ready 
 deadline passed without Ready = roll back to the last good settings and mark the new ones failed (the
 deadline follows the service's start time: :func:`compute_deadline_seconds`); pods that never started
 (no node with a free GPU, weights still downloading, a lost node) wait and are never marked failed;
-otherwise wait. :func:`judge_rollout` says where a rollout stands for any engine (SGLang's loop asks it
-too: :mod:`.sglang_rollout`); :func:`compute_rollout_step` turns that into vLLM's decision.
+otherwise wait. :func:`judge_rollout` says where a rollout stands for any engine (SGLang's and TGI's loops
+ask it too: :mod:`.engine_rollout`); :func:`compute_rollout_step` turns that into vLLM's decision.
 """
 
 from __future__ import annotations

@@ -16,12 +16,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 from kvpilot.tuner import errors, sglang
-from kvpilot.tuner.engines import FailureKind, SglangBudget, compute_sglang_budget
+from kvpilot.tuner.engines import SglangBudget, compute_sglang_budget
+from kvpilot.tuner.loop import engine_chain
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
+from kvpilot.tuner.loop.engine_state import ROLLOUT_FAILED as ROLLOUT_FAILED
+from kvpilot.tuner.loop.engine_state import EngineFailedRun, EngineProposal
+from kvpilot.tuner.loop.engine_state import RunFailure as RunFailure
+from kvpilot.tuner.loop.engine_state import running_before as running_before
 from kvpilot.tuner.memory import CUDA_CONTEXT_GIB
 from kvpilot.tuner.model import ModelSpec
 from kvpilot.tuner.types import GIB, GpuSpec
@@ -45,27 +49,8 @@ class SglangMemory:
         return (self.gpu.nvml_total_bytes or self.gpu.total_bytes) / _MIB
 
 
-ROLLOUT_FAILED: Literal["rollout_failed"] = "rollout_failed"
-"""A run that failed its rollout without a failure SGLang's texts name (not Ready by the deadline, an
-unexplained crash): it rules out exactly its own settings."""
-RunFailure = FailureKind | Literal["rollout_failed"]
-
-
-@dataclass(frozen=True, slots=True)
-class FailedRun:
-    """Settings that failed, and how (``status.failedEngineArgs`` for SGLang)."""
-
-    settings: sglang.SglangSettings
-    kind: RunFailure
-    running: int | None = None
-    """A run-time OOM: the most running requests the window saw with these settings before it (the memory
-    that follows the batch ran out with at most about this many running; ``None``: not seen)."""
-
-
-def running_before(window: obs.ObservationWindow, time: float) -> int | None:
-    """The most running requests ``window`` saw at or before ``time`` (``None``: no such sample)."""
-    seen = [x.running for x in window.samples if x.time <= time and x.running is not None]
-    return round(max(seen)) if seen else None
+FailedRun = EngineFailedRun[sglang.SglangSettings]
+"""Settings that failed, and how (``status.failedEngineArgs`` for SGLang)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,17 +82,8 @@ class PressureChange:
     left: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class SglangProposal:
-    """A rule's answer: candidates in order of preference, and why."""
-
-    trigger: str
-    evidence: str
-    candidates: tuple[sglang.SglangSettings, ...]
-    crash: bool = False
-    exhausted: str = ""
-    infeasible_when_exhausted: bool = False
-    explanation: tuple[str, ...] = ()
+SglangProposal = EngineProposal[sglang.SglangSettings]
+"""A rule's answer: candidates in order of preference, and why."""
 
 
 # --- the memory model's answers -------------------------------------------------------------------
@@ -329,26 +305,12 @@ def normalize(settings: sglang.SglangSettings, s: SglangSituation) -> sglang.Sgl
     """Leave unset what the current settings leave unset, where SGLang's default is the candidate's value.
     A fraction SGLang would move with a new prefill chunk or batch (its default follows the reserve) stays
     written: a cut of the chunk after an OOM must not hand the freed activations to the pool."""
-    target = compute_effective(settings, s.memory)
-    out = settings
-    for f in dataclasses.fields(sglang.SglangSettings):
-        if getattr(s.current, f.name) is None and getattr(out, f.name) is not None:
-            trial = dataclasses.replace(out, **{f.name: None})
-            if compute_effective(trial, s.memory) == target:
-                out = trial
-    return out
+    return engine_chain.leave_defaults(settings, s.current, lambda x: compute_effective(x, s.memory))
 
 
 def describe_change(before: sglang.SglangSettings, after: sglang.SglangSettings) -> str:
     """``--flag a -> b`` for every rendered field that differs (unset: SGLang's default)."""
-    parts = []
-    for f in dataclasses.fields(sglang.SglangSettings):
-        a, b = getattr(before, f.name), getattr(after, f.name)
-        if a != b:
-            parts.append(
-                f"{sglang.FLAGS[f.name]} {'default' if a is None else a} -> {'default' if b is None else b}"
-            )
-    return ", ".join(parts) or "no change"
+    return engine_chain.describe_flag_change(before, after, sglang.FLAGS)
 
 
 def describe_settings(settings: sglang.SglangSettings) -> str:

@@ -8,7 +8,7 @@ restarts as the seam classifies them (:meth:`~kvpilot.tuner.engines.SglangEngine
 first step with something to say decides:
 
 0. **rollout** -- a change on its way to the pods (mode Auto): judged as vLLM's are
-   (:func:`kvpilot.tuner.loop.rollout.judge_rollout`): probation once every replica is Ready, success after
+   (:mod:`.engine_rollout`, shared with TGI's chain): probation once every replica is Ready, success after
    it, a crash or the deadline rolls back to the last good flags and rules the new ones out;
 1. **crash** -- a restart of the current settings: its failure's rule (:mod:`.sglang_rules`); a restart
    no rule cures holds and says so; crash remedies skip the cooldown and mark the settings failed;
@@ -19,7 +19,9 @@ first step with something to say decides:
    inside the band);
 6. otherwise hold.
 
-A chosen candidate then passes the gates vLLM's does: the minimum interval between changes, the cooldown
+The steps every engine's own chain shares (the gates, which crash a remedy answers, the metrics gate, a
+proposal's choice) are :mod:`.engine_chain`'s. A chosen candidate then passes the gates vLLM's does: the
+minimum interval between changes, the cooldown
 after a retune (metrics-driven changes only), the changes-per-hour limit. What vLLM's policy has and this
 does not (yet): the restart-cost trade, fp8 KV, GPU-memory telemetry, scale-out recommendations,
 lengths-based sizing.
@@ -28,30 +30,22 @@ lengths-based sizing.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
+from kvpilot.tuner import sglang
+from kvpilot.tuner.loop import engine_chain, engine_rollout, sglang_idle
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import sglang_fit as fit
-from kvpilot.tuner.loop import sglang_idle, sglang_rollout
 from kvpilot.tuner.loop import sglang_rules as rules
-from kvpilot.tuner.loop.decision import (
-    Action,
-    MetricsStatus,
-    Trigger,
-    compute_cooldown,
-    compute_metrics_status,
-)
-from kvpilot.tuner.loop.sglang_fit import FailedRun, PressureChange, SglangProposal, SglangSituation
+from kvpilot.tuner.loop.decision import Action, MetricsStatus, Trigger, compute_metrics_status
+from kvpilot.tuner.loop.engine_chain import Gates
+from kvpilot.tuner.loop.sglang_fit import FailedRun, PressureChange, SglangSituation
 from kvpilot.tuner.loop.sglang_state import (
-    CRASH_ORDER,
-    UNCLASSIFIED,
     SglangChange,
     SglangContext,
     SglangDecision,
     SglangEvidence,
     SglangLoopState,
     SglangRestart,
-    kind_of,
 )
 
 __all__ = ["compute_sglang_decision"]
@@ -61,8 +55,7 @@ def compute_sglang_decision(
     state: SglangLoopState, evidence: SglangEvidence, context: SglangContext, now: float
 ) -> SglangDecision:
     """Decide what to do with ``state.current`` at ``now``."""
-    last_change = max((c.time for c in state.changes), default=None)
-    window = evidence.window.since(last_change) if last_change is not None else evidence.window
+    window, restarts = engine_chain.select_window(evidence.window, evidence.restarts, state.changes, now)
     situation = SglangSituation(
         current=state.current,
         effective=fit.compute_effective(state.current, context.memory),
@@ -75,50 +68,47 @@ def compute_sglang_decision(
         pressure=compute_pressure_changes(state.changes),
         now=now,
     )
-    since = last_change if last_change is not None else float("-inf")
-    restarts = tuple(r for r in evidence.restarts if since <= r.time <= now)
     metrics = compute_metrics_status(evidence.window, context.policy, now)
-    gates = _compute_gates(state, evidence, context, now)
-    decision = sglang_rollout.compute_rollout_step(situation, state, evidence, restarts, now)
+    gates = engine_chain.compute_gates(state.changes, context.policy, evidence.restart_seconds, now)
+    subject = build_subject(situation)
+    decision = engine_rollout.compute_rollout_step(subject, state, evidence, restarts, now)
     if decision is None:
         decision = _crash_step(situation, restarts, gates)
     if decision is None:
         decision = _metrics_step(situation, restarts, metrics, gates)
-    decision = sglang_rollout.compute_good(
-        situation, state, evidence, restarts, decision or _steady(situation), now
+    decision = engine_rollout.compute_good(
+        subject, state, evidence, restarts, decision or _steady(situation), now
     )
     return dataclasses.replace(decision, metrics=metrics)
 
 
-@dataclass(frozen=True, slots=True)
-class _Gates:
-    """Why a change cannot roll out now: any change, and a metrics-driven one (``None``: it can)."""
+def build_subject(s: SglangSituation) -> engine_rollout.Subject[sglang.SglangSettings]:
+    """The rollout step's view of SGLang's flags (what the history rules out: :func:`fit.is_ruled_out`)."""
 
-    any_change: str | None
-    metrics_driven: str | None
+    def ruled_out(settings: sglang.SglangSettings, failed: tuple[FailedRun, ...]) -> bool:
+        return fit.is_ruled_out(settings, dataclasses.replace(s, failed=failed))
+
+    return engine_rollout.Subject(
+        s.current,
+        s.effective,
+        s.window,
+        s.policy,
+        s.failed,
+        fit.describe_settings,
+        fit.describe_change,
+        ruled_out,
+        s.memory.weights_total_bytes,
+    )
 
 
-def _compute_gates(
-    state: SglangLoopState, evidence: SglangEvidence, context: SglangContext, now: float
-) -> _Gates:
-    """vLLM's stability gates: the minimum interval between changes and the hourly limit for every
-    change; the cooldown after a retune (a restart plus a window, :func:`compute_cooldown`) for
-    metrics-driven ones."""
-    p = context.policy
-    last = max((c.time for c in state.changes), default=None)
-    retunes = [c.time for c in state.changes if not c.planned]
-    any_change = None
-    if last is not None and now - last < p.min_change_interval_seconds:
-        any_change = (
-            f"only {now - last:.0f}s since the last change (minimum {p.min_change_interval_seconds:.0f}s)"
-        )
-    elif sum(1 for t in retunes if t > now - 3600.0) >= p.max_changes_per_hour:
-        any_change = f"{p.max_changes_per_hour} changes in the last hour (the limit)"
-    cooldown = compute_cooldown(p, evidence.restart_seconds)
-    metrics_driven = any_change
-    if metrics_driven is None and retunes and now - max(retunes) < cooldown:
-        metrics_driven = f"cooldown for {cooldown - (now - max(retunes)):.0f}s more"
-    return _Gates(any_change, metrics_driven)
+def build_fit(s: SglangSituation) -> engine_chain.Fit[sglang.SglangSettings]:
+    """:func:`engine_chain.choose`'s view of SGLang: :func:`fit.pick`, and the pool a choice holds."""
+
+    def explain(settings: sglang.SglangSettings) -> tuple[str, ...]:
+        pool = fit.explain_pool(fit.compute_effective(settings, s.memory), s.memory)
+        return (pool,) if pool else ()
+
+    return engine_chain.Fit(s.current, lambda p: fit.pick(s, p), fit.describe_change, explain)
 
 
 def compute_pressure_changes(changes: tuple[SglangChange, ...]) -> tuple[PressureChange, ...]:
@@ -135,51 +125,34 @@ def compute_pressure_changes(changes: tuple[SglangChange, ...]) -> tuple[Pressur
 
 
 def _crash_step(
-    s: SglangSituation, restarts: tuple[SglangRestart, ...], gates: _Gates
+    s: SglangSituation, restarts: tuple[SglangRestart, ...], gates: Gates
 ) -> SglangDecision | None:
-    crashes = [r for r in restarts if r.failure is None or r.failure.kind in CRASH_ORDER]
-    if not crashes:
-        return None
-    known = [r for r in crashes if r.failure is not None]
-    if not known:
-        r = max(crashes, key=lambda x: x.time)
-        return SglangDecision(
-            Action.HOLD,
-            s.current,
-            UNCLASSIFIED,
-            f"a restart on {r.pod or 'a pod'} that SGLang's failure texts do not explain: not something "
-            "engine arguments can fix",
-        )
-    event = min(known, key=lambda r: (CRASH_ORDER.index(kind_of(r)), -r.time, r.pod))
-    failure = event.failure
-    assert failure is not None
-    running = fit.running_before(s.window, event.time) if failure.kind == "runtime_oom" else None
-    ran = FailedRun(s.effective, failure.kind, running)
+    crash = engine_chain.select_crash(restarts, s.current, s.effective, s.window, "SGLang")
+    if not isinstance(crash, engine_chain.Crash):
+        return crash
+    failure, ran = crash.failure, crash.ran
     s = dataclasses.replace(s, failed=(*s.failed, ran))  # the crash rules the current settings out too
     if failure.kind == "start_memory_short":
         proposal = rules.propose_for_memory_short(s, failure.text)
     else:
         proposal = rules.propose_for_oom(s, failure.kind, failure.text)
-    return _choose(s, proposal, ran, gates.any_change)
+    return engine_chain.choose(build_fit(s), proposal, ran, gates.any_change)
 
 
 def _metrics_step(
-    s: SglangSituation, restarts: tuple[SglangRestart, ...], metrics: MetricsStatus, gates: _Gates
+    s: SglangSituation, restarts: tuple[SglangRestart, ...], metrics: MetricsStatus, gates: Gates
 ) -> SglangDecision | None:
     texts = sum(1 for r in restarts if r.failure is not None and r.failure.kind == "kv_pressure")
-    if not metrics.available:
-        return SglangDecision(Action.HOLD, s.current, Trigger.METRICS_UNAVAILABLE, metrics.message)
-    count = sum(1 for x in s.window.samples if x.kv_usage is not None)
-    if count < s.policy.min_samples:
-        reason = f"{count} samples since the last change; {s.policy.min_samples} needed"
-        return SglangDecision(Action.HOLD, s.current, Trigger.INSUFFICIENT_DATA, reason)
+    held = engine_chain.check_samples(s.current, s.window, metrics, s.policy)
+    if held is not None:
+        return held
     for proposal in (
         rules.propose_for_pressure(s, texts),
         rules.propose_for_ttft(s),
         sglang_idle.propose_for_idle(s),
     ):
         if proposal is not None:
-            return _choose(s, proposal, None, gates.metrics_driven)
+            return engine_chain.choose(build_fit(s), proposal, None, gates.metrics_driven)
     return None
 
 
@@ -192,41 +165,4 @@ def _steady(s: SglangSituation) -> SglangDecision:
         Trigger.STEADY,
         f"mean token usage {mean:.2f}, band [{p.kv_usage_low:.2f}, {p.kv_usage_high:.2f}]: no sustained "
         "pressure with retractions, no queue at the running-request limit, no objective missed",
-    )
-
-
-def _choose(
-    s: SglangSituation, proposal: SglangProposal, failed: FailedRun | None, blocked: str | None
-) -> SglangDecision:
-    settings = fit.pick(s, proposal)
-    if settings is None:
-        action = Action.INFEASIBLE if proposal.infeasible_when_exhausted else Action.HOLD
-        return SglangDecision(
-            action,
-            s.current,
-            proposal.trigger,
-            f"{proposal.evidence}; {proposal.exhausted}",
-            proposal.explanation,
-            failed=failed,
-        )
-    pool = fit.explain_pool(fit.compute_effective(settings, s.memory), s.memory)
-    explanation = (*proposal.explanation, *([pool] if pool else []))
-    change = fit.describe_change(s.current, settings)
-    if blocked is not None:
-        return SglangDecision(
-            Action.HOLD,
-            s.current,
-            proposal.trigger,
-            f"{proposal.evidence}; would retune ({change}) but {blocked}",
-            explanation,
-            failed=failed,
-            recommended=settings,
-        )
-    return SglangDecision(
-        Action.RETUNE,
-        settings,
-        proposal.trigger,
-        f"{proposal.evidence}: {change}",
-        explanation,
-        failed=failed,
     )

@@ -40,6 +40,10 @@ from kvpilot.tuner import sglang
 from kvpilot.tuner.engines import FailureKind
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.config import PolicyConfig
+from kvpilot.tuner.loop.engine_state import KV_PRESSURE as KV_PRESSURE
+from kvpilot.tuner.loop.engine_state import RUNTIME_OOM as RUNTIME_OOM
+from kvpilot.tuner.loop.engine_state import START_MEMORY_SHORT, TRIGGERS
+from kvpilot.tuner.loop.engine_state import START_OOM as START_OOM
 from kvpilot.tuner.loop.remedies import compute_oom_step
 from kvpilot.tuner.loop.sglang_fit import (
     FRACTION_STEP,
@@ -57,19 +61,7 @@ from kvpilot.tuner.loop.sglang_fit import (
     predict_pool_tokens,
 )
 
-START_MEMORY_SHORT = "StartMemoryShort"
-START_OOM = "StartOOM"
-RUNTIME_OOM = "RuntimeOOM"
-KV_PRESSURE = "KvPressure"
 LATENCY_SLO = "LatencySlo"
-
-TRIGGERS: dict[FailureKind, str] = {
-    "start_memory_short": START_MEMORY_SHORT,
-    "start_oom": START_OOM,
-    "runtime_oom": RUNTIME_OOM,
-    "kv_pressure": KV_PRESSURE,
-}
-"""The seam's failure kinds as the decision's trigger."""
 
 # --- crash rules ----------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
-from kvpilot.tuner import errors
+from kvpilot.tuner import errors, flags
 
 FLAGS: Mapping[str, str] = {
     "context_length": "--context-length",
@@ -105,25 +105,14 @@ def build_sglang_args(settings: SglangSettings) -> list[str]:
     return args
 
 
-_FIELD_OF = {flag: name for name, flag in FLAGS.items()}
 _FLOATS = frozenset({"mem_fraction_static", "schedule_conservativeness"})
 _STRINGS = frozenset({"kv_cache_dtype"})
 
 
 def parse_sglang_args(args: Sequence[str]) -> SglangSettings:
     """The :class:`SglangSettings` a container's arguments carry (``--flag value`` or ``--flag=value``; flags
-    outside :data:`FLAGS` are ignored): the inverse of :func:`build_sglang_args`. A value that does not
-    parse is an error naming the flag."""
-    values: dict[str, object] = {}
-    items = list(args)
-    for i, arg in enumerate(items):
-        flag, eq, inline = arg.partition("=")
-        name = _FIELD_OF.get(flag)
-        if name is None:
-            continue
-        text = inline if eq else (items[i + 1] if i + 1 < len(items) else "")
-        try:
-            values[name] = text if name in _STRINGS else float(text) if name in _FLOATS else int(text)
-        except ValueError as exc:
-            raise errors.InvalidEngineArgs(f"{flag} {text!r} is not a valid value") from exc
+    outside :data:`FLAGS` are ignored): the inverse of :func:`build_sglang_args`
+    (:func:`kvpilot.tuner.flags.parse_flag_values`). A value that does not parse is an error naming the
+    flag."""
+    values = flags.parse_flag_values(args, FLAGS, floats=_FLOATS, strings=_STRINGS)
     return SglangSettings(**values)  # type: ignore[arg-type]

@@ -24,8 +24,11 @@ from kvpilot.tuner.tgi.args import (
     TgiSettings,
     build_tgi_args,
     check_settings,
+    parse_tgi_args,
 )
 from kvpilot.tuner.tgi.messages import (
+    CUDA_OOM,
+    OVERLOADED,
     TgiFailure,
     classify_log,
     max_total_tokens_error,
@@ -33,6 +36,8 @@ from kvpilot.tuner.tgi.messages import (
 )
 
 __all__ = [
+    "CUDA_OOM",
+    "OVERLOADED",
     "CUDA_MEMORY_FRACTION_DEFAULT",
     "FLAGS",
     "HOSTNAME_FLAG",
@@ -46,6 +51,7 @@ __all__ = [
     "TgiSettings",
     "build_tgi_args",
     "check_settings",
+    "parse_tgi_args",
     "classify_log",
     "max_total_tokens_error",
     "prefill_tokens_error",

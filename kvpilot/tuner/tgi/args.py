@@ -8,10 +8,10 @@ there is no parser to import: the check against its source text is the contract,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
-from kvpilot.tuner import errors
+from kvpilot.tuner import errors, flags
 
 PINNED_TGI_VERSION = "3.3.7"
 
@@ -95,3 +95,11 @@ def build_tgi_args(settings: TgiSettings) -> list[str]:
         if value is not None:
             args += [FLAGS[field.name], str(value)]
     return args
+
+
+def parse_tgi_args(args: Sequence[str]) -> TgiSettings:
+    """The :class:`TgiSettings` a container's arguments carry (``--flag value`` or ``--flag=value``; flags
+    outside :data:`FLAGS` are ignored): the inverse of :func:`build_tgi_args`. A value that does not parse is
+    an error naming the flag."""
+    values = flags.parse_flag_values(args, FLAGS, floats=("cuda_memory_fraction",))
+    return TgiSettings(**values)  # type: ignore[arg-type]

@@ -3,7 +3,10 @@
 Part of :mod:`kvpilot.tuner.tgi` (every TGI fact lives there). At ``v3.3.7``:
 ``server/text_generation_server/models/flash_causal_lm.py`` lines 1551-1552 (the warm-up prefill does not
 fit), ``backends/v3/src/lib.rs`` line 181 (the inferred batch cannot hold one request),
-``router/src/infer/mod.rs`` line 412 (429 beyond ``--max-concurrent-requests``).
+``router/src/infer/mod.rs`` line 412 (429 beyond ``--max-concurrent-requests``). A shard that runs out of
+memory while serving dies with PyTorch's ``torch.OutOfMemoryError`` ("CUDA out of memory"): TGI catches it
+only in the warm-up (``flash_causal_lm.py`` line 1549, re-raised as the prefill text above), so at run time
+its traceback is what the launcher relays from the shard's standard error when it exits.
 """
 
 from __future__ import annotations
@@ -12,16 +15,18 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-FailureKind = Literal["prefill_too_large", "total_tokens_too_large", "overloaded"]
+FailureKind = Literal["prefill_too_large", "total_tokens_too_large", "cuda_oom", "overloaded"]
 
 OVERLOADED = "Model is overloaded"
+CUDA_OOM = "CUDA out of memory"
+"""PyTorch's ``torch.OutOfMemoryError`` text, from a shard out of memory while serving."""
 
 
 @dataclass(frozen=True)
 class TgiFailure:
     kind: FailureKind
     tokens: int | None
-    """The token count the text names (``None`` for ``overloaded``)."""
+    """The token count the text names (``None`` for ``cuda_oom`` and ``overloaded``)."""
     line: str
 
 
@@ -47,11 +52,14 @@ def _line_at(log: str, start: int) -> str:
 
 
 def classify_log(log: str) -> TgiFailure | None:
-    """The failure a launcher or router log shows; ``None`` when it shows none."""
+    """The failure a launcher or router log shows, the start-up texts first (the warm-up's prefill text
+    carries the OOM it caught); ``None`` when it shows none."""
     if found := _PREFILL.search(log):
         return TgiFailure("prefill_too_large", int(found.group(1)), _line_at(log, found.start()))
     if found := _TOTAL.search(log):
         return TgiFailure("total_tokens_too_large", int(found.group(1)), _line_at(log, found.start()))
+    if (at := log.find(CUDA_OOM)) >= 0:
+        return TgiFailure("cuda_oom", None, _line_at(log, at))
     if (at := log.find(OVERLOADED)) >= 0:
         return TgiFailure("overloaded", None, _line_at(log, at))
     return None

@@ -1,39 +1,68 @@
-"""Step 0 of SGLang's chain: flags on their way to the pods (mode Auto), judged as vLLM's are.
+"""Step 0 of an engine's own chain (SGLang's, TGI's): flags on their way to the pods (mode Auto), judged as
+vLLM's are. Pure, and generic in the engine's settings.
 
-:func:`kvpilot.tuner.loop.rollout.judge_rollout` says where the rollout stands; this turns it into SGLang's
-decision: probation once every replica runs the new flags and is Ready, the flags good after it, a crash of
-them or the deadline rolls back to the last good flags and rules the new ones out (by the crash's kind, else
-exactly: :data:`~kvpilot.tuner.loop.sglang_fit.ROLLOUT_FAILED`); pods that never started wait.
-:func:`compute_good` says when flags the loop did not roll out (the first plan) are good.
+:func:`kvpilot.tuner.loop.rollout.judge_rollout` says where the rollout stands; :func:`compute_rollout_step`
+turns it into the engine's decision: probation once every replica runs the new flags and is Ready, the flags
+good after it, a crash of them or the deadline rolls back to the last good flags and rules the new ones out
+(by the crash's kind, else exactly: :data:`~kvpilot.tuner.loop.engine_state.ROLLOUT_FAILED`); pods that never
+started wait. :func:`compute_good` says when flags the loop did not roll out (the first plan) are good. What
+is the engine's own comes in a :class:`Subject`: how its flags read, what its history rules out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
+from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import rollout as rollout_step
-from kvpilot.tuner.loop import sglang_fit as fit
+from kvpilot.tuner.loop.config import PolicyConfig
 from kvpilot.tuner.loop.decision import Action, Trigger
-from kvpilot.tuner.loop.sglang_fit import FailedRun, SglangSituation
-from kvpilot.tuner.loop.sglang_state import (
+from kvpilot.tuner.loop.engine_state import (
     CRASH_ORDER,
-    SglangDecision,
-    SglangEvidence,
-    SglangLoopState,
-    SglangRestart,
-    SglangRollout,
+    ROLLOUT_FAILED,
+    EngineDecision,
+    EngineEvidence,
+    EngineFailedRun,
+    EngineLoopState,
+    EngineRestart,
+    EngineRollout,
     kind_of,
+    running_before,
 )
 from kvpilot.tuner.types import GIB
 
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class Subject(Generic[S]):
+    """The engine's view of the flags being rolled out."""
+
+    current: S
+    effective: S
+    """``current`` with the engine's defaults filled in: what a failed run records."""
+    window: obs.ObservationWindow
+    policy: PolicyConfig
+    failed: tuple[EngineFailedRun[S], ...]
+    describe: Callable[[S], str]
+    """The flags on one line."""
+    describe_change: Callable[[S, S], str]
+    ruled_out: Callable[[S, tuple[EngineFailedRun[S], ...]], bool]
+    """Whether these runs rule the settings out."""
+    weights_bytes: int | None = None
+    """The checkpoint the new pods load (the deadline waits for its download)."""
+
 
 def compute_rollout_step(
-    s: SglangSituation,
-    state: SglangLoopState,
-    evidence: SglangEvidence,
-    restarts: tuple[SglangRestart, ...],
+    s: Subject[S],
+    state: EngineLoopState[S],
+    evidence: EngineEvidence,
+    restarts: tuple[EngineRestart, ...],
     now: float,
-) -> SglangDecision | None:
+) -> EngineDecision[S] | None:
     """A rollout in progress, judged as vLLM's (:func:`rollout_step.judge_rollout`); ``None`` when there is
     none, or when its flags crashed with nothing safe to go back to (the crash step cures them)."""
     rollout = state.rollout
@@ -51,17 +80,17 @@ def compute_rollout_step(
         now=now,
         probation_seconds=s.policy.probation_seconds,
     )
-    verdict, flags = judged.verdict, fit.describe_settings(s.current)
+    verdict, flags = judged.verdict, s.describe(s.current)
     if verdict == rollout_step.Verdict.PENDING:
         why = "the new flags' pods have not started (no node with a free GPU, or their weights download)"
-        return SglangDecision(Action.HOLD, s.current, Trigger.ROLLOUT_PENDING, f"{why}; not marked failed")
+        return EngineDecision(Action.HOLD, s.current, Trigger.ROLLOUT_PENDING, f"{why}; not marked failed")
     if verdict == rollout_step.Verdict.SUCCEEDED:
         ran = f", ran {s.policy.probation_seconds:.0f}s without a crash" if judged.probation_until else ""
         why = f"every replica runs the new flags and is Ready{ran}: {flags}"
-        return SglangDecision(Action.HOLD, s.current, Trigger.ROLLOUT_SUCCEEDED, why, good=s.current)
+        return EngineDecision(Action.HOLD, s.current, Trigger.ROLLOUT_SUCCEEDED, why, good=s.current)
     if verdict in (rollout_step.Verdict.PROBATION_STARTS, rollout_step.Verdict.ON_PROBATION):
         why = judged.why or f"{s.policy.probation_seconds:.0f}s, a crash until then rolls back"
-        return SglangDecision(
+        return EngineDecision(
             Action.HOLD,
             s.current,
             Trigger.ROLLOUT_PROBATION,
@@ -69,27 +98,26 @@ def compute_rollout_step(
             probation_until=judged.probation_until,
         )
     if verdict == rollout_step.Verdict.IN_PROGRESS:
-        return SglangDecision(
+        return EngineDecision(
             Action.HOLD, s.current, Trigger.ROLLOUT_IN_PROGRESS, f"waiting for the rollout ({judged.why})"
         )
     return _rollout_failed(s, state, since, judged.why)
 
 
 def _rollout_failed(
-    s: SglangSituation, state: SglangLoopState, crashes: tuple[SglangRestart, ...], why: str
-) -> SglangDecision | None:
+    s: Subject[S], state: EngineLoopState[S], crashes: tuple[EngineRestart, ...], why: str
+) -> EngineDecision[S] | None:
     """The new flags failed: back to the last good ones (the new ones ruled out, by the crash's kind or
     exactly); ``None`` for a crash the crash step cures when there is nothing to go back to."""
     known = [r.failure.kind for r in crashes if r.failure is not None and r.failure.kind in CRASH_ORDER]
-    kind = min(known, key=CRASH_ORDER.index) if known else fit.ROLLOUT_FAILED
+    kind = min(known, key=CRASH_ORDER.index) if known else ROLLOUT_FAILED
     ooms = [r.time for r in crashes if kind_of(r) == "runtime_oom"]
-    running = fit.running_before(s.window, min(ooms)) if kind == "runtime_oom" and ooms else None
-    ran = FailedRun(s.effective, kind, running)
+    running = running_before(s.window, min(ooms)) if kind == "runtime_oom" and ooms else None
+    ran = EngineFailedRun(s.effective, kind, running)
     target = state.last_good
-    ruled_out = dataclasses.replace(s, failed=(*s.failed, ran))
-    if target is not None and target != s.current and not fit.is_ruled_out(target, ruled_out):
-        change = fit.describe_change(s.current, target)
-        return SglangDecision(
+    if target is not None and target != s.current and not s.ruled_out(target, (*s.failed, ran)):
+        change = s.describe_change(s.current, target)
+        return EngineDecision(
             Action.ROLLBACK,
             target,
             Trigger.ROLLOUT_FAILED,
@@ -99,14 +127,14 @@ def _rollout_failed(
     if known:
         return None
     why = f"new flags failed ({why}) and there are no known-good flags to return to"
-    return SglangDecision(Action.HOLD, s.current, Trigger.ROLLOUT_FAILED, why, failed=ran)
+    return EngineDecision(Action.HOLD, s.current, Trigger.ROLLOUT_FAILED, why, failed=ran)
 
 
-def compute_deadline(s: SglangSituation, rollout: SglangRollout, evidence: SglangEvidence) -> float:
+def compute_deadline(s: Subject[S], rollout: EngineRollout[S], evidence: EngineEvidence) -> float:
     """The rollout's deadline, moved out to what the start of the new pods is expected to take
     (:func:`rollout_step.compute_deadline_seconds`: the measured start, the checkpoint's download) where that
     is longer than the configured seconds the stored deadline counts."""
-    weights = s.memory.weights_total_bytes or 0
+    weights = s.weights_bytes or 0
     wanted = rollout_step.compute_deadline_seconds(
         s.policy, restart_seconds=evidence.restart_seconds, checkpoint_gib=weights / GIB
     )
@@ -114,13 +142,13 @@ def compute_deadline(s: SglangSituation, rollout: SglangRollout, evidence: Sglan
 
 
 def compute_good(
-    s: SglangSituation,
-    state: SglangLoopState,
-    evidence: SglangEvidence,
-    restarts: tuple[SglangRestart, ...],
-    decision: SglangDecision,
+    s: Subject[S],
+    state: EngineLoopState[S],
+    evidence: EngineEvidence,
+    restarts: tuple[EngineRestart, ...],
+    decision: EngineDecision[S],
     now: float,
-) -> SglangDecision:
+) -> EngineDecision[S]:
     """``decision`` with the current flags marked good when they are, outside a rollout (e.g. the first
     plan; a rollout's own step decides): every replica Ready, no restart since the last change, which was at
     least ``probation_seconds`` ago."""

@@ -1,0 +1,238 @@
+"""The steps an engine's own decision chain (SGLang's, TGI's) shares, whatever its flags. Pure.
+
+Each chain (:func:`kvpilot.tuner.loop.sglang_policy.compute_sglang_decision`,
+:func:`kvpilot.tuner.loop.tgi_policy.compute_tgi_decision`) is: the rollout (:mod:`.engine_rollout`), a
+crash of the current flags, the metrics gate, the engine's metrics rules, a hold. What they share is here:
+
+* :func:`compute_gates` -- vLLM's stability gates: the minimum interval between changes and the hourly
+  limit for every change; the cooldown after a retune (:func:`~.decision.compute_cooldown`) for
+  metrics-driven ones;
+* :func:`select_crash` -- which restart of the current flags a remedy answers: the most telling failure
+  (:data:`~.engine_state.CRASH_ORDER`), else a hold for a restart no text explains;
+* :func:`select_window` and :func:`check_samples` -- the window since the last change, and the metrics gate;
+* :func:`choose` -- a rule's proposal turned into a decision: its first candidate the engine's fit accepts
+  (:class:`Fit`), held by a gate with what it would have rolled out, or infeasible / held when none is left;
+* :func:`leave_defaults` and :func:`describe_flag_change` -- a candidate's flags left to the engine where its
+  default is the value, and a change in words;
+* :func:`run_chain` -- the order: the rollout (:mod:`.engine_rollout`), the engine's steps, a steady hold,
+  the flags marked good.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from kvpilot.tuner.engines import EngineFailure
+from kvpilot.tuner.loop import engine_rollout
+from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop.config import PolicyConfig
+from kvpilot.tuner.loop.decision import Action, MetricsStatus, Trigger, compute_cooldown
+from kvpilot.tuner.loop.engine_state import (
+    CRASH_ORDER,
+    UNCLASSIFIED,
+    EngineChange,
+    EngineDecision,
+    EngineEvidence,
+    EngineFailedRun,
+    EngineLoopState,
+    EngineProposal,
+    EngineRestart,
+    kind_of,
+    running_before,
+)
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True, slots=True)
+class Gates:
+    """Why a change cannot roll out now: any change, and a metrics-driven one (``None``: it can)."""
+
+    any_change: str | None
+    metrics_driven: str | None
+
+
+def compute_gates(
+    changes: Sequence[EngineChange[Any]], policy: PolicyConfig, restart_seconds: float | None, now: float
+) -> Gates:
+    """vLLM's stability gates over the loop's ``changes``: the minimum interval and the hourly limit for
+    every change; the cooldown after a retune (a restart plus a window) for metrics-driven ones."""
+    p = policy
+    last = max((c.time for c in changes), default=None)
+    retunes = [c.time for c in changes if not c.planned]
+    any_change = None
+    if last is not None and now - last < p.min_change_interval_seconds:
+        any_change = (
+            f"only {now - last:.0f}s since the last change (minimum {p.min_change_interval_seconds:.0f}s)"
+        )
+    elif sum(1 for t in retunes if t > now - 3600.0) >= p.max_changes_per_hour:
+        any_change = f"{p.max_changes_per_hour} changes in the last hour (the limit)"
+    cooldown = compute_cooldown(p, restart_seconds)
+    metrics_driven = any_change
+    if metrics_driven is None and retunes and now - max(retunes) < cooldown:
+        metrics_driven = f"cooldown for {cooldown - (now - max(retunes)):.0f}s more"
+    return Gates(any_change, metrics_driven)
+
+
+def select_window(
+    window: obs.ObservationWindow,
+    restarts: Sequence[EngineRestart],
+    changes: Sequence[EngineChange[Any]],
+    now: float,
+) -> tuple[obs.ObservationWindow, tuple[EngineRestart, ...]]:
+    """The window and the restarts since the last change (all of them before any)."""
+    last = max((c.time for c in changes), default=None)
+    since = last if last is not None else float("-inf")
+    return (
+        window.since(last) if last is not None else window,
+        tuple(r for r in restarts if since <= r.time <= now),
+    )
+
+
+@dataclass(frozen=True)
+class Crash(Generic[S]):
+    """The restart a remedy answers, and the run it rules out."""
+
+    failure: EngineFailure
+    ran: EngineFailedRun[S]
+
+
+def select_crash(
+    restarts: Sequence[EngineRestart],
+    current: S,
+    effective: S,
+    window: obs.ObservationWindow,
+    engine: str,
+) -> Crash[S] | EngineDecision[S] | None:
+    """The crash of the current flags a remedy answers (the most telling kind, the latest), with the run it
+    rules out (``effective``; a run-time OOM with the running requests seen before it); a hold when only
+    restarts ``engine``'s texts do not explain happened; ``None`` without a crash."""
+    crashes = [r for r in restarts if r.failure is None or r.failure.kind in CRASH_ORDER]
+    if not crashes:
+        return None
+    known = [r for r in crashes if r.failure is not None]
+    if not known:
+        r = max(crashes, key=lambda x: x.time)
+        return EngineDecision(
+            Action.HOLD,
+            current,
+            UNCLASSIFIED,
+            f"a restart on {r.pod or 'a pod'} that {engine}'s failure texts do not explain: not something "
+            "engine arguments can fix",
+        )
+    event = min(known, key=lambda r: (CRASH_ORDER.index(kind_of(r)), -r.time, r.pod))
+    failure = event.failure
+    assert failure is not None
+    running = running_before(window, event.time) if failure.kind == "runtime_oom" else None
+    return Crash(failure, EngineFailedRun(effective, failure.kind, running))
+
+
+def check_samples(
+    current: S, window: obs.ObservationWindow, metrics: MetricsStatus, policy: PolicyConfig
+) -> EngineDecision[S] | None:
+    """The metrics gate: a hold while the metrics are missing or stale, or too few samples since the last
+    change; ``None``: the rules may read the window."""
+    if not metrics.available:
+        return EngineDecision(Action.HOLD, current, Trigger.METRICS_UNAVAILABLE, metrics.message)
+    count = sum(1 for x in window.samples if x.kv_usage is not None)
+    if count < policy.min_samples:
+        reason = f"{count} samples since the last change; {policy.min_samples} needed"
+        return EngineDecision(Action.HOLD, current, Trigger.INSUFFICIENT_DATA, reason)
+    return None
+
+
+@dataclass(frozen=True)
+class Fit(Generic[S]):
+    """What :func:`choose` asks of an engine's fit of one situation."""
+
+    current: S
+    pick: Callable[[EngineProposal[S]], S | None]
+    """The first candidate that, within the bounds, changes something and was not ruled out."""
+    describe_change: Callable[[S, S], str]
+    explain: Callable[[S], tuple[str, ...]] = lambda _: ()
+    """Lines the memory model adds for the chosen settings."""
+
+
+def choose(
+    fit: Fit[S], proposal: EngineProposal[S], failed: EngineFailedRun[S] | None, blocked: str | None
+) -> EngineDecision[S]:
+    """The proposal's first acceptable candidate rolled out, or held by ``blocked`` (a gate) with it
+    recommended; none left: infeasible (a crash's rule) or a hold, saying why."""
+    settings = fit.pick(proposal)
+    if settings is None:
+        action = Action.INFEASIBLE if proposal.infeasible_when_exhausted else Action.HOLD
+        return EngineDecision(
+            action,
+            fit.current,
+            proposal.trigger,
+            f"{proposal.evidence}; {proposal.exhausted}",
+            proposal.explanation,
+            failed=failed,
+        )
+    explanation = (*proposal.explanation, *fit.explain(settings))
+    change = fit.describe_change(fit.current, settings)
+    if blocked is not None:
+        return EngineDecision(
+            Action.HOLD,
+            fit.current,
+            proposal.trigger,
+            f"{proposal.evidence}; would retune ({change}) but {blocked}",
+            explanation,
+            failed=failed,
+            recommended=settings,
+        )
+    return EngineDecision(
+        Action.RETUNE,
+        settings,
+        proposal.trigger,
+        f"{proposal.evidence}: {change}",
+        explanation,
+        failed=failed,
+    )
+
+
+def run_chain(
+    subject: engine_rollout.Subject[S],
+    state: EngineLoopState[S],
+    evidence: EngineEvidence,
+    restarts: tuple[EngineRestart, ...],
+    metrics: MetricsStatus,
+    steps: Sequence[Callable[[], EngineDecision[S] | None]],
+    steady: Callable[[], EngineDecision[S]],
+    now: float,
+) -> EngineDecision[S]:
+    """The rollout first, then the first of the engine's ``steps`` with something to say, else ``steady``;
+    the flags marked good where they are (:func:`engine_rollout.compute_good`), the metrics' status kept."""
+    decision = engine_rollout.compute_rollout_step(subject, state, evidence, restarts, now)
+    for step in steps:
+        if decision is not None:
+            break
+        decision = step()
+    decision = engine_rollout.compute_good(subject, state, evidence, restarts, decision or steady(), now)
+    return dataclasses.replace(decision, metrics=metrics)
+
+
+def leave_defaults(settings: S, current: S, effective: Callable[[S], S]) -> S:
+    """Leave unset what ``current`` leaves unset, where the engine's default (``effective``) is the
+    candidate's value: the flags keep to what the engine would choose itself."""
+    target = effective(settings)
+    out = settings
+    for f in dataclasses.fields(settings):  # type: ignore[arg-type]
+        if getattr(current, f.name) is None and getattr(out, f.name) is not None:
+            trial = dataclasses.replace(out, **{f.name: None})  # type: ignore[type-var]
+            if effective(trial) == target:
+                out = trial
+    return out
+
+
+def describe_flag_change(before: S, after: S, flags: Mapping[str, str]) -> str:
+    """``--flag a -> b`` for every field of ``flags`` (field -> flag) that differs (unset: the default)."""
+    parts = []
+    for name, flag in flags.items():
+        a, b = getattr(before, name), getattr(after, name)
+        if a != b:
+            parts.append(f"{flag} {'default' if a is None else a} -> {'default' if b is None else b}")
+    return ", ".join(parts) or "no change"

@@ -1,0 +1,138 @@
+"""The closed loop for TGI: hold or retune, and why. Pure and deterministic.
+
+:func:`compute_tgi_decision` is :func:`kvpilot.tuner.loop.sglang_policy.compute_sglang_decision`'s
+counterpart in TGI's terms (:class:`~kvpilot.tuner.tgi.TgiSettings`, TGI's warm-up memory model), with the
+same chain (:func:`kvpilot.tuner.loop.engine_chain.run_chain`), reading the window in the seam's shared
+meanings (``kv_usage``: ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens``; ``running``:
+``tgi_batch_current_size``; ``waiting``: ``tgi_queue_size``) and the restarts as the seam classifies them
+(:meth:`~kvpilot.tuner.engines.TgiEngine.classify_failure`). The first step with something to say decides:
+
+0. **rollout** -- a change on its way to the pods (mode Auto), judged as vLLM's and SGLang's
+   (:mod:`.engine_rollout`): probation once every replica is Ready, success after it, a crash or the deadline
+   rolls back to the last good flags and rules the new ones out;
+1. **crash** -- a restart of the current settings: its failure's rule (:mod:`.tgi_rules`: the warm-up's
+   prefill, a ``--max-total-tokens`` the KV cannot hold, a CUDA OOM while serving); a restart no rule cures
+   holds and says so; crash remedies skip the cooldown and mark the settings failed;
+2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
+3. **pressure** -- the KV tokens full with a queue;
+4. **idle** -- the admission limit binds with spare KV tokens (or 429 "Model is overloaded" texts);
+5. otherwise hold.
+
+A chosen candidate then passes vLLM's gates (:func:`~.engine_chain.compute_gates`). Not (yet) in TGI's loop:
+a latency rule (TGI's TTFT series is its queue time), the restart-cost trade, a flap guard between the
+pressure and idle rules beyond their disjoint conditions, scale-out recommendations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvpilot.tuner import tgi
+from kvpilot.tuner.loop import engine_chain, engine_rollout
+from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop import tgi_fit as fit
+from kvpilot.tuner.loop import tgi_rules as rules
+from kvpilot.tuner.loop.decision import Action, MetricsStatus, Trigger, compute_metrics_status
+from kvpilot.tuner.loop.engine_chain import Gates
+from kvpilot.tuner.loop.tgi_fit import FailedRun, TgiSituation
+from kvpilot.tuner.loop.tgi_state import TgiContext, TgiDecision, TgiEvidence, TgiLoopState, TgiRestart
+
+__all__ = ["compute_tgi_decision"]
+
+
+def compute_tgi_decision(
+    state: TgiLoopState, evidence: TgiEvidence, context: TgiContext, now: float
+) -> TgiDecision:
+    """Decide what to do with ``state.current`` at ``now``."""
+    window, restarts = engine_chain.select_window(evidence.window, evidence.restarts, state.changes, now)
+    s = TgiSituation(
+        current=state.current,
+        effective=fit.compute_effective(state.current, context.memory),
+        window=window,
+        memory=context.memory,
+        failed=state.failed,
+        bounds=context.bounds,
+        policy=context.policy,
+        now=now,
+    )
+    metrics = compute_metrics_status(evidence.window, context.policy, now)
+    gates = engine_chain.compute_gates(state.changes, context.policy, evidence.restart_seconds, now)
+    return engine_chain.run_chain(
+        build_subject(s),
+        state,
+        evidence,
+        restarts,
+        metrics,
+        (lambda: _crash_step(s, restarts, gates), lambda: _metrics_step(s, restarts, metrics, gates)),
+        lambda: _steady(s),
+        now,
+    )
+
+
+def build_subject(s: TgiSituation) -> engine_rollout.Subject[tgi.TgiSettings]:
+    """The rollout step's view of TGI's flags (what the history rules out: :func:`fit.is_ruled_out`)."""
+
+    def ruled_out(settings: tgi.TgiSettings, failed: tuple[FailedRun, ...]) -> bool:
+        return fit.is_ruled_out(settings, dataclasses.replace(s, failed=failed))
+
+    return engine_rollout.Subject(
+        s.current,
+        s.effective,
+        s.window,
+        s.policy,
+        s.failed,
+        fit.describe_settings,
+        fit.describe_change,
+        ruled_out,
+        s.memory.weights_total_bytes,
+    )
+
+
+def build_fit(s: TgiSituation) -> engine_chain.Fit[tgi.TgiSettings]:
+    """:func:`engine_chain.choose`'s view of TGI: :func:`fit.pick`, and the KV tokens a choice holds."""
+    return engine_chain.Fit(
+        s.current,
+        lambda p: fit.pick(s, p),
+        fit.describe_change,
+        lambda x: fit.explain_kv(fit.compute_effective(x, s.memory), s.memory),
+    )
+
+
+def _crash_step(s: TgiSituation, restarts: tuple[TgiRestart, ...], gates: Gates) -> TgiDecision | None:
+    crash = engine_chain.select_crash(restarts, s.current, s.effective, s.window, "TGI")
+    if not isinstance(crash, engine_chain.Crash):
+        return crash
+    failure, ran = crash.failure, crash.ran
+    s = dataclasses.replace(s, failed=(*s.failed, ran))  # the crash rules the current settings out too
+    if failure.kind == "start_oom":
+        proposal = rules.propose_for_prefill(s, failure.text)
+    elif failure.kind == "start_memory_short":
+        proposal = rules.propose_for_total_tokens(s, failure.text)
+    else:
+        proposal = rules.propose_for_oom(s, failure.text)
+    return engine_chain.choose(build_fit(s), proposal, ran, gates.any_change)
+
+
+def _metrics_step(
+    s: TgiSituation, restarts: tuple[TgiRestart, ...], metrics: MetricsStatus, gates: Gates
+) -> TgiDecision | None:
+    held = engine_chain.check_samples(s.current, s.window, metrics, s.policy)
+    if held is not None:
+        return held
+    overloaded = sum(1 for r in restarts if r.failure is not None and r.failure.kind == "kv_pressure")
+    for proposal in (rules.propose_for_pressure(s), rules.propose_for_idle(s, overloaded)):
+        if proposal is not None:
+            return engine_chain.choose(build_fit(s), proposal, None, gates.metrics_driven)
+    return None
+
+
+def _steady(s: TgiSituation) -> TgiDecision:
+    mean = obs.compute_mean(s.window.samples, obs.kv_usage) or 0.0
+    p = s.policy
+    return TgiDecision(
+        Action.HOLD,
+        s.current,
+        Trigger.STEADY,
+        f"mean KV tokens used {mean:.2f} (band [{p.kv_usage_low:.2f}, {p.kv_usage_high:.2f}]): no KV full "
+        "with a queue, no admission limit binding with spare KV tokens",
+    )

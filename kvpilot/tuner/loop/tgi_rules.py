@@ -1,0 +1,240 @@
+"""TGI's closed-loop rules: what each of its failures and metrics conditions proposes, in TGI's flags. Pure.
+
+TGI 3.3.7 (``v3.3.7``; the texts and series: :mod:`kvpilot.tuner.tgi`) sizes its KV cache at warm-up from the
+memory free after a prefill of ``--max-batch-prefill-tokens`` (``flash_causal_lm.py`` lines 1523-1563), under
+``--cuda-memory-fraction`` x 0.9 of the GPU; it never evicts a running request, and its router admits at most
+``--max-concurrent-requests`` (queued + running), answering 429 "Model is overloaded" beyond
+(``router/src/infer/mod.rs`` line 412). So:
+
+- ``StartOOM`` ("Not enough memory to handle N prefill tokens. You need to decrease
+  `--max-batch-prefill-tokens`", ``flash_causal_lm.py`` lines 1549-1553): halve ``--max-batch-prefill-tokens``
+  from the N it names (TGI's own advice), down to
+  :data:`~kvpilot.tuner.engines.tgi_budget.MIN_PREFILL_TOKENS`;
+  then a larger ``--cuda-memory-fraction`` where it is below 1 (torch's cap on the process).
+- ``StartMemoryShort`` ("Not enough memory to handle `max_total_tokens=N`", ``backends/v3/src/lib.rs`` lines
+  98-100: one request of ``--max-total-tokens`` does not fit the KV tokens the warm-up inferred): more memory
+  by ``--cuda-memory-fraction`` 1 where it is below; else a shorter ``--max-total-tokens`` -- the KV tokens
+  the memory model predicts (less the context margin), else N less the step -- never below
+  ``serving.minContextLength``; else a halved prefill (its activations leave more for the KV); else
+  infeasible.
+- ``RuntimeOOM`` (PyTorch's "CUDA out of memory" while serving): a smaller ``--cuda-memory-fraction`` by the
+  OOM step on the headroom (VPA's, :func:`~kvpilot.tuner.loop.remedies.compute_oom_step`: less KV, more room
+  for activations) while the KV cache still holds one request of ``--max-total-tokens``; else a halved
+  prefill.
+- ``IdleCapacity``: the admission limit binds with spare KV tokens -- running + queued requests
+  (``tgi_batch_current_size`` + ``tgi_queue_size``) at ``--max-concurrent-requests`` in most samples (or 429
+  "Model is overloaded" texts) while ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` stays
+  under the high band: raise ``--max-concurrent-requests`` by the step.
+- ``KvPressure``: the KV tokens full (the same ratio at the high band) with a queue in most samples: there is
+  nothing to admit more into. More KV by a larger ``--cuda-memory-fraction`` where it is below 1 and no OOM
+  ruled that out; else fewer ``--max-concurrent-requests`` (the excess answered 429 at once instead of
+  waiting in the queue).
+
+A value the history ruled out is never proposed again (:func:`~.tgi_fit.is_ruled_out`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from kvpilot.tuner import tgi
+from kvpilot.tuner.engines.tgi_budget import MIN_PREFILL_TOKENS
+from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop.engine_state import KV_PRESSURE, RUNTIME_OOM, START_MEMORY_SHORT, START_OOM
+from kvpilot.tuner.loop.remedies import IDLE_CAPACITY, compute_oom_step
+from kvpilot.tuner.loop.tgi_fit import (
+    FRACTION_STEP,
+    TgiProposal,
+    TgiSituation,
+    compute_budget,
+    fraction_of,
+    predict_kv_tokens,
+)
+
+# --- crash rules ----------------------------------------------------------------------------------
+
+
+def _halvings(prefill: int | None) -> list[int]:
+    """``prefill`` halved, again and again, down to :data:`MIN_PREFILL_TOKENS`."""
+    out, value = [], prefill or 0
+    while value // 2 >= MIN_PREFILL_TOKENS:
+        value //= 2
+        out.append(value)
+    return out
+
+
+def _with_prefill(s: TgiSituation, eff: tgi.TgiSettings, prefill: int) -> tgi.TgiSettings:
+    """``eff`` with ``prefill`` tokens per prefill batch, ``--max-input-tokens`` lowered to it where the
+    attention backend does not chunk a prefill (the router's check, ``backends/v3/src/main.rs`` line 188)."""
+    settings = dataclasses.replace(eff, max_batch_prefill_tokens=prefill)
+    budget = compute_budget(settings, s.memory)
+    max_input = settings.max_input_tokens
+    if budget is None or budget.chunking or max_input is None or max_input <= prefill:
+        return settings
+    return dataclasses.replace(settings, max_input_tokens=prefill)
+
+
+def _more_fraction(eff: tgi.TgiSettings, step: float | None = None) -> tgi.TgiSettings | None:
+    fraction = fraction_of(eff)
+    if fraction >= 1.0 - 1e-9:
+        return None
+    grown = 1.0 if step is None else min(1.0, round(fraction + step, 3))
+    return dataclasses.replace(eff, cuda_memory_fraction=grown)
+
+
+def propose_for_prefill(s: TgiSituation, text: str) -> TgiProposal:
+    """The warm-up prefill did not fit: fewer prefill tokens (TGI's advice), else a larger fraction."""
+    eff = s.effective
+    parsed = tgi.classify_log(text)
+    named = parsed.tokens if parsed is not None and parsed.tokens else eff.max_batch_prefill_tokens
+    candidates = [_with_prefill(s, eff, p) for p in _halvings(named)]
+    more = _more_fraction(eff)
+    candidates += [more] if more is not None else []
+    return TgiProposal(
+        trigger=START_OOM,
+        evidence=f"TGI's warm-up could not hold a prefill of {named} tokens ({text[:160]})",
+        candidates=tuple(candidates),
+        crash=True,
+        exhausted=(
+            f"--max-batch-prefill-tokens is at its floor ({MIN_PREFILL_TOKENS}) and "
+            "--cuda-memory-fraction at "
+            "1: the weights need a larger GPU, more shards or quantization"
+        ),
+        infeasible_when_exhausted=True,
+    )
+
+
+def propose_for_total_tokens(s: TgiSituation, text: str) -> TgiProposal:
+    """One request of ``--max-total-tokens`` does not fit the KV tokens TGI inferred: more memory, else a
+    shorter ``--max-total-tokens`` within the context bounds, else fewer prefill tokens."""
+    eff, p = s.effective, s.policy
+    parsed = tgi.classify_log(text)
+    named = parsed.tokens if parsed is not None and parsed.tokens else eff.max_total_tokens or 0
+    candidates: list[tgi.TgiSettings] = []
+    lines: list[str] = []
+    more = _more_fraction(eff)
+    if more is not None:
+        candidates.append(more)
+    # the KV the warm-up infers with its own lengths: one of --max-total-tokens per warm-up request would
+    # reserve the very KV that does not fit
+    inferred = predict_kv_tokens(
+        dataclasses.replace(eff, max_total_tokens=None, max_input_tokens=None), s.memory
+    )
+    if inferred is not None and 0 < inferred < named:
+        lines.append(f"the memory model: the warm-up infers {inferred} KV tokens")
+        wanted = int(inferred * (1.0 - p.context_margin))
+    else:
+        wanted = math.floor(named * (1.0 - p.seqs_step_down))
+    multiple = p.context_multiple if wanted >= 4 * p.context_multiple else 16
+    shorter = wanted // multiple * multiple
+    floor = s.bounds.min_max_model_len or 1
+    if 1 < shorter < named and shorter >= floor:
+        max_input = min(eff.max_input_tokens or shorter - 1, shorter - 1)
+        candidates.append(dataclasses.replace(eff, max_total_tokens=shorter, max_input_tokens=max_input))
+    elif shorter < floor:
+        lines.append(f"--max-total-tokens {shorter} would be below serving.minContextLength {floor}")
+    candidates += [_with_prefill(s, eff, x) for x in _halvings(eff.max_batch_prefill_tokens)][:1]
+    return TgiProposal(
+        trigger=START_MEMORY_SHORT,
+        evidence=(
+            f"TGI's KV cache cannot hold one request of --max-total-tokens {named} at --cuda-memory-fraction "
+            f"{fraction_of(eff)}"
+        ),
+        candidates=tuple(candidates),
+        crash=True,
+        exhausted=(
+            f"--cuda-memory-fraction is 1, no shorter --max-total-tokens fits at or above "
+            f"serving.minContextLength ({floor}) and the prefill is at its floor"
+        ),
+        infeasible_when_exhausted=True,
+        explanation=tuple(lines),
+    )
+
+
+def propose_for_oom(s: TgiSituation, text: str) -> TgiProposal:
+    """Out of GPU memory while serving: a smaller fraction (less KV, more room for activations) while the KV
+    still holds one request of ``--max-total-tokens``, else fewer prefill tokens."""
+    eff, p = s.effective, s.policy
+    fraction = fraction_of(eff)
+    lower = math.floor((fraction - compute_oom_step(fraction, p)) / FRACTION_STEP + 1e-9) * FRACTION_STEP
+    lower = round(lower, 3)
+    candidates: list[tgi.TgiSettings] = []
+    lines = [f"OOM step on the headroom 1 - {fraction}: --cuda-memory-fraction {lower}"]
+    smaller = dataclasses.replace(eff, cuda_memory_fraction=lower)
+    budget = compute_budget(smaller, s.memory)
+    if budget is None or budget.feasible:
+        candidates.append(smaller)
+    else:
+        lines.append(f"at {lower} TGI would not start: {budget.refusals[0]}")
+    candidates += [_with_prefill(s, eff, x) for x in _halvings(eff.max_batch_prefill_tokens)][:1]
+    return TgiProposal(
+        trigger=RUNTIME_OOM,
+        evidence=f"CUDA out of memory while serving at --cuda-memory-fraction {fraction} ({text[:160]})",
+        candidates=tuple(candidates),
+        crash=True,
+        exhausted="no smaller fraction holds a request of --max-total-tokens; the prefill is at its floor",
+        infeasible_when_exhausted=True,
+        explanation=tuple(lines),
+    )
+
+
+# --- metrics rules --------------------------------------------------------------------------------
+
+
+def _admitted(x: obs.MetricsSample) -> float | None:
+    if x.running is None:
+        return None
+    return x.running + (x.waiting or 0.0)
+
+
+def propose_for_idle(s: TgiSituation, overloaded: int = 0) -> TgiProposal | None:
+    """The admission limit binds with spare KV tokens: more ``--max-concurrent-requests``."""
+    p, w, eff = s.policy, s.window, s.effective
+    limit = eff.max_concurrent_requests or tgi.MAX_CONCURRENT_REQUESTS_DEFAULT
+    at_limit = obs.compute_fraction(w.samples, _admitted, lambda v: v >= p.seqs_saturation * limit)
+    high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
+    if (at_limit < p.sustain_fraction and not overloaded) or high >= p.sustain_fraction:
+        return None
+    mean = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
+    raised = max(limit + 1, math.ceil(limit * (1.0 + p.seqs_step_up)))
+    texts = f'; {overloaded} "{tgi.OVERLOADED}" answer(s)' if overloaded else ""
+    return TgiProposal(
+        trigger=IDLE_CAPACITY,
+        evidence=(
+            f"running + queued requests at --max-concurrent-requests {limit} in {at_limit:.0%} of samples "
+            "with "
+            f"KV tokens {mean:.0%} used{texts}"
+        ),
+        candidates=(dataclasses.replace(eff, max_concurrent_requests=raised),),
+        exhausted="--max-concurrent-requests is at its upper bound",
+    )
+
+
+def propose_for_pressure(s: TgiSituation) -> TgiProposal | None:
+    """The KV tokens full with a queue: more KV where the fraction is below 1, else fewer concurrent
+    requests (nothing to raise)."""
+    p, w, eff = s.policy, s.window, s.effective
+    high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
+    queued = obs.compute_fraction(w.samples, obs.waiting, lambda v: v >= p.queue_min)
+    if high < p.sustain_fraction or queued < p.sustain_fraction:
+        return None
+    candidates: list[tgi.TgiSettings] = []
+    more = _more_fraction(eff, p.max_gmu_step)
+    if more is not None:
+        candidates.append(more)
+    peak = obs.compute_max(w.samples, obs.running)
+    limit = eff.max_concurrent_requests or tgi.MAX_CONCURRENT_REQUESTS_DEFAULT
+    base = min(limit, math.ceil(peak)) if peak else limit
+    if base > 1:
+        lowered = max(1, min(base - 1, math.floor(base * (1.0 - p.seqs_step_down))))
+        candidates.append(dataclasses.replace(eff, max_concurrent_requests=lowered))
+    return TgiProposal(
+        trigger=KV_PRESSURE,
+        evidence=(
+            f"KV tokens >= {p.kv_usage_high:.0%} used in {high:.0%} of samples with a queue in {queued:.0%} "
+            f"(peak running {peak or 0:.0f}): nothing to admit more into"
+        ),
+        candidates=tuple(candidates),
+        exhausted="--cuda-memory-fraction is 1 and --max-concurrent-requests at its lower bound",
+    )
