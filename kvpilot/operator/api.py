@@ -559,7 +559,7 @@ class GpuStatus(_Wire):
 class Recommendation(_Wire):
     settings: Settings | None = None
     engine_args: list[str] | None = None
-    """Another engine's flags (SGLang's), in its own spelling."""
+    """Another engine's flags (SGLang's, TGI's), in its own spelling."""
     replicas: int | None = Field(None, ge=1)
     reason: str | None = None
     trigger: str | None = None
@@ -622,7 +622,7 @@ class ServiceRollout(Rollout):
     """An InferenceService's ``status.rollout``: also another engine's flags (an EngineTuner tunes vLLM)."""
 
     engine_args: list[str] | None = Field(None, max_length=64)
-    """Another engine's flags being rolled out (SGLang's), in its own spelling."""
+    """Another engine's flags being rolled out (SGLang's, TGI's), in its own spelling."""
 
 
 class HistoryRecord(_Wire):
@@ -639,7 +639,7 @@ class ServiceHistoryRecord(HistoryRecord):
     vLLM)."""
 
     from_engine_args: list[str] | None = Field(None, max_length=64)
-    """Another engine's flags before (SGLang's), in its own spelling."""
+    """Another engine's flags before (SGLang's, TGI's), in its own spelling."""
     to_engine_args: list[str] | None = Field(None, max_length=64)
     """Another engine's flags after."""
 

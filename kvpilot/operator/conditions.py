@@ -29,9 +29,10 @@ DEGRADED = "Degraded"
 """The closed loop, from the pods: a crash loop, a start-up failure, no node, an image or a download."""
 
 CLOSED_LOOP = "ClosedLoop"
-"""The closed loop of another engine than vLLM: True (reason ``Recommending``) while it recommends SGLang
-flags without rolling them out (:mod:`kvpilot.operator.status.sglang_patch`); False (reason
-``EngineNotTuned``) for an engine it has no rules for; not set for vLLM."""
+"""The closed loop of another engine than vLLM: True (reason ``Recommending``) while it recommends SGLang or
+TGI flags without rolling them out, ``Tuning`` while it rolls them out (mode Auto:
+:mod:`kvpilot.operator.status.engine_patch`); False (reason ``EngineNotTuned``) for an engine it has no
+rules for; not set for vLLM."""
 
 TARGET_FOUND = "TargetFound"
 """An EngineTuner's: the workload named by ``spec.targetRef`` exists."""

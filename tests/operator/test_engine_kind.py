@@ -613,13 +613,3 @@ def test_sglang_plans_as_kvpilot_plan_engine_sglang_does() -> None:
     assert cli.main(argv, out=out, err=err) == 0, err.getvalue()
     planned = json.loads(out.getvalue())["args"]
     assert " ".join(planned) in " ".join(args)  # the CLI's flags, in its order, in the pod
-
-
-async def test_the_closed_loop_holds_a_planned_tgi_service_and_says_why(harness: Harness) -> None:
-    loop = LoopHarness(harness)
-    body = tgi_isvc(serving={"maxContextLength": 8192})
-    await harness.run(body)
-    await loop.tick(body)
-    held = condition(body, "ClosedLoop")
-    assert (held["status"], held["reason"]) == ("False", "EngineNotTuned")
-    assert "no TGI rules yet" in held["message"] and loop.fetches == 0

@@ -37,9 +37,10 @@ Series are those of vLLM 0.33 (``vllm/v1/metrics/loggers.py``), with the fallbac
 
 Another engine's series come from the tuner's seam (:class:`kvpilot.tuner.engines.MetricSeries`: SGLang's
 token usage for ``kv_usage``, its retractions for ``preemption_rate``, its queued requests for ``waiting``,
-its TTFT and ITL histograms): :func:`build_queries` with ``series``; its fleet snapshot is its own (keyed by
-the series), with no length or capacity queries (SGLang exports no length histograms, and the loop's SGLang
-rules do not read a capacity).
+its TTFT and ITL histograms; TGI's ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` for
+``kv_usage``, its batch size and queue): :func:`build_queries` with ``series``; its fleet snapshot is its
+own (keyed by the series), with no length or capacity queries (SGLang exports no length histograms, and
+the engines' own rules do not read a capacity).
 
 A service's series are exactly those of the pods its Deployment owns (looked up by namespace and pod
 name, never a name pattern another app's pod could match). The pure halves (:func:`build_queries`,
@@ -162,14 +163,17 @@ def build_queries(
 
 def _build_engine_queries(series: MetricSeries, by: str) -> Queries:
     """Another engine's queries from its :class:`MetricSeries` (the names live in the engine's package)."""
-    if series.kv_usage is None:
+    kv_usage = series.kv_usage
+    if kv_usage is None and series.kv_used_tokens is not None and series.kv_capacity_tokens is not None:
+        kv_usage = f"{series.kv_used_tokens} / {series.kv_capacity_tokens}"  # TGI: no ratio, two gauges
+    if kv_usage is None:
         raise ValueError("the closed loop reads an engine's KV usage; this engine exports none")
 
     def p95(family: str) -> str:
         return f"histogram_quantile(0.95, sum by ({by}, le) (rate({family}_bucket[{RATE_WINDOW}])))"
 
     ranged = {
-        "kv_usage": f"max by ({by}) ({series.kv_usage})",
+        "kv_usage": f"max by ({by}) ({kv_usage})",
         "running": f"max by ({by}) ({series.running})",
         "waiting": f"max by ({by}) ({series.queued})",
         "ttft_p95": p95(series.ttft),
@@ -179,7 +183,8 @@ def _build_engine_queries(series: MetricSeries, by: str) -> Queries:
     }
     if series.preemptions is not None:
         ranged["preemption_rate"] = f"max by ({by}) (rate({series.preemptions}[{RATE_WINDOW}]))"
-    instant = {"last_scrape": f"max by ({by}) (timestamp({series.kv_usage}))"}
+    scraped = series.kv_usage or series.kv_used_tokens
+    instant = {"last_scrape": f"max by ({by}) (timestamp({scraped}))"}
     return Queries(ranged=ranged, instant=instant)
 
 
@@ -505,7 +510,7 @@ def _fetch_sync(
         pod_label=settings.pod_label,
         namespace_label=settings.namespace_label,
         queries=sent,
-        kv_series=(series.kv_usage or KV_USAGE) if series is not None else KV_USAGE,
+        kv_series=(series.kv_usage or series.kv_used_tokens or KV_USAGE) if series is not None else KV_USAGE,
     )
 
 

@@ -71,7 +71,7 @@ _OTHER_ENGINES = (
     (
         "TGI",
         tgi_serving.is_server,
-        "an InferenceService with spec.engine.kind TGI plans TGI's flags (no closed loop retunes TGI yet)",
+        "an InferenceService with spec.engine.kind TGI plans TGI's flags and tunes them in closed loop",
     ),
 )
 """Engines an EngineTuner recognises but does not tune, and what does."""

@@ -22,7 +22,7 @@ from kvpilot.operator import api, errors
 from kvpilot.operator.inferenceservice import engine_desired
 from kvpilot.operator.planning import modes, release, resolve
 from kvpilot.operator.pods import pod_template, tenant_guard, workloads
-from kvpilot.tuner import sglang
+from kvpilot.tuner import sglang, tgi
 from kvpilot.tuner.plan.profiles import Learned
 
 
@@ -68,9 +68,9 @@ def _got(value: object) -> str:
     return ""
 
 
-Kept = api.Settings | sglang.SglangSettings
-"""Settings the closed loop rolled out, in the engine's own type: vLLM's ``status.applied``, SGLang's
-``status.appliedEngineArgs``."""
+Kept = api.Settings | sglang.SglangSettings | tgi.TgiSettings
+"""Settings the closed loop rolled out, in the engine's own type: vLLM's ``status.applied``, SGLang's and
+TGI's ``status.appliedEngineArgs``."""
 
 
 def build_desired(
@@ -91,7 +91,7 @@ def build_desired(
     (:mod:`kvpilot.operator.planning.profiles`).
     """
     if engine_desired.plans_itself(spec):  # another engine plans and renders its own container
-        kept = deploy_override if isinstance(deploy_override, sglang.SglangSettings) else None
+        kept = deploy_override if not isinstance(deploy_override, api.Settings) else None
         engine_plan, manifests = engine_desired.build_engine_manifests(metadata, spec, inputs, kept)
         return Desired(None, None, manifests, engine_plan)
     user = modes.compute_user_args(spec)

@@ -19,7 +19,6 @@ from kvpilot.operator import api
 from kvpilot.operator.planning import engines, resolve
 from kvpilot.operator.planning.engines import EnginePlan
 from kvpilot.operator.pods import workloads
-from kvpilot.tuner import sglang
 from kvpilot.tuner.types import EngineSettings
 
 __all__ = ["EnginePlan", "build_engine_manifests", "plans_itself"]
@@ -34,7 +33,7 @@ def build_engine_manifests(
     metadata: Mapping[str, Any],
     spec: api.InferenceServiceSpec,
     inputs: resolve.Inputs,
-    kept: sglang.SglangSettings | None = None,
+    kept: engines.EngineFlags | None = None,
 ) -> tuple[EnginePlan, list[dict[str, Any]]]:
     """The engine's plan and the manifests in apply order (claim, Service, Deployment, budget); raises
     EngineNotSupported, InvalidSpec or InfeasiblePlan before anything is built. ``kept``: the flags the

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.operator.clients import metrics
-from kvpilot.operator.inferenceservice import loop_observing, loop_reading, loop_schedulable, sglang_loop
+from kvpilot.operator.inferenceservice import engine_ticks, loop_observing, loop_reading, loop_schedulable
 from kvpilot.operator.inferenceservice.loop_observing import Observed
 from kvpilot.operator.inferenceservice.loop_reading import Resolved, Service
 from kvpilot.operator.loop.loop_deps import LoopDeps
@@ -97,12 +97,12 @@ async def apply_off(deps: LoopDeps, svc: Service, patch: Any, logger: Any) -> No
 
 
 async def apply_other_engine(deps: LoopDeps, svc: Service, patch: Any, logger: Any) -> None:
-    """Another engine than vLLM: SGLang's own loop, which recommends (:func:`.sglang_loop.run_sglang_tick`;
-    nothing in mode Off), or, for an engine the loop has no rules for, its hold (:func:`apply_engine_hold`).
-    vLLM's remedies never reach it."""
+    """Another engine than vLLM: its own loop, which recommends and in mode Auto rolls out (SGLang's, TGI's:
+    :func:`.engine_ticks.run_engine_rules`; nothing in mode Off), or, for an engine the loop has no rules
+    for, its hold (:func:`apply_engine_hold`). vLLM's remedies never reach it."""
     if svc.engine_recommended:
         if svc.mode != "Off":
-            await sglang_loop.run_sglang_tick(deps, svc, patch, logger)
+            await engine_ticks.run_engine_rules(deps, svc, patch, logger)
         return
     await apply_engine_hold(deps, svc, patch, logger)
 

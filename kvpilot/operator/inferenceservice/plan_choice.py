@@ -16,7 +16,8 @@ from kvpilot.operator import api
 from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.planning import modes, profile_scope, profiles, resolve
-from kvpilot.operator.status import sglang_patch, status_patch
+from kvpilot.operator.pods import engine_pods
+from kvpilot.operator.status import engine_patch, status_patch
 
 
 def compute_plan_stands(
@@ -44,13 +45,14 @@ def read_kept(old: Mapping[str, Any], spec: api.InferenceServiceSpec, *, stands:
 
 def read_applied(old: Mapping[str, Any], spec: api.InferenceServiceSpec) -> desired.Kept | None:
     """The settings on the Deployment as the status records them, in the engine's own type: vLLM's
-    ``applied``; the flags of an engine whose closed loop rolls them out (SGLang's ``appliedEngineArgs``);
+    ``applied``; the flags of an engine whose closed loop rolls them out (SGLang's and TGI's
+    ``appliedEngineArgs``);
     ``None`` for any other engine, or flags that no longer parse (planned again)."""
     if spec.engine.kind == "vLLM":
         return api.Settings.model_validate(old["applied"]) if old.get("applied") else None
-    if spec.engine.kind != "SGLang":  # TGI: no loop retunes it, its plan is its flags
-        return None
-    return sglang_patch.read_args(old, "appliedEngineArgs")
+    if spec.engine.kind == "TGI":
+        return engine_patch.read_args(engine_pods.TGI, old, "appliedEngineArgs")
+    return engine_patch.read_args(engine_pods.SGLANG, old, "appliedEngineArgs")
 
 
 async def fetch_wanted(

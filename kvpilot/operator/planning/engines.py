@@ -16,7 +16,9 @@ this module only chooses, per kind, in one table (:data:`PLANNERS`):
   warm-up prefill), rendered as ``text-generation-launcher --model-id M --hostname 0.0.0.0 --port 80`` + the
   planned flags (``--max-input-tokens``, ``--max-total-tokens``, ``--max-batch-prefill-tokens``,
   ``--max-concurrent-requests``, ``--num-shard``) in mode Auto + extra args; Recommend and Off leave them to
-  TGI. One node per replica, sharded over every GPU of the pod; no closed loop (it holds and says why).
+  TGI. One node per replica, sharded over every GPU of the pod. The closed loop tunes TGI flags with TGI's
+  own rules (:data:`RECOMMENDING_KINDS`, :func:`kvpilot.tuner.loop.compute_tgi_decision`); in mode Auto the
+  flags it rolled out (``status.appliedEngineArgs``) are rendered instead of the plan's, as for SGLang.
 
 Pure; no I/O.
 """
@@ -36,10 +38,13 @@ from kvpilot.tuner.types import GIB
 
 CLOSED_LOOP_KINDS: frozenset[api.EngineKind] = frozenset({"vLLM"})
 """The engines vLLM's closed loop retunes (:mod:`kvpilot.operator.inferenceservice.closed_loop`)."""
-RECOMMENDING_KINDS: frozenset[api.EngineKind] = frozenset({"SGLang"})
-"""The engines with a closed loop of their own rules (:mod:`kvpilot.operator.inferenceservice.sglang_loop`):
+RECOMMENDING_KINDS: frozenset[api.EngineKind] = frozenset({"SGLang", "TGI"})
+"""The engines with a closed loop of their own rules (:mod:`kvpilot.operator.inferenceservice.engine_loop`):
 mode Recommend records what it would change, mode Auto also rolls it out (probation, rollback); for any
 other kind the loop holds and says why."""
+
+EngineFlags = sglang.SglangSettings | tgi.TgiSettings
+"""Flags in an engine's own type, as its closed loop rolls them out (``status.appliedEngineArgs``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +75,7 @@ def is_recommended_by_closed_loop(spec: api.InferenceServiceSpec) -> bool:
 
 
 def compute_engine_plan(
-    spec: api.InferenceServiceSpec, inputs: resolve.Inputs, kept: sglang.SglangSettings | None = None
+    spec: api.InferenceServiceSpec, inputs: resolve.Inputs, kept: EngineFlags | None = None
 ) -> EnginePlan:
     """The plan and container of a non-vLLM engine; EngineNotSupported, InvalidSpec or InfeasiblePlan.
     ``kept``: the flags the closed loop rolled out (``status.appliedEngineArgs``), deployed in mode Auto
@@ -148,12 +153,13 @@ def compute_sglang_budget(spec: api.InferenceServiceSpec, inputs: resolve.Inputs
 
 
 def plan_sglang(
-    spec: api.InferenceServiceSpec, inputs: resolve.Inputs, kept: sglang.SglangSettings | None = None
+    spec: api.InferenceServiceSpec, inputs: resolve.Inputs, kept: EngineFlags | None = None
 ) -> EnginePlan:
     """SGLang's budget for the spec (the planner of ``kvpilot plan --engine sglang``), its flags in mode
     Auto (``kept``'s instead, where the closed loop retuned them); InfeasiblePlan when one full-context
     request does not fit the pool."""
     _check_sglang_spec(spec)
+    kept = kept if isinstance(kept, sglang.SglangSettings) else None
     gpu = inputs.gpu.gpu
     budget = compute_sglang_budget(spec, inputs)
     explanation = tuple(engines.explain_sglang_budget(budget))
@@ -251,11 +257,11 @@ def _launch_args(
 
 
 def plan_tgi(
-    spec: api.InferenceServiceSpec, inputs: resolve.Inputs, kept: sglang.SglangSettings | None = None
+    spec: api.InferenceServiceSpec, inputs: resolve.Inputs, kept: EngineFlags | None = None
 ) -> EnginePlan:
     """TGI's warm-up budget for the spec (the planner of ``kvpilot plan --engine tgi``), its flags rendered
-    in mode Auto; InfeasiblePlan when TGI would not start, or ``--max-total-tokens`` falls below
-    ``serving.minContextLength``. ``kept`` is ignored: no closed loop retunes TGI."""
+    in mode Auto (``kept``'s instead, where the closed loop retuned them); InfeasiblePlan when TGI would not
+    start, or ``--max-total-tokens`` falls below ``serving.minContextLength``."""
     _check_tgi_spec(spec)
     gpu = inputs.gpu.gpu
     budget = compute_tgi_budget(spec, inputs)
@@ -270,17 +276,23 @@ def plan_tgi(
             f"serving.minContextLength {floor}"
         )
     mode = spec.tuning.mode
-    planned = tuple(tgi.build_tgi_args(budget.rendered))
+    kept = kept if mode == "Auto" and isinstance(kept, tgi.TgiSettings) else None
+    planned = tuple(tgi.build_tgi_args(budget.rendered if kept is None else kept))
     serving = engines.lookup_engine("TGI").serving
     args = tuple(_launch_args(spec, planned if mode == "Auto" else (), serving, _TGI_FLAGS))
     summary = (
         f"TGI {tgi.PINNED_TGI_VERSION}: {' '.join(planned)}; KV {budget.max_batch_total_tokens} tokens "
         f"(max batch total), {budget.concurrency} request(s) at --max-total-tokens"
     )
+    if kept is not None:
+        summary = (
+            f"TGI {tgi.PINNED_TGI_VERSION}: {' '.join(planned)} (the closed loop's flags, kept: "
+            f"status.appliedEngineArgs; the plan: {' '.join(tgi.build_tgi_args(budget.rendered))})"
+        )
     return EnginePlan("TGI", serving, args, planned, summary, explanation, mode, spec.gpu.count)
 
 
-Planner = Callable[[api.InferenceServiceSpec, resolve.Inputs, sglang.SglangSettings | None], EnginePlan]
+Planner = Callable[[api.InferenceServiceSpec, resolve.Inputs, EngineFlags | None], EnginePlan]
 PLANNERS: dict[api.EngineKind, Planner] = {
     "SGLang": plan_sglang,
     "TGI": plan_tgi,

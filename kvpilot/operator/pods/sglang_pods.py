@@ -1,128 +1,38 @@
-"""The pods of an SGLang service as its closed loop reads them: the flags each runs, its last restart and why.
+"""The pods of an SGLang service as its closed loop reads them: :mod:`.engine_pods` with SGLang's flags.
 
-The SGLang counterpart of :func:`kvpilot.operator.pods.pod_status.read_pod_views` (whose restarts vLLM's texts
-classify): each container's arguments parsed back into :class:`~kvpilot.tuner.sglang.SglangSettings`
+Each container's arguments parsed back into :class:`~kvpilot.tuner.sglang.SglangSettings`
 (:func:`kvpilot.tuner.sglang.parse_sglang_args`), its last termination classified by the engine seam
 (:meth:`kvpilot.tuner.engines.SglangEngine.classify_failure`), from the termination message, else from the
-previous log's tail (read once per restart: :data:`kvpilot.operator.pods.pod_status.LOGS`). Only pods the
-Deployment owns count (:func:`~kvpilot.operator.pods.pod_status.owned_by`).
+previous log's tail.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpilot.operator.pods import leader_worker_set, pod_status, workloads
-from kvpilot.tuner import errors as tuner_errors
+from kvpilot.operator.pods import engine_pods, pod_status
+from kvpilot.operator.pods.engine_pods import SGLANG, EnginePod
 from kvpilot.tuner import sglang
-from kvpilot.tuner.engines import SglangEngine
-from kvpilot.tuner.loop import SglangRestart
 
-ENGINE = SglangEngine()
-
-
-@dataclass(frozen=True)
-class SglangPod:
-    """One pod of the service as the SGLang loop sees it."""
-
-    name: str
-    settings: sglang.SglangSettings | None
-    """The SGLang flags its container runs (``None``: they do not parse)."""
-    terminating: bool
-    restart: SglangRestart | None
-    """Its container's last termination, classified by the seam (``failure`` ``None``: unexplained)."""
-    restart_count: int = 0
-    needs_log: bool = False
-    """The termination message did not explain the restart: the previous log is worth reading."""
-    ready: bool = False
-    """Its engine container is Ready."""
-    not_started: bool = False
-    """It has not started: no node for it (unschedulable), or its weights still download."""
-    group_worker: bool = False
-    """A LeaderWorkerSet group's rank >= 1: it serves no API, so it is no replica of its own."""
-    crash_looping: bool = False
-    """Its engine container waits in ``CrashLoopBackOff``."""
+ENGINE = SGLANG.engine
+SglangPod = EnginePod[sglang.SglangSettings]
 
 
 def build_sglang_pod(pod: Mapping[str, Any], log: str | None = None) -> SglangPod:
     """One pod: its flags, and its last termination classified from the message (and ``log``, when read)."""
-    meta, container = pod.get("metadata") or {}, ENGINE.serving.container_name
-    try:
-        settings: sglang.SglangSettings | None = sglang.parse_sglang_args(
-            [str(a) for a in pod_status.find_container(pod, "containers", container).get("args") or ()]
-        )
-    except tuner_errors.TunerError:
-        settings = None
-    state = pod_status.find_container(pod, "containerStatuses", container)
-    count = int(state.get("restartCount") or 0)
-    terminated = (state.get("lastState") or {}).get("terminated") or {}
-    name = str(meta.get("name") or "")
-    restart, needs_log = None, False
-    if count > 0 and terminated:
-        text = "\n".join(t for t in (str(terminated.get("message") or ""), log or "") if t)
-        failure = ENGINE.classify_failure(text)
-        when = pod_status.parse_time(terminated.get("finishedAt")) or 0.0
-        restart, needs_log = SglangRestart(when, failure, name), failure is None and log is None
-    terminating = bool(meta.get("deletionTimestamp"))
-    not_started = pod_status.compute_unschedulable(pod) or pod_status.compute_downloading(pod)
-    ready = bool(state.get("ready"))
-    worker = leader_worker_set.is_worker(pod)
-    looping = ((state.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
-    return SglangPod(
-        name, settings, terminating, restart, count, needs_log, ready, not_started, worker, looping
-    )
+    return engine_pods.build_engine_pod(SGLANG, pod, log)
 
 
 def read_sglang_pods(
     reader: pod_status.PodReader, namespace: str, owner: str, logs: pod_status.LogCache = pod_status.LOGS
 ) -> list[SglangPod]:
-    """The pods of the Deployment ``owner`` (blocking: run it in a worker thread); a restart the termination
-    message does not explain is classified from the previous log's tail, read once per restart."""
-    selector = workloads.build_label_selector(owner)
-    pods = [p for p in reader.list_pods(namespace, selector) if pod_status.owned_by(p, owner)]
-    out = []
-    for pod in pods:
-        view = build_sglang_pod(pod)
-        if view.needs_log:
-            key = (namespace, view.name, view.restart_count)
-            known, log = logs.get(key)
-            if not known:
-                container = ENGINE.serving.container_name
-                log = reader.read_previous_log(namespace, view.name, container, pod_status.LOG_TAIL_LINES)
-                logs.put(key, log)
-            if isinstance(log, str) and log:
-                view = build_sglang_pod(pod, log)
-        out.append(view)
-    return out
+    """The pods of the Deployment ``owner`` (blocking: run it in a worker thread)."""
+    return engine_pods.read_engine_pods(SGLANG, reader, namespace, owner, logs)
 
 
 def compute_sglang_serving(
-    pods: list[SglangPod], current: sglang.SglangSettings | None
+    pods: Sequence[SglangPod], current: sglang.SglangSettings | None
 ) -> pod_status.Serving:
-    """The service's serving state from its SGLang pods, as vLLM's (:func:`pod_status.compute_serving`):
-    ``replicas`` the live pods that serve an API (a group's leader), ``readyReplicas`` those Ready with the
-    ``current`` flags (``None``: any), available when one is; degraded by a start-up failure SGLang's texts
-    explain, or a crash loop."""
-    live = [p for p in pods if not p.terminating and not p.group_worker]
-    ready = [p for p in live if p.ready and (current is None or p.settings == current)]
-    checks: list[tuple[str, str]] = []
-    for p in pods:
-        if p.terminating:
-            continue
-        failure = p.restart.failure if p.restart is not None else None
-        if failure is not None and failure.kind in ("start_memory_short", "start_oom"):
-            checks.append(("StartupFailure", f"{p.name}: {failure.text}"))
-        elif p.crash_looping:
-            why = failure.text if failure is not None else "the SGLang container keeps exiting"
-            checks.append(("CrashLoopBackOff", f"{p.name}: {why}"))
-    reason, detail = checks[0] if checks else (None, "")
-    if ready:
-        message = f"{len(ready)} of {len(live)} replicas serve the applied flags"
-        message += f"; degraded: {detail}" if reason else ""
-    elif reason is not None:
-        message = f"no replica serves: {detail}"
-    else:
-        message = f"no replica serves yet: {len(live)} starting"
-    return pod_status.Serving(len(live), len(ready), bool(ready), reason, message)
+    """The service's serving state from its SGLang pods (:func:`engine_pods.compute_engine_serving`)."""
+    return engine_pods.compute_engine_serving(SGLANG, pods, current)

@@ -1,23 +1,9 @@
-"""The status an SGLang service's closed-loop tick writes: its recommendation, rollout, the flags ruled out.
+"""The status an SGLang service's closed-loop tick writes: :mod:`.engine_patch` in SGLang's flags.
 
-In SGLang's own spelling (``status.applied`` and ``status.failedSettings`` are vLLM's settings, not these):
-
-* ``status.recommendation.engineArgs`` -- the flags of the latest change the loop decided (or would have,
-  past a gate), with its ``reason``, ``trigger`` and ``time``; rewritten only when the flags or the trigger
-  change, with a Normal ``Recommended`` event unless the change was rolled out;
-* mode Auto: ``status.appliedEngineArgs`` (the flags on the Deployment), ``status.rollout`` (``engineArgs``,
-  ``startedAt``, ``deadline``, ``phase``, ``probationUntil``), ``status.lastGoodEngineArgs`` and
-  ``lastChangeTime``, with ``Retuned``, ``RolledBack`` and ``RolloutSucceeded`` events and the
-  ``RolloutInProgress`` condition, as vLLM's rollouts (:mod:`kvpilot.operator.status.loop_patch`);
-* ``status.failedEngineArgs`` -- the flags that failed and how (the seam's failure kind, or
-  ``rollout_failed``); read back into the policy's ruled-out runs (:func:`read_failed_runs`), with a Warning
-  event named by the trigger when a failure is first recorded;
-* ``ClosedLoop=True`` (reason ``Tuning`` in mode Auto, ``Recommending`` in Recommend) saying what the loop
-  does and what it last decided (its message changes only with the action and trigger, so a steady service
-  is not rewritten each tick), and ``MetricsAvailable`` as for vLLM. A newly infeasible decision is a
-  Warning ``Infeasible`` event.
-
-Pure: builds the patch; :func:`kvpilot.operator.inferenceservice.sglang_loop.run_sglang_tick` writes it.
+``status.recommendation.engineArgs``, in mode Auto ``status.appliedEngineArgs``, ``status.rollout`` and
+``status.lastGoodEngineArgs``, ``status.failedEngineArgs`` and the ``ClosedLoop`` condition, as
+:mod:`.engine_patch` writes them for every engine with rules of its own; here read and written with
+:func:`kvpilot.tuner.sglang.parse_sglang_args` and :func:`kvpilot.tuner.sglang.build_sglang_args`.
 """
 
 from __future__ import annotations
@@ -25,77 +11,38 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvpilot.operator import conditions
-from kvpilot.operator.pods.pod_status import Serving, parse_time
-from kvpilot.operator.status import events
-from kvpilot.operator.status.loop_patch import ROLLING_OUT, add_judged_rollout
-from kvpilot.operator.status.status_patch import (
-    ListPatch,
-    StatusPatch,
-    Update,
-    append_history,
-    build_history_entry,
-    build_serving_updates,
-    cap,
-    format_time,
-)
-from kvpilot.tuner import errors as tuner_errors
+from kvpilot.operator.pods.engine_pods import SGLANG
+from kvpilot.operator.pods.pod_status import Serving
+from kvpilot.operator.status import engine_patch
+from kvpilot.operator.status.engine_patch import FAILED_LIMIT, RECOMMENDING, TUNING
+from kvpilot.operator.status.status_patch import StatusPatch
 from kvpilot.tuner import sglang
-from kvpilot.tuner.loop import Action, FailedRun, HistoryAction, SglangDecision, SglangRollout
-from kvpilot.tuner.loop.sglang_fit import ROLLOUT_FAILED, RunFailure
+from kvpilot.tuner.loop import FailedRun, SglangDecision, SglangRollout
 
-RECOMMENDING, TUNING = "Recommending", "Tuning"
-FAILED_LIMIT = 32
-"""``status.failedEngineArgs`` keeps this many (the CRD's ``maxItems``)."""
-_FAILURES: tuple[RunFailure, ...] = ("start_memory_short", "start_oom", "runtime_oom", ROLLOUT_FAILED)
+__all__ = [
+    "FAILED_LIMIT",
+    "RECOMMENDING",
+    "TUNING",
+    "build_sglang_patch",
+    "read_args",
+    "read_failed_runs",
+    "read_rollout",
+]
 
 
 def read_failed_runs(status: Mapping[str, Any]) -> tuple[FailedRun, ...]:
-    """``status.failedEngineArgs`` as the policy's ruled-out runs (an entry that does not parse: skipped)."""
-    runs: list[FailedRun] = []
-    for item in status.get("failedEngineArgs") or ():
-        kind = next((k for k in _FAILURES if k == item.get("failure")), None)
-        settings = read_args(item, "args")
-        if kind is not None and settings is not None:
-            running = item.get("runningRequests")
-            runs.append(FailedRun(settings, kind, running if isinstance(running, int) else None))
-    return tuple(runs)
+    """``status.failedEngineArgs`` as SGLang's ruled-out runs (an entry that does not parse: skipped)."""
+    return engine_patch.read_failed_runs(SGLANG, status)
 
 
 def read_args(status: Mapping[str, Any], field: str) -> sglang.SglangSettings | None:
     """``status.<field>`` (SGLang's flags) parsed; ``None`` when unset or it no longer parses."""
-    args = status.get(field)
-    if not args:
-        return None
-    try:
-        return sglang.parse_sglang_args([str(a) for a in args])
-    except tuner_errors.TunerError:
-        return None
+    return engine_patch.read_args(SGLANG, status, field)
 
 
 def read_rollout(status: Mapping[str, Any], current: sglang.SglangSettings) -> SglangRollout | None:
-    """``status.rollout`` of SGLang's flags, while it is the rollout of ``current`` (a re-plan since ended
-    it); ``None`` otherwise."""
-    wire = status.get("rollout") or {}
-    settings = read_args(wire, "engineArgs")
-    started, deadline = parse_time(wire.get("startedAt")), parse_time(wire.get("deadline"))
-    if settings != current or started is None or deadline is None:
-        return None
-    return SglangRollout(settings, started, deadline, parse_time(wire.get("probationUntil")))
-
-
-def describe_loop(mode: str) -> str:
-    """What the loop does for SGLang in ``mode`` (the ``ClosedLoop`` condition's first sentence)."""
-    if mode == "Auto":
-        return (
-            "the closed loop tunes SGLang flags with SGLang's own rules and rolls them out "
-            "(status.appliedEngineArgs; probation, then status.lastGoodEngineArgs; a failed rollout goes "
-            "back)"
-        )
-    return (
-        f"the closed loop recommends SGLang flags (status.recommendation.engineArgs); mode {mode}: the pods "
-        "keep SGLang's own defaults"
-    )
+    """``status.rollout`` of SGLang's flags, while it is the rollout of ``current``."""
+    return engine_patch.read_rollout(SGLANG, status, current)
 
 
 def build_sglang_patch(
@@ -108,131 +55,14 @@ def build_sglang_patch(
     deadline_seconds: float = 900.0,
     serving: Serving | None = None,
 ) -> StatusPatch:
-    """The tick's status (:mod:`this module <kvpilot.operator.status.sglang_patch>`) and its events; in mode
-    Auto a change is recorded as rolled out (``deadline_seconds``: the configured rollout deadline). With the
-    pods' ``serving`` state: ``replicas``, ``readyReplicas`` and the ``Available`` and ``Degraded``
-    conditions, as for vLLM (:func:`~kvpilot.operator.status.status_patch.build_serving_updates`)."""
-    stamp = format_time(now)
-    last = f"last decision: {decision.action} ({decision.trigger})"
-    reason = TUNING if mode == "Auto" else RECOMMENDING
-    updates: list[Update] = [
-        (conditions.CLOSED_LOOP, conditions.TRUE, reason, f"{describe_loop(mode)}; {last}")
-    ]
-    metrics = decision.metrics
-    if metrics is not None:
-        available = conditions.TRUE if metrics.available else conditions.FALSE
-        updates.append((conditions.METRICS_AVAILABLE, available, metrics.reason, metrics.message))
-    out = StatusPatch(status={}, lists=ListPatch(generation, stamp, updates=updates))
-    if serving is not None:
-        served, fields = build_serving_updates(serving)
-        updates.extend(served)
-        out.status.update(fields)
-    _add_failed(old, decision, out)
-    rolled = mode == "Auto" and decision.changes
-    _add_recommendation(old, decision, out, stamp, announce=not rolled)
-    if mode == "Auto":
-        updates.extend(_add_rollout(old, decision, out, now, deadline_seconds))
-    was = conditions.find_condition(old.get("conditions"), conditions.CLOSED_LOOP) or {}
-    if decision.action == Action.INFEASIBLE and last not in str(was.get("message") or ""):
-        out.events.append((events.WARNING, "Infeasible", decision.reason))
-    if decision.action == Action.INFEASIBLE:
-        _add_history(old, decision, out, HistoryAction.INFEASIBLE, stamp, to_args=None, dedupe=True)
-    return out
-
-
-def _add_history(
-    old: Mapping[str, Any],
-    decision: SglangDecision,
-    out: StatusPatch,
-    action: HistoryAction,
-    stamp: str,
-    *,
-    to_args: list[str] | None,
-    dedupe: bool,
-) -> None:
-    """One ``status.history`` entry in SGLang's flags (``fromEngineArgs``: what the status says the
-    Deployment runs), appended by the :class:`ListPatch` on the freshest history; a verdict that persists
-    (``dedupe``) is recorded once."""
-    entry = build_history_entry(
-        time=stamp,
-        action=action,
-        trigger=decision.trigger,
-        reason=decision.reason,
-        from_engine_args=old.get("appliedEngineArgs"),
-        to_engine_args=to_args,
+    """The tick's status and its events (:func:`engine_patch.build_engine_patch` in SGLang's flags)."""
+    return engine_patch.build_engine_patch(
+        SGLANG,
+        old,
+        decision,
+        mode,
+        generation=generation,
+        now=now,
+        deadline_seconds=deadline_seconds,
+        serving=serving,
     )
-    if append_history(old.get("history") or (), entry, dedupe=dedupe) is not None and out.lists is not None:
-        out.lists.history.append((entry, dedupe))
-
-
-def _add_failed(old: Mapping[str, Any], decision: SglangDecision, out: StatusPatch) -> None:
-    if decision.failed is None:
-        return
-    entry: dict[str, Any] = {
-        "args": sglang.build_sglang_args(decision.failed.settings),
-        "failure": decision.failed.kind,
-    }
-    if decision.failed.running is not None:
-        entry["runningRequests"] = decision.failed.running
-    recorded = list(old.get("failedEngineArgs") or ())
-    if entry in recorded:
-        return
-    out.status["failedEngineArgs"] = [*recorded, entry][-FAILED_LIMIT:]
-    out.events.append((events.WARNING, decision.trigger, decision.reason))
-
-
-def _add_rollout(
-    old: Mapping[str, Any], decision: SglangDecision, out: StatusPatch, now: float, deadline_seconds: float
-) -> list[Update]:
-    """Mode Auto: a change recorded as rolled out (``appliedEngineArgs``, a new ``rollout``, ``Retuned`` or
-    ``RolledBack``), else the rollout being judged (probation, ended, succeeded); the last good flags."""
-    if decision.good is not None:
-        good = sglang.build_sglang_args(decision.good)
-        if old.get("lastGoodEngineArgs") != good:
-            out.status["lastGoodEngineArgs"] = good
-    if decision.changes:
-        args = sglang.build_sglang_args(decision.settings)
-        out.status["appliedEngineArgs"] = args
-        out.status["lastChangeTime"] = format_time(now)
-        out.status["rollout"] = {
-            "engineArgs": args,
-            "startedAt": format_time(now),
-            "deadline": format_time(now + deadline_seconds),
-            "phase": ROLLING_OUT,
-            "probationUntil": None,
-        }
-        retuned = decision.action == Action.RETUNE
-        kind, reason = (events.NORMAL, "Retuned") if retuned else (events.WARNING, "RolledBack")
-        action = HistoryAction.RETUNED if retuned else HistoryAction.ROLLED_BACK
-        _add_history(old, decision, out, action, format_time(now), to_args=args, dedupe=False)
-        out.events.append((kind, reason, cap(decision.reason)))
-        out.decisions.append(reason)
-        return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, reason, cap(decision.reason))]
-    wire = old.get("rollout") or {}
-    judged = add_judged_rollout(wire, decision.trigger, decision.probation_until, cap(decision.reason), out)
-    if judged is not None:
-        return judged
-    return [(conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress")]
-
-
-def _add_recommendation(
-    old: Mapping[str, Any], decision: SglangDecision, out: StatusPatch, stamp: str, *, announce: bool
-) -> None:
-    target = decision.settings if decision.changes else decision.recommended
-    if target is None:
-        return
-    args = sglang.build_sglang_args(target)
-    was = old.get("recommendation") or {}
-    if was.get("engineArgs") == args and was.get("trigger") == decision.trigger:
-        return
-    out.status["recommendation"] = {
-        "engineArgs": args,
-        "reason": cap(decision.reason),
-        "trigger": decision.trigger,
-        "time": stamp,
-    }
-    why = "; ".join(decision.explanation)
-    if announce:  # a change rolled out is announced as Retuned or RolledBack
-        out.events.append(
-            (events.NORMAL, "Recommended", cap(f"{decision.reason}" + (f" [{why}]" if why else "")))
-        )

@@ -1,8 +1,8 @@
-"""What an SGLang service's closed-loop tick writes: its status (one conditional PATCH) and, for a change
-in mode Auto, the Deployment with the new flags.
+"""What the closed-loop tick of an engine with rules of its own (SGLang, TGI) writes: its status (one
+conditional PATCH) and, for a change in mode Auto, the Deployment with the new flags.
 
-The acting half of :func:`kvpilot.operator.inferenceservice.sglang_loop.run_sglang_tick`, as
-:mod:`.loop_actions` is vLLM's: the status first (:func:`apply_sglang_status`), then the flags
+The acting half of :func:`kvpilot.operator.inferenceservice.engine_loop.run_engine_tick`, as
+:mod:`.loop_actions` is vLLM's: the status first (:func:`apply_engine_status`), then the flags
 (:func:`apply_flags`: the reconciler's rendering with the flags kept, the rollout strategy the cluster
 allows now).
 """
@@ -15,15 +15,14 @@ from kvpilot.operator import errors
 from kvpilot.operator.inferenceservice import engine_desired
 from kvpilot.operator.inferenceservice.loop_reading import Service
 from kvpilot.operator.loop.loop_deps import LoopDeps
-from kvpilot.operator.planning import resolve
+from kvpilot.operator.planning import engines, resolve
 from kvpilot.operator.pods import workloads
 from kvpilot.operator.status import events, status_write
 from kvpilot.operator.status.status_patch import StatusPatch
-from kvpilot.tuner import sglang
 
 
 async def apply_flags(
-    deps: LoopDeps, svc: Service, inputs: resolve.Inputs, flags: sglang.SglangSettings, logger: Any
+    deps: LoopDeps, svc: Service, inputs: resolve.Inputs, flags: engines.EngineFlags, logger: Any
 ) -> bool:
     """The Deployment (a replica over several nodes: the LeaderWorkerSet) with ``flags`` (the reconciler's
     rendering, the flags kept), rolled out with the
@@ -37,15 +36,15 @@ async def apply_flags(
         workload = await workloads.fetch_rollout_strategy(deps.kube, svc.spec, workload)
         await workloads.apply_workloads(workload, deps.kube, deps.owners)
     except Exception as exc:  # noqa: BLE001 -- report; the reconciler or drift repair applies it later
-        logger.warning(f"closed loop (SGLang): applying the new flags failed: {exc!r}")
+        logger.warning(f"closed loop ({svc.spec.engine.kind}): applying the new flags failed: {exc!r}")
         reason = errors.NameConflict.reason if isinstance(exc, errors.NameConflict) else "RetuneFailed"
-        message = f"could not apply the new SGLang flags: {errors.classify(exc).message}"
+        message = f"could not apply the new {svc.spec.engine.kind} flags: {errors.classify(exc).message}"
         deps.emit(svc.body, events.WARNING, reason, message)
         return False
     return True
 
 
-async def apply_sglang_status(
+async def apply_engine_status(
     deps: LoopDeps, patch: Any, svc: Service, out: StatusPatch, logger: Any
 ) -> bool:
     """One conditional PATCH (:func:`status_write.apply_status`; kopf's ``patch`` without a client): whether

@@ -1,0 +1,104 @@
+"""What the closed-loop tick of an engine with rules of its own (SGLang, TGI) reads into its policy: the state
+its status keeps and the evidence of its pods, in the engine's flags. Pure.
+
+:func:`build_state_and_evidence` (mode Auto: the flags the status says the Deployment runs, the rollout, the
+last good flags; every mode: the ruled-out runs, the last change, and the restarts, readiness and start of
+the pods running the current flags), for
+:func:`kvpilot.operator.inferenceservice.engine_loop.run_engine_tick`. The context each engine tunes within
+is its own (:func:`.sglang_reading.build_sglang_context`, :func:`.tgi_loop.build_tgi_context`), asked by
+its :class:`Profile`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from kvpilot.operator import api
+from kvpilot.operator.planning import resolve
+from kvpilot.operator.pods.engine_pods import Codec, EnginePod
+from kvpilot.operator.pods.pod_status import parse_time
+from kvpilot.operator.status import engine_patch
+from kvpilot.tuner.loop import ObservationWindow, PolicyConfig
+from kvpilot.tuner.loop.engine_state import EngineChange, EngineDecision, EngineEvidence, EngineLoopState
+
+S = TypeVar("S")
+
+
+def compute_current(pods: Sequence[EnginePod[S]], default: Callable[[], S]) -> S:
+    """The settings most live pods run (``default()``, the engine's defaults, when no pod says)."""
+    counts = Counter(p.settings for p in pods if p.settings is not None and not p.terminating)
+    if not counts:
+        return default()
+    found = max(counts, key=lambda s: (counts[s], -list(counts).index(s)))
+    assert found is not None
+    return found
+
+
+def build_state_and_evidence(
+    codec: Codec[S],
+    default: Callable[[], S],
+    pods: Sequence[EnginePod[S]],
+    window: ObservationWindow,
+    status: Mapping[str, Any],
+    *,
+    mode: str = "Recommend",
+    replicas: int = 1,
+) -> tuple[EngineLoopState[S], EngineEvidence]:
+    """The policy's inputs: the current settings (mode Auto: ``status.appliedEngineArgs``, else what the
+    pods run), the rollout, last good flags, ruled-out runs and last change of the status, and the restarts,
+    readiness and start of the pods that run the current settings."""
+    applied = engine_patch.read_args(codec, status, "appliedEngineArgs") if mode == "Auto" else None
+    current = applied if applied is not None else compute_current(pods, default)
+    live = [p for p in pods if not p.terminating]
+    mine = [p for p in live if p.settings == current]
+    restarts = tuple(p.restart for p in pods if p.restart is not None and p.settings == current)
+    ready = replicas > 0 and sum(1 for p in mine if p.ready) >= replicas and len(mine) == len(live)
+    state = EngineLoopState(
+        current,
+        engine_patch.read_failed_runs(codec, status),
+        read_changes(codec, status),
+        engine_patch.read_rollout(codec, status, current) if mode == "Auto" else None,
+        engine_patch.read_args(codec, status, "lastGoodEngineArgs") if mode == "Auto" else None,
+    )
+    not_started = any(p.not_started for p in mine) and not restarts
+    return state, EngineEvidence(window, restarts, ready=ready, not_started=not_started)
+
+
+def read_changes(codec: Codec[S], status: Mapping[str, Any]) -> tuple[EngineChange[S], ...]:
+    """The changes the loop made, for the gates (the minimum interval, the cooldown, the hourly limit) and
+    the flap guard (the flags each changed from and to): the ``Retuned`` and ``RolledBack`` entries of
+    ``status.history`` in the engine's flags, and ``lastChangeTime`` when the history no longer holds it."""
+    changes = [
+        EngineChange(
+            when,
+            str(entry.get("trigger") or ""),
+            before=engine_patch.read_args(codec, entry, "fromEngineArgs"),
+            after=engine_patch.read_args(codec, entry, "toEngineArgs"),
+        )
+        for entry in status.get("history") or ()
+        if entry.get("action") in ("Retuned", "RolledBack") and entry.get("toEngineArgs") is not None
+        if (when := parse_time(entry.get("time"))) is not None
+    ]
+    last = parse_time(status.get("lastChangeTime"))
+    if last is not None and all(c.time != last for c in changes):
+        changes.append(EngineChange(last, "lastChangeTime"))
+    return tuple(changes)
+
+
+Decide = Callable[
+    [EngineLoopState[S], EngineEvidence, api.InferenceServiceSpec, resolve.Inputs, PolicyConfig, float],
+    EngineDecision[S],
+]
+
+
+@dataclass(frozen=True)
+class Profile(Generic[S]):
+    """One engine's loop: how its flags read and render (:class:`Codec`), its defaults (no flags), and its
+    policy given the state, the evidence, the spec, the model and GPU, the pace and the time."""
+
+    codec: Codec[S]
+    default: Callable[[], S]
+    decide: Decide[S]

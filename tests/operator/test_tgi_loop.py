@@ -1,0 +1,145 @@
+"""TGI's closed loop in the operator (:mod:`kvpilot.operator.inferenceservice.tgi_loop`): its pods read in
+TGI's flags, its crash texts remedied, what it would change recorded (Recommend) or rolled out, judged and
+kept (Auto), its Prometheus series from :mod:`kvpilot.tuner.tgi.serving`, as SGLang's loop does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from closed_loop_fakes import LoopHarness, window
+from operator_fakes import Harness, condition, isvc
+
+from kvpilot.operator.clients import prometheus
+from kvpilot.operator.inferenceservice import handlers
+from kvpilot.operator.planning import engines as planning_engines
+from kvpilot.operator.pods import engine_pods
+from kvpilot.tuner import engines, tgi
+from kvpilot.tuner.tgi import serving
+
+TGI_IMAGE = "ghcr.io/huggingface/text-generation-inference:3.3.7"
+
+
+def tgi_isvc(**spec: Any) -> dict[str, Any]:
+    engine = {"kind": "TGI", "image": TGI_IMAGE, **spec.pop("engine", {})}
+    return isvc(engine=engine, **spec)
+
+
+def _runs(args: list[str]) -> tgi.TgiSettings:
+    return tgi.parse_tgi_args(args)
+
+
+def _series_fetches(loop: LoopHarness) -> list[Any]:
+    seen: list[Any] = []
+    fetch = loop.deps.fetch_window
+
+    async def recording(*args: Any, **kw: Any) -> Any:
+        seen.append(kw.get("series"))
+        return await fetch(*args, **kw)
+
+    loop.deps.fetch_window = recording
+    return seen
+
+
+def test_tgi_has_a_closed_loop_of_its_own() -> None:
+    assert "TGI" in planning_engines.RECOMMENDING_KINDS
+
+
+def test_tgis_usage_is_its_batch_tokens_over_its_capacity() -> None:
+    queries = prometheus.build_queries(300, series=engines.lookup_engine("TGI").metrics)
+    usage = queries.ranged["kv_usage"]
+    assert serving.BATCH_CURRENT_MAX_TOKENS in usage and serving.BATCH_MAX_TOTAL_TOKENS in usage
+    assert serving.QUEUE_SIZE in queries.ranged["waiting"]
+    assert serving.BATCH_CURRENT_SIZE in queries.ranged["running"]
+    assert "preemption_rate" not in queries.ranged
+
+
+def test_a_tgi_pod_is_read_in_tgis_flags_and_its_crash_text_classified() -> None:
+    from closed_loop_fakes import pod
+
+    args = ["--model-id", "m", "--max-batch-prefill-tokens", "8192", "--max-total-tokens", "8192"]
+    view = engine_pods.build_engine_pod(
+        engine_pods.TGI, pod("llm-5d8f7c-00000", args, restarts=1, message=tgi.prefill_tokens_error(8192))
+    )
+    assert view.settings == tgi.TgiSettings(max_total_tokens=8192, max_batch_prefill_tokens=8192)
+    assert view.restart is not None and view.restart.failure is not None
+    assert view.restart.failure.kind == "start_oom"
+
+
+async def test_recommend_records_a_lower_prefill_after_tgis_warmup_failed(harness: Harness) -> None:
+    loop = LoopHarness(harness)
+    series = _series_fetches(loop)
+    body = tgi_isvc(serving={"maxContextLength": 8192}, tuning={"mode": "Recommend"})
+    await harness.run(body)
+    applied = len(harness.kube.applied)
+    loop.window = window(loop.now, kv=0.5, running=4, waiting=0)
+    text = "ERROR warmup\n" + tgi.prefill_tokens_error(4096)
+    loop.healthy_pods(restarts=2, message=text, finished=loop.now + 10, ready=False, crash_loop=True)
+    await loop.tick(body)
+    st = body["status"]
+    closed = condition(body, "ClosedLoop")
+    assert (closed["status"], closed["reason"]) == ("True", "Recommending")
+    assert "TGI flags" in closed["message"]
+    recommended = _runs(st["recommendation"]["engineArgs"])
+    assert recommended.max_batch_prefill_tokens == 2048 and st["recommendation"]["trigger"] == "StartOOM"
+    (failed,) = st["failedEngineArgs"]
+    assert failed["failure"] == "start_oom"
+    assert series == [engines.lookup_engine("TGI").metrics]
+    assert len(harness.kube.applied) == applied  # Recommend: the Deployment is left alone
+    assert condition(body, "Degraded")["reason"] == "StartupFailure"
+
+
+async def test_auto_rolls_a_lower_prefill_out_and_the_flags_become_good(harness: Harness) -> None:
+    loop = LoopHarness(harness)
+    body = tgi_isvc(serving={"maxContextLength": 8192}, tuning={"mode": "Auto"})
+    await harness.run(body)
+    planned = body["status"]["appliedEngineArgs"]
+    assert planned and tgi.build_tgi_args(_runs(loop.deployment_args())) == planned
+    prefill = _runs(planned).max_batch_prefill_tokens
+    assert prefill is not None
+    loop.window = window(loop.now, kv=0.5, running=4, waiting=0)
+    text = tgi.prefill_tokens_error(prefill)
+    loop.healthy_pods(restarts=1, message=text, finished=loop.now + 10, ready=False, crash_loop=True)
+    await loop.tick(body)
+    st = body["status"]
+    new = st["appliedEngineArgs"]
+    assert _runs(new).max_batch_prefill_tokens == prefill // 2
+    assert tgi.build_tgi_args(_runs(loop.deployment_args())) == new  # the Deployment follows
+    assert st["rollout"]["engineArgs"] == new and st["rollout"]["phase"] == "RollingOut"
+    assert "Retuned" in harness.emitter.reasons and "StartOOM" in harness.emitter.reasons
+    loop.healthy_pods()  # the new flags' pods, Ready
+    loop.window = window(loop.now + 30, kv=0.5, running=4, waiting=0)
+    await loop.tick(body)
+    assert body["status"]["rollout"]["phase"] == "Probation"
+    await loop.tick(body, advance=400)
+    assert body["status"]["lastGoodEngineArgs"] == new
+    assert "RolloutSucceeded" in harness.emitter.reasons
+    await harness.run(body, trigger=handlers.RESUMED)  # the reconciler keeps what the loop rolled out
+    assert body["status"]["appliedEngineArgs"] == new
+    assert tgi.build_tgi_args(_runs(loop.deployment_args())) == new
+    assert "kept" in condition(body, "Planned")["message"]
+
+
+async def test_a_crash_on_probation_rolls_tgi_back_to_the_last_good_flags(harness: Harness) -> None:
+    loop = LoopHarness(harness)
+    body = tgi_isvc(serving={"maxContextLength": 8192, "concurrency": 16}, tuning={"mode": "Auto"})
+    await harness.run(body)
+    planned = body["status"]["appliedEngineArgs"]
+    loop.healthy_pods()
+    loop.window = window(loop.now + 30, kv=0.5, running=4, waiting=0)
+    await loop.tick(body)
+    assert body["status"]["lastGoodEngineArgs"] == planned
+    loop.window = window(loop.now + 400, kv=0.4, running=12, waiting=4)  # the admission limit binds
+    await loop.tick(body, advance=400)
+    new = body["status"]["appliedEngineArgs"]
+    assert _runs(new).max_concurrent_requests == 20
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB"
+    loop.healthy_pods()
+    await loop.tick(body)
+    loop.healthy_pods(restarts=1, message=oom, finished=loop.now + 5, ready=False)
+    await loop.tick(body)
+    st = body["status"]
+    assert st["appliedEngineArgs"] == planned and tgi.build_tgi_args(_runs(loop.deployment_args())) == planned
+    (failed,) = st["failedEngineArgs"]  # the new flags as TGI ran them (its defaults filled in)
+    assert (failed["failure"], failed["runningRequests"]) == ("runtime_oom", 12)
+    assert _runs(failed["args"]).max_concurrent_requests == 20
+    assert "RolledBack" in harness.emitter.reasons
