@@ -13,7 +13,8 @@ crash of the current flags, the metrics gate, the engine's metrics rules, a hold
 * :func:`choose` -- a rule's proposal turned into a decision: its first candidate the engine's fit accepts
   (:class:`Fit`), held by a gate with what it would have rolled out, or infeasible / held when none is left;
 * :func:`leave_defaults` and :func:`describe_flag_change` -- a candidate's flags left to the engine where its
-  default is the value, and a change in words;
+  default is the value, and a change in words; :func:`clamp_sequences`, :func:`clamp_context` and the
+  0.01 grid of memory shares (:func:`ceil_grid`, :func:`floor_grid`) every engine's fit bounds a candidate by;
 * :func:`run_chain` -- the order: the rollout (:mod:`.engine_rollout`), the engine's steps, a steady hold,
   the flags marked good.
 """
@@ -21,6 +22,7 @@ crash of the current flags, the metrics gate, the engine's metrics rules, a hold
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -28,7 +30,7 @@ from typing import Any, Generic, TypeVar
 from kvpilot.tuner.engines import EngineFailure
 from kvpilot.tuner.loop import engine_rollout
 from kvpilot.tuner.loop import observations as obs
-from kvpilot.tuner.loop.config import PolicyConfig
+from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
 from kvpilot.tuner.loop.decision import Action, MetricsStatus, Trigger, compute_cooldown
 from kvpilot.tuner.loop.engine_state import (
     CRASH_ORDER,
@@ -236,3 +238,32 @@ def describe_flag_change(before: S, after: S, flags: Mapping[str, str]) -> str:
         if a != b:
             parts.append(f"{flag} {'default' if a is None else a} -> {'default' if b is None else b}")
     return ", ".join(parts) or "no change"
+
+
+FRACTION_STEP = 0.01
+"""Memory shares the rules propose are on a grid of 0.01."""
+
+
+def ceil_grid(value: float) -> float:
+    return round(math.ceil(value / FRACTION_STEP - 1e-9) * FRACTION_STEP, 3)
+
+
+def floor_grid(value: float) -> float:
+    return round(math.floor(value / FRACTION_STEP + 1e-9) * FRACTION_STEP, 3)
+
+
+def clamp_sequences(value: int | None, bounds: TuningBounds) -> int | None:
+    """A limit on concurrent requests within the sequence bounds (``spec.tuning.bounds.maxNumSeqs``)."""
+    if value is None:
+        return None
+    value = max(value, bounds.min_max_num_seqs)
+    return min(value, bounds.max_max_num_seqs) if bounds.max_max_num_seqs is not None else value
+
+
+def clamp_context(value: int | None, bounds: TuningBounds) -> int | None:
+    """A context within the context bounds (``serving.minContextLength`` .. ``maxContextLength``)."""
+    if value is not None and bounds.min_max_model_len is not None:
+        value = max(value, bounds.min_max_model_len)
+    if value is not None and bounds.max_max_model_len is not None:
+        value = min(value, bounds.max_max_model_len)
+    return value

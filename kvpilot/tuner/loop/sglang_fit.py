@@ -14,7 +14,6 @@ one request of its context (:func:`would_start`).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from kvpilot.tuner import errors, sglang
@@ -22,6 +21,9 @@ from kvpilot.tuner.engines import SglangBudget, compute_sglang_budget
 from kvpilot.tuner.loop import engine_chain
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
+from kvpilot.tuner.loop.engine_chain import FRACTION_STEP as FRACTION_STEP
+from kvpilot.tuner.loop.engine_chain import ceil_grid as ceil_grid
+from kvpilot.tuner.loop.engine_chain import floor_grid as floor_grid
 from kvpilot.tuner.loop.engine_state import ROLLOUT_FAILED as ROLLOUT_FAILED
 from kvpilot.tuner.loop.engine_state import EngineFailedRun, EngineProposal
 from kvpilot.tuner.loop.engine_state import RunFailure as RunFailure
@@ -31,8 +33,6 @@ from kvpilot.tuner.model import ModelSpec
 from kvpilot.tuner.types import GIB, GpuSpec
 
 _MIB = 1 << 20
-FRACTION_STEP = 0.01
-"""Fractions the rules propose are on a grid of 0.01 (SGLang's default has three decimals)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,14 +165,6 @@ def _budget(settings: sglang.SglangSettings, memory: SglangMemory) -> SglangBudg
         return None
 
 
-def ceil_grid(value: float) -> float:
-    return round(math.ceil(value / FRACTION_STEP - 1e-9) * FRACTION_STEP, 3)
-
-
-def floor_grid(value: float) -> float:
-    return round(math.floor(value / FRACTION_STEP + 1e-9) * FRACTION_STEP, 3)
-
-
 def fraction_of(settings: sglang.SglangSettings) -> float:
     if settings.mem_fraction_static is None:
         raise AssertionError("effective settings have the fraction set")
@@ -275,15 +267,8 @@ def clamp(settings: sglang.SglangSettings, s: SglangSituation) -> sglang.SglangS
     """``settings`` within the bounds: running requests and context by :class:`TuningBounds`; the fraction
     at least ``min_gpu_memory_utilization`` (the seam's memory share) and at most the ceiling."""
     b = s.bounds
-    running = settings.max_running_requests
-    if running is not None:
-        running = max(running, b.min_max_num_seqs)
-        running = min(running, b.max_max_num_seqs) if b.max_max_num_seqs is not None else running
-    context = settings.context_length
-    if context is not None and b.min_max_model_len is not None:
-        context = max(context, b.min_max_model_len)
-    if context is not None and b.max_max_model_len is not None:
-        context = min(context, b.max_max_model_len)
+    running = engine_chain.clamp_sequences(settings.max_running_requests, b)
+    context = engine_chain.clamp_context(settings.context_length, b)
     chunk = settings.chunked_prefill_size
     if chunk is not None:
         chunk = max(chunk, min(s.policy.batched_tokens_floor, s.effective.chunked_prefill_size or chunk))

@@ -27,9 +27,6 @@ from kvpilot.tuner.loop.engine_state import EngineFailedRun, EngineProposal
 from kvpilot.tuner.model import ModelSpec
 from kvpilot.tuner.types import GpuSpec
 
-FRACTION_STEP = 0.01
-"""Fractions the rules propose are on a grid of 0.01."""
-
 FailedRun = EngineFailedRun[tgi.TgiSettings]
 """Settings that failed, and how (``status.failedEngineArgs`` for TGI)."""
 TgiProposal = EngineProposal[tgi.TgiSettings]
@@ -166,15 +163,8 @@ def clamp(settings: tgi.TgiSettings, s: TgiSituation) -> tgi.TgiSettings:
     ``--max-total-tokens`` by the context bounds (``--max-input-tokens`` kept below it), the fraction at
     least ``min_gpu_memory_utilization`` and at most TGI's own 1.0 (its warm-up keeps a tenth back)."""
     b = s.bounds
-    running = settings.max_concurrent_requests
-    if running is not None:
-        running = max(running, b.min_max_num_seqs)
-        running = min(running, b.max_max_num_seqs) if b.max_max_num_seqs is not None else running
-    total = settings.max_total_tokens
-    if total is not None and b.min_max_model_len is not None:
-        total = max(total, b.min_max_model_len)
-    if total is not None and b.max_max_model_len is not None:
-        total = min(total, b.max_max_model_len)
+    running = engine_chain.clamp_sequences(settings.max_concurrent_requests, b)
+    total = engine_chain.clamp_context(settings.max_total_tokens, b)
     given_input = settings.max_input_tokens
     max_input = min(given_input, total - 1) if given_input is not None and total is not None else given_input
     fraction = settings.cuda_memory_fraction

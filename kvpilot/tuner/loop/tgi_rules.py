@@ -41,10 +41,10 @@ import math
 from kvpilot.tuner import tgi
 from kvpilot.tuner.engines.tgi_budget import MIN_PREFILL_TOKENS
 from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop.engine_chain import floor_grid
 from kvpilot.tuner.loop.engine_state import KV_PRESSURE, RUNTIME_OOM, START_MEMORY_SHORT, START_OOM
 from kvpilot.tuner.loop.remedies import IDLE_CAPACITY, compute_oom_step
 from kvpilot.tuner.loop.tgi_fit import (
-    FRACTION_STEP,
     TgiProposal,
     TgiSituation,
     compute_budget,
@@ -157,8 +157,7 @@ def propose_for_oom(s: TgiSituation, text: str) -> TgiProposal:
     still holds one request of ``--max-total-tokens``, else fewer prefill tokens."""
     eff, p = s.effective, s.policy
     fraction = fraction_of(eff)
-    lower = math.floor((fraction - compute_oom_step(fraction, p)) / FRACTION_STEP + 1e-9) * FRACTION_STEP
-    lower = round(lower, 3)
+    lower = floor_grid(fraction - compute_oom_step(fraction, p))
     candidates: list[tgi.TgiSettings] = []
     lines = [f"OOM step on the headroom 1 - {fraction}: --cuda-memory-fraction {lower}"]
     smaller = dataclasses.replace(eff, cuda_memory_fraction=lower)
