@@ -11,6 +11,10 @@
 * :mod:`e2e.fleet.sglang_truth`, :mod:`e2e.fleet.sglang_exposition` -- SGLang 0.5.23 pods
   (``python3 -m sglang.launch_server``): their flags, the KV pool SGLang sizes, its failure texts and its
   ``/metrics``, from SGLang's own source; the queueing is the same engine model's.
+* :mod:`e2e.fleet.tgi_truth`, :mod:`e2e.fleet.tgi_exposition` -- TGI 3.3.7 pods
+  (``text-generation-launcher``): their flags, the KV tokens its warm-up infers, its failure texts and
+  its ``/metrics``, from TGI's own source; :mod:`e2e.fleet.own_engines` asks SGLang's and TGI's the same
+  questions.
 * :mod:`e2e.fleet.pod` -- one simulated container: state, ``/metrics`` server, the pod status kubelet
   would report when it (re)starts.
 * :mod:`e2e.fleet.real_engines` -- the pods that run a real vLLM engine instead

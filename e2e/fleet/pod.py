@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from e2e.fleet.engine import SimEngine
 from e2e.fleet.exposition import VllmMetrics
+from e2e.fleet.own_engines import OwnEngine
 from e2e.fleet.sglang_exposition import SglangMetrics
-from e2e.fleet.sglang_truth import SglangArgs
+from e2e.fleet.tgi_exposition import TgiMetrics
 from e2e.fleet.truth import EngineArgs, Scenario
 
 if TYPE_CHECKING:
@@ -98,8 +99,8 @@ class FleetEvent:
 
 
 class PodEngine:
-    """The simulated container of one pod: vLLM's, or SGLang's when ``sglang`` holds its flags (``args`` is
-    then the engine model's view of them, :func:`e2e.fleet.sglang_truth.engine_view`)."""
+    """The simulated container of one pod: vLLM's, or another engine's when ``own`` plays it (SGLang's, TGI's:
+    :mod:`e2e.fleet.own_engines`; ``args`` is then the engine model's view of its flags)."""
 
     def __init__(
         self,
@@ -107,7 +108,7 @@ class PodEngine:
         args: EngineArgs,
         scenario: Scenario,
         port: int,
-        sglang: SglangArgs | None = None,
+        own: OwnEngine | None = None,
     ) -> None:
         md, spec = pod["metadata"], pod["spec"]
         self.namespace: str = md["namespace"]
@@ -120,9 +121,9 @@ class PodEngine:
         self.container: str = container["name"]
         self.image: str = container.get("image", "")
         self.args = args
-        self.sglang = sglang
+        self.own = own
         self.log_lines: list[str] = []
-        """An SGLang container's log so far (start-up summary, retraction warnings): a crash's log ends it."""
+        """An SGLang or TGI container's log so far (start-up summary, warnings): a crash's log ends it."""
         self.scenario = scenario
         self.port = port
         self.state = STARTING
@@ -130,7 +131,7 @@ class PodEngine:
         self.restart_count = 0
         self.restart_at = 0.0
         self.sim: SimEngine | None = None
-        self.metrics: VllmMetrics | SglangMetrics | None = None
+        self.metrics: VllmMetrics | SglangMetrics | TgiMetrics | None = None
         self.server: MetricsServer | None = None
         self.pending_fault: str | None = None
         self.crashes: list[tuple[float, str, str]] = []
@@ -200,7 +201,7 @@ class PodEngine:
             "num_gpu_blocks": sim.num_blocks if sim else None,
             "crashes": [k for _, k, _ in self.crashes],
             "engine": "real" if self.real_engine else "simulated",
-            "kind": "SGLang" if self.sglang is not None else "vLLM",
+            "kind": self.own.kind if self.own is not None else "vLLM",
             "pid": self.process.pid if self.process is not None else None,
         }
 
