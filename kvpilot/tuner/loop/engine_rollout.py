@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import rollout as rollout_step
@@ -37,6 +37,26 @@ from kvpilot.tuner.types import GIB
 S = TypeVar("S")
 
 
+class Situation(Protocol[S]):
+    """What every engine's situation (:class:`~.sglang_fit.SglangSituation`, :class:`~.tgi_fit.TgiSituation`)
+    tells the rollout step."""
+
+    @property
+    def current(self) -> S: ...
+
+    @property
+    def effective(self) -> S: ...
+
+    @property
+    def window(self) -> obs.ObservationWindow: ...
+
+    @property
+    def policy(self) -> PolicyConfig: ...
+
+    @property
+    def failed(self) -> tuple[EngineFailedRun[S], ...]: ...
+
+
 @dataclass(frozen=True)
 class Subject(Generic[S]):
     """The engine's view of the flags being rolled out."""
@@ -54,6 +74,28 @@ class Subject(Generic[S]):
     """Whether these runs rule the settings out."""
     weights_bytes: int | None = None
     """The checkpoint the new pods load (the deadline waits for its download)."""
+
+    @classmethod
+    def of(
+        cls,
+        s: Situation[S],
+        describe: Callable[[S], str],
+        describe_change: Callable[[S, S], str],
+        ruled_out: Callable[[S, tuple[EngineFailedRun[S], ...]], bool],
+        weights_bytes: int | None,
+    ) -> Subject[S]:
+        """The subject of an engine's situation ``s``, in that engine's words and history."""
+        return cls(
+            s.current,
+            s.effective,
+            s.window,
+            s.policy,
+            s.failed,
+            describe,
+            describe_change,
+            ruled_out,
+            weights_bytes,
+        )
 
 
 def compute_rollout_step(

@@ -88,16 +88,8 @@ def build_subject(s: SglangSituation) -> engine_rollout.Subject[sglang.SglangSet
     def ruled_out(settings: sglang.SglangSettings, failed: tuple[FailedRun, ...]) -> bool:
         return fit.is_ruled_out(settings, dataclasses.replace(s, failed=failed))
 
-    return engine_rollout.Subject(
-        s.current,
-        s.effective,
-        s.window,
-        s.policy,
-        s.failed,
-        fit.describe_settings,
-        fit.describe_change,
-        ruled_out,
-        s.memory.weights_total_bytes,
+    return engine_rollout.Subject.of(
+        s, fit.describe_settings, fit.describe_change, ruled_out, s.memory.weights_total_bytes
     )
 
 

@@ -75,16 +75,8 @@ def build_subject(s: TgiSituation) -> engine_rollout.Subject[tgi.TgiSettings]:
     def ruled_out(settings: tgi.TgiSettings, failed: tuple[FailedRun, ...]) -> bool:
         return fit.is_ruled_out(settings, dataclasses.replace(s, failed=failed))
 
-    return engine_rollout.Subject(
-        s.current,
-        s.effective,
-        s.window,
-        s.policy,
-        s.failed,
-        fit.describe_settings,
-        fit.describe_change,
-        ruled_out,
-        s.memory.weights_total_bytes,
+    return engine_rollout.Subject.of(
+        s, fit.describe_settings, fit.describe_change, ruled_out, s.memory.weights_total_bytes
     )
 
 
