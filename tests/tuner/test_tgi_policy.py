@@ -108,6 +108,13 @@ def test_a_warmup_prefill_that_does_not_fit_halves_the_prefill_it_names() -> Non
     assert decision.failed.settings.max_batch_prefill_tokens == 8192
 
 
+def test_the_failed_run_records_the_prefill_tgi_ran_where_the_flags_left_it_to_tgi() -> None:
+    defaults = tgi.TgiSettings()  # mode Recommend: TGI's own defaults run
+    decision = decide(defaults, logs=((NOW - 10, tgi.prefill_tokens_error(4096)),), memory=MODELLED)
+    assert decision.failed is not None and decision.failed.settings.max_batch_prefill_tokens == 4096
+    assert decision.settings.max_batch_prefill_tokens == 2048
+
+
 def test_a_prefill_already_failed_at_half_is_never_retried() -> None:
     half = dataclasses.replace(CURRENT, max_batch_prefill_tokens=4096)
     failed = (EngineFailedRun(fit.compute_effective(half, BARE), "start_oom"),)

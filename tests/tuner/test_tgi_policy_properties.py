@@ -131,11 +131,11 @@ def test_a_retune_stays_in_bounds_and_never_repeats_a_ruled_out_value(case: Case
     total = decision.settings.max_total_tokens
     if total is not None and total != state.current.max_total_tokens and bounds.min_max_model_len:
         assert total >= bounds.min_max_model_len
-    ruled = dataclass_failed = [*state.failed, *([decision.failed] if decision.failed else [])]
+    ruled = [*state.failed, *([decision.failed] if decision.failed else [])]
     for run in ruled:
         assert fit.compute_effective(run.settings, memory) != new
     situation = fit.TgiSituation(
-        state.current, new, evidence.window, memory, tuple(dataclass_failed), bounds, context.policy
+        state.current, new, evidence.window, memory, tuple(ruled), bounds, context.policy
     )
     assert not fit.is_ruled_out(decision.settings, situation)
 

@@ -94,7 +94,8 @@ def _crash_step(s: TgiSituation, restarts: tuple[TgiRestart, ...], gates: Gates)
     crash = engine_chain.select_crash(restarts, s.current, s.effective, s.window, "TGI")
     if not isinstance(crash, engine_chain.Crash):
         return crash
-    failure, ran = crash.failure, crash.ran
+    failure = crash.failure
+    ran = _as_said(crash.ran, s.current, failure.text)
     s = dataclasses.replace(s, failed=(*s.failed, ran))  # the crash rules the current settings out too
     if failure.kind == "start_oom":
         proposal = rules.propose_for_prefill(s, failure.text)
@@ -103,6 +104,20 @@ def _crash_step(s: TgiSituation, restarts: tuple[TgiRestart, ...], gates: Gates)
     else:
         proposal = rules.propose_for_oom(s, failure.text)
     return engine_chain.choose(build_fit(s), proposal, ran, gates.any_change)
+
+
+def _as_said(ran: FailedRun, current: tgi.TgiSettings, text: str) -> FailedRun:
+    """The failed run with the value TGI's text names where the flags left it to TGI (the prefill its
+    warm-up ran, the ``max_total_tokens`` its router refused): TGI's word over the memory model's default."""
+    said = tgi.classify_log(text)
+    if said is None or said.tokens is None:
+        return ran
+    settings = ran.settings
+    if said.kind == "prefill_too_large" and current.max_batch_prefill_tokens is None:
+        settings = dataclasses.replace(settings, max_batch_prefill_tokens=said.tokens)
+    elif said.kind == "total_tokens_too_large" and current.max_total_tokens is None:
+        settings = dataclasses.replace(settings, max_total_tokens=said.tokens)
+    return dataclasses.replace(ran, settings=settings)
 
 
 def _metrics_step(

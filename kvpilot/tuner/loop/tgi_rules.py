@@ -88,6 +88,8 @@ def propose_for_prefill(s: TgiSituation, text: str) -> TgiProposal:
     eff = s.effective
     parsed = tgi.classify_log(text)
     named = parsed.tokens if parsed is not None and parsed.tokens else eff.max_batch_prefill_tokens
+    if named is not None and eff.max_batch_prefill_tokens is not None:  # never above the flags' own
+        named = min(named, eff.max_batch_prefill_tokens)
     candidates = [_with_prefill(s, eff, p) for p in _halvings(named)]
     more = _more_fraction(eff)
     candidates += [more] if more is not None else []
