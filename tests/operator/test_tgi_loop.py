@@ -4,13 +4,17 @@ kept (Auto), its Prometheus series from :mod:`kvpilot.tuner.tgi.serving`, as SGL
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import logging
 from typing import Any
 
-from closed_loop_fakes import LoopHarness, window
+from closed_loop_fakes import LoopHarness, pod, window
 from operator_fakes import Harness, condition, isvc
 
 from kvpilot.operator.clients import prometheus
-from kvpilot.operator.inferenceservice import handlers
+from kvpilot.operator.clients.kube import FIELD_MANAGER
+from kvpilot.operator.inferenceservice import drift, handlers
 from kvpilot.operator.planning import engines as planning_engines
 from kvpilot.operator.pods import engine_pods
 from kvpilot.tuner import engines, tgi
@@ -54,8 +58,6 @@ def test_tgis_usage_is_its_batch_tokens_over_its_capacity() -> None:
 
 
 def test_a_tgi_pod_is_read_in_tgis_flags_and_its_crash_text_classified() -> None:
-    from closed_loop_fakes import pod
-
     args = ["--model-id", "m", "--max-batch-prefill-tokens", "8192", "--max-total-tokens", "8192"]
     view = engine_pods.build_engine_pod(
         engine_pods.TGI, pod("llm-5d8f7c-00000", args, restarts=1, message=tgi.prefill_tokens_error(8192))
@@ -143,3 +145,41 @@ async def test_a_crash_on_probation_rolls_tgi_back_to_the_last_good_flags(harnes
     assert (failed["failure"], failed["runningRequests"]) == ("runtime_oom", 12)
     assert _runs(failed["args"]).max_concurrent_requests == 20
     assert "RolledBack" in harness.emitter.reasons
+
+
+async def test_drift_repair_puts_back_the_flags_the_loop_rolled_out(harness: Harness) -> None:
+    """A hand edit of the TGI container's args is drift: the repair renders ``status.appliedEngineArgs`` (the
+    loop's flags, kept), not a new plan."""
+    body = tgi_isvc(serving={"maxContextLength": 8192}, tuning={"mode": "Auto"})
+    await harness.run(body)
+    kept = tgi.build_tgi_args(
+        dataclasses.replace(_runs(body["status"]["appliedEngineArgs"]), max_concurrent_requests=7)
+    )
+    body["status"]["appliedEngineArgs"] = kept
+    harness.kube.services[("ns1", "llm")] = body
+    wanted = harness.kube.last("Deployment")
+    field, path = next(f for f in drift.MANAGED_FIELDS["Deployment"] if f[0].endswith("[tgi].args"))
+    live = copy.deepcopy(wanted)
+    edit: dict[str, Any] = {"manager": "kubectl-patch", "operation": "Update", "fieldsV1": {}}
+    node = edit["fieldsV1"]
+    for key in path:
+        node = node.setdefault(key, {})
+    live["metadata"]["managedFields"] = [
+        {"manager": FIELD_MANAGER, "operation": "Update", "fieldsV1": {}},
+        edit,
+    ]
+    live["spec"]["template"]["spec"]["containers"][0]["args"] = ["--max-concurrent-requests", "999"]
+    repaired = await drift.apply_repair(
+        "Deployment",
+        "MODIFIED",
+        live,
+        kube=harness.kube,
+        hub=harness.deps.hub,
+        emit=harness.emitter,
+        logger=logging.getLogger("test"),
+        read_owner=harness.kube.read_inference_service,
+        owners=harness.deps.owners,
+    )
+    assert repaired == [field]
+    args = harness.kube.last("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert tgi.build_tgi_args(_runs(args)) == kept

@@ -215,7 +215,7 @@ def build_repair(
 ) -> list[dict[str, Any]]:
     """The manifests the reconciler would apply for ``owner``'s observed generation, keeping the closed
     loop's settings (``status.applied``)."""
-    keep = plan_choice.read_applied(owner["status"], spec)  # vLLM's settings, or SGLang's flags
+    keep = plan_choice.read_applied(owner["status"], spec)  # vLLM's settings, or SGLang's or TGI's flags
     built = desired.build_desired(owner["metadata"], spec, inputs, deploy_override=keep, plan_fn=plan_fn)
     return built.manifests
 
