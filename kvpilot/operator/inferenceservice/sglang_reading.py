@@ -21,6 +21,7 @@ from kvpilot.operator.pods.sglang_pods import SglangPod
 from kvpilot.operator.status import sglang_patch
 from kvpilot.tuner import sglang
 from kvpilot.tuner.loop import (
+    HistoryAction,
     ObservationWindow,
     PolicyConfig,
     SglangChange,
@@ -81,7 +82,10 @@ def build_sglang_context(
 def read_changes(status: Mapping[str, Any]) -> tuple[SglangChange, ...]:
     """The changes the loop made, for the gates (the minimum interval, the cooldown, the hourly limit) and
     the flap guard (the flags each changed from and to): the ``Retuned`` and ``RolledBack`` entries of
-    ``status.history`` in SGLang's flags, and ``lastChangeTime`` when the history no longer holds it."""
+    ``status.history`` in SGLang's flags, the ``Planned`` ones as the plan (the hourly limit and the
+    cooldown count no plan, as vLLM's gates do not: the plan judged nothing), and ``lastChangeTime`` when the
+    history no longer holds it."""
+    history = status.get("history") or ()
     changes = [
         SglangChange(
             when,
@@ -89,8 +93,14 @@ def read_changes(status: Mapping[str, Any]) -> tuple[SglangChange, ...]:
             before=sglang_patch.read_args(entry, "fromEngineArgs"),
             after=sglang_patch.read_args(entry, "toEngineArgs"),
         )
-        for entry in status.get("history") or ()
+        for entry in history
         if entry.get("action") in ("Retuned", "RolledBack") and entry.get("toEngineArgs") is not None
+        if (when := parse_time(entry.get("time"))) is not None
+    ]
+    changes += [
+        SglangChange(when, str(entry.get("trigger") or ""), planned=True)
+        for entry in history
+        if entry.get("action") == HistoryAction.PLANNED
         if (when := parse_time(entry.get("time"))) is not None
     ]
     last = parse_time(status.get("lastChangeTime"))

@@ -103,7 +103,8 @@ def _compute_gates(
 ) -> _Gates:
     """vLLM's stability gates: the minimum interval between changes and the hourly limit for every
     change; the cooldown after a retune (a restart plus a window, :func:`compute_cooldown`) for
-    metrics-driven ones."""
+    metrics-driven ones, which also wait for the current flags to be proven (the last good ones, or Ready
+    for a probation since the last change: the plan's too, which no cooldown counts)."""
     p = context.policy
     last = max((c.time for c in state.changes), default=None)
     retunes = [c.time for c in state.changes if not c.planned]
@@ -118,6 +119,16 @@ def _compute_gates(
     metrics_driven = any_change
     if metrics_driven is None and retunes and now - max(retunes) < cooldown:
         metrics_driven = f"cooldown for {cooldown - (now - max(retunes)):.0f}s more"
+    proven = state.last_good == state.current or (
+        evidence.ready and (last is None or now - last >= p.probation_seconds)
+    )
+    if metrics_driven is None and not proven:
+        # the current flags have not yet served Ready through a probation (as the plan's must before they
+        # are the last good ones, sglang_rollout.compute_good): a change now would have nothing to roll back
+        # to, and a raise that runs out of memory could only be answered by a smaller fraction
+        metrics_driven = (
+            f"the current flags are not yet proven (Ready and crash-free for {p.probation_seconds:.0f}s)"
+        )
     return _Gates(any_change, metrics_driven)
 
 
