@@ -156,6 +156,28 @@ def test_an_oom_lowers_the_fraction(text: str) -> None:
     assert decision.settings.chunked_prefill_size == current.chunked_prefill_size
 
 
+def test_an_oom_again_after_a_smaller_fraction_cuts_the_running_requests() -> None:
+    """The memory that follows the batch: 64 running requests ran out of memory at 0.84, the fraction went
+    to 0.80 and they ran out again. A third fraction is not the answer (each OOM lowered it again: 0.84 ->
+    0.5 in ten crashes); fewer running requests are, below those the crash saw when the batch never
+    filled its limit. A first OOM still lowers the fraction."""
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.80, max_running_requests=64)
+    first = fit.FailedRun(effective(dataclasses.replace(current, mem_fraction_static=0.84)), "runtime_oom")
+    full = window(kv_usage=0.5, running=64, waiting=30)
+    again = decide(current, logs=(OOM_TEXT,), failed=(first,), samples=full)
+    assert again.action == Action.RETUNE and again.trigger == rules.RUNTIME_OOM
+    assert again.settings.max_running_requests == 48 and fraction(again.settings) == 0.80
+    assert "the memory follows the batch" in " ".join(again.explanation)
+    busy = window(kv_usage=0.5, running=40, waiting=0)
+    seen = decide(current, logs=(OOM_TEXT,), failed=(first,), samples=busy)
+    assert seen.settings.max_running_requests == 39
+    other = fit.FailedRun(
+        effective(dataclasses.replace(current, mem_fraction_static=0.84, max_running_requests=32)),
+        "runtime_oom",
+    )
+    assert fraction(decide(current, logs=(OOM_TEXT,), failed=(other,), samples=full).settings) < 0.80
+
+
 def test_an_oom_that_leaves_no_smaller_fraction_cuts_the_prefill_chunk_and_pins_the_fraction() -> None:
     current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84)
     lower = fit.floor_grid(0.84 - compute_oom_step(0.84, PolicyConfig()))  # what the OOM step would try ...
