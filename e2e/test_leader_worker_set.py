@@ -531,6 +531,7 @@ def test_a_cuda_oom_in_the_worker_lowers_the_groups_utilisation(
 # ----------------------------------------------------------------------------- an SGLang group (issue 29)
 
 SGLANG_70B = "meta-llama/Llama-3.1-70B-Instruct"
+SGLANG_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 
 
 def sglang_group_doc(ns: str, serving: dict[str, Any]) -> dict[str, Any]:
@@ -604,6 +605,52 @@ def test_an_sglang_group_serves_from_its_leader_and_a_retune_rolls_the_whole_gro
             args = sglang_container(pod)["args"]
             assert args[args.index("--max-running-requests") + 1] == wanted, pod["metadata"]["name"]
             assert args[args.index("--nnodes") + 1] == "2"
+
+
+def test_a_cuda_oom_in_an_sglang_groups_worker_lowers_its_fraction(
+    kube: ClusterKube, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """SGLang's ranks cannot rejoin a running group either: the worker's CUDA OOM (SGLang's scheduler text)
+    makes LWS recreate the group at once, so the SGLang loop sees the crash only as the pod index filed it
+    (:mod:`kvpilot.operator.pods.group_crashes`; the filed pod is evidence, no replica). The loop lowers
+    ``--mem-fraction-static`` (``RuntimeOOM``, no metrics needed) and LWS rolls the new flags to a new
+    leader and worker."""
+    with group_pool(cluster, tmp_path, "kvlwsso") as pool:
+        pool.cluster.apply(sglang_group_doc(pool.ns, {"maxContextLength": 8192}))
+        first = pool.wait(lambda o: ready_replicas(o) == 1, 180, "the SGLang group Ready")
+        planned = first["status"]["appliedEngineArgs"]
+        fraction = float(planned[planned.index("--mem-fraction-static") + 1])
+        leader, worker = by_role(pool.pods())
+        simulate_container_crash(
+            cluster.kubeconfig,
+            pool.ns,
+            worker["metadata"]["name"],
+            message=f"Scheduler hit an exception: {SGLANG_OOM}",
+            restart_count=1,
+            kubectl=cluster.kubectl_bin,
+        )
+        old = {leader["metadata"]["uid"], worker["metadata"]["uid"]}
+
+        def remedied(o: dict[str, Any]) -> bool:
+            pods = pool.pods()
+            return bool(
+                retuned(o)
+                and not o.get("status", {}).get("rollout")
+                and len(pods) == 2
+                and {p["metadata"]["uid"] for p in pods}.isdisjoint(old)
+                and ready_replicas(o) == 1
+            )
+
+        done = pool.wait(remedied, 300, "an OOM remedy rolled over the SGLang group")
+        change = retuned(done)[0]
+        assert change["trigger"] == "RuntimeOOM", change
+        applied = done["status"]["appliedEngineArgs"]
+        lowered = float(applied[applied.index("--mem-fraction-static") + 1])
+        assert lowered < fraction
+        assert done["status"]["failedEngineArgs"][0]["failure"] == "runtime_oom"
+        for pod in by_role(pool.pods()):
+            args = sglang_container(pod)["args"]
+            assert float(args[args.index("--mem-fraction-static") + 1]) == lowered, pod["metadata"]["name"]
 
 
 # ------------------------------------------------------------ an EngineTuner on a group another stack made

@@ -95,7 +95,7 @@ class KvpilotSglang:
     def _state(self) -> SglangLoopState:
         changes = tuple(self.changes)
         if all(c.time != self.planned_at for c in self.changes):
-            changes = (*changes, SglangChange(self.planned_at, "lastChangeTime"))
+            changes = (*changes, SglangChange(self.planned_at, "Planned", planned=True))
         return SglangLoopState(self.current, self.failed, changes, self.rollout, self.last_good)
 
     def _evidence(self, world: World, now: float) -> SglangEvidence:

@@ -63,6 +63,7 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     engine_args = shlex.split(args.engine_args or "")
     vllm.check_engine_flags(engine_args)
     nodes = _node_count(args)
+    weights, flags = args.checkpoint_bytes or checkpoint, vllm.build_engine_flags(engine_args)
     if nodes is not None:
         node_plan = compute_node_plan(
             spec,
@@ -71,32 +72,35 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
             bounds,
             nodes=None if nodes == AUTO else int(nodes),
             vllm_version=args.vllm_version,
-            weights_total_bytes=args.checkpoint_bytes or checkpoint,
+            weights_total_bytes=weights,
             pin_kv_cache_memory=args.pin_kv_cache_memory,
-            engine=vllm.build_engine_flags(engine_args),
+            engine=flags,
         )
-        if args.json:
-            json.dump(node_plan_as_json(node_plan, model_name), out, indent=2)
-            out.write("\n")
-        else:
-            out.write(format_node_plan(node_plan, model_name))
-        return EXIT_OK if node_plan.feasible else EXIT_INFEASIBLE
+        doc, text = node_plan_as_json(node_plan, model_name), format_node_plan(node_plan, model_name)
+        return _write(out, args.json, doc, text, node_plan.feasible)
     plan = compute_plan(
         spec,
         gpu,
         args.gpus or 1,
         bounds,
         vllm_version=args.vllm_version,
-        weights_total_bytes=args.checkpoint_bytes or checkpoint,
+        weights_total_bytes=weights,
         pin_kv_cache_memory=args.pin_kv_cache_memory,
-        engine=vllm.build_engine_flags(engine_args),
+        engine=flags,
     )
-    if args.json:
-        json.dump(plan_as_json(plan, model_name), out, indent=2)
+    return _write(
+        out, args.json, plan_as_json(plan, model_name), format_plan(plan, model_name), plan.feasible
+    )
+
+
+def _write(out: TextIO, as_json: bool, doc: object, text: str, feasible: bool) -> int:
+    """The plan as JSON or as text, and the exit code its verdict makes."""
+    if as_json:
+        json.dump(doc, out, indent=2)
         out.write("\n")
     else:
-        out.write(format_plan(plan, model_name))
-    return EXIT_OK if plan.feasible else EXIT_INFEASIBLE
+        out.write(text)
+    return EXIT_OK if feasible else EXIT_INFEASIBLE
 
 
 def nodes_arg(text: str) -> str:

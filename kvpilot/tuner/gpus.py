@@ -366,6 +366,23 @@ page cache and every other process on the machine, which kvpilot cannot see. (vL
 0.33 also keeps GB10 on the small batch tier: :data:`kvpilot.tuner.vllm.GB10_EXCLUDED_SINCE`.)
 GH200 is not among them: its HBM is measured with ``cudaMemGetInfo``."""
 
+OTHER_VENDORS: Mapping[str, str] = {
+    "intel": "an Intel GPU (vLLM's XPU platform)",
+    "arc": "an Intel GPU (vLLM's XPU platform)",
+    "gaudi": "an Intel Gaudi accelerator (the vllm-gaudi plugin's HPU platform)",
+    "hpu": "an Intel Gaudi accelerator (the vllm-gaudi plugin's HPU platform)",
+    "tpu": "a Google TPU (vLLM's TPU platform)",
+    "ascend": "a Huawei Ascend NPU (the vllm-ascend plugin)",
+    "npu": "a Huawei Ascend NPU (the vllm-ascend plugin)",
+    "inferentia": "an AWS Neuron device (the vllm-neuron plugin)",
+    "trainium": "an AWS Neuron device (the vllm-neuron plugin)",
+    "neuron": "an AWS Neuron device (the vllm-neuron plugin)",
+}
+"""A word of a device's name (normalised) that says it is no CUDA or ROCm GPU -> what it is. vLLM serves
+these through other platforms whose memory accounting kvpilot has not modelled: refused by what they are,
+with what to do, instead of "did you mean" a catalogued NVIDIA GPU (an Intel Arc Pro B60 was offered the
+RTX PRO 6000)."""
+
 _COUNT_PREFIX = re.compile(r"^\d+\s*[x×*]\s*")
 _PARENTHETICAL = re.compile(r"\([^)]*\)")
 
@@ -395,6 +412,17 @@ def _refuse_unified_memory(name: str, key: str) -> None:
             "memory (page cache and other processes included), which kvpilot does not model. Run vLLM "
             "there with an explicit --kv-cache-memory-bytes sized by hand and without kvpilot's plan, or "
             "plan for a discrete GPU."
+        )
+
+
+def _refuse_other_vendor(name: str, key: str) -> None:
+    words = (w.rstrip("0123456789") for w in key.split("-"))  # trainium2, gaudi3
+    device = next((OTHER_VENDORS[w] for w in words if w in OTHER_VENDORS), None)
+    if device is not None:
+        raise errors.UnknownGpu(
+            f"GPU {name!r} is {device}: kvpilot's memory model covers NVIDIA CUDA GPUs and the AMD GPUs "
+            "its catalogue lists, not this platform's accounting. Size vLLM there by hand "
+            "(--kv-cache-memory-bytes pins the KV pool), or plan for a catalogued GPU (kvpilot gpus)."
         )
 
 
@@ -440,12 +468,14 @@ def lookup_gpu(name: str) -> GpuSpec:
     or a parenthetical around them (``4x NVIDIA H100``). Raises
     :class:`~kvpilot.tuner.errors.UnknownGpu` with close matches otherwise, and by
     name for a MIG slice (its memory is the node's ``nvidia.com/gpu.memory`` label,
-    not the whole GPU's) and for unified-memory GPUs (:data:`UNIFIED_MEMORY`).
+    not the whole GPU's), for unified-memory GPUs (:data:`UNIFIED_MEMORY`) and for other vendors'
+    accelerators (:data:`OTHER_VENDORS`).
     """
     key, mig_profile = _canonical(name)
     _refuse_unified_memory(name, key)
     spec = _INDEX.get(key)
     if spec is None:
+        _refuse_other_vendor(name, key)
         known = ", ".join(s.name for s in CATALOGUE)
         raise errors.UnknownGpu(
             f"GPU {name!r} is not in kvpilot's catalogue.{_suggest(key)} Known GPUs: {known}."

@@ -481,6 +481,14 @@ def test_a_groups_worker_is_no_replica_of_its_own() -> None:
     current = sglang.SglangSettings(tp_size=16)
     serving = sglang_pods.compute_sglang_serving(views, current)
     assert (serving.replicas, serving.ready_replicas, serving.available) == (1, 1, True)
+    # a crash the pod index filed after LWS deleted the group: evidence against its flags, no replica
+    gone = fake_pod(
+        "g-0-zzzzz", args, ready=False, restarts=1, message="torch.OutOfMemoryError: CUDA out of memory"
+    )
+    gone["metadata"]["annotations"] = {"kvpilot.io/gone": "true"}
+    filed = sglang_pods.build_sglang_pod(gone)
+    assert filed.terminating and filed.restart is not None and filed.restart.failure is not None
+    assert sglang_pods.compute_sglang_serving([*views, filed], current).replicas == 1
     short = fake_pod("g-0-aaaaa", args, ready=False, restarts=1, message=sglang.no_kv_pool_error(0.6))
     failed = sglang_pods.compute_sglang_serving([sglang_pods.build_sglang_pod(short), views[1]], current)
     assert (failed.ready_replicas, failed.degraded_reason) == (0, "StartupFailure")

@@ -163,6 +163,12 @@ def test_a_rolled_out_change_and_a_persisting_infeasible_verdict_are_in_the_hist
     assert [c.time for c in sglang_reading.read_changes(old)] == [1000.0]  # the gates count it
     (change,) = sglang_reading.read_changes(old)  # and the flap guard reads what it changed from and to
     assert (change.before, change.after) == (FAILED, LOWER)
+    planned = {
+        **old,
+        "history": [{"time": "2026-01-01T00:00:00Z", "action": "Planned", "trigger": "Created"}],
+    }
+    read = {c.trigger: c.planned for c in sglang_reading.read_changes(planned)}
+    assert read == {"Created": True, "lastChangeTime": False}  # the plan is no retune for the hourly limit
     stuck = SglangDecision(
         Action.INFEASIBLE, LOWER, "StartMemoryShort", "no larger fraction fits", metrics=FRESH
     )

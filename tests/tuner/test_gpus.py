@@ -266,6 +266,25 @@ def test_unified_memory_gb10_is_refused_by_name_with_what_to_do(name: str) -> No
     assert "--kv-cache-memory-bytes" in info.value.message
 
 
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [
+        ("Intel Arc Pro B60 (24 GB)", "XPU"),
+        ("Intel Data Center GPU Max 1550", "XPU"),
+        ("Gaudi 3", "HPU"),
+        ("TPU v5e", "TPU"),
+        ("Ascend 910B", "vllm-ascend"),
+        ("AWS Trainium2", "Neuron"),
+    ],
+)
+def test_other_vendors_accelerators_are_refused_by_what_they_are(name: str, what: str) -> None:
+    """Not "did you mean RTX-PRO-6000" for an Intel Arc Pro B60 (a public 0.28 log, case-101)."""
+    with pytest.raises(errors.UnknownGpu) as info:
+        gpus.lookup_gpu(name)
+    assert what in info.value.message and "Did you mean" not in info.value.message
+    assert "--kv-cache-memory-bytes" in info.value.message
+
+
 def test_gb10_node_labels_are_refused_even_with_a_memory_label() -> None:
     labels = {
         gpus.PRODUCT_LABEL: "NVIDIA-GB10",

@@ -52,11 +52,12 @@ def decide(
     changes: tuple[SglangChange, ...] = (),
     bounds: TuningBounds = BOUNDS,
     ttft: float | None = None,
+    ready: bool = True,
 ) -> SglangDecision:
     restarts = tuple(classify_restart(NOW - 10 - i, log, f"pod-{i}") for i, log in enumerate(logs))
     return compute_sglang_decision(
         SglangLoopState(current, failed, changes),
-        SglangEvidence(samples or window(kv_usage=0.6, running=8, waiting=0), restarts),
+        SglangEvidence(samples or window(kv_usage=0.6, running=8, waiting=0), restarts, ready=ready),
         SglangContext(memory, bounds, PolicyConfig(), ttft),
         NOW,
     )
@@ -153,6 +154,28 @@ def test_an_oom_lowers_the_fraction(text: str) -> None:
     assert decision.trigger == (rules.START_OOM if text == CAPTURE_TEXT else rules.RUNTIME_OOM)
     assert fraction(decision.settings) < 0.84  # the opposite way from a start-up memory short
     assert decision.settings.chunked_prefill_size == current.chunked_prefill_size
+
+
+def test_an_oom_again_after_a_smaller_fraction_cuts_the_running_requests() -> None:
+    """The memory that follows the batch: 64 running requests ran out of memory at 0.84, the fraction went
+    to 0.80 and they ran out again. A third fraction is not the answer (each OOM lowered it again: 0.84 ->
+    0.5 in ten crashes); fewer running requests are, below those the crash saw when the batch never
+    filled its limit. A first OOM still lowers the fraction."""
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.80, max_running_requests=64)
+    first = fit.FailedRun(effective(dataclasses.replace(current, mem_fraction_static=0.84)), "runtime_oom")
+    full = window(kv_usage=0.5, running=64, waiting=30)
+    again = decide(current, logs=(OOM_TEXT,), failed=(first,), samples=full)
+    assert again.action == Action.RETUNE and again.trigger == rules.RUNTIME_OOM
+    assert again.settings.max_running_requests == 48 and fraction(again.settings) == 0.80
+    assert "the memory follows the batch" in " ".join(again.explanation)
+    busy = window(kv_usage=0.5, running=40, waiting=0)
+    seen = decide(current, logs=(OOM_TEXT,), failed=(first,), samples=busy)
+    assert seen.settings.max_running_requests == 39
+    other = fit.FailedRun(
+        effective(dataclasses.replace(current, mem_fraction_static=0.84, max_running_requests=32)),
+        "runtime_oom",
+    )
+    assert fraction(decide(current, logs=(OOM_TEXT,), failed=(other,), samples=full).settings) < 0.80
 
 
 def test_an_oom_that_leaves_no_smaller_fraction_cuts_the_prefill_chunk_and_pins_the_fraction() -> None:
@@ -266,6 +289,34 @@ def test_a_queue_at_the_limit_with_low_token_usage_adds_running_requests_within_
     raised = decision.settings.max_running_requests or 0
     room = PolicyConfig().target_kv_usage * 32 / 0.2
     assert 32 < raised <= room
+
+
+def test_a_metrics_change_waits_for_flags_proven_through_a_probation_and_marks_them_good() -> None:
+    """A raise two minutes after the plan had nothing to roll back to (no last good flags yet): its run-time
+    OOM could only be answered by ever smaller fractions (bench sglang-bad-new-settings: 37 crashes, the
+    fraction 0.84 -> 0.5). It waits until the current flags served Ready through a probation, and the change
+    then marks them good, where its rollout returns."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
+    queue = window(kv_usage=0.2, running=32, waiting=40)
+    early = decide(current, samples=queue, changes=(SglangChange(NOW - 120, "Planned", planned=True),))
+    assert early.action == Action.HOLD and "not yet proven" in early.reason
+    assert early.recommended is not None and (early.recommended.max_running_requests or 0) > 32
+    assert decide(current, samples=queue, ready=False).action == Action.HOLD
+    later = decide(current, samples=queue, changes=(SglangChange(NOW - 400, "Planned", planned=True),))
+    assert later.action == Action.RETUNE and later.good == current
+
+
+def test_the_plan_is_no_change_for_the_hourly_limit() -> None:
+    """As vLLM's gates (``history.compute_changes_since``): the plan judged nothing, so three retunes and
+    the plan within the hour leave room for a fourth; four retunes do not."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
+    queue = window(kv_usage=0.2, running=32, waiting=40)
+    retunes = tuple(SglangChange(NOW - 3000 + 700 * i, "IdleCapacity") for i in range(3))
+    plan = SglangChange(NOW - 3500, "Planned", planned=True)
+    assert decide(current, samples=queue, changes=(plan, *retunes)).action == Action.RETUNE
+    four = (*retunes, SglangChange(NOW - 3400, "IdleCapacity"))
+    held = decide(current, samples=queue, changes=four)
+    assert held.action == Action.HOLD and "changes in the last hour" in held.reason
 
 
 def test_a_deep_queue_with_measured_room_is_served_in_one_raise_not_doubling_steps() -> None:

@@ -188,7 +188,7 @@ def test_a_restart_no_text_explains_holds() -> None:
 
 def test_the_admission_limit_binding_with_spare_kv_raises_it() -> None:
     limited = dataclasses.replace(CURRENT, max_concurrent_requests=32)
-    decision = decide(limited, w=window(kv=0.4, running=24, waiting=8))
+    decision = decide(limited, w=window(kv=0.4, running=24, waiting=8), ready=True)
     assert (decision.action, decision.trigger) == (Action.RETUNE, IDLE_CAPACITY)
     assert decision.settings.max_concurrent_requests == 40
 
@@ -202,14 +202,14 @@ def test_the_raise_stops_at_the_upper_bound() -> None:
 
 def test_a_full_kv_with_a_queue_never_raises_the_limit_and_lowers_it_at_the_whole_gpu() -> None:
     limited = dataclasses.replace(CURRENT, max_concurrent_requests=32)
-    decision = decide(limited, w=window(kv=0.97, running=20, waiting=12))
+    decision = decide(limited, w=window(kv=0.97, running=20, waiting=12), ready=True)
     assert (decision.action, decision.trigger) == (Action.RETUNE, rules.KV_PRESSURE)
     assert decision.settings.max_concurrent_requests == 15
 
 
 def test_a_full_kv_below_the_whole_gpu_asks_for_more_of_it() -> None:
     current = dataclasses.replace(CURRENT, cuda_memory_fraction=0.85)
-    decision = decide(current, w=window(kv=0.97, running=20, waiting=12))
+    decision = decide(current, w=window(kv=0.97, running=20, waiting=12), ready=True)
     assert decision.trigger == rules.KV_PRESSURE and decision.settings.cuda_memory_fraction == 0.9
 
 
@@ -232,6 +232,13 @@ def test_a_crash_remedy_skips_the_cooldown() -> None:
     changes = (TgiChange(NOW - 200, IDLE_CAPACITY),)
     decision = decide(logs=((NOW - 10, tgi.prefill_tokens_error(8192)),), changes=changes)
     assert decision.action == Action.RETUNE
+
+
+def test_a_metrics_driven_change_waits_for_the_current_flags_to_be_proven() -> None:
+    limited = dataclasses.replace(CURRENT, max_concurrent_requests=32)
+    decision = decide(limited, w=window(kv=0.4, running=24, waiting=8))  # not Ready, never good
+    assert (decision.action, decision.trigger) == (Action.HOLD, IDLE_CAPACITY)
+    assert "not yet proven" in decision.reason and decision.recommended is not None
 
 
 def test_too_few_samples_hold() -> None:

@@ -21,7 +21,7 @@ from kvpilot.operator.planning import resolve
 from kvpilot.operator.pods.engine_pods import Codec, EnginePod
 from kvpilot.operator.pods.pod_status import parse_time
 from kvpilot.operator.status import engine_patch
-from kvpilot.tuner.loop import ObservationWindow, PolicyConfig
+from kvpilot.tuner.loop import HistoryAction, ObservationWindow, PolicyConfig
 from kvpilot.tuner.loop.engine_state import EngineChange, EngineDecision, EngineEvidence, EngineLoopState
 
 S = TypeVar("S")
@@ -70,7 +70,10 @@ def build_state_and_evidence(
 def read_changes(codec: Codec[S], status: Mapping[str, Any]) -> tuple[EngineChange[S], ...]:
     """The changes the loop made, for the gates (the minimum interval, the cooldown, the hourly limit) and
     the flap guard (the flags each changed from and to): the ``Retuned`` and ``RolledBack`` entries of
-    ``status.history`` in the engine's flags, and ``lastChangeTime`` when the history no longer holds it."""
+    ``status.history`` in the engine's flags, the ``Planned`` ones as the plan (the hourly limit and the
+    cooldown count no plan, as vLLM's gates do not: the plan judged nothing), and ``lastChangeTime`` when the
+    history no longer holds it."""
+    history = status.get("history") or ()
     changes = [
         EngineChange(
             when,
@@ -78,8 +81,14 @@ def read_changes(codec: Codec[S], status: Mapping[str, Any]) -> tuple[EngineChan
             before=engine_patch.read_args(codec, entry, "fromEngineArgs"),
             after=engine_patch.read_args(codec, entry, "toEngineArgs"),
         )
-        for entry in status.get("history") or ()
+        for entry in history
         if entry.get("action") in ("Retuned", "RolledBack") and entry.get("toEngineArgs") is not None
+        if (when := parse_time(entry.get("time"))) is not None
+    ]
+    changes += [
+        EngineChange(when, str(entry.get("trigger") or ""), planned=True)
+        for entry in history
+        if entry.get("action") == HistoryAction.PLANNED
         if (when := parse_time(entry.get("time"))) is not None
     ]
     last = parse_time(status.get("lastChangeTime"))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from kvpilot.operator.pods import leader_worker_set, pod_status, workloads
+from kvpilot.operator.pods import group_crashes, leader_worker_set, pod_status, workloads
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import sglang, tgi
 from kvpilot.tuner.engines import Engine, SglangEngine, TgiEngine
@@ -88,7 +88,9 @@ def build_engine_pod(codec: Codec[S], pod: Mapping[str, Any], log: str | None = 
         failure = codec.engine.classify_failure(text)
         when = pod_status.parse_time(terminated.get("finishedAt")) or 0.0
         restart, needs_log = EngineRestart(when, failure, name), failure is None and log is None
-    terminating = bool(meta.get("deletionTimestamp"))
+    # a group's crashed pod the pod index filed (LWS deleted it with its group): its restart is evidence,
+    # it is no live replica (:mod:`kvpilot.operator.pods.group_crashes`)
+    terminating = bool(meta.get("deletionTimestamp")) or group_crashes.is_gone(pod)
     not_started = pod_status.compute_unschedulable(pod) or pod_status.compute_downloading(pod)
     ready = bool(state.get("ready"))
     worker = leader_worker_set.is_worker(pod)

@@ -58,11 +58,13 @@ class Gates:
 
 
 def compute_gates(
-    changes: Sequence[EngineChange[Any]], policy: PolicyConfig, restart_seconds: float | None, now: float
+    state: EngineLoopState[Any], evidence: EngineEvidence, policy: PolicyConfig, now: float
 ) -> Gates:
-    """vLLM's stability gates over the loop's ``changes``: the minimum interval and the hourly limit for
-    every change; the cooldown after a retune (a restart plus a window) for metrics-driven ones."""
-    p = policy
+    """vLLM's stability gates over the loop's changes: the minimum interval and the hourly limit for
+    every change; the cooldown after a retune (a restart plus a window) for metrics-driven ones, which also
+    wait for the current flags to be proven (the last good ones, or Ready for a probation since the last
+    change: the plan's too, which no cooldown counts)."""
+    p, changes = policy, state.changes
     last = max((c.time for c in changes), default=None)
     retunes = [c.time for c in changes if not c.planned]
     any_change = None
@@ -72,10 +74,20 @@ def compute_gates(
         )
     elif sum(1 for t in retunes if t > now - 3600.0) >= p.max_changes_per_hour:
         any_change = f"{p.max_changes_per_hour} changes in the last hour (the limit)"
-    cooldown = compute_cooldown(p, restart_seconds)
+    cooldown = compute_cooldown(p, evidence.restart_seconds)
     metrics_driven = any_change
     if metrics_driven is None and retunes and now - max(retunes) < cooldown:
         metrics_driven = f"cooldown for {cooldown - (now - max(retunes)):.0f}s more"
+    proven = state.last_good == state.current or (
+        evidence.ready and (last is None or now - last >= p.probation_seconds)
+    )
+    if metrics_driven is None and not proven:
+        # the current flags have not yet served Ready through a probation (as the plan's must before they
+        # are the last good ones, engine_rollout.compute_good): a change now would have nothing to roll back
+        # to, and a raise that runs out of memory could only be answered by less memory
+        metrics_driven = (
+            f"the current flags are not yet proven (Ready and crash-free for {p.probation_seconds:.0f}s)"
+        )
     return Gates(any_change, metrics_driven)
 
 

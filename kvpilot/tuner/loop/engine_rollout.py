@@ -193,8 +193,11 @@ def compute_good(
 ) -> EngineDecision[S]:
     """``decision`` with the current flags marked good when they are, outside a rollout (e.g. the first
     plan; a rollout's own step decides): every replica Ready, no restart since the last change, which was at
-    least ``probation_seconds`` ago."""
-    if decision.good is not None or decision.failed is not None or decision.changes or restarts:
+    least ``probation_seconds`` ago. A retune the metrics ask for on that tick marks them too: they are
+    where its rollout returns if the new flags fail."""
+    if decision.good is not None or decision.failed is not None or restarts:
+        return decision
+    if decision.changes and decision.action != Action.RETUNE:
         return decision
     if not evidence.ready or state.rollout is not None or state.last_good == s.current:
         return decision

@@ -69,7 +69,7 @@ def compute_sglang_decision(
         now=now,
     )
     metrics = compute_metrics_status(evidence.window, context.policy, now)
-    gates = engine_chain.compute_gates(state.changes, context.policy, evidence.restart_seconds, now)
+    gates = engine_chain.compute_gates(state, evidence, context.policy, now)
     subject = build_subject(situation)
     decision = engine_rollout.compute_rollout_step(subject, state, evidence, restarts, now)
     if decision is None:

@@ -17,7 +17,9 @@ start-up and run time, and each rule here says which way it goes:
 - ``StartOOM`` / ``RuntimeOOM`` (CUDA-graph capture failed; ``CUDA out of memory``): *lower* the fraction by
   the OOM step on the headroom (VPA's, :func:`kvpilot.tuner.loop.remedies.compute_oom_step`) while the pool
   still holds one full-context request; else halve ``--chunked-prefill-size`` (activations); a graph
-  capture OOM also offers fewer ``--max-running-requests`` (the decode graph's batch).
+  capture OOM also offers fewer ``--max-running-requests`` (the decode graph's batch), and so does a
+  run-time OOM that came back at the same batch after a smaller fraction (first: the memory follows the
+  batch).
 - ``KvPressure`` (sustained token usage with retractions, or "KV cache pool is full. Retract requests."):
   more pool when the fraction is under its ceiling and no OOM ruled that out; at the ceiling, more pool by
   halving ``--chunked-prefill-size`` (a smaller activation reserve lifts the ceiling, as for a start-up
@@ -52,6 +54,7 @@ from kvpilot.tuner.loop.sglang_fit import (
     ceil_grid,
     compute_budget,
     compute_context_share,
+    compute_effective,
     compute_fraction_ceiling,
     compute_fraction_floor,
     compute_fraction_for_context,
@@ -207,6 +210,10 @@ def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangP
                     eff, max_running_requests=max(1, math.floor(running * (1 - p.seqs_step_down)))
                 )
             )
+    if kind == "runtime_oom" and (cut := _batch_cut(s)) is not None:
+        # a smaller fraction did not cure an OOM at this batch: the memory follows the batch, fewer first
+        candidates.insert(0, dataclasses.replace(eff, max_running_requests=cut[0]))
+        lines.insert(0, cut[1])
     where = "while capturing CUDA graphs" if kind == "start_oom" else "while serving"
     return SglangProposal(
         trigger=TRIGGERS[kind],
@@ -216,6 +223,42 @@ def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangP
         exhausted="no smaller fraction holds a full request, and the prefill chunk is at its floor",
         infeasible_when_exhausted=True,
         explanation=tuple(lines),
+    )
+
+
+def _batch_cut(s: SglangSituation) -> tuple[int, str] | None:
+    """Fewer running requests, and why, when a run-time OOM came back after a smaller fraction: an earlier
+    run-time OOM with the same layout and context, as many running requests and as large a prefill chunk
+    (or more) at a larger fraction says the headroom the fraction gave did not cure it, so the memory that
+    follows the batch does (as vLLM's rules tell a batch's memory from a budget's, issue 32); else ``None``.
+    The cut is one ``seqs_step_down`` below the limit, or below the running requests the crash saw when the
+    batch never filled its limit. Without it each OOM lowered the fraction again (0.84 -> 0.5 in ten
+    crashes, bench sglang-bad-new-settings before its raise could be rolled back)."""
+    eff, p = s.effective, s.policy
+
+    def layout(x: sglang.SglangSettings) -> tuple[object, ...]:
+        return (x.tp_size, x.pp_size, x.kv_cache_dtype, x.page_size, x.context_length)
+
+    same = [
+        (run, fraction_of(failed))
+        for run in s.failed
+        if run.kind == "runtime_oom"
+        and layout(failed := compute_effective(run.settings, s.memory)) == layout(eff)
+        and fraction_of(failed) >= fraction_of(eff) - 1e-9
+        and (failed.chunked_prefill_size or 0) >= (eff.chunked_prefill_size or 0)
+        and (failed.max_running_requests or 0) >= (eff.max_running_requests or 0)
+    ]
+    earlier = [f for run, f in same if f > fraction_of(eff) + 1e-9]
+    seen = [run.running for run, _ in same if run.running is not None]
+    limit = eff.max_running_requests or (max(seen) if seen else None)
+    if not earlier or limit is None or limit <= 1:
+        return None
+    ran = min((r for r in seen if r < limit), default=limit)
+    cut = max(1, min(math.floor(limit * (1 - p.seqs_step_down)), ran - 1 if ran < limit else limit))
+    was = max(earlier)
+    return cut, (
+        f"out of memory again at {limit} running requests after --mem-fraction-static {was} -> "
+        f"{fraction_of(eff)}: the memory follows the batch; --max-running-requests {cut}"
     )
 
 

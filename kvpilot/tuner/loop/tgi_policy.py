@@ -56,7 +56,7 @@ def compute_tgi_decision(
         now=now,
     )
     metrics = compute_metrics_status(evidence.window, context.policy, now)
-    gates = engine_chain.compute_gates(state.changes, context.policy, evidence.restart_seconds, now)
+    gates = engine_chain.compute_gates(state, evidence, context.policy, now)
     return engine_chain.run_chain(
         build_subject(s),
         state,
