@@ -255,7 +255,6 @@ def _deploy(cluster: LocalCluster, rendered: dict[str, Any], namespace: str, arg
     doc["metadata"]["namespace"] = namespace
     (c,) = doc["spec"]["template"]["spec"]["containers"]
     c["command"], c["args"] = argv[:1], argv[1:]
-    c["resources"]["requests"].pop("ephemeral-storage", None)
     cluster.apply(doc)
 
 
