@@ -1,4 +1,4 @@
-"""The vLLM fleet simulator: one simulated vLLM container per kvpilot-managed pod on the KWOK cluster.
+"""The fleet simulator: one simulated engine container (vLLM, SGLang, TGI) per kvpilot-managed pod on KWOK.
 
 For every pod labelled ``app.kubernetes.io/managed-by=kvpilot`` that KWOK has
 made Running, the fleet plays the container kubelet would run:
@@ -39,6 +39,13 @@ start-up failures and run-time CUDA OOM in its log's shape, the same engine mode
 preemptions are SGLang's retractions, logged as SGLang warns of them), SGLang's ``/metrics``
 (:mod:`e2e.fleet.sglang_exposition`).
 
+**TGI pods.** A container running ``text-generation-launcher`` (or TGI's image, whose entry point it is) is
+played as TGI 3.3.7 (:mod:`e2e.fleet.tgi_truth`): the KV capacity its warm-up infers from the memory left
+after the warm-up prefill, its two start-up failures (the prefill, ``--max-total-tokens``) and a run-time
+CUDA OOM in its launcher's log, the same engine model for the queueing with the router's admission limit
+(``--max-concurrent-requests``: beyond it 429 "Model is overloaded", logged and counted), TGI's
+``/metrics`` (:mod:`e2e.fleet.tgi_exposition`). Both are :class:`e2e.fleet.players.Player` implementations.
+
 **Multi-node groups.** A pod whose arguments carry vLLM's ``--headless`` (a LeaderWorkerSet group's worker)
 runs engine ranks only: it becomes Ready after its start-up and has no port and no ``/metrics`` target; the
 group's leader is played as any pod and reports for the whole group.
@@ -68,10 +75,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from e2e.fleet import sglang_truth
 from e2e.fleet.caches import StartCaches, StartSources
 from e2e.fleet.engine import SimEngine
 from e2e.fleet.exposition import VllmMetrics
+from e2e.fleet.players import player_for
 from e2e.fleet.pod import (
     CRASHED,
     INSTANCE_LABEL,
@@ -86,8 +93,6 @@ from e2e.fleet.pod import (
     free_port,
 )
 from e2e.fleet.real_engines import LAUNCHED, READY, RealEngines
-from e2e.fleet.sglang_exposition import SglangMetrics
-from e2e.fleet.sglang_truth import SglangArgs
 from e2e.fleet.truth import EngineArgs, Scenario, Workload
 from e2e.pods import termination_message
 
@@ -363,13 +368,9 @@ class Fleet:
                 scenario = self.scenario_for(
                     md["namespace"], (md.get("labels") or {}).get(INSTANCE_LABEL, "")
                 )
-                if sglang_truth.is_sglang(argv):
-                    sg = SglangArgs.parse(argv, container_env(c, md.get("labels") or {}))
-                    e = PodEngine(
-                        pod, sglang_truth.engine_view(scenario.truth, sg), scenario, free_port(), sglang=sg
-                    )
-                else:
-                    e = PodEngine(pod, EngineArgs.parse(argv), scenario, free_port())
+                player = player_for(argv, c.get("image", ""), container_env(c, md.get("labels") or {}))
+                view = player.engine_view(scenario.truth) if player is not None else EngineArgs.parse(argv)
+                e = PodEngine(pod, view, scenario, free_port(), player=player)
                 args = e.args
                 self.real.adopt(e)
                 self._engines[key] = e
@@ -407,9 +408,10 @@ class Fleet:
     def _begin_start(self, e: PodEngine) -> None:
         """A container (re)starts: its start-up time follows from where the weights come from and whether
         its compiled graphs are on its compile-cache volume (:class:`e2e.fleet.caches.StartCaches`). An SGLang
-        container sizes its pool again from the scenario's memory figures (:mod:`e2e.fleet.sglang_truth`)."""
-        if e.sglang is not None:
-            e.args = sglang_truth.engine_view(e.scenario.truth, e.sglang)
+        or TGI container sizes its KV cache again from the scenario's memory figures
+        (:mod:`e2e.fleet.players`)."""
+        if e.player is not None:
+            e.args = e.player.engine_view(e.scenario.truth)
             e.log_lines = []
         with self._lock:
             found = self._caches.compute_sources(e.args, e.cache_key, e.compile_cache_key)
@@ -436,8 +438,8 @@ class Fleet:
         elif e.state == STARTING and now - e.since >= e.startup_wall_s:
             with self._lock:  # the download and the compile finished: the next start reads them from disk
                 self._caches.record_start(e.args, e.cache_key, e.compile_cache_key)
-            if e.sglang is not None:
-                self._start_sglang(e, now)
+            if e.player is not None:
+                self._start_player(e, now)
                 return
             error = truth.startup_error(e.args)
             if e.args.headless:
@@ -456,9 +458,10 @@ class Fleet:
             wl = self._workload_for(e)
             e.sim.workload = wl
             e.sim.advance(dt_wall * wl.time_scale)
-            used = truth.framebuffer_used_gib(e.args, e.sim.num_running, (now - e.since) * wl.time_scale)
-            if e.sglang is not None:
-                used = sglang_truth.framebuffer_used_gib(truth, e.sglang)
+            if e.player is not None:
+                used = e.player.framebuffer_used_gib(truth)
+            else:
+                used = truth.framebuffer_used_gib(e.args, e.sim.num_running, (now - e.since) * wl.time_scale)
             deltas = e.sim.drain()
             e.metrics.record(
                 running=e.sim.num_running,
@@ -467,11 +470,10 @@ class Fleet:
                 deltas=deltas,
                 fb_used_gib=used,
             )
-            if e.sglang is not None and deltas.preemptions:
-                e.log_lines.append(sglang_truth.retraction_warning(deltas.preemptions, 0, 0.7, 1.0))
+            if e.player is not None:
+                e.log_lines += e.player.pressure_lines(deltas)
                 del e.log_lines[1:-200]  # keep the start-up summary and the last warnings
-            if e.sglang is not None:
-                self._serving_sglang(e, now)
+                self._serving_player(e, now)
                 return
             if truth.fb_leak_max_gib > 0 and used > truth.gpu_memory_gib:
                 self._crash(e, "CudaOOM", truth.cuda_oom_message(e.args), now)
@@ -487,51 +489,43 @@ class Fleet:
             self._event(e, "Restarted", f"restartCount={e.restart_count} {self._sources(e)}")
             self._patch_async(e, ready=False)
 
-    def _start_sglang(self, e: PodEngine, now: float) -> None:
-        """An SGLang container finished loading: the pool is sized (or its sizing fails), then it serves."""
-        assert e.sglang is not None
+    def _start_player(self, e: PodEngine, now: float) -> None:
+        """An SGLang or TGI container finished loading: its KV cache is sized (or the sizing fails, and the
+        container stops with the engine's log), then it serves."""
+        assert e.player is not None
         truth = e.scenario.truth
-        error = sglang_truth.startup_error(truth, e.sglang)
-        if error is not None:
-            log = sglang_truth.startup_failure_log(truth, e.sglang, error)
+        log = e.player.startup_failure_log(truth)
+        if log is not None:
             self._crash(e, "StartupFailed", termination_message(log), now, log=log)
             return
         if e.args.headless:  # a group's rank >= 1: schedulers only, no HTTP server
             self._serve_headless(e, now)
             return
-        e.log_lines = [sglang_truth.serving_log(truth, e.sglang)]
+        e.log_lines = [e.player.serving_log(truth)]
         self._serve(e, now)
 
-    def _serving_sglang(self, e: PodEngine, now: float) -> None:
-        """An injected or scenario CUDA OOM of a serving SGLang container."""
-        assert e.sglang is not None
+    def _serving_player(self, e: PodEngine, now: float) -> None:
+        """An injected or scenario CUDA OOM of a serving SGLang or TGI container."""
+        assert e.player is not None
         truth = e.scenario.truth
         oom = e.pending_fault == "cuda_oom" or (
-            sglang_truth.runtime_oom(truth, e.sglang) and now - e.since >= truth.oom_after_s
+            e.player.runtime_oom(truth) and now - e.since >= truth.oom_after_s
         )
         if oom:
             e.pending_fault = None
-            log = "\n".join([*e.log_lines, sglang_truth.cuda_oom_message(truth, e.sglang)])
+            log = "\n".join([*e.log_lines, *e.player.cuda_oom_lines(truth)])
             self._crash(e, "CudaOOM", termination_message(log), now, log=log)
 
     def _serve(self, e: PodEngine, now: float) -> None:
         e.started_count += 1
-        sg = e.sglang
-        e.sim = SimEngine(
-            e.scenario.truth,
-            self._workload_for(e),
-            e.args,
-            seed=e.scenario.seed * 1000 + e.started_count + zlib.crc32(e.name.encode()) % 997,
-            # SGLang's token pool keeps slot 0 for padding, as vLLM's block pool keeps its null block
-            num_gpu_blocks=None
-            if sg is None
-            else sglang_truth.max_total_num_tokens(e.scenario.truth, sg) + 1,
-        )
-        e.metrics = (
-            VllmMetrics(e.scenario.truth, e.args, naming=e.scenario.naming)
-            if sg is None
-            else SglangMetrics(e.scenario.truth, sg)
-        )
+        truth, player = e.scenario.truth, e.player
+        seed = e.scenario.seed * 1000 + e.started_count + zlib.crc32(e.name.encode()) % 997
+        if player is None:
+            e.sim = SimEngine(truth, self._workload_for(e), e.args, seed=seed)
+            e.metrics = VllmMetrics(truth, e.args, naming=e.scenario.naming)
+        else:
+            e.sim = player.simulate(truth, self._workload_for(e), e.args, seed)
+            e.metrics = player.metrics(truth)
         try:
             e.server = MetricsServer(e.port, e.render)
         except OSError:  # the port was taken meanwhile: move
@@ -548,9 +542,9 @@ class Fleet:
         self._event(
             e,
             "Serving",
-            f"port {e.port}, {e.sim.num_blocks} KV blocks ({e.scenario.truth.kv_tokens(e.args)} tokens)"
-            if sg is None
-            else f"port {e.port}, {sglang_truth.summary(e.scenario.truth, sg)}",
+            f"port {e.port}, {e.sim.num_blocks} KV blocks ({truth.kv_tokens(e.args)} tokens)"
+            if player is None
+            else f"port {e.port}, {player.summary(truth)}",
         )
         self._patch_async(e, ready=True)
 
@@ -610,7 +604,11 @@ class Fleet:
             e,
             kind,
             next(
-                (x for x in reversed(lines) if x.startswith(("ValueError", "RuntimeError", "torch."))),
+                (
+                    x
+                    for x in reversed(lines)
+                    if x.startswith(("ValueError", "RuntimeError", "torch.", "Error: Backend"))
+                ),
                 lines[-1],
             )[:200],
         )

@@ -345,6 +345,16 @@ class GroundTruth:
     runtime_oom_above_mem_fraction_static: float | None = None
     """SGLang pods: CUDA OOM while serving when ``--mem-fraction-static`` is strictly above this (the
     activations and CUDA graphs outside the share no longer fit)."""
+    tgi_prefill_gib_per_1k_tokens: float = 0.12
+    """TGI pods: the activations of the warm-up prefill per 1000 of its ``--max-batch-prefill-tokens``, still
+    held when the warm-up measures the free memory (:mod:`e2e.fleet.tgi_truth`; Llama-3.1-8B's MLP in bf16:
+    about 0.12 GiB)."""
+    tgi_default_max_batch_prefill_tokens: int = 4096
+    """TGI pods without ``--max-batch-prefill-tokens``: the launcher's default for the scenario's card (4096
+    for a card it does not know; compute-optimal on one it knows)."""
+    runtime_oom_above_cuda_memory_fraction: float | None = None
+    """TGI pods: CUDA OOM while serving when ``--cuda-memory-fraction`` is strictly above this (the CUDA
+    graphs and the decode's activations outgrow the memory the fraction leaves)."""
     vllm_release: tuple[int, int] = (0, 33)
     """The release whose start-up failures the engine reproduces: the null block in the fit check
     (:data:`NULL_BLOCK_RESERVED_SINCE`), the fit check's frames in the log (:mod:`e2e.fleet.vllm_logs`)."""
