@@ -157,18 +157,15 @@ def test_start_up_failures_print_tgis_log() -> None:
     assert tgi_truth.warmup(TRUTH, dataclasses.replace(wide, max_total_tokens=400_000)).starts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kvpilot.tuner.tgi.messages reads the Display text of V3Error::NotEnoughMemory; TGI 3.3.7's "
-    "router returns it from main, so Rust prints its Debug form: Error: Backend(NotEnoughMemory(N))",
-)
 def test_kvpilot_reads_the_max_total_tokens_failure_tgi_prints() -> None:
+    """TGI 3.3.7's router returns ``V3Error::NotEnoughMemory`` from ``main``, so Rust prints its Debug form
+    (``Error: Backend(NotEnoughMemory(N))``), not its Display text: kvpilot reads both."""
     args = TgiArgs.parse(["--model-id", MODEL, "--max-input-tokens", "8191", "--max-total-tokens",
                           str(WIGGLE_TOTAL), "--max-batch-prefill-tokens", "8191"])  # fmt: skip
     log = tgi_truth.startup_failure_log(TRUTH, args)
     assert log is not None
     found = classify_log(termination_message(log))
-    assert found is not None and found.kind == "total_tokens_too_large"
+    assert found is not None and (found.kind, found.tokens) == ("total_tokens_too_large", WIGGLE_TOTAL)
 
 
 def test_the_router_refuses_beyond_max_concurrent_requests_and_the_exposition_counts_it() -> None:
