@@ -4,16 +4,17 @@ Each scenario is one ``spec.engine.kind: TGI`` InferenceService (Llama-3.1-8B on
 namespace; the fleet plays its pods as TGI 3.3.7 (:mod:`e2e.fleet.tgi_truth`: the KV its warm-up infers, its
 failure texts, its ``/metrics``) against the scenario's ground truth, never kvpilot's memory model. The
 operator runs on the host with the closed-loop pace of :func:`e2e.fleet.stack.closed_loop_env`, with a 12 s
-probation (:data:`PROBATION_S`).
+probation (:data:`PROBATION_S`). Both scenarios' prefill activations are 1.2 GiB per 1000 tokens
+(:data:`PREFILL_GIB_PER_1K`, ten times the 8B's): the warm-up's peak outgrows the H100 at about 60 000 prefill
+tokens and fits at half that.
 
-* ``prefill`` (mode Auto): the GPU's warm-up cannot hold a prefill above 40 000 tokens, and kvpilot's plan
-  asks for more (``--max-batch-prefill-tokens`` 59 870, the launcher's compute-optimal size): every start
-  fails with TGI's "Not enough memory to handle N prefill tokens"; the loop halves the prefill
-  (``StartOOM``; ``appliedEngineArgs`` and the Deployment follow), and the new pods start, become Ready and
-  pass probation (``lastGoodEngineArgs``).
-* ``recommend`` (mode Recommend): TGI's own defaults run (the fleet's launcher default, 4096 prefill
-  tokens) on a GPU whose warm-up holds at most 3000: the loop recommends a smaller prefill
-  (``status.recommendation``, a ``Recommended`` event) and changes nothing.
+* ``prefill`` (mode Auto): kvpilot's plan asks for a 59 870-token prefill (the launcher's compute-optimal
+  size on an H100): every start fails with TGI's "Not enough memory to handle N prefill tokens"; the loop
+  halves the prefill (``StartOOM``; ``appliedEngineArgs`` and the Deployment follow), and the new pods start,
+  become Ready and pass probation (``lastGoodEngineArgs``).
+* ``recommend`` (mode Recommend): TGI's own defaults run (the scenario's launcher default, 60 000 prefill
+  tokens) and fail the same way: the loop recommends a smaller prefill (``status.recommendation``, a
+  ``Recommended`` event) and changes nothing.
 
 Both run at once; nothing is skipped: a missing binary fails the fixture.
 """
@@ -43,8 +44,9 @@ IMAGE = "ghcr.io/huggingface/text-generation-inference:3.3.7"
 FAST = {"cooldownSeconds": 0, "maxChangesPerHour": 60, "rolloutDeadlineSeconds": 30}
 LIGHT = Workload(arrival_rate=1.0, prompt_tokens=400, output_tokens=100)
 PROBATION_S = 12.0
-PREFILL_LIMIT = 40_000
-RECOMMEND_LIMIT = 3000
+PREFILL_GIB_PER_1K = 1.2
+PREFILL_LIMIT = 30_000
+"""At most this many prefill tokens fit the warm-up (59 870 do not: the peak reaches 95 GiB)."""
 
 
 @dataclass
@@ -57,11 +59,16 @@ class Case:
 
 CASES: dict[str, Case] = {
     "prefill": Case(
-        {"maxContextLength": 8192}, dataclasses.replace(H100_8B, tgi_prefill_oom_above_tokens=PREFILL_LIMIT)
+        {"maxContextLength": 8192},
+        dataclasses.replace(H100_8B, tgi_prefill_gib_per_1k_tokens=PREFILL_GIB_PER_1K),
     ),
     "recommend": Case(
         {"maxContextLength": 8192},
-        dataclasses.replace(H100_8B, tgi_prefill_oom_above_tokens=RECOMMEND_LIMIT),
+        dataclasses.replace(
+            H100_8B,
+            tgi_prefill_gib_per_1k_tokens=PREFILL_GIB_PER_1K,
+            tgi_default_max_batch_prefill_tokens=60_000,
+        ),
         mode="Recommend",
     ),
 }
@@ -182,7 +189,7 @@ def test_recommend_records_a_smaller_prefill_and_changes_nothing(loop: Loop) -> 
         what="a smaller prefill recommended",
     )
     recommended = flags(status(obj)["recommendation"]["engineArgs"])
-    assert (recommended.max_batch_prefill_tokens or 0) <= RECOMMEND_LIMIT, recommended
+    assert (recommended.max_batch_prefill_tokens or 0) <= PREFILL_LIMIT, recommended
     assert "--max-batch-prefill-tokens" not in loop.deployment_args("recommend")  # TGI's defaults run
     assert not status(obj).get("appliedEngineArgs")
     reasons = [e["reason"] for e in loop.events("recommend")]

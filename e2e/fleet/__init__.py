@@ -1,4 +1,4 @@
-"""A vLLM fleet simulator for kvpilot's e2e suite and demo (test tooling, not product code).
+"""A fleet simulator of vLLM, SGLang and TGI pods for kvpilot's e2e suite and demo (test tooling).
 
 * :mod:`e2e.fleet.truth` -- each scenario's ground truth (GPU memory, KV bytes, fault thresholds),
   the workload, and vLLM's start-up/OOM texts. Never imports kvpilot's tuner.
@@ -11,10 +11,14 @@
 * :mod:`e2e.fleet.sglang_truth`, :mod:`e2e.fleet.sglang_exposition` -- SGLang 0.5.23 pods
   (``python3 -m sglang.launch_server``): their flags, the KV pool SGLang sizes, its failure texts and its
   ``/metrics``, from SGLang's own source; the queueing is the same engine model's.
-* :mod:`e2e.fleet.tgi_truth`, :mod:`e2e.fleet.tgi_exposition` -- TGI 3.3.7 pods
-  (``text-generation-launcher``): their flags, the KV tokens its warm-up infers, its failure texts and
-  its ``/metrics``, from TGI's own source; :mod:`e2e.fleet.own_engines` asks SGLang's and TGI's the same
-  questions.
+* :mod:`e2e.fleet.tgi_truth`, :mod:`e2e.fleet.tgi_exposition` -- TGI 3.3.7 pods (``text-generation-launcher``,
+  or TGI's image): their flags, the KV capacity the warm-up infers from the memory left after its prefill
+  (x ``--cuda-memory-fraction`` x 0.90), the two start-up failures and a run-time CUDA OOM in the launcher's
+  log, the router's admission limit (429 "Model is overloaded" beyond ``--max-concurrent-requests``) and its
+  ``/metrics``. TGI's names and texts come from :mod:`kvpilot.tuner.tgi` (their one home); the arithmetic is
+  the fleet's own, from TGI's source. Not modelled: TGI's reservation of whole requests (the engine model
+  preempts instead), the launcher's compute-optimal prefill default, validation, prefix caching.
+* :mod:`e2e.fleet.players` -- the one protocol the fleet plays SGLang and TGI through (vLLM is its own).
 * :mod:`e2e.fleet.pod` -- one simulated container: state, ``/metrics`` server, the pod status kubelet
   would report when it (re)starts.
 * :mod:`e2e.fleet.real_engines` -- the pods that run a real vLLM engine instead

@@ -117,6 +117,8 @@ class Deltas:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     preemptions: int = 0
+    refused: int = 0
+    """Requests turned away at arrival (an admission limit: TGI's 429 "Model is overloaded")."""
     iterations: int = 0
     iteration_tokens: list[int] = dataclasses.field(default_factory=list)
     finished: list[Finished] = dataclasses.field(default_factory=list)
@@ -133,10 +135,13 @@ class SimEngine:
         closed_loop_clients: int | None = None,
         resolution_s: float = DEFAULT_RESOLUTION_S,
         num_gpu_blocks: int | None = None,
+        admission_limit: int | None = None,
     ) -> None:
         """``closed_loop_clients``: instead of Poisson arrivals, that many clients each send their next
         request when the last one finishes (``vllm bench serve --max-concurrency N --request-rate inf``).
-        ``num_gpu_blocks``: the KV blocks (``--num-gpu-blocks-override``) instead of the truth's."""
+        ``num_gpu_blocks``: the KV blocks (``--num-gpu-blocks-override``) instead of the truth's.
+        ``admission_limit``: requests in the engine (waiting and running) at most; one arriving beyond it is
+        refused, not queued (TGI's ``--max-concurrent-requests``: 429), and counted in ``Deltas.refused``."""
         self.truth = truth
         self.workload = workload
         self.args = args
@@ -173,6 +178,8 @@ class SimEngine:
         self.deltas = Deltas()
         self.total_preemptions = 0
         self.total_finished = 0
+        self.admission_limit = admission_limit
+        self.total_refused = 0
         self.busy_s = 0.0
         for _ in range(closed_loop_clients or 0):
             self._new_request(self.now)
@@ -193,7 +200,13 @@ class SimEngine:
         self.submit(self._length(self.workload.prompt_tokens), self._length(self.workload.output_tokens), at)
 
     def submit(self, prompt: int, output: int, at: float | None = None) -> None:
-        """A request of ``prompt`` tokens asking for ``output`` tokens joins the waiting queue."""
+        """A request of ``prompt`` tokens asking for ``output`` tokens joins the waiting queue (or, at the
+        admission limit, is refused)."""
+        limit = self.admission_limit
+        if limit is not None and len(self.waiting) + self.num_running >= limit:
+            self.deltas.refused += 1
+            self.total_refused += 1
+            return
         prompt = min(prompt, self.max_model_len - 1)
         req = Request(self._next_id, prompt, output, self.now if at is None else at)
         if prompt + output > self.max_model_len:

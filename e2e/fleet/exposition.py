@@ -443,16 +443,3 @@ class _Families(Collector):
 
     def collect(self) -> Iterable[Metric]:
         return self.families
-
-
-def render_without_created(registry: CollectorRegistry) -> bytes:
-    """``registry``'s exposition without prometheus_client's ``_created`` samples and their headers (an
-    engine whose exporter has none: SGLang's ``MultiProcessCollector``, TGI's Rust exporter)."""
-    text = generate_latest(registry).decode()
-    lines = [
-        line
-        for line in text.splitlines()
-        if not (line.split("{", 1)[0].split(" ", 1)[0].endswith("_created"))
-        and not (line.startswith("# ") and line.split(" ")[2].endswith("_created"))
-    ]
-    return ("\n".join(lines) + "\n").encode()

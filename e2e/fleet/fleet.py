@@ -1,4 +1,4 @@
-"""The vLLM fleet simulator: one simulated vLLM container per kvpilot-managed pod on the KWOK cluster.
+"""The fleet simulator: one simulated engine container (vLLM, SGLang, TGI) per kvpilot-managed pod on KWOK.
 
 For every pod labelled ``app.kubernetes.io/managed-by=kvpilot`` that KWOK has
 made Running, the fleet plays the container kubelet would run:
@@ -39,11 +39,12 @@ start-up failures and run-time CUDA OOM in its log's shape, the same engine mode
 preemptions are SGLang's retractions, logged as SGLang warns of them), SGLang's ``/metrics``
 (:mod:`e2e.fleet.sglang_exposition`).
 
-**TGI pods.** A container running ``text-generation-launcher`` is played as TGI 3.3.7
-(:mod:`e2e.fleet.tgi_truth`): the KV tokens its warm-up infers under ``--cuda-memory-fraction``, its start-up
-failures ("Not enough memory to handle N prefill tokens", "... `max_total_tokens=N`") and run-time CUDA OOM in
-the launcher's log, the same engine model for the queueing, TGI's ``/metrics``
-(:mod:`e2e.fleet.tgi_exposition`). Both engines are asked through :mod:`e2e.fleet.own_engines`.
+**TGI pods.** A container running ``text-generation-launcher`` (or TGI's image, whose entry point it is) is
+played as TGI 3.3.7 (:mod:`e2e.fleet.tgi_truth`): the KV capacity its warm-up infers from the memory left
+after the warm-up prefill, its two start-up failures (the prefill, ``--max-total-tokens``) and a run-time
+CUDA OOM in its launcher's log, the same engine model for the queueing with the router's admission limit
+(``--max-concurrent-requests``: beyond it 429 "Model is overloaded", logged and counted), TGI's
+``/metrics`` (:mod:`e2e.fleet.tgi_exposition`). Both are :class:`e2e.fleet.players.Player` implementations.
 
 **Multi-node groups.** A pod whose arguments carry vLLM's ``--headless`` (a LeaderWorkerSet group's worker)
 runs engine ranks only: it becomes Ready after its start-up and has no port and no ``/metrics`` target; the
@@ -77,7 +78,7 @@ from typing import Any
 from e2e.fleet.caches import StartCaches, StartSources
 from e2e.fleet.engine import SimEngine
 from e2e.fleet.exposition import VllmMetrics
-from e2e.fleet.own_engines import parse_own
+from e2e.fleet.players import player_for
 from e2e.fleet.pod import (
     CRASHED,
     INSTANCE_LABEL,
@@ -367,11 +368,9 @@ class Fleet:
                 scenario = self.scenario_for(
                     md["namespace"], (md.get("labels") or {}).get(INSTANCE_LABEL, "")
                 )
-                own = parse_own(argv, container_env(c, md.get("labels") or {}))
-                if own is not None:
-                    e = PodEngine(pod, own.engine_view(scenario.truth), scenario, free_port(), own=own)
-                else:
-                    e = PodEngine(pod, EngineArgs.parse(argv), scenario, free_port())
+                player = player_for(argv, c.get("image", ""), container_env(c, md.get("labels") or {}))
+                view = player.engine_view(scenario.truth) if player is not None else EngineArgs.parse(argv)
+                e = PodEngine(pod, view, scenario, free_port(), player=player)
                 args = e.args
                 self.real.adopt(e)
                 self._engines[key] = e
@@ -409,10 +408,10 @@ class Fleet:
     def _begin_start(self, e: PodEngine) -> None:
         """A container (re)starts: its start-up time follows from where the weights come from and whether
         its compiled graphs are on its compile-cache volume (:class:`e2e.fleet.caches.StartCaches`). An SGLang
-        or TGI container sizes its KV again from the scenario's memory figures
-        (:mod:`e2e.fleet.own_engines`)."""
-        if e.own is not None:
-            e.args = e.own.engine_view(e.scenario.truth)
+        or TGI container sizes its KV cache again from the scenario's memory figures
+        (:mod:`e2e.fleet.players`)."""
+        if e.player is not None:
+            e.args = e.player.engine_view(e.scenario.truth)
             e.log_lines = []
         with self._lock:
             found = self._caches.compute_sources(e.args, e.cache_key, e.compile_cache_key)
@@ -439,8 +438,8 @@ class Fleet:
         elif e.state == STARTING and now - e.since >= e.startup_wall_s:
             with self._lock:  # the download and the compile finished: the next start reads them from disk
                 self._caches.record_start(e.args, e.cache_key, e.compile_cache_key)
-            if e.own is not None:
-                self._start_own(e, now)
+            if e.player is not None:
+                self._start_player(e, now)
                 return
             error = truth.startup_error(e.args)
             if e.args.headless:
@@ -459,9 +458,10 @@ class Fleet:
             wl = self._workload_for(e)
             e.sim.workload = wl
             e.sim.advance(dt_wall * wl.time_scale)
-            used = truth.framebuffer_used_gib(e.args, e.sim.num_running, (now - e.since) * wl.time_scale)
-            if e.own is not None:
-                used = e.own.framebuffer_used_gib(truth)
+            if e.player is not None:
+                used = e.player.framebuffer_used_gib(truth)
+            else:
+                used = truth.framebuffer_used_gib(e.args, e.sim.num_running, (now - e.since) * wl.time_scale)
             deltas = e.sim.drain()
             e.metrics.record(
                 running=e.sim.num_running,
@@ -470,12 +470,10 @@ class Fleet:
                 deltas=deltas,
                 fb_used_gib=used,
             )
-            warning = e.own.pressure_log(deltas.preemptions) if e.own and deltas.preemptions else None
-            if warning is not None:
-                e.log_lines.append(warning)
+            if e.player is not None:
+                e.log_lines += e.player.pressure_lines(deltas)
                 del e.log_lines[1:-200]  # keep the start-up summary and the last warnings
-            if e.own is not None:
-                self._serving_own(e, now)
+                self._serving_player(e, now)
                 return
             if truth.fb_leak_max_gib > 0 and used > truth.gpu_memory_gib:
                 self._crash(e, "CudaOOM", truth.cuda_oom_message(e.args), now)
@@ -491,48 +489,43 @@ class Fleet:
             self._event(e, "Restarted", f"restartCount={e.restart_count} {self._sources(e)}")
             self._patch_async(e, ready=False)
 
-    def _start_own(self, e: PodEngine, now: float) -> None:
-        """An SGLang or TGI container finished loading: its KV is sized (or the sizing fails: SGLang's pool,
-        TGI's warm-up), then it serves."""
-        assert e.own is not None
+    def _start_player(self, e: PodEngine, now: float) -> None:
+        """An SGLang or TGI container finished loading: its KV cache is sized (or the sizing fails, and the
+        container stops with the engine's log), then it serves."""
+        assert e.player is not None
         truth = e.scenario.truth
-        log = e.own.startup_failure_log(truth)
+        log = e.player.startup_failure_log(truth)
         if log is not None:
             self._crash(e, "StartupFailed", termination_message(log), now, log=log)
             return
         if e.args.headless:  # a group's rank >= 1: schedulers only, no HTTP server
             self._serve_headless(e, now)
             return
-        e.log_lines = [e.own.serving_log(truth)]
+        e.log_lines = [e.player.serving_log(truth)]
         self._serve(e, now)
 
-    def _serving_own(self, e: PodEngine, now: float) -> None:
+    def _serving_player(self, e: PodEngine, now: float) -> None:
         """An injected or scenario CUDA OOM of a serving SGLang or TGI container."""
-        assert e.own is not None
+        assert e.player is not None
         truth = e.scenario.truth
         oom = e.pending_fault == "cuda_oom" or (
-            e.own.runtime_oom(truth) and now - e.since >= truth.oom_after_s
+            e.player.runtime_oom(truth) and now - e.since >= truth.oom_after_s
         )
         if oom:
             e.pending_fault = None
-            log = "\n".join([*e.log_lines, e.own.cuda_oom_log(truth)])
+            log = "\n".join([*e.log_lines, *e.player.cuda_oom_lines(truth)])
             self._crash(e, "CudaOOM", termination_message(log), now, log=log)
 
     def _serve(self, e: PodEngine, now: float) -> None:
         e.started_count += 1
-        own = e.own
-        e.sim = SimEngine(
-            e.scenario.truth,
-            self._workload_for(e),
-            e.args,
-            seed=e.scenario.seed * 1000 + e.started_count + zlib.crc32(e.name.encode()) % 997,
-            num_gpu_blocks=None if own is None else own.kv_blocks(e.scenario.truth),
-        )
-        e.metrics = (
-            VllmMetrics(e.scenario.truth, e.args, naming=e.scenario.naming)
-            if own is None
-            else own.metrics(e.scenario.truth)
-        )
+        truth, player = e.scenario.truth, e.player
+        seed = e.scenario.seed * 1000 + e.started_count + zlib.crc32(e.name.encode()) % 997
+        if player is None:
+            e.sim = SimEngine(truth, self._workload_for(e), e.args, seed=seed)
+            e.metrics = VllmMetrics(truth, e.args, naming=e.scenario.naming)
+        else:
+            e.sim = player.simulate(truth, self._workload_for(e), e.args, seed)
+            e.metrics = player.metrics(truth)
         try:
             e.server = MetricsServer(e.port, e.render)
         except OSError:  # the port was taken meanwhile: move
@@ -549,9 +542,9 @@ class Fleet:
         self._event(
             e,
             "Serving",
-            f"port {e.port}, {e.sim.num_blocks} KV blocks ({e.scenario.truth.kv_tokens(e.args)} tokens)"
-            if own is None
-            else f"port {e.port}, {own.summary(e.scenario.truth)}",
+            f"port {e.port}, {e.sim.num_blocks} KV blocks ({truth.kv_tokens(e.args)} tokens)"
+            if player is None
+            else f"port {e.port}, {player.summary(truth)}",
         )
         self._patch_async(e, ready=True)
 
@@ -611,7 +604,11 @@ class Fleet:
             e,
             kind,
             next(
-                (x for x in reversed(lines) if x.startswith(("ValueError", "RuntimeError", "torch."))),
+                (
+                    x
+                    for x in reversed(lines)
+                    if x.startswith(("ValueError", "RuntimeError", "torch.", "Error: Backend"))
+                ),
                 lines[-1],
             )[:200],
         )

@@ -1,4 +1,4 @@
-"""One simulated vLLM container: its state, its ``/metrics`` server, and the pod status kubelet would report.
+"""One simulated engine container: its state, its ``/metrics`` server, the pod status kubelet reports.
 
 :class:`PodEngine` is the per-pod state the :class:`e2e.fleet.fleet.Fleet` steps;
 :class:`MetricsServer` serves its exposition on its own 127.0.0.1 port;
@@ -21,12 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from e2e.fleet.engine import SimEngine
 from e2e.fleet.exposition import VllmMetrics
-from e2e.fleet.own_engines import OwnEngine
-from e2e.fleet.sglang_exposition import SglangMetrics
-from e2e.fleet.tgi_exposition import TgiMetrics
 from e2e.fleet.truth import EngineArgs, Scenario
 
 if TYPE_CHECKING:
+    from e2e.fleet.players import Metrics, Player
     from e2e.vllm_cpu.engine_process import EngineProcess
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -99,8 +97,8 @@ class FleetEvent:
 
 
 class PodEngine:
-    """The simulated container of one pod: vLLM's, or another engine's when ``own`` plays it (SGLang's, TGI's:
-    :mod:`e2e.fleet.own_engines`; ``args`` is then the engine model's view of its flags)."""
+    """The simulated container of one pod: vLLM's, or another engine's when ``player`` plays it (SGLang's,
+    TGI's: :mod:`e2e.fleet.players`; ``args`` is then the engine model's view of its flags)."""
 
     def __init__(
         self,
@@ -108,7 +106,7 @@ class PodEngine:
         args: EngineArgs,
         scenario: Scenario,
         port: int,
-        own: OwnEngine | None = None,
+        player: Player | None = None,
     ) -> None:
         md, spec = pod["metadata"], pod["spec"]
         self.namespace: str = md["namespace"]
@@ -121,9 +119,10 @@ class PodEngine:
         self.container: str = container["name"]
         self.image: str = container.get("image", "")
         self.args = args
-        self.own = own
+        self.player = player
         self.log_lines: list[str] = []
-        """An SGLang or TGI container's log so far (start-up summary, warnings): a crash's log ends it."""
+        """A played container's log so far (start-up summary, then SGLang's retraction warnings or TGI's
+        429s): a crash's log ends it."""
         self.scenario = scenario
         self.port = port
         self.state = STARTING
@@ -131,7 +130,7 @@ class PodEngine:
         self.restart_count = 0
         self.restart_at = 0.0
         self.sim: SimEngine | None = None
-        self.metrics: VllmMetrics | SglangMetrics | TgiMetrics | None = None
+        self.metrics: VllmMetrics | Metrics | None = None
         self.server: MetricsServer | None = None
         self.pending_fault: str | None = None
         self.crashes: list[tuple[float, str, str]] = []
@@ -201,7 +200,7 @@ class PodEngine:
             "num_gpu_blocks": sim.num_blocks if sim else None,
             "crashes": [k for _, k, _ in self.crashes],
             "engine": "real" if self.real_engine else "simulated",
-            "kind": self.own.kind if self.own is not None else "vLLM",
+            "kind": self.player.kind if self.player is not None else "vLLM",
             "pid": self.process.pid if self.process is not None else None,
         }
 

@@ -25,11 +25,11 @@ pod has its own registry: a restarted container starts from zero.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from e2e.fleet import sglang_truth
 from e2e.fleet.engine import Deltas
-from e2e.fleet.exposition import build_framebuffer_gauges, render_without_created
+from e2e.fleet.exposition import build_framebuffer_gauges
 from e2e.fleet.sglang_truth import SglangArgs
 from e2e.fleet.truth import GroundTruth
 
@@ -148,4 +148,11 @@ class SglangMetrics:
 
     def render(self) -> bytes:
         """The exposition, without ``_created`` samples (SGLang's ``MultiProcessCollector`` has none)."""
-        return render_without_created(self.registry)
+        text = generate_latest(self.registry).decode()
+        lines = [
+            line
+            for line in text.splitlines()
+            if not (line.split("{", 1)[0].split(" ", 1)[0].endswith("_created"))
+            and not (line.startswith("# ") and line.split(" ")[2].endswith("_created"))
+        ]
+        return ("\n".join(lines) + "\n").encode()

@@ -1,228 +1,305 @@
-"""TGI 3.3.7 pods in the fleet: the flags a container runs, the KV tokens its warm-up infers, its failures and
-their texts.
+"""TGI 3.3.7 pods in the fleet: the launcher's flags, the KV its warm-up infers, its failures and its log.
 
-Deliberately independent of kvpilot (nothing here imports ``kvpilot``; ``e2e/test_fleet.py`` checks): every
-fact below is TGI's own, read from tag ``v3.3.7`` (commit ``dfb3fbe7``; the copies under ``tests/data/tgi/``
-hold the launcher's arguments and the server's warm-up), by file and line, as :mod:`e2e.fleet.sglang_truth`
-does for SGLang. The scenario's physics are the same :class:`e2e.fleet.truth.GroundTruth` (GPU memory, KV
-bytes per token, the model's context); the TGI terms it adds are its ``tgi_*`` fields.
+The names and texts TGI prints come from their one home, :mod:`kvpilot.tuner.tgi` (the flags of
+``launcher/src/main.rs``, the failure texts, ``Model is overloaded``): the fleet imports those facts and
+nothing else of kvpilot. The arithmetic below is the fleet's own, read from TGI's source at tag ``v3.3.7``
+(``e2e/test_fleet_tgi.py`` checks it against the verbatim excerpts in ``tests/data/tgi/``), never
+kvpilot's budget (:mod:`kvpilot.tuner.engines.tgi_budget`), which it judges.
 
-* The launcher (``launcher/src/main.rs``): ``--max-concurrent-requests`` 128 (lines 648-649),
-  ``--cuda-memory-fraction`` 1.0 (lines 810-813), ``--port`` 3000 (lines 773-774; the image sets 80).
-  ``--max-batch-prefill-tokens`` when unset is the launcher's compute-optimal default for the card (lines
-  2114-2152): the scenario states it (:attr:`GroundTruth.tgi_default_max_batch_prefill_tokens`).
-* The warm-up (``server/text_generation_server/models/flash_causal_lm.py`` ``warmup``, lines 1507-1584):
-  a prefill of ``--max-batch-prefill-tokens``; out of memory there is "Not enough memory to handle N prefill
-  tokens. You need to decrease `--max-batch-prefill-tokens`" (lines 1549-1553). The fleet's physics: the
-  prefill runs out of memory above :attr:`GroundTruth.tgi_prefill_oom_above_tokens`, or when the weights,
-  the CUDA context and the prefill's activations leave nothing under the fraction. Then the KV cache gets
-  what is free under ``CUDA_MEMORY_FRACTION x TGI_WIGGLE_ROOM`` (0.90, ``models/globals.py`` line 32;
-  ``utils/import_utils.py`` lines 13-17): ``fraction x 0.9 x total - context - weights - activations``, in
-  tokens (flashinfer: a block is one token, ``models/globals.py`` lines 38-46).
-* The router (``backends/v3/src/lib.rs`` lines 98-100): a ``--max-total-tokens`` above the inferred tokens
-  is "Not enough memory to handle `max_total_tokens=N`"; unset, it is ``min(tokens, max_position_embeddings)``
-  (``flash_causal_lm.py`` lines 1566-1579).
-* Run time: CUDA OOM when the fraction is above the scenario's threshold
-  (:attr:`GroundTruth.tgi_runtime_oom_above_cuda_memory_fraction`) or more than
-  :attr:`GroundTruth.runtime_oom_above_max_num_seqs` requests are admitted: PyTorch's "CUDA out of memory"
-  in the shard's traceback, which the launcher relays as it exits. TGI never evicts a running request.
+The scenario's physics are the SGLang pods' :class:`e2e.fleet.truth.GroundTruth` figures, per shard: the
+GPU's total (``gpu_memory_gib``), the memory taken before the load (``sglang_cuda_context_gib``), the
+weights (``sglang_weights_gib``), ``kv_bytes_per_token``, ``model_max_len`` (``max_position_embeddings``);
+TGI's own terms are :attr:`GroundTruth.tgi_prefill_gib_per_1k_tokens`,
+:attr:`GroundTruth.tgi_default_max_batch_prefill_tokens` and
+:attr:`GroundTruth.runtime_oom_above_cuda_memory_fraction`.
+
+The warm-up (``server/text_generation_server/models/flash_causal_lm.py`` ``warmup``, lines 1507-1584):
+
+* the warm-up batch (``backends/v3/src/client/grpc_client.rs`` lines 109-194): requests of
+  ``min(--max-input-tokens, left)`` prompt tokens until ``--max-batch-prefill-tokens`` are used, each asking
+  ``--max-total-tokens - prompt`` new tokens (1 without it) and holding ``prompt + new - 1`` tokens of KV
+  (``flash_causal_lm.py`` lines 341-350); its blocks are allocated and its prefill runs. When the weights,
+  those blocks and the prefill's activations outgrow the GPU or torch's share of it
+  (``--cuda-memory-fraction``): "Not enough memory to handle N prefill tokens" (lines 1549-1553);
+* then ``free = max(0, free_now - (1 - fraction x 0.90) x total)`` (``utils/import_utils.py`` lines
+  13-17, ``TGI_WIGGLE_ROOM`` 0.90 at ``models/globals.py`` line 32) and ``num_blocks = free // block +
+  warm-up blocks`` (lines 1556-1563): ``num_blocks x BLOCK_SIZE`` is the max batch total tokens
+  (``tgi_batch_max_total_tokens``); ``--max-batch-total-tokens`` is ignored (deprecated for flash models);
+* ``--max-total-tokens`` defaults to ``min(that, max_position_embeddings)`` (lines 1566-1579); above the
+  inferred total the router stops (``backends/v3/src/lib.rs`` lines 98-100). Its ``main`` returns the error,
+  so Rust prints it with ``Debug``: ``Error: Backend(NotEnoughMemory(N))``, not the ``Display`` text
+  "Not enough memory to handle `max_total_tokens=N`" (line 181), which TGI never prints.
+
+Modelled as one shard of the ``flashinfer`` backend (Llama-like heads of 64/128/256: a block of one token,
+prefill chunking); not modelled: the launcher's compute-optimal prefill default (the scenario states it),
+the router's argument checks after the warm-up, ``flashdecoding``/``paged`` blocks, the tokenizer's
+``model_max_length``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from e2e.fleet.truth import EngineArgs, GiB, GroundTruth
+from kvpilot.tuner.tgi import args as tgi_args
+from kvpilot.tuner.tgi import messages, serving
 
-LAUNCHER = "text-generation-launcher"
-"""The image's entry point (``Dockerfile`` lines 240-249): what a TGI container runs."""
-MAX_CONCURRENT_REQUESTS_DEFAULT = 128
-CUDA_MEMORY_FRACTION_DEFAULT = 1.0
-TGI_WIGGLE_ROOM = 0.90
-SERVER = "/usr/src/server/text_generation_server"
-"""Where TGI's image installs the server (the traceback's file names)."""
+BLOCK_SIZE = 1
+"""``models/globals.py`` lines 38-46: the ``flashinfer`` backend's block."""
+WIGGLE_ROOM = 0.90
+"""``TGI_WIGGLE_ROOM`` (``models/globals.py`` line 32)."""
+FP8_KV = frozenset({"fp8_e4m3fn", "fp8_e5m2"})
+"""``--kv-cache-dtype`` values (``models/__init__.py`` lines 509-512): one byte per value."""
+_STAMP = "2026-12-06T22:31:04.118204Z"
 
 
-def is_tgi(argv: Sequence[str]) -> bool:
-    """Whether a container's ``command + args`` run TGI's launcher."""
-    return any(tok == LAUNCHER or tok.endswith(f"/{LAUNCHER}") for tok in argv)
+def is_tgi(argv: Sequence[str], image: str = "") -> bool:
+    return serving.is_server(argv, image)
 
 
 @dataclasses.dataclass(frozen=True)
 class TgiArgs:
-    """The flags of one TGI container (``None``: absent, TGI's default)."""
+    """The launcher flags of one TGI container (``None``: absent, left to the launcher or the warm-up)."""
 
     model_id: str = ""
     max_input_tokens: int | None = None
     max_total_tokens: int | None = None
     max_batch_prefill_tokens: int | None = None
-    max_concurrent_requests: int | None = None
-    cuda_memory_fraction: float | None = None
+    max_batch_total_tokens: int | None = None
+    max_concurrent_requests: int = tgi_args.MAX_CONCURRENT_REQUESTS_DEFAULT
+    cuda_memory_fraction: float = tgi_args.CUDA_MEMORY_FRACTION_DEFAULT
     num_shard: int = 1
-    port: int = 3000
+    kv_cache_dtype: str | None = None
+    port: int = serving.PORT
+    """``--port``; the official image sets ``PORT=80``, which the launcher reads when the flag is absent."""
 
     @classmethod
     def parse(cls, argv: Sequence[str]) -> TgiArgs:
-        """Parse ``command + args`` (``--flag value`` and ``--flag=value``, clap's spelling)."""
+        """``command + args`` (``--flag value`` and ``--flag=value``; the launcher's own name skipped)."""
         values: dict[str, str] = {}
-        tokens = list(argv)
-        for i, tok in enumerate(tokens):
-            if not tok.startswith("--"):
-                continue
-            if "=" in tok:
+        i = 0
+        while i < len(argv):
+            tok = argv[i]
+            if tok.startswith("--") and "=" in tok:
                 name, val = tok.split("=", 1)
                 values[name] = val
-            elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-                values[tok] = tokens[i + 1]
+            elif tok.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                values[tok] = argv[i + 1]
+                i += 1
+            i += 1
+        flags = tgi_args.FLAGS
 
-        def num(flag: str) -> int | None:
+        def num(field: str) -> int | None:
+            flag = flags[field]
             return int(values[flag]) if flag in values else None
 
-        fraction = values.get("--cuda-memory-fraction")
+        fraction = values.get(flags["cuda_memory_fraction"])
         return cls(
-            model_id=values.get("--model-id", ""),
-            max_input_tokens=num("--max-input-tokens"),
-            max_total_tokens=num("--max-total-tokens"),
-            max_batch_prefill_tokens=num("--max-batch-prefill-tokens"),
-            max_concurrent_requests=num("--max-concurrent-requests"),
-            cuda_memory_fraction=float(fraction) if fraction is not None else None,
-            num_shard=int(values.get("--num-shard", "1")),
-            port=int(values.get("--port", "3000")),
+            model_id=values.get(tgi_args.MODEL_FLAG, ""),
+            max_input_tokens=num("max_input_tokens"),
+            max_total_tokens=num("max_total_tokens"),
+            max_batch_prefill_tokens=num("max_batch_prefill_tokens"),
+            max_batch_total_tokens=num("max_batch_total_tokens"),
+            max_concurrent_requests=num("max_concurrent_requests")
+            or tgi_args.MAX_CONCURRENT_REQUESTS_DEFAULT,
+            cuda_memory_fraction=float(fraction) if fraction else tgi_args.CUDA_MEMORY_FRACTION_DEFAULT,
+            num_shard=num("num_shard") or 1,
+            kv_cache_dtype=values.get(tgi_args.KV_CACHE_DTYPE_FLAG),
+            port=int(values.get(tgi_args.PORT_FLAG, serving.PORT)),
         )
 
 
-# ---------------------------------------------------------------------------- memory
+# ---------------------------------------------------------------------------- the warm-up
 
 
-def fraction(args: TgiArgs) -> float:
-    given = args.cuda_memory_fraction
-    return given if given is not None else CUDA_MEMORY_FRACTION_DEFAULT
+@dataclasses.dataclass(frozen=True)
+class Warmup:
+    """What one shard's warm-up arrives at."""
+
+    prefill_tokens: int
+    warmup_tokens: int
+    """KV tokens the warm-up batch holds (its blocks x ``BLOCK_SIZE``)."""
+    peak_gib: float
+    """In use at the end of the warm-up prefill: before the load, weights, warm-up KV, activations."""
+    prefill_fits: bool
+    max_batch_total_tokens: int
+    """The inferred KV capacity (0 when the prefill did not fit)."""
+    max_total_tokens: int
+    """``--max-total-tokens``, or its default."""
+
+    @property
+    def starts(self) -> bool:
+        return self.prefill_fits and self.max_total_tokens <= self.max_batch_total_tokens
+
+
+def cell_bytes(truth: GroundTruth, args: TgiArgs) -> int:
+    return truth.kv_bytes_per_token // 2 if args.kv_cache_dtype in FP8_KV else truth.kv_bytes_per_token
 
 
 def prefill_tokens(truth: GroundTruth, args: TgiArgs) -> int:
     return args.max_batch_prefill_tokens or truth.tgi_default_max_batch_prefill_tokens
 
 
-def concurrent_requests(args: TgiArgs) -> int:
-    return args.max_concurrent_requests or MAX_CONCURRENT_REQUESTS_DEFAULT
+def warmup_kv_tokens(prefill: int, max_input: int | None, max_total: int | None) -> int:
+    """The warm-up batch's KV tokens (``grpc_client.rs`` lines 109-194, ``flash_causal_lm.py`` 341-350)."""
+    held, used = 0, 0
+    while used < prefill:
+        prompt = prefill - used if max_input is None else min(max_input, prefill - used)
+        new = max_total - prompt if max_total is not None else 1
+        held += math.ceil((prompt + new - 1) / BLOCK_SIZE) * BLOCK_SIZE
+        used += prompt
+    return held
 
 
-def kv_tokens(truth: GroundTruth, args: TgiArgs) -> int:
-    """The KV tokens the warm-up infers (``tgi_batch_max_total_tokens``); <= 0 when nothing is left."""
-    share = fraction(args) * TGI_WIGGLE_ROOM * truth.gpu_memory_gib
-    activations = prefill_tokens(truth, args) * truth.tgi_activation_bytes_per_token / GiB
-    free = share - truth.tgi_cuda_context_gib - truth.tgi_weights_gib - activations
-    return int(free * GiB) // truth.kv_bytes_per_token if free > 0 else 0
-
-
-def max_total_tokens(truth: GroundTruth, args: TgiArgs) -> int:
-    """``--max-total-tokens``, else ``min(inferred tokens, max_position_embeddings)``."""
-    if args.max_total_tokens is not None:
-        return args.max_total_tokens
-    return max(2, min(kv_tokens(truth, args), truth.model_max_len))
+def warmup(truth: GroundTruth, args: TgiArgs) -> Warmup:
+    total, fraction, cell = truth.gpu_memory_gib, args.cuda_memory_fraction, cell_bytes(truth, args)
+    prefill = prefill_tokens(truth, args)
+    held = warmup_kv_tokens(prefill, args.max_input_tokens, args.max_total_tokens)
+    activations = truth.tgi_prefill_gib_per_1k_tokens * prefill / 1000
+    peak = truth.sglang_cuda_context_gib + truth.sglang_weights_gib + held * cell / GiB + activations
+    fits = peak <= total and peak - truth.sglang_cuda_context_gib <= fraction * total
+    inferred = 0
+    if fits:
+        free = max(0.0, (total - peak) - (1 - fraction * WIGGLE_ROOM) * total)
+        inferred = (int(free * GiB) // (cell * BLOCK_SIZE) + held // BLOCK_SIZE) * BLOCK_SIZE
+    max_total = args.max_total_tokens or min(inferred, truth.model_max_len)
+    return Warmup(prefill, held, peak, fits, inferred, max_total)
 
 
 def engine_view(truth: GroundTruth, args: TgiArgs) -> EngineArgs:
-    """The engine model's arguments for this TGI server (:class:`e2e.fleet.engine.SimEngine` runs every
-    engine): the context is ``--max-total-tokens``, the sequences the admission limit (the fleet queues what
-    TGI would answer 429), the batched tokens the prefill, a block one token (flashinfer); the KV tokens are
-    passed apart (:func:`kv_tokens`)."""
+    """The engine model's view: the running requests at most ``--max-concurrent-requests`` (the router admits
+    no more; :func:`admission_limit`), ``--max-total-tokens`` per request, ``--max-batch-prefill-tokens`` of
+    prefill per step, blocks of one token."""
+    w = warmup(truth, args)
     return EngineArgs(
         model=args.model_id,
-        max_model_len=max_total_tokens(truth, args),
-        max_num_seqs=concurrent_requests(args),
-        gpu_memory_utilization=fraction(args),
-        max_num_batched_tokens=prefill_tokens(truth, args),
+        max_model_len=max(1, w.max_total_tokens),
+        max_num_seqs=args.max_concurrent_requests,
+        gpu_memory_utilization=args.cuda_memory_fraction,
+        kv_cache_dtype="fp8" if args.kv_cache_dtype in FP8_KV else "auto",
+        max_num_batched_tokens=w.prefill_tokens,
         tensor_parallel_size=args.num_shard,
-        block_size=1,
+        block_size=BLOCK_SIZE,
     )
 
 
 def framebuffer_used_gib(truth: GroundTruth, args: TgiArgs) -> float:
-    """What dcgm-exporter shows: torch's share, the CUDA context and the activations."""
-    outside = truth.runtime_headroom_gib if truth.runtime_headroom_gib is not None else 2.0
-    share = fraction(args) * TGI_WIGGLE_ROOM * truth.gpu_memory_gib
-    return min(truth.gpu_memory_gib, share + outside)
+    """What dcgm-exporter shows while serving: the peak of the warm-up, then the KV it inferred."""
+    w = warmup(truth, args)
+    kv = (w.max_batch_total_tokens - w.warmup_tokens) * cell_bytes(truth, args) / GiB
+    return min(truth.gpu_memory_gib, w.peak_gib + max(0.0, kv))
 
 
-# ---------------------------------------------------------------------------- failures
+# ---------------------------------------------------------------------------- the log
 
 
-def prefill_error(num_tokens: int) -> str:
-    """``flash_causal_lm.py`` lines 1550-1553."""
-    return (
-        f"Not enough memory to handle {num_tokens} prefill tokens. "
-        "You need to decrease `--max-batch-prefill-tokens`"
-    )
+def _launcher(level: str, text: str) -> str:
+    return f"{_STAMP} {level:>5} text_generation_launcher: {text}"
 
 
-def total_tokens_error(max_total: int) -> str:
-    """``backends/v3/src/lib.rs`` lines 98-100 (``V3Error::NotEnoughMemory``)."""
-    return f"Not enough memory to handle `max_total_tokens={max_total}`"
+def _router(level: str, where: str, text: str) -> str:
+    return f"{_STAMP} {level:>5} text_generation_router_v3: {where}: {text}"
 
 
-def startup_error(truth: GroundTruth, args: TgiArgs) -> str | None:
-    """The text TGI fails its start with, or ``None`` when it starts."""
-    prefill = prefill_tokens(truth, args)
-    limit = truth.tgi_prefill_oom_above_tokens
-    if (limit is not None and prefill > limit) or kv_tokens(truth, args) <= 0:
-        return prefill_error(prefill)
-    if max_total_tokens(truth, args) > kv_tokens(truth, args):
-        return total_tokens_error(max_total_tokens(truth, args))
-    return None
+def _start_lines(args: TgiArgs) -> list[str]:
+    return [
+        _launcher("INFO", f"Args {{ model_id: {args.model_id!r}, num_shard: Some({args.num_shard}), .. }}"),
+        _launcher("INFO", "Starting shard rank=0"),
+        _launcher("INFO", "Shard ready in 12.41s rank=0"),
+        _launcher("INFO", "Starting Webserver"),
+        _router("INFO", "backends/v3/src/lib.rs:125", "Warming up model"),
+    ]
 
 
-def startup_failure_log(error: str) -> str:
-    """The launcher's log when the warm-up or the router's check fails: the shard's traceback (a warm-up
-    OOM) or the router's error, then the launcher's own exit."""
-    lines = ["2026-12-05T18:31:02.101Z  INFO text_generation_launcher: Starting shard rank=0"]
-    if "prefill tokens" in error:
-        lines += [
-            "2026-12-05T18:31:04.322Z ERROR warmup{max_input_length=None max_prefill_tokens=None "
-            "max_total_tokens=None max_batch_size=None}:warmup: text_generation_router_v3::client: "
-            "router/src/client/mod.rs:45: Server error: " + error,
-            f'  File "{SERVER}/models/flash_causal_lm.py", line 1550, in warmup',
-            f"RuntimeError: {error}",
+def _shutdown(failed: str) -> list[str]:
+    return [_launcher("ERROR", failed), _launcher("INFO", "Shutting down shards")]
+
+
+def startup_failure_log(truth: GroundTruth, args: TgiArgs) -> str | None:
+    """The container's log when the warm-up or the router's check stops it; ``None`` when it starts."""
+    w = warmup(truth, args)
+    if w.prefill_fits and w.starts:
+        return None
+    if not w.prefill_fits:
+        text = messages.prefill_tokens_error(w.prefill_tokens)
+        lines = [
+            _launcher("ERROR", "Method Warmup encountered an error."),
+            "Traceback (most recent call last):",
+            '  File "/usr/src/server/text_generation_server/models/flash_causal_lm.py", line 1545, in warmup',
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.12 GiB.",
+            "",
+            "The above exception was the direct cause of the following exception:",
+            "",
+            f"RuntimeError: {text}",
+            f"{_STAMP} ERROR warmup{{max_input_length={args.max_input_tokens} "
+            f"max_prefill_tokens={w.prefill_tokens} max_total_tokens={args.max_total_tokens} "
+            "max_batch_size=None}:warmup: text_generation_router_v3::client: "
+            f"backends/v3/src/client/mod.rs:45: Server error: {text}",
+            f'Error: Backend(Warmup(Generation("{text}")))',
         ]
-    crashed = "2026-12-05T18:31:04.401Z ERROR text_generation_launcher: Webserver Crashed"
-    lines += [crashed, f'Error: "{error}"']
-    return "\n".join(lines) + "\n"
-
-
-def runtime_oom(truth: GroundTruth, args: TgiArgs) -> bool:
-    """Whether serving runs out of memory: the fraction above the scenario's threshold, or more requests
-    admitted than the scenario's activations allow."""
-    limit = truth.tgi_runtime_oom_above_cuda_memory_fraction
-    if limit is not None and fraction(args) > limit + 1e-9:
-        return True
-    seqs = truth.runtime_oom_above_max_num_seqs
-    return seqs is not None and concurrent_requests(args) > seqs
-
-
-def cuda_oom_log(truth: GroundTruth, args: TgiArgs) -> str:
-    """A CUDA OOM while serving (PyTorch's text in the shard's traceback), as the launcher relays it."""
-    total = truth.gpu_memory_gib
-    used = min(total - 0.14, framebuffer_used_gib(truth, args))
-    return (
-        "2026-12-05T18:31:09.512Z ERROR text_generation_launcher: Shard 0 crashed\n"
-        f'  File "{SERVER}/models/flash_causal_lm.py", line 1937, in generate_token\n'
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.02 GiB. "
-        f"GPU 0 has a total capacity of {total:.2f} GiB of which {(total - used) * 1024:.2f} MiB is free.\n"
-    )
+    else:
+        lines = [
+            _router("INFO", "backends/v3/src/lib.rs:137", f"Inferred max batch total tokens: "
+                    f"{w.max_batch_total_tokens}"),
+            f"Error: Backend(NotEnoughMemory({w.max_total_tokens}))",
+        ]  # fmt: skip
+    return "\n".join([*_start_lines(args), *lines, *_shutdown("Webserver Crashed"), "Error: WebserverFailed"])
 
 
 def serving_log(truth: GroundTruth, args: TgiArgs) -> str:
-    """The warm-up's answer (``flash_causal_lm.py`` line 1584)."""
-    return (
-        "2026-12-05T18:31:03.870Z  INFO text_generation_launcher: "
-        f"KV-cache blocks: {kv_tokens(truth, args)}, size: 1"
+    w = warmup(truth, args)
+    return "\n".join([
+        *_start_lines(args),
+        _router("INFO", "backends/v3/src/lib.rs:137",
+                f"Setting max batch total tokens to {w.max_batch_total_tokens}"),
+        _router("INFO", "backends/v3/src/lib.rs:166", "Using backend V3"),
+        f"{_STAMP}  INFO text_generation_router::server: router/src/server.rs:2393: Connected",
+    ])  # fmt: skip
+
+
+def overloaded_lines(refused: int) -> list[str]:
+    """What the router logs for each request refused beyond ``--max-concurrent-requests``
+    (``router/src/infer/mod.rs`` lines 116-119)."""
+    line = (
+        f"{_STAMP} ERROR generate_stream: text_generation_router::infer: router/src/infer/mod.rs:118: "
+        f"{messages.OVERLOADED}"
     )
+    return [line] * refused
+
+
+def runtime_oom(truth: GroundTruth, args: TgiArgs) -> bool:
+    """Whether serving runs out of memory: the fraction above the scenario's threshold, or more concurrent
+    requests than :attr:`GroundTruth.runtime_oom_above_max_num_seqs`."""
+    limit = truth.runtime_oom_above_cuda_memory_fraction
+    if limit is not None and args.cuda_memory_fraction > limit + 1e-9:
+        return True
+    seqs = truth.runtime_oom_above_max_num_seqs
+    return seqs is not None and args.max_concurrent_requests > seqs
+
+
+def cuda_oom_lines(truth: GroundTruth, args: TgiArgs) -> list[str]:
+    """A CUDA OOM in a decode: the shard's interceptor logs it and exits, the launcher stops."""
+    total = truth.gpu_memory_gib
+    used = min(total - 0.14, framebuffer_used_gib(truth, args))
+    return [
+        _launcher("ERROR", "Method Decode encountered an error."),
+        "Traceback (most recent call last):",
+        '  File "/usr/src/server/text_generation_server/models/flash_causal_lm.py", line 1921, in forward',
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB. "
+        f"GPU 0 has a total capacity of {total:.2f} GiB of which {(total - used) * 1024:.2f} MiB is free. "
+        f"Including non-PyTorch memory, this process has {used:.2f} GiB memory in use.",
+        _launcher("ERROR", "Shard 0 crashed"),
+        _launcher("INFO", "Terminating webserver"),
+        "Error: ShardFailed",
+    ]
 
 
 def summary(truth: GroundTruth, args: TgiArgs) -> str:
+    w = warmup(truth, args)
     return (
-        f"tgi cuda_memory_fraction={fraction(args)} max_batch_prefill_tokens={prefill_tokens(truth, args)} "
-        f"max_total_tokens={max_total_tokens(truth, args)} "
-        f"max_concurrent_requests={concurrent_requests(args)} max_batch_total_tokens={kv_tokens(truth, args)}"
+        f"tgi max_batch_prefill_tokens={w.prefill_tokens} max_total_tokens={w.max_total_tokens} "
+        f"max_concurrent_requests={args.max_concurrent_requests} "
+        f"cuda_memory_fraction={args.cuda_memory_fraction} max_batch_total_tokens={w.max_batch_total_tokens}"
     )

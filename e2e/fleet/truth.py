@@ -342,24 +342,19 @@ class GroundTruth:
     sglang_default_mem_fraction_static: float = 0.835
     """SGLang pods without ``--mem-fraction-static``: SGLang's default for this GPU
     (``arg_groups/memory_hook.py`` ``handle_gpu_memory_settings``; an H100 80GB: 0.835)."""
-    tgi_weights_gib: float = 14.99
-    """TGI pods: the weights one shard loads (Llama-3.1-8B in bf16), inside ``--cuda-memory-fraction``'s share
-    (:mod:`e2e.fleet.tgi_truth`)."""
-    tgi_cuda_context_gib: float = 1.0
-    """TGI pods: the CUDA context and NCCL, inside the share as torch sees the device."""
-    tgi_activation_bytes_per_token: int = 129024
-    """TGI pods: the warm-up prefill's activations per token (the launcher's own estimate for the 8B,
-    ``mlp_vram_per_tok``, ``launcher/src/main.rs`` lines 320-328)."""
-    tgi_default_max_batch_prefill_tokens: int = 4096
-    """TGI pods without ``--max-batch-prefill-tokens``: the launcher's default (its fallback, line 2126; a
-    known card's compute-optimal size, lines 2114-2152, is a scenario's to state)."""
-    tgi_prefill_oom_above_tokens: int | None = None
-    """TGI pods: the warm-up's prefill runs out of memory above this many tokens."""
-    tgi_runtime_oom_above_cuda_memory_fraction: float | None = None
-    """TGI pods: CUDA OOM while serving when ``--cuda-memory-fraction`` is strictly above this."""
     runtime_oom_above_mem_fraction_static: float | None = None
     """SGLang pods: CUDA OOM while serving when ``--mem-fraction-static`` is strictly above this (the
     activations and CUDA graphs outside the share no longer fit)."""
+    tgi_prefill_gib_per_1k_tokens: float = 0.12
+    """TGI pods: the activations of the warm-up prefill per 1000 of its ``--max-batch-prefill-tokens``, still
+    held when the warm-up measures the free memory (:mod:`e2e.fleet.tgi_truth`; Llama-3.1-8B's MLP in bf16:
+    about 0.12 GiB)."""
+    tgi_default_max_batch_prefill_tokens: int = 4096
+    """TGI pods without ``--max-batch-prefill-tokens``: the launcher's default for the scenario's card (4096
+    for a card it does not know; compute-optimal on one it knows)."""
+    runtime_oom_above_cuda_memory_fraction: float | None = None
+    """TGI pods: CUDA OOM while serving when ``--cuda-memory-fraction`` is strictly above this (the CUDA
+    graphs and the decode's activations outgrow the memory the fraction leaves)."""
     vllm_release: tuple[int, int] = (0, 33)
     """The release whose start-up failures the engine reproduces: the null block in the fit check
     (:data:`NULL_BLOCK_RESERVED_SINCE`), the fit check's frames in the log (:mod:`e2e.fleet.vllm_logs`)."""

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from kvpilot.operator import labels
-from kvpilot.tuner import types, vllm
+from kvpilot.tuner import sglang, tgi, types, vllm
 from kvpilot.tuner.vllm.args import INT_BOUNDS
 
 GROUP = "kvpilot.io"
@@ -527,9 +527,10 @@ def _cel_equivalents(spec: InferenceServiceSpec) -> list[str]:
             "to confirm"
         )
     if spec.engine.kind != "vLLM" and spec.engine.image.startswith("vllm/"):
+        own = {"SGLang": sglang.serving.IMAGE_REPOSITORY, "TGI": tgi.serving.IMAGE_REPOSITORY}
         errors.append(
-            "spec.engine: engine.image is a vLLM image, but engine.kind names another engine; set "
-            "engine.image to that engine's image (SGLang's: lmsysorg/sglang)"
+            f"spec.engine: engine.image is a vLLM image, but engine.kind is {spec.engine.kind}; set "
+            f"engine.image to {spec.engine.kind}'s image ({own.get(spec.engine.kind, 'its own')})"
         )
     res = spec.engine.resources
     if res is not None and any("nvidia.com/gpu" in (d or {}) for d in (res.limits, res.requests)):

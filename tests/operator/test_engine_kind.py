@@ -40,11 +40,14 @@ LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
 
 
-def _kind_schema() -> dict[str, Any]:
+def _engine_schema() -> dict[str, Any]:
     crd = yaml.safe_load((ROOT / "crds" / "inferenceservices.kvpilot.io.yaml").read_text())
     (version,) = crd["spec"]["versions"]
-    engine = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["engine"]
-    return dict(engine["properties"]["kind"])
+    return dict(version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["engine"])
+
+
+def _kind_schema() -> dict[str, Any]:
+    return dict(_engine_schema()["properties"]["kind"])
 
 
 def sglang_isvc(**spec: Any) -> dict[str, Any]:
@@ -74,9 +77,17 @@ def test_the_kind_is_fixed_at_creation_by_a_cel_rule_that_says_what_to_do() -> N
     )
 
 
-def test_another_engine_with_the_vllm_image_is_refused() -> None:
-    with pytest.raises(errors.InvalidSpec, match="engine.image is a vLLM image"):
-        desired.parse_spec({"model": {"id": LLAMA_8B}, "engine": {"kind": "SGLang"}})
+def test_another_engine_with_the_vllm_image_is_refused_naming_its_own_image() -> None:
+    for kind, repository in (
+        ("SGLang", sglang.serving.IMAGE_REPOSITORY),
+        ("TGI", tgi.serving.IMAGE_REPOSITORY),
+    ):
+        with pytest.raises(errors.InvalidSpec, match="engine.image is a vLLM image") as info:
+            desired.parse_spec({"model": {"id": LLAMA_8B}, "engine": {"kind": kind}})
+        assert f"{kind}'s image ({repository})" in str(info.value)
+        # the CRD's CEL rule refuses it before the operator sees it, naming each engine's image
+        (cel,) = _engine_schema()["x-kubernetes-validations"]
+        assert "vllm/" in cel["rule"] and repository in " ".join(cel["message"].split())
     desired.parse_spec({"model": {"id": LLAMA_8B}, "engine": {"kind": "SGLang", "image": SGLANG_IMAGE}})
 
 

@@ -15,7 +15,7 @@ from kvpilot.tuner import gpus, sglang
 from kvpilot.tuner.loop import Action, PolicyConfig, Trigger, TuningBounds, sglang_idle
 from kvpilot.tuner.loop import sglang_fit as fit
 from kvpilot.tuner.loop import sglang_rules as rules
-from kvpilot.tuner.loop.observations import MetricsSample, ObservationWindow
+from kvpilot.tuner.loop.observations import LengthSummary, MetricsSample, ObservationWindow
 from kvpilot.tuner.loop.remedies import compute_oom_step
 from kvpilot.tuner.loop.sglang_policy import compute_sglang_decision
 from kvpilot.tuner.loop.sglang_state import (
@@ -53,12 +53,13 @@ def decide(
     bounds: TuningBounds = BOUNDS,
     ttft: float | None = None,
     ready: bool = True,
+    itl: float | None = None,
 ) -> SglangDecision:
     restarts = tuple(classify_restart(NOW - 10 - i, log, f"pod-{i}") for i, log in enumerate(logs))
     return compute_sglang_decision(
         SglangLoopState(current, failed, changes),
         SglangEvidence(samples or window(kv_usage=0.6, running=8, waiting=0), restarts, ready=ready),
-        SglangContext(memory, bounds, PolicyConfig(), ttft),
+        SglangContext(memory, bounds, PolicyConfig(), ttft, itl),
         NOW,
     )
 
@@ -456,6 +457,31 @@ def test_a_missed_ttft_objective_halves_the_prefill_chunk() -> None:
     assert decision.settings.chunked_prefill_size == 4096
     met = decide(current, samples=window(kv_usage=0.6, running=8, waiting=0, ttft_p95=0.2), ttft=0.5)
     assert met.action == Action.HOLD
+
+
+def test_a_missed_itl_objective_cuts_the_running_requests_or_first_the_chunk_for_long_prompts() -> None:
+    """As vLLM's rule: every decode step reads each running request's KV, so fewer of them shorten it, to
+    the objective's share of what ran (at most by half a step); where long prompts share the steps, a
+    smaller prefill chunk comes first. Met, it holds."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=128, chunked_prefill_size=8192)
+    slow = window(kv_usage=0.6, running=120, waiting=0, itl_p95=0.08)
+    decision = decide(current, samples=slow, itl=0.06)
+    assert decision.action == Action.RETUNE and decision.trigger == rules.LATENCY_SLO
+    assert decision.settings.max_running_requests == 90  # 120 x 0.06 / 0.08
+    assert decision.settings.chunked_prefill_size == 8192
+    long = dataclasses.replace(slow, prompt_tokens=LengthSummary(mean=4000.0))
+    assert decide(current, samples=long, itl=0.06).settings.chunked_prefill_size == 4096
+    met = window(kv_usage=0.6, running=120, waiting=0, itl_p95=0.03)
+    assert decide(current, samples=met, itl=0.06).action == Action.HOLD
+
+
+def test_no_idle_raise_while_the_inter_token_latency_is_near_its_objective() -> None:
+    """vLLM's ``allows_raise``: a queue at the limit with room is not raised past the objective's margin."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
+    near = window(kv_usage=0.2, running=32, waiting=40, itl_p95=0.058)
+    assert decide(current, samples=near, itl=0.06).action == Action.HOLD
+    clear = window(kv_usage=0.2, running=32, waiting=40, itl_p95=0.02)
+    assert decide(current, samples=clear, itl=0.06).trigger == sglang_idle.IDLE_CAPACITY
 
 
 # --- gates -----------------------------------------------------------------------------------------

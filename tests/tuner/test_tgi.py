@@ -95,6 +95,13 @@ def test_failure_texts_round_trip() -> None:
     assert prefill is not None and (prefill.kind, prefill.tokens) == ("prefill_too_large", 8192)
     total = tgi.classify_log(tgi.max_total_tokens_error(32768))
     assert total is not None and (total.kind, total.tokens) == ("total_tokens_too_large", 32768)
+    # as the router's main prints the error it returns (Rust's Debug form), the form a real log shows
+    printed = tgi.classify_log(
+        "2026-01-01T00:00:00Z  INFO text_generation_router_v3: Warming up model\n"
+        "Error: Backend(NotEnoughMemory(480000))\n"
+    )
+    assert printed is not None and (printed.kind, printed.tokens) == ("total_tokens_too_large", 480000)
+    assert printed.line == "Error: Backend(NotEnoughMemory(480000))"
     assert tgi.classify_log('{"error":"Model is overloaded","error_type":"overloaded"}') is not None
     assert tgi.classify_log("Connected") is None
 

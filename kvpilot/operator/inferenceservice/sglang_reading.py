@@ -51,11 +51,17 @@ def build_sglang_context(
     spec: api.InferenceServiceSpec, inputs: resolve.Inputs, policy: PolicyConfig
 ) -> SglangContext:
     """What the policy tunes within: the GPU and the model, ``spec.tuning.bounds`` (the memory-share bounds
-    bound ``--mem-fraction-static``), the TTFT objective of ``spec.serving.slo``."""
+    bound ``--mem-fraction-static``), the TTFT and inter-token latency objectives of ``spec.serving.slo``."""
     memory = SglangMemory(inputs.gpu.gpu, inputs.model.spec, inputs.model.checkpoint_bytes)
     slo = loop_settings.build_slo(spec)
     bounds = loop_settings.build_bounds(spec, False, None)
-    return SglangContext(memory, bounds, policy, slo.ttft_p95_seconds if slo is not None else None)
+    return SglangContext(
+        memory,
+        bounds,
+        policy,
+        slo.ttft_p95_seconds if slo is not None else None,
+        slo.itl_p95_seconds if slo is not None else None,
+    )
 
 
 def read_changes(status: Mapping[str, Any]) -> tuple[SglangChange, ...]:

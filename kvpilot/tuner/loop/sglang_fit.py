@@ -66,6 +66,7 @@ class SglangSituation:
     bounds: TuningBounds
     policy: PolicyConfig
     ttft_p95_objective: float | None = None
+    itl_p95_objective: float | None = None
     pressure: tuple[PressureChange, ...] = ()
     """The loop's KvPressure changes that name their running requests (the flap guard's memory)."""
     now: float = 0.0

@@ -18,6 +18,7 @@ from kvpilot.tuner.loop.sglang_fit import (
     compute_effective,
     fraction_of,
 )
+from kvpilot.tuner.loop.sglang_rules import allows_raise
 
 
 def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
@@ -36,7 +37,7 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     peak = obs.compute_max(w.samples, obs.running) or 0.0
     low = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v <= p.kv_usage_low)
     limit = eff.max_running_requests or math.ceil(peak)
-    if queue < p.queue_min or limit < 1 or peak < p.seqs_saturation * limit:
+    if queue < p.queue_min or limit < 1 or peak < p.seqs_saturation * limit or not allows_raise(s):
         return None
     mean_kv, mean_running = (
         obs.compute_mean(w.samples, obs.kv_usage),

@@ -14,7 +14,8 @@ first step with something to say decides:
    no rule cures holds and says so; crash remedies skip the cooldown and mark the settings failed;
 2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
 3. **pressure** -- token usage high with retractions (or SGLang's "KV cache pool is full" text);
-4. **latency** -- the TTFT objective missed;
+4. **latency** -- the inter-token latency objective missed (a smaller prefill chunk where long prompts share
+   the steps, else fewer running requests), else the TTFT objective (a smaller prefill chunk);
 5. **idle** -- a queue at the running-request limit with room in the pool (usage low, or measured room
    inside the band);
 6. otherwise hold.
@@ -65,6 +66,7 @@ def compute_sglang_decision(
         bounds=context.bounds,
         policy=context.policy,
         ttft_p95_objective=context.ttft_p95_seconds,
+        itl_p95_objective=context.itl_p95_seconds,
         pressure=compute_pressure_changes(state.changes),
         now=now,
     )
@@ -140,6 +142,7 @@ def _metrics_step(
         return held
     for proposal in (
         rules.propose_for_pressure(s, texts),
+        rules.propose_for_itl(s),
         rules.propose_for_ttft(s),
         sglang_idle.propose_for_idle(s),
     ):

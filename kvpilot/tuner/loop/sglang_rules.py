@@ -26,7 +26,10 @@ start-up and run time, and each rule here says which way it goes:
   short of memory); else fewer ``--max-running-requests``.
 - ``IdleCapacity``: a queue at the running-request limit with room in the pool: more running requests
   (:mod:`.sglang_idle`).
-- ``LatencySlo``: the TTFT objective missed in most samples: a smaller ``--chunked-prefill-size``.
+- ``LatencySlo``: the inter-token latency objective missed in most samples: a smaller
+  ``--chunked-prefill-size`` where long prompts share the steps, else fewer ``--max-running-requests``
+  (and no idle raise while it is within ``slo_raise_margin`` of its objective); the TTFT objective missed:
+  a smaller ``--chunked-prefill-size``.
 
 A value the history ruled out is never proposed again (:func:`~.sglang_fit.is_ruled_out`): a fraction at or
 below one that was memory-short at start-up, or at or above one that ran out of memory with no smaller
@@ -301,6 +304,56 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
         candidates=tuple(candidates),
         exhausted="no pool left under the fraction's ceiling and --max-running-requests at its lower bound",
     )
+
+
+def propose_for_itl(s: SglangSituation) -> SglangProposal | None:
+    """The inter-token latency objective missed in most samples, as vLLM's rule answers it
+    (:func:`kvpilot.tuner.loop.slo.propose_for_slo`): each decode step reads every running request's KV, so
+    fewer running requests shorten it; where long prompts share the steps (chunked prefill), a smaller
+    prefill chunk is tried first, shortening the steps without turning requests away."""
+    objective = s.itl_p95_objective
+    if objective is None:
+        return None
+    p, w, eff = s.policy, s.window, s.effective
+    over = obs.compute_fraction(w.samples, obs.itl_p95, lambda v: v > objective)
+    if over < p.sustain_fraction:
+        return None
+    itl = obs.compute_mean(w.samples, obs.itl_p95) or objective
+    peak = obs.compute_max(w.samples, obs.running) or 0.0
+    candidates: list[sglang.SglangSettings] = []
+    chunk = eff.chunked_prefill_size
+    prompt = w.prompt_tokens
+    if (
+        chunk is not None
+        and chunk // 2 >= p.batched_tokens_floor
+        and prompt is not None
+        and prompt.mean > chunk / 4
+    ):
+        candidates.append(dataclasses.replace(eff, chunked_prefill_size=chunk // 2))
+    limit = eff.max_running_requests or math.ceil(peak)
+    base = min(float(limit), peak) if peak >= 1 else float(limit)
+    target = math.floor(base * max(1.0 - p.seqs_step_up_max / 2, objective / itl))
+    if limit > 1:
+        candidates.append(dataclasses.replace(eff, max_running_requests=max(1, min(limit - 1, target))))
+    return SglangProposal(
+        trigger=LATENCY_SLO,
+        evidence=(
+            f"inter-token latency p95 {itl * 1000:.0f} ms above the {objective * 1000:.0f} ms objective in "
+            f"{over:.0%} of samples (peak running {peak:.0f})"
+        ),
+        candidates=tuple(candidates),
+        exhausted="no smaller prefill chunk or running-request limit is left within the bounds",
+    )
+
+
+def allows_raise(s: SglangSituation) -> bool:
+    """Whether more running requests are allowed: not while the inter-token latency p95 is within
+    ``slo_raise_margin`` of its objective (vLLM's :func:`kvpilot.tuner.loop.slo.allows_raise`), so an idle
+    raise never trades the objective for throughput."""
+    if s.itl_p95_objective is None:
+        return True
+    itl = obs.compute_mean(s.window.samples, obs.itl_p95)
+    return itl is None or itl < s.itl_p95_objective * s.policy.slo_raise_margin
 
 
 def propose_for_ttft(s: SglangSituation) -> SglangProposal | None:

@@ -51,3 +51,5 @@ class SglangContext:
     bounds: TuningBounds = TuningBounds()
     policy: PolicyConfig = PolicyConfig()
     ttft_p95_seconds: float | None = None
+    itl_p95_seconds: float | None = None
+    """``spec.serving.slo``'s objectives (``None``: none)."""

@@ -2,7 +2,10 @@
 
 Part of :mod:`kvpilot.tuner.tgi` (every TGI fact lives there). At ``v3.3.7``:
 ``server/text_generation_server/models/flash_causal_lm.py`` lines 1551-1552 (the warm-up prefill does not
-fit), ``backends/v3/src/lib.rs`` line 181 (the inferred batch cannot hold one request),
+fit), ``backends/v3/src/lib.rs`` line 181 (the inferred batch cannot hold one request:
+``V3Error::NotEnoughMemory``, whose Display text is :func:`max_total_tokens_error`; the router's ``main``
+returns it, so the log shows Rust's Debug form of it, ``Error: Backend(NotEnoughMemory(N))``, which
+:func:`classify_log` reads too),
 ``router/src/infer/mod.rs`` line 412 (429 beyond ``--max-concurrent-requests``). A shard that runs out of
 memory while serving dies with PyTorch's ``torch.OutOfMemoryError`` ("CUDA out of memory"): TGI catches it
 only in the warm-up (``flash_causal_lm.py`` line 1549, re-raised as the prefill text above), so at run time
@@ -43,6 +46,8 @@ def max_total_tokens_error(max_total_tokens: int) -> str:
 
 _PREFILL = re.compile(r"Not enough memory to handle (\d+) prefill tokens")
 _TOTAL = re.compile(r"Not enough memory to handle `max_total_tokens=(\d+)`")
+_TOTAL_DEBUG = re.compile(r"\bNotEnoughMemory\((\d+)\)")
+"""``V3Error::NotEnoughMemory(max_total_tokens)`` as ``main`` returning it prints it (``{:?}``)."""
 
 
 def _line_at(log: str, start: int) -> str:
@@ -56,7 +61,7 @@ def classify_log(log: str) -> TgiFailure | None:
     carries the OOM it caught); ``None`` when it shows none."""
     if found := _PREFILL.search(log):
         return TgiFailure("prefill_too_large", int(found.group(1)), _line_at(log, found.start()))
-    if found := _TOTAL.search(log):
+    if found := _TOTAL.search(log) or _TOTAL_DEBUG.search(log):
         return TgiFailure("total_tokens_too_large", int(found.group(1)), _line_at(log, found.start()))
     if (at := log.find(CUDA_OOM)) >= 0:
         return TgiFailure("cuda_oom", None, _line_at(log, at))
