@@ -557,6 +557,20 @@ def test_kvpilot_render_prints_the_sglang_example() -> None:
     assert int(flag(c["args"], "--context-length") or 0) == 23552  # 32K shortened to the L4's pool
 
 
+def test_kvpilot_render_prints_the_tgi_example() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(
+        ["render", "-f", str(ROOT / "examples" / "tgi" / "llama-3.1-8b-on-l4.yaml")], out=out, err=err
+    )
+    assert code == 0, err.getvalue()
+    docs = [d for d in yaml.safe_load_all(out.getvalue()) if d]
+    assert [d["kind"] for d in docs] == ["Service", "Deployment"]
+    c = container(docs)
+    assert c["image"].startswith(tgi.serving.IMAGE_REPOSITORY + ":")
+    assert flag(c["args"], tgi.FLAGS["max_total_tokens"]) == "8192"  # serving.maxContextLength fits the L4
+    assert flag(c["args"], tgi.PORT_FLAG) == str(tgi.serving.PORT)
+
+
 async def test_drift_repair_covers_the_sglang_container(harness: Harness) -> None:
     """A hand edit of the SGLang container's args is drift and is put back; a deleted SGLang Deployment is
     recreated, though an SGLang service records no ``status.applied``."""
