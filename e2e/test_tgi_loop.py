@@ -15,8 +15,12 @@ tokens and fits at half that.
 * ``recommend`` (mode Recommend): TGI's own defaults run (the scenario's launcher default, 60 000 prefill
   tokens) and fail the same way: the loop recommends a smaller prefill (``status.recommendation``, a
   ``Recommended`` event) and changes nothing.
+* ``admission`` (mode Auto, the scenario's usual prefill): ``serving.concurrency`` 4 is
+  ``--max-concurrent-requests`` 4, and eight requests a second keep the router at that limit (the rest
+  answered 429 "Model is overloaded") with the KV tokens nearly empty: the loop raises
+  ``--max-concurrent-requests`` (``IdleCapacity``), which rolls out, becomes Ready and passes probation.
 
-Both run at once; nothing is skipped: a missing binary fails the fixture.
+All run at once; nothing is skipped: a missing binary fails the fixture.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 IMAGE = "ghcr.io/huggingface/text-generation-inference:3.3.7"
 FAST = {"cooldownSeconds": 0, "maxChangesPerHour": 60, "rolloutDeadlineSeconds": 30}
 LIGHT = Workload(arrival_rate=1.0, prompt_tokens=400, output_tokens=100)
+ADMISSION = Workload(arrival_rate=8.0, prompt_tokens=500, output_tokens=200)
 PROBATION_S = 12.0
 PREFILL_GIB_PER_1K = 1.2
 PREFILL_LIMIT = 30_000
@@ -54,6 +59,7 @@ class Case:
     serving: dict[str, Any]
     truth: GroundTruth
     mode: str = "Auto"
+    workload: Workload = LIGHT
     ns: str = ""
 
 
@@ -71,6 +77,7 @@ CASES: dict[str, Case] = {
         ),
         mode="Recommend",
     ),
+    "admission": Case({"maxContextLength": 8192, "concurrency": 4}, H100_8B, workload=ADMISSION),
 }
 
 
@@ -134,7 +141,7 @@ def loop(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         operator_namespaces=["e2e-tgi-*"],
         operator_extra_env={"KVPILOT_PROBATION_SECONDS": f"{PROBATION_S:g}"},
         scenarios={
-            (c.ns, name): Scenario(name=name, truth=c.truth, workload=LIGHT, seed=i)
+            (c.ns, name): Scenario(name=name, truth=c.truth, workload=c.workload, seed=i)
             for i, (name, c) in enumerate(cases.items())
         },
     )
@@ -194,3 +201,26 @@ def test_recommend_records_a_smaller_prefill_and_changes_nothing(loop: Loop) -> 
     assert not status(obj).get("appliedEngineArgs")
     reasons = [e["reason"] for e in loop.events("recommend")]
     assert "Recommended" in reasons and "Retuned" not in reasons, reasons
+
+
+def test_requests_at_the_admission_limit_with_spare_kv_raise_it_and_the_raise_rolls_out(loop: Loop) -> None:
+    def raised(o: dict[str, Any]) -> bool:
+        st = status(o)
+        applied = st.get("appliedEngineArgs")
+        limit = flags(applied).max_concurrent_requests if applied else None
+        return (
+            limit is not None
+            and limit > 4
+            and st.get("lastGoodEngineArgs") == applied
+            and not st.get("rollout")
+            and condition(o, "Available").get("status") == "True"
+        )
+
+    obj = loop.wait("admission", raised, timeout=loop.budget_left(300), what="a raised admission limit, good")
+    st = status(obj)
+    assert flags(loop.deployment_args("admission")) == flags(st["appliedEngineArgs"])
+    retuned = [h for h in st.get("history") or () if h.get("action") == "Retuned"]
+    assert retuned and retuned[0]["trigger"] == "IdleCapacity", st.get("history")
+    assert not st.get("failedEngineArgs"), st.get("failedEngineArgs")
+    reasons = [e["reason"] for e in loop.events("admission")]
+    assert {"Retuned", "RolloutSucceeded"} <= set(reasons), reasons
