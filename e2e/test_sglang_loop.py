@@ -38,7 +38,6 @@ import dataclasses
 import json
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,7 @@ import pytest
 
 from e2e.cluster import LocalCluster
 from e2e.fleet import GroundTruth, Scenario, Workload
-from e2e.fleet.stack import Stack, condition, isvc_events
+from e2e.fleet.stack import Stack, condition, isvc_events, run_engine_cases
 from e2e.fleet.testing import H100_8B
 from e2e.fleet.truth import GiB
 from kvpilot.tuner import sglang
@@ -171,25 +170,9 @@ def rollout_done(obj: dict[str, Any]) -> bool:
 def loop(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
     run_dir = Path(tmp_path_factory.mktemp("sglang-loop"))
     cases = {k: dataclasses.replace(v) for k, v in CASES.items()}
-    for name, case in cases.items():
-        case.ns = f"e2e-sg-{name}-{uuid.uuid4().hex[:5]}"
-        cluster.kubectl("create", "namespace", case.ns)
-    stack = Stack(
-        cluster,
-        run_dir,
-        namespaces=[c.ns for c in cases.values()],
-        operator_namespaces=["e2e-sg-*"],
-        operator_extra_env={"KVPILOT_PROBATION_SECONDS": f"{PROBATION_S:g}"},
-        scenarios={
-            (c.ns, name): Scenario(name=name, truth=c.truth, workload=c.workload, seed=i)
-            for i, (name, c) in enumerate(cases.items())
-        },
-    )
-    stack.start()
-    try:
-        for c in cases.values():
-            cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", c.ns, "--timeout=60s")
-        cluster.apply([isvc_manifest(name, c.ns, c) for name, c in cases.items()])
+    with run_engine_cases(
+        cluster, run_dir, "e2e-sg", cases, isvc_manifest, probation_s=PROBATION_S, what="SGLang loop"
+    ) as stack:
         loop = Loop(stack, cases, time.monotonic())
         for name, c in cases.items():
             if c.mode != "Auto":  # SGLang's own defaults run: no flags applied
@@ -211,10 +194,6 @@ def loop(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         assert stack.fleet is not None
         stack.fleet.set_scenario(oom.ns, "oom", Scenario(name="oom", truth=oom.truth, workload=oom.workload))
         yield loop
-        assert not stack.fleet.errors, stack.fleet.errors
-    finally:
-        stack.stop_and_clean([c.ns for c in cases.values()])
-        print(f"SGLang loop run directory (operator and Prometheus logs): {run_dir}")
 
 
 def test_a_runtime_oom_lowers_the_fraction_and_the_new_flags_pass_probation(loop: Loop) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +36,8 @@ from typing import Any
 import pytest
 
 from e2e.cluster import LocalCluster
-from e2e.fleet import GroundTruth, Scenario, Workload
-from e2e.fleet.stack import Stack, condition, isvc_events
+from e2e.fleet import GroundTruth, Workload
+from e2e.fleet.stack import Stack, condition, isvc_events, run_engine_cases
 from e2e.fleet.testing import H100_8B
 from kvpilot.tuner import tgi
 
@@ -131,30 +130,10 @@ class Loop:
 def loop(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
     run_dir = Path(tmp_path_factory.mktemp("tgi-loop"))
     cases = {k: dataclasses.replace(v) for k, v in CASES.items()}
-    for name, case in cases.items():
-        case.ns = f"e2e-tgi-{name}-{uuid.uuid4().hex[:5]}"
-        cluster.kubectl("create", "namespace", case.ns)
-    stack = Stack(
-        cluster,
-        run_dir,
-        namespaces=[c.ns for c in cases.values()],
-        operator_namespaces=["e2e-tgi-*"],
-        operator_extra_env={"KVPILOT_PROBATION_SECONDS": f"{PROBATION_S:g}"},
-        scenarios={
-            (c.ns, name): Scenario(name=name, truth=c.truth, workload=c.workload, seed=i)
-            for i, (name, c) in enumerate(cases.items())
-        },
-    )
-    stack.start()
-    try:
-        for c in cases.values():
-            cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", c.ns, "--timeout=60s")
-        cluster.apply([isvc_manifest(name, c.ns, c) for name, c in cases.items()])
+    with run_engine_cases(
+        cluster, run_dir, "e2e-tgi", cases, isvc_manifest, probation_s=PROBATION_S, what="TGI loop"
+    ) as stack:
         yield Loop(stack, cases, time.monotonic())
-        assert stack.fleet is not None and not stack.fleet.errors, stack.fleet.errors
-    finally:
-        stack.stop_and_clean([c.ns for c in cases.values()])
-        print(f"TGI loop run directory (operator and Prometheus logs): {run_dir}")
 
 
 def test_a_warmup_that_cannot_hold_the_prefill_gets_a_smaller_one_rolled_out_and_becomes_ready(

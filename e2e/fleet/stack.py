@@ -11,14 +11,15 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from e2e.fleet.fleet import Fleet
 from e2e.fleet.kopf_process import OperatorProcess
 from e2e.fleet.testing import wait_until
-from e2e.fleet.truth import EngineArgs, Scenario
+from e2e.fleet.truth import EngineArgs, GroundTruth, Scenario, Workload
 from e2e.prometheus import PrometheusServer, WebSecurity
 from e2e.waits import wait_established
 
@@ -283,3 +284,53 @@ class Stack:
                 f"operator log tail:\n{self.operator.log_tail() if self.operator else ''}"
             ) from None
         return last
+
+
+class EngineCase(Protocol):
+    """One InferenceService of a loop module's scenarios: its namespace (set here), truth and load."""
+
+    ns: str
+    truth: GroundTruth
+    workload: Workload
+
+
+@contextlib.contextmanager
+def run_engine_cases(
+    cluster: Any,
+    run_dir: Path,
+    prefix: str,
+    cases: Mapping[str, EngineCase],
+    manifest: Callable[[str, str, Any], dict[str, Any]],
+    *,
+    probation_s: float,
+    what: str,
+) -> Iterator[Stack]:
+    """A loop module's cases, each an InferenceService named after its key in a namespace of its own
+    (``{prefix}-{name}-…``, set on the case), on one :class:`Stack` whose fleet plays each case's truth and
+    load and whose operator runs with a ``probation_s`` probation; the fleet must have met no error by the
+    end, and the namespaces are cleaned up whatever happens. ``what`` names the run directory's print."""
+    for name, case in cases.items():
+        case.ns = f"{prefix}-{name}-{uuid.uuid4().hex[:5]}"
+        cluster.kubectl("create", "namespace", case.ns)
+    stack = Stack(
+        cluster,
+        run_dir,
+        namespaces=[c.ns for c in cases.values()],
+        operator_namespaces=[f"{prefix}-*"],
+        operator_extra_env={"KVPILOT_PROBATION_SECONDS": f"{probation_s:g}"},
+        scenarios={
+            (c.ns, name): Scenario(name=name, truth=c.truth, workload=c.workload, seed=i)
+            for i, (name, c) in enumerate(cases.items())
+        },
+    )
+    stack.start()
+    try:
+        for c in cases.values():
+            cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", c.ns, "--timeout=60s")
+        cluster.apply([manifest(name, c.ns, c) for name, c in cases.items()])
+        yield stack
+        assert stack.fleet is not None
+        assert not stack.fleet.errors, stack.fleet.errors
+    finally:
+        stack.stop_and_clean([c.ns for c in cases.values()])
+        print(f"{what} run directory (operator and Prometheus logs): {run_dir}")

@@ -544,28 +544,27 @@ async def test_the_closed_loop_does_not_hold_a_vllm_service(harness: Harness) ->
     assert all(c["type"] != "ClosedLoop" for c in body["status"]["conditions"])
 
 
-def test_kvpilot_render_prints_the_sglang_example() -> None:
+def render_example(engine: str) -> dict[str, Any]:
+    """``kvpilot render`` of ``examples/<engine>/llama-3.1-8b-on-l4.yaml``: a Service and a Deployment,
+    whose engine container it returns."""
     out, err = io.StringIO(), io.StringIO()
     code = cli.main(
-        ["render", "-f", str(ROOT / "examples" / "sglang" / "llama-3.1-8b-on-l4.yaml")], out=out, err=err
+        ["render", "-f", str(ROOT / "examples" / engine / "llama-3.1-8b-on-l4.yaml")], out=out, err=err
     )
     assert code == 0, err.getvalue()
     docs = [d for d in yaml.safe_load_all(out.getvalue()) if d]
     assert [d["kind"] for d in docs] == ["Service", "Deployment"]
-    c = container(docs)
+    return container(docs)
+
+
+def test_kvpilot_render_prints_the_sglang_example() -> None:
+    c = render_example("sglang")
     assert c["command"] == ["python3", "-m", "sglang.launch_server"] and c["image"] == SGLANG_IMAGE
     assert int(flag(c["args"], "--context-length") or 0) == 23552  # 32K shortened to the L4's pool
 
 
 def test_kvpilot_render_prints_the_tgi_example() -> None:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(
-        ["render", "-f", str(ROOT / "examples" / "tgi" / "llama-3.1-8b-on-l4.yaml")], out=out, err=err
-    )
-    assert code == 0, err.getvalue()
-    docs = [d for d in yaml.safe_load_all(out.getvalue()) if d]
-    assert [d["kind"] for d in docs] == ["Service", "Deployment"]
-    c = container(docs)
+    c = render_example("tgi")
     assert c["image"].startswith(tgi.serving.IMAGE_REPOSITORY + ":")
     assert flag(c["args"], tgi.FLAGS["max_total_tokens"]) == "8192"  # serving.maxContextLength fits the L4
     assert flag(c["args"], tgi.PORT_FLAG) == str(tgi.serving.PORT)

@@ -175,13 +175,15 @@ def fraction_of(settings: sglang.SglangSettings) -> float:
 # --- what the history ruled out -------------------------------------------------------------------
 
 
+def layout_of(x: sglang.SglangSettings, *, context: bool = False) -> tuple[object, ...]:
+    """What a run's memory evidence is bound to: parallelism, KV dtype and page size (and, with
+    ``context``, the context length). A failure says nothing about settings of another layout."""
+    layout = (x.tp_size, x.pp_size, x.kv_cache_dtype, x.page_size)
+    return (*layout, x.context_length) if context else layout
+
+
 def _same_layout(a: sglang.SglangSettings, b: sglang.SglangSettings) -> bool:
-    return (a.tp_size, a.pp_size, a.kv_cache_dtype, a.page_size) == (
-        b.tp_size,
-        b.pp_size,
-        b.kv_cache_dtype,
-        b.page_size,
-    )
+    return layout_of(a) == layout_of(b)
 
 
 def is_ruled_out(candidate: sglang.SglangSettings, s: SglangSituation) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kvpilot.tuner import sglang
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.remedies import IDLE_CAPACITY
 from kvpilot.tuner.loop.sglang_fit import (
@@ -17,6 +16,7 @@ from kvpilot.tuner.loop.sglang_fit import (
     SglangSituation,
     compute_effective,
     fraction_of,
+    layout_of,
 )
 from kvpilot.tuner.loop.sglang_rules import allows_raise
 
@@ -138,9 +138,6 @@ def _failed_running_target(s: SglangSituation, limit: int) -> tuple[int, str] | 
     :func:`~.sglang_fit.is_ruled_out` rules out only the failed batch and more."""
     p, eff = s.policy, s.effective
 
-    def layout(x: sglang.SglangSettings) -> tuple[object, ...]:
-        return (x.tp_size, x.pp_size, x.kv_cache_dtype, x.page_size, x.context_length)
-
     targets: list[tuple[int, str]] = []
     for run in s.failed:
         if run.kind not in ("start_oom", "runtime_oom", "rollout_failed"):
@@ -150,7 +147,7 @@ def _failed_running_target(s: SglangSituation, limit: int) -> tuple[int, str] | 
         if (
             count is None
             or count <= limit
-            or layout(failed) != layout(eff)
+            or layout_of(failed, context=True) != layout_of(eff, context=True)
             or fraction_of(failed) > fraction_of(eff) + 1e-9
             or (failed.chunked_prefill_size or 0) > (eff.chunked_prefill_size or 0)
         ):

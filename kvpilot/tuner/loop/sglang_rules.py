@@ -64,6 +64,7 @@ from kvpilot.tuner.loop.sglang_fit import (
     floor_grid,
     fraction_of,
     holds_full_request,
+    layout_of,
     predict_pool_tokens,
 )
 
@@ -239,14 +240,12 @@ def _batch_cut(s: SglangSituation) -> tuple[int, str] | None:
     crashes, bench sglang-bad-new-settings before its raise could be rolled back)."""
     eff, p = s.effective, s.policy
 
-    def layout(x: sglang.SglangSettings) -> tuple[object, ...]:
-        return (x.tp_size, x.pp_size, x.kv_cache_dtype, x.page_size, x.context_length)
-
     same = [
         (run, fraction_of(failed))
         for run in s.failed
         if run.kind == "runtime_oom"
-        and layout(failed := compute_effective(run.settings, s.memory)) == layout(eff)
+        and layout_of(failed := compute_effective(run.settings, s.memory), context=True)
+        == layout_of(eff, context=True)
         and fraction_of(failed) >= fraction_of(eff) - 1e-9
         and (failed.chunked_prefill_size or 0) >= (eff.chunked_prefill_size or 0)
         and (failed.max_running_requests or 0) >= (eff.max_running_requests or 0)
