@@ -15,7 +15,7 @@ popular guides give:
 
 By default it scores the calibration set, ``tests/data/vllm_memory_cases_2026.json`` (the public
 start-ups of 2026 models, made scoreable by ``bench/memory_cases_2026.py``) and
-``tests/data/vllm_memory_cases_public_2x.json`` (public vLLM 0.24-0.28 start-ups collected afterwards,
+``tests/data/vllm_memory_cases_public_2x.json`` (public vLLM 0.20-0.28 start-ups collected afterwards,
 not used to fit anything), each file on its own and, for every file, the error of the available KV cache
 per vLLM release (``by release``).
 
