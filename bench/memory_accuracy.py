@@ -173,7 +173,7 @@ def _logged_terms(case: dict[str, Any], row: dict[str, Any]) -> str | None:
     if obs.get("peak_activation_gib") is None or row.get("activation_gib") is None:
         return None
     version = vllm.parse_version(next(iter(str(case.get("vllm_version") or "").split()), None))
-    combined = vllm.logs_graph_estimate_in_activation(version) and vllm.subtracts_cuda_graphs(version)
+    combined = vllm.logs_graph_estimate_in_activation(version) and bool(row.get("cuda_graphs_in_budget"))
     activation = row["activation_gib"] + (row["cuda_graph_gib"] if combined else 0.0)
     label = "activation + graph estimate" if combined else "activation"
 

@@ -6,7 +6,8 @@ text search), then writes
 
 * ``tests/data/vllm_release_facts.json``: per release, the model runner default, Mamba align mode,
   the null block in the KV fit check and where its ValueError is raised, the CUDA-graph subtraction,
-  the sampler warm-up and the batch default tiers, each with the file and function it was read from;
+  the sampler warm-up, the batch default tiers and how the KV token count is logged (also for the
+  patches in ``PATCHES``), each with the file and function it was read from;
   ``tests/tuner/test_vllm_release_facts.py`` checks :mod:`kvpilot.tuner.vllm` against it (no network);
 * ``kvpilot/tuner/vllm/registry_data.py``: the architectures each release's model registry serves
   (``model_executor/models/registry.py::_VLLM_MODELS``), which the tuner refuses others by.
@@ -43,6 +44,10 @@ RELEASES = (
     "0.33.0",
 )
 """The newest patch of every minor release from 0.19 to 0.33 on PyPI."""
+
+PATCHES = ("0.20.0", "0.20.1")
+"""Earlier patches read for the facts that changed inside a minor release: the KV token report moved to
+concurrency x length in 0.20.1 (0.20.0 still logs blocks per group)."""
 
 ROOT = Path(__file__).resolve().parent.parent
 FACTS = ROOT / "tests" / "data" / "vllm_release_facts.json"
@@ -228,8 +233,11 @@ def cuda_graphs(pkg: Path) -> dict[str, Any]:
         for p in (pkg / "v1" / "worker").rglob("*.py")
         if "def profile_cudagraph_memory" in p.read_text()
     )
+    v2 = pkg / "v1" / "worker" / "gpu" / "model_runner.py"
+    v2_source = _functions(v2).get("profile_cudagraph_memory", ("", ""))[1] if v2.exists() else ""
     return {
         "subtracted": where is not None and env == "1",
+        "v2_estimates": bool(v2_source) and not re.search(r"^\s*return 0\s*$", v2_source, re.M),
         "env": "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
         "env_default": env,
         "where": where,
@@ -310,6 +318,20 @@ def sampler_warmup(pkg: Path) -> dict[str, Any]:
         if "for_sampler_warmup()" in p.read_text()
     )
     return {"for_sampler_warmup": defined, "used_by": users}
+
+
+def kv_tokens_report(pkg: Path) -> dict[str, Any]:
+    """How the start-up log's "GPU KV cache size: N tokens" is computed: ``num_blocks // num_groups *
+    block_size`` (per group) or ``max_concurrency * max_model_len`` (concurrency)."""
+    path = pkg / "v1" / "core" / "kv_cache_utils.py"
+    text = path.read_text()
+    by_concurrency = "int(max_concurrency * max_model_len)"
+    concurrency = by_concurrency in text
+    needle = by_concurrency if concurrency else "// len(kv_cache_config.kv_cache_groups)"
+    return {
+        "report": "concurrency" if concurrency else "per_group",
+        "at": _at(pkg, path, _line(path, needle)),
+    }
 
 
 def batch_defaults(pkg: Path) -> dict[str, Any]:
@@ -400,9 +422,19 @@ def main() -> None:
             "collectives": collectives(pkg),
             "sampler_warmup": sampler_warmup(pkg),
             "batch_defaults": batch_defaults(pkg),
+            "kv_tokens_report": kv_tokens_report(pkg),
         }
         served[version] = registry(pkg)
-    out = {"generator": "bench/vllm_release_facts.py", "wheels": list(RELEASES), "releases": facts}
+    patches = {
+        version: {"kv_tokens_report": kv_tokens_report(fetch(version, args.wheels, args.src))}
+        for version in PATCHES
+    }
+    out = {
+        "generator": "bench/vllm_release_facts.py",
+        "wheels": list(RELEASES),
+        "releases": facts,
+        "patches": patches,
+    }
     FACTS.write_text(json.dumps(out, indent=1, sort_keys=False) + "\n")
     write_registry(served)
     print(f"wrote {FACTS.relative_to(ROOT)} and {REGISTRY.relative_to(ROOT)}")

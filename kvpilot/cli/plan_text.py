@@ -87,6 +87,7 @@ def format_plan(plan: Plan, model: str, *, args: tuple[str, ...] | None = None, 
     for name, value in dataclasses.asdict(s).items():
         lines.append(f"  {name:<26}{'(vLLM default)' if value is None else value}")
     util = s.gpu_memory_utilization
+    graphs_label = "- CUDA graphs" if b.cuda_graphs_in_budget else "(CUDA graphs, after it)"
     lines += [
         "",
         "Memory per GPU (GiB)",
@@ -96,7 +97,7 @@ def format_plan(plan: Plan, model: str, *, args: tuple[str, ...] | None = None, 
         f"  {'- activation peak':<26}{b.activation_gib:>9.2f}",
         f"  {'- sampler state (V2)':<26}{b.sampler_state_gib:>9.2f}",
         f"  {'- non-torch':<26}{b.non_torch_gib:>9.2f}",
-        f"  {'- CUDA graphs':<26}{b.cuda_graph_gib:>9.2f}",
+        f"  {graphs_label:<26}{b.cuda_graph_gib:>9.2f}",
         f"  {'= KV cache (pinned)' if plan.kv_cache_memory_bytes else '= KV cache':<26}"
         f"{b.available_kv_cache_gib:>9.2f}",
         "",

@@ -148,6 +148,10 @@ class MemoryBudget:
     """Model Runner V2's persistent sampler buffers (0.33+; on the last pipeline stage), inside the
     budget beside the weights: ``requested = weights + activation + sampler_state + non_torch
     [+ cuda_graphs] + available_kv_cache``."""
+    cuda_graphs_in_budget: bool = True
+    """Whether vLLM subtracts its CUDA-graph estimate from the budget before sizing the KV cache
+    (:func:`kvpilot.tuner.vllm.subtracts_cuda_graphs`); otherwise the graphs are captured afterwards, in
+    the memory the utilisation leaves free."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,17 @@ def test_cuda_graphs_subtracted(minor: str) -> None:
 
 
 @pytest.mark.parametrize("minor", IDS)
+def test_model_runner_v2_subtracts_its_graphs_where_its_release_estimates_them(minor: str) -> None:
+    """0.22-0.28's V2 ``profile_cudagraph_memory`` returns 0: a V2 engine of those releases captures its
+    graphs outside the budget; the V1 runner's estimate is subtracted in every release that subtracts."""
+    fact = RELEASES[minor]["cuda_graphs"]
+    version = _v(minor)
+    v2_subtracts = fact["subtracted"] and fact["v2_estimates"]
+    assert vllm.subtracts_cuda_graphs(version, model_runner_v2=True) is v2_subtracts
+    assert vllm.subtracts_cuda_graphs(version, model_runner_v2=False) is fact["subtracted"]
+
+
+@pytest.mark.parametrize("minor", IDS)
 def test_logged_peak_activation_holds_the_graph_estimate(minor: str) -> None:
     """0.27+ log ``transient_peak_headroom + cudagraph_memory_estimate_applied`` as "peak activation"."""
     fact = RELEASES[minor]["profiler"]
@@ -142,6 +153,28 @@ def test_sampler_warmup_belongs_to_the_v2_runner(minor: str) -> None:
     fact = RELEASES[minor]["sampler_warmup"]
     assert fact["for_sampler_warmup"]
     assert fact["used_by"] and all(w.startswith("vllm/v1/worker/gpu/") for w in fact["used_by"])
+
+
+@pytest.mark.parametrize("minor", IDS)
+def test_the_v2_profile_run_samples_in_fp32_where_its_release_does(minor: str) -> None:
+    """The V2 profile run's ``_dummy_sampler_run`` (``v1/worker/gpu/model_runner.py``) uses the warm-up
+    parameters in this release's own code exactly where kvpilot budgets the fp32 sampling pipeline for it."""
+    used_by = RELEASES[minor]["sampler_warmup"]["used_by"]
+    in_profile = "vllm/v1/worker/gpu/model_runner.py::_dummy_sampler_run" in used_by
+    assert vllm.profile_samples_in_fp32(_v(minor)) is in_profile
+
+
+def _token_reports() -> list[tuple[str, str]]:
+    reports = [(f["wheel"], f["kv_tokens_report"]["report"]) for f in RELEASES.values()]
+    reports += [(wheel, f["kv_tokens_report"]["report"]) for wheel, f in DATA["patches"].items()]
+    return reports
+
+
+@pytest.mark.parametrize(("wheel", "report"), _token_reports())
+def test_the_kv_token_count_is_read_as_each_release_logs_it(wheel: str, report: str) -> None:
+    """Per group before 0.20.1, concurrency x length from it: read from each wheel, patches included."""
+    assert report in {"per_group", "concurrency"}
+    assert vllm.reports_tokens_per_group(vllm.parse_version(wheel)) is (report == "per_group")
 
 
 _BIG = GpuSpec(name="B200", total_bytes=180 * GIB, compute_capability=(10, 0), fp8_kv=True)

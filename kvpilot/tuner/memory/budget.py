@@ -43,7 +43,7 @@ from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
-MEMORY_MODEL_VERSION = "2026.12.5.3"
+MEMORY_MODEL_VERSION = "2026.12.7.1"
 """The memory model's version: bump it whenever a change here (or in :mod:`.kv_cache`, :mod:`.weights`)
 moves a prediction. Fleet-learned TuningProfiles are keyed by it
 (:mod:`kvpilot.tuner.plan.profiles`), so a new memory model never reuses ratios learned against the old one's
@@ -195,6 +195,7 @@ def compute_activation_bytes(
     version: vllm.Version,
     max_model_len: int | None = None,
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
+    model_runner_v2: bool = False,
 ) -> int:
     """Torch peak memory increase of the profile run on one rank.
 
@@ -207,7 +208,12 @@ def compute_activation_bytes(
     On the first stage of a multimodal model the profile run first encodes vLLM's dummy items
     (:mod:`.encoder`): the peak is the larger of that forward's and the decoder's, the decoder's with
     the encoder cache still held. ``max_model_len`` sizes the dummy items (Qwen2-VL's video frames,
-    items per prompt); ``None`` stands for the model's own maximum."""
+    items per prompt); ``None`` stands for the model's own maximum.
+
+    The sampler's share is the V1 runner's dummy sampling (fp32 logits and their copies, the fitted
+    ``sampler_bytes_per_logit``), and Model Runner V2's from 0.33 (its fp32 warm-up pass); V2 before 0.33
+    samples once from the model-dtype logits, which are then its whole peak
+    (:func:`kvpilot.tuner.vllm.profile_samples_in_fp32`)."""
     c = coefficients(version)
     b = DTYPE_BYTES[dtype]
     tokens = max_num_batched_tokens
@@ -236,7 +242,8 @@ def compute_activation_bytes(
     sampler = 0.0
     if last:
         rows = min(max_num_seqs, tokens)
-        sampler = rows * model.vocab_size * (c.sampler_bytes_per_logit + b)
+        fp32_pipeline = not model_runner_v2 or vllm.profile_samples_in_fp32(version)
+        sampler = rows * model.vocab_size * ((c.sampler_bytes_per_logit if fp32_pipeline else 0.0) + b)
     workspace = 0.0
     if moe is not None and not (model.quantization and model.quantization.method == "mxfp4"):
         expert = moe.moe_intermediate_size / (1 if expert_shards.expert_parallel else tp * dp)
@@ -471,7 +478,7 @@ def _compute_shared_costs(
     )
     return _SharedCosts(
         graphs,
-        vllm.subtracts_cuda_graphs(version),
+        vllm.subtracts_cuda_graphs(version, r.model_runner_v2),
         in_flight,
         compute_non_torch_bytes(r.tp, r.pp, version, interconnect=gpu.interconnect),
     )
@@ -514,6 +521,7 @@ def _compute_stage(
         version=version,
         max_model_len=r.max_model_len,
         expert_shards=expert_shards,
+        model_runner_v2=r.model_runner_v2,
     )
     state = compute_sampler_state_bytes(model, r, last_stage=rank == r.pp - 1)
     if kv_cache_memory_bytes is not None:
@@ -586,6 +594,7 @@ def _build_budget(
         cuda_graph_gib=shared.graphs / GIB,
         available_kv_cache_gib=first.available / GIB,
         sampler_state_gib=first.sampler_state / GIB,
+        cuda_graphs_in_budget=shared.subtract_graphs,
         kv_pool_bytes=max(0, min(s.available for s in stages)),
         kv_bytes_per_token=first.layout.bytes_per_token,
         num_gpu_blocks=max(0, fit.blocks),

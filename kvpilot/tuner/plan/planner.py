@@ -90,7 +90,7 @@ def compute_safe_utilization(
         performance_mode=r.performance_mode,
         enforce_eager=engine.enforce_eager,
     )
-    graph_share = GRAPH_ESTIMATE_ERROR if vllm.subtracts_cuda_graphs(version) else 1.0
+    graph_share = GRAPH_ESTIMATE_ERROR if vllm.subtracts_cuda_graphs(version, r.model_runner_v2) else 1.0
     logits = memory.compute_warmup_logits_bytes(model, r)
     headroom = (
         memory.CUDA_CONTEXT_GIB * GIB

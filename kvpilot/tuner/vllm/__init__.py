@@ -162,9 +162,11 @@ from kvpilot.tuner.vllm.parallel import (
 from kvpilot.tuner.vllm.runner import (
     BLACKWELL_CAPTURE_LIMIT_SINCE,
     CAPTURE_OFF_GRID_SIZES_SINCE,
+    PROFILE_SAMPLER_WARMUP_PASS_SINCE,
     SAMPLER_WARMUP_V2_BYTES_PER_LOGIT,
     compute_sampler_state_bytes,
     cuda_graph_capture_sizes,
+    profile_samples_in_fp32,
 )
 from kvpilot.tuner.vllm.runner_defaults import RUNNER_RULES, RunnerModel, default_runner_is_v2
 from kvpilot.tuner.vllm.sizing import (
@@ -193,6 +195,7 @@ from kvpilot.tuner.vllm.versions import (
     PINNED_VERSION,
     PINNED_VLLM_VERSION,
     TOTAL_CONSUMED_ACCOUNTING_SINCE,
+    V2_GRAPH_ESTIMATE_SINCE,
     V2_RUNNER_ENV,
     BatchDefaults,
     Version,
@@ -284,6 +287,7 @@ __all__ = [
     "RUNNER_RULES",
     "RunnerModel",
     "SAFE_PYTHON_ENV",
+    "PROFILE_SAMPLER_WARMUP_PASS_SINCE",
     "SAMPLER_WARMUP_V2_BYTES_PER_LOGIT",
     "SIZING_ENV_PREFIXES",
     "SIZING_OVERRIDE_FLAGS",
@@ -329,6 +333,7 @@ __all__ = [
     "default_gpu_memory_utilization",
     "default_kv_block_size",
     "default_runner_is_v2",
+    "profile_samples_in_fp32",
     "describe_change",
     "describe_missing_streamer",
     "describe_settings",
@@ -374,6 +379,7 @@ __all__ = [
     "served_architectures",
     "state_pages_per_request",
     "subtracts_cuda_graphs",
+    "V2_GRAPH_ESTIMATE_SINCE",
     "uses_flashinfer_gdn",
     "uses_flashkda",
     "uses_mamba_align_mode",

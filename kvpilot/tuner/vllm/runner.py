@@ -60,6 +60,22 @@ per-program buffer (``v1/sample/ops/topk_topp_triton.py``; not per row). Raw-mod
 top-5 of the model-dtype logits (``sample/logprob.py::compute_topk_scores``): no vocab-wide buffer."""
 
 
+PROFILE_SAMPLER_WARMUP_PASS_SINCE: Version = (0, 33)
+"""The first release whose V2 profile run samples a second time with ``SamplingParams.for_sampler_warmup()``
+(the fp32 pipeline :data:`SAMPLER_WARMUP_V2_BYTES_PER_LOGIT` describes). 0.21-0.32's
+``v1/worker/gpu/model_runner.py::_dummy_sampler_run`` runs one default pass: the dummy requests need no
+logits processing (``sample/sampler.py::_requires_logits_processing``), so no fp32 copy is made and
+``sample/gumbel.py::gumbel_sample`` keeps only per-block maxima (``rows x cdiv(vocab, 1024)``): the peak
+is the model-dtype logits. Established from each wheel (``bench/vllm_release_facts.py``,
+``sampler_warmup.used_by``)."""
+
+
+def profile_samples_in_fp32(version: Version) -> bool:
+    """Whether Model Runner V2's profile run pays for the fp32 sampling pipeline
+    (:data:`PROFILE_SAMPLER_WARMUP_PASS_SINCE`); before it, its sampler peak is the logits alone."""
+    return version >= PROFILE_SAMPLER_WARMUP_PASS_SINCE
+
+
 CAPTURE_OFF_GRID_SIZES_SINCE: Version = (0, 31)
 """The first release that also captures ``max_num_seqs`` and ``max_num_batched_tokens`` off the grid
 (and caps the grid at ``max_num_batched_tokens`` before building it); 0.19-0.30 build the grid only.

@@ -185,14 +185,25 @@ def default_block_size(version: Version) -> int:
     return DEFAULT_BLOCK_SIZE
 
 
-def subtracts_cuda_graphs(version: Version) -> bool:
-    """Whether the KV budget subtracts the CUDA-graph estimate (env default on from 0.20).
+V2_GRAPH_ESTIMATE_SINCE: Version = (0, 29)
+"""The first release whose Model Runner V2 estimates its CUDA graphs before the KV cache is sized:
+0.22-0.28's ``v1/worker/gpu/model_runner.py::GPUModelRunner.profile_cudagraph_memory`` returns 0 ("It is
+TBD whether we keep this API or not"), so a V2 engine of those releases captures its graphs outside the
+budget, as releases before 0.20 do. Established from each wheel (``bench/vllm_release_facts.py``,
+``cuda_graphs.v2_estimates``)."""
+
+
+def subtracts_cuda_graphs(version: Version, model_runner_v2: bool = False) -> bool:
+    """Whether the KV budget subtracts the CUDA-graph estimate (env default on from 0.20; under Model
+    Runner V2 from :data:`V2_GRAPH_ESTIMATE_SINCE`).
 
     0.33: ``v1/worker/gpu_worker.py::Worker.determine_available_memory`` subtracts
     ``model_runner.profile_cudagraph_memory()`` when ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``
     (default 1); under Model Runner V2 that is ``v1/worker/gpu/cudagraph_utils.py``'s estimate,
     which captures the PIECEWISE graphs and the largest FULL graphs into a throw-away pool and
     extrapolates."""
+    if model_runner_v2 and version < V2_GRAPH_ESTIMATE_SINCE:
+        return False
     return version >= (0, 20)
 
 
@@ -306,9 +317,18 @@ def in_flight_batches(
     return 2 if pipeline_parallel_size == 1 else pipeline_parallel_size
 
 
+TOKENS_AS_CONCURRENCY_SINCE: Version = (0, 20, 1)
+"""The first release whose "GPU KV cache size: N tokens" is ``int(max_concurrency x max_model_len)``
+(``v1/core/kv_cache_utils.py``); before it, ``num_blocks // num_groups x block_size``. A patch-release
+change: 0.20.0 logs per group, 0.20.1 and 0.20.2 by concurrency (``bench/vllm_release_facts.py``,
+``kv_tokens_report``)."""
+
+
 def reports_tokens_per_group(version: Version) -> bool:
-    """<= 0.20 logs ``num_blocks // num_groups * block_size`` tokens; later, concurrency x length."""
-    return version < (0, 21)
+    """Whether the release logs ``num_blocks // num_groups * block_size`` tokens (before
+    :data:`TOKENS_AS_CONCURRENCY_SINCE`); later, concurrency x length. A bare minor (``(0, 20)``) is its
+    ``.0``."""
+    return version < TOKENS_AS_CONCURRENCY_SINCE
 
 
 NULL_BLOCK_IN_CHECK_SINCE: Version = (0, 29)
