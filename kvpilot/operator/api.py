@@ -766,12 +766,16 @@ class Discovered(_Wire):
     """``status.discovered``: what kvpilot read from the target (its pod template and its pods' nodes)."""
 
     container: str | None = Field(None, max_length=63)
+    engine: EngineKind | None = None
+    """The engine the container runs (``None`` in a status written before kvpilot read others: vLLM)."""
     model: str | None = Field(None, max_length=256)
     model_origin: str | None = Field(None, max_length=256)
     args_origin: str | None = Field(None, max_length=256)
     gpu_product: str | None = Field(None, max_length=128)
     gpu_count: int | None = None
     settings: Settings | None = None
+    engine_args: list[str] | None = Field(None, max_length=64)
+    """Another engine's (SGLang's, TGI's) tuned flags the container runs, in its own spelling."""
     vllm_env: dict[str, Annotated[str, Field(max_length=1024)]] = Field(default_factory=dict, max_length=32)
     pods: int | None = None
     pods_tuned: int | None = None

@@ -161,6 +161,20 @@ def test_unknown_flags_are_refused_by_the_probe_parser() -> None:
     assert all("unrecognized arguments" in parsed.get("error", "") for parsed in answer["parse"]), answer
 
 
+def test_the_aliases_kvpilot_reads_are_sglangs() -> None:
+    """A target's command may spell a flag by its alias (:data:`kvpilot.tuner.sglang.ALIASES`,
+    ``--model`` for ``--model-path``): SGLang's parser reads them as kvpilot does."""
+    argv = [sglang.MODEL_ALIASES[0], "m"]
+    for alias, flag in sglang.ALIASES.items():
+        argv += [alias, "2"]
+        assert flag in sglang.FLAGS.values(), flag
+    (parsed,) = _ask(json.dumps({"parse": [argv], "resolve": []}))["parse"]
+    assert "error" not in parsed, parsed
+    ours = sglang.parse_sglang_args(argv)
+    assert parsed["model_path"] == "m"
+    assert (parsed["tp_size"], parsed["pp_size"]) == (ours.tp_size, ours.pp_size) == (2, 2)
+
+
 def _resolved_case(answers: dict[str, Any], i: int) -> tuple[list[str], float, dict[str, Any]]:
     case = answers["request"]["resolve"][i]
     return case["argv"], case["gpu_mib"], answers["resolve"][i]

@@ -264,63 +264,6 @@ async def test_kserve_target_needs_the_model_and_says_so(kube: FakeTargetKube) -
     assert body["status"]["discovered"]["argsOrigin"] == "args"
 
 
-@pytest.mark.parametrize(
-    ("engine", "container"),
-    [
-        (
-            "SGLang",
-            {
-                "name": "server",
-                "image": "lmsysorg/sglang:v0.5.3-cu126",
-                "command": ["python3", "-m", "sglang.launch_server"],
-                "args": ["--model-path", LLAMA, "--mem-fraction-static", "0.85"],
-            },
-        ),
-        (
-            "SGLang",  # the server started from a shell script in another image
-            {
-                "name": "server",
-                "image": "registry.local/llm:1",
-                "command": ["sh", "-c", "python -m sglang.launch_server --model-path $M"],
-            },
-        ),
-        (
-            "TGI",  # the image's entry point runs the launcher: the container gives arguments only
-            {
-                "name": "server",
-                "image": "ghcr.io/huggingface/text-generation-inference:3.3.7",
-                "command": None,
-                "args": ["--model-id", LLAMA, "--max-total-tokens", "8192"],
-            },
-        ),
-    ],
-)
-async def test_another_engines_target_is_named_with_what_tunes_it(
-    kube: FakeTargetKube, engine: str, container: dict[str, Any]
-) -> None:
-    other = deployment("other", [])
-    other["spec"]["template"]["spec"]["containers"] = [
-        {"resources": {"limits": {"nvidia.com/gpu": 1}}, **container}
-    ]
-    kube.workloads[(NS, "Deployment", "other")] = other
-    kube.pods = [pod_of(other, "other-abc12-x")]
-    for named in ({}, {"containerName": "server"}):
-        body = tuner("Recommend", "other", **named)
-        with pytest.raises(kopf.TemporaryError):
-            await run(body, kube, RecordingEmitter())
-        discovered = cond(body, "Discovered")
-        assert (discovered["status"], discovered["reason"]) == ("False", "UnsupportedEngine")
-        assert f"runs {engine}, not vLLM" in discovered["message"]
-        assert f"spec.engine.kind {engine}" in discovered["message"]
-    # a vLLM container beside it is still the one tuned
-    vllm_container = deployment("x", PS_COMMAND)["spec"]["template"]["spec"]["containers"][0]
-    other["spec"]["template"]["spec"]["containers"].append(vllm_container)
-    kube.pods = [pod_of(other, "other-abc12-x")]
-    body = tuner("Recommend", "other")
-    await run(body, kube, RecordingEmitter())
-    assert cond(body, "Discovered")["status"] == "True"
-
-
 async def test_missing_target_and_unlabelled_nodes(kube: FakeTargetKube) -> None:
     body = tuner("Recommend", "nope")
     with pytest.raises(kopf.TemporaryError):

@@ -14,7 +14,7 @@ import pytest
 
 from e2e.tenant_cases import ALICE_MAY_USE, MODEL, REFUSED, WHO, pod, sidecar
 from kvpilot.operator import conditions, errors
-from kvpilot.operator.enginetuner import target_reading
+from kvpilot.operator.enginetuner import target_observed
 from kvpilot.operator.inferenceservice import desired
 from kvpilot.operator.pods import tenant_guard, tenant_settings
 from kvpilot.operator.pods.tenant_settings import TenantConfigError, TenantSettings, settings_from_env
@@ -175,7 +175,7 @@ def _tuner(mode: str, **model: Any) -> dict[str, Any]:
     ],
 )
 def test_enginetuners(settings: TenantSettings, spec: dict[str, Any], expected: str | None) -> None:
-    parsed = target_reading.parse_spec(spec)
+    parsed = target_observed.parse_spec(spec)
     problems = tenant_guard.compute_tuner_violations(parsed, settings)
     if expected is None:
         assert problems == []

@@ -4,7 +4,9 @@ Pure: the workload (a Deployment, StatefulSet or LeaderWorkerSet as JSON), its p
 the ConfigMaps it mounts come in; a :class:`Discovery` and the plan's spec go out. The vLLM command-line facts
 are :mod:`kvpilot.tuner.vllm.command`'s; the plan is the InferenceService's (:func:`build_plan_spec` makes the
 equivalent ``InferenceServiceSpec`` and :mod:`kvpilot.operator.planning.modes` plans it), so both kinds plan
-alike.
+alike. A target that runs SGLang or TGI instead is :mod:`.target_engine_plan`'s (discovery and plan) and
+:mod:`.target_engines`' (its container, flags and rewrite); the pod-level questions here (does a pod run the
+recommendation, which pods are stale) take either engine's recommendation (:data:`Recommended`).
 
 A LeaderWorkerSet's replica is a group of ``leaderWorkerTemplate.size`` pods, one per node, that serve one
 engine: its vLLM command is read from the leader's template (the workers' when it has none), its GPUs are the
@@ -17,16 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
 from kvpilot.operator import api, conditions, errors
+from kvpilot.operator.enginetuner import target_engines
+from kvpilot.operator.enginetuner.target_engines import EngineArgs
 from kvpilot.operator.pods import capacity, leader_worker_set
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, vllm
-from kvpilot.tuner.sglang import serving as sglang_serving
-from kvpilot.tuner.tgi import serving as tgi_serving
 from kvpilot.tuner.types import EngineSettings, GpuSpec
 from kvpilot.tuner.vllm import command as vllm_command
 
@@ -54,27 +56,17 @@ class DiscoveryIncomplete(errors.OperatorError):
 
 
 class UnsupportedEngine(errors.OperatorError):
-    """The target serves with another engine than vLLM: said by name, with the way kvpilot does tune it."""
+    """The target runs an engine kvpilot knows in a layout an EngineTuner does not tune (SGLang or TGI over
+    a LeaderWorkerSet's nodes): said by name, with the way kvpilot does run it."""
 
     reason = "UnsupportedEngine"
     condition = conditions.DISCOVERED
-    retry = True  # the owner may move the workload to vLLM: look again, seldom
+    retry = True  # the owner may change the workload: look again, seldom
     delay_s = 300.0
 
 
-_OTHER_ENGINES = (
-    (
-        "SGLang",
-        sglang_serving.is_server,
-        "an InferenceService with spec.engine.kind SGLang plans SGLang's flags and tunes them in closed loop",
-    ),
-    (
-        "TGI",
-        tgi_serving.is_server,
-        "an InferenceService with spec.engine.kind TGI plans TGI's flags and tunes them in closed loop",
-    ),
-)
-"""Engines an EngineTuner recognises but does not tune, and what does."""
+Recommended = EngineSettings | EngineArgs
+"""What a target's pods should run: vLLM's settings, or another engine's flags in its own spelling."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,19 +137,6 @@ def refuse_a_groups_part(workload: Mapping[str, Any], kind: str, name: str) -> N
         )
 
 
-def _refuse_other_engines(containers: Sequence[Mapping[str, Any]]) -> None:
-    """Raise :class:`UnsupportedEngine` for the first container that runs SGLang or TGI: an EngineTuner
-    rewrites vLLM's arguments only, and says so by name rather than "no vLLM found"."""
-    for c in containers:
-        argv = [str(x) for x in (*(c.get("command") or ()), *(c.get("args") or ()))]
-        for engine, runs, instead in _OTHER_ENGINES:
-            if runs(argv, str(c.get("image") or "")):
-                raise UnsupportedEngine(
-                    f"container {c.get('name')!r} runs {engine}, not vLLM: an EngineTuner tunes vLLM's "
-                    f"arguments only; {instead} (docs/engines/{engine.lower()}.md)"
-                )
-
-
 def pod_selector(workload: Mapping[str, Any], kind: str, name: str) -> dict[str, str]:
     """The labels every pod of the workload carries: its selector, or LWS's set label."""
     if is_group_kind(kind):
@@ -178,18 +157,28 @@ def find_vllm_container(
         if found is not None:
             return c, found
         if name is not None:
-            _refuse_other_engines([c])
             raise DiscoveryIncomplete(
-                f"container {name!r} does not run vLLM in a form kvpilot reads (vllm serve MODEL, python -m "
-                f"{vllm_command.API_SERVER_MODULE}, or a shell script running vllm serve ... $@)"
+                f"container {name!r} runs no engine kvpilot reads: vLLM (vllm serve MODEL, python -m "
+                f"{vllm_command.API_SERVER_MODULE}), SGLang (python -m sglang.launch_server, sglang serve) "
+                "or TGI (text-generation-launcher, or TGI's image), or a shell script running one of them"
             )
     names = ", ".join(str(c.get("name")) for c in containers) or "none"
     if name is not None:
         raise DiscoveryIncomplete(f"the target's pods have no container {name!r} (containers: {names})")
-    _refuse_other_engines(containers)
     raise DiscoveryIncomplete(
-        f"no container of the target runs vLLM in a form kvpilot reads (containers: {names}); set "
-        "spec.containerName, and give the container an exec-form command (vllm serve MODEL ...)"
+        f"no container of the target runs vLLM, SGLang or TGI in a form kvpilot reads (containers: {names}); "
+        "set spec.containerName, and give the container an exec-form command (vllm serve MODEL ..., python "
+        "-m sglang.launch_server --model-path MODEL ..., text-generation-launcher --model-id MODEL ...)"
+    )
+
+
+def runs_vllm_container(pod_spec: Mapping[str, Any], name: str | None) -> bool:
+    """Whether the container an EngineTuner would tune runs vLLM: ``name``'s, or any when ``None`` (a vLLM
+    container is picked before another engine's)."""
+    return any(
+        (name is None or c.get("name") == name)
+        and vllm_command.find_vllm_command(c.get("command") or (), c.get("args") or ()) is not None
+        for c in pod_spec.get("containers") or ()
     )
 
 
@@ -229,36 +218,37 @@ def compute_vllm_env(container: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
-def _literal_env(container: Mapping[str, Any]) -> dict[str, str]:
-    return {str(v["name"]): str(v["value"]) for v in container.get("env") or () if "value" in v}
-
-
 def compute_model_ref(
-    spec: api.EngineTunerSpec, found: vllm_command.VllmCommand, container: Mapping[str, Any]
+    spec: api.EngineTunerSpec,
+    model: str | None,
+    revision: str | None,
+    container: Mapping[str, Any],
+    *,
+    engine: str = "vLLM",
+    origin: str = "the container's arguments",
 ) -> tuple[api.ModelRef, str]:
-    """The model to plan for and where it was read: ``spec.model``, else the command's model argument (a
-    Hugging Face id), expanded from the container's environment when it is a shell ``$VAR``."""
+    """The model to plan for and where it was read: ``spec.model``, else the command's model argument
+    ``model`` (a Hugging Face id, read from ``origin``), expanded from the container's environment when it is
+    a shell ``$VAR``; ``revision``: the command's."""
     if spec.model is not None:
         return spec.model, "spec.model"
-    model, origin = found.model, "the container's arguments"
-    env = _literal_env(container)
+    env = target_engines.literal_env(container)
     if model is not None and model.startswith("$"):
         var = model.strip("${}\"'")
         model = env.get(var) or next((env[v] for v in MODEL_ENV_FALLBACKS if env.get(v)), None)
         origin = f"the container's environment (${var})"
     if model is None:
         raise DiscoveryIncomplete(
-            "the vLLM command names no model kvpilot can read; set spec.model.id (a Hugging Face id) or "
-            "spec.model with source ConfigMap"
+            f"the {engine} command names no model kvpilot can read; set spec.model.id (a Hugging Face id) "
+            "or spec.model with source ConfigMap"
         )
     if model.startswith("/") or model.startswith("."):
         raise DiscoveryIncomplete(
             f"the model is the mounted path {model!r}, whose config.json kvpilot cannot read; set spec.model "
             "(id: its Hugging Face id, or source: ConfigMap with configMapRef to its config.json)"
         )
-    revision = vllm.find_flag_values(found.flags, "--revision")
     try:
-        ref = api.ModelRef(id=model, revision=revision[-1] if revision else None, source="Catalogue")
+        ref = api.ModelRef(id=model, revision=revision, source="Catalogue")
     except ValueError:
         raise DiscoveryIncomplete(
             f"the model argument {model!r} is not a Hugging Face id; set spec.model"
@@ -314,7 +304,8 @@ def build_discovery(
         settings = vllm_command.compute_command_settings(found, config_args)
     except tuner_errors.InvalidEngineArgs as exc:
         raise DiscoveryIncomplete(f"the target's vLLM arguments do not parse: {exc.message}") from None
-    model, model_origin = compute_model_ref(spec, found, container)
+    revision = vllm.find_flag_values(found.flags, "--revision")
+    model, model_origin = compute_model_ref(spec, found.model, revision[-1] if revision else None, container)
     product, labels = compute_gpu_product(spec, node_labels)
     nodes = group_size(workload)
     count = spec.gpu.count or compute_gpus_per_node([*config_args, *found.flags], settings, nodes)
@@ -379,7 +370,15 @@ def build_plan_spec(spec: api.EngineTunerSpec, found: Discovery) -> api.Inferenc
     )
 
 
-def compute_gpu(found: Discovery) -> GpuSpec:
+class _GpuFound(Protocol):
+    @property
+    def gpu_product(self) -> str | None: ...
+
+    @property
+    def gpu_labels(self) -> Mapping[str, str] | None: ...
+
+
+def compute_gpu(found: _GpuFound) -> GpuSpec:
     """The GPU to plan for: the node's GFD labels, else the catalogue entry of ``spec.gpu.product``."""
     if found.gpu_labels is not None:
         return gpus.build_gpu_from_labels(found.gpu_labels)
@@ -396,20 +395,34 @@ def tuned_part(settings: EngineSettings) -> dict[str, object]:
     return {k: v for k, v in settings.as_dict().items() if k != "tensor_parallel_size"}
 
 
-def _vllm_command(pod: Mapping[str, Any], container: str) -> vllm_command.VllmCommand | None:
-    for c in (pod.get("spec") or {}).get("containers") or ():
-        if c.get("name") == container:
-            return vllm_command.find_vllm_command(c.get("command") or (), c.get("args") or ())
-    return None
+def _container(pod: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+    return next((c for c in (pod.get("spec") or {}).get("containers") or () if c.get("name") == name), None)
 
 
 def runs_vllm(pod: Mapping[str, Any], container: str) -> bool:
     """Whether the pod's ``container`` runs vLLM (a Ray worker of a group runs ``ray start`` instead)."""
-    return _vllm_command(pod, container) is not None
+    c = _container(pod, container)
+    return (
+        c is not None
+        and vllm_command.find_vllm_command(c.get("command") or (), c.get("args") or ()) is not None
+    )
 
 
-def pod_carries(pod: Mapping[str, Any], container: str, recommended: EngineSettings) -> bool:
-    """Whether the pod's vLLM container runs the recommended settings (its command line says so)."""
+def runs_engine(pod: Mapping[str, Any], container: str, recommended: Recommended) -> bool:
+    """Whether the pod's ``container`` runs the recommendation's engine."""
+    if not isinstance(recommended, EngineArgs):
+        return runs_vllm(pod, container)
+    c = _container(pod, container)
+    found = target_engines.find_engine_command(c) if c is not None else None
+    return found is not None and found.kind == recommended.kind
+
+
+def pod_carries(pod: Mapping[str, Any], container: str, recommended: Recommended) -> bool:
+    """Whether the pod's engine container runs the recommendation (its command line says so; another
+    engine's: :func:`.target_engines.container_carries`)."""
+    if isinstance(recommended, EngineArgs):
+        c = _container(pod, container)
+        return c is not None and target_engines.container_carries(c, recommended)
     for c in (pod.get("spec") or {}).get("containers") or ():
         if c.get("name") != container:
             continue
@@ -452,14 +465,18 @@ def is_excluded(pod: Mapping[str, Any]) -> bool:
 
 
 def compute_stale_pods(
-    pods: Sequence[Mapping[str, Any]], container: str, recommended: EngineSettings
+    pods: Sequence[Mapping[str, Any]], container: str, recommended: Recommended
 ) -> list[Mapping[str, Any]]:
-    """The pods to replace so that every engine runs ``recommended``: those whose vLLM container does not;
+    """The pods to replace so that every engine runs ``recommended``: those whose engine container does not;
     of a LeaderWorkerSet, each group's leader when a pod of its group does not (a group is one engine, and
     evicting its leader replaces the whole group: LWS makes the workers' StatefulSet the leader pod's). Pods
     that do not run vLLM (a group's Ray workers) and pods being deleted are never stale."""
     live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
-    stale = [p for p in live if runs_vllm(p, container) and not pod_carries(p, container, recommended)]
+    stale = [
+        p
+        for p in live
+        if runs_engine(p, container, recommended) and not pod_carries(p, container, recommended)
+    ]
     if not any(leader_worker_set.is_group_member(p) for p in live):
         return stale
     groups = {group_key(p) for p in stale} - {None}

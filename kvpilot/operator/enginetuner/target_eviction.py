@@ -14,13 +14,14 @@ from typing import Any
 
 from kvpilot.operator.clients.kube import IO_POOL
 from kvpilot.operator.enginetuner import target
+from kvpilot.operator.enginetuner.target import Recommended
 from kvpilot.operator.enginetuner.target_deps import TargetDeps
+from kvpilot.operator.enginetuner.target_engine_reading import EngineTarget
 from kvpilot.operator.enginetuner.target_reading import Target
 from kvpilot.operator.pods import capacity
 from kvpilot.operator.pods.pod_status import parse_time
 from kvpilot.operator.status import events
-from kvpilot.operator.status.tuner_status import Eviction, is_published
-from kvpilot.tuner.types import EngineSettings
+from kvpilot.operator.status.tuner_status import Eviction
 
 SETTLE_S = 10.0
 """Auto: a pod younger than this is not judged (its replacement may still be starting)."""
@@ -28,18 +29,22 @@ SETTLE_S = 10.0
 
 async def apply_eviction(
     deps: TargetDeps,
-    read: Target,
+    read: Target | EngineTarget,
     old: Mapping[str, Any],
-    recommended: EngineSettings,
+    recommended: Recommended,
     now: float,
     body: Mapping[str, Any],
+    published: bool,
 ) -> Eviction:
-    """Mode Auto with pods: evict one that does not run ``recommended`` when :func:`compute_eviction` says
-    so (an ``Evicted`` event); what was done, for ``Ready``'s message. Nothing in other modes."""
+    """Mode Auto with pods: evict one that does not run ``recommended`` (vLLM's settings, or another
+    engine's flags) when :func:`compute_eviction` says so (an ``Evicted`` event); what was done, for
+    ``Ready``'s message. Nothing in other modes. ``published``: whether the status already read holds
+    ``recommended`` for this generation (:func:`~kvpilot.operator.status.tuner_status.is_published`,
+    :func:`~kvpilot.operator.status.engine_tuner_status.is_engine_published`)."""
     pods = read.observed.pods
     if read.mode != "Auto" or not pods:
         return Eviction()
-    if not is_published(old, read.generation, recommended):
+    if not published:
         # the webhook reads the recommendation from the status (a kopf index): a pod evicted before this
         # tick's status lands would be replaced with the owner's settings
         return Eviction("; the recommendation is not in the status yet: evicting from the next tick")
@@ -91,7 +96,7 @@ def _age_s(pod: Mapping[str, Any], now: float) -> float:
 def compute_eviction(
     pods: Sequence[Mapping[str, Any]],
     container: str,
-    recommended: EngineSettings,
+    recommended: Recommended,
     *,
     now: float,
     last_eviction: float | None,

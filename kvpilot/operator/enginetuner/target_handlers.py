@@ -15,6 +15,11 @@ Kubernetes objects in, tuner types through, status out::
     status <- tuner_status.build_tuner_status: discovered, gpu, budget, recommendation (Recommend, Initial,
               Auto), history, failedSettings, lastGoodSettings, rollout, conditions    (apply_tuner_status)
 
+A target whose container runs SGLang or TGI (:class:`~.target_engine_reading.EngineTarget`) takes the same
+steps less the closed loop (:func:`.target_engine_reconcile.reconcile_engine`): the plan's flags are the
+recommendation, Auto evicts one pod that does not run them. The status and its events are written by
+:mod:`.target_status_write`.
+
 The target is never written. In Initial and Auto the admission webhook (:mod:`.target_webhook`) puts the
 recommendation on the target's new pods; it reads it from ``status`` through a kopf index, so it keeps
 working across operator restarts. Failures are ``Ready=False`` with the reason (and the failing condition
@@ -24,17 +29,23 @@ False), a Warning event, and kopf's back-off (:func:`apply_failure`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 import kopf
 
-from kvpilot.operator import errors
-from kvpilot.operator.clients import metrics
-from kvpilot.operator.enginetuner import target_eviction, target_logs, target_loop, target_reading
+from kvpilot.operator.enginetuner import (
+    target_engine_reconcile,
+    target_eviction,
+    target_logs,
+    target_loop,
+    target_reading,
+)
 from kvpilot.operator.enginetuner.target_deps import TargetDeps
+from kvpilot.operator.enginetuner.target_engine_reading import EngineTarget
 from kvpilot.operator.enginetuner.target_reading import Target
+from kvpilot.operator.enginetuner.target_status_write import apply_failure, apply_tuner_status
 from kvpilot.operator.loop import loop_settings
-from kvpilot.operator.status import status_patch, tuner_status
+from kvpilot.operator.status import tuner_status
 from kvpilot.operator.status.tuner_status import TunerLoop
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import ObservationWindow, PolicyConfig
@@ -58,9 +69,13 @@ async def reconcile(
         read = await target_reading.fetch_target(deps.kube, spec, meta, deps.hub)
     except Exception as exc:
         apply_failure(deps, body, meta, old, patch, exc, now, logger, retry)  # raises kopf's retry verdict
+    if isinstance(read, EngineTarget):
+        await target_engine_reconcile.reconcile_engine(deps, read, body, old, patch, now, logger)
+        return
     loop = await fetch_recommendation(deps, read, old, now)
     budget = target_loop.compute_budget(read.loop_inputs, loop.settings)
-    eviction = await target_eviction.apply_eviction(deps, read, old, loop.settings, now, body)
+    published = tuner_status.is_published(old, read.generation, loop.settings)
+    eviction = await target_eviction.apply_eviction(deps, read, old, loop.settings, now, body, published)
     found = target_reading.build_found(read, loop.settings, budget, now)
     apply_tuner_status(deps, body, patch, tuner_status.build_tuner_status(old, found, loop, eviction))
     pods = f"{found.discovered.pods_tuned}/{found.discovered.pods} pods run the recommendation"
@@ -113,40 +128,3 @@ async def fetch_window(
         step_seconds=deps.pace.step_seconds,
         max_age_seconds=deps.pace.interval_seconds,
     )
-
-
-def apply_tuner_status(
-    deps: TargetDeps, body: Mapping[str, Any], patch: kopf.Patch, out: status_patch.StatusPatch
-) -> None:
-    """The status into kopf's patch, then its events and decision counts."""
-    out.add_to(patch)
-    for type_, reason, message in out.events:
-        deps.emit(body, type_, reason, message)
-    for kind in out.decisions:
-        metrics.record_decision(kind)
-
-
-def apply_failure(
-    deps: TargetDeps,
-    body: Mapping[str, Any],
-    meta: Mapping[str, Any],
-    old: Mapping[str, Any],
-    patch: kopf.Patch,
-    exc: Exception,
-    now: float,
-    logger: Any,
-    retry: int,
-) -> NoReturn:
-    """A failed read or plan: ``Ready=False`` with the reason, a Warning when new; kopf's back-off or
-    nothing until the next spec change (:func:`kvpilot.operator.errors.to_kopf`, raised)."""
-    failure = errors.classify(exc)
-    if failure.reason == "InternalError":
-        logger.exception("EngineTuner reconciliation failed unexpectedly")
-    generation = meta.get("generation")
-    apply_tuner_status(
-        deps,
-        body,
-        patch,
-        tuner_status.build_tuner_failure_status(old, generation=generation, now=now, failure=failure),
-    )
-    raise errors.to_kopf(failure, retry) from None

@@ -2,9 +2,11 @@
 
 The reading half of :func:`kvpilot.operator.enginetuner.target_handlers.reconcile`: :func:`fetch_target`
 (the spec parsed and checked by the tenant guard, the target, its pods, their nodes and ConfigMaps read
-in :data:`~kvpilot.operator.clients.kube.IO_POOL`, what runs there discovered, the InferenceService
-planner's answer for it) and :func:`build_found` (what the status says of it:
-:class:`~kvpilot.operator.status.tuner_status.TunerFound`). The target is never written.
+in :data:`~kvpilot.operator.clients.kube.IO_POOL`: :mod:`.target_observed`; what runs there discovered,
+the InferenceService planner's answer for it) and :func:`build_found` (what the status says of it:
+:class:`~kvpilot.operator.status.tuner_status.TunerFound`). A target whose container runs SGLang or TGI is
+an :class:`~.target_engine_reading.EngineTarget` (:mod:`.target_engine_plan` discovers it,
+:mod:`.target_engine_reading` plans it). The target is never written.
 """
 
 from __future__ import annotations
@@ -14,73 +16,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pydantic
-
 from kvpilot.operator import api, errors
-from kvpilot.operator.clients.kube import IO_POOL, TargetKube, build_label_selector
-from kvpilot.operator.enginetuner import target, target_loop
+from kvpilot.operator.clients.kube import IO_POOL, TargetKube
+from kvpilot.operator.enginetuner import target, target_engine_reading, target_loop
+from kvpilot.operator.enginetuner.target_engine_reading import EngineTarget
+from kvpilot.operator.enginetuner.target_observed import (
+    Observed,
+    parse_spec,
+    read_observed,
+    read_target_model,
+)
 from kvpilot.operator.planning import modes, resolve
-from kvpilot.operator.pods import tenant_guard, tenant_settings
 from kvpilot.operator.status.tuner_status import TunerFound
-from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings, MemoryBudget, Plan
-
-
-def parse_spec(spec: Mapping[str, Any]) -> api.EngineTunerSpec:
-    try:
-        parsed = api.EngineTunerSpec.model_validate(dict(spec))
-    except pydantic.ValidationError as exc:
-        text = "; ".join(f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise errors.InvalidSpec(text) from None
-    m = parsed.model
-    if m is not None and m.source == "ConfigMap" and m.config_map_ref is None:
-        raise errors.InvalidSpec("spec.model: configMapRef is required when source is ConfigMap")
-    violations = tenant_guard.compute_tuner_violations(parsed, tenant_settings.current())
-    if violations:
-        raise errors.PolicyViolation("; ".join(violations))
-    return parsed
-
-
-@dataclass(frozen=True, slots=True)
-class Observed:
-    workload: dict[str, Any]
-    pods: list[dict[str, Any]]
-    node_labels: list[dict[str, str]]
-    config_maps: dict[str, dict[str, str]]
-
-
-def read_observed(kube: TargetKube, namespace: str, spec: api.EngineTunerSpec) -> Observed:
-    """The target, its pods, their nodes' labels and the ConfigMaps its pods mount (sync)."""
-    ref = spec.target_ref
-    group = target.is_group_kind(ref.kind)
-    try:
-        workload = kube.read_workload(namespace, ref.kind, ref.name)
-    except errors.ApplyFailed as exc:
-        if not group:
-            raise
-        raise errors.ApplyFailed(
-            f"{exc.message}; the operator reads LeaderWorkerSets when the chart has leaderWorkerSet.enabled"
-        ) from None
-    if workload is None:
-        installed = " (and LeaderWorkerSet, sigs.k8s.io/lws, is installed)" if group else ""
-        raise target.TargetNotFound(
-            f"{ref.kind} {namespace}/{ref.name} (spec.targetRef) does not exist; create it or fix the "
-            f"name{installed}"
-        )
-    selector = build_label_selector(target.pod_selector(workload, ref.kind, ref.name))
-    pods = [p for p in kube.list_pods(namespace, selector) if target.pod_belongs(p, ref.kind, ref.name)]
-    nodes = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in kube.list_nodes()}
-    labels = [nodes[n] for p in pods if (n := (p.get("spec") or {}).get("nodeName")) in nodes]
-    maps: dict[str, dict[str, str]] = {}
-    volumes = [v for template in target.pod_templates(workload) for v in template.get("volumes") or ()]
-    for volume in volumes:
-        name = (volume.get("configMap") or {}).get("name")
-        if name and name not in maps:
-            data = kube.read_config_map_data(namespace, name)
-            if data is not None:
-                maps[name] = data
-    return Observed(workload, pods, labels, maps)
 
 
 @dataclass(frozen=True)
@@ -103,9 +52,9 @@ class Target:
 
 async def fetch_target(
     kube: TargetKube | None, spec: Mapping[str, Any], meta: Mapping[str, Any], hub: resolve.HubDownload
-) -> Target:
-    """The spec, the target read and discovered, and the plan for it; raises what fails (the reconcile
-    reports it)."""
+) -> Target | EngineTarget:
+    """The spec, the target read and discovered, and the plan for it (an :class:`EngineTarget` when its
+    container runs SGLang or TGI); raises what fails (the reconcile reports it)."""
     namespace = str(meta.get("namespace") or "default")
     generation = meta.get("generation")
     parsed = parse_spec(spec)
@@ -113,11 +62,14 @@ async def fetch_target(
         raise errors.ApplyFailed("no Kubernetes client configured")
     io = asyncio.get_running_loop()
     observed = await io.run_in_executor(IO_POOL, read_observed, kube, namespace, parsed)
+    gen = int(generation) if generation is not None else None
+    other = await target_engine_reading.fetch_engine_target(parsed, namespace, gen, observed, kube, hub)
+    if other is not None:  # its container runs SGLang or TGI
+        return other
     found = target.build_discovery(parsed, observed.workload, observed.node_labels, observed.config_maps)
     plan, model, loop_inputs = await io.run_in_executor(
         IO_POOL, read_plan, parsed, found, namespace, kube, hub
     )
-    gen = int(generation) if generation is not None else None
     return Target(parsed, namespace, gen, observed, found, plan, model, loop_inputs)
 
 
@@ -127,15 +79,7 @@ def read_plan(
     """The InferenceService planner's answer for the target (blocking: the model may come from a ConfigMap or
     the Hub), and what the closed loop needs of it. A catalogue miss for an id read from the arguments is
     looked up on the Hub."""
-    plan_spec = target.build_plan_spec(spec, found)
-    try:
-        model = resolve.read_model(plan_spec.model, namespace, kube, hub)
-    except tuner_errors.UnknownModel:
-        if spec.model is not None:
-            raise
-        hub_ref = plan_spec.model.model_copy(update={"source": "Hub"})
-        plan_spec = plan_spec.model_copy(update={"model": hub_ref})
-        model = resolve.read_model(hub_ref, namespace, kube, hub)
+    plan_spec, model = read_target_model(spec, target.build_plan_spec(spec, found), namespace, kube, hub)
     gpu = target.compute_gpu(found)
     user = modes.compute_user_args(plan_spec)
     release = vllm.resolve_image_version(plan_spec.engine.image, None)

@@ -10,9 +10,11 @@ For a pod being created, :func:`compute_pod_patch` finds the target that owns it
 ReplicaSet named ``<deployment>-<pod-template-hash>``, a StatefulSet, or a LeaderWorkerSet's StatefulSets,
 whose leader and worker pods both get the settings: every rank of a group runs the same engine), the
 EngineTuner of that target in mode Initial or Auto (from the :func:`index_tuner` kopf index, built from the
-EngineTuners' status, so it survives restarts), and rewrites the tuned flags of the vLLM container
-(:func:`kvpilot.tuner.vllm.command.rewrite_tuned_flags`) and nothing else. Pure apart from
-:func:`build_server`, which reads the environment.
+EngineTuners' status, so it survives restarts), and rewrites the tuned flags of the engine's container and
+nothing else: vLLM's (:func:`kvpilot.tuner.vllm.command.rewrite_tuned_flags`), SGLang's or TGI's
+(``status.recommendation.engineArgs``, by the engine's own rewrite:
+:func:`kvpilot.operator.enginetuner.target_engines.rewrite_container`; for TGI also the environment
+variables of the flags it sets). Pure apart from :func:`build_server`, which reads the environment.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import api, conditions
-from kvpilot.operator.enginetuner import target
+from kvpilot.operator.enginetuner import target, target_engines
+from kvpilot.operator.enginetuner.target import Recommended
+from kvpilot.operator.enginetuner.target_engines import EngineArgs
 from kvpilot.operator.pods import leader_worker_set
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import vllm
-from kvpilot.tuner.types import EngineSettings
 from kvpilot.tuner.vllm import command as vllm_command
 
 PORT_ENV = "KVPILOT_WEBHOOK_PORT"
@@ -45,7 +48,8 @@ class Actuation:
 
     tuner: str
     container: str
-    settings: EngineSettings
+    settings: Recommended
+    """vLLM's settings, or another engine's flags (:class:`~.target_engines.EngineArgs`)."""
 
 
 def index_tuner(
@@ -56,18 +60,27 @@ def index_tuner(
     meta: Mapping[str, Any],
 ) -> dict[tuple[str, str, str], Actuation] | None:
     """The kopf index entry of an EngineTuner: ``(namespace, kind, target name) -> Actuation``, only in
-    modes Initial and Auto and only while its status holds a recommendation for its current generation."""
+    modes Initial and Auto and only while its status holds a recommendation for its current generation (vLLM's
+    ``settings``; SGLang's or TGI's ``engineArgs``, the engine ``status.discovered.engine``)."""
     ref = spec.get("targetRef") or {}
-    rec = ((status or {}).get("recommendation") or {}).get("settings")
-    container = ((status or {}).get("discovered") or {}).get("container")
-    if spec.get("updateMode") not in ACTUATING_MODES or not rec or not container:
+    recommendation = (status or {}).get("recommendation") or {}
+    rec, args = recommendation.get("settings"), recommendation.get("engineArgs")
+    discovered = (status or {}).get("discovered") or {}
+    container, engine = discovered.get("container"), discovered.get("engine")
+    other = engine in ("SGLang", "TGI")
+    if spec.get("updateMode") not in ACTUATING_MODES or not (args if other else rec) or not container:
         return None
     ready = conditions.find_condition((status or {}).get("conditions"), conditions.READY) or {}
     if (status or {}).get("observedGeneration") != meta.get("generation") or ready.get("status") != "True":
         return None
+    settings: Recommended
     try:
-        settings = api.Settings.model_validate(rec).to_engine()
-    except ValueError:
+        if engine == "SGLang" or engine == "TGI":
+            settings = EngineArgs(engine, tuple(str(a) for a in args or ()))
+            settings.settings()  # they parse
+        else:
+            settings = api.Settings.model_validate(rec).to_engine()
+    except (ValueError, tuner_errors.TunerError):
         return None
     key = (namespace or "default", str(ref.get("kind")), str(ref.get("name")))
     return {key: Actuation(name, str(container), settings)}
@@ -113,9 +126,15 @@ def compute_pod_patch(
 
 def _rewrite(pod: Mapping[str, Any], actuation: Actuation) -> list[dict[str, Any]] | None:
     containers = [dict(c) for c in (pod.get("spec") or {}).get("containers") or ()]
-    for c in containers:
+    for i, c in enumerate(containers):
         if c.get("name") != actuation.container:
             continue
+        if isinstance(actuation.settings, EngineArgs):
+            rewritten = target_engines.rewrite_container(c, actuation.settings)
+            if rewritten is None:
+                return None
+            containers[i] = rewritten
+            return containers
         command, args = list(c.get("command") or ()), list(c.get("args") or ())
         found = vllm_command.find_vllm_command(command, args)
         if found is None:
@@ -136,7 +155,10 @@ def _rewrite(pod: Mapping[str, Any], actuation: Actuation) -> list[dict[str, Any
 
 def describe(actuation: Actuation) -> str:
     """The pod annotation's value: which EngineTuner, and the settings."""
-    return f"{actuation.tuner}: {vllm.describe_settings(actuation.settings)}"
+    settings = actuation.settings
+    if isinstance(settings, EngineArgs):
+        return f"{actuation.tuner}: {settings.kind} {' '.join(settings.args)}"
+    return f"{actuation.tuner}: {vllm.describe_settings(settings)}"
 
 
 def enabled() -> bool:

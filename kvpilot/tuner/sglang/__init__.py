@@ -13,10 +13,12 @@ nothing of the tuner but its errors.
 """
 
 from kvpilot.tuner.sglang.args import (
+    ALIASES,
     ENABLE_METRICS_FLAG,
     FLAGS,
     HOST_FLAG,
     KV_CACHE_DTYPE_BYTES,
+    MODEL_ALIASES,
     MODEL_FLAG,
     PORT_FLAG,
     REVISION_FLAG,
@@ -49,6 +51,8 @@ from kvpilot.tuner.sglang.messages import (
 from kvpilot.tuner.sglang.release import PINNED_SGLANG_VERSION
 
 __all__ = [
+    "ALIASES",
+    "MODEL_ALIASES",
     "ENABLE_METRICS_FLAG",
     "FLAGS",
     "GPU_TIERS",

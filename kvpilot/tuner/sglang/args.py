@@ -29,6 +29,8 @@ FLAGS: Mapping[str, str] = {
 """``ServerArgs`` field -> its flag, for every field :class:`SglangSettings` renders."""
 
 MODEL_FLAG = "--model-path"
+MODEL_ALIASES = ("--model",)
+"""``model_path``'s other spelling (``fields/model.py`` line 55)."""
 REVISION_FLAG = "--revision"
 """The checkpoint's branch, tag or commit (``fields/model.py`` line 122)."""
 HOST_FLAG = "--host"
@@ -105,14 +107,22 @@ def build_sglang_args(settings: SglangSettings) -> list[str]:
     return args
 
 
+ALIASES: Mapping[str, str] = {
+    "--tensor-parallel-size": "--tp-size",
+    "--pipeline-parallel-size": "--pp-size",
+}
+"""Other spellings SGLang's parser takes for a flag of :data:`FLAGS` (``fields/parallel.py`` lines 49 and 63:
+``tp_size``'s and ``pp_size``'s ``aliases``)."""
+
 _FLOATS = frozenset({"mem_fraction_static", "schedule_conservativeness"})
 _STRINGS = frozenset({"kv_cache_dtype"})
 
 
 def parse_sglang_args(args: Sequence[str]) -> SglangSettings:
     """The :class:`SglangSettings` a container's arguments carry (``--flag value`` or ``--flag=value``; flags
-    outside :data:`FLAGS` are ignored): the inverse of :func:`build_sglang_args`
-    (:func:`kvpilot.tuner.flags.parse_flag_values`). A value that does not parse is an error naming the
-    flag."""
-    values = flags.parse_flag_values(args, FLAGS, floats=_FLOATS, strings=_STRINGS)
+    outside :data:`FLAGS` are ignored; an alias of :data:`ALIASES` reads as its flag): the inverse of
+    :func:`build_sglang_args` (:func:`kvpilot.tuner.flags.parse_flag_values`). A value that does not parse
+    is an error naming the flag."""
+    canonical = flags.canonical_args(args, ALIASES)
+    values = flags.parse_flag_values(canonical, FLAGS, floats=_FLOATS, strings=_STRINGS)
     return SglangSettings(**values)  # type: ignore[arg-type]

@@ -28,6 +28,8 @@ FLAGS: Mapping[str, str] = {
 
 MODEL_FLAG = "--model-id"
 """``model_id`` (``launcher/src/main.rs`` lines 588-589)."""
+MODEL_ID_DEFAULT = "bigscience/bloom-560m"
+"""The model the launcher serves when neither ``--model-id`` nor ``MODEL_ID`` names one (lines 588-589)."""
 REVISION_FLAG = "--revision"
 """``revision: Option<String>`` (lines 593-594): the checkpoint's branch, tag or commit."""
 HOSTNAME_FLAG = "--hostname"
@@ -62,6 +64,28 @@ class TgiSettings:
     max_concurrent_requests: int | None = None
     cuda_memory_fraction: float | None = None
     num_shard: int | None = None
+
+
+def env_name(flag: str) -> str:
+    """The environment variable the launcher reads ``flag`` from when the command line leaves it out: every
+    flag of :data:`FLAGS` and the model's and revision's are ``#[clap(long, env)]``, whose variable is the
+    field's name in upper case (clap's default ``SCREAMING_SNAKE_CASE``): ``--max-total-tokens`` is
+    ``MAX_TOTAL_TOKENS``. A flag on the command line wins over its variable (clap)."""
+    return flag.removeprefix("--").replace("-", "_").upper()
+
+
+ENV_FLAGS: tuple[str, ...] = (MODEL_FLAG, REVISION_FLAG, *FLAGS.values())
+"""The flags kvpilot reads from a container's environment too (:func:`env_name`)."""
+
+
+def build_env_args(env: Mapping[str, str]) -> list[str]:
+    """The flags a container's environment (literal values) stands for, in :data:`ENV_FLAGS`' order."""
+    out: list[str] = []
+    for flag in ENV_FLAGS:
+        value = env.get(env_name(flag))
+        if value is not None:
+            out += [flag, value]
+    return out
 
 
 def check_settings(settings: TgiSettings) -> None:
