@@ -3,6 +3,7 @@
 * :mod:`.budget` -- :func:`compute_budget`: what vLLM would log at start-up (weights, the
   profile run's activation peak, non-torch memory, CUDA graphs, available KV cache, blocks,
   tokens, concurrency) and whether it starts, with vLLM's own error when it would not;
+* :mod:`.graphs` -- the CUDA-graph estimate vLLM subtracts, or the pool captured after the KV cache;
 * :mod:`.refusals` -- what makes vLLM refuse to start, checked in vLLM's order on that accounting;
 * :mod:`.kv_cache` -- pages, block groups and block counts per layer kind, and the fit check;
 * :mod:`.weights` -- the bytes each rank loads, quantization and padding included;
@@ -17,13 +18,13 @@ from kvpilot.tuner.memory.budget import (
     MEMORY_MODEL_VERSION,
     compute_activation_bytes,
     compute_budget,
-    compute_cuda_graph_bytes,
     compute_non_torch_bytes,
     compute_sampler_state_bytes,
     compute_warmup_logits_bytes,
     resolve_settings,
 )
 from kvpilot.tuner.memory.estimate import OUTPUT_KEYS, CaseError, compute_case_budget, compute_estimates
+from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
 from kvpilot.tuner.memory.kv_cache import (
     KvCapacity,
     KvGroup,

@@ -27,7 +27,7 @@ logs (``bench/memory_accuracy.py``, ``docs/memory-model.md``):
 * non-torch memory: cuBLAS / attention workspaces, and what tensor parallelism creates after the init
   snapshot over NVLink-class links (vLLM's own communicators are built before it; PCIe-only ranks add
   what pipeline stages add);
-* CUDA graphs: a per-graph, per-layer cost times the number of capture sizes.
+* CUDA graphs (:mod:`.graphs`): the estimate vLLM subtracts, or the pool captured after the KV cache.
 
 Never raises for "does not fit": the budget says ``starts=False`` and carries the
 error text vLLM would print.
@@ -40,10 +40,11 @@ from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
 from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
+from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
-MEMORY_MODEL_VERSION = "2026.12.7.1"
+MEMORY_MODEL_VERSION = "2026.12.7.2"
 """The memory model's version: bump it whenever a change here (or in :mod:`.kv_cache`, :mod:`.weights`)
 moves a prediction. Fleet-learned TuningProfiles are keyed by it
 (:mod:`kvpilot.tuner.plan.profiles`), so a new memory model never reuses ratios learned against the old one's
@@ -82,13 +83,6 @@ _COEFFS: tuple[tuple[vllm.Version, Coefficients], ...] = (
 """(first release, coefficients), oldest first; a release uses the last row at or below it.
 0.33 uses the 0.18+ row (0.19 is the newest release with many measured start-ups)."""
 
-GRAPH_BASE_GIB = 0.45
-GRAPH_PER_LAYER_GIB = 0.0145
-"""CUDA-graph pool: a base plus a per-layer cost at 51 capture sizes (scaled by the real count)."""
-GRAPH_MOE_FACTOR = 1.25
-"""A fused-MoE layer's graph nodes cost about a quarter more than a dense MLP's."""
-GRAPH_MXFP4_MOE_FACTOR = 3.5
-"""MXFP4 MoE layers (gpt-oss: triton matmul_ogs / Marlin kernels) cost several times a dense layer."""
 MM_ENCODER_COPIES = 2.0
 """Multimodal models: encoder output cache + merged embeddings, per batched token x hidden."""
 
@@ -304,38 +298,6 @@ def compute_sampler_state_bytes(model: ModelSpec, r: _Resolved, *, last_stage: b
     return vllm.compute_sampler_state_bytes(r.max_num_seqs, model.vocab_size)
 
 
-def compute_cuda_graph_bytes(
-    model: ModelSpec,
-    gpu: GpuSpec,
-    *,
-    pp: int,
-    max_num_seqs: int,
-    max_num_batched_tokens: int | None = None,
-    version: vllm.Version = vllm.PINNED_VERSION,
-    performance_mode: str | None = None,
-    enforce_eager: bool = False,
-) -> int:
-    """Memory of the captured CUDA graphs on one rank (0.33: the estimate vLLM subtracts); none with
-    ``--enforce-eager``.
-
-    The per-graph, per-layer cost was fitted on V1-runner pools of 0.19 at 51 capture sizes;
-    0.33 subtracts Model Runner V2's ``profile_cudagraph_memory`` estimate
-    (``v1/worker/gpu/cudagraph_utils.py``), which kvpilot has no log of: the same formula stands
-    for it, scaled by the sizes :func:`kvpilot.tuner.vllm.cuda_graph_capture_sizes` lists.
-    """
-    if enforce_eager:
-        return 0
-    layers = model.num_layers_per_rank(pp)
-    moe_share = (model.moe.num_moe_layers / model.num_layers) if model.moe else 0.0
-    mxfp4 = model.quantization is not None and model.quantization.method == "mxfp4"
-    factor = GRAPH_MXFP4_MOE_FACTOR if mxfp4 else GRAPH_MOE_FACTOR
-    weighted_layers = layers * (1 + (factor - 1) * moe_share)
-    sizes = len(
-        vllm.cuda_graph_capture_sizes(version, gpu, max_num_seqs, max_num_batched_tokens, performance_mode)
-    )
-    return int((GRAPH_BASE_GIB + GRAPH_PER_LAYER_GIB * weighted_layers * sizes / 51) * GIB)
-
-
 def _refused(gpu: GpuSpec, requested: int, error: str, max_model_len: int) -> MemoryBudget:
     return MemoryBudget(
         gpu_total_gib=gpu.total_bytes / GIB,
@@ -472,6 +434,8 @@ def _compute_shared_costs(
         version=version,
         performance_mode=r.performance_mode,
         enforce_eager=enforce_eager,
+        tp=r.tp,
+        model_runner_v2=r.model_runner_v2,
     )
     in_flight = vllm.compute_in_flight_tokens(
         EngineSettings(max_num_batched_tokens=r.max_num_batched_tokens), version, r.pp, r.model_runner_v2

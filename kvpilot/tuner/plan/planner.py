@@ -89,6 +89,8 @@ def compute_safe_utilization(
         version=version,
         performance_mode=r.performance_mode,
         enforce_eager=engine.enforce_eager,
+        tp=r.tp,
+        model_runner_v2=r.model_runner_v2,
     )
     graph_share = GRAPH_ESTIMATE_ERROR if vllm.subtracts_cuda_graphs(version, r.model_runner_v2) else 1.0
     logits = memory.compute_warmup_logits_bytes(model, r)
@@ -470,13 +472,23 @@ def _shorten_context(
         return settings, budget
     shorter, short_budget = p.settle(settings.replace(max_model_len=lo, max_num_seqs=p.pinned.max_num_seqs))
     if not p.meets(short_budget):
-        # The sequences chosen for the shorter context cost memory too (the V2 sampler state,
-        # more graphs): keep the ones the length was searched with, which fit by construction.
-        shorter = settings.replace(max_model_len=lo)
+        # The sequences chosen for the shorter context cost memory too (the V2 sampler state, more
+        # graphs): the longest context that fits with them, else the sequences the length was searched
+        # with, which fit by construction.
+        seqs = shorter.max_num_seqs
+        again = _bisect_longest(
+            lambda length: p.meets(p.budget_of(settings.replace(max_model_len=length, max_num_seqs=seqs))), lo
+        )
+        shorter = settings.replace(max_model_len=again, max_num_seqs=seqs)
         short_budget = p.budget_of(shorter)
+        if again < floor or not p.meets(short_budget):
+            shorter = settings.replace(max_model_len=lo)
+            short_budget = p.budget_of(shorter)
     if not p.meets(short_budget):
         return settings, budget
-    p.warnings.append(f"max_model_len shortened from {wanted} to {lo} to fit the KV cache.")
+    p.warnings.append(
+        f"max_model_len shortened from {wanted} to {shorter.max_model_len} to fit the KV cache."
+    )
     return shorter, short_budget
 
 
