@@ -114,6 +114,15 @@ def test_expected_concurrency_is_met() -> None:
     assert plan.feasible and plan.settings.max_num_seqs == 24 and plan.concurrency_at_max_len >= 24
 
 
+def test_a_shortened_context_keeps_the_sequences_it_settles() -> None:
+    """The sequences settled for the shorter context cost graphs of their own (more capture sizes): the
+    context is shortened again for them rather than the plan falling back to one sequence."""
+    plan = planner.compute_plan(LLAMA_8B, L4, 1, ServingBounds(max_context=65536, allow_fp8_kv=False))
+    assert plan.feasible and plan.budget.starts
+    assert plan.settings.max_num_seqs is not None and plan.settings.max_num_seqs >= 2
+    assert plan.settings.max_model_len is not None and 16384 < plan.settings.max_model_len < 65536
+
+
 def test_context_is_shortened_to_fit_but_never_below_min_context() -> None:
     plan = planner.compute_plan(LLAMA_8B, L4, 1, ServingBounds())
     assert plan.feasible and plan.settings.max_model_len is not None
