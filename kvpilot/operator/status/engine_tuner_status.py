@@ -26,7 +26,7 @@ from kvpilot.operator.status.status_patch import (
     cap,
     format_time,
 )
-from kvpilot.operator.status.tuner_status import READY_REASONS, Eviction
+from kvpilot.operator.status.tuner_status import READY_REASONS, Eviction, build_rewritable
 
 NO_EVICTION = Eviction()
 
@@ -86,8 +86,9 @@ def build_engine_tuner_status(
     if eviction.evicted:
         new["lastEvictionTime"] = now
         new["evictions"] = int(old.get("evictions") or 0) + 1
-    lists = ListPatch(found.generation, now, updates=_build_updates(found, eviction))
-    out = StatusPatch(status=new, lists=lists)
+    rewritable, refused = build_rewritable(old, eviction)
+    lists = ListPatch(found.generation, now, updates=[*_build_updates(found, eviction), *rewritable])
+    out = StatusPatch(status=new, lists=lists, events=refused)
     if found.mode != "Off" and changed:
         text = (
             f"{describe_args(found.recommended, d.engine)} (the target runs "
