@@ -15,6 +15,15 @@ trigger ``KvPressure``) from the same per-tick Prometheus queries the InferenceS
 adopts the lowered recommendation as well; its pod is Ready (probation) and then hits CUDA OOM (a fault
 the fleet injects): the recommendation reverts to the last good one (``RolledBack``, the lowered settings
 in ``failedSettings``). kvpilot never writes the Deployment.
+
+An SGLang Deployment made outside kvpilot (``python3 -m sglang.launch_server``, SGLang's own defaults, on an
+H100 KWOK node), an EngineTuner in mode Auto with the operator's admission webhook (the API server calls
+it over TLS, as in test_enginetuner_webhook.py): the plan's flags are published, the owner's pod evicted
+and its successor rewritten by SGLang's own rewrite; the fleet plays it as SGLang 0.5.23 with weights that
+leave the plan's share a ~24K-token pool (test_sglang_loop.py's storm), long requests at a high rate fill
+it, SGLang retracts, and the EngineTuner's loop retunes for ``KvPressure`` from SGLang's series
+(``Retuned``, ``toEngineArgs``); Auto evicts the pod running the old flags, the webhook puts the new ones on
+its successor, which passes probation (``lastGoodEngineArgs``). The Deployment stays the owner's.
 """
 
 from __future__ import annotations
@@ -37,14 +46,19 @@ from e2e.targets import (
     LLAMA,
     RESOURCE,
     ForeignController,
+    Webhook,
     engine_tuner,
     foreign_deployment,
     get,
     install_crds,
+    webhook_configuration,
 )
+from e2e.test_sglang_loop import PLANNED_FRACTION, _storm_truth
 from e2e.waits import host_operator, wait_for
 from kvpilot.operator.api import Settings
 from kvpilot.operator.enginetuner import target
+from kvpilot.operator.enginetuner.target_engines import EngineArgs
+from kvpilot.tuner import sglang
 from kvpilot.tuner.vllm import command as vllm_command
 
 # what the owner runs before it adopts kvpilot's recommendation: starts on an L4, differs from the plan
@@ -102,8 +116,8 @@ def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, Fleet, P
         assert fleet.errors == [], fleet.errors
 
 
-def _status(cluster: LocalCluster, ns: str) -> dict[str, Any]:
-    return dict((get(cluster, RESOURCE, "llama", "-n", ns) or {}).get("status") or {})
+def _status(cluster: LocalCluster, ns: str, name: str = "llama") -> dict[str, Any]:
+    return dict((get(cluster, RESOURCE, name, "-n", ns) or {}).get("status") or {})
 
 
 def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -199,6 +213,150 @@ def test_kv_pressure_on_the_targets_pods_lowers_the_recommendation(
         # the Deployment is the owner's alone: its three generations, no other writer
         deploy = get(cluster, "deployment", "llama", "-n", ns, "--show-managed-fields")
         assert deploy["metadata"]["generation"] == 3
+        writers = {
+            m["manager"] for m in deploy["metadata"]["managedFields"] if m.get("subresource") != "status"
+        }
+        assert writers == {FOREIGN_MANAGER}, deploy["metadata"]["managedFields"]
+        assert foreign.failures == []
+    finally:
+        foreign.stop()
+
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+SGLANG_ARGS = [
+    "--model-path", LLAMA, "--host", "0.0.0.0", "--port", "30000", "--enable-metrics",
+    "--context-length", "8192",
+]  # fmt: skip
+"""The owner's SGLang server: its own defaults for everything kvpilot tunes but the context."""
+
+
+def sglang_target(name: str) -> dict[str, Any]:
+    """A Deployment another stack made that runs SGLang's server on one H100."""
+    manifest = foreign_deployment(name, ["python3", "-m", "sglang.launch_server"], SGLANG_ARGS)
+    pod = manifest["spec"]["template"]["spec"]
+    pod["nodeSelector"] = {"nvidia.com/gpu.product": H100}
+    (c,) = pod["containers"]
+    c |= {"name": "sglang", "image": "lmsysorg/sglang:v0.5.23", "env": []}
+    return manifest
+
+
+@pytest.fixture
+def sglang_stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, Fleet, Path]]:
+    install_crds(cluster)
+    ns = f"kvtsg-{uuid.uuid4().hex[:8]}"
+    webhook = Webhook.make(tmp_path / "webhook")
+    mwc = webhook_configuration(f"kvpilot-e2e-{ns}", webhook.port, webhook.ca, ns)
+    with (
+        cluster.temporary_namespace(ns),
+        PrometheusServer(tmp_path / "prometheus", scrape_interval="1s") as prom,
+    ):
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(mwc))
+        scenario = Scenario(truth=_storm_truth(PLANNED_FRACTION), workload=STORM)
+        fleet = Fleet(
+            cluster.kubeconfig,
+            prom.targets_file,
+            namespaces=[ns],
+            label_selector="model=sg",
+            default_scenario=scenario,
+            kubectl=cluster.kubectl_bin,
+        )
+        try:
+            with fleet:
+                env = {**closed_loop_env(prom.url), **webhook.env()}
+                with host_operator(cluster, tmp_path / "kopf.log", "kvtsg-*", env) as log:
+                    wait_for(lambda: "Listening for webhooks at" in log.read_text(), 30, "the webhook")
+                    yield ns, fleet, log
+            assert fleet.errors == [], fleet.errors
+        finally:
+            cluster.kubectl("delete", "mutatingwebhookconfiguration", mwc["metadata"]["name"], check=False)
+
+
+def _sglang_pods(cluster: LocalCluster, ns: str) -> list[dict[str, Any]]:
+    items = (get(cluster, "pods", "-n", ns, "-l", "model=sg") or {}).get("items") or []
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def _runs(pod: dict[str, Any]) -> sglang.SglangSettings:
+    (c,) = pod["spec"]["containers"]
+    return sglang.parse_sglang_args([*(c.get("args") or ())])
+
+
+@pytest.mark.e2e
+def test_auto_retunes_an_sglang_deployment_made_elsewhere_and_rolls_it_out(
+    cluster: LocalCluster, sglang_stack: tuple[str, Fleet, Path]
+) -> None:
+    ns, fleet, log = sglang_stack
+    manifest = sglang_target("sg")
+    foreign = ForeignController(cluster, ns, manifest)
+    foreign.apply_once()
+    foreign.start()
+    try:
+        tuner = engine_tuner("sg", "Auto")
+        tuner["spec"] |= {
+            "gpu": {"product": H100, "count": 1},
+            "serving": {"maxContextLength": 8192},
+            "tuning": FAST,
+        }
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(tuner))
+
+        def planned_pod() -> Any:
+            status = _status(cluster, ns, "sg")
+            args = (status.get("recommendation") or {}).get("engineArgs")
+            if not args:
+                return None
+            wanted = EngineArgs("SGLang", tuple(args))
+            pods = [p for p in _sglang_pods(cluster, ns) if target.pod_carries(p, "sglang", wanted)]
+            return (status, pods[0]) if pods else None
+
+        status, pod = wait_for(
+            planned_pod, WAIT_S, f"{ns}/sg: the owner's pod replaced by one running the plan"
+        )
+        planned = sglang.parse_sglang_args(status["recommendation"]["engineArgs"])
+        assert status["discovered"]["engine"] == "SGLang", status["discovered"]
+        assert [h["action"] for h in status["history"]][:1] == ["Planned"]
+        assert _runs(pod).mem_fraction_static == planned.mem_fraction_static, (pod["spec"], planned)
+        (c,) = pod["spec"]["containers"]
+        assert c["args"][:7] == SGLANG_ARGS[:7]  # the owner's flags stay
+        assert "kvpilot.io/tuned" in pod["metadata"]["annotations"]
+
+        fleet.wait_for(
+            lambda: any((p["preemptions"] or 0) > 0 for p in fleet.pods(ns)),
+            timeout=RETUNE_WAIT_S,
+            what="SGLang retracting requests in the storm's pool",
+        )
+
+        def retuned() -> Any:
+            status = _status(cluster, ns, "sg")
+            entries = [h for h in status.get("history") or () if h["action"] == "Retuned"]
+            return status if entries else None
+
+        status = wait_for(retuned, RETUNE_WAIT_S, f"{ns}/sg: a metrics-driven retune")
+        entry = next(h for h in status["history"] if h["action"] == "Retuned")
+        assert entry["trigger"] == "KvPressure", (status["history"], log.read_text()[-3000:])
+        new = sglang.parse_sglang_args(entry["toEngineArgs"])
+        assert entry["toEngineArgs"] == status["recommendation"]["engineArgs"]
+        more_pool = (new.mem_fraction_static or 0) > (planned.mem_fraction_static or 0)
+        fewer_running = new.max_running_requests is not None and (
+            planned.max_running_requests is None or new.max_running_requests < planned.max_running_requests
+        )
+        assert more_pool or fewer_running, (planned, new)
+        assert status["rollout"]["engineArgs"] == entry["toEngineArgs"]
+        assert "appliedEngineArgs" not in status and "failedEngineArgs" not in status
+
+        # Auto evicts the pod running the plan; its successor runs the retune and passes probation
+        def passed() -> Any:
+            status = _status(cluster, ns, "sg")
+            good = status.get("lastGoodEngineArgs")
+            return status if good == entry["toEngineArgs"] else None
+
+        status = wait_for(passed, RETUNE_WAIT_S, f"{ns}/sg: the retune rolled out and past probation")
+        (pod,) = _sglang_pods(cluster, ns)
+        assert target.pod_carries(pod, "sglang", EngineArgs("SGLang", tuple(entry["toEngineArgs"]))), pod
+        assert _runs(pod).mem_fraction_static == new.mem_fraction_static
+        assert status["evictions"] >= 2
+
+        deploy = get(cluster, "deployment", "sg", "-n", ns, "--show-managed-fields")
+        assert deploy["metadata"]["generation"] == 1
         writers = {
             m["manager"] for m in deploy["metadata"]["managedFields"] if m.get("subresource") != "status"
         }

@@ -617,11 +617,6 @@ class Rollout(_Wire):
     probation_until: str | None = None
     strategy: AppliedStrategy | None = None
     reason: str | None = Field(None, max_length=1024)
-
-
-class ServiceRollout(Rollout):
-    """An InferenceService's ``status.rollout``: also another engine's flags (an EngineTuner tunes vLLM)."""
-
     engine_args: list[str] | None = Field(None, max_length=64)
     """Another engine's flags being rolled out (SGLang's, TGI's), in its own spelling."""
 
@@ -633,12 +628,6 @@ class HistoryRecord(_Wire):
     reason: str | None = None
     from_: Settings | None = Field(None, alias="from")
     to: Settings | None = None
-
-
-class ServiceHistoryRecord(HistoryRecord):
-    """An InferenceService's ``status.history`` entry: also another engine's flags (an EngineTuner tunes
-    vLLM)."""
-
     from_engine_args: list[str] | None = Field(None, max_length=64)
     """Another engine's flags before (SGLang's, TGI's), in its own spelling."""
     to_engine_args: list[str] | None = Field(None, max_length=64)
@@ -682,9 +671,9 @@ class InferenceServiceStatus(_Wire):
     warnings: list[str] = Field(default_factory=list, max_length=32)
     calibration: Calibration | None = None
     profile: ProfileUsed | None = None
-    rollout: ServiceRollout | None = None
+    rollout: Rollout | None = None
     startup_seconds: float | None = Field(None, ge=0)
-    history: list[ServiceHistoryRecord] = Field(default_factory=list, max_length=20)
+    history: list[HistoryRecord] = Field(default_factory=list, max_length=20)
     last_change_time: str | None = None
     kopf: KopfState | None = None
 
@@ -790,8 +779,12 @@ class EngineTunerStatus(_Wire):
     budget: Budget | None = None
     warnings: list[str] = Field(default_factory=list, max_length=32)
     failed_settings: list[Settings] = Field(default_factory=list, max_length=32)
+    failed_engine_args: list[FailedEngineArgs] = Field(default_factory=list, max_length=32)
+    """SGLang's or TGI's flags that failed on the target's pods, and how (the closed loop's)."""
     history: list[HistoryRecord] = Field(default_factory=list, max_length=20)
     last_good_settings: Settings | None = None
+    last_good_engine_args: list[str] | None = Field(None, max_length=64)
+    """SGLang's or TGI's flags that last passed probation on the target's pods."""
     rollout: Rollout | None = None
     last_eviction_time: str | None = None
     evictions: int | None = None

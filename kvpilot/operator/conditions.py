@@ -38,6 +38,10 @@ TARGET_FOUND = "TargetFound"
 """An EngineTuner's: the workload named by ``spec.targetRef`` exists."""
 DISCOVERED = "Discovered"
 """An EngineTuner's: the vLLM container, its settings, the model and GPU were read (False: what to set)."""
+REWRITABLE = "Rewritable"
+"""An EngineTuner's, in every mode but Off: False (reason ``RewriteRefused``) when the admission webhook's
+rewrite cannot put the recommendation on the target's new pods (a shell script that does not pass ``"$@"``),
+naming the container and what to change; mode Auto then evicts nothing. Back to True once it can."""
 
 SCHEDULABLE = "Schedulable"
 """The closed loop, from the nodes: some node could ever take one of the service's pods (labels, GPU

@@ -84,18 +84,12 @@ def test_the_shared_subtrees_are_the_inference_services() -> None:
     assert et["spec"]["properties"]["tuning"] == tuning
     for name in ("conditions", "recommendation", "budget", "gpu", "warnings", "kopf", "observedGeneration"):
         assert et["status"]["properties"][name] == isvc["status"]["properties"][name], name
-    # the closed loop's memory (what each is for: its description)
-    service_history = copy.deepcopy(isvc["status"]["properties"]["history"])
-    for name in ("fromEngineArgs", "toEngineArgs"):  # another engine's flags: an EngineTuner tunes vLLM
-        del service_history["items"]["properties"][name]
-    assert _body(et["status"]["properties"]["history"]) == _body(service_history)
+    # the closed loop's memory, vLLM's settings and another engine's flags (what each is for: its
+    # description; the EngineTuner's fields say the target's pods, the rollout is the owner's or Auto's)
     for name in ("failedSettings", "lastGoodSettings"):
         assert _body(et["status"]["properties"][name]) == _body(isvc["status"]["properties"][name]), name
-    # the rollout's fields say what they are for an EngineTuner (the owner rolls the pods); same shape, less
-    # another engine's flags (an EngineTuner tunes vLLM)
-    service_rollout = copy.deepcopy(isvc["status"]["properties"]["rollout"])
-    del service_rollout["properties"]["engineArgs"]
-    assert _shape(et["status"]["properties"]["rollout"]) == _shape(service_rollout)
+    for name in ("history", "rollout", "failedEngineArgs", "lastGoodEngineArgs"):
+        assert _shape(et["status"]["properties"][name]) == _shape(isvc["status"]["properties"][name]), name
     assert (
         et["status"]["properties"]["discovered"]["properties"]["settings"]["properties"]
         == (isvc["status"]["properties"]["applied"]["properties"])

@@ -193,4 +193,4 @@ def test_the_history_entries_are_the_crds() -> None:
         to_engine_args=[],
     )
     assert set(entry) <= fields and {"fromEngineArgs", "toEngineArgs"} <= fields
-    api.ServiceHistoryRecord.model_validate(entry)
+    api.HistoryRecord.model_validate(entry)

@@ -37,13 +37,15 @@ class EngineTarget:
     plan: EnginePlan
     model: resolve.ResolvedModel
     gpu: resolve.ResolvedGpu
+    plan_spec: api.InferenceServiceSpec
+    """The InferenceService spec the target plans as (its bounds, SLO and policy are the closed loop's)."""
 
     @property
     def mode(self) -> str:
         return self.spec.update_mode
 
     @property
-    def recommended(self) -> EngineArgs:
+    def planned(self) -> EngineArgs:
         """The plan's flags, in the engine's own spelling."""
         return EngineArgs(self.found.kind, self.plan.planned)
 
@@ -62,15 +64,15 @@ async def fetch_engine_target(
     if other is None:
         return None
     found = target_engine_plan.build_engine_discovery(spec, observed.workload, observed.node_labels, *other)
-    plan, model, gpu = await asyncio.get_running_loop().run_in_executor(
+    plan, model, gpu, plan_spec = await asyncio.get_running_loop().run_in_executor(
         IO_POOL, read_engine_plan, spec, found, namespace, kube, hub
     )
-    return EngineTarget(spec, namespace, generation, observed, found, plan, model, gpu)
+    return EngineTarget(spec, namespace, generation, observed, found, plan, model, gpu, plan_spec)
 
 
 def read_engine_plan(
     spec: api.EngineTunerSpec, found: EngineDiscovery, namespace: str, kube: Any, hub: resolve.HubDownload
-) -> tuple[EnginePlan, resolve.ResolvedModel, resolve.ResolvedGpu]:
+) -> tuple[EnginePlan, resolve.ResolvedModel, resolve.ResolvedGpu, api.InferenceServiceSpec]:
     """The InferenceService planner's answer for an SGLang or TGI target (blocking, as
     :func:`.target_reading.read_plan`):
     :func:`kvpilot.operator.planning.engines.compute_engine_plan` for the spec
@@ -80,13 +82,14 @@ def read_engine_plan(
     origin = "spec.gpu.product" if found.gpu_labels is None else "the labels of the pods' nodes"
     products = (found.gpu_product,) if found.gpu_product else ()
     gpu = resolve.ResolvedGpu(target.compute_gpu(found), products, origin)
-    return engines.compute_engine_plan(plan_spec, resolve.Inputs(model, gpu)), model, gpu
+    return engines.compute_engine_plan(plan_spec, resolve.Inputs(model, gpu)), model, gpu, plan_spec
 
 
-def build_engine_found(read: EngineTarget, now: float) -> EngineTunerFound:
+def build_engine_found(read: EngineTarget, recommended: EngineArgs, now: float) -> EngineTunerFound:
     """What the status says of an SGLang or TGI target: its discovery in wire form (how many pods run the
-    plan's flags), the plan's flags, summary and budget explanation."""
-    found, observed, recommended = read.found, read.observed, read.recommended
+    ``recommended`` flags: the plan's, as the closed loop changed them since), the recommendation, the plan's
+    summary and budget explanation."""
+    found, observed = read.found, read.observed
     tuned = sum(1 for p in observed.pods if target.pod_carries(p, found.container, recommended))
     discovered = api.Discovered(
         container=found.container,

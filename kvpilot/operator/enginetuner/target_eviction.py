@@ -3,7 +3,10 @@
 The target is never written: the admission webhook (:mod:`.target_webhook`) puts the recommendation on the
 replacement pods, reading it from the status through a kopf index. So a pod is evicted only once the status
 already read holds the recommendation (:func:`~kvpilot.operator.status.tuner_status.is_published`), one at a
-time (:func:`compute_eviction`), and only if some node could take the replacement.
+time (:func:`compute_eviction`), only if some node could take the replacement, and never when the webhook's
+rewrite cannot put the recommendation on the pod template's container
+(:func:`~.target_webhook.compute_refusal`: a shell script that does not pass ``"$@"``), whose replacement
+would run the same settings again: the status says so (``Rewritable=False``) instead.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpilot.operator.clients.kube import IO_POOL
-from kvpilot.operator.enginetuner import target
+from kvpilot.operator.enginetuner import target, target_webhook
 from kvpilot.operator.enginetuner.target import Recommended
 from kvpilot.operator.enginetuner.target_deps import TargetDeps
 from kvpilot.operator.enginetuner.target_engine_reading import EngineTarget
@@ -38,16 +41,30 @@ async def apply_eviction(
 ) -> Eviction:
     """Mode Auto with pods: evict one that does not run ``recommended`` (vLLM's settings, or another
     engine's flags) when :func:`compute_eviction` says so (an ``Evicted`` event); what was done, for
-    ``Ready``'s message. Nothing in other modes. ``published``: whether the status already read holds
+    ``Ready``'s message; never when the webhook's rewrite cannot put ``recommended`` on the pod template's
+    container (:func:`~.target_webhook.compute_refusal`, checked in every mode but Off: the status's
+    ``Rewritable``). ``published``: whether the status already read holds
     ``recommended`` for this generation (:func:`~kvpilot.operator.status.tuner_status.is_published`,
     :func:`~kvpilot.operator.status.engine_tuner_status.is_engine_published`)."""
+    if read.mode == "Off":
+        return Eviction()
+    refused = target_webhook.compute_refusal(read.observed.workload, read.found.container, recommended)
     pods = read.observed.pods
     if read.mode != "Auto" or not pods:
-        return Eviction()
+        return Eviction(checked=True, refused=refused)
+    if refused is not None:
+        # the replacement would run the same settings: evicting would only repeat, pod after pod
+        return Eviction(
+            "; not evicting: the webhook cannot rewrite the target's pods (Rewritable)",
+            refused=refused,
+            checked=True,
+        )
     if not published:
         # the webhook reads the recommendation from the status (a kopf index): a pod evicted before this
         # tick's status lands would be replaced with the owner's settings
-        return Eviction("; the recommendation is not in the status yet: evicting from the next tick")
+        return Eviction(
+            "; the recommendation is not in the status yet: evicting from the next tick", checked=True
+        )
     kube = deps.kube
     assert kube is not None  # fetch_target refused a reconcile without one
     io = asyncio.get_running_loop()
@@ -66,11 +83,11 @@ async def apply_eviction(
         schedulable=schedulable,
     )
     if victim is None:
-        return Eviction(f"; {why}")
+        return Eviction(f"; {why}", checked=True)
     if not await io.run_in_executor(IO_POOL, kube.evict_pod, read.namespace, victim):
-        return Eviction(f"; a PodDisruptionBudget refused evicting {victim}, retrying later")
+        return Eviction(f"; a PodDisruptionBudget refused evicting {victim}, retrying later", checked=True)
     deps.emit(body, events.NORMAL, "Evicted", f"evicted pod {victim}: {why}")
-    return Eviction(f"; evicted {victim}", evicted=True)
+    return Eviction(f"; evicted {victim}", evicted=True, checked=True)
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:

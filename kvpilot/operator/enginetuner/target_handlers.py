@@ -16,9 +16,10 @@ Kubernetes objects in, tuner types through, status out::
               Auto), history, failedSettings, lastGoodSettings, rollout, conditions    (apply_tuner_status)
 
 A target whose container runs SGLang or TGI (:class:`~.target_engine_reading.EngineTarget`) takes the same
-steps less the closed loop (:func:`.target_engine_reconcile.reconcile_engine`): the plan's flags are the
-recommendation, Auto evicts one pod that does not run them. The status and its events are written by
-:mod:`.target_status_write`.
+steps in that engine's terms (:func:`.target_engine_reconcile.reconcile_engine`): the closed loop is the
+shared engine loop's, with the engine's own rules and metrics (:mod:`.target_engine_tick`,
+:mod:`.target_engine_loop`), its memory in the status's engine-args fields; Auto evicts one pod that does
+not run the recommendation. The status and its events are written by :mod:`.target_status_write`.
 
 The target is never written. In Initial and Auto the admission webhook (:mod:`.target_webhook`) puts the
 recommendation on the target's new pods; it reads it from ``status`` through a kopf index, so it keeps

@@ -30,7 +30,7 @@ from kvpilot.operator.enginetuner.target import Recommended
 from kvpilot.operator.enginetuner.target_engines import EngineArgs
 from kvpilot.operator.pods import leader_worker_set
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner import vllm
+from kvpilot.tuner import flags, vllm
 from kvpilot.tuner.vllm import command as vllm_command
 
 PORT_ENV = "KVPILOT_WEBHOOK_PORT"
@@ -151,6 +151,54 @@ def _rewrite(pod: Mapping[str, Any], actuation: Actuation) -> list[dict[str, Any
             c["args"] = new_args
         return containers
     return None
+
+
+def compute_refusal(workload: Mapping[str, Any], container: str, recommended: Recommended) -> str | None:
+    """Why the webhook cannot put ``recommended`` on the target's new pods, naming the container and what
+    to change; ``None`` when it can (or the templates run it already). Each pod template whose ``container``
+    runs the recommendation's engine is rewritten as a new pod of it would be (:func:`_rewrite`, the
+    webhook's own) and must then carry the recommendation (:func:`.target.pod_carries`): a shell script that
+    does not pass ``"$@"`` is left alone by SGLang's and TGI's rewrite, and ignores the flags vLLM's rewrite
+    appends to its ``args``, so evicting its pods would replace them with the same settings, again and
+    again."""
+    actuation = Actuation("", container, recommended)
+    for template in target.pod_templates(workload):
+        pod = {"spec": template}
+        if not target.runs_engine(pod, container, recommended) or target.pod_carries(
+            pod, container, recommended
+        ):
+            continue  # a group's Ray worker; or new pods run the recommendation already
+        rewritten = _rewrite(pod, actuation)
+        if rewritten is not None and target.pod_carries(
+            {"spec": {"containers": rewritten}}, container, recommended
+        ):
+            continue
+        return _why_not(template, container, recommended)
+    return None
+
+
+def _why_not(template: Mapping[str, Any], container: str, recommended: Recommended) -> str:
+    engine = recommended.kind if isinstance(recommended, EngineArgs) else "vLLM"
+    c: Mapping[str, Any] = next(
+        (c for c in template.get("containers") or () if c.get("name") == container), {}
+    )
+    script = flags.read_shell_script(
+        [str(w) for w in c.get("command") or ()], [str(a) for a in c.get("args") or ()]
+    )
+    exec_form = (
+        f"run {engine} in exec form (its executable in command, its flags in command or args), or end the "
+        f'script\'s {engine} command line with "$@"'
+    )
+    if script is not None and not script.passes:
+        return (
+            f'container {container} runs {engine} from a shell script that does not pass "$@": the flags the '
+            f"webhook puts in its args would not reach {engine}, so its pods cannot run the recommendation; "
+            f"{exec_form}"
+        )
+    return (
+        f"the webhook's rewrite of container {container}'s command line does not give {engine} the "
+        f"recommendation, so its pods cannot run it; {exec_form}"
+    )
 
 
 def describe(actuation: Actuation) -> str:

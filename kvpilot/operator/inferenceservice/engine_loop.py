@@ -3,7 +3,8 @@ rules asked, the answer kept and, in mode Auto, rolled out.
 
 One tick of :func:`kvpilot.operator.inferenceservice.closed_loop.run_once` for a ``spec.engine.kind`` of
 :data:`kvpilot.operator.planning.engines.RECOMMENDING_KINDS`, in modes Auto and Recommend, the same for every
-such engine (its :class:`~.engine_reading.Profile`: how its flags read and render, and its policy)::
+such engine (its :class:`~kvpilot.operator.loop.engine_reading.Profile`, shared with the EngineTuner: how its
+flags read and render, and its policy)::
 
     pods (args, readiness, lastState.terminated, the previous log when the message says nothing)
         --pods.engine_pods--> the flags they run, Ready or not started, their restarts (the seam classifies)
@@ -27,10 +28,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypeVar
 
-from kvpilot.operator.inferenceservice import engine_actions, engine_reading, loop_observing
-from kvpilot.operator.inferenceservice.engine_reading import Profile
+from kvpilot.operator.inferenceservice import engine_actions, loop_observing
 from kvpilot.operator.inferenceservice.loop_reading import Service
-from kvpilot.operator.loop import loop_settings
+from kvpilot.operator.loop import engine_reading, loop_settings
+from kvpilot.operator.loop.engine_reading import Profile
 from kvpilot.operator.loop.loop_deps import LoopDeps
 from kvpilot.operator.planning import resolve
 from kvpilot.operator.pods import engine_pods

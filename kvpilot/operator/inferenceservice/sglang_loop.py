@@ -10,27 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpilot.operator import api
 from kvpilot.operator.inferenceservice.engine_loop import run_engine_tick
-from kvpilot.operator.inferenceservice.engine_reading import Profile
 from kvpilot.operator.inferenceservice.loop_reading import Service
 from kvpilot.operator.inferenceservice.sglang_reading import (
     build_sglang_context,
     build_state_and_evidence,
     compute_current,
 )
+from kvpilot.operator.loop.engine_profiles import SGLANG_PROFILE, decide_sglang
 from kvpilot.operator.loop.loop_deps import LoopDeps
-from kvpilot.operator.planning import resolve
-from kvpilot.operator.pods.engine_pods import SGLANG
 from kvpilot.operator.pods.sglang_pods import SglangPod, read_sglang_pods
-from kvpilot.tuner import sglang
-from kvpilot.tuner.loop import (
-    PolicyConfig,
-    SglangDecision,
-    SglangEvidence,
-    SglangLoopState,
-    compute_sglang_decision,
-)
+from kvpilot.tuner.loop import SglangDecision
 
 __all__ = [
     "PROFILE",
@@ -38,24 +28,13 @@ __all__ = [
     "build_sglang_context",
     "build_state_and_evidence",
     "compute_current",
+    "decide_sglang",
     "read_sglang_pods",
     "run_sglang_tick",
 ]
 
-
-def decide_sglang(
-    state: SglangLoopState,
-    evidence: SglangEvidence,
-    spec: api.InferenceServiceSpec,
-    inputs: resolve.Inputs,
-    policy: PolicyConfig,
-    now: float,
-) -> SglangDecision:
-    """SGLang's policy in the service's context (:func:`build_sglang_context`)."""
-    return compute_sglang_decision(state, evidence, build_sglang_context(spec, inputs, policy), now)
-
-
-PROFILE = Profile(SGLANG, sglang.SglangSettings, decide_sglang)
+PROFILE = SGLANG_PROFILE
+"""SGLang's profile (:mod:`kvpilot.operator.loop.engine_profiles`, shared with the EngineTuner)."""
 
 
 async def run_sglang_tick(deps: LoopDeps, svc: Service, patch: Any, logger: Any) -> SglangDecision | None:

@@ -13,52 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpilot.operator import api
 from kvpilot.operator.inferenceservice.engine_loop import run_engine_tick
-from kvpilot.operator.inferenceservice.engine_reading import Profile
 from kvpilot.operator.inferenceservice.loop_reading import Service
-from kvpilot.operator.loop import loop_settings
+from kvpilot.operator.loop.engine_profiles import TGI_PROFILE, build_tgi_context, decide_tgi
 from kvpilot.operator.loop.loop_deps import LoopDeps
-from kvpilot.operator.planning import resolve
-from kvpilot.operator.pods.engine_pods import TGI
-from kvpilot.tuner import tgi
-from kvpilot.tuner.loop import (
-    PolicyConfig,
-    TgiContext,
-    TgiDecision,
-    TgiEvidence,
-    TgiLoopState,
-    TgiMemory,
-    compute_tgi_decision,
-)
+from kvpilot.tuner.loop import TgiDecision
 
-__all__ = ["PROFILE", "build_tgi_context", "run_tgi_tick"]
+__all__ = ["PROFILE", "build_tgi_context", "decide_tgi", "run_tgi_tick"]
 
-
-def build_tgi_context(
-    spec: api.InferenceServiceSpec, inputs: resolve.Inputs, policy: PolicyConfig
-) -> TgiContext:
-    """What the policy tunes within: the GPU and the model, and ``spec.tuning.bounds`` merged with
-    ``spec.serving`` (the concurrency bounds bound ``--max-concurrent-requests``, ``minContextLength`` and
-    ``maxContextLength`` bound ``--max-total-tokens``, the memory-share floor bounds
-    ``--cuda-memory-fraction``)."""
-    memory = TgiMemory(inputs.gpu.gpu, inputs.model.spec, inputs.model.checkpoint_bytes)
-    return TgiContext(memory, loop_settings.build_bounds(spec, False, None), policy)
-
-
-def decide_tgi(
-    state: TgiLoopState,
-    evidence: TgiEvidence,
-    spec: api.InferenceServiceSpec,
-    inputs: resolve.Inputs,
-    policy: PolicyConfig,
-    now: float,
-) -> TgiDecision:
-    """TGI's policy in the service's context (:func:`build_tgi_context`)."""
-    return compute_tgi_decision(state, evidence, build_tgi_context(spec, inputs, policy), now)
-
-
-PROFILE = Profile(TGI, tgi.TgiSettings, decide_tgi)
+PROFILE = TGI_PROFILE
+"""TGI's profile (:mod:`kvpilot.operator.loop.engine_profiles`, shared with the EngineTuner)."""
 
 
 async def run_tgi_tick(deps: LoopDeps, svc: Service, patch: Any, logger: Any) -> TgiDecision | None:

@@ -70,14 +70,26 @@ class EnginePod(Generic[S]):
 
 
 def build_engine_pod(codec: Codec[S], pod: Mapping[str, Any], log: str | None = None) -> EnginePod[S]:
-    """One pod: its flags, and its last termination classified from the message (and ``log``, when read)."""
-    meta, container = pod.get("metadata") or {}, codec.engine.serving.container_name
+    """One pod of a service: the flags its engine container's ``args`` carry, and its last termination
+    classified from the message (and ``log``, when read)."""
+    container = codec.engine.serving.container_name
     try:
         settings: S | None = codec.parse(
             [str(a) for a in pod_status.find_container(pod, "containers", container).get("args") or ()]
         )
     except tuner_errors.TunerError:
         settings = None
+    return build_pod_of(codec, pod, container, settings, log)
+
+
+def build_pod_of(
+    codec: Codec[S], pod: Mapping[str, Any], container: str, settings: S | None, log: str | None = None
+) -> EnginePod[S]:
+    """One pod whose engine runs in ``container`` with ``settings`` (as its reader found them): its
+    readiness, start, and last termination classified by the engine's seam from the message (and ``log``,
+    when read). An EngineTuner's target names its own container and reads its flags by the engine's command
+    reader (:mod:`kvpilot.operator.enginetuner.target_engine_loop`)."""
+    meta = pod.get("metadata") or {}
     state = pod_status.find_container(pod, "containerStatuses", container)
     count = int(state.get("restartCount") or 0)
     terminated = (state.get("lastState") or {}).get("terminated") or {}
@@ -111,18 +123,33 @@ def read_engine_pods(
     message does not explain is classified from the previous log's tail, read once per restart."""
     selector = workloads.build_label_selector(owner)
     pods = [p for p in reader.list_pods(namespace, selector) if pod_status.owned_by(p, owner)]
+    container = codec.engine.serving.container_name
+    return read_logged_pods(
+        reader, namespace, pods, container, lambda pod, log: build_engine_pod(codec, pod, log), logs
+    )
+
+
+def read_logged_pods(
+    reader: pod_status.LogReader,
+    namespace: str,
+    pods: Sequence[Mapping[str, Any]],
+    container: str,
+    build: Callable[[Mapping[str, Any], str | None], EnginePod[S]],
+    logs: pod_status.LogCache = pod_status.LOGS,
+) -> list[EnginePod[S]]:
+    """Each pod as ``build`` sees it, a restart the termination message does not explain (by the engine's
+    own texts) classified from the previous log of ``container``, read once per restart (blocking)."""
     out = []
     for pod in pods:
-        view = build_engine_pod(codec, pod)
+        view = build(pod, None)
         if view.needs_log:
             key = (namespace, view.name, view.restart_count)
             known, log = logs.get(key)
             if not known:
-                container = codec.engine.serving.container_name
                 log = reader.read_previous_log(namespace, view.name, container, pod_status.LOG_TAIL_LINES)
                 logs.put(key, log)
             if isinstance(log, str) and log:
-                view = build_engine_pod(codec, pod, log)
+                view = build(pod, log)
         out.append(view)
     return out
 

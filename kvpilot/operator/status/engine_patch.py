@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from kvpilot.operator import conditions
+from kvpilot.operator import api, conditions
 from kvpilot.operator.pods.engine_pods import Codec
 from kvpilot.operator.pods.pod_status import Serving, parse_time
 from kvpilot.operator.status import events
-from kvpilot.operator.status.loop_patch import ROLLING_OUT, add_judged_rollout
+from kvpilot.operator.status.loop_patch import KIND_FIELDS, ROLLING_OUT, add_judged_rollout
 from kvpilot.operator.status.status_patch import (
     ListPatch,
     StatusPatch,
@@ -86,9 +86,15 @@ def read_rollout(codec: Codec[S], status: Mapping[str, Any], current: S) -> Engi
     return EngineRollout(settings, started, deadline, parse_time(wire.get("probationUntil")))
 
 
-def describe_loop(codec: Codec[Any], mode: str) -> str:
+def describe_loop(codec: Codec[Any], mode: str, kind: str = api.KIND) -> str:
     """What the loop does for the engine in ``mode`` (the ``ClosedLoop`` condition's first sentence)."""
     name = codec.name
+    if kind == api.ENGINE_TUNER_KIND:
+        return (
+            f"the closed loop tunes {name} flags with {name}'s own rules on the target's pods that run the "
+            "recommendation (status.recommendation.engineArgs; probation, then status.lastGoodEngineArgs; a "
+            "failed one goes back)"
+        )
     if mode == "Auto":
         return (
             f"the closed loop tunes {name} flags with {name}'s own rules and rolls them out "
@@ -111,16 +117,23 @@ def build_engine_patch(
     now: float,
     deadline_seconds: float = 900.0,
     serving: Serving | None = None,
+    kind: str = api.KIND,
 ) -> StatusPatch:
     """The tick's status (:mod:`this module <kvpilot.operator.status.engine_patch>`) and its events; in mode
     Auto a change is recorded as rolled out (``deadline_seconds``: the configured rollout deadline). With the
     pods' ``serving`` state: ``replicas``, ``readyReplicas`` and the ``Available`` and ``Degraded``
-    conditions, as for vLLM (:func:`~kvpilot.operator.status.status_patch.build_serving_updates`)."""
+    conditions, as for vLLM (:func:`~kvpilot.operator.status.status_patch.build_serving_updates`).
+
+    An EngineTuner's (``kind``; mode Auto: kvpilot's "rollout" is the recommendation in its status, which
+    the webhook and Auto's evictions or the owner put on the pods) has no ``appliedEngineArgs`` or
+    ``lastChangeTime``: the history's ``fromEngineArgs`` is the recommendation it stood by, and the
+    recommendation itself is its reconcile's to write (:mod:`kvpilot.operator.status.engine_tuner_status`),
+    as :data:`~kvpilot.operator.status.loop_patch.KIND_FIELDS` says for vLLM's loop."""
     stamp = format_time(now)
     last = f"last decision: {decision.action} ({decision.trigger})"
     reason = TUNING if mode == "Auto" else RECOMMENDING
     updates: list[Update] = [
-        (conditions.CLOSED_LOOP, conditions.TRUE, reason, f"{describe_loop(codec, mode)}; {last}")
+        (conditions.CLOSED_LOOP, conditions.TRUE, reason, f"{describe_loop(codec, mode, kind)}; {last}")
     ]
     metrics = decision.metrics
     if metrics is not None:
@@ -133,14 +146,19 @@ def build_engine_patch(
         out.status.update(fields)
     _add_failed(codec, old, decision, out)
     rolled = mode == "Auto" and decision.changes
-    _add_recommendation(codec, old, decision, out, stamp, announce=not rolled)
+    tuner = kind == api.ENGINE_TUNER_KIND
+    before = (old.get("recommendation") or {}).get("engineArgs") if tuner else old.get("appliedEngineArgs")
+    if not tuner:
+        _add_recommendation(codec, old, decision, out, stamp, announce=not rolled)
     if mode == "Auto":
-        updates.extend(_add_rollout(codec, old, decision, out, now, deadline_seconds))
+        updates.extend(_add_rollout(codec, old, decision, out, now, deadline_seconds, before))
     was = conditions.find_condition(old.get("conditions"), conditions.CLOSED_LOOP) or {}
     if decision.action == Action.INFEASIBLE and last not in str(was.get("message") or ""):
         out.events.append((events.WARNING, "Infeasible", decision.reason))
     if decision.action == Action.INFEASIBLE:
-        _add_history(old, decision, out, HistoryAction.INFEASIBLE, stamp, to_args=None, dedupe=True)
+        _add_history(old, decision, out, HistoryAction.INFEASIBLE, stamp, before, to_args=None, dedupe=True)
+    if kind in KIND_FIELDS:
+        out.status = {k: v for k, v in out.status.items() if k in KIND_FIELDS[kind]}
     return out
 
 
@@ -150,19 +168,20 @@ def _add_history(
     out: StatusPatch,
     action: HistoryAction,
     stamp: str,
+    before: list[str] | None,
     *,
     to_args: list[str] | None,
     dedupe: bool,
 ) -> None:
-    """One ``status.history`` entry in the engine's flags (``fromEngineArgs``: what the status says the
-    Deployment runs), appended by the :class:`ListPatch` on the freshest history; a verdict that persists
-    (``dedupe``) is recorded once."""
+    """One ``status.history`` entry in the engine's flags (``fromEngineArgs``: ``before``, what the status
+    says the Deployment runs, or an EngineTuner's recommendation), appended by the :class:`ListPatch` on the
+    freshest history; a verdict that persists (``dedupe``) is recorded once."""
     entry = build_history_entry(
         time=stamp,
         action=action,
         trigger=decision.trigger,
         reason=decision.reason,
-        from_engine_args=old.get("appliedEngineArgs"),
+        from_engine_args=before,
         to_engine_args=to_args,
     )
     if append_history(old.get("history") or (), entry, dedupe=dedupe) is not None and out.lists is not None:
@@ -194,6 +213,7 @@ def _add_rollout(
     out: StatusPatch,
     now: float,
     deadline_seconds: float,
+    before: list[str] | None,
 ) -> list[Update]:
     """Mode Auto: a change recorded as rolled out (``appliedEngineArgs``, a new ``rollout``, ``Retuned`` or
     ``RolledBack``), else the rollout being judged (probation, ended, succeeded); the last good flags."""
@@ -215,7 +235,7 @@ def _add_rollout(
         retuned = decision.action == Action.RETUNE
         kind, reason = (events.NORMAL, "Retuned") if retuned else (events.WARNING, "RolledBack")
         action = HistoryAction.RETUNED if retuned else HistoryAction.ROLLED_BACK
-        _add_history(old, decision, out, action, format_time(now), to_args=args, dedupe=False)
+        _add_history(old, decision, out, action, format_time(now), before, to_args=args, dedupe=False)
         out.events.append((kind, reason, cap(decision.reason)))
         out.decisions.append(reason)
         return [(conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, reason, cap(decision.reason))]

@@ -3,11 +3,13 @@
 The counterpart of :func:`kvpilot.operator.status.tuner_status.build_tuner_status` for another engine than
 vLLM: the same fields and conditions, in the engine's own terms. ``status.discovered`` says the engine and
 the flags it runs (``engine``, ``engineArgs``; ``settings`` are vLLM's and stay unset),
-``status.recommendation.engineArgs`` the plan's flags (the InferenceService planner's for that engine, as an
-InferenceService of ``spec.engine.kind`` SGLang or TGI reports them) with the budget step by step in its
-``reason``, the ``Planned`` condition the plan's summary. ``status.budget`` (vLLM's memory model) stays
-unset, and so do the vLLM closed loop's ``failedSettings``, ``lastGoodSettings`` and ``rollout``: the
-recommendation is the plan's. Pure.
+``status.recommendation.engineArgs`` the flags the closed loop stands by (the plan's, the InferenceService
+planner's for that engine, as the loop changed them since: :class:`EngineTunerLoop`), with the budget step
+by step, or the loop's reason, in its ``reason``; the ``Planned`` condition the plan's summary. The loop's
+memory is in the engine's flags: ``history`` (``fromEngineArgs`` / ``toEngineArgs``, a ``Planned`` entry
+first), ``failedEngineArgs``, ``lastGoodEngineArgs``, ``rollout.engineArgs``
+(:func:`kvpilot.operator.status.engine_patch.build_engine_patch` for an EngineTuner). ``status.budget``
+(vLLM's memory model) and vLLM's ``failedSettings`` and ``lastGoodSettings`` stay unset. Pure.
 """
 
 from __future__ import annotations
@@ -23,12 +25,35 @@ from kvpilot.operator.status.status_patch import (
     ListPatch,
     StatusPatch,
     Update,
+    build_history_entry,
     cap,
     format_time,
 )
-from kvpilot.operator.status.tuner_status import READY_REASONS, Eviction
+from kvpilot.operator.status.tuner_status import (
+    NOT_RUNNING,
+    NOT_RUNNING_REASON,
+    READY_REASONS,
+    Eviction,
+    build_rewritable,
+)
+from kvpilot.tuner.loop import HistoryAction
+from kvpilot.tuner.loop.engine_state import EngineDecision
 
 NO_EVICTION = Eviction()
+
+
+@dataclass(frozen=True)
+class EngineTunerLoop:
+    """What the closed loop made of this reconcile (:mod:`kvpilot.operator.enginetuner.target_engine_loop`):
+    the flags to stand by, and what to record. ``patch``: a judged tick's share of the status;
+    ``planned_from``: a new plan, from these discovered flags; ``not_running``: no live pod runs the
+    recommendation. None of them: mode Off (the plan alone)."""
+
+    recommended: tuple[str, ...]
+    patch: StatusPatch | None = None
+    decision: EngineDecision[Any] | None = None
+    planned_from: tuple[str, ...] | None = None
+    not_running: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,15 +79,20 @@ class EngineTunerFound:
 
 
 def describe_args(args: Sequence[str], kind: str | None) -> str:
-    return " ".join(args) or f"{kind}'s defaults"
+    return " ".join(args) or (f"{kind}'s defaults" if kind else "the engine's defaults")
 
 
 def build_engine_tuner_status(
-    old: Mapping[str, Any], found: EngineTunerFound, eviction: Eviction = NO_EVICTION
+    old: Mapping[str, Any],
+    found: EngineTunerFound,
+    loop: EngineTunerLoop | None = None,
+    eviction: Eviction = NO_EVICTION,
 ) -> StatusPatch:
-    """The EngineTuner's whole status after a reconcile of an SGLang or TGI target, and its events
-    (``Recommended`` when the recommendation changed)."""
+    """The EngineTuner's whole status after a reconcile of an SGLang or TGI target: the discovery, GPU and
+    warnings, the recommendation, the loop's share (:func:`build_engine_loop_patch`), the eviction, the
+    conditions, and the events (the loop's, then ``Recommended`` when the recommendation changed)."""
     now = format_time(found.now)
+    looped = build_engine_loop_patch(old, loop or EngineTunerLoop(found.recommended), now)
     d = found.discovered
     new: dict[str, Any] = {
         "observedGeneration": found.generation,
@@ -78,16 +108,26 @@ def build_engine_tuner_status(
         "recommendation": None,
         "failedSettings": None,
         "lastGoodSettings": None,
-        "rollout": None,
+        **looped.status,  # failedEngineArgs, lastGoodEngineArgs, rollout
     }
     changed = _args_changed(old, found.recommended)
     if found.mode != "Off":
-        new["recommendation"] = _build_recommendation(old, found, changed, now)
+        new["recommendation"] = _build_recommendation(old, found, loop, changed, now)
     if eviction.evicted:
         new["lastEvictionTime"] = now
         new["evictions"] = int(old.get("evictions") or 0) + 1
-    lists = ListPatch(found.generation, now, updates=_build_updates(found, eviction))
-    out = StatusPatch(status=new, lists=lists)
+    rewritable, refused = build_rewritable(old, eviction)
+    assert looped.lists is not None
+    lists = ListPatch(
+        found.generation,
+        now,
+        updates=[*looped.lists.updates, *_build_updates(found, eviction), *rewritable],
+        history=looped.lists.history,
+        keep=HistoryAction.PLANNED,  # the plan's entry: where the loop starts
+    )
+    out = StatusPatch(
+        status=new, lists=lists, events=[*looped.events, *refused], decisions=list(looped.decisions)
+    )
     if found.mode != "Off" and changed:
         text = (
             f"{describe_args(found.recommended, d.engine)} (the target runs "
@@ -114,21 +154,51 @@ def _args_changed(old: Mapping[str, Any], recommended: Sequence[str]) -> bool:
     return list(was or ()) != list(recommended) or was is None
 
 
+def build_engine_loop_patch(old: Mapping[str, Any], loop: EngineTunerLoop, now: str) -> StatusPatch:
+    """The loop's share of the status: a judged tick's patch, a new plan's ``Planned`` entry (and the old
+    recommendation's rollout dropped), or the two conditions of a recommendation no pod runs."""
+    if loop.patch is not None:
+        return loop.patch
+    if loop.planned_from is not None:
+        entry = build_history_entry(
+            time=now,
+            action=HistoryAction.PLANNED,
+            trigger="Discovered",
+            reason=f"planned {describe_args(loop.recommended, None)} (the target runs "
+            f"{describe_args(loop.planned_from, None)})",
+            from_engine_args=loop.planned_from,
+            to_engine_args=loop.recommended,
+        )
+        fields = {"rollout": None} if old.get("rollout") else {}
+        return StatusPatch(status=fields, lists=ListPatch(None, now, history=[(entry, True)]))
+    updates: list[Update] = []
+    if loop.not_running:
+        updates.append((conditions.METRICS_AVAILABLE, conditions.FALSE, NOT_RUNNING_REASON, NOT_RUNNING))
+        if old.get("rollout"):
+            updates.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", NOT_RUNNING))
+    return StatusPatch(lists=ListPatch(None, now, updates))
+
+
 def _build_recommendation(
-    old: Mapping[str, Any], found: EngineTunerFound, changed: bool, now: str
+    old: Mapping[str, Any], found: EngineTunerFound, loop: EngineTunerLoop | None, changed: bool, now: str
 ) -> dict[str, Any]:
-    """``status.recommendation``: the plan's flags, and why (the budget step by step); kept as it was
-    (reason, time) while the flags stay."""
+    """``status.recommendation``: the flags, and why (the plan's budget step by step, or the closed loop's
+    change just now); kept as it was (reason, trigger, time) while the flags stay."""
     d = found.discovered
     reason = (
         f"planned for {d.gpu_count}x {found.gpu_name}: {describe_args(found.recommended, d.engine)} (the "
         f"target runs {describe_args(found.current, d.engine)}); " + "; ".join(found.explanation)
     )
+    trigger = "Discovered"
+    decision = loop.decision if loop is not None else None
+    if decision is not None and decision.changes:  # the closed loop changed it just now
+        why = "; ".join(decision.explanation)
+        reason, trigger = decision.reason + (f" [{why}]" if why else ""), decision.trigger
     kept = {} if changed else dict(old.get("recommendation") or {})
     return {
         "engineArgs": list(found.recommended),
         "reason": cap(str(kept.get("reason") or reason)),
-        "trigger": str(kept.get("trigger") or "Discovered"),
+        "trigger": str(kept.get("trigger") or trigger),
         "time": str(kept.get("time") or now),
     }
 

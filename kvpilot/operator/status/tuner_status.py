@@ -88,6 +88,30 @@ class Eviction:
 
     message: str = ""
     evicted: bool = False
+    checked: bool = False
+    """Whether the webhook's rewrite was checked against the target's pod templates (every mode but Off)."""
+    refused: str | None = None
+    """Why the webhook cannot put the recommendation on the target's new pods (what to change), when
+    it cannot (:func:`kvpilot.operator.enginetuner.target_webhook.compute_refusal`)."""
+
+
+REWRITTEN = "the webhook's rewrite puts the recommendation on the target's new pods"
+"""``Rewritable=True``'s message."""
+
+
+def build_rewritable(
+    old: Mapping[str, Any], eviction: Eviction
+) -> tuple[list[Update], list[tuple[str, str, str]]]:
+    """``Rewritable=False`` (reason ``RewriteRefused``, what to change) and a Warning event when that is
+    new; back to True when it was False and the check passes now; nothing while it never failed."""
+    was = conditions.find_condition(old.get("conditions"), conditions.REWRITABLE) or {}
+    if eviction.refused is not None:
+        update = (conditions.REWRITABLE, conditions.FALSE, "RewriteRefused", eviction.refused)
+        new = (was.get("status"), was.get("message")) != (conditions.FALSE, cap(eviction.refused))
+        return [update], [(events.WARNING, "RewriteRefused", eviction.refused)] if new else []
+    if eviction.checked and was and was.get("status") != conditions.TRUE:
+        return [(conditions.REWRITABLE, conditions.TRUE, "Rewritable", REWRITTEN)], []
+    return [], []
 
 
 def build_tuner_status(
@@ -115,14 +139,17 @@ def build_tuner_status(
         new["lastEvictionTime"] = now
         new["evictions"] = int(old.get("evictions") or 0) + 1
     assert looped.lists is not None
+    rewritable, refused = build_rewritable(old, eviction)
     lists = ListPatch(
         found.generation,
         now,
-        updates=[*looped.lists.updates, *_build_tuner_updates(found, loop, eviction)],
+        updates=[*looped.lists.updates, *_build_tuner_updates(found, loop, eviction), *rewritable],
         history=looped.lists.history,
         keep=HistoryAction.PLANNED,  # the plan's entry: where the loop starts
     )
-    out = StatusPatch(status=new, lists=lists, events=list(looped.events), decisions=list(looped.decisions))
+    out = StatusPatch(
+        status=new, lists=lists, events=[*looped.events, *refused], decisions=list(looped.decisions)
+    )
     if found.mode != "Off" and changed:
         planned, current = vllm.describe_settings(loop.settings), vllm.describe_settings(found.current)
         out.events.append((events.NORMAL, "Recommended", f"{planned} (the target runs {current})"))

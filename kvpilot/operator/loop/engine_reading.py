@@ -1,12 +1,13 @@
 """What the closed-loop tick of an engine with rules of its own (SGLang, TGI) reads into its policy: the state
-its status keeps and the evidence of its pods, in the engine's flags. Pure.
+its status keeps and the evidence of its pods, in the engine's flags. Pure; shared by both kinds.
 
-:func:`build_state_and_evidence` (mode Auto: the flags the status says the Deployment runs, the rollout, the
-last good flags; every mode: the ruled-out runs, the last change, and the restarts, readiness and start of
-the pods running the current flags), for
-:func:`kvpilot.operator.inferenceservice.engine_loop.run_engine_tick`. The context each engine tunes within
-is its own (:func:`.sglang_reading.build_sglang_context`, :func:`.tgi_loop.build_tgi_context`), asked by
-its :class:`Profile`.
+:func:`build_state_and_evidence` (an InferenceService's; mode Auto: the flags the status says the
+Deployment runs, the rollout, the last good flags; every mode: the ruled-out runs, the last change, and the
+restarts, readiness and start of the pods running the current flags), for
+:func:`kvpilot.operator.inferenceservice.engine_loop.run_engine_tick`; :func:`build_state_of` with the
+current flags given (an EngineTuner's: its standing recommendation,
+:mod:`kvpilot.operator.enginetuner.target_engine_loop`). The context each engine tunes within is its own
+(:mod:`.engine_profiles`), asked by its :class:`Profile`.
 """
 
 from __future__ import annotations
@@ -48,10 +49,25 @@ def build_state_and_evidence(
     replicas: int = 1,
 ) -> tuple[EngineLoopState[S], EngineEvidence]:
     """The policy's inputs: the current settings (mode Auto: ``status.appliedEngineArgs``, else what the
-    pods run), the rollout, last good flags, ruled-out runs and last change of the status, and the restarts,
-    readiness and start of the pods that run the current settings."""
+    pods run) and :func:`build_state_of` them (the rollout and last good flags in mode Auto only)."""
     applied = engine_patch.read_args(codec, status, "appliedEngineArgs") if mode == "Auto" else None
     current = applied if applied is not None else compute_current(pods, default)
+    return build_state_of(codec, current, pods, window, status, rolls_out=mode == "Auto", replicas=replicas)
+
+
+def build_state_of(
+    codec: Codec[S],
+    current: S,
+    pods: Sequence[EnginePod[S]],
+    window: ObservationWindow,
+    status: Mapping[str, Any],
+    *,
+    rolls_out: bool,
+    replicas: int = 1,
+) -> tuple[EngineLoopState[S], EngineEvidence]:
+    """The policy's inputs for ``current``: the ruled-out runs and last change of the status (``rolls_out``:
+    also its rollout and last good flags), and the restarts, readiness and start of the pods that run
+    ``current`` (ready: ``replicas`` of them Ready and no live pod running anything else)."""
     live = [p for p in pods if not p.terminating]
     mine = [p for p in live if p.settings == current]
     restarts = tuple(p.restart for p in pods if p.restart is not None and p.settings == current)
@@ -60,8 +76,8 @@ def build_state_and_evidence(
         current,
         engine_patch.read_failed_runs(codec, status),
         read_changes(codec, status),
-        engine_patch.read_rollout(codec, status, current) if mode == "Auto" else None,
-        engine_patch.read_args(codec, status, "lastGoodEngineArgs") if mode == "Auto" else None,
+        engine_patch.read_rollout(codec, status, current) if rolls_out else None,
+        engine_patch.read_args(codec, status, "lastGoodEngineArgs") if rolls_out else None,
     )
     not_started = any(p.not_started for p in mine) and not restarts
     return state, EngineEvidence(window, restarts, ready=ready, not_started=not_started)
