@@ -55,6 +55,9 @@ class TgiSituation:
     bounds: TuningBounds
     policy: PolicyConfig
     now: float = 0.0
+    itl_p95_objective: float | None = None
+    """``spec.serving.slo.itlP95Seconds`` (``None``: none), read against TGI's time per output token
+    (:data:`kvpilot.tuner.tgi.serving.TIME_PER_TOKEN`)."""
 
 
 def compute_budget(settings: tgi.TgiSettings, memory: TgiMemory) -> TgiBudget | None:

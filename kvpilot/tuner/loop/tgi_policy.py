@@ -54,6 +54,7 @@ def compute_tgi_decision(
         bounds=context.bounds,
         policy=context.policy,
         now=now,
+        itl_p95_objective=context.itl_p95_seconds,
     )
     metrics = compute_metrics_status(evidence.window, context.policy, now)
     gates = engine_chain.compute_gates(state, evidence, context.policy, now)
@@ -127,7 +128,11 @@ def _metrics_step(
     if held is not None:
         return held
     overloaded = sum(1 for r in restarts if r.failure is not None and r.failure.kind == "kv_pressure")
-    for proposal in (rules.propose_for_pressure(s), rules.propose_for_idle(s, overloaded)):
+    for proposal in (
+        rules.propose_for_pressure(s),
+        rules.propose_for_itl(s),
+        rules.propose_for_idle(s, overloaded),
+    ):
         if proposal is not None:
             return engine_chain.choose(build_fit(s), proposal, None, gates.metrics_driven)
     return None
