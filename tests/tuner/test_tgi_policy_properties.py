@@ -189,14 +189,37 @@ def test_a_latency_retune_only_shortens_the_steps(case: Case) -> None:
         context.bounds,
         context.policy,
     )
-    before = fit.compute_effective(fit.clamp(state.current, situation), memory)  # the bounds move first
+    before = fit.compute_effective(fit.clamp(situation.effective, situation), memory)  # the bounds first
     after = fit.compute_effective(chosen, memory)
     assert fit.concurrency_of(after) <= fit.concurrency_of(before)
     assert (after.max_batch_prefill_tokens or 0) <= (before.max_batch_prefill_tokens or 1 << 30)
-    assert (after.max_batch_prefill_tokens, fit.concurrency_of(after)) != (
-        before.max_batch_prefill_tokens,
-        fit.concurrency_of(before),
-    )
     assert after.max_input_tokens == before.max_input_tokens
     assert after.max_total_tokens == before.max_total_tokens
     assert fit.fraction_of(after) == fit.fraction_of(before)
+
+
+@PROPERTY
+@given(case_st(), st.integers(2, 512), st.integers(1, 7000), st.sampled_from(["KvPressure", "LatencySlo"]))
+def test_an_idle_raise_never_goes_back_to_what_pressure_found_too_many_within_the_hour(
+    case: Case, found: int, ago: int, trigger: str
+) -> None:
+    state, evidence, context = case
+    before = tgi.TgiSettings(max_concurrent_requests=found)
+    after = state.current
+    changes = (TgiChange(NOW - ago, trigger, before=before, after=after),)
+    state = TgiLoopState(state.current, state.failed, changes, last_good=state.last_good)
+    decision = compute_tgi_decision(state, evidence, context, NOW)
+    chosen = decision.settings if decision.action == Action.RETUNE else decision.recommended
+    if decision.trigger != "IdleCapacity" or chosen is None:
+        return
+    memory = context.memory
+    effective = fit.compute_effective(state.current, memory)
+    situation = fit.TgiSituation(
+        state.current, effective, evidence.window, memory, (), context.bounds, context.policy
+    )
+    if fit.compute_effective(fit.clamp(effective, situation), memory) != effective:
+        return  # the bounds move the flags first
+    limit, now = fit.concurrency_of(chosen), fit.concurrency_of(state.current)
+    assert limit > now
+    if ago < context.policy.flap_guard_seconds:
+        assert limit < found

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from kvpilot.tuner.loop import engine_flap
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.remedies import IDLE_CAPACITY
 from kvpilot.tuner.loop.sglang_fit import (
@@ -59,19 +60,13 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
         target, caps = demand, [f"the queue: {demand} running requests asked for"]
     if room is not None and (room < target or not idle):
         target, caps = max(limit, room), [f"token room at {p.target_kv_usage:.2f} usage"]
-    recent = [c for c in s.pressure if c.time > s.now - p.flap_guard_seconds]
-    found = [c.pressured for c in recent if c.pressured is not None]
-    if found and min(found) - 1 < target:
-        ceiling = min(found)
-        target, caps = ceiling - 1, [f"below {ceiling}, where token pressure found the pool full"]
-    settled = _recurring_cut(s)
-    if settled is not None and settled < target:
-        target, caps = settled, [f"{settled}, where token pressure that came back within the hour settled"]
+    guarded = engine_flap.guard_raise(target, s.pressure, s.now, p, "the pool")
+    if guarded.cap is not None:
+        target, caps = guarded.target, [guarded.cap]
     failed_at = _failed_running_target(s, limit)
     if failed_at is not None and failed_at[0] < target:
         target, caps = failed_at[0], [failed_at[1]]
-    least = p.flap_min_raise if recent else p.min_seqs_raise
-    if target < limit * (1.0 + least):
+    if target < limit * (1.0 + guarded.least):
         return None
     mean = mean_kv or 0.0
     where = (
@@ -109,19 +104,6 @@ def _room_error(s: SglangSituation) -> float:
     except OverflowError:  # rooms too far apart to square (a near-zero usage sample): no measured room
         return math.inf
     return math.sqrt(var / len(rooms))
-
-
-def _recurring_cut(s: SglangSituation) -> int | None:
-    """At most this many running requests, or ``None``: what the last KvPressure change left, for
-    ``peak_memory_seconds`` after it, when that pressure came back within ``flap_guard_seconds`` of an
-    earlier pressure change -- the service's peak load, not a transient (vLLM's
-    :func:`kvpilot.tuner.loop.remedies.compute_peak_seqs`)."""
-    p = s.policy
-    changes = [c for c in s.pressure if c.time <= s.now]
-    if len(changes) < 2 or changes[-1].time <= s.now - p.peak_memory_seconds:
-        return None
-    last, earlier = changes[-1], changes[-2]
-    return last.left if last.time - earlier.time <= p.flap_guard_seconds else None
 
 
 def _failed_running_target(s: SglangSituation, limit: int) -> tuple[int, str] | None:

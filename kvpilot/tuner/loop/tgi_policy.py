@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvpilot.tuner import tgi
-from kvpilot.tuner.loop import engine_chain, engine_rollout
+from kvpilot.tuner.loop import engine_chain, engine_flap, engine_rollout
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import tgi_fit as fit
 from kvpilot.tuner.loop import tgi_rules as rules
@@ -55,6 +55,9 @@ def compute_tgi_decision(
         policy=context.policy,
         now=now,
         itl_p95_objective=context.itl_p95_seconds,
+        pressure=engine_flap.compute_pressure_changes(
+            state.changes, fit.concurrency_of, (rules.KV_PRESSURE, rules.LATENCY_SLO)
+        ),
     )
     metrics = compute_metrics_status(evidence.window, context.policy, now)
     gates = engine_chain.compute_gates(state, evidence, context.policy, now)

@@ -40,11 +40,14 @@ import math
 
 from kvpilot.tuner import tgi
 from kvpilot.tuner.engines.tgi_budget import MIN_PREFILL_TOKENS
-from kvpilot.tuner.loop import engine_latency
+from kvpilot.tuner.loop import engine_flap, engine_latency
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.engine_chain import floor_grid
 from kvpilot.tuner.loop.engine_latency import LATENCY_SLO as LATENCY_SLO
-from kvpilot.tuner.loop.engine_state import KV_PRESSURE, RUNTIME_OOM, START_MEMORY_SHORT, START_OOM
+from kvpilot.tuner.loop.engine_state import KV_PRESSURE as KV_PRESSURE
+from kvpilot.tuner.loop.engine_state import RUNTIME_OOM as RUNTIME_OOM
+from kvpilot.tuner.loop.engine_state import START_MEMORY_SHORT as START_MEMORY_SHORT
+from kvpilot.tuner.loop.engine_state import START_OOM as START_OOM
 from kvpilot.tuner.loop.remedies import IDLE_CAPACITY, compute_oom_step
 from kvpilot.tuner.loop.tgi_fit import (
     TgiProposal,
@@ -205,15 +208,18 @@ def propose_for_idle(s: TgiSituation, overloaded: int = 0) -> TgiProposal | None
         return None  # the inter-token latency within slo_raise_margin of its objective: no more requests
     mean = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
     raised = max(limit + 1, math.ceil(limit * (1.0 + p.seqs_step_up)))
+    guarded = engine_flap.guard_raise(raised, s.pressure, s.now, p, "the KV tokens")
+    if guarded.target < limit * (1.0 + guarded.least):
+        return None  # within the flap guard's hour: no raise back towards what pressure found too many
+    capped = f" (capped {guarded.cap})" if guarded.cap else ""
     texts = f'; {overloaded} "{tgi.OVERLOADED}" answer(s)' if overloaded else ""
     return TgiProposal(
         trigger=IDLE_CAPACITY,
         evidence=(
             f"running + queued requests at --max-concurrent-requests {limit} in {at_limit:.0%} of samples "
-            "with "
-            f"KV tokens {mean:.0%} used{texts}"
+            f"with KV tokens {mean:.0%} used{texts}{capped}"
         ),
-        candidates=(dataclasses.replace(eff, max_concurrent_requests=raised),),
+        candidates=(dataclasses.replace(eff, max_concurrent_requests=guarded.target),),
         exhausted="--max-concurrent-requests is at its upper bound",
     )
 
