@@ -133,7 +133,7 @@ async def test_a_crash_on_probation_rolls_tgi_back_to_the_last_good_flags(harnes
     loop.window = window(loop.now + 400, kv=0.4, running=12, waiting=4)  # the admission limit binds
     await loop.tick(body, advance=400)
     new = body["status"]["appliedEngineArgs"]
-    assert _runs(new).max_concurrent_requests == 20
+    assert _runs(new).max_concurrent_requests == 26  # the KV's room: 0.88 x 12 running / 0.4 used
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB"
     loop.healthy_pods()
     await loop.tick(body)
@@ -143,7 +143,7 @@ async def test_a_crash_on_probation_rolls_tgi_back_to_the_last_good_flags(harnes
     assert st["appliedEngineArgs"] == planned and tgi.build_tgi_args(_runs(loop.deployment_args())) == planned
     (failed,) = st["failedEngineArgs"]  # the new flags as TGI ran them (its defaults filled in)
     assert (failed["failure"], failed["runningRequests"]) == ("runtime_oom", 12)
-    assert _runs(failed["args"]).max_concurrent_requests == 20
+    assert _runs(failed["args"]).max_concurrent_requests == 26
     assert "RolledBack" in harness.emitter.reasons
 
 

@@ -1,8 +1,12 @@
-"""TGI's ``IdleCapacity`` rule (:func:`kvpilot.tuner.loop.tgi_rules.propose_for_idle`): the flap guard
-(:mod:`kvpilot.tuner.loop.engine_flap`, shared with SGLang's loop) after KV pressure or the latency objective
-found ``--max-concurrent-requests`` too many."""
+"""TGI's ``IdleCapacity`` rule (:func:`kvpilot.tuner.loop.tgi_idle.propose_for_idle`): the raise by the room
+the window measured (:mod:`kvpilot.tuner.loop.engine_room`), the flap guard
+(:mod:`kvpilot.tuner.loop.engine_flap`) after KV pressure or the latency objective found
+``--max-concurrent-requests`` too many, and raises that failed approached from below -- each shared with
+SGLang's loop."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from kvpilot.tuner import gpus, tgi
 from kvpilot.tuner.loop import (
@@ -119,3 +123,50 @@ def test_tgis_pressure_changes_name_tgis_default_limit() -> None:
     )
     (found,) = engine_flap.compute_pressure_changes(changes, tgi_fit.concurrency_of)
     assert (found.pressured, found.left) == (tgi.MAX_CONCURRENT_REQUESTS_DEFAULT, 96)
+
+
+# --- the room the window measured -----------------------------------------------------------------
+
+
+def test_low_kv_raises_the_limit_to_the_measured_room_in_one_rollout() -> None:
+    """30 running fill a fifth of the KV tokens: 132 fill 0.88 of them. A fixed +25 % would take 40, then 50,
+    63, 79, 99, 124: six restarts of TGI for what the window already measured."""
+    decision = decide(limited(32), window(kv=0.2, running=30, waiting=2))
+    assert (decision.action, decision.trigger) == (Action.RETUNE, IDLE_CAPACITY)
+    assert decision.settings.max_concurrent_requests == 132
+    assert "room at 0.88" in decision.reason
+
+
+def test_inside_the_band_the_raise_is_the_measured_room_or_none() -> None:
+    banded = decide(limited(32), window(kv=0.6, running=30, waiting=2))
+    assert banded.settings.max_concurrent_requests == 44  # 0.88 x 30 / 0.6
+    full = decide(limited(32), window(kv=0.85, running=30, waiting=2))  # room 31: no more fits
+    assert (full.action, full.trigger, full.settings) == (Action.HOLD, Trigger.STEADY, limited(32))
+
+
+def test_inside_the_band_a_raise_must_clear_the_rooms_own_noise() -> None:
+    """Usage alternating 0.52 / 0.88 sample to sample: the mean room (37) stands over 32 x 1.05 = 33.6, but
+    not by its standard error (about 3.5): noise, not room."""
+    noisy = window(kv=0.0, running=30, waiting=2, kvs=[0.52, 0.88] * 5)
+    assert decide(limited(32), noisy).settings == limited(32)
+    steady = window(kv=0.0, running=30, waiting=2, kvs=[0.7, 0.71] * 5)
+    assert decide(limited(32), steady).settings.max_concurrent_requests == 37
+
+
+def test_a_raise_that_ran_out_of_memory_before_its_batch_filled_stays_below_what_ran() -> None:
+    """64 ran out of memory with 40 running: the raise stays below 40, whatever room the KV shows."""
+    oom = EngineFailedRun(tgi_fit.compute_effective(limited(64), BARE), "runtime_oom", running=40)
+    decision = decide(limited(32), window(kv=0.2, running=30, waiting=2), failed=(oom,))
+    assert decision.settings.max_concurrent_requests == 39
+    assert "below 40" in decision.reason
+
+
+def test_a_raise_whose_rollout_failed_is_approached_by_a_step_not_retried_one_less() -> None:
+    failed = EngineFailedRun(tgi_fit.compute_effective(limited(60), BARE), "rollout_failed")
+    decision = decide(limited(32), window(kv=0.2, running=30, waiting=2), failed=(failed,))
+    assert decision.settings.max_concurrent_requests == 40  # one +25 % step towards 60
+    at_less = limited(32, 0.9)
+    elsewhere = EngineFailedRun(tgi_fit.compute_effective(limited(60, 0.95), BARE), "rollout_failed")
+    larger = decide(at_less, window(kv=0.2, running=30, waiting=2), failed=(elsewhere,))
+    assert larger.settings == dataclasses.replace(at_less, max_concurrent_requests=132)
+    # a failure at a larger fraction (less room outside TGI's share) does not bind the raise at a smaller one

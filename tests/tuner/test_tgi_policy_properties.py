@@ -27,6 +27,7 @@ from kvpilot.tuner.loop import (
     TuningBounds,
     classify_tgi_restart,
     compute_tgi_decision,
+    engine_room,
 )
 from kvpilot.tuner.loop import tgi_fit as fit
 from kvpilot.tuner.loop.engine_latency import LATENCY_SLO
@@ -223,3 +224,25 @@ def test_an_idle_raise_never_goes_back_to_what_pressure_found_too_many_within_th
     assert limit > now
     if ago < context.policy.flap_guard_seconds:
         assert limit < found
+
+
+@PROPERTY
+@given(case_st())
+def test_an_idle_raise_stays_within_the_room_the_window_measured(case: Case) -> None:
+    state, evidence, context = case
+    state = TgiLoopState(state.current, state.failed, (), last_good=state.current)
+    decision = compute_tgi_decision(state, evidence, context, NOW)
+    chosen = decision.settings if decision.action == Action.RETUNE else decision.recommended
+    if decision.trigger != "IdleCapacity" or chosen is None:
+        return
+    memory = context.memory
+    effective = fit.compute_effective(state.current, memory)
+    situation = fit.TgiSituation(
+        state.current, effective, evidence.window, memory, (), context.bounds, context.policy
+    )
+    if fit.compute_effective(fit.clamp(effective, situation), memory) != effective:
+        return  # the bounds move the flags first
+    limit, now = fit.concurrency_of(chosen), fit.concurrency_of(state.current)
+    room = engine_room.measure_room(evidence.window, context.policy)
+    assert limit > now
+    assert room is None or limit <= room

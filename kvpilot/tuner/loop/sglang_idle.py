@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kvpilot.tuner.loop import engine_flap
+from kvpilot.tuner.loop import engine_flap, engine_room
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.remedies import IDLE_CAPACITY
 from kvpilot.tuner.loop.sglang_fit import (
@@ -40,16 +40,12 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     limit = eff.max_running_requests or math.ceil(peak)
     if queue < p.queue_min or limit < 1 or peak < p.seqs_saturation * limit or not allows_raise(s):
         return None
-    mean_kv, mean_running = (
-        obs.compute_mean(w.samples, obs.kv_usage),
-        obs.compute_mean(w.samples, obs.running),
-    )
-    room: int | None = None
-    if mean_kv and mean_running and mean_kv > 0 and mean_running >= 1:
-        measured = p.target_kv_usage * mean_running / mean_kv
-        room = math.floor(measured) if math.isfinite(measured) else None
+    mean_kv = obs.compute_mean(w.samples, obs.kv_usage)
+    room = engine_room.measure_room(w, p)
     idle = low >= p.sustain_fraction
-    if not idle and (room is None or room - _room_error(s) < limit * (1.0 + p.min_seqs_raise)):
+    if not idle and (
+        room is None or room - engine_room.compute_room_error(w, p) < limit * (1.0 + p.min_seqs_raise)
+    ):
         return None  # inside the band and no measured room for more (beyond its noise): hysteresis
     step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
     target = math.ceil(limit * (1.0 + step))
@@ -84,28 +80,6 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     )
 
 
-def _room_error(s: SglangSituation) -> float:
-    """The standard error of the room the window measured (``target_kv_usage`` x running / token usage,
-    sample by sample): the room's own noise, which a raise inside the band must clear as VPA's recommendation
-    moves only outside its confidence band (noisy scrapes crept the room 200 -> 217 -> 234 -> 247 -> 267,
-    each a few % over the last, one rollout each). 0 with fewer than two samples."""
-    p = s.policy
-    rooms = [
-        p.target_kv_usage * x.running / x.kv_usage
-        for x in s.window.samples
-        if x.running is not None and x.kv_usage is not None and x.kv_usage > 0 and x.running >= 1
-    ]
-    rooms = [r for r in rooms if math.isfinite(r)]
-    if len(rooms) < 2:
-        return 0.0
-    mean = sum(rooms) / len(rooms)
-    try:
-        var = sum((r - mean) ** 2 for r in rooms) / (len(rooms) - 1)
-    except OverflowError:  # rooms too far apart to square (a near-zero usage sample): no measured room
-        return math.inf
-    return math.sqrt(var / len(rooms))
-
-
 def _failed_running_target(s: SglangSituation, limit: int) -> tuple[int, str] | None:
     """The most ``--max-running-requests`` a raise from ``limit`` may take after raises that failed (an OOM,
     or a rollout that failed) with the current layout, context and no more memory left outside the share (a
@@ -135,11 +109,5 @@ def _failed_running_target(s: SglangSituation, limit: int) -> tuple[int, str] | 
         ):
             continue
         seen = run.running if run.kind == "runtime_oom" else None
-        step, half = math.ceil(limit * (1.0 + p.seqs_step_up)), (limit + count) // 2
-        if seen is not None and limit < seen < p.seqs_saturation * count:
-            targets.append((seen - 1, f"below {seen}, the running requests when {count} ran out of memory"))
-        elif step < half:
-            targets.append((step, f"one step (+{p.seqs_step_up:.0%}) towards {count}, which failed"))
-        else:
-            targets.append((half, f"halfway to {count}, which failed with these settings"))
+        targets.append(engine_room.approach_failed(limit, count, seen, p))
     return min(targets) if targets else None

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvpilot.tuner import tgi
-from kvpilot.tuner.loop import engine_chain, engine_flap, engine_rollout
+from kvpilot.tuner.loop import engine_chain, engine_flap, engine_rollout, tgi_idle
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import tgi_fit as fit
 from kvpilot.tuner.loop import tgi_rules as rules
@@ -134,7 +134,7 @@ def _metrics_step(
     for proposal in (
         rules.propose_for_pressure(s),
         rules.propose_for_itl(s),
-        rules.propose_for_idle(s, overloaded),
+        tgi_idle.propose_for_idle(s, overloaded),
     ):
         if proposal is not None:
             return engine_chain.choose(build_fit(s), proposal, None, gates.metrics_driven)

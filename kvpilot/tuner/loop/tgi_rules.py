@@ -24,7 +24,11 @@ memory free after a prefill of ``--max-batch-prefill-tokens`` (``flash_causal_lm
 - ``IdleCapacity``: the admission limit binds with spare KV tokens -- running + queued requests
   (``tgi_batch_current_size`` + ``tgi_queue_size``) at ``--max-concurrent-requests`` in most samples (or 429
   "Model is overloaded" texts) while ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` stays
-  under the high band: raise ``--max-concurrent-requests`` by the step.
+  under the high band: raise ``--max-concurrent-requests`` to the room the window measured, within the
+  flap guard, below raises that failed (:mod:`.tgi_idle`).
+- ``LatencySlo``: ``spec.serving.slo.interTokenLatencyP95Seconds`` missed in most samples: a halved
+  ``--max-batch-prefill-tokens`` where long prompts share the steps, else fewer
+  ``--max-concurrent-requests`` (:func:`propose_for_itl`, on :mod:`.engine_latency`).
 - ``KvPressure``: the KV tokens full (the same ratio at the high band) with a queue in most samples: there is
   nothing to admit more into. More KV by a larger ``--cuda-memory-fraction`` where it is below 1 and no OOM
   ruled that out; else fewer ``--max-concurrent-requests`` (the excess answered 429 at once instead of
@@ -40,7 +44,7 @@ import math
 
 from kvpilot.tuner import tgi
 from kvpilot.tuner.engines.tgi_budget import MIN_PREFILL_TOKENS
-from kvpilot.tuner.loop import engine_flap, engine_latency
+from kvpilot.tuner.loop import engine_latency
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.engine_chain import floor_grid
 from kvpilot.tuner.loop.engine_latency import LATENCY_SLO as LATENCY_SLO
@@ -48,7 +52,7 @@ from kvpilot.tuner.loop.engine_state import KV_PRESSURE as KV_PRESSURE
 from kvpilot.tuner.loop.engine_state import RUNTIME_OOM as RUNTIME_OOM
 from kvpilot.tuner.loop.engine_state import START_MEMORY_SHORT as START_MEMORY_SHORT
 from kvpilot.tuner.loop.engine_state import START_OOM as START_OOM
-from kvpilot.tuner.loop.remedies import IDLE_CAPACITY, compute_oom_step
+from kvpilot.tuner.loop.remedies import compute_oom_step
 from kvpilot.tuner.loop.tgi_fit import (
     TgiProposal,
     TgiSituation,
@@ -188,40 +192,6 @@ def propose_for_oom(s: TgiSituation, text: str) -> TgiProposal:
 
 
 # --- metrics rules --------------------------------------------------------------------------------
-
-
-def _admitted(x: obs.MetricsSample) -> float | None:
-    if x.running is None:
-        return None
-    return x.running + (x.waiting or 0.0)
-
-
-def propose_for_idle(s: TgiSituation, overloaded: int = 0) -> TgiProposal | None:
-    """The admission limit binds with spare KV tokens: more ``--max-concurrent-requests``."""
-    p, w, eff = s.policy, s.window, s.effective
-    limit = eff.max_concurrent_requests or tgi.MAX_CONCURRENT_REQUESTS_DEFAULT
-    at_limit = obs.compute_fraction(w.samples, _admitted, lambda v: v >= p.seqs_saturation * limit)
-    high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
-    if (at_limit < p.sustain_fraction and not overloaded) or high >= p.sustain_fraction:
-        return None
-    if not engine_latency.allows_raise(w, s.itl_p95_objective, p):
-        return None  # the inter-token latency within slo_raise_margin of its objective: no more requests
-    mean = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
-    raised = max(limit + 1, math.ceil(limit * (1.0 + p.seqs_step_up)))
-    guarded = engine_flap.guard_raise(raised, s.pressure, s.now, p, "the KV tokens")
-    if guarded.target < limit * (1.0 + guarded.least):
-        return None  # within the flap guard's hour: no raise back towards what pressure found too many
-    capped = f" (capped {guarded.cap})" if guarded.cap else ""
-    texts = f'; {overloaded} "{tgi.OVERLOADED}" answer(s)' if overloaded else ""
-    return TgiProposal(
-        trigger=IDLE_CAPACITY,
-        evidence=(
-            f"running + queued requests at --max-concurrent-requests {limit} in {at_limit:.0%} of samples "
-            f"with KV tokens {mean:.0%} used{texts}{capped}"
-        ),
-        candidates=(dataclasses.replace(eff, max_concurrent_requests=guarded.target),),
-        exhausted="--max-concurrent-requests is at its upper bound",
-    )
 
 
 def propose_for_itl(s: TgiSituation) -> TgiProposal | None:
