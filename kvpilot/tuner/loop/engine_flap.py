@@ -7,7 +7,8 @@ it is the same knob going up again, and a service whose load comes in bursts wou
 one rollout each. So, on the limit on requests the engine's rules move (SGLang's
 ``--max-running-requests``, TGI's ``--max-concurrent-requests``):
 
-- within ``flap_guard_seconds`` of such a change an idle raise stays below N and must be worth
+- within ``flap_guard_seconds`` of such a change (TGI's loop counts a ``LatencySlo`` change too: the
+  objective missed at N) an idle raise stays below N and must be worth
   ``flap_min_raise`` (``min_seqs_raise`` otherwise);
 - pressure that came back within ``flap_guard_seconds`` of an earlier pressure change is the service's peak
   load, not a transient: the limit the last one left holds for ``peak_memory_seconds``.

@@ -1,17 +1,17 @@
 """The inter-token latency objective as every engine's own loop (SGLang's, TGI's) keeps it, whatever its
 flags. Pure.
 
-vLLM's rule (:func:`kvpilot.tuner.loop.slo.propose_for_slo`) in engine-neutral terms: ``spec.serving.slo``'s
-``itlP95Seconds`` above its objective in most samples (``sustain_fraction``) argues for shorter decode
-steps. Each step reads every running request's KV, so fewer running requests shorten it: the limit on them
-is cut to the running requests x objective / measured, at most half a step (``seqs_step_up_max / 2``) at
-once and always at least one below the limit (:func:`compute_running_cut`). Where long prompts share the
-steps (a prompt's mean over a quarter of the tokens a prefill step takes: :func:`long_prompts`), the
-engine's prefill budget is halved first: that shortens the steps a prefill stalls without turning requests
-away. Which flags these are is each engine's (:func:`kvpilot.tuner.loop.sglang_rules.propose_for_itl`,
-:func:`kvpilot.tuner.loop.tgi_rules.propose_for_itl`). And raises stop at the objective: :func:`allows_raise`
-is false while the latency is within ``slo_raise_margin`` of it, so an idle raise never trades the objective
-for throughput.
+vLLM's rule (:func:`kvpilot.tuner.loop.slo.propose_for_slo`) in engine-neutral terms:
+``spec.serving.slo.interTokenLatencyP95Seconds`` above its objective in most samples (``sustain_fraction``)
+argues for shorter decode steps. Each step reads every running request's KV, so fewer running requests
+shorten it: the limit on them is cut to the running requests x objective / measured, at most half a step
+(``seqs_step_up_max / 2``) at once and always at least one below the limit (:func:`compute_running_cut`).
+Where long prompts share the steps (a prompt's mean over a quarter of the tokens a prefill step takes:
+:func:`long_prompts`), the engine's prefill budget is halved first: that shortens the steps a prefill stalls
+without turning requests away. Which flags these are is each engine's (:func:`.sglang_rules.propose_for_itl`,
+:func:`.tgi_rules.propose_for_itl`). And raises stop at the objective: :func:`allows_raise` is false while
+the latency is within ``slo_raise_margin`` of it, so an idle raise never trades the objective for
+throughput.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class ItlMiss:
     """The inter-token latency objective missed in most of a window's samples."""
 
     objective: float
-    """Seconds (``spec.serving.slo.itlP95Seconds``)."""
+    """Seconds (``spec.serving.slo.interTokenLatencyP95Seconds``)."""
     measured: float
     """The window's mean p95, seconds."""
     share: float

@@ -1,7 +1,8 @@
 """SGLang's ``IdleCapacity`` rule: a queue at ``--max-running-requests`` with room in the pool, answered
 with more running requests, as vLLM's rule (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`) answers a
-queue at ``--max-num-seqs``: the room the window measures, the flap guard after token pressure, and a raise
-that failed approached from below. Pure; one of :mod:`.sglang_rules`' rules.
+queue at ``--max-num-seqs``: the room the window measures (:mod:`.engine_room`), the flap guard after token
+pressure (:mod:`.engine_flap`), and a raise that failed approached from below -- the engine-neutral pieces
+shared with TGI's rule (:mod:`.tgi_idle`). Pure; one of :mod:`.sglang_rules`' rules.
 """
 
 from __future__ import annotations

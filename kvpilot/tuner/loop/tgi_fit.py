@@ -57,8 +57,8 @@ class TgiSituation:
     policy: PolicyConfig
     now: float = 0.0
     itl_p95_objective: float | None = None
-    """``spec.serving.slo.itlP95Seconds`` (``None``: none), read against TGI's time per output token
-    (:data:`kvpilot.tuner.tgi.serving.TIME_PER_TOKEN`)."""
+    """``spec.serving.slo.interTokenLatencyP95Seconds`` (``None``: none), read against TGI's time per output
+    token (:data:`kvpilot.tuner.tgi.serving.TIME_PER_TOKEN`)."""
     pressure: tuple[PressureChange, ...] = ()
     """The loop's changes that found ``--max-concurrent-requests`` too many (KV pressure, the latency
     objective): the flap guard's memory (:mod:`.engine_flap`)."""

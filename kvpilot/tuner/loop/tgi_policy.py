@@ -15,12 +15,16 @@ meanings (``kv_usage``: ``tgi_batch_current_max_tokens / tgi_batch_max_total_tok
    holds and says so; crash remedies skip the cooldown and mark the settings failed;
 2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
 3. **pressure** -- the KV tokens full with a queue;
-4. **idle** -- the admission limit binds with spare KV tokens (or 429 "Model is overloaded" texts);
-5. otherwise hold.
+4. **latency** -- the inter-token latency objective missed (:func:`.tgi_rules.propose_for_itl`: a halved
+   prefill where long prompts share the steps, else fewer concurrent requests);
+5. **idle** -- the admission limit binds with spare KV tokens (or 429 "Model is overloaded" texts): the room
+   the window measured, within the flap guard after pressure or the latency objective found the limit too
+   many (:mod:`.tgi_idle`);
+6. otherwise hold.
 
 A chosen candidate then passes vLLM's gates (:func:`~.engine_chain.compute_gates`). Not (yet) in TGI's loop:
-a latency rule (TGI's TTFT series is its queue time), the restart-cost trade, a flap guard between the
-pressure and idle rules beyond their disjoint conditions, scale-out recommendations.
+a TTFT objective (TGI's only series for it is its queue time, a lower bound), the restart-cost trade,
+scale-out recommendations.
 """
 
 from __future__ import annotations

@@ -202,8 +202,9 @@ def propose_for_itl(s: TgiSituation) -> TgiProposal | None:
     prefill budget comes first (only where TGI chunks a prefill or the halved budget still holds
     ``--max-input-tokens``: the latency never shortens the prompts served); else fewer
     ``--max-concurrent-requests``, the one request-count bound kvpilot sets on TGI's running batch (it
-    bounds running + queued; the batch's tokens are the KV TGI infers), to the running requests x objective
-    / measured, at most half a step."""
+    bounds running + queued; the batch's tokens are the KV TGI infers, which for flash models replaces a
+    given ``--max-batch-total-tokens``: ``backends/v3/src/lib.rs``, ``connect_backend``), to the running
+    requests x objective / measured, at most half a step."""
     p, w, eff = s.policy, s.window, s.effective
     miss = engine_latency.find_itl_miss(w, s.itl_p95_objective, p)
     if miss is None:
