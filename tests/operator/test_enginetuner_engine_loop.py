@@ -306,7 +306,9 @@ async def test_recommend_retunes_a_tgi_target_whose_admission_limit_binds() -> N
     t.window = window(t.now + 400, kv=0.4, running=12, waiting=4)  # the admission limit binds
     await t.run(advance=400)
     new = t.recommended
-    assert _tgi_runs(new).max_concurrent_requests == 20 and history(t)[-1][0] == "Retuned"
+    assert (
+        _tgi_runs(new).max_concurrent_requests == 26
+    )  # the room the window measured (tgi_idle) and history(t)[-1][0] == "Retuned"
     assert t.status["history"][-1]["toEngineArgs"] == new
     assert {"Retuned", "Recommended"} <= set(t.emitter.reasons)
     # the webhook would set the flag and drop its variable, the owner's other ones kept
@@ -354,7 +356,7 @@ async def test_auto_rolls_a_tgi_retune_back_after_a_cuda_oom_on_probation() -> N
     t.window = window(t.now + 400, kv=0.4, running=12, waiting=4)
     await t.run(advance=400)
     new = t.recommended
-    assert _tgi_runs(new).max_concurrent_requests == 20
+    assert _tgi_runs(new).max_concurrent_requests == 26  # the room the window measured (tgi_idle)
     t.tuned_pods(1, age=5)  # Auto's replacement, rewritten by the webhook
     await t.run()
     assert t.status["rollout"]["phase"] == "Probation"
@@ -364,7 +366,7 @@ async def test_auto_rolls_a_tgi_retune_back_after_a_cuda_oom_on_probation() -> N
     assert t.recommended == planned and history(t)[-1][0] == "RolledBack"
     (failed,) = st["failedEngineArgs"]
     assert (failed["failure"], failed["runningRequests"]) == ("runtime_oom", 12)
-    assert _tgi_runs(failed["args"]).max_concurrent_requests == 20
+    assert _tgi_runs(failed["args"]).max_concurrent_requests == 26  # the room the window measured (tgi_idle)
     assert "RolledBack" in t.emitter.reasons and st["lastGoodEngineArgs"] == planned
     # rolled back, the recommendation is the last good one: Auto evicts the pod running the failed flags
     await t.run(advance=60)

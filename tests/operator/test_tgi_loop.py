@@ -133,7 +133,7 @@ async def test_a_crash_on_probation_rolls_tgi_back_to_the_last_good_flags(harnes
     loop.window = window(loop.now + 400, kv=0.4, running=12, waiting=4)  # the admission limit binds
     await loop.tick(body, advance=400)
     new = body["status"]["appliedEngineArgs"]
-    assert _runs(new).max_concurrent_requests == 20
+    assert _runs(new).max_concurrent_requests == 26  # the KV's room: 0.88 x 12 running / 0.4 used
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB"
     loop.healthy_pods()
     await loop.tick(body)
@@ -143,7 +143,7 @@ async def test_a_crash_on_probation_rolls_tgi_back_to_the_last_good_flags(harnes
     assert st["appliedEngineArgs"] == planned and tgi.build_tgi_args(_runs(loop.deployment_args())) == planned
     (failed,) = st["failedEngineArgs"]  # the new flags as TGI ran them (its defaults filled in)
     assert (failed["failure"], failed["runningRequests"]) == ("runtime_oom", 12)
-    assert _runs(failed["args"]).max_concurrent_requests == 20
+    assert _runs(failed["args"]).max_concurrent_requests == 26
     assert "RolledBack" in harness.emitter.reasons
 
 
@@ -183,3 +183,24 @@ async def test_drift_repair_puts_back_the_flags_the_loop_rolled_out(harness: Har
     assert repaired == [field]
     args = harness.kube.last("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert tgi.build_tgi_args(_runs(args)) == kept
+
+
+def test_tgis_queries_read_its_prompt_lengths_for_the_latency_rule() -> None:
+    queries = prometheus.build_queries(300, series=engines.lookup_engine("TGI").metrics)
+    assert f"{serving.INPUT_LENGTH}_sum[300s]" in queries.instant["prompt_sum"]
+    assert f"{serving.INPUT_LENGTH}_count[300s]" in queries.instant["prompt_count"]
+
+
+async def test_the_itl_objective_of_spec_serving_reaches_tgis_loop(harness: Harness) -> None:
+    loop = LoopHarness(harness)
+    slo = {"maxContextLength": 8192, "slo": {"interTokenLatencyP95Seconds": 0.05}}
+    body = tgi_isvc(serving=slo, tuning={"mode": "Recommend"})
+    await harness.run(body)
+    loop.healthy_pods()
+    slow = window(loop.now + 1000, kv=0.5, running=40, waiting=0)
+    samples = tuple(dataclasses.replace(s, itl_p95=0.08) for s in slow.samples)
+    loop.window = dataclasses.replace(slow, samples=samples)
+    await loop.tick(body, advance=1000)
+    recommendation = body["status"]["recommendation"]
+    assert recommendation["trigger"] == "LatencySlo", recommendation
+    assert _runs(recommendation["engineArgs"]).max_concurrent_requests == 25  # 40 x 0.05 / 0.08

@@ -186,11 +186,11 @@ def test_a_restart_no_text_explains_holds() -> None:
 # --- metrics rules --------------------------------------------------------------------------------
 
 
-def test_the_admission_limit_binding_with_spare_kv_raises_it() -> None:
+def test_the_admission_limit_binding_with_spare_kv_raises_it_to_the_measured_room() -> None:
     limited = dataclasses.replace(CURRENT, max_concurrent_requests=32)
     decision = decide(limited, w=window(kv=0.4, running=24, waiting=8), ready=True)
     assert (decision.action, decision.trigger) == (Action.RETUNE, IDLE_CAPACITY)
-    assert decision.settings.max_concurrent_requests == 40
+    assert decision.settings.max_concurrent_requests == 52  # 0.88 x 24 running / 0.4 used, in one raise
 
 
 def test_the_raise_stops_at_the_upper_bound() -> None:
@@ -225,7 +225,7 @@ def test_a_metrics_driven_change_waits_out_the_cooldown_and_says_what_it_would_d
     decision = decide(limited, w=window(kv=0.4, running=24, waiting=8), changes=changes)
     assert (decision.action, decision.trigger) == (Action.HOLD, IDLE_CAPACITY)
     assert "cooldown" in decision.reason
-    assert decision.recommended is not None and decision.recommended.max_concurrent_requests == 40
+    assert decision.recommended is not None and decision.recommended.max_concurrent_requests == 52
 
 
 def test_a_crash_remedy_skips_the_cooldown() -> None:

@@ -5,7 +5,9 @@
 - a retune never proposes what the history (or the crash it answers) ruled out;
 - each crash moves its own knob the way its remedy says (a prefill OOM never raises the prefill, a run-time
   OOM never raises the fraction, a ``max_total_tokens`` failure never lowers it);
-- the same inputs give the same decision.
+- the same inputs give the same decision;
+- a latency objective only ever shortens the steps: fewer admitted requests or prefill tokens, never more,
+  never a shorter prompt or request served.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from kvpilot.tuner.loop import (
     TuningBounds,
     classify_tgi_restart,
     compute_tgi_decision,
+    engine_room,
 )
 from kvpilot.tuner.loop import tgi_fit as fit
-from kvpilot.tuner.loop.observations import MetricsSample, ObservationWindow
+from kvpilot.tuner.loop.engine_latency import LATENCY_SLO
+from kvpilot.tuner.loop.observations import LengthSummary, MetricsSample, ObservationWindow
 from kvpilot.tuner.model import build_model_spec, lookup_model_config
 
 LLAMA = build_model_spec(lookup_model_config("meta-llama/Llama-3.1-8B-Instruct"))
@@ -86,8 +90,12 @@ def window_st(draw: st.DrawFn) -> ObservationWindow:
     usage = draw(st.one_of(st.sampled_from([0.3, 0.95]), st.floats(0, 1)))
     running = draw(st.floats(0, 600))
     waiting = draw(st.sampled_from([0.0, 5.0, 50.0]))
-    samples = tuple(MetricsSample(NOW - 30 * (n - 1 - i), usage, None, running, waiting) for i in range(n))
-    return ObservationWindow(NOW - 300, NOW, samples, pods=1)
+    itl = draw(st.one_of(st.none(), st.floats(0.001, 1.0)))
+    samples = tuple(
+        MetricsSample(NOW - 30 * (n - 1 - i), usage, None, running, waiting, itl_p95=itl) for i in range(n)
+    )
+    prompt = draw(st.one_of(st.none(), st.sampled_from([200.0, 3000.0]).map(LengthSummary)))
+    return ObservationWindow(NOW - 300, NOW, samples, prompt_tokens=prompt, pods=1)
 
 
 Case = tuple[TgiLoopState, TgiEvidence, TgiContext]
@@ -100,8 +108,11 @@ def case_st(draw: st.DrawFn) -> Case:
     changes = tuple(
         TgiChange(NOW - t, "IdleCapacity") for t in draw(st.lists(st.integers(1, 20000), max_size=2))
     )
-    state = TgiLoopState(draw(settings_st()), tuple(draw(failed_st)), changes)
-    context = TgiContext(draw(st.sampled_from(MEMORIES)), draw(bounds_st()))
+    current = draw(settings_st())
+    proven = draw(st.booleans())  # the current flags the last good ones: the metrics rules may act
+    state = TgiLoopState(current, tuple(draw(failed_st)), changes, last_good=current if proven else None)
+    objective = draw(st.one_of(st.none(), st.sampled_from([0.02, 0.05])))
+    context = TgiContext(draw(st.sampled_from(MEMORIES)), draw(bounds_st()), itl_p95_seconds=objective)
     return state, TgiEvidence(draw(window_st()), restarts), context
 
 
@@ -159,3 +170,79 @@ def test_each_crash_moves_its_own_knob_the_way_its_remedy_says(case: Case) -> No
         assert fit.fraction_of(after) <= fit.fraction_of(before)
     if kind == "start_memory_short":
         assert fit.fraction_of(after) >= fit.fraction_of(before)
+
+
+@PROPERTY
+@given(case_st())
+def test_a_latency_retune_only_shortens_the_steps(case: Case) -> None:
+    state, evidence, context = case
+    decision = compute_tgi_decision(state, evidence, context, NOW)
+    chosen = decision.settings if decision.action == Action.RETUNE else decision.recommended
+    if decision.trigger != LATENCY_SLO or chosen is None:
+        return
+    memory = context.memory
+    situation = fit.TgiSituation(
+        state.current,
+        fit.compute_effective(state.current, memory),
+        evidence.window,
+        memory,
+        (),
+        context.bounds,
+        context.policy,
+    )
+    before = fit.compute_effective(fit.clamp(situation.effective, situation), memory)  # the bounds first
+    after = fit.compute_effective(chosen, memory)
+    assert fit.concurrency_of(after) <= fit.concurrency_of(before)
+    assert (after.max_batch_prefill_tokens or 0) <= (before.max_batch_prefill_tokens or 1 << 30)
+    assert after.max_input_tokens == before.max_input_tokens
+    assert after.max_total_tokens == before.max_total_tokens
+    assert fit.fraction_of(after) == fit.fraction_of(before)
+
+
+@PROPERTY
+@given(case_st(), st.integers(2, 512), st.integers(1, 7000), st.sampled_from(["KvPressure", "LatencySlo"]))
+def test_an_idle_raise_never_goes_back_to_what_pressure_found_too_many_within_the_hour(
+    case: Case, found: int, ago: int, trigger: str
+) -> None:
+    state, evidence, context = case
+    before = tgi.TgiSettings(max_concurrent_requests=found)
+    after = state.current
+    changes = (TgiChange(NOW - ago, trigger, before=before, after=after),)
+    state = TgiLoopState(state.current, state.failed, changes, last_good=state.last_good)
+    decision = compute_tgi_decision(state, evidence, context, NOW)
+    chosen = decision.settings if decision.action == Action.RETUNE else decision.recommended
+    if decision.trigger != "IdleCapacity" or chosen is None:
+        return
+    memory = context.memory
+    effective = fit.compute_effective(state.current, memory)
+    situation = fit.TgiSituation(
+        state.current, effective, evidence.window, memory, (), context.bounds, context.policy
+    )
+    if fit.compute_effective(fit.clamp(effective, situation), memory) != effective:
+        return  # the bounds move the flags first
+    limit, now = fit.concurrency_of(chosen), fit.concurrency_of(state.current)
+    assert limit > now
+    if ago < context.policy.flap_guard_seconds:
+        assert limit < found
+
+
+@PROPERTY
+@given(case_st())
+def test_an_idle_raise_stays_within_the_room_the_window_measured(case: Case) -> None:
+    state, evidence, context = case
+    state = TgiLoopState(state.current, state.failed, (), last_good=state.current)
+    decision = compute_tgi_decision(state, evidence, context, NOW)
+    chosen = decision.settings if decision.action == Action.RETUNE else decision.recommended
+    if decision.trigger != "IdleCapacity" or chosen is None:
+        return
+    memory = context.memory
+    effective = fit.compute_effective(state.current, memory)
+    situation = fit.TgiSituation(
+        state.current, effective, evidence.window, memory, (), context.bounds, context.policy
+    )
+    if fit.compute_effective(fit.clamp(effective, situation), memory) != effective:
+        return  # the bounds move the flags first
+    limit, now = fit.concurrency_of(chosen), fit.concurrency_of(state.current)
+    room = engine_room.measure_room(evidence.window, context.policy)
+    assert limit > now
+    assert room is None or limit <= room

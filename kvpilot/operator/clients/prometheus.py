@@ -127,9 +127,9 @@ def build_queries(
     """The tick's queries, aggregated by the (configurable) namespace and pod labels: vLLM's (``series``
     ``None``), or another engine's by the seam's shared meanings."""
     by = f"{namespace_label}, {pod_label}"
-    if series is not None:
-        return _build_engine_queries(series, by)
     w = f"{max(60, int(window_seconds))}s"
+    if series is not None:
+        return _build_engine_queries(series, by, w)
 
     def rate_sum(family: str, part: str) -> str:
         return f"sum by ({by}) (rate({family}_{part}[{w}]))"
@@ -161,7 +161,7 @@ def build_queries(
     return Queries(ranged=ranged, instant=instant)
 
 
-def _build_engine_queries(series: MetricSeries, by: str) -> Queries:
+def _build_engine_queries(series: MetricSeries, by: str, w: str) -> Queries:
     """Another engine's queries from its :class:`MetricSeries` (the names live in the engine's package)."""
     kv_usage = series.kv_usage
     if kv_usage is None and series.kv_used_tokens is not None and series.kv_capacity_tokens is not None:
@@ -185,6 +185,9 @@ def _build_engine_queries(series: MetricSeries, by: str) -> Queries:
         ranged["preemption_rate"] = f"max by ({by}) (rate({series.preemptions}[{RATE_WINDOW}]))"
     scraped = series.kv_usage or series.kv_used_tokens
     instant = {"last_scrape": f"max by ({by}) (timestamp({scraped}))"}
+    if series.prompt_tokens is not None:  # the prompts' mean (build_service_window), as vLLM's
+        for part in ("sum", "count"):
+            instant[f"prompt_{part}"] = f"sum by ({by}) (rate({series.prompt_tokens}_{part}[{w}]))"
     return Queries(ranged=ranged, instant=instant)
 
 

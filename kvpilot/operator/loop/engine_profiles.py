@@ -72,9 +72,12 @@ def build_tgi_context(
     """What TGI's policy tunes within: the GPU and the model, and ``spec.tuning.bounds`` merged with
     ``spec.serving`` (the concurrency bounds bound ``--max-concurrent-requests``, ``minContextLength`` and
     ``maxContextLength`` bound ``--max-total-tokens``, the memory-share floor bounds
-    ``--cuda-memory-fraction``)."""
+    ``--cuda-memory-fraction``), and ``spec.serving.slo``'s inter-token latency objective (its TTFT objective
+    is not kept for TGI: :class:`~kvpilot.tuner.loop.TgiContext`)."""
     memory = TgiMemory(inputs.gpu.gpu, inputs.model.spec, inputs.model.checkpoint_bytes)
-    return TgiContext(memory, loop_settings.build_bounds(spec, False, None), policy)
+    slo = loop_settings.build_slo(spec)
+    bounds = loop_settings.build_bounds(spec, False, None)
+    return TgiContext(memory, bounds, policy, slo.itl_p95_seconds if slo is not None else None)
 
 
 def decide_tgi(

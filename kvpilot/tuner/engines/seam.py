@@ -51,6 +51,9 @@ class MetricSeries:
     kv_used_tokens: str | None = None
     """A gauge of KV tokens in use, for an engine with no usage ratio: ``kv_used_tokens /
     kv_capacity_tokens`` is its KV usage (TGI's)."""
+    prompt_tokens: str | None = None
+    """A histogram of requests' prompt lengths in tokens, read as its ``_sum`` over its ``_count`` (the
+    window's mean prompt; ``None``: the loop reads none for this engine)."""
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,10 @@ _METRICS = MetricSeries(
     running=serving.BATCH_CURRENT_SIZE,
     queued=serving.QUEUE_SIZE,
     preemptions=None,
-    ttft=serving.REQUEST_QUEUE_DURATION,
-    itl=serving.TIME_PER_TOKEN,
+    ttft=serving.REQUEST_QUEUE_DURATION,  # the queue time: a lower bound of TTFT (no prefill in it)
+    itl=serving.TIME_PER_TOKEN,  # per request, its mean time per output token
     kv_used_tokens=serving.BATCH_CURRENT_MAX_TOKENS,
+    prompt_tokens=serving.INPUT_LENGTH,
 )
 _KNOBS = Knobs(
     context=tgi.FLAGS["max_total_tokens"],

@@ -32,14 +32,17 @@ TGI's loop, in TGI's terms (``--cuda-memory-fraction`` caps torch; the KV is wha
 * :mod:`.tgi_fit` -- TGI's warm-up model as the loop asks it: the defaults, the KV tokens a candidate holds,
   what the history ruled out;
 * :mod:`.tgi_rules` -- one rule per failure (the warm-up's prefill, ``max_total_tokens``, a CUDA OOM) and
-  metrics condition (KV full with a queue, the admission limit binding);
+  metrics condition (KV full with a queue, the latency objective missed; :mod:`.tgi_idle`: the admission
+  limit binding);
 * :mod:`.tgi_state` -- what the TGI policy is given and answers;
 * :mod:`.tgi_policy` -- :func:`compute_tgi_decision`, TGI's chain.
 
 What both engines' own loops share: :mod:`.engine_state` (the state, evidence and decision, generic in the
-engine's settings), :mod:`.engine_rollout` (flags on their way to the pods, judged as vLLM's) and
+engine's settings), :mod:`.engine_rollout` (flags on their way to the pods, judged as vLLM's),
 :mod:`.engine_chain` (the gates, the crash a remedy answers, the metrics gate, a proposal's choice, the
-chain's order).
+chain's order), and the engine-neutral halves of their metrics rules: :mod:`.engine_latency` (the
+inter-token latency objective), :mod:`.engine_flap` (the idle raise's flap guard) and :mod:`.engine_room`
+(the room an idle raise measures).
 
 The top layer of the tuner beside :mod:`kvpilot.tuner.plan`; the two never import each other.
 Time and observations are arguments: nothing here reads a clock, the cluster or Prometheus.

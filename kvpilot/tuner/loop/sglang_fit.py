@@ -24,6 +24,7 @@ from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
 from kvpilot.tuner.loop.engine_chain import FRACTION_STEP as FRACTION_STEP
 from kvpilot.tuner.loop.engine_chain import ceil_grid as ceil_grid
 from kvpilot.tuner.loop.engine_chain import floor_grid as floor_grid
+from kvpilot.tuner.loop.engine_flap import PressureChange as PressureChange
 from kvpilot.tuner.loop.engine_state import ROLLOUT_FAILED as ROLLOUT_FAILED
 from kvpilot.tuner.loop.engine_state import EngineFailedRun, EngineProposal
 from kvpilot.tuner.loop.engine_state import RunFailure as RunFailure
@@ -70,17 +71,6 @@ class SglangSituation:
     pressure: tuple[PressureChange, ...] = ()
     """The loop's KvPressure changes that name their running requests (the flap guard's memory)."""
     now: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class PressureChange:
-    """A change KV pressure made: when, the ``--max-running-requests`` it found full (the limit it cut from,
-    or kept while it grew the pool) and the one it left."""
-
-    time: float
-    pressured: int | None
-    """``None``: it changed from SGLang's default (unset), sized at start-up."""
-    left: int | None
 
 
 SglangProposal = EngineProposal[sglang.SglangSettings]

@@ -1,7 +1,8 @@
 """SGLang's ``IdleCapacity`` rule: a queue at ``--max-running-requests`` with room in the pool, answered
 with more running requests, as vLLM's rule (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`) answers a
-queue at ``--max-num-seqs``: the room the window measures, the flap guard after token pressure, and a raise
-that failed approached from below. Pure; one of :mod:`.sglang_rules`' rules.
+queue at ``--max-num-seqs``: the room the window measures (:mod:`.engine_room`), the flap guard after token
+pressure (:mod:`.engine_flap`), and a raise that failed approached from below -- the engine-neutral pieces
+shared with TGI's rule (:mod:`.tgi_idle`). Pure; one of :mod:`.sglang_rules`' rules.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from kvpilot.tuner.loop import engine_flap, engine_room
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.remedies import IDLE_CAPACITY
 from kvpilot.tuner.loop.sglang_fit import (
@@ -39,16 +41,12 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     limit = eff.max_running_requests or math.ceil(peak)
     if queue < p.queue_min or limit < 1 or peak < p.seqs_saturation * limit or not allows_raise(s):
         return None
-    mean_kv, mean_running = (
-        obs.compute_mean(w.samples, obs.kv_usage),
-        obs.compute_mean(w.samples, obs.running),
-    )
-    room: int | None = None
-    if mean_kv and mean_running and mean_kv > 0 and mean_running >= 1:
-        measured = p.target_kv_usage * mean_running / mean_kv
-        room = math.floor(measured) if math.isfinite(measured) else None
+    mean_kv = obs.compute_mean(w.samples, obs.kv_usage)
+    room = engine_room.measure_room(w, p)
     idle = low >= p.sustain_fraction
-    if not idle and (room is None or room - _room_error(s) < limit * (1.0 + p.min_seqs_raise)):
+    if not idle and (
+        room is None or room - engine_room.compute_room_error(w, p) < limit * (1.0 + p.min_seqs_raise)
+    ):
         return None  # inside the band and no measured room for more (beyond its noise): hysteresis
     step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
     target = math.ceil(limit * (1.0 + step))
@@ -59,19 +57,13 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
         target, caps = demand, [f"the queue: {demand} running requests asked for"]
     if room is not None and (room < target or not idle):
         target, caps = max(limit, room), [f"token room at {p.target_kv_usage:.2f} usage"]
-    recent = [c for c in s.pressure if c.time > s.now - p.flap_guard_seconds]
-    found = [c.pressured for c in recent if c.pressured is not None]
-    if found and min(found) - 1 < target:
-        ceiling = min(found)
-        target, caps = ceiling - 1, [f"below {ceiling}, where token pressure found the pool full"]
-    settled = _recurring_cut(s)
-    if settled is not None and settled < target:
-        target, caps = settled, [f"{settled}, where token pressure that came back within the hour settled"]
+    guarded = engine_flap.guard_raise(target, s.pressure, s.now, p, "the pool")
+    if guarded.cap is not None:
+        target, caps = guarded.target, [guarded.cap]
     failed_at = _failed_running_target(s, limit)
     if failed_at is not None and failed_at[0] < target:
         target, caps = failed_at[0], [failed_at[1]]
-    least = p.flap_min_raise if recent else p.min_seqs_raise
-    if target < limit * (1.0 + least):
+    if target < limit * (1.0 + guarded.least):
         return None
     mean = mean_kv or 0.0
     where = (
@@ -87,41 +79,6 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
         candidates=(dataclasses.replace(eff, max_running_requests=target),),
         exhausted="--max-running-requests is at its upper bound",
     )
-
-
-def _room_error(s: SglangSituation) -> float:
-    """The standard error of the room the window measured (``target_kv_usage`` x running / token usage,
-    sample by sample): the room's own noise, which a raise inside the band must clear as VPA's recommendation
-    moves only outside its confidence band (noisy scrapes crept the room 200 -> 217 -> 234 -> 247 -> 267,
-    each a few % over the last, one rollout each). 0 with fewer than two samples."""
-    p = s.policy
-    rooms = [
-        p.target_kv_usage * x.running / x.kv_usage
-        for x in s.window.samples
-        if x.running is not None and x.kv_usage is not None and x.kv_usage > 0 and x.running >= 1
-    ]
-    rooms = [r for r in rooms if math.isfinite(r)]
-    if len(rooms) < 2:
-        return 0.0
-    mean = sum(rooms) / len(rooms)
-    try:
-        var = sum((r - mean) ** 2 for r in rooms) / (len(rooms) - 1)
-    except OverflowError:  # rooms too far apart to square (a near-zero usage sample): no measured room
-        return math.inf
-    return math.sqrt(var / len(rooms))
-
-
-def _recurring_cut(s: SglangSituation) -> int | None:
-    """At most this many running requests, or ``None``: what the last KvPressure change left, for
-    ``peak_memory_seconds`` after it, when that pressure came back within ``flap_guard_seconds`` of an
-    earlier pressure change -- the service's peak load, not a transient (vLLM's
-    :func:`kvpilot.tuner.loop.remedies.compute_peak_seqs`)."""
-    p = s.policy
-    changes = [c for c in s.pressure if c.time <= s.now]
-    if len(changes) < 2 or changes[-1].time <= s.now - p.peak_memory_seconds:
-        return None
-    last, earlier = changes[-1], changes[-2]
-    return last.left if last.time - earlier.time <= p.flap_guard_seconds else None
 
 
 def _failed_running_target(s: SglangSituation, limit: int) -> tuple[int, str] | None:
@@ -153,11 +110,5 @@ def _failed_running_target(s: SglangSituation, limit: int) -> tuple[int, str] | 
         ):
             continue
         seen = run.running if run.kind == "runtime_oom" else None
-        step, half = math.ceil(limit * (1.0 + p.seqs_step_up)), (limit + count) // 2
-        if seen is not None and limit < seen < p.seqs_saturation * count:
-            targets.append((seen - 1, f"below {seen}, the running requests when {count} ran out of memory"))
-        elif step < half:
-            targets.append((step, f"one step (+{p.seqs_step_up:.0%}) towards {count}, which failed"))
-        else:
-            targets.append((half, f"halfway to {count}, which failed with these settings"))
+        targets.append(engine_room.approach_failed(limit, count, seen, p))
     return min(targets) if targets else None

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvpilot.tuner import sglang
-from kvpilot.tuner.loop import engine_chain, engine_rollout, sglang_idle
+from kvpilot.tuner.loop import engine_chain, engine_flap, engine_rollout, sglang_idle
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import sglang_fit as fit
 from kvpilot.tuner.loop import sglang_rules as rules
@@ -107,15 +107,9 @@ def build_fit(s: SglangSituation) -> engine_chain.Fit[sglang.SglangSettings]:
 
 def compute_pressure_changes(changes: tuple[SglangChange, ...]) -> tuple[PressureChange, ...]:
     """The ``KvPressure`` changes, with the running requests they found full and left where the flags name
-    them (a change from SGLang's default, unset, names none: what it found full is not known)."""
-    out = []
-    for c in changes:
-        if c.trigger != rules.KV_PRESSURE:
-            continue
-        before = c.before.max_running_requests if c.before is not None else None
-        after = c.after.max_running_requests if c.after is not None else None
-        out.append(PressureChange(c.time, before, after if after is not None else before))
-    return tuple(sorted(out, key=lambda x: x.time))
+    them (:func:`.engine_flap.compute_pressure_changes`; a change from SGLang's default, unset, names none:
+    what it found full is not known)."""
+    return engine_flap.compute_pressure_changes(changes, lambda x: x.max_running_requests)
 
 
 def _crash_step(

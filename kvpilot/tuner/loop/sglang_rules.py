@@ -43,8 +43,10 @@ import math
 
 from kvpilot.tuner import sglang
 from kvpilot.tuner.engines import FailureKind
+from kvpilot.tuner.loop import engine_latency
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.config import PolicyConfig
+from kvpilot.tuner.loop.engine_latency import LATENCY_SLO as LATENCY_SLO
 from kvpilot.tuner.loop.engine_state import KV_PRESSURE as KV_PRESSURE
 from kvpilot.tuner.loop.engine_state import RUNTIME_OOM as RUNTIME_OOM
 from kvpilot.tuner.loop.engine_state import START_MEMORY_SHORT, TRIGGERS
@@ -67,8 +69,6 @@ from kvpilot.tuner.loop.sglang_fit import (
     layout_of,
     predict_pool_tokens,
 )
-
-LATENCY_SLO = "LatencySlo"
 
 # --- crash rules ----------------------------------------------------------------------------------
 
@@ -307,39 +307,24 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
 
 def propose_for_itl(s: SglangSituation) -> SglangProposal | None:
     """The inter-token latency objective missed in most samples, as vLLM's rule answers it
-    (:func:`kvpilot.tuner.loop.slo.propose_for_slo`): each decode step reads every running request's KV, so
+    (:mod:`.engine_latency`, shared with TGI's loop): each decode step reads every running request's KV, so
     fewer running requests shorten it; where long prompts share the steps (chunked prefill), a smaller
     prefill chunk is tried first, shortening the steps without turning requests away."""
-    objective = s.itl_p95_objective
-    if objective is None:
-        return None
     p, w, eff = s.policy, s.window, s.effective
-    over = obs.compute_fraction(w.samples, obs.itl_p95, lambda v: v > objective)
-    if over < p.sustain_fraction:
+    miss = engine_latency.find_itl_miss(w, s.itl_p95_objective, p)
+    if miss is None:
         return None
-    itl = obs.compute_mean(w.samples, obs.itl_p95) or objective
-    peak = obs.compute_max(w.samples, obs.running) or 0.0
     candidates: list[sglang.SglangSettings] = []
     chunk = eff.chunked_prefill_size
-    prompt = w.prompt_tokens
-    if (
-        chunk is not None
-        and chunk // 2 >= p.batched_tokens_floor
-        and prompt is not None
-        and prompt.mean > chunk / 4
-    ):
+    if chunk is not None and chunk // 2 >= p.batched_tokens_floor and engine_latency.long_prompts(w, chunk):
         candidates.append(dataclasses.replace(eff, chunked_prefill_size=chunk // 2))
-    limit = eff.max_running_requests or math.ceil(peak)
-    base = min(float(limit), peak) if peak >= 1 else float(limit)
-    target = math.floor(base * max(1.0 - p.seqs_step_up_max / 2, objective / itl))
-    if limit > 1:
-        candidates.append(dataclasses.replace(eff, max_running_requests=max(1, min(limit - 1, target))))
+    limit = eff.max_running_requests or math.ceil(miss.peak_running)
+    cut = engine_latency.compute_running_cut(limit, miss, p)
+    if cut is not None:
+        candidates.append(dataclasses.replace(eff, max_running_requests=cut))
     return SglangProposal(
         trigger=LATENCY_SLO,
-        evidence=(
-            f"inter-token latency p95 {itl * 1000:.0f} ms above the {objective * 1000:.0f} ms objective in "
-            f"{over:.0%} of samples (peak running {peak:.0f})"
-        ),
+        evidence=engine_latency.describe_itl_miss(miss),
         candidates=tuple(candidates),
         exhausted="no smaller prefill chunk or running-request limit is left within the bounds",
     )
@@ -347,12 +332,9 @@ def propose_for_itl(s: SglangSituation) -> SglangProposal | None:
 
 def allows_raise(s: SglangSituation) -> bool:
     """Whether more running requests are allowed: not while the inter-token latency p95 is within
-    ``slo_raise_margin`` of its objective (vLLM's :func:`kvpilot.tuner.loop.slo.allows_raise`), so an idle
-    raise never trades the objective for throughput."""
-    if s.itl_p95_objective is None:
-        return True
-    itl = obs.compute_mean(s.window.samples, obs.itl_p95)
-    return itl is None or itl < s.itl_p95_objective * s.policy.slo_raise_margin
+    ``slo_raise_margin`` of its objective (:func:`.engine_latency.allows_raise`), so an idle raise never
+    trades the objective for throughput."""
+    return engine_latency.allows_raise(s.window, s.itl_p95_objective, s.policy)
 
 
 def propose_for_ttft(s: SglangSituation) -> SglangProposal | None:

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 
+from kvpilot.tuner.loop import engine_latency
 from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop.engine_latency import LATENCY_SLO as LATENCY_SLO
 from kvpilot.tuner.loop.remedies import Proposal, Situation, compute_room_seqs
 from kvpilot.tuner.types import EngineSettings
-
-LATENCY_SLO = "LatencySlo"
 
 
 def _ms(seconds: float) -> str:
@@ -32,12 +32,10 @@ def _ms(seconds: float) -> str:
 
 
 def allows_raise(s: Situation) -> bool:
-    """Whether more sequences are allowed: not while the inter-token latency is near its objective."""
+    """Whether more sequences are allowed: not while the inter-token latency is near its objective
+    (:func:`.engine_latency.allows_raise`, which SGLang's and TGI's loops share)."""
     slo = s.context.slo
-    if slo is None or slo.itl_p95_seconds is None:
-        return True
-    itl = obs.compute_mean(s.window.samples, obs.itl_p95)
-    return itl is None or itl < slo.itl_p95_seconds * s.policy.slo_raise_margin
+    return engine_latency.allows_raise(s.window, slo.itl_p95_seconds if slo else None, s.policy)
 
 
 def propose_for_slo(s: Situation) -> Proposal | None:

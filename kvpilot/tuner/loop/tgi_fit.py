@@ -23,6 +23,7 @@ from kvpilot.tuner.engines import TgiBudget, compute_tgi_budget
 from kvpilot.tuner.loop import engine_chain
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
+from kvpilot.tuner.loop.engine_flap import PressureChange
 from kvpilot.tuner.loop.engine_state import EngineFailedRun, EngineProposal
 from kvpilot.tuner.model import ModelSpec
 from kvpilot.tuner.types import GpuSpec
@@ -55,6 +56,12 @@ class TgiSituation:
     bounds: TuningBounds
     policy: PolicyConfig
     now: float = 0.0
+    itl_p95_objective: float | None = None
+    """``spec.serving.slo.interTokenLatencyP95Seconds`` (``None``: none), read against TGI's time per output
+    token (:data:`kvpilot.tuner.tgi.serving.TIME_PER_TOKEN`)."""
+    pressure: tuple[PressureChange, ...] = ()
+    """The loop's changes that found ``--max-concurrent-requests`` too many (KV pressure, the latency
+    objective): the flap guard's memory (:mod:`.engine_flap`)."""
 
 
 def compute_budget(settings: tgi.TgiSettings, memory: TgiMemory) -> TgiBudget | None:

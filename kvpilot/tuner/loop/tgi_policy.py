@@ -15,12 +15,16 @@ meanings (``kv_usage``: ``tgi_batch_current_max_tokens / tgi_batch_max_total_tok
    holds and says so; crash remedies skip the cooldown and mark the settings failed;
 2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
 3. **pressure** -- the KV tokens full with a queue;
-4. **idle** -- the admission limit binds with spare KV tokens (or 429 "Model is overloaded" texts);
-5. otherwise hold.
+4. **latency** -- the inter-token latency objective missed (:func:`.tgi_rules.propose_for_itl`: a halved
+   prefill where long prompts share the steps, else fewer concurrent requests);
+5. **idle** -- the admission limit binds with spare KV tokens (or 429 "Model is overloaded" texts): the room
+   the window measured, within the flap guard after pressure or the latency objective found the limit too
+   many (:mod:`.tgi_idle`);
+6. otherwise hold.
 
 A chosen candidate then passes vLLM's gates (:func:`~.engine_chain.compute_gates`). Not (yet) in TGI's loop:
-a latency rule (TGI's TTFT series is its queue time), the restart-cost trade, a flap guard between the
-pressure and idle rules beyond their disjoint conditions, scale-out recommendations.
+a TTFT objective (TGI's only series for it is its queue time, a lower bound), the restart-cost trade,
+scale-out recommendations.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvpilot.tuner import tgi
-from kvpilot.tuner.loop import engine_chain, engine_rollout
+from kvpilot.tuner.loop import engine_chain, engine_flap, engine_rollout, tgi_idle
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import tgi_fit as fit
 from kvpilot.tuner.loop import tgi_rules as rules
@@ -54,6 +58,10 @@ def compute_tgi_decision(
         bounds=context.bounds,
         policy=context.policy,
         now=now,
+        itl_p95_objective=context.itl_p95_seconds,
+        pressure=engine_flap.compute_pressure_changes(
+            state.changes, fit.concurrency_of, (rules.KV_PRESSURE, rules.LATENCY_SLO)
+        ),
     )
     metrics = compute_metrics_status(evidence.window, context.policy, now)
     gates = engine_chain.compute_gates(state, evidence, context.policy, now)
@@ -127,7 +135,11 @@ def _metrics_step(
     if held is not None:
         return held
     overloaded = sum(1 for r in restarts if r.failure is not None and r.failure.kind == "kv_pressure")
-    for proposal in (rules.propose_for_pressure(s), rules.propose_for_idle(s, overloaded)):
+    for proposal in (
+        rules.propose_for_pressure(s),
+        rules.propose_for_itl(s),
+        tgi_idle.propose_for_idle(s, overloaded),
+    ):
         if proposal is not None:
             return engine_chain.choose(build_fit(s), proposal, None, gates.metrics_driven)
     return None

@@ -24,7 +24,11 @@ memory free after a prefill of ``--max-batch-prefill-tokens`` (``flash_causal_lm
 - ``IdleCapacity``: the admission limit binds with spare KV tokens -- running + queued requests
   (``tgi_batch_current_size`` + ``tgi_queue_size``) at ``--max-concurrent-requests`` in most samples (or 429
   "Model is overloaded" texts) while ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` stays
-  under the high band: raise ``--max-concurrent-requests`` by the step.
+  under the high band: raise ``--max-concurrent-requests`` to the room the window measured, within the
+  flap guard, below raises that failed (:mod:`.tgi_idle`).
+- ``LatencySlo``: ``spec.serving.slo.interTokenLatencyP95Seconds`` missed in most samples: a halved
+  ``--max-batch-prefill-tokens`` where long prompts share the steps, else fewer
+  ``--max-concurrent-requests`` (:func:`propose_for_itl`, on :mod:`.engine_latency`).
 - ``KvPressure``: the KV tokens full (the same ratio at the high band) with a queue in most samples: there is
   nothing to admit more into. More KV by a larger ``--cuda-memory-fraction`` where it is below 1 and no OOM
   ruled that out; else fewer ``--max-concurrent-requests`` (the excess answered 429 at once instead of
@@ -40,17 +44,24 @@ import math
 
 from kvpilot.tuner import tgi
 from kvpilot.tuner.engines.tgi_budget import MIN_PREFILL_TOKENS
+from kvpilot.tuner.loop import engine_latency
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.engine_chain import floor_grid
-from kvpilot.tuner.loop.engine_state import KV_PRESSURE, RUNTIME_OOM, START_MEMORY_SHORT, START_OOM
-from kvpilot.tuner.loop.remedies import IDLE_CAPACITY, compute_oom_step
+from kvpilot.tuner.loop.engine_latency import LATENCY_SLO as LATENCY_SLO
+from kvpilot.tuner.loop.engine_state import KV_PRESSURE as KV_PRESSURE
+from kvpilot.tuner.loop.engine_state import RUNTIME_OOM as RUNTIME_OOM
+from kvpilot.tuner.loop.engine_state import START_MEMORY_SHORT as START_MEMORY_SHORT
+from kvpilot.tuner.loop.engine_state import START_OOM as START_OOM
+from kvpilot.tuner.loop.remedies import compute_oom_step
 from kvpilot.tuner.loop.tgi_fit import (
     TgiProposal,
     TgiSituation,
     compute_budget,
+    concurrency_of,
     fraction_of,
     predict_kv_tokens,
 )
+from kvpilot.tuner.tgi.serving import TIME_PER_TOKEN
 
 # --- crash rules ----------------------------------------------------------------------------------
 
@@ -183,33 +194,50 @@ def propose_for_oom(s: TgiSituation, text: str) -> TgiProposal:
 # --- metrics rules --------------------------------------------------------------------------------
 
 
-def _admitted(x: obs.MetricsSample) -> float | None:
-    if x.running is None:
-        return None
-    return x.running + (x.waiting or 0.0)
-
-
-def propose_for_idle(s: TgiSituation, overloaded: int = 0) -> TgiProposal | None:
-    """The admission limit binds with spare KV tokens: more ``--max-concurrent-requests``."""
+def propose_for_itl(s: TgiSituation) -> TgiProposal | None:
+    """The inter-token latency objective missed in most samples (:mod:`.engine_latency`, as SGLang's and
+    vLLM's rules answer it), read on TGI's time per output token. TGI's router prefills a new batch of up
+    to ``--max-batch-prefill-tokens`` while every running request waits for its next token
+    (``backends/v3/src/backend.rs``, ``batching_task``), so where long prompts share the steps a halved
+    prefill budget comes first (only where TGI chunks a prefill or the halved budget still holds
+    ``--max-input-tokens``: the latency never shortens the prompts served); else fewer
+    ``--max-concurrent-requests``, the one request-count bound kvpilot sets on TGI's running batch (it
+    bounds running + queued; the batch's tokens are the KV TGI infers, which for flash models replaces a
+    given ``--max-batch-total-tokens``: ``backends/v3/src/lib.rs``, ``connect_backend``), to the running
+    requests x objective / measured, at most half a step."""
     p, w, eff = s.policy, s.window, s.effective
-    limit = eff.max_concurrent_requests or tgi.MAX_CONCURRENT_REQUESTS_DEFAULT
-    at_limit = obs.compute_fraction(w.samples, _admitted, lambda v: v >= p.seqs_saturation * limit)
-    high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
-    if (at_limit < p.sustain_fraction and not overloaded) or high >= p.sustain_fraction:
+    miss = engine_latency.find_itl_miss(w, s.itl_p95_objective, p)
+    if miss is None:
         return None
-    mean = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
-    raised = max(limit + 1, math.ceil(limit * (1.0 + p.seqs_step_up)))
-    texts = f'; {overloaded} "{tgi.OVERLOADED}" answer(s)' if overloaded else ""
+    candidates: list[tgi.TgiSettings] = []
+    prefill = eff.max_batch_prefill_tokens
+    floor = max(MIN_PREFILL_TOKENS, p.batched_tokens_floor)
+    if prefill is not None and prefill // 2 >= floor and engine_latency.long_prompts(w, prefill):
+        halved = _shorter_prefill_steps(s, eff, prefill // 2)
+        candidates += [halved] if halved is not None else []
+    cut = engine_latency.compute_running_cut(concurrency_of(eff), miss, p)
+    if cut is not None:
+        candidates.append(dataclasses.replace(eff, max_concurrent_requests=cut))
     return TgiProposal(
-        trigger=IDLE_CAPACITY,
-        evidence=(
-            f"running + queued requests at --max-concurrent-requests {limit} in {at_limit:.0%} of samples "
-            "with "
-            f"KV tokens {mean:.0%} used{texts}"
+        trigger=LATENCY_SLO,
+        evidence=engine_latency.describe_itl_miss(miss, f"time per output token p95 ({TIME_PER_TOKEN})"),
+        candidates=tuple(candidates),
+        exhausted=(
+            "no smaller --max-batch-prefill-tokens or --max-concurrent-requests is left within the bounds"
         ),
-        candidates=(dataclasses.replace(eff, max_concurrent_requests=raised),),
-        exhausted="--max-concurrent-requests is at its upper bound",
     )
+
+
+def _shorter_prefill_steps(s: TgiSituation, eff: tgi.TgiSettings, prefill: int) -> tgi.TgiSettings | None:
+    """``eff`` with ``prefill`` tokens per prefill batch where TGI still serves every prompt it served: it
+    chunks a prefill (the memory model's attention backend), or ``prefill`` holds ``--max-input-tokens``
+    (``None``: neither is known to hold)."""
+    settings = dataclasses.replace(eff, max_batch_prefill_tokens=prefill)
+    budget = compute_budget(settings, s.memory)
+    if budget is not None and budget.chunking:
+        return settings
+    max_input = eff.max_input_tokens
+    return settings if max_input is not None and max_input <= prefill else None
 
 
 def propose_for_pressure(s: TgiSituation) -> TgiProposal | None:

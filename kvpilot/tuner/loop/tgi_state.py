@@ -47,3 +47,8 @@ class TgiContext:
     memory: TgiMemory
     bounds: TuningBounds = TuningBounds()
     policy: PolicyConfig = PolicyConfig()
+    itl_p95_seconds: float | None = None
+    """``spec.serving.slo.interTokenLatencyP95Seconds`` (``None``: none). TGI's TTFT objective is not kept:
+    its only series for it is the router's queue time
+    (:data:`kvpilot.tuner.tgi.serving.REQUEST_QUEUE_DURATION`), a lower bound of TTFT that leaves the prefill
+    out."""

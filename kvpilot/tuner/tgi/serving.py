@@ -25,8 +25,17 @@ BATCH_MAX_TOTAL_TOKENS = "tgi_batch_max_total_tokens"
 """The inferred (or given) ``--max-batch-total-tokens``: the KV capacity in tokens."""
 REQUEST_DURATION = "tgi_request_duration"
 REQUEST_QUEUE_DURATION = "tgi_request_queue_duration"
+"""Seconds a request waited in the router's queue before its batch's prefill (``router/src/server.rs``):
+kvpilot's stand-in for the time to first token, a lower bound of it (the prefill and the first token's
+decode are left out)."""
 TIME_PER_TOKEN = "tgi_request_mean_time_per_token_duration"
+"""Per request, its inference time over the tokens it generated (``router/src/server.rs``): kvpilot's
+stand-in for the inter-token latency. Its p95 is over requests' means, so a request's slowest gaps (a
+prefill the running batch waited for) are averaged into it: it errs low against a p95 per token."""
 REQUEST_FAILURE = "tgi_request_failure"
+INPUT_LENGTH = "tgi_request_input_length"
+"""A histogram of requests' input lengths in tokens (``docs/source/reference/metrics.md``): the prompts'
+mean, which says whether long prompts share the batch's steps."""
 
 
 def is_server(argv: Sequence[str], image: str = "") -> bool:
