@@ -30,10 +30,9 @@ from kvpilot.operator.status.status_patch import (
     format_time,
 )
 from kvpilot.operator.status.tuner_status import (
-    NOT_RUNNING,
-    NOT_RUNNING_REASON,
     READY_REASONS,
     Eviction,
+    build_planned_or_waiting_patch,
     build_rewritable,
 )
 from kvpilot.tuner.loop import HistoryAction
@@ -169,14 +168,8 @@ def build_engine_loop_patch(old: Mapping[str, Any], loop: EngineTunerLoop, now: 
             from_engine_args=loop.planned_from,
             to_engine_args=loop.recommended,
         )
-        fields = {"rollout": None} if old.get("rollout") else {}
-        return StatusPatch(status=fields, lists=ListPatch(None, now, history=[(entry, True)]))
-    updates: list[Update] = []
-    if loop.not_running:
-        updates.append((conditions.METRICS_AVAILABLE, conditions.FALSE, NOT_RUNNING_REASON, NOT_RUNNING))
-        if old.get("rollout"):
-            updates.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", NOT_RUNNING))
-    return StatusPatch(lists=ListPatch(None, now, updates))
+        return build_planned_or_waiting_patch(old, now, entry, loop.not_running)
+    return build_planned_or_waiting_patch(old, now, None, loop.not_running)
 
 
 def _build_recommendation(

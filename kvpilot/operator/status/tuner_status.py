@@ -189,10 +189,21 @@ def build_tuner_loop_patch(old: Mapping[str, Any], loop: TunerLoop, now: str) ->
             from_settings=loop.planned_from,
             to_settings=loop.settings,
         )
+        return build_planned_or_waiting_patch(old, now, entry, loop.not_running)
+    return build_planned_or_waiting_patch(old, now, None, loop.not_running)
+
+
+def build_planned_or_waiting_patch(
+    old: Mapping[str, Any], now: str, planned: dict[str, Any] | None, not_running: bool
+) -> StatusPatch:
+    """A new plan's ``Planned`` history entry (the old recommendation's rollout dropped), or, without one,
+    the two conditions of a recommendation no pod runs: what every engine's tuner loop writes between
+    judged ticks."""
+    if planned is not None:
         fields = {"rollout": None} if old.get("rollout") else {}
-        return StatusPatch(status=fields, lists=ListPatch(None, now, history=[(entry, True)]))
+        return StatusPatch(status=fields, lists=ListPatch(None, now, history=[(planned, True)]))
     updates: list[Update] = []
-    if loop.not_running:
+    if not_running:
         updates.append((conditions.METRICS_AVAILABLE, conditions.FALSE, NOT_RUNNING_REASON, NOT_RUNNING))
         if old.get("rollout"):
             updates.append((conditions.ROLLOUT_IN_PROGRESS, conditions.TRUE, "Waiting", NOT_RUNNING))
