@@ -117,6 +117,7 @@ def test_exposition_matches_sglangs_metrics_collector() -> None:
         serving.ITL,
         serving.E2E_LATENCY,
         serving.QUEUE_TIME,
+        serving.PROMPT_TOKENS_HISTOGRAM,
     }
     for name, (kind, labels) in ours.items():
         declared_name = name + "_total" if kind == "counter" else name
@@ -148,6 +149,10 @@ def test_exposition_matches_sglangs_metrics_collector() -> None:
             "bucket_inter_token_latency": sglang_exposition.INTER_TOKEN_LATENCY_BUCKETS,
         }[default]
         assert tuple(map(float, ours_buckets)) == values, default
+    # the prompt-length histogram's buckets: a local list passed through generate_buckets (sorted, unique)
+    block = collector.split("default_bucket_prompt_tokens = [", 1)[1].split("]", 1)[0]
+    prompt_buckets = sorted({float(v) for v in re.findall(r"[0-9.]+", block)})
+    assert tuple(map(float, sglang_exposition.PROMPT_TOKENS_BUCKETS)) == tuple(prompt_buckets)
     # the scheduler's labels and engine_type, as SGLang builds them
     assert '"engine_type": engine_type' in collector and 'return "unified"' in source(
         "disaggregation/utils.py"
@@ -305,3 +310,34 @@ def test_a_full_pool_retracts_and_the_counter_shows_it() -> None:
     retracted = fams["sglang:num_retracted_requests"].samples[0].value
     assert retracted == sim.total_preemptions
     assert fams["sglang:max_total_num_tokens"].samples[0].value == tokens
+
+
+def test_long_prompts_show_in_the_prompt_histogram_kvpilot_reads() -> None:
+    """``sglang:prompt_tokens_histogram`` observes each finished request's prompt beside the counters SGLang
+    increments in the same call (``observe_one_finished_request``): its ``_sum`` over its ``_count`` is the
+    workload's mean prompt, the series kvpilot's seam names for the latency rule's long-prompt test."""
+    args = SglangArgs.parse(PLAN)
+    sim = SimEngine(
+        H100_8B,
+        Workload(arrival_rate=2.0, prompt_tokens=4000, output_tokens=32),
+        sglang_truth.engine_view(H100_8B, args),
+        num_gpu_blocks=sglang_truth.max_total_num_tokens(H100_8B, args) + 1,
+    )
+    metrics = SglangMetrics(H100_8B, args)
+    for _ in range(30):
+        sim.advance(1.0)
+        metrics.record(
+            running=sim.num_running, waiting=sim.num_waiting, kv_usage=sim.kv_usage, deltas=sim.drain()
+        )
+    samples = {
+        s.name: s.value
+        for fam in text_string_to_metric_families(metrics.render().decode())
+        for s in fam.samples
+        if "le" not in s.labels
+    }
+    name = SglangEngine().metrics.prompt_tokens
+    assert name == serving.PROMPT_TOKENS_HISTOGRAM
+    count, total = samples[f"{name}_count"], samples[f"{name}_sum"]
+    assert count >= 20 and count == samples["sglang:num_requests_total"]
+    assert total == samples["sglang:prompt_tokens_total"]
+    assert 3000 <= total / count <= 5000  # 4000 +- 25 %

@@ -12,6 +12,8 @@ wheel (``e2e/test_fleet_sglang.py`` checks them against the installed source):
 * the tokenizer's (``TokenizerMetricsCollector``, labels ``model_name`` and ``engine_type``:
   ``tokenizer_metric_labels``, lines 1805-1819; ``is_streaming`` on some): ``sglang:prompt_tokens_total``,
   ``sglang:generation_tokens_total``, ``sglang:num_requests_total`` (lines 1855-1944),
+  ``sglang:prompt_tokens_histogram`` (line 1909, buckets ``default_bucket_prompt_tokens`` 1871-1907: every
+  finished request's prompt, observed with no flag but ``--enable-metrics``, line 2146),
   ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds``,
   ``sglang:e2e_request_latency_seconds`` (lines 2032-2066, buckets 1965-2030).
 
@@ -48,6 +50,11 @@ TIME_TO_FIRST_TOKEN_BUCKETS = (
 )  # fmt: skip
 E2E_REQUEST_LATENCY_BUCKETS = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400,
+)  # fmt: skip
+PROMPT_TOKENS_BUCKETS = (
+    100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12500, 15000,
+    17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000, 100000, 200000, 300000, 400000,
+    600000, 800000, 1000000, 1100000,
 )  # fmt: skip
 INTER_TOKEN_LATENCY_BUCKETS = (
     0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100, 0.200,
@@ -104,6 +111,10 @@ class SglangMetrics:
         self.requests = Counter(
             "sglang:num_requests_total", "Number of requests processed.", with_stream, registry=r
         ).labels(**streaming)
+        self.prompt_lengths = Histogram(
+            "sglang:prompt_tokens_histogram", "Histogram of prompt token length.", TOKENIZER_LABELS,
+            buckets=PROMPT_TOKENS_BUCKETS, registry=r,
+        ).labels(**tok)  # fmt: skip
         self.ttft = Histogram(
             "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", with_stream,
             buckets=TIME_TO_FIRST_TOKEN_BUCKETS, registry=r,
@@ -139,6 +150,7 @@ class SglangMetrics:
         for f in deltas.finished:
             self.queue_time.observe(f.queue_s)
             self.prompt_tokens.inc(f.prompt_tokens)
+            self.prompt_lengths.observe(f.prompt_tokens)
             self.generation_tokens.inc(f.generation_tokens)
             self.requests.inc()
             self.ttft.observe(f.ttft_s)

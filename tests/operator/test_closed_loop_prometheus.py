@@ -15,6 +15,7 @@ from kvpilot.operator.clients import prometheus
 from kvpilot.operator.pods.pod_status import build_pod_view, compute_pod_summary
 from kvpilot.tuner.engines import SglangEngine
 from kvpilot.tuner.loop.observations import RestartKind
+from kvpilot.tuner.sglang import serving as sglang_serving
 from kvpilot.tuner.types import EngineSettings
 
 
@@ -251,7 +252,34 @@ def test_sglang_queries_read_the_seams_series_and_no_vllm_name() -> None:
     assert f"rate({series.preemptions}[" in q.ranged["preemption_rate"]
     assert f"{series.ttft}_bucket" in q.ranged["ttft_p95"] and f"{series.itl}_bucket" in q.ranged["itl_p95"]
     assert not any("vllm:" in x for x in q.all)
-    assert set(q.instant) == {"last_scrape"}  # no length histograms, no cache_config_info
+    assert set(q.instant) == {"last_scrape", "prompt_sum", "prompt_count"}  # no cache_config_info
+
+
+def test_sglang_prompt_lengths_are_its_histograms_mean_over_the_services_pods() -> None:
+    """SGLang's prompt-length histogram (``sglang:prompt_tokens_histogram``, observed per finished request)
+    is read as vLLM's and TGI's: the rate of its ``_sum`` over the rate of its ``_count``, summed over the
+    service's pods (another service's pod is not in it), into the window's mean prompt."""
+    q = prometheus.build_queries(300, series=SglangEngine().metrics)
+    histogram = sglang_serving.PROMPT_TOKENS_HISTOGRAM
+    assert q.instant["prompt_sum"] == f"sum by (namespace, pod) (rate({histogram}_sum[300s]))"
+    assert q.instant["prompt_count"] == f"sum by (namespace, pod) (rate({histogram}_count[300s]))"
+    pods = ["llm-5d8f7c-00000", "llm-5d8f7c-00001"]
+
+    def vector(*pairs: tuple[str, float]) -> list[dict[str, Any]]:
+        return [{"metric": {"namespace": "ns1", "pod": p}, "value": [NOW, str(v)]} for p, v in pairs]
+
+    ranged = {"kv_usage": [{"metric": {"namespace": "ns1", "pod": pods[0]}, "values": [[NOW - 30, "0.5"]]}]}
+    instant = {
+        "last_scrape": vector((pods[0], NOW - 30)),
+        "prompt_sum": vector((pods[0], 3 * 6000.0), (pods[1], 1000.0), ("other-7b9c6d-ccccc", 1e6)),
+        "prompt_count": vector((pods[0], 3.0), (pods[1], 1.0), ("other-7b9c6d-ccccc", 1.0)),
+    }
+    snapshot = prometheus.build_fleet_snapshot(ranged, instant, NOW, kv_series=sglang_serving.TOKEN_USAGE)
+    w = prometheus.build_service_window(snapshot, "ns1", pods, 300, 30)
+    assert w.prompt_tokens is not None and w.prompt_tokens.mean == 4750.0  # (18000 + 1000) / 4
+    idle = dict(instant, prompt_sum=vector((pods[0], 0.0)), prompt_count=vector((pods[0], 0.0)))
+    none = prometheus.build_fleet_snapshot(ranged, idle, NOW, kv_series=sglang_serving.TOKEN_USAGE)
+    assert prometheus.build_service_window(none, "ns1", pods, 300, 30).prompt_tokens is None  # 0 / 0
 
 
 def test_an_sglang_window_is_its_pods_worst_and_names_its_series_when_absent() -> None:

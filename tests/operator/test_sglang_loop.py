@@ -1,14 +1,30 @@
 """The SGLang loop's reading of its pods (:mod:`kvpilot.operator.inferenceservice.sglang_loop`): the settings
-most live pods run are the current ones, and only their restarts are evidence against them."""
+most live pods run are the current ones, and only their restarts are evidence against them; and of its
+series, where the prompt lengths reach the latency rule."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from closed_loop_fakes import pod
 
+from kvpilot.operator.clients import prometheus
 from kvpilot.operator.inferenceservice import sglang_loop
 from kvpilot.operator.pods import sglang_pods
-from kvpilot.tuner import sglang
-from kvpilot.tuner.loop import ObservationWindow
+from kvpilot.tuner import gpus, sglang
+from kvpilot.tuner.engines import SglangEngine
+from kvpilot.tuner.loop import (
+    Action,
+    ObservationWindow,
+    SglangContext,
+    SglangEvidence,
+    SglangLoopState,
+    SglangMemory,
+    compute_sglang_decision,
+    engine_latency,
+)
+from kvpilot.tuner.model import build_model_spec, lookup_model_config
 
 OLD = ["--model-path", "m", "--mem-fraction-static", "0.84"]
 NEW = ["--model-path", "m", "--mem-fraction-static", "0.8"]
@@ -39,3 +55,59 @@ def test_no_pod_means_sglangs_defaults_and_no_evidence() -> None:
 def test_flags_that_do_not_parse_are_no_settings() -> None:
     view = sglang_pods.build_sglang_pod(pod("llm-5d8f7c-00000", ["--context-length", "long"]))
     assert view.settings is None and view.restart is None
+
+
+NOW = 100_000.0
+POD = ("ns1", "llm-5d8f7c-00000")
+
+
+def _answers(prompt_mean: float, finished: float = 4.0) -> ObservationWindow:
+    """SGLang's series as Prometheus answers the tick's queries (one pod, 10 steps of 30 s: the token usage
+    0.6, 120 running, no queue, the ITL p95 80 ms, ``finished`` requests a second of ``prompt_mean`` tokens),
+    read into the service's window by the operator's client."""
+    series = SglangEngine().metrics
+    queries = prometheus.build_queries(300, series=series)
+    labels = {"namespace": POD[0], "pod": POD[1]}
+    level = {series.kv_usage: 0.6, series.running: 120.0, series.queued: 0.0, f"{series.itl}_bucket": 0.08}
+    ranged: dict[str, list[dict[str, Any]]] = {}
+    for key, query in queries.ranged.items():
+        value = next((v for name, v in level.items() if f"({name})" in query or f"({name}[" in query), None)
+        points = [[NOW - 30 * (9 - i), str(value)] for i in range(10)]
+        ranged[key] = [{"metric": labels, "values": points}] if value is not None else []
+    instant: dict[str, list[dict[str, Any]]] = {}
+    for key, query in queries.instant.items():
+        value = {
+            "timestamp(": NOW,
+            f"{series.prompt_tokens}_sum[": finished * prompt_mean,
+            f"{series.prompt_tokens}_count[": finished,
+        }
+        found = [v for fragment, v in value.items() if fragment in query]
+        instant[key] = [{"metric": labels, "value": [NOW, str(found[0])]}] if found else []
+    snapshot = prometheus.build_fleet_snapshot(ranged, instant, NOW, kv_series=series.kv_usage or "")
+    return prometheus.build_service_window(snapshot, POD[0], [POD[1]], 300, 30)
+
+
+@pytest.mark.parametrize(("prompt", "chunk", "running"), [(4000.0, 4096, 128), (1000.0, 8192, 90)])
+def test_long_prompts_in_sglangs_series_halve_the_chunk_for_a_missed_itl_objective(
+    prompt: float, chunk: int, running: int
+) -> None:
+    """The latency rule's long-prompt test (the prompts' mean over a quarter of ``--chunked-prefill-size``)
+    reads the prompt lengths the operator queries of SGLang's pods: 4000-token prompts beside an 8192-token
+    chunk halve the chunk first; 1000-token prompts leave it and cut ``--max-running-requests`` to
+    120 x 0.06 / 0.08."""
+    window = _answers(prompt)
+    assert window.available and len(window.samples) == 10
+    assert window.prompt_tokens is not None and window.prompt_tokens.mean == prompt
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=128, chunked_prefill_size=8192)
+    memory = SglangMemory(
+        gpus.lookup_gpu("H100-SXM"), build_model_spec(lookup_model_config("meta-llama/Llama-3.1-8B-Instruct"))
+    )
+    decision = compute_sglang_decision(
+        SglangLoopState(current),
+        SglangEvidence(window, ready=True),
+        SglangContext(memory, itl_p95_seconds=0.06),
+        NOW,
+    )
+    assert (decision.action, decision.trigger) == (Action.RETUNE, engine_latency.LATENCY_SLO)
+    assert decision.settings.chunked_prefill_size == chunk
+    assert decision.settings.max_running_requests == running

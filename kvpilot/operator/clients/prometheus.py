@@ -37,10 +37,13 @@ Series are those of vLLM 0.33 (``vllm/v1/metrics/loggers.py``), with the fallbac
 
 Another engine's series come from the tuner's seam (:class:`kvpilot.tuner.engines.MetricSeries`: SGLang's
 token usage for ``kv_usage``, its retractions for ``preemption_rate``, its queued requests for ``waiting``,
-its TTFT and ITL histograms; TGI's ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` for
-``kv_usage``, its batch size and queue): :func:`build_queries` with ``series``; its fleet snapshot is its
-own (keyed by the series), with no length or capacity queries (SGLang exports no length histograms, and
-the engines' own rules do not read a capacity).
+its TTFT and ITL histograms, its ``sglang:prompt_tokens_histogram``; TGI's
+``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` for ``kv_usage``, its batch size and queue,
+its ``tgi_request_input_length``): :func:`build_queries` with ``series``; its fleet snapshot is its own
+(keyed by the series). The prompt-length histogram (``MetricSeries.prompt_tokens``) is queried as vLLM's,
+``sum by (B) (rate(H_sum[W]))`` and ``_count``, into the prompts' mean (what the latency rule's long-prompt
+test, :func:`kvpilot.tuner.loop.engine_latency.long_prompts`, compares); no output length or capacity is
+queried (the engines' own rules read neither).
 
 A service's series are exactly those of the pods its Deployment owns (looked up by namespace and pod
 name, never a name pattern another app's pod could match). The pure halves (:func:`build_queries`,

@@ -1,9 +1,10 @@
 """SGLang behind the engine seam: every answer delegates to :mod:`kvpilot.tuner.sglang`.
 
 The mapping of meanings (``docs/engines/sglang.md``): token usage for KV usage, queued requests for
-waiting, retractions for preemptions, ``--context-length`` for the context, ``--max-running-requests``
-for sequences, ``--chunked-prefill-size`` for batched tokens, ``--mem-fraction-static`` for the memory
-share -- whose start-up failure asks to raise it and whose run-time OOM asks to lower it.
+waiting, retractions for preemptions, the prompt-length histogram for the prompts' mean,
+``--context-length`` for the context, ``--max-running-requests`` for sequences, ``--chunked-prefill-size``
+for batched tokens, ``--mem-fraction-static`` for the memory share -- whose start-up failure asks to raise
+it and whose run-time OOM asks to lower it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _METRICS = MetricSeries(
     preemptions=serving.RETRACTIONS,
     ttft=serving.TTFT,
     itl=serving.ITL,
+    prompt_tokens=serving.PROMPT_TOKENS_HISTOGRAM,  # every finished request's prompt, read as its mean
 )
 _KNOBS = Knobs(
     context=sglang.FLAGS["context_length"],

@@ -117,7 +117,9 @@ class MetricsSample:
 
 @dataclass(frozen=True, slots=True)
 class LengthSummary:
-    """A token-length distribution from a vLLM histogram over the window."""
+    """A token-length distribution from an engine's histogram over the window (vLLM's, or the seam's
+    ``MetricSeries.prompt_tokens``: SGLang's, TGI's). The operator reads only its mean (the histogram's
+    ``_sum`` over its ``_count``)."""
 
     mean: float
     p90: float | None = None
@@ -135,7 +137,7 @@ class ObservationWindow:
     end: float
     samples: tuple[MetricsSample, ...] = ()
     prompt_tokens: LengthSummary | None = None
-    """``vllm:request_prompt_tokens`` histogram."""
+    """``vllm:request_prompt_tokens`` histogram (another engine's: ``MetricSeries.prompt_tokens``)."""
     generation_tokens: LengthSummary | None = None
     """``vllm:request_generation_tokens`` histogram."""
     kv_capacity_tokens: int | None = None

@@ -42,6 +42,21 @@ MAX_TOTAL_NUM_TOKENS = "sglang:max_total_num_tokens"
 RETRACTIONS = "sglang:num_retracted_requests_total"
 """Retracted requests (a counter, line 559): the analogue of vLLM's preemptions."""
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
+"""Prompt tokens of the finished requests (a counter labelled ``is_streaming``, line 1856), counted in
+``TokenizerMetricsCollector.observe_one_finished_request`` (line 2109) with ``sglang:num_requests_total``
+(line 1941, +1 per request, line 2136): the ratio of their rates is the same mean as
+:data:`PROMPT_TOKENS_HISTOGRAM`'s, which kvpilot reads instead (one series, the seam's histogram shape)."""
+PROMPT_TOKENS_HISTOGRAM = "sglang:prompt_tokens_histogram"
+"""Each finished request's prompt length in tokens, a histogram (line 1909) observed by
+``TokenizerMetricsCollector.observe_one_finished_request`` (line 2146) for every request, with the
+tokenizer's labels (``model_name``, ``engine_type``; no ``is_streaming``). In 0.5.23 no flag gates it: the
+tokenizer's collector exists with ``--enable-metrics`` (``managers/tokenizer_manager.py`` line 837), and the
+wheel has no ``--collect-tokens-histogram`` (earlier releases' ``collect_tokens_histogram=False`` kept it
+off; 0.5.23's argument parser refuses that flag, so kvpilot never renders it). Buckets:
+``default_bucket_prompt_tokens`` (lines 1871-1907: 100, 300, ... 1,100,000) unless ``--prompt-tokens-buckets``
+(``arg_groups/fields/observability.py`` line 116); kvpilot reads its ``_sum`` over its ``_count``, the
+window's mean prompt (the full prompt, cached tokens included, as vLLM's and TGI's lengths;
+``sglang:uncached_prompt_tokens_histogram``, line 1917, would leave the radix cache's hits out)."""
 GENERATION_TOKENS = "sglang:generation_tokens_total"
 TTFT = "sglang:time_to_first_token_seconds"
 """Line 2041."""
