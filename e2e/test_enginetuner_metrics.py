@@ -24,10 +24,18 @@ leave the plan's share a ~24K-token pool (test_sglang_loop.py's storm), long req
 it, SGLang retracts, and the EngineTuner's loop retunes for ``KvPressure`` from SGLang's series
 (``Retuned``, ``toEngineArgs``); Auto evicts the pod running the old flags, the webhook puts the new ones on
 its successor, which passes probation (``lastGoodEngineArgs``). The Deployment stays the owner's.
+
+The same for a TGI Deployment (``text-generation-launcher`` in exec form, TGI's own defaults): the plan's
+``--max-concurrent-requests`` 4 (``serving.concurrency``) is put on the owner's next pod by TGI's rewrite;
+the fleet plays it as TGI 3.3.7 under test_tgi_loop.py's admission load (eight requests a second, the rest
+answered 429) with the KV tokens nearly empty, and the loop raises the limit (``IdleCapacity``) from TGI's
+series; Auto rolls the raise out the same way and it passes probation. Both share the stack
+(:func:`webhook_stack`) and the waits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import uuid
@@ -40,6 +48,7 @@ import pytest
 from e2e.cluster import LocalCluster
 from e2e.fleet import Fleet, GroundTruth, Scenario, Workload
 from e2e.fleet.stack import closed_loop_env
+from e2e.fleet.testing import H100_8B
 from e2e.prometheus import PrometheusServer
 from e2e.targets import (
     FOREIGN_MANAGER,
@@ -58,7 +67,7 @@ from e2e.waits import host_operator, wait_for
 from kvpilot.operator.api import Settings
 from kvpilot.operator.enginetuner import target
 from kvpilot.operator.enginetuner.target_engines import EngineArgs
-from kvpilot.tuner import sglang
+from kvpilot.tuner import sglang, tgi
 from kvpilot.tuner.vllm import command as vllm_command
 
 # what the owner runs before it adopts kvpilot's recommendation: starts on an L4, differs from the plan
@@ -210,13 +219,7 @@ def test_kv_pressure_on_the_targets_pods_lowers_the_recommendation(
         assert [_compact(f) for f in status["failedSettings"]] == [_compact(lowered)]
         assert _compact(status["lastGoodSettings"]) == _compact(planned)
 
-        # the Deployment is the owner's alone: its three generations, no other writer
-        deploy = get(cluster, "deployment", "llama", "-n", ns, "--show-managed-fields")
-        assert deploy["metadata"]["generation"] == 3
-        writers = {
-            m["manager"] for m in deploy["metadata"]["managedFields"] if m.get("subresource") != "status"
-        }
-        assert writers == {FOREIGN_MANAGER}, deploy["metadata"]["managedFields"]
+        _assert_the_owners(cluster, ns, "llama", generation=3)  # its three generations
         assert foreign.failures == []
     finally:
         foreign.stop()
@@ -228,22 +231,43 @@ SGLANG_ARGS = [
     "--context-length", "8192",
 ]  # fmt: skip
 """The owner's SGLang server: its own defaults for everything kvpilot tunes but the context."""
+TGI_COMMAND = ["text-generation-launcher"]
+TGI_ARGS = ["--model-id", LLAMA, "--hostname", "0.0.0.0", "--port", "80"]
+"""The owner's TGI launcher: its own defaults for everything kvpilot tunes."""
+ADMISSION = Workload(arrival_rate=8.0, prompt_tokens=500, output_tokens=200)
+"""test_tgi_loop.py's admission case: the router at ``--max-concurrent-requests`` 4, the KV nearly empty."""
+
+
+def h100_target(name: str, command: list[str], args: list[str], container: str, image: str) -> dict[str, Any]:
+    """A Deployment another stack made that runs ``command + args`` (container ``container``) on one H100."""
+    manifest = foreign_deployment(name, command, args)
+    pod = manifest["spec"]["template"]["spec"]
+    pod["nodeSelector"] = {"nvidia.com/gpu.product": H100}
+    (c,) = pod["containers"]
+    c |= {"name": container, "image": image, "env": []}
+    return manifest
 
 
 def sglang_target(name: str) -> dict[str, Any]:
     """A Deployment another stack made that runs SGLang's server on one H100."""
-    manifest = foreign_deployment(name, ["python3", "-m", "sglang.launch_server"], SGLANG_ARGS)
-    pod = manifest["spec"]["template"]["spec"]
-    pod["nodeSelector"] = {"nvidia.com/gpu.product": H100}
-    (c,) = pod["containers"]
-    c |= {"name": "sglang", "image": "lmsysorg/sglang:v0.5.23", "env": []}
-    return manifest
+    command = ["python3", "-m", "sglang.launch_server"]
+    return h100_target(name, command, SGLANG_ARGS, "sglang", "lmsysorg/sglang:v0.5.23")
 
 
-@pytest.fixture
-def sglang_stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, Fleet, Path]]:
+def tgi_target(name: str) -> dict[str, Any]:
+    """A Deployment another stack made that runs TGI's launcher (exec form) on one H100."""
+    image = "ghcr.io/huggingface/text-generation-inference:3.3.7"
+    return h100_target(name, TGI_COMMAND, TGI_ARGS, "tgi", image)
+
+
+@contextlib.contextmanager
+def webhook_stack(
+    cluster: LocalCluster, tmp_path: Path, prefix: str, label: str, scenario: Scenario
+) -> Iterator[tuple[str, Fleet, Path]]:
+    """A namespace ``prefix-*``, the operator with its admission webhook (the API server calls it over TLS),
+    Prometheus, and the fleet playing the pods labelled ``model=label`` against ``scenario``."""
     install_crds(cluster)
-    ns = f"kvtsg-{uuid.uuid4().hex[:8]}"
+    ns = f"{prefix}-{uuid.uuid4().hex[:8]}"
     webhook = Webhook.make(tmp_path / "webhook")
     mwc = webhook_configuration(f"kvpilot-e2e-{ns}", webhook.port, webhook.ca, ns)
     with (
@@ -251,19 +275,18 @@ def sglang_stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, F
         PrometheusServer(tmp_path / "prometheus", scrape_interval="1s") as prom,
     ):
         cluster.kubectl("apply", "-f", "-", input=json.dumps(mwc))
-        scenario = Scenario(truth=_storm_truth(PLANNED_FRACTION), workload=STORM)
         fleet = Fleet(
             cluster.kubeconfig,
             prom.targets_file,
             namespaces=[ns],
-            label_selector="model=sg",
+            label_selector=f"model={label}",
             default_scenario=scenario,
             kubectl=cluster.kubectl_bin,
         )
         try:
             with fleet:
                 env = {**closed_loop_env(prom.url), **webhook.env()}
-                with host_operator(cluster, tmp_path / "kopf.log", "kvtsg-*", env) as log:
+                with host_operator(cluster, tmp_path / "kopf.log", f"{prefix}-*", env) as log:
                     wait_for(lambda: "Listening for webhooks at" in log.read_text(), 30, "the webhook")
                     yield ns, fleet, log
             assert fleet.errors == [], fleet.errors
@@ -271,14 +294,104 @@ def sglang_stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, F
             cluster.kubectl("delete", "mutatingwebhookconfiguration", mwc["metadata"]["name"], check=False)
 
 
-def _sglang_pods(cluster: LocalCluster, ns: str) -> list[dict[str, Any]]:
-    items = (get(cluster, "pods", "-n", ns, "-l", "model=sg") or {}).get("items") or []
+@pytest.fixture
+def sglang_stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, Fleet, Path]]:
+    scenario = Scenario(truth=_storm_truth(PLANNED_FRACTION), workload=STORM)
+    with webhook_stack(cluster, tmp_path, "kvtsg", "sg", scenario) as stack:
+        yield stack
+
+
+@pytest.fixture
+def tgi_stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, Fleet, Path]]:
+    with webhook_stack(
+        cluster, tmp_path, "kvttgi", "tgi", Scenario(truth=H100_8B, workload=ADMISSION)
+    ) as stack:
+        yield stack
+
+
+def _live_pods(cluster: LocalCluster, ns: str, name: str) -> list[dict[str, Any]]:
+    items = (get(cluster, "pods", "-n", ns, "-l", f"model={name}") or {}).get("items") or []
     return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
 
-def _runs(pod: dict[str, Any]) -> sglang.SglangSettings:
+def _container_args(pod: dict[str, Any]) -> list[str]:
     (c,) = pod["spec"]["containers"]
-    return sglang.parse_sglang_args([*(c.get("args") or ())])
+    return [str(a) for a in c.get("args") or ()]
+
+
+def _apply_auto_tuner(cluster: LocalCluster, ns: str, name: str, serving: dict[str, Any]) -> None:
+    tuner = engine_tuner(name, "Auto")
+    tuner["spec"] |= {"gpu": {"product": H100, "count": 1}, "serving": serving, "tuning": FAST}
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(tuner))
+
+
+def _wait_for_planned_pod(
+    cluster: LocalCluster, ns: str, name: str, engine: str, container: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The status and the pod once the plan is published and a pod of the target runs it in ``container``:
+    the owner's pod evicted, its successor rewritten by the webhook with ``engine``'s rewrite."""
+
+    def planned_pod() -> Any:
+        status = _status(cluster, ns, name)
+        args = (status.get("recommendation") or {}).get("engineArgs")
+        if not args:
+            return None
+        wanted = EngineArgs(engine, tuple(args))
+        pods = [p for p in _live_pods(cluster, ns, name) if target.pod_carries(p, container, wanted)]
+        return (status, pods[0]) if pods else None
+
+    status, pod = wait_for(
+        planned_pod, WAIT_S, f"{ns}/{name}: the owner's pod replaced by one running the plan"
+    )
+    assert status["discovered"]["engine"] == engine, status["discovered"]
+    assert [h["action"] for h in status["history"]][:1] == ["Planned"]
+    assert "kvpilot.io/tuned" in pod["metadata"]["annotations"]
+    return status, pod
+
+
+def _wait_for_retune(
+    cluster: LocalCluster, ns: str, name: str, trigger: str, log: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The status and the first ``Retuned`` entry once the loop retunes (for ``trigger``), published as the
+    recommendation and the rollout's, and nothing applied or failed."""
+
+    def retuned() -> Any:
+        status = _status(cluster, ns, name)
+        entries = [h for h in status.get("history") or () if h["action"] == "Retuned"]
+        return status if entries else None
+
+    status = wait_for(retuned, RETUNE_WAIT_S, f"{ns}/{name}: a metrics-driven retune")
+    entry = next(h for h in status["history"] if h["action"] == "Retuned")
+    assert entry["trigger"] == trigger, (status["history"], log.read_text()[-3000:])
+    assert entry["toEngineArgs"] == status["recommendation"]["engineArgs"]
+    assert status["rollout"]["engineArgs"] == entry["toEngineArgs"]
+    assert "appliedEngineArgs" not in status and "failedEngineArgs" not in status
+    return status, entry
+
+
+def _wait_past_probation(
+    cluster: LocalCluster, ns: str, name: str, engine: str, container: str, args: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Auto evicts the pod running the plan; its successor runs ``args`` in ``container`` and passes
+    probation (``lastGoodEngineArgs``): the status and that pod."""
+
+    def passed() -> Any:
+        status = _status(cluster, ns, name)
+        return status if status.get("lastGoodEngineArgs") == args else None
+
+    status = wait_for(passed, RETUNE_WAIT_S, f"{ns}/{name}: the retune rolled out and past probation")
+    (pod,) = _live_pods(cluster, ns, name)
+    assert target.pod_carries(pod, container, EngineArgs(engine, tuple(args))), pod
+    assert status["evictions"] >= 2
+    return status, pod
+
+
+def _assert_the_owners(cluster: LocalCluster, ns: str, name: str, generation: int) -> None:
+    """The Deployment is the owner's alone: ``generation`` generations, no other writer."""
+    deploy = get(cluster, "deployment", name, "-n", ns, "--show-managed-fields")
+    assert deploy["metadata"]["generation"] == generation
+    writers = {m["manager"] for m in deploy["metadata"]["managedFields"] if m.get("subresource") != "status"}
+    assert writers == {FOREIGN_MANAGER}, deploy["metadata"]["managedFields"]
 
 
 @pytest.mark.e2e
@@ -286,81 +399,71 @@ def test_auto_retunes_an_sglang_deployment_made_elsewhere_and_rolls_it_out(
     cluster: LocalCluster, sglang_stack: tuple[str, Fleet, Path]
 ) -> None:
     ns, fleet, log = sglang_stack
-    manifest = sglang_target("sg")
-    foreign = ForeignController(cluster, ns, manifest)
+    foreign = ForeignController(cluster, ns, sglang_target("sg"))
     foreign.apply_once()
     foreign.start()
     try:
-        tuner = engine_tuner("sg", "Auto")
-        tuner["spec"] |= {
-            "gpu": {"product": H100, "count": 1},
-            "serving": {"maxContextLength": 8192},
-            "tuning": FAST,
-        }
-        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(tuner))
-
-        def planned_pod() -> Any:
-            status = _status(cluster, ns, "sg")
-            args = (status.get("recommendation") or {}).get("engineArgs")
-            if not args:
-                return None
-            wanted = EngineArgs("SGLang", tuple(args))
-            pods = [p for p in _sglang_pods(cluster, ns) if target.pod_carries(p, "sglang", wanted)]
-            return (status, pods[0]) if pods else None
-
-        status, pod = wait_for(
-            planned_pod, WAIT_S, f"{ns}/sg: the owner's pod replaced by one running the plan"
-        )
+        _apply_auto_tuner(cluster, ns, "sg", {"maxContextLength": 8192})
+        status, pod = _wait_for_planned_pod(cluster, ns, "sg", "SGLang", "sglang")
         planned = sglang.parse_sglang_args(status["recommendation"]["engineArgs"])
-        assert status["discovered"]["engine"] == "SGLang", status["discovered"]
-        assert [h["action"] for h in status["history"]][:1] == ["Planned"]
-        assert _runs(pod).mem_fraction_static == planned.mem_fraction_static, (pod["spec"], planned)
-        (c,) = pod["spec"]["containers"]
-        assert c["args"][:7] == SGLANG_ARGS[:7]  # the owner's flags stay
-        assert "kvpilot.io/tuned" in pod["metadata"]["annotations"]
+        runs = sglang.parse_sglang_args(_container_args(pod))
+        assert runs.mem_fraction_static == planned.mem_fraction_static, (pod["spec"], planned)
+        assert _container_args(pod)[:7] == SGLANG_ARGS[:7]  # the owner's flags stay
 
         fleet.wait_for(
             lambda: any((p["preemptions"] or 0) > 0 for p in fleet.pods(ns)),
             timeout=RETUNE_WAIT_S,
             what="SGLang retracting requests in the storm's pool",
         )
-
-        def retuned() -> Any:
-            status = _status(cluster, ns, "sg")
-            entries = [h for h in status.get("history") or () if h["action"] == "Retuned"]
-            return status if entries else None
-
-        status = wait_for(retuned, RETUNE_WAIT_S, f"{ns}/sg: a metrics-driven retune")
-        entry = next(h for h in status["history"] if h["action"] == "Retuned")
-        assert entry["trigger"] == "KvPressure", (status["history"], log.read_text()[-3000:])
+        status, entry = _wait_for_retune(cluster, ns, "sg", "KvPressure", log)
         new = sglang.parse_sglang_args(entry["toEngineArgs"])
-        assert entry["toEngineArgs"] == status["recommendation"]["engineArgs"]
         more_pool = (new.mem_fraction_static or 0) > (planned.mem_fraction_static or 0)
         fewer_running = new.max_running_requests is not None and (
             planned.max_running_requests is None or new.max_running_requests < planned.max_running_requests
         )
         assert more_pool or fewer_running, (planned, new)
-        assert status["rollout"]["engineArgs"] == entry["toEngineArgs"]
-        assert "appliedEngineArgs" not in status and "failedEngineArgs" not in status
 
-        # Auto evicts the pod running the plan; its successor runs the retune and passes probation
-        def passed() -> Any:
-            status = _status(cluster, ns, "sg")
-            good = status.get("lastGoodEngineArgs")
-            return status if good == entry["toEngineArgs"] else None
+        _, pod = _wait_past_probation(cluster, ns, "sg", "SGLang", "sglang", entry["toEngineArgs"])
+        assert sglang.parse_sglang_args(_container_args(pod)).mem_fraction_static == new.mem_fraction_static
 
-        status = wait_for(passed, RETUNE_WAIT_S, f"{ns}/sg: the retune rolled out and past probation")
-        (pod,) = _sglang_pods(cluster, ns)
-        assert target.pod_carries(pod, "sglang", EngineArgs("SGLang", tuple(entry["toEngineArgs"]))), pod
-        assert _runs(pod).mem_fraction_static == new.mem_fraction_static
-        assert status["evictions"] >= 2
+        _assert_the_owners(cluster, ns, "sg", generation=1)
+        assert foreign.failures == []
+    finally:
+        foreign.stop()
 
-        deploy = get(cluster, "deployment", "sg", "-n", ns, "--show-managed-fields")
-        assert deploy["metadata"]["generation"] == 1
-        writers = {
-            m["manager"] for m in deploy["metadata"]["managedFields"] if m.get("subresource") != "status"
-        }
-        assert writers == {FOREIGN_MANAGER}, deploy["metadata"]["managedFields"]
+
+@pytest.mark.e2e
+def test_auto_retunes_a_tgi_deployment_made_elsewhere_and_rolls_it_out(
+    cluster: LocalCluster, tgi_stack: tuple[str, Fleet, Path]
+) -> None:
+    ns, fleet, log = tgi_stack
+    foreign = ForeignController(cluster, ns, tgi_target("tgi"))
+    foreign.apply_once()
+    foreign.start()
+    try:
+        _apply_auto_tuner(cluster, ns, "tgi", {"maxContextLength": 8192, "concurrency": 4})
+        status, pod = _wait_for_planned_pod(cluster, ns, "tgi", "TGI", "tgi")
+        planned = tgi.parse_tgi_args(status["recommendation"]["engineArgs"])
+        assert planned.max_concurrent_requests == 4, planned  # serving.concurrency
+        (c,) = pod["spec"]["containers"]
+        assert c["command"] == TGI_COMMAND
+        assert _container_args(pod)[: len(TGI_ARGS)] == TGI_ARGS  # the owner's flags stay
+        assert tgi.parse_tgi_args(_container_args(pod)).max_concurrent_requests == 4
+
+        fleet.wait_for(
+            lambda: any(p["kind"] == "TGI" and (p["running"] or 0) >= 4 for p in fleet.pods(ns)),
+            timeout=RETUNE_WAIT_S,
+            what="TGI's router at --max-concurrent-requests 4",
+        )
+        status, entry = _wait_for_retune(cluster, ns, "tgi", "IdleCapacity", log)
+        new = tgi.parse_tgi_args(entry["toEngineArgs"])
+        assert (new.max_concurrent_requests or 0) > 4, (planned, new)
+
+        _, pod = _wait_past_probation(cluster, ns, "tgi", "TGI", "tgi", entry["toEngineArgs"])
+        runs = tgi.parse_tgi_args(_container_args(pod))
+        assert runs.max_concurrent_requests == new.max_concurrent_requests, (pod["spec"], new)
+
+        _assert_the_owners(cluster, ns, "tgi", generation=1)
         assert foreign.failures == []
     finally:
         foreign.stop()
