@@ -28,6 +28,7 @@ from kvpilot import cli
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import FIELD_MANAGER
 from kvpilot.operator.inferenceservice import desired, drift, handlers, render
+from kvpilot.operator.loop import engine_profiles
 from kvpilot.operator.planning import resolve
 from kvpilot.operator.pods import pod_status, sglang_pods
 from kvpilot.tuner import engines, gpus, sglang, tgi
@@ -156,6 +157,19 @@ def test_sglang_plans_an_fp8_kv_cache_where_allowed_and_it_holds_the_context() -
     shortened = sglang_isvc(serving={"maxContextLength": 65536}, tuning={"allowFp8KvCache": True})
     args = container(render.build_manifests(shortened))["args"]  # fp8 kept when the context is shortened
     assert flag(args, "--kv-cache-dtype") == "fp8_e4m3" and int(flag(args, "--context-length") or 0) > 32768
+
+
+@pytest.mark.parametrize(
+    ("product", "allow", "fp8"), [("L4", True, True), ("L4", False, False), ("A100-80GB", True, False)]
+)
+def test_sglangs_loop_may_switch_to_fp8_only_where_allowed_and_supported(
+    product: str, allow: bool, fp8: bool
+) -> None:
+    body = sglang_isvc(gpu={"count": 1, "product": product}, tuning={"allowFp8KvCache": allow})
+    spec = desired.parse_spec(body["spec"])
+    inputs = resolve.Inputs(resolve.read_model(spec.model, "ns1", None), resolve.read_gpu(spec, None))
+    context = engine_profiles.build_sglang_context(spec, inputs, PolicyConfig())
+    assert context.bounds.allow_fp8_kv is fp8
 
 
 def test_sglang_modes_recommend_and_off_leave_the_memory_to_sglang() -> None:
