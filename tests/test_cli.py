@@ -432,6 +432,16 @@ def test_plan_sglang_json_and_infeasible_exit() -> None:
     assert code == 0 and plan["args"][-2:] == ["--tp-size", "2"] and plan["max_total_tokens"] > 0
 
 
+def test_plan_sglang_takes_an_fp8_kv_cache_where_allowed() -> None:
+    """On an L4, 32K of Llama-3.1-8B fits SGLang's pool only in fp8."""
+    base = ("plan", "--engine", "sglang", "--model", LLAMA, "--gpu", "L4", "--max-context", "32768", "--json")
+    code, out, _ = run(*base)
+    assert code == 1 and "--kv-cache-dtype" not in json.loads(out)["args"]
+    code, out, _ = run(*base, "--allow-fp8-kv")
+    plan = json.loads(out)
+    assert code == 0 and plan["feasible"] and "fp8_e4m3" in plan["args"]
+
+
 def test_plan_engine_vllm_is_the_default() -> None:
     assert run("plan", "--model", LLAMA, "--gpu", "L4") == run(
         "plan", "--engine", "vllm", "--model", LLAMA, "--gpu", "L4"
@@ -439,8 +449,8 @@ def test_plan_engine_vllm_is_the_default() -> None:
 
 
 def test_plan_sglang_refuses_what_it_does_not_model() -> None:
-    code, _, err = run("plan", "--engine", "sglang", "--model", LLAMA, "--gpu", "L4", "--allow-fp8-kv")
-    assert code == 2 and "--allow-fp8-kv is not supported with --engine sglang" in err
+    code, _, err = run("plan", "--engine", "sglang", "--model", LLAMA, "--gpu", "L4", "--min-context", "8192")
+    assert code == 2 and "--min-context is not supported with --engine sglang" in err
     code, _, err = run(
         "plan", "--engine", "sglang", "--model", "mistralai/Mistral-7B-Instruct-v0.1", "--gpu", "L4"
     )

@@ -21,9 +21,10 @@ def plan_sglang(
     checkpoint: int | None,
     out: TextIO,
 ) -> int:
-    """``plan --engine sglang``: SGLang's own budget (:mod:`kvpilot.tuner.engines.sglang_budget`), its
-    flags and the budget explained."""
-    for flag in ("min_context", "engine_args", "pin_kv_cache_memory", "allow_fp8_kv"):
+    """``plan --engine sglang``: SGLang's own budget (:mod:`kvpilot.tuner.engines.sglang_budget`, with an
+    fp8 KV cache where ``--allow-fp8-kv`` and the GPU allow one and it helps), its flags and the budget
+    explained."""
+    for flag in ("min_context", "engine_args", "pin_kv_cache_memory"):
         if getattr(args, flag):
             raise CliError(f"--{flag.replace('_', '-')} is not supported with --engine sglang yet")
     gpu_count = _sglang_gpus(args)
@@ -32,8 +33,12 @@ def plan_sglang(
         max_running_requests=args.concurrency,
         tp_size=gpu_count,
     )
-    budget = engines.plan_sglang_budget(
-        spec, gpu, settings, weights_total_bytes=args.checkpoint_bytes or checkpoint
+    budget = engines.plan_sglang_kv(
+        spec,
+        gpu,
+        settings,
+        allow_fp8_kv=bool(args.allow_fp8_kv),
+        weights_total_bytes=args.checkpoint_bytes or checkpoint,
     )
     figures = {"max_total_tokens": budget.max_total_tokens}
     return write_engine_plan(

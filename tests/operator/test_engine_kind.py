@@ -28,6 +28,8 @@ from kvpilot import cli
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import FIELD_MANAGER
 from kvpilot.operator.inferenceservice import desired, drift, handlers, render
+from kvpilot.operator.loop import engine_profiles
+from kvpilot.operator.planning import resolve
 from kvpilot.operator.pods import pod_status, sglang_pods
 from kvpilot.tuner import engines, gpus, sglang, tgi
 from kvpilot.tuner.loop import PolicyConfig, SglangMemory, sglang_fit
@@ -138,6 +140,36 @@ def test_sglang_shortens_a_context_that_does_not_fit_its_pool_but_not_below_the_
     with pytest.raises(render.RenderError) as info:
         render.build_manifests(body)
     assert info.value.reason == "Infeasible" and "SGLang 0.5.23" in info.value.message
+
+
+def test_sglang_plans_an_fp8_kv_cache_where_allowed_and_it_holds_the_context() -> None:
+    """On the fixtures' L4 (fp8 KV supported) 32K does not fit Llama-3.1-8B's 16-bit pool: with
+    allowFp8KvCache the plan keeps the context in fp8 (SGLang's fp8_e4m3), and says so in Planned."""
+    body = sglang_isvc(serving={"maxContextLength": 32768}, tuning={"allowFp8KvCache": True})
+    args = container(render.build_manifests(body))["args"]
+    assert flag(args, "--kv-cache-dtype") == "fp8_e4m3" and flag(args, "--context-length") == "32768"
+    spec = desired.parse_spec(body["spec"])
+    inputs = resolve.Inputs(resolve.read_model(spec.model, "ns1", None), resolve.read_gpu(spec, None))
+    plan = desired.build_desired(body["metadata"], spec, inputs).engine_plan
+    assert plan is not None and any("fp8 KV cache (--kv-cache-dtype fp8_e4m3" in x for x in plan.explanation)
+    fp16 = container(render.build_manifests(sglang_isvc(serving={"maxContextLength": 32768})))["args"]
+    assert "--kv-cache-dtype" not in fp16 and int(flag(fp16, "--context-length") or 0) < 32768
+    shortened = sglang_isvc(serving={"maxContextLength": 65536}, tuning={"allowFp8KvCache": True})
+    args = container(render.build_manifests(shortened))["args"]  # fp8 kept when the context is shortened
+    assert flag(args, "--kv-cache-dtype") == "fp8_e4m3" and int(flag(args, "--context-length") or 0) > 32768
+
+
+@pytest.mark.parametrize(
+    ("product", "allow", "fp8"), [("L4", True, True), ("L4", False, False), ("A100-80GB", True, False)]
+)
+def test_sglangs_loop_may_switch_to_fp8_only_where_allowed_and_supported(
+    product: str, allow: bool, fp8: bool
+) -> None:
+    body = sglang_isvc(gpu={"count": 1, "product": product}, tuning={"allowFp8KvCache": allow})
+    spec = desired.parse_spec(body["spec"])
+    inputs = resolve.Inputs(resolve.read_model(spec.model, "ns1", None), resolve.read_gpu(spec, None))
+    context = engine_profiles.build_sglang_context(spec, inputs, PolicyConfig())
+    assert context.bounds.allow_fp8_kv is fp8
 
 
 def test_sglang_modes_recommend_and_off_leave_the_memory_to_sglang() -> None:

@@ -40,11 +40,11 @@ def build_sglang_context(
     spec: api.InferenceServiceSpec, inputs: resolve.Inputs, policy: PolicyConfig
 ) -> SglangContext:
     """What SGLang's policy tunes within: the GPU and the model, ``spec.tuning.bounds`` (the memory-share
-    bounds bound ``--mem-fraction-static``), the TTFT and inter-token latency objectives of
-    ``spec.serving.slo``."""
+    bounds bound ``--mem-fraction-static``; an fp8 KV cache where ``tuning.allowFp8KvCache`` allows it and
+    the GPU supports it, as for vLLM), the TTFT and inter-token latency objectives of ``spec.serving.slo``."""
     memory = SglangMemory(inputs.gpu.gpu, inputs.model.spec, inputs.model.checkpoint_bytes)
     slo = loop_settings.build_slo(spec)
-    bounds = loop_settings.build_bounds(spec, False, None)
+    bounds = loop_settings.build_bounds(spec, inputs.gpu.gpu.fp8_kv, None)
     return SglangContext(
         memory,
         bounds,

@@ -26,7 +26,7 @@ Pure; no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvpilot.operator import api, errors
 from kvpilot.operator.planning import resolve
@@ -140,16 +140,22 @@ def compute_sglang_budget(spec: api.InferenceServiceSpec, inputs: resolve.Inputs
     default) whose one
     request fits SGLang's pool: the pool does not depend on the context, so a context that does not fit is
     shortened to the pool (rounded down to :data:`CONTEXT_STEP`), unless that falls below
-    ``serving.minContextLength``; the budget returned is then infeasible."""
+    ``serving.minContextLength``; the budget returned is then infeasible. The KV dtype is chosen first, at
+    the wanted context, as vLLM's planner chooses it (:func:`kvpilot.tuner.engines.plan_sglang_kv`:
+    ``tuning.allowFp8KvCache`` and the GPU's fp8 support), and kept when the context is shortened."""
     model, gpu, weights = inputs.model.spec, inputs.gpu.gpu, inputs.model.checkpoint_bytes
     wanted = spec.serving.max_context_length
     settings = _sglang_settings(spec, min(wanted, model.max_model_len) if wanted else None)
-    budget = engines.plan_sglang_budget(model, gpu, settings, weights_total_bytes=weights)
+    budget = engines.plan_sglang_kv(
+        model, gpu, settings, allow_fp8_kv=spec.tuning.allow_fp8_kv_cache, weights_total_bytes=weights
+    )
     shorter = budget.max_total_tokens // CONTEXT_STEP * CONTEXT_STEP or budget.max_total_tokens
     if budget.feasible or shorter < max(1, spec.serving.min_context_length or 1):
         return budget
-    settings = _sglang_settings(spec, shorter)
-    return engines.plan_sglang_budget(model, gpu, settings, weights_total_bytes=weights)
+    kv = budget.settings.kv_cache_dtype
+    settings = replace(_sglang_settings(spec, shorter), kv_cache_dtype=kv if kv != "auto" else None)
+    shortened = engines.plan_sglang_budget(model, gpu, settings, weights_total_bytes=weights)
+    return replace(shortened, notes=budget.notes)
 
 
 def plan_sglang(

@@ -23,6 +23,7 @@ from kvpilot.tuner.engines.sglang_budget import (
     compute_sglang_budget,
     explain_sglang_budget,
     plan_sglang_budget,
+    plan_sglang_kv,
 )
 from kvpilot.tuner.engines.sglang_engine import SglangEngine
 from kvpilot.tuner.engines.tgi_budget import (
@@ -66,5 +67,6 @@ __all__ = [
     "explain_tgi_budget",
     "lookup_engine",
     "plan_sglang_budget",
+    "plan_sglang_kv",
     "plan_tgi_budget",
 ]

@@ -46,6 +46,9 @@ class SglangBudget:
     cell_bytes: int
     max_total_tokens: int
     context_length: int
+    notes: tuple[str, ...] = ()
+    """What the planner chose beyond SGLang's defaults and why (an fp8 KV cache: :func:`plan_sglang_kv`),
+    printed after the budget (:func:`explain_sglang_budget`)."""
 
     @property
     def feasible(self) -> bool:
@@ -55,14 +58,15 @@ class SglangBudget:
     @property
     def rendered(self) -> sglang.SglangSettings:
         """What kvpilot renders: the context, the fraction and the prefill chunk pinned (so the pod does not
-        depend on ``nvidia-smi``'s reading), the sequences, TP and (above one) the pipeline stages the budget
-        was computed for; the rest left to SGLang."""
+        depend on ``nvidia-smi``'s reading), the sequences, the KV dtype (unless ``auto``), TP and (above
+        one) the pipeline stages the budget was computed for; the rest left to SGLang."""
         s = self.settings
         return sglang.SglangSettings(
             context_length=self.context_length,
             mem_fraction_static=s.mem_fraction_static,
             max_running_requests=s.max_running_requests,
             chunked_prefill_size=s.chunked_prefill_size,
+            kv_cache_dtype=s.kv_cache_dtype if s.kv_cache_dtype != "auto" else None,
             tp_size=s.tp_size,
             pp_size=s.pp_size if (s.pp_size or 1) > 1 else None,
         )
@@ -192,6 +196,48 @@ def plan_sglang_budget(
     return budget
 
 
+def meets(budget: SglangBudget, concurrency: int | None) -> bool:
+    """One full-context request fits the pool, and so do ``concurrency`` of them when one is asked (the
+    planner's test, as vLLM's planner asks it of its budget)."""
+    return budget.feasible and (not concurrency or budget.full_context_requests >= concurrency)
+
+
+def plan_sglang_kv(
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    settings: sglang.SglangSettings | None = None,
+    *,
+    allow_fp8_kv: bool = False,
+    weights_total_bytes: int | None = None,
+) -> SglangBudget:
+    """:func:`plan_sglang_budget`, with an fp8 KV cache (:data:`~kvpilot.tuner.sglang.FP8_KV_CACHE_DTYPE`)
+    exactly where vLLM's planner chooses one (``kvpilot.tuner.plan.planner._try_fp8_kv``): allowed
+    (``allow_fp8_kv``), supported (the catalogue's ``gpu.fp8_kv``), a dtype not given in ``settings`` (a
+    given one is never changed), and useful -- no concurrency asked (as many requests as fit), or the asked
+    ``--max-running-requests`` of full-context requests missed in 16 bits; fp8 is kept when it meets the
+    request or 16 bits does not either (a context to shorten then shortens less). The budget notes the
+    choice."""
+    settings = settings or sglang.SglangSettings()
+    budget = plan_sglang_budget(spec, gpu, settings, weights_total_bytes=weights_total_bytes)
+    concurrency = settings.max_running_requests
+    if not (allow_fp8_kv and gpu.fp8_kv and settings.kv_cache_dtype is None):
+        return budget
+    if concurrency is not None and meets(budget, concurrency):
+        return budget
+    fp8 = replace(settings, kv_cache_dtype=sglang.FP8_KV_CACHE_DTYPE)
+    candidate = plan_sglang_budget(spec, gpu, fp8, weights_total_bytes=weights_total_bytes)
+    if not (meets(candidate, concurrency) or not meets(budget, concurrency)):
+        return budget
+    wanted = f"{concurrency} full-context request(s)" if concurrency else "as many requests as fit"
+    note = (
+        f"fp8 KV cache (--kv-cache-dtype {sglang.FP8_KV_CACHE_DTYPE}, allowed by allowFp8KvCache on "
+        f"{gpu.name}): {candidate.max_total_tokens} tokens instead of {budget.max_total_tokens} with "
+        f"--kv-cache-dtype auto, for {wanted}; "
+        "scaled by the checkpoint's k/v scales, else 1.0 (possible accuracy loss)"
+    )
+    return replace(candidate, notes=(*candidate.notes, note))
+
+
 def _explain_reserve(budget: SglangBudget) -> str:
     r = budget.reserve
     text = (
@@ -232,4 +278,5 @@ def explain_sglang_budget(budget: SglangBudget) -> list[str]:
         f"--context-length {budget.context_length}: {budget.full_context_requests} full-context request(s) "
         "fit the pool at once",
     ]
+    lines += list(budget.notes)
     return lines if budget.feasible else [*lines, _explain_fit(budget)]

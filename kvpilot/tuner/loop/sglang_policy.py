@@ -13,7 +13,9 @@ first step with something to say decides:
 1. **crash** -- a restart of the current settings: its failure's rule (:mod:`.sglang_rules`); a restart
    no rule cures holds and says so; crash remedies skip the cooldown and mark the settings failed;
 2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
-3. **pressure** -- token usage high with retractions (or SGLang's "KV cache pool is full" text);
+3. **pressure** -- token usage high with retractions (or SGLang's "KV cache pool is full" text): more pool
+   under the fraction's ceiling, else an fp8 KV cache where allowed and supported, else fewer running
+   requests;
 4. **latency** -- the inter-token latency objective missed (a smaller prefill chunk where long prompts share
    the steps, else fewer running requests), else the TTFT objective (a smaller prefill chunk);
 5. **idle** -- a queue at the running-request limit with room in the pool (usage low, or measured room
@@ -24,8 +26,8 @@ The steps every engine's own chain shares (the gates, which crash a remedy answe
 proposal's choice) are :mod:`.engine_chain`'s. A chosen candidate then passes the gates vLLM's does: the
 minimum interval between changes, the cooldown
 after a retune (metrics-driven changes only), the changes-per-hour limit. What vLLM's policy has and this
-does not (yet): the restart-cost trade, fp8 KV, GPU-memory telemetry, scale-out recommendations,
-lengths-based sizing.
+does not (yet): the restart-cost trade, fp8 KV outside the pressure rule (vLLM's KV-bound and idle growth
+also offer it), GPU-memory telemetry, scale-out recommendations, lengths-based sizing.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ start-up and run time, and each rule here says which way it goes:
 - ``KvPressure`` (sustained token usage with retractions, or "KV cache pool is full. Retract requests."):
   more pool when the fraction is under its ceiling and no OOM ruled that out; at the ceiling, more pool by
   halving ``--chunked-prefill-size`` (a smaller activation reserve lifts the ceiling, as for a start-up
-  short of memory); else fewer ``--max-running-requests``.
+  short of memory); else an fp8 KV cache (``--kv-cache-dtype fp8_e4m3``, twice the tokens) where the bounds
+  allow one (``allowFp8KvCache`` and the GPU's support, as vLLM's rule: before the cut); else fewer
+  ``--max-running-requests``.
 - ``IdleCapacity``: a queue at the running-request limit with room in the pool: more running requests
   (:mod:`.sglang_idle`).
 - ``LatencySlo``: the inter-token latency objective missed in most samples: a smaller
@@ -270,7 +272,9 @@ def _batch_cut(s: SglangSituation) -> tuple[int, str] | None:
 def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> SglangProposal | None:
     """Sustained token usage at the high band with retractions (or SGLang's "KV cache pool is full"):
     more pool where the ceiling leaves room (at the ceiling, by halving the prefill chunk, whose smaller
-    activation reserve lifts it), else fewer running requests."""
+    activation reserve lifts it), else an fp8 KV cache where the bounds allow one (``allow_fp8_kv``: the
+    user's ``allowFp8KvCache`` and the GPU's support, as vLLM's pressure rule asks) and the cache is not fp8
+    yet, else fewer running requests."""
     p, w, eff = s.policy, s.window, s.effective
     high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
     rate = obs.compute_mean(w.samples, obs.preemption_rate) or 0.0
@@ -284,6 +288,9 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
             grown = min(ceiling, round(fraction + p.max_gmu_step, 3))
             candidates.append(dataclasses.replace(trial, mem_fraction_static=grown))
             break
+    if s.bounds.allow_fp8_kv and not sglang.is_fp8_kv_cache_dtype(eff.kv_cache_dtype):
+        # no more pool from the fraction (or a raise the history rules out): twice the tokens, before the cut
+        candidates.append(dataclasses.replace(eff, kv_cache_dtype=sglang.FP8_KV_CACHE_DTYPE))
     peak = obs.compute_max(w.samples, obs.running)
     limit = eff.max_running_requests
     base = min(limit, math.ceil(peak)) if limit and peak else (limit or (math.ceil(peak) if peak else None))
@@ -301,7 +308,10 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
             f"(peak running {peak or 0:.0f}){texts}"
         ),
         candidates=tuple(candidates),
-        exhausted="no pool left under the fraction's ceiling and --max-running-requests at its lower bound",
+        exhausted=(
+            "no pool left under the fraction's ceiling, no fp8 KV cache allowed or left to switch to, and "
+            "--max-running-requests at its lower bound"
+        ),
     )
 
 

@@ -16,6 +16,7 @@ from kvpilot.tuner.sglang.args import (
     ALIASES,
     ENABLE_METRICS_FLAG,
     FLAGS,
+    FP8_KV_CACHE_DTYPE,
     HOST_FLAG,
     KV_CACHE_DTYPE_BYTES,
     MODEL_ALIASES,
@@ -26,6 +27,7 @@ from kvpilot.tuner.sglang.args import (
     build_sglang_args,
     check_kv_cache_dtype,
     check_settings,
+    is_fp8_kv_cache_dtype,
     parse_sglang_args,
 )
 from kvpilot.tuner.sglang.defaults import (
@@ -55,6 +57,7 @@ __all__ = [
     "MODEL_ALIASES",
     "ENABLE_METRICS_FLAG",
     "FLAGS",
+    "FP8_KV_CACHE_DTYPE",
     "GPU_TIERS",
     "HOST_FLAG",
     "KV_CACHE_DTYPE_BYTES",
@@ -78,6 +81,7 @@ __all__ = [
     "default_cuda_graph_max_bs",
     "default_mem_fraction_static",
     "gpu_tier",
+    "is_fp8_kv_cache_dtype",
     "kv_pool_full_warning",
     "no_kv_pool_error",
     "parse_sglang_args",

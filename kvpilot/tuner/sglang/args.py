@@ -49,6 +49,21 @@ KV_CACHE_DTYPE_BYTES: Mapping[str, float | None] = {
 accepts ``mxfp8``, ``nvfp4`` and ``fp4_mx_block16`` (``fields/model.py`` line 197), whose scale buffers
 kvpilot does not model: refused."""
 
+FP8_KV_CACHE_DTYPE = "fp8_e4m3"
+"""The fp8 ``--kv-cache-dtype`` kvpilot chooses (where ``allowFp8KvCache`` allows it and the GPU supports it).
+SGLang 0.5.23 stores it as ``torch.float8_e4m3fn`` on CUDA and as the platform's native e4m3 (``fnuz``) on
+ROCm (``mem_cache/kv_cache_dtype.py`` ``configure_kv_cache_dtype``), which is also what ``auto`` becomes for
+a checkpoint whose quantization config declares an FP8 KV cache; e4m3 is the variant SGLang's fp8 attention
+paths expect (``trtllm_mla`` and DeepSeek's DSA accept only ``fp8_e4m3``; MiniMax-M3 warns that ``fp8_e5m2``
+mis-dispatches). No scales are needed to start: without the checkpoint's ``k_scale``/``v_scale`` or
+``--quantization-param-path`` SGLang scales by 1.0 (``fields/model.py``'s help of
+``quantization_param_path``), as vLLM's ``fp8`` does without calibrated scales."""
+
+
+def is_fp8_kv_cache_dtype(kv_cache_dtype: str | None) -> bool:
+    """Whether ``kv_cache_dtype`` is one of SGLang's fp8 KV caches (``fp8_e4m3``, ``fp8_e5m2``)."""
+    return (kv_cache_dtype or "").startswith("fp8_")
+
 
 @dataclass(frozen=True)
 class SglangSettings:
