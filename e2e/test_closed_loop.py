@@ -21,7 +21,6 @@ import json
 import math
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ import pytest
 
 from e2e.cluster import LocalCluster
 from e2e.fleet import GroundTruth, Scenario, Workload
-from e2e.fleet.stack import Stack, condition, deployment_args, isvc_events
+from e2e.fleet.stack import Stack, condition, deployment_args, isvc_events, run_engine_cases
 from e2e.fleet.testing import H100_8B
 from kvpilot.operator.api import Settings
 from kvpilot.tuner.types import EngineSettings
@@ -184,36 +183,19 @@ def rollout_done(obj: dict[str, Any]) -> bool:
 def loop(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
     run_dir = Path(tmp_path_factory.mktemp("closed-loop"))
     cases = {k: dataclasses.replace(v) for k, v in CASES.items()}
-    for name, case in cases.items():
-        case.ns = f"e2e-cl-{name}-{uuid.uuid4().hex[:5]}"
-        cluster.kubectl("create", "namespace", case.ns)
-    stack = Stack(
-        cluster,
-        run_dir,
-        namespaces=[c.ns for c in cases.values()],
-        operator_namespaces=["e2e-cl-*"],  # kopf's glob: only this module's namespaces
-        scenarios={
-            (c.ns, name): Scenario(name=name, truth=c.truth, workload=c.workload, seed=i)
-            for i, (name, c) in enumerate(cases.items())
-        },
-    )
-    stack.start()
-    try:
-        for c in cases.values():
-            cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", c.ns, "--timeout=60s")
-        cluster.apply([isvc_manifest(name, c.ns, c) for name, c in cases.items()])
+    # the operator watches only this module's namespaces (kopf's glob "e2e-cl-*")
+    with run_engine_cases(
+        cluster, run_dir, "e2e-cl", cases, isvc_manifest, probation_s=None, what="closed-loop"
+    ) as stack:
         loop = Loop(stack, cases, time.monotonic())
         for name, c in cases.items():  # the plans, before the closed loop (>= 60 s between changes) acts
             obj = loop.wait(name, applied, timeout=loop.budget_left(90), what="planned and applied")
             c.planned = applied(obj)
         oom = cases["oom"]
         oom.truth = dataclasses.replace(H100_8B, runtime_oom_above_utilization=oom_threshold(oom.planned))
+        assert stack.fleet is not None
         stack.fleet.set_scenario(oom.ns, "oom", Scenario(name="oom", truth=oom.truth, workload=oom.workload))
         yield loop
-        assert stack.fleet is not None and not stack.fleet.errors, stack.fleet.errors
-    finally:
-        stack.stop_and_clean([c.ns for c in cases.values()])
-        print(f"closed-loop run directory (operator and Prometheus logs): {run_dir}")
 
 
 def oom_threshold(planned: dict[str, Any]) -> float:

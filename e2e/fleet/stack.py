@@ -302,22 +302,24 @@ def run_engine_cases(
     cases: Mapping[str, EngineCase],
     manifest: Callable[[str, str, Any], dict[str, Any]],
     *,
-    probation_s: float,
+    probation_s: float | None,
     what: str,
 ) -> Iterator[Stack]:
     """A loop module's cases, each an InferenceService named after its key in a namespace of its own
     (``{prefix}-{name}-…``, set on the case), on one :class:`Stack` whose fleet plays each case's truth and
-    load and whose operator runs with a ``probation_s`` probation; the fleet must have met no error by the
-    end, and the namespaces are cleaned up whatever happens. ``what`` names the run directory's print."""
+    load and whose operator runs with a ``probation_s`` probation (``None``: the operator's own); the fleet
+    must have met no error by the end, and the namespaces are cleaned up whatever happens. ``what`` names
+    the run directory's print."""
     for name, case in cases.items():
         case.ns = f"{prefix}-{name}-{uuid.uuid4().hex[:5]}"
         cluster.kubectl("create", "namespace", case.ns)
+    probation_env = {} if probation_s is None else {"KVPILOT_PROBATION_SECONDS": f"{probation_s:g}"}
     stack = Stack(
         cluster,
         run_dir,
         namespaces=[c.ns for c in cases.values()],
         operator_namespaces=[f"{prefix}-*"],
-        operator_extra_env={"KVPILOT_PROBATION_SECONDS": f"{probation_s:g}"},
+        operator_extra_env=probation_env,
         scenarios={
             (c.ns, name): Scenario(name=name, truth=c.truth, workload=c.workload, seed=i)
             for i, (name, c) in enumerate(cases.items())
