@@ -46,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from e2e import kwok_stages as _kwok_stages
 from e2e import nodes as _nodes
 
 E2E_DIR = Path(__file__).resolve().parent
@@ -564,7 +565,7 @@ class LocalCluster:
                 f"--node-port={p['kwok']}",
                 "--enable-crds=Logs",
                 "--node-lease-duration-seconds=40",
-                f"--config={self.bin / 'kwok-default-stages.yaml'}",
+                f"--config={self._kwok_stages()}",
                 f"--server-address=127.0.0.1:{p['kwok']}",
             ],
         )
@@ -578,6 +579,13 @@ class LocalCluster:
             deadline,
             "serviceaccount default/default (serviceaccount controller)",
         )
+
+    def _kwok_stages(self) -> Path:
+        """KWOK's default stages with pods labelled ``e2e.kvpilot.io/kubelet: probes`` started not Ready
+        (:mod:`e2e.kwok_stages`), written into the run directory."""
+        path = self.dir / "kwok-stages.yaml"
+        path.write_text(_kwok_stages.build_stages((self.bin / "kwok-default-stages.yaml").read_text()))
+        return path
 
     def _spawn(self, name: str, args: Sequence[str]) -> None:
         exe = self.bin / name

@@ -47,6 +47,7 @@ import yaml
 from e2e.fleet import GroundTruth, Scenario, Workload
 from e2e.fleet.fleet import FleetEvent
 from e2e.fleet.stack import REPO, EventTail, Stack, condition, settings_of
+from e2e.kwok_stages import add_probed_label
 from e2e.nodes import H100_80GB_HBM3, NodePool, node_manifest
 
 EXAMPLES = REPO / "examples"
@@ -121,18 +122,20 @@ def _demo_services() -> list[dict[str, Any]]:
     """The two services of the full-pool and rollback stories (not examples: demo placement and bounds)."""
 
     def isvc(name: str, **spec: Any) -> dict[str, Any]:
-        return {
-            "apiVersion": "kvpilot.io/v1alpha1",
-            "kind": "InferenceService",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {
-                "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
-                "gpu": {"count": 1, "product": H100_80GB_HBM3.product},
-                "serving": {"maxContextLength": 8192, "concurrency": 4},
-                "tuning": {**DEMO_TUNING, "cooldownSeconds": 0},
-                **spec,
-            },
-        }
+        return add_probed_label(
+            {
+                "apiVersion": "kvpilot.io/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {
+                    "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+                    "gpu": {"count": 1, "product": H100_80GB_HBM3.product},
+                    "serving": {"maxContextLength": 8192, "concurrency": 4},
+                    "tuning": {**DEMO_TUNING, "cooldownSeconds": 0},
+                    **spec,
+                },
+            }
+        )
 
     return [
         isvc(
@@ -184,7 +187,7 @@ def _load_examples() -> list[dict[str, Any]]:
             if doc and doc.get("kind") == "InferenceService":
                 doc.setdefault("metadata", {})["namespace"] = NS
                 doc["spec"].setdefault("tuning", {}).update(DEMO_TUNING)
-                docs.append(doc)
+                docs.append(add_probed_label(doc))
     if not docs:
         raise SystemExit(f"no InferenceService examples under {EXAMPLES}")
     return docs

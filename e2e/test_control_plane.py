@@ -19,6 +19,7 @@ import yaml
 
 from e2e import nodes
 from e2e.cluster import LocalCluster, versions
+from e2e.kwok_stages import PROBED_LABEL, PROBED_VALUE
 from e2e.pods import CUDA_OOM_MESSAGE, container_status, simulate_container_crash
 from e2e.waits import wait_for
 
@@ -361,3 +362,35 @@ def test_simulated_vllm_crash_shows_in_pod_status(
     if crash_loop:
         term = container_status(p, "vllm")["lastState"]["terminated"]
         assert (term["exitCode"], term["reason"]) == (137, "OOMKilled")
+
+
+def test_a_probed_pod_runs_unready_until_its_kubelet_says_so(cluster: LocalCluster, namespace: str) -> None:
+    """KWOK makes a bound pod Ready at once; one labelled ``e2e.kvpilot.io/kubelet: probes`` runs but stays
+    unready (a kubelet whose readiness probe has not passed), so the Deployment controller counts it
+    unavailable until the pod is made Ready (``e2e/kwok_stages.py``; the fleet plays that kubelet)."""
+    probed = gpu_deployment("probed", nodes.L4.product, gpus=1, replicas=1)
+    probed["spec"]["template"]["metadata"]["labels"][PROBED_LABEL] = PROBED_VALUE
+    probed["spec"]["strategy"] = {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    plain = gpu_deployment("plain", nodes.L4.product, gpus=1, replicas=1)
+    for obj in (probed, plain):
+        apply(cluster, namespace, obj)
+
+    def pod(app: str) -> dict[str, Any] | None:
+        items = get_json(cluster, "pods", "-n", namespace, "-l", f"app={app}")["items"]
+        running = [p for p in items if p["status"].get("phase") == "Running"]
+        return running[0] if running else None
+
+    def ready(p: dict[str, Any]) -> str:
+        return next(c["status"] for c in p["status"]["conditions"] if c["type"] == "Ready")
+
+    assert ready(wait_for(lambda: pod("plain"), 60, "the plain pod Running")) == "True"
+    first = wait_for(lambda: pod("probed"), 60, "the probed pod Running")
+    assert ready(first) == "False"
+    assert first["status"]["containerStatuses"][0]["ready"] is False
+    time.sleep(2)  # KWOK's stages have settled: nothing makes it Ready but its kubelet
+    assert ready(get_json(cluster, "pod", first["metadata"]["name"], "-n", namespace)) == "False"
+    deploy = get_json(cluster, "deploy", "probed", "-n", namespace)
+    assert not deploy["status"].get("availableReplicas"), deploy["status"]
