@@ -274,6 +274,20 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         nvml_total_bytes=24_576 * MIB,
     ),
     GpuSpec(
+        # RTX 3090 Ti 24GB (GA102, compute capability 8.6, NVLink like the 3090): nvidia-smi 24,564 MiB
+        # (noonghunna/club-3090#353, "NVIDIA GeForce RTX 3090 Ti | 24564 MiB"), the RTX 4090's NVML total,
+        # whose torch total is 23.65 GiB. No torch total of a 3090 Ti is published; a vLLM 0.22.1 start
+        # on one (tests/data/vllm_memory_cases_public_2x.json, case-109) implies 23.7 +/- 0.15 GiB from its
+        # CUDA-graph utilisation adjustment (0.79 GiB / (0.9000 - 0.8667)). 23.65 is within both.
+        name="RTX-3090-Ti",
+        total_bytes=_gib(23.65),
+        compute_capability=(8, 6),
+        fp8_kv=False,
+        interconnect="pcie",
+        gfd_products=("NVIDIA-GeForce-RTX-3090-Ti",),
+        nvml_total_bytes=24_564 * MIB,
+    ),
+    GpuSpec(
         # RTX A5000 24GB: nvidia-smi 24,564 MiB on public logs of "NVIDIA RTX A5000" (older
         # drivers show 24,576); no torch total published, so estimated from the lower NVML
         # figure (estimate_cuda_total).
@@ -333,6 +347,9 @@ ALIASES: Mapping[str, str] = {
     "rtx3090": "RTX-3090",
     "3090": "RTX-3090",
     "geforce-rtx-3090": "RTX-3090",
+    "rtx3090ti": "RTX-3090-Ti",
+    "3090-ti": "RTX-3090-Ti",
+    "rtx-3090ti": "RTX-3090-Ti",
     "tesla-t4": "T4",
     "instinct-mi300x": "MI300X",
     "amd-instinct-mi300x": "MI300X",
