@@ -210,11 +210,18 @@ def test_kv_cache_memory_bytes_in_a_case_is_the_pool() -> None:
 
 
 def test_a_case_carries_the_checkpoints_processor_configs() -> None:
-    """vLLM sizes its dummy encoder batch from the checkpoint's ``preprocessor_config.json``: Qwen3.5's 4096^2-pixel
-    budget is one 16,384-token image (65,536 patches), not transformers' default eight of 980 tokens."""
-    qwen = json.loads((Path(__file__).resolve().parents[1] / "data" / "hf_configs" / "Qwen__Qwen3.5-9B.json").read_text())
+    """vLLM sizes its dummy encoder batch from the checkpoint's ``preprocessor_config.json``: Qwen3.5's
+    4096^2-pixel budget is one 16,384-token image (65,536 patches), not transformers' default eight of 980."""
+    qwen = json.loads(
+        (Path(__file__).resolve().parents[1] / "data" / "hf_configs" / "Qwen__Qwen3.5-9B.json").read_text()
+    )
     base = case(
-        id="qwen", hf_config=qwen, max_model_len=32768, max_num_seqs=8, max_num_batched_tokens=8192, vllm_version="0.28.0"
+        id="qwen",
+        hf_config=qwen,
+        max_model_len=32768,
+        max_num_seqs=8,
+        max_num_batched_tokens=8192,
+        vllm_version="0.28.0",
     )
     image = {"size": {"longest_edge": 16777216, "shortest_edge": 65536}}
     video = {"size": {"longest_edge": 25165824, "shortest_edge": 4096}}

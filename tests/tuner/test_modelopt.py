@@ -115,13 +115,16 @@ def test_the_output_head_is_loaded_as_vllm_quantizes_it() -> None:
     assert 19.5 < _gib(config) < 19.78
     unlisted = dataclasses.replace(spec, layer_algos=tuple(e for e in spec.layer_algos if e[0] != "lm_head"))
     assert mo.compute_lm_head_bytes(unlisted, 2.0) == 2.0
-    assert _gib(config) + 1.6 < _gib(config, dataclasses.replace(build_model_spec(config).quantization,
-                                                                   modelopt=unlisted))
+    assert _gib(config) + 1.6 < _gib(
+        config, dataclasses.replace(build_model_spec(config).quantization, modelopt=unlisted)
+    )
     # one algorithm for the whole checkpoint: the head too, unless a pattern names it
     nvfp4 = mo.ModelOptSpec("NVFP4")
     assert mo.compute_lm_head_bytes(nvfp4, 2.0) == NVFP4
     assert mo.compute_lm_head_bytes(dataclasses.replace(nvfp4, excluded=("lm_head",)), 2.0) == 2.0
-    assert mo.compute_lm_head_bytes(dataclasses.replace(nvfp4, excluded=("language_model.lm_head",)), 2.0) == 2.0
+    assert (
+        mo.compute_lm_head_bytes(dataclasses.replace(nvfp4, excluded=("language_model.lm_head",)), 2.0) == 2.0
+    )
 
 
 @pytest.mark.parametrize(

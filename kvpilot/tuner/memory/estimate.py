@@ -133,7 +133,9 @@ def _model(case: Mapping[str, Any], config_lookup: ConfigLookup | None = None) -
             raise CaseError(f"{key} must be a mapping (the checkpoint's {key}.json), got {value!r}")
     if any(processors):
         image, video = (p if isinstance(p, Mapping) else None for p in processors)
-        spec = dataclasses.replace(spec, vision_tower=apply_processor_configs(spec.vision_tower, image, video))
+        spec = dataclasses.replace(
+            spec, vision_tower=apply_processor_configs(spec.vision_tower, image, video)
+        )
     return spec
 
 
