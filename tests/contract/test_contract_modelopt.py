@@ -153,8 +153,9 @@ def test_a_sidecar_gets_the_method_vllm_gives_it(quantization: ModuleType, algo:
 def test_the_output_head_is_quantized_as_vllm_quantizes_it(
     quantization: ModuleType, name: str, qc: dict[str, Any], layers: int
 ) -> None:
-    """vLLM's ``get_quant_method`` on the head's prefix (``language_model.lm_head`` for a multimodal model,
-    ``lm_head`` else): excluded, or (``MIXED_PRECISION``) no algorithm resolved, keeps it in the model dtype."""
+    """vLLM's ``get_quant_method`` on the head's prefix (``language_model.lm_head`` for a multimodal
+    model, ``lm_head`` else): excluded, or (``MIXED_PRECISION``) no algorithm resolved, keeps the model
+    dtype."""
     spec = build_quant_spec(qc).modelopt
     assert spec is not None
     config_json = json.loads((HF_CONFIGS / f"{name}.json").read_text())
