@@ -15,6 +15,7 @@ import pytest
 
 from bench import memory_accuracy
 from kvpilot.tuner import gpus
+from kvpilot.tuner.memory import estimate
 from kvpilot.tuner.vllm.args import iter_flags
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -116,3 +117,43 @@ def test_the_bench_keeps_every_case_and_adds_the_figures_without_the_flagged_one
     assert "case-106: warned: --speculative-config is not in kvpilot's memory model" in rest
     clean = rest.partition("neither refused nor warned about by name:")[2]
     assert "available KV cache GiB             n=5 " in clean
+
+
+GOAL_EXCEPTIONS = {
+    "case-109": (
+        "Gemma-4-E4B at 0.22.1: its weights. The log loads 15.18 GiB; kvpilot counts 14.85, which is what "
+        "vLLM 0.33's own Gemma4ForConditionalGeneration builds from the case's config "
+        "(tests/contract/test_contract_model_classes.py), a trimmed fixture of the published one "
+        "(config_exact false). With the logged weights the prediction is -3.4 %."
+    ),
+}
+"""Unflagged public starts outside the goal, each with why; one that meets the goal fails the test below
+(take it off the list)."""
+
+
+def _unflagged_errors() -> dict[str, float]:
+    """(predicted - logged) / logged available KV GiB of the public 0.2x starts the plan takes as given."""
+    cases = json.loads((DATA / "vllm_memory_cases_public_2x.json").read_text())
+    rows = estimate.compute_estimates(cases, gpus.lookup_gpu)
+    out = {}
+    for case, row in zip(cases, rows, strict=True):
+        logged = (case.get("observed") or {}).get("available_kv_cache_gib")
+        if case.get("outcome_class") == "failed" or not logged or row["available_kv_cache_gib"] is None:
+            continue
+        if memory_accuracy.plan_verdict(case, gpus.lookup_gpu) is None:
+            out[case["id"]] = row["available_kv_cache_gib"] / logged - 1.0
+    return out
+
+
+def test_the_public_2x_cases_the_plan_takes_meet_the_goal() -> None:
+    """Issue 27's goal on the starts the plan neither refuses nor warns about: median <= 2 %, worst
+    over-prediction of the available KV cache <= 3 % (memory model 2026.12.7.3: 1.25 % and +2.78 % over
+    the four cases besides the listed exception; 2.12 % and +6.15 % with it)."""
+    errors = _unflagged_errors()
+    assert set(GOAL_EXCEPTIONS) <= set(errors)
+    kept = sorted(abs(e) for i, e in errors.items() if i not in GOAL_EXCEPTIONS)
+    median = (kept[(len(kept) - 1) // 2] + kept[len(kept) // 2]) / 2
+    over = max(e for i, e in errors.items() if i not in GOAL_EXCEPTIONS)
+    assert len(kept) >= 4 and median <= 0.02 and over <= 0.03, (median, over, errors)
+    for case_id in GOAL_EXCEPTIONS:
+        assert errors[case_id] > 0.03, f"{case_id} now meets the goal: take it off GOAL_EXCEPTIONS"

@@ -147,3 +147,26 @@ def test_a_sidecar_gets_the_method_vllm_gives_it(quantization: ModuleType, algo:
         return
     spec = build_quant_spec(sidecar).modelopt
     assert spec is not None and spec.method == normalized["quant_method"], (spec, normalized)
+
+
+@pytest.mark.parametrize(("name", "qc", "layers"), CONFIGS, ids=[n for n, _, _ in CONFIGS])
+def test_the_output_head_is_quantized_as_vllm_quantizes_it(
+    quantization: ModuleType, name: str, qc: dict[str, Any], layers: int
+) -> None:
+    """vLLM's ``get_quant_method`` on the head's prefix (``language_model.lm_head`` for a multimodal
+    model, ``lm_head`` else): excluded, or (``MIXED_PRECISION``) no algorithm resolved, keeps the model
+    dtype."""
+    spec = build_quant_spec(qc).modelopt
+    assert spec is not None
+    config_json = json.loads((HF_CONFIGS / f"{name}.json").read_text())
+    multimodal = any("ConditionalGeneration" in a for a in config_json.get("architectures") or [])
+    prefix = "language_model.lm_head" if multimodal else "lm_head"
+    config = quantization.get_quantization_config(spec.method).from_config(qc)
+    if config.is_layer_excluded(prefix):
+        algo = None
+    elif spec.algo == ours.MIXED_PRECISION:
+        algo = config._resolve_quant_algo(prefix)
+    else:
+        algo = spec.algo
+    expected = 2.0 if algo is None else ours.LINEAR_ALGOS[algo][1]
+    assert ours.compute_lm_head_bytes(spec, 2.0) == expected, (name, prefix, algo)

@@ -207,3 +207,30 @@ def test_kv_cache_memory_bytes_in_a_case_is_the_pool() -> None:
     assert pinned["kv_cache_tokens"] < plain["kv_cache_tokens"]  # 30 GiB < the 58 GiB the utilisation leaves
     [bad] = estimate.compute_estimates([case(kv_cache_memory_bytes=-1)], lookup)
     assert bad["error"] is not None and "kv_cache_memory_bytes" in bad["error"]
+
+
+def test_a_case_carries_the_checkpoints_processor_configs() -> None:
+    """vLLM sizes its dummy encoder batch from the checkpoint's ``preprocessor_config.json``: Qwen3.5's
+    4096^2-pixel budget is one 16,384-token image (65,536 patches), not transformers' default eight of 980."""
+    qwen = json.loads(
+        (Path(__file__).resolve().parents[1] / "data" / "hf_configs" / "Qwen__Qwen3.5-9B.json").read_text()
+    )
+    base = case(
+        id="qwen",
+        hf_config=qwen,
+        max_model_len=32768,
+        max_num_seqs=8,
+        max_num_batched_tokens=8192,
+        vllm_version="0.28.0",
+    )
+    image = {"size": {"longest_edge": 16777216, "shortest_edge": 65536}}
+    video = {"size": {"longest_edge": 25165824, "shortest_edge": 4096}}
+    default, published = estimate.compute_estimates(
+        [base, {**base, "preprocessor_config": image, "video_preprocessor_config": video}], lookup
+    )
+    assert published["activation_gib"] > default["activation_gib"] + 0.3
+    assert published["available_kv_cache_gib"] < default["available_kv_cache_gib"] - 0.3
+    model = estimate._model({**base, "preprocessor_config": image})
+    assert model.vision_tower is not None and model.vision_tower.limits.image_max_pixels == 16777216
+    (bad,) = estimate.compute_estimates([{**base, "preprocessor_config": "16777216"}], lookup)
+    assert bad["available_kv_cache_gib"] is None and "preprocessor_config must be a mapping" in bad["error"]

@@ -103,6 +103,30 @@ def test_mixed_precision_reads_each_layers_algorithm() -> None:
     assert mo.compute_component_bytes(spec, 0, mo.DENSE, 2.0) == 2.0  # an MoE model: no dense MLP listed
 
 
+def test_the_output_head_is_loaded_as_vllm_quantizes_it() -> None:
+    """vLLM quantizes ``ParallelLMHead`` like any linear unless excluded; a MIXED_PRECISION table gives it its
+    algorithm by the name ``lm_head`` even for a multimodal model, whose head vLLM names
+    ``language_model.lm_head`` (``_quantized_layer_prefix_candidates``, 0.22+). The Qwen3.6 NVFP4 builds list
+    it as W4A16 NVFP4: nvidia/Qwen3.6-27B-NVFP4 loads 19.78 GiB on vLLM 0.23 (a bf16 head: 21.30 GiB)."""
+    config = _config("nvidia__Qwen3.6-27B-NVFP4")
+    spec = build_quant_spec(config["quantization_config"]).modelopt
+    assert spec is not None
+    assert mo.compute_lm_head_bytes(spec, 2.0) == NVFP4
+    assert 19.5 < _gib(config) < 19.78
+    unlisted = dataclasses.replace(spec, layer_algos=tuple(e for e in spec.layer_algos if e[0] != "lm_head"))
+    assert mo.compute_lm_head_bytes(unlisted, 2.0) == 2.0
+    assert _gib(config) + 1.6 < _gib(
+        config, dataclasses.replace(build_model_spec(config).quantization, modelopt=unlisted)
+    )
+    # one algorithm for the whole checkpoint: the head too, unless a pattern names it
+    nvfp4 = mo.ModelOptSpec("NVFP4")
+    assert mo.compute_lm_head_bytes(nvfp4, 2.0) == NVFP4
+    assert mo.compute_lm_head_bytes(dataclasses.replace(nvfp4, excluded=("lm_head",)), 2.0) == 2.0
+    assert (
+        mo.compute_lm_head_bytes(dataclasses.replace(nvfp4, excluded=("language_model.lm_head",)), 2.0) == 2.0
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "low", "high"),
     [

@@ -8,7 +8,9 @@ inline, ``gpu`` name and/or ``gpu_total_gib``, parallel sizes, ``dtype``,
 ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``,
 ``enforce_eager``, ``enable_prefix_caching`` (unset: vLLM's default), ``vllm_version``, optional
 ``weights_total_bytes`` and ``kv_cache_memory_bytes``: vLLM's ``--kv-cache-memory-bytes``, the KV pool per
-GPU, exactly).
+GPU, exactly); for a multimodal model, optional ``preprocessor_config`` and ``video_preprocessor_config``: the
+checkpoint's processor files (their pixel budgets size vLLM's dummy encoder batch, as ``kvpilot plan --config
+FOLDER`` reads them; absent: transformers' class defaults).
 
 Each row holds the budget's terms and what vLLM would report: ``num_gpu_blocks``,
 ``kv_cache_tokens``, ``max_concurrency``, ``starts``, ``estimated_max_model_len`` (the length vLLM's
@@ -28,6 +30,7 @@ from typing import Any
 from kvpilot.tuner import errors, vllm
 from kvpilot.tuner.memory import budget as memory
 from kvpilot.tuner.model import ModelSpec, build_model_spec, build_quant_spec
+from kvpilot.tuner.model.vision import apply_processor_configs
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 from kvpilot.tuner.vllm import messages
 
@@ -124,6 +127,15 @@ def _model(case: Mapping[str, Any], config_lookup: ConfigLookup | None = None) -
         if case.get("weight_bits"):
             qc["bits"] = int(case["weight_bits"])
         spec = dataclasses.replace(spec, quantization=build_quant_spec(qc))
+    processors = [case.get(key) for key in ("preprocessor_config", "video_preprocessor_config")]
+    for key, value in zip(("preprocessor_config", "video_preprocessor_config"), processors, strict=True):
+        if value is not None and not isinstance(value, Mapping):
+            raise CaseError(f"{key} must be a mapping (the checkpoint's {key}.json), got {value!r}")
+    if any(processors):
+        image, video = (p if isinstance(p, Mapping) else None for p in processors)
+        spec = dataclasses.replace(
+            spec, vision_tower=apply_processor_configs(spec.vision_tower, image, video)
+        )
     return spec
 
 

@@ -36,6 +36,7 @@ from kvpilot.tuner.model import (
     ModelSpec,
     compute_bytes_per_weight,
     compute_component_bytes,
+    compute_lm_head_bytes,
 )
 
 VOCAB_PADDING = 64
@@ -290,7 +291,9 @@ def compute_weight_breakdown(
         total += (model.per_layer_input_params // tp + model.per_layer_input_replicated) * dbytes  # Gemma 4
     if last:
         if not model.tie_word_embeddings or pp > 1:
-            head_bytes = qbytes if quant is not None and quant.quantize_lm_head else dbytes
+            head_bytes = qbytes if quant is not None and quant.quantize_lm_head else float(dbytes)
+            if modelopt is not None:
+                head_bytes = compute_lm_head_bytes(modelopt, dbytes)
             total += vocab_rank * model.hidden_size * head_bytes
         total += model.hidden_size * dbytes  # final norm
     rope = model.rope_cache_positions * model.rotary_dim * dbytes if model.rotary_dim else 0

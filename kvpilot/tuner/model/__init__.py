@@ -58,6 +58,7 @@ from kvpilot.tuner.model.modelopt import (
     ModelOptSpec,
     build_config_with_quant_sidecar,
     compute_component_bytes,
+    compute_lm_head_bytes,
     is_quantization_in_config,
 )
 from kvpilot.tuner.model.quantization import QuantSpec, build_quant_spec, compute_bytes_per_weight
@@ -103,6 +104,7 @@ __all__ = [
     "build_quant_spec",
     "compute_bytes_per_weight",
     "compute_component_bytes",
+    "compute_lm_head_bytes",
     "is_quantization_in_config",
     "list_models",
     "lookup_checkpoint_bytes",

@@ -14,6 +14,14 @@ Sits beside :mod:`kvpilot.tuner.model.quantization`, which calls :func:`build_mo
   keep attention, shared experts and the first dense layers in bf16 that way.
 * ``MIXED_PRECISION``: ``quantized_layers`` maps module names to their algorithm; a module it does not list
   is unquantized.
+* The output head (``ParallelLMHead``) is quantized like any linear
+  (``ModelOptQuantConfigBase.get_quant_method``) unless excluded; under ``MIXED_PRECISION`` by the algorithm
+  ``quantized_layers`` gives ``lm_head`` (:func:`compute_lm_head_bytes`). A multimodal model's head is
+  ``language_model.lm_head`` in vLLM: ``ModelOptMixedPrecisionConfig._quantized_layer_prefix_candidates``
+  also tries ``lm_head`` for a prefix ending in ``.lm_head`` (0.22.1, 0.24.0, 0.26.0, 0.28.0, 0.33.0; 0.20.2's
+  ``_resolve_quant_algo`` looks up the prefix alone, so such a checkpoint's packed FP4 head cannot load
+  there). nvidia/Qwen3.6-27B-NVFP4 loads 19.78 GiB on vLLM 0.23 (W4A16 NVFP4 head: 19.60 GiB counted; a bf16
+  head would be 21.30).
 
 A decoder layer's linears fall in four components (:data:`COMPONENTS`): the token mixer (attention, linear
 attention, Mamba), the dense MLP, the shared experts, and the routed experts. A component is matched by the
@@ -298,3 +306,20 @@ def compute_component_bytes(spec: ModelOptSpec, layer: int, component: str, dtyp
     if spec.algo != MIXED_PRECISION:
         return LINEAR_ALGOS[spec.algo][1]
     return _mixed_table(spec.layer_algos).get((layer, component), dtype_bytes)
+
+
+LM_HEAD_NAMES = ("lm_head", "language_model.lm_head", "model.language_model.lm_head")
+"""The output head's names: a causal LM's, vLLM's multimodal prefix, a Hugging Face multimodal
+checkpoint's."""
+
+
+def compute_lm_head_bytes(spec: ModelOptSpec, dtype_bytes: float) -> float:
+    """Bytes per weight of the output head as vLLM loads it: the model dtype's when a pattern excludes it
+    (``is_layer_excluded``: published NVFP4 builds list ``lm_head``), under ``MIXED_PRECISION`` the algorithm
+    ``quantized_layers`` gives it (none: unquantized), else the checkpoint's algorithm."""
+    if spec.excluded and any(_matcher(spec.excluded).excluded(n) for n in LM_HEAD_NAMES):
+        return dtype_bytes
+    if spec.algo != MIXED_PRECISION:
+        return LINEAR_ALGOS[spec.algo][1]
+    listed = [LINEAR_ALGOS[a][1] for name, a in spec.layer_algos if name in LM_HEAD_NAMES]
+    return max(listed) if listed else dtype_bytes
