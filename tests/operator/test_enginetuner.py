@@ -565,3 +565,32 @@ async def test_an_unreadable_previous_log_says_why_in_the_tuners_history(kube: F
     await run(body, kube, emitter, now=now + 60)
     reasons = " ".join(h["reason"] for h in body["status"]["history"])
     assert "may not get pods/log in namespace team" in reasons and "grant" in reasons, reasons
+
+
+async def test_available_and_degraded_follow_the_targets_pods(kube: FakeTargetKube) -> None:
+    """The target's pods set ``Available`` (a Ready replica, whatever flags it runs: its owner rolls them)
+    and ``Degraded`` (the most telling fault a pod shows), as an InferenceService's pods set its own."""
+    ps = kube.workloads[(NS, "Deployment", "llama")]
+    kube.pods = [pod_of(ps, "llama-abc12-x"), pod_of(ps, "llama-abc12-y", ready=False, crash=True)]
+    body = tuner("Recommend")
+    await run(body, kube, RecordingEmitter())
+    available, degraded = cond(body, "Available"), cond(body, "Degraded")
+    assert (available["status"], available["reason"]) == ("True", "Serving")
+    assert available["message"].startswith("1 of 2 replicas are Ready")
+    assert (degraded["status"], degraded["reason"]) == ("True", "CrashLoopBackOff")
+    assert "llama-abc12-y" in degraded["message"]
+    kube.pods = [
+        pod_of(ps, "llama-abc12-x", ready=False),
+        pod_of(ps, "llama-abc12-y", node=None, ready=False),
+    ]
+    kube.pods[1]["status"]["conditions"].append(
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}
+    )
+    await run(body, kube, RecordingEmitter(), now=1.8e9 + 60)
+    available, degraded = cond(body, "Available"), cond(body, "Degraded")
+    assert (available["status"], available["reason"]) == ("False", "Unschedulable")
+    assert (degraded["status"], degraded["reason"]) == ("True", "Unschedulable")
+    kube.pods = [pod_of(ps, "llama-abc12-x")]
+    await run(body, kube, RecordingEmitter(), now=1.8e9 + 120)
+    assert cond(body, "Available")["status"] == "True"
+    assert (cond(body, "Degraded")["status"], cond(body, "Degraded")["reason"]) == ("False", "Healthy")

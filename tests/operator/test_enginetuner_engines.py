@@ -218,6 +218,25 @@ async def test_recommend_plans_a_tgi_deployment_from_its_environment(tgi_kube: F
     assert planned.num_shard in (None, 1)  # one GPU: TGI's default
     assert cond(body, "Planned")["message"].startswith(f"TGI {tgi.PINNED_TGI_VERSION}: ")
     assert st["gpu"]["catalogueName"] == "L4" and st["gpu"]["count"] == 1
+    assert (cond(body, "Available")["status"], cond(body, "Available")["reason"]) == ("True", "Serving")
+    assert (cond(body, "Degraded")["status"], cond(body, "Degraded")["reason"]) == ("False", "Healthy")
+
+
+async def test_an_sglang_targets_crash_loop_is_degraded(sg_kube: FakeTargetKube) -> None:
+    wl = sg_kube.workloads[(NS, "Deployment", "sg")]
+    sg_kube.pods = [pod_of(wl, "sg-abc12-x", ready=False, crash=True)]
+    name = wl["spec"]["template"]["spec"]["containers"][0]["name"]
+    sg_kube.pods[0]["status"]["containerStatuses"][0]["name"] = name
+    body = tuner("Recommend", "sg")
+    await run(body, sg_kube, RecordingEmitter())
+    assert (cond(body, "Available")["status"], cond(body, "Available")["reason"]) == (
+        "False",
+        "CrashLoopBackOff",
+    )
+    assert (cond(body, "Degraded")["status"], cond(body, "Degraded")["reason"]) == (
+        "True",
+        "CrashLoopBackOff",
+    )
 
 
 async def test_off_reports_the_plan_without_a_recommendation(tgi_kube: FakeTargetKube) -> None:

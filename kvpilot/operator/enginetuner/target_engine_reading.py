@@ -14,7 +14,7 @@ from typing import Any
 
 from kvpilot.operator import api
 from kvpilot.operator.clients.kube import IO_POOL
-from kvpilot.operator.enginetuner import target, target_engine_plan
+from kvpilot.operator.enginetuner import target, target_engine_plan, target_loop
 from kvpilot.operator.enginetuner.target_engine_plan import EngineDiscovery
 from kvpilot.operator.enginetuner.target_engines import EngineArgs
 from kvpilot.operator.enginetuner.target_observed import Observed, read_target_model
@@ -124,4 +124,5 @@ def build_engine_found(read: EngineTarget, recommended: EngineArgs, now: float) 
         gpu_name=read.gpu.gpu.name,
         gpu_memory_gib=read.gpu.gpu.total_bytes / GIB,
         warnings=read.gpu.warnings,
+        serving=target_loop.compute_target_serving(observed.pods, found.container),
     )

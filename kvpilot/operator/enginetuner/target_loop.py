@@ -119,6 +119,18 @@ def build_views(
     return views
 
 
+def compute_target_serving(pods: Sequence[Mapping[str, Any]], container: str) -> pod_status.Serving:
+    """Whether the target serves, from its pods as the InferenceService's ``Available`` and ``Degraded``
+    read its own: available when a replica is Ready whatever flags it runs (its owner rolls its pods, not
+    kvpilot), degraded with the most telling fault a pod of the engine's ``container`` shows (a crash
+    loop, no node, an image, a download)."""
+    views = [
+        dataclasses.replace(pod_status.build_pod_view(with_container(p, container)), ready=_ready(p))
+        for p in pods
+    ]
+    return pod_status.compute_serving(views, None)
+
+
 def compute_metric_pods(
     plan: Plan, status: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], container: str
 ) -> tuple[str, ...]:

@@ -133,4 +133,5 @@ def build_found(read: Target, recommended: EngineSettings, budget: MemoryBudget,
         plan=read.plan,
         budget=budget,
         current=found.settings,
+        serving=target_loop.compute_target_serving(observed.pods, found.container),
     )

@@ -340,12 +340,13 @@ _STARTUP_KINDS = frozenset(
 )
 
 
-def compute_serving(pods: Sequence[PodView], current: EngineSettings) -> Serving:
-    """The service's serving state: available when a replica of ``current`` is Ready; degraded with the
-    most telling reason any pod gives (a crash loop, a start-up failure, no node, an image, a download)."""
+def compute_serving(pods: Sequence[PodView], current: EngineSettings | None) -> Serving:
+    """The service's serving state: available when a replica of ``current`` is Ready (``None``: a replica
+    of any settings, as for an EngineTuner's target, whose owner rolls its pods); degraded with the most
+    telling reason any pod gives (a crash loop, a start-up failure, no node, an image, a download)."""
     everyone = [p for p in pods if not p.terminating]
     live = [p for p in everyone if not p.group_worker]  # a group is one replica: its leader
-    ready = [p for p in live if p.ready and p.settings == current]
+    ready = [p for p in live if p.ready and (current is None or p.settings == current)]
     checks: list[tuple[str, str]] = []
     for p in everyone:
         if p.node_lost and not p.ready:
@@ -379,7 +380,8 @@ def compute_serving(pods: Sequence[PodView], current: EngineSettings) -> Serving
     checks.sort(key=lambda c: order.index(c[0]))
     reason, detail = checks[0] if checks else (None, "")
     if ready:
-        message = f"{len(ready)} of {len(live)} replicas serve the applied settings"
+        what = "serve the applied settings" if current is not None else "are Ready"
+        message = f"{len(ready)} of {len(live)} replicas {what}"
     elif reason is not None:
         message = f"no replica serves: {detail}"
     else:

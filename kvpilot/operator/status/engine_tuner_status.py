@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import api, conditions
+from kvpilot.operator.pods.pod_status import Serving
 from kvpilot.operator.status import events
 from kvpilot.operator.status.status_patch import (
     WARNINGS_LIMIT,
@@ -34,6 +35,7 @@ from kvpilot.operator.status.tuner_status import (
     Eviction,
     build_planned_or_waiting_patch,
     build_rewritable,
+    build_serving_conditions,
 )
 from kvpilot.tuner.loop import HistoryAction
 from kvpilot.tuner.loop.engine_state import EngineDecision
@@ -75,6 +77,8 @@ class EngineTunerFound:
     gpu_name: str
     gpu_memory_gib: float
     warnings: tuple[str, ...] = ()
+    serving: Serving | None = None
+    """The target's pods: the ``Available`` and ``Degraded`` conditions (:func:`build_serving_conditions`)."""
 
 
 def describe_args(args: Sequence[str], kind: str | None) -> str:
@@ -120,7 +124,12 @@ def build_engine_tuner_status(
     lists = ListPatch(
         found.generation,
         now,
-        updates=[*looped.lists.updates, *_build_updates(found, eviction), *rewritable],
+        updates=[
+            *looped.lists.updates,
+            *_build_updates(found, eviction),
+            *rewritable,
+            *build_serving_conditions(found.serving),
+        ],
         history=looped.lists.history,
         keep=HistoryAction.PLANNED,  # the plan's entry: where the loop starts
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 from kvpilot.operator import api, conditions
 from kvpilot.operator.errors import Failure
+from kvpilot.operator.pods.pod_status import Serving
 from kvpilot.operator.status import events
 from kvpilot.operator.status.loop_patch import LoopTick, build_loop_patch
 from kvpilot.operator.status.status_patch import (
@@ -32,6 +33,7 @@ from kvpilot.operator.status.status_patch import (
     Update,
     build_history_entry,
     build_recommendation,
+    build_serving_updates,
     cap,
     compact,
     format_time,
@@ -67,6 +69,8 @@ class TunerFound:
     plan: Plan
     budget: MemoryBudget
     current: EngineSettings
+    serving: Serving | None = None
+    """The target's pods: the ``Available`` and ``Degraded`` conditions (:func:`build_serving_conditions`)."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,12 @@ def build_tuner_status(
     lists = ListPatch(
         found.generation,
         now,
-        updates=[*looped.lists.updates, *_build_tuner_updates(found, loop, eviction), *rewritable],
+        updates=[
+            *looped.lists.updates,
+            *_build_tuner_updates(found, loop, eviction),
+            *rewritable,
+            *build_serving_conditions(found.serving),
+        ],
         history=looped.lists.history,
         keep=HistoryAction.PLANNED,  # the plan's entry: where the loop starts
     )
@@ -154,6 +163,12 @@ def build_tuner_status(
         planned, current = vllm.describe_settings(loop.settings), vllm.describe_settings(found.current)
         out.events.append((events.NORMAL, "Recommended", f"{planned} (the target runs {current})"))
     return out
+
+
+def build_serving_conditions(serving: Serving | None) -> list[Update]:
+    """An EngineTuner's ``Available`` and ``Degraded``, from its target's pods as an InferenceService's are
+    from its own (none before the pods are read); its ``replicas`` fields stay the target's own status's."""
+    return build_serving_updates(serving)[0] if serving is not None else []
 
 
 def build_tuner_failure_status(
