@@ -67,3 +67,12 @@ def test_recommend_mode_writes_a_recommendation_and_never_the_target(
         assert deploy["metadata"]["generation"] == 1
         (c,) = deploy["spec"]["template"]["spec"]["containers"]
         assert (c["command"], c.get("args")) == layout
+
+        def available() -> Any:  # from the target's pod, Ready (KWOK), whatever flags it runs
+            conds = ((get(cluster, RESOURCE, "llama", "-n", ns) or {}).get("status") or {}).get("conditions")
+            found = {x["type"]: x for x in conds or ()}
+            return found if found.get("Available", {}).get("status") == "True" else None
+
+        found = wait_for(available, WAIT_S, f"{ns}/llama Available=True")
+        assert found["Available"]["reason"] == "Serving"
+        assert (found["Degraded"]["status"], found["Degraded"]["reason"]) == ("False", "Healthy")
