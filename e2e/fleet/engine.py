@@ -461,7 +461,8 @@ class SimEngine:
         stay under the limit and the chunk lasts; ``_get_new_batch_prefill_raw``), run alone: the decoding
         requests neither advance nor read their KV in it. Only without one does the running batch decode
         (``update_running_batch``: its new KV, retracting the newest requests when short), several steps at
-        a time as vLLM's decode-only steps are. Admission is the model's own (the whole sequence's KV free)."""
+        a time as vLLM's decode-only steps are. Admission is the model's own (the whole sequence's KV
+        free), not SGLang's new-token-ratio reservation."""
         work = self._schedule_prefill(self.max_num_batched_tokens)
         if not work:
             return self._decode_steps(until)
