@@ -22,6 +22,11 @@ vLLM V1's scheduler does:
 * **Step time** from a roofline (:class:`e2e.fleet.truth.EnginePerf`): prefill compute-bound, decode
   memory-bound (weights plus the KV of every scheduled context), fp8 KV halving the KV read.
 * **Latency** per request: queue time, time to first token, inter-token latency, end to end.
+* **Other engines' steps** (:attr:`e2e.fleet.truth.EngineArgs.scheduler`): ``"sglang"`` composes them as
+  SGLang 0.5.23's scheduler does without ``--enable-mixed-chunk`` (``Scheduler.get_next_batch_to_run``): a
+  step with prefill work (the prompt mid-chunk first, then admissions within the chunk) is a prefill batch
+  alone, the decodes waiting; decode steps only without one (:meth:`SimEngine._step_prefill_first`).
+  ``"sglang-mixed"`` (``--enable-mixed-chunk``) is vLLM's composition. The step time is the same roofline.
 
 Decoding sequences advance in lock step (one global decode counter; a heap of finish points), so steps
 that only decode are taken several at a time, up to the next finish, the next block shortage, or
