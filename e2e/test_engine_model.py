@@ -178,3 +178,78 @@ def test_memory_that_follows_the_batch_crashes_once(name: str) -> None:
     assert r.stats.ooms == 1 and r.stats.injected_ooms == 0
     assert not sc.truth.runtime_oom(engine_args(r.final))  # safe at its own sequence limit
     assert r.stats.failed_never_ran == 0
+
+
+def _decoding_then_a_prompt(scheduler: str) -> tuple[SimEngine, StepRecord]:
+    """Four requests decoding, then a 3,000-token prompt arrives: the step that prefills its first chunk."""
+    args = EngineArgs(
+        model="m", max_model_len=8192, max_num_seqs=16, max_num_batched_tokens=1024, scheduler=scheduler
+    )
+    e = SimEngine(H100, Workload(arrival_rate=0), args, resolution_s=0.0)
+    for _ in range(4):
+        e.submit(100, 50)
+    assert e.step() == StepRecord(running=4, waiting=0, kv=e.kv_usage, tokens=400, preempted=0)
+    decode = e.step()
+    assert decode is not None and decode.tokens == 4  # a decode step: one token each
+    e.submit(3000, 20)
+    rec = e.step()
+    assert rec is not None
+    return e, rec
+
+
+def test_sglang_runs_a_prefill_batch_alone_and_the_decodes_wait() -> None:
+    """SGLang 0.5.23 (``Scheduler.get_next_batch_to_run``): a prefill batch, when there is one, runs instead
+    of the decode batch, and a chunked prompt's next chunk is a prefill batch again (``chunked_req``), so the
+    decoding requests gain no token until its prefill is done; vLLM (and SGLang's ``--enable-mixed-chunk``)
+    put the chunk beside the decodes, the budget less one token per decode."""
+    e, rec = _decoding_then_a_prompt("sglang")
+    assert rec.tokens == 1024 and rec.running == 5  # the whole chunk, no decode token
+    decoded = e.drain().generation_tokens
+    steps = [e.step() for _ in range(2)]  # the prompt's two more chunks: 1024, then the last 952
+    assert [s.tokens for s in steps if s] == [1024, 952]
+    assert e.drain().generation_tokens == 1  # only the prompt's first token: the decodes waited
+    nxt = e.step()
+    assert nxt is not None and nxt.tokens == 5  # then one decode step for all five
+    assert decoded == 4 + 4 + 0  # the prefill's first tokens, one decode step, nothing in the prefill
+
+    for scheduler in ("vllm", "sglang-mixed"):
+        e, rec = _decoding_then_a_prompt(scheduler)
+        assert rec.tokens == 1024 and rec.running == 5  # 4 decodes + a 1,020-token chunk
+        assert e.drain().generation_tokens == 4 + 4 + 4
+
+
+def test_sglang_mixed_chunk_composes_steps_as_vllm_does_and_the_default_does_not() -> None:
+    """``--enable-mixed-chunk`` runs step for step as vLLM's scheduler (same tokens, finishes, time); without
+    it the same load takes longer per decoded token: each prefill batch is a step the decodes sit out."""
+    wl = Workload(arrival_rate=3, prompt_tokens=3000, output_tokens=200, spread=0.3)
+    runs = {}
+    for scheduler in ("vllm", "sglang-mixed", "sglang"):
+        args = EngineArgs(model="m", max_model_len=8192, max_num_batched_tokens=2048, scheduler=scheduler)
+        e = SimEngine(H100, wl, args, seed=4)
+        e.advance(120)
+        d = e.drain()
+        itl = sum(f.itl_s for f in d.finished) / len(d.finished)
+        runs[scheduler] = (e.now, d.generation_tokens, d.prompt_tokens, len(d.finished), itl)
+    assert runs["sglang-mixed"] == runs["vllm"]
+    assert runs["sglang"][4] > 1.03 * runs["vllm"][4]  # 6 % here
+
+
+def test_sglang_prefill_chunk_does_not_trade_ttft_against_itl() -> None:
+    """The counterpart of ``test_batched_token_budget_trades_ttft_against_itl`` under SGLang's scheduler: a
+    long prompt's chunks run back to back as prefill batches (the chunked request first in each), so the
+    decodes wait for the whole prompt whatever the chunk; a smaller chunk does not shorten their
+    inter-token latency (only adds per-batch overhead)."""
+    wl = Workload(arrival_rate=1.5, prompt_tokens=12000, output_tokens=300, spread=0.1)
+    itl = {}
+    for budget in (2048, 16384):
+        args = EngineArgs(model="m", max_model_len=32768, max_num_batched_tokens=budget, scheduler="sglang")
+        e = SimEngine(H100, wl, args, seed=3)
+        e.advance(300)
+        done = e.drain().finished
+        itl[budget] = sum(f.itl_s for f in done) / len(done)
+    assert itl[2048] >= 0.98 * itl[16384]
+
+
+def test_an_unknown_scheduler_is_refused() -> None:
+    with pytest.raises(ValueError, match="scheduler"):
+        SimEngine(H100, Workload(arrival_rate=0), EngineArgs(model="m", max_model_len=4096, scheduler="tgi"))

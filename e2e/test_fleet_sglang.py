@@ -179,7 +179,16 @@ def test_texts_and_cited_lines_are_sglangs() -> None:
             3129: "min(requested_per_worker, token_capacity // 2)",
         },
         "managers/scheduler.py": {
+            1377: "self.chunked_prefill_size is not None and get_schedule().enable_mixed_chunk",
             2048: "result = self.run_batch(batch)",
+            3993: "# Run prefill first if possible",
+            3994: "ret = new_batch",
+            3998: "decode_batch = self.update_running_batch(running_batch)",
+            4099: "running_batch.batch_is_full or len(self.waiting_queue) == 0",
+            4100: ") and self.chunked_req is None:",
+            4165: "running_bs if self.is_mixed_chunk else 0,",
+            4184: "self.chunked_req = adder.add_chunked_req(self.chunked_req)",
+            4395: "new_batch.mix_with_running(running_batch)",
             4526: "KV cache pool is full. Retract requests. ",
             4530: "#retracted_reqs: {len(retracted_reqs)}, #new_tokens_gained: {new_token_gained}",
             6362: "scheduler = Scheduler(server_args, port_args)",
@@ -190,6 +199,11 @@ def test_texts_and_cited_lines_are_sglangs() -> None:
             1978: "Received sigquit from a child process. It usually means the child failed."
         },
         "managers/tp_worker.py": {422: "self.model_config.context_len - 1"},
+        "managers/schedule_policy.py": {
+            638: "self.rem_input_tokens = rem_input_tokens - num_mixed_decode_tokens",
+            655: "self.rem_chunk_tokens -= num_mixed_decode_tokens",
+        },
+        "arg_groups/fields/schedule.py": {208: "enable_mixed_chunk: A[", 211: "] = False"},
         "model_executor/model_runner.py": {
             982: "self.kv_cache_configurator.configure(",
             1373: "Load weight end. ",
@@ -279,6 +293,28 @@ def test_a_runtime_oom_above_the_threshold_and_kvpilot_reads_it_as_lower_the_fra
     warning = sglang_truth.retraction_warning(3, 1200, 0.7, 1.0)
     pressure = SglangEngine().classify_failure(warning)
     assert pressure is not None and pressure.kind == "kv_pressure"
+
+
+def test_the_engine_model_composes_steps_as_sglangs_scheduler() -> None:
+    """The view runs SGLang's step composition (:func:`sglang_truth.scheduler`, the lines cited above):
+    without ``--enable-mixed-chunk`` a prefill batch runs alone, with it the decodes join it."""
+    argv = [*PLAN, "--chunked-prefill-size", "2048"]
+    plain = sglang_truth.engine_view(H100_8B, SglangArgs.parse(argv))
+    mixed = sglang_truth.engine_view(H100_8B, SglangArgs.parse([*argv, "--enable-mixed-chunk"]))
+    assert (plain.scheduler, mixed.scheduler) == ("sglang", "sglang-mixed")
+    tokens = sglang_truth.max_total_num_tokens(H100_8B, SglangArgs.parse(argv))
+    generated = {}
+    for view in (plain, mixed):
+        sim = SimEngine(H100_8B, Workload(arrival_rate=0), view, num_gpu_blocks=tokens + 1, resolution_s=0.0)
+        for _ in range(8):
+            sim.submit(250, 100)
+        sim.step()  # the eight prompts in one prefill batch
+        sim.drain()
+        sim.submit(6000, 10)  # three chunks of 2048 (mixed: of 2040 beside the 8 decodes)
+        for _ in range(3):
+            sim.step()
+        generated[view.scheduler] = sim.drain().generation_tokens
+    assert generated == {"sglang": 1, "sglang-mixed": 3 * 8 + 1}
 
 
 def test_a_full_pool_retracts_and_the_counter_shows_it() -> None:

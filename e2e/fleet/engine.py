@@ -22,6 +22,11 @@ vLLM V1's scheduler does:
 * **Step time** from a roofline (:class:`e2e.fleet.truth.EnginePerf`): prefill compute-bound, decode
   memory-bound (weights plus the KV of every scheduled context), fp8 KV halving the KV read.
 * **Latency** per request: queue time, time to first token, inter-token latency, end to end.
+* **Other engines' steps** (:attr:`e2e.fleet.truth.EngineArgs.scheduler`): ``"sglang"`` composes them as
+  SGLang 0.5.23's scheduler does without ``--enable-mixed-chunk`` (``Scheduler.get_next_batch_to_run``): a
+  step with prefill work (the prompt mid-chunk first, then admissions within the chunk) is a prefill batch
+  alone, the decodes waiting; decode steps only without one (:meth:`SimEngine._step_prefill_first`).
+  ``"sglang-mixed"`` (``--enable-mixed-chunk``) is vLLM's composition. The step time is the same roofline.
 
 Decoding sequences advance in lock step (one global decode counter; a heap of finish points), so steps
 that only decode are taken several at a time, up to the next finish, the next block shortage, or
@@ -46,6 +51,9 @@ import random
 from collections.abc import Sequence
 
 from e2e.fleet.truth import FP8_KV_DTYPES, EngineArgs, GroundTruth, Workload
+
+SCHEDULERS = frozenset({"vllm", "sglang", "sglang-mixed"})
+"""The step compositions the model follows (:attr:`e2e.fleet.truth.EngineArgs.scheduler`)."""
 
 DEFAULT_RESOLUTION_S = 0.05
 """Simulated seconds of decode taken at once at most (arrivals and admissions wait for the boundary)."""
@@ -154,6 +162,11 @@ class SimEngine:
         self.max_model_len = truth.max_model_len(args)
         self.max_num_batched_tokens = truth.max_num_batched_tokens(args)
         self.fp8_kv = args.kv_cache_dtype in FP8_KV_DTYPES and truth.fp8_kv_supported
+        if args.scheduler not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {args.scheduler!r}: one of {sorted(SCHEDULERS)}")
+        self.prefill_alone = args.scheduler == "sglang"
+        """SGLang without ``--enable-mixed-chunk``: a step with prefill work prefills only (the decodes
+        wait); ``"sglang-mixed"`` composes its steps as vLLM does (decodes first, then the chunk's rest)."""
         self.resolution_s = resolution_s
         self.now = 0.0
         self.waiting: collections.deque[Request] = collections.deque()
@@ -391,6 +404,8 @@ class SimEngine:
         """One engine step, or several decode-only ones; False when idle until ``until``."""
         self._arrive()
         self._step_preemptions = 0
+        if self.prefill_alone:
+            return self._step_prefill_first(until)
         self._allocate_decodes()
         n = len(self.decoding)
         work = self._schedule_prefill(self.max_num_batched_tokens - n)
@@ -422,6 +437,14 @@ class SimEngine:
         self.busy_s += step * k
         self.counter += k
         self.deltas.generation_tokens += n * k
+        self._complete_prefills(work)
+        self._finish_due()
+        self.deltas.iterations += k
+        self.deltas.iteration_tokens.extend([n + prefill] * min(k, 4))
+        return True
+
+    def _complete_prefills(self, work: list[tuple[Request, int]]) -> None:
+        """The step's prefill chunks computed: a prompt's last chunk samples its first token."""
         for req, tokens in work:
             req.computed += tokens
             if req.computed >= req.prefill_target:  # the prefill's last chunk samples a token
@@ -436,9 +459,70 @@ class SimEngine:
                     self._finish(req)
                 else:
                     self._start_decoding(req)
+
+    def _step_prefill_first(self, until: float) -> bool:
+        """SGLang's step (``Scheduler.get_next_batch_to_run``, no mixed chunk): a prefill batch when there is
+        prefill work (the chunked request's next chunk first, then waiting requests while running requests
+        stay under the limit and the chunk lasts; ``_get_new_batch_prefill_raw``), run alone: the decoding
+        requests neither advance nor read their KV in it. Only without one does the running batch decode
+        (``update_running_batch``: its new KV, retracting the newest requests when short), several steps at
+        a time as vLLM's decode-only steps are. Admission is the model's own (the whole sequence's KV
+        free), not SGLang's new-token-ratio reservation."""
+        work = self._schedule_prefill(self.max_num_batched_tokens)
+        if not work:
+            return self._decode_steps(until)
+        prefill = sum(t for _, t in work)
+        pairs = sum(t * (req.computed + t / 2) for req, t in work)
+        step = self._step_seconds(0, 0, prefill, pairs)
+        self.last_step = StepRecord(
+            running=self.num_running,
+            waiting=len(self.waiting),
+            kv=self.kv_usage,
+            tokens=prefill,
+            preempted=self._step_preemptions,
+        )
+        self.now += step
+        self.busy_s += step
+        self._complete_prefills(work)
+        self._finish_due()
+        self.deltas.iterations += 1
+        self.deltas.iteration_tokens.append(prefill)
+        return True
+
+    def _decode_steps(self, until: float) -> bool:
+        """SGLang's decode batch (no prefill work this step): every decoding request one token, with its
+        new KV (retracting the newest on a shortage), taken several steps at a time up to the next finish,
+        block shortage or ``resolution_s``, as :meth:`_step` takes vLLM's decode-only steps; False when
+        idle until ``until``."""
+        self._allocate_decodes()
+        n = len(self.decoding)
+        if not n:
+            nxt = min(self._next_arrival, until)
+            self.now = max(self.now, nxt)
+            return self._next_arrival <= until
+        context = self._decode_tokens()
+        step = self._step_seconds(n, context, 0, 0.0)
+        k = min(
+            self._finish_heap[0][0] - self.counter if self._finish_heap else 1,
+            1 + self._decode_room(self.counter + 1),
+        )
+        k = max(1, min(k, int(self.resolution_s / step) or 1, int(max(0.0, until - self.now) / step) + 1))
+        self.decode_blocks += self._crossings(self.counter + 1, k - 1)
+        step = self._step_seconds(n, context + n * (k - 1) // 2, 0, 0.0)
+        self.last_step = StepRecord(
+            running=self.num_running,
+            waiting=len(self.waiting),
+            kv=self.kv_usage,
+            tokens=n,
+            preempted=self._step_preemptions,
+        )
+        self.now += step * k
+        self.busy_s += step * k
+        self.counter += k
+        self.deltas.generation_tokens += n * k
         self._finish_due()
         self.deltas.iterations += k
-        self.deltas.iteration_tokens.extend([n + prefill] * min(k, 4))
+        self.deltas.iteration_tokens.extend([n] * min(k, 4))
         return True
 
     def _finish(self, req: Request) -> None:

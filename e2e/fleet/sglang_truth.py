@@ -75,6 +75,9 @@ class SglangArgs:
     kv_cache_dtype: str = "auto"
     tp_size: int = 1
     enable_metrics: bool = False
+    enable_mixed_chunk: bool = False
+    """``--enable-mixed-chunk`` (``arg_groups/fields/schedule.py``, default off): the running decode batch
+    joins a prefill batch (``Scheduler.is_mixed_chunk``); off, a prefill batch runs alone."""
     port: int = 30000
     nnodes: int = 1
     node_rank: int = 0
@@ -128,6 +131,7 @@ class SglangArgs:
             kv_cache_dtype=values.get("--kv-cache-dtype", "auto"),
             tp_size=int(tp),
             enable_metrics=values.get("--enable-metrics") == "true",
+            enable_mixed_chunk=values.get("--enable-mixed-chunk") == "true",
             port=int(values.get("--port", "30000")),
             nnodes=int(values.get("--nnodes", "1")),
             node_rank=int(values.get("--node-rank", "0")),
@@ -200,10 +204,22 @@ def max_req_len(truth: GroundTruth, args: SglangArgs) -> int:
     return min(context_len(truth, args) - 1, max_total_num_tokens(truth, args) - 1)
 
 
+def scheduler(args: SglangArgs) -> str:
+    """How SGLang's scheduler composes a step (:attr:`EngineArgs.scheduler`), from
+    ``managers/scheduler.py``: ``Scheduler.get_next_batch_to_run`` runs the prefill batch
+    ``get_new_batch_prefill`` returns when there is one ("Run prefill first if possible") and the running
+    batch's decode (``update_running_batch``) only when there is none; ``_get_new_batch_prefill_raw`` mixes
+    the decode rows into the prefill batch (``ScheduleBatch.mix_with_running``) only when
+    ``is_mixed_chunk`` (``init_chunked_prefill``: a chunk size and ``--enable-mixed-chunk``), and then
+    takes one token per running request off the chunk (``PrefillAdder``'s ``num_mixed_decode_tokens``)."""
+    return "sglang-mixed" if args.enable_mixed_chunk else "sglang"
+
+
 def engine_view(truth: GroundTruth, args: SglangArgs) -> EngineArgs:
     """The engine model's arguments for this SGLang server (:class:`e2e.fleet.engine.SimEngine` runs both
     engines): the context is the longest request, sequences the running requests, the batched tokens the
-    prefill chunk, a block the page; the KV pool is passed apart (:func:`max_total_num_tokens`)."""
+    prefill chunk, a block the page, the steps SGLang's (:func:`scheduler`); the KV pool is passed apart
+    (:func:`max_total_num_tokens`)."""
     return EngineArgs(
         model=args.model_path,
         served_model_name=args.served_model_name,
@@ -215,6 +231,7 @@ def engine_view(truth: GroundTruth, args: SglangArgs) -> EngineArgs:
         tensor_parallel_size=args.tp_size,
         block_size=page(args),
         headless=args.node_rank >= 1,
+        scheduler=scheduler(args),
     )
 
 

@@ -75,6 +75,13 @@ class EngineArgs:
     headless: bool = False
     """``--headless``: a multi-node group's worker, which runs engine ranks but no API server (no port, no
     ``/metrics``); the group's leader serves and reports for the whole group."""
+    scheduler: str = "vllm"
+    """Whose scheduler composes the engine model's steps (:class:`e2e.fleet.engine.SimEngine`): ``"vllm"``
+    (vLLM V1: every step decodes the running sequences and fills the rest of the token budget with prefill
+    chunks), ``"sglang"`` (SGLang 0.5.23 without ``--enable-mixed-chunk``: a step with prefill work is a
+    prefill-only batch and the decodes wait) or ``"sglang-mixed"`` (``--enable-mixed-chunk``: the decode rows
+    join the prefill batch, the chunk less one token per running request). Not a vLLM flag: set by the other
+    engines' views (:func:`e2e.fleet.sglang_truth.engine_view`)."""
 
     @property
     def model_name(self) -> str:

@@ -8,10 +8,11 @@ shorten it: the limit on them is cut to the running requests x objective / measu
 (``seqs_step_up_max / 2``) at once and always at least one below the limit (:func:`compute_running_cut`).
 Where long prompts share the steps (a prompt's mean over a quarter of the tokens a prefill step takes:
 :func:`long_prompts`), the engine's prefill budget is halved first: that shortens the steps a prefill stalls
-without turning requests away. Which flags these are is each engine's (:func:`.sglang_rules.propose_for_itl`,
-:func:`.tgi_rules.propose_for_itl`). And raises stop at the objective: :func:`allows_raise` is false while
-the latency is within ``slo_raise_margin`` of it, so an idle raise never trades the objective for
-throughput.
+without turning requests away. Which flags these are is each engine's (:func:`.tgi_rules.propose_for_itl`);
+SGLang's rule (:func:`.sglang_rules.propose_for_itl`) only cuts: its scheduler runs a prefill batch alone,
+so long prompts do not share the decode steps. And raises stop at the objective: :func:`allows_raise` is
+false while the latency is within ``slo_raise_margin`` of it, so an idle raise never trades the objective
+for throughput.
 """
 
 from __future__ import annotations

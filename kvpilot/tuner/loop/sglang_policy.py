@@ -16,8 +16,9 @@ first step with something to say decides:
 3. **pressure** -- token usage high with retractions (or SGLang's "KV cache pool is full" text): more pool
    under the fraction's ceiling, else an fp8 KV cache where allowed and supported, else fewer running
    requests;
-4. **latency** -- the inter-token latency objective missed (a smaller prefill chunk where long prompts share
-   the steps, else fewer running requests), else the TTFT objective (a smaller prefill chunk);
+4. **latency** -- the inter-token latency objective missed (fewer running requests; not vLLM's smaller
+   prefill chunk first, since SGLang runs a prefill batch alone), else the TTFT objective (a smaller prefill
+   chunk);
 5. **idle** -- a queue at the running-request limit with room in the pool (usage low, or measured room
    inside the band);
 6. otherwise hold.

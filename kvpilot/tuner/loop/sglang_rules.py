@@ -28,10 +28,10 @@ start-up and run time, and each rule here says which way it goes:
   ``--max-running-requests``.
 - ``IdleCapacity``: a queue at the running-request limit with room in the pool: more running requests
   (:mod:`.sglang_idle`).
-- ``LatencySlo``: the inter-token latency objective missed in most samples: a smaller
-  ``--chunked-prefill-size`` where long prompts share the steps, else fewer ``--max-running-requests``
-  (and no idle raise while it is within ``slo_raise_margin`` of its objective); the TTFT objective missed:
-  a smaller ``--chunked-prefill-size``.
+- ``LatencySlo``: the inter-token latency objective missed in most samples: fewer
+  ``--max-running-requests`` (and no idle raise while it is within ``slo_raise_margin`` of its objective);
+  never a smaller prefill chunk, which is vLLM's answer to long prompts (:func:`propose_for_itl`); the TTFT
+  objective missed: a smaller ``--chunked-prefill-size``.
 
 A value the history ruled out is never proposed again (:func:`~.sglang_fit.is_ruled_out`): a fraction at or
 below one that was memory-short at start-up, or at or above one that ran out of memory with no smaller
@@ -316,18 +316,20 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
 
 
 def propose_for_itl(s: SglangSituation) -> SglangProposal | None:
-    """The inter-token latency objective missed in most samples, as vLLM's rule answers it
-    (:mod:`.engine_latency`, shared with TGI's loop): each decode step reads every running request's KV, so
-    fewer running requests shorten it; where long prompts share the steps (chunked prefill), a smaller
-    prefill chunk is tried first, shortening the steps without turning requests away."""
+    """The inter-token latency objective missed in most samples (:mod:`.engine_latency`, shared with TGI's
+    loop): each decode step reads every running request's KV, so fewer running requests shorten it.
+
+    Not vLLM's smaller prefill chunk first where long prompts share the steps: in SGLang 0.5.23 they do not
+    share them. ``Scheduler.get_next_batch_to_run`` (``managers/scheduler.py``) runs a prefill batch instead
+    of the decode batch whenever ``get_new_batch_prefill`` returns one, and a chunked prompt's next chunk
+    is one again (``_get_new_batch_prefill_raw`` continues ``chunked_req`` before the queue), so the decodes
+    wait for the whole prompt whatever the chunk (only ``--enable-mixed-chunk``, off by default and never
+    rendered by kvpilot, puts the decodes in the prefill batch). A smaller chunk adds batches, not pace."""
     p, w, eff = s.policy, s.window, s.effective
     miss = engine_latency.find_itl_miss(w, s.itl_p95_objective, p)
     if miss is None:
         return None
     candidates: list[sglang.SglangSettings] = []
-    chunk = eff.chunked_prefill_size
-    if chunk is not None and chunk // 2 >= p.batched_tokens_floor and engine_latency.long_prompts(w, chunk):
-        candidates.append(dataclasses.replace(eff, chunked_prefill_size=chunk // 2))
     limit = eff.max_running_requests or math.ceil(miss.peak_running)
     cut = engine_latency.compute_running_cut(limit, miss, p)
     if cut is not None:
@@ -336,7 +338,7 @@ def propose_for_itl(s: SglangSituation) -> SglangProposal | None:
         trigger=LATENCY_SLO,
         evidence=engine_latency.describe_itl_miss(miss),
         candidates=tuple(candidates),
-        exhausted="no smaller prefill chunk or running-request limit is left within the bounds",
+        exhausted="no smaller running-request limit is left within the bounds",
     )
 
 
