@@ -109,13 +109,13 @@ class MetricsSample:
     """Seconds: the 95th percentile of ``vllm:time_to_first_token_seconds`` over the step."""
     itl_p95: float | None = None
     """Seconds: the 95th percentile of ``vllm:inter_token_latency_seconds`` over the step."""
-    rejected_rate: float | None = None
-    """Requests refused at the engine's admission limit per second, the seam's ``MetricSeries.rejected``:
-    TGI's 429s beyond ``--max-concurrent-requests``. vLLM and SGLang export none: ``None``."""
     gpu_memory_used_gib: float | None = None
     """dcgm-exporter's ``DCGM_FI_DEV_FB_USED`` of the pod's fullest GPU (MiB there, GiB here)."""
     gpu_memory_free_gib: float | None = None
     """dcgm-exporter's ``DCGM_FI_DEV_FB_FREE`` of the same GPU."""
+    rejected_rate: float | None = None
+    """Requests refused at the engine's admission limit per second, the seam's ``MetricSeries.rejected``:
+    TGI's 429s beyond ``--max-concurrent-requests``. vLLM and SGLang export none: ``None``."""
 
 
 @dataclass(frozen=True, slots=True)

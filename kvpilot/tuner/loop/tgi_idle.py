@@ -109,7 +109,7 @@ def _refusals(samples: tuple[obs.MetricsSample, ...], refused: float) -> str:
     rate = obs.compute_mean(samples, obs.rejected_rate)
     if rate is None:
         return ""
-    return f', 429 "{tgi.OVERLOADED}" at {rate:.2f}/s (mean) refused in {refused:.0%}'
+    return f', 429s ("{tgi.OVERLOADED}") in {refused:.0%}, {rate:.2f}/s on average,'
 
 
 def _failed_target(s: TgiSituation, limit: int) -> tuple[int, str] | None:
