@@ -17,9 +17,9 @@ meanings (``kv_usage``: ``tgi_batch_current_max_tokens / tgi_batch_max_total_tok
 3. **pressure** -- the KV tokens full with a queue;
 4. **latency** -- the inter-token latency objective missed (:func:`.tgi_rules.propose_for_itl`: a halved
    prefill where long prompts share the steps, else fewer concurrent requests);
-5. **idle** -- the admission limit binds with spare KV tokens (or 429 "Model is overloaded" texts): the room
-   the window measured, within the flap guard after pressure or the latency objective found the limit too
-   many (:mod:`.tgi_idle`);
+5. **idle** -- the admission limit binds (running + queued at it, or 429s refused, in most samples) with
+   spare KV tokens: the room the window measured, within the flap guard after pressure or the latency
+   objective found the limit too many (:mod:`.tgi_idle`);
 6. otherwise hold.
 
 A chosen candidate then passes vLLM's gates (:func:`~.engine_chain.compute_gates`). Not (yet) in TGI's loop:
@@ -71,7 +71,7 @@ def compute_tgi_decision(
         evidence,
         restarts,
         metrics,
-        (lambda: _crash_step(s, restarts, gates), lambda: _metrics_step(s, restarts, metrics, gates)),
+        (lambda: _crash_step(s, restarts, gates), lambda: _metrics_step(s, metrics, gates)),
         lambda: _steady(s),
         now,
     )
@@ -128,18 +128,11 @@ def _as_said(ran: FailedRun, current: tgi.TgiSettings, text: str) -> FailedRun:
     return dataclasses.replace(ran, settings=settings)
 
 
-def _metrics_step(
-    s: TgiSituation, restarts: tuple[TgiRestart, ...], metrics: MetricsStatus, gates: Gates
-) -> TgiDecision | None:
+def _metrics_step(s: TgiSituation, metrics: MetricsStatus, gates: Gates) -> TgiDecision | None:
     held = engine_chain.check_samples(s.current, s.window, metrics, s.policy)
     if held is not None:
         return held
-    overloaded = sum(1 for r in restarts if r.failure is not None and r.failure.kind == "kv_pressure")
-    for proposal in (
-        rules.propose_for_pressure(s),
-        rules.propose_for_itl(s),
-        tgi_idle.propose_for_idle(s, overloaded),
-    ):
+    for proposal in (rules.propose_for_pressure(s), rules.propose_for_itl(s), tgi_idle.propose_for_idle(s)):
         if proposal is not None:
             return engine_chain.choose(build_fit(s), proposal, None, gates.metrics_driven)
     return None
