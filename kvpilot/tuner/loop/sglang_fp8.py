@@ -28,13 +28,13 @@ from kvpilot.tuner import sglang
 from kvpilot.tuner.fp8_advice import describe_fp8_fits
 from kvpilot.tuner.loop.sglang_fit import (
     SglangSituation,
+    ceil_grid,
     clamp,
     compute_budget,
     compute_effective,
     compute_fraction_for_context,
     compute_shorter_context,
     compute_wanted_fraction,
-    floor_grid,
     fraction_of,
     holds_full_request,
     predict_pool_tokens,
@@ -109,7 +109,7 @@ def propose_for_oom(s: SglangSituation, lower: float) -> tuple[sglang.SglangSett
         return None, ""
     fraction = fraction_of(eff)
     freed = budget.pool_bytes / 2 / budget.pre_load_bytes
-    target = floor_grid(min(lower, fraction - freed))
+    target = min(lower, ceil_grid(fraction - freed))
     floor = compute_fraction_for_context(to_fp8(eff), s.memory) if holds_full_request(s) else None
     if floor is not None:
         target = max(target, floor)
