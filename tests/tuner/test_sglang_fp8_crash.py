@@ -135,30 +135,42 @@ def test_an_oom_back_at_the_same_batch_switches_to_fp8_before_cutting_the_runnin
     assert tokens(new, H100) >= tokens(current, H100)  # the same tokens in half the bytes
 
 
-def test_a_graph_capture_oom_at_the_floors_takes_fp8_before_fewer_running_requests() -> None:
-    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84, chunked_prefill_size=2048)
-    failed = (
-        fit.FailedRun(
-            dataclasses.replace(fit.compute_effective(current, H100), mem_fraction_static=0.80),
-            "start_memory_short",
-        ),
+def at_the_floor() -> sglang.SglangSettings:
+    """On an L4 the pool at 0.835 barely holds the context: no OOM step lower holds one request, and the
+    prefill chunk is at its floor."""
+    pool = tokens(sglang.SglangSettings(mem_fraction_static=0.835, chunked_prefill_size=2048), L4)
+    return sglang.SglangSettings(
+        context_length=pool * 97 // 100 // 256 * 256, mem_fraction_static=0.835, chunked_prefill_size=2048
     )
-    decision = decide(current, CAPTURE_TEXT, allowed(), failed=failed)
+
+
+def test_a_graph_capture_oom_at_the_floors_takes_fp8_before_fewer_running_requests() -> None:
+    current = at_the_floor()
+    cut = decide(current, CAPTURE_TEXT, TuningBounds(), L4)
+    assert cut.action == Action.RETUNE and cut.settings.max_running_requests is not None
+    decision = decide(current, CAPTURE_TEXT, allowed(), L4)
     assert decision.action == Action.RETUNE and decision.trigger == rules.START_OOM
     assert decision.settings.kv_cache_dtype == FP8 and decision.settings.max_running_requests is None
-    assert (decision.settings.mem_fraction_static or 1) < 0.84
+    assert (decision.settings.mem_fraction_static or 1) < 0.835
+    assert decision.settings.context_length == current.context_length
+
+
+def test_fp8_is_not_tried_below_a_fraction_that_left_no_pool() -> None:
+    """A start-up short of memory at a fraction says the weights filled it: no KV dtype starts at or below
+    it, so an OOM's fp8 at a smaller fraction is ruled out there too."""
+    current = at_the_floor()
+    short = fit.FailedRun(
+        dataclasses.replace(fit.compute_effective(current, L4), mem_fraction_static=0.8), "start_memory_short"
+    )
+    decision = decide(current, CAPTURE_TEXT, allowed(), L4, failed=(short,))
+    assert decision.settings.kv_cache_dtype is None or (decision.settings.mem_fraction_static or 0) > 0.8
 
 
 def test_an_oom_with_no_smaller_fraction_left_is_cured_by_fp8_or_names_it() -> None:
-    """On an L4 the pool at 0.835 barely holds the context: no OOM step lower holds one request, the chunk is
-    at its floor. fp8 holds the same tokens at a far smaller fraction."""
+    """At the floors (:func:`at_the_floor`) a run-time OOM has no smaller fraction or chunk left: fp8 holds
+    the same tokens at a far smaller fraction."""
     pool = tokens(sglang.SglangSettings(mem_fraction_static=0.835, chunked_prefill_size=2048), L4)
-    current = sglang.SglangSettings(
-        context_length=pool * 97 // 100 // 256 * 256,
-        mem_fraction_static=0.835,
-        chunked_prefill_size=2048,
-        max_running_requests=8,
-    )
+    current = dataclasses.replace(at_the_floor(), max_running_requests=8)
     held = decide(current, OOM_TEXT, TuningBounds(), L4)
     assert held.action == Action.INFEASIBLE
     assert (

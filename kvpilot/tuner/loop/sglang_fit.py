@@ -234,19 +234,27 @@ def _same_layout(a: sglang.SglangSettings, b: sglang.SglangSettings) -> bool:
     return layout_of(a) == layout_of(b)
 
 
+def _same_parallelism(a: sglang.SglangSettings, b: sglang.SglangSettings) -> bool:
+    """The same weights per GPU: parallelism and page size, whatever the KV dtype."""
+    return (a.tp_size, a.pp_size, a.page_size) == (b.tp_size, b.pp_size, b.page_size)
+
+
 def is_ruled_out(candidate: sglang.SglangSettings, s: SglangSituation) -> bool:
     """Whether a failed run of the history rules ``candidate`` (effective) out: the same settings; a
-    fraction at or below one that left no pool at start-up; a fraction at or above one that ran out of
-    memory with no smaller prefill chunk and no fewer running requests."""
+    fraction at or below one that left no pool at start-up (with any KV dtype: the weights, not the cell,
+    filled the share); a fraction at or above one that ran out of memory with no smaller prefill chunk and
+    no fewer running requests (with the same KV dtype)."""
     eff = compute_effective(candidate, s.memory)
     for run in s.failed:
         failed = compute_effective(run.settings, s.memory)
         if failed == eff:
             return True
+        # no pool at start-up: the weights filled the share, whatever the cell (an fp8 cache too)
+        short = run.kind == "start_memory_short" and fraction_of(eff) <= fraction_of(failed) + 1e-9
+        if short and _same_parallelism(failed, eff):
+            return True
         if not _same_layout(failed, eff):
             continue
-        if run.kind == "start_memory_short" and fraction_of(eff) <= fraction_of(failed) + 1e-9:
-            return True
         if run.kind in ("start_oom", "runtime_oom") and _holds_more(eff, failed, s.memory):
             return True
     return False

@@ -13,13 +13,16 @@ start-up and run time, and each rule here says which way it goes:
   graphs (:func:`~.sglang_fit.compute_fraction_ceiling`); when the memory model does not explain the
   failure (less was free than it predicts), to the ceiling; past it, halve ``--chunked-prefill-size`` (a
   smaller activation reserve lifts the ceiling); past that, shorten ``--context-length`` to the pool at the
-  ceiling; else infeasible, with the numbers.
+  ceiling (within ``minContextLength``); then, where allowed, an fp8 KV cache with the full context, then
+  with the context its pool holds (vLLM's ``KvCacheTooSmall`` order: :mod:`.sglang_fp8`); else infeasible,
+  with the numbers (and ``allowFp8KvCache`` named where only it keeps a fitting fp8 cache out).
 - ``StartOOM`` / ``RuntimeOOM`` (CUDA-graph capture failed; ``CUDA out of memory``): *lower* the fraction by
   the OOM step on the headroom (VPA's, :func:`kvpilot.tuner.loop.remedies.compute_oom_step`) while the pool
   still holds one full-context request; else halve ``--chunked-prefill-size`` (activations); a graph
   capture OOM also offers fewer ``--max-running-requests`` (the decode graph's batch), and so does a
   run-time OOM that came back at the same batch after a smaller fraction (first: the memory follows the
-  batch).
+  batch). Where allowed, an fp8 KV cache at a smaller fraction that keeps the pool's tokens comes before
+  any cut of the running requests (first where the batch would be cut first; :mod:`.sglang_fp8`).
 - ``KvPressure`` (sustained token usage with retractions, or "KV cache pool is full. Retract requests."):
   more pool when the fraction is under its ceiling and no OOM ruled that out; at the ceiling, more pool by
   halving ``--chunked-prefill-size`` (a smaller activation reserve lifts the ceiling, as for a start-up
@@ -255,7 +258,7 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
             grown = min(ceiling, round(fraction + p.max_gmu_step, 3))
             candidates.append(dataclasses.replace(trial, mem_fraction_static=grown))
             break
-    if s.bounds.allow_fp8_kv and not sglang.is_fp8_kv_cache_dtype(eff.kv_cache_dtype):
+    if sglang_fp8.allows_fp8(s):
         # no more pool from the fraction (or a raise the history rules out): twice the tokens, before the cut
         candidates.append(dataclasses.replace(eff, kv_cache_dtype=sglang.FP8_KV_CACHE_DTYPE))
     peak = obs.compute_max(w.samples, obs.running)
