@@ -177,7 +177,7 @@ def plan_sglang(
     if not budget.feasible:
         raise tuner_errors.InfeasiblePlan(
             f"{spec.model.id} on {spec.gpu.count}x {gpu.name} (SGLang {sglang.PINNED_SGLANG_VERSION}): "
-            + " ".join(engines.explain_sglang_infeasible(budget))
+            + ". ".join(engines.explain_sglang_infeasible(budget))
         )
     mode = spec.tuning.mode
     kept = kept if mode == "Auto" else None
