@@ -165,9 +165,9 @@ def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangP
     if chunk // 2 >= p.batched_tokens_floor:
         candidates.append(dataclasses.replace(eff, chunked_prefill_size=chunk // 2))
     fp8, fp8_line = sglang_fp8.propose_for_oom(s, lower)
-    allowed = sglang_fp8.allows_fp8(s) and fp8 is not None
-    if allowed and fp8 is not None:  # the same tokens in half the bytes: before any cut of the batch
-        candidates.append(fp8)
+    offered = fp8 if fp8 is not None and sglang_fp8.allows_fp8(s) else None
+    if offered is not None:  # the same tokens in half the bytes: before any cut of the batch
+        candidates.append(offered)
         lines.append(fp8_line)
     if kind == "start_oom":
         running = eff.max_running_requests or sglang.default_cuda_graph_max_bs(
@@ -183,9 +183,9 @@ def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangP
         # a smaller fraction did not cure an OOM at this batch: the memory follows the batch, fewer first
         candidates.insert(0, dataclasses.replace(eff, max_running_requests=cut[0]))
         lines.insert(0, cut[1])
-        if allowed and fp8 is not None:  # half the pool's bytes keep the batch: before its cut (vLLM's order)
-            candidates.remove(fp8)
-            candidates.insert(0, fp8)
+        if offered is not None:  # half the pool's bytes keep the batch: before its cut (vLLM's order)
+            candidates.remove(offered)
+            candidates.insert(0, offered)
     where = "while capturing CUDA graphs" if kind == "start_oom" else "while serving"
     return SglangProposal(
         trigger=TRIGGERS[kind],
@@ -194,7 +194,7 @@ def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangP
         crash=True,
         exhausted=(
             "no smaller fraction holds a full request, and the prefill chunk is at its floor"
-            + (f" (nor with {sglang_fp8.FP8_FLAGS})" if allowed else "")
+            + (f" (nor with {sglang_fp8.FP8_FLAGS})" if offered is not None else "")
             + sglang_fp8.describe_permission(s, [fp8] if fp8 is not None else [])
         ),
         infeasible_when_exhausted=True,
