@@ -27,8 +27,9 @@ The steps every engine's own chain shares (the gates, which crash a remedy answe
 proposal's choice) are :mod:`.engine_chain`'s. A chosen candidate then passes the gates vLLM's does: the
 minimum interval between changes, the cooldown
 after a retune (metrics-driven changes only), the changes-per-hour limit. What vLLM's policy has and this
-does not (yet): the restart-cost trade, fp8 KV outside the pressure rule (vLLM's KV-bound and idle growth
-also offer it), GPU-memory telemetry, scale-out recommendations, lengths-based sizing.
+does not (yet): the restart-cost trade, fp8 KV in an idle or KV-bound growth (vLLM's offer it; SGLang's
+pressure and crash rules do: :mod:`.sglang_fp8`), GPU-memory telemetry, scale-out recommendations,
+lengths-based sizing.
 """
 
 from __future__ import annotations
