@@ -19,7 +19,6 @@ from kvpilot.operator.api import RolloutSpec
 from kvpilot.operator.pods.rollout_strategy import compute_lost_fraction, compute_rollout_choice
 from kvpilot.operator.status.loop_patch import QUIET_TRIGGERS
 from kvpilot.tuner.gpus import lookup_gpu
-from kvpilot.tuner.sglang import SglangSettings
 from kvpilot.tuner.loop import (
     Action,
     Evidence,
@@ -35,6 +34,7 @@ from kvpilot.tuner.loop import (
     classify_termination,
     compute_decision,
 )
+from kvpilot.tuner.sglang import SglangSettings
 from kvpilot.tuner.types import EngineSettings
 
 H100 = lookup_gpu("H100-SXM")

@@ -203,15 +203,9 @@ def oracle_grid(
     coordinate search (0.95 of the GPU; 16, 64, 128 and 512 concurrent requests; 4096 and 16384 prefill
     tokens; the shortest and the longest context), and the settings of a point."""
     sizes = (len(FRACTIONS), len(CONCURRENT), len(PREFILLS), len(lengths))
-    starts = [
-        (3, q, b, c)
-        for q in (2, 5, 7, 11)
-        for b in (1, 3)
-        for c in sorted({0, len(lengths) - 1})
-    ]
+    starts = [(3, q, b, c) for q in (2, 5, 7, 11) for b in (1, 3) for c in sorted({0, len(lengths) - 1})]
 
     def build(p: tuple[int, ...]) -> tgi.TgiSettings:
         return build_static(FRACTIONS[p[0]], CONCURRENT[p[1]], PREFILLS[p[2]], lengths[p[3]])
 
     return sizes, starts, build
-

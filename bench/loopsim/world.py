@@ -220,7 +220,7 @@ class World:
             self.handoff = []
 
     def _count(self, e: SimEngine) -> Counts:
-        """Take what ``e`` finished since the last call into the stats; returns its preemptions and refusals."""
+        """Take what ``e`` finished since the last call into the stats; returns its preemptions, refusals."""
         d = e.drain()
         self.stats.preemptions += d.preemptions
         self.stats.refused += d.refused
