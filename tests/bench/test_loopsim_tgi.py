@@ -120,7 +120,7 @@ def test_the_oracle_serves_the_longest_requests_and_searches_tgis_flags() -> Non
     lengths = contexts(sc)
     assert all(n is None or n >= longest_request(sc) for n in lengths)
     sizes, starts, build = oracle_grid(lengths)
-    assert len(sizes) == 4 and all(all(0 <= v < n for v, n in zip(p, sizes)) for p in starts)
+    assert len(sizes) == 4 and all(all(0 <= v < n for v, n in zip(p, sizes, strict=True)) for p in starts)
     short = dataclasses.replace(load_scenario(SCENARIO_DIR / "tgi-startup-prefill.json"), hours=0.1)
     best = compute_oracle(short)
     assert isinstance(best.final, tgi.TgiSettings) and best.stats.crashes == 0 and best.goodput > 0

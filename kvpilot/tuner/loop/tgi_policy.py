@@ -155,9 +155,9 @@ def _steady(s: TgiSituation) -> TgiDecision:
             Action.HOLD,
             s.current,
             Trigger.STEADY,
-            f"{band}: the KV tokens full with a queue at --cuda-memory-fraction {fit.fraction_of(s.effective)}"
-            ": TGI's batch is what its KV holds and the queue waits for room (no eviction to stop); more "
-            "needs more GPU memory (shards) or a shorter --max-total-tokens",
+            f"{band}: the KV tokens full with a queue at --cuda-memory-fraction "
+            f"{fit.fraction_of(s.effective)}: TGI's batch is what its KV holds and the queue waits for room "
+            "(no eviction to stop); more needs more GPU memory (shards) or a shorter --max-total-tokens",
         )
     return TgiDecision(
         Action.HOLD,
