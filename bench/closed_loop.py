@@ -23,6 +23,13 @@ and is printed in SGLang's flags: ``sglang-defaults`` (SGLang's own), ``fixed-sa
 oracle over ``--mem-fraction-static`` x ``--max-running-requests`` x ``--chunked-prefill-size`` x
 ``--context-length``.
 
+A scenario with ``"engine": "tgi"`` runs TGI 3.3.7 pods (the fleet's TGI: :class:`bench.loopsim.physics.
+TgiPhysics`, the router's 429s beyond ``--max-concurrent-requests`` lost, as every refused request is) in
+TGI's launcher flags: ``tgi-defaults`` (the launcher's own), ``fixed-safe`` (8k per request, prefill 4096,
+64 concurrent requests, fraction 0.85), ``kvpilot`` (the TGI plan, then ``compute_tgi_decision`` every 30 s
+with its operator's bookkeeping: :mod:`bench.loopsim.tgi`), the oracle over ``--cuda-memory-fraction`` x
+``--max-concurrent-requests`` x ``--max-batch-prefill-tokens`` x ``--max-total-tokens``.
+
     python bench/closed_loop.py [--scenario FILE_OR_NAME ...] [--hours H] [--json] [--quiet] [--no-oracle]
 
 Prints, per scenario: goodput (output tokens/s of completed requests) and its ratio to the oracle's,
@@ -59,12 +66,14 @@ from bench.loopsim.scenario import (  # noqa: E402
     load_scenario,
     load_scenarios,
 )
-from kvpilot.tuner import sglang  # noqa: E402
+from kvpilot.tuner import sglang, tgi  # noqa: E402
 
 
 def _fmt(s: Settings) -> str:
     if isinstance(s, sglang.SglangSettings):  # SGLang's own flags, as kvpilot renders them
         return " ".join(sglang.build_sglang_args(s)) or "SGLang's defaults"
+    if isinstance(s, tgi.TgiSettings):  # TGI's launcher flags, as kvpilot renders them
+        return " ".join(tgi.build_tgi_args(s)) or "TGI's defaults"
     parts = [f"gmu={s.gpu_memory_utilization}", f"seqs={s.max_num_seqs}", f"len={s.max_model_len or 'max'}"]
     if s.kv_cache_dtype and s.kv_cache_dtype != "auto":
         parts.append(f"kv={s.kv_cache_dtype}")
@@ -85,6 +94,7 @@ def _row(r: Run, oracle: Run | None) -> dict[str, Any]:
         "goodput": round(r.goodput, 1),
         "vs_oracle": round(r.goodput / oracle.goodput, 3) if oracle and oracle.goodput > 0 else None,
         "served": round(st.completed / st.arrived, 3) if st.arrived else None,
+        "refused": st.refused,
         "crashes": st.crashes,
         # after the first, and beyond the scenario's injected faults: the OOMs the settings caused again
         "repeat_ooms": max(0, st.ooms - max(1, st.injected_ooms)),
@@ -124,7 +134,7 @@ def evaluate(sc: BenchScenario, hours: float | None, oracle: bool) -> dict[str, 
 
 
 def _print(result: dict[str, Any], quiet: bool) -> None:
-    engine = " [SGLang]" if result["engine"] == "sglang" else ""
+    engine = {"sglang": " [SGLang]", "tgi": " [TGI]"}.get(result["engine"], "")
     print(f"\n== {result['scenario']}{engine}: {result['what']}")
     print(
         f"{'controller':<14} {'goodput':>8} {'/oracle':>7} {'served':>6} {'crash':>5} {'rOOM':>4} "

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bench.loopsim import sglang as sg
+from bench.loopsim import tgi as tg
 from bench.loopsim.scenario import BenchScenario, Settings
 from bench.loopsim.world import DT, Stats, World
 from e2e.fleet.truth import Workload
@@ -33,6 +34,7 @@ from kvpilot.tuner.loop import (
     classify_termination,
     compute_decision,
 )
+from kvpilot.tuner.sglang import SglangSettings
 from kvpilot.tuner.types import EngineSettings
 
 H100 = lookup_gpu("H100-SXM")
@@ -193,17 +195,17 @@ class Kvpilot:
         self.log.append(f"    t={now / 60:5.1f} min  {action:<10} {trigger:<16}{how} {reason[:140]}")
 
 
-Loop = Kvpilot | sg.KvpilotSglang
+Loop = Kvpilot | sg.KvpilotSglang | tg.KvpilotTgi
 
 
 def defaults(sc: BenchScenario) -> Settings:
     """The engine's own defaults."""
-    return sg.DEFAULTS if sc.engine == "sglang" else DEFAULTS
+    return {"sglang": sg.DEFAULTS, "tgi": tg.DEFAULTS}.get(sc.engine, DEFAULTS)
 
 
 def safe(sc: BenchScenario) -> Settings:
     """A fixed "safe" choice in the engine's settings."""
-    return sg.SAFE if sc.engine == "sglang" else SAFE
+    return {"sglang": sg.SAFE, "tgi": tg.SAFE}.get(sc.engine, SAFE)
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,9 @@ class Run:
 def _loop(scenario: BenchScenario, start: Settings) -> Loop:
     if isinstance(start, EngineSettings):
         return Kvpilot(scenario, current=start)
-    return sg.KvpilotSglang(scenario, current=start)
+    if isinstance(start, SglangSettings):
+        return sg.KvpilotSglang(scenario, current=start)
+    return tg.KvpilotTgi(scenario, current=start)
 
 
 def run(scenario: BenchScenario, start: Settings, *, closed_loop: bool, hours: float | None = None) -> Run:
@@ -295,8 +299,13 @@ def compute_oracle(sc: BenchScenario, *, hours: float | None = None) -> Run:
     sequences x batched tokens x context (x fp8 when the bounds allow it), from the best of twelve
     starting points, until no neighbour is better. SGLang: ``--mem-fraction-static`` x
     ``--max-running-requests`` x ``--chunked-prefill-size`` x ``--context-length`` (the grids of
-    :mod:`bench.loopsim.sglang`), from the same kind of starting points."""
+    :mod:`bench.loopsim.sglang`), from the same kind of starting points; TGI: ``--cuda-memory-fraction`` x
+    ``--max-concurrent-requests`` x ``--max-batch-prefill-tokens`` x ``--max-total-tokens``
+    (:func:`bench.loopsim.tgi.oracle_grid`)."""
     lengths = contexts(sc)
+    if sc.engine == "tgi":
+        tgi_sizes, tgi_starts, tgi_build = tg.oracle_grid(lengths)
+        return _search(sc, tgi_sizes, tgi_starts, tgi_build, hours)
     if sc.engine == "sglang":
         running = sg.RUNNING
         sglang_starts = [

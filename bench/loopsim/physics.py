@@ -9,7 +9,12 @@ cache, fail at start-up, run out of memory and fill the framebuffer:
 * SGLang (:class:`SglangPhysics`): :mod:`e2e.fleet.sglang_truth` (the pool SGLang sizes from
   ``--mem-fraction-static``, its "Not enough memory" / "Loaded weights leave no GPU memory" start-up errors in
   the scheduler's log, run-time CUDA OOM above the scenario's fraction or running-request threshold, and
-  :func:`~e2e.fleet.sglang_truth.engine_view` for the engine model), exactly as the e2e fleet plays them.
+  :func:`~e2e.fleet.sglang_truth.engine_view` for the engine model), exactly as the e2e fleet plays them;
+* TGI (:class:`TgiPhysics`): :mod:`e2e.fleet.tgi_truth` (the KV tokens TGI 3.3.7's warm-up infers from what
+  its prefill leaves, "Not enough memory to handle N prefill tokens" and ``NotEnoughMemory`` at start-up,
+  run-time CUDA OOM above the scenario's fraction or concurrency threshold), and the router's admission
+  limit (:meth:`Physics.admission_limit`: beyond ``--max-concurrent-requests`` in flight a request is
+  answered 429 "Model is overloaded", never queued), as the e2e fleet's TGI player plays them.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bench.loopsim.scenario import Settings
-from e2e.fleet import sglang_truth
+from e2e.fleet import sglang_truth, tgi_truth
 from e2e.fleet.sglang_truth import SglangArgs
+from e2e.fleet.tgi_truth import TgiArgs
 from e2e.fleet.truth import EngineArgs, GroundTruth
-from kvpilot.tuner import sglang
+from kvpilot.tuner import sglang, tgi
 from kvpilot.tuner.types import EngineSettings
 
 
@@ -48,6 +54,10 @@ class Physics(Protocol):
     def oom_message(self, settings: Settings) -> str: ...
 
     def framebuffer_used_gib(self, settings: Settings, running: int, serving_s: float) -> float: ...
+
+    def admission_limit(self, settings: Settings) -> int | None:
+        """Requests in flight (running + queued) beyond which one is refused, not queued (``None``: none)."""
+        ...
 
 
 def engine_args(s: EngineSettings) -> EngineArgs:
@@ -102,6 +112,9 @@ class VllmPhysics:
     def framebuffer_used_gib(self, settings: Settings, running: int, serving_s: float) -> float:
         return self.truth.framebuffer_used_gib(self.view(settings), running, serving_s)
 
+    def admission_limit(self, settings: Settings) -> int | None:
+        return None
+
 
 def sglang_args(s: sglang.SglangSettings) -> SglangArgs:
     """The fleet's view of the flags kvpilot renders (``None``: absent, SGLang's default)."""
@@ -149,6 +162,54 @@ class SglangPhysics:
     def framebuffer_used_gib(self, settings: Settings, running: int, serving_s: float) -> float:
         return sglang_truth.framebuffer_used_gib(self.truth, self._args(settings))
 
+    def admission_limit(self, settings: Settings) -> int | None:
+        return None
+
+
+def _tgi(s: Settings) -> tgi.TgiSettings:
+    if not isinstance(s, tgi.TgiSettings):
+        raise TypeError(f"a TGI pod runs TgiSettings, not {type(s).__name__}")
+    return s
+
+
+def tgi_args(s: tgi.TgiSettings) -> TgiArgs:
+    """The fleet's view of the launcher flags kvpilot renders: :func:`kvpilot.tuner.tgi.build_tgi_args`
+    parsed as the fleet parses a container's command (absent flags: the launcher's defaults)."""
+    return TgiArgs.parse(["--model-id", "model", *tgi.build_tgi_args(s)])
+
+
+@dataclass(frozen=True)
+class TgiPhysics:
+    truth: GroundTruth
+
+    def _args(self, settings: Settings) -> TgiArgs:
+        return tgi_args(_tgi(settings))
+
+    def view(self, settings: Settings) -> EngineArgs:
+        return tgi_truth.engine_view(self.truth, self._args(settings))
+
+    def num_blocks(self, settings: Settings) -> int | None:
+        # the KV tokens the warm-up inferred, one more for the engine model's null block (the fleet's player)
+        return tgi_truth.warmup(self.truth, self._args(settings)).max_batch_total_tokens + 1
+
+    def start_failure(self, settings: Settings) -> StartFailure | None:
+        log = tgi_truth.startup_failure_log(self.truth, self._args(settings))
+        return None if log is None else StartFailure(log, oom=False)
+
+    def runtime_oom(self, settings: Settings, running: int) -> bool:
+        return tgi_truth.runtime_oom(self.truth, self._args(settings))
+
+    def oom_message(self, settings: Settings) -> str:
+        return "\n".join(tgi_truth.cuda_oom_lines(self.truth, self._args(settings)))
+
+    def framebuffer_used_gib(self, settings: Settings, running: int, serving_s: float) -> float:
+        return tgi_truth.framebuffer_used_gib(self.truth, self._args(settings))
+
+    def admission_limit(self, settings: Settings) -> int | None:
+        return self._args(settings).max_concurrent_requests
+
 
 def physics_for(engine: str, truth: GroundTruth) -> Physics:
+    if engine == "tgi":
+        return TgiPhysics(truth)
     return SglangPhysics(truth) if engine == "sglang" else VllmPhysics(truth)

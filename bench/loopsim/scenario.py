@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from e2e.fleet.truth import GroundTruth, Scenario, Workload
-from kvpilot.tuner import sglang
+from kvpilot.tuner import sglang, tgi
 from kvpilot.tuner.loop import TuningBounds
 from kvpilot.tuner.types import GIB, EngineSettings, MemoryBudget
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 FAULT_KINDS = ("cuda_oom", "prometheus_down", "metrics_missing")
-ENGINES = ("vllm", "sglang")
-Settings = EngineSettings | sglang.SglangSettings
-"""What a pod of a bench run runs: vLLM's settings, or SGLang's flags."""
+ENGINES = ("vllm", "sglang", "tgi")
+Settings = EngineSettings | sglang.SglangSettings | tgi.TgiSettings
+"""What a pod of a bench run runs: vLLM's settings, SGLang's flags, or TGI's launcher flags."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +35,19 @@ class SglangPlan:
     model: str
     gpu: str
     settings: sglang.SglangSettings
+    max_context: int | None = None
+    concurrency: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TgiPlan:
+    """What kvpilot starts a TGI scenario from: the launcher flags ``kvpilot plan --engine tgi`` renders for
+    the catalogue ``model`` on ``gpu`` with ``max_context`` and ``concurrency``, as the scenario states them
+    (``tests/bench/test_loopsim_tgi.py`` checks them against the planner)."""
+
+    model: str
+    gpu: str
+    settings: tgi.TgiSettings
     max_context: int | None = None
     concurrency: int | None = None
 
@@ -82,9 +95,11 @@ class BenchScenario:
     missing: float = 0.0
     """Share of samples that are missing (a scrape that failed)."""
     engine: str = "vllm"
-    """``vllm`` or ``sglang``: which engine the pods run and which of kvpilot's loops tunes them."""
+    """``vllm``, ``sglang`` or ``tgi``: which engine the pods run and which of kvpilot's loops tunes them."""
     sglang_plan: SglangPlan | None = None
     """SGLang: the plan (``planned`` and ``plan_budget`` are vLLM's and unused)."""
+    tgi_plan: TgiPlan | None = None
+    """TGI: the plan (``planned`` and ``plan_budget`` are vLLM's and unused)."""
     source: Path | None = None
 
     @property
@@ -92,6 +107,8 @@ class BenchScenario:
         """What kvpilot's plan starts the pods with, in the engine's own settings."""
         if self.sglang_plan is not None:
             return self.sglang_plan.settings
+        if self.tgi_plan is not None:
+            return self.tgi_plan.settings
         return self.planned
 
     @property
@@ -99,6 +116,8 @@ class BenchScenario:
         """The plan's context (``None``: the model's own)."""
         if self.sglang_plan is not None:
             return self.sglang_plan.settings.context_length
+        if self.tgi_plan is not None:
+            return self.tgi_plan.settings.max_total_tokens
         return self.planned.max_model_len
 
     def workload_at(self, t: float) -> Workload:
@@ -150,6 +169,17 @@ def _sglang_plan(d: dict[str, Any]) -> SglangPlan:
     )
 
 
+def _tgi_plan(d: dict[str, Any]) -> TgiPlan:
+    planner = d.get("planner", {})
+    return TgiPlan(
+        model=str(planner["model"]),
+        gpu=str(planner.get("gpu", "H100-SXM")),
+        settings=tgi.TgiSettings(**d["tgi"]),
+        max_context=planner.get("max_context"),
+        concurrency=planner.get("concurrency"),
+    )
+
+
 def load_scenario(path: Path) -> BenchScenario:
     try:
         d = json.loads(path.read_text())
@@ -186,6 +216,7 @@ def load_scenario(path: Path) -> BenchScenario:
             missing=float(d.get("missing", 0.0)),
             engine=engine,
             sglang_plan=_sglang_plan(d["plan"]) if engine == "sglang" else None,
+            tgi_plan=_tgi_plan(d["plan"]) if engine == "tgi" else None,
             source=path,
         )
     except ScenarioError:

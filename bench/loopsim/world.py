@@ -71,6 +71,9 @@ class Stats:
     completed: int = 0
     arrived: float = 0.0
     dropped: float = 0.0
+    refused: int = 0
+    """Requests an admission limit answered at arrival (TGI's 429 "Model is overloaded"): arrived, never
+    served (counted in ``arrived``, not in ``dropped``)."""
     preemptions: int = 0
     ttfts: list[float] = field(default_factory=list)
     rollouts: int = 0
@@ -78,6 +81,15 @@ class Stats:
     holds: int = 0
     infeasible: int = 0
     failed_never_ran: int = 0
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What one pod's engine counted over a world step (a metrics sample's counter rates)."""
+
+    preemptions: int = 0
+    refused: int = 0
+    """Requests the router refused (TGI's 429s; 0 for engines without an admission limit)."""
 
 
 @dataclass(frozen=True)
@@ -207,15 +219,17 @@ class World:
             e.take_over([h.rebase(e.now, now) for h in self.handoff])
             self.handoff = []
 
-    def _count(self, e: SimEngine) -> int:
-        """Take what ``e`` finished since the last call into the stats; returns its preemptions."""
+    def _count(self, e: SimEngine) -> Counts:
+        """Take what ``e`` finished since the last call into the stats; returns its preemptions, refusals."""
         d = e.drain()
         self.stats.preemptions += d.preemptions
+        self.stats.refused += d.refused
+        self.stats.arrived += d.refused  # the engine's own count of arrivals leaves the refused out
         for f in d.finished:
             self.stats.completed += 1
             self.stats.output_tokens += f.generation_tokens
             self.stats.ttfts.append(f.ttft_s)
-        return d.preemptions
+        return Counts(d.preemptions, d.refused)
 
     # ------------------------------------------------------------------ time
     def step(self, now: float) -> None:
@@ -238,6 +252,7 @@ class World:
                     seed=self.seed * 7919 + self.serial,
                     resolution_s=RESOLUTION_S,
                     num_gpu_blocks=self.physics.num_blocks(pod.settings),
+                    admission_limit=self.physics.admission_limit(pod.settings),
                 )
         mine = [p for p in self.pods if p.settings == self.desired]
         if any(p.state == "serving" for p in mine):  # rollout done: the old pods go
@@ -262,7 +277,7 @@ class World:
         e.advance(DT)
         self.stats.arrived += e.total_arrived - before
         self.stats.dropped += e.drop_stale(MAX_WAIT_S)
-        preempted = self._count(e)
+        counts = self._count(e)
         if self._faults and self._faults[0].kind == "cuda_oom" and now >= self._faults[0].at_s:
             self._faults.pop(0)
             self.stats.injected_ooms += 1
@@ -272,13 +287,20 @@ class World:
         used = self.physics.framebuffer_used_gib(
             pod.settings, e.num_running, now - (pod.ready_at if pod.ready_at is not None else now)
         )
-        self.samples.append(self._sample(now, e.kv_usage, preempted / DT, e.num_running, e.num_waiting, used))
+        self.samples.append(self._sample(now, e.kv_usage, counts, e.num_running, e.num_waiting, used))
 
     def _sample(
-        self, now: float, kv: float, preempt: float, running: float, waiting: float, fb_used_gib: float
+        self, now: float, kv: float, counts: Counts, running: float, waiting: float, fb_used_gib: float
     ) -> MetricsSample:
-        """One scrape: vLLM's gauges (with the scenario's noise and gaps) and dcgm-exporter's framebuffer
-        of the serving pod's GPU (``DCGM_FI_DEV_FB_USED``/``FREE``), as the e2e fleet serves them."""
+        """One scrape: the engine's gauges in the seam's meanings (with the scenario's noise and gaps) and
+        dcgm-exporter's framebuffer of the serving pod's GPU (``DCGM_FI_DEV_FB_USED``/``FREE``), as the e2e
+        fleet serves them. ``counts``: the step's counters as rates per second; a counter rate of
+        :class:`MetricsSample` is one entry of ``rates`` (``rejected_rate``: TGI's 429s,
+        ``counts.refused / DT``; engines without an admission limit export none: left unset)."""
+        preempt = counts.preemptions / DT
+        rates: dict[str, float] = {}
+        if self.scenario.engine == "tgi":  # the router's 429s, as kvpilot reads tgi_request_failure's rate
+            rates["rejected_rate"] = counts.refused / DT
         total = self.scenario.truth.gpu_memory_gib
         sc = self.scenario
         if self._fault_active("prometheus_down", now):
@@ -290,8 +312,8 @@ class World:
             kv, running, waiting = min(1.0, n(kv)), n(running), n(waiting)
         fb = {"gpu_memory_used_gib": fb_used_gib, "gpu_memory_free_gib": max(0.0, total - fb_used_gib)}
         if self._fault_active("metrics_missing", now):
-            return MetricsSample(now, None, preempt, running, waiting, **fb)
-        return MetricsSample(now, kv, preempt, running, waiting, **fb)
+            return MetricsSample(now, None, preempt, running, waiting, **fb, **rates)
+        return MetricsSample(now, kv, preempt, running, waiting, **fb, **rates)
 
     def _fault_active(self, kind: str, now: float) -> bool:
         return any(f.kind == kind and f.at_s <= now < f.at_s + f.for_s for f in self.scenario.faults)

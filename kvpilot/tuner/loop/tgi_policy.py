@@ -14,7 +14,8 @@ meanings (``kv_usage``: ``tgi_batch_current_max_tokens / tgi_batch_max_total_tok
    prefill, a ``--max-total-tokens`` the KV cannot hold, a CUDA OOM while serving); a restart no rule cures
    holds and says so; crash remedies skip the cooldown and mark the settings failed;
 2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
-3. **pressure** -- the KV tokens full with a queue;
+3. **pressure** -- the KV tokens full with a queue: more of the GPU where the fraction allows, else a hold
+   (TGI never evicts: a cut of the admission limit would only refuse what the queue will serve);
 4. **latency** -- the inter-token latency objective missed (:func:`.tgi_rules.propose_for_itl`: a halved
    prefill where long prompts share the steps, else fewer concurrent requests);
 5. **idle** -- the admission limit binds (running + queued at it, or 429s refused, in most samples) with
@@ -141,10 +142,19 @@ def _metrics_step(s: TgiSituation, metrics: MetricsStatus, gates: Gates) -> TgiD
 def _steady(s: TgiSituation) -> TgiDecision:
     mean = obs.compute_mean(s.window.samples, obs.kv_usage) or 0.0
     p = s.policy
+    band = f"mean KV tokens used {mean:.2f} (band [{p.kv_usage_low:.2f}, {p.kv_usage_high:.2f}])"
+    if rules.is_kv_bound(s):  # the batch is what the KV holds; TGI never evicts: the queue waits for room
+        return TgiDecision(
+            Action.HOLD,
+            s.current,
+            Trigger.STEADY,
+            f"{band}: the KV tokens full with a queue at --cuda-memory-fraction "
+            f"{fit.fraction_of(s.effective)}: TGI's batch is what its KV holds and the queue waits for room "
+            "(no eviction to stop); more needs more GPU memory (shards) or a shorter --max-total-tokens",
+        )
     return TgiDecision(
         Action.HOLD,
         s.current,
         Trigger.STEADY,
-        f"mean KV tokens used {mean:.2f} (band [{p.kv_usage_low:.2f}, {p.kv_usage_high:.2f}]): no KV full "
-        "with a queue, no admission limit binding with spare KV tokens",
+        f"{band}: no KV full with a queue, no admission limit binding with spare KV tokens",
     )

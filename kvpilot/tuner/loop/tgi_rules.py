@@ -32,8 +32,9 @@ memory free after a prefill of ``--max-batch-prefill-tokens`` (``flash_causal_lm
   ``--max-concurrent-requests`` (:func:`propose_for_itl`, on :mod:`.engine_latency`).
 - ``KvPressure``: the KV tokens full (the same ratio at the high band) with a queue in most samples: there is
   nothing to admit more into. More KV by a larger ``--cuda-memory-fraction`` where it is below 1 and no OOM
-  ruled that out; else fewer ``--max-concurrent-requests`` (the excess answered 429 at once instead of
-  waiting in the queue).
+  ruled that out; else nothing: TGI never evicts (its batch admits what the KV holds, the queue waits for
+  room), so fewer ``--max-concurrent-requests`` would refuse (429) requests the queue would serve and, below
+  the running batch, leave KV tokens idle (:func:`propose_for_pressure`).
 
 A value the history ruled out is never proposed again (:func:`~.tgi_fit.is_ruled_out`).
 """
@@ -241,30 +242,39 @@ def _shorter_prefill_steps(s: TgiSituation, eff: tgi.TgiSettings, prefill: int) 
     return settings if max_input is not None and max_input <= prefill else None
 
 
-def propose_for_pressure(s: TgiSituation) -> TgiProposal | None:
-    """The KV tokens full with a queue: more KV where the fraction is below 1, else fewer concurrent
-    requests (nothing to raise)."""
-    p, w, eff = s.policy, s.window, s.effective
+def is_kv_bound(s: TgiSituation) -> bool:
+    """The KV tokens full (at the high band) with a queue in most samples."""
+    p, w = s.policy, s.window
     high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
     queued = obs.compute_fraction(w.samples, obs.waiting, lambda v: v >= p.queue_min)
-    if high < p.sustain_fraction or queued < p.sustain_fraction:
+    return high >= p.sustain_fraction and queued >= p.sustain_fraction
+
+
+def propose_for_pressure(s: TgiSituation) -> TgiProposal | None:
+    """The KV tokens full with a queue: more KV where the fraction is below 1; else nothing to change.
+
+    TGI's scheduler admits a request into the batch only when the tokens it may reach fit the KV
+    (``backends/v3/src/backend.rs``: ``next_batch`` within ``max_batch_total_tokens`` less what the running
+    batch may reach) and never evicts one, so at a full KV the running batch is what the KV holds and the
+    queue waits for room: there is no recompute to stop, as vLLM's fewer sequences stop preemption. Fewer
+    ``--max-concurrent-requests`` below the running batch would leave KV tokens idle, and any cut answers 429
+    to requests the queue would have served; the latency objective (:func:`propose_for_itl`) is the rule that
+    cuts the limit for the requests' sake."""
+    p, w, eff = s.policy, s.window, s.effective
+    if not is_kv_bound(s):
         return None
-    candidates: list[tgi.TgiSettings] = []
     more = _more_fraction(eff, p.max_gmu_step)
-    if more is not None:
-        candidates.append(more)
+    if more is None:
+        return None
+    high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
+    queued = obs.compute_fraction(w.samples, obs.waiting, lambda v: v >= p.queue_min)
     peak = obs.compute_max(w.samples, obs.running)
-    limit = eff.max_concurrent_requests or tgi.MAX_CONCURRENT_REQUESTS_DEFAULT
-    base = min(limit, math.ceil(peak)) if peak else limit
-    if base > 1:
-        lowered = max(1, min(base - 1, math.floor(base * (1.0 - p.seqs_step_down))))
-        candidates.append(dataclasses.replace(eff, max_concurrent_requests=lowered))
     return TgiProposal(
         trigger=KV_PRESSURE,
         evidence=(
             f"KV tokens >= {p.kv_usage_high:.0%} used in {high:.0%} of samples with a queue in {queued:.0%} "
-            f"(peak running {peak or 0:.0f}): nothing to admit more into"
+            f"(peak running {peak or 0:.0f}): more KV tokens for the queue"
         ),
-        candidates=tuple(candidates),
-        exhausted="--cuda-memory-fraction is 1 and --max-concurrent-requests at its lower bound",
+        candidates=(more,),
+        exhausted="--cuda-memory-fraction is at its upper bound",
     )
