@@ -14,9 +14,16 @@ import dataclasses
 import pytest
 
 from kvpilot.tuner import gpus, sglang, tgi
-from kvpilot.tuner.loop import Action, PolicyConfig, Trigger, restart_trade
+from kvpilot.tuner.loop import (
+    Action,
+    PolicyConfig,
+    TgiDecision,
+    Trigger,
+    classify_tgi_restart,
+    restart_trade,
+    tgi_rules,
+)
 from kvpilot.tuner.loop import sglang_fit as sfit
-from kvpilot.tuner.loop import tgi_rules
 from kvpilot.tuner.loop.decision import compute_cooldown
 from kvpilot.tuner.loop.engine_state import EngineEvidence, EngineHold, EngineLoopState, EngineRollout
 from kvpilot.tuner.loop.observations import MetricsSample, ObservationWindow
@@ -26,7 +33,6 @@ from kvpilot.tuner.loop.sglang_policy import compute_sglang_decision
 from kvpilot.tuner.loop.sglang_state import SglangChange, SglangContext, SglangDecision, classify_restart
 from kvpilot.tuner.loop.tgi_fit import TgiMemory
 from kvpilot.tuner.loop.tgi_policy import compute_tgi_decision
-from kvpilot.tuner.loop import TgiDecision, classify_tgi_restart
 from kvpilot.tuner.loop.tgi_state import TgiChange, TgiContext
 from kvpilot.tuner.model import build_model_spec, lookup_model_config
 

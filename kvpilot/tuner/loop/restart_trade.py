@@ -104,5 +104,6 @@ def compute_kv_bound_share(waiting: float, running: float, kv_growth: float | No
 
 def compute_persisted_seconds(held_since: float | None, now: float, limit: float) -> float:
     """How long the loop has held for a trigger (``held_since``: the oldest hold for it in the newest run of
-    holds, ``None``: not holding for it), at most ``limit`` (``PolicyConfig.trade_persistence_max_seconds``)."""
+    holds, ``None``: not holding for it), at most ``limit``
+    (``PolicyConfig.trade_persistence_max_seconds``)."""
     return 0.0 if held_since is None else max(0.0, min(limit, now - held_since))

@@ -114,10 +114,11 @@ def compute_gain_fraction(s: TgiSituation, trigger: str, settings: tgi.TgiSettin
       (:func:`~.restart_trade.compute_admission_share`). TGI answers the demand beyond its limit 429 and no
       series kvpilot reads counts those, so the queue is the only demand measured: a share that stays small
       holds on a rollout that loses capacity until the condition has persisted long enough;
-    * **KvPressure** (the KV tokens full with a queue): TGI does not preempt, its queue waits for KV tokens --
-      vLLM's KV-bound queue: more KV admits ``kv_growth - 1`` more per running request, at most the queue's
-      (:func:`~.restart_trade.compute_kv_bound_share`, the growth from TGI's warm-up model); a change that grows
-      no KV (fewer concurrent requests) or one the model cannot size: 1, no measure to discount it by;
+    * **KvPressure** (the KV tokens full with a queue): TGI does not preempt, its queue waits for KV tokens
+      -- vLLM's KV-bound queue: more KV admits ``kv_growth - 1`` more per running request, at most the
+      queue's (:func:`~.restart_trade.compute_kv_bound_share`, the growth from TGI's warm-up model); a change
+      that grows no KV (fewer concurrent requests) or one the model cannot size: 1, no measure to discount
+      it by;
     * any other trigger (the latency objective): 1.
     """
     w = s.window
