@@ -2,7 +2,7 @@
 conditional PATCH) and, for a change in mode Auto, the Deployment with the new flags.
 
 The acting half of :func:`kvpilot.operator.inferenceservice.engine_loop.run_engine_tick`, as
-:mod:`.loop_actions` is vLLM's: what a change's rollout would cost (:func:`fetch_lost_fraction`, as vLLM's
+:mod:`.loop_actions` is vLLM's: what a change's rollout would lose (:func:`fetch_lost_fraction`, as vLLM's
 :func:`.loop_actions.fetch_rollout`), the status first (:func:`apply_engine_status`), then the flags
 (:func:`apply_flags`: the reconciler's rendering with the flags kept, the rollout strategy the cluster
 allows now).
@@ -17,7 +17,7 @@ from kvpilot.operator.inferenceservice import engine_desired
 from kvpilot.operator.inferenceservice.loop_reading import Service
 from kvpilot.operator.loop.loop_deps import LoopDeps
 from kvpilot.operator.planning import engines, resolve
-from kvpilot.operator.pods import rollout_strategy, workloads
+from kvpilot.operator.pods import workloads
 from kvpilot.operator.status import events, status_write
 from kvpilot.operator.status.status_patch import StatusPatch
 
@@ -49,24 +49,17 @@ async def fetch_lost_fraction(
     deps: LoopDeps, svc: Service, inputs: resolve.Inputs, flags: engines.EngineFlags, *, serving: bool
 ) -> float:
     """The share of the service's capacity a rollout of ``flags`` loses while a pod restarts, under the
-    strategy the cluster allows now (:func:`workloads.fetch_rollout_choice`, as :func:`apply_flags` renders
-    it; :func:`rollout_strategy.compute_lost_fraction`: 0 surge or while nothing serves, ``k/N`` replace, 1
-    recreate), as vLLM's loop weighs it (:func:`.loop_actions.fetch_rollout`). 0 when it cannot be read (no
-    client, the flags cannot be rendered: :func:`apply_flags` says so)."""
+    strategy the cluster allows now (:func:`workloads.fetch_lost_fraction`, the strategy :func:`apply_flags`
+    renders): Surge 0, Replace ``k/N``, Recreate 1, 0 while nothing serves. 0 when it cannot be read (no
+    client, the flags cannot be rendered, an API hiccup: :func:`apply_flags` meets it and says so)."""
     if deps.kube is None:
         return 0.0
     try:
         _, manifests = engine_desired.build_engine_manifests(svc.meta, svc.spec, inputs, flags)
-    except Exception:  # noqa: BLE001 -- apply_flags reports what cannot be rendered
+        workload = next(m for m in manifests if m["kind"] in workloads.WORKLOAD_KINDS)
+        return await workloads.fetch_lost_fraction(deps.kube, svc.spec, workload, serving=serving)
+    except Exception:  # noqa: BLE001 -- apply_flags reports what cannot be rendered or read
         return 0.0
-    workload = next((m for m in manifests if m["kind"] in workloads.WORKLOAD_KINDS), None)
-    if workload is None:
-        return 0.0
-    try:
-        choice = await workloads.fetch_rollout_choice(deps.kube, svc.spec, workload, serving=serving)
-    except Exception:  # noqa: BLE001 -- an API hiccup: apply_flags meets it too and says so
-        return 0.0
-    return rollout_strategy.compute_lost_fraction(choice, svc.spec.replicas, serving=serving)
 
 
 async def apply_engine_status(
