@@ -45,6 +45,7 @@ from e2e.cluster import (
     free_port,
     locate_binaries,
 )
+from e2e.waits import wait_established
 
 E2E_DIR = Path(__file__).resolve().parent
 VERSIONS_ENV = E2E_DIR / "keda" / "versions.env"
@@ -163,12 +164,9 @@ class KedaServer:
             "--force-conflicts",
             *(a for c in CRDS for a in ("-f", str(self.bin / "crds" / c))),
         )
-        self.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            *(f"crd/{c.removesuffix('.yaml').split('_', 1)[1]}.{c.split('_')[0]}" for c in CRDS),
-        )
+        for c in CRDS:  # kubectl wait fails at once on a CRD this new: poll
+            name = f"{c.removesuffix('.yaml').split('_', 1)[1]}.{c.split('_')[0]}"
+            wait_established(self.kubectl, f"crd/{name}")
         self.cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         for k in ("grpc", "op_metrics", "op_health", "adapter", "adapter_metrics"):
             self.ports[k] = free_port()

@@ -45,6 +45,7 @@ from e2e.cluster import (
     locate_binaries,
 )
 from e2e.targets import make_webhook_pki
+from e2e.waits import wait_established
 
 E2E_DIR = Path(__file__).resolve().parent
 VERSIONS_ENV = E2E_DIR / "lws" / "versions.env"
@@ -141,9 +142,8 @@ class LwsController:
             "--force-conflicts",
             *(a for c in CRDS for a in ("-f", str(self.bin / "crds" / c))),
         )
-        self.cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{crd_name(c)}" for c in CRDS)
-        )
+        for c in CRDS:  # kubectl wait fails at once on a CRD this new: poll
+            wait_established(self.cluster.kubectl, f"crd/{crd_name(c)}")
 
     def uninstall(self) -> None:
         self.cluster.kubectl("delete", "crd", *(crd_name(c) for c in CRDS), "--ignore-not-found", check=False)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.cluster import free_port
+from e2e.waits import wait_established
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = [ROOT / "crds" / "inferenceservices.kvpilot.io.yaml", ROOT / "crds" / "enginetuners.kvpilot.io.yaml"]
@@ -68,7 +69,7 @@ def get(cluster: Any, *args: str) -> Any:
 def install_crds(cluster: Any) -> None:
     for crd in CRDS:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{RESOURCE}", "--timeout=60s")
+    wait_established(cluster.kubectl, f"crd/{RESOURCE}")  # kubectl wait fails at once on a CRD this new
 
 
 def foreign_deployment(name: str, command: list[str], args: list[str] | None) -> dict[str, Any]:

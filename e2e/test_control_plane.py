@@ -21,7 +21,7 @@ from e2e import nodes
 from e2e.cluster import LocalCluster, versions
 from e2e.kwok_stages import PROBED_LABEL, PROBED_VALUE
 from e2e.pods import CUDA_OOM_MESSAGE, container_status, simulate_container_crash
-from e2e.waits import wait_for
+from e2e.waits import wait_established, wait_for
 
 TESTDATA = Path(__file__).resolve().parent / "testdata"
 
@@ -77,7 +77,7 @@ def test_version_is_the_pinned_release(cluster: LocalCluster) -> None:
 def test_crd_cel_rule_rejects_bad_object(cluster: LocalCluster, namespace: str) -> None:
     crd = TESTDATA / "gpuquota-crd.yaml"
     cluster.kubectl("apply", "-f", str(crd))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/gpuquotas.e2e.kvpilot.dev", "--timeout=60s")
+    wait_established(cluster.kubectl, "crd/gpuquotas.e2e.kvpilot.dev")
 
     def quota(name: str, lo: int, hi: int, product: str = "NVIDIA-L4") -> str:
         return yaml.safe_dump(

@@ -29,8 +29,8 @@ The same for a TGI Deployment (``text-generation-launcher`` in exec form, TGI's 
 ``--max-concurrent-requests`` 4 (``serving.concurrency``) is put on the owner's next pod by TGI's rewrite;
 the fleet plays it as TGI 3.3.7 under test_tgi_loop.py's admission load (eight requests a second, the rest
 answered 429) with the KV tokens nearly empty, and the loop raises the limit (``IdleCapacity``) from TGI's
-series; Auto rolls the raise out the same way and it passes probation. Both share the stack
-(:func:`webhook_stack`) and the waits.
+series, its reason naming the 429 rate; Auto rolls the raise out the same way and it passes probation.
+Both share the stack (:func:`webhook_stack`) and the waits.
 """
 
 from __future__ import annotations
@@ -458,6 +458,7 @@ def test_auto_retunes_a_tgi_deployment_made_elsewhere_and_rolls_it_out(
         status, entry = _wait_for_retune(cluster, ns, "tgi", "IdleCapacity", log)
         new = tgi.parse_tgi_args(entry["toEngineArgs"])
         assert (new.max_concurrent_requests or 0) > 4, (planned, new)
+        assert "429s" in entry["reason"] and "/s on average" in entry["reason"], entry  # the 429 rate
 
         _, pod = _wait_past_probation(cluster, ns, "tgi", "TGI", "tgi", entry["toEngineArgs"])
         runs = tgi.parse_tgi_args(_container_args(pod))

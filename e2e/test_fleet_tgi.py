@@ -186,7 +186,7 @@ def test_the_router_refuses_beyond_max_concurrent_requests_and_the_exposition_co
     assert found is not None and found.kind == "overloaded"
     fams = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
     (failure,) = fams[serving.REQUEST_FAILURE].samples
-    assert failure.labels == {"err": "overloaded"} and failure.value == sim.total_refused
+    assert failure.labels == {"err": "overloaded"} and failure.value == sim.total_refused  # TGI's, verbatim
     assert (
         fams[serving.BATCH_MAX_TOTAL_TOKENS].samples[0].value
         == tgi_truth.warmup(TRUTH, args).max_batch_total_tokens
@@ -202,6 +202,7 @@ def test_the_router_refuses_beyond_max_concurrent_requests_and_the_exposition_co
         assert fams[name].type == "gauge", name
     text = metrics.render().decode()
     assert f"{serving.REQUEST_FAILURE}_total" not in text and "_created" not in text  # the exporter's shape
+    assert f"\n{serving.REQUEST_OVERLOADED} {sim.total_refused}\n" in text  # what kvpilot reads
 
 
 def test_a_runtime_oom_above_the_threshold() -> None:
@@ -225,6 +226,7 @@ def test_the_fleet_imports_only_tgis_facts_from_kvpilot() -> None:
                 assert node.module == "kvpilot.tuner.tgi", (path.name, node.module)
                 assert {a.name for a in node.names} <= {"args", "messages", "serving"}, path.name
         assert '"tgi_' not in path.read_text(), f"{path.name} spells a series name"
+        assert "err=" not in path.read_text(), f"{path.name} spells a series' label"
 
 
 # ----------------------------------------------------------------------------- on the KWOK cluster

@@ -34,7 +34,7 @@ import yaml
 from e2e import image
 from e2e.cluster import LocalCluster, free_port, versions
 from e2e.hub_standin import StandInHub
-from e2e.waits import wait_for
+from e2e.waits import wait_established, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "inferenceservices.kvpilot.io.yaml"
@@ -165,9 +165,7 @@ def chart_rbac(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterato
     rest = [d for d in docs if d["kind"] not in ("CustomResourceDefinition", "Deployment")]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(crds))
     for crd in crds:
-        cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=60s"
-        )
+        wait_established(cluster.kubectl, f"crd/{crd['metadata']['name']}")
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rest))
     try:
         yield docs

@@ -35,6 +35,7 @@ from e2e.cluster import LocalCluster
 from e2e.fleet import GroundTruth, Scenario, Workload
 from e2e.fleet.stack import REPO, Stack, condition, deployment_args, isvc_events
 from e2e.fleet.testing import catalogue_isvc, wait_until
+from e2e.waits import wait_established
 from kvpilot.operator.planning.profiles import LIST_TTL_S
 from kvpilot.tuner.memory import MEMORY_MODEL_VERSION
 from kvpilot.tuner.plan.profiles import UTILIZATION_MARGIN
@@ -120,7 +121,7 @@ def world(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     cluster.kubectl("create", "namespace", ns)
     cluster.kubectl("create", "namespace", other)
     cluster.kubectl("apply", "--server-side", "--field-manager=kvpilot-e2e", "-f", str(PROFILE_CRD))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PROFILES}", "--timeout=60s")
+    wait_established(cluster.kubectl, f"crd/{PROFILES}")
     stack = Stack(
         cluster,
         run_dir,

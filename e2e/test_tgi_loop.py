@@ -17,8 +17,9 @@ tokens and fits at half that.
   ``Recommended`` event) and changes nothing.
 * ``admission`` (mode Auto, the scenario's usual prefill): ``serving.concurrency`` 4 is
   ``--max-concurrent-requests`` 4, and eight requests a second keep the router at that limit (the rest
-  answered 429 "Model is overloaded") with the KV tokens nearly empty: the loop raises
-  ``--max-concurrent-requests`` (``IdleCapacity``), which rolls out, becomes Ready and passes probation.
+  answered 429 "Model is overloaded" and counted in ``tgi_request_failure{err="overloaded"}``) with the KV
+  tokens nearly empty: the loop raises ``--max-concurrent-requests`` (``IdleCapacity``, its reason naming
+  the 429 rate Prometheus measured), which rolls out, becomes Ready and passes probation.
 
 All run at once; nothing is skipped: a missing binary fails the fixture.
 """
@@ -200,6 +201,7 @@ def test_requests_at_the_admission_limit_with_spare_kv_raise_it_and_the_raise_ro
     assert flags(loop.deployment_args("admission")) == flags(st["appliedEngineArgs"])
     retuned = [h for h in st.get("history") or () if h.get("action") == "Retuned"]
     assert retuned and retuned[0]["trigger"] == "IdleCapacity", st.get("history")
+    assert "429s" in retuned[0]["reason"] and "/s on average" in retuned[0]["reason"], retuned[0]  # the rate
     assert not st.get("failedEngineArgs"), st.get("failedEngineArgs")
     reasons = [e["reason"] for e in loop.events("admission")]
     assert {"Retuned", "RolloutSucceeded"} <= set(reasons), reasons

@@ -442,6 +442,22 @@ def test_plan_sglang_takes_an_fp8_kv_cache_where_allowed() -> None:
     assert code == 0 and plan["feasible"] and "fp8_e4m3" in plan["args"]
 
 
+def test_an_infeasible_sglang_plan_says_an_fp8_kv_cache_would_fit_and_how_to_allow_it() -> None:
+    """As vLLM's infeasible plan: on an L4, 32K of Llama-3.1-8B misses SGLang's 16-bit pool, the fp8 one holds
+    it; the plan names the dtype and the permission. Not on an A10G (no fp8 KV), nor at 64K (fp8 misses)."""
+    base = ("plan", "--engine", "sglang", "--model", LLAMA, "--max-context")
+    code, out, _ = run(*base, "32768", "--gpu", "L4")
+    hint = "An fp8 KV cache (--kv-cache-dtype fp8_e4m3) fits"
+    assert (
+        code == 1 and hint in out and "spec.tuning.allowFp8KvCache: true" in out and "--allow-fp8-kv" in out
+    )
+    code, out, _ = run(*base, "32768", "--gpu", "L4", "--json")
+    assert code == 1 and json.loads(out)["explanation"][-1].startswith(hint)
+    for gpu, context in (("A10G", "32768"), ("L4", "65536")):
+        code, out, _ = run(*base, context, "--gpu", gpu)
+        assert code == 1 and "fp8" not in out.split("Does not fit")[-1]
+
+
 def test_plan_engine_vllm_is_the_default() -> None:
     assert run("plan", "--model", LLAMA, "--gpu", "L4") == run(
         "plan", "--engine", "vllm", "--model", LLAMA, "--gpu", "L4"

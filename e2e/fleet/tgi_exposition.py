@@ -14,8 +14,10 @@ names are kvpilot's (:mod:`kvpilot.tuner.tgi.serving`, their one home); what eac
   each request's prompt plus its ``max_new_tokens``; the engine model allocates as requests grow);
 * ``REQUEST_DURATION``, ``REQUEST_QUEUE_DURATION``, ``TIME_PER_TOKEN``: per finished request, its end to
   end, queued and inference time over its generated tokens (``router/src/server.rs`` lines 363-367, 417-421);
-* ``REQUEST_FAILURE{err="overloaded"}``: requests refused beyond ``--max-concurrent-requests``
-  (``router/src/infer/mod.rs`` line 117).
+* ``REQUEST_OVERLOADED`` (``REQUEST_FAILURE`` with its ``err`` label): requests refused beyond
+  ``--max-concurrent-requests`` (``router/src/infer/mod.rs`` line 117), a counter the router never describes
+  (no ``# HELP``), written as ``metrics-exporter-prometheus`` 0.15.3 writes one (``src/recorder.rs`` line
+  124: the name as recorded, no suffix).
 
 dcgm-exporter's framebuffer gauges are added as for a vLLM pod
 (:func:`e2e.fleet.exposition.build_framebuffer_gauges`). A restarted container starts from zero.
@@ -122,9 +124,9 @@ class TgiMetrics:
             if name in HELP:
                 out.append(f"# HELP {name} {HELP[name]}")
             out += [f"# TYPE {name} gauge", f"{name} {_num(value)}", ""]
-        if self.overloaded:
+        if self.overloaded:  # not described by the router (no HELP line); the selector is the sample's name
             name = serving.REQUEST_FAILURE
-            out += [f"# TYPE {name} counter", f'{name}{{err="overloaded"}} {self.overloaded}', ""]
+            out += [f"# TYPE {name} counter", f"{serving.REQUEST_OVERLOADED} {self.overloaded}", ""]
         for name, hist in sorted(self.histograms.items()):
             out += [f"# HELP {name} {HELP[name]}", f"# TYPE {name} histogram", *hist.lines(name), ""]
         return ("\n".join(out) + "\n").encode() + generate_latest(self.registry)

@@ -159,6 +159,27 @@ def test_sglang_plans_an_fp8_kv_cache_where_allowed_and_it_holds_the_context() -
     assert flag(args, "--kv-cache-dtype") == "fp8_e4m3" and int(flag(args, "--context-length") or 0) > 32768
 
 
+def test_an_infeasible_sglang_plan_says_an_fp8_kv_cache_would_fit_and_how_to_allow_it() -> None:
+    """On the fixtures' L4, a 32K minimum context misses Llama-3.1-8B's 16-bit pool (~24K) and fits the fp8
+    one (~48K): Infeasible names the fp8 cache and spec.tuning.allowFp8KvCache, as vLLM's plan does; at a
+    64K minimum even fp8 misses, and nothing is said of it."""
+    body = sglang_isvc(serving={"minContextLength": 32768, "maxContextLength": 65536})
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(body)
+    message = info.value.message
+    assert info.value.reason == "Infeasible" and "Does not fit" in message
+    assert "An fp8 KV cache (--kv-cache-dtype fp8_e4m3) fits at the minimum context 32768" in message
+    assert "spec.tuning.allowFp8KvCache: true" in message
+    at_full = sglang_isvc(serving={"minContextLength": 32768, "maxContextLength": 32768})
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(at_full)
+    assert "An fp8 KV cache (--kv-cache-dtype fp8_e4m3) fits (" in info.value.message
+    longer = sglang_isvc(serving={"minContextLength": 65536, "maxContextLength": 65536})
+    with pytest.raises(render.RenderError) as info:
+        render.build_manifests(longer)
+    assert "fp8" not in info.value.message
+
+
 @pytest.mark.parametrize(
     ("product", "allow", "fp8"), [("L4", True, True), ("L4", False, False), ("A100-80GB", True, False)]
 )

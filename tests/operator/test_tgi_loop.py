@@ -57,6 +57,53 @@ def test_tgis_usage_is_its_batch_tokens_over_its_capacity() -> None:
     assert "preemption_rate" not in queries.ranged
 
 
+def test_tgis_429s_are_the_rate_of_its_overloaded_failures_per_pod() -> None:
+    """TGI counts a request refused at ``--max-concurrent-requests`` in
+    ``tgi_request_failure{err="overloaded"}`` (no ``_total``: its exporter appends none); the loop reads its
+    rate per pod like a preemption rate."""
+    series = engines.lookup_engine("TGI").metrics
+    assert series.rejected == serving.REQUEST_OVERLOADED
+    assert series.rejected == 'tgi_request_failure{err="overloaded"}'  # TGI's router, verbatim
+    rejected = prometheus.build_queries(300, series=series).ranged["rejected_rate"]
+    assert (
+        rejected == f"max by (namespace, pod) (rate({serving.REQUEST_OVERLOADED}[{prometheus.RATE_WINDOW}]))"
+    )
+    for other in ("vLLM", "SGLang"):
+        assert engines.lookup_engine(other).metrics.rejected is None
+        assert (
+            "rejected_rate"
+            not in prometheus.build_queries(300, series=engines.lookup_engine(other).metrics).ranged
+        )
+    assert "rejected_rate" not in prometheus.build_queries(300).ranged  # vLLM's own queries
+
+
+def test_tgis_429_rate_fills_the_samples_and_an_absent_counter_is_none_refused() -> None:
+    """The worst pod's rate at each sample; TGI writes the counter only once it first refuses, so a sample
+    whose KV gauges were scraped without it is 0 refused -- and for an engine with no such series, ``None``.
+    """
+    now = 1_000_000.0
+    pods = ["llm-5d8f7c-00000", "llm-5d8f7c-00001"]
+
+    def vector(pod: str, values: list[float]) -> dict[str, Any]:
+        points = [[now - 60 + 30 * i, str(v)] for i, v in enumerate(values)]
+        return {"metric": {"namespace": "ns1", "pod": pod}, "values": points}
+
+    kv = [vector(pods[0], [0.2, 0.2, 0.2]), vector(pods[1], [0.1, 0.1, 0.1])]
+    refusing = [vector(pods[1], [1.5, 2.5]), vector("other-7b9c6d-ccccc", [99.0, 99.0, 99.0])]
+    instant = {"last_scrape": [{"metric": {"namespace": "ns1", "pod": pods[0]}, "value": [now, str(now)]}]}
+    kv_series = serving.BATCH_CURRENT_MAX_TOKENS
+
+    def samples(ranged: dict[str, Any]) -> list[float | None]:
+        snapshot = prometheus.build_fleet_snapshot(ranged, instant, now, kv_series=kv_series)
+        return [
+            s.rejected_rate for s in prometheus.build_service_window(snapshot, "ns1", pods, 300, 30).samples
+        ]
+
+    assert samples({"kv_usage": kv, "rejected_rate": refusing}) == [1.5, 2.5, 0.0]
+    assert samples({"kv_usage": kv, "rejected_rate": []}) == [0.0, 0.0, 0.0]  # asked, never refused
+    assert samples({"kv_usage": kv}) == [None, None, None]  # not asked: no such series
+
+
 def test_a_tgi_pod_is_read_in_tgis_flags_and_its_crash_text_classified() -> None:
     args = ["--model-id", "m", "--max-batch-prefill-tokens", "8192", "--max-total-tokens", "8192"]
     view = engine_pods.build_engine_pod(

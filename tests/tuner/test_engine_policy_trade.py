@@ -24,6 +24,7 @@ from kvpilot.tuner.loop import (
     tgi_rules,
 )
 from kvpilot.tuner.loop import sglang_fit as sfit
+from kvpilot.tuner.loop import tgi_fit as tfit
 from kvpilot.tuner.loop.decision import compute_cooldown
 from kvpilot.tuner.loop.engine_state import EngineEvidence, EngineHold, EngineLoopState, EngineRollout
 from kvpilot.tuner.loop.observations import MetricsSample, ObservationWindow
@@ -31,7 +32,8 @@ from kvpilot.tuner.loop.remedies import IDLE_CAPACITY, KV_PRESSURE
 from kvpilot.tuner.loop.sglang_policy import compute_gain_fraction as sglang_gain
 from kvpilot.tuner.loop.sglang_policy import compute_sglang_decision
 from kvpilot.tuner.loop.sglang_state import SglangChange, SglangContext, SglangDecision, classify_restart
-from kvpilot.tuner.loop.tgi_fit import TgiMemory
+from kvpilot.tuner.loop.tgi_fit import TgiMemory, TgiSituation
+from kvpilot.tuner.loop.tgi_policy import compute_gain_fraction as tgi_gain
 from kvpilot.tuner.loop.tgi_policy import compute_tgi_decision
 from kvpilot.tuner.loop.tgi_state import TgiChange, TgiContext
 from kvpilot.tuner.model import build_model_spec, lookup_model_config
@@ -232,6 +234,35 @@ def test_tgi_the_same_on_a_surge_goes_ahead() -> None:
 def test_tgi_a_persisting_condition_wins_its_restart_after_a_while() -> None:
     assert decide_tgi(BINDING, 1.0, holds=held_for(IDLE_CAPACITY, 60)).action == Action.HOLD
     assert decide_tgi(BINDING, 1.0, holds=held_for(IDLE_CAPACITY, 3000)).action == Action.RETUNE
+
+
+def test_tgi_the_429_rate_is_the_raises_demand() -> None:
+    """The limit binding with no queue but 429s: each refusal over the cooldown is a request's work lost (as
+    vLLM's preemptions); a refusal a second is worth a recreate, one every few minutes is not."""
+    refusing = tuple(dataclasses.replace(x, waiting=0.0, rejected_rate=1.0) for x in BINDING.samples)
+    many = dataclasses.replace(BINDING, samples=refusing)
+    assert decide_tgi(many, 1.0).action == Action.RETUNE
+    rare = tuple(dataclasses.replace(x, rejected_rate=0.005) for x in refusing)
+    held = decide_tgi(dataclasses.replace(BINDING, samples=rare), 1.0)
+    assert held.action == Action.HOLD and NOT_WORTH in held.reason
+    raised = dataclasses.replace(TGI, max_concurrent_requests=52)
+    s = tgi_situation(dataclasses.replace(BINDING, samples=rare))
+    assert tgi_gain(s, IDLE_CAPACITY, raised, COOLDOWN) == pytest.approx(0.005 * COOLDOWN / 30)
+    assert tgi_gain(tgi_situation(many), IDLE_CAPACITY, raised, COOLDOWN) == pytest.approx(20 / 30)
+
+
+def tgi_situation(w: ObservationWindow) -> TgiSituation:
+    memory = TGI_CONTEXT.memory
+    return TgiSituation(
+        current=TGI,
+        effective=tfit.compute_effective(TGI, memory),
+        window=w,
+        memory=memory,
+        failed=(),
+        bounds=TGI_CONTEXT.bounds,
+        policy=POLICY,
+        now=NOW,
+    )
 
 
 def test_tgi_a_deep_queue_is_worth_a_recreate() -> None:

@@ -192,6 +192,7 @@ def test_suggestions_respect_the_minimum_context() -> None:
     squeezed = compute_plan(spec, l4, 1, ServingBounds(min_context=40960, max_context=131072))
     assert not squeezed.feasible  # the longest 16-bit context that starts is 30720
     assert any("fp8" in r and "40960" in r for r in squeezed.reasons), squeezed.reasons
+    assert any("spec.tuning.allowFp8KvCache: true" in r for r in squeezed.reasons)  # fp8_advice's wording
     assert not any("A shorter context fits" in r for r in squeezed.reasons)
 
 

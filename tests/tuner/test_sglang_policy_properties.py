@@ -48,6 +48,7 @@ settings_st = st.builds(
     mem_fraction_static=st.one_of(st.none(), fractions),
     max_running_requests=st.one_of(st.none(), st.integers(1, 512)),
     chunked_prefill_size=st.one_of(st.none(), st.sampled_from([2048, 4096, 8192, 16384])),
+    kv_cache_dtype=st.sampled_from([None, None, sglang.FP8_KV_CACHE_DTYPE]),
 )
 failed_st = st.lists(
     st.builds(
@@ -70,6 +71,7 @@ def bounds_st(draw: st.DrawFn) -> TuningBounds:
         min_gpu_memory_utilization=lo_f,
         max_gpu_memory_utilization=hi_f,
         min_max_model_len=draw(st.one_of(st.none(), st.sampled_from([1024, 4096, 16384]))),
+        allow_fp8_kv=draw(st.booleans()),
     )
 
 
@@ -150,6 +152,8 @@ def test_a_retune_stays_in_bounds_and_never_repeats_a_ruled_out_value(
         assert bounds.max_max_num_seqs is None or running <= bounds.max_max_num_seqs
     if bounds.min_max_model_len is not None and new.context_length is not None:
         assert new.context_length >= min(bounds.min_max_model_len, state.current.context_length or 0)
+    if new.kv_cache_dtype != state.current.kv_cache_dtype:  # fp8 only where the bounds allow it
+        assert bounds.allow_fp8_kv and new.kv_cache_dtype == sglang.FP8_KV_CACHE_DTYPE
     ruled = [*state.failed, *([decision.failed] if decision.failed else [])]
     for run in ruled:
         assert fit.compute_effective(run.settings, memory) != new

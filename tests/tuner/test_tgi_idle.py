@@ -1,4 +1,5 @@
-"""TGI's ``IdleCapacity`` rule (:func:`kvpilot.tuner.loop.tgi_idle.propose_for_idle`): the raise by the room
+"""TGI's ``IdleCapacity`` rule (:func:`kvpilot.tuner.loop.tgi_idle.propose_for_idle`): the limit binding by
+running + queued at it or by the router's 429s (``MetricsSample.rejected_rate``), the raise by the room
 the window measured (:mod:`kvpilot.tuner.loop.engine_room`), the flap guard
 (:mod:`kvpilot.tuner.loop.engine_flap`) after KV pressure or the latency objective found
 ``--max-concurrent-requests`` too many, and raises that failed approached from below -- each shared with
@@ -42,12 +43,23 @@ def limited(n: int, fraction: float | None = None) -> tgi.TgiSettings:
 
 
 def window(
-    kv: float, running: float, waiting: float = 0.0, kvs: list[float] | None = None
+    kv: float,
+    running: float,
+    waiting: float = 0.0,
+    kvs: list[float] | None = None,
+    rejected: list[float | None] | None = None,
 ) -> ObservationWindow:
     usages = kvs or [kv] * 10
+    refused = rejected or [None] * len(usages)
     samples = tuple(
-        MetricsSample(time=NOW - 30 * (len(usages) - 1 - i), kv_usage=u, running=running, waiting=waiting)
-        for i, u in enumerate(usages)
+        MetricsSample(
+            time=NOW - 30 * (len(usages) - 1 - i),
+            kv_usage=u,
+            running=running,
+            waiting=waiting,
+            rejected_rate=r,
+        )
+        for i, (u, r) in enumerate(zip(usages, refused, strict=True))
     )
     return ObservationWindow(NOW - 300, NOW, samples, pods=1)
 
@@ -170,3 +182,54 @@ def test_a_raise_whose_rollout_failed_is_approached_by_a_step_not_retried_one_le
     larger = decide(at_less, window(kv=0.2, running=30, waiting=2), failed=(elsewhere,))
     assert larger.settings == dataclasses.replace(at_less, max_concurrent_requests=132)
     # a failure at a larger fraction (less room outside TGI's share) does not bind the raise at a smaller one
+
+
+# --- the 429s the router answers beyond the limit ---------------------------------------------------
+
+
+def test_429s_in_most_samples_with_spare_kv_raise_the_limit_to_the_measured_room() -> None:
+    """20 running, none queued, under the limit of 32 at every sample (the gauges miss the moments the router
+    was full), but 429s refused at each: the limit binds. 20 fill a fifth of the KV: 88 fill 0.88."""
+    refusing = window(kv=0.2, running=20, rejected=[2.0] * 10)
+    decision = decide(limited(32), refusing)
+    assert (decision.action, decision.trigger) == (Action.RETUNE, IDLE_CAPACITY)
+    assert decision.settings.max_concurrent_requests == 88
+    assert "429s" in decision.reason and "in 100%, 2.00/s on average" in decision.reason
+
+
+def test_no_429s_and_no_queue_at_the_limit_hold() -> None:
+    quiet = decide(limited(32), window(kv=0.2, running=20, rejected=[0.0] * 10))
+    assert (quiet.action, quiet.trigger, quiet.settings) == (Action.HOLD, Trigger.STEADY, limited(32))
+    unread = decide(limited(32), window(kv=0.2, running=20))  # no series at all: the same
+    assert (unread.action, unread.settings) == (Action.HOLD, limited(32))
+
+
+def test_429s_in_a_few_samples_are_not_most() -> None:
+    """A burst refused in 3 samples of 10 (under ``sustain_fraction``): not a limit that binds."""
+    burst = window(kv=0.2, running=20, rejected=[0.0] * 7 + [1.5] * 3)
+    assert decide(limited(32), burst).settings == limited(32)
+
+
+def test_429s_with_the_kv_at_the_high_band_hold() -> None:
+    """The router refuses, but the KV tokens are full: a higher limit admits nothing more into the batch."""
+    full = decide(limited(32), window(kv=0.92, running=20, rejected=[3.0] * 10))
+    assert (full.action, full.settings) == (Action.HOLD, limited(32))
+    assert full.trigger != IDLE_CAPACITY
+
+
+def test_429s_raise_within_the_flap_guard_and_below_a_failed_raise() -> None:
+    """The rate says the limit binds; how far it may go stays the guards': a raise that ran out of memory
+    with 40 running caps it below 40, as with a queue at the limit."""
+    oom = EngineFailedRun(tgi_fit.compute_effective(limited(64), BARE), "runtime_oom", running=40)
+    refusing = window(kv=0.2, running=20, rejected=[2.0] * 10)
+    assert decide(limited(32), refusing, failed=(oom,)).settings.max_concurrent_requests == 39
+    current = limited(64, 0.9)
+    grew = change(1800, rules.KV_PRESSURE, limited(64, 0.85), current)
+    held = decide(current, window(kv=0.3, running=40, rejected=[2.0] * 10), (grew,))
+    assert (held.action, held.settings) == (Action.HOLD, current)
+
+
+def test_the_evidence_names_the_429_rate_beside_a_limit_held_full() -> None:
+    at_limit = decide(limited(32), window(kv=0.2, running=30, waiting=2, rejected=[0.5] * 5 + [0.0] * 5))
+    assert at_limit.trigger == IDLE_CAPACITY
+    assert f'429s ("{tgi.OVERLOADED}") in 50%, 0.25/s on average' in at_limit.reason

@@ -7,7 +7,9 @@
   OOM never raises the fraction, a ``max_total_tokens`` failure never lowers it);
 - the same inputs give the same decision;
 - a latency objective only ever shortens the steps: fewer admitted requests or prefill tokens, never more,
-  never a shorter prompt or request served.
+  never a shorter prompt or request served;
+- an idle raise (the admission limit binding by running + queued at it or by the router's 429s) stays within
+  the KV's measured room and the flap guard.
 """
 
 from __future__ import annotations
@@ -91,8 +93,12 @@ def window_st(draw: st.DrawFn) -> ObservationWindow:
     running = draw(st.floats(0, 600))
     waiting = draw(st.sampled_from([0.0, 5.0, 50.0]))
     itl = draw(st.one_of(st.none(), st.floats(0.001, 1.0)))
+    rejected = draw(st.one_of(st.none(), st.sampled_from([0.0, 2.0]), st.floats(0, 100)))  # 429s a second
     samples = tuple(
-        MetricsSample(NOW - 30 * (n - 1 - i), usage, None, running, waiting, itl_p95=itl) for i in range(n)
+        MetricsSample(
+            NOW - 30 * (n - 1 - i), usage, None, running, waiting, itl_p95=itl, rejected_rate=rejected
+        )
+        for i in range(n)
     )
     prompt = draw(st.one_of(st.none(), st.sampled_from([200.0, 3000.0]).map(LengthSummary)))
     return ObservationWindow(NOW - 300, NOW, samples, prompt_tokens=prompt, pods=1)

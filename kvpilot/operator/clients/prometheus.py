@@ -39,7 +39,10 @@ Another engine's series come from the tuner's seam (:class:`kvpilot.tuner.engine
 token usage for ``kv_usage``, its retractions for ``preemption_rate``, its queued requests for ``waiting``,
 its TTFT and ITL histograms, its ``sglang:prompt_tokens_histogram``; TGI's
 ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` for ``kv_usage``, its batch size and queue,
-its ``tgi_request_input_length``): :func:`build_queries` with ``series``; its fleet snapshot is its own
+its ``tgi_request_input_length``; its requests refused at ``--max-concurrent-requests``, the seam's
+``MetricSeries.rejected``, as ``max by (B) (rate(R[2m]))`` into ``rejected_rate``, 0 at a sample whose
+KV gauges were scraped without it -- TGI's exporter writes the counter only from the first refusal on):
+:func:`build_queries` with ``series``; its fleet snapshot is its own
 (keyed by the series). The prompt-length histogram (``MetricSeries.prompt_tokens``) is queried as vLLM's,
 ``sum by (B) (rate(H_sum[W]))`` and ``_count``, into the prompts' mean (what the latency rule's long-prompt
 test, :func:`kvpilot.tuner.loop.engine_latency.long_prompts`, compares); no output length or capacity is
@@ -186,6 +189,8 @@ def _build_engine_queries(series: MetricSeries, by: str, w: str) -> Queries:
     }
     if series.preemptions is not None:
         ranged["preemption_rate"] = f"max by ({by}) (rate({series.preemptions}[{RATE_WINDOW}]))"
+    if series.rejected is not None:  # TGI's 429s; an absent series is no refusal (build_window)
+        ranged["rejected_rate"] = f"max by ({by}) (rate({series.rejected}[{RATE_WINDOW}]))"
     scraped = series.kv_usage or series.kv_used_tokens
     instant = {"last_scrape": f"max by ({by}) (timestamp({scraped}))"}
     if series.prompt_tokens is not None:  # the prompts' mean (build_service_window), as vLLM's
@@ -248,6 +253,7 @@ def _capacity(result: Sequence[Mapping[str, Any]]) -> tuple[int | None, float | 
 RANGES: Mapping[str, tuple[float, float]] = {
     "kv_usage": (0.0, 1.0 + 1e-6),
     "preemption_rate": (0.0, 1e4),
+    "rejected_rate": (0.0, 1e6),
     "running": (0.0, 1e6),
     "waiting": (0.0, 1e7),
     "prompt_mean": (0.0, 1e8),
@@ -304,6 +310,10 @@ def build_window(
     # After the newest scrape, Prometheus repeats the last value for 5 minutes (lookback):
     # those points are not new observations, so the window ends one step after it.
     horizon = last_scrape + step_seconds if last_scrape is not None else now
+    # The refusals counter appears only once the engine first refuses (TGI's exporter): where it was asked
+    # for, a sample (its KV gauges scraped) without it is a pod that refused nothing, 0, not a gap.
+    rejected = series.get("rejected_rate", {})
+    none_rejected = 0.0 if "rejected_rate" in ranged else None
     samples = tuple(
         MetricsSample(
             time=t,
@@ -313,6 +323,7 @@ def build_window(
             waiting=series.get("waiting", {}).get(t),
             ttft_p95=series.get("ttft_p95", {}).get(t),
             itl_p95=series.get("itl_p95", {}).get(t),
+            rejected_rate=rejected.get(t, none_rejected),
             gpu_memory_free_gib=series.get("gpu_memory_free_gib", {}).get(t),
             gpu_memory_used_gib=series.get("gpu_memory_used_gib", {}).get(t),
         )

@@ -147,7 +147,12 @@ def compute_sglang_budget(spec: api.InferenceServiceSpec, inputs: resolve.Inputs
     wanted = spec.serving.max_context_length
     settings = _sglang_settings(spec, min(wanted, model.max_model_len) if wanted else None)
     budget = engines.plan_sglang_kv(
-        model, gpu, settings, allow_fp8_kv=spec.tuning.allow_fp8_kv_cache, weights_total_bytes=weights
+        model,
+        gpu,
+        settings,
+        allow_fp8_kv=spec.tuning.allow_fp8_kv_cache,
+        weights_total_bytes=weights,
+        min_context=spec.serving.min_context_length,
     )
     shorter = budget.max_total_tokens // CONTEXT_STEP * CONTEXT_STEP or budget.max_total_tokens
     if budget.feasible or shorter < max(1, spec.serving.min_context_length or 1):
@@ -172,7 +177,7 @@ def plan_sglang(
     if not budget.feasible:
         raise tuner_errors.InfeasiblePlan(
             f"{spec.model.id} on {spec.gpu.count}x {gpu.name} (SGLang {sglang.PINNED_SGLANG_VERSION}): "
-            f"{explanation[-1]}"
+            + ". ".join(engines.explain_sglang_infeasible(budget))
         )
     mode = spec.tuning.mode
     kept = kept if mode == "Auto" else None

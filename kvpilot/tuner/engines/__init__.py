@@ -22,6 +22,7 @@ from kvpilot.tuner.engines.sglang_budget import (
     SglangBudget,
     compute_sglang_budget,
     explain_sglang_budget,
+    explain_sglang_infeasible,
     plan_sglang_budget,
     plan_sglang_kv,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "compute_sglang_budget",
     "compute_tgi_budget",
     "explain_sglang_budget",
+    "explain_sglang_infeasible",
     "explain_tgi_budget",
     "lookup_engine",
     "plan_sglang_budget",

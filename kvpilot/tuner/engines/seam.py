@@ -54,6 +54,11 @@ class MetricSeries:
     prompt_tokens: str | None = None
     """A histogram of requests' prompt lengths in tokens, read as its ``_sum`` over its ``_count`` (the
     window's mean prompt; ``None``: the loop reads none for this engine)."""
+    rejected: str | None = None
+    """A counter (a selector, with its labels) of requests refused at the engine's admission limit, read as
+    its ``rate()``, the refusals per second (TGI's 429 "Model is overloaded" beyond
+    ``--max-concurrent-requests``; ``None``: vLLM and SGLang export none, they queue what they cannot run
+    by default)."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvpilot.tuner import errors, sglang
+from kvpilot.tuner.fp8_advice import describe_fp8_fits
 from kvpilot.tuner.memory import CUDA_CONTEXT_GIB, compute_weight_bytes
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.model.layers import FULL, MLA, NO_KV
@@ -49,6 +50,9 @@ class SglangBudget:
     notes: tuple[str, ...] = ()
     """What the planner chose beyond SGLang's defaults and why (an fp8 KV cache: :func:`plan_sglang_kv`),
     printed after the budget (:func:`explain_sglang_budget`)."""
+    would_fit: tuple[str, ...] = ()
+    """Where the budget does not fit, what would (an fp8 KV cache the user has not allowed:
+    :func:`plan_sglang_kv`), printed after why it does not (:func:`explain_sglang_infeasible`)."""
 
     @property
     def feasible(self) -> bool:
@@ -209,6 +213,7 @@ def plan_sglang_kv(
     *,
     allow_fp8_kv: bool = False,
     weights_total_bytes: int | None = None,
+    min_context: int | None = None,
 ) -> SglangBudget:
     """:func:`plan_sglang_budget`, with an fp8 KV cache (:data:`~kvpilot.tuner.sglang.FP8_KV_CACHE_DTYPE`)
     exactly where vLLM's planner chooses one (``kvpilot.tuner.plan.planner._try_fp8_kv``): allowed
@@ -216,8 +221,24 @@ def plan_sglang_kv(
     given one is never changed), and useful -- no concurrency asked (as many requests as fit), or the asked
     ``--max-running-requests`` of full-context requests missed in 16 bits; fp8 is kept when it meets the
     request or 16 bits does not either (a context to shorten then shortens less). The budget notes the
-    choice."""
+    choice. A budget that does not fit says whether an fp8 KV cache would, at the context or at
+    ``min_context`` (the shortest the user accepts), and how to allow one (:func:`_fp8_would_fit`), as
+    vLLM's infeasible plan does."""
     settings = settings or sglang.SglangSettings()
+    budget = _choose_kv(spec, gpu, settings, allow_fp8_kv, weights_total_bytes)
+    if budget.feasible:
+        return budget
+    hint = _fp8_would_fit(spec, gpu, settings, budget, allow_fp8_kv, min_context, weights_total_bytes)
+    return replace(budget, would_fit=hint)
+
+
+def _choose_kv(
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    settings: sglang.SglangSettings,
+    allow_fp8_kv: bool,
+    weights_total_bytes: int | None,
+) -> SglangBudget:
     budget = plan_sglang_budget(spec, gpu, settings, weights_total_bytes=weights_total_bytes)
     concurrency = settings.max_running_requests
     if not (allow_fp8_kv and gpu.fp8_kv and settings.kv_cache_dtype is None):
@@ -236,6 +257,36 @@ def plan_sglang_kv(
         "scaled by the checkpoint's k/v scales, else 1.0 (possible accuracy loss)"
     )
     return replace(candidate, notes=(*candidate.notes, note))
+
+
+def _fp8_would_fit(
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    settings: sglang.SglangSettings,
+    budget: SglangBudget,
+    allowed: bool,
+    min_context: int | None,
+    weights_total_bytes: int | None,
+) -> tuple[str, ...]:
+    """The line vLLM's infeasible plan writes (:func:`kvpilot.tuner.fp8_advice.describe_fp8_fits`) where an
+    fp8 KV cache would make ``budget`` fit: the GPU supports one, no dtype was given, the budget is not fp8
+    already, and its pool holds one request of the context, or of ``min_context`` (the operator then
+    shortens the context to the pool); else nothing."""
+    if not gpu.fp8_kv or settings.kv_cache_dtype is not None:
+        return ()
+    if sglang.is_fp8_kv_cache_dtype(budget.settings.kv_cache_dtype):
+        return ()
+    flags = f"--kv-cache-dtype {sglang.FP8_KV_CACHE_DTYPE}"
+    fp8 = replace(settings, kv_cache_dtype=sglang.FP8_KV_CACHE_DTYPE)
+    candidate = plan_sglang_budget(spec, gpu, fp8, weights_total_bytes=weights_total_bytes)
+    pool = f"{candidate.max_total_tokens} tokens instead of {budget.max_total_tokens}"
+    if candidate.feasible:
+        where = f" ({pool}: {candidate.full_context_requests} {candidate.context_length}-token request(s))"
+        return (describe_fp8_fits(flags, allowed=allowed, where=where),)
+    if min_context and min_context < candidate.context_length and min_context <= candidate.max_total_tokens:
+        where = f" at the minimum context {min_context} ({pool})"
+        return (describe_fp8_fits(flags, allowed=allowed, where=where),)
+    return ()
 
 
 def _explain_reserve(budget: SglangBudget) -> str:
@@ -279,4 +330,10 @@ def explain_sglang_budget(budget: SglangBudget) -> list[str]:
         "fit the pool at once",
     ]
     lines += list(budget.notes)
-    return lines if budget.feasible else [*lines, _explain_fit(budget)]
+    return lines if budget.feasible else [*lines, *explain_sglang_infeasible(budget)]
+
+
+def explain_sglang_infeasible(budget: SglangBudget) -> list[str]:
+    """Why ``budget`` does not fit, and what would (``would_fit``): the tail of :func:`explain_sglang_budget`
+    and the operator's ``Infeasible`` message."""
+    return [_explain_fit(budget), *budget.would_fit]

@@ -32,6 +32,7 @@ _METRICS = MetricSeries(
     ttft=serving.TTFT,
     itl=serving.ITL,
     prompt_tokens=serving.PROMPT_TOKENS_HISTOGRAM,  # every finished request's prompt, read as its mean
+    rejected=None,  # no admission-limit refusals exported: what does not run waits in the queue
 )
 _KNOBS = Knobs(
     context=sglang.FLAGS["context_length"],

@@ -3,7 +3,8 @@
 The mapping of meanings: TGI exports no KV-usage ratio, so ``kv_usage`` is ``None`` and the loop reads
 ``tgi_batch_current_max_tokens`` (``kv_used_tokens``: the tokens the running batch may reach) over the
 capacity gauge ``tgi_batch_max_total_tokens``; the queue for waiting; no preemption counter (TGI never
-evicts a running request); ``--max-total-tokens`` for the context, ``--max-concurrent-requests`` for
+evicts a running request); the requests its router refuses at ``--max-concurrent-requests`` (429s) for
+``rejected``; ``--max-total-tokens`` for the context, ``--max-concurrent-requests`` for
 sequences, ``--max-batch-prefill-tokens`` for batched tokens, ``--cuda-memory-fraction`` for the memory
 share. The failures (:func:`kvpilot.tuner.tgi.classify_log`): a warm-up that cannot hold its prefill is a
 start-up OOM whose remedy is fewer prefill tokens, not the share (direction 0); a ``--max-total-tokens``
@@ -37,6 +38,7 @@ _METRICS = MetricSeries(
     itl=serving.TIME_PER_TOKEN,  # per request, its mean time per output token
     kv_used_tokens=serving.BATCH_CURRENT_MAX_TOKENS,
     prompt_tokens=serving.INPUT_LENGTH,
+    rejected=serving.REQUEST_OVERLOADED,  # the 429s beyond --max-concurrent-requests
 )
 _KNOBS = Knobs(
     context=tgi.FLAGS["max_total_tokens"],

@@ -28,6 +28,7 @@ _METRICS = MetricSeries(
     preemptions=serving.PREEMPTIONS,
     ttft=serving.TTFT,
     itl=serving.ITL,
+    rejected=None,  # no admission-limit refusals exported: what does not run waits in the queue
 )
 _KNOBS = Knobs(
     context=args.FLAGS["max_model_len"],

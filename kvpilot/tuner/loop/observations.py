@@ -113,6 +113,9 @@ class MetricsSample:
     """dcgm-exporter's ``DCGM_FI_DEV_FB_USED`` of the pod's fullest GPU (MiB there, GiB here)."""
     gpu_memory_free_gib: float | None = None
     """dcgm-exporter's ``DCGM_FI_DEV_FB_FREE`` of the same GPU."""
+    rejected_rate: float | None = None
+    """Requests refused at the engine's admission limit per second, the seam's ``MetricSeries.rejected``:
+    TGI's 429s beyond ``--max-concurrent-requests``. vLLM and SGLang export none: ``None``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +249,10 @@ def running(s: MetricsSample) -> float | None:
 
 def waiting(s: MetricsSample) -> float | None:
     return s.waiting
+
+
+def rejected_rate(s: MetricsSample) -> float | None:
+    return s.rejected_rate
 
 
 def ttft_p95(s: MetricsSample) -> float | None:

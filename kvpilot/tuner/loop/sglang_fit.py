@@ -162,6 +162,64 @@ def fraction_of(settings: sglang.SglangSettings) -> float:
     return settings.mem_fraction_static
 
 
+def compute_wanted_fraction(
+    settings: sglang.SglangSettings, memory: SglangMemory, minimum: float | None
+) -> float | None:
+    """The fraction a start-up short of memory asks for ``settings`` (effective): SGLang's printed
+    ``minimum`` plus one request of the context (a step where unknown), and at least what the memory model
+    says holds that request; without a minimum, the model's fraction where it explains the failure (above
+    the current one); at least one step above the current fraction. ``None``: neither says (the failure
+    refuted the model, or it is not modelled)."""
+    fraction = fraction_of(settings)
+    needed = compute_fraction_for_context(settings, memory)
+    share = compute_context_share(settings, memory)
+    wanted: float | None = None
+    if minimum is not None:  # SGLang measured where the pool starts: that, and one request of the context
+        wanted = max(ceil_grid(minimum + (share or FRACTION_STEP)), needed or 0.0)
+    elif needed is not None and needed > fraction:  # the memory model explains the failure
+        wanted = needed
+    return None if wanted is None else max(wanted, round(fraction + FRACTION_STEP, 3))
+
+
+def compute_shorter_context(
+    s: SglangSituation, trial: sglang.SglangSettings, minimum: float | None = None
+) -> sglang.SglangSettings | None:
+    """``trial`` at its ceiling with the context its pool holds there (rounded down), when that is shorter.
+
+    Where SGLang printed the fraction its weights take (``minimum``: ``1 - available/pre`` = weights / the
+    memory free before the load), the pool at the ceiling is at most what that measurement leaves
+    (:func:`_measured_pool_tokens`): the failure refuted the memory model's free memory, so its pool is not
+    trusted above SGLang's own figure."""
+    top = compute_fraction_ceiling(trial, s.memory)
+    at_top = dataclasses.replace(trial, mem_fraction_static=top)
+    tokens = predict_pool_tokens(at_top, s.memory)
+    measured = _measured_pool_tokens(at_top, s, minimum)
+    if tokens is not None and measured is not None:
+        tokens = min(tokens, measured)
+    context = s.effective.context_length
+    if tokens is None or context is None or tokens <= 0:
+        return None
+    usable = tokens * (1.0 - s.policy.context_margin)
+    multiple = s.policy.context_multiple if usable >= 4 * s.policy.context_multiple else 16
+    shorter = int(usable // multiple) * multiple
+    if shorter <= 0 or shorter >= context:
+        return None
+    return dataclasses.replace(at_top, context_length=shorter)
+
+
+def _measured_pool_tokens(
+    settings: sglang.SglangSettings, s: SglangSituation, minimum: float | None
+) -> int | None:
+    """The pool at ``settings``' fraction by SGLang's printed minimum: ``minimum`` = weights / free memory
+    before the load, so the pool is ``weights x (fraction / minimum - 1)`` (``None``: no minimum, or the
+    model's weights and cell are unknown; 0 at or below the minimum)."""
+    budget = _budget(settings, s.memory)
+    if minimum is None or minimum <= 0 or budget is None:
+        return None
+    pool = budget.weight_bytes * (fraction_of(settings) / minimum - 1.0)
+    return max(0, int(pool // budget.cell_bytes))
+
+
 # --- what the history ruled out -------------------------------------------------------------------
 
 
@@ -176,19 +234,27 @@ def _same_layout(a: sglang.SglangSettings, b: sglang.SglangSettings) -> bool:
     return layout_of(a) == layout_of(b)
 
 
+def _same_parallelism(a: sglang.SglangSettings, b: sglang.SglangSettings) -> bool:
+    """The same weights per GPU: parallelism and page size, whatever the KV dtype."""
+    return (a.tp_size, a.pp_size, a.page_size) == (b.tp_size, b.pp_size, b.page_size)
+
+
 def is_ruled_out(candidate: sglang.SglangSettings, s: SglangSituation) -> bool:
     """Whether a failed run of the history rules ``candidate`` (effective) out: the same settings; a
-    fraction at or below one that left no pool at start-up; a fraction at or above one that ran out of
-    memory with no smaller prefill chunk and no fewer running requests."""
+    fraction at or below one that left no pool at start-up (with any KV dtype: the weights, not the cell,
+    filled the share); a fraction at or above one that ran out of memory with no smaller prefill chunk and
+    no fewer running requests (with the same KV dtype)."""
     eff = compute_effective(candidate, s.memory)
     for run in s.failed:
         failed = compute_effective(run.settings, s.memory)
         if failed == eff:
             return True
+        # no pool at start-up: the weights filled the share, whatever the cell (an fp8 cache too)
+        short = run.kind == "start_memory_short" and fraction_of(eff) <= fraction_of(failed) + 1e-9
+        if short and _same_parallelism(failed, eff):
+            return True
         if not _same_layout(failed, eff):
             continue
-        if run.kind == "start_memory_short" and fraction_of(eff) <= fraction_of(failed) + 1e-9:
-            return True
         if run.kind in ("start_oom", "runtime_oom") and _holds_more(eff, failed, s.memory):
             return True
     return False

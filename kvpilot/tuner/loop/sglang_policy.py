@@ -29,8 +29,9 @@ minimum interval between changes, the cooldown
 after a retune (metrics-driven changes only), the changes-per-hour limit, and (metrics-driven changes only)
 vLLM's restart-cost trade (:mod:`.restart_trade`: its gain against the capacity the rollout loses while
 SGLang restarts, ``SglangEvidence.rollout_lost_fraction`` x the restart), with the gain in SGLang's terms
-(:func:`compute_gain_fraction`). What vLLM's policy has and this does not (yet): fp8 KV outside the pressure
-rule (vLLM's KV-bound and idle growth also offer it), GPU-memory telemetry, scale-out recommendations,
+(:func:`compute_gain_fraction`). What vLLM's policy has and this does not (yet): fp8 KV in an idle or
+KV-bound growth (vLLM's offer it; SGLang's pressure and crash rules do: :mod:`.sglang_fp8`), GPU-memory
+telemetry, scale-out recommendations,
 lengths-based sizing.
 """
 

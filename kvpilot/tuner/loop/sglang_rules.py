@@ -13,13 +13,16 @@ start-up and run time, and each rule here says which way it goes:
   graphs (:func:`~.sglang_fit.compute_fraction_ceiling`); when the memory model does not explain the
   failure (less was free than it predicts), to the ceiling; past it, halve ``--chunked-prefill-size`` (a
   smaller activation reserve lifts the ceiling); past that, shorten ``--context-length`` to the pool at the
-  ceiling; else infeasible, with the numbers.
+  ceiling (within ``minContextLength``); then, where allowed, an fp8 KV cache with the full context, then
+  with the context its pool holds (vLLM's ``KvCacheTooSmall`` order: :mod:`.sglang_fp8`); else infeasible,
+  with the numbers (and ``allowFp8KvCache`` named where only it keeps a fitting fp8 cache out).
 - ``StartOOM`` / ``RuntimeOOM`` (CUDA-graph capture failed; ``CUDA out of memory``): *lower* the fraction by
   the OOM step on the headroom (VPA's, :func:`kvpilot.tuner.loop.remedies.compute_oom_step`) while the pool
   still holds one full-context request; else halve ``--chunked-prefill-size`` (activations); a graph
   capture OOM also offers fewer ``--max-running-requests`` (the decode graph's batch), and so does a
   run-time OOM that came back at the same batch after a smaller fraction (first: the memory follows the
-  batch).
+  batch). Where allowed, an fp8 KV cache at a smaller fraction that keeps the pool's tokens comes before
+  any cut of the running requests (first where the batch would be cut first; :mod:`.sglang_fp8`).
 - ``KvPressure`` (sustained token usage with retractions, or "KV cache pool is full. Retract requests."):
   more pool when the fraction is under its ceiling and no OOM ruled that out; at the ceiling, more pool by
   halving ``--chunked-prefill-size`` (a smaller activation reserve lifts the ceiling, as for a start-up
@@ -45,7 +48,7 @@ import math
 
 from kvpilot.tuner import sglang
 from kvpilot.tuner.engines import FailureKind
-from kvpilot.tuner.loop import engine_latency
+from kvpilot.tuner.loop import engine_latency, sglang_fp8
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.config import PolicyConfig
 from kvpilot.tuner.loop.engine_latency import LATENCY_SLO as LATENCY_SLO
@@ -58,13 +61,12 @@ from kvpilot.tuner.loop.sglang_fit import (
     FRACTION_STEP,
     SglangProposal,
     SglangSituation,
-    ceil_grid,
-    compute_budget,
-    compute_context_share,
     compute_effective,
     compute_fraction_ceiling,
     compute_fraction_floor,
     compute_fraction_for_context,
+    compute_shorter_context,
+    compute_wanted_fraction,
     floor_grid,
     fraction_of,
     holds_full_request,
@@ -82,14 +84,7 @@ def propose_for_memory_short(s: SglangSituation, failure_text: str) -> SglangPro
     parsed = sglang.classify_log(failure_text)
     minimum = parsed.minimum_fraction if parsed is not None else None
     needed = compute_fraction_for_context(eff, s.memory)
-    share = compute_context_share(eff, s.memory)
-    wanted: float | None = None
-    if minimum is not None:  # SGLang measured where the pool starts: that, and one request of the context
-        wanted = max(ceil_grid(minimum + (share or FRACTION_STEP)), needed or 0.0)
-    elif needed is not None and needed > fraction:  # the memory model explains the failure
-        wanted = needed
-    if wanted is not None:
-        wanted = max(wanted, round(fraction + FRACTION_STEP, 3))
+    wanted = compute_wanted_fraction(eff, s.memory, minimum)
     candidates: list[sglang.SglangSettings] = []
     lines: list[str] = []
     trials = _chunk_trials(eff, p)
@@ -110,13 +105,20 @@ def propose_for_memory_short(s: SglangSituation, failure_text: str) -> SglangPro
             if c >= fraction + FRACTION_STEP
         ][:1]
     # the highest ceiling, with the fewest prefill tokens given up for it
-    shorter = _shorter_context(s, trials[ceilings.index(max(ceilings))], minimum)
+    shorter = compute_shorter_context(s, trials[ceilings.index(max(ceilings))], minimum)
     if shorter is not None:
         candidates.append(shorter)
         lines.append(
             f"at --mem-fraction-static {shorter.mem_fraction_static} the pool holds "
             f"{predict_pool_tokens(shorter, s.memory)} tokens: --context-length {shorter.context_length}"
         )
+    # then fp8, as vLLM's KvCacheTooSmall offers it after the context that fits: the full context, then
+    # the context the fp8 pool holds
+    fp8, fp8_lines = sglang_fp8.propose_for_memory_short(s, trials, ceilings, minimum)
+    allowed = sglang_fp8.allows_fp8(s)
+    if allowed:
+        candidates += fp8
+        lines += fp8_lines
     need = f" (the memory model: {needed} holds one {eff.context_length}-token request)" if needed else ""
     said = f"; SGLang's minimum {minimum:.4f}" if minimum else ""
     return SglangProposal(
@@ -126,8 +128,10 @@ def propose_for_memory_short(s: SglangSituation, failure_text: str) -> SglangPro
         crash=True,
         exhausted=(
             f"no larger fraction within the bounds (at most {s.bounds.max_gpu_memory_utilization}) leaves "
-            "room for activations and CUDA graphs, and no shorter context within the bounds fits: the "
-            "weights need a larger GPU, more tensor parallelism or quantization"
+            "room for activations and CUDA graphs, and no shorter context within the bounds fits"
+            + (f" (nor with {sglang_fp8.FP8_FLAGS})" if allowed else "")
+            + ": the weights need a larger GPU, more tensor parallelism or quantization"
+            + sglang_fp8.describe_permission(s, fp8)
         ),
         infeasible_when_exhausted=True,
         explanation=tuple(lines),
@@ -141,52 +145,6 @@ def _chunk_trials(eff: sglang.SglangSettings, p: PolicyConfig) -> list[sglang.Sg
         chunk //= 2
         trials.append(dataclasses.replace(eff, chunked_prefill_size=chunk))
     return trials
-
-
-def _shorter_context(
-    s: SglangSituation, trial: sglang.SglangSettings, minimum: float | None = None
-) -> sglang.SglangSettings | None:
-    """The context the pool holds at the ceiling of ``trial`` (rounded down), when that is shorter.
-
-    Where SGLang printed the fraction its weights take (``minimum``: ``1 - available/pre`` = weights / the
-    memory free before the load), the pool at the ceiling is at most what that measurement leaves
-    (:func:`_measured_pool_tokens`): the failure refuted the memory model's free memory, so its pool is not
-    trusted above SGLang's own figure."""
-    top = compute_fraction_ceiling(trial, s.memory)
-    at_top = dataclasses.replace(trial, mem_fraction_static=top)
-    tokens = predict_pool_tokens(at_top, s.memory)
-    measured = _measured_pool_tokens(at_top, s, minimum)
-    if tokens is not None and measured is not None:
-        tokens = min(tokens, measured)
-    context = s.effective.context_length
-    if tokens is None or context is None or tokens <= 0:
-        return None
-    usable = tokens * (1.0 - s.policy.context_margin)
-    multiple = s.policy.context_multiple if usable >= 4 * s.policy.context_multiple else 16
-    shorter = int(usable // multiple) * multiple
-    if shorter <= 0 or shorter >= context:
-        return None
-    return dataclasses.replace(at_top, context_length=shorter)
-
-
-def _measured_pool_tokens(
-    settings: sglang.SglangSettings, s: SglangSituation, minimum: float | None
-) -> int | None:
-    """The pool at ``settings``' fraction by SGLang's printed minimum: ``minimum`` = weights / free memory
-    before the load, so the pool is ``weights x (fraction / minimum - 1)`` (``None``: no minimum, or the
-    model's weights and cell are unknown; 0 at or below the minimum)."""
-    budget = _pool_budget(settings, s)
-    if minimum is None or minimum <= 0 or budget is None:
-        return None
-    weights, cell = budget
-    pool = weights * (fraction_of(settings) / minimum - 1.0)
-    return max(0, int(pool // cell))
-
-
-def _pool_budget(settings: sglang.SglangSettings, s: SglangSituation) -> tuple[int, int] | None:
-    """(weight bytes, KV cell bytes) by the memory model for ``settings`` (``None``: not modelled)."""
-    budget = compute_budget(settings, s.memory)
-    return None if budget is None else (budget.weight_bytes, budget.cell_bytes)
 
 
 def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangProposal:
@@ -206,6 +164,11 @@ def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangP
     chunk = eff.chunked_prefill_size or p.batched_tokens_floor
     if chunk // 2 >= p.batched_tokens_floor:
         candidates.append(dataclasses.replace(eff, chunked_prefill_size=chunk // 2))
+    fp8, fp8_line = sglang_fp8.propose_for_oom(s, lower)
+    offered = fp8 if fp8 is not None and sglang_fp8.allows_fp8(s) else None
+    if offered is not None:  # the same tokens in half the bytes: before any cut of the batch
+        candidates.append(offered)
+        lines.append(fp8_line)
     if kind == "start_oom":
         running = eff.max_running_requests or sglang.default_cuda_graph_max_bs(
             s.memory.gpu_mib, eff.tp_size or 1
@@ -220,13 +183,20 @@ def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangP
         # a smaller fraction did not cure an OOM at this batch: the memory follows the batch, fewer first
         candidates.insert(0, dataclasses.replace(eff, max_running_requests=cut[0]))
         lines.insert(0, cut[1])
+        if offered is not None:  # half the pool's bytes keep the batch: before its cut (vLLM's order)
+            candidates.remove(offered)
+            candidates.insert(0, offered)
     where = "while capturing CUDA graphs" if kind == "start_oom" else "while serving"
     return SglangProposal(
         trigger=TRIGGERS[kind],
         evidence=f"CUDA out of memory {where} at --mem-fraction-static {fraction} ({text[:160]})",
         candidates=tuple(candidates),
         crash=True,
-        exhausted="no smaller fraction holds a full request, and the prefill chunk is at its floor",
+        exhausted=(
+            "no smaller fraction holds a full request, and the prefill chunk is at its floor"
+            + (f" (nor with {sglang_fp8.FP8_FLAGS})" if offered is not None else "")
+            + sglang_fp8.describe_permission(s, [fp8] if fp8 is not None else [])
+        ),
         infeasible_when_exhausted=True,
         explanation=tuple(lines),
     )
@@ -288,7 +258,7 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
             grown = min(ceiling, round(fraction + p.max_gmu_step, 3))
             candidates.append(dataclasses.replace(trial, mem_fraction_static=grown))
             break
-    if s.bounds.allow_fp8_kv and not sglang.is_fp8_kv_cache_dtype(eff.kv_cache_dtype):
+    if sglang_fp8.allows_fp8(s):
         # no more pool from the fraction (or a raise the history rules out): twice the tokens, before the cut
         candidates.append(dataclasses.replace(eff, kv_cache_dtype=sglang.FP8_KV_CACHE_DTYPE))
     peak = obs.compute_max(w.samples, obs.running)

@@ -3,15 +3,18 @@ the room the window measures, as SGLang's rule (:mod:`.sglang_idle`) answers a q
 limit. Pure; one of TGI's metrics rules (:mod:`.tgi_rules` holds the others).
 
 TGI's router admits at most ``--max-concurrent-requests`` (running + queued) and answers 429 "Model is
-overloaded" beyond (``router/src/infer/mod.rs`` line 412); its batch takes what the KV tokens hold
+overloaded" beyond (``router/src/infer/mod.rs`` line 412), counting each refusal in
+:data:`~kvpilot.tuner.tgi.serving.REQUEST_OVERLOADED` (line 117); its batch takes what the KV tokens hold
 (``backends/v3/src/backend.rs``: ``next_batch`` within ``max_batch_total_tokens`` less what the running batch
-may reach). So the demand beyond the limit is never seen as a queue -- it is answered 429 -- and what says
-how far a raise may go is the KV: ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` per running
-request (``tgi_batch_current_size``), the tokens each request may reach, which is what TGI's scheduler
-admits by. The rule, with the engine-neutral pieces shared:
+may reach). So the demand beyond the limit is never seen as a queue -- it is answered 429, whose rate the
+window carries (``MetricsSample.rejected_rate``) -- and what says how far a raise may go is the KV:
+``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` per running request
+(``tgi_batch_current_size``), the tokens each request may reach, which is what TGI's scheduler admits by.
+The rule, with the engine-neutral pieces shared:
 
-- the limit binds (running + queued at ``seqs_saturation`` of it in most samples, or 429 texts) and the KV is
-  not at the high band, and the inter-token latency is clear of its objective
+- the limit binds (running + queued at ``seqs_saturation`` of it in most samples, or 429s refused in most
+  samples: ``sustain_fraction``) and the KV is not at the high band, and the inter-token latency is clear
+  of its objective
   (:func:`.engine_latency.allows_raise`);
 - with the KV tokens low (<= ``kv_usage_low`` in most samples) the raise is to the measured room, in one
   rollout (:func:`.engine_room.measure_room`: the requests the KV holds at ``target_kv_usage``); where no room
@@ -22,6 +25,10 @@ admits by. The rule, with the engine-neutral pieces shared:
   (:func:`.engine_flap.guard_raise`);
 - below a raise that failed with these settings, approached from what runs
   (:func:`.engine_room.approach_failed`).
+
+The raise is sized by the KV's room, not by the demand the 429s show: the extra concurrency they ask for is
+the refused rate x the mean request time (Little's law), and the window has no request time (nor the
+admitted rate it could be inferred from), so the rate only says that the limit binds.
 """
 
 from __future__ import annotations
@@ -51,14 +58,15 @@ def _admitted(x: obs.MetricsSample) -> float | None:
     return x.running + (x.waiting or 0.0)
 
 
-def propose_for_idle(s: TgiSituation, overloaded: int = 0) -> TgiProposal | None:
-    """The admission limit binds with spare KV tokens: more ``--max-concurrent-requests``, to the room the
-    window measured (``overloaded``: the 429 texts the restarts' logs carried)."""
+def propose_for_idle(s: TgiSituation) -> TgiProposal | None:
+    """The admission limit binds (running + queued at it, or 429s refused, in most samples) with spare KV
+    tokens: more ``--max-concurrent-requests``, to the room the window measured."""
     p, w, eff = s.policy, s.window, s.effective
     limit = concurrency_of(eff)
     at_limit = obs.compute_fraction(w.samples, _admitted, lambda v: v >= p.seqs_saturation * limit)
+    refused = obs.compute_fraction(w.samples, obs.rejected_rate, lambda v: v > 0.0)
     high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
-    if (at_limit < p.sustain_fraction and not overloaded) or high >= p.sustain_fraction:
+    if max(at_limit, refused) < p.sustain_fraction or high >= p.sustain_fraction:
         return None
     if not engine_latency.allows_raise(w, s.itl_p95_objective, p):
         return None  # the inter-token latency within slo_raise_margin of its objective: no more requests
@@ -85,16 +93,23 @@ def propose_for_idle(s: TgiSituation, overloaded: int = 0) -> TgiProposal | None
     if target < limit * (1.0 + guarded.least):
         return None  # not worth a rollout (within the flap guard's hour: a flap-sized raise)
     mean = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
-    texts = f'; {overloaded} "{tgi.OVERLOADED}" answer(s)' if overloaded else ""
     return TgiProposal(
         trigger=IDLE_CAPACITY,
         evidence=(
-            f"running + queued requests at --max-concurrent-requests {limit} in {at_limit:.0%} of samples "
-            f"with KV tokens {mean:.0%} used{texts} (raise capped by {cap})"
+            f"running + queued requests at --max-concurrent-requests {limit} in {at_limit:.0%} of samples"
+            f"{_refusals(w.samples, refused)} with KV tokens {mean:.0%} used (raise capped by {cap})"
         ),
         candidates=(dataclasses.replace(eff, max_concurrent_requests=target),),
         exhausted="--max-concurrent-requests is at its upper bound",
     )
+
+
+def _refusals(samples: tuple[obs.MetricsSample, ...], refused: float) -> str:
+    """The 429s in words: their mean rate and the share of samples with any (nothing without the series)."""
+    rate = obs.compute_mean(samples, obs.rejected_rate)
+    if rate is None:
+        return ""
+    return f', 429s ("{tgi.OVERLOADED}") in {refused:.0%}, {rate:.2f}/s on average,'
 
 
 def _failed_target(s: TgiSituation, limit: int) -> tuple[int, str] | None:

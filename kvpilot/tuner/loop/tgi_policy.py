@@ -17,9 +17,9 @@ meanings (``kv_usage``: ``tgi_batch_current_max_tokens / tgi_batch_max_total_tok
 3. **pressure** -- the KV tokens full with a queue;
 4. **latency** -- the inter-token latency objective missed (:func:`.tgi_rules.propose_for_itl`: a halved
    prefill where long prompts share the steps, else fewer concurrent requests);
-5. **idle** -- the admission limit binds with spare KV tokens (or 429 "Model is overloaded" texts): the room
-   the window measured, within the flap guard after pressure or the latency objective found the limit too
-   many (:mod:`.tgi_idle`);
+5. **idle** -- the admission limit binds (running + queued at it, or 429s refused, in most samples) with
+   spare KV tokens: the room the window measured, within the flap guard after pressure or the latency
+   objective found the limit too many (:mod:`.tgi_idle`);
 6. otherwise hold.
 
 A chosen candidate then passes vLLM's gates (:func:`~.engine_chain.compute_gates`) and, metrics-driven
@@ -76,7 +76,7 @@ def compute_tgi_decision(
         evidence,
         restarts,
         metrics,
-        (lambda: _crash_step(s, restarts, gates), lambda: _metrics_step(s, restarts, metrics, gates, costs)),
+        (lambda: _crash_step(s, restarts, gates), lambda: _metrics_step(s, metrics, gates, costs)),
         lambda: _steady(s),
         now,
     )
@@ -101,19 +101,21 @@ def build_fit(s: TgiSituation) -> engine_chain.Fit[tgi.TgiSettings]:
         lambda p: fit.pick(s, p),
         fit.describe_change,
         lambda x: fit.explain_kv(fit.compute_effective(x, s.memory), s.memory),
-        lambda trigger, x, _cooldown: compute_gain_fraction(s, trigger, x),
+        lambda trigger, x, cooldown: compute_gain_fraction(s, trigger, x, cooldown),
     )
 
 
-def compute_gain_fraction(s: TgiSituation, trigger: str, settings: tgi.TgiSettings) -> float:
+def compute_gain_fraction(
+    s: TgiSituation, trigger: str, settings: tgi.TgiSettings, cooldown_seconds: float
+) -> float:
     """The share of the service's capacity a change to ``settings`` for ``trigger`` is expected to win back
     (0..1), in TGI's terms of vLLM's trade (:mod:`.restart_trade`), from the window it was proposed on:
 
     * **IdleCapacity** (the admission limit, ``--max-concurrent-requests``, binding with spare KV tokens): the
-      requests the raise admits that now wait in TGI's queue, per running request
-      (:func:`~.restart_trade.compute_admission_share`). TGI answers the demand beyond its limit 429 and no
-      series kvpilot reads counts those, so the queue is the only demand measured: a share that stays small
-      holds on a rollout that loses capacity until the condition has persisted long enough;
+      requests the raise admits, per running request (:func:`~.restart_trade.compute_admission_share`), the
+      demand being the 429s TGI answers beyond its limit (``MetricsSample.rejected_rate``) -- each refused
+      request taken as one request's work lost over the cooldown, as vLLM's preemptions: the window carries no
+      request time to turn the rate into concurrency -- or the queue, whichever is more;
     * **KvPressure** (the KV tokens full with a queue): TGI does not preempt, its queue waits for KV tokens
       -- vLLM's KV-bound queue: more KV admits ``kv_growth - 1`` more per running request, at most the
       queue's (:func:`~.restart_trade.compute_kv_bound_share`, the growth from TGI's warm-up model); a change
@@ -125,8 +127,10 @@ def compute_gain_fraction(s: TgiSituation, trigger: str, settings: tgi.TgiSettin
     running = obs.compute_mean(w.samples, obs.running) or 0.0
     waiting = obs.compute_mean(w.samples, obs.waiting) or 0.0
     if trigger == IDLE_CAPACITY:
+        refused = obs.compute_mean(w.samples, obs.rejected_rate) or 0.0
+        demand = max(waiting, max(0.0, refused) * cooldown_seconds)
         added = fit.concurrency_of(settings) - fit.concurrency_of(s.effective)
-        return rt.compute_admission_share(waiting, float(added), running)
+        return rt.compute_admission_share(demand, float(added), running)
     if trigger == rules.KV_PRESSURE:
         before = fit.predict_kv_tokens(s.effective, s.memory)
         after = fit.predict_kv_tokens(fit.compute_effective(settings, s.memory), s.memory)
@@ -165,18 +169,11 @@ def _as_said(ran: FailedRun, current: tgi.TgiSettings, text: str) -> FailedRun:
     return dataclasses.replace(ran, settings=settings)
 
 
-def _metrics_step(
-    s: TgiSituation, restarts: tuple[TgiRestart, ...], metrics: MetricsStatus, gates: Gates, costs: Costs
-) -> TgiDecision | None:
+def _metrics_step(s: TgiSituation, metrics: MetricsStatus, gates: Gates, costs: Costs) -> TgiDecision | None:
     held = engine_chain.check_samples(s.current, s.window, metrics, s.policy)
     if held is not None:
         return held
-    overloaded = sum(1 for r in restarts if r.failure is not None and r.failure.kind == "kv_pressure")
-    for proposal in (
-        rules.propose_for_pressure(s),
-        rules.propose_for_itl(s),
-        tgi_idle.propose_for_idle(s, overloaded),
-    ):
+    for proposal in (rules.propose_for_pressure(s), rules.propose_for_itl(s), tgi_idle.propose_for_idle(s)):
         if proposal is not None:
             return engine_chain.choose(build_fit(s), proposal, None, gates.metrics_driven, costs)
     return None

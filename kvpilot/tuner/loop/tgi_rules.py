@@ -22,10 +22,11 @@ memory free after a prefill of ``--max-batch-prefill-tokens`` (``flash_causal_lm
   for activations) while the KV cache still holds one request of ``--max-total-tokens``; else a halved
   prefill.
 - ``IdleCapacity``: the admission limit binds with spare KV tokens -- running + queued requests
-  (``tgi_batch_current_size`` + ``tgi_queue_size``) at ``--max-concurrent-requests`` in most samples (or 429
-  "Model is overloaded" texts) while ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` stays
-  under the high band: raise ``--max-concurrent-requests`` to the room the window measured, within the
-  flap guard, below raises that failed (:mod:`.tgi_idle`).
+  (``tgi_batch_current_size`` + ``tgi_queue_size``) at ``--max-concurrent-requests``, or 429 "Model is
+  overloaded" refused (``MetricsSample.rejected_rate``), in most samples while
+  ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` stays under the high band: raise
+  ``--max-concurrent-requests`` to the room the window measured, within the flap guard, below raises that
+  failed (:mod:`.tgi_idle`).
 - ``LatencySlo``: ``spec.serving.slo.interTokenLatencyP95Seconds`` missed in most samples: a halved
   ``--max-batch-prefill-tokens`` where long prompts share the steps, else fewer
   ``--max-concurrent-requests`` (:func:`propose_for_itl`, on :mod:`.engine_latency`).

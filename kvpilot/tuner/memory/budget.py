@@ -44,7 +44,7 @@ from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
-MEMORY_MODEL_VERSION = "2026.12.7.3"
+MEMORY_MODEL_VERSION = "2026.12.7.4"
 """The memory model's version: bump it whenever a change here (or in :mod:`.kv_cache`, :mod:`.weights`)
 moves a prediction. Fleet-learned TuningProfiles are keyed by it
 (:mod:`kvpilot.tuner.plan.profiles`), so a new memory model never reuses ratios learned against the old one's
@@ -227,8 +227,9 @@ def compute_activation_bytes(
         # An attention-free Mamba block has no MLP: its widest tensors are the mixer's in_proj (x and z)
         # and the conv output, three intermediate widths (not calibrated on a start: no log exists).
         width = 3 * model.linear_state.conv_dim / tp
-    else:
-        width = widths * model.intermediate_size / tp
+    else:  # the widest dense MLP (DeciLM's per-layer widths, Gemma 4's double-wide KV-sharing layers)
+        own = (layer.mlp_intermediate or 0 for layer in model.layers)
+        width = widths * max([model.intermediate_size, *own]) / tp
     forward = tokens * b * (c.forward_hidden_copies * h + width)
     last, first = pp_rank == pp - 1, pp_rank == 0
     carry = tokens * h * b  # the hidden states the sampler reads

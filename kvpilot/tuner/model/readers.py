@@ -427,8 +427,15 @@ def read_layers(
     if shared:
         # Gemma 3n / 4: the last ``num_kv_shared_layers`` layers read an earlier layer's cache and get no
         # KV spec of their own (vLLM ``gemma4.py``: ``kv_sharing_target_layer_name``); they build a
-        # ``q_proj`` only, with the head size of their own layer type.
-        layers[num_layers - shared :] = [LayerSpec(NO_KV, head_dim=la.head_dim) for la in layers[-shared:]]
+        # ``q_proj`` only, with the head size of their own layer type. Gemma 4's ``use_double_wide_mlp``
+        # (E2B's config) doubles their MLP's width (vLLM 0.33 ``Gemma4DecoderLayer``: ``intermediate_size *
+        # (2 if use_double_wide_mlp and is_kv_shared_layer else 1)``).
+        wide = None
+        if model_type == "gemma4_text" and text.flag("use_double_wide_mlp"):
+            wide = 2 * text.need_int("intermediate_size", limit=MAX_INTERMEDIATE_SIZE)
+        layers[num_layers - shared :] = [
+            LayerSpec(NO_KV, head_dim=la.head_dim, mlp_intermediate=wide) for la in layers[-shared:]
+        ]
     if model_type == "nemotron_h":  # one component per block: the weights count it alone
         blocks = _nemotron_h_blocks(text, num_layers)
         layers = [dataclasses.replace(la, block=b) for la, b in zip(layers, blocks, strict=True)]

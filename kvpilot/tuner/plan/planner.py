@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvpilot.tuner import errors, memory, vllm
+from kvpilot.tuner.fp8_advice import describe_fp8_fits
 from kvpilot.tuner.model import ModelSpec, QuantSpec
 from kvpilot.tuner.plan.profiles import Learned
 from kvpilot.tuner.plan.topology import (
@@ -229,16 +230,16 @@ def _suggestions(
     floor = bounds.min_context or 1
     auto_kv = (settings.kv_cache_dtype or "auto") == "auto" and pinned.kv_cache_dtype is None
     if auto_kv and gpu.fp8_kv:
-        note = "" if bounds.allow_fp8_kv else " (set allowFp8KvCache / allow_fp8_kv)"
+        allowed, flags = bounds.allow_fp8_kv, "--kv-cache-dtype fp8"
         fp8 = settings.replace(kv_cache_dtype="fp8")
         if fits(budget_of(fp8)):
-            out.append(f"An fp8 KV cache (--kv-cache-dtype fp8) fits{note}.")
+            out.append(describe_fp8_fits(flags, allowed=allowed))
         elif (
             pinned.max_model_len is None
             and floor < length
             and fits(budget_of(fp8.replace(max_model_len=floor)))
         ):
-            out.append(f"An fp8 KV cache (--kv-cache-dtype fp8) fits at the minimum context {floor}{note}.")
+            out.append(describe_fp8_fits(flags, allowed=allowed, where=f" at the minimum context {floor}"))
     longest = _longest_fitting(budget_of, settings, length)
     if floor <= longest < length:
         out.append(f"A shorter context fits: max_model_len {longest} is the longest that starts.")

@@ -3,7 +3,8 @@
 Part of :mod:`kvpilot.tuner.tgi` (every TGI fact lives there). At ``v3.3.7``: the image's entry point runs
 ``text-generation-launcher`` (``Dockerfile`` lines 240-249) with ``PORT=80`` set (line 149); the router
 serves ``GET /health`` and ``GET /metrics`` (``router/src/server.rs`` lines 2241-2243). Series from
-``docs/source/reference/metrics.md`` and ``backends/v3/src/lib.rs`` line 138.
+``docs/source/reference/metrics.md``, ``backends/v3/src/lib.rs`` line 138 and ``router/src/infer/mod.rs``
+line 117.
 """
 
 from __future__ import annotations
@@ -33,6 +34,18 @@ TIME_PER_TOKEN = "tgi_request_mean_time_per_token_duration"
 stand-in for the inter-token latency. Its p95 is over requests' means, so a request's slowest gaps (a
 prefill the running batch waited for) are averaged into it: it errs low against a p95 per token."""
 REQUEST_FAILURE = "tgi_request_failure"
+"""A counter of the requests the router failed, by cause in its ``err`` label (``router/src/infer/mod.rs``).
+``metrics-exporter-prometheus`` 0.15.3 (``Cargo.lock`` at ``v3.3.7``) writes a counter under its own name,
+no ``_total`` appended (``metrics-exporter-prometheus/src/recorder.rs`` line 124: ``write_metric_line`` with
+no suffix), and only once it is first incremented (the router sets no idle timeout, so it stays): a router
+that has failed nothing exports no such series."""
+FAILURE_CAUSE_LABEL = "err"
+FAILURE_OVERLOADED = "overloaded"
+"""The ``err`` of a request refused at ``--max-concurrent-requests``: the concurrency semaphore's
+``try_acquire_owned`` failed, ``metrics::counter!("tgi_request_failure", "err" => "overloaded")``
+(``router/src/infer/mod.rs`` line 117), answered 429 "Model is overloaded" (line 412)."""
+REQUEST_OVERLOADED = f'{REQUEST_FAILURE}{{{FAILURE_CAUSE_LABEL}="{FAILURE_OVERLOADED}"}}'
+"""The selector of the requests refused at the admission limit, whose ``rate()`` is the 429s per second."""
 INPUT_LENGTH = "tgi_request_input_length"
 """A histogram of requests' input lengths in tokens (``docs/source/reference/metrics.md``): the prompts'
 mean, which says whether long prompts share the batch's steps."""
