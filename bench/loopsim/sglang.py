@@ -11,7 +11,12 @@ the simulated Deployment (:mod:`bench.loopsim.world`):
   (``Retuned``/``RolledBack``) and ``lastChangeTime`` (the reconciler's plan at t=0);
 * the evidence: the last termination of each pod that runs the current flags, its log classified by the
   seam (:func:`kvpilot.tuner.loop.classify_restart`), Ready when every pod runs them and one serves, not
-  started when one waits for a GPU and none restarted; no measured start (the operator passes none);
+  started when one waits for a GPU and none restarted; no measured start (the operator reads
+  ``status.startupSeconds``, which nothing writes for an SGLang service: the policy's assumption); what a
+  rollout of a change would lose under the strategy the cluster allows now
+  (:func:`kvpilot.operator.pods.workloads.fetch_lost_fraction`: a surge 0, a recreate 1), and the history's
+  newest ``Held`` entries in a row (a gate's hold, recorded once while it stays the same: the
+  restart-cost trade counts its gain over how long the loop has held), as vLLM's bench passes them;
 * the answer (:func:`kvpilot.operator.status.sglang_patch.build_sglang_patch`): a change is recorded as
   rolled out (a new rollout with the configured deadline), a rollout's probation kept, a judged one cleared,
   the good flags kept, the failed ones added;
@@ -28,13 +33,14 @@ from dataclasses import dataclass, field, replace
 from bench.loopsim.scenario import BenchScenario
 from bench.loopsim.world import World
 from kvpilot.operator.api import RolloutSpec
-from kvpilot.operator.pods.rollout_strategy import compute_rollout_choice
+from kvpilot.operator.pods.rollout_strategy import compute_lost_fraction, compute_rollout_choice
 from kvpilot.operator.status.loop_patch import ROLLOUT_ACTIVE
 from kvpilot.operator.status.sglang_patch import FAILED_LIMIT
 from kvpilot.tuner import sglang
 from kvpilot.tuner.gpus import lookup_gpu
 from kvpilot.tuner.loop import (
     Action,
+    EngineHold,
     FailedRun,
     PolicyConfig,
     SglangChange,
@@ -81,6 +87,10 @@ class KvpilotSglang:
     the flap guard's."""
     rollout: SglangRollout | None = None
     last_good: sglang.SglangSettings | None = None
+    holds: list[EngineHold] = field(default_factory=list)
+    """The newest ``Held`` entries of ``status.history`` in a row (a change or a verdict ends the run)."""
+    held: sglang.SglangSettings | None = None
+    """What the newest ``Held`` entry would have rolled out (the operator records a hold once)."""
     log: list[str] = field(default_factory=list)
     first_change: float | None = None
     planned_at: float = 0.0
@@ -96,19 +106,28 @@ class KvpilotSglang:
         changes = tuple(self.changes)
         if all(c.time != self.planned_at for c in self.changes):
             changes = (*changes, SglangChange(self.planned_at, "Planned", planned=True))
-        return SglangLoopState(self.current, self.failed, changes, self.rollout, self.last_good)
+        return SglangLoopState(
+            self.current, self.failed, changes, self.rollout, self.last_good, tuple(self.holds)
+        )
 
-    def _evidence(self, world: World, now: float) -> SglangEvidence:
+    def _evidence(self, world: World, now: float, lost: float) -> SglangEvidence:
         mine = [p for p in world.pods if p.settings == self.current]
         restarts = tuple(classify_restart(p.last[0], p.last[1], p.name) for p in mine if p.last is not None)
         ready = any(p.state == "serving" for p in mine) and len(mine) == len(world.pods)
         not_started = any(p.state == "pending" for p in mine) and not restarts
         window = world.observe(now, self.policy.window_seconds)
-        return SglangEvidence(window, restarts, ready=ready, not_started=not_started)
+        return SglangEvidence(
+            window, restarts, ready=ready, not_started=not_started, rollout_lost_fraction=lost
+        )
 
     def tick(self, world: World, now: float) -> None:
         sc = self.scenario
-        d = compute_sglang_decision(self._state(), self._evidence(world, now), self.context, now)
+        serving = any(p.state == "serving" for p in world.pods)
+        choice = compute_rollout_choice(
+            RolloutSpec(allowDowntime=sc.allow_downtime), 1, fits_now=sc.spare_gpu, serving=serving
+        )
+        lost = compute_lost_fraction(choice, 1, serving=serving)
+        d = compute_sglang_decision(self._state(), self._evidence(world, now, lost), self.context, now)
         if d.failed is not None and d.failed not in self.failed:
             self.failed = (*self.failed, d.failed)[-FAILED_LIMIT:]
             self.failed_settings = (*self.failed_settings, self.current)
@@ -117,6 +136,15 @@ class KvpilotSglang:
         if d.action == Action.INFEASIBLE and (not self.log or "Infeasible" not in self.log[-1]):
             world.stats.infeasible += 1
             self._note(now, "Infeasible", d.trigger, d.reason)
+        if d.action == Action.INFEASIBLE or d.changes:  # a new history entry that is no hold
+            self.holds, self.held = [], None
+        if d.action == Action.HOLD and d.recommended is not None:  # a gate held a change: ``Held``, once
+            last = self.holds[-1] if self.holds else None
+            if last is None or (last.trigger, self.held) != (d.trigger, d.recommended):
+                self.holds.append(EngineHold(now, d.trigger))
+                self.held = d.recommended
+                if "not worth a restart" in d.reason:
+                    self._note(now, "Held", d.trigger, d.reason)
         if not d.changes:
             active = self.rollout is not None and d.trigger in ROLLOUT_ACTIVE
             if self.rollout is not None and not active:
@@ -129,10 +157,6 @@ class KvpilotSglang:
             ):
                 self.rollout = replace(self.rollout, probation_until=d.probation_until)
             return
-        serving = any(p.state == "serving" for p in world.pods)
-        choice = compute_rollout_choice(
-            RolloutSpec(allowDowntime=sc.allow_downtime), 1, fits_now=sc.spare_gpu, serving=serving
-        )
         strategy = "recreate" if choice.strategy in ("Recreate", "Replace") else "surge"
         if choice.held:
             world.stats.holds += 1

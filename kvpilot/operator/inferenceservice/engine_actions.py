@@ -2,7 +2,8 @@
 conditional PATCH) and, for a change in mode Auto, the Deployment with the new flags.
 
 The acting half of :func:`kvpilot.operator.inferenceservice.engine_loop.run_engine_tick`, as
-:mod:`.loop_actions` is vLLM's: the status first (:func:`apply_engine_status`), then the flags
+:mod:`.loop_actions` is vLLM's: what a change's rollout would lose (:func:`fetch_lost_fraction`, as vLLM's
+:func:`.loop_actions.fetch_rollout`), the status first (:func:`apply_engine_status`), then the flags
 (:func:`apply_flags`: the reconciler's rendering with the flags kept, the rollout strategy the cluster
 allows now).
 """
@@ -42,6 +43,23 @@ async def apply_flags(
         deps.emit(svc.body, events.WARNING, reason, message)
         return False
     return True
+
+
+async def fetch_lost_fraction(
+    deps: LoopDeps, svc: Service, inputs: resolve.Inputs, flags: engines.EngineFlags, *, serving: bool
+) -> float:
+    """The share of the service's capacity a rollout of ``flags`` loses while a pod restarts, under the
+    strategy the cluster allows now (:func:`workloads.fetch_lost_fraction`, the strategy :func:`apply_flags`
+    renders): Surge 0, Replace ``k/N``, Recreate 1, 0 while nothing serves. 0 when it cannot be read (no
+    client, the flags cannot be rendered, an API hiccup: :func:`apply_flags` meets it and says so)."""
+    if deps.kube is None:
+        return 0.0
+    try:
+        _, manifests = engine_desired.build_engine_manifests(svc.meta, svc.spec, inputs, flags)
+        workload = next(m for m in manifests if m["kind"] in workloads.WORKLOAD_KINDS)
+        return await workloads.fetch_lost_fraction(deps.kube, svc.spec, workload, serving=serving)
+    except Exception:  # noqa: BLE001 -- apply_flags reports what cannot be rendered or read
+        return 0.0
 
 
 async def apply_engine_status(

@@ -12,6 +12,8 @@ flags read and render, and its policy)::
     model + GPU (resolve), spec.tuning.bounds, spec.serving --> the engine's context
     status (appliedEngineArgs, rollout, lastGoodEngineArgs, failedEngineArgs, lastChangeTime) --> the state
         --the engine's policy--> its decision (a rollout judged first, as vLLM's)
+        --Auto, a metrics-driven change: decided again with what its rollout would lose (the strategy the
+          cluster allows now: Surge 0, Replace k/N, Recreate 1), weighed against its gain as vLLM's
         --status.engine_patch--> one conditional status PATCH, events
         --Auto, a change: the Deployment with the new flags (engine_desired, the rollout strategy for the
           cluster as it is), applied after the record
@@ -26,6 +28,7 @@ to ``status.lastGoodEngineArgs`` (``docs/engines/sglang.md``, ``docs/engines/tgi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any, TypeVar
 
 from kvpilot.operator.inferenceservice import engine_actions, loop_observing
@@ -38,6 +41,7 @@ from kvpilot.operator.pods import engine_pods
 from kvpilot.operator.status import engine_patch
 from kvpilot.operator.status.status_patch import reconcile_succeeded
 from kvpilot.tuner import sglang, tgi
+from kvpilot.tuner.loop import Action
 from kvpilot.tuner.loop.engine_state import EngineDecision
 
 S = TypeVar("S", sglang.SglangSettings, tgi.TgiSettings)
@@ -68,6 +72,12 @@ async def run_engine_tick(
         codec, profile.default, pods, window, svc.old, mode=svc.mode, replicas=svc.spec.replicas
     )
     decision = profile.decide(state, evidence, svc.spec, inputs, policy, svc.now)
+    if svc.mode == "Auto" and decision.action == Action.RETUNE:  # a rollback is never weighed
+        serving = any(p.ready and not p.terminating for p in pods)
+        lost = await engine_actions.fetch_lost_fraction(deps, svc, inputs, decision.settings, serving=serving)
+        if lost:  # what the rollout loses, weighed against the change's gain (as vLLM's loop_actions)
+            costs = dataclasses.replace(evidence, rollout_lost_fraction=lost)
+            decision = profile.decide(state, costs, svc.spec, inputs, policy, svc.now)
     out = engine_patch.build_engine_patch(
         codec,
         svc.old,

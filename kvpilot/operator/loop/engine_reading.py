@@ -18,12 +18,19 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from kvpilot.operator import api
+from kvpilot.operator.loop import loop_state
 from kvpilot.operator.planning import resolve
 from kvpilot.operator.pods.engine_pods import Codec, EnginePod
 from kvpilot.operator.pods.pod_status import parse_time
 from kvpilot.operator.status import engine_patch
 from kvpilot.tuner.loop import HistoryAction, ObservationWindow, PolicyConfig
-from kvpilot.tuner.loop.engine_state import EngineChange, EngineDecision, EngineEvidence, EngineLoopState
+from kvpilot.tuner.loop.engine_state import (
+    EngineChange,
+    EngineDecision,
+    EngineEvidence,
+    EngineHold,
+    EngineLoopState,
+)
 
 S = TypeVar("S")
 
@@ -65,9 +72,11 @@ def build_state_of(
     rolls_out: bool,
     replicas: int = 1,
 ) -> tuple[EngineLoopState[S], EngineEvidence]:
-    """The policy's inputs for ``current``: the ruled-out runs and last change of the status (``rolls_out``:
-    also its rollout and last good flags), and the restarts, readiness and start of the pods that run
-    ``current`` (ready: ``replicas`` of them Ready and no live pod running anything else)."""
+    """The policy's inputs for ``current``: the ruled-out runs, last change and newest holds of the status
+    (``rolls_out``: also its rollout and last good flags), the restart a change costs
+    (``status.startupSeconds``, as vLLM's loop reads it; ``None``: the policy's assumption), and the restarts,
+    readiness and start of the pods that run ``current`` (ready: ``replicas`` of them Ready and no live pod
+    running anything else)."""
     live = [p for p in pods if not p.terminating]
     mine = [p for p in live if p.settings == current]
     restarts = tuple(p.restart for p in pods if p.restart is not None and p.settings == current)
@@ -78,9 +87,27 @@ def build_state_of(
         read_changes(codec, status),
         engine_patch.read_rollout(codec, status, current) if rolls_out else None,
         engine_patch.read_args(codec, status, "lastGoodEngineArgs") if rolls_out else None,
+        read_holds(status),
     )
     not_started = any(p.not_started for p in mine) and not restarts
-    return state, EngineEvidence(window, restarts, ready=ready, not_started=not_started)
+    restart_seconds = loop_state.read_startup_seconds(status)
+    return state, EngineEvidence(
+        window, restarts, restart_seconds=restart_seconds, ready=ready, not_started=not_started
+    )
+
+
+def read_holds(status: Mapping[str, Any]) -> tuple[EngineHold, ...]:
+    """The newest ``Held`` entries of ``status.history`` in a row, oldest first (none when the newest entry is
+    anything else): how long the loop has held a change back for a trigger, which the restart-cost trade
+    counts the gain over (:mod:`kvpilot.tuner.loop.restart_trade`), as vLLM's
+    :func:`kvpilot.tuner.loop.history.compute_held_since` reads vLLM's history."""
+    holds: list[EngineHold] = []
+    for entry in reversed(status.get("history") or ()):
+        when = parse_time(entry.get("time"))
+        if entry.get("action") != HistoryAction.HELD or when is None:
+            break
+        holds.append(EngineHold(when, str(entry.get("trigger") or "")))
+    return tuple(reversed(holds))
 
 
 def read_changes(codec: Codec[S], status: Mapping[str, Any]) -> tuple[EngineChange[S], ...]:

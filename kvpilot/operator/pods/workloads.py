@@ -536,6 +536,18 @@ async def fetch_rollout_choice(
     )
 
 
+async def fetch_lost_fraction(
+    kube: Kube, spec: api.InferenceServiceSpec, deployment: Mapping[str, Any], *, serving: bool
+) -> float:
+    """The share of the service's capacity a rollout of ``deployment`` loses while a pod restarts, under the
+    strategy the cluster allows now (:func:`fetch_rollout_choice`, as :func:`fetch_rollout_strategy` renders
+    it; :func:`rollout_strategy.compute_lost_fraction`: 0 surge or while nothing serves, ``k/N`` replace, 1
+    recreate): what SGLang's and TGI's loops weigh a change against, as vLLM's
+    (:func:`kvpilot.operator.inferenceservice.loop_actions.fetch_rollout`)."""
+    choice = await fetch_rollout_choice(kube, spec, deployment, serving=serving)
+    return rollout_strategy.compute_lost_fraction(choice, spec.replicas, serving=serving)
+
+
 async def apply_workloads(
     manifests: Sequence[Mapping[str, Any]], kube: Kube, owners: ownership.VerifiedOwners
 ) -> None:

@@ -10,6 +10,11 @@ vLLM's settings, not these):
   ``startedAt``, ``deadline``, ``phase``, ``probationUntil``), ``status.lastGoodEngineArgs`` and
   ``lastChangeTime``, with ``Retuned``, ``RolledBack`` and ``RolloutSucceeded`` events and the
   ``RolloutInProgress`` condition, as vLLM's rollouts (:mod:`kvpilot.operator.status.loop_patch`);
+* ``status.history`` -- ``Retuned`` and ``RolledBack`` (mode Auto), ``Infeasible``, and ``Held`` when a gate
+  held a change back (the cooldown, the restart-cost trade: ``toEngineArgs`` the flags it would have rolled
+  out), each verdict that persists once, as vLLM's; the newest ``Held`` entries in a row say how long the
+  loop has held for a trigger, which the restart-cost trade counts the gain over
+  (:func:`kvpilot.operator.loop.engine_reading.read_holds`);
 * ``status.failedEngineArgs`` -- the flags that failed and how (the seam's failure kind, or
   ``rollout_failed``); read back into the policy's ruled-out runs (:func:`read_failed_runs`), with a Warning
   event named by the trigger when a failure is first recorded;
@@ -157,6 +162,9 @@ def build_engine_patch(
         out.events.append((events.WARNING, "Infeasible", decision.reason))
     if decision.action == Action.INFEASIBLE:
         _add_history(old, decision, out, HistoryAction.INFEASIBLE, stamp, before, to_args=None, dedupe=True)
+    if decision.action == Action.HOLD and decision.recommended is not None:  # a gate held a change back
+        held = codec.build(decision.recommended)
+        _add_history(old, decision, out, HistoryAction.HELD, stamp, before, to_args=held, dedupe=True)
     if kind in KIND_FIELDS:
         out.status = {k: v for k, v in out.status.items() if k in KIND_FIELDS[kind]}
     return out

@@ -39,10 +39,11 @@ TGI's loop, in TGI's terms (``--cuda-memory-fraction`` caps torch; the KV is wha
 
 What both engines' own loops share: :mod:`.engine_state` (the state, evidence and decision, generic in the
 engine's settings), :mod:`.engine_rollout` (flags on their way to the pods, judged as vLLM's),
-:mod:`.engine_chain` (the gates, the crash a remedy answers, the metrics gate, a proposal's choice, the
-chain's order), and the engine-neutral halves of their metrics rules: :mod:`.engine_latency` (the
-inter-token latency objective), :mod:`.engine_flap` (the idle raise's flap guard) and :mod:`.engine_room`
-(the room an idle raise measures).
+:mod:`.engine_chain` (the gates, the crash a remedy answers, the metrics gate, a proposal's choice weighed
+against its restart, the chain's order), :mod:`.restart_trade` (the restart-cost trade's engine-neutral
+arithmetic, vLLM's :mod:`.trade` too), and the engine-neutral halves of their metrics rules:
+:mod:`.engine_latency` (the inter-token latency objective), :mod:`.engine_flap` (the idle raise's flap
+guard) and :mod:`.engine_room` (the room an idle raise measures).
 
 The top layer of the tuner beside :mod:`kvpilot.tuner.plan`; the two never import each other.
 Time and observations are arguments: nothing here reads a clock, the cluster or Prometheus.
@@ -60,7 +61,7 @@ from kvpilot.tuner.loop.decision import (
     compute_cooldown,
     compute_metrics_status,
 )
-from kvpilot.tuner.loop.engine_state import EngineFailedRun
+from kvpilot.tuner.loop.engine_state import EngineFailedRun, EngineHold
 from kvpilot.tuner.loop.history import (
     HISTORY_LIMIT,
     HistoryAction,
@@ -110,6 +111,7 @@ __all__ = [
     "CRASH_KINDS_FIXABLE_BY_ARGS",
     "Decision",
     "EngineFailedRun",
+    "EngineHold",
     "Evidence",
     "FailedRun",
     "HISTORY_LIMIT",

@@ -12,6 +12,8 @@ crash of the current flags, the metrics gate, the engine's metrics rules, a hold
 * :func:`select_window` and :func:`check_samples` -- the window since the last change, and the metrics gate;
 * :func:`choose` -- a rule's proposal turned into a decision: its first candidate the engine's fit accepts
   (:class:`Fit`), held by a gate with what it would have rolled out, or infeasible / held when none is left;
+  a metrics-driven one also weighed against its restart (:class:`Costs`, :func:`compute_costs`: vLLM's
+  restart-cost trade, :mod:`.restart_trade`, with the engine's own gain per trigger, :attr:`Fit.gain`);
 * :func:`leave_defaults` and :func:`describe_flag_change` -- a candidate's flags left to the engine where its
   default is the value, and a change in words; :func:`clamp_sequences`, :func:`clamp_context` and the
   0.01 grid of memory shares (:func:`ceil_grid`, :func:`floor_grid`) every engine's fit bounds a candidate by;
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from kvpilot.tuner.engines import EngineFailure
-from kvpilot.tuner.loop import engine_rollout
+from kvpilot.tuner.loop import engine_rollout, restart_trade
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
 from kvpilot.tuner.loop.decision import Action, MetricsStatus, Trigger, compute_cooldown
@@ -39,6 +41,7 @@ from kvpilot.tuner.loop.engine_state import (
     EngineDecision,
     EngineEvidence,
     EngineFailedRun,
+    EngineHold,
     EngineLoopState,
     EngineProposal,
     EngineRestart,
@@ -89,6 +92,62 @@ def compute_gates(
             f"the current flags are not yet proven (Ready and crash-free for {p.probation_seconds:.0f}s)"
         )
     return Gates(any_change, metrics_driven)
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """What a metrics-driven change's restart costs (vLLM's trade, :mod:`.restart_trade`): the cooldown the
+    gain counts over, the restart, the share of the capacity the rollout loses, and how long the loop has
+    held for each trigger (the gain counts over that too, at most ``persistence_max_seconds``)."""
+
+    cooldown_seconds: float
+    restart_seconds: float
+    lost_fraction: float
+    holds: tuple[EngineHold, ...] = ()
+    persistence_max_seconds: float = 0.0
+    now: float = 0.0
+
+    def weigh(self, trigger: str, gain_fraction: float) -> restart_trade.Trade:
+        """A change for ``trigger`` expected to win back ``gain_fraction`` of the capacity, against its
+        restart (no compile cache in kvpilot's model of these engines: nothing of the restart is skipped)."""
+        held = compute_held_since(self.holds, trigger)
+        return restart_trade.weigh(
+            gain_fraction,
+            cooldown_seconds=self.cooldown_seconds,
+            restart_seconds=self.restart_seconds,
+            lost_fraction=self.lost_fraction,
+            persisted_seconds=restart_trade.compute_persisted_seconds(
+                held, self.now, self.persistence_max_seconds
+            ),
+        )
+
+
+def compute_costs(
+    state: EngineLoopState[Any], evidence: EngineEvidence, policy: PolicyConfig, now: float
+) -> Costs:
+    """The trade's inputs as vLLM's loop takes them: the cooldown after a retune, the measured restart
+    (``PolicyConfig.restart_seconds`` when none is), the rollout's lost share, the holds of the history."""
+    restart = policy.restart_seconds if evidence.restart_seconds is None else evidence.restart_seconds
+    return Costs(
+        compute_cooldown(policy, evidence.restart_seconds),
+        restart,
+        evidence.rollout_lost_fraction,
+        state.holds,
+        policy.trade_persistence_max_seconds,
+        now,
+    )
+
+
+def compute_held_since(holds: Sequence[EngineHold], trigger: str) -> float | None:
+    """Since when the loop has held for ``trigger`` without a break: the oldest of the newest holds in a row
+    that are for ``trigger``, ``None`` when the newest is for another (as vLLM's
+    :func:`kvpilot.tuner.loop.history.compute_held_since`)."""
+    since = None
+    for hold in reversed(holds):
+        if hold.trigger != trigger:
+            break
+        since = hold.time
+    return since
 
 
 def select_window(
@@ -168,13 +227,25 @@ class Fit(Generic[S]):
     describe_change: Callable[[S, S], str]
     explain: Callable[[S], tuple[str, ...]] = lambda _: ()
     """Lines the memory model adds for the chosen settings."""
+    gain: Callable[[str, S, float], float] = lambda _trigger, _settings, _cooldown: restart_trade.WHOLE
+    """The share of the capacity a change for a trigger to the chosen settings is expected to win back over
+    a cooldown of the given seconds, in the engine's terms (:mod:`.restart_trade`; 1: no measure to
+    discount it by)."""
 
 
 def choose(
-    fit: Fit[S], proposal: EngineProposal[S], failed: EngineFailedRun[S] | None, blocked: str | None
+    fit: Fit[S],
+    proposal: EngineProposal[S],
+    failed: EngineFailedRun[S] | None,
+    blocked: str | None,
+    costs: Costs | None = None,
 ) -> EngineDecision[S]:
     """The proposal's first acceptable candidate rolled out, or held by ``blocked`` (a gate) with it
-    recommended; none left: infeasible (a crash's rule) or a hold, saying why."""
+    recommended; none left: infeasible (a crash's rule) or a hold, saying why. A metrics-driven change
+    (``costs`` given; never a crash's remedy) that passes the gates goes ahead only when its gain outweighs
+    its restart (:meth:`Costs.weigh` of :attr:`Fit.gain`), else it is held as vLLM's: "it is not worth a
+    restart (...)", with it recommended. A rollout that loses nothing (a surge) costs nothing: the change
+    goes ahead whatever gain the engine's terms measure (TGI's refused demand is not measured at all)."""
     settings = fit.pick(proposal)
     if settings is None:
         action = Action.INFEASIBLE if proposal.infeasible_when_exhausted else Action.HOLD
@@ -188,6 +259,10 @@ def choose(
         )
     explanation = (*proposal.explanation, *fit.explain(settings))
     change = fit.describe_change(fit.current, settings)
+    if blocked is None and costs is not None and not proposal.crash:
+        worth = costs.weigh(proposal.trigger, fit.gain(proposal.trigger, settings, costs.cooldown_seconds))
+        if not worth.worth_it and worth.cost_seconds > 0:  # a rollout that loses nothing costs nothing
+            blocked = f"it is not worth a restart ({worth.describe()})"
     if blocked is not None:
         return EngineDecision(
             Action.HOLD,

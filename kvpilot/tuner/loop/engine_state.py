@@ -96,6 +96,16 @@ class EngineChange(Generic[S]):
     """The flags it changed to (``toEngineArgs``)."""
 
 
+@dataclass(frozen=True, slots=True)
+class EngineHold:
+    """A hold the loop recorded (``status.history``'s ``Held`` entries: a gate held a change back): when,
+    and for which trigger. How long the loop has held for a trigger weighs a change against its restart
+    (:mod:`.restart_trade`)."""
+
+    time: float
+    trigger: str
+
+
 @dataclass(frozen=True)
 class EngineRollout(Generic[S]):
     """``status.rollout`` (mode Auto): flags on their way to the pods."""
@@ -118,6 +128,9 @@ class EngineLoopState(Generic[S]):
     rollout: EngineRollout[S] | None = None
     last_good: S | None = None
     """The flags that last passed probation (``status.lastGoodEngineArgs``), where a rollout returns."""
+    holds: tuple[EngineHold, ...] = ()
+    """The newest ``Held`` entries of ``status.history`` in a row, oldest first (none when the newest entry
+    is anything else): since when the loop has held a change back, and for which trigger."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +144,10 @@ class EngineEvidence:
     """Every replica runs the current settings and is Ready."""
     not_started: bool = False
     """A pod of the current settings has not started (no node with a free GPU, weights downloading)."""
+    rollout_lost_fraction: float = 0.0
+    """The share of the service's serving capacity a rollout of a change loses while a pod restarts, under
+    the strategy it would use (as vLLM's ``Evidence.rollout_lost_fraction``): 0 surge (or pods serving
+    nothing anyway), ``k/N`` replacing ``k`` of ``N`` replicas at a time, 1 recreating."""
 
 
 @dataclass(frozen=True)

@@ -26,23 +26,29 @@ first step with something to say decides:
 The steps every engine's own chain shares (the gates, which crash a remedy answers, the metrics gate, a
 proposal's choice) are :mod:`.engine_chain`'s. A chosen candidate then passes the gates vLLM's does: the
 minimum interval between changes, the cooldown
-after a retune (metrics-driven changes only), the changes-per-hour limit. What vLLM's policy has and this
-does not (yet): the restart-cost trade, fp8 KV in an idle or KV-bound growth (vLLM's offer it; SGLang's
-pressure and crash rules do: :mod:`.sglang_fp8`), GPU-memory telemetry, scale-out recommendations,
+after a retune (metrics-driven changes only), the changes-per-hour limit, and (metrics-driven changes only)
+vLLM's restart-cost trade (:mod:`.restart_trade`: its gain against the capacity the rollout loses while
+SGLang restarts, ``SglangEvidence.rollout_lost_fraction`` x the restart), with the gain in SGLang's terms
+(:func:`compute_gain_fraction`). What vLLM's policy has and this does not (yet): fp8 KV in an idle or
+KV-bound growth (vLLM's offer it; SGLang's pressure and crash rules do: :mod:`.sglang_fp8`), GPU-memory
+telemetry, scale-out recommendations,
 lengths-based sizing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from kvpilot.tuner import sglang
 from kvpilot.tuner.loop import engine_chain, engine_flap, engine_rollout, sglang_idle
 from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop import restart_trade as rt
 from kvpilot.tuner.loop import sglang_fit as fit
 from kvpilot.tuner.loop import sglang_rules as rules
 from kvpilot.tuner.loop.decision import Action, MetricsStatus, Trigger, compute_metrics_status
-from kvpilot.tuner.loop.engine_chain import Gates
+from kvpilot.tuner.loop.engine_chain import Costs, Gates
+from kvpilot.tuner.loop.remedies import IDLE_CAPACITY, KV_PRESSURE
 from kvpilot.tuner.loop.sglang_fit import FailedRun, PressureChange, SglangSituation
 from kvpilot.tuner.loop.sglang_state import (
     SglangChange,
@@ -53,7 +59,7 @@ from kvpilot.tuner.loop.sglang_state import (
     SglangRestart,
 )
 
-__all__ = ["compute_sglang_decision"]
+__all__ = ["compute_gain_fraction", "compute_sglang_decision"]
 
 
 def compute_sglang_decision(
@@ -76,12 +82,13 @@ def compute_sglang_decision(
     )
     metrics = compute_metrics_status(evidence.window, context.policy, now)
     gates = engine_chain.compute_gates(state, evidence, context.policy, now)
+    costs = engine_chain.compute_costs(state, evidence, context.policy, now)
     subject = build_subject(situation)
     decision = engine_rollout.compute_rollout_step(subject, state, evidence, restarts, now)
     if decision is None:
         decision = _crash_step(situation, restarts, gates)
     if decision is None:
-        decision = _metrics_step(situation, restarts, metrics, gates)
+        decision = _metrics_step(situation, restarts, metrics, gates, costs)
     decision = engine_rollout.compute_good(
         subject, state, evidence, restarts, decision or _steady(situation), now
     )
@@ -99,14 +106,51 @@ def build_subject(s: SglangSituation) -> engine_rollout.Subject[sglang.SglangSet
     )
 
 
-def build_fit(s: SglangSituation) -> engine_chain.Fit[sglang.SglangSettings]:
-    """:func:`engine_chain.choose`'s view of SGLang: :func:`fit.pick`, and the pool a choice holds."""
+def build_fit(s: SglangSituation, pool_full_texts: int = 0) -> engine_chain.Fit[sglang.SglangSettings]:
+    """:func:`engine_chain.choose`'s view of SGLang: :func:`fit.pick`, the pool a choice holds, and its gain
+    (:func:`compute_gain_fraction`; ``pool_full_texts``: the "KV cache pool is full" restarts)."""
 
     def explain(settings: sglang.SglangSettings) -> tuple[str, ...]:
         pool = fit.explain_pool(fit.compute_effective(settings, s.memory), s.memory)
         return (pool,) if pool else ()
 
-    return engine_chain.Fit(s.current, lambda p: fit.pick(s, p), fit.describe_change, explain)
+    def gain(trigger: str, settings: sglang.SglangSettings, cooldown: float) -> float:
+        return compute_gain_fraction(s, trigger, settings, cooldown, pool_full_texts)
+
+    return engine_chain.Fit(s.current, lambda p: fit.pick(s, p), fit.describe_change, explain, gain)
+
+
+def compute_gain_fraction(
+    s: SglangSituation,
+    trigger: str,
+    settings: sglang.SglangSettings,
+    cooldown_seconds: float,
+    pool_full_texts: int = 0,
+) -> float:
+    """The share of the service's capacity a change to ``settings`` for ``trigger`` is expected to win back
+    (0..1), in SGLang's terms of vLLM's trade (:mod:`.restart_trade`), from the window it was proposed on:
+
+    * **IdleCapacity** (a queue at ``--max-running-requests``): the requests the new limit admits that now
+      wait, per running request (:func:`~.restart_trade.compute_admission_share`; the limit left to SGLang
+      is the most that ran, as :func:`.sglang_idle.propose_for_idle` takes it);
+    * **KvPressure** (token usage high with retractions): SGLang's retractions are vLLM's preemptions -- a
+      retracted request's KV is thrown away and recomputed -- so the share of the running requests retracted
+      over the cooldown (:func:`~.restart_trade.compute_preemption_share`); a restart SGLang's "KV cache
+      pool is full" text explains threw every running request away: the whole capacity;
+    * any other trigger (the latency objectives): 1, no measure to discount it by.
+    """
+    w = s.window
+    running = obs.compute_mean(w.samples, obs.running) or 0.0
+    if trigger == IDLE_CAPACITY:
+        waiting = obs.compute_mean(w.samples, obs.waiting) or 0.0
+        peak = obs.compute_max(w.samples, obs.running) or 0.0
+        limit = s.effective.max_running_requests or math.ceil(peak)
+        raised = fit.compute_effective(settings, s.memory).max_running_requests or limit
+        return rt.compute_admission_share(waiting, float(raised - limit), running)
+    if trigger == KV_PRESSURE and not pool_full_texts:
+        rate = obs.compute_mean(w.samples, obs.preemption_rate) or 0.0
+        return rt.compute_preemption_share(rate, cooldown_seconds, running)
+    return rt.WHOLE
 
 
 def compute_pressure_changes(changes: tuple[SglangChange, ...]) -> tuple[PressureChange, ...]:
@@ -132,7 +176,11 @@ def _crash_step(
 
 
 def _metrics_step(
-    s: SglangSituation, restarts: tuple[SglangRestart, ...], metrics: MetricsStatus, gates: Gates
+    s: SglangSituation,
+    restarts: tuple[SglangRestart, ...],
+    metrics: MetricsStatus,
+    gates: Gates,
+    costs: Costs,
 ) -> SglangDecision | None:
     texts = sum(1 for r in restarts if r.failure is not None and r.failure.kind == "kv_pressure")
     held = engine_chain.check_samples(s.current, s.window, metrics, s.policy)
@@ -145,7 +193,7 @@ def _metrics_step(
         sglang_idle.propose_for_idle(s),
     ):
         if proposal is not None:
-            return engine_chain.choose(build_fit(s), proposal, None, gates.metrics_driven)
+            return engine_chain.choose(build_fit(s, texts), proposal, None, gates.metrics_driven, costs)
     return None
 
 

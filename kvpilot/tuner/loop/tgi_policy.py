@@ -23,9 +23,11 @@ meanings (``kv_usage``: ``tgi_batch_current_max_tokens / tgi_batch_max_total_tok
    objective found the limit too many (:mod:`.tgi_idle`);
 6. otherwise hold.
 
-A chosen candidate then passes vLLM's gates (:func:`~.engine_chain.compute_gates`). Not (yet) in TGI's loop:
-a TTFT objective (TGI's only series for it is its queue time, a lower bound), the restart-cost trade,
-scale-out recommendations.
+A chosen candidate then passes vLLM's gates (:func:`~.engine_chain.compute_gates`) and, metrics-driven
+ones, vLLM's restart-cost trade (:mod:`.restart_trade`: its gain against the capacity the rollout loses while
+TGI restarts, ``TgiEvidence.rollout_lost_fraction`` x the restart), with the gain in TGI's terms
+(:func:`compute_gain_fraction`). Not (yet) in TGI's loop: a TTFT objective (TGI's only series for it is its
+queue time, a lower bound), scale-out recommendations.
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ import dataclasses
 from kvpilot.tuner import tgi
 from kvpilot.tuner.loop import engine_chain, engine_flap, engine_rollout, tgi_idle
 from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop import restart_trade as rt
 from kvpilot.tuner.loop import tgi_fit as fit
 from kvpilot.tuner.loop import tgi_rules as rules
 from kvpilot.tuner.loop.decision import Action, MetricsStatus, Trigger, compute_metrics_status
-from kvpilot.tuner.loop.engine_chain import Gates
+from kvpilot.tuner.loop.engine_chain import Costs, Gates
+from kvpilot.tuner.loop.remedies import IDLE_CAPACITY
 from kvpilot.tuner.loop.tgi_fit import FailedRun, TgiSituation
 from kvpilot.tuner.loop.tgi_state import TgiContext, TgiDecision, TgiEvidence, TgiLoopState, TgiRestart
 
-__all__ = ["compute_tgi_decision"]
+__all__ = ["compute_gain_fraction", "compute_tgi_decision"]
 
 
 def compute_tgi_decision(
@@ -66,13 +70,14 @@ def compute_tgi_decision(
     )
     metrics = compute_metrics_status(evidence.window, context.policy, now)
     gates = engine_chain.compute_gates(state, evidence, context.policy, now)
+    costs = engine_chain.compute_costs(state, evidence, context.policy, now)
     return engine_chain.run_chain(
         build_subject(s),
         state,
         evidence,
         restarts,
         metrics,
-        (lambda: _crash_step(s, restarts, gates), lambda: _metrics_step(s, metrics, gates)),
+        (lambda: _crash_step(s, restarts, gates), lambda: _metrics_step(s, metrics, gates, costs)),
         lambda: _steady(s),
         now,
     )
@@ -90,13 +95,49 @@ def build_subject(s: TgiSituation) -> engine_rollout.Subject[tgi.TgiSettings]:
 
 
 def build_fit(s: TgiSituation) -> engine_chain.Fit[tgi.TgiSettings]:
-    """:func:`engine_chain.choose`'s view of TGI: :func:`fit.pick`, and the KV tokens a choice holds."""
+    """:func:`engine_chain.choose`'s view of TGI: :func:`fit.pick`, the KV tokens a choice holds, and its gain
+    (:func:`compute_gain_fraction`)."""
     return engine_chain.Fit(
         s.current,
         lambda p: fit.pick(s, p),
         fit.describe_change,
         lambda x: fit.explain_kv(fit.compute_effective(x, s.memory), s.memory),
+        lambda trigger, x, cooldown: compute_gain_fraction(s, trigger, x, cooldown),
     )
+
+
+def compute_gain_fraction(
+    s: TgiSituation, trigger: str, settings: tgi.TgiSettings, cooldown_seconds: float
+) -> float:
+    """The share of the service's capacity a change to ``settings`` for ``trigger`` is expected to win back
+    (0..1), in TGI's terms of vLLM's trade (:mod:`.restart_trade`), from the window it was proposed on:
+
+    * **IdleCapacity** (the admission limit, ``--max-concurrent-requests``, binding with spare KV tokens): the
+      requests the raise admits, per running request (:func:`~.restart_trade.compute_admission_share`), the
+      demand being the 429s TGI answers beyond its limit (``MetricsSample.rejected_rate``) -- each refused
+      request taken as one request's work lost over the cooldown, as vLLM's preemptions: the window carries no
+      request time to turn the rate into concurrency -- or the queue, whichever is more;
+    * **KvPressure** (the KV tokens full with a queue): TGI does not preempt, its queue waits for KV tokens
+      -- vLLM's KV-bound queue: more KV admits ``kv_growth - 1`` more per running request, at most the
+      queue's (:func:`~.restart_trade.compute_kv_bound_share`, the growth from TGI's warm-up model); a change
+      that grows no KV (fewer concurrent requests) or one the model cannot size: 1, no measure to discount
+      it by;
+    * any other trigger (the latency objective): 1.
+    """
+    w = s.window
+    running = obs.compute_mean(w.samples, obs.running) or 0.0
+    waiting = obs.compute_mean(w.samples, obs.waiting) or 0.0
+    if trigger == IDLE_CAPACITY:
+        refused = obs.compute_mean(w.samples, obs.rejected_rate) or 0.0
+        demand = max(waiting, max(0.0, refused) * cooldown_seconds)
+        added = fit.concurrency_of(settings) - fit.concurrency_of(s.effective)
+        return rt.compute_admission_share(demand, float(added), running)
+    if trigger == rules.KV_PRESSURE:
+        before = fit.predict_kv_tokens(s.effective, s.memory)
+        after = fit.predict_kv_tokens(fit.compute_effective(settings, s.memory), s.memory)
+        if before and after and after > before:
+            return rt.compute_kv_bound_share(waiting, running, after / before)
+    return rt.WHOLE
 
 
 def _crash_step(s: TgiSituation, restarts: tuple[TgiRestart, ...], gates: Gates) -> TgiDecision | None:
@@ -129,13 +170,13 @@ def _as_said(ran: FailedRun, current: tgi.TgiSettings, text: str) -> FailedRun:
     return dataclasses.replace(ran, settings=settings)
 
 
-def _metrics_step(s: TgiSituation, metrics: MetricsStatus, gates: Gates) -> TgiDecision | None:
+def _metrics_step(s: TgiSituation, metrics: MetricsStatus, gates: Gates, costs: Costs) -> TgiDecision | None:
     held = engine_chain.check_samples(s.current, s.window, metrics, s.policy)
     if held is not None:
         return held
     for proposal in (rules.propose_for_pressure(s), rules.propose_for_itl(s), tgi_idle.propose_for_idle(s)):
         if proposal is not None:
-            return engine_chain.choose(build_fit(s), proposal, None, gates.metrics_driven)
+            return engine_chain.choose(build_fit(s), proposal, None, gates.metrics_driven, costs)
     return None
 
 

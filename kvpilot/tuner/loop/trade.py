@@ -1,4 +1,8 @@
-"""Is a metrics-driven change worth its restart? The closed loop's gain-against-cost trade. Pure.
+"""Is a metrics-driven change worth its restart? vLLM's side of the closed loop's gain-against-cost trade.
+Pure. The engine-neutral arithmetic (:class:`Trade`, the cost, the gain shapes) is
+:mod:`kvpilot.tuner.loop.restart_trade`, shared with SGLang's and TGI's loops; what is vLLM's is here: which
+share each of vLLM's triggers takes (:func:`compute_gain_fraction`) and vLLM's compile cache
+(:func:`compute_warm_compile_seconds`).
 
 A retune restarts vLLM: while a pod loads its weights and compiles (``restart_seconds``, measured per
 service: ``status.startupSeconds``), it serves nothing. What that costs depends on how the rollout runs
@@ -46,37 +50,17 @@ nothing: there is nothing to lose); docs/closed-loop.md, "Restart cost", says th
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import remedies
+from kvpilot.tuner.loop import restart_trade as rt
 from kvpilot.tuner.loop.kv_bound import KV_BOUND
 from kvpilot.tuner.loop.observations import ObservationWindow
+from kvpilot.tuner.loop.restart_trade import Trade
 from kvpilot.tuner.types import EngineSettings
 
-
-@dataclass(frozen=True, slots=True)
-class Trade:
-    gain_seconds: float
-    """Seconds of the whole service's capacity the change is expected to win over the horizon."""
-    cost_seconds: float
-    """Seconds of the whole service's capacity the rollout loses."""
-    horizon_seconds: float
-    """How long the gain is counted for: the cooldown plus how long the condition has persisted."""
-    warm_compile_seconds: float = 0.0
-    """The compile the restart skips on a warm cache, already taken off :attr:`cost_seconds`."""
-
-    @property
-    def worth_it(self) -> bool:
-        return self.gain_seconds > self.cost_seconds
-
-    def describe(self) -> str:
-        warm = self.warm_compile_seconds
-        return (
-            f"expected gain {self.gain_seconds:.0f}s of full capacity over {self.horizon_seconds:.0f}s, "
-            f"restart cost {self.cost_seconds:.0f}s"
-        ) + (f" (warm compile cache: {warm:.0f}s less)" if warm else "")
+__all__ = ["Trade", "compute_gain_fraction", "compute_trade", "compute_warm_compile_seconds"]
 
 
 def compute_gain_fraction(
@@ -90,18 +74,18 @@ def compute_gain_fraction(
     """The share of the service's capacity ``proposed`` is expected to win back (0..1); ``current`` and
     ``proposed`` are effective settings (every field set); ``kv_growth`` the predicted ratio of their KV
     caches."""
-    running = max(1.0, obs.compute_mean(window.samples, obs.running) or 0.0)
+    running = obs.compute_mean(window.samples, obs.running) or 0.0
     if trigger == KV_BOUND:
         waiting = obs.compute_mean(window.samples, obs.waiting) or 0.0
-        return min(1.0, waiting / running, max(0.0, (kv_growth or 1.0) - 1.0))
+        return rt.compute_kv_bound_share(waiting, running, kv_growth)
     if trigger == remedies.IDLE_CAPACITY:
         waiting = obs.compute_mean(window.samples, obs.waiting) or 0.0
         added = max(0, (proposed.max_num_seqs or 0) - (current.max_num_seqs or 0))
-        return min(1.0, min(waiting, float(added)) / running)
+        return rt.compute_admission_share(waiting, float(added), running)
     if trigger == remedies.KV_PRESSURE:
         rate = obs.compute_mean(window.samples, obs.preemption_rate) or 0.0
-        return min(1.0, max(0.0, rate) * cooldown_seconds / running)
-    return 1.0
+        return rt.compute_preemption_share(rate, cooldown_seconds, running)
+    return rt.WHOLE
 
 
 def compute_warm_compile_seconds(
@@ -144,7 +128,11 @@ def compute_trade(
     how long the loop has held for ``trigger`` already, capped by the caller; ``warm_compile_seconds``
     from :func:`compute_warm_compile_seconds`."""
     share = compute_gain_fraction(trigger, window, current, proposed, cooldown_seconds, kv_growth)
-    horizon = cooldown_seconds + max(0.0, persisted_seconds)
-    restart = max(0.0, restart_seconds - max(0.0, warm_compile_seconds))
-    cost = min(1.0, max(0.0, lost_fraction)) * restart
-    return Trade(share * horizon, cost, horizon, warm_compile_seconds)
+    return rt.weigh(
+        share,
+        cooldown_seconds=cooldown_seconds,
+        restart_seconds=restart_seconds,
+        lost_fraction=lost_fraction,
+        persisted_seconds=persisted_seconds,
+        warm_compile_seconds=warm_compile_seconds,
+    )
