@@ -17,7 +17,11 @@ simulated Deployment (:mod:`bench.loopsim.world`):
 * the evidence: the last termination of each pod that runs the current flags, its log classified by the
   seam (:func:`kvpilot.tuner.loop.classify_tgi_restart`: the warm-up's "Not enough memory to handle N
   prefill tokens", ``NotEnoughMemory(N)``, a CUDA OOM while serving), Ready when every pod runs them and
-  one serves, not started when one waits for a GPU and none restarted;
+  one serves, not started when one waits for a GPU and none restarted; no measured start (nothing writes
+  ``status.startupSeconds`` for a TGI service: the policy's assumption); what a rollout of a change would
+  lose under the strategy the cluster allows now (a surge 0, a recreate 1), and the history's newest
+  ``Held`` entries in a row (the restart-cost trade counts its gain over how long the loop has held), as
+  SGLang's and vLLM's benches pass them;
 * the answer (:func:`kvpilot.operator.status.engine_patch`): a change recorded as rolled out (a new rollout
   with the configured deadline), a rollout's probation kept, a judged one cleared, the good flags kept, the
   failed ones added;
@@ -37,13 +41,14 @@ from dataclasses import dataclass, field, replace
 from bench.loopsim.scenario import BenchScenario, TgiPlan
 from bench.loopsim.world import World
 from kvpilot.operator.api import RolloutSpec
-from kvpilot.operator.pods.rollout_strategy import compute_rollout_choice
+from kvpilot.operator.pods.rollout_strategy import compute_lost_fraction, compute_rollout_choice
 from kvpilot.operator.status.engine_patch import FAILED_LIMIT
 from kvpilot.operator.status.loop_patch import ROLLOUT_ACTIVE
 from kvpilot.tuner import tgi
 from kvpilot.tuner.gpus import lookup_gpu
 from kvpilot.tuner.loop import (
     Action,
+    EngineHold,
     PolicyConfig,
     TgiChange,
     TgiContext,
@@ -101,6 +106,10 @@ class KvpilotTgi:
     """The loop's changes (``Retuned``, ``RolledBack``, as ``status.history`` keeps them)."""
     rollout: TgiRollout | None = None
     last_good: tgi.TgiSettings | None = None
+    holds: list[EngineHold] = field(default_factory=list)
+    """The newest ``Held`` entries of ``status.history`` in a row (a change or a verdict ends the run)."""
+    held: tgi.TgiSettings | None = None
+    """What the newest ``Held`` entry would have rolled out (the operator records a hold once)."""
     log: list[str] = field(default_factory=list)
     first_change: float | None = None
     planned_at: float = 0.0
@@ -116,9 +125,11 @@ class KvpilotTgi:
         changes = tuple(self.changes)
         if all(c.time != self.planned_at for c in self.changes):
             changes = (*changes, TgiChange(self.planned_at, "Planned", planned=True))
-        return TgiLoopState(self.current, self.failed, changes, self.rollout, self.last_good)
+        return TgiLoopState(
+            self.current, self.failed, changes, self.rollout, self.last_good, tuple(self.holds)
+        )
 
-    def _evidence(self, world: World, now: float) -> TgiEvidence:
+    def _evidence(self, world: World, now: float, lost: float) -> TgiEvidence:
         mine = [p for p in world.pods if p.settings == self.current]
         restarts = tuple(
             classify_tgi_restart(p.last[0], p.last[1], p.name) for p in mine if p.last is not None
@@ -126,11 +137,16 @@ class KvpilotTgi:
         ready = any(p.state == "serving" for p in mine) and len(mine) == len(world.pods)
         not_started = any(p.state == "pending" for p in mine) and not restarts
         window = world.observe(now, self.policy.window_seconds)
-        return TgiEvidence(window, restarts, ready=ready, not_started=not_started)
+        return TgiEvidence(window, restarts, ready=ready, not_started=not_started, rollout_lost_fraction=lost)
 
     def tick(self, world: World, now: float) -> None:
         sc = self.scenario
-        d = compute_tgi_decision(self._state(), self._evidence(world, now), self.context, now)
+        serving = any(p.state == "serving" for p in world.pods)
+        choice = compute_rollout_choice(
+            RolloutSpec(allowDowntime=sc.allow_downtime), 1, fits_now=sc.spare_gpu, serving=serving
+        )
+        lost = compute_lost_fraction(choice, 1, serving=serving)
+        d = compute_tgi_decision(self._state(), self._evidence(world, now, lost), self.context, now)
         if d.failed is not None and d.failed not in self.failed:
             self.failed = (*self.failed, d.failed)[-FAILED_LIMIT:]
             self.failed_settings = (*self.failed_settings, self.current)
@@ -139,6 +155,15 @@ class KvpilotTgi:
         if d.action == Action.INFEASIBLE and (not self.log or "Infeasible" not in self.log[-1]):
             world.stats.infeasible += 1
             self._note(now, "Infeasible", d.trigger, d.reason)
+        if d.action == Action.INFEASIBLE or d.changes:  # a new history entry that is no hold
+            self.holds, self.held = [], None
+        if d.action == Action.HOLD and d.recommended is not None:  # a gate held a change: ``Held``, once
+            last = self.holds[-1] if self.holds else None
+            if last is None or (last.trigger, self.held) != (d.trigger, d.recommended):
+                self.holds.append(EngineHold(now, d.trigger))
+                self.held = d.recommended
+                if "not worth a restart" in d.reason:
+                    self._note(now, "Held", d.trigger, d.reason)
         if not d.changes:
             active = self.rollout is not None and d.trigger in ROLLOUT_ACTIVE
             if self.rollout is not None and not active:
@@ -151,10 +176,6 @@ class KvpilotTgi:
             ):
                 self.rollout = replace(self.rollout, probation_until=d.probation_until)
             return
-        serving = any(p.state == "serving" for p in world.pods)
-        choice = compute_rollout_choice(
-            RolloutSpec(allowDowntime=sc.allow_downtime), 1, fits_now=sc.spare_gpu, serving=serving
-        )
         strategy = "recreate" if choice.strategy in ("Recreate", "Replace") else "surge"
         if choice.held:
             world.stats.holds += 1
