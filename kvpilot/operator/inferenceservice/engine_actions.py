@@ -2,10 +2,10 @@
 conditional PATCH) and, for a change in mode Auto, the Deployment with the new flags.
 
 The acting half of :func:`kvpilot.operator.inferenceservice.engine_loop.run_engine_tick`, as
-:mod:`.loop_actions` is vLLM's: what a change's rollout would lose (:func:`fetch_lost_fraction`, as vLLM's
-:func:`.loop_actions.fetch_rollout`), the status first (:func:`apply_engine_status`), then the flags
-(:func:`apply_flags`: the reconciler's rendering with the flags kept, the rollout strategy the cluster
-allows now).
+:mod:`.loop_actions` is vLLM's: what a change's rollout would lose or why it cannot roll out
+(:func:`fetch_rollout_costs`, as vLLM's :func:`.loop_actions.fetch_rollout`), the status first
+(:func:`apply_engine_status`), then the flags (:func:`apply_flags`: the reconciler's rendering with the
+flags kept, the rollout strategy the cluster allows now).
 """
 
 from __future__ import annotations
@@ -45,21 +45,32 @@ async def apply_flags(
     return True
 
 
-async def fetch_lost_fraction(
-    deps: LoopDeps, svc: Service, inputs: resolve.Inputs, flags: engines.EngineFlags, *, serving: bool
-) -> float:
-    """The share of the service's capacity a rollout of ``flags`` loses while a pod restarts, under the
-    strategy the cluster allows now (:func:`workloads.fetch_lost_fraction`, the strategy :func:`apply_flags`
-    renders): Surge 0, Replace ``k/N``, Recreate 1, 0 while nothing serves. 0 when it cannot be read (no
-    client, the flags cannot be rendered, an API hiccup: :func:`apply_flags` meets it and says so)."""
+async def fetch_rollout_costs(
+    deps: LoopDeps,
+    svc: Service,
+    inputs: resolve.Inputs,
+    flags: engines.EngineFlags,
+    *,
+    serving: bool,
+    not_serving_why: str = "",
+) -> tuple[float, str | None]:
+    """What a rollout of ``flags`` costs under the strategy the cluster allows now
+    (:func:`workloads.fetch_rollout_costs`, the strategy :func:`apply_flags` renders): the share of the
+    service's capacity it loses while a pod restarts (Surge 0, Replace ``k/N``, Recreate 1, 0 while nothing
+    serves) and why it cannot roll out (one replica, no spare GPU, no ``allowDowntime``:
+    :data:`~kvpilot.operator.pods.rollout_strategy.HELD_MESSAGE`), as vLLM's
+    :func:`.loop_actions.fetch_rollout`. ``(0, None)`` when it cannot be read (no client, the flags cannot
+    be rendered, an API hiccup: :func:`apply_flags` meets it and says so)."""
     if deps.kube is None:
-        return 0.0
+        return 0.0, None
     try:
         _, manifests = engine_desired.build_engine_manifests(svc.meta, svc.spec, inputs, flags)
         workload = next(m for m in manifests if m["kind"] in workloads.WORKLOAD_KINDS)
-        return await workloads.fetch_lost_fraction(deps.kube, svc.spec, workload, serving=serving)
+        return await workloads.fetch_rollout_costs(
+            deps.kube, svc.spec, workload, serving=serving, not_serving_why=not_serving_why
+        )
     except Exception:  # noqa: BLE001 -- apply_flags reports what cannot be rendered or read
-        return 0.0
+        return 0.0, None
 
 
 async def apply_engine_status(

@@ -12,9 +12,12 @@ flags read and render, and its policy)::
     model + GPU (resolve), spec.tuning.bounds, spec.serving --> the engine's context
     status (appliedEngineArgs, rollout, lastGoodEngineArgs, failedEngineArgs, lastChangeTime) --> the state
         --the engine's policy--> its decision (a rollout judged first, as vLLM's)
-        --Auto, a metrics-driven change: decided again with what its rollout would lose (the strategy the
-          cluster allows now: Surge 0, Replace k/N, Recreate 1), weighed against its gain as vLLM's
-        --status.engine_patch--> one conditional status PATCH, events
+        --Auto, a change: decided again with what its rollout would lose (the strategy the cluster allows
+          now: Surge 0, Replace k/N, Recreate 1; a metrics-driven one weighed against its gain and the
+          restart the pods were measured to take, as vLLM's), or held when it cannot roll out (one
+          replica, no spare GPU, no allowDowntime: rollout_strategy.HELD_MESSAGE, as vLLM's)
+        --status.engine_patch--> one conditional status PATCH (with status.startupSeconds, the start the
+          pods were measured to take), events
         --Auto, a change: the Deployment with the new flags (engine_desired, the rollout strategy for the
           cluster as it is), applied after the record
 
@@ -72,11 +75,18 @@ async def run_engine_tick(
         codec, profile.default, pods, window, svc.old, mode=svc.mode, replicas=svc.spec.replicas
     )
     decision = profile.decide(state, evidence, svc.spec, inputs, policy, svc.now)
-    if svc.mode == "Auto" and decision.action == Action.RETUNE:  # a rollback is never weighed
-        serving = any(p.ready and not p.terminating for p in pods)
-        lost = await engine_actions.fetch_lost_fraction(deps, svc, inputs, decision.settings, serving=serving)
-        if lost:  # what the rollout loses, weighed against the change's gain (as vLLM's loop_actions)
-            costs = dataclasses.replace(evidence, rollout_lost_fraction=lost)
+    serving = engine_pods.compute_engine_serving(codec, pods, state.current)
+    if svc.mode == "Auto" and decision.action == Action.RETUNE:  # a rollback is never weighed or held
+        lost, blocked = await engine_actions.fetch_rollout_costs(
+            deps,
+            svc,
+            inputs,
+            decision.settings,
+            serving=any(p.ready and not p.terminating for p in pods),
+            not_serving_why=serving.degraded_reason or "",
+        )
+        if lost or blocked:  # what the rollout loses, or why it cannot roll out (as vLLM's fetch_rollout)
+            costs = dataclasses.replace(evidence, rollout_lost_fraction=lost, rollout_blocked=blocked)
             decision = profile.decide(state, costs, svc.spec, inputs, policy, svc.now)
     out = engine_patch.build_engine_patch(
         codec,
@@ -86,7 +96,8 @@ async def run_engine_tick(
         generation=svc.generation,
         now=svc.now,
         deadline_seconds=policy.rollout_deadline_seconds,
-        serving=engine_pods.compute_engine_serving(codec, pods, state.current),
+        serving=serving,
+        startup_seconds=engine_reading.compute_startup_seconds(pods, state.current),
     )
     if not await engine_actions.apply_engine_status(deps, patch, svc, out, logger):
         return decision  # nothing recorded: nothing rolled out; the next tick decides again

@@ -76,8 +76,7 @@ async def fetch_rollout(
         if choice.held:
             choice = RolloutChoice("Surge", "rolling back: the previous settings' pods still serve")
         return decision, choice, cluster
-    lost = rollout_strategy.compute_lost_fraction(choice, svc.spec.replicas, serving=observed.ready)
-    blocked = choice.reason if choice.held else None
+    lost, blocked = rollout_strategy.compute_costs(choice, svc.spec.replicas, serving=observed.ready)
     if lost or blocked:
         decision = redecide(lost, blocked)
     return decision, choice, cluster

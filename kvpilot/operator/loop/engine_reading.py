@@ -3,7 +3,8 @@ its status keeps and the evidence of its pods, in the engine's flags. Pure; shar
 
 :func:`build_state_and_evidence` (an InferenceService's; mode Auto: the flags the status says the
 Deployment runs, the rollout, the last good flags; every mode: the ruled-out runs, the last change, and the
-restarts, readiness and start of the pods running the current flags), for
+restarts, readiness and start of the pods running the current flags, and the start they were measured to
+take: :func:`compute_startup_seconds`), for
 :func:`kvpilot.operator.inferenceservice.engine_loop.run_engine_tick`; :func:`build_state_of` with the
 current flags given (an EngineTuner's: its standing recommendation,
 :mod:`kvpilot.operator.enginetuner.target_engine_loop`). The context each engine tunes within is its own
@@ -21,6 +22,7 @@ from kvpilot.operator import api
 from kvpilot.operator.loop import loop_state
 from kvpilot.operator.planning import resolve
 from kvpilot.operator.pods.engine_pods import Codec, EnginePod
+from kvpilot.operator.pods import pod_status
 from kvpilot.operator.pods.pod_status import parse_time
 from kvpilot.operator.status import engine_patch
 from kvpilot.tuner.loop import HistoryAction, ObservationWindow, PolicyConfig
@@ -73,8 +75,9 @@ def build_state_of(
     replicas: int = 1,
 ) -> tuple[EngineLoopState[S], EngineEvidence]:
     """The policy's inputs for ``current``: the ruled-out runs, last change and newest holds of the status
-    (``rolls_out``: also its rollout and last good flags), the restart a change costs
-    (``status.startupSeconds``, as vLLM's loop reads it; ``None``: the policy's assumption), and the restarts,
+    (``rolls_out``: also its rollout and last good flags), the restart a change costs (the start its pods
+    were just measured to take, :func:`compute_startup_seconds`, else ``status.startupSeconds``, as vLLM's
+    loop reads it; ``None``: the policy's assumption), and the restarts,
     readiness and start of the pods that run ``current`` (ready: ``replicas`` of them Ready and no live pod
     running anything else)."""
     live = [p for p in pods if not p.terminating]
@@ -90,10 +93,19 @@ def build_state_of(
         read_holds(status),
     )
     not_started = any(p.not_started for p in mine) and not restarts
-    restart_seconds = loop_state.read_startup_seconds(status)
+    measured = compute_startup_seconds(pods, current)
+    restart_seconds = measured if measured is not None else loop_state.read_startup_seconds(status)
     return state, EngineEvidence(
         window, restarts, restart_seconds=restart_seconds, ready=ready, not_started=not_started
     )
+
+
+def compute_startup_seconds(pods: Sequence[EnginePod[S]], current: S) -> float | None:
+    """Seconds from start to Ready of the newest live pod running ``current`` that became Ready without a
+    restart (``None``: none did), measured as vLLM's
+    (:func:`kvpilot.operator.pods.pod_status.compute_startup_seconds`): the restart a change costs, which
+    the status keeps (``status.startupSeconds``, :func:`kvpilot.operator.status.engine_patch.build_engine_patch`)."""
+    return pod_status.compute_startup_seconds(pods, current)
 
 
 def read_holds(status: Mapping[str, Any]) -> tuple[EngineHold, ...]:

@@ -67,6 +67,11 @@ class EnginePod(Generic[S]):
     """A LeaderWorkerSet group's rank >= 1: it serves no API, so it is no replica of its own."""
     crash_looping: bool = False
     """Its engine container waits in ``CrashLoopBackOff``."""
+    started_at: float | None = None
+    """``status.startTime``: when the kubelet took the pod (``None`` while it is not scheduled)."""
+    ready_at: float | None = None
+    """The ``Ready`` condition's ``lastTransitionTime`` while it is True: with :attr:`started_at`, the
+    measured start (:func:`~kvpilot.operator.pods.pod_status.compute_startup_seconds`)."""
 
 
 def build_engine_pod(codec: Codec[S], pod: Mapping[str, Any], log: str | None = None) -> EnginePod[S]:
@@ -107,8 +112,20 @@ def build_pod_of(
     ready = bool(state.get("ready"))
     worker = leader_worker_set.is_worker(pod)
     looping = ((state.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
+    started_at, ready_at = pod_status.read_start_times(pod)
     return EnginePod(
-        name, settings, terminating, restart, count, needs_log, ready, not_started, worker, looping
+        name,
+        settings,
+        terminating,
+        restart,
+        count,
+        needs_log,
+        ready,
+        not_started,
+        worker,
+        looping,
+        started_at,
+        ready_at,
     )
 
 

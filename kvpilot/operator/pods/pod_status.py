@@ -227,15 +227,11 @@ def build_pod_view(pod: Mapping[str, Any], log_tail: str | None = None) -> PodVi
     count = int(status_c.get("restartCount") or 0)
     waiting = (status_c.get("state") or {}).get("waiting") or {}
     restart, needs_log = build_restart_event(str(meta.get("name") or ""), status_c, log_tail)
-    phase = pod.get("status") or {}
     unschedulable, downloading = compute_unschedulable(pod), compute_downloading(pod)
-    conds: Sequence[Mapping[str, Any]] = phase.get("conditions") or ()
-    ready_cond: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
+    started_at, ready_at = read_start_times(pod)
     return PodView(
-        started_at=parse_time(phase.get("startTime")),
-        ready_at=parse_time(ready_cond.get("lastTransitionTime"))
-        if ready_cond.get("status") == "True"
-        else None,
+        started_at=started_at,
+        ready_at=ready_at,
         restart_count=count,
         waiting_reason=waiting.get("reason") or None,
         unschedulable=unschedulable,
@@ -298,9 +294,41 @@ def compute_newest_start(pods: Sequence[PodView], settings: EngineSettings) -> f
     return max(starts) if starts else None
 
 
-def compute_startup_seconds(pods: Sequence[PodView], settings: EngineSettings) -> float | None:
+class StartedPod(Protocol):
+    """What :func:`compute_startup_seconds` reads of a pod: vLLM's :class:`PodView`, or an engine's
+    :class:`kvpilot.operator.pods.engine_pods.EnginePod` (SGLang, TGI)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def settings(self) -> object: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def terminating(self) -> bool: ...
+    @property
+    def restart_count(self) -> int: ...
+    @property
+    def started_at(self) -> float | None: ...
+    @property
+    def ready_at(self) -> float | None: ...
+
+
+def read_start_times(pod: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """``status.startTime`` (when the kubelet took the pod) and the ``Ready`` condition's
+    ``lastTransitionTime`` while it is True (``None`` otherwise)."""
+    phase = pod.get("status") or {}
+    conds: Sequence[Mapping[str, Any]] = phase.get("conditions") or ()
+    ready_cond: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
+    ready_at = parse_time(ready_cond.get("lastTransitionTime")) if ready_cond.get("status") == "True" else None
+    return parse_time(phase.get("startTime")), ready_at
+
+
+def compute_startup_seconds(pods: Sequence[StartedPod], settings: object) -> float | None:
     """Seconds from start (``status.startTime``) to Ready of the newest live pod running ``settings`` that
-    became Ready without a restart: the service's measured restart cost (``status.startupSeconds``)."""
+    became Ready without a restart: the service's measured restart cost (``status.startupSeconds``), for
+    every engine (vLLM's :class:`PodView`, SGLang's and TGI's
+    :class:`~kvpilot.operator.pods.engine_pods.EnginePod`)."""
     done = [
         p
         for p in pods

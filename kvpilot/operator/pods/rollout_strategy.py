@@ -17,7 +17,8 @@ find no GPU. :func:`compute_rollout_choice` picks, for ``Auto``:
 ``Surge``, ``Replace`` and ``Recreate`` in the spec are honoured as written (a surge on a full pool waits
 Pending, which the closed loop holds without marking the settings failed). :func:`build_deployment_strategy`
 renders a choice as the Deployment's ``spec.strategy``; :func:`compute_lost_fraction` says what a choice
-costs in serving while a pod restarts (the policy's trade, :mod:`kvpilot.tuner.loop.trade`).
+costs in serving while a pod restarts (the policy's trade, :mod:`kvpilot.tuner.loop.trade`), and
+:func:`compute_costs` that with why a held choice blocks the change (every engine's loop).
 """
 
 from __future__ import annotations
@@ -110,3 +111,11 @@ def compute_lost_fraction(choice: RolloutChoice, replicas: int, *, serving: bool
     if choice.strategy == "Recreate":
         return 1.0
     return min(1.0, choice.max_unavailable / max(1, replicas))
+
+
+def compute_costs(choice: RolloutChoice, replicas: int, *, serving: bool) -> tuple[float, str | None]:
+    """What a change's rollout under ``choice`` costs the policy, for every engine's loop: the share of the
+    capacity it loses (:func:`compute_lost_fraction`, ``Evidence.rollout_lost_fraction``) and why it cannot
+    roll out at all (a held choice: its reason, :data:`HELD_MESSAGE`, ``Evidence.rollout_blocked``; else
+    ``None``)."""
+    return compute_lost_fraction(choice, replicas, serving=serving), choice.reason if choice.held else None

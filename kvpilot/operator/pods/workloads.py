@@ -536,16 +536,23 @@ async def fetch_rollout_choice(
     )
 
 
-async def fetch_lost_fraction(
-    kube: Kube, spec: api.InferenceServiceSpec, deployment: Mapping[str, Any], *, serving: bool
-) -> float:
-    """The share of the service's capacity a rollout of ``deployment`` loses while a pod restarts, under the
-    strategy the cluster allows now (:func:`fetch_rollout_choice`, as :func:`fetch_rollout_strategy` renders
-    it; :func:`rollout_strategy.compute_lost_fraction`: 0 surge or while nothing serves, ``k/N`` replace, 1
-    recreate): what SGLang's and TGI's loops weigh a change against, as vLLM's
+async def fetch_rollout_costs(
+    kube: Kube,
+    spec: api.InferenceServiceSpec,
+    deployment: Mapping[str, Any],
+    *,
+    serving: bool,
+    not_serving_why: str = "",
+) -> tuple[float, str | None]:
+    """What a rollout of ``deployment`` costs under the strategy the cluster allows now
+    (:func:`fetch_rollout_choice`, as :func:`fetch_rollout_strategy` renders it;
+    :func:`rollout_strategy.compute_costs`): the share of the service's capacity it loses while a pod
+    restarts (0 surge or while nothing serves, ``k/N`` replace, 1 recreate), and why it cannot roll out at all
+    (one replica, no spare GPU, no ``allowDowntime``: :data:`rollout_strategy.HELD_MESSAGE`; else ``None``):
+    what SGLang's and TGI's loops weigh a change against, as vLLM's
     (:func:`kvpilot.operator.inferenceservice.loop_actions.fetch_rollout`)."""
-    choice = await fetch_rollout_choice(kube, spec, deployment, serving=serving)
-    return rollout_strategy.compute_lost_fraction(choice, spec.replicas, serving=serving)
+    choice = await fetch_rollout_choice(kube, spec, deployment, serving=serving, not_serving_why=not_serving_why)
+    return rollout_strategy.compute_costs(choice, spec.replicas, serving=serving)
 
 
 async def apply_workloads(

@@ -9,10 +9,14 @@ vLLM's settings, not these):
 * mode Auto: ``status.appliedEngineArgs`` (the flags on the Deployment), ``status.rollout`` (``engineArgs``,
   ``startedAt``, ``deadline``, ``phase``, ``probationUntil``), ``status.lastGoodEngineArgs`` and
   ``lastChangeTime``, with ``Retuned``, ``RolledBack`` and ``RolloutSucceeded`` events and the
-  ``RolloutInProgress`` condition, as vLLM's rollouts (:mod:`kvpilot.operator.status.loop_patch`);
+  ``RolloutInProgress`` condition (``Held`` while a gate holds a change back: no spare GPU for a surge pod,
+  the restart-cost trade), as vLLM's rollouts (:mod:`kvpilot.operator.status.loop_patch`);
+* ``status.startupSeconds`` -- the start the pods were measured to take (the restart the trade prices), as
+  vLLM's;
 * ``status.history`` -- ``Retuned`` and ``RolledBack`` (mode Auto), ``Infeasible``, and ``Held`` when a gate
-  held a change back (the cooldown, the restart-cost trade: ``toEngineArgs`` the flags it would have rolled
-  out), each verdict that persists once, as vLLM's; the newest ``Held`` entries in a row say how long the
+  held a change back (the cooldown, the restart-cost trade, no spare GPU for a surge pod: ``toEngineArgs``
+  the flags it would have rolled out), each verdict that persists once, a ``Held`` one with a Normal
+  ``Held`` event, as vLLM's; the newest ``Held`` entries in a row say how long the
   loop has held for a trigger, which the restart-cost trade counts the gain over
   (:func:`kvpilot.operator.loop.engine_reading.read_holds`);
 * ``status.failedEngineArgs`` -- the flags that failed and how (the seam's failure kind, or
@@ -35,7 +39,13 @@ from kvpilot.operator import api, conditions
 from kvpilot.operator.pods.engine_pods import Codec
 from kvpilot.operator.pods.pod_status import Serving, parse_time
 from kvpilot.operator.status import events
-from kvpilot.operator.status.loop_patch import KIND_FIELDS, ROLLING_OUT, add_judged_rollout
+from kvpilot.operator.status.loop_patch import (
+    KIND_FIELDS,
+    ROLLING_OUT,
+    add_judged_rollout,
+    build_rollout_idle,
+    build_startup,
+)
 from kvpilot.operator.status.status_patch import (
     ListPatch,
     StatusPatch,
@@ -123,11 +133,14 @@ def build_engine_patch(
     deadline_seconds: float = 900.0,
     serving: Serving | None = None,
     kind: str = api.KIND,
+    startup_seconds: float | None = None,
 ) -> StatusPatch:
     """The tick's status (:mod:`this module <kvpilot.operator.status.engine_patch>`) and its events; in mode
     Auto a change is recorded as rolled out (``deadline_seconds``: the configured rollout deadline). With the
     pods' ``serving`` state: ``replicas``, ``readyReplicas`` and the ``Available`` and ``Degraded``
-    conditions, as for vLLM (:func:`~kvpilot.operator.status.status_patch.build_serving_updates`).
+    conditions, as for vLLM (:func:`~kvpilot.operator.status.status_patch.build_serving_updates`); with the
+    start the pods were measured to take (``startup_seconds``), ``status.startupSeconds`` when it is new, as
+    vLLM's (:func:`~kvpilot.operator.status.loop_patch.build_startup`).
 
     An EngineTuner's (``kind``; mode Auto: kvpilot's "rollout" is the recommendation in its status, which
     the webhook and Auto's evictions or the owner put on the pods) has no ``appliedEngineArgs`` or
@@ -149,6 +162,7 @@ def build_engine_patch(
         served, fields = build_serving_updates(serving)
         updates.extend(served)
         out.status.update(fields)
+    out.status.update(build_startup(old, startup_seconds))
     _add_failed(codec, old, decision, out)
     rolled = mode == "Auto" and decision.changes
     tuner = kind == api.ENGINE_TUNER_KIND
@@ -164,7 +178,9 @@ def build_engine_patch(
         _add_history(old, decision, out, HistoryAction.INFEASIBLE, stamp, before, to_args=None, dedupe=True)
     if decision.action == Action.HOLD and decision.recommended is not None:  # a gate held a change back
         held = codec.build(decision.recommended)
-        _add_history(old, decision, out, HistoryAction.HELD, stamp, before, to_args=held, dedupe=True)
+        if _add_history(old, decision, out, HistoryAction.HELD, stamp, before, to_args=held, dedupe=True):
+            out.events.append((events.NORMAL, "Held", cap(decision.reason)))  # once, as vLLM's
+            out.decisions.append("Held")
     if kind in KIND_FIELDS:
         out.status = {k: v for k, v in out.status.items() if k in KIND_FIELDS[kind]}
     return out
@@ -180,10 +196,10 @@ def _add_history(
     *,
     to_args: list[str] | None,
     dedupe: bool,
-) -> None:
+) -> bool:
     """One ``status.history`` entry in the engine's flags (``fromEngineArgs``: ``before``, what the status
     says the Deployment runs, or an EngineTuner's recommendation), appended by the :class:`ListPatch` on the
-    freshest history; a verdict that persists (``dedupe``) is recorded once."""
+    freshest history; a verdict that persists (``dedupe``) is recorded once. Whether it is new."""
     entry = build_history_entry(
         time=stamp,
         action=action,
@@ -192,8 +208,10 @@ def _add_history(
         from_engine_args=before,
         to_engine_args=to_args,
     )
-    if append_history(old.get("history") or (), entry, dedupe=dedupe) is not None and out.lists is not None:
-        out.lists.history.append((entry, dedupe))
+    if append_history(old.get("history") or (), entry, dedupe=dedupe) is None or out.lists is None:
+        return False
+    out.lists.history.append((entry, dedupe))
+    return True
 
 
 def _add_failed(
@@ -251,7 +269,7 @@ def _add_rollout(
     judged = add_judged_rollout(wire, decision.trigger, decision.probation_until, cap(decision.reason), out)
     if judged is not None:
         return judged
-    return [(conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress")]
+    return build_rollout_idle(decision.recommended is not None, cap(decision.reason))
 
 
 def _add_recommendation(

@@ -232,9 +232,7 @@ def add_rollout_progress(old: Mapping[str, Any], tick: LoopTick, out: StatusPatc
     judged = add_judged_rollout(wire, decision.trigger, decision.probation_until, decision.reason, out)
     if judged is not None:
         return judged
-    if decision.recommended is not None:
-        return [(conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Held", decision.reason)]
-    return [(conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress")]
+    return build_rollout_idle(decision.recommended is not None, decision.reason)
 
 
 def add_judged_rollout(
@@ -338,11 +336,28 @@ def add_rollout_deadline(old: Mapping[str, Any], tick: LoopTick, out: StatusPatc
 
 
 def add_startup(old: Mapping[str, Any], tick: LoopTick, out: StatusPatch) -> list[Update]:
-    """``startupSeconds``, when the pods measured a new one."""
-    startup = tick.startup_seconds
-    if startup is not None and startup != old.get("startupSeconds"):
-        out.status["startupSeconds"] = round(startup, 1)
+    """``startupSeconds``, when the pods measured a new one (:func:`build_startup`)."""
+    out.status.update(build_startup(old, tick.startup_seconds))
     return []
+
+
+def build_startup(old: Mapping[str, Any], startup: float | None) -> dict[str, Any]:
+    """``{"startupSeconds": ...}`` when the pods measured a start (``startup``) the status ``old`` does not
+    hold yet, else nothing: every engine's loop keeps its measured restart so (SGLang's and TGI's:
+    :func:`kvpilot.operator.status.engine_patch.build_engine_patch`)."""
+    if startup is None or round(startup, 1) == old.get("startupSeconds"):
+        return {}
+    return {"startupSeconds": round(startup, 1)}
+
+
+def build_rollout_idle(recommended: bool, reason: str) -> list[Update]:
+    """``RolloutInProgress`` while no rollout is being judged and nothing rolled out: ``Held`` (with the
+    decision's ``reason``) when a gate held a change back with it ``recommended`` (no spare GPU for a surge
+    pod: :data:`~kvpilot.operator.pods.rollout_strategy.HELD_MESSAGE`, the restart-cost trade, the
+    cooldown), else ``Idle``; every engine's loop says it so."""
+    if recommended:
+        return [(conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Held", reason)]
+    return [(conditions.ROLLOUT_IN_PROGRESS, conditions.FALSE, "Idle", "no rollout in progress")]
 
 
 def add_resolution(old: Mapping[str, Any], tick: LoopTick, out: StatusPatch) -> list[Update]:

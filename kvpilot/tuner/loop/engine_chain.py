@@ -6,7 +6,8 @@ crash of the current flags, the metrics gate, the engine's metrics rules, a hold
 
 * :func:`compute_gates` -- vLLM's stability gates: the minimum interval between changes and the hourly
   limit for every change; the cooldown after a retune (:func:`~.decision.compute_cooldown`) for
-  metrics-driven ones;
+  metrics-driven ones; a rollout the cluster does not allow now (``EngineEvidence.rollout_blocked``, as
+  vLLM's ``Evidence.rollout_blocked``) for every change;
 * :func:`select_crash` -- which restart of the current flags a remedy answers: the most telling failure
   (:data:`~.engine_state.CRASH_ORDER`), else a hold for a restart no text explains;
 * :func:`select_window` and :func:`check_samples` -- the window since the last change, and the metrics gate;
@@ -91,7 +92,10 @@ def compute_gates(
         metrics_driven = (
             f"the current flags are not yet proven (Ready and crash-free for {p.probation_seconds:.0f}s)"
         )
-    return Gates(any_change, metrics_driven)
+    # a change that cannot roll out now (no spare GPU, one replica, no downtime allowed), after the other
+    # gates, as vLLM's: held with it recommended (a crash's remedy too: its pod still serves)
+    blocked = evidence.rollout_blocked
+    return Gates(any_change or blocked, metrics_driven or blocked)
 
 
 @dataclass(frozen=True, slots=True)

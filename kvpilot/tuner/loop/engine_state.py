@@ -148,6 +148,9 @@ class EngineEvidence:
     """The share of the service's serving capacity a rollout of a change loses while a pod restarts, under
     the strategy it would use (as vLLM's ``Evidence.rollout_lost_fraction``): 0 surge (or pods serving
     nothing anyway), ``k/N`` replacing ``k`` of ``N`` replicas at a time, 1 recreating."""
+    rollout_blocked: str | None = None
+    """Why a change cannot roll out now (as vLLM's ``Evidence.rollout_blocked``: one replica, no spare GPU
+    for a surge pod, no ``allowDowntime``): a change is held with it recommended, saying this."""
 
 
 @dataclass(frozen=True)
