@@ -4,17 +4,20 @@ the strategy it would roll out with loses
 (:func:`kvpilot.operator.inferenceservice.engine_actions.fetch_lost_fraction`: Surge 0, Replace ``k/N``,
 Recreate 1), so a small gain on a recreate is held with the trade's words -- a ``Held`` history entry and
 the recommendation -- while the same on a surge rolls out; the held condition wins its restart once it has
-persisted long enough (the history's ``Held`` entries say since when)."""
+persisted long enough (the history's ``Held`` entries say since when). The restart is the one the pods were
+measured to take (``status.startupSeconds``, as vLLM's), and a change the cluster cannot roll out (one
+replica, no spare GPU, no ``allowDowntime``) is held with :data:`HELD_MESSAGE`, as vLLM's."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from closed_loop_fakes import LoopHarness, window
-from operator_fakes import Harness, isvc
+from closed_loop_fakes import LoopHarness, rfc3339, window
+from operator_fakes import Harness, condition, gpu_pod, isvc
 
 from kvpilot.operator.loop import engine_reading
+from kvpilot.operator.pods.rollout_strategy import HELD_MESSAGE
 from kvpilot.tuner.loop import PolicyConfig
 from kvpilot.tuner.loop.engine_state import EngineHold
 
@@ -133,3 +136,110 @@ def test_the_holds_are_the_newest_held_entries_in_a_row() -> None:
         engine_reading.read_holds({"history": [*history, {**history[1], "time": "2026-01-01T00:04:00Z"}]})
         == ()
     )
+
+
+def _started(loop: LoopHarness, startup: float) -> None:
+    """The pods started ``startup`` seconds before they became Ready, a minute ago."""
+    for p in loop.pods.pods:
+        p["status"]["startTime"] = rfc3339(loop.now - 60 - startup)
+        ready = {"type": "Ready", "status": "True", "lastTransitionTime": rfc3339(loop.now - 60)}
+        p["status"]["conditions"] = [ready]
+
+
+@pytest.mark.parametrize(("startup", "held"), [(30.0, False), (600.0, True)])
+async def test_sglang_the_measured_start_is_recorded_and_prices_the_restart(
+    harness: Harness, startup: float, held: bool
+) -> None:
+    """The same small gain on a recreate: worth a 30 s restart, not a 600 s one (the policy's 180 s
+    assumption would hold both)."""
+    loop = LoopHarness(harness)
+    body = engine_isvc("SGLang", SGLANG_IMAGE, "Recreate", serving={"maxContextLength": 16384})
+    planned = await _proven(loop, body)
+    _started(loop, startup)
+    loop.window = window(loop.now + 30, **FEW_RETRACTIONS)
+    await loop.tick(body)
+    st = body["status"]
+    assert st["startupSeconds"] == startup
+    last = st["history"][-1]
+    if held:
+        assert st["appliedEngineArgs"] == planned and "Retuned" not in harness.emitter.reasons
+        assert (last["action"], last["trigger"]) == ("Held", "KvPressure")
+        assert f"restart cost {startup:.0f}s" in last["reason"]
+    else:
+        assert st["appliedEngineArgs"] != planned
+        assert (last["action"], last["trigger"]) == ("Retuned", "KvPressure")
+
+
+async def test_sglang_a_measured_start_kept_in_status_prices_the_next_ticks(harness: Harness) -> None:
+    """Once recorded, ``status.startupSeconds`` is the restart while no pod measures a new one (the pods
+    replaced, a restart since): the small gain still goes at 30 s."""
+    loop = LoopHarness(harness)
+    body = engine_isvc("SGLang", SGLANG_IMAGE, "Recreate", serving={"maxContextLength": 16384})
+    planned = await _proven(loop, body)
+    _started(loop, 30.0)
+    await loop.tick(body)
+    assert body["status"]["startupSeconds"] == 30.0
+    loop.healthy_pods()  # no start time to measure now
+    loop.window = window(loop.now + 30, **FEW_RETRACTIONS)
+    await loop.tick(body)
+    st = body["status"]
+    assert st["startupSeconds"] == 30.0 and st["appliedEngineArgs"] != planned
+
+
+async def test_tgi_the_measured_start_is_recorded_and_prices_the_restart(harness: Harness) -> None:
+    loop = LoopHarness(harness)
+    body = engine_isvc(
+        "TGI",
+        TGI_IMAGE,
+        "Recreate",
+        gpu={"count": 1, "product": "H100-SXM"},
+        serving={"maxContextLength": 8192},
+    )
+    planned = await _proven(loop, body)
+    _started(loop, 600.0)
+    limit = int(planned[planned.index("--max-concurrent-requests") + 1])
+    loop.window = window(loop.now + 30, kv=0.4, running=limit - 2.0, waiting=2.0)
+    await loop.tick(body)
+    st = body["status"]
+    last = st["history"][-1]
+    assert st["startupSeconds"] == 600.0 and st["appliedEngineArgs"] == planned
+    assert (last["action"], last["trigger"]) == ("Held", "IdleCapacity") and "restart cost 600s" in last[
+        "reason"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "image", "spec"),
+    [
+        ("SGLang", SGLANG_IMAGE, {"serving": {"maxContextLength": 16384}}),
+        ("TGI", TGI_IMAGE, {"serving": {"maxContextLength": 8192}}),
+    ],
+)
+async def test_one_replica_on_a_full_pool_holds_with_the_reason_and_the_recommendation(
+    harness: Harness, kind: str, image: str, spec: dict[str, Any]
+) -> None:
+    """One replica, no spare GPU, no ``allowDowntime``: a change that would roll out on a surge is held
+    with :data:`HELD_MESSAGE`, as vLLM's -- recorded once as ``Held``, the recommendation kept,
+    ``RolloutInProgress=False`` reason ``Held``, a ``Held`` event -- and nothing rolls."""
+    harness.kube.pods = [gpu_pod("node-1", 8)]  # the fake cluster's one H100 node, full
+    loop = LoopHarness(harness)
+    body = engine_isvc(kind, image, "Auto", gpu={"count": 1, "product": "H100-SXM"}, **spec)
+    planned = await _proven(loop, body)
+    before = len(harness.kube.applied)
+    if kind == "SGLang":
+        loop.window = window(loop.now + 30, **FEW_RETRACTIONS)
+    else:
+        limit = int(planned[planned.index("--max-concurrent-requests") + 1])
+        loop.window = window(loop.now + 30, kv=0.4, running=limit - 2.0, waiting=2.0)
+    for _ in range(2):
+        await loop.tick(body)
+        st = body["status"]
+        assert st["appliedEngineArgs"] == planned and len(harness.kube.applied) == before  # nothing rolled
+        held = [e for e in st["history"] if e["action"] == "Held"]
+        assert len(held) == 1 and HELD_MESSAGE in held[0]["reason"]  # recorded once
+        assert held[0]["toEngineArgs"] == st["recommendation"]["engineArgs"] != planned
+        assert HELD_MESSAGE in st["recommendation"]["reason"]
+        cond = condition(body, "RolloutInProgress")
+        assert (cond["status"], cond["reason"]) == ("False", "Held") and HELD_MESSAGE in cond["message"]
+    assert "Retuned" not in harness.emitter.reasons
+    assert len([m for _, r, m in harness.emitter.events if r == "Held" and HELD_MESSAGE in m]) == 1

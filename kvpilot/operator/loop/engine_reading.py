@@ -21,8 +21,8 @@ from typing import Any, Generic, TypeVar
 from kvpilot.operator import api
 from kvpilot.operator.loop import loop_state
 from kvpilot.operator.planning import resolve
-from kvpilot.operator.pods.engine_pods import Codec, EnginePod
 from kvpilot.operator.pods import pod_status
+from kvpilot.operator.pods.engine_pods import Codec, EnginePod
 from kvpilot.operator.pods.pod_status import parse_time
 from kvpilot.operator.status import engine_patch
 from kvpilot.tuner.loop import HistoryAction, ObservationWindow, PolicyConfig
@@ -104,7 +104,8 @@ def compute_startup_seconds(pods: Sequence[EnginePod[S]], current: S) -> float |
     """Seconds from start to Ready of the newest live pod running ``current`` that became Ready without a
     restart (``None``: none did), measured as vLLM's
     (:func:`kvpilot.operator.pods.pod_status.compute_startup_seconds`): the restart a change costs, which
-    the status keeps (``status.startupSeconds``, :func:`kvpilot.operator.status.engine_patch.build_engine_patch`)."""
+    the status keeps (``status.startupSeconds``,
+    :func:`kvpilot.operator.status.engine_patch.build_engine_patch`)."""
     return pod_status.compute_startup_seconds(pods, current)
 
 

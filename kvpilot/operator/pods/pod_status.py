@@ -320,7 +320,9 @@ def read_start_times(pod: Mapping[str, Any]) -> tuple[float | None, float | None
     phase = pod.get("status") or {}
     conds: Sequence[Mapping[str, Any]] = phase.get("conditions") or ()
     ready_cond: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
-    ready_at = parse_time(ready_cond.get("lastTransitionTime")) if ready_cond.get("status") == "True" else None
+    ready_at = (
+        parse_time(ready_cond.get("lastTransitionTime")) if ready_cond.get("status") == "True" else None
+    )
     return parse_time(phase.get("startTime")), ready_at
 
 

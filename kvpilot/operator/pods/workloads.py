@@ -551,7 +551,9 @@ async def fetch_rollout_costs(
     (one replica, no spare GPU, no ``allowDowntime``: :data:`rollout_strategy.HELD_MESSAGE`; else ``None``):
     what SGLang's and TGI's loops weigh a change against, as vLLM's
     (:func:`kvpilot.operator.inferenceservice.loop_actions.fetch_rollout`)."""
-    choice = await fetch_rollout_choice(kube, spec, deployment, serving=serving, not_serving_why=not_serving_why)
+    choice = await fetch_rollout_choice(
+        kube, spec, deployment, serving=serving, not_serving_why=not_serving_why
+    )
     return rollout_strategy.compute_costs(choice, spec.replicas, serving=serving)
 
 
