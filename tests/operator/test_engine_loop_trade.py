@@ -42,7 +42,7 @@ async def _proven(loop: LoopHarness, body: dict[str, Any], replicas: int = 1) ->
     return planned
 
 
-FEW_RETRACTIONS = {"kv": 0.97, "preempt": 0.06, "running": 200.0, "waiting": 0.0}
+FEW_RETRACTIONS: dict[str, Any] = {"kv": 0.97, "preempt": 0.06, "running": 200.0, "waiting": 0.0}
 """Token usage high with a retraction every 17 s among 200 running requests: pressure by SGLang's rule, a
 seventh of the running requests thrown away over the cooldown -- less than a recreate's restart."""
 
