@@ -11,10 +11,11 @@ the simulated Deployment (:mod:`bench.loopsim.world`):
   (``Retuned``/``RolledBack``) and ``lastChangeTime`` (the reconciler's plan at t=0);
 * the evidence: the last termination of each pod that runs the current flags, its log classified by the
   seam (:func:`kvpilot.tuner.loop.classify_restart`), Ready when every pod runs them and one serves, not
-  started when one waits for a GPU and none restarted; no measured start (the operator reads
-  ``status.startupSeconds``, which nothing writes for an SGLang service: the policy's assumption); what a
-  rollout of a change would lose under the strategy the cluster allows now
-  (:func:`kvpilot.operator.pods.workloads.fetch_lost_fraction`: a surge 0, a recreate 1), and the history's
+  started when one waits for a GPU and none restarted; the measured start (the newest pod of the current
+  flags' start to Ready: ``status.startupSeconds``, as the operator keeps it for SGLang and vLLM's bench
+  passes it); what a rollout of a change would lose under the strategy the cluster allows now, or why it
+  cannot roll out (:func:`kvpilot.operator.pods.workloads.fetch_rollout_costs`: a surge 0, a recreate 1; one
+  replica, no spare GPU, no ``allowDowntime``: held with the HELD message, as vLLM's), and the history's
   newest ``Held`` entries in a row (a gate's hold, recorded once while it stays the same: the
   restart-cost trade counts its gain over how long the loop has held), as vLLM's bench passes them;
 * the answer (:func:`kvpilot.operator.status.sglang_patch.build_sglang_patch`): a change is recorded as
@@ -22,8 +23,9 @@ the simulated Deployment (:mod:`bench.loopsim.world`):
   the good flags kept, the failed ones added;
 * the Deployment follows a change with the strategy the cluster allows now
   (:func:`kvpilot.operator.pods.workloads.fetch_rollout_strategy`): a surge with a spare GPU, a replace
-  when no pod serves, a recreate with ``allowDowntime``; a held choice renders a surge, whose new pod waits
-  for a GPU (the old one keeps serving: the rollout pends).
+  when no pod serves, a recreate with ``allowDowntime``; a held choice holds a retune (the plan keeps
+  serving), and renders a surge only for a rollback, whose new pod waits for a GPU (the old one keeps
+  serving: the rollout pends).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from bench.loopsim.scenario import BenchScenario
 from bench.loopsim.world import World
 from kvpilot.operator.api import RolloutSpec
-from kvpilot.operator.pods.rollout_strategy import compute_lost_fraction, compute_rollout_choice
+from kvpilot.operator.pods.rollout_strategy import compute_costs, compute_rollout_choice
 from kvpilot.operator.status.loop_patch import ROLLOUT_ACTIVE
 from kvpilot.operator.status.sglang_patch import FAILED_LIMIT
 from kvpilot.tuner import sglang
@@ -93,6 +95,8 @@ class KvpilotSglang:
     """What the newest ``Held`` entry would have rolled out (the operator records a hold once)."""
     log: list[str] = field(default_factory=list)
     first_change: float | None = None
+    restart_seconds: float | None = None
+    """The newest measured start to Ready of a pod of the current flags (``status.startupSeconds``)."""
     planned_at: float = 0.0
 
     def __post_init__(self) -> None:
@@ -110,14 +114,23 @@ class KvpilotSglang:
             self.current, self.failed, changes, self.rollout, self.last_good, tuple(self.holds)
         )
 
-    def _evidence(self, world: World, now: float, lost: float) -> SglangEvidence:
+    def _evidence(self, world: World, now: float, lost: float, blocked: str | None) -> SglangEvidence:
         mine = [p for p in world.pods if p.settings == self.current]
+        for p in mine:  # the measured start (status.startupSeconds), as vLLM's bench
+            if p.ready_at is not None and p.started_at is not None:
+                self.restart_seconds = p.ready_at - p.started_at
         restarts = tuple(classify_restart(p.last[0], p.last[1], p.name) for p in mine if p.last is not None)
         ready = any(p.state == "serving" for p in mine) and len(mine) == len(world.pods)
         not_started = any(p.state == "pending" for p in mine) and not restarts
         window = world.observe(now, self.policy.window_seconds)
         return SglangEvidence(
-            window, restarts, ready=ready, not_started=not_started, rollout_lost_fraction=lost
+            window,
+            restarts,
+            restart_seconds=self.restart_seconds,
+            ready=ready,
+            not_started=not_started,
+            rollout_lost_fraction=lost,
+            rollout_blocked=blocked,
         )
 
     def tick(self, world: World, now: float) -> None:
@@ -126,8 +139,9 @@ class KvpilotSglang:
         choice = compute_rollout_choice(
             RolloutSpec(allowDowntime=sc.allow_downtime), 1, fits_now=sc.spare_gpu, serving=serving
         )
-        lost = compute_lost_fraction(choice, 1, serving=serving)
-        d = compute_sglang_decision(self._state(), self._evidence(world, now, lost), self.context, now)
+        lost, blocked = compute_costs(choice, 1, serving=serving)
+        evidence = self._evidence(world, now, lost, blocked)
+        d = compute_sglang_decision(self._state(), evidence, self.context, now)
         if d.failed is not None and d.failed not in self.failed:
             self.failed = (*self.failed, d.failed)[-FAILED_LIMIT:]
             self.failed_settings = (*self.failed_settings, self.current)
@@ -145,6 +159,10 @@ class KvpilotSglang:
                 self.held = d.recommended
                 if "not worth a restart" in d.reason:
                     self._note(now, "Held", d.trigger, d.reason)
+        if choice.held and d.action == Action.HOLD and choice.reason in d.reason:  # no spare GPU, as vLLM's
+            world.stats.holds += 1
+            if not self.log or "no spare GPU" not in self.log[-1]:
+                self._note(now, "Held", d.trigger, d.reason)
         if not d.changes:
             active = self.rollout is not None and d.trigger in ROLLOUT_ACTIVE
             if self.rollout is not None and not active:
@@ -158,8 +176,6 @@ class KvpilotSglang:
                 self.rollout = replace(self.rollout, probation_until=d.probation_until)
             return
         strategy = "recreate" if choice.strategy in ("Recreate", "Replace") else "surge"
-        if choice.held:
-            world.stats.holds += 1
         if self.first_change is None:
             self.first_change = now
         self.changes.append(SglangChange(now, d.trigger, before=self.current, after=d.settings))
