@@ -177,12 +177,10 @@ class KvpilotTgi:
             if last is None or (last.trigger, self.held) != (d.trigger, d.recommended):
                 self.holds.append(EngineHold(now, d.trigger))
                 self.held = d.recommended
-                if "not worth a restart" in d.reason:
+                if "not worth a restart" in d.reason or choice.reason in d.reason:
                     self._note(now, "Held", d.trigger, d.reason)
         if choice.held and d.action == Action.HOLD and choice.reason in d.reason:  # no spare GPU, as vLLM's
             world.stats.holds += 1
-            if not self.log or "no spare GPU" not in self.log[-1]:
-                self._note(now, "Held", d.trigger, d.reason)
         if not d.changes:
             active = self.rollout is not None and d.trigger in ROLLOUT_ACTIVE
             if self.rollout is not None and not active:
