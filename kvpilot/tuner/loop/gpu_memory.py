@@ -22,8 +22,9 @@ fragmentation, NCCL, the sampler, the per-request buffers) that a CUDA OOM comes
 The detection is engine-neutral (:func:`detect_memory_warning`, :class:`MemoryWarning`: the floor, the fall
 rate, the evidence text) and SGLang's and TGI's loops share it; the remedy is each engine's own: vLLM's
 :func:`propose_for_gpu_memory` lowers ``gpu_memory_utilization`` (sized on the batch where memory follows
-it), SGLang's a smaller ``--mem-fraction-static`` (:func:`kvpilot.tuner.loop.sglang_rules.propose_for_gpu_memory`),
-TGI's a smaller ``--cuda-memory-fraction`` (:func:`kvpilot.tuner.loop.tgi_rules.propose_for_gpu_memory`).
+it), SGLang's a smaller ``--mem-fraction-static``
+(:func:`kvpilot.tuner.loop.sglang_rules.propose_for_gpu_memory`), TGI's a smaller
+``--cuda-memory-fraction`` (:func:`kvpilot.tuner.loop.tgi_rules.propose_for_gpu_memory`).
 """
 
 from __future__ import annotations
