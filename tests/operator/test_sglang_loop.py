@@ -81,12 +81,12 @@ def _answers(prompt_mean: float, finished: float = 4.0, free_gib: float | None =
         ranged[key] = [{"metric": labels, "values": points}] if value is not None else []
     instant: dict[str, list[dict[str, Any]]] = {}
     for key, query in queries.instant.items():
-        value = {
+        answers = {
             "timestamp(": NOW,
             f"{series.prompt_tokens}_sum[": finished * prompt_mean,
             f"{series.prompt_tokens}_count[": finished,
         }
-        found = [v for fragment, v in value.items() if fragment in query]
+        found = [v for fragment, v in answers.items() if fragment in query]
         instant[key] = [{"metric": labels, "value": [NOW, str(found[0])]}] if found else []
     snapshot = prometheus.build_fleet_snapshot(ranged, instant, NOW, kv_series=series.kv_usage or "")
     return prometheus.build_service_window(snapshot, POD[0], [POD[1]], 300, 30)
