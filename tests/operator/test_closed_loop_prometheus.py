@@ -13,7 +13,7 @@ from prometheus_stub import NOW, PODS, Stub, serve_stub
 
 from kvpilot.operator.clients import prometheus
 from kvpilot.operator.pods.pod_status import build_pod_view, compute_pod_summary
-from kvpilot.tuner.engines import SglangEngine
+from kvpilot.tuner.engines import SglangEngine, TgiEngine
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.sglang import serving as sglang_serving
 from kvpilot.tuner.types import EngineSettings
@@ -242,6 +242,40 @@ def test_a_full_framebuffer_is_a_reading() -> None:
     snapshot, pods = _framebuffer_snapshot({"a": [0.0, 1.0]}, {"a": [80.0, 79.0]})
     w = prometheus.build_service_window(snapshot, "ns1", pods, 300, 30)
     assert [(s.gpu_memory_free_gib, s.gpu_memory_used_gib) for s in w.samples] == [(0.0, 80.0), (1.0, 79.0)]
+
+
+@pytest.mark.parametrize("engine", [SglangEngine(), TgiEngine()], ids=["sglang", "tgi"])
+def test_an_engines_window_carries_dcgm_exporters_framebuffer(engine: SglangEngine | TgiEngine) -> None:
+    """SGLang's and TGI's loops read the GPU memory early warning as vLLM's (issue 29): the tick asks
+    dcgm-exporter's framebuffer with the engine's own series, and the service's window carries its pods'
+    (the lowest free, the highest used; another service's pod not in it) into the rules."""
+    series = engine.metrics
+    q = prometheus.build_queries(300, series=series)
+    assert q.ranged["gpu_memory_free_gib"] == f"min by (namespace, pod) ({prometheus.FB_FREE}) / 1024"
+    assert q.ranged["gpu_memory_used_gib"] == f"max by (namespace, pod) ({prometheus.FB_USED}) / 1024"
+    pods = ["llm-5d8f7c-00000", "llm-5d8f7c-00001"]
+
+    def vector(pod: str, values: list[float]) -> dict[str, Any]:
+        return {
+            "metric": {"namespace": "ns1", "pod": pod},
+            "values": [[NOW - 30 + 30 * i, str(v)] for i, v in enumerate(values)],
+        }
+
+    ranged = {
+        "kv_usage": [vector(pods[0], [0.5, 0.6]), vector(pods[1], [0.4, 0.4])],
+        "gpu_memory_free_gib": [
+            vector(pods[0], [3.0, 0.5]),
+            vector(pods[1], [2.0, 4.0]),
+            vector("other-7b9c6d-ccccc", [0.1, 0.1]),
+        ],
+        "gpu_memory_used_gib": [vector(pods[0], [77.0, 79.5]), vector(pods[1], [78.0, 76.0])],
+    }
+    instant = {"last_scrape": [{"metric": {"namespace": "ns1", "pod": pods[0]}, "value": [NOW, str(NOW)]}]}
+    kv_series = series.kv_usage or series.kv_used_tokens or ""
+    snapshot = prometheus.build_fleet_snapshot(ranged, instant, NOW, kv_series=kv_series)
+    w = prometheus.build_service_window(snapshot, "ns1", pods, 300, 30)
+    assert w.available and w.pods == 2
+    assert [(s.gpu_memory_free_gib, s.gpu_memory_used_gib) for s in w.samples] == [(2.0, 78.0), (0.5, 79.5)]
 
 
 def test_sglang_queries_read_the_seams_series_and_no_vllm_name() -> None:

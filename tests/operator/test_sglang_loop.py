@@ -4,6 +4,7 @@ series, where the prompt lengths reach the latency rule."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from kvpilot.tuner.loop import (
     SglangMemory,
     compute_sglang_decision,
     engine_latency,
+    gpu_memory,
 )
 from kvpilot.tuner.model import build_model_spec, lookup_model_config
 
@@ -61,14 +63,17 @@ NOW = 100_000.0
 POD = ("ns1", "llm-5d8f7c-00000")
 
 
-def _answers(prompt_mean: float, finished: float = 4.0) -> ObservationWindow:
+def _answers(prompt_mean: float, finished: float = 4.0, free_gib: float | None = None) -> ObservationWindow:
     """SGLang's series as Prometheus answers the tick's queries (one pod, 10 steps of 30 s: the token usage
-    0.6, 120 running, no queue, the ITL p95 80 ms, ``finished`` requests a second of ``prompt_mean`` tokens),
-    read into the service's window by the operator's client."""
+    0.6, 120 running, no queue, the ITL p95 80 ms, ``finished`` requests a second of ``prompt_mean`` tokens;
+    with ``free_gib``, dcgm-exporter's framebuffer of an 80 GiB GPU), read into the service's window by the
+    operator's client."""
     series = SglangEngine().metrics
     queries = prometheus.build_queries(300, series=series)
     labels = {"namespace": POD[0], "pod": POD[1]}
     level = {series.kv_usage: 0.6, series.running: 120.0, series.queued: 0.0, f"{series.itl}_bucket": 0.08}
+    if free_gib is not None:  # the query's answer, already in GiB (``/ 1024`` is Prometheus')
+        level |= {prometheus.FB_FREE: free_gib, prometheus.FB_USED: 80.0 - free_gib}
     ranged: dict[str, list[dict[str, Any]]] = {}
     for key, query in queries.ranged.items():
         value = next((v for name, v in level.items() if f"({name})" in query or f"({name}[" in query), None)
@@ -76,12 +81,12 @@ def _answers(prompt_mean: float, finished: float = 4.0) -> ObservationWindow:
         ranged[key] = [{"metric": labels, "values": points}] if value is not None else []
     instant: dict[str, list[dict[str, Any]]] = {}
     for key, query in queries.instant.items():
-        value = {
+        answers = {
             "timestamp(": NOW,
             f"{series.prompt_tokens}_sum[": finished * prompt_mean,
             f"{series.prompt_tokens}_count[": finished,
         }
-        found = [v for fragment, v in value.items() if fragment in query]
+        found = [v for fragment, v in answers.items() if fragment in query]
         instant[key] = [{"metric": labels, "value": [NOW, str(found[0])]}] if found else []
     snapshot = prometheus.build_fleet_snapshot(ranged, instant, NOW, kv_series=series.kv_usage or "")
     return prometheus.build_service_window(snapshot, POD[0], [POD[1]], 300, 30)
@@ -112,3 +117,23 @@ def test_a_missed_itl_objective_in_sglangs_series_cuts_the_running_requests_for_
     assert (decision.action, decision.trigger) == (Action.RETUNE, engine_latency.LATENCY_SLO)
     assert decision.settings.chunked_prefill_size == chunk
     assert decision.settings.max_running_requests == running
+
+
+def test_dcgm_exporters_framebuffer_reaches_sglangs_rules_as_the_operator_reads_it() -> None:
+    """The tick's dcgm-exporter series for an SGLang pod land in its window and its evidence
+    (:func:`sglang_loop.build_state_and_evidence`), and 0.5 GiB free of 80 while serving lowers
+    ``--mem-fraction-static`` ahead of a CUDA OOM (``GpuMemoryPressure``), not marked failed (issue 29)."""
+    window = _answers(1000.0, free_gib=0.5)
+    assert [(s.gpu_memory_free_gib, s.gpu_memory_used_gib) for s in window.samples] == [(0.5, 79.5)] * 10
+    views = [sglang_pods.build_sglang_pod(pod(POD[1], OLD))]
+    state, evidence = sglang_loop.build_state_and_evidence(views, window, {})
+    assert evidence.window.samples[-1].gpu_memory_free_gib == 0.5
+    memory = SglangMemory(
+        gpus.lookup_gpu("H100-SXM"), build_model_spec(lookup_model_config("meta-llama/Llama-3.1-8B-Instruct"))
+    )
+    decision = compute_sglang_decision(
+        state, dataclasses.replace(evidence, ready=True), SglangContext(memory), NOW
+    )
+    assert (decision.action, decision.trigger) == (Action.RETUNE, gpu_memory.GPU_MEMORY_PRESSURE)
+    assert (decision.settings.mem_fraction_static or 0.84) < 0.84 and decision.failed is None
+    assert "(dcgm-exporter): below 1.60 GiB now, ahead of a CUDA OOM" in decision.reason

@@ -270,17 +270,19 @@ def test_tgi_a_deep_queue_is_worth_a_recreate() -> None:
     assert decision.action == Action.RETUNE and decision.trigger == IDLE_CAPACITY
 
 
-def test_tgi_pressure_more_kv_for_a_short_queue_waits_a_cut_goes_ahead() -> None:
+def test_tgi_pressure_more_kv_for_a_short_queue_waits_on_a_recreate() -> None:
     """The KV full with a short queue: more KV (a larger fraction) admits the queue, a small share of the
-    running requests, held on a recreate; at the whole GPU the cut has no measure and goes ahead."""
+    running requests, held on a recreate; at the whole GPU nothing is proposed to weigh (TGI never evicts:
+    the queue waits for room, and a cut of the admission limit would only refuse it), so no trade."""
     below = dataclasses.replace(TGI, cuda_memory_fraction=0.85)
     short = window(kv=0.97, running=30, waiting=1)
     held = decide_tgi(short, 1.0, current=below)
     assert held.action == Action.HOLD and held.trigger == tgi_rules.KV_PRESSURE
     assert NOT_WORTH in held.reason
     assert decide_tgi(short, 0.0, current=below).action == Action.RETUNE
-    cut = decide_tgi(short, 1.0)
-    assert cut.action == Action.RETUNE and cut.trigger == tgi_rules.KV_PRESSURE
+    whole = decide_tgi(short, 1.0)
+    assert whole.action == Action.HOLD and NOT_WORTH not in whole.reason
+    assert "never" in whole.reason or "no eviction" in whole.reason
 
 
 def test_tgi_a_crash_remedy_ignores_the_trade() -> None:

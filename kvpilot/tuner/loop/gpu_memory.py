@@ -18,6 +18,13 @@ fragmentation, NCCL, the sampler, the per-request buffers) that a CUDA OOM comes
   (with VPA's 20 % margin on the shortfall), and :func:`compute_memory_safe_seqs` the sequence cap that
   keeps it at today's utilisation. The early warning and the CUDA OOM rule
   (:mod:`kvpilot.tuner.loop.crash_remedies`) both use them.
+
+The detection is engine-neutral (:func:`detect_memory_warning`, :class:`MemoryWarning`: the floor, the fall
+rate, the evidence text) and SGLang's and TGI's loops share it; the remedy is each engine's own: vLLM's
+:func:`propose_for_gpu_memory` lowers ``gpu_memory_utilization`` (sized on the batch where memory follows
+it), SGLang's a smaller ``--mem-fraction-static``
+(:func:`kvpilot.tuner.loop.sglang_rules.propose_for_gpu_memory`), TGI's a smaller
+``--cuda-memory-fraction`` (:func:`kvpilot.tuner.loop.tgi_rules.propose_for_gpu_memory`).
 """
 
 from __future__ import annotations
@@ -204,24 +211,69 @@ def compute_limit_settings(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryWarning:
+    """The engine-neutral early warning: the free framebuffer below the floor, or falling towards it
+    within the horizon (:func:`detect_memory_warning`). Each engine's rule answers it in its own flags
+    (vLLM's :func:`propose_for_gpu_memory`; SGLang's and TGI's in :mod:`.sglang_rules`, :mod:`.tgi_rules`)."""
+
+    free_gib: float
+    """The latest serving sample's free framebuffer."""
+    total_gib: float
+    """The device's memory (free + used)."""
+    floor_gib: float
+    slope_gib_per_second: float
+    """Least squares over the serving samples (negative: falling)."""
+    horizon_seconds: float
+    latest: MetricsSample
+    """The latest serving sample with the free framebuffer."""
+    samples: tuple[MetricsSample, ...]
+    """The serving samples (:func:`compute_serving_samples`)."""
+
+    @property
+    def below_now(self) -> bool:
+        return self.free_gib < self.floor_gib
+
+    def describe(self) -> str:
+        """``GPU memory free F GiB of T GiB (dcgm-exporter)[, falling R GiB/min]: below X GiB now|within
+        Hs, ahead of a CUDA OOM``: the evidence every engine's rule starts with."""
+        slope = self.slope_gib_per_second
+        trend = f", falling {-slope * 60:.2f} GiB/min" if slope < 0 else ""
+        when = "now" if self.below_now else f"within {self.horizon_seconds:.0f}s"
+        return (
+            f"GPU memory free {self.free_gib:.2f} GiB of {self.total_gib:.1f} GiB (dcgm-exporter){trend}: "
+            f"below {self.floor_gib:.2f} GiB {when}, ahead of a CUDA OOM"
+        )
+
+
+def detect_memory_warning(samples: tuple[MetricsSample, ...], policy: PolicyConfig) -> MemoryWarning | None:
+    """The early warning from dcgm-exporter's framebuffer in ``samples`` (the serving ones only): free
+    memory below the floor, or below twice it and falling at a rate that crosses it within
+    ``gpu_memory_horizon_seconds``; ``None`` without the telemetry or with room."""
+    p = policy
+    serving = compute_serving_samples(samples)
+    latest = next((x for x in reversed(serving) if x.gpu_memory_free_gib is not None), None)
+    if latest is None or latest.gpu_memory_free_gib is None:
+        return None
+    free = latest.gpu_memory_free_gib
+    total = compute_device_total(serving) or free + (latest.gpu_memory_used_gib or 0.0)
+    floor = compute_free_floor(p, total)
+    slope = _slope(serving)
+    projected = free + slope * p.gpu_memory_horizon_seconds
+    if free >= floor and (projected >= floor or free >= 2 * floor):
+        return None  # room, or a trend still far from the floor (fragmentation plateaus)
+    return MemoryWarning(free, total, floor, slope, p.gpu_memory_horizon_seconds, latest, serving)
+
+
 def propose_for_gpu_memory(s: Situation) -> Proposal | None:
     """The early warning: free GPU memory low, or falling towards the floor within the horizon. With memory
     that follows the batch, the utilisation that holds the floor at the sequence limit (or, below the
     bounds, the sequence cap that holds it at today's utilisation); otherwise one OOM step."""
     p, eff = s.policy, s.effective
-    samples = compute_serving_samples(s.window.samples)
-    latest = next((x for x in reversed(samples) if x.gpu_memory_free_gib is not None), None)
-    if latest is None or latest.gpu_memory_free_gib is None:
+    warning = detect_memory_warning(s.window.samples, p)
+    if warning is None:
         return None
-    free = latest.gpu_memory_free_gib
-    total = compute_device_total(samples) or free + (latest.gpu_memory_used_gib or 0.0)
-    floor = compute_free_floor(p, total)
-    slope = _slope(samples)
-    projected = free + slope * p.gpu_memory_horizon_seconds
-    if free >= floor and (projected >= floor or free >= 2 * floor):
-        return None  # room, or a trend still far from the floor (fragmentation plateaus)
-    trend = f", falling {-slope * 60:.2f} GiB/min" if slope < 0 else ""
-    when = "now" if free < floor else f"within {p.gpu_memory_horizon_seconds:.0f}s"
+    samples, latest, free, total = warning.samples, warning.latest, warning.free_gib, warning.total_gib
     step = lower_gmu(eff, 1, p)
     candidates: tuple[EngineSettings, ...] = (step,)
     headroom = (1.0 - effective_value(eff.gpu_memory_utilization)) * total
@@ -241,10 +293,7 @@ def propose_for_gpu_memory(s: Situation) -> Proposal | None:
             )
     return Proposal(
         trigger=GPU_MEMORY_PRESSURE,
-        evidence=(
-            f"GPU memory free {free:.2f} GiB of {total:.1f} GiB (dcgm-exporter){trend}: below {floor:.2f} "
-            f"GiB {when}, ahead of a CUDA OOM{sized}"
-        ),
+        evidence=f"{warning.describe()}{sized}",
         candidates=candidates,
         exhausted="already at the lower bound of gpuMemoryUtilization",
         urgent=True,

@@ -12,6 +12,10 @@ first step with something to say decides:
    it, a crash or the deadline rolls back to the last good flags and rules the new ones out;
 1. **crash** -- a restart of the current settings: its failure's rule (:mod:`.sglang_rules`); a restart
    no rule cures holds and says so; crash remedies skip the cooldown and mark the settings failed;
+1b. **GPU memory** -- dcgm-exporter's free framebuffer below the floor, or falling towards it, while serving
+   (vLLM's engine-neutral early warning, :func:`.gpu_memory.detect_memory_warning`): the run-time OOM's
+   remedy one step ahead of the crash, a *smaller* ``--mem-fraction-static`` first
+   (:func:`.sglang_rules.propose_for_gpu_memory`); urgent (no cooldown, no restart trade), not a crash;
 2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
 3. **pressure** -- token usage high with retractions (or SGLang's "KV cache pool is full" text): more pool
    under the fraction's ceiling, else an fp8 KV cache where allowed and supported, else fewer running
@@ -30,9 +34,9 @@ after a retune (metrics-driven changes only), the changes-per-hour limit, and (m
 vLLM's restart-cost trade (:mod:`.restart_trade`: its gain against the capacity the rollout loses while
 SGLang restarts, ``SglangEvidence.rollout_lost_fraction`` x the restart), with the gain in SGLang's terms
 (:func:`compute_gain_fraction`). What vLLM's policy has and this does not (yet): fp8 KV in an idle or
-KV-bound growth (vLLM's offer it; SGLang's pressure and crash rules do: :mod:`.sglang_fp8`), GPU-memory
-telemetry, scale-out recommendations,
-lengths-based sizing.
+KV-bound growth (vLLM's offer it; SGLang's pressure and crash rules do: :mod:`.sglang_fp8`), the sizing of
+the early warning on memory that follows the batch (vLLM's :func:`.gpu_memory.compute_limit_settings`),
+scale-out recommendations, lengths-based sizing.
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ def compute_sglang_decision(
     decision = engine_rollout.compute_rollout_step(subject, state, evidence, restarts, now)
     if decision is None:
         decision = _crash_step(situation, restarts, gates)
+    if decision is None:
+        decision = _gpu_memory_step(situation, gates)
     if decision is None:
         decision = _metrics_step(situation, restarts, metrics, gates, costs)
     decision = engine_rollout.compute_good(
@@ -173,6 +179,17 @@ def _crash_step(
     else:
         proposal = rules.propose_for_oom(s, failure.kind, failure.text)
     return engine_chain.choose(build_fit(s), proposal, ran, gates.any_change)
+
+
+def _gpu_memory_step(s: SglangSituation, gates: Gates) -> SglangDecision | None:
+    """Ahead of the metrics gate, as vLLM's: dcgm-exporter's early warning of a run-time OOM acts on the
+    serving samples there are (:func:`.sglang_rules.propose_for_gpu_memory`). Urgent: only the gates every
+    change passes (the minimum interval, the hourly limit), no cooldown and no restart trade; not a crash:
+    nothing is marked failed."""
+    proposal = rules.propose_for_gpu_memory(s)
+    if proposal is None:
+        return None
+    return engine_chain.choose(build_fit(s), proposal, None, gates.any_change)
 
 
 def _metrics_step(

@@ -23,6 +23,14 @@ start-up and run time, and each rule here says which way it goes:
   run-time OOM that came back at the same batch after a smaller fraction (first: the memory follows the
   batch). Where allowed, an fp8 KV cache at a smaller fraction that keeps the pool's tokens comes before
   any cut of the running requests (first where the batch would be cut first; :mod:`.sglang_fp8`).
+- ``GpuMemoryPressure`` (dcgm-exporter's free framebuffer below the floor,
+  ``PolicyConfig.gpu_memory_free_min_gib``, or falling towards it within the horizon, while serving:
+  vLLM's engine-neutral detection,
+  :func:`.gpu_memory.detect_memory_warning`): the run-time OOM's answer ahead of the crash -- *lower* the
+  fraction by the OOM step while the pool holds a full request, else halve ``--chunked-prefill-size``, else
+  (where allowed) fp8 at a smaller fraction, else fewer ``--max-running-requests``; one step, not a crash
+  (nothing marked failed), urgent as vLLM's (no cooldown, no restart trade; the minimum interval and the
+  hourly limit hold) (:func:`propose_for_gpu_memory`).
 - ``KvPressure`` (sustained token usage with retractions, or "KV cache pool is full. Retract requests."):
   more pool when the fraction is under its ceiling and no OOM ruled that out; at the ceiling, more pool by
   halving ``--chunked-prefill-size`` (a smaller activation reserve lifts the ceiling, as for a start-up
@@ -48,7 +56,7 @@ import math
 
 from kvpilot.tuner import sglang
 from kvpilot.tuner.engines import FailureKind
-from kvpilot.tuner.loop import engine_latency, sglang_fp8
+from kvpilot.tuner.loop import engine_latency, gpu_memory, sglang_fp8
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.config import PolicyConfig
 from kvpilot.tuner.loop.engine_latency import LATENCY_SLO as LATENCY_SLO
@@ -56,6 +64,7 @@ from kvpilot.tuner.loop.engine_state import KV_PRESSURE as KV_PRESSURE
 from kvpilot.tuner.loop.engine_state import RUNTIME_OOM as RUNTIME_OOM
 from kvpilot.tuner.loop.engine_state import START_MEMORY_SHORT, TRIGGERS
 from kvpilot.tuner.loop.engine_state import START_OOM as START_OOM
+from kvpilot.tuner.loop.gpu_memory import GPU_MEMORY_PRESSURE as GPU_MEMORY_PRESSURE
 from kvpilot.tuner.loop.remedies import compute_oom_step
 from kvpilot.tuner.loop.sglang_fit import (
     FRACTION_STEP,
@@ -233,6 +242,58 @@ def _batch_cut(s: SglangSituation) -> tuple[int, str] | None:
     return cut, (
         f"out of memory again at {limit} running requests after --mem-fraction-static {was} -> "
         f"{fraction_of(eff)}: the memory follows the batch; --max-running-requests {cut}"
+    )
+
+
+# --- GPU memory telemetry: ahead of a run-time OOM ---------------------------------------------------
+
+
+def propose_for_gpu_memory(s: SglangSituation) -> SglangProposal | None:
+    """dcgm-exporter's free framebuffer below the floor (or falling towards it within the horizon) while
+    SGLang serves (:func:`.gpu_memory.detect_memory_warning`, vLLM's engine-neutral detection): what runs
+    out is the memory outside ``--mem-fraction-static`` -- activations and CUDA graphs -- so the answer is
+    the run-time OOM rule's, before the crash: a *smaller* fraction by the OOM step while the pool still
+    holds a full request, else a halved ``--chunked-prefill-size`` (activations), else (where allowed) an fp8
+    KV cache at a smaller fraction, else fewer ``--max-running-requests`` (the decode graph's batch). One
+    step; not a crash: nothing is marked failed, and :func:`~.sglang_policy.compute_sglang_decision` lets
+    it skip the cooldown and the restart trade as vLLM's urgent warning does (not the minimum interval or
+    the hourly limit)."""
+    warning = gpu_memory.detect_memory_warning(s.window.samples, s.policy)
+    if warning is None:
+        return None
+    eff, p = s.effective, s.policy
+    fraction = fraction_of(eff)
+    lower = floor_grid(fraction - compute_oom_step(fraction, p))
+    floor = compute_fraction_floor(s)
+    candidates: list[sglang.SglangSettings] = []
+    lines = [f"OOM step on the headroom 1 - {fraction}: --mem-fraction-static {lower}"]
+    if floor is None or lower >= floor:
+        candidates.append(dataclasses.replace(eff, mem_fraction_static=lower))
+    else:
+        bar = f"one {eff.context_length}-token request" if holds_full_request(s) else "a page"
+        lines.append(f"below {floor} the pool would not hold {bar}")
+    chunk = eff.chunked_prefill_size or p.batched_tokens_floor
+    if chunk // 2 >= p.batched_tokens_floor:
+        candidates.append(dataclasses.replace(eff, chunked_prefill_size=chunk // 2))
+    fp8, fp8_line = sglang_fp8.propose_for_oom(s, lower)
+    if fp8 is not None and sglang_fp8.allows_fp8(s):
+        candidates.append(fp8)
+        lines.append(fp8_line)
+    peak = obs.compute_max(warning.samples, obs.running)
+    limit = eff.max_running_requests
+    base = min(limit, math.ceil(peak)) if limit and peak else (limit or (math.ceil(peak) if peak else None))
+    if base is not None and base > 1:
+        cut = max(1, min(base - 1, math.floor(base * (1 - p.seqs_step_down))))
+        candidates.append(dataclasses.replace(eff, max_running_requests=cut))
+    return SglangProposal(
+        trigger=GPU_MEMORY_PRESSURE,
+        evidence=f"{warning.describe()} at --mem-fraction-static {fraction}",
+        candidates=tuple(candidates),
+        exhausted=(
+            "no smaller --mem-fraction-static within the bounds holds a full request, the prefill chunk is "
+            "at its floor and --max-running-requests at its lower bound: holding"
+        ),
+        explanation=tuple(lines),
     )
 
 

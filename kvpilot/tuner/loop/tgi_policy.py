@@ -13,6 +13,10 @@ meanings (``kv_usage``: ``tgi_batch_current_max_tokens / tgi_batch_max_total_tok
 1. **crash** -- a restart of the current settings: its failure's rule (:mod:`.tgi_rules`: the warm-up's
    prefill, a ``--max-total-tokens`` the KV cannot hold, a CUDA OOM while serving); a restart no rule cures
    holds and says so; crash remedies skip the cooldown and mark the settings failed;
+1b. **GPU memory** -- dcgm-exporter's free framebuffer below the floor, or falling towards it, while serving
+   (vLLM's engine-neutral early warning, :func:`.gpu_memory.detect_memory_warning`): the run-time OOM's
+   remedy one step ahead of the crash, a *smaller* ``--cuda-memory-fraction`` first
+   (:func:`.tgi_rules.propose_for_gpu_memory`); urgent (no cooldown, no restart trade), not a crash;
 2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
 3. **pressure** -- the KV tokens full with a queue: more of the GPU where the fraction allows, else a hold
    (TGI never evicts: a cut of the admission limit would only refuse what the queue will serve);
@@ -77,7 +81,11 @@ def compute_tgi_decision(
         evidence,
         restarts,
         metrics,
-        (lambda: _crash_step(s, restarts, gates), lambda: _metrics_step(s, metrics, gates, costs)),
+        (
+            lambda: _crash_step(s, restarts, gates),
+            lambda: _gpu_memory_step(s, gates),
+            lambda: _metrics_step(s, metrics, gates, costs),
+        ),
         lambda: _steady(s),
         now,
     )
@@ -168,6 +176,17 @@ def _as_said(ran: FailedRun, current: tgi.TgiSettings, text: str) -> FailedRun:
     elif said.kind == "total_tokens_too_large" and current.max_total_tokens is None:
         settings = dataclasses.replace(settings, max_total_tokens=said.tokens)
     return dataclasses.replace(ran, settings=settings)
+
+
+def _gpu_memory_step(s: TgiSituation, gates: Gates) -> TgiDecision | None:
+    """Ahead of the metrics gate, as vLLM's: dcgm-exporter's early warning of a run-time OOM acts on the
+    serving samples there are (:func:`.tgi_rules.propose_for_gpu_memory`). Urgent: only the gates every
+    change passes (the minimum interval, the hourly limit), no cooldown and no restart trade; not a crash:
+    nothing is marked failed."""
+    proposal = rules.propose_for_gpu_memory(s)
+    if proposal is None:
+        return None
+    return engine_chain.choose(build_fit(s), proposal, None, gates.any_change)
 
 
 def _metrics_step(s: TgiSituation, metrics: MetricsStatus, gates: Gates, costs: Costs) -> TgiDecision | None:

@@ -21,6 +21,13 @@ memory free after a prefill of ``--max-batch-prefill-tokens`` (``flash_causal_lm
   OOM step on the headroom (VPA's, :func:`~kvpilot.tuner.loop.remedies.compute_oom_step`: less KV, more room
   for activations) while the KV cache still holds one request of ``--max-total-tokens``; else a halved
   prefill.
+- ``GpuMemoryPressure``: dcgm-exporter's free framebuffer below the floor
+  (``PolicyConfig.gpu_memory_free_min_gib``), or falling towards it within the horizon, while serving (vLLM's
+  engine-neutral detection, :func:`.gpu_memory.detect_memory_warning`): the ``RuntimeOOM`` answer one step
+  ahead of the crash -- a smaller ``--cuda-memory-fraction`` while the KV holds a request of
+  ``--max-total-tokens``, else a halved prefill; not a crash (nothing marked failed), urgent as vLLM's
+  (no cooldown, no restart trade; the minimum interval and the hourly limit hold)
+  (:func:`propose_for_gpu_memory`).
 - ``IdleCapacity``: the admission limit binds with spare KV tokens -- running + queued requests
   (``tgi_batch_current_size`` + ``tgi_queue_size``) at ``--max-concurrent-requests``, or 429 "Model is
   overloaded" refused (``MetricsSample.rejected_rate``), in most samples while
@@ -46,7 +53,7 @@ import math
 
 from kvpilot.tuner import tgi
 from kvpilot.tuner.engines.tgi_budget import MIN_PREFILL_TOKENS
-from kvpilot.tuner.loop import engine_latency
+from kvpilot.tuner.loop import engine_latency, gpu_memory
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.engine_chain import floor_grid
 from kvpilot.tuner.loop.engine_latency import LATENCY_SLO as LATENCY_SLO
@@ -54,6 +61,7 @@ from kvpilot.tuner.loop.engine_state import KV_PRESSURE as KV_PRESSURE
 from kvpilot.tuner.loop.engine_state import RUNTIME_OOM as RUNTIME_OOM
 from kvpilot.tuner.loop.engine_state import START_MEMORY_SHORT as START_MEMORY_SHORT
 from kvpilot.tuner.loop.engine_state import START_OOM as START_OOM
+from kvpilot.tuner.loop.gpu_memory import GPU_MEMORY_PRESSURE as GPU_MEMORY_PRESSURE
 from kvpilot.tuner.loop.remedies import compute_oom_step
 from kvpilot.tuner.loop.tgi_fit import (
     TgiProposal,
@@ -189,6 +197,45 @@ def propose_for_oom(s: TgiSituation, text: str) -> TgiProposal:
         crash=True,
         exhausted="no smaller fraction holds a request of --max-total-tokens; the prefill is at its floor",
         infeasible_when_exhausted=True,
+        explanation=tuple(lines),
+    )
+
+
+# --- GPU memory telemetry: ahead of a run-time OOM ---------------------------------------------------
+
+
+def propose_for_gpu_memory(s: TgiSituation) -> TgiProposal | None:
+    """dcgm-exporter's free framebuffer below the floor (or falling towards it within the horizon) while TGI
+    serves (:func:`.gpu_memory.detect_memory_warning`, vLLM's engine-neutral detection). TGI's warm-up sizes
+    its KV from ``--cuda-memory-fraction``; what runs out while serving is the rest (activations, the
+    allocator's fragments), so the answer is the run-time OOM rule's, before the crash: a *smaller* fraction
+    by the OOM step (less KV, more room) while the KV still holds one request of ``--max-total-tokens``, else
+    a halved ``--max-batch-prefill-tokens``. One step; not a crash: nothing is marked failed, and
+    :func:`~.tgi_policy.compute_tgi_decision` lets it skip the cooldown and the restart trade as vLLM's urgent
+    warning does (not the minimum interval or the hourly limit)."""
+    warning = gpu_memory.detect_memory_warning(s.window.samples, s.policy)
+    if warning is None:
+        return None
+    eff, p = s.effective, s.policy
+    fraction = fraction_of(eff)
+    lower = floor_grid(fraction - compute_oom_step(fraction, p))
+    candidates: list[tgi.TgiSettings] = []
+    lines = [f"OOM step on the headroom 1 - {fraction}: --cuda-memory-fraction {lower}"]
+    smaller = dataclasses.replace(eff, cuda_memory_fraction=lower)
+    budget = compute_budget(smaller, s.memory)
+    if budget is None or budget.feasible:
+        candidates.append(smaller)
+    else:
+        lines.append(f"at {lower} TGI would not start: {budget.refusals[0]}")
+    candidates += [_with_prefill(s, eff, x) for x in _halvings(eff.max_batch_prefill_tokens)][:1]
+    return TgiProposal(
+        trigger=GPU_MEMORY_PRESSURE,
+        evidence=f"{warning.describe()} at --cuda-memory-fraction {fraction}",
+        candidates=tuple(candidates),
+        exhausted=(
+            "no smaller --cuda-memory-fraction within the bounds holds a request of --max-total-tokens and "
+            "the prefill is at its floor: holding"
+        ),
         explanation=tuple(lines),
     )
 
