@@ -1,7 +1,7 @@
 """The rollout's loss reaches SGLang's and TGI's decision, as vLLM's
 (:mod:`kvpilot.tuner.loop.restart_trade`): in mode Auto a metrics-driven change is decided again with what
 the strategy it would roll out with loses
-(:func:`kvpilot.operator.inferenceservice.engine_actions.fetch_lost_fraction`: Surge 0, Replace ``k/N``,
+(:func:`kvpilot.operator.inferenceservice.engine_actions.fetch_rollout_costs`: Surge 0, Replace ``k/N``,
 Recreate 1), so a small gain on a recreate is held with the trade's words -- a ``Held`` history entry and
 the recommendation -- while the same on a surge rolls out; the held condition wins its restart once it has
 persisted long enough (the history's ``Held`` entries say since when). The restart is the one the pods were
