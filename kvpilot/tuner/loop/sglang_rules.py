@@ -156,9 +156,13 @@ def _chunk_trials(eff: sglang.SglangSettings, p: PolicyConfig) -> list[sglang.Sg
     return trials
 
 
-def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangProposal:
-    """Out of GPU memory outside the static share: a smaller fraction while the pool still holds a full
-    request, else a smaller prefill chunk (activations); at graph capture, also fewer running requests."""
+def _smaller_share(
+    s: SglangSituation,
+) -> tuple[list[sglang.SglangSettings], list[str], sglang.SglangSettings | None]:
+    """A run-time OOM's answer, after the crash or ahead of it: a smaller ``--mem-fraction-static`` by the
+    OOM step while the pool still holds a full request, a halved prefill chunk, then an fp8 KV cache at the
+    smaller fraction where allowed (the same tokens in half the bytes: before any cut of the batch); with the
+    lines that say so, and the fp8 candidate (``None``: none; offered only where allowed)."""
     eff, p = s.effective, s.policy
     fraction = fraction_of(eff)
     lower = floor_grid(fraction - compute_oom_step(fraction, p))
@@ -175,9 +179,19 @@ def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangP
         candidates.append(dataclasses.replace(eff, chunked_prefill_size=chunk // 2))
     fp8, fp8_line = sglang_fp8.propose_for_oom(s, lower)
     offered = fp8 if fp8 is not None and sglang_fp8.allows_fp8(s) else None
-    if offered is not None:  # the same tokens in half the bytes: before any cut of the batch
+    if offered is not None:
         candidates.append(offered)
         lines.append(fp8_line)
+    return candidates, lines, fp8
+
+
+def propose_for_oom(s: SglangSituation, kind: FailureKind, text: str) -> SglangProposal:
+    """Out of GPU memory outside the static share: a smaller fraction while the pool still holds a full
+    request, else a smaller prefill chunk (activations); at graph capture, also fewer running requests."""
+    eff, p = s.effective, s.policy
+    fraction = fraction_of(eff)
+    candidates, lines, fp8 = _smaller_share(s)
+    offered = fp8 if fp8 is not None and sglang_fp8.allows_fp8(s) else None
     if kind == "start_oom":
         running = eff.max_running_requests or sglang.default_cuda_graph_max_bs(
             s.memory.gpu_mib, eff.tp_size or 1
@@ -263,22 +277,7 @@ def propose_for_gpu_memory(s: SglangSituation) -> SglangProposal | None:
         return None
     eff, p = s.effective, s.policy
     fraction = fraction_of(eff)
-    lower = floor_grid(fraction - compute_oom_step(fraction, p))
-    floor = compute_fraction_floor(s)
-    candidates: list[sglang.SglangSettings] = []
-    lines = [f"OOM step on the headroom 1 - {fraction}: --mem-fraction-static {lower}"]
-    if floor is None or lower >= floor:
-        candidates.append(dataclasses.replace(eff, mem_fraction_static=lower))
-    else:
-        bar = f"one {eff.context_length}-token request" if holds_full_request(s) else "a page"
-        lines.append(f"below {floor} the pool would not hold {bar}")
-    chunk = eff.chunked_prefill_size or p.batched_tokens_floor
-    if chunk // 2 >= p.batched_tokens_floor:
-        candidates.append(dataclasses.replace(eff, chunked_prefill_size=chunk // 2))
-    fp8, fp8_line = sglang_fp8.propose_for_oom(s, lower)
-    if fp8 is not None and sglang_fp8.allows_fp8(s):
-        candidates.append(fp8)
-        lines.append(fp8_line)
+    candidates, lines, _ = _smaller_share(s)
     peak = obs.compute_max(warning.samples, obs.running)
     limit = eff.max_running_requests
     base = min(limit, math.ceil(peak)) if limit and peak else (limit or (math.ceil(peak) if peak else None))

@@ -175,9 +175,10 @@ def propose_for_total_tokens(s: TgiSituation, text: str) -> TgiProposal:
     )
 
 
-def propose_for_oom(s: TgiSituation, text: str) -> TgiProposal:
-    """Out of GPU memory while serving: a smaller fraction (less KV, more room for activations) while the KV
-    still holds one request of ``--max-total-tokens``, else fewer prefill tokens."""
+def _smaller_share(s: TgiSituation) -> tuple[list[tgi.TgiSettings], list[str]]:
+    """A run-time OOM's answer, after the crash or ahead of it: a smaller ``--cuda-memory-fraction`` by the
+    OOM step on the headroom (less KV, more room for activations) while the KV still holds one request of
+    ``--max-total-tokens``, else a halved ``--max-batch-prefill-tokens``; with the lines that say so."""
     eff, p = s.effective, s.policy
     fraction = fraction_of(eff)
     lower = floor_grid(fraction - compute_oom_step(fraction, p))
@@ -190,6 +191,14 @@ def propose_for_oom(s: TgiSituation, text: str) -> TgiProposal:
     else:
         lines.append(f"at {lower} TGI would not start: {budget.refusals[0]}")
     candidates += [_with_prefill(s, eff, x) for x in _halvings(eff.max_batch_prefill_tokens)][:1]
+    return candidates, lines
+
+
+def propose_for_oom(s: TgiSituation, text: str) -> TgiProposal:
+    """Out of GPU memory while serving: a smaller fraction (less KV, more room for activations) while the KV
+    still holds one request of ``--max-total-tokens``, else fewer prefill tokens."""
+    fraction = fraction_of(s.effective)
+    candidates, lines = _smaller_share(s)
     return TgiProposal(
         trigger=RUNTIME_OOM,
         evidence=f"CUDA out of memory while serving at --cuda-memory-fraction {fraction} ({text[:160]})",
@@ -216,18 +225,8 @@ def propose_for_gpu_memory(s: TgiSituation) -> TgiProposal | None:
     warning = gpu_memory.detect_memory_warning(s.window.samples, s.policy)
     if warning is None:
         return None
-    eff, p = s.effective, s.policy
-    fraction = fraction_of(eff)
-    lower = floor_grid(fraction - compute_oom_step(fraction, p))
-    candidates: list[tgi.TgiSettings] = []
-    lines = [f"OOM step on the headroom 1 - {fraction}: --cuda-memory-fraction {lower}"]
-    smaller = dataclasses.replace(eff, cuda_memory_fraction=lower)
-    budget = compute_budget(smaller, s.memory)
-    if budget is None or budget.feasible:
-        candidates.append(smaller)
-    else:
-        lines.append(f"at {lower} TGI would not start: {budget.refusals[0]}")
-    candidates += [_with_prefill(s, eff, x) for x in _halvings(eff.max_batch_prefill_tokens)][:1]
+    fraction = fraction_of(s.effective)
+    candidates, lines = _smaller_share(s)
     return TgiProposal(
         trigger=GPU_MEMORY_PRESSURE,
         evidence=f"{warning.describe()} at --cuda-memory-fraction {fraction}",
