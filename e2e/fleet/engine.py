@@ -419,13 +419,7 @@ class SimEngine:
         step = self._step_seconds(n, context, prefill, pairs)
         k = 1
         if not work and n:
-            k = min(
-                self._finish_heap[0][0] - self.counter if self._finish_heap else 1,
-                1 + self._decode_room(self.counter + 1),
-            )
-            k = max(1, min(k, int(self.resolution_s / step) or 1, int(max(0.0, until - self.now) / step) + 1))
-            self.decode_blocks += self._crossings(self.counter + 1, k - 1)
-            step = self._step_seconds(n, context + n * (k - 1) // 2, 0, 0.0)
+            k, step = self._decode_run(n, context, until)
         self.last_step = StepRecord(
             running=n + len(self.prefilling),
             waiting=len(self.waiting),
@@ -489,6 +483,19 @@ class SimEngine:
         self.deltas.iteration_tokens.append(prefill)
         return True
 
+    def _decode_run(self, n: int, context: int, until: float) -> tuple[int, float]:
+        """Decode-only steps taken at once, vLLM's and SGLang's alike: as many as fit before the next finish,
+        a block shortage, ``resolution_s`` or ``until`` (the KV blocks they cross counted), and the time of
+        one at their mean context."""
+        step = self._step_seconds(n, context, 0, 0.0)
+        k = min(
+            self._finish_heap[0][0] - self.counter if self._finish_heap else 1,
+            1 + self._decode_room(self.counter + 1),
+        )
+        k = max(1, min(k, int(self.resolution_s / step) or 1, int(max(0.0, until - self.now) / step) + 1))
+        self.decode_blocks += self._crossings(self.counter + 1, k - 1)
+        return k, self._step_seconds(n, context + n * (k - 1) // 2, 0, 0.0)
+
     def _decode_steps(self, until: float) -> bool:
         """SGLang's decode batch (no prefill work this step): every decoding request one token, with its
         new KV (retracting the newest on a shortage), taken several steps at a time up to the next finish,
@@ -500,15 +507,7 @@ class SimEngine:
             nxt = min(self._next_arrival, until)
             self.now = max(self.now, nxt)
             return self._next_arrival <= until
-        context = self._decode_tokens()
-        step = self._step_seconds(n, context, 0, 0.0)
-        k = min(
-            self._finish_heap[0][0] - self.counter if self._finish_heap else 1,
-            1 + self._decode_room(self.counter + 1),
-        )
-        k = max(1, min(k, int(self.resolution_s / step) or 1, int(max(0.0, until - self.now) / step) + 1))
-        self.decode_blocks += self._crossings(self.counter + 1, k - 1)
-        step = self._step_seconds(n, context + n * (k - 1) // 2, 0, 0.0)
+        k, step = self._decode_run(n, self._decode_tokens(), until)
         self.last_step = StepRecord(
             running=self.num_running,
             waiting=len(self.waiting),

@@ -23,18 +23,27 @@ from kvpilot.operator.status.status_patch import StatusPatch
 
 
 async def apply_flags(
-    deps: LoopDeps, svc: Service, inputs: resolve.Inputs, flags: engines.EngineFlags, logger: Any
+    deps: LoopDeps,
+    svc: Service,
+    inputs: resolve.Inputs,
+    flags: engines.EngineFlags,
+    logger: Any,
+    costs: workloads.RolloutCosts | None = None,
 ) -> bool:
     """The Deployment (a replica over several nodes: the LeaderWorkerSet) with ``flags`` (the reconciler's
-    rendering, the flags kept), rolled out with the
-    strategy the cluster allows now; False and a ``RetuneFailed`` event when it cannot be applied (the
-    reconciler and drift repair render ``status.appliedEngineArgs`` next)."""
+    rendering, the flags kept), rolled out with the strategy the change was weighed on (``costs``, as vLLM's
+    :func:`.loop_actions.apply_settings` takes its choice), else the one the cluster allows now; False and a
+    ``RetuneFailed`` event when it cannot be applied (the reconciler and drift repair render
+    ``status.appliedEngineArgs`` next)."""
     try:
         if deps.kube is None:
             raise errors.ApplyFailed("no Kubernetes client")
         _, manifests = engine_desired.build_engine_manifests(svc.meta, svc.spec, inputs, flags)
         workload = [m for m in manifests if m["kind"] in workloads.WORKLOAD_KINDS]
-        workload = await workloads.fetch_rollout_strategy(deps.kube, svc.spec, workload)
+        if costs is not None:
+            workload = [workloads.build_rollout_strategy(m, costs.choice) for m in workload]
+        else:
+            workload = await workloads.fetch_rollout_strategy(deps.kube, svc.spec, workload)
         await workloads.apply_workloads(workload, deps.kube, deps.owners)
     except Exception as exc:  # noqa: BLE001 -- report; the reconciler or drift repair applies it later
         logger.warning(f"closed loop ({svc.spec.engine.kind}): applying the new flags failed: {exc!r}")
@@ -53,16 +62,17 @@ async def fetch_rollout_costs(
     *,
     serving: bool,
     not_serving_why: str = "",
-) -> tuple[float, str | None]:
+) -> workloads.RolloutCosts | None:
     """What a rollout of ``flags`` costs under the strategy the cluster allows now
     (:func:`workloads.fetch_rollout_costs`, the strategy :func:`apply_flags` renders): the share of the
     service's capacity it loses while a pod restarts (Surge 0, Replace ``k/N``, Recreate 1, 0 while nothing
     serves) and why it cannot roll out (one replica, no spare GPU, no ``allowDowntime``:
     :data:`~kvpilot.operator.pods.rollout_strategy.HELD_MESSAGE`), as vLLM's
-    :func:`.loop_actions.fetch_rollout`. ``(0, None)`` when it cannot be read (no client, the flags cannot
-    be rendered, an API hiccup: :func:`apply_flags` meets it and says so)."""
+    :func:`.loop_actions.fetch_rollout`, with the choice :func:`apply_flags` then renders. ``None`` when it
+    cannot be read (no client, the flags cannot be rendered, an API hiccup: :func:`apply_flags` meets it and
+    says so)."""
     if deps.kube is None:
-        return 0.0, None
+        return None
     try:
         _, manifests = engine_desired.build_engine_manifests(svc.meta, svc.spec, inputs, flags)
         workload = next(m for m in manifests if m["kind"] in workloads.WORKLOAD_KINDS)
@@ -70,7 +80,7 @@ async def fetch_rollout_costs(
             deps.kube, svc.spec, workload, serving=serving, not_serving_why=not_serving_why
         )
     except Exception:  # noqa: BLE001 -- apply_flags reports what cannot be rendered or read
-        return 0.0, None
+        return None
 
 
 async def apply_engine_status(

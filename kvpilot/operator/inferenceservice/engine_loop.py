@@ -76,8 +76,9 @@ async def run_engine_tick(
     )
     decision = profile.decide(state, evidence, svc.spec, inputs, policy, svc.now)
     serving = engine_pods.compute_engine_serving(codec, pods, state.current)
+    costs, costed = None, decision.settings
     if svc.mode == "Auto" and decision.action == Action.RETUNE:  # a rollback is never weighed or held
-        lost, blocked = await engine_actions.fetch_rollout_costs(
+        costs = await engine_actions.fetch_rollout_costs(
             deps,
             svc,
             inputs,
@@ -85,9 +86,11 @@ async def run_engine_tick(
             serving=any(p.ready and not p.terminating for p in pods),
             not_serving_why=serving.degraded_reason or "",
         )
-        if lost or blocked:  # what the rollout loses, or why it cannot roll out (as vLLM's fetch_rollout)
-            costs = dataclasses.replace(evidence, rollout_lost_fraction=lost, rollout_blocked=blocked)
-            decision = profile.decide(state, costs, svc.spec, inputs, policy, svc.now)
+        if costs is not None and (costs.lost_fraction or costs.blocked):  # as vLLM's fetch_rollout
+            weighed = dataclasses.replace(
+                evidence, rollout_lost_fraction=costs.lost_fraction, rollout_blocked=costs.blocked
+            )
+            decision = profile.decide(state, weighed, svc.spec, inputs, policy, svc.now)
     out = engine_patch.build_engine_patch(
         codec,
         svc.old,
@@ -104,7 +107,9 @@ async def run_engine_tick(
     for type_, reason, message in out.events:
         deps.emit(svc.body, type_, reason, message)
     if svc.mode == "Auto" and decision.changes:  # recorded: now the Deployment follows
-        await engine_actions.apply_flags(deps, svc, inputs, decision.settings, logger)
+        # the strategy the change was weighed on; another change's (a rollback's): read now
+        chosen = costs if decision.action == Action.RETUNE and decision.settings == costed else None
+        await engine_actions.apply_flags(deps, svc, inputs, decision.settings, logger, chosen)
     if out.events:
         logger.info(f"closed loop ({name}): {decision.action} ({decision.trigger}): {decision.reason}")
     return decision

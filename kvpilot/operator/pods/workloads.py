@@ -462,16 +462,21 @@ async def fetch_rollout_strategy(
     is the same choice counted in groups (:func:`leader_worker_set.build_rollout_strategy`)."""
     out = [dict(m) for m in manifests]
     for i, m in enumerate(out):
-        if m["kind"] not in WORKLOAD_KINDS:
-            continue
-        choice = await fetch_rollout_choice(kube, spec, m, serving=None)
-        rendered = rollout_strategy.build_deployment_strategy(choice)
-        if m["kind"] == "Deployment":
-            out[i] = {**m, "spec": {**m["spec"], "strategy": rendered}}
-        else:
-            group = leader_worker_set.build_rollout_strategy(rendered, read_workload(m).replicas)
-            out[i] = {**m, "spec": {**m["spec"], "rolloutStrategy": group}}
+        if m["kind"] in WORKLOAD_KINDS:
+            out[i] = build_rollout_strategy(m, await fetch_rollout_choice(kube, spec, m, serving=None))
     return out
+
+
+def build_rollout_strategy(
+    workload: Mapping[str, Any], choice: rollout_strategy.RolloutChoice
+) -> dict[str, Any]:
+    """``workload`` (a Deployment or a LeaderWorkerSet) with ``choice`` as its update strategy (a
+    LeaderWorkerSet's counted in groups: :func:`leader_worker_set.build_rollout_strategy`)."""
+    rendered = rollout_strategy.build_deployment_strategy(choice)
+    if workload["kind"] == "Deployment":
+        return {**workload, "spec": {**workload["spec"], "strategy": rendered}}
+    group = leader_worker_set.build_rollout_strategy(rendered, read_workload(workload).replicas)
+    return {**workload, "spec": {**workload["spec"], "rolloutStrategy": group}}
 
 
 def _claims_in_use(manifests: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -536,6 +541,16 @@ async def fetch_rollout_choice(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class RolloutCosts:
+    """What a change's rollout costs (:func:`fetch_rollout_costs`), and the choice it was weighed on, for the
+    workload to be rendered with (:func:`build_rollout_strategy`) without reading the cluster again."""
+
+    lost_fraction: float
+    blocked: str | None
+    choice: rollout_strategy.RolloutChoice
+
+
 async def fetch_rollout_costs(
     kube: Kube,
     spec: api.InferenceServiceSpec,
@@ -543,7 +558,7 @@ async def fetch_rollout_costs(
     *,
     serving: bool,
     not_serving_why: str = "",
-) -> tuple[float, str | None]:
+) -> RolloutCosts:
     """What a rollout of ``deployment`` costs under the strategy the cluster allows now
     (:func:`fetch_rollout_choice`, as :func:`fetch_rollout_strategy` renders it;
     :func:`rollout_strategy.compute_costs`): the share of the service's capacity it loses while a pod
@@ -554,7 +569,8 @@ async def fetch_rollout_costs(
     choice = await fetch_rollout_choice(
         kube, spec, deployment, serving=serving, not_serving_why=not_serving_why
     )
-    return rollout_strategy.compute_costs(choice, spec.replicas, serving=serving)
+    lost, blocked = rollout_strategy.compute_costs(choice, spec.replicas, serving=serving)
+    return RolloutCosts(lost, blocked, choice)
 
 
 async def apply_workloads(
