@@ -126,7 +126,7 @@ PROBE_FILES = {
     ),
     "operator/planning/__init__.py": "",
     "operator/planning/modes.py": "from probe.operator import api, errors\n",
-    "operator/planning/resolve.py": "import huggingface_hub\n\nfrom probe.operator.clients import kube\n",
+    "operator/planning/hub.py": "import huggingface_hub\n\nfrom probe.operator.clients import kube\n",
     "operator/pods/__init__.py": "",
     "operator/pods/pod_status.py": "import kubernetes\n\nfrom probe.operator.clients import kube\n",
     "operator/clients/__init__.py": "",

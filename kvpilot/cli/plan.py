@@ -4,32 +4,28 @@ another engine's budget (``--engine``: :mod:`kvpilot.cli.engine_plans`)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shlex
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from kvpilot.cli.engine_plans import plan_sglang, plan_tgi
 from kvpilot.cli.inputs import EXIT_INFEASIBLE, EXIT_OK, CliError, positive_int, read_text
 from kvpilot.cli.plan_text import format_node_plan, format_plan, node_plan_as_json, plan_as_json
 from kvpilot.tuner import gpus, vllm
 from kvpilot.tuner import model as models
-from kvpilot.tuner.model.vision import VisionTower, apply_processor_configs
 from kvpilot.tuner.plan import compute_node_plan, compute_plan
 from kvpilot.tuner.types import ServingBounds
 
 AUTO = "auto"
 
 
-def _processor_limits(tower: VisionTower, folder: Path) -> VisionTower | None:
-    """The tower with the pixel budgets of the folder's ``preprocessor_config.json`` and
-    ``video_preprocessor_config.json``, where present (vLLM reads them from the checkpoint)."""
-    found = []
-    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
-        file = folder / name
-        found.append(models.parse_config_json(read_text(str(file)), str(file)) if file.is_file() else None)
-    return apply_processor_configs(tower, found[0], found[1])
+def _processor_files(folder: Path) -> dict[str, dict[str, Any]]:
+    """The folder's ``preprocessor_config.json`` and ``video_preprocessor_config.json``, where present (vLLM
+    sizes a multimodal model's dummy encoder batch from them; the operator reads the same files from a
+    ConfigMap or the Hub)."""
+    files = (folder / name for name in models.PROCESSOR_FILES)
+    return {f.name: models.parse_config_json(read_text(str(f)), str(f)) for f in files if f.is_file()}
 
 
 def run_plan(args: argparse.Namespace, out: TextIO) -> int:
@@ -48,8 +44,8 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
         checkpoint = models.lookup_checkpoint_bytes(args.model)
     gpu = gpus.lookup_gpu(args.gpu)
     spec = models.build_model_spec(config)
-    if args.config and Path(args.config).is_dir() and spec.vision_tower is not None:
-        spec = dataclasses.replace(spec, vision_tower=_processor_limits(spec.vision_tower, Path(args.config)))
+    if args.config and Path(args.config).is_dir() and models.reads_processor_files(config):
+        spec = models.apply_processor_files(spec, _processor_files(Path(args.config)))
     if args.engine == "sglang":
         return plan_sglang(args, spec, gpus.lookup_gpu(args.gpu), model_name, checkpoint, out)
     if args.engine == "tgi":

@@ -11,6 +11,7 @@ import kopf
 
 from kvpilot.operator.clients.kube import Conflict
 from kvpilot.operator.inferenceservice import handlers, reconcile_deps
+from kvpilot.operator.planning.model_files import ModelFiles
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
@@ -249,11 +250,12 @@ class Harness:
         )
         self.patch = kopf.Patch()
 
-    def _hub(self, model_id: str, revision: str | None, token: str | None) -> dict[str, Any]:
+    def _hub(self, model_id: str, revision: str | None, token: str | None) -> ModelFiles:
+        """The Hub's answer: ``hub_result``, a config.json (or the whole ModelFiles), or the error raised."""
         self.hub_calls.append((model_id, revision, token))
         if isinstance(self.hub_result, Exception):
             raise self.hub_result
-        return self.hub_result
+        return self.hub_result if isinstance(self.hub_result, ModelFiles) else ModelFiles(self.hub_result)
 
     async def run(
         self, body: dict[str, Any], trigger: str = handlers.CREATED, retry: int = 0, diff: Any = None

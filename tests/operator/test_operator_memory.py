@@ -14,6 +14,7 @@ from operator_fakes import FakeKube
 
 from kvpilot.operator import api
 from kvpilot.operator.planning import resolve
+from kvpilot.operator.planning.model_files import ModelFiles
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner.model import MAX_JSON_VALUES
 from kvpilot.tuner.model.fields import count_json_values, parse_config_json
@@ -61,11 +62,11 @@ def test_200_hostile_hub_configs_leave_the_operator_small() -> None:
     stays in the operator's memory is bounded by the caches' entries of a few KB each."""
     resolve.clear_caches()
 
-    def hub(model_id: str, revision: str | None, token: str | None) -> dict:
+    def hub(model_id: str, revision: str | None, token: str | None) -> ModelFiles:
         if model_id.startswith("evil/"):
-            return parse_config_json(HOSTILE, f"config.json of {model_id}")
+            return ModelFiles(parse_config_json(HOSTILE, f"config.json of {model_id}"))
         wider = {**LLAMA, "hidden_size": 4096 + 128 * int(model_id[5:])}
-        return parse_config_json(json.dumps(wider), model_id)
+        return ModelFiles(parse_config_json(json.dumps(wider), model_id))
 
     gc.collect()
     tracemalloc.start()

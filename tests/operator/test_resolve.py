@@ -6,13 +6,14 @@ import errno
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from kvpilot.operator import errors
-from kvpilot.operator.planning import resolve
+from kvpilot.operator.planning import hub, model_files, resolve
 from kvpilot.tuner import errors as tuner_errors
-from kvpilot.tuner.model import MAX_CONFIG_BYTES
+from kvpilot.tuner.model import MAX_CONFIG_BYTES, PROCESSOR_FILES, QUANT_SIDECAR
 
 
 def test_node_cache_single_flight_and_ttl() -> None:
@@ -71,7 +72,7 @@ def test_hub_errors_are_mapped(monkeypatch, name: str, status: int, reason: str)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
     with pytest.raises(Exception) as info:
-        resolve.download_hub_config("acme/m", None, "hf_SECRET")
+        hub.download_hub_config("acme/m", None, "hf_SECRET")
     failure = errors.classify(info.value)
     assert failure.reason == reason
     assert failure.retry == (reason in ("HubUnreachable", "HubAccessDenied"))
@@ -106,7 +107,7 @@ def test_an_unwritable_hub_cache_is_the_operators_fault_not_the_hubs(
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
     with pytest.raises(Exception) as info:
-        resolve.download_hub_config("acme/m", None, None)
+        hub.download_hub_config("acme/m", None, None)
     failure = errors.classify(info.value)
     assert (failure.reason, failure.retry) == (reason, True)
     assert "/var/cache" not in failure.message and "/nonexistent" not in failure.message
@@ -115,10 +116,15 @@ def test_an_unwritable_hub_cache_is_the_operators_fault_not_the_hubs(
 
 
 def _serve_hub(
-    monkeypatch, tmp_path, files: dict[str, object], sidecar_error: str | None = None
+    monkeypatch,
+    tmp_path,
+    files: dict[str, object],
+    sidecar_error: str | None = None,
+    failing: str = "hf_quant_config.json",
 ) -> list[str]:
-    """``hf_hub_download`` answering from ``files`` (a missing file: the Hub's 404); the names asked for.
-    Online: the contract tests' conftest sets ``HF_HUB_OFFLINE`` for the whole session."""
+    """``hf_hub_download`` answering from ``files`` (a missing file: the Hub's 404; ``failing``: the
+    ``sidecar_error``); the names asked for. Online: the contract tests' conftest sets ``HF_HUB_OFFLINE``
+    for the whole session."""
     import huggingface_hub
     from huggingface_hub import constants
 
@@ -130,7 +136,7 @@ def _serve_hub(
 
     def download(repo_id: str, filename: str, **kw: object) -> str:
         asked.append(filename)
-        if filename == "hf_quant_config.json" and sidecar_error:
+        if filename == failing and sidecar_error:
             raise _hub_error(sidecar_error, 503)
         if filename not in files:
             raise _hub_error("RemoteEntryNotFoundError")
@@ -142,7 +148,7 @@ def _serve_hub(
 
 def test_hub_download_reads_config(monkeypatch, tmp_path) -> None:
     asked = _serve_hub(monkeypatch, tmp_path, {"config.json": {"model_type": "llama"}})
-    assert resolve.download_hub_config("acme/m", "main", None) == {"model_type": "llama"}
+    assert hub.download_hub_config("acme/m", "main", None) == {"model_type": "llama"}
     assert asked == ["config.json", "hf_quant_config.json"]  # no sidecar: the 404 is not an error
 
 
@@ -162,11 +168,11 @@ reads; not a copy of any one checkpoint's)."""
 def test_hub_download_takes_a_modelopt_sidecar_as_vllm_does(monkeypatch, tmp_path) -> None:
     llama = {"model_type": "llama"}
     _serve_hub(monkeypatch, tmp_path, {"config.json": llama, "hf_quant_config.json": SIDECAR})
-    config = resolve.download_hub_config("acme/m", "main", None)
+    config = hub.download_hub_config("acme/m", "main", None)
     assert config == {"model_type": "llama", "quantization_config": SIDECAR}
     own = {"model_type": "llama", "quantization_config": {"quant_method": "fp8"}}
     asked = _serve_hub(monkeypatch, tmp_path, {"config.json": own, "hf_quant_config.json": SIDECAR})
-    assert resolve.download_hub_config("acme/m", "main", None) == own
+    assert hub.download_hub_config("acme/m", "main", None) == own
     assert asked == ["config.json"]  # its own quantization_config: vLLM looks no further
 
 
@@ -175,7 +181,7 @@ def test_an_unreachable_sidecar_is_retried_not_skipped(monkeypatch, tmp_path) ->
     files: dict[str, object] = {"config.json": {"model_type": "llama"}}
     _serve_hub(monkeypatch, tmp_path, files, sidecar_error="HfHubHTTPError")
     with pytest.raises(Exception) as info:
-        resolve.download_hub_config("acme/m", "main", None)
+        hub.download_hub_config("acme/m", "main", None)
     assert (errors.classify(info.value).reason, errors.classify(info.value).retry) == ("HubUnreachable", True)
 
 
@@ -195,10 +201,86 @@ def test_offline_with_only_config_json_cached_is_no_sidecar(monkeypatch, tmp_pat
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", cached_only)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    assert resolve.download_hub_config("acme/m", "main", None) == {"model_type": "llama"}
+    assert hub.download_hub_config("acme/m", "main", None) == {"model_type": "llama"}
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # online, the same error is a Hub not reached
     with pytest.raises(errors.HubUnreachable):
-        resolve.download_hub_config("acme/m", "main", None)
+        hub.download_hub_config("acme/m", "main", None)
+
+
+QWEN35 = next(
+    case
+    for case in json.loads(
+        (Path(__file__).parents[1] / "data" / "vllm_memory_cases_public_2x.json").read_text()
+    )
+    if case["id"] == "case-104"
+)
+"""Qwen/Qwen3.5-0.8B's published config.json, and its family's published processor files (image
+``size.longest_edge`` 16,777,216): a vision tower kvpilot models."""
+IMAGE = {"preprocessor_config.json": QWEN35["preprocessor_config"]}
+
+
+def test_the_hub_brings_a_multimodal_models_processor_files_and_not_a_text_models(
+    monkeypatch, tmp_path
+) -> None:
+    """Beside config.json, at the same revision with the same token, only where the plan reads them: a text
+    model costs no request more than before."""
+    import huggingface_hub
+
+    asked = _serve_hub(monkeypatch, tmp_path, {"config.json": QWEN35["hf_config"], **IMAGE})
+    calls: list[tuple[str, object, object]] = []
+    serve = huggingface_hub.hf_hub_download
+
+    def recorded(repo_id: str, filename: str, **kw: object) -> str:
+        calls.append((filename, kw["revision"], kw["token"]))
+        return serve(repo_id, filename, **kw)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", recorded)
+    files = hub.download_hub_files("Qwen/Qwen3.5-0.8B", "abc123", "hf_TOKEN")
+    assert files == model_files.ModelFiles(QWEN35["hf_config"], IMAGE)  # no video file on the Hub: none
+    assert asked == ["config.json", QUANT_SIDECAR, *PROCESSOR_FILES]
+    assert {(revision, token) for _, revision, token in calls} == {("abc123", "hf_TOKEN")}
+    asked = _serve_hub(monkeypatch, tmp_path, {"config.json": {"model_type": "llama"}, **IMAGE})
+    assert hub.download_hub_files("acme/m", "main", None) == model_files.ModelFiles({"model_type": "llama"})
+    assert asked == ["config.json", QUANT_SIDECAR]
+
+
+def test_a_hub_model_is_planned_with_its_processor_files(monkeypatch, tmp_path) -> None:
+    from operator_fakes import FakeKube
+
+    from kvpilot.operator import api
+
+    resolve.clear_caches()
+    _serve_hub(monkeypatch, tmp_path, {"config.json": QWEN35["hf_config"], **IMAGE})
+    model = resolve.read_model(api.ModelRef(id="Qwen/Qwen3.5-0.8B", source="Hub"), "ns", FakeKube())
+    assert model.spec.vision_tower is not None and model.spec.vision_tower.limits.image_max_pixels == 1 << 24
+    assert model.config_key == model_files.compute_files_key(
+        model_files.ModelFiles(QWEN35["hf_config"], IMAGE)
+    )
+    resolve.clear_caches()
+
+
+def test_an_unreachable_processor_file_is_retried_offline_none(monkeypatch, tmp_path) -> None:
+    """As the sidecar: a Hub that blinked is retried (a plan at the default pixels would be another
+    service's), a file not cached under HF_HUB_OFFLINE is none."""
+    from huggingface_hub import constants
+
+    files: dict[str, object] = {"config.json": QWEN35["hf_config"], **IMAGE}
+    _serve_hub(
+        monkeypatch, tmp_path, files, sidecar_error="HfHubHTTPError", failing="preprocessor_config.json"
+    )
+    with pytest.raises(errors.HubUnreachable):
+        hub.download_hub_files("Qwen/Qwen3.5-0.8B", "main", None)
+    _serve_hub(
+        monkeypatch,
+        tmp_path,
+        files,
+        sidecar_error="LocalEntryNotFoundError",
+        failing="preprocessor_config.json",
+    )
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert hub.download_hub_files("Qwen/Qwen3.5-0.8B", "main", None) == model_files.ModelFiles(
+        QWEN35["hf_config"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -215,7 +297,7 @@ def test_hub_download_refuses_bad_config_file(monkeypatch, tmp_path, content: by
     (tmp_path / "config.json").write_bytes(content)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **kw: str(tmp_path / "config.json"))
     with pytest.raises(tuner_errors.InvalidModelConfig, match=detail) as info:
-        resolve.download_hub_config("acme/m", "main", None)
+        hub.download_hub_config("acme/m", "main", None)
     assert "config.json of acme/m@main" in info.value.message
     failure = errors.classify(info.value)
     assert (failure.reason, failure.retry) == ("InvalidModelConfig", False)
@@ -231,11 +313,11 @@ def test_a_configmap_carries_the_sidecar_under_its_own_name() -> None:
         "config.json": '{"model_type": "llama"}',
         "hf_quant_config.json": json.dumps(SIDECAR),
     }
-    config = resolve.read_config_map_config(api.ConfigMapRef(name="cfg"), "ns1", kube)
-    assert config == {"model_type": "llama", "quantization_config": SIDECAR}
+    files = model_files.read_config_map_files(api.ConfigMapRef(name="cfg"), "ns1", kube)
+    assert files == model_files.ModelFiles({"model_type": "llama", "quantization_config": SIDECAR})
     kube.config_maps[("ns1", "cfg")]["hf_quant_config.json"] = "{broken"
     with pytest.raises(tuner_errors.InvalidModelConfig, match="key 'hf_quant_config.json'"):
-        resolve.read_config_map_config(api.ConfigMapRef(name="cfg"), "ns1", kube)
+        model_files.read_config_map_files(api.ConfigMapRef(name="cfg"), "ns1", kube)
 
 
 @pytest.mark.parametrize(
@@ -262,7 +344,7 @@ def test_the_hubs_words_never_reach_the_status(monkeypatch, caplog, name: str, s
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
     caplog.set_level("DEBUG")
     with pytest.raises(Exception) as info:
-        resolve.download_hub_config("acme/m", None, "hf_SECRET")
+        hub.download_hub_config("acme/m", None, "hf_SECRET")
     failure = errors.classify(info.value)
     assert failure.reason != "InternalError"
     assert "hf_SECRET" not in failure.message and "denied" not in failure.message

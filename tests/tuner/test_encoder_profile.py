@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from kvpilot.tuner import vllm
+from kvpilot.tuner import errors, vllm
 from kvpilot.tuner.memory import budget, encoder
-from kvpilot.tuner.model import build_model_spec
+from kvpilot.tuner.model import PREPROCESSOR, apply_processor_files, build_model_spec, reads_processor_files
 from kvpilot.tuner.model.vision import apply_processor_configs
 from kvpilot.tuner.types import GIB
 from kvpilot.tuner.vllm import multimodal
@@ -209,3 +209,23 @@ def test_processor_configs_override_the_class_defaults() -> None:
     # max_pixels wins over size.longest_edge, as in the processor's __init__.
     both = apply_processor_configs(tower, {"max_pixels": 1024 * 100, "size": {"longest_edge": 16777216}})
     assert both is not None and both.tokens_per_item(4096)["image"] == 100
+
+
+def test_a_config_reads_processor_files_exactly_when_its_tower_is_modelled() -> None:
+    """The operator fetches the processor files only where :func:`reads_processor_files` says so: every
+    published config whose tower kvpilot models, and no other (text models, SigLIP, MoonViT...)."""
+    readers = []
+    for path in sorted(CONFIGS.glob("*.json")):
+        config = json.loads(path.read_text())
+        try:
+            spec = build_model_spec(config)
+        except errors.TunerError:
+            continue
+        assert reads_processor_files(config) == (spec.vision_tower is not None), path.name
+        if spec.vision_tower is not None:
+            readers.append(path.stem)
+        image = {PREPROCESSOR: {"size": {"longest_edge": 1 << 24}}}
+        applied = apply_processor_files(spec, image)
+        assert (applied == spec) == (spec.vision_tower is None), path.name
+    assert "Qwen__Qwen3.5-9B" in readers and "Qwen__Qwen3-VL-32B-Instruct" in readers
+    assert not reads_processor_files({"model_type": ["qwen3_5"], "vision_config": {}})  # unhashable: no

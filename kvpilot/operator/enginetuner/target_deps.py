@@ -16,6 +16,7 @@ from kvpilot.operator.clients.kube import TargetKube
 from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.planning import resolve
+from kvpilot.operator.planning.hub import download_hub_files
 from kvpilot.operator.status import events
 from kvpilot.tuner.loop import ObservationWindow
 
@@ -28,7 +29,7 @@ class TargetDeps:
     kube: TargetKube | None
     emit: events.Emitter = events.kopf_emitter
     clock: Callable[[], float] = time.time
-    hub: resolve.HubDownload = resolve.download_hub_config
+    hub: resolve.HubDownload = download_hub_files
     eviction_interval_s: float = EVICTION_INTERVAL_S
     prom: PrometheusSettings | str = ""
     """The InferenceService loop's Prometheus

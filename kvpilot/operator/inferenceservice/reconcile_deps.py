@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from kvpilot.operator.clients.kube import Kube
 from kvpilot.operator.planning import modes, resolve
+from kvpilot.operator.planning.hub import download_hub_files
 from kvpilot.operator.pods.ownership import VerifiedOwners
 from kvpilot.operator.status import events, status_patch
 
@@ -27,7 +28,7 @@ class Deps:
     kube: Kube | None
     emit: events.Emitter = events.kopf_emitter
     now: Callable[[], str] = utc_now
-    hub: resolve.HubDownload = resolve.download_hub_config
+    hub: resolve.HubDownload = download_hub_files
     plan_fn: modes.PlanFn | None = None
     record_metrics: bool = True
     owners: VerifiedOwners = field(default_factory=VerifiedOwners)

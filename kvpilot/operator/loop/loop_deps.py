@@ -19,6 +19,7 @@ from kvpilot.operator.clients.kube import Kube, NodeList
 from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.planning import resolve
+from kvpilot.operator.planning.hub import download_hub_files
 from kvpilot.operator.pods import pod_status
 from kvpilot.operator.pods.ownership import VerifiedOwners
 from kvpilot.operator.status import events, status_write
@@ -37,7 +38,7 @@ class LoopDeps:
     clock: Callable[[], float] = time.time
     emit: events.Emitter = events.kopf_emitter
     fetch_window: WindowFetch = prometheus.fetch_observations
-    hub: resolve.HubDownload = resolve.download_hub_config
+    hub: resolve.HubDownload = download_hub_files
     record_metrics: bool = True
     pace: LoopPace = field(default_factory=LoopPace)
     """The operator's pace (:func:`kvpilot.operator.loop.loop_settings.pace_from_env`, read at start-up)."""

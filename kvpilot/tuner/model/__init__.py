@@ -8,7 +8,8 @@
 * :mod:`.fields` reads each value with its type and range checked, against the documented
   limits (``MAX_LAYERS``...); :func:`parse_config_json` is the edges' bounded JSON reader;
   :mod:`.readers` reads the layers, MLA, MoE and vision parts; :mod:`.vision` the Qwen-style vision
-  tower whose profile forward the memory model sizes;
+  tower whose profile forward the memory model sizes, :mod:`.processors` the checkpoint's processor files
+  that size it (read by the caller, beside config.json);
 * :mod:`.catalogue` looks popular models' published configs up by Hugging Face id
   (:mod:`.configs` holds them, one module per family).
 
@@ -61,6 +62,13 @@ from kvpilot.tuner.model.modelopt import (
     compute_lm_head_bytes,
     is_quantization_in_config,
 )
+from kvpilot.tuner.model.processors import (
+    PREPROCESSOR,
+    PROCESSOR_FILES,
+    VIDEO_PREPROCESSOR,
+    apply_processor_files,
+    reads_processor_files,
+)
 from kvpilot.tuner.model.quantization import QuantSpec, build_quant_spec, compute_bytes_per_weight
 from kvpilot.tuner.model.spec import ModelSpec, build_model_spec
 
@@ -94,11 +102,15 @@ __all__ = [
     "ModelSpec",
     "MoeSpec",
     "NO_KV",
+    "PREPROCESSOR",
+    "PROCESSOR_FILES",
     "QUANT_SIDECAR",
     "QuantSpec",
     "SHARED",
     "SHORT_CONV",
     "SLIDING",
+    "VIDEO_PREPROCESSOR",
+    "apply_processor_files",
     "build_config_with_quant_sidecar",
     "build_model_spec",
     "build_quant_spec",
@@ -111,4 +123,5 @@ __all__ = [
     "lookup_model",
     "lookup_model_config",
     "parse_config_json",
+    "reads_processor_files",
 ]
