@@ -123,7 +123,15 @@ def compute_engine_loop(
     (the decision's flags when it changes them)."""
     codec, (settings, args) = profile.codec, current
     state, evidence = engine_reading.build_state_of(
-        codec, settings, pods, window, old, rolls_out=True, replicas=max(1, replicas)
+        codec,
+        settings,
+        pods,
+        window,
+        old,
+        rolls_out=True,
+        replicas=max(1, replicas),
+        now=now,
+        settle_seconds=policy.window_seconds,
     )
     state = dataclasses.replace(state, rollout=shift_rollout(state.rollout, newest_start))
     inputs = resolve.Inputs(read.model, read.gpu)

@@ -72,7 +72,15 @@ async def run_engine_tick(
     live = [p.name for p in pods if not p.terminating]
     window = await loop_observing.fetch_service_window(deps, svc, live, policy, codec.engine.metrics)
     state, evidence = engine_reading.build_state_and_evidence(
-        codec, profile.default, pods, window, svc.old, mode=svc.mode, replicas=svc.spec.replicas
+        codec,
+        profile.default,
+        pods,
+        window,
+        svc.old,
+        mode=svc.mode,
+        replicas=svc.spec.replicas,
+        now=svc.now,
+        settle_seconds=policy.window_seconds,
     )
     decision = profile.decide(state, evidence, svc.spec, inputs, policy, svc.now)
     serving = engine_pods.compute_engine_serving(codec, pods, state.current)

@@ -4,7 +4,8 @@ its status keeps and the evidence of its pods, in the engine's flags. Pure; shar
 :func:`build_state_and_evidence` (an InferenceService's; mode Auto: the flags the status says the
 Deployment runs, the rollout, the last good flags; every mode: the ruled-out runs, the last change, and the
 restarts, readiness and start of the pods running the current flags, and the start they were measured to
-take: :func:`compute_startup_seconds`), for
+take: :func:`compute_startup_seconds`, and ``spec.replicas`` with whether the pods show the count changing,
+which a scale-out recommendation waits out), for
 :func:`kvpilot.operator.inferenceservice.engine_loop.run_engine_tick`; :func:`build_state_of` with the
 current flags given (an EngineTuner's: its standing recommendation,
 :mod:`kvpilot.operator.enginetuner.target_engine_loop`). The context each engine tunes within is its own
@@ -25,7 +26,7 @@ from kvpilot.operator.pods import pod_status
 from kvpilot.operator.pods.engine_pods import Codec, EnginePod
 from kvpilot.operator.pods.pod_status import parse_time
 from kvpilot.operator.status import engine_patch
-from kvpilot.tuner.loop import HistoryAction, ObservationWindow, PolicyConfig
+from kvpilot.tuner.loop import HistoryAction, ObservationWindow, PolicyConfig, scaling
 from kvpilot.tuner.loop.engine_state import (
     EngineChange,
     EngineDecision,
@@ -56,12 +57,24 @@ def build_state_and_evidence(
     *,
     mode: str = "Recommend",
     replicas: int = 1,
+    now: float | None = None,
+    settle_seconds: float = 0.0,
 ) -> tuple[EngineLoopState[S], EngineEvidence]:
     """The policy's inputs: the current settings (mode Auto: ``status.appliedEngineArgs``, else what the
     pods run) and :func:`build_state_of` them (the rollout and last good flags in mode Auto only)."""
     applied = engine_patch.read_args(codec, status, "appliedEngineArgs") if mode == "Auto" else None
     current = applied if applied is not None else compute_current(pods, default)
-    return build_state_of(codec, current, pods, window, status, rolls_out=mode == "Auto", replicas=replicas)
+    return build_state_of(
+        codec,
+        current,
+        pods,
+        window,
+        status,
+        rolls_out=mode == "Auto",
+        replicas=replicas,
+        now=now,
+        settle_seconds=settle_seconds,
+    )
 
 
 def build_state_of(
@@ -73,13 +86,17 @@ def build_state_of(
     *,
     rolls_out: bool,
     replicas: int = 1,
+    now: float | None = None,
+    settle_seconds: float = 0.0,
 ) -> tuple[EngineLoopState[S], EngineEvidence]:
     """The policy's inputs for ``current``: the ruled-out runs, last change and newest holds of the status
     (``rolls_out``: also its rollout and last good flags), the restart a change costs (the start its pods
     were just measured to take, :func:`compute_startup_seconds`, else ``status.startupSeconds``, as vLLM's
     loop reads it; ``None``: the policy's assumption), and the restarts,
     readiness and start of the pods that run ``current`` (ready: ``replicas`` of them Ready and no live pod
-    running anything else)."""
+    running anything else); with ``now``, whether the replica count is changing as vLLM's loop judges it
+    (:func:`~kvpilot.tuner.loop.scaling.compute_replica_change`: pods missing or not Ready, or one that
+    joined within ``settle_seconds``, the metrics window): no scale-out is recommended then."""
     live = [p for p in pods if not p.terminating]
     mine = [p for p in live if p.settings == current]
     restarts = tuple(p.restart for p in pods if p.restart is not None and p.settings == current)
@@ -95,8 +112,16 @@ def build_state_of(
     not_started = any(p.not_started for p in mine) and not restarts
     measured = compute_startup_seconds(pods, current)
     restart_seconds = measured if measured is not None else loop_state.read_startup_seconds(status)
+    view = pod_status.compute_replica_view(pods, replicas)
+    changing = scaling.compute_replica_change(view, now, settle_seconds) if now is not None else None
     return state, EngineEvidence(
-        window, restarts, restart_seconds=restart_seconds, ready=ready, not_started=not_started
+        window,
+        restarts,
+        restart_seconds=restart_seconds,
+        ready=ready,
+        not_started=not_started,
+        replicas=replicas,
+        replicas_changing=changing,
     )
 
 

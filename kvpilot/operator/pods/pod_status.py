@@ -275,8 +275,23 @@ def compute_pod_summary(pods: Sequence[PodView], current: EngineSettings, replic
     return PodSummary(restarts, ready, len(mine), len(others), not_started)
 
 
-def compute_replica_view(pods: Sequence[PodView], desired: int) -> ReplicaView:
-    """The replica count as the pods show it (:func:`kvpilot.tuner.loop.scaling.compute_replica_change`)."""
+class ReplicaPod(Protocol):
+    """What :func:`compute_replica_view` reads of a pod: vLLM's :class:`PodView`, or an engine's
+    :class:`kvpilot.operator.pods.engine_pods.EnginePod` (SGLang, TGI)."""
+
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def terminating(self) -> bool: ...
+    @property
+    def group_worker(self) -> bool: ...
+    @property
+    def started_at(self) -> float | None: ...
+
+
+def compute_replica_view(pods: Sequence[ReplicaPod], desired: int) -> ReplicaView:
+    """The replica count as the pods show it (:func:`kvpilot.tuner.loop.scaling.compute_replica_change`),
+    for every engine."""
     live = [p for p in pods if not p.terminating and not p.group_worker]
     starts = [p.started_at for p in live if p.started_at is not None]
     return ReplicaView(

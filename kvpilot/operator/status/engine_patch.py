@@ -11,6 +11,10 @@ vLLM's settings, not these):
   ``lastChangeTime``, with ``Retuned``, ``RolledBack`` and ``RolloutSucceeded`` events and the
   ``RolloutInProgress`` condition (``Held`` while a gate holds a change back: no spare GPU for a surge pod,
   the restart-cost trade), as vLLM's rollouts (:mod:`kvpilot.operator.status.loop_patch`);
+* ``status.recommendation.replicas`` -- pressure or a latency objective with nothing left to tune: the
+  replicas to recommend, with a Normal ``ScaleOutRecommended`` event when it is new, withdrawn once the
+  pressure is gone (a ``Steady`` or ``IdleCapacity`` decision), as vLLM's
+  (:func:`~kvpilot.operator.status.loop_patch.add_scale_out`);
 * ``status.startupSeconds`` -- the start the pods were measured to take (the restart the trade prices), as
   vLLM's;
 * ``status.history`` -- ``Retuned`` and ``RolledBack`` (mode Auto), ``Infeasible``, and ``Held`` when a gate
@@ -43,6 +47,7 @@ from kvpilot.operator.status.loop_patch import (
     KIND_FIELDS,
     ROLLING_OUT,
     add_judged_rollout,
+    add_scale_out,
     build_rollout_idle,
     build_startup,
 )
@@ -169,6 +174,7 @@ def build_engine_patch(
     before = (old.get("recommendation") or {}).get("engineArgs") if tuner else old.get("appliedEngineArgs")
     if not tuner:
         _add_recommendation(codec, old, decision, out, stamp, announce=not rolled)
+        add_scale_out(old, decision, stamp, out)
     if mode == "Auto":
         updates.extend(_add_rollout(codec, old, decision, out, now, deadline_seconds, before))
     was = conditions.find_condition(old.get("conditions"), conditions.CLOSED_LOOP) or {}

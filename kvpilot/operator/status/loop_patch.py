@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kvpilot.operator import api, conditions
 from kvpilot.operator.errors import Failure
@@ -300,9 +300,7 @@ def add_recommendations(old: Mapping[str, Any], tick: LoopTick, out: StatusPatch
         rec = build_recommendation(decision.recommended, decision.reason, decision.trigger, tick.stamp)
         if _new_recommendation(old, rec):
             out.status["recommendation"] = rec
-    scale_out = build_scale_out(old, decision, tick.stamp, out.events).get("recommendation")
-    if scale_out is not None:
-        out.status["recommendation"] = {**(out.status.get("recommendation") or {}), **scale_out}
+    add_scale_out(old, decision, tick.stamp, out)
     tokens = decision.observed_kv_tokens
     if tokens and not tick.changed and tokens != state.observed_kv_tokens:
         out.status["calibration"] = {"observedKvCacheTokens": tokens}
@@ -424,8 +422,28 @@ def build_rollout(
     }
 
 
+class ScaleOutDecision(Protocol):
+    """What :func:`build_scale_out` reads of a decision: vLLM's :class:`Decision`, or an engine's
+    :class:`~kvpilot.tuner.loop.engine_state.EngineDecision` (SGLang, TGI)."""
+
+    @property
+    def scale_out(self) -> int | None: ...
+    @property
+    def trigger(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+
+
+def add_scale_out(old: Mapping[str, Any], decision: ScaleOutDecision, stamp: str, out: StatusPatch) -> None:
+    """:func:`build_scale_out` merged into the recommendation this patch writes (if any), its event added:
+    every engine's loop writes the scale-out recommendation this way."""
+    scale_out = build_scale_out(old, decision, stamp, out.events).get("recommendation")
+    if scale_out is not None:
+        out.status["recommendation"] = {**(out.status.get("recommendation") or {}), **scale_out}
+
+
 def build_scale_out(
-    old: Mapping[str, Any], decision: Decision, stamp: str, out_events: list[tuple[str, str, str]]
+    old: Mapping[str, Any], decision: ScaleOutDecision, stamp: str, out_events: list[tuple[str, str, str]]
 ) -> dict[str, Any]:
     """``status.recommendation.replicas`` (a merge into the recommendation) and a ``ScaleOutRecommended``
     event when the decision recommends more replicas than the standing recommendation; the replicas withdrawn

@@ -15,6 +15,8 @@ crash of the current flags, the metrics gate, the engine's metrics rules, a hold
   (:class:`Fit`), held by a gate with what it would have rolled out, or infeasible / held when none is left;
   a metrics-driven one also weighed against its restart (:class:`Costs`, :func:`compute_costs`: vLLM's
   restart-cost trade, :mod:`.restart_trade`, with the engine's own gain per trigger, :attr:`Fit.gain`);
+  a metrics rule with nothing left under sustained pressure also recommends more replicas (:class:`Replicas`:
+  vLLM's :func:`.scaling.recommend_scale_out`);
 * :func:`leave_defaults` and :func:`describe_flag_change` -- a candidate's flags left to the engine where its
   default is the value, and a change in words; :func:`clamp_sequences`, :func:`clamp_context` and the
   0.01 grid of memory shares (:func:`ceil_grid`, :func:`floor_grid`) every engine's fit bounds a candidate by;
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from kvpilot.tuner.engines import EngineFailure
-from kvpilot.tuner.loop import engine_rollout, restart_trade
+from kvpilot.tuner.loop import engine_rollout, restart_trade, scaling
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.config import PolicyConfig, TuningBounds
 from kvpilot.tuner.loop.decision import Action, MetricsStatus, Trigger, compute_cooldown
@@ -237,15 +239,36 @@ class Fit(Generic[S]):
     discount it by)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Replicas:
+    """What a scale-out recommendation starts from, as vLLM's loop has it: the window the rules judged (since
+    the last change), ``spec.replicas`` and why the count is changing (``EngineEvidence.replicas``,
+    ``replicas_changing``)."""
+
+    window: obs.ObservationWindow
+    count: int = 1
+    changing: str | None = None
+
+    @classmethod
+    def of(cls, evidence: EngineEvidence, window: obs.ObservationWindow) -> Replicas:
+        return cls(window, evidence.replicas, evidence.replicas_changing)
+
+    def recommend(self, trigger: str) -> int | None:
+        """The replicas a rule for ``trigger`` with nothing left recommends (``None``: none)."""
+        return scaling.recommend_scale_out(trigger, self.window, self.count, self.changing)
+
+
 def choose(
     fit: Fit[S],
     proposal: EngineProposal[S],
     failed: EngineFailedRun[S] | None,
     blocked: str | None,
     costs: Costs | None = None,
+    replicas: Replicas | None = None,
 ) -> EngineDecision[S]:
     """The proposal's first acceptable candidate rolled out, or held by ``blocked`` (a gate) with it
-    recommended; none left: infeasible (a crash's rule) or a hold, saying why. A metrics-driven change
+    recommended; none left: infeasible (a crash's rule) or a hold, saying why, and (``replicas`` given: the
+    metrics rules') with the replicas to recommend (:meth:`Replicas.recommend`). A metrics-driven change
     (``costs`` given; never a crash's remedy) that passes the gates goes ahead only when its gain outweighs
     its restart (:meth:`Costs.weigh` of :attr:`Fit.gain`), else it is held as vLLM's: "it is not worth a
     restart (...)", with it recommended. A rollout that loses nothing (a surge) costs nothing: the change
@@ -260,6 +283,7 @@ def choose(
             f"{proposal.evidence}; {proposal.exhausted}",
             proposal.explanation,
             failed=failed,
+            scale_out=replicas.recommend(proposal.trigger) if replicas is not None else None,
         )
     explanation = (*proposal.explanation, *fit.explain(settings))
     change = fit.describe_change(fit.current, settings)

@@ -151,6 +151,11 @@ class EngineEvidence:
     rollout_blocked: str | None = None
     """Why a change cannot roll out now (as vLLM's ``Evidence.rollout_blocked``: one replica, no spare GPU
     for a surge pod, no ``allowDowntime``): a change is held with it recommended, saying this."""
+    replicas: int = 1
+    """``spec.replicas``: what a scale-out recommendation starts from (as vLLM's ``Evidence.replicas``)."""
+    replicas_changing: str | None = None
+    """Why the replica count is changing (:func:`kvpilot.tuner.loop.scaling.compute_replica_change`), if it
+    is: no scale-out is recommended then (the window mixes two counts)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,10 @@ class EngineDecision(Generic[S]):
     """The rollout on probation until then (``status.rollout.probationUntil``)."""
     good: S | None = None
     """The rollout succeeded: these flags are the last good ones."""
+    scale_out: int | None = None
+    """A rule under sustained pressure has nothing left to propose: the replicas to recommend
+    (:func:`kvpilot.tuner.loop.scaling.recommend_scale_out`; ``status.recommendation.replicas``), as vLLM's
+    ``Decision.scale_out``."""
 
     @property
     def changes(self) -> bool:

@@ -363,9 +363,7 @@ def _choose(inp: _Inputs, proposal: Proposal) -> Decision:
     if settings is not None:
         return _gate(inp, proposal, settings, failed)
     action = Action.INFEASIBLE if proposal.infeasible_when_exhausted else Action.HOLD
-    scale_out = None
-    if proposal.trigger in _SCALE_OUT_TRIGGERS and inp.replicas_changing is None:
-        scale_out = scaling.compute_scale_out(s.window, inp.replicas)
+    scale_out = scaling.recommend_scale_out(proposal.trigger, s.window, inp.replicas, inp.replicas_changing)
     return Decision(
         action,
         s.current,
@@ -374,11 +372,6 @@ def _choose(inp: _Inputs, proposal: Proposal) -> Decision:
         failed=failed,
         scale_out=scale_out,
     )
-
-
-_SCALE_OUT_TRIGGERS = frozenset({remedies.KV_PRESSURE, slo.LATENCY_SLO})
-"""Pressure that more replicas relieve once the engine has nothing left to give (not a crash, not a GPU
-another process fills)."""
 
 
 def _gate(

@@ -15,6 +15,11 @@ must not fight:
   tune) is something only more replicas can cure: the replicas to recommend
   (``status.recommendation.replicas`` and a ``ScaleOutRecommended`` event). kvpilot never scales by
   itself; whoever owns ``/scale`` decides.
+* :func:`recommend_scale_out`: when a rule's exhausted answer recommends it, for every engine's loop
+  (vLLM's :func:`kvpilot.tuner.loop.policy.compute_decision`; SGLang's and TGI's through
+  :func:`kvpilot.tuner.loop.engine_chain.choose`): only pressure more replicas relieve
+  (:data:`SCALE_OUT_TRIGGERS`), and never while the count is changing -- the window then mixes two counts,
+  and the replicas on their way may be the cure already.
 """
 
 from __future__ import annotations
@@ -23,10 +28,16 @@ import math
 from dataclasses import dataclass
 
 from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop.engine_latency import LATENCY_SLO
 from kvpilot.tuner.loop.observations import ObservationWindow
+from kvpilot.tuner.loop.remedies import KV_PRESSURE
 
 MAX_REPLICAS = 1000
 """The API's ``spec.replicas`` maximum (``kvpilot.operator.api``'s field says the same)."""
+SCALE_OUT_TRIGGERS = frozenset({KV_PRESSURE, LATENCY_SLO})
+"""Pressure that more replicas relieve once the engine has nothing left to give: the KV (vLLM's preemptions,
+SGLang's retractions, TGI's queue at a full KV) and the latency objective; not a crash, not a GPU another
+process fills (the trigger names are every engine's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +78,15 @@ def compute_scale_out(window: ObservationWindow, replicas: int) -> int | None:
     if running > 0:
         wanted = max(wanted, math.ceil(replicas * (running + waiting) / running))
     return min(wanted, MAX_REPLICAS)
+
+
+def recommend_scale_out(
+    trigger: str, window: ObservationWindow, replicas: int, replicas_changing: str | None
+) -> int | None:
+    """The replicas a rule for ``trigger`` recommends once it has nothing left to propose
+    (:func:`compute_scale_out` on the window it judged); ``None`` for a trigger more replicas do not relieve
+    (:data:`SCALE_OUT_TRIGGERS`) or while the replica count is changing (``replicas_changing``:
+    :func:`compute_replica_change`'s reason)."""
+    if trigger not in SCALE_OUT_TRIGGERS or replicas_changing is not None:
+        return None
+    return compute_scale_out(window, replicas)

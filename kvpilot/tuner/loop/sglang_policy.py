@@ -19,10 +19,10 @@ first step with something to say decides:
 2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
 3. **pressure** -- token usage high with retractions (or SGLang's "KV cache pool is full" text): more pool
    under the fraction's ceiling, else an fp8 KV cache where allowed and supported, else fewer running
-   requests;
+   requests; at their floor, a hold that recommends more replicas (below);
 4. **latency** -- the inter-token latency objective missed (fewer running requests; not vLLM's smaller
    prefill chunk first, since SGLang runs a prefill batch alone), else the TTFT objective (a smaller prefill
-   chunk);
+   chunk); with nothing left, a hold that recommends more replicas;
 5. **idle** -- a queue at the running-request limit with room in the pool (usage low, or measured room
    inside the band);
 6. otherwise hold.
@@ -33,10 +33,12 @@ minimum interval between changes, the cooldown
 after a retune (metrics-driven changes only), the changes-per-hour limit, and (metrics-driven changes only)
 vLLM's restart-cost trade (:mod:`.restart_trade`: its gain against the capacity the rollout loses while
 SGLang restarts, ``SglangEvidence.rollout_lost_fraction`` x the restart), with the gain in SGLang's terms
-(:func:`compute_gain_fraction`). What vLLM's policy has and this does not (yet): fp8 KV in an idle or
-KV-bound growth (vLLM's offer it; SGLang's pressure and crash rules do: :mod:`.sglang_fp8`), the sizing of
-the early warning on memory that follows the batch (vLLM's :func:`.gpu_memory.compute_limit_settings`),
-scale-out recommendations, lengths-based sizing.
+(:func:`compute_gain_fraction`). Pressure or a latency objective with nothing left to propose (the running
+requests at their floor) holds and recommends more replicas (``SglangDecision.scale_out``, as vLLM's:
+:meth:`.engine_chain.Replicas.recommend`), while the replica count is not changing. What vLLM's policy has
+and this does not (yet): fp8 KV in an idle or KV-bound growth (vLLM's offer it; SGLang's pressure and crash
+rules do: :mod:`.sglang_fp8`), the sizing of the early warning on memory that follows the batch (vLLM's
+:func:`.gpu_memory.compute_limit_settings`), lengths-based sizing.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ def compute_sglang_decision(
     metrics = compute_metrics_status(evidence.window, context.policy, now)
     gates = engine_chain.compute_gates(state, evidence, context.policy, now)
     costs = engine_chain.compute_costs(state, evidence, context.policy, now)
+    replicas = engine_chain.Replicas.of(evidence, window)
     subject = build_subject(situation)
     decision = engine_rollout.compute_rollout_step(subject, state, evidence, restarts, now)
     if decision is None:
@@ -94,7 +97,7 @@ def compute_sglang_decision(
     if decision is None:
         decision = _gpu_memory_step(situation, gates)
     if decision is None:
-        decision = _metrics_step(situation, restarts, metrics, gates, costs)
+        decision = _metrics_step(situation, restarts, metrics, gates, costs, replicas)
     decision = engine_rollout.compute_good(
         subject, state, evidence, restarts, decision or _steady(situation), now
     )
@@ -198,7 +201,10 @@ def _metrics_step(
     metrics: MetricsStatus,
     gates: Gates,
     costs: Costs,
+    replicas: engine_chain.Replicas,
 ) -> SglangDecision | None:
+    """The metrics rules in order; the first with something to say decides (with nothing left: a hold that
+    recommends more replicas for pressure or a latency objective, :meth:`engine_chain.Replicas.recommend`)."""
     texts = sum(1 for r in restarts if r.failure is not None and r.failure.kind == "kv_pressure")
     held = engine_chain.check_samples(s.current, s.window, metrics, s.policy)
     if held is not None:
@@ -210,7 +216,9 @@ def _metrics_step(
         sglang_idle.propose_for_idle(s),
     ):
         if proposal is not None:
-            return engine_chain.choose(build_fit(s, texts), proposal, None, gates.metrics_driven, costs)
+            return engine_chain.choose(
+                build_fit(s, texts), proposal, None, gates.metrics_driven, costs, replicas
+            )
     return None
 
 

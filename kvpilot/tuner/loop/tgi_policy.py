@@ -18,8 +18,9 @@ meanings (``kv_usage``: ``tgi_batch_current_max_tokens / tgi_batch_max_total_tok
    remedy one step ahead of the crash, a *smaller* ``--cuda-memory-fraction`` first
    (:func:`.tgi_rules.propose_for_gpu_memory`); urgent (no cooldown, no restart trade), not a crash;
 2. **metrics gate** -- missing, stale or too few samples since the last change: hold;
-3. **pressure** -- the KV tokens full with a queue: more of the GPU where the fraction allows, else a hold
-   (TGI never evicts: a cut of the admission limit would only refuse what the queue will serve);
+3. **pressure** -- the KV tokens full with a queue: more of the GPU where the fraction allows; else (TGI
+   never evicts: a cut of the admission limit would only refuse what the queue will serve) the latency and
+   idle rules may still change something, and without them it holds and recommends more replicas;
 4. **latency** -- the inter-token latency objective missed (:func:`.tgi_rules.propose_for_itl`: a halved
    prefill where long prompts share the steps, else fewer concurrent requests);
 5. **idle** -- the admission limit binds (running + queued at it, or 429s refused, in most samples) with
@@ -30,8 +31,10 @@ meanings (``kv_usage``: ``tgi_batch_current_max_tokens / tgi_batch_max_total_tok
 A chosen candidate then passes vLLM's gates (:func:`~.engine_chain.compute_gates`) and, metrics-driven
 ones, vLLM's restart-cost trade (:mod:`.restart_trade`: its gain against the capacity the rollout loses while
 TGI restarts, ``TgiEvidence.rollout_lost_fraction`` x the restart), with the gain in TGI's terms
-(:func:`compute_gain_fraction`). Not (yet) in TGI's loop: a TTFT objective (TGI's only series for it is its
-queue time, a lower bound), scale-out recommendations.
+(:func:`compute_gain_fraction`). Pressure or the latency objective with nothing left to propose holds and
+recommends more replicas (``TgiDecision.scale_out``, as vLLM's: :meth:`.engine_chain.Replicas.recommend`),
+while the replica count is not changing. Not (yet) in TGI's loop: a TTFT objective (TGI's only series for it
+is its queue time, a lower bound).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ def compute_tgi_decision(
     metrics = compute_metrics_status(evidence.window, context.policy, now)
     gates = engine_chain.compute_gates(state, evidence, context.policy, now)
     costs = engine_chain.compute_costs(state, evidence, context.policy, now)
+    replicas = engine_chain.Replicas.of(evidence, window)
     return engine_chain.run_chain(
         build_subject(s),
         state,
@@ -84,7 +88,7 @@ def compute_tgi_decision(
         (
             lambda: _crash_step(s, restarts, gates),
             lambda: _gpu_memory_step(s, gates),
-            lambda: _metrics_step(s, metrics, gates, costs),
+            lambda: _metrics_step(s, metrics, gates, costs, replicas),
         ),
         lambda: _steady(s),
         now,
@@ -189,13 +193,22 @@ def _gpu_memory_step(s: TgiSituation, gates: Gates) -> TgiDecision | None:
     return engine_chain.choose(build_fit(s), proposal, None, gates.any_change)
 
 
-def _metrics_step(s: TgiSituation, metrics: MetricsStatus, gates: Gates, costs: Costs) -> TgiDecision | None:
+def _metrics_step(
+    s: TgiSituation, metrics: MetricsStatus, gates: Gates, costs: Costs, replicas: engine_chain.Replicas
+) -> TgiDecision | None:
+    """The metrics rules in order; the first with something to say decides. Pressure with nothing to propose
+    (the fraction at its bound, or its raise ruled out) comes last, as vLLM's KV-bound rule falls through: the
+    latency objective may still cut the limit and the idle rule raise it; else it holds and recommends more
+    replicas (:meth:`engine_chain.Replicas.recommend`), as the latency objective's does with nothing left."""
     held = engine_chain.check_samples(s.current, s.window, metrics, s.policy)
     if held is not None:
         return held
-    for proposal in (rules.propose_for_pressure(s), rules.propose_for_itl(s), tgi_idle.propose_for_idle(s)):
+    view = build_fit(s)
+    pressure = rules.propose_for_pressure(s)
+    ahead = pressure if pressure is not None and view.pick(pressure) is not None else None
+    for proposal in (ahead, rules.propose_for_itl(s), tgi_idle.propose_for_idle(s), pressure):
         if proposal is not None:
-            return engine_chain.choose(build_fit(s), proposal, None, gates.metrics_driven, costs)
+            return engine_chain.choose(view, proposal, None, gates.metrics_driven, costs, replicas)
     return None
 
 
@@ -203,15 +216,6 @@ def _steady(s: TgiSituation) -> TgiDecision:
     mean = obs.compute_mean(s.window.samples, obs.kv_usage) or 0.0
     p = s.policy
     band = f"mean KV tokens used {mean:.2f} (band [{p.kv_usage_low:.2f}, {p.kv_usage_high:.2f}])"
-    if rules.is_kv_bound(s):  # the batch is what the KV holds; TGI never evicts: the queue waits for room
-        return TgiDecision(
-            Action.HOLD,
-            s.current,
-            Trigger.STEADY,
-            f"{band}: the KV tokens full with a queue at --cuda-memory-fraction "
-            f"{fit.fraction_of(s.effective)}: TGI's batch is what its KV holds and the queue waits for room "
-            "(no eviction to stop); more needs more GPU memory (shards) or a shorter --max-total-tokens",
-        )
     return TgiDecision(
         Action.HOLD,
         s.current,

@@ -41,7 +41,8 @@ memory free after a prefill of ``--max-batch-prefill-tokens`` (``flash_causal_lm
   nothing to admit more into. More KV by a larger ``--cuda-memory-fraction`` where it is below 1 and no OOM
   ruled that out; else nothing: TGI never evicts (its batch admits what the KV holds, the queue waits for
   room), so fewer ``--max-concurrent-requests`` would refuse (429) requests the queue would serve and, below
-  the running batch, leave KV tokens idle (:func:`propose_for_pressure`).
+  the running batch, leave KV tokens idle (:func:`propose_for_pressure`); the loop holds and recommends more
+  replicas.
 
 A value the history ruled out is never proposed again (:func:`~.tgi_fit.is_ruled_out`).
 """
@@ -297,7 +298,9 @@ def is_kv_bound(s: TgiSituation) -> bool:
 
 
 def propose_for_pressure(s: TgiSituation) -> TgiProposal | None:
-    """The KV tokens full with a queue: more KV where the fraction is below 1; else nothing to change.
+    """The KV tokens full with a queue: more KV where the fraction is below 1; else no candidate, and the
+    exhausted answer says why (:func:`~.tgi_policy.compute_tgi_decision` asks the latency objective and the
+    idle rule first then, and holds with more replicas recommended when neither has a change).
 
     TGI's scheduler admits a request into the batch only when the tokens it may reach fit the KV
     (``backends/v3/src/backend.rs``: ``next_batch`` within ``max_batch_total_tokens`` less what the running
@@ -310,8 +313,6 @@ def propose_for_pressure(s: TgiSituation) -> TgiProposal | None:
     if not is_kv_bound(s):
         return None
     more = _more_fraction(eff, p.max_gmu_step)
-    if more is None:
-        return None
     high = obs.compute_fraction(w.samples, obs.kv_usage, lambda v: v >= p.kv_usage_high)
     queued = obs.compute_fraction(w.samples, obs.waiting, lambda v: v >= p.queue_min)
     peak = obs.compute_max(w.samples, obs.running)
@@ -319,8 +320,13 @@ def propose_for_pressure(s: TgiSituation) -> TgiProposal | None:
         trigger=KV_PRESSURE,
         evidence=(
             f"KV tokens >= {p.kv_usage_high:.0%} used in {high:.0%} of samples with a queue in {queued:.0%} "
-            f"(peak running {peak or 0:.0f}): more KV tokens for the queue"
+            f"(peak running {peak or 0:.0f})" + (": more KV tokens for the queue" if more is not None else "")
         ),
-        candidates=(more,),
-        exhausted="--cuda-memory-fraction is at its upper bound",
+        candidates=(more,) if more is not None else (),
+        exhausted=(
+            f"no larger --cuda-memory-fraction than {fraction_of(eff)} is left (1 is the whole GPU; a "
+            "larger one that ran out of memory is ruled out): TGI's batch is what its KV holds and the queue "
+            "waits for room (no eviction to stop); more needs more GPU memory (shards), a shorter "
+            "--max-total-tokens or more replicas"
+        ),
     )
