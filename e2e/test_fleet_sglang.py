@@ -190,6 +190,7 @@ def test_texts_and_cited_lines_are_sglangs() -> None:
             4184: "self.chunked_req = adder.add_chunked_req(self.chunked_req)",
             4395: "new_batch.mix_with_running(running_batch)",
             4526: "KV cache pool is full. Retract requests. ",
+            4870: "batch_result = self.model_worker.forward_batch_generation(",
             4530: "#retracted_reqs: {len(retracted_reqs)}, #new_tokens_gained: {new_token_gained}",
             6362: "scheduler = Scheduler(server_args, port_args)",
             6368: "scheduler.run_event_loop()",
@@ -198,7 +199,15 @@ def test_texts_and_cited_lines_are_sglangs() -> None:
         "entrypoints/engine.py": {
             1978: "Received sigquit from a child process. It usually means the child failed."
         },
-        "managers/tp_worker.py": {422: "self.model_config.context_len - 1"},
+        "managers/tp_worker.py": {
+            422: "self.model_config.context_len - 1",
+            675: "out = self.model_runner.forward(",
+        },
+        "models/llama.py": {625: "return self.logits_processor("},
+        "layers/logits_processor.py": {
+            634: "logits = self._get_logits(pruned_states, lm_head, logits_metadata)",
+            999: "logits = self._compute_lm_head(",
+        },
         "managers/schedule_policy.py": {
             638: "self.rem_input_tokens = rem_input_tokens - num_mixed_decode_tokens",
             655: "self.rem_chunk_tokens -= num_mixed_decode_tokens",
@@ -207,8 +216,19 @@ def test_texts_and_cited_lines_are_sglangs() -> None:
         "model_executor/model_runner.py": {
             982: "self.kv_cache_configurator.configure(",
             1373: "Load weight end. ",
+            1860: "output = self._forward_raw(",
         },
         "utils/common.py": {2848: "multiprocess.MultiProcessCollector(registry)"},
+        "managers/scheduler_components/metrics_reporter.py": {
+            754: "Prefill batch{iter_msg}, ",
+            759: "#running-req: {prefill_stats.num_running_reqs.total}, ",
+            963: 'msg = f"Decode batch{iter_msg}, #running-req: {num_running_reqs}, {token_usage_msg}"',
+            1041: "gen throughput (token/s): {self.last_gen_throughput:.2f}, ",
+        },
+        "managers/scheduler_components/pool_stats_observer.py": {
+            147: "#token: {self.full_num_used}, token usage: {self.full_token_usage:.2f}"
+        },
+        "arg_groups/fields/observability.py": {136: "decode_log_interval: A[", 139: "] = 40"},
     }
     for rel, want in lines.items():
         text = source(rel).splitlines()
@@ -285,10 +305,21 @@ def test_a_runtime_oom_above_the_threshold_and_kvpilot_reads_it_as_lower_the_fra
     assert sglang_truth.runtime_oom(batch, _with(max_running_requests=5))
     assert not sglang_truth.runtime_oom(batch, _with(max_running_requests=4))
     assert sglang_truth.runtime_oom(batch, SglangArgs.parse(PLAN))  # SGLang's default: 4096
+    assert sglang_truth.runtime_oom(batch, _with(max_running_requests=200), running=5)  # the batch's own size
+    assert not sglang_truth.runtime_oom(batch, _with(max_running_requests=200), running=4)
     text = sglang_truth.cuda_oom_message(truth, SglangArgs.parse(PLAN))
     log = "\n".join([sglang_truth.serving_log(truth, SglangArgs.parse(PLAN)), text])
     found = SglangEngine().classify_failure(termination_message(log))
     assert found is not None and found.kind == "runtime_oom" and found.memory_share_direction < 0, found
+    # a batch-driven OOM: the scheduler's last batch line shows at most the threshold, and kvpilot reads it
+    oom = sglang_truth.cuda_oom_message(batch, _with(max_running_requests=200), running=150, token_usage=0.4)
+    batch_oom = SglangEngine().classify_failure(oom)
+    assert batch_oom is not None and batch_oom.kind == "runtime_oom" and batch_oom.running == 4
+    # kubelet's 2 KiB of it: SGLang's traceback pushes the batch line out; kvpilot reads the previous log then
+    cut = SglangEngine().classify_failure(termination_message(oom))
+    assert cut is not None and cut.running is None and cut.more_in_log
+    fraction_oom = sglang_truth.cuda_oom_message(truth, SglangArgs.parse(PLAN), running=150)
+    assert SglangEngine().classify_failure(fraction_oom).running == 150  # type: ignore[union-attr]
     # the retraction warning kvpilot reads as pressure in a restart's log
     warning = sglang_truth.retraction_warning(3, 1200, 0.7, 1.0)
     pressure = SglangEngine().classify_failure(warning)

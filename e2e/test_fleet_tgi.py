@@ -32,6 +32,7 @@ from e2e.fleet.testing import H100_8B, pod_json, wait_until
 from e2e.fleet.tgi_truth import TgiArgs
 from e2e.fleet.truth import GiB
 from e2e.pods import termination_message
+from kvpilot.tuner.engines import TgiEngine
 from kvpilot.tuner.tgi import classify_log, messages, serving
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,6 +217,15 @@ def test_a_runtime_oom_above_the_threshold() -> None:
     assert not tgi_truth.runtime_oom(batch, dataclasses.replace(args, max_concurrent_requests=64))
     text = "\n".join(tgi_truth.cuda_oom_lines(truth, args))
     assert "torch.OutOfMemoryError: CUDA out of memory." in text and text.endswith("Error: ShardFailed")
+    # the batch's own size: a decode batch above the threshold runs out, one at it does not
+    assert tgi_truth.runtime_oom(batch, args, running=65) and not tgi_truth.runtime_oom(
+        batch, args, running=64
+    )
+    # the router's line in the failed batch's spans: the first batch above the threshold, read by kvpilot
+    lines = "\n".join(tgi_truth.cuda_oom_lines(batch, args, running=90))
+    assert "ERROR batch{batch_size=65}:decode:decode{size=65}:decode{size=65}: " in lines
+    failure = TgiEngine().classify_failure(lines)
+    assert failure is not None and failure.kind == "runtime_oom" and failure.running == 65
 
 
 def test_the_fleet_imports_only_tgis_facts_from_kvpilot() -> None:

@@ -51,7 +51,10 @@ class Physics(Protocol):
 
     def runtime_oom(self, settings: Settings, running: int) -> bool: ...
 
-    def oom_message(self, settings: Settings) -> str: ...
+    def oom_message(self, settings: Settings, running: int, kv_usage: float) -> str:
+        """The log of a CUDA OOM while serving with ``running`` requests at ``kv_usage`` (what the engine
+        logged of its batch before it, where it logs that)."""
+        ...
 
     def framebuffer_used_gib(self, settings: Settings, running: int, serving_s: float) -> float: ...
 
@@ -106,7 +109,7 @@ class VllmPhysics:
     def runtime_oom(self, settings: Settings, running: int) -> bool:
         return self.truth.runtime_oom(self.view(settings), running=running)
 
-    def oom_message(self, settings: Settings) -> str:
+    def oom_message(self, settings: Settings, running: int, kv_usage: float) -> str:
         return self.truth.cuda_oom_message(self.view(settings))
 
     def framebuffer_used_gib(self, settings: Settings, running: int, serving_s: float) -> float:
@@ -154,10 +157,10 @@ class SglangPhysics:
         return StartFailure(sglang_truth.startup_failure_log(self.truth, args, error), oom=False)
 
     def runtime_oom(self, settings: Settings, running: int) -> bool:
-        return sglang_truth.runtime_oom(self.truth, self._args(settings))
+        return sglang_truth.runtime_oom(self.truth, self._args(settings), running)
 
-    def oom_message(self, settings: Settings) -> str:
-        return sglang_truth.cuda_oom_message(self.truth, self._args(settings))
+    def oom_message(self, settings: Settings, running: int, kv_usage: float) -> str:
+        return sglang_truth.cuda_oom_message(self.truth, self._args(settings), running, kv_usage)
 
     def framebuffer_used_gib(self, settings: Settings, running: int, serving_s: float) -> float:
         return sglang_truth.framebuffer_used_gib(self.truth, self._args(settings))
@@ -197,10 +200,10 @@ class TgiPhysics:
         return None if log is None else StartFailure(log, oom=False)
 
     def runtime_oom(self, settings: Settings, running: int) -> bool:
-        return tgi_truth.runtime_oom(self.truth, self._args(settings))
+        return tgi_truth.runtime_oom(self.truth, self._args(settings), running)
 
-    def oom_message(self, settings: Settings) -> str:
-        return "\n".join(tgi_truth.cuda_oom_lines(self.truth, self._args(settings)))
+    def oom_message(self, settings: Settings, running: int, kv_usage: float) -> str:
+        return "\n".join(tgi_truth.cuda_oom_lines(self.truth, self._args(settings), running))
 
     def framebuffer_used_gib(self, settings: Settings, running: int, serving_s: float) -> float:
         return tgi_truth.framebuffer_used_gib(self.truth, self._args(settings))

@@ -281,9 +281,12 @@ class World:
         if self._faults and self._faults[0].kind == "cuda_oom" and now >= self._faults[0].at_s:
             self._faults.pop(0)
             self.stats.injected_ooms += 1
-            self._crash(pod, now, self.physics.oom_message(pod.settings), oom=True)
+            self._crash(pod, now, self.physics.oom_message(pod.settings, e.num_running, e.kv_usage), oom=True)
         elif self.physics.runtime_oom(pod.settings, e.num_running):
-            self._crash(pod, now, self.physics.oom_message(pod.settings), oom=True)
+            self._crash(pod, now, self.physics.oom_message(pod.settings, e.num_running, e.kv_usage), oom=True)
+        if pod.engine is None:  # it crashed: the scrape finds no target (its batch never ran to this size)
+            self.samples.append(MetricsSample(now))
+            return
         used = self.physics.framebuffer_used_gib(
             pod.settings, e.num_running, now - (pod.ready_at if pod.ready_at is not None else now)
         )

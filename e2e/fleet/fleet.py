@@ -471,6 +471,7 @@ class Fleet:
                 fb_used_gib=used,
             )
             if e.player is not None:
+                e.log_lines += e.player.batch_lines(truth, e.sim.num_running, e.sim.kv_usage)
                 e.log_lines += e.player.pressure_lines(deltas)
                 del e.log_lines[1:-200]  # keep the start-up summary and the last warnings
                 self._serving_player(e, now)
@@ -513,7 +514,8 @@ class Fleet:
         )
         if oom:
             e.pending_fault = None
-            log = "\n".join([*e.log_lines, *e.player.cuda_oom_lines(truth)])
+            running = e.sim.num_running if e.sim is not None else 0
+            log = "\n".join([*e.log_lines, *e.player.cuda_oom_lines(truth, running)])
             self._crash(e, "CudaOOM", termination_message(log), now, log=log)
 
     def _serve(self, e: PodEngine, now: float) -> None:

@@ -64,7 +64,13 @@ class Player(Protocol):
 
     def runtime_oom(self, truth: GroundTruth) -> bool: ...
 
-    def cuda_oom_lines(self, truth: GroundTruth) -> list[str]: ...
+    def batch_lines(self, truth: GroundTruth, running: int, kv_usage: float) -> list[str]:
+        """What the engine logs of its batch each step (SGLang's decode-batch line; none for TGI)."""
+        ...
+
+    def cuda_oom_lines(self, truth: GroundTruth, running: int) -> list[str]:
+        """The log of a CUDA OOM while serving with ``running`` requests."""
+        ...
 
     def summary(self, truth: GroundTruth) -> str: ...
 
@@ -103,8 +109,11 @@ class SglangPlayer:
     def runtime_oom(self, truth: GroundTruth) -> bool:
         return sglang_truth.runtime_oom(truth, self.args)
 
-    def cuda_oom_lines(self, truth: GroundTruth) -> list[str]:
-        return [sglang_truth.cuda_oom_message(truth, self.args)]
+    def batch_lines(self, truth: GroundTruth, running: int, kv_usage: float) -> list[str]:
+        return [sglang_truth.decode_batch_line(truth, self.args, running, kv_usage)] if running else []
+
+    def cuda_oom_lines(self, truth: GroundTruth, running: int) -> list[str]:
+        return [sglang_truth.cuda_oom_message(truth, self.args)]  # its batch lines are in the log already
 
     def summary(self, truth: GroundTruth) -> str:
         return sglang_truth.summary(truth, self.args)
@@ -149,8 +158,11 @@ class TgiPlayer:
     def runtime_oom(self, truth: GroundTruth) -> bool:
         return tgi_truth.runtime_oom(truth, self.args)
 
-    def cuda_oom_lines(self, truth: GroundTruth) -> list[str]:
-        return tgi_truth.cuda_oom_lines(truth, self.args)
+    def batch_lines(self, truth: GroundTruth, running: int, kv_usage: float) -> list[str]:
+        return []
+
+    def cuda_oom_lines(self, truth: GroundTruth, running: int) -> list[str]:
+        return tgi_truth.cuda_oom_lines(truth, self.args, running)
 
     def summary(self, truth: GroundTruth) -> str:
         return tgi_truth.summary(truth, self.args)

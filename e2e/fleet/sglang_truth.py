@@ -31,6 +31,11 @@ Memory, as SGLang sizes it:
   scheduler logs "Scheduler hit an exception: <traceback>" and signals its parent, which logs "Received
   sigquit from a child process. It usually means the child failed." (``managers/scheduler.py`` lines
   6362-6373, ``entrypoints/engine.py`` lines 1977-1980; the frames the fleet prints are real lines).
+* Batch lines: the scheduler logs every prefill batch and every ``--decode-log-interval`` (40) decode steps
+  with ``#running-req`` (``managers/scheduler_components/metrics_reporter.py`` lines 753-762 and 963,
+  :func:`decode_batch_line`), so a CUDA OOM's log shows how many requests ran before it; a batch-driven OOM
+  strikes the first batch above the threshold, so the last line shows at most the threshold
+  (:func:`logged_running`).
 * Retraction: a decode short of KV retracts the newest requests and logs "KV cache pool is full. Retract
   requests. #retracted_reqs: N, #new_tokens_gained: M, #new_token_ratio: a -> b" (``managers/scheduler.py``
   lines 4525-4536); the fleet's engine model (:mod:`e2e.fleet.engine`) preempts the same way, so its
@@ -267,15 +272,22 @@ def startup_error(truth: GroundTruth, args: SglangArgs) -> str | None:
     return None
 
 
-def runtime_oom(truth: GroundTruth, args: SglangArgs) -> bool:
+def runtime_oom(truth: GroundTruth, args: SglangArgs, running: int | None = None) -> bool:
     """Whether serving runs out of memory: the share leaves too little outside it (the scenario's fraction
     threshold), or the running requests' activations outgrow it
-    (:attr:`GroundTruth.runtime_oom_above_max_num_seqs` on the resolved ``--max-running-requests``)."""
+    (:attr:`GroundTruth.runtime_oom_above_max_num_seqs`: with ``running`` requests in the batch, or, ``None``,
+    once the batch reaches the resolved ``--max-running-requests``)."""
     limit = truth.runtime_oom_above_mem_fraction_static
     if limit is not None and mem_fraction_static(truth, args) > limit + 1e-9:
         return True
     seqs = truth.runtime_oom_above_max_num_seqs
-    return seqs is not None and max_running_requests(truth, args) > seqs
+    batch = max_running_requests(truth, args) if running is None else running
+    return seqs is not None and batch > seqs
+
+
+def _frame(path: str, line: int, function: str, code: str) -> tuple[str, str]:
+    """One traceback frame of SGLang 0.5.23's own code, as Python prints it: the file, then its line."""
+    return f'  File "{SGLANG}/srt/{path}", line {line}, in {function}', f"    {code}"
 
 
 def _scheduler_exception(last: list[str]) -> list[str]:
@@ -303,13 +315,51 @@ def startup_failure_log(truth: GroundTruth, args: SglangArgs, error: str) -> str
     return "\n".join([tokens_line, *_scheduler_exception(frames)]) + "\n"
 
 
-def cuda_oom_message(truth: GroundTruth, args: SglangArgs) -> str:
-    """A CUDA OOM while serving (PyTorch's text), as SGLang's scheduler logs it."""
+def decode_batch_line(truth: GroundTruth, args: SglangArgs, running: int, token_usage: float) -> str:
+    """The scheduler's decode-batch line (``metrics_reporter.py`` line 963 with ``pool_stats_observer.py``
+    lines 145-148's usage part, then lines 1039-1043's graph and throughput fields)."""
+    tokens = max(0, round(token_usage * max_total_num_tokens(truth, args)))
+    return (
+        f"[2026-12-05 18:31:03 TP0] Decode batch, #running-req: {running}, #token: {tokens}, "
+        f"token usage: {token_usage:.2f}, cuda graph: True, gen throughput (token/s): 2871.40, "
+        "#queue-req: 0"
+    )
+
+
+def logged_running(truth: GroundTruth, args: SglangArgs, running: int) -> int:
+    """The running requests the last batch line before a run-time OOM shows: a batch-driven OOM
+    (:attr:`GroundTruth.runtime_oom_above_max_num_seqs`) strikes the first batch above the threshold, so the
+    batches logged before it held at most the threshold."""
+    seqs = truth.runtime_oom_above_max_num_seqs
+    return min(running, seqs) if seqs is not None else running
+
+
+def cuda_oom_message(
+    truth: GroundTruth, args: SglangArgs, running: int | None = None, token_usage: float = 0.0
+) -> str:
+    """A CUDA OOM while serving (PyTorch's text), as SGLang's scheduler logs it; with ``running``, after the
+    batch line the scheduler logged last (:func:`logged_running`)."""
     total = truth.gpu_memory_gib
     used = min(total - 0.14, framebuffer_used_gib(truth, args))
     frames = [
-        f'  File "{SGLANG}/srt/managers/scheduler.py", line 6368, in run_scheduler_process',
-        f'  File "{SGLANG}/srt/managers/scheduler.py", line 2048, in event_loop_normal',
+        *_frame("managers/scheduler.py", 6368, "run_scheduler_process", "scheduler.run_event_loop()"),
+        *_frame("managers/scheduler.py", 2048, "event_loop_normal", "result = self.run_batch(batch)"),
+        *_frame(
+            "managers/scheduler.py",
+            4870,
+            "run_batch",
+            "batch_result = self.model_worker.forward_batch_generation(",
+        ),
+        *_frame("managers/tp_worker.py", 675, "forward_batch_generation", "out = self.model_runner.forward("),
+        *_frame("model_executor/model_runner.py", 1860, "forward", "output = self._forward_raw("),
+        *_frame("models/llama.py", 625, "forward", "return self.logits_processor("),
+        *_frame(
+            "layers/logits_processor.py",
+            634,
+            "forward",
+            "logits = self._get_logits(pruned_states, lm_head, logits_metadata)",
+        ),
+        *_frame("layers/logits_processor.py", 999, "_get_logits", "logits = self._compute_lm_head("),
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.02 GiB. "
         f"GPU 0 has a total capacity of {total:.2f} GiB of which {(total - used) * 1024:.2f} MiB is free. "
         f"Including non-PyTorch memory, this process has {used:.2f} GiB memory in use. "
@@ -321,7 +371,12 @@ def cuda_oom_message(truth: GroundTruth, args: SglangArgs) -> str:
         "See documentation for Memory Management "
         "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
     ]
-    return "\n".join(_scheduler_exception(frames)) + "\n"
+    batch = (
+        []
+        if running is None
+        else [decode_batch_line(truth, args, logged_running(truth, args, running), token_usage)]
+    )
+    return "\n".join([*batch, *_scheduler_exception(frames)]) + "\n"
 
 
 def retraction_warning(retracted: int, new_tokens_gained: int, old_ratio: float, new_ratio: float) -> str:

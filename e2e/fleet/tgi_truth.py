@@ -269,27 +269,47 @@ def overloaded_lines(refused: int) -> list[str]:
     return [line] * refused
 
 
-def runtime_oom(truth: GroundTruth, args: TgiArgs) -> bool:
-    """Whether serving runs out of memory: the fraction above the scenario's threshold, or more concurrent
-    requests than :attr:`GroundTruth.runtime_oom_above_max_num_seqs`."""
+def runtime_oom(truth: GroundTruth, args: TgiArgs, running: int | None = None) -> bool:
+    """Whether serving runs out of memory: the fraction above the scenario's threshold, or a decode batch of
+    more requests than :attr:`GroundTruth.runtime_oom_above_max_num_seqs` (``running`` of them, or, ``None``,
+    once the batch reaches ``--max-concurrent-requests``)."""
     limit = truth.runtime_oom_above_cuda_memory_fraction
     if limit is not None and args.cuda_memory_fraction > limit + 1e-9:
         return True
     seqs = truth.runtime_oom_above_max_num_seqs
-    return seqs is not None and args.max_concurrent_requests > seqs
+    batch = args.max_concurrent_requests if running is None else running
+    return seqs is not None and batch > seqs
 
 
-def cuda_oom_lines(truth: GroundTruth, args: TgiArgs) -> list[str]:
-    """A CUDA OOM in a decode: the shard's interceptor logs it and exits, the launcher stops."""
+def failed_batch(truth: GroundTruth, args: TgiArgs, running: int) -> int:
+    """The requests of the decode batch that ran out of memory: a batch-driven OOM
+    (:attr:`GroundTruth.runtime_oom_above_max_num_seqs`) strikes the first batch above the threshold."""
+    seqs = truth.runtime_oom_above_max_num_seqs
+    return min(running, seqs + 1) if seqs is not None else running
+
+
+def cuda_oom_lines(truth: GroundTruth, args: TgiArgs, running: int | None = None) -> list[str]:
+    """A CUDA OOM in a decode: the shard's interceptor logs it, shuts the shard down and answers the router
+    with the error (``interceptor.py`` lines 25-41), which the router logs in the failed batch's spans (with
+    ``running``: :func:`failed_batch`); the launcher stops."""
     total = truth.gpu_memory_gib
     used = min(total - 0.14, framebuffer_used_gib(truth, args))
+    error = (
+        "CUDA out of memory. Tried to allocate 896.00 MiB. "
+        f"GPU 0 has a total capacity of {total:.2f} GiB of which {(total - used) * 1024:.2f} MiB is free. "
+        f"Including non-PyTorch memory, this process has {used:.2f} GiB memory in use."
+    )
+    router = (
+        []
+        if running is None
+        else [f"{_STAMP} ERROR " + messages.batch_oom_error_line(failed_batch(truth, args, running), error)]
+    )
     return [
         _launcher("ERROR", "Method Decode encountered an error."),
         "Traceback (most recent call last):",
         '  File "/usr/src/server/text_generation_server/models/flash_causal_lm.py", line 1921, in forward',
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB. "
-        f"GPU 0 has a total capacity of {total:.2f} GiB of which {(total - used) * 1024:.2f} MiB is free. "
-        f"Including non-PyTorch memory, this process has {used:.2f} GiB memory in use.",
+        f"torch.OutOfMemoryError: {error}",
+        *router,
         _launcher("ERROR", "Shard 0 crashed"),
         _launcher("INFO", "Terminating webserver"),
         "Error: ShardFailed",

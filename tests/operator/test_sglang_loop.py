@@ -49,6 +49,21 @@ def test_the_current_settings_are_the_live_majoritys_and_only_their_restarts_cou
     assert [run.settings.mem_fraction_static for run in state.failed] == [0.84]
 
 
+def test_an_oom_whose_message_lost_the_batch_lines_reads_the_previous_log_for_them() -> None:
+    """kubelet keeps a termination message's last 2 KiB: SGLang's traceback pushes the batch lines before
+    it out, so the previous log is read, and the running requests it shows reach the failed run."""
+    message = pod("llm-5d8f7c-00001", NEW, restarts=1, message=OOM, finished=50.0)
+    first = sglang_pods.build_sglang_pod(message)
+    assert first.needs_log and first.restart is not None and first.restart.failure is not None
+    assert first.restart.failure.kind == "runtime_oom" and first.restart.failure.running is None
+    log = "\n".join(["[TP0] " + sglang.decode_batch_line(n, 900 * n, 0.4) for n in (60, 97)] + [OOM])
+    read = sglang_pods.build_sglang_pod(message, log)
+    assert not read.needs_log and read.restart is not None and read.restart.failure is not None
+    assert read.restart.failure.running == 97
+    retraction = pod("llm-5d8f7c-00002", NEW, restarts=1, message=sglang.kv_pool_full_warning(3, 10))
+    assert not sglang_pods.build_sglang_pod(retraction).needs_log  # nothing more to read for it
+
+
 def test_no_pod_means_sglangs_defaults_and_no_evidence() -> None:
     state, evidence = sglang_loop.build_state_and_evidence([], ObservationWindow.unavailable("x", 1.0), {})
     assert state.current == sglang.SglangSettings() and evidence.restarts == ()

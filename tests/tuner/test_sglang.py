@@ -97,6 +97,30 @@ def test_failure_texts_round_trip(text: str, kind: str, direction: int) -> None:
     assert found.line and found.line in text
 
 
+def test_cuda_oom_reads_the_running_requests_its_batch_lines_logged_before_it() -> None:
+    """SGLang logs every prefill batch and every 40th decode step with ``#running-req``; a CUDA OOM while
+    serving carries the most of them before the traceback (lines after it, or a start-up log, do not)."""
+    log = "\n".join(
+        [
+            "[2026-12-05 18:30:58 TP0] Prefill batch, #new-seq: 5, #new-token: 7500, #cached-token: 0, "
+            "#token: 90112, token usage: 0.21, #running-req: 91, #queue-req: 1203, #pending-token: 0, ",
+            "[2026-12-05 18:30:59 TP0] "
+            + sglang.decode_batch_line(96, 144000, 0.34)
+            + "cuda graph: True, gen throughput (token/s): 2871.40, #queue-req: 1198, ",
+            "[2026-12-05 18:31:00 TP0] Decode batch. #running-req: 12, #token: 9000, token usage: 0.02, ",
+            "[2026-12-05 18:31:04 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.02 GiB.",
+            "[2026-12-05 18:31:05 TP0] Decode batch, #running-req: 400, #token: 9000, token usage: 0.02, ",
+        ]
+    )
+    found = sglang.classify_log(log)
+    assert found is not None and found.kind == "cuda_oom" and found.running_requests == 96
+    bare = sglang.classify_log("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.02 GiB.")
+    assert bare is not None and bare.running_requests is None
+    assert sglang.running_before_oom("[TP0] Decode batch [1200], #running-req: 7, #token: 1, ") == 7
+    assert sglang.running_before_oom("#running-req: 7") is None  # not a batch line
+
+
 def test_failure_parsers_read_the_numbers() -> None:
     weights = sglang.classify_log(sglang.weights_exceed_static_error(0.7, 0.81234))
     assert weights is not None and (weights.mem_fraction_static, weights.minimum_fraction) == (

@@ -157,6 +157,16 @@ def test_an_oom_lowers_the_fraction(text: str) -> None:
     assert decision.settings.chunked_prefill_size == current.chunked_prefill_size
 
 
+def test_an_oom_while_serving_records_the_running_requests_sglangs_log_shows_before_it() -> None:
+    current = sglang.SglangSettings(context_length=8192, mem_fraction_static=0.84, max_running_requests=128)
+    log = "[TP0] " + sglang.decode_batch_line(97, 97_000, 0.2) + "\n" + OOM_TEXT
+    decision = decide(current, logs=(log,))
+    assert decision.trigger == rules.RUNTIME_OOM
+    assert decision.failed is not None and decision.failed.running == 97  # the window saw 8
+    bare = decide(current, logs=(OOM_TEXT,))
+    assert bare.failed is not None and bare.failed.running == 8  # the window's count alone
+
+
 def test_an_oom_again_after_a_smaller_fraction_cuts_the_running_requests() -> None:
     """The memory that follows the batch: 64 running requests ran out of memory at 0.84, the fraction went
     to 0.80 and they ran out again. A third fraction is not the answer (each OOM lowered it again: 0.84 ->

@@ -90,6 +90,21 @@ def test_a_crash_on_probation_rolls_back_and_rules_the_new_flags_out_by_its_kind
     assert "on probation" in decision.reason
 
 
+def test_a_crash_whose_log_shows_a_larger_batch_than_the_scrapes_records_the_logs_count() -> None:
+    """A restarted pod's backlog fills its batch between two scrapes: the window saw 8 running, SGLang's
+    batch lines before the OOM say 96 ran; the failed run keeps 96, the count the next raise stays below."""
+    log = "\n".join(
+        ["[TP0] " + sglang.decode_batch_line(n, 1000 * n, 0.3) for n in (40, 96, 72)] + [OOM_TEXT]
+    )
+    rollout = started(300, probation_until=NOW + 200)
+    decision = decide(rollout, ready=True, logs=((NOW - 5, log),))
+    assert decision.action == Action.ROLLBACK
+    assert decision.failed is not None and decision.failed.running == 96
+    smaller = "\n".join(["[TP0] " + sglang.decode_batch_line(3, 300, 0.01), OOM_TEXT])
+    decision = decide(rollout, ready=True, logs=((NOW - 5, smaller),))
+    assert decision.failed is not None and decision.failed.running == 8  # the window's larger count
+
+
 def test_a_crash_from_before_the_rollout_is_not_the_new_flags_fault() -> None:
     decision = decide(started(60), logs=((NOW - 120, OOM_TEXT),))
     assert decision.trigger == Trigger.ROLLOUT_IN_PROGRESS

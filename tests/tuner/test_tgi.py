@@ -106,6 +106,44 @@ def test_failure_texts_round_trip() -> None:
     assert tgi.classify_log("Connected") is None
 
 
+ROUTER = SOURCE.with_name("router_errors_v3.3.7.rs.txt")
+
+
+def test_a_cuda_oom_while_serving_reads_the_failed_batch_from_the_routers_spans() -> None:
+    """The router logs the shard's error inside the failed batch's spans: the batch span ``batch`` with its
+    ``batch_size`` field, ``decode`` (``#[instrument(skip_all)]``: no fields), then each client's ``decode``
+    with ``size``; its target ``text_generation_router_v3::client`` at ``client/mod.rs`` line 45, the
+    ``tracing::error!`` of ``impl From<Status>``, with ``ClientError::Generation``'s "Server error: {0}"."""
+    source = ROUTER.read_text()
+    assert 'info_span!(parent: None, "batch", batch_size = next_batch_size)' in source
+    assert "#[instrument(skip_all)]\nasync fn decode(" in source
+    assert source.count("#[instrument(skip_all, fields(size = batches.iter()") == 2
+    mod_rs = source.split("# --- backends/v3/src/client/mod.rs 32-47\n")[1].splitlines()
+    assert (
+        mod_rs[45 - 32] == '        tracing::error!("{err}");'
+        and '#[error("Server error: {0}")]' in mod_rs[4]
+    )
+    assert "status_pb2.Status(code=code_pb2.INTERNAL, message=str(err))" in source  # the error's own text
+    oom = "CUDA out of memory. Tried to allocate 896.00 MiB."
+    log = "\n".join(
+        [
+            "2026-12-06T22:31:04Z ERROR text_generation_launcher: Method Decode encountered an error.",
+            f"torch.OutOfMemoryError: {oom}",
+            "2026-12-06T22:31:04Z ERROR " + tgi.batch_oom_error_line(49, oom),
+            "2026-12-06T22:31:04Z ERROR text_generation_launcher: Shard 0 crashed",
+        ]
+    )
+    found = tgi.classify_log(log)
+    assert found is not None and found.kind == "cuda_oom" and found.batch_size == 49
+    seam = engines.lookup_engine("tgi").classify_failure(log)
+    assert seam is not None and seam.running == 49 and not seam.more_in_log
+    bare = engines.lookup_engine("tgi").classify_failure(f"torch.OutOfMemoryError: {oom}")
+    assert bare is not None and bare.running is None and bare.more_in_log  # the previous log may say
+    warmup = "ERROR warmup{max_batch_size=None}:warmup: Server error: " + oom  # no batch span: no size
+    found = tgi.classify_log(warmup)
+    assert found is not None and found.batch_size is None
+
+
 def test_the_seam_reads_tgi() -> None:
     engine = engines.lookup_engine("tgi")
     assert engine.serving.port == 80 and engine.serving.command == ("text-generation-launcher",)

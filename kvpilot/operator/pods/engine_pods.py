@@ -58,7 +58,8 @@ class EnginePod(Generic[S]):
     """Its container's last termination, classified by the seam (``failure`` ``None``: unexplained)."""
     restart_count: int = 0
     needs_log: bool = False
-    """The termination message did not explain the restart: the previous log is worth reading."""
+    """The termination message did not explain the restart, or the engine says its whole log may say more
+    (:attr:`~kvpilot.tuner.engines.EngineFailure.more_in_log`): the previous log is worth reading."""
     ready: bool = False
     """Its engine container is Ready."""
     not_started: bool = False
@@ -101,10 +102,12 @@ def build_pod_of(
     name = str(meta.get("name") or "")
     restart, needs_log = None, False
     if count > 0 and terminated:
-        text = "\n".join(t for t in (str(terminated.get("message") or ""), log or "") if t)
+        # the log first: the message is its tail, and what led up to the failure precedes it
+        text = "\n".join(t for t in (log or "", str(terminated.get("message") or "")) if t)
         failure = codec.engine.classify_failure(text)
         when = pod_status.parse_time(terminated.get("finishedAt")) or 0.0
-        restart, needs_log = EngineRestart(when, failure, name), failure is None and log is None
+        unread = failure is None or failure.more_in_log
+        restart, needs_log = EngineRestart(when, failure, name), unread and log is None
     # a group's crashed pod the pod index filed (LWS deleted it with its group): its restart is evidence,
     # it is no live replica (:mod:`kvpilot.operator.pods.group_crashes`)
     terminating = bool(meta.get("deletionTimestamp")) or group_crashes.is_gone(pod)
@@ -137,7 +140,8 @@ def read_engine_pods(
     logs: pod_status.LogCache = pod_status.LOGS,
 ) -> list[EnginePod[S]]:
     """The pods of the Deployment ``owner`` (blocking: run it in a worker thread); a restart the termination
-    message does not explain is classified from the previous log's tail, read once per restart."""
+    message does not explain (or after which the engine says its whole log says more) is classified from the
+    previous log's tail, read once per restart."""
     selector = workloads.build_label_selector(owner)
     pods = [p for p in reader.list_pods(namespace, selector) if pod_status.owned_by(p, owner)]
     container = codec.engine.serving.container_name

@@ -82,6 +82,13 @@ class EngineFailure:
     """+1: give the engine a larger memory share (flag raised); -1: a smaller one; 0: not the remedy."""
     text: str
     """The engine's own words (the matching line)."""
+    running: int | None = None
+    """A run-time OOM: the running requests the engine's own log ties to it (SGLang: the most its batch lines
+    showed before it; TGI: the batch that ran out, from the router's span); ``None``: the log does not say.
+    The window's samples may miss a batch that fills in seconds after a restart."""
+    more_in_log: bool = False
+    """The container's whole log may say more than the text read (SGLang's batch lines before an OOM fall out
+    of a termination message's last 2 KiB behind the traceback): the previous log is worth reading."""
 
 
 class Engine(Protocol):

@@ -67,4 +67,11 @@ class SglangEngine:
         found = sglang.classify_log(log)
         if found is None:
             return None
-        return EngineFailure(_SEAM_KIND[found.kind], found.fraction_direction, found.line)
+        running = found.running_requests
+        return EngineFailure(
+            _SEAM_KIND[found.kind],
+            found.fraction_direction,
+            found.line,
+            running=running,
+            more_in_log=found.kind == "cuda_oom" and running is None,
+        )

@@ -74,4 +74,7 @@ class TgiEngine:
         if found is None:
             return None
         kind, direction = _SEAM_KIND[found.kind]
-        return EngineFailure(kind, direction, found.line)
+        size = found.batch_size
+        return EngineFailure(
+            kind, direction, found.line, running=size, more_in_log=found.kind == "cuda_oom" and size is None
+        )

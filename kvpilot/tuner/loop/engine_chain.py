@@ -205,7 +205,9 @@ def select_crash(
     event = min(known, key=lambda r: (CRASH_ORDER.index(kind_of(r)), -r.time, r.pod))
     failure = event.failure
     assert failure is not None
-    running = running_before(window, event.time) if failure.kind == "runtime_oom" else None
+    running = (
+        running_before(window, event.time, (failure.running,)) if failure.kind == "runtime_oom" else None
+    )
     return Crash(failure, EngineFailedRun(effective, failure.kind, running))
 
 

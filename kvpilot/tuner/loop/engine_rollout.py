@@ -153,8 +153,11 @@ def _rollout_failed(
     exactly); ``None`` for a crash the crash step cures when there is nothing to go back to."""
     known = [r.failure.kind for r in crashes if r.failure is not None and r.failure.kind in CRASH_ORDER]
     kind = min(known, key=CRASH_ORDER.index) if known else ROLLOUT_FAILED
-    ooms = [r.time for r in crashes if kind_of(r) == "runtime_oom"]
-    running = running_before(s.window, min(ooms)) if kind == "runtime_oom" and ooms else None
+    ooms = [r for r in crashes if kind_of(r) == "runtime_oom"]
+    running = None
+    if kind == "runtime_oom" and ooms:
+        logged = (r.failure.running for r in ooms if r.failure is not None)
+        running = running_before(s.window, min(r.time for r in ooms), logged)
     ran = EngineFailedRun(s.effective, kind, running)
     target = state.last_good
     if target is not None and target != s.current and not s.ruled_out(target, (*s.failed, ran)):

@@ -13,6 +13,7 @@ The generic ones are not slotted: a slotted frozen generic dataclass cannot be b
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
@@ -77,10 +78,16 @@ class EngineFailedRun(Generic[S]):
     that follows the batch ran out with at most about this many running; ``None``: not seen)."""
 
 
-def running_before(window: obs.ObservationWindow, time: float) -> int | None:
-    """The most running requests ``window`` saw at or before ``time`` (``None``: no such sample)."""
+def running_before(
+    window: obs.ObservationWindow, time: float, logged: Iterable[int | None] = ()
+) -> int | None:
+    """The most running requests ``window`` saw at or before ``time``, or the engine's log said ran before a
+    run-time OOM (``logged``: :attr:`EngineFailure.running`; a batch that fills in seconds after a restart
+    runs out between two scrapes); ``None``: neither says."""
     seen = [x.running for x in window.samples if x.time <= time and x.running is not None]
-    return round(max(seen)) if seen else None
+    counts = [round(max(seen))] if seen else []
+    counts += [n for n in logged if n is not None]
+    return max(counts) if counts else None
 
 
 @dataclass(frozen=True)

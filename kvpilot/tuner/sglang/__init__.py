@@ -46,8 +46,10 @@ from kvpilot.tuner.sglang.messages import (
     RAISE,
     SglangFailure,
     classify_log,
+    decode_batch_line,
     kv_pool_full_warning,
     no_kv_pool_error,
+    running_before_oom,
     weights_exceed_static_error,
 )
 from kvpilot.tuner.sglang.release import PINNED_SGLANG_VERSION
@@ -77,6 +79,7 @@ __all__ = [
     "check_settings",
     "classify_log",
     "compute_reserve",
+    "decode_batch_line",
     "default_chunked_prefill_size",
     "default_cuda_graph_max_bs",
     "default_mem_fraction_static",
@@ -85,5 +88,6 @@ __all__ = [
     "kv_pool_full_warning",
     "no_kv_pool_error",
     "parse_sglang_args",
+    "running_before_oom",
     "weights_exceed_static_error",
 ]

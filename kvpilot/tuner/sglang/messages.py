@@ -8,7 +8,9 @@ while capturing CUDA graphs, which live outside it) asks to *lower* it. Texts of
 ``model_executor/pool_configurator.py`` lines 96-98, ``mem_cache/kv_cache_configurator.py`` lines
 3050-3058, ``model_executor/runner/decode_cuda_graph_runner.py`` line 603 with
 ``runner_backend_utils/__init__.py`` lines 14-21, ``managers/scheduler.py`` lines 4525-4530; and
-PyTorch's CUDA allocator.
+PyTorch's CUDA allocator. The scheduler's batch lines (``managers/scheduler_components/metrics_reporter.py``
+lines 753-762 and 963: every prefill batch, and every ``--decode-log-interval`` (40) decode steps) say how
+many requests ran before an out-of-memory while serving: :func:`running_before_oom`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class SglangFailure:
     minimum_fraction: float | None = None
     """The smallest fraction SGLang suggests (``weights_exceed_static`` only)."""
     retracted_requests: int | None = None
+    running_requests: int | None = None
+    """A CUDA OOM while serving: the most requests the scheduler's batch lines before it say ran
+    (:func:`running_before_oom`; ``None``: no such line)."""
     line: str = ""
     """The log line that carries it (the first such line)."""
 
@@ -70,6 +75,13 @@ def kv_pool_full_warning(retracted: int, new_tokens_gained: int) -> str:
     )
 
 
+def decode_batch_line(running: int, used_tokens: int, token_usage: float) -> str:
+    """The scheduler's decode-batch line (``metrics_reporter.py`` line 963, with
+    ``pool_stats_observer.py``'s usage part for a plain pool; the throughput fields that follow it are
+    left out: the parser reads only ``#running-req``)."""
+    return f"Decode batch, #running-req: {running}, #token: {used_tokens}, token usage: {token_usage:.2f}, "
+
+
 GRAPH_CAPTURE_FAILED = "Capture cuda graph failed: "
 CUDA_OOM = "CUDA out of memory"
 """PyTorch's ``torch.OutOfMemoryError`` text."""
@@ -82,6 +94,7 @@ _WEIGHTS = re.compile(
     r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(?P<fraction>[0-9.]+)\."
     r".*?minimum viable = 1 - available/pre = (?P<minimum>-?[0-9.]+)\)"
 )
+_RUNNING = re.compile(r"(?:Prefill|Decode) batch(?: \[\d+\])?[.,] [^\n]*?#running-req: (?P<n>\d+)")
 _RETRACT = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (?P<n>\d+)")
 
 
@@ -108,7 +121,8 @@ def classify_log(log: str) -> SglangFailure | None:
     if (at := log.find(GRAPH_CAPTURE_FAILED)) >= 0:
         return SglangFailure("graph_capture_oom", LOWER, True, line=_line_at(log, at))
     if (at := log.find(CUDA_OOM)) >= 0:
-        return SglangFailure("cuda_oom", LOWER, False, line=_line_at(log, at))
+        running = running_before_oom(log[:at])
+        return SglangFailure("cuda_oom", LOWER, False, running_requests=running, line=_line_at(log, at))
     retractions = list(_RETRACT.finditer(log))
     if retractions:
         total = sum(int(m.group("n")) for m in retractions)
@@ -116,3 +130,12 @@ def classify_log(log: str) -> SglangFailure | None:
             "kv_pool_full", 0, False, retracted_requests=total, line=_line_at(log, retractions[0].start())
         )
     return None
+
+
+def running_before_oom(log: str) -> int | None:
+    """The most requests the scheduler's batch lines in ``log`` say ran (``#running-req``: a decode batch's
+    size, or the running batch a prefill joins), ``None`` when it has none. Lines are logged every prefill and
+    every 40th decode step, so the batch that ran out of memory held at least this many: a raise that stays
+    below it stays below the failure."""
+    counts = [int(m.group("n")) for m in _RUNNING.finditer(log)]
+    return max(counts) if counts else None

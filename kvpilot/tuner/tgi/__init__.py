@@ -34,12 +34,14 @@ from kvpilot.tuner.tgi.messages import (
     CUDA_OOM,
     OVERLOADED,
     TgiFailure,
+    batch_oom_error_line,
     classify_log,
     max_total_tokens_error,
     prefill_tokens_error,
 )
 
 __all__ = [
+    "batch_oom_error_line",
     "CUDA_OOM",
     "OVERLOADED",
     "CUDA_MEMORY_FRACTION_DEFAULT",

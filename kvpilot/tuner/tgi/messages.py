@@ -7,9 +7,14 @@ fit), ``backends/v3/src/lib.rs`` line 181 (the inferred batch cannot hold one re
 returns it, so the log shows Rust's Debug form of it, ``Error: Backend(NotEnoughMemory(N))``, which
 :func:`classify_log` reads too),
 ``router/src/infer/mod.rs`` line 412 (429 beyond ``--max-concurrent-requests``). A shard that runs out of
-memory while serving dies with PyTorch's ``torch.OutOfMemoryError`` ("CUDA out of memory"): TGI catches it
-only in the warm-up (``flash_causal_lm.py`` line 1549, re-raised as the prefill text above), so at run time
-its traceback is what the launcher relays from the shard's standard error when it exits.
+memory while serving dies with PyTorch's ``torch.OutOfMemoryError`` ("CUDA out of memory"): the warm-up
+re-raises it as the prefill text above (``flash_causal_lm.py`` line 1549); at run time the shard's
+interceptor logs "Method Decode encountered an error." with the traceback, shuts the shard down and answers
+the router with the error's text (``server/text_generation_server/interceptor.py`` lines 25-41), which the
+router logs as ``Server error: ...`` (``backends/v3/src/client/mod.rs`` lines 42-46) inside the spans of the
+batch that failed: ``batch{batch_size=N}:decode:decode{size=N}:...`` (``backends/v3/src/backend.rs`` lines
+272-286, ``client/sharded_client.rs`` line 175): :func:`classify_log` reads N, the requests of the batch
+that ran out of memory (verbatim in ``tests/data/tgi/router_errors_v3.3.7.rs.txt``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ class TgiFailure:
     tokens: int | None
     """The token count the text names (``None`` for ``cuda_oom`` and ``overloaded``)."""
     line: str
+    batch_size: int | None = None
+    """``cuda_oom``: the requests of the batch that ran out of memory, from the router's span on its error
+    line (``None``: the log has no such line)."""
 
 
 def prefill_tokens_error(num_tokens: int) -> str:
@@ -40,12 +48,25 @@ def prefill_tokens_error(num_tokens: int) -> str:
     )
 
 
+def batch_oom_error_line(batch_size: int, error: str) -> str:
+    """The router's error line, without its timestamp and level, for a decode batch of ``batch_size``
+    requests whose shard answered ``error`` (the spans of ``backend.rs`` lines 272-286 and the two clients'
+    ``decode``; the target and place of ``client/mod.rs`` line 45)."""
+    size = f"{{size={batch_size}}}"
+    return (
+        f"batch{{batch_size={batch_size}}}:decode:decode{size}:decode{size}: "
+        f"text_generation_router_v3::client: backends/v3/src/client/mod.rs:45: Server error: {error}"
+    )
+
+
 def max_total_tokens_error(max_total_tokens: int) -> str:
     return f"Not enough memory to handle `max_total_tokens={max_total_tokens}`"
 
 
 _PREFILL = re.compile(r"Not enough memory to handle (\d+) prefill tokens")
 _TOTAL = re.compile(r"Not enough memory to handle `max_total_tokens=(\d+)`")
+_BATCH_OOM = re.compile(r"\bbatch\{batch_size=(\d+)\}[^\n]*Server error: [^\n]*" + re.escape(CUDA_OOM))
+"""The router's error line for a batch whose forward ran out of memory, in the batch's span."""
 _TOTAL_DEBUG = re.compile(r"\bNotEnoughMemory\((\d+)\)")
 """``V3Error::NotEnoughMemory(max_total_tokens)`` as ``main`` returning it prints it (``{:?}``)."""
 
@@ -64,7 +85,8 @@ def classify_log(log: str) -> TgiFailure | None:
     if found := _TOTAL.search(log) or _TOTAL_DEBUG.search(log):
         return TgiFailure("total_tokens_too_large", int(found.group(1)), _line_at(log, found.start()))
     if (at := log.find(CUDA_OOM)) >= 0:
-        return TgiFailure("cuda_oom", None, _line_at(log, at))
+        sizes = [int(m.group(1)) for m in _BATCH_OOM.finditer(log)]
+        return TgiFailure("cuda_oom", None, _line_at(log, at), max(sizes) if sizes else None)
     if (at := log.find(OVERLOADED)) >= 0:
         return TgiFailure("overloaded", None, _line_at(log, at))
     return None
