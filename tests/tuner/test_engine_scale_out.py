@@ -116,6 +116,19 @@ def test_sglang_no_scale_out_while_the_replica_count_changes() -> None:
     assert (d.action, d.trigger, d.scale_out) == (Action.HOLD, srules.KV_PRESSURE, None)
 
 
+def test_a_metrics_driven_retune_waits_for_the_replica_count_but_a_crash_remedy_does_not() -> None:
+    """As vLLM's gate: a window that spans two replica counts judges neither."""
+    changing = "a pod joined 40s ago (the metrics window of 300s spans two counts)"
+    held = decide_sglang(SGLANG_PRESSURE, bounds=TuningBounds(), replicas=2, changing=changing)
+    assert (held.action, held.trigger) == (Action.HOLD, srules.KV_PRESSURE)
+    assert f"the replica count is changing ({changing})" in held.reason
+    tgi_held = decide_tgi(TGI_FULL, current=tgi.TgiSettings(cuda_memory_fraction=0.8), changing=changing)
+    assert tgi_held.action == Action.HOLD and "the replica count is changing" in tgi_held.reason
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    crash = decide_sglang(SGLANG_PRESSURE, bounds=TuningBounds(), changing=changing, logs=(oom,))
+    assert crash.action == Action.RETUNE and crash.failed is not None
+
+
 def test_sglang_the_latency_objective_at_the_floor_recommends_replicas() -> None:
     one = dataclasses.replace(SGLANG_FLOOR, max_running_requests=1)
     slow = window(kv_usage=0.5, running=1, waiting=3, itl_p95=0.08)

@@ -48,6 +48,8 @@ def test_scale_out_follows_the_demand(running: float, waiting: float, replicas: 
 
 def test_scale_out_stops_at_the_maximum_and_needs_a_replica() -> None:
     assert compute_scale_out(window(running=10.0, waiting=10_000.0), MAX_REPLICAS - 1) == MAX_REPLICAS
+    # a demand too large to be a number (hypothesis found it through TGI's latency rule) is the maximum
+    assert compute_scale_out(window(running=1e-300, waiting=1e300), 1) == MAX_REPLICAS
     assert compute_scale_out(window(), MAX_REPLICAS) is None
     assert compute_scale_out(window(), 0) is None
 

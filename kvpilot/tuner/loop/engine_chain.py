@@ -69,7 +69,7 @@ def compute_gates(
     """vLLM's stability gates over the loop's changes: the minimum interval and the hourly limit for
     every change; the cooldown after a retune (a restart plus a window) for metrics-driven ones, which also
     wait for the current flags to be proven (the last good ones, or Ready for a probation since the last
-    change: the plan's too, which no cooldown counts)."""
+    change: the plan's too, which no cooldown counts) and for the replica count to settle."""
     p, changes = policy, state.changes
     last = max((c.time for c in changes), default=None)
     retunes = [c.time for c in changes if not c.planned]
@@ -94,6 +94,10 @@ def compute_gates(
         metrics_driven = (
             f"the current flags are not yet proven (Ready and crash-free for {p.probation_seconds:.0f}s)"
         )
+    if metrics_driven is None and evidence.replicas_changing is not None:
+        # as vLLM's (scaling.compute_replica_change): a window that spans two replica counts judges neither;
+        # crash remedies and the GPU-memory warning still act (``any_change``)
+        metrics_driven = f"the replica count is changing ({evidence.replicas_changing})"
     # a change that cannot roll out now (no spare GPU, one replica, no downtime allowed), after the other
     # gates, as vLLM's: held with it recommended (a crash's remedy too: its pod still serves)
     blocked = evidence.rollout_blocked

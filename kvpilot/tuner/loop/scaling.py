@@ -76,7 +76,9 @@ def compute_scale_out(window: ObservationWindow, replicas: int) -> int | None:
     waiting = obs.compute_mean(window.samples, obs.waiting) or 0.0
     wanted = replicas + 1
     if running > 0:
-        wanted = max(wanted, math.ceil(replicas * (running + waiting) / running))
+        demand = replicas * (running + waiting) / running
+        # a demand too large to be a number (a queue of 1e308 behind a fraction of a request) is the maximum
+        wanted = max(wanted, math.ceil(demand)) if math.isfinite(demand) else MAX_REPLICAS
     return min(wanted, MAX_REPLICAS)
 
 
