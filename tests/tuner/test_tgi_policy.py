@@ -177,6 +177,25 @@ def test_a_run_time_oom_lowers_the_fraction_then_the_prefill() -> None:
     assert second.settings.max_batch_prefill_tokens == 4096
 
 
+def test_run_time_ooms_that_a_step_did_not_cure_double_the_next_step() -> None:
+    """TGI's OOM names only the allocation that failed: a second OOM below the first takes twice VPA's
+    step, a third four times (0.02 x (2^k - 1) after k OOMs, not 0.02 x k)."""
+    at = dataclasses.replace(CURRENT, cuda_memory_fraction=1.0)
+    first = decide(at, logs=((NOW - 10, OOM_TEXT),))
+    assert first.settings.cuda_memory_fraction == 0.98  # VPA's step: the headroom 0, its 0.02 floor
+    ran = (EngineFailedRun(fit.compute_effective(at, BARE), "runtime_oom"),)
+    second = decide(first.settings, logs=((NOW - 10, OOM_TEXT),), failed=ran)
+    assert second.settings.cuda_memory_fraction == 0.94
+    assert any("x2 after 1 OOM(s) above it" in line for line in second.explanation)
+    ran += (EngineFailedRun(fit.compute_effective(first.settings, BARE), "runtime_oom"),)
+    third = decide(second.settings, logs=((NOW - 10, OOM_TEXT),), failed=ran)
+    assert third.settings.cuda_memory_fraction == 0.86
+    # a failure of another kind above it is no repeat of this one: VPA's step alone
+    other = (EngineFailedRun(fit.compute_effective(at, BARE), "rollout_failed"),)
+    alone = decide(first.settings, logs=((NOW - 10, OOM_TEXT),), failed=other)
+    assert alone.settings.cuda_memory_fraction == 0.96
+
+
 def test_a_restart_no_text_explains_holds() -> None:
     decision = decide(logs=((NOW - 10, "Segmentation fault"),))
     assert (decision.action, decision.trigger) == (Action.HOLD, "Other")

@@ -68,6 +68,7 @@ from kvpilot.tuner.loop.tgi_fit import (
     TgiProposal,
     TgiSituation,
     compute_budget,
+    compute_effective,
     concurrency_of,
     fraction_of,
     predict_kv_tokens,
@@ -176,15 +177,46 @@ def propose_for_total_tokens(s: TgiSituation, text: str) -> TgiProposal:
     )
 
 
+def _repeated_ooms(s: TgiSituation) -> int:
+    """How many run-time OOMs the history holds at a larger fraction on the same shards: the current
+    fraction is not the first step down from a failure that a step did not cure."""
+    eff = s.effective
+    return sum(
+        1
+        for run in s.failed
+        if run.kind == "runtime_oom"
+        and (failed := compute_effective(run.settings, s.memory)).num_shard == eff.num_shard
+        and fraction_of(failed) > fraction_of(eff) + 1e-9
+    )
+
+
+def _oom_step(s: TgiSituation) -> tuple[float, str]:
+    """The fraction one run-time OOM takes: VPA's step on the headroom
+    (:func:`~kvpilot.tuner.loop.remedies.compute_oom_step`), doubled for each OOM at a larger fraction
+    already in the history. TGI's OOM names only the allocation that failed, not the memory outside the KV
+    that was short; the warm-up's KV takes what the fraction gives (``1 - 0.9 x fraction`` is left, TGI's
+    wiggle room), so at TGI's default 1.0 the headroom is 0 and VPA's step is its 0.02 floor. Doubling
+    searches that unknown distance in k OOMs for 0.02 x (2^k - 1) instead of 0.02 x k -- an overshoot of at
+    most the last step, which the idle and pressure rules may take back below the OOMs."""
+    fraction = fraction_of(s.effective)
+    base = compute_oom_step(fraction, s.policy)
+    repeats = _repeated_ooms(s)
+    if repeats == 0:
+        return base, f"OOM step on the headroom 1 - {fraction}"
+    step = min(base * 2**repeats, fraction / 2)
+    return step, f"OOM step on the headroom 1 - {fraction}, x{2**repeats} after {repeats} OOM(s) above it"
+
+
 def _smaller_share(s: TgiSituation) -> tuple[list[tgi.TgiSettings], list[str]]:
     """A run-time OOM's answer, after the crash or ahead of it: a smaller ``--cuda-memory-fraction`` by the
-    OOM step on the headroom (less KV, more room for activations) while the KV still holds one request of
+    OOM step (:func:`_oom_step`: less KV, more room for activations) while the KV still holds one request of
     ``--max-total-tokens``, else a halved ``--max-batch-prefill-tokens``; with the lines that say so."""
-    eff, p = s.effective, s.policy
+    eff = s.effective
     fraction = fraction_of(eff)
-    lower = floor_grid(fraction - compute_oom_step(fraction, p))
+    step, why = _oom_step(s)
+    lower = floor_grid(fraction - step)
     candidates: list[tgi.TgiSettings] = []
-    lines = [f"OOM step on the headroom 1 - {fraction}: --cuda-memory-fraction {lower}"]
+    lines = [f"{why}: --cuda-memory-fraction {lower}"]
     smaller = dataclasses.replace(eff, cuda_memory_fraction=lower)
     budget = compute_budget(smaller, s.memory)
     if budget is None or budget.feasible:
