@@ -18,9 +18,10 @@ _SPECULATIVE = (
     "graphs are not budgeted; lower --gpu-memory-utilization by their size, or pin --kv-cache-memory-bytes"
 )
 _KV_OFFLOADING = (
-    "a CPU tier of the KV cache: its pinned host buffers come out of the pod's memory, not the GPU's, and "
-    "are not budgeted (vllm#52656: the engine dies silently above 64 GB of it); size the pod's memory "
-    "limit for it"
+    "a CPU tier of the KV cache: --kv-offloading-size GiB of pinned host memory in all (the native "
+    "backend), out of the pod's memory, not the GPU's; the operator refuses a memory limit below it "
+    "(kvpilot.tuner.vllm.kv_offloading), and vllm#52656 reports tiers that never finish starting above a "
+    "size that depends on the host; size the pod's memory limit for it"
 )
 
 UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
