@@ -35,6 +35,7 @@ def _config(name: str, **cut: Any) -> dict[str, Any]:
 
 
 LLAMA = _config("meta-llama__Llama-3.1-8B-Instruct.json")
+PHI3 = _config("microsoft__Phi-3-mini-4k-instruct.json")  # qkv_proj and gate_up_proj fused in the checkpoint
 QWEN3_MOE = _config("Qwen__Qwen3-30B-A3B.json", num_experts=8, num_experts_per_tok=2)
 
 CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
@@ -45,6 +46,7 @@ CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "32", "--lora-dtype", "float16",
          "--fully-sharded-loras"],
     ),
+    "phi3-fused-4x64": (PHI3, ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "64"]),
     "qwen3-moe-4x64": (QWEN3_MOE, ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "64"]),
     "qwen3-moe-fully-sharded": (
         QWEN3_MOE, ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "16", "--fully-sharded-loras"]
@@ -92,7 +94,7 @@ def test_kvpilot_counts_the_bytes_vllms_lora_layers_allocate(
         max_num_seqs=SEQS,
     )
     assert vllm_bytes["punica"] == memory.compute_punica_bytes(_flags(args), TOKENS, SEQS)
-    assert vllm_bytes["vocab"] > 0  # Llama and Qwen3-MoE wrap their embedding and LM head
+    assert vllm_bytes["vocab"] > 0  # Llama, Phi-3 and Qwen3-MoE wrap their embedding and LM head
     if "moe" in case:
         assert vllm_bytes["experts"] > 0
     assert ours == vllm_bytes["modules"] + vllm_bytes["experts"] + vllm_bytes["punica"], vllm_bytes
@@ -111,6 +113,7 @@ def test_the_lora_flags_and_defaults_are_vllms(vllm_parser: Any) -> None:
     assert (parsed.enable_lora, parsed.max_loras, parsed.max_lora_rank) == (True, 3, 320)
     for args, enabled, sharded in (
         (["--enable-lora", "--no-enable-lora"], False, None),
+        (["--enable-lora", "--disable-lora"], False, None),
         (["--enable-lora", "--fully-sharded-loras"], True, True),
         (["--enable-lora", "--fully-sharded-loras", "--no-fully-sharded-loras"], True, False),
     ):
@@ -134,7 +137,7 @@ def test_the_architecture_sets_are_vllms_registry(vllm: types.ModuleType) -> Non
     """Every registered class that supports LoRA: its ``embedding_modules`` and ``is_3d_moe_weight``."""
     from vllm.model_executor.models.registry import _VLLM_MODELS, ModelRegistry
 
-    embedding, lm_head, three_d = set(), set(), set()
+    embedding, lm_head, three_d, fused_qkv, fused_gate_up = set(), set(), set(), set(), set()
     for architecture in _VLLM_MODELS:
         try:
             cls = ModelRegistry._try_load_model_cls(architecture)
@@ -149,6 +152,13 @@ def test_the_architecture_sets_are_vllms_registry(vllm: types.ModuleType) -> Non
             lm_head.add(architecture)
         if getattr(cls, "is_3d_moe_weight", False):
             three_d.add(architecture)
+        packed = getattr(cls, "packed_modules_mapping", None) or {}
+        if packed.get("qkv_proj") == ["qkv_proj"]:
+            fused_qkv.add(architecture)
+        if packed.get("gate_up_proj") == ["gate_up_proj"]:
+            fused_gate_up.add(architecture)
     assert embedding == facts.LORA_EMBEDDING_ARCHITECTURES
     assert lm_head == facts.LORA_LM_HEAD_ARCHITECTURES
     assert three_d == facts.LORA_3D_MOE_ARCHITECTURES
+    assert fused_qkv == facts.LORA_FUSED_QKV_ARCHITECTURES
+    assert fused_gate_up == facts.LORA_FUSED_GATE_UP_ARCHITECTURES

@@ -7,6 +7,9 @@ bfloat16. ``tests/contract/test_contract_lora.py`` checks the same arithmetic ag
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import model_configs_for_tests as cfg
 import pytest
 
@@ -168,6 +171,8 @@ def test_the_plan_names_the_lora_term_with_its_gib_and_no_longer_calls_it_unmode
 def test_the_last_spelling_wins_and_vllms_refusals_are_refused() -> None:
     assert vllm.read_lora_flags(["--max-loras", "4"]) is None  # sizes without --enable-lora: LoRA is off
     assert vllm.read_lora_flags(["--enable-lora", "--no-enable-lora"]) is None
+    assert vllm.read_lora_flags(["--enable-lora", "--disable-lora"]) is None
+    assert vllm.read_lora_flags(["--disable-lora", "--enable-lora"]) == vllm.LoraFlags()
     assert vllm.read_lora_flags(["--enable-lora", "--max_loras=2", "--max-loras", "3"]) == vllm.LoraFlags(3)
     flags = vllm.read_lora_flags(["--enable-lora", "--fully-sharded-loras", "--no-fully-sharded-loras"])
     assert flags == vllm.LoraFlags()
@@ -185,3 +190,20 @@ def test_the_last_spelling_wins_and_vllms_refusals_are_refused() -> None:
     vllm.check_engine_flags(
         ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "320", "--lora-dtype", "auto"]
     )
+
+
+def test_a_class_that_fuses_qkv_and_gate_up_holds_one_a_each() -> None:
+    phi3 = json.loads(
+        (
+            Path(__file__).parents[1] / "data" / "hf_configs" / "microsoft__Phi-3-mini-4k-instruct.json"
+        ).read_text()
+    )
+    assert phi3["architectures"] == ["Phi3ForCausalLM"]
+    fused = build_model_spec(phi3)
+    unfused = build_model_spec({**phi3, "architectures": ["LlamaForCausalLM"]})  # same shapes, q/k/v packed
+    flags = _flags("--max-loras", "4", "--max-lora-rank", "64")
+    a_slices = (3 - 1) + (2 - 1)  # qkv_proj: 1 A instead of 3; gate_up_proj: 1 instead of 2
+    element = 2  # bfloat16
+    per_layer = a_slices * 4 * 64 * phi3["hidden_size"] * element
+    saved = memory.compute_lora_bytes(unfused, flags) - memory.compute_lora_bytes(fused, flags)
+    assert saved == phi3["num_hidden_layers"] * per_layer

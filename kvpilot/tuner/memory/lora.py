@@ -59,7 +59,8 @@ def _layer_elements(model: ModelSpec, idx: int, lora: LoraFlags, tp: int) -> int
     hd = layer.head_dim or model.head_dim
     q = model.num_attention_heads // tp * hd
     kv = max(1, layer.num_kv_heads // tp) * hd  # replicated once TP exceeds the KV heads
-    total = 3 * n * r_col * h + n * (q + 2 * kv) * r  # MergedQKVParallelLinearWithLoRA
+    qkv_slices = 1 if model.architecture in vllm.LORA_FUSED_QKV_ARCHITECTURES else 3
+    total = qkv_slices * n * r_col * h + n * (q + 2 * kv) * r  # MergedQKVParallelLinearWithLoRA
     total += _pair(n, r, q, h_row, r)  # o_proj: RowParallelLinearWithLoRA
     moe = model.moe
     if moe is not None and idx >= model.num_layers - moe.num_moe_layers:
@@ -82,12 +83,15 @@ def _layer_elements(model: ModelSpec, idx: int, lora: LoraFlags, tp: int) -> int
 
 
 def _mlp_elements(model: ModelSpec, width: int, lora: LoraFlags, tp: int) -> int:
-    """A (gated) MLP: ``gate_up_proj`` (two column slices) or an up projection, then ``down_proj``."""
+    """A (gated) MLP: ``gate_up_proj`` (two column slices, one where the class fuses it) or an up
+    projection, then ``down_proj``."""
     n, r, h = lora.max_loras, lora.max_lora_rank, model.hidden_size
     r_col = r // tp if lora.fully_sharded else r
     h_row = h // tp if lora.fully_sharded else h
-    slices = 2 if model.mlp_gated else 1
-    return slices * _pair(n, r_col, h, width // tp, r) + _pair(n, r, width // tp, h_row, r)
+    outputs = 2 if model.mlp_gated else 1
+    a_slices = 1 if model.architecture in vllm.LORA_FUSED_GATE_UP_ARCHITECTURES else outputs
+    up = a_slices * n * r_col * h + n * outputs * (width // tp) * r
+    return up + _pair(n, r, width // tp, h_row, r)
 
 
 def compute_punica_bytes(lora: LoraFlags, max_num_batched_tokens: int, max_num_seqs: int) -> int:

@@ -152,6 +152,8 @@ from kvpilot.tuner.vllm.lora import (
 from kvpilot.tuner.vllm.lora_architectures import (
     LORA_3D_MOE_ARCHITECTURES,
     LORA_EMBEDDING_ARCHITECTURES,
+    LORA_FUSED_GATE_UP_ARCHITECTURES,
+    LORA_FUSED_QKV_ARCHITECTURES,
     LORA_LM_HEAD_ARCHITECTURES,
 )
 from kvpilot.tuner.vllm.messages import (
@@ -288,6 +290,8 @@ __all__ = [
     "LORA_DTYPES",
     "LORA_EMBEDDING_ARCHITECTURES",
     "LORA_FLAGS",
+    "LORA_FUSED_GATE_UP_ARCHITECTURES",
+    "LORA_FUSED_QKV_ARCHITECTURES",
     "LORA_LM_HEAD_ARCHITECTURES",
     "LoraFlags",
     "MAMBA_ALIGN_SINCE",

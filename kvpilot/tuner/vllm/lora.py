@@ -63,9 +63,10 @@ LORA_DTYPES = ("auto", "float16", "bfloat16")
 MAX_LORA_VOCAB = 258048
 """vLLM refuses LoRA on a larger vocabulary (``lora/layers/logits_processor.py:91``)."""
 
-_ENABLE = {ENABLE_LORA_FLAG: True, "--no-enable-lora": False}
+_ENABLE = {ENABLE_LORA_FLAG: True, "--disable-lora": False, "--no-enable-lora": False}
 _FULLY_SHARDED = {FULLY_SHARDED_LORAS_FLAG: True, "--no-fully-sharded-loras": False}
-"""``argparse.BooleanOptionalAction`` spellings (``engine/arg_utils.py:1610``, ``:1626``)."""
+"""The spellings vLLM 0.33's parser turns these booleans into (``EnableDisableAction``: ``--enable-lora`` /
+``--disable-lora``, ``--no-enable-lora`` accepted too; ``engine/arg_utils.py:1610``, ``:1626``)."""
 
 LORA_FLAGS = (*_ENABLE, *_FULLY_SHARDED, MAX_LORAS_FLAG, MAX_LORA_RANK_FLAG, LORA_DTYPE_FLAG)
 """Every spelling :func:`read_lora_flags` reads."""
@@ -86,7 +87,7 @@ class LoraFlags:
 
 def read_lora_flags(args: Sequence[str]) -> LoraFlags | None:
     """The :class:`LoraFlags` of ``args``, or ``None`` without ``--enable-lora`` (the last of
-    ``--enable-lora`` / ``--no-enable-lora`` wins).
+    ``--enable-lora`` / ``--disable-lora`` / ``--no-enable-lora`` wins).
 
     Never raises: a value vLLM would refuse is :func:`check_lora_flags`' to report and is not read."""
     enabled, flags = False, LoraFlags()

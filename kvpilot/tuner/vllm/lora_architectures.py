@@ -1,11 +1,14 @@
-"""Which vLLM 0.33 architectures get LoRA buffers on the vocabulary, and which MoE layout their experts use.
+"""Which vLLM 0.33 architectures wrap their vocabulary for LoRA, fuse their linears, use the 3D MoE wrapper.
 
 Read from each registered class (``vllm/model_executor/models/registry.py``) that ``SupportsLoRA``:
 ``embedding_modules`` (``interfaces.py:735``, empty by default) names the vocabulary modules that
 ``get_supported_lora_modules`` (``lora/utils.py:245``) adds to the wrapped ones, and ``is_3d_moe_weight``
 (``interfaces.py:731``) picks ``FusedMoE3DWithLoRA`` over ``FusedMoEWithLoRA``
-(``lora/model_manager.py:152``). ``tests/contract/test_contract_lora.py`` checks all three sets against
-the registry. Facts only: :mod:`.lora` says what the buffers are.
+(``lora/model_manager.py:152``), and ``packed_modules_mapping`` says how many adapters a fused linear holds
+(``from_layer``, ``lora/utils.py:113``: ``qkv_proj`` packed from q, k, v is a three-slice
+``MergedQKVParallelLinearWithLoRA``; packed from itself, a one-slice ``QKVParallelLinearWithLoRA``).
+``tests/contract/test_contract_lora.py`` checks every set against the registry. Facts only: :mod:`.lora`
+says what the buffers are.
 """
 
 from __future__ import annotations
@@ -230,3 +233,29 @@ LORA_3D_MOE_ARCHITECTURES = frozenset(
 )
 """Classes whose ``is_3d_moe_weight`` is true: their experts' LoRA is ``FusedMoE3DWithLoRA``, one fused
 w13 slice (``lora/layers/fused_moe.py:486``)."""
+
+LORA_FUSED_QKV_ARCHITECTURES = frozenset(
+    {
+        "Molmo2ForConditionalGeneration",
+        "MolmoForCausalLM",
+        "Phi3ForCausalLM",
+        "Phi4MMForCausalLM",
+        "Plamo3ForCausalLM",
+    }
+)
+"""Classes whose ``packed_modules_mapping`` maps ``qkv_proj`` to itself (Phi-3's checkpoint fuses q, k, v):
+one A of ``rank x hidden`` (``QKVParallelLinearWithLoRA``, ``column_parallel_linear.py:388``) instead of
+three."""
+
+LORA_FUSED_GATE_UP_ARCHITECTURES = frozenset(
+    {
+        "Glm4vForConditionalGeneration",
+        "GlmOcrForConditionalGeneration",
+        "MolmoForCausalLM",
+        "Phi3ForCausalLM",
+        "Phi4MMForCausalLM",
+        "Plamo3ForCausalLM",
+    }
+)
+"""Classes whose ``packed_modules_mapping`` maps ``gate_up_proj`` to itself: one A of ``rank x hidden``
+(``ColumnParallelLinearWithLoRA``, ``column_parallel_linear.py:85``) instead of two."""
