@@ -45,8 +45,11 @@ def test_every_spelling_vllm_has_for_these_flags_is_read(
 ) -> None:
     by_dest = vllm_option_strings
     spellings = by_dest["enforce_eager"] | by_dest["enable_prefix_caching"] | by_dest["performance_mode"]
-    # vLLM's parser also takes --no-enable-prefix-caching (it is in CASES), not an option string of its own
-    assert spellings == set(ENGINE_FLAGS) - {"--no-enable-prefix-caching"}
+    for dest in ("enable_lora", "max_loras", "max_lora_rank", "lora_dtype", "fully_sharded_loras"):
+        spellings |= by_dest[dest]  # the LoRA flags (kvpilot.tuner.vllm.lora)
+    # vLLM's parser also takes --no-enable-prefix-caching (it is in CASES) and --no-enable-lora, not option
+    # strings of their own
+    assert spellings == set(ENGINE_FLAGS) - {"--no-enable-prefix-caching", "--no-enable-lora"}
     choices = next(a.choices for a in vllm_parser._actions if a.dest == "performance_mode")
     assert set(choices) == set(kv_vllm.PERFORMANCE_MODES)
 

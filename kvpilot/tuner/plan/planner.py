@@ -304,6 +304,13 @@ def compute_plan(
         expert_shards,
     )
     p.warnings += [vllm.describe_unmodelled_flag(flag) for flag in engine.unmodelled]
+    lora_gap = memory.lora_unbudgeted_reason(model) if engine.lora is not None else None
+    if lora_gap is not None:
+        p.warnings.append(
+            f"--enable-lora is not in kvpilot's memory model for {model.architecture} ({lora_gap}): its "
+            f"LoRA buffers are not budgeted; lower --gpu-memory-utilization by --max-loras x "
+            f"--max-lora-rank x the wrapped layers' widths."
+        )
     settings = _choose_tensor_parallel(p)
     settings, wanted = _choose_context(p, settings)
     settings = _choose_utilization(p, settings)
@@ -318,6 +325,8 @@ def compute_plan(
         kv_bytes, settings, budget = _pin_kv_pool(
             model, gpu, gpu_count, settings, vllm_version, weights_total_bytes, budget, engine, expert_shards
         )
+    if engine.lora is not None and lora_gap is None:
+        p.warnings.append(_describe_lora(engine.lora, budget))
     return Plan(
         settings=settings,
         budget=budget,
@@ -581,6 +590,16 @@ def _pin_kv_pool(
     if not pinned.starts:
         return None, settings, budget
     return budget.kv_pool_bytes, unpinned, pinned
+
+
+def _describe_lora(lora: vllm.LoraFlags, budget: MemoryBudget) -> str:
+    """The plan's line on the LoRA term: vLLM preallocates it at load, whatever adapters are served."""
+    dtype = lora.lora_dtype or "the model's dtype"
+    sharded = ", fully sharded" if lora.fully_sharded else ""
+    return (
+        f"--enable-lora: vLLM preallocates {budget.lora_gib:.2f} GiB of LoRA buffers per GPU at load "
+        f"({lora.max_loras} x rank {lora.max_lora_rank} in {dtype}{sharded}), counted in the weights."
+    )
 
 
 def _render(settings: EngineSettings, kv_cache_memory_bytes: int | None = None) -> tuple[str, ...]:

@@ -1,10 +1,11 @@
 """vLLM 0.33 flags that change what the engine holds in memory and that kvpilot's plan does not budget.
 
-A plan is for the engine the pods run (:mod:`.engine_flags` reads the three untuned flags it does
-budget). The flags below change the engine's memory in ways the memory model does not count, so a
-plan made while one of them is given is the plan of another engine: the planner says so by name, with
-what the flag costs and what to do, in the plan's warnings (:func:`list_unmodelled_flags`). Each is a
-flag of vLLM 0.33's parser (``tests/contract/test_contract_engine_flags.py`` checks it).
+A plan is for the engine the pods run (:mod:`.engine_flags` reads the untuned flags it does budget:
+``--enforce-eager``, ``--performance-mode``, prefix caching and ``--enable-lora`` with its sizes). The
+flags below change the engine's memory in ways the memory model does not count, so a plan made while
+one of them is given is the plan of another engine: the planner says so by name, with what the flag
+costs and what to do, in the plan's warnings (:func:`list_unmodelled_flags`). Each is a flag of vLLM
+0.33's parser (``tests/contract/test_contract_engine_flags.py`` checks it).
 """
 
 from __future__ import annotations
@@ -41,10 +42,6 @@ UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
     ),
     "--cpu-offload-gb": (
         "weights offloaded to host memory are still counted on the GPU: the plan is pessimistic"
-    ),
-    "--enable-lora": (
-        "LoRA adapters' weights and their punica buffers are not budgeted; lower --gpu-memory-utilization "
-        "by --max-loras x the adapter size"
     ),
     "--enable-expert-parallel": (
         "expert parallelism shards the experts over DP x TP ranks, which the plan (TP only) does not model"
