@@ -285,8 +285,10 @@ def compute_plan(
     leaves (the same blocks) instead of ``--gpu-memory-utilization`` (:func:`_pin_kv_pool`).
     ``engine``: what the pods run besides the tuned settings (:class:`kvpilot.tuner.vllm.EngineFlags`: their
     ``VLLM_USE_V2_MODEL_RUNNER``, ``--enforce-eager``, ``--performance-mode``, prefix caching); the plan is
-    for that engine. ``expert_shards``: the replica is one data-parallel rank of a group whose routed experts
-    split over the group (:func:`kvpilot.tuner.plan.nodes.compute_node_plan` plans such groups)."""
+    for that engine. Its ``--max-num-active-seqs`` keeps ``max_num_seqs`` the capacity the plan sizes; a cap
+    above it is refused by name (vLLM 0.33 does not start) and the warnings say which limit admits.
+    ``expert_shards``: the replica is one data-parallel rank of a group whose routed experts split over the
+    group (:func:`kvpilot.tuner.plan.nodes.compute_node_plan` plans such groups)."""
     release, release_warning = vllm.check_release(vllm_version)
     if model.architecture != model.model_type:  # a config without ``architectures`` names its model_type
         vllm.check_architecture_registered(model.architecture, release)
@@ -317,6 +319,10 @@ def compute_plan(
     settings, budget = p.settle(settings)
     settings, budget = _try_fp8_kv(p, settings, budget)
     settings, budget = _shorten_context(p, settings, budget, wanted)
+    if engine.max_num_active_seqs is not None and settings.max_num_seqs is not None:
+        # the cap admits, max_num_seqs sizes memory and graphs (:mod:`kvpilot.tuner.vllm.active_seqs`)
+        vllm.check_active_below_seqs(engine.max_num_active_seqs, settings.max_num_seqs)
+        p.warnings.append(vllm.describe_active_seqs_plan(engine.max_num_active_seqs, settings.max_num_seqs))
     feasible, reasons = _judge(p, settings, budget)
     _warn_about_capacity(p, budget)
     profile, note, learned_tokens = _profile_fields(learned, budget)

@@ -13,6 +13,9 @@ plan of another engine:
 * ``--enable-lora`` with ``--max-loras``, ``--max-lora-rank``, ``--lora-dtype`` and
   ``--fully-sharded-loras``: the LoRA buffers vLLM preallocates at load (:mod:`.lora`).
 
+``--max-num-active-seqs`` has no memory of its own, but it is read here too (:mod:`.active_seqs`): it is
+the admission limit the plan reports and the closed loop compares the running requests with.
+
 Each is read as vLLM's own parser reads it (``EngineArgs.add_cli_args``: the booleans are
 ``EnableDisableAction`` flags without a value, the last occurrence wins), which
 ``tests/contract/test_contract_engine_flags.py`` checks against that parser. vLLM accepts unique
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from kvpilot.tuner import errors
+from kvpilot.tuner.vllm.active_seqs import check_active_seqs, find_active_seqs
 from kvpilot.tuner.vllm.args import check_choice, flag_value, iter_flags
 from kvpilot.tuner.vllm.lora import LORA_FLAGS, LoraFlags, check_lora_flags, read_lora_flags
 from kvpilot.tuner.vllm.unmodelled import list_unmodelled_flags
@@ -79,6 +83,9 @@ class EngineFlags:
     """``--enable-lora`` and the flags that size its buffers (:mod:`.lora`); ``None``: LoRA is off."""
     unmodelled: tuple[str, ...] = ()
     """Flags given that change memory kvpilot does not budget (:mod:`.unmodelled`); the plan names each."""
+    max_num_active_seqs: int | None = None
+    """``--max-num-active-seqs`` (:mod:`.active_seqs`): the admission cap; ``None``: not given (the limit is
+    ``max_num_seqs``). Not part of the memory budget: it has none of its own."""
 
     def budget_kwargs(self) -> BudgetKwargs:
         """The keyword arguments :func:`kvpilot.tuner.memory.compute_budget` takes for these flags."""
@@ -99,7 +106,10 @@ def build_engine_flags(args: Sequence[str], model_runner_v2: bool | None = None)
 
     Never raises: a value vLLM would refuse is :func:`check_engine_flags`' to report, and is not read."""
     flags = EngineFlags(
-        model_runner_v2=model_runner_v2, unmodelled=list_unmodelled_flags(args), lora=read_lora_flags(args)
+        model_runner_v2=model_runner_v2,
+        unmodelled=list_unmodelled_flags(args),
+        lora=read_lora_flags(args),
+        max_num_active_seqs=find_active_seqs(args),
     )
     for index, flag, inline in iter_flags(args):
         if flag in _EAGER and inline is None:
@@ -113,9 +123,10 @@ def build_engine_flags(args: Sequence[str], model_runner_v2: bool | None = None)
 
 def check_engine_flags(args: Sequence[str]) -> None:
     """Refuse what vLLM 0.33's parser refuses of these flags (a value given to a boolean, a performance
-    mode it does not know, a LoRA value :func:`.lora.check_lora_flags` refuses) and an abbreviation of one
-    (kvpilot reads the full spellings only)."""
+    mode it does not know, a LoRA value :func:`.lora.check_lora_flags` refuses, a cap of sequences below 1)
+    and an abbreviation of one (kvpilot reads the full spellings only)."""
     check_lora_flags(args)
+    check_active_seqs(args)
     for index, flag, inline in iter_flags(args):
         if flag in LORA_FLAGS:
             continue

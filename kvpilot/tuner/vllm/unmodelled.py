@@ -6,6 +6,8 @@ flags below change the engine's memory in ways the memory model does not count, 
 one of them is given is the plan of another engine: the planner says so by name, with what the flag
 costs and what to do, in the plan's warnings (:func:`list_unmodelled_flags`). Each is a flag of vLLM
 0.33's parser (``tests/contract/test_contract_engine_flags.py`` checks it).
+
+``--max-num-active-seqs`` is not one: it caps admission and has no memory of its own (:mod:`.active_seqs`).
 """
 
 from __future__ import annotations
@@ -48,10 +50,6 @@ UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
     ),
     "--data-parallel-size": (
         "data parallelism: the plan is for one engine of TP ranks; each DP rank is sized alike"
-    ),
-    "--max-num-active-seqs": (
-        "an admission cap below --max-num-seqs with no memory of its own: the plan and the closed loop size "
-        "--max-num-seqs as the capacity and do not know the cap"
     ),
 }
 """vLLM 0.33 flag -> what it changes that kvpilot does not budget, and what to do."""
