@@ -46,10 +46,10 @@ def test_unmodelled_flags_are_found_in_any_spelling_once(args: list[str], found:
 
 def test_the_plan_names_each_unmodelled_flag_with_what_to_do() -> None:
     model = build_model_spec(LLAMA_8B)
-    engine = vllm.build_engine_flags(["--speculative-config", "{}", "--enable-lora"])
+    engine = vllm.build_engine_flags(["--speculative-config", "{}", "--moe-backend", "triton"])
     plan = compute_plan(model, gpus.lookup_gpu("H100-SXM"), 1, ServingBounds(), engine=engine)
     named = [w for w in plan.warnings if "is not in kvpilot's memory model" in w]
-    assert [w.split()[0] for w in named] == ["--speculative-config", "--enable-lora"]
+    assert [w.split()[0] for w in named] == ["--speculative-config", "--moe-backend"]
     assert "--kv-cache-memory-bytes" in named[0]
     plain = compute_plan(model, gpus.lookup_gpu("H100-SXM"), 1, ServingBounds())
     assert not [w for w in plain.warnings if "is not in kvpilot's memory model" in w]
