@@ -86,6 +86,8 @@ class Discovery:
     """The GFD labels of a node the pods run on, when the product came from them."""
     nodes: int = 1
     """Pods (nodes) of one replica: a LeaderWorkerSet's group size; ``gpu_count`` GPUs each."""
+    config_args: tuple[str, ...] = ()
+    """The flags of the ``--config`` file, as arguments (the command line's own override them)."""
 
 
 def _group(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -322,6 +324,7 @@ def build_discovery(
         gpu_product=product,
         gpu_labels=labels,
         nodes=nodes,
+        config_args=config_args,
     )
 
 

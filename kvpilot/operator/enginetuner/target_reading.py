@@ -2,11 +2,12 @@
 
 The reading half of :func:`kvpilot.operator.enginetuner.target_handlers.reconcile`: :func:`fetch_target`
 (the spec parsed and checked by the tenant guard, the target, its pods, their nodes and ConfigMaps read
-in :data:`~kvpilot.operator.clients.kube.IO_POOL`: :mod:`.target_observed`; what runs there discovered,
-the InferenceService planner's answer for it) and :func:`build_found` (what the status says of it:
-:class:`~kvpilot.operator.status.tuner_status.TunerFound`). A target whose container runs SGLang or TGI is
-an :class:`~.target_engine_reading.EngineTarget` (:mod:`.target_engine_plan` discovers it,
-:mod:`.target_engine_reading` plans it). The target is never written.
+in :data:`~kvpilot.operator.clients.kube.IO_POOL`: :mod:`.target_observed`; what runs there discovered and
+held to its memory limit, :mod:`.target_host_memory`; the InferenceService planner's answer for it) and
+:func:`build_found` (what the status says of it: :class:`~kvpilot.operator.status.tuner_status.TunerFound`).
+A target whose container runs SGLang or TGI is an :class:`~.target_engine_reading.EngineTarget`
+(:mod:`.target_engine_plan` discovers it, :mod:`.target_engine_reading` plans it). The target is never
+written.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import IO_POOL, TargetKube
-from kvpilot.operator.enginetuner import target, target_engine_reading, target_loop
+from kvpilot.operator.enginetuner import target, target_engine_reading, target_host_memory, target_loop
 from kvpilot.operator.enginetuner.target_engine_reading import EngineTarget
 from kvpilot.operator.enginetuner.target_observed import (
     Observed,
@@ -67,6 +68,7 @@ async def fetch_target(
     if other is not None:  # its container runs SGLang or TGI
         return other
     found = target.build_discovery(parsed, observed.workload, observed.node_labels, observed.config_maps)
+    target_host_memory.check_target_host_memory(observed.workload, found)  # before the plan: no rewrite
     plan, model, loop_inputs = await io.run_in_executor(
         IO_POOL, read_plan, parsed, found, namespace, kube, hub
     )
