@@ -46,8 +46,11 @@ class Observed:
     config_maps: dict[str, dict[str, str]]
 
 
-def read_observed(kube: TargetKube, namespace: str, spec: api.EngineTunerSpec) -> Observed:
-    """The target, its pods, their nodes' labels and the ConfigMaps its pods mount (sync)."""
+def read_observed(kube: TargetKube | None, namespace: str, spec: api.EngineTunerSpec) -> Observed:
+    """The target, its pods, their nodes' labels and the ConfigMaps its pods mount (sync); ApplyFailed
+    without a Kubernetes client."""
+    if kube is None:
+        raise errors.ApplyFailed("no Kubernetes client configured")
     ref = spec.target_ref
     group = target.is_group_kind(ref.kind)
     try:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.operator import api, errors
+from kvpilot.operator import api
 from kvpilot.operator.clients.kube import IO_POOL, TargetKube
 from kvpilot.operator.enginetuner import target, target_engine_reading, target_host_memory, target_loop
 from kvpilot.operator.enginetuner.target_engine_reading import EngineTarget
@@ -59,8 +59,6 @@ async def fetch_target(
     namespace = str(meta.get("namespace") or "default")
     generation = meta.get("generation")
     parsed = parse_spec(spec)
-    if kube is None:
-        raise errors.ApplyFailed("no Kubernetes client configured")
     io = asyncio.get_running_loop()
     observed = await io.run_in_executor(IO_POOL, read_observed, kube, namespace, parsed)
     gen = int(generation) if generation is not None else None
