@@ -400,7 +400,8 @@ def test_the_service_account_reads_a_crashed_pods_previous_log(chart: Chart, tmp
     from e2e import pods
     from e2e.fleet.truth import EngineArgs, GroundTruth
     from kvpilot.operator.clients.pod_logs import POD_GONE, UnreadLog
-    from kvpilot.operator.pods.pod_status import LOG_TAIL_LINES, ClusterPods, build_pod_view
+    from kvpilot.operator.pods.pod_reading import LOG_TAIL_LINES, ClusterPods
+    from kvpilot.operator.pods.pod_view import build_pod_view
     from kvpilot.tuner.loop.observations import RestartKind
 
     pod = {

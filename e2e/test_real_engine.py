@@ -41,7 +41,7 @@ from e2e.prometheus import PrometheusServer
 from e2e.vllm_cpu.engine_process import engine_python, read_tail
 from e2e.vllm_cpu.load import LoadGenerator
 from kvpilot.operator.clients.prometheus import build_queries
-from kvpilot.operator.pods.pod_status import LOG_TAIL_LINES, ClusterPods, LogCache, read_pod_views
+from kvpilot.operator.pods.pod_reading import LOG_TAIL_LINES, ClusterPods, LogCache, read_pod_views
 from kvpilot.tuner.loop.config import PolicyConfig
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.loop.remedies import fit_context

@@ -123,13 +123,13 @@ PROBE_FILES = {
     "operator/loop/state.py": "from probe.operator.status import patch\n",
     "operator/status/__init__.py": "",
     "operator/status/patch.py": (
-        "from probe.operator.planning import modes\nfrom probe.operator.pods import pod_status\n"
+        "from probe.operator.planning import modes\nfrom probe.operator.pods import pod_reading\n"
     ),
     "operator/planning/__init__.py": "",
     "operator/planning/modes.py": "from probe.operator import api, errors\n",
     "operator/planning/hub.py": "import huggingface_hub\n\nfrom probe.operator.clients import kube\n",
     "operator/pods/__init__.py": "",
-    "operator/pods/pod_status.py": "import kubernetes\n\nfrom probe.operator.clients import kube\n",
+    "operator/pods/pod_reading.py": "import kubernetes\n\nfrom probe.operator.clients import kube\n",
     "operator/clients/__init__.py": "",
     "operator/clients/kube.py": (
         "import kubernetes\nimport urllib3\n\nfrom probe.operator import api, errors\n"
@@ -318,12 +318,12 @@ def test_no_operator_module_imports_more_than_ten_siblings() -> None:
 
 
 def test_the_sibling_count_sees_every_form_of_import() -> None:
-    names = frozenset(f"kvpilot.operator.{m}" for m in ("api", "errors", "pods.capacity", "pods.pod_status"))
+    names = frozenset(f"kvpilot.operator.{m}" for m in ("api", "errors", "pods.capacity", "pods.pod_view"))
     source = (
         "import kvpilot.operator.api\nfrom kvpilot.operator import errors\n"
         "from kvpilot.operator.pods import capacity\nfrom kvpilot.operator.pods.capacity import NodeView\n"
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from kvpilot.operator.pods.pod_status import X\n"
+        "if TYPE_CHECKING:\n    from kvpilot.operator.pods.pod_view import X\n"
         "from kvpilot.tuner import vllm\n"
     )
     assert operator_siblings(source, "kvpilot.operator.main", names) == set(names)

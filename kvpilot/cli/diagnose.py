@@ -19,7 +19,7 @@ from kvpilot.tuner.vllm import serving
 
 def _read_log(args: argparse.Namespace) -> str:
     if args.pod:  # the previous container's log, as the closed loop reads it
-        from kvpilot.operator.pods.pod_status import ClusterPods
+        from kvpilot.operator.pods.pod_reading import ClusterPods
 
         pods, container = ClusterPods(), serving.CONTAINER_NAME
         text = pods.read_previous_log(args.namespace, args.pod, container, 100_000)

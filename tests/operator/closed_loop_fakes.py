@@ -24,7 +24,7 @@ def rfc3339(epoch: float) -> str:
 
 
 class FakePods:
-    """:class:`kvpilot.operator.pods.pod_status.PodReader` over a list of pod dicts."""
+    """:class:`kvpilot.operator.pods.pod_reading.PodReader` over a list of pod dicts."""
 
     def __init__(self) -> None:
         self.pods: list[dict[str, Any]] = []

@@ -21,7 +21,7 @@ from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.operator.inferenceservice import closed_loop, handlers, reconcile_deps
 from kvpilot.operator.loop import loop_deps, loop_settings
 from kvpilot.operator.loop.loop_settings import LoopPace
-from kvpilot.operator.pods import pod_status
+from kvpilot.operator.pods import pod_reading
 from kvpilot.tuner.loop import ObservationWindow
 from kvpilot.tuner.loop.policy import Action, Trigger
 
@@ -323,7 +323,7 @@ async def test_termination_message_empty_reads_the_previous_log(harness: Harness
     d = await loop.tick(body)
     assert d.trigger == "CudaOOM"
     assert loop.pods.log_reads == 1
-    pod_status.LOGS.clear()
+    pod_reading.LOGS.clear()
 
 
 async def test_previous_log_is_read_once_per_restart(harness: Harness, loop: LoopHarness) -> None:
@@ -339,11 +339,11 @@ async def test_previous_log_is_read_once_per_restart(harness: Harness, loop: Loo
     )
     for p in loop.pods.pods:
         loop.pods.logs[p["metadata"]["name"]] = "ERROR EngineCore encountered a fatal error.\n" + OOM
-    pod_status.LOGS.clear()
+    pod_reading.LOGS.clear()
     assert (await loop.tick(body)).trigger == "CudaOOM"
     assert (await loop.tick(body)).trigger == "CudaOOM"
     assert loop.pods.log_reads == 1
-    pod_status.LOGS.clear()
+    pod_reading.LOGS.clear()
 
 
 async def test_host_oom_holds_with_advice(harness: Harness, loop: LoopHarness) -> None:

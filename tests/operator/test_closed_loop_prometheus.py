@@ -12,7 +12,8 @@ import pytest
 from prometheus_stub import NOW, PODS, Stub, serve_stub
 
 from kvpilot.operator.clients import prometheus
-from kvpilot.operator.pods.pod_status import build_pod_view, compute_pod_summary
+from kvpilot.operator.pods.pod_summary import compute_pod_summary
+from kvpilot.operator.pods.pod_view import build_pod_view
 from kvpilot.tuner.engines import SglangEngine, TgiEngine
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.sglang import serving as sglang_serving

@@ -30,7 +30,7 @@ from kvpilot.operator.clients.kube import FIELD_MANAGER
 from kvpilot.operator.inferenceservice import desired, drift, handlers, render
 from kvpilot.operator.loop import engine_profiles
 from kvpilot.operator.planning import resolve
-from kvpilot.operator.pods import pod_status, sglang_pods
+from kvpilot.operator.pods import pod_reading, sglang_pods
 from kvpilot.tuner import engines, gpus, sglang, tgi
 from kvpilot.tuner.loop import PolicyConfig, SglangMemory, sglang_fit
 from kvpilot.tuner.model import build_model_spec, lookup_model_config
@@ -575,7 +575,7 @@ def test_an_unexplained_sglang_restart_is_classified_from_its_previous_log_once(
     args = ["--model-path", LLAMA_8B, "--mem-fraction-static", "0.6"]
     reader.pods = [fake_pod("llm-5d8f7c-00000", args, restarts=1, message=None, finished=1000.0)]
     reader.logs["llm-5d8f7c-00000"] = "INFO loading\n" + sglang.no_kv_pool_error(0.6)
-    logs = pod_status.LogCache()
+    logs = pod_reading.LogCache()
     (view,) = sglang_pods.read_sglang_pods(reader, "ns1", "llm", logs)
     assert view.settings == sglang.SglangSettings(mem_fraction_static=0.6)
     assert view.restart is not None and view.restart.failure is not None
@@ -583,7 +583,7 @@ def test_an_unexplained_sglang_restart_is_classified_from_its_previous_log_once(
     sglang_pods.read_sglang_pods(reader, "ns1", "llm", logs)
     assert reader.log_reads == 1  # once per restart
     reader.logs.clear()
-    silent = sglang_pods.read_sglang_pods(reader, "ns1", "llm", pod_status.LogCache())
+    silent = sglang_pods.read_sglang_pods(reader, "ns1", "llm", pod_reading.LogCache())
     assert silent[0].restart is not None and silent[0].restart.failure is None
 
 

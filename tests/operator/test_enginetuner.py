@@ -16,7 +16,7 @@ from e2e.pods import termination_message
 from kvpilot.operator import api
 from kvpilot.operator.clients import pod_logs
 from kvpilot.operator.enginetuner import target, target_deps, target_eviction, target_handlers, target_webhook
-from kvpilot.operator.pods import pod_status
+from kvpilot.operator.pods import pod_reading, pod_view
 from kvpilot.operator.status import status_patch
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import vllm
@@ -121,7 +121,7 @@ class FakeTargetKube:
         self.evicted: list[str] = []
         self.pdb_blocks = False
         self.writes = 0
-        self.logs: dict[str, pod_status.PreviousLog] = {}
+        self.logs: dict[str, pod_view.PreviousLog] = {}
         self.log_reads: list[tuple[str, str]] = []
 
     def read_config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
@@ -160,7 +160,7 @@ class FakeTargetKube:
 
     def read_previous_log(
         self, namespace: str, pod: str, container: str, tail_lines: int
-    ) -> pod_status.PreviousLog:
+    ) -> pod_view.PreviousLog:
         self.log_reads.append((pod, container))
         return self.logs.get(pod)
 
@@ -213,7 +213,7 @@ def cond(body: dict[str, Any], type_: str) -> dict[str, Any]:
 
 @pytest.fixture
 def kube() -> FakeTargetKube:
-    pod_status.LOGS.clear()  # the process's previous-log cache: no test sees another's reads
+    pod_reading.LOGS.clear()  # the process's previous-log cache: no test sees another's reads
     k = FakeTargetKube()
     ps = deployment("llama", PS_COMMAND)
     k.workloads[(NS, "Deployment", "llama")] = ps

@@ -19,7 +19,7 @@ from test_enginetuner_engines import sglang_deployment, tgi_deployment
 
 from kvpilot.operator.enginetuner import target_deps, target_engines, target_handlers, target_webhook
 from kvpilot.operator.enginetuner.target_engines import EngineArgs
-from kvpilot.operator.pods import pod_status
+from kvpilot.operator.pods import pod_reading
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.operator.status.status_patch import format_time
 from kvpilot.tuner import engines, sglang, tgi
@@ -33,7 +33,7 @@ class Target:
     """A target, its pods, the metrics the snapshot gives its pods, and an EngineTuner reconciled on it."""
 
     def __init__(self, workload: dict[str, Any], container: str, mode: str, **spec: Any) -> None:
-        pod_status.LOGS.clear()
+        pod_reading.LOGS.clear()
         self.kube = FakeTargetKube()
         self.workload = workload
         self.name = workload["metadata"]["name"]

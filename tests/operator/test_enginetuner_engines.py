@@ -15,7 +15,7 @@ from test_enginetuner import LLAMA, NS, PS_COMMAND, FakeTargetKube, cond, deploy
 from kvpilot.operator import api
 from kvpilot.operator.enginetuner import target, target_engine_plan, target_webhook
 from kvpilot.operator.enginetuner.target_engines import EngineArgs
-from kvpilot.operator.pods import leader_worker_set, pod_status
+from kvpilot.operator.pods import leader_worker_set, pod_reading
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import sglang, tgi
 
@@ -165,7 +165,7 @@ def test_sglang_over_a_groups_nodes_is_unsupported_by_name() -> None:
 
 @pytest.fixture
 def sg_kube() -> FakeTargetKube:
-    pod_status.LOGS.clear()
+    pod_reading.LOGS.clear()
     k = FakeTargetKube()
     wl = sglang_deployment()
     k.workloads[(NS, "Deployment", "sg")] = wl
@@ -175,7 +175,7 @@ def sg_kube() -> FakeTargetKube:
 
 @pytest.fixture
 def tgi_kube() -> FakeTargetKube:
-    pod_status.LOGS.clear()
+    pod_reading.LOGS.clear()
     k = FakeTargetKube()
     wl = tgi_deployment()
     k.workloads[(NS, "Deployment", "tgi")] = wl

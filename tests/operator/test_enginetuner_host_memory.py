@@ -16,7 +16,7 @@ from test_enginetuner_group import LWS, leader_worker_set_of
 
 from kvpilot.operator import api
 from kvpilot.operator.enginetuner import target, target_host_memory, target_webhook
-from kvpilot.operator.pods import pod_status
+from kvpilot.operator.pods import pod_reading
 from kvpilot.operator.status.events import RecordingEmitter
 
 TIER = ["--kv-offloading-size", "100"]
@@ -29,7 +29,7 @@ def offloading_target(memory: str | None, flags: list[str] = TIER) -> dict[str, 
 
 
 def kube_with(workload: dict[str, Any]) -> FakeTargetKube:
-    pod_status.LOGS.clear()
+    pod_reading.LOGS.clear()
     k = FakeTargetKube()
     k.workloads[(NS, "Deployment", "llama")] = workload
     k.pods = [pod_of(workload, "llama-abc12-x"), pod_of(workload, "llama-abc12-y", node="l4-1")]

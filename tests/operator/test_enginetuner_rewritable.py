@@ -14,7 +14,7 @@ from test_enginetuner_engines import SGLANG_IMAGE, TGI_IMAGE
 
 from kvpilot.operator.enginetuner import target_webhook
 from kvpilot.operator.enginetuner.target_engines import EngineArgs
-from kvpilot.operator.pods import pod_status
+from kvpilot.operator.pods import pod_reading
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner.types import EngineSettings
 
@@ -35,7 +35,7 @@ VLLM_SCRIPT = [
 
 
 def kube_with(workload: dict[str, Any], *pods: str) -> FakeTargetKube:
-    pod_status.LOGS.clear()
+    pod_reading.LOGS.clear()
     k = FakeTargetKube()
     k.workloads[(NS, "Deployment", workload["metadata"]["name"])] = workload
     k.pods = [pod_of(workload, p, node=f"l4-{i % 2}") for i, p in enumerate(pods)]

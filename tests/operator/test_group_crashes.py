@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvpilot.operator.pods import group_crashes, pod_cache, pod_status, workloads
+from kvpilot.operator.pods import group_crashes, pod_cache, pod_reading, pod_summary, workloads
 from kvpilot.operator.pods import leader_worker_set as lws
 from kvpilot.tuner.loop import RestartKind
 from kvpilot.tuner.types import EngineSettings
@@ -111,15 +111,15 @@ def test_the_tick_counts_a_gone_workers_oom_against_its_settings_and_nothing_els
         ("ns", "dsv3"): [group_pod("dsv3-0", "u-leader-2", "0"), group_pod("dsv3-0-1", "u-worker-2", "1")]
     }
     reader = pod_cache.IndexedPods(index, NoLogs())
-    views = pod_status.read_pod_views(reader, "ns", workloads.build_label_selector("dsv3"), "dsv3")
+    views = pod_reading.read_pod_views(reader, "ns", workloads.build_label_selector("dsv3"), "dsv3")
     assert [v.name for v in views if v.gone] == ["dsv3-0-1"]
-    summary = pod_status.compute_pod_summary(views, CURRENT, replicas=1)
+    summary = pod_summary.compute_pod_summary(views, CURRENT, replicas=1)
     (restart,) = summary.restarts
     assert restart.cause.kind == RestartKind.CUDA_OOM and restart.pod == "dsv3-0-1"
     assert summary.ready and summary.current_pods == 2  # the new group serves; the gone pod is no pod
-    serving = pod_status.compute_serving(views, CURRENT)
+    serving = pod_summary.compute_serving(views, CURRENT)
     assert serving.available and serving.ready_replicas == 1
     # settings changed since (the remedy rolled out): the old crash is no evidence against the new ones
     assert (
-        pod_status.compute_pod_summary(views, CURRENT.replace(gpu_memory_utilization=0.9), 1).restarts == ()
+        pod_summary.compute_pod_summary(views, CURRENT.replace(gpu_memory_utilization=0.9), 1).restarts == ()
     )

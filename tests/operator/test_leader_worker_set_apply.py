@@ -16,7 +16,7 @@ import pytest
 from operator_fakes import H100_LABELS, Harness, condition, isvc
 
 from kvpilot.operator.pods import leader_worker_set as lws
-from kvpilot.operator.pods import pod_status, workloads
+from kvpilot.operator.pods import pod_summary, pod_view, workloads
 from kvpilot.tuner.loop import RestartKind
 from kvpilot.tuner.types import EngineSettings
 
@@ -140,12 +140,12 @@ def test_the_groups_pods_are_the_services_and_a_group_is_one_replica() -> None:
         group_pod("llm-1", "0", "llm", ready=False),
         group_pod("llm-1-1", "1", "llm-1"),
     ]
-    assert all(pod_status.owned_by(p, "llm") for p in pods)
-    assert not any(pod_status.owned_by(p, "ll") for p in pods)  # a set named like a prefix is another's
+    assert all(pod_view.owned_by(p, "llm") for p in pods)
+    assert not any(pod_view.owned_by(p, "ll") for p in pods)  # a set named like a prefix is another's
     foreign = {**pods[0], "metadata": {**pods[0]["metadata"], "ownerReferences": []}}
-    assert not pod_status.owned_by(foreign, "llm")
-    views = [pod_status.build_pod_view(p) for p in pods]
-    serving = pod_status.compute_serving(views, EngineSettings(max_num_seqs=64))
+    assert not pod_view.owned_by(foreign, "llm")
+    views = [pod_view.build_pod_view(p) for p in pods]
+    serving = pod_summary.compute_serving(views, EngineSettings(max_num_seqs=64))
     assert (serving.replicas, serving.ready_replicas, serving.available) == (2, 1, True)
 
 
@@ -155,10 +155,10 @@ def test_a_workers_nccl_timeout_is_the_groups_restart_and_not_a_kv_failure() -> 
         "for 600010 milliseconds before timing out."
     )
     views = [
-        pod_status.build_pod_view(group_pod("llm-0", "0", "llm")),
-        pod_status.build_pod_view(group_pod("llm-0-1", "1", "llm-0", message=text)),
+        pod_view.build_pod_view(group_pod("llm-0", "0", "llm")),
+        pod_view.build_pod_view(group_pod("llm-0-1", "1", "llm-0", message=text)),
     ]
-    summary = pod_status.compute_pod_summary(views, EngineSettings(max_num_seqs=64), replicas=1)
+    summary = pod_summary.compute_pod_summary(views, EngineSettings(max_num_seqs=64), replicas=1)
     (restart,) = summary.restarts
     assert (restart.pod, restart.cause.kind) == ("llm-0-1", RestartKind.DISTRIBUTED_TIMEOUT)
     assert summary.ready  # the leader serves; the worker is no replica of its own

@@ -14,7 +14,9 @@ from kubernetes.client.exceptions import ApiException
 from e2e.pods import termination_message
 from kvpilot.operator.clients import pod_logs
 from kvpilot.operator.clients.kube import fetch_previous_log
-from kvpilot.operator.pods.pod_status import LogCache, PreviousLog, compute_serving, read_pod_views
+from kvpilot.operator.pods.pod_reading import LogCache, read_pod_views
+from kvpilot.operator.pods.pod_summary import compute_serving
+from kvpilot.operator.pods.pod_view import PreviousLog
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.vllm import parse_vllm_args
 

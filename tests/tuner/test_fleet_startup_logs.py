@@ -18,7 +18,7 @@ from e2e.fleet import truth as truth_mod
 from e2e.fleet import vllm_logs
 from e2e.fleet.truth import EngineArgs, GroundTruth
 from e2e.pods import termination_message
-from kvpilot.operator.pods.pod_status import LOG_TAIL_LINES
+from kvpilot.operator.pods.pod_reading import LOG_TAIL_LINES
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.loop.restarts import classify_termination

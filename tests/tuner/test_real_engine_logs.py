@@ -4,7 +4,7 @@ Each log is the whole output of a real engine that failed to start (``e2e/vllm_c
 them; the README there says how). The operator meets it in two forms: the termination message kubelet keeps
 (``FallbackToLogsOnError``: the last 80 lines, of which the last 2 KiB; :func:`e2e.pods.termination_message`)
 and the previous container's log tail it reads when that message says nothing
-(:data:`kvpilot.operator.pods.pod_status.LOG_TAIL_LINES` lines). The real engine's root cause sits ~60 lines
+(:data:`kvpilot.operator.pods.pod_reading.LOG_TAIL_LINES` lines). The real engine's root cause sits ~60 lines
 up, under the API server's traceback, so only the second form carries a KV failure's figures.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from e2e.pods import termination_message
-from kvpilot.operator.pods.pod_status import LOG_TAIL_LINES
+from kvpilot.operator.pods.pod_reading import LOG_TAIL_LINES
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop.observations import RestartKind
 from kvpilot.tuner.loop.restarts import classify_termination

@@ -1,5 +1,5 @@
 """The operator's Kubernetes client (kopf has its own; the closed loop reads pods through
-:mod:`kvpilot.operator.pods.pod_status`, on the same ``ApiClient``).
+:mod:`kvpilot.operator.pods.pod_reading`, on the same ``ApiClient``).
 
 :class:`Kube` is the narrow interface the handlers need; :class:`ClusterKube`
 implements it with the ``kubernetes`` client (one shared ``ApiClient``, raw JSON

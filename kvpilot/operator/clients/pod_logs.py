@@ -2,7 +2,7 @@
 
 kubelet keeps the last 80 lines / 2 KiB of a crash as the termination message; after a real vLLM start-up
 failure the ValueError sits further up, so the closed loop reads the previous log
-(:func:`kvpilot.operator.pods.pod_status.read_restart_logs`, for InferenceServices and EngineTuners alike,
+(:func:`kvpilot.operator.pods.pod_reading.read_restart_logs`, for InferenceServices and EngineTuners alike,
 through :func:`kvpilot.operator.clients.kube.fetch_previous_log`). When that read fails, the restart's
 reason must say which failure it was and what to do about it (:func:`compute_unread_log`):
 

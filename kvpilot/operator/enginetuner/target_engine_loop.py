@@ -39,7 +39,7 @@ from kvpilot.operator.loop.engine_reading import Profile
 from kvpilot.operator.planning import resolve
 from kvpilot.operator.pods import engine_pods
 from kvpilot.operator.pods.engine_pods import Codec, EnginePod
-from kvpilot.operator.pods.pod_status import parse_time
+from kvpilot.operator.pods.pod_view import parse_time
 from kvpilot.operator.status import engine_patch
 from kvpilot.operator.status.engine_tuner_status import EngineTunerLoop
 from kvpilot.tuner import errors as tuner_errors

@@ -22,7 +22,7 @@ from kvpilot.operator.enginetuner.target_deps import TargetDeps
 from kvpilot.operator.enginetuner.target_engine_reading import EngineTarget
 from kvpilot.operator.enginetuner.target_reading import Target
 from kvpilot.operator.pods import capacity
-from kvpilot.operator.pods.pod_status import parse_time
+from kvpilot.operator.pods.pod_view import parse_time
 from kvpilot.operator.status import events
 from kvpilot.operator.status.tuner_status import Eviction
 

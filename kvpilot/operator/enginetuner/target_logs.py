@@ -4,7 +4,7 @@ kubelet's termination message holds the last 80 lines / 2 KiB of a crash; after 
 the ValueError that says why sits further up, under the API server's traceback. So, as for an
 InferenceService's pods, a restart of the target's vLLM container that its termination message does not
 explain is classified from the previous container's log, read once per restart through the one shared
-reader (:func:`kvpilot.operator.pods.pod_status.read_restart_logs`), or says why that log could not be read
+reader (:func:`kvpilot.operator.pods.pod_reading.read_restart_logs`), or says why that log could not be read
 (:mod:`kvpilot.operator.clients.pod_logs`). :func:`kvpilot.operator.enginetuner.target_loop.build_views`
 takes what this module read.
 
@@ -22,20 +22,20 @@ from typing import Any
 from kvpilot.operator import api
 from kvpilot.operator.clients.kube import IO_POOL, TargetKube
 from kvpilot.operator.enginetuner import target, target_loop
-from kvpilot.operator.pods import group_crashes, pod_status
+from kvpilot.operator.pods import group_crashes, pod_reading, pod_view
 
 
 def read_logs(
     kube: TargetKube, namespace: str, pods: Sequence[Mapping[str, Any]], container: str
-) -> dict[str, pod_status.PreviousLog]:
+) -> dict[str, pod_view.PreviousLog]:
     """The previous logs of the pods' vLLM ``container`` whose restarts need them, by pod (blocking)."""
     only = [target_loop.with_container(pod, container) for pod in pods]
-    return pod_status.read_restart_logs(kube, namespace, only, container)
+    return pod_reading.read_restart_logs(kube, namespace, only, container)
 
 
 async def fetch_logs(
     kube: TargetKube | None, namespace: str, pods: Sequence[Mapping[str, Any]], container: str
-) -> dict[str, pod_status.PreviousLog]:
+) -> dict[str, pod_view.PreviousLog]:
     """:func:`read_logs` in the operator's I/O threads; nothing without a client."""
     if kube is None:
         return {}

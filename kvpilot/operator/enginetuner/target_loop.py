@@ -11,9 +11,9 @@ Each reconcile (create, spec change, the timer) after the plan, in every mode bu
 * The pods that run it (their vLLM command line says so:
   :func:`kvpilot.operator.enginetuner.target.pod_carries`) are
   the evidence, as an InferenceService's pods of its current settings are (:func:`build_views`: the same
-  :class:`~kvpilot.operator.pods.pod_status.PodView`, a restart the termination message does not explain
+  :class:`~kvpilot.operator.pods.pod_view.PodView`, a restart the termination message does not explain
   classified from the previous log the reconcile read, or saying why it could not be read:
-  :func:`kvpilot.operator.pods.pod_status.build_logged_view`): their restarts, readiness and start times,
+  :func:`kvpilot.operator.pods.pod_view.build_logged_view`): their restarts, readiness and start times,
   and their metrics (:func:`compute_metric_pods`; the window comes from the InferenceService loop's shared
   per-tick snapshot, :func:`kvpilot.operator.clients.prometheus.fetch_observations`). Pods running other
   settings
@@ -43,8 +43,8 @@ from typing import Any
 from kvpilot.operator import api
 from kvpilot.operator.enginetuner import target
 from kvpilot.operator.loop import loop_settings, loop_state, tick
-from kvpilot.operator.pods import pod_status
-from kvpilot.operator.pods.pod_status import PodView
+from kvpilot.operator.pods import pod_summary, pod_view
+from kvpilot.operator.pods.pod_view import PodView
 from kvpilot.operator.status import status_patch
 from kvpilot.operator.status.loop_patch import LoopTick
 from kvpilot.operator.status.tuner_status import TunerLoop
@@ -79,7 +79,7 @@ def compute_current(history: Sequence[HistoryEntry], planned: EngineSettings) ->
 
 
 def with_container(pod: Mapping[str, Any], container: str) -> dict[str, Any]:
-    """The pod with its vLLM container alone (what :func:`pod_status.build_pod_view` reads)."""
+    """The pod with its vLLM container alone (what :func:`pod_view.build_pod_view` reads)."""
     spec, status = dict(pod.get("spec") or {}), dict(pod.get("status") or {})
     spec["containers"] = [c for c in spec.get("containers") or () if c.get("name") == container]
     status["containerStatuses"] = [
@@ -99,7 +99,7 @@ def build_views(
     pods: Sequence[Mapping[str, Any]],
     container: str,
     settings: EngineSettings,
-    logs: Mapping[str, pod_status.PreviousLog] | None = None,
+    logs: Mapping[str, pod_view.PreviousLog] | None = None,
 ) -> list[PodView]:
     """The target's pods as the InferenceService's loop sees its own: ``settings`` on those whose vLLM
     container runs them, ``None`` on the others; Ready by the pod's condition; a restart whose previous log
@@ -109,26 +109,22 @@ def build_views(
     views = []
     for pod in pods:
         only, name = with_container(pod, container), str((pod.get("metadata") or {}).get("name") or "")
-        view = (
-            pod_status.build_logged_view(only, logs[name])
-            if name in logs
-            else pod_status.build_pod_view(only)
-        )
+        view = pod_view.build_logged_view(only, logs[name]) if name in logs else pod_view.build_pod_view(only)
         carries = target.pod_carries(pod, container, settings)
         views.append(dataclasses.replace(view, ready=_ready(pod), settings=settings if carries else None))
     return views
 
 
-def compute_target_serving(pods: Sequence[Mapping[str, Any]], container: str) -> pod_status.Serving:
+def compute_target_serving(pods: Sequence[Mapping[str, Any]], container: str) -> pod_summary.Serving:
     """Whether the target serves, from its pods as the InferenceService's ``Available`` and ``Degraded``
     read its own: available when a replica is Ready whatever flags it runs (its owner rolls its pods, not
     kvpilot), degraded with the most telling fault a pod of the engine's ``container`` shows (a crash
     loop, no node, an image, a download)."""
     views = [
-        dataclasses.replace(pod_status.build_pod_view(with_container(p, container)), ready=_ready(p))
+        dataclasses.replace(pod_view.build_pod_view(with_container(p, container)), ready=_ready(p))
         for p in pods
     ]
-    return pod_status.compute_serving(views, None)
+    return pod_summary.compute_serving(views, None)
 
 
 def compute_metric_pods(
@@ -185,7 +181,7 @@ def compute_loop(
     policy: PolicyConfig,
     replicas: int,
     now: float,
-    logs: Mapping[str, pod_status.PreviousLog] | None = None,
+    logs: Mapping[str, pod_view.PreviousLog] | None = None,
 ) -> TunerLoop:
     """The recommendation to stand by, and what to record (:class:`~.tuner_status.TunerLoop`: a new plan, a
     recommendation no pod runs, or a judged tick); ``window``: the metrics of :func:`compute_metric_pods`;
@@ -213,12 +209,12 @@ def compute_loop(
         window=window,
         pods=mine,
         # the others judge nothing; a group's crashed pods, gone since, do; a group is one replica
-        summary=pod_status.compute_pod_summary(
+        summary=pod_summary.compute_pod_summary(
             [*mine, *(v for v in views if v.gone)], current, sum(1 for v in mine if not v.group_worker)
         ),
-        replica_view=pod_status.compute_replica_view(views, max(1, replicas)),
+        replica_view=pod_summary.compute_replica_view(views, max(1, replicas)),
         replicas=max(1, replicas),
-        restart_seconds=pod_status.compute_startup_seconds(mine, current),
+        restart_seconds=pod_summary.compute_startup_seconds(mine, current),
         checkpoint_gib=inputs.checkpoint_bytes / GIB if inputs.checkpoint_bytes else None,
     )
     judged = tick.compute_tick(state, reading, context, now)

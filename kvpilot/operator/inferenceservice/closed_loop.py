@@ -3,7 +3,7 @@
 Every ``$KVPILOT_CLOSED_LOOP_INTERVAL`` seconds (default 30; the pace: :mod:`.loop_settings`) for each
 service in mode ``Auto`` or ``Recommend`` that the reconciler has applied (``status.applied`` set)::
 
-    pods (args, readiness, lastState.terminated) --pod_status--> restarts of the current settings, ready?
+    pods (args, readiness, lastState.terminated) --pod_summary--> restarts of the current settings, ready?
     Prometheus (vLLM metrics)              --prometheus--> ObservationWindow
     model + GPU (resolve, cached)          --memory------> MemoryBudget of the current settings
     status (applied, lastGood, failed, rollout, history, calibration) --loop_state--> LoopState

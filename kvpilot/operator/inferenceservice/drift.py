@@ -16,7 +16,7 @@ registered in :mod:`kvpilot.operator.main`); on every event of one:
 Attribution comes from the API server's ``managedFields``, not from comparing values alone: kvpilot's own
 applies (the reconciler's and the closed loop's retunes, which land before ``status.applied`` says so)
 are owned by kvpilot's manager and never look like drift, so a retune is never "repaired" back. Pods
-that ran the hand-edited settings are told apart by their args (:mod:`kvpilot.operator.pods.pod_status`
+that ran the hand-edited settings are told apart by their args (:mod:`kvpilot.operator.pods.pod_view`
 compares each pod's args with the applied settings), so their crashes are not the applied settings'.
 
 What is re-applied is what the reconciler would apply for the observed generation, keeping the closed

@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import errors
-from kvpilot.operator.inferenceservice.loop_reading import Resolved, Service
+from kvpilot.operator.inferenceservice.loop_reading import Resolved, Service, compute_checkpoint_gib
 from kvpilot.operator.loop import loop_state, tick
 from kvpilot.operator.loop.loop_deps import LoopDeps
-from kvpilot.operator.planning import resolve
-from kvpilot.operator.pods import capacity, pod_status, storage, workloads
+from kvpilot.operator.pods import capacity, pod_reading, pod_summary, pod_view, storage
 from kvpilot.tuner.engines import MetricSeries
 from kvpilot.tuner.loop import ObservationWindow, PolicyConfig
-from kvpilot.tuner.types import GIB
 
 Cluster = tuple[list[capacity.NodeView], list[dict[str, Any]]]
 """The nodes and the unfinished pods (:func:`kvpilot.operator.pods.workloads.fetch_capacity`), read when a
@@ -31,8 +29,8 @@ change may roll out."""
 class Observed:
     """What the tick saw of the running service: its pods, what they say, its metrics and start-up time."""
 
-    views: list[pod_status.PodView]
-    serving: pod_status.Serving
+    views: list[pod_view.PodView]
+    serving: pod_summary.Serving
     reading: tick.TickReading
     startup: float | None
 
@@ -43,37 +41,36 @@ class Observed:
 
 
 async def fetch_observed(
-    deps: LoopDeps, svc: Service, resolved: Resolved, views: list[pod_status.PodView]
+    deps: LoopDeps, svc: Service, resolved: Resolved, views: list[pod_view.PodView]
 ) -> Observed:
     """The metrics of ``views`` (the pods :func:`fetch_pods` read), the start-up time and serving view."""
     window = await fetch_window(deps, svc, views, resolved.policy)
-    startup = pod_status.compute_startup_seconds(views, svc.state.current)
-    serving = pod_status.compute_serving(views, svc.state.current)
+    startup = pod_summary.compute_startup_seconds(views, svc.state.current)
+    serving = pod_summary.compute_serving(views, svc.state.current)
     return Observed(views, serving, build_reading(svc, resolved, views, window, startup), startup)
 
 
-def compute_serving(svc: Service, views: list[pod_status.PodView]) -> pod_status.Serving:
+def compute_serving(svc: Service, views: list[pod_view.PodView]) -> pod_summary.Serving:
     """What the pods say (mode Off, where nothing else is observed)."""
-    return pod_status.compute_serving(views, svc.state.current)
+    return pod_summary.compute_serving(views, svc.state.current)
 
 
-async def fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_status.PodView]:
+async def fetch_pods(deps: LoopDeps, namespace: str, name: str) -> list[pod_view.PodView]:
     """The service's pods; a pod waiting on a node is checked against the nodes (is the node lost?)."""
     if deps.pods is None:
         return []
-    selector = workloads.build_label_selector(name)
-    views = await asyncio.to_thread(pod_status.read_pod_views, deps.pods, namespace, selector, name)
-    if deps.kube is not None and pod_status.needs_node_check(views):
+    views = await asyncio.to_thread(pod_reading.read_service_views, deps.pods, namespace, name)
+    if deps.kube is not None and pod_view.needs_node_check(views):
         try:
             nodes = await deps.nodes.fetch(deps.kube, deps.clock())
         except errors.OperatorError:
             return views  # nodes unreadable (RBAC, a hiccup): the pods' own signs still count
-        views = pod_status.with_lost_nodes(views, nodes)
+        views = pod_view.with_lost_nodes(views, nodes)
     return views
 
 
 async def fetch_window(
-    deps: LoopDeps, svc: Service, views: list[pod_status.PodView], policy: PolicyConfig
+    deps: LoopDeps, svc: Service, views: list[pod_view.PodView], policy: PolicyConfig
 ) -> ObservationWindow:
     """The live pods' metrics from the fleet's per-tick Prometheus snapshot."""
     return await fetch_service_window(deps, svc, [v.name for v in views if not v.terminating], policy)
@@ -104,7 +101,7 @@ async def fetch_service_window(
 def build_reading(
     svc: Service,
     resolved: Resolved,
-    views: list[pod_status.PodView],
+    views: list[pod_view.PodView],
     window: ObservationWindow,
     startup: float | None,
 ) -> tick.TickReading:
@@ -114,19 +111,11 @@ def build_reading(
         budget=resolved.budget,
         window=window,
         pods=views,
-        summary=pod_status.compute_pod_summary(views, current, replicas),
-        replica_view=pod_status.compute_replica_view(views, replicas),
+        summary=pod_summary.compute_pod_summary(views, current, replicas),
+        replica_view=pod_summary.compute_replica_view(views, replicas),
         replicas=replicas,
         restart_seconds=startup if startup is not None else loop_state.read_startup_seconds(svc.old),
         compile_cache_persistent=storage.keeps_compile_cache(svc.spec.model.storage),
         checkpoint_gib=compute_checkpoint_gib(resolved),
         weights_cached=storage.keeps_weights(svc.spec.model.storage),
     )
-
-
-def compute_checkpoint_gib(resolved: Resolved) -> float | None:
-    """The whole checkpoint the pods load (``spec.model.checkpointBytes``, the catalogue's, or the weights
-    the model's config implies); ``None`` when the model did not resolve."""
-    if resolved.inputs is None:
-        return None
-    return resolve.compute_checkpoint_bytes(resolved.inputs.model) / GIB

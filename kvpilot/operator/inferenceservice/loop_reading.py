@@ -20,7 +20,7 @@ from kvpilot.operator.planning import engines, modes, release, resolve
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import gpus, plan
 from kvpilot.tuner.loop import LoopState, PolicyConfig, TuningContext
-from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget
+from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,14 @@ class Resolved:
     budget: MemoryBudget
     gpu: GpuSpec
     default_len: int
+
+
+def compute_checkpoint_gib(resolved: Resolved) -> float | None:
+    """The whole checkpoint the pods load (``spec.model.checkpointBytes``, the catalogue's, or the weights
+    the model's config implies); ``None`` when the model did not resolve."""
+    if resolved.inputs is None:
+        return None
+    return resolve.compute_checkpoint_bytes(resolved.inputs.model) / GIB
 
 
 def parse_service(

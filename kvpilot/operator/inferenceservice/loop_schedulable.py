@@ -12,7 +12,7 @@ from kvpilot.operator.inferenceservice import loop_actions, loop_observing
 from kvpilot.operator.inferenceservice.loop_reading import Service
 from kvpilot.operator.loop.loop_deps import LoopDeps
 from kvpilot.operator.planning import resolve
-from kvpilot.operator.pods import capacity, pod_status
+from kvpilot.operator.pods import capacity, pod_view
 from kvpilot.operator.status import status_patch
 
 
@@ -20,7 +20,7 @@ async def fetch_schedulable(
     deps: LoopDeps,
     svc: Service,
     inputs: resolve.Inputs | None,
-    views: list[pod_status.PodView],
+    views: list[pod_view.PodView],
     cluster: loop_observing.Cluster | None,
 ) -> list[status_patch.Update]:
     """The ``Schedulable`` condition: checked against the nodes while a pod cannot schedule or it is False

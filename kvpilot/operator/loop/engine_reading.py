@@ -22,9 +22,9 @@ from typing import Any, Generic, TypeVar
 from kvpilot.operator import api
 from kvpilot.operator.loop import loop_state
 from kvpilot.operator.planning import resolve
-from kvpilot.operator.pods import pod_status
+from kvpilot.operator.pods import pod_summary
 from kvpilot.operator.pods.engine_pods import Codec, EnginePod
-from kvpilot.operator.pods.pod_status import parse_time
+from kvpilot.operator.pods.pod_view import parse_time
 from kvpilot.operator.status import engine_patch
 from kvpilot.tuner.loop import HistoryAction, ObservationWindow, PolicyConfig, scaling
 from kvpilot.tuner.loop.engine_state import (
@@ -112,7 +112,7 @@ def build_state_of(
     not_started = any(p.not_started for p in mine) and not restarts
     measured = compute_startup_seconds(pods, current)
     restart_seconds = measured if measured is not None else loop_state.read_startup_seconds(status)
-    view = pod_status.compute_replica_view(pods, replicas)
+    view = pod_summary.compute_replica_view(pods, replicas)
     changing = scaling.compute_replica_change(view, now, settle_seconds) if now is not None else None
     return state, EngineEvidence(
         window,
@@ -128,10 +128,10 @@ def build_state_of(
 def compute_startup_seconds(pods: Sequence[EnginePod[S]], current: S) -> float | None:
     """Seconds from start to Ready of the newest live pod running ``current`` that became Ready without a
     restart (``None``: none did), measured as vLLM's
-    (:func:`kvpilot.operator.pods.pod_status.compute_startup_seconds`): the restart a change costs, which
+    (:func:`kvpilot.operator.pods.pod_summary.compute_startup_seconds`): the restart a change costs, which
     the status keeps (``status.startupSeconds``,
     :func:`kvpilot.operator.status.engine_patch.build_engine_patch`)."""
-    return pod_status.compute_startup_seconds(pods, current)
+    return pod_summary.compute_startup_seconds(pods, current)
 
 
 def read_holds(status: Mapping[str, Any]) -> tuple[EngineHold, ...]:

@@ -20,7 +20,7 @@ from kvpilot.operator.clients.prometheus_settings import PrometheusSettings
 from kvpilot.operator.loop.loop_settings import LoopPace
 from kvpilot.operator.planning import resolve
 from kvpilot.operator.planning.hub import download_hub_files
-from kvpilot.operator.pods import pod_status
+from kvpilot.operator.pods import pod_reading
 from kvpilot.operator.pods.ownership import VerifiedOwners
 from kvpilot.operator.status import events, status_write
 from kvpilot.tuner.loop import ObservationWindow
@@ -33,7 +33,7 @@ class LoopDeps:
     """What one tick talks to; tests replace any of them."""
 
     kube: Kube | None
-    pods: pod_status.PodReader | None
+    pods: pod_reading.PodReader | None
     prom_url: str
     clock: Callable[[], float] = time.time
     emit: events.Emitter = events.kopf_emitter
@@ -72,7 +72,7 @@ def configure(
     kube = get_kube()
     _deps = LoopDeps(
         kube=kube,
-        pods=pod_status.ClusterPods(kube.api_client),
+        pods=pod_reading.ClusterPods(kube.api_client),
         prom_url=prom.url if prom is not None else os.environ.get(prometheus.PROMETHEUS_URL_ENV, ""),
         pace=pace,
         prometheus=prom,

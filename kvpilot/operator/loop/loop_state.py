@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpilot.operator import api
-from kvpilot.operator.pods.pod_status import PodView, compute_newest_start, parse_time
+from kvpilot.operator.pods.pod_summary import compute_newest_start
+from kvpilot.operator.pods.pod_view import PodView, parse_time
 from kvpilot.tuner import vllm
 from kvpilot.tuner.loop import HistoryAction, HistoryEntry, LoopState, RolloutState
 from kvpilot.tuner.types import GIB, EngineSettings, MemoryBudget

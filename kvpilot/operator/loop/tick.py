@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpilot.operator.loop import loop_state
-from kvpilot.operator.pods.pod_status import PodSummary, PodView
+from kvpilot.operator.pods.pod_summary import PodSummary
+from kvpilot.operator.pods.pod_view import PodView
 from kvpilot.tuner.loop import (
     Decision,
     Evidence,

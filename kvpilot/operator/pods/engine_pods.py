@@ -1,13 +1,13 @@
 """The pods of a service whose engine has a closed loop of its own (SGLang, TGI), as that loop reads them: the
 flags each runs, its last restart and why.
 
-The counterpart of :func:`kvpilot.operator.pods.pod_status.read_pod_views` (whose restarts vLLM's texts
+The counterpart of :func:`kvpilot.operator.pods.pod_reading.read_pod_views` (whose restarts vLLM's texts
 classify), for any engine behind the tuner's seam: each container's arguments parsed back into the engine's
 settings (:class:`Codec`: :func:`kvpilot.tuner.sglang.parse_sglang_args`,
 :func:`kvpilot.tuner.tgi.parse_tgi_args`), its last termination classified by the engine seam
 (:meth:`kvpilot.tuner.engines.Engine.classify_failure`), from the termination message, else from the previous
-log's tail (read once per restart: :data:`kvpilot.operator.pods.pod_status.LOGS`). Only pods the Deployment
-owns count (:func:`~kvpilot.operator.pods.pod_status.owned_by`).
+log's tail (read once per restart: :data:`kvpilot.operator.pods.pod_reading.LOGS`). Only pods the Deployment
+owns count (:func:`~kvpilot.operator.pods.pod_view.owned_by`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from kvpilot.operator.pods import group_crashes, leader_worker_set, pod_status, workloads
+from kvpilot.operator.pods import (
+    group_crashes,
+    leader_worker_set,
+    pod_reading,
+    pod_summary,
+    pod_view,
+    workloads,
+)
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import sglang, tgi
 from kvpilot.tuner.engines import Engine, SglangEngine, TgiEngine
@@ -72,7 +79,7 @@ class EnginePod(Generic[S]):
     """``status.startTime``: when the kubelet took the pod (``None`` while it is not scheduled)."""
     ready_at: float | None = None
     """The ``Ready`` condition's ``lastTransitionTime`` while it is True: with :attr:`started_at`, the
-    measured start (:func:`~kvpilot.operator.pods.pod_status.compute_startup_seconds`)."""
+    measured start (:func:`~kvpilot.operator.pods.pod_summary.compute_startup_seconds`)."""
 
 
 def build_engine_pod(codec: Codec[S], pod: Mapping[str, Any], log: str | None = None) -> EnginePod[S]:
@@ -81,7 +88,7 @@ def build_engine_pod(codec: Codec[S], pod: Mapping[str, Any], log: str | None = 
     container = codec.engine.serving.container_name
     try:
         settings: S | None = codec.parse(
-            [str(a) for a in pod_status.find_container(pod, "containers", container).get("args") or ()]
+            [str(a) for a in pod_view.find_container(pod, "containers", container).get("args") or ()]
         )
     except tuner_errors.TunerError:
         settings = None
@@ -96,7 +103,7 @@ def build_pod_of(
     when read). An EngineTuner's target names its own container and reads its flags by the engine's command
     reader (:mod:`kvpilot.operator.enginetuner.target_engine_loop`)."""
     meta = pod.get("metadata") or {}
-    state = pod_status.find_container(pod, "containerStatuses", container)
+    state = pod_view.find_container(pod, "containerStatuses", container)
     count = int(state.get("restartCount") or 0)
     terminated = (state.get("lastState") or {}).get("terminated") or {}
     name = str(meta.get("name") or "")
@@ -105,17 +112,17 @@ def build_pod_of(
         # the log first: the message is its tail, and what led up to the failure precedes it
         text = "\n".join(t for t in (log or "", str(terminated.get("message") or "")) if t)
         failure = codec.engine.classify_failure(text)
-        when = pod_status.parse_time(terminated.get("finishedAt")) or 0.0
+        when = pod_view.parse_time(terminated.get("finishedAt")) or 0.0
         unread = failure is None or failure.more_in_log
         restart, needs_log = EngineRestart(when, failure, name), unread and log is None
     # a group's crashed pod the pod index filed (LWS deleted it with its group): its restart is evidence,
     # it is no live replica (:mod:`kvpilot.operator.pods.group_crashes`)
     terminating = bool(meta.get("deletionTimestamp")) or group_crashes.is_gone(pod)
-    not_started = pod_status.compute_unschedulable(pod) or pod_status.compute_downloading(pod)
+    not_started = pod_view.compute_unschedulable(pod) or pod_view.compute_downloading(pod)
     ready = bool(state.get("ready"))
     worker = leader_worker_set.is_worker(pod)
     looping = ((state.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
-    started_at, ready_at = pod_status.read_start_times(pod)
+    started_at, ready_at = pod_view.read_start_times(pod)
     return EnginePod(
         name,
         settings,
@@ -134,16 +141,16 @@ def build_pod_of(
 
 def read_engine_pods(
     codec: Codec[S],
-    reader: pod_status.PodReader,
+    reader: pod_reading.PodReader,
     namespace: str,
     owner: str,
-    logs: pod_status.LogCache = pod_status.LOGS,
+    logs: pod_reading.LogCache = pod_reading.LOGS,
 ) -> list[EnginePod[S]]:
     """The pods of the Deployment ``owner`` (blocking: run it in a worker thread); a restart the termination
     message does not explain (or after which the engine says its whole log says more) is classified from the
     previous log's tail, read once per restart."""
     selector = workloads.build_label_selector(owner)
-    pods = [p for p in reader.list_pods(namespace, selector) if pod_status.owned_by(p, owner)]
+    pods = [p for p in reader.list_pods(namespace, selector) if pod_view.owned_by(p, owner)]
     container = codec.engine.serving.container_name
     return read_logged_pods(
         reader, namespace, pods, container, lambda pod, log: build_engine_pod(codec, pod, log), logs
@@ -151,12 +158,12 @@ def read_engine_pods(
 
 
 def read_logged_pods(
-    reader: pod_status.LogReader,
+    reader: pod_reading.LogReader,
     namespace: str,
     pods: Sequence[Mapping[str, Any]],
     container: str,
     build: Callable[[Mapping[str, Any], str | None], EnginePod[S]],
-    logs: pod_status.LogCache = pod_status.LOGS,
+    logs: pod_reading.LogCache = pod_reading.LOGS,
 ) -> list[EnginePod[S]]:
     """Each pod as ``build`` sees it, a restart the termination message does not explain (by the engine's
     own texts), or after which the engine says its whole log says more (the batch before an OOM), classified
@@ -168,7 +175,7 @@ def read_logged_pods(
             key = (namespace, view.name, view.restart_count)
             known, log = logs.get(key)
             if not known:
-                log = reader.read_previous_log(namespace, view.name, container, pod_status.LOG_TAIL_LINES)
+                log = reader.read_previous_log(namespace, view.name, container, pod_reading.LOG_TAIL_LINES)
                 logs.put(key, log)
             if isinstance(log, str) and log:
                 view = build(pod, log)
@@ -178,8 +185,8 @@ def read_logged_pods(
 
 def compute_engine_serving(
     codec: Codec[S], pods: Sequence[EnginePod[S]], current: S | None
-) -> pod_status.Serving:
-    """The service's serving state from its pods, as vLLM's (:func:`pod_status.compute_serving`):
+) -> pod_summary.Serving:
+    """The service's serving state from its pods, as vLLM's (:func:`pod_summary.compute_serving`):
     ``replicas`` the live pods that serve an API (a group's leader), ``readyReplicas`` those Ready with the
     ``current`` flags (``None``: any), available when one is; degraded by a start-up failure the engine's
     texts explain, or a crash loop."""
@@ -203,4 +210,4 @@ def compute_engine_serving(
         message = f"no replica serves: {detail}"
     else:
         message = f"no replica serves yet: {len(live)} starting"
-    return pod_status.Serving(len(live), len(ready), bool(ready), reason, message)
+    return pod_summary.Serving(len(live), len(ready), bool(ready), reason, message)

@@ -11,7 +11,7 @@ group forever and the closed loop would never remedy it.
 The pod index's handler sees every status on its way (the watch: :mod:`.pod_cache`), so it files here each
 group pod's termination (:meth:`GroupCrashes.record`), and the tick's pod reads add the pods that are gone
 since, marked :data:`GONE_ANNOTATION` (:meth:`GroupCrashes.recall`): their restart is evidence against
-their settings (:func:`kvpilot.operator.pods.pod_status.compute_pod_summary`) and nothing else. Kept for
+their settings (:func:`kvpilot.operator.pods.pod_summary.compute_pod_summary`) and nothing else. Kept for
 an hour, at most :data:`PER_SERVICE` a service; in the operator's memory, so a restarted operator forgets
 them (the crash that comes next is filed again). A LeaderWorkerSet another stack made (an EngineTuner's
 target) recreates its groups the same way: its pods' crashes are filed in :data:`TARGET_CRASHES`.

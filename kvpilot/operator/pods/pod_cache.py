@@ -6,7 +6,7 @@ pods that change rarely (docs/operator.md, "Scale"). Instead kopf keeps an index
 from one watch (:func:`vllm_pods`, a ``kopf.index``; kopf passes it to every handler as the keyword
 argument of that name): :func:`index_pod` files each pod under ``(namespace, InferenceService name)``,
 and the tick reads its pods from the index through :class:`IndexedPods`, a
-:class:`~kvpilot.operator.pods.pod_status.PodReader`. kopf fills every index from its initial listing before
+:class:`~kvpilot.operator.pods.pod_reading.PodReader`. kopf fills every index from its initial listing before
 it
 runs any other handler or timer, so a tick never sees a half-filled cache; the watch keeps it current (a
 deleted pod leaves the index with its ``DELETED`` event).
@@ -15,7 +15,7 @@ A LeaderWorkerSet group's crashed pods are gone before a tick sees them (LWS rec
 the index files their terminations in :mod:`.group_crashes`, and :class:`IndexedPods` reads them back.
 
 Previous-container logs are not cached: they are read from the API, once per restart
-(:func:`kvpilot.operator.pods.pod_status.read_pod_views`).
+(:func:`kvpilot.operator.pods.pod_reading.read_pod_views`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator.pods import group_crashes, leader_worker_set, pod_status, workloads
+from kvpilot.operator.pods import group_crashes, leader_worker_set, pod_reading, pod_view, workloads
 
 PodKey = tuple[str, str]
 """``(namespace, InferenceService name)``."""
@@ -79,10 +79,10 @@ def parse_selector(label_selector: str) -> dict[str, str]:
 
 
 class IndexedPods:
-    """:class:`~kvpilot.operator.pods.pod_status.PodReader` over the pod index; logs from ``logs``."""
+    """:class:`~kvpilot.operator.pods.pod_reading.PodReader` over the pod index; logs from ``logs``."""
 
     def __init__(
-        self, index: Mapping[PodKey, Iterable[Mapping[str, Any]]], logs: pod_status.PodReader
+        self, index: Mapping[PodKey, Iterable[Mapping[str, Any]]], logs: pod_reading.PodReader
     ) -> None:
         self.index, self.logs = index, logs
 
@@ -102,7 +102,7 @@ class IndexedPods:
 
     def read_previous_log(
         self, namespace: str, pod: str, container: str, tail_lines: int
-    ) -> pod_status.PreviousLog:
+    ) -> pod_view.PreviousLog:
         return self.logs.read_previous_log(namespace, pod, container, tail_lines)
 
 

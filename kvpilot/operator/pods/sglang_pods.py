@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpilot.operator.pods import engine_pods, pod_status
+from kvpilot.operator.pods import engine_pods, pod_reading, pod_summary
 from kvpilot.operator.pods.engine_pods import SGLANG, EnginePod
 from kvpilot.tuner import sglang
 
@@ -25,7 +25,7 @@ def build_sglang_pod(pod: Mapping[str, Any], log: str | None = None) -> SglangPo
 
 
 def read_sglang_pods(
-    reader: pod_status.PodReader, namespace: str, owner: str, logs: pod_status.LogCache = pod_status.LOGS
+    reader: pod_reading.PodReader, namespace: str, owner: str, logs: pod_reading.LogCache = pod_reading.LOGS
 ) -> list[SglangPod]:
     """The pods of the Deployment ``owner`` (blocking: run it in a worker thread)."""
     return engine_pods.read_engine_pods(SGLANG, reader, namespace, owner, logs)
@@ -33,6 +33,6 @@ def read_sglang_pods(
 
 def compute_sglang_serving(
     pods: Sequence[SglangPod], current: sglang.SglangSettings | None
-) -> pod_status.Serving:
+) -> pod_summary.Serving:
     """The service's serving state from its SGLang pods (:func:`engine_pods.compute_engine_serving`)."""
     return engine_pods.compute_engine_serving(SGLANG, pods, current)

@@ -46,8 +46,8 @@ from kvpilot.operator.pods import (
     capacity,
     leader_worker_set,
     ownership,
-    pod_status,
     pod_template,
+    pod_view,
     rollout_strategy,
     storage,
 )
@@ -530,10 +530,10 @@ async def fetch_rollout_choice(
     if serving is None:
         meta = deployment["metadata"]
         own = [
-            pod_status.build_pod_view(p)
+            pod_view.build_pod_view(p)
             for p in (cluster[1] if cluster else ())
             if (p.get("metadata") or {}).get("namespace") == meta["namespace"]
-            and pod_status.owned_by(p, meta["name"])
+            and pod_view.owned_by(p, meta["name"])
         ]
         serving = cluster is None or any(v.ready and not v.terminating for v in own)
     return rollout_strategy.compute_rollout_choice(

@@ -41,7 +41,8 @@ from typing import Any, TypeVar
 
 from kvpilot.operator import api, conditions
 from kvpilot.operator.pods.engine_pods import Codec
-from kvpilot.operator.pods.pod_status import Serving, parse_time
+from kvpilot.operator.pods.pod_summary import Serving
+from kvpilot.operator.pods.pod_view import parse_time
 from kvpilot.operator.status import events
 from kvpilot.operator.status.loop_patch import (
     KIND_FIELDS,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import api, conditions
-from kvpilot.operator.pods.pod_status import Serving
+from kvpilot.operator.pods.pod_summary import Serving
 from kvpilot.operator.status import events
 from kvpilot.operator.status.status_patch import (
     WARNINGS_LIMIT,

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from kvpilot.operator import api, conditions
 from kvpilot.operator.errors import Failure
-from kvpilot.operator.pods.pod_status import Serving
+from kvpilot.operator.pods.pod_summary import Serving
 from kvpilot.operator.pods.rollout_strategy import RolloutChoice
 from kvpilot.operator.status import events
 from kvpilot.operator.status.status_patch import (

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.operator.pods.engine_pods import SGLANG
-from kvpilot.operator.pods.pod_status import Serving
+from kvpilot.operator.pods.pod_summary import Serving
 from kvpilot.operator.status import engine_patch
 from kvpilot.operator.status.engine_patch import FAILED_LIMIT, RECOMMENDING, TUNING
 from kvpilot.operator.status.status_patch import StatusPatch

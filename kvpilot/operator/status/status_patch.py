@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.operator import api, conditions
-from kvpilot.operator.pods.pod_status import Serving
+from kvpilot.operator.pods.pod_summary import Serving
 from kvpilot.operator.status import events
 from kvpilot.tuner.loop import HistoryAction
 from kvpilot.tuner.types import EngineSettings

@@ -23,7 +23,7 @@ from typing import Any
 
 from kvpilot.operator import api, conditions
 from kvpilot.operator.errors import Failure
-from kvpilot.operator.pods.pod_status import Serving
+from kvpilot.operator.pods.pod_summary import Serving
 from kvpilot.operator.status import events
 from kvpilot.operator.status.loop_patch import LoopTick, build_loop_patch
 from kvpilot.operator.status.status_patch import (

@@ -2,7 +2,7 @@
 
 Part of :mod:`kvpilot.tuner.vllm` (every vLLM fact lives there). The operator renders the pod from these
 (:mod:`kvpilot.operator.pods.workloads`), reads its container back by :data:`CONTAINER_NAME`
-(:mod:`kvpilot.operator.pods.pod_status`, drift repair, the pod template's merge) and asks Prometheus for
+(:mod:`kvpilot.operator.pods.pod_view`, drift repair, the pod template's merge) and asks Prometheus for
 the series below (:mod:`kvpilot.operator.clients.prometheus`); the chart's PodMonitor scrapes :data:`PORT`
 at :data:`METRICS_PATH` (``tests/chart`` checks it against these).
 
