@@ -335,7 +335,7 @@ def compute_plan(
     if engine.lora is not None and lora_gap is None:
         p.warnings.append(_describe_lora(engine.lora, budget))
     connector = engine.kv_connector
-    if connector is not None and (connector.lmcache is not None or vllm.kv_connector_unmodelled(connector) is None):
+    if connector is not None and (connector.lmcache or not vllm.kv_connector_unmodelled(connector)):
         p.warnings.append(_describe_kv_connector(connector, budget))  # what is budgeted (the gaps: above)
     return Plan(
         settings=settings,

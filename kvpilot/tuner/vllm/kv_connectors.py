@@ -131,6 +131,9 @@ class LMCacheSettings:
     config_file: bool = False
     """``LMCACHE_CONFIG_FILE`` is set: its values are not read (they come before the environment and the
     extra config, which are)."""
+    unread_env: tuple[str, ...] = ()
+    """``LMCACHE_<KEY>`` variables of these settings set without a value kvpilot can read (from a Secret or
+    ConfigMap, or empty)."""
 
     @property
     def cpu_backend(self) -> bool:
@@ -193,14 +196,18 @@ def read_lmcache_settings(extra: Mapping[str, object], env: Mapping[str, str]) -
     """LMCache's settings as its vLLM adapter reads them: the defaults, then ``LMCACHE_<KEY>`` of ``env``
     (the pod's literal environment), then ``"lmcache.<key>"`` of ``kv_connector_extra_config``."""
     settings: dict[str, Any] = {}
+    unread = []
     for key in _LMCACHE_KEYS:
-        text = env.get(LMCACHE_ENV_PREFIX + key.upper())
-        if text is not None:
+        name = LMCACHE_ENV_PREFIX + key.upper()
+        text = env.get(name)
+        if text == "":
+            unread.append(name)
+        elif text is not None:
             _apply(settings, key, text.strip().strip("'\""))
     for name, value in extra.items():
         if name.startswith(LMCACHE_EXTRA_PREFIX):
             _apply(settings, name[len(LMCACHE_EXTRA_PREFIX) :], value)
-    return LMCacheSettings(**settings, config_file=LMCACHE_CONFIG_FILE_ENV in env)
+    return LMCacheSettings(**settings, config_file=LMCACHE_CONFIG_FILE_ENV in env, unread_env=tuple(unread))
 
 
 def _load(text: str) -> dict[str, Any] | None:
@@ -324,6 +331,8 @@ def kv_connector_unmodelled(connector: KvConnector) -> str | None:
             f"{LMCACHE_CONFIG_FILE_ENV} is set and its values are not read (budgeted: LMCache's defaults, "
             f"LMCACHE_* variables and lmcache.* extra config)"
         )
+    if lm.unread_env:
+        gaps.append(f"{', '.join(lm.unread_env)} not read (no literal value; budgeted: the other sources)")
     if lm.use_layerwise and not lm.enable_pd:
         gaps.append(
             "use_layerwise allocates, at the first transfer, a GPU buffer of one layer of the whole KV "
@@ -349,8 +358,12 @@ def lmcache_staging_chunk(connector: KvConnector | None) -> int:
 
 def compute_lmcache_host_bytes(connector: KvConnector | None, ranks: int) -> int | None:
     """Pinned host bytes LMCache's CPU backend takes for ``ranks`` workers (``max_local_cpu_size`` GiB
-    each); ``None`` when it is not LMCache's, or it pins none."""
+    each); ``None`` when it is not LMCache's, it pins none, or its size is not known (a config file, or a
+    variable that sizes it without a literal value: the plan names those, :func:`kv_connector_unmodelled`)."""
     lm = connector.lmcache if connector is not None else None
-    if lm is None or not lm.cpu_backend:
+    if lm is None or not lm.cpu_backend or lm.config_file:
+        return None
+    sizing = {f"{LMCACHE_ENV_PREFIX}{key.upper()}" for key in ("local_cpu", "max_local_cpu_size", "enable_pd")}
+    if sizing & set(lm.unread_env):
         return None
     return ranks * int(lm.max_local_cpu_size * (1 << 30))
