@@ -363,7 +363,7 @@ def compute_lmcache_host_bytes(connector: KvConnector | None, ranks: int) -> int
     lm = connector.lmcache if connector is not None else None
     if lm is None or not lm.cpu_backend or lm.config_file:
         return None
-    sizing = {f"{LMCACHE_ENV_PREFIX}{key.upper()}" for key in ("local_cpu", "max_local_cpu_size", "enable_pd")}
-    if sizing & set(lm.unread_env):
+    sizing = ("local_cpu", "max_local_cpu_size", "enable_pd", "enable_xpyd")
+    if {LMCACHE_ENV_PREFIX + key.upper() for key in sizing} & set(lm.unread_env):
         return None
     return ranks * int(lm.max_local_cpu_size * (1 << 30))
