@@ -54,6 +54,7 @@ REFUSED = [
     _config(kv_connector="LMCacheConnectorV1", kv_role="kv_both", bogus=1),
     _config(kv_connector="LMCacheConnectorV1", kv_role="both"),
     _config(kv_connector="LMCacheConnectorV1"),
+    _config(kv_connector=5, kv_role="kv_both"),
 ]
 
 UNREGISTERED = ["P2pNcclConnector", "PyNcclConnector", "LMCacheConnector", "SharedStorageConnector", "Nope"]
@@ -121,3 +122,14 @@ def test_lmcaches_adapter_is_the_default_of_vllms_connector(vllm: Any) -> None:
     source = inspect.getsource(lmcache_connector.LMCacheConnectorV1.__init__)
     assert '"use_native", False' in " ".join(source.split())
     assert "lmcache.integration.vllm.vllm_v1_adapter" in source
+
+
+def test_an_empty_module_path_is_refused_as_the_factory_refuses_it(vllm_parser: Any) -> None:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    args = _config(kv_connector="NixlConnector", kv_role="kv_both", kv_connector_module_path="")
+    config = vllm_parser.parse_args(args).kv_transfer_config
+    with pytest.raises(ValueError, match="cannot be an empty string"):
+        KVConnectorFactory.get_connector_class(config)
+    with pytest.raises(errors.InvalidEngineArgs, match="cannot be an empty string"):
+        kv_connectors.check_kv_transfer_config(args)

@@ -124,6 +124,8 @@ def test_lmcaches_pinned_host_memory_per_worker() -> None:
         (_args(role="both"), "unsupported kv_role"),
         ([FLAG, json.dumps({"kv_connector": "NixlConnector"})], "please specify kv_role"),
         (_args(name="P2pNcclConnector"), "Unsupported connector type: P2pNcclConnector"),
+        (_args(kv_connector_module_path=""), "cannot be an empty string"),
+        ([FLAG, json.dumps({"kv_connector": 5, "kv_role": "kv_both"})], "must be a string"),
     ],
 )
 def test_what_vllm_refuses_is_refused_by_name(args: list[str], says: str) -> None:

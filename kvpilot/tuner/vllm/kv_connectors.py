@@ -273,6 +273,17 @@ def check_kv_transfer_config(args: Sequence[str]) -> None:
                 flag=flag,
             )
         role, name = config.get("kv_role"), config.get("kv_connector")
+        module = config.get("kv_connector_module_path")
+        for key, value in (("kv_connector", name), ("kv_connector_module_path", module)):
+            if value is not None and not isinstance(value, str):
+                raise errors.InvalidEngineArgs(
+                    f"vLLM argument {flag}: {key} must be a string (got {value!r})", flag=flag
+                )
+        if module == "":
+            raise errors.InvalidEngineArgs(
+                f"vLLM argument {flag}: kv_connector_module_path cannot be an empty string (factory.py:105)",
+                flag=flag,
+            )
         if role is not None and role not in KV_ROLES:
             raise errors.InvalidEngineArgs(
                 f"vLLM argument {flag}: unsupported kv_role {role!r}; vLLM accepts {', '.join(KV_ROLES)}",
@@ -284,7 +295,7 @@ def check_kv_transfer_config(args: Sequence[str]) -> None:
                 f"are {', '.join(KV_ROLES)}",
                 flag=flag,
             )
-        if name is not None and not config.get("kv_connector_module_path") and name not in KV_CONNECTORS:
+        if name is not None and module is None and name not in KV_CONNECTORS:
             raise errors.InvalidEngineArgs(
                 f"vLLM argument {flag}: Unsupported connector type: {name} (vLLM 0.33's connectors: "
                 f"{', '.join(KV_CONNECTORS)}; an external one needs kv_connector_module_path)",
