@@ -72,7 +72,10 @@ def test_the_sources_of_lmcaches_settings_in_lmcaches_order() -> None:
     assert settings.lmcache.chunk_size == 1024
     assert settings.lmcache.max_local_cpu_size == 20.0
     assert settings.lmcache.local_cpu is False
-    assert vllm.read_kv_connector(_args(), {"LMCACHE_ENABLE_XPYD": "true"}).lmcache.enable_pd  # type: ignore[union-attr]
+    lots = vllm.read_kv_connector(_args(), {"LMCACHE_MAX_LOCAL_CPU_SIZE": "lots"})
+    assert lots is not None and lots.lmcache is not None
+    assert lots.lmcache.unread_env == ("LMCACHE_MAX_LOCAL_CPU_SIZE",)  # LMCache would set None
+    assert vllm.compute_lmcache_host_bytes(lots, 1) is None
 
 
 def test_no_buffer_at_start_up_without_lmcaches_default_gpu_connector() -> None:

@@ -133,7 +133,7 @@ class LMCacheSettings:
     extra config, which are)."""
     unread_env: tuple[str, ...] = ()
     """``LMCACHE_<KEY>`` variables of these settings set without a value kvpilot can read (from a Secret or
-    ConfigMap, or empty)."""
+    ConfigMap, empty, or one LMCache cannot convert, which it turns into ``None``)."""
 
     @property
     def cpu_backend(self) -> bool:
@@ -148,7 +148,6 @@ _LMCACHE_KEYS: Mapping[str, str] = {
     "max_local_cpu_size": "float",
     "use_layerwise": "bool",
     "enable_pd": "bool",
-    "enable_xpyd": "bool",  # the deprecated alias of enable_pd (config.py:59)
     "use_gpu_connector_v3": "bool",
 }
 
@@ -183,13 +182,15 @@ def _convert(kind: str, value: object) -> int | float | bool | None:
         return None
 
 
-def _apply(settings: dict[str, Any], key: str, value: object) -> None:
+def _apply(settings: dict[str, Any], key: str, value: object) -> bool:
+    """Set ``key`` as LMCache converts ``value``; ``False`` when it cannot (nothing set)."""
     kind = _LMCACHE_KEYS.get(key)
     if kind is None:
-        return
+        return True
     converted = _convert(kind, value)
     if converted is not None:
-        settings["enable_pd" if key == "enable_xpyd" else key] = converted
+        settings[key] = converted
+    return converted is not None
 
 
 def read_lmcache_settings(extra: Mapping[str, object], env: Mapping[str, str]) -> LMCacheSettings:
@@ -200,10 +201,8 @@ def read_lmcache_settings(extra: Mapping[str, object], env: Mapping[str, str]) -
     for key in _LMCACHE_KEYS:
         name = LMCACHE_ENV_PREFIX + key.upper()
         text = env.get(name)
-        if text == "":
-            unread.append(name)
-        elif text is not None:
-            _apply(settings, key, text.strip().strip("'\""))
+        if text is not None and (text == "" or not _apply(settings, key, text.strip().strip("'\""))):
+            unread.append(name)  # LMCache's from_env sets None then (config_base.py:28): not a size
     for name, value in extra.items():
         if name.startswith(LMCACHE_EXTRA_PREFIX):
             _apply(settings, name[len(LMCACHE_EXTRA_PREFIX) :], value)
@@ -343,7 +342,10 @@ def kv_connector_unmodelled(connector: KvConnector) -> str | None:
             f"LMCACHE_* variables and lmcache.* extra config)"
         )
     if lm.unread_env:
-        gaps.append(f"{', '.join(lm.unread_env)} not read (no literal value; budgeted: the other sources)")
+        gaps.append(
+            f"{', '.join(lm.unread_env)} not read (no literal value LMCache can convert; budgeted: the other "
+            f"sources)"
+        )
     if lm.use_layerwise and not lm.enable_pd:
         gaps.append(
             "use_layerwise allocates, at the first transfer, a GPU buffer of one layer of the whole KV "
@@ -374,7 +376,7 @@ def compute_lmcache_host_bytes(connector: KvConnector | None, ranks: int) -> int
     lm = connector.lmcache if connector is not None else None
     if lm is None or not lm.cpu_backend or lm.config_file:
         return None
-    sizing = ("local_cpu", "max_local_cpu_size", "enable_pd", "enable_xpyd")
+    sizing = ("local_cpu", "max_local_cpu_size", "enable_pd")
     if {LMCACHE_ENV_PREFIX + key.upper() for key in sizing} & set(lm.unread_env):
         return None
     return ranks * int(lm.max_local_cpu_size * (1 << 30))
