@@ -134,3 +134,22 @@ def test_an_empty_module_path_is_refused_as_the_factory_refuses_it(vllm_parser: 
         KVConnectorFactory.get_connector_class(config)
     with pytest.raises(errors.InvalidEngineArgs, match="cannot be an empty string"):
         kv_connectors.check_kv_transfer_config(args)
+
+
+def test_the_connectors_without_hma_are_the_classes_that_are_not_supportshma(vllm: Any) -> None:
+    """vLLM turns the hybrid KV cache manager off for a connector class that is not ``SupportsHMA``. Classes
+    whose module needs a package the CPU build lacks (LMCache's MP adapter, MoRIIO's msgpack) are not
+    loaded; every class kvpilot names as without HMA is."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
+
+    loaded = {}
+    for name in KVConnectorFactory._registry:
+        try:
+            loaded[name] = KVConnectorFactory.get_connector_class_by_name(name)
+        except ImportError:
+            continue
+    assert set(kv_connectors.NO_HMA_CONNECTORS) <= set(loaded)
+    assert {name for name, cls in loaded.items() if not supports_hma(cls)} == set(
+        kv_connectors.NO_HMA_CONNECTORS
+    )

@@ -188,3 +188,17 @@ def test_the_plan_names_the_connectors_term() -> None:
         f"{FLAG} is not wholly in kvpilot's memory model: "
         f"{vllm.kv_connector_unmodelled(_connector(name='MooncakeConnector'))}."
     ]
+
+
+def test_a_connector_without_hma_on_a_mixed_model_is_named_with_what_vllm_turns_off() -> None:
+    gpu = lookup_gpu("H100-SXM")
+    gemma = build_model_spec(cfg.GEMMA_3_27B)
+    assert len(set(gemma.layer_kinds)) > 1
+    plan = compute_plan(gemma, gpu, 1, ServingBounds(), engine=vllm.build_engine_flags(_args()))
+    assert any("does not support vLLM's hybrid KV cache manager" in w for w in plan.warnings)
+    nixl = compute_plan(
+        gemma, gpu, 1, ServingBounds(), engine=vllm.build_engine_flags(_args("NixlConnector"))
+    )
+    assert not any("hybrid KV cache manager" in w for w in nixl.warnings)
+    llama = compute_plan(LLAMA, gpu, 1, ServingBounds(), engine=vllm.build_engine_flags(_args()))
+    assert not any("hybrid KV cache manager" in w for w in llama.warnings)

@@ -620,6 +620,14 @@ def _kv_connector_gaps(model: ModelSpec, connector: vllm.KvConnector | None) -> 
     gap = vllm.kv_connector_unmodelled(connector)
     if gap is not None:
         gaps.append(f"{vllm.KV_TRANSFER_CONFIG_FLAG} is not wholly in kvpilot's memory model: {gap}.")
+    kinds = sorted(set(model.layer_kinds))
+    if vllm.kv_connector_turns_hma_off(connector) and len(kinds) > 1:
+        gaps.append(
+            f"{vllm.KV_TRANSFER_CONFIG_FLAG} {connector.name} does not support vLLM's hybrid KV cache "
+            f"manager, so vLLM turns it off for this model's mixed layers ({', '.join(kinds)}): every "
+            f"layer then keeps full-length pages (state-space hybrids fail to start), which kvpilot's KV "
+            f"figures do not model; they overstate the KV cache."
+        )
     model_gap = memory.kv_connector_unbudgeted_reason(model, connector)
     if model_gap is not None:
         gaps.append(

@@ -90,6 +90,12 @@ KV_CONNECTORS = (
 """The names vLLM 0.33's ``KVConnectorFactory`` registers (``factory.py:153``-``:249``), in its order."""
 NO_GPU_BUFFER_CONNECTORS = (*NIXL_CONNECTORS, *OFFLOADING_CONNECTORS)
 """Connectors established to allocate nothing of their own on the GPU at start-up (module docstring)."""
+NO_HMA_CONNECTORS = ("ExampleConnector", LMCACHE_CONNECTOR, "FlexKVConnectorV1", "HF3FSKVConnector")
+"""Registered connectors whose class is not ``SupportsHMA`` (``kv_connector/v1/base.py:101``): with one,
+``VllmConfig.__post_init__`` turns the hybrid KV cache manager off unless it was asked for
+(``vllm/config/vllm.py:2258``-``:2276``; asked for, vLLM refuses to start): every attention layer then
+gets a full-length page, so sliding-window and chunked-local layers no longer save KV memory, and models
+with state layers, which need it, fail at start-up."""
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 """``KVRole`` (``kv_transfer.py:11``-``:13``)."""
@@ -356,6 +362,12 @@ def kv_connector_unmodelled(connector: KvConnector) -> str | None:
     if not gaps:
         return None
     return f"{name}: " + "; ".join(gaps) + "; lower --gpu-memory-utilization by what it takes"
+
+
+def kv_connector_turns_hma_off(connector: KvConnector) -> bool:
+    """Whether vLLM turns the hybrid KV cache manager off for ``connector`` (:data:`NO_HMA_CONNECTORS`; an
+    external class is not known, so not claimed)."""
+    return connector.module_path is None and connector.name in NO_HMA_CONNECTORS
 
 
 def lmcache_staging_chunk(connector: KvConnector | None) -> int:
