@@ -101,6 +101,7 @@ def format_plan(plan: Plan, model: str, *, args: tuple[str, ...] | None = None, 
         f"  {graphs_label:<26}{b.cuda_graph_gib:>9.2f}",
         f"  {'= KV cache (pinned)' if plan.kv_cache_memory_bytes else '= KV cache':<26}"
         f"{b.available_kv_cache_gib:>9.2f}",
+        *([f"  {'(KV connector, after it)':<26}{b.kv_connector_gib:>9.2f}"] if b.kv_connector_gib else []),
         "",
         f"KV cache: {b.kv_cache_tokens:,} tokens ({b.num_gpu_blocks:,} blocks, "
         f"{b.kv_bytes_per_token:,} B per token per GPU)",

@@ -155,6 +155,10 @@ class MemoryBudget:
     lora_gib: float = 0.0
     """vLLM's LoRA buffers (``--enable-lora``: ``--max-loras`` adapters at ``--max-lora-rank``), part of
     ``weights_gib`` as vLLM's "Model loading took" counts them."""
+    kv_connector_gib: float = 0.0
+    """The KV connector's GPU buffers (``--kv-transfer-config``, e.g. LMCache's staging chunk), the largest
+    rank's: allocated after vLLM sizes the KV cache, so not among the terms above; they come out of the
+    memory ``gpu_memory_utilization`` leaves free."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,3 +131,27 @@ def test_each_pod_of_a_group_holds_its_share_of_the_tier() -> None:
     with pytest.raises(target_host_memory.HostMemoryTooSmall, match="its share on each") as raised:
         _check_group(_group("64Gi", "32Gi"))  # the worker's limit is below its 50 GiB
     assert "pins 50.0 GiB" in raised.value.message and "(32Gi)" in raised.value.message
+
+
+LMCACHE = ["--kv-transfer-config", '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}']
+"""LMCache's connector: its CPU backend pins ``max_local_cpu_size`` GiB (5 by default) per GPU worker."""
+
+
+def lmcache_target(memory: str, gpus: int, env: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    workload = deployment(
+        "llama", [*PS_COMMAND, *LMCACHE], resources={"limits": {"nvidia.com/gpu": gpus, "memory": memory}}
+    )
+    container = workload["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = env or []
+    return workload
+
+
+async def test_lmcaches_cpu_backend_is_held_per_gpu_worker_sized_by_the_containers_environment() -> None:
+    """Four workers x 5 GiB do not fit 16Gi; the container's own LMCACHE_MAX_LOCAL_CPU_SIZE of 2 does."""
+    kube, body = kube_with(lmcache_target("16Gi", 4)), tuner("Recommend")
+    message = await refused(body, kube, RecordingEmitter(), now=1.8e9)
+    assert "runs LMCache" in message and "20.0 GiB" in message and "x 4 GPU workers" in message
+    small = [{"name": "LMCACHE_MAX_LOCAL_CPU_SIZE", "value": "2"}]
+    kube.workloads[(NS, "Deployment", "llama")] = lmcache_target("16Gi", 4, small)
+    await run(body, kube, RecordingEmitter(), now=1.8e9 + 60)
+    assert cond(body, "Planned")["status"] == "True"

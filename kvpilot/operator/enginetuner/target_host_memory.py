@@ -1,4 +1,5 @@
-"""An EngineTuner's vLLM target held to the host memory its KV offloading tier pins.
+"""An EngineTuner's vLLM target held to the host memory its KV offloading tier (and LMCache's CPU backend,
+per GPU worker, sized by the container's literal environment) pins.
 
 The InferenceService's check (:func:`kvpilot.operator.planning.host_memory.find_host_memory_shortfall`), fed
 what the target runs: the vLLM container's ``--kv-offloading-size`` (its command line, after the flags of a
@@ -18,6 +19,7 @@ from typing import Any
 from kvpilot.operator import conditions, errors
 from kvpilot.operator.enginetuner import target
 from kvpilot.operator.planning import host_memory
+from kvpilot.operator.pods.capacity import GPU_RESOURCE
 from kvpilot.tuner import errors as tuner_errors
 
 
@@ -41,9 +43,12 @@ def check_target_host_memory(workload: Mapping[str, Any], found: target.Discover
         container = next((c for c in template.get("containers") or () if c.get("name") == name), None)
         if container is None or not target.runs_vllm({"spec": template}, name):
             continue  # a group's Ray worker: no vLLM command, its tier is the leader's
-        limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        limits = (container.get("resources") or {}).get("limits") or {}
+        env = {e["name"]: e.get("value") or "" for e in container.get("env") or () if "name" in e}
         try:
-            short = host_memory.find_host_memory_shortfall(args, limit, pods=found.nodes)
+            short = host_memory.find_host_memory_shortfall(
+                args, limits.get("memory"), pods=found.nodes, gpus=_gpus(limits), env=env
+            )
         except tuner_errors.InvalidEngineArgs as exc:
             raise target.DiscoveryIncomplete(
                 f"the target's vLLM arguments do not parse: {exc.message}"
@@ -52,3 +57,12 @@ def check_target_host_memory(workload: Mapping[str, Any], found: target.Discover
             raise HostMemoryTooSmall(
                 short.describe(f"container {name} of the target", "that container's resources.limits.memory")
             )
+
+
+def _gpus(limits: Mapping[str, Any]) -> int:
+    """The container's GPU workers (``nvidia.com/gpu``; 1 when not a whole number): LMCache pins its CPU
+    backend once per worker."""
+    try:
+        return max(1, int(str(limits.get(GPU_RESOURCE, 1))))
+    except ValueError:
+        return 1

@@ -14,7 +14,8 @@ The release is ``spec.engine.vllmVersion`` when given, else read from ``spec.eng
 ``VersionAssumed`` warning); the engine's flags (:class:`kvpilot.tuner.vllm.EngineFlags`) are the model
 runner, ``VLLM_USE_V2_MODEL_RUNNER`` from ``spec.engine.env`` when it is a literal value, and the untuned
 flags of ``spec.engine.extraArgs`` that change vLLM's memory (``--enforce-eager``, ``--performance-mode``,
-prefix caching: :mod:`kvpilot.tuner.vllm.engine_flags`).
+prefix caching, ``--kv-transfer-config``, whose LMCache connector reads ``LMCACHE_*`` from
+``spec.engine.env``: :mod:`kvpilot.tuner.vllm.engine_flags`).
 """
 
 from __future__ import annotations
@@ -47,8 +48,18 @@ def resolve_release(spec: api.InferenceServiceSpec) -> EngineRelease:
     """The release and flags of ``spec``'s engine (pure: no registry is asked)."""
     return EngineRelease(
         vllm.resolve_image_version(spec.engine.image, spec.engine.vllm_version),
-        vllm.build_engine_flags(spec.engine.extra_args, _v2_runner_env(spec)),
+        vllm.build_engine_flags(spec.engine.extra_args, _v2_runner_env(spec), literal_env(spec)),
     )
+
+
+def literal_env(spec: api.InferenceServiceSpec) -> dict[str, str]:
+    """``spec.engine.env``'s variables with a literal value (the last one wins, as in a container); one
+    taken from a Secret or ConfigMap is left out (not read), except that it is set: its name maps to ``""``
+    when no literal value follows it (LMCache's ``LMCACHE_CONFIG_FILE`` matters by being set)."""
+    env: dict[str, str] = {}
+    for var in spec.engine.env:
+        env[var.name] = var.value if var.value is not None else ""
+    return env
 
 
 def _v2_runner_env(spec: api.InferenceServiceSpec) -> bool | None:

@@ -8,6 +8,7 @@
 * :mod:`.kv_cache` -- pages, block groups and block counts per layer kind, and the fit check;
 * :mod:`.weights` -- the bytes each rank loads, quantization and padding included;
 * :mod:`.lora` -- the LoRA buffers vLLM preallocates with ``--enable-lora``, loaded with the weights;
+* :mod:`.kv_connector` -- what a ``--kv-transfer-config`` connector allocates after the KV cache is sized;
 * :mod:`.estimate` -- ``kvpilot estimate --cases FILE``: one budget per case of the calibration
   set's schema.
 
@@ -35,6 +36,7 @@ from kvpilot.tuner.memory.kv_cache import (
     compute_longest_fitting_len,
     compute_num_blocks,
 )
+from kvpilot.tuner.memory.kv_connector import compute_kv_connector_bytes, kv_connector_unbudgeted_reason
 from kvpilot.tuner.memory.lora import compute_lora_bytes, compute_punica_bytes, lora_unbudgeted_reason
 from kvpilot.tuner.memory.refusals import CUDA_CONTEXT_GIB, NCCL_GIB
 from kvpilot.tuner.memory.weights import (
@@ -64,6 +66,7 @@ __all__ = [
     "compute_case_budget",
     "compute_cuda_graph_bytes",
     "compute_estimates",
+    "compute_kv_connector_bytes",
     "compute_kv_layout",
     "compute_longest_fitting_len",
     "compute_lora_bytes",
@@ -74,6 +77,7 @@ __all__ = [
     "compute_warmup_logits_bytes",
     "compute_weight_breakdown",
     "compute_weight_bytes",
+    "kv_connector_unbudgeted_reason",
     "lora_unbudgeted_reason",
     "padded_vocab_size",
     "resolve_settings",

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from kvpilot.tuner import vllm
 from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
 from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
+from kvpilot.tuner.memory.kv_connector import compute_kv_connector_bytes
 from kvpilot.tuner.memory.lora import compute_lora_bytes
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
@@ -336,6 +337,7 @@ def compute_budget(
     enable_prefix_caching: bool | None = None,
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
     lora: vllm.LoraFlags | None = None,
+    kv_connector: vllm.KvConnector | None = None,
 ) -> MemoryBudget:
     """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse.
 
@@ -352,6 +354,8 @@ def compute_budget(
     routed experts split over the group (:class:`~kvpilot.tuner.memory.weights.ExpertShards`; the rest of
     the rank, its KV cache included, is a whole engine of ``tensor_parallel_size``). ``lora``:
     ``--enable-lora`` and its sizes; its buffers load with the weights (:func:`.lora.compute_lora_bytes`).
+    ``kv_connector``: ``--kv-transfer-config``'s connector; its GPU buffers come after the KV cache is sized,
+    in the memory the utilisation leaves (:func:`.kv_connector.compute_kv_connector_bytes`).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
@@ -384,6 +388,7 @@ def compute_budget(
             enable_prefix_caching=enable_prefix_caching,
             expert_shards=expert_shards,
             lora=lora,
+            kv_connector=kv_connector,
         )
         for rank in range(r.pp)
     )
@@ -468,6 +473,7 @@ def _compute_stage(
     enable_prefix_caching: bool | None,
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
     lora: vllm.LoraFlags | None = None,
+    kv_connector: vllm.KvConnector | None = None,
 ) -> refusals.Stage:
     """One pipeline stage's budget (its first TP rank): weights, activation peak, sampler state, what is
     left for the KV cache, and the KV layout of its layers."""
@@ -524,7 +530,16 @@ def _compute_stage(
         compute_capability=gpu.compute_capability,
         enable_prefix_caching=enable_prefix_caching,
     )
-    return refusals.Stage(w, act, state, available, layout, lora_bytes)
+    connector = compute_kv_connector_bytes(  # built after the KV cache is sized: not in ``available``
+        model,
+        kv_connector,
+        tensor_parallel_size=r.tp,
+        pipeline_parallel_size=r.pp,
+        pp_rank=rank,
+        kv_cache_dtype=r.kv_cache_dtype,
+        dtype=r.dtype,
+    )
+    return refusals.Stage(w, act, state, available, layout, lora_bytes, connector)
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,6 +588,7 @@ def _build_budget(
         requested_gib=requested / GIB,
         weights_gib=first.weights / GIB,
         lora_gib=first.lora / GIB,
+        kv_connector_gib=max(s.kv_connector for s in stages) / GIB,
         activation_gib=first.activation / GIB,
         non_torch_gib=shared.non_torch / GIB,
         cuda_graph_gib=shared.graphs / GIB,

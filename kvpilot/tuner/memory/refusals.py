@@ -44,6 +44,9 @@ class Stage(NamedTuple):
     layout: kv_cache.KvLayout
     lora: int = 0
     """vLLM's LoRA buffers (``--enable-lora``), part of ``weights``."""
+    kv_connector: int = 0
+    """The KV connector's GPU buffers (``--kv-transfer-config``), allocated after the KV cache is sized:
+    outside ``available``, in the memory the utilisation leaves."""
 
 
 def check_parallel_sizes(model: ModelSpec, tp: int, pp: int) -> str | None:
@@ -164,13 +167,25 @@ def _sampler_warmup_oom(s: Startup) -> str | None:
     )
 
 
+def _kv_connector_oom(s: Startup) -> str | None:
+    # The worker's KV connector is built after the KV cache is sized (gpu_worker.py:887): its buffers
+    # come out of what the utilisation leaves beside the memory the snapshot never sees.
+    connector = max(stage.kv_connector for stage in s.stages)
+    if not connector or s.kv_cache_memory_bytes is not None or s.requested > s.gpu.total_bytes - s.outside:
+        return None  # the pinned pool and the free-memory check hold it (or refuse first)
+    headroom = s.gpu.total_bytes - s.requested - s.outside
+    if connector <= headroom:
+        return None
+    return vllm.kv_connector_oom_error(connector / GIB, s.util, max(0.0, headroom / GIB))
+
+
 def _pinned_pool_oom(s: Startup) -> str | None:
     # --kv-cache-memory-bytes: the pool is allocated as asked, whatever the utilisation, so everything
     # must fit the GPU itself.
     if s.kv_cache_memory_bytes is None:
         return None
     used = max(st.weights + st.activation + st.sampler_state + st.available for st in s.stages)
-    needed = used + s.non_torch + s.graphs + s.outside
+    needed = used + s.non_torch + s.graphs + s.outside + max(st.kv_connector for st in s.stages)
     if needed <= s.gpu.total_bytes:
         return None
     return vllm.kv_cache_memory_oom_error(
@@ -193,6 +208,7 @@ STARTUP_CHECKS: tuple[Callable[[Startup], str | None], ...] = (
     _no_memory_left,
     _context_does_not_fit,
     _too_few_state_blocks,
+    _kv_connector_oom,
     _sampler_warmup_oom,
     _pinned_pool_oom,
     _utilisation_above_free,

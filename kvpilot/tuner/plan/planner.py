@@ -313,6 +313,7 @@ def compute_plan(
             f"LoRA buffers are not budgeted; lower --gpu-memory-utilization by --max-loras x "
             f"--max-lora-rank x the wrapped layers' widths."
         )
+    p.warnings += _kv_connector_gaps(model, engine.kv_connector)
     settings = _choose_tensor_parallel(p)
     settings, wanted = _choose_context(p, settings)
     settings = _choose_utilization(p, settings)
@@ -333,6 +334,9 @@ def compute_plan(
         )
     if engine.lora is not None and lora_gap is None:
         p.warnings.append(_describe_lora(engine.lora, budget))
+    connector = engine.kv_connector
+    if connector is not None and (connector.lmcache or not vllm.kv_connector_unmodelled(connector)):
+        p.warnings.append(_describe_kv_connector(connector, budget))  # what is budgeted (the gaps: above)
     return Plan(
         settings=settings,
         budget=budget,
@@ -606,6 +610,54 @@ def _describe_lora(lora: vllm.LoraFlags, budget: MemoryBudget) -> str:
         f"--enable-lora: vLLM preallocates {budget.lora_gib:.2f} GiB of LoRA buffers per GPU at load "
         f"({lora.max_loras} x rank {lora.max_lora_rank} in {dtype}{sharded}), counted in the weights."
     )
+
+
+def _kv_connector_gaps(model: ModelSpec, connector: vllm.KvConnector | None) -> list[str]:
+    """The plan's warnings on what of ``--kv-transfer-config``'s connector is not budgeted, by name."""
+    if connector is None:
+        return []
+    gaps = []
+    gap = vllm.kv_connector_unmodelled(connector)
+    if gap is not None:
+        gaps.append(f"{vllm.KV_TRANSFER_CONFIG_FLAG} is not wholly in kvpilot's memory model: {gap}.")
+    kinds = sorted(set(model.layer_kinds))
+    if vllm.kv_connector_turns_hma_off(connector) and len(kinds) > 1:
+        gaps.append(
+            f"{vllm.KV_TRANSFER_CONFIG_FLAG} {connector.name} does not support vLLM's hybrid KV cache "
+            f"manager, so vLLM turns it off for this model's mixed layers ({', '.join(kinds)}): every "
+            f"layer then keeps full-length pages (state-space hybrids fail to start), which kvpilot's KV "
+            f"figures do not model; they overstate the KV cache."
+        )
+    model_gap = memory.kv_connector_unbudgeted_reason(model, connector)
+    if model_gap is not None:
+        gaps.append(
+            f"{vllm.KV_TRANSFER_CONFIG_FLAG} {connector.name} is not in kvpilot's memory model for "
+            f"{model.architecture} ({model_gap}): its staging buffer is not budgeted; lower "
+            f"--gpu-memory-utilization by chunk_size x the KV bytes per token."
+        )
+    return gaps
+
+
+def _describe_kv_connector(connector: vllm.KvConnector, budget: MemoryBudget) -> str:
+    """The plan's line on the connector's term: allocated after vLLM sizes the KV cache, so the KV cache is
+    unchanged and the buffers come out of the memory the utilisation leaves; LMCache's pinned host memory."""
+    text = f"{vllm.KV_TRANSFER_CONFIG_FLAG} {connector.name}: "
+    chunk = vllm.lmcache_staging_chunk(connector)
+    if budget.kv_connector_gib:
+        text += (
+            f"{budget.kv_connector_gib:.2f} GiB per GPU at start-up (a staging chunk of {chunk} tokens of "
+            f"KV), allocated after vLLM sizes the KV cache: the KV cache is unchanged, the buffer comes "
+            f"out of the memory --gpu-memory-utilization leaves free"
+        )
+    else:
+        text += "no GPU memory of its own budgeted at start-up"
+    host = vllm.compute_lmcache_host_bytes(connector, 1)
+    if host is not None:
+        text += (
+            f"; LMCache's CPU backend pins {host / GIB:.1f} GiB of host memory per GPU (max_local_cpu_size), "
+            f"out of the pod's memory"
+        )
+    return text + "."
 
 
 def _render(settings: EngineSettings, kv_cache_memory_bytes: int | None = None) -> tuple[str, ...]:

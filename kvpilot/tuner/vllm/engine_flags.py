@@ -11,7 +11,9 @@ plan of another engine:
 * ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``--disable-prefix-caching``): whether the
   state layers of a hybrid model keep align-mode pages (two or three a request);
 * ``--enable-lora`` with ``--max-loras``, ``--max-lora-rank``, ``--lora-dtype`` and
-  ``--fully-sharded-loras``: the LoRA buffers vLLM preallocates at load (:mod:`.lora`).
+  ``--fully-sharded-loras``: the LoRA buffers vLLM preallocates at load (:mod:`.lora`);
+* ``--kv-transfer-config``: the KV connector and what it allocates after vLLM sizes the KV cache
+  (:mod:`.kv_connectors`; LMCache's settings come from the pod's environment too).
 
 ``--max-num-active-seqs`` has no memory of its own, but it is read here too (:mod:`.active_seqs`): it is
 the admission limit the plan reports and the closed loop compares the running requests with.
@@ -29,13 +31,19 @@ what the memory model is told about the engine besides the release: :class:`Engi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
 from kvpilot.tuner import errors
 from kvpilot.tuner.vllm.active_seqs import check_active_seqs, find_active_seqs
 from kvpilot.tuner.vllm.args import check_choice, flag_value, iter_flags
+from kvpilot.tuner.vllm.kv_connectors import (
+    KV_TRANSFER_CONFIG_FLAG,
+    KvConnector,
+    check_kv_transfer_config,
+    read_kv_connector,
+)
 from kvpilot.tuner.vllm.lora import LORA_FLAGS, LoraFlags, check_lora_flags, read_lora_flags
 from kvpilot.tuner.vllm.unmodelled import list_unmodelled_flags
 from kvpilot.tuner.vllm.versions import PERFORMANCE_MODES
@@ -66,6 +74,7 @@ class BudgetKwargs(TypedDict):
     performance_mode: str | None
     enable_prefix_caching: bool | None
     lora: LoraFlags | None
+    kv_connector: KvConnector | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,9 @@ class EngineFlags:
     max_num_active_seqs: int | None = None
     """``--max-num-active-seqs`` (:mod:`.active_seqs`): the admission cap; ``None``: not given (the limit is
     ``max_num_seqs``). Not part of the memory budget: it has none of its own."""
+    kv_connector: KvConnector | None = None
+    """``--kv-transfer-config``'s connector (:mod:`.kv_connectors`); ``None``: none, or one not read (then
+    ``--kv-transfer-config`` is in :attr:`unmodelled`)."""
 
     def budget_kwargs(self) -> BudgetKwargs:
         """The keyword arguments :func:`kvpilot.tuner.memory.compute_budget` takes for these flags."""
@@ -95,19 +107,28 @@ class EngineFlags:
             performance_mode=self.performance_mode,
             enable_prefix_caching=self.enable_prefix_caching,
             lora=self.lora,
+            kv_connector=self.kv_connector,
         )
 
 
 DEFAULT_ENGINE = EngineFlags()
 
 
-def build_engine_flags(args: Sequence[str], model_runner_v2: bool | None = None) -> EngineFlags:
-    """The :class:`EngineFlags` of ``args`` (the user's extra arguments) and the pods' model runner.
+def build_engine_flags(
+    args: Sequence[str], model_runner_v2: bool | None = None, env: Mapping[str, str] | None = None
+) -> EngineFlags:
+    """The :class:`EngineFlags` of ``args`` (the user's extra arguments), the pods' model runner and their
+    literal environment ``env`` (LMCache reads its settings there; ``None``: not known, its defaults).
 
     Never raises: a value vLLM would refuse is :func:`check_engine_flags`' to report, and is not read."""
+    connector = read_kv_connector(args, env)
+    unmodelled = list_unmodelled_flags(args)
+    if connector is not None:  # budgeted, or warned by name with the connector's own reason
+        unmodelled = tuple(flag for flag in unmodelled if flag != KV_TRANSFER_CONFIG_FLAG)
     flags = EngineFlags(
         model_runner_v2=model_runner_v2,
-        unmodelled=list_unmodelled_flags(args),
+        unmodelled=unmodelled,
+        kv_connector=connector,
         lora=read_lora_flags(args),
         max_num_active_seqs=find_active_seqs(args),
     )
@@ -123,10 +144,12 @@ def build_engine_flags(args: Sequence[str], model_runner_v2: bool | None = None)
 
 def check_engine_flags(args: Sequence[str]) -> None:
     """Refuse what vLLM 0.33's parser refuses of these flags (a value given to a boolean, a performance
-    mode it does not know, a LoRA value :func:`.lora.check_lora_flags` refuses, a cap of sequences below 1)
+    mode it does not know, a LoRA value :func:`.lora.check_lora_flags` refuses, a cap of sequences below 1, a
+    ``--kv-transfer-config`` :func:`.kv_connectors.check_kv_transfer_config` refuses)
     and an abbreviation of one (kvpilot reads the full spellings only)."""
     check_lora_flags(args)
     check_active_seqs(args)
+    check_kv_transfer_config(args)
     for index, flag, inline in iter_flags(args):
         if flag in LORA_FLAGS:
             continue

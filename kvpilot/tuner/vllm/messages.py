@@ -90,6 +90,17 @@ def sampler_warmup_oom_error(
     )
 
 
+def kv_connector_oom_error(connector_gib: float, utilization: float, headroom_gib: float) -> str:
+    """PyTorch's text when the KV connector's buffers, allocated after vLLM sized the KV cache
+    (:mod:`.kv_connectors`), do not fit what ``gpu_memory_utilization`` leaves, with kvpilot's figures."""
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {connector_gib:.2f} GiB. "
+        f"(kvpilot: the KV connector allocates {connector_gib:.2f} GiB after vLLM sized the KV cache with "
+        f"gpu_memory_utilization={utilization}; {headroom_gib:.2f} GiB is left there. Lower "
+        "gpu_memory_utilization.)"
+    )
+
+
 def free_memory_error(
     version: Version, free_gib: float, total_gib: float, utilization: float, requested_gib: float
 ) -> str:

@@ -35,8 +35,10 @@ UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
     "--kv-offloading-size": _KV_OFFLOADING,
     "--kv-offloading-backend": _KV_OFFLOADING,
     "--kv-transfer-config": (
-        "a KV connector: connectors such as LMCache allocate GPU buffers at start-up (+22 % on a real "
-        "log), not budgeted; lower --gpu-memory-utilization by the connector's buffers"
+        "a KV connector kvpilot could not read (the dotted --kv-transfer-config.<field> form, or no "
+        "kv_connector with its kv_role): what it allocates after vLLM sizes the KV cache (LMCache: a "
+        "staging buffer of chunk_size tokens of KV per GPU, and max_local_cpu_size GiB of pinned host "
+        "memory per GPU) is not budgeted; give --kv-transfer-config as one JSON object"
     ),
     "--moe-backend": (
         "the MoE kernels' workspaces and weight layout depend on the backend (a FlashInfer backend took "
