@@ -155,6 +155,9 @@ class MemoryBudget:
     lora_gib: float = 0.0
     """vLLM's LoRA buffers (``--enable-lora``: ``--max-loras`` adapters at ``--max-lora-rank``), part of
     ``weights_gib`` as vLLM's "Model loading took" counts them."""
+    speculative_gib: float = 0.0
+    """The MTP drafter of ``--speculative-config`` (its layers' weights, loaded inside "Model loading took",
+    and the proposer's buffers), part of ``weights_gib``; its KV layers are in ``kv_bytes_per_token``."""
 
 
 @dataclass(frozen=True, slots=True)

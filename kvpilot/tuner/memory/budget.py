@@ -42,6 +42,7 @@ from kvpilot.tuner import vllm
 from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
 from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
 from kvpilot.tuner.memory.lora import compute_lora_bytes
+from kvpilot.tuner.memory.speculative import budgets_mtp, compute_speculative_bytes, with_mtp_layers
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
@@ -336,6 +337,7 @@ def compute_budget(
     enable_prefix_caching: bool | None = None,
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
     lora: vllm.LoraFlags | None = None,
+    speculative: vllm.SpeculativeFlags | None = None,
 ) -> MemoryBudget:
     """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse.
 
@@ -352,6 +354,8 @@ def compute_budget(
     routed experts split over the group (:class:`~kvpilot.tuner.memory.weights.ExpertShards`; the rest of
     the rank, its KV cache included, is a whole engine of ``tensor_parallel_size``). ``lora``:
     ``--enable-lora`` and its sizes; its buffers load with the weights (:func:`.lora.compute_lora_bytes`).
+    ``speculative``: ``--speculative-config``; an MTP drafter kvpilot models adds its weights and buffers
+    (:func:`.speculative.compute_speculative_bytes`) and its KV layers (:func:`.speculative.with_mtp_layers`).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
@@ -384,6 +388,7 @@ def compute_budget(
             enable_prefix_caching=enable_prefix_caching,
             expert_shards=expert_shards,
             lora=lora,
+            speculative=speculative,
         )
         for rank in range(r.pp)
     )
@@ -468,6 +473,7 @@ def _compute_stage(
     enable_prefix_caching: bool | None,
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
     lora: vllm.LoraFlags | None = None,
+    speculative: vllm.SpeculativeFlags | None = None,
 ) -> refusals.Stage:
     """One pipeline stage's budget (its first TP rank): weights, activation peak, sampler state, what is
     left for the KV cache, and the KV layout of its layers."""
@@ -493,6 +499,19 @@ def _compute_stage(
             max_num_seqs=r.max_num_seqs,
         )
         w += lora_bytes
+    # the MTP drafter loads with the model, inside "Model loading took X GiB"; the proposer's buffers are
+    # allocated after the init snapshot (:mod:`.speculative`)
+    spec_bytes = compute_speculative_bytes(
+        model,
+        speculative,
+        tensor_parallel_size=r.tp,
+        pipeline_parallel_size=r.pp,
+        dtype=r.dtype,
+        max_num_batched_tokens=r.max_num_batched_tokens,
+        max_num_seqs=r.max_num_seqs,
+        model_runner_v2=r.model_runner_v2,
+    )
+    w += spec_bytes
     act = compute_activation_bytes(
         model,
         tp=r.tp,
@@ -513,7 +532,7 @@ def _compute_stage(
         graphs = shared.graphs if shared.subtract_graphs else 0
         available = requested - w - act - state - shared.non_torch - graphs
     layout = kv_cache.compute_kv_layout(
-        model,
+        with_mtp_layers(model) if budgets_mtp(model, speculative, r.pp) else model,
         tensor_parallel_size=r.tp,
         pipeline_parallel_size=r.pp,
         pp_rank=rank,
@@ -524,7 +543,7 @@ def _compute_stage(
         compute_capability=gpu.compute_capability,
         enable_prefix_caching=enable_prefix_caching,
     )
-    return refusals.Stage(w, act, state, available, layout, lora_bytes)
+    return refusals.Stage(w, act, state, available, layout, lora_bytes, spec_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,6 +592,7 @@ def _build_budget(
         requested_gib=requested / GIB,
         weights_gib=first.weights / GIB,
         lora_gib=first.lora / GIB,
+        speculative_gib=first.speculative / GIB,
         activation_gib=first.activation / GIB,
         non_torch_gib=shared.non_torch / GIB,
         cuda_graph_gib=shared.graphs / GIB,

@@ -44,6 +44,9 @@ class Stage(NamedTuple):
     layout: kv_cache.KvLayout
     lora: int = 0
     """vLLM's LoRA buffers (``--enable-lora``), part of ``weights``."""
+    speculative: int = 0
+    """The MTP drafter's weights and the proposer's buffers (``--speculative-config``), part of
+    ``weights``."""
 
 
 def check_parallel_sizes(model: ModelSpec, tp: int, pp: int) -> str | None:

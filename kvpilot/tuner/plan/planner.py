@@ -313,6 +313,8 @@ def compute_plan(
             f"LoRA buffers are not budgeted; lower --gpu-memory-utilization by --max-loras x "
             f"--max-lora-rank x the wrapped layers' widths."
         )
+    if engine.speculative is not None:
+        memory.check_speculative_model(model, engine.speculative)
     settings = _choose_tensor_parallel(p)
     settings, wanted = _choose_context(p, settings)
     settings = _choose_utilization(p, settings)
@@ -333,6 +335,9 @@ def compute_plan(
         )
     if engine.lora is not None and lora_gap is None:
         p.warnings.append(_describe_lora(engine.lora, budget))
+    if engine.speculative_flags:
+        pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
+        p.warnings.append(_describe_speculative(model, engine, budget, pp))
     return Plan(
         settings=settings,
         budget=budget,
@@ -606,6 +611,44 @@ def _describe_lora(lora: vllm.LoraFlags, budget: MemoryBudget) -> str:
         f"--enable-lora: vLLM preallocates {budget.lora_gib:.2f} GiB of LoRA buffers per GPU at load "
         f"({lora.max_loras} x rank {lora.max_lora_rank} in {dtype}{sharded}), counted in the weights."
     )
+
+
+def _describe_speculative(model: ModelSpec, engine: vllm.EngineFlags, budget: MemoryBudget, pp: int) -> str:
+    """The plan's line on speculative decoding: what it budgets (an MTP drafter's weights, buffers and KV
+    layers; nothing for a CPU proposer) and, by name, what it does not."""
+    flag = engine.speculative_flags[0]
+    spec = engine.speculative
+    if spec is None:  # a dotted --speculative-config.field, which kvpilot does not read
+        return (
+            f"{flag} is not in kvpilot's memory model in this form (write --speculative-config as one JSON "
+            f"object): the drafter's weights and KV cache are not budgeted; {vllm.SPECULATIVE_UNBUDGETED}."
+        )
+    reason = memory.speculative_unbudgeted_reason(model, spec, pp)
+    if reason is not None:
+        return (
+            f"{flag} is not in kvpilot's memory model for {model.architecture} ({reason}): the drafter's "
+            f"weights and KV cache are not budgeted; lower --gpu-memory-utilization by their size, or pin "
+            f"--kv-cache-memory-bytes; {vllm.SPECULATIVE_UNBUDGETED}."
+        )
+    tokens = spec.num_speculative_tokens
+    if spec.method != vllm.MTP:
+        count = f", {_count(tokens, 'draft token')}" if tokens else ""
+        return (
+            f"{flag} (method {spec.method}{count}): the proposer runs on the CPU and takes no GPU memory of "
+            f"its own; {vllm.SPECULATIVE_UNBUDGETED}."
+        )
+    layers = model.num_mtp_layers
+    verb = "take" if layers > 1 else "takes"
+    return (
+        f"{flag} (method mtp, {_count(tokens or layers, 'draft token')}): the MTP drafter's "
+        f"{_count(layers, 'layer')} {verb} {budget.speculative_gib:.2f} GiB per GPU (weights and the "
+        f"proposer's buffers, counted in the weights) and add {_count(layers, 'KV layer')} to the cache "
+        f"({budget.kv_bytes_per_token:,} bytes per token); {vllm.SPECULATIVE_UNBUDGETED}."
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _render(settings: EngineSettings, kv_cache_memory_bytes: int | None = None) -> tuple[str, ...]:

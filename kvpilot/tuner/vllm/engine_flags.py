@@ -11,7 +11,11 @@ plan of another engine:
 * ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``--disable-prefix-caching``): whether the
   state layers of a hybrid model keep align-mode pages (two or three a request);
 * ``--enable-lora`` with ``--max-loras``, ``--max-lora-rank``, ``--lora-dtype`` and
-  ``--fully-sharded-loras``: the LoRA buffers vLLM preallocates at load (:mod:`.lora`).
+  ``--fully-sharded-loras``: the LoRA buffers vLLM preallocates at load (:mod:`.lora`);
+* ``--speculative-config`` (``-sc``) and ``--spec-method`` / ``--spec-model`` / ``--spec-tokens``: the
+  speculative decoding method and its draft tokens (:mod:`.speculative`): an MTP drafter's weights and KV
+  layers are budgeted, ``ngram`` / ``suffix`` take nothing on the GPU, the other methods are named in the
+  plan's warnings.
 
 ``--max-num-active-seqs`` has no memory of its own, but it is read here too (:mod:`.active_seqs`): it is
 the admission limit the plan reports and the closed loop compares the running requests with.
@@ -37,6 +41,13 @@ from kvpilot.tuner import errors
 from kvpilot.tuner.vllm.active_seqs import check_active_seqs, find_active_seqs
 from kvpilot.tuner.vllm.args import check_choice, flag_value, iter_flags
 from kvpilot.tuner.vllm.lora import LORA_FLAGS, LoraFlags, check_lora_flags, read_lora_flags
+from kvpilot.tuner.vllm.speculative import (
+    SPECULATIVE_FLAGS,
+    SpeculativeFlags,
+    check_speculative_flags,
+    read_speculative_flags,
+    speculative_flag_names,
+)
 from kvpilot.tuner.vllm.unmodelled import list_unmodelled_flags
 from kvpilot.tuner.vllm.versions import PERFORMANCE_MODES
 
@@ -54,7 +65,7 @@ _BOOLEANS = {**_EAGER, **_PREFIX_CACHING}
 """vLLM 0.33's spellings of the two booleans (``EnableDisableAction``: ``--x``, ``--no-x``; prefix caching
 also ``--disable-prefix-caching``) and the value each sets."""
 
-ENGINE_FLAGS = (*_BOOLEANS, PERFORMANCE_MODE_FLAG, *LORA_FLAGS)
+ENGINE_FLAGS = (*_BOOLEANS, PERFORMANCE_MODE_FLAG, *LORA_FLAGS, *SPECULATIVE_FLAGS)
 """Every spelling :func:`build_engine_flags` reads."""
 
 
@@ -66,6 +77,7 @@ class BudgetKwargs(TypedDict):
     performance_mode: str | None
     enable_prefix_caching: bool | None
     lora: LoraFlags | None
+    speculative: SpeculativeFlags | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +95,12 @@ class EngineFlags:
     """``--enable-lora`` and the flags that size its buffers (:mod:`.lora`); ``None``: LoRA is off."""
     unmodelled: tuple[str, ...] = ()
     """Flags given that change memory kvpilot does not budget (:mod:`.unmodelled`); the plan names each."""
+    speculative: SpeculativeFlags | None = None
+    """``--speculative-config`` and ``--spec-*`` as kvpilot reads them (:mod:`.speculative`); ``None``: not
+    given, or given in a form kvpilot does not read (``speculative_flags`` then names it)."""
+    speculative_flags: tuple[str, ...] = ()
+    """The speculative-decoding flags given (:func:`.speculative.speculative_flag_names`): the plan warns
+    about each one whose memory it does not budget."""
     max_num_active_seqs: int | None = None
     """``--max-num-active-seqs`` (:mod:`.active_seqs`): the admission cap; ``None``: not given (the limit is
     ``max_num_seqs``). Not part of the memory budget: it has none of its own."""
@@ -95,6 +113,7 @@ class EngineFlags:
             performance_mode=self.performance_mode,
             enable_prefix_caching=self.enable_prefix_caching,
             lora=self.lora,
+            speculative=self.speculative,
         )
 
 
@@ -109,6 +128,8 @@ def build_engine_flags(args: Sequence[str], model_runner_v2: bool | None = None)
         model_runner_v2=model_runner_v2,
         unmodelled=list_unmodelled_flags(args),
         lora=read_lora_flags(args),
+        speculative=read_speculative_flags(args),
+        speculative_flags=speculative_flag_names(args),
         max_num_active_seqs=find_active_seqs(args),
     )
     for index, flag, inline in iter_flags(args):
@@ -126,9 +147,10 @@ def check_engine_flags(args: Sequence[str]) -> None:
     mode it does not know, a LoRA value :func:`.lora.check_lora_flags` refuses, a cap of sequences below 1)
     and an abbreviation of one (kvpilot reads the full spellings only)."""
     check_lora_flags(args)
+    check_speculative_flags(args)
     check_active_seqs(args)
     for index, flag, inline in iter_flags(args):
-        if flag in LORA_FLAGS:
+        if flag in LORA_FLAGS or flag.split(".", 1)[0] in SPECULATIVE_FLAGS:
             continue
         if flag in _BOOLEANS:
             if inline is not None:
