@@ -43,6 +43,7 @@ from kvpilot.tuner.memory.speculative import (
     compute_drafter_weight_bytes,
     compute_proposer_buffer_bytes,
     compute_speculative_bytes,
+    describe_unbudgeted_speculative,
     speculative_unbudgeted_reason,
     with_mtp_layers,
 )
@@ -92,4 +93,5 @@ __all__ = [
     "compute_speculative_bytes",
     "speculative_unbudgeted_reason",
     "with_mtp_layers",
+    "describe_unbudgeted_speculative",
 ]

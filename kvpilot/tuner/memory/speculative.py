@@ -53,6 +53,31 @@ def speculative_unbudgeted_reason(model: ModelSpec, spec: vllm.SpeculativeFlags,
     return None
 
 
+def describe_unbudgeted_speculative(
+    model: ModelSpec, spec: vllm.SpeculativeFlags | None, flags: tuple[str, ...], pp: int = 1
+) -> str | None:
+    """The plan's warning when speculative decoding is given (``flags``: the spellings given) and kvpilot
+    does not budget its drafter, naming the flag, why and what to do; ``None`` when nothing is given or
+    it is budgeted."""
+    if not flags:
+        return None
+    flag = flags[0]
+    if spec is None:  # a dotted --speculative-config.field, which kvpilot does not read
+        return (
+            f"{flag} is not in kvpilot's memory model in this form (give --speculative-config one JSON "
+            "object): the drafter's weights and KV cache are not budgeted; lower --gpu-memory-utilization "
+            f"by their size, or pin --kv-cache-memory-bytes; {vllm.SPECULATIVE_UNBUDGETED}."
+        )
+    reason = speculative_unbudgeted_reason(model, spec, pp)
+    if reason is None:
+        return None
+    return (
+        f"{flag} is not in kvpilot's memory model for {model.architecture} ({reason}): the drafter's "
+        "weights and KV cache are not budgeted; lower --gpu-memory-utilization by their size, or pin "
+        f"--kv-cache-memory-bytes; {vllm.SPECULATIVE_UNBUDGETED}."
+    )
+
+
 def check_speculative_model(model: ModelSpec, spec: vllm.SpeculativeFlags) -> None:
     """Refuse what vLLM 0.33 refuses of an MTP drafter for this model: a checkpoint without MTP layers,
     a ``num_speculative_tokens`` above the layers that is not a multiple of them

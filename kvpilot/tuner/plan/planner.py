@@ -305,6 +305,7 @@ def compute_plan(
         [release_warning] if release_warning else [],
         expert_shards,
     )
+    first_unmodelled = len(p.warnings)  # the speculative flags' warning goes here once the layout is known
     p.warnings += [vllm.describe_unmodelled_flag(flag) for flag in engine.unmodelled]
     lora_gap = memory.lora_unbudgeted_reason(model) if engine.lora is not None else None
     if lora_gap is not None:
@@ -335,9 +336,14 @@ def compute_plan(
         )
     if engine.lora is not None and lora_gap is None:
         p.warnings.append(_describe_lora(engine.lora, budget))
-    if engine.speculative_flags:
-        pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
-        p.warnings.append(_describe_speculative(model, engine, budget, pp))
+    pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
+    spec_gap = memory.describe_unbudgeted_speculative(model, engine.speculative, engine.speculative_flags, pp)
+    if spec_gap is not None:
+        p.warnings.insert(first_unmodelled, spec_gap)
+    elif engine.speculative is not None:
+        p.warnings.append(
+            _describe_speculative(model, engine.speculative, engine.speculative_flags[0], budget)
+        )
     return Plan(
         settings=settings,
         budget=budget,
@@ -345,7 +351,7 @@ def compute_plan(
         concurrency_at_max_len=budget.max_concurrency,
         gpu=gpu.name,
         gpu_count=gpu_count,
-        pipeline_parallel_size=compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1),
+        pipeline_parallel_size=pp,
         vllm_version=vllm_version,
         warnings=tuple(p.warnings),
         reasons=reasons,
@@ -613,23 +619,11 @@ def _describe_lora(lora: vllm.LoraFlags, budget: MemoryBudget) -> str:
     )
 
 
-def _describe_speculative(model: ModelSpec, engine: vllm.EngineFlags, budget: MemoryBudget, pp: int) -> str:
-    """The plan's line on speculative decoding: what it budgets (an MTP drafter's weights, buffers and KV
-    layers; nothing for a CPU proposer) and, by name, what it does not."""
-    flag = engine.speculative_flags[0]
-    spec = engine.speculative
-    if spec is None:  # a dotted --speculative-config.field, which kvpilot does not read
-        return (
-            f"{flag} is not in kvpilot's memory model in this form (write --speculative-config as one JSON "
-            f"object): the drafter's weights and KV cache are not budgeted; {vllm.SPECULATIVE_UNBUDGETED}."
-        )
-    reason = memory.speculative_unbudgeted_reason(model, spec, pp)
-    if reason is not None:
-        return (
-            f"{flag} is not in kvpilot's memory model for {model.architecture} ({reason}): the drafter's "
-            f"weights and KV cache are not budgeted; lower --gpu-memory-utilization by their size, or pin "
-            f"--kv-cache-memory-bytes; {vllm.SPECULATIVE_UNBUDGETED}."
-        )
+def _describe_speculative(
+    model: ModelSpec, spec: vllm.SpeculativeFlags, flag: str, budget: MemoryBudget
+) -> str:
+    """The plan's line on speculative decoding it budgets: an MTP drafter's weights, buffers and KV layers,
+    or nothing for a CPU proposer; what it never budgets, by name."""
     tokens = spec.num_speculative_tokens
     if spec.method != vllm.MTP:
         count = f", {_count(tokens, 'draft token')}" if tokens else ""
