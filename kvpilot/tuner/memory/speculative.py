@@ -42,6 +42,8 @@ def speculative_unbudgeted_reason(model: ModelSpec, spec: vllm.SpeculativeFlags,
             f"method {spec.given_method!r} loads a draft model (its own config.json and weights) that "
             "kvpilot does not read"
         )
+    if spec.draft_model is not None:
+        return f"method 'mtp' with the draft checkpoint {spec.draft_model!r}, which kvpilot does not read"
     if model.model_type not in vllm.MTP_DRAFTERS:
         modelled = ", ".join(sorted(vllm.MTP_DRAFTERS))
         return (

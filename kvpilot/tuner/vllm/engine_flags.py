@@ -42,6 +42,7 @@ from kvpilot.tuner.vllm.active_seqs import check_active_seqs, find_active_seqs
 from kvpilot.tuner.vllm.args import check_choice, flag_value, iter_flags
 from kvpilot.tuner.vllm.lora import LORA_FLAGS, LoraFlags, check_lora_flags, read_lora_flags
 from kvpilot.tuner.vllm.speculative import (
+    SPECULATIVE_CONFIG_SHORT,
     SPECULATIVE_FLAGS,
     SpeculativeFlags,
     check_speculative_flags,
@@ -65,7 +66,7 @@ _BOOLEANS = {**_EAGER, **_PREFIX_CACHING}
 """vLLM 0.33's spellings of the two booleans (``EnableDisableAction``: ``--x``, ``--no-x``; prefix caching
 also ``--disable-prefix-caching``) and the value each sets."""
 
-ENGINE_FLAGS = (*_BOOLEANS, PERFORMANCE_MODE_FLAG, *LORA_FLAGS, *SPECULATIVE_FLAGS)
+ENGINE_FLAGS = (*_BOOLEANS, PERFORMANCE_MODE_FLAG, *LORA_FLAGS, *SPECULATIVE_FLAGS, SPECULATIVE_CONFIG_SHORT)
 """Every spelling :func:`build_engine_flags` reads."""
 
 

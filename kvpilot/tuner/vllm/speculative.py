@@ -9,11 +9,12 @@ The methods (``config/speculative.py``):
 
 * every model-specific MTP spelling (``MTPModelTypes``, ``:38``: ``deepseek_mtp``, ``glm4_moe_mtp``,
   ``qwen3_next_mtp`` ...) is ``mtp`` (``SpeculativeConfig.__post_init__``, ``:1246``); with ``mtp`` and no
-  ``model`` the draft is the target checkpoint itself (``:1253``), its ``hf_config`` rewritten by
-  ``hf_config_override`` (``:711``) into the drafter class of the target's ``model_type`` (DeepSeek-V3:
-  ``DeepSeekMTPModel`` with ``n_predict = num_nextn_predict_layers``, ``:751``); without
-  ``num_speculative_tokens`` vLLM takes ``n_predict`` (``:1599``), and a larger count must be a multiple
-  of it (the MTP layers are reused, ``:1603``);
+  ``model`` but with ``num_speculative_tokens`` the draft is the target checkpoint itself (``:1252``), its
+  ``hf_config`` rewritten by ``hf_config_override`` (``:711``) into the drafter class of the target's
+  ``model_type`` (DeepSeek-V3: ``DeepSeekMTPModel`` with ``n_predict = num_nextn_predict_layers``,
+  ``:751``); a count above ``n_predict`` must be a multiple of it (the MTP layers are reused, ``:1603``).
+  Without a count vLLM takes ``n_predict`` only when a ``model`` is given (``:1599``); with neither it
+  refuses (``_verify_args``, ``:1946``), as it does for every method but ``suffix`` (``:1735``);
 * ``ngram`` (or a ``model`` of ``ngram``) and ``suffix`` have no model: the ``NgramProposer`` runs on the
   CPU (numba) and ``SuffixDecodingProposer`` on the CPU (Arctic Inference), neither allocates on the GPU
   (``v1/worker/gpu_model_runner.py:614``, ``:648``); ``ngram_gpu`` does (``:624``: a ``max_num_seqs x
@@ -105,6 +106,8 @@ class SpeculativeFlags:
     """``None``: not given (MTP takes the drafter's ``n_predict``; vLLM refuses it missing otherwise)."""
     given_method: str = ""
     """The method as the user spelled it (for messages)."""
+    draft_model: str | None = None
+    """The ``model`` given (a draft checkpoint kvpilot does not read); ``None``: none."""
 
 
 def _short_to_long(args: Sequence[str]) -> list[str]:
@@ -206,14 +209,15 @@ def _read(args: Sequence[str]) -> SpeculativeFlags | None:
         method = MTP
     elif method in NGRAM_SPELLINGS:
         method = NGRAM
-    if tokens is None and method != MTP and method != SUFFIX:
-        # config/speculative.py:1286 (no model) / :1613 (a model): vLLM refuses a missing count, save
-        # for MTP (n_predict) and suffix decoding (suffix_decoding_max_tree_depth, :1735)
+    if tokens is None and method != SUFFIX and not (method == MTP and model is not None):
+        # config/speculative.py:1946: vLLM refuses a missing count, save for suffix decoding
+        # (suffix_decoding_max_tree_depth, :1735) and a draft model whose config has n_predict (:1599)
         raise errors.InvalidEngineArgs(
-            f"vLLM argument {source}: method {given!r} needs num_speculative_tokens",
+            f"vLLM argument {source}: method {given!r} needs num_speculative_tokens (vLLM refuses it "
+            "missing)",
             flag=SPECULATIVE_CONFIG_FLAG,
         )
-    return SpeculativeFlags(method, tokens, given)
+    return SpeculativeFlags(method, tokens, given, model if isinstance(model, str) else None)
 
 
 def check_speculative_flags(args: Sequence[str]) -> None:
