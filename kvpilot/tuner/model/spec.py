@@ -492,7 +492,8 @@ def _mtp_layers(text: Fields, model_type: str) -> int:
     drafter = vllm.MTP_DRAFTERS.get(model_type)
     if drafter is None:
         return 0
-    return text.optional_int(drafter.layers_key, limit=MAX_LAYERS, minimum=0) or 0
+    layers = text.optional_int(drafter.layers_key, limit=MAX_LAYERS, minimum=0)
+    return drafter.default_layers if layers is None else layers
 
 
 def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:

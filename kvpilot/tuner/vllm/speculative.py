@@ -85,12 +85,16 @@ class MtpDrafter:
     """The class ``hf_config_override`` names (``config/speculative.py:751``)."""
     layers_key: str
     """The target config's key of the MTP layer count (``n_predict``)."""
+    default_layers: int
+    """The count when the config lacks the key: the transformers config class's default, which vLLM's
+    ``getattr(hf_config, layers_key)`` reads."""
 
 
 MTP_DRAFTERS: Mapping[str, MtpDrafter] = {
     # config/speculative.py:749-763: deepseek_v3 -> deepseek_mtp -> DeepSeekMTPModel (V3.2 and GLM-5's
     # glm_moe_dsa get DeepseekV32MTPModel, with an indexer: not modelled)
-    "deepseek_v3": MtpDrafter("DeepSeekMTPModel", "num_nextn_predict_layers"),
+    # transformers' DeepseekV3Config: num_nextn_predict_layers (alias num_mtp_layers) defaults to 1
+    "deepseek_v3": MtpDrafter("DeepSeekMTPModel", "num_nextn_predict_layers", 1),
 }
 """Target ``model_type`` -> its MTP drafter, for the drafters kvpilot budgets
 (``tests/contract/test_contract_speculative.py`` builds each on the meta device)."""
