@@ -18,7 +18,8 @@ The configs are DeepSeek-V3's (``DeepseekV3ForCausalLM``, the one drafter kvpilo
 fp8 ``quantization_config`` (vLLM's CPU platform has no ScaledMM kernel for it, as
 ``test_contract_model_classes.py`` records), cut to four decoder layers (the fourth, past
 ``first_k_dense_replace``, a MoE layer like the MTP layer) and eight routed experts; one with two MTP
-layers and four speculative tokens (the layers reused) too.
+layers and four speculative tokens (the layers reused), and one without ``num_nextn_predict_layers`` (the
+config class's default), too.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "deepseek-v3-deepseek_mtp-2": (
         _deepseek(),
         ["--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 2}'],
+    ),
+    # no num_nextn_predict_layers: transformers' DeepseekV3Config default (1) is what vLLM reads
+    "deepseek-v3-no-layer-count": (
+        {k: v for k, v in _deepseek().items() if k != "num_nextn_predict_layers"},
+        ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
     ),
     "deepseek-v3-2-layers-4-tokens": (
         _deepseek(num_nextn_predict_layers=2),
@@ -100,7 +106,7 @@ def test_the_drafter_and_its_method_are_vllms(
     built = theirs[1][case][0]
     assert built["method"] == flags.method == vllm.MTP
     assert built["architecture"] == vllm.MTP_DRAFTERS[model.model_type].architecture
-    assert built["n_predict"] == model.num_mtp_layers == config["num_nextn_predict_layers"]
+    assert built["n_predict"] == model.num_mtp_layers == config.get("num_nextn_predict_layers", 1)
     assert built["num_speculative_tokens"] == flags.num_speculative_tokens
     memory.check_speculative_model(model, flags)  # vLLM accepted it: so does kvpilot
     # without a count (and without a model) vLLM refuses the same method: so does kvpilot

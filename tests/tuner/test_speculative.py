@@ -233,3 +233,11 @@ def test_pipeline_parallelism_and_a_count_vllm_refuses() -> None:
     none = build_model_spec(_bf16_deepseek(num_nextn_predict_layers=0))
     with pytest.raises(errors.InvalidEngineArgs, match="num_nextn_predict_layers = 0"):
         compute_plan(none, lookup_gpu("H200"), 8, ServingBounds(), engine=vllm.build_engine_flags(MTP_1))
+
+
+def test_an_abbreviation_of_a_speculative_flag_is_refused_by_its_full_name() -> None:
+    with pytest.raises(errors.InvalidEngineArgs, match="abbreviates --spec-tokens") as raised:
+        vllm.check_engine_flags(["--spec-method", "ngram", "--spec-tok", "3"])
+    assert raised.value.flag == "--spec-tok"
+    vllm.check_engine_flags(["--speculative-config.method=mtp"])  # vLLM's dotted form: read as not read
+    assert vllm.build_engine_flags(["--speculative-config.method=mtp"]).speculative is None

@@ -148,7 +148,6 @@ def check_engine_flags(args: Sequence[str]) -> None:
     mode it does not know, a LoRA value :func:`.lora.check_lora_flags` refuses, a cap of sequences below 1)
     and an abbreviation of one (kvpilot reads the full spellings only)."""
     check_lora_flags(args)
-    check_speculative_flags(args)
     check_active_seqs(args)
     for index, flag, inline in iter_flags(args):
         if flag in LORA_FLAGS or flag.split(".", 1)[0] in SPECULATIVE_FLAGS:
@@ -170,3 +169,4 @@ def check_engine_flags(args: Sequence[str]) -> None:
                         f"for; spell it out as {full}",
                         flag=flag,
                     )
+    check_speculative_flags(args)  # after the abbreviations: a --spec-tok is named as one, not as a gap
