@@ -84,8 +84,8 @@ def check_speculative_model(model: ModelSpec, spec: vllm.SpeculativeFlags) -> No
     """Refuse what vLLM 0.33 refuses of an MTP drafter for this model: a checkpoint without MTP layers,
     a ``num_speculative_tokens`` above the layers that is not a multiple of them
     (``config/speculative.py:1603``)."""
-    if spec.method != vllm.MTP or model.model_type not in vllm.MTP_DRAFTERS:
-        return
+    if spec.method != vllm.MTP or spec.draft_model is not None or model.model_type not in vllm.MTP_DRAFTERS:
+        return  # another checkpoint's drafter: not read
     key = vllm.MTP_DRAFTERS[model.model_type].layers_key
     layers, tokens = model.num_mtp_layers, spec.num_speculative_tokens
     if layers < 1:
