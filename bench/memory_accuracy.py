@@ -45,7 +45,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvpilot.tuner import errors, vllm  # noqa: E402
+from kvpilot.tuner import (  # noqa: E402
+    errors,
+    memory,  # noqa: E402
+    vllm,
+)
 from kvpilot.tuner.memory import estimate, weights  # noqa: E402
 from kvpilot.tuner.model import spec as model_spec  # noqa: E402
 from kvpilot.tuner.types import GIB  # noqa: E402
@@ -124,7 +128,9 @@ def plan_verdict(case: dict[str, Any], gpu_lookup: Callable[[str], object] | Non
     the catalogue: ``gpu_lookup`` raises; or :func:`kvpilot.tuner.vllm.check_engine_flags` refuses an
     argument), ``("warned", the plan's warnings)`` when the arguments hold flags its memory model does not
     budget (the planner's own list, :func:`kvpilot.tuner.vllm.build_engine_flags`' ``unmodelled``, each in
-    the words of :func:`kvpilot.tuner.vllm.describe_unmodelled_flag`), else ``None``. A case that names no
+    the words of :func:`kvpilot.tuner.vllm.describe_unmodelled_flag`, and speculative decoding whose drafter
+    it does not model for the case's config, :func:`kvpilot.tuner.memory.describe_unbudgeted_speculative`),
+    else ``None``. A case that names no
     GPU is not refused for it (the user would name theirs)."""
     args = engine_args(case)
     try:
@@ -133,9 +139,23 @@ def plan_verdict(case: dict[str, Any], gpu_lookup: Callable[[str], object] | Non
         vllm.check_engine_flags(args)
     except errors.TunerError as exc:
         return "refused", exc.message.split(" Known GPUs: ")[0]  # not the catalogue's whole list
-    unmodelled = vllm.build_engine_flags(args).unmodelled
-    if unmodelled:
-        return "warned", " ".join(vllm.describe_unmodelled_flag(flag) for flag in unmodelled)
+    engine = vllm.build_engine_flags(args)
+    named = [vllm.describe_unmodelled_flag(flag) for flag in engine.unmodelled]
+    if engine.speculative_flags:  # what is budgeted of it depends on the model (and its one stage)
+        try:
+            model = model_spec.build_model_spec(case.get("hf_config") or {})
+        except errors.TunerError:
+            model = None
+        if model is None:
+            gap = f"{engine.speculative_flags[0]} is not in kvpilot's memory model for this case's config."
+        else:
+            pp = int(case.get("pipeline_parallel_size") or 1)
+            gap = memory.describe_unbudgeted_speculative(
+                model, engine.speculative, engine.speculative_flags, pp
+            )
+        named = ([gap] if gap else []) + named
+    if named:
+        return "warned", " ".join(named)
     return None
 
 

@@ -386,6 +386,26 @@ def test_plan_for_the_engine_flags_the_pods_run() -> None:
     assert code == 2 and "--performance-mode" in err
 
 
+def test_plan_shows_the_mtp_drafter_in_the_budget() -> None:
+    """--engine-args with --speculative-config: DeepSeek-V3's MTP drafter is a line of the weights; a bad
+    JSON value is refused naming the flag."""
+    base = ("plan", "--model", "deepseek-ai/DeepSeek-V3", "--gpu", "H200", "--gpus", "8")
+    mtp = (
+        """--engine-args=--speculative-config '{"method":"mtp","num_speculative_tokens":1}'"""  # shell-quoted
+    )
+    code, out, err = run(*base, mtp)
+    assert code == 0, err
+    assert "    (of which MTP drafter)       1.66" in out
+    assert (
+        "warning: --speculative-config (method mtp, 1 draft token): the MTP drafter's 1 layer takes 1.66 GiB"
+        in out
+    )
+    plain = run(*base)[1]
+    assert "MTP drafter" not in plain and "71,424 B per token" in out and "70,272 B per token" in plain
+    code, _, err = run(*base, "--engine-args=--speculative-config {method:mtp}")
+    assert code == 2 and "--speculative-config takes a JSON object" in err
+
+
 def test_plan_for_a_release_newer_than_modelled_warns() -> None:
     code, out, err = run("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--vllm-version", "9.9.9")
     assert code == 0, err

@@ -159,6 +159,9 @@ class MemoryBudget:
     """The KV connector's GPU buffers (``--kv-transfer-config``, e.g. LMCache's staging chunk), the largest
     rank's: allocated after vLLM sizes the KV cache, so not among the terms above; they come out of the
     memory ``gpu_memory_utilization`` leaves free."""
+    speculative_gib: float = 0.0
+    """The MTP drafter of ``--speculative-config`` (its layers' weights, loaded inside "Model loading took",
+    and the proposer's buffers), part of ``weights_gib``; its KV layers are in ``kv_bytes_per_token``."""
 
 
 @dataclass(frozen=True, slots=True)

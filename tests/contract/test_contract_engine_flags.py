@@ -47,6 +47,8 @@ def test_every_spelling_vllm_has_for_these_flags_is_read(
     spellings = by_dest["enforce_eager"] | by_dest["enable_prefix_caching"] | by_dest["performance_mode"]
     for dest in ("enable_lora", "max_loras", "max_lora_rank", "lora_dtype", "fully_sharded_loras"):
         spellings |= by_dest[dest]  # the LoRA flags (kvpilot.tuner.vllm.lora)
+    for dest in ("speculative_config", "spec_method", "spec_model", "spec_tokens"):
+        spellings |= by_dest[dest]  # speculative decoding (kvpilot.tuner.vllm.speculative), -sc included
     # vLLM's parser also takes --no-enable-prefix-caching (it is in CASES) and --no-enable-lora, not option
     # strings of their own
     assert spellings == set(ENGINE_FLAGS) - {"--no-enable-prefix-caching", "--no-enable-lora"}

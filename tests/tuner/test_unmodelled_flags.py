@@ -28,8 +28,7 @@ LLAMA_8B = {
     [
         ([], ()),
         (["--enforce-eager", "--tool-call-parser", "hermes"], ()),
-        (["--speculative-config", '{"method": "mtp"}'], ("--speculative-config",)),
-        (["--speculative_config={}", "--spec-tokens", "3"], ("--speculative-config", "--spec-tokens")),
+        (["--speculative-config", '{"method": "mtp"}'], ()),  # budgeted where kvpilot models the drafter
         (["--kv-transfer-config.kv_connector=LMCacheConnectorV1"], ("--kv-transfer-config",)),
         (
             ["--kv-offloading-size", "64", "--kv-offloading-backend", "native"],
@@ -46,7 +45,8 @@ def test_unmodelled_flags_are_found_in_any_spelling_once(args: list[str], found:
 
 def test_the_plan_names_each_unmodelled_flag_with_what_to_do() -> None:
     model = build_model_spec(LLAMA_8B)
-    engine = vllm.build_engine_flags(["--speculative-config", "{}", "--moe-backend", "triton"])
+    eagle = '{"method": "eagle3", "model": "org/eagle3-head", "num_speculative_tokens": 3}'
+    engine = vllm.build_engine_flags(["--speculative-config", eagle, "--moe-backend", "triton"])
     plan = compute_plan(model, gpus.lookup_gpu("H100-SXM"), 1, ServingBounds(), engine=engine)
     named = [w for w in plan.warnings if "is not in kvpilot's memory model" in w]
     assert [w.split()[0] for w in named] == ["--speculative-config", "--moe-backend"]

@@ -9,6 +9,7 @@
 * :mod:`.weights` -- the bytes each rank loads, quantization and padding included;
 * :mod:`.lora` -- the LoRA buffers vLLM preallocates with ``--enable-lora``, loaded with the weights;
 * :mod:`.kv_connector` -- what a ``--kv-transfer-config`` connector allocates after the KV cache is sized;
+* :mod:`.speculative` -- an MTP drafter's weights, buffers and KV layers (``--speculative-config``);
 * :mod:`.estimate` -- ``kvpilot estimate --cases FILE``: one budget per case of the calibration
   set's schema.
 
@@ -39,6 +40,15 @@ from kvpilot.tuner.memory.kv_cache import (
 from kvpilot.tuner.memory.kv_connector import compute_kv_connector_bytes, kv_connector_unbudgeted_reason
 from kvpilot.tuner.memory.lora import compute_lora_bytes, compute_punica_bytes, lora_unbudgeted_reason
 from kvpilot.tuner.memory.refusals import CUDA_CONTEXT_GIB, NCCL_GIB
+from kvpilot.tuner.memory.speculative import (
+    check_speculative_model,
+    compute_drafter_weight_bytes,
+    compute_proposer_buffer_bytes,
+    compute_speculative_bytes,
+    describe_unbudgeted_speculative,
+    speculative_unbudgeted_reason,
+    with_mtp_layers,
+)
 from kvpilot.tuner.memory.weights import (
     ONE_ENGINE,
     ExpertShards,
@@ -81,4 +91,11 @@ __all__ = [
     "lora_unbudgeted_reason",
     "padded_vocab_size",
     "resolve_settings",
+    "check_speculative_model",
+    "compute_drafter_weight_bytes",
+    "compute_proposer_buffer_bytes",
+    "compute_speculative_bytes",
+    "speculative_unbudgeted_reason",
+    "with_mtp_layers",
+    "describe_unbudgeted_speculative",
 ]

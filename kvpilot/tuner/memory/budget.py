@@ -43,10 +43,11 @@ from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
 from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
 from kvpilot.tuner.memory.kv_connector import compute_kv_connector_bytes
 from kvpilot.tuner.memory.lora import compute_lora_bytes
+from kvpilot.tuner.memory.speculative import budgets_mtp, compute_speculative_bytes, with_mtp_layers
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
-MEMORY_MODEL_VERSION = "2026.12.7.4"
+MEMORY_MODEL_VERSION = "2026.12.7.5"
 """The memory model's version: bump it whenever a change here (or in :mod:`.kv_cache`, :mod:`.weights`)
 moves a prediction. Fleet-learned TuningProfiles are keyed by it
 (:mod:`kvpilot.tuner.plan.profiles`), so a new memory model never reuses ratios learned against the old one's
@@ -338,6 +339,7 @@ def compute_budget(
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
     lora: vllm.LoraFlags | None = None,
     kv_connector: vllm.KvConnector | None = None,
+    speculative: vllm.SpeculativeFlags | None = None,
 ) -> MemoryBudget:
     """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse.
 
@@ -356,6 +358,8 @@ def compute_budget(
     ``--enable-lora`` and its sizes; its buffers load with the weights (:func:`.lora.compute_lora_bytes`).
     ``kv_connector``: ``--kv-transfer-config``'s connector; its GPU buffers come after the KV cache is sized,
     in the memory the utilisation leaves (:func:`.kv_connector.compute_kv_connector_bytes`).
+    ``speculative``: ``--speculative-config``; an MTP drafter kvpilot models adds its weights and buffers
+    (:func:`.speculative.compute_speculative_bytes`) and its KV layers (:func:`.speculative.with_mtp_layers`).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
@@ -389,6 +393,7 @@ def compute_budget(
             expert_shards=expert_shards,
             lora=lora,
             kv_connector=kv_connector,
+            speculative=speculative,
         )
         for rank in range(r.pp)
     )
@@ -474,6 +479,7 @@ def _compute_stage(
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
     lora: vllm.LoraFlags | None = None,
     kv_connector: vllm.KvConnector | None = None,
+    speculative: vllm.SpeculativeFlags | None = None,
 ) -> refusals.Stage:
     """One pipeline stage's budget (its first TP rank): weights, activation peak, sampler state, what is
     left for the KV cache, and the KV layout of its layers."""
@@ -499,6 +505,19 @@ def _compute_stage(
             max_num_seqs=r.max_num_seqs,
         )
         w += lora_bytes
+    # the MTP drafter loads with the model, inside "Model loading took X GiB"; the proposer's buffers are
+    # allocated after the init snapshot (:mod:`.speculative`)
+    spec_bytes = compute_speculative_bytes(
+        model,
+        speculative,
+        tensor_parallel_size=r.tp,
+        pipeline_parallel_size=r.pp,
+        dtype=r.dtype,
+        max_num_batched_tokens=r.max_num_batched_tokens,
+        max_num_seqs=r.max_num_seqs,
+        model_runner_v2=r.model_runner_v2,
+    )
+    w += spec_bytes
     act = compute_activation_bytes(
         model,
         tp=r.tp,
@@ -519,7 +538,7 @@ def _compute_stage(
         graphs = shared.graphs if shared.subtract_graphs else 0
         available = requested - w - act - state - shared.non_torch - graphs
     layout = kv_cache.compute_kv_layout(
-        model,
+        with_mtp_layers(model) if budgets_mtp(model, speculative, r.pp) else model,
         tensor_parallel_size=r.tp,
         pipeline_parallel_size=r.pp,
         pp_rank=rank,
@@ -539,7 +558,9 @@ def _compute_stage(
         kv_cache_dtype=r.kv_cache_dtype,
         dtype=r.dtype,
     )
-    return refusals.Stage(w, act, state, available, layout, lora_bytes, connector)
+    return refusals.Stage(
+        w, act, state, available, layout, lora_bytes, kv_connector=connector, speculative=spec_bytes
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,6 +610,7 @@ def _build_budget(
         weights_gib=first.weights / GIB,
         lora_gib=first.lora / GIB,
         kv_connector_gib=max(s.kv_connector for s in stages) / GIB,
+        speculative_gib=first.speculative / GIB,
         activation_gib=first.activation / GIB,
         non_torch_gib=shared.non_torch / GIB,
         cuda_graph_gib=shared.graphs / GIB,

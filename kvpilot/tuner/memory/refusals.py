@@ -47,6 +47,9 @@ class Stage(NamedTuple):
     kv_connector: int = 0
     """The KV connector's GPU buffers (``--kv-transfer-config``), allocated after the KV cache is sized:
     outside ``available``, in the memory the utilisation leaves."""
+    speculative: int = 0
+    """The MTP drafter's weights and the proposer's buffers (``--speculative-config``), part of
+    ``weights``."""
 
 
 def check_parallel_sizes(model: ModelSpec, tp: int, pp: int) -> str | None:

@@ -209,6 +209,11 @@ class ModelSpec:
     rope_type: str | None = None
     rope_factor: float | None = None
     rope_original_max: int | None = None
+    num_mtp_layers: int = 0
+    """The MTP layers the checkpoint ships for vLLM's MTP drafter (``num_nextn_predict_layers`` of a
+    ``model_type`` in :data:`kvpilot.tuner.vllm.MTP_DRAFTERS`; 0 otherwise). Not decoder layers: vLLM
+    builds them only with ``--speculative-config`` method ``mtp``
+    (:mod:`kvpilot.tuner.memory.speculative`)."""
 
     @property
     def is_multimodal(self) -> bool:
@@ -482,6 +487,15 @@ def _attention_free_spec(
     )
 
 
+def _mtp_layers(text: Fields, model_type: str) -> int:
+    """The MTP layer count vLLM's drafter for this ``model_type`` builds (0: no drafter kvpilot models)."""
+    drafter = vllm.MTP_DRAFTERS.get(model_type)
+    if drafter is None:
+        return 0
+    layers = text.optional_int(drafter.layers_key, limit=MAX_LAYERS, minimum=0)
+    return drafter.default_layers if layers is None else layers
+
+
 def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
     """Read a Hugging Face ``config.json`` (as a mapping) into a :class:`ModelSpec`.
 
@@ -597,4 +611,5 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         rope_type=rope.type,
         rope_factor=rope.factor,
         rope_original_max=rope.original,
+        num_mtp_layers=_mtp_layers(text, model_type),
     )

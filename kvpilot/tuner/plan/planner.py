@@ -305,6 +305,7 @@ def compute_plan(
         [release_warning] if release_warning else [],
         expert_shards,
     )
+    first_unmodelled = len(p.warnings)  # the speculative flags' warning goes here once the layout is known
     p.warnings += [vllm.describe_unmodelled_flag(flag) for flag in engine.unmodelled]
     lora_gap = memory.lora_unbudgeted_reason(model) if engine.lora is not None else None
     if lora_gap is not None:
@@ -314,6 +315,8 @@ def compute_plan(
             f"--max-lora-rank x the wrapped layers' widths."
         )
     p.warnings += _kv_connector_gaps(model, engine.kv_connector)
+    if engine.speculative is not None:
+        memory.check_speculative_model(model, engine.speculative)
     settings = _choose_tensor_parallel(p)
     settings, wanted = _choose_context(p, settings)
     settings = _choose_utilization(p, settings)
@@ -337,6 +340,14 @@ def compute_plan(
     connector = engine.kv_connector
     if connector is not None and (connector.lmcache or not vllm.kv_connector_unmodelled(connector)):
         p.warnings.append(_describe_kv_connector(connector, budget))  # what is budgeted (the gaps: above)
+    pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
+    spec_gap = memory.describe_unbudgeted_speculative(model, engine.speculative, engine.speculative_flags, pp)
+    if spec_gap is not None:
+        p.warnings.insert(first_unmodelled, spec_gap)
+    elif engine.speculative is not None:
+        p.warnings.append(
+            _describe_speculative(model, engine.speculative, engine.speculative_flags[0], budget)
+        )
     return Plan(
         settings=settings,
         budget=budget,
@@ -344,7 +355,7 @@ def compute_plan(
         concurrency_at_max_len=budget.max_concurrency,
         gpu=gpu.name,
         gpu_count=gpu_count,
-        pipeline_parallel_size=compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1),
+        pipeline_parallel_size=pp,
         vllm_version=vllm_version,
         warnings=tuple(p.warnings),
         reasons=reasons,
@@ -658,6 +669,32 @@ def _describe_kv_connector(connector: vllm.KvConnector, budget: MemoryBudget) ->
             f"out of the pod's memory"
         )
     return text + "."
+
+
+def _describe_speculative(
+    model: ModelSpec, spec: vllm.SpeculativeFlags, flag: str, budget: MemoryBudget
+) -> str:
+    """The plan's line on speculative decoding it budgets: an MTP drafter's weights, buffers and KV layers,
+    or nothing for a CPU proposer; what it never budgets, by name."""
+    tokens = spec.num_speculative_tokens
+    if spec.method != vllm.MTP:
+        count = f", {_count(tokens, 'draft token')}" if tokens else ""
+        return (
+            f"{flag} (method {spec.method}{count}): the proposer runs on the CPU and takes no GPU memory of "
+            f"its own; {vllm.SPECULATIVE_UNBUDGETED}."
+        )
+    layers = model.num_mtp_layers
+    verb = "take" if layers > 1 else "takes"
+    return (
+        f"{flag} (method mtp, {_count(tokens or layers, 'draft token')}): the MTP drafter's "
+        f"{_count(layers, 'layer')} {verb} {budget.speculative_gib:.2f} GiB per GPU (weights and the "
+        f"proposer's buffers, counted in the weights) and add {_count(layers, 'KV layer')} to the cache "
+        f"({budget.kv_bytes_per_token:,} bytes per token); {vllm.SPECULATIVE_UNBUDGETED}."
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _render(settings: EngineSettings, kv_cache_memory_bytes: int | None = None) -> tuple[str, ...]:

@@ -215,7 +215,21 @@ from kvpilot.tuner.vllm.sizing import (
     compute_sizing_args,
     compute_sizing_env,
 )
+from kvpilot.tuner.vllm.speculative import (
+    MTP,
+    MTP_DRAFTERS,
+    MTP_METHODS,
+    NO_MODEL_METHODS,
+    SPECULATIVE_CONFIG_FLAG,
+    SPECULATIVE_FLAGS,
+    MtpDrafter,
+    SpeculativeFlags,
+    check_speculative_flags,
+    read_speculative_flags,
+    speculative_flag_names,
+)
 from kvpilot.tuner.vllm.unmodelled import (
+    SPECULATIVE_UNBUDGETED,
     UNMODELLED_MEMORY_FLAGS,
     describe_unmodelled_flag,
     list_unmodelled_flags,
@@ -456,4 +470,16 @@ __all__ = [
     "uses_mamba_align_mode",
     "uses_model_runner_v2",
     "validate_extra_args",
+    "MTP",
+    "MTP_DRAFTERS",
+    "MTP_METHODS",
+    "NO_MODEL_METHODS",
+    "SPECULATIVE_CONFIG_FLAG",
+    "SPECULATIVE_FLAGS",
+    "MtpDrafter",
+    "SpeculativeFlags",
+    "check_speculative_flags",
+    "read_speculative_flags",
+    "speculative_flag_names",
+    "SPECULATIVE_UNBUDGETED",
 ]

@@ -14,6 +14,10 @@ plan of another engine:
   ``--fully-sharded-loras``: the LoRA buffers vLLM preallocates at load (:mod:`.lora`);
 * ``--kv-transfer-config``: the KV connector and what it allocates after vLLM sizes the KV cache
   (:mod:`.kv_connectors`; LMCache's settings come from the pod's environment too).
+* ``--speculative-config`` (``-sc``) and ``--spec-method`` / ``--spec-model`` / ``--spec-tokens``: the
+  speculative decoding method and its draft tokens (:mod:`.speculative`): an MTP drafter's weights and KV
+  layers are budgeted, ``ngram`` / ``suffix`` take nothing on the GPU, the other methods are named in the
+  plan's warnings.
 
 ``--max-num-active-seqs`` has no memory of its own, but it is read here too (:mod:`.active_seqs`): it is
 the admission limit the plan reports and the closed loop compares the running requests with.
@@ -45,6 +49,14 @@ from kvpilot.tuner.vllm.kv_connectors import (
     read_kv_connector,
 )
 from kvpilot.tuner.vllm.lora import LORA_FLAGS, LoraFlags, check_lora_flags, read_lora_flags
+from kvpilot.tuner.vllm.speculative import (
+    SPECULATIVE_CONFIG_SHORT,
+    SPECULATIVE_FLAGS,
+    SpeculativeFlags,
+    check_speculative_flags,
+    read_speculative_flags,
+    speculative_flag_names,
+)
 from kvpilot.tuner.vllm.unmodelled import list_unmodelled_flags
 from kvpilot.tuner.vllm.versions import PERFORMANCE_MODES
 
@@ -62,7 +74,7 @@ _BOOLEANS = {**_EAGER, **_PREFIX_CACHING}
 """vLLM 0.33's spellings of the two booleans (``EnableDisableAction``: ``--x``, ``--no-x``; prefix caching
 also ``--disable-prefix-caching``) and the value each sets."""
 
-ENGINE_FLAGS = (*_BOOLEANS, PERFORMANCE_MODE_FLAG, *LORA_FLAGS)
+ENGINE_FLAGS = (*_BOOLEANS, PERFORMANCE_MODE_FLAG, *LORA_FLAGS, *SPECULATIVE_FLAGS, SPECULATIVE_CONFIG_SHORT)
 """Every spelling :func:`build_engine_flags` reads."""
 
 
@@ -75,6 +87,7 @@ class BudgetKwargs(TypedDict):
     enable_prefix_caching: bool | None
     lora: LoraFlags | None
     kv_connector: KvConnector | None
+    speculative: SpeculativeFlags | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +105,12 @@ class EngineFlags:
     """``--enable-lora`` and the flags that size its buffers (:mod:`.lora`); ``None``: LoRA is off."""
     unmodelled: tuple[str, ...] = ()
     """Flags given that change memory kvpilot does not budget (:mod:`.unmodelled`); the plan names each."""
+    speculative: SpeculativeFlags | None = None
+    """``--speculative-config`` and ``--spec-*`` as kvpilot reads them (:mod:`.speculative`); ``None``: not
+    given, or given in a form kvpilot does not read (``speculative_flags`` then names it)."""
+    speculative_flags: tuple[str, ...] = ()
+    """The speculative-decoding flags given (:func:`.speculative.speculative_flag_names`): the plan warns
+    about each one whose memory it does not budget."""
     max_num_active_seqs: int | None = None
     """``--max-num-active-seqs`` (:mod:`.active_seqs`): the admission cap; ``None``: not given (the limit is
     ``max_num_seqs``). Not part of the memory budget: it has none of its own."""
@@ -108,6 +127,7 @@ class EngineFlags:
             enable_prefix_caching=self.enable_prefix_caching,
             lora=self.lora,
             kv_connector=self.kv_connector,
+            speculative=self.speculative,
         )
 
 
@@ -130,6 +150,8 @@ def build_engine_flags(
         unmodelled=unmodelled,
         kv_connector=connector,
         lora=read_lora_flags(args),
+        speculative=read_speculative_flags(args),
+        speculative_flags=speculative_flag_names(args),
         max_num_active_seqs=find_active_seqs(args),
     )
     for index, flag, inline in iter_flags(args):
@@ -151,7 +173,7 @@ def check_engine_flags(args: Sequence[str]) -> None:
     check_active_seqs(args)
     check_kv_transfer_config(args)
     for index, flag, inline in iter_flags(args):
-        if flag in LORA_FLAGS:
+        if flag in LORA_FLAGS or flag.split(".", 1)[0] in SPECULATIVE_FLAGS:
             continue
         if flag in _BOOLEANS:
             if inline is not None:
@@ -170,3 +192,4 @@ def check_engine_flags(args: Sequence[str]) -> None:
                         f"for; spell it out as {full}",
                         flag=flag,
                     )
+    check_speculative_flags(args)  # after the abbreviations: a --spec-tok is named as one, not as a gap

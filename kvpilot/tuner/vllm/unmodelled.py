@@ -8,6 +8,8 @@ costs and what to do, in the plan's warnings (:func:`list_unmodelled_flags`). Ea
 0.33's parser (``tests/contract/test_contract_engine_flags.py`` checks it).
 
 ``--max-num-active-seqs`` is not one: it caps admission and has no memory of its own (:mod:`.active_seqs`).
+Nor are the speculative-decoding flags: what of them is budgeted depends on the method and the model, so
+the plan names what it leaves out itself (:data:`SPECULATIVE_UNBUDGETED`, :mod:`.speculative`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,6 @@ from collections.abc import Mapping, Sequence
 
 from kvpilot.tuner.vllm.args import iter_flags
 
-_SPECULATIVE = (
-    "speculative decoding: the draft model's or MTP layers' weights, their KV cache and the wider CUDA "
-    "graphs are not budgeted; lower --gpu-memory-utilization by their size, or pin --kv-cache-memory-bytes"
-)
 _KV_OFFLOADING = (
     "a CPU tier of the KV cache: --kv-offloading-size GiB of pinned host memory in all (the native "
     "backend), out of the pod's memory, not the GPU's; the operator refuses a memory limit below it "
@@ -28,10 +26,6 @@ _KV_OFFLOADING = (
 )
 
 UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
-    "--speculative-config": _SPECULATIVE,
-    "--spec-method": _SPECULATIVE,
-    "--spec-model": _SPECULATIVE,
-    "--spec-tokens": _SPECULATIVE,
     "--kv-offloading-size": _KV_OFFLOADING,
     "--kv-offloading-backend": _KV_OFFLOADING,
     "--kv-transfer-config": (
@@ -55,6 +49,13 @@ UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
     ),
 }
 """vLLM 0.33 flag -> what it changes that kvpilot does not budget, and what to do."""
+
+SPECULATIVE_UNBUDGETED = (
+    "the CUDA graphs captured for the drafter and for uniform-decode batches of 1 + num_speculative_tokens "
+    "tokens, and the drafter's and rejection sampler's share of the profile run, are not budgeted; leave "
+    "headroom in --gpu-memory-utilization"
+)
+"""What of speculative decoding the plan never budgets, whatever the method (:mod:`.speculative`)."""
 
 
 def list_unmodelled_flags(args: Sequence[str]) -> tuple[str, ...]:

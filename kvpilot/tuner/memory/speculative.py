@@ -1,0 +1,202 @@
+"""The GPU memory vLLM 0.33 takes for speculative decoding (``--speculative-config``) on one rank.
+
+:mod:`kvpilot.tuner.vllm.speculative` holds vLLM's facts and cites them; this is the arithmetic.
+
+Budgeted, for ``method: mtp`` with a drafter kvpilot models (:data:`kvpilot.tuner.vllm.MTP_DRAFTERS`)
+and one pipeline stage:
+
+* the drafter's weights, loaded inside "Model loading took X GiB": per MTP layer one more decoder layer
+  of the target's (MoE, quantized as the target's), its ``eh_proj`` (``2h x h`` in the model dtype,
+  whole on every TP rank) and three RMSNorms; its embedding and LM head are the target's after load;
+* its KV layers: each MTP layer's attention is one more layer of the target's kind in the KV pool, so a
+  GiB holds fewer tokens (:func:`with_mtp_layers` is the model the KV layout is computed for);
+* the proposer's buffers (``max_num_batched_tokens`` ids, positions, slot mapping, hidden states and
+  input embeddings; ``max_num_seqs`` ids), allocated after the init snapshot.
+
+``ngram`` and ``suffix`` run on the CPU: nothing on the GPU beyond what the wider batches change.
+
+Not budgeted (:func:`speculative_unbudgeted_reason` names what; the plan warns): the drafter's CUDA
+graphs and the uniform-decode batches of ``1 + num_speculative_tokens`` tokens the target's graphs are
+captured for, the drafter's and the rejection sampler's share of the profile run; EAGLE / EAGLE3 /
+draft-model / DFlash / DSpark drafters (kvpilot does not read their checkpoints) and MTP drafters of
+other families.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvpilot.tuner import errors, vllm
+from kvpilot.tuner.memory.weights import compute_weight_breakdown
+from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
+
+_INT32, _INT64, _FP32 = 4, 8, 4
+
+
+def speculative_unbudgeted_reason(model: ModelSpec, spec: vllm.SpeculativeFlags, pp: int = 1) -> str | None:
+    """Why kvpilot cannot budget ``spec`` for this model, or ``None`` when it does."""
+    if spec.method in vllm.NO_MODEL_METHODS:
+        return None
+    if spec.method != vllm.MTP:
+        return (
+            f"method {spec.given_method!r} loads a draft model (its own config.json and weights) that "
+            "kvpilot does not read"
+        )
+    if spec.draft_model is not None:
+        return f"method 'mtp' with the draft checkpoint {spec.draft_model!r}, which kvpilot does not read"
+    if model.model_type not in vllm.MTP_DRAFTERS:
+        modelled = ", ".join(sorted(vllm.MTP_DRAFTERS))
+        return (
+            f"vLLM's MTP drafter for {model.architecture} (model_type {model.model_type!r}) is not "
+            f"modelled (kvpilot models the MTP drafters of model_type {modelled})"
+        )
+    if pp > 1:
+        return "with pipeline parallelism the drafter loads its own embedding; kvpilot models one stage"
+    return None
+
+
+def describe_unbudgeted_speculative(
+    model: ModelSpec, spec: vllm.SpeculativeFlags | None, flags: tuple[str, ...], pp: int = 1
+) -> str | None:
+    """The plan's warning when speculative decoding is given (``flags``: the spellings given) and kvpilot
+    does not budget its drafter, naming the flag, why and what to do; ``None`` when nothing is given or
+    it is budgeted."""
+    if not flags:
+        return None
+    flag = flags[0]
+    if spec is None:  # a dotted --speculative-config.field, which kvpilot does not read
+        return (
+            f"{flag} is not in kvpilot's memory model in this form (give --speculative-config one JSON "
+            "object): the drafter's weights and KV cache are not budgeted; lower --gpu-memory-utilization "
+            f"by their size, or pin --kv-cache-memory-bytes; {vllm.SPECULATIVE_UNBUDGETED}."
+        )
+    reason = speculative_unbudgeted_reason(model, spec, pp)
+    if reason is None:
+        return None
+    return (
+        f"{flag} is not in kvpilot's memory model for {model.architecture} ({reason}): the drafter's "
+        "weights and KV cache are not budgeted; lower --gpu-memory-utilization by their size, or pin "
+        f"--kv-cache-memory-bytes; {vllm.SPECULATIVE_UNBUDGETED}."
+    )
+
+
+def check_speculative_model(model: ModelSpec, spec: vllm.SpeculativeFlags) -> None:
+    """Refuse what vLLM 0.33 refuses of an MTP drafter for this model: a checkpoint without MTP layers,
+    a ``num_speculative_tokens`` above the layers that is not a multiple of them
+    (``config/speculative.py:1603``)."""
+    if spec.method != vllm.MTP or spec.draft_model is not None or model.model_type not in vllm.MTP_DRAFTERS:
+        return  # another checkpoint's drafter: not read
+    key = vllm.MTP_DRAFTERS[model.model_type].layers_key
+    layers, tokens = model.num_mtp_layers, spec.num_speculative_tokens
+    if layers < 1:
+        raise errors.InvalidEngineArgs(
+            f"{vllm.SPECULATIVE_CONFIG_FLAG}: method 'mtp' needs the checkpoint's MTP layers, and "
+            f"{model.architecture}'s config has {key} = 0",
+            flag=vllm.SPECULATIVE_CONFIG_FLAG,
+        )
+    if tokens is not None and tokens > layers and tokens % layers:
+        raise errors.InvalidEngineArgs(
+            f"{vllm.SPECULATIVE_CONFIG_FLAG}: num_speculative_tokens {tokens} must be divisible by the "
+            f"{layers} MTP layers of {model.architecture} ({key}; vLLM refuses it)",
+            flag=vllm.SPECULATIVE_CONFIG_FLAG,
+        )
+
+
+def budgets_mtp(model: ModelSpec, spec: vllm.SpeculativeFlags | None, pp: int = 1) -> bool:
+    """Whether the budget counts an MTP drafter for ``spec`` (else: no drafter, or one not modelled)."""
+    return (
+        spec is not None
+        and spec.method == vllm.MTP
+        and model.num_mtp_layers > 0
+        and speculative_unbudgeted_reason(model, spec, pp) is None
+    )
+
+
+def with_mtp_layers(model: ModelSpec) -> ModelSpec:
+    """``model`` with its MTP layers appended as decoder layers ``num_layers .. num_layers + n - 1``: each
+    a copy of the last decoder layer (DeepSeek-V3's: MLA and MoE, as ``DeepseekV2DecoderLayer`` of that
+    index builds it)."""
+    n = model.num_mtp_layers
+    if n == 0:
+        return model
+    moe = model.moe
+    if moe is not None:
+        moe = dataclasses.replace(moe, num_moe_layers=moe.num_moe_layers + n)
+    return dataclasses.replace(
+        model,
+        num_layers=model.num_layers + n,
+        layers=model.layers + (model.layers[-1],) * n,
+        moe=moe,
+        num_mtp_layers=0,
+    )
+
+
+def compute_drafter_weight_bytes(
+    model: ModelSpec, *, tensor_parallel_size: int = 1, dtype: str | None = None
+) -> int:
+    """Bytes of the MTP drafter's weights on one TP rank once loaded (its embedding and LM head are the
+    target's): its decoder layers, ``eh_proj`` and the ``enorm`` / ``hnorm`` / ``shared_head.norm``."""
+    n = model.num_mtp_layers
+    if n == 0:
+        return 0
+    tp = tensor_parallel_size
+    b = DTYPE_BYTES[dtype or model.dtype]
+    layers = compute_weight_breakdown(with_mtp_layers(model), tensor_parallel_size=tp, dtype=dtype).params
+    layers -= compute_weight_breakdown(model, tensor_parallel_size=tp, dtype=dtype).params
+    h = model.hidden_size
+    return layers + n * (2 * h * h + 3 * h) * b
+
+
+def compute_proposer_buffer_bytes(
+    model: ModelSpec,
+    spec: vllm.SpeculativeFlags,
+    *,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    dtype: str | None = None,
+    model_runner_v2: bool = True,
+) -> int:
+    """The MTP proposer's GPU buffers, allocated with the model runner after the init snapshot.
+
+    Model Runner V2 (0.33's default): ``DraftModelSpeculator``
+    (``v1/worker/gpu/spec_decode/speculator.py:149``: ``InputBuffers``, ``idx_mapping``,
+    ``temperature``, ``seeds``, ``draft_tokens`` and their fp32 confidences) and
+    ``TargetDependentARSpeculator`` (``target_dependent_ar/speculator.py:36``: the hidden states, two
+    ``int64`` per-request indices). The V1 runner's proposer: ``v1/spec_decode/llm_base_proposer.py:184``
+    to ``:265``."""
+    t, s, n = max_num_batched_tokens, max_num_seqs, spec.num_speculative_tokens or model.num_mtp_layers
+    b = DTYPE_BYTES[dtype or model.dtype]
+    if model_runner_v2:
+        # InputBuffers (input_batch.py:29): ids, positions, padding flags; query starts, two lengths
+        inputs = t * (_INT32 + _INT64 + 1) + _INT32 * (s + 1) + 2 * _INT32 * s
+        requests = s * (_INT64 + _FP32 + _INT64) + s * n * (_INT64 + _FP32)
+        return inputs + requests + t * model.hidden_size * b + _INT64 * (1 + 2 * s)
+    ids = _INT32 * t + _INT64 * t + _INT64 * t  # input_ids, positions, slot mapping
+    states = 2 * t * model.hidden_size * b  # hidden_states, inputs_embeds
+    return ids + states + _INT32 * max(s + 1, t) + _INT32 * s  # arange, backup_next_token_ids
+
+
+def compute_speculative_bytes(
+    model: ModelSpec,
+    spec: vllm.SpeculativeFlags | None,
+    *,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    dtype: str | None = None,
+    max_num_batched_tokens: int = 0,
+    max_num_seqs: int = 0,
+    model_runner_v2: bool = True,
+) -> int:
+    """The drafter's weights and the proposer's buffers on one rank (0 when nothing is budgeted)."""
+    if spec is None or not budgets_mtp(model, spec, pipeline_parallel_size):
+        return 0
+    weights = compute_drafter_weight_bytes(model, tensor_parallel_size=tensor_parallel_size, dtype=dtype)
+    buffers = compute_proposer_buffer_bytes(
+        model,
+        spec,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        dtype=dtype,
+        model_runner_v2=model_runner_v2,
+    )
+    return weights + buffers

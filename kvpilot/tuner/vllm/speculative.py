@@ -1,0 +1,248 @@
+"""vLLM 0.33's speculative decoding: the flags that turn it on, the methods, and what an MTP drafter is.
+
+The flags (``engine/arg_utils.py:1864``): ``--speculative-config`` (alias ``-sc``), a JSON object parsed
+with ``json.loads`` and validated later by ``SpeculativeConfig``, and ``--spec-method``, ``--spec-model``,
+``--spec-tokens``, which fill ``method``, ``model`` and ``num_speculative_tokens`` of that object and may
+not repeat a key it already has (``EngineArgs.create_speculative_config``, ``:2100``).
+
+The methods (``config/speculative.py``):
+
+* every model-specific MTP spelling (``MTPModelTypes``, ``:38``: ``deepseek_mtp``, ``glm4_moe_mtp``,
+  ``qwen3_next_mtp`` ...) is ``mtp`` (``SpeculativeConfig.__post_init__``, ``:1246``); with ``mtp`` and no
+  ``model`` but with ``num_speculative_tokens`` the draft is the target checkpoint itself (``:1252``), its
+  ``hf_config`` rewritten by ``hf_config_override`` (``:711``) into the drafter class of the target's
+  ``model_type`` (DeepSeek-V3: ``DeepSeekMTPModel`` with ``n_predict = num_nextn_predict_layers``,
+  ``:751``); a count above ``n_predict`` must be a multiple of it (the MTP layers are reused, ``:1603``).
+  Without a count vLLM takes ``n_predict`` only when a ``model`` is given (``:1599``); with neither it
+  refuses (``_verify_args``, ``:1946``), as it does for every method but ``suffix`` (``:1735``);
+* ``ngram`` (or a ``model`` of ``ngram``) and ``suffix`` have no model: the ``NgramProposer`` runs on the
+  CPU (numba) and ``SuffixDecodingProposer`` on the CPU (Arctic Inference), neither allocates on the GPU
+  (``v1/worker/gpu_model_runner.py:614``, ``:648``); ``ngram_gpu`` does (``:624``: a ``max_num_seqs x
+  max_model_len`` ``int32`` token table, not budgeted);
+* ``eagle``, ``eagle3``, ``draft_model`` (the default when a ``model`` is given without a method,
+  ``:1244``), ``dflash``, ``dspark``, ``extract_hidden_states``, ``custom_class`` load another model or code:
+  kvpilot does not read their checkpoints, so the plan names them as not budgeted.
+
+An MTP drafter (``model_executor/models/deepseek_mtp.py``): one ``DeepSeekMultiTokenPredictorLayer`` per
+``num_nextn_predict_layers`` (``:144``), each an ``enorm`` and ``hnorm`` (RMSNorm), an ``eh_proj``
+(``nn.Linear(2h, h)``: neither split by TP nor quantized), a ``shared_head`` (RMSNorm and a
+``ParallelLMHead``) and an ``mtp_block``, a ``DeepseekV2DecoderLayer`` of index ``num_hidden_layers + i``
+(past ``first_k_dense_replace``: a MoE layer, quantized as the target's), whose attention is one more KV
+layer in the pool (``v1/spec_decode/llm_base_proposer.py:1328``: the draft's attention layers join the KV
+cache config); the predictor's ``embed_tokens`` (``:155``). With one pipeline stage the proposer then
+``del``\\ etes the draft's embedding and every ``shared_head.head`` and points them at the target's
+(``llm_base_proposer.py:1418``, ``:1510``, "Detected MTP model"), inside the ``DeviceMemoryProfiler`` of
+"Model loading took" (``gpu_model_runner.py:4989``), which measures allocated bytes
+(``platforms/cuda.py:369``): they cost nothing after load.
+
+The proposer's own buffers (``llm_base_proposer.py:184``-``:265``), allocated with the model runner after
+the worker's init snapshot: ``input_ids`` (``int32``), ``positions`` and the slot mapping (``int64``) of
+``max_num_batched_tokens``, ``hidden_states`` and ``inputs_embeds`` of ``max_num_batched_tokens x
+hidden`` in the model dtype, an ``int32`` ``arange`` of ``max(max_num_seqs + 1, max_num_batched_tokens)``
+and an ``int32`` ``backup_next_token_ids`` of ``max_num_seqs``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.tuner import errors
+from kvpilot.tuner.vllm.args import find_flag_values, iter_flags
+
+SPECULATIVE_CONFIG_FLAG = "--speculative-config"
+SPEC_METHOD_FLAG = "--spec-method"
+SPEC_MODEL_FLAG = "--spec-model"
+SPEC_TOKENS_FLAG = "--spec-tokens"
+SPECULATIVE_FLAGS = (SPECULATIVE_CONFIG_FLAG, SPEC_METHOD_FLAG, SPEC_MODEL_FLAG, SPEC_TOKENS_FLAG)
+"""The flags that configure speculative decoding in vLLM 0.33 (``engine/arg_utils.py:1866``-``:1872``)."""
+SPECULATIVE_CONFIG_SHORT = "-sc"
+"""``--speculative-config``'s short form (``engine/arg_utils.py:1866``)."""
+
+MTP = "mtp"
+MTP_METHODS = (
+    "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp",
+    "glm_ocr_mtp", "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp", "exaone4_5_mtp", "qwen3_next_mtp",
+    "qwen4_exp_mtp", "qwen3_5_mtp", "longcat_flash_mtp", "bailing_hybrid_v3_mtp", "minimax_m3_mtp",
+    "bailing_hybrid_mtp", "mtp", "kimi_k3_mtp", "pangu_ultra_moe_mtp", "step3p5_mtp", "step5_mtp",
+    "hy_v3_mtp", "hy_v4_mtp", "gemma4_mtp", "inkling_mtp", "glm5_next_mtp",
+)  # fmt: skip
+"""``MTPModelTypes`` (``config/speculative.py:38``): each is ``mtp`` (``:1246``)."""
+NGRAM, SUFFIX = "ngram", "suffix"
+NO_MODEL_METHODS = (NGRAM, SUFFIX)
+"""Methods whose proposer runs on the CPU and loads no model (``gpu_model_runner.py:614``, ``:648``)."""
+NGRAM_SPELLINGS = ("ngram", "[ngram]")
+"""``method`` (or, without a method, ``model``) spellings vLLM reads as ``ngram`` (``:1241``, ``:1297``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MtpDrafter:
+    """The drafter class vLLM 0.33 builds from a target ``model_type`` for ``method: mtp``."""
+
+    architecture: str
+    """The class ``hf_config_override`` names (``config/speculative.py:751``)."""
+    layers_key: str
+    """The target config's key of the MTP layer count (``n_predict``)."""
+    default_layers: int
+    """The count when the config lacks the key: the transformers config class's default, which vLLM's
+    ``getattr(hf_config, layers_key)`` reads."""
+
+
+MTP_DRAFTERS: Mapping[str, MtpDrafter] = {
+    # config/speculative.py:749-763: deepseek_v3 -> deepseek_mtp -> DeepSeekMTPModel (V3.2 and GLM-5's
+    # glm_moe_dsa get DeepseekV32MTPModel, with an indexer: not modelled)
+    # transformers' DeepseekV3Config: num_nextn_predict_layers (alias num_mtp_layers) defaults to 1
+    "deepseek_v3": MtpDrafter("DeepSeekMTPModel", "num_nextn_predict_layers", 1),
+}
+"""Target ``model_type`` -> its MTP drafter, for the drafters kvpilot budgets
+(``tests/contract/test_contract_speculative.py`` builds each on the meta device)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeFlags:
+    """What ``--speculative-config`` (and ``--spec-*``) ask of vLLM, as kvpilot reads it."""
+
+    method: str
+    """vLLM's method after its own mapping (an MTP spelling is ``mtp``, ``[ngram]`` is ``ngram``)."""
+    num_speculative_tokens: int | None = None
+    """``None``: not given (MTP takes the drafter's ``n_predict``; vLLM refuses it missing otherwise)."""
+    given_method: str = ""
+    """The method as the user spelled it (for messages)."""
+    draft_model: str | None = None
+    """The ``model`` given (a draft checkpoint kvpilot does not read); ``None``: none."""
+
+
+def _short_to_long(args: Sequence[str]) -> list[str]:
+    """``args`` with ``-sc`` spelled ``--speculative-config`` (``iter_flags`` canonicalises long flags)."""
+    out = []
+    for token in args:
+        name, sep, value = token.partition("=")
+        out.append(SPECULATIVE_CONFIG_FLAG + sep + value if name == SPECULATIVE_CONFIG_SHORT else token)
+    return out
+
+
+def _config_object(args: Sequence[str]) -> dict[str, Any] | None:
+    """The JSON object of the last ``--speculative-config`` (``None``: not given); raises on what
+    ``json.loads`` or ``SpeculativeConfig`` refuse before any model is read."""
+    values = find_flag_values(_short_to_long(args), SPECULATIVE_CONFIG_FLAG)
+    if not values:
+        return None
+    text = values[-1]
+    try:
+        loaded = json.loads(text)
+    except ValueError:
+        raise errors.InvalidEngineArgs(
+            f"vLLM argument {SPECULATIVE_CONFIG_FLAG} takes a JSON object, such as "
+            f'\'{{"method": "mtp", "num_speculative_tokens": 1}}\' (got {text[:80]!r})',
+            flag=SPECULATIVE_CONFIG_FLAG,
+        ) from None
+    if not isinstance(loaded, dict):
+        raise errors.InvalidEngineArgs(
+            f"vLLM argument {SPECULATIVE_CONFIG_FLAG} takes a JSON object (got {text[:80]!r})",
+            flag=SPECULATIVE_CONFIG_FLAG,
+        )
+    return {str(key).replace("-", "_"): value for key, value in loaded.items()}  # arg_utils.py:2126
+
+
+def _merged(args: Sequence[str]) -> tuple[dict[str, Any] | None, str]:
+    """The object vLLM validates (``create_speculative_config``: each ``--spec-*`` value added to the
+    JSON's keys, never over one, ``arg_utils.py:2108``) and the flag that carried its method."""
+    config = _config_object(args)
+    source = SPECULATIVE_CONFIG_FLAG
+    for flag, key in (
+        (SPEC_METHOD_FLAG, "method"),
+        (SPEC_MODEL_FLAG, "model"),
+        (SPEC_TOKENS_FLAG, "num_speculative_tokens"),
+    ):
+        values = find_flag_values(args, flag)
+        if not values:
+            continue
+        config = {} if config is None else config
+        if key in config:
+            raise errors.InvalidEngineArgs(
+                f"vLLM argument {flag} and {SPECULATIVE_CONFIG_FLAG}['{key}'] are mutually exclusive "
+                "(vLLM refuses both)",
+                flag=flag,
+            )
+        value: Any = values[-1]
+        if key == "num_speculative_tokens":
+            if not value.isdigit() or int(value) < 1:
+                raise errors.InvalidEngineArgs(
+                    f"vLLM argument {flag} must be an integer of at least 1 (got {value[:32]!r})", flag=flag
+                )
+            value = int(value)
+        config[key] = value
+        if key == "method":
+            source = flag
+    return config, source
+
+
+def read_speculative_flags(args: Sequence[str]) -> SpeculativeFlags | None:
+    """The :class:`SpeculativeFlags` of ``args``, or ``None`` without speculative decoding.
+
+    Never raises: what :func:`check_speculative_flags` refuses is not read (``None``)."""
+    try:
+        return _read(args)
+    except errors.InvalidEngineArgs:
+        return None
+
+
+def _read(args: Sequence[str]) -> SpeculativeFlags | None:
+    config, source = _merged(args)
+    if config is None:
+        return None
+    method, model = config.get("method"), config.get("model")
+    tokens = config.get("num_speculative_tokens")
+    if method is not None and not isinstance(method, str):
+        raise errors.InvalidEngineArgs(
+            f"vLLM argument {source}: the method must be a string (got {method!r})", flag=source
+        )
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise errors.InvalidEngineArgs(
+            f"vLLM argument {source}: num_speculative_tokens must be an integer of at least 1 "
+            f"(SpeculativeConfig: gt=0; got {tokens!r})",
+            flag=SPECULATIVE_CONFIG_FLAG,
+        )
+    given = method or ""
+    if method is None:  # config/speculative.py:1236-1244
+        method = NGRAM if model in NGRAM_SPELLINGS else "draft_model"
+        given = f"model {model!r}" if model is not None else "no method"
+    if method in MTP_METHODS:
+        method = MTP
+    elif method in NGRAM_SPELLINGS:
+        method = NGRAM
+    if tokens is None and method != SUFFIX and not (method == MTP and model is not None):
+        # config/speculative.py:1946: vLLM refuses a missing count, save for suffix decoding
+        # (suffix_decoding_max_tree_depth, :1735) and a draft model whose config has n_predict (:1599)
+        raise errors.InvalidEngineArgs(
+            f"vLLM argument {source}: method {given!r} needs num_speculative_tokens (vLLM refuses it "
+            "missing)",
+            flag=SPECULATIVE_CONFIG_FLAG,
+        )
+    return SpeculativeFlags(method, tokens, given, model if isinstance(model, str) else None)
+
+
+def check_speculative_flags(args: Sequence[str]) -> None:
+    """Refuse what vLLM 0.33 refuses of these flags before reading any model: a value that is not a JSON
+    object, a method that is not a string, a count below 1, a ``--spec-*`` flag repeating a key of
+    ``--speculative-config``, a method that needs ``num_speculative_tokens`` without it."""
+    _read(args)
+
+
+def speculative_flag_names(args: Sequence[str]) -> tuple[str, ...]:
+    """The speculative flags of ``args`` (``-sc`` as ``--speculative-config``; a dotted
+    ``--speculative-config.x`` counts as ``--speculative-config``), each once, in order."""
+    found: list[str] = []
+    for _, flag, _ in iter_flags(_short_to_long(args)):
+        base = flag.split(".", 1)[0]
+        if base in SPECULATIVE_FLAGS and base not in found:
+            found.append(base)
+    return tuple(found)
+
+
+def has_dotted_speculative_config(args: Sequence[str]) -> bool:
+    """Whether ``args`` set ``--speculative-config.field`` (vLLM's dotted form), which kvpilot does not
+    read: the plan then names speculative decoding as not budgeted."""
+    return any(flag.startswith(SPECULATIVE_CONFIG_FLAG + ".") for _, flag, _ in iter_flags(args))

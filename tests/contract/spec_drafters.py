@@ -1,0 +1,142 @@
+"""vLLM 0.33's own MTP drafter, built on the meta device from a target's config.json, rank by rank.
+
+For ``test_contract_speculative.py``. The drafter is what vLLM builds for ``--speculative-config``:
+``SpeculativeConfig`` (``config/speculative.py``) is given the target's ``ModelConfig`` and the user's
+method and count, and rewrites the target's ``hf_config`` into the drafter's
+(``hf_config_override``); the class is the registry's for that config (``get_model_architecture``),
+constructed under a ``VllmConfig`` carrying the speculative config inside ``torch.device("meta")``, as
+``load_eagle_model`` (``v1/worker/gpu/spec_decode/eagle/utils.py``) has ``get_model`` build it. Each
+rank runs in a spawned process of a real gloo group (TP 1 and TP 2), like
+:func:`.model_classes.build_ranks_on_meta`.
+
+Reported per rank: the drafter's parameter bytes, those of the parameters the proposer swaps for the
+target's after load (``embed_tokens`` and each ``shared_head.head``: ``maybe_share_target_embed`` and
+``load_eagle_model``), those of DeepSeek's ``e_score_correction_bias`` (fp32, one per routed expert),
+the KV specs the drafter's attention layers declare, and, at TP 1, the KV blocks vLLM's own planner
+(``get_global_kv_cache_groups`` / ``get_kv_cache_configs``) gives the target's layers and the drafter's
+together for a pool of ``available`` bytes, the target's layer specs also taken from its own class built
+on the meta device.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _attention_specs(model: Any, vc: Any) -> dict[str, Any]:
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    return {
+        name: module.get_kv_cache_spec(vc)
+        for name, module in model.named_modules()
+        if isinstance(module, AttentionLayerBase)
+    }
+
+
+def _build_rank(
+    rank: int, tp: int, config: dict[str, Any], spec: dict[str, Any], available: int, init: str, results: Any
+) -> None:  # pragma: no cover - runs in a spawned process
+    import torch
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        LoadConfig,
+        ModelConfig,
+        ParallelConfig,
+        VllmConfig,
+        set_current_vllm_config,
+    )
+    from vllm.config.speculative import SpeculativeConfig
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.core import kv_cache_planning as planning
+
+    try:
+        folder = Path(tempfile.mkdtemp())
+        (folder / "config.json").write_text(json.dumps(config))
+        mc = ModelConfig(model=str(folder), skip_tokenizer_init=True, max_model_len=4096, enforce_eager=True)
+        pc = ParallelConfig(tensor_parallel_size=tp)
+        sc = SpeculativeConfig(**spec, target_model_config=mc, target_parallel_config=pc)
+        vc = VllmConfig(
+            model_config=mc,
+            speculative_config=sc,
+            cache_config=CacheConfig(block_size=16),
+            device_config=DeviceConfig("cpu"),
+            load_config=LoadConfig(load_format="dummy"),
+            parallel_config=pc,
+        )
+        with set_current_vllm_config(vc):
+            init_distributed_environment(
+                world_size=tp, rank=rank, distributed_init_method=init, local_rank=rank, backend="gloo"
+            )
+            initialize_model_parallel(tp, 1)
+        draft_config = sc.draft_model_config
+        cls, architecture = get_model_architecture(draft_config)
+        with set_current_vllm_config(vc), set_default_torch_dtype(mc.dtype), torch.device("meta"):
+            draft = cls(vllm_config=vc, prefix="")
+        params = dict(draft.named_parameters())
+
+        def size(names: list[str]) -> int:
+            return sum(params[n].numel() * params[n].element_size() for n in names)
+
+        shared = [n for n in params if n.endswith("embed_tokens.weight") or ".shared_head.head." in n]
+        bias = [n for n in params if n.endswith("e_score_correction_bias")]
+        draft_specs = _attention_specs(draft, vc)
+        found: dict[str, Any] = {
+            "architecture": architecture,
+            "method": sc.method,
+            "num_speculative_tokens": sc.num_speculative_tokens,
+            "n_predict": getattr(draft_config.hf_config, "n_predict", None),
+            "param_bytes": size(list(params)),
+            "shared_bytes": size(shared),
+            "bias_bytes": size(bias),
+            "kv": [
+                (type(s).__name__, int(s.num_kv_heads), int(s.head_size), int(getattr(s, "head_size_v", 0)))
+                for s in draft_specs.values()
+            ],
+        }
+        if tp == 1:
+            target_cls, _ = get_model_architecture(mc)
+            with set_current_vllm_config(vc), set_default_torch_dtype(mc.dtype), torch.device("meta"):
+                target = target_cls(vllm_config=vc, prefix="")
+            vc.cache_config.kv_cache_layout = "LBNHC"  # what the engine core resolves (kv_points does too)
+            workers = [{**_attention_specs(target, vc), **draft_specs}]
+            groups = planning.get_global_kv_cache_groups(vc, workers)
+            configs = planning.get_kv_cache_configs(vc, workers, [available], groups)
+            found["num_blocks"] = int(configs[0].num_blocks)
+            found["kv_layers"] = len(workers[0])
+        try:  # the same method without a count
+            SpeculativeConfig(method=spec["method"], target_model_config=mc, target_parallel_config=pc)
+            found["refused_without_count"] = ""
+        except ValueError as exc:
+            found["refused_without_count"] = str(exc)
+        results.put((rank, found))
+    except Exception as exc:
+        results.put((rank, f"{type(exc).__name__}: {exc}"))
+
+
+def build_drafter_ranks(
+    config: dict[str, Any], spec: dict[str, Any], tp: int, available: int
+) -> list[dict[str, Any]]:
+    """What :func:`_build_rank` reports for every TP rank of the drafter of ``config`` under ``spec`` (the
+    ``--speculative-config`` object)."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    init = f"file://{tempfile.mktemp()}"
+    workers = [
+        ctx.Process(target=_build_rank, args=(rank, tp, config, spec, available, init, results))
+        for rank in range(tp)
+    ]
+    for worker in workers:
+        worker.start()
+    found = dict(results.get(timeout=900) for _ in workers)
+    for worker in workers:
+        worker.join()
+    failed = {rank: v for rank, v in found.items() if isinstance(v, str)}
+    assert not failed, f"vLLM could not build the drafter: {failed}"
+    return [found[rank] for rank in range(tp)]

@@ -1,0 +1,173 @@
+"""Contract: kvpilot's speculative-decoding term is what vLLM 0.33 builds for ``--speculative-config``.
+
+The drafter is vLLM's own: ``SpeculativeConfig`` maps the method and rewrites the target's config, the
+registry's class for it is built on the meta device rank by rank (TP 1 and TP 2), and vLLM's KV planner
+sizes the pool of the target's layers with the drafter's (:mod:`.spec_drafters` says how). Compared:
+
+* the drafter's class, method and MTP layer count with :data:`kvpilot.tuner.vllm.MTP_DRAFTERS` and
+  :class:`~kvpilot.tuner.vllm.SpeculativeFlags` read from the same arguments;
+* its weights on each rank, less the embedding and LM heads the proposer replaces with the target's
+  after load, with :func:`kvpilot.tuner.memory.compute_drafter_weight_bytes`, byte for byte but for one
+  explained exception: DeepSeek's MoE gate ``e_score_correction_bias`` (fp32, one per routed expert), a
+  parameter kvpilot's weight model counts in no MoE layer, the target's included (reported by name, its
+  bytes taken from vLLM's parameter, never guessed: 32 bytes per MTP layer of the cut configs below);
+* the KV specs of its attention layers with the layers :func:`kvpilot.tuner.memory.with_mtp_layers`
+  appends, and vLLM's block count for the target's and the drafter's layers together with kvpilot's.
+
+The configs are DeepSeek-V3's (``DeepseekV3ForCausalLM``, the one drafter kvpilot models) without its
+fp8 ``quantization_config`` (vLLM's CPU platform has no ScaledMM kernel for it, as
+``test_contract_model_classes.py`` records), cut to four decoder layers (the fourth, past
+``first_k_dense_replace``, a MoE layer like the MTP layer) and eight routed experts; one with two MTP
+layers and four speculative tokens (the layers reused), and one without ``num_nextn_predict_layers`` (the
+config class's default), too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import spec_drafters
+
+from kvpilot.tuner import errors, memory, vllm
+from kvpilot.tuner.model import MLA, build_model_spec
+from kvpilot.tuner.types import GIB
+
+pytestmark = pytest.mark.contract
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
+AVAILABLE = 3 * GIB + 12_345
+
+
+def _deepseek(**cut: Any) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((CONFIGS / "deepseek-ai__DeepSeek-V3.json").read_text())
+    config.pop("quantization_config")
+    config.update(num_hidden_layers=4, n_routed_experts=8, num_experts_per_tok=2, **cut)
+    return config
+
+
+CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "deepseek-v3-mtp-1": (
+        _deepseek(),
+        ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
+    ),
+    "deepseek-v3-deepseek_mtp-2": (
+        _deepseek(),
+        ["--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 2}'],
+    ),
+    # no num_nextn_predict_layers: transformers' DeepseekV3Config default (1) is what vLLM reads
+    "deepseek-v3-no-layer-count": (
+        {k: v for k, v in _deepseek().items() if k != "num_nextn_predict_layers"},
+        ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
+    ),
+    "deepseek-v3-2-layers-4-tokens": (
+        _deepseek(num_nextn_predict_layers=2),
+        ["--spec-method", "mtp", "--spec-tokens", "4"],
+    ),
+}
+
+
+def _vllm_spec(flags: vllm.SpeculativeFlags) -> dict[str, Any]:
+    """The ``--speculative-config`` object vLLM would validate: the user's method (as spelled) and count."""
+    spec: dict[str, Any] = {"method": flags.given_method}
+    if flags.num_speculative_tokens is not None:
+        spec["num_speculative_tokens"] = flags.num_speculative_tokens
+    return spec
+
+
+def _flags(args: list[str]) -> vllm.SpeculativeFlags:
+    flags = vllm.read_speculative_flags(args)
+    assert flags is not None
+    return flags
+
+
+@pytest.fixture(scope="module")
+def theirs(vllm: types.ModuleType) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    return {
+        tp: {
+            name: spec_drafters.build_drafter_ranks(config, _vllm_spec(_flags(args)), tp, AVAILABLE)
+            for name, (config, args) in CASES.items()
+        }
+        for tp in (1, 2)
+    }
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_drafter_and_its_method_are_vllms(
+    theirs: dict[int, dict[str, list[dict[str, Any]]]], case: str
+) -> None:
+    config, args = CASES[case]
+    model = build_model_spec(copy.deepcopy(config))
+    flags = _flags(args)
+    built = theirs[1][case][0]
+    assert built["method"] == flags.method == vllm.MTP
+    assert built["architecture"] == vllm.MTP_DRAFTERS[model.model_type].architecture
+    assert built["n_predict"] == model.num_mtp_layers == config.get("num_nextn_predict_layers", 1)
+    assert built["num_speculative_tokens"] == flags.num_speculative_tokens
+    memory.check_speculative_model(model, flags)  # vLLM accepted it: so does kvpilot
+    # without a count (and without a model) vLLM refuses the same method: so does kvpilot
+    assert "num_speculative_tokens must be provided" in built["refused_without_count"]
+    with pytest.raises(errors.InvalidEngineArgs, match="needs num_speculative_tokens"):
+        vllm.check_speculative_flags(["--speculative-config", json.dumps({"method": flags.given_method})])
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_drafter_weights_are_the_bytes_vllm_keeps_after_load(
+    theirs: dict[int, dict[str, list[dict[str, Any]]]], case: str, tp: int
+) -> None:
+    config, _ = CASES[case]
+    model = build_model_spec(copy.deepcopy(config))
+    ours = memory.compute_drafter_weight_bytes(model, tensor_parallel_size=tp)
+    for rank in theirs[tp][case]:
+        assert rank["shared_bytes"] > 0  # the embedding and the heads are there, and then the target's
+        assert (
+            rank["bias_bytes"] == 4 * config["n_routed_experts"] * model.num_mtp_layers
+        )  # the one exception
+        assert ours == rank["param_bytes"] - rank["shared_bytes"] - rank["bias_bytes"], rank
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_drafter_kv_layers_join_the_pool_as_vllm_plans_it(
+    theirs: dict[int, dict[str, list[dict[str, Any]]]], case: str
+) -> None:
+    config, _ = CASES[case]
+    model = build_model_spec(copy.deepcopy(config))
+    built = theirs[1][case][0]
+    extended = memory.with_mtp_layers(model)
+    added = extended.layers[model.num_layers :]
+    assert len(added) == len(built["kv"]) == model.num_mtp_layers
+    for layer, (kind, heads, head, head_v) in zip(added, built["kv"], strict=True):
+        assert kind == "MLAAttentionSpec" and layer.kind == MLA
+        assert (layer.num_kv_heads, layer.head_dim, layer.head_dim_v) == (heads, head, head_v)
+    assert built["kv_layers"] == extended.num_layers
+    layout = memory.compute_kv_layout(extended, block_size=16)
+    assert memory.compute_num_blocks(AVAILABLE, layout) == built["num_blocks"]
+    plain = memory.compute_num_blocks(AVAILABLE, memory.compute_kv_layout(model, block_size=16))
+    assert plain > built["num_blocks"]  # the drafter's layers cost tokens
+
+
+def test_the_speculative_flags_and_methods_are_vllms(vllm_parser: Any) -> None:
+    from typing import get_args
+
+    from vllm.config.speculative import MTPModelTypes
+
+    assert set(vllm.MTP_METHODS) == set(get_args(MTPModelTypes))
+    for args in (
+        ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'],
+        ["-sc", '{"method": "mtp", "num_speculative_tokens": 2}'],
+        ['--speculative_config={"method": "mtp", "num_speculative_tokens": 2}'],
+    ):
+        parsed = vllm_parser.parse_args(args)
+        assert parsed.speculative_config == {"method": "mtp", "num_speculative_tokens": 2}
+        assert _flags(args) == vllm.SpeculativeFlags("mtp", 2, "mtp")
+    parsed = vllm_parser.parse_args(["--spec-method", "ngram", "--spec-tokens", "3", "--spec-model", "x"])
+    assert (parsed.spec_method, parsed.spec_tokens, parsed.spec_model) == ("ngram", 3, "x")
+    assert vllm.speculative_flag_names(["-sc", "{}", "--spec-tokens", "3"]) == (
+        "--speculative-config",
+        "--spec-tokens",
+    )

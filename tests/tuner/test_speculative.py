@@ -1,0 +1,243 @@
+"""``--speculative-config``: the flags kvpilot reads, the MTP drafter it budgets and what the plan says.
+
+The drafter figure is written out from vLLM 0.33's ``DeepSeekMultiTokenPredictorLayer`` for DeepSeek-V3
+in bfloat16 (its fp8 ``quantization_config`` dropped): one MLA + MoE decoder layer (hidden 7168, 128
+heads, q_lora 1536, kv_lora 512, nope 128 / rope 64 / v 128, 256 experts of 2048 and one shared expert),
+``eh_proj`` (2h x h, whole on every rank) and three RMSNorms; the embedding and head are the target's.
+``tests/contract/test_contract_speculative.py`` checks the same arithmetic against vLLM's own class.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import model_configs_for_tests as cfg
+import pytest
+
+from kvpilot.tuner import errors, memory, vllm
+from kvpilot.tuner.gpus import lookup_gpu
+from kvpilot.tuner.model.spec import build_model_spec
+from kvpilot.tuner.plan import compute_plan
+from kvpilot.tuner.types import GIB, EngineSettings, ServingBounds
+
+MTP_1 = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
+
+
+def _bf16_deepseek(**changes: Any) -> dict[str, Any]:
+    config = copy.deepcopy(cfg.DEEPSEEK_V3)
+    config.pop("quantization_config", None)
+    config.update(changes)
+    return config
+
+
+def _flags(*args: str) -> vllm.SpeculativeFlags:
+    flags = vllm.read_speculative_flags(list(args))
+    assert flags is not None
+    return flags
+
+
+def _sc(**fields: Any) -> list[str]:
+    return ["--speculative-config", json.dumps(fields)]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (MTP_1, vllm.SpeculativeFlags("mtp", 1, "mtp")),
+        (
+            ["-sc", '{"method": "deepseek_mtp", "num_speculative_tokens": 2}'],
+            vllm.SpeculativeFlags("mtp", 2, "deepseek_mtp"),
+        ),
+        (
+            ['--speculative_config={"method": "[ngram]", "num-speculative-tokens": 3}'],
+            vllm.SpeculativeFlags("ngram", 3, "[ngram]"),
+        ),
+        (["--spec-method", "suffix"], vllm.SpeculativeFlags("suffix", None, "suffix")),
+        (
+            ["--spec-model", "org/draft", "--spec-tokens", "4"],
+            vllm.SpeculativeFlags("draft_model", 4, "model 'org/draft'", "org/draft"),
+        ),
+        (_sc(method="mtp", model="org/x"), vllm.SpeculativeFlags("mtp", None, "mtp", "org/x")),
+        (["--enable-lora"], None),
+    ],
+)
+def test_the_flags_are_read_as_vllm_maps_them(
+    args: list[str], expected: vllm.SpeculativeFlags | None
+) -> None:
+    vllm.check_engine_flags(args)
+    assert vllm.read_speculative_flags(args) == expected
+    assert vllm.build_engine_flags(args).speculative == expected
+
+
+SC = "--speculative-config"
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "words"),
+    [
+        ([SC, "{method: mtp}"], SC, "takes a JSON object"),
+        ([SC, "[1, 2]"], SC, "takes a JSON object"),
+        (_sc(method=3, num_speculative_tokens=1), SC, "a string"),
+        (_sc(method="mtp", num_speculative_tokens=0), SC, "at least 1"),
+        (_sc(method="mtp", num_speculative_tokens=True), SC, "at least 1"),
+        (_sc(method="mtp"), SC, "needs num_speculative_tokens"),
+        (["--spec-method", "ngram"], SC, "needs num_speculative_tokens"),
+        (["--spec-tokens", "two", "--spec-method", "mtp"], "--spec-tokens", "at least 1"),
+        ([*MTP_1, "--spec-method", "mtp"], "--spec-method", "mutually exclusive"),
+        ([*MTP_1, "--spec-tokens", "2"], "--spec-tokens", "mutually exclusive"),
+    ],
+)
+def test_what_vllm_refuses_is_refused_naming_the_flag(args: list[str], flag: str, words: str) -> None:
+    with pytest.raises(errors.InvalidEngineArgs, match=words) as raised:
+        vllm.check_engine_flags(args)
+    assert raised.value.flag == flag
+    assert vllm.read_speculative_flags(args) is None  # never raises: not read
+
+
+def test_the_drafter_weights_are_the_mtp_layer_without_embedding_and_head() -> None:
+    model = build_model_spec(_bf16_deepseek())
+    h, heads, experts, inter = 7168, 128, 256, 2048
+    attention = h * (1536 + 512 + 64) + 1536 * heads * 192 + 512 * heads * 256 + heads * 128 * h + 512 + 1536
+    moe = experts * 3 * h * inter + 3 * h * inter + h * experts + 2 * h  # experts, shared, router, norms
+    extra = 2 * h * h + 3 * h  # eh_proj, enorm / hnorm / shared_head.norm
+    assert model.num_mtp_layers == 1
+    assert memory.compute_drafter_weight_bytes(model) == 2 * (attention + moe + extra)
+    tp8 = memory.compute_drafter_weight_bytes(model, tensor_parallel_size=8)
+    split = (1536 * heads * 192 + 512 * heads * 256 + heads * 128 * h) // 8 + (
+        experts * 3 * h * inter + 3 * h * inter
+    ) // 8
+    whole = h * (1536 + 512 + 64) + 512 + 1536 + h * experts + 2 * h + extra  # eh_proj is an nn.Linear
+    assert tp8 == 2 * (split + whole)
+    two = build_model_spec(_bf16_deepseek(num_nextn_predict_layers=2))
+    assert memory.compute_drafter_weight_bytes(two) == 2 * memory.compute_drafter_weight_bytes(model)
+
+
+def test_the_budget_counts_the_drafter_and_its_kv_layer() -> None:
+    model = build_model_spec(cfg.DEEPSEEK_V3)
+    gpu = lookup_gpu("H200")
+    settings = EngineSettings(
+        max_model_len=32768, max_num_seqs=64, max_num_batched_tokens=8192, tensor_parallel_size=8
+    )
+    plain = memory.compute_budget(model, gpu, settings)
+    spec = memory.compute_budget(model, gpu, settings, speculative=_flags(*MTP_1))
+    assert plain.speculative_gib == 0.0 and spec.speculative_gib > 1.0
+    assert spec.weights_gib - plain.weights_gib == pytest.approx(spec.speculative_gib)
+    assert plain.available_kv_cache_gib - spec.available_kv_cache_gib == pytest.approx(spec.speculative_gib)
+    # one more MLA layer in 61: the bytes per token grow by 62/61
+    assert spec.kv_bytes_per_token * 61 == plain.kv_bytes_per_token * 62
+    assert spec.kv_cache_tokens < plain.kv_cache_tokens
+    weights = memory.compute_drafter_weight_bytes(model, tensor_parallel_size=8)
+    buffers = memory.compute_proposer_buffer_bytes(
+        model, _flags(*MTP_1), max_num_batched_tokens=8192, max_num_seqs=64
+    )
+    assert spec.speculative_gib * GIB == pytest.approx(weights + buffers)
+    assert (
+        buffers
+        == 8192 * (4 + 8 + 1)
+        + 4 * 65
+        + 2 * 4 * 64
+        + 64 * (8 + 4 + 8)
+        + 64 * 1 * (8 + 4)
+        + 8192 * 7168 * 2
+        + 8 * 129
+    )
+    v1 = memory.compute_proposer_buffer_bytes(
+        model, _flags(*MTP_1), max_num_batched_tokens=8192, max_num_seqs=64, model_runner_v2=False
+    )
+    assert v1 == 8192 * (4 + 8 + 8) + 2 * 8192 * 7168 * 2 + 4 * 8192 + 4 * 64
+    for method in ('{"method": "ngram", "num_speculative_tokens": 3}', '{"method": "suffix"}'):
+        cpu = memory.compute_budget(model, gpu, settings, speculative=_flags("--speculative-config", method))
+        assert cpu == plain  # a CPU proposer: nothing on the GPU
+
+
+def test_the_plan_shows_the_drafter_and_names_what_it_does_not_budget() -> None:
+    gpu = lookup_gpu("H200")
+    model = build_model_spec(cfg.DEEPSEEK_V3)
+    engine = vllm.build_engine_flags(MTP_1)
+    assert engine.unmodelled == () and engine.speculative_flags == ("--speculative-config",)
+    plan = compute_plan(model, gpu, 8, ServingBounds(), engine=engine)
+    said = [w for w in plan.warnings if w.startswith("--speculative-config")]
+    assert len(said) == 1 and said[0].startswith(
+        f"--speculative-config (method mtp, 1 draft token): the MTP drafter's 1 layer takes "
+        f"{plan.budget.speculative_gib:.2f} GiB per GPU"
+    )
+    assert "CUDA graphs" in said[0] and "not budgeted" in said[0]
+    plain = compute_plan(model, gpu, 8, ServingBounds())
+    assert plan.budget.kv_bytes_per_token > plain.budget.kv_bytes_per_token
+    ngram = compute_plan(
+        model,
+        gpu,
+        8,
+        ServingBounds(),
+        engine=vllm.build_engine_flags(["--spec-method", "ngram", "--spec-tokens", "3"]),
+    )
+    assert any(
+        w.startswith("--spec-method (method ngram, 3 draft tokens): the proposer runs on the CPU")
+        for w in ngram.warnings
+    )
+    assert ngram.budget == plain.budget
+
+
+@pytest.mark.parametrize(
+    ("config", "gpus", "args", "why"),
+    [
+        (
+            cfg.DEEPSEEK_V3,
+            8,
+            ["-sc", '{"method": "eagle3", "model": "org/eagle3", "num_speculative_tokens": 3}'],
+            "method 'eagle3' loads a draft model",
+        ),
+        (
+            cfg.DEEPSEEK_V3,
+            8,
+            _sc(model="org/draft", num_speculative_tokens=3),
+            "method \"model 'org/draft'\" loads a draft model",
+        ),
+        (cfg.DEEPSEEK_V3, 8, _sc(method="mtp", model="org/x"), "the draft checkpoint 'org/x'"),
+        (
+            cfg.QWEN3_NEXT_80B,
+            2,
+            _sc(method="qwen3_next_mtp", num_speculative_tokens=2),
+            "model_type 'qwen3_next') is not modelled",
+        ),
+        (
+            cfg.DEEPSEEK_V3,
+            8,
+            ["--speculative-config.method=mtp", "--speculative-config.num_speculative_tokens=1"],
+            "in this form",
+        ),
+    ],
+)
+def test_a_drafter_kvpilot_does_not_model_is_named_not_guessed(
+    config: dict[str, Any], gpus: int, args: list[str], why: str
+) -> None:
+    engine = vllm.build_engine_flags(args)
+    plan = compute_plan(build_model_spec(config), lookup_gpu("H200"), gpus, ServingBounds(), engine=engine)
+    named = [w for w in plan.warnings if "is not in kvpilot's memory model" in w]
+    assert len(named) == 1 and named[0].startswith("--speculative-config is not")
+    assert why in named[0] and "--kv-cache-memory-bytes" in named[0]
+    assert plan.budget.speculative_gib == 0.0
+
+
+def test_pipeline_parallelism_and_a_count_vllm_refuses() -> None:
+    model = build_model_spec(cfg.DEEPSEEK_V3)
+    assert memory.speculative_unbudgeted_reason(model, _flags(*MTP_1), pp=2) is not None
+    assert memory.compute_speculative_bytes(model, _flags(*MTP_1), pipeline_parallel_size=2) == 0
+    two = build_model_spec(_bf16_deepseek(num_nextn_predict_layers=2))
+    with pytest.raises(errors.InvalidEngineArgs, match="divisible by the 2 MTP layers") as raised:
+        memory.check_speculative_model(two, _flags("--spec-method", "mtp", "--spec-tokens", "3"))
+    assert raised.value.flag == "--speculative-config"
+    memory.check_speculative_model(two, _flags("--spec-method", "mtp", "--spec-tokens", "4"))
+    none = build_model_spec(_bf16_deepseek(num_nextn_predict_layers=0))
+    with pytest.raises(errors.InvalidEngineArgs, match="num_nextn_predict_layers = 0"):
+        compute_plan(none, lookup_gpu("H200"), 8, ServingBounds(), engine=vllm.build_engine_flags(MTP_1))
+
+
+def test_an_abbreviation_of_a_speculative_flag_is_refused_by_its_full_name() -> None:
+    with pytest.raises(errors.InvalidEngineArgs, match="abbreviates --spec-tokens") as raised:
+        vllm.check_engine_flags(["--spec-method", "ngram", "--spec-tok", "3"])
+    assert raised.value.flag == "--spec-tok"
+    vllm.check_engine_flags(["--speculative-config.method=mtp"])  # vLLM's dotted form: read as not read
+    assert vllm.build_engine_flags(["--speculative-config.method=mtp"]).speculative is None
