@@ -29,6 +29,7 @@ from kvpilot.operator.pods.rollout_strategy import HELD_MESSAGE
 NS_PREFIX = "e2e-ro-"
 POOL_LABEL, TAINT = "kvpilot.dev/e2e-rollout-pool", "kvpilot.dev/e2e-rollout"
 FAST = {"cooldownSeconds": 0, "maxChangesPerHour": 60, "rolloutDeadlineSeconds": 30}
+TOLERATIONS = [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}]
 
 
 def run_pool_operator(
@@ -83,7 +84,7 @@ class Pool:
         """What the service and the other app need to land on this pool (and only there)."""
         return {
             "nodeSelector": {POOL_LABEL: self.ns},
-            "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "tolerations": TOLERATIONS,
         }
 
     def hold_gpus(self, count: int) -> None:
@@ -151,9 +152,10 @@ class Pool:
             ) from None
         return last
 
-    def recovered_oom(self, pod: str) -> None:
-        """The pod's vLLM hit a CUDA OOM and restarted, and serves again: a crash of the running settings
-        (a crash remedy lowers the utilisation) while the pod is Ready (a rollout would lose serving)."""
+    def recovered_oom(self, pod: str, message: str = CUDA_OOM_MESSAGE) -> None:
+        """The pod's engine hit a CUDA OOM (``message``: vLLM's) and restarted, and serves again: a crash of
+        the running settings (a crash remedy lowers the memory share) while the pod is Ready (a rollout would
+        lose serving)."""
         p = wait_pod_running(self.cluster.kubeconfig, self.ns, pod, kubectl=self.cluster.kubectl_bin)
         status = dict(p["status"]["containerStatuses"][0])
         status.update(
@@ -165,7 +167,7 @@ class Pool:
                 "terminated": {
                     "exitCode": 1,
                     "reason": "Error",
-                    "message": CUDA_OOM_MESSAGE,
+                    "message": message,
                     "startedAt": _now(-30),
                     "finishedAt": _now(-1),
                 }
@@ -257,6 +259,63 @@ def test_one_replica_holds_then_recreates_with_downtime_allowed(pool: Pool) -> N
     done = pool.wait(rolled_out, 180, "the Recreate rolled out and passed probation")
     assert pool.get("deployment", "llm", "-n", pool.ns)["spec"]["strategy"] == {"type": "Recreate"}
     assert any("[rollout Recreate: " in m for m in pool.events("Retuned"))
+    assert ready_replicas(done) == 1
+
+
+SGLANG_OOM = "\n".join(
+    [
+        "[2026-12-07 10:31:04 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.02 GiB.",
+        "[2026-12-07 10:31:04] Received sigquit from a child process. It usually means the child failed.",
+    ]
+)
+
+
+TGI_OOM = "\n".join(
+    [
+        "2026-12-07T10:31:04.118204Z ERROR text_generation_launcher: Method Decode encountered an error.",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB.",
+        "2026-12-07T10:31:04.118204Z ERROR text_generation_launcher: Shard 0 crashed",
+        "Error: ShardFailed",
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "image", "oom"),
+    [
+        ("SGLang", "lmsysorg/sglang:v0.5.23", SGLANG_OOM),
+        ("TGI", "ghcr.io/huggingface/text-generation-inference:3.3.7", TGI_OOM),
+    ],
+    ids=["sglang", "tgi"],
+)
+def test_an_engine_replica_on_a_full_pool_holds_then_recreates_with_downtime_allowed(
+    pool: Pool, kind: str, image: str, oom: str
+) -> None:
+    """SGLang's and TGI's loops weigh the same rollout as vLLM's: the OOM remedy (a smaller memory share) is
+    held while no GPU can take a surge pod, and rolls out as a Recreate once downtime is allowed."""
+    pool.hold_gpus(2)
+    before = pool.create(1, engine={"kind": kind, "image": image, "tolerations": TOLERATIONS})
+    pool.recovered_oom(pool.pods()[0]["metadata"]["name"], oom)
+    held = pool.wait(lambda o: condition(o, "RolloutInProgress").get("reason") == "Held", 90, "held")
+    assert HELD_MESSAGE in condition(held, "RolloutInProgress")["message"]
+    assert any(HELD_MESSAGE in m for m in pool.events("Held"))
+    assert not history(held, "Retuned")  # nothing rolled: the pod still serves
+    assert held["status"].get("appliedEngineArgs") == before["status"].get("appliedEngineArgs")
+    patch = json.dumps({"spec": {"rollout": {"allowDowntime": True}}})
+    pool.kubectl("patch", ISVC, "llm", "-n", pool.ns, "--type=merge", "-p", patch)
+
+    def sglang_rolled_out(o: dict[str, Any]) -> bool:
+        st = o.get("status", {})
+        applied = st.get("appliedEngineArgs")
+        return (
+            bool(history(o, "Retuned")) and not st.get("rollout") and st.get("lastGoodEngineArgs") == applied
+        )
+
+    done = pool.wait(sglang_rolled_out, 180, "the Recreate rolled out and passed probation")
+    assert pool.get("deployment", "llm", "-n", pool.ns)["spec"]["strategy"] == {"type": "Recreate"}
+    assert history(done, "Retuned")[0]["trigger"] == "RuntimeOOM"
+    assert done["status"]["appliedEngineArgs"] != before["status"]["appliedEngineArgs"]
     assert ready_replicas(done) == 1
 
 

@@ -112,6 +112,7 @@ PROBE_FILES = {
     "operator/timers.py": "",
     "operator/kopf_internals.py": "",
     "operator/fairness.py": "",
+    "operator/quantities.py": "",
     "operator/inferenceservice/__init__.py": "",
     "operator/inferenceservice/tick.py": (
         "import os\n\nfrom probe.operator.loop import state\nfrom probe.tuner.plan import planner\n"

@@ -152,6 +152,9 @@ class MemoryBudget:
     """Whether vLLM subtracts its CUDA-graph estimate from the budget before sizing the KV cache
     (:func:`kvpilot.tuner.vllm.subtracts_cuda_graphs`); otherwise the graphs are captured afterwards, in
     the memory the utilisation leaves free."""
+    lora_gib: float = 0.0
+    """vLLM's LoRA buffers (``--enable-lora``: ``--max-loras`` adapters at ``--max-lora-rank``), part of
+    ``weights_gib`` as vLLM's "Model loading took" counts them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,10 +96,10 @@ def test_an_argument_the_plan_refuses_or_warns_about_is_named() -> None:
     case = {"id": "x", "gpu": "H100-SXM", "engine_args": ["--enforce-eag"]}
     refused = memory_accuracy.plan_verdict(case, gpus.lookup_gpu)
     assert refused is not None and refused[0] == "refused" and "--enforce-eager" in refused[1]
-    case["engine_args"] = ["--kv-offloading-size", "8", "--enable-lora"]
+    case["engine_args"] = ["--kv-offloading-size", "8", "--cpu-offload-gb", "4"]
     warned = memory_accuracy.plan_verdict(case, gpus.lookup_gpu)
     assert warned is not None and warned[0] == "warned"
-    assert warned[1].startswith("--kv-offloading-size ") and " --enable-lora " in warned[1]
+    assert warned[1].startswith("--kv-offloading-size ") and " --cpu-offload-gb " in warned[1]
     assert memory_accuracy.plan_verdict({"id": "y", "gpu": None}, gpus.lookup_gpu) is None
     with pytest.raises(ValueError, match="engine_args must be a list of strings"):
         memory_accuracy.engine_args({"id": "z", "engine_args": "--enforce-eager"})

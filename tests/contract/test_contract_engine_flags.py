@@ -45,8 +45,11 @@ def test_every_spelling_vllm_has_for_these_flags_is_read(
 ) -> None:
     by_dest = vllm_option_strings
     spellings = by_dest["enforce_eager"] | by_dest["enable_prefix_caching"] | by_dest["performance_mode"]
-    # vLLM's parser also takes --no-enable-prefix-caching (it is in CASES), not an option string of its own
-    assert spellings == set(ENGINE_FLAGS) - {"--no-enable-prefix-caching"}
+    for dest in ("enable_lora", "max_loras", "max_lora_rank", "lora_dtype", "fully_sharded_loras"):
+        spellings |= by_dest[dest]  # the LoRA flags (kvpilot.tuner.vllm.lora)
+    # vLLM's parser also takes --no-enable-prefix-caching (it is in CASES) and --no-enable-lora, not option
+    # strings of their own
+    assert spellings == set(ENGINE_FLAGS) - {"--no-enable-prefix-caching", "--no-enable-lora"}
     choices = next(a.choices for a in vllm_parser._actions if a.dest == "performance_mode")
     assert set(choices) == set(kv_vllm.PERFORMANCE_MODES)
 
@@ -77,3 +80,58 @@ def test_every_unmodelled_memory_flag_is_one_of_vllms(vllm_option_strings: dict[
     """The flags the plan warns about exist in vLLM 0.33's parser (a renamed flag would go unnoticed)."""
     spellings = set().union(*vllm_option_strings.values())
     assert set(kv_vllm.UNMODELLED_MEMORY_FLAGS) <= spellings
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--max-num-active-seqs", "32"],
+        ["--max_num_active_seqs=48"],
+        ["--max-num-active-seqs", "32", "--max-num-active-seqs", "16"],
+        ["--max-num-active-seqs", "32", "--max-num-active-seqs", "None"],
+    ],
+)
+def test_the_admission_cap_is_read_as_vllm_parses_it(args: list[str], vllm_parser: Any) -> None:
+    kv_vllm.check_engine_flags(args)
+    assert kv_vllm.find_active_seqs(args) == vllm_parser.parse_args(args).max_num_active_seqs
+
+
+def test_the_admission_cap_is_vllms_flag_with_its_default(
+    vllm_parser: Any, vllm_option_strings: dict[str, set[str]], engine_args_cls: Any
+) -> None:
+    """``--max-num-active-seqs`` exists with the default kvpilot records (``None``: the limit is
+    ``max_num_seqs``), and it is not an abbreviation kvpilot would refuse."""
+    assert vllm_option_strings["max_num_active_seqs"] == {kv_vllm.ACTIVE_SEQS_FLAG}
+    assert vllm_parser.parse_args([]).max_num_active_seqs is None
+    assert engine_args_cls.max_num_active_seqs is None
+
+
+@pytest.mark.parametrize(("seqs", "cap"), [(8, 16), (8, 0), (8, 8)])
+def test_vllm_refuses_the_caps_kvpilot_refuses(seqs: int, cap: int, vllm: Any) -> None:
+    """A cap above ``max_num_seqs`` or below 1 fails vLLM's ``SchedulerConfig`` as it fails kvpilot."""
+    scheduler = _import_scheduler_config()
+    refused = False
+    try:
+        kv_vllm.check_engine_flags([kv_vllm.ACTIVE_SEQS_FLAG, str(cap)])
+        kv_vllm.check_active_below_seqs(cap, seqs)
+    except errors.InvalidEngineArgs:
+        refused = True
+    try:
+        scheduler(
+            max_model_len=4096,
+            is_encoder_decoder=False,
+            max_num_batched_tokens=8192,
+            max_num_seqs=seqs,
+            max_num_active_seqs=cap,
+        )
+    except ValueError:  # pydantic's ValidationError is one
+        assert refused
+    else:
+        assert not refused
+
+
+def _import_scheduler_config() -> Any:
+    import importlib
+
+    return importlib.import_module("vllm.config.scheduler").SchedulerConfig

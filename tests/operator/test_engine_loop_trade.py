@@ -139,10 +139,11 @@ def test_the_holds_are_the_newest_held_entries_in_a_row() -> None:
 
 
 def _started(loop: LoopHarness, startup: float) -> None:
-    """The pods started ``startup`` seconds before they became Ready, a minute ago."""
+    """The pods started ``startup`` seconds before they became Ready, 400 s ago: before the metrics window
+    (300 s), so the replica count has settled (a pod that joined within it holds metrics-driven changes)."""
     for p in loop.pods.pods:
-        p["status"]["startTime"] = rfc3339(loop.now - 60 - startup)
-        ready = {"type": "Ready", "status": "True", "lastTransitionTime": rfc3339(loop.now - 60)}
+        p["status"]["startTime"] = rfc3339(loop.now - 400 - startup)
+        ready = {"type": "Ready", "status": "True", "lastTransitionTime": rfc3339(loop.now - 400)}
         p["status"]["conditions"] = [ready]
 
 

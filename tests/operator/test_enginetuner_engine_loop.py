@@ -140,6 +140,8 @@ class Target:
         rewritten = target_engines.rewrite_container(c, wanted)
         assert rewritten is not None
         self.kube.pods = [self.pod(f"{self.name}-abc12-t{i}", [rewritten], **state) for i in range(n)]
+        self.workload["spec"]["replicas"] = n  # the Deployment's count, as its pods run it (a count that
+        # differs is a replica change, which holds metrics-driven retunes)
 
 
 def history(t: Target) -> list[tuple[str, str]]:

@@ -444,6 +444,28 @@ async def test_extra_args_contradicting_the_pod_or_the_plan_are_invalid_spec(
     assert harness.kube.applied == []
 
 
+async def test_a_memory_limit_below_the_kv_offloading_tier_is_invalid_spec(harness: Harness) -> None:
+    """vLLM pins --kv-offloading-size GiB of host memory (all the ranks' tiers, in one pod here): a limit
+    below it could only be OOM-killed, so it is refused by name before anything renders."""
+    engine = {"extraArgs": ["--kv-offloading-size", "100"], "resources": {"limits": {"memory": "64Gi"}}}
+    out = await _fails(harness, isvc(engine=engine), kopf.PermanentError)
+    assert out["ready"]["reason"] == "InvalidSpec"
+    message = out["ready"]["message"]
+    assert "--kv-offloading-size" in message and "100.0 GiB" in message and "limits.memory (64Gi)" in message
+    assert harness.kube.applied == []
+
+
+async def test_a_memory_limit_that_holds_the_tier_or_lmcaches_tier_is_planned(harness: Harness) -> None:
+    for extra in (
+        ["--kv-offloading-size", "48"],
+        ["--kv-offloading-size", "100", "--kv-offloading-backend", "lmcache"],
+    ):
+        body = isvc(engine={"extraArgs": extra, "resources": {"limits": {"memory": "64Gi"}}})
+        await harness.run(body)
+        args = harness.kube.last("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--kv-offloading-size" in args
+
+
 async def test_pipeline_stages_that_fill_the_gpus_are_planned_for(harness: Harness) -> None:
     body = isvc(gpu={"count": 4, "product": "L4"}, engine={"extraArgs": ["-pp", "2"]})
     await harness.run(body)

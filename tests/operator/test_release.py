@@ -7,6 +7,9 @@ import copy
 from kvpilot.operator.inferenceservice import desired, loop_reading
 from kvpilot.operator.planning import release, resolve
 from kvpilot.tuner import memory, vllm
+from kvpilot.tuner.gpus import lookup_gpu
+from kvpilot.tuner.loop import LoopState, PolicyConfig
+from kvpilot.tuner.types import EngineSettings, MemoryBudget
 
 SERVICE = {
     "metadata": {"name": "llama-8b", "namespace": "ml"},
@@ -58,3 +61,42 @@ def test_the_loop_budgets_with_the_release_the_image_runs() -> None:
         weights_total_bytes=inputs.model.checkpoint_bytes,
     )
     assert budget == old
+
+
+def test_the_loop_knows_the_admission_cap_of_the_extra_args() -> None:
+    """``--max-num-active-seqs`` in ``spec.engine.extraArgs`` reaches the closed loop's context: the sequence
+    rules compare the running requests with it (kvpilot.tuner.vllm.active_seqs)."""
+    doc = copy.deepcopy(SERVICE["spec"])
+    doc["engine"]["extraArgs"] = ["--max-num-active-seqs", "48"]
+    spec = desired.parse_spec(doc)
+    engine = release.resolve_release(spec)
+    assert engine.flags.max_num_active_seqs == 48
+    svc = loop_reading.Service({}, {}, {}, None, spec, EngineSettings(), LoopState(EngineSettings()), 0.0)
+    gpu = lookup_gpu("H100-SXM")
+    budget = vllm_budget()
+    resolved = loop_reading.Resolved(PolicyConfig(), None, None, engine, budget, gpu, 32768)
+    assert loop_reading.build_context(svc, resolved).max_num_active_seqs == 48
+    plain = desired.parse_spec(copy.deepcopy(SERVICE["spec"]))
+    svc = loop_reading.Service({}, {}, {}, None, plain, EngineSettings(), LoopState(EngineSettings()), 0.0)
+    resolved = loop_reading.Resolved(
+        PolicyConfig(), None, None, release.resolve_release(plain), budget, gpu, 32768
+    )
+    assert loop_reading.build_context(svc, resolved).max_num_active_seqs is None
+
+
+def vllm_budget() -> MemoryBudget:
+    """A budget for a context test: :func:`loop_reading.build_context` does not read it."""
+    return MemoryBudget(
+        gpu_total_gib=79.19,
+        requested_gib=72.85,
+        weights_gib=14.99,
+        activation_gib=2.5,
+        non_torch_gib=0.4,
+        cuda_graph_gib=0.5,
+        available_kv_cache_gib=54.46,
+        kv_bytes_per_token=131072,
+        num_gpu_blocks=27883,
+        kv_cache_tokens=446128,
+        max_concurrency=13.6,
+        starts=True,
+    )

@@ -206,6 +206,7 @@ def compute_loop(
         policy=policy,
         vllm_version=inputs.vllm_version,
         slo=loop_settings.build_slo(inputs.plan_spec),
+        max_num_active_seqs=inputs.engine.max_num_active_seqs,
     )
     reading = tick.TickReading(
         budget=compute_budget(inputs, current),

@@ -183,4 +183,5 @@ def build_context(svc: Service, resolved: Resolved) -> TuningContext:
         policy=resolved.policy,
         vllm_version=resolved.engine.version,
         slo=loop_settings.build_slo(svc.spec),
+        max_num_active_seqs=resolved.engine.flags.max_num_active_seqs,
     )

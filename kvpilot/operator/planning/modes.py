@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import api, errors
-from kvpilot.operator.planning import layouts, release, resolve
+from kvpilot.operator.planning import host_memory, layouts, release, resolve
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import memory, vllm
 from kvpilot.tuner.model import ModelSpec
@@ -78,6 +78,7 @@ def compute_user_args(spec: api.InferenceServiceSpec) -> UserArgs:
         raise errors.InvalidSpec("; ".join(f"{flag} {what}: {why}" for flag, why in pod))
     vllm.validate_extra_args(spec.engine.extra_args)
     vllm.check_engine_flags(spec.engine.extra_args)
+    host_memory.check_host_memory(spec)
     from_extra, rest = vllm.parse_vllm_args(spec.engine.extra_args)
     pinned = spec.engine.pinned.to_engine()
     merged = pinned.as_dict()

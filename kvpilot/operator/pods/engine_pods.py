@@ -159,7 +159,8 @@ def read_logged_pods(
     logs: pod_status.LogCache = pod_status.LOGS,
 ) -> list[EnginePod[S]]:
     """Each pod as ``build`` sees it, a restart the termination message does not explain (by the engine's
-    own texts) classified from the previous log of ``container``, read once per restart (blocking)."""
+    own texts), or after which the engine says its whole log says more (the batch before an OOM), classified
+    from the previous log of ``container``, read once per restart (blocking)."""
     out = []
     for pod in pods:
         view = build(pod, None)

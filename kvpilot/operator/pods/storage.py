@@ -24,12 +24,11 @@ Nothing here does I/O; :mod:`kvpilot.operator.pods.workloads` puts the fragments
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpilot.operator import api, errors
+from kvpilot.operator import api, errors, quantities
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import GIB
 
@@ -101,29 +100,14 @@ def compute_startup_failure_threshold(checkpoint_bytes: int | None, *, cached: b
     return math.ceil(max(MIN_STARTUP_BUDGET_S, budget) / STARTUP_PERIOD_S)
 
 
-_SUFFIXES = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "Ki": 1 << 10,
-    "Mi": 1 << 20,
-    "Gi": 1 << 30,
-    "Ti": 1 << 40,
-    "Pi": 1 << 50,
-}
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
-
-
 def parse_quantity_bytes(quantity: str) -> int:
     """Bytes of a storage quantity in the CRD's pattern (``200Gi``, ``1.5T``, ``500G``)."""
-    match = _QUANTITY.match(quantity.strip())
-    if match is None:
-        raise errors.InvalidSpec(f"spec.model.storage.claimTemplate.size: {quantity!r} is not a quantity")
-    number, suffix = match.groups()
-    return math.ceil(float(number) * _SUFFIXES[suffix or ""])
+    try:
+        return math.ceil(quantities.parse_quantity_float(quantity))
+    except ValueError:
+        raise errors.InvalidSpec(
+            f"spec.model.storage.claimTemplate.size: {quantity!r} is not a quantity"
+        ) from None
 
 
 def _gib_quantity(value: int) -> str:

@@ -37,27 +37,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from kvpilot.operator import api
+from kvpilot.operator.quantities import parse_quantity
 
 ENFORCEMENT_ENV = "KVPILOT_OPERATOR_ENFORCEMENT"
 POLICY_ENV = "KVPILOT_TENANT_POLICY"
 Mode = Literal["Strict", "TrustNamespace", "Off"]
 MODES: tuple[Mode, ...] = ("Strict", "TrustNamespace", "Off")
-_SUFFIXES = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 1 << 10,
-    "Mi": 1 << 20,
-    "Gi": 1 << 30,
-    "Ti": 1 << 40,
-    "Pi": 1 << 50,
-    "Ei": 1 << 60,
-}
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
@@ -156,15 +141,6 @@ class TenantSettings(_Values):
     @property
     def enforced(self) -> bool:
         return self.mode != "Off"
-
-
-def parse_quantity(quantity: str) -> int:
-    """Bytes of a Kubernetes storage quantity (``1Ti``, ``500G``, ``1.5Pi``)."""
-    match = _QUANTITY.match(quantity.strip())
-    if match is None:
-        raise ValueError(f"{quantity!r} is not a quantity")
-    number, suffix = match.groups()
-    return int(float(number) * _SUFFIXES[suffix or ""])
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> TenantSettings:

@@ -27,11 +27,19 @@ def pick(s: Situation, proposal: Proposal) -> EngineSettings | None:
 
 
 def normalize(settings: EngineSettings, s: Situation) -> EngineSettings:
-    """Round, keep vLLM's cross-field rules, and leave unset what the candidate did not change."""
+    """Round, keep vLLM's cross-field rules (``max_num_batched_tokens`` and the engine's
+    ``--max-num-active-seqs`` at or below ``max_num_seqs``), and leave unset what the candidate did not
+    change."""
     gmu = settings.gpu_memory_utilization
     if gmu is not None:
         settings = settings.replace(gpu_memory_utilization=round(gmu, 2))
     seqs, batched = settings.max_num_seqs, settings.max_num_batched_tokens
+    cap = s.active_cap
+    if seqs is not None and cap is not None and seqs < cap:
+        # vLLM 0.33 refuses max_num_active_seqs > max_num_seqs (config/scheduler.py:338-345): a cut stops at
+        # the user's cap, which kvpilot does not tune (:mod:`kvpilot.tuner.vllm.active_seqs`)
+        seqs = cap
+        settings = settings.replace(max_num_seqs=seqs)
     if seqs is not None and batched is not None and batched < seqs:
         settings = settings.replace(max_num_batched_tokens=seqs)  # vLLM: batched tokens >= max_num_seqs
     unset = {

@@ -306,3 +306,6 @@ class TuningContext:
     vllm_version: str = vllm.PINNED_VLLM_VERSION
     slo: LatencySlo | None = None
     """The service's latency objectives (``spec.serving.slo``), if any."""
+    max_num_active_seqs: int | None = None
+    """The engine's ``--max-num-active-seqs`` (the user's arguments; kvpilot does not tune it): the admission
+    limit the sequence rules compare the running requests with (:mod:`kvpilot.tuner.vllm.active_seqs`)."""

@@ -58,8 +58,8 @@ def propose_for_kv_bound(s: Situation) -> Proposal | None:
     peak_running = obs.compute_max(w.samples, obs.running) or 0.0
     usage = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
     rate = obs.compute_mean(w.samples, obs.preemption_rate) or 0.0
-    if queue < p.queue_min or peak_running >= p.seqs_saturation * seqs:
-        return None
+    if queue < p.queue_min or peak_running >= p.seqs_saturation * s.admission_limit:
+        return None  # the admission limit (--max-num-active-seqs when given) holds the queue, not the cache
     if usage < p.target_kv_usage and rate < p.preemption_rate_high:
         return None
     grown, notes = compute_growth(s, fp8=True)
@@ -195,6 +195,8 @@ def propose_growth_for_idle(s: Situation) -> Proposal | None:
     pressure cut from within ``flap_guard_seconds``, and at most what a recurring pressure's last cut set
     (:func:`remedies.compute_peak_seqs`)."""
     p, w, eff = s.policy, s.window, s.effective
+    if s.active_cap is not None:
+        return None  # the queue is at --max-num-active-seqs: more max_num_seqs admits nobody
     seqs = eff.max_num_seqs or 1
     queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
     peak_running = obs.compute_max(w.samples, obs.running) or 0.0

@@ -16,6 +16,11 @@ KV cache in :mod:`kvpilot.tuner.loop.kv_bound`, the latency and GPU-memory rules
   window's lengths and usage say more fit at 0.88): more sequences (+25 %, up to x2 with a deep
   queue), within that room, under the anti-flap ceiling (lifted when the window shows room for it)
   and bisecting towards any count that failed.
+
+The sequence limit is the admission limit (:attr:`Situation.admission_limit`): the engine's
+``--max-num-active-seqs`` when its arguments carry one. kvpilot does not tune that cap (it is the user's);
+under it a raise of ``--max-num-seqs`` admits nothing more and a cut below it does not start, so the rules
+that move the sequences hold and name the flag (:mod:`kvpilot.tuner.vllm.active_seqs`).
 """
 
 from __future__ import annotations
@@ -61,6 +66,23 @@ class Situation:
     @property
     def policy(self) -> PolicyConfig:
         return self.context.policy
+
+    @property
+    def active_cap(self) -> int | None:
+        """The engine's ``--max-num-active-seqs``, kvpilot's to read, not to tune."""
+        return self.context.max_num_active_seqs
+
+    @property
+    def admission_limit(self) -> int:
+        """The requests vLLM admits into RUNNING: the running requests are "at the sequence limit" against
+        this, not ``max_num_seqs`` (:func:`kvpilot.tuner.vllm.compute_admission_limit`)."""
+        return vllm.compute_admission_limit(self.effective.max_num_seqs or 1, self.active_cap)
+
+    def describe_cap(self, *, more: bool) -> str:
+        """Why a sequence rule holds under the cap (:func:`.vllm.describe_active_cap_binds`)."""
+        return vllm.describe_active_cap_binds(
+            self.admission_limit, self.effective.max_num_seqs or 1, more=more
+        )
 
     def effective_of(self, settings: EngineSettings) -> EngineSettings:
         """``settings`` as vLLM would run them on this service's GPU."""
@@ -232,7 +254,11 @@ def propose_for_pressure(s: Situation) -> Proposal | None:
     fit = _fit_seqs(s)
     if fit is not None and fit < base:
         target = max(fit, floor_step)
-    candidates.append(eff.replace(max_num_seqs=max(1, min(target, base - 1))))
+    exhausted = "already at the lower bound of maxNumSeqs"
+    if s.active_cap is None:
+        candidates.append(eff.replace(max_num_seqs=max(1, min(target, base - 1))))
+    else:  # the running batch is the cap's: a cut below it does not start, one above it cuts nothing
+        exhausted = s.describe_cap(more=False)
     return Proposal(
         trigger=KV_PRESSURE,
         evidence=(
@@ -240,7 +266,7 @@ def propose_for_pressure(s: Situation) -> Proposal | None:
             f"{rate:.2f} preemptions/s (peak running {peak_running or 0:.0f})"
         ),
         candidates=tuple(candidates),
-        exhausted="already at the lower bound of maxNumSeqs",
+        exhausted=exhausted,
     )
 
 
@@ -256,12 +282,21 @@ def propose_for_idle(s: Situation) -> Proposal | None:
     queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
     peak_running = obs.compute_max(w.samples, obs.running) or 0.0
     seqs = eff.max_num_seqs or 1
-    if queue < p.queue_min or peak_running < p.seqs_saturation * seqs:
+    limit = s.admission_limit
+    if queue < p.queue_min or peak_running < p.seqs_saturation * limit:
         return None
     room = compute_room_seqs(s)
     idle = low >= p.sustain_fraction
-    if not idle and (room is None or room < seqs * (1.0 + p.min_seqs_raise)):
+    if not idle and (room is None or room < limit * (1.0 + p.min_seqs_raise)):
         return None  # inside the band and no evidence that more sequences fit: hysteresis
+    if s.active_cap is not None:  # the queue is at the cap: more --max-num-seqs admits nobody
+        return Proposal(
+            trigger=IDLE_CAPACITY,
+            evidence=f"{queue:.1f} requests wait while {peak_running:.0f} of {limit} admitted sequences run "
+            f"with room in the KV cache" + (f" for {room} at {p.target_kv_usage:.2f}" if room else ""),
+            candidates=(),
+            exhausted=s.describe_cap(more=True),
+        )
     step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak_running, 1.0)))
     target = math.ceil(seqs * (1.0 + step))
     caps = [f"step +{step:.0%}"]
@@ -371,7 +406,7 @@ def _usage_room(s: Situation, scale: float = 1.0) -> int | None:
     limit changes only those; a sample held below it by the KV cache (a burst of long prompts still
     draining) says nothing of what the next sequences cost."""
     samples = s.window.samples
-    limit = s.effective.max_num_seqs
+    limit = s.admission_limit
     if limit:
         bound = tuple(
             x for x in samples if x.running is not None and x.running >= s.policy.seqs_saturation * limit

@@ -10,6 +10,9 @@ histograms as 95th percentiles per step:
 * a **time to first token** above its objective while requests wait and the KV cache has room argues for
   more sequences (the queue is the wait), or, when nothing waits but prompts are long, a larger prefill
   budget;
+* under the engine's ``--max-num-active-seqs`` (which kvpilot does not tune) the running requests are the
+  cap's: neither objective moves ``max_num_seqs``, and the hold names the flag
+  (:mod:`kvpilot.tuner.vllm.active_seqs`);
 * raises stop at the SLO: :func:`allows_raise` is false while the inter-token latency is within
   ``slo_raise_margin`` of its objective, so an idle-capacity raise never trades the SLO for throughput.
 
@@ -73,7 +76,11 @@ def _for_itl(s: Situation, objective: float, share: float) -> Proposal:
     peak = obs.compute_max(w.samples, obs.running) or float(seqs)
     base = min(float(seqs), peak)
     target = max(1, min(seqs - 1, math.floor(base * max(1.0 - p.seqs_step_up_max / 2, objective / itl))))
-    candidates.append(eff.replace(max_num_seqs=target))
+    exhausted = "no smaller prefill chunk or sequence limit is left within the bounds"
+    if s.active_cap is None:
+        candidates.append(eff.replace(max_num_seqs=target))
+    else:  # fewer running requests is the cap's to set (:mod:`kvpilot.tuner.vllm.active_seqs`)
+        exhausted = f"no smaller prefill chunk is left within the bounds; {s.describe_cap(more=False)}"
     return Proposal(
         trigger=LATENCY_SLO,
         evidence=(
@@ -81,7 +88,7 @@ def _for_itl(s: Situation, objective: float, share: float) -> Proposal:
             f"samples (peak running {peak:.0f})"
         ),
         candidates=tuple(candidates),
-        exhausted="no smaller prefill chunk or sequence limit is left within the bounds",
+        exhausted=exhausted,
     )
 
 
@@ -94,12 +101,15 @@ def _for_ttft(s: Situation, objective: float, share: float) -> Proposal | None:
     batched = eff.max_num_batched_tokens
     candidates: list[EngineSettings] = []
     why = ""
+    exhausted = "no more sequences or prefill budget fit without breaking the KV cache or the ITL SLO"
     if queue >= p.queue_min and kv < p.kv_usage_high and allows_raise(s):
         target = math.ceil(seqs * (1.0 + p.seqs_step_up))
         room = compute_room_seqs(s)
         if room is not None:
             target = min(target, room)
-        if target > seqs:
+        if s.active_cap is not None:  # the queue waits at the cap: more --max-num-seqs admits nobody
+            exhausted = s.describe_cap(more=True)
+        elif target > seqs:
             candidates.append(eff.replace(max_num_seqs=target))
         why = f"{queue:.1f} requests wait with mean KV usage {kv:.2f}"
     elif queue < p.queue_min and batched is not None and _long_prompts(s, batched):
@@ -113,5 +123,5 @@ def _for_ttft(s: Situation, objective: float, share: float) -> Proposal | None:
         evidence=f"time to first token p95 {_ms(ttft)} above the {_ms(objective)} objective in {share:.0%} "
         f"of samples; {why}",
         candidates=tuple(candidates),
-        exhausted="no more sequences or prefill budget fit without breaking the KV cache or the ITL SLO",
+        exhausted=exhausted,
     )

@@ -7,6 +7,7 @@
 * :mod:`.refusals` -- what makes vLLM refuse to start, checked in vLLM's order on that accounting;
 * :mod:`.kv_cache` -- pages, block groups and block counts per layer kind, and the fit check;
 * :mod:`.weights` -- the bytes each rank loads, quantization and padding included;
+* :mod:`.lora` -- the LoRA buffers vLLM preallocates with ``--enable-lora``, loaded with the weights;
 * :mod:`.estimate` -- ``kvpilot estimate --cases FILE``: one budget per case of the calibration
   set's schema.
 
@@ -34,6 +35,7 @@ from kvpilot.tuner.memory.kv_cache import (
     compute_longest_fitting_len,
     compute_num_blocks,
 )
+from kvpilot.tuner.memory.lora import compute_lora_bytes, compute_punica_bytes, lora_unbudgeted_reason
 from kvpilot.tuner.memory.refusals import CUDA_CONTEXT_GIB, NCCL_GIB
 from kvpilot.tuner.memory.weights import (
     ONE_ENGINE,
@@ -64,12 +66,15 @@ __all__ = [
     "compute_estimates",
     "compute_kv_layout",
     "compute_longest_fitting_len",
+    "compute_lora_bytes",
     "compute_non_torch_bytes",
     "compute_num_blocks",
+    "compute_punica_bytes",
     "compute_sampler_state_bytes",
     "compute_warmup_logits_bytes",
     "compute_weight_breakdown",
     "compute_weight_bytes",
+    "lora_unbudgeted_reason",
     "padded_vocab_size",
     "resolve_settings",
 ]

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from kvpilot.tuner import vllm
 from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
 from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
+from kvpilot.tuner.memory.lora import compute_lora_bytes
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
@@ -334,6 +335,7 @@ def compute_budget(
     performance_mode: str | None = None,
     enable_prefix_caching: bool | None = None,
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
+    lora: vllm.LoraFlags | None = None,
 ) -> MemoryBudget:
     """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse.
 
@@ -348,7 +350,8 @@ def compute_budget(
     (2-3 pages a request). The operator reads all four from the pod's environment and extra args
     (:class:`kvpilot.tuner.vllm.EngineFlags`). ``expert_shards``: one data-parallel rank of a DP group, its
     routed experts split over the group (:class:`~kvpilot.tuner.memory.weights.ExpertShards`; the rest of
-    the rank, its KV cache included, is a whole engine of ``tensor_parallel_size``).
+    the rank, its KV cache included, is a whole engine of ``tensor_parallel_size``). ``lora``:
+    ``--enable-lora`` and its sizes; its buffers load with the weights (:func:`.lora.compute_lora_bytes`).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
@@ -380,6 +383,7 @@ def compute_budget(
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             enable_prefix_caching=enable_prefix_caching,
             expert_shards=expert_shards,
+            lora=lora,
         )
         for rank in range(r.pp)
     )
@@ -463,6 +467,7 @@ def _compute_stage(
     kv_cache_memory_bytes: int | None,
     enable_prefix_caching: bool | None,
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
+    lora: vllm.LoraFlags | None = None,
 ) -> refusals.Stage:
     """One pipeline stage's budget (its first TP rank): weights, activation peak, sampler state, what is
     left for the KV cache, and the KV layout of its layers."""
@@ -475,6 +480,19 @@ def _compute_stage(
         weights_total_bytes=weights_total_bytes,
         expert_shards=expert_shards,
     )
+    lora_bytes = 0
+    if lora is not None:  # loaded with the model: inside vLLM's "Model loading took X GiB"
+        lora_bytes = compute_lora_bytes(
+            model,
+            lora,
+            tensor_parallel_size=r.tp,
+            pipeline_parallel_size=r.pp,
+            pp_rank=rank,
+            dtype=r.dtype,
+            max_num_batched_tokens=r.max_num_batched_tokens,
+            max_num_seqs=r.max_num_seqs,
+        )
+        w += lora_bytes
     act = compute_activation_bytes(
         model,
         tp=r.tp,
@@ -506,7 +524,7 @@ def _compute_stage(
         compute_capability=gpu.compute_capability,
         enable_prefix_caching=enable_prefix_caching,
     )
-    return refusals.Stage(w, act, state, available, layout)
+    return refusals.Stage(w, act, state, available, layout, lora_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -554,6 +572,7 @@ def _build_budget(
         gpu_total_gib=gpu.total_bytes / GIB,
         requested_gib=requested / GIB,
         weights_gib=first.weights / GIB,
+        lora_gib=first.lora / GIB,
         activation_gib=first.activation / GIB,
         non_torch_gib=shared.non_torch / GIB,
         cuda_graph_gib=shared.graphs / GIB,

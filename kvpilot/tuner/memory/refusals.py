@@ -42,6 +42,8 @@ class Stage(NamedTuple):
     available: int
     """Left for the KV cache (may be negative)."""
     layout: kv_cache.KvLayout
+    lora: int = 0
+    """vLLM's LoRA buffers (``--enable-lora``), part of ``weights``."""
 
 
 def check_parallel_sizes(model: ModelSpec, tp: int, pp: int) -> str | None:

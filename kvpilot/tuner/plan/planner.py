@@ -285,8 +285,10 @@ def compute_plan(
     leaves (the same blocks) instead of ``--gpu-memory-utilization`` (:func:`_pin_kv_pool`).
     ``engine``: what the pods run besides the tuned settings (:class:`kvpilot.tuner.vllm.EngineFlags`: their
     ``VLLM_USE_V2_MODEL_RUNNER``, ``--enforce-eager``, ``--performance-mode``, prefix caching); the plan is
-    for that engine. ``expert_shards``: the replica is one data-parallel rank of a group whose routed experts
-    split over the group (:func:`kvpilot.tuner.plan.nodes.compute_node_plan` plans such groups)."""
+    for that engine. Its ``--max-num-active-seqs`` keeps ``max_num_seqs`` the capacity the plan sizes; a cap
+    above it is refused by name (vLLM 0.33 does not start) and the warnings say which limit admits.
+    ``expert_shards``: the replica is one data-parallel rank of a group whose routed experts split over the
+    group (:func:`kvpilot.tuner.plan.nodes.compute_node_plan` plans such groups)."""
     release, release_warning = vllm.check_release(vllm_version)
     if model.architecture != model.model_type:  # a config without ``architectures`` names its model_type
         vllm.check_architecture_registered(model.architecture, release)
@@ -304,12 +306,23 @@ def compute_plan(
         expert_shards,
     )
     p.warnings += [vllm.describe_unmodelled_flag(flag) for flag in engine.unmodelled]
+    lora_gap = memory.lora_unbudgeted_reason(model) if engine.lora is not None else None
+    if lora_gap is not None:
+        p.warnings.append(
+            f"--enable-lora is not in kvpilot's memory model for {model.architecture} ({lora_gap}): its "
+            f"LoRA buffers are not budgeted; lower --gpu-memory-utilization by --max-loras x "
+            f"--max-lora-rank x the wrapped layers' widths."
+        )
     settings = _choose_tensor_parallel(p)
     settings, wanted = _choose_context(p, settings)
     settings = _choose_utilization(p, settings)
     settings, budget = p.settle(settings)
     settings, budget = _try_fp8_kv(p, settings, budget)
     settings, budget = _shorten_context(p, settings, budget, wanted)
+    if engine.max_num_active_seqs is not None and settings.max_num_seqs is not None:
+        # the cap admits, max_num_seqs sizes memory and graphs (:mod:`kvpilot.tuner.vllm.active_seqs`)
+        vllm.check_active_below_seqs(engine.max_num_active_seqs, settings.max_num_seqs)
+        p.warnings.append(vllm.describe_active_seqs_plan(engine.max_num_active_seqs, settings.max_num_seqs))
     feasible, reasons = _judge(p, settings, budget)
     _warn_about_capacity(p, budget)
     profile, note, learned_tokens = _profile_fields(learned, budget)
@@ -318,6 +331,8 @@ def compute_plan(
         kv_bytes, settings, budget = _pin_kv_pool(
             model, gpu, gpu_count, settings, vllm_version, weights_total_bytes, budget, engine, expert_shards
         )
+    if engine.lora is not None and lora_gap is None:
+        p.warnings.append(_describe_lora(engine.lora, budget))
     return Plan(
         settings=settings,
         budget=budget,
@@ -581,6 +596,16 @@ def _pin_kv_pool(
     if not pinned.starts:
         return None, settings, budget
     return budget.kv_pool_bytes, unpinned, pinned
+
+
+def _describe_lora(lora: vllm.LoraFlags, budget: MemoryBudget) -> str:
+    """The plan's line on the LoRA term: vLLM preallocates it at load, whatever adapters are served."""
+    dtype = lora.lora_dtype or "the model's dtype"
+    sharded = ", fully sharded" if lora.fully_sharded else ""
+    return (
+        f"--enable-lora: vLLM preallocates {budget.lora_gib:.2f} GiB of LoRA buffers per GPU at load "
+        f"({lora.max_loras} x rank {lora.max_lora_rank} in {dtype}{sharded}), counted in the weights."
+    )
 
 
 def _render(settings: EngineSettings, kv_cache_memory_bytes: int | None = None) -> tuple[str, ...]:

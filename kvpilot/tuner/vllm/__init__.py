@@ -4,6 +4,7 @@ Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.ver
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), the flags and variables
 that load code (:mod:`.code_loading`), the untuned flags that change its memory (:mod:`.engine_flags`),
+its admission cap below ``--max-num-seqs`` (:mod:`.active_seqs`),
 where its compile caches live and which settings invalidate them (:mod:`.compile_cache`), its streaming weight
 loader (:mod:`.loaders`),
 which flags and variables may change it at all (:mod:`.sizing`), its KV-cache dtypes (:mod:`.kv_dtypes`),
@@ -21,6 +22,14 @@ The bottom layer of the tuner (``.importlinter``: ``plan | loop`` -> ``engines``
 -> ``vllm | sglang | tgi``): it imports nothing of the tuner but its value objects and errors.
 """
 
+from kvpilot.tuner.vllm.active_seqs import (
+    ACTIVE_SEQS_FLAG,
+    check_active_below_seqs,
+    compute_admission_limit,
+    describe_active_cap_binds,
+    describe_active_seqs_plan,
+    find_active_seqs,
+)
 from kvpilot.tuner.vllm.architectures import (
     PREVIOUSLY_SUPPORTED_ARCHITECTURES,
     check_architecture_registered,
@@ -138,6 +147,24 @@ from kvpilot.tuner.vllm.loaders import (
     build_loader_args,
     describe_missing_streamer,
 )
+from kvpilot.tuner.vllm.lora import (
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
+    ENABLE_LORA_FLAG,
+    LORA_DTYPES,
+    LORA_FLAGS,
+    MAX_LORA_RANKS,
+    LoraFlags,
+    check_lora_flags,
+    read_lora_flags,
+)
+from kvpilot.tuner.vllm.lora_architectures import (
+    LORA_3D_MOE_ARCHITECTURES,
+    LORA_EMBEDDING_ARCHITECTURES,
+    LORA_FUSED_GATE_UP_ARCHITECTURES,
+    LORA_FUSED_QKV_ARCHITECTURES,
+    LORA_LM_HEAD_ARCHITECTURES,
+)
 from kvpilot.tuner.vllm.messages import (
     auto_fit_error,
     free_memory_error,
@@ -220,6 +247,7 @@ from kvpilot.tuner.vllm.versions import (
 
 __all__ = [
     "ACTIVATION_LOG_INCLUDES_GRAPH_ESTIMATE_SINCE",
+    "ACTIVE_SEQS_FLAG",
     "ALLREDUCE_FUSION_CAPABILITIES",
     "ALLREDUCE_FUSION_CAPABILITY_FAMILIES",
     "ANY_FLAG_CODE_KEYS",
@@ -244,6 +272,9 @@ __all__ = [
     "DATA_PARALLEL_SIZE_LOCAL_FLAG",
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_ENGINE",
+    "DEFAULT_MAX_LORAS",
+    "DEFAULT_MAX_LORA_RANK",
+    "ENABLE_LORA_FLAG",
     "ENFORCE_EAGER_FLAG",
     "EXACT_FLAGS",
     "EXPERT_PARALLEL_FLAG",
@@ -265,8 +296,17 @@ __all__ = [
     "KV_CACHE_MEMORY_FLAG",
     "KvCacheDeclaration",
     "LOAD_FORMAT_FLAG",
+    "LORA_3D_MOE_ARCHITECTURES",
+    "LORA_DTYPES",
+    "LORA_EMBEDDING_ARCHITECTURES",
+    "LORA_FLAGS",
+    "LORA_FUSED_GATE_UP_ARCHITECTURES",
+    "LORA_FUSED_QKV_ARCHITECTURES",
+    "LORA_LM_HEAD_ARCHITECTURES",
+    "LoraFlags",
     "MAMBA_ALIGN_SINCE",
     "MASTER_ADDR_FLAG",
+    "MAX_LORA_RANKS",
     "MEMORY_NEUTRAL_FLAGS",
     "MLA_HYBRID_BLOCK_ALIGNMENT",
     "MODELLED_KV_CACHE_DTYPES",
@@ -309,15 +349,18 @@ __all__ = [
     "build_parallel_args",
     "build_vllm_args",
     "charges_total_consumed",
+    "check_active_below_seqs",
     "check_architecture_registered",
     "check_architecture_served",
     "check_compressed_ratios",
     "check_dtype",
     "check_engine_flags",
+    "check_lora_flags",
     "check_modelled",
     "check_release",
     "check_settings",
     "compressed_layer_caches",
+    "compute_admission_limit",
     "compute_code_loading_flags",
     "compute_code_loading_keys",
     "compute_compile_invalidating",
@@ -334,10 +377,13 @@ __all__ = [
     "default_gpu_memory_utilization",
     "default_kv_block_size",
     "default_runner_is_v2",
+    "describe_active_cap_binds",
+    "describe_active_seqs_plan",
     "describe_change",
     "describe_missing_streamer",
     "describe_settings",
     "describe_unmodelled_flag",
+    "find_active_seqs",
     "find_flag_values",
     "find_pod_flags",
     "free_memory_error",
@@ -370,6 +416,7 @@ __all__ = [
     "parse_vllm_args",
     "prefix_caching_by_default",
     "profile_samples_in_fp32",
+    "read_lora_flags",
     "read_tag_version",
     "reports_tokens_per_group",
     "reserves_null_block_in_check",

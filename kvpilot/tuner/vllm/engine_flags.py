@@ -9,7 +9,12 @@ plan of another engine:
 * ``--performance-mode {balanced,interactivity,throughput}``: ``interactivity`` captures every batch size
   from 1 to 32 (more graph memory), ``throughput`` doubles the batch defaults;
 * ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``--disable-prefix-caching``): whether the
-  state layers of a hybrid model keep align-mode pages (two or three a request).
+  state layers of a hybrid model keep align-mode pages (two or three a request);
+* ``--enable-lora`` with ``--max-loras``, ``--max-lora-rank``, ``--lora-dtype`` and
+  ``--fully-sharded-loras``: the LoRA buffers vLLM preallocates at load (:mod:`.lora`).
+
+``--max-num-active-seqs`` has no memory of its own, but it is read here too (:mod:`.active_seqs`): it is
+the admission limit the plan reports and the closed loop compares the running requests with.
 
 Each is read as vLLM's own parser reads it (``EngineArgs.add_cli_args``: the booleans are
 ``EnableDisableAction`` flags without a value, the last occurrence wins), which
@@ -29,7 +34,9 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from kvpilot.tuner import errors
+from kvpilot.tuner.vllm.active_seqs import check_active_seqs, find_active_seqs
 from kvpilot.tuner.vllm.args import check_choice, flag_value, iter_flags
+from kvpilot.tuner.vllm.lora import LORA_FLAGS, LoraFlags, check_lora_flags, read_lora_flags
 from kvpilot.tuner.vllm.unmodelled import list_unmodelled_flags
 from kvpilot.tuner.vllm.versions import PERFORMANCE_MODES
 
@@ -47,7 +54,7 @@ _BOOLEANS = {**_EAGER, **_PREFIX_CACHING}
 """vLLM 0.33's spellings of the two booleans (``EnableDisableAction``: ``--x``, ``--no-x``; prefix caching
 also ``--disable-prefix-caching``) and the value each sets."""
 
-ENGINE_FLAGS = (*_BOOLEANS, PERFORMANCE_MODE_FLAG)
+ENGINE_FLAGS = (*_BOOLEANS, PERFORMANCE_MODE_FLAG, *LORA_FLAGS)
 """Every spelling :func:`build_engine_flags` reads."""
 
 
@@ -58,6 +65,7 @@ class BudgetKwargs(TypedDict):
     enforce_eager: bool
     performance_mode: str | None
     enable_prefix_caching: bool | None
+    lora: LoraFlags | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +79,13 @@ class EngineFlags:
     """``None``: not given (vLLM's ``balanced``)."""
     enable_prefix_caching: bool | None = None
     """``None``: not given (vLLM's default for the model, :func:`.hybrid.prefix_caching_by_default`)."""
+    lora: LoraFlags | None = None
+    """``--enable-lora`` and the flags that size its buffers (:mod:`.lora`); ``None``: LoRA is off."""
     unmodelled: tuple[str, ...] = ()
     """Flags given that change memory kvpilot does not budget (:mod:`.unmodelled`); the plan names each."""
+    max_num_active_seqs: int | None = None
+    """``--max-num-active-seqs`` (:mod:`.active_seqs`): the admission cap; ``None``: not given (the limit is
+    ``max_num_seqs``). Not part of the memory budget: it has none of its own."""
 
     def budget_kwargs(self) -> BudgetKwargs:
         """The keyword arguments :func:`kvpilot.tuner.memory.compute_budget` takes for these flags."""
@@ -81,6 +94,7 @@ class EngineFlags:
             enforce_eager=self.enforce_eager,
             performance_mode=self.performance_mode,
             enable_prefix_caching=self.enable_prefix_caching,
+            lora=self.lora,
         )
 
 
@@ -91,7 +105,12 @@ def build_engine_flags(args: Sequence[str], model_runner_v2: bool | None = None)
     """The :class:`EngineFlags` of ``args`` (the user's extra arguments) and the pods' model runner.
 
     Never raises: a value vLLM would refuse is :func:`check_engine_flags`' to report, and is not read."""
-    flags = EngineFlags(model_runner_v2=model_runner_v2, unmodelled=list_unmodelled_flags(args))
+    flags = EngineFlags(
+        model_runner_v2=model_runner_v2,
+        unmodelled=list_unmodelled_flags(args),
+        lora=read_lora_flags(args),
+        max_num_active_seqs=find_active_seqs(args),
+    )
     for index, flag, inline in iter_flags(args):
         if flag in _EAGER and inline is None:
             flags = dataclasses.replace(flags, enforce_eager=_EAGER[flag])
@@ -104,8 +123,13 @@ def build_engine_flags(args: Sequence[str], model_runner_v2: bool | None = None)
 
 def check_engine_flags(args: Sequence[str]) -> None:
     """Refuse what vLLM 0.33's parser refuses of these flags (a value given to a boolean, a performance
-    mode it does not know) and an abbreviation of one (kvpilot reads the full spellings only)."""
+    mode it does not know, a LoRA value :func:`.lora.check_lora_flags` refuses, a cap of sequences below 1)
+    and an abbreviation of one (kvpilot reads the full spellings only)."""
+    check_lora_flags(args)
+    check_active_seqs(args)
     for index, flag, inline in iter_flags(args):
+        if flag in LORA_FLAGS:
+            continue
         if flag in _BOOLEANS:
             if inline is not None:
                 raise errors.InvalidEngineArgs(

@@ -1,10 +1,13 @@
 """vLLM 0.33 flags that change what the engine holds in memory and that kvpilot's plan does not budget.
 
-A plan is for the engine the pods run (:mod:`.engine_flags` reads the three untuned flags it does
-budget). The flags below change the engine's memory in ways the memory model does not count, so a
-plan made while one of them is given is the plan of another engine: the planner says so by name, with
-what the flag costs and what to do, in the plan's warnings (:func:`list_unmodelled_flags`). Each is a
-flag of vLLM 0.33's parser (``tests/contract/test_contract_engine_flags.py`` checks it).
+A plan is for the engine the pods run (:mod:`.engine_flags` reads the untuned flags it does budget:
+``--enforce-eager``, ``--performance-mode``, prefix caching and ``--enable-lora`` with its sizes). The
+flags below change the engine's memory in ways the memory model does not count, so a plan made while
+one of them is given is the plan of another engine: the planner says so by name, with what the flag
+costs and what to do, in the plan's warnings (:func:`list_unmodelled_flags`). Each is a flag of vLLM
+0.33's parser (``tests/contract/test_contract_engine_flags.py`` checks it).
+
+``--max-num-active-seqs`` is not one: it caps admission and has no memory of its own (:mod:`.active_seqs`).
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ _SPECULATIVE = (
     "graphs are not budgeted; lower --gpu-memory-utilization by their size, or pin --kv-cache-memory-bytes"
 )
 _KV_OFFLOADING = (
-    "a CPU tier of the KV cache: its pinned host buffers come out of the pod's memory, not the GPU's, and "
-    "are not budgeted (vllm#52656: the engine dies silently above 64 GB of it); size the pod's memory "
-    "limit for it"
+    "a CPU tier of the KV cache: --kv-offloading-size GiB of pinned host memory in all (the native "
+    "backend), out of the pod's memory, not the GPU's; the operator refuses a memory limit below it "
+    "(kvpilot.tuner.vllm.kv_offloading), and vllm#52656 reports tiers that never finish starting above a "
+    "size that depends on the host; size the pod's memory limit for it"
 )
 
 UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
@@ -41,19 +45,11 @@ UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
     "--cpu-offload-gb": (
         "weights offloaded to host memory are still counted on the GPU: the plan is pessimistic"
     ),
-    "--enable-lora": (
-        "LoRA adapters' weights and their punica buffers are not budgeted; lower --gpu-memory-utilization "
-        "by --max-loras x the adapter size"
-    ),
     "--enable-expert-parallel": (
         "expert parallelism shards the experts over DP x TP ranks, which the plan (TP only) does not model"
     ),
     "--data-parallel-size": (
         "data parallelism: the plan is for one engine of TP ranks; each DP rank is sized alike"
-    ),
-    "--max-num-active-seqs": (
-        "an admission cap below --max-num-seqs with no memory of its own: the plan and the closed loop size "
-        "--max-num-seqs as the capacity and do not know the cap"
     ),
 }
 """vLLM 0.33 flag -> what it changes that kvpilot does not budget, and what to do."""
