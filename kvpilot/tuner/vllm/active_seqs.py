@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvpilot.tuner import errors
-from kvpilot.tuner.vllm.args import flag_value, iter_flags
+from kvpilot.tuner.vllm.args import find_flag_values
 
 ACTIVE_SEQS_FLAG = "--max-num-active-seqs"
 """vLLM 0.33's flag (``engine/arg_utils.py:1761``); its default is ``None``: the admission limit is
@@ -53,10 +53,8 @@ def find_active_seqs(args: Sequence[str]) -> int | None:
     """The cap ``args`` set (the last occurrence wins, as with argparse), ``None`` when not given, unset
     with ``None``, or not a positive integer (:func:`check_active_seqs` refuses that one)."""
     cap: int | None = None
-    for index, flag, inline in iter_flags(args):
-        if flag != ACTIVE_SEQS_FLAG:
-            continue
-        value = flag_value(args, index, inline).strip()
+    for text in find_flag_values(args, ACTIVE_SEQS_FLAG):
+        value = text.strip()
         try:
             number = int(value)
         except ValueError:
@@ -68,10 +66,8 @@ def find_active_seqs(args: Sequence[str]) -> int | None:
 def check_active_seqs(args: Sequence[str]) -> None:
     """Refuse a cap vLLM 0.33 refuses: not an integer (its parser) or below 1 (``ge=1``,
     ``config/scheduler.py:69``); the literal ``None`` unsets it."""
-    for index, flag, inline in iter_flags(args):
-        if flag != ACTIVE_SEQS_FLAG:
-            continue
-        value = flag_value(args, index, inline).strip()
+    for text in find_flag_values(args, ACTIVE_SEQS_FLAG):
+        value = text.strip()
         if value == _UNSET:
             continue
         try:

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 
 from kvpilot.tuner import errors
-from kvpilot.tuner.vllm.args import flag_value, iter_flags
+from kvpilot.tuner.vllm.args import find_flag_values
 
 KV_OFFLOADING_SIZE_FLAG = "--kv-offloading-size"
 KV_OFFLOADING_BACKEND_FLAG = "--kv-offloading-backend"
@@ -39,15 +39,11 @@ def compute_offloading_host_bytes(args: Sequence[str]) -> int | None:
     server holds it. A size that is not a finite non-negative number is
     :class:`~kvpilot.tuner.errors.InvalidEngineArgs` (vLLM's parser refuses a non-number; a negative or NaN
     size it passes on to a connector that cannot allocate it)."""
-    size: str | None = None
-    backend = NATIVE_BACKEND
-    for index, flag, inline in iter_flags(args):
-        if flag == KV_OFFLOADING_SIZE_FLAG:
-            size = flag_value(args, index, inline)
-        elif flag == KV_OFFLOADING_BACKEND_FLAG:
-            backend = flag_value(args, index, inline)
-    if size is None or backend != NATIVE_BACKEND:
+    sizes = find_flag_values(args, KV_OFFLOADING_SIZE_FLAG)
+    backends = find_flag_values(args, KV_OFFLOADING_BACKEND_FLAG)
+    if not sizes or (backends and backends[-1] != NATIVE_BACKEND):
         return None
+    size = sizes[-1]
     try:
         gib = float(size)
     except ValueError:
