@@ -20,6 +20,8 @@ first step with something to say decides:
 3. **pressure** -- token usage high with retractions (or SGLang's "KV cache pool is full" text): more pool
    under the fraction's ceiling, else an fp8 KV cache where allowed and supported, else fewer running
    requests; at their floor, a hold that recommends more replicas (below);
+3b. **KV-bound** -- a queue while fewer run than the limit SGLang serves with and the pool is full (token
+   usage at the target, or retractions): a larger pool (:mod:`.sglang_bound`, vLLM's ``KvBound``);
 4. **latency** -- the inter-token latency objective missed (fewer running requests; not vLLM's smaller
    prefill chunk first, since SGLang runs a prefill batch alone), else the TTFT objective (a smaller prefill
    chunk); with nothing left, a hold that recommends more replicas;
@@ -36,7 +38,7 @@ SGLang restarts, ``SglangEvidence.rollout_lost_fraction`` x the restart), with t
 (:func:`compute_gain_fraction`). Pressure or a latency objective with nothing left to propose (the running
 requests at their floor) holds and recommends more replicas (``SglangDecision.scale_out``, as vLLM's:
 :meth:`.engine_chain.Replicas.recommend`), while the replica count is not changing. What vLLM's policy has
-and this does not (yet): fp8 KV in an idle or KV-bound growth (vLLM's offer it; SGLang's pressure and crash
+and this does not (yet): fp8 KV in an idle growth (vLLM's offers it; SGLang's pressure, KV-bound and crash
 rules do: :mod:`.sglang_fp8`), the sizing of the early warning on memory that follows the batch (vLLM's
 :func:`.gpu_memory.compute_limit_settings`), lengths-based sizing.
 """
@@ -47,7 +49,7 @@ import dataclasses
 import math
 
 from kvpilot.tuner import sglang
-from kvpilot.tuner.loop import engine_chain, engine_flap, engine_rollout, sglang_idle
+from kvpilot.tuner.loop import engine_chain, engine_flap, engine_rollout, sglang_bound, sglang_idle
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import restart_trade as rt
 from kvpilot.tuner.loop import sglang_fit as fit
@@ -55,7 +57,7 @@ from kvpilot.tuner.loop import sglang_rules as rules
 from kvpilot.tuner.loop.decision import Action, MetricsStatus, Trigger, compute_metrics_status
 from kvpilot.tuner.loop.engine_chain import Costs, Gates
 from kvpilot.tuner.loop.remedies import IDLE_CAPACITY, KV_PRESSURE
-from kvpilot.tuner.loop.sglang_fit import FailedRun, PressureChange, SglangSituation
+from kvpilot.tuner.loop.sglang_fit import FailedRun, PressureChange, SglangProposal, SglangSituation
 from kvpilot.tuner.loop.sglang_state import (
     SglangChange,
     SglangContext,
@@ -146,6 +148,9 @@ def compute_gain_fraction(
       retracted request's KV is thrown away and recomputed -- so the share of the running requests retracted
       over the cooldown (:func:`~.restart_trade.compute_preemption_share`); a restart SGLang's "KV cache
       pool is full" text explains threw every running request away: the whole capacity;
+    * **KvBound** (a queue behind a full pool, :mod:`.sglang_bound`): the requests the larger pool admits,
+      per running request, at most the queue's (:func:`~.restart_trade.compute_kv_bound_share`, the growth
+      from the memory model), as vLLM's;
     * any other trigger (the latency objectives): 1, no measure to discount it by.
     """
     w = s.window
@@ -159,6 +164,9 @@ def compute_gain_fraction(
     if trigger == KV_PRESSURE and not pool_full_texts:
         rate = obs.compute_mean(w.samples, obs.preemption_rate) or 0.0
         return rt.compute_preemption_share(rate, cooldown_seconds, running)
+    if trigger == sglang_bound.KV_BOUND:
+        waiting = obs.compute_mean(w.samples, obs.waiting) or 0.0
+        return rt.compute_kv_bound_share(waiting, running, sglang_bound.compute_pool_gain(s, settings))
     return rt.WHOLE
 
 
@@ -211,15 +219,36 @@ def _metrics_step(
         return held
     for proposal in (
         rules.propose_for_pressure(s, texts),
+        sglang_bound.propose_for_pool_bound(s),
         rules.propose_for_itl(s),
         rules.propose_for_ttft(s),
-        sglang_idle.propose_for_idle(s),
+        _propose_for_idle(s),
     ):
         if proposal is not None:
             return engine_chain.choose(
                 build_fit(s, texts), proposal, None, gates.metrics_driven, costs, replicas
             )
     return None
+
+
+def _propose_for_idle(s: SglangSituation) -> SglangProposal | None:
+    """More running requests where the room at the target usage allows
+    (:func:`.sglang_idle.propose_for_idle`); where it is spent, or the raise leaves the queue waiting, a
+    larger pool and the requests it holds, in one rollout, when that runs more
+    (:func:`.sglang_bound.propose_growth_for_idle`; vLLM's ``_idle_step``)."""
+    proposal = sglang_idle.propose_for_idle(s)
+    raised = fit.pick(s, proposal) if proposal is not None else None
+    queue = obs.compute_mean(s.window.samples, obs.waiting) or 0.0
+    peak = obs.compute_max(s.window.samples, obs.running) or 0.0
+    if raised is not None and (raised.max_running_requests or 0) >= peak + queue:
+        return proposal
+    grown = sglang_bound.propose_growth_for_idle(s)
+    picked = fit.pick(s, grown) if grown is not None else None
+    if picked is not None and (
+        raised is None or (picked.max_running_requests or 0) > (raised.max_running_requests or 0)
+    ):
+        return grown
+    return proposal
 
 
 def _steady(s: SglangSituation) -> SglangDecision:
