@@ -22,21 +22,17 @@ where allowed, an fp8 KV cache (twice the tokens). The trade counts the queue th
 (:func:`~.restart_trade.compute_kv_bound_share`).
 
 The same growth answers a queue *at* the limit whose room at ``target_kv_usage`` is spent
-(:func:`propose_growth_for_idle`, vLLM's :func:`~.kv_bound.propose_growth_for_idle`): more running requests
-alone would fill the pool past the target, so the pool grows and the limit rises to what the larger pool
-holds there, in one rollout.
+(:func:`.sglang_idle.propose_growth_for_idle`, vLLM's :func:`~.kv_bound.propose_growth_for_idle`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from kvpilot.tuner import sglang
-from kvpilot.tuner.loop import engine_flap, engine_latency, engine_room, sglang_fp8
 from kvpilot.tuner.loop import observations as obs
+from kvpilot.tuner.loop import sglang_fp8
 from kvpilot.tuner.loop.kv_bound import KV_BOUND as KV_BOUND
-from kvpilot.tuner.loop.remedies import IDLE_CAPACITY
 from kvpilot.tuner.loop.sglang_fit import (
     FRACTION_STEP,
     SglangProposal,
@@ -52,17 +48,21 @@ from kvpilot.tuner.loop.sglang_fit import (
 
 
 def compute_pool_growth(s: SglangSituation) -> list[sglang.SglangSettings]:
-    """More pool: a larger fraction under its ceiling (by ``max_gmu_step`` at most; where the ceiling is
-    reached, with the prefill chunk halved until it leaves room, the fewest prefill tokens given up), then,
-    where the bounds allow one (:func:`.sglang_fp8.allows_fp8`), an fp8 KV cache at the same fraction."""
+    """More pool: a larger fraction under its ceiling and the bounds (by ``max_gmu_step`` at most; where the
+    ceiling is reached, with the prefill chunk halved until it leaves room, the fewest prefill tokens given
+    up), then, where the bounds allow one (:func:`.sglang_fp8.allows_fp8`), an fp8 KV cache at the same
+    fraction."""
     p, eff = s.policy, s.effective
     candidates: list[sglang.SglangSettings] = []
     fraction = fraction_of(eff)
     for trial in compute_chunk_trials(eff, p):
         ceiling = floor_grid(compute_fraction_ceiling(trial, s.memory))
         if ceiling - fraction >= FRACTION_STEP - 1e-9:
-            grown = min(ceiling, round(fraction + p.max_gmu_step, 3))
-            candidates.append(dataclasses.replace(trial, mem_fraction_static=grown))
+            grown = min(ceiling, round(fraction + p.max_gmu_step, 3), s.bounds.max_gpu_memory_utilization)
+            if (
+                grown - fraction >= FRACTION_STEP - 1e-9
+            ):  # the bound may leave no step: no chunk cut for nothing
+                candidates.append(dataclasses.replace(trial, mem_fraction_static=grown))
             break
     if sglang_fp8.allows_fp8(s):
         # no more pool from the fraction (or a raise the history rules out): twice the tokens, before a cut
@@ -103,43 +103,5 @@ def propose_for_pool_bound(s: SglangSituation) -> SglangProposal | None:
             f"{retracting}: the KV pool{pool} holds them back"
         ),
         candidates=tuple(grown),
-        exhausted="no larger KV pool within the bounds",
-    )
-
-
-def propose_growth_for_idle(s: SglangSituation) -> SglangProposal | None:
-    """A queue at the running-request limit with no room left at ``target_kv_usage``: a larger pool and the
-    running requests it holds there (the window's room scaled by the pool's growth), by at least the raise
-    worth a rollout, below a limit pressure found full (:func:`.engine_flap.guard_raise`); not while the
-    inter-token latency is within ``slo_raise_margin`` of its objective. ``None`` when no growth is left or
-    the raise it allows is too small (module docstring)."""
-    p, w, eff = s.policy, s.window, s.effective
-    limit = compute_running_limit(eff, s.memory)
-    queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
-    peak = obs.compute_max(w.samples, obs.running) or 0.0
-    usage = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
-    room = engine_room.measure_room(w, p)
-    if limit is None or room is None or queue < p.queue_min or peak < p.seqs_saturation * limit:
-        return None
-    if not engine_latency.allows_raise(w, s.itl_p95_objective, p):
-        return None
-    candidates: list[sglang.SglangSettings] = []
-    for grown in compute_pool_growth(s):
-        gain = compute_pool_gain(s, grown)
-        if gain is None or gain < 1.0 + p.kv_bound_min_gain:
-            continue
-        guarded = engine_flap.guard_raise(math.floor(room * gain), s.pressure, s.now, p, "the pool")
-        if guarded.target >= limit * (1.0 + guarded.least):
-            candidates.append(dataclasses.replace(grown, max_running_requests=guarded.target))
-    if not candidates:
-        return None
-    return SglangProposal(
-        trigger=IDLE_CAPACITY,
-        evidence=(
-            f"{queue:.1f} requests wait while {peak:.0f} of {limit} run with token usage {usage:.2f}: "
-            f"room for {room} at {p.target_kv_usage:.2f}; a larger pool holds "
-            f"{candidates[0].max_running_requests}"
-        ),
-        candidates=tuple(candidates),
         exhausted="no larger KV pool within the bounds",
     )

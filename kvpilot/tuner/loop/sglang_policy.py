@@ -235,14 +235,14 @@ def _propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     """More running requests where the room at the target usage allows
     (:func:`.sglang_idle.propose_for_idle`); where it is spent, or the raise leaves the queue waiting, a
     larger pool and the requests it holds, in one rollout, when that runs more
-    (:func:`.sglang_bound.propose_growth_for_idle`; vLLM's ``_idle_step``)."""
+    (:func:`.sglang_idle.propose_growth_for_idle`; vLLM's ``_idle_step``)."""
     proposal = sglang_idle.propose_for_idle(s)
     raised = fit.pick(s, proposal) if proposal is not None else None
     queue = obs.compute_mean(s.window.samples, obs.waiting) or 0.0
     peak = obs.compute_max(s.window.samples, obs.running) or 0.0
     if raised is not None and (raised.max_running_requests or 0) >= peak + queue:
         return proposal
-    grown = sglang_bound.propose_growth_for_idle(s)
+    grown = sglang_idle.propose_growth_for_idle(s)
     picked = fit.pick(s, grown) if grown is not None else None
     if picked is not None and (
         raised is None or (picked.max_running_requests or 0) > (raised.max_running_requests or 0)

@@ -1,0 +1,154 @@
+"""SGLang's ``KvBound`` rule and its idle growth (:mod:`kvpilot.tuner.loop.sglang_bound`), through the
+loop's own decision (:func:`~kvpilot.tuner.loop.sglang_policy.compute_sglang_decision`).
+
+The expected figures are asked of SGLang's memory model (:mod:`kvpilot.tuner.loop.sglang_fit`) and of
+SGLang's running-request limit (:func:`kvpilot.tuner.sglang.default_max_running_requests`, held to SGLang's
+own ``resolve_max_num_reqs`` in ``tests/contract/test_contract_sglang.py``), never restated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from kvpilot.tuner import sglang
+from kvpilot.tuner.loop import Action, PolicyConfig, engine_room, sglang_bound, sglang_idle
+from kvpilot.tuner.loop import sglang_fit as fit
+from kvpilot.tuner.loop import sglang_rules as rules
+from kvpilot.tuner.loop.observations import MetricsSample, ObservationWindow
+from tests.tuner.test_sglang_policy import BOUNDS, H100, NOW, decide, effective, fraction, window
+
+PLAN = sglang.SglangSettings(context_length=32768)
+"""SGLang's defaults on an H100 with a 32K context: the fraction at its ceiling, the limit from the pool."""
+
+
+def limit_of(settings: sglang.SglangSettings) -> int:
+    got = fit.compute_running_limit(effective(settings), H100)
+    assert got is not None
+    return got
+
+
+def pool_of(settings: sglang.SglangSettings) -> int:
+    got = fit.predict_pool_tokens(effective(settings), H100)
+    assert got is not None
+    return got
+
+
+def test_a_queue_behind_a_full_pool_grows_the_pool_though_nothing_retracts() -> None:
+    """SGLang's admission reserves the running requests' outputs, so a full pool keeps a queue waiting with
+    the limit unreached and no retraction: KvPressure (which reads retractions) holds, KvBound grows the pool
+    -- at the ceiling, by halving the prefill chunk, whose smaller activation reserve lifts it."""
+    limit = limit_of(PLAN)
+    assert limit > 1000  # SGLang's default from the pool: far above what runs
+    full = window(kv_usage=0.94, running=180, waiting=300, preemption_rate=0.0)
+    decision = decide(PLAN, samples=full)
+    assert decision.action == Action.RETUNE and decision.trigger == sglang_bound.KV_BOUND
+    grown = effective(decision.settings)
+    assert fraction(decision.settings) > fraction(PLAN)
+    assert grown.chunked_prefill_size == effective(PLAN).chunked_prefill_size // 2  # type: ignore[operator]
+    assert pool_of(decision.settings) >= pool_of(PLAN) * (1 + PolicyConfig().kv_bound_min_gain)
+    assert f"of {limit} run" in decision.reason and "holds them back" in decision.reason
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"kv_usage": 0.60, "running": 180, "waiting": 300},  # room in the pool: the prefill, not the pool
+        {"kv_usage": 0.94, "running": 180, "waiting": 0.2},  # no queue
+    ],
+    ids=["pool-not-full", "no-queue"],
+)
+def test_no_kv_bound_without_a_queue_behind_a_full_pool(fields: dict[str, float]) -> None:
+    decision = decide(PLAN, samples=window(**fields))
+    assert decision.trigger != sglang_bound.KV_BOUND
+
+
+def test_a_queue_at_the_limit_is_not_kv_bound() -> None:
+    """Running at ``--max-running-requests``: the limit holds the queue (the idle rule's), not the pool."""
+    current = dataclasses.replace(PLAN, max_running_requests=180)
+    decision = decide(current, samples=window(kv_usage=0.94, running=180, waiting=300))
+    assert decision.trigger != sglang_bound.KV_BOUND
+
+
+def test_retractions_with_the_pool_below_the_target_are_kv_bound() -> None:
+    decision = decide(PLAN, samples=window(kv_usage=0.70, running=180, waiting=300, preemption_rate=0.2))
+    assert decision.trigger in (rules.KV_PRESSURE, sglang_bound.KV_BOUND)
+    assert decision.action == Action.RETUNE and fraction(decision.settings) > fraction(PLAN)
+
+
+def test_no_larger_pool_within_the_bounds_falls_through() -> None:
+    """The fraction's bound at the current fraction and no fp8 allowed: no growth, so no KvBound (the later
+    rules may still help, as vLLM's ``_kv_bound_step`` falls through)."""
+    held = dataclasses.replace(BOUNDS, max_gpu_memory_utilization=fraction(PLAN))
+    decision = decide(PLAN, samples=window(kv_usage=0.94, running=180, waiting=300), bounds=held)
+    assert decision.trigger != sglang_bound.KV_BOUND
+
+
+def test_fp8_is_offered_after_the_fraction_where_allowed() -> None:
+    allowed = dataclasses.replace(BOUNDS, allow_fp8_kv=True)
+    held = dataclasses.replace(allowed, max_gpu_memory_utilization=fraction(PLAN))
+    decision = decide(PLAN, samples=window(kv_usage=0.94, running=180, waiting=300), bounds=held)
+    assert decision.trigger == sglang_bound.KV_BOUND
+    assert decision.settings.kv_cache_dtype == sglang.FP8_KV_CACHE_DTYPE
+
+
+def test_a_deep_queue_at_the_limit_grows_the_pool_and_the_limit_in_one_rollout() -> None:
+    """The room at the target usage (216) is fewer than the queue asks for (1,232): the pool grows and the
+    limit rises to the room the larger pool holds, in one rollout (vLLM's ``propose_growth_for_idle``)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
+    decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200))
+    assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
+    room = math.floor(PolicyConfig().target_kv_usage * 32 / 0.13)
+    gain = pool_of(decision.settings) / pool_of(current)
+    assert gain >= 1 + PolicyConfig().kv_bound_min_gain
+    assert decision.settings.max_running_requests == math.floor(room * gain)
+    assert fraction(decision.settings) > fraction(current)
+    assert "a larger pool holds" in decision.reason
+
+
+def test_a_shallow_queue_takes_the_room_without_growing_the_pool() -> None:
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
+    decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=40))
+    assert decision.trigger == sglang_idle.IDLE_CAPACITY
+    assert decision.settings.mem_fraction_static is None  # SGLang's default still: no pool growth
+    assert decision.settings.chunked_prefill_size is None
+
+
+def test_the_idle_growth_stays_below_a_raise_that_failed() -> None:
+    """A run-time OOM at 120 running requests (the batch the crash saw) caps the growth's limit as it caps
+    the plain raise (:func:`~kvpilot.tuner.loop.sglang_idle.propose_for_idle`)."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
+    failed = fit.FailedRun(effective(dataclasses.replace(current, max_running_requests=120)), "runtime_oom")
+    decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200), failed=(failed,))
+    assert decision.action == Action.RETUNE
+    assert decision.settings.max_running_requests is not None
+    assert decision.settings.max_running_requests < 120
+
+
+def test_the_idle_growth_raises_to_the_rooms_lower_end_in_a_noisy_window() -> None:
+    """Each scrape 25 % off the same means: the room (222) less its standard error, scaled by the pool's
+    growth -- not the noisy room itself."""
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=200)
+    noisy = tuple(
+        MetricsSample(
+            time=NOW - 30 * (9 - i), kv_usage=0.79 * (0.75 if i % 2 else 1.25), running=200, waiting=1800
+        )
+        for i in range(10)
+    )
+    w = ObservationWindow(NOW - 300, NOW, noisy, pods=1)
+    decision = decide(current, samples=w)
+    room = engine_room.measure_room(w, PolicyConfig())
+    error = engine_room.compute_room_error(w, PolicyConfig())
+    assert room is not None and error > 10
+    gain = pool_of(decision.settings) / pool_of(current)
+    assert decision.trigger == sglang_idle.IDLE_CAPACITY
+    assert decision.settings.max_running_requests == math.floor((room - error) * gain)
+
+
+def test_the_idle_growth_waits_while_the_latency_objective_is_near() -> None:
+    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
+    near = window(kv_usage=0.13, running=32, waiting=1200, itl_p95=0.049)
+    decision = decide(current, samples=near, itl=0.05)
+    assert decision.settings.max_running_requests == 32
