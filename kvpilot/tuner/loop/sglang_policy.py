@@ -38,8 +38,7 @@ SGLang restarts, ``SglangEvidence.rollout_lost_fraction`` x the restart), with t
 (:func:`compute_gain_fraction`). Pressure or a latency objective with nothing left to propose (the running
 requests at their floor) holds and recommends more replicas (``SglangDecision.scale_out``, as vLLM's:
 :meth:`.engine_chain.Replicas.recommend`), while the replica count is not changing. What vLLM's policy has
-and this does not (yet): fp8 KV in an idle growth (vLLM's offers it; SGLang's pressure, KV-bound and crash
-rules do: :mod:`.sglang_fp8`), the sizing of the early warning on memory that follows the batch (vLLM's
+and this does not (yet): the sizing of the early warning on memory that follows the batch (vLLM's
 :func:`.gpu_memory.compute_limit_settings`), lengths-based sizing.
 """
 
