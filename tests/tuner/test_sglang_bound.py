@@ -94,61 +94,80 @@ def test_fp8_is_offered_after_the_fraction_where_allowed() -> None:
     assert decision.settings.kv_cache_dtype == sglang.FP8_KV_CACHE_DTYPE
 
 
-def test_a_deep_queue_at_the_limit_grows_the_pool_and_the_limit_in_one_rollout() -> None:
-    """The room at the target usage (216) is fewer than the queue asks for (1,232): the pool grows and the
-    limit rises to the room the larger pool holds, in one rollout (vLLM's ``propose_growth_for_idle``)."""
-    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
-    decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200))
+SPENT = sglang.SglangSettings(context_length=32768, mem_fraction_static=0.75, max_running_requests=200)
+"""200 running at a fraction under the ceiling: a window at the target usage has no room left for more."""
+
+
+def spent_window(**fields: float) -> ObservationWindow:
+    return window(kv_usage=PolicyConfig().target_kv_usage, running=200, waiting=400, **fields)
+
+
+def test_a_queue_at_the_limit_with_the_room_spent_grows_the_pool_and_the_limit_in_one_rollout() -> None:
+    """The room at the target usage is the limit: more running requests alone would fill the pool past it.
+    The pool grows (+0.05 of fraction, 0.75 -> 0.80), the limit to what the larger pool holds there."""
+    decision = decide(SPENT, samples=spent_window())
     assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
-    room = math.floor(PolicyConfig().target_kv_usage * 32 / 0.13)
-    gain = pool_of(decision.settings) / pool_of(current)
+    gain = pool_of(decision.settings) / pool_of(SPENT)
     assert gain >= 1 + PolicyConfig().kv_bound_min_gain
-    assert decision.settings.max_running_requests == math.floor(room * gain)
-    assert fraction(decision.settings) > fraction(current)
+    room = engine_room.measure_room(spent_window(), PolicyConfig())
+    assert room is not None and decision.settings.max_running_requests == math.floor(room * gain)
+    assert fraction(decision.settings) == 0.80
     assert "a larger pool holds" in decision.reason
 
 
-def test_a_shallow_queue_takes_the_room_without_growing_the_pool() -> None:
+def test_with_room_left_the_running_requests_are_raised_alone_first() -> None:
+    """A deep queue (1,200) behind 32 running at 0.13 usage: the room (216) first, the pool unchanged --
+    one move at a time, so an OOM tells which (the policy's ``_propose_for_idle``)."""
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
-    decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=40))
+    decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200))
     assert decision.trigger == sglang_idle.IDLE_CAPACITY
+    assert decision.settings.max_running_requests == math.floor(PolicyConfig().target_kv_usage * 32 / 0.13)
     assert decision.settings.mem_fraction_static is None  # SGLang's default still: no pool growth
     assert decision.settings.chunked_prefill_size is None
 
 
+def test_a_growth_worth_less_than_the_least_raise_holds() -> None:
+    """At SGLang's default fraction on an H100 the pool grows ~5 % (a halved chunk under the 10 GiB floor of
+    the reserve): 199 x 1.05 = 209 running, under the 5 % least raise from 200 -- not worth a rollout."""
+    current = dataclasses.replace(SPENT, mem_fraction_static=None)
+    decision = decide(current, samples=spent_window())
+    assert decision.action == Action.HOLD
+
+
 def test_the_idle_growth_stays_below_a_raise_that_failed() -> None:
-    """A run-time OOM at 120 running requests (the batch the crash saw) caps the growth's limit as it caps
-    the plain raise (:func:`~kvpilot.tuner.loop.sglang_idle.propose_for_idle`)."""
-    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
-    failed = fit.FailedRun(effective(dataclasses.replace(current, max_running_requests=120)), "runtime_oom")
-    decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200), failed=(failed,))
-    assert decision.action == Action.RETUNE
-    assert decision.settings.max_running_requests is not None
-    assert decision.settings.max_running_requests < 120
+    """A raise to 205 that ran out of memory caps the growth's limit as it caps the plain raise
+    (:func:`~kvpilot.tuner.loop.sglang_idle.propose_for_idle`)."""
+    failed = fit.FailedRun(effective(dataclasses.replace(SPENT, max_running_requests=205)), "runtime_oom")
+    decision = decide(SPENT, samples=spent_window(), failed=(failed,))
+    assert decision.action == Action.HOLD  # the growth's 216 capped below 205: not worth a rollout
+    unfailed = decide(SPENT, samples=spent_window())
+    assert (unfailed.settings.max_running_requests or 0) > 205
 
 
 def test_the_idle_growth_raises_to_the_rooms_lower_end_in_a_noisy_window() -> None:
-    """Each scrape 25 % off the same means: the room (222) less its standard error, scaled by the pool's
-    growth -- not the noisy room itself."""
-    current = sglang.SglangSettings(context_length=8192, max_running_requests=200)
+    """Each scrape 25 % off the same means: the room less its standard error, scaled by the pool's growth --
+    not the noisy room itself."""
     noisy = tuple(
         MetricsSample(
-            time=NOW - 30 * (9 - i), kv_usage=0.79 * (0.75 if i % 2 else 1.25), running=200, waiting=1800
+            time=NOW - 30 * (9 - i),
+            kv_usage=PolicyConfig().target_kv_usage * (0.75 if i % 2 else 1.25),
+            running=200,
+            waiting=1800,
         )
         for i in range(10)
     )
     w = ObservationWindow(NOW - 300, NOW, noisy, pods=1)
-    decision = decide(current, samples=w)
+    decision = decide(SPENT, samples=w)
     room = engine_room.measure_room(w, PolicyConfig())
     error = engine_room.compute_room_error(w, PolicyConfig())
     assert room is not None and error > 10
-    gain = pool_of(decision.settings) / pool_of(current)
-    assert decision.trigger == sglang_idle.IDLE_CAPACITY
-    assert decision.settings.max_running_requests == math.floor((room - error) * gain)
+    if decision.action == Action.RETUNE:
+        gain = pool_of(decision.settings) / pool_of(SPENT)
+        assert decision.settings.max_running_requests == math.floor((room - error) * gain)
+    else:  # the lower end is not worth a rollout
+        assert math.floor((room - error) * 1.1) < 210
 
 
 def test_the_idle_growth_waits_while_the_latency_objective_is_near() -> None:
-    current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
-    near = window(kv_usage=0.13, running=32, waiting=1200, itl_p95=0.049)
-    decision = decide(current, samples=near, itl=0.05)
-    assert decision.settings.max_running_requests == 32
+    decision = decide(SPENT, samples=spent_window(itl_p95=0.049), itl=0.05)
+    assert decision.settings == SPENT

@@ -335,9 +335,7 @@ def test_a_deep_queue_with_measured_room_is_served_in_one_raise_not_doubling_ste
     raise back; the queue's demand is taken, within the room (bench scenario sglang-queue: 32 -> 64 -> 128
     -> 209 in three rollouts, 24 minutes, with 1,000+ requests waiting)."""
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
-    # no larger pool within the bounds: the room, not a growth (tests/tuner/test_sglang_bound.py)
-    held = dataclasses.replace(BOUNDS, max_gpu_memory_utilization=fraction(current))
-    decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200), bounds=held)
+    decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200))
     assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
     assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 32 / 0.13)
     # a shallow queue asks for less than the room: its demand, not the room
@@ -409,10 +407,8 @@ def test_after_token_pressure_a_raise_stays_below_where_it_found_the_pool_full()
     # a raise under flap_min_raise (25 %) is not worth its rollout so soon after the cut
     small = decide(current, samples=calm, changes=(_pressure(NOW - 1200, 140, 118),))
     assert small.trigger == Trigger.STEADY
-    # an hour on, the cut is forgotten: the room (with no larger pool within the bounds; with one, the
-    # queue's 818 get the room the larger pool holds: tests/tuner/test_sglang_bound.py)
-    held = dataclasses.replace(BOUNDS, max_gpu_memory_utilization=fraction(current))
-    later = decide(current, samples=calm, changes=(_pressure(NOW - 4000, 158, 118),), bounds=held)
+    # an hour on, the cut is forgotten: the room
+    later = decide(current, samples=calm, changes=(_pressure(NOW - 4000, 158, 118),))
     assert later.settings.max_running_requests == 207
 
 
@@ -438,8 +434,7 @@ def test_a_queue_at_the_limit_inside_the_band_takes_the_measured_room() -> None:
     when the window shows room (bench scenario sglang-queue: 128 running at 0.54 usage, 1,600 waiting,
     held Steady for hours)."""
     current = sglang.SglangSettings(context_length=8192, max_running_requests=128)
-    held = dataclasses.replace(BOUNDS, max_gpu_memory_utilization=fraction(current))  # no larger pool
-    decision = decide(current, samples=window(kv_usage=0.54, running=128, waiting=1600), bounds=held)
+    decision = decide(current, samples=window(kv_usage=0.54, running=128, waiting=1600))
     assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
     assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 128 / 0.54)
 
@@ -451,8 +446,7 @@ def test_inside_the_band_a_raise_must_clear_the_rooms_own_noise() -> None:
     each just over the minimum, one rollout each)."""
     current = sglang.SglangSettings(context_length=8192, max_running_requests=200)
     quiet = window(kv_usage=0.79, running=200, waiting=1800)  # room 0.88 x 200 / 0.79 = 222 (+11 %)
-    no_growth = dataclasses.replace(BOUNDS, max_gpu_memory_utilization=fraction(current))  # the room alone
-    taken = decide(current, samples=quiet, bounds=no_growth)
+    taken = decide(current, samples=quiet)
     assert taken.action == Action.RETUNE and taken.settings.max_running_requests == 222
     # the same means, each scrape 25 % off: the room's standard error (~20) leaves it under 210 (+5 %)
     noisy = tuple(
@@ -461,6 +455,8 @@ def test_inside_the_band_a_raise_must_clear_the_rooms_own_noise() -> None:
         )
         for i in range(10)
     )
+    # (no larger pool within the bounds: the growth's own lower end is in tests/tuner/test_sglang_bound.py)
+    no_growth = dataclasses.replace(BOUNDS, max_gpu_memory_utilization=fraction(current))
     held = decide(current, samples=ObservationWindow(NOW - 300, NOW, noisy, pods=1), bounds=no_growth)
     assert held.trigger == Trigger.STEADY
     # usage low is not the band: the step goes however noisy

@@ -232,22 +232,21 @@ def _metrics_step(
 
 def _propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     """More running requests where the room at the target usage allows
-    (:func:`.sglang_idle.propose_for_idle`); where it is spent, or the raise leaves the queue waiting, a
-    larger pool and the requests it holds, in one rollout, when that runs more
-    (:func:`.sglang_idle.propose_growth_for_idle`; vLLM's ``_idle_step``)."""
+    (:func:`.sglang_idle.propose_for_idle`); only where that room is spent, a larger pool and the requests
+    it holds, in one rollout (:func:`.sglang_idle.propose_growth_for_idle`).
+
+    Not vLLM's ``_idle_step``, which grows the cache whenever the raise would leave the queue waiting: a
+    larger ``--mem-fraction-static`` leaves less memory outside the share, where SGLang's run-time OOMs
+    strike, so a raise of both that runs out of memory does not say which of the two did, and the next
+    raise of the running requests alone cannot be kept below it (:func:`.sglang_idle._failed_running_target`
+    reads failures at no larger a fraction). One move at a time keeps each failure telling (bench
+    sglang-bad-new-settings: 64 -> 217 with the pool, an OOM, then 210 alone, a second one; 0.925 of the
+    oracle, 0.973 with the raise alone first)."""
     proposal = sglang_idle.propose_for_idle(s)
-    raised = fit.pick(s, proposal) if proposal is not None else None
-    queue = obs.compute_mean(s.window.samples, obs.waiting) or 0.0
-    peak = obs.compute_max(s.window.samples, obs.running) or 0.0
-    if raised is not None and (raised.max_running_requests or 0) >= peak + queue:
+    if proposal is not None and fit.pick(s, proposal) is not None:
         return proposal
     grown = sglang_idle.propose_growth_for_idle(s)
-    picked = fit.pick(s, grown) if grown is not None else None
-    if picked is not None and (
-        raised is None or (picked.max_running_requests or 0) > (raised.max_running_requests or 0)
-    ):
-        return grown
-    return proposal
+    return grown if grown is not None and fit.pick(s, grown) is not None else proposal
 
 
 def _steady(s: SglangSituation) -> SglangDecision:
