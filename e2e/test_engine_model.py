@@ -183,7 +183,14 @@ def test_memory_that_follows_the_batch_crashes_once(name: str) -> None:
 def _decoding_then_a_prompt(scheduler: str) -> tuple[SimEngine, StepRecord]:
     """Four requests decoding, then a 3,000-token prompt arrives: the step that prefills its first chunk."""
     args = EngineArgs(
-        model="m", max_model_len=8192, max_num_seqs=16, max_num_batched_tokens=1024, scheduler=scheduler
+        model="m",
+        max_model_len=8192,
+        max_num_seqs=16,
+        max_num_batched_tokens=1024,
+        scheduler=scheduler,
+        block_size=None
+        if scheduler == "vllm"
+        else 1,  # SGLang's page: one token (its chunk cuts align to it)
     )
     e = SimEngine(H100, Workload(arrival_rate=0), args, resolution_s=0.0)
     for _ in range(4):
@@ -219,12 +226,15 @@ def test_sglang_runs_a_prefill_batch_alone_and_the_decodes_wait() -> None:
 
 
 def test_sglang_mixed_chunk_composes_steps_as_vllm_does_and_the_default_does_not() -> None:
-    """``--enable-mixed-chunk`` runs step for step as vLLM's scheduler (same tokens, finishes, time); without
-    it the same load takes longer per decoded token: each prefill batch is a step the decodes sit out."""
+    """``--enable-mixed-chunk`` runs step for step as vLLM's scheduler (same tokens, finishes, time) where
+    SGLang's admission does not bind (a pool far larger than the load); without it the same load takes
+    longer per decoded token: each prefill batch is a step the decodes sit out."""
     wl = Workload(arrival_rate=3, prompt_tokens=3000, output_tokens=200, spread=0.3)
     runs = {}
     for scheduler in ("vllm", "sglang-mixed", "sglang"):
-        args = EngineArgs(model="m", max_model_len=8192, max_num_batched_tokens=2048, scheduler=scheduler)
+        args = EngineArgs(  # a one-token page (SGLang's): SGLang's admission cuts chunks on its pages
+            model="m", max_model_len=8192, max_num_batched_tokens=2048, scheduler=scheduler, block_size=1
+        )
         e = SimEngine(H100, wl, args, seed=4)
         e.advance(120)
         d = e.drain()

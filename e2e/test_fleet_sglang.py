@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
+import random
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.fleet import sglang_exposition, sglang_truth
-from e2e.fleet.engine import SimEngine
+from e2e.fleet.engine import Request, SimEngine
 from e2e.fleet.sglang_exposition import SglangMetrics
 from e2e.fleet.sglang_truth import SglangArgs
 from e2e.fleet.testing import H100_8B
-from e2e.fleet.truth import GiB, Workload
+from e2e.fleet.truth import EngineArgs, GiB, Workload
 from e2e.pods import termination_message
 from kvpilot.tuner.engines import SglangEngine
 from kvpilot.tuner.sglang import serving
@@ -179,6 +182,13 @@ def test_texts_and_cited_lines_are_sglangs() -> None:
             3129: "min(requested_per_worker, token_capacity // 2)",
         },
         "managers/scheduler.py": {
+            2698: "else 1 << 30",
+            2714: "self.max_req_len - input_len - 1,",
+            4162: "self.new_token_ratio_tracker.current,",
+            4282: "running_batch.batch_is_full = len(adder.can_run_list) > 0 or (",
+            4513: "self.new_token_ratio_tracker.current = new_token_ratio",
+            4542: "self.new_token_ratio_tracker.decay_step()",
+            5318: "self.new_token_ratio_tracker.reset()",
             1377: "self.chunked_prefill_size is not None and get_schedule().enable_mixed_chunk",
             2048: "result = self.run_batch(batch)",
             3993: "# Run prefill first if possible",
@@ -209,8 +219,31 @@ def test_texts_and_cited_lines_are_sglangs() -> None:
             999: "logits = self._compute_lm_head(",
         },
         "managers/schedule_policy.py": {
+            90: 'os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "4096")',
             638: "self.rem_input_tokens = rem_input_tokens - num_mixed_decode_tokens",
             655: "self.rem_chunk_tokens -= num_mixed_decode_tokens",
+            787: "ratio = 1.0 if req.sampling_params.ignore_eos else self.new_token_ratio",
+            790: "(req.sampling_params.max_new_tokens - len(req.output_ids)),",
+            1407: "max_new = min(",
+            1411: "cand_extend_input_len = len(req.full_untruncated_fill_ids) - req.prefix_len",
+            1412: "total_tokens = cand_extend_input_len + max_new + self.per_req_token_overhead",
+        },
+        "mem_cache/prefill_budget.py": {
+            101: "return self._available_and_evictable() - self.total_offset",
+            128: "if total_tokens < self.remaining_total",
+            167: "self.total_offset += immediate + max_new_tokens",
+        },
+        "environ.py": {
+            646: "SGLANG_INIT_NEW_TOKEN_RATIO = EnvFloat(0.7)",
+            647: "SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = EnvFloat(0.14)",
+            648: "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = EnvInt(600)",
+            649: "SGLANG_RETRACT_DECODE_STEPS = EnvInt(20)",
+        },
+        "managers/scheduler_components/new_token_ratio_tracker.py": {
+            31: "decay = (init - min_ratio) / envs.SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS.get()",
+            35: "self.current = max(self.current - self.decay, self.min)",
+            46: "total_decoded_tokens + envs.SGLANG_RETRACT_DECODE_STEPS.get() * len(reqs)",
+            47: ") / (total_max_new_tokens + 1)",
         },
         "arg_groups/fields/schedule.py": {208: "enable_mixed_chunk: A[", 211: "] = False"},
         "model_executor/model_runner.py": {
@@ -377,6 +410,133 @@ def test_a_full_pool_retracts_and_the_counter_shows_it() -> None:
     retracted = fams["sglang:num_retracted_requests"].samples[0].value
     assert retracted == sim.total_preemptions
     assert fams["sglang:max_total_num_tokens"].samples[0].value == tokens
+
+
+def _admission_state(rng: random.Random) -> SimEngine:
+    """An engine in SGLang's mode on a constructed state: decoding requests part way through their outputs
+    (some past SGLang's 4,096-token clip), perhaps a prompt mid-chunk, a queue (some retracted before, with
+    tokens generated), a free pool from nearly none to ample, and a ``new_token_ratio`` anywhere in its
+    range."""
+    chunk = rng.choice([512, 2048, 8192])
+    args = EngineArgs(
+        model="m", max_model_len=1 << 20, max_num_seqs=4096, max_num_batched_tokens=chunk, block_size=1
+    )
+    free = rng.choice([0, rng.randrange(1, 3000), rng.randrange(3000, 60000)])
+    decoding = []
+    for _ in range(rng.choice([rng.randrange(0, 6), rng.randrange(6, 40)])):
+        out = rng.choice([rng.randrange(20, 1500), rng.randrange(4000, 9000)])
+        req = Request(id=0, prompt=rng.randrange(10, 3000), output=out, arrived=0.0)
+        req.generated = rng.randrange(1, out)
+        req.computed = req.prompt + req.generated - 1
+        decoding.append(req)
+    chunked = None
+    if rng.random() < 0.4:
+        chunked = Request(
+            id=0, prompt=rng.randrange(chunk + 1, 4 * chunk), output=rng.randrange(5, 5000), arrived=0.0
+        )
+        chunked.computed = chunked.blocks = rng.randrange(1, chunked.prompt // chunk + 1) * chunk // 2
+        free = max(free, chunk)  # its next chunk fits the pool (SGLang would evict or fail otherwise)
+    used = sum(r.computed for r in decoding) + (chunked.computed if chunked else 0)
+    e = SimEngine(
+        H100_8B,
+        Workload(arrival_rate=0),
+        dataclasses.replace(args, scheduler="sglang"),
+        num_gpu_blocks=used + free + 1,
+    )
+    for i, req in enumerate(decoding):
+        req.id = i
+        e._start_decoding(req)
+    if chunked is not None:
+        chunked.id = len(decoding)
+        e.prefilling.append(chunked)
+        e.prefill_blocks += chunked.blocks
+    for _ in range(rng.randrange(0, 10)):
+        e.submit(rng.choice([rng.randrange(5, 600), rng.randrange(600, 20000)]), rng.randrange(1, 2000))
+        if rng.random() < 0.2:  # retracted once: its generated tokens are prefilled again
+            e.waiting[-1].generated = rng.randrange(0, e.waiting[-1].output)
+    e.new_token_ratio = rng.choice([e.ratio_init, e.ratio_min, rng.uniform(e.ratio_min, 1.0)])
+    return e
+
+
+def _prefill_adder_state(e: SimEngine) -> dict:
+    """The same state as ``e2e/sglang_prefill_adder.py`` reads it: SGLang's requests as the model sees them
+    (``max_new_tokens`` the model's, :meth:`SimEngine._max_new`)."""
+    return {
+        "page_size": e.block_size,
+        "free": e._free_blocks() * e.block_size,
+        "ratio": e.new_token_ratio,
+        "chunk": e.max_num_batched_tokens,
+        "running": [[e._max_new(r), e._generated(r)] for r in e.decoding.values()],
+        "chunked": [[r.prefill_target, r.computed, e._max_new(r)] for r in e.prefilling][0]
+        if e.prefilling
+        else None,
+        "waiting": [[r.prefill_target, e._max_new(r), r.generated] for r in e.waiting],
+    }
+
+
+def test_admission_is_sglangs_prefill_adder() -> None:
+    """The engine model's SGLang admission (:meth:`SimEngine._schedule_prefill_sglang`) against SGLang
+    0.5.23's own ``PrefillAdder`` (``managers/schedule_policy.py``, run by SGLang's interpreter in
+    ``e2e/sglang_prefill_adder.py``) on the same 150 constructed states: the chunk of the request mid-prefill
+    and the requests admitted, with their chunks, are the same."""
+    rng = random.Random(7)
+    engines = [_admission_state(rng) for _ in range(150)]
+    states = [_prefill_adder_state(e) for e in engines]
+    python = ROOT / ".venv-sglang" / "bin" / "python"
+    proc = subprocess.run(
+        [str(python), str(ROOT / "e2e" / "sglang_prefill_adder.py")],
+        input=json.dumps(states),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    theirs = json.loads(proc.stdout)
+    outcomes = set()
+    for e, state, adder in zip(engines, states, theirs, strict=True):
+        assert e._running_reserve() == sum(min(m - g, 4096) for m, g in state["running"])  # the aggregate
+        work = e._schedule_prefill_sglang(e.max_num_batched_tokens, 0)
+        ours = {
+            "chunked": work[0][1] if state["chunked"] is not None and work else None,
+            "admitted": [
+                [t, t < r.prefill_target] for r, t in work[1 if state["chunked"] is not None else 0 :]
+            ],
+        }
+        assert ours == {k: adder[k] for k in ("chunked", "admitted")}, (state, adder)
+        outcomes.add((len(adder["admitted"]) > 0, adder["result"]))
+    # the states reach every way a pass ends: out of room before or after an admission, out of chunk
+    assert {(False, "NO_TOKEN"), (True, "NO_TOKEN"), (True, "OTHER")} <= outcomes, outcomes
+
+
+def test_admission_reserves_decode_room_so_fewer_are_admitted_and_fewer_retracted() -> None:
+    """A pool that fills (long outputs at a high rate into a ~24K-token pool, as above): with SGLang's
+    admission (each running request's remaining ``max_new_tokens`` x ``new_token_ratio`` kept free) the
+    engine model runs fewer requests at once and retracts far fewer than with vLLM's (only the prompt need
+    fit), and the ratio climbs from its floor after retractions."""
+    weights = (79.11 - 0.5) * 0.835 - 24576 * 131072 / GiB
+    truth = dataclasses.replace(H100_8B, sglang_weights_gib=weights)
+    args = SglangArgs.parse(PLAN)
+    tokens = sglang_truth.max_total_num_tokens(truth, args)
+    runs = {}
+    for sglang in (True, False):
+        sim = SimEngine(
+            truth,
+            Workload(arrival_rate=3.0, prompt_tokens=1500, output_tokens=1500),
+            sglang_truth.engine_view(truth, args),
+            num_gpu_blocks=tokens + 1,
+        )
+        sim.sglang = sglang
+        running, ratios = [], set()
+        for _ in range(120):
+            sim.advance(1.0)
+            running.append(sim.num_running)
+            ratios.add(round(sim.new_token_ratio, 3))
+        runs[sglang] = (sim.total_preemptions, max(running), sim.total_finished, ratios)
+    (retracted, most, finished, ratios), (retracted_v, most_v, finished_v, _) = runs[True], runs[False]
+    assert retracted < retracted_v / 2, runs
+    assert most < most_v, runs
+    assert finished >= 0.9 * finished_v, runs
+    assert len(ratios) > 3
 
 
 def test_long_prompts_show_in_the_prompt_histogram_kvpilot_reads() -> None:

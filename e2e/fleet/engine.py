@@ -27,6 +27,17 @@ vLLM V1's scheduler does:
   step with prefill work (the prompt mid-chunk first, then admissions within the chunk) is a prefill batch
   alone, the decodes waiting; decode steps only without one (:meth:`SimEngine._step_prefill_first`).
   ``"sglang-mixed"`` (``--enable-mixed-chunk``) is vLLM's composition. The step time is the same roofline.
+* **SGLang's admission** (both SGLang modes, :meth:`SimEngine._schedule_prefill_sglang`): instead of
+  vLLM's "the whole sequence's KV is free", SGLang 0.5.23's ``PrefillAdder``
+  (``managers/schedule_policy.py``): the free pool less each running request's future decode tokens
+  ``min(max_new_tokens - generated, 4096) x new_token_ratio``, and each request admitted in the pass its
+  chunk, a page and ``min(max_new_tokens, 4096)``; a request is admitted while its prompt, its clipped
+  remaining ``max_new_tokens`` and a page are less than what is left. ``new_token_ratio`` starts at 0.7,
+  decays by (0.7 - 0.098) / 600 per decode step to 0.098, is set from the running batch after a
+  retraction, and is back at 0.7 when the engine is idle
+  (``managers/scheduler_components/new_token_ratio_tracker.py``). A request's ``max_new_tokens`` is its
+  ``output`` (the workload's output length is the client's ``max_tokens``, and the request stops there:
+  :attr:`e2e.fleet.truth.Workload.output_tokens`), bounded as SGLang bounds it by the context and the pool.
 
 Decoding sequences advance in lock step (one global decode counter; a heap of finish points), so steps
 that only decode are taken several at a time, up to the next finish, the next block shortage, or
@@ -55,6 +66,18 @@ from e2e.fleet.truth import FP8_KV_DTYPES, EngineArgs, GroundTruth, Workload
 SCHEDULERS = frozenset({"vllm", "sglang", "sglang-mixed"})
 """The step compositions the model follows (:attr:`e2e.fleet.truth.EngineArgs.scheduler`)."""
 
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
+"""``SGLANG_INIT_NEW_TOKEN_RATIO`` (``environ.py`` line 646), times ``--schedule-conservativeness`` (1.0)."""
+SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+"""``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR`` (line 647): the ratio's floor over its initial value."""
+SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600
+"""``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS`` (line 648): decode steps from the initial ratio to its floor."""
+SGLANG_RETRACT_DECODE_STEPS = 20
+"""``SGLANG_RETRACT_DECODE_STEPS`` (line 649): decode tokens per request the ratio after a retraction adds."""
+SGLANG_CLIP_MAX_NEW_TOKENS = 4096
+"""``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`` (``managers/schedule_policy.py`` lines 89-91): the most decode
+tokens admission reserves for one request."""
+
 DEFAULT_RESOLUTION_S = 0.05
 """Simulated seconds of decode taken at once at most (arrivals and admissions wait for the boundary)."""
 
@@ -76,6 +99,10 @@ class Request:
     base_counter: int = 0
     """While decoding: ``generated = base_generated + (decode counter - base_counter)``."""
     preemptions: int = 0
+    left_key: int = 0
+    """While decoding in SGLang's mode: its ``max_new_tokens - generated`` is ``left_key - counter``."""
+    clipped: bool = False
+    """While decoding in SGLang's mode: ``max_new_tokens - generated`` is above the 4,096-token clip."""
     prompt_counted: bool = False
     scheduled_at: float | None = None
     first_token_at: float | None = None
@@ -167,6 +194,23 @@ class SimEngine:
         self.prefill_alone = args.scheduler == "sglang"
         """SGLang without ``--enable-mixed-chunk``: a step with prefill work prefills only (the decodes
         wait); ``"sglang-mixed"`` composes its steps as vLLM does (decodes first, then the chunk's rest)."""
+        self.sglang = args.scheduler != "vllm"
+        """SGLang's admission (:meth:`_schedule_prefill_sglang`) and its ``new_token_ratio`` (False in an
+        SGLang mode: vLLM's admission with SGLang's steps, the model before it had SGLang's admission; for
+        comparisons)."""
+        self.ratio_init = min(SGLANG_INIT_NEW_TOKEN_RATIO, 1.0)
+        self.ratio_min = min(self.ratio_init * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self.ratio_decay = (self.ratio_init - self.ratio_min) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.ratio_init
+        """SGLang's ``NewTokenRatioTracker.current`` (``new_token_ratio_tracker.py``)."""
+        self._clipped: list[tuple[int, int]] = []
+        """(counter at which a decoding request's remaining ``max_new_tokens`` falls to the clip, id)."""
+        self._n_clipped = self._n_unclipped = self._left0 = 0
+        """Decoding requests above the clip, below it, and the sum of the latter's ``left_key``: the running
+        requests' reservation is ``n_clipped x 4096 + left0 - n_unclipped x counter`` (times the ratio)."""
+        self.batch_is_full = False
+        """SGLang's ``running_batch.batch_is_full``: set when admission ran out of room (or of request slots)
+        beside running requests; no admission is tried until a running request leaves the batch."""
         self.resolution_s = resolution_s
         self.now = 0.0
         self.waiting: collections.deque[Request] = collections.deque()
@@ -286,6 +330,15 @@ class SimEngine:
         self.decode_blocks += self._blocks_for(req.computed)
         self._residues[req.key % self.block_size] += 1
         heapq.heappush(self._finish_heap, (self.counter + req.output - req.generated, req.id))
+        if self.sglang:
+            req.left_key = self._max_new(req) - req.generated + self.counter
+            req.clipped = req.left_key - self.counter > SGLANG_CLIP_MAX_NEW_TOKENS
+            if req.clipped:
+                self._n_clipped += 1
+                heapq.heappush(self._clipped, (req.left_key - SGLANG_CLIP_MAX_NEW_TOKENS, req.id))
+            else:
+                self._n_unclipped += 1
+                self._left0 += req.left_key
 
     def _stop_decoding(self, req: Request) -> None:
         del self.decoding[req.id]
@@ -293,6 +346,13 @@ class SimEngine:
         self._ctx0 -= req.key
         self.decode_blocks -= self._blocks_for(req.key + self.counter)
         self._residues[req.key % self.block_size] -= 1
+        if self.sglang:
+            if req.clipped:
+                self._n_clipped -= 1
+                req.clipped = False
+            else:
+                self._n_unclipped -= 1
+                self._left0 -= req.left_key
 
     def _preempt_last(self) -> Request:
         """Preempt the most recently admitted running request (prefills were admitted after the decodes
@@ -305,6 +365,7 @@ class SimEngine:
             self._stop_decoding(victim)
         victim.blocks = victim.computed = 0
         victim.preemptions += 1
+        self.batch_is_full = False
         self.waiting.appendleft(victim)
         self._step_preemptions += 1
         self.deltas.preemptions += 1
@@ -332,7 +393,50 @@ class SimEngine:
         if need > self._free_blocks():
             self._resolve_decode_shortage()
             need = self._residues[-self.counter % self.block_size]
+            if self.sglang and self._step_preemptions:
+                self.new_token_ratio = self._ratio_after_retract()
         self.decode_blocks += need
+
+    def _max_new(self, req: Request) -> int:
+        """SGLang's ``sampling_params.max_new_tokens`` for ``req``: the client's ``max_tokens`` (its
+        ``output``), within the context (``Scheduler.init_req_max_new_tokens``, ``managers/scheduler.py``
+        lines 2710-2716: ``max_req_len - input_len - 1``) and the empty pool
+        (``max_new_tokens_for_memory``, ``mem_cache/allocator/base.py`` lines 102-105)."""
+        page = self.block_size
+        capacity = self.usable_blocks * page
+        return max(
+            0,
+            min(
+                req.output,
+                self.max_model_len - 2 - req.prompt,
+                capacity - -(-req.prompt // page) * page - page - 1,
+            ),
+        )
+
+    def _running_reserve(self) -> int:
+        """The decoding requests' ``min(max_new_tokens - generated, CLIP_MAX_NEW_TOKENS)``, summed."""
+        while self._clipped and self._clipped[0][0] <= self.counter:
+            at, rid = heapq.heappop(self._clipped)
+            req = self.decoding.get(rid)
+            if req is not None and req.clipped and req.left_key - SGLANG_CLIP_MAX_NEW_TOKENS == at:
+                req.clipped = False
+                self._n_clipped -= 1
+                self._n_unclipped += 1
+                self._left0 += req.left_key
+        return self._n_clipped * SGLANG_CLIP_MAX_NEW_TOKENS + self._left0 - self._n_unclipped * self.counter
+
+    def _ratio_after_retract(self) -> float:
+        """``estimate_new_token_ratio_after_retract`` over the requests left decoding
+        (``new_token_ratio_tracker.py``; ``retract_decode``, ``managers/schedule_batch.py`` line 3536)."""
+        reqs = list(self.decoding.values())
+        decoded = sum(self._generated(r) for r in reqs)
+        wanted = sum(self._max_new(r) for r in reqs)
+        return min(1.0, (decoded + SGLANG_RETRACT_DECODE_STEPS * len(reqs)) / (wanted + 1))
+
+    def _decay_ratio(self, steps: int) -> None:
+        """``NewTokenRatioTracker.decay_step`` once per decode step without a retraction."""
+        if steps > 0:
+            self.new_token_ratio = max(self.new_token_ratio - steps * self.ratio_decay, self.ratio_min)
 
     def _resolve_decode_shortage(self) -> None:
         order = list(self.decoding.values())
@@ -349,8 +453,11 @@ class SimEngine:
             taken += need
             lo += 1
 
-    def _schedule_prefill(self, budget: int) -> list[tuple[Request, int]]:
-        """Prefill chunks within ``budget``: requests already prefilling first, then admissions."""
+    def _schedule_prefill(self, budget: int, mixed: int = 0) -> list[tuple[Request, int]]:
+        """Prefill chunks within ``budget``: requests already prefilling first, then admissions (SGLang's
+        modes: :meth:`_schedule_prefill_sglang`, ``mixed`` decode rows in the batch)."""
+        if self.sglang:
+            return self._schedule_prefill_sglang(budget, mixed)
         work: list[tuple[Request, int]] = []
         for req in list(self.prefilling):
             if budget <= 0 or all(r is not req for r in self.prefilling):
@@ -390,6 +497,106 @@ class SimEngine:
             budget -= tokens
         return work
 
+    def _admit(self, req: Request, tokens: int, work: list[tuple[Request, int]]) -> None:
+        """The head of the queue starts prefilling with a chunk of ``tokens`` (its blocks allocated)."""
+        need = self._blocks_for(req.computed + tokens) - req.blocks
+        self.waiting.popleft()
+        req.blocks += need
+        self.prefill_blocks += need
+        self.prefilling.append(req)
+        if req.scheduled_at is None:
+            req.scheduled_at = self.now
+        if not req.prompt_counted:
+            req.prompt_counted = True
+            self.deltas.prompt_tokens += req.prompt
+        work.append((req, tokens))
+
+    def _schedule_prefill_sglang(self, budget: int, mixed: int) -> list[tuple[Request, int]]:
+        """SGLang 0.5.23's prefill pass (``Scheduler._get_new_batch_prefill_raw``, ``managers/scheduler.py``
+        lines 4098-4300, and ``PrefillAdder``, ``managers/schedule_policy.py``), on a pool without a radix
+        cache, in tokens (a page is a block):
+
+        * No pass while ``batch_is_full`` or the queue is empty, unless a request is mid-chunk (lines
+          4098-4101); ``batch_is_full`` is cleared when the running batch is empty or shrinks.
+        * The budget (``PrefillBudget``, ``mem_cache/prefill_budget.py``): the free tokens less
+          ``total_offset``, which starts at the mixed decode rows (``num_mixed_decode_tokens``) plus, per
+          running (decoding) request, ``min(max_new_tokens - generated, CLIP_MAX_NEW_TOKENS) x
+          new_token_ratio`` (``_get_running_request_total_token_offset``, lines 785-795); each chunk taken
+          adds its paged tokens, a page, and, when it ends the prompt, ``min(max_new_tokens,
+          CLIP_MAX_NEW_TOKENS)`` (``_update_prefill_budget`` / ``PrefillBudget.reserve``).
+        * The request mid-chunk first (``add_chunked_req``): a chunk of ``min(chunk budget, what is left)``
+          tokens, the whole chunk budget when nothing is left (``available_chunk_tokens``).
+        * Then the queue in order (``add_one_req``): a request is admitted while its prefill, its clipped
+          remaining ``max_new_tokens`` and a page are less than what is left (``check_prefill``); else
+          NO_TOKEN: the pass ends, ``batch_is_full`` when something runs or was admitted. One longer than the
+          chunk budget left is cut to it, page-aligned, and reserves no decode tokens yet. The pass ends when
+          the chunk budget is spent (``budget_state``: OTHER), when what is left is <= 0 after an admission
+          (NO_TOKEN), or at ``max_num_seqs`` (``--max-running-requests``: ``batch_is_full``).
+
+        ``max_prefill_tokens`` (16384, the pass's input cap) is not modelled: the chunk binds first
+        whenever it is smaller."""
+        work: list[tuple[Request, int]] = []
+        if not self.decoding:
+            self.batch_is_full = False  # an empty batch has no request left to leave (lines 4093-4096)
+        if (self.batch_is_full or not self.waiting) and not self.prefilling:
+            return work
+        page = self.block_size
+        free = self._free_blocks() * page
+        ratio = self.new_token_ratio
+        total = current = float(mixed)
+        total += self._running_reserve() * ratio
+        rem_chunk = budget
+        for req in list(self.prefilling):  # the chunked request (add_chunked_req)
+            if all(r is not req for r in self.prefilling):
+                break  # preempted for an earlier one
+            left = min(rem_chunk, int(free - total))
+            extend = req.prefill_target - req.computed
+            tokens = min(extend, left if left > 0 else rem_chunk)
+            paged = -(-tokens // page) * page
+            total += (
+                paged
+                + page
+                + (min(self._max_new(req), SGLANG_CLIP_MAX_NEW_TOKENS) if tokens >= extend else 0)
+            )
+            current += paged + page
+            rem_chunk -= paged
+            need = self._blocks_for(req.computed + tokens) - req.blocks
+            while need > self._free_blocks():
+                if self._preempt_last() is req:
+                    break
+            if all(r is not req for r in self.prefilling):
+                break
+            req.blocks += need
+            self.prefill_blocks += need
+            work.append((req, tokens))
+        while self.waiting and not self._step_preemptions and rem_chunk > 0:
+            if len(self.decoding) + len(self.prefilling) >= self.max_num_seqs or self.batch_is_full:
+                self.batch_is_full = True
+                break
+            req = self.waiting[0]
+            extend = req.prefill_target - req.computed
+            max_new = self._max_new(req)
+            if (
+                not extend + min(max(max_new - req.generated, 0), SGLANG_CLIP_MAX_NEW_TOKENS) + page
+                < free - total
+            ):
+                self.batch_is_full = bool(work) or bool(self.decoding)  # NO_TOKEN (lines 4280-4285)
+                break
+            tokens, reserve = extend, min(max_new, SGLANG_CLIP_MAX_NEW_TOKENS)
+            if -(-extend // page) * page > rem_chunk:  # chunked: cut to the chunk budget, page-aligned
+                tokens, reserve = rem_chunk // page * page, 0
+                if tokens <= 0:
+                    break
+            paged = -(-tokens // page) * page
+            total += paged + page + reserve
+            current += paged + page
+            rem_chunk -= paged
+            self._admit(req, tokens, work)
+            if not (free - total > 0 and free - current > 0):  # budget_state: NO_TOKEN
+                self.batch_is_full = True
+                break
+        return work
+
     def _step_seconds(self, decode: int, context: int, prefill: int, pairs: float) -> float:
         return self.truth.perf.step_seconds(
             decode=decode,
@@ -408,8 +615,10 @@ class SimEngine:
             return self._step_prefill_first(until)
         self._allocate_decodes()
         n = len(self.decoding)
-        work = self._schedule_prefill(self.max_num_batched_tokens - n)
+        work = self._schedule_prefill(self.max_num_batched_tokens - n, n)
         if not work and not n:
+            if self.sglang and not self.waiting:
+                self.new_token_ratio = self.ratio_init  # idle (Scheduler.on_idle)
             nxt = min(self._next_arrival, until)
             self.now = max(self.now, nxt)
             return self._next_arrival <= until
@@ -420,6 +629,8 @@ class SimEngine:
         k = 1
         if not work and n:
             k, step = self._decode_run(n, context, until)
+            if self.sglang:
+                self._decay_ratio(k - (1 if self._step_preemptions else 0))
         self.last_step = StepRecord(
             running=n + len(self.prefilling),
             waiting=len(self.waiting),
@@ -460,8 +671,7 @@ class SimEngine:
         stay under the limit and the chunk lasts; ``_get_new_batch_prefill_raw``), run alone: the decoding
         requests neither advance nor read their KV in it. Only without one does the running batch decode
         (``update_running_batch``: its new KV, retracting the newest requests when short), several steps at
-        a time as vLLM's decode-only steps are. Admission is the model's own (the whole sequence's KV
-        free), not SGLang's new-token-ratio reservation."""
+        a time as vLLM's decode-only steps are. Admission is SGLang's (:meth:`_schedule_prefill_sglang`)."""
         work = self._schedule_prefill(self.max_num_batched_tokens)
         if not work:
             return self._decode_steps(until)
@@ -504,10 +714,13 @@ class SimEngine:
         self._allocate_decodes()
         n = len(self.decoding)
         if not n:
+            if not self.waiting:
+                self.new_token_ratio = self.ratio_init  # idle (Scheduler.on_idle, line 5318)
             nxt = min(self._next_arrival, until)
             self.now = max(self.now, nxt)
             return self._next_arrival <= until
         k, step = self._decode_run(n, self._decode_tokens(), until)
+        self._decay_ratio(k - (1 if self._step_preemptions else 0))  # update_running_batch, lines 4513/4542
         self.last_step = StepRecord(
             running=self.num_running,
             waiting=len(self.waiting),
@@ -526,6 +739,7 @@ class SimEngine:
 
     def _finish(self, req: Request) -> None:
         self.total_finished += 1
+        self.batch_is_full = False  # the running batch shrank (SGLang's filter_batch)
         scheduled = req.scheduled_at if req.scheduled_at is not None else self.now
         first = req.first_token_at if req.first_token_at is not None else self.now
         self.deltas.finished.append(

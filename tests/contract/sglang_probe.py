@@ -7,7 +7,9 @@ stdin and prints ``{"version": ..., "parse": [...], "resolve": [...], "pool": [.
 ``get_device_memory_capacity`` answering ``gpu_mib`` (what ``nvidia-smi`` would say), runs
 ``resolve_once`` (which calls ``handle_gpu_memory_settings``) and reports the resolved memory settings
 and SGLang's ``ModelConfig`` KV geometry; ``pool`` runs SGLang's own ``DefaultPoolConfigurator``
-(cell size and ``calculate_pool_sizes``) for a given pool in bytes. Used by ``test_contract_sglang.py``;
+(cell size and ``calculate_pool_sizes``) for a given pool in bytes; ``max_running`` runs
+``KVCacheConfigurator.resolve_max_num_reqs`` (the running-request limit SGLang serves with) for a pool of
+``tokens``. Used by ``test_contract_sglang.py``;
 not imported by kvpilot.
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 
 import sglang  # type: ignore[import-not-found]  # only in .venv-sglang
 import sglang.srt.arg_groups.memory_hook as memory_hook  # type: ignore[import-not-found]
+import sglang.srt.mem_cache.kv_cache_configurator as kv_cache_configurator  # type: ignore[import-not-found]
 import sglang.srt.model_executor.pool_configurator as pool_configurator  # type: ignore[import-not-found]
 import sglang.srt.runtime_context as runtime_context  # type: ignore[import-not-found]
 import torch
@@ -135,6 +138,21 @@ def _pool(parser: argparse.ArgumentParser, case: dict[str, Any]) -> dict[str, ob
     return {"cell_size": configurator._cell_size, "max_total_num_tokens": sizes.max_total_num_tokens}
 
 
+def _max_running(parser: argparse.ArgumentParser, case: dict[str, Any]) -> int:
+    """SGLang's own ``KVCacheConfigurator.resolve_max_num_reqs`` for a pool of ``tokens``, built without its
+    ``__init__``: the fields it reads (the model's ``context_len``, one attention-DP rank, no Mamba state)
+    set as ``KVCacheConfigurator`` would, the resolved ``ServerArgs`` published for ``get_schedule``."""
+    memory_hook.get_device_memory_capacity = lambda device=None: case["gpu_mib"]
+    args = ServerArgs.from_cli_args(parser.parse_args(case["argv"]))
+    args.device = "cuda"
+    args.resolve_once()
+    runtime_context.publish(args, role="scheduler")
+    configurator = types.SimpleNamespace(
+        model_config=model_config_of(args), attn_dp_size=1, mambaish_config=None
+    )
+    return int(kv_cache_configurator.KVCacheConfigurator.resolve_max_num_reqs(configurator, case["tokens"]))
+
+
 def main() -> None:
     request = json.load(sys.stdin)
     parser = _parser()
@@ -143,6 +161,7 @@ def main() -> None:
         "parse": [_parse(parser, argv) for argv in request["parse"]],
         "resolve": [_resolve(parser, case["argv"], case["gpu_mib"]) for case in request["resolve"]],
         "pool": [_pool(parser, case) for case in request.get("pool", [])],
+        "max_running": [_max_running(parser, case) for case in request.get("max_running", [])],
     }
     json.dump(answer, sys.stdout, default=str)
 

@@ -140,8 +140,40 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         }
         for model, gpu, tp, dtype, page in POOL_CASES
     ]
-    answer = _ask(json.dumps({"parse": parse, "resolve": resolve, "pool": pool}))
-    return {"request": {"parse": parse, "resolve": resolve, "pool": pool}, **answer}
+    max_running = [
+        {"argv": [sglang.MODEL_FLAG, llama, *extra], "gpu_mib": GPU_MIB[-1], "tokens": tokens}
+        for tokens, extra in itertools.product(MAX_RUNNING_TOKENS, MAX_RUNNING_ARGS)
+    ]
+    request = {"parse": parse, "resolve": resolve, "pool": pool, "max_running": max_running}
+    answer = _ask(json.dumps(request))
+    return {"request": request, **answer}
+
+
+MAX_RUNNING_TOKENS = (10, 4_000, 100_000, 415_408, 2_000_000, 40_000_000)
+MAX_RUNNING_ARGS: tuple[tuple[str, ...], ...] = (
+    (),
+    ("--context-length", "8192"),
+    ("--max-running-requests", "208"),
+    ("--max-running-requests", "5000", "--context-length", "4096"),
+)
+"""Pools from a few tokens (the pool caps the limit) to 40M (the estimate's 4096 ceiling), Llama-3.1-8B's
+own context (131,072) and a shorter one, the limit unset and written (below and above the pool's cap)."""
+
+
+def test_the_running_request_limit_is_sglangs_own(answers: dict[str, Any]) -> None:
+    """SGLang's ``resolve_max_num_reqs`` gives the limit kvpilot's loop reads for SGLang
+    (:func:`kvpilot.tuner.sglang.default_max_running_requests`: the ``KvBound`` rule's saturation) on every
+    pool and flag set: the estimate's 2048 floor and 4096 ceiling, the pool's cap, a written limit."""
+    cases = list(itertools.product(MAX_RUNNING_TOKENS, MAX_RUNNING_ARGS))
+    assert len(answers["max_running"]) == len(cases)
+    seen = set()
+    for (tokens, extra), got in zip(cases, answers["max_running"], strict=True):
+        flags = dict(zip(extra[::2], extra[1::2], strict=True))
+        context = int(flags.get("--context-length", 131072))
+        given = int(flags["--max-running-requests"]) if "--max-running-requests" in flags else None
+        assert sglang.default_max_running_requests(tokens, context, given) == got, (tokens, extra)
+        seen.add(got)
+    assert {5, 2048, 4096, 208} <= seen  # the cap, the floor, the ceiling and a written limit all reached
 
 
 def test_every_rendered_flag_reads_back_as_rendered(answers: dict[str, Any]) -> None:

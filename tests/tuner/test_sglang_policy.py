@@ -422,8 +422,11 @@ def test_token_pressure_that_comes_back_within_the_hour_holds_the_limit_it_set()
 def test_no_queue_or_no_room_holds_steady() -> None:
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
     assert decide(current, samples=window(kv_usage=0.2, running=32, waiting=0)).trigger == Trigger.STEADY
-    # inside the band with no room worth a rollout at target_kv_usage (0.88 x 32 / 0.85 = 33 < 32 x 1.05)
-    assert decide(current, samples=window(kv_usage=0.85, running=32, waiting=9)).trigger == Trigger.STEADY
+    # inside the band with no room worth a rollout at target_kv_usage (0.88 x 32 / 0.85 = 33 < 32 x 1.05),
+    # and no larger pool within the bounds (one would hold 34: tests/tuner/test_sglang_bound.py)
+    held = dataclasses.replace(BOUNDS, max_gpu_memory_utilization=fraction(current))
+    full = window(kv_usage=0.85, running=32, waiting=9)
+    assert decide(current, samples=full, bounds=held).trigger == Trigger.STEADY
 
 
 def test_a_queue_at_the_limit_inside_the_band_takes_the_measured_room() -> None:
@@ -452,7 +455,9 @@ def test_inside_the_band_a_raise_must_clear_the_rooms_own_noise() -> None:
         )
         for i in range(10)
     )
-    held = decide(current, samples=ObservationWindow(NOW - 300, NOW, noisy, pods=1))
+    # (no larger pool within the bounds: the growth's own lower end is in tests/tuner/test_sglang_bound.py)
+    no_growth = dataclasses.replace(BOUNDS, max_gpu_memory_utilization=fraction(current))
+    held = decide(current, samples=ObservationWindow(NOW - 300, NOW, noisy, pods=1), bounds=no_growth)
     assert held.trigger == Trigger.STEADY
     # usage low is not the band: the step goes however noisy
     low = tuple(dataclasses.replace(x, kv_usage=(x.kv_usage or 0) * 0.4) for x in noisy)

@@ -117,6 +117,28 @@ def predict_pool_tokens(settings: sglang.SglangSettings, memory: SglangMemory) -
     return None if budget is None else budget.max_total_tokens
 
 
+def compute_chunk_trials(eff: sglang.SglangSettings, p: PolicyConfig) -> list[sglang.SglangSettings]:
+    """``eff``, then with the prefill chunk halved down to ``batched_tokens_floor``: the settings whose
+    smaller activation reserve lifts the fraction's ceiling, the fewest prefill tokens given up first."""
+    trials, chunk = [eff], eff.chunked_prefill_size or p.batched_tokens_floor
+    while chunk // 2 >= p.batched_tokens_floor:
+        chunk //= 2
+        trials.append(dataclasses.replace(eff, chunked_prefill_size=chunk))
+    return trials
+
+
+def compute_running_limit(settings: sglang.SglangSettings, memory: SglangMemory) -> int | None:
+    """The running requests SGLang serves with under ``settings`` (effective): ``--max-running-requests``
+    capped by the pool, or SGLang's own default from the pool and the context
+    (:func:`kvpilot.tuner.sglang.default_max_running_requests`); ``None`` when the pool is not modelled and
+    no limit is written."""
+    tokens = predict_pool_tokens(settings, memory)
+    context = settings.context_length
+    if not tokens or not context:
+        return settings.max_running_requests
+    return sglang.default_max_running_requests(tokens, context, settings.max_running_requests)
+
+
 def compute_fraction_for_context(settings: sglang.SglangSettings, memory: SglangMemory) -> float | None:
     """The smallest fraction (on the 0.01 grid) whose pool holds one request of the settings' context."""
     budget = _budget(settings, memory)

@@ -1,8 +1,9 @@
 """SGLang's ``IdleCapacity`` rule: a queue at ``--max-running-requests`` with room in the pool, answered
-with more running requests, as vLLM's rule (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`) answers a
-queue at ``--max-num-seqs``: the room the window measures (:mod:`.engine_room`), the flap guard after token
-pressure (:mod:`.engine_flap`), and a raise that failed approached from below -- the engine-neutral pieces
-shared with TGI's rule (:mod:`.tgi_idle`). Pure; one of :mod:`.sglang_rules`' rules.
+with more running requests (with the room spent, a larger pool and the requests it holds:
+:func:`propose_growth_for_idle`), as vLLM's rule (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`)
+answers a queue at ``--max-num-seqs``: the room the window measures (:mod:`.engine_room`), the flap guard
+after token pressure (:mod:`.engine_flap`), and a raise that failed approached from below -- the
+engine-neutral pieces shared with TGI's rule (:mod:`.tgi_idle`). Pure; one of :mod:`.sglang_rules`' rules.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kvpilot.tuner.loop import engine_flap, engine_room
+from kvpilot.tuner import sglang
+from kvpilot.tuner.loop import engine_flap, engine_room, sglang_bound
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.remedies import IDLE_CAPACITY
 from kvpilot.tuner.loop.sglang_fit import (
     SglangProposal,
     SglangSituation,
     compute_effective,
+    compute_running_limit,
     fraction_of,
     layout_of,
 )
@@ -112,3 +115,47 @@ def _failed_running_target(s: SglangSituation, limit: int) -> tuple[int, str] | 
         seen = run.running if run.kind == "runtime_oom" else None
         targets.append(engine_room.approach_failed(limit, count, seen, p))
     return min(targets) if targets else None
+
+
+def propose_growth_for_idle(s: SglangSituation) -> SglangProposal | None:
+    """A queue at the running-request limit with no room left at ``target_kv_usage``: a larger pool and the
+    running requests it holds there (the window's room less its own noise,
+    :func:`.engine_room.compute_room_error`, scaled by the pool's growth), by at least the raise worth a
+    rollout, below a limit pressure found full (:func:`.engine_flap.guard_raise`) and a raise that failed
+    (:func:`_failed_running_target`); not while the inter-token latency is within ``slo_raise_margin``
+    of its objective. ``None`` when no growth is left or the raise it allows is too small."""
+    p, w, eff = s.policy, s.window, s.effective
+    limit = compute_running_limit(eff, s.memory)
+    queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
+    peak = obs.compute_max(w.samples, obs.running) or 0.0
+    usage = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
+    room = engine_room.measure_room(w, p)
+    if limit is None or room is None or queue < p.queue_min or peak < p.seqs_saturation * limit:
+        return None
+    if not allows_raise(s):
+        return None
+    failed = _failed_running_target(s, limit)
+    error = engine_room.compute_room_error(
+        w, p
+    )  # the raise must clear the room's own noise, as the plain one
+    candidates: list[sglang.SglangSettings] = []
+    for grown in sglang_bound.compute_pool_growth(s):
+        gain = sglang_bound.compute_pool_gain(s, grown)
+        if gain is None or gain < 1.0 + p.kv_bound_min_gain:
+            continue
+        guarded = engine_flap.guard_raise(math.floor((room - error) * gain), s.pressure, s.now, p, "the pool")
+        target = min(guarded.target, failed[0]) if failed is not None else guarded.target
+        if target >= limit * (1.0 + guarded.least):
+            candidates.append(dataclasses.replace(grown, max_running_requests=target))
+    if not candidates:
+        return None
+    return SglangProposal(
+        trigger=IDLE_CAPACITY,
+        evidence=(
+            f"{queue:.1f} requests wait while {peak:.0f} of {limit} run with token usage {usage:.2f}: "
+            f"room for {room} at {p.target_kv_usage:.2f}; a larger pool holds "
+            f"{candidates[0].max_running_requests}"
+        ),
+        candidates=tuple(candidates),
+        exhausted="no larger KV pool within the bounds",
+    )

@@ -20,6 +20,8 @@ first step with something to say decides:
 3. **pressure** -- token usage high with retractions (or SGLang's "KV cache pool is full" text): more pool
    under the fraction's ceiling, else an fp8 KV cache where allowed and supported, else fewer running
    requests; at their floor, a hold that recommends more replicas (below);
+3b. **KV-bound** -- a queue while fewer run than the limit SGLang serves with and the pool is full (token
+   usage at the target, or retractions): a larger pool (:mod:`.sglang_bound`, vLLM's ``KvBound``);
 4. **latency** -- the inter-token latency objective missed (fewer running requests; not vLLM's smaller
    prefill chunk first, since SGLang runs a prefill batch alone), else the TTFT objective (a smaller prefill
    chunk); with nothing left, a hold that recommends more replicas;
@@ -36,8 +38,7 @@ SGLang restarts, ``SglangEvidence.rollout_lost_fraction`` x the restart), with t
 (:func:`compute_gain_fraction`). Pressure or a latency objective with nothing left to propose (the running
 requests at their floor) holds and recommends more replicas (``SglangDecision.scale_out``, as vLLM's:
 :meth:`.engine_chain.Replicas.recommend`), while the replica count is not changing. What vLLM's policy has
-and this does not (yet): fp8 KV in an idle or KV-bound growth (vLLM's offer it; SGLang's pressure and crash
-rules do: :mod:`.sglang_fp8`), the sizing of the early warning on memory that follows the batch (vLLM's
+and this does not (yet): the sizing of the early warning on memory that follows the batch (vLLM's
 :func:`.gpu_memory.compute_limit_settings`), lengths-based sizing.
 """
 
@@ -47,7 +48,7 @@ import dataclasses
 import math
 
 from kvpilot.tuner import sglang
-from kvpilot.tuner.loop import engine_chain, engine_flap, engine_rollout, sglang_idle
+from kvpilot.tuner.loop import engine_chain, engine_flap, engine_rollout, sglang_bound, sglang_idle
 from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop import restart_trade as rt
 from kvpilot.tuner.loop import sglang_fit as fit
@@ -55,7 +56,7 @@ from kvpilot.tuner.loop import sglang_rules as rules
 from kvpilot.tuner.loop.decision import Action, MetricsStatus, Trigger, compute_metrics_status
 from kvpilot.tuner.loop.engine_chain import Costs, Gates
 from kvpilot.tuner.loop.remedies import IDLE_CAPACITY, KV_PRESSURE
-from kvpilot.tuner.loop.sglang_fit import FailedRun, PressureChange, SglangSituation
+from kvpilot.tuner.loop.sglang_fit import FailedRun, PressureChange, SglangProposal, SglangSituation
 from kvpilot.tuner.loop.sglang_state import (
     SglangChange,
     SglangContext,
@@ -146,6 +147,9 @@ def compute_gain_fraction(
       retracted request's KV is thrown away and recomputed -- so the share of the running requests retracted
       over the cooldown (:func:`~.restart_trade.compute_preemption_share`); a restart SGLang's "KV cache
       pool is full" text explains threw every running request away: the whole capacity;
+    * **KvBound** (a queue behind a full pool, :mod:`.sglang_bound`): the requests the larger pool admits,
+      per running request, at most the queue's (:func:`~.restart_trade.compute_kv_bound_share`, the growth
+      from the memory model), as vLLM's;
     * any other trigger (the latency objectives): 1, no measure to discount it by.
     """
     w = s.window
@@ -159,6 +163,9 @@ def compute_gain_fraction(
     if trigger == KV_PRESSURE and not pool_full_texts:
         rate = obs.compute_mean(w.samples, obs.preemption_rate) or 0.0
         return rt.compute_preemption_share(rate, cooldown_seconds, running)
+    if trigger == sglang_bound.KV_BOUND:
+        waiting = obs.compute_mean(w.samples, obs.waiting) or 0.0
+        return rt.compute_kv_bound_share(waiting, running, sglang_bound.compute_pool_gain(s, settings))
     return rt.WHOLE
 
 
@@ -211,15 +218,35 @@ def _metrics_step(
         return held
     for proposal in (
         rules.propose_for_pressure(s, texts),
+        sglang_bound.propose_for_pool_bound(s),
         rules.propose_for_itl(s),
         rules.propose_for_ttft(s),
-        sglang_idle.propose_for_idle(s),
+        _propose_for_idle(s),
     ):
         if proposal is not None:
             return engine_chain.choose(
                 build_fit(s, texts), proposal, None, gates.metrics_driven, costs, replicas
             )
     return None
+
+
+def _propose_for_idle(s: SglangSituation) -> SglangProposal | None:
+    """More running requests where the room at the target usage allows
+    (:func:`.sglang_idle.propose_for_idle`); only where that room is spent, a larger pool and the requests
+    it holds, in one rollout (:func:`.sglang_idle.propose_growth_for_idle`).
+
+    Not vLLM's ``_idle_step``, which grows the cache whenever the raise would leave the queue waiting: a
+    larger ``--mem-fraction-static`` leaves less memory outside the share, where SGLang's run-time OOMs
+    strike, so a raise of both that runs out of memory does not say which of the two did, and the next
+    raise of the running requests alone cannot be kept below it (:func:`.sglang_idle._failed_running_target`
+    reads failures at no larger a fraction). One move at a time keeps each failure telling (bench
+    sglang-bad-new-settings: 64 -> 217 with the pool, an OOM, then 210 alone, a second one; 0.925 of the
+    oracle, 0.973 with the raise alone first)."""
+    proposal = sglang_idle.propose_for_idle(s)
+    if proposal is not None and fit.pick(s, proposal) is not None:
+        return proposal
+    grown = sglang_idle.propose_growth_for_idle(s)
+    return grown if grown is not None and fit.pick(s, grown) is not None else proposal
 
 
 def _steady(s: SglangSituation) -> SglangDecision:

@@ -56,9 +56,8 @@ import math
 
 from kvpilot.tuner import sglang
 from kvpilot.tuner.engines import FailureKind
-from kvpilot.tuner.loop import engine_latency, gpu_memory, sglang_fp8
+from kvpilot.tuner.loop import engine_latency, gpu_memory, sglang_bound, sglang_fp8
 from kvpilot.tuner.loop import observations as obs
-from kvpilot.tuner.loop.config import PolicyConfig
 from kvpilot.tuner.loop.engine_latency import LATENCY_SLO as LATENCY_SLO
 from kvpilot.tuner.loop.engine_state import KV_PRESSURE as KV_PRESSURE
 from kvpilot.tuner.loop.engine_state import RUNTIME_OOM as RUNTIME_OOM
@@ -70,6 +69,7 @@ from kvpilot.tuner.loop.sglang_fit import (
     FRACTION_STEP,
     SglangProposal,
     SglangSituation,
+    compute_chunk_trials,
     compute_effective,
     compute_fraction_ceiling,
     compute_fraction_floor,
@@ -96,7 +96,7 @@ def propose_for_memory_short(s: SglangSituation, failure_text: str) -> SglangPro
     wanted = compute_wanted_fraction(eff, s.memory, minimum)
     candidates: list[sglang.SglangSettings] = []
     lines: list[str] = []
-    trials = _chunk_trials(eff, p)
+    trials = compute_chunk_trials(eff, p)
     ceilings = [compute_fraction_ceiling(trial, s.memory) for trial in trials]
     for trial, ceiling in zip(trials, ceilings, strict=True):
         lines.append(
@@ -145,15 +145,6 @@ def propose_for_memory_short(s: SglangSituation, failure_text: str) -> SglangPro
         infeasible_when_exhausted=True,
         explanation=tuple(lines),
     )
-
-
-def _chunk_trials(eff: sglang.SglangSettings, p: PolicyConfig) -> list[sglang.SglangSettings]:
-    """``eff``, then with the prefill chunk halved down to ``batched_tokens_floor``."""
-    trials, chunk = [eff], eff.chunked_prefill_size or p.batched_tokens_floor
-    while chunk // 2 >= p.batched_tokens_floor:
-        chunk //= 2
-        trials.append(dataclasses.replace(eff, chunked_prefill_size=chunk))
-    return trials
 
 
 def _smaller_share(
@@ -310,17 +301,7 @@ def propose_for_pressure(s: SglangSituation, retraction_texts: int = 0) -> Sglan
     rate = obs.compute_mean(w.samples, obs.preemption_rate) or 0.0
     if not retraction_texts and (high < p.sustain_fraction or rate < p.preemption_rate_high):
         return None
-    candidates: list[sglang.SglangSettings] = []
-    fraction = fraction_of(eff)
-    for trial in _chunk_trials(eff, p):  # the fewest prefill tokens given up for more pool
-        ceiling = floor_grid(compute_fraction_ceiling(trial, s.memory))
-        if ceiling - fraction >= FRACTION_STEP - 1e-9:
-            grown = min(ceiling, round(fraction + p.max_gmu_step, 3))
-            candidates.append(dataclasses.replace(trial, mem_fraction_static=grown))
-            break
-    if sglang_fp8.allows_fp8(s):
-        # no more pool from the fraction (or a raise the history rules out): twice the tokens, before the cut
-        candidates.append(dataclasses.replace(eff, kv_cache_dtype=sglang.FP8_KV_CACHE_DTYPE))
+    candidates = sglang_bound.compute_pool_growth(s)
     peak = obs.compute_max(w.samples, obs.running)
     limit = eff.max_running_requests
     base = min(limit, math.ceil(peak)) if limit and peak else (limit or (math.ceil(peak) if peak else None))

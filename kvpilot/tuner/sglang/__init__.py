@@ -38,6 +38,7 @@ from kvpilot.tuner.sglang.defaults import (
     compute_reserve,
     default_chunked_prefill_size,
     default_cuda_graph_max_bs,
+    default_max_running_requests,
     default_mem_fraction_static,
     gpu_tier,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "decode_batch_line",
     "default_chunked_prefill_size",
     "default_cuda_graph_max_bs",
+    "default_max_running_requests",
     "default_mem_fraction_static",
     "gpu_tier",
     "is_fp8_kv_cache_dtype",

@@ -120,3 +120,25 @@ def compute_reserve(
 def default_mem_fraction_static(gpu_mib: float, reserve: Reserve) -> float:
     """``round((gpu_mem - reserved) / gpu_mem, 3)`` (line 325)."""
     return round((gpu_mib - reserve.total_mib) / gpu_mib, 3)
+
+
+MAX_RUNNING_PER_CONTEXT = 512
+"""Running requests per context's worth of pool tokens in SGLang's estimate (``resolve_max_num_reqs``,
+``kv_cache_configurator.py`` line 3123: :data:`.release.SOURCE_KV_CACHE_CONFIGURATOR`)."""
+MAX_RUNNING_ESTIMATE_BOUNDS = (2048, 4096)
+"""The estimate is clamped to these (line 3124)."""
+
+
+def default_max_running_requests(pool_tokens: int, context_length: int, given: int | None = None) -> int:
+    """The running-request limit SGLang 0.5.23 serves with for a pool of ``pool_tokens`` and a context of
+    ``context_length`` (one node, no DP attention, no Mamba state cap): ``given`` (``--max-running-requests``)
+    capped at ``pool_tokens // 2``, or, unset, ``pool_tokens / context x 512`` clamped to 2048..4096 and
+    capped alike (``resolve_max_num_reqs``, ``kv_cache_configurator.py`` lines 3119-3132)."""
+    if pool_tokens <= 0 or context_length <= 0:
+        raise ValueError(f"pool tokens and context must be positive, got {pool_tokens}, {context_length}")
+    cap = pool_tokens // 2
+    if given is not None:
+        return max(1, min(max(1, given), cap))
+    low, high = MAX_RUNNING_ESTIMATE_BOUNDS
+    estimated = max(min(int(pool_tokens / context_length * MAX_RUNNING_PER_CONTEXT), high), low)
+    return max(1, min(estimated, cap))
