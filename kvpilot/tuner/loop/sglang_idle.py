@@ -135,9 +135,10 @@ def propose_growth_for_idle(s: SglangSituation) -> SglangProposal | None:
     if not allows_raise(s):
         return None
     failed = _failed_running_target(s, limit)
-    error = engine_room.compute_room_error(
-        w, p
-    )  # the raise must clear the room's own noise, as the plain one
+    # the room's lower end: a noisy window raises less; one too noisy to square (inf) not at all
+    error = engine_room.compute_room_error(w, p)
+    if not math.isfinite(error):
+        return None
     candidates: list[sglang.SglangSettings] = []
     for grown in sglang_bound.compute_pool_growth(s):
         gain = sglang_bound.compute_pool_gain(s, grown)
