@@ -483,17 +483,7 @@ class SimEngine:
             if self._blocks_for(min(req.prefill_target, self.max_model_len)) > self._free_blocks():
                 break  # its whole sequence must fit (scheduler_reserve_full_isl)
             tokens = min(req.prefill_target - req.computed, budget)
-            need = self._blocks_for(req.computed + tokens) - req.blocks
-            self.waiting.popleft()
-            req.blocks += need
-            self.prefill_blocks += need
-            self.prefilling.append(req)
-            if req.scheduled_at is None:
-                req.scheduled_at = self.now
-            if not req.prompt_counted:
-                req.prompt_counted = True
-                self.deltas.prompt_tokens += req.prompt
-            work.append((req, tokens))
+            self._admit(req, tokens, work)
             budget -= tokens
         return work
 
