@@ -583,6 +583,9 @@ class Budget(_Wire):
     non_torch_gi_b: float | None = Field(None, alias="nonTorchGiB")
     cuda_graph_gi_b: float | None = Field(None, alias="cudaGraphGiB")
     kv_cache_gi_b: float | None = Field(None, alias="kvCacheGiB")
+    lora_gi_b: float | None = Field(None, alias="loraGiB")
+    speculative_gi_b: float | None = Field(None, alias="speculativeGiB")
+    kv_connector_gi_b: float | None = Field(None, alias="kvConnectorGiB")
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
 
@@ -590,6 +593,9 @@ class Budget(_Wire):
     def from_budget(cls, b: types.MemoryBudget) -> Budget:
         def r(x: float) -> float:
             return round(x, 3)
+
+        def part(x: float) -> float | None:  # a term only some plans have: absent when nothing
+            return round(x, 3) if x > 0 else None
 
         return cls(
             gpu_total_gi_b=r(b.gpu_total_gib),
@@ -600,6 +606,9 @@ class Budget(_Wire):
             non_torch_gi_b=r(b.non_torch_gib),
             cuda_graph_gi_b=r(b.cuda_graph_gib),
             kv_cache_gi_b=r(b.available_kv_cache_gib),
+            lora_gi_b=part(b.lora_gib),
+            speculative_gi_b=part(b.speculative_gib),
+            kv_connector_gi_b=part(b.kv_connector_gib),
             kv_cache_tokens=b.kv_cache_tokens,
             max_concurrency=r(b.max_concurrency),
         )

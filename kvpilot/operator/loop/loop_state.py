@@ -55,6 +55,9 @@ def read_budget(status: Mapping[str, Any], vllm_version: str = api.VLLM_VERSION)
         kv_cache_tokens=b.kv_cache_tokens,
         max_concurrency=b.max_concurrency or 0.0,
         starts=True,
+        lora_gib=b.lora_gi_b or 0.0,
+        speculative_gib=b.speculative_gi_b or 0.0,
+        kv_connector_gib=b.kv_connector_gi_b or 0.0,
     )
 
 
