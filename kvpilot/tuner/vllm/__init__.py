@@ -126,6 +126,7 @@ from kvpilot.tuner.vllm.images import (
     resolve_image_version,
 )
 from kvpilot.tuner.vllm.indexer import indexer_bytes_per_token, indexer_layers
+from kvpilot.tuner.vllm.model_params import FP32_ROUTER_MODEL_TYPES, QK_NORM_FLAG_MODEL_TYPES
 from kvpilot.tuner.vllm.kv_connectors import (
     KV_CONNECTORS,
     KV_TRANSFER_CONFIG_FLAG,
@@ -424,6 +425,8 @@ __all__ = [
     "hybrid_manager_for_chunked_local",
     "image_tag",
     "in_flight_batches",
+    "FP32_ROUTER_MODEL_TYPES",
+    "QK_NORM_FLAG_MODEL_TYPES",
     "indexer_bytes_per_token",
     "indexer_layers",
     "is_code_loading_env",
