@@ -241,3 +241,73 @@ def test_an_abbreviation_of_a_speculative_flag_is_refused_by_its_full_name() -> 
     assert raised.value.flag == "--spec-tok"
     vllm.check_engine_flags(["--speculative-config.method=mtp"])  # vLLM's dotted form: read as not read
     assert vllm.build_engine_flags(["--speculative-config.method=mtp"]).speculative is None
+
+
+def _glm_4_5(**changes: Any) -> dict[str, Any]:
+    """GLM-4.5's geometry (``Glm4MoeForCausalLM``: hidden 5120, 92 layers, 96 heads, 8 KV heads of 128,
+    QK norm and attention bias, 160 experts of 1536 and one shared, the first 3 layers dense, one MTP
+    layer); no GLM-4.5 config.json is stored (``tests/data/hf_configs/INDEX.md``)."""
+    config: dict[str, Any] = {
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        "torch_dtype": "bfloat16",
+        "vocab_size": 151552,
+        "hidden_size": 5120,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 92,
+        "num_attention_heads": 96,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": False,
+        "rope_theta": 1000000,
+        "partial_rotary_factor": 0.5,
+        "attention_bias": True,
+        "use_qk_norm": True,
+        "moe_intermediate_size": 1536,
+        "num_experts_per_tok": 8,
+        "n_shared_experts": 1,
+        "n_routed_experts": 160,
+        "routed_scaling_factor": 2.5,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 3,
+        "norm_topk_prob": True,
+        "num_nextn_predict_layers": 1,
+    }
+    config.update(changes)
+    return config
+
+
+def test_glm_4_5s_drafter_is_one_more_glm_moe_layer_and_full_attention_kv_layer() -> None:
+    """vLLM 0.33's ``Glm4MoeMultiTokenPredictorLayer``: a ``Glm4MoeDecoderLayer`` (GQA with bias and QK
+    norm, MoE with an fp32 router), ``eh_proj`` and three RMSNorms; embedding and head the target's."""
+    model = build_model_spec(_glm_4_5())
+    assert model.num_mtp_layers == 1
+    h, heads, kv, hd, experts, inter = 5120, 96, 8, 128, 160, 1536
+    attention = h * (heads + 2 * kv) * hd + (heads + 2 * kv) * hd + heads * hd * h + 2 * hd  # bias, q/k norm
+    moe = experts * 3 * h * inter + 3 * h * inter + 2 * h * experts + 2 * h  # fp32 router: twice
+    extra = 2 * h * h + 3 * h
+    assert memory.compute_drafter_weight_bytes(model) == 2 * (attention + moe + extra)
+    air = build_model_spec(_glm_4_5(use_qk_norm=False, attention_bias=False))  # GLM-4.5-Air's attention
+    assert memory.compute_drafter_weight_bytes(model) - memory.compute_drafter_weight_bytes(air) == 2 * (
+        (heads + 2 * kv) * hd + 2 * hd
+    )
+    gpu = lookup_gpu("H200")
+    settings = EngineSettings(
+        max_model_len=32768, max_num_seqs=64, max_num_batched_tokens=8192, tensor_parallel_size=8
+    )
+    plain = memory.compute_budget(model, gpu, settings)
+    spec = memory.compute_budget(model, gpu, settings, speculative=_flags(*MTP_1))
+    assert spec.speculative_gib > 0.5 and plain.speculative_gib == 0.0
+    assert spec.weights_gib - plain.weights_gib == pytest.approx(spec.speculative_gib)
+    assert spec.kv_bytes_per_token * 92 == plain.kv_bytes_per_token * 93  # one more full-attention layer
+    engine = vllm.build_engine_flags(_sc(method="glm4_moe_mtp", num_speculative_tokens=3))
+    plan = compute_plan(model, gpu, 8, ServingBounds(), engine=engine)
+    assert not [w for w in plan.warnings if "is not in kvpilot's memory model" in w]
+    assert plan.budget.speculative_gib > 0.5
+    none = build_model_spec(_glm_4_5(num_nextn_predict_layers=0))
+    with pytest.raises(errors.InvalidEngineArgs, match="num_nextn_predict_layers = 0"):
+        compute_plan(none, gpu, 8, ServingBounds(), engine=vllm.build_engine_flags(MTP_1))
