@@ -126,7 +126,6 @@ from kvpilot.tuner.vllm.images import (
     resolve_image_version,
 )
 from kvpilot.tuner.vllm.indexer import indexer_bytes_per_token, indexer_layers
-from kvpilot.tuner.vllm.model_params import FP32_ROUTER_MODEL_TYPES, QK_NORM_FLAG_MODEL_TYPES
 from kvpilot.tuner.vllm.kv_connectors import (
     KV_CONNECTORS,
     KV_TRANSFER_CONFIG_FLAG,
@@ -189,6 +188,7 @@ from kvpilot.tuner.vllm.messages import (
     no_memory_error,
     sampler_warmup_oom_error,
 )
+from kvpilot.tuner.vllm.model_params import FP32_ROUTER_MODEL_TYPES, QK_NORM_FLAG_MODEL_TYPES
 from kvpilot.tuner.vllm.parallel import (
     DATA_PARALLEL_SIZE_FLAG,
     DATA_PARALLEL_SIZE_LOCAL_FLAG,
