@@ -200,7 +200,9 @@ def test_the_drafter_kv_layers_join_the_pool_as_vllm_plans_it(
     for layer, (kind, heads, head, head_v) in zip(added, built["kv"], strict=True):
         assert (kind, layer.kind) in (("MLAAttentionSpec", MLA), ("FullAttentionSpec", FULL))
         assert (layer.num_kv_heads, layer.head_dim) == (heads, head)
-        assert layer.head_dim_v == (head_v or head)  # full attention: vLLM's head_size_v defaults to it
+        # MLA: kvpilot's head_dim_v and vLLM's head_size_v are both 0 (the latent is one page); full
+        # attention: vLLM's head_size_v is the head size unless the class gives another
+        assert layer.head_dim_v == (head_v if kind == "MLAAttentionSpec" else head_v or head)
     assert built["kv_layers"] == extended.num_layers
     layout = memory.compute_kv_layout(extended, block_size=16)
     assert memory.compute_num_blocks(AVAILABLE, layout) == built["num_blocks"]
