@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import model_configs_for_tests as cfg
@@ -311,3 +312,25 @@ def test_glm_4_5s_drafter_is_one_more_glm_moe_layer_and_full_attention_kv_layer(
     none = build_model_spec(_glm_4_5(num_nextn_predict_layers=0))
     with pytest.raises(errors.InvalidEngineArgs, match="num_nextn_predict_layers = 0"):
         compute_plan(none, gpu, 8, ServingBounds(), engine=vllm.build_engine_flags(MTP_1))
+
+
+@pytest.mark.parametrize(
+    ("file", "model_type"),
+    [
+        ("Qwen__Qwen3.5-27B.json", "qwen3_5_text"),  # Qwen3_5MTP: a full-attention layer, GDN state pages
+        ("Qwen__Qwen3.6-35B-A3B.json", "qwen3_5_moe_text"),
+        ("XiaomiMiMo__MiMo-V2-Flash.json", "mimo_v2_flash"),  # MiMoV2MTPModel: its own sliding layer
+        ("zai-org__GLM-5.json", "glm_moe_dsa"),  # DeepseekV32MTPModel: an indexer and its buffer
+        ("deepseek-ai__DeepSeek-V3.2.json", "deepseek_v32"),
+    ],
+)
+def test_the_mtp_drafters_of_published_families_not_modelled_stay_named(file: str, model_type: str) -> None:
+    config = json.loads((Path(__file__).resolve().parents[1] / "data" / "hf_configs" / file).read_text())
+    model = build_model_spec(config)
+    flags = _flags(*MTP_1)
+    reason = memory.speculative_unbudgeted_reason(model, flags)
+    assert reason is not None and f"model_type {model.model_type!r}) is not modelled" in reason
+    assert model.model_type == model_type and model.num_mtp_layers == 0
+    assert memory.compute_speculative_bytes(model, flags) == 0
+    warning = memory.describe_unbudgeted_speculative(model, flags, ("--speculative-config",))
+    assert warning is not None and "glm4_moe" in warning and "deepseek_v3" in warning
