@@ -44,7 +44,9 @@ GLM-4.5's drafter (``model_executor/models/glm4_moe_mtp.py``, target architectur
 fp32, ``:148``) whose attention is GQA full attention with the target's heads, bias and QK norm: one
 more full-attention KV layer; the predictor's ``embed_tokens`` (``:153``). The proposer shares its
 embedding and heads with the target's exactly as DeepSeek's (the "Detected MTP model" branches above
-match any drafter without ``has_own_embed_tokens`` / ``has_own_lm_head``).
+match any drafter without ``has_own_embed_tokens`` / ``has_own_lm_head``; so does Model Runner V2's
+``load_eagle_model``, ``v1/worker/gpu/spec_decode/eagle/utils.py:18`` ``_should_share``, ``:74``, ``:109``,
+and every layer's ``shared_head.head``, ``:121``: ``Glm4MoeMTP`` declares neither flag).
 
 The proposer's own buffers (``llm_base_proposer.py:184``-``:265``), allocated with the model runner after
 the worker's init snapshot: ``input_ids`` (``int32``), ``positions`` and the slot mapping (``int64``) of
