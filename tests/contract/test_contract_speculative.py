@@ -14,12 +14,17 @@ sizes the pool of the target's layers with the drafter's (:mod:`.spec_drafters` 
 * the KV specs of its attention layers with the layers :func:`kvpilot.tuner.memory.with_mtp_layers`
   appends, and vLLM's block count for the target's and the drafter's layers together with kvpilot's.
 
-The configs are DeepSeek-V3's (``DeepseekV3ForCausalLM``, the one drafter kvpilot models) without its
+The configs are DeepSeek-V3's (``DeepseekV3ForCausalLM``) without its
 fp8 ``quantization_config`` (vLLM's CPU platform has no ScaledMM kernel for it, as
 ``test_contract_model_classes.py`` records), cut to four decoder layers (the fourth, past
 ``first_k_dense_replace``, a MoE layer like the MTP layer) and eight routed experts; one with two MTP
 layers and four speculative tokens (the layers reused), and one without ``num_nextn_predict_layers`` (the
-config class's default), too.
+config class's default), too; and GLM-4.5's (``Glm4MoeForCausalLM``, drafter ``Glm4MoeMTPModel``: no
+GLM-4.5 / 4.6 / 4.7 config.json is stored, ``tests/data/hf_configs/INDEX.md``, so the shape is
+transformers' ``Glm4MoeConfig`` defaults with the published configs' ``head_dim``, QK norm and
+attention bias, cut to two layers and eight experts), with QK norm and bias and without, one MTP layer
+and three tokens, and two MTP layers and four tokens. GLM's MoE gate has the same fp32
+``e_score_correction_bias`` (``glm4_moe.py:148``): the same one exception.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import pytest
 import spec_drafters
 
 from kvpilot.tuner import errors, memory, vllm
-from kvpilot.tuner.model import MLA, build_model_spec
+from kvpilot.tuner.model import FULL, MLA, build_model_spec
 from kvpilot.tuner.types import GIB
 
 pytestmark = pytest.mark.contract
@@ -50,7 +55,58 @@ def _deepseek(**cut: Any) -> dict[str, Any]:
     return config
 
 
+def _glm(**cut: Any) -> dict[str, Any]:
+    """GLM-4.5's shape: transformers' ``Glm4MoeConfig`` defaults (GLM-4.5-Air's geometry) with the
+    ``head_dim``, ``attention_bias`` and ``use_qk_norm`` the published GLM-4.5 / 4.6 configs set, cut to
+    two decoder layers (the second, past ``first_k_dense_replace``, a MoE layer like the MTP layer) and
+    eight routed experts."""
+    config: dict[str, Any] = {
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        "dtype": "bfloat16",
+        "vocab_size": 151552,
+        "hidden_size": 4096,
+        "intermediate_size": 10944,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 96,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": False,
+        "rope_theta": 1000000,
+        "partial_rotary_factor": 0.5,
+        "attention_bias": True,
+        "use_qk_norm": True,
+        "moe_intermediate_size": 1408,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "n_routed_experts": 8,
+        "routed_scaling_factor": 1.0,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "norm_topk_prob": True,
+        "num_nextn_predict_layers": 1,
+    }
+    config.update(cut)
+    return config
+
+
 CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "glm-4.5-mtp-1": (
+        _glm(),
+        ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
+    ),
+    "glm-4.5-glm4_moe_mtp-3": (
+        _glm(use_qk_norm=False, attention_bias=False),  # GLM-4.5-Air's attention
+        ["--speculative-config", '{"method": "glm4_moe_mtp", "num_speculative_tokens": 3}'],
+    ),
+    "glm-4.5-2-layers-4-tokens": (
+        _glm(num_nextn_predict_layers=2),
+        ["--spec-method", "mtp", "--spec-tokens", "4"],
+    ),
     "deepseek-v3-mtp-1": (
         _deepseek(),
         ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
@@ -142,8 +198,11 @@ def test_the_drafter_kv_layers_join_the_pool_as_vllm_plans_it(
     added = extended.layers[model.num_layers :]
     assert len(added) == len(built["kv"]) == model.num_mtp_layers
     for layer, (kind, heads, head, head_v) in zip(added, built["kv"], strict=True):
-        assert kind == "MLAAttentionSpec" and layer.kind == MLA
-        assert (layer.num_kv_heads, layer.head_dim, layer.head_dim_v) == (heads, head, head_v)
+        assert (kind, layer.kind) in (("MLAAttentionSpec", MLA), ("FullAttentionSpec", FULL))
+        assert (layer.num_kv_heads, layer.head_dim) == (heads, head)
+        # MLA: kvpilot's head_dim_v and vLLM's head_size_v are both 0 (the latent is one page); full
+        # attention: vLLM's head_size_v is the head size unless the class gives another
+        assert layer.head_dim_v == (head_v if kind == "MLAAttentionSpec" else head_v or head)
     assert built["kv_layers"] == extended.num_layers
     layout = memory.compute_kv_layout(extended, block_size=16)
     assert memory.compute_num_blocks(AVAILABLE, layout) == built["num_blocks"]

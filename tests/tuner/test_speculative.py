@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import model_configs_for_tests as cfg
@@ -241,3 +242,95 @@ def test_an_abbreviation_of_a_speculative_flag_is_refused_by_its_full_name() -> 
     assert raised.value.flag == "--spec-tok"
     vllm.check_engine_flags(["--speculative-config.method=mtp"])  # vLLM's dotted form: read as not read
     assert vllm.build_engine_flags(["--speculative-config.method=mtp"]).speculative is None
+
+
+def _glm_4_5(**changes: Any) -> dict[str, Any]:
+    """GLM-4.5's geometry (``Glm4MoeForCausalLM``: hidden 5120, 92 layers, 96 heads, 8 KV heads of 128,
+    QK norm and attention bias, 160 experts of 1536 and one shared, the first 3 layers dense, one MTP
+    layer); no GLM-4.5 config.json is stored (``tests/data/hf_configs/INDEX.md``)."""
+    config: dict[str, Any] = {
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        "torch_dtype": "bfloat16",
+        "vocab_size": 151552,
+        "hidden_size": 5120,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 92,
+        "num_attention_heads": 96,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": False,
+        "rope_theta": 1000000,
+        "partial_rotary_factor": 0.5,
+        "attention_bias": True,
+        "use_qk_norm": True,
+        "moe_intermediate_size": 1536,
+        "num_experts_per_tok": 8,
+        "n_shared_experts": 1,
+        "n_routed_experts": 160,
+        "routed_scaling_factor": 2.5,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 3,
+        "norm_topk_prob": True,
+        "num_nextn_predict_layers": 1,
+    }
+    config.update(changes)
+    return config
+
+
+def test_glm_4_5s_drafter_is_one_more_glm_moe_layer_and_full_attention_kv_layer() -> None:
+    """vLLM 0.33's ``Glm4MoeMultiTokenPredictorLayer``: a ``Glm4MoeDecoderLayer`` (GQA with bias and QK
+    norm, MoE with an fp32 router), ``eh_proj`` and three RMSNorms; embedding and head the target's."""
+    model = build_model_spec(_glm_4_5())
+    assert model.num_mtp_layers == 1
+    h, heads, kv, hd, experts, inter = 5120, 96, 8, 128, 160, 1536
+    attention = h * (heads + 2 * kv) * hd + (heads + 2 * kv) * hd + heads * hd * h + 2 * hd  # bias, q/k norm
+    moe = experts * 3 * h * inter + 3 * h * inter + 2 * h * experts + 2 * h  # fp32 router: twice
+    extra = 2 * h * h + 3 * h
+    assert memory.compute_drafter_weight_bytes(model) == 2 * (attention + moe + extra)
+    air = build_model_spec(_glm_4_5(use_qk_norm=False, attention_bias=False))  # GLM-4.5-Air's attention
+    assert memory.compute_drafter_weight_bytes(model) - memory.compute_drafter_weight_bytes(air) == 2 * (
+        (heads + 2 * kv) * hd + 2 * hd
+    )
+    gpu = lookup_gpu("H200")
+    settings = EngineSettings(
+        max_model_len=32768, max_num_seqs=64, max_num_batched_tokens=8192, tensor_parallel_size=8
+    )
+    plain = memory.compute_budget(model, gpu, settings)
+    spec = memory.compute_budget(model, gpu, settings, speculative=_flags(*MTP_1))
+    assert spec.speculative_gib > 0.5 and plain.speculative_gib == 0.0
+    assert spec.weights_gib - plain.weights_gib == pytest.approx(spec.speculative_gib)
+    assert spec.kv_bytes_per_token * 92 == plain.kv_bytes_per_token * 93  # one more full-attention layer
+    engine = vllm.build_engine_flags(_sc(method="glm4_moe_mtp", num_speculative_tokens=3))
+    plan = compute_plan(model, gpu, 8, ServingBounds(), engine=engine)
+    assert not [w for w in plan.warnings if "is not in kvpilot's memory model" in w]
+    assert plan.budget.speculative_gib > 0.5
+    none = build_model_spec(_glm_4_5(num_nextn_predict_layers=0))
+    with pytest.raises(errors.InvalidEngineArgs, match="num_nextn_predict_layers = 0"):
+        compute_plan(none, gpu, 8, ServingBounds(), engine=vllm.build_engine_flags(MTP_1))
+
+
+@pytest.mark.parametrize(
+    ("file", "model_type"),
+    [
+        ("Qwen__Qwen3.5-27B.json", "qwen3_5_text"),  # Qwen3_5MTP: a full-attention layer, GDN state pages
+        ("Qwen__Qwen3.6-35B-A3B.json", "qwen3_5_moe_text"),
+        ("XiaomiMiMo__MiMo-V2-Flash.json", "mimo_v2_flash"),  # MiMoV2MTPModel: its own sliding layer
+        ("zai-org__GLM-5.json", "glm_moe_dsa"),  # DeepseekV32MTPModel: an indexer and its buffer
+        ("deepseek-ai__DeepSeek-V3.2.json", "deepseek_v32"),
+    ],
+)
+def test_the_mtp_drafters_of_published_families_not_modelled_stay_named(file: str, model_type: str) -> None:
+    config = json.loads((Path(__file__).resolve().parents[1] / "data" / "hf_configs" / file).read_text())
+    model = build_model_spec(config)
+    flags = _flags(*MTP_1)
+    reason = memory.speculative_unbudgeted_reason(model, flags)
+    assert reason is not None and f"model_type {model.model_type!r}) is not modelled" in reason
+    assert model.model_type == model_type and model.num_mtp_layers == 0
+    assert memory.compute_speculative_bytes(model, flags) == 0
+    warning = memory.describe_unbudgeted_speculative(model, flags, ("--speculative-config",))
+    assert warning is not None and "glm4_moe" in warning and "deepseek_v3" in warning

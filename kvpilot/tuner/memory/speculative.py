@@ -6,8 +6,9 @@ Budgeted, for ``method: mtp`` with a drafter kvpilot models (:data:`kvpilot.tune
 and one pipeline stage:
 
 * the drafter's weights, loaded inside "Model loading took X GiB": per MTP layer one more decoder layer
-  of the target's (MoE, quantized as the target's), its ``eh_proj`` (``2h x h`` in the model dtype,
-  whole on every TP rank) and three RMSNorms; its embedding and LM head are the target's after load;
+  of the target's (MoE, quantized as the target's; DeepSeek-V3's MLA, GLM-4.5's GQA), its ``eh_proj``
+  (``2h x h`` in the model dtype, whole on every TP rank) and three RMSNorms; its embedding and LM head
+  are the target's after load;
 * its KV layers: each MTP layer's attention is one more layer of the target's kind in the KV pool, so a
   GiB holds fewer tokens (:func:`with_mtp_layers` is the model the KV layout is computed for);
 * the proposer's buffers (``max_num_batched_tokens`` ids, positions, slot mapping, hidden states and
@@ -115,7 +116,7 @@ def budgets_mtp(model: ModelSpec, spec: vllm.SpeculativeFlags | None, pp: int = 
 def with_mtp_layers(model: ModelSpec) -> ModelSpec:
     """``model`` with its MTP layers appended as decoder layers ``num_layers .. num_layers + n - 1``: each
     a copy of the last decoder layer (DeepSeek-V3's: MLA and MoE, as ``DeepseekV2DecoderLayer`` of that
-    index builds it)."""
+    index builds it; GLM-4.5's: GQA full attention and MoE, as ``Glm4MoeDecoderLayer`` does)."""
     n = model.num_mtp_layers
     if n == 0:
         return model

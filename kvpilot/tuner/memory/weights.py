@@ -228,7 +228,8 @@ def _layer_linear_params(
             experts = local * mlp_mats * h * inter  # Nemotron-H's relu2 experts: up and down only
         shared = mlp_mats * h * moe.shared_intermediate_size // tp
         dense = mlp_mats * h * moe.parallel_dense_intermediate_size // tp
-        replicated += h * moe.num_experts  # router
+        # the router (fp32 in GLM-4.5's vLLM class: twice a 16-bit param)
+        replicated += h * moe.num_experts * (2 if moe.fp32_router else 1)
         if moe.shared_expert_gate:  # Qwen2-MoE / Qwen3-Next: a one-output gate on the shared experts
             replicated += h
         if moe.parallel_dense_intermediate_size:  # Gemma 4: three more norms, the router's scales

@@ -87,6 +87,8 @@ class MoeSpec:
     shared_expert_gate: bool = False
     """The shared experts' output passes a ``shared_expert_gate`` (``Linear(hidden, 1)``): Qwen2-MoE,
     Qwen3-Next and Qwen3.5's MoE (vLLM 0.33's ``qwen2_moe.py``, ``qwen3_next.py``)."""
+    fp32_router: bool = False
+    """vLLM keeps the router weight in fp32 (:data:`kvpilot.tuner.vllm.FP32_ROUTER_MODEL_TYPES`: GLM-4.5)."""
 
 
 @dataclass(frozen=True, slots=True)

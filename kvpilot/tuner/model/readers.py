@@ -517,7 +517,10 @@ def read_moe(text: Fields, model_type: str, num_layers: int, hidden_intermediate
     latent = text.optional_int("routed_expert_hidden_size", "moe_latent_size", limit=MAX_HIDDEN_SIZE) or 0
     moe_layers = _moe_layers(text, model_type, num_layers)
     gated = bool(shared) and model_type in _SHARED_EXPERT_GATE
-    return MoeSpec(num_experts, top_k, moe_inter, moe_layers, shared, parallel_dense, latent, gated)
+    fp32_router = model_type in vllm.FP32_ROUTER_MODEL_TYPES
+    return MoeSpec(
+        num_experts, top_k, moe_inter, moe_layers, shared, parallel_dense, latent, gated, fp32_router
+    )
 
 
 def read_vision_params(top: Fields, text_hidden: int) -> int:

@@ -593,7 +593,8 @@ def build_model_spec(hf_config: Mapping[str, Any]) -> ModelSpec:
         quantization=_quant(text),
         mlp_gated=model_type not in _NON_GATED_MLP,
         attention_bias=text.flag("attention_bias") or model_type in ("qwen2", "qwen2_moe"),
-        qk_norm=model_type in _QK_NORM,
+        qk_norm=model_type in _QK_NORM
+        or (model_type in vllm.QK_NORM_FLAG_MODEL_TYPES and text.flag("use_qk_norm")),
         sandwich_norms=model_type in _SANDWICH_NORMS,
         attention_output_gate=_attention_output_gate(text, model_type),
         rotary_dim=rotary_dim,

@@ -188,6 +188,7 @@ from kvpilot.tuner.vllm.messages import (
     no_memory_error,
     sampler_warmup_oom_error,
 )
+from kvpilot.tuner.vllm.model_params import FP32_ROUTER_MODEL_TYPES, QK_NORM_FLAG_MODEL_TYPES
 from kvpilot.tuner.vllm.parallel import (
     DATA_PARALLEL_SIZE_FLAG,
     DATA_PARALLEL_SIZE_LOCAL_FLAG,
@@ -424,6 +425,8 @@ __all__ = [
     "hybrid_manager_for_chunked_local",
     "image_tag",
     "in_flight_batches",
+    "FP32_ROUTER_MODEL_TYPES",
+    "QK_NORM_FLAG_MODEL_TYPES",
     "indexer_bytes_per_token",
     "indexer_layers",
     "is_code_loading_env",

@@ -35,6 +35,19 @@ cache config); the predictor's ``embed_tokens`` (``:155``). With one pipeline st
 "Model loading took" (``gpu_model_runner.py:4989``), which measures allocated bytes
 (``platforms/cuda.py:369``): they cost nothing after load.
 
+GLM-4.5's drafter (``model_executor/models/glm4_moe_mtp.py``, target architecture ``Glm4MoeForCausalLM``,
+``config/speculative.py:848``) has DeepSeek's shape: one ``Glm4MoeMultiTokenPredictorLayer`` per
+``num_nextn_predict_layers`` (``:147``), each an ``enorm`` and ``hnorm`` (``:90``), an unsplit ``eh_proj``
+(``nn.Linear(2h, h)``, ``:92``), a ``SharedHead`` (RMSNorm and ``ParallelLMHead``, ``:60``, ``:93``) and an
+``mtp_block``, a ``Glm4MoeDecoderLayer`` of index ``num_hidden_layers + i`` (``:98``; past
+``first_k_dense_replace`` a ``Glm4MoE`` layer, ``glm4_moe.py:355``, its gate's ``e_score_correction_bias``
+fp32, ``:148``) whose attention is GQA full attention with the target's heads, bias and QK norm: one
+more full-attention KV layer; the predictor's ``embed_tokens`` (``:153``). The proposer shares its
+embedding and heads with the target's exactly as DeepSeek's (the "Detected MTP model" branches above
+match any drafter without ``has_own_embed_tokens`` / ``has_own_lm_head``; so does Model Runner V2's
+``load_eagle_model``, ``v1/worker/gpu/spec_decode/eagle/utils.py:18`` ``_should_share``, ``:74``, ``:109``,
+and every layer's ``shared_head.head``, ``:121``: ``Glm4MoeMTP`` declares neither flag).
+
 The proposer's own buffers (``llm_base_proposer.py:184``-``:265``), allocated with the model runner after
 the worker's init snapshot: ``input_ids`` (``int32``), ``positions`` and the slot mapping (``int64``) of
 ``max_num_batched_tokens``, ``hidden_states`` and ``inputs_embeds`` of ``max_num_batched_tokens x
@@ -95,6 +108,11 @@ MTP_DRAFTERS: Mapping[str, MtpDrafter] = {
     # glm_moe_dsa get DeepseekV32MTPModel, with an indexer: not modelled)
     # transformers' DeepseekV3Config: num_nextn_predict_layers (alias num_mtp_layers) defaults to 1
     "deepseek_v3": MtpDrafter("DeepSeekMTPModel", "num_nextn_predict_layers", 1),
+    # config/speculative.py:848-856: architecture Glm4MoeForCausalLM (GLM-4.5, 4.6, 4.7; model_type
+    # glm4_moe) -> glm4_moe_mtp -> Glm4MoeMTPModel (model_executor/models/glm4_moe_mtp.py), the same
+    # shape as DeepSeek's: see "GLM-4.5's drafter" above.
+    # transformers' Glm4MoeConfig: num_nextn_predict_layers defaults to 1
+    "glm4_moe": MtpDrafter("Glm4MoeMTPModel", "num_nextn_predict_layers", 1),
 }
 """Target ``model_type`` -> its MTP drafter, for the drafters kvpilot budgets
 (``tests/contract/test_contract_speculative.py`` builds each on the meta device)."""
