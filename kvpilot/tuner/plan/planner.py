@@ -684,11 +684,11 @@ def _describe_speculative(
             f"its own; {vllm.SPECULATIVE_UNBUDGETED}."
         )
     layers = model.num_mtp_layers
-    verb = "take" if layers > 1 else "takes"
+    verb, add = ("take", "add") if layers > 1 else ("takes", "adds")
     return (
         f"{flag} (method mtp, {_count(tokens or layers, 'draft token')}): the MTP drafter's "
         f"{_count(layers, 'layer')} {verb} {budget.speculative_gib:.2f} GiB per GPU (weights and the "
-        f"proposer's buffers, counted in the weights) and add {_count(layers, 'KV layer')} to the cache "
+        f"proposer's buffers, counted in the weights) and {add} {_count(layers, 'KV layer')} to the cache "
         f"({budget.kv_bytes_per_token:,} bytes per token); {vllm.SPECULATIVE_UNBUDGETED}."
     )
 
