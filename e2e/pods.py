@@ -230,12 +230,15 @@ def simulate_container_crash(
             )
         )
         if c["name"] == target:
+            # the container ran within the pod's life: kubelet's times never predate the pod's start (the
+            # closed loop counts a crash only from the last change on, in whole seconds: a crash dated a
+            # second before a pod made after that change was lost when it came within a second of it)
             terminated = {
                 "exitCode": exit_code,
                 "reason": reason,
                 "message": message,
-                "startedAt": _now(-30),
-                "finishedAt": _now(-1),
+                "startedAt": max(_now(-30), str((p.get("status") or {}).get("startTime") or "")),
+                "finishedAt": _now(),
                 "containerID": _container_id(uid, c["name"], restart_count - 1),
             }
             backoff = min(10 * 2 ** max(restart_count - 1, 0), 300)
