@@ -60,6 +60,14 @@ def format_node_plan(node_plan: NodePlan, model: str) -> str:
     return "\n".join(lines) + "\n" + format_plan(plan, model, args=node_plan.args, title=False)
 
 
+def _per_engine(plan: Plan) -> str:
+    """What the pod's data-parallel engines hold together, when it runs several."""
+    engines = plan.data_parallel_size
+    if engines <= 1:
+        return ""
+    return f" per engine; {engines} engines: {engines * plan.concurrency_at_max_len:.2f} in all"
+
+
 def plan_as_json(plan: Plan, model: str) -> dict[str, Any]:
     """The ``plan --json`` document: the settings at the top level, then budget, args and verdict."""
     settings, budget = dataclasses.asdict(plan.settings), dataclasses.asdict(plan.budget)
@@ -67,6 +75,7 @@ def plan_as_json(plan: Plan, model: str) -> dict[str, Any]:
         "model": model,
         "gpu": plan.gpu,
         "gpu_count": plan.gpu_count,
+        "data_parallel_size": plan.data_parallel_size,
         "vllm_version": plan.vllm_version,
         **settings,
         "feasible": plan.feasible,
@@ -106,7 +115,8 @@ def format_plan(plan: Plan, model: str, *, args: tuple[str, ...] | None = None, 
         "",
         f"KV cache: {b.kv_cache_tokens:,} tokens ({b.num_gpu_blocks:,} blocks, "
         f"{b.kv_bytes_per_token:,} B per token per GPU)",
-        f"Concurrency: {plan.concurrency_at_max_len:.2f} sequences of {s.max_model_len} tokens",
+        f"Concurrency: {plan.concurrency_at_max_len:.2f} sequences of {s.max_model_len} tokens"
+        + _per_engine(plan),
         f"Starts: {'yes' if b.starts else 'no'}; feasible: {'yes' if plan.feasible else 'NO'}",
     ]
     if plan.kv_cache_memory_bytes is not None:

@@ -180,6 +180,8 @@ class Plan:
     warnings: tuple[str, ...] = ()
     pipeline_parallel_size: int = 1
     """Pipeline stages of the planned replica (the GPUs the tensor-parallel group leaves over)."""
+    data_parallel_size: int = 1
+    """The engines (data-parallel ranks) the pod runs, each with these settings and this budget; 1: one."""
     reasons: tuple[str, ...] = ()
     """When infeasible: why, and what would fit (more GPUs, fp8 KV, shorter context, ...)."""
     args: tuple[str, ...] = field(default=())

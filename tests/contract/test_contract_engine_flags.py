@@ -49,6 +49,13 @@ def test_every_spelling_vllm_has_for_these_flags_is_read(
         spellings |= by_dest[dest]  # the LoRA flags (kvpilot.tuner.vllm.lora)
     for dest in ("speculative_config", "spec_method", "spec_model", "spec_tokens"):
         spellings |= by_dest[dest]  # speculative decoding (kvpilot.tuner.vllm.speculative), -sc included
+    for dest in (
+        "data_parallel_size",
+        "data_parallel_size_local",
+        "data_parallel_rank",
+        "enable_expert_parallel",
+    ):
+        spellings |= by_dest[dest]  # data-parallel engines (kvpilot.tuner.vllm.parallel), -dp/-ep included
     # vLLM's parser also takes --no-enable-prefix-caching (it is in CASES) and --no-enable-lora, not option
     # strings of their own
     assert spellings == set(ENGINE_FLAGS) - {"--no-enable-prefix-caching", "--no-enable-lora"}
@@ -61,6 +68,36 @@ def test_no_vllm_flag_is_taken_for_an_abbreviation(vllm_option_strings: dict[str
     ours = set(ENGINE_FLAGS)
     for option in {o for options in vllm_option_strings.values() for o in options} - ours:
         assert not any(flag.startswith(option) for flag in ours), option
+
+
+DATA_PARALLEL_CASES = [
+    ["-dp", "8", "-ep"],
+    ["--data-parallel-size=4", "--enable-expert-parallel", "--disable-expert-parallel"],
+    ["--data_parallel_size", "4", "-dpl", "2"],
+    ["-dp", "16", "--data-parallel-size-local=8", "-ep"],
+    ["-dp", "8", "-dpn", "3", "-ep"],
+    ["--enable-expert-parallel", "--tensor-parallel-size", "8"],
+    ["-dp", "1"],
+]
+
+
+@pytest.mark.parametrize("args", DATA_PARALLEL_CASES)
+def test_data_parallel_flags_read_as_vllm_parses_them(args: list[str], vllm_parser: Any) -> None:
+    """The ranks a pod starts follow ``EngineArgs.create_engine_config``'s one-node reading: the local size
+    as given, 1 for an externally balanced rank, else the whole group."""
+    parsed = vllm_parser.parse_args(args)
+    kv_vllm.check_engine_flags(args)  # vLLM parses them all: so does kvpilot
+    dp = kv_vllm.build_engine_flags(args).data_parallel
+    if parsed.data_parallel_size <= 1 and not parsed.enable_expert_parallel:
+        assert dp is None
+        return
+    assert dp is not None
+    assert (dp.size, dp.expert_parallel) == (parsed.data_parallel_size, parsed.enable_expert_parallel)
+    if parsed.data_parallel_rank is not None:
+        local = 1
+    else:
+        local = parsed.data_parallel_size_local or parsed.data_parallel_size
+    assert dp.local == local
 
 
 @pytest.mark.parametrize(

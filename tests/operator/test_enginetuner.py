@@ -10,7 +10,7 @@ from typing import Any
 
 import kopf
 import pytest
-from operator_fakes import L4_LABELS, node_object
+from operator_fakes import H100_LABELS, L4_LABELS, node_object
 
 from e2e.pods import termination_message
 from kvpilot.operator import api
@@ -19,7 +19,10 @@ from kvpilot.operator.enginetuner import target, target_deps, target_eviction, t
 from kvpilot.operator.pods import pod_reading, pod_view
 from kvpilot.operator.status import status_patch
 from kvpilot.operator.status.events import RecordingEmitter
-from kvpilot.tuner import vllm
+from kvpilot.tuner import gpus, vllm
+from kvpilot.tuner.model import build_model_spec
+from kvpilot.tuner.model.catalogue import lookup_model_config
+from kvpilot.tuner.plan import compute_topology_budget
 from kvpilot.tuner.types import EngineSettings
 from kvpilot.tuner.vllm import command as vllm_command
 
@@ -594,3 +597,34 @@ async def test_available_and_degraded_follow_the_targets_pods(kube: FakeTargetKu
     await run(body, kube, RecordingEmitter(), now=1.8e9 + 120)
     assert cond(body, "Available")["status"] == "True"
     assert (cond(body, "Degraded")["status"], cond(body, "Degraded")["reason"]) == ("False", "Healthy")
+
+
+async def test_a_pod_of_data_parallel_engines_is_planned_one_engine_at_a_time(kube: FakeTargetKube) -> None:
+    """``vllm serve ... -dp 4 -ep`` on 4 H100s: four engines of one GPU, each with its own KV cache and the
+    routed experts split over all four. The recommendation is one engine's (the flags vLLM gives each rank),
+    its budget the tuner's for those flags on the pod's GPUs, and the status says how the ranks split."""
+    model = "Qwen/Qwen3-30B-A3B"
+    command = ["vllm", "serve", model, "-dp", "4", "--enable-expert-parallel", "--max-model-len", "32768"]
+    wl = deployment("moe", command, resources={"limits": {"nvidia.com/gpu": 4}})
+    wl["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "h100"}
+    kube.workloads[(NS, "Deployment", "moe")] = wl
+    kube.nodes = [node_object("h100-0", H100_LABELS)]
+    kube.pods = [pod_of(wl, "moe-abc12-x", node="h100-0")]
+    body = tuner("Recommend", target_name="moe")
+    await run(body, kube, RecordingEmitter())
+    st = body["status"]
+    assert st["discovered"]["gpuCount"] == 4, st["discovered"]
+    settings = api.Settings.model_validate(st["recommendation"]["settings"]).to_engine()
+    assert settings.tensor_parallel_size == 1  # each rank's own GPU
+    engine = vllm.build_engine_flags(command[3:])
+    expected = compute_topology_budget(
+        build_model_spec(lookup_model_config(model)),
+        gpus.lookup_gpu("H100-SXM"),
+        4,
+        settings,
+        "0.33.0",
+        engine=engine,
+    )
+    assert st["budget"]["weightsGiB"] == pytest.approx(expected.weights_gib, abs=0.01)
+    assert st["budget"]["kvCacheTokens"] == expected.kv_cache_tokens
+    assert any("this pod runs 4 of them" in w for w in st["warnings"]), st["warnings"]

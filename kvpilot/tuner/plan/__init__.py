@@ -18,7 +18,9 @@ from kvpilot.tuner.plan.planner import (
 )
 from kvpilot.tuner.plan.profiles import Learned, ProfileKey, ProfileRecord, compute_learned
 from kvpilot.tuner.plan.topology import (
+    compute_expert_shards,
     compute_pipeline_parallel,
+    compute_rank_gpus,
     compute_tensor_parallel,
     compute_topology_budget,
     tensor_parallel_ok,
@@ -33,10 +35,12 @@ __all__ = [
     "ProfileKey",
     "ProfileRecord",
     "RankBudget",
+    "compute_expert_shards",
     "compute_learned",
     "compute_node_plan",
     "compute_pipeline_parallel",
     "compute_plan",
+    "compute_rank_gpus",
     "compute_safe_utilization",
     "compute_tensor_parallel",
     "compute_topology_budget",

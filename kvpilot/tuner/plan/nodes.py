@@ -31,7 +31,7 @@ from typing import Any
 
 from kvpilot.tuner import errors, memory, vllm
 from kvpilot.tuner.model import ModelSpec
-from kvpilot.tuner.plan.planner import NOTHING_PINNED, compute_plan
+from kvpilot.tuner.plan.planner import NOTHING_PINNED, check_no_data_parallel, compute_plan
 from kvpilot.tuner.plan.topology import compute_tensor_parallel, tensor_parallel_ok
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, Plan, ServingBounds
 
@@ -194,6 +194,7 @@ def _weigh_layouts(
         plan = compute_plan(model, gpu, per_node, bounds, pinned=pinned, **plan_kwargs)
         tp = plan.settings.tensor_parallel_size or 1
         return [Candidate(Layout(1, per_node, tp, plan.pipeline_parallel_size), plan)]
+    check_no_data_parallel(plan_kwargs.get("engine", vllm.DEFAULT_ENGINE))
     tp = pinned.tensor_parallel_size or compute_tensor_parallel(model, per_node)
     plan = compute_plan(
         model, gpu, nodes * per_node, bounds, pinned=pinned.replace(tensor_parallel_size=tp), **plan_kwargs

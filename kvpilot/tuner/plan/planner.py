@@ -32,7 +32,10 @@ from kvpilot.tuner.fp8_advice import describe_fp8_fits
 from kvpilot.tuner.model import ModelSpec, QuantSpec
 from kvpilot.tuner.plan.profiles import Learned
 from kvpilot.tuner.plan.topology import (
+    check_rank_gpus,
+    compute_expert_shards,
     compute_pipeline_parallel,
+    compute_rank_gpus,
     compute_tensor_parallel,
     compute_topology_budget,
     tensor_parallel_ok,
@@ -219,7 +222,7 @@ def _suggestions(
 ) -> list[str]:
     """What would fit instead: more GPUs, fp8 KV, a shorter context, quantized weights."""
     out: list[str] = []
-    if pinned.tensor_parallel_size is None:
+    if pinned.tensor_parallel_size is None and engine.data_parallel is None:  # a rank's GPUs are the pod's
         for count in (2, 4, 8, 16, 32, 64):
             if count <= gpu_count or not tensor_parallel_ok(model, count):
                 continue
@@ -290,6 +293,7 @@ def compute_plan(
     ``expert_shards``: the replica is one data-parallel rank of a group whose routed experts split over the
     group (:func:`kvpilot.tuner.plan.nodes.compute_node_plan` plans such groups)."""
     release, release_warning = vllm.check_release(vllm_version)
+    _check_data_parallel(engine, gpu_count, pinned, expert_shards)
     if model.architecture != model.model_type:  # a config without ``architectures`` names its model_type
         vllm.check_architecture_registered(model.architecture, release)
     p = _Planning(
@@ -340,7 +344,11 @@ def compute_plan(
     connector = engine.kv_connector
     if connector is not None and (connector.lmcache or not vllm.kv_connector_unmodelled(connector)):
         p.warnings.append(_describe_kv_connector(connector, budget))  # what is budgeted (the gaps: above)
-    pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
+    pp = compute_pipeline_parallel(p.rank_gpus, settings.tensor_parallel_size or 1)
+    if engine.data_parallel is not None and expert_shards == memory.ONE_ENGINE:  # a node plan says its own
+        experts = model.moe.num_experts if model.moe is not None else None
+        tp = settings.tensor_parallel_size or 1
+        p.warnings.insert(first_unmodelled, vllm.describe_data_parallel(engine.data_parallel, tp, experts))
     spec_gap = memory.describe_unbudgeted_speculative(model, engine.speculative, engine.speculative_flags, pp)
     if spec_gap is not None:
         p.warnings.insert(first_unmodelled, spec_gap)
@@ -356,6 +364,7 @@ def compute_plan(
         gpu=gpu.name,
         gpu_count=gpu_count,
         pipeline_parallel_size=pp,
+        data_parallel_size=engine.data_parallel.local if engine.data_parallel is not None else 1,
         vllm_version=vllm_version,
         warnings=tuple(p.warnings),
         reasons=reasons,
@@ -365,6 +374,30 @@ def compute_plan(
         profile_note=note,
         learned_kv_cache_tokens=learned_tokens,
     )
+
+
+def _check_data_parallel(
+    engine: vllm.EngineFlags, gpu_count: int, pinned: EngineSettings, expert_shards: memory.ExpertShards
+) -> None:
+    """Refuse data-parallel flags the plan cannot honour: ranks that do not split the pod's GPUs evenly, or a
+    data-parallel size given to a rank of a group the node planner lays out itself (:mod:`.nodes`; its
+    expert shards win over a lone ``--enable-expert-parallel``)."""
+    if engine.data_parallel is None:
+        return
+    if expert_shards != memory.ONE_ENGINE:
+        check_no_data_parallel(engine)
+    check_rank_gpus(gpu_count, engine, pinned.tensor_parallel_size)
+
+
+def check_no_data_parallel(engine: vllm.EngineFlags) -> None:
+    """Refuse a ``--data-parallel-size`` among the engine flags of a replica of several nodes: its layout is
+    the node planner's to choose (:mod:`.nodes`)."""
+    if engine.data_parallel is not None and engine.data_parallel.size > 1:
+        raise errors.InvalidEngineArgs(
+            f"{vllm.DATA_PARALLEL_SIZE_FLAG} is the layout kvpilot chooses for a replica of several nodes; "
+            "leave it out of the engine arguments",
+            flag=vllm.DATA_PARALLEL_SIZE_FLAG,
+        )
 
 
 @dataclass
@@ -383,6 +416,11 @@ class _Planning:
     warnings: list[str]
     expert_shards: memory.ExpertShards = memory.ONE_ENGINE
     budgets: dict[EngineSettings, MemoryBudget] = field(default_factory=dict)
+
+    @property
+    def rank_gpus(self) -> int:
+        """The GPUs of one engine: the pod's, or a data-parallel rank's share of them."""
+        return compute_rank_gpus(self.gpu_count, self.engine)
 
     def budget_of(self, s: EngineSettings) -> MemoryBudget:
         """Memoized: the context searches and the suggestions revisit the same settings."""
@@ -418,8 +456,9 @@ class _Planning:
 
 
 def _choose_tensor_parallel(p: _Planning) -> EngineSettings:
-    """Step 1: the pinned settings with a tensor-parallel size vLLM accepts (the GPU count when it can)."""
-    model, gpu_count = p.model, p.gpu_count
+    """Step 1: the pinned settings with a tensor-parallel size vLLM accepts (the GPU count when it can; a
+    data-parallel rank's GPUs when the pod runs several engines)."""
+    model, gpu_count = p.model, p.rank_gpus
     tp = p.pinned.tensor_parallel_size or compute_tensor_parallel(model, gpu_count)
     if p.pinned.tensor_parallel_size is None and tp != gpu_count:
         p.warnings.append(
@@ -451,7 +490,7 @@ def _choose_utilization(p: _Planning, settings: EngineSettings) -> EngineSetting
         return settings
     bounds, learned = p.bounds, p.learned
     seq_guess = settings.replace(max_num_seqs=p.pinned.max_num_seqs or bounds.concurrency)
-    pp = compute_pipeline_parallel(p.gpu_count, settings.tensor_parallel_size or 1)
+    pp = compute_pipeline_parallel(p.rank_gpus, settings.tensor_parallel_size or 1)
     util = compute_safe_utilization(p.model, p.gpu, seq_guess, bounds, p.version, pp, p.engine)
     if learned is not None and learned.utilization_ceiling is not None:
         util = max(bounds.min_gpu_memory_utilization, min(util, learned.utilization_ceiling))
@@ -595,7 +634,10 @@ def _pin_kv_pool(
     rest still fits the GPU; if it would not start, the plan keeps its utilisation."""
     if budget.kv_pool_bytes <= 0:
         return None, settings, budget
-    pp = compute_pipeline_parallel(gpu_count, settings.tensor_parallel_size or 1)
+    tp = settings.tensor_parallel_size or 1
+    if expert_shards == memory.ONE_ENGINE:
+        gpu_count = compute_rank_gpus(gpu_count, engine)
+    pp = compute_pipeline_parallel(gpu_count, tp)
     unpinned = settings.replace(gpu_memory_utilization=None)
     pinned = memory.compute_budget(
         model,
@@ -605,7 +647,7 @@ def _pin_kv_pool(
         vllm_version=version,
         weights_total_bytes=weights,
         kv_cache_memory_bytes=budget.kv_pool_bytes,
-        expert_shards=expert_shards,
+        expert_shards=compute_expert_shards(engine, tp, expert_shards),
         **engine.budget_kwargs(),
     )
     if not pinned.starts:

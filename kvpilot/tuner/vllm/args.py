@@ -43,6 +43,8 @@ FLAG_ALIASES: Mapping[str, str] = {
 TOPOLOGY_ALIASES: Mapping[str, str] = {
     "-pp": "--pipeline-parallel-size",
     "-dp": "--data-parallel-size",
+    "-dpl": "--data-parallel-size-local",
+    "-dpn": "--data-parallel-rank",
 }
 """The short forms vLLM 0.33 accepts for the parallelism flags other than tensor parallelism."""
 

@@ -19,6 +19,10 @@ plan of another engine:
   layers are budgeted, ``ngram`` / ``suffix`` take nothing on the GPU, the other methods are named in the
   plan's warnings.
 
+* ``--data-parallel-size`` (``-dp``), ``--data-parallel-size-local``, ``--data-parallel-rank`` and
+  ``--enable-expert-parallel`` (``-ep``): the pod runs data-parallel engines, each budgeted as one engine
+  whose routed experts split over the whole group (:mod:`.parallel`).
+
 ``--max-num-active-seqs`` has no memory of its own, but it is read here too (:mod:`.active_seqs`): it is
 the admission limit the plan reports and the closed loop compares the running requests with.
 
@@ -49,6 +53,12 @@ from kvpilot.tuner.vllm.kv_connectors import (
     read_kv_connector,
 )
 from kvpilot.tuner.vllm.lora import LORA_FLAGS, LoraFlags, check_lora_flags, read_lora_flags
+from kvpilot.tuner.vllm.parallel import (
+    DATA_PARALLEL_FLAGS,
+    DataParallel,
+    check_data_parallel,
+    read_data_parallel,
+)
 from kvpilot.tuner.vllm.speculative import (
     SPECULATIVE_CONFIG_SHORT,
     SPECULATIVE_FLAGS,
@@ -74,7 +84,14 @@ _BOOLEANS = {**_EAGER, **_PREFIX_CACHING}
 """vLLM 0.33's spellings of the two booleans (``EnableDisableAction``: ``--x``, ``--no-x``; prefix caching
 also ``--disable-prefix-caching``) and the value each sets."""
 
-ENGINE_FLAGS = (*_BOOLEANS, PERFORMANCE_MODE_FLAG, *LORA_FLAGS, *SPECULATIVE_FLAGS, SPECULATIVE_CONFIG_SHORT)
+ENGINE_FLAGS = (
+    *_BOOLEANS,
+    PERFORMANCE_MODE_FLAG,
+    *LORA_FLAGS,
+    *SPECULATIVE_FLAGS,
+    SPECULATIVE_CONFIG_SHORT,
+    *DATA_PARALLEL_FLAGS,
+)
 """Every spelling :func:`build_engine_flags` reads."""
 
 
@@ -117,6 +134,10 @@ class EngineFlags:
     kv_connector: KvConnector | None = None
     """``--kv-transfer-config``'s connector (:mod:`.kv_connectors`); ``None``: none, or one not read (then
     ``--kv-transfer-config`` is in :attr:`unmodelled`)."""
+    data_parallel: DataParallel | None = None
+    """The data-parallel engines the pod runs and whether their experts split whole (:mod:`.parallel`);
+    ``None``: one engine, experts split by tensor parallelism. Not a budget keyword: the budget is one
+    engine's, and the group's expert shards are the topology's (``kvpilot.tuner.plan.topology``)."""
 
     def budget_kwargs(self) -> BudgetKwargs:
         """The keyword arguments :func:`kvpilot.tuner.memory.compute_budget` takes for these flags."""
@@ -153,6 +174,7 @@ def build_engine_flags(
         speculative=read_speculative_flags(args),
         speculative_flags=speculative_flag_names(args),
         max_num_active_seqs=find_active_seqs(args),
+        data_parallel=read_data_parallel(args),
     )
     for index, flag, inline in iter_flags(args):
         if flag in _EAGER and inline is None:
@@ -172,8 +194,9 @@ def check_engine_flags(args: Sequence[str]) -> None:
     check_lora_flags(args)
     check_active_seqs(args)
     check_kv_transfer_config(args)
+    check_data_parallel(args)
     for index, flag, inline in iter_flags(args):
-        if flag in LORA_FLAGS or flag.split(".", 1)[0] in SPECULATIVE_FLAGS:
+        if flag in LORA_FLAGS or flag in DATA_PARALLEL_FLAGS or flag.split(".", 1)[0] in SPECULATIVE_FLAGS:
             continue
         if flag in _BOOLEANS:
             if inline is not None:

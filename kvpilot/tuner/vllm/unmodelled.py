@@ -8,8 +8,10 @@ costs and what to do, in the plan's warnings (:func:`list_unmodelled_flags`). Ea
 0.33's parser (``tests/contract/test_contract_engine_flags.py`` checks it).
 
 ``--max-num-active-seqs`` is not one: it caps admission and has no memory of its own (:mod:`.active_seqs`).
-Nor are the speculative-decoding flags: what of them is budgeted depends on the method and the model, so
-the plan names what it leaves out itself (:data:`SPECULATIVE_UNBUDGETED`, :mod:`.speculative`).
+Nor are ``--data-parallel-size`` and ``--enable-expert-parallel``: the plan budgets one data-parallel engine
+and the group's expert shards (:mod:`.parallel`). Nor are the speculative-decoding flags: what of them is
+budgeted depends on the method and the model, so the plan names what it leaves out itself
+(:data:`SPECULATIVE_UNBUDGETED`, :mod:`.speculative`).
 """
 
 from __future__ import annotations
@@ -40,12 +42,6 @@ UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
     ),
     "--cpu-offload-gb": (
         "weights offloaded to host memory are still counted on the GPU: the plan is pessimistic"
-    ),
-    "--enable-expert-parallel": (
-        "expert parallelism shards the experts over DP x TP ranks, which the plan (TP only) does not model"
-    ),
-    "--data-parallel-size": (
-        "data parallelism: the plan is for one engine of TP ranks; each DP rank is sized alike"
     ),
 }
 """vLLM 0.33 flag -> what it changes that kvpilot does not budget, and what to do."""
