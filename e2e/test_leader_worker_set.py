@@ -50,6 +50,7 @@ from e2e.waits import host_operator, wait_established, wait_for
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import ClusterKube
 from kvpilot.operator.enginetuner import target
+from kvpilot.operator.enginetuner.target_engines import EngineArgs as TargetEngineArgs
 from kvpilot.operator.inferenceservice import render
 from kvpilot.operator.pods import leader_worker_set as lws
 from kvpilot.operator.pods import ownership, workloads
@@ -697,16 +698,12 @@ def foreign_group(name: str, ns: str) -> dict[str, Any]:
     }
 
 
-def test_an_engine_tuner_tunes_a_group_another_stack_made(
-    kube: ClusterKube, cluster: LocalCluster, tmp_path: Path
-) -> None:
-    """The last gap of the target mode: an EngineTuner (Initial) on a LeaderWorkerSet kvpilot did not make.
-    It reads the leader's flags and the group's size from the set, plans the owner's 8 x 2 layout over the
-    group's 16 GPUs, and its admission webhook gives the recommendation to the leader and the worker the
-    real LWS controller makes after the leader is deleted. A CUDA OOM of that worker, whose group LWS
-    recreates at once, lowers the recommendation; the set itself is never written."""
+@contextlib.contextmanager
+def target_stack(cluster: LocalCluster, tmp_path: Path, prefix: str) -> Iterator[tuple[str, Path]]:
+    """A namespace with two tainted 8 x H100 nodes of its own, the operator on the host watching it and its
+    EngineTuner webhook registered: ``(namespace, the operator's log)``."""
     install_crds(cluster)
-    ns = f"kvtlws-{uuid.uuid4().hex[:6]}"
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     nodes = NodePool(
         f"lws-{ns[-6:]}", 2, H100_80GB_HBM3, 8, cpu="192", memory="2048Gi", machine="p5.48xlarge"
     )
@@ -719,6 +716,18 @@ def test_an_engine_tuner_tunes_a_group_another_stack_made(
         wait_for(lambda: "Listening for webhooks at" in log.read_text(), 30, "the webhook server to listen")
         cluster.apply(hook)
         stack.callback(cluster.kubectl, "delete", "mutatingwebhookconfiguration", hook["metadata"]["name"])
+        yield ns, log
+
+
+def test_an_engine_tuner_tunes_a_group_another_stack_made(
+    kube: ClusterKube, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The last gap of the target mode: an EngineTuner (Initial) on a LeaderWorkerSet kvpilot did not make.
+    It reads the leader's flags and the group's size from the set, plans the owner's 8 x 2 layout over the
+    group's 16 GPUs, and its admission webhook gives the recommendation to the leader and the worker the
+    real LWS controller makes after the leader is deleted. A CUDA OOM of that worker, whose group LWS
+    recreates at once, lowers the recommendation; the set itself is never written."""
+    with target_stack(cluster, tmp_path, "kvtlws") as (ns, log):
         cluster.apply(foreign_group("big", ns))
         tuner = {
             "apiVersion": "kvpilot.io/v1alpha1",
@@ -782,4 +791,120 @@ def test_an_engine_tuner_tunes_a_group_another_stack_made(
         lowered = float(st["recommendation"]["settings"]["gpuMemoryUtilization"])
         assert lowered < float(rec.gpu_memory_utilization or 1.0), st["recommendation"]
         after = get(cluster, LWS_RESOURCE, "big", "-n", ns)
+        assert after["metadata"]["generation"] == generation  # the set was never written
+
+
+def foreign_sglang_group(name: str, ns: str) -> dict[str, Any]:
+    """SGLang over two nodes as another stack writes it (SGLang's multi-node launch: one ``--tp-size 16``
+    across ``--nnodes 2``, each node's ``--node-rank``, node 0's address in ``--dist-init-addr``)."""
+    common = ["python3", "-m", "sglang.launch_server", "--model-path", FOREIGN_MODEL, "--tp-size", "16"]
+    common += ["--nnodes", "2", "--dist-init-addr", f"{lws.LEADER_ADDRESS}:20000", "--enable-metrics"]
+
+    def template(rank: list[str]) -> dict[str, Any]:
+        return {
+            "metadata": {"labels": {"app": name}},
+            "spec": {
+                "nodeSelector": {POOL_LABEL: ns},
+                "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [
+                    {
+                        "name": "sglang",
+                        "image": "lmsysorg/sglang:v0.5.23",
+                        "command": [*common, *rank],
+                        "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                    }
+                ],
+            },
+        }
+
+    return {
+        "apiVersion": lws.API_VERSION,
+        "kind": lws.KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "leaderTemplate": template(["--node-rank", "0", "--host", "0.0.0.0", "--port", "30000"]),
+                "workerTemplate": template(["--node-rank", lws.WORKER_INDEX]),
+            },
+        },
+    }
+
+
+def test_an_engine_tuner_tunes_an_sglang_group_another_stack_made(
+    kube: ClusterKube, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """SGLang in a LeaderWorkerSet kvpilot did not make: the EngineTuner (Initial) plans the owner's
+    ``--tp-size 16`` over the group's two 8-GPU nodes, its webhook gives SGLang's tuned flags to the leader
+    and the worker the real LWS controller makes after the leader is deleted (their node flags kept), and
+    the worker's CUDA OOM (SGLang's scheduler text), gone with its group at once, lowers
+    ``--mem-fraction-static``; the set is never written."""
+    with target_stack(cluster, tmp_path, "kvtsglws") as (ns, log):
+        cluster.apply(foreign_sglang_group("sg", ns))
+        tuner = {
+            "apiVersion": "kvpilot.io/v1alpha1",
+            "kind": "EngineTuner",
+            "metadata": {"name": "sg", "namespace": ns},
+            "spec": {"targetRef": {"kind": lws.KIND, "name": "sg"}, "updateMode": "Initial"},
+        }
+        cluster.apply(tuner)
+
+        def group_pods() -> list[dict[str, Any]]:
+            items = get(cluster, "pods", "-n", ns, "-l", f"{lws.NAME_LABEL}=sg")["items"]
+            return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+        def recommended() -> Any:
+            st = (get(cluster, RESOURCE, "sg", "-n", ns) or {}).get("status") or {}
+            ready = [c for c in st.get("conditions") or () if c["type"] == "Ready" and c["status"] == "True"]
+            return st if ready and (st.get("recommendation") or {}).get("engineArgs") else None
+
+        try:
+            status = wait_for(recommended, 120, "the EngineTuner's recommendation for the SGLang group")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{log.read_text()[-4000:]}") from None
+        found = status["discovered"]
+        assert found["engine"] == "SGLang" and found["gpuCount"] == 8 and found["pods"] == 2, found
+        args = status["recommendation"]["engineArgs"]
+        fraction = float(args[args.index("--mem-fraction-static") + 1])
+        assert args[args.index("--tp-size") + 1] == "16", args
+        rec = TargetEngineArgs("SGLang", tuple(args))
+        generation = get(cluster, LWS_RESOURCE, "sg", "-n", ns)["metadata"]["generation"]
+        old = {p["metadata"]["uid"] for p in group_pods()}
+        cluster.kubectl("delete", "pod", "sg-0", "-n", ns, "--wait=false")  # LWS recreates the group
+
+        def new_group() -> list[dict[str, Any]] | None:
+            pods = group_pods()
+            fresh = [p for p in pods if p["metadata"]["uid"] not in old]
+            return fresh if len(fresh) == 2 and len(pods) == 2 else None
+
+        fresh = wait_for(new_group, 120, "LWS's new SGLang leader and worker")
+        for pod in fresh:
+            assert target.pod_carries(pod, "sglang", rec), (pod["metadata"]["name"], sglang_container(pod))
+        leader, worker = by_role(fresh)
+        command = sglang_container(worker)["command"]
+        assert command[command.index("--node-rank") + 1] == lws.WORKER_INDEX  # the owner's flags stay
+        simulate_container_crash(
+            cluster.kubeconfig,
+            ns,
+            worker["metadata"]["name"],
+            message=f"Scheduler hit an exception: {SGLANG_OOM}",
+            restart_count=1,
+            kubectl=cluster.kubectl_bin,
+        )
+
+        def remedied() -> Any:
+            st = (get(cluster, RESOURCE, "sg", "-n", ns) or {}).get("status") or {}
+            retunes = [h for h in st.get("history") or () if h.get("action") == "Retuned"]
+            return st if retunes else None
+
+        try:
+            st = wait_for(remedied, 120, "the EngineTuner's SGLang crash remedy")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{log.read_text()[-4000:]}") from None
+        *_, last = [h for h in st["history"] if h["action"] == "Retuned"]
+        assert last["trigger"] == "RuntimeOOM", last
+        lowered = st["recommendation"]["engineArgs"]
+        assert float(lowered[lowered.index("--mem-fraction-static") + 1]) < fraction, lowered
+        after = get(cluster, LWS_RESOURCE, "sg", "-n", ns)
         assert after["metadata"]["generation"] == generation  # the set was never written

@@ -15,7 +15,7 @@ from test_enginetuner import LLAMA, NS, PS_COMMAND, FakeTargetKube, cond, deploy
 from kvpilot.operator import api
 from kvpilot.operator.enginetuner import target, target_engine_plan, target_webhook
 from kvpilot.operator.enginetuner.target_engines import EngineArgs
-from kvpilot.operator.pods import leader_worker_set, pod_reading
+from kvpilot.operator.pods import pod_reading
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import sglang, tgi
 
@@ -145,19 +145,6 @@ def test_an_engine_kvpilot_does_not_know_is_discovery_incomplete_by_name() -> No
         target.build_discovery(spec(containerName="server"), wl, [L4_LABELS], {})
     with pytest.raises(target.DiscoveryIncomplete, match=r"no container .* runs vLLM, SGLang or TGI"):
         target.build_discovery(spec(), wl, [L4_LABELS], {})
-
-
-def test_sglang_over_a_groups_nodes_is_unsupported_by_name() -> None:
-    template = sglang_deployment()["spec"]["template"]
-    lws = {
-        "metadata": {"name": "sg", "namespace": NS},
-        "spec": {"leaderWorkerTemplate": {"size": 2, "leaderTemplate": template, "workerTemplate": template}},
-    }
-    s = api.EngineTunerSpec.model_validate({"targetRef": {"kind": leader_worker_set.KIND, "name": "sg"}})
-    found = target_engine_plan.find_target_engine(s, lws)
-    assert found is not None
-    with pytest.raises(target.UnsupportedEngine, match="runs SGLang over a LeaderWorkerSet group of 2 nodes"):
-        target_engine_plan.build_engine_discovery(s, lws, [L4_LABELS], *found)
 
 
 # --- Recommend: the plan in the status --------------------------------------------------------------------

@@ -9,8 +9,11 @@ engine's own memory model and flags), from the spec :func:`build_engine_plan_spe
 (:func:`kvpilot.operator.enginetuner.target_reading.read_engine_plan` asks it), so an EngineTuner and an
 InferenceService plan such a model alike.
 
-One node per replica: SGLang or TGI in a LeaderWorkerSet's group of several nodes is
-:class:`~.target.UnsupportedEngine` (an InferenceService with ``gpu.nodesPerReplica`` runs SGLang so).
+SGLang in a LeaderWorkerSet's group of several nodes (``--nnodes``, its tensor parallelism across them) is
+planned as an InferenceService with ``gpu.nodesPerReplica`` plans it: each pod's GPUs are its share of
+``--tp-size x --pp-size`` (:func:`compute_engine_gpus`), and the leader's and the workers' new pods get the
+recommendation alike (the webhook's). TGI shards within one node: in a group of several nodes it is
+:class:`~.target.UnsupportedEngine`.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class EngineDiscovery:
     gpu_count: int
     gpu_product: str | None = None
     gpu_labels: Mapping[str, str] | None = None
+    nodes: int = 1
+    """The pods of one replica: a LeaderWorkerSet group's size (SGLang only; 1 otherwise)."""
 
     @property
     def args(self) -> tuple[str, ...]:
@@ -82,14 +87,22 @@ def _args_origin(command: EngineCommand, container: Mapping[str, Any]) -> str:
 
 
 def compute_engine_gpus(
-    spec: api.EngineTunerSpec, settings: EngineFlags, container: Mapping[str, Any]
+    spec: api.EngineTunerSpec, settings: EngineFlags, container: Mapping[str, Any], nodes: int = 1
 ) -> int:
-    """GPUs per pod: ``spec.gpu.count``, else SGLang's ``--tp-size`` x ``--pp-size`` (1 each by default),
-    TGI's ``--num-shard`` (by default every GPU the launcher sees: the container's ``nvidia.com/gpu``)."""
+    """GPUs per pod: ``spec.gpu.count``, else SGLang's ``--tp-size`` x ``--pp-size`` (1 each by default)
+    over the group's ``nodes``, TGI's ``--num-shard`` (by default every GPU the launcher sees: the
+    container's ``nvidia.com/gpu``). SGLang ranks that do not split evenly over the nodes are
+    :class:`~.target.DiscoveryIncomplete`, with what to set."""
     if spec.gpu.count:
         return spec.gpu.count
     if isinstance(settings, sglang.SglangSettings):
-        return (settings.tp_size or 1) * (settings.pp_size or 1)
+        ranks = (settings.tp_size or 1) * (settings.pp_size or 1)
+        if ranks % nodes:
+            raise target.DiscoveryIncomplete(
+                f"SGLang's {ranks} ranks ({sglang.FLAGS['tp_size']} x {sglang.FLAGS['pp_size']}) do not "
+                f"split over the group's {nodes} nodes; set spec.gpu.count to the GPUs of each pod"
+            )
+        return ranks // nodes
     return settings.num_shard or capacity.compute_gpu_request({"containers": [container]}) or 1
 
 
@@ -104,11 +117,11 @@ def build_engine_discovery(
     ref = spec.target_ref
     target.refuse_a_groups_part(workload, ref.kind, ref.name)
     nodes = target.group_size(workload)
-    if nodes > 1:
+    if nodes > 1 and command.kind != "SGLang":
         raise target.UnsupportedEngine(
             f"container {container.get('name')!r} runs {command.kind} over a LeaderWorkerSet group of "
-            f"{nodes} nodes, a layout an EngineTuner does not tune yet; an InferenceService with "
-            f"spec.engine.kind {command.kind} plans and runs it (docs/engines/{command.kind.lower()}.md)"
+            f"{nodes} nodes: {command.kind} shards a model within one node (--num-shard), so kvpilot plans "
+            "it one node per replica; run it as a Deployment or StatefulSet"
         )
     try:
         settings = target_engines.compute_settings(command)
@@ -136,16 +149,17 @@ def build_engine_discovery(
         model_origin=model_origin,
         args_origin=_args_origin(command, container),
         image=str(container.get("image") or ""),
-        gpu_count=compute_engine_gpus(spec, settings, container),
+        gpu_count=compute_engine_gpus(spec, settings, container, nodes),
         gpu_product=product,
         gpu_labels=labels,
+        nodes=nodes,
     )
 
 
 def build_engine_plan_spec(spec: api.EngineTunerSpec, found: EngineDiscovery) -> api.InferenceServiceSpec:
     """The InferenceService spec that plans this target: ``engine.kind`` the engine it runs, its model,
-    GPUs (SGLang's tensor-parallel size the owner's: the pod's shape is not kvpilot's to change; TGI
-    shards over every GPU of the pod), serving and tuning bounds."""
+    GPUs (SGLang's tensor-parallel size the owner's, over the group's nodes: the pod's shape is not
+    kvpilot's to change; TGI shards over every GPU of the pod), serving and tuning bounds."""
     tuning = api.Tuning(mode="Recommend", **spec.tuning.model_dump())
     tp = found.settings.tp_size if isinstance(found.settings, sglang.SglangSettings) else None
     own_image = {"SGLang": sglang.serving.IMAGE_REPOSITORY, "TGI": tgi.serving.IMAGE_REPOSITORY}[found.kind]
@@ -153,7 +167,7 @@ def build_engine_plan_spec(spec: api.EngineTunerSpec, found: EngineDiscovery) ->
     image = found.image if usable else own_image
     return api.InferenceServiceSpec(
         model=found.model,
-        gpu=api.GpuRequest(count=found.gpu_count, tensor_parallel_size=tp),
+        gpu=api.GpuRequest(count=found.gpu_count, tensor_parallel_size=tp, nodes_per_replica=found.nodes),
         serving=spec.serving,
         engine=api.Engine(kind=found.kind, image=image),
         tuning=tuning,

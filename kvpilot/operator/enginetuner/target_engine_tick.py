@@ -2,10 +2,12 @@
 makes of it (:func:`fetch_engine_loop`).
 
 In every mode but Off: the standing recommendation from the status's history
-(:func:`.target_engine_loop.compute_current`; none: a new plan, recorded as such), the target's pods read
-as the engine's loop reads an InferenceService's, the previous log of a restart the termination message
-does not explain read once per restart (:func:`kvpilot.operator.pods.engine_pods.read_logged_pods`, in the
-operator's I/O threads), and the metrics of the pods that run the recommendation in the engine's own series
+(:func:`.target_engine_loop.compute_current`; none: a new plan, recorded as such), the target's pods read as
+the engine's loop reads an InferenceService's, the previous log of a restart the termination message does
+not explain read once per restart (:func:`kvpilot.operator.pods.engine_pods.read_logged_pods`, in the
+operator's I/O threads), a LeaderWorkerSet group's crashed pods the operator's watch filed before LWS
+deleted them (:func:`.target_logs.recall_gone`: the restart they say, and nothing else), and the metrics of
+the pods that run the recommendation in the engine's own series
 (:attr:`kvpilot.tuner.engines.Engine.metrics`: :mod:`kvpilot.tuner.sglang.serving`,
 :mod:`kvpilot.tuner.tgi.serving`) from the closed loop's per-tick Prometheus snapshot, as vLLM targets' and
 InferenceServices' are; then :func:`.target_engine_loop.compute_engine_loop`.
@@ -19,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.operator.clients.kube import IO_POOL
-from kvpilot.operator.enginetuner import target_engine_loop
+from kvpilot.operator.enginetuner import target_engine_loop, target_logs
 from kvpilot.operator.enginetuner.target_deps import TargetDeps
 from kvpilot.operator.enginetuner.target_engine_reading import EngineTarget
 from kvpilot.operator.enginetuner.target_engines import EngineArgs
@@ -51,6 +53,8 @@ async def fetch_engine_loop(
     pods = await asyncio.get_running_loop().run_in_executor(
         IO_POOL, engine_pods.read_logged_pods, kube, read.namespace, live, read.found.container, build
     )
+    # a LeaderWorkerSet group's crashed pods, gone with their group (no log left to read): their restart
+    pods += [build(p, None) for p in target_logs.recall_gone(read.namespace, read.spec.target_ref, live)]
     running = target_engine_loop.running(pods)
     if not running:  # nothing judges it: a rollout waits, its deadline counts from the first such pod's start
         return EngineTunerLoop(recommended.args, not_running=True)
