@@ -395,7 +395,7 @@ def test_plan_shows_the_mtp_drafter_in_the_budget() -> None:
     )
     code, out, err = run(*base, mtp)
     assert code == 0, err
-    assert "    (of which MTP drafter)       1.66" in out
+    assert "    (of which drafter)           1.66" in out
     assert (
         "warning: --speculative-config (method mtp, 1 draft token): the MTP drafter's 1 layer takes 1.66 GiB"
         in out

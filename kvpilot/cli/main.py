@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         "'--performance-mode interactivity', '--no-enable-prefix-caching'",
     )
     plan.add_argument(
+        "--draft-config",
+        metavar="PATH",
+        help="the EAGLE3 draft checkpoint's config.json, or its folder, for --engine-args "
+        '\'--speculative-config {"method": "eagle3", ...}\': budgets its weights and KV layer',
+    )
+    plan.add_argument(
         "--engine",
         choices=("vllm", "sglang", "tgi"),
         default="vllm",

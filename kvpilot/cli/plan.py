@@ -4,6 +4,7 @@ another engine's budget (``--engine``: :mod:`kvpilot.cli.engine_plans`)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -60,6 +61,8 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     vllm.check_engine_flags(engine_args)
     nodes = _node_count(args)
     weights, flags = args.checkpoint_bytes or checkpoint, vllm.build_engine_flags(engine_args)
+    if args.draft_config:
+        flags = _with_draft_config(flags, args.draft_config)
     if nodes is not None:
         node_plan = compute_node_plan(
             spec,
@@ -87,6 +90,22 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     return _write(
         out, args.json, plan_as_json(plan, model_name), format_plan(plan, model_name), plan.feasible
     )
+
+
+def _with_draft_config(flags: vllm.EngineFlags, path: str) -> vllm.EngineFlags:
+    """``flags`` carrying the draft checkpoint's ``config.json`` (bounded like ``--config``) for an EAGLE3
+    ``--speculative-config``; any other method (or none) is an input error."""
+    spec = flags.speculative
+    if spec is None or spec.method != vllm.EAGLE3:
+        given = f"method {spec.given_method!r}" if spec is not None else "no --speculative-config"
+        raise CliError(
+            f"{vllm.DRAFT_CONFIG_FLAG} gives an EAGLE3 draft checkpoint's config.json, for --engine-args "
+            f'\'--speculative-config {{"method": "eagle3", "model": ..., "num_speculative_tokens": N}}\' '
+            f"(got {given})"
+        )
+    config = models.parse_config_json(read_text(path), path)
+    models.read_eagle3_draft(config)  # refuse a draft kvpilot cannot size here, naming its field
+    return dataclasses.replace(flags, speculative=dataclasses.replace(spec, draft_config=config))
 
 
 def _write(out: TextIO, as_json: bool, doc: object, text: str, feasible: bool) -> int:

@@ -10,6 +10,7 @@
 * :mod:`.lora` -- the LoRA buffers vLLM preallocates with ``--enable-lora``, loaded with the weights;
 * :mod:`.kv_connector` -- what a ``--kv-transfer-config`` connector allocates after the KV cache is sized;
 * :mod:`.speculative` -- an MTP drafter's weights, buffers and KV layers (``--speculative-config``);
+* :mod:`.eagle3` -- an EAGLE3 drafter's weights and KV layers, from its ``config.json``;
 * :mod:`.estimate` -- ``kvpilot estimate --cases FILE``: one budget per case of the calibration
   set's schema.
 
@@ -26,6 +27,7 @@ from kvpilot.tuner.memory.budget import (
     compute_warmup_logits_bytes,
     resolve_settings,
 )
+from kvpilot.tuner.memory.eagle3 import budgeted_eagle3_draft, compute_eagle3_weight_bytes, with_eagle3_layers
 from kvpilot.tuner.memory.estimate import OUTPUT_KEYS, CaseError, compute_case_budget, compute_estimates
 from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
 from kvpilot.tuner.memory.kv_cache import (
@@ -70,6 +72,7 @@ __all__ = [
     "ONE_ENGINE",
     "OUTPUT_KEYS",
     "WeightBreakdown",
+    "budgeted_eagle3_draft",
     "check_speculative_model",
     "compute_activation_bytes",
     "compute_budget",
@@ -77,6 +80,7 @@ __all__ = [
     "compute_case_budget",
     "compute_cuda_graph_bytes",
     "compute_drafter_weight_bytes",
+    "compute_eagle3_weight_bytes",
     "compute_estimates",
     "compute_kv_connector_bytes",
     "compute_kv_layout",
@@ -97,5 +101,6 @@ __all__ = [
     "padded_vocab_size",
     "resolve_settings",
     "speculative_unbudgeted_reason",
+    "with_eagle3_layers",
     "with_mtp_layers",
 ]

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
 from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
+from kvpilot.tuner.memory.eagle3 import budgeted_eagle3_draft, with_eagle3_layers
 from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
 from kvpilot.tuner.memory.kv_connector import compute_kv_connector_bytes
 from kvpilot.tuner.memory.lora import compute_lora_bytes
@@ -359,7 +360,8 @@ def compute_budget(
     ``kv_connector``: ``--kv-transfer-config``'s connector; its GPU buffers come after the KV cache is sized,
     in the memory the utilisation leaves (:func:`.kv_connector.compute_kv_connector_bytes`).
     ``speculative``: ``--speculative-config``; an MTP drafter kvpilot models adds its weights and buffers
-    (:func:`.speculative.compute_speculative_bytes`) and its KV layers (:func:`.speculative.with_mtp_layers`).
+    (:func:`.speculative.compute_speculative_bytes`) and its KV layers (:func:`.speculative.with_mtp_layers`);
+    so does an EAGLE3 drafter whose ``config.json`` it carries (``draft_config``; :mod:`.eagle3`).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
@@ -538,7 +540,7 @@ def _compute_stage(
         graphs = shared.graphs if shared.subtract_graphs else 0
         available = requested - w - act - state - shared.non_torch - graphs
     layout = kv_cache.compute_kv_layout(
-        with_mtp_layers(model) if budgets_mtp(model, speculative, r.pp) else model,
+        _with_drafter_layers(model, speculative, r.pp),
         tensor_parallel_size=r.tp,
         pipeline_parallel_size=r.pp,
         pp_rank=rank,
@@ -561,6 +563,14 @@ def _compute_stage(
     return refusals.Stage(
         w, act, state, available, layout, lora_bytes, kv_connector=connector, speculative=spec_bytes
     )
+
+
+def _with_drafter_layers(model: ModelSpec, speculative: vllm.SpeculativeFlags | None, pp: int) -> ModelSpec:
+    """The model the KV layout is computed for: the target's layers and a budgeted drafter's."""
+    if budgets_mtp(model, speculative, pp):
+        return with_mtp_layers(model)
+    eagle3 = budgeted_eagle3_draft(speculative, pp)
+    return with_eagle3_layers(model, eagle3) if eagle3 is not None else model
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,9 @@ Not budgeted (:func:`speculative_unbudgeted_reason` names what; the plan warns):
 graphs and the uniform-decode batches of ``1 + num_speculative_tokens`` tokens the target's graphs are
 captured for, the drafter's and the rejection sampler's share of the profile run; EAGLE / EAGLE3 /
 draft-model / DFlash / DSpark drafters (kvpilot does not read their checkpoints) and MTP drafters of
-other families.
+other families. An EAGLE3 drafter of Llama's shape is budgeted when its ``config.json`` is given
+(``SpeculativeFlags.draft_config``; :mod:`.eagle3`: its weights, its KV layers, the same proposer
+buffers); without it the plan says how to give it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ from __future__ import annotations
 import dataclasses
 
 from kvpilot.tuner import errors, vllm
+from kvpilot.tuner.memory.eagle3 import (
+    budgeted_eagle3_draft,
+    compute_eagle3_weight_bytes,
+    eagle3_unbudgeted_reason,
+)
 from kvpilot.tuner.memory.weights import compute_weight_breakdown
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 
@@ -38,6 +45,8 @@ def speculative_unbudgeted_reason(model: ModelSpec, spec: vllm.SpeculativeFlags,
     """Why kvpilot cannot budget ``spec`` for this model, or ``None`` when it does."""
     if spec.method in vllm.NO_MODEL_METHODS:
         return None
+    if spec.method == vllm.EAGLE3:  # budgeted given the draft's config.json (:mod:`.eagle3`)
+        return eagle3_unbudgeted_reason(spec, pp)
     if spec.method != vllm.MTP:
         return (
             f"method {spec.given_method!r} loads a draft model (its own config.json and weights) that "
@@ -189,9 +198,15 @@ def compute_speculative_bytes(
     model_runner_v2: bool = True,
 ) -> int:
     """The drafter's weights and the proposer's buffers on one rank (0 when nothing is budgeted)."""
-    if spec is None or not budgets_mtp(model, spec, pipeline_parallel_size):
+    eagle3 = budgeted_eagle3_draft(spec, pipeline_parallel_size)
+    if spec is None or (eagle3 is None and not budgets_mtp(model, spec, pipeline_parallel_size)):
         return 0
-    weights = compute_drafter_weight_bytes(model, tensor_parallel_size=tensor_parallel_size, dtype=dtype)
+    if eagle3 is not None:
+        weights = compute_eagle3_weight_bytes(
+            eagle3, model, tensor_parallel_size=tensor_parallel_size, dtype=dtype
+        )
+    else:
+        weights = compute_drafter_weight_bytes(model, tensor_parallel_size=tensor_parallel_size, dtype=dtype)
     buffers = compute_proposer_buffer_bytes(
         model,
         spec,

@@ -25,6 +25,7 @@ from kvpilot.tuner.model.catalogue import (
     lookup_model_config,
 )
 from kvpilot.tuner.model.configs import ModelEntry
+from kvpilot.tuner.model.eagle3 import Eagle3DraftSpec, read_eagle3_draft
 from kvpilot.tuner.model.fields import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, MAX_JSON_VALUES, parse_config_json
 from kvpilot.tuner.model.layers import (
     BLOCK_ATTENTION,
@@ -83,6 +84,7 @@ __all__ = [
     "DENSE",
     "DTYPE_BYTES",
     "EXPERTS",
+    "Eagle3DraftSpec",
     "FULL",
     "GDN",
     "KDA",
@@ -123,5 +125,6 @@ __all__ = [
     "lookup_model",
     "lookup_model_config",
     "parse_config_json",
+    "read_eagle3_draft",
     "reads_processor_files",
 ]

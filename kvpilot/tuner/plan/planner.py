@@ -719,6 +719,16 @@ def _describe_speculative(
     """The plan's line on speculative decoding it budgets: an MTP drafter's weights, buffers and KV layers,
     or nothing for a CPU proposer; what it never budgets, by name."""
     tokens = spec.num_speculative_tokens
+    eagle3 = memory.budgeted_eagle3_draft(spec)
+    if eagle3 is not None:
+        n = eagle3.num_layers
+        return (
+            f"{flag} (method eagle3, {_count(tokens or 1, 'draft token')}): the EAGLE3 drafter "
+            f"({eagle3.architecture}, {_count(n, 'layer')}, an LM head of {eagle3.draft_vocab_size:,} "
+            f"tokens) takes {budget.speculative_gib:.2f} GiB per GPU (weights and the proposer's buffers, "
+            f"counted in the weights) and adds {_count(n, 'KV layer')} to the cache "
+            f"({budget.kv_bytes_per_token:,} bytes per token); {vllm.SPECULATIVE_UNBUDGETED}."
+        )
     if spec.method != vllm.MTP:
         count = f", {_count(tokens, 'draft token')}" if tokens else ""
         return (

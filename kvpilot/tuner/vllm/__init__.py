@@ -91,6 +91,12 @@ from kvpilot.tuner.vllm.compressed_attention import (
     check_compressed_ratios,
     compressed_layer_caches,
 )
+from kvpilot.tuner.vllm.eagle3 import (
+    DRAFT_CONFIG_FLAG,
+    EAGLE3,
+    EAGLE3_LLAMA_ARCHITECTURES,
+    eagle3_architecture,
+)
 from kvpilot.tuner.vllm.effective import compute_effective_settings, compute_in_flight_tokens
 from kvpilot.tuner.vllm.engine_flags import (
     DEFAULT_ENGINE,
@@ -308,7 +314,10 @@ __all__ = [
     "DEFAULT_ENGINE",
     "DEFAULT_MAX_LORAS",
     "DEFAULT_MAX_LORA_RANK",
+    "DRAFT_CONFIG_FLAG",
     "DataParallel",
+    "EAGLE3",
+    "EAGLE3_LLAMA_ARCHITECTURES",
     "ENABLE_LORA_FLAG",
     "ENFORCE_EAGER_FLAG",
     "EXACT_FLAGS",
@@ -438,6 +447,7 @@ __all__ = [
     "describe_missing_streamer",
     "describe_settings",
     "describe_unmodelled_flag",
+    "eagle3_architecture",
     "find_active_seqs",
     "find_flag_values",
     "find_pod_flags",

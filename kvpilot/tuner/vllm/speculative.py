@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.tuner import errors
@@ -130,6 +130,9 @@ class SpeculativeFlags:
     """The method as the user spelled it (for messages)."""
     draft_model: str | None = None
     """The ``model`` given (a draft checkpoint kvpilot does not read); ``None``: none."""
+    draft_config: Mapping[str, Any] | None = field(default=None, hash=False)
+    """The draft checkpoint's ``config.json``, given as data (``kvpilot plan --draft-config``): what lets
+    the budget count an EAGLE3 drafter (:mod:`.eagle3`); ``None``: not given."""
 
 
 def _short_to_long(args: Sequence[str]) -> list[str]:
