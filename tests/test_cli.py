@@ -406,6 +406,62 @@ def test_plan_shows_the_mtp_drafter_in_the_budget() -> None:
     assert code == 2 and "--speculative-config takes a JSON object" in err
 
 
+EAGLE3_DRAFT = (
+    Path(__file__).resolve().parent / "data" / "eagle3" / "yuhuili__EAGLE3-LLaMA3.1-Instruct-8B.json"
+)
+EAGLE3 = (
+    "--engine-args=--speculative-config "
+    """'{"method":"eagle3","model":"yuhuili/EAGLE3-LLaMA3.1-Instruct-8B","num_speculative_tokens":3}'"""
+)
+
+
+def test_plan_budgets_an_eagle3_drafter_given_its_config(tmp_path: Path) -> None:
+    """--draft-config (a config.json, or a folder holding one) budgets the EAGLE3 drafter; without it the
+    plan warns naming --draft-config."""
+    base = ("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--max-context", "8192", "--json")
+    code, out, err = run(*base, EAGLE3)
+    assert code == 0, err
+    unread = json.loads(out)
+    assert unread["budget"]["speculative_gib"] == 0
+    assert any("--draft-config PATH" in w for w in unread["warnings"])
+    folder = tmp_path / "draft"
+    folder.mkdir()
+    (folder / "config.json").write_text(EAGLE3_DRAFT.read_text())
+    for given in (str(EAGLE3_DRAFT), str(folder)):
+        code, out, err = run(*base, EAGLE3, "--draft-config", given)
+        assert code == 0, err
+        plan = json.loads(out)
+        assert plan["budget"]["speculative_gib"] > 0.8
+        assert plan["budget"]["kv_cache_tokens"] < unread["budget"]["kv_cache_tokens"]
+        assert not any("--draft-config PATH" in w for w in plan["warnings"])
+        assert any(
+            w.startswith("--speculative-config (method eagle3, 3 draft tokens)") for w in plan["warnings"]
+        )
+    code, out, err = run(*base[:-1], EAGLE3, "--draft-config", str(EAGLE3_DRAFT))
+    assert code == 0 and "(of which drafter)" in out, err
+
+
+def test_plan_refuses_a_draft_config_it_cannot_use(tmp_path: Path) -> None:
+    base = ("plan", "--model", LLAMA, "--gpu", "H100-SXM")
+    code, _, err = run(*base, "--draft-config", str(EAGLE3_DRAFT))
+    assert code == 2 and "--draft-config gives an EAGLE3 draft checkpoint's config.json" in err
+    assert "no --speculative-config" in err
+    mtp = """--engine-args=--speculative-config '{"method":"ngram","num_speculative_tokens":3}'"""
+    code, _, err = run(*base, mtp, "--draft-config", str(EAGLE3_DRAFT))
+    assert code == 2 and "(got method 'ngram')" in err
+    code, _, err = run(*base, EAGLE3, "--draft-config", str(tmp_path / "missing.json"))
+    assert code == 2 and "cannot read" in err
+    qwen = tmp_path / "qwen.json"
+    qwen.write_text(
+        json.dumps({**json.loads(EAGLE3_DRAFT.read_text()), "architectures": ["Qwen3ForCausalLM"]})
+    )
+    code, _, err = run(*base, EAGLE3, "--draft-config", str(qwen))
+    assert code == 2 and "kvpilot does not model" in err
+    (tmp_path / "deep.json").write_text("[" * 100 + "]" * 100)
+    code, _, err = run(*base, EAGLE3, "--draft-config", str(tmp_path / "deep.json"))
+    assert code == 2, err
+
+
 def test_plan_for_a_release_newer_than_modelled_warns() -> None:
     code, out, err = run("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--vllm-version", "9.9.9")
     assert code == 0, err

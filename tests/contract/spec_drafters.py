@@ -30,15 +30,22 @@ from typing import Any
 def _attention_specs(model: Any, vc: Any) -> dict[str, Any]:
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
-    return {
-        name: module.get_kv_cache_spec(vc)
+    return {  # by the layer's name in vLLM's forward context (an EAGLE3 layer's index follows the target's)
+        getattr(module, "layer_name", name): module.get_kv_cache_spec(vc)
         for name, module in model.named_modules()
         if isinstance(module, AttentionLayerBase)
     }
 
 
 def _build_rank(
-    rank: int, tp: int, config: dict[str, Any], spec: dict[str, Any], available: int, init: str, results: Any
+    rank: int,
+    tp: int,
+    config: dict[str, Any],
+    spec: dict[str, Any],
+    available: int,
+    init: str,
+    results: Any,
+    draft: dict[str, Any] | None = None,
 ) -> None:  # pragma: no cover - runs in a spawned process
     import torch
     from vllm.config import (
@@ -60,6 +67,10 @@ def _build_rank(
         folder = Path(tempfile.mkdtemp())
         (folder / "config.json").write_text(json.dumps(config))
         mc = ModelConfig(model=str(folder), skip_tokenizer_init=True, max_model_len=4096, enforce_eager=True)
+        if draft is not None:  # a draft checkpoint (EAGLE3): its config.json in a folder of its own
+            draft_folder = Path(tempfile.mkdtemp())
+            (draft_folder / "config.json").write_text(json.dumps(draft))
+            spec = {**spec, "model": str(draft_folder)}
         pc = ParallelConfig(tensor_parallel_size=tp)
         sc = SpeculativeConfig(**spec, target_model_config=mc, target_parallel_config=pc)
         vc = VllmConfig(
@@ -121,15 +132,16 @@ def _build_rank(
 
 
 def build_drafter_ranks(
-    config: dict[str, Any], spec: dict[str, Any], tp: int, available: int
+    config: dict[str, Any], spec: dict[str, Any], tp: int, available: int, draft: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """What :func:`_build_rank` reports for every TP rank of the drafter of ``config`` under ``spec`` (the
-    ``--speculative-config`` object)."""
+    ``--speculative-config`` object); ``draft``: a draft checkpoint's config.json (EAGLE3), given to vLLM as
+    the ``model`` of ``spec``."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     init = f"file://{tempfile.mktemp()}"
     workers = [
-        ctx.Process(target=_build_rank, args=(rank, tp, config, spec, available, init, results))
+        ctx.Process(target=_build_rank, args=(rank, tp, config, spec, available, init, results, draft))
         for rank in range(tp)
     ]
     for worker in workers:

@@ -30,6 +30,7 @@ and three tokens, and two MTP layers and four tokens. GLM's MoE gate has the sam
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import types
 from pathlib import Path
@@ -39,7 +40,7 @@ import pytest
 import spec_drafters
 
 from kvpilot.tuner import errors, memory, vllm
-from kvpilot.tuner.model import FULL, MLA, build_model_spec
+from kvpilot.tuner.model import FULL, MLA, build_model_spec, read_eagle3_draft
 from kvpilot.tuner.types import GIB
 
 pytestmark = pytest.mark.contract
@@ -230,3 +231,82 @@ def test_the_speculative_flags_and_methods_are_vllms(vllm_parser: Any) -> None:
         "--speculative-config",
         "--spec-tokens",
     )
+
+
+# -- EAGLE3 -------------------------------------------------------------------------------------------
+# The target: Llama-3.1-8B-Instruct's published config cut to two decoder layers; the draft: the shape of
+# yuhuili/EAGLE3-LLaMA3.1-Instruct-8B (``tests/data/eagle3/README.md`` says where each field comes from),
+# given to vLLM as the ``model`` folder of ``--speculative-config``. Every point builds on the CPU.
+
+EAGLE3_DRAFT: dict[str, Any] = json.loads(
+    (CONFIGS.parent / "eagle3" / "yuhuili__EAGLE3-LLaMA3.1-Instruct-8B.json").read_text()
+)
+EAGLE3_ARGS = [
+    "--speculative-config",
+    '{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3}',
+]
+
+
+def _llama_8b() -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((CONFIGS / "meta-llama__Llama-3.1-8B-Instruct.json").read_text())
+    config.update(num_hidden_layers=2)
+    return config
+
+
+@pytest.fixture(scope="module")
+def eagle3(vllm: types.ModuleType) -> dict[int, list[dict[str, Any]]]:
+    spec = {"method": "eagle3", "num_speculative_tokens": 3}  # the model: the draft's folder
+    return {
+        tp: spec_drafters.build_drafter_ranks(_llama_8b(), spec, tp, AVAILABLE, EAGLE3_DRAFT) for tp in (1, 2)
+    }
+
+
+def _eagle3_flags() -> vllm.SpeculativeFlags:
+    return dataclasses.replace(_flags(EAGLE3_ARGS), draft_config=EAGLE3_DRAFT)
+
+
+def test_the_eagle3_drafter_is_vllms(eagle3: dict[int, list[dict[str, Any]]]) -> None:
+    built = eagle3[1][0]
+    draft = read_eagle3_draft(EAGLE3_DRAFT)
+    assert built["method"] == _flags(EAGLE3_ARGS).method == vllm.EAGLE3
+    assert built["architecture"] == draft.architecture == "LlamaForCausalLMEagle3"
+    assert built["architecture"] in vllm.EAGLE3_LLAMA_ARCHITECTURES
+    assert built["num_speculative_tokens"] == 3
+    assert memory.speculative_unbudgeted_reason(build_model_spec(_llama_8b()), _eagle3_flags()) is None
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_eagle3_drafter_weights_are_the_bytes_vllm_keeps_after_load(
+    eagle3: dict[int, list[dict[str, Any]]], tp: int
+) -> None:
+    """vLLM's parameters less ``embed_tokens`` (the target's after load: the checkpoint holds none); the
+    ``lm_head`` over ``draft_vocab_size`` and ``d2t`` (``draft_id_to_target_id``) are the drafter's."""
+    model = build_model_spec(_llama_8b())
+    ours = memory.compute_eagle3_weight_bytes(read_eagle3_draft(EAGLE3_DRAFT), model, tensor_parallel_size=tp)
+    for rank in eagle3[tp]:
+        assert rank["shared_bytes"] > 0 and rank["bias_bytes"] == 0
+        assert ours == rank["param_bytes"] - rank["shared_bytes"], rank
+    assert (
+        memory.compute_speculative_bytes(model, _eagle3_flags(), tensor_parallel_size=tp) > ours
+    )  # + buffers
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_eagle3_kv_layer_joins_the_pool_as_vllm_plans_it(
+    eagle3: dict[int, list[dict[str, Any]]], tp: int
+) -> None:
+    model = build_model_spec(_llama_8b())
+    draft = read_eagle3_draft(EAGLE3_DRAFT)
+    extended = memory.with_eagle3_layers(model, draft)
+    for rank in eagle3[tp]:
+        assert rank["kv"] == [
+            ("FullAttentionSpec", max(1, draft.num_kv_heads // tp), draft.head_dim, draft.head_dim)
+        ]
+    if tp > 1:
+        return  # the planner runs at TP 1 (spec_drafters): the per-rank specs above are the TP 2 check
+    built = eagle3[1][0]
+    assert built["kv_layers"] == extended.num_layers == model.num_layers + 1
+    layout = memory.compute_kv_layout(extended, block_size=16)
+    assert memory.compute_num_blocks(AVAILABLE, layout) == built["num_blocks"]
+    plain = memory.compute_num_blocks(AVAILABLE, memory.compute_kv_layout(model, block_size=16))
+    assert plain > built["num_blocks"]  # the drafter's layer costs tokens

@@ -10,6 +10,7 @@ heads, q_lora 1536, kv_lora 512, nope 128 / rope 64 / v 128, 256 experts of 2048
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 
 from kvpilot.tuner import errors, memory, vllm
 from kvpilot.tuner.gpus import lookup_gpu
+from kvpilot.tuner.model import read_eagle3_draft
 from kvpilot.tuner.model.spec import build_model_spec
 from kvpilot.tuner.plan import compute_plan
 from kvpilot.tuner.types import GIB, EngineSettings, ServingBounds
@@ -188,7 +190,8 @@ def test_the_plan_shows_the_drafter_and_names_what_it_does_not_budget() -> None:
             cfg.DEEPSEEK_V3,
             8,
             ["-sc", '{"method": "eagle3", "model": "org/eagle3", "num_speculative_tokens": 3}'],
-            "method 'eagle3' loads a draft model",
+            "method 'eagle3' loads the draft checkpoint 'org/eagle3', whose config.json kvpilot was not "
+            "given (kvpilot plan --draft-config PATH gives it",
         ),
         (
             cfg.DEEPSEEK_V3,
@@ -334,3 +337,79 @@ def test_the_mtp_drafters_of_published_families_not_modelled_stay_named(file: st
     assert memory.compute_speculative_bytes(model, flags) == 0
     warning = memory.describe_unbudgeted_speculative(model, flags, ("--speculative-config",))
     assert warning is not None and "glm4_moe" in warning and "deepseek_v3" in warning
+
+
+# -- EAGLE3 -------------------------------------------------------------------------------------------
+
+EAGLE3_DRAFT = json.loads(
+    (
+        Path(__file__).resolve().parents[1] / "data" / "eagle3" / "yuhuili__EAGLE3-LLaMA3.1-Instruct-8B.json"
+    ).read_text()
+)
+EAGLE3_3 = _sc(method="eagle3", model="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", num_speculative_tokens=3)
+
+
+def _with_draft(args: list[str], draft: dict[str, Any] | None = EAGLE3_DRAFT) -> vllm.EngineFlags:
+    engine = vllm.build_engine_flags(args)
+    assert engine.speculative is not None
+    return dataclasses.replace(
+        engine, speculative=dataclasses.replace(engine.speculative, draft_config=draft)
+    )
+
+
+def test_the_eagle3_drafter_weights_are_its_layer_fc_norms_head_and_d2t() -> None:
+    """Written out from ``Eagle3LlamaForCausalLM`` (llama_eagle3.py) for the Llama-3.1-8B draft in bf16:
+    qkv_proj from 2h (6144 outputs), o_proj, the MLP (3 x h x 14336), three norms, fc (3h -> h), the
+    final norm, an lm_head of 32000 x h and the int64 d2t of 32000; the embedding is the target's.
+    ``tests/contract/test_contract_speculative.py`` checks the same against vLLM's class."""
+    draft = read_eagle3_draft(EAGLE3_DRAFT)
+    h = 4096
+    layer = 2 * h * (4096 + 2 * 1024) + 4096 * h + 3 * h * 14336 + 3 * h
+    expected = 2 * (layer + 3 * h * h + h + 32000 * h) + 8 * 32000
+    target = build_model_spec(cfg.LLAMA_31_8B)
+    assert memory.compute_eagle3_weight_bytes(draft, target) == expected == 849_635_328
+    two = (
+        2 * (2 * h * (2048 + 2 * 512) + 2048 * h + 3 * h * 7168 + 3 * h + 3 * h * h + h + 16000 * h)
+        + 8 * 32000
+    )
+    assert memory.compute_eagle3_weight_bytes(draft, target, tensor_parallel_size=2) == two
+    # the same vocabulary as the target's: no d2t
+    same = read_eagle3_draft({**EAGLE3_DRAFT, "draft_vocab_size": 128256})
+    assert memory.compute_eagle3_weight_bytes(same, target) == expected - 8 * 32000 + 2 * (128256 - 32000) * h
+
+
+def test_the_plan_budgets_an_eagle3_drafter_given_its_config() -> None:
+    gpu, model = lookup_gpu("H100-SXM"), build_model_spec(cfg.LLAMA_31_8B)
+    bounds = ServingBounds(max_context=8192)
+    plain = compute_plan(model, gpu, 1, bounds)
+    unread = compute_plan(model, gpu, 1, bounds, engine=vllm.build_engine_flags(EAGLE3_3))
+    plan = compute_plan(model, gpu, 1, bounds, engine=_with_draft(EAGLE3_3))
+    assert unread.budget.speculative_gib == 0.0
+    assert any("--draft-config" in w and "not in kvpilot's memory model" in w for w in unread.warnings)
+    assert plan.budget.speculative_gib > 0.8
+    assert plan.budget.kv_cache_tokens < unread.budget.kv_cache_tokens <= plain.budget.kv_cache_tokens
+    # one more KV layer of 8 heads x 128 in bf16: 4 KiB more per token (32 layers -> 33)
+    assert plan.budget.kv_bytes_per_token == plain.budget.kv_bytes_per_token * 33 // 32
+    assert not any("not in kvpilot's memory model" in w or "not read" in w for w in plan.warnings)
+    said = [w for w in plan.warnings if w.startswith("--speculative-config (method eagle3, 3 draft tokens)")]
+    assert len(said) == 1 and f"takes {plan.budget.speculative_gib:.2f} GiB per GPU" in said[0]
+
+
+def test_an_eagle3_draft_kvpilot_cannot_size_is_named() -> None:
+    model = build_model_spec(cfg.LLAMA_31_8B)
+    qwen = _with_draft(EAGLE3_3, {**EAGLE3_DRAFT, "architectures": ["Qwen3ForCausalLM"]}).speculative
+    assert qwen is not None
+    reason = memory.speculative_unbudgeted_reason(model, qwen)
+    assert (
+        reason is not None and "'Eagle3Qwen3ForCausalLM' under eagle3, which kvpilot does not model" in reason
+    )
+    assert memory.compute_speculative_bytes(model, qwen) == 0
+    given = _with_draft(EAGLE3_3).speculative
+    assert given is not None
+    assert memory.speculative_unbudgeted_reason(model, given, pp=2) is not None
+    assert memory.compute_speculative_bytes(model, given, pipeline_parallel_size=2) == 0
+    with pytest.raises(errors.InvalidModelConfig, match="hidden_size"):
+        read_eagle3_draft({k: v for k, v in EAGLE3_DRAFT.items() if k != "hidden_size"})
+    # eagle (EAGLE-1) and a draft model stay named as not read, whatever config is given
+    eagle = _sc(method="eagle", model="org/eagle", num_speculative_tokens=3)
+    assert "kvpilot does not read" in (memory.speculative_unbudgeted_reason(model, _flags(*eagle)) or "")
