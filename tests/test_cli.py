@@ -457,6 +457,8 @@ def test_plan_refuses_a_draft_config_it_cannot_use(tmp_path: Path) -> None:
     )
     code, _, err = run(*base, EAGLE3, "--draft-config", str(qwen))
     assert code == 2 and "kvpilot does not model" in err
+    code, _, err = run(*base, "--engine", "sglang", "--draft-config", str(EAGLE3_DRAFT))
+    assert code == 2 and "--engine vllm only" in err
     (tmp_path / "deep.json").write_text("[" * 100 + "]" * 100)
     code, _, err = run(*base, EAGLE3, "--draft-config", str(tmp_path / "deep.json"))
     assert code == 2, err

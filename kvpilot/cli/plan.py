@@ -47,6 +47,8 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     spec = models.build_model_spec(config)
     if args.config and Path(args.config).is_dir() and models.reads_processor_files(config):
         spec = models.apply_processor_files(spec, _processor_files(Path(args.config)))
+    if args.draft_config and args.engine != "vllm":
+        raise CliError(f"{vllm.DRAFT_CONFIG_FLAG} budgets vLLM's EAGLE3 drafter: it plans --engine vllm only")
     if args.engine == "sglang":
         return plan_sglang(args, spec, gpus.lookup_gpu(args.gpu), model_name, checkpoint, out)
     if args.engine == "tgi":
