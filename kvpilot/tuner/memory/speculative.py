@@ -18,7 +18,7 @@ and one pipeline stage:
 
 Not budgeted (:func:`speculative_unbudgeted_reason` names what; the plan warns): the drafter's CUDA
 graphs and the uniform-decode batches of ``1 + num_speculative_tokens`` tokens the target's graphs are
-captured for, the drafter's and the rejection sampler's share of the profile run; EAGLE / EAGLE3 /
+captured for, the drafter's and the rejection sampler's share of the profile run; EAGLE /
 draft-model / DFlash / DSpark drafters (kvpilot does not read their checkpoints) and MTP drafters of
 other families. An EAGLE3 drafter of Llama's shape is budgeted when its ``config.json`` is given
 (``SpeculativeFlags.draft_config``; :mod:`.eagle3`: its weights, its KV layers, the same proposer

@@ -21,7 +21,8 @@ The methods (``config/speculative.py``):
   max_model_len`` ``int32`` token table, not budgeted);
 * ``eagle``, ``eagle3``, ``draft_model`` (the default when a ``model`` is given without a method,
   ``:1244``), ``dflash``, ``dspark``, ``extract_hidden_states``, ``custom_class`` load another model or code:
-  kvpilot does not read their checkpoints, so the plan names them as not budgeted.
+  kvpilot does not read their checkpoints, so the plan names them as not budgeted; ``eagle3`` is budgeted
+  when the draft's ``config.json`` is given as data (:attr:`SpeculativeFlags.draft_config`, :mod:`.eagle3`).
 
 An MTP drafter (``model_executor/models/deepseek_mtp.py``): one ``DeepSeekMultiTokenPredictorLayer`` per
 ``num_nextn_predict_layers`` (``:144``), each an ``enorm`` and ``hnorm`` (RMSNorm), an ``eh_proj``
