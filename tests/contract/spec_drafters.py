@@ -40,12 +40,19 @@ def _attention_specs(model: Any, vc: Any) -> dict[str, Any]:
     }
 
 
-def _align_hybrid(vc: Any, config: dict[str, Any], target_cls: Any, draft_specs: dict[str, Any]) -> None:
+def _align_hybrid(
+    vc: Any,
+    config: dict[str, Any],
+    target_cls: Any,
+    draft_specs: dict[str, Any],
+    alignment: int | None = None,
+) -> None:
     """``Platform._align_hybrid_block_size`` as a CUDA start runs it (vLLM's CPU platform does not): the
     attention block raised until one page holds a state, the state page padded to it, from the state
     shapes the target's class declares under this ``VllmConfig`` (its speculative tokens included) and
     the drafter's one-token attention page (Triton GDN: no prefill checkpoints, as on a GPU kvpilot is
-    given no compute capability for). The copy of the formula is :func:`kv_points.align_hybrid_block_size`.
+    given no compute capability for; ``alignment``: FlashInfer GDN's prefill-checkpoint grid, which the
+    block is also a multiple of). The copy of the formula is :func:`kv_points.align_hybrid_block_size`.
 
     The SSM state's dtype is first put back to what a CUDA start keeps (the model's config hooks,
     :func:`kv_points._ssm_dtype`): vLLM's CPU platform resets it to float32 for its accelerated GDN
@@ -68,10 +75,55 @@ def _align_hybrid(vc: Any, config: dict[str, Any], target_cls: Any, draft_specs:
         head_size=attention.head_size,
         dtype=attention.dtype,
     )
-    block, padded = kv_points.align_hybrid_block_size(cache.block_size, False, None, page, one)
+    block, padded = kv_points.align_hybrid_block_size(cache.block_size, False, alignment, page, one)
     cache.block_size = block
     cache.mamba_block_size = block  # align mode (prefix caching on): the state block is the attention's
     cache.mamba_page_size_padded = None if padded == page else padded
+
+
+def _plan_with_checkpoints(
+    vc: Any, config: dict[str, Any], target_cls: Any, target: Any, draft: Any, available: int
+) -> dict[str, Any]:  # pragma: no cover - runs in a spawned process
+    """The same plan on a GPU whose GDN prefill is FlashInfer's (Hopper): the block also a multiple of
+    its 64-token checkpoint grid and each state layer's spec given one prefill-checkpoint page, as
+    ``QwenGatedDeltaNetAttention.get_kv_cache_spec`` (``qwen_gdn_linear_attn.py:739``-``:750``) gives it
+    there (vLLM's CPU platform picks no FlashInfer kernel); ``num_speculative_blocks`` stays vLLM's own."""
+    import dataclasses
+
+    from vllm.v1.attention.backends.gdn_attn import FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
+    from vllm.v1.core import kv_cache_planning as planning
+    from vllm.v1.core import kv_cache_utils as kv_utils
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    cache = vc.cache_config
+    cache.block_size = 16
+    draft_specs = _attention_specs(draft, vc)
+    _align_hybrid(vc, config, target_cls, draft_specs, FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
+    specs = {**_attention_specs(target, vc), **_attention_specs(draft, vc)}
+    workers = [
+        {
+            name: dataclasses.replace(
+                s, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=cache.mamba_block_size
+            )
+            if isinstance(s, MambaSpec)
+            else s
+            for name, s in specs.items()
+        }
+    ]
+    groups = planning.get_global_kv_cache_groups(vc, workers)
+    configs = planning.get_kv_cache_configs(vc, workers, [available], groups)
+    _, concurrency = kv_utils.get_kv_cache_capacity(vc, kv_utils.generate_scheduler_kv_cache_config(configs))
+    pages = {
+        int(s.max_memory_usage_bytes(vc) // s.page_size_bytes)
+        for s in workers[0].values()
+        if isinstance(s, MambaSpec)
+    }
+    return {
+        "block_size": int(cache.block_size),
+        "num_blocks": int(configs[0].num_blocks),
+        "concurrency": float(concurrency),
+        "state_pages": sorted(pages),
+    }
 
 
 def _build_rank(
@@ -179,6 +231,8 @@ def _build_rank(
                 for s in workers[0].values()
                 if type(s).__name__ == "MambaSpec"
             ]
+            if hasattr(target_cls, "get_mamba_state_shape_from_config"):
+                found["flashinfer"] = _plan_with_checkpoints(vc, config, target_cls, target, draft, available)
         try:  # the same method without a count
             SpeculativeConfig(method=spec["method"], target_model_config=mc, target_parallel_config=pc)
             found["refused_without_count"] = ""

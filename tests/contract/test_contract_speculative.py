@@ -18,7 +18,8 @@ sizes the pool of the target's layers with the drafter's (:mod:`.spec_drafters` 
   state ``num_speculative_tokens`` positions longer, ``num_speculative_blocks`` more pages per request),
   the attention block aligned to the state page as a CUDA start aligns it (vLLM's CPU platform does not;
   :func:`spec_drafters._align_hybrid`), and kvpilot's state page, pages per request and block size are
-  compared with them.
+  compared with them, for Triton's GDN prefill and for FlashInfer's (Hopper: one prefill-checkpoint page
+  per request more and a 64-token block grid, given to vLLM's own specs as its GDN layer gives it there).
 
 The configs are DeepSeek-V3's (``DeepseekV3ForCausalLM``) without its
 fp8 ``quantization_config`` (vLLM's CPU platform has no ScaledMM kernel for it, as
@@ -279,6 +280,19 @@ def test_the_drafter_kv_layers_join_the_pool_as_vllm_plans_it(
             layout.state_blocks_per_request(),
             layout.bytes_per_block,
         )
+        # on Hopper (FlashInfer's GDN prefill): one checkpoint page more and a 64-token grid
+        hopper = memory.compute_kv_layout(
+            extended, block_size=16, compute_capability=(9, 0), num_speculative_tokens=tokens
+        )
+        flashinfer = built["flashinfer"]
+        assert hopper.block_size == flashinfer["block_size"]
+        assert memory.compute_num_blocks(AVAILABLE, hopper) == flashinfer["num_blocks"]
+        assert {g.state_pages for g in hopper.groups if g.kind == LINEAR} == set(flashinfer["state_pages"])
+        assert flashinfer["state_pages"] == [2 + tokens + 1]
+        capacity = memory.compute_capacity(hopper, AVAILABLE, built["cache"]["max_model_len"], 0)
+        assert capacity.max_concurrency == pytest.approx(flashinfer["concurrency"], rel=1e-12)
+    else:
+        assert "flashinfer" not in built
 
 
 def test_the_speculative_flags_and_methods_are_vllms(vllm_parser: Any) -> None:

@@ -383,6 +383,10 @@ def test_qwen3_next_on_4_h100_with_two_mtp_tokens_budgets_the_drafter_and_the_st
     assert state is not None
     assert state.state_bytes(4, 2, 2) - state.state_bytes(4, 2) == 2 * state.conv_dim // 4 * 2
     assert memory.speculative_state_tokens(model, flags) == 2
+    # ngram: a CPU proposer, but vLLM's GDN state holds its draft tokens too: named, not budgeted
+    ngram_flags = vllm.build_engine_flags(["--spec-method", "ngram", "--spec-tokens", "3"])
+    ngram = compute_plan(model, gpu, 4, ServingBounds(), engine=ngram_flags)
+    assert any("linear-attention state also holds" in w and "not budgeted" in w for w in ngram.warnings)
 
 
 @pytest.mark.parametrize(

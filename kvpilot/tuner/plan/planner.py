@@ -721,9 +721,15 @@ def _describe_speculative(
     tokens = spec.num_speculative_tokens
     if spec.method != vllm.MTP:
         count = f", {_count(tokens, 'draft token')}" if tokens else ""
+        state = ""
+        if model.linear_state is not None:  # vLLM sizes a hybrid's state for the draft tokens, any method
+            state = (
+                "; the draft tokens each request's linear-attention state also holds (more state pages, and "
+                "conv positions) are not budgeted for this method"
+            )
         return (
             f"{flag} (method {spec.method}{count}): the proposer runs on the CPU and takes no GPU memory of "
-            f"its own; {vllm.SPECULATIVE_UNBUDGETED}."
+            f"its own{state}; {vllm.SPECULATIVE_UNBUDGETED}."
         )
     layers = model.num_mtp_layers
     verb, add = ("take", "add") if layers > 1 else ("takes", "adds")
