@@ -12,7 +12,14 @@ sizes the pool of the target's layers with the drafter's (:mod:`.spec_drafters` 
   parameter kvpilot's weight model counts in no MoE layer, the target's included (reported by name, its
   bytes taken from vLLM's parameter, never guessed: 32 bytes per MTP layer of the cut configs below);
 * the KV specs of its attention layers with the layers :func:`kvpilot.tuner.memory.with_mtp_layers`
-  appends, and vLLM's block count for the target's and the drafter's layers together with kvpilot's.
+  appends, and vLLM's block count and concurrency for the target's and the drafter's layers together
+  with kvpilot's; for a gated-DeltaNet hybrid (Qwen3-Next, Qwen3.5, Qwen3.6) the target's ``MambaSpec``
+  layers are in the plan too, as vLLM's own layers declare them under the speculative config (their conv
+  state ``num_speculative_tokens`` positions longer, ``num_speculative_blocks`` more pages per request),
+  the attention block aligned to the state page as a CUDA start aligns it (vLLM's CPU platform does not;
+  :func:`spec_drafters._align_hybrid`), and kvpilot's state page, pages per request and block size are
+  compared with them, for Triton's GDN prefill and for FlashInfer's (Hopper: one prefill-checkpoint page
+  per request more and a 64-token block grid, given to vLLM's own specs as its GDN layer gives it there).
 
 The configs are DeepSeek-V3's (``DeepseekV3ForCausalLM``) without its
 fp8 ``quantization_config`` (vLLM's CPU platform has no ScaledMM kernel for it, as
@@ -24,7 +31,12 @@ GLM-4.5 / 4.6 / 4.7 config.json is stored, ``tests/data/hf_configs/INDEX.md``, s
 transformers' ``Glm4MoeConfig`` defaults with the published configs' ``head_dim``, QK norm and
 attention bias, cut to two layers and eight experts), with QK norm and bias and without, one MTP layer
 and three tokens, and two MTP layers and four tokens. GLM's MoE gate has the same fp32
-``e_score_correction_bias`` (``glm4_moe.py:148``): the same one exception.
+``e_score_correction_bias`` (``glm4_moe.py:148``): the same one exception. And Qwen3-Next-80B-A3B's
+(``Qwen3NextMTP``), cut to three gated DeltaNet layers and one full-attention layer and eight experts, with
+one and two speculative tokens (``mtp``, ``qwen3_next_mtp``); Qwen3.6-35B-A3B's (``Qwen3_5MoeMTP``, the
+multimodal wrapper with its vision tower, its text model cut alike) with two (``qwen3_5_mtp``); Qwen3.5-9B's
+(``Qwen3_5MTP``, dense) with one: no ``e_score_correction_bias``, and their top-level ``lm_head`` is the
+target's after load. Every case builds on vLLM's CPU platform; none is left out.
 """
 
 from __future__ import annotations
@@ -40,7 +52,7 @@ import pytest
 import spec_drafters
 
 from kvpilot.tuner import errors, memory, vllm
-from kvpilot.tuner.model import FULL, MLA, build_model_spec, read_eagle3_draft
+from kvpilot.tuner.model import FULL, LINEAR, MLA, NO_KV, build_model_spec, read_eagle3_draft
 from kvpilot.tuner.types import GIB
 
 pytestmark = pytest.mark.contract
@@ -53,6 +65,26 @@ def _deepseek(**cut: Any) -> dict[str, Any]:
     config: dict[str, Any] = json.loads((CONFIGS / "deepseek-ai__DeepSeek-V3.json").read_text())
     config.pop("quantization_config")
     config.update(num_hidden_layers=4, n_routed_experts=8, num_experts_per_tok=2, **cut)
+    return config
+
+
+def _qwen3_next(**cut: Any) -> dict[str, Any]:
+    """Qwen3-Next-80B-A3B's config cut to four decoder layers (three gated DeltaNet, the fourth full
+    attention: ``full_attention_interval`` 4, like the 48th) and eight routed experts; no
+    ``num_nextn_predict_layers`` (the published config has none: the drafter builds one layer)."""
+    config: dict[str, Any] = json.loads((CONFIGS / "Qwen__Qwen3-Next-80B-A3B-Instruct.json").read_text())
+    config.update(num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, **cut)
+    return config
+
+
+def _qwen3_5(name: str) -> dict[str, Any]:
+    """A Qwen3.5 / Qwen3.6 config (the multimodal wrapper, its vision tower whole) whose text model is cut
+    to its first four layers (three gated DeltaNet, one full attention) and, for a MoE, eight experts."""
+    config: dict[str, Any] = json.loads((CONFIGS / f"{name}.json").read_text())
+    text = config["text_config"]
+    text.update(num_hidden_layers=4, layer_types=text["layer_types"][:4])
+    if "num_experts" in text:
+        text.update(num_experts=8, num_experts_per_tok=2)
     return config
 
 
@@ -96,6 +128,22 @@ def _glm(**cut: Any) -> dict[str, Any]:
 
 
 CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "qwen3-next-mtp-1": (
+        _qwen3_next(),
+        ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
+    ),
+    "qwen3-next-qwen3_next_mtp-2": (
+        _qwen3_next(),
+        ["--speculative-config", '{"method": "qwen3_next_mtp", "num_speculative_tokens": 2}'],
+    ),
+    "qwen3.6-moe-qwen3_5_mtp-2": (
+        _qwen3_5("Qwen__Qwen3.6-35B-A3B"),
+        ["--speculative-config", '{"method": "qwen3_5_mtp", "num_speculative_tokens": 2}'],
+    ),
+    "qwen3.5-dense-mtp-1": (
+        _qwen3_5("Qwen__Qwen3.5-9B"),
+        ["--spec-method", "mtp", "--spec-tokens", "1"],
+    ),
     "glm-4.5-mtp-1": (
         _glm(),
         ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
@@ -163,7 +211,13 @@ def test_the_drafter_and_its_method_are_vllms(
     built = theirs[1][case][0]
     assert built["method"] == flags.method == vllm.MTP
     assert built["architecture"] == vllm.MTP_DRAFTERS[model.model_type].architecture
-    assert built["n_predict"] == model.num_mtp_layers == config.get("num_nextn_predict_layers", 1)
+    # vLLM's n_predict: the config's count (transformers' default for DeepSeek); None for Qwen3-Next,
+    # whose config has none, and whose predictor then builds getattr(config, ..., 1) layers
+    text = config.get("text_config", config)
+    drafter = vllm.MTP_DRAFTERS[model.model_type]
+    expected = text.get(drafter.layers_key, 1 if model.model_type != "qwen3_next" else None)
+    assert built["n_predict"] == expected
+    assert len(built["kv"]) == model.num_mtp_layers  # the MTP layers vLLM built
     assert built["num_speculative_tokens"] == flags.num_speculative_tokens
     memory.check_speculative_model(model, flags)  # vLLM accepted it: so does kvpilot
     # without a count (and without a model) vLLM refuses the same method: so does kvpilot
@@ -183,8 +237,8 @@ def test_the_drafter_weights_are_the_bytes_vllm_keeps_after_load(
     for rank in theirs[tp][case]:
         assert rank["shared_bytes"] > 0  # the embedding and the heads are there, and then the target's
         assert (
-            rank["bias_bytes"] == 4 * config["n_routed_experts"] * model.num_mtp_layers
-        )  # the one exception
+            rank["bias_bytes"] == 4 * config.get("n_routed_experts", 0) * model.num_mtp_layers
+        )  # the one exception (DeepSeek's and GLM's gates; Qwen's have none)
         assert ours == rank["param_bytes"] - rank["shared_bytes"] - rank["bias_bytes"], rank
 
 
@@ -192,8 +246,9 @@ def test_the_drafter_weights_are_the_bytes_vllm_keeps_after_load(
 def test_the_drafter_kv_layers_join_the_pool_as_vllm_plans_it(
     theirs: dict[int, dict[str, list[dict[str, Any]]]], case: str
 ) -> None:
-    config, _ = CASES[case]
+    config, args = CASES[case]
     model = build_model_spec(copy.deepcopy(config))
+    tokens = _flags(args).num_speculative_tokens or 0
     built = theirs[1][case][0]
     extended = memory.with_mtp_layers(model)
     added = extended.layers[model.num_layers :]
@@ -204,11 +259,41 @@ def test_the_drafter_kv_layers_join_the_pool_as_vllm_plans_it(
         # MLA: kvpilot's head_dim_v and vLLM's head_size_v are both 0 (the latent is one page); full
         # attention: vLLM's head_size_v is the head size unless the class gives another
         assert layer.head_dim_v == (head_v if kind == "MLAAttentionSpec" else head_v or head)
-    assert built["kv_layers"] == extended.num_layers
-    layout = memory.compute_kv_layout(extended, block_size=16)
+    assert built["kv_layers"] == sum(layer.kind != NO_KV for layer in extended.layers)
+    # no compute capability: Triton's GDN prefill, no checkpoint page (what spec_drafters aligns for)
+    layout = memory.compute_kv_layout(
+        extended, block_size=16, compute_capability=None, num_speculative_tokens=tokens
+    )
     assert memory.compute_num_blocks(AVAILABLE, layout) == built["num_blocks"]
-    plain = memory.compute_num_blocks(AVAILABLE, memory.compute_kv_layout(model, block_size=16))
-    assert plain > built["num_blocks"]  # the drafter's layers cost tokens
+    capacity = memory.compute_capacity(layout, AVAILABLE, built["cache"]["max_model_len"], 0)
+    assert capacity.max_concurrency == pytest.approx(built["capacity"][1], rel=1e-12)
+    plain = memory.compute_kv_layout(model, block_size=16, compute_capability=None)
+    assert memory.compute_num_blocks(AVAILABLE, plain) > built["num_blocks"]  # the drafter costs tokens
+    states = [g for g in layout.groups if g.kind == LINEAR]
+    assert bool(states) == bool(built["states"])
+    if states:  # gated DeltaNet: the state grows with the speculative tokens, as vLLM declares it
+        assert layout.block_size == built["cache"]["block_size"]
+        for _, _, page, spec_blocks, _, pages in built["states"]:
+            assert spec_blocks == tokens
+            assert {(g.page_bytes, g.state_pages) for g in states} == {(page, pages)}
+        without = memory.compute_kv_layout(extended, block_size=16, compute_capability=None)
+        assert (without.state_blocks_per_request(), without.bytes_per_block) != (
+            layout.state_blocks_per_request(),
+            layout.bytes_per_block,
+        )
+        # on Hopper (FlashInfer's GDN prefill): one checkpoint page more and a 64-token grid
+        hopper = memory.compute_kv_layout(
+            extended, block_size=16, compute_capability=(9, 0), num_speculative_tokens=tokens
+        )
+        flashinfer = built["flashinfer"]
+        assert hopper.block_size == flashinfer["block_size"]
+        assert memory.compute_num_blocks(AVAILABLE, hopper) == flashinfer["num_blocks"]
+        assert {g.state_pages for g in hopper.groups if g.kind == LINEAR} == set(flashinfer["state_pages"])
+        assert flashinfer["state_pages"] == [2 + tokens + 1]
+        capacity = memory.compute_capacity(hopper, AVAILABLE, built["cache"]["max_model_len"], 0)
+        assert capacity.max_concurrency == pytest.approx(flashinfer["concurrency"], rel=1e-12)
+    else:
+        assert "flashinfer" not in built
 
 
 def test_the_speculative_flags_and_methods_are_vllms(vllm_parser: Any) -> None:

@@ -201,12 +201,6 @@ def test_the_plan_shows_the_drafter_and_names_what_it_does_not_budget() -> None:
         ),
         (cfg.DEEPSEEK_V3, 8, _sc(method="mtp", model="org/x"), "the draft checkpoint 'org/x'"),
         (
-            cfg.QWEN3_NEXT_80B,
-            2,
-            _sc(method="qwen3_next_mtp", num_speculative_tokens=2),
-            "model_type 'qwen3_next') is not modelled",
-        ),
-        (
             cfg.DEEPSEEK_V3,
             8,
             ["--speculative-config.method=mtp", "--speculative-config.num_speculative_tokens=1"],
@@ -320,8 +314,6 @@ def test_glm_4_5s_drafter_is_one_more_glm_moe_layer_and_full_attention_kv_layer(
 @pytest.mark.parametrize(
     ("file", "model_type"),
     [
-        ("Qwen__Qwen3.5-27B.json", "qwen3_5_text"),  # Qwen3_5MTP: a full-attention layer, GDN state pages
-        ("Qwen__Qwen3.6-35B-A3B.json", "qwen3_5_moe_text"),
         ("XiaomiMiMo__MiMo-V2-Flash.json", "mimo_v2_flash"),  # MiMoV2MTPModel: its own sliding layer
         ("zai-org__GLM-5.json", "glm_moe_dsa"),  # DeepseekV32MTPModel: an indexer and its buffer
         ("deepseek-ai__DeepSeek-V3.2.json", "deepseek_v32"),
@@ -413,3 +405,85 @@ def test_an_eagle3_draft_kvpilot_cannot_size_is_named() -> None:
     # eagle (EAGLE-1) and a draft model stay named as not read, whatever config is given
     eagle = _sc(method="eagle", model="org/eagle", num_speculative_tokens=3)
     assert "kvpilot does not read" in (memory.speculative_unbudgeted_reason(model, _flags(*eagle)) or "")
+
+
+QWEN_MTP_2 = _sc(method="mtp", num_speculative_tokens=2)
+
+
+def test_qwen3_nexts_drafter_is_one_full_attention_moe_layer_an_fc_and_three_norms() -> None:
+    """vLLM 0.33's ``Qwen3NextMultiTokenPredictor`` (``qwen3_next_mtp.py``): one ``Qwen3NextDecoderLayer``
+    built as full attention (gated query: ``q_proj`` twice the heads; QK norm; no bias), the MoE of 512
+    experts of 512 with a shared expert and its sigmoid gate; one ``fc`` (2h -> h, split over TP) and
+    ``norm`` / ``pre_fc_norm_hidden`` / ``pre_fc_norm_embedding``; embedding and ``lm_head`` the target's.
+    The published config has no ``num_nextn_predict_layers``: the predictor's default, one layer."""
+    model = build_model_spec(cfg.QWEN3_NEXT_80B)
+    assert model.model_type == "qwen3_next" and model.num_mtp_layers == 1
+    h, heads, kv, hd, experts, inter = 2048, 16, 2, 256, 512, 512
+    attention = h * (2 * heads + 2 * kv) * hd + heads * hd * h + 2 * hd + 2 * h  # q/k norm, two norms
+    moe = experts * 3 * h * inter + 3 * h * inter + h + h * experts  # shared expert and its gate, router
+    assert memory.compute_drafter_weight_bytes(model) == 2 * (attention + moe + 2 * h * h + 3 * h)
+    tp4 = memory.compute_drafter_weight_bytes(model, tensor_parallel_size=4)
+    # two KV heads over four ranks: one whole head on each (vLLM replicates them)
+    split = (h * 2 * heads * hd + heads * hd * h + experts * 3 * h * inter + 3 * h * inter) // 4 + 2 * h * hd
+    assert tp4 == 2 * (split + 2 * hd + 2 * h + h + h * experts + 2 * h * h // 4 + 3 * h)
+    # its KV layer is a copy of the last full-attention layer, never a gated DeltaNet one
+    extended = memory.with_mtp_layers(model)
+    assert extended.layers[-1] == model.layers[-1] and extended.layers[-1].kind == "full"
+
+
+def test_qwen3_next_on_4_h100_with_two_mtp_tokens_budgets_the_drafter_and_the_state_growth() -> None:
+    model = build_model_spec(cfg.QWEN3_NEXT_80B)
+    gpu = lookup_gpu("H100-SXM")
+    engine = vllm.build_engine_flags(QWEN_MTP_2)
+    plan = compute_plan(model, gpu, 4, ServingBounds(), engine=engine)
+    plain = compute_plan(model, gpu, 4, ServingBounds())
+    assert plan.budget.speculative_gib > 0 and plain.budget.speculative_gib == 0.0
+    assert not [w for w in plan.warnings if "is not in kvpilot's memory model" in w]
+    assert not [w for w in plan.warnings if "not modelled" in w]
+    said = [w for w in plan.warnings if w.startswith("--speculative-config")]
+    assert len(said) == 1 and "(method mtp, 2 draft tokens): the MTP drafter's 1 layer takes" in said[0]
+    assert "state holds 2 more pages per state group and its conv state 2 more positions" in said[0]
+    assert plan.budget.kv_cache_tokens < plain.budget.kv_cache_tokens
+    assert plan.budget.max_concurrency < plain.budget.max_concurrency
+    settings = EngineSettings(
+        max_model_len=32768, max_num_seqs=64, max_num_batched_tokens=8192, tensor_parallel_size=4
+    )
+    flags = _flags(*QWEN_MTP_2)
+    spec = memory.compute_budget(model, gpu, settings, speculative=flags)
+    base = memory.compute_budget(model, gpu, settings)
+    assert spec.weights_gib - base.weights_gib == pytest.approx(spec.speculative_gib)
+    # the GDN state: two more conv positions per page and two more pages per request (align mode)
+    ext = memory.with_mtp_layers(model)
+    kwargs: dict[str, Any] = {"tensor_parallel_size": 4}
+    one = memory.compute_kv_layout(ext, **kwargs)
+    two = memory.compute_kv_layout(ext, num_speculative_tokens=2, **kwargs)
+    assert two.state_blocks_per_request() == one.state_blocks_per_request() + 2 * one.state_groups
+    state = model.linear_state
+    assert state is not None
+    assert state.state_bytes(4, 2, 2) - state.state_bytes(4, 2) == 2 * state.conv_dim // 4 * 2
+    assert memory.speculative_state_tokens(model, flags) == 2
+    # ngram: a CPU proposer, but vLLM's GDN state holds its draft tokens too: named, not budgeted
+    ngram_flags = vllm.build_engine_flags(["--spec-method", "ngram", "--spec-tokens", "3"])
+    ngram = compute_plan(model, gpu, 4, ServingBounds(), engine=ngram_flags)
+    assert any("linear-attention state also holds" in w and "not budgeted" in w for w in ngram.warnings)
+
+
+@pytest.mark.parametrize(
+    ("file", "model_type", "architecture"),
+    [
+        ("Qwen__Qwen3.5-27B.json", "qwen3_5_text", "Qwen3_5MTP"),
+        ("Qwen__Qwen3.5-9B.json", "qwen3_5_text", "Qwen3_5MTP"),
+        ("Qwen__Qwen3.5-35B-A3B.json", "qwen3_5_moe_text", "Qwen3_5MoeMTP"),
+        ("Qwen__Qwen3.6-35B-A3B.json", "qwen3_5_moe_text", "Qwen3_5MoeMTP"),
+        ("Qwen__Qwen3.5-397B-A17B.json", "qwen3_5_moe_text", "Qwen3_5MoeMTP"),
+    ],
+)
+def test_qwen3_5_and_3_6_drafters_are_budgeted(file: str, model_type: str, architecture: str) -> None:
+    config = json.loads((Path(__file__).resolve().parents[1] / "data" / "hf_configs" / file).read_text())
+    model = build_model_spec(config)
+    flags = _flags(*MTP_1)
+    assert model.model_type == model_type and model.num_mtp_layers == 1  # mtp_num_hidden_layers
+    assert vllm.MTP_DRAFTERS[model_type].architecture == architecture
+    assert memory.speculative_unbudgeted_reason(model, flags) is None
+    assert memory.describe_unbudgeted_speculative(model, flags, ("--speculative-config",)) is None
+    assert memory.compute_drafter_weight_bytes(model) > 0

@@ -48,6 +48,7 @@ from kvpilot.tuner.memory.speculative import (
     compute_proposer_buffer_bytes,
     compute_speculative_bytes,
     describe_unbudgeted_speculative,
+    speculative_state_tokens,
     speculative_unbudgeted_reason,
     with_mtp_layers,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "lora_unbudgeted_reason",
     "padded_vocab_size",
     "resolve_settings",
+    "speculative_state_tokens",
     "speculative_unbudgeted_reason",
     "with_eagle3_layers",
     "with_mtp_layers",

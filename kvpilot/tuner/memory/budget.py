@@ -44,11 +44,16 @@ from kvpilot.tuner.memory.eagle3 import budgeted_eagle3_draft, with_eagle3_layer
 from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
 from kvpilot.tuner.memory.kv_connector import compute_kv_connector_bytes
 from kvpilot.tuner.memory.lora import compute_lora_bytes
-from kvpilot.tuner.memory.speculative import budgets_mtp, compute_speculative_bytes, with_mtp_layers
+from kvpilot.tuner.memory.speculative import (
+    budgets_mtp,
+    compute_speculative_bytes,
+    speculative_state_tokens,
+    with_mtp_layers,
+)
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
-MEMORY_MODEL_VERSION = "2026.12.7.6"
+MEMORY_MODEL_VERSION = "2026.12.7.8"
 """The memory model's version: bump it whenever a change here (or in :mod:`.kv_cache`, :mod:`.weights`)
 moves a prediction. Fleet-learned TuningProfiles are keyed by it
 (:mod:`kvpilot.tuner.plan.profiles`), so a new memory model never reuses ratios learned against the old one's
@@ -539,6 +544,7 @@ def _compute_stage(
     else:
         graphs = shared.graphs if shared.subtract_graphs else 0
         available = requested - w - act - state - shared.non_torch - graphs
+    mtp = speculative is not None and budgets_mtp(model, speculative, r.pp)
     layout = kv_cache.compute_kv_layout(
         _with_drafter_layers(model, speculative, r.pp),
         tensor_parallel_size=r.tp,
@@ -550,6 +556,8 @@ def _compute_stage(
         vllm_version=version,
         compute_capability=gpu.compute_capability,
         enable_prefix_caching=enable_prefix_caching,
+        # a gated DeltaNet's conv state and state pages grow with the draft tokens (:mod:`.speculative`)
+        num_speculative_tokens=speculative_state_tokens(model, speculative) if mtp else 0,
     )
     connector = compute_kv_connector_bytes(  # built after the KV cache is sized: not in ``available``
         model,

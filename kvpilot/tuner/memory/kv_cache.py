@@ -57,7 +57,8 @@ class KvGroup:
     group_bytes: int = 0
     """Bytes of one block of this group (its layers' pages summed); 0: ``layers x page_bytes``."""
     state_pages: int = 1
-    """``LINEAR`` groups: pages one request holds (2 or 3 in vLLM's align mode)."""
+    """``LINEAR`` groups: pages one request holds (2 or 3 in vLLM's align mode; plus one per speculative
+    token)."""
 
     @property
     def bytes_per_block(self) -> int:
@@ -154,12 +155,16 @@ def compute_kv_layout(
     vllm_version: vllm.Version = vllm.PINNED_VERSION,
     compute_capability: tuple[int, int] | None = (9, 0),
     enable_prefix_caching: bool | None = None,
+    num_speculative_tokens: int = 0,
 ) -> KvLayout:
     """Group this rank's layers the way vLLM does and size one block of the shared pool.
 
     ``compute_capability`` picks the GPU's kernels (FlashInfer GDN on Hopper and later: a 64-token
     alignment and a checkpoint page); ``enable_prefix_caching`` (None: vLLM's default, on except for
-    attention-free models) puts state layers in align mode.
+    attention-free models) puts state layers in align mode. ``num_speculative_tokens`` (speculative
+    decoding with a drafter kvpilot budgets; 0: none) grows a gated DeltaNet's conv state and the state
+    pages each request holds (:func:`kvpilot.tuner.vllm.speculative_conv_positions`,
+    :func:`kvpilot.tuner.vllm.state_pages_per_request`).
     """
     if model.compressed is not None:
         return _compressed_layout(model, pipeline_parallel_size, pp_rank, kv_cache_dtype)
@@ -200,12 +205,15 @@ def compute_kv_layout(
     has_state = any(k[0] == LINEAR for k in present)
     if enable_prefix_caching is None:
         enable_prefix_caching = vllm.prefix_caching_by_default(attention_free=not attention)
+    spec = num_speculative_tokens
+    extra_conv = vllm.speculative_conv_positions(state is not None and state.family == GDN, spec)
     if has_state and not attention:  # attention-free (Mamba, Mamba2): one unpadded page per state
         assert state is not None
         align = vllm.uses_mamba_align_mode(vllm_version, enable_prefix_caching)
-        state_pages = vllm.state_pages_per_request(align, _mixer_checkpoints(state, align, vllm_version))
+        checkpoints = _mixer_checkpoints(state, align, vllm_version)
+        state_pages = vllm.state_pages_per_request(align, checkpoints, spec)
         model_per_token = 0.0
-        state_bytes = state.state_bytes(tp, model_bytes)
+        state_bytes = state.state_bytes(tp, model_bytes, extra_conv)
     elif has_state:
         assert state is not None and per_token
         align = vllm.uses_mamba_align_mode(vllm_version, enable_prefix_caching)
@@ -219,14 +227,14 @@ def compute_kv_layout(
             and vllm.uses_flashkda(compute_capability, state.head_k_dim, bf16, state.bounded_gate)
         ):
             checkpoint = vllm.FLASHKDA_CHECKPOINT_ALIGNMENT
-        state_bytes = state.state_bytes(tp, model_bytes)
+        state_bytes = state.state_bytes(tp, model_bytes, extra_conv)
         # vLLM sizes the attention page from the model's (full-attention) geometry.
         full = [k for k in attention if k[0] in (FULL, MLA)] or list(attention)
         model_per_token = per_token[max(full, key=lambda k: per_token[k])]
         block_size = _hybrid_block_size(model, model_per_token, block_size, state_bytes, checkpoint)
         blocks = dict.fromkeys(attention, block_size)
         checkpoints = (1 if checkpoint else 0) + _mixer_checkpoints(state, align, vllm_version)
-        state_pages = vllm.state_pages_per_request(align, checkpoints)
+        state_pages = vllm.state_pages_per_request(align, checkpoints, spec)
     pages = {key: int(blocks[key] * per_token[key]) for key in attention}
     if has_state:
         state_page = max(int(block_size * model_per_token), state_bytes)

@@ -6,11 +6,15 @@ Budgeted, for ``method: mtp`` with a drafter kvpilot models (:data:`kvpilot.tune
 and one pipeline stage:
 
 * the drafter's weights, loaded inside "Model loading took X GiB": per MTP layer one more decoder layer
-  of the target's (MoE, quantized as the target's; DeepSeek-V3's MLA, GLM-4.5's GQA), its ``eh_proj``
-  (``2h x h`` in the model dtype, whole on every TP rank) and three RMSNorms; its embedding and LM head
-  are the target's after load;
+  of the target's (MoE or MLP, quantized as the target's; DeepSeek-V3's MLA, GLM-4.5's GQA, Qwen3-Next's
+  and Qwen3.5 / 3.6's gated full attention), and its ``2h x h`` projections in the model dtype with three
+  RMSNorms each (DeepSeek, GLM: an ``eh_proj`` per MTP layer, whole on every TP rank; Qwen: one ``fc``
+  for all, split over TP); its embedding and LM head are the target's after load;
 * its KV layers: each MTP layer's attention is one more layer of the target's kind in the KV pool, so a
   GiB holds fewer tokens (:func:`with_mtp_layers` is the model the KV layout is computed for);
+* a gated-DeltaNet hybrid's state (Qwen3-Next, Qwen3.5, Qwen3.6): ``num_speculative_tokens`` more conv
+  positions per state page and that many more state pages per request
+  (:func:`speculative_state_tokens`, threaded into :func:`kvpilot.tuner.memory.compute_kv_layout`);
 * the proposer's buffers (``max_num_batched_tokens`` ids, positions, slot mapping, hidden states and
   input embeddings; ``max_num_seqs`` ids), allocated after the init snapshot.
 
@@ -36,7 +40,7 @@ from kvpilot.tuner.memory.eagle3 import (
     eagle3_unbudgeted_reason,
 )
 from kvpilot.tuner.memory.weights import compute_weight_breakdown
-from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
+from kvpilot.tuner.model import DTYPE_BYTES, LINEAR, ModelSpec
 
 _INT32, _INT64, _FP32 = 4, 8, 4
 
@@ -122,20 +126,32 @@ def budgets_mtp(model: ModelSpec, spec: vllm.SpeculativeFlags | None, pp: int = 
     )
 
 
+def speculative_state_tokens(model: ModelSpec, spec: vllm.SpeculativeFlags | None) -> int:
+    """The ``num_speculative_tokens`` vLLM sizes a hybrid's state layers for (``VllmConfig
+    .num_speculative_tokens``: the count given, else the drafter's ``n_predict``); 0 without speculative
+    decoding."""
+    if spec is None:
+        return 0
+    return spec.num_speculative_tokens or model.num_mtp_layers
+
+
 def with_mtp_layers(model: ModelSpec) -> ModelSpec:
     """``model`` with its MTP layers appended as decoder layers ``num_layers .. num_layers + n - 1``: each
-    a copy of the last decoder layer (DeepSeek-V3's: MLA and MoE, as ``DeepseekV2DecoderLayer`` of that
-    index builds it; GLM-4.5's: GQA full attention and MoE, as ``Glm4MoeDecoderLayer`` does)."""
+    a copy of the last attention decoder layer (DeepSeek-V3's: MLA and MoE, as ``DeepseekV2DecoderLayer``
+    of that index builds it; GLM-4.5's: GQA full attention and MoE, as ``Glm4MoeDecoderLayer`` does;
+    Qwen3-Next's and Qwen3.5's: the last full-attention layer, gated attention and MoE or MLP, as their
+    decoder layer builds it with ``layer_type="full_attention"``, never a gated DeltaNet one)."""
     n = model.num_mtp_layers
     if n == 0:
         return model
     moe = model.moe
     if moe is not None:
         moe = dataclasses.replace(moe, num_moe_layers=moe.num_moe_layers + n)
+    last = next((layer for layer in reversed(model.layers) if layer.kind != LINEAR), model.layers[-1])
     return dataclasses.replace(
         model,
         num_layers=model.num_layers + n,
-        layers=model.layers + (model.layers[-1],) * n,
+        layers=model.layers + (last,) * n,
         moe=moe,
         num_mtp_layers=0,
     )
@@ -145,16 +161,22 @@ def compute_drafter_weight_bytes(
     model: ModelSpec, *, tensor_parallel_size: int = 1, dtype: str | None = None
 ) -> int:
     """Bytes of the MTP drafter's weights on one TP rank once loaded (its embedding and LM head are the
-    target's): its decoder layers, ``eh_proj`` and the ``enorm`` / ``hnorm`` / ``shared_head.norm``."""
+    target's): its decoder layers, and its ``2h -> h`` projections and their three RMSNorms (DeepSeek,
+    GLM: ``eh_proj``, ``enorm``, ``hnorm``, ``shared_head.norm`` per MTP layer, the projection whole on
+    every rank; Qwen: one ``fc``, split over TP, and ``norm``, ``pre_fc_norm_hidden``,
+    ``pre_fc_norm_embedding`` for all its layers: :class:`kvpilot.tuner.vllm.MtpDrafter`)."""
     n = model.num_mtp_layers
     if n == 0:
         return 0
+    drafter = vllm.MTP_DRAFTERS[model.model_type]
     tp = tensor_parallel_size
     b = DTYPE_BYTES[dtype or model.dtype]
     layers = compute_weight_breakdown(with_mtp_layers(model), tensor_parallel_size=tp, dtype=dtype).params
     layers -= compute_weight_breakdown(model, tensor_parallel_size=tp, dtype=dtype).params
     h = model.hidden_size
-    return layers + n * (2 * h * h + 3 * h) * b
+    projections = n if drafter.projection_per_layer else 1
+    projection = 2 * h * (h // tp if drafter.projection_split_by_tp else h)
+    return layers + projections * (projection + 3 * h) * b
 
 
 def compute_proposer_buffer_bytes(

@@ -165,8 +165,10 @@ class LinearStateSpec:
         groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
         return self.conv_dim + 2 * groups * self.head_v_dim
 
-    def conv_elements(self, tp: int) -> int:
-        return (self.conv_channels(tp) // tp) * (self.conv_kernel - 1)
+    def conv_elements(self, tp: int, extra_positions: int = 0) -> int:
+        """The conv state's elements on one TP rank; ``extra_positions``: the positions speculative
+        decoding adds (:func:`kvpilot.tuner.vllm.speculative_conv_positions`)."""
+        return (self.conv_channels(tp) // tp) * (self.conv_kernel - 1 + extra_positions)
 
     def shards_over(self, tp: int) -> bool:
         """Whether vLLM's ``divide`` accepts this state at TP ``tp``: the conv channels and the heads split
@@ -184,10 +186,11 @@ class LinearStateSpec:
         """Elements of one request's state on one TP rank (conv + recurrent)."""
         return self.conv_elements(tp) + self.ssm_elements(tp)
 
-    def state_bytes(self, tp: int, model_dtype_bytes: int) -> int:
+    def state_bytes(self, tp: int, model_dtype_bytes: int, extra_conv_positions: int = 0) -> int:
         """Bytes of one request's state on one TP rank (vLLM's ``MambaSpec.page_size_bytes`` unpadded)."""
         ssm_bytes = _STATE_DTYPE_BYTES[self.ssm_dtype] if self.ssm_dtype else model_dtype_bytes
-        return self.conv_elements(tp) * model_dtype_bytes + self.ssm_elements(tp) * ssm_bytes
+        conv = self.conv_elements(tp, extra_conv_positions)
+        return conv * model_dtype_bytes + self.ssm_elements(tp) * ssm_bytes
 
 
 _STATE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

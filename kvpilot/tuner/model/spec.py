@@ -210,8 +210,9 @@ class ModelSpec:
     rope_factor: float | None = None
     rope_original_max: int | None = None
     num_mtp_layers: int = 0
-    """The MTP layers the checkpoint ships for vLLM's MTP drafter (``num_nextn_predict_layers`` of a
-    ``model_type`` in :data:`kvpilot.tuner.vllm.MTP_DRAFTERS`; 0 otherwise). Not decoder layers: vLLM
+    """The MTP layers the checkpoint ships for vLLM's MTP drafter (the drafter's ``layers_key``,
+    ``num_nextn_predict_layers`` or Qwen3.5's ``mtp_num_hidden_layers``, of a ``model_type`` in
+    :data:`kvpilot.tuner.vllm.MTP_DRAFTERS`; 0 otherwise). Not decoder layers: vLLM
     builds them only with ``--speculative-config`` method ``mtp``
     (:mod:`kvpilot.tuner.memory.speculative`)."""
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from kvpilot.tuner import errors, memory, vllm
 from kvpilot.tuner.fp8_advice import describe_fp8_fits
-from kvpilot.tuner.model import ModelSpec, QuantSpec
+from kvpilot.tuner.model import GDN, ModelSpec, QuantSpec
 from kvpilot.tuner.plan.profiles import Learned
 from kvpilot.tuner.plan.topology import (
     check_rank_gpus,
@@ -731,17 +731,34 @@ def _describe_speculative(
         )
     if spec.method != vllm.MTP:
         count = f", {_count(tokens, 'draft token')}" if tokens else ""
+        state = ""
+        if model.linear_state is not None:  # vLLM sizes a hybrid's state for the draft tokens, any method
+            state = (
+                "; the draft tokens each request's linear-attention state also holds (more state pages, and "
+                "conv positions) are not budgeted for this method"
+            )
         return (
             f"{flag} (method {spec.method}{count}): the proposer runs on the CPU and takes no GPU memory of "
-            f"its own; {vllm.SPECULATIVE_UNBUDGETED}."
+            f"its own{state}; {vllm.SPECULATIVE_UNBUDGETED}."
         )
     layers = model.num_mtp_layers
     verb, add = ("take", "add") if layers > 1 else ("takes", "adds")
+    drafted = memory.speculative_state_tokens(model, spec)
+    state = ""
+    if model.linear_state is not None:  # a hybrid: its state layers hold the draft tokens too
+        state = (
+            f"; each request's linear-attention state holds {_count(drafted, 'more page')} per state group"
+            + (
+                f" and its conv state {_count(drafted, 'more position')}"
+                if vllm.speculative_conv_positions(model.linear_state.family == GDN, drafted)
+                else ""
+            )
+        )
     return (
         f"{flag} (method mtp, {_count(tokens or layers, 'draft token')}): the MTP drafter's "
         f"{_count(layers, 'layer')} {verb} {budget.speculative_gib:.2f} GiB per GPU (weights and the "
         f"proposer's buffers, counted in the weights) and {add} {_count(layers, 'KV layer')} to the cache "
-        f"({budget.kv_bytes_per_token:,} bytes per token); {vllm.SPECULATIVE_UNBUDGETED}."
+        f"({budget.kv_bytes_per_token:,} bytes per token){state}; {vllm.SPECULATIVE_UNBUDGETED}."
     )
 
 

@@ -91,9 +91,24 @@ def uses_flashkda(
     )
 
 
-def state_pages_per_request(align: bool, checkpoint_blocks: int) -> int:
-    """Pages one request's state takes in one state group (no speculative decoding)."""
-    return 2 + checkpoint_blocks if align else 1
+def state_pages_per_request(align: bool, checkpoint_blocks: int, speculative_blocks: int = 0) -> int:
+    """Pages one request's state takes in one state group: ``MambaSpec.max_memory_usage_bytes``
+    (``v1/kv_cache_interface.py:1135``), ``2 + speculative + checkpoint`` pages in align mode, ``1 +
+    speculative`` otherwise; ``speculative_blocks`` is ``num_speculative_tokens`` with speculative decoding
+    (``MambaBase.get_kv_cache_spec``, ``model_executor/layers/mamba/abstract.py:86``: ``num_speculative_blocks
+    = vllm_config.num_speculative_tokens`` unless ``--use-replayssm``), 0 without."""
+    return (2 + checkpoint_blocks if align else 1) + speculative_blocks
+
+
+def speculative_conv_positions(gated_delta_net: bool, num_speculative_tokens: int) -> int:
+    """Conv-state positions a state layer adds with speculative decoding: a gated DeltaNet's conv state
+    holds ``conv_kernel - 1 + num_speculative_tokens`` (``MambaStateShapeCalculator
+    .gated_delta_net_state_shape``, ``model_executor/layers/mamba/mamba_utils.py:272``-``:293``, given
+    ``num_spec`` by ``QwenGatedDeltaNetAttention.get_state_shape``,
+    ``model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:545``, and by Qwen3-Next's / Qwen3.5's
+    ``get_mamba_state_shape_from_config``, which sizes the hybrid block, ``models/qwen3_next.py:893``).
+    Other mixers: 0 (kvpilot budgets a drafter only for gated-DeltaNet hybrids)."""
+    return num_speculative_tokens if gated_delta_net else 0
 
 
 def mamba2_checkpoint_blocks(version: Version) -> int:

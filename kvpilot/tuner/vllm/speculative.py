@@ -49,6 +49,35 @@ match any drafter without ``has_own_embed_tokens`` / ``has_own_lm_head``; so doe
 ``load_eagle_model``, ``v1/worker/gpu/spec_decode/eagle/utils.py:18`` ``_should_share``, ``:74``, ``:109``,
 and every layer's ``shared_head.head``, ``:121``: ``Glm4MoeMTP`` declares neither flag).
 
+Qwen3-Next's drafter (``model_executor/models/qwen3_next_mtp.py``; target ``model_type`` ``qwen3_next``,
+``config/speculative.py:908``-``:914``: ``Qwen3NextMTP``, ``n_predict`` the config's
+``num_nextn_predict_layers``, which the published config lacks: ``None``, so vLLM takes no count from it
+and the predictor builds ``getattr(config, "num_nextn_predict_layers", 1)`` layers, ``:63``) and Qwen3.5 /
+Qwen3.6's (``qwen3_5_mtp.py``; ``model_type`` ``qwen3_5``, ``qwen3_5_moe`` and their ``_text`` forms,
+``config/speculative.py:987``-``:1008``: ``Qwen3_5MTP`` / ``Qwen3_5MoeMTP``, ``n_predict`` the text
+config's ``mtp_num_hidden_layers``, the predictor's count with default 1, ``:82``) share one shape: one
+``Qwen3NextDecoderLayer`` / ``Qwen3_5DecoderLayer`` per MTP layer built with ``layer_type="full_attention"``
+(``qwen3_next_mtp.py:89``-``:96``, ``qwen3_5_mtp.py:118``-``:125``): gated full attention with the target's
+heads and QK norm, the target's MoE (or MLP), quantized as the target's: a copy of the target's last
+full-attention layer and one more full-attention KV layer; and, once per drafter, not per layer, an
+``fc`` (``ColumnParallelLinear(2h, h, gather_output=True)``, ``qwen3_next_mtp.py:79``, ``qwen3_5_mtp.py:98``:
+split over TP, quantized as the target's save ModelOpt FP4) and three RMSNorms (``norm``,
+``pre_fc_norm_hidden``, ``pre_fc_norm_embedding``, ``qwen3_next_mtp.py:107``-``:113``,
+``qwen3_5_mtp.py:135``-``:141``); its ``embed_tokens`` and a top-level ``lm_head``, both the target's
+after load (neither class declares ``has_own_embed_tokens`` / ``has_own_lm_head``: the "Detected MTP
+model" branches and ``_should_share`` above).
+
+With speculative decoding a gated DeltaNet layer's state grows too (:mod:`.hybrid`): its conv state holds
+``conv_kernel - 1 + num_speculative_tokens`` positions (``QwenGatedDeltaNetAttention.get_state_shape``,
+``model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:545``, and the model's
+``get_mamba_state_shape_from_config``, ``qwen3_next.py:893``-``:912``, ``qwen3_5.py:399``, ``:620``:
+``num_spec`` = ``speculative_config.num_speculative_tokens``, into
+``MambaStateShapeCalculator.gated_delta_net_state_shape``, ``mamba_utils.py:272``-``:293``), and each
+request holds ``num_speculative_tokens`` more state pages (``MambaBase.get_kv_cache_spec``,
+``model_executor/layers/mamba/abstract.py:86``: ``num_speculative_blocks``;
+``MambaSpec.max_memory_usage_bytes``, ``v1/kv_cache_interface.py:1135``). Both are held to vLLM's own
+classes by ``tests/contract/test_contract_speculative.py``.
+
 The proposer's own buffers (``llm_base_proposer.py:184``-``:265``), allocated with the model runner after
 the worker's init snapshot: ``input_ids`` (``int32``), ``positions`` and the slot mapping (``int64``) of
 ``max_num_batched_tokens``, ``hidden_states`` and ``inputs_embeds`` of ``max_num_batched_tokens x
@@ -101,7 +130,14 @@ class MtpDrafter:
     """The target config's key of the MTP layer count (``n_predict``)."""
     default_layers: int
     """The count when the config lacks the key: the transformers config class's default, which vLLM's
-    ``getattr(hf_config, layers_key)`` reads."""
+    ``getattr(hf_config, layers_key)`` reads (Qwen: the predictor's own ``getattr`` default)."""
+    projection_per_layer: bool = True
+    """Whether each MTP layer has its own ``2h -> h`` projection and three RMSNorms (DeepSeek, GLM:
+    ``eh_proj``, ``enorm``, ``hnorm``, ``shared_head.norm``), or the drafter one of each for all its
+    layers (Qwen: ``fc``, ``norm``, ``pre_fc_norm_hidden``, ``pre_fc_norm_embedding``)."""
+    projection_split_by_tp: bool = False
+    """Whether the projection is split over TP (Qwen's ``ColumnParallelLinear``) or whole on every rank
+    (DeepSeek's and GLM's ``nn.Linear``)."""
 
 
 MTP_DRAFTERS: Mapping[str, MtpDrafter] = {
@@ -114,6 +150,15 @@ MTP_DRAFTERS: Mapping[str, MtpDrafter] = {
     # shape as DeepSeek's: see "GLM-4.5's drafter" above.
     # transformers' Glm4MoeConfig: num_nextn_predict_layers defaults to 1
     "glm4_moe": MtpDrafter("Glm4MoeMTPModel", "num_nextn_predict_layers", 1),
+    # config/speculative.py:908-914: qwen3_next -> qwen3_next_mtp -> Qwen3NextMTP; the layer count
+    # defaults to 1 in the predictor (qwen3_next_mtp.py:63): see "Qwen3-Next's drafter" above
+    "qwen3_next": MtpDrafter("Qwen3NextMTP", "num_nextn_predict_layers", 1, False, True),
+    # config/speculative.py:987-1008: qwen3_5 / qwen3_5_text -> Qwen3_5MTP, qwen3_5_moe /
+    # qwen3_5_moe_text -> Qwen3_5MoeMTP; mtp_num_hidden_layers, default 1 (qwen3_5_mtp.py:82)
+    "qwen3_5": MtpDrafter("Qwen3_5MTP", "mtp_num_hidden_layers", 1, False, True),
+    "qwen3_5_moe": MtpDrafter("Qwen3_5MoeMTP", "mtp_num_hidden_layers", 1, False, True),
+    "qwen3_5_moe_text": MtpDrafter("Qwen3_5MoeMTP", "mtp_num_hidden_layers", 1, False, True),
+    "qwen3_5_text": MtpDrafter("Qwen3_5MTP", "mtp_num_hidden_layers", 1, False, True),
 }
 """Target ``model_type`` -> its MTP drafter, for the drafters kvpilot budgets
 (``tests/contract/test_contract_speculative.py`` builds each on the meta device)."""
