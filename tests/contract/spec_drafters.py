@@ -10,7 +10,7 @@ rank runs in a spawned process of a real gloo group (TP 1 and TP 2), like
 :func:`.model_classes.build_ranks_on_meta`.
 
 Reported per rank: the drafter's parameter bytes, those of the parameters the proposer swaps for the
-target's after load (``embed_tokens``, each ``shared_head.head`` and a top-level ``lm_head``:
+target's after load (``embed_tokens``, each ``shared_head.head`` and an MTP drafter's top-level ``lm_head``:
 ``maybe_share_target_embed`` and ``load_eagle_model``), those of DeepSeek's ``e_score_correction_bias``
 (fp32, one per routed expert), the KV specs the drafter's attention layers declare, and, at TP 1, the KV
 blocks vLLM's own planner (``get_global_kv_cache_groups`` / ``get_kv_cache_configs``) gives the target's
@@ -185,10 +185,15 @@ def _build_rank(
         def size(names: list[str]) -> int:
             return sum(params[n].numel() * params[n].element_size() for n in names)
 
+        # an MTP drafter's top-level lm_head is the target's after load; an EAGLE3 drafter keeps its own
+        # (over draft_vocab_size, llama_eagle3.py:329)
+        own_head = sc.method == "eagle3"
         shared = [
             n
             for n in params
-            if n.endswith("embed_tokens.weight") or ".shared_head.head." in n or n.startswith("lm_head.")
+            if n.endswith("embed_tokens.weight")
+            or ".shared_head.head." in n
+            or (n.startswith("lm_head.") and not own_head)
         ]
         bias = [n for n in params if n.endswith("e_score_correction_bias")]
         draft_specs = _attention_specs(draft, vc)
