@@ -43,7 +43,7 @@ from e2e.fleet.stack import ISVC, closed_loop_env
 from e2e.fleet.testing import H100_8B
 from e2e.lws_local import LwsController
 from e2e.nodes import H100_80GB_HBM3, NodePool
-from e2e.pods import simulate_container_crash
+from e2e.pods import CUDA_OOM_MESSAGE, simulate_container_crash
 from e2e.prometheus import PrometheusServer
 from e2e.targets import RESOURCE, Webhook, get, install_crds, webhook_configuration
 from e2e.waits import host_operator, wait_established, wait_for
@@ -698,10 +698,92 @@ def foreign_group(name: str, ns: str) -> dict[str, Any]:
     }
 
 
+@dataclass
+class TargetGroup:
+    """A LeaderWorkerSet another stack made, in a namespace of its own with two tainted 8 x H100 nodes, the
+    operator on the host and its EngineTuner webhook registered: what both engines' tests do to it."""
+
+    cluster: LocalCluster
+    ns: str
+    name: str
+    log: Path
+
+    def apply_tuner(self) -> None:
+        """An EngineTuner in mode Initial on the set."""
+        self.cluster.apply(
+            {
+                "apiVersion": "kvpilot.io/v1alpha1",
+                "kind": "EngineTuner",
+                "metadata": {"name": self.name, "namespace": self.ns},
+                "spec": {"targetRef": {"kind": lws.KIND, "name": self.name}, "updateMode": "Initial"},
+            }
+        )
+
+    def pods(self) -> list[dict[str, Any]]:
+        items = get(self.cluster, "pods", "-n", self.ns, "-l", f"{lws.NAME_LABEL}={self.name}")["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def generation(self) -> int:
+        return int(get(self.cluster, LWS_RESOURCE, self.name, "-n", self.ns)["metadata"]["generation"])
+
+    def wait_status(self, has: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
+        """The EngineTuner's status once ``has`` holds of it; the operator's log in the failure."""
+
+        def status() -> dict[str, Any] | None:
+            st = (get(self.cluster, RESOURCE, self.name, "-n", self.ns) or {}).get("status") or {}
+            return st if has(st) else None
+
+        try:
+            found: dict[str, Any] = wait_for(status, timeout, what)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.log.read_text()[-4000:]}") from None
+        return found
+
+    def wait_recommended(self, key: str) -> dict[str, Any]:
+        """The status once Ready with a recommendation (``key``: ``settings`` for vLLM, ``engineArgs``)."""
+
+        def ready(st: dict[str, Any]) -> bool:
+            up = any(c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions") or ())
+            return up and bool((st.get("recommendation") or {}).get(key))
+
+        return self.wait_status(ready, 120, f"the EngineTuner's recommendation for group {self.name}")
+
+    def recreate(self) -> list[dict[str, Any]]:
+        """Delete the leader; LWS's new leader and worker, once both exist."""
+        old = {p["metadata"]["uid"] for p in self.pods()}
+        self.cluster.kubectl("delete", "pod", f"{self.name}-0", "-n", self.ns, "--wait=false")
+
+        def new_group() -> list[dict[str, Any]] | None:
+            pods = self.pods()
+            fresh = [p for p in pods if p["metadata"]["uid"] not in old]
+            return fresh if len(fresh) == 2 and len(pods) == 2 else None
+
+        fresh: list[dict[str, Any]] = wait_for(new_group, 120, "LWS's new leader and worker")
+        return fresh
+
+    def crash(self, pod: dict[str, Any], message: str) -> dict[str, Any]:
+        """``pod``'s engine crashes with ``message``; the status once the loop has retuned for it. LWS deletes
+        the group at once and makes a new one: the operator's watch filed the crash on its way."""
+        simulate_container_crash(
+            self.cluster.kubeconfig,
+            self.ns,
+            pod["metadata"]["name"],
+            message=message,
+            restart_count=1,
+            kubectl=self.cluster.kubectl_bin,
+        )
+
+        def retuned(st: dict[str, Any]) -> bool:
+            return any(h.get("action") == "Retuned" for h in st.get("history") or ())
+
+        return self.wait_status(retuned, 120, "the EngineTuner's crash remedy")
+
+
 @contextlib.contextmanager
-def target_stack(cluster: LocalCluster, tmp_path: Path, prefix: str) -> Iterator[tuple[str, Path]]:
-    """A namespace with two tainted 8 x H100 nodes of its own, the operator on the host watching it and its
-    EngineTuner webhook registered: ``(namespace, the operator's log)``."""
+def target_group(
+    cluster: LocalCluster, tmp_path: Path, prefix: str, make: Callable[[str, str], dict[str, Any]], name: str
+) -> Iterator[TargetGroup]:
+    """The set ``make(name, namespace)`` applied in a fresh :class:`TargetGroup`'s namespace."""
     install_crds(cluster)
     ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     nodes = NodePool(
@@ -716,7 +798,8 @@ def target_stack(cluster: LocalCluster, tmp_path: Path, prefix: str) -> Iterator
         wait_for(lambda: "Listening for webhooks at" in log.read_text(), 30, "the webhook server to listen")
         cluster.apply(hook)
         stack.callback(cluster.kubectl, "delete", "mutatingwebhookconfiguration", hook["metadata"]["name"])
-        yield ns, log
+        cluster.apply(make(name, ns))
+        yield TargetGroup(cluster, ns, name, log)
 
 
 def test_an_engine_tuner_tunes_a_group_another_stack_made(
@@ -727,71 +810,28 @@ def test_an_engine_tuner_tunes_a_group_another_stack_made(
     group's 16 GPUs, and its admission webhook gives the recommendation to the leader and the worker the
     real LWS controller makes after the leader is deleted. A CUDA OOM of that worker, whose group LWS
     recreates at once, lowers the recommendation; the set itself is never written."""
-    with target_stack(cluster, tmp_path, "kvtlws") as (ns, log):
-        cluster.apply(foreign_group("big", ns))
-        tuner = {
-            "apiVersion": "kvpilot.io/v1alpha1",
-            "kind": "EngineTuner",
-            "metadata": {"name": "big", "namespace": ns},
-            "spec": {"targetRef": {"kind": lws.KIND, "name": "big"}, "updateMode": "Initial"},
-        }
-        cluster.apply(tuner)
-
-        def group_pods() -> list[dict[str, Any]]:
-            items = get(cluster, "pods", "-n", ns, "-l", f"{lws.NAME_LABEL}=big")["items"]
-            return [p for p in items if not p["metadata"].get("deletionTimestamp")]
-
-        def recommended() -> Any:
-            st = (get(cluster, RESOURCE, "big", "-n", ns) or {}).get("status") or {}
-            ready = [c for c in st.get("conditions") or () if c["type"] == "Ready" and c["status"] == "True"]
-            return st if ready and (st.get("recommendation") or {}).get("settings") else None
-
-        try:
-            status = wait_for(recommended, 120, "the EngineTuner's recommendation for the group")
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{log.read_text()[-4000:]}") from None
+    with target_group(cluster, tmp_path, "kvtlws", foreign_group, "big") as group:
+        group.apply_tuner()
+        status = group.wait_recommended("settings")
         found = status["discovered"]
         assert found["model"] == FOREIGN_MODEL and found["gpuCount"] == 8, found
         assert found["gpuProduct"] == "NVIDIA-H100-80GB-HBM3" and found["pods"] == 2, found
         assert 7 < status["budget"]["weightsGiB"] < 10, status["budget"]  # ~131 GiB over 16 GPUs
         rec = api.Settings.model_validate(status["recommendation"]["settings"]).to_engine()
-        generation = get(cluster, LWS_RESOURCE, "big", "-n", ns)["metadata"]["generation"]
-        old = {p["metadata"]["uid"] for p in group_pods()}
-        cluster.kubectl("delete", "pod", "big-0", "-n", ns, "--wait=false")  # LWS recreates the group
-
-        def new_group() -> list[dict[str, Any]] | None:
-            pods = group_pods()
-            fresh = [p for p in pods if p["metadata"]["uid"] not in old]
-            return fresh if len(fresh) == 2 and len(pods) == 2 else None
-
-        fresh = wait_for(new_group, 120, "LWS's new leader and worker")
+        generation = group.generation()
+        fresh = group.recreate()
         for pod in fresh:
             assert target.pod_carries(pod, "vllm", rec), (pod["metadata"]["name"], container(pod)["command"])
             assert "kvpilot.io/tuned" in pod["metadata"].get("annotations", {}), pod["metadata"]
         leader, worker = by_role(fresh)
         assert vllm.HEADLESS_FLAG in container(worker)["command"]  # the owner's flags stay
         assert vllm.HEADLESS_FLAG not in container(leader)["command"]
-        # a CUDA OOM in the tuned worker: LWS deletes the group at once and makes a new one; the operator's
-        # watch filed the crash on its way, and the loop lowers the recommendation
-        simulate_container_crash(
-            cluster.kubeconfig, ns, worker["metadata"]["name"], restart_count=1, kubectl=cluster.kubectl_bin
-        )
-
-        def remedied() -> Any:
-            st = (get(cluster, RESOURCE, "big", "-n", ns) or {}).get("status") or {}
-            retunes = [h for h in st.get("history") or () if h.get("action") == "Retuned"]
-            return st if retunes else None
-
-        try:
-            st = wait_for(remedied, 90, "the EngineTuner's crash remedy")
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{log.read_text()[-4000:]}") from None
+        st = group.crash(worker, CUDA_OOM_MESSAGE)  # a CUDA OOM in the tuned worker
         *_, last = [h for h in st["history"] if h["action"] == "Retuned"]
         assert last["trigger"] == "CudaOOM", last
         lowered = float(st["recommendation"]["settings"]["gpuMemoryUtilization"])
         assert lowered < float(rec.gpu_memory_utilization or 1.0), st["recommendation"]
-        after = get(cluster, LWS_RESOURCE, "big", "-n", ns)
-        assert after["metadata"]["generation"] == generation  # the set was never written
+        assert group.generation() == generation  # the set was never written
 
 
 def foreign_sglang_group(name: str, ns: str) -> dict[str, Any]:
@@ -840,71 +880,25 @@ def test_an_engine_tuner_tunes_an_sglang_group_another_stack_made(
     and the worker the real LWS controller makes after the leader is deleted (their node flags kept), and
     the worker's CUDA OOM (SGLang's scheduler text), gone with its group at once, lowers
     ``--mem-fraction-static``; the set is never written."""
-    with target_stack(cluster, tmp_path, "kvtsglws") as (ns, log):
-        cluster.apply(foreign_sglang_group("sg", ns))
-        tuner = {
-            "apiVersion": "kvpilot.io/v1alpha1",
-            "kind": "EngineTuner",
-            "metadata": {"name": "sg", "namespace": ns},
-            "spec": {"targetRef": {"kind": lws.KIND, "name": "sg"}, "updateMode": "Initial"},
-        }
-        cluster.apply(tuner)
-
-        def group_pods() -> list[dict[str, Any]]:
-            items = get(cluster, "pods", "-n", ns, "-l", f"{lws.NAME_LABEL}=sg")["items"]
-            return [p for p in items if not p["metadata"].get("deletionTimestamp")]
-
-        def recommended() -> Any:
-            st = (get(cluster, RESOURCE, "sg", "-n", ns) or {}).get("status") or {}
-            ready = [c for c in st.get("conditions") or () if c["type"] == "Ready" and c["status"] == "True"]
-            return st if ready and (st.get("recommendation") or {}).get("engineArgs") else None
-
-        try:
-            status = wait_for(recommended, 120, "the EngineTuner's recommendation for the SGLang group")
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{log.read_text()[-4000:]}") from None
+    with target_group(cluster, tmp_path, "kvtsglws", foreign_sglang_group, "sg") as group:
+        group.apply_tuner()
+        status = group.wait_recommended("engineArgs")
         found = status["discovered"]
         assert found["engine"] == "SGLang" and found["gpuCount"] == 8 and found["pods"] == 2, found
         args = status["recommendation"]["engineArgs"]
         fraction = float(args[args.index("--mem-fraction-static") + 1])
         assert args[args.index("--tp-size") + 1] == "16", args
         rec = TargetEngineArgs("SGLang", tuple(args))
-        generation = get(cluster, LWS_RESOURCE, "sg", "-n", ns)["metadata"]["generation"]
-        old = {p["metadata"]["uid"] for p in group_pods()}
-        cluster.kubectl("delete", "pod", "sg-0", "-n", ns, "--wait=false")  # LWS recreates the group
-
-        def new_group() -> list[dict[str, Any]] | None:
-            pods = group_pods()
-            fresh = [p for p in pods if p["metadata"]["uid"] not in old]
-            return fresh if len(fresh) == 2 and len(pods) == 2 else None
-
-        fresh = wait_for(new_group, 120, "LWS's new SGLang leader and worker")
+        generation = group.generation()
+        fresh = group.recreate()
         for pod in fresh:
             assert target.pod_carries(pod, "sglang", rec), (pod["metadata"]["name"], sglang_container(pod))
-        leader, worker = by_role(fresh)
+        _, worker = by_role(fresh)
         command = sglang_container(worker)["command"]
         assert command[command.index("--node-rank") + 1] == lws.WORKER_INDEX  # the owner's flags stay
-        simulate_container_crash(
-            cluster.kubeconfig,
-            ns,
-            worker["metadata"]["name"],
-            message=f"Scheduler hit an exception: {SGLANG_OOM}",
-            restart_count=1,
-            kubectl=cluster.kubectl_bin,
-        )
-
-        def remedied() -> Any:
-            st = (get(cluster, RESOURCE, "sg", "-n", ns) or {}).get("status") or {}
-            retunes = [h for h in st.get("history") or () if h.get("action") == "Retuned"]
-            return st if retunes else None
-
-        try:
-            st = wait_for(remedied, 120, "the EngineTuner's SGLang crash remedy")
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{log.read_text()[-4000:]}") from None
+        st = group.crash(worker, f"Scheduler hit an exception: {SGLANG_OOM}")
         *_, last = [h for h in st["history"] if h["action"] == "Retuned"]
         assert last["trigger"] == "RuntimeOOM", last
         lowered = st["recommendation"]["engineArgs"]
         assert float(lowered[lowered.index("--mem-fraction-static") + 1]) < fraction, lowered
-        after = get(cluster, LWS_RESOURCE, "sg", "-n", ns)
-        assert after["metadata"]["generation"] == generation  # the set was never written
+        assert group.generation() == generation  # the set was never written

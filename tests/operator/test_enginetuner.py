@@ -419,12 +419,15 @@ def tuned_pod(body: dict[str, Any], kube: FakeTargetKube, name: str) -> dict[str
     return pod
 
 
-def crashed(pod: dict[str, Any], at: float, message: str = CUDA_OOM, reason: str = "Error") -> dict[str, Any]:
+def crashed(
+    pod: dict[str, Any], at: float, message: str = CUDA_OOM, reason: str = "Error", container: str = "vllm"
+) -> dict[str, Any]:
+    """``pod`` with its engine ``container`` crash-looping after exiting with ``message`` at ``at``."""
     pod["status"] = {
         "conditions": [{"type": "Ready", "status": "False"}],
         "containerStatuses": [
             {
-                "name": "vllm",
+                "name": container,
                 "restartCount": 1,
                 "state": {"waiting": {"reason": "CrashLoopBackOff"}},
                 "lastState": {

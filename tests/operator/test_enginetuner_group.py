@@ -12,11 +12,10 @@ from typing import Any
 import kopf
 import pytest
 from operator_fakes import H100_LABELS, node_object
-from test_enginetuner import CUDA_OOM, NS, FakeTargetKube, cond, run
+from test_enginetuner import NS, FakeTargetKube, cond, crashed, run
 
 from kvpilot.operator.enginetuner import target, target_eviction, target_webhook
 from kvpilot.operator.pods import group_crashes, leader_worker_set, pod_cache, workloads
-from kvpilot.operator.status import status_patch
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings
@@ -247,22 +246,7 @@ async def test_a_workers_crash_outlives_the_group_lws_recreates(
     kube.pods = [leader, worker]
     await run(body, kube, emitter, now=now + 30)  # the group runs the recommendation, Ready
 
-    crash = copy.deepcopy(worker)
-    crash["status"]["containerStatuses"] = [
-        {
-            "name": "vllm",
-            "restartCount": 1,
-            "state": {"running": {}},
-            "lastState": {
-                "terminated": {
-                    "exitCode": 1,
-                    "reason": "Error",
-                    "message": CUDA_OOM,
-                    "finishedAt": status_patch.format_time(now + 60),
-                }
-            },
-        }
-    ]
+    crash = crashed(copy.deepcopy(worker), now + 60)
     labels = crash["metadata"]["labels"]
     pod_cache.file_target_crash(NS, labels, crash)  # as the watch delivers it
     pod_cache.file_target_crash("elsewhere", labels, crash)  # another namespace's set of that name

@@ -12,14 +12,13 @@ from typing import Any
 
 import pytest
 from operator_fakes import H100_LABELS, node_object
-from test_enginetuner import NS, FakeTargetKube, cond, run
+from test_enginetuner import NS, FakeTargetKube, cond, crashed, run
 from test_enginetuner_engines import SGLANG_IMAGE, TGI_IMAGE
 
 from kvpilot.operator import api
 from kvpilot.operator.enginetuner import target, target_engine_plan, target_webhook
 from kvpilot.operator.enginetuner.target_engines import EngineArgs
 from kvpilot.operator.pods import group_crashes, leader_worker_set, pod_cache, pod_reading
-from kvpilot.operator.status import status_patch
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import sglang
 
@@ -206,22 +205,7 @@ async def test_a_workers_oom_gone_with_its_group_lowers_the_fraction(
     kube.pods = [_admitted(lookup, group_pod(lws, i, f"run-{i}")) for i in range(2)]
     await run(body, kube, RecordingEmitter(), now=now + 30)  # the group runs the recommendation
 
-    crash = copy.deepcopy(kube.pods[1])
-    crash["status"]["containerStatuses"] = [
-        {
-            "name": "sglang",
-            "restartCount": 1,
-            "state": {"running": {}},
-            "lastState": {
-                "terminated": {
-                    "exitCode": 1,
-                    "reason": "Error",
-                    "message": OOM,
-                    "finishedAt": status_patch.format_time(now + 60),
-                }
-            },
-        }
-    ]
+    crash = crashed(copy.deepcopy(kube.pods[1]), now + 60, OOM, container="sglang")
     pod_cache.file_target_crash(NS, crash["metadata"]["labels"], crash)  # as the watch delivers it
     kube.pods = [_admitted(lookup, group_pod(lws, i, f"new-{i}")) for i in range(2)]  # LWS's new group
     await run(body, kube, RecordingEmitter(), now=now + 90)
