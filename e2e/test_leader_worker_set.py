@@ -660,13 +660,13 @@ FOREIGN_MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 LWS_RESOURCE = CRD_NAME  # leaderworkersets.leaderworkerset.x-k8s.io
 
 
-def foreign_group(name: str, ns: str) -> dict[str, Any]:
-    """A LeaderWorkerSet as another stack writes one (llm-d's or a hand-made manifest): vLLM's own
-    multi-node flags, tensor x pipeline parallel 8 x 2 over a leader and a headless worker, 8 GPUs each."""
-    common = [FOREIGN_MODEL, "--tensor-parallel-size", "8", vllm.PIPELINE_PARALLEL_FLAG, "2"]
-    common += [vllm.NNODES_FLAG, "2", vllm.MASTER_ADDR_FLAG, lws.LEADER_ADDRESS]
+def foreign_set(
+    name: str, ns: str, container: str, image: str, leader: list[str], worker: list[str]
+) -> dict[str, Any]:
+    """A LeaderWorkerSet as another stack writes one (llm-d's or a hand-made manifest): one group of a
+    leader and a worker on the namespace's tainted pool, 8 GPUs each, running ``leader`` and ``worker``."""
 
-    def template(rank: list[str]) -> dict[str, Any]:
+    def template(command: list[str]) -> dict[str, Any]:
         return {
             "metadata": {"labels": {"app": name}},
             "spec": {
@@ -674,9 +674,9 @@ def foreign_group(name: str, ns: str) -> dict[str, Any]:
                 "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
                 "containers": [
                     {
-                        "name": "vllm",
-                        "image": "vllm/vllm-openai:v0.33.0",
-                        "command": ["vllm", "serve", *common, *rank],
+                        "name": container,
+                        "image": image,
+                        "command": command,
                         "resources": {"limits": {"nvidia.com/gpu": "8"}},
                     }
                 ],
@@ -691,11 +691,20 @@ def foreign_group(name: str, ns: str) -> dict[str, Any]:
             "replicas": 1,
             "leaderWorkerTemplate": {
                 "size": 2,
-                "leaderTemplate": template([vllm.NODE_RANK_FLAG, "0"]),
-                "workerTemplate": template([vllm.NODE_RANK_FLAG, lws.WORKER_INDEX, vllm.HEADLESS_FLAG]),
+                "leaderTemplate": template(leader),
+                "workerTemplate": template(worker),
             },
         },
     }
+
+
+def foreign_group(name: str, ns: str) -> dict[str, Any]:
+    """vLLM's own multi-node flags: tensor x pipeline parallel 8 x 2 over a leader and a headless worker."""
+    common = ["vllm", "serve", FOREIGN_MODEL, "--tensor-parallel-size", "8", vllm.PIPELINE_PARALLEL_FLAG, "2"]
+    common += [vllm.NNODES_FLAG, "2", vllm.MASTER_ADDR_FLAG, lws.LEADER_ADDRESS]
+    leader = [*common, vllm.NODE_RANK_FLAG, "0"]
+    worker = [*common, vllm.NODE_RANK_FLAG, lws.WORKER_INDEX, vllm.HEADLESS_FLAG]
+    return foreign_set(name, ns, "vllm", "vllm/vllm-openai:v0.33.0", leader, worker)
 
 
 @dataclass
@@ -839,37 +848,9 @@ def foreign_sglang_group(name: str, ns: str) -> dict[str, Any]:
     across ``--nnodes 2``, each node's ``--node-rank``, node 0's address in ``--dist-init-addr``)."""
     common = ["python3", "-m", "sglang.launch_server", "--model-path", FOREIGN_MODEL, "--tp-size", "16"]
     common += ["--nnodes", "2", "--dist-init-addr", f"{lws.LEADER_ADDRESS}:20000", "--enable-metrics"]
-
-    def template(rank: list[str]) -> dict[str, Any]:
-        return {
-            "metadata": {"labels": {"app": name}},
-            "spec": {
-                "nodeSelector": {POOL_LABEL: ns},
-                "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
-                "containers": [
-                    {
-                        "name": "sglang",
-                        "image": "lmsysorg/sglang:v0.5.23",
-                        "command": [*common, *rank],
-                        "resources": {"limits": {"nvidia.com/gpu": "8"}},
-                    }
-                ],
-            },
-        }
-
-    return {
-        "apiVersion": lws.API_VERSION,
-        "kind": lws.KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "replicas": 1,
-            "leaderWorkerTemplate": {
-                "size": 2,
-                "leaderTemplate": template(["--node-rank", "0", "--host", "0.0.0.0", "--port", "30000"]),
-                "workerTemplate": template(["--node-rank", lws.WORKER_INDEX]),
-            },
-        },
-    }
+    leader = [*common, "--node-rank", "0", "--host", "0.0.0.0", "--port", "30000"]
+    worker = [*common, "--node-rank", lws.WORKER_INDEX]
+    return foreign_set(name, ns, "sglang", "lmsysorg/sglang:v0.5.23", leader, worker)
 
 
 def test_an_engine_tuner_tunes_an_sglang_group_another_stack_made(
