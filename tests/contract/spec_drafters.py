@@ -185,9 +185,11 @@ def _build_rank(
         def size(names: list[str]) -> int:
             return sum(params[n].numel() * params[n].element_size() for n in names)
 
-        # an MTP drafter's top-level lm_head is the target's after load; an EAGLE3 drafter keeps its own
-        # (over draft_vocab_size, llama_eagle3.py:329)
-        own_head = sc.method == "eagle3"
+        # vLLM keeps a drafter's top-level lm_head when the drafter's checkpoint holds one and it differs
+        # from the target's (``_should_share``, v1/worker/gpu/spec_decode/eagle/utils.py:18). A draft
+        # checkpoint of its own holds one over its draft vocabulary (llama_eagle3.py:329); an MTP drafter's
+        # weights sit in the target's checkpoint, whose lm_head is the target's, so it is shared
+        own_head = draft is not None
         shared = [
             n
             for n in params

@@ -328,22 +328,17 @@ def build_discovery(
     )
 
 
-def _flag_int(flags: Sequence[str], flag: str) -> int:
-    values = vllm.find_flag_values(flags, flag)
-    return int(values[-1]) if values and values[-1].isdigit() else 1
-
-
 def compute_gpus_per_node(flags: Sequence[str], settings: EngineSettings, nodes: int) -> int:
     """The GPUs each pod runs: tensor x pipeline parallel over the group's ``nodes``, times the data-parallel
     engines a one-node pod starts (``--data-parallel-size``, ``-dpl``: the plan is one engine's,
     :func:`kvpilot.tuner.plan.compute_rank_gpus`). A group whose ranks do not split evenly over its nodes, or
     that runs data-parallel engines over several nodes, is one kvpilot does not plan for a target (its layout
     is the owner's): DiscoveryIncomplete says what to set."""
-    tp, pp = settings.tensor_parallel_size or 1, _flag_int(flags, vllm.PIPELINE_PARALLEL_FLAG)
+    tp, pp = settings.tensor_parallel_size or 1, vllm.find_last_int(flags, vllm.PIPELINE_PARALLEL_FLAG) or 1
     if nodes == 1:
         dp = vllm.read_data_parallel(flags)
         return tp * pp * (dp.local if dp is not None else 1)
-    if _flag_int(flags, vllm.DATA_PARALLEL_SIZE_FLAG) > 1:
+    if (vllm.find_last_int(flags, vllm.DATA_PARALLEL_SIZE_FLAG) or 1) > 1:
         raise DiscoveryIncomplete(
             f"the group runs data-parallel engines ({vllm.DATA_PARALLEL_SIZE_FLAG}), a layout kvpilot "
             "does not tune in a workload it does not own; an InferenceService with gpu.nodesPerReplica "

@@ -17,14 +17,10 @@ from __future__ import annotations
 import dataclasses
 
 from kvpilot.tuner import errors, vllm
-from kvpilot.tuner.memory.weights import VOCAB_PADDING
+from kvpilot.tuner.memory.weights import pad_vocab
 from kvpilot.tuner.model import DTYPE_BYTES, FULL, Eagle3DraftSpec, LayerSpec, ModelSpec, read_eagle3_draft
 
 _INT64 = 8
-
-
-def _pad(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def compute_eagle3_weight_bytes(
@@ -54,7 +50,7 @@ def compute_eagle3_weight_bytes(
         params += fc_in if draft.norm_before_fc else 0
         params += fc_in if draft.fc_norm else 0
     params += h  # norm
-    params += _pad(draft.draft_vocab_size, VOCAB_PADDING) // tp * h  # lm_head (ParallelLMHead)
+    params += pad_vocab(draft.draft_vocab_size) // tp * h  # lm_head (ParallelLMHead)
     d2t = _INT64 * draft.draft_vocab_size if draft.draft_vocab_size != target.vocab_size else 0
     return params * b + d2t
 

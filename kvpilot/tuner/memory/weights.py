@@ -63,9 +63,15 @@ def _pad(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def pad_vocab(vocab_size: int) -> int:
+    """A vocabulary of ``vocab_size`` as ``VocabParallelEmbedding`` / ``ParallelLMHead`` allocate it:
+    padded to ``VOCAB_PADDING``."""
+    return _pad(vocab_size, VOCAB_PADDING)
+
+
 def padded_vocab_size(model: ModelSpec) -> int:
-    """The vocabulary as ``VocabParallelEmbedding`` allocates it: padded to ``VOCAB_PADDING``."""
-    return _pad(model.vocab_size, VOCAB_PADDING)
+    """The model's vocabulary as its embedding allocates it (:func:`pad_vocab`)."""
+    return pad_vocab(model.vocab_size)
 
 
 def _compressed_attention_params(model: ModelSpec, tp: int, ratio: int) -> tuple[int, int]:

@@ -308,6 +308,13 @@ def find_flag_values(args: Sequence[str], flag: str) -> list[str]:
     return found
 
 
+def find_last_int(args: Sequence[str], flag: str) -> int | None:
+    """The integer ``flag`` takes in ``args`` (its last value, as argparse keeps it); ``None`` when it is
+    absent or its last value is not a whole number (the parser's check reports that)."""
+    values = find_flag_values(args, flag)
+    return int(values[-1]) if values and values[-1].strip().isdigit() else None
+
+
 def find_pod_flags(args: Sequence[str]) -> list[tuple[str, str]]:
     """``(flag, why)`` for each flag of :data:`POD_FLAGS` in ``args``, in any spelling or as an
     abbreviation (vLLM accepts unique prefixes, so ``--po`` is ``--port``)."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpilot.tuner import errors
-from kvpilot.tuner.vllm.args import PIPELINE_PARALLEL_FLAG, find_flag_values, iter_flags
+from kvpilot.tuner.vllm.args import PIPELINE_PARALLEL_FLAG, find_flag_values, find_last_int, iter_flags
 
 DATA_PARALLEL_SIZE_FLAG = "--data-parallel-size"
 """Engines (data-parallel ranks) in the group; each holds its own KV cache and serves its own requests."""
@@ -97,11 +97,6 @@ class DataParallel:
     expert_parallel: bool
 
 
-def _last_int(args: Sequence[str], flag: str) -> int | None:
-    values = find_flag_values(args, flag)
-    return int(values[-1]) if values and values[-1].strip().isdigit() else None
-
-
 def read_data_parallel(args: Sequence[str]) -> DataParallel | None:
     """The data parallelism of ``args`` (``-dp``, ``-dpl``, ``-dpn``, ``-ep`` and their long spellings, the
     last occurrence winning as with argparse); ``None`` for one engine without expert parallelism. A value
@@ -110,13 +105,13 @@ def read_data_parallel(args: Sequence[str]) -> DataParallel | None:
     for _, flag, inline in iter_flags(args):
         if flag in _EXPERT_PARALLEL and inline is None:
             expert_parallel = _EXPERT_PARALLEL[flag]
-    size = _last_int(args, DATA_PARALLEL_SIZE_FLAG) or 1
+    size = find_last_int(args, DATA_PARALLEL_SIZE_FLAG) or 1
     if size <= 1 and not expert_parallel:
         return None
-    if _last_int(args, DATA_PARALLEL_RANK_FLAG) is not None:
+    if find_last_int(args, DATA_PARALLEL_RANK_FLAG) is not None:
         local = 1
     else:
-        local = min(size, _last_int(args, DATA_PARALLEL_SIZE_LOCAL_FLAG) or size)
+        local = min(size, find_last_int(args, DATA_PARALLEL_SIZE_LOCAL_FLAG) or size)
     return DataParallel(size, max(1, local), expert_parallel)
 
 
@@ -136,8 +131,8 @@ def check_data_parallel(args: Sequence[str]) -> None:
             raise errors.InvalidEngineArgs(
                 f"vLLM argument {flag} takes no value (vLLM refuses {flag}={inline})", flag=flag
             )
-    size = _last_int(args, DATA_PARALLEL_SIZE_FLAG) or 1
-    local = _last_int(args, DATA_PARALLEL_SIZE_LOCAL_FLAG)
+    size = find_last_int(args, DATA_PARALLEL_SIZE_FLAG) or 1
+    local = find_last_int(args, DATA_PARALLEL_SIZE_LOCAL_FLAG)
     if local is not None and local > size:
         raise errors.InvalidEngineArgs(
             f"{DATA_PARALLEL_SIZE_LOCAL_FLAG} {local} must be <= {DATA_PARALLEL_SIZE_FLAG} {size} (vLLM 0.33 "
