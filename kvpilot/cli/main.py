@@ -68,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--draft-config",
         metavar="PATH",
-        help="the EAGLE3 draft checkpoint's config.json, or its folder, for --engine-args "
-        '\'--speculative-config {"method": "eagle3", ...}\': budgets its weights and KV layer',
+        help="the draft checkpoint's config.json, or its folder, for --engine-args "
+        '\'--speculative-config {"method": "eagle3", ...}\' (an EAGLE3 drafter) or '
+        '\'{"model": "Qwen/Qwen3-0.6B", ...}\' (a draft model): budgets its weights and KV layers',
     )
     plan.add_argument(
         "--engine",

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from kvpilot.cli.engine_plans import plan_sglang, plan_tgi
 from kvpilot.cli.inputs import EXIT_INFEASIBLE, EXIT_OK, CliError, positive_int, read_text
 from kvpilot.cli.plan_text import format_node_plan, format_plan, node_plan_as_json, plan_as_json
-from kvpilot.tuner import gpus, vllm
+from kvpilot.tuner import gpus, memory, vllm
 from kvpilot.tuner import model as models
 from kvpilot.tuner.plan import compute_node_plan, compute_plan
 from kvpilot.tuner.types import ServingBounds
@@ -48,7 +48,10 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     if args.config and Path(args.config).is_dir() and models.reads_processor_files(config):
         spec = models.apply_processor_files(spec, _processor_files(Path(args.config)))
     if args.draft_config and args.engine != "vllm":
-        raise CliError(f"{vllm.DRAFT_CONFIG_FLAG} budgets vLLM's EAGLE3 drafter: it plans --engine vllm only")
+        raise CliError(
+            f"{vllm.DRAFT_CONFIG_FLAG} budgets vLLM's EAGLE3 drafter or draft model: it plans --engine vllm "
+            "only"
+        )
     if args.engine == "sglang":
         return plan_sglang(args, spec, gpus.lookup_gpu(args.gpu), model_name, checkpoint, out)
     if args.engine == "tgi":
@@ -96,18 +99,23 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 def _with_draft_config(flags: vllm.EngineFlags, path: str) -> vllm.EngineFlags:
     """``flags`` carrying the draft checkpoint's ``config.json`` (bounded like ``--config``) for an EAGLE3
-    ``--speculative-config``; any other method (or none) is an input error."""
+    or draft-model ``--speculative-config``; any other method (or none) is an input error."""
     spec = flags.speculative
-    if spec is None or spec.method != vllm.EAGLE3:
+    if spec is None or spec.method not in (vllm.EAGLE3, vllm.DRAFT_MODEL):
         given = f"method {spec.given_method!r}" if spec is not None else "no --speculative-config"
         raise CliError(
-            f"{vllm.DRAFT_CONFIG_FLAG} gives an EAGLE3 draft checkpoint's config.json, for --engine-args "
+            f"{vllm.DRAFT_CONFIG_FLAG} gives a draft checkpoint's config.json, for --engine-args "
             f'\'--speculative-config {{"method": "eagle3", "model": ..., "num_speculative_tokens": N}}\' '
-            f"(got {given})"
+            f'or a draft model\'s \'{{"model": ..., "num_speculative_tokens": N}}\' (got {given})'
         )
     config = models.parse_config_json(read_text(path), path)
-    models.read_eagle3_draft(config)  # refuse a draft kvpilot cannot size here, naming its field
-    return dataclasses.replace(flags, speculative=dataclasses.replace(spec, draft_config=config))
+    with_config = dataclasses.replace(spec, draft_config=config)
+    # refuse a draft kvpilot cannot size here, naming its field
+    if spec.method == vllm.EAGLE3:
+        models.read_eagle3_draft(config)
+    else:
+        memory.read_draft_model(with_config)
+    return dataclasses.replace(flags, speculative=with_config)
 
 
 def _write(out: TextIO, as_json: bool, doc: object, text: str, feasible: bool) -> int:

@@ -197,7 +197,8 @@ def test_the_plan_shows_the_drafter_and_names_what_it_does_not_budget() -> None:
             cfg.DEEPSEEK_V3,
             8,
             _sc(model="org/draft", num_speculative_tokens=3),
-            "method \"model 'org/draft'\" loads a draft model",
+            "method \"model 'org/draft'\" loads the draft model 'org/draft', whose config.json kvpilot was "
+            "not given (kvpilot plan --draft-config PATH gives it",
         ),
         (cfg.DEEPSEEK_V3, 8, _sc(method="mtp", model="org/x"), "the draft checkpoint 'org/x'"),
         (

@@ -11,6 +11,7 @@
 * :mod:`.kv_connector` -- what a ``--kv-transfer-config`` connector allocates after the KV cache is sized;
 * :mod:`.speculative` -- an MTP drafter's weights, buffers and KV layers (``--speculative-config``);
 * :mod:`.eagle3` -- an EAGLE3 drafter's weights and KV layers, from its ``config.json``;
+* :mod:`.draft_model` -- a separate draft model's weights and KV layers, from its ``config.json``;
 * :mod:`.estimate` -- ``kvpilot estimate --cases FILE``: one budget per case of the calibration
   set's schema.
 
@@ -26,6 +27,12 @@ from kvpilot.tuner.memory.budget import (
     compute_sampler_state_bytes,
     compute_warmup_logits_bytes,
     resolve_settings,
+)
+from kvpilot.tuner.memory.draft_model import (
+    budgeted_draft_model,
+    compute_draft_model_weight_bytes,
+    read_draft_model,
+    with_draft_model_layers,
 )
 from kvpilot.tuner.memory.eagle3 import budgeted_eagle3_draft, compute_eagle3_weight_bytes, with_eagle3_layers
 from kvpilot.tuner.memory.estimate import OUTPUT_KEYS, CaseError, compute_case_budget, compute_estimates
@@ -73,6 +80,7 @@ __all__ = [
     "ONE_ENGINE",
     "OUTPUT_KEYS",
     "WeightBreakdown",
+    "budgeted_draft_model",
     "budgeted_eagle3_draft",
     "check_speculative_model",
     "compute_activation_bytes",
@@ -81,6 +89,7 @@ __all__ = [
     "compute_case_budget",
     "compute_cuda_graph_bytes",
     "compute_drafter_weight_bytes",
+    "compute_draft_model_weight_bytes",
     "compute_eagle3_weight_bytes",
     "compute_estimates",
     "compute_kv_connector_bytes",
@@ -103,6 +112,8 @@ __all__ = [
     "resolve_settings",
     "speculative_state_tokens",
     "speculative_unbudgeted_reason",
+    "read_draft_model",
+    "with_draft_model_layers",
     "with_eagle3_layers",
     "with_mtp_layers",
 ]

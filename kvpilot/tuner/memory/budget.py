@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
 from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
+from kvpilot.tuner.memory.draft_model import budgeted_draft_model, with_draft_model_layers
 from kvpilot.tuner.memory.eagle3 import budgeted_eagle3_draft, with_eagle3_layers
 from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
 from kvpilot.tuner.memory.kv_connector import compute_kv_connector_bytes
@@ -366,7 +367,8 @@ def compute_budget(
     in the memory the utilisation leaves (:func:`.kv_connector.compute_kv_connector_bytes`).
     ``speculative``: ``--speculative-config``; an MTP drafter kvpilot models adds its weights and buffers
     (:func:`.speculative.compute_speculative_bytes`) and its KV layers (:func:`.speculative.with_mtp_layers`);
-    so does an EAGLE3 drafter whose ``config.json`` it carries (``draft_config``; :mod:`.eagle3`).
+    so does an EAGLE3 drafter or a separate draft model whose ``config.json`` it carries (``draft_config``;
+    :mod:`.eagle3`, :mod:`.draft_model`; a draft the target's TP cannot split is vLLM's refusal).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
@@ -381,6 +383,10 @@ def compute_budget(
     )
     requested = math.ceil(gpu.total_bytes * r.util)
     refusal = refusals.check_parallel_sizes(model, r.tp, r.pp)
+    draft = budgeted_draft_model(speculative, r.pp, r.tp)
+    if refusal is None and draft is not None:  # the draft's own heads and vocabulary split over its TP
+        draft_refusal = refusals.check_parallel_sizes(draft, r.tp, 1)
+        refusal = f"the draft model {draft.architecture}: {draft_refusal}" if draft_refusal else None
     if refusal is not None:
         return _refused(gpu, requested, refusal, r.max_model_len)
     shared = _compute_shared_costs(model, gpu, r, version, enforce_eager)
@@ -544,9 +550,11 @@ def _compute_stage(
     else:
         graphs = shared.graphs if shared.subtract_graphs else 0
         available = requested - w - act - state - shared.non_torch - graphs
+    # a budgeted MTP drafter or draft model: a hybrid's state layers hold its draft tokens too
     mtp = speculative is not None and budgets_mtp(model, speculative, r.pp)
+    mtp = mtp or budgeted_draft_model(speculative, r.pp, r.tp) is not None
     layout = kv_cache.compute_kv_layout(
-        _with_drafter_layers(model, speculative, r.pp),
+        _with_drafter_layers(model, speculative, r.pp, r.tp),
         tensor_parallel_size=r.tp,
         pipeline_parallel_size=r.pp,
         pp_rank=rank,
@@ -573,10 +581,15 @@ def _compute_stage(
     )
 
 
-def _with_drafter_layers(model: ModelSpec, speculative: vllm.SpeculativeFlags | None, pp: int) -> ModelSpec:
+def _with_drafter_layers(
+    model: ModelSpec, speculative: vllm.SpeculativeFlags | None, pp: int, tp: int
+) -> ModelSpec:
     """The model the KV layout is computed for: the target's layers and a budgeted drafter's."""
     if budgets_mtp(model, speculative, pp):
         return with_mtp_layers(model)
+    draft = budgeted_draft_model(speculative, pp, tp)
+    if draft is not None:
+        return with_draft_model_layers(model, draft)
     eagle3 = budgeted_eagle3_draft(speculative, pp)
     return with_eagle3_layers(model, eagle3) if eagle3 is not None else model
 

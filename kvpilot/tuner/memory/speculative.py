@@ -22,11 +22,12 @@ and one pipeline stage:
 
 Not budgeted (:func:`speculative_unbudgeted_reason` names what; the plan warns): the drafter's CUDA
 graphs and the uniform-decode batches of ``1 + num_speculative_tokens`` tokens the target's graphs are
-captured for, the drafter's and the rejection sampler's share of the profile run; EAGLE /
-draft-model / DFlash / DSpark drafters (kvpilot does not read their checkpoints) and MTP drafters of
+captured for, the drafter's and the rejection sampler's share of the profile run; EAGLE / DFlash /
+DSpark drafters (kvpilot does not read their checkpoints) and MTP drafters of
 other families. An EAGLE3 drafter of Llama's shape is budgeted when its ``config.json`` is given
 (``SpeculativeFlags.draft_config``; :mod:`.eagle3`: its weights, its KV layers, the same proposer
-buffers); without it the plan says how to give it.
+buffers); so is a separate draft model (``draft_model``; :mod:`.draft_model`: the whole model's weights,
+its KV layers, the standalone speculator's buffers); without the config the plan says how to give it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ from __future__ import annotations
 import dataclasses
 
 from kvpilot.tuner import errors, vllm
+from kvpilot.tuner.memory.draft_model import (
+    budgeted_draft_model,
+    check_draft_model,
+    compute_draft_model_weight_bytes,
+    draft_model_unbudgeted_reason,
+)
 from kvpilot.tuner.memory.eagle3 import (
     budgeted_eagle3_draft,
     compute_eagle3_weight_bytes,
@@ -45,12 +52,17 @@ from kvpilot.tuner.model import DTYPE_BYTES, LINEAR, ModelSpec
 _INT32, _INT64, _FP32 = 4, 8, 4
 
 
-def speculative_unbudgeted_reason(model: ModelSpec, spec: vllm.SpeculativeFlags, pp: int = 1) -> str | None:
-    """Why kvpilot cannot budget ``spec`` for this model, or ``None`` when it does."""
+def speculative_unbudgeted_reason(
+    model: ModelSpec, spec: vllm.SpeculativeFlags, pp: int = 1, tp: int | None = None
+) -> str | None:
+    """Why kvpilot cannot budget ``spec`` for this model (``tp``: the target's, when known), or ``None``
+    when it does."""
     if spec.method in vllm.NO_MODEL_METHODS:
         return None
     if spec.method == vllm.EAGLE3:  # budgeted given the draft's config.json (:mod:`.eagle3`)
         return eagle3_unbudgeted_reason(spec, pp)
+    if spec.method == vllm.DRAFT_MODEL:  # budgeted given the draft's config.json (:mod:`.draft_model`)
+        return draft_model_unbudgeted_reason(spec, pp, tp)
     if spec.method != vllm.MTP:
         return (
             f"method {spec.given_method!r} loads a draft model (its own config.json and weights) that "
@@ -70,7 +82,11 @@ def speculative_unbudgeted_reason(model: ModelSpec, spec: vllm.SpeculativeFlags,
 
 
 def describe_unbudgeted_speculative(
-    model: ModelSpec, spec: vllm.SpeculativeFlags | None, flags: tuple[str, ...], pp: int = 1
+    model: ModelSpec,
+    spec: vllm.SpeculativeFlags | None,
+    flags: tuple[str, ...],
+    pp: int = 1,
+    tp: int | None = None,
 ) -> str | None:
     """The plan's warning when speculative decoding is given (``flags``: the spellings given) and kvpilot
     does not budget its drafter, naming the flag, why and what to do; ``None`` when nothing is given or
@@ -84,7 +100,7 @@ def describe_unbudgeted_speculative(
             "object): the drafter's weights and KV cache are not budgeted; lower --gpu-memory-utilization "
             f"by their size, or pin --kv-cache-memory-bytes; {vllm.SPECULATIVE_UNBUDGETED}."
         )
-    reason = speculative_unbudgeted_reason(model, spec, pp)
+    reason = speculative_unbudgeted_reason(model, spec, pp, tp)
     if reason is None:
         return None
     return (
@@ -94,10 +110,13 @@ def describe_unbudgeted_speculative(
     )
 
 
-def check_speculative_model(model: ModelSpec, spec: vllm.SpeculativeFlags) -> None:
+def check_speculative_model(
+    model: ModelSpec, spec: vllm.SpeculativeFlags, tensor_parallel_size: int | None = None
+) -> None:
     """Refuse what vLLM 0.33 refuses of an MTP drafter for this model: a checkpoint without MTP layers,
     a ``num_speculative_tokens`` above the layers that is not a multiple of them
-    (``config/speculative.py:1603``)."""
+    (``config/speculative.py:1603``); and of a draft model (:func:`.draft_model.check_draft_model`)."""
+    check_draft_model(model, spec, tensor_parallel_size)
     if spec.method != vllm.MTP or spec.draft_model is not None or model.model_type not in vllm.MTP_DRAFTERS:
         return  # another checkpoint's drafter: not read
     key = vllm.MTP_DRAFTERS[model.model_type].layers_key
@@ -187,25 +206,35 @@ def compute_proposer_buffer_bytes(
     max_num_seqs: int,
     dtype: str | None = None,
     model_runner_v2: bool = True,
+    draft: ModelSpec | None = None,
 ) -> int:
-    """The MTP proposer's GPU buffers, allocated with the model runner after the init snapshot.
+    """The proposer's GPU buffers (an MTP or EAGLE3 drafter's; ``draft``: a separate draft model's),
+    allocated with the model runner after the init snapshot.
 
     Model Runner V2 (0.33's default): ``DraftModelSpeculator``
     (``v1/worker/gpu/spec_decode/speculator.py:149``: ``InputBuffers``, ``idx_mapping``,
     ``temperature``, ``seeds``, ``draft_tokens`` and their fp32 confidences) and
     ``TargetDependentARSpeculator`` (``target_dependent_ar/speculator.py:36``: the hidden states, two
-    ``int64`` per-request indices). The V1 runner's proposer: ``v1/spec_decode/llm_base_proposer.py:184``
-    to ``:265``."""
+    ``int64`` per-request indices); a draft model's ``StandaloneARSpeculator`` instead of the latter
+    (``standalone_ar/speculator.py:47``-``:63``: ``last_token_indices``, ``arange``, the step counter,
+    ``expanded_input_ids`` and ``expanded_positions`` of ``max_num_batched_tokens + max_num_seqs``; no
+    hidden states). The V1 runner's proposer: ``v1/spec_decode/llm_base_proposer.py:184`` to ``:265``
+    (hidden states and input embeddings of the draft's width; a draft model's two ``bool`` token masks,
+    ``:232``)."""
     t, s, n = max_num_batched_tokens, max_num_seqs, spec.num_speculative_tokens or model.num_mtp_layers
     b = DTYPE_BYTES[dtype or model.dtype]
     if model_runner_v2:
         # InputBuffers (input_batch.py:29): ids, positions, padding flags; query starts, two lengths
         inputs = t * (_INT32 + _INT64 + 1) + _INT32 * (s + 1) + 2 * _INT32 * s
         requests = s * (_INT64 + _FP32 + _INT64) + s * n * (_INT64 + _FP32)
+        if draft is not None:
+            expanded = (t + s) * (_INT32 + _INT64)
+            return inputs + requests + _INT64 * s + _INT32 * (s + 1) + _INT64 + expanded
         return inputs + requests + t * model.hidden_size * b + _INT64 * (1 + 2 * s)
     ids = _INT32 * t + _INT64 * t + _INT64 * t  # input_ids, positions, slot mapping
-    states = 2 * t * model.hidden_size * b  # hidden_states, inputs_embeds
-    return ids + states + _INT32 * max(s + 1, t) + _INT32 * s  # arange, backup_next_token_ids
+    states = 2 * t * (draft or model).hidden_size * b  # hidden_states, inputs_embeds
+    masks = 2 * t if draft is not None else 0  # is_rejected_token_mask, is_masked_token_mask
+    return ids + states + masks + _INT32 * max(s + 1, t) + _INT32 * s  # arange, backup_next_token_ids
 
 
 def compute_speculative_bytes(
@@ -220,10 +249,14 @@ def compute_speculative_bytes(
     model_runner_v2: bool = True,
 ) -> int:
     """The drafter's weights and the proposer's buffers on one rank (0 when nothing is budgeted)."""
-    eagle3 = budgeted_eagle3_draft(spec, pipeline_parallel_size)
-    if spec is None or (eagle3 is None and not budgets_mtp(model, spec, pipeline_parallel_size)):
+    pp, tp = pipeline_parallel_size, tensor_parallel_size
+    eagle3 = budgeted_eagle3_draft(spec, pp)
+    draft = budgeted_draft_model(spec, pp, tp)
+    if spec is None or (eagle3 is None and draft is None and not budgets_mtp(model, spec, pp)):
         return 0
-    if eagle3 is not None:
+    if draft is not None:
+        weights = compute_draft_model_weight_bytes(draft, model, tensor_parallel_size=tp, dtype=dtype)
+    elif eagle3 is not None:
         weights = compute_eagle3_weight_bytes(
             eagle3, model, tensor_parallel_size=tensor_parallel_size, dtype=dtype
         )
@@ -236,5 +269,6 @@ def compute_speculative_bytes(
         max_num_seqs=max_num_seqs,
         dtype=dtype,
         model_runner_v2=model_runner_v2,
+        draft=draft,
     )
     return weights + buffers

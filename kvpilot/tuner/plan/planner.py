@@ -320,8 +320,12 @@ def compute_plan(
         )
     p.warnings += _kv_connector_gaps(model, engine.kv_connector)
     if engine.speculative is not None:
-        memory.check_speculative_model(model, engine.speculative)
+        memory.check_speculative_model(model, engine.speculative, pinned.tensor_parallel_size)
     settings = _choose_tensor_parallel(p)
+    if engine.speculative is not None:  # a draft model's TP: 1 or the target's (vLLM refuses others)
+        vllm.check_draft_tensor_parallel(
+            engine.speculative.draft_tensor_parallel_size, settings.tensor_parallel_size or 1
+        )
     settings, wanted = _choose_context(p, settings)
     settings = _choose_utilization(p, settings)
     settings, budget = p.settle(settings)
@@ -349,7 +353,9 @@ def compute_plan(
         experts = model.moe.num_experts if model.moe is not None else None
         tp = settings.tensor_parallel_size or 1
         p.warnings.insert(first_unmodelled, vllm.describe_data_parallel(engine.data_parallel, tp, experts))
-    spec_gap = memory.describe_unbudgeted_speculative(model, engine.speculative, engine.speculative_flags, pp)
+    spec_gap = memory.describe_unbudgeted_speculative(
+        model, engine.speculative, engine.speculative_flags, pp, settings.tensor_parallel_size or 1
+    )
     if spec_gap is not None:
         p.warnings.insert(first_unmodelled, spec_gap)
     elif engine.speculative is not None:
@@ -729,6 +735,16 @@ def _describe_speculative(
             f"counted in the weights) and adds {_count(n, 'KV layer')} to the cache "
             f"({budget.kv_bytes_per_token:,} bytes per token); {vllm.SPECULATIVE_UNBUDGETED}."
         )
+    draft = memory.budgeted_draft_model(spec)
+    if draft is not None:
+        n = draft.num_layers
+        return (
+            f"{flag} (method draft_model, {_count(tokens or 1, 'draft token')}): the draft model "
+            f"({draft.architecture}, {_count(n, 'layer')}, its own embedding and LM head) takes "
+            f"{budget.speculative_gib:.2f} GiB per GPU (weights and the proposer's buffers, counted in the "
+            f"weights) and adds {_count(n, 'KV layer')} to the cache ({budget.kv_bytes_per_token:,} bytes "
+            f"per token){_state_text(model, spec)}; {vllm.SPECULATIVE_UNBUDGETED}."
+        )
     if spec.method != vllm.MTP:
         count = f", {_count(tokens, 'draft token')}" if tokens else ""
         state = ""
@@ -743,22 +759,24 @@ def _describe_speculative(
         )
     layers = model.num_mtp_layers
     verb, add = ("take", "add") if layers > 1 else ("takes", "adds")
-    drafted = memory.speculative_state_tokens(model, spec)
-    state = ""
-    if model.linear_state is not None:  # a hybrid: its state layers hold the draft tokens too
-        state = (
-            f"; each request's linear-attention state holds {_count(drafted, 'more page')} per state group"
-            + (
-                f" and its conv state {_count(drafted, 'more position')}"
-                if vllm.speculative_conv_positions(model.linear_state.family == GDN, drafted)
-                else ""
-            )
-        )
     return (
         f"{flag} (method mtp, {_count(tokens or layers, 'draft token')}): the MTP drafter's "
         f"{_count(layers, 'layer')} {verb} {budget.speculative_gib:.2f} GiB per GPU (weights and the "
         f"proposer's buffers, counted in the weights) and {add} {_count(layers, 'KV layer')} to the cache "
-        f"({budget.kv_bytes_per_token:,} bytes per token){state}; {vllm.SPECULATIVE_UNBUDGETED}."
+        f"({budget.kv_bytes_per_token:,} bytes per token){_state_text(model, spec)}; "
+        f"{vllm.SPECULATIVE_UNBUDGETED}."
+    )
+
+
+def _state_text(model: ModelSpec, spec: vllm.SpeculativeFlags) -> str:
+    """What a hybrid's state layers hold more for the draft tokens (budgeted: MTP, a draft model)."""
+    if model.linear_state is None:
+        return ""
+    drafted = memory.speculative_state_tokens(model, spec)
+    return f"; each request's linear-attention state holds {_count(drafted, 'more page')} per state group" + (
+        f" and its conv state {_count(drafted, 'more position')}"
+        if vllm.speculative_conv_positions(model.linear_state.family == GDN, drafted)
+        else ""
     )
 
 

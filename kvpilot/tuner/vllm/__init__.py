@@ -92,6 +92,11 @@ from kvpilot.tuner.vllm.compressed_attention import (
     check_compressed_ratios,
     compressed_layer_caches,
 )
+from kvpilot.tuner.vllm.draft_model import (
+    check_draft_tensor_parallel,
+    check_draft_vocab,
+    draft_method_by_config,
+)
 from kvpilot.tuner.vllm.eagle3 import (
     DRAFT_CONFIG_FLAG,
     EAGLE3,
@@ -230,6 +235,7 @@ from kvpilot.tuner.vllm.sizing import (
     compute_sizing_env,
 )
 from kvpilot.tuner.vllm.speculative import (
+    DRAFT_MODEL,
     MTP,
     MTP_DRAFTERS,
     MTP_METHODS,
@@ -239,6 +245,7 @@ from kvpilot.tuner.vllm.speculative import (
     MtpDrafter,
     SpeculativeFlags,
     check_speculative_flags,
+    draft_method_by_name,
     read_speculative_flags,
     speculative_flag_names,
 )
@@ -318,6 +325,7 @@ __all__ = [
     "DEFAULT_MAX_LORA_RANK",
     "DRAFT_CONFIG_FLAG",
     "DataParallel",
+    "DRAFT_MODEL",
     "EAGLE3",
     "EAGLE3_LLAMA_ARCHITECTURES",
     "ENABLE_LORA_FLAG",
@@ -449,6 +457,10 @@ __all__ = [
     "describe_missing_streamer",
     "describe_settings",
     "describe_unmodelled_flag",
+    "check_draft_tensor_parallel",
+    "check_draft_vocab",
+    "draft_method_by_config",
+    "draft_method_by_name",
     "eagle3_architecture",
     "find_active_seqs",
     "find_flag_values",

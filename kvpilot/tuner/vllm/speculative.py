@@ -20,9 +20,11 @@ The methods (``config/speculative.py``):
   (``v1/worker/gpu_model_runner.py:614``, ``:648``); ``ngram_gpu`` does (``:624``: a ``max_num_seqs x
   max_model_len`` ``int32`` token table, not budgeted);
 * ``eagle``, ``eagle3``, ``draft_model`` (the default when a ``model`` is given without a method,
-  ``:1244``), ``dflash``, ``dspark``, ``extract_hidden_states``, ``custom_class`` load another model or code:
-  kvpilot does not read their checkpoints, so the plan names them as not budgeted; ``eagle3`` is budgeted
-  when the draft's ``config.json`` is given as data (:attr:`SpeculativeFlags.draft_config`, :mod:`.eagle3`).
+  ``:1244``; a name holding ``eagle-``, ``eagle3``, ``dflash`` or ``dspark`` makes it that method,
+  :func:`draft_method_by_name`), ``dflash``, ``dspark``, ``extract_hidden_states``, ``custom_class`` load
+  another model or code: kvpilot does not read their checkpoints, so the plan names them as not budgeted;
+  ``eagle3`` and ``draft_model`` are budgeted when the draft's ``config.json`` is given as data
+  (:attr:`SpeculativeFlags.draft_config`, :mod:`.eagle3`, :mod:`.draft_model`).
 
 An MTP drafter (``model_executor/models/deepseek_mtp.py``): one ``DeepSeekMultiTokenPredictorLayer`` per
 ``num_nextn_predict_layers`` (``:144``), each an ``enorm`` and ``hnorm`` (RMSNorm), an ``eh_proj``
@@ -118,6 +120,17 @@ NO_MODEL_METHODS = (NGRAM, SUFFIX)
 """Methods whose proposer runs on the CPU and loads no model (``gpu_model_runner.py:614``, ``:648``)."""
 NGRAM_SPELLINGS = ("ngram", "[ngram]")
 """``method`` (or, without a method, ``model``) spellings vLLM reads as ``ngram`` (``:1241``, ``:1297``)."""
+DRAFT_MODEL = "draft_model"
+"""A separate draft model (``config/speculative.py:76``; :mod:`.draft_model`)."""
+DRAFT_NAME_METHODS = (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark"))
+"""The substrings of a draft ``model`` (lower-cased) that make ``draft_model`` another method once the
+draft's ``ModelConfig`` is built, in vLLM's order of tests (``config/speculative.py:1445``-``:1457``)."""
+
+
+def draft_method_by_name(model: str | None) -> str | None:
+    """The method vLLM detects from a draft ``model``'s name under ``draft_model``; ``None``: none."""
+    name = (model or "").lower()
+    return next((method for part, method in DRAFT_NAME_METHODS if part in name), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +191,13 @@ class SpeculativeFlags:
     """The ``model`` given (a draft checkpoint kvpilot does not read); ``None``: none."""
     draft_config: Mapping[str, Any] | None = field(default=None, hash=False)
     """The draft checkpoint's ``config.json``, given as data (``kvpilot plan --draft-config``): what lets
-    the budget count an EAGLE3 drafter (:mod:`.eagle3`); ``None``: not given."""
+    the budget count an EAGLE3 drafter (:mod:`.eagle3`) or a separate draft model (:mod:`.draft_model`);
+    ``None``: not given."""
+    draft_tensor_parallel_size: int | None = None
+    """``draft_tensor_parallel_size`` (``None``: not given, the target's TP;
+    ``config/speculative.py:1859``)."""
+    heterogeneous_vocab: bool = False
+    """``use_heterogeneous_vocab``: a draft model of another vocabulary allowed (``:496``)."""
 
 
 def _short_to_long(args: Sequence[str]) -> list[str]:
@@ -274,8 +293,10 @@ def _read(args: Sequence[str]) -> SpeculativeFlags | None:
         )
     given = method or ""
     if method is None:  # config/speculative.py:1236-1244
-        method = NGRAM if model in NGRAM_SPELLINGS else "draft_model"
+        method = NGRAM if model in NGRAM_SPELLINGS else DRAFT_MODEL
         given = f"model {model!r}" if model is not None else "no method"
+    if method == DRAFT_MODEL and isinstance(model, str):  # the name decides first (:1445-:1457)
+        method = draft_method_by_name(model) or method
     if method in MTP_METHODS:
         method = MTP
     elif method in NGRAM_SPELLINGS:
@@ -288,7 +309,27 @@ def _read(args: Sequence[str]) -> SpeculativeFlags | None:
             "missing)",
             flag=SPECULATIVE_CONFIG_FLAG,
         )
-    return SpeculativeFlags(method, tokens, given, model if isinstance(model, str) else None)
+    if config.get("tensor_parallel_size") is not None:  # config/speculative.py:1940
+        raise errors.InvalidEngineArgs(
+            f"vLLM argument {SPECULATIVE_CONFIG_FLAG}: 'tensor_parallel_size' is not a valid key (vLLM "
+            "refuses it); pass 'draft_tensor_parallel_size'",
+            flag=SPECULATIVE_CONFIG_FLAG,
+        )
+    draft_tp = config.get("draft_tensor_parallel_size")
+    if draft_tp is not None and (isinstance(draft_tp, bool) or not isinstance(draft_tp, int) or draft_tp < 1):
+        raise errors.InvalidEngineArgs(
+            f"vLLM argument {SPECULATIVE_CONFIG_FLAG}: draft_tensor_parallel_size must be an integer of at "
+            f"least 1 (SpeculativeConfig: ge=1; got {draft_tp!r})",
+            flag=SPECULATIVE_CONFIG_FLAG,
+        )
+    return SpeculativeFlags(
+        method,
+        tokens,
+        given,
+        model if isinstance(model, str) else None,
+        draft_tensor_parallel_size=draft_tp,
+        heterogeneous_vocab=config.get("use_heterogeneous_vocab") is True,
+    )
 
 
 def check_speculative_flags(args: Sequence[str]) -> None:
