@@ -5,7 +5,9 @@ For ``test_contract_speculative.py``. The drafter is what vLLM builds for ``--sp
 method and count, and rewrites the target's ``hf_config`` into the drafter's
 (``hf_config_override``); the class is the registry's for that config (``get_model_architecture``),
 constructed under a ``VllmConfig`` carrying the speculative config inside ``torch.device("meta")``, as
-``load_eagle_model`` (``v1/worker/gpu/spec_decode/eagle/utils.py``) has ``get_model`` build it. Each
+``load_eagle_model`` (``v1/worker/gpu/spec_decode/eagle/utils.py``) has ``get_model`` build it; a separate
+draft model (``draft_model``) under its own model and parallel configs, prefix ``draft_model``, as
+``StandaloneARSpeculator.load_draft_model`` builds it. Each
 rank runs in a spawned process of a real gloo group (TP 1 and TP 2), like
 :func:`.model_classes.build_ranks_on_meta`.
 
@@ -178,8 +180,20 @@ def _build_rank(
             initialize_model_parallel(tp, 1)
         draft_config = sc.draft_model_config
         cls, architecture = get_model_architecture(draft_config)
-        with set_current_vllm_config(vc), set_default_torch_dtype(mc.dtype), torch.device("meta"):
-            draft = cls(vllm_config=vc, prefix="")
+        draft_vc, prefix = vc, ""
+        if sc.method == "draft_model":  # a whole model of its own: load_draft_model builds it under the
+            # draft's model and parallel configs, prefix draft_model (standalone_ar/speculator.py:112-130)
+            from vllm.config import replace
+
+            draft_vc = replace(
+                vc,
+                model_config=draft_config,
+                quant_config=None,
+                parallel_config=replace(sc.draft_parallel_config, rank=rank),
+            )
+            prefix = "draft_model"
+        with set_current_vllm_config(draft_vc), set_default_torch_dtype(mc.dtype), torch.device("meta"):
+            draft = cls(vllm_config=draft_vc, prefix=prefix)
         params = dict(draft.named_parameters())
 
         def size(names: list[str]) -> int:
@@ -251,8 +265,11 @@ def _build_rank(
             ]
             if hasattr(target_cls, "get_mamba_state_shape_from_config"):
                 found["flashinfer"] = _plan_with_checkpoints(vc, config, target_cls, target, draft, available)
-        try:  # the same method without a count
-            SpeculativeConfig(method=spec["method"], target_model_config=mc, target_parallel_config=pc)
+        try:  # the same method without a count (the draft's folder kept: a draft model needs it)
+            kept = {"model": spec["model"]} if spec["method"] == "draft_model" else {}
+            SpeculativeConfig(
+                method=spec["method"], **kept, target_model_config=mc, target_parallel_config=pc
+            )
             found["refused_without_count"] = ""
         except ValueError as exc:
             found["refused_without_count"] = str(exc)
@@ -265,8 +282,8 @@ def build_drafter_ranks(
     config: dict[str, Any], spec: dict[str, Any], tp: int, available: int, draft: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """What :func:`_build_rank` reports for every TP rank of the drafter of ``config`` under ``spec`` (the
-    ``--speculative-config`` object); ``draft``: a draft checkpoint's config.json (EAGLE3), given to vLLM as
-    the ``model`` of ``spec``."""
+    ``--speculative-config`` object); ``draft``: a draft checkpoint's config.json (EAGLE3, a draft model),
+    given to vLLM as the ``model`` of ``spec``."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     init = f"file://{tempfile.mktemp()}"
