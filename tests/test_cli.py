@@ -464,6 +464,35 @@ def test_plan_refuses_a_draft_config_it_cannot_use(tmp_path: Path) -> None:
     assert code == 2, err
 
 
+QWEN3_06B = Path(__file__).resolve().parent / "data" / "hf_configs" / "Qwen__Qwen3-0.6B.json"
+DRAFT_MODEL = (
+    """--engine-args=--speculative-config '{"model":"Qwen/Qwen3-0.6B","num_speculative_tokens":4}'"""
+)
+
+
+def test_plan_budgets_a_draft_model_given_its_config(tmp_path: Path) -> None:
+    """A ``model`` without a method is vLLM's draft_model: --draft-config budgets the whole draft and its
+    28 KV layers; without it the plan names --draft-config; a draft vLLM reads as MTP is refused."""
+    base = ("plan", "--model", "Qwen/Qwen3-32B", "--gpu", "H100-SXM", "--max-context", "8192", "--json")
+    code, out, err = run(*base, DRAFT_MODEL)
+    assert code == 0, err
+    unread = json.loads(out)
+    assert unread["budget"]["speculative_gib"] == 0
+    assert any("--draft-config PATH" in w for w in unread["warnings"])
+    code, out, err = run(*base, DRAFT_MODEL, "--draft-config", str(QWEN3_06B))
+    assert code == 0, err
+    plan = json.loads(out)
+    assert 1.11 <= plan["budget"]["speculative_gib"] < 1.12
+    assert plan["budget"]["kv_bytes_per_token"] == 376_832 > unread["budget"]["kv_bytes_per_token"]
+    assert any(
+        w.startswith("--speculative-config (method draft_model, 4 draft tokens)") for w in plan["warnings"]
+    )
+    mtp = tmp_path / "mtp.json"
+    mtp.write_text(json.dumps({**json.loads(QWEN3_06B.read_text()), "model_type": "deepseek_mtp"}))
+    code, _, err = run(*base, DRAFT_MODEL, "--draft-config", str(mtp))
+    assert code == 2 and "as method 'mtp'" in err
+
+
 def test_plan_for_a_release_newer_than_modelled_warns() -> None:
     code, out, err = run("plan", "--model", LLAMA, "--gpu", "H100-SXM", "--vllm-version", "9.9.9")
     assert code == 0, err
