@@ -171,7 +171,11 @@ def test_a_draft_kvpilot_cannot_size_is_named() -> None:
         assert memory.compute_speculative_bytes(model, flags) == 0
         with pytest.raises(errors.InvalidModelConfig):
             memory.read_draft_model(flags)
+    kv8 = _flags(_sc(model="m", num_speculative_tokens=4, kv_cache_dtype="fp8", quantization=None))
+    assert kv8.draft_overrides == ("kv_cache_dtype",)
+    assert "kv_cache_dtype for the draft" in (memory.speculative_unbudgeted_reason(model, kv8) or "")
     given = _flags(DRAFT_4)
+    assert given.draft_overrides == ()
     assert "pipeline parallelism" in (memory.speculative_unbudgeted_reason(model, given, pp=2) or "")
     assert memory.compute_speculative_bytes(model, given, pipeline_parallel_size=2) == 0
     assert memory.with_draft_model_layers(model, memory.read_draft_model(given)).num_layers == 64 + 28

@@ -403,7 +403,7 @@ def test_an_eagle3_draft_kvpilot_cannot_size_is_named() -> None:
     assert memory.compute_speculative_bytes(model, given, pipeline_parallel_size=2) == 0
     with pytest.raises(errors.InvalidModelConfig, match="hidden_size"):
         read_eagle3_draft({k: v for k, v in EAGLE3_DRAFT.items() if k != "hidden_size"})
-    # eagle (EAGLE-1) and a draft model stay named as not read, whatever config is given
+    # eagle (EAGLE-1) stays named as not read, whatever config is given (a draft model: test_draft_model.py)
     eagle = _sc(method="eagle", model="org/eagle", num_speculative_tokens=3)
     assert "kvpilot does not read" in (memory.speculative_unbudgeted_reason(model, _flags(*eagle)) or "")
 

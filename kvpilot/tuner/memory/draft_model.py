@@ -15,8 +15,9 @@ LM); this is the arithmetic, through the functions that size any model:
 Not budgeted (:func:`draft_model_unbudgeted_reason` names what; the plan warns): a draft with pipeline
 parallelism (kvpilot models one stage), a draft TP other than the target's (1 under Model Runner V2), a
 draft whose layers are not plain attention (MLA, linear attention, compressed attention: their pages are
-the target's model-wide facts in kvpilot's KV layout), a multimodal draft; Model Runner V2's lowering of
-``max_model_len`` to a shorter draft's; ``expanded_slot_mappings`` (allocated once the KV cache is sized).
+the target's model-wide facts in kvpilot's KV layout), a multimodal draft, the speculative config's own
+``kv_cache_dtype`` or ``quantization`` for the draft; and, not named: Model Runner V2's lowering of
+``max_model_len`` to a shorter draft's, ``expanded_slot_mappings`` (allocated once the KV cache is sized).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def draft_model_unbudgeted_reason(
         return f"method 'draft_model': {exc}"
     if pp > 1:
         return "with pipeline parallelism the draft model runs on one stage; kvpilot models one stage"
+    if spec.draft_overrides:
+        keys = ", ".join(spec.draft_overrides)
+        return f"the speculative config's {keys} for the draft, which kvpilot does not read"
     draft_tp = spec.draft_tensor_parallel_size
     if tp is not None and draft_tp is not None and draft_tp != tp:
         return (

@@ -120,6 +120,9 @@ NO_MODEL_METHODS = (NGRAM, SUFFIX)
 """Methods whose proposer runs on the CPU and loads no model (``gpu_model_runner.py:614``, ``:648``)."""
 NGRAM_SPELLINGS = ("ngram", "[ngram]")
 """``method`` (or, without a method, ``model``) spellings vLLM reads as ``ngram`` (``:1241``, ``:1297``)."""
+DRAFT_OVERRIDE_KEYS = ("kv_cache_dtype", "quantization")
+"""Keys of the speculative config that change a draft model's memory: its KV cache dtype (the target's
+when absent, ``config/speculative.py:448``) and its weights' quantization (``:435``)."""
 DRAFT_MODEL = "draft_model"
 """A separate draft model (``config/speculative.py:76``; :mod:`.draft_model`)."""
 DRAFT_NAME_METHODS = (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark"))
@@ -198,6 +201,9 @@ class SpeculativeFlags:
     ``config/speculative.py:1859``)."""
     heterogeneous_vocab: bool = False
     """``use_heterogeneous_vocab``: a draft model of another vocabulary allowed (``:496``)."""
+    draft_overrides: tuple[str, ...] = ()
+    """The keys given of :data:`DRAFT_OVERRIDE_KEYS`, which change the draft's memory and kvpilot does not
+    read."""
 
 
 def _short_to_long(args: Sequence[str]) -> list[str]:
@@ -329,6 +335,7 @@ def _read(args: Sequence[str]) -> SpeculativeFlags | None:
         model if isinstance(model, str) else None,
         draft_tensor_parallel_size=draft_tp,
         heterogeneous_vocab=config.get("use_heterogeneous_vocab") is True,
+        draft_overrides=tuple(key for key in DRAFT_OVERRIDE_KEYS if config.get(key) is not None),
     )
 
 
