@@ -3,20 +3,20 @@
 The method (``config/speculative.py``): ``draft_model`` is what ``SpeculativeConfig.__post_init__`` takes
 when a ``model`` is given without a method (and is neither ``ngram`` nor a ``module.Class`` path,
 ``:1236``-``:1244``). The draft checkpoint's ``ModelConfig`` is then built (``:1406``) and the method
-detected again from it (``:1437``-``:1497``), even when ``draft_model`` was given by name: a
+detected again from it (``:1432``-``:1497``), even when ``draft_model`` was given by name: a
 ``model`` whose name holds ``eagle-`` is ``eagle``, ``eagle3`` is ``eagle3``, ``dflash`` is ``dflash``,
 ``dspark`` is ``dspark`` (:func:`.speculative.draft_method_by_name`), and a draft config whose
 ``model_type`` is an MTP type is ``mtp`` (or whose architectures are DFlash's or DSpark's drafters,
 :func:`draft_method_by_config`).
 
-What the draft's ``ModelConfig`` takes (``:1406``-``:1432``): the target's ``dtype`` and tokenizer; its
+What the draft's ``ModelConfig`` takes (``:1406``-``:1430``): the target's ``dtype`` and tokenizer; its
 own ``hf_config``, ``max_model_len`` (then ``min`` of its own and the target's,
 ``_maybe_override_draft_max_model_len``, ``:1763``) and quantization (``quantization`` in the speculative
 config, else its own checkpoint's ``quantization_config``: the draft's ``VllmConfig`` is built with
 ``quant_config=None``, ``v1/worker/gpu/spec_decode/standalone_ar/speculator.py:115``, which
 ``VllmConfig.__post_init__`` fills from the draft's ``ModelConfig``, ``config/vllm.py:1607``). Its
 ``max_position_embeddings`` is not raised to the target's (only for drafters that share the target's
-positions, ``:1500``); Model Runner V2 lowers the target's ``max_model_len`` to the draft's when that is
+positions, ``:1503``); Model Runner V2 lowers the target's ``max_model_len`` to the draft's when that is
 shorter (``VllmConfig._limit_max_model_len_to_draft``, ``config/vllm.py:3025``: not modelled).
 
 Its parallel config (``_verify_and_get_draft_tp``, ``:1849``): ``draft_tensor_parallel_size`` defaults to
@@ -91,7 +91,7 @@ def draft_method_by_config(config: Mapping[str, Any]) -> str:
 
 def check_draft_tensor_parallel(draft_tensor_parallel_size: int | None, tensor_parallel_size: int) -> None:
     """Refuse a ``draft_tensor_parallel_size`` other than 1 or the target's (``_verify_and_get_draft_tp``,
-    ``config/speculative.py:1860``)."""
+    ``config/speculative.py:1849``)."""
     draft = draft_tensor_parallel_size
     if draft is not None and draft not in (1, tensor_parallel_size):
         raise errors.InvalidEngineArgs(
