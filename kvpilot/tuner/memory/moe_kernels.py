@@ -18,7 +18,8 @@ code, its bytes replace the fitted term:
     manager (``v1/worker/workspace.py::get_simultaneous``, each part rounded up to 256 bytes) that persists
     after the profile run;
   - the layer's own output, ``torch.empty_like(hidden_states)`` (``modular_kernel.py:1372-1376``: NVFP4
-    kernels are built with ``inplace=False``, ``oracle/nvfp4.py:510``);
+    kernels are built with ``inplace=False``, ``oracle/nvfp4.py:510``; 0.33 always allocates it,
+    ``hidden_states.new_empty``, ``modular_kernel.py:1536``);
   - in ``run_cutlass_moe_fp4`` (``cutlass_moe.py:483-665``), at its last step, alive together: the input
     rows gathered per expert (``a = ops.shuffle_rows(a, a_map)``, ``M x top_k x K``, held to the end), the
     second GEMM's rows put back in token order (``c3 = ops.shuffle_rows(c3, c_map)``, ``M x top_k x K``),

@@ -1,7 +1,7 @@
 """``--moe-backend``: which kernels run a MoE model's routed experts, as vLLM reads the flag.
 
 vLLM 0.33's parser (``engine/arg_utils.py:1843-1845``) takes ``--moe-backend`` with the choices of
-``KernelConfig.moe_backend`` (the ``MoEBackend`` literal, ``config/kernel.py:122-145``), the value lowered and
+``KernelConfig.moe_backend`` (the ``MoEBackend`` literal, ``config/kernel.py:122-147``), the value lowered and
 its dashes made underscores first (``type=lambda s: s.lower().replace("-", "_")``); anything else is refused.
 ``auto`` (the default) lets vLLM choose by model and GPU; any other value is handed to the MoE method of the
 model's quantization (``EngineArgs.create_engine_config``: ``if self.moe_backend != "auto"``), whose oracle
@@ -60,8 +60,9 @@ MOE_BACKENDS: tuple[str, ...] = (
     "flydsl",
     "hpc",
     "emulation",
+    "rdna3",
 )
-"""vLLM 0.33's choices of ``--moe-backend`` (``config/kernel.py:122-145``, the ``MoEBackend`` literal)."""
+"""vLLM 0.33's choices of ``--moe-backend`` (``config/kernel.py:122-147``, the ``MoEBackend`` literal)."""
 
 NVFP4_MOE_BACKENDS: Mapping[str, str] = {
     "b12x": "B12X",
