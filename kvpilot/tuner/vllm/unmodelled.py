@@ -13,8 +13,8 @@ and the group's expert shards (:mod:`.parallel`). Nor are the speculative-decodi
 budgeted depends on the method and the model, so the plan names what it leaves out itself
 (:data:`SPECULATIVE_UNBUDGETED`, :mod:`.speculative`). Nor is ``--moe-backend``: which kernel it runs depends
 on the model's quantization (:mod:`.moe_backends`). ``cutlass`` on W4A4 NVFP4 experts (``CutlassExpertsFp4``)
-is budgeted from vLLM's code (:mod:`kvpilot.tuner.memory.moe_kernels`); for any other value, or another
-quantization, the plan warns by name (:func:`describe_unbudgeted_moe_backend`).
+is budgeted from vLLM's code from 0.20 (:mod:`kvpilot.tuner.memory.moe_kernels`); for any other value, another
+quantization or an older release, the plan warns by name (:func:`describe_unbudgeted_moe_backend`).
 """
 
 from __future__ import annotations
