@@ -15,8 +15,8 @@ code, its bytes replace the fitted term:
   - the workspace (``_allocate_buffers``, ``modular_kernel.py:1040-1102``; ``workspace_shapes``,
     ``cutlass_moe.py:738-752``): ``workspace13`` of ``M x top_k x max(2N, K)`` elements, sharing its buffer
     with the ``M x K`` output, beside ``workspace2`` of ``M x top_k x N``, one allocation of the workspace
-    manager (``v1/worker/workspace.py::get_simultaneous``, each part rounded up to 256 bytes) that persists
-    after the profile run;
+    manager (``v1/worker/workspace.py::get_simultaneous``, line 104 in 0.20.0: each part rounded up to 256
+    bytes) that persists after the profile run;
   - the layer's own output, ``torch.empty_like(hidden_states)`` (``modular_kernel.py:1372-1376``: NVFP4
     kernels are built with ``inplace=False``, ``oracle/nvfp4.py:510``; 0.33 always allocates it,
     ``hidden_states.new_empty``, ``modular_kernel.py:1536``);
@@ -44,7 +44,7 @@ WORKSPACE_ALIGN = 256
 """The workspace manager rounds each part up to this many bytes (``get_simultaneous``: ``round_up(actual,
 256)``)."""
 INDEX_BYTES = 4
-"""``a_map`` / ``c_map`` are int32 (``cutlass_moe.py:570-571``)."""
+"""``a_map`` / ``c_map`` are int32 (``cutlass_moe.py:577-578``, 0.20.0)."""
 
 
 @dataclass(frozen=True, slots=True)
