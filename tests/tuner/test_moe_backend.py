@@ -177,3 +177,28 @@ def test_the_plan_warns_where_the_kernel_is_not_budgeted_and_refuses_what_vllm_r
     assert moe_warnings(dense, "triton") == []  # no experts: the flag changes nothing
     with pytest.raises(errors.InvalidEngineArgs, match="not supported for NVFP4"):
         moe_warnings(_model(), "triton")  # map_nvfp4_backend has no triton kernel
+
+
+def test_a_case_reads_its_quantization_stand_in_and_its_moe_backend() -> None:
+    case: dict[str, Any] = {
+        "id": "c",
+        "hf_config": QWEN3_MOE,
+        "quantization_config": NVFP4_QC,
+        "gpu_total_gib": 180.0,
+        "gpu_memory_utilization": 0.9,
+        "max_model_len": 8192,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 16384,
+        "vllm_version": "0.20.0",
+    }
+    assert memory.nvfp4_experts(memory.estimate.build_case_model(case))
+    plain, cutlass, refused = memory.compute_estimates(
+        [
+            case,
+            {**case, "engine_args": ["--moe-backend", "cutlass"]},
+            {**case, "engine_args": ["--moe-backend", "x"]},
+        ]
+    )
+    assert cutlass["activation_gib"] > plain["activation_gib"]
+    assert cutlass["available_kv_cache_gib"] < plain["available_kv_cache_gib"]
+    assert refused["error"] is not None and "--moe-backend" in refused["error"]
