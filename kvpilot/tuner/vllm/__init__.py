@@ -4,6 +4,7 @@ Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.ver
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), the flags and variables
 that load code (:mod:`.code_loading`), the untuned flags that change its memory (:mod:`.engine_flags`),
+the MoE kernels ``--moe-backend`` picks (:mod:`.moe_backends`),
 its admission cap below ``--max-num-seqs`` (:mod:`.active_seqs`),
 where its compile caches live and which settings invalidate them (:mod:`.compile_cache`), its streaming weight
 loader (:mod:`.loaders`),
@@ -197,6 +198,16 @@ from kvpilot.tuner.vllm.messages import (
     sampler_warmup_oom_error,
 )
 from kvpilot.tuner.vllm.model_params import FP32_ROUTER_MODEL_TYPES, QK_NORM_FLAG_MODEL_TYPES
+from kvpilot.tuner.vllm.moe_backends import (
+    CUTLASS_FP4_BUDGETED_SINCE,
+    MOE_BACKEND_FLAG,
+    MOE_BACKENDS,
+    NVFP4_MOE_BACKENDS,
+    budgets_cutlass_fp4,
+    check_moe_backend,
+    check_nvfp4_moe_backend,
+    read_moe_backend,
+)
 from kvpilot.tuner.vllm.parallel import (
     DATA_PARALLEL_RANK_FLAG,
     DATA_PARALLEL_SIZE_FLAG,
@@ -243,8 +254,10 @@ from kvpilot.tuner.vllm.speculative import (
     speculative_flag_names,
 )
 from kvpilot.tuner.vllm.unmodelled import (
+    MOE_BACKEND_UNBUDGETED,
     SPECULATIVE_UNBUDGETED,
     UNMODELLED_MEMORY_FLAGS,
+    describe_unbudgeted_moe_backend,
     describe_unmodelled_flag,
     list_unmodelled_flags,
 )
@@ -397,6 +410,16 @@ __all__ = [
     "SpeculativeFlags",
     "TOTAL_CONSUMED_ACCOUNTING_SINCE",
     "UNMODELLED_MEMORY_FLAGS",
+    "CUTLASS_FP4_BUDGETED_SINCE",
+    "MOE_BACKEND_FLAG",
+    "MOE_BACKENDS",
+    "MOE_BACKEND_UNBUDGETED",
+    "NVFP4_MOE_BACKENDS",
+    "budgets_cutlass_fp4",
+    "check_moe_backend",
+    "check_nvfp4_moe_backend",
+    "read_moe_backend",
+    "describe_unbudgeted_moe_backend",
     "UNSUPPORTED_FLAGS",
     "V2_GRAPH_ESTIMATE_SINCE",
     "V2_RUNNER_ENV",
