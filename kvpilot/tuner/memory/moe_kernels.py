@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
+from kvpilot.tuner.arith import round_up
 from kvpilot.tuner.model import ModelSpec
 
 WORKSPACE_ALIGN = 256
@@ -55,10 +56,6 @@ class MoeKernelBytes:
     """What stays allocated after the layer returns (the workspace manager's buffer)."""
     peak: int
     """The layer's peak: the workspace plus what its forward holds at its widest step."""
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def nvfp4_experts(model: ModelSpec) -> bool:
@@ -79,7 +76,7 @@ def compute_cutlass_fp4_moe_bytes(
     n = intermediate_size * (2 if gated else 1)  # w1.shape[1]: moe_problem_size's N
     workspace13 = max(m * top_k * max(2 * n, k), m * k) * b  # shared with the (M, K) fused output
     workspace2 = m * top_k * n * b
-    workspace = _round_up(workspace13, WORKSPACE_ALIGN) + _round_up(workspace2, WORKSPACE_ALIGN)
+    workspace = round_up(workspace13, WORKSPACE_ALIGN) + round_up(workspace2, WORKSPACE_ALIGN)
     output = m * k * b  # torch.empty_like(hidden_states)
     rows = m * top_k * k * b
     transient = 3 * rows + m * k * b + 2 * m * top_k * INDEX_BYTES  # a, c3, their weighted product, its sum
