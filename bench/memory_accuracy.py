@@ -141,11 +141,27 @@ def plan_verdict(case: dict[str, Any], gpu_lookup: Callable[[str], object] | Non
         return "refused", exc.message.split(" Known GPUs: ")[0]  # not the catalogue's whole list
     engine = vllm.build_engine_flags(args)
     named = [vllm.describe_unmodelled_flag(flag) for flag in engine.unmodelled]
-    if engine.speculative_flags:  # what is budgeted of it depends on the model (and its one stage)
+    model = None
+    if engine.speculative_flags or engine.moe_backend:  # what is budgeted of them depends on the model
         try:
-            model = model_spec.build_model_spec(case.get("hf_config") or {})
-        except errors.TunerError:
+            model = estimate.build_case_model(case)
+        except (errors.TunerError, estimate.CaseError):
             model = None
+    if engine.moe_backend:
+        try:
+            if model is not None:
+                memory.check_moe_backend_model(model, engine.moe_backend)
+        except errors.TunerError as exc:
+            return "refused", exc.message
+        if model is None:
+            named.append(
+                f"--moe-backend {engine.moe_backend} is not in kvpilot's memory model for this case's config."
+            )
+        elif (
+            gap := memory.describe_unbudgeted_moe_backend(model, engine.moe_backend, _version(case))
+        ) is not None:
+            named.append(gap)
+    if engine.speculative_flags:  # what is budgeted of it depends on the model (and its one stage)
         if model is None:
             gap = f"{engine.speculative_flags[0]} is not in kvpilot's memory model for this case's config."
         else:
@@ -157,6 +173,13 @@ def plan_verdict(case: dict[str, Any], gpu_lookup: Callable[[str], object] | Non
     if named:
         return "warned", " ".join(named)
     return None
+
+
+def _version(case: dict[str, Any]) -> str:
+    """The case's vLLM release as the tuner takes it (its first word, e.g. ``0.20.0``)."""
+    return next(
+        iter(str(case.get("vllm_version") or vllm.PINNED_VLLM_VERSION).split()), vllm.PINNED_VLLM_VERSION
+    )
 
 
 def _release(case: dict[str, Any]) -> str:

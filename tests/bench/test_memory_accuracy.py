@@ -79,9 +79,6 @@ def test_the_public_2x_cases_are_refused_or_warned_about_as_kvpilot_plan_would()
     for refused in ("case-101", "case-102"):
         verdict = verdicts[refused]
         assert verdict is not None and verdict[0] == "refused" and repr(cases[refused]["gpu"]) in verdict[1]
-    for warned_id in ("case-110", "case-111", "case-112", "case-113", "case-114"):  # --moe-backend cutlass
-        verdict = verdicts[warned_id]
-        assert verdict is not None and verdict[0] == "warned" and verdict[1].startswith("--moe-backend ")
     assert {i for i, v in verdicts.items() if v is None} == {
         "case-103",  # an A40, in the catalogue since its NVML total was found
         "case-104",
@@ -89,6 +86,12 @@ def test_the_public_2x_cases_are_refused_or_warned_about_as_kvpilot_plan_would()
         "case-107",
         "case-108",
         "case-109",  # an RTX 3090 Ti, in the catalogue since 2026-12-07
+        # --moe-backend cutlass on NVFP4 experts: CutlassExpertsFp4, budgeted since memory model 2026.12.7.9
+        "case-110",
+        "case-111",
+        "case-112",
+        "case-113",
+        "case-114",
         "case-115",  # vLLM 0.31.0, an A100 80GB at the defaults
         "case-116",  # vLLM 0.30.0 on an L4 (Tensward reports: KV tokens only, 116 to 118)
         "case-117",
@@ -117,10 +120,10 @@ def test_the_bench_keeps_every_case_and_adds_the_figures_without_the_flagged_one
     first, _, rest = out.partition(" the plan, asked as")
     # every started case with a logged GiB, the refused and warned ones too (failed starts: outcome only)
     assert "available KV cache GiB             n=12 " in first
-    assert "refused or warned about by name: 8 of 18 cases" in rest
+    assert "refused or warned about by name: 3 of 18 cases" in rest
     assert "case-106: warned: --speculative-config is not in kvpilot's memory model" in rest
     clean = rest.partition("neither refused nor warned about by name:")[2]
-    assert "available KV cache GiB             n=6 " in clean
+    assert "available KV cache GiB             n=10 " in clean
 
 
 GOAL_EXCEPTIONS = {
@@ -129,6 +132,19 @@ GOAL_EXCEPTIONS = {
         "vLLM 0.33's own Gemma4ForConditionalGeneration builds from the case's config "
         "(tests/contract/test_contract_model_classes.py), a trimmed fixture of the published one "
         "(config_exact false). With the logged weights the prediction is -3.4 %."
+    ),
+    **dict.fromkeys(
+        ("case-111", "case-112", "case-113"),
+        "RedHatAI/Qwen3.6-35B-A3B-NVFP4 with --moe-backend cutlass at 0.20.0 (memory model 2026.12.7.9: "
+        "CutlassExpertsFp4 budgeted from vLLM's code, +72 %, +242 %, +77 %; 2026.12.7.8: +131 %, +454 %, "
+        "+139 %). The build's quantization_config was not found (config_exact false): every Linear counts "
+        "as NVFP4, and the weights come to 20.41 GiB against the 21.86 logged (1.45 GiB of the "
+        "over-prediction); the CUDA-graph estimate agrees (0.38 / 0.39 GiB). The rest is the profile peak: "
+        "logged activation and non-torch together 2.91 GiB at 4096 batched tokens and 4.73 at 16384, "
+        "kvpilot 2.17 and 3.06. The logged step, 1.82 GiB for 12,288 more tokens, is near what the kernel's "
+        "code gives the decoder (1.97 GiB with the hidden-size copies), but at 4096 tokens kvpilot's peak "
+        "is the vision encoder's forward (1.92 GiB, the decoder's 0.73), and 0.74 GiB there is not "
+        "explained (WSL2; no non-torch line logged).",
     ),
 }
 """Unflagged public starts outside the goal, each with why; one that meets the goal fails the test below
@@ -153,7 +169,8 @@ def test_the_public_2x_cases_the_plan_takes_meet_the_goal() -> None:
     """Issue 27's goal on the starts the plan neither refuses nor warns about: median <= 2 %, worst
     over-prediction of the available KV cache <= 3 % (memory model 2026.12.7.3: 1.25 % and +2.78 % over
     the four cases besides the listed exception; 2.12 % and +6.15 % with it. 2026.12.7.4 with case-115, vLLM
-    0.31.0, added 2026-12-07: 0.77 % and +2.78 % over five; 1.45 % and +6.15 % with case-109)."""
+    0.31.0, added 2026-12-07: 0.77 % and +2.78 % over five; 1.45 % and +6.15 % with case-109. 2026.12.7.9,
+    --moe-backend cutlass budgeted: case-110 joins, -2.3 %: 1.45 % and +2.78 % over six)."""
     errors = _unflagged_errors()
     assert set(GOAL_EXCEPTIONS) <= set(errors)
     kept = sorted(abs(e) for i, e in errors.items() if i not in GOAL_EXCEPTIONS)

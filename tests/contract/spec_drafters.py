@@ -178,6 +178,11 @@ def _build_rank(
                 world_size=tp, rank=rank, distributed_init_method=init, local_rank=rank, backend="gloo"
             )
             initialize_model_parallel(tp, 1)
+        # vLLM keeps a drafter's top-level lm_head when the drafter's checkpoint holds one and it differs
+        # from the target's (``_should_share``, v1/worker/gpu/spec_decode/eagle/utils.py:18). A draft
+        # checkpoint of its own holds one over its draft vocabulary (llama_eagle3.py:329); an MTP drafter's
+        # weights sit in the target's checkpoint, whose lm_head is the target's, so it is shared
+        own_checkpoint = draft is not None
         draft_config = sc.draft_model_config
         cls, architecture = get_model_architecture(draft_config)
         draft_vc, prefix = vc, ""
@@ -199,17 +204,12 @@ def _build_rank(
         def size(names: list[str]) -> int:
             return sum(params[n].numel() * params[n].element_size() for n in names)
 
-        # vLLM keeps a drafter's top-level lm_head when the drafter's checkpoint holds one and it differs
-        # from the target's (``_should_share``, v1/worker/gpu/spec_decode/eagle/utils.py:18). A draft
-        # checkpoint of its own holds one over its draft vocabulary (llama_eagle3.py:329); an MTP drafter's
-        # weights sit in the target's checkpoint, whose lm_head is the target's, so it is shared
-        own_head = draft is not None
         shared = [
             n
             for n in params
             if n.endswith("embed_tokens.weight")
             or ".shared_head.head." in n
-            or (n.startswith("lm_head.") and not own_head)
+            or (n.startswith("lm_head.") and not own_checkpoint)
         ]
         bias = [n for n in params if n.endswith("e_score_correction_bias")]
         draft_specs = _attention_specs(draft, vc)

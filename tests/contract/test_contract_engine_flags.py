@@ -56,6 +56,7 @@ def test_every_spelling_vllm_has_for_these_flags_is_read(
         "enable_expert_parallel",
     ):
         spellings |= by_dest[dest]  # data-parallel engines (kvpilot.tuner.vllm.parallel), -dp/-ep included
+    spellings |= by_dest["moe_backend"]  # the MoE kernels (kvpilot.tuner.vllm.moe_backends)
     # vLLM's parser also takes --no-enable-prefix-caching (it is in CASES) and --no-enable-lora, not option
     # strings of their own
     assert spellings == set(ENGINE_FLAGS) - {"--no-enable-prefix-caching", "--no-enable-lora"}

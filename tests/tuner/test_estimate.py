@@ -230,7 +230,7 @@ def test_a_case_carries_the_checkpoints_processor_configs() -> None:
     )
     assert published["activation_gib"] > default["activation_gib"] + 0.3
     assert published["available_kv_cache_gib"] < default["available_kv_cache_gib"] - 0.3
-    model = estimate._model({**base, "preprocessor_config": image})
+    model = estimate.build_case_model({**base, "preprocessor_config": image})
     assert model.vision_tower is not None and model.vision_tower.limits.image_max_pixels == 16777216
     (bad,) = estimate.compute_estimates([{**base, "preprocessor_config": "16777216"}], lookup)
     assert bad["available_kv_cache_gib"] is None and "preprocessor_config must be a mapping" in bad["error"]

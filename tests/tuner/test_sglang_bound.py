@@ -95,43 +95,48 @@ def test_fp8_is_offered_after_the_fraction_where_allowed() -> None:
 
 
 SPENT = sglang.SglangSettings(context_length=32768, mem_fraction_static=0.75, max_running_requests=200)
-"""200 running at a fraction under the ceiling: a window at the target usage has no room left for more."""
+"""200 running at a fraction under the ceiling: a window with the pool full has no room left for more."""
+FULL = sglang.ADMISSION_TOKEN_USAGE
+"""The share of the pool SGLang's own admission guards: the idle rules size the limit to it."""
 
 
 def spent_window(**fields: float) -> ObservationWindow:
-    return window(kv_usage=PolicyConfig().target_kv_usage, running=200, waiting=400, **fields)
+    return window(kv_usage=FULL, running=200, waiting=400, **fields)
 
 
 def test_a_queue_at_the_limit_with_the_room_spent_grows_the_pool_and_the_limit_in_one_rollout() -> None:
-    """The room at the target usage is the limit: more running requests alone would fill the pool past it.
+    """The room in the pool is the limit: more running requests alone would not fit in it.
     The pool grows (+0.05 of fraction, 0.75 -> 0.80), the limit to what the larger pool holds there."""
     decision = decide(SPENT, samples=spent_window())
     assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
     gain = pool_of(decision.settings) / pool_of(SPENT)
     assert gain >= 1 + PolicyConfig().kv_bound_min_gain
-    room = engine_room.measure_room(spent_window(), PolicyConfig())
+    room = engine_room.measure_room(spent_window(), PolicyConfig(), FULL)
     assert room is not None and decision.settings.max_running_requests == math.floor(room * gain)
     assert fraction(decision.settings) == 0.80
     assert "a larger pool holds" in decision.reason
 
 
 def test_with_room_left_the_running_requests_are_raised_alone_first() -> None:
-    """A deep queue (1,200) behind 32 running at 0.13 usage: the room (216) first, the pool unchanged --
-    one move at a time, so an OOM tells which (the policy's ``_propose_for_idle``)."""
+    """A deep queue (1,200) behind 32 running at 0.13 usage: the room in the pool (246) first, the pool
+    unchanged -- one move at a time, so an OOM tells which (the policy's ``_propose_for_idle``)."""
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
     decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200))
     assert decision.trigger == sglang_idle.IDLE_CAPACITY
-    assert decision.settings.max_running_requests == math.floor(PolicyConfig().target_kv_usage * 32 / 0.13)
+    assert decision.settings.max_running_requests == math.floor(FULL * 32 / 0.13)
     assert decision.settings.mem_fraction_static is None  # SGLang's default still: no pool growth
     assert decision.settings.chunked_prefill_size is None
 
 
 def test_a_growth_worth_less_than_the_least_raise_holds() -> None:
     """At SGLang's default fraction on an H100 the pool grows ~5 % (a halved chunk under the 10 GiB floor of
-    the reserve): 199 x 1.05 = 209 running, under the 5 % least raise from 200 -- not worth a rollout."""
+    the reserve): 196 running in a full pool, x 1.05 = 205, under the 5 % least raise from 200 -- not worth a
+    rollout."""
     current = dataclasses.replace(SPENT, mem_fraction_static=None)
-    decision = decide(current, samples=spent_window())
+    decision = decide(current, samples=window(kv_usage=FULL, running=196, waiting=400))
     assert decision.action == Action.HOLD
+    more = decide(current, samples=window(kv_usage=FULL * 0.9, running=196, waiting=400))
+    assert more.action == Action.RETUNE  # the same queue with a tenth of the pool left is worth it
 
 
 def test_the_idle_growth_stays_below_a_raise_that_failed() -> None:
@@ -145,27 +150,28 @@ def test_the_idle_growth_stays_below_a_raise_that_failed() -> None:
 
 
 def test_the_idle_growth_raises_to_the_rooms_lower_end_in_a_noisy_window() -> None:
-    """Each scrape 25 % off the same means: the room less its standard error, scaled by the pool's growth --
-    not the noisy room itself."""
+    """Scrapes alternating between a full pool at 200 running and 0.8 of it at 190: a room (216) whose lower
+    end is not worth a raise alone, so the pool grows -- with the room less its standard error, scaled by
+    the pool's growth, not the noisy room itself."""
     noisy = tuple(
         MetricsSample(
             time=NOW - 30 * (9 - i),
-            kv_usage=PolicyConfig().target_kv_usage * (0.75 if i % 2 else 1.25),
-            running=200,
+            kv_usage=0.8 if i % 2 else FULL,
+            running=190 if i % 2 else 200,
             waiting=1800,
         )
         for i in range(10)
     )
     w = ObservationWindow(NOW - 300, NOW, noisy, pods=1)
     decision = decide(SPENT, samples=w)
-    room = engine_room.measure_room(w, PolicyConfig())
-    error = engine_room.compute_room_error(w, PolicyConfig())
-    assert room is not None and error > 10
-    if decision.action == Action.RETUNE:
-        gain = pool_of(decision.settings) / pool_of(SPENT)
-        assert decision.settings.max_running_requests == math.floor((room - error) * gain)
-    else:  # the lower end is not worth a rollout
-        assert math.floor((room - error) * 1.1) < 210
+    room = engine_room.measure_room(w, PolicyConfig(), FULL)
+    error = engine_room.compute_room_error(w, PolicyConfig(), FULL)
+    assert room is not None and error > 5 and room - error < 200 * (1 + PolicyConfig().min_seqs_raise)
+    assert decision.action == Action.RETUNE
+    gain = pool_of(decision.settings) / pool_of(SPENT)
+    assert (
+        decision.settings.max_running_requests == math.floor((room - error) * gain) < math.floor(room * gain)
+    )
 
 
 def test_the_idle_growth_waits_while_the_latency_objective_is_near() -> None:

@@ -298,7 +298,7 @@ def test_a_queue_at_the_limit_with_low_token_usage_adds_running_requests_within_
     decision = decide(current, samples=window(kv_usage=0.2, running=32, waiting=40))
     assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
     raised = decision.settings.max_running_requests or 0
-    room = PolicyConfig().target_kv_usage * 32 / 0.2
+    room = sglang.ADMISSION_TOKEN_USAGE * 32 / 0.2
     assert 32 < raised <= room
 
 
@@ -337,7 +337,7 @@ def test_a_deep_queue_with_measured_room_is_served_in_one_raise_not_doubling_ste
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
     decision = decide(current, samples=window(kv_usage=0.13, running=32, waiting=1200))
     assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
-    assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 32 / 0.13)
+    assert decision.settings.max_running_requests == int(sglang.ADMISSION_TOKEN_USAGE * 32 / 0.13)
     # a shallow queue asks for less than the room: its demand, not the room
     shallow = decide(current, samples=window(kv_usage=0.13, running=32, waiting=40))
     assert shallow.settings.max_running_requests == 72
@@ -400,7 +400,7 @@ def test_after_token_pressure_a_raise_stays_below_where_it_found_the_pool_full()
     below N, and only by a step worth the risk (bench scenario sglang-retractions: 158 -> 118 -> 144 ->
     108 -> 148 ..., eleven rollouts in three hours)."""
     current = sglang.SglangSettings(context_length=8192, max_running_requests=118)
-    calm = window(kv_usage=0.5, running=118, waiting=700)  # room 0.88 x 118 / 0.5 = 207
+    calm = window(kv_usage=0.5, running=118, waiting=700)  # room in the pool: 1.0 x 118 / 0.5 = 236
     cut = _pressure(NOW - 1200, 158, 118)
     decision = decide(current, samples=calm, changes=(cut,))
     assert decision.action == Action.RETUNE and decision.settings.max_running_requests == 157
@@ -409,7 +409,7 @@ def test_after_token_pressure_a_raise_stays_below_where_it_found_the_pool_full()
     assert small.trigger == Trigger.STEADY
     # an hour on, the cut is forgotten: the room
     later = decide(current, samples=calm, changes=(_pressure(NOW - 4000, 158, 118),))
-    assert later.settings.max_running_requests == 207
+    assert later.settings.max_running_requests == 236
 
 
 def test_token_pressure_that_comes_back_within_the_hour_holds_the_limit_it_set() -> None:
@@ -422,10 +422,10 @@ def test_token_pressure_that_comes_back_within_the_hour_holds_the_limit_it_set()
 def test_no_queue_or_no_room_holds_steady() -> None:
     current = sglang.SglangSettings(context_length=8192, max_running_requests=32)
     assert decide(current, samples=window(kv_usage=0.2, running=32, waiting=0)).trigger == Trigger.STEADY
-    # inside the band with no room worth a rollout at target_kv_usage (0.88 x 32 / 0.85 = 33 < 32 x 1.05),
-    # and no larger pool within the bounds (one would hold 34: tests/tuner/test_sglang_bound.py)
+    # inside the band with no room worth a rollout in the pool (1.0 x 32 / 0.97 = 32 < 32 x 1.05), and no
+    # larger pool within the bounds (tests/tuner/test_sglang_bound.py)
     held = dataclasses.replace(BOUNDS, max_gpu_memory_utilization=fraction(current))
-    full = window(kv_usage=0.85, running=32, waiting=9)
+    full = window(kv_usage=0.97, running=32, waiting=9)
     assert decide(current, samples=full, bounds=held).trigger == Trigger.STEADY
 
 
@@ -436,7 +436,7 @@ def test_a_queue_at_the_limit_inside_the_band_takes_the_measured_room() -> None:
     current = sglang.SglangSettings(context_length=8192, max_running_requests=128)
     decision = decide(current, samples=window(kv_usage=0.54, running=128, waiting=1600))
     assert decision.action == Action.RETUNE and decision.trigger == sglang_idle.IDLE_CAPACITY
-    assert decision.settings.max_running_requests == int(PolicyConfig().target_kv_usage * 128 / 0.54)
+    assert decision.settings.max_running_requests == int(sglang.ADMISSION_TOKEN_USAGE * 128 / 0.54)
 
 
 def test_inside_the_band_a_raise_must_clear_the_rooms_own_noise() -> None:
@@ -445,13 +445,17 @@ def test_inside_the_band_a_raise_must_clear_the_rooms_own_noise() -> None:
     sample (bench scenario sglang-noisy-metrics, 30 % noise: the room crept 200 -> 217 -> 234 -> 247 -> 267,
     each just over the minimum, one rollout each)."""
     current = sglang.SglangSettings(context_length=8192, max_running_requests=200)
-    quiet = window(kv_usage=0.79, running=200, waiting=1800)  # room 0.88 x 200 / 0.79 = 222 (+11 %)
+    quiet = window(kv_usage=0.8, running=180, waiting=1800)  # room in the pool 1.0 x 180 / 0.8 = 225 (+12 %)
     taken = decide(current, samples=quiet)
-    assert taken.action == Action.RETUNE and taken.settings.max_running_requests == 222
-    # the same means, each scrape 25 % off: the room's standard error (~20) leaves it under 210 (+5 %)
+    assert taken.action == Action.RETUNE and taken.settings.max_running_requests == 225
+    # the same means, the scrapes apart (200 running at 0.6, 160 at a full pool): the room's standard error
+    # (~29) leaves it under 210 (+5 %)
     noisy = tuple(
         MetricsSample(
-            time=NOW - 30 * (9 - i), kv_usage=0.79 * (0.75 if i % 2 else 1.25), running=200, waiting=1800
+            time=NOW - 30 * (9 - i),
+            kv_usage=0.6 if i % 2 else 1.0,
+            running=200 if i % 2 else 160,
+            waiting=1800,
         )
         for i in range(10)
     )

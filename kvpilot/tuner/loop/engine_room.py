@@ -20,23 +20,30 @@ from kvpilot.tuner.loop import observations as obs
 from kvpilot.tuner.loop.config import PolicyConfig
 
 
-def measure_room(window: obs.ObservationWindow, policy: PolicyConfig) -> int | None:
-    """The running requests the KV holds at ``target_kv_usage``, by the window's mean usage per running
-    request (``None``: no running request or no usage seen, or a room too large to be a number)."""
+def measure_room(
+    window: obs.ObservationWindow, policy: PolicyConfig, usage: float | None = None
+) -> int | None:
+    """The running requests the KV holds at ``usage`` (``target_kv_usage`` unless the engine's admission
+    guards more of it: SGLang's, :data:`kvpilot.tuner.sglang.ADMISSION_TOKEN_USAGE`), by the window's mean
+    usage per running request (``None``: no running request or no usage seen, or a room too large to be a
+    number)."""
     mean_kv = obs.compute_mean(window.samples, obs.kv_usage)
     mean_running = obs.compute_mean(window.samples, obs.running)
     if not mean_kv or not mean_running or mean_kv <= 0 or mean_running < 1:
         return None
-    measured = policy.target_kv_usage * mean_running / mean_kv
+    measured = (usage or policy.target_kv_usage) * mean_running / mean_kv
     return math.floor(measured) if math.isfinite(measured) else None
 
 
-def compute_room_error(window: obs.ObservationWindow, policy: PolicyConfig) -> float:
-    """The standard error of the room the window measured (``target_kv_usage`` x running / KV usage, sample
-    by sample): the room's own noise. 0 with fewer than two samples; infinite where the rooms are too far
-    apart to square (a near-zero usage sample): then there is no measured room to stand on."""
+def compute_room_error(
+    window: obs.ObservationWindow, policy: PolicyConfig, usage: float | None = None
+) -> float:
+    """The standard error of the room the window measured (``usage`` x running / KV usage, sample by sample,
+    as :func:`measure_room`): the room's own noise. 0 with fewer than two samples; infinite where the rooms
+    are too far apart to square (a near-zero usage sample): then there is no measured room to stand on."""
+    share = usage or policy.target_kv_usage
     rooms = [
-        policy.target_kv_usage * x.running / x.kv_usage
+        share * x.running / x.kv_usage
         for x in window.samples
         if x.running is not None and x.kv_usage is not None and x.kv_usage > 0 and x.running >= 1
     ]

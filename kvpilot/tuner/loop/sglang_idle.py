@@ -1,8 +1,10 @@
 """SGLang's ``IdleCapacity`` rule: a queue at ``--max-running-requests`` with room in the pool, answered
 with more running requests (with the room spent, a larger pool and the requests it holds:
 :func:`propose_growth_for_idle`), as vLLM's rule (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`)
-answers a queue at ``--max-num-seqs``: the room the window measures (:mod:`.engine_room`), the flap guard
-after token pressure (:mod:`.engine_flap`), and a raise that failed approached from below -- the
+answers a queue at ``--max-num-seqs``: the room the window measures (:mod:`.engine_room`; in the whole
+pool, :data:`kvpilot.tuner.sglang.ADMISSION_TOKEN_USAGE`, where vLLM's is at ``target_kv_usage``: SGLang's
+admission keeps the running requests' decode room itself, :mod:`kvpilot.tuner.sglang.scheduler`), the flap
+guard after token pressure (:mod:`.engine_flap`), and a raise that failed approached from below -- the
 engine-neutral pieces shared with TGI's rule (:mod:`.tgi_idle`). Pure; one of :mod:`.sglang_rules`' rules.
 """
 
@@ -25,18 +27,20 @@ from kvpilot.tuner.loop.sglang_fit import (
 )
 from kvpilot.tuner.loop.sglang_rules import allows_raise
 
+_FULL = sglang.ADMISSION_TOKEN_USAGE
+
 
 def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     """A queue at the running-request limit and room in the pool: more running requests.
 
     As vLLM's rule (:func:`kvpilot.tuner.loop.remedies.propose_for_idle`), room is either sustained token
     usage <= ``kv_usage_low`` (raise by the step, or to what the queue asks for where the window measured
-    the room for it, capped by the room the window's usage per running request shows at
-    ``target_kv_usage``) or, inside the 0.50..0.90 band, that measured room itself, taken whole when it is
-    worth a rollout (at least ``min_seqs_raise`` more); without such room the band holds. Within
-    ``flap_guard_seconds`` of a KvPressure change a raise stays below the limit that pressure found full and
-    must be worth ``flap_min_raise``; pressure that came back within the hour holds the limit it set for
-    ``peak_memory_seconds``; a raise that failed is bisected below."""
+    the room for it, capped by the room the window's usage per running request shows in the whole pool,
+    :data:`~kvpilot.tuner.sglang.ADMISSION_TOKEN_USAGE`) or, inside the 0.50..0.90 band, that measured room
+    itself, taken whole when it is worth a rollout (at least ``min_seqs_raise`` more); without such room the
+    band holds. Within ``flap_guard_seconds`` of a KvPressure change a raise stays below the limit that
+    pressure found full and must be worth ``flap_min_raise``; pressure that came back within the hour holds
+    the limit it set for ``peak_memory_seconds``; a raise that failed is bisected below."""
     p, w, eff = s.policy, s.window, s.effective
     queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
     peak = obs.compute_max(w.samples, obs.running) or 0.0
@@ -45,10 +49,10 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     if queue < p.queue_min or limit < 1 or peak < p.seqs_saturation * limit or not allows_raise(s):
         return None
     mean_kv = obs.compute_mean(w.samples, obs.kv_usage)
-    room = engine_room.measure_room(w, p)
+    room = engine_room.measure_room(w, p, _FULL)
     idle = low >= p.sustain_fraction
     if not idle and (
-        room is None or room - engine_room.compute_room_error(w, p) < limit * (1.0 + p.min_seqs_raise)
+        room is None or room - engine_room.compute_room_error(w, p, _FULL) < limit * (1.0 + p.min_seqs_raise)
     ):
         return None  # inside the band and no measured room for more (beyond its noise): hysteresis
     step = min(p.seqs_step_up_max, max(p.seqs_step_up, queue / max(peak, 1.0)))
@@ -59,7 +63,7 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
         # the window measured the room: the step's cap only guards a raise taken without that evidence
         target, caps = demand, [f"the queue: {demand} running requests asked for"]
     if room is not None and (room < target or not idle):
-        target, caps = max(limit, room), [f"token room at {p.target_kv_usage:.2f} usage"]
+        target, caps = max(limit, room), [f"token room at {_FULL:.2f} usage"]
     guarded = engine_flap.guard_raise(target, s.pressure, s.now, p, "the pool")
     if guarded.cap is not None:
         target, caps = guarded.target, [guarded.cap]
@@ -72,7 +76,7 @@ def propose_for_idle(s: SglangSituation) -> SglangProposal | None:
     where = (
         f"token usage <= {p.kv_usage_low:.2f} in {low:.0%} of samples"
         if idle
-        else f"mean token usage {mean:.2f} with room for {room} running requests at {p.target_kv_usage:.2f}"
+        else f"mean token usage {mean:.2f} with room for {room} running requests at {_FULL:.2f}"
     )
     return SglangProposal(
         trigger=IDLE_CAPACITY,
@@ -118,7 +122,7 @@ def _failed_running_target(s: SglangSituation, limit: int) -> tuple[int, str] | 
 
 
 def propose_growth_for_idle(s: SglangSituation) -> SglangProposal | None:
-    """A queue at the running-request limit with no room left at ``target_kv_usage``: a larger pool and the
+    """A queue at the running-request limit with no room left in the pool: a larger pool and the
     running requests it holds there (the window's room less its own noise,
     :func:`.engine_room.compute_room_error`, scaled by the pool's growth), by at least the raise worth a
     rollout, below a limit pressure found full (:func:`.engine_flap.guard_raise`) and a raise that failed
@@ -129,14 +133,14 @@ def propose_growth_for_idle(s: SglangSituation) -> SglangProposal | None:
     queue = obs.compute_mean(w.samples, obs.waiting) or 0.0
     peak = obs.compute_max(w.samples, obs.running) or 0.0
     usage = obs.compute_mean(w.samples, obs.kv_usage) or 0.0
-    room = engine_room.measure_room(w, p)
+    room = engine_room.measure_room(w, p, _FULL)
     if limit is None or room is None or queue < p.queue_min or peak < p.seqs_saturation * limit:
         return None
     if not allows_raise(s):
         return None
     failed = _failed_running_target(s, limit)
     # the room's lower end: a noisy window raises less; one too noisy to square (inf) not at all
-    error = engine_room.compute_room_error(w, p)
+    error = engine_room.compute_room_error(w, p, _FULL)
     if not math.isfinite(error):
         return None
     candidates: list[sglang.SglangSettings] = []
@@ -154,7 +158,7 @@ def propose_growth_for_idle(s: SglangSituation) -> SglangProposal | None:
         trigger=IDLE_CAPACITY,
         evidence=(
             f"{queue:.1f} requests wait while {peak:.0f} of {limit} run with token usage {usage:.2f}: "
-            f"room for {room} at {p.target_kv_usage:.2f}; a larger pool holds "
+            f"room for {room} at {_FULL:.2f}; a larger pool holds "
             f"{candidates[0].max_running_requests}"
         ),
         candidates=tuple(candidates),

@@ -10,6 +10,7 @@
 * :mod:`.lora` -- the LoRA buffers vLLM preallocates with ``--enable-lora``, loaded with the weights;
 * :mod:`.kv_connector` -- what a ``--kv-transfer-config`` connector allocates after the KV cache is sized;
 * :mod:`.speculative` -- an MTP drafter's weights, buffers and KV layers (``--speculative-config``);
+* :mod:`.moe_kernels` -- what the MoE kernel ``--moe-backend`` picks takes in the profile run, where read;
 * :mod:`.eagle3` -- an EAGLE3 drafter's weights and KV layers, from its ``config.json``;
 * :mod:`.draft_model` -- a separate draft model's weights and KV layers, from its ``config.json``;
 * :mod:`.estimate` -- ``kvpilot estimate --cases FILE``: one budget per case of the calibration
@@ -48,6 +49,14 @@ from kvpilot.tuner.memory.kv_cache import (
 )
 from kvpilot.tuner.memory.kv_connector import compute_kv_connector_bytes, kv_connector_unbudgeted_reason
 from kvpilot.tuner.memory.lora import compute_lora_bytes, compute_punica_bytes, lora_unbudgeted_reason
+from kvpilot.tuner.memory.moe_kernels import (
+    MoeKernelBytes,
+    check_moe_backend_model,
+    compute_cutlass_fp4_moe_bytes,
+    compute_moe_kernel_bytes,
+    describe_unbudgeted_moe_backend,
+    nvfp4_experts,
+)
 from kvpilot.tuner.memory.refusals import CUDA_CONTEXT_GIB, NCCL_GIB
 from kvpilot.tuner.memory.speculative import (
     check_speculative_model,
@@ -76,18 +85,21 @@ __all__ = [
     "KvGroup",
     "KvLayout",
     "MEMORY_MODEL_VERSION",
+    "MoeKernelBytes",
     "NCCL_GIB",
     "ONE_ENGINE",
     "OUTPUT_KEYS",
     "WeightBreakdown",
     "budgeted_draft_model",
     "budgeted_eagle3_draft",
+    "check_moe_backend_model",
     "check_speculative_model",
     "compute_activation_bytes",
     "compute_budget",
     "compute_capacity",
     "compute_case_budget",
     "compute_cuda_graph_bytes",
+    "compute_cutlass_fp4_moe_bytes",
     "compute_draft_model_weight_bytes",
     "compute_drafter_weight_bytes",
     "compute_eagle3_weight_bytes",
@@ -96,6 +108,7 @@ __all__ = [
     "compute_kv_layout",
     "compute_longest_fitting_len",
     "compute_lora_bytes",
+    "compute_moe_kernel_bytes",
     "compute_non_torch_bytes",
     "compute_num_blocks",
     "compute_proposer_buffer_bytes",
@@ -105,9 +118,11 @@ __all__ = [
     "compute_warmup_logits_bytes",
     "compute_weight_breakdown",
     "compute_weight_bytes",
+    "describe_unbudgeted_moe_backend",
     "describe_unbudgeted_speculative",
     "kv_connector_unbudgeted_reason",
     "lora_unbudgeted_reason",
+    "nvfp4_experts",
     "padded_vocab_size",
     "read_draft_model",
     "resolve_settings",

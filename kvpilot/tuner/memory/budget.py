@@ -45,6 +45,7 @@ from kvpilot.tuner.memory.eagle3 import budgeted_eagle3_draft, with_eagle3_layer
 from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
 from kvpilot.tuner.memory.kv_connector import compute_kv_connector_bytes
 from kvpilot.tuner.memory.lora import compute_lora_bytes
+from kvpilot.tuner.memory.moe_kernels import compute_moe_kernel_bytes
 from kvpilot.tuner.memory.speculative import (
     budgets_mtp,
     compute_speculative_bytes,
@@ -200,6 +201,7 @@ def compute_activation_bytes(
     max_model_len: int | None = None,
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
     model_runner_v2: bool = False,
+    moe_backend: str | None = None,
 ) -> int:
     """Torch peak memory increase of the profile run on one rank.
 
@@ -217,7 +219,10 @@ def compute_activation_bytes(
     The sampler's share is the V1 runner's dummy sampling (fp32 logits and their copies, the fitted
     ``sampler_bytes_per_logit``), and Model Runner V2's from 0.33 (its fp32 warm-up pass); V2 before 0.33
     samples once from the model-dtype logits, which are then its whole peak
-    (:func:`kvpilot.tuner.vllm.profile_samples_in_fp32`)."""
+    (:func:`kvpilot.tuner.vllm.profile_samples_in_fp32`).
+
+    ``moe_backend`` is ``--moe-backend``: where it runs a kernel kvpilot has read (:mod:`.moe_kernels`), that
+    kernel's peak and workspace replace the fitted routed-experts width and workspace."""
     c = coefficients(version)
     b = DTYPE_BYTES[dtype]
     tokens = max_num_batched_tokens
@@ -228,9 +233,13 @@ def compute_activation_bytes(
     widths = 3 if model.mlp_gated else 2
     dp = max(1, expert_shards.ranks // tp)
     gathered = tokens * dp  # the tokens the MoE layers see (every DP rank's)
+    kernel = None
     if moe is not None:
         expert = moe.moe_intermediate_size / (1 if expert_shards.expert_parallel else tp * dp)
-        width = moe.experts_per_token * (widths * expert + 2 * h) * dp
+        kernel = compute_moe_kernel_bytes(
+            model, moe_backend, version, tokens=gathered, intermediate_size=int(expert), dtype_bytes=b
+        )
+        width = 0.0 if kernel else moe.experts_per_token * (widths * expert + 2 * h) * dp
         width += widths * moe.shared_intermediate_size / tp
         width += widths * moe.parallel_dense_intermediate_size / tp
     elif not model.intermediate_size and model.linear_state is not None:
@@ -240,7 +249,7 @@ def compute_activation_bytes(
     else:  # the widest dense MLP (DeciLM's per-layer widths, Gemma 4's double-wide KV-sharing layers)
         own = (layer.mlp_intermediate or 0 for layer in model.layers)
         width = widths * max([model.intermediate_size, *own]) / tp
-    forward = tokens * b * (c.forward_hidden_copies * h + width)
+    forward = tokens * b * (c.forward_hidden_copies * h + width) + (kernel.peak if kernel else 0)
     last, first = pp_rank == pp - 1, pp_rank == 0
     carry = tokens * h * b  # the hidden states the sampler reads
     pp_buffers = 2 * tokens * h * b if pp > 1 else 0  # hidden + residual sent or received between stages
@@ -250,7 +259,9 @@ def compute_activation_bytes(
         fp32_pipeline = not model_runner_v2 or vllm.profile_samples_in_fp32(version)
         sampler = rows * model.vocab_size * ((c.sampler_bytes_per_logit if fp32_pipeline else 0.0) + b)
     workspace = 0.0
-    if moe is not None and not (model.quantization and model.quantization.method == "mxfp4"):
+    if kernel is not None:
+        workspace = kernel.workspace
+    elif moe is not None and not (model.quantization and model.quantization.method == "mxfp4"):
         expert = moe.moe_intermediate_size / (1 if expert_shards.expert_parallel else tp * dp)
         workspace = gathered * moe.experts_per_token * (h + 2 * expert) * b
     if dp > 1:
@@ -347,6 +358,7 @@ def compute_budget(
     lora: vllm.LoraFlags | None = None,
     kv_connector: vllm.KvConnector | None = None,
     speculative: vllm.SpeculativeFlags | None = None,
+    moe_backend: str | None = None,
 ) -> MemoryBudget:
     """vLLM's start-up accounting on one rank; ``starts=False`` with vLLM's error when it would refuse.
 
@@ -369,6 +381,7 @@ def compute_budget(
     (:func:`.speculative.compute_speculative_bytes`) and its KV layers (:func:`.speculative.with_mtp_layers`);
     so does an EAGLE3 drafter or a separate draft model whose ``config.json`` it carries (``draft_config``;
     :mod:`.eagle3`, :mod:`.draft_model`; a draft the target's TP cannot split is vLLM's refusal).
+    ``moe_backend``: ``--moe-backend`` (:func:`compute_activation_bytes`).
     """
     version = vllm.parse_version(vllm_version)
     r = resolve_settings(
@@ -407,6 +420,7 @@ def compute_budget(
             lora=lora,
             kv_connector=kv_connector,
             speculative=speculative,
+            moe_backend=moe_backend,
         )
         for rank in range(r.pp)
     )
@@ -493,6 +507,7 @@ def _compute_stage(
     lora: vllm.LoraFlags | None = None,
     kv_connector: vllm.KvConnector | None = None,
     speculative: vllm.SpeculativeFlags | None = None,
+    moe_backend: str | None = None,
 ) -> refusals.Stage:
     """One pipeline stage's budget (its first TP rank): weights, activation peak, sampler state, what is
     left for the KV cache, and the KV layout of its layers."""
@@ -543,6 +558,7 @@ def _compute_stage(
         max_model_len=r.max_model_len,
         expert_shards=expert_shards,
         model_runner_v2=r.model_runner_v2,
+        moe_backend=moe_backend,
     )
     state = compute_sampler_state_bytes(model, r, last_stage=rank == r.pp - 1)
     if kv_cache_memory_bytes is not None:

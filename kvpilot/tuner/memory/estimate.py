@@ -10,7 +10,10 @@ inline, ``gpu`` name and/or ``gpu_total_gib``, parallel sizes, ``dtype``,
 ``weights_total_bytes`` and ``kv_cache_memory_bytes``: vLLM's ``--kv-cache-memory-bytes``, the KV pool per
 GPU, exactly); for a multimodal model, optional ``preprocessor_config`` and ``video_preprocessor_config``: the
 checkpoint's processor files (their pixel budgets size vLLM's dummy encoder batch, as ``kvpilot plan --config
-FOLDER`` reads them; absent: transformers' class defaults).
+FOLDER`` reads them; absent: transformers' class defaults); optional ``quantization_config``: a stand-in for
+the checkpoint's own when ``hf_config`` has none (else ``quantization`` / ``weight_bits`` stand in); optional
+``engine_args``: the run's other vLLM arguments, of which the budget reads ``--moe-backend``
+(:mod:`kvpilot.tuner.memory.moe_kernels`).
 
 Each row holds the budget's terms and what vLLM would report: ``num_gpu_blocks``,
 ``kv_cache_tokens``, ``max_concurrency``, ``starts``, ``estimated_max_model_len`` (the length vLLM's
@@ -110,7 +113,10 @@ def _int(case: Mapping[str, Any], key: str) -> int | None:
     return int(value)
 
 
-def _model(case: Mapping[str, Any], config_lookup: ConfigLookup | None = None) -> ModelSpec:
+def build_case_model(case: Mapping[str, Any], config_lookup: ConfigLookup | None = None) -> ModelSpec:
+    """The model of one case: its ``hf_config`` (or the catalogue's, by ``model``), the quantization stand-in
+    when the config has none, and the processor files; raises :class:`CaseError` or a
+    :class:`~kvpilot.tuner.errors.TunerError`."""
     config = case.get("hf_config")
     if not isinstance(config, Mapping) and config_lookup is not None and case.get("model"):
         try:
@@ -122,7 +128,10 @@ def _model(case: Mapping[str, Any], config_lookup: ConfigLookup | None = None) -
         raise CaseError(f"the case has no hf_config (the model's config.json){where}: add it inline")
     spec = build_model_spec(config)
     method = case.get("quantization")
-    if spec.quantization is None and method:
+    stand_in = case.get("quantization_config")
+    if spec.quantization is None and isinstance(stand_in, Mapping):
+        spec = dataclasses.replace(spec, quantization=build_quant_spec(stand_in))
+    elif spec.quantization is None and method:
         qc: dict[str, Any] = {"quant_method": method}
         if case.get("weight_bits"):
             qc["bits"] = int(case["weight_bits"])
@@ -143,7 +152,7 @@ def compute_case_budget(
     case: Mapping[str, Any], gpu_lookup: GpuLookup | None = None, config_lookup: ConfigLookup | None = None
 ) -> MemoryBudget:
     """The budget of one case; raises :class:`CaseError` or a :class:`~kvpilot.tuner.errors.TunerError`."""
-    model = _model(case, config_lookup)
+    model = build_case_model(case, config_lookup)
     gpu = _gpu(case, gpu_lookup)
     util = case.get("gpu_memory_utilization")
     if util is not None and not (isinstance(util, (int, float)) and 0 < float(util) <= 1):
@@ -158,6 +167,10 @@ def compute_case_budget(
     for key in ("kv_cache_dtype", "quantization", "gpu", "dtype"):
         if case.get(key) is not None and not isinstance(case.get(key), str):
             raise CaseError(f"{key} must be a string, got {case.get(key)!r}")
+    args = case.get("engine_args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise CaseError(f"engine_args must be a list of strings, got {args!r}"[:200])
+    vllm.check_moe_backend(args)
     settings = EngineSettings(
         max_model_len=_int(case, "max_model_len"),
         max_num_seqs=_int(case, "max_num_seqs"),
@@ -180,6 +193,7 @@ def compute_case_budget(
         enable_prefix_caching=case["enable_prefix_caching"]
         if isinstance(case.get("enable_prefix_caching"), bool)
         else None,
+        moe_backend=vllm.read_moe_backend(args),
     )
 
 

@@ -101,10 +101,11 @@ def compute_graph_pool_bytes(model: ModelSpec, sizes: int, *, pp: int) -> int:
 
 
 def _fp4_weights(model: ModelSpec) -> bool:
-    """NVFP4 or MXFP4 weights: the method, or a ModelOpt mixed-precision checkpoint with an FP4 algorithm."""
+    """NVFP4 or MXFP4 weights: the method, compressed-tensors NVFP4, or a ModelOpt mixed-precision checkpoint
+    with an FP4 algorithm."""
     q = model.quantization
     if q is None:
         return False
-    if q.method in _FP4_METHODS:
+    if q.method in _FP4_METHODS or q.nvfp4:
         return True
     return q.modelopt is not None and any("FP4" in algo for _, algo in q.modelopt.layer_algos)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
+from kvpilot.tuner.arith import cdiv
 from kvpilot.tuner.memory.packed import compute_packed_groups
 from kvpilot.tuner.model import (
     CHUNKED,
@@ -36,10 +37,6 @@ from kvpilot.tuner.model import (
     LinearStateSpec,
     ModelSpec,
 )
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,10 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+from kvpilot.tuner.arith import cdiv
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,20 +85,20 @@ def compute_packed_groups(
     repeats = vllm.approximate_gcd([b.max_per_page for b in pool if b.balanced], floor) if floor else None
 
     def splits(bucket: _Bucket) -> int:
-        return _cdiv(bucket.max_per_page, repeats) if bucket.balanced and repeats else 1
+        return cdiv(bucket.max_per_page, repeats) if bucket.balanced and repeats else 1
 
     def is_state(bucket: _Bucket) -> bool:  # without a repeat pattern a sliding bucket may split freely
         return repeats is None and bucket.window is not None
 
     def widest(bucket: _Bucket, n: int) -> int:
-        return sum(_cdiv(len(v), n) * bucket.members[v[0]][1] for v in bucket.by_page().values())
+        return sum(cdiv(len(v), n) * bucket.members[v[0]][1] for v in bucket.by_page().values())
 
     anchor = max(widest(b, len(b.members) if is_state(b) else splits(b)) for b in pool)
     groups: list[PackedGroup] = []
     for bucket in pool:
         n = splits(bucket)
         if is_state(bucket):  # cap a state group at the states one block already holds
-            n = max(n, _cdiv(len(bucket.members), max(anchor // bucket.members[0][1], 1)))
+            n = max(n, cdiv(len(bucket.members), max(anchor // bucket.members[0][1], 1)))
         if n == 1:
             parts = [list(range(len(bucket.members)))]
         else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from kvpilot.tuner.arith import round_up
 from kvpilot.tuner.model import (
     BLOCK_MLP,
     BLOCK_MOE,
@@ -59,14 +60,10 @@ class WeightBreakdown:
         return self.params + self.buffers
 
 
-def _pad(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def pad_vocab(vocab_size: int) -> int:
     """A vocabulary of ``vocab_size`` as ``VocabParallelEmbedding`` / ``ParallelLMHead`` allocate it:
     padded to ``VOCAB_PADDING``."""
-    return _pad(vocab_size, VOCAB_PADDING)
+    return round_up(vocab_size, VOCAB_PADDING)
 
 
 def padded_vocab_size(model: ModelSpec) -> int:
@@ -229,7 +226,7 @@ def _layer_linear_params(
         elif loaded and model.quantization is not None and model.quantization.method == "mxfp4":
             # vLLM's MXFP4 MoE kernels (Marlin / triton matmul_ogs) pad the hidden size to 256 and
             # the per-rank intermediate size to 128 (mxfp4_round_up_hidden_size_and_intermediate_size).
-            experts = local * mlp_mats * _pad(h, 256) * _pad(inter, 128)
+            experts = local * mlp_mats * round_up(h, 256) * round_up(inter, 128)
         else:
             experts = local * mlp_mats * h * inter  # Nemotron-H's relu2 experts: up and down only
         shared = mlp_mats * h * moe.shared_intermediate_size // tp

@@ -44,6 +44,13 @@ class QuantSpec:
     kv_cache: vllm.KvCacheDeclaration | None = None
     """The KV cache the checkpoint declares (``kv_cache_scheme`` / ``kv_cache_quant_algo``): what
     ``--kv-cache-dtype auto`` runs (:func:`kvpilot.tuner.vllm.resolve_kv_cache_dtype`)."""
+    nvfp4: bool = False
+    """compressed-tensors weights in NVFP4 (vLLM's ``CompressedTensorsConfig._is_nvfp4_format``: float, 4
+    bits, groups of 16): e2m1 pairs in uint8 and one fp8 scale per 16
+    (``schemes/compressed_tensors_w4a4_nvfp4.py:52-77``, 0.33)."""
+    nvfp4_activations: bool = False
+    """compressed-tensors input activations in NVFP4 too (W4A4; ``None`` activations are NVFP4A16): the MoE
+    experts then choose a kernel by ``--moe-backend`` (:mod:`kvpilot.tuner.vllm.moe_backends`)."""
 
 
 def build_quant_spec(qc: Mapping[str, Any], where: str = "quantization_config") -> QuantSpec:
@@ -136,8 +143,21 @@ def _group_size(q: Fields, *names: str) -> int | None:
     return q.check_int(name, q.raw(name), limit=MAX_GROUP_SIZE)
 
 
+def _is_nvfp4_format(args: Fields | None) -> bool:
+    """vLLM's ``_is_nvfp4_format`` on one quantization-args block (``compressed_tensors.py:369-386``, 0.20.0):
+    float, 4 bits, groups of 16 (the strategy, ``tensor_group``, and symmetry are taken as published)."""
+    if args is None:
+        return False
+    return (
+        args.string("type") == "float"
+        and args.optional_int("num_bits", limit=MAX_BITS) == 4
+        and args.optional_int("group_size", limit=MAX_GROUP_SIZE) == 16
+    )
+
+
 def _compressed_tensors(q: Fields) -> QuantSpec:
     bits, group = 8, None
+    nvfp4 = nvfp4_activations = False
     groups = q.child("config_groups")
     for name in groups.data if groups is not None else ():
         scheme = groups.child(name) if groups is not None else None
@@ -147,6 +167,10 @@ def _compressed_tensors(q: Fields) -> QuantSpec:
         found = weights.optional_int("num_bits", limit=MAX_BITS)
         if found:
             bits, group = found, _group_size(weights, "group_size")
+            nvfp4 = _is_nvfp4_format(weights)
+            nvfp4_activations = (
+                nvfp4 and scheme is not None and _is_nvfp4_format(scheme.child("input_activations"))
+            )
             break
     explicit = q.optional_int("bits", limit=MAX_BITS)
     if explicit is not None:
@@ -154,7 +178,14 @@ def _compressed_tensors(q: Fields) -> QuantSpec:
     ignore = q.strings("ignore") or []
     has_groups = groups is not None and bool(groups.data)
     lm_head = "lm_head" not in ignore and has_groups
-    return QuantSpec("compressed-tensors", bits, group, quantize_lm_head=lm_head)
+    return QuantSpec(
+        "compressed-tensors",
+        bits,
+        group,
+        quantize_lm_head=lm_head,
+        nvfp4=nvfp4,
+        nvfp4_activations=nvfp4_activations,
+    )
 
 
 def compute_bytes_per_weight(quant: QuantSpec) -> float:
@@ -163,7 +194,7 @@ def compute_bytes_per_weight(quant: QuantSpec) -> float:
         return quant.modelopt.bytes_per_weight
     if quant.method == "mxfp4":
         return 0.5 + 1 / 32  # e2m1 + one e8m0 scale per 32
-    if quant.method == "nvfp4":
+    if quant.method == "nvfp4" or quant.nvfp4:
         return 0.5 + 1 / 16
     if quant.method == "bitsandbytes":
         return 1.0 if quant.weight_bits == 8 else 0.5 + 1 / 64

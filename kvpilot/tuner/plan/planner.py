@@ -319,6 +319,10 @@ def compute_plan(
             f"--max-lora-rank x the wrapped layers' widths."
         )
     p.warnings += _kv_connector_gaps(model, engine.kv_connector)
+    memory.check_moe_backend_model(model, engine.moe_backend)  # vLLM refuses it at load
+    moe_gap = memory.describe_unbudgeted_moe_backend(model, engine.moe_backend, vllm_version)
+    if moe_gap is not None:
+        p.warnings.append(moe_gap)
     if engine.speculative is not None:
         memory.check_speculative_model(model, engine.speculative, pinned.tensor_parallel_size)
     settings = _choose_tensor_parallel(p)

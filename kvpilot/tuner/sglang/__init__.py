@@ -3,7 +3,8 @@
 Every default or behaviour of an SGLang release -- which release (:mod:`.release`), the defaults it picks
 by GPU memory and the reserve outside ``--mem-fraction-static`` (:mod:`.defaults`), its flags and their
 spellings (:mod:`.args`), the texts it prints when it fails and their parsers (:mod:`.messages`), how its
-pod serves and the metric series it exposes (:mod:`.serving`) -- lives in this package, read from that
+pod serves and the metric series it exposes (:mod:`.serving`), how its scheduler admits requests
+(:mod:`.scheduler`) -- lives in this package, read from that
 release's own code with file and line. Other modules ask it; they never keep a copy.
 
 SGLang's memory model is its own, not vLLM's: ``--mem-fraction-static`` is (weights + KV pool) / GPU
@@ -54,8 +55,10 @@ from kvpilot.tuner.sglang.messages import (
     weights_exceed_static_error,
 )
 from kvpilot.tuner.sglang.release import PINNED_SGLANG_VERSION
+from kvpilot.tuner.sglang.scheduler import ADMISSION_TOKEN_USAGE
 
 __all__ = [
+    "ADMISSION_TOKEN_USAGE",
     "ALIASES",
     "MODEL_ALIASES",
     "ENABLE_METRICS_FLAG",

@@ -4,6 +4,7 @@ Rule 1: every default or behaviour of a vLLM release -- its defaults (:mod:`.ver
 V2's buffers and graph sizes (:mod:`.runner`), which release an image runs (:mod:`.images`), the settings it
 effectively runs (:mod:`.effective`), its flags and their spellings (:mod:`.args`), the flags and variables
 that load code (:mod:`.code_loading`), the untuned flags that change its memory (:mod:`.engine_flags`),
+the MoE kernels ``--moe-backend`` picks (:mod:`.moe_backends`),
 its admission cap below ``--max-num-seqs`` (:mod:`.active_seqs`),
 where its compile caches live and which settings invalidate them (:mod:`.compile_cache`), its streaming weight
 loader (:mod:`.loaders`),
@@ -202,6 +203,16 @@ from kvpilot.tuner.vllm.messages import (
     sampler_warmup_oom_error,
 )
 from kvpilot.tuner.vllm.model_params import FP32_ROUTER_MODEL_TYPES, QK_NORM_FLAG_MODEL_TYPES
+from kvpilot.tuner.vllm.moe_backends import (
+    CUTLASS_FP4_BUDGETED_SINCE,
+    MOE_BACKEND_FLAG,
+    MOE_BACKENDS,
+    NVFP4_MOE_BACKENDS,
+    budgets_cutlass_fp4,
+    check_moe_backend,
+    check_nvfp4_moe_backend,
+    read_moe_backend,
+)
 from kvpilot.tuner.vllm.parallel import (
     DATA_PARALLEL_RANK_FLAG,
     DATA_PARALLEL_SIZE_FLAG,
@@ -250,8 +261,10 @@ from kvpilot.tuner.vllm.speculative import (
     speculative_flag_names,
 )
 from kvpilot.tuner.vllm.unmodelled import (
+    MOE_BACKEND_UNBUDGETED,
     SPECULATIVE_UNBUDGETED,
     UNMODELLED_MEMORY_FLAGS,
+    describe_unbudgeted_moe_backend,
     describe_unmodelled_flag,
     list_unmodelled_flags,
 )
@@ -314,6 +327,7 @@ __all__ = [
     "COMPRESSED_ATTENTION_BLOCK_SIZE",
     "COMPRESSED_ATTENTION_KV_CACHE_DTYPES",
     "CUSTOM_ALLREDUCE_MAX_PCIE_GPUS",
+    "CUTLASS_FP4_BUDGETED_SINCE",
     "CUTLASS_MLA_BLOCK",
     "CompressedCache",
     "DATA_PARALLEL_RANK_FLAG",
@@ -370,6 +384,9 @@ __all__ = [
     "MLA_HYBRID_BLOCK_ALIGNMENT",
     "MODELLED_KV_CACHE_DTYPES",
     "MODEL_RUNNER_V2_SINCE",
+    "MOE_BACKENDS",
+    "MOE_BACKEND_FLAG",
+    "MOE_BACKEND_UNBUDGETED",
     "MTP",
     "MTP_DRAFTERS",
     "MTP_METHODS",
@@ -379,6 +396,7 @@ __all__ = [
     "NODE_RANK_FLAG",
     "NO_MODEL_METHODS",
     "NULL_BLOCK_IN_CHECK_SINCE",
+    "NVFP4_MOE_BACKENDS",
     "OLDEST_MODELLED",
     "PERFORMANCE_MODES",
     "PERFORMANCE_MODE_FLAG",
@@ -411,6 +429,7 @@ __all__ = [
     "Version",
     "approximate_gcd",
     "auto_fit_error",
+    "budgets_cutlass_fp4",
     "build_cache_env",
     "build_engine_flags",
     "build_loader_args",
@@ -430,6 +449,8 @@ __all__ = [
     "check_kv_transfer_config",
     "check_lora_flags",
     "check_modelled",
+    "check_moe_backend",
+    "check_nvfp4_moe_backend",
     "check_release",
     "check_settings",
     "check_speculative_flags",
@@ -458,6 +479,7 @@ __all__ = [
     "describe_data_parallel",
     "describe_missing_streamer",
     "describe_settings",
+    "describe_unbudgeted_moe_backend",
     "describe_unmodelled_flag",
     "draft_method_by_config",
     "draft_method_by_name",
@@ -503,6 +525,7 @@ __all__ = [
     "read_data_parallel",
     "read_kv_connector",
     "read_lora_flags",
+    "read_moe_backend",
     "read_speculative_flags",
     "read_tag_version",
     "reports_tokens_per_group",

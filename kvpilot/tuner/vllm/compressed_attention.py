@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvpilot.tuner.arith import round_up
 from kvpilot.tuner.vllm.indexer import indexer_bytes_per_token
 
 COMPRESSED_ATTENTION_BLOCK_SIZE = 256
@@ -62,12 +63,8 @@ class CompressedCache:
     request)."""
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def _page(block_size: int, tokens_per_state: int, state_bytes: int) -> int:
-    return _round_up(block_size // tokens_per_state * state_bytes, PAGE_ALIGNMENT)
+    return round_up(block_size // tokens_per_state * state_bytes, PAGE_ALIGNMENT)
 
 
 def _compressor(ratio: int, head_dim: int) -> CompressedCache:

@@ -19,6 +19,9 @@ plan of another engine:
   layers are budgeted, ``ngram`` / ``suffix`` take nothing on the GPU, the other methods are named in the
   plan's warnings.
 
+* ``--moe-backend``: the kernels that run a MoE model's routed experts (:mod:`.moe_backends`): ``cutlass`` on
+  W4A4 NVFP4 experts is budgeted, other values are named in the plan's warnings.
+
 * ``--data-parallel-size`` (``-dp``), ``--data-parallel-size-local``, ``--data-parallel-rank`` and
   ``--enable-expert-parallel`` (``-ep``): the pod runs data-parallel engines, each budgeted as one engine
   whose routed experts split over the whole group (:mod:`.parallel`).
@@ -53,6 +56,7 @@ from kvpilot.tuner.vllm.kv_connectors import (
     read_kv_connector,
 )
 from kvpilot.tuner.vllm.lora import LORA_FLAGS, LoraFlags, check_lora_flags, read_lora_flags
+from kvpilot.tuner.vllm.moe_backends import MOE_BACKEND_FLAG, check_moe_backend, read_moe_backend
 from kvpilot.tuner.vllm.parallel import (
     DATA_PARALLEL_FLAGS,
     DataParallel,
@@ -91,6 +95,7 @@ ENGINE_FLAGS = (
     *SPECULATIVE_FLAGS,
     SPECULATIVE_CONFIG_SHORT,
     *DATA_PARALLEL_FLAGS,
+    MOE_BACKEND_FLAG,
 )
 """Every spelling :func:`build_engine_flags` reads."""
 
@@ -105,6 +110,7 @@ class BudgetKwargs(TypedDict):
     lora: LoraFlags | None
     kv_connector: KvConnector | None
     speculative: SpeculativeFlags | None
+    moe_backend: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +144,10 @@ class EngineFlags:
     """The data-parallel engines the pod runs and whether their experts split whole (:mod:`.parallel`);
     ``None``: one engine, experts split by tensor parallelism. Not a budget keyword: the budget is one
     engine's, and the group's expert shards are the topology's (``kvpilot.tuner.plan.topology``)."""
+    moe_backend: str | None = None
+    """``--moe-backend`` as vLLM keeps it (:func:`.moe_backends.read_moe_backend`); ``None``: not given, or
+    ``auto``. The plan warns about a value whose kernel it does not budget on the model
+    (:func:`kvpilot.tuner.memory.describe_unbudgeted_moe_backend`)."""
 
     def budget_kwargs(self) -> BudgetKwargs:
         """The keyword arguments :func:`kvpilot.tuner.memory.compute_budget` takes for these flags."""
@@ -149,6 +159,7 @@ class EngineFlags:
             lora=self.lora,
             kv_connector=self.kv_connector,
             speculative=self.speculative,
+            moe_backend=self.moe_backend,
         )
 
 
@@ -175,6 +186,7 @@ def build_engine_flags(
         speculative_flags=speculative_flag_names(args),
         max_num_active_seqs=find_active_seqs(args),
         data_parallel=read_data_parallel(args),
+        moe_backend=read_moe_backend(args),
     )
     for index, flag, inline in iter_flags(args):
         if flag in _EAGER and inline is None:
@@ -189,14 +201,18 @@ def build_engine_flags(
 def check_engine_flags(args: Sequence[str]) -> None:
     """Refuse what vLLM 0.33's parser refuses of these flags (a value given to a boolean, a performance
     mode it does not know, a LoRA value :func:`.lora.check_lora_flags` refuses, a cap of sequences below 1, a
-    ``--kv-transfer-config`` :func:`.kv_connectors.check_kv_transfer_config` refuses)
+    ``--kv-transfer-config`` :func:`.kv_connectors.check_kv_transfer_config` refuses, a ``--moe-backend`` it
+    does not know)
     and an abbreviation of one (kvpilot reads the full spellings only)."""
     check_lora_flags(args)
     check_active_seqs(args)
     check_kv_transfer_config(args)
     check_data_parallel(args)
+    check_moe_backend(args)
     for index, flag, inline in iter_flags(args):
         if flag in LORA_FLAGS or flag in DATA_PARALLEL_FLAGS or flag.split(".", 1)[0] in SPECULATIVE_FLAGS:
+            continue
+        if flag == MOE_BACKEND_FLAG:
             continue
         if flag in _BOOLEANS:
             if inline is not None:

@@ -10,16 +10,13 @@ checks them against vLLM's own classes on CPU.
 
 from __future__ import annotations
 
+from kvpilot.tuner.arith import cdiv
 from kvpilot.tuner.types import GpuSpec
 from kvpilot.tuner.vllm.versions import Version
 
 BITMASK_WORD_BITS = 32
 """Vocabulary bitmasks are int32 words of 32 tokens (``cdiv(vocab_size, 32)``)."""
 INT32_BYTES = 4
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def compute_sampler_state_bytes(max_num_seqs: int, vocab_size: int, decode_query_len: int = 1) -> int:
@@ -37,7 +34,7 @@ def compute_sampler_state_bytes(max_num_seqs: int, vocab_size: int, decode_query
     last pipeline stage of a generative model only. The per-request scalars (temperature, seeds,
     penalties' factors) live in pinned host memory (UVA) and are not counted.
     """
-    words = _cdiv(vocab_size, BITMASK_WORD_BITS)
+    words = cdiv(vocab_size, BITMASK_WORD_BITS)
     penalties = max_num_seqs * (vocab_size + words) * INT32_BYTES
     rows = max_num_seqs * decode_query_len
     structured = rows * (words + 1) * INT32_BYTES

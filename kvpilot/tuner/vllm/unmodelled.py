@@ -11,7 +11,10 @@ costs and what to do, in the plan's warnings (:func:`list_unmodelled_flags`). Ea
 Nor are ``--data-parallel-size`` and ``--enable-expert-parallel``: the plan budgets one data-parallel engine
 and the group's expert shards (:mod:`.parallel`). Nor are the speculative-decoding flags: what of them is
 budgeted depends on the method and the model, so the plan names what it leaves out itself
-(:data:`SPECULATIVE_UNBUDGETED`, :mod:`.speculative`).
+(:data:`SPECULATIVE_UNBUDGETED`, :mod:`.speculative`). Nor is ``--moe-backend``: which kernel it runs depends
+on the model's quantization (:mod:`.moe_backends`). ``cutlass`` on W4A4 NVFP4 experts (``CutlassExpertsFp4``)
+is budgeted from vLLM's code from 0.20 (:mod:`kvpilot.tuner.memory.moe_kernels`); for any other value, another
+quantization or an older release, the plan warns by name (:func:`describe_unbudgeted_moe_backend`).
 """
 
 from __future__ import annotations
@@ -36,10 +39,6 @@ UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
         "staging buffer of chunk_size tokens of KV per GPU, and max_local_cpu_size GiB of pinned host "
         "memory per GPU) is not budgeted; give --kv-transfer-config as one JSON object"
     ),
-    "--moe-backend": (
-        "the MoE kernels' workspaces and weight layout depend on the backend (a FlashInfer backend took "
-        "+11.5 GiB on a real log), not budgeted; leave the backend to vLLM or lower --gpu-memory-utilization"
-    ),
     "--cpu-offload-gb": (
         "weights offloaded to host memory are still counted on the GPU: the plan is pessimistic"
     ),
@@ -52,6 +51,22 @@ SPECULATIVE_UNBUDGETED = (
     "headroom in --gpu-memory-utilization"
 )
 """What of speculative decoding the plan never budgets, whatever the method (:mod:`.speculative`)."""
+
+
+MOE_BACKEND_UNBUDGETED = (
+    "its kernels' workspaces and temporaries in the profile run, and any weight layout of their own, are "
+    "not budgeted (the fitted MoE term is the default triton path's; a FlashInfer backend took +11.5 GiB "
+    "on a real log): leave the backend to vLLM (auto), or lower --gpu-memory-utilization"
+)
+"""What the plan says of a ``--moe-backend`` value whose kernel kvpilot does not budget on the model."""
+
+
+def describe_unbudgeted_moe_backend(backend: str) -> str:
+    """The plan's warning for ``--moe-backend backend`` on a model whose kernel for it is not budgeted."""
+    return (
+        f"--moe-backend {backend} is not in kvpilot's memory model for this model (only cutlass on W4A4 "
+        f"NVFP4 experts, from vLLM 0.20, is): {MOE_BACKEND_UNBUDGETED}."
+    )
 
 
 def list_unmodelled_flags(args: Sequence[str]) -> tuple[str, ...]:
