@@ -46,7 +46,8 @@ UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
 """vLLM 0.33 flag -> what it changes that kvpilot does not budget, and what to do."""
 
 SPECULATIVE_UNBUDGETED = (
-    "the CUDA graphs captured for the drafter and for uniform-decode batches of 1 + num_speculative_tokens "
+    "the CUDA graphs captured for the drafter (an EAGLE or MTP one; a draft model captures none) and for "
+    "uniform-decode batches of 1 + num_speculative_tokens "
     "tokens, and the drafter's and rejection sampler's share of the profile run, are not budgeted; leave "
     "headroom in --gpu-memory-utilization"
 )
