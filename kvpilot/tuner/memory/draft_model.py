@@ -61,17 +61,23 @@ def read_draft_model(spec: vllm.SpeculativeFlags) -> ModelSpec:
     return draft
 
 
+def describe_missing_draft_config(spec: vllm.SpeculativeFlags, checkpoint: str) -> str:
+    """Why a drafter with a checkpoint of its own (``checkpoint``: what it is called, "the draft model") is
+    not budgeted when its ``config.json`` was not given, and how to give it."""
+    where = f"{checkpoint} {spec.draft_model!r}" if spec.draft_model else checkpoint.replace("the ", "a ", 1)
+    return (
+        f"method {spec.given_method!r} loads {where}, whose config.json kvpilot was not given "
+        f"(kvpilot plan {vllm.DRAFT_CONFIG_FLAG} PATH gives it: a config.json or a folder holding one)"
+    )
+
+
 def draft_model_unbudgeted_reason(
     spec: vllm.SpeculativeFlags, pp: int = 1, tp: int | None = None
 ) -> str | None:
     """Why kvpilot cannot budget the draft model of ``spec`` (``tp``: the target's, when known), or
     ``None`` when it does."""
     if spec.draft_config is None:
-        where = f"the draft model {spec.draft_model!r}" if spec.draft_model else "a draft model"
-        return (
-            f"method {spec.given_method!r} loads {where}, whose config.json kvpilot was not given "
-            f"(kvpilot plan {vllm.DRAFT_CONFIG_FLAG} PATH gives it: a config.json or a folder holding one)"
-        )
+        return describe_missing_draft_config(spec, "the draft model")
     try:
         read_draft_model(spec)
     except errors.InvalidModelConfig as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvpilot.tuner import errors, vllm
+from kvpilot.tuner.memory.draft_model import describe_missing_draft_config
 from kvpilot.tuner.memory.weights import pad_vocab
 from kvpilot.tuner.model import DTYPE_BYTES, FULL, Eagle3DraftSpec, LayerSpec, ModelSpec, read_eagle3_draft
 
@@ -71,11 +72,7 @@ def with_eagle3_layers(model: ModelSpec, draft: Eagle3DraftSpec) -> ModelSpec:
 def eagle3_unbudgeted_reason(spec: vllm.SpeculativeFlags, pp: int = 1) -> str | None:
     """Why kvpilot cannot budget the EAGLE3 drafter of ``spec``, or ``None`` when it does."""
     if spec.draft_config is None:
-        where = f"the draft checkpoint {spec.draft_model!r}" if spec.draft_model else "a draft checkpoint"
-        return (
-            f"method {spec.given_method!r} loads {where}, whose config.json kvpilot was not given "
-            f"(kvpilot plan {vllm.DRAFT_CONFIG_FLAG} PATH gives it: a config.json or a folder holding one)"
-        )
+        return describe_missing_draft_config(spec, "the draft checkpoint")
     try:
         read_eagle3_draft(spec.draft_config)
     except errors.InvalidModelConfig as exc:
