@@ -12,6 +12,7 @@ import kopf
 from kvpilot.operator.clients.kube import Conflict
 from kvpilot.operator.inferenceservice import handlers, reconcile_deps
 from kvpilot.operator.planning.model_files import ModelFiles
+from kvpilot.operator.pods import leader_worker_set
 from kvpilot.operator.status.events import RecordingEmitter
 from kvpilot.tuner import vllm
 from kvpilot.tuner.types import EngineSettings, GpuSpec, MemoryBudget, Plan, ServingBounds
@@ -167,6 +168,49 @@ class FakeKube:
 
     def last(self, kind: str) -> dict[str, Any]:
         return [m for m in self.applied if m["kind"] == kind][-1]
+
+
+def lws_group_pod(
+    lws: Mapping[str, Any],
+    group: int,
+    index: int,
+    *,
+    container: str,
+    crash: bool = False,
+    uid: str | None = None,
+) -> dict[str, Any]:
+    """A pod of LeaderWorkerSet ``lws`` as LWS makes it: the leader ``<set>-<group>`` of the leaders'
+    StatefulSet ``<set>``, worker ``index`` ``<set>-<group>-<index>`` of the group's ``<set>-<group>``, on
+    node ``h100-<group>-<index>``; ``container`` running, or in CrashLoopBackOff with ``crash``."""
+    name, namespace = lws["metadata"]["name"], lws["metadata"]["namespace"]
+    template = copy.deepcopy(
+        lws["spec"]["leaderWorkerTemplate"]["leaderTemplate" if index == 0 else "workerTemplate"]
+    )
+    state = {"waiting": {"reason": "CrashLoopBackOff"}} if crash else {"running": {}}
+    metadata: dict[str, Any] = {
+        "name": f"{name}-{group}" if index == 0 else f"{name}-{group}-{index}",
+        "namespace": namespace,
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+        "labels": {
+            **template["metadata"]["labels"],
+            leader_worker_set.NAME_LABEL: name,
+            leader_worker_set.GROUP_INDEX_LABEL: str(group),
+            leader_worker_set.WORKER_INDEX_LABEL: str(index),
+        },
+        "ownerReferences": [
+            {"kind": "StatefulSet", "name": name if index == 0 else f"{name}-{group}", "controller": True}
+        ],
+    }
+    if uid is not None:
+        metadata["uid"] = uid
+    return {
+        "metadata": metadata,
+        "spec": {**template["spec"], "nodeName": f"h100-{group}-{index}"},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "False" if crash else "True"}],
+            "containerStatuses": [{"name": container, "ready": not crash, "state": state}],
+        },
+    }
 
 
 def fake_plan(

@@ -11,7 +11,7 @@ from typing import Any
 
 import kopf
 import pytest
-from operator_fakes import H100_LABELS, node_object
+from operator_fakes import H100_LABELS, lws_group_pod, node_object
 from test_enginetuner import NS, FakeTargetKube, cond, crashed, run
 
 from kvpilot.operator.enginetuner import target, target_eviction, target_webhook
@@ -58,31 +58,8 @@ def leader_worker_set_of(worker: list[str] = WORKER, size: int = 2) -> dict[str,
 
 
 def group_pod(lws: dict[str, Any], group: int, index: int, *, crash: bool = False) -> dict[str, Any]:
-    """A pod as LWS makes it: the leaders' StatefulSet ``<set>``, each group's workers' ``<set>-<group>``."""
-    group_spec = lws["spec"]["leaderWorkerTemplate"]
-    template = copy.deepcopy(group_spec["leaderTemplate" if index == 0 else "workerTemplate"])
-    name = f"{LWS}-{group}" if index == 0 else f"{LWS}-{group}-{index}"
-    owner = LWS if index == 0 else f"{LWS}-{group}"
-    state = {"waiting": {"reason": "CrashLoopBackOff"}} if crash else {"running": {}}
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "labels": {
-                **template["metadata"]["labels"],
-                leader_worker_set.NAME_LABEL: LWS,
-                leader_worker_set.GROUP_INDEX_LABEL: str(group),
-                leader_worker_set.WORKER_INDEX_LABEL: str(index),
-            },
-            "ownerReferences": [{"kind": "StatefulSet", "name": owner, "controller": True}],
-        },
-        "spec": {**template["spec"], "nodeName": f"h100-{group}-{index}"},
-        "status": {
-            "conditions": [{"type": "Ready", "status": "False" if crash else "True"}],
-            "containerStatuses": [{"name": "vllm", "state": state}],
-        },
-    }
+    """A vLLM pod as LWS makes it (:func:`operator_fakes.lws_group_pod`)."""
+    return lws_group_pod(lws, group, index, container="vllm", crash=crash)
 
 
 def group_tuner(mode: str = "Recommend") -> dict[str, Any]:

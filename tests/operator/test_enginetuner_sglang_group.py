@@ -11,7 +11,7 @@ import copy
 from typing import Any
 
 import pytest
-from operator_fakes import H100_LABELS, node_object
+from operator_fakes import H100_LABELS, lws_group_pod, node_object
 from test_enginetuner import NS, FakeTargetKube, cond, crashed, run
 from test_enginetuner_engines import SGLANG_IMAGE, TGI_IMAGE
 
@@ -58,31 +58,8 @@ def sglang_set(leader: list[str] = LEADER, worker: list[str] = WORKER) -> dict[s
 
 
 def group_pod(lws: dict[str, Any], index: int, uid: str) -> dict[str, Any]:
-    """A pod of group 0 as LWS makes it (the leaders' StatefulSet ``<set>``, the workers' ``<set>-0``)."""
-    spec = lws["spec"]["leaderWorkerTemplate"]
-    template = copy.deepcopy(spec["leaderTemplate" if index == 0 else "workerTemplate"])
-    return {
-        "metadata": {
-            "name": LWS if index == 0 else f"{LWS}-0-{index}",
-            "namespace": NS,
-            "uid": uid,
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "labels": {
-                **template["metadata"]["labels"],
-                leader_worker_set.NAME_LABEL: LWS,
-                leader_worker_set.GROUP_INDEX_LABEL: "0",
-                leader_worker_set.WORKER_INDEX_LABEL: str(index),
-            },
-            "ownerReferences": [
-                {"kind": "StatefulSet", "name": LWS if index == 0 else f"{LWS}-0", "controller": True}
-            ],
-        },
-        "spec": {**template["spec"], "nodeName": f"h100-{index}"},
-        "status": {
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": "sglang", "ready": True, "state": {"running": {}}}],
-        },
-    }
+    """An SGLang pod of group 0 as LWS makes it (:func:`operator_fakes.lws_group_pod`)."""
+    return lws_group_pod(lws, 0, index, container="sglang", uid=uid)
 
 
 def group_tuner(mode: str = "Recommend") -> dict[str, Any]:
@@ -101,7 +78,7 @@ def kube() -> FakeTargetKube:
     k = FakeTargetKube()
     lws = sglang_set()
     k.workloads[(NS, leader_worker_set.KIND, LWS)] = lws
-    k.nodes = [node_object(f"h100-{i}", H100_LABELS) for i in range(2)]
+    k.nodes = [node_object(f"h100-0-{i}", H100_LABELS) for i in range(2)]
     k.pods = [group_pod(lws, i, f"old-{i}") for i in range(2)]
     return k
 
@@ -188,7 +165,7 @@ async def test_the_webhook_gives_the_leader_and_the_worker_the_recommendation_al
     stale = target.compute_stale_pods(
         [group_pod(lws, i, f"old-{i}") for i in range(2)], "sglang", recommended
     )
-    assert [p["metadata"]["name"] for p in stale] == [LWS]
+    assert [p["metadata"]["name"] for p in stale] == [f"{LWS}-0"]
 
 
 async def test_a_workers_oom_gone_with_its_group_lowers_the_fraction(
