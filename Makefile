@@ -78,7 +78,15 @@ unit: install e2e-bin ## unit, property and contract tests (no cluster; tests/ch
 # (e2e/prebuild.py).
 TEST_JOBS ?= 2
 
+# A cold run installs the three virtual environments side by side (about 17 GB); with less free disk than this pip
+# stops at "No space left on device", so the run says so first.
+COLD_TEST_DISK_GB ?= 30
+
 test: ## everything CI runs: unit, property, contract and e2e tests
+	@free=$$(df -Pk . | awk 'NR == 2 { print int($$4 / 1048576) }'); \
+	if [ ! -e $(STAMP) ] && [ "$$free" -lt $(COLD_TEST_DISK_GB) ]; then \
+	  echo "make test: warning: $$free GB free here, and a cold run needs about $(COLD_TEST_DISK_GB) GB of it (see the README)" >&2; \
+	fi
 	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-deps
 	$(PY) -m pytest $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
