@@ -119,6 +119,7 @@ def test_a_hub_draft_is_downloaded_with_the_models_token_at_its_revision_and_bud
     model = resolve.read_spec_model(spec, "ns1", _kube(), _target_hub)
     assert asked == [(DRAFT, "abc123", "hf_TOKEN")]
     assert model.draft_config == QWEN3_06B and model.draft_hint is None
+    assert model.origin == "the Hugging Face Hub (and the draft model Qwen/Qwen3-0.6B@abc123's config.json)"
     drafted = _plan(spec, model)
     assert 1.11 <= drafted.budget.speculative_gib < 1.12  # tests/test_cli.py's draft-model plan
     assert not any("was not given" in w for w in drafted.warnings)
@@ -226,6 +227,8 @@ async def test_a_configmaps_draft_key_is_budgeted_and_its_absence_warned_with_co
     body = isvc(model=config_map, serving={"maxContextLength": 8192}, **extra)
     await planner.run(body)
     assert 1.11 <= body["status"]["budget"]["speculativeGiB"] < 1.12
+    resolved = condition(body, "ConfigResolved")["message"]
+    assert f"ConfigMap ns1/cfg (the draft's config.json under {DRAFT_CONFIG_KEY!r})" in resolved
     assert not any("was not given" in w for w in body["status"]["warnings"])
 
     resolve.clear_caches()
@@ -333,3 +336,21 @@ async def test_the_enginetuner_reads_its_targets_drafter_as_the_model_s(with_key
         assert not status["budget"].get("speculativeGiB")
         (warning,) = missing
         assert f"put it under key {DRAFT_CONFIG_KEY!r} of ConfigMap {NS}/cfg" in warning
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (_draft_args("acme/x/../../etc"), "neither a Hugging Face id"),
+        (_draft_args("~/draft"), "neither a Hugging Face id"),
+        (_draft_args(revision="../../refs"), "no '..'"),
+        (_draft_args(revision="a b"), "at most 128"),
+    ],
+)
+def test_a_draft_id_or_revision_spec_model_would_refuse_is_refused_before_the_hub(
+    monkeypatch, tmp_path, args: list[str], says: str
+) -> None:
+    asked = _serve_drafts(monkeypatch, tmp_path, {DRAFT: QWEN3_06B})
+    with pytest.raises(errors.InvalidSpec, match=says) as info:
+        resolve.read_spec_model(_spec(_hub_model(), args), "ns1", _kube(), _target_hub)
+    assert asked == [] and "spec.engine.extraArgs" in info.value.message

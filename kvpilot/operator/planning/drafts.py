@@ -24,10 +24,11 @@ budgeted, with this source's advice (:func:`describe_draft_hint`, the flags'
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from kvpilot.operator import api
+from kvpilot.operator import api, errors
 from kvpilot.operator.planning.model_files import DRAFT_CONFIG_KEY
 from kvpilot.tuner import errors as tuner_errors
 from kvpilot.tuner import memory, vllm
@@ -37,6 +38,10 @@ DRAFTED_METHODS = (vllm.EAGLE3, vllm.DRAFT_MODEL)
 """The methods whose drafter the tuner budgets from its own config.json."""
 LOCAL_PATH_PREFIXES = ("/", ".")
 """How a speculative config's ``model`` that is a path in the pod (not a Hub id) starts."""
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+"""A Hugging Face repository id, as ``spec.model.id`` takes one (:class:`kvpilot.operator.api.ModelRef`)."""
+REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,128}$")
+"""A revision, as ``spec.model.revision`` takes one (with :func:`kvpilot.operator.api.ref_name_problem`)."""
 
 
 def needs_draft_config(speculative: vllm.SpeculativeFlags | None) -> bool:
@@ -52,6 +57,21 @@ def find_hub_draft(speculative: vllm.SpeculativeFlags) -> str | None:
     return model
 
 
+def check_hub_draft(draft_id: str, revision: str | None) -> None:
+    """Refuse a draft id or revision ``spec.model`` would refuse (``InvalidSpec``), before anything is
+    asked of the Hub or written to its cache."""
+    if len(draft_id) > 256 or not HUB_ID.match(draft_id):
+        raise errors.InvalidSpec(
+            f"the 'model' of --speculative-config, {draft_id[:80]!r}, is neither a Hugging Face id "
+            "(org/name) nor a path in the pod (starting with '/' or '.'); fix spec.engine.extraArgs"
+        )
+    if revision is not None and (not REVISION.match(revision) or api.ref_name_problem(revision)):
+        problem = api.ref_name_problem(revision) or "at most 128 of A-Z a-z 0-9 . _ / -"
+        raise errors.InvalidSpec(
+            f"the 'revision' of --speculative-config, {revision[:80]!r}: {problem}; fix spec.engine.extraArgs"
+        )
+
+
 def check_draft_config(speculative: vllm.SpeculativeFlags, config: Mapping[str, Any], where: str) -> None:
     """Refuse a draft config kvpilot cannot size for ``speculative``'s method, as ``kvpilot plan
     --draft-config`` does: :class:`~kvpilot.tuner.errors.InvalidModelConfig` naming ``where``."""
@@ -62,7 +82,7 @@ def check_draft_config(speculative: vllm.SpeculativeFlags, config: Mapping[str, 
             memory.read_draft_model(dataclasses.replace(speculative, draft_config=config))
     except tuner_errors.InvalidModelConfig as exc:
         raise tuner_errors.InvalidModelConfig(
-            f"{where} (method {speculative.given_method!r} of --speculative-config): {exc.message}",
+            f"{where} (method {speculative.method!r} of --speculative-config): {exc.message}",
             field=exc.field,
         ) from None
 
@@ -74,7 +94,7 @@ def describe_draft_hint(model: api.ModelRef, namespace: str, speculative: vllm.S
     if model.source == "ConfigMap" and model.config_map_ref is not None:
         ref = f"ConfigMap {namespace}/{model.config_map_ref.name}"
         hub = "" if find_hub_draft(speculative) is None else ", or use source: Hub, which downloads it"
-        return f"put it {under} of {ref} (spec.model.configMapRef){hub}"
+        return f"put it {under} of {ref}{hub}"
     if model.source == "Hub":  # only a draft that is not on the Hub gets here
         return f"the draft is not a Hub id: use source: ConfigMap with its config.json {under}"
     return (

@@ -226,6 +226,7 @@ def read_model(
         files = read_config_map_files(ref, namespace, kube, with_draft=drafted is not None)
         origin = f"ConfigMap {namespace}/{ref.name}"
         if drafted is not None and files.draft is not None:
+            origin += f" (the draft's config.json under {DRAFT_CONFIG_KEY!r})"
             where = f"the draft's config.json in ConfigMap {namespace}/{ref.name} key {DRAFT_CONFIG_KEY!r}"
             drafts.check_draft_config(drafted, files.draft, where)
         resolved = build_model(files, origin, model.checkpoint_bytes)
@@ -251,12 +252,14 @@ def read_model(
     draft_key = (draft_id, revision, token_key, drafted.method)
     draft_config = _HUB_DRAFTS.get(draft_key)
     if draft_config is None:
+        drafts.check_hub_draft(draft_id, revision)
         draft_config = draft_hub(draft_id, revision, token)
         where = f"the config.json of the draft model {draft_id}@{revision or 'main'}"
         drafts.check_draft_config(drafted, draft_config, where)
         _HUB_DRAFTS.put(draft_key, draft_config)
     key = compute_draft_key(cached.config_key, draft_config)
-    return dataclasses.replace(cached, config_key=key, draft_config=draft_config)
+    origin = f"{cached.origin} (and the draft model {draft_id}@{revision or 'main'}'s config.json)"
+    return dataclasses.replace(cached, config_key=key, origin=origin, draft_config=draft_config)
 
 
 def _without_draft(
