@@ -354,3 +354,25 @@ def test_a_draft_id_or_revision_spec_model_would_refuse_is_refused_before_the_hu
     with pytest.raises(errors.InvalidSpec, match=says) as info:
         resolve.read_spec_model(_spec(_hub_model(), args), "ns1", _kube(), _target_hub)
     assert asked == [] and "spec.engine.extraArgs" in info.value.message
+
+
+def test_an_offline_operator_without_the_draft_cached_plans_without_it(monkeypatch) -> None:
+    """HF_HUB_OFFLINE: what is not cached never will be, so the service is planned as before the operator
+    read drafts (the warning says why and what to do) rather than retried for ever; online, retried."""
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub import errors as hf
+
+    def cached_only(repo_id: str, filename: str, **_: object) -> str:
+        raise hf.LocalEntryNotFoundError("outgoing traffic has been disabled")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cached_only)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    spec = _spec(_hub_model(), _draft_args())
+    model = resolve.read_spec_model(spec, "ns1", _kube(), _target_hub)
+    assert model.draft_config is None and model.config_key == model_files.compute_config_key(QWEN3_32B)
+    assert model.draft_hint is not None and "HF_HUB_OFFLINE" in model.draft_hint
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    resolve.clear_caches()
+    with pytest.raises(errors.HubUnreachable):
+        resolve.read_spec_model(spec, "ns1", _kube(), _target_hub)

@@ -95,7 +95,12 @@ def describe_draft_hint(model: api.ModelRef, namespace: str, speculative: vllm.S
         ref = f"ConfigMap {namespace}/{model.config_map_ref.name}"
         hub = "" if find_hub_draft(speculative) is None else ", or use source: Hub, which downloads it"
         return f"put it {under} of {ref}{hub}"
-    if model.source == "Hub":  # only a draft that is not on the Hub gets here
+    if model.source == "Hub":  # a draft that is not a Hub id, or not cached by an offline operator
+        if find_hub_draft(speculative) is not None:
+            return (
+                "the operator is offline (HF_HUB_OFFLINE) and has not cached it: use source: ConfigMap with "
+                f"its config.json {under}"
+            )
         return f"the draft is not a Hub id: use source: ConfigMap with its config.json {under}"
     return (
         "source: Catalogue holds no draft configs: use source: Hub (the draft's Hub id is downloaded) or "

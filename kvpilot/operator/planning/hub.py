@@ -82,9 +82,19 @@ def download_hub_files(model_id: str, revision: str | None, token: str | None) -
     return ModelFiles(config, {name: content for name, content in found if content is not None})
 
 
-def download_hub_draft_config(model_id: str, revision: str | None, token: str | None) -> dict[str, Any]:
-    """A drafter's config.json (:func:`download_hub_config`), its errors naming the draft model."""
-    return download_hub_config(model_id, revision, token, DRAFT)
+def download_hub_draft_config(
+    model_id: str, revision: str | None, token: str | None
+) -> dict[str, Any] | None:
+    """A drafter's config.json (:func:`download_hub_config`), its errors naming the draft model; ``None``
+    when the operator is offline (``HF_HUB_OFFLINE``) and has none cached: what is not in the cache never
+    will be, and the service is planned without the drafter, as before the operator read drafts, rather
+    than retried for ever."""
+    try:
+        return download_hub_config(model_id, revision, token, DRAFT)
+    except errors.HubUnreachable:
+        if _hub_offline():
+            return None
+        raise
 
 
 def download_hub_config(

@@ -58,8 +58,9 @@ NODE_CACHE_TTL_S = 30.0
 HubDownload = Callable[[str, str | None, str | None], ModelFiles]
 """``(model id, revision, token) -> the model's files`` (:func:`.hub.download_hub_files`); raises operator
 or tuner errors."""
-DraftDownload = Callable[[str, str | None, str | None], Mapping[str, Any]]
-"""``(draft id, revision, token) -> the drafter's config.json`` (:func:`.hub.download_hub_draft_config`)."""
+DraftDownload = Callable[[str, str | None, str | None], Mapping[str, Any] | None]
+"""``(draft id, revision, token) -> the drafter's config.json`` (:func:`.hub.download_hub_draft_config`;
+``None``: offline, none cached)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +255,8 @@ def read_model(
     if draft_config is None:
         drafts.check_hub_draft(draft_id, revision)
         draft_config = draft_hub(draft_id, revision, token)
+        if draft_config is None:  # offline, not cached: planned without it, the plan warns
+            return _without_draft(cached, model, namespace, drafted)
         where = f"the config.json of the draft model {draft_id}@{revision or 'main'}"
         drafts.check_draft_config(drafted, draft_config, where)
         _HUB_DRAFTS.put(draft_key, draft_config)
