@@ -249,7 +249,8 @@ def test_the_advice_names_each_source_and_the_cli_keeps_its_flag() -> None:
     config_map = {"id": TARGET, "source": "ConfigMap", "configMapRef": {"name": "cfg"}}
     cases = [
         (_spec(config_map, _draft_args()), kube, "or use source: Hub, which downloads it"),
-        (_spec({"id": TARGET}, _draft_args()), None, "source: Catalogue holds no draft configs"),
+        (_spec({"id": TARGET}, _draft_args()), None, "use source: Hub (the draft's Hub id is downloaded) or"),
+        (_spec({"id": TARGET}, _draft_args("/d")), None, "no draft configs: use source: ConfigMap with"),
         (_spec(_hub_model(), _draft_args("./draft")), _kube(), "the draft is not a Hub id"),
     ]
     for spec, cluster, says in cases:

@@ -102,9 +102,9 @@ def describe_draft_hint(model: api.ModelRef, namespace: str, speculative: vllm.S
                 f"its config.json {under}"
             )
         return f"the draft is not a Hub id: use source: ConfigMap with its config.json {under}"
+    hub = "" if find_hub_draft(speculative) is None else "source: Hub (the draft's Hub id is downloaded) or "
     return (
-        "source: Catalogue holds no draft configs: use source: Hub (the draft's Hub id is downloaded) or "
-        f"source: ConfigMap with its config.json {under}"
+        f"source: Catalogue holds no draft configs: use {hub}source: ConfigMap with its config.json {under}"
     )
 
 
