@@ -21,6 +21,7 @@ from kvpilot.operator.enginetuner import target
 from kvpilot.operator.planning import resolve
 from kvpilot.operator.pods import tenant_guard, tenant_settings
 from kvpilot.tuner import errors as tuner_errors
+from kvpilot.tuner import vllm
 
 
 def parse_spec(spec: Mapping[str, Any]) -> api.EngineTunerSpec:
@@ -88,14 +89,17 @@ def read_target_model(
     namespace: str,
     kube: Any,
     hub: resolve.HubDownload,
+    speculative: vllm.SpeculativeFlags | None = None,
 ) -> tuple[api.InferenceServiceSpec, resolve.ResolvedModel]:
-    """The plan spec's model (blocking: it may come from a ConfigMap or the Hub); a catalogue miss for an id
-    read from the arguments is looked up on the Hub (the plan spec returned says so)."""
+    """The plan spec's model (blocking: it may come from a ConfigMap or the Hub), with the config.json of
+    the drafter the target's ``speculative`` decoding loads (:mod:`kvpilot.operator.planning.drafts`); a
+    catalogue miss for an id read from the arguments is looked up on the Hub (the plan spec returned says
+    so)."""
     try:
-        return plan_spec, resolve.read_model(plan_spec.model, namespace, kube, hub)
+        return plan_spec, resolve.read_model(plan_spec.model, namespace, kube, hub, speculative)
     except tuner_errors.UnknownModel:
         if spec.model is not None:
             raise
     hub_ref = plan_spec.model.model_copy(update={"source": "Hub"})
     plan_spec = plan_spec.model_copy(update={"model": hub_ref})
-    return plan_spec, resolve.read_model(hub_ref, namespace, kube, hub)
+    return plan_spec, resolve.read_model(hub_ref, namespace, kube, hub, speculative)

@@ -79,12 +79,15 @@ def read_plan(
     """The InferenceService planner's answer for the target (blocking: the model may come from a ConfigMap or
     the Hub), and what the closed loop needs of it. A catalogue miss for an id read from the arguments is
     looked up on the Hub."""
-    plan_spec, model = read_target_model(spec, target.build_plan_spec(spec, found), namespace, kube, hub)
+    runner_v2 = vllm.parse_v2_runner_env(found.vllm_env.get(vllm.V2_RUNNER_ENV))
+    flags = vllm.build_engine_flags(found.command.flags, runner_v2)  # the target's own flags
+    plan_spec, model = read_target_model(
+        spec, target.build_plan_spec(spec, found), namespace, kube, hub, flags.speculative
+    )
+    flags = model.with_draft(flags)  # with its drafter's config.json, read as the model's
     gpu = target.compute_gpu(found)
     user = modes.compute_user_args(plan_spec)
     release = vllm.resolve_image_version(plan_spec.engine.image, None)
-    runner_v2 = vllm.parse_v2_runner_env(found.vllm_env.get(vllm.V2_RUNNER_ENV))
-    flags = vllm.build_engine_flags(found.command.flags, runner_v2)  # the target's own flags
     plan = modes.compute_feasible_plan(
         plan_spec,
         model.spec,

@@ -95,7 +95,7 @@ def build_desired(
         engine_plan, manifests = engine_desired.build_engine_manifests(metadata, spec, inputs, kept)
         return Desired(None, None, manifests, engine_plan)
     user = modes.compute_user_args(spec)
-    engine = release.resolve_release(spec)
+    engine = release.resolve_release(spec, inputs.model)
     plan = modes.compute_feasible_plan(
         spec,
         inputs.model.spec,

@@ -124,7 +124,7 @@ async def fetch_resolved(deps: LoopDeps, svc: Service, logger: Any) -> Resolved 
     except Exception as exc:  # noqa: BLE001 -- the reconciler reports it; a vanished ref: loop_patch
         logger.warning(f"closed loop: cannot resolve model/GPU ({exc}); using status.budget")
         inputs, failure = None, errors.classify(exc)
-    engine = release.resolve_release(svc.spec)
+    engine = release.resolve_release(svc.spec, inputs.model if inputs is not None else None)
     budget = loop_state.read_budget(svc.old, engine.version)
     if inputs is not None:
         try:
@@ -147,7 +147,7 @@ def budget_for(
     """The budget of ``settings`` in the topology the workload renders
     (:func:`kvpilot.tuner.plan.compute_topology_budget`): over a group's nodes, its pipeline stages or one
     data-parallel engine (:func:`kvpilot.operator.planning.modes.compute_group_topology`)."""
-    engine = release.resolve_release(spec)
+    engine = release.resolve_release(spec, inputs.model)
     gpu_count, shards = modes.compute_group_topology(spec, inputs)
     return plan.compute_topology_budget(
         inputs.model.spec,

@@ -43,7 +43,7 @@ def build_manifests(
         if gpu_product and not spec.gpu.product:
             spec = spec.model_copy(update={"gpu": spec.gpu.model_copy(update={"product": gpu_product})})
         inputs = resolve.Inputs(
-            resolve.read_model(spec.model, metadata["namespace"], None), resolve.read_gpu(spec, None)
+            resolve.read_spec_model(spec, metadata["namespace"], None), resolve.read_gpu(spec, None)
         )
         return desired.build_desired(metadata, spec, inputs, plan_fn=plan_fn).manifests
     except Exception as exc:

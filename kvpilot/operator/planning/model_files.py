@@ -6,6 +6,10 @@ does) and, for a model whose vision tower kvpilot models, the checkpoint's ``pre
 (:mod:`kvpilot.tuner.model.processors`). The ConfigMap source reads them from keys of those names beside
 config.json; the Hub source (:mod:`.hub`) downloads them beside it. Both read the processor files only for a
 config that reads them, so a text model's plan never depends on a stray key or costs a Hub request.
+
+A ``--speculative-config`` of method ``eagle3`` or ``draft_model`` in the engine's arguments loads a draft
+checkpoint of its own: the ConfigMap source reads that checkpoint's ``config.json`` under
+:data:`DRAFT_CONFIG_KEY` (:mod:`.drafts`), only when the arguments load such a drafter.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ CREATE_HINT = (
     "--from-file=video_preprocessor_config.json where the checkpoint has them; they size its encoder)"
 )
 """What the ConfigMap's kubectl line adds for a multimodal model."""
+DRAFT_CONFIG_KEY = "draft_config.json"
+"""The ConfigMap key (source ConfigMap) of the draft checkpoint's ``config.json``, for an ``eagle3`` or
+``draft_model`` ``--speculative-config`` (:mod:`.drafts`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +47,9 @@ class ModelFiles:
 
     config: Mapping[str, Any]
     processors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    draft: Mapping[str, Any] | None = None
+    """The draft checkpoint's config.json (:data:`DRAFT_CONFIG_KEY`), read only for arguments whose
+    speculative decoding loads one; ``None``: not read, or the ConfigMap has none."""
 
 
 def compute_config_key(config: Mapping[str, Any]) -> str:
@@ -48,17 +58,28 @@ def compute_config_key(config: Mapping[str, Any]) -> str:
 
 def compute_files_key(files: ModelFiles) -> str:
     """The digest of what the plan reads (the ModelSpec cache's and the TuningProfiles' model key):
-    config.json's alone when there are no processor files, so a text model keeps the key it always had;
-    with them, a changed processor file is another model (another ModelSpec and plan), as a changed
-    config.json is."""
+    config.json's alone when there are no processor files and no draft, so a text model keeps the key it
+    always had; with them, a changed processor file or draft config is another model (another plan), as a
+    changed config.json is."""
     if not files.processors:
-        return compute_config_key(files.config)
-    return compute_config_key({"config.json": files.config, **files.processors})
+        key = compute_config_key(files.config)
+    else:
+        key = compute_config_key({"config.json": files.config, **files.processors})
+    return key if files.draft is None else compute_draft_key(key, files.draft)
 
 
-def read_config_map_files(ref: api.ConfigMapRef, namespace: str, kube: Kube) -> ModelFiles:
+def compute_draft_key(files_key: str, draft: Mapping[str, Any]) -> str:
+    """The model key of a model (``files_key``: :func:`compute_files_key` of its own files) planned with a
+    drafter of config.json ``draft``: whatever source gave either."""
+    return compute_config_key({"model": files_key, DRAFT_CONFIG_KEY: draft})
+
+
+def read_config_map_files(
+    ref: api.ConfigMapRef, namespace: str, kube: Kube, *, with_draft: bool = False
+) -> ModelFiles:
     """config.json under ``ref.key``, its ``hf_quant_config.json`` sidecar and, for a multimodal config, its
-    processor files, from keys of the ConfigMap; a key that is not JSON: InvalidModelConfig naming it."""
+    processor files, from keys of the ConfigMap; ``with_draft``: the draft's config.json too, under
+    :data:`DRAFT_CONFIG_KEY` where present. A key that is not JSON: InvalidModelConfig naming it."""
     data = kube.read_config_map_data(namespace, ref.name)
     if data is None:
         raise errors.ConfigNotFound(
@@ -76,11 +97,15 @@ def read_config_map_files(ref: api.ConfigMapRef, namespace: str, kube: Kube) -> 
     if QUANT_SIDECAR in data and ref.key != QUANT_SIDECAR:
         where = f"ConfigMap {namespace}/{ref.name} key {QUANT_SIDECAR!r}"
         config = dict(build_config_with_quant_sidecar(config, parse_config_json(data[QUANT_SIDECAR], where)))
+    draft = None
+    if with_draft and DRAFT_CONFIG_KEY in data and ref.key != DRAFT_CONFIG_KEY:
+        where = f"the draft's config.json, ConfigMap {namespace}/{ref.name} key {DRAFT_CONFIG_KEY!r}"
+        draft = parse_config_json(data[DRAFT_CONFIG_KEY], where)
     if not reads_processor_files(config):
-        return ModelFiles(config)
+        return ModelFiles(config, draft=draft)
     processors = {
         name: parse_config_json(data[name], f"ConfigMap {namespace}/{ref.name} key {name!r}")
         for name in PROCESSOR_FILES
         if name in data and name != ref.key
     }
-    return ModelFiles(config, processors)
+    return ModelFiles(config, processors, draft)

@@ -252,7 +252,7 @@ def compute_group_layout(
     """The DP x EP split of a replica over nodes (:func:`.layouts.compute_data_parallel`, for the service's
     resolved inputs and release); ``None``: TP x PP or one node. The reconciler's render and every
     closed-loop render of other settings ask it, so they agree."""
-    engine = release.resolve_release(spec)
+    engine = release.resolve_release(spec, inputs.model)
     found = layouts.compute_data_parallel(
         spec,
         inputs.model.spec,

@@ -15,7 +15,8 @@ The release is ``spec.engine.vllmVersion`` when given, else read from ``spec.eng
 runner, ``VLLM_USE_V2_MODEL_RUNNER`` from ``spec.engine.env`` when it is a literal value, and the untuned
 flags of ``spec.engine.extraArgs`` that change vLLM's memory (``--enforce-eager``, ``--performance-mode``,
 prefix caching, ``--kv-transfer-config``, whose LMCache connector reads ``LMCACHE_*`` from
-``spec.engine.env``: :mod:`kvpilot.tuner.vllm.engine_flags`).
+``spec.engine.env``: :mod:`kvpilot.tuner.vllm.engine_flags`), with the config.json of the drafter its
+speculative decoding loads, as the service's model resolved it (:mod:`.drafts`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpilot.operator import api
+from kvpilot.operator.planning.resolve import ResolvedModel
 from kvpilot.tuner import vllm
 
 
@@ -44,12 +46,14 @@ class EngineRelease:
         return vllm.parse_version(self.image.version)
 
 
-def resolve_release(spec: api.InferenceServiceSpec) -> EngineRelease:
-    """The release and flags of ``spec``'s engine (pure: no registry is asked)."""
-    return EngineRelease(
-        vllm.resolve_image_version(spec.engine.image, spec.engine.vllm_version),
-        vllm.build_engine_flags(spec.engine.extra_args, _v2_runner_env(spec), literal_env(spec)),
-    )
+def resolve_release(spec: api.InferenceServiceSpec, model: ResolvedModel | None = None) -> EngineRelease:
+    """The release and flags of ``spec``'s engine (pure: no registry is asked); ``model``: the service's
+    resolved model, whose drafter's config.json (or the advice where it was not read) the speculative
+    flags then carry (every budget of the service passes it; ``None``: the release only)."""
+    flags = vllm.build_engine_flags(spec.engine.extra_args, _v2_runner_env(spec), literal_env(spec))
+    if model is not None:
+        flags = model.with_draft(flags)
+    return EngineRelease(vllm.resolve_image_version(spec.engine.image, spec.engine.vllm_version), flags)
 
 
 def literal_env(spec: api.InferenceServiceSpec) -> dict[str, str]:

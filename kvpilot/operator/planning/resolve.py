@@ -5,7 +5,10 @@
   (:mod:`.model_files`), or the Hugging Face Hub (:mod:`.hub`; optionally with a token from a Secret;
   the token is never logged, cached on disk by us, or written to status). A multimodal model's
   processor files come with its config from the ConfigMap or the Hub (:class:`.model_files.ModelFiles`);
-  the catalogue has none, so its models get transformers' default pixel budgets.
+  the catalogue has none, so its models get transformers' default pixel budgets. An ``eagle3`` or
+  ``draft_model`` ``--speculative-config`` in the engine's arguments: its drafter's config.json comes from
+  the same source (:mod:`.drafts`: the ConfigMap's ``draft_config.json``, the draft's Hub id), is checked,
+  and is part of the model key.
 * GPU: ``spec.gpu.product`` through the catalogue (:func:`kvpilot.tuner.gpus.lookup_gpu`),
   else discovered from the GPU Feature Discovery labels of the nodes matching
   ``spec.nodeSelector`` (:func:`kvpilot.tuner.gpus.build_gpu_from_labels`).
@@ -20,19 +23,27 @@ Hub models by (id, revision, token digest), ModelSpecs by the files' content, no
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from kvpilot.operator import api, errors
 from kvpilot.operator.clients.kube import IO_POOL, Kube, build_label_selector
-from kvpilot.operator.planning.hub import download_hub_files
-from kvpilot.operator.planning.model_files import ModelFiles, compute_files_key, read_config_map_files
-from kvpilot.tuner import gpus, memory
+from kvpilot.operator.planning import drafts
+from kvpilot.operator.planning.hub import download_hub_draft_config, download_hub_files
+from kvpilot.operator.planning.model_files import (
+    DRAFT_CONFIG_KEY,
+    ModelFiles,
+    compute_draft_key,
+    compute_files_key,
+    read_config_map_files,
+)
+from kvpilot.tuner import gpus, memory, vllm
 from kvpilot.tuner.model import (
     ModelSpec,
     apply_processor_files,
@@ -47,6 +58,9 @@ NODE_CACHE_TTL_S = 30.0
 HubDownload = Callable[[str, str | None, str | None], ModelFiles]
 """``(model id, revision, token) -> the model's files`` (:func:`.hub.download_hub_files`); raises operator
 or tuner errors."""
+DraftDownload = Callable[[str, str | None, str | None], Mapping[str, Any] | None]
+"""``(draft id, revision, token) -> the drafter's config.json`` (:func:`.hub.download_hub_draft_config`;
+``None``: offline, none cached)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +72,16 @@ class ResolvedModel:
     origin: str
     """Where the config came from, for people: ``catalogue``, ``ConfigMap ns/name``, ``Hugging Face Hub``."""
     checkpoint_bytes: int | None = None
+    draft_config: Mapping[str, Any] | None = field(default=None, hash=False)
+    """The drafter's config.json, for an ``eagle3`` or ``draft_model`` speculative config (:mod:`.drafts`;
+    part of :attr:`config_key`); ``None``: none asked for, or none read (then :attr:`draft_hint`)."""
+    draft_hint: str | None = None
+    """How to give the drafter's config.json with this source, where it was asked for and not read."""
+
+    def with_draft(self, flags: vllm.EngineFlags) -> vllm.EngineFlags:
+        """``flags`` whose speculative decoding carries this model's drafter config.json (or, where it was
+        not read, the advice :attr:`draft_hint`): what every budget of the service plans with."""
+        return drafts.with_draft_config(flags, self.draft_config, self.draft_hint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +126,10 @@ _MODEL_SPECS = _Lru[str, ModelSpec](256)
 """ModelSpec per files content key (:func:`.model_files.compute_files_key`)."""
 _CATALOGUE = _Lru[tuple[str, int | None], ResolvedModel](256)
 """The resolved catalogue model per (model id, checkpoint bytes)."""
+_HUB_DRAFTS = _Lru[tuple[str, str | None, str | None, str], Mapping[str, Any]](64)
+"""Drafters' config.json downloaded from the Hub and checked, by (draft id, revision, SHA-256 of the token or
+None, method): the tuner reads the document itself (:attr:`ResolvedModel.draft_config`), so fewer entries,
+each at most :data:`kvpilot.tuner.model.MAX_CONFIG_BYTES` (published ones are a few KB)."""
 
 
 @dataclass
@@ -155,7 +183,7 @@ def build_model(files: ModelFiles, origin: str, checkpoint_bytes: int | None = N
     if spec is None:
         spec = apply_processor_files(build_model_spec(files.config), files.processors)
         _MODEL_SPECS.put(key, spec)
-    return ResolvedModel(spec, key, origin, checkpoint_bytes)
+    return ResolvedModel(spec, key, origin, checkpoint_bytes, files.draft)
 
 
 def read_hub_token(ref: api.SecretRef | None, namespace: str, kube: Kube) -> str | None:
@@ -172,9 +200,17 @@ def read_hub_token(ref: api.SecretRef | None, namespace: str, kube: Kube) -> str
 
 
 def read_model(
-    model: api.ModelRef, namespace: str, kube: Kube | None, hub: HubDownload = download_hub_files
+    model: api.ModelRef,
+    namespace: str,
+    kube: Kube | None,
+    hub: HubDownload = download_hub_files,
+    speculative: vllm.SpeculativeFlags | None = None,
+    draft_hub: DraftDownload = download_hub_draft_config,
 ) -> ResolvedModel:
-    """The resolved model of ``spec.model`` (sync; I/O through ``kube`` and ``hub``)."""
+    """The resolved model of ``spec.model`` (sync; I/O through ``kube``, ``hub`` and ``draft_hub``).
+    ``speculative``: the engine's speculative decoding; the config.json of a drafter it loads comes from
+    the same source (:mod:`.drafts`)."""
+    drafted = speculative if drafts.needs_draft_config(speculative) else None
     if model.source == "Catalogue":
         cached = _CATALOGUE.get((model.id, model.checkpoint_bytes))
         if cached is None:
@@ -182,14 +218,22 @@ def read_model(
             checkpoint = model.checkpoint_bytes or lookup_checkpoint_bytes(model.id)
             cached = build_model(ModelFiles(config), "the built-in catalogue", checkpoint)
             _CATALOGUE.put((model.id, model.checkpoint_bytes), cached)
-        return cached
+        return cached if drafted is None else _without_draft(cached, model, namespace, drafted)
     if kube is None:
         raise errors.InvalidSpec(f"source {model.source} needs a cluster; without one use source: Catalogue")
     if model.source == "ConfigMap":
         assert model.config_map_ref is not None  # CEL / semantic_errors guarantee it
-        files = read_config_map_files(model.config_map_ref, namespace, kube)
-        origin = f"ConfigMap {namespace}/{model.config_map_ref.name}"
-        return build_model(files, origin, model.checkpoint_bytes)
+        ref = model.config_map_ref
+        files = read_config_map_files(ref, namespace, kube, with_draft=drafted is not None)
+        origin = f"ConfigMap {namespace}/{ref.name}"
+        if drafted is not None and files.draft is not None:
+            origin += f" (the draft's config.json under {DRAFT_CONFIG_KEY!r})"
+            where = f"the draft's config.json in ConfigMap {namespace}/{ref.name} key {DRAFT_CONFIG_KEY!r}"
+            drafts.check_draft_config(drafted, files.draft, where)
+        resolved = build_model(files, origin, model.checkpoint_bytes)
+        if drafted is None or files.draft is not None:
+            return resolved
+        return _without_draft(resolved, model, namespace, drafted)
     # The token is read on every resolve, so a deleted Secret or key is reported even on a cache hit, and
     # the cache is keyed on a digest of it: one tenant's access never serves a request made without it.
     token = read_hub_token(model.hub_token_secret_ref, namespace, kube)
@@ -200,7 +244,47 @@ def read_model(
         files = hub(model.id, model.revision, token)
         cached = build_model(files, "the Hugging Face Hub", model.checkpoint_bytes)
         _HUB_MODELS.put((*cache_key, model.checkpoint_bytes), cached)
-    return cached
+    if drafted is None:
+        return cached
+    draft_id = drafts.find_hub_draft(drafted)
+    if draft_id is None:  # a path in the pod: nothing to download
+        return _without_draft(cached, model, namespace, drafted)
+    revision = drafted.draft_revision
+    draft_key = (draft_id, revision, token_key, drafted.method)
+    draft_config = _HUB_DRAFTS.get(draft_key)
+    if draft_config is None:
+        drafts.check_hub_draft(draft_id, revision)
+        draft_config = draft_hub(draft_id, revision, token)
+        if draft_config is None:  # offline, not cached: planned without it, the plan warns
+            return _without_draft(cached, model, namespace, drafted)
+        where = f"the config.json of the draft model {draft_id}@{revision or 'main'}"
+        drafts.check_draft_config(drafted, draft_config, where)
+        _HUB_DRAFTS.put(draft_key, draft_config)
+    key = compute_draft_key(cached.config_key, draft_config)
+    origin = f"{cached.origin} (and the draft model {draft_id}@{revision or 'main'}'s config.json)"
+    return dataclasses.replace(cached, config_key=key, origin=origin, draft_config=draft_config)
+
+
+def _without_draft(
+    resolved: ResolvedModel, model: api.ModelRef, namespace: str, speculative: vllm.SpeculativeFlags
+) -> ResolvedModel:
+    """``resolved`` noting how to give the drafter's config.json it could not read (the plan warns)."""
+    return dataclasses.replace(resolved, draft_hint=drafts.describe_draft_hint(model, namespace, speculative))
+
+
+def read_engine_speculative(spec: api.InferenceServiceSpec) -> vllm.SpeculativeFlags | None:
+    """The speculative decoding of a vLLM service's ``spec.engine.extraArgs`` (``None``: none, or another
+    engine's arguments)."""
+    if spec.engine.kind != "vLLM":
+        return None
+    return vllm.read_speculative_flags(spec.engine.extra_args)
+
+
+def read_spec_model(
+    spec: api.InferenceServiceSpec, namespace: str, kube: Kube | None, hub: HubDownload = download_hub_files
+) -> ResolvedModel:
+    """:func:`read_model` of ``spec.model``, with the drafter of ``spec.engine``'s speculative decoding."""
+    return read_model(spec.model, namespace, kube, hub, read_engine_speculative(spec))
 
 
 # --------------------------------------------------------------------------- GPU
@@ -281,7 +365,7 @@ async def fetch_inputs(
     """Resolve model and GPU in a worker thread (the kubernetes client and the Hub are blocking)."""
 
     def _both() -> Inputs:
-        return Inputs(read_model(spec.model, namespace, kube, hub), read_gpu(spec, kube))
+        return Inputs(read_spec_model(spec, namespace, kube, hub), read_gpu(spec, kube))
 
     return await asyncio.get_running_loop().run_in_executor(IO_POOL, _both)
 
@@ -291,4 +375,5 @@ def clear_caches() -> None:
     _HUB_MODELS.data.clear()
     _MODEL_SPECS.data.clear()
     _CATALOGUE.data.clear()
+    _HUB_DRAFTS.data.clear()
     NODES.clear()

@@ -61,14 +61,20 @@ def read_draft_model(spec: vllm.SpeculativeFlags) -> ModelSpec:
     return draft
 
 
+DRAFT_CONFIG_FLAG_HINT = (
+    f"kvpilot plan {vllm.DRAFT_CONFIG_FLAG} PATH gives it: a config.json or a folder holding one"
+)
+"""How ``kvpilot plan`` gives a draft's ``config.json`` (the default of
+:attr:`~kvpilot.tuner.vllm.SpeculativeFlags.draft_config_hint`)."""
+
+
 def describe_missing_draft_config(spec: vllm.SpeculativeFlags, checkpoint: str) -> str:
     """Why a drafter with a checkpoint of its own (``checkpoint``: what it is called, "the draft model") is
-    not budgeted when its ``config.json`` was not given, and how to give it."""
+    not budgeted when its ``config.json`` was not given, and how to give it: the caller's
+    ``spec.draft_config_hint`` (the operator's), else ``kvpilot plan``'s flag."""
     where = f"{checkpoint} {spec.draft_model!r}" if spec.draft_model else checkpoint.replace("the ", "a ", 1)
-    return (
-        f"method {spec.given_method!r} loads {where}, whose config.json kvpilot was not given "
-        f"(kvpilot plan {vllm.DRAFT_CONFIG_FLAG} PATH gives it: a config.json or a folder holding one)"
-    )
+    hint = spec.draft_config_hint or DRAFT_CONFIG_FLAG_HINT
+    return f"method {spec.given_method!r} loads {where}, whose config.json kvpilot was not given ({hint})"
 
 
 def draft_model_unbudgeted_reason(

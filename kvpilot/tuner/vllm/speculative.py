@@ -193,9 +193,16 @@ class SpeculativeFlags:
     draft_model: str | None = None
     """The ``model`` given (a draft checkpoint kvpilot does not read); ``None``: none."""
     draft_config: Mapping[str, Any] | None = field(default=None, hash=False)
-    """The draft checkpoint's ``config.json``, given as data (``kvpilot plan --draft-config``): what lets
-    the budget count an EAGLE3 drafter (:mod:`.eagle3`) or a separate draft model (:mod:`.draft_model`);
-    ``None``: not given."""
+    """The draft checkpoint's ``config.json``, given as data (``kvpilot plan --draft-config``, the operator's
+    ConfigMap key or Hub download): what lets the budget count an EAGLE3 drafter (:mod:`.eagle3`) or a
+    separate draft model (:mod:`.draft_model`); ``None``: not given."""
+    draft_config_hint: str | None = None
+    """How the caller gives :attr:`draft_config`, for the plan's warning when it is missing (the operator:
+    its ConfigMap key); ``None``: ``kvpilot plan``'s ``--draft-config``."""
+    draft_revision: str | None = None
+    """The speculative config's ``revision``: the draft checkpoint's revision on the Hugging Face Hub
+    (``config/speculative.py:455``, the draft's ``ModelConfig``, ``:1420``; ``None``: not given, the
+    default branch; the target's ``--revision`` is not the draft's)."""
     draft_tensor_parallel_size: int | None = None
     """``draft_tensor_parallel_size`` (``None``: not given, the target's TP;
     ``config/speculative.py:1859``)."""
@@ -328,11 +335,13 @@ def _read(args: Sequence[str]) -> SpeculativeFlags | None:
             f"least 1 (SpeculativeConfig: ge=1; got {draft_tp!r})",
             flag=SPECULATIVE_CONFIG_FLAG,
         )
+    revision = config.get("revision")
     return SpeculativeFlags(
         method,
         tokens,
         given,
         model if isinstance(model, str) else None,
+        draft_revision=revision if isinstance(revision, str) and revision else None,
         draft_tensor_parallel_size=draft_tp,
         heterogeneous_vocab=config.get("use_heterogeneous_vocab") is True,
         draft_overrides=tuple(key for key in DRAFT_OVERRIDE_KEYS if config.get(key) is not None),
