@@ -115,10 +115,18 @@ def check_speculative_model(
 ) -> None:
     """Refuse what vLLM 0.33 refuses of an MTP drafter for this model: a checkpoint without MTP layers,
     a ``num_speculative_tokens`` above the layers that is not a multiple of them
-    (``config/speculative.py:1603``); and of a draft model (:func:`.draft_model.check_draft_model`)."""
+    (``config/speculative.py:1603``); and of a draft model (:func:`.draft_model.check_draft_model`). With
+    the target's ``tensor_parallel_size`` (the planner's, once chosen), a ``draft_tensor_parallel_size``
+    neither 1 nor it, whatever the method (:func:`kvpilot.tuner.vllm.check_draft_tensor_parallel`)."""
     check_draft_model(model, spec, tensor_parallel_size)
-    if spec.method != vllm.MTP or spec.draft_model is not None or model.model_type not in vllm.MTP_DRAFTERS:
-        return  # another checkpoint's drafter: not read
+    if spec.method == vllm.MTP and spec.draft_model is None and model.model_type in vllm.MTP_DRAFTERS:
+        _check_mtp_layers(model, spec)  # else another checkpoint's drafter: not read
+    if tensor_parallel_size is not None:
+        vllm.check_draft_tensor_parallel(spec.draft_tensor_parallel_size, tensor_parallel_size)
+
+
+def _check_mtp_layers(model: ModelSpec, spec: vllm.SpeculativeFlags) -> None:
+    """The checkpoint's MTP layers against ``method: mtp`` and its ``num_speculative_tokens``."""
     key = vllm.MTP_DRAFTERS[model.model_type].layers_key
     layers, tokens = model.num_mtp_layers, spec.num_speculative_tokens
     if layers < 1:

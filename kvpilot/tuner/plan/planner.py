@@ -323,13 +323,9 @@ def compute_plan(
     moe_gap = memory.describe_unbudgeted_moe_backend(model, engine.moe_backend, vllm_version)
     if moe_gap is not None:
         p.warnings.append(moe_gap)
-    if engine.speculative is not None:
-        memory.check_speculative_model(model, engine.speculative, pinned.tensor_parallel_size)
     settings = _choose_tensor_parallel(p)
-    if engine.speculative is not None:  # a draft model's TP: 1 or the target's (vLLM refuses others)
-        vllm.check_draft_tensor_parallel(
-            engine.speculative.draft_tensor_parallel_size, settings.tensor_parallel_size or 1
-        )
+    if engine.speculative is not None:  # what vLLM refuses of the drafter, its TP against the chosen one
+        memory.check_speculative_model(model, engine.speculative, settings.tensor_parallel_size or 1)
     settings, wanted = _choose_context(p, settings)
     settings = _choose_utilization(p, settings)
     settings, budget = p.settle(settings)
