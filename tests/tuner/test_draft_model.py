@@ -169,6 +169,32 @@ def test_the_draft_tp_is_checked_once_the_target_tp_is_chosen_whatever_the_metho
             compute_plan(model, gpu, 2, ServingBounds(), pinned=pinned, engine=both)
 
 
+def test_the_drafter_is_resolved_once_per_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget reads the draft's config.json once (``memory.resolve_drafter``) for its refusal check, its
+    weights and buffers, its KV layers and the state's draft tokens, on every stage."""
+    from kvpilot.tuner.memory import draft_model
+
+    model, reads = build_model_spec(QWEN3_32B), []
+
+    def counted(config: dict[str, Any]) -> Any:
+        reads.append(config)
+        return build_model_spec(config)
+
+    monkeypatch.setattr(draft_model, "build_model_spec", counted)
+    drafter = memory.resolve_drafter(model, _flags(DRAFT_4), 1, 1)
+    assert drafter is not None and len(reads) == 1
+    assert (drafter.method, drafter.kv_layers, drafter.state_holds_draft_tokens) == (
+        vllm.DRAFT_MODEL,
+        28,
+        True,
+    )
+    assert memory.resolve_drafter(model, _flags(DRAFT_4), 2, 1) is None  # pipeline parallelism: not budgeted
+    reads.clear()
+    settings = EngineSettings(max_model_len=8192, tensor_parallel_size=1)
+    budget = memory.compute_budget(model, lookup_gpu("H100-SXM"), settings, speculative=_flags(DRAFT_4))
+    assert budget.speculative_gib > 0.5 and len(reads) == 1
+
+
 def test_a_draft_its_tp_cannot_split_is_vllms_refusal() -> None:
     """The draft's heads must divide its TP (``verify_with_parallel_config``): 14 heads over 4 ranks."""
     model = build_model_spec(QWEN3_32B)

@@ -348,19 +348,21 @@ def compute_plan(
     connector = engine.kv_connector
     if connector is not None and (connector.lmcache or not vllm.kv_connector_unmodelled(connector)):
         p.warnings.append(_describe_kv_connector(connector, budget))  # what is budgeted (the gaps: above)
-    pp = compute_pipeline_parallel(p.rank_gpus, settings.tensor_parallel_size or 1)
+    tp = settings.tensor_parallel_size or 1
+    pp = compute_pipeline_parallel(p.rank_gpus, tp)
     if engine.data_parallel is not None and expert_shards == memory.ONE_ENGINE:  # a node plan says its own
         experts = model.moe.num_experts if model.moe is not None else None
-        tp = settings.tensor_parallel_size or 1
         p.warnings.insert(first_unmodelled, vllm.describe_data_parallel(engine.data_parallel, tp, experts))
     spec_gap = memory.describe_unbudgeted_speculative(
-        model, engine.speculative, engine.speculative_flags, pp, settings.tensor_parallel_size or 1
+        model, engine.speculative, engine.speculative_flags, pp, tp
     )
     if spec_gap is not None:
         p.warnings.insert(first_unmodelled, spec_gap)
     elif engine.speculative is not None:
+        # the drafter the plan's budget counts, resolved once for the plan's line on it
+        drafter = memory.resolve_drafter(model, engine.speculative, pp, tp)
         p.warnings.append(
-            _describe_speculative(model, engine.speculative, engine.speculative_flags[0], budget)
+            _describe_speculative(model, engine.speculative, engine.speculative_flags[0], budget, drafter)
         )
     return Plan(
         settings=settings,
@@ -720,14 +722,18 @@ def _describe_kv_connector(connector: vllm.KvConnector, budget: MemoryBudget) ->
 
 
 def _describe_speculative(
-    model: ModelSpec, spec: vllm.SpeculativeFlags, flag: str, budget: MemoryBudget
+    model: ModelSpec,
+    spec: vllm.SpeculativeFlags,
+    flag: str,
+    budget: MemoryBudget,
+    drafter: memory.Drafter | None,
 ) -> str:
-    """The plan's line on speculative decoding it budgets: an MTP drafter's weights, buffers and KV layers,
-    or nothing for a CPU proposer; what it never budgets, by name."""
+    """The plan's line on speculative decoding it budgets: the drafter's weights, buffers and KV layers
+    (``drafter``: the one the budget counts), or nothing for a CPU proposer; what it never budgets, by
+    name."""
     tokens = spec.num_speculative_tokens
-    eagle3 = memory.budgeted_eagle3_draft(spec)
-    if eagle3 is not None:
-        n = eagle3.num_layers
+    if drafter is not None and drafter.eagle3 is not None:
+        eagle3, n = drafter.eagle3, drafter.kv_layers
         return (
             f"{flag} (method eagle3, {_count(tokens or 1, 'draft token')}): the EAGLE3 drafter "
             f"({eagle3.architecture}, {_count(n, 'layer')}, an LM head of {eagle3.draft_vocab_size:,} "
@@ -735,9 +741,8 @@ def _describe_speculative(
             f"counted in the weights) and adds {_count(n, 'KV layer')} to the cache "
             f"({budget.kv_bytes_per_token:,} bytes per token); {vllm.SPECULATIVE_UNBUDGETED}."
         )
-    draft = memory.budgeted_draft_model(spec)
-    if draft is not None:
-        n = draft.num_layers
+    if drafter is not None and drafter.draft is not None:
+        draft, n = drafter.draft, drafter.kv_layers
         return (
             f"{flag} (method draft_model, {_count(tokens or 1, 'draft token')}): the draft model "
             f"({draft.architecture}, {_count(n, 'layer')}, its own embedding and LM head) takes "
