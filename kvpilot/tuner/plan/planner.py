@@ -734,22 +734,16 @@ def _describe_speculative(
     tokens = spec.num_speculative_tokens
     if drafter is not None and drafter.eagle3 is not None:
         eagle3, n = drafter.eagle3, drafter.kv_layers
-        return (
-            f"{flag} (method eagle3, {_count(tokens or 1, 'draft token')}): the EAGLE3 drafter "
-            f"({eagle3.architecture}, {_count(n, 'layer')}, an LM head of {eagle3.draft_vocab_size:,} "
-            f"tokens) takes {budget.speculative_gib:.2f} GiB per GPU (weights and the proposer's buffers, "
-            f"counted in the weights) and adds {_count(n, 'KV layer')} to the cache "
-            f"({budget.kv_bytes_per_token:,} bytes per token); {vllm.SPECULATIVE_UNBUDGETED}."
+        about = (
+            f"the EAGLE3 drafter ({eagle3.architecture}, {_count(n, 'layer')}, an LM head of "
+            f"{eagle3.draft_vocab_size:,} tokens)"
         )
+        return _describe_drafter(flag, vllm.EAGLE3, tokens or 1, about, n, "", budget)
     if drafter is not None and drafter.draft is not None:
         draft, n = drafter.draft, drafter.kv_layers
-        return (
-            f"{flag} (method draft_model, {_count(tokens or 1, 'draft token')}): the draft model "
-            f"({draft.architecture}, {_count(n, 'layer')}, its own embedding and LM head) takes "
-            f"{budget.speculative_gib:.2f} GiB per GPU (weights and the proposer's buffers, counted in the "
-            f"weights) and adds {_count(n, 'KV layer')} to the cache ({budget.kv_bytes_per_token:,} bytes "
-            f"per token){_state_text(model, spec)}; {vllm.SPECULATIVE_UNBUDGETED}."
-        )
+        about = f"the draft model ({draft.architecture}, {_count(n, 'layer')}, its own embedding and LM head)"
+        state = _state_text(model, spec)
+        return _describe_drafter(flag, vllm.DRAFT_MODEL, tokens or 1, about, n, state, budget)
     if spec.method != vllm.MTP:
         count = f", {_count(tokens, 'draft token')}" if tokens else ""
         state = ""
@@ -763,13 +757,33 @@ def _describe_speculative(
             f"its own{state}; {vllm.SPECULATIVE_UNBUDGETED}."
         )
     layers = model.num_mtp_layers
-    verb, add = ("take", "add") if layers > 1 else ("takes", "adds")
+    about = f"the MTP drafter's {_count(layers, 'layer')}"
+    state = _state_text(model, spec)
+    return _describe_drafter(
+        flag, vllm.MTP, tokens or layers, about, layers, state, budget, plural=layers > 1
+    )
+
+
+def _describe_drafter(
+    flag: str,
+    method: str,
+    drafted: int,
+    about: str,
+    kv_layers: int,
+    state: str,
+    budget: MemoryBudget,
+    *,
+    plural: bool = False,
+) -> str:
+    """The one sentence of a budgeted drafter (``about``: what it is, the sentence's subject, ``plural``
+    when it names several layers; ``drafted``: the draft tokens; ``state``: what a hybrid's state holds
+    more for them, or nothing)."""
+    verb, add = ("take", "add") if plural else ("takes", "adds")
     return (
-        f"{flag} (method mtp, {_count(tokens or layers, 'draft token')}): the MTP drafter's "
-        f"{_count(layers, 'layer')} {verb} {budget.speculative_gib:.2f} GiB per GPU (weights and the "
-        f"proposer's buffers, counted in the weights) and {add} {_count(layers, 'KV layer')} to the cache "
-        f"({budget.kv_bytes_per_token:,} bytes per token){_state_text(model, spec)}; "
-        f"{vllm.SPECULATIVE_UNBUDGETED}."
+        f"{flag} (method {method}, {_count(drafted, 'draft token')}): {about} {verb} "
+        f"{budget.speculative_gib:.2f} GiB per GPU (weights and the proposer's buffers, counted in the "
+        f"weights) and {add} {_count(kv_layers, 'KV layer')} to the cache ({budget.kv_bytes_per_token:,} "
+        f"bytes per token){state}; {vllm.SPECULATIVE_UNBUDGETED}."
     )
 
 
