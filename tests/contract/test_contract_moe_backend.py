@@ -49,18 +49,26 @@ def test_a_backend_vllms_parser_refuses_is_refused(vllm_parser: Any) -> None:
 
 
 def test_the_nvfp4_backends_are_map_nvfp4_backends(vllm: Any) -> None:
+    """``NVFP4_MOE_BACKENDS`` is vLLM's ``map_nvfp4_backend``: the values it maps, each to the
+    ``NvFp4MoeBackend`` member of the name kvpilot keeps; the others are refused as vLLM refuses them at load.
+    The name kvpilot keeps for ``cutlass`` finds the experts class :mod:`kvpilot.tuner.memory.moe_kernels`
+    sizes."""
     from vllm.model_executor.layers.fused_moe.oracle import nvfp4
 
+    mapped: dict[str, str] = {}
     for backend in kv_vllm.MOE_BACKENDS:
         try:
-            mapped = nvfp4.map_nvfp4_backend(backend).value
+            mapped[backend] = nvfp4.map_nvfp4_backend(backend).name
         except ValueError:
-            mapped = None
-        assert kv_vllm.NVFP4_MOE_BACKENDS.get(backend) == mapped, backend
-        if mapped is None and backend != "auto":
-            with pytest.raises(errors.InvalidEngineArgs):
-                kv_vllm.check_nvfp4_moe_backend(backend)
-    kernels = nvfp4.backend_to_kernel_cls(nvfp4.NvFp4MoeBackend.VLLM_CUTLASS)
+            if backend != "auto":
+                with pytest.raises(errors.InvalidEngineArgs):
+                    kv_vllm.check_nvfp4_moe_backend(backend)
+    assert dict(kv_vllm.NVFP4_MOE_BACKENDS) == mapped
+    for backend, name in kv_vllm.NVFP4_MOE_BACKENDS.items():
+        assert nvfp4.map_nvfp4_backend(backend) is nvfp4.NvFp4MoeBackend[name], backend
+        kv_vllm.check_nvfp4_moe_backend(backend)  # accepted, as vLLM maps it
+    cutlass = nvfp4.NvFp4MoeBackend[kv_vllm.NVFP4_MOE_BACKENDS["cutlass"]]
+    kernels = nvfp4.backend_to_kernel_cls(cutlass)
     assert [k.__name__ for k in kernels] == ["CutlassExpertsFp4"]  # the class memory.moe_kernels sizes
 
 

@@ -147,6 +147,54 @@ def test_vllms_refusals_of_a_draft_model_are_kvpilots() -> None:
     assert compute_plan(model, gpu, 2, ServingBounds(), engine=_engine(same)).budget.speculative_gib > 0.5
 
 
+def test_the_draft_tp_is_checked_once_the_target_tp_is_chosen_whatever_the_method() -> None:
+    """One speculative step in the plan (``memory.check_speculative_model`` with the chosen TP): a
+    ``draft_tensor_parallel_size`` neither 1 nor the target's is vLLM's refusal for any method."""
+    gpu, model = lookup_gpu("H100-SXM"), build_model_spec(QWEN3_32B)
+    ngram = vllm.build_engine_flags(
+        _sc(method="ngram", num_speculative_tokens=3, draft_tensor_parallel_size=3)
+    )
+    with pytest.raises(errors.InvalidEngineArgs, match=r"cannot be other than 1 or the target's .*\(2\)"):
+        compute_plan(model, gpu, 2, ServingBounds(), engine=ngram)
+    assert ngram.speculative is not None
+    memory.check_speculative_model(model, ngram.speculative)  # the target's TP not known: not checked
+    with pytest.raises(errors.InvalidEngineArgs, match="cannot be other than 1 or the target"):
+        memory.check_speculative_model(model, ngram.speculative, 2)
+    # a draft vLLM refuses twice: its TP first (``_verify_and_get_draft_tp`` in ``__post_init__``), then its
+    # vocabulary (an after-validator), pinned TP or not
+    other = {**QWEN3_06B, "vocab_size": 151_936 + 64}
+    both = _engine(_sc(model="m", num_speculative_tokens=4, draft_tensor_parallel_size=3), other)
+    for pinned in (EngineSettings(), EngineSettings(tensor_parallel_size=2)):
+        with pytest.raises(errors.InvalidEngineArgs, match="cannot be other than 1 or the target"):
+            compute_plan(model, gpu, 2, ServingBounds(), pinned=pinned, engine=both)
+
+
+def test_the_drafter_is_resolved_once_per_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget reads the draft's config.json once (``memory.resolve_drafter``) for its refusal check, its
+    weights and buffers, its KV layers and the state's draft tokens, on every stage."""
+    from kvpilot.tuner.memory import draft_model
+
+    model, reads = build_model_spec(QWEN3_32B), []
+
+    def counted(config: dict[str, Any]) -> Any:
+        reads.append(config)
+        return build_model_spec(config)
+
+    monkeypatch.setattr(draft_model, "build_model_spec", counted)
+    drafter = memory.resolve_drafter(model, _flags(DRAFT_4), 1, 1)
+    assert drafter is not None and len(reads) == 1
+    assert (drafter.method, drafter.kv_layers, drafter.state_holds_draft_tokens) == (
+        vllm.DRAFT_MODEL,
+        28,
+        True,
+    )
+    assert memory.resolve_drafter(model, _flags(DRAFT_4), 2, 1) is None  # pipeline parallelism: not budgeted
+    reads.clear()
+    settings = EngineSettings(max_model_len=8192, tensor_parallel_size=1)
+    budget = memory.compute_budget(model, lookup_gpu("H100-SXM"), settings, speculative=_flags(DRAFT_4))
+    assert budget.speculative_gib > 0.5 and len(reads) == 1
+
+
 def test_a_draft_its_tp_cannot_split_is_vllms_refusal() -> None:
     """The draft's heads must divide its TP (``verify_with_parallel_config``): 14 heads over 4 ranks."""
     model = build_model_spec(QWEN3_32B)

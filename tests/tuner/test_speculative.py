@@ -388,6 +388,15 @@ def test_the_plan_budgets_an_eagle3_drafter_given_its_config() -> None:
     assert len(said) == 1 and f"takes {plan.budget.speculative_gib:.2f} GiB per GPU" in said[0]
 
 
+def test_the_eagle3_drafter_is_resolved_with_its_layers() -> None:
+    model, spec = build_model_spec(cfg.LLAMA_31_8B), _with_draft(EAGLE3_3).speculative
+    drafter = memory.resolve_drafter(model, spec)
+    assert drafter is not None and drafter.eagle3 == read_eagle3_draft(EAGLE3_DRAFT)
+    assert (drafter.method, drafter.kv_layers, drafter.state_holds_draft_tokens) == (vllm.EAGLE3, 1, False)
+    assert memory.with_drafter_layers(model, drafter).num_layers == model.num_layers + 1
+    assert memory.resolve_drafter(model, spec, pp=2) is None
+
+
 def test_an_eagle3_draft_kvpilot_cannot_size_is_named() -> None:
     model = build_model_spec(cfg.LLAMA_31_8B)
     qwen = _with_draft(EAGLE3_3, {**EAGLE3_DRAFT, "architectures": ["Qwen3ForCausalLM"]}).speculative

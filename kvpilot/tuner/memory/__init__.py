@@ -9,7 +9,8 @@
 * :mod:`.weights` -- the bytes each rank loads, quantization and padding included;
 * :mod:`.lora` -- the LoRA buffers vLLM preallocates with ``--enable-lora``, loaded with the weights;
 * :mod:`.kv_connector` -- what a ``--kv-transfer-config`` connector allocates after the KV cache is sized;
-* :mod:`.speculative` -- an MTP drafter's weights, buffers and KV layers (``--speculative-config``);
+* :mod:`.speculative` -- an MTP drafter's weights, buffers and KV layers (``--speculative-config``), and the
+  drafter a budget counts, resolved once (:class:`Drafter`);
 * :mod:`.moe_kernels` -- what the MoE kernel ``--moe-backend`` picks takes in the profile run, where read;
 * :mod:`.eagle3` -- an EAGLE3 drafter's weights and KV layers, from its ``config.json``;
 * :mod:`.draft_model` -- a separate draft model's weights and KV layers, from its ``config.json``;
@@ -59,13 +60,17 @@ from kvpilot.tuner.memory.moe_kernels import (
 )
 from kvpilot.tuner.memory.refusals import CUDA_CONTEXT_GIB, NCCL_GIB
 from kvpilot.tuner.memory.speculative import (
+    Drafter,
     check_speculative_model,
+    compute_drafter_bytes,
     compute_drafter_weight_bytes,
     compute_proposer_buffer_bytes,
     compute_speculative_bytes,
     describe_unbudgeted_speculative,
+    resolve_drafter,
     speculative_state_tokens,
     speculative_unbudgeted_reason,
+    with_drafter_layers,
     with_mtp_layers,
 )
 from kvpilot.tuner.memory.weights import (
@@ -80,6 +85,7 @@ from kvpilot.tuner.memory.weights import (
 __all__ = [
     "CUDA_CONTEXT_GIB",
     "CaseError",
+    "Drafter",
     "ExpertShards",
     "KvCapacity",
     "KvGroup",
@@ -101,6 +107,7 @@ __all__ = [
     "compute_cuda_graph_bytes",
     "compute_cutlass_fp4_moe_bytes",
     "compute_draft_model_weight_bytes",
+    "compute_drafter_bytes",
     "compute_drafter_weight_bytes",
     "compute_eagle3_weight_bytes",
     "compute_estimates",
@@ -125,10 +132,12 @@ __all__ = [
     "nvfp4_experts",
     "padded_vocab_size",
     "read_draft_model",
+    "resolve_drafter",
     "resolve_settings",
     "speculative_state_tokens",
     "speculative_unbudgeted_reason",
     "with_draft_model_layers",
+    "with_drafter_layers",
     "with_eagle3_layers",
     "with_mtp_layers",
 ]

@@ -40,17 +40,16 @@ from dataclasses import dataclass
 
 from kvpilot.tuner import vllm
 from kvpilot.tuner.memory import encoder, kv_cache, refusals, weights
-from kvpilot.tuner.memory.draft_model import budgeted_draft_model, with_draft_model_layers
-from kvpilot.tuner.memory.eagle3 import budgeted_eagle3_draft, with_eagle3_layers
 from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
 from kvpilot.tuner.memory.kv_connector import compute_kv_connector_bytes
 from kvpilot.tuner.memory.lora import compute_lora_bytes
 from kvpilot.tuner.memory.moe_kernels import compute_moe_kernel_bytes
 from kvpilot.tuner.memory.speculative import (
-    budgets_mtp,
-    compute_speculative_bytes,
+    Drafter,
+    compute_drafter_bytes,
+    resolve_drafter,
     speculative_state_tokens,
-    with_mtp_layers,
+    with_drafter_layers,
 )
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
@@ -378,9 +377,10 @@ def compute_budget(
     ``kv_connector``: ``--kv-transfer-config``'s connector; its GPU buffers come after the KV cache is sized,
     in the memory the utilisation leaves (:func:`.kv_connector.compute_kv_connector_bytes`).
     ``speculative``: ``--speculative-config``; an MTP drafter kvpilot models adds its weights and buffers
-    (:func:`.speculative.compute_speculative_bytes`) and its KV layers (:func:`.speculative.with_mtp_layers`);
+    (:func:`.speculative.compute_drafter_bytes`) and its KV layers (:func:`.speculative.with_drafter_layers`);
     so does an EAGLE3 drafter or a separate draft model whose ``config.json`` it carries (``draft_config``;
-    :mod:`.eagle3`, :mod:`.draft_model`; a draft the target's TP cannot split is vLLM's refusal).
+    :mod:`.eagle3`, :mod:`.draft_model`; a draft the target's TP cannot split is vLLM's refusal). The drafter
+    is resolved once (:func:`.speculative.resolve_drafter`: its config read once) for every stage.
     ``moe_backend``: ``--moe-backend`` (:func:`compute_activation_bytes`).
     """
     version = vllm.parse_version(vllm_version)
@@ -396,7 +396,8 @@ def compute_budget(
     )
     requested = math.ceil(gpu.total_bytes * r.util)
     refusal = refusals.check_parallel_sizes(model, r.tp, r.pp)
-    draft = budgeted_draft_model(speculative, r.pp, r.tp)
+    drafter = resolve_drafter(model, speculative, r.pp, r.tp)  # once: every stage sizes this one
+    draft = drafter.draft if drafter is not None else None
     if refusal is None and draft is not None:  # the draft's own heads and vocabulary split over its TP
         draft_refusal = refusals.check_parallel_sizes(draft, r.tp, 1)
         refusal = f"the draft model {draft.architecture}: {draft_refusal}" if draft_refusal else None
@@ -419,7 +420,7 @@ def compute_budget(
             expert_shards=expert_shards,
             lora=lora,
             kv_connector=kv_connector,
-            speculative=speculative,
+            drafter=drafter,
             moe_backend=moe_backend,
         )
         for rank in range(r.pp)
@@ -506,7 +507,7 @@ def _compute_stage(
     expert_shards: weights.ExpertShards = weights.ONE_ENGINE,
     lora: vllm.LoraFlags | None = None,
     kv_connector: vllm.KvConnector | None = None,
-    speculative: vllm.SpeculativeFlags | None = None,
+    drafter: Drafter | None = None,
     moe_backend: str | None = None,
 ) -> refusals.Stage:
     """One pipeline stage's budget (its first TP rank): weights, activation peak, sampler state, what is
@@ -535,11 +536,10 @@ def _compute_stage(
         w += lora_bytes
     # the MTP drafter loads with the model, inside "Model loading took X GiB"; the proposer's buffers are
     # allocated after the init snapshot (:mod:`.speculative`)
-    spec_bytes = compute_speculative_bytes(
+    spec_bytes = compute_drafter_bytes(
         model,
-        speculative,
+        drafter,
         tensor_parallel_size=r.tp,
-        pipeline_parallel_size=r.pp,
         dtype=r.dtype,
         max_num_batched_tokens=r.max_num_batched_tokens,
         max_num_seqs=r.max_num_seqs,
@@ -567,10 +567,11 @@ def _compute_stage(
         graphs = shared.graphs if shared.subtract_graphs else 0
         available = requested - w - act - state - shared.non_torch - graphs
     # a budgeted MTP drafter or draft model: a hybrid's state layers hold its draft tokens too
-    mtp = speculative is not None and budgets_mtp(model, speculative, r.pp)
-    mtp = mtp or budgeted_draft_model(speculative, r.pp, r.tp) is not None
+    state_drafts = 0
+    if drafter is not None and drafter.state_holds_draft_tokens:
+        state_drafts = speculative_state_tokens(model, drafter.spec)
     layout = kv_cache.compute_kv_layout(
-        _with_drafter_layers(model, speculative, r.pp, r.tp),
+        with_drafter_layers(model, drafter),
         tensor_parallel_size=r.tp,
         pipeline_parallel_size=r.pp,
         pp_rank=rank,
@@ -581,7 +582,7 @@ def _compute_stage(
         compute_capability=gpu.compute_capability,
         enable_prefix_caching=enable_prefix_caching,
         # a gated DeltaNet's conv state and state pages grow with the draft tokens (:mod:`.speculative`)
-        num_speculative_tokens=speculative_state_tokens(model, speculative) if mtp else 0,
+        num_speculative_tokens=state_drafts,
     )
     connector = compute_kv_connector_bytes(  # built after the KV cache is sized: not in ``available``
         model,
@@ -595,19 +596,6 @@ def _compute_stage(
     return refusals.Stage(
         w, act, state, available, layout, lora_bytes, kv_connector=connector, speculative=spec_bytes
     )
-
-
-def _with_drafter_layers(
-    model: ModelSpec, speculative: vllm.SpeculativeFlags | None, pp: int, tp: int
-) -> ModelSpec:
-    """The model the KV layout is computed for: the target's layers and a budgeted drafter's."""
-    if budgets_mtp(model, speculative, pp):
-        return with_mtp_layers(model)
-    draft = budgeted_draft_model(speculative, pp, tp)
-    if draft is not None:
-        return with_draft_model_layers(model, draft)
-    eagle3 = budgeted_eagle3_draft(speculative, pp)
-    return with_eagle3_layers(model, eagle3) if eagle3 is not None else model
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,12 @@ def draft_model_unbudgeted_reason(
         read_draft_model(spec)
     except errors.InvalidModelConfig as exc:
         return f"method 'draft_model': {exc}"
+    return _draft_layout_reason(spec, pp, tp)
+
+
+def _draft_layout_reason(spec: vllm.SpeculativeFlags, pp: int, tp: int | None) -> str | None:
+    """Why a draft model kvpilot has read is still not budgeted in this layout (``pp``, the target's ``tp``)
+    or under the speculative config's overrides; ``None`` when it is."""
     if pp > 1:
         return "with pipeline parallelism the draft model runs on one stage; kvpilot models one stage"
     if spec.draft_overrides:
@@ -105,12 +111,15 @@ def draft_model_unbudgeted_reason(
 def budgeted_draft_model(
     spec: vllm.SpeculativeFlags | None, pp: int = 1, tp: int | None = None
 ) -> ModelSpec | None:
-    """The draft model the budget counts for ``spec``; ``None``: none (or one kvpilot cannot size)."""
+    """The draft model the budget counts for ``spec``; ``None``: none (or one kvpilot cannot size). Its
+    config is read once (:func:`draft_model_unbudgeted_reason`'s checks, in its order)."""
     if spec is None or spec.method != vllm.DRAFT_MODEL or spec.draft_config is None:
         return None
-    if draft_model_unbudgeted_reason(spec, pp, tp) is not None:
+    try:
+        draft = read_draft_model(spec)
+    except errors.InvalidModelConfig:
         return None
-    return read_draft_model(spec)
+    return draft if _draft_layout_reason(spec, pp, tp) is None else None
 
 
 def check_draft_model(

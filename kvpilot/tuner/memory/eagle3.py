@@ -86,6 +86,8 @@ def budgeted_eagle3_draft(spec: vllm.SpeculativeFlags | None, pp: int = 1) -> Ea
     """The EAGLE3 drafter the budget counts for ``spec``; ``None``: none (or one kvpilot cannot size)."""
     if spec is None or spec.method != vllm.EAGLE3 or spec.draft_config is None:
         return None
-    if eagle3_unbudgeted_reason(spec, pp) is not None:
+    try:  # read once, then :func:`eagle3_unbudgeted_reason`'s layout check
+        draft = read_eagle3_draft(spec.draft_config)
+    except errors.InvalidModelConfig:
         return None
-    return read_eagle3_draft(spec.draft_config)
+    return None if pp > 1 else draft

@@ -33,6 +33,7 @@ its KV layers, the standalone speculator's buffers); without the config the plan
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from kvpilot.tuner import errors, vllm
 from kvpilot.tuner.memory.draft_model import (
@@ -40,14 +41,16 @@ from kvpilot.tuner.memory.draft_model import (
     check_draft_model,
     compute_draft_model_weight_bytes,
     draft_model_unbudgeted_reason,
+    with_draft_model_layers,
 )
 from kvpilot.tuner.memory.eagle3 import (
     budgeted_eagle3_draft,
     compute_eagle3_weight_bytes,
     eagle3_unbudgeted_reason,
+    with_eagle3_layers,
 )
 from kvpilot.tuner.memory.weights import compute_weight_breakdown
-from kvpilot.tuner.model import DTYPE_BYTES, LINEAR, ModelSpec
+from kvpilot.tuner.model import DTYPE_BYTES, LINEAR, Eagle3DraftSpec, ModelSpec
 
 _INT32, _INT64, _FP32 = 4, 8, 4
 
@@ -115,10 +118,18 @@ def check_speculative_model(
 ) -> None:
     """Refuse what vLLM 0.33 refuses of an MTP drafter for this model: a checkpoint without MTP layers,
     a ``num_speculative_tokens`` above the layers that is not a multiple of them
-    (``config/speculative.py:1603``); and of a draft model (:func:`.draft_model.check_draft_model`)."""
+    (``config/speculative.py:1603``); and of a draft model (:func:`.draft_model.check_draft_model`). With
+    the target's ``tensor_parallel_size`` (the planner's, once chosen), a ``draft_tensor_parallel_size``
+    neither 1 nor it, whatever the method (:func:`kvpilot.tuner.vllm.check_draft_tensor_parallel`)."""
     check_draft_model(model, spec, tensor_parallel_size)
-    if spec.method != vllm.MTP or spec.draft_model is not None or model.model_type not in vllm.MTP_DRAFTERS:
-        return  # another checkpoint's drafter: not read
+    if spec.method == vllm.MTP and spec.draft_model is None and model.model_type in vllm.MTP_DRAFTERS:
+        _check_mtp_layers(model, spec)  # else another checkpoint's drafter: not read
+    if tensor_parallel_size is not None:
+        vllm.check_draft_tensor_parallel(spec.draft_tensor_parallel_size, tensor_parallel_size)
+
+
+def _check_mtp_layers(model: ModelSpec, spec: vllm.SpeculativeFlags) -> None:
+    """The checkpoint's MTP layers against ``method: mtp`` and its ``num_speculative_tokens``."""
     key = vllm.MTP_DRAFTERS[model.model_type].layers_key
     layers, tokens = model.num_mtp_layers, spec.num_speculative_tokens
     if layers < 1:
@@ -143,6 +154,62 @@ def budgets_mtp(model: ModelSpec, spec: vllm.SpeculativeFlags | None, pp: int = 
         and model.num_mtp_layers > 0
         and speculative_unbudgeted_reason(model, spec, pp) is None
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Drafter:
+    """The drafter the budget counts for a speculative config, resolved once (:func:`resolve_drafter`: a
+    draft's ``config.json`` read once) and handed to each term that sizes it: its weights and the
+    proposer's buffers (:func:`compute_drafter_bytes`), its KV layers (:func:`with_drafter_layers`), a
+    hybrid's state (:attr:`state_holds_draft_tokens`)."""
+
+    method: str
+    """:data:`kvpilot.tuner.vllm.MTP`, :data:`~kvpilot.tuner.vllm.EAGLE3` or
+    :data:`~kvpilot.tuner.vllm.DRAFT_MODEL`."""
+    spec: vllm.SpeculativeFlags
+    """The speculative config it was resolved from (its ``num_speculative_tokens`` sizes the buffers)."""
+    kv_layers: int
+    """The attention layers it adds to the KV pool: the MTP layers, or the draft's decoder layers."""
+    draft: ModelSpec | None = None
+    """A separate draft model's spec (``draft_model``)."""
+    eagle3: Eagle3DraftSpec | None = None
+    """An EAGLE3 drafter's read config (``eagle3``)."""
+
+    @property
+    def state_holds_draft_tokens(self) -> bool:
+        """Whether the budget sizes a hybrid's state layers for the draft tokens too (more state pages and
+        conv positions, :func:`speculative_state_tokens`): for an MTP drafter and a draft model; vLLM does
+        for any method, and the plan says that an EAGLE3 drafter's are not budgeted."""
+        return self.method != vllm.EAGLE3
+
+
+def resolve_drafter(
+    model: ModelSpec, spec: vllm.SpeculativeFlags | None, pp: int = 1, tp: int | None = None
+) -> Drafter | None:
+    """The drafter the budget counts for ``spec`` on ``pp`` stages of ``tp`` GPUs (``tp``: the target's,
+    when known); ``None``: none, or one kvpilot does not budget (:func:`speculative_unbudgeted_reason`)."""
+    if spec is None:
+        return None
+    if budgets_mtp(model, spec, pp):
+        return Drafter(vllm.MTP, spec, model.num_mtp_layers)
+    draft = budgeted_draft_model(spec, pp, tp)
+    if draft is not None:
+        return Drafter(vllm.DRAFT_MODEL, spec, draft.num_layers, draft=draft)
+    eagle3 = budgeted_eagle3_draft(spec, pp)
+    if eagle3 is not None:
+        return Drafter(vllm.EAGLE3, spec, eagle3.num_layers, eagle3=eagle3)
+    return None
+
+
+def with_drafter_layers(model: ModelSpec, drafter: Drafter | None) -> ModelSpec:
+    """The model the KV layout is computed for: the target's layers and a budgeted drafter's."""
+    if drafter is None:
+        return model
+    if drafter.draft is not None:
+        return with_draft_model_layers(model, drafter.draft)
+    if drafter.eagle3 is not None:
+        return with_eagle3_layers(model, drafter.eagle3)
+    return with_mtp_layers(model)
 
 
 def speculative_state_tokens(model: ModelSpec, spec: vllm.SpeculativeFlags | None) -> int:
@@ -249,26 +316,45 @@ def compute_speculative_bytes(
     model_runner_v2: bool = True,
 ) -> int:
     """The drafter's weights and the proposer's buffers on one rank (0 when nothing is budgeted)."""
-    pp, tp = pipeline_parallel_size, tensor_parallel_size
-    eagle3 = budgeted_eagle3_draft(spec, pp)
-    draft = budgeted_draft_model(spec, pp, tp)
-    if spec is None or (eagle3 is None and draft is None and not budgets_mtp(model, spec, pp)):
+    tp = tensor_parallel_size
+    return compute_drafter_bytes(
+        model,
+        resolve_drafter(model, spec, pipeline_parallel_size, tp),
+        tensor_parallel_size=tp,
+        dtype=dtype,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        model_runner_v2=model_runner_v2,
+    )
+
+
+def compute_drafter_bytes(
+    model: ModelSpec,
+    drafter: Drafter | None,
+    *,
+    tensor_parallel_size: int = 1,
+    dtype: str | None = None,
+    max_num_batched_tokens: int = 0,
+    max_num_seqs: int = 0,
+    model_runner_v2: bool = True,
+) -> int:
+    """:func:`compute_speculative_bytes` of a drafter already resolved (0 for ``None``)."""
+    if drafter is None:
         return 0
-    if draft is not None:
-        weights = compute_draft_model_weight_bytes(draft, model, tensor_parallel_size=tp, dtype=dtype)
-    elif eagle3 is not None:
-        weights = compute_eagle3_weight_bytes(
-            eagle3, model, tensor_parallel_size=tensor_parallel_size, dtype=dtype
-        )
+    tp = tensor_parallel_size
+    if drafter.draft is not None:
+        weights = compute_draft_model_weight_bytes(drafter.draft, model, tensor_parallel_size=tp, dtype=dtype)
+    elif drafter.eagle3 is not None:
+        weights = compute_eagle3_weight_bytes(drafter.eagle3, model, tensor_parallel_size=tp, dtype=dtype)
     else:
-        weights = compute_drafter_weight_bytes(model, tensor_parallel_size=tensor_parallel_size, dtype=dtype)
+        weights = compute_drafter_weight_bytes(model, tensor_parallel_size=tp, dtype=dtype)
     buffers = compute_proposer_buffer_bytes(
         model,
-        spec,
+        drafter.spec,
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         dtype=dtype,
         model_runner_v2=model_runner_v2,
-        draft=draft,
+        draft=drafter.draft,
     )
     return weights + buffers

@@ -323,13 +323,9 @@ def compute_plan(
     moe_gap = memory.describe_unbudgeted_moe_backend(model, engine.moe_backend, vllm_version)
     if moe_gap is not None:
         p.warnings.append(moe_gap)
-    if engine.speculative is not None:
-        memory.check_speculative_model(model, engine.speculative, pinned.tensor_parallel_size)
     settings = _choose_tensor_parallel(p)
-    if engine.speculative is not None:  # a draft model's TP: 1 or the target's (vLLM refuses others)
-        vllm.check_draft_tensor_parallel(
-            engine.speculative.draft_tensor_parallel_size, settings.tensor_parallel_size or 1
-        )
+    if engine.speculative is not None:  # what vLLM refuses of the drafter, its TP against the chosen one
+        memory.check_speculative_model(model, engine.speculative, settings.tensor_parallel_size or 1)
     settings, wanted = _choose_context(p, settings)
     settings = _choose_utilization(p, settings)
     settings, budget = p.settle(settings)
@@ -352,19 +348,21 @@ def compute_plan(
     connector = engine.kv_connector
     if connector is not None and (connector.lmcache or not vllm.kv_connector_unmodelled(connector)):
         p.warnings.append(_describe_kv_connector(connector, budget))  # what is budgeted (the gaps: above)
-    pp = compute_pipeline_parallel(p.rank_gpus, settings.tensor_parallel_size or 1)
+    tp = settings.tensor_parallel_size or 1
+    pp = compute_pipeline_parallel(p.rank_gpus, tp)
     if engine.data_parallel is not None and expert_shards == memory.ONE_ENGINE:  # a node plan says its own
         experts = model.moe.num_experts if model.moe is not None else None
-        tp = settings.tensor_parallel_size or 1
         p.warnings.insert(first_unmodelled, vllm.describe_data_parallel(engine.data_parallel, tp, experts))
     spec_gap = memory.describe_unbudgeted_speculative(
-        model, engine.speculative, engine.speculative_flags, pp, settings.tensor_parallel_size or 1
+        model, engine.speculative, engine.speculative_flags, pp, tp
     )
     if spec_gap is not None:
         p.warnings.insert(first_unmodelled, spec_gap)
     elif engine.speculative is not None:
+        # the drafter the plan's budget counts, resolved once for the plan's line on it
+        drafter = memory.resolve_drafter(model, engine.speculative, pp, tp)
         p.warnings.append(
-            _describe_speculative(model, engine.speculative, engine.speculative_flags[0], budget)
+            _describe_speculative(model, engine.speculative, engine.speculative_flags[0], budget, drafter)
         )
     return Plan(
         settings=settings,
@@ -724,31 +722,28 @@ def _describe_kv_connector(connector: vllm.KvConnector, budget: MemoryBudget) ->
 
 
 def _describe_speculative(
-    model: ModelSpec, spec: vllm.SpeculativeFlags, flag: str, budget: MemoryBudget
+    model: ModelSpec,
+    spec: vllm.SpeculativeFlags,
+    flag: str,
+    budget: MemoryBudget,
+    drafter: memory.Drafter | None,
 ) -> str:
-    """The plan's line on speculative decoding it budgets: an MTP drafter's weights, buffers and KV layers,
-    or nothing for a CPU proposer; what it never budgets, by name."""
+    """The plan's line on speculative decoding it budgets: the drafter's weights, buffers and KV layers
+    (``drafter``: the one the budget counts), or nothing for a CPU proposer; what it never budgets, by
+    name."""
     tokens = spec.num_speculative_tokens
-    eagle3 = memory.budgeted_eagle3_draft(spec)
-    if eagle3 is not None:
-        n = eagle3.num_layers
-        return (
-            f"{flag} (method eagle3, {_count(tokens or 1, 'draft token')}): the EAGLE3 drafter "
-            f"({eagle3.architecture}, {_count(n, 'layer')}, an LM head of {eagle3.draft_vocab_size:,} "
-            f"tokens) takes {budget.speculative_gib:.2f} GiB per GPU (weights and the proposer's buffers, "
-            f"counted in the weights) and adds {_count(n, 'KV layer')} to the cache "
-            f"({budget.kv_bytes_per_token:,} bytes per token); {vllm.SPECULATIVE_UNBUDGETED}."
+    if drafter is not None and drafter.eagle3 is not None:
+        eagle3, n = drafter.eagle3, drafter.kv_layers
+        about = (
+            f"the EAGLE3 drafter ({eagle3.architecture}, {_count(n, 'layer')}, an LM head of "
+            f"{eagle3.draft_vocab_size:,} tokens)"
         )
-    draft = memory.budgeted_draft_model(spec)
-    if draft is not None:
-        n = draft.num_layers
-        return (
-            f"{flag} (method draft_model, {_count(tokens or 1, 'draft token')}): the draft model "
-            f"({draft.architecture}, {_count(n, 'layer')}, its own embedding and LM head) takes "
-            f"{budget.speculative_gib:.2f} GiB per GPU (weights and the proposer's buffers, counted in the "
-            f"weights) and adds {_count(n, 'KV layer')} to the cache ({budget.kv_bytes_per_token:,} bytes "
-            f"per token){_state_text(model, spec)}; {vllm.SPECULATIVE_UNBUDGETED}."
-        )
+        return _describe_drafter(flag, vllm.EAGLE3, tokens or 1, about, n, "", budget)
+    if drafter is not None and drafter.draft is not None:
+        draft, n = drafter.draft, drafter.kv_layers
+        about = f"the draft model ({draft.architecture}, {_count(n, 'layer')}, its own embedding and LM head)"
+        state = _state_text(model, spec)
+        return _describe_drafter(flag, vllm.DRAFT_MODEL, tokens or 1, about, n, state, budget)
     if spec.method != vllm.MTP:
         count = f", {_count(tokens, 'draft token')}" if tokens else ""
         state = ""
@@ -762,13 +757,33 @@ def _describe_speculative(
             f"its own{state}; {vllm.SPECULATIVE_UNBUDGETED}."
         )
     layers = model.num_mtp_layers
-    verb, add = ("take", "add") if layers > 1 else ("takes", "adds")
+    about = f"the MTP drafter's {_count(layers, 'layer')}"
+    state = _state_text(model, spec)
+    return _describe_drafter(
+        flag, vllm.MTP, tokens or layers, about, layers, state, budget, plural=layers > 1
+    )
+
+
+def _describe_drafter(
+    flag: str,
+    method: str,
+    drafted: int,
+    about: str,
+    kv_layers: int,
+    state: str,
+    budget: MemoryBudget,
+    *,
+    plural: bool = False,
+) -> str:
+    """The one sentence of a budgeted drafter (``about``: what it is, the sentence's subject, ``plural``
+    when it names several layers; ``drafted``: the draft tokens; ``state``: what a hybrid's state holds
+    more for them, or nothing)."""
+    verb, add = ("take", "add") if plural else ("takes", "adds")
     return (
-        f"{flag} (method mtp, {_count(tokens or layers, 'draft token')}): the MTP drafter's "
-        f"{_count(layers, 'layer')} {verb} {budget.speculative_gib:.2f} GiB per GPU (weights and the "
-        f"proposer's buffers, counted in the weights) and {add} {_count(layers, 'KV layer')} to the cache "
-        f"({budget.kv_bytes_per_token:,} bytes per token){_state_text(model, spec)}; "
-        f"{vllm.SPECULATIVE_UNBUDGETED}."
+        f"{flag} (method {method}, {_count(drafted, 'draft token')}): {about} {verb} "
+        f"{budget.speculative_gib:.2f} GiB per GPU (weights and the proposer's buffers, counted in the "
+        f"weights) and {add} {_count(kv_layers, 'KV layer')} to the cache ({budget.kv_bytes_per_token:,} "
+        f"bytes per token){state}; {vllm.SPECULATIVE_UNBUDGETED}."
     )
 
 

@@ -77,7 +77,9 @@ NVFP4_MOE_BACKENDS: Mapping[str, str] = {
     "emulation": "EMULATION",
 }
 """vLLM 0.33's ``map_nvfp4_backend`` (``fused_moe/oracle/nvfp4.py:163-182``): the ``--moe-backend`` values an
-NVFP4 MoE model accepts, each with its ``NvFp4MoeBackend``; any other explicit value raises at load."""
+NVFP4 MoE model accepts, each with the name of its ``NvFp4MoeBackend``; any other explicit value raises at
+load. The names are the contract's to check: ``tests/contract/test_contract_moe_backend.py`` asserts the table
+is ``map_nvfp4_backend``'s, and finds ``cutlass``'s experts class (the one kvpilot sizes) by its name here."""
 
 CUTLASS = "cutlass"
 
