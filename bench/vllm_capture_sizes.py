@@ -46,7 +46,7 @@ from vllm_release_facts import RELEASES, ROOT, _minor, fetch  # noqa: E402
 OUT = ROOT / "tests" / "data" / "vllm_capture_sizes.json"
 
 MAX_NUM_SEQS = (1, 3, 100, 128, 256, 300, 1024)
-MAX_NUM_BATCHED_TOKENS = (2, 200, 2048, 8192)
+MAX_NUM_BATCHED_TOKENS = (2, 100, 200, 300, 2048, 8192)
 BLACKWELL = (False, True)
 PERFORMANCE_MODES = (None, "interactivity")
 SPECULATIVE_TOKENS = (1, 3, 4)

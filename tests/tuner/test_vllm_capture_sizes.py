@@ -57,6 +57,9 @@ def test_the_switches_sit_where_the_releases_put_them() -> None:
     assert vllm.BLACKWELL_CAPTURE_LIMIT_SINCE == (0, 28)
     assert 100 in vllm.cuda_graph_capture_sizes((0, 31), H100, 100, 8192)
     assert 100 not in vllm.cuda_graph_capture_sizes((0, 30), H100, 100, 8192)
+    assert vllm.CAPTURE_BATCHED_TOKENS_SINCE == (0, 20)
+    assert 300 in vllm.cuda_graph_capture_sizes((0, 20), H100, 256, 300)
+    assert 300 not in vllm.cuda_graph_capture_sizes((0, 19), H100, 256, 300)
     assert max(vllm.cuda_graph_capture_sizes((0, 28), B200, 1024, 16384)) == 1024
     assert max(vllm.cuda_graph_capture_sizes((0, 27), B200, 1024, 16384)) == 512
 

@@ -74,9 +74,14 @@ def profile_samples_in_fp32(version: Version) -> bool:
 
 
 CAPTURE_OFF_GRID_SIZES_SINCE: Version = (0, 31)
-"""The first release that also captures ``max_num_seqs`` and ``max_num_batched_tokens`` off the grid
-(and caps the grid at ``max_num_batched_tokens`` before building it); 0.19-0.30 build the grid only.
-Established by running each wheel's ``_set_cudagraph_sizes`` (``bench/vllm_capture_sizes.py``)."""
+"""The first release that also captures ``max_num_seqs`` off the grid (without speculative decoding);
+0.19-0.30 do not. Established by running each wheel's ``_set_cudagraph_sizes``
+(``bench/vllm_capture_sizes.py``)."""
+
+CAPTURE_BATCHED_TOKENS_SINCE: Version = (0, 20)
+"""The first release that also captures ``max_num_batched_tokens`` off the grid when it is within the
+largest size ("ensure max_num_tokens is captured if within max capture size", ``config/vllm.py``
+0.20-0.33); 0.19 builds the grid only. From the same runs (the grid's 100 and 300 batched tokens)."""
 
 BLACKWELL_CAPTURE_LIMIT_SINCE: Version = (0, 28)
 """The first release whose largest default capture size is 1024 on the SM100 family (512 before,
@@ -124,9 +129,9 @@ def cuda_graph_capture_sizes(
     ``min(2 x max_num_seqs x (1 + num_speculative_tokens), limit)`` (limit 1024 on the SM100 family from
     :data:`BLACKWELL_CAPTURE_LIMIT_SINCE`, else 512), capped at ``max_num_batched_tokens``; sizes
     ``[1, 2, 4] + 8..248 step 8 + 256..largest step 16`` (``--performance-mode interactivity``, in
-    every modelled release: every size from 1 to 32, then the same grid); from
-    :data:`CAPTURE_OFF_GRID_SIZES_SINCE`, plus ``max_num_batched_tokens`` and (without speculative
-    decoding) ``max_num_seqs`` when they fit and are off the grid; with speculative decoding from
+    every modelled release: every size from 1 to 32, then the same grid); plus ``max_num_batched_tokens``
+    from :data:`CAPTURE_BATCHED_TOKENS_SINCE` and (without speculative decoding) ``max_num_seqs`` from
+    :data:`CAPTURE_OFF_GRID_SIZES_SINCE` when they fit and are off the grid; with speculative decoding from
     :data:`UNIFORM_DECODE_SIZES_SINCE`, plus the uniform-decode sizes (``0.33 config/vllm.py:2471-2549``).
     Without ``max_num_batched_tokens`` the grid is not capped. What the runner captures of them:
     :func:`cuda_graph_counts`.
@@ -145,7 +150,7 @@ def cuda_graph_capture_sizes(
         extra.append(max_num_seqs)
     if max_num_batched_tokens is not None:
         largest = min(max_num_batched_tokens, largest)
-        if version >= CAPTURE_OFF_GRID_SIZES_SINCE and max_num_batched_tokens <= largest:
+        if version >= CAPTURE_BATCHED_TOKENS_SINCE and max_num_batched_tokens <= largest:
             extra.append(max_num_batched_tokens)
         extra = [s for s in extra if s <= max_num_batched_tokens]
     return tuple(sorted(set(_request_grid(largest, performance_mode) + extra)))
