@@ -127,7 +127,12 @@ def test_the_budget_counts_the_drafter_and_its_kv_layer() -> None:
     spec = memory.compute_budget(model, gpu, settings, speculative=_flags(*MTP_1))
     assert plain.speculative_gib == 0.0 and spec.speculative_gib > 1.0
     assert spec.weights_gib - plain.weights_gib == pytest.approx(spec.speculative_gib)
-    assert plain.available_kv_cache_gib - spec.available_kv_cache_gib == pytest.approx(spec.speculative_gib)
+    # the drafter, and the CUDA graphs for decode batches of 1 + 1 tokens with the drafter's layer in them
+    graphs = spec.cuda_graph_gib - plain.cuda_graph_gib
+    assert graphs > 0
+    assert plain.available_kv_cache_gib - spec.available_kv_cache_gib == pytest.approx(
+        spec.speculative_gib + graphs
+    )
     # one more MLA layer in 61: the bytes per token grow by 62/61
     assert spec.kv_bytes_per_token * 61 == plain.kv_bytes_per_token * 62
     assert spec.kv_cache_tokens < plain.kv_cache_tokens
@@ -152,7 +157,12 @@ def test_the_budget_counts_the_drafter_and_its_kv_layer() -> None:
     assert v1 == 8192 * (4 + 8 + 8) + 2 * 8192 * 7168 * 2 + 4 * 8192 + 4 * 64
     for method in ('{"method": "ngram", "num_speculative_tokens": 3}', '{"method": "suffix"}'):
         cpu = memory.compute_budget(model, gpu, settings, speculative=_flags("--speculative-config", method))
-        assert cpu == plain  # a CPU proposer: nothing on the GPU
+        # a CPU proposer: nothing on the GPU but the target's graphs for decode batches of 1 + k tokens
+        # (suffix decoding: k is its tree depth, 24 by default)
+        assert cpu.speculative_gib == 0.0 and cpu.weights_gib == plain.weights_gib
+        assert (
+            cpu.kv_bytes_per_token == plain.kv_bytes_per_token and cpu.cuda_graph_gib > plain.cuda_graph_gib
+        )
 
 
 def test_the_plan_shows_the_drafter_and_names_what_it_does_not_budget() -> None:
@@ -180,7 +190,10 @@ def test_the_plan_shows_the_drafter_and_names_what_it_does_not_budget() -> None:
         w.startswith("--spec-method (method ngram, 3 draft tokens): the proposer runs on the CPU")
         for w in ngram.warnings
     )
-    assert ngram.budget == plain.budget
+    # a CPU proposer: nothing on the GPU but the graphs vLLM captures for decode batches of 1 + 3 tokens
+    assert ngram.budget.speculative_gib == 0.0 and ngram.budget.weights_gib == plain.budget.weights_gib
+    assert ngram.budget.kv_bytes_per_token == plain.budget.kv_bytes_per_token
+    assert ngram.budget.cuda_graph_gib > plain.budget.cuda_graph_gib
 
 
 @pytest.mark.parametrize(

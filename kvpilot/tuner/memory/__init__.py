@@ -28,6 +28,7 @@ from kvpilot.tuner.memory.budget import (
     compute_non_torch_bytes,
     compute_sampler_state_bytes,
     compute_warmup_logits_bytes,
+    graph_speculation,
     resolve_settings,
 )
 from kvpilot.tuner.memory.draft_model import (
@@ -38,7 +39,7 @@ from kvpilot.tuner.memory.draft_model import (
 )
 from kvpilot.tuner.memory.eagle3 import budgeted_eagle3_draft, compute_eagle3_weight_bytes, with_eagle3_layers
 from kvpilot.tuner.memory.estimate import OUTPUT_KEYS, CaseError, compute_case_budget, compute_estimates
-from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes
+from kvpilot.tuner.memory.graphs import compute_cuda_graph_bytes, drafter_graph_count
 from kvpilot.tuner.memory.kv_cache import (
     KvCapacity,
     KvGroup,
@@ -127,6 +128,8 @@ __all__ = [
     "compute_weight_bytes",
     "describe_unbudgeted_moe_backend",
     "describe_unbudgeted_speculative",
+    "drafter_graph_count",
+    "graph_speculation",
     "kv_connector_unbudgeted_reason",
     "lora_unbudgeted_reason",
     "nvfp4_experts",

@@ -54,7 +54,7 @@ from kvpilot.tuner.memory.speculative import (
 from kvpilot.tuner.model import DTYPE_BYTES, ModelSpec
 from kvpilot.tuner.types import GIB, EngineSettings, GpuSpec, MemoryBudget
 
-MEMORY_MODEL_VERSION = "2026.12.7.10"
+MEMORY_MODEL_VERSION = "2026.12.7.11"
 """The memory model's version: bump it whenever a change here (or in :mod:`.kv_cache`, :mod:`.weights`)
 moves a prediction. Fleet-learned TuningProfiles are keyed by it
 (:mod:`kvpilot.tuner.plan.profiles`), so a new memory model never reuses ratios learned against the old one's
@@ -403,7 +403,7 @@ def compute_budget(
         refusal = f"the draft model {draft.architecture}: {draft_refusal}" if draft_refusal else None
     if refusal is not None:
         return _refused(gpu, requested, refusal, r.max_model_len)
-    shared = _compute_shared_costs(model, gpu, r, version, enforce_eager)
+    shared = _compute_shared_costs(model, gpu, r, version, enforce_eager, speculative, drafter)
     stages = tuple(
         _compute_stage(
             model,
@@ -466,8 +466,15 @@ class _SharedCosts:
 
 
 def _compute_shared_costs(
-    model: ModelSpec, gpu: GpuSpec, r: _Resolved, version: vllm.Version, enforce_eager: bool
+    model: ModelSpec,
+    gpu: GpuSpec,
+    r: _Resolved,
+    version: vllm.Version,
+    enforce_eager: bool,
+    speculative: vllm.SpeculativeFlags | None = None,
+    drafter: Drafter | None = None,
 ) -> _SharedCosts:
+    tokens, drafter_layers = graph_speculation(model, speculative, drafter, r.model_runner_v2)
     graphs = compute_cuda_graph_bytes(
         model,
         gpu,
@@ -479,6 +486,8 @@ def _compute_shared_costs(
         enforce_eager=enforce_eager,
         tp=r.tp,
         model_runner_v2=r.model_runner_v2,
+        num_speculative_tokens=tokens,
+        drafter_layers=drafter_layers,
     )
     in_flight = vllm.compute_in_flight_tokens(
         EngineSettings(max_num_batched_tokens=r.max_num_batched_tokens), version, r.pp, r.model_runner_v2
@@ -596,6 +605,29 @@ def _compute_stage(
     return refusals.Stage(
         w, act, state, available, layout, lora_bytes, kv_connector=connector, speculative=spec_bytes
     )
+
+
+def graph_speculation(
+    model: ModelSpec,
+    speculative: vllm.SpeculativeFlags | None,
+    drafter: Drafter | None,
+    model_runner_v2: bool,
+) -> tuple[int, int]:
+    """What ``--speculative-config`` changes in the CUDA-graph estimate
+    (:func:`.graphs.compute_cuda_graph_bytes`): ``num_speculative_tokens`` (the count given, else an MTP
+    drafter's layers or suffix decoding's default depth; 0 without speculative decoding), and the decoder
+    layers of the budgeted drafter (``drafter``, :func:`.speculative.resolve_drafter`'s) whose graphs the
+    estimate captures (an MTP or EAGLE3 drafter; a separate draft model under the V1 runner only, Model
+    Runner V2's standalone speculator capturing none: :func:`.graphs.drafter_graph_count`)."""
+    if speculative is None:
+        return 0, 0
+    layers = drafter.kv_layers if drafter is not None else 0
+    if model_runner_v2 and speculative.method == vllm.DRAFT_MODEL:
+        layers = 0
+    tokens = speculative.num_speculative_tokens
+    if tokens is None:  # vLLM's own count: an MTP drafter's layers, suffix decoding's tree depth
+        tokens = vllm.SUFFIX_DEFAULT_TOKENS if speculative.method == vllm.SUFFIX else model.num_mtp_layers
+    return tokens, layers
 
 
 @dataclass(frozen=True, slots=True)

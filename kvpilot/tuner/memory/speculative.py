@@ -20,9 +20,12 @@ and one pipeline stage:
 
 ``ngram`` and ``suffix`` run on the CPU: nothing on the GPU beyond what the wider batches change.
 
-Not budgeted (:func:`speculative_unbudgeted_reason` names what; the plan warns): the drafter's CUDA
-graphs and the uniform-decode batches of ``1 + num_speculative_tokens`` tokens the target's graphs are
-captured for, the drafter's and the rejection sampler's share of the profile run; EAGLE / DFlash /
+The CUDA graphs: the target's for uniform-decode batches of ``1 + num_speculative_tokens`` tokens and a
+counted drafter's (MTP, EAGLE3, a draft model) are in the graph estimate (:mod:`.graphs`,
+:func:`kvpilot.tuner.vllm.cuda_graph_counts`, :func:`.budget.graph_speculation`).
+
+Not budgeted (:func:`speculative_unbudgeted_reason` names what; the plan warns): the graphs of a drafter
+kvpilot does not count, the drafter's and the rejection sampler's share of the profile run; EAGLE / DFlash /
 DSpark drafters (kvpilot does not read their checkpoints) and MTP drafters of
 other families. An EAGLE3 drafter of Llama's shape is budgeted when its ``config.json`` is given
 (``SpeculativeFlags.draft_config``; :mod:`.eagle3`: its weights, its KV layers, the same proposer
@@ -100,7 +103,8 @@ def describe_unbudgeted_speculative(
     if spec is None:  # a dotted --speculative-config.field, which kvpilot does not read
         return (
             f"{flag} is not in kvpilot's memory model in this form (give --speculative-config one JSON "
-            "object): the drafter's weights and KV cache are not budgeted; lower --gpu-memory-utilization "
+            "object): the drafter's weights and KV cache, and the CUDA graphs for uniform-decode batches of "
+            "1 + num_speculative_tokens tokens, are not budgeted; lower --gpu-memory-utilization "
             f"by their size, or pin --kv-cache-memory-bytes; {vllm.SPECULATIVE_UNBUDGETED}."
         )
     reason = speculative_unbudgeted_reason(model, spec, pp, tp)

@@ -84,6 +84,8 @@ def compute_safe_utilization(
         performance_mode=engine.performance_mode,
         model_runner_v2=engine.model_runner_v2,
     )
+    drafter = memory.resolve_drafter(model, engine.speculative, r.pp, r.tp)
+    tokens, drafter_layers = memory.graph_speculation(model, engine.speculative, drafter, r.model_runner_v2)
     graphs = memory.compute_cuda_graph_bytes(
         model,
         gpu,
@@ -95,6 +97,8 @@ def compute_safe_utilization(
         enforce_eager=engine.enforce_eager,
         tp=r.tp,
         model_runner_v2=r.model_runner_v2,
+        num_speculative_tokens=tokens,
+        drafter_layers=drafter_layers,
     )
     graph_share = GRAPH_ESTIMATE_ERROR if vllm.subtracts_cuda_graphs(version, r.model_runner_v2) else 1.0
     logits = memory.compute_warmup_logits_bytes(model, r)

@@ -116,6 +116,9 @@ MTP_METHODS = (
 )  # fmt: skip
 """``MTPModelTypes`` (``config/speculative.py:38``): each is ``mtp`` (``:1246``)."""
 NGRAM, SUFFIX = "ngram", "suffix"
+SUFFIX_DEFAULT_TOKENS = 24
+"""``num_speculative_tokens`` of suffix decoding given none: ``suffix_decoding_max_tree_depth``'s default
+(0.33 ``config/speculative.py:538``, ``:1735``; kvpilot does not read that key)."""
 NO_MODEL_METHODS = (NGRAM, SUFFIX)
 """Methods whose proposer runs on the CPU and loads no model (``gpu_model_runner.py:614``, ``:648``)."""
 NGRAM_SPELLINGS = ("ngram", "[ngram]")

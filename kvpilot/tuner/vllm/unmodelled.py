@@ -46,10 +46,11 @@ UNMODELLED_MEMORY_FLAGS: Mapping[str, str] = {
 """vLLM 0.33 flag -> what it changes that kvpilot does not budget, and what to do."""
 
 SPECULATIVE_UNBUDGETED = (
-    "the CUDA graphs captured for the drafter (an EAGLE or MTP one; a draft model captures none) and for "
-    "uniform-decode batches of 1 + num_speculative_tokens "
-    "tokens, and the drafter's and rejection sampler's share of the profile run, are not budgeted; leave "
-    "headroom in --gpu-memory-utilization"
+    "the drafter's and the rejection sampler's share of the profile run, and the CUDA graphs of a drafter "
+    "whose layers kvpilot does not count, are not budgeted (the target's graphs for uniform-decode batches "
+    "of 1 + num_speculative_tokens tokens and a counted drafter's are, as vLLM's FULL_AND_PIECEWISE mode "
+    "captures them; an attention backend that drops speculative decoding to PIECEWISE captures fewer); "
+    "leave headroom in --gpu-memory-utilization"
 )
 """What of speculative decoding the plan never budgets, whatever the method (:mod:`.speculative`)."""
 
